@@ -1,0 +1,166 @@
+"""The ``echosim`` command line: a thin click layer over the library.
+
+Every user error is an :class:`~echosim.errors.EchosimError` and ends as one line on
+stderr with exit status 1; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from echosim.errors import EchosimError
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn user errors (and ValueErrors from bad input) into one clean line."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EchosimError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(package_name="echosim")
+def cli() -> None:
+    """Simulate one distributed training step from the model itself."""
+
+
+@cli.command("compile")
+@click.argument("model", required=False)
+@click.option("--backend", help="Hardware backend (see `echosim backends`).")
+@click.option("--devices", type=int, help="Number of devices (default: tp*pp*dp).")
+@click.option("--devices-per-node", type=int, help="Devices per node (NVLink domain).")
+@click.option("--tp", type=int, help="Tensor-parallel degree.")
+@click.option("--pp", type=int, help="Pipeline-parallel degree.")
+@click.option("--dp", type=int, help="Data-parallel degree.")
+@click.option("--micro-batch", type=int, help="Sequences per micro-batch.")
+@click.option("--global-batch", type=int, help="Sequences per optimizer step.")
+@click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), help="Training precision (mixed, fp32 master).")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation.")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), help="Pipeline schedule.")
+@click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention.")
+@click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")
+@_guard
+def compile_cmd(model: str | None, as_json: bool, out: str | None, trace: str | None, **opts: Any) -> None:
+    """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
+    from echosim.compiler import compile_full
+    from echosim.frontend.options import plan_from_options
+
+    name, plan, cluster = plan_from_options(model, opts)
+    compiled = compile_full(name, plan, cluster)
+    report = compiled.report
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(report.to_json())
+    if trace:
+        from echosim.timeline.trace import write_trace
+
+        write_trace(compiled, trace)
+    if as_json:
+        click.echo(report.to_json(), nl=False)
+    else:
+        from echosim.summary import render
+
+        render(report, trace)
+
+
+def _listing(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(str(row.get(c, "")) for c in columns))
+    Console().print(table)
+
+
+@cli.command("backends")
+@click.option("--json", "as_json", is_flag=True)
+@_guard
+def backends_cmd(as_json: bool) -> None:
+    """List hardware backends with their numbers and sources."""
+    from echosim.plugins import get_registry
+
+    reg = get_registry()
+    rows = []
+    for name, entry in sorted(reg.backends.items()):
+        info: dict[str, Any] = {"name": name, "plugin": entry.owner}
+        try:
+            backend = entry.value()
+            describe = getattr(backend, "describe", None)
+            info.update(describe() if callable(describe) else {})
+        except Exception as exc:  # a third-party factory that raises must not take the listing down
+            info["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(info)
+    _listing(rows, as_json, ["name", "plugin", "peak_bf16_tflops", "hbm_GB", "hbm_GBps", "source"])
+    _warn(reg.errors)
+
+
+@cli.command("models")
+@click.option("--json", "as_json", is_flag=True)
+@_guard
+def models_cmd(as_json: bool) -> None:
+    """List the named models (the zoo and plugins)."""
+    from echosim.plugins import get_registry
+
+    reg = get_registry()
+    rows = [{"name": n, "plugin": e.owner, "description": e.description} for n, e in sorted(reg.models.items())]
+    _listing(rows, as_json, ["name", "plugin", "description"])
+    _warn(reg.errors)
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True)
+@_guard
+def plugins_cmd(as_json: bool) -> None:
+    """List loaded plugins and the hooks they implement."""
+    from echosim.plugins import get_registry
+
+    reg = get_registry()
+    rows = [
+        {"name": p.name, "version": p.version, "hooks": ", ".join(p.hooks), "distribution": p.distribution}
+        for p in reg.plugins()
+    ]
+    if as_json:
+        click.echo(json.dumps({"plugins": rows, "errors": reg.errors}, indent=2, sort_keys=True))
+        return
+    _listing(rows, False, ["name", "version", "hooks", "distribution"])
+    _warn(reg.errors)
+
+
+def _warn(errors: list[str]) -> None:
+    for e in errors:
+        click.echo(f"warning: {e}", err=True)
+
+
+def main() -> None:
+    try:
+        from echosim.plugins import get_registry
+
+        get_registry().add_commands(cli)
+    except EchosimError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Model -> IR. Zoo names resolve through the plugin registry; capture is torch.fx on meta."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from echosim.errors import EchosimError
+
+if TYPE_CHECKING:
+    from echosim.ir.graph import Graph
+    from echosim.plan import Plan
+
+
+def capture_named(model: str, plan: Plan) -> tuple[Graph, list[str], int]:
+    """Capture a registered model for one micro-batch; returns (graph, warnings, total params)."""
+    from echosim.plugins import get_registry
+
+    factory = get_registry().model(model)
+    return capture_object(factory(), plan, model)
+
+
+def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], int]:
+    import torch
+
+    from echosim.frontend.fx import CaptureError, capture_module
+    from echosim.frontend.zoo import ArchConfig, build_module
+    from echosim.ir.types import DType
+    from echosim.passes.flops import param_count
+
+    if isinstance(obj, ArchConfig):
+        cfg = obj.with_(seq_len=plan.seq_len or obj.seq_len)
+        _check_arch(cfg, plan)
+        module = build_module(cfg)
+        seq = cfg.seq_len
+    elif isinstance(obj, torch.nn.Module):
+        module, seq = obj, plan.seq_len or 2048
+    else:
+        raise EchosimError(f"model {name!r}: factory returned {type(obj).__name__}, not an ArchConfig or nn.Module")
+    ids = torch.zeros(plan.micro_batch, seq, dtype=torch.long, device="meta")
+    try:
+        cap = capture_module(module, (ids, ids), dtype=DType.parse(plan.dtype), name=name)
+    except CaptureError as exc:
+        raise EchosimError(str(exc)) from None
+    return cap.graph, cap.warnings, param_count(cap.graph)
+
+
+def _check_arch(cfg: Any, plan: Plan) -> None:
+    """Layout constraints that need the architecture, named as users think of them."""
+    from echosim.plan import PlanError
+
+    if cfg.heads % plan.tp:
+        raise PlanError(f"tp={plan.tp} does not divide attention heads ({cfg.heads})")
+    if cfg.n_kv_heads % plan.tp:
+        raise PlanError(f"tp={plan.tp} does not divide key/value heads ({cfg.n_kv_heads})")
+    if plan.pp > cfg.layers:
+        raise PlanError(f"pp={plan.pp} exceeds the number of layers ({cfg.layers})")

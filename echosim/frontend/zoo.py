@@ -1,0 +1,136 @@
+"""Named dense architectures, built as ``torch.nn.Module`` on the ``meta`` device.
+
+Two families cover the dense rows of published training runs:
+
+* ``gpt``: LayerNorm, GELU 4h MLP, multi-head attention, learned positions,
+  embedding tied to the output layer (GPT-3 / Megatron).
+* ``llama``: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention,
+  untied output layer (Llama 2/3).
+
+Shapes come from the papers and model cards cited per entry. Nothing is ever
+allocated: the modules are built under ``torch.device("meta")``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """The small parameter set every zoo model is built from."""
+
+    arch: str  # "gpt" | "llama"
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    ffn: int = 0  # 0: 4 * hidden
+    kv_heads: int = 0  # 0: heads
+    head_dim: int = 0  # 0: hidden // heads
+    seq_len: int = 2048
+    dropout: float = 0.0
+    tied_embeddings: bool = False
+    description: str = ""
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def with_(self, **changes: Any) -> ArchConfig:
+        return replace(self, **changes)
+
+    def param_count(self) -> int:
+        """Closed-form parameter count (checked against the built module in tests)."""
+        h, hd, a, kv = self.hidden, self.dim_head, self.heads, self.n_kv_heads
+        if self.arch == "gpt":
+            attn = h * (a + 2 * kv) * hd + (a + 2 * kv) * hd + a * hd * h + h
+            mlp = 2 * h * self.ffn_hidden + self.ffn_hidden + h
+            norms = 4 * h
+            embed = self.vocab * h + self.seq_len * h
+            head = 0 if self.tied_embeddings else self.vocab * h
+            return self.layers * (attn + mlp + norms) + embed + 2 * h + head
+        attn = h * (a + 2 * kv) * hd + a * hd * h
+        mlp = 3 * h * self.ffn_hidden
+        norms = 2 * h
+        embed = self.vocab * h
+        head = 0 if self.tied_embeddings else self.vocab * h
+        return self.layers * (attn + mlp + norms) + embed + h + head
+
+
+def _gpt(layers: int, hidden: int, heads: int, head_dim: int = 0, desc: str = "") -> ArchConfig:
+    return ArchConfig(
+        "gpt", layers, hidden, heads, vocab=51200, head_dim=head_dim, seq_len=2048,
+        dropout=0.1, tied_embeddings=True, description=desc,
+    )
+
+
+_GPT3 = "GPT-3 paper (Brown et al. 2020, arXiv:2005.14165) Table 2.1; Megatron vocab 51200"
+_L2 = "Llama 2 (Touvron et al. 2023, arXiv:2307.09288) / HF config"
+_L3 = "Llama 3 herd (Dubey et al. 2024, arXiv:2407.21783) Table 3 / HF config"
+
+ZOO: dict[str, ArchConfig] = {
+    "gpt3-125m": _gpt(12, 768, 12, desc=_GPT3),
+    "gpt3-350m": _gpt(24, 1024, 16, desc=_GPT3),
+    "gpt3-760m": _gpt(24, 1536, 16, desc=_GPT3),
+    "gpt3-1.3b": _gpt(24, 2048, 16, desc=_GPT3),
+    "gpt3-2.7b": _gpt(32, 2560, 32, desc=_GPT3),
+    "gpt3-6.7b": _gpt(32, 4096, 32, desc=_GPT3),
+    "gpt3-13b": _gpt(40, 5140, 40, head_dim=128, desc=_GPT3),
+    "gpt3-175b": _gpt(96, 12288, 96, desc=_GPT3),
+    "llama2-7b": ArchConfig("llama", 32, 4096, 32, 32000, ffn=11008, seq_len=4096, description=_L2),
+    "llama2-13b": ArchConfig("llama", 40, 5120, 40, 32000, ffn=13824, seq_len=4096, description=_L2),
+    "llama2-70b": ArchConfig(
+        "llama", 80, 8192, 64, 32000, ffn=28672, kv_heads=8, seq_len=4096, description=_L2
+    ),
+    "llama3-8b": ArchConfig(
+        "llama", 32, 4096, 32, 128256, ffn=14336, kv_heads=8, seq_len=8192, description=_L3
+    ),
+    "llama3-70b": ArchConfig(
+        "llama", 80, 8192, 64, 128256, ffn=28672, kv_heads=8, seq_len=8192, description=_L3
+    ),
+    "llama3-405b": ArchConfig(
+        "llama", 126, 16384, 128, 128256, ffn=53248, kv_heads=8, seq_len=8192, description=_L3
+    ),
+}
+
+# Published parameter counts (model cards / papers), for tests and `echosim models`.
+PUBLISHED_PARAMS: dict[str, float] = {
+    "gpt3-125m": 125e6,
+    "gpt3-350m": 350e6,
+    "gpt3-760m": 760e6,
+    "gpt3-1.3b": 1.3e9,
+    "gpt3-2.7b": 2.7e9,
+    "gpt3-6.7b": 6.7e9,
+    "gpt3-13b": 13.0e9,
+    "gpt3-175b": 175.0e9,
+    "llama2-7b": 6.74e9,
+    "llama2-13b": 13.0e9,
+    "llama2-70b": 69.0e9,
+    "llama3-8b": 8.03e9,
+    "llama3-70b": 70.6e9,
+    "llama3-405b": 405.9e9,
+}
+
+
+def build_module(cfg: ArchConfig) -> Any:
+    """Build the ``nn.Module`` for ``cfg`` on the meta device (imports torch lazily)."""
+    import torch
+
+    from echosim.frontend import zoo_modules
+
+    with torch.device("meta"):
+        if cfg.arch == "gpt":
+            return zoo_modules.GPT(cfg)
+        if cfg.arch == "llama":
+            return zoo_modules.Llama(cfg)
+    raise ValueError(f"unknown architecture {cfg.arch!r} (known: gpt, llama)")

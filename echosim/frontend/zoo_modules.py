@@ -1,0 +1,168 @@
+"""The torch modules behind the zoo; plain PyTorch so torch.fx traces them as written.
+
+Module names follow the conventions sharding plans match on: ``attn.qkv`` /
+``attn.q_proj`` (column-parallel), ``attn.proj`` / ``attn.o_proj`` (row-parallel),
+``mlp.fc1`` / ``mlp.gate_proj`` (column), ``mlp.fc2`` / ``mlp.down_proj`` (row),
+``embed`` (vocab-parallel) and ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from echosim.frontend.zoo import ArchConfig
+
+
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """An embedding without its random init: on meta there is nothing to fill, and the
+    default init path imports torch._dynamo (about 1.5 s)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
+class GPTAttention(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.p = cfg.heads, cfg.dim_head, cfg.dropout
+        inner = cfg.heads * cfg.dim_head
+        self.qkv = nn.Linear(cfg.hidden, 3 * inner)
+        self.proj = nn.Linear(inner, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split(self.heads * self.head_dim, dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn_hidden)
+        self.fc2 = nn.Linear(cfg.ffn_hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = GPTAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = GPTMLP(cfg)
+        self.drop1 = nn.Dropout(cfg.dropout)
+        self.drop2 = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop1(self.attn(self.ln1(x)))
+        return x + self.drop2(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.embed = _embedding(cfg.vocab, cfg.hidden)
+        self.pos = _embedding(cfg.seq_len, cfg.hidden)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(GPTBlock(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tied_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        positions = self.pos.weight.narrow(0, 0, input_ids.shape[1])
+        x = self.drop(self.embed(input_ids) + positions)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.n_kv_heads, cfg.dim_head
+        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * cfg.dim_head, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.dim_head, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.dim_head, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * cfg.dim_head, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden)
+        self.attn = LlamaAttention(cfg)
+        self.post_norm = RMSNorm(cfg.hidden)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.input_norm(x), cos, sin)
+        return x + self.mlp(self.post_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.embed = _embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tied_embeddings:
+            self.lm_head.weight = self.embed.weight
+        inv = 1.0 / (10000.0 ** (torch.arange(0, cfg.dim_head, 2, dtype=torch.float32) / cfg.dim_head))
+        freqs = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        s = input_ids.shape[1]
+        cos, sin = self.cos.narrow(0, 0, s), self.sin.narrow(0, 0, s)
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())

@@ -1,0 +1,234 @@
+"""The op vocabulary of the IR and the typed attributes each op carries.
+
+Every per-op behaviour (FLOPs, backward rule, sharding, cost) lives in tables keyed
+by :class:`OpKind` elsewhere; this module only names things.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class OpKind(Enum):
+    INPUT = "input"
+    PARAMETER = "parameter"
+    MATMUL = "matmul"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    NORM = "norm"
+    SOFTMAX = "softmax"
+    EMBEDDING = "embedding"
+    REDUCTION = "reduction"
+    VIEW = "view"
+    CROSS_ENTROPY = "cross_entropy"
+    OPTIMIZER_UPDATE = "optimizer_update"
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+    RECV = "recv"
+    BROADCAST = "broadcast"
+
+    @property
+    def is_collective(self) -> bool:
+        return self in COLLECTIVES
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self in (OpKind.INPUT, OpKind.PARAMETER)
+
+
+COLLECTIVES = frozenset(
+    {
+        OpKind.ALL_REDUCE,
+        OpKind.ALL_GATHER,
+        OpKind.REDUCE_SCATTER,
+        OpKind.ALL_TO_ALL,
+        OpKind.SEND,
+        OpKind.RECV,
+        OpKind.BROADCAST,
+    }
+)
+
+
+class Phase(Enum):
+    """When a node runs in a training step; recompute is split out so HFU and MFU differ."""
+
+    FORWARD = "fwd"
+    BACKWARD = "bwd"
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "opt"
+
+
+# ---- typed attributes -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NoAttrs:
+    def __str__(self) -> str:
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParamAttrs:
+    """A trainable weight; ``shard`` says how many ranks split it (TP/EP)."""
+
+    shard: int = 1
+
+    def __str__(self) -> str:
+        return f"shard={self.shard}" if self.shard != 1 else ""
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulAttrs:
+    """``batch`` independent (m x k) @ (k x n) products.
+
+    ``tp`` records the Megatron role of a sharded linear ("colwise" / "rowwise" /
+    "vocab") so that backward rules know which gradient needs a reduction.
+    ``grad_of`` is "" for a forward product, "dgrad" or "wgrad" for its gradients.
+    """
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    tp: str = ""
+    grad_of: str = ""
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    def __str__(self) -> str:
+        parts = [f"m={self.m} n={self.n} k={self.k}"]
+        if self.batch != 1:
+            parts.append(f"batch={self.batch}")
+        if self.tp:
+            parts.append(f"tp={self.tp}")
+        if self.grad_of:
+            parts.append(self.grad_of)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionAttrs:
+    """Scaled dot-product attention, fused (flash) or materialised."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool = True
+    flash: bool = True
+
+    @property
+    def flops(self) -> int:
+        """Model FLOPs of QK^T and PV, full (unmasked) convention as in Megatron papers."""
+        return 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+
+    def __str__(self) -> str:
+        return (
+            f"b={self.batch} h={self.heads} kv={self.kv_heads} q={self.q_len} "
+            f"k={self.kv_len} d={self.head_dim}"
+            f"{' causal' if self.causal else ''}{' flash' if self.flash else ' math'}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseAttrs:
+    """A memory-bound map (gelu, add, dropout, ...); ``fn`` names it for reports."""
+
+    fn: str
+    flops_per_element: int = 1
+
+    def __str__(self) -> str:
+        return self.fn
+
+
+@dataclass(frozen=True, slots=True)
+class NormAttrs:
+    kind: str  # "layernorm" | "rmsnorm"
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingAttrs:
+    vocab: int
+    dim: int
+    tp: str = ""
+
+    def __str__(self) -> str:
+        return f"vocab={self.vocab} dim={self.dim}" + (f" tp={self.tp}" if self.tp else "")
+
+
+@dataclass(frozen=True, slots=True)
+class CrossEntropyAttrs:
+    vocab: int
+    tp: str = ""
+
+    def __str__(self) -> str:
+        return f"vocab={self.vocab}" + (f" tp={self.tp}" if self.tp else "")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveAttrs:
+    """A collective over one parallel axis (``tp``, ``dp``, ``pp`` ...) of ``size`` ranks.
+
+    ``bytes`` is the nccl-tests buffer size (all_reduce input, all_gather output,
+    reduce_scatter input, send/recv payload).
+    """
+
+    axis: str
+    size: int
+    bytes: int
+
+    def __str__(self) -> str:
+        return f"axis={self.axis} size={self.size} bytes={self.bytes}"
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerAttrs:
+    """One fused optimizer step over ``params`` local elements."""
+
+    kind: str
+    params: int
+    bytes_per_param: int
+
+    def __str__(self) -> str:
+        return f"{self.kind} params={self.params} bytes/param={self.bytes_per_param}"
+
+
+Attrs = (
+    NoAttrs
+    | ParamAttrs
+    | MatmulAttrs
+    | AttentionAttrs
+    | ElementwiseAttrs
+    | NormAttrs
+    | EmbeddingAttrs
+    | CrossEntropyAttrs
+    | CollectiveAttrs
+    | OptimizerAttrs
+)
+
+ATTRS_FOR: dict[OpKind, tuple[type, ...]] = {
+    OpKind.INPUT: (NoAttrs,),
+    OpKind.PARAMETER: (ParamAttrs,),
+    OpKind.MATMUL: (MatmulAttrs,),
+    OpKind.ATTENTION: (AttentionAttrs,),
+    OpKind.ELEMENTWISE: (ElementwiseAttrs,),
+    OpKind.NORM: (NormAttrs,),
+    OpKind.SOFTMAX: (NoAttrs,),
+    OpKind.EMBEDDING: (EmbeddingAttrs,),
+    OpKind.REDUCTION: (ElementwiseAttrs, NoAttrs),
+    OpKind.VIEW: (NoAttrs,),
+    OpKind.CROSS_ENTROPY: (CrossEntropyAttrs,),
+    OpKind.OPTIMIZER_UPDATE: (OptimizerAttrs,),
+    **{kind: (CollectiveAttrs,) for kind in COLLECTIVES},
+}

@@ -1,0 +1,241 @@
+"""Reverse-mode differentiation of the IR by per-op rules.
+
+One rule per :class:`OpKind` turns a forward node and the gradient of its output
+into gradient contributions for its inputs. Contributions to a value used more
+than once are summed with an elementwise add, as autograd does. Megatron's
+conjugate collectives follow from the rules: the gradient of a column-parallel
+input is partial across the TP group, so an all_reduce follows its dgrad; the
+all_reduce after a row-parallel layer is the identity in backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import (
+    CollectiveAttrs,
+    ElementwiseAttrs,
+    MatmulAttrs,
+    NoAttrs,
+    OpKind,
+    Phase,
+)
+from echosim.ir.types import DType, TensorSpec
+
+Contrib = list[tuple[int, int]]  # (forward input id, gradient value id)
+
+
+class _Ctx:
+    def __init__(self, graph: Graph) -> None:
+        self.g = graph
+
+    def emit(
+        self, fwd: Node, op: OpKind, inputs: list[int], out: TensorSpec, attrs: object = None,
+        suffix: str = "grad", scope: str | None = None,
+    ) -> int:
+        return self.g.add(
+            op, inputs, out, attrs if attrs is not None else NoAttrs(),  # type: ignore[arg-type]
+            phase=Phase.BACKWARD, scope=fwd.scope if scope is None else scope, name=f"{fwd.name}.{suffix}",
+            origin=fwd.id,
+        )
+
+    def spec(self, nid: int) -> TensorSpec:
+        return self.g[nid].out
+
+    def like(self, fwd: Node, src: int, dy: int, fn: str, extra: list[int]) -> int:
+        """Gradient for input ``src`` of an elementwise op; a reduction if it was broadcast."""
+        out = self.spec(src)
+        if out.numel < fwd.out.numel:
+            return self.emit(fwd, OpKind.REDUCTION, [dy, *extra], out, ElementwiseAttrs(f"{fn}_grad"))
+        if fn in ("add", "sub") and not extra:
+            return dy if out.numel == self.spec(dy).numel else self.emit(fwd, OpKind.VIEW, [dy], out)
+        return self.emit(fwd, OpKind.ELEMENTWISE, [dy, *extra], out, ElementwiseAttrs(f"{fn}_grad"))
+
+
+def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    a = n.attrs
+    assert isinstance(a, MatmulAttrs)
+    x, w = n.inputs[0], n.inputs[1]
+    out: Contrib = []
+    linear = len(c.spec(w).shape) == 2
+    if x in needs:
+        attrs = MatmulAttrs(m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad")
+        dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
+        if a.tp in ("colwise", "vocab"):
+            dx = c.emit(
+                n, OpKind.ALL_REDUCE, [dx], c.spec(x), CollectiveAttrs("tp", 0, c.spec(x).nbytes), "dgrad.tp_all_reduce"
+            )
+        out.append((x, dx))
+    if w in needs:
+        if linear:
+            attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad")
+        else:
+            attrs = MatmulAttrs(m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad")
+        out.append((w, c.emit(n, OpKind.MATMUL, [x, dy], c.spec(w), attrs, "wgrad")))
+    for b in n.inputs[2:]:
+        if b in needs:
+            out.append((b, c.emit(n, OpKind.REDUCTION, [dy], c.spec(b), ElementwiseAttrs("bias_grad"), "bgrad")))
+    return out
+
+
+def _attention(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    q, k, v = n.inputs[:3]
+    packed = TensorSpec((c.spec(q).numel + c.spec(k).numel + c.spec(v).numel,), n.out.dtype)
+    grad = c.emit(n, OpKind.ATTENTION, [dy, q, k, v, n.id], packed, n.attrs)
+    return [(i, c.emit(n, OpKind.VIEW, [grad], c.spec(i), suffix=f"d{tag}")) for i, tag in zip((q, k, v), "qkv") if i in needs]
+
+
+_PASS_THROUGH = {"add", "sub"}
+_NEEDS_OTHER = {"mul", "div"}
+
+
+def _elementwise(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    assert isinstance(n.attrs, ElementwiseAttrs)
+    fn = n.attrs.fn
+    out: Contrib = []
+    for i in n.inputs:
+        if i not in needs:
+            continue
+        if fn in _PASS_THROUGH:
+            out.append((i, c.like(n, i, dy, fn, [])))
+        elif fn in _NEEDS_OTHER:
+            others = [j for j in n.inputs if j != i][:1]
+            out.append((i, c.like(n, i, dy, fn, others)))
+        elif fn == "cat":
+            out.append((i, c.emit(n, OpKind.VIEW, [dy], c.spec(i))))
+        elif fn == "dropout":
+            out.append((i, c.like(n, i, dy, fn, [n.id])))  # reads the saved mask
+        elif fn == "neg":
+            out.append((i, c.like(n, i, dy, fn, [])))
+        else:
+            out.append((i, c.like(n, i, dy, fn, [i])))
+    return out
+
+
+def _norm(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    x, *params = n.inputs
+    out: Contrib = []
+    if x in needs:
+        out.append((x, c.emit(n, OpKind.NORM, [dy, x, *params], c.spec(x), n.attrs)))
+    for p in params:
+        if p in needs:
+            out.append((p, c.emit(n, OpKind.REDUCTION, [dy, x], c.spec(p), ElementwiseAttrs("norm_param_grad"), "pgrad")))
+    return out
+
+
+def _softmax(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    (x,) = n.inputs[:1]
+    return [(x, c.emit(n, OpKind.SOFTMAX, [dy, n.id], c.spec(x)))] if x in needs else []
+
+
+def _embedding(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    ids, w = n.inputs
+    return [(w, c.emit(n, OpKind.EMBEDDING, [dy, ids], c.spec(w), n.attrs))] if w in needs else []
+
+
+def _cross_entropy(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    logits, labels = n.inputs[:2]
+    if logits not in needs:
+        return []
+    return [(logits, c.emit(n, OpKind.CROSS_ENTROPY, [dy, logits, labels], c.spec(logits), n.attrs))]
+
+
+def _view(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    (x,) = n.inputs[:1]
+    if x not in needs:
+        return []
+    if c.spec(x).numel > n.out.numel:  # a slice (split, narrow): its gradient is a slice too
+        return [(x, dy)]
+    return [(x, c.emit(n, OpKind.VIEW, [dy], c.spec(x)))]
+
+
+def _reduction(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    return [(i, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(i), ElementwiseAttrs("broadcast"))) for i in n.inputs if i in needs]
+
+
+def _identity(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    return [(n.inputs[0], dy)] if n.inputs and n.inputs[0] in needs else []
+
+
+Rule = Callable[[_Ctx, Node, int, set[int]], Contrib]
+
+RULES: dict[OpKind, Rule] = {
+    OpKind.MATMUL: _matmul,
+    OpKind.ATTENTION: _attention,
+    OpKind.ELEMENTWISE: _elementwise,
+    OpKind.NORM: _norm,
+    OpKind.SOFTMAX: _softmax,
+    OpKind.EMBEDDING: _embedding,
+    OpKind.CROSS_ENTROPY: _cross_entropy,
+    OpKind.VIEW: _view,
+    OpKind.REDUCTION: _reduction,
+    OpKind.ALL_REDUCE: _identity,  # Megatron's g: all_reduce forward, identity backward
+}
+
+
+@dataclass(frozen=True)
+class Autodiff:
+    """Append the backward graph of the (single) loss output."""
+
+    name: ClassVar[str] = "autodiff"
+
+    def run(self, graph: Graph) -> Graph:
+        g = graph.copy()
+        if len(g.outputs) != 1:
+            raise ValueError(f"autodiff needs one loss output, graph {g.name!r} has {len(g.outputs)}")
+        forward = [n for n in g if n.phase is Phase.FORWARD]
+        needs: set[int] = set()
+        for n in forward:
+            if n.op is OpKind.PARAMETER or (n.op is not OpKind.INPUT and any(i in needs for i in n.inputs)):
+                needs.add(n.id)
+        ctx = _Ctx(g)
+        loss = g.outputs[0]
+        seed = g.add(OpKind.INPUT, (), TensorSpec((1,), DType.FP32), phase=Phase.BACKWARD, name="loss.grad")
+        contribs: dict[int, list[int]] = {loss: [seed]}
+        for n in reversed(forward):
+            parts = contribs.pop(n.id, None)
+            if not parts:
+                continue
+            dy = _accumulate(ctx, n, parts)
+            if n.op is OpKind.PARAMETER:
+                g.grads[n.id] = dy
+                continue
+            rule = RULES.get(n.op)
+            if rule is None:
+                raise ValueError(f"no backward rule for {n.op.value} ({n.name} at {n.scope})")
+            for src, grad in rule(ctx, n, dy, needs):
+                contribs.setdefault(src, []).append(grad)
+        _fill_collective_sizes(g)
+        return g
+
+
+def _accumulate(c: _Ctx, n: Node, parts: list[int]) -> int:
+    """Sum whole-tensor contributions; gather slice contributions (split outputs) with one cat."""
+    if len(parts) == 1:
+        return parts[0]
+    # Where every consumer sits in one repeated layer, the sum happens inside that layer
+    # (once per repetition): in the unfolded model each layer sums its own input's grads.
+    blocks = {c.g.block_of(c.g[p]) for p in parts}
+    scope = blocks.pop() if len(blocks) == 1 and None not in blocks else n.scope
+    whole = [p for p in parts if c.spec(p).numel >= n.out.numel]
+    slices = [p for p in parts if c.spec(p).numel < n.out.numel]
+    if slices:
+        whole.append(c.emit(n, OpKind.ELEMENTWISE, slices, n.out, ElementwiseAttrs("cat", 0), "grad_cat", scope))
+    dy = whole[0]
+    for extra in whole[1:]:  # several consumers: sum their gradients
+        dy = c.emit(n, OpKind.ELEMENTWISE, [dy, extra], n.out, ElementwiseAttrs("add"), "grad_acc", scope)
+    return dy
+
+
+def _fill_collective_sizes(g: Graph) -> None:
+    """Backward all_reduces copy the group size of the forward collectives on the same axis."""
+    sizes = {n.attrs.axis: n.attrs.size for n in g if isinstance(n.attrs, CollectiveAttrs) and n.attrs.size}
+    for n in list(g):
+        if isinstance(n.attrs, CollectiveAttrs) and n.attrs.size == 0:
+            size = sizes.get(n.attrs.axis)
+            if size is None:
+                raise ValueError(f"collective {n.name} on axis {n.attrs.axis!r} has no group size")
+            g.replace(n.id, attrs=CollectiveAttrs(n.attrs.axis, size, n.attrs.bytes))

@@ -1,0 +1,74 @@
+"""FLOP and byte analysis: per-op formulas, multiplied by repeat counts.
+
+*Model FLOPs* follow the convention of the Megatron papers: matmuls (2mnk) and
+attention (QK^T and PV over the full, unmasked score matrix) in forward and
+backward, with attention backward counted as twice its forward. Recomputed
+forward work is reported apart, so MFU and HFU can both be derived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
+
+
+def node_flops(node: Node) -> int:
+    """Tensor-core FLOPs of one execution of ``node`` (0 for memory-bound ops)."""
+    if isinstance(node.attrs, MatmulAttrs):
+        return node.attrs.flops
+    if isinstance(node.attrs, AttentionAttrs):
+        return node.attrs.flops * (2 if node.phase is Phase.BACKWARD else 1)
+    return 0
+
+
+def node_vector_flops(node: Node) -> int:
+    """FLOPs of memory-bound ops (not counted in MFU, reported for completeness)."""
+    if isinstance(node.attrs, ElementwiseAttrs):
+        return node.out.numel * node.attrs.flops_per_element
+    if node.op in (OpKind.NORM, OpKind.SOFTMAX, OpKind.CROSS_ENTROPY):
+        return node.out.numel * 5
+    return 0
+
+
+def io_bytes(graph: Graph, node: Node) -> int:
+    """Bytes a kernel for ``node`` reads and writes (operands plus result)."""
+    if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER) or node.op.is_collective:
+        return 0
+    if isinstance(node.attrs, OptimizerAttrs):
+        return node.attrs.params * node.attrs.bytes_per_param
+    if node.op is OpKind.EMBEDDING and node.phase is not Phase.BACKWARD:
+        ids = graph[node.inputs[0]].out.nbytes
+        return ids + 2 * node.out.nbytes  # gathers only the rows it needs
+    return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    forward: int
+    backward: int
+    recompute: int
+
+    @property
+    def model(self) -> int:
+        return self.forward + self.backward
+
+    @property
+    def hardware(self) -> int:
+        return self.forward + self.backward + self.recompute
+
+
+def graph_flops(graph: Graph) -> FlopCount:
+    """Tensor-core FLOPs of one pass over ``graph`` (one micro-batch on one rank)."""
+    totals = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
+    for node in graph:
+        f = node_flops(node)
+        if f:
+            totals[node.phase] += f * graph.multiplicity(node)
+    return FlopCount(totals[Phase.FORWARD], totals[Phase.BACKWARD], totals[Phase.RECOMPUTE])
+
+
+def param_count(graph: Graph) -> int:
+    """Parameter elements held by this graph (repeats included, local shards only)."""
+    return sum(n.out.numel * graph.multiplicity(n) for n in graph.params())

@@ -1,0 +1,117 @@
+"""Memory analysis of one pipeline stage on one rank.
+
+Static state follows Megatron-LM mixed precision: a 16-bit weight (2 bytes), an
+fp32 main gradient (4) and Adam's fp32 master weight, momentum and variance (12)
+for each local parameter: 18 bytes. Activations are the forward values that the
+backward (or its recompute) reads, derived from the graph; a stage holds the
+activations of every micro-batch whose backward has not run yet (1F1B: up to
+``pp - stage`` of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, OpKind, Phase
+
+WEIGHT_BYTES = 2
+GRAD_BYTES = 4
+OPTIMIZER_BYTES = 12
+# PyTorch's caching allocator never returns all it reserves; a typical share is 5-10%.
+FRAGMENTATION = 0.07
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    transient: int
+    fragmentation: int
+    capacity: int
+
+    @property
+    def peak(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.transient + self.fragmentation
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "transient": self.transient,
+            "fragmentation": self.fragmentation,
+            "peak": self.peak,
+            "capacity": self.capacity,
+            "fits": self.fits,
+        }
+
+
+def _base(graph: Graph, nid: int) -> int:
+    """Follow views to the value that owns the storage."""
+    while graph[nid].op is OpKind.VIEW and graph[nid].inputs:
+        nid = graph[nid].inputs[0]
+    return nid
+
+
+def _saved_bytes(node: Node, only_own_grad: bool) -> int:
+    """Bytes kept for backward; a dropout read only by its own gradient keeps just its mask."""
+    if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "dropout" and only_own_grad:
+        return node.out.numel  # a 1-byte mask
+    if isinstance(node.attrs, AttentionAttrs):
+        a = node.attrs
+        lse = a.batch * a.heads * a.q_len * 4  # softmax statistics (fp32)
+        if a.flash:
+            return node.out.nbytes + lse
+        scores = a.batch * a.heads * a.q_len * a.kv_len
+        return node.out.nbytes + 5 * scores  # softmax out (2), dropout mask (1), dropout out (2)
+    return node.out.nbytes
+
+
+def activation_bytes(graph: Graph) -> int:
+    """Bytes saved by one micro-batch's forward for its backward, on this rank.
+
+    A value read inside a repeated block is saved once per repetition, even when it
+    is produced outside it: in the unfolded model each layer reads its own input.
+    """
+    mult: dict[int, int] = {}
+    own_only: dict[int, bool] = {}
+    for n in graph:
+        if n.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
+            continue
+        for i in n.inputs:
+            src = graph[_base(graph, i)]
+            if src.phase is not Phase.FORWARD or src.op in (OpKind.PARAMETER, OpKind.INPUT):
+                continue
+            if not src.inputs and src.op is not OpKind.RECV:
+                continue
+            mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n), graph.multiplicity(src))
+            own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
+    return sum(_saved_bytes(graph[nid], own_only[nid]) * k for nid, k in mult.items())
+
+
+def transient_bytes(graph: Graph) -> int:
+    """Working set on top of saved activations: the largest single value produced in backward.
+
+    With full recompute this also holds one layer's replayed activations.
+    """
+    largest = max((n.out.nbytes for n in graph if n.phase is Phase.BACKWARD), default=0)
+    replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW)
+    return largest * 2 + replay
+
+
+def stage_memory(graph: Graph, in_flight: int, capacity: int, local_params: int) -> MemoryBreakdown:
+    act = activation_bytes(graph) * in_flight
+    params = local_params * WEIGHT_BYTES
+    grads = local_params * GRAD_BYTES
+    opt = local_params * OPTIMIZER_BYTES
+    transient = transient_bytes(graph)
+    frag = int(FRAGMENTATION * (act + transient))
+    return MemoryBreakdown(params, grads, opt, act, transient, frag, capacity)

@@ -1,0 +1,176 @@
+"""Pipeline parallelism: cut the graph into stages of whole repeated layers.
+
+The first stage also holds what comes before the repeated block (embeddings),
+the last what comes after it (final norm, output layer, loss). Values that cross
+a cut become ``send``/``recv`` pairs. Layers are split evenly as Megatron-LM does
+(``balance="uniform"``) or by estimated cost (``balance="cost"``), which moves
+layers off the stages that carry the embedding and the output layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import CollectiveAttrs, OpKind, Phase
+from echosim.passes.base import LayoutError
+from echosim.passes.flops import io_bytes, node_flops
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    graph: Graph
+    layers: int
+
+
+def _static(graph: Graph) -> set[int]:
+    """Values that depend on no per-sample input (weights, buffers, their views)."""
+    dynamic: set[int] = set(graph.inputs)
+    static: set[int] = set()
+    for n in graph:
+        if n.id in dynamic or n.phase is not Phase.FORWARD:
+            continue
+        if any(i in dynamic for i in n.inputs):
+            dynamic.add(n.id)
+        else:
+            static.add(n.id)
+    return static
+
+
+def _classify(graph: Graph, block: str) -> dict[int, str]:
+    """'pre', 'block' or 'post' for every non-static node."""
+    cls: dict[int, str] = {}
+    after: set[int] = set()
+    for n in graph:
+        if n.phase is Phase.FORWARD:
+            if graph.block_of(n) == block:
+                cls[n.id] = "block"
+                after.add(n.id)
+            elif any(i in after for i in n.inputs):
+                cls[n.id] = "post"
+                after.add(n.id)
+            else:
+                cls[n.id] = "pre"
+    for n in graph:
+        if n.phase is not Phase.FORWARD:
+            if graph.block_of(n) == block:
+                cls[n.id] = "block"
+            elif n.origin is not None and n.origin in cls and graph[n.origin].op is not OpKind.PARAMETER:
+                cls[n.id] = cls[n.origin]
+            else:  # loss seed, tied-weight gradient sums: decided by their readers/writers
+                cls[n.id] = "post"
+    return cls
+
+
+def _work(graph: Graph, ids: list[int]) -> float:
+    """A hardware-free cost proxy: FLOPs plus bytes weighted at 100 FLOP/byte."""
+    return float(sum(node_flops(graph[i]) + 100 * io_bytes(graph, graph[i]) for i in ids))
+
+
+def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
+    (block, layers), = graph.repeats.items()
+    if pp > layers:
+        raise LayoutError(f"pp={pp} exceeds the number of layers ({layers})")
+    if balance == "uniform":
+        base, extra = divmod(layers, pp)
+        return [base + (1 if i < extra else 0) for i in range(pp)]
+    if balance != "cost":
+        raise LayoutError(f"unknown pipeline balance {balance!r} (known: uniform, cost)")
+    layer = _work(graph, [i for i, c in cls.items() if c == "block"])
+    pre = _work(graph, [i for i, c in cls.items() if c == "pre"]) / layer
+    post = _work(graph, [i for i, c in cls.items() if c == "post"]) / layer
+    counts = [1] * pp
+    for _ in range(layers - pp):  # give the next layer to the stage with least work
+        load = [c + (pre if i == 0 else 0) + (post if i == pp - 1 else 0) for i, c in enumerate(counts)]
+        counts[min(range(pp), key=lambda i: (load[i], i))] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class PipelineParallel:
+    pp: int
+    balance: str = "uniform"
+    name: ClassVar[str] = "pipeline-parallel"
+
+    def split(self, graph: Graph) -> list[Stage]:
+        if self.pp == 1:
+            return [Stage(0, graph, next(iter(graph.repeats.values()), 1))]
+        if len(graph.repeats) != 1:
+            raise LayoutError("pipeline parallelism needs a model with one repeated block of layers")
+        (block, layers), = graph.repeats.items()
+        cls = _classify(graph, block)
+        counts = layer_split(graph, self.pp, self.balance, cls)
+        static = _static(graph)
+        stages = []
+        for i, count in enumerate(counts):
+            keep = {"block"} | ({"pre"} if i == 0 else set()) | ({"post"} if i == self.pp - 1 else set())
+            members = {nid for nid, c in cls.items() if c in keep and nid not in static}
+            stages.append(Stage(i, _stage_graph(graph, members, static, i, self.pp, {block: count}), count))
+        return stages
+
+    def run(self, graph: Graph) -> Graph:  # as a pass: the first stage, for golden tests
+        return self.split(graph)[0].graph
+
+
+def _stage_graph(
+    graph: Graph, members: set[int], static: set[int], index: int, pp: int, repeats: dict[str, int]
+) -> Graph:
+    g = Graph(f"{graph.name}.stage{index}", repeats)
+    new: dict[int, int] = {}
+    tied: dict[int, list[int]] = {}
+
+    def copyable(i: int) -> bool:
+        """Weights, buffers, per-sample inputs and their views: every stage loads its own."""
+        src = graph[i]
+        return i in static or src.op.is_placeholder or (
+            src.op is OpKind.VIEW and src.phase is Phase.FORWARD and all(copyable(j) for j in src.inputs)
+        )
+
+    def bring(i: int, reader: Node) -> int:
+        if i in new:
+            return new[i]
+        src = graph[i]
+        if copyable(i):
+            new[i] = g.add(src.op, [bring(j, reader) for j in src.inputs], src.out, src.attrs,
+                           phase=src.phase, scope=src.scope, name=src.name)
+        else:  # produced on another stage: receive it
+            new[i] = g.add(OpKind.RECV, [], src.out, CollectiveAttrs("pp", pp, src.out.nbytes),
+                           phase=reader.phase, scope=src.scope, name=f"{src.name}.recv")
+        return new[i]
+
+    for n in graph:
+        if n.op is OpKind.ELEMENTWISE and n.origin is not None and graph[n.origin].op is OpKind.PARAMETER:
+            parts = [i for i in n.inputs if i in new]
+            if parts and len(parts) < len(n.inputs):  # a tied weight used on several stages
+                tied.setdefault(n.origin, []).extend(parts)
+                continue
+        if n.id not in members:
+            continue
+        origin = new.get(n.origin) if n.origin is not None else None
+        new[n.id] = g.add(n.op, [bring(i, n) for i in n.inputs], n.out, n.attrs,
+                          phase=n.phase, scope=n.scope, name=n.name, origin=origin)
+    def consumer_elsewhere(u: int) -> bool:
+        node = graph[u]
+        tied_sum = node.origin is not None and graph[node.origin].op is OpKind.PARAMETER
+        return u not in members and not tied_sum
+
+    for n in graph:
+        if n.id in members and n.id in new and any(consumer_elsewhere(u) for u in graph.users(n.id)):
+            if not copyable(n.id):
+                g.add(OpKind.SEND, [new[n.id]], n.out, CollectiveAttrs("pp", pp, n.out.nbytes),
+                      phase=n.phase, scope=n.scope, name=f"{n.name}.send")
+    for param, grad in graph.grads.items():
+        if param in new and grad in new:
+            g.grads[new[param]] = new[grad]
+    for param, parts in tied.items():  # Megatron all-reduces tied embedding grads across stages
+        p = bring(param, graph[param])
+        spec = graph[param].out
+        sync = g.add(OpKind.ALL_REDUCE, [new[i] for i in parts], spec, CollectiveAttrs("embed", 2, spec.nbytes),
+                     phase=Phase.OPTIMIZER, scope="", name=f"{graph[param].name}.tied_grad_all_reduce")
+        g.grads[p] = sync
+    if any(o in new for o in graph.outputs):
+        g.outputs = [new[o] for o in graph.outputs if o in new]
+    g.inputs = [new[i] for i in graph.inputs if i in new]
+    return g

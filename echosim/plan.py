@@ -1,0 +1,88 @@
+"""What to simulate: the parallel layout and training settings (``Plan``) and the machine (``Cluster``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from echosim.errors import EchosimError
+from echosim.passes.recompute import MODES as RECOMPUTE_MODES
+from echosim.timeline.schedule import SCHEDULES
+
+DTYPES = ("fp32", "fp16", "bf16", "fp8")
+
+
+class PlanError(EchosimError):
+    """An impossible layout or setting; the message names the broken constraint."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    backend: str = "a100-80gb"
+    devices: int = 1024
+    devices_per_node: int = 8
+
+    def validate(self) -> None:
+        if self.devices < 1:
+            raise PlanError(f"--devices must be positive, got {self.devices}")
+        if self.devices_per_node < 1:
+            raise PlanError(f"--devices-per-node must be positive, got {self.devices_per_node}")
+        if self.devices > self.devices_per_node and self.devices % self.devices_per_node:
+            raise PlanError(
+                f"devices={self.devices} is not a whole number of nodes of {self.devices_per_node}"
+            )
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.devices // self.devices_per_node)
+
+
+@dataclass(frozen=True)
+class Plan:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 0  # 0: one micro-batch per data-parallel rank
+    seq_len: int = 0  # 0: the model's own sequence length
+    dtype: str = "bf16"
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    attention: str = "flash"  # "flash" (fused kernel) or "math" (materialised scores)
+    pp_balance: str = "uniform"
+    overlap_dp: bool = True
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch or self.micro_batch * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        return self.batch // (self.micro_batch * self.dp)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def validate(self, cluster: Cluster) -> None:
+        for name in ("tp", "pp", "dp", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        world = self.tp * self.pp * self.dp
+        if world != cluster.devices:
+            raise PlanError(
+                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {world} does not equal devices={cluster.devices}"
+            )
+        if self.global_batch and self.global_batch % (self.micro_batch * self.dp):
+            raise PlanError(
+                f"global batch {self.global_batch} is not a multiple of micro-batch*dp = "
+                f"{self.micro_batch}*{self.dp}"
+            )
+        if self.dtype not in DTYPES:
+            raise PlanError(f"unknown dtype {self.dtype!r} (known: {', '.join(DTYPES)})")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise PlanError(f"unknown recompute {self.recompute!r} (known: {', '.join(RECOMPUTE_MODES)})")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
+        if self.attention not in ("flash", "math"):
+            raise PlanError(f"unknown attention {self.attention!r} (known: flash, math)")
+        if self.tp > cluster.devices_per_node and cluster.devices > cluster.devices_per_node:
+            pass  # allowed (TP across nodes is slow, and the collective model says so)

@@ -1,0 +1,370 @@
+"""Load plugins and collect what they register into a :class:`Registry`.
+
+Every :func:`load_registry` call builds a fresh ``pluggy.PluginManager``, so tests
+can load any mix of plugins without global state. Built-ins load first and are
+plugins like any other; then installed plugins (entry-point group ``echosim``);
+then ``extra_plugins``. A plugin that raises on import or inside a hook is
+reported by name in :attr:`Registry.errors` and the others keep working; a
+contract violation (a clashing or invalid name) raises :class:`PluginError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from echosim.errors import PluginError
+from echosim.plugins import hookspecs
+
+if TYPE_CHECKING:
+    import click
+
+ENTRYPOINT_GROUP = "echosim"
+
+#: Dotted names of the modules that register echosim's own features.
+BUILTIN_PLUGINS: list[str] = ["echosim.backends.plugin", "echosim.frontend.plugin"]
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_NAME_RULE = "lowercase letters, digits, '-', '_', '.'"
+_SUFFIX = re.compile(r"\.[a-z0-9][a-z0-9._-]*")
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*:")
+_CORE_OWNER = "echosim"
+
+#: Each kind of registration and the Registry table (and ``register_<table>`` hook) it fills.
+_KINDS = {
+    "backend": "backends",
+    "model": "models",
+    "frontend": "frontends",
+    "pass": "passes",
+    "schedule": "schedules",
+}
+#: kind -> (the register parameter holding the value, its check, what the check wants).
+_VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "backend": ("factory", callable, "callable"),
+    "model": ("factory", callable, "callable"),
+    "frontend": ("loader", callable, "callable"),
+    "pass": ("pass_cls", lambda value: isinstance(value, type), "a class"),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered thing and the plugin that registered it (for clash reports and listings)."""
+
+    name: str
+    value: Any
+    owner: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What ``echosim plugins`` lists about one loaded plugin."""
+
+    name: str
+    version: str | None
+    hooks: tuple[str, ...]
+    distribution: str | None = None
+
+
+@dataclass
+class Registry:
+    """Everything the loaded plugins registered, by kind, each entry with its owner."""
+
+    backends: dict[str, Entry] = field(default_factory=dict)
+    models: dict[str, Entry] = field(default_factory=dict)
+    frontends: dict[str, Entry] = field(default_factory=dict)
+    passes: dict[str, Entry] = field(default_factory=dict)
+    schedules: dict[str, Entry] = field(default_factory=dict)
+    #: One line per plugin that failed to load or raised inside a hook.
+    errors: list[str] = field(default_factory=list)
+    _infos: list[PluginInfo] = field(default_factory=list, repr=False)
+    _pm: pluggy.PluginManager | None = field(default=None, repr=False, compare=False)
+
+    def backend(self, name: str) -> Callable[[], object]:
+        """The factory of backend ``name``."""
+        return _lookup(self.backends, "backend", name).value
+
+    def model(self, name: str) -> Callable[..., object]:
+        """The factory of model ``name``."""
+        return _lookup(self.models, "model", name).value
+
+    def pass_class(self, name: str) -> type:
+        """The class of pass ``name``."""
+        return _lookup(self.passes, "pass", name).value
+
+    def schedule(self, name: str) -> object:
+        """The schedule registered as ``name``."""
+        return _lookup(self.schedules, "schedule", name).value
+
+    def frontend(self, source: str) -> Callable[[str], object]:
+        """The loader for ``source``: the longest scheme prefix it starts with, else the longest suffix."""
+        lowered = source.lower()
+        schemes = [key for key in self.frontends if key.endswith(":") and lowered.startswith(key)]
+        suffixes = [key for key in self.frontends if key.startswith(".") and lowered.endswith(key)]
+        matches = schemes or suffixes
+        if not matches:
+            raise PluginError(f"unknown frontend for '{source}' (known: {_known(self.frontends)})")
+        return self.frontends[max(matches, key=len)].value
+
+    def plugins(self) -> list[PluginInfo]:
+        """The loaded plugins in load order (built-ins first)."""
+        return list(self._infos)
+
+    def add_commands(self, cli: click.Group) -> None:
+        """Let plugins add subcommands to ``cli``; call once, after the built-in commands exist."""
+        if self._pm is None:
+            return
+        owners = dict.fromkeys(cli.commands, _CORE_OWNER)
+        for impl in self._pm.hook.register_commands.get_hookimpls():
+            before = dict(cli.commands)
+            try:
+                _call_impl(impl, {"cli": cli})
+            except Exception as exc:
+                cli.commands.clear()
+                cli.commands.update(before)
+                self.errors.append(_hook_failure(impl.plugin_name, "register_commands", exc))
+                continue
+            for name, command in cli.commands.items():
+                if name in before and before[name] is not command:
+                    raise PluginError(
+                        f"command '{name}' is registered by both '{owners[name]}' and '{impl.plugin_name}'"
+                    )
+                owners.setdefault(name, impl.plugin_name)
+
+
+def load_registry(include_entrypoints: bool = True, extra_plugins: Sequence[object] = ()) -> Registry:
+    """Load built-in, installed (unless ``include_entrypoints`` is false) and extra plugins.
+
+    ``extra_plugins`` are modules or instances with ``@hookimpl`` methods, named by
+    their ``__name__`` (or their class name); tests use them to load plugins that
+    are not installed.
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    registry = Registry(_pm=pm)
+    versions: dict[str, tuple[str | None, str | None]] = {}
+    from echosim import __version__
+
+    for module_name in list(BUILTIN_PLUGINS):
+        module = _import_builtin(module_name)
+        if module is not None:
+            pm.register(module, name=module_name)
+            versions[module_name] = (_CORE_OWNER, __version__)
+    if include_entrypoints:
+        _load_entrypoints(pm, registry, versions)
+    for plugin in extra_plugins:
+        name = getattr(plugin, "__name__", None) or type(plugin).__name__
+        try:
+            pm.register(plugin, name=name)
+        except Exception as exc:
+            registry.errors.append(_load_failure(name, exc))
+            continue
+        versions[name] = (None, None)
+
+    _report_unknown_hooks(pm, registry)
+    for kind, table_name in _KINDS.items():
+        _run_register_hook(pm, registry, kind, table_name)
+
+    for name, plugin in pm.list_name_plugin():
+        distribution, version = versions.get(name, (None, None))
+        hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or ()))
+        registry._infos.append(PluginInfo(name, version, hooks, distribution))
+    return registry
+
+
+@functools.lru_cache(maxsize=1)
+def get_registry() -> Registry:
+    """The registry of all plugins, loaded on first use; ``get_registry.cache_clear()`` reloads."""
+    return load_registry()
+
+
+def _import_builtin(module_name: str) -> object | None:
+    """Import a built-in plugin module; ``None`` when that module (or its package) does not exist yet."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name or module_name.startswith(f"{exc.name}."):
+            return None
+        raise
+
+
+def _load_entrypoints(
+    pm: pluggy.PluginManager, registry: Registry, versions: dict[str, tuple[str | None, str | None]]
+) -> None:
+    """``pm.load_setuptools_entrypoints`` that reports a failing plugin by name instead of raising."""
+    import importlib.metadata  # scanning installed distributions is the slow part; only on demand
+
+    seen: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        dist_name = dist.metadata["Name"] or "unknown"
+        for ep in dist.entry_points:
+            if ep.group != ENTRYPOINT_GROUP:
+                continue
+            if ep.name in seen:
+                # The same distribution found twice on sys.path is harmless; two projects are not.
+                if _canonical(seen[ep.name]) != _canonical(dist_name):
+                    registry.errors.append(
+                        f"plugin '{ep.name}' from '{dist_name}' not loaded: "
+                        f"the name is taken by '{seen[ep.name]}'"
+                    )
+                continue
+            seen[ep.name] = dist_name
+            try:
+                pm.register(ep.load(), name=ep.name)
+            except Exception as exc:
+                registry.errors.append(_load_failure(ep.name, exc))
+                continue
+            versions[ep.name] = (dist_name, dist.version)
+
+
+def _report_unknown_hooks(pm: pluggy.PluginManager, registry: Registry) -> None:
+    """A misspelt hook would otherwise be silently never called."""
+    for hook_name, caller in vars(pm.hook).items():
+        if hook_name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if not impl.optionalhook:
+                registry.errors.append(f"plugin '{impl.plugin_name}' implements unknown hook '{hook_name}'")
+
+
+def _run_register_hook(pm: pluggy.PluginManager, registry: Registry, kind: str, table_name: str) -> None:
+    """Call each plugin's implementation on its own, so a failure is reported by that plugin's name.
+
+    A plugin's entries are kept only if its implementation returns: one that raises
+    halfway leaves nothing behind. Contract violations raise even if the plugin
+    swallowed the :class:`PluginError` that ``register`` raised.
+    """
+    hook_name = f"register_{table_name}"
+    table: dict[str, Entry] = getattr(registry, table_name)
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        staging = _Staging(table, kind, impl.plugin_name)
+        try:
+            _call_impl(impl, {"register": _typed_register(kind, staging.add)})
+        except Exception as exc:
+            if staging.violations:
+                raise staging.violations[0] from None
+            registry.errors.append(_hook_failure(impl.plugin_name, hook_name, exc))
+            continue
+        if staging.violations:
+            raise staging.violations[0]
+        table.update(staging.entries)
+
+
+class _Staging:
+    """What one plugin registers in one hook, validated at once and kept apart until the hook returns."""
+
+    def __init__(self, table: dict[str, Entry], kind: str, owner: str) -> None:
+        self.table, self.kind, self.owner = table, kind, owner
+        self.entries: dict[str, Entry] = {}
+        self.violations: list[PluginError] = []
+
+    def add(self, name: str, value: Any, description: str = "") -> None:
+        try:
+            self._validate(name, value, description)
+        except PluginError as exc:
+            self.violations.append(exc)
+            raise
+        self.entries[name] = Entry(name, value, self.owner, description)
+
+    def _validate(self, name: str, value: Any, description: str) -> None:
+        kind, owner = self.kind, self.owner
+        _check_name(kind, name, owner)
+        if kind in _VALUE_RULES:
+            field_name, is_valid, expected = _VALUE_RULES[kind]
+            if not is_valid(value):
+                got = type(value).__name__
+                raise PluginError(
+                    f"plugin '{owner}': {kind} '{name}' {field_name} must be {expected}, got {got}"
+                )
+        if not isinstance(description, str):
+            raise PluginError(f"plugin '{owner}': {kind} '{name}' description must be a string")
+        previous = self.table.get(name) or self.entries.get(name)
+        if previous is not None and previous.owner == owner:
+            raise PluginError(f"{kind} '{name}' is registered twice by '{owner}'")
+        if previous is not None:
+            raise PluginError(f"{kind} '{name}' is registered by both '{previous.owner}' and '{owner}'")
+
+
+def _typed_register(kind: str, register: Callable[..., None]) -> Callable[..., None]:
+    """The ``register`` callback with the parameter names the hookspec documents for ``kind``."""
+    if kind == "model":
+
+        def register_model(name: str, factory: Callable[..., object], description: str = "") -> None:
+            register(name, factory, description)
+
+        return register_model
+    if kind == "backend":
+
+        def register_backend(name: str, factory: Callable[[], object]) -> None:
+            register(name, factory)
+
+        return register_backend
+    if kind == "frontend":
+
+        def register_frontend(scheme_or_suffix: str, loader: Callable[[str], object]) -> None:
+            register(scheme_or_suffix, loader)
+
+        return register_frontend
+    if kind == "pass":
+
+        def register_pass(name: str, pass_cls: type) -> None:
+            register(name, pass_cls)
+
+        return register_pass
+
+    def register_schedule(name: str, schedule: object) -> None:
+        register(name, schedule)
+
+    return register_schedule
+
+
+def _call_impl(impl: pluggy.HookImpl, kwargs: dict[str, object]) -> None:
+    if impl.hookwrapper or impl.wrapper:
+        raise TypeError("hook wrappers are not supported for registration hooks")
+    impl.function(*[kwargs[arg] for arg in impl.argnames])
+
+
+def _check_name(kind: str, name: object, owner: str) -> None:
+    if kind == "frontend":
+        if not isinstance(name, str) or not (_SUFFIX.fullmatch(name) or _SCHEME.fullmatch(name)):
+            raise PluginError(
+                f"plugin '{owner}': frontend scheme_or_suffix {name!r} is invalid "
+                "(use a suffix such as '.onnx' or a scheme such as 'hf:')"
+            )
+    elif not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise PluginError(f"plugin '{owner}': {kind} name {name!r} is invalid (use {_NAME_RULE})")
+
+
+def _lookup(table: dict[str, Entry], kind: str, name: str) -> Entry:
+    entry = table.get(name)
+    if entry is None:
+        raise PluginError(f"unknown {kind} '{name}' (known: {_known(table)})")
+    return entry
+
+
+def _known(table: dict[str, Entry]) -> str:
+    return ", ".join(sorted(table)) or "none"
+
+
+def _canonical(project: str) -> str:
+    return re.sub(r"[-_.]+", "-", project).lower()
+
+
+def _one_line(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _load_failure(name: str, exc: BaseException) -> str:
+    return f"plugin '{name}' failed to load: {_one_line(exc)}"
+
+
+def _hook_failure(name: str, hook_name: str, exc: BaseException) -> str:
+    return f"plugin '{name}' failed in {hook_name}: {_one_line(exc)}"

@@ -1,0 +1,56 @@
+"""A readable terminal summary of a :class:`~echosim.timeline.report.Report`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GiB = 2**30
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.3f} s" if x >= 0.1 else f"{x * 1e3:.2f} ms"
+
+
+def render(report: Any, trace: str | None = None, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    p = report.plan
+    console.print(
+        f"[bold]{report.model}[/] on {report.devices} x {report.backend} ({report.devices_per_node} per node): "
+        f"TP {p['tp']} PP {p['pp']} DP {p['dp']}, micro-batch {p['micro_batch']}, global batch "
+        f"{p['global_batch'] or p['micro_batch'] * p['dp']}, seq {p['seq_len'] or 'model'}, {p['dtype']}, "
+        f"recompute {p['recompute']}, {p['schedule']}"
+    )
+    head = Table(show_header=False, box=None)
+    head.add_row("step time", f"[bold]{report.step_time_s:.3f} s[/]")
+    head.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s")
+    head.add_row("MFU / HFU", f"{report.mfu * 100:.1f}% / {report.hfu * 100:.1f}%")
+    head.add_row("TFLOP/s per device", f"{report.tflops_per_device:.1f} (hardware FLOPs, recompute included)")
+    head.add_row("parameters", f"{report.params / 1e9:.2f} B")
+    head.add_row("pipeline bubble", f"{report.bubble_fraction * 100:.1f}% of the step")
+    console.print(head)
+
+    where = Table(title=f"where the time goes (stage {report.critical_stage}, the slowest)")
+    where.add_column("kind")
+    where.add_column("seconds", justify="right")
+    where.add_column("share", justify="right")
+    for kind, sec in sorted(report.breakdown.items(), key=lambda kv: -kv[1]):
+        where.add_row(kind, _fmt_s(sec), f"{sec / report.step_time_s * 100:.1f}%")
+    console.print(where)
+
+    mem = Table(title="memory per device (GiB)")
+    for col in ("stage", "params", "grads", "optimizer", "activations", "peak", "fits"):
+        mem.add_column(col, justify="right")
+    rows = report.memory if len(report.memory) <= 4 else [report.memory[0], report.memory[-1]]
+    for m in rows:
+        mem.add_row(
+            str(m["stage"]), *(f"{m[k] / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations", "peak")),
+            "yes" if m["fits"] else f"[red]no[/] ({m['capacity'] / GiB:.0f})",
+        )
+    console.print(mem)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    if trace:
+        console.print(f"trace written to {trace} (open it in ui.perfetto.dev)")

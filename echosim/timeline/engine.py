@@ -1,0 +1,165 @@
+"""The timeline composer: stage graphs + a backend -> a :class:`Report`.
+
+Symmetry first: every TP/DP peer of a pipeline stage runs the same program, so one
+representative rank per stage is simulated. A stage's micro-batch forward and
+backward are simulated op by op (a repeated layer once, then scaled by its count);
+the pipeline schedule composes those blocks across stages and micro-batches; the
+data-parallel gradient all_reduce overlaps the last micro-batch's backward; the
+optimizer step closes the step. Cost does not depend on the number of devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echosim.backends.base import Backend, Placement
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import CollectiveAttrs, OpKind, Phase
+from echosim.passes.flops import io_bytes
+from echosim.plan import Cluster, Plan
+from echosim.timeline.schedule import SCHEDULES, BlockTime, compose
+from echosim.timeline.streams import UnitTiming, simulate_unit
+
+_SKIP_IN_UNITS = {"dp", "embed"}
+
+
+@dataclass
+class StageTiming:
+    index: int
+    layers: int
+    fwd: float
+    bwd: float
+    fwd_units: list[tuple[UnitTiming, int]]  # (unit, times it runs per micro-batch)
+    bwd_units: list[tuple[UnitTiming, int]]
+    p2p_fwd: float
+    p2p_bwd: float
+    dp_exposed: float
+    dp_busy: float
+    embed_sync: float
+    optimizer: float
+
+
+def placements(plan: Plan, cluster: Cluster) -> dict[str, Placement]:
+    from echosim.backends.topology import megatron_placement
+
+    sizes = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}
+    out = {axis: megatron_placement(axis, sizes, cluster.devices_per_node) for axis in sizes}
+    pp = out["pp"]
+    out["embed"] = Placement(2, min(2, pp.nodes), 1 if pp.nodes > 1 else 2, pp.concurrent_per_node)
+    return out
+
+
+class _Coster:
+    def __init__(self, graph: Graph, backend: Backend, where: dict[str, Placement]) -> None:
+        self.graph, self.backend, self.where = graph, backend, where
+
+    def __call__(self, node: Node) -> float:
+        if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER):
+            return 0.0
+        if node.op.is_collective:
+            assert isinstance(node.attrs, CollectiveAttrs)
+            if node.attrs.size <= 1:
+                return 0.0
+            return self.backend.collective_time_s(node.op, node.attrs.bytes, self.where[node.attrs.axis])
+        return self.backend.op_time_s(node, io_bytes(self.graph, node))
+
+
+def _units(graph: Graph) -> tuple[list[tuple[list[Node], int]], list[tuple[list[Node], int]]]:
+    """Split a stage into (nodes, repeat) units for forward and for backward, in run order."""
+    def runs(n: Node) -> bool:
+        if n.op in (OpKind.SEND, OpKind.RECV):
+            return False
+        return not (isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis in _SKIP_IN_UNITS)
+
+    mult = next(iter(graph.repeats.values()), 1)
+    fwd = [n for n in graph if n.phase is Phase.FORWARD and runs(n)]
+    bwd = [n for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and runs(n)]
+
+    def split(nodes: list[Node]) -> list[tuple[list[Node], int]]:
+        """(before the block, the block, after the block): 'after' descends from the block."""
+        inside = [n for n in nodes if graph.block_of(n) is not None]
+        later = {n.id for n in inside}
+        for n in graph:  # graph order is topological: one sweep finds every descendant
+            if n.id not in later and any(i in later for i in n.inputs):
+                later.add(n.id)
+        outside = [n for n in nodes if graph.block_of(n) is None]
+        return [([n for n in outside if n.id not in later], 1), (inside, mult), ([n for n in outside if n.id in later], 1)]
+
+    return split(fwd), split(bwd)
+
+
+def time_stage(
+    index: int, layers: int, graph: Graph, backend: Backend, where: dict[str, Placement], plan: Plan
+) -> StageTiming:
+    cost = _Coster(graph, backend, where)
+    overlap = backend.overlap()
+    fwd_parts, bwd_parts = _units(graph)
+    fwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in fwd_parts]
+    bwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in bwd_parts]
+    fwd = sum(u.duration * k for u, k in fwd_units)
+    bwd = sum(u.duration * k for u, k in bwd_units)
+
+    def p2p(phase: Phase) -> float:
+        sends = [n for n in graph if n.op is OpKind.SEND and n.phase in _phases(phase)]
+        total = 0.0
+        for n in sends:
+            nbytes = n.out.nbytes
+            if plan.tp > 1:  # Megatron's scatter/gather: 1/tp over the network, all_gather in the node
+                total += backend.collective_time_s(OpKind.SEND, nbytes // plan.tp, where["pp"])
+                total += backend.collective_time_s(OpKind.ALL_GATHER, nbytes, where["tp"])
+            else:
+                total += backend.collective_time_s(OpKind.SEND, nbytes, where["pp"])
+        return total
+
+    dp_nodes = [n for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "dp"]
+    dp_exposed, dp_busy = _dp_tail(graph, dp_nodes, cost, bwd_units, plan.overlap_dp, overlap.compute_slowdown)
+    embed = sum(cost(n) for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "embed")
+    opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
+    return StageTiming(index, layers, fwd, bwd, fwd_units, bwd_units, p2p(Phase.FORWARD), p2p(Phase.BACKWARD),
+                       dp_exposed, dp_busy, embed, opt)
+
+
+def _phases(phase: Phase) -> tuple[Phase, ...]:
+    return (phase,) if phase is Phase.FORWARD else (Phase.BACKWARD, Phase.RECOMPUTE)
+
+
+def _dp_tail(
+    graph: Graph, nodes: list[Node], cost: _Coster, bwd_units: list[tuple[UnitTiming, int]],
+    overlap_dp: bool, slowdown: float,
+) -> tuple[float, float]:
+    """Exposed seconds of the gradient all_reduce after the last backward, and its busy time.
+
+    Buckets of the repeated block become ready one layer at a time during the last
+    micro-batch's backward; the rest are ready when it ends. Compute that runs
+    beside a bucket is slowed by ``slowdown``; that extra time counts as exposed.
+    """
+    if not nodes:
+        return 0.0, 0.0
+    (first, _), (block, layers), _last = bwd_units
+    per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
+    rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
+    total_bwd = first.duration + block.duration * layers + _last[0].duration
+    busy = per_layer * layers + rest
+    if not overlap_dp:
+        return busy, busy
+    comm_end = 0.0
+    overlapped = 0.0
+    for j in range(1, layers + 1):
+        ready = first.duration + j * block.duration
+        start = max(ready, comm_end)
+        comm_end = start + per_layer
+        overlapped += max(0.0, min(comm_end, total_bwd) - start)
+    comm_end = max(comm_end, total_bwd) + rest
+    exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
+    return exposed, busy
+
+
+def run_schedule(plan: Plan, stages: list[StageTiming]) -> list[BlockTime]:
+    orders = SCHEDULES[plan.schedule](len(stages), plan.microbatches)
+    return compose(
+        orders,
+        [s.fwd for s in stages],
+        [s.bwd for s in stages],
+        [s.p2p_fwd for s in stages],
+        [s.p2p_bwd for s in stages],
+    )

@@ -1,0 +1,76 @@
+"""The IR itself: types, verification, printing, repeat counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from echosim.ir import DType, Graph, OpKind, Phase, TensorSpec, VerifyError, print_graph, verify
+from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, ParamAttrs
+
+
+def small_graph() -> Graph:
+    g = Graph("g", repeats={"layers.0": 3})
+    x = g.add(OpKind.INPUT, (), TensorSpec((2, 4), DType.BF16), name="x")
+    g.inputs.append(x)
+    w = g.add(OpKind.PARAMETER, (), TensorSpec((8, 4), DType.BF16), ParamAttrs(), scope="layers.0.fc", name="w")
+    y = g.add(OpKind.MATMUL, (x, w), TensorSpec((2, 8), DType.BF16), MatmulAttrs(2, 8, 4), scope="layers.0.fc")
+    g.outputs = [y]
+    return g
+
+
+def test_dtype_parse_accepts_torch_spellings() -> None:
+    assert DType.parse("torch.bfloat16") is DType.BF16
+    assert DType.parse("half") is DType.FP16
+    with pytest.raises(ValueError, match="unknown dtype 'int3'"):
+        DType.parse("int3")
+
+
+def test_tensor_spec_bytes() -> None:
+    spec = TensorSpec((2, 3, 4), DType.FP16)
+    assert spec.numel == 24 and spec.nbytes == 48
+    assert str(spec) == "fp16[2x3x4]"
+
+
+def test_multiplicity_follows_repeat_prefix() -> None:
+    g = small_graph()
+    assert [g.multiplicity(n) for n in g] == [1, 3, 3]
+
+
+def test_printer_is_stable() -> None:
+    assert print_graph(small_graph()) == (
+        "graph g\n"
+        "  repeat layers.0 x3\n"
+        "  %0 = input() : bf16[2x4]  [fwd] - (x)\n"
+        "  %1 = parameter() : bf16[8x4]  [fwd] layers.0.fc (w)\n"
+        "  %2 = matmul(%0, %1) : bf16[2x8] {m=2 n=8 k=4}  [fwd] layers.0.fc\n"
+        "  return %2\n"
+    )
+
+
+def test_verify_catches_wrong_attrs_and_names_the_pass() -> None:
+    g = small_graph()
+    g.replace(2, attrs=ElementwiseAttrs("add"))
+    with pytest.raises(VerifyError, match="matmul cannot carry ElementwiseAttrs after pass 'broken'"):
+        verify(g, after="broken")
+
+
+def test_verify_catches_use_before_definition() -> None:
+    g = small_graph()
+    g.nodes = {k: g.nodes[k] for k in (2, 0, 1)}
+    with pytest.raises(VerifyError, match="before it is defined"):
+        verify(g)
+
+
+def test_verify_catches_bad_output() -> None:
+    g = small_graph()
+    g.outputs = [99]
+    with pytest.raises(VerifyError, match="output %99"):
+        verify(g)
+
+
+def test_graph_copy_is_independent() -> None:
+    g = small_graph()
+    h = g.copy()
+    h.add(OpKind.ELEMENTWISE, (2,), TensorSpec((2, 8), DType.BF16), ElementwiseAttrs("gelu"), phase=Phase.FORWARD)
+    assert len(g) == 3 and len(h) == 4
+    assert g.dag.number_of_nodes() == 3

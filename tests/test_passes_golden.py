@@ -1,0 +1,63 @@
+"""Golden IR text for the frontend and every pass, on a 2-layer GPT and Llama."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import check_golden
+from echosim.ir import Graph, print_graph, verify
+from echosim.passes.attention import AttentionKernel
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import run_passes
+from echosim.passes.data_parallel import DataParallel, Optimizer
+from echosim.passes.pipeline import PipelineParallel
+from echosim.passes.recompute import Recompute
+from echosim.passes.tensor_parallel import TensorParallel
+
+
+def test_capture_gpt(tiny_gpt: Graph) -> None:
+    verify(tiny_gpt)
+    check_golden("capture_gpt.txt", print_graph(tiny_gpt))
+
+
+def test_capture_llama(tiny_llama: Graph) -> None:
+    verify(tiny_llama)
+    check_golden("capture_llama.txt", print_graph(tiny_llama))
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_tensor_parallel(arch: str, tiny_gpt: Graph, tiny_llama: Graph) -> None:
+    g = run_passes(tiny_gpt if arch == "gpt" else tiny_llama, [TensorParallel(2)])
+    check_golden(f"tp2_{arch}.txt", print_graph(g))
+
+
+def test_autodiff(tiny_gpt: Graph) -> None:
+    check_golden("autodiff_gpt.txt", print_graph(run_passes(tiny_gpt, [Autodiff()])))
+
+
+def test_autodiff_after_tp(tiny_llama: Graph) -> None:
+    check_golden("tp2_autodiff_llama.txt", print_graph(run_passes(tiny_llama, [TensorParallel(2), Autodiff()])))
+
+
+def test_recompute_full(tiny_gpt: Graph) -> None:
+    check_golden("recompute_full_gpt.txt", print_graph(run_passes(tiny_gpt, [Autodiff(), Recompute("full")])))
+
+
+def test_recompute_selective_math_attention(tiny_gpt: Graph) -> None:
+    g = run_passes(tiny_gpt, [AttentionKernel(flash=False), Autodiff(), Recompute("selective")])
+    check_golden("recompute_selective_gpt.txt", print_graph(g))
+
+
+def test_pipeline_stages(tiny_gpt: Graph) -> None:
+    joint = run_passes(tiny_gpt, [Autodiff()])
+    stages = PipelineParallel(2).split(joint)
+    assert [s.layers for s in stages] == [1, 1]
+    for s in stages:
+        verify(s.graph)
+    check_golden("pp2_stage0_gpt.txt", print_graph(stages[0].graph))
+    check_golden("pp2_stage1_gpt.txt", print_graph(stages[1].graph))
+
+
+def test_data_parallel_and_optimizer(tiny_llama: Graph) -> None:
+    g = run_passes(tiny_llama, [Autodiff(), DataParallel(4), Optimizer()])
+    check_golden("dp4_opt_llama.txt", print_graph(g))
