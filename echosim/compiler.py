@@ -23,9 +23,18 @@ from echosim.timeline.report import Report
 from echosim.timeline.schedule import BlockTime, in_flight
 
 DEFAULT_MODEL = "gpt3-175b"
-# The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1).
+# The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in
+# 2021 had no fused flash attention: scores were materialised (baddbmm, fused softmax, bmm).
 DEFAULT_PLAN = Plan(
-    tp=8, pp=16, dp=8, micro_batch=1, global_batch=1536, seq_len=2048, dtype="fp16", recompute="full"
+    tp=8,
+    pp=16,
+    dp=8,
+    micro_batch=1,
+    global_batch=1536,
+    seq_len=2048,
+    dtype="fp16",
+    recompute="full",
+    attention="math",
 )
 DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024, devices_per_node=8)
 
@@ -41,20 +50,20 @@ class Compiled:
     blocks: list[BlockTime]
 
 
-def load_model(model: str, plan: Plan) -> tuple[Graph, list[str], int]:
-    """Resolve a model name through the plugin registry and capture it as IR."""
-    from echosim.frontend import capture_named
+def load_model(model: Any, plan: Plan) -> tuple[Graph, list[str], int]:
+    """Capture a model given by name (resolved through the plugin registry) or as an object."""
+    from echosim.frontend import capture_named, capture_object
 
-    return capture_named(model, plan)
+    if isinstance(model, str):
+        return capture_named(model, plan)
+    return capture_object(model, plan, getattr(model, "arch", type(model).__name__))
 
 
-def compile(  # noqa: A001 - the verb users expect
-    model: str = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None
-) -> Report:
+def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Report:
     return compile_full(model, plan, cluster).report
 
 
-def compile_full(model: str = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Compiled:
+def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Compiled:
     from echosim.plugins import get_registry
 
     plan = plan or Plan()
@@ -67,12 +76,19 @@ def compile_full(model: str = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     try:
         joint = run_passes(
             graph,
-            [AttentionKernel(plan.attention == "flash"), TensorParallel(plan.tp), Autodiff(), Recompute(plan.recompute)],
+            [
+                AttentionKernel(plan.attention == "flash"),
+                TensorParallel(plan.tp),
+                Autodiff(),
+                Recompute(plan.recompute),
+            ],
         )
         stages = PipelineParallel(plan.pp, plan.pp_balance).split(joint)
         reduce_dtype = DType.FP32
         stages = [
-            Stage(s.index, run_passes(s.graph, [DataParallel(plan.dp, reduce_dtype=reduce_dtype), Optimizer()]), s.layers)
+            Stage(
+                s.index, run_passes(s.graph, [DataParallel(plan.dp, reduce_dtype=reduce_dtype), Optimizer()]), s.layers
+            )
             for s in stages
         ]
     except LayoutError as exc:
@@ -80,7 +96,17 @@ def compile_full(model: str = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     where = placements(plan, cluster)
     timings = _time_stages(stages, backend, where, plan)
     blocks = run_schedule(plan, timings)
-    report = _report(model, plan, cluster, backend, stages, timings, blocks, total_params, warnings)
+    report = _report(
+        model if isinstance(model, str) else graph.name,
+        plan,
+        cluster,
+        backend,
+        stages,
+        timings,
+        blocks,
+        total_params,
+        warnings,
+    )
     return Compiled(report, joint, stages, timings, blocks)
 
 
@@ -94,14 +120,35 @@ def _time_stages(stages: list[Stage], backend: Any, where: Any, plan: Plan) -> l
         if key not in cache:
             cache[key] = time_stage(s.index, s.layers, s.graph, backend, where, plan)
         t = cache[key]
-        out.append(StageTiming(s.index, s.layers, t.fwd, t.bwd, t.fwd_units, t.bwd_units, t.p2p_fwd, t.p2p_bwd,
-                               t.dp_exposed, t.dp_busy, t.embed_sync, t.optimizer))
+        out.append(
+            StageTiming(
+                s.index,
+                s.layers,
+                t.fwd,
+                t.bwd,
+                t.fwd_units,
+                t.bwd_units,
+                t.p2p_fwd,
+                t.p2p_bwd,
+                t.dp_exposed,
+                t.dp_busy,
+                t.embed_sync,
+                t.optimizer,
+            )
+        )
     return out
 
 
 def _report(
-    model: str, plan: Plan, cluster: Cluster, backend: Any, stages: list[Stage], timings: list[StageTiming],
-    blocks: list[BlockTime], total_params: int, warnings: list[str],
+    model: str,
+    plan: Plan,
+    cluster: Cluster,
+    backend: Any,
+    stages: list[Stage],
+    timings: list[StageTiming],
+    blocks: list[BlockTime],
+    total_params: int,
+    warnings: list[str],
 ) -> Report:
     m = plan.microbatches
     ends = {t.index: 0.0 for t in timings}
@@ -119,27 +166,49 @@ def _report(
     breakdown = _breakdown(t, m, ends[crit])
     memory = []
     for s in stages:
-        mem = stage_memory(s.graph, in_flight(plan.schedule, plan.pp, m, s.index), backend.memory_bytes(),
-                           param_count(s.graph))
+        mem = stage_memory(
+            s.graph, in_flight(plan.schedule, plan.pp, m, s.index), backend.memory_bytes(), param_count(s.graph)
+        )
         memory.append({"stage": s.index, "layers": s.layers, **mem.as_dict()})
         if not mem.fits:
             warnings.append(
                 f"stage {s.index} does not fit: needs {mem.peak / 2**30:.1f} GiB of {mem.capacity / 2**30:.1f} GiB"
             )
     stage_rows = [
-        {"stage": x.index, "layers": x.layers, "fwd_s": x.fwd, "bwd_s": x.bwd, "p2p_fwd_s": x.p2p_fwd,
-         "p2p_bwd_s": x.p2p_bwd, "dp_exposed_s": x.dp_exposed, "optimizer_s": x.optimizer, "end_s": totals[x.index]}
+        {
+            "stage": x.index,
+            "layers": x.layers,
+            "fwd_s": x.fwd,
+            "bwd_s": x.bwd,
+            "p2p_fwd_s": x.p2p_fwd,
+            "p2p_bwd_s": x.p2p_bwd,
+            "dp_exposed_s": x.dp_exposed,
+            "optimizer_s": x.optimizer,
+            "end_s": totals[x.index],
+        }
         for x in timings
     ]
     busy = m * (t.fwd + t.bwd)
     return Report(
-        model=model, backend=cluster.backend, devices=cluster.devices, devices_per_node=cluster.devices_per_node,
-        plan=plan.as_dict(), step_time_s=step, tokens_per_s=tokens / step,
-        mfu=model_flops / (step * cluster.devices * peak), hfu=hw_flops / (step * cluster.devices * peak),
+        model=model,
+        backend=cluster.backend,
+        devices=cluster.devices,
+        devices_per_node=cluster.devices_per_node,
+        plan=plan.as_dict(),
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        mfu=model_flops / (step * cluster.devices * peak),
+        hfu=hw_flops / (step * cluster.devices * peak),
         tflops_per_device=hw_flops / (step * cluster.devices) / 1e12,
-        model_flops_per_step=float(model_flops), hardware_flops_per_step=float(hw_flops), params=total_params,
-        bubble_fraction=(ends[crit] - busy) / step, critical_stage=crit, breakdown=breakdown, memory=memory,
-        stages=stage_rows, warnings=warnings,
+        model_flops_per_step=float(model_flops),
+        hardware_flops_per_step=float(hw_flops),
+        params=total_params,
+        bubble_fraction=(ends[crit] - busy) / step,
+        critical_stage=crit,
+        breakdown=breakdown,
+        memory=memory,
+        stages=stage_rows,
+        warnings=warnings,
     )
 
 

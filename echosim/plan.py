@@ -27,9 +27,7 @@ class Cluster:
         if self.devices_per_node < 1:
             raise PlanError(f"--devices-per-node must be positive, got {self.devices_per_node}")
         if self.devices > self.devices_per_node and self.devices % self.devices_per_node:
-            raise PlanError(
-                f"devices={self.devices} is not a whole number of nodes of {self.devices_per_node}"
-            )
+            raise PlanError(f"devices={self.devices} is not a whole number of nodes of {self.devices_per_node}")
 
     @property
     def nodes(self) -> int:
@@ -73,8 +71,7 @@ class Plan:
             )
         if self.global_batch and self.global_batch % (self.micro_batch * self.dp):
             raise PlanError(
-                f"global batch {self.global_batch} is not a multiple of micro-batch*dp = "
-                f"{self.micro_batch}*{self.dp}"
+                f"global batch {self.global_batch} is not a multiple of micro-batch*dp = {self.micro_batch}*{self.dp}"
             )
         if self.dtype not in DTYPES:
             raise PlanError(f"unknown dtype {self.dtype!r} (known: {', '.join(DTYPES)})")

@@ -46,7 +46,8 @@ def render(report: Any, trace: str | None = None, console: Any = None) -> None:
     rows = report.memory if len(report.memory) <= 4 else [report.memory[0], report.memory[-1]]
     for m in rows:
         mem.add_row(
-            str(m["stage"]), *(f"{m[k] / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations", "peak")),
+            str(m["stage"]),
+            *(f"{m[k] / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations", "peak")),
             "yes" if m["fits"] else f"[red]no[/] ({m['capacity'] / GiB:.0f})",
         )
     console.print(mem)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import TINY_GPT, TINY_LLAMA, capture
+
 from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig, build_module
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
@@ -13,9 +13,9 @@ from echosim.passes.recompute import Recompute
 from echosim.passes.tensor_parallel import TensorParallel
 
 
-def gpt_closed_form(b: int, s: int, l: int, h: int, v: int) -> float:
+def gpt_closed_form(b: int, s: int, layers: int, h: int, v: int) -> float:
     """Narayanan et al. 2021: 72*B*s*l*h^2*(1 + s/6h + V/12lh), forward + backward, no recompute."""
-    return 72 * b * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
+    return 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
 
 
 @pytest.mark.parametrize("name", ["gpt3-1.3b", "gpt3-175b"])
@@ -30,10 +30,10 @@ def test_full_recompute_adds_one_forward_of_the_layers() -> None:
     cfg = ZOO["gpt3-175b"]
     g = run_passes(capture(cfg), [Autodiff(), Recompute("full")])
     f = graph_flops(g)
-    s, l, h = cfg.seq_len, cfg.layers, cfg.hidden
-    assert f.recompute == pytest.approx(24 * s * l * h**2 * (1 + s / (6 * h)), rel=1e-9)
+    s, n, h = cfg.seq_len, cfg.layers, cfg.hidden
+    assert f.recompute == pytest.approx(24 * s * n * h**2 * (1 + s / (6 * h)), rel=1e-9)
     # Narayanan's Eq. 3 (96 B s l h^2 (1 + s/6h + V/16lh)) is the hardware count with recompute
-    assert f.hardware == pytest.approx(96 * s * l * h**2 * (1 + s / (6 * h) + cfg.vocab / (16 * l * h)), rel=1e-3)
+    assert f.hardware == pytest.approx(96 * s * n * h**2 * (1 + s / (6 * h) + cfg.vocab / (16 * n * h)), rel=1e-3)
 
 
 def test_tensor_parallel_divides_flops_evenly() -> None:
@@ -64,8 +64,20 @@ def test_param_count_closed_form_and_module(name: str) -> None:
     assert param_count(capture(cfg)) == cfg.param_count()
 
 
-@pytest.mark.parametrize("name", ["gpt3-175b", "gpt3-13b", "gpt3-6.7b", "llama2-7b", "llama2-13b", "llama2-70b",
-                                  "llama3-8b", "llama3-70b", "llama3-405b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt3-175b",
+        "gpt3-13b",
+        "gpt3-6.7b",
+        "llama2-7b",
+        "llama2-13b",
+        "llama2-70b",
+        "llama3-8b",
+        "llama3-70b",
+        "llama3-405b",
+    ],
+)
 def test_param_count_matches_published_size(name: str) -> None:
     assert ZOO[name].param_count() == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
 

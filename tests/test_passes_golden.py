@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import check_golden
+
 from echosim.ir import Graph, print_graph, verify
 from echosim.passes.attention import AttentionKernel
 from echosim.passes.autodiff import Autodiff

@@ -260,9 +260,7 @@ def test_frontends_match_by_scheme_first_then_suffix_and_the_longest_key_wins(no
     assert registry.frontend("model.JSON") is json_loader
     assert registry.frontend("llama.config.json") is config_loader
     assert registry.frontend("hf:meta-llama/Llama-3.1-8B.json") is hf_loader
-    with pytest.raises(
-        PluginError, match=r"^unknown frontend for 'x.onnx' \(known: .config.json, .json, hf:\)$"
-    ):
+    with pytest.raises(PluginError, match=r"^unknown frontend for 'x.onnx' \(known: .config.json, .json, hf:\)$"):
         registry.frontend("x.onnx")
 
 
@@ -333,9 +331,7 @@ def test_builtins_load_first_as_ordinary_plugins(
 
 
 def test_a_builtin_that_does_not_exist_yet_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        manager, "BUILTIN_PLUGINS", ["echosim.no_such_module.plugin", "echosim.no_such_plugin"]
-    )
+    monkeypatch.setattr(manager, "BUILTIN_PLUGINS", ["echosim.no_such_module.plugin", "echosim.no_such_plugin"])
     registry = load()
     assert registry.plugins() == []
     assert registry.errors == []
@@ -373,9 +369,7 @@ def test_an_entry_point_plugin_that_raises_on_load_is_reported_by_name(
             register("ok-model", dict)
         """,
     )
-    write_distribution(
-        tmp_path, "echosim-test-plugins", {"boom": "echosim_test_boom", "ok": "echosim_test_ok"}
-    )
+    write_distribution(tmp_path, "echosim-test-plugins", {"boom": "echosim_test_boom", "ok": "echosim_test_ok"})
 
     registry = load_registry()
 

@@ -122,9 +122,7 @@ class _Converter:
             name = self.param_names.get(key, owner)
             spec = TensorSpec(tuple(p.shape) or (1,), self._dtype(p.dtype))
             scope = name.rsplit(".", 1)[0] if "." in name else ""
-            self.param_ids[key] = self.graph.add(
-                OpKind.PARAMETER, (), spec, ParamAttrs(), scope=scope, name=name
-            )
+            self.param_ids[key] = self.graph.add(OpKind.PARAMETER, (), spec, ParamAttrs(), scope=scope, name=name)
         return self.param_ids[key]
 
     def tensors(self, args: Sequence[Any]) -> list[int]:
@@ -352,9 +350,27 @@ def _unknown_function(c: _Converter, node: fx.Node) -> None:
 
 
 _VIEW_METHODS = (
-    "view", "reshape", "transpose", "permute", "flatten", "split", "chunk", "narrow",
-    "contiguous", "expand", "unsqueeze", "squeeze", "t", "unflatten", "view_as", "type_as", "to", "float",
-    "half", "bfloat16", "detach",
+    "view",
+    "reshape",
+    "transpose",
+    "permute",
+    "flatten",
+    "split",
+    "chunk",
+    "narrow",
+    "contiguous",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "t",
+    "unflatten",
+    "view_as",
+    "type_as",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "detach",
 )
 
 _METHODS: dict[str, Rule] = {name: _view for name in _VIEW_METHODS}

@@ -13,4 +13,6 @@ def register_models(register: RegisterModel) -> None:
     from echosim.frontend.zoo import ZOO
 
     for name, cfg in ZOO.items():
-        register(name, partial(lambda c: c, cfg), f"{cfg.arch}: {cfg.layers} layers, hidden {cfg.hidden} ({cfg.description})")
+        register(
+            name, partial(lambda c: c, cfg), f"{cfg.arch}: {cfg.layers} layers, hidden {cfg.hidden} ({cfg.description})"
+        )

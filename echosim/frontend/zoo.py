@@ -69,8 +69,16 @@ class ArchConfig:
 
 def _gpt(layers: int, hidden: int, heads: int, head_dim: int = 0, desc: str = "") -> ArchConfig:
     return ArchConfig(
-        "gpt", layers, hidden, heads, vocab=51200, head_dim=head_dim, seq_len=2048,
-        dropout=0.1, tied_embeddings=True, description=desc,
+        "gpt",
+        layers,
+        hidden,
+        heads,
+        vocab=51200,
+        head_dim=head_dim,
+        seq_len=2048,
+        dropout=0.1,
+        tied_embeddings=True,
+        description=desc,
     )
 
 
@@ -89,18 +97,10 @@ ZOO: dict[str, ArchConfig] = {
     "gpt3-175b": _gpt(96, 12288, 96, desc=_GPT3),
     "llama2-7b": ArchConfig("llama", 32, 4096, 32, 32000, ffn=11008, seq_len=4096, description=_L2),
     "llama2-13b": ArchConfig("llama", 40, 5120, 40, 32000, ffn=13824, seq_len=4096, description=_L2),
-    "llama2-70b": ArchConfig(
-        "llama", 80, 8192, 64, 32000, ffn=28672, kv_heads=8, seq_len=4096, description=_L2
-    ),
-    "llama3-8b": ArchConfig(
-        "llama", 32, 4096, 32, 128256, ffn=14336, kv_heads=8, seq_len=8192, description=_L3
-    ),
-    "llama3-70b": ArchConfig(
-        "llama", 80, 8192, 64, 128256, ffn=28672, kv_heads=8, seq_len=8192, description=_L3
-    ),
-    "llama3-405b": ArchConfig(
-        "llama", 126, 16384, 128, 128256, ffn=53248, kv_heads=8, seq_len=8192, description=_L3
-    ),
+    "llama2-70b": ArchConfig("llama", 80, 8192, 64, 32000, ffn=28672, kv_heads=8, seq_len=4096, description=_L2),
+    "llama3-8b": ArchConfig("llama", 32, 4096, 32, 128256, ffn=14336, kv_heads=8, seq_len=8192, description=_L3),
+    "llama3-70b": ArchConfig("llama", 80, 8192, 64, 128256, ffn=28672, kv_heads=8, seq_len=8192, description=_L3),
+    "llama3-405b": ArchConfig("llama", 126, 16384, 128, 128256, ffn=53248, kv_heads=8, seq_len=8192, description=_L3),
 }
 
 # Published parameter counts (model cards / papers), for tests and `echosim models`.

@@ -26,8 +26,7 @@ def verify(graph: Graph, after: str = "") -> None:
                 raise VerifyError(f"node {node.id} ({node.name}) reads %{i} before it is defined{where}")
         if not isinstance(node.attrs, ATTRS_FOR[node.op]):
             raise VerifyError(
-                f"node {node.id} ({node.name}): {node.op.value} cannot carry "
-                f"{type(node.attrs).__name__}{where}"
+                f"node {node.id} ({node.name}): {node.op.value} cannot carry {type(node.attrs).__name__}{where}"
             )
         if any(d <= 0 for d in node.out.shape):
             raise VerifyError(f"node {node.id} ({node.name}) has a non-positive dim {node.out}{where}")

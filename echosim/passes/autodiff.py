@@ -33,12 +33,23 @@ class _Ctx:
         self.g = graph
 
     def emit(
-        self, fwd: Node, op: OpKind, inputs: list[int], out: TensorSpec, attrs: object = None,
-        suffix: str = "grad", scope: str | None = None,
+        self,
+        fwd: Node,
+        op: OpKind,
+        inputs: list[int],
+        out: TensorSpec,
+        attrs: object = None,
+        suffix: str = "grad",
+        scope: str | None = None,
     ) -> int:
         return self.g.add(
-            op, inputs, out, attrs if attrs is not None else NoAttrs(),  # type: ignore[arg-type]
-            phase=Phase.BACKWARD, scope=fwd.scope if scope is None else scope, name=f"{fwd.name}.{suffix}",
+            op,
+            inputs,
+            out,
+            attrs if attrs is not None else NoAttrs(),  # type: ignore[arg-type]
+            phase=Phase.BACKWARD,
+            scope=fwd.scope if scope is None else scope,
+            name=f"{fwd.name}.{suffix}",
             origin=fwd.id,
         )
 
@@ -85,7 +96,11 @@ def _attention(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     q, k, v = n.inputs[:3]
     packed = TensorSpec((c.spec(q).numel + c.spec(k).numel + c.spec(v).numel,), n.out.dtype)
     grad = c.emit(n, OpKind.ATTENTION, [dy, q, k, v, n.id], packed, n.attrs)
-    return [(i, c.emit(n, OpKind.VIEW, [grad], c.spec(i), suffix=f"d{tag}")) for i, tag in zip((q, k, v), "qkv") if i in needs]
+    return [
+        (i, c.emit(n, OpKind.VIEW, [grad], c.spec(i), suffix=f"d{tag}"))
+        for i, tag in zip((q, k, v), "qkv", strict=False)
+        if i in needs
+    ]
 
 
 _PASS_THROUGH = {"add", "sub"}
@@ -122,7 +137,9 @@ def _norm(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         out.append((x, c.emit(n, OpKind.NORM, [dy, x, *params], c.spec(x), n.attrs)))
     for p in params:
         if p in needs:
-            out.append((p, c.emit(n, OpKind.REDUCTION, [dy, x], c.spec(p), ElementwiseAttrs("norm_param_grad"), "pgrad")))
+            out.append(
+                (p, c.emit(n, OpKind.REDUCTION, [dy, x], c.spec(p), ElementwiseAttrs("norm_param_grad"), "pgrad"))
+            )
     return out
 
 
@@ -153,7 +170,11 @@ def _view(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
 
 
 def _reduction(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
-    return [(i, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(i), ElementwiseAttrs("broadcast"))) for i in n.inputs if i in needs]
+    return [
+        (i, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(i), ElementwiseAttrs("broadcast")))
+        for i in n.inputs
+        if i in needs
+    ]
 
 
 def _identity(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:

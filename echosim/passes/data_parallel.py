@@ -32,10 +32,10 @@ class DataParallel:
         g = graph.copy()
         groups: dict[str, list[int]] = {}
         for param, grad in graph.grads.items():
-            if g[grad].op is OpKind.ALL_REDUCE and isinstance(g[grad].attrs, CollectiveAttrs):
-                if g[grad].attrs.axis == "embed":
-                    groups.setdefault("", []).append(param)
-                    continue
+            attrs = g[grad].attrs
+            if isinstance(attrs, CollectiveAttrs) and attrs.axis == "embed":  # tied weight: synced at step end
+                groups.setdefault("", []).append(param)
+                continue
             groups.setdefault(g.block_of(g[param]) or "", []).append(param)
         # later layers' gradients are ready first: reduce the block's buckets before the rest
         for scope in sorted(groups, key=lambda s: (s == "", s)):
@@ -48,8 +48,13 @@ class DataParallel:
                 size = nbytes // buckets
                 spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
                 g.add(
-                    OpKind.ALL_REDUCE, grads, spec, CollectiveAttrs("dp", self.dp, size),
-                    phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_all_reduce.{scope or 'rest'}.{b}",
+                    OpKind.ALL_REDUCE,
+                    grads,
+                    spec,
+                    CollectiveAttrs("dp", self.dp, size),
+                    phase=Phase.BACKWARD,
+                    scope=scope,
+                    name=f"dp.grad_all_reduce.{scope or 'rest'}.{b}",
                 )
         return g
 
@@ -72,7 +77,11 @@ class Optimizer:
         n = param_count(g)
         grads = list(g.grads.values())
         g.add(
-            OpKind.OPTIMIZER_UPDATE, grads, TensorSpec((max(n, 1),), DType.FP32),
-            OptimizerAttrs(self.kind, n, ADAM_BYTES_PER_PARAM), phase=Phase.OPTIMIZER, name="optimizer.step",
+            OpKind.OPTIMIZER_UPDATE,
+            grads,
+            TensorSpec((max(n, 1),), DType.FP32),
+            OptimizerAttrs(self.kind, n, ADAM_BYTES_PER_PARAM),
+            phase=Phase.OPTIMIZER,
+            name="optimizer.step",
         )
         return g

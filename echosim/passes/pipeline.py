@@ -70,7 +70,7 @@ def _work(graph: Graph, ids: list[int]) -> float:
 
 
 def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
-    (block, layers), = graph.repeats.items()
+    ((_block, layers),) = graph.repeats.items()
     if pp > layers:
         raise LayoutError(f"pp={pp} exceeds the number of layers ({layers})")
     if balance == "uniform":
@@ -99,7 +99,7 @@ class PipelineParallel:
             return [Stage(0, graph, next(iter(graph.repeats.values()), 1))]
         if len(graph.repeats) != 1:
             raise LayoutError("pipeline parallelism needs a model with one repeated block of layers")
-        (block, layers), = graph.repeats.items()
+        ((block, _layers),) = graph.repeats.items()
         cls = _classify(graph, block)
         counts = layer_split(graph, self.pp, self.balance, cls)
         static = _static(graph)
@@ -124,8 +124,10 @@ def _stage_graph(
     def copyable(i: int) -> bool:
         """Weights, buffers, per-sample inputs and their views: every stage loads its own."""
         src = graph[i]
-        return i in static or src.op.is_placeholder or (
-            src.op is OpKind.VIEW and src.phase is Phase.FORWARD and all(copyable(j) for j in src.inputs)
+        return (
+            i in static
+            or src.op.is_placeholder
+            or (src.op is OpKind.VIEW and src.phase is Phase.FORWARD and all(copyable(j) for j in src.inputs))
         )
 
     def bring(i: int, reader: Node) -> int:
@@ -133,11 +135,25 @@ def _stage_graph(
             return new[i]
         src = graph[i]
         if copyable(i):
-            new[i] = g.add(src.op, [bring(j, reader) for j in src.inputs], src.out, src.attrs,
-                           phase=src.phase, scope=src.scope, name=src.name)
+            new[i] = g.add(
+                src.op,
+                [bring(j, reader) for j in src.inputs],
+                src.out,
+                src.attrs,
+                phase=src.phase,
+                scope=src.scope,
+                name=src.name,
+            )
         else:  # produced on another stage: receive it
-            new[i] = g.add(OpKind.RECV, [], src.out, CollectiveAttrs("pp", pp, src.out.nbytes),
-                           phase=reader.phase, scope=src.scope, name=f"{src.name}.recv")
+            new[i] = g.add(
+                OpKind.RECV,
+                [],
+                src.out,
+                CollectiveAttrs("pp", pp, src.out.nbytes),
+                phase=reader.phase,
+                scope=src.scope,
+                name=f"{src.name}.recv",
+            )
         return new[i]
 
     for n in graph:
@@ -149,26 +165,44 @@ def _stage_graph(
         if n.id not in members:
             continue
         origin = new.get(n.origin) if n.origin is not None else None
-        new[n.id] = g.add(n.op, [bring(i, n) for i in n.inputs], n.out, n.attrs,
-                          phase=n.phase, scope=n.scope, name=n.name, origin=origin)
+        new[n.id] = g.add(
+            n.op,
+            [bring(i, n) for i in n.inputs],
+            n.out,
+            n.attrs,
+            phase=n.phase,
+            scope=n.scope,
+            name=n.name,
+            origin=origin,
+        )
+
     def consumer_elsewhere(u: int) -> bool:
         node = graph[u]
         tied_sum = node.origin is not None and graph[node.origin].op is OpKind.PARAMETER
         return u not in members and not tied_sum
 
     for n in graph:
-        if n.id in members and n.id in new and any(consumer_elsewhere(u) for u in graph.users(n.id)):
-            if not copyable(n.id):
-                g.add(OpKind.SEND, [new[n.id]], n.out, CollectiveAttrs("pp", pp, n.out.nbytes),
-                      phase=n.phase, scope=n.scope, name=f"{n.name}.send")
+        if n.id not in members or n.id not in new or copyable(n.id):
+            continue
+        if any(consumer_elsewhere(u) for u in graph.users(n.id)):
+            spec = n.out
+            g.add(OpKind.SEND, [new[n.id]], spec, CollectiveAttrs("pp", pp, spec.nbytes),
+                  phase=n.phase, scope=n.scope, name=f"{n.name}.send")  # fmt: skip
     for param, grad in graph.grads.items():
         if param in new and grad in new:
             g.grads[new[param]] = new[grad]
     for param, parts in tied.items():  # Megatron all-reduces tied embedding grads across stages
         p = bring(param, graph[param])
         spec = graph[param].out
-        sync = g.add(OpKind.ALL_REDUCE, [new[i] for i in parts], spec, CollectiveAttrs("embed", 2, spec.nbytes),
-                     phase=Phase.OPTIMIZER, scope="", name=f"{graph[param].name}.tied_grad_all_reduce")
+        sync = g.add(
+            OpKind.ALL_REDUCE,
+            [new[i] for i in parts],
+            spec,
+            CollectiveAttrs("embed", 2, spec.nbytes),
+            phase=Phase.OPTIMIZER,
+            scope="",
+            name=f"{graph[param].name}.tied_grad_all_reduce",
+        )
         g.grads[p] = sync
     if any(o in new for o in graph.outputs):
         g.outputs = [new[o] for o in graph.outputs if o in new]

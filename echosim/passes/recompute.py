@@ -57,4 +57,4 @@ class Recompute:
             return False
         if self.mode == "full":
             return True
-        return isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash or n.op is OpKind.SOFTMAX
+        return (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX

@@ -106,7 +106,13 @@ class _Sharder:
 
     def add(self, node: Node, inputs: list[int], out: TensorSpec, attrs: object) -> int:
         return self.out.add(
-            node.op, inputs, out, attrs, phase=node.phase, scope=node.scope, name=node.name  # type: ignore[arg-type]
+            node.op,
+            inputs,
+            out,
+            attrs,
+            phase=node.phase,
+            scope=node.scope,
+            name=node.name,  # type: ignore[arg-type]
         )
 
     def all_reduce(self, value: int, node: Node, name: str) -> int:
@@ -143,11 +149,9 @@ class _Sharder:
         split_ins = [i for i in ins if i in self.split]
         if node.op is OpKind.PARAMETER:
             if node.id in params:
-                style, axis = params[node.id]
+                _style, axis = params[node.id]
                 out = self.div(node.out, axis, f"{node.name} dim {axis}")
-                return self.out.add(
-                    node.op, [], out, ParamAttrs(shard=self.tp), scope=node.scope, name=node.name
-                )
+                return self.out.add(node.op, [], out, ParamAttrs(shard=self.tp), scope=node.scope, name=node.name)
             return self.add(node, ins, node.out, node.attrs)
         if node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
             return self._matmul(node, ins)
@@ -168,16 +172,19 @@ class _Sharder:
             for what in ("max", "target", "sum_exp"):  # Megatron's vocab-parallel loss
                 stat = TensorSpec((rows,), DType.FP32)
                 self.out.add(
-                    OpKind.ALL_REDUCE, [v], stat, CollectiveAttrs("tp", self.tp, stat.nbytes),
-                    scope=node.scope, name=f"{node.name}.{what}_all_reduce",
+                    OpKind.ALL_REDUCE,
+                    [v],
+                    stat,
+                    CollectiveAttrs("tp", self.tp, stat.nbytes),
+                    scope=node.scope,
+                    name=f"{node.name}.{what}_all_reduce",
                 )
             return v
         if node.op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
             a = node.attrs
             if a.heads % self.tp or a.kv_heads % self.tp:
                 raise LayoutError(
-                    f"tp={self.tp} does not divide attention heads {a.heads} / kv_heads {a.kv_heads} "
-                    f"at {node.scope}"
+                    f"tp={self.tp} does not divide attention heads {a.heads} / kv_heads {a.kv_heads} at {node.scope}"
                 )
             attrs = replace(a, heads=a.heads // self.tp, kv_heads=a.kv_heads // self.tp)
             axis = len(node.out.shape) - 3
@@ -197,7 +204,9 @@ class _Sharder:
         attrs = node.attrs
         assert isinstance(attrs, MatmulAttrs)
         style = style_for(node.scope, self.plan)
-        weight_split = len(ins) > 1 and self.out[ins[1]].op is OpKind.PARAMETER and self.out[ins[1]].attrs != ParamAttrs()
+        weight_split = (
+            len(ins) > 1 and self.out[ins[1]].op is OpKind.PARAMETER and self.out[ins[1]].attrs != ParamAttrs()
+        )
         if style in ("colwise", "vocab") and weight_split:
             new = replace(attrs, n=attrs.n // self.tp, tp=style)
             v = self.add(node, ins, self.div(node.out, len(node.out.shape) - 1, f"{node.scope} output"), new)

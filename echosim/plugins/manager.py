@@ -211,8 +211,7 @@ def _load_entrypoints(
                 # The same distribution found twice on sys.path is harmless; two projects are not.
                 if _canonical(seen[ep.name]) != _canonical(dist_name):
                     registry.errors.append(
-                        f"plugin '{ep.name}' from '{dist_name}' not loaded: "
-                        f"the name is taken by '{seen[ep.name]}'"
+                        f"plugin '{ep.name}' from '{dist_name}' not loaded: the name is taken by '{seen[ep.name]}'"
                     )
                 continue
             seen[ep.name] = dist_name
@@ -280,9 +279,7 @@ class _Staging:
             field_name, is_valid, expected = _VALUE_RULES[kind]
             if not is_valid(value):
                 got = type(value).__name__
-                raise PluginError(
-                    f"plugin '{owner}': {kind} '{name}' {field_name} must be {expected}, got {got}"
-                )
+                raise PluginError(f"plugin '{owner}': {kind} '{name}' {field_name} must be {expected}, got {got}")
         if not isinstance(description, str):
             raise PluginError(f"plugin '{owner}': {kind} '{name}' description must be a string")
         previous = self.table.get(name) or self.entries.get(name)

@@ -66,6 +66,7 @@ class _Coster:
 
 def _units(graph: Graph) -> tuple[list[tuple[list[Node], int]], list[tuple[list[Node], int]]]:
     """Split a stage into (nodes, repeat) units for forward and for backward, in run order."""
+
     def runs(n: Node) -> bool:
         if n.op in (OpKind.SEND, OpKind.RECV):
             return False
@@ -83,7 +84,11 @@ def _units(graph: Graph) -> tuple[list[tuple[list[Node], int]], list[tuple[list[
             if n.id not in later and any(i in later for i in n.inputs):
                 later.add(n.id)
         outside = [n for n in nodes if graph.block_of(n) is None]
-        return [([n for n in outside if n.id not in later], 1), (inside, mult), ([n for n in outside if n.id in later], 1)]
+        return [
+            ([n for n in outside if n.id not in later], 1),
+            (inside, mult),
+            ([n for n in outside if n.id in later], 1),
+        ]
 
     return split(fwd), split(bwd)
 
@@ -115,8 +120,20 @@ def time_stage(
     dp_exposed, dp_busy = _dp_tail(graph, dp_nodes, cost, bwd_units, plan.overlap_dp, overlap.compute_slowdown)
     embed = sum(cost(n) for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "embed")
     opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
-    return StageTiming(index, layers, fwd, bwd, fwd_units, bwd_units, p2p(Phase.FORWARD), p2p(Phase.BACKWARD),
-                       dp_exposed, dp_busy, embed, opt)
+    return StageTiming(
+        index,
+        layers,
+        fwd,
+        bwd,
+        fwd_units,
+        bwd_units,
+        p2p(Phase.FORWARD),
+        p2p(Phase.BACKWARD),
+        dp_exposed,
+        dp_busy,
+        embed,
+        opt,
+    )
 
 
 def _phases(phase: Phase) -> tuple[Phase, ...]:
@@ -124,8 +141,12 @@ def _phases(phase: Phase) -> tuple[Phase, ...]:
 
 
 def _dp_tail(
-    graph: Graph, nodes: list[Node], cost: _Coster, bwd_units: list[tuple[UnitTiming, int]],
-    overlap_dp: bool, slowdown: float,
+    graph: Graph,
+    nodes: list[Node],
+    cost: _Coster,
+    bwd_units: list[tuple[UnitTiming, int]],
+    overlap_dp: bool,
+    slowdown: float,
 ) -> tuple[float, float]:
     """Exposed seconds of the gradient all_reduce after the last backward, and its busy time.
 

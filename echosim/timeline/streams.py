@@ -62,10 +62,10 @@ def simulate_unit(
     first = _schedule(nodes, base)
     if overlap.compute_slowdown == 1.0 and overlap.comm_slowdown == 1.0:
         return _timing(nodes, first, base)
-    comm = [(s, s + d) for n, (s, d) in zip(nodes, first) if n.op.is_collective and d > 0]
-    comp = [(s, s + d) for n, (s, d) in zip(nodes, first) if not n.op.is_collective and d > 0]
+    comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
+    comp = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if not n.op.is_collective and d > 0]
     dilated = {}
-    for n, (s, d) in zip(nodes, first):
+    for n, (s, d) in zip(nodes, first, strict=False):
         if d <= 0:
             dilated[n.id] = d
             continue
@@ -96,7 +96,7 @@ def _schedule(nodes: Sequence[Node], dur: dict[int, float]) -> list[tuple[float,
 
 def _timing(nodes: Sequence[Node], times: list[tuple[float, float]], dur: dict[int, float]) -> UnitTiming:
     t = UnitTiming()
-    for n, (s, d) in zip(nodes, times):
+    for n, (s, d) in zip(nodes, times, strict=False):
         if d <= 0:
             continue
         cat = category(n)

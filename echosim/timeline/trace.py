@@ -17,8 +17,16 @@ _US = 1e6
 
 
 def _event(name: str, pid: int, tid: int, start_s: float, dur_s: float, cat: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": round(start_s * _US, 3),
-            "dur": round(dur_s * _US, 3), "cat": cat, "args": args}
+    return {
+        "name": name,
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "ts": round(start_s * _US, 3),
+        "dur": round(dur_s * _US, 3),
+        "cat": cat,
+        "args": args,
+    }
 
 
 def _meta(pid: int, name: str, tids: dict[int, str]) -> list[dict[str, Any]]:
@@ -46,15 +54,25 @@ def chrome_trace(compiled: Any) -> dict[str, Any]:
     pp = len(timings)
     ends = {t.index: 0.0 for t in timings}
     for b in compiled.blocks:
-        events.append(_event(f"{b.kind}{b.microbatch}", b.stage, 0, b.start, b.end - b.start,
-                             "forward" if b.kind == "F" else "backward", microbatch=b.microbatch))
+        events.append(
+            _event(
+                f"{b.kind}{b.microbatch}",
+                b.stage,
+                0,
+                b.start,
+                b.end - b.start,
+                "forward" if b.kind == "F" else "backward",
+                microbatch=b.microbatch,
+            )
+        )
         ends[b.stage] = max(ends[b.stage], b.end)
     for t in timings:
         events += _meta(t.index, f"stage {t.index} (schedule)", {0: "compute", 1: "communication"})
         start = ends[t.index]
         if t.dp_busy:
-            events.append(_event("dp grad all_reduce (exposed)", t.index, 1, start, t.dp_exposed, "comm.dp",
-                                 busy_s=t.dp_busy))
+            events.append(
+                _event("dp grad all_reduce (exposed)", t.index, 1, start, t.dp_exposed, "comm.dp", busy_s=t.dp_busy)
+            )
         start += t.dp_exposed
         if t.embed_sync:
             events.append(_event("tied embedding all_reduce", t.index, 1, start, t.embed_sync, "comm.embed"))

@@ -1,0 +1,275 @@
+"""White-box NCCL collective model: NCCL's own tuner on the group's real links.
+
+For each collective NCCL predicts ``latency + bytes / algorithm_bandwidth`` for every
+(algorithm, protocol) pair it may use and runs the cheapest. We do the same with the
+constants of ``src/graph/tuning.cc`` (NCCL v2.30.7, transcribed in
+``../shared/notes/collective-cost-models.md``). The link bandwidths are NCCL's too:
+NVLink = links x NCCL's per-link figure (topo.h), network = the NICs a group may use
+times the IB efficiency NCCL's maintainers quote. Protocol caps (LL, LL128), tree
+correction factors and NVLS efficiency are NCCL's; nothing is fitted to a measured row.
+
+Beyond NCCL's tuner, every protocol pays for chunked pipelining: data crosses each
+connection in FIFO steps that the sender fills and flags and the receiver drains, so
+with the best step size a transfer of ``B`` bytes at bandwidth ``W`` with a per-step
+handshake ``h`` costs an extra ``2 * sqrt(B * h / W)`` (the classic optimal-segmentation
+result for a two-stage pipeline). ``h`` is NCCL's per-hop latency for the protocol and
+link. This is what makes measured bus bandwidth climb slowly from ~1 MB to ~1 GB.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from echosim.backends.base import Placement
+from echosim.backends.devices import DeviceSpec
+from echosim.ir.ops import OpKind
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+LL, LL128, SIMPLE = range(3)
+
+# Source for every table below: NVIDIA/nccl src/graph/tuning.cc v2.30.7 (see module doc).
+BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
+NVLINK_HOP_US = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0)}
+NET_HOP_US = {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)}
+NET_OVERHEAD_US = 1.0  # x3 for Simple; the floor of an intra-node hop on multi-node rings
+# Columns: 1 node, 2 nodes, >= 3 nodes.
+LL_MAX_BW = {"ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0)}
+PER_CH_RING_LL128_BW = {"ampere": 20.0, "hopper": 36.7, "blackwell": 40.0}
+PER_CH_TREE_BW = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
+PER_CH_TREE_LL128_BW = {
+    "ampere": (20.0, 20.0, 20.0),
+    "hopper": (36.7, 36.7, 29.0),
+    "blackwell": (55.6, 31.67, 20.0),
+}
+NVLS_EFFICIENCY = {"ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
+# treeCorrectionFactor[proto][log2(bytes/64)], 64 B .. 256 MB.
+TREE_CORRECTION = (
+    (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
+    (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+)  # fmt: skip
+
+# Achieved fraction of InfiniBand line rate: NDR 400 Gb/s reaches 46-48 of 50 GB/s per NIC
+# (NCCL maintainer, nccl-tests#290), HDR reaches 96 of 100 GB/s per node (nccl-tests#119).
+IB_EFFICIENCY = 0.94
+# NCCL point-to-point over NVLink reaches ~65% of line rate: A100 sendrecv 195 of 300 GB/s
+# (li-plus/playground nccl.md), H100 collective-permute 292 of 450 GB/s (XLA perf table);
+# both rows are in microbench.csv.
+P2P_NVLINK_EFFICIENCY = 0.65
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One (algorithm, protocol) candidate for a message of ``nbytes`` and its predicted time."""
+
+    algo: str
+    proto: str
+    nbytes: int
+    latency_us: float
+    algbw_GBps: float
+    pipeline_us: float
+
+    @property
+    def time_us(self) -> float:
+        return self.latency_us + self.pipeline_us + self.nbytes / (self.algbw_GBps * 1e3)
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """Bandwidths (GB/s) one group sees on the topology it is placed on."""
+
+    intra_GBps: float  # NVLink ring bus bandwidth (inf when one member per node)
+    inter_GBps: float  # node NIC bandwidth available to this group (inf on one node)
+    channels: int
+
+
+def links_for(dev: DeviceSpec, p: Placement) -> Links:
+    """NVLink and NIC bandwidth for a group, splitting the node's NICs among concurrent groups."""
+    intra = dev.nvlink_busbw_GBps if p.per_node > 1 else math.inf
+    if p.nodes == 1:
+        return Links(intra, math.inf, dev.nvlink_links)
+    # Each GPU has its own NIC; a group can use at most its members' NICs, and the node's
+    # NICs are shared evenly among the groups communicating at the same time.
+    nics = min(p.per_node, dev.devices_per_node / max(1, p.concurrent_per_node))
+    inter = nics * dev.nic_GBps * IB_EFFICIENCY
+    return Links(intra, inter, max(2, math.ceil(2 * nics)) if p.per_node == 1 else dev.nvlink_links)
+
+
+def check_placement(dev: DeviceSpec, p: Placement) -> None:
+    if p.size < 1 or p.nodes < 1 or p.per_node < 1 or p.concurrent_per_node < 1:
+        raise ValueError(f"placement fields must be >= 1, got {p}")
+    if p.size != p.nodes * p.per_node:
+        raise ValueError(f"placement size {p.size} != nodes {p.nodes} x per_node {p.per_node}")
+    if p.per_node * p.concurrent_per_node > dev.devices_per_node:
+        raise ValueError(
+            f"placement puts {p.per_node} x {p.concurrent_per_node} ranks on a node of "
+            f"{dev.devices_per_node} {dev.name} devices"
+        )
+
+
+def _node_col(nodes: int) -> int:
+    return 0 if nodes == 1 else 1 if nodes == 2 else 2
+
+
+def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> float:
+    """Extra time of an optimally chunked two-stage (fill, drain) pipeline over one link."""
+    if not math.isfinite(bw_GBps) or nbytes_on_link <= 0:
+        return 0.0
+    return 2.0 * math.sqrt(nbytes_on_link * handshake_us / (bw_GBps * 1e3))
+
+
+def _hop_latencies(algo: str, proto: int, p: Placement) -> tuple[float, float]:
+    intra = NVLINK_HOP_US[algo][proto]
+    inter = (NET_HOP_US["tree"] if p.per_node == 1 else NET_HOP_US[algo])[proto]
+    if p.nodes > 1:
+        intra = max(intra, NET_OVERHEAD_US * (3 if proto == SIMPLE else 1))
+    return intra, inter
+
+
+def ring_choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, links: Links) -> list[Choice]:
+    n, nodes = p.size, p.nodes
+    if kind is OpKind.ALL_REDUCE:
+        steps, inter_steps = 2 * (n - 1), 2 * (nodes - 1)
+    elif kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+        steps, inter_steps = n - 1, nodes - 1
+    else:  # broadcast: a pipelined chain
+        steps, inter_steps = n, nodes - 1
+    bus = min(links.intra_GBps, links.inter_GBps)
+    ratio = n / steps
+    col = _node_col(nodes)
+    out = []
+    for proto in range(3):
+        intra_hop, inter_hop = _hop_latencies("ring", proto, p)
+        lat = BASE_LATENCY_US["ring"][proto] + (steps - inter_steps) * intra_hop + inter_steps * inter_hop
+        if proto == SIMPLE and kind is OpKind.ALL_REDUCE and nodes > 1 and nbytes / (links.channels * n) >= 64:
+            lat *= 1.4  # NCCL's "plateau effect" for multi-node Simple rings on sm80+
+        if proto == LL:
+            bw = min(LL_MAX_BW[dev.arch][col], bus * 0.5)
+        elif proto == LL128:
+            bw = min(bus * 0.92, links.channels * PER_CH_RING_LL128_BW[dev.arch])
+        else:
+            bw = bus
+        hop = inter_hop if nodes > 1 else intra_hop
+        pipe = _pipeline_us(nbytes / ratio, bw, hop)
+        out.append(Choice("ring", PROTOCOLS[proto], nbytes, lat, bw * ratio, pipe))
+    return out
+
+
+def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> list[Choice]:
+    """Double binary tree across nodes, chain inside a node (all-reduce only)."""
+    nodes, ppn = p.nodes, p.per_node
+    col = _node_col(nodes)
+    # NCCL takes the intra-node bandwidth on <= 2 nodes (the 2-node tree halves network
+    # traffic per node) and the network bandwidth beyond.
+    bus = min(links.intra_GBps, 2 * links.inter_GBps) if nodes <= 2 else min(links.intra_GBps, links.inter_GBps)
+    bus = min(bus * 0.92, links.channels * PER_CH_TREE_BW[dev.arch][col])
+    # Interpolate the correction table in log2(bytes) so time stays monotone in size.
+    x = min(23.0, max(0.0, math.log2(max(nbytes, 64) / 64)))
+    lo = int(x)
+    hi, frac = min(23, lo + 1), x - lo
+    out = []
+    for proto in range(3):
+        intra_hop, inter_hop = _hop_latencies("tree", proto, p)
+        lat = BASE_LATENCY_US["tree"][proto] + 2 * ((ppn - 1) * intra_hop + math.log2(nodes) * inter_hop)
+        if proto == LL:
+            bw = min(bus / 3.8, LL_MAX_BW[dev.arch][col])
+        elif proto == LL128:
+            bw = min(
+                bus * (7 / 9 if nodes == 1 else 120 / 128),
+                links.channels * PER_CH_TREE_LL128_BW[dev.arch][col],
+            )
+        else:
+            bw = bus
+        table = TREE_CORRECTION[proto]
+        bw *= table[lo] + (table[hi] - table[lo]) * frac
+        pipe = _pipeline_us(nbytes, bw, inter_hop if nodes > 1 else intra_hop)
+        out.append(Choice("tree", PROTOCOLS[proto], nbytes, lat, bw * 0.5, pipe))
+    return out
+
+
+def nvls_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> Choice | None:
+    """NVLink SHARP: the switch reduces (multimem.ld_reduce) and multicasts (multimem.st).
+
+    Per GPU an all-reduce moves ``S (1 + 1/n)`` each way instead of the ring's
+    ``2 S (n-1)/n``; all-gather and reduce-scatter move ``S`` on the busy direction.
+    """
+    efficiency = NVLS_EFFICIENCY[dev.arch]
+    if efficiency <= 0 or p.nodes != 1 or p.size < 2:
+        return None
+    if kind is OpKind.ALL_REDUCE:
+        traffic = 1 + 1 / p.size
+    elif kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+        traffic = 1.0
+    else:
+        return None
+    link = dev.nvlink_busbw_GBps * efficiency
+    lat = NVLINK_HOP_US["nvls"][SIMPLE]
+    pipe = _pipeline_us(nbytes * traffic, link, NVLINK_HOP_US["ring"][SIMPLE])
+    return Choice("nvls", "Simple", nbytes, lat, link / traffic, pipe)
+
+
+def all_to_all_choice(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> Choice:
+    """Grouped send/recv to every peer: NVLink and NIC traffic proceed side by side."""
+    n = p.size
+    intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
+    node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
+    lat = BASE_LATENCY_US["ring"][SIMPLE]
+    busy_us, pipe = 0.0, 0.0
+    if p.per_node > 1:
+        busy_us = intra_bytes / (links.intra_GBps * 1e3)
+        hop = NVLINK_HOP_US["ring"][SIMPLE]
+        pipe = _pipeline_us(intra_bytes, links.intra_GBps, hop)
+    if p.nodes > 1:
+        hop = NET_HOP_US["ring"][SIMPLE]
+        net_us = node_net_bytes / (links.inter_GBps * 1e3)
+        if net_us >= busy_us:
+            busy_us, pipe = net_us, _pipeline_us(node_net_bytes, links.inter_GBps, hop)
+    lat += NET_HOP_US["ring"][SIMPLE] if p.nodes > 1 else NVLINK_HOP_US["ring"][SIMPLE]
+    bw = nbytes / (busy_us * 1e3) if busy_us > 0 else math.inf
+    return Choice("p2p", "Simple", nbytes, lat, bw, pipe)
+
+
+def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement) -> Choice:
+    """One send/recv pair: NVLink peer copy on a node, the GPU's own NIC across nodes."""
+    if p.nodes == 1:
+        bw, hop = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY, NVLINK_HOP_US["ring"][SIMPLE]
+    else:
+        share = min(1.0, dev.devices_per_node / (p.per_node * p.concurrent_per_node))
+        bw, hop = dev.nic_GBps * IB_EFFICIENCY * share, NET_HOP_US["ring"][SIMPLE]
+    pipe = _pipeline_us(nbytes, bw, hop)
+    return Choice("p2p", "Simple", nbytes, BASE_LATENCY_US["ring"][SIMPLE] + hop, bw, pipe)
+
+
+def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> list[Choice]:
+    """Every candidate NCCL would consider for this collective."""
+    check_placement(dev, p)
+    links = links_for(dev, p)
+    if kind in (OpKind.SEND, OpKind.RECV):
+        return [p2p_choice(dev, nbytes, p)]
+    if kind is OpKind.ALL_TO_ALL:
+        return [all_to_all_choice(dev, nbytes, p, links)]
+    if kind not in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST):
+        raise ValueError(f"{kind.value} is not a collective")
+    out = ring_choices(dev, kind, nbytes, p, links)
+    if kind is OpKind.ALL_REDUCE:
+        out += tree_choices(dev, nbytes, p, links)
+    nvls = nvls_choice(dev, kind, nbytes, p)
+    if nvls is not None:
+        out.append(nvls)
+    return out
+
+
+def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> Choice:
+    """The candidate NCCL's tuner would pick: the lowest predicted time."""
+    return min(choices(dev, kind, nbytes, p), key=lambda c: c.time_us)
+
+
+def collective_time_s(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> float:
+    """Seconds for one collective of ``nbytes`` (nccl-tests buffer convention)."""
+    if nbytes < 0:
+        raise ValueError(f"byte count must be non-negative, got {nbytes}")
+    if p.size == 1 or nbytes == 0:
+        check_placement(dev, p)
+        return 0.0
+    return best_choice(dev, kind, nbytes, p).time_us * 1e-6

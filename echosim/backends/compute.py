@@ -1,0 +1,235 @@
+"""Roofline compute cost with shape-aware efficiency.
+
+Matmuls: a cuBLAS-like kernel picks the fastest CTA tile (and split-K) for the shape;
+time is wave-quantised on the SM count, each tile runs at a per-SM rate that falls for
+small tiles (less operand reuse), and the whole is bounded below by the operand traffic
+at achievable HBM bandwidth. The per-SM rate of the largest tile is the device's measured
+large-GEMM efficiency, so a big square GEMM reproduces the measurement and everything
+smaller follows from quantisation and reuse, not from per-shape constants.
+
+Attention: flash kernels are tiled the same way (one CTA per 128 query rows looping over
+key blocks) at the device's measured flash efficiency; the math path is batched matmuls
+plus softmax passes over the materialised score tensor.
+
+Memory-bound kernels: bytes / measured STREAM bandwidth plus a kernel overhead.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from echosim.backends.devices import DeviceSpec
+from echosim.ir.ops import AttentionAttrs
+
+# Operand reuse (MACs per loaded element, tm*tn/(tm+tn) for a tile) at which a tile runs
+# at half its peak: tensor FMAs per clock over the operand elements shared memory delivers
+# per clock (128 B/clk/SM = 64 fp16 elements). A100: 1024 dense fp16 FMA/clk/SM -> 16;
+# H100: 2048 -> 32; B200 doubles the math again but its 2-SM MMA loads half of each B
+# tile per SM, so 32 as well. Sources: NVIDIA A100 and H100 architecture whitepapers
+# (images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia-ampere-architecture-whitepaper.pdf,
+# resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper).
+REUSE_HALF: dict[str, float] = {"ampere": 16.0, "hopper": 32.0, "blackwell": 32.0}
+
+# CTA tiles cuBLAS/CUTLASS kernels offer for dense GEMMs (m x n of the output tile).
+CTA_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+SPLIT_K: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+# Each wave of tiles starts by filling its multi-stage operand pipeline from HBM and ends
+# with the epilogue store: about one DRAM round trip plus a tile store, ~1 µs.
+WAVE_FIXED_S = 1.0e-6
+
+# Flash attention tiling: query rows per CTA and keys per inner-loop step.
+# FA2 (sm80): 128 x 64 for head_dim <= 128; FA3 (sm90): 128 x 128.
+# Source: Dao-AILab/flash-attention kernel traits (flash_fwd_launch_template.h, hopper/).
+FLASH_BLOCK_Q = 128
+FLASH_BLOCK_KV: dict[str, int] = {"ampere": 64, "hopper": 128, "blackwell": 128}
+# Per-CTA fixed work (load Q, final rescale and store of O), in inner-loop steps. From the
+# FA3 sequence sweep in microbench.csv (430 -> 621 TFLOP/s from S=512 to 16384 at B*S=16k):
+# n/(n+c) with n = S/128 fits c ~= 2 at every point.
+FLASH_CTA_FIXED_STEPS = 2.0
+# Softmax (exp, max, rescale) per score element, expressed as an equivalent head_dim of
+# matmul work; FA2 on A100 runs at 185 TFLOP/s with softmax and ~220 without at d=128
+# (microbench.csv notes): 128 * (220/185 - 1) ~= 24.
+FLASH_SOFTMAX_HEAD_DIM = 24.0
+# The flash backward kernel runs 5 matmuls to the forward's 2 (QK^T is recomputed) and
+# sustains a lower fraction of peak (dQ accumulation, more shared memory traffic): about
+# 0.85 of the forward rate in the FlashAttention-2 paper's A100 plots (arXiv 2307.08691).
+FLASH_BWD_WORK = 2.5
+FLASH_BWD_RATE = 0.85
+
+
+def itemsize(dtype: str) -> int:
+    return {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp32-simt": 4}.get(dtype, 2)
+
+
+def gemm_efficiency(dev: DeviceSpec, dtype: str) -> float:
+    """Fraction of peak a large, well-shaped GEMM of this dtype sustains (measured)."""
+    if dtype == "fp8" and dev.gemm_eff_fp8 is not None:
+        return dev.gemm_eff_fp8
+    return dev.gemm_eff_16bit
+
+
+def tile_efficiency(arch: str, tm: int, tn: int) -> float:
+    """Per-SM rate of a tm x tn tile relative to the largest tile, from operand reuse."""
+    half = REUSE_HALF[arch]
+
+    def rate(a: int, b: int) -> float:
+        reuse = a * b / (a + b)
+        return reuse / (reuse + half)
+
+    return rate(tm, tn) / rate(*CTA_TILES[0])
+
+
+@dataclass(frozen=True, slots=True)
+class GemmPlan:
+    """The kernel configuration the model picked, for reports and tests."""
+
+    tile: tuple[int, int]
+    split_k: int
+    waves: int
+    compute_s: float
+    memory_s: float
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+
+@functools.lru_cache(maxsize=65536)
+def gemm_plan(dev: DeviceSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16") -> GemmPlan:
+    """The fastest tile / split-K choice for ``batch`` products of (m x k) @ (k x n)."""
+    if min(m, n, k, batch) <= 0:
+        raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
+    per_sm = dev.peak_tflops(dtype) * 1e12 * gemm_efficiency(dev, dtype) / dev.sm_count
+    bw = dev.hbm_stream_GBps * 1e9
+    # fp8 GEMMs read fp8 operands and write a 16-bit result (Transformer Engine, cuBLASLt).
+    out_size = 2 if dtype == "fp8" else itemsize(dtype)
+    memory_s = batch * ((m * k + k * n) * itemsize(dtype) + m * n * out_size) / bw
+    best: GemmPlan | None = None
+    for tm, tn in CTA_TILES:
+        rate = per_sm * tile_efficiency(dev.arch, tm, tn)
+        out_tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        for split in SPLIT_K:
+            waves = math.ceil(out_tiles * split / dev.sm_count)
+            compute_s = waves * (2 * tm * tn * math.ceil(k / split) / rate + WAVE_FIXED_S)
+            # split-K partials: fp32 tiles written and read back by a second reduction kernel.
+            reduce_s = 0.0
+            if split > 1:
+                reduce_s = 2 * batch * m * n * 4 * split / bw + dev.kernel_overhead_us * 1e-6
+            plan = GemmPlan((tm, tn), split, waves, compute_s + reduce_s, memory_s)
+            if best is None or plan.time_s < best.time_s:
+                best = plan
+    assert best is not None
+    return best
+
+
+def matmul_time_s(dev: DeviceSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16") -> float:
+    return gemm_plan(dev, m, n, k, batch, dtype).time_s + dev.kernel_overhead_us * 1e-6
+
+
+def memory_bound_time_s(dev: DeviceSpec, nbytes: int, kernels: int = 1) -> float:
+    """A streaming kernel: bytes at measured STREAM bandwidth plus per-kernel overhead."""
+    if nbytes < 0:
+        raise ValueError(f"byte count must be non-negative, got {nbytes}")
+    return nbytes / (dev.hbm_stream_GBps * 1e9) + kernels * dev.kernel_overhead_us * 1e-6
+
+
+# ---- attention -----------------------------------------------------------------------
+
+
+def _causal_kv_blocks(q: int, kv: int, block_q: int, block_kv: int) -> list[int]:
+    """Key blocks each query block visits under a bottom-right aligned causal mask."""
+    blocks = []
+    for i in range(math.ceil(q / block_q)):
+        last_row = min((i + 1) * block_q, q) - 1
+        keys = min(kv, last_row + (kv - q) + 1)
+        blocks.append(max(0, math.ceil(keys / block_kv)))
+    return blocks
+
+
+def _flash_steps(dev: DeviceSpec, a: AttentionAttrs) -> float:
+    """Makespan, in inner-loop steps of one SM, of the flash grid (one CTA per query block)."""
+    bq, bkv = FLASH_BLOCK_Q, FLASH_BLOCK_KV[dev.arch]
+    if a.causal:
+        per_q_block = _causal_kv_blocks(a.q_len, a.kv_len, bq, bkv)
+    else:
+        per_q_block = [math.ceil(a.kv_len / bkv)] * math.ceil(a.q_len / bq)
+    ctas = a.batch * a.heads
+    steps = [n + FLASH_CTA_FIXED_STEPS for n in per_q_block]
+    if a.causal:  # uneven CTAs: SMs back-fill; on average half the longest CTA is left as tail
+        return max(ctas * sum(steps) / dev.sm_count + max(steps) / 2, max(steps))
+    return math.ceil(ctas * len(steps) / dev.sm_count) * steps[0]
+
+
+def _flash_step_flops(dev: DeviceSpec, head_dim: int) -> float:
+    """Tensor-core FLOPs of one step (QK^T and PV of a block pair), with softmax as extra work."""
+    softmax = (head_dim + FLASH_SOFTMAX_HEAD_DIM) / head_dim
+    return 4 * FLASH_BLOCK_Q * FLASH_BLOCK_KV[dev.arch] * head_dim * softmax
+
+
+@functools.lru_cache(maxsize=64)
+def flash_inner_efficiency(dev: DeviceSpec) -> float:
+    """Per-SM efficiency of the inner loop, solved from the device's measured flash forward.
+
+    The measurement includes the CTA fixed work, wave tails and softmax of its own shape;
+    dividing those out leaves the rate of the loop itself, which then prices other shapes.
+    """
+    b, h, s, d = dev.flash_fwd_shape
+    anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
+    ideal_s = _flash_steps(dev, anchor) * _flash_step_flops(dev, d) / (dev.peak_bf16_tflops * 1e12 / dev.sm_count)
+    return dev.flash_fwd_eff * ideal_s * dev.peak_bf16_tflops * 1e12 / anchor.flops
+
+
+def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """Tiled flash kernel: CTAs of 128 query rows loop over key blocks; makespan over SMs."""
+    per_sm = dev.peak_tflops(dtype) * 1e12 * flash_inner_efficiency(dev) / dev.sm_count
+    step_s = _flash_step_flops(dev, a.head_dim) / per_sm
+    if backward:
+        step_s *= FLASH_BWD_WORK / FLASH_BWD_RATE
+    io = (2 * a.batch * a.heads * a.q_len + 2 * a.batch * a.kv_heads * a.kv_len) * a.head_dim * itemsize(dtype)
+    if backward:
+        io *= 2  # reads q, k, v, o, do; writes dq, dk, dv
+    compute_s = _flash_steps(dev, a) * step_s
+    return max(compute_s, io / (dev.hbm_stream_GBps * 1e9)) + dev.kernel_overhead_us * 1e-6
+
+
+def math_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """Unfused attention: batched matmuls plus softmax (and mask) passes over the scores."""
+    bh = a.batch * a.heads
+    score_bytes = bh * a.q_len * a.kv_len * itemsize(dtype)
+    qk = matmul_time_s(dev, a.q_len, a.kv_len, a.head_dim, bh, dtype)
+    pv = matmul_time_s(dev, a.q_len, a.head_dim, a.kv_len, bh, dtype)
+    mask_passes = 1 if a.causal else 0
+    if not backward:  # scale+mask, softmax: each reads and writes the scores
+        return qk + pv + memory_bound_time_s(dev, 2 * score_bytes * (1 + mask_passes), 1 + mask_passes)
+    # dV = P^T dO, dP = dO V^T, softmax backward (read P, dP; write dS), dQ = dS K, dK = dS^T Q
+    return 2 * pv + 2 * qk + memory_bound_time_s(dev, score_bytes * (3 + 2 * mask_passes), 1 + mask_passes)
+
+
+def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    if a.flash:
+        return flash_attention_time_s(dev, a, dtype, backward)
+    return math_attention_time_s(dev, a, dtype, backward)
+
+
+def causal_fraction(q_len: int, kv_len: int) -> float:
+    """Share of the q x kv score matrix a bottom-right aligned causal mask keeps."""
+    offset = kv_len - q_len  # row i sees keys [0, i + offset]
+    first = max(0, -offset)  # rows before this see nothing
+    rows = q_len - first
+    if rows <= 0:
+        return 0.0
+    lo, hi = first + offset + 1, q_len - 1 + offset + 1  # visible keys of first and last row
+    full_from = max(first, kv_len - offset - 1)  # rows from here on see every key
+    if full_from >= q_len:
+        visible = (lo + hi) * rows / 2
+    else:
+        ramp = full_from - first
+        visible = (lo + lo + ramp - 1) * ramp / 2 + (q_len - full_from) * kv_len
+    return visible / (q_len * kv_len)
+
+
+def attention_flops(a: AttentionAttrs) -> float:
+    """Forward FLOPs the kernel actually does (a causal mask skips about half)."""
+    return float(a.flops) * (causal_fraction(a.q_len, a.kv_len) if a.causal else 1.0)

@@ -1,0 +1,295 @@
+"""GPU devices as data: peaks, memory, links and the few measured efficiencies the models need.
+
+Every number carries a ``# Source:``. Peaks and links come from
+``../shared/validation/hw_specs.csv`` (which cites the vendor datasheets); achievable
+fractions come from ``../shared/validation/microbench.csv`` (measured STREAM, GEMM,
+FlashAttention and nccl-tests plateaus). Where a device has no measurement the value is
+carried over from the nearest measured part and the comment says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+ARCHES = ("ampere", "hopper", "blackwell")
+
+# URLs behind the hw_specs.csv rows, cited per device below.
+_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+_A100_AZ = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_A100_v4_results.md"
+_H100 = "https://www.nvidia.com/en-us/data-center/h100/"
+_H100_AZ = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_H100_v5_results.md"
+_H200_AZ = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_H200_v5_results.md"
+_MLENG = "https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md"
+_NCCL_TOPO = "https://github.com/NVIDIA/nccl/blob/master/src/graph/topo.h"
+_DGXA100 = "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html"
+_H800 = (
+    "https://www.philisun.com/technical-analysis/"
+    "nvidia-h800-vs-h100-a-technical-deep-dive-into-politically-defined-ai-chips/"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One GPU model in an 8-GPU NVLink node with one NIC per GPU.
+
+    Peaks are dense (no 2:4 sparsity). ``peak_fp8_tflops`` is ``None`` on parts without
+    FP8 tensor cores; FP8 work then runs at the 16-bit rate. Efficiencies are fractions of
+    the matching peak measured on the real part with a large, well-shaped problem.
+    """
+
+    name: str
+    arch: str
+    sm_count: int
+    peak_bf16_tflops: float
+    peak_fp16_tflops: float
+    peak_fp8_tflops: float | None
+    peak_tf32_tflops: float
+    peak_fp32_tflops: float
+    hbm_GB: float
+    hbm_GBps: float
+    hbm_stream_GBps: float  # measured achievable bandwidth of streaming kernels
+    gemm_eff_16bit: float  # large-GEMM TFLOP/s over peak (bf16/fp16)
+    gemm_eff_fp8: float | None
+    flash_fwd_eff: float  # measured flash-attention forward TFLOP/s over 16-bit peak ...
+    flash_fwd_shape: tuple[int, int, int, int]  # ... at this non-causal (batch, heads, seq, head_dim)
+    nvlink_GBps: float  # per direction per GPU
+    nvlink_links: int
+    nccl_nvlink_GBps: float  # bandwidth NCCL's topology model assigns one NVLink (topo.h)
+    nic_GBps: float  # per direction per GPU
+    devices_per_node: int
+    kernel_overhead_us: float  # launch + ramp-down gap per kernel in a busy stream
+    source: str
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def nvlink_busbw_GBps(self) -> float:
+        """Ring bus bandwidth in one node as NCCL models it: links x per-link bandwidth."""
+        return self.nvlink_links * self.nccl_nvlink_GBps
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense tensor-core peak for a value dtype; fp32 means TF32 tensor cores."""
+        return {
+            "bf16": self.peak_bf16_tflops,
+            "fp16": self.peak_fp16_tflops,
+            "fp8": self.peak_fp8_tflops or self.peak_bf16_tflops,
+            "tf32": self.peak_tf32_tflops,
+            "fp32": self.peak_tf32_tflops,
+            "fp32-simt": self.peak_fp32_tflops,
+        }.get(dtype, self.peak_bf16_tflops)
+
+
+_OPTIONAL = {"peak_fp8_tflops", "gemm_eff_fp8"}
+_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "flash_fwd_eff"}
+
+
+def validate(spec: DeviceSpec) -> None:
+    """Raise ``ValueError`` naming the device and field of any missing or impossible value."""
+    who = f"device {spec.name or '<unnamed>'!r}"
+    if not spec.name:
+        raise ValueError(f"{who}: field 'name' is missing")
+    if spec.arch not in ARCHES:
+        raise ValueError(f"{who}: field 'arch' is {spec.arch!r}, expected one of {', '.join(ARCHES)}")
+    if not spec.source.strip():
+        raise ValueError(f"{who}: field 'source' is missing (every number needs a source)")
+    for f in fields(spec):
+        if f.name in ("name", "arch", "source"):
+            continue
+        if f.name == "flash_fwd_shape":
+            if len(value := spec.flash_fwd_shape) != 4 or any(not isinstance(v, int) or v <= 0 for v in value):
+                raise ValueError(f"{who}: field 'flash_fwd_shape' must be 4 positive ints, got {value!r}")
+            continue
+        value = getattr(spec, f.name)
+        if value is None:
+            if f.name in _OPTIONAL:
+                continue
+            raise ValueError(f"{who}: field {f.name!r} is missing")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{who}: field {f.name!r} must be a finite number, got {value!r}")
+        if value <= 0:
+            raise ValueError(f"{who}: field {f.name!r} must be positive, got {value!r}")
+        if f.type == "int" and not isinstance(value, int):
+            raise ValueError(f"{who}: field {f.name!r} must be an integer, got {value!r}")
+        if f.name in _FRACTIONS and value > 1:
+            raise ValueError(f"{who}: field {f.name!r} is a fraction of peak, got {value!r} > 1")
+    if (spec.peak_fp8_tflops is None) != (spec.gemm_eff_fp8 is None):
+        raise ValueError(f"{who}: fields 'peak_fp8_tflops' and 'gemm_eff_fp8' must be given together")
+    if spec.hbm_stream_GBps > spec.hbm_GBps:
+        raise ValueError(f"{who}: field 'hbm_stream_GBps' exceeds the peak 'hbm_GBps'")
+    if spec.nvlink_busbw_GBps > spec.nvlink_GBps:
+        raise ValueError(f"{who}: 'nvlink_links' x 'nccl_nvlink_GBps' exceeds the line rate 'nvlink_GBps'")
+    if spec.kernel_overhead_us > 100:
+        raise ValueError(f"{who}: field 'kernel_overhead_us' is {spec.kernel_overhead_us} µs; expected a few µs")
+
+
+# Kernel overhead: a kernel in a busy stream costs its run time plus the launch/drain gap
+# to the next one, a few µs on CUDA GPUs. Source: the smallest products in microbench.csv's
+# XLA H100 GEMM table (256x256x256 and the like) take 5-6 µs end to end, ~1 µs of it the
+# single wave of tiles; NVIDIA CUDA C++ Best Practices Guide (kernel launch overhead).
+_KERNEL_OVERHEAD_US = 4.0
+
+A100_80GB = DeviceSpec(
+    name="a100-80gb",
+    arch="ampere",
+    sm_count=108,  # Source: _A100 datasheet (108 SMs)
+    peak_bf16_tflops=312.0,  # Source: hw_specs.csv NVIDIA A100-SXM4-80GB (dense)
+    peak_fp16_tflops=312.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=None,  # Source: hw_specs.csv "No FP8 support"
+    peak_tf32_tflops=156.0,  # Source: hw_specs.csv
+    peak_fp32_tflops=19.5,  # Source: hw_specs.csv
+    hbm_GB=80.0,  # Source: hw_specs.csv
+    hbm_GBps=2039.0,  # Source: hw_specs.csv (2.039 TB/s HBM2e)
+    hbm_stream_GBps=1674.0,  # Source: microbench.csv, mean of 5 Azure STREAM kernels (1.61–1.75 TB/s)
+    gemm_eff_16bit=253.7 / 312.0,  # Source: microbench.csv, Azure cuBLASLt fp16 8192^3 = 253.7 TFLOP/s
+    gemm_eff_fp8=None,
+    flash_fwd_eff=187.13 / 312.0,  # Source: microbench.csv, FA2 fwd non-causal = 187.1 TFLOP/s
+    flash_fwd_shape=(1, 32, 4096, 128),  # Source: microbench.csv (liangan1 GPU_travel FA2 row)
+    nvlink_GBps=300.0,  # Source: hw_specs.csv, 12 NVLink3 links x 25 GB/s per direction
+    nvlink_links=12,  # Source: hw_specs.csv
+    nccl_nvlink_GBps=20.0,  # Source: NCCL topo.h SM80_NVLINK_BW (12 x 20 = 240; Azure measured 231.6 busbw)
+    nic_GBps=25.0,  # Source: hw_specs.csv, one 200 Gb/s HDR NIC per GPU
+    devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX A100)
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_A100} ; https://glennklockwood.com/garden/processors/A100 ; {_A100_AZ} ; {_MLENG}",
+)
+
+A100_40GB = DeviceSpec(
+    name="a100-40gb",
+    arch="ampere",
+    sm_count=108,  # Source: _A100 datasheet
+    peak_bf16_tflops=312.0,  # Source: hw_specs.csv NVIDIA A100-SXM4-40GB
+    peak_fp16_tflops=312.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=None,  # Source: hw_specs.csv "No FP8 support"
+    peak_tf32_tflops=156.0,  # Source: hw_specs.csv
+    peak_fp32_tflops=19.5,  # Source: hw_specs.csv
+    hbm_GB=40.0,  # Source: hw_specs.csv
+    hbm_GBps=1555.0,  # Source: hw_specs.csv (1.555 TB/s HBM2)
+    # No STREAM row for the 40 GB part: the 80 GB part's measured fraction (1674/2039 = 0.821).
+    hbm_stream_GBps=1555.0 * 1674.0 / 2039.0,
+    gemm_eff_16bit=253.7 / 312.0,  # Source: same die as A100-80GB (microbench.csv cuBLASLt 8192^3)
+    gemm_eff_fp8=None,
+    flash_fwd_eff=187.13 / 312.0,  # Source: same die as A100-80GB (microbench.csv FA2 rows)
+    flash_fwd_shape=(1, 32, 4096, 128),
+    nvlink_GBps=300.0,  # Source: hw_specs.csv
+    nvlink_links=12,  # Source: hw_specs.csv
+    nccl_nvlink_GBps=20.0,  # Source: NCCL topo.h SM80_NVLINK_BW
+    nic_GBps=25.0,  # Source: hw_specs.csv, DGX A100 8x ConnectX-6 HDR 200 Gb/s
+    devices_per_node=8,  # Source: hw_specs.csv
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_A100} ; {_DGXA100} ; {_A100_AZ}",
+)
+
+H100_SXM = DeviceSpec(
+    name="h100-sxm",
+    arch="hopper",
+    sm_count=132,  # Source: hw_specs.csv notes (132 SMs)
+    peak_bf16_tflops=989.0,  # Source: hw_specs.csv NVIDIA H100-SXM5-80GB (dense)
+    peak_fp16_tflops=989.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=1979.0,  # Source: hw_specs.csv
+    peak_tf32_tflops=494.5,  # Source: hw_specs.csv
+    peak_fp32_tflops=67.0,  # Source: hw_specs.csv
+    hbm_GB=80.0,  # Source: hw_specs.csv
+    hbm_GBps=3350.0,  # Source: hw_specs.csv
+    hbm_stream_GBps=2984.0,  # Source: microbench.csv, mean of Azure STREAM rows 2.90–3.18 TB/s
+    gemm_eff_16bit=794.5 / 989.0,  # Source: microbench.csv, MAMF bf16 best shape 794.5 TFLOP/s (80.3%)
+    gemm_eff_fp8=1402.6 / 1979.0,  # Source: microbench.csv, MAMF fp8 e4m3 best shape 1402.6 TFLOP/s (70.9%)
+    flash_fwd_eff=620.73 / 989.0,  # Source: microbench.csv, FA3 fwd = 620.7 TFLOP/s (pytorch/benchmark#2391)
+    flash_fwd_shape=(1, 16, 16384, 128),  # Source: microbench.csv
+    nvlink_GBps=450.0,  # Source: hw_specs.csv, 18 NVLink4 links x 25 GB/s per direction
+    nvlink_links=18,  # Source: hw_specs.csv
+    nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW (18 x 20.6 = 371; nccl-tests#212: ~370)
+    nic_GBps=50.0,  # Source: hw_specs.csv, one 400 Gb/s NDR NIC per GPU
+    devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX H100)
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_H100} ; https://glennklockwood.com/garden/processors/h100 ; {_H100_AZ} ; {_MLENG} ; "
+    "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290",
+)
+
+H800 = DeviceSpec(
+    name="h800",
+    arch="hopper",
+    sm_count=132,  # Source: same GH100 die as H100 (hw_specs.csv notes)
+    peak_bf16_tflops=989.0,  # Source: hw_specs.csv NVIDIA H800-SXM5-80GB
+    peak_fp16_tflops=989.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=1979.0,  # Source: hw_specs.csv
+    peak_tf32_tflops=494.5,  # Source: hw_specs.csv ("assumed identical to H100")
+    peak_fp32_tflops=67.0,  # Source: hw_specs.csv
+    hbm_GB=80.0,  # Source: hw_specs.csv
+    hbm_GBps=3350.0,  # Source: hw_specs.csv
+    hbm_stream_GBps=2984.0,  # Source: same HBM3 as H100 (microbench.csv H100 STREAM mean)
+    gemm_eff_16bit=794.5 / 989.0,  # Source: same die as H100 (microbench.csv MAMF bf16)
+    gemm_eff_fp8=1402.6 / 1979.0,  # Source: same die as H100 (microbench.csv MAMF fp8)
+    flash_fwd_eff=620.73 / 989.0,  # Source: same die as H100 (microbench.csv FA3)
+    flash_fwd_shape=(1, 16, 16384, 128),
+    nvlink_GBps=200.0,  # Source: hw_specs.csv, 400 GB/s bidirectional
+    nvlink_links=8,  # Source: hw_specs.csv (8 links x 25 GB/s per direction)
+    nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW (8 x 20.6 = 165; DeepSeek-V3: ~160 achieved)
+    nic_GBps=50.0,  # Source: hw_specs.csv, 400 Gb/s IB per GPU
+    devices_per_node=8,  # Source: hw_specs.csv
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_H800} ; https://arxiv.org/abs/2412.19437",
+)
+
+H200 = DeviceSpec(
+    name="h200",
+    arch="hopper",
+    sm_count=132,  # Source: same GH100 die as H100 (hw_specs.csv notes)
+    peak_bf16_tflops=989.0,  # Source: hw_specs.csv NVIDIA H200-SXM-141GB
+    peak_fp16_tflops=989.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=1979.0,  # Source: hw_specs.csv
+    peak_tf32_tflops=494.5,  # Source: hw_specs.csv
+    peak_fp32_tflops=67.0,  # Source: hw_specs.csv
+    hbm_GB=141.0,  # Source: hw_specs.csv
+    hbm_GBps=4800.0,  # Source: hw_specs.csv
+    hbm_stream_GBps=4158.0,  # Source: microbench.csv, mean of Azure STREAM rows 4.00–4.48 TB/s
+    gemm_eff_16bit=794.5 / 989.0,  # Source: microbench.csv MAMF H100 bf16 row: "H200 is the same"
+    gemm_eff_fp8=1453.4 / 1979.0,  # Source: microbench.csv, MAMF H200 fp8 best shape 1453.4 TFLOP/s
+    flash_fwd_eff=620.73 / 989.0,  # Source: same die as H100 (microbench.csv FA3)
+    flash_fwd_shape=(1, 16, 16384, 128),
+    nvlink_GBps=450.0,  # Source: hw_specs.csv
+    nvlink_links=18,  # Source: hw_specs.csv
+    nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW
+    nic_GBps=50.0,  # Source: hw_specs.csv, typical HGX H200 = 8x 400G
+    devices_per_node=8,  # Source: hw_specs.csv
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ}",
+)
+
+B200 = DeviceSpec(
+    name="b200",
+    arch="blackwell",
+    sm_count=148,  # Source: hw_specs.csv notes (148 SMs)
+    peak_bf16_tflops=2250.0,  # Source: hw_specs.csv NVIDIA B200 (HGX/DGX, 1000 W)
+    peak_fp16_tflops=2250.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=4500.0,  # Source: hw_specs.csv
+    peak_tf32_tflops=1125.0,  # Source: hw_specs.csv
+    peak_fp32_tflops=80.0,  # Source: hw_specs.csv
+    hbm_GB=180.0,  # Source: hw_specs.csv (usable)
+    hbm_GBps=8000.0,  # Source: hw_specs.csv
+    # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866).
+    hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
+    gemm_eff_16bit=1745.0 / 2250.0,  # Source: hw_specs.csv notes, MAMF bf16 1745 TFLOP/s (77.6%)
+    gemm_eff_fp8=3432.0 / 4500.0,  # Source: hw_specs.csv notes, MAMF fp8 3432 TFLOP/s (76.3%)
+    flash_fwd_eff=620.73 / 989.0,  # No Blackwell attention row: assumed equal to H100 FA3 (microbench.csv)
+    flash_fwd_shape=(1, 16, 16384, 128),
+    nvlink_GBps=900.0,  # Source: hw_specs.csv, 18 NVLink5 links x 50 GB/s per direction
+    nvlink_links=18,  # Source: hw_specs.csv
+    nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW (hw_specs.csv notes)
+    nic_GBps=50.0,  # Source: hw_specs.csv, DGX B200 8x 400 Gb/s ConnectX-7
+    devices_per_node=8,  # Source: hw_specs.csv
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
+    f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
+)
+
+DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H800, H200, B200)}
+
+
+def get_device(name: str) -> DeviceSpec:
+    """Look a device up by name; an unknown name lists the known ones."""
+    try:
+        return DEVICES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown device {name!r} (known: {', '.join(DEVICES)})") from None

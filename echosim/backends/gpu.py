@@ -1,0 +1,148 @@
+"""GPU backends: a device's data plus the compute and NCCL models, behind the Backend contract."""
+
+from __future__ import annotations
+
+from echosim.backends import collectives, compute
+from echosim.backends.base import Backend, OverlapModel, Placement
+from echosim.backends.devices import DEVICES, DeviceSpec
+from echosim.ir.graph import Node
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+
+FREE_OPS = frozenset({OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER})
+MEMORY_BOUND_OPS = frozenset(
+    {
+        OpKind.ELEMENTWISE,
+        OpKind.NORM,
+        OpKind.SOFTMAX,
+        OpKind.EMBEDDING,
+        OpKind.REDUCTION,
+        OpKind.CROSS_ENTROPY,
+        OpKind.OPTIMIZER_UPDATE,
+    }
+)
+
+
+def default_overlap(device: DeviceSpec) -> OverlapModel:
+    """Compute slows by the share of SMs NCCL kernels hold while they run.
+
+    NCCL runs one CTA per channel, on one SM each, and uses about one ring channel per
+    NVLink (12 on A100, 18 on H100/B200), so overlapped compute keeps
+    ``1 - links / sm_count`` of the GPU: 1.13x on A100, 1.16x on H100, 1.14x on B200.
+    That sits at the low end of what Echo measured for kernels under a concurrent
+    all-reduce (mean 1.38x for a 25 MB all-reduce on A100, small DDP kernels,
+    arXiv 2412.12487 sec. 2): big GEMMs hide memory traffic better. Communication is
+    not slowed by compute (Echo applies slowdown to compute only). Both are
+    calibratable fields of :class:`OverlapModel`.
+    """
+    sm_share = min(device.nvlink_links, device.sm_count // 2) / device.sm_count
+    return OverlapModel(compute_slowdown=1.0 / (1.0 - sm_share), comm_slowdown=1.0)
+
+
+class GPUBackend:
+    """An NVIDIA GPU in an NVLink node with one NIC per GPU, costed analytically.
+
+    fp32 matmuls are costed on TF32 tensor cores, as training recipes configure PyTorch
+    (``torch.set_float32_matmul_precision("high")``); ``allow_tf32=False`` costs them on
+    the FP32 pipes instead. The MFU denominator follows the same choice.
+    """
+
+    def __init__(self, device: DeviceSpec, overlap: OverlapModel | None = None, *, allow_tf32: bool = True):
+        self.device = device
+        self.name = device.name
+        self._overlap = overlap if overlap is not None else default_overlap(device)
+        self.allow_tf32 = allow_tf32
+
+    def __repr__(self) -> str:
+        return f"GPUBackend({self.device.name!r}, {self._overlap})"
+
+    def _dtype(self, node: Node) -> str:
+        dtype = node.out.dtype.value
+        if dtype in ("fp32", "tf32"):
+            return "fp32" if self.allow_tf32 else "fp32-simt"
+        return dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        op = node.op
+        if op in FREE_OPS:
+            return 0.0
+        if op is OpKind.MATMUL:
+            a = node.attrs
+            if not isinstance(a, MatmulAttrs):
+                raise TypeError(f"matmul node {node.id} ({node.name}) carries {type(a).__name__}")
+            return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, self._dtype(node))
+        if op is OpKind.ATTENTION:
+            a = node.attrs
+            if not isinstance(a, AttentionAttrs):
+                raise TypeError(f"attention node {node.id} ({node.name}) carries {type(a).__name__}")
+            backward = node.phase is Phase.BACKWARD
+            return compute.attention_time_s(self.device, a, self._dtype(node), backward)
+        if op in MEMORY_BOUND_OPS:
+            return compute.memory_bound_time_s(self.device, io_bytes)
+        if op.is_collective:
+            raise ValueError(
+                f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
+            )
+        raise ValueError(f"{self.name} has no cost rule for {op.value} (node {node.id} {node.name})")
+
+    def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
+        return collectives.collective_time_s(self.device, kind, nbytes, placement)
+
+    def describe(self) -> dict[str, object]:
+        """The numbers ``echosim backends`` lists, with their sources."""
+        d = self.device
+        return {
+            "arch": d.arch,
+            "peak_bf16_tflops": d.peak_bf16_tflops,
+            "peak_fp8_tflops": d.peak_fp8_tflops,
+            "hbm_GB": d.hbm_GB,
+            "hbm_GBps": d.hbm_GBps,
+            "nvlink_GBps": d.nvlink_GBps,
+            "nic_GBps": d.nic_GBps,
+            "devices_per_node": d.devices_per_node,
+            "compute_slowdown": round(self._overlap.compute_slowdown, 3),
+            "source": d.source,
+        }
+
+    def overlap(self) -> OverlapModel:
+        return self._overlap
+
+    def memory_bytes(self) -> int:
+        """HBM capacity; NVIDIA's "80 GB" parts expose 80 GiB to CUDA."""
+        return int(self.device.hbm_GB * 2**30)
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype in ("fp32", "tf32") and not self.allow_tf32:
+            dtype = "fp32-simt"
+        return self.device.peak_tflops(dtype) * 1e12
+
+
+class NullBackend:
+    """Costs (almost) nothing: every op 1 ns so orderings stay stable; for fast tests."""
+
+    name = "null"
+    TICK_S = 1e-9
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        return self.TICK_S
+
+    def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
+        return self.TICK_S
+
+    def overlap(self) -> OverlapModel:
+        return OverlapModel()
+
+    def memory_bytes(self) -> int:
+        return 2**62
+
+    def peak_flops(self, dtype: str) -> float:
+        return 1e15
+
+    def describe(self) -> dict[str, object]:
+        return {"peak_bf16_tflops": 1000.0, "source": "no hardware: every op costs 1 ns (for tests)"}
+
+
+def builtin_backends() -> dict[str, Backend]:
+    """Every built-in backend by name: one per device in :data:`DEVICES`, plus ``null``."""
+    backends: dict[str, Backend] = {name: GPUBackend(dev) for name, dev in DEVICES.items()}
+    backends["null"] = NullBackend()
+    return backends

@@ -1,0 +1,56 @@
+"""Where a parallel axis's communication groups land on nodes, Megatron rank order.
+
+Megatron-LM numbers ranks with tensor parallel fastest, then context, expert, data and
+pipeline parallel (``tp, cp, ep, dp, pp``): the TP ranks of a stage are consecutive GPUs
+of one node, DP peers are ``tp * cp * ep`` ranks apart, and pipeline stages are furthest
+apart. The collective model needs, for one group, how many nodes it spans, how many of
+its members share a node, and how many sibling groups share that node's NICs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from echosim.backends.base import Placement
+
+MEGATRON_ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+def megatron_placement(axis: str, sizes: dict[str, int], devices_per_node: int) -> Placement:
+    """Placement of the ``axis`` group that contains rank 0.
+
+    ``sizes`` lists the parallel degrees with the fastest-varying axis first, e.g.
+    ``{"tp": 8, "dp": 8, "pp": 16}``; its product is the world size.
+    """
+    if axis not in sizes:
+        raise ValueError(f"axis {axis!r} is not one of the parallel axes {list(sizes)}")
+    for name, size in sizes.items():
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"parallel degree {name}={size!r} must be a positive integer")
+    if devices_per_node < 1:
+        raise ValueError(f"devices_per_node must be >= 1, got {devices_per_node}")
+    world = math.prod(sizes.values())
+    if world > devices_per_node and world % devices_per_node:
+        layout = " x ".join(f"{k}{v}" for k, v in sizes.items())
+        raise ValueError(f"world size {world} ({layout}) does not divide into nodes of {devices_per_node} devices")
+    stride = math.prod(list(sizes.values())[: list(sizes).index(axis)])
+    shapes: set[tuple[int, int]] = set()
+    for start in range(world):  # every group, found through its member with axis coordinate 0
+        if (start // stride) % sizes[axis]:
+            continue
+        counts = Counter((start + i * stride) // devices_per_node for i in range(sizes[axis]))
+        per_node_counts = set(counts.values())
+        shapes.add((len(counts), per_node_counts.pop()))
+        if per_node_counts or len(shapes) > 1:
+            raise ValueError(
+                f"{axis} groups ({sizes[axis]} ranks {stride} apart) straddle nodes of "
+                f"{devices_per_node} devices unevenly"
+            )
+    ((nodes, per_node),) = shapes
+    return Placement(
+        size=sizes[axis],
+        nodes=nodes,
+        per_node=per_node,
+        concurrent_per_node=min(world, devices_per_node) // per_node,
+    )

@@ -1,0 +1,114 @@
+"""Devices are data: checked against hw_specs.csv, validated with messages that name the field."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from echosim.backends.base import Backend, OverlapModel, Placement
+from echosim.backends.devices import DEVICES, get_device
+from echosim.backends.gpu import GPUBackend, NullBackend, builtin_backends
+from echosim.ir.graph import Node
+from echosim.ir.ops import OpKind
+from echosim.ir.types import DType, TensorSpec
+
+HW_SPECS = Path(__file__).resolve().parents[2] / "shared" / "validation" / "hw_specs.csv"
+CSV_NAME = {
+    "a100-40gb": "NVIDIA A100-SXM4-40GB",
+    "a100-80gb": "NVIDIA A100-SXM4-80GB",
+    "h100-sxm": "NVIDIA H100-SXM5-80GB",
+    "h800": "NVIDIA H800-SXM5-80GB",
+    "h200": "NVIDIA H200-SXM-141GB",
+    "b200": "NVIDIA B200 (HGX/DGX B200, 1000W)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEVICES))
+def test_device_numbers_match_hw_specs(name):
+    if not HW_SPECS.exists():
+        pytest.skip(f"validation data not found at {HW_SPECS}")
+    with HW_SPECS.open() as f:
+        row = {r["name"]: r for r in csv.DictReader(f)}[CSV_NAME[name]]
+    dev = DEVICES[name]
+    assert dev.peak_bf16_tflops == float(row["peak_bf16_tflops"])
+    assert dev.peak_fp16_tflops == float(row["peak_fp16_tflops"])
+    assert dev.peak_fp8_tflops == (float(row["peak_fp8_tflops"]) if row["peak_fp8_tflops"] else None)
+    assert dev.peak_tf32_tflops == float(row["peak_tf32_tflops"])
+    assert dev.peak_fp32_tflops == float(row["peak_fp32_tflops"])
+    assert dev.hbm_GB == float(row["hbm_gb"])
+    assert dev.hbm_GBps == pytest.approx(1000 * float(row["hbm_tbps"]))
+    assert dev.nvlink_GBps == float(row["intra_node_link_gbps_per_direction"]) / 8  # Gbit/s -> GB/s
+    assert dev.nic_GBps == float(row["nic_gbps_per_device"]) / 8
+    first_url = row["source"].split(" ; ")[0].split(" ")[0]
+    assert first_url in dev.source
+
+
+@pytest.mark.parametrize("name", sorted(DEVICES))
+def test_every_device_cites_sources_and_measured_fractions_are_below_peak(name):
+    dev = DEVICES[name]
+    assert "https://" in dev.source
+    assert dev.hbm_stream_GBps < dev.hbm_GBps
+    assert dev.nvlink_busbw_GBps < dev.nvlink_GBps
+    assert 0.5 < dev.gemm_eff_16bit < 0.9 and 0.4 < dev.flash_fwd_eff < 0.8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hbm_GBps": 0.0}, "device 'h100-sxm': field 'hbm_GBps' must be positive"),
+        ({"sm_count": -1}, "device 'h100-sxm': field 'sm_count' must be positive"),
+        ({"devices_per_node": 7.5}, "field 'devices_per_node' must be an integer"),
+        ({"nic_GBps": None}, "device 'h100-sxm': field 'nic_GBps' is missing"),
+        ({"gemm_eff_16bit": 1.2}, "field 'gemm_eff_16bit' is a fraction of peak"),
+        ({"arch": "volta"}, "field 'arch' is 'volta'"),
+        ({"source": " "}, "field 'source' is missing"),
+        ({"hbm_stream_GBps": 4000.0}, "'hbm_stream_GBps' exceeds the peak"),
+        ({"gemm_eff_fp8": None}, "'peak_fp8_tflops' and 'gemm_eff_fp8' must be given together"),
+        ({"flash_fwd_shape": (1, 16, 0, 128)}, "'flash_fwd_shape' must be 4 positive ints"),
+        ({"name": "", "sm_count": 0}, "device '<unnamed>': field 'name' is missing"),
+    ],
+)
+def test_invalid_specs_name_the_device_and_the_field(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(DEVICES["h100-sxm"], **change)
+
+
+def test_unknown_device_lists_known_ones():
+    assert get_device("H100-SXM") is DEVICES["h100-sxm"]
+    with pytest.raises(ValueError, match=r"unknown device 'v100' \(known: a100-40gb, a100-80gb"):
+        get_device("v100")
+
+
+def test_builtin_backends_implement_the_protocol():
+    backends = builtin_backends()
+    assert {"a100-40gb", "a100-80gb", "h100-sxm", "null"} <= set(backends)
+    for name, backend in backends.items():
+        assert isinstance(backend, Backend) and backend.name == name
+
+
+def test_backend_memory_peaks_and_overlap():
+    a100 = GPUBackend(DEVICES["a100-80gb"])
+    assert a100.memory_bytes() == 80 * 2**30
+    assert a100.peak_flops("bf16") == 312e12 and a100.peak_flops("fp8") == 312e12
+    assert GPUBackend(DEVICES["h100-sxm"]).peak_flops("fp8") == 1979e12
+    assert 1.05 <= a100.overlap().compute_slowdown <= 1.2 and a100.overlap().comm_slowdown == 1.0
+    custom = OverlapModel(compute_slowdown=1.3, comm_slowdown=1.1)
+    assert GPUBackend(DEVICES["a100-80gb"], custom).overlap() is custom
+
+
+def test_collective_nodes_must_go_through_collective_time():
+    node = Node(0, OpKind.ALL_REDUCE, (), TensorSpec((1024,), DType.BF16))
+    with pytest.raises(ValueError, match="cost it with collective_time_s"):
+        GPUBackend(DEVICES["a100-80gb"]).op_time_s(node, 2048)
+
+
+def test_null_backend_costs_a_tick_and_never_runs_out_of_memory():
+    null = NullBackend()
+    node = Node(0, OpKind.INPUT, (), TensorSpec((8,), DType.BF16))
+    assert null.op_time_s(node, 10**12) == 1e-9
+    assert null.collective_time_s(OpKind.ALL_REDUCE, 10**12, Placement(8, 1, 8)) == 1e-9
+    assert null.memory_bytes() > 10**18 and null.peak_flops("bf16") == 1e15
+    assert null.overlap() == OverlapModel()
