@@ -11,6 +11,10 @@ from echosim.timeline.schedule import SCHEDULES
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
+# Plan features the passes implement; a feature not listed here is refused with a clear message.
+SUPPORTED: set[str] = set()
+
+
 class PlanError(EchosimError):
     """An impossible layout or setting; the message names the broken constraint."""
 
@@ -48,6 +52,11 @@ class Plan:
     attention: str = "flash"  # "flash" (fused kernel) or "math" (materialised scores)
     pp_balance: str = "uniform"
     overlap_dp: bool = True
+    sp: bool = False  # Megatron sequence parallelism (needs tp > 1)
+    cp: int = 1  # context-parallel degree
+    ep: int = 1  # expert-parallel degree (carved out of dp)
+    zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
+    vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
 
     @property
     def batch(self) -> int:
@@ -64,11 +73,31 @@ class Plan:
         for name in ("tp", "pp", "dp", "micro_batch"):
             if getattr(self, name) < 1:
                 raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        world = self.tp * self.pp * self.dp
+        for name in ("cp", "ep", "vpp"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        world = self.tp * self.pp * self.dp * self.cp
         if world != cluster.devices:
-            raise PlanError(
-                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {world} does not equal devices={cluster.devices}"
-            )
+            shown = f"tp*pp*dp{'*cp' if self.cp > 1 else ''}"
+            factors = f"{self.tp}*{self.pp}*{self.dp}" + (f"*{self.cp}" if self.cp > 1 else "")
+            raise PlanError(f"{shown} = {factors} = {world} does not equal devices={cluster.devices}")
+        if self.dp % self.ep:
+            raise PlanError(f"ep={self.ep} does not divide dp={self.dp} (experts are sharded inside data parallelism)")
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"unknown ZeRO stage {self.zero} (known: 0, 1, 2, 3)")
+        if self.sp and self.tp == 1:
+            raise PlanError("sequence parallelism needs tp > 1")
+        for name, what in (
+            ("sp", "sequence parallelism"),
+            ("cp", "context parallelism"),
+            ("ep", "expert parallelism"),
+            ("zero", "ZeRO/FSDP"),
+            ("vpp", "interleaved pipelines"),
+        ):
+            value = getattr(self, name)
+            if value not in (False, 0, 1) or (name == "sp" and value) or (name == "zero" and value):
+                if name not in SUPPORTED:
+                    raise PlanError(f"{what} ({name}={value}) is not modelled yet")
         if self.global_batch and self.global_batch % (self.micro_batch * self.dp):
             raise PlanError(
                 f"global batch {self.global_batch} is not a multiple of micro-batch*dp = {self.micro_batch}*{self.dp}"
