@@ -16,7 +16,7 @@ from echosim.compiler import compile_full
 from echosim.plan import Cluster, Plan
 
 
-def timed(plan: Plan, cluster: Cluster, repeats: int = 3) -> tuple[float, float]:
+def timed(plan: Plan, cluster: Cluster, repeats: int = 7) -> tuple[float, float]:
     times = []
     step = 0.0
     for _ in range(repeats):

@@ -87,17 +87,16 @@ class Plan:
             raise PlanError(f"unknown ZeRO stage {self.zero} (known: 0, 1, 2, 3)")
         if self.sp and self.tp == 1:
             raise PlanError("sequence parallelism needs tp > 1")
-        for name, what in (
-            ("sp", "sequence parallelism"),
-            ("cp", "context parallelism"),
-            ("ep", "expert parallelism"),
-            ("zero", "ZeRO/FSDP"),
-            ("vpp", "interleaved pipelines"),
-        ):
-            value = getattr(self, name)
-            if value not in (False, 0, 1) or (name == "sp" and value) or (name == "zero" and value):
-                if name not in SUPPORTED:
-                    raise PlanError(f"{what} ({name}={value}) is not modelled yet")
+        requested = {
+            "sp": ("sequence parallelism", self.sp),
+            "cp": ("context parallelism", self.cp > 1),
+            "ep": ("expert parallelism", self.ep > 1),
+            "zero": ("ZeRO/FSDP", self.zero > 0),
+            "vpp": ("interleaved pipelines", self.vpp > 1),
+        }
+        for name, (what, used) in requested.items():
+            if used and name not in SUPPORTED:
+                raise PlanError(f"{what} ({name}={getattr(self, name)}) is not modelled yet")
         if self.global_batch and self.global_batch % (self.micro_batch * self.dp):
             raise PlanError(
                 f"global batch {self.global_batch} is not a multiple of micro-batch*dp = {self.micro_batch}*{self.dp}"

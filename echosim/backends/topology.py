@@ -10,7 +10,6 @@ its members share a node, and how many sibling groups share that node's NICs.
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from echosim.backends.base import Placement
 
@@ -35,22 +34,29 @@ def megatron_placement(axis: str, sizes: dict[str, int], devices_per_node: int) 
         layout = " x ".join(f"{k}{v}" for k, v in sizes.items())
         raise ValueError(f"world size {world} ({layout}) does not divide into nodes of {devices_per_node} devices")
     stride = math.prod(list(sizes.values())[: list(sizes).index(axis)])
-    shapes: set[tuple[int, int]] = set()
-    for start in range(world):  # every group, found through its member with axis coordinate 0
-        if (start // stride) % sizes[axis]:
-            continue
-        counts = Counter((start + i * stride) // devices_per_node for i in range(sizes[axis]))
-        per_node_counts = set(counts.values())
-        shapes.add((len(counts), per_node_counts.pop()))
-        if per_node_counts or len(shapes) > 1:
-            raise ValueError(
-                f"{axis} groups ({sizes[axis]} ranks {stride} apart) straddle nodes of "
-                f"{devices_per_node} devices unevenly"
-            )
-    ((nodes, per_node),) = shapes
+    nodes, per_node = _group_shape(sizes[axis], stride, world, devices_per_node, axis)
     return Placement(
         size=sizes[axis],
         nodes=nodes,
         per_node=per_node,
         concurrent_per_node=min(world, devices_per_node) // per_node,
+    )
+
+
+def _group_shape(size: int, stride: int, world: int, per_node_devices: int, axis: str) -> tuple[int, int]:
+    """(nodes spanned, members per node) of a group of ``size`` ranks ``stride`` apart.
+
+    Closed form, so placement costs the same at 8 devices as at 16,384: members that are
+    a node or more apart never share one; closer members pack ``node / stride`` to a node.
+    """
+    if world <= per_node_devices or size == 1:
+        return 1, size
+    if stride >= per_node_devices:
+        return size, 1
+    span = size * stride
+    if per_node_devices % stride == 0 and (span % per_node_devices == 0 or per_node_devices % span == 0):
+        per_node = min(size, per_node_devices // stride)
+        return size // per_node, per_node
+    raise ValueError(
+        f"{axis} groups ({size} ranks {stride} apart) straddle nodes of {per_node_devices} devices unevenly"
     )

@@ -27,10 +27,13 @@ def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], i
     from echosim.ir.types import DType
     from echosim.passes.flops import param_count
 
+    layers = 0
     if isinstance(obj, ArchConfig):
         cfg = obj.with_(seq_len=plan.seq_len or obj.seq_len)
         _check_arch(cfg, plan)
-        module = build_module(cfg)
+        # Two layers are enough for the fold to prove the block repeats; the count is known.
+        layers = cfg.layers
+        module = build_module(cfg.with_(layers=min(cfg.layers, 2)))
         seq = cfg.seq_len
     elif isinstance(obj, torch.nn.Module):
         module, seq = obj, plan.seq_len or 2048
@@ -41,6 +44,9 @@ def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], i
         cap = capture_module(module, (ids, ids), dtype=DType.parse(plan.dtype), name=name)
     except CaptureError as exc:
         raise EchosimError(str(exc)) from None
+    if layers > 2:
+        (block,) = cap.graph.repeats
+        cap.graph.repeats[block] = layers
     return cap.graph, cap.warnings, param_count(cap.graph)
 
 

@@ -1,0 +1,93 @@
+"""The command line through click's runner: output, JSON contract, determinism, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from echosim.cli import cli
+
+SMALL = ["gpt3-1.3b", "--backend", "a100-80gb", "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "16"]
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.slow
+def test_default_compile_is_the_gpt3_reference_run() -> None:
+    code, out = run("compile", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["model"] == "gpt3-175b" and report["devices"] == 1024
+    assert report["plan"]["tp"] == 8 and report["plan"]["pp"] == 16 and report["plan"]["dp"] == 8
+    assert report["step_time_s"] == pytest.approx(32.0, rel=0.15)  # Narayanan et al. 2021: ~140 TFLOP/s/GPU
+
+
+def test_json_contract_and_breakdown_adds_up() -> None:
+    code, out = run("compile", *SMALL, "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    for key in ("step_time_s", "tokens_per_s", "mfu", "hfu", "tflops_per_device", "params", "memory", "breakdown"):
+        assert key in r
+    assert r["params"] == 1_317_654_528
+    assert 0 < r["mfu"] == r["hfu"] < 1  # no recompute: model FLOPs are hardware FLOPs
+    assert sum(r["breakdown"].values()) == pytest.approx(r["step_time_s"], rel=1e-4)
+    assert r["tokens_per_s"] == pytest.approx(16 * 2048 / r["step_time_s"], rel=1e-5)
+    assert [m["stage"] for m in r["memory"]] == [0, 1]
+
+
+def test_same_inputs_same_bytes() -> None:
+    assert run("compile", *SMALL, "--json") == run("compile", *SMALL, "--json")
+
+
+def test_summary_and_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    trace = tmp_path / "t.json"
+    out_file = tmp_path / "r.json"
+    code, out = run("compile", *SMALL, "--trace", str(trace), "--out", str(out_file))
+    assert code == 0, out
+    assert "step time" in out and "where the time goes" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["name"] for e in events}
+    assert {"F0", "B0", "optimizer step"} <= names
+    assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
+    assert json.loads(out_file.read_text())["model"] == "gpt3-1.3b"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp", "2", "--pp", "2", "--dp", "2", "--devices", "16"], "tp*pp*dp = 2*2*2 = 8 does not equal devices=16"),
+        (["--tp", "3"], "tp=3 does not divide attention heads (16)"),
+        (["--pp", "32"], "pp=32 exceeds the number of layers (24)"),
+        (["--backend", "tpu-v9"], "unknown backend 'tpu-v9'"),
+        (["--global-batch", "3", "--dp", "2"], "global batch 3 is not a multiple of micro-batch*dp = 1*2"),
+    ],
+)
+def test_bad_layouts_are_one_line(args: list[str], message: str) -> None:
+    code, out = run("compile", "gpt3-1.3b", *args)
+    assert code == 1
+    assert message in out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1
+
+
+def test_unknown_model_is_one_line() -> None:
+    code, out = run("compile", "gpt-9000")
+    assert code == 1 and "unknown model 'gpt-9000'" in out and len(out.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["backends", "models", "plugins"])
+def test_listings_have_json(command: str) -> None:
+    code, out = run(command, "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    rows = data["plugins"] if command == "plugins" else data
+    assert rows
+    if command == "models":
+        assert {"gpt3-175b", "llama3-70b"} <= {r["name"] for r in rows}
+    if command == "backends":
+        a100 = next(r for r in rows if r["name"] == "a100-80gb")
+        assert a100["plugin"] == "echosim.backends.plugin" and "source" in a100

@@ -1,0 +1,63 @@
+"""Memory analysis against closed forms (Korthikanti et al. 2022; Megatron mixed precision)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import capture
+
+from echosim.frontend.zoo import ArchConfig
+from echosim.passes.attention import AttentionKernel
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import run_passes
+from echosim.passes.flops import param_count
+from echosim.passes.memory import activation_bytes, stage_memory
+from echosim.passes.pipeline import PipelineParallel
+from echosim.passes.recompute import Recompute
+from echosim.passes.tensor_parallel import TensorParallel
+
+CFG = ArchConfig("gpt", layers=4, hidden=1024, heads=16, vocab=1024, seq_len=512, dropout=0.1, tied_embeddings=True)
+S, B, H, A = 512, 2, 1024, 16
+
+
+@pytest.fixture(scope="module")
+def graph():  # type: ignore[no-untyped-def]
+    return capture(CFG, batch=B)
+
+
+def first_stage(graph, passes):  # type: ignore[no-untyped-def]
+    """Stage 0 of a 2-stage split holds the embedding and two layers."""
+    return PipelineParallel(2).split(run_passes(graph, passes))[0].graph
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_activations_per_layer_match_korthikanti(graph, tp: int) -> None:  # type: ignore[no-untyped-def]
+    """Korthikanti et al. 2022, Eq. 2 with TP and no SP: s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer."""
+    stage = first_stage(graph, [AttentionKernel(flash=False), TensorParallel(tp), Autodiff()])
+    per_layer = S * B * H * (10 + 24 / tp + 5 * A * S / (H * tp))
+    assert activation_bytes(stage) == pytest.approx(2 * per_layer, rel=1e-9)
+
+
+def test_flash_attention_drops_the_score_matrices(graph) -> None:  # type: ignore[no-untyped-def]
+    stage = first_stage(graph, [AttentionKernel(flash=True), Autodiff()])
+    per_layer = S * B * H * 34  # plus fp32 softmax statistics b*a*s*4
+    assert activation_bytes(stage) == pytest.approx(2 * (per_layer + B * A * S * 4), rel=1e-9)
+
+
+def test_full_recompute_keeps_only_layer_inputs(graph) -> None:  # type: ignore[no-untyped-def]
+    stage = first_stage(graph, [Autodiff(), Recompute("full")])
+    assert activation_bytes(stage) == 2 * S * B * H * 2  # one fp16 [s, b, h] checkpoint per layer
+
+
+def test_static_state_is_eighteen_bytes_per_parameter(graph) -> None:  # type: ignore[no-untyped-def]
+    stage = first_stage(graph, [Autodiff()])
+    n = param_count(stage)
+    mem = stage_memory(stage, in_flight=2, capacity=80 * 2**30, local_params=n)
+    assert (mem.params, mem.grads, mem.optimizer) == (2 * n, 4 * n, 12 * n)
+    assert mem.activations == 2 * activation_bytes(stage)
+    assert mem.fits
+
+
+def test_does_not_fit_is_reported(graph) -> None:  # type: ignore[no-untyped-def]
+    stage = first_stage(graph, [Autodiff()])
+    mem = stage_memory(stage, in_flight=1, capacity=2**20, local_params=param_count(stage))
+    assert not mem.fits and mem.peak > mem.capacity
