@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from echosim.errors import EchosimError
@@ -13,7 +13,7 @@ from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.data_parallel import DataParallel, Optimizer
 from echosim.passes.flops import graph_flops, param_count
-from echosim.passes.memory import stage_memory
+from echosim.passes.memory import StatePolicy, stage_memory
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import Recompute
 from echosim.passes.tensor_parallel import TensorParallel
@@ -84,13 +84,12 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
             ],
         )
         stages = PipelineParallel(plan.pp, plan.pp_balance).split(joint)
-        reduce_dtype = DType.FP32
-        stages = [
-            Stage(
-                s.index, run_passes(s.graph, [DataParallel(plan.dp, reduce_dtype=reduce_dtype), Optimizer()]), s.layers
-            )
-            for s in stages
-        ]
+        # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
+        reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
+        shard = plan.dp if plan.zero >= 1 else 1
+        data_parallel = DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero)
+        optimizer = Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32")
+        stages = [Stage(s.index, run_passes(s.graph, [data_parallel, optimizer]), s.layers) for s in stages]
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     where = placements(plan, cluster)
@@ -120,22 +119,7 @@ def _time_stages(stages: list[Stage], backend: Any, where: Any, plan: Plan) -> l
         if key not in cache:
             cache[key] = time_stage(s.index, s.layers, s.graph, backend, where, plan)
         t = cache[key]
-        out.append(
-            StageTiming(
-                s.index,
-                s.layers,
-                t.fwd,
-                t.bwd,
-                t.fwd_units,
-                t.bwd_units,
-                t.p2p_fwd,
-                t.p2p_bwd,
-                t.dp_exposed,
-                t.dp_busy,
-                t.embed_sync,
-                t.optimizer,
-            )
-        )
+        out.append(replace(t, index=s.index, layers=s.layers))
     return out
 
 
@@ -154,7 +138,7 @@ def _report(
     ends = {t.index: 0.0 for t in timings}
     for b in blocks:
         ends[b.stage] = max(ends[b.stage], b.end)
-    totals = [ends[t.index] + t.dp_exposed + t.embed_sync + t.optimizer for t in timings]
+    totals = [ends[t.index] + t.dp_exposed + t.step_end + t.optimizer for t in timings]
     step = max(totals)
     crit = totals.index(step)
     ranks_per_stage = plan.tp * plan.dp
@@ -165,14 +149,17 @@ def _report(
     t = timings[crit]
     breakdown = _breakdown(t, m, ends[crit])
     memory = []
+    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp)
+    groups = sum(1 for size in (plan.tp, plan.dp, plan.pp) if size > 1)
     for s in stages:
-        mem = stage_memory(
-            s.graph, in_flight(plan.schedule, plan.pp, m, s.index), backend.memory_bytes(), param_count(s.graph)
-        )
+        flight = in_flight(plan.schedule, plan.pp, m, s.index)
+        mem = stage_memory(s.graph, flight, backend.memory_bytes(), param_count(s.graph), policy, groups)
         memory.append({"stage": s.index, "layers": s.layers, **mem.as_dict()})
         if not mem.fits:
+            top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest())
             warnings.append(
-                f"stage {s.index} does not fit: needs {mem.peak / 2**30:.1f} GiB of {mem.capacity / 2**30:.1f} GiB"
+                f"stage {s.index} does not fit: needs {mem.peak / 2**30:.1f} GiB of "
+                f"{mem.capacity / 2**30:.1f} GiB (largest: {top})"
             )
     stage_rows = [
         {
@@ -219,20 +206,38 @@ def _seq(stages: list[Stage]) -> int:
 
 
 def _breakdown(t: StageTiming, m: int, end: float) -> dict[str, float]:
-    """Seconds of the critical stage by kind; they add up to its step time."""
+    """Seconds of the critical stage by kind; they add up to its step time.
+
+    Communication counts only where it is exposed (compute waits on it); within a unit,
+    exposed time is shared among the collectives' kinds in proportion to their load.
+    """
+    from echosim.timeline.engine import _repeated
+
     out: dict[str, float] = {}
+
+    def add(key: str, sec: float) -> None:
+        out[key] = out.get(key, 0.0) + sec
+
     for units in (t.fwd_units, t.bwd_units):
         for unit, k in units:
-            exposed_comm = unit.duration - unit.compute_busy
+            if k <= 0:
+                continue
             for cat, sec in unit.busy.items():
                 if cat.startswith("compute."):
-                    out[cat] = out.get(cat, 0.0) + sec * k * m
-            out["comm.tp"] = out.get("comm.tp", 0.0) + max(0.0, exposed_comm) * k * m
-    out["comm.dp"] = t.dp_exposed
-    out["comm.embed"] = t.embed_sync
-    out["optimizer"] = t.optimizer
-    out["bubble"] = max(0.0, end - m * (t.fwd + t.bwd))
-    return {k: v for k, v in sorted(out.items())}
+                    add(cat, sec * k * m)
+            exposed = max(0.0, _repeated(unit, k) - unit.compute_busy * k) * m
+            comm = {c: v for c, v in unit.busy.items() if c.startswith("comm.")}
+            total = sum(comm.values())
+            for cat, sec in comm.items():
+                add(cat, exposed * sec / total)
+            if not total and exposed > 1e-9:
+                add("idle", exposed)
+    add("comm.dp", t.dp_exposed)
+    for axis, sec in t.step_end_comm.items():
+        add(f"comm.{axis}", sec)
+    add("optimizer", t.optimizer)
+    add("bubble", max(0.0, end - m * (t.fwd + t.bwd)))
+    return dict(sorted(out.items()))
 
 
 __all__ = ["DEFAULT_CLUSTER", "DEFAULT_MODEL", "DEFAULT_PLAN", "Compiled", "EchosimError", "compile", "compile_full"]

@@ -12,7 +12,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
 # Plan features the passes implement; a feature not listed here is refused with a clear message.
-SUPPORTED: set[str] = set()
+SUPPORTED: set[str] = {"zero"}
 
 
 class PlanError(EchosimError):

@@ -61,3 +61,27 @@ def test_does_not_fit_is_reported(graph) -> None:  # type: ignore[no-untyped-def
     stage = first_stage(graph, [Autodiff()])
     mem = stage_memory(stage, in_flight=1, capacity=2**20, local_params=param_count(stage))
     assert not mem.fits and mem.peak > mem.capacity
+
+
+@pytest.mark.parametrize("dp", [1, 8, 64])
+def test_zero_stages_match_the_zero_paper(dp: int) -> None:
+    """Rajbhandari et al. 2020, Fig. 1: (2 + 2 + K) * psi with K = 12, sharded stage by stage."""
+    from echosim.passes.memory import StatePolicy
+
+    psi, k = 7_500_000_000, 12
+
+    def total(stage: int) -> float:
+        p = StatePolicy.for_training("fp16", zero=stage, dp=dp, fp32_grads=False)
+        return psi * (p.weight_bytes + p.grad_bytes + p.optimizer_bytes)
+
+    assert total(0) == pytest.approx((2 + 2 + k) * psi)
+    assert total(1) == pytest.approx(2 * psi + 2 * psi + k * psi / dp)
+    assert total(2) == pytest.approx(2 * psi + (2 + k) * psi / dp)
+    assert total(3) == pytest.approx((2 + 2 + k) * psi / dp)
+
+
+def test_fp32_training_keeps_no_master_copy() -> None:
+    from echosim.passes.memory import StatePolicy
+
+    p = StatePolicy.for_training("fp32")
+    assert (p.weight_bytes, p.grad_bytes, p.optimizer_bytes) == (4, 4, 8)

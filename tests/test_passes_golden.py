@@ -61,3 +61,10 @@ def test_pipeline_stages(tiny_gpt: Graph) -> None:
 def test_data_parallel_and_optimizer(tiny_llama: Graph) -> None:
     g = run_passes(tiny_llama, [Autodiff(), DataParallel(4), Optimizer()])
     check_golden("dp4_opt_llama.txt", print_graph(g))
+
+
+def test_zero1_and_fsdp(tiny_llama: Graph) -> None:
+    g1 = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=1), Optimizer(shard=4)])
+    check_golden("zero1_llama.txt", print_graph(g1))
+    g3 = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=3), Optimizer(shard=4)])
+    check_golden("fsdp_llama.txt", print_graph(g3))

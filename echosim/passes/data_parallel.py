@@ -1,10 +1,18 @@
-"""Data parallelism and the optimizer step.
+"""Data parallelism, ZeRO / FSDP sharding, and the optimizer step.
 
-DDP-style gradient all_reduce over ``dp`` replicas, bucketed the way PyTorch DDP
-and Megatron-LM group gradients (buckets fill in backward order, one repeated
-layer at a time), so the timeline can overlap each bucket with the backward of
-the layers still to come. Gradients are reduced in ``reduce_dtype`` (Megatron's
-fp32 main-grad buffer by default).
+``zero=0``: DDP-style gradient all_reduce, bucketed the way PyTorch DDP and Megatron-LM
+group gradients (buckets fill in backward order, one repeated layer at a time) so the
+timeline can overlap each bucket with the backward of the layers still to come.
+
+``zero=1/2`` (ZeRO stages 1-2, Megatron's distributed optimizer): the buckets are
+reduce-scattered instead, each rank updates its 1/dp shard, and the updated 16-bit
+weights are all-gathered after the optimizer step (Rajbhandari et al. 2020).
+
+``zero=3`` (ZeRO-3 / FSDP): weights are sharded too. Every micro-batch all-gathers each
+layer's weights before its forward and again before its backward, and reduce-scatters
+its gradients after; the all-gathers have no inputs in the IR, so the timeline runs
+them ahead on the communication stream (prefetch). These use the ``fsdp`` axis, which
+is placed like ``dp``.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ class DataParallel:
     dp: int
     bucket_bytes: int = 40_000_000 * 4  # Megatron-LM's default bucket: 40M fp32 elements
     reduce_dtype: DType = DType.FP32
+    zero: int = 0
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -40,48 +49,67 @@ class DataParallel:
         # later layers' gradients are ready first: reduce the block's buckets before the rest
         for scope in sorted(groups, key=lambda s: (s == "", s)):
             params = groups[scope]
-            elems = sum(g[p].out.numel for p in params)
-            nbytes = elems * self.reduce_dtype.itemsize
-            buckets = max(1, math.ceil(nbytes / self.bucket_bytes))
-            grads = [graph.grads[p] for p in params]
-            for b in range(buckets):
-                size = nbytes // buckets
-                spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
-                g.add(
-                    OpKind.ALL_REDUCE,
-                    grads,
-                    spec,
-                    CollectiveAttrs("dp", self.dp, size),
-                    phase=Phase.BACKWARD,
-                    scope=scope,
-                    name=f"dp.grad_all_reduce.{scope or 'rest'}.{b}",
-                )
+            if self.zero == 3:
+                self._fsdp(g, graph, scope, params)
+            else:
+                self._buckets(g, graph, scope, params)
+        if self.zero in (1, 2):
+            weights = sum(g[p].out.nbytes * g.multiplicity(g[p]) for p in graph.grads)
+            dtype = next(iter(g[p].out.dtype for p in graph.grads), DType.BF16)
+            spec = TensorSpec((max(1, weights // dtype.itemsize),), dtype)
+            g.add(OpKind.ALL_GATHER, [], spec, CollectiveAttrs("dp", self.dp, weights),
+                  phase=Phase.OPTIMIZER, name="zero.param_all_gather")  # fmt: skip
         return g
+
+    def _buckets(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
+        kind = OpKind.ALL_REDUCE if self.zero == 0 else OpKind.REDUCE_SCATTER
+        elems = sum(g[p].out.numel for p in params)
+        nbytes = elems * self.reduce_dtype.itemsize
+        buckets = max(1, math.ceil(nbytes / self.bucket_bytes))
+        grads = [graph.grads[p] for p in params]
+        for b in range(buckets):
+            size = nbytes // buckets
+            spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
+            g.add(kind, grads, spec, CollectiveAttrs("dp", self.dp, size),
+                  phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
+
+    def _fsdp(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
+        weights = sum(g[p].out.nbytes for p in params)
+        wspec = TensorSpec((max(1, weights // 2),), g[params[0]].out.dtype)
+        tag = scope or "rest"
+        for phase in (Phase.FORWARD, Phase.BACKWARD):
+            g.add(OpKind.ALL_GATHER, [], wspec, CollectiveAttrs("fsdp", self.dp, weights),
+                  phase=phase, scope=scope, name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+        grad_bytes = sum(g[p].out.numel for p in params) * g[params[0]].out.dtype.itemsize
+        gspec = TensorSpec((max(1, grad_bytes // 2),), g[params[0]].out.dtype)
+        g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec,
+              CollectiveAttrs("fsdp", self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
+              name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
 
 
 # Bytes an Adam(W) step moves per parameter with fp32 master weights (Megatron mixed
 # precision): read fp32 grad, master, m, v (16) + write master, m, v (12) + write
 # the 16-bit model copy (2) + read the grad again for the global-norm clip (4).
 ADAM_BYTES_PER_PARAM = 34
+# Plain fp32 AdamW: read param, grad, m, v (16) + write param, m, v (12) + clip read (4).
+ADAM_FP32_BYTES_PER_PARAM = 32
 
 
 @dataclass(frozen=True)
 class Optimizer:
     kind: str = "adam"
+    shard: int = 1  # ZeRO: each rank updates 1/shard of the parameters
+    mixed_precision: bool = True
     name: ClassVar[str] = "optimizer"
 
     def run(self, graph: Graph) -> Graph:
         if self.kind not in ("adam", "adamw"):
             raise ValueError(f"unknown optimizer {self.kind!r} (known: adam, adamw)")
         g = graph.copy()
-        n = param_count(g)
-        grads = list(g.grads.values())
+        n = math.ceil(param_count(g) / self.shard)
+        per_param = ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
         g.add(
-            OpKind.OPTIMIZER_UPDATE,
-            grads,
-            TensorSpec((max(n, 1),), DType.FP32),
-            OptimizerAttrs(self.kind, n, ADAM_BYTES_PER_PARAM),
-            phase=Phase.OPTIMIZER,
-            name="optimizer.step",
-        )
+            OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),
+            OptimizerAttrs(self.kind, n, per_param), phase=Phase.OPTIMIZER, name="optimizer.step",
+        )  # fmt: skip
         return g

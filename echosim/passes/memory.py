@@ -2,10 +2,12 @@
 
 Static state follows Megatron-LM mixed precision: a 16-bit weight (2 bytes), an
 fp32 main gradient (4) and Adam's fp32 master weight, momentum and variance (12)
-for each local parameter: 18 bytes. Activations are the forward values that the
-backward (or its recompute) reads, derived from the graph; a stage holds the
-activations of every micro-batch whose backward has not run yet (1F1B: up to
-``pp - stage`` of them).
+for each local parameter: 18 bytes; plain fp32 training keeps 4 + 4 + 8 = 16. ZeRO
+divides the optimizer state (stage 1), then the gradients (2), then the weights (3)
+by the data-parallel degree (Rajbhandari et al. 2020, sec. 5). Activations are the
+forward values that the backward (or its recompute) reads, derived from the graph;
+a stage holds the activations of every micro-batch whose backward has not run yet
+(1F1B: up to ``pp - stage`` of them).
 """
 
 from __future__ import annotations
@@ -13,13 +15,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
 
-WEIGHT_BYTES = 2
-GRAD_BYTES = 4
-OPTIMIZER_BYTES = 12
 # PyTorch's caching allocator never returns all it reserves; a typical share is 5-10%.
 FRAGMENTATION = 0.07
+# NCCL keeps NCCL_BUFFSIZE (4 MiB default) per channel and peer; with up to 32 channels and
+# two ring neighbours that is 256 MiB per communicator (NCCL environment-variable docs).
+NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
+
+
+@dataclass(frozen=True)
+class StatePolicy:
+    """Bytes of weight, gradient and optimizer state per local parameter."""
+
+    weight_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+
+    @classmethod
+    def for_training(cls, dtype: str, zero: int = 0, dp: int = 1, fp32_grads: bool = True) -> StatePolicy:
+        """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit."""
+        mixed = dtype != "fp32"
+        weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
+        if zero >= 1:
+            opt /= dp
+        if zero >= 2:
+            grad /= dp
+        if zero >= 3:
+            weight /= dp
+        return cls(weight, grad, opt)
 
 
 @dataclass(frozen=True)
@@ -29,12 +53,18 @@ class MemoryBreakdown:
     optimizer: int
     activations: int
     transient: int
+    comm_buffers: int
     fragmentation: int
     capacity: int
 
     @property
     def peak(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.transient + self.fragmentation
+        parts = (self.params, self.grads, self.optimizer, self.activations, self.transient, self.comm_buffers)
+        return sum(parts) + self.fragmentation
+
+    def largest(self, count: int = 2) -> list[tuple[str, int]]:
+        parts = {k: v for k, v in self.as_dict().items() if k not in ("peak", "capacity", "fits")}
+        return sorted(((k, int(v)) for k, v in parts.items()), key=lambda kv: -kv[1])[:count]
 
     @property
     def fits(self) -> bool:
@@ -47,6 +77,7 @@ class MemoryBreakdown:
             "optimizer": self.optimizer,
             "activations": self.activations,
             "transient": self.transient,
+            "comm_buffers": self.comm_buffers,
             "fragmentation": self.fragmentation,
             "peak": self.peak,
             "capacity": self.capacity,
@@ -107,11 +138,36 @@ def transient_bytes(graph: Graph) -> int:
     return largest * 2 + replay
 
 
-def stage_memory(graph: Graph, in_flight: int, capacity: int, local_params: int) -> MemoryBreakdown:
+def stage_memory(
+    graph: Graph,
+    in_flight: int,
+    capacity: int,
+    local_params: int,
+    policy: StatePolicy | None = None,
+    comm_groups: int = 0,
+) -> MemoryBreakdown:
+    """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators."""
+    policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph) * in_flight
-    params = local_params * WEIGHT_BYTES
-    grads = local_params * GRAD_BYTES
-    opt = local_params * OPTIMIZER_BYTES
-    transient = transient_bytes(graph)
+    transient = transient_bytes(graph) + _gathered_weights(graph)
     frag = int(FRAGMENTATION * (act + transient))
-    return MemoryBreakdown(params, grads, opt, act, transient, frag, capacity)
+    return MemoryBreakdown(
+        params=int(local_params * policy.weight_bytes),
+        grads=int(local_params * policy.grad_bytes),
+        optimizer=int(local_params * policy.optimizer_bytes),
+        activations=act,
+        transient=transient,
+        comm_buffers=comm_groups * NCCL_BUFFERS_PER_GROUP,
+        fragmentation=frag,
+        capacity=capacity,
+    )
+
+
+def _gathered_weights(graph: Graph) -> int:
+    """ZeRO-3 / FSDP: the gathered weights of the current layer and the prefetched next one."""
+    gathers = [
+        n.attrs.bytes
+        for n in graph
+        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "fsdp"
+    ]
+    return 2 * max(gathers, default=0)

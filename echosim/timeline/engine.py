@@ -20,6 +20,7 @@ from echosim.plan import Cluster, Plan
 from echosim.timeline.schedule import SCHEDULES, BlockTime, compose
 from echosim.timeline.streams import UnitTiming, simulate_unit
 
+# gradient reductions of the last micro-batch and step-end syncs are timed apart (DP tail)
 _SKIP_IN_UNITS = {"dp", "embed"}
 
 
@@ -35,8 +36,12 @@ class StageTiming:
     p2p_bwd: float
     dp_exposed: float
     dp_busy: float
-    embed_sync: float
+    step_end_comm: dict[str, float]  # axis -> seconds of collectives after the last backward
     optimizer: float
+
+    @property
+    def step_end(self) -> float:
+        return sum(self.step_end_comm.values())
 
 
 def placements(plan: Plan, cluster: Cluster) -> dict[str, Placement]:
@@ -44,6 +49,7 @@ def placements(plan: Plan, cluster: Cluster) -> dict[str, Placement]:
 
     sizes = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}
     out = {axis: megatron_placement(axis, sizes, cluster.devices_per_node) for axis in sizes}
+    out["fsdp"] = out["dp"]  # ZeRO-3 / FSDP shards over the data-parallel group
     pp = out["pp"]
     out["embed"] = Placement(2, min(2, pp.nodes), 1 if pp.nodes > 1 else 2, pp.concurrent_per_node)
     return out
@@ -101,8 +107,8 @@ def time_stage(
     fwd_parts, bwd_parts = _units(graph)
     fwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in fwd_parts]
     bwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in bwd_parts]
-    fwd = sum(u.duration * k for u, k in fwd_units)
-    bwd = sum(u.duration * k for u, k in bwd_units)
+    fwd = sum(_repeated(u, k) for u, k in fwd_units)
+    bwd = sum(_repeated(u, k) for u, k in bwd_units)
 
     def p2p(phase: Phase) -> float:
         sends = [n for n in graph if n.op is OpKind.SEND and n.phase in _phases(phase)]
@@ -116,24 +122,26 @@ def time_stage(
                 total += backend.collective_time_s(OpKind.SEND, nbytes, where["pp"])
         return total
 
-    dp_nodes = [n for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "dp"]
+    dp_nodes = [
+        n for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "dp" and n.phase is Phase.BACKWARD
+    ]
     dp_exposed, dp_busy = _dp_tail(graph, dp_nodes, cost, bwd_units, plan.overlap_dp, overlap.compute_slowdown)
-    embed = sum(cost(n) for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "embed")
+    step_end: dict[str, float] = {}
+    for n in graph:
+        if n.phase is Phase.OPTIMIZER and isinstance(n.attrs, CollectiveAttrs):
+            step_end[n.attrs.axis] = step_end.get(n.attrs.axis, 0.0) + cost(n)
     opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
     return StageTiming(
-        index,
-        layers,
-        fwd,
-        bwd,
-        fwd_units,
-        bwd_units,
-        p2p(Phase.FORWARD),
-        p2p(Phase.BACKWARD),
-        dp_exposed,
-        dp_busy,
-        embed,
-        opt,
-    )
+        index, layers, fwd, bwd, fwd_units, bwd_units, p2p(Phase.FORWARD), p2p(Phase.BACKWARD),
+        dp_exposed, dp_busy, step_end, opt,
+    )  # fmt: skip
+
+
+def _repeated(unit: UnitTiming, times: int) -> float:
+    """``times`` back-to-back runs of a unit: steady-state periods, then the last one's tail."""
+    if times <= 0:
+        return 0.0
+    return (times - 1) * unit.period + unit.duration
 
 
 def _phases(phase: Phase) -> tuple[Phase, ...]:
@@ -159,14 +167,14 @@ def _dp_tail(
     (first, _), (block, layers), _last = bwd_units
     per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
     rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
-    total_bwd = first.duration + block.duration * layers + _last[0].duration
+    total_bwd = first.duration + _repeated(block, layers) + _last[0].duration
     busy = per_layer * layers + rest
     if not overlap_dp:
         return busy, busy
     comm_end = 0.0
     overlapped = 0.0
     for j in range(1, layers + 1):
-        ready = first.duration + j * block.duration
+        ready = first.duration + j * block.period
         start = max(ready, comm_end)
         comm_end = start + per_layer
         overlapped += max(0.0, min(comm_end, total_bwd) - start)

@@ -34,6 +34,18 @@ class UnitTiming:
     duration: float = 0.0
     busy: dict[str, float] = field(default_factory=dict)  # category -> seconds
     events: list[OpEvent] = field(default_factory=list)
+    critical_end: float = 0.0  # end of the last op something in the unit waits on
+
+    @property
+    def period(self) -> float:
+        """Seconds between back-to-back repetitions of this unit (a repeated layer).
+
+        Collectives that nothing in the unit waits on (FSDP prefetch, gradient
+        reduce-scatter) run under the next repetition's compute, so the steady-state
+        period is the longer of the critical path and the communication stream's load.
+        """
+        comm = sum(v for k, v in self.busy.items() if k.startswith("comm."))
+        return max(self.critical_end, comm)
 
     def add_busy(self, category: str, seconds: float) -> None:
         self.busy[category] = self.busy.get(category, 0.0) + seconds
@@ -76,6 +88,12 @@ def simulate_unit(
     return _timing(nodes, _schedule(nodes, dilated), dilated)
 
 
+def _side(nodes: Sequence[Node]) -> set[int]:
+    """Collectives with no reader inside the unit."""
+    read = {i for n in nodes for i in n.inputs}
+    return {n.id for n in nodes if n.op.is_collective and n.id not in read}
+
+
 def _schedule(nodes: Sequence[Node], dur: dict[int, float]) -> list[tuple[float, float]]:
     end: dict[int, float] = {}
     free = {COMPUTE: 0.0, COMM: 0.0}
@@ -96,9 +114,12 @@ def _schedule(nodes: Sequence[Node], dur: dict[int, float]) -> list[tuple[float,
 
 def _timing(nodes: Sequence[Node], times: list[tuple[float, float]], dur: dict[int, float]) -> UnitTiming:
     t = UnitTiming()
+    side = _side(nodes)
     for n, (s, d) in zip(nodes, times, strict=False):
         if d <= 0:
             continue
+        if n.id not in side:
+            t.critical_end = max(t.critical_end, s + d)
         cat = category(n)
         stream = COMM if n.op.is_collective else COMPUTE
         t.events.append(OpEvent(n.id, n.name or n.op.value, stream, s, d, cat))

@@ -74,9 +74,9 @@ def chrome_trace(compiled: Any) -> dict[str, Any]:
                 _event("dp grad all_reduce (exposed)", t.index, 1, start, t.dp_exposed, "comm.dp", busy_s=t.dp_busy)
             )
         start += t.dp_exposed
-        if t.embed_sync:
-            events.append(_event("tied embedding all_reduce", t.index, 1, start, t.embed_sync, "comm.embed"))
-        start += t.embed_sync
+        for axis, sec in sorted(t.step_end_comm.items()):
+            events.append(_event(f"{axis} step-end collectives", t.index, 1, start, sec, f"comm.{axis}"))
+            start += sec
         events.append(_event("optimizer step", t.index, 0, start, t.optimizer, "optimizer"))
     for t in timings:
         pid = pp + t.index
