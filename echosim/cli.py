@@ -49,7 +49,7 @@ def cli() -> None:
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), help="Training precision (mixed, fp32 master).")
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation.")
-@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), help="Pipeline schedule.")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe", "interleaved", "zb-h1"]), help="Pipeline schedule.")
 @click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention.")
 @click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages.")
 @click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism.")

@@ -13,14 +13,14 @@ from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.data_parallel import DataParallel, Optimizer
 from echosim.passes.flops import graph_flops, param_count
-from echosim.passes.memory import StatePolicy, stage_memory
+from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import Recompute
 from echosim.passes.tensor_parallel import TensorParallel
 from echosim.plan import Cluster, Plan, PlanError
 from echosim.timeline.engine import StageTiming, placements, run_schedule, time_stage
 from echosim.timeline.report import Report
-from echosim.timeline.schedule import BlockTime, in_flight
+from echosim.timeline.schedule import BlockTime, in_flight, orders_for
 
 DEFAULT_MODEL = "gpt3-175b"
 # The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in
@@ -67,7 +67,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     from echosim.plugins import get_registry
 
     plan = plan or Plan()
-    cluster = cluster or Cluster(devices=plan.tp * plan.pp * plan.dp)
+    cluster = cluster or Cluster(devices=plan.tp * plan.pp * plan.dp * plan.cp)
     cluster.validate()
     plan.validate(cluster)
     registry = get_registry()
@@ -83,7 +83,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
                 Recompute(plan.recompute),
             ],
         )
-        stages = PipelineParallel(plan.pp, plan.pp_balance).split(joint)
+        stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
         # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
         reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
         shard = plan.dp if plan.zero >= 1 else 1
@@ -95,22 +95,13 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     where = placements(plan, cluster)
     timings = _time_stages(stages, backend, where, plan)
     blocks = run_schedule(plan, timings)
-    report = _report(
-        model if isinstance(model, str) else graph.name,
-        plan,
-        cluster,
-        backend,
-        stages,
-        timings,
-        blocks,
-        total_params,
-        warnings,
-    )
+    name = model if isinstance(model, str) else graph.name
+    report = _report(name, plan, cluster, backend, stages, timings, blocks, total_params, warnings)
     return Compiled(report, joint, stages, timings, blocks)
 
 
 def _time_stages(stages: list[Stage], backend: Any, where: Any, plan: Plan) -> list[StageTiming]:
-    """Stages with the same shape (all the middle ones) are timed once."""
+    """Virtual stages with the same shape (all the middle ones) are timed once."""
     cache: dict[tuple[bool, bool, int], StageTiming] = {}
     out = []
     last = len(stages) - 1
@@ -118,8 +109,7 @@ def _time_stages(stages: list[Stage], backend: Any, where: Any, plan: Plan) -> l
         key = (s.index == 0, s.index == last, s.layers)
         if key not in cache:
             cache[key] = time_stage(s.index, s.layers, s.graph, backend, where, plan)
-        t = cache[key]
-        out.append(replace(t, index=s.index, layers=s.layers))
+        out.append(replace(cache[key], index=s.index, layers=s.layers))
     return out
 
 
@@ -134,48 +124,42 @@ def _report(
     total_params: int,
     warnings: list[str],
 ) -> Report:
-    m = plan.microbatches
-    ends = {t.index: 0.0 for t in timings}
+    m, pp = plan.microbatches, plan.pp
+    chunks = {r: [t for t in timings if t.index % pp == r] for r in range(pp)}
+    ends = dict.fromkeys(range(pp), 0.0)
+    last_chunk = {}
     for b in blocks:
-        ends[b.stage] = max(ends[b.stage], b.end)
-    totals = [ends[t.index] + t.dp_exposed + t.step_end + t.optimizer for t in timings]
+        if b.end >= ends[b.stage]:
+            ends[b.stage], last_chunk[b.stage] = b.end, b.vstage
+    tails = {}
+    for r, ts in chunks.items():
+        last = timings[last_chunk.get(r, r)]
+        tails[r] = last.dp_exposed + sum(t.step_end + t.optimizer for t in ts)
+    totals = [ends[r] + tails[r] for r in range(pp)]
     step = max(totals)
     crit = totals.index(step)
-    ranks_per_stage = plan.tp * plan.dp
+    ranks_per_stage = plan.tp * plan.dp * plan.cp
     model_flops = sum(graph_flops(s.graph).model for s in stages) * m * ranks_per_stage
     hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * ranks_per_stage
     peak = backend.peak_flops(plan.dtype)
     tokens = plan.batch * _seq(stages)
-    t = timings[crit]
-    breakdown = _breakdown(t, m, ends[crit])
-    memory = []
-    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp)
-    groups = sum(1 for size in (plan.tp, plan.dp, plan.pp) if size > 1)
-    for s in stages:
-        flight = in_flight(plan.schedule, plan.pp, m, s.index)
-        mem = stage_memory(s.graph, flight, backend.memory_bytes(), param_count(s.graph), policy, groups)
-        memory.append({"stage": s.index, "layers": s.layers, **mem.as_dict()})
-        if not mem.fits:
-            top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest())
-            warnings.append(
-                f"stage {s.index} does not fit: needs {mem.peak / 2**30:.1f} GiB of "
-                f"{mem.capacity / 2**30:.1f} GiB (largest: {top})"
-            )
+    breakdown = _breakdown(chunks[crit], timings[last_chunk.get(crit, crit)], m, ends[crit])
+    memory = _memory(plan, backend, stages, warnings)
     stage_rows = [
         {
-            "stage": x.index,
+            "stage": x.index % pp,
+            "chunk": x.index // pp,
             "layers": x.layers,
             "fwd_s": x.fwd,
-            "bwd_s": x.bwd,
+            "bwd_s": x.bwd + x.wgrad,
             "p2p_fwd_s": x.p2p_fwd,
             "p2p_bwd_s": x.p2p_bwd,
             "dp_exposed_s": x.dp_exposed,
             "optimizer_s": x.optimizer,
-            "end_s": totals[x.index],
         }
         for x in timings
     ]
-    busy = m * (t.fwd + t.bwd)
+    busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks[crit])
     return Report(
         model=model,
         backend=cluster.backend,
@@ -190,7 +174,7 @@ def _report(
         model_flops_per_step=float(model_flops),
         hardware_flops_per_step=float(hw_flops),
         params=total_params,
-        bubble_fraction=(ends[crit] - busy) / step,
+        bubble_fraction=max(0.0, ends[crit] - busy) / step,
         critical_stage=crit,
         breakdown=breakdown,
         memory=memory,
@@ -199,14 +183,45 @@ def _report(
     )
 
 
+def _memory(plan: Plan, backend: Any, stages: list[Stage], warnings: list[str]) -> list[dict[str, Any]]:
+    """Peak memory per pipeline rank; an interleaved rank holds several chunks."""
+    pp = plan.pp
+    orders = orders_for(plan.schedule, pp, plan.microbatches, plan.vpp)
+    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp)
+    groups = sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1)
+    rows = []
+    for r in range(pp):
+        mine = [s for s in stages if s.index % pp == r]
+        live = in_flight(orders, r)
+        parts = [stage_memory(s.graph, live.get(s.index, 0), 0, param_count(s.graph), policy, 0) for s in mine]
+        mem = MemoryBreakdown(
+            params=sum(p.params for p in parts),
+            grads=sum(p.grads for p in parts),
+            optimizer=sum(p.optimizer for p in parts),
+            activations=sum(p.activations for p in parts),
+            transient=max(p.transient for p in parts),
+            comm_buffers=groups * NCCL_BUFFERS_PER_GROUP,
+            fragmentation=sum(p.fragmentation for p in parts),
+            capacity=backend.memory_bytes(),
+        )
+        rows.append({"stage": r, "layers": sum(s.layers for s in mine), **mem.as_dict()})
+        if not mem.fits:
+            top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest())
+            warnings.append(
+                f"stage {r} does not fit: needs {mem.peak / 2**30:.1f} GiB of "
+                f"{mem.capacity / 2**30:.1f} GiB (largest: {top})"
+            )
+    return rows
+
+
 def _seq(stages: list[Stage]) -> int:
     g = stages[0].graph
     ids = g[g.inputs[0]].out.shape if g.inputs else (1, 1)
     return ids[-1]
 
 
-def _breakdown(t: StageTiming, m: int, end: float) -> dict[str, float]:
-    """Seconds of the critical stage by kind; they add up to its step time.
+def _breakdown(chunks: list[StageTiming], last: StageTiming, m: int, end: float) -> dict[str, float]:
+    """Seconds of the critical pipeline rank by kind; they add up to its step time.
 
     Communication counts only where it is exposed (compute waits on it); within a unit,
     exposed time is shared among the collectives' kinds in proportion to their load.
@@ -218,8 +233,10 @@ def _breakdown(t: StageTiming, m: int, end: float) -> dict[str, float]:
     def add(key: str, sec: float) -> None:
         out[key] = out.get(key, 0.0) + sec
 
-    for units in (t.fwd_units, t.bwd_units):
-        for unit, k in units:
+    busy = 0.0
+    for t in chunks:
+        busy += m * (t.fwd + t.bwd + t.wgrad)
+        for unit, k in t.fwd_units + t.bwd_units:
             if k <= 0:
                 continue
             for cat, sec in unit.busy.items():
@@ -232,11 +249,11 @@ def _breakdown(t: StageTiming, m: int, end: float) -> dict[str, float]:
                 add(cat, exposed * sec / total)
             if not total and exposed > 1e-9:
                 add("idle", exposed)
-    add("comm.dp", t.dp_exposed)
-    for axis, sec in t.step_end_comm.items():
-        add(f"comm.{axis}", sec)
-    add("optimizer", t.optimizer)
-    add("bubble", max(0.0, end - m * (t.fwd + t.bwd)))
+        for axis, sec in t.step_end_comm.items():
+            add(f"comm.{axis}", sec)
+        add("optimizer", t.optimizer)
+    add("comm.dp", last.dp_exposed)
+    add("bubble", max(0.0, end - busy))
     return dict(sorted(out.items()))
 
 

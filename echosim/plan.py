@@ -12,7 +12,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
 # Plan features the passes implement; a feature not listed here is refused with a clear message.
-SUPPORTED: set[str] = {"zero"}
+SUPPORTED: set[str] = {"zero", "vpp"}
 
 
 class PlanError(EchosimError):
@@ -97,6 +97,12 @@ class Plan:
         for name, (what, used) in requested.items():
             if used and name not in SUPPORTED:
                 raise PlanError(f"{what} ({name}={getattr(self, name)}) is not modelled yet")
+        if self.vpp > 1 and self.schedule not in ("1f1b", "interleaved"):
+            raise PlanError(f"vpp={self.vpp} needs the interleaved 1F1B schedule, not {self.schedule!r}")
+        if self.vpp > 1 and self.microbatches % self.pp:
+            raise PlanError(
+                f"the interleaved schedule needs micro-batches ({self.microbatches}) to be a multiple of pp={self.pp}"
+            )
         if self.global_batch and self.global_batch % (self.micro_batch * self.dp):
             raise PlanError(
                 f"global batch {self.global_batch} is not a multiple of micro-batch*dp = {self.micro_batch}*{self.dp}"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from echosim.backends.base import OverlapModel
 from echosim.ir import DType, Graph, OpKind, TensorSpec
 from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs
-from echosim.timeline.schedule import compose, gpipe, in_flight, one_f_one_b
+from echosim.timeline.schedule import compose, gpipe, in_flight, interleaved, one_f_one_b
 from echosim.timeline.streams import simulate_unit
 
 
@@ -26,7 +26,8 @@ def test_one_f_one_b_closed_form(pp: int, m: int) -> None:
 
 def test_gpipe_has_the_same_bubble_but_holds_every_microbatch() -> None:
     assert makespan(gpipe(4, 8), 1.0, 2.0, 4) == pytest.approx(makespan(one_f_one_b(4, 8), 1.0, 2.0, 4))
-    assert in_flight("gpipe", 4, 8, 0) == 8 and in_flight("1f1b", 4, 8, 0) == 4 and in_flight("1f1b", 4, 8, 3) == 1
+    assert in_flight(gpipe(4, 8), 0) == {0: 8}
+    assert in_flight(one_f_one_b(4, 8), 0) == {0: 4} and in_flight(one_f_one_b(4, 8), 3) == {3: 1}
 
 
 def test_every_block_runs_once() -> None:
@@ -37,27 +38,37 @@ def test_every_block_runs_once() -> None:
     )
 
 
-@settings(max_examples=60, deadline=None)
-@given(pp=st.integers(1, 12), m=st.integers(1, 40), f=st.floats(0.1, 5.0), ratio=st.floats(1.0, 3.0))
-def test_more_microbatches_never_raise_the_bubble_fraction(pp: int, m: int, f: float, ratio: float) -> None:
-    def bubble(mb: int) -> float:
-        span = makespan(one_f_one_b(pp, mb), f, f * ratio, pp)
-        return 1 - mb * f * (1 + ratio) / span
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 16)])
+def test_interleaving_divides_the_bubble_by_vpp(pp: int, vpp: int, m: int) -> None:
+    """Narayanan et al. 2021, sec. 2.2.2: the bubble shrinks to (pp - 1) / (vpp * m) of the work."""
+    f, b = 1.0 / vpp, 2.0 / vpp  # each chunk does 1/vpp of a stage's layers
+    blocks = compose(interleaved(pp, m, vpp), [f] * pp * vpp, [b] * pp * vpp, [0.0] * pp * vpp, [0.0] * pp * vpp)
+    span = max(x.end for x in blocks)
+    ideal = m * 3.0
+    assert span == pytest.approx(ideal + (pp - 1) * 3.0 / vpp)
+    assert sorted((x.vstage, x.kind, x.microbatch) for x in blocks) == sorted(
+        (v, k, j) for v in range(pp * vpp) for k in "FB" for j in range(m)
+    )
 
-    assert bubble(m + 1) <= bubble(m) + 1e-9
+
+@settings(max_examples=40, deadline=None)
+@given(pp=st.integers(2, 8), vpp=st.integers(2, 4), groups=st.integers(1, 6))
+def test_interleaving_never_raises_the_bubble(pp: int, vpp: int, groups: int) -> None:
+    m = pp * groups
+    plain = makespan(one_f_one_b(pp, m), 1.0, 2.0, pp)
+    v = pp * vpp
+    blocks = compose(interleaved(pp, m, vpp), [1.0 / vpp] * v, [2.0 / vpp] * v, [0.0] * v, [0.0] * v)
+    assert max(x.end for x in blocks) <= plain + 1e-9
 
 
-def test_transfer_latency_stalls_the_steady_state() -> None:
-    """With one warm-up micro-batch, stage 0 waits on a round trip for its backwards.
-
-    Each pair of micro-batches costs 2(F+B) + 2*p2p: the bubble fraction with slow
-    transfers does not vanish as m grows, which is why the monotonicity property above
-    is stated for free transfers.
-    """
-    pp, f, b, p2p = 2, 1.0, 1.0, 0.5
-    spans = [makespan(one_f_one_b(pp, m), f, b, pp, p2p) for m in range(4, 12)]
-    for m in range(len(spans) - 2):
-        assert spans[m + 2] - spans[m] == pytest.approx(2 * (f + b) + 2 * p2p)
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (4, 16), (8, 32)])
+def test_zero_bubble_h1_closed_form(pp: int, m: int) -> None:
+    """Qi et al. 2024, ZB-H1: m (F + B + W) + (pp - 1)(F + B - W), below 1F1B's bubble."""
+    f, b, w = 1.0, 1.0, 1.0
+    blocks = compose(one_f_one_b(pp, m), [f] * pp, [b] * pp, [0.0] * pp, [0.0] * pp, wgrad=[w] * pp)
+    assert sum(1 for x in blocks if x.kind == "W") == pp * m
+    assert max(x.end for x in blocks) == pytest.approx(m * (f + b + w) + (pp - 1) * (f + b - w))
+    assert max(x.end for x in blocks) < makespan(one_f_one_b(pp, m), f, b + w, pp)
 
 
 def _unit() -> Graph:

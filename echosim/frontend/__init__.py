@@ -60,3 +60,5 @@ def _check_arch(cfg: Any, plan: Plan) -> None:
         raise PlanError(f"tp={plan.tp} does not divide key/value heads ({cfg.n_kv_heads})")
     if plan.pp > cfg.layers:
         raise PlanError(f"pp={plan.pp} exceeds the number of layers ({cfg.layers})")
+    if plan.pp * plan.vpp > cfg.layers:
+        raise PlanError(f"pp*vpp={plan.pp * plan.vpp} exceeds the number of layers ({cfg.layers})")

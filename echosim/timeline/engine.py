@@ -17,7 +17,7 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import CollectiveAttrs, OpKind, Phase
 from echosim.passes.flops import io_bytes
 from echosim.plan import Cluster, Plan
-from echosim.timeline.schedule import SCHEDULES, BlockTime, compose
+from echosim.timeline.schedule import SPLIT_BACKWARD, BlockTime, compose, orders_for
 from echosim.timeline.streams import UnitTiming, simulate_unit
 
 # gradient reductions of the last micro-batch and step-end syncs are timed apart (DP tail)
@@ -26,10 +26,13 @@ _SKIP_IN_UNITS = {"dp", "embed"}
 
 @dataclass
 class StageTiming:
+    """One virtual pipeline stage (a model chunk), timed for one micro-batch."""
+
     index: int
     layers: int
     fwd: float
-    bwd: float
+    bwd: float  # the whole backward, or its input-gradient half when wgrad > 0
+    wgrad: float
     fwd_units: list[tuple[UnitTiming, int]]  # (unit, times it runs per micro-batch)
     bwd_units: list[tuple[UnitTiming, int]]
     p2p_fwd: float
@@ -70,17 +73,37 @@ class _Coster:
         return self.backend.op_time_s(node, io_bytes(self.graph, node))
 
 
-def _units(graph: Graph) -> tuple[list[tuple[list[Node], int]], list[tuple[list[Node], int]]]:
-    """Split a stage into (nodes, repeat) units for forward and for backward, in run order."""
+def weight_grad_nodes(graph: Graph) -> set[int]:
+    """Backward nodes that only feed weight gradients (zero-bubble schedules defer them)."""
+    grads = set(graph.grads.values())
+    users: dict[int, list[int]] = {}
+    for n in graph:
+        for i in n.inputs:
+            users.setdefault(i, []).append(n.id)
+    w: set[int] = set()
+    for n in reversed(list(graph)):
+        if n.phase is not Phase.BACKWARD:
+            continue
+        readers = [graph[u] for u in users.get(n.id, [])]
+        grad_only = all(u.id in w or (u.op.is_collective and u.op is not OpKind.SEND) for u in readers)
+        if n.id in grads or (readers and grad_only):
+            w.add(n.id)
+    return w
+
+
+def _units(graph: Graph, split_w: bool = False) -> tuple[list[tuple[list[Node], int]], ...]:
+    """Split a stage into (nodes, repeat) units for forward, backward and weight-gradient work."""
 
     def runs(n: Node) -> bool:
-        if n.op in (OpKind.SEND, OpKind.RECV):
+        if n.op in (OpKind.SEND, OpKind.RECV) or n.phase is Phase.OPTIMIZER:
             return False
         return not (isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis in _SKIP_IN_UNITS)
 
     mult = next(iter(graph.repeats.values()), 1)
+    wset = weight_grad_nodes(graph) if split_w else set()
     fwd = [n for n in graph if n.phase is Phase.FORWARD and runs(n)]
-    bwd = [n for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and runs(n)]
+    bwd = [n for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and runs(n) and n.id not in wset]
+    wgt = [n for n in graph if n.id in wset and runs(n)]
 
     def split(nodes: list[Node]) -> list[tuple[list[Node], int]]:
         """(before the block, the block, after the block): 'after' descends from the block."""
@@ -96,7 +119,7 @@ def _units(graph: Graph) -> tuple[list[tuple[list[Node], int]], list[tuple[list[
             ([n for n in outside if n.id in later], 1),
         ]
 
-    return split(fwd), split(bwd)
+    return split(fwd), split(bwd), split(wgt)
 
 
 def time_stage(
@@ -104,11 +127,15 @@ def time_stage(
 ) -> StageTiming:
     cost = _Coster(graph, backend, where)
     overlap = backend.overlap()
-    fwd_parts, bwd_parts = _units(graph)
+    fwd_parts, bwd_parts, w_parts = _units(graph, split_w=plan.schedule in SPLIT_BACKWARD)
     fwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in fwd_parts]
     bwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in bwd_parts]
+    w_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in w_parts]
     fwd = sum(_repeated(u, k) for u, k in fwd_units)
     bwd = sum(_repeated(u, k) for u, k in bwd_units)
+    wgrad = sum(_repeated(u, k) for u, k in w_units)
+    if w_parts[1][0]:  # the weight-gradient units belong to the backward for breakdown and trace
+        bwd_units = bwd_units + w_units
 
     def p2p(phase: Phase) -> float:
         sends = [n for n in graph if n.op is OpKind.SEND and n.phase in _phases(phase)]
@@ -132,7 +159,7 @@ def time_stage(
             step_end[n.attrs.axis] = step_end.get(n.attrs.axis, 0.0) + cost(n)
     opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
     return StageTiming(
-        index, layers, fwd, bwd, fwd_units, bwd_units, p2p(Phase.FORWARD), p2p(Phase.BACKWARD),
+        index, layers, fwd, bwd, wgrad, fwd_units, bwd_units, p2p(Phase.FORWARD), p2p(Phase.BACKWARD),
         dp_exposed, dp_busy, step_end, opt,
     )  # fmt: skip
 
@@ -164,7 +191,7 @@ def _dp_tail(
     """
     if not nodes:
         return 0.0, 0.0
-    (first, _), (block, layers), _last = bwd_units
+    (first, _), (block, layers), _last = bwd_units[:3]
     per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
     rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
     total_bwd = first.duration + _repeated(block, layers) + _last[0].duration
@@ -184,11 +211,13 @@ def _dp_tail(
 
 
 def run_schedule(plan: Plan, stages: list[StageTiming]) -> list[BlockTime]:
-    orders = SCHEDULES[plan.schedule](len(stages), plan.microbatches)
+    orders = orders_for(plan.schedule, plan.pp, plan.microbatches, plan.vpp)
+    split = plan.schedule in SPLIT_BACKWARD
     return compose(
         orders,
         [s.fwd for s in stages],
         [s.bwd for s in stages],
         [s.p2p_fwd for s in stages],
         [s.p2p_bwd for s in stages],
+        [s.wgrad for s in stages] if split else None,
     )

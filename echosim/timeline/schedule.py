@@ -1,9 +1,12 @@
-"""Pipeline schedules: the order in which each stage runs micro-batch blocks.
+"""Pipeline schedules: the order in which each pipeline rank runs micro-batch blocks.
 
-A schedule is a list of ``("F" | "B", microbatch)`` per stage; the composer times
-it with cross-stage dependencies (a forward needs the previous stage's forward of
-the same micro-batch, a backward the next stage's backward) plus the
-point-to-point transfer on each edge.
+A schedule gives, per rank, a list of ``(kind, vstage, microbatch)`` blocks: ``F``
+forward, ``B`` backward (or, for zero-bubble schedules, the input-gradient half of it)
+and ``W`` the weight-gradient half. ``vstage`` is the virtual stage (model chunk
+``c`` of rank ``r`` is ``c * pp + r``; without interleaving it is the rank). The
+composer times the blocks with cross-stage dependencies (a forward needs the previous
+virtual stage's forward of the same micro-batch, a backward the next one's backward)
+plus the point-to-point transfer on each edge.
 """
 
 from __future__ import annotations
@@ -11,43 +14,96 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-Block = tuple[str, int]
+Block = tuple[str, int, int]  # (kind, virtual stage, micro-batch)
 
 
-def one_f_one_b(pp: int, m: int) -> list[list[Block]]:
+def one_f_one_b(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
     """PipeDream-flush 1F1B (Narayanan et al. 2021): warm-up forwards, then alternate."""
     orders = []
-    for stage in range(pp):
-        warm = min(pp - stage - 1, m)
-        seq: list[Block] = [("F", j) for j in range(warm)]
+    for r in range(pp):
+        warm = min(pp - r - 1, m)
+        seq: list[Block] = [("F", r, j) for j in range(warm)]
         f, b = warm, 0
         while f < m:
-            seq.append(("F", f))
-            seq.append(("B", b))
+            seq += [("F", r, f), ("B", r, b)]
             f, b = f + 1, b + 1
-        seq.extend(("B", j) for j in range(b, m))
+        seq += [("B", r, j) for j in range(b, m)]
         orders.append(seq)
     return orders
 
 
-def gpipe(pp: int, m: int) -> list[list[Block]]:
+def gpipe(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
     """All forwards, then all backwards (Huang et al. 2019)."""
-    return [[("F", j) for j in range(m)] + [("B", j) for j in range(m)] for _ in range(pp)]
+    return [[("F", r, j) for j in range(m)] + [("B", r, j) for j in range(m)] for r in range(pp)]
 
 
-SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe}
+def interleaved(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
+    """Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, sec. 2.2): ``vpp`` chunks per rank.
+
+    Micro-batches advance in groups of ``pp`` through the chunks; rank ``r`` warms up
+    with ``2 (pp - r - 1) + (vpp - 1) pp`` forwards, then alternates, then drains.
+    """
+    if vpp == 1:
+        return one_f_one_b(pp, m)
+    total = m * vpp
+
+    def fwd(k: int, r: int) -> Block:
+        chunk = (k // pp) % vpp
+        return ("F", chunk * pp + r, (k // (pp * vpp)) * pp + k % pp)
+
+    def bwd(k: int, r: int) -> Block:
+        chunk = vpp - 1 - (k // pp) % vpp
+        return ("B", chunk * pp + r, (k // (pp * vpp)) * pp + k % pp)
+
+    orders = []
+    for r in range(pp):
+        warm = min(2 * (pp - r - 1) + (vpp - 1) * pp, total)
+        seq = [fwd(k, r) for k in range(warm)]
+        f, b = warm, 0
+        while f < total:
+            seq += [fwd(f, r), bwd(b, r)]
+            f, b = f + 1, b + 1
+        seq += [bwd(k, r) for k in range(b, total)]
+        orders.append(seq)
+    return orders
 
 
-def in_flight(schedule: str, pp: int, m: int, stage: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak."""
-    if schedule == "gpipe":
-        return m
-    return min(pp - stage, m)
+def zero_bubble_h1(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
+    """ZB-H1 (Qi et al. 2024): 1F1B's order; each backward's weight half is deferred.
+
+    The composer runs a deferred ``W`` whenever the next block must wait, and keeps at
+    most ``pp - 1`` of them pending (their inputs stay alive until they run).
+    """
+    return one_f_one_b(pp, m)
+
+
+SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe, "interleaved": interleaved, "zb-h1": zero_bubble_h1}
+SPLIT_BACKWARD = {"zb-h1"}
+
+
+def orders_for(schedule: str, pp: int, m: int, vpp: int) -> list[list[Block]]:
+    if vpp > 1 and schedule in ("1f1b", "interleaved"):
+        return interleaved(pp, m, vpp)
+    return SCHEDULES[schedule](pp, m, vpp)
+
+
+def in_flight(orders: Sequence[Sequence[Block]], rank: int) -> dict[int, int]:
+    """Peak number of micro-batches per virtual stage whose activations rank ``rank`` holds."""
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for kind, v, _ in orders[rank]:
+        if kind == "F":
+            live[v] = live.get(v, 0) + 1
+            peak[v] = max(peak.get(v, 0), live[v])
+        elif kind == "B":
+            live[v] -= 1
+    return peak
 
 
 @dataclass(frozen=True)
 class BlockTime:
-    stage: int
+    stage: int  # pipeline rank
+    vstage: int
     kind: str
     microbatch: int
     start: float
@@ -60,39 +116,85 @@ def compose(
     bwd: Sequence[float],
     p2p_fwd: Sequence[float],
     p2p_bwd: Sequence[float],
+    wgrad: Sequence[float] | None = None,
 ) -> list[BlockTime]:
-    """Time every block; ``p2p_*[i]`` is the transfer from stage i to its neighbour."""
+    """Time every block. ``*[v]`` are per virtual stage; ``p2p_*[v]`` leaves stage ``v``.
+
+    With ``wgrad`` (zero-bubble), a ``B`` block is the input-gradient half and each
+    rank runs its deferred weight halves in what would otherwise be idle time.
+    """
     pp = len(orders)
+    vstages = len(fwd)
     done: dict[tuple[str, int, int], float] = {}
     pos = [0] * pp
     free = [0.0] * pp
+    pending: list[list[int]] = [[] for _ in range(pp)]  # deferred W: (vstage, mb) flattened
+    cap = [pp - 1] * pp  # deferred W per rank; pp - 1 reproduces ZB-H1's closed form
     out: list[BlockTime] = []
+
+    def ready(block: Block) -> float | None:
+        kind, v, j = block
+        if kind == "F":
+            if v == 0:
+                return 0.0
+            t = done.get(("F", v - 1, j))
+            return None if t is None else t + p2p_fwd[v - 1]
+        own = done.get(("F", v, j))
+        if own is None:
+            return None
+        if v == vstages - 1:
+            return own
+        t = done.get(("B", v + 1, j))
+        return None if t is None else max(own, t + p2p_bwd[v + 1])
+
+    def run(r: int, kind: str, v: int, j: int, start: float) -> None:
+        dur = {"F": fwd, "B": bwd, "W": wgrad or bwd}[kind][v]
+        end = start + dur
+        done[(kind, v, j)] = free[r] = end
+        out.append(BlockTime(r, v, kind, j, start, end))
+
     remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(pp):
-            while pos[s] < len(orders[s]):
-                kind, j = orders[s][pos[s]]
-                if kind == "F":
-                    dep = 0.0 if s == 0 else done.get(("F", s - 1, j))
-                    dep = dep if s == 0 or dep is None else dep + p2p_fwd[s - 1]
-                    own = None
-                else:
-                    dep = done.get(("F", s, j)) if s == pp - 1 else done.get(("B", s + 1, j))
-                    if dep is not None and s != pp - 1:
-                        dep += p2p_bwd[s + 1]
-                    own = done.get(("F", s, j))
-                    if own is None:
-                        dep = None
-                if dep is None:
-                    break
-                start = max(free[s], dep)
-                end = start + (fwd[s] if kind == "F" else bwd[s])
-                done[(kind, s, j)] = free[s] = end
-                out.append(BlockTime(s, kind, j, start, end))
-                pos[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
+    if wgrad is None:  # fixed orders: sweep the ranks, each runs until it must wait
+        while remaining:
+            progressed = False
+            for r in range(pp):
+                while pos[r] < len(orders[r]):
+                    t = ready(orders[r][pos[r]])
+                    if t is None:
+                        break
+                    run(r, *orders[r][pos[r]], max(t, free[r]))
+                    pos[r] += 1
+                    remaining -= 1
+                    progressed = True
+            if not progressed:
+                raise RuntimeError("pipeline schedule deadlocked: a block waits on one that never runs")
+        return out
+    while remaining or any(pending):  # zero-bubble: event order, deferred W fill the gaps
+        best: tuple[float, int, str] | None = None
+        for r in range(pp):
+            if pos[r] < len(orders[r]):
+                t = ready(orders[r][pos[r]])
+                if t is not None and (best is None or max(t, free[r]) < best[0]):
+                    best = (max(t, free[r]), r, "next")
+                must_wait = t is None or t > free[r]
+                if pending[r] and must_wait and (best is None or free[r] < best[0]):
+                    best = (free[r], r, "w")
+            elif pending[r] and (best is None or free[r] < best[0]):
+                best = (free[r], r, "w")
+        if best is None:
             raise RuntimeError("pipeline schedule deadlocked: a block waits on one that never runs")
+        start, r, what = best
+        if what == "w":
+            v, j = pending[r].pop(0), pending[r].pop(0)
+            run(r, "W", v, j, start)
+            continue
+        kind, v, j = orders[r][pos[r]]
+        run(r, kind, v, j, start)
+        pos[r] += 1
+        remaining -= 1
+        if kind == "B" and wgrad is not None:
+            pending[r] += [v, j]
+            if len(pending[r]) > 2 * cap[r]:  # over the memory cap: do the oldest W now
+                v0, j0 = pending[r].pop(0), pending[r].pop(0)
+                run(r, "W", v0, j0, free[r])
     return out

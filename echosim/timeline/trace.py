@@ -51,36 +51,34 @@ def chrome_trace(compiled: Any) -> dict[str, Any]:
     """Build the trace for a :class:`~echosim.compiler.Compiled` result."""
     events: list[dict[str, Any]] = []
     timings = compiled.timings
-    pp = len(timings)
-    ends = {t.index: 0.0 for t in timings}
+    pp = int(compiled.report.plan["pp"])
+    ends = dict.fromkeys(range(pp), 0.0)
+    names = {"F": "forward", "B": "backward", "W": "weight-gradient"}
     for b in compiled.blocks:
         events.append(
-            _event(
-                f"{b.kind}{b.microbatch}",
-                b.stage,
-                0,
-                b.start,
-                b.end - b.start,
-                "forward" if b.kind == "F" else "backward",
-                microbatch=b.microbatch,
-            )
-        )
+            _event(f"{b.kind}{b.microbatch}", b.stage, 0, b.start, b.end - b.start, names[b.kind],
+                   microbatch=b.microbatch, chunk=b.vstage // pp)
+        )  # fmt: skip
         ends[b.stage] = max(ends[b.stage], b.end)
+    for r in range(pp):
+        events += _meta(r, f"stage {r} (schedule)", {0: "compute", 1: "communication"})
+        start = ends[r]
+        mine = [t for t in timings if t.index % pp == r]
+        exposed = mine[0].dp_exposed
+        if exposed:
+            busy = sum(t.dp_busy for t in mine)
+            events.append(_event("dp grad reduction (exposed)", r, 1, start, exposed, "comm.dp", busy_s=busy))
+        start += exposed
+        for t in mine:
+            for axis, sec in sorted(t.step_end_comm.items()):
+                events.append(_event(f"{axis} step-end collectives", r, 1, start, sec, f"comm.{axis}"))
+                start += sec
+        optimizer = sum(t.optimizer for t in mine)
+        events.append(_event("optimizer step", r, 0, start, optimizer, "optimizer"))
     for t in timings:
-        events += _meta(t.index, f"stage {t.index} (schedule)", {0: "compute", 1: "communication"})
-        start = ends[t.index]
-        if t.dp_busy:
-            events.append(
-                _event("dp grad all_reduce (exposed)", t.index, 1, start, t.dp_exposed, "comm.dp", busy_s=t.dp_busy)
-            )
-        start += t.dp_exposed
-        for axis, sec in sorted(t.step_end_comm.items()):
-            events.append(_event(f"{axis} step-end collectives", t.index, 1, start, sec, f"comm.{axis}"))
-            start += sec
-        events.append(_event("optimizer step", t.index, 0, start, t.optimizer, "optimizer"))
-    for t in timings:
-        pid = pp + t.index
-        events += _meta(pid, f"stage {t.index} ops (micro-batch 0)", {0: "compute", 1: "communication"})
+        pid = len(timings) + t.index
+        events += _meta(pid, f"stage {t.index % pp} chunk {t.index // pp} ops (micro-batch 0)",
+                        {0: "compute", 1: "communication"})  # fmt: skip
         fwd, end = _unit_events(pid, t.fwd_units, 0.0)
         bwd, _ = _unit_events(pid, t.bwd_units, end)
         events += fwd + bwd
