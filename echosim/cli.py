@@ -47,7 +47,9 @@ def cli() -> None:
 @click.option("--micro-batch", type=int, help="Sequences per micro-batch.")
 @click.option("--global-batch", type=int, help="Sequences per optimizer step.")
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), help="Training precision (mixed, fp32 master).")
+@click.option(
+    "--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), help="Training precision (mixed, fp32 master)."
+)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation.")
 @click.option("--schedule", type=click.Choice(["1f1b", "gpipe", "interleaved", "zb-h1"]), help="Pipeline schedule.")
 @click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention.")

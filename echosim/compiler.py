@@ -15,6 +15,7 @@ from echosim.passes.data_parallel import DataParallel, Optimizer
 from echosim.passes.flops import graph_flops, param_count
 from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
 from echosim.passes.pipeline import PipelineParallel, Stage
+from echosim.passes.precision import Fp8Linears
 from echosim.passes.recompute import Recompute
 from echosim.passes.tensor_parallel import TensorParallel
 from echosim.plan import Cluster, Plan, PlanError
@@ -81,6 +82,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
                 TensorParallel(plan.tp),
                 Autodiff(),
                 Recompute(plan.recompute),
+                *([Fp8Linears()] if plan.dtype == "fp8" else []),
             ],
         )
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
@@ -141,7 +143,7 @@ def _report(
     ranks_per_stage = plan.tp * plan.dp * plan.cp
     model_flops = sum(graph_flops(s.graph).model for s in stages) * m * ranks_per_stage
     hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * ranks_per_stage
-    peak = backend.peak_flops(plan.dtype)
+    peak = backend.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype)  # fp8 MFU: the 16-bit peak
     tokens = plan.batch * _seq(stages)
     breakdown = _breakdown(chunks[crit], timings[last_chunk.get(crit, crit)], m, ends[crit])
     memory = _memory(plan, backend, stages, warnings)

@@ -91,3 +91,29 @@ def test_listings_have_json(command: str) -> None:
     if command == "backends":
         a100 = next(r for r in rows if r["name"] == "a100-80gb")
         assert a100["plugin"] == "echosim.backends.plugin" and "source" in a100
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pp", "2", "--vpp", "2", "--global-batch", "3"], "needs micro-batches (3) to be a multiple of pp=2"),
+        (["--pp", "2", "--vpp", "2", "--schedule", "gpipe"], "vpp=2 needs the interleaved 1F1B schedule"),
+        (["--pp", "8", "--vpp", "4", "--global-batch", "8"], "pp*vpp=32 exceeds the number of layers (24)"),
+        (["--dp", "4", "--ep", "3"], "ep=3 does not divide dp=4"),
+    ],
+)
+def test_schedule_constraints_are_named(args: list[str], message: str) -> None:
+    code, out = run("compile", "gpt3-1.3b", *args)
+    assert code == 1 and message in out, out
+
+
+def test_fp8_and_zero_bubble_and_fsdp_compile() -> None:
+    base = ["compile", "gpt3-1.3b", "--backend", "h100-sxm", "--pp", "2", "--dp", "4", "--global-batch", "32", "--json"]
+    plain = json.loads(run(*base)[1])
+    fp8 = json.loads(run(*base, "--dtype", "fp8")[1])
+    zb = json.loads(run(*base, "--schedule", "zb-h1")[1])
+    fsdp = json.loads(run(*base, "--zero", "3")[1])
+    assert fp8["breakdown"]["compute.matmul"] < plain["breakdown"]["compute.matmul"]
+    assert zb["step_time_s"] < plain["step_time_s"]
+    assert fsdp["memory"][0]["optimizer"] * 4 == pytest.approx(plain["memory"][0]["optimizer"], rel=1e-6)
+    assert "comm.fsdp" in fsdp["breakdown"]

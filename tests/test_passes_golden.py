@@ -68,3 +68,12 @@ def test_zero1_and_fsdp(tiny_llama: Graph) -> None:
     check_golden("zero1_llama.txt", print_graph(g1))
     g3 = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=3), Optimizer(shard=4)])
     check_golden("fsdp_llama.txt", print_graph(g3))
+
+
+def test_fp8_linears(tiny_llama: Graph) -> None:
+    from echosim.passes.precision import Fp8Linears
+
+    g = run_passes(tiny_llama, [Autodiff(), Fp8Linears()])
+    check_golden("fp8_llama.txt", print_graph(g))
+    text = print_graph(g)
+    assert "lm_head" in text and "m=16 n=128 k=64}" in text  # the output layer stays 16-bit

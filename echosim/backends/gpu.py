@@ -56,7 +56,8 @@ class GPUBackend:
         return f"GPUBackend({self.device.name!r}, {self._overlap})"
 
     def _dtype(self, node: Node) -> str:
-        dtype = node.out.dtype.value
+        precision = getattr(node.attrs, "precision", "")  # fp8 GEMMs keep 16-bit outputs
+        dtype = precision or node.out.dtype.value
         if dtype in ("fp32", "tf32"):
             return "fp32" if self.allow_tf32 else "fp32-simt"
         return dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"

@@ -41,7 +41,8 @@ def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], i
         raise EchosimError(f"model {name!r}: factory returned {type(obj).__name__}, not an ArchConfig or nn.Module")
     ids = torch.zeros(plan.micro_batch, seq, dtype=torch.long, device="meta")
     try:
-        cap = capture_module(module, (ids, ids), dtype=DType.parse(plan.dtype), name=name)
+        dtype = DType.BF16 if plan.dtype == "fp8" else DType.parse(plan.dtype)  # fp8: 16-bit activations
+        cap = capture_module(module, (ids, ids), dtype=dtype, name=name)
     except CaptureError as exc:
         raise EchosimError(str(exc)) from None
     if layers > 2:

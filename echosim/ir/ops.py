@@ -96,6 +96,7 @@ class MatmulAttrs:
     batch: int = 1
     tp: str = ""
     grad_of: str = ""
+    precision: str = ""  # "fp8": operands quantised, output in the tensor's (16-bit) dtype
 
     @property
     def flops(self) -> int:
@@ -109,6 +110,8 @@ class MatmulAttrs:
             parts.append(f"tp={self.tp}")
         if self.grad_of:
             parts.append(self.grad_of)
+        if self.precision:
+            parts.append(self.precision)
         return " ".join(parts)
 
 

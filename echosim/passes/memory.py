@@ -102,7 +102,8 @@ def _saved_bytes(node: Node, only_own_grad: bool) -> int:
         if a.flash:
             return node.out.nbytes + lse
         scores = a.batch * a.heads * a.q_len * a.kv_len
-        return node.out.nbytes + 5 * scores  # softmax out (2), dropout mask (1), dropout out (2)
+        # softmax output, dropout mask (1 byte), dropout output: 5 bytes per score in 16-bit
+        return node.out.nbytes + scores * (2 * node.out.dtype.itemsize + 1)
     return node.out.nbytes
 
 

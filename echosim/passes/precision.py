@@ -1,0 +1,64 @@
+"""FP8 training of the linear layers, as Transformer Engine does it.
+
+Every matmul of a linear layer (forward, recompute, input gradient and weight
+gradient) runs with fp8 operands and keeps a 16-bit output. Each activation operand
+is quantised once by a cast kernel that also computes its amax (reads 2 bytes,
+writes 1 per element); the weight gradient reuses the forward's fp8 copy of the
+input, so that copy (1 byte per element) is what backward keeps. Weights are cast
+once per step and their cost is not counted. The output layer stays in 16-bit
+(Transformer Engine's recipes exclude it); attention stays in 16-bit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.types import DType, TensorSpec
+
+
+@dataclass(frozen=True)
+class Fp8Linears:
+    exclude: tuple[str, ...] = ("lm_head", "*.lm_head", "output", "*.output")
+    name: ClassVar[str] = "fp8-linears"
+
+    def run(self, graph: Graph) -> Graph:
+        g = graph.copy()
+        casts: dict[int, int] = {}  # 16-bit value -> its fp8 copy
+        before: dict[int, list[int]] = {}  # consumer -> casts to place right before it
+        for n in list(g):
+            if not self._linear(g, n):
+                continue
+            assert isinstance(n.attrs, MatmulAttrs)
+            operands = [n.inputs[0]] if n.attrs.grad_of != "wgrad" else [n.inputs[0], n.inputs[1]]
+            if n.attrs.grad_of == "dgrad":
+                operands = [n.inputs[0]]
+            new_inputs = list(n.inputs)
+            for i in operands:
+                if i not in casts:
+                    src = g[i]
+                    casts[i] = g.add(
+                        OpKind.ELEMENTWISE, [i], TensorSpec(src.out.shape, DType.FP8),
+                        ElementwiseAttrs("fp8_cast", 2), phase=n.phase, scope=n.scope, name=f"{src.name}.fp8",
+                    )  # fmt: skip
+                    before.setdefault(n.id, []).append(casts[i])
+                new_inputs[n.inputs.index(i)] = casts[i]
+            g.replace(n.id, inputs=tuple(new_inputs), attrs=replace(n.attrs, precision="fp8"))
+        placed = {c for cs in before.values() for c in cs}
+        order: list[int] = []
+        for nid in g.nodes:
+            if nid in placed:
+                continue
+            order += before.get(nid, [])
+            order.append(nid)
+        g.nodes = {nid: g.nodes[nid] for nid in order}
+        return g
+
+    def _linear(self, g: Graph, n: Node) -> bool:
+        if not isinstance(n.attrs, MatmulAttrs) or any(fnmatch.fnmatchcase(n.scope, p) for p in self.exclude):
+            return False
+        fwd = n if n.phase in (Phase.FORWARD, Phase.RECOMPUTE) else (g[n.origin] if n.origin is not None else None)
+        return fwd is not None and len(fwd.inputs) > 1 and g[fwd.inputs[1]].op is OpKind.PARAMETER
