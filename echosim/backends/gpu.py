@@ -97,6 +97,11 @@ class GPUBackend:
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collectives.collective_time_s(self.device, kind, nbytes, placement)
 
+    def explain_collective(self, kind: OpKind, nbytes: int, placement: Placement) -> dict[str, object]:
+        """The (algorithm, protocol) NCCL's tuner would pick, for ``echosim cost``."""
+        choice = collectives.best_choice(self.device, kind, nbytes, placement)
+        return {"algorithm": choice.algo, "protocol": choice.proto}
+
     def describe(self) -> dict[str, object]:
         """Every number of the device (``echosim backends --json``), the overlap model and the sources."""
         from dataclasses import asdict
