@@ -153,6 +153,20 @@ def test_a_backend_that_raises_is_reported_by_name_and_the_rest_keeps_working(mo
     import echosim.plugins
 
     monkeypatch.setattr(echosim.plugins, "get_registry", lambda: registry)
+    code, out = run(cli, "cost", "--backend", "boom-gpu", "matmul", "--m", "8", "--n", "8", "--k", "8")
+    assert code == 1 and out.strip().splitlines() == [
+        "Error: backend 'boom-gpu' (plugin 'broken-vendor') failed in op_time_s: RuntimeError: kernel table missing"
+    ]
+    code, out = run(cli, "cost", "--backend", "boom-gpu", "all_reduce", "--bytes", "1024", "--group", "2", "--json")
+    assert code == 0 and json.loads(out)["time_s"] == 1e-3  # its working methods still work
+
+
+@pytest.mark.slow
+def test_compile_on_a_broken_backend_is_one_line(monkeypatch, cli):
+    import echosim.plugins
+
+    registry = load_registry(include_entrypoints=False, extra_plugins=[BrokenVendor()])
+    monkeypatch.setattr(echosim.plugins, "get_registry", lambda: registry)
     code, out = run(cli, "compile", "gpt3-125m", "--backend", "boom-gpu", "--seq-len", "128")
     assert code == 1 and "Traceback" not in out
     assert out.strip().splitlines() == [

@@ -63,6 +63,7 @@ def test_a_bad_spec_names_the_plugin_and_the_field(plugin):
         dataclasses.replace(MI300X, xgmi_links=4)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not installed(), reason="pip install -e examples/echosim-mi300x (CI installs it)")
 def test_installed_plugin_is_listed_and_compiles():
     from echosim.cli import cli
