@@ -235,9 +235,9 @@ def test_validate_microbench_json_has_rows_and_groups(tmp_path, cli):
     rows = result["rows"]
     assert {"device", "op", "predicted", "measured"} <= set(rows[0])
     assert rows[0]["predicted"] == pytest.approx(253.7, rel=0.01)  # the anchor row
-    assert rows[1]["group"] == "h100-sxm all_reduce intra-node >=1MiB" and abs(rows[1]["error"]) < 0.05
+    assert rows[1]["group"] == "H100-SXM-80GB | all_reduce | intra-node | >=1MiB" and abs(rows[1]["error"]) < 0.05
     assert rows[2]["skipped"] == "no backend for device 'Gaudi 2'"
-    assert result["groups"]["a100-80gb matmul fp16"]["target"] == 0.10
+    assert result["groups"]["A100-SXM4-80GB | matmul fp16"]["target"] == 0.10
     code, out = run(cli, "validate", "--microbench", str(path))
     assert code == 0 and "per group" in out and "2 rows predicted, 1 skipped" in out
 

@@ -20,13 +20,17 @@ def groups() -> dict[str, dict]:
 
 # Groups that meet their target, with the MAPE achieved when this test was written.
 MEETS = {
-    "a100-80gb matmul fp16": 4.7,  # Azure cuBLASLt sweep
-    "h100-sxm matmul bf16": 7.1,  # XLA table, 292 shapes
-    "a100-80gb memory-bound": 3.1,
-    "h100-sxm memory-bound": 2.8,
-    "h200 memory-bound": 2.9,
-    "h200 all_reduce intra-node >=1MiB": 2.7,  # Azure nccl-tests
-    "a100-80gb all_reduce inter-node >=1MiB": 7.9,  # NDmv4 2 nodes
+    "A100-SXM4-80GB | matmul fp16": 4.7,  # Azure cuBLASLt sweep
+    "H100-SXM (sm_90) | matmul bf16": 7.1,  # XLA table, 292 shapes
+    "H100-SXM-80GB | matmul fp8": 5.9,  # Azure cuBLASLt
+    "H200-SXM-141GB | matmul fp8": 7.6,
+    "A100-SXM4-80GB | memory-bound": 3.1,
+    "H100-SXM-80GB | memory-bound": 2.3,
+    "H200-SXM-141GB | memory-bound": 2.9,
+    "H100-SXM-80GB | all_reduce | intra-node | >=1MiB": 3.5,  # Azure nccl-tests, NVLS
+    "H200-SXM-141GB | all_reduce | intra-node | >=1MiB": 2.7,
+    "GB200 | all_reduce | intra-node | >=1MiB": 4.3,  # Azure nccl-tests, 4 GPUs per host
+    "A100-SXM4-80GB | all_reduce | inter-node | >=1MiB": 7.9,  # NDmv4 2 nodes
 }
 
 
@@ -38,7 +42,11 @@ def test_groups_that_meet_their_target(groups, group):
 
 def test_every_group_with_a_target_is_reported(groups):
     targeted = {name for name, g in groups.items() if g["target"] is not None}
-    expected = {"b200 matmul bf16", "gb200 all_reduce intra-node >=1MiB", "h100-sxm send/recv intra-node >=1MiB"}
+    expected = {
+        "B200 (sm_100) | matmul bf16",
+        "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB",
+        "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB",
+    }
     assert expected <= targeted
     assert all(g["rows"] >= 1 and g["mape"] >= 0 for g in groups.values())
 

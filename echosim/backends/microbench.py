@@ -6,10 +6,11 @@ and the prediction is expressed in the row's own metric (TFLOP/s, bus bandwidth,
 TB/s). Rows that name hardware without a backend, a kernel the models do not cost, or
 no single size are skipped with the reason, never silently dropped.
 
-Errors are grouped per (device, op): matmuls per dtype, collectives per scope (inside
-one NVLink domain or across nodes) and regime (messages of at least 1 MiB, where bus
-bandwidth matters and Echo's targets apply, or smaller ones, where launch and latency
-dominate).
+Errors are grouped per (device, op), the device as the file names it (so one chip measured
+by two harnesses, nccl-tests and XLA's tables, gives two groups): matmuls per dtype,
+collectives per scope (inside one NVLink domain or across nodes) and regime (messages of
+at least 1 MiB, where bus bandwidth matters and Echo's targets apply, or smaller ones,
+where launch and latency dominate).
 """
 
 from __future__ import annotations
@@ -153,9 +154,9 @@ class MicrobenchValidation:
 
 
 def _target(group: str) -> float | None:
-    if " matmul" in group:
+    if "| matmul" in group:
         return TARGETS["matmul"]
-    if " memory-bound" in group:
+    if "| memory-bound" in group:
         return TARGETS["memory-bound"]
     if group.endswith(">=1MiB"):
         return TARGETS["inter-node" if "inter-node" in group else "intra-node"]
@@ -414,7 +415,7 @@ def validate_microbench(path: str | Path, registry: Any = None) -> MicrobenchVal
                 r.skipped = str(be)
             else:
                 r.backend = p.backend
-                r.group = " ".join(x for x in (p.backend, p.op, p.scope if p.regime else "", p.regime) if x)
+                r.group = " | ".join(x for x in (row["device"], p.op, p.scope if p.regime else "", p.regime) if x)
                 try:
                     r.predicted = p.predict(be)
                 except (EchosimError, ValueError) as exc:
