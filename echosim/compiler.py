@@ -71,8 +71,9 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     cluster = cluster or Cluster(devices=plan.tp * plan.pp * plan.dp * plan.cp)
     cluster.validate()
     plan.validate(cluster)
-    registry = get_registry()
-    backend = registry.backend(cluster.backend)()
+    from echosim.backends.loading import load_backend
+
+    backend = load_backend(cluster.backend, get_registry())
     graph, warnings, total_params = load_model(model, plan)
     try:
         joint = run_passes(

@@ -23,6 +23,7 @@ CSV_NAME = {
     "h800": "NVIDIA H800-SXM5-80GB",
     "h200": "NVIDIA H200-SXM-141GB",
     "b200": "NVIDIA B200 (HGX/DGX B200, 1000W)",
+    "gb200": "NVIDIA GB200 (per GPU, NVL72)",
 }
 
 
@@ -84,7 +85,7 @@ def test_unknown_device_lists_known_ones():
 
 def test_builtin_backends_implement_the_protocol():
     backends = builtin_backends()
-    assert {"a100-40gb", "a100-80gb", "h100-sxm", "null"} <= set(backends)
+    assert {"a100-40gb", "a100-80gb", "h100-sxm", "gb200", "tpu-v5e", "cpu-x86", "null"} <= set(backends)
     for name, backend in backends.items():
         assert isinstance(backend, Backend) and backend.name == name
 
@@ -94,7 +95,10 @@ def test_backend_memory_peaks_and_overlap():
     assert a100.memory_bytes() == 80 * 2**30
     assert a100.peak_flops("bf16") == 312e12 and a100.peak_flops("fp8") == 312e12
     assert GPUBackend(DEVICES["h100-sxm"]).peak_flops("fp8") == 1979e12
-    assert 1.05 <= a100.overlap().compute_slowdown <= 1.2 and a100.overlap().comm_slowdown == 1.0
+    overlap = a100.overlap()
+    assert 1.05 <= overlap.compute_slowdown <= 1.2 and overlap.comm_slowdown == 1.0
+    assert overlap.compute_slowdown < overlap.slowdown("compute.memory_bound") < 1.3  # HBM shared with NCCL copies
+    assert overlap.slowdown("compute.matmul") == overlap.compute_slowdown and overlap.slowdown("comm.dp") == 1.0
     custom = OverlapModel(compute_slowdown=1.3, comm_slowdown=1.1)
     assert GPUBackend(DEVICES["a100-80gb"], custom).overlap() is custom
 

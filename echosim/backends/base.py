@@ -37,14 +37,32 @@ class Placement:
 class OverlapModel:
     """Mutual slowdown when compute and communication kernels run at the same time.
 
-    ``compute_slowdown`` multiplies the duration of compute overlapped with
-    communication (SMs and HBM bandwidth are shared with the NCCL kernels);
+    Each field is a named, calibratable parameter of one backend, not a fixed ratio:
+    ``compute_slowdown`` multiplies the duration of tensor-core work (matmuls, attention)
+    overlapped with communication (the collective kernels hold SMs);
+    ``memory_bound_slowdown`` multiplies memory-bound kernels overlapped with
+    communication (they lose the same SMs and also share HBM bandwidth with the
+    collective's copies; ``None`` means the same as ``compute_slowdown``);
     ``comm_slowdown`` multiplies communication overlapped with compute.
-    Named, calibratable parameters, not a fixed overlap ratio.
     """
 
     compute_slowdown: float = 1.0
     comm_slowdown: float = 1.0
+    memory_bound_slowdown: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("compute_slowdown", "comm_slowdown", "memory_bound_slowdown"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and 1.0 <= value < 10.0):
+                raise ValueError(f"overlap model: field {name!r} must be a factor in [1, 10), got {value!r}")
+
+    def slowdown(self, category: str) -> float:
+        """Factor for a kernel of timeline ``category`` (``compute.matmul``, ``compute.memory_bound``, ``comm.*``)."""
+        if category.startswith("comm"):
+            return self.comm_slowdown
+        if category == "compute.memory_bound" and self.memory_bound_slowdown is not None:
+            return self.memory_bound_slowdown
+        return self.compute_slowdown
 
 
 @runtime_checkable

@@ -284,7 +284,38 @@ B200 = DeviceSpec(
     f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
 )
 
-DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H800, H200, B200)}
+_GB200_AZ = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_GB200_v6_results.md"
+
+# GB200 NVL72: one NVLink domain of 72 GPUs (18 NVSwitch trays), so a "node" here is the
+# whole rack: TP, EP and even DP groups up to 72 GPUs stay on NVLink. Scale-out is 400 Gb/s
+# per GPU (scaling-book: 4 x 18 x 400 Gb/s per 72-GPU rack).
+GB200 = DeviceSpec(
+    name="gb200",
+    arch="blackwell",
+    sm_count=148,  # Source: same Blackwell GPU as B200 (hw_specs.csv B200 notes: 148 SMs)
+    peak_bf16_tflops=2500.0,  # Source: hw_specs.csv NVIDIA GB200 (per GPU, NVL72)
+    peak_fp16_tflops=2500.0,  # Source: hw_specs.csv
+    peak_fp8_tflops=5000.0,  # Source: hw_specs.csv
+    peak_tf32_tflops=1250.0,  # Source: hw_specs.csv
+    peak_fp32_tflops=80.0,  # Source: hw_specs.csv
+    hbm_GB=186.0,  # Source: hw_specs.csv
+    hbm_GBps=8000.0,  # Source: hw_specs.csv
+    # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866), as for B200.
+    hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
+    gemm_eff_16bit=1822.0 / 2500.0,  # Source: microbench.csv, MAMF GB200 bf16 best shape 1822 TFLOP/s (72.9%)
+    gemm_eff_fp8=3615.6 / 5000.0,  # Source: microbench.csv, MAMF GB200 fp8 best shape 3615.6 TFLOP/s (72.3%)
+    flash_fwd_eff=620.73 / 989.0,  # No Blackwell-native attention row: assumed equal to H100 FA3, as for B200
+    flash_fwd_shape=(1, 16, 16384, 128),
+    nvlink_GBps=900.0,  # Source: hw_specs.csv, NVLink5 900 GB/s per direction per GPU
+    nvlink_links=18,  # Source: hw_specs.csv (NVLink5, 18 links)
+    nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW
+    nic_GBps=50.0,  # Source: hw_specs.csv, 400 Gb/s per GPU
+    devices_per_node=72,  # Source: hw_specs.csv, 72-GPU NVLink domain (NVL72)
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO}",
+)
+
+DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H800, H200, B200, GB200)}
 
 
 def get_device(name: str) -> DeviceSpec:

@@ -23,19 +23,29 @@ MEMORY_BOUND_OPS = frozenset(
 
 
 def default_overlap(device: DeviceSpec) -> OverlapModel:
-    """Compute slows by the share of SMs NCCL kernels hold while they run.
+    """Compute slows by the share of SMs NCCL kernels hold, memory-bound kernels also by the HBM share.
 
     NCCL runs one CTA per channel, on one SM each, and uses about one ring channel per
     NVLink (12 on A100, 18 on H100/B200), so overlapped compute keeps
     ``1 - links / sm_count`` of the GPU: 1.13x on A100, 1.16x on H100, 1.14x on B200.
-    That sits at the low end of what Echo measured for kernels under a concurrent
-    all-reduce (mean 1.38x for a 25 MB all-reduce on A100, small DDP kernels,
-    arXiv 2412.12487 sec. 2): big GEMMs hide memory traffic better. Communication is
-    not slowed by compute (Echo applies slowdown to compute only). Both are
-    calibratable fields of :class:`OverlapModel`.
+    A collective's copies also read and write HBM: for the collective that overlaps
+    compute in a training step (the data-parallel gradient reduction across nodes, at
+    NIC rate) that is about three bytes of HBM traffic (read to send, write received,
+    read for the reduction) per byte on the wire, ``3 x nic_GBps`` of the achievable
+    HBM bandwidth, which memory-bound kernels lose on top of the SMs. Both sit at the
+    low end of what Echo measured for kernels under a concurrent all-reduce (mean 1.38x
+    for a 25 MB all-reduce on A100, small DDP kernels, arXiv 2412.12487 sec. 2): big
+    GEMMs hide memory traffic better. Communication is not slowed by compute (Echo
+    applies slowdown to compute only). All three are calibratable fields of
+    :class:`OverlapModel`.
     """
     sm_share = min(device.nvlink_links, device.sm_count // 2) / device.sm_count
-    return OverlapModel(compute_slowdown=1.0 / (1.0 - sm_share), comm_slowdown=1.0)
+    hbm_share = min(0.5, 3 * device.nic_GBps / device.hbm_stream_GBps)
+    return OverlapModel(
+        compute_slowdown=1.0 / (1.0 - sm_share),
+        comm_slowdown=1.0,
+        memory_bound_slowdown=1.0 / (1.0 - sm_share - hbm_share),
+    )
 
 
 class GPUBackend:
@@ -88,21 +98,20 @@ class GPUBackend:
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collectives.collective_time_s(self.device, kind, nbytes, placement)
 
+    def explain_collective(self, kind: OpKind, nbytes: int, placement: Placement) -> dict[str, object]:
+        """The (algorithm, protocol) NCCL's tuner would pick, for ``echosim cost``."""
+        choice = collectives.best_choice(self.device, kind, nbytes, placement)
+        return {"algorithm": choice.algo, "protocol": choice.proto}
+
     def describe(self) -> dict[str, object]:
-        """The numbers ``echosim backends`` lists, with their sources."""
-        d = self.device
-        return {
-            "arch": d.arch,
-            "peak_bf16_tflops": d.peak_bf16_tflops,
-            "peak_fp8_tflops": d.peak_fp8_tflops,
-            "hbm_GB": d.hbm_GB,
-            "hbm_GBps": d.hbm_GBps,
-            "nvlink_GBps": d.nvlink_GBps,
-            "nic_GBps": d.nic_GBps,
-            "devices_per_node": d.devices_per_node,
-            "compute_slowdown": round(self._overlap.compute_slowdown, 3),
-            "source": d.source,
-        }
+        """Every number of the device (``echosim backends --json``), the overlap model and the sources."""
+        from dataclasses import asdict
+
+        d: dict[str, object] = {"kind": "gpu", **asdict(self.device)}
+        d["nvlink_busbw_GBps"] = round(self.device.nvlink_busbw_GBps, 3)
+        d["overlap"] = asdict(self._overlap)
+        d["allow_tf32"] = self.allow_tf32
+        return d
 
     def overlap(self) -> OverlapModel:
         return self._overlap
@@ -139,11 +148,16 @@ class NullBackend:
         return 1e15
 
     def describe(self) -> dict[str, object]:
-        return {"peak_bf16_tflops": 1000.0, "source": "no hardware: every op costs 1 ns (for tests)"}
+        return {"kind": "null", "peak_bf16_tflops": 1000.0, "source": "no hardware: every op costs 1 ns (for tests)"}
 
 
 def builtin_backends() -> dict[str, Backend]:
-    """Every built-in backend by name: one per device in :data:`DEVICES`, plus ``null``."""
+    """Every built-in backend by name: GPUs (:data:`DEVICES`), TPUs, CPUs, plus ``null``."""
+    from echosim.backends.cpu import CPUS, CPUBackend
+    from echosim.backends.tpu import TPUS, TPUBackend
+
     backends: dict[str, Backend] = {name: GPUBackend(dev) for name, dev in DEVICES.items()}
+    backends.update({name: TPUBackend(chip) for name, chip in TPUS.items()})
+    backends.update({name: CPUBackend(cpu) for name, cpu in CPUS.items()})
     backends["null"] = NullBackend()
     return backends

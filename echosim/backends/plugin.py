@@ -1,7 +1,8 @@
 """The built-in backends register through the same hook a vendor's plugin uses.
 
-Registering reads only the device table (plain data); the cost models load when a
-backend is first built.
+Registering reads only the GPU device table (plain data) and the TPU/CPU names; the
+cost models load when a backend is first built. The ``cost`` and ``validate`` commands
+are registered by :mod:`echosim.backends.commands`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,28 @@ from functools import partial
 from echosim.plugins import hookimpl
 from echosim.plugins.hookspecs import RegisterBackend
 
+# Names only, so that registering does not import the TPU and CPU models.
+TPU_NAMES = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
+CPU_NAMES = ("cpu-x86", "epyc-9654")
+
 
 def _gpu(name: str) -> object:
     from echosim.backends.devices import DEVICES
     from echosim.backends.gpu import GPUBackend
 
     return GPUBackend(DEVICES[name])
+
+
+def _tpu(name: str) -> object:
+    from echosim.backends.tpu import TPUS, TPUBackend
+
+    return TPUBackend(TPUS[name])
+
+
+def _cpu(name: str) -> object:
+    from echosim.backends.cpu import CPUS, CPUBackend
+
+    return CPUBackend(CPUS[name])
 
 
 def _null() -> object:
@@ -31,4 +48,8 @@ def register_backends(register: RegisterBackend) -> None:
 
     for name in DEVICES:
         register(name, partial(_gpu, name))
+    for name in TPU_NAMES:
+        register(name, partial(_tpu, name))
+    for name in CPU_NAMES:
+        register(name, partial(_cpu, name))
     register("null", _null)

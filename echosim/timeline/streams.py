@@ -72,7 +72,7 @@ def simulate_unit(
 ) -> UnitTiming:
     base = {n.id: cost(n) for n in nodes}
     first = _schedule(nodes, base)
-    if overlap.compute_slowdown == 1.0 and overlap.comm_slowdown == 1.0:
+    if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
         return _timing(nodes, first, base)
     comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
     comp = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if not n.op.is_collective and d > 0]
@@ -82,7 +82,7 @@ def simulate_unit(
             dilated[n.id] = d
             continue
         other = comp if n.op.is_collective else comm
-        factor = overlap.comm_slowdown if n.op.is_collective else overlap.compute_slowdown
+        factor = overlap.slowdown(category(n))
         shared = sum(max(0.0, min(s + d, e) - max(s, b)) for b, e in other) / d
         dilated[n.id] = d * (1.0 + min(shared, 1.0) * (factor - 1.0))
     return _timing(nodes, _schedule(nodes, dilated), dilated)

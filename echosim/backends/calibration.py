@@ -1,0 +1,187 @@
+"""Measured op and collective times that take precedence over the analytic models.
+
+A calibration database is one SQLite file (stdlib ``sqlite3``) with a row per measured
+(backend, op, shape, dtype): the shape is a canonical text key built from the op's
+attributes (:func:`node_key`, :func:`collective_key`), so a measurement applies exactly
+to the op it was taken on and nothing is interpolated. :class:`CalibratedBackend` wraps
+any backend and answers from the table first. Point ``ECHOSIM_CALIBRATION`` at a file
+to use it for every backend, or pass ``--calibration FILE`` to ``echosim cost``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from echosim.backends.base import Backend, OverlapModel, Placement
+from echosim.errors import EchosimError
+from echosim.ir.graph import Node
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+
+ENV_VAR = "ECHOSIM_CALIBRATION"
+#: The dtype column of collective rows (a collective is keyed by bytes, not element type).
+COLLECTIVE_DTYPE = "-"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    backend TEXT NOT NULL,
+    op TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    seconds REAL NOT NULL CHECK (seconds > 0),
+    source TEXT NOT NULL,
+    PRIMARY KEY (backend, op, shape, dtype)
+)
+"""
+
+
+class CalibrationError(EchosimError):
+    """A calibration file that cannot be opened or holds impossible values."""
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    backend: str
+    op: str
+    shape: str
+    dtype: str
+    seconds: float
+    source: str
+
+
+def matmul_key(m: int, n: int, k: int, batch: int = 1) -> str:
+    return f"m={m},n={n},k={k},batch={batch}"
+
+
+def attention_key(a: AttentionAttrs, backward: bool) -> str:
+    return (
+        f"batch={a.batch},heads={a.heads},kv_heads={a.kv_heads},q={a.q_len},kv={a.kv_len},d={a.head_dim},"
+        f"causal={int(a.causal)},flash={int(a.flash)},bwd={int(backward)}"
+    )
+
+
+def collective_key(nbytes: int, p: Placement) -> str:
+    return f"bytes={nbytes},size={p.size},nodes={p.nodes},per_node={p.per_node},concurrent={p.concurrent_per_node}"
+
+
+def node_key(node: Node, io_bytes: int) -> tuple[str, str, str]:
+    """(op, shape, dtype) under which a compute node's measurement is stored."""
+    dtype = node.out.dtype.value
+    if isinstance(node.attrs, MatmulAttrs):
+        a = node.attrs
+        return "matmul", matmul_key(a.m, a.n, a.k, a.batch), dtype
+    if isinstance(node.attrs, AttentionAttrs):
+        return "attention", attention_key(node.attrs, node.phase is Phase.BACKWARD), dtype
+    return node.op.value, f"bytes={io_bytes}", dtype
+
+
+class CalibrationDB:
+    """One SQLite calibration file; reads are served from memory after the first query."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self._conn = sqlite3.connect(self.path)
+            self._conn.execute(SCHEMA)
+            self._conn.commit()
+        except sqlite3.Error as exc:
+            raise CalibrationError(f"calibration database {self.path}: {exc}") from None
+        self._cache: dict[str, dict[tuple[str, str, str], float]] = {}
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def put(self, backend: str, op: str, shape: str, dtype: str, seconds: float, source: str) -> None:
+        """Store (or replace) one measurement; ``source`` says where it came from."""
+        if not (seconds > 0):
+            raise CalibrationError(f"calibration {backend}/{op}/{shape}: seconds must be positive, got {seconds!r}")
+        if not source.strip():
+            raise CalibrationError(f"calibration {backend}/{op}/{shape}: a source is required")
+        row = (backend, op, shape, dtype, seconds, source)
+        self._conn.execute("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?)", row)
+        self._conn.commit()
+        self._cache.pop(backend, None)
+
+    def put_many(self, rows: Iterable[Measurement]) -> int:
+        count = 0
+        for r in rows:
+            self.put(r.backend, r.op, r.shape, r.dtype, r.seconds, r.source)
+            count += 1
+        return count
+
+    def table(self, backend: str) -> dict[tuple[str, str, str], float]:
+        """Every measurement of ``backend`` keyed by (op, shape, dtype)."""
+        if backend not in self._cache:
+            rows = self._conn.execute(
+                "SELECT op, shape, dtype, seconds FROM measurements WHERE backend = ?", (backend,)
+            ).fetchall()
+            self._cache[backend] = {(op, shape, dtype): seconds for op, shape, dtype, seconds in rows}
+        return self._cache[backend]
+
+    def get(self, backend: str, op: str, shape: str, dtype: str) -> float | None:
+        return self.table(backend).get((op, shape, dtype))
+
+    def entries(self, backend: str | None = None) -> list[Measurement]:
+        query = "SELECT backend, op, shape, dtype, seconds, source FROM measurements"
+        args: tuple[str, ...] = ()
+        if backend is not None:
+            query += " WHERE backend = ?"
+            args = (backend,)
+        return [Measurement(*row) for row in self._conn.execute(query + " ORDER BY backend, op, shape, dtype", args)]
+
+
+class CalibratedBackend:
+    """Any backend, with measured times from a :class:`CalibrationDB` taking precedence."""
+
+    def __init__(self, inner: Backend, db: CalibrationDB, name: str | None = None) -> None:
+        self.inner = inner
+        self.db = db
+        self.name = name or inner.name
+        self._table = db.table(self.name)
+        self.hits = 0
+
+    def __repr__(self) -> str:
+        return f"CalibratedBackend({self.inner!r}, {str(self.db.path)!r})"
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        measured = self._table.get(node_key(node, io_bytes))
+        if measured is not None:
+            self.hits += 1
+            return measured
+        return self.inner.op_time_s(node, io_bytes)
+
+    def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
+        measured = self._table.get((kind.value, collective_key(nbytes, placement), COLLECTIVE_DTYPE))
+        if measured is not None:
+            self.hits += 1
+            return measured
+        return self.inner.collective_time_s(kind, nbytes, placement)
+
+    def overlap(self) -> OverlapModel:
+        return self.inner.overlap()
+
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.inner.peak_flops(dtype)
+
+    def describe(self) -> dict[str, Any]:
+        describe = getattr(self.inner, "describe", None)
+        out: dict[str, Any] = dict(describe()) if callable(describe) else {}
+        out["calibration"] = {"path": str(self.db.path), "entries": len(self._table)}
+        return out
+
+
+def from_environment(backend: Backend) -> Backend:
+    """Wrap ``backend`` with the database named by ``ECHOSIM_CALIBRATION``, if set."""
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return backend
+    if not Path(path).exists():
+        raise CalibrationError(f"{ENV_VAR}={path}: no such file")
+    return CalibratedBackend(backend, CalibrationDB(path))

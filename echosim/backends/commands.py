@@ -1,0 +1,396 @@
+"""``echosim cost`` (one op on one backend) and ``echosim validate`` (measurements vs predictions).
+
+Registered through ``register_commands`` like any plugin's commands. The commands parse,
+call the library and format; every user error ends as one line and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from echosim.plugins import hookimpl
+
+DTYPES = ("bf16", "fp16", "fp8", "fp32")
+COLLECTIVES = {
+    "all_reduce": "ALL_REDUCE",
+    "all_gather": "ALL_GATHER",
+    "reduce_scatter": "REDUCE_SCATTER",
+    "all_to_all": "ALL_TO_ALL",
+    "broadcast": "BROADCAST",
+    "send": "SEND",
+    "recv": "RECV",
+}
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """User errors (EchosimError, and ValueError from a model's argument checks) become one line."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from echosim.errors import EchosimError
+
+        try:
+            return fn(*args, **kwargs)
+        except (EchosimError, ValueError) as exc:
+            raise click.ClickException(" ".join(str(exc).split())) from None
+
+    return wrapper
+
+
+def _backend(ctx: click.Context) -> Any:
+    from echosim.backends.loading import build_backend, load_backend
+
+    name, calibration = ctx.obj["backend"], ctx.obj["calibration"]
+    backend = load_backend(name)
+    if calibration:
+        from pathlib import Path
+
+        from echosim.backends.calibration import CalibratedBackend, CalibrationDB, CalibrationError
+
+        if not Path(calibration).exists():
+            raise CalibrationError(f"--calibration {calibration}: no such file")
+        db = CalibrationDB(calibration)
+        backend = build_backend(name, lambda: CalibratedBackend(backend.inner, db, name), backend.owner)
+    return backend
+
+
+def _emit(ctx: click.Context, result: dict[str, Any], as_json: bool) -> None:
+    if as_json or ctx.obj["json"]:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    for key, value in result.items():
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        click.echo(f"{key:>18}: {value}")
+
+
+def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(fn)
+
+
+@click.group("cost")
+@click.option("--backend", required=True, help="Backend to cost on (see `echosim backends`).")
+@click.option("--calibration", type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def cost(ctx: click.Context, backend: str, calibration: str | None, as_json: bool) -> None:
+    """Cost one op on one backend: a matmul, an attention kernel, a memory-bound kernel or a collective."""
+    ctx.obj = {"backend": backend, "calibration": calibration, "json": as_json}
+
+
+def _node(op_name: str, attrs: Any, dtype: str) -> Any:
+    from echosim.ir.graph import Node
+    from echosim.ir.ops import OpKind
+    from echosim.ir.types import DType, TensorSpec
+
+    return Node(0, OpKind[op_name], (), TensorSpec((1,), DType(dtype)), attrs)
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise click.ClickException(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+@cost.command("matmul")
+@click.option("--m", type=int, required=True, help="Rows of the output.")
+@click.option("--n", type=int, required=True, help="Columns of the output.")
+@click.option("--k", type=int, required=True, help="Contracted dimension.")
+@click.option("--batch", type=int, default=1, show_default=True, help="Independent products (bmm).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True)
+@_json_option
+@click.pass_context
+@_guarded
+def cost_matmul(ctx: click.Context, m: int, n: int, k: int, batch: int, dtype: str, as_json: bool) -> None:
+    """Time and TFLOP/s of (m x k) @ (k x n), ``batch`` times."""
+    from echosim.ir.ops import MatmulAttrs
+
+    _positive(m=m, n=n, k=k, batch=batch)
+    backend = _backend(ctx)
+    seconds = backend.op_time_s(_node("MATMUL", MatmulAttrs(m, n, k, batch), dtype), 0)
+    flops = 2.0 * batch * m * n * k
+    result = {
+        "backend": backend.name,
+        "op": "matmul",
+        "m": m,
+        "n": n,
+        "k": k,
+        "batch": batch,
+        "dtype": dtype,
+        "time_s": seconds,
+        "time_us": seconds * 1e6,
+        "tflops": flops / seconds / 1e12,
+        "fraction_of_peak": flops / seconds / backend.peak_flops(dtype),
+    }
+    _emit(ctx, result, as_json)
+
+
+@cost.command("attention")
+@click.option("--batch", type=int, required=True)
+@click.option("--heads", type=int, required=True)
+@click.option("--kv-heads", type=int, help="Key/value heads (default: --heads).")
+@click.option("--seq", type=int, required=True, help="Query length (and key length unless --kv-seq).")
+@click.option("--kv-seq", type=int, help="Key/value length.")
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--kernel", type=click.Choice(["flash", "math"]), default="flash", show_default=True)
+@click.option("--backward", is_flag=True, help="Cost the backward kernel(s).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True)
+@_json_option
+@click.pass_context
+@_guarded
+def cost_attention(
+    ctx: click.Context,
+    batch: int,
+    heads: int,
+    kv_heads: int | None,
+    seq: int,
+    kv_seq: int | None,
+    head_dim: int,
+    causal: bool,
+    kernel: str,
+    backward: bool,
+    dtype: str,
+    as_json: bool,
+) -> None:
+    """Time of one attention forward (or backward) at this shape."""
+    from echosim.backends.compute import causal_fraction
+    from echosim.ir.ops import AttentionAttrs, Phase
+
+    kv_heads, kv_seq = kv_heads or heads, kv_seq or seq
+    _positive(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim)
+    if heads % kv_heads:
+        raise click.ClickException(f"--kv-heads {kv_heads} does not divide --heads {heads}")
+    attrs = AttentionAttrs(batch, heads, kv_heads, seq, kv_seq, head_dim, causal=causal, flash=kernel == "flash")
+    node = _node("ATTENTION", attrs, dtype)
+    if backward:
+        from dataclasses import replace
+
+        node = replace(node, phase=Phase.BACKWARD)
+    backend = _backend(ctx)
+    seconds = backend.op_time_s(node, 0)
+    flops = attrs.flops * (causal_fraction(seq, kv_seq) if causal else 1.0) * (2.5 if backward else 1.0)
+    result = {
+        "backend": backend.name,
+        "op": "attention",
+        "kernel": kernel,
+        "backward": backward,
+        "dtype": dtype,
+        "time_s": seconds,
+        "time_us": seconds * 1e6,
+        "tflops": flops / seconds / 1e12,
+    }
+    _emit(ctx, result, as_json)
+
+
+@cost.command("memory")
+@click.option("--bytes", "nbytes", type=int, required=True, help="Bytes read plus written.")
+@_json_option
+@click.pass_context
+@_guarded
+def cost_memory(ctx: click.Context, nbytes: int, as_json: bool) -> None:
+    """Time of one memory-bound kernel (elementwise, norm, softmax) moving ``--bytes``."""
+    from echosim.ir.ops import ElementwiseAttrs
+
+    if nbytes < 0:
+        raise click.ClickException(f"--bytes must be non-negative, got {nbytes}")
+    backend = _backend(ctx)
+    seconds = backend.op_time_s(_node("ELEMENTWISE", ElementwiseAttrs("copy"), "bf16"), nbytes)
+    result = {
+        "backend": backend.name,
+        "op": "memory",
+        "bytes": nbytes,
+        "time_s": seconds,
+        "time_us": seconds * 1e6,
+        "GBps": nbytes / seconds / 1e9 if seconds else 0.0,
+    }
+    _emit(ctx, result, as_json)
+
+
+def placement_for(backend: Any, group: int, nodes: int | None, concurrent: int) -> Any:
+    """Place ``group`` ranks on whole nodes of the backend's ``devices_per_node``; name what does not fit."""
+    from echosim.backends.base import Placement
+
+    if group < 1:
+        raise click.ClickException(f"--group must be positive, got {group}")
+    if concurrent < 1:
+        raise click.ClickException(f"--concurrent must be positive, got {concurrent}")
+    per_domain = backend.describe().get("devices_per_node")
+    if nodes is None:
+        nodes = math.ceil(group / per_domain) if per_domain else 1
+    if nodes < 1:
+        raise click.ClickException(f"--nodes must be positive, got {nodes}")
+    if per_domain and group > nodes * per_domain:
+        raise click.ClickException(
+            f"a group of {group} {backend.name} devices is larger than the cluster "
+            f"({nodes} node(s) x {per_domain} devices = {nodes * per_domain})"
+        )
+    if group % nodes:
+        raise click.ClickException(f"a group of {group} does not divide evenly over {nodes} nodes")
+    return Placement(group, nodes, group // nodes, concurrent)
+
+
+def _collective(name: str) -> click.Command:
+    @click.option("--bytes", "nbytes", type=int, required=True, help="Buffer size (nccl-tests convention).")
+    @click.option("--group", type=int, required=True, help="Ranks in the communicator.")
+    @click.option("--nodes", type=int, help="Nodes the group spans (default: as few as hold it).")
+    @click.option("--concurrent", type=int, default=1, show_default=True, help="Sibling groups sharing each node.")
+    @_json_option
+    @click.pass_context
+    @_guarded
+    def command(ctx: click.Context, nbytes: int, group: int, nodes: int | None, concurrent: int, as_json: bool) -> None:
+        from echosim.ir.ops import OpKind
+
+        if nbytes < 0:
+            raise click.ClickException(f"--bytes must be non-negative, got {nbytes}")
+        backend = _backend(ctx)
+        placement = placement_for(backend, group, nodes, concurrent)
+        kind = OpKind[COLLECTIVES[name]]
+        seconds = backend.collective_time_s(kind, nbytes, placement)
+        factor = {"all_reduce": 2 * (group - 1) / group, "send": 1.0, "recv": 1.0, "broadcast": 1.0}.get(
+            name, (group - 1) / group
+        )
+        result: dict[str, Any] = {
+            "backend": backend.name,
+            "op": name,
+            "bytes": nbytes,
+            "group": group,
+            "nodes": placement.nodes,
+            "per_node": placement.per_node,
+            "time_s": seconds,
+            "time_us": seconds * 1e6,
+            "algbw_GBps": nbytes / seconds / 1e9 if seconds else 0.0,
+            "busbw_GBps": nbytes * factor / seconds / 1e9 if seconds else 0.0,
+        }
+        result.update(_explain(backend, kind, nbytes, placement))
+        _emit(ctx, result, as_json)
+
+    command.__doc__ = f"Time and bus bandwidth of one {name} of ``--bytes`` over ``--group`` ranks."
+    return cost.command(name)(command)
+
+
+def _explain(backend: Any, kind: Any, nbytes: int, placement: Any) -> dict[str, Any]:
+    """The algorithm and protocol an NCCL-style backend would pick, when it can say."""
+    inner = getattr(backend, "inner", backend)
+    inner = getattr(inner, "inner", inner)  # through a calibration wrapper
+    explain = getattr(inner, "explain_collective", None)
+    if not callable(explain) or nbytes == 0 or placement.size == 1:
+        return {}
+    return dict(explain(kind, nbytes, placement))
+
+
+for _name in COLLECTIVES:
+    _collective(_name)
+
+
+@click.command("validate")
+@click.option("--microbench", type=click.Path(dir_okay=False), help="A file shaped like microbench.csv.")
+@click.option("--cases", type=click.Path(dir_okay=False), help="A file shaped like cases.csv.")
+@click.option("--filter", "filters", multiple=True, help="COLUMN=VALUE: keep matching --cases rows (repeatable).")
+@click.option("--groups-only", is_flag=True, help="Print only the per-group errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print rows and groups as JSON.")
+@_guarded
+def validate(
+    microbench: str | None, cases: str | None, filters: tuple[str, ...], groups_only: bool, as_json: bool
+) -> None:
+    """Compare predictions with published measurements: microbenchmarks and/or training steps."""
+    if not microbench and not cases:
+        raise click.UsageError("give --microbench FILE and/or --cases FILE")
+    out: dict[str, Any] = {}
+    if microbench:
+        from echosim.backends.microbench import validate_microbench
+
+        out["microbench"] = validate_microbench(microbench).as_dict()
+    if cases:
+        from echosim.validate import validate_cases
+
+        parsed = {}
+        for f in filters:
+            key, sep, value = f.partition("=")
+            if not sep:
+                raise click.ClickException(f"--filter {f!r}: expected COLUMN=VALUE")
+            parsed[key] = value
+        out["cases"] = validate_cases(cases, parsed or None).as_dict()
+    if as_json:
+        click.echo(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2, sort_keys=True))
+        return
+    if "microbench" in out:
+        _print_microbench(out["microbench"], groups_only)
+    if "cases" in out:
+        _print_cases(out["cases"], groups_only)
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:+.1f}%"
+
+
+def _print_microbench(result: dict[str, Any], groups_only: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not groups_only:
+        rows = Table("line", "device", "op", "metric", "measured", "predicted", "error", title="microbench rows")
+        for r in result["rows"]:
+            if "skipped" in r:
+                continue
+            rows.add_row(
+                str(r["line"]),
+                r["device"],
+                r["op"],
+                r["metric"],
+                f"{r['measured']:.4g}",
+                f"{r['predicted']:.4g}",
+                _pct(r["error"]),
+            )
+        console.print(rows)
+    groups = Table("group (device, op, scope, regime)", "rows", "MAPE", "max", "target", "meets", title="per group")
+    for name, g in result["groups"].items():
+        target = "" if g["target"] is None else f"{100 * g['target']:.0f}%"
+        meets = "" if g["meets"] is None else ("yes" if g["meets"] else "NO")
+        groups.add_row(name, str(g["rows"]), f"{100 * g['mape']:.1f}%", f"{100 * g['max']:.1f}%", target, meets)
+    console.print(groups)
+    reasons: dict[str, int] = {}
+    for r in result["rows"]:
+        if "skipped" in r:
+            reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
+    click.echo(f"{result['predicted']} rows predicted, {result['skipped']} skipped:")
+    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        click.echo(f"  {count:4d}  {reason}")
+
+
+def _print_cases(result: dict[str, Any], groups_only: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not groups_only:
+        rows = Table("case", "measured s", "predicted s", "error", "skipped", title="cases")
+        for r in result["rows"]:
+            measured = r.get("measured_step_time_s")
+            predicted = r.get("predicted_step_time_s")
+            rows.add_row(
+                r["case_id"],
+                "" if measured is None else f"{measured:.4g}",
+                "" if predicted is None else f"{predicted:.4g}",
+                _pct(r.get("error")),
+                r.get("skipped", ""),
+            )
+        console.print(rows)
+    groups = Table("group", "rows", "MAPE", title="per group")
+    for name, g in result["groups"].items():
+        groups.add_row(name, str(g["rows"]), f"{100 * g['mape']:.1f}%")
+    console.print(groups)
+    click.echo(f"{result['compiled']} cases compiled, {result['skipped']} skipped")
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(cost)
+    cli.add_command(validate)

@@ -1,0 +1,228 @@
+"""x86 CPU sockets as training devices: roofline compute and gloo collectives over TCP.
+
+One device is one CPU socket (PyTorch runs one rank per socket so that each rank has its
+own memory controllers). Matmuls run on AMX tiles (Sapphire Rapids) or AVX-512 units at
+an assumed fraction of the derived peak, memory-bound ops at an assumed fraction of DDR
+bandwidth, each op pays PyTorch's CPU dispatch overhead. Collectives are gloo's: rings of
+TCP messages, over the loopback between the sockets of a node and over the node's
+Ethernet NIC between nodes.
+
+The validation data holds no x86 measurement (collective-cost-models.md, gap 7): every
+efficiency below is an assumption, named and flagged in ``describe()``, to be replaced by
+the calibration database once a machine is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from echosim.backends.base import OverlapModel, Placement
+from echosim.ir.graph import Node
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+
+# PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
+# Assumed (no measurement in the validation data).
+OP_OVERHEAD_US = 5.0
+# One gloo ring step: a TCP send and receive through the kernel. Assumed: ~25 µs on
+# loopback between sockets and ~50 µs over a datacentre Ethernet hop.
+GLOO_LOOPBACK_STEP_US = 25.0
+GLOO_NET_STEP_US = 50.0
+# TCP over loopback is bounded by two kernel copies per message: assumed 10 GB/s.
+GLOO_LOOPBACK_GBps = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CPUSpec:
+    """One CPU socket. Peaks are derived theoretical figures (hw_specs.csv), bandwidths GB/s."""
+
+    name: str
+    peak_bf16_tflops: float
+    peak_fp32_tflops: float
+    ddr_GB: float
+    ddr_GBps: float
+    stream_fraction: float  # achievable share of DDR bandwidth (assumed)
+    gemm_eff_bf16: float  # achievable share of the bf16 peak (assumed)
+    gemm_eff_fp32: float  # achievable share of the fp32 peak (assumed)
+    sockets_per_node: int
+    nic_GBps: float  # node Ethernet NIC per direction (assumed), shared by its sockets
+    source: str
+
+    def __post_init__(self) -> None:
+        who = f"device {self.name or '<unnamed>'!r}"
+        if not self.name:
+            raise ValueError(f"{who}: field 'name' is missing")
+        if not self.source.strip():
+            raise ValueError(f"{who}: field 'source' is missing (every number needs a source)")
+        for f in fields(self):
+            if f.name in ("name", "source"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{who}: field {f.name!r} must be a positive number, got {value!r}")
+        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{who}: field {name!r} is a fraction, got {getattr(self, name)!r} > 1")
+
+    def peak_tflops(self, dtype: str) -> float:
+        return self.peak_fp32_tflops if dtype in ("fp32", "tf32", "fp32-simt") else self.peak_bf16_tflops
+
+    def gemm_eff(self, dtype: str) -> float:
+        return self.gemm_eff_fp32 if dtype in ("fp32", "tf32", "fp32-simt") else self.gemm_eff_bf16
+
+
+_XEON = "https://www.intel.com/content/www/us/en/products/sku/231746/intel-xeon-platinum-8480-processor-105m-cache-2-00-ghz/specifications.html"
+_EPYC = "https://www.amd.com/en/products/processors/server/epyc/4th-generation-9004-and-8004-series/amd-epyc-9654.html"
+_ASSUMED = "no x86 STREAM/GEMM measurement in the validation data (gap 7)"
+
+# Generic x86: one socket of a Sapphire Rapids Xeon Platinum 8480+ with AMX.
+CPU_X86 = CPUSpec(
+    name="cpu-x86",
+    peak_bf16_tflops=114.7,  # Source: hw_specs.csv (derived: 56 cores x 1024 AMX FLOP/cycle x 2.0 GHz)
+    peak_fp32_tflops=7.2,  # Source: hw_specs.csv (derived: 56 x 64 FLOP/cycle x 2.0 GHz)
+    ddr_GB=512.0,  # Assumed: 8 channels x 64 GB DIMMs (a common configuration, not a specification)
+    ddr_GBps=307.2,  # Source: hw_specs.csv (8 ch x DDR5-4800 x 8 B)
+    stream_fraction=0.8,  # Assumed: STREAM triad typically reaches ~80% of DDR peak on servers
+    gemm_eff_bf16=0.5,  # Assumed: AMX clocks drop under load (hw_specs.csv notes); half of the derived peak
+    gemm_eff_fp32=0.8,  # Assumed: AVX-512 FMA GEMMs (oneDNN) run near peak
+    sockets_per_node=2,  # Source: hw_specs.csv (2-socket node)
+    nic_GBps=100.0 / 8,  # Assumed: one 100 GbE NIC per node
+    source=f"{_XEON} ; https://en.wikipedia.org/wiki/Advanced_Matrix_Extensions ; https://realgenius.tistory.com/207",
+)
+
+EPYC_9654 = CPUSpec(
+    name="epyc-9654",
+    peak_bf16_tflops=14.7,  # Source: hw_specs.csv (derived: AVX512_BF16 ~2x fp32; no matrix engine)
+    peak_fp32_tflops=7.37,  # Source: hw_specs.csv (derived: 96 cores x 32 FLOP/cycle x 2.4 GHz)
+    ddr_GB=768.0,  # Assumed: 12 channels x 64 GB DIMMs
+    ddr_GBps=460.8,  # Source: hw_specs.csv (12 ch x DDR5-4800 x 8 B)
+    stream_fraction=0.8,  # Assumed, as for cpu-x86
+    gemm_eff_bf16=0.8,  # Assumed: vector units, no tile engine whose clock drops
+    gemm_eff_fp32=0.8,  # Assumed
+    sockets_per_node=2,  # Source: hw_specs.csv
+    nic_GBps=100.0 / 8,  # Assumed: one 100 GbE NIC per node
+    source=f"{_EPYC} ; https://infohub.delltechnologies.com/en-us/p/ddr5-memory-bandwidth-for-next-generation-poweredge-servers-featuring-4th-gen-amd-epyc-processors/",
+)
+
+CPUS: dict[str, CPUSpec] = {c.name: c for c in (CPU_X86, EPYC_9654)}
+
+
+def _itemsize(dtype: str) -> int:
+    return {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}.get(dtype, 4)
+
+
+def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "fp32") -> float:
+    if min(m, n, k, batch) <= 0:
+        raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
+    compute = 2.0 * batch * m * n * k / (cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype))
+    traffic = batch * (m * k + k * n + m * n) * _itemsize(dtype) / (cpu.ddr_GBps * 1e9 * cpu.stream_fraction)
+    return max(compute, traffic) + OP_OVERHEAD_US * 1e-6
+
+
+def memory_bound_time_s(cpu: CPUSpec, nbytes: int) -> float:
+    if nbytes < 0:
+        raise ValueError(f"byte count must be non-negative, got {nbytes}")
+    return nbytes / (cpu.ddr_GBps * 1e9 * cpu.stream_fraction) + OP_OVERHEAD_US * 1e-6
+
+
+def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """CPU attention materialises the scores (PyTorch's SDPA math path): two batched GEMMs and softmax."""
+    bh = a.batch * a.heads
+    scores = bh * a.q_len * a.kv_len * _itemsize(dtype)
+    gemms = matmul_time_s(cpu, a.q_len, a.kv_len, a.head_dim, bh, dtype)
+    gemms += matmul_time_s(cpu, a.q_len, a.head_dim, a.kv_len, bh, dtype)
+    if backward:
+        return 2 * gemms + memory_bound_time_s(cpu, 3 * scores)
+    return gemms + memory_bound_time_s(cpu, 2 * scores)
+
+
+def check_placement(cpu: CPUSpec, p: Placement) -> None:
+    if p.size < 1 or p.nodes < 1 or p.per_node < 1 or p.concurrent_per_node < 1:
+        raise ValueError(f"placement fields must be >= 1, got {p}")
+    if p.size != p.nodes * p.per_node:
+        raise ValueError(f"placement size {p.size} != nodes {p.nodes} x per_node {p.per_node}")
+    if p.per_node * p.concurrent_per_node > cpu.sockets_per_node:
+        raise ValueError(
+            f"placement puts {p.per_node} x {p.concurrent_per_node} ranks on a node of "
+            f"{cpu.sockets_per_node} {cpu.name} sockets"
+        )
+
+
+def collective_time_s(cpu: CPUSpec, kind: OpKind, nbytes: int, p: Placement) -> float:
+    """gloo: a ring of TCP messages; the slowest hop (NIC shared by the node's ranks, or loopback) sets the pace."""
+    if nbytes < 0:
+        raise ValueError(f"byte count must be non-negative, got {nbytes}")
+    check_placement(cpu, p)
+    n = p.size
+    if n == 1 or nbytes == 0:
+        return 0.0
+    if p.nodes > 1:
+        step_us, bw = GLOO_NET_STEP_US, cpu.nic_GBps / (p.per_node * p.concurrent_per_node)
+    else:
+        step_us, bw = GLOO_LOOPBACK_STEP_US, GLOO_LOOPBACK_GBps
+    if kind in (OpKind.SEND, OpKind.RECV):
+        steps, chunk = 1, float(nbytes)
+    elif kind is OpKind.ALL_REDUCE:
+        steps, chunk = 2 * (n - 1), nbytes / n
+    elif kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL):
+        steps, chunk = n - 1, nbytes / n
+    elif kind is OpKind.BROADCAST:
+        steps, chunk = math.ceil(math.log2(n)), float(nbytes)
+    else:
+        raise ValueError(f"{kind.value} is not a collective")
+    return steps * (step_us * 1e-6 + chunk / (bw * 1e9))
+
+
+FREE_OPS = frozenset({OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER})
+
+
+class CPUBackend:
+    """A CPU socket in a 2-socket node, ranks connected by gloo."""
+
+    def __init__(self, cpu: CPUSpec, overlap: OverlapModel | None = None) -> None:
+        self.cpu = cpu
+        self.name = cpu.name
+        # gloo runs on its own threads and copies through memory: overlapped memory-bound ops
+        # share DDR bandwidth with its copies (two per byte received); assumed 1.1x.
+        self._overlap = overlap if overlap is not None else OverlapModel(1.0, 1.0, 1.1)
+
+    def __repr__(self) -> str:
+        return f"CPUBackend({self.cpu.name!r})"
+
+    @staticmethod
+    def _dtype(node: Node) -> str:
+        dtype = node.out.dtype.value
+        return dtype if dtype in ("bf16", "fp16", "fp32") else "fp32"
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        op = node.op
+        if op in FREE_OPS:
+            return 0.0
+        if op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
+            a = node.attrs
+            return matmul_time_s(self.cpu, a.m, a.n, a.k, a.batch, self._dtype(node))
+        if op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
+            return attention_time_s(self.cpu, node.attrs, self._dtype(node), node.phase is Phase.BACKWARD)
+        if op.is_collective:
+            raise ValueError(
+                f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
+            )
+        return memory_bound_time_s(self.cpu, io_bytes)
+
+    def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
+        return collective_time_s(self.cpu, kind, nbytes, placement)
+
+    def overlap(self) -> OverlapModel:
+        return self._overlap
+
+    def memory_bytes(self) -> int:
+        return int(self.cpu.ddr_GB * 2**30)
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.cpu.peak_tflops(dtype) * 1e12
+
+    def describe(self) -> dict[str, object]:
+        d = asdict(self.cpu)
+        d.update(kind="cpu", devices_per_node=self.cpu.sockets_per_node, overlap=asdict(self._overlap))
+        d["assumed"] = f"ddr_GB, stream_fraction, gemm_eff_*, nic_GBps, gloo latencies: {_ASSUMED}"
+        return d

@@ -1,0 +1,124 @@
+"""Build a registered backend so that a plugin that breaks is reported by name.
+
+``registry.backend(name)`` returns the plugin's factory; :func:`load_backend` calls it,
+checks that the object follows :class:`~echosim.backends.base.Backend`, applies the
+calibration database from the environment, and wraps it so that an exception raised
+later inside one of its methods ends as one line naming the backend and its plugin
+(:class:`BackendError`) instead of a traceback. Other backends are untouched by one
+plugin's failure: nothing here is shared between loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echosim.backends.base import OverlapModel, Placement
+from echosim.errors import EchosimError
+from echosim.ir.graph import Node
+from echosim.ir.ops import OpKind
+
+METHODS = ("op_time_s", "collective_time_s", "overlap", "memory_bytes", "peak_flops")
+
+
+class BackendError(EchosimError):
+    """A backend that cannot be built, breaks its contract, or raises while costing."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class GuardedBackend:
+    """Forwards to a plugin's backend; its exceptions become :class:`BackendError` naming the plugin."""
+
+    def __init__(self, inner: Any, name: str, owner: str) -> None:
+        self.inner = inner
+        self.name = name
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return f"GuardedBackend({self.inner!r})"
+
+    def _fail(self, method: str, exc: BaseException) -> BackendError:
+        return BackendError(f"backend '{self.name}' (plugin '{self.owner}') failed in {method}: {_one_line(exc)}")
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        try:
+            return float(self.inner.op_time_s(node, io_bytes))
+        except EchosimError:
+            raise
+        except Exception as exc:
+            raise self._fail("op_time_s", exc) from None
+
+    def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
+        try:
+            return float(self.inner.collective_time_s(kind, nbytes, placement))
+        except EchosimError:
+            raise
+        except Exception as exc:
+            raise self._fail("collective_time_s", exc) from None
+
+    def overlap(self) -> OverlapModel:
+        try:
+            model = self.inner.overlap()
+        except Exception as exc:
+            raise self._fail("overlap", exc) from None
+        if not isinstance(model, OverlapModel):
+            raise BackendError(
+                f"backend '{self.name}' (plugin '{self.owner}'): overlap() must return an OverlapModel, "
+                f"got {type(model).__name__}"
+            )
+        return model
+
+    def memory_bytes(self) -> int:
+        try:
+            return int(self.inner.memory_bytes())
+        except Exception as exc:
+            raise self._fail("memory_bytes", exc) from None
+
+    def peak_flops(self, dtype: str) -> float:
+        try:
+            return float(self.inner.peak_flops(dtype))
+        except Exception as exc:
+            raise self._fail("peak_flops", exc) from None
+
+    def describe(self) -> dict[str, Any]:
+        describe = getattr(self.inner, "describe", None)
+        if not callable(describe):
+            return {}
+        try:
+            return dict(describe())
+        except Exception as exc:
+            raise self._fail("describe", exc) from None
+
+
+def build_backend(name: str, factory: Any, owner: str) -> GuardedBackend:
+    """Call ``factory`` and check the result; any failure names the backend and its plugin."""
+    try:
+        backend = factory()
+    except EchosimError as exc:
+        raise BackendError(f"backend '{name}' (plugin '{owner}') could not be built: {exc}") from None
+    except Exception as exc:
+        raise BackendError(f"backend '{name}' (plugin '{owner}') could not be built: {_one_line(exc)}") from None
+    missing = [m for m in METHODS if not callable(getattr(backend, m, None))]
+    if missing:
+        raise BackendError(
+            f"backend '{name}' (plugin '{owner}') is missing method(s) {', '.join(missing)} "
+            "(see echosim.backends.base.Backend)"
+        )
+    from echosim.backends.calibration import from_environment
+
+    return GuardedBackend(from_environment(backend), name, owner)
+
+
+def load_backend(name: str, registry: Any = None) -> GuardedBackend:
+    """The backend registered as ``name``, built and guarded; unknown names list the known ones."""
+    if registry is None:
+        from echosim.plugins import get_registry
+
+        registry = get_registry()
+    entry = registry.backends.get(name)
+    if entry is None:
+        registry.backend(name)  # raises PluginError listing the known backends
+    return build_backend(name, entry.value, entry.owner)

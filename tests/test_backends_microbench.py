@@ -1,0 +1,83 @@
+"""`validate --microbench` on the shared data: which (device, op) groups meet the issue's targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from echosim.backends.microbench import probe, validate_microbench
+
+MICROBENCH = Path(__file__).resolve().parents[2] / "shared" / "validation" / "microbench.csv"
+
+
+@pytest.fixture(scope="module")
+def groups() -> dict[str, dict]:
+    if not MICROBENCH.exists():
+        pytest.skip(f"validation data not found at {MICROBENCH}")
+    return validate_microbench(MICROBENCH).groups()
+
+
+# Groups that meet their target, with the MAPE achieved when this test was written.
+MEETS = {
+    "A100-SXM4-80GB | matmul fp16": 4.7,  # Azure cuBLASLt sweep
+    "H100-SXM (sm_90) | matmul bf16": 7.1,  # XLA table, 292 shapes
+    "H100-SXM-80GB | matmul fp8": 5.9,  # Azure cuBLASLt
+    "H200-SXM-141GB | matmul fp8": 7.6,
+    "A100-SXM4-80GB | memory-bound": 3.1,
+    "H100-SXM-80GB | memory-bound": 2.3,
+    "H200-SXM-141GB | memory-bound": 2.9,
+    "H100-SXM-80GB | all_reduce | intra-node | >=1MiB": 3.5,  # Azure nccl-tests, NVLS
+    "H200-SXM-141GB | all_reduce | intra-node | >=1MiB": 2.7,
+    "GB200 | all_reduce | intra-node | >=1MiB": 4.3,  # Azure nccl-tests, 4 GPUs per host
+    "A100-SXM4-80GB | all_reduce | inter-node | >=1MiB": 7.9,  # NDmv4 2 nodes
+}
+
+
+@pytest.mark.parametrize("group", sorted(MEETS))
+def test_groups_that_meet_their_target(groups, group):
+    g = groups[group]
+    assert g["meets"] is True and g["mape"] <= MEETS[group] / 100 + 0.005, (group, g)
+
+
+def test_every_group_with_a_target_is_reported(groups):
+    targeted = {name for name, g in groups.items() if g["target"] is not None}
+    expected = {
+        "B200 (sm_100) | matmul bf16",
+        "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB",
+        "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB",
+    }
+    assert expected <= targeted
+    assert all(g["rows"] >= 1 and g["mape"] >= 0 for g in groups.values())
+
+
+ROW = dict.fromkeys(
+    ("source", "device", "system", "op", "dtype", "shape", "size_bytes", "num_devices", "num_nodes", "metric"), ""
+)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"device": "H100 SXM", "op": "matmul MAMF (best shape)", "dtype": "fp8 e4m3", "shape": "1024x9216x14336",
+          "metric": "TFLOPS"}, "h100-sxm matmul fp8"),
+        ({"device": "GB200 (sm_100, NVL72)", "op": "all-reduce", "shape": "[256] 1 group(s) of 64 devices (iota 64)",
+          "size_bytes": "1024", "num_devices": "64", "metric": "time_us"}, "gb200 all_reduce intra-node"),
+        ({"device": "H100-SXM (sm_90)", "op": "collective-permute", "size_bytes": "4194304", "num_devices": "8",
+          "num_nodes": "1", "metric": "busbw_GBps"}, "h100-sxm send/recv intra-node"),
+        ({"device": "A100-SXM4-80GB", "op": "all_gather (NCCL)", "size_bytes": "1073741824", "num_devices": "2",
+          "num_nodes": "2", "metric": "busbw_GBps"}, "a100-80gb all_gather inter-node"),
+        ({"device": "H100-SXM-80GB", "system": "GCP A3 Mega (GPUDirect-TCPXO)", "op": "all_reduce (nccl-tests)",
+          "size_bytes": "8", "num_devices": "16", "num_nodes": "2", "metric": "time_us"}, "TCPXO"),
+        ({"device": "H100-SXM-80GB", "op": "FlashAttention-2 (flash_attn_qkvpacked_func)", "dtype": "fp16",
+          "shape": "batch=2 seq=8192 head_dim=128", "metric": "TFLOPS"}, "the model costs the native kernel"),
+        ({"device": "Gaudi 3", "op": "matmul MAMF", "metric": "TFLOPS"}, "no backend for device 'Gaudi 3'"),
+    ],
+)  # fmt: skip
+def test_rows_become_probes_or_reasons(fields, expected):
+    row = {**ROW, "value": "1.0", "notes": "", **fields}
+    result = probe(row)
+    if isinstance(result, str):
+        assert expected in result
+    else:
+        assert " ".join((result.backend, result.op, result.scope)).startswith(expected)
