@@ -59,6 +59,7 @@ def cli() -> None:
 @click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp).")
 @click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP).")
 @click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B).")
+@click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")

@@ -57,6 +57,7 @@ class Plan:
     ep: int = 1  # expert-parallel degree (carved out of dp)
     zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+    tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
 
     @property
     def batch(self) -> int:

@@ -92,3 +92,24 @@ def test_streams_overlap_and_slow_each_other() -> None:
     slowed = simulate_unit(g, list(g), c, OverlapModel(compute_slowdown=1.2, comm_slowdown=1.1))
     assert slowed.duration == pytest.approx(2.2)
     assert slowed.busy["comm.dp"] == pytest.approx(1.1)
+
+
+def test_tp_comm_overlap_hides_the_collective_under_its_gemm() -> None:
+    from echosim.ir.ops import MatmulAttrs
+    from echosim.timeline.streams import pipelined_edges
+
+    g = Graph("tp")
+    x = g.add(OpKind.INPUT, (), TensorSpec((64, 64), DType.BF16))
+    mm = g.add(OpKind.MATMUL, (x,), TensorSpec((64, 64), DType.BF16), MatmulAttrs(64, 64, 64))
+    ar = g.add(OpKind.ALL_REDUCE, (mm,), TensorSpec((64, 64), DType.BF16), CollectiveAttrs("tp", 8, 8192))
+    g.add(OpKind.ELEMENTWISE, (ar,), TensorSpec((64, 64), DType.BF16), ElementwiseAttrs("add"))
+    cost = {mm: 1.0, ar: 0.5, ar + 1: 0.1}
+
+    def c(n):  # type: ignore[no-untyped-def]
+        return cost.get(n.id, 0.0)
+
+    nodes = list(g)
+    assert simulate_unit(g, nodes, c, OverlapModel()).duration == pytest.approx(1.6)
+    edges = pipelined_edges(nodes)
+    assert edges == {(mm, ar)}
+    assert simulate_unit(g, nodes, c, OverlapModel(), edges).duration == pytest.approx(1.1)

@@ -18,7 +18,7 @@ from echosim.ir.ops import CollectiveAttrs, OpKind, Phase
 from echosim.passes.flops import io_bytes
 from echosim.plan import Cluster, Plan
 from echosim.timeline.schedule import SPLIT_BACKWARD, BlockTime, compose, orders_for
-from echosim.timeline.streams import UnitTiming, simulate_unit
+from echosim.timeline.streams import UnitTiming, pipelined_edges, simulate_unit
 
 # gradient reductions of the last micro-batch and step-end syncs are timed apart (DP tail)
 _SKIP_IN_UNITS = {"dp", "embed"}
@@ -128,9 +128,14 @@ def time_stage(
     cost = _Coster(graph, backend, where)
     overlap = backend.overlap()
     fwd_parts, bwd_parts, w_parts = _units(graph, split_w=plan.schedule in SPLIT_BACKWARD)
-    fwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in fwd_parts]
-    bwd_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in bwd_parts]
-    w_units = [(simulate_unit(graph, nodes, cost, overlap), k) for nodes, k in w_parts]
+
+    def sim(nodes: list[Node]) -> UnitTiming:
+        chunked = pipelined_edges(nodes) if plan.tp_overlap else None
+        return simulate_unit(graph, nodes, cost, overlap, chunked)
+
+    fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
+    bwd_units = [(sim(nodes), k) for nodes, k in bwd_parts]
+    w_units = [(sim(nodes), k) for nodes, k in w_parts]
     fwd = sum(_repeated(u, k) for u, k in fwd_units)
     bwd = sum(_repeated(u, k) for u, k in bwd_units)
     wgrad = sum(_repeated(u, k) for u, k in w_units)

@@ -67,11 +67,38 @@ def category(node: Node) -> str:
     return "compute.memory_bound"
 
 
+def pipelined_edges(nodes: Sequence[Node], axis: str = "tp") -> set[tuple[int, int]]:
+    """Producer -> consumer edges between a matmul and an ``axis`` collective.
+
+    With communication overlap (Megatron's ``--tp-comm-overlap``), the GEMM is split
+    into chunks and each chunk's collective runs while the next chunk computes: the
+    consumer may start with the producer and cannot end before it.
+    """
+    by_id = {n.id: n for n in nodes}
+    edges = set()
+    for n in nodes:
+        for i in n.inputs:
+            src = by_id.get(i)
+            if src is None:
+                continue
+            pair = (src, n)
+            if any(isinstance(x.attrs, MatmulAttrs) for x in pair) and any(
+                isinstance(x.attrs, CollectiveAttrs) and x.attrs.axis == axis for x in pair
+            ):
+                edges.add((i, n.id))
+    return edges
+
+
 def simulate_unit(
-    graph: Graph, nodes: Sequence[Node], cost: Callable[[Node], float], overlap: OverlapModel
+    graph: Graph,
+    nodes: Sequence[Node],
+    cost: Callable[[Node], float],
+    overlap: OverlapModel,
+    pipelined: set[tuple[int, int]] | None = None,
 ) -> UnitTiming:
     base = {n.id: cost(n) for n in nodes}
-    first = _schedule(nodes, base)
+    pipelined = pipelined or set()
+    first = _schedule(nodes, base, pipelined)
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
         return _timing(nodes, first, base)
     comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
@@ -85,7 +112,7 @@ def simulate_unit(
         factor = overlap.slowdown(category(n))
         shared = sum(max(0.0, min(s + d, e) - max(s, b)) for b, e in other) / d
         dilated[n.id] = d * (1.0 + min(shared, 1.0) * (factor - 1.0))
-    return _timing(nodes, _schedule(nodes, dilated), dilated)
+    return _timing(nodes, _schedule(nodes, dilated, pipelined), dilated)
 
 
 def _side(nodes: Sequence[Node]) -> set[int]:
@@ -94,21 +121,29 @@ def _side(nodes: Sequence[Node]) -> set[int]:
     return {n.id for n in nodes if n.op.is_collective and n.id not in read}
 
 
-def _schedule(nodes: Sequence[Node], dur: dict[int, float]) -> list[tuple[float, float]]:
+def _schedule(
+    nodes: Sequence[Node], dur: dict[int, float], pipelined: set[tuple[int, int]] | None = None
+) -> list[tuple[float, float]]:
     end: dict[int, float] = {}
+    begin: dict[int, float] = {}
     free = {COMPUTE: 0.0, COMM: 0.0}
     out = []
+    pipelined = pipelined or set()
     for n in nodes:
-        ready = max((end[i] for i in n.inputs if i in end), default=0.0)
+        chunked = [i for i in n.inputs if (i, n.id) in pipelined and i in begin]
+        ready = max((end[i] for i in n.inputs if i in end and i not in chunked), default=0.0)
+        ready = max([ready] + [begin[i] for i in chunked])
         d = dur[n.id]
         if d <= 0:  # views and placeholders: free, no stream
-            end[n.id] = ready
+            begin[n.id] = end[n.id] = ready
             out.append((ready, 0.0))
             continue
         stream = COMM if n.op.is_collective else COMPUTE
         start = max(ready, free[stream])
-        end[n.id] = free[stream] = start + d
-        out.append((start, d))
+        finish = max([start + d] + [end[i] for i in chunked])  # the last chunk follows the producer
+        begin[n.id] = start
+        end[n.id] = free[stream] = finish
+        out.append((start, finish - start))
     return out
 
 
