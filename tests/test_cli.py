@@ -117,3 +117,12 @@ def test_fp8_and_zero_bubble_and_fsdp_compile() -> None:
     assert zb["step_time_s"] < plain["step_time_s"]
     assert fsdp["memory"][0]["optimizer"] * 4 == pytest.approx(plain["memory"][0]["optimizer"], rel=1e-6)
     assert "comm.fsdp" in fsdp["breakdown"]
+
+
+def test_cost_balanced_stages_unload_the_output_layer() -> None:
+    base = ["compile", "llama3-8b", "--backend", "h100-sxm", "--pp", "4", "--dp", "2", "--global-batch", "64", "--json"]
+    uniform = json.loads(run(*base)[1])
+    cost = json.loads(run(*base, "--pp-balance", "cost")[1])
+    assert [s["layers"] for s in uniform["stages"]] == [8, 8, 8, 8]
+    assert cost["stages"][-1]["layers"] < 8 and sum(s["layers"] for s in cost["stages"]) == 32
+    assert cost["step_time_s"] < uniform["step_time_s"]
