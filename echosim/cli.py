@@ -67,7 +67,7 @@ def cli() -> None:
 def compile_cmd(model: str | None, as_json: bool, out: str | None, trace: str | None, **opts: Any) -> None:
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
     from echosim.compiler import compile_full
-    from echosim.frontend.options import plan_from_options
+    from echosim.plan import plan_from_options
 
     name, plan, cluster = plan_from_options(model, opts)
     compiled = compile_full(name, plan, cluster)

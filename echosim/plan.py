@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from echosim.errors import EchosimError
 from echosim.passes.recompute import MODES as RECOMPUTE_MODES
@@ -118,3 +119,23 @@ class Plan:
             raise PlanError(f"unknown attention {self.attention!r} (known: flash, math)")
         if self.tp > cluster.devices_per_node and cluster.devices > cluster.devices_per_node:
             pass  # allowed (TP across nodes is slow, and the collective model says so)
+
+
+_CLUSTER_KEYS = {"backend", "devices", "devices_per_node"}
+
+
+def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Plan, Cluster]:
+    """No model and no options: the published GPT-3 175B run. Otherwise options override."""
+    from echosim.compiler import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PLAN
+
+    given = {k: v for k, v in opts.items() if v is not None}
+    if model is None:
+        base_plan, base_cluster = DEFAULT_PLAN, DEFAULT_CLUSTER
+    else:
+        base_plan, base_cluster = Plan(), Cluster(devices=0)
+    plan_keys = {f.name for f in fields(Plan)}
+    plan = replace(base_plan, **{k: v for k, v in given.items() if k in plan_keys})
+    cluster = replace(base_cluster, **{k: v for k, v in given.items() if k in _CLUSTER_KEYS})
+    if cluster.devices == 0:
+        cluster = replace(cluster, devices=plan.tp * plan.pp * plan.dp)
+    return model or DEFAULT_MODEL, plan, cluster
