@@ -87,6 +87,87 @@ def compile_cmd(model: str | None, as_json: bool, out: str | None, trace: str | 
         render(report, trace)
 
 
+@cli.command("search")
+@click.argument("model")
+@click.option("--backend", default="a100-80gb", show_default=True)
+@click.option("--devices", type=int, required=True)
+@click.option("--devices-per-node", type=int, default=8, show_default=True)
+@click.option("--global-batch", type=int, required=True, help="Sequences per optimizer step.")
+@click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
+@click.option("--recompute", "recomputes", default="none,selective,full", show_default=True)
+@click.option("--schedules", default="1f1b", show_default=True, help="e.g. 1f1b,zb-h1")
+@click.option("--zero", "zeros", default="0", show_default=True, help="ZeRO stages to try, e.g. 0,1,3")
+@click.option("--top", type=int, default=10, show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True, help="Local processes.")
+@click.option("--json", "as_json", is_flag=True)
+@_guard
+def search_cmd(model: str, backend: str, devices: int, devices_per_node: int, global_batch: int, seq_len: int | None,
+               dtype: str, micro_batches: str, recomputes: str, schedules: str, zeros: str, top: int, workers: int,
+               as_json: bool) -> None:  # fmt: skip
+    """Rank the parallel layouts of MODEL on DEVICES by step time (those that fit first)."""
+    from rich.progress import Progress
+
+    from echosim.plan import Cluster, Plan
+    from echosim.search import search
+
+    def ints(text: str, what: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(x) for x in text.split(","))
+        except ValueError:
+            raise click.ClickException(f"--{what}: expected comma-separated integers, got {text!r}") from None
+
+    base = Plan(global_batch=global_batch, seq_len=seq_len or 0, dtype=dtype)
+    cluster = Cluster(backend, devices, devices_per_node)
+    space = {
+        "micro_batches": ints(micro_batches, "micro-batches"),
+        "recompute": tuple(recomputes.split(",")),
+        "schedules": tuple(schedules.split(",")),
+        "zero": ints(zeros, "zero"),
+    }
+    with Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task("compiling layouts", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        results = search(model, base, cluster, workers=workers, progress=advance, **space)
+    rows = [c.as_dict() for c in results[:top]]
+    if as_json:
+        click.echo(json.dumps({"candidates": len(results), "best": rows}, indent=2, sort_keys=True))
+        return
+    for r in rows:
+        r["step_time_s"] = f"{r['step_time_s']:.3f}" if r["step_time_s"] is not None else "-"
+        r["peak_GiB"] = f"{r['peak_bytes'] / 2**30:.1f}"
+        r["mfu"] = f"{r['mfu'] * 100:.1f}%"
+    _listing(rows, False, ["tp", "pp", "dp", "micro_batch", "recompute", "schedule", "zero", "step_time_s",
+                           "mfu", "peak_GiB", "fits"])  # fmt: skip
+    click.echo(f"{len(results)} layouts compiled; {sum(c.fits for c in results)} fit in memory")
+
+
+@cli.command("check")
+@click.option("--config", type=click.Path(dir_okay=False), default="pyproject.toml", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_guard
+def check_cmd(config: str, as_json: bool) -> None:
+    """Check models against the budgets in [tool.echosim] (a pre-commit hook)."""
+    from pathlib import Path
+
+    from echosim.check import load_config, run_check
+
+    defaults, entries = load_config(Path(config))
+    outcomes = [run_check(e, defaults, i) for i, e in enumerate(entries)]
+    if as_json:
+        click.echo(json.dumps([o.__dict__ for o in outcomes], indent=2, sort_keys=True, default=list))
+    else:
+        for o in outcomes:
+            status = "ok" if not o.failures else "FAIL: " + "; ".join(o.failures)
+            click.echo(f"{o.model}: {o.step_time_s:.3f} s, {o.memory_gib:.1f} GiB, MFU {o.mfu * 100:.1f}% - {status}")
+    if any(o.failures for o in outcomes):
+        raise SystemExit(1)
+
+
 def _listing(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
