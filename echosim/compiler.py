@@ -11,8 +11,11 @@ from echosim.ir.types import DType
 from echosim.passes.attention import AttentionKernel
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
 from echosim.passes.data_parallel import DataParallel, Optimizer
+from echosim.passes.expert_parallel import ExpertParallel
 from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.gradient_groups import GradientGroups
 from echosim.passes.memory import stage_memory
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import Recompute
@@ -67,7 +70,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     from echosim.plugins import get_registry
 
     plan = plan or Plan()
-    cluster = cluster or Cluster(devices=plan.tp * plan.pp * plan.dp)
+    cluster = cluster or Cluster(devices=plan.tp * plan.pp * plan.dp * plan.cp)
     cluster.validate()
     plan.validate(cluster)
     registry = get_registry()
@@ -78,8 +81,11 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
             graph,
             [
                 AttentionKernel(plan.attention == "flash"),
-                TensorParallel(plan.tp),
+                ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance),
+                TensorParallel(plan.tp, sequence_parallel=plan.sp),
+                ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance),
                 Autodiff(),
+                ContextParallelBackward(),
                 Recompute(plan.recompute),
             ],
         )
@@ -94,6 +100,8 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     where = placements(plan, cluster)
+    groups = GradientGroups(plan.cp, plan.ep)  # gradients span dp x cp ranks; experts only dp x cp / ep
+    stages = [Stage(s.index, run_passes(s.graph, [groups]), s.layers) for s in stages]
     timings = _time_stages(stages, backend, where, plan)
     blocks = run_schedule(plan, timings)
     report = _report(
@@ -157,11 +165,11 @@ def _report(
     totals = [ends[t.index] + t.dp_exposed + t.embed_sync + t.optimizer for t in timings]
     step = max(totals)
     crit = totals.index(step)
-    ranks_per_stage = plan.tp * plan.dp
+    ranks_per_stage = plan.tp * plan.dp * plan.cp
     model_flops = sum(graph_flops(s.graph).model for s in stages) * m * ranks_per_stage
     hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * ranks_per_stage
     peak = backend.peak_flops(plan.dtype)
-    tokens = plan.batch * _seq(stages)
+    tokens = plan.batch * _seq(stages) * plan.cp  # a context-parallel rank holds 1/cp of each sequence
     t = timings[crit]
     breakdown = _breakdown(t, m, ends[crit])
     memory = []

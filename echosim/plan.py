@@ -12,7 +12,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
 # Plan features the passes implement; a feature not listed here is refused with a clear message.
-SUPPORTED: set[str] = set()
+SUPPORTED: set[str] = {"sp", "cp", "ep"}
 
 
 class PlanError(EchosimError):
@@ -57,6 +57,10 @@ class Plan:
     ep: int = 1  # expert-parallel degree (carved out of dp)
     zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+    cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
+    cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
+    moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
+    moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
 
     @property
     def batch(self) -> int:
@@ -87,17 +91,16 @@ class Plan:
             raise PlanError(f"unknown ZeRO stage {self.zero} (known: 0, 1, 2, 3)")
         if self.sp and self.tp == 1:
             raise PlanError("sequence parallelism needs tp > 1")
-        for name, what in (
-            ("sp", "sequence parallelism"),
-            ("cp", "context parallelism"),
-            ("ep", "expert parallelism"),
-            ("zero", "ZeRO/FSDP"),
-            ("vpp", "interleaved pipelines"),
-        ):
-            value = getattr(self, name)
-            if value not in (False, 0, 1) or (name == "sp" and value) or (name == "zero" and value):
-                if name not in SUPPORTED:
-                    raise PlanError(f"{what} ({name}={value}) is not modelled yet")
+        requested = {
+            "sp": ("sequence parallelism", self.sp),
+            "cp": ("context parallelism", self.cp > 1),
+            "ep": ("expert parallelism", self.ep > 1),
+            "zero": ("ZeRO/FSDP", self.zero > 0),
+            "vpp": ("interleaved pipelines", self.vpp > 1),
+        }
+        for name, (what, used) in requested.items():
+            if used and name not in SUPPORTED:
+                raise PlanError(f"{what} ({name}={getattr(self, name)}) is not modelled yet")
         if self.global_batch and self.global_batch % (self.micro_batch * self.dp):
             raise PlanError(
                 f"global batch {self.global_batch} is not a multiple of micro-batch*dp = {self.micro_batch}*{self.dp}"
@@ -110,5 +113,20 @@ class Plan:
             raise PlanError(f"unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
         if self.attention not in ("flash", "math"):
             raise PlanError(f"unknown attention {self.attention!r} (known: flash, math)")
+        self._validate_cp_ep()
         if self.tp > cluster.devices_per_node and cluster.devices > cluster.devices_per_node:
             pass  # allowed (TP across nodes is slow, and the collective model says so)
+
+    def _validate_cp_ep(self) -> None:
+        if self.cp_comm not in CP_COMMS:
+            raise PlanError(f"unknown --cp-comm {self.cp_comm!r} (known: {', '.join(CP_COMMS)})")
+        if self.moe_capacity_factor < 0:
+            raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {self.moe_capacity_factor:g}")
+        if self.ep > 1 and not 1.0 <= self.moe_imbalance <= self.ep:
+            raise PlanError(
+                f"--moe-imbalance {self.moe_imbalance:g} must lie between 1 (balanced) and ep={self.ep} "
+                "(every token on one rank)"
+            )
+
+
+CP_COMMS = ("p2p", "all_gather")

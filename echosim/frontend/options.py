@@ -23,5 +23,5 @@ def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Pla
     plan = replace(base_plan, **{k: v for k, v in given.items() if k in plan_keys})
     cluster = replace(base_cluster, **{k: v for k, v in given.items() if k in _CLUSTER_KEYS})
     if cluster.devices == 0:
-        cluster = replace(cluster, devices=plan.tp * plan.pp * plan.dp)
+        cluster = replace(cluster, devices=plan.tp * plan.pp * plan.dp * plan.cp)
     return model or DEFAULT_MODEL, plan, cluster
