@@ -75,7 +75,10 @@ class _Ctx:
 
 
 def _sp_gathered(c: _Ctx, x: int) -> bool:
+    """Is ``x`` the SP all_gather of a column-parallel input (perhaps re-sorted into expert order)?"""
     src = c.g[x]
+    while isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn == "moe_sort_chunks":
+        src = c.g[src.inputs[0]]
     return src.op is OpKind.ALL_GATHER and isinstance(src.attrs, CollectiveAttrs) and src.attrs.axis == "tp"
 
 
@@ -107,7 +110,9 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
             attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad")
         else:
             attrs = MatmulAttrs(m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad")
-        xin = _regather(c, x) if sp else x
+        # Megatron's column-parallel linear keeps only its 1/tp input shard and gathers it
+        # again; grouped expert GEMMs keep the rows the dispatcher gathered for them
+        xin = _regather(c, x) if sp and linear else x
         out.append((w, c.emit(n, OpKind.MATMUL, [xin, dy], c.spec(w), attrs, "wgrad")))
     for b in n.inputs[2:]:
         if b in needs:
@@ -160,7 +165,22 @@ def _attn_merge(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     ]
 
 
-_ELEMENTWISE_RULES = {"moe_dispatch": _moe_dispatch, "moe_combine": _moe_combine, "attn_merge": _attn_merge}
+def _permutation(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """A row permutation: its gradient is the inverse permutation of dy (nothing saved)."""
+    x = n.inputs[0]
+    if x not in needs:
+        return []
+    assert isinstance(n.attrs, ElementwiseAttrs)
+    return [(x, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(x), ElementwiseAttrs(f"{n.attrs.fn}_grad")))]
+
+
+_ELEMENTWISE_RULES = {
+    "moe_dispatch": _moe_dispatch,
+    "moe_combine": _moe_combine,
+    "attn_merge": _attn_merge,
+    "moe_sort_chunks": _permutation,
+    "moe_unsort_chunks": _permutation,
+}
 
 
 def _elementwise(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:

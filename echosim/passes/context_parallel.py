@@ -8,9 +8,12 @@ schemes Megatron-Core runs through Transformer Engine:
 * ``p2p`` (ring attention): ``cp`` steps; at step ``j`` the rank attends its queries to
   the K/V chunk it holds while a ring exchange (send to the next rank, receive from
   the previous) brings chunk ``j + 1``, so the transfer hides behind the partial
-  attention. The partial outputs are merged with their softmax statistics.
+  attention. The partial outputs are merged with their softmax statistics. Model
+  FLOPs (the full-matrix convention) are the same as without context parallelism.
 * ``all_gather``: K/V are all-gathered before a local attention (Llama 3's scheme);
-  backward reduce-scatters dK/dV.
+  backward reduce-scatters dK/dV. With load balancing each of the rank's two chunks
+  attends only to the keys before it, and model FLOPs count that causal work (less
+  than the full-matrix convention).
 
 Causal load balancing (``balance``) cuts each sequence into ``2 * cp`` chunks and
 gives rank ``r`` chunks ``r`` and ``2cp - 1 - r``, so every rank does the same share
@@ -204,9 +207,12 @@ class _Splitter:
         a = node.attrs
         assert isinstance(a, AttentionAttrs)
         full_step = replace(a, q_len=s, kv_len=s, causal=False)
-        # balanced causal: half a block, the unmasked half; otherwise whole blocks (non-causal
-        # attention, or the last rank of an unbalanced causal ring)
-        half_step = replace(a, q_len=s, kv_len=s // 2, causal=False)
+        # Balanced causal: every later step is exactly half a block (Transformer Engine runs
+        # the unmasked half). It is costed as a causal block of the same size: the same work,
+        # and the full-matrix model-FLOP convention then counts the block the step covers,
+        # so model FLOPs do not depend on cp. Otherwise whole blocks (non-causal attention,
+        # or the last rank of an unbalanced causal ring).
+        half_step = replace(a, q_len=s, kv_len=s, causal=True)
         later = half_step if a.causal and self.opts.balance else full_step
         first = replace(a, q_len=s, kv_len=s) if a.causal else full_step
         parts = [self._partial(node, [q, k, v], out, first, "cp0")]

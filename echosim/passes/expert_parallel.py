@@ -3,7 +3,10 @@
 Between the router's dispatch (tokens permuted into expert order) and the
 experts, an all_to_all sends every (token, choice) row to the rank that owns its
 expert; a second all_to_all brings the results back before the combine. The
-grouped expert GEMMs then run on the rows this rank *received*.
+grouped expert GEMMs then run on the rows this rank *received*. As in
+Megatron-Core's all-to-all dispatcher, rows that arrive grouped by source rank are
+sorted into local-expert order before the experts (after the expert-tensor-parallel
+all_gather) and back again after them, when a rank holds more than one expert.
 
 Routing is rarely even. :class:`Routing` is the traffic matrix of one dispatch:
 ``imbalance`` is the load of the busiest rank over the mean (1 = the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
@@ -49,16 +53,20 @@ class Routing:
             return self.imbalance / self.ep
         return (self.ep - self.imbalance) / (self.ep * (self.ep - 1))
 
+    @cached_property
+    def _matrix(self) -> tuple[tuple[float, ...], ...]:
+        cap = self.capacity_factor * self.rows / self.ep if self.capacity_factor > 0 else math.inf
+        return tuple(tuple(min(self.rows * self.share(dst), cap) for dst in range(self.ep)) for _ in range(self.ep))
+
     def matrix(self) -> list[list[float]]:
         """``m[src][dst]``: rows sent from src to dst after capacity drops."""
-        cap = self.capacity_factor * self.rows / self.ep if self.capacity_factor > 0 else math.inf
-        return [[min(self.rows * self.share(dst), cap) for dst in range(self.ep)] for _src in range(self.ep)]
+        return [list(row) for row in self._matrix]
 
     def sent(self, src: int) -> float:
-        return sum(self.matrix()[src])
+        return sum(self._matrix[src])
 
     def received(self, dst: int) -> float:
-        return sum(row[dst] for row in self.matrix())
+        return sum(row[dst] for row in self._matrix)
 
     def dropped(self, src: int) -> float:
         return self.rows - self.sent(src)
@@ -75,7 +83,7 @@ class Routing:
         """
         if self.ep == 1 or not self.rows:
             return 0.0
-        m = self.matrix()
+        m = self._matrix
         off_sent = self.sent(0) - m[0][0]
         off_recv = self.received(0) - m[0][0]
         return max(off_sent, off_recv) * self.ep / ((self.ep - 1) * self.rows)
@@ -131,6 +139,25 @@ class _Rewriter:
         for d in dispatches:
             self._find_region(d)
         self.routing: dict[int, Routing] = {}
+        self.sorted: dict[int, int] = {}  # new expert-input value -> its chunk sort
+        self.entry, self.exit = self._ends()
+
+    def _ends(self) -> tuple[set[int], set[int]]:
+        """Expert GEMMs that read the region's input rows, and those whose output leaves the experts."""
+        if self.opts.ep == 1 or not self.experts or min(self.experts.values()) // self.opts.ep < 2:
+            return set(), set()
+        grouped = {
+            nid for nid in self.region if self.src[nid].op is OpKind.MATMUL and self.src[nid].inputs[1] in self.experts
+        }
+        after: set[int] = set()
+        for n in self.src:
+            if n.id in self.region and any(i in grouped or i in after for i in n.inputs):
+                after.add(n.id)
+        before: set[int] = set()
+        for n in reversed(list(self.src)):
+            if n.id in self.region and any(u in grouped or u in before for u in self.src.users(n.id)):
+                before.add(n.id)
+        return grouped - after, grouped - before
 
     def _find_region(self, d: Node) -> None:
         below: set[int] = {d.id}
@@ -169,7 +196,11 @@ class _Rewriter:
             if node.id in self.experts:
                 self.map[node.id] = self._weight(node)
             elif node.id in self.region:
+                if node.id in self.entry:
+                    ins = [self._chunks(node, ins[0], "moe_sort_chunks"), *ins[1:]]
                 self.map[node.id] = self._scaled(node, ins)
+                if node.id in self.exit:
+                    self.map[node.id] = self._chunks(node, self.map[node.id], "moe_unsort_chunks")
             elif node.id in self.combine_of:
                 d = self.combine_of[node.id]
                 back = self._all_to_all(self.src[d], ins[0], self.src[node.inputs[0]], "combine")
@@ -193,6 +224,16 @@ class _Rewriter:
             scope=node.scope,
             name=node.name,
         )
+
+    def _chunks(self, node: Node, value: int, fn: str) -> int:
+        """Megatron's sort_chunks_by_idxs: rows from each source rank regrouped by local expert."""
+        if fn == "moe_sort_chunks" and value in self.sorted:
+            return self.sorted[value]
+        v = self.out.add(OpKind.ELEMENTWISE, [value], self.out[value].out, ElementwiseAttrs(fn),
+                         phase=node.phase, scope=node.scope, name=f"{node.name}.{fn}")  # fmt: skip
+        if fn == "moe_sort_chunks":
+            self.sorted[value] = v
+        return v
 
     def _weight(self, node: Node) -> int:
         shape = (node.out.shape[0] // self.opts.ep, *node.out.shape[1:])
