@@ -51,6 +51,10 @@ def cli() -> None:
     "--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), help="Training precision (mixed, fp32 master)."
 )
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation.")
+@click.option("--cp-comm", type=click.Choice(["p2p", "all_gather"]), help="Context parallel: ring or all-gathered K/V.")
+@click.option("--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism.")
+@click.option("--moe-capacity-factor", type=float, help="Expert capacity over the fair share (0: dropless).")
+@click.option("--moe-imbalance", type=float, help="Busiest expert-parallel rank's load over the mean (1: balanced).")
 @click.option("--schedule", type=click.Choice(["1f1b", "gpipe", "interleaved", "zb-h1"]), help="Pipeline schedule.")
 @click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention.")
 @click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages.")

@@ -11,8 +11,11 @@ from echosim.ir.types import DType
 from echosim.passes.attention import AttentionKernel
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
 from echosim.passes.data_parallel import DataParallel, Optimizer
+from echosim.passes.expert_parallel import ExpertParallel
 from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.gradient_groups import GradientGroups
 from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.precision import Fp8Linears
@@ -80,8 +83,11 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
             graph,
             [
                 AttentionKernel(plan.attention == "flash"),
-                TensorParallel(plan.tp),
+                ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance),
+                TensorParallel(plan.tp, sequence_parallel=plan.sp),
+                ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance),
                 Autodiff(),
+                ContextParallelBackward(),
                 Recompute(plan.recompute),
                 *([Fp8Linears()] if plan.dtype == "fp8" else []),
             ],
@@ -96,6 +102,8 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     where = placements(plan, cluster)
+    groups = GradientGroups(plan.cp, plan.ep)  # gradients span dp x cp ranks; experts only dp x cp / ep
+    stages = [Stage(s.index, run_passes(s.graph, [groups]), s.layers) for s in stages]
     timings = _time_stages(stages, backend, where, plan)
     blocks = run_schedule(plan, timings)
     name = model if isinstance(model, str) else graph.name
@@ -145,7 +153,7 @@ def _report(
     model_flops = sum(graph_flops(s.graph).model for s in stages) * m * ranks_per_stage
     hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * ranks_per_stage
     peak = backend.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype)  # fp8 MFU: the 16-bit peak
-    tokens = plan.batch * _seq(stages)
+    tokens = plan.batch * _seq(stages) * plan.cp  # a context-parallel rank holds 1/cp of each sequence
     breakdown = _breakdown(chunks[crit], timings[last_chunk.get(crit, crit)], m, ends[crit])
     memory = _memory(plan, backend, stages, warnings)
     stage_rows = [

@@ -13,7 +13,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
 # Plan features the passes implement; a feature not listed here is refused with a clear message.
-SUPPORTED: set[str] = {"zero", "vpp"}
+SUPPORTED: set[str] = {"sp", "cp", "ep", "zero", "vpp"}
 
 
 class PlanError(EchosimError):
@@ -59,6 +59,10 @@ class Plan:
     zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
+    cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
+    cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
+    moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
+    moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
 
     @property
     def batch(self) -> int:
@@ -117,8 +121,23 @@ class Plan:
             raise PlanError(f"unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
         if self.attention not in ("flash", "math"):
             raise PlanError(f"unknown attention {self.attention!r} (known: flash, math)")
+        self._validate_cp_ep()
         if self.tp > cluster.devices_per_node and cluster.devices > cluster.devices_per_node:
             pass  # allowed (TP across nodes is slow, and the collective model says so)
+
+    def _validate_cp_ep(self) -> None:
+        if self.cp_comm not in CP_COMMS:
+            raise PlanError(f"unknown --cp-comm {self.cp_comm!r} (known: {', '.join(CP_COMMS)})")
+        if self.moe_capacity_factor < 0:
+            raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {self.moe_capacity_factor:g}")
+        if self.ep > 1 and not 1.0 <= self.moe_imbalance <= self.ep:
+            raise PlanError(
+                f"--moe-imbalance {self.moe_imbalance:g} must lie between 1 (balanced) and ep={self.ep} "
+                "(every token on one rank)"
+            )
+
+
+CP_COMMS = ("p2p", "all_gather")
 
 
 _CLUSTER_KEYS = {"backend", "devices", "devices_per_node"}
@@ -137,5 +156,5 @@ def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Pla
     plan = replace(base_plan, **{k: v for k, v in given.items() if k in plan_keys})
     cluster = replace(base_cluster, **{k: v for k, v in given.items() if k in _CLUSTER_KEYS})
     if cluster.devices == 0:
-        cluster = replace(cluster, devices=plan.tp * plan.pp * plan.dp)
+        cluster = replace(cluster, devices=plan.tp * plan.pp * plan.dp * plan.cp)
     return model or DEFAULT_MODEL, plan, cluster

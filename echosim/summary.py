@@ -17,9 +17,12 @@ def render(report: Any, trace: str | None = None, console: Any = None) -> None:
 
     console = console or Console()
     p = report.plan
+    extra = "".join(
+        f" {label} {p[key]}" for key, label in (("cp", "CP"), ("ep", "EP")) if p.get(key, 1) not in (1, None)
+    ) + (" +SP" if p.get("sp") else "")
     console.print(
         f"[bold]{report.model}[/] on {report.devices} x {report.backend} ({report.devices_per_node} per node): "
-        f"TP {p['tp']} PP {p['pp']} DP {p['dp']}, micro-batch {p['micro_batch']}, global batch "
+        f"TP {p['tp']} PP {p['pp']} DP {p['dp']}{extra}, micro-batch {p['micro_batch']}, global batch "
         f"{p['global_batch'] or p['micro_batch'] * p['dp']}, seq {p['seq_len'] or 'model'}, {p['dtype']}, "
         f"recompute {p['recompute']}, {p['schedule']}"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ REQUIRED = (
 )
 
 # cases.csv device names -> backend names (identical where the backend exists)
-DEVICE_BACKENDS = {"a100-40gb": "a100-40gb", "a100-80gb": "a100-80gb", "h100-sxm": "h100-sxm"}
+DEVICE_BACKENDS = {name: name for name in ("a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200")}
 
 
 class CasesError(EchosimError):
@@ -143,8 +143,10 @@ def read_cases(path: str | Path) -> list[tuple[int, dict[str, str]]]:
 
 def unsupported(row: dict[str, str]) -> str:
     """Why a row cannot be expressed yet ('' if it can); layout features are judged by Plan."""
-    if row["arch"] not in ("gpt", "llama"):
+    if row["arch"] not in ("gpt", "llama", "moe"):
         return f"architecture {row['arch']!r} is not modelled yet"
+    if "MLA attention" in row["notes"]:
+        return "multi-head latent attention (MLA) and dense first layers are not modelled yet"
     if row["dtype"].strip() in ("mxfp8", "nvfp4"):
         return f"needs {row['dtype']} training"
     if row["device"] not in DEVICE_BACKENDS:
@@ -170,6 +172,10 @@ def row_model(row: dict[str, str], line: int) -> Any:
         seq_len=_int(row, "seq_len", line),
         dropout=0.1 if gpt else 0.0,
         tied_embeddings=gpt,
+        experts=_int(row, "experts", line, 0) if row["arch"] == "moe" else 0,
+        top_k=_int(row, "top_k", line, 0) if row["arch"] == "moe" else 0,
+        moe_ffn=_int(row, "moe_ffn_hidden", line, 0) if row["arch"] == "moe" else 0,
+        shared_experts=_int(row, "shared_experts", line, 0) if row["arch"] == "moe" else 0,
     )
 
 
@@ -197,6 +203,8 @@ def row_plan(row: dict[str, str], line: int) -> tuple[Any, Any]:
     cluster = Cluster(
         DEVICE_BACKENDS[row["device"]], _int(row, "devices", line), _int(row, "devices_per_node", line, 8)
     )
+    if row["arch"] == "moe" and "tokendrop" in row["case_id"]:  # NeMo's token-dropping recipes
+        plan = replace(plan, moe_capacity_factor=1.0)
     return plan, cluster
 
 

@@ -63,3 +63,25 @@ def _check_arch(cfg: Any, plan: Plan) -> None:
         raise PlanError(f"pp={plan.pp} exceeds the number of layers ({cfg.layers})")
     if plan.pp * plan.vpp > cfg.layers:
         raise PlanError(f"pp*vpp={plan.pp * plan.vpp} exceeds the number of layers ({cfg.layers})")
+    _check_sequence_and_experts(cfg, plan)
+
+
+def _check_sequence_and_experts(cfg: Any, plan: Plan) -> None:
+    """Context, sequence and expert parallel rules ("cp=3 does not divide seq_len 8192")."""
+    from echosim.passes.base import LayoutError
+    from echosim.passes.context_parallel import check_sequence
+    from echosim.plan import PlanError
+
+    seq = cfg.seq_len
+    if plan.cp > 1:
+        try:
+            check_sequence(plan.cp, seq, plan.cp_balance)
+        except LayoutError as exc:
+            raise PlanError(str(exc)) from None
+    if plan.sp and (seq // plan.cp) % plan.tp:
+        raise PlanError(f"sequence parallelism: tp={plan.tp} does not divide the {seq // plan.cp} tokens per rank")
+    experts = getattr(cfg, "experts", 0)
+    if plan.ep > 1 and not experts:
+        raise PlanError(f"ep={plan.ep} needs a mixture-of-experts model ({cfg.arch} has no routed experts)")
+    if experts and experts % plan.ep:
+        raise PlanError(f"ep={plan.ep} does not divide experts {experts}")

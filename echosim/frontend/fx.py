@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from echosim.frontend import moe_ops
 from echosim.ir.graph import Graph
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -338,6 +339,33 @@ def _embedding_fn(c: _Converter, node: fx.Node) -> None:
     c.emit(node, OpKind.EMBEDDING, [ids, w], EmbeddingAttrs(vocab, dim))
 
 
+def _topk(c: _Converter, node: fx.Node) -> None:
+    """``(values, indices)``: one selection kernel; getitem picks each result's shape."""
+    meta = node.meta["tensor_meta"][0]
+    spec = TensorSpec(tuple(int(d) for d in meta.shape), c._dtype(meta.dtype))
+    ins = c.tensors(node.args[:1])
+    c.env[node] = c.graph.add(
+        OpKind.ELEMENTWISE, ins, spec, ElementwiseAttrs("topk"), scope=c.scope(node), name=node.name
+    )
+
+
+def _moe_permute(fn: str) -> Rule:
+    """Dispatch / combine: a memory-bound gather of rows (expert ids and router weights ride along)."""
+
+    def rule(c: _Converter, node: fx.Node) -> None:
+        c.emit(node, OpKind.ELEMENTWISE, c.tensors(node.args), ElementwiseAttrs(fn))
+
+    return rule
+
+
+def _grouped_mm(c: _Converter, node: fx.Node) -> None:
+    """``rows [M, in]`` grouped by expert times ``weight [E, in, out]``: E products of ~M/E rows."""
+    rows, w = c.tensors(node.args[:2])
+    m = c.graph[rows].out.shape[0]
+    experts, k, n = c.graph[w].out.shape
+    c.emit(node, OpKind.MATMUL, [rows, w], MatmulAttrs(m=-(-m // experts), n=n, k=k, batch=experts))
+
+
 def _unknown_function(c: _Converter, node: fx.Node) -> None:
     name = getattr(node.target, "__name__", str(node.target))
     if "tensor_meta" not in node.meta or not hasattr(node.meta["tensor_meta"], "shape"):
@@ -419,6 +447,10 @@ _FUNCTIONS: dict[Any, Rule] = {
     F.scaled_dot_product_attention: _sdpa,
     F.cross_entropy: _cross_entropy,
     F.embedding: _embedding_fn,
+    torch.topk: _topk,
+    moe_ops.moe_dispatch: _moe_permute("moe_dispatch"),
+    moe_ops.moe_combine: _moe_permute("moe_combine"),
+    moe_ops.grouped_mm: _grouped_mm,
 }
 
 

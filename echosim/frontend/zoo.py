@@ -1,11 +1,15 @@
-"""Named dense architectures, built as ``torch.nn.Module`` on the ``meta`` device.
+"""Named architectures, built as ``torch.nn.Module`` on the ``meta`` device.
 
-Two families cover the dense rows of published training runs:
+Three families cover the rows of published training runs:
 
 * ``gpt``: LayerNorm, GELU 4h MLP, multi-head attention, learned positions,
   embedding tied to the output layer (GPT-3 / Megatron).
 * ``llama``: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention,
   untied output layer (Llama 2/3).
+* ``moe``: the llama block with its MLP replaced by a mixture of experts: a linear
+  router with top-k choice, ``experts`` routed SwiGLU experts of width ``moe_ffn``
+  and ``shared_experts`` always-on experts of the same width (Mixtral, Qwen3-MoE,
+  GPT-OSS, Grok-1; DeepSeek-style fine-grained + shared experts).
 
 Shapes come from the papers and model cards cited per entry. Nothing is ever
 allocated: the modules are built under ``torch.device("meta")``.
@@ -21,7 +25,7 @@ from typing import Any
 class ArchConfig:
     """The small parameter set every zoo model is built from."""
 
-    arch: str  # "gpt" | "llama"
+    arch: str  # "gpt" | "llama" | "moe"
     layers: int
     hidden: int
     heads: int
@@ -33,6 +37,10 @@ class ArchConfig:
     dropout: float = 0.0
     tied_embeddings: bool = False
     description: str = ""
+    experts: int = 0  # routed experts per MoE layer (arch "moe")
+    top_k: int = 0  # experts each token is sent to
+    moe_ffn: int = 0  # FFN width of one expert; 0: ffn_hidden
+    shared_experts: int = 0  # always-on experts of width moe_ffn
 
     @property
     def ffn_hidden(self) -> int:
@@ -45,6 +53,10 @@ class ArchConfig:
     @property
     def dim_head(self) -> int:
         return self.head_dim or self.hidden // self.heads
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn or self.ffn_hidden
 
     def with_(self, **changes: Any) -> ArchConfig:
         return replace(self, **changes)
@@ -61,6 +73,9 @@ class ArchConfig:
             return self.layers * (attn + mlp + norms) + embed + 2 * h + head
         attn = h * (a + 2 * kv) * hd + a * hd * h
         mlp = 3 * h * self.ffn_hidden
+        if self.arch == "moe":
+            router = h * self.experts
+            mlp = router + 3 * h * self.expert_ffn * (self.experts + self.shared_experts)
         norms = 2 * h
         embed = self.vocab * h
         head = 0 if self.tied_embeddings else self.vocab * h
@@ -103,6 +118,47 @@ ZOO: dict[str, ArchConfig] = {
     "llama3-405b": ArchConfig("llama", 126, 16384, 128, 128256, ffn=53248, kv_heads=8, seq_len=8192, description=_L3),
 }
 
+_MIXTRAL = "Mixtral of Experts (Jiang et al. 2024, arXiv:2401.04088) Table 1 / HF config"
+_QWEN3 = "Qwen3 technical report (arXiv:2505.09388) Table 2 / HF config"
+_OSS = "gpt-oss-120b model card (arXiv:2508.10925) / HF config; sliding-window layers costed as full attention"
+_GROK = "Grok-1 open release (github.com/xai-org/grok-1) config; cases.csv dgxc2504 rows"
+_QMOE = (
+    "Qwen1.5-MoE-A2.7B HF config: DeepSeek-style fine-grained (60 x 1408) + shared (4 x 1408) experts "
+    "(DeepSeekMoE, Dai et al. 2024, arXiv:2401.06066); the shared-expert sigmoid gate is left out"
+)
+
+
+def _moe(layers: int, hidden: int, heads: int, kv: int, vocab: int, experts: int, top_k: int, moe_ffn: int,
+         seq: int, desc: str, head_dim: int = 0, shared: int = 0) -> ArchConfig:  # fmt: skip
+    return ArchConfig(
+        "moe",
+        layers,
+        hidden,
+        heads,
+        vocab,
+        kv_heads=kv,
+        head_dim=head_dim,
+        seq_len=seq,
+        experts=experts,
+        top_k=top_k,
+        moe_ffn=moe_ffn,
+        shared_experts=shared,
+        description=desc,
+    )
+
+
+ZOO.update(
+    {
+        "mixtral-8x7b": _moe(32, 4096, 32, 8, 32000, 8, 2, 14336, 4096, _MIXTRAL),
+        "mixtral-8x22b": _moe(56, 6144, 48, 8, 32768, 8, 2, 16384, 4096, _MIXTRAL),
+        "qwen3-30b-a3b": _moe(48, 2048, 32, 4, 151936, 128, 8, 768, 4096, _QWEN3, head_dim=128),
+        "qwen3-235b-a22b": _moe(94, 4096, 64, 4, 151936, 128, 8, 1536, 4096, _QWEN3, head_dim=128),
+        "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64),
+        "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
+        "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),
+    }
+)
+
 # Published parameter counts (model cards / papers), for tests and `echosim models`.
 PUBLISHED_PARAMS: dict[str, float] = {
     "gpt3-125m": 125e6,
@@ -119,6 +175,13 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "llama3-8b": 8.03e9,
     "llama3-70b": 70.6e9,
     "llama3-405b": 405.9e9,
+    "mixtral-8x7b": 46.7e9,
+    "mixtral-8x22b": 141e9,
+    "qwen3-30b-a3b": 30.5e9,
+    "qwen3-235b-a22b": 235e9,
+    "gpt-oss-120b": 116.8e9,
+    "grok-1": 314e9,
+    "qwen1.5-moe-a2.7b": 14.3e9,
 }
 
 
@@ -133,4 +196,6 @@ def build_module(cfg: ArchConfig) -> Any:
             return zoo_modules.GPT(cfg)
         if cfg.arch == "llama":
             return zoo_modules.Llama(cfg)
-    raise ValueError(f"unknown architecture {cfg.arch!r} (known: gpt, llama)")
+        if cfg.arch == "moe":
+            return zoo_modules.Llama(cfg)  # the llama skeleton; its blocks hold MoE layers
+    raise ValueError(f"unknown architecture {cfg.arch!r} (known: gpt, llama, moe)")

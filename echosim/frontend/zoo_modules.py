@@ -3,7 +3,9 @@
 Module names follow the conventions sharding plans match on: ``attn.qkv`` /
 ``attn.q_proj`` (column-parallel), ``attn.proj`` / ``attn.o_proj`` (row-parallel),
 ``mlp.fc1`` / ``mlp.gate_proj`` (column), ``mlp.fc2`` / ``mlp.down_proj`` (row),
-``embed`` (vocab-parallel) and ``lm_head``.
+``embed`` (vocab-parallel) and ``lm_head``. MoE layers name their router
+``moe.router`` (replicated) and their experts ``moe.experts.{gate,up,down}_proj``,
+so expert weights match the same column/row-parallel patterns.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from echosim.frontend.moe_ops import grouped_mm, moe_combine, moe_dispatch
 from echosim.frontend.zoo import ArchConfig
+
+# Routing is data-dependent: fx records these as single calls (leaves) instead of tracing into them.
+torch.fx.wrap("moe_dispatch")
+torch.fx.wrap("grouped_mm")
+torch.fx.wrap("moe_combine")
 
 
 def _embedding(num: int, dim: int) -> nn.Embedding:
@@ -120,14 +128,60 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, ffn: int = 0) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
+        ffn = ffn or cfg.ffn_hidden
+        self.gate_proj = nn.Linear(cfg.hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GroupedLinear(nn.Module):
+    """One ``[in, out]`` weight per expert; rows arrive grouped by expert."""
+
+    def __init__(self, experts: int, fan_in: int, fan_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, fan_in, fan_out))
+
+    def forward(self, rows: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        return grouped_mm(rows, self.weight, expert_ids)
+
+
+class Experts(nn.Module):
+    """``experts`` SwiGLU MLPs run as three grouped GEMMs."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        e, h, f = cfg.experts, cfg.hidden, cfg.expert_ffn
+        self.gate_proj = GroupedLinear(e, h, f)
+        self.up_proj = GroupedLinear(e, h, f)
+        self.down_proj = GroupedLinear(e, f, h)
+
+    def forward(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(rows, ids)) * self.up_proj(rows, ids), ids)
+
+
+class MoE(nn.Module):
+    """Top-k routed experts plus optional shared experts (softmax, then top-k, as Megatron-Core)."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.top_k
+        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
+        self.experts = Experts(cfg)
+        self.shared = LlamaMLP(cfg, cfg.expert_ffn * cfg.shared_experts) if cfg.shared_experts else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.flatten(0, 1)
+        probs = F.softmax(self.router(tokens), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        out = moe_combine(self.experts(moe_dispatch(tokens, ids), ids), ids, weights)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        return out.view_as(x)
 
 
 class LlamaBlock(nn.Module):
@@ -136,11 +190,15 @@ class LlamaBlock(nn.Module):
         self.input_norm = RMSNorm(cfg.hidden)
         self.attn = LlamaAttention(cfg)
         self.post_norm = RMSNorm(cfg.hidden)
-        self.mlp = LlamaMLP(cfg)
+        if cfg.arch == "moe":
+            self.moe = MoE(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin)
-        return x + self.mlp(self.post_norm(x))
+        ffn = self.moe if hasattr(self, "moe") else self.mlp
+        return x + ffn(self.post_norm(x))
 
 
 class Llama(nn.Module):

@@ -73,12 +73,21 @@ class NoAttrs:
 
 @dataclass(frozen=True, slots=True)
 class ParamAttrs:
-    """A trainable weight; ``shard`` says how many ranks split it (TP/EP)."""
+    """A trainable weight; ``shard`` says how many ranks split it (TP/EP).
+
+    ``expert`` marks a routed expert's weight: expert parallelism shards it, so its
+    gradient is synchronised over the expert-data-parallel group (``dp * cp / ep`` ranks),
+    not over every data-parallel rank.
+    """
 
     shard: int = 1
+    expert: bool = False
 
     def __str__(self) -> str:
-        return f"shard={self.shard}" if self.shard != 1 else ""
+        parts = [f"shard={self.shard}"] if self.shard != 1 else []
+        if self.expert:
+            parts.append("expert")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,11 @@ into gradient contributions for its inputs. Contributions to a value used more
 than once are summed with an elementwise add, as autograd does. Megatron's
 conjugate collectives follow from the rules: the gradient of a column-parallel
 input is partial across the TP group, so an all_reduce follows its dgrad; the
-all_reduce after a row-parallel layer is the identity in backward.
+all_reduce after a row-parallel layer is the identity in backward. With sequence
+parallelism the all_gather before a column-parallel layer turns into a
+reduce_scatter in backward, and the layer's weight gradient reads the input
+gathered again (Megatron keeps only the 1/tp shard for backward). An all_to_all
+is its own conjugate; a ring exchange of K/V sends the gradient the other way.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from echosim.ir.types import DType, TensorSpec
 Contrib = list[tuple[int, int]]  # (forward input id, gradient value id)
 
 
+_INTEGER = frozenset({DType.INT64, DType.INT32, DType.BOOL})
+
+
 class _Ctx:
     def __init__(self, graph: Graph) -> None:
         self.g = graph
+        self.regathered: dict[int, int] = {}  # forward SP all_gather -> its backward re-gather
 
     def emit(
         self,
@@ -66,16 +74,33 @@ class _Ctx:
         return self.emit(fwd, OpKind.ELEMENTWISE, [dy, *extra], out, ElementwiseAttrs(f"{fn}_grad"))
 
 
+def _sp_gathered(c: _Ctx, x: int) -> bool:
+    """Is ``x`` the SP all_gather of a column-parallel input (perhaps re-sorted into expert order)?"""
+    src = c.g[x]
+    while isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn == "moe_sort_chunks":
+        src = c.g[src.inputs[0]]
+    return src.op is OpKind.ALL_GATHER and isinstance(src.attrs, CollectiveAttrs) and src.attrs.axis == "tp"
+
+
+def _regather(c: _Ctx, x: int) -> int:
+    """The SP input of a column-parallel layer, all-gathered again for its weight gradient."""
+    if x not in c.regathered:
+        ag = c.g[x]
+        c.regathered[x] = c.emit(ag, OpKind.ALL_GATHER, [ag.inputs[0]], ag.out, ag.attrs, "regather")
+    return c.regathered[x]
+
+
 def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     a = n.attrs
     assert isinstance(a, MatmulAttrs)
     x, w = n.inputs[0], n.inputs[1]
     out: Contrib = []
     linear = len(c.spec(w).shape) == 2
+    sp = _sp_gathered(c, x)
     if x in needs:
         attrs = MatmulAttrs(m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad")
         dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
-        if a.tp in ("colwise", "vocab"):
+        if a.tp in ("colwise", "vocab") and not sp:  # with SP the all_gather's conjugate reduces
             dx = c.emit(
                 n, OpKind.ALL_REDUCE, [dx], c.spec(x), CollectiveAttrs("tp", 0, c.spec(x).nbytes), "dgrad.tp_all_reduce"
             )
@@ -85,7 +110,10 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
             attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad")
         else:
             attrs = MatmulAttrs(m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad")
-        out.append((w, c.emit(n, OpKind.MATMUL, [x, dy], c.spec(w), attrs, "wgrad")))
+        # Megatron's column-parallel linear keeps only its 1/tp input shard and gathers it
+        # again; grouped expert GEMMs keep the rows the dispatcher gathered for them
+        xin = _regather(c, x) if sp and linear else x
+        out.append((w, c.emit(n, OpKind.MATMUL, [xin, dy], c.spec(w), attrs, "wgrad")))
     for b in n.inputs[2:]:
         if b in needs:
             out.append((b, c.emit(n, OpKind.REDUCTION, [dy], c.spec(b), ElementwiseAttrs("bias_grad"), "bgrad")))
@@ -107,9 +135,59 @@ _PASS_THROUGH = {"add", "sub"}
 _NEEDS_OTHER = {"mul", "div"}
 
 
+def _moe_dispatch(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """Un-permute the gradient rows and sum each token's top-k copies."""
+    tokens = n.inputs[0]
+    if tokens not in needs:
+        return []
+    return [(tokens, c.emit(n, OpKind.REDUCTION, [dy], c.spec(tokens), ElementwiseAttrs("moe_dispatch_grad")))]
+
+
+def _moe_combine(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """Rows get the token gradient scaled by their router weight; weights get dot(dy, row)."""
+    rows, _ids, weights = n.inputs[:3]
+    out: Contrib = []
+    if rows in needs:
+        grad = c.emit(n, OpKind.ELEMENTWISE, [dy, weights], c.spec(rows), ElementwiseAttrs("moe_combine_grad"))
+        out.append((rows, grad))
+    if weights in needs:
+        grad = c.emit(n, OpKind.REDUCTION, [dy, rows], c.spec(weights), ElementwiseAttrs("router_weight_grad"), "wgrad")
+        out.append((weights, grad))
+    return out
+
+
+def _attn_merge(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """Ring-attention partial outputs: each gradient is dy rescaled by the merged softmax statistics."""
+    return [
+        (i, c.emit(n, OpKind.ELEMENTWISE, [dy, n.id], c.spec(i), ElementwiseAttrs("attn_merge_grad"), f"grad{j}"))
+        for j, i in enumerate(n.inputs)
+        if i in needs
+    ]
+
+
+def _permutation(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """A row permutation: its gradient is the inverse permutation of dy (nothing saved)."""
+    x = n.inputs[0]
+    if x not in needs:
+        return []
+    assert isinstance(n.attrs, ElementwiseAttrs)
+    return [(x, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(x), ElementwiseAttrs(f"{n.attrs.fn}_grad")))]
+
+
+_ELEMENTWISE_RULES = {
+    "moe_dispatch": _moe_dispatch,
+    "moe_combine": _moe_combine,
+    "attn_merge": _attn_merge,
+    "moe_sort_chunks": _permutation,
+    "moe_unsort_chunks": _permutation,
+}
+
+
 def _elementwise(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     assert isinstance(n.attrs, ElementwiseAttrs)
     fn = n.attrs.fn
+    if fn in _ELEMENTWISE_RULES:
+        return _ELEMENTWISE_RULES[fn](c, n, dy, needs)
     out: Contrib = []
     for i in n.inputs:
         if i not in needs:
@@ -181,6 +259,31 @@ def _identity(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     return [(n.inputs[0], dy)] if n.inputs and n.inputs[0] in needs else []
 
 
+def _conjugate(kind: OpKind) -> Rule:
+    """The collective that carries gradients back: all_gather <-> reduce_scatter, all_to_all and
+    ring exchanges are their own. Several inputs travel packed; each gets a view of the result."""
+
+    def rule(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+        assert isinstance(n.attrs, CollectiveAttrs)
+        ins = [i for i in n.inputs if i in needs]
+        if not ins:
+            return []
+        if len(n.inputs) == 1:
+            spec = c.spec(n.inputs[0])
+        else:
+            spec = TensorSpec((sum(c.spec(i).numel for i in n.inputs),), n.out.dtype)
+        grad = c.emit(n, kind, [dy], spec, n.attrs, f"grad.{kind.value}")
+        if len(n.inputs) == 1:
+            return [(n.inputs[0], grad)]
+        return [
+            (i, c.emit(n, OpKind.VIEW, [grad], c.spec(i), suffix=f"grad{j}"))
+            for j, i in enumerate(n.inputs)
+            if i in needs
+        ]
+
+    return rule
+
+
 Rule = Callable[[_Ctx, Node, int, set[int]], Contrib]
 
 RULES: dict[OpKind, Rule] = {
@@ -194,6 +297,10 @@ RULES: dict[OpKind, Rule] = {
     OpKind.VIEW: _view,
     OpKind.REDUCTION: _reduction,
     OpKind.ALL_REDUCE: _identity,  # Megatron's g: all_reduce forward, identity backward
+    OpKind.ALL_GATHER: _conjugate(OpKind.REDUCE_SCATTER),
+    OpKind.REDUCE_SCATTER: _conjugate(OpKind.ALL_GATHER),
+    OpKind.ALL_TO_ALL: _conjugate(OpKind.ALL_TO_ALL),
+    OpKind.RECV: _conjugate(OpKind.RECV),  # a ring exchange (send to the next, receive from the previous)
 }
 
 
@@ -210,6 +317,8 @@ class Autodiff:
         forward = [n for n in g if n.phase is Phase.FORWARD]
         needs: set[int] = set()
         for n in forward:
+            if n.out.dtype in _INTEGER:  # indices (top-k expert ids) carry no gradient
+                continue
             if n.op is OpKind.PARAMETER or (n.op is not OpKind.INPUT and any(i in needs for i in n.inputs)):
                 needs.add(n.id)
         ctx = _Ctx(g)

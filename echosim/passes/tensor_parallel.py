@@ -1,4 +1,4 @@
-"""Megatron tensor parallelism driven by a module-path plan.
+"""Megatron tensor (and sequence) parallelism driven by a module-path plan.
 
 A plan maps ``fnmatch`` patterns on module scopes to a style, in the manner of
 PyTorch's ``parallelize_module``: ``colwise`` (split the output features),
@@ -6,6 +6,13 @@ PyTorch's ``parallelize_module``: ``colwise`` (split the output features),
 vocabulary-parallel embedding, output layer or loss). Sharding then propagates
 through the ops between a column- and a row-parallel layer (attention heads,
 activations, views), dividing exactly one axis of every tensor it reaches.
+
+With ``sequence_parallel`` (Korthikanti et al. 2022, arXiv:2205.05198) the ops
+outside the tensor-parallel regions (norms, dropout, residual adds, the router of
+an MoE layer) also run on ``1/tp`` of the tokens: every all_reduce after a
+row-parallel layer or the vocabulary-parallel embedding becomes a reduce_scatter
+along the sequence, and the input of a column-parallel layer is all-gathered first.
+Grouped expert weights ``[experts, in, out]`` follow the same column/row styles.
 """
 
 from __future__ import annotations
@@ -60,15 +67,31 @@ def style_for(scope: str, plan: tuple[tuple[str, str], ...]) -> str:
     return ""
 
 
-def _split_axis_after_view(src: tuple[int, ...], axis: int, dst: tuple[int, ...]) -> int:
-    """Which axis of ``dst`` carries the split axis of ``src`` after a view or permute."""
+def _split_axis_after_view(src: tuple[int, ...], axis: int, dst: tuple[int, ...], inner: bool = False) -> int:
+    """Which axis of ``dst`` carries the split axis of ``src`` after a view or permute.
+
+    A split feature axis (heads x head_dim) is split on its outer part; a split token
+    axis that a view unflattens again (``[b*s, h] -> [b, s, h]``) on its inner part,
+    the sequence, so ``inner`` picks the innermost ``dst`` axis covering the split one.
+    """
     if sorted(src) == sorted(dst) and src != dst:  # a permutation: follow the size
         candidates = [i for i, d in enumerate(dst) if d == src[axis]]
         return min(candidates, key=lambda i: abs(i - axis))
     prefix = math.prod(src[:axis])
+    if inner:
+        end = prefix * src[axis]
+        acc, found = 1, -1
+        for i, d in enumerate(dst):
+            if d != 1 and acc < end and acc * d > prefix:
+                found = i
+            acc *= d
+        if found >= 0:
+            return found
     acc = 1
     for i, d in enumerate(dst):
         if acc == prefix and d != 1 and (d % src[axis] == 0 or src[axis] % d == 0):
+            return i
+        if d != 1 and acc < prefix < acc * d:  # the split axis was merged into this one
             return i
         acc *= d
     return len(dst) - 1
@@ -76,26 +99,36 @@ def _split_axis_after_view(src: tuple[int, ...], axis: int, dst: tuple[int, ...]
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """Shard the forward graph ``tp`` ways and insert Megatron's all_reduces."""
+    """Shard the forward graph ``tp`` ways and insert Megatron's collectives."""
 
     tp: int
     plan: tuple[tuple[str, str], ...] = DEFAULT_TP_PLAN
+    sequence_parallel: bool = False
     name: ClassVar[str] = "tensor-parallel"
 
     def run(self, graph: Graph) -> Graph:
         if self.tp == 1:
             return graph
-        return _Sharder(graph, self.tp, self.plan).run()
+        return _Sharder(graph, self.tp, self.plan, self.sequence_parallel).run()
+
+
+def _token_axis(spec: TensorSpec) -> int:
+    """The token (sequence) axis of an activation ``[..., tokens, features]``."""
+    return max(0, len(spec.shape) - 2)
 
 
 class _Sharder:
-    def __init__(self, graph: Graph, tp: int, plan: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, graph: Graph, tp: int, plan: tuple[tuple[str, str], ...], sp: bool) -> None:
         self.src = graph
         self.tp = tp
         self.plan = plan
+        self.sp = sp
         self.out = Graph(graph.name, graph.repeats)
         self.map: dict[int, int] = {}
         self.split: dict[int, int] = {}  # new value id -> split axis
+        self.seq: set[int] = set()  # values split along tokens (sequence parallelism), a subset of split
+        self.split_params: set[int] = set()
+        self.gathered: dict[int, int] = {}  # sequence-split value -> its all_gather
 
     def div(self, spec: TensorSpec, axis: int, what: str) -> TensorSpec:
         shape = list(spec.shape)
@@ -105,20 +138,51 @@ class _Sharder:
         return spec.with_shape(tuple(shape))
 
     def add(self, node: Node, inputs: list[int], out: TensorSpec, attrs: object) -> int:
+        if isinstance(attrs, CollectiveAttrs) and attrs.axis != "tp":  # another axis' collective: local bytes
+            attrs = replace(attrs, bytes=out.nbytes * attrs.bytes // max(1, node.out.nbytes))
         return self.out.add(
             node.op,
             inputs,
             out,
-            attrs,
+            attrs,  # type: ignore[arg-type]
             phase=node.phase,
             scope=node.scope,
-            name=node.name,  # type: ignore[arg-type]
+            name=node.name,
         )
 
     def all_reduce(self, value: int, node: Node, name: str) -> int:
+        """Megatron's g after a row-parallel layer; a reduce_scatter over tokens with SP."""
         spec = self.out[value].out
+        if self.sp:
+            axis = _token_axis(spec)
+            out = self.div(spec, axis, f"the sequence ({spec.shape[axis]} tokens) at {node.scope}")
+            attrs = CollectiveAttrs("tp", self.tp, spec.nbytes)
+            v = self.out.add(
+                OpKind.REDUCE_SCATTER, [value], out, attrs, scope=node.scope, name=name.replace("all_reduce", "rs")
+            )
+            self.split[v] = axis
+            self.seq.add(v)
+            return v
         attrs = CollectiveAttrs("tp", self.tp, spec.nbytes)
         return self.out.add(OpKind.ALL_REDUCE, [value], spec, attrs, scope=node.scope, name=name)
+
+    def gather(self, value: int, node: Node) -> int:
+        """Megatron's g-bar with SP: all_gather the token-split input of a column-parallel layer."""
+        if value not in self.gathered:
+            src = self.out[value]
+            axis = self.split[value]
+            full = list(src.out.shape)
+            full[axis] *= self.tp
+            spec = src.out.with_shape(tuple(full))
+            self.gathered[value] = self.out.add(
+                OpKind.ALL_GATHER,
+                [value],
+                spec,
+                CollectiveAttrs("tp", self.tp, spec.nbytes),
+                scope=node.scope,
+                name=f"{node.name}.sp_all_gather",
+            )
+        return self.gathered[value]
 
     def run(self) -> Graph:
         params_style = self._param_styles()
@@ -137,7 +201,10 @@ class _Sharder:
             if node.op is OpKind.MATMUL and style and len(node.inputs) >= 2:
                 w = self.src[node.inputs[1]]
                 if w.op is OpKind.PARAMETER:
-                    axis = 0 if style in ("colwise", "vocab") else 1
+                    if len(w.out.shape) == 3:  # grouped expert weight [experts, in, out]
+                        axis = 2 if style in ("colwise", "vocab") else 1
+                    else:  # nn.Linear weight [out, in]
+                        axis = 0 if style in ("colwise", "vocab") else 1
                     styles[w.id] = (style, axis)
                     if len(node.inputs) > 2 and style != "rowwise":
                         styles[node.inputs[2]] = (style, 0)
@@ -151,7 +218,11 @@ class _Sharder:
             if node.id in params:
                 _style, axis = params[node.id]
                 out = self.div(node.out, axis, f"{node.name} dim {axis}")
-                return self.out.add(node.op, [], out, ParamAttrs(shard=self.tp), scope=node.scope, name=node.name)
+                assert isinstance(node.attrs, ParamAttrs)
+                attrs = replace(node.attrs, shard=node.attrs.shard * self.tp)
+                v = self.out.add(node.op, [], out, attrs, scope=node.scope, name=node.name)
+                self.split_params.add(v)
+                return v
             return self.add(node, ins, node.out, node.attrs)
         if node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
             return self._matmul(node, ins)
@@ -191,33 +262,51 @@ class _Sharder:
             v = self.add(node, ins, self.div(node.out, axis, f"heads at {node.scope}"), attrs)
             self.split[v] = axis
             return v
+        seq = split_ins[0] in self.seq
         if node.op is OpKind.VIEW:
-            axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape)
+            axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=seq)
         else:
             axis = src_axis + len(node.out.shape) - len(src_shape)
             axis = min(max(axis, 0), len(node.out.shape) - 1)
-        v = self.add(node, ins, self.div(node.out, axis, f"axis {axis} of {node.name} at {node.scope}"), node.attrs)
+        what = (
+            f"the sequence ({node.out.shape[axis]} tokens) at {node.scope or node.name}"
+            if seq
+            else f"axis {axis} of {node.name} at {node.scope}"
+        )
+        v = self.add(node, ins, self.div(node.out, axis, what), node.attrs)
         self.split[v] = axis
+        if seq:
+            self.seq.add(v)
         return v
 
     def _matmul(self, node: Node, ins: list[int]) -> int:
         attrs = node.attrs
         assert isinstance(attrs, MatmulAttrs)
         style = style_for(node.scope, self.plan)
-        weight_split = (
-            len(ins) > 1 and self.out[ins[1]].op is OpKind.PARAMETER and self.out[ins[1]].attrs != ParamAttrs()
-        )
+        weight_split = len(ins) > 1 and ins[1] in self.split_params
         if style in ("colwise", "vocab") and weight_split:
+            if ins[0] in self.seq:  # sequence parallel: gather the tokens first
+                ins = [self.gather(ins[0], node), *ins[1:]]
             new = replace(attrs, n=attrs.n // self.tp, tp=style)
             v = self.add(node, ins, self.div(node.out, len(node.out.shape) - 1, f"{node.scope} output"), new)
             self.split[v] = len(node.out.shape) - 1
             return v
         if style == "rowwise" and weight_split:
-            if ins[0] not in self.split:
+            if ins[0] not in self.split or ins[0] in self.seq:
                 raise LayoutError(f"row-parallel {node.scope} reads an unsplit input: check the TP plan")
             new = replace(attrs, k=attrs.k // self.tp, tp="rowwise")
             v = self.add(node, ins, node.out, new)
             return self.all_reduce(v, node, f"{node.name}.tp_all_reduce")
+        if ins[0] in self.seq and len(self.out[ins[1]].out.shape) == 2:
+            # a replicated linear on token-split rows (the MoE router under SP): rows stay split
+            axis = self.split[ins[0]]
+            if axis == len(self.out[ins[0]].out.shape) - 1:
+                raise LayoutError(f"matmul at {node.scope} contracts the sequence-parallel axis")
+            new = replace(attrs, m=attrs.m // self.tp)
+            v = self.add(node, ins, self.div(node.out, axis, f"the sequence at {node.scope}"), new)
+            self.split[v] = axis
+            self.seq.add(v)
+            return v
         if any(i in self.split for i in ins):  # batched matmul inside a split region (heads)
             a = ins[0] if ins[0] in self.split else ins[1]
             axis = self.split[a]

@@ -55,6 +55,29 @@ def placements(plan: Plan, cluster: Cluster) -> dict[str, Placement]:
     out["fsdp"] = out["dp"]  # ZeRO-3 / FSDP shards over the data-parallel group
     pp = out["pp"]
     out["embed"] = Placement(2, min(2, pp.nodes), 1 if pp.nodes > 1 else 2, pp.concurrent_per_node)
+    out.update(context_expert_placements(plan, cluster))
+    return out
+
+
+def context_expert_placements(plan: Plan, cluster: Cluster) -> dict[str, Placement]:
+    """Axes that context and expert parallelism add, in Megatron-Core's rank order.
+
+    Dense layers order ranks tp, cp, dp, pp, and reduce gradients over the dp x cp ranks
+    of a stage. Expert layers order them tp, ep, edp, pp (cp folds into ep x edp): an EP
+    group is ``ep`` ranks ``tp`` apart, its experts' data-parallel peers ``tp * ep`` apart.
+    """
+    from echosim.backends.topology import megatron_placement
+
+    if plan.cp == 1 and plan.ep == 1:
+        return {}
+    dpn = cluster.devices_per_node
+    dense = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
+    out = {axis: megatron_placement(axis, dense, dpn) for axis in dense}
+    out["dp"] = megatron_placement("dp", {"tp": plan.tp, "dp": plan.dp * plan.cp, "pp": plan.pp}, dpn)
+    out["fsdp"] = out["dp"]
+    expert = {"tp": plan.tp, "ep": plan.ep, "edp": max(1, plan.dp * plan.cp // plan.ep), "pp": plan.pp}
+    out["ep"] = megatron_placement("ep", expert, dpn)
+    out["edp"] = out["efsdp"] = megatron_placement("edp", expert, dpn)
     return out
 
 
@@ -95,9 +118,14 @@ def _units(graph: Graph, split_w: bool = False) -> tuple[list[tuple[list[Node], 
     """Split a stage into (nodes, repeat) units for forward, backward and weight-gradient work."""
 
     def runs(n: Node) -> bool:
-        if n.op in (OpKind.SEND, OpKind.RECV) or n.phase is Phase.OPTIMIZER:
+        if n.phase is Phase.OPTIMIZER:
             return False
-        return not (isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis in _SKIP_IN_UNITS)
+        if not isinstance(n.attrs, CollectiveAttrs):
+            return True
+        if n.op in (OpKind.SEND, OpKind.RECV) and n.attrs.axis == "pp":
+            return False  # pipeline transfers are composed by the schedule
+        # the experts' share of the gradient reduction runs in the DP tail too
+        return n.attrs.axis not in _SKIP_IN_UNITS and n.attrs.axis != "edp"
 
     mult = next(iter(graph.repeats.values()), 1)
     wset = weight_grad_nodes(graph) if split_w else set()
@@ -143,11 +171,13 @@ def time_stage(
         bwd_units = bwd_units + w_units
 
     def p2p(phase: Phase) -> float:
-        sends = [n for n in graph if n.op is OpKind.SEND and n.phase in _phases(phase)]
+        sends = [n for n in graph if n.op is OpKind.SEND and n.phase in _phases(phase) and _on(n, "pp")]
         total = 0.0
         for n in sends:
             nbytes = n.out.nbytes
-            if plan.tp > 1:  # Megatron's scatter/gather: 1/tp over the network, all_gather in the node
+            # Megatron's scatter/gather: 1/tp over the network, all_gather in the node; with
+            # sequence parallelism the activation is already split 1/tp.
+            if plan.tp > 1 and not plan.sp:
                 total += backend.collective_time_s(OpKind.SEND, nbytes // plan.tp, where["pp"])
                 total += backend.collective_time_s(OpKind.ALL_GATHER, nbytes, where["tp"])
             else:
@@ -176,6 +206,10 @@ def _repeated(unit: UnitTiming, times: int) -> float:
     return (times - 1) * unit.period + unit.duration
 
 
+def _on(node: Node, axis: str) -> bool:
+    return isinstance(node.attrs, CollectiveAttrs) and node.attrs.axis == axis
+
+
 def _phases(phase: Phase) -> tuple[Phase, ...]:
     return (phase,) if phase is Phase.FORWARD else (Phase.BACKWARD, Phase.RECOMPUTE)
 
@@ -194,6 +228,7 @@ def _dp_tail(
     micro-batch's backward; the rest are ready when it ends. Compute that runs
     beside a bucket is slowed by ``slowdown``; that extra time counts as exposed.
     """
+    nodes = nodes + [n for n in graph if _on(n, "edp") and n.phase is Phase.BACKWARD]  # experts' share
     if not nodes:
         return 0.0, 0.0
     (first, _), (block, layers), _last = bwd_units[:3]

@@ -1,0 +1,135 @@
+"""Measure MoE expert kernels on a real GPU and print echosim's prediction beside each.
+
+Per-rank shapes of the expert layers in the cases.csv MoE rows: grouped GEMMs
+(``torch._grouped_mm``, forward, dgrad and wgrad) and the dense batched GEMM echosim
+costs them as, plus the token permute / un-permute. Run on a CUDA machine:
+
+    PYTHONPATH=. python3 benchmarks/moe_kernels_gpu.py [device-name] [out.json]
+
+``device-name`` is an echosim device (default h200). Not a test: it needs a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from echosim.backends.compute import matmul_time_s, memory_bound_time_s
+from echosim.backends.devices import DEVICES
+
+# (label, local experts, rows per expert, hidden, expert ffn, tokens, top_k)
+SHAPES = [
+    ("qwen3-30b-a3b ep8", 16, 2048, 2048, 768, 4096, 8),
+    ("qwen3-30b-a3b ep1", 128, 256, 2048, 768, 4096, 8),
+    ("gpt-oss-120b ep8 mbs4", 16, 4096, 2880, 2880, 16384, 4),
+    ("grok-1 tp4 ep2", 4, 2048, 6144, 8192, 4096, 2),
+    ("mixtral-8x7b ep8", 1, 8192, 4096, 14336, 4096, 2),
+]
+
+
+def bench(fn, reps: int = 30) -> float:
+    """Median seconds over ``reps`` runs after warm-up, timed with CUDA events."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _first(variants: list, out: dict[str, float], key: str) -> None:
+    """Time the first operand layout the grouped GEMM accepts."""
+    errors = []
+    for fn in variants:
+        try:
+            fn()
+        except Exception as exc:  # layouts differ between releases: try the next one
+            errors.append(f"{type(exc).__name__}: {exc}"[:120])
+            continue
+        out[key] = bench(fn)
+        return
+    out[f"{key}_error"] = " | ".join(errors)  # type: ignore[assignment]
+
+
+def grouped(groups: int, m: int, k: int, n: int) -> dict[str, float]:
+    x = torch.randn(groups * m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(groups, k, n, device="cuda", dtype=torch.bfloat16) / k**0.5
+    dy = torch.randn(groups * m, n, device="cuda", dtype=torch.bfloat16)
+    offs = torch.arange(1, groups + 1, device="cuda", dtype=torch.int32) * m
+    col = w.transpose(-2, -1).contiguous().transpose(-2, -1)  # same values, column-major
+    gm = torch._grouped_mm
+    out: dict[str, float] = {}
+    _first([lambda: gm(x, w, offs=offs), lambda: gm(x, col, offs=offs)], out, "fwd")
+    wt = w.transpose(-2, -1)
+    _first([lambda: gm(dy, wt, offs=offs), lambda: gm(dy, wt.contiguous(), offs=offs)], out, "dgrad")
+    xt = x.t()
+    _first(
+        [
+            lambda: gm(xt, dy, offs=offs),
+            lambda: gm(xt.contiguous(), dy, offs=offs),
+            lambda: gm(xt, dy.t().contiguous().t(), offs=offs),
+        ],
+        out,
+        "wgrad",
+    )
+    xb = x.view(groups, m, k)
+    out["bmm_fwd"] = bench(lambda: torch.bmm(xb, w))
+    return out
+
+
+def permutes(tokens: int, k: int, h: int) -> tuple[float, float]:
+    """Gather the T*k routed rows; scatter them back and sum each token's k by router weight."""
+    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+    order = torch.randperm(tokens * k, device="cuda")
+    src = order // k
+    y = torch.randn(tokens * k, h, device="cuda", dtype=torch.bfloat16)
+    wts = torch.rand(tokens, k, 1, device="cuda", dtype=torch.bfloat16)
+    permute = bench(lambda: x.index_select(0, src))
+    unpermute = bench(lambda: (torch.empty_like(y).index_copy_(0, order, y).view(tokens, k, h) * wts).sum(1))
+    return permute, unpermute
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else "h200"
+    dev = DEVICES[name]
+    print(torch.cuda.get_device_name(), torch.__version__)
+    results = []
+    for label, g, m, h, f, tokens, k in SHAPES:
+        for proj, (kk, nn) in (("gate/up", (h, f)), ("down", (f, h))):
+            meas = grouped(g, m, kk, nn)
+            pred = {
+                "fwd": matmul_time_s(dev, m, nn, kk, g),
+                "dgrad": matmul_time_s(dev, m, kk, nn, g),
+                "wgrad": matmul_time_s(dev, kk, nn, m, g),
+            }
+            results.append({"shape": label, "proj": proj, "measured": meas, "predicted": pred})
+            row = " ".join(
+                f"{p}={meas.get(p, float('nan')) * 1e6:7.1f}/{pred[p] * 1e6:7.1f}us" for p in ("fwd", "dgrad", "wgrad")
+            )
+            errs = " ".join(str(v) for key, v in meas.items() if key.endswith("error"))
+            print(f"{label:24} {proj:8} meas/pred {row} bmm={meas['bmm_fwd'] * 1e6:7.1f}us {errs}")
+        permute, unpermute = permutes(tokens, k, h)
+        row_bytes = 2 * h
+        pred_perm = memory_bound_time_s(dev, tokens * row_bytes + tokens * k * row_bytes + tokens * k * 8)
+        pred_unperm = memory_bound_time_s(dev, 2 * tokens * k * row_bytes + tokens * row_bytes + tokens * k * 10)
+        results.append({"shape": label, "permute": [permute, pred_perm], "unpermute": [unpermute, pred_unperm]})
+        print(
+            f"{label:24} permute meas/pred {permute * 1e6:7.1f}/{pred_perm * 1e6:7.1f}us "
+            f"unpermute {unpermute * 1e6:7.1f}/{pred_unperm * 1e6:7.1f}us"
+        )
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

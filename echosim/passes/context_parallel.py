@@ -1,0 +1,366 @@
+"""Context parallelism: every rank holds ``1/cp`` of each sequence, attention sees all of it.
+
+Every activation with a sequence axis is divided ``cp`` ways, following the axis from
+the per-sample inputs through views, matmuls and elementwise ops (weights and
+position tables are static and stay whole). Each attention becomes one of the two
+schemes Megatron-Core runs through Transformer Engine:
+
+* ``p2p`` (ring attention): ``cp`` steps; at step ``j`` the rank attends its queries to
+  the K/V chunk it holds while a ring exchange (send to the next rank, receive from
+  the previous) brings chunk ``j + 1``, so the transfer hides behind the partial
+  attention. The partial outputs are merged with their softmax statistics. Model
+  FLOPs (the full-matrix convention) are the same as without context parallelism.
+* ``all_gather``: K/V are all-gathered before a local attention (Llama 3's scheme);
+  backward reduce-scatters dK/dV. With load balancing each of the rank's two chunks
+  attends only to the keys before it, and model FLOPs count that causal work (less
+  than the full-matrix convention).
+
+Causal load balancing (``balance``) cuts each sequence into ``2 * cp`` chunks and
+gives rank ``r`` chunks ``r`` and ``2cp - 1 - r``, so every rank does the same share
+of the causal work: the diagonal step is causal over the rank's own chunks and
+every other ring step is exactly half a block (Transformer Engine skips the masked
+half). Without it, rank ``cp - 1`` holds the last chunk and does the most work;
+since the ring advances in lock step, that rank is the one simulated.
+
+:class:`ContextParallelBackward` runs after autodiff: like Transformer Engine, the
+backward keeps only the local K/V and brings the other chunks round again (the
+ring in the other direction, one step ahead of the attention backward; a second
+all_gather for the other scheme) instead of saving every chunk for backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.types import TensorSpec
+from echosim.passes.base import LayoutError
+from echosim.passes.tensor_parallel import _split_axis_after_view
+
+COMMS = ("p2p", "all_gather")
+
+
+def check_sequence(cp: int, seq_len: int, balance: bool = True) -> None:
+    """The layout rule, named the way users think of it."""
+    if seq_len % cp:
+        raise LayoutError(f"cp={cp} does not divide seq_len {seq_len}")
+    if balance and seq_len % (2 * cp):
+        raise LayoutError(
+            f"cp={cp} with causal load balancing needs seq_len divisible by 2*cp={2 * cp}, got seq_len {seq_len}"
+        )
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    cp: int
+    comm: str = "p2p"
+    balance: bool = True
+    name: ClassVar[str] = "context-parallel"
+
+    def __post_init__(self) -> None:
+        if self.comm not in COMMS:
+            raise LayoutError(f"unknown context-parallel communication {self.comm!r} (known: {', '.join(COMMS)})")
+
+    def run(self, graph: Graph) -> Graph:
+        if self.cp == 1:
+            return graph
+        return _Splitter(graph, self).run()
+
+
+class _Splitter:
+    def __init__(self, graph: Graph, opts: ContextParallel) -> None:
+        self.src = graph
+        self.cp = opts.cp
+        self.opts = opts
+        self.out = Graph(graph.name, graph.repeats)
+        self.map: dict[int, int] = {}
+        self.axis: dict[int, int] = {}  # new value id -> its sequence axis
+
+    def div(self, spec: TensorSpec, axis: int, node: Node) -> TensorSpec:
+        shape = list(spec.shape)
+        if shape[axis] % self.cp:
+            raise LayoutError(
+                f"cp={self.cp} does not divide the sequence axis of {node.name} ({shape[axis]}) at {node.scope or '-'}"
+            )
+        shape[axis] //= self.cp
+        return spec.with_shape(tuple(shape))
+
+    def add(self, node: Node, inputs: list[int], out: TensorSpec, attrs: object, axis: int | None) -> int:
+        v = self.out.add(
+            node.op,
+            inputs,
+            out,
+            attrs,
+            phase=node.phase,
+            scope=node.scope,
+            name=node.name,  # type: ignore[arg-type]
+        )
+        if axis is not None:
+            self.axis[v] = axis
+        return v
+
+    def run(self) -> Graph:
+        for nid in self.src.inputs:
+            shape = self.src[nid].out.shape
+            check_sequence(self.cp, shape[-1], self.opts.balance)
+        for node in self.src:
+            ins = [self.map[i] for i in node.inputs]
+            if node.id in self.src.inputs:
+                spec = node.out
+                self.map[node.id] = self.add(
+                    node, ins, self.div(spec, len(spec.shape) - 1, node), node.attrs, len(spec.shape) - 1
+                )
+            else:
+                self.map[node.id] = self._node(node, ins)
+        self.out.inputs = [self.map[i] for i in self.src.inputs]
+        self.out.outputs = [self.map[o] for o in self.src.outputs]
+        return self.out
+
+    def _node(self, node: Node, ins: list[int]) -> int:
+        split = [i for i in ins if i in self.axis]
+        if not split:
+            return self.add(node, ins, node.out, node.attrs, None)
+        if node.op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
+            return self._attention(node, ins)
+        if node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
+            return self._matmul(node, ins)
+        if node.op is OpKind.CROSS_ENTROPY:  # the loss of this rank's tokens
+            return self.add(node, ins, node.out, node.attrs, None)
+        src = split[0]
+        src_axis = self.axis[src]
+        if node.op is OpKind.VIEW:
+            axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=True)
+        elif node.op is OpKind.EMBEDDING:
+            axis = src_axis  # [b, s] ids -> [b, s, h]
+        else:
+            axis = src_axis + len(node.out.shape) - len(self.out[src].out.shape)
+            axis = min(max(axis, 0), len(node.out.shape) - 1)
+        return self.add(node, ins, self.div(node.out, axis, node), node.attrs, axis)
+
+    def _matmul(self, node: Node, ins: list[int]) -> int:
+        a = node.attrs
+        assert isinstance(a, MatmulAttrs)
+        if ins[1] in self.axis:
+            raise LayoutError(
+                f"context parallelism needs attention as one op (scaled_dot_product_attention); "
+                f"{node.name} at {node.scope} multiplies two sequence-split tensors"
+            )
+        axis = self.axis[ins[0]]
+        x = self.out[ins[0]].out
+        if axis == len(x.shape) - 1:
+            raise LayoutError(f"matmul {node.name} at {node.scope} contracts the sequence axis")
+        out = self.div(node.out, axis, node)
+        w = self.out[ins[1]].out.shape
+        if len(w) == 3 and a.batch == w[0]:  # grouped expert matmul: rows / experts per expert
+            attrs = replace(a, m=-(-out.shape[0] // a.batch))
+        elif a.batch == 1 or axis == len(x.shape) - 2:
+            attrs = replace(a, m=a.m // self.cp)
+        else:
+            attrs = replace(a, batch=a.batch // self.cp)
+        return self.add(node, ins, out, attrs, axis)
+
+    def _attention(self, node: Node, ins: list[int]) -> int:
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        q, k, v, *mask = ins
+        if mask:
+            raise LayoutError(
+                f"context parallelism supports causal or full attention, not an explicit mask ({node.scope})"
+            )
+        s_local = a.q_len // self.cp
+        out = self.div(node.out, len(node.out.shape) - 2, node)
+        kspec, vspec = self.out[k].out, self.out[v].out
+        packed = kspec.with_shape((kspec.shape[0], kspec.shape[1] + vspec.shape[1], *kspec.shape[2:]))
+        if self.opts.comm == "all_gather":
+            return self._all_gather(node, q, k, v, out, packed, s_local)
+        return self._ring(node, q, k, v, out, packed, s_local)
+
+    def _partial(self, node: Node, ins: list[int], out: TensorSpec, attrs: AttentionAttrs, tag: str) -> int:
+        return self.out.add(
+            OpKind.ATTENTION, ins, out, attrs, phase=node.phase, scope=node.scope, name=f"{node.name}.{tag}"
+        )
+
+    def _exchange(self, node: Node, op: OpKind, ins: list[int], packed: TensorSpec, tag: str) -> tuple[int, int, int]:
+        """A K/V transfer (ring step or all_gather) and views of the K and V halves it delivers."""
+        kv = self.out.add(
+            op,
+            ins,
+            packed,
+            CollectiveAttrs("cp", self.cp, packed.nbytes),
+            phase=node.phase,
+            scope=node.scope,
+            name=f"{node.name}.{tag}",
+        )
+        kspec, vspec = self.out[ins[0]].out, self.out[ins[1]].out
+        heads = packed.shape[1] // 2
+        shape = (packed.shape[0], heads, *packed.shape[2:])
+        kview, vview = (
+            self.out.add(OpKind.VIEW, [kv], spec.with_shape(shape), phase=node.phase, scope=node.scope, name=name)
+            for spec, name in ((kspec, f"{node.name}.{tag}.k"), (vspec, f"{node.name}.{tag}.v"))
+        )
+        self.axis[kv] = self.axis[kview] = self.axis[vview] = len(packed.shape) - 2
+        return kv, kview, vview
+
+    def _ring(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        full_step = replace(a, q_len=s, kv_len=s, causal=False)
+        # Balanced causal: every later step is exactly half a block (Transformer Engine runs
+        # the unmasked half). It is costed as a causal block of the same size: the same work,
+        # and the full-matrix model-FLOP convention then counts the block the step covers,
+        # so model FLOPs do not depend on cp. Otherwise whole blocks (non-causal attention,
+        # or the last rank of an unbalanced causal ring).
+        half_step = replace(a, q_len=s, kv_len=s, causal=True)
+        later = half_step if a.causal and self.opts.balance else full_step
+        first = replace(a, q_len=s, kv_len=s) if a.causal else full_step
+        parts = [self._partial(node, [q, k, v], out, first, "cp0")]
+        kj, vj = k, v
+        for j in range(1, self.cp):
+            _kv, kj, vj = self._exchange(node, OpKind.RECV, [kj, vj], packed, f"cp_ring{j}")
+            parts.append(self._partial(node, [q, kj, vj], out, later, f"cp{j}"))
+        merged = self.out.add(
+            OpKind.ELEMENTWISE,
+            parts,
+            out,
+            ElementwiseAttrs("attn_merge", 4),
+            phase=node.phase,
+            scope=node.scope,
+            name=f"{node.name}.cp_merge",
+        )
+        self.axis[merged] = len(out.shape) - 2
+        return merged
+
+    def _all_gather(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        gathered = packed.with_shape((*packed.shape[:2], packed.shape[2] * self.cp, *packed.shape[3:]))
+        _kv, kf, vf = self._exchange(node, OpKind.ALL_GATHER, [k, v], gathered, "cp_all_gather")
+        seq = s * self.cp
+        if not (a.causal and self.opts.balance):  # one local attention (the last rank when unbalanced)
+            attrs = replace(a, q_len=s, kv_len=seq)
+            v_out = self._partial(node, [q, kf, vf], out, attrs, "cp")
+            self.axis[v_out] = len(out.shape) - 2
+            return v_out
+        # rank 0 of the balanced layout: chunk 0 sees one chunk, chunk 2cp-1 sees all of them
+        c = s // 2
+        half = out.with_shape((*out.shape[:-2], c, out.shape[-1]))
+        lo = self._partial(node, [q, kf, vf], half, replace(a, q_len=c, kv_len=c), "cp_lo")
+        hi = self._partial(node, [q, kf, vf], half, replace(a, q_len=c, kv_len=seq), "cp_hi")
+        cat = self.out.add(OpKind.ELEMENTWISE, [lo, hi], out, ElementwiseAttrs("cat", 0),
+                           phase=node.phase, scope=node.scope, name=f"{node.name}.cp_cat")  # fmt: skip
+        self.axis[cat] = len(out.shape) - 2
+        return cat
+
+
+# ---- backward: bring the other K/V chunks round again instead of saving them -----------------
+
+
+def _is_cp(node: Node, op: OpKind) -> bool:
+    return (
+        node.op is op
+        and node.phase is Phase.FORWARD
+        and isinstance(node.attrs, CollectiveAttrs)
+        and node.attrs.axis == "cp"
+        and bool(node.inputs)
+    )
+
+
+@dataclass(frozen=True)
+class ContextParallelBackward:
+    name: ClassVar[str] = "context-parallel-backward"
+
+    def run(self, graph: Graph) -> Graph:
+        g = graph.copy()
+        views: dict[int, list[int]] = {}  # exchange -> its K and V views, in creation order
+        for n in g:
+            if n.op is OpKind.VIEW and n.phase is Phase.FORWARD and n.inputs and n.inputs[0] in g.nodes:
+                src = g[n.inputs[0]]
+                if _is_cp(src, OpKind.RECV) or _is_cp(src, OpKind.ALL_GATHER):
+                    views.setdefault(src.id, []).append(n.id)
+        if not views:
+            return g
+        merged = {
+            i: n.id for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "attn_merge" for i in n.inputs
+        }
+        position = {nid: i for i, nid in enumerate(g.nodes)}
+        insert: dict[int, list[int]] = {}  # backward consumer -> new nodes to place before it
+        rewire: dict[int, dict[int, int]] = {}
+        owner = {vid: x for x, vs in views.items() for vid in vs}
+        for chain in _ring_chains(g, views, owner):  # the other chunks again, the other way round
+            steps = list(reversed(chain))  # chunk n is one hop away the other way, then n-1, ...
+            users = [_consumers(g, views[r]) for r in steps]
+            if not any(users):
+                continue
+            earliest = min((b for u in users for b in u), key=position.__getitem__)
+            prev = list(g[chain[0]].inputs)
+            for idx, r in enumerate(steps):
+                x, xviews = _refetch(g, g[r], OpKind.RECV, prev, [g[v] for v in views[r]])
+                prev = xviews
+                for b in users[idx]:
+                    rewire.setdefault(b, {}).update(dict(zip(views[r], xviews, strict=True)))
+                # one step ahead: fetched while the previous step's attention backward runs
+                target = users[max(0, idx - 1)] or users[idx]
+                first = min(target, key=position.__getitem__) if target else earliest
+                insert.setdefault(first, []).extend([x, *xviews])
+        for x, vs in views.items():  # all_gather: gather again right before the attention backward
+            if g[x].op is not OpKind.ALL_GATHER:
+                continue
+            users = _consumers(g, vs)
+            if not users:
+                continue
+            y, yviews = _refetch(g, g[x], OpKind.ALL_GATHER, list(g[x].inputs), [g[v] for v in vs])
+            first = min(users, key=position.__getitem__)
+            insert.setdefault(first, []).extend([y, *yviews])
+            for b in users:
+                rewire.setdefault(b, {}).update(dict(zip(vs, yviews, strict=True)))
+        for n in list(g):  # the backward of each ring step reads the merged output, not its partial one
+            if n.op is OpKind.ATTENTION and n.phase is Phase.BACKWARD and n.origin in merged:
+                rewire.setdefault(n.id, {})[n.origin] = merged[n.origin]
+        for b, mapping in rewire.items():
+            g.replace(b, inputs=tuple(mapping.get(i, i) for i in g[b].inputs))
+        placed = {nid for new in insert.values() for nid in new}
+        order: list[int] = []
+        for nid in g.nodes:
+            if nid in placed:
+                continue
+            order.extend(insert.get(nid, []))
+            order.append(nid)
+        g.nodes = {nid: g.nodes[nid] for nid in order}
+        return g
+
+
+def _ring_chains(g: Graph, views: dict[int, list[int]], owner: dict[int, int]) -> list[list[int]]:
+    """Ring exchanges of one attention, first step first."""
+    nxt: dict[int, int] = {}
+    roots = []
+    for x in views:
+        if g[x].op is not OpKind.RECV:
+            continue
+        prev = {owner[i] for i in g[x].inputs if i in owner}
+        if prev:
+            nxt[prev.pop()] = x
+        else:
+            roots.append(x)
+    chains = []
+    for r in roots:
+        chain = [r]
+        while chain[-1] in nxt:
+            chain.append(nxt[chain[-1]])
+        chains.append(chain)
+    return chains
+
+
+def _consumers(g: Graph, values: list[int]) -> list[int]:
+    return sorted({u for v in values for u in g.users(v) if g[u].phase is Phase.BACKWARD})
+
+
+def _refetch(g: Graph, fwd: Node, op: OpKind, ins: list[int], views: list[Node]) -> tuple[int, list[int]]:
+    x = g.add(op, ins, fwd.out, fwd.attrs, phase=Phase.BACKWARD, scope=fwd.scope, name=f"{fwd.name}.refetch",
+              origin=fwd.id)  # fmt: skip
+    out = [
+        g.add(OpKind.VIEW, [x], v.out, phase=Phase.BACKWARD, scope=v.scope, name=f"{v.name}.refetch", origin=v.id)
+        for v in views
+    ]
+    return x, out

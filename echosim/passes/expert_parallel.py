@@ -1,0 +1,285 @@
+"""Expert parallelism: each rank of an ``ep`` group holds ``experts / ep`` experts.
+
+Between the router's dispatch (tokens permuted into expert order) and the
+experts, an all_to_all sends every (token, choice) row to the rank that owns its
+expert; a second all_to_all brings the results back before the combine. The
+grouped expert GEMMs then run on the rows this rank *received*. As in
+Megatron-Core's all-to-all dispatcher, rows that arrive grouped by source rank are
+sorted into local-expert order before the experts (after the expert-tensor-parallel
+all_gather) and back again after them, when a rank holds more than one expert.
+
+Routing is rarely even. :class:`Routing` is the traffic matrix of one dispatch:
+``imbalance`` is the load of the busiest rank over the mean (1 = the
+force-balanced best case NVIDIA's benchmarks use; ``ep`` = every token to one
+rank), and ``capacity_factor`` caps what each rank may send to each other rank at
+``capacity_factor x`` its fair share, dropping the excess (0 = dropless). The ring
+of all_to_alls advances in lock step, so the simulated rank is the busiest one:
+its grouped GEMMs process its received rows and its all_to_all moves the larger of
+what it sends and receives. Expert weights carry ``expert=True`` so that their
+gradients are reduced over the expert-data-parallel group (EP is carved out of
+data parallelism, as in Megatron-Core).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import ClassVar
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
+from echosim.ir.types import TensorSpec
+from echosim.passes.base import LayoutError
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Rows one dispatch moves between the ``ep`` ranks of a group; rank 0 is the busiest."""
+
+    ep: int
+    rows: float  # (token, expert) rows each rank routes
+    imbalance: float = 1.0
+    capacity_factor: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_routing(self.ep, self.imbalance, self.capacity_factor)
+
+    def share(self, dst: int) -> float:
+        """Fraction of every rank's rows that goes to ``dst``."""
+        if self.ep == 1:
+            return 1.0
+        if dst == 0:
+            return self.imbalance / self.ep
+        return (self.ep - self.imbalance) / (self.ep * (self.ep - 1))
+
+    @cached_property
+    def _matrix(self) -> tuple[tuple[float, ...], ...]:
+        cap = self.capacity_factor * self.rows / self.ep if self.capacity_factor > 0 else math.inf
+        return tuple(tuple(min(self.rows * self.share(dst), cap) for dst in range(self.ep)) for _ in range(self.ep))
+
+    def matrix(self) -> list[list[float]]:
+        """``m[src][dst]``: rows sent from src to dst after capacity drops."""
+        return [list(row) for row in self._matrix]
+
+    def sent(self, src: int) -> float:
+        return sum(self._matrix[src])
+
+    def received(self, dst: int) -> float:
+        return sum(row[dst] for row in self._matrix)
+
+    def dropped(self, src: int) -> float:
+        return self.rows - self.sent(src)
+
+    def load_factor(self) -> float:
+        """Rows the busiest rank's experts process, over the rows each rank routes."""
+        return self.received(0) / self.rows if self.rows else 1.0
+
+    def wire_factor(self) -> float:
+        """The busiest rank's all_to_all, as a multiple of a balanced exchange of its rows.
+
+        nccl-tests sizes an all_to_all by the whole per-rank buffer, ``(ep-1)/ep`` of
+        which leaves the rank; the busier direction of the hot rank sets the time.
+        """
+        if self.ep == 1 or not self.rows:
+            return 0.0
+        m = self._matrix
+        off_sent = self.sent(0) - m[0][0]
+        off_recv = self.received(0) - m[0][0]
+        return max(off_sent, off_recv) * self.ep / ((self.ep - 1) * self.rows)
+
+
+def check_routing(ep: int, imbalance: float, capacity_factor: float) -> None:
+    if ep < 1:
+        raise LayoutError(f"ep must be at least 1, got {ep}")
+    if not 1.0 <= imbalance <= ep and ep > 1:
+        raise LayoutError(
+            f"routing imbalance {imbalance:g} must lie between 1 (balanced) and ep={ep} (every token on one rank)"
+        )
+    if capacity_factor < 0 or not math.isfinite(capacity_factor):
+        raise LayoutError(f"capacity factor must be >= 0 (0 = dropless), got {capacity_factor:g}")
+
+
+def _fn(node: Node) -> str:
+    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """Shard experts ``ep`` ways; insert the dispatch and combine all_to_alls (after TP/SP)."""
+
+    ep: int
+    capacity_factor: float = 0.0
+    imbalance: float = 1.0
+    name: ClassVar[str] = "expert-parallel"
+
+    def __post_init__(self) -> None:
+        check_routing(self.ep, self.imbalance, self.capacity_factor)
+
+    def run(self, graph: Graph) -> Graph:
+        dispatches = [n for n in graph if n.phase is Phase.FORWARD and _fn(n) == "moe_dispatch"]
+        if not dispatches:
+            if self.ep > 1:
+                raise LayoutError(f"ep={self.ep} needs a mixture-of-experts model (no routed experts found)")
+            return graph
+        if self.ep == 1 and (self.capacity_factor == 0 or self.capacity_factor >= 1):
+            return graph  # one rank holds every expert and drops nothing
+        return _Rewriter(graph, self, dispatches).run()
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph, opts: ExpertParallel, dispatches: list[Node]) -> None:
+        self.src = graph
+        self.opts = opts
+        self.out = Graph(graph.name, graph.repeats)
+        self.map: dict[int, int] = {}
+        self.region: dict[int, int] = {}  # node in an expert region -> its dispatch
+        self.combine_of: dict[int, int] = {}  # combine -> dispatch
+        self.experts: dict[int, int] = {}  # expert weight -> experts in the layer
+        for d in dispatches:
+            self._find_region(d)
+        self.routing: dict[int, Routing] = {}
+        self.sorted: dict[int, int] = {}  # new expert-input value -> its chunk sort
+        self.entry, self.exit = self._ends()
+
+    def _ends(self) -> tuple[set[int], set[int]]:
+        """Expert GEMMs that read the region's input rows, and those whose output leaves the experts."""
+        if self.opts.ep == 1 or not self.experts or min(self.experts.values()) // self.opts.ep < 2:
+            return set(), set()
+        grouped = {
+            nid for nid in self.region if self.src[nid].op is OpKind.MATMUL and self.src[nid].inputs[1] in self.experts
+        }
+        after: set[int] = set()
+        for n in self.src:
+            if n.id in self.region and any(i in grouped or i in after for i in n.inputs):
+                after.add(n.id)
+        before: set[int] = set()
+        for n in reversed(list(self.src)):
+            if n.id in self.region and any(u in grouped or u in before for u in self.src.users(n.id)):
+                before.add(n.id)
+        return grouped - after, grouped - before
+
+    def _find_region(self, d: Node) -> None:
+        below: set[int] = {d.id}
+        combine = None
+        for n in self.src:  # graph order is topological
+            if n.id != d.id and any(i in below for i in n.inputs):
+                below.add(n.id)
+                if _fn(n) == "moe_combine" and n.inputs[0] in below:
+                    combine = n
+                    break
+        if combine is None:
+            raise LayoutError(f"expert dispatch {d.name} at {d.scope} has no combine")
+        above: set[int] = set()
+        stack = [combine.inputs[0]]
+        while stack:
+            i = stack.pop()
+            if i in above or i == d.id:
+                continue
+            above.add(i)
+            stack.extend(self.src[i].inputs)
+        for nid in above & below:
+            self.region[nid] = d.id
+            node = self.src[nid]
+            if node.op is OpKind.MATMUL and len(node.inputs) > 1:
+                w = self.src[node.inputs[1]]
+                if w.op is OpKind.PARAMETER and len(w.out.shape) == 3:
+                    experts = w.out.shape[0]
+                    if experts % self.opts.ep:
+                        raise LayoutError(f"ep={self.opts.ep} does not divide experts {experts}")
+                    self.experts[w.id] = experts
+        self.combine_of[combine.id] = d.id
+
+    def run(self) -> Graph:
+        for node in self.src:
+            ins = [self.map[i] for i in node.inputs]
+            if node.id in self.experts:
+                self.map[node.id] = self._weight(node)
+            elif node.id in self.region:
+                if node.id in self.entry:
+                    ins = [self._chunks(node, ins[0], "moe_sort_chunks"), *ins[1:]]
+                self.map[node.id] = self._scaled(node, ins)
+                if node.id in self.exit:
+                    self.map[node.id] = self._chunks(node, self.map[node.id], "moe_unsort_chunks")
+            elif node.id in self.combine_of:
+                d = self.combine_of[node.id]
+                back = self._all_to_all(self.src[d], ins[0], self.src[node.inputs[0]], "combine")
+                self.map[node.id] = self._copy(node, [back, *ins[1:]])
+            else:
+                self.map[node.id] = self._copy(node, ins)
+            if _fn(node) == "moe_dispatch" and node.phase is Phase.FORWARD:
+                self._dispatched(node)
+        self.out.inputs = [self.map[i] for i in self.src.inputs]
+        self.out.outputs = [self.map[o] for o in self.src.outputs]
+        return self.out
+
+    def _copy(self, node: Node, ins: list[int], **changes: object) -> int:
+        fields = {"out": node.out, "attrs": node.attrs, **changes}
+        return self.out.add(
+            node.op,
+            ins,
+            fields["out"],  # type: ignore[arg-type]
+            fields["attrs"],  # type: ignore[arg-type]
+            phase=node.phase,
+            scope=node.scope,
+            name=node.name,
+        )
+
+    def _chunks(self, node: Node, value: int, fn: str) -> int:
+        """Megatron's sort_chunks_by_idxs: rows from each source rank regrouped by local expert."""
+        if fn == "moe_sort_chunks" and value in self.sorted:
+            return self.sorted[value]
+        v = self.out.add(OpKind.ELEMENTWISE, [value], self.out[value].out, ElementwiseAttrs(fn),
+                         phase=node.phase, scope=node.scope, name=f"{node.name}.{fn}")  # fmt: skip
+        if fn == "moe_sort_chunks":
+            self.sorted[value] = v
+        return v
+
+    def _weight(self, node: Node) -> int:
+        shape = (node.out.shape[0] // self.opts.ep, *node.out.shape[1:])
+        attrs = node.attrs if isinstance(node.attrs, ParamAttrs) else ParamAttrs()
+        if self.opts.ep > 1:
+            attrs = replace(attrs, shard=attrs.shard * self.opts.ep, expert=True)
+        return self._copy(node, [], out=node.out.with_shape(shape), attrs=attrs)
+
+    def _dispatched(self, node: Node) -> None:
+        """After the dispatch: the rows leave for their experts' ranks."""
+        rows = node.out.shape[0]
+        routing = Routing(self.opts.ep, rows, self.opts.imbalance, self.opts.capacity_factor)
+        self.routing[node.id] = routing
+        if self.opts.ep > 1:
+            self.map[node.id] = self._all_to_all(node, self.map[node.id], node, "dispatch")
+
+    def _all_to_all(self, d: Node, value: int, shape_of: Node, what: str) -> int:
+        routing = self.routing[d.id]
+        if self.opts.ep == 1:
+            return value
+        src = self.out[value].out
+        out = shape_of.out if what == "combine" else self._rows(shape_of, routing)
+        nbytes = round(routing.wire_factor() * (shape_of.out.nbytes if what == "dispatch" else out.nbytes))
+        return self.out.add(
+            OpKind.ALL_TO_ALL,
+            [value],
+            out if what == "combine" else src.with_shape(out.shape),
+            CollectiveAttrs("ep", self.opts.ep, nbytes),
+            phase=d.phase,
+            scope=d.scope,
+            name=f"{d.name}.{what}_all_to_all",
+        )
+
+    def _rows(self, node: Node, routing: Routing) -> TensorSpec:
+        rows = math.ceil(node.out.shape[0] * routing.load_factor())
+        return node.out.with_shape((max(1, rows), *node.out.shape[1:]))
+
+    def _scaled(self, node: Node, ins: list[int]) -> int:
+        """An op between dispatch and combine: it now sees the busiest rank's rows and local experts."""
+        routing = self.routing[self.region[node.id]]
+        out = self._rows(node, routing)
+        attrs = node.attrs
+        if isinstance(attrs, MatmulAttrs) and node.id not in self.experts:
+            experts = self.out[ins[1]].out.shape[0] if len(self.out[ins[1]].out.shape) == 3 else 0
+            if experts:
+                attrs = replace(attrs, batch=experts, m=-(-out.shape[0] // experts))
+        elif isinstance(attrs, CollectiveAttrs):
+            attrs = replace(attrs, bytes=max(out.nbytes, self.out[ins[0]].out.nbytes))
+        return self._copy(node, ins, out=out, attrs=attrs)

@@ -1,0 +1,91 @@
+"""Which ranks share a gradient, once context and expert parallelism are in the layout.
+
+Runs after the data-parallel pass, whatever collectives it chose (all_reduce,
+reduce_scatter, ZeRO/FSDP all_gathers), and fixes their groups:
+
+* Context parallelism: every rank of a CP group computes partial weight gradients of
+  the same weights from its part of the sequence, so gradients are reduced over the
+  ``dp * cp`` ranks of a stage (Megatron-Core's data-parallel group "with context
+  parallelism"); sharded optimizer state spans the same ranks.
+* Expert parallelism: a routed expert lives on ``dp * cp / ep`` ranks only (EP is
+  carved out of data parallelism), so the expert share of each collective moves to
+  the expert-data-parallel group: axis ``edp`` for gradient reductions and ZeRO
+  all_gathers, ``efsdp`` for the per-layer FSDP traffic. The share is the expert
+  weights' part of the bytes the collective carries (per layer, or per model for the
+  step-end all_gather).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import CollectiveAttrs, ParamAttrs, Phase
+
+_EXPERT_AXIS = {"dp": "edp", "fsdp": "efsdp"}
+
+
+def _expert(node: Node) -> bool:
+    return isinstance(node.attrs, ParamAttrs) and node.attrs.expert
+
+
+@dataclass(frozen=True)
+class GradientGroups:
+    cp: int = 1
+    ep: int = 1
+    name: ClassVar[str] = "gradient-groups"
+
+    def run(self, graph: Graph) -> Graph:
+        if self.cp == 1 and self.ep == 1:
+            return graph
+        g = graph.copy()
+        share = self._expert_share(g)
+        clones: dict[int, int] = {}
+        for n in list(g):
+            a = n.attrs
+            if not isinstance(a, CollectiveAttrs) or a.axis not in _EXPERT_AXIS:
+                continue
+            size = a.size * self.cp
+            key = "*" if n.phase is Phase.OPTIMIZER else n.scope or "-"
+            frac = share.get(key, 0.0) if self.ep > 1 else 0.0
+            expert_bytes = round(a.bytes * frac)
+            g.replace(n.id, attrs=replace(a, size=size, bytes=a.bytes - expert_bytes))
+            if expert_bytes:
+                spec = n.out.with_shape((max(1, n.out.numel * expert_bytes // max(1, a.bytes)),))
+                clones[n.id] = g.add(
+                    n.op,
+                    n.inputs,
+                    spec,
+                    CollectiveAttrs(_EXPERT_AXIS[a.axis], size // self.ep, expert_bytes),
+                    phase=n.phase,
+                    scope=n.scope,
+                    name=f"{n.name}.experts",
+                )
+        if clones:  # each expert share runs right after the collective it was split from
+            order: list[int] = []
+            placed = set(clones.values())
+            for nid in g.nodes:
+                if nid in placed:
+                    continue
+                order.append(nid)
+                if nid in clones:
+                    order.append(clones[nid])
+            g.nodes = {nid: g.nodes[nid] for nid in order}
+        return g
+
+    def _expert_share(self, g: Graph) -> dict[str, float]:
+        """Expert weights' share of the gradient bytes, per repeated block and ("*") per model."""
+        total: dict[str, float] = {}
+        expert: dict[str, float] = {}
+        for p in g.grads:
+            node = g[p]
+            size = node.out.numel
+            scope = g.block_of(node) or "-"
+            for key, weight in ((scope, 1), ("*", g.multiplicity(node))):
+                total[key] = total.get(key, 0.0) + size * weight
+                if _expert(node):
+                    expert[key] = expert.get(key, 0.0) + size * weight
+        share = {k: expert.get(k, 0.0) / v for k, v in total.items() if v}
+        share.pop("-", None)  # collectives outside the repeated block carry no experts
+        return share

@@ -1,0 +1,285 @@
+"""Sequence and context parallelism: golden IR, closed forms, memory, overlap and layout errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from conftest import TINY_LLAMA, capture, check_golden
+
+from echosim.backends.compute import attention_flops
+from echosim.backends.devices import DEVICES
+from echosim.backends.gpu import GPUBackend
+from echosim.cli import cli
+from echosim.frontend.zoo import ArchConfig
+from echosim.ir import Graph, print_graph, verify
+from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, OpKind, Phase
+from echosim.ir.types import DType
+from echosim.passes.attention import AttentionKernel
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
+from echosim.passes.flops import graph_flops
+from echosim.passes.memory import activation_bytes
+from echosim.passes.tensor_parallel import TensorParallel
+from echosim.plan import Cluster, Plan
+from echosim.timeline.engine import context_expert_placements, placements, time_stage
+
+
+def per_layer_activations(graph: Graph) -> int:
+    """Bytes one more repetition of the block adds to the saved activations."""
+    (block,) = graph.repeats
+    count = graph.repeats[block]
+    graph.repeats[block] = count + 1
+    more = activation_bytes(graph)
+    graph.repeats[block] = count
+    return more - activation_bytes(graph)
+
+
+def collectives(g: Graph, phase: Phase, axis: str, block: bool = True) -> list:
+    return [
+        n
+        for n in g
+        if n.phase is phase
+        and isinstance(n.attrs, CollectiveAttrs)
+        and n.attrs.axis == axis
+        and (g.block_of(n) is not None) == block
+    ]
+
+
+# ---- sequence parallelism -------------------------------------------------------------------
+
+
+def test_sequence_parallel_golden(tiny_gpt: Graph) -> None:
+    g = run_passes(tiny_gpt, [TensorParallel(2, sequence_parallel=True), Autodiff()])
+    check_golden("sp_tp2_autodiff_gpt.txt", print_graph(g))
+
+
+def test_sequence_parallel_swaps_each_all_reduce_for_reduce_scatter_plus_all_gather(tiny_llama: Graph) -> None:
+    """Same volume as TP (an all_reduce is a reduce_scatter plus an all_gather), now visible as two ops."""
+    tp = run_passes(tiny_llama, [TensorParallel(2)])
+    sp = run_passes(tiny_llama, [TensorParallel(2, sequence_parallel=True)])
+    ar = [n for n in collectives(tp, Phase.FORWARD, "tp") if n.op is OpKind.ALL_REDUCE]
+    rs = [n for n in collectives(sp, Phase.FORWARD, "tp") if n.op is OpKind.REDUCE_SCATTER]
+    ag = [n for n in collectives(sp, Phase.FORWARD, "tp") if n.op is OpKind.ALL_GATHER]
+    assert not [n for n in collectives(sp, Phase.FORWARD, "tp") if n.op is OpKind.ALL_REDUCE]
+    assert len(ar) == len(rs) == len(ag) == 2  # attention and MLP of the layer
+    assert sorted(n.attrs.bytes for n in ar) == sorted(n.attrs.bytes for n in rs) == sorted(n.attrs.bytes for n in ag)
+
+
+def test_sequence_parallel_backward_reduce_scatters_and_regathers_for_weight_gradients(tiny_llama: Graph) -> None:
+    g = run_passes(tiny_llama, [TensorParallel(2, sequence_parallel=True), Autodiff()])
+    bwd = collectives(g, Phase.BACKWARD, "tp")
+    kinds = sorted(n.op.value for n in bwd)
+    # per layer: conjugates of 2 RS (2 AG) and 2 AG (2 RS), plus one re-gather per gathered input
+    assert kinds == ["all_gather"] * 4 + ["reduce_scatter"] * 2
+    regathers = [n for n in bwd if n.name.endswith("regather")]
+    assert len(regathers) == 2
+    assert not any(n.op is OpKind.ALL_REDUCE for n in bwd)
+
+
+def test_sequence_parallel_keeps_flops(tiny_gpt: Graph) -> None:
+    tp = graph_flops(run_passes(tiny_gpt, [TensorParallel(2), Autodiff()]))
+    sp = graph_flops(run_passes(tiny_gpt, [TensorParallel(2, sequence_parallel=True), Autodiff()]))
+    assert sp == tp
+
+
+@pytest.mark.parametrize(("sp", "closed_form"), [(False, "tp"), (True, "tp+sp")])
+def test_activation_memory_matches_korthikanti(sp: bool, closed_form: str) -> None:
+    """Per-layer activations of a GPT layer, Korthikanti et al. 2022 Table 2 (16-bit, math attention):
+    TP: sbh(10 + 24/t + 5as/ht); TP+SP: sbh(34/t + 5as/ht)."""
+    s, h, a, t = 2048, 1024, 16, 4
+    cfg = ArchConfig("gpt", layers=2, hidden=h, heads=a, vocab=1024, seq_len=s, dropout=0.1, tied_embeddings=True)
+    g = run_passes(
+        capture(cfg, dtype=DType.FP16),
+        [AttentionKernel(flash=False), TensorParallel(t, sequence_parallel=sp), Autodiff()],
+    )
+    expected = {"tp": 10 + 24 / t + 5 * a * s / (h * t), "tp+sp": 34 / t + 5 * a * s / (h * t)}[closed_form]
+    assert per_layer_activations(g) / (s * h) == pytest.approx(expected, rel=0.04)
+
+
+def test_sequence_parallel_needs_divisible_tokens() -> None:
+    cfg = TINY_LLAMA.with_(seq_len=18)
+    with pytest.raises(LayoutError, match=r"tp=4 does not divide the sequence"):
+        run_passes(capture(cfg), [TensorParallel(4, sequence_parallel=True)])
+
+
+# ---- context parallelism --------------------------------------------------------------------
+
+
+def test_ring_attention_golden(tiny_llama: Graph) -> None:
+    g = run_passes(tiny_llama, [ContextParallel(2), Autodiff(), ContextParallelBackward()])
+    check_golden("cp2_ring_autodiff_llama.txt", print_graph(g))
+
+
+def test_all_gather_context_parallel_golden(tiny_gpt: Graph) -> None:
+    g = run_passes(tiny_gpt, [ContextParallel(2, "all_gather"), TensorParallel(2, sequence_parallel=True)])
+    check_golden("cp2_allgather_tp2_sp_gpt.txt", print_graph(g))
+
+
+def _fwd_attention(g: Graph) -> list[AttentionAttrs]:
+    return [n.attrs for n in g if n.phase is Phase.FORWARD and isinstance(n.attrs, AttentionAttrs)]
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_ring_exchanges_cp_minus_one_kv_chunks(cp: int) -> None:
+    cfg = TINY_LLAMA.with_(seq_len=64)
+    g = run_passes(capture(cfg), [ContextParallel(cp), Autodiff(), ContextParallelBackward()])
+    fwd = collectives(g, Phase.FORWARD, "cp")
+    bwd = collectives(g, Phase.BACKWARD, "cp")
+    kv = TINY_LLAMA.n_kv_heads * TINY_LLAMA.dim_head * 2 * (64 // cp) * 2  # K and V, fp16, local tokens
+    assert [n.op for n in fwd] == [OpKind.RECV] * (cp - 1)
+    assert all(n.attrs.bytes == kv for n in fwd)
+    # backward: the K/V chunks again (other direction) and their gradients
+    assert len(bwd) == 2 * (cp - 1) and all(n.attrs.bytes == kv for n in bwd)
+    assert len(_fwd_attention(g)) == cp
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+@pytest.mark.parametrize("balance", [True, False])
+def test_ring_keeps_model_flops(cp: int, balance: bool) -> None:
+    cfg = TINY_LLAMA.with_(seq_len=64)
+    base = graph_flops(run_passes(capture(cfg), [Autodiff()]))
+    split = graph_flops(run_passes(capture(cfg), [ContextParallel(cp, balance=balance), Autodiff()]))
+    assert split.model * cp == base.model
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_load_balancing_splits_causal_work_evenly(cp: int) -> None:
+    """Balanced: every rank does 1/cp of the causal work; unbalanced, the last rank does (2cp-1)/cp of a share."""
+    s = 4096
+    cfg = TINY_LLAMA.with_(seq_len=s)
+    full = sum(attention_flops(a) for a in _fwd_attention(capture(cfg)))
+    for comm in ("p2p", "all_gather"):
+        balanced = sum(
+            attention_flops(a) for a in _fwd_attention(run_passes(capture(cfg), [ContextParallel(cp, comm)]))
+        )
+        assert balanced * cp == pytest.approx(full, rel=0.01)
+        worst = sum(
+            attention_flops(a)
+            for a in _fwd_attention(run_passes(capture(cfg), [ContextParallel(cp, comm, balance=False)]))
+        )
+        assert worst / balanced == pytest.approx((2 * cp - 1) / cp, rel=0.01)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_divides_activations(cp: int) -> None:
+    """Each rank keeps 1/cp of the activations: only its own K/V, re-fetched in backward."""
+    cfg = TINY_LLAMA.with_(seq_len=256, hidden=128, heads=8, kv_heads=2, ffn=256)
+    one = per_layer_activations(run_passes(capture(cfg), [Autodiff()]))
+    ring = run_passes(capture(cfg), [ContextParallel(cp), Autodiff(), ContextParallelBackward()])
+    assert per_layer_activations(ring) * cp == pytest.approx(one, rel=0.01)
+    saved = run_passes(capture(cfg), [ContextParallel(cp), Autodiff()])  # without the re-fetch
+    assert per_layer_activations(saved) > per_layer_activations(ring)
+
+
+def test_context_parallel_verifies_with_tp_sp_and_recompute() -> None:
+    from echosim.passes.recompute import Recompute
+
+    g = run_passes(
+        capture(TINY_LLAMA.with_(seq_len=32)),
+        [
+            ContextParallel(2),
+            TensorParallel(2, sequence_parallel=True),
+            Autodiff(),
+            ContextParallelBackward(),
+            Recompute("full"),
+        ],
+    )
+    verify(g)
+    heads = [a.heads for a in _fwd_attention(g)]
+    assert heads == [TINY_LLAMA.heads // 2] * 2
+
+
+def test_cp_layout_errors_name_the_constraint() -> None:
+    cfg = TINY_LLAMA.with_(seq_len=18)
+    with pytest.raises(LayoutError, match=r"cp=4 does not divide seq_len 18"):
+        run_passes(capture(cfg), [ContextParallel(4)])
+    odd = TINY_LLAMA.with_(seq_len=21)
+    with pytest.raises(LayoutError, match=r"2\*cp=6"):
+        run_passes(capture(odd), [ContextParallel(3)])
+    run_passes(capture(odd), [ContextParallel(3, balance=False)])  # 21 tokens in 3 contiguous chunks
+
+
+def test_ring_hides_its_transfers_behind_attention() -> None:
+    """Long sequences: the K/V exchange of each ring step runs while the previous step computes."""
+    cfg = ArchConfig("llama", layers=2, hidden=4096, heads=32, kv_heads=8, vocab=32000, ffn=14336, seq_len=16384)
+    backend = GPUBackend(DEVICES["h100-sxm"])
+    exposed = {}
+    for comm in ("p2p", "all_gather"):
+        plan = Plan(cp=4, dp=1, seq_len=16384, cp_comm=comm)
+        g = run_passes(
+            capture(cfg, dtype=DType.BF16), [ContextParallel(4, comm), Autodiff(), ContextParallelBackward()]
+        )
+        where = placements(plan, Cluster("h100-sxm", 4, 8))
+        t = time_stage(0, 2, g, backend, where, plan)
+        unit = t.fwd_units[1][0]
+        assert unit.busy["comm.cp"] > 0
+        exposed[comm] = unit.duration - unit.compute_busy
+    assert exposed["p2p"] < 0.01 * unit.duration
+    assert exposed["all_gather"] > exposed["p2p"]
+
+
+def test_placements_follow_megatron_rank_order() -> None:
+    plan = Plan(tp=4, cp=2, dp=8, ep=8, pp=2)
+    where = context_expert_placements(plan, Cluster("h100-sxm", 128, 8))
+    assert (where["cp"].size, where["cp"].nodes, where["cp"].per_node) == (2, 1, 2)  # ranks 4 apart, one node
+    assert where["dp"].size == 16  # gradients over dp x cp
+    assert (where["ep"].size, where["ep"].nodes, where["ep"].per_node) == (8, 4, 2)  # 4 apart: two per node
+    assert where["edp"].size == 2 and where["edp"].per_node == 1
+    assert context_expert_placements(Plan(tp=8, dp=4), Cluster("h100-sxm", 32, 8)) == {}
+
+
+# ---- plan and CLI --------------------------------------------------------------------------
+
+
+def _run(*args: str) -> object:
+    return CliRunner().invoke(cli, ["compile", *args])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["llama3-8b", "--cp", "3", "--devices", "3"], "cp=3 does not divide seq_len 8192"),
+        (["mixtral-8x7b", "--ep", "16", "--dp", "16"], "ep=16 does not divide experts 8"),
+        (["llama3-8b", "--ep", "2", "--dp", "2"], "ep=2 needs a mixture-of-experts model"),
+        (["llama3-8b", "--sp", "--devices", "1"], "sequence parallelism needs tp > 1"),
+        (["llama3-8b", "--tp", "8", "--sp", "--seq-len", "8196"], "tp=8 does not divide the 8196 tokens"),
+        (["mixtral-8x7b", "--ep", "2", "--dp", "2", "--moe-imbalance", "3"], "must lie between 1 (balanced) and ep=2"),
+        (["mixtral-8x7b", "--moe-capacity-factor", "-1"], "--moe-capacity-factor must be >= 0"),
+        (["llama3-8b", "--cp", "2", "--dp", "1", "--devices", "4"], "does not equal devices=4"),
+    ],
+)
+def test_cli_layout_errors_are_one_line(args: list[str], message: str) -> None:
+    result = _run(*args)
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_compiles_cp_and_reports_it() -> None:
+    cfg_args = ["llama3-8b", "--cp", "2", "--cp-comm", "all_gather", "--backend", "h100-sxm", "--seq-len", "4096"]
+    result = _run(*cfg_args, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["devices"] == 2
+    assert report["plan"]["cp"] == 2 and report["plan"]["cp_comm"] == "all_gather"
+    # both ranks of the CP group together process whole sequences
+    assert report["tokens_per_s"] == pytest.approx(4096 / report["step_time_s"], rel=1e-4)
+    assert 0 < report["mfu"] < 1
+    text = _run(*cfg_args).output
+    assert "CP 2" in text
+
+
+def test_context_parallel_scales_mfu_consistently() -> None:
+    """The same model and global batch on twice the devices via CP: MFU stays comparable, not halved."""
+    from echosim.compiler import compile
+
+    cfg = ArchConfig("llama", layers=2, hidden=2048, heads=16, kv_heads=4, vocab=32000, ffn=5632, seq_len=8192)
+    one = compile(cfg, Plan(dp=1, seq_len=8192), Cluster("h100-sxm", 1, 8))
+    two = compile(cfg, Plan(dp=1, cp=2, seq_len=8192), Cluster("h100-sxm", 2, 8))
+    assert two.model_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-9)
+    assert two.step_time_s < one.step_time_s
+    assert math.isclose(two.tokens_per_s * two.step_time_s, one.tokens_per_s * one.step_time_s)

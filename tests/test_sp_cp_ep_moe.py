@@ -1,0 +1,227 @@
+"""Mixture of experts and expert parallelism: the zoo model, routing traffic, IR, time and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import capture, check_golden
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig, build_module
+from echosim.ir import Graph, print_graph, verify
+from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.data_parallel import DataParallel
+from echosim.passes.expert_parallel import ExpertParallel, Routing
+from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.gradient_groups import GradientGroups
+from echosim.passes.tensor_parallel import TensorParallel
+from echosim.plan import Cluster, Plan
+
+TINY_MOE = ArchConfig(
+    "moe", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, experts=4, top_k=2, moe_ffn=32,
+    shared_experts=1,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_moe() -> Graph:
+    return capture(TINY_MOE)
+
+
+def a2a(g: Graph, phase: Phase) -> list:
+    return [n for n in g if n.op is OpKind.ALL_TO_ALL and n.phase is phase]
+
+
+def grouped(g: Graph, phase: Phase = Phase.FORWARD) -> list:
+    return [n for n in g if n.phase is phase and isinstance(n.attrs, MatmulAttrs) and n.attrs.batch > 1]
+
+
+# ---- the model -----------------------------------------------------------------------------
+
+
+def test_moe_capture_golden(tiny_moe: Graph) -> None:
+    verify(tiny_moe)
+    check_golden("capture_moe.txt", print_graph(tiny_moe))
+
+
+@pytest.mark.parametrize("name", [n for n, c in ZOO.items() if c.arch == "moe"])
+def test_moe_zoo_matches_published_size(name: str) -> None:
+    assert ZOO[name].param_count() == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+def test_moe_module_param_count_equals_closed_form(tiny_moe: Graph) -> None:
+    assert param_count(tiny_moe) == TINY_MOE.param_count()
+    assert sum(p.numel() for p in build_module(TINY_MOE).parameters()) == TINY_MOE.param_count()
+
+
+def test_moe_layer_computes_top_k_mixture_on_cpu() -> None:
+    """The fx leaf ops are real PyTorch: on CPU the layer equals a per-token loop over chosen experts."""
+    from echosim.frontend import zoo_modules
+
+    torch.manual_seed(0)
+    moe = zoo_modules.MoE(TINY_MOE.with_(shared_experts=0))
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(2, 5, 64)
+    out = moe(x)
+    tokens = x.flatten(0, 1)
+    weights, ids = torch.topk(torch.softmax(moe.router(tokens), -1), 2, dim=-1)
+    ref = torch.zeros_like(tokens)
+    for t in range(tokens.shape[0]):
+        for j in range(2):
+            e = int(ids[t, j])
+            ex = moe.experts
+            h = torch.nn.functional.silu(tokens[t] @ ex.gate_proj.weight[e]) * (tokens[t] @ ex.up_proj.weight[e])
+            ref[t] += weights[t, j] * (h @ ex.down_proj.weight[e])
+    torch.testing.assert_close(out, ref.view_as(x), rtol=1e-4, atol=1e-5)
+
+
+def test_moe_flops_closed_form(tiny_moe: Graph) -> None:
+    """Forward matmul FLOPs of a layer: router 2ThE, routed experts 2Tk*3hf, shared 2T*3hf*shared."""
+    c, t = TINY_MOE, TINY_MOE.seq_len
+    g = run_passes(tiny_moe, [Autodiff()])
+    moe = [n for n in g if n.phase is Phase.FORWARD and ".moe" in n.scope and isinstance(n.attrs, MatmulAttrs)]
+    got = sum(n.attrs.flops for n in moe)
+    f = c.expert_ffn
+    assert got == 2 * t * c.hidden * c.experts + 2 * t * c.top_k * 3 * c.hidden * f + 2 * t * 3 * c.hidden * f
+
+
+# ---- routing traffic -------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ep=st.integers(1, 64),
+    rows=st.integers(1, 1 << 20),
+    skew=st.floats(0.0, 1.0),
+    capacity=st.one_of(st.just(0.0), st.floats(0.25, 8.0)),
+)
+def test_all_to_all_bytes_are_conserved(ep: int, rows: int, skew: float, capacity: float) -> None:
+    """Whatever the skew and capacity: every row sent is received, dispatch and combine mirror each other,
+    and the busiest rank processes min(imbalance, capacity) times its share."""
+    imbalance = 1.0 + skew * (ep - 1)
+    r = Routing(ep, rows, imbalance, capacity)
+    m = r.matrix()
+    sent = [r.sent(i) for i in range(ep)]
+    received = [r.received(i) for i in range(ep)]
+    assert sum(sent) == pytest.approx(sum(received), rel=1e-9)
+    combine = [[m[dst][src] for dst in range(ep)] for src in range(ep)]  # the way back: the transpose
+    assert [sum(row) for row in combine] == pytest.approx(received)
+    assert [sum(combine[s][d] for s in range(ep)) for d in range(ep)] == pytest.approx(sent)
+    for i in range(ep):
+        assert sent[i] + r.dropped(i) == pytest.approx(rows)
+        assert r.dropped(i) >= -1e-9 * rows
+    cap = capacity if capacity > 0 else float("inf")
+    assert r.load_factor() == pytest.approx(min(imbalance, cap) if ep > 1 else min(1.0, cap), rel=1e-9)
+    assert max(received) == pytest.approx(received[0])  # rank 0 is the busiest
+
+
+def test_balanced_all_to_all_moves_the_nccl_buffer() -> None:
+    """Balanced: each rank's buffer is its dispatched rows, (ep-1)/ep of which leave it (nccl-tests convention)."""
+    for ep in (2, 4, 8, 64):
+        assert Routing(ep, 4096).wire_factor() == pytest.approx(1.0)
+    assert Routing(8, 4096, imbalance=2.0).wire_factor() > 1.0
+
+
+def test_routing_rejects_impossible_imbalance() -> None:
+    with pytest.raises(LayoutError, match="between 1"):
+        Routing(4, 100, imbalance=5.0)
+    with pytest.raises(LayoutError, match="capacity factor"):
+        ExpertParallel(2, capacity_factor=-1.0)
+
+
+# ---- the expert-parallel pass ----------------------------------------------------------------
+
+
+def test_expert_parallel_golden(tiny_moe: Graph) -> None:
+    g = run_passes(tiny_moe, [TensorParallel(2, sequence_parallel=True), ExpertParallel(2, imbalance=1.5), Autodiff()])
+    check_golden("ep2_tp2_sp_moe.txt", print_graph(g))
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_graph_all_to_all_bytes_are_conserved(tiny_moe: Graph, ep: int) -> None:
+    g = run_passes(tiny_moe, [ExpertParallel(ep), Autodiff()])
+    fwd, bwd = a2a(g, Phase.FORWARD), a2a(g, Phase.BACKWARD)
+    if ep == 1:
+        assert not fwd and not bwd
+        return
+    dispatch = next(n for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch")
+    assert [n.attrs.bytes for n in fwd] == [dispatch.out.nbytes] * 2  # dispatch and combine, balanced
+    assert sorted(n.attrs.bytes for n in bwd) == sorted(n.attrs.bytes for n in fwd)  # conjugates
+    assert all(n.attrs.size == ep for n in fwd + bwd)
+
+
+def test_expert_parallel_shards_experts_and_keeps_balanced_flops(tiny_moe: Graph) -> None:
+    one = run_passes(tiny_moe, [ExpertParallel(1), Autodiff()])
+    four = run_passes(tiny_moe, [ExpertParallel(4), Autodiff()])
+    assert graph_flops(four) == graph_flops(one)  # each rank still processes its T*k rows
+    experts = [n for n in four.params() if isinstance(n.attrs, ParamAttrs) and n.attrs.expert]
+    assert experts and all(n.out.shape[0] == 1 and n.attrs.shard == 4 for n in experts)
+    assert all(n.attrs.batch == 1 for n in grouped(four))
+
+
+def test_imbalance_raises_compute_and_all_to_all(tiny_moe: Graph) -> None:
+    def shape(r: float, cf: float = 0.0) -> tuple[int, int]:
+        g = run_passes(tiny_moe, [ExpertParallel(2, cf, r)])
+        return sum(n.attrs.m * n.attrs.batch for n in grouped(g)), sum(n.attrs.bytes for n in a2a(g, Phase.FORWARD))
+
+    rows, wire = shape(1.0)
+    hot_rows, hot_wire = shape(2.0)
+    assert hot_rows == 2 * rows and hot_wire == 2 * wire
+    assert shape(2.0, cf=1.25)[0] == pytest.approx(1.25 * rows, abs=3)  # capacity drops the excess
+
+
+def test_expert_parallel_layout_errors(tiny_moe: Graph) -> None:
+    with pytest.raises(LayoutError, match="ep=8 does not divide experts 4"):
+        run_passes(tiny_moe, [ExpertParallel(8)])
+    with pytest.raises(LayoutError, match="needs a mixture-of-experts model"):
+        run_passes(capture(TINY_MOE.with_(arch="llama")), [ExpertParallel(2)])
+
+
+def test_expert_gradients_sync_over_expert_data_parallel_ranks(tiny_moe: Graph) -> None:
+    dp, cp, ep = 4, 2, 4
+    g = run_passes(tiny_moe, [ExpertParallel(ep), Autodiff()])
+    plain = DataParallel(dp)
+    before = run_passes(g, [plain])
+    after = run_passes(before, [GradientGroups(cp=cp, ep=ep)])
+    syncs = [n for n in after if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis in ("dp", "edp")]
+    assert {n.attrs.axis: n.attrs.size for n in syncs} == {"dp": dp * cp, "edp": dp * cp // ep}
+    total = sum(n.attrs.bytes for n in before if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "dp")
+    assert sum(n.attrs.bytes for n in syncs) == total
+    expert = sum(n.out.numel for n in g.params() if n.attrs.expert) * 4  # fp32 grads of one layer
+    assert sum(n.attrs.bytes for n in syncs if n.attrs.axis == "edp") == pytest.approx(expert, rel=1e-6)
+
+
+# ---- end to end ---------------------------------------------------------------------------
+
+
+def _moe_cfg() -> ArchConfig:
+    return ArchConfig(
+        "moe", layers=2, hidden=2048, heads=16, kv_heads=4, vocab=32000, seq_len=4096, experts=16, top_k=2,
+        moe_ffn=2048,
+    )  # fmt: skip
+
+
+def test_compile_moe_with_tp_sp_ep_cp() -> None:
+    from echosim.compiler import compile_full
+
+    plan = Plan(tp=2, sp=True, dp=4, ep=4, cp=2, global_batch=8, seq_len=4096)
+    c = compile_full(_moe_cfg(), plan, Cluster("h100-sxm", 16, 8))
+    for s in c.stages:
+        verify(s.graph)
+    axes = {n.attrs.axis for n in c.stages[0].graph if isinstance(n.attrs, CollectiveAttrs)}
+    assert {"tp", "cp", "ep", "dp", "edp"} <= axes
+    assert c.report.step_time_s > 0 and 0 < c.report.mfu < 1
+
+
+def test_step_time_rises_with_routing_imbalance() -> None:
+    from echosim.compiler import compile
+
+    times = []
+    for r in (1.0, 1.5, 2.0, 4.0):
+        plan = Plan(dp=8, ep=8, global_batch=8, seq_len=4096, moe_imbalance=r)
+        times.append(compile(_moe_cfg(), plan, Cluster("h100-sxm", 8, 8)).step_time_s)
+    assert times == sorted(times) and times[-1] > 1.2 * times[0]
