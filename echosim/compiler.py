@@ -95,7 +95,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
         # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
         reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
-        shard = plan.dp if plan.zero >= 1 else 1
+        shard = plan.dp * plan.cp if plan.zero >= 1 else 1  # ZeRO shards over every gradient replica
         data_parallel = DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero)
         optimizer = Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32")
         stages = [Stage(s.index, run_passes(s.graph, [data_parallel, optimizer]), s.layers) for s in stages]
@@ -198,7 +198,7 @@ def _memory(plan: Plan, backend: Any, stages: list[Stage], warnings: list[str]) 
     """Peak memory per pipeline rank; an interleaved rank holds several chunks."""
     pp = plan.pp
     orders = orders_for(plan.schedule, pp, plan.microbatches, plan.vpp)
-    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp)
+    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp)
     groups = sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1)
     rows = []
     for r in range(pp):

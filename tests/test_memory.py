@@ -85,3 +85,11 @@ def test_fp32_training_keeps_no_master_copy() -> None:
 
     p = StatePolicy.for_training("fp32")
     assert (p.weight_bytes, p.grad_bytes, p.optimizer_bytes) == (4, 4, 8)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_selective_recompute_drops_the_attention_scores(graph, tp: int) -> None:  # type: ignore[no-untyped-def]
+    """Korthikanti et al. 2022, Table 2, tensor parallel + selective recompute: s*b*h*(10 + 24/t)."""
+    passes = [AttentionKernel(flash=False), TensorParallel(tp), Autodiff(), Recompute("selective")]
+    stage = first_stage(graph, passes)
+    assert activation_bytes(stage) == pytest.approx(2 * S * B * H * (10 + 24 / tp), rel=1e-9)

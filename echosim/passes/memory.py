@@ -92,12 +92,18 @@ def _base(graph: Graph, nid: int) -> int:
     return nid
 
 
-def _saved_bytes(node: Node, only_own_grad: bool) -> int:
-    """Bytes kept for backward; a dropout read only by its own gradient keeps just its mask."""
+def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool) -> int:
+    """Bytes kept for backward; a dropout read only by its own gradient keeps just its mask.
+
+    Attention keeps its softmax statistics (and, materialised, its score matrices) only
+    for its own backward: when that backward reads a recomputed copy, only the output stays.
+    """
     if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "dropout" and only_own_grad:
         return node.out.numel  # a 1-byte mask
     if isinstance(node.attrs, AttentionAttrs):
         a = node.attrs
+        if not own_grad_reads:
+            return node.out.nbytes
         lse = a.batch * a.heads * a.q_len * 4  # softmax statistics (fp32)
         if a.flash:
             return node.out.nbytes + lse
@@ -115,6 +121,7 @@ def activation_bytes(graph: Graph) -> int:
     """
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
+    own_reads: dict[int, bool] = {}
     for n in graph:
         if n.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
             continue
@@ -126,7 +133,8 @@ def activation_bytes(graph: Graph) -> int:
                 continue
             mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n), graph.multiplicity(src))
             own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
-    return sum(_saved_bytes(graph[nid], own_only[nid]) * k for nid, k in mult.items())
+            own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == src.id)
+    return sum(_saved_bytes(graph[nid], own_only[nid], own_reads[nid]) * k for nid, k in mult.items())
 
 
 def transient_bytes(graph: Graph) -> int:
