@@ -64,6 +64,7 @@ def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Clust
 
 
 def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Compiled:
+    from echosim.frontend import plan_messages, split_notes
     from echosim.plugins import get_registry
 
     plan = plan or Plan()
@@ -72,7 +73,8 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     plan.validate(cluster)
     registry = get_registry()
     backend = registry.backend(cluster.backend)()
-    graph, warnings, total_params = load_model(model, plan)
+    graph, messages, total_params = load_model(model, plan)
+    warnings, notes = split_notes(messages + plan_messages(graph, plan))
     try:
         joint = run_passes(
             graph,
@@ -106,6 +108,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
         blocks,
         total_params,
         warnings,
+        notes,
     )
     return Compiled(report, joint, stages, timings, blocks)
 
@@ -149,6 +152,7 @@ def _report(
     blocks: list[BlockTime],
     total_params: int,
     warnings: list[str],
+    notes: list[str] | None = None,
 ) -> Report:
     m = plan.microbatches
     ends = {t.index: 0.0 for t in timings}
@@ -209,6 +213,7 @@ def _report(
         memory=memory,
         stages=stage_rows,
         warnings=warnings,
+        notes=notes or [],
     )
 
 
