@@ -21,9 +21,14 @@ Around the table:
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
 import operator
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -861,6 +866,12 @@ _RULES.update(
         aten.nll_loss: _cross_entropy,
         aten.nll_loss_nd: _cross_entropy,
         aten.nll_loss_forward: _cross_entropy,
+        aten.binary_cross_entropy_with_logits: _reduction("bce_loss"),
+        aten.binary_cross_entropy: _reduction("bce_loss"),
+        aten.mse_loss: _reduction("mse_loss"),
+        aten.l1_loss: _reduction("l1_loss"),
+        aten.smooth_l1_loss: _reduction("smooth_l1_loss"),
+        aten.huber_loss: _reduction("huber_loss"),
         aten.dropout: _dropout,
         aten.native_dropout: _dropout,
         aten.conv1d: _conv(None, 6),
@@ -915,10 +926,27 @@ _NAMED: dict[str, Rule] = {"transformers.grouped_mm_fallback": _grouped_mm}
 # ---- entry points -------------------------------------------------------------------------
 
 
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence torch's own logging and tracebacks while capturing; failures are reported in one line."""
+    loggers = [logging.getLogger(name) for name in ("torch", "torch._dynamo", "torch.export", "torch.fx")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def export(module: torch.nn.Module, example_inputs: tuple[Any, ...], where: str = "") -> Any:
     """``torch.export.export`` with a one-line error naming the construct that stopped it."""
     try:
-        return torch.export.export(module, example_inputs, strict=False)
+        with quiet():
+            return torch.export.export(module, example_inputs, strict=False)
     except Exception as exc:
         raise CaptureError(
             f"torch.export could not capture {type(module).__name__}: {describe_failure(exc, where)}"

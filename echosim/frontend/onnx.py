@@ -103,7 +103,7 @@ def _dims(value_info: Any) -> list[Any]:
 
 def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
     """A copy of ``proto`` with symbolic input dims set from the plan, and every shape inferred."""
-    import onnx
+    from echosim.frontend.onnx_shapes import infer_concrete
 
     model = type(proto)()
     model.CopyFrom(proto)
@@ -140,10 +140,8 @@ def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
         notes.append(f"--seq-len {plan.seq_len} does not apply: {path.name} fixes the sequence at {fixed_seq}")
     if plan.micro_batch != 1 and fixed_batch not in (None, plan.micro_batch):
         notes.append(f"--micro-batch {plan.micro_batch} does not apply: {path.name} fixes the batch at {fixed_batch}")
-    for value in model.graph.output:  # stale output shapes would clash with the bound ones
-        value.type.tensor_type.ClearField("shape")
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = infer_concrete(model)
     except Exception as exc:
         raise EchosimError(f"{path}: ONNX shape inference failed: {' '.join(str(exc).split())[:300]}") from None
     return inferred, notes

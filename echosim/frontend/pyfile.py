@@ -138,14 +138,19 @@ def example_inputs(module: nn.Module, inputs: Any, batch: int, seq: int) -> tupl
     return tuple(out)
 
 
+def _uses_seq(inputs: Any) -> bool:
+    """Whether the inputs depend on the sequence length (token ids by default, or a 'seq' dim)."""
+    if inputs is None or callable(inputs):
+        return True
+    return any(not hasattr(item, "shape") and "seq" in tuple(item[0]) for item in inputs)
+
+
 def capture_module_for_plan(
     module: nn.Module, inputs: Any, plan: Plan, name: str, where: str = ""
 ) -> tuple[Graph, list[str], int]:
     """Capture with torch.export (torch.fx as the fallback); returns (graph, messages, params)."""
-    import torch
-
     from echosim.frontend import Note
-    from echosim.frontend.aten import convert, export
+    from echosim.frontend.aten import convert, export, quiet
     from echosim.frontend.fold import folded
     from echosim.frontend.fx import CaptureError, capture_module
     from echosim.frontend.loss import ensure_loss
@@ -156,8 +161,7 @@ def capture_module_for_plan(
     module.train()
     notes: list[str] = []
     seq = plan.seq_len or int(getattr(module, "seq_len", 0) or DEFAULT_SEQ)
-    fixed = isinstance(inputs, (list, tuple)) and all(isinstance(i, torch.Tensor) for i in inputs)
-    if not plan.seq_len and not fixed:
+    if not plan.seq_len and _uses_seq(inputs):
         notes.append(Note(f"sequence length {seq} (--seq-len overrides)"))
     args = example_inputs(module, inputs, plan.micro_batch, seq)
     dtype = DType.parse(plan.dtype)
@@ -175,7 +179,8 @@ def capture_module_for_plan(
             graph.repeats = dict(fold_info.repeats)
     if ep is None:
         try:
-            fx_cap = capture_module(module, args, dtype=dtype, name=name)
+            with quiet():
+                fx_cap = capture_module(module, args, dtype=dtype, name=name)
         except CaptureError:
             raise EchosimError(f"{name}: {failure}") from None
         graph, messages = fx_cap.graph, [f"{failure}; captured with torch.fx instead", *fx_cap.warnings]
