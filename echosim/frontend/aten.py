@@ -230,9 +230,15 @@ class _Aten:
         return self.value(arg)
 
     def emit(
-        self, node: fx.Node, op: OpKind, inputs: Sequence[int], attrs: Any = None, spec: TensorSpec | None = None
+        self,
+        node: fx.Node,
+        op: OpKind,
+        inputs: Sequence[int],
+        attrs: Any = None,
+        spec: TensorSpec | None = None,
+        name: str = "",
     ) -> int:
-        nid = self.graph.add(op, inputs, spec or self.spec(node), attrs, scope=self.scope(node), name=node.name)
+        nid = self.graph.add(op, inputs, spec or self.spec(node), attrs, scope=self.scope(node), name=name or node.name)
         self.env[node] = nid
         return nid
 
@@ -752,7 +758,7 @@ def _lstm(c: _Aten, node: fx.Node) -> None:
     """``aten.lstm`` (unidirectional), layer by layer as :func:`recurrent.lstm_layer` costs it."""
     from echosim.frontend.recurrent import lstm_layer
 
-    x, _hx, weights, has_bias, layers, _p, _train, bidirectional, batch_first = node.args[:9]
+    x, hx, weights, has_bias, layers, _p, _train, bidirectional, batch_first = node.args[:9]
     if bidirectional:
         c.unknown(node, "aten.lstm (bidirectional)")
         return
@@ -768,16 +774,22 @@ def _lstm(c: _Aten, node: fx.Node) -> None:
         group = weights[layer * per_layer : (layer + 1) * per_layer]
         w_ih, w_hh, *biases = (c.value(w) for w in group)
         assert w_ih is not None and w_hh is not None
+        h0 = c.value(hx[0]) if hx else None
+        if h0 is not None:  # this layer's slice of the (layers, batch, hidden) initial state
+            state = TensorSpec((batch, out_spec.shape[-1]), out_spec.dtype)
+            h0 = c.graph.add(OpKind.VIEW, [h0], state, scope=c.scope(node), name=f"{node.name}.l{layer}.h0")
         layer_in = lstm_layer(
             c.graph, layer_in, w_ih, w_hh, [b for b in biases if b is not None],
             batch=batch, steps=steps, in_dim=c.shape(group[0])[1], hidden=out_spec.shape[-1],
             dtype=out_spec.dtype, batch_first=bool(batch_first), scope=c.scope(node), name=f"{node.name}.l{layer}",
+            h0=h0,
         )  # fmt: skip
     c.env[node] = _Multi(layer_in, False)
 
 
 def _dense_rule(c: _Aten, node: fx.Node, ins: list[int], op: OpKind, attrs: Any) -> None:
-    c.emit(node, op, ins, attrs)
+    """One node for a whole module call, named after the module (``input_layernorm``)."""
+    c.emit(node, op, ins, attrs, name=c.scope(node).rsplit(".", 1)[-1] or str(attrs))
 
 
 def _fused_norm(kind: str) -> Callable[[_Aten, fx.Node, list[int]], None]:
@@ -974,6 +986,37 @@ def describe_failure(exc: BaseException, where: str = "") -> str:
         if line.strip().startswith("File ") and ", line " in line:
             return f"{type(exc).__name__}: {head} ({line.strip()})"
     return f"{type(exc).__name__}: {head}"
+
+
+def capture_folded(
+    root: torch.nn.Module,
+    call: torch.nn.Module,
+    args: tuple[Any, ...],
+    *,
+    dtype: DType,
+    name: str,
+    strip: str = "",
+    where: str = "",
+    fold: bool = True,
+) -> ExportCapture:
+    """Export ``call`` (which runs ``root``) with its longest run of identical layers folded.
+
+    Two copies of the run are captured and :func:`irfold.fold_run` folds the second
+    away once it has checked the copies form a chain; if they do not (identical
+    modules used side by side), the whole depth is captured instead.
+    """
+    from echosim.frontend.fold import folded
+    from echosim.frontend.irfold import fold_run
+
+    with folded(root, enabled=fold) as info:
+        cap = convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=info.real_scope)
+    if info.run is None:
+        return cap
+    graph = fold_run(cap.graph, info.run.prefix, info.run.count)
+    if graph is None:
+        return convert(export(call, args, where), dtype=dtype, name=name, strip=strip)
+    cap.graph = graph
+    return cap
 
 
 def convert(

@@ -3,7 +3,9 @@
 The timeline composes one repeated block per model (the pipeline cuts it into
 stages), so exactly one run is folded: the longest run of consecutive, structurally
 identical entries of any ``nn.ModuleList`` (ties go to the run holding more
-parameters). Layers before and after the run stay in the capture as they are:
+parameters). Two copies of it are captured, so that :func:`irfold.fold_run` can
+check they form a chain (the second reads the first) before it folds the second
+away. Layers before and after the run stay in the capture as they are:
 DeepSeek-V3's three dense layers precede its 58 MoE layers, for instance.
 
 "Identical" means the same module classes, the same parameter and buffer shapes and
@@ -87,16 +89,16 @@ class Folded:
     def real_scope(self, scope: str) -> str:
         """Map a scope of the shortened list back to the layer index it stands for."""
         run = self.run
-        if run is None or run.count < 2:
+        if run is None or run.count <= 2:
             return scope
         head = f"{run.path}." if run.path else ""
         if not scope.startswith(head):
             return scope
         rest = scope[len(head) :]
         index, dot, tail = rest.partition(".")
-        if not index.isdigit() or int(index) <= run.start:
+        if not index.isdigit() or int(index) <= run.start + 1:
             return scope
-        return f"{head}{int(index) + run.count - 1}{dot}{tail}"
+        return f"{head}{int(index) + run.count - 2}{dot}{tail}"
 
 
 def _resolve(root: nn.Module, path: str) -> nn.Module:
@@ -105,7 +107,7 @@ def _resolve(root: nn.Module, path: str) -> nn.Module:
 
 @contextmanager
 def folded(module: nn.Module, enabled: bool = True) -> Iterator[Folded]:
-    """Temporarily shorten the longest run of identical layers to its first entry."""
+    """Temporarily shorten the longest run of identical layers to its first two entries."""
     run = longest_run(module) if enabled else None
     if run is None:
         yield Folded()
@@ -113,7 +115,7 @@ def folded(module: nn.Module, enabled: bool = True) -> Iterator[Folded]:
     parent_path, _, name = run.path.rpartition(".")
     parent = _resolve(module, parent_path)
     original = getattr(parent, name)
-    kept = [*original[: run.start + 1], *original[run.start + run.count :]]
+    kept = [*original[: run.start + 2], *original[run.start + run.count :]]
     setattr(parent, name, nn.ModuleList(kept))
     try:
         yield Folded({run.prefix: run.count}, run)

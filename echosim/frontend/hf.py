@@ -191,8 +191,7 @@ def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> 
     import torch
 
     from echosim.frontend import Note
-    from echosim.frontend.aten import convert, export
-    from echosim.frontend.fold import folded
+    from echosim.frontend.aten import capture_folded
     from echosim.frontend.fx import CaptureError
     from echosim.frontend.loss import ensure_loss
     from echosim.ir.types import DType
@@ -205,13 +204,12 @@ def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> 
     if not plan.seq_len:
         notes.append(Note(f"sequence length {seq} from the config (--seq-len overrides)"))
     ids = torch.zeros(plan.micro_batch, seq, dtype=torch.long, device="meta")
-    with folded(model, enabled=fold) as fold_info:
-        try:
-            ep = export(_logits_only(model), (ids,))
-        except CaptureError as exc:
-            raise EchosimError(f"{name}: {exc}") from None
-        cap = convert(ep, dtype=DType.parse(plan.dtype), name=name, strip="m.", rename=fold_info.real_scope)
-    cap.graph.repeats = dict(fold_info.repeats)
+    try:
+        cap = capture_folded(
+            model, _logits_only(model), (ids,), dtype=DType.parse(plan.dtype), name=name, strip="m.", fold=fold
+        )
+    except CaptureError as exc:
+        raise EchosimError(f"{name}: {exc}") from None
     ensure_loss(cap.graph, notes)
     cap.notes.extend(Note(n) if not isinstance(n, Note) else n for n in notes)
     captured = param_count(cap.graph)

@@ -1,12 +1,18 @@
-"""Fold layers a file stores N times (ONNX) back to one copy with a repeat count.
+"""Fold consecutive identical layers of a captured graph to one copy with a repeat count.
 
 A layer is the set of nodes whose scope starts with ``<list>.<i>`` (``layers.3``,
-``model.layers.3``, ``h.3``). Consecutive layers are the same when their node
-sequences match: op, attributes, output type, and where each input comes from
-(inside the layer by position, or outside by type). The longest run of
-identical layers is kept once, its first copy stands for all, and readers of the
-run's last layer read the first copy's matching value instead. Other layers stay
-as they are. Models with a repeat already (captured before folding) are left alone.
+``model.layers.3``, ``h.3``). Consecutive layers fold when
+
+* their node sequences match: op, attributes, output type, and where each input
+  comes from (inside the layer by position, or outside by type), and
+* they form a chain: each layer reads something the layer before it produced.
+  Identical modules used side by side (DLRM's embedding tables) are not a chain,
+  and folding them would change the computation.
+
+The first copy stands for all; readers of later copies read the first copy's
+matching value instead. ONNX files store every layer, so the whole run is here;
+the export path captures two copies of the run and folds the second away
+(:func:`fold_run`), which proves the run is a chain at the cost of one layer.
 """
 
 from __future__ import annotations
@@ -20,9 +26,21 @@ from echosim.ir.graph import Graph, Node
 _LAYER = re.compile(r"^(?P<list>(?:[\w-]+\.)*?[A-Za-z_][\w-]*)\.(?P<index>\d+)(?=\.|$)")
 
 
+Layers = dict[tuple[str, int], list[Node]]
+
+
 def layer_of(scope: str) -> tuple[str, int] | None:
     match = _LAYER.match(scope)
     return (match.group("list"), int(match.group("index"))) if match else None
+
+
+def _layers(graph: Graph) -> Layers:
+    layers: dict[tuple[str, int], list[Node]] = defaultdict(list)
+    for n in graph:
+        key = layer_of(n.scope)
+        if key is not None:
+            layers[key].append(n)
+    return layers
 
 
 def _signature(graph: Graph, nodes: list[Node]) -> tuple[Any, ...]:
@@ -34,15 +52,60 @@ def _signature(graph: Graph, nodes: list[Node]) -> tuple[Any, ...]:
     return tuple(sig)
 
 
+def _chained(before: list[Node], after: list[Node]) -> bool:
+    produced = {n.id for n in before}
+    return any(i in produced for n in after for i in n.inputs)
+
+
+def _same_chain(graph: Graph, layers: Layers, lst: str, first: int, count: int) -> bool:
+    base = _signature(graph, layers[(lst, first)])
+    return all(
+        (lst, i) in layers
+        and _signature(graph, layers[(lst, i)]) == base
+        and _chained(layers[(lst, i - 1)], layers[(lst, i)])
+        for i in range(first + 1, first + count)
+    )
+
+
+def _drop(
+    graph: Graph, layers: dict[tuple[str, int], list[Node]], lst: str, first: int, count: int, repeat: int
+) -> Graph:
+    keep = layers[(lst, first)]
+    stand_in = {
+        old.id: kept.id
+        for i in range(first + 1, first + count)
+        for old, kept in zip(layers[(lst, i)], keep, strict=True)
+    }
+    out = Graph(graph.name, {f"{lst}.{first}": repeat})
+    new: dict[int, int] = {}
+    for n in graph:
+        if n.id in stand_in:
+            continue
+        ins = [new[stand_in.get(i, i)] for i in n.inputs]
+        new[n.id] = out.add(n.op, ins, n.out, n.attrs, phase=n.phase, scope=n.scope, name=n.name, origin=n.origin)
+    out.inputs = [new[i] for i in graph.inputs]
+    out.outputs = [new[stand_in.get(o, o)] for o in graph.outputs]
+    return out
+
+
+def fold_run(graph: Graph, prefix: str, repeat: int) -> Graph | None:
+    """Fold the two captured copies ``<list>.<i>`` and ``<list>.<i+1>`` into a repeat of ``repeat``;
+    ``None`` if they are not identical links of a chain."""
+    key = layer_of(prefix)
+    if key is None:
+        return None
+    lst, first = key
+    layers = _layers(graph)
+    if (lst, first) not in layers or not _same_chain(graph, layers, lst, first, 2):
+        return None
+    return _drop(graph, layers, lst, first, 2, repeat)
+
+
 def fold_layers(graph: Graph, notes: list[str]) -> Graph:
-    """A copy of ``graph`` with its longest run of identical layers folded (or ``graph`` itself)."""
+    """A copy of ``graph`` with its longest chain of identical layers folded (or ``graph`` itself)."""
     if graph.repeats:
         return graph
-    layers: dict[tuple[str, int], list[Node]] = defaultdict(list)
-    for n in graph:
-        key = layer_of(n.scope)
-        if key is not None:
-            layers[key].append(n)
+    layers = _layers(graph)
     by_list: dict[str, list[int]] = defaultdict(list)
     for lst, idx in layers:
         by_list[lst].append(idx)
@@ -57,6 +120,7 @@ def fold_layers(graph: Graph, notes: list[str]) -> Graph:
                 end < len(indices)
                 and indices[end] == indices[end - 1] + 1
                 and sigs[indices[end]] == sigs[indices[start]]
+                and _chained(layers[(lst, indices[end - 1])], layers[(lst, indices[end])])
             ):
                 end += 1
             count = end - start
@@ -66,21 +130,5 @@ def fold_layers(graph: Graph, notes: list[str]) -> Graph:
     if best is None:
         return graph
     lst, first, count = best
-    keep = layers[(lst, first)]
-    stand_in = {
-        old.id: kept.id
-        for i in range(first + 1, first + count)
-        for old, kept in zip(layers[(lst, i)], keep, strict=True)
-    }
-    dropped = set(stand_in)
-    out = Graph(graph.name, {f"{lst}.{first}": count})
-    new: dict[int, int] = {}
-    for n in graph:
-        if n.id in dropped:
-            continue
-        ins = [new[stand_in.get(i, i)] for i in n.inputs]
-        new[n.id] = out.add(n.op, ins, n.out, n.attrs, phase=n.phase, scope=n.scope, name=n.name, origin=n.origin)
-    out.inputs = [new[i] for i in graph.inputs]
-    out.outputs = [new[stand_in.get(o, o)] for o in graph.outputs]
     notes.append(f"layers {lst}.{first}..{first + count - 1} are identical: folded to one with a repeat of {count}")
-    return out
+    return _drop(graph, layers, lst, first, count, count)

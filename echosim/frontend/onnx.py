@@ -66,7 +66,7 @@ class OnnxModel:
         from echosim.passes.flops import param_count
 
         inferred, notes = bind_and_infer(self.proto, self.path, plan)
-        conv = _Onnx(inferred, DType.parse(plan.dtype), self.source, self.path)
+        conv = _Onnx(inferred, DType.parse(plan.dtype), self.path.name, self.path)
         graph = fold_layers(conv.run(), notes)
         messages = list(conv.warnings)
         try:
@@ -593,9 +593,12 @@ def _lstm(c: _Onnx, node: Any) -> None:
     dt = c.spec(y, node).dtype if y else c.dtype
     xv, wv, rv = c.value(x), c.value(w), c.value(r)
     assert xv is not None and wv is not None and rv is not None
+    h0 = c.value(node.input[5]) if len(node.input) > 5 else None
+    if h0 is not None:
+        h0 = c.graph.add(OpKind.VIEW, [h0], TensorSpec((batch, hidden), dt), scope=_scope(node), name=f"{y}.h0")
     out = lstm_layer(
         c.graph, xv, wv, rv, bias, batch=batch, steps=steps, in_dim=xs[-1], hidden=hidden, dtype=dt,
-        batch_first=bool(layout), scope=_scope(node), name=y or node.name,
+        batch_first=bool(layout), scope=_scope(node), name=y or node.name, h0=h0,
     )  # fmt: skip
     if y:  # Y is (seq, num_directions=1, batch, hidden): a view of the layer output
         c.env[y] = c.graph.add(OpKind.VIEW, [out], c.spec(y, node), scope=_scope(node), name=y)

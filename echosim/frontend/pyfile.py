@@ -150,8 +150,7 @@ def capture_module_for_plan(
 ) -> tuple[Graph, list[str], int]:
     """Capture with torch.export (torch.fx as the fallback); returns (graph, messages, params)."""
     from echosim.frontend import Note
-    from echosim.frontend.aten import convert, export, quiet
-    from echosim.frontend.fold import folded
+    from echosim.frontend.aten import capture_folded, quiet
     from echosim.frontend.fx import CaptureError, capture_module
     from echosim.frontend.loss import ensure_loss
     from echosim.ir.types import DType
@@ -167,17 +166,13 @@ def capture_module_for_plan(
     dtype = DType.parse(plan.dtype)
     total = sum(p.numel() for p in module.parameters())
     messages: list[str] = []
-    with folded(module) as fold_info:
-        try:
-            ep = export(module, args, where=where)
-        except CaptureError as export_error:
-            ep = None
-            failure = str(export_error)
-        if ep is not None:
-            cap = convert(ep, dtype=dtype, name=name, rename=fold_info.real_scope)
-            graph, messages = cap.graph, cap.warnings
-            graph.repeats = dict(fold_info.repeats)
-    if ep is None:
+    graph = None
+    try:
+        cap = capture_folded(module, module, args, dtype=dtype, name=name, where=where)
+        graph, messages = cap.graph, cap.warnings
+    except CaptureError as export_error:
+        failure = str(export_error)
+    if graph is None:
         try:
             with quiet():
                 fx_cap = capture_module(module, args, dtype=dtype, name=name)

@@ -31,8 +31,13 @@ def lstm_layer(
     batch_first: bool,
     scope: str,
     name: str,
+    h0: int | None = None,
 ) -> int:
-    """Append one unidirectional LSTM layer reading ``x``; returns its output sequence."""
+    """Append one unidirectional LSTM layer reading ``x``; returns its output sequence.
+
+    With an initial state ``h0`` (PyTorch passes zeros) the first step multiplies it too,
+    as the kernel does; without one the first step has no recurrent GEMM.
+    """
     gates_x = g.add(
         OpKind.MATMUL,
         [x, w_ih, *biases],
@@ -42,7 +47,7 @@ def lstm_layer(
         name=f"{name}.input_proj",
     )
     gate_spec = TensorSpec((batch, 4 * hidden), dtype)
-    state: int | None = None
+    state = h0
     outs: list[int] = []
     for t in range(steps):
         pre = g.add(OpKind.VIEW, [gates_x], gate_spec, scope=scope, name=f"{name}.x{t}")
