@@ -48,7 +48,7 @@ def tiny(name: str, layers: int | None = None) -> object:
     return config
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def captured(name: str, batch: int = 2, seq: int = 16) -> tuple[object, int]:
     cap, total = hf.capture_config(tiny(name), Plan(micro_batch=batch, seq_len=seq), name)
     return cap, total
@@ -153,7 +153,7 @@ def test_derived_backward_matches_pytorch_joint_graph_for_one_llama_layer() -> N
     gm.recompile()
     graphs: dict[str, torch.fx.GraphModule] = {}
 
-    def keep(tag: str):  # noqa: ANN202
+    def keep(tag: str):
         def compiler(g: torch.fx.GraphModule, _inputs: object) -> object:
             graphs[tag] = g
             return make_boxed_func(g.forward)
@@ -255,7 +255,7 @@ def test_a_directory_holding_config_json_and_missing_paths(tmp_path: Path) -> No
     with pytest.raises(EchosimError, match="downloads nothing"):
         hf.config_path("hf:meta-llama/Llama-3.1-8B")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(EchosimError, match="has no config.json"):
+    with pytest.raises(EchosimError, match=r"has no config\.json"):
         hf.config_path(f"hf:{tmp_path / 'empty'}")
 
 

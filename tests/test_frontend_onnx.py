@@ -60,7 +60,11 @@ def block_model(layers: int = LAYERS, seq_dim: str = "sequence", extra_dim: bool
         ]
         nodes += [
             helper.make_node(
-                "LayerNormalization", [x, f"{p}.norm.weight", f"{p}.norm.bias"], [f"{p}.n"], name=f"/{p}/norm/LN", axis=-1
+                "LayerNormalization",
+                [x, f"{p}.norm.weight", f"{p}.norm.bias"],
+                [f"{p}.n"],
+                name=f"/{p}/norm/LN",
+                axis=-1,
             ),
             helper.make_node("Transpose", [f"{p}.fc1.weight"], [f"{p}.w1t"], name=f"/{p}/fc1/T", perm=[1, 0]),
             helper.make_node("MatMul", [f"{p}.n", f"{p}.w1t"], [f"{p}.h"], name=f"/{p}/fc1/MatMul"),
@@ -100,7 +104,7 @@ def capture(path: str, plan: Plan) -> tuple[object, list[str], int]:
 
 
 def test_weights_absent_and_symbolic_dims_bound(tmp_path: Path) -> None:
-    graph, messages, params = capture(save(block_model(), tmp_path / "m.onnx"), Plan(micro_batch=4, seq_len=8))
+    graph, _messages, params = capture(save(block_model(), tmp_path / "m.onnx"), Plan(micro_batch=4, seq_len=8))
     verify(graph)
     assert graph[graph.inputs[0]].out.shape == (4, 8)
     assert params == VOCAB * D + LAYERS * (2 * D + FFN * D + FFN + D * FFN) + D * VOCAB
@@ -127,7 +131,7 @@ def test_op_table_linear_bias_fused_and_unknown_op_warned(tmp_path: Path) -> Non
 
 def test_unbound_symbolic_dim_is_an_error(tmp_path: Path) -> None:
     path = save(block_model(extra_dim=True), tmp_path / "m.onnx")
-    with pytest.raises(EchosimError, match="symbolic dimension 'width' .* do not bind"):
+    with pytest.raises(EchosimError, match=r"symbolic dimension 'width' .* do not bind"):
         capture(path, Plan(seq_len=8))
 
 
@@ -144,7 +148,7 @@ def test_bad_files(tmp_path: Path, content: bytes | str) -> None:
         path.write_bytes(data[: len(data) // 2])
     else:
         path.write_bytes(content)  # type: ignore[arg-type]
-    with pytest.raises(EchosimError, match="not a valid ONNX model|not an ONNX model"):
+    with pytest.raises(EchosimError, match=r"not a valid ONNX model|not an ONNX model"):
         onnx_frontend.load(str(path))
 
 
@@ -203,7 +207,10 @@ def test_scopes_from_node_names_and_torch_metadata() -> None:
     assert onnx_frontend._scope(node) == "model.layers.3.self_attn.q_proj"
     node = helper.make_node("MatMul", ["a", "b"], ["c"], name="node_linear_7")
     meta = node.metadata_props.add()
-    meta.key, meta.value = "pkg.torch.onnx.name_scopes", "['', 'layers.0', 'layers.0.attn', 'layers.0.attn.qkv', 'linear']"
+    meta.key, meta.value = (
+        "pkg.torch.onnx.name_scopes",
+        "['', 'layers.0', 'layers.0.attn', 'layers.0.attn.qkv', 'linear']",
+    )
     assert onnx_frontend._scope(node) == "layers.0.attn.qkv"
 
 

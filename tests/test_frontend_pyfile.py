@@ -62,7 +62,10 @@ def test_lstm_language_model_in_fp16() -> None:
     h, vocab, tokens = 1500, 10_000, 40
     assert fwd.count(MatmulAttrs(m=tokens, n=4 * h, k=h)) == 2
     assert fwd.count(MatmulAttrs(m=4, n=4 * h, k=h)) == 2 * 10
-    assert sum(a.flops for a in fwd) == 2 * (2 * tokens * 4 * h * h) + 2 * (2 * tokens * 4 * h * h) + 2 * tokens * h * vocab
+    assert (
+        sum(a.flops for a in fwd)
+        == 2 * (2 * tokens * 4 * h * h) + 2 * (2 * tokens * 4 * h * h) + 2 * tokens * h * vocab
+    )
     assert compiled.report.params == 10_000 * 1500 + 2 * (2 * 4 * 1500 * 1500 + 2 * 4 * 1500) + 10_000
     assert compiled.report.step_time_s > 0
 
@@ -99,7 +102,7 @@ def test_default_inputs_are_token_ids_for_each_forward_argument(tmp_path: Path) 
             return Tiny()
         """,
     )
-    graph, messages, params = capture_named(f"{path}:build", Plan(micro_batch=3))
+    graph, _messages, params = capture_named(f"{path}:build", Plan(micro_batch=3))
     assert [graph[i].out.shape for i in graph.inputs] == [(3, 12), (3, 12)]  # the module's own seq_len
     assert params == 50 * 16 + 16 * 50 + 50
     assert graph[graph.outputs[0]].op is OpKind.CROSS_ENTROPY
@@ -128,7 +131,11 @@ def test_repeated_blocks_fold_in_any_module(tmp_path: Path) -> None:
         ("x = 1 / 0\n", "model.py:model", r"model.py raised ZeroDivisionError: division by zero at line 1"),
         ("def model(:\n", "model.py:model", r"model.py:1: syntax error"),
         ("def model():\n    return 42\n", "model.py:model", r"returned int, not an nn.Module"),
-        ("def model():\n    raise RuntimeError('no GPU here')\n", "model.py:model", r"model\(\) raised RuntimeError: no GPU"),
+        (
+            "def model():\n    raise RuntimeError('no GPU here')\n",
+            "model.py:model",
+            r"model\(\) raised RuntimeError: no GPU",
+        ),
         ("def model():\n    pass\n", "model.py:build", r"defines no 'build'"),
         ("model = 3\n", "model.py:model", r"is a int, not a callable"),
         ("", "missing.py:model", r"no such file"),
@@ -165,5 +172,7 @@ def test_a_model_torch_cannot_capture_names_the_construct(tmp_path: Path) -> Non
 
 
 def test_unknown_model_string_names_the_ways_to_give_a_model() -> None:
-    with pytest.raises(EchosimError, match="not a registered name .* path.py:factory, hf:config.json or model.onnx"):
+    with pytest.raises(
+        EchosimError, match=r"not a registered name .* path\.py:factory, hf:config\.json or model\.onnx"
+    ):
         capture_named("no-such-model", Plan())

@@ -45,12 +45,12 @@ def capture_named(model: str, plan: Plan) -> tuple[Graph, list[str], int]:
         return capture_object(registry.model(model)(), plan, model)
     loader = _frontend_for(model, registry)
     try:
-        obj = loader(model)
+        return capture_object(loader(model), plan, model)
     except EchosimError:
         raise
-    except Exception as exc:  # a third-party loader that raises must still end in one line
-        raise EchosimError(f"{model}: the frontend failed: {type(exc).__name__}: {exc}") from None
-    return capture_object(obj, plan, model)
+    except Exception as exc:  # a model no rule foresaw must still end in one line, not a traceback
+        message = " ".join(str(exc).split())[:300]
+        raise EchosimError(f"{model}: could not be converted ({type(exc).__name__}: {message})") from None
 
 
 def _frontend_for(model: str, registry: Any) -> Any:

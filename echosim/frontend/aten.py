@@ -965,12 +965,23 @@ def export(module: torch.nn.Module, example_inputs: tuple[Any, ...], where: str 
         ) from None
 
 
+# What torch's capture errors mean, in the words of the construct that causes them.
+_CONSTRUCTS = {
+    "GuardOnDataDependentSymNode": "control flow or a shape that depends on tensor values",
+    "DataDependentOutputException": "a result read back from a tensor's values",
+    "Unsupported": "a Python construct torch.export does not trace",
+}
+
+
 def describe_failure(exc: BaseException, where: str = "") -> str:
-    """The first line of a torch error plus the user code line it came from."""
+    """What stopped capture (in words, when torch's error type says), its first line, and the user's line."""
     import traceback
 
     text = str(exc).strip().splitlines()
     head = next((line.strip() for line in text if line.strip()), type(exc).__name__)
+    construct = _CONSTRUCTS.get(type(exc).__name__)
+    if construct:
+        head = f"{construct} ({head})"
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if where and f.filename.endswith(where)] or [
         f
