@@ -1,4 +1,4 @@
-"""The zoo registers its models through the same hook a third-party plugin uses."""
+"""The zoo and the frontends (``hf:``, ``.onnx``, ``.py``) register through the hooks a third-party plugin uses."""
 
 from __future__ import annotations
 
