@@ -228,8 +228,8 @@ def exported_gpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object
     from onnx_export import export_meta
 
     cfg = ArchConfig("gpt", layers=2, hidden=768, heads=12, vocab=50304, seq_len=1024, tied_embeddings=True)
-    ids = torch.zeros(2, cfg.seq_len, dtype=torch.long, device="meta")
-    path = export_meta(build_module(cfg), (ids, ids), tmp_path_factory.mktemp("onnx") / "gpt.onnx")
+    ids = torch.zeros(8, cfg.seq_len, dtype=torch.long, device="meta")  # static shapes export 3x faster
+    path = export_meta(build_module(cfg), (ids, ids), tmp_path_factory.mktemp("onnx") / "gpt.onnx", dynamic=False)
     return path, cfg
 
 
@@ -266,7 +266,7 @@ def test_same_gpt_through_three_frontends(exported_gpt: tuple[Path, object], tmp
 @pytest.mark.slow
 def test_tp_plan_applies_to_onnx_node_names(exported_gpt: tuple[Path, object]) -> None:
     path, cfg = exported_gpt
-    plan = Plan(tp=2, pp=2, micro_batch=1, seq_len=cfg.seq_len)
+    plan = Plan(tp=2, pp=2, micro_batch=8, seq_len=cfg.seq_len)
     ours = compile_full(str(path), plan, Cluster("null", devices=4))
     zoo = compile_full(cfg, plan, Cluster("null", devices=4))
     assert ours.report.model_flops_per_step == zoo.report.model_flops_per_step

@@ -26,6 +26,7 @@ def write(tmp_path: Path, body: str, name: str = "model.py") -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_resnet50_flops_match_flop_counter_and_the_paper() -> None:
     """ResNet-50: 25.6M parameters and ~4.1 GMACs per 224x224 image (He et al. 2015, Table 1)."""
     import torch
@@ -45,11 +46,23 @@ def test_resnet50_flops_match_flop_counter_and_the_paper() -> None:
     assert any("cross-entropy" in m for m in messages)  # the loss echosim adds to the logits
 
 
-def test_resnet50_runs_data_parallel_and_refuses_tensor_parallel() -> None:
-    report = compile_full(f"{EXAMPLES}/resnet50.py:model", Plan(dp=2, micro_batch=4), Cluster("null", devices=2)).report
+def test_a_model_without_a_tp_plan_runs_data_parallel_and_refuses_tensor_parallel(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        def cnn():
+            net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+            return net, [(("batch", 3, 16, 16), torch.float32)]
+        """,
+    )
+    report = compile_full(f"{path}:cnn", Plan(dp=2, micro_batch=4), Cluster("null", devices=2)).report
     assert "no tensor-parallel plan matches this model's module paths: it runs data parallel only" in report.notes
+    assert report.breakdown["comm.dp"] > 0
     with pytest.raises(EchosimError, match="tp=2: no module path"):
-        compile_full(f"{EXAMPLES}/resnet50.py:model", Plan(tp=2), Cluster("null", devices=2))
+        compile_full(f"{path}:cnn", Plan(tp=2), Cluster("null", devices=2))
 
 
 def test_lstm_language_model_in_fp16() -> None:
