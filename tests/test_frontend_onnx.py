@@ -13,6 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 from echosim.compiler import compile_full  # noqa: E402
 from echosim.errors import EchosimError  # noqa: E402
 from echosim.frontend import onnx as onnx_frontend  # noqa: E402
+from echosim.frontend.onnx_rules import scope_of  # noqa: E402
 from echosim.ir import print_graph, verify  # noqa: E402
 from echosim.ir.ops import MatmulAttrs, OpKind  # noqa: E402
 from echosim.passes.autodiff import Autodiff  # noqa: E402
@@ -204,14 +205,14 @@ def test_lstm_op_unrolls_its_steps(tmp_path: Path) -> None:
 
 def test_scopes_from_node_names_and_torch_metadata() -> None:
     node = helper.make_node("MatMul", ["a", "b"], ["c"], name="/model/layers.3/self_attn/q_proj/MatMul")
-    assert onnx_frontend._scope(node) == "model.layers.3.self_attn.q_proj"
+    assert scope_of(node) == "model.layers.3.self_attn.q_proj"
     node = helper.make_node("MatMul", ["a", "b"], ["c"], name="node_linear_7")
     meta = node.metadata_props.add()
     meta.key, meta.value = (
         "pkg.torch.onnx.name_scopes",
         "['', 'layers.0', 'layers.0.attn', 'layers.0.attn.qkv', 'linear']",
     )
-    assert onnx_frontend._scope(node) == "layers.0.attn.qkv"
+    assert scope_of(node) == "layers.0.attn.qkv"
 
 
 @pytest.fixture(scope="module")
