@@ -26,6 +26,7 @@ from echosim.ir.ops import (
 from echosim.ir.types import DType, TensorSpec
 
 Contrib = list[tuple[int, int]]  # (forward input id, gradient value id)
+_NO_GRAD = (DType.INT64, DType.INT32, DType.BOOL)
 
 
 class _Ctx:
@@ -210,6 +211,8 @@ class Autodiff:
         forward = [n for n in g if n.phase is Phase.FORWARD]
         needs: set[int] = set()
         for n in forward:
+            if n.out.dtype in _NO_GRAD:  # indices and masks (MoE routing, argsort) carry no gradient
+                continue
             if n.op is OpKind.PARAMETER or (n.op is not OpKind.INPUT and any(i in needs for i in n.inputs)):
                 needs.add(n.id)
         ctx = _Ctx(g)
