@@ -99,6 +99,12 @@ BAD = {
 }
 
 
+def test_layout_the_config_forbids_is_named_in_its_terms() -> None:
+    pytest.importorskip("transformers")
+    code, out = run("hf:qwen2-7b", "--backend", "null", "--tp", "8", "--seq-len", "8")
+    assert code == 1 and out.strip() == "Error: tp=8 does not divide attention heads (28)"
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_model_is_one_line_and_exit_1(case: str, tmp_path: Path) -> None:
     if case in ("truncated ONNX", "unbound ONNX dim"):
