@@ -10,7 +10,9 @@ A layer is the set of nodes whose scope starts with ``<list>.<i>`` (``layers.3``
   and folding them would change the computation.
 
 The first copy stands for all; readers of later copies read the first copy's
-matching value instead. ONNX files store every layer, so the whole run is here;
+matching value instead. A first copy that reads no value that needs a gradient
+(a stack applied straight to the input) has a cheaper backward than the copies
+after it, so then the run starts at the second copy. ONNX files store every layer, so the whole run is here;
 the export path captures two copies of the run and folds the second away
 (:func:`fold_run`), which proves the run is a chain at the cost of one layer.
 """
@@ -22,6 +24,7 @@ from collections import defaultdict
 from typing import Any
 
 from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import OpKind
 
 _LAYER = re.compile(r"^(?P<list>(?:[\w-]+\.)*?[A-Za-z_][\w-]*)\.(?P<index>\d+)(?=\.|$)")
 
@@ -67,6 +70,20 @@ def _same_chain(graph: Graph, layers: Layers, lst: str, first: int, count: int) 
     )
 
 
+def _differentiable(graph: Graph) -> set[int]:
+    """Forward values that depend on a parameter: the ones a backward pass differentiates."""
+    dep: set[int] = set()
+    for n in graph:
+        if n.op is OpKind.PARAMETER or any(i in dep for i in n.inputs):
+            dep.add(n.id)
+    return dep
+
+
+def _reads_differentiable(layer: list[Node], dep: set[int]) -> bool:
+    inside = {n.id for n in layer}
+    return any(i in dep and i not in inside for n in layer for i in n.inputs)
+
+
 def _drop(
     graph: Graph, layers: dict[tuple[str, int], list[Node]], lst: str, first: int, count: int, repeat: int
 ) -> Graph:
@@ -98,6 +115,10 @@ def fold_run(graph: Graph, prefix: str, repeat: int) -> Graph | None:
     layers = _layers(graph)
     if (lst, first) not in layers or not _same_chain(graph, layers, lst, first, 2):
         return None
+    if not _reads_differentiable(layers[(lst, first)], _differentiable(graph)):
+        out = graph.copy()  # keep the first copy as it is; the second stands for the rest
+        out.repeats = {f"{lst}.{first + 1}": repeat - 1} if repeat > 2 else {}
+        return out
     return _drop(graph, layers, lst, first, 2, repeat)
 
 
@@ -130,5 +151,9 @@ def fold_layers(graph: Graph, notes: list[str]) -> Graph:
     if best is None:
         return graph
     lst, first, count = best
+    if not _reads_differentiable(layers[(lst, first)], _differentiable(graph)):
+        first, count = first + 1, count - 1
+        if count < 2:
+            return graph
     notes.append(f"layers {lst}.{first}..{first + count - 1} are identical: folded to one with a repeat of {count}")
     return _drop(graph, layers, lst, first, count, count)
