@@ -274,3 +274,41 @@ def test_tp_plan_applies_to_onnx_node_names(exported_gpt: tuple[Path, object]) -
     count = [sum(1 for n in c.graph if n.op is OpKind.ALL_REDUCE) for c in (ours, zoo)]
     assert count[0] == count[1] > 0
     assert param_count(ours.graph) == param_count(zoo.graph)
+
+
+def test_attention_op_and_a_constant_weight(tmp_path: Path) -> None:
+    """Opset-23 Attention on (batch, seq, heads*dim) with grouped KV heads; a weight baked in as a Constant."""
+    import numpy as np
+
+    heads, kv_heads, dim, seq = 8, 2, 16, 32
+    const_w = helper.make_tensor("wq", F32, [heads * dim, heads * dim], np.zeros(heads * dim * heads * dim).tolist())
+    nodes = [
+        helper.make_node("Constant", [], ["wq"], value=const_w),
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="/attn/q_proj/MatMul"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="/attn/k_proj/MatMul"),
+        helper.make_node("MatMul", ["x", "wk"], ["v"], name="/attn/v_proj/MatMul"),
+        helper.make_node(
+            "Attention",
+            ["q", "k", "v"],
+            ["o"],
+            name="/attn/Attention",
+            is_causal=1,
+            q_num_heads=heads,
+            kv_num_heads=kv_heads,
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attn",
+        [helper.make_tensor_value_info("x", F32, ["batch", "seq", heads * dim])],
+        [helper.make_tensor_value_info("o", F32, None)],
+        initializer=[absent("wk", [heads * dim, kv_heads * dim])],
+    )
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), tmp_path / "attn.onnx")
+    g, _, params = capture(path, Plan(micro_batch=2, seq_len=seq))
+    (att,) = [n.attrs for n in g if n.op is OpKind.ATTENTION]
+    assert (att.batch, att.heads, att.kv_heads, att.q_len, att.kv_len, att.head_dim, att.causal) == (
+        2, heads, kv_heads, seq, seq, dim, True,
+    )  # fmt: skip
+    assert params == heads * dim * kv_heads * dim  # the constant is a buffer, not a parameter
+    run_passes(g, [Autodiff()])  # every matmul has its two operands

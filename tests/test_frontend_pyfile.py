@@ -189,3 +189,47 @@ def test_unknown_model_string_names_the_ways_to_give_a_model() -> None:
         EchosimError, match=r"not a registered name .* path\.py:factory, hf:config\.json or model\.onnx"
     ):
         capture_named("no-such-model", Plan())
+
+
+def test_attention_written_by_hand_becomes_one_attention_op(tmp_path: Path) -> None:
+    """nanoGPT-style q @ k^T, scale, causal mask, softmax, dropout, @ v: one attention op, same FLOPs."""
+    path = write(
+        tmp_path,
+        """
+        import math
+        import torch
+        from torch import nn
+
+        class Attn(nn.Module):
+            seq_len = 16
+            def __init__(self, d=32, h=4):
+                super().__init__()
+                self.h = h
+                self.qkv = nn.Linear(d, 3 * d)
+                self.proj = nn.Linear(d, d)
+                self.drop = nn.Dropout(0.1)
+                self.register_buffer("mask", torch.ones(16, 16).tril().view(1, 1, 16, 16))
+            def forward(self, x):
+                b, t, d = x.shape
+                q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+                att = self.drop(torch.softmax(att, dim=-1))
+                return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+        def model():
+            return Attn(), [(("batch", "seq", 32), torch.float32)]
+        """,
+    )
+    graph, messages, _ = capture_named(f"{path}:model", Plan(micro_batch=2))
+    (attention,) = [n for n in graph if n.op is OpKind.ATTENTION]
+    assert (attention.attrs.batch, attention.attrs.heads, attention.attrs.q_len, attention.attrs.head_dim) == (
+        2,
+        4,
+        16,
+        8,
+    )
+    assert attention.attrs.causal
+    assert not [n for n in graph if n.op is OpKind.SOFTMAX]
+    assert graph_flops(graph).forward == 2 * 32 * 3 * 32 * 32 + 2 * 32 * 32 * 32 + 4 * 2 * 4 * 16 * 16 * 8
+    assert any("costed as attention" in m for m in messages)

@@ -508,4 +508,8 @@ def convert(
     causal_masks: bool = False,
 ) -> ExportCapture:
     """Turn an ``ExportedProgram`` into IR (no loss is added here)."""
-    return _Aten(ep, dtype, name, strip, rename, causal_masks).run()
+    from echosim.frontend.attention_fuse import fuse_attention
+
+    cap = _Aten(ep, dtype, name, strip, rename, causal_masks).run()
+    cap.graph = fuse_attention(cap.graph, cap.notes)
+    return cap

@@ -23,6 +23,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from echosim.frontend import Note
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import OpKind
 
@@ -155,5 +156,6 @@ def fold_layers(graph: Graph, notes: list[str]) -> Graph:
         first, count = first + 1, count - 1
         if count < 2:
             return graph
-    notes.append(f"layers {lst}.{first}..{first + count - 1} are identical: folded to one with a repeat of {count}")
+    last = first + count - 1
+    notes.append(Note(f"layers {lst}.{first}..{last} are identical: folded to one with a repeat of {count}"))
     return _drop(graph, layers, lst, first, count, count)

@@ -55,13 +55,14 @@ class OnnxModel:
 
     def capture(self, plan: Plan) -> tuple[Graph, list[str], int]:
         from echosim.frontend import Note
+        from echosim.frontend.attention_fuse import fuse_attention
         from echosim.frontend.irfold import fold_layers
         from echosim.frontend.loss import ensure_loss
         from echosim.passes.flops import param_count
 
         inferred, notes = bind_and_infer(self.proto, self.path, plan)
         conv = _Onnx(inferred, DType.parse(plan.dtype), self.path.name, self.path)
-        graph = fold_layers(conv.run(), notes)
+        graph = fold_layers(fuse_attention(conv.run(), notes), notes)
         messages = list(conv.warnings)
         try:
             ensure_loss(graph, notes)
@@ -244,14 +245,38 @@ class _Onnx:
         return shape
 
     def value(self, name: str) -> int | None:
-        if not name or name in self.static:
+        if not name:
             return None
+        if name in self.static:
+            return self._constant_tensor(name)
         if name in self._params:
             return self.param(name)
         if name in self.lazy:
             node = self.lazy.pop(name)
             self.emit(node, OpKind.VIEW, [self.param(node.input[0])])
         return self.env.get(name)
+
+    def const(self, name: str) -> Any:
+        """The value of a small constant (a Constant node or an initializer with data), else ``None``."""
+        import onnx.numpy_helper as nh
+
+        from echosim.frontend.onnx_shapes import constant_value
+
+        if name in self.inits:
+            t = self.inits[name]
+            return None if t.data_location == 1 or not (t.raw_data or t.float_data or t.int64_data) else nh.to_array(t)
+        node = self.producer.get(name)
+        return constant_value(node) if node is not None and node.op_type == "Constant" else None
+
+    def _constant_tensor(self, name: str) -> int | None:
+        """A float constant that computation reads (a baked-in weight or mask) is a buffer: free to load."""
+        if name in self.env:
+            return self.env[name]
+        elem, shape = self.types.get(name, (0, None))
+        if elem not in _FLOAT_TYPES or shape is None or math.prod(shape) <= 1:
+            return None
+        self.env[name] = self.graph.add(OpKind.INPUT, (), self.spec(name), scope=param_scope(name), name=name)
+        return self.env[name]
 
     def param(self, name: str, swapped: bool = False) -> int:
         key = (name, swapped)

@@ -101,7 +101,15 @@ def _cast(c: _Onnx, node: Any) -> None:
 
 
 def _dropout(c: _Onnx, node: Any) -> None:
-    training = len(node.input) > 2 and node.input[2] and node.input[2] not in c.static
+    """A Dropout with a ratio above zero runs in the training step echosim simulates.
+
+    Exporters write models in inference mode (``training_mode`` false or absent), so the
+    ratio, not the mode, says whether the model trains with dropout.
+    """
+    ratio = c.const(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    mode = c.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    dynamic_mode = len(node.input) > 2 and node.input[2] and node.input[2] not in c.static
+    training = dynamic_mode or (mode is not None and bool(mode)) or (ratio is not None and float(ratio) > 0)
     if training:
         c.emit(node, OpKind.ELEMENTWISE, c.data(node, (0,)), ElementwiseAttrs("dropout", 2))
     else:

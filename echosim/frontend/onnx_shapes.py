@@ -41,7 +41,7 @@ def _shapes(model: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _constant(node: Any) -> np.ndarray | None:
+def constant_value(node: Any) -> np.ndarray | None:
     import onnx.numpy_helper as nh
 
     for a in node.attribute:
@@ -158,7 +158,7 @@ def _fold_once(model: Any) -> int:
         out: np.ndarray | None = None
         try:
             if node.op_type == "Constant":
-                out = _constant(node)
+                out = constant_value(node)
             elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
                 shape = np.array(shapes[node.input[0]], dtype=np.int64)
                 if node.op_type == "Size":

@@ -169,7 +169,7 @@ def capture_module_for_plan(
     graph = None
     try:
         cap = capture_folded(module, module, args, dtype=dtype, name=name, where=where)
-        graph, messages = cap.graph, cap.warnings
+        graph, messages = cap.graph, [*cap.warnings, *cap.notes]
     except CaptureError as export_error:
         failure = str(export_error)
     if graph is None:
