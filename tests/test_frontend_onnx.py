@@ -312,3 +312,43 @@ def test_attention_op_and_a_constant_weight(tmp_path: Path) -> None:
     )  # fmt: skip
     assert params == heads * dim * kv_heads * dim  # the constant is a buffer, not a parameter
     run_passes(g, [Autodiff()])  # every matmul has its two operands
+
+
+def _meta(node: helper.NodeProto, scopes: list[str], classes: list[str]) -> helper.NodeProto:
+    for key, value in (("pkg.torch.onnx.name_scopes", scopes), ("pkg.torch.onnx.class_hierarchy", classes)):
+        prop = node.metadata_props.add()
+        prop.key, prop.value = key, repr(value)
+    return node
+
+
+def test_rmsnorm_written_out_is_one_norm_and_a_wrapper_prefix_is_dropped(tmp_path: Path) -> None:
+    """pow, mean, add, sqrt, div, mul exported from an HF RMSNorm: one norm node, scoped without the wrapper."""
+    norm = ["", "w", "w.model", "w.model.norm"]
+    classes = ["Wrapper", "LlamaModel", "transformers.models.llama.modeling_llama.LlamaRMSNorm"]
+    two = helper.make_tensor("two", F32, [], [2.0])
+    nodes = [
+        helper.make_node("Constant", [], ["c2"], value=two),
+        _meta(helper.make_node("Pow", ["x", "c2"], ["p"]), [*norm[:4], "pow"], ["W", *classes, "aten.pow"]),
+        _meta(helper.make_node("ReduceMean", ["p"], ["m"], keepdims=1), [*norm, "mean"], ["W", *classes, "aten.mean"]),
+        _meta(helper.make_node("Sqrt", ["m"], ["r"]), [*norm, "sqrt"], ["W", *classes, "aten.sqrt"]),
+        _meta(helper.make_node("Div", ["x", "r"], ["d"]), [*norm, "div"], ["W", *classes, "aten.div"]),
+        _meta(
+            helper.make_node("Mul", ["d", "w.model.norm.weight"], ["y"]), [*norm, "mul"], ["W", *classes, "aten.mul"]
+        ),
+        _meta(
+            helper.make_node("MatMul", ["y", "w.lm_head.weight"], ["logits"]),
+            ["", "w", "w.lm_head", "linear"],
+            ["Wrapper", "torch.nn.Linear", "aten.linear"],
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "norm",
+        [helper.make_tensor_value_info("x", F32, ["batch", "seq", D])],
+        [helper.make_tensor_value_info("logits", F32, None)],
+        initializer=[absent("w.model.norm.weight", [D]), absent("w.lm_head.weight", [D, VOCAB])],
+    )
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "norm.onnx")
+    g, _, _ = capture(path, Plan(micro_batch=2, seq_len=4))
+    ops = [(n.op, n.scope) for n in g if n.op not in (OpKind.PARAMETER, OpKind.INPUT)]
+    assert ops[:2] == [(OpKind.NORM, "model.norm"), (OpKind.MATMUL, "lm_head")]

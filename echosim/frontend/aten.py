@@ -48,6 +48,7 @@ from echosim.frontend.aten_rules import (
     packet,
     swaps_last_two,
 )
+from echosim.frontend.fused import FusedKind
 from echosim.frontend.fx import CaptureError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import (
@@ -74,7 +75,7 @@ class ExportCapture:
 class _Fused:
     """Nodes of one call of a module that runs as a single kernel."""
 
-    rule: Callable[[_Aten, fx.Node, list[int]], None]
+    kind: FusedKind
     members: list[fx.Node]
     output: fx.Node | None = None
     inputs: list[fx.Node] = field(default_factory=list)
@@ -299,7 +300,7 @@ class _Aten:
             group = self.fused.get(node)
             if group is not None:
                 if node is group.output:
-                    group.rule(self, node, self.tensors(group.inputs))
+                    self._emit_fused(node, group)
                 continue
             self._convert(node)
         outs = self.tensors(out_node.args if out_node is not None else [])
@@ -338,6 +339,13 @@ class _Aten:
         rule(self, node)
 
     # -- fusion ---------------------------------------------------------------------------
+    def _emit_fused(self, node: fx.Node, group: _Fused) -> None:
+        """One node for a whole module call, named after the module (``input_layernorm``)."""
+        data = [a for a in group.inputs if a.name not in self.params][: group.kind.data_inputs]
+        params = [a for a in group.inputs if a.name in self.params] if group.kind.op is OpKind.NORM else []
+        name = self.scope(node).rsplit(".", 1)[-1] or str(group.kind.attrs)
+        self.emit(node, group.kind.op, self.tensors([*data, *params]), group.kind.attrs, name=name)
+
     def _plan_fusion(self, nodes: list[fx.Node], live: set[fx.Node]) -> None:
         """Group each call of a single-kernel module (``FUSED``) and find its one output."""
         groups: list[_Fused] = []
@@ -347,9 +355,9 @@ class _Aten:
             if hit is None:
                 current = None
                 continue
-            key, rule = hit
+            key, kind = hit
             if current is None or current[0] != key:
-                current = (key, _Fused(rule, []))
+                current = (key, _Fused(kind, []))
                 groups.append(current[1])
             current[1].members.append(node)
         for group in groups:

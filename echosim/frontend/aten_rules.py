@@ -2,8 +2,7 @@
 
 A rule reads an fx node of the exported graph (its args, and the shapes in
 ``node.meta["val"]``) and adds IR nodes through the converter; ops with no rule are
-costed as memory-bound by the converter. ``FUSED`` names modules that run as one
-kernel whatever aten ops they are written in.
+costed as memory-bound by the converter.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from echosim.frontend.fused import FusedKind, fused_kind
 from echosim.ir.ops import (
     AttentionAttrs,
     CrossEntropyAttrs,
@@ -426,40 +426,15 @@ def _lstm(c: _Aten, node: fx.Node) -> None:
     c.env[node] = Multi(layer_in, False)
 
 
-def _dense_rule(c: _Aten, node: fx.Node, ins: list[int], op: OpKind, attrs: Any) -> None:
-    """One node for a whole module call, named after the module (``input_layernorm``)."""
-    c.emit(node, op, ins, attrs, name=c.scope(node).rsplit(".", 1)[-1] or str(attrs))
-
-
-def _fused_norm(kind: str) -> Callable[[_Aten, fx.Node, list[int]], None]:
-    return lambda c, node, ins: _dense_rule(c, node, ins, OpKind.NORM, NormAttrs(kind))
-
-
-def _fused_act(fn: str, flops: int) -> Callable[[_Aten, fx.Node, list[int]], None]:
-    return lambda c, node, ins: _dense_rule(c, node, ins[:1], OpKind.ELEMENTWISE, ElementwiseAttrs(fn, flops))
-
-
-# Modules that training stacks run as one kernel, by class-name suffix; written out in
-# several aten ops by HF (LlamaRMSNorm: pow, mean, add, rsqrt, mul, mul; NewGELUActivation: tanh form).
-FUSED: tuple[tuple[str, Callable[[_Aten, fx.Node, list[int]], None]], ...] = (
-    ("RMSNorm", _fused_norm("rmsnorm")),
-    ("LayerNorm", _fused_norm("layernorm")),
-    ("GELUActivation", _fused_act("gelu", 8)),
-    ("GELUTanh", _fused_act("gelu", 8)),
-    ("PytorchGELUTanh", _fused_act("gelu", 8)),
-    ("SiLUActivation", _fused_act("silu", 4)),
-)
-
-
-def fusable(node: fx.Node) -> tuple[str, Callable[[_Aten, fx.Node, list[int]], None]] | None:
+def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
+    """The outermost module of ``node`` that runs as one kernel (see ``fused.py``), keyed by its call."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
     for key, (_path, cls) in stack.items():
-        cls_name = (cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls))).rsplit(".", 1)[-1]
-        for suffix, rule in FUSED:
-            if cls_name.endswith(suffix):
-                return str(key), rule
+        kind = fused_kind(cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls)))
+        if kind is not None:
+            return str(key), kind
     return None
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echosim.errors import EchosimError
-from echosim.frontend.onnx_rules import RULES, SHAPE_OPS, param_scope, scope_of, swaps_last_two
+from echosim.frontend.fused import FusedKind
+from echosim.frontend.onnx_rules import RULES, SHAPE_OPS, fused_module, param_scope, scope_of, swaps_last_two
 from echosim.ir.graph import Graph
 from echosim.ir.ops import (
     ElementwiseAttrs,
@@ -140,6 +141,24 @@ def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
     except Exception as exc:
         raise EchosimError(f"{path}: ONNX shape inference failed: {' '.join(str(exc).split())[:300]}") from None
     return inferred, notes
+
+
+def _strip_wrapper(graph: Graph) -> Graph:
+    """Drop a wrapper module's name (``m.`` in ``m.model.layers.0``) when every scope starts with it."""
+    scopes = {n.scope for n in graph if n.scope}
+    heads = {s.split(".", 1)[0] for s in scopes}
+    if len(heads) != 1 or not scopes:
+        return graph
+    (head,) = heads
+    rests = [s[len(head) + 1 :] for s in scopes if s != head]
+    if not rests or any(r[:1].isdigit() for r in rests):
+        return graph
+    for n in list(graph):
+        if n.scope:
+            scope = "" if n.scope == head else n.scope[len(head) + 1 :]
+            name = n.name[len(head) + 1 :] if n.op is OpKind.PARAMETER and n.name.startswith(head + ".") else n.name
+            graph.replace(n.id, scope=scope, name=name)
+    return graph
 
 
 def _role(name: str, axis: int, elem: int) -> str | None:
@@ -332,7 +351,8 @@ class _Onnx:
             self.env[v.name] = self.graph.add(OpKind.INPUT, (), self.spec(v.name), name=v.name)
             self.graph.inputs.append(self.env[v.name])
         live = self._live()
-        for node in g.node:
+        compute = []
+        for node in g.node:  # shape arithmetic and constants are static: never costed
             if not any(o in live for o in node.output):
                 continue
             if (
@@ -341,9 +361,15 @@ class _Onnx:
                 or (node.input and all((not i) or i in self.static for i in node.input))
             ):
                 self.static.update(node.output)
-                continue
+            else:
+                compute.append(node)
+        fused = self._plan_fusion(compute, live)
+        for node in compute:
             if node.output and node.output[0] in self.aliases:
                 self.env[node.output[0]] = self.env[self.aliases[node.output[0]]]
+                continue
+            if id(node) in fused:
+                self._emit_fused(node, fused[id(node)])
                 continue
             rule = RULES.get(node.op_type)
             if rule is None:
@@ -359,7 +385,47 @@ class _Onnx:
         for op, count in self._unknown.items():
             if count > 1:
                 self.warnings.append(f"({op} occurs {count} times)")
-        return self.graph
+        return _strip_wrapper(self.graph)
+
+    # -- modules that run as one kernel (see fused.py) -------------------------------------------
+    def _plan_fusion(self, compute: list[Any], live: set[str]) -> dict[int, tuple[str, FusedKind, list[str], str]]:
+        """Each call of a single-kernel module: member node -> (module path, kind, inputs, output)."""
+        groups: list[tuple[str, FusedKind, list[Any]]] = []
+        for node in compute:
+            hit = fused_module(node)
+            if hit is None:
+                continue
+            if groups and groups[-1][0] == hit[0] and groups[-1][2][-1] is compute[compute.index(node) - 1]:
+                groups[-1][2].append(node)
+            else:
+                groups.append((hit[0], hit[1], [node]))
+        graph_outputs = {o.name for o in self.proto.graph.output}
+        plan: dict[int, tuple[str, FusedKind, list[str], str]] = {}
+        for path, kind, members in groups:
+            made = {o for m in members for o in m.output}
+            outs = [
+                o for o in made if o in graph_outputs or any(
+                    id(u) not in {id(m) for m in members} and any(o2 in live for o2 in u.output)
+                    for u in self.consumers.get(o, [])
+                )
+            ]  # fmt: skip
+            ins = [i for m in members for i in m.input if i and i not in made and i not in self.static]
+            ins = list(dict.fromkeys(ins))
+            if len(outs) != 1 or not [i for i in ins if i not in self._params]:
+                continue
+            for m in members:
+                plan[id(m)] = (path, kind, ins, outs[0])
+        return plan
+
+    def _emit_fused(self, node: Any, fused: tuple[str, FusedKind, list[str], str]) -> None:
+        path, kind, ins, out = fused
+        if out not in node.output:
+            return
+        data = [i for i in ins if i not in self._params][: kind.data_inputs]
+        params = [i for i in ins if i in self._params] if kind.op is OpKind.NORM else []
+        values = [v for v in (self.value(i) for i in [*data, *params]) if v is not None]
+        name = path.rsplit(".", 1)[-1] or out
+        self.env[out] = self.graph.add(kind.op, values, self.spec(out, node), kind.attrs, scope=path, name=name)
 
     def _live(self) -> set[str]:
         live = {o.name for o in self.proto.graph.output}

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from echosim.frontend.fused import FusedKind, fused_kind
 from echosim.ir.ops import (
     AttentionAttrs,
     CrossEntropyAttrs,
@@ -45,6 +46,27 @@ def swaps_last_two(node: Any, out_shape: tuple[int, ...]) -> bool:
 
 def param_scope(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name and "::" not in name else ""
+
+
+def _metadata_list(node: Any, key: str) -> list[str]:
+    for prop in node.metadata_props:
+        if prop.key == key:
+            try:
+                return [str(x) for x in ast.literal_eval(prop.value)]
+            except (ValueError, SyntaxError):
+                return []
+    return []
+
+
+def fused_module(node: Any) -> tuple[str, FusedKind] | None:
+    """The outermost single-kernel module (``fused.py``) a torch-exported node belongs to: (path, kind)."""
+    classes = _metadata_list(node, "pkg.torch.onnx.class_hierarchy")
+    scopes = _metadata_list(node, "pkg.torch.onnx.name_scopes")
+    for cls, path in zip(classes, scopes, strict=False):
+        kind = fused_kind(cls)
+        if kind is not None:
+            return path, kind
+    return None
 
 
 def scope_of(node: Any) -> str:
