@@ -82,9 +82,7 @@ class _Fused:
 
 
 class _Aten:
-    def __init__(
-        self, ep: Any, dtype: DType, name: str, strip: str, rename: Callable[[str], str], causal_masks: bool
-    ) -> None:
+    def __init__(self, ep: Any, dtype: DType, name: str, strip: str, rename: Callable[[str], str]) -> None:
         from torch.export.graph_signature import InputKind
 
         self.gm: fx.GraphModule = ep.graph_module
@@ -92,7 +90,6 @@ class _Aten:
         self.graph = Graph(name)
         self.strip = strip
         self.rename = rename
-        self.causal_masks = causal_masks
         self.warnings: list[str] = []
         self._unknown: dict[str, int] = {}
         self.env: dict[fx.Node, int | Multi | None] = {}
@@ -513,11 +510,10 @@ def convert(
     name: str,
     strip: str = "",
     rename: Callable[[str], str] = lambda s: s,
-    causal_masks: bool = False,
 ) -> ExportCapture:
     """Turn an ``ExportedProgram`` into IR (no loss is added here)."""
     from echosim.frontend.attention_fuse import fuse_attention
 
-    cap = _Aten(ep, dtype, name, strip, rename, causal_masks).run()
+    cap = _Aten(ep, dtype, name, strip, rename).run()
     cap.graph = fuse_attention(cap.graph, cap.notes)
     return cap

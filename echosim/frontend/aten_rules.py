@@ -304,7 +304,7 @@ def _sdpa(c: _Aten, node: fx.Node) -> None:
     q, k, v = node.args[:3]
     qs, ks, vs = c.shape(q), c.shape(k), c.shape(v)
     mask = _arg(node, 3, "attn_mask")
-    causal = bool(_arg(node, 5, "is_causal", False)) or (mask is not None and c.causal_masks)
+    causal = bool(_arg(node, 5, "is_causal", False))
     batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
     heads = qs[-3] if len(qs) >= 3 else 1
     kv_heads = ks[-3] if len(ks) >= 3 else 1

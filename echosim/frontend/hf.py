@@ -6,7 +6,8 @@ downloaded and no weight is allocated. transformers is the optional extra
 ``echosim[hf]``.
 
 The model is exported with ``torch.export`` after its longest run of identical
-decoder layers is folded to one (``fold.py``), so a Llama-3 70B captures as one
+decoder layers is cut to two copies; once they are shown to be one chain the
+second is dropped (``fold.py``, ``irfold.py``), so a Llama-3 70B captures as one
 layer with a repeat count of 80. Attention runs through an ``echosim`` attention
 function registered with transformers: causal SDPA with grouped-query heads and no
 mask tensor (the kernel training stacks use), so transformers builds no mask and
