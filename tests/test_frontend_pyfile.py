@@ -14,7 +14,7 @@ from echosim.ir import verify
 from echosim.ir.ops import EmbeddingAttrs, MatmulAttrs, OpKind
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.flops import graph_flops, node_flops, param_count
 from echosim.plan import Cluster, Plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -233,3 +233,27 @@ def test_attention_written_by_hand_becomes_one_attention_op(tmp_path: Path) -> N
     assert not [n for n in graph if n.op is OpKind.SOFTMAX]
     assert graph_flops(graph).forward == 2 * 32 * 3 * 32 * 32 + 2 * 32 * 32 * 32 + 4 * 2 * 4 * 16 * 16 * 8
     assert any("costed as attention" in m for m in messages)
+
+
+def test_flop_counter_misses_cpu_attention_where_the_closed_form_does_not() -> None:
+    """Under FakeTensorMode on CPU, SDPA runs as the CPU flash kernel, which has no FLOP formula."""
+    import torch
+    from conftest import TINY_LLAMA, capture
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from echosim.frontend import zoo_modules
+
+    with FakeTensorMode():
+        model = zoo_modules.Llama(TINY_LLAMA)
+        ids = torch.zeros(2, TINY_LLAMA.seq_len, dtype=torch.long)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            model(ids, ids).backward()
+    joint = run_passes(capture(TINY_LLAMA, batch=2), [Autodiff()])
+    b, h, s, d = 2, TINY_LLAMA.heads, TINY_LLAMA.seq_len, TINY_LLAMA.dim_head
+    closed = TINY_LLAMA.layers * 3 * 4 * b * h * s * s * d  # QK^T and PV forward, twice that backward
+    ours = graph_flops(joint).model
+    attention = [n for n in joint if n.op is OpKind.ATTENTION]
+    assert sum(node_flops(n) * joint.multiplicity(n) for n in attention) == closed
+    assert counter.get_total_flops() == ours - closed
