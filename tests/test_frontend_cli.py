@@ -117,3 +117,14 @@ def test_bad_model_is_one_line_and_exit_1(case: str, tmp_path: Path) -> None:
     assert code == 1
     assert len(lines) == 1 and lines[0].startswith("Error: "), out
     assert message in lines[0]
+
+
+def test_the_terminal_summary_lists_the_notes(tmp_path: Path) -> None:
+    (tmp_path / "mlp.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def model():\n"
+        "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), [(('batch', 16), torch.float32)]\n"
+    )
+    code, out = run(f"{tmp_path}/mlp.py:model", "--backend", "null", "--dp", "2")
+    assert code == 0, out
+    assert "note: no tensor-parallel plan matches this model's module paths: it runs data parallel only" in out
