@@ -68,6 +68,7 @@ def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Clust
 
 
 def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Compiled:
+    from echosim.frontend import plan_messages, split_notes
     from echosim.plugins import get_registry
 
     plan = plan or Plan()
@@ -77,7 +78,8 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     from echosim.backends.loading import load_backend
 
     backend = load_backend(cluster.backend, get_registry())
-    graph, warnings, total_params = load_model(model, plan)
+    graph, messages, total_params = load_model(model, plan)
+    warnings, notes = split_notes(messages + plan_messages(graph, plan))
     try:
         joint = run_passes(
             graph,
@@ -107,7 +109,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     timings = _time_stages(stages, backend, where, plan)
     blocks = run_schedule(plan, timings)
     name = model if isinstance(model, str) else graph.name
-    report = _report(name, plan, cluster, backend, stages, timings, blocks, total_params, warnings)
+    report = _report(name, plan, cluster, backend, stages, timings, blocks, total_params, warnings, notes)
     return Compiled(report, joint, stages, timings, blocks)
 
 
@@ -134,6 +136,7 @@ def _report(
     blocks: list[BlockTime],
     total_params: int,
     warnings: list[str],
+    notes: list[str] | None = None,
 ) -> Report:
     m, pp = plan.microbatches, plan.pp
     chunks = {r: [t for t in timings if t.index % pp == r] for r in range(pp)}
@@ -191,6 +194,7 @@ def _report(
         memory=memory,
         stages=stage_rows,
         warnings=warnings,
+        notes=notes or [],
     )
 
 

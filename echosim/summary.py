@@ -56,5 +56,7 @@ def render(report: Any, trace: str | None = None, console: Any = None) -> None:
     console.print(mem)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {w}")
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if trace:
         console.print(f"trace written to {trace} (open it in ui.perfetto.dev)")

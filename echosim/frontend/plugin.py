@@ -1,11 +1,11 @@
-"""The zoo registers its models through the same hook a third-party plugin uses."""
+"""The zoo and the frontends (``hf:``, ``.onnx``, ``.py``) register through the hooks a third-party plugin uses."""
 
 from __future__ import annotations
 
 from functools import partial
 
 from echosim.plugins import hookimpl
-from echosim.plugins.hookspecs import RegisterModel
+from echosim.plugins.hookspecs import RegisterFrontend, RegisterModel
 
 
 @hookimpl
@@ -16,3 +16,12 @@ def register_models(register: RegisterModel) -> None:
         register(
             name, partial(lambda c: c, cfg), f"{cfg.arch}: {cfg.layers} layers, hidden {cfg.hidden} ({cfg.description})"
         )
+
+
+@hookimpl
+def register_frontends(register: RegisterFrontend) -> None:
+    from echosim.frontend import hf, onnx, pyfile
+
+    register("hf:", hf.load)
+    register(".onnx", onnx.load)
+    register(".py", pyfile.load)

@@ -30,9 +30,7 @@ from echosim.ir.ops import (
 from echosim.ir.types import DType, TensorSpec
 
 Contrib = list[tuple[int, int]]  # (forward input id, gradient value id)
-
-
-_INTEGER = frozenset({DType.INT64, DType.INT32, DType.BOOL})
+_NO_GRAD = frozenset({DType.INT64, DType.INT32, DType.BOOL})  # indices and masks carry no gradient
 
 
 class _Ctx:
@@ -317,7 +315,7 @@ class Autodiff:
         forward = [n for n in g if n.phase is Phase.FORWARD]
         needs: set[int] = set()
         for n in forward:
-            if n.out.dtype in _INTEGER:  # indices (top-k expert ids) carry no gradient
+            if n.out.dtype in _NO_GRAD:  # indices and masks (MoE routing, argsort) carry no gradient
                 continue
             if n.op is OpKind.PARAMETER or (n.op is not OpKind.INPUT and any(i in needs for i in n.inputs)):
                 needs.add(n.id)

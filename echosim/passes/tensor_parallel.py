@@ -41,6 +41,8 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.q_proj", "colwise"),
     ("*.k_proj", "colwise"),
     ("*.v_proj", "colwise"),
+    ("*.q_b_proj", "colwise"),  # DeepSeek MLA: the per-head up-projections split by heads
+    ("*.kv_b_proj", "colwise"),
     ("*.query_key_value", "colwise"),
     ("*.c_attn", "colwise"),
     ("*.fc1", "colwise"),

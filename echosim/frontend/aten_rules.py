@@ -1,0 +1,549 @@
+"""The aten -> IR rule table of the export frontend (see ``aten.py``): one rule per aten op.
+
+A rule reads an fx node of the exported graph (its args, and the shapes in
+``node.meta["val"]``) and adds IR nodes through the converter; ops with no rule are
+costed as memory-bound by the converter.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from echosim.frontend.fused import FusedKind, fused_kind
+from echosim.ir.ops import (
+    AttentionAttrs,
+    CrossEntropyAttrs,
+    ElementwiseAttrs,
+    EmbeddingAttrs,
+    MatmulAttrs,
+    NormAttrs,
+    OpKind,
+)
+from echosim.ir.types import TensorSpec
+
+if TYPE_CHECKING:
+    from echosim.frontend.aten import _Aten
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Multi:
+    """A tuple-valued op: ``getitem`` picks a view of ``source`` (split) or of the op's node."""
+
+    source: int | None
+    views_only: bool
+
+
+def packet(node: fx.Node) -> Any:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket
+    return target
+
+
+def op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target.overloadpacket)  # "aten.linear", "transformers.grouped_mm_fallback"
+    return getattr(target, "__name__", str(target))
+
+
+def is_inplace(op: torch._ops.OpOverload) -> bool:
+    schema = op._schema
+    return (
+        bool(schema.arguments)
+        and schema.arguments[0].alias_info is not None
+        and schema.arguments[0].alias_info.is_write
+    )
+
+
+def swaps_last_two(node: fx.Node) -> bool:
+    """``t``, ``transpose(-2, -1)`` or a permute that only exchanges the last two axes."""
+    target = packet(node)
+    rank = len(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else 0
+    if target is aten.t:
+        return True
+    if target is aten.transpose and rank >= 2:
+        dims = sorted(d % rank for d in node.args[1:3])
+        return dims == [rank - 2, rank - 1]
+    if target is aten.permute and rank >= 2:
+        perm = [d % rank for d in node.args[1]]
+        return perm == [*range(rank - 2), rank - 1, rank - 2]
+    return False
+
+
+def _numel_before_last(shape: Sequence[int]) -> int:
+    return math.prod(shape[:-1]) if len(shape) > 1 else 1
+
+
+# ---- rules ------------------------------------------------------------------------------
+
+Rule = Callable[["_Aten", fx.Node], None]
+
+
+def _arg(node: fx.Node, i: int, key: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(key, default)
+
+
+def _view(c: _Aten, node: fx.Node) -> None:
+    src = c.value(node.args[0]) if node.args else None
+    spec = c.spec_of(node.meta.get("val"))
+    if src is None or spec is None:
+        c.env[node] = None
+        return
+    c.emit(node, OpKind.VIEW, [src], spec=spec)
+
+
+def _cast(c: _Aten, node: fx.Node) -> None:
+    """Float-to-float casts are free (every float is costed in the plan's dtype), as in fx.py."""
+    src = node.args[0]
+    before = src.meta.get("val") if isinstance(src, fx.Node) else None
+    after = node.meta.get("val")
+    if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
+        same = c._dtype(before.dtype) == c._dtype(after.dtype)
+        if same:
+            _view(c, node)
+            return
+    ins = c.tensors(node.args[:1])
+    spec = c.spec_of(after)
+    if spec is None or not ins:
+        c.env[node] = None
+        return
+    c.emit(node, OpKind.ELEMENTWISE, ins, ElementwiseAttrs("cast", 0), spec)
+
+
+def _split(c: _Aten, node: fx.Node) -> None:
+    c.env[node] = Multi(c.value(node.args[0]), views_only=True)
+
+
+def _getitem(c: _Aten, node: fx.Node) -> None:
+    src = node.args[0]
+    got = c.env.get(src) if isinstance(src, fx.Node) else None
+    spec = c.spec_of(node.meta.get("val"))
+    if not isinstance(got, Multi) or spec is None:
+        c.env[node] = None
+        return
+    if got.source is None:
+        c.env[node] = None
+        return
+    if not got.views_only and node.args[1] == 0 and c.graph[got.source].out == spec:
+        c.env[node] = got.source
+        return
+    c.emit(node, OpKind.VIEW, [got.source], spec=spec)
+
+
+def _multi(op: OpKind, attrs: Callable[[_Aten, fx.Node], Any] | None = None, data: int = 1) -> Rule:
+    """A tuple-valued op costed as one kernel whose size is its first output."""
+
+    def rule(c: _Aten, node: fx.Node) -> None:
+        val = node.meta.get("val")
+        first = val[0] if isinstance(val, (list, tuple)) and val else None
+        spec = c.spec_of(first)
+        ins = c.tensors(node.args[:data])
+        if spec is None or not ins:
+            c.env[node] = Multi(None, False)
+            return
+        nid = c.graph.add(
+            op, ins, spec, attrs(c, node) if attrs else ElementwiseAttrs(op_name(node).rsplit(".", 1)[-1]),
+            scope=c.scope(node), name=node.name,
+        )  # fmt: skip
+        c.env[node] = Multi(nid, views_only=False)
+
+    return rule
+
+
+def _elementwise(fn: str, flops: int = 1) -> Rule:
+    def rule(c: _Aten, node: fx.Node) -> None:
+        ins = c.tensors(node.args)
+        spec = c.spec_of(node.meta.get("val"))
+        if spec is None:
+            c.env[node] = None
+            return
+        c.emit(node, OpKind.ELEMENTWISE, ins, ElementwiseAttrs(fn, flops), spec)
+
+    return rule
+
+
+def _reduction(fn: str) -> Rule:
+    """A reduction (sum, mean, pooling, ...); one with (values, indices) outputs as well."""
+
+    def rule(c: _Aten, node: fx.Node) -> None:
+        ins = c.tensors(node.args[:1])
+        val = node.meta.get("val")
+        many = isinstance(val, (list, tuple))
+        spec = c.spec_of(val[0] if many and val else val)
+        if spec is None or not ins:
+            c.env[node] = Multi(None, False) if many else None
+            return
+        op = OpKind.REDUCTION if spec.numel < c.graph[ins[0]].out.numel else OpKind.ELEMENTWISE
+        nid = c.graph.add(op, ins, spec, ElementwiseAttrs(fn), scope=c.scope(node), name=node.name)
+        c.env[node] = Multi(nid, False) if many else nid
+
+    return rule
+
+
+def _fresh(c: _Aten, node: fx.Node) -> None:
+    """Allocation without a kernel (``empty``): free until something is written into it."""
+    spec = c.spec_of(node.meta.get("val"))
+    c.env[node] = None if spec is None else c.graph.add(OpKind.INPUT, (), spec, scope=c.scope(node), name=node.name)
+    c.fresh.add(node)
+
+
+def inplace(c: _Aten, node: fx.Node) -> None:
+    """``x.op_(...)``: a new SSA value that replaces ``x`` (or a slice of its storage)."""
+    dest = node.args[0]
+    name = op_name(node).rsplit(".", 1)[-1].rstrip("_")
+    spec = c.spec_of(node.meta.get("val"))
+    if name == "copy" and len(node.args) > 1:
+        written = c.value(node.args[1])
+        c.env[node] = written
+    else:
+        reads_dest = name not in ("fill", "zero", "index_put", "scatter", "masked_fill")
+        ins = c.tensors(node.args if reads_dest else node.args[1:])
+        if name in ("index_put", "scatter", "masked_fill"):
+            ins = c.tensors(node.args)  # the untouched rows flow through
+        written = None if spec is None else c.emit(node, OpKind.ELEMENTWISE, ins, ElementwiseAttrs(name), spec)
+    if isinstance(dest, fx.Node):
+        c.mutate(node, dest, written)
+
+
+def _linear(c: _Aten, node: fx.Node) -> None:
+    x = c.value(node.args[0])
+    w = c.weight(node.args[1], natural_is_nk=True)
+    b = c.value(_arg(node, 2, "bias"))
+    xs, ws = c.shape(node.args[0]), c.shape(node.args[1])
+    attrs = MatmulAttrs(m=_numel_before_last(xs), n=ws[0], k=ws[-1])
+    c.emit(node, OpKind.MATMUL, [v for v in (x, w, b) if v is not None], attrs)
+
+
+def _mm(c: _Aten, node: fx.Node) -> None:
+    a, b = node.args[0], node.args[1]
+    sa, sb = c.shape(a), c.shape(b)
+    attrs = MatmulAttrs(m=sa[0], n=sb[1], k=sa[1])
+    c.emit(node, OpKind.MATMUL, [v for v in (c.value(a), c.weight(b, natural_is_nk=False)) if v is not None], attrs)
+
+
+def _addmm(c: _Aten, node: fx.Node) -> None:
+    bias, a, b = node.args[:3]
+    sa, sb = c.shape(a), c.shape(b)
+    attrs = MatmulAttrs(m=sa[0], n=sb[1], k=sa[1])
+    ins = [c.value(a), c.weight(b, natural_is_nk=False), c.value(bias)]
+    c.emit(node, OpKind.MATMUL, [v for v in ins if v is not None], attrs)
+
+
+def _matmul(c: _Aten, node: fx.Node) -> None:
+    """``bmm``, ``matmul`` and ``@``: broadcast batch dims, (m x k) @ (k x n) per batch."""
+    a, b = node.args[0], node.args[1]
+    sa, sb = c.shape(a), c.shape(b)
+    if len(sb) == 1:
+        attrs = MatmulAttrs(m=_numel_before_last(sa), n=1, k=sb[0])
+    elif len(sb) == 2:
+        attrs = MatmulAttrs(m=_numel_before_last(sa), n=sb[1], k=sb[0])
+    else:
+        out = c.shape(node)
+        sa2 = sa if len(sa) >= 2 else (1, *sa)
+        attrs = MatmulAttrs(m=sa2[-2], n=sb[-1], k=sb[-2], batch=math.prod(out[:-2]) if len(out) > 2 else 1)
+    w = c.weight(b, natural_is_nk=False) if len(sb) == 2 else c.value(b)
+    c.emit(node, OpKind.MATMUL, [v for v in (c.value(a), w) if v is not None], attrs)
+
+
+def _baddbmm(c: _Aten, node: fx.Node) -> None:
+    bias, a, b = node.args[:3]
+    sa, sb = c.shape(a), c.shape(b)
+    attrs = MatmulAttrs(m=sa[-2], n=sb[-1], k=sa[-1], batch=sa[0])
+    c.emit(node, OpKind.MATMUL, c.tensors([a, b, bias]), attrs)
+
+
+def _grouped_mm(c: _Aten, node: fx.Node) -> None:
+    """MoE experts: tokens sorted by expert times a stack of E weights.
+
+    Held as ``batch=E`` products of (rows/E x k) @ (k x n): balanced routing, the
+    expert count in ``batch`` and the weight as (E, n, k), so FLOPs are
+    2 * rows * k * n and the backward rules of batched matmuls apply unchanged.
+    """
+    x, w = node.args[0], node.args[1]
+    sx, sw = c.shape(x), c.shape(w)
+    if len(sw) != 3 or len(sx) != 2:
+        c.unknown(node, f"{op_name(node)} with shapes {sx} x {sw}")
+        return
+    experts, k, n = sw
+    rows = sx[0]
+    attrs = MatmulAttrs(m=math.ceil(rows / experts), n=n, k=k, batch=experts)
+    wv = c.weight(w, natural_is_nk=False)
+    c.emit(node, OpKind.MATMUL, [v for v in (c.value(x), wv) if v is not None], attrs)
+
+
+def _einsum(c: _Aten, node: fx.Node) -> None:
+    equation, operands = node.args[0], node.args[1]
+    if len(operands) != 2 or "..." in equation:
+        c.unknown(node, f"aten.einsum '{equation}'")
+        return
+    lhs, out = equation.replace(" ", "").split("->")
+    a, b = lhs.split(",")
+    sizes: dict[str, int] = {}
+    for letters, arg in ((a, operands[0]), (b, operands[1])):
+        sizes.update(zip(letters, c.shape(arg), strict=False))
+    batch = math.prod(sizes[ch] for ch in out if ch in a and ch in b)
+    m = math.prod(sizes[ch] for ch in out if ch in a and ch not in b)
+    n = math.prod(sizes[ch] for ch in out if ch in b and ch not in a)
+    k = math.prod(sizes[ch] for ch in sizes if ch in a and ch in b and ch not in out)
+    c.emit(node, OpKind.MATMUL, c.tensors(operands), MatmulAttrs(m=m, n=n, k=k, batch=batch))
+
+
+def _sdpa(c: _Aten, node: fx.Node) -> None:
+    q, k, v = node.args[:3]
+    qs, ks, vs = c.shape(q), c.shape(k), c.shape(v)
+    mask = _arg(node, 3, "attn_mask")
+    causal = bool(_arg(node, 5, "is_causal", False))
+    batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
+    heads = qs[-3] if len(qs) >= 3 else 1
+    kv_heads = ks[-3] if len(ks) >= 3 else 1
+    # QK^T contracts the query/key head size, PV produces the value head size (they differ
+    # in DeepSeek's MLA); AttentionAttrs holds one head_dim, so hold their mean: FLOPs stay exact.
+    head_dim = (qs[-1] + vs[-1]) // 2
+    attrs = AttentionAttrs(batch, heads, kv_heads, qs[-2], ks[-2], head_dim, causal)
+    val = node.meta.get("val")
+    spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
+    nid = c.graph.add(
+        OpKind.ATTENTION, c.tensors([q, k, v, mask]), spec or c.spec(node), attrs, scope=c.scope(node), name=node.name
+    )
+    c.env[node] = Multi(nid, False) if isinstance(val, (list, tuple)) else nid
+
+
+def _embedding(c: _Aten, node: fx.Node) -> None:
+    w, ids = node.args[0], node.args[1]
+    ws = c.shape(w)
+    ins = [c.value(ids), c.value(w)]
+    c.emit(node, OpKind.EMBEDDING, [i for i in ins if i is not None], EmbeddingAttrs(ws[0], ws[1]))
+
+
+def _embedding_bag(c: _Aten, node: fx.Node) -> None:
+    w, ids = node.args[0], node.args[1]
+    ws = c.shape(w)
+    val = node.meta["val"]
+    nid = c.graph.add(
+        OpKind.EMBEDDING, c.tensors([ids, w]), c.spec_of(val[0]) or c.spec(node), EmbeddingAttrs(ws[0], ws[1]),
+        scope=c.scope(node), name=node.name,
+    )  # fmt: skip
+    c.env[node] = Multi(nid, False)
+
+
+def _norm(kind: str, data: Sequence[int]) -> Rule:
+    def rule(c: _Aten, node: fx.Node) -> None:
+        ins = c.tensors([node.args[i] for i in data if i < len(node.args)])
+        val = node.meta.get("val")
+        spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
+        nid = c.graph.add(OpKind.NORM, ins, spec or c.spec(node), NormAttrs(kind), scope=c.scope(node), name=node.name)
+        c.env[node] = Multi(nid, False) if isinstance(val, (list, tuple)) else nid
+
+    return rule
+
+
+def _softmax(c: _Aten, node: fx.Node) -> None:
+    c.emit(node, OpKind.SOFTMAX, c.tensors(node.args[:1]))
+
+
+def _cross_entropy(c: _Aten, node: fx.Node) -> None:
+    logits, labels = node.args[:2]
+    vocab = c.shape(logits)[1] if len(c.shape(logits)) > 1 else c.shape(logits)[-1]
+    c.emit(node, OpKind.CROSS_ENTROPY, c.tensors([logits, labels]), CrossEntropyAttrs(vocab))
+
+
+def _dropout(c: _Aten, node: fx.Node) -> None:
+    p = float(_arg(node, 1, "p", 0.5))
+    train = bool(_arg(node, 2, "train", True))
+    if p == 0.0 or not train:
+        _view(c, node)
+        return
+    val = node.meta.get("val")
+    spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
+    nid = c.graph.add(
+        OpKind.ELEMENTWISE, c.tensors(node.args[:1]), spec or c.spec(node), ElementwiseAttrs("dropout", 2),
+        scope=c.scope(node), name=node.name,
+    )  # fmt: skip
+    c.env[node] = Multi(nid, False) if isinstance(val, (list, tuple)) else nid
+
+
+def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
+    """Convolution as the implicit GEMM cuDNN runs: (N*out_pixels x Cin*kernel/g) @ (.. x Cout/g), g groups."""
+
+    def rule(c: _Aten, node: fx.Node) -> None:
+        x, w = node.args[0], node.args[1]
+        bias = _arg(node, 2, "bias")
+        xs, ws, out = c.shape(x), c.shape(w), c.shape(node)
+        transposed = transposed_arg is not None and bool(_arg(node, transposed_arg, "transposed", False))
+        groups = int(_arg(node, groups_arg, "groups", 1))
+        kernel = math.prod(ws[2:])
+        if transposed:  # weight (Cin, Cout/g, k...)
+            attrs = MatmulAttrs(m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups)
+        else:  # weight (Cout, Cin/g, k...)
+            attrs = MatmulAttrs(m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups)
+        c.emit(node, OpKind.MATMUL, c.tensors([x, w, bias]), attrs)
+
+    return rule
+
+
+def _lstm(c: _Aten, node: fx.Node) -> None:
+    """``aten.lstm`` (unidirectional), layer by layer as :func:`recurrent.lstm_layer` costs it."""
+    from echosim.frontend.recurrent import lstm_layer
+
+    x, hx, weights, has_bias, layers, _p, _train, bidirectional, batch_first = node.args[:9]
+    if bidirectional:
+        c.unknown(node, "aten.lstm (bidirectional)")
+        return
+    xs = c.shape(x)
+    batch, steps = (xs[0], xs[1]) if batch_first else (xs[1], xs[0])
+    per_layer = 4 if has_bias else 2
+    out_spec = c.spec_of(node.meta["val"][0])
+    layer_in = c.value(x)
+    if out_spec is None or layer_in is None:
+        c.env[node] = Multi(None, False)
+        return
+    for layer in range(int(layers)):
+        group = weights[layer * per_layer : (layer + 1) * per_layer]
+        w_ih, w_hh, *biases = (c.value(w) for w in group)
+        assert w_ih is not None and w_hh is not None
+        h0 = c.value(hx[0]) if hx else None
+        if h0 is not None:  # this layer's slice of the (layers, batch, hidden) initial state
+            state = TensorSpec((batch, out_spec.shape[-1]), out_spec.dtype)
+            h0 = c.graph.add(OpKind.VIEW, [h0], state, scope=c.scope(node), name=f"{node.name}.l{layer}.h0")
+        layer_in = lstm_layer(
+            c.graph, layer_in, w_ih, w_hh, [b for b in biases if b is not None],
+            batch=batch, steps=steps, in_dim=c.shape(group[0])[1], hidden=out_spec.shape[-1],
+            dtype=out_spec.dtype, batch_first=bool(batch_first), scope=c.scope(node), name=f"{node.name}.l{layer}",
+            h0=h0,
+        )  # fmt: skip
+    c.env[node] = Multi(layer_in, False)
+
+
+def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
+    """The outermost module of ``node`` that runs as one kernel (see ``fused.py``), keyed by its call."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    for key, (_path, cls) in stack.items():
+        kind = fused_kind(cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls)))
+        if kind is not None:
+            return str(key), kind
+    return None
+
+
+_ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "exp": 4, "log": 4, "erf": 4}
+
+VIEWS = {
+    aten.view, aten.reshape, aten._unsafe_view, aten.transpose, aten.permute, aten.t, aten.expand,
+    aten.expand_as, aten.unsqueeze, aten.squeeze, aten.flatten, aten.unflatten, aten.slice, aten.select,
+    aten.narrow, aten.alias, aten.as_strided, aten.contiguous, aten.clone, aten.detach, aten.view_as,
+    aten.movedim, aten.diagonal, aten.lift_fresh_copy, aten.view_as_real, aten.view_as_complex,
+    aten.real, aten.imag, aten.unfold, aten.squeeze_copy, aten.unsqueeze_copy, aten.t_copy,
+    aten.permute_copy, aten.expand_copy, aten.view_copy, aten.transpose_copy, aten.slice_copy,
+}  # fmt: skip
+SPLITS = {aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split}
+CASTS = {aten.to, aten._to_copy, aten.type_as}
+SKIP = {aten._assert_tensor_metadata, aten._assert_scalar, aten.sym_size, aten.sym_constrain_range_for_size}
+FRESH = {aten.empty, aten.empty_like, aten.new_empty, aten.empty_strided, aten.new_empty_strided}
+
+RULES: dict[Any, Rule] = {op: _view for op in VIEWS}
+RULES.update({op: _split for op in SPLITS})
+RULES.update({op: _cast for op in CASTS})
+RULES.update({op: _fresh for op in FRESH})
+RULES.update(
+    {
+        operator.getitem: _getitem,
+        aten.linear: _linear,
+        aten.mm: _mm,
+        aten.addmm: _addmm,
+        aten.bmm: _matmul,
+        aten.matmul: _matmul,
+        aten.baddbmm: _baddbmm,
+        aten._grouped_mm: _grouped_mm,
+        aten.einsum: _einsum,
+        aten.scaled_dot_product_attention: _sdpa,
+        aten._scaled_dot_product_flash_attention: _sdpa,
+        aten._scaled_dot_product_efficient_attention: _sdpa,
+        aten._scaled_dot_product_flash_attention_for_cpu: _sdpa,
+        aten.embedding: _embedding,
+        aten.embedding_bag: _embedding_bag,
+        aten._embedding_bag: _embedding_bag,
+        aten.layer_norm: _norm("layernorm", (0, 2, 3)),
+        aten.native_layer_norm: _norm("layernorm", (0, 2, 3)),
+        aten.rms_norm: _norm("rmsnorm", (0, 2)),
+        aten.group_norm: _norm("groupnorm", (0, 2, 3)),
+        aten.batch_norm: _norm("batchnorm", (0, 1, 2)),
+        aten._native_batch_norm_legit: _norm("batchnorm", (0, 1, 2)),
+        aten._native_batch_norm_legit_functional: _norm("batchnorm", (0, 1, 2)),
+        aten._batch_norm_with_update: _norm("batchnorm", (0, 1, 2)),
+        aten.softmax: _softmax,
+        aten._softmax: _softmax,
+        aten._safe_softmax: _softmax,
+        aten.log_softmax: _softmax,
+        aten._log_softmax: _softmax,
+        aten.cross_entropy_loss: _cross_entropy,
+        aten.nll_loss: _cross_entropy,
+        aten.nll_loss_nd: _cross_entropy,
+        aten.nll_loss_forward: _cross_entropy,
+        aten.binary_cross_entropy_with_logits: _reduction("bce_loss"),
+        aten.binary_cross_entropy: _reduction("bce_loss"),
+        aten.mse_loss: _reduction("mse_loss"),
+        aten.l1_loss: _reduction("l1_loss"),
+        aten.smooth_l1_loss: _reduction("smooth_l1_loss"),
+        aten.huber_loss: _reduction("huber_loss"),
+        aten.dropout: _dropout,
+        aten.native_dropout: _dropout,
+        aten.conv1d: _conv(None, 6),
+        aten.conv2d: _conv(None, 6),
+        aten.conv3d: _conv(None, 6),
+        aten.convolution: _conv(6, 8),
+        aten._convolution: _conv(6, 8),
+        aten.lstm: _lstm,
+        aten.topk: _multi(OpKind.ELEMENTWISE),
+        aten.sort: _multi(OpKind.ELEMENTWISE),
+        aten.max: _reduction("max"),
+        aten.min: _reduction("min"),
+        aten.sum: _reduction("sum"),
+        aten.mean: _reduction("mean"),
+        aten.amax: _reduction("amax"),
+        aten.amin: _reduction("amin"),
+        aten.logsumexp: _reduction("logsumexp"),
+        aten.argmax: _reduction("argmax"),
+        aten.norm: _reduction("norm"),
+        aten.var: _reduction("var"),
+        aten.max_pool2d: _reduction("max_pool2d"),
+        aten.max_pool1d: _reduction("max_pool1d"),
+        aten.avg_pool2d: _reduction("avg_pool2d"),
+        aten.adaptive_avg_pool2d: _reduction("adaptive_avg_pool2d"),
+        aten.adaptive_avg_pool1d: _reduction("adaptive_avg_pool1d"),
+        aten.max_pool2d_with_indices: _reduction("max_pool2d"),
+        aten.cat: _elementwise("cat", 0),
+        aten.stack: _elementwise("cat", 0),
+        aten.repeat: _elementwise("repeat", 0),
+        aten.repeat_interleave: _elementwise("repeat", 0),
+    }
+)
+for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciprocal", "abs", "clamp", "clamp_min",
+            "clamp_max", "where", "masked_fill", "maximum", "minimum", "floor_divide", "remainder", "eq", "ne", "lt",
+            "gt", "le", "ge", "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not",
+            "__and__", "__or__", "square", "sin", "cos", "tril", "triu", "cumsum", "histc", "one_hot", "gather",
+            "scatter", "scatter_add", "index_add", "index", "index_select", "index_put", "hardtanh", "leaky_relu",
+            "rsub", "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros",
+            "new_ones", "new_full", "scalar_tensor", "fill", "softplus", "mish", "hardswish", "hardsigmoid", "elu",
+            "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad",
+            "constant_pad_nd"):  # fmt: skip
+    _packet_op = getattr(aten, _fn, None)
+    if _packet_op is not None and _packet_op not in RULES:
+        RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS.get(_fn, 1))
+for _fn in ("gelu", "silu", "relu", "tanh", "sigmoid", "exp", "log", "erf"):
+    RULES[getattr(aten, _fn)] = _elementwise(_fn, _ACT_FLOPS[_fn])
+
+# Custom ops found by name (their namespaces exist only once their library is imported).
+NAMED: dict[str, Rule] = {"transformers.grouped_mm_fallback": _grouped_mm}

@@ -1,0 +1,239 @@
+"""``hf:`` sources: a transformers ``config.json`` built with ``AutoModelForCausalLM.from_config`` on ``meta``.
+
+``hf:path/to/config.json``, ``hf:path/to/dir`` (holding ``config.json``) or
+``hf:NAME`` for a config shipped in ``echosim/frontend/configs``. Nothing is
+downloaded and no weight is allocated. transformers is the optional extra
+``echosim[hf]``.
+
+The model is exported with ``torch.export`` after its longest run of identical
+decoder layers is cut to two copies; once they are shown to be one chain the
+second is dropped (``fold.py``, ``irfold.py``), so a Llama-3 70B captures as one
+layer with a repeat count of 80. Attention runs through an ``echosim`` attention
+function registered with transformers: causal SDPA with grouped-query heads and no
+mask tensor (the kernel training stacks use), so transformers builds no mask and
+no mask arithmetic is costed. The loss is added by :mod:`echosim.frontend.loss`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from echosim.errors import EchosimError
+
+if TYPE_CHECKING:
+    from echosim.frontend.aten import ExportCapture
+    from echosim.plan import Plan
+
+CONFIGS = Path(__file__).parent / "configs"
+EXTRA = "pip install 'echosim[hf]'"
+# A config's max_position_embeddings is what the model can address, not what it trains on;
+# without --seq-len the sequence is that, capped here (Llama 3 pre-trained at 8192 tokens).
+DEFAULT_SEQ_CAP = 8192
+ATTENTION = "echosim"
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in CONFIGS.glob("*.json"))
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise EchosimError(f"the hf: frontend needs transformers, which is not installed: {EXTRA}") from None
+    return transformers
+
+
+def config_path(source: str) -> Path:
+    """``hf:X`` -> the config.json it names (a file, a directory holding one, or a shipped name)."""
+    spec = source.removeprefix("hf:").strip()
+    if not spec:
+        raise EchosimError("hf: needs a config.json, a directory holding one, or a shipped name")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise EchosimError(f"hf: directory {spec!r} has no config.json")
+        return path
+    if path.is_file():
+        return path
+    named = CONFIGS / f"{spec}.json"
+    if "/" not in spec and named.is_file():
+        return named
+    known = ", ".join(shipped())
+    raise EchosimError(f"hf: no config.json at {spec!r} (echosim downloads nothing; local paths or: {known})")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EchosimError(f"{path} is not a readable JSON config: {exc}") from None
+    if not isinstance(data, dict):
+        raise EchosimError(f"{path} is not a JSON object")
+    if "model_type" not in data:
+        raise EchosimError(f"{path} has no model_type: not a transformers config")
+    return data
+
+
+def build_config(path: Path) -> Any:
+    data = read_config(path)
+    transformers = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = data["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        raise EchosimError(
+            f"{path}: unknown model_type {model_type!r} (transformers {transformers.__version__} does not know it)"
+        )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise EchosimError(f"{path}: model_type {model_type!r} has no causal-LM model in transformers")
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(dict(data))
+    except Exception as exc:
+        raise EchosimError(f"{path}: transformers rejected the config: {exc}") from None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+
+
+def _attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: Any = None,
+    **_: Any,
+) -> tuple[Any, None]:
+    """Causal SDPA on (batch, heads, seq, dim) with grouped-query heads; transformers' return layout."""
+    import torch.nn.functional as F
+
+    causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
+    out = F.scaled_dot_product_attention(
+        query, key, value, dropout_p=dropout, scale=scaling, is_causal=causal, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def build_model(config: Any) -> Any:
+    """The causal LM on ``meta`` in bf16 (every float is costed in the plan's dtype anyway), in train mode."""
+    import torch
+
+    _transformers()
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    _register_attention()
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+    except Exception as exc:
+        raise EchosimError(f"transformers could not build {config.model_type}: {exc}") from None
+    finally:
+        torch.set_default_dtype(default)
+        logging.set_verbosity(verbosity)
+    model.train()
+    return model
+
+
+@dataclass
+class HFModel:
+    """What the ``hf:`` loader returns; captured once the plan fixes batch, sequence and dtype."""
+
+    source: str
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.source
+
+    def capture(self, plan: Plan) -> tuple[Any, list[str], int]:
+        config = build_config(self.path)
+        check_layout(config, plan)
+        cap, params = capture_config(config, plan, self.source)
+        return cap.graph, cap.warnings + cap.notes, params
+
+
+def check_layout(config: Any, plan: Plan) -> None:
+    """Constraints a config decides, named as users think of them (as the zoo does)."""
+    from echosim.plan import PlanError
+
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    if heads and heads % plan.tp:
+        raise PlanError(f"tp={plan.tp} does not divide attention heads ({heads})")
+    if kv_heads and kv_heads % plan.tp:
+        raise PlanError(f"tp={plan.tp} does not divide key/value heads ({kv_heads})")
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    if layers and plan.pp > layers:
+        raise PlanError(f"pp={plan.pp} exceeds the number of layers ({layers})")
+
+
+def load(source: str) -> HFModel:
+    """The ``hf:`` frontend loader (checks the config now; builds when captured)."""
+    path = config_path(source)
+    read_config(path)
+    return HFModel(source, path)
+
+
+def _logits_only(model: Any) -> Any:
+    """``model(input_ids).logits`` as a module, so export sees one tensor in and one out."""
+    import torch
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self, m: Any) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.m(input_ids=input_ids, use_cache=False).logits
+
+    return CausalLM(model)
+
+
+def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> tuple[ExportCapture, int]:
+    """Build, fold, export and convert; returns the capture and the model's parameter count."""
+    import torch
+
+    from echosim.frontend import Note
+    from echosim.frontend.aten import capture_folded
+    from echosim.frontend.fx import CaptureError
+    from echosim.frontend.loss import ensure_loss
+    from echosim.ir.types import DType
+    from echosim.passes.flops import param_count
+
+    model = build_model(config)
+    total = sum(p.numel() for p in model.parameters())
+    seq = plan.seq_len or min(int(getattr(config, "max_position_embeddings", 2048)), DEFAULT_SEQ_CAP)
+    notes: list[str] = []
+    if not plan.seq_len:
+        notes.append(Note(f"sequence length {seq} from the config (--seq-len overrides)"))
+    ids = torch.zeros(plan.micro_batch, seq, dtype=torch.long, device="meta")
+    try:
+        cap = capture_folded(
+            model, _logits_only(model), (ids,), dtype=DType.parse(plan.dtype), name=name, strip="m.", fold=fold
+        )
+    except CaptureError as exc:
+        raise EchosimError(f"{name}: {exc}") from None
+    ensure_loss(cap.graph, notes)
+    cap.notes.extend(Note(n) if not isinstance(n, Note) else n for n in notes)
+    captured = param_count(cap.graph)
+    if captured != total:
+        cap.warnings.append(
+            f"{name}: the captured graph holds {captured:,} of the model's {total:,} parameters "
+            "(the rest are never used in forward)"
+        )
+    return cap, total

@@ -1,0 +1,352 @@
+"""The ONNX -> IR op table (see ``onnx.py``): one rule per op type.
+
+A rule reads an ONNX node (its inputs by name, shapes from inference) and adds IR
+nodes through the converter; the converter costs ops with no rule as memory-bound.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from echosim.frontend.fused import FusedKind, fused_kind
+from echosim.ir.ops import (
+    AttentionAttrs,
+    CrossEntropyAttrs,
+    ElementwiseAttrs,
+    EmbeddingAttrs,
+    MatmulAttrs,
+    NormAttrs,
+    OpKind,
+)
+from echosim.ir.types import TensorSpec
+
+if TYPE_CHECKING:
+    from echosim.frontend.onnx import _Onnx
+
+
+def attr(node: Any, name: str, default: Any = None) -> Any:
+    import onnx
+
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def swaps_last_two(node: Any, out_shape: tuple[int, ...]) -> bool:
+    rank = len(out_shape)
+    perm = attr(node, "perm")
+    if perm is None:
+        return rank == 2
+    return list(perm) == [*range(rank - 2), rank - 1, rank - 2]
+
+
+def param_scope(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name and "::" not in name else ""
+
+
+def _metadata_list(node: Any, key: str) -> list[str]:
+    for prop in node.metadata_props:
+        if prop.key == key:
+            try:
+                return [str(x) for x in ast.literal_eval(prop.value)]
+            except (ValueError, SyntaxError):
+                return []
+    return []
+
+
+def fused_module(node: Any) -> tuple[str, FusedKind] | None:
+    """The outermost single-kernel module (``fused.py``) a torch-exported node belongs to: (path, kind)."""
+    classes = _metadata_list(node, "pkg.torch.onnx.class_hierarchy")
+    scopes = _metadata_list(node, "pkg.torch.onnx.name_scopes")
+    for cls, path in zip(classes, scopes, strict=False):
+        kind = fused_kind(cls)
+        if kind is not None:
+            return path, kind
+    return None
+
+
+def scope_of(node: Any) -> str:
+    """Module path of a node: torch exporter metadata, else a ``/a/b/Op`` node name."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            try:
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                break
+            return str(scopes[-2]) if len(scopes) >= 2 else ""
+    if node.name.startswith("/"):
+        parts = [p for p in node.name.strip("/").split("/") if p]
+        return ".".join(parts[:-1])
+    return ""
+
+
+# ---- rules ----------------------------------------------------------------------------------------
+
+Rule = Callable[["_Onnx", Any], None]
+
+
+def _view(c: _Onnx, node: Any) -> None:
+    if node.input[0] in c._params:  # a transposed weight: materialised only if something other than a matmul reads it
+        c.lazy[node.output[0]] = node
+        return
+    c.emit(node, OpKind.VIEW, c.data(node, (0,)))
+
+
+def _views(c: _Onnx, node: Any) -> None:
+    """Split: every output a view of the input."""
+    src = c.value(node.input[0])
+    for i, out in enumerate(node.output):
+        if out:
+            c.emit(node, OpKind.VIEW, [src], out=i)
+
+
+def _sequence(c: _Onnx, node: Any) -> None:
+    c.env[node.output[0]] = c.value(node.input[0])  # SplitToSequence: SequenceAt picks views
+
+
+def _sequence_at(c: _Onnx, node: Any) -> None:
+    c.emit(node, OpKind.VIEW, [c.env.get(node.input[0])])
+
+
+def _cast(c: _Onnx, node: Any) -> None:
+    src = node.input[0]
+    before = c.dt(c.types.get(src, (0, None))[0])
+    after = c.dt(int(attr(node, "to", 1)))
+    if before == after:
+        _view(c, node)
+    else:
+        c.emit(node, OpKind.ELEMENTWISE, c.data(node, (0,)), ElementwiseAttrs("cast", 0))
+
+
+def _dropout(c: _Onnx, node: Any) -> None:
+    """A Dropout with a ratio above zero runs in the training step echosim simulates.
+
+    Exporters write models in inference mode (``training_mode`` false or absent), so the
+    ratio, not the mode, says whether the model trains with dropout.
+    """
+    ratio = c.const(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    mode = c.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    dynamic_mode = len(node.input) > 2 and node.input[2] and node.input[2] not in c.static
+    training = dynamic_mode or (mode is not None and bool(mode)) or (ratio is not None and float(ratio) > 0)
+    if training:
+        c.emit(node, OpKind.ELEMENTWISE, c.data(node, (0,)), ElementwiseAttrs("dropout", 2))
+    else:
+        _view(c, node)
+
+
+def _elementwise(fn: str, flops: int = 1) -> Rule:
+    def rule(c: _Onnx, node: Any) -> None:
+        c.emit(node, OpKind.ELEMENTWISE, c.data(node), ElementwiseAttrs(fn, flops))
+
+    return rule
+
+
+def _reduction(fn: str) -> Rule:
+    def rule(c: _Onnx, node: Any) -> None:
+        c.emit(node, OpKind.REDUCTION, c.data(node, (0,)), ElementwiseAttrs(fn))
+
+    return rule
+
+
+def _bias_after(c: _Onnx, node: Any, n: int) -> list[int | None]:
+    """PyTorch's linear is one GEMM with its bias; an exported MatMul + Add(bias) is folded back."""
+    users = c.consumers.get(node.output[0], [])
+    if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in {o.name for o in c.proto.graph.output}:
+        return []
+    add = users[0]
+    other = [i for i in add.input if i != node.output[0]]
+    if len(other) != 1 or other[0] not in c._params or c.shape(other[0]) != (n,):
+        return []
+    c.aliases[add.output[0]] = node.output[0]
+    return [c.value(other[0])]
+
+
+def _matmul(c: _Onnx, node: Any) -> None:
+    a, b = node.input[:2]
+    sa, sb = c.shape(a), c.shape(b)
+    if len(sb) == 2:
+        attrs = MatmulAttrs(m=math.prod(sa[:-1]) if len(sa) > 1 else 1, n=sb[1], k=sb[0])
+        w = c.weight(b, natural_is_nk=False)
+    else:
+        out = c.shape(node.output[0])
+        attrs = MatmulAttrs(m=sa[-2] if len(sa) >= 2 else 1, n=sb[-1], k=sb[-2], batch=math.prod(out[:-2]))
+        w = c.weight(b, natural_is_nk=False) if b in c._params else c.value(b)
+    bias = _bias_after(c, node, attrs.n) if len(sb) == 2 else []
+    c.emit(node, OpKind.MATMUL, [c.value(a), w, *bias], attrs)
+
+
+def _gemm(c: _Onnx, node: Any) -> None:
+    a, b = node.input[:2]
+    sa, sb = c.shape(a), c.shape(b)
+    m, k = (sa[1], sa[0]) if attr(node, "transA", 0) else sa
+    trans_b = bool(attr(node, "transB", 0))
+    n = sb[0] if trans_b else sb[1]
+    bias = [c.value(node.input[2])] if len(node.input) > 2 else []
+    c.emit(node, OpKind.MATMUL, [c.value(a), c.weight(b, natural_is_nk=trans_b), *bias], MatmulAttrs(m=m, n=n, k=k))
+
+
+def _conv(c: _Onnx, node: Any) -> None:
+    x, w = node.input[:2]
+    xs, ws, out = c.shape(x), c.shape(w), c.shape(node.output[0])
+    groups = int(attr(node, "group", 1))
+    kernel = math.prod(ws[2:])
+    if node.op_type == "ConvTranspose":  # W: (C_in, C_out/g, k...)
+        attrs = MatmulAttrs(m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups)
+    else:  # W: (C_out, C_in/g, k...)
+        attrs = MatmulAttrs(m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups)
+    c.emit(node, OpKind.MATMUL, c.data(node, (0, 1, 2)), attrs)
+
+
+def _einsum(c: _Onnx, node: Any) -> None:
+    equation = str(
+        attr(node, "equation", b"")
+        if not isinstance(attr(node, "equation"), bytes)
+        else attr(node, "equation").decode()
+    )
+    if len(node.input) != 2 or "..." in equation or "->" not in equation:
+        c._unknown_op(node)
+        return
+    lhs, out = equation.replace(" ", "").split("->")
+    a, b = lhs.split(",")
+    sizes: dict[str, int] = {}
+    for letters, name in ((a, node.input[0]), (b, node.input[1])):
+        sizes.update(zip(letters, c.shape(name), strict=False))
+    batch = math.prod(sizes[ch] for ch in out if ch in a and ch in b)
+    m = math.prod(sizes[ch] for ch in out if ch in a and ch not in b)
+    n = math.prod(sizes[ch] for ch in out if ch in b and ch not in a)
+    k = math.prod(sizes[ch] for ch in sizes if ch in a and ch in b and ch not in out)
+    c.emit(node, OpKind.MATMUL, c.data(node), MatmulAttrs(m=m, n=n, k=k, batch=batch))
+
+
+def _attention(c: _Onnx, node: Any) -> None:
+    """ONNX Attention (opset 23) and onnxruntime's MultiHeadAttention / GroupQueryAttention."""
+    q, k, v = node.input[:3]
+    qs, ks, vs = c.shape(q), c.shape(k), c.shape(v)
+    if len(qs) == 4:
+        batch, heads, q_len, dq = qs
+        kv_heads, kv_len, dv = ks[1], ks[2], vs[3]
+    else:  # (batch, seq, heads * dim)
+        heads = int(attr(node, "q_num_heads", 0) or attr(node, "num_heads", 1))
+        kv_heads = int(attr(node, "kv_num_heads", 0) or heads)
+        batch, q_len, kv_len = qs[0], qs[1], ks[1]
+        dq, dv = qs[2] // heads, vs[2] // kv_heads
+    causal = (
+        bool(attr(node, "is_causal", 0))
+        or bool(attr(node, "unidirectional", 0))
+        or node.op_type == "GroupQueryAttention"
+    )
+    attrs = AttentionAttrs(batch, heads, kv_heads, q_len, kv_len, (dq + dv) // 2, causal)
+    ins = c.data(node, (0, 1, 2, 3))
+    c.emit(node, OpKind.ATTENTION, ins, attrs)
+
+
+def _norm(kind: str, idx: tuple[int, ...]) -> Rule:
+    def rule(c: _Onnx, node: Any) -> None:
+        c.emit(node, OpKind.NORM, c.data(node, idx), NormAttrs(kind))
+
+    return rule
+
+
+def _softmax(c: _Onnx, node: Any) -> None:
+    c.emit(node, OpKind.SOFTMAX, c.data(node, (0,)))
+
+
+def _gather(c: _Onnx, node: Any) -> None:
+    data, idx = node.input[:2]
+    if data in c._params and len(c.shape(data)) == 2 and int(attr(node, "axis", 0)) == 0:
+        vocab, dim = c.shape(data)
+        c.emit(node, OpKind.EMBEDDING, [c.value(idx), c.value(data)], EmbeddingAttrs(vocab, dim))
+    elif idx in c.static:
+        _view(c, node)  # picking fixed rows: a view
+    else:
+        c.emit(node, OpKind.ELEMENTWISE, c.data(node), ElementwiseAttrs("gather"))
+
+
+def _cross_entropy(c: _Onnx, node: Any) -> None:
+    scores = node.input[0]
+    vocab = c.shape(scores)[1]
+    c.emit(node, OpKind.CROSS_ENTROPY, c.data(node, (0, 1)), CrossEntropyAttrs(vocab))
+
+
+def _lstm(c: _Onnx, node: Any) -> None:
+    from echosim.frontend.recurrent import lstm_layer
+
+    x, w, r = node.input[:3]
+    if attr(node, "direction", b"forward") not in (b"forward", "forward"):
+        c._unknown_op(node)
+        return
+    layout = int(attr(node, "layout", 0))
+    xs = c.shape(x)
+    steps, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
+    hidden = int(attr(node, "hidden_size", c.shape(r)[-1]))
+    bias = [v for v in c.data(node, (3,)) if v is not None]
+    y = node.output[0] if node.output else ""
+    dt = c.spec(y, node).dtype if y else c.dtype
+    xv, wv, rv = c.value(x), c.value(w), c.value(r)
+    assert xv is not None and wv is not None and rv is not None
+    h0 = c.value(node.input[5]) if len(node.input) > 5 else None
+    if h0 is not None:
+        h0 = c.graph.add(OpKind.VIEW, [h0], TensorSpec((batch, hidden), dt), scope=scope_of(node), name=f"{y}.h0")
+    out = lstm_layer(
+        c.graph, xv, wv, rv, bias, batch=batch, steps=steps, in_dim=xs[-1], hidden=hidden, dtype=dt,
+        batch_first=bool(layout), scope=scope_of(node), name=y or node.name, h0=h0,
+    )  # fmt: skip
+    if y:  # Y is (seq, num_directions=1, batch, hidden): a view of the layer output
+        c.env[y] = c.graph.add(OpKind.VIEW, [out], c.spec(y, node), scope=scope_of(node), name=y)
+
+
+SHAPE_OPS = {"Shape", "Size"}
+_VIEW_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Identity",
+             "DepthToSpace", "SpaceToDepth")  # fmt: skip
+_ACT = {"Gelu": 8, "FastGelu": 8, "BiasGelu": 8, "QuickGelu": 8, "Relu": 1, "Sigmoid": 4, "Tanh": 4, "Erf": 4,
+        "Exp": 4, "Log": 4, "Softplus": 4, "Mish": 6, "HardSwish": 2, "HardSigmoid": 2, "LeakyRelu": 1, "Elu": 4,
+        "Selu": 4, "Sin": 4, "Cos": 4, "Sqrt": 2, "Reciprocal": 1, "Pow": 2}  # fmt: skip
+_ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Neg", "Abs", "Where", "Max", "Min", "Equal", "Less", "Greater",
+                "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Clip", "Mod", "Floor", "Ceil", "Round",
+                "Sign", "CumSum", "Trilu", "Range", "ConstantOfShape", "Tile", "Pad", "ScatterND", "ScatterElements",
+                "GatherElements", "GatherND", "OneHot", "IsNaN", "IsInf", "Resize", "Upsample", "TopK")  # fmt: skip
+_REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1",
+               "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "GlobalAveragePool", "GlobalMaxPool",
+               "MaxPool", "AveragePool", "LpPool")  # fmt: skip
+
+RULES: dict[str, Rule] = {op: _view for op in _VIEW_OPS}
+RULES.update({op: _elementwise(op.lower(), flops) for op, flops in _ACT.items()})
+RULES.update({op: _elementwise(op.lower()) for op in _ELEMENTWISE})
+RULES.update({op: _reduction(op.lower()) for op in _REDUCTIONS})
+RULES.update(
+    {
+        "Split": _views,
+        "SplitToSequence": _sequence,
+        "SequenceAt": _sequence_at,
+        "Cast": _cast,
+        "CastLike": _cast,
+        "Dropout": _dropout,
+        "Concat": _elementwise("cat", 0),
+        "MatMul": _matmul,
+        "Gemm": _gemm,
+        "Conv": _conv,
+        "ConvTranspose": _conv,
+        "Einsum": _einsum,
+        "Attention": _attention,
+        "MultiHeadAttention": _attention,
+        "GroupQueryAttention": _attention,
+        "LayerNormalization": _norm("layernorm", (0, 1, 2)),
+        "SkipLayerNormalization": _norm("layernorm", (0, 1, 2, 3)),
+        "RMSNormalization": _norm("rmsnorm", (0, 1)),
+        "SimplifiedLayerNormalization": _norm("rmsnorm", (0, 1)),
+        "SkipSimplifiedLayerNormalization": _norm("rmsnorm", (0, 1, 2)),
+        "BatchNormalization": _norm("batchnorm", (0, 1, 2)),
+        "InstanceNormalization": _norm("instancenorm", (0, 1, 2)),
+        "GroupNormalization": _norm("groupnorm", (0, 1, 2)),
+        "Softmax": _softmax,
+        "LogSoftmax": _softmax,
+        "Gather": _gather,
+        "SoftmaxCrossEntropyLoss": _cross_entropy,
+        "NegativeLogLikelihoodLoss": _cross_entropy,
+        "LSTM": _lstm,
+    }
+)

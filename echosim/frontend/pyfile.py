@@ -1,0 +1,186 @@
+"""``path/to/model.py:factory`` sources: any PyTorch module, built on ``meta``.
+
+The file is executed as Python (as pytest executes a ``conftest.py``): only point
+echosim at files you trust. ``factory()`` is called under ``torch.device("meta")``
+and returns either
+
+* an ``nn.Module``: it is called with one int64 ``(micro_batch, seq_len)`` tensor
+  per required argument of ``forward`` (token ids, and labels if it takes them); or
+* ``(module, inputs)`` where ``inputs`` is a tuple of example tensors (used as
+  they are), a list of ``(shape, dtype)`` pairs whose shape may name ``"batch"``
+  and ``"seq"`` (bound from ``--micro-batch`` and ``--seq-len``), or a callable
+  ``inputs(batch, seq)`` returning the tensors.
+
+Without ``--seq-len`` the sequence length is the module's ``seq_len`` attribute if
+it has one, else 2048. Capture is ``torch.export`` (see ``aten.py``) with
+``torch.fx.symbolic_trace`` as the fallback; a module neither can capture is
+reported with the construct that stopped it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from echosim.errors import EchosimError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from echosim.ir.graph import Graph
+    from echosim.plan import Plan
+
+DEFAULT_SEQ = 2048
+
+
+@dataclass
+class PyModel:
+    """A module built by a factory in a Python file, captured once the plan is known."""
+
+    source: str
+    module: Any
+    inputs: Any
+    path: str
+
+    def capture(self, plan: Plan) -> tuple[Graph, list[str], int]:
+        return capture_module_for_plan(self.module, self.inputs, plan, self.source, where=self.path)
+
+
+def _run_file(path: Path) -> Any:
+    name = f"echosim_user_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise EchosimError(f"{path}: not a Python file echosim can load")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise EchosimError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except (Exception, SystemExit) as exc:
+        sys.modules.pop(name, None)
+        raise EchosimError(f"{path} raised {_where(exc, path)}") from None
+    return module
+
+
+def _where(exc: BaseException, path: Path) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    line = f" at line {frames[-1].lineno}" if frames else ""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}{': ' + message if message else ''}{line}"
+
+
+def load(source: str) -> PyModel:
+    """The ``.py`` frontend loader: run the file, call the factory on ``meta``."""
+    import torch
+
+    from echosim.frontend import PY_SOURCE
+
+    match = PY_SOURCE.match(source)
+    if match is None:
+        raise EchosimError(f"{source}: name the factory as path.py:FUNCTION")
+    path = Path(match.group("path")).expanduser()
+    if not path.is_file():
+        raise EchosimError(f"{source}: no such file {str(path)!r}")
+    module = _run_file(path)
+    factory: Any = module
+    for part in match.group("factory").split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise EchosimError(f"{path} defines no {match.group('factory')!r}")
+    if not callable(factory):
+        raise EchosimError(f"{path}: {match.group('factory')} is a {type(factory).__name__}, not a callable")
+    try:
+        with torch.device("meta"):
+            built = factory()
+    except Exception as exc:
+        raise EchosimError(f"{path}: {match.group('factory')}() raised {_where(exc, path)}") from None
+    net, inputs = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
+    if not isinstance(net, torch.nn.Module):
+        raise EchosimError(
+            f"{path}: {match.group('factory')}() returned {type(built).__name__}, not an nn.Module "
+            "(or a (module, inputs) pair)"
+        )
+    return PyModel(source, net, inputs, str(path))
+
+
+def example_inputs(module: nn.Module, inputs: Any, batch: int, seq: int) -> tuple[Any, ...]:
+    """Meta tensors to call ``module`` with, from the factory's input description."""
+    import torch
+
+    if inputs is None:
+        params = inspect.signature(module.forward).parameters.values()
+        required = [
+            p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        return tuple(torch.zeros(batch, seq, dtype=torch.long, device="meta") for _ in required or [None])
+    if callable(inputs):
+        got = inputs(batch, seq)
+        return tuple(got) if isinstance(got, (list, tuple)) else (got,)
+    out = []
+    for item in inputs:
+        if isinstance(item, torch.Tensor):
+            out.append(item if item.device.type == "meta" else torch.empty_like(item, device="meta"))
+            continue
+        try:
+            shape, dtype = item
+            dims = tuple(batch if d == "batch" else seq if d == "seq" else int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise EchosimError(
+                f"input description {item!r} is not a tensor or a (shape, dtype) pair with 'batch'/'seq' dims"
+            ) from None
+        out.append(torch.zeros(dims, dtype=dtype, device="meta"))
+    return tuple(out)
+
+
+def _uses_seq(inputs: Any) -> bool:
+    """Whether the inputs depend on the sequence length (token ids by default, or a 'seq' dim)."""
+    if inputs is None or callable(inputs):
+        return True
+    return any(not hasattr(item, "shape") and "seq" in tuple(item[0]) for item in inputs)
+
+
+def capture_module_for_plan(
+    module: nn.Module, inputs: Any, plan: Plan, name: str, where: str = ""
+) -> tuple[Graph, list[str], int]:
+    """Capture with torch.export (torch.fx as the fallback); returns (graph, messages, params)."""
+    from echosim.frontend import Note
+    from echosim.frontend.aten import capture_folded, quiet
+    from echosim.frontend.fx import CaptureError, capture_module
+    from echosim.frontend.loss import ensure_loss
+    from echosim.ir.types import DType
+
+    if any(p.device.type != "meta" for p in module.parameters()):
+        module = module.to("meta")
+    module.train()
+    notes: list[str] = []
+    seq = plan.seq_len or int(getattr(module, "seq_len", 0) or DEFAULT_SEQ)
+    if not plan.seq_len and _uses_seq(inputs):
+        notes.append(Note(f"sequence length {seq} (--seq-len overrides)"))
+    args = example_inputs(module, inputs, plan.micro_batch, seq)
+    dtype = DType.parse(plan.dtype)
+    total = sum(p.numel() for p in module.parameters())
+    messages: list[str] = []
+    graph = None
+    try:
+        cap = capture_folded(module, module, args, dtype=dtype, name=name, where=where)
+        graph, messages = cap.graph, [*cap.warnings, *cap.notes]
+    except CaptureError as export_error:
+        failure = str(export_error)
+    if graph is None:
+        try:
+            with quiet():
+                fx_cap = capture_module(module, args, dtype=dtype, name=name)
+        except CaptureError:
+            raise EchosimError(f"{name}: {failure}") from None
+        graph, messages = fx_cap.graph, [f"{failure}; captured with torch.fx instead", *fx_cap.warnings]
+    try:
+        ensure_loss(graph, notes)
+    except ValueError as exc:
+        raise EchosimError(f"{name}: {exc}") from None
+    return graph, [*messages, *(Note(n) if not isinstance(n, Note) else n for n in notes)], total

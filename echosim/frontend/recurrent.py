@@ -1,0 +1,80 @@
+"""Recurrent layers in IR, shared by the export and ONNX frontends.
+
+An LSTM layer is costed the way cuDNN runs it: one GEMM projects the inputs of
+every step at once, then the recurrence runs step by step, each step a small
+(batch x h) @ (h x 4h) GEMM plus one fused gate kernel. The steps are unrolled
+because they are sequential: a batched GEMM would hide that latency. Autodiff
+gives each step's weight gradient its own small GEMM, where cuDNN sums them in
+one, so the LSTM backward here is an upper bound.
+"""
+
+from __future__ import annotations
+
+from echosim.ir.graph import Graph
+from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind
+from echosim.ir.types import DType, TensorSpec
+
+# sigmoid x3, tanh x2, the cell update c = f*c + i*g and h = o*tanh(c), per hidden unit
+GATE_FLOPS = 10
+
+
+def lstm_layer(
+    g: Graph,
+    x: int,
+    w_ih: int,
+    w_hh: int,
+    biases: list[int],
+    *,
+    batch: int,
+    steps: int,
+    in_dim: int,
+    hidden: int,
+    dtype: DType,
+    batch_first: bool,
+    scope: str,
+    name: str,
+    h0: int | None = None,
+) -> int:
+    """Append one unidirectional LSTM layer reading ``x``; returns its output sequence.
+
+    With an initial state ``h0`` (PyTorch passes zeros) the first step multiplies it too,
+    as the kernel does; without one the first step has no recurrent GEMM.
+    """
+    gates_x = g.add(
+        OpKind.MATMUL,
+        [x, w_ih, *biases],
+        TensorSpec((batch * steps, 4 * hidden), dtype),
+        MatmulAttrs(m=batch * steps, n=4 * hidden, k=in_dim),
+        scope=scope,
+        name=f"{name}.input_proj",
+    )
+    gate_spec = TensorSpec((batch, 4 * hidden), dtype)
+    state = h0
+    outs: list[int] = []
+    for t in range(steps):
+        pre = g.add(OpKind.VIEW, [gates_x], gate_spec, scope=scope, name=f"{name}.x{t}")
+        if state is not None:
+            rec = g.add(
+                OpKind.MATMUL,
+                [state, w_hh],
+                gate_spec,
+                MatmulAttrs(m=batch, n=4 * hidden, k=hidden),
+                scope=scope,
+                name=f"{name}.h{t}",
+            )
+            pre = g.add(
+                OpKind.ELEMENTWISE, [pre, rec], gate_spec, ElementwiseAttrs("add"), scope=scope, name=f"{name}.pre{t}"
+            )
+        state = g.add(
+            OpKind.ELEMENTWISE,
+            [pre],
+            TensorSpec((batch, hidden), dtype),
+            ElementwiseAttrs("lstm_cell", GATE_FLOPS),
+            scope=scope,
+            name=f"{name}.cell{t}",
+        )
+        outs.append(state)
+    shape = (batch, steps, hidden) if batch_first else (steps, batch, hidden)
+    return g.add(
+        OpKind.ELEMENTWISE, outs, TensorSpec(shape, dtype), ElementwiseAttrs("cat", 0), scope=scope, name=f"{name}.out"
+    )

@@ -1,0 +1,122 @@
+"""Folding repeated layers: FLOPs and parameters are invariant, chains fold, side-by-side copies do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echosim.frontend import capture_named
+from echosim.frontend.irfold import fold_layers
+from echosim.ir import verify
+from echosim.ir.graph import Graph
+from echosim.ir.ops import MatmulAttrs, OpKind, ParamAttrs
+from echosim.ir.types import DType, TensorSpec
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import run_passes
+from echosim.passes.flops import graph_flops, param_count
+from echosim.plan import Plan
+
+
+def stack(depth: int, width: int, chained: bool, head: int = 0) -> Graph:
+    """``depth`` linear layers ``layers.i``: a chain, or all reading the input side by side."""
+    g = Graph("stack")
+    x = g.add(OpKind.INPUT, (), TensorSpec((4, width), DType.BF16), name="x")
+    g.inputs.append(x)
+    h, outs = x, []
+    for i in range(depth):
+        w = g.add(OpKind.PARAMETER, (), TensorSpec((width, width), DType.BF16), ParamAttrs(), scope=f"layers.{i}")
+        src = h if chained else x
+        h = g.add(
+            OpKind.MATMUL,
+            (src, w),
+            TensorSpec((4, width), DType.BF16),
+            MatmulAttrs(4, width, width),
+            scope=f"layers.{i}",
+        )
+        outs.append(h)
+    if head:
+        w = g.add(OpKind.PARAMETER, (), TensorSpec((head, width), DType.BF16), ParamAttrs(), scope="head")
+        h = g.add(OpKind.MATMUL, (h, w), TensorSpec((4, head), DType.BF16), MatmulAttrs(4, head, width), scope="head")
+    loss = g.add(OpKind.REDUCTION, (h if chained else outs[-1],), TensorSpec((1,), DType.BF16), name="loss")
+    g.outputs = [loss]
+    return g
+
+
+@settings(max_examples=25, deadline=None)
+@given(depth=st.integers(2, 40), width=st.sampled_from([8, 16, 64]), head=st.sampled_from([0, 10]))
+def test_folding_a_chain_keeps_flops_and_parameters(depth: int, width: int, head: int) -> None:
+    """The stack reads the raw input, so its first layer has no input gradient: the run starts after it."""
+    g = stack(depth, width, chained=True, head=head)
+    folded = fold_layers(g, [])
+    verify(folded)
+    assert folded.repeats == ({"layers.1": depth - 1} if depth > 2 else {})
+    assert param_count(folded) == param_count(g)
+    assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(g, [Autodiff()]))
+
+
+@given(depth=st.integers(2, 12))
+def test_identical_layers_side_by_side_are_not_folded(depth: int) -> None:
+    g = stack(depth, 8, chained=False)
+    assert fold_layers(g, []) is g
+
+
+CHAIN = """
+import torch
+from torch import nn
+
+
+def block(i, o):
+    return nn.Sequential(nn.Linear(i, o), nn.ReLU())
+
+
+class Chain(nn.Module):
+    def __init__(self, glue):
+        super().__init__()
+        self.glue = glue
+        self.layers = nn.ModuleList([block(8, 16), *[block(16, 16) for _ in range(3)], block(16, 4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x) * 2 if self.glue else layer(x)
+        return x
+
+
+def model():
+    return Chain(False), [(("batch", 8), torch.float32)]
+
+
+def glued():
+    return Chain(True), [(("batch", 8), torch.float32)]
+"""
+
+
+def test_layers_after_the_run_keep_their_real_index(tmp_path: Path) -> None:
+    """[8->16, 16->16 x3, 16->4]: the run is folded and the last layer is still layers.4."""
+    (tmp_path / "chain.py").write_text(CHAIN)
+    graph, _, params = capture_named(f"{tmp_path}/chain.py:model", Plan(micro_batch=2))
+    assert graph.repeats == {"layers.1": 3}
+    assert {n.scope for n in graph if n.op is OpKind.MATMUL} == {"layers.0.0", "layers.1.0", "layers.4.0"}
+    assert param_count(graph) == params == 8 * 16 + 16 + 3 * (16 * 16 + 16) + 16 * 4 + 4
+
+
+def test_work_between_layers_outside_them_prevents_folding(tmp_path: Path) -> None:
+    """Code between the layers (here a scale in the parent's loop) would not repeat with them."""
+    (tmp_path / "chain.py").write_text(CHAIN)
+    graph, _, _ = capture_named(f"{tmp_path}/chain.py:glued", Plan(micro_batch=2))
+    assert graph.repeats == {}
+    assert sum(1 for n in graph if n.op is OpKind.MATMUL) == 5
+
+
+@pytest.mark.parametrize("depth", [2, 3, 4])
+def test_a_chain_behind_a_differentiable_value_folds_from_its_first_layer(depth: int) -> None:
+    g = stack(depth, 8, chained=True)
+    embed = g.add(OpKind.PARAMETER, (), TensorSpec((4, 8), DType.BF16), ParamAttrs(), scope="embed")
+    first = next(n for n in g if n.op is OpKind.MATMUL)
+    g.replace(first.id, inputs=(embed, first.inputs[1]))
+    g.nodes = {k: g.nodes[k] for k in sorted(g.nodes, key=lambda k: (k != embed, k))}
+    folded = fold_layers(g, [])
+    assert folded.repeats == {"layers.0": depth}
+    assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(g, [Autodiff()]))

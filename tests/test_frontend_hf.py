@@ -1,0 +1,267 @@
+"""hf: configs: published sizes, folding, TP plans on HF module paths, FLOPs against PyTorch, bad input."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import check_golden
+
+pytest.importorskip("transformers")
+
+from echosim.compiler import compile_full
+from echosim.errors import EchosimError
+from echosim.frontend import hf
+from echosim.ir import print_graph, verify
+from echosim.ir.ops import MatmulAttrs, OpKind, Phase
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import run_passes
+from echosim.passes.flops import graph_flops, param_count
+from echosim.plan import Cluster, Plan
+
+CONFIGS = Path(__file__).parent / "configs"
+TINY = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gpt2", "tiny-mixtral", "tiny-qwen2-moe", "tiny-deepseek-v3"]
+
+# Model cards: Llama 2 (arXiv:2307.09288), Llama 3 (meta-llama/Meta-Llama-3-8B, -70B), Mistral 7B
+# (arXiv:2310.06825), Qwen2 (arXiv:2407.10671: 7.6B, 57B-A14B), GPT-2 small (124M), Mixtral 8x7B
+# (arXiv:2401.04088: 46.7B), DeepSeek-V3 (arXiv:2412.19437: 671B without the MTP module).
+PUBLISHED = {
+    "llama2-7b": 6.74e9,
+    "llama3-8b": 8.03e9,
+    "llama3-70b": 70.6e9,
+    "mistral-7b": 7.24e9,
+    "qwen2-7b": 7.62e9,
+    "gpt2": 124e6,
+    "mixtral-8x7b": 46.7e9,
+    "qwen2-57b-a14b": 57.4e9,
+    "deepseek-v3": 671e9,
+}
+
+
+def tiny(name: str, layers: int | None = None) -> object:
+    config = hf.build_config(CONFIGS / f"{name}.json")
+    if layers is not None:
+        config.num_hidden_layers = layers
+    return config
+
+
+@functools.cache
+def captured(name: str, batch: int = 2, seq: int = 16) -> tuple[object, int]:
+    cap, total = hf.capture_config(tiny(name), Plan(micro_batch=batch, seq_len=seq), name)
+    return cap, total
+
+
+def test_every_test_config_has_a_published_size_or_is_tiny() -> None:
+    assert sorted(hf.shipped()) == sorted(PUBLISHED)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_config_matches_published_parameter_count(name: str) -> None:
+    model = hf.build_model(hf.build_config(hf.config_path(f"hf:{name}")))
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(PUBLISHED[name], rel=0.005)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_models_capture_fold_and_keep_every_parameter(name: str) -> None:
+    cap, total = captured(name)
+    verify(cap.graph)
+    assert len(cap.graph.repeats) == 1
+    assert param_count(cap.graph) == total
+    assert not cap.warnings, cap.warnings
+
+
+def test_capture_golden_tiny_llama() -> None:
+    cap, _ = captured("tiny-llama", batch=1)
+    check_golden("capture_hf_llama.txt", print_graph(cap.graph))
+
+
+def test_rmsnorm_written_out_by_hf_is_one_norm_node() -> None:
+    cap, _ = captured("tiny-llama")
+    norms = [n for n in cap.graph if n.op is OpKind.NORM]
+    assert len(norms) == 3  # input, post-attention (folded layer) and final norm
+    assert not any(n.scope.endswith("layernorm") and n.op is OpKind.ELEMENTWISE for n in cap.graph)
+
+
+def test_deepseek_dense_layers_stay_and_moe_layers_fold() -> None:
+    cap, _ = captured("tiny-deepseek-v3")
+    assert cap.graph.repeats == {"model.layers.1": 2}  # first_k_dense_replace=1 of 3 layers
+    assert any(n.scope == "model.layers.0.mlp.gate_proj" for n in cap.graph)
+
+
+def test_moe_experts_are_grouped_matmuls_with_the_expert_count_in_batch() -> None:
+    cap, _ = captured("tiny-mixtral")
+    experts = [n for n in cap.graph if isinstance(n.attrs, MatmulAttrs) and n.scope.endswith("experts")]
+    assert [n.attrs.batch for n in experts] == [4, 4]
+    tokens, top_k, hidden, ffn = 2 * 16, 2, 64, 96
+    assert sum(n.attrs.flops for n in experts) == 2 * tokens * top_k * (hidden * 2 * ffn + ffn * hidden)
+
+
+def test_folding_makes_depth_free() -> None:
+    """8 and 80 layers of Llama-3 70B widths capture to the same graph; only the repeat count differs."""
+    plan = Plan(seq_len=128)
+    base = hf.build_config(hf.config_path("hf:llama3-70b"))
+    graphs = {}
+    for layers in (8, 80):
+        base.num_hidden_layers = layers
+        cap, total = hf.capture_config(base, plan, "llama3-70b")
+        graphs[layers] = (cap.graph, total)
+    (g8, p8), (g80, p80) = graphs[8], graphs[80]
+    assert len(g8) == len(g80)
+    assert g8.repeats == {"model.layers.0": 8} and g80.repeats == {"model.layers.0": 80}
+    assert param_count(g80) == p80 == pytest.approx(70.6e9, rel=0.005)
+    assert param_count(g8) == p8
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-mistral"])
+def test_tp_plan_finds_hf_module_paths(name: str) -> None:
+    """TP divides the work of every matched layer evenly: FLOPs per rank halve at tp=2."""
+    plan1, plan2 = Plan(seq_len=16, micro_batch=2), Plan(tp=2, seq_len=16, micro_batch=2)
+    one = compile_full(f"hf:{CONFIGS / name}.json", plan1, Cluster("null", devices=1))
+    two = compile_full(f"hf:{CONFIGS / name}.json", plan2, Cluster("null", devices=2))
+    assert two.report.model_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+    collectives = Counter(n.op for n in two.graph if n.op.is_collective)
+    assert collectives[OpKind.ALL_REDUCE] >= 4
+    assert not two.report.warnings
+
+
+@pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-deepseek-v3"])
+def test_moe_under_tp_splits_attention_heads_and_reports_replicated_experts(name: str) -> None:
+    compiled = compile_full(f"hf:{CONFIGS}/{name}.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
+    heads = {n.attrs.heads for n in compiled.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD}
+    assert heads == {2}  # 4 heads over 2 ranks (DeepSeek's MLA through q_b_proj / kv_b_proj)
+    assert any("experts" in w and "replicated" in w for w in compiled.report.warnings)
+
+
+def test_pipeline_parallel_splits_hf_layers() -> None:
+    compiled = compile_full(f"hf:{CONFIGS}/tiny-llama.json", Plan(pp=2, seq_len=16), Cluster("null", devices=2))
+    assert [s.layers for s in compiled.stages] == [1, 1]
+
+
+def test_derived_backward_matches_pytorch_joint_graph_for_one_llama_layer() -> None:
+    """aot_module_simplified after export: the same linear matmuls, and the same FLOPs in total."""
+    import torch
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    config = tiny("tiny-llama", layers=1)
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    gm = torch.export.export(hf._logits_only(hf.build_model(config)), (ids,)).module()
+    gm.graph._codegen = torch.fx.graph.CodeGen()  # plain tuple outputs, as aot_module_simplified wants
+    gm.recompile()
+    graphs: dict[str, torch.fx.GraphModule] = {}
+
+    def keep(tag: str):
+        def compiler(g: torch.fx.GraphModule, _inputs: object) -> object:
+            graphs[tag] = g
+            return make_boxed_func(g.forward)
+
+        return compiler
+
+    fn = aot_module_simplified(gm, (ids,), fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+    fn(ids)[0].float().sum().backward()
+    mm = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    bmm = {torch.ops.aten.bmm.default}
+    theirs: Counter[str] = Counter()
+    flops = 0
+    for tag, g in graphs.items():
+        for n in g.graph.nodes:
+            if n.op == "call_function" and n.target in mm | bmm:
+                a, b = (x.meta["val"].shape for x in n.args[-2:])
+                theirs[f"{tag}.{'mm' if n.target in mm else 'bmm'}"] += 1
+                flops += 2 * a[0] * a[1] * b[1] if len(a) == 2 else 2 * a[0] * a[1] * a[2] * b[2]
+    cap, _ = hf.capture_config(config, Plan(micro_batch=2, seq_len=16), "llama1")
+    joint = run_passes(cap.graph, [Autodiff()])
+    ours = Counter(n.phase for n in joint if n.op is OpKind.MATMUL)
+    assert (ours[Phase.FORWARD], ours[Phase.BACKWARD]) == (theirs["fw.mm"], theirs["bw.mm"]) == (8, 16)
+    # attention is one IR op; on meta PyTorch runs it as bmm: 2 forward, 4 backward
+    assert (theirs["fw.bmm"], theirs["bw.bmm"]) == (2, 4)
+    assert graph_flops(joint).model == flops
+
+
+def _counter_flops(config: object, grouped_mm: bool = False) -> int:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = hf.build_model(config)
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    mapping = {}
+    if grouped_mm:
+
+        def gmm(a: list[int], b: list[int], *_: object, out_shape: object = None, **__: object) -> int:
+            return 2 * a[0] * a[1] * (b[2] if len(b) == 3 else b[1])
+
+        mapping = {torch.ops.aten._grouped_mm: gmm}
+    counter = FlopCounterMode(display=False, custom_mapping=mapping)
+    with counter:
+        model(input_ids=ids, use_cache=False).logits.float().sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_flops_match_flop_counter_on_meta(name: str) -> None:
+    """Dense models: mm/addmm and (on meta) the math SDPA path are all in FlopCounterMode's registry."""
+    cap, _ = captured(name)
+    assert graph_flops(run_passes(cap.graph, [Autodiff()])).model == _counter_flops(tiny(name))
+
+
+def test_moe_flops_closed_form_where_flop_counter_misses_grouped_mm() -> None:
+    """FlopCounterMode has no formula for aten._grouped_mm: it drops Mixtral's experts; ours keep them."""
+    cfg = json.loads((CONFIGS / "tiny-mixtral.json").read_text())
+    h, f, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads, kv, experts, top_k = (
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["num_local_experts"],
+        cfg["num_experts_per_tok"],
+    )
+    tokens, seq, d = 2 * 16, 16, h // heads
+    attention = 4 * 2 * heads * seq * seq * d
+    linear = 2 * tokens * h * (heads * d + 2 * kv * d) + 2 * tokens * heads * d * h + 2 * tokens * h * experts
+    expert = 2 * tokens * top_k * 3 * h * f
+    forward_layer = linear + expert + attention
+    closed = 3 * (layers * forward_layer + 2 * tokens * h * vocab)
+    cap, _ = captured("tiny-mixtral")
+    ours = graph_flops(run_passes(cap.graph, [Autodiff()])).model
+    assert ours == closed
+    missing = _counter_flops(tiny("tiny-mixtral"))
+    assert missing == closed - 3 * layers * expert
+    assert _counter_flops(tiny("tiny-mixtral"), grouped_mm=True) == closed
+
+
+def test_unknown_model_type_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "no-such-arch", "hidden_size": 8}))
+    with pytest.raises(EchosimError, match="unknown model_type 'no-such-arch'"):
+        hf.build_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("{not json", "not a readable JSON config"), ("[1, 2]", "not a JSON object"), ("{}", "has no model_type")],
+)
+def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(EchosimError, match=message):
+        hf.load(f"hf:{path}")
+
+
+def test_a_directory_holding_config_json_and_missing_paths(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text((CONFIGS / "tiny-llama.json").read_text())
+    assert hf.config_path(f"hf:{tmp_path}") == tmp_path / "config.json"
+    with pytest.raises(EchosimError, match="downloads nothing"):
+        hf.config_path("hf:meta-llama/Llama-3.1-8B")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EchosimError, match=r"has no config\.json"):
+        hf.config_path(f"hf:{tmp_path / 'empty'}")
+
+
+def test_without_transformers_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(EchosimError, match=r"pip install 'echosim\[hf\]'"):
+        hf.build_config(CONFIGS / "tiny-llama.json")

@@ -1,0 +1,259 @@
+"""path.py:factory sources: the examples (CNN, LSTM, DLRM) and every way a user's file can go wrong."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from echosim.compiler import compile_full
+from echosim.errors import EchosimError
+from echosim.frontend import capture_named, pyfile
+from echosim.ir import verify
+from echosim.ir.ops import EmbeddingAttrs, MatmulAttrs, OpKind
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import run_passes
+from echosim.passes.flops import graph_flops, node_flops, param_count
+from echosim.plan import Cluster, Plan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def write(tmp_path: Path, body: str, name: str = "model.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.mark.slow
+def test_resnet50_flops_match_flop_counter_and_the_paper() -> None:
+    """ResNet-50: 25.6M parameters and ~4.1 GMACs per 224x224 image (He et al. 2015, Table 1)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    graph, messages, params = capture_named(f"{EXAMPLES}/resnet50.py:model", Plan(micro_batch=2))
+    verify(graph)
+    assert params == 25_557_032
+    forward = graph_flops(graph).forward
+    assert forward / 2 / 2 == pytest.approx(4.1e9, rel=0.02)  # 2 images, 2 FLOPs per multiply-add
+    model, _spec = pyfile.load(f"{EXAMPLES}/resnet50.py:model").module, None
+    images = torch.zeros(2, 3, 224, 224, device="meta")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        torch.nn.functional.cross_entropy(model(images), torch.zeros(2, dtype=torch.long, device="meta")).backward()
+    assert graph_flops(run_passes(graph, [Autodiff()])).model == counter.get_total_flops()
+    assert any("cross-entropy" in m for m in messages)  # the loss echosim adds to the logits
+
+
+def test_a_model_without_a_tp_plan_runs_data_parallel_and_refuses_tensor_parallel(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        def cnn():
+            net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+            return net, [(("batch", 3, 16, 16), torch.float32)]
+        """,
+    )
+    report = compile_full(f"{path}:cnn", Plan(dp=2, micro_batch=4), Cluster("null", devices=2)).report
+    assert "no tensor-parallel plan matches this model's module paths: it runs data parallel only" in report.notes
+    assert report.breakdown["comm.dp"] > 0
+    with pytest.raises(EchosimError, match="tp=2: no module path"):
+        compile_full(f"{path}:cnn", Plan(tp=2), Cluster("null", devices=2))
+
+
+def test_lstm_language_model_in_fp16() -> None:
+    """Input projection once per layer, then one recurrent GEMM per step (h0 is zeros, still multiplied)."""
+    plan = Plan(micro_batch=4, seq_len=10, dtype="fp16")
+    compiled = compile_full(f"{EXAMPLES}/lstm_lm.py:model", plan, Cluster("h100-sxm", devices=1))
+    graph = compiled.graph
+    assert {n.out.dtype.value for n in graph if n.op is OpKind.MATMUL} == {"fp16"}
+    fwd = [n.attrs for n in graph if isinstance(n.attrs, MatmulAttrs) and not n.attrs.grad_of]
+    h, vocab, tokens = 1500, 10_000, 40
+    assert fwd.count(MatmulAttrs(m=tokens, n=4 * h, k=h)) == 2
+    assert fwd.count(MatmulAttrs(m=4, n=4 * h, k=h)) == 2 * 10
+    assert (
+        sum(a.flops for a in fwd)
+        == 2 * (2 * tokens * 4 * h * h) + 2 * (2 * tokens * 4 * h * h) + 2 * tokens * h * vocab
+    )
+    assert compiled.report.params == 10_000 * 1500 + 2 * (2 * 4 * 1500 * 1500 + 2 * 4 * 1500) + 10_000
+    assert compiled.report.step_time_s > 0
+
+
+def test_dlrm_embedding_tables_and_interaction() -> None:
+    """26 identical tables used side by side are not a chain of layers: none is folded away."""
+    graph, messages, params = capture_named(f"{EXAMPLES}/dlrm.py:model", Plan(micro_batch=64))
+    tables = [n for n in graph if isinstance(n.attrs, EmbeddingAttrs)]
+    assert len(tables) == 26 and tables[0].attrs == EmbeddingAttrs(4_000_000, 128)
+    assert graph.repeats == {}
+    assert param_count(graph) == params
+    assert params == pytest.approx(13.3e9, rel=0.01)
+    assert any(isinstance(n.attrs, MatmulAttrs) and n.attrs.batch == 64 and n.attrs.k == 128 for n in graph)
+    assert not [m for m in messages if "no rule" in m]  # the loss (BCE with logits) has a rule
+
+
+def test_default_inputs_are_token_ids_for_each_forward_argument(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Tiny(nn.Module):
+            seq_len = 12
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(50, 16)
+                self.lm_head = nn.Linear(16, 50)
+            def forward(self, ids, labels):
+                return nn.functional.cross_entropy(self.lm_head(self.embed(ids)).flatten(0, 1), labels.flatten())
+
+        def build():
+            return Tiny()
+        """,
+    )
+    graph, _messages, params = capture_named(f"{path}:build", Plan(micro_batch=3))
+    assert [graph[i].out.shape for i in graph.inputs] == [(3, 12), (3, 12)]  # the module's own seq_len
+    assert params == 50 * 16 + 16 * 50 + 50
+    assert graph[graph.outputs[0]].op is OpKind.CROSS_ENTROPY
+
+
+def test_repeated_blocks_fold_in_any_module(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        from torch import nn
+
+        def model():
+            blocks = [nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(12)]
+            return nn.Sequential(nn.Linear(8, 32), nn.ModuleList(blocks)[0], *blocks), [(("batch", 8), None)]
+        """,
+    )
+    path.write_text(path.read_text().replace("None", "__import__('torch').float32"))
+    graph, _, params = capture_named(f"{path}:model", Plan(micro_batch=2))
+    assert graph.repeats == {}  # a Sequential is called whole; only ModuleLists iterate layer by layer
+    assert param_count(graph) == params
+
+
+@pytest.mark.parametrize(
+    ("body", "spec", "message"),
+    [
+        ("x = 1 / 0\n", "model.py:model", r"model.py raised ZeroDivisionError: division by zero at line 1"),
+        ("def model(:\n", "model.py:model", r"model.py:1: syntax error"),
+        ("def model():\n    return 42\n", "model.py:model", r"returned int, not an nn.Module"),
+        (
+            "def model():\n    raise RuntimeError('no GPU here')\n",
+            "model.py:model",
+            r"model\(\) raised RuntimeError: no GPU",
+        ),
+        ("def model():\n    pass\n", "model.py:build", r"defines no 'build'"),
+        ("model = 3\n", "model.py:model", r"is a int, not a callable"),
+        ("", "missing.py:model", r"no such file"),
+    ],
+)
+def test_bad_python_files(tmp_path: Path, body: str, spec: str, message: str) -> None:
+    write(tmp_path, body)
+    with pytest.raises(EchosimError, match=message):
+        capture_named(f"{tmp_path}/{spec}", Plan())
+
+
+def test_a_model_torch_cannot_capture_names_the_construct(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Branchy(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+            def forward(self, x):
+                if x.sum() > 0:  # data-dependent control flow
+                    return self.fc(x)
+                return x
+
+        def model():
+            return Branchy(), [(("batch", 8), torch.float32)]
+        """,
+    )
+    with pytest.raises(EchosimError, match=r"torch.export could not capture Branchy: .*model.py:10 `if x.sum\(\) > 0:"):
+        capture_named(f"{path}:model", Plan())
+
+
+def test_unknown_model_string_names_the_ways_to_give_a_model() -> None:
+    with pytest.raises(
+        EchosimError, match=r"not a registered name .* path\.py:factory, hf:config\.json or model\.onnx"
+    ):
+        capture_named("no-such-model", Plan())
+
+
+def test_attention_written_by_hand_becomes_one_attention_op(tmp_path: Path) -> None:
+    """nanoGPT-style q @ k^T, scale, causal mask, softmax, dropout, @ v: one attention op, same FLOPs."""
+    path = write(
+        tmp_path,
+        """
+        import math
+        import torch
+        from torch import nn
+
+        class Attn(nn.Module):
+            seq_len = 16
+            def __init__(self, d=32, h=4):
+                super().__init__()
+                self.h = h
+                self.qkv = nn.Linear(d, 3 * d)
+                self.proj = nn.Linear(d, d)
+                self.drop = nn.Dropout(0.1)
+                self.register_buffer("mask", torch.ones(16, 16).tril().view(1, 1, 16, 16))
+            def forward(self, x):
+                b, t, d = x.shape
+                q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+                att = self.drop(torch.softmax(att, dim=-1))
+                return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+        def model():
+            return Attn(), [(("batch", "seq", 32), torch.float32)]
+        """,
+    )
+    graph, messages, _ = capture_named(f"{path}:model", Plan(micro_batch=2))
+    (attention,) = [n for n in graph if n.op is OpKind.ATTENTION]
+    assert (attention.attrs.batch, attention.attrs.heads, attention.attrs.q_len, attention.attrs.head_dim) == (
+        2,
+        4,
+        16,
+        8,
+    )
+    assert attention.attrs.causal
+    assert not [n for n in graph if n.op is OpKind.SOFTMAX]
+    assert graph_flops(graph).forward == 2 * 32 * 3 * 32 * 32 + 2 * 32 * 32 * 32 + 4 * 2 * 4 * 16 * 16 * 8
+    assert any("costed as attention" in m for m in messages)
+
+
+def test_flop_counter_misses_cpu_attention_where_the_closed_form_does_not() -> None:
+    """Under FakeTensorMode on CPU, SDPA runs as the CPU flash kernel, which has no FLOP formula."""
+    import torch
+    from conftest import TINY_LLAMA, capture
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from echosim.frontend import zoo_modules
+
+    with FakeTensorMode():
+        model = zoo_modules.Llama(TINY_LLAMA)
+        ids = torch.zeros(2, TINY_LLAMA.seq_len, dtype=torch.long)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            model(ids, ids).backward()
+    joint = run_passes(capture(TINY_LLAMA, batch=2), [Autodiff()])
+    b, h, s, d = 2, TINY_LLAMA.heads, TINY_LLAMA.seq_len, TINY_LLAMA.dim_head
+    closed = TINY_LLAMA.layers * 3 * 4 * b * h * s * s * d  # QK^T and PV forward, twice that backward
+    ours = graph_flops(joint).model
+    attention = [n for n in joint if n.op is OpKind.ATTENTION]
+    assert sum(node_flops(n) * joint.multiplicity(n) for n in attention) == closed
+    assert counter.get_total_flops() == ours - closed
