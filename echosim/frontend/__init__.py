@@ -179,6 +179,6 @@ def plan_messages(graph: Graph, plan: Plan) -> list[str]:
     if experts and plan.tp > 1:
         return [
             f"experts ({', '.join(sorted(experts)[:2])}{', ...' if len(experts) > 2 else ''}) are replicated on all "
-            f"{plan.tp} tensor-parallel ranks: expert parallelism is not modelled yet"
+            f"{plan.tp} tensor-parallel ranks: tensor and expert parallelism split only the zoo's MoE models"
         ]
     return []

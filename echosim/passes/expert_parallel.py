@@ -120,7 +120,10 @@ class ExpertParallel:
         dispatches = [n for n in graph if n.phase is Phase.FORWARD and _fn(n) == "moe_dispatch"]
         if not dispatches:
             if self.ep > 1:
-                raise LayoutError(f"ep={self.ep} needs a mixture-of-experts model (no routed experts found)")
+                raise LayoutError(
+                    f"ep={self.ep} needs routed experts built from echosim's MoE ops (the zoo's moe models); "
+                    "experts captured from hf: or ONNX are batched matmuls that expert parallelism does not split yet"
+                )
             return graph
         if self.ep == 1 and (self.capacity_factor == 0 or self.capacity_factor >= 1):
             return graph  # one rank holds every expert and drops nothing
