@@ -12,6 +12,7 @@ loader returns something :func:`capture_object` can capture for a plan:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,18 @@ def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], i
 
 
 def _capture_arch(cfg: Any, plan: Plan, name: str) -> tuple[Graph, list[str], int]:
+    cfg = cfg.with_(seq_len=plan.seq_len or cfg.seq_len)
+    _check_arch(cfg, plan)
+    graph, warnings, params = _capture_arch_cached(cfg, plan.micro_batch, plan.dtype, name)
+    return graph, list(warnings), params
+
+
+@functools.lru_cache(maxsize=16)
+def _capture_arch_cached(cfg: Any, micro_batch: int, dtype_name: str, name: str) -> tuple[Graph, tuple[str, ...], int]:
+    """One capture per (architecture, micro-batch, dtype): ``search`` compiles many layouts of one model.
+
+    Passes never modify the graph they are given (they copy), so sharing it is safe.
+    """
     import torch
 
     from echosim.frontend.fx import CaptureError, capture_module
@@ -98,20 +111,18 @@ def _capture_arch(cfg: Any, plan: Plan, name: str) -> tuple[Graph, list[str], in
     from echosim.ir.types import DType
     from echosim.passes.flops import param_count
 
-    cfg = cfg.with_(seq_len=plan.seq_len or cfg.seq_len)
-    _check_arch(cfg, plan)
     # Two layers are enough for the fold to prove the block repeats; the count is known.
     module = build_module(cfg.with_(layers=min(cfg.layers, 2)))
-    ids = torch.zeros(plan.micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
+    ids = torch.zeros(micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     try:
-        dtype = DType.BF16 if plan.dtype == "fp8" else DType.parse(plan.dtype)  # fp8: 16-bit activations
+        dtype = DType.BF16 if dtype_name == "fp8" else DType.parse(dtype_name)  # fp8: 16-bit activations
         cap = capture_module(module, (ids, ids), dtype=dtype, name=name)
     except CaptureError as exc:
         raise EchosimError(str(exc)) from None
     if cfg.layers > 2:
         (block,) = cap.graph.repeats
         cap.graph.repeats[block] = cfg.layers
-    return cap.graph, cap.warnings, param_count(cap.graph)
+    return cap.graph, tuple(cap.warnings), param_count(cap.graph)
 
 
 def _check_arch(cfg: Any, plan: Plan) -> None:
