@@ -12,7 +12,7 @@ plus the point-to-point transfer on each edge.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 Block = tuple[str, int, int]  # (kind, virtual stage, micro-batch)
 
@@ -100,8 +100,7 @@ def in_flight(orders: Sequence[Sequence[Block]], rank: int) -> dict[int, int]:
     return peak
 
 
-@dataclass(frozen=True)
-class BlockTime:
+class BlockTime(NamedTuple):
     stage: int  # pipeline rank
     vstage: int
     kind: str
@@ -147,9 +146,10 @@ def compose(
         t = done.get(("B", v + 1, j))
         return None if t is None else max(own, t + p2p_bwd[v + 1])
 
+    durations = {"F": fwd, "B": bwd, "W": wgrad or bwd}
+
     def run(r: int, kind: str, v: int, j: int, start: float) -> None:
-        dur = {"F": fwd, "B": bwd, "W": wgrad or bwd}[kind][v]
-        end = start + dur
+        end = start + durations[kind][v]
         done[(kind, v, j)] = free[r] = end
         out.append(BlockTime(r, v, kind, j, start, end))
 
