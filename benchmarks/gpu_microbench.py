@@ -173,11 +173,65 @@ def models(out: Writer) -> None:
             torch.cuda.empty_cache()
 
 
+def full_steps(out: Writer) -> None:
+    """Whole fp32 training steps with AdamW: step time, optimizer time and peak memory."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from echosim.frontend import zoo_modules
+    from echosim.frontend.zoo import ArchConfig
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    configs = {
+        "llama-1b": ArchConfig("llama", layers=8, hidden=2048, heads=16, kv_heads=8, vocab=32000, ffn=5632,
+                               seq_len=2048),
+        "gpt-350m": ArchConfig("gpt", layers=24, hidden=1024, heads=16, vocab=51200, seq_len=2048, dropout=0.1,
+                               tied_embeddings=True),
+    }  # fmt: skip
+    for name, cfg in configs.items():
+        batch = 2
+        torch.cuda.empty_cache()
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = (zoo_modules.GPT if cfg.arch == "gpt" else zoo_modules.Llama)(cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.02)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), device="cuda")
+
+        def fwd_bwd(model: torch.nn.Module = model, ids: torch.Tensor = ids) -> None:
+            model(ids, ids).backward()
+
+        def step(opt: torch.optim.Optimizer = opt) -> None:
+            opt.step()
+
+        for _ in range(2):  # creates gradients and Adam's states
+            fwd_bwd()
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        shape = f"{name} layers={cfg.layers} hidden={cfg.hidden} seq={cfg.seq_len} batch={batch}"
+        notes = "fp32 weights, TF32 matmuls, fused AdamW, after two warm-up steps"
+        out.row("train step peak memory (zoo model)", "fp32", shape, "bytes", peak, notes=notes)
+        out.row("train fwd+bwd (zoo model)", "fp32", shape, "time_us", timed_us(fwd_bwd, 1, 5), notes=notes)
+        out.row("optimizer step (fused AdamW)", "fp32", shape, "time_us", timed_us(step, 1, 5), notes=notes)
+        del model, opt
+        torch.cuda.empty_cache()
+
+
+SECTIONS = {f.__name__: f for f in (gemms, attention, memory_bound, models, full_steps)}
+
+
 def main() -> None:
+    """``python gpu_microbench.py OUT.csv [SECTION ...]`` (default: every section)."""
     path = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu_microbench.csv")
+    chosen = [SECTIONS[name] for name in sys.argv[2:]] or list(SECTIONS.values())
     out = Writer(path)
     t0 = time.time()
-    for section in (gemms, attention, memory_bound, models):
+    for section in chosen:
         try:
             section(out)
         except Exception as exc:  # keep what the other sections measured
