@@ -73,7 +73,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     plan.validate(cluster)
     from echosim.backends.loading import load_backend
 
-    backend = load_backend(cluster.backend, get_registry())
+    backend = load_backend(cluster.backend, get_registry(), calibration=cluster.calibration)
     graph, warnings, total_params = load_model(model, plan)
     try:
         joint = run_passes(

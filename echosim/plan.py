@@ -24,6 +24,7 @@ class Cluster:
     backend: str = "a100-80gb"
     devices: int = 1024
     devices_per_node: int = 8
+    calibration: str = ""  # a calibration (``echosim calibrate``) whose fitted parameters the backend uses
 
     def validate(self) -> None:
         if self.devices < 1:

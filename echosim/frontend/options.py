@@ -7,7 +7,7 @@ from typing import Any
 
 from echosim.plan import Cluster, Plan
 
-_CLUSTER_KEYS = {"backend", "devices", "devices_per_node"}
+_CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 
 
 def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Plan, Cluster]:
