@@ -78,12 +78,12 @@ def run_calibration(
             samples += bench.bench_gpu(sweep, progress)
             if ranks > 1 and torch.cuda.device_count() >= ranks:
                 samples += bench.bench_collectives(sweep, ranks, "nccl", progress)
-    notes: dict[str, str] = {}
+    derived: dict[str, tuple[float, str]] = {}
     fitted_spec = base
     knobs: list[fit.Knob] = []
     if samples:
         if kind == "cpu":
-            fitted_spec, notes = fit.fit_cpu(base, samples, threads, ranks)
+            fitted_spec, derived = fit.fit_cpu(base, samples, threads, ranks)
             knobs = fit.fitted_knobs(fit.CPU_KNOBS, samples)
             predict = fit.predict_cpu
         else:
@@ -94,8 +94,8 @@ def run_calibration(
     else:
         quality = {}
     params: dict[str, tuple[float, str]] = {k.name: (getattr(fitted_spec, k.name), k.what) for k in knobs}
-    for field_name, note in notes.items():
-        params[field_name] = (getattr(fitted_spec, field_name), f"derived, not fitted: {note}")
+    for field_name, (value, note) in derived.items():
+        params[field_name] = (value, f"derived, not fitted: {note}")
     if profile:
         from echosim.calibrate.profile import import_profile
 
@@ -118,7 +118,7 @@ def run_calibration(
         "database": str(db),
         "machine": machine,
         "fitted": {k.name: {"value": getattr(fitted_spec, k.name), "what": k.what} for k in knobs},
-        "derived": {f: {"value": getattr(fitted_spec, f), "note": n} for f, n in notes.items()},
+        "derived": {f: {"value": v, "note": n} for f, (v, n) in derived.items()},
         "fit_quality": quality,
         "samples": [s.as_dict() for s in samples],
         "measured_kernels": len(measurements),

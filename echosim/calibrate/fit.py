@@ -193,7 +193,8 @@ def quality(spec: Any, samples: Sequence[Sample], predict: Callable[[Any, Sample
     for s in samples:
         p = predict(spec, s)
         if p is not None:
-            per.setdefault(s.kind, []).append(abs(p / s.seconds - 1.0))
+            key = f"{s.kind} {s.op}" if s.kind == "collective" else s.kind
+            per.setdefault(key, []).append(abs(p / s.seconds - 1.0))
     return {k: {"samples": len(v), "mape": statistics.mean(v), "max": max(v)} for k, v in sorted(per.items())}
 
 
@@ -263,13 +264,28 @@ def predict_cpu(spec: Any, s: Sample) -> float | None:
     return None
 
 
-def fit_cpu(base: Any, samples: Sequence[Sample], threads: int = 1, ranks: int = 1) -> tuple[Any, dict[str, str]]:
-    """The CPU spec fitted to ``samples``; knobs without samples (bf16 matmuls, gloo) keep their value."""
+def fit_cpu(
+    base: Any, samples: Sequence[Sample], threads: int = 1, ranks: int = 1
+) -> tuple[Any, dict[str, tuple[float, str]]]:
+    """The CPU spec fitted to ``samples`` and the derived (not fitted) parameters with a note each.
+
+    Knobs without samples (bf16 matmuls, gloo) keep their value. When the ranks' compute
+    threads fill the machine's cores, a collective overlapping compute time-shares a core
+    with it (gloo copies and reduces on its own thread): both run at threads/(threads+1)
+    of their speed, an overlap slowdown of (threads+1)/threads derived, not fitted.
+    """
     spec, notes = cpu_identity_spec(base, samples, threads, ranks)
     spec = replace(spec, op_overhead_us=max(0.2, min(200.0, _overhead_us(samples, spec.op_overhead_us))))
     knobs = [k for k in CPU_KNOBS if _informed(k, samples)]
     used = [s for s in samples if s.kind != "collective" or s.op in FITTED_COLLECTIVES]
-    return fit_spec(spec, knobs, used, predict_cpu), notes
+    spec = fit_spec(spec, knobs, used, predict_cpu)
+    derived = {name: (float(getattr(spec, name)), note) for name, note in notes.items()}
+    if ranks * threads >= usable_cores() and ranks > 1:
+        factor = (threads + 1) / threads
+        note = f"gloo's thread shares the cores of {ranks} rank(s) x {threads} thread(s) with compute"
+        for name in ("compute_slowdown", "comm_slowdown", "memory_bound_slowdown"):
+            derived[f"overlap.{name}"] = (factor, note)
+    return spec, derived
 
 
 def _overhead_us(samples: Sequence[Sample], default: float) -> float:
