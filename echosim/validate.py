@@ -59,7 +59,7 @@ REQUIRED = (
     "step_time_s",
 )
 # Read when present; a file without them is still valid (blank everywhere).
-OPTIONAL = ("slices", "step_time_basis", "reported_metric", "reported_value", "notes", "experts", "top_k")
+OPTIONAL = ("slices", "step_time_basis", "reported_metric", "reported_value", "notes", "experts", "top_k", "framework")
 INTEGER_COLUMNS = (
     "layers",
     "hidden",
@@ -386,6 +386,12 @@ def row_model(c: Case) -> Any:
     )
 
 
+def default_recompute(c: Case) -> str:
+    """A blank ``recompute`` is the framework's default: MaxText rematerialises everything
+    (``remat_policy: 'full'`` in its base.yml); Megatron-LM, NeMo and PyTorch recompute nothing."""
+    return "full" if "maxtext" in c["framework"].lower() else "none"
+
+
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     """The row's Plan and Cluster. Blank cells take the framework defaults named here."""
     from echosim.plan import Cluster, Plan
@@ -403,7 +409,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         global_batch=c.int("global_batch") or 0,
         seq_len=c.int("seq_len") or 0,
         dtype=c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
-        recompute=c["recompute"] or "none",
+        recompute=c["recompute"] or default_recompute(c),
         attention="math" if c["source_id"] in MATH_ATTENTION_SOURCES else "flash",
         schedule="interleaved" if (c.int("vpp", 1) or 1) > 1 else "1f1b",
     )

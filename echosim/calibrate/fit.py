@@ -159,31 +159,36 @@ def fit_spec(
     knobs: Sequence[Knob],
     samples: Sequence[Sample],
     predict: Callable[[Any, Sample], float | None],
-    rounds: int = 4,
+    max_rounds: int = 60,
+    tolerance: float = 1e-9,
 ) -> Any:
     """``spec`` with each knob set to minimise the mean squared log error of ``predict`` over ``samples``.
 
-    ``predict`` returns ``None`` for a sample a knob set does not model; knobs that no
-    sample informs keep their value.
+    Coordinate descent: one knob at a time, rounds until the loss stops improving. Knobs
+    that share samples (the streaming and vector-math rates) need several rounds to settle.
+    ``predict`` returns ``None`` for a sample it does not model.
     """
 
     def loss(s: Any) -> float:
         errs = [log_error(p, x.seconds) for x in samples if (p := predict(s, x)) is not None]
         return statistics.mean(e * e for e in errs) if errs else 0.0
 
-    for _ in range(rounds):
+    current = loss(spec)
+    for _ in range(max_rounds):
+        start = current
         for knob in knobs:
-            base = loss(spec)
 
-            def at(value: float, knob: Knob = knob, current: Any = spec) -> float:
+            def at(value: float, knob: Knob = knob, base: Any = spec) -> float:
                 try:
-                    return loss(replace(current, **{knob.name: value}))
+                    return loss(replace(base, **{knob.name: value}))
                 except ValueError:
                     return math.inf
 
             best = _golden(at, knob.lo, knob.hi)
-            if at(best) < base:
-                spec = replace(spec, **{knob.name: best})
+            if (trial := at(best)) < current:
+                spec, current = replace(spec, **{knob.name: best}), trial
+        if start - current <= tolerance * max(start, 1e-30):
+            break
     return spec
 
 
