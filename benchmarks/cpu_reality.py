@@ -4,8 +4,11 @@ Usage::
 
     python benchmarks/cpu_reality.py [--calibration REF] [--sweep standard] [--steps 10] [--out FILE.json]
 
-Without ``--calibration`` it first calibrates the CPU backend on this machine (``echosim
-calibrate``'s sweep, into a temporary database). Then, for each model and layout, it
+Without ``--calibration`` it first calibrates the CPU backend on this machine twice
+(``echosim calibrate``'s sweep into a temporary database): for one rank alone and for two
+ranks computing at once, since two ranks on one socket share its cache and memory
+bandwidth; the one-process layout is predicted with the first, the two-process ones with
+the second. Then, for each model and layout, it
 trains with torch in fresh processes and predicts the same step with echosim on the
 calibrated ``cpu-x86`` backend:
 
@@ -60,6 +63,18 @@ MODELS: dict[str, ArchConfig] = {
     "llama-6L-384": ArchConfig("llama", layers=6, hidden=384, heads=6, kv_heads=2, ffn=1024, vocab=4096, seq_len=256),
 }
 LAYOUTS = ("1 process", "DDP x2 (gloo)", "pipeline x2 (gloo)")
+NOTES = [
+    "* Each process runs one intra-op thread, so two ranks share the two cores as two devices would; gloo's "
+    "own threads and the kernel's TCP stack share them too, which the calibration's derived overlap slowdown "
+    "(a core time-shared by compute and communication) stands for.",
+    "* The machine is shared with other work. `other load` is the CPU other processes used during the run, "
+    "from /proc/stat; a run with a quarter of a core or more of it is re-measured and the quietest attempt is "
+    "kept (every attempt is in `benchmarks/data/cpu_reality.json`), chosen by load, never by error.",
+    "* The pipeline layout runs Llama models (untied embeddings, so no weight is shared between the stages), "
+    "1F1B with 4 micro-batches, activations and gradients sent with gloo send/recv.",
+    "* Models are fp32 (this CPU has no fast bf16 path) and sized so that no tensor reaches glibc's 32 MiB mmap "
+    "threshold: larger allocations pay page faults on every step, a regime the CPU model does not contain.",
+]
 # Other processes using more than this many cores on average during a run make it "contended".
 CONTENDED_CORES = 0.25
 
@@ -234,8 +249,20 @@ def measure(model_name: str, layout: str, steps: int) -> Measured:
     world = 1 if layout == "1 process" else 2
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, __file__, "--worker", model_name, "--layout", layout, "--world", str(world),
-           "--port", str(port), "--steps", str(steps)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        model_name,
+        "--layout",
+        layout,
+        "--world",
+        str(world),
+        "--port",
+        str(port),
+        "--steps",
+        str(steps),
+    ]
     load_before = os.getloadavg()[0]
     busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
     procs = [
@@ -247,8 +274,14 @@ def measure(model_name: str, layout: str, steps: int) -> Measured:
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{model_name} / {layout}: a worker failed")
     result = json.loads(outs[0].strip().splitlines()[-1])
-    return Measured(statistics.median(result["steps"]), result["cpu_share"], result["steps"], load_before,
-                    os.getloadavg()[0], others)  # fmt: skip
+    return Measured(
+        statistics.median(result["steps"]),
+        result["cpu_share"],
+        result["steps"],
+        load_before,
+        os.getloadavg()[0],
+        others,
+    )
 
 
 def _free_port() -> int:
@@ -266,8 +299,14 @@ def plan_for(cfg: ArchConfig, layout: str) -> tuple[Any, Any]:
         return Plan(micro_batch=BATCH, global_batch=BATCH, dtype="fp32", attention="flash"), 1
     if layout == "DDP x2 (gloo)":
         return Plan(dp=2, micro_batch=BATCH, global_batch=2 * BATCH, dtype="fp32", attention="flash"), 2
-    plan = Plan(pp=2, micro_batch=BATCH, global_batch=PIPELINE_MICROBATCHES * BATCH, dtype="fp32",
-                attention="flash", schedule="1f1b")  # fmt: skip
+    plan = Plan(
+        pp=2,
+        micro_batch=BATCH,
+        global_batch=PIPELINE_MICROBATCHES * BATCH,
+        dtype="fp32",
+        attention="flash",
+        schedule="1f1b",
+    )
     return plan, 2
 
 
@@ -284,11 +323,16 @@ def applicable(cfg: ArchConfig, layout: str) -> bool:
     return layout != "pipeline x2 (gloo)" or cfg.arch == "llama"
 
 
-def calibrate(db: Path, sweep: str) -> str:
+def calibrate(db: Path, sweep: str) -> dict[int, str]:
+    """Two calibrations of this machine: one rank alone, and two ranks computing at once (with gloo)."""
     from echosim.calibrate.commands import run_calibration
 
-    run_calibration(backend="cpu-x86", name="cpu-reality", db=db, sweep=sweep, ranks=2, threads=1, echo=print)
-    return f"{db}#cpu-reality"
+    refs = {}
+    for ranks in (1, 2):
+        name = f"cpu-reality-{ranks}rank"
+        run_calibration(backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=1, echo=print)
+        refs[ranks] = f"{db}#{name}"
+    return refs
 
 
 def main() -> None:
@@ -299,7 +343,12 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--calibration", help="Calibration to use (NAME, PATH or PATH#NAME); default: calibrate now.")
+    parser.add_argument(
+        "--calibration",
+        nargs=2,
+        metavar=("ONE_RANK", "TWO_RANKS"),
+        help="Calibrations to use for one process and for two (NAME, PATH or PATH#NAME); default: calibrate now.",
+    )
     parser.add_argument("--sweep", default="standard", help="Calibration sweep when calibrating now.")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="Comma-separated subset of the layouts.")
@@ -312,7 +361,21 @@ def main() -> None:
         if args.rank == 0:
             print(json.dumps(result))
         return
-    calibration = args.calibration or calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+    if args.calibration:
+        calibrations = {1: args.calibration[0], 2: args.calibration[1]}
+    else:
+        calibrations = calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+    from echosim.calibrate import load_calibration
+    from echosim.calibrate.fit import machine_identity
+
+    ident = machine_identity(1, 2)
+    header: dict[str, Any] = {
+        "calibration": calibrations,
+        "parameters": {r: load_calibration(ref).parameters.get("cpu-x86", {}) for r, ref in calibrations.items()},
+        "machine": f"{ident['cpu_model']}, {ident['usable_cores']} cores, {ident['memory_GB']:.0f} GB, "
+        f"torch {ident['torch']}",
+        "notes": NOTES,
+    }
     rows = []
     print(f"{'model':<14}{'layout':<20}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}")
     for name in args.models.split(","):
@@ -325,7 +388,7 @@ def main() -> None:
                 time.sleep(args.retry_wait)  # other work is running: measure again, keep every attempt
                 attempts.append(measure(name, layout, args.steps))
             m = min(attempts, key=lambda a: a.other_cores)  # the quietest attempt, whatever its step time
-            p = predict(cfg, layout, calibration)
+            p = predict(cfg, layout, calibrations[1 if layout == "1 process" else 2])
             error = p["step_time_s"] / m.step_s - 1
             rows.append(
                 {
@@ -344,14 +407,17 @@ def main() -> None:
                 }
             )
             if args.out:  # after every row, so that an interrupted run keeps what it measured
-                args.out.write_text(json.dumps({"calibration": calibration, "rows": rows}, indent=1, sort_keys=True))
+                args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
             flag = "" if m.other_cores < CONTENDED_CORES else f"  (contended: others used {m.other_cores:.1f} cores)"
-            print(f"{name:<14}{layout:<20}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
-                  f"{100 * error:>+7.1f}%{flag}", flush=True)  # fmt: skip
+            print(
+                f"{name:<14}{layout:<20}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
+                f"{100 * error:>+7.1f}%{flag}",
+                flush=True,
+            )
     errors = [abs(r["error"]) for r in rows]
     print(f"mean absolute error {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}% over {len(rows)}")
     if args.out:
-        args.out.write_text(json.dumps({"calibration": calibration, "rows": rows}, indent=1, sort_keys=True))
+        args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -27,13 +27,23 @@ DEFAULT = ROOT / "benchmarks" / "data" / "h200_microbench.csv"
 # The zoo models gpu_microbench.py trained (same definitions as its models()).
 MODELS = {
     "llama-1b": ArchConfig("llama", layers=8, hidden=2048, heads=16, kv_heads=8, vocab=32000, ffn=5632, seq_len=4096),
-    "gpt-1.3b": ArchConfig("gpt", layers=12, hidden=2048, heads=16, vocab=51200, seq_len=2048, dropout=0.1,
-                           tied_embeddings=True),  # fmt: skip
-    "llama-8b-4l": ArchConfig("llama", layers=4, hidden=4096, heads=32, kv_heads=8, vocab=128256, ffn=14336,
-                              seq_len=8192),  # fmt: skip
+    "gpt-1.3b": ArchConfig(
+        "gpt", layers=12, hidden=2048, heads=16, vocab=51200, seq_len=2048, dropout=0.1, tied_embeddings=True
+    ),
+    "llama-8b-4l": ArchConfig(
+        "llama", layers=4, hidden=4096, heads=32, kv_heads=8, vocab=128256, ffn=14336, seq_len=8192
+    ),
 }
-MEMORY_OPS = {"copy": "ELEMENTWISE", "add": "ELEMENTWISE", "gelu": "ELEMENTWISE", "silu": "ELEMENTWISE",
-              "layernorm": "NORM", "rmsnorm": "NORM", "softmax": "SOFTMAX", "cross_entropy": "CROSS_ENTROPY"}  # fmt: skip
+MEMORY_OPS = {
+    "copy": "ELEMENTWISE",
+    "add": "ELEMENTWISE",
+    "gelu": "ELEMENTWISE",
+    "silu": "ELEMENTWISE",
+    "layernorm": "NORM",
+    "rmsnorm": "NORM",
+    "softmax": "SOFTMAX",
+    "cross_entropy": "CROSS_ENTROPY",
+}
 
 
 def _dims(shape: str) -> dict[str, int]:
@@ -62,7 +72,9 @@ def predict_us(backend: Any, row: dict[str, str]) -> tuple[str, float] | None:
         attrs = AttentionAttrs(d["b"], d["h"], d["h"], d["s"], d["s"], d["d"], causal=True, flash=True)
         fwd = backend.op_time_s(_node("ATTENTION", attrs, "bf16"), 0)
         if "fwd+bwd" in op:
-            return "attention fwd+bwd", (fwd + backend.op_time_s(_node("ATTENTION", attrs, "bf16", Phase.BACKWARD), 0)) * 1e6
+            return "attention fwd+bwd", (
+                fwd + backend.op_time_s(_node("ATTENTION", attrs, "bf16", Phase.BACKWARD), 0)
+            ) * 1e6
         return "attention fwd", fwd * 1e6
     if op in MEMORY_OPS:
         kind = MEMORY_OPS[op]
@@ -99,8 +111,17 @@ def compare(path: Path = DEFAULT) -> list[dict[str, Any]]:
                 continue
             group, predicted = got
             measured = float(row["value"])
-            out.append({"group": group, "op": row["op"], "dtype": row["dtype"], "shape": row["shape"],
-                        "measured_us": measured, "predicted_us": predicted, "error": predicted / measured - 1})  # fmt: skip
+            out.append(
+                {
+                    "group": group,
+                    "op": row["op"],
+                    "dtype": row["dtype"],
+                    "shape": row["shape"],
+                    "measured_us": measured,
+                    "predicted_us": predicted,
+                    "error": predicted / measured - 1,
+                }
+            )
     return out
 
 
@@ -109,8 +130,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     for r in rows:
         groups.setdefault(r["group"], []).append(r["error"])
     return {
-        g: {"rows": len(e), "mean_error": statistics.mean(e), "mape": statistics.mean(abs(x) for x in e),
-            "min": min(e), "max": max(e)}  # fmt: skip
+        g: {
+            "rows": len(e),
+            "mean_error": statistics.mean(e),
+            "mape": statistics.mean(abs(x) for x in e),
+            "min": min(e),
+            "max": max(e),
+        }
         for g, e in groups.items()
     }
 
@@ -120,12 +146,16 @@ def main() -> None:
     rows = compare(path)
     print(f"{'group':<20}{'shape':<50}{'measured us':>13}{'predicted us':>14}{'error':>8}")
     for r in rows:
-        print(f"{r['group']:<20}{r['shape'][:49]:<50}{r['measured_us']:>13.1f}{r['predicted_us']:>14.1f}"
-              f"{100 * r['error']:>+7.1f}%")  # fmt: skip
+        print(
+            f"{r['group']:<20}{r['shape'][:49]:<50}{r['measured_us']:>13.1f}{r['predicted_us']:>14.1f}"
+            f"{100 * r['error']:>+7.1f}%"
+        )
     print()
     for g, s in summary(rows).items():
-        print(f"{g:<20} {s['rows']:3d} rows  mean error {100 * s['mean_error']:+6.1f}%  MAPE {100 * s['mape']:5.1f}%"
-              f"  range {100 * s['min']:+.1f}% .. {100 * s['max']:+.1f}%")  # fmt: skip
+        print(
+            f"{g:<20} {s['rows']:3d} rows  mean error {100 * s['mean_error']:+6.1f}%  MAPE {100 * s['mape']:5.1f}%"
+            f"  range {100 * s['min']:+.1f}% .. {100 * s['max']:+.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -193,8 +193,14 @@ def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any 
         console.print(rows)
     groups = Table("group", "rows", "MAPE", "mean error", "max", "within 15%", title="mean absolute percentage error")
     for name, g in result["groups"].items():
-        groups.add_row(name, str(g["rows"]), _pct(g["mape"], False), _pct(g["mean_error"]), _pct(g["max"], False),
-                       f"{g['within_15pct']}/{g['rows']}")  # fmt: skip
+        groups.add_row(
+            name,
+            str(g["rows"]),
+            _pct(g["mape"], False),
+            _pct(g["mean_error"]),
+            _pct(g["max"], False),
+            f"{g['within_15pct']}/{g['rows']}",
+        )
     console.print(groups)
     t = result["targets"]
     if t["target_group_mape"] is not None:
@@ -202,8 +208,10 @@ def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any 
         click.echo(f"{TARGET_GROUP}: MAPE {_pct(t['target_group_mape'], False)} (target {TARGET_MAPE:.0%}: {met})")
     over = t["rows_over_row_target"]
     click.echo(f"rows over {TARGET_ROW:.0%}: {len(over)} of {result['compiled']}")
-    click.echo(f"{result['compiled']} cases compiled, {result['skipped']} skipped"
-               f" ({result['selected']} selected of {result['in_file']} in the file):")  # fmt: skip
+    click.echo(
+        f"{result['compiled']} cases compiled, {result['skipped']} skipped"
+        f" ({result['selected']} selected of {result['in_file']} in the file):"
+    )
     for reason, count in result["skip_reasons"].items():
         click.echo(f"  {count:4d}  {reason}")
     backends = {r["device"] for r in result["rows"] if "error" in r}

@@ -356,8 +356,11 @@ def unsupported(c: Case, registry: Any = None) -> str:
         return "grouped-query attention on the gpt architecture is not modelled (the gpt zoo block is MHA)"
     if not c["dtype"] and backend in FP8_BACKENDS:
         return "dtype blank on an fp8-capable device (16-bit or fp8 is not stated)"
-    blank = [col for col in ("layers", "hidden", "heads", "vocab", "seq_len", "devices", "global_batch", "dp")
-             if c.numbers[col] is None]  # fmt: skip
+    blank = [
+        col
+        for col in ("layers", "hidden", "heads", "vocab", "seq_len", "devices", "global_batch", "dp")
+        if c.numbers[col] is None
+    ]
     if blank:
         return f"column(s) {', '.join(map(repr, blank))} blank (not given by the source)"
     return ""

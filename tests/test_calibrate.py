@@ -33,8 +33,9 @@ def matmul(m: int, n: int, k: int) -> Node:
 def db(tmp_path: Path) -> Path:
     path = tmp_path / "cal.sqlite"
     store = CalibrationStore(path, create=True)
-    store.save("box", "cpu-x86", {"hostname": "box"}, {"gemm_eff_fp32": (0.4, "fitted"), "op_overhead_us": (3.0, "x")},
-               "test")  # fmt: skip
+    store.save(
+        "box", "cpu-x86", {"hostname": "box"}, {"gemm_eff_fp32": (0.4, "fitted"), "op_overhead_us": (3.0, "x")}, "test"
+    )
     store.close()
     return path
 
@@ -102,8 +103,9 @@ def test_compile_uses_the_calibration_and_refuses_another_backend(db):
 
 
 def test_compile_cli_takes_the_calibrations_backend(db, cli):
-    result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--seq-len", "64", "--dtype", "fp32",
-                                      "--calibration", f"{db}#box", "--json"])  # fmt: skip
+    result = CliRunner().invoke(
+        cli, ["compile", "gpt3-125m", "--seq-len", "64", "--dtype", "fp32", "--calibration", f"{db}#box", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["backend"] == "cpu-x86"
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--calibration", f"{db}#nope"])
@@ -142,13 +144,18 @@ def test_profile_import_keys_matmuls_like_the_ir(tmp_path, db):
     prof.export_chrome_trace(str(trace))
     rows, counts = import_profile(trace, "box@cpu-x86")
     keys = {(r.shape, r.dtype) for r in rows}
-    assert {(matmul_key(64, 16, 32), "fp32"), (matmul_key(64, 8, 32), "fp32"), (matmul_key(8, 8, 16, 4), "fp32")} <= keys
+    assert {
+        (matmul_key(64, 16, 32), "fp32"),
+        (matmul_key(64, 8, 32), "fp32"),
+        (matmul_key(8, 8, 16, 4), "fp32"),
+    } <= keys
     assert counts["kernels"] == len(rows) and all(r.seconds > 0 for r in rows)
     store = CalibrationStore(db)
     store.save("box", "cpu-x86", {}, {}, "profile", rows)
     store.close()
-    backend = apply_calibration(__import__("echosim.backends.loading").backends.loading.load_backend("cpu-x86"),
-                                f"{db}#box")  # fmt: skip
+    backend = apply_calibration(
+        __import__("echosim.backends.loading").backends.loading.load_backend("cpu-x86"), f"{db}#box"
+    )
     measured = {r.shape: r.seconds for r in rows}[matmul_key(64, 16, 32)]
     assert backend.op_time_s(matmul(64, 16, 32), 0) == pytest.approx(measured)
 
@@ -182,8 +189,9 @@ def test_calibrate_command_tiny_sweep(tmp_path, cli):
 
 
 def test_calibrate_command_errors(tmp_path, cli):
-    result = CliRunner().invoke(cli, ["calibrate", "--backend", "h100-sxm", "--sweep", "tiny", "--db",
-                                      str(tmp_path / "g.sqlite")])  # fmt: skip
+    result = CliRunner().invoke(
+        cli, ["calibrate", "--backend", "h100-sxm", "--sweep", "tiny", "--db", str(tmp_path / "g.sqlite")]
+    )
     assert result.exit_code == 1 and ("no CUDA device" in result.output or "GPU is" in result.output)
     result = CliRunner().invoke(cli, ["calibrate", "--no-bench", "--db", str(tmp_path / "g.sqlite")])
     assert result.exit_code == 2 and "--no-bench needs --from-profile" in result.output

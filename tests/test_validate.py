@@ -196,8 +196,10 @@ def test_reported_metric_converts_only_with_a_known_convention(tmp_path):
     # Narayanan Eq. 3, named in the notes: F = 96 B s l h^2 (1 + s/6h + V/16lh)
     c = _case(tmp_path, **base, reported_metric="tflops_per_gpu", reported_value="100", notes="step from Eq. 3")
     flops = 96 * 64 * 2048 * 2 * 64**2 * (1 + 2048 / (6 * 64) + 128 / (16 * 2 * 64))
-    assert published_step_time(c) == (pytest.approx(flops / (100e12 * 8)), "reported_metric tflops_per_gpu "
-                                      "(narayanan-eq3 FLOPs)")  # fmt: skip
+    assert published_step_time(c) == (
+        pytest.approx(flops / (100e12 * 8)),
+        "reported_metric tflops_per_gpu (narayanan-eq3 FLOPs)",
+    )
     c = _case(tmp_path, **base, reported_metric="mfu_pct", reported_value="50", notes="6ND | peak_tflops_ref=312")
     six_nd = 6 * c.numbers["global_batch"] * 2048 * __import__("echosim.validate").validate._params(c)
     assert published_step_time(c)[0] == pytest.approx(six_nd / (0.5 * 312e12 * 8))
@@ -212,7 +214,7 @@ def test_reported_metric_converts_only_with_a_known_convention(tmp_path):
 
 def test_tpu_rows_use_the_slice_as_the_node(tmp_path):
     c = _case(tmp_path, device="tpu-v5e", devices="512", devices_per_node="4", slices="2", dp="512")
-    plan, cluster = row_plan(c)
+    _, cluster = row_plan(c)
     assert cluster.backend == "tpu-v5e" and cluster.devices_per_node == 256  # host of 4 -> ICI slice of 256
 
 
@@ -238,8 +240,10 @@ def test_features_name_the_layout_and_each_feature(tmp_path):
 
 
 def test_filters_on_any_column_several_and_negated(tmp_path):
-    rows = [row(case_id=f"r{i}", source_id=s, dtype=d) for i, (s, d) in enumerate(
-        [("a", "bf16"), ("b", "bf16"), ("b", "fp8"), ("c", "fp16")])]  # fmt: skip
+    rows = [
+        row(case_id=f"r{i}", source_id=s, dtype=d)
+        for i, (s, d) in enumerate([("a", "bf16"), ("b", "bf16"), ("b", "fp8"), ("c", "fp16")])
+    ]
     path = write(tmp_path, *rows)
 
     def ids(*filters: str) -> list[str]:
@@ -259,11 +263,13 @@ def test_filters_on_any_column_several_and_negated(tmp_path):
 
 
 def test_json_has_rows_groups_and_targets(tmp_path, cli):
-    path = write(tmp_path, row(), row(case_id="second", dtype="fp16", step_time_s="0.002"), row(case_id="x", arch="moe"))
+    path = write(
+        tmp_path, row(), row(case_id="second", dtype="fp16", step_time_s="0.002"), row(case_id="x", arch="moe")
+    )
     code, out = run(cli, "validate", "--cases", str(path), "--json")
     assert code == 0, out
     result = json.loads(out)
-    first, second, skipped = result["rows"]
+    first, _, skipped = result["rows"]
     assert {"case_id", "predicted_step_time_s", "measured_step_time_s", "error"} <= set(first)
     assert skipped["skipped"] == "mixture-of-experts layers are not modelled yet" and "error" not in skipped
     groups = result["groups"]
@@ -284,8 +290,18 @@ def test_text_output_lists_groups_skips_and_constants(tmp_path, cli):
 def test_group_summary_is_signed_and_absolute():
     from echosim.validate import RowResult
 
-    rows = [RowResult(f"r{i}", {"device": "d", "arch": "gpt", "source_id": "s", "confidence": "A"}, ["dp"], 1.0,
-                      predicted_step_time_s=p) for i, p in enumerate((0.9, 1.2))]  # fmt: skip
+    rows = [
+        RowResult(
+            f"r{i}",
+            {"device": "d", "arch": "gpt", "source_id": "s", "confidence": "A"},
+            ["dp"],
+            1.0,
+            predicted_step_time_s=p,
+        )
+        for i, p in enumerate((0.9, 1.2))
+    ]
     g = Validation(rows).groups()["overall"]
-    assert g["mape"] == pytest.approx(0.15) and g["mean_error"] == pytest.approx(0.05) and g["max"] == pytest.approx(0.2)
+    assert (
+        g["mape"] == pytest.approx(0.15) and g["mean_error"] == pytest.approx(0.05) and g["max"] == pytest.approx(0.2)
+    )
     assert g["within_15pct"] == 1

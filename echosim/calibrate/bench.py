@@ -131,13 +131,30 @@ def _cpu_sample(kind: str, op: str, dtype: str, wall: float, cpu: float, threads
 
 
 def bench_cpu(
-    sweep: str = "standard", dtypes: tuple[str, ...] = ("fp32",), threads: int = 1, progress: Progress | None = None
+    sweep: str = "standard",
+    dtypes: tuple[str, ...] = ("fp32",),
+    threads: int = 1,
+    progress: Progress | None = None,
+    barrier: Callable[[], None] | None = None,
 ) -> list[Sample]:
-    """Matmuls, memory-bound kernels and the per-op overhead on this CPU, on ``threads`` threads."""
+    """Matmuls, memory-bound kernels, attention and the per-op overhead on this CPU, on ``threads`` threads.
+
+    ``barrier`` (several ranks measuring at once) is called before each sample, so that
+    every rank runs the same kernel at the same time.
+    """
     torch = _torch()
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
+    if barrier is not None:
+        user_progress = progress
+
+        def progress(text: str) -> None:
+            if user_progress:
+                user_progress(text)
+            barrier()
+
+        barrier()
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     out: list[Sample] = []
     for dtype in dtypes:
@@ -190,8 +207,17 @@ def bench_cpu(
         wall_b, cpu_b = time_fn(both, _repeats(3 * guess))
         shape = {"m": s, "n": s, "k": d, "batch": b * h}
         out.append(_cpu_sample("attention", "attention_fwd", "fp32", wall_f, cpu_f, threads, **shape))
-        out.append(_cpu_sample("attention", "attention_bwd", "fp32", max(wall_b - wall_f, 1e-9),
-                               max(cpu_b - cpu_f, 1e-9), threads, **shape))  # fmt: skip
+        out.append(
+            _cpu_sample(
+                "attention",
+                "attention_bwd",
+                "fp32",
+                max(wall_b - wall_f, 1e-9),
+                max(cpu_b - cpu_f, 1e-9),
+                threads,
+                **shape,
+            )
+        )
         if progress:
             progress(f"attention {b}x{h}x{s}x{d}")
     tiny = torch.ones(8)
@@ -209,6 +235,78 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def bench_cpu_ranks(
+    sweep: str = "standard",
+    dtypes: tuple[str, ...] = ("fp32",),
+    threads: int = 1,
+    ranks: int = 2,
+    progress: Progress | None = None,
+) -> list[Sample]:
+    """:func:`bench_cpu` in ``ranks`` processes at once: a rank's rates when ``ranks`` ranks share the machine.
+
+    Ranks on one socket share its last-level cache and memory bandwidth (and its turbo
+    headroom), so a rank computes slower beside a busy neighbour than alone. The samples
+    are rank 0's.
+    """
+    out = _run_workers(
+        ["--mode", "compute", "--sweep", sweep, "--threads", str(threads), "--dtypes", ",".join(dtypes)],
+        ranks,
+        "gloo",
+        progress,
+    )
+    return [Sample(**s) for s in out]
+
+
+def _run_workers(args: list[str], ranks: int, backend: str, progress: Progress | None) -> Any:
+    """Run ``python -m echosim.calibrate.worker`` as ``ranks`` processes; rank 0's JSON result."""
+    import json
+    import subprocess
+    import sys
+
+    from echosim.backends.calibration import CalibrationError
+
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "echosim.calibrate.worker",
+        "--world",
+        str(ranks),
+        "--port",
+        str(port),
+        "--backend",
+        backend,
+        *args,
+    ]
+    procs = [
+        subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for r in range(ranks)
+    ]
+    result: Any = None
+    try:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:  # rank 0 reports progress as it goes, the result last
+            if line.startswith("P ") and progress:
+                progress(line[2:].strip())
+            elif line.startswith("R "):
+                result = json.loads(line[2:])
+        errors = [p.communicate(timeout=900)[1] for p in procs]
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"calibration workers ({backend}) did not finish in 900 s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, err in zip(procs, errors, strict=True):
+        if p.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise CalibrationError(f"a calibration worker ({backend}) exited with status {p.returncode}: {last}")
+    if result is None:
+        raise CalibrationError(f"calibration workers ({backend}) returned no result")
+    return result
 
 
 def collective_worker(rank: int, world: int, port: int, sizes: list[int], backend: str) -> list[tuple[str, int, float]]:
@@ -245,41 +343,14 @@ def bench_collectives(
     sweep: str = "standard", ranks: int = 2, backend: str = "gloo", progress: Progress | None = None
 ) -> list[Sample]:
     """All-reduce, all-gather and broadcast between ``ranks`` local processes (gloo or nccl)."""
-    import json
-    import subprocess
-    import sys
-
-    from echosim.backends.calibration import CalibrationError
-
     sizes = COLLECTIVE_SWEEPS[sweep]
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "echosim.calibrate.worker", "--world", str(ranks), "--port", str(port),
-           "--backend", backend, "--sizes", ",".join(map(str, sizes))]  # fmt: skip
-    procs = [
-        subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for r in range(ranks)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=900))
-    except subprocess.TimeoutExpired:
-        raise CalibrationError(f"collective benchmark: {backend} workers did not finish in 900 s") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        if p.returncode != 0:
-            last = (err.strip().splitlines() or ["no output"])[-1]
-            raise CalibrationError(
-                f"collective benchmark: a {backend} worker exited with status {p.returncode}: {last}"
-            )
+    results = _run_workers(["--mode", "collectives", "--sizes", ",".join(map(str, sizes))], ranks, backend, None)
     out = []
-    for op, nbytes, seconds in json.loads(outputs[0][0]):
-        out.append(Sample("collective", op, "fp32", nbytes=nbytes, ranks=ranks, seconds=seconds, wall_s=seconds,
-                          device="cuda" if backend == "nccl" else "cpu"))  # fmt: skip
+    for op, nbytes, seconds in results:
+        device = "cuda" if backend == "nccl" else "cpu"
+        out.append(
+            Sample("collective", op, "fp32", nbytes=nbytes, ranks=ranks, seconds=seconds, wall_s=seconds, device=device)
+        )
         if progress:
             progress(f"{op} {nbytes} B x {ranks} ranks")
     return out
@@ -321,8 +392,11 @@ def bench_gpu(sweep: str = "standard", progress: Progress | None = None) -> list
             progress(f"matmul bf16 {b}x{m}x{n}x{k}")
     for elements in MEMORY_SWEEPS[sweep]:
         x = torch.randn(elements * 64, device=dev, dtype=torch.bfloat16)
-        for op, fn, passes in (("copy", lambda x=x: x.clone(), 2), ("add", lambda x=x: x + x, 3),
-                               ("gelu", lambda x=x: F.gelu(x), 2)):  # fmt: skip
+        for op, fn, passes in (
+            ("copy", lambda x=x: x.clone(), 2),
+            ("add", lambda x=x: x + x, 3),
+            ("gelu", lambda x=x: F.gelu(x), 2),
+        ):
             s = timed(fn)
             out.append(Sample("memory", op, "bf16", nbytes=passes * x.numel() * 2, seconds=s, wall_s=s, device="cuda"))
             if progress:

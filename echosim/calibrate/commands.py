@@ -35,7 +35,7 @@ def run_calibration(
     name: str,
     db: Path,
     sweep: str = "standard",
-    ranks: int = 2,
+    ranks: int = 1,
     threads: int = 1,
     dtypes: tuple[str, ...] = ("fp32",),
     profile: str | None = None,
@@ -60,7 +60,11 @@ def run_calibration(
     if not skip_benchmarks:
         if kind == "cpu":
             say(f"benchmarking this CPU ({sweep} sweep, {threads} thread(s) per rank)")
-            samples += bench.bench_cpu(sweep, dtypes, threads, progress)
+            if ranks > 1:
+                say(f"  with {ranks} ranks computing at once (they share the machine's caches and memory)")
+                samples += bench.bench_cpu_ranks(sweep, dtypes, threads, ranks, progress)
+            else:
+                samples += bench.bench_cpu(sweep, dtypes, threads, progress)
             if ranks > 1:
                 say(f"benchmarking gloo collectives between {ranks} local processes")
                 samples += bench.bench_collectives(sweep, ranks, "gloo", progress)
@@ -101,8 +105,10 @@ def run_calibration(
 
         rows, counts = import_profile(profile, measurement_key(name, backend))
         measurements += rows
-        say(f"imported {counts['kernels']} matmul shape(s) from {profile} ({counts['imported_ops']} ops; "
-            f"{counts['skipped_ops']} other ops not imported)")  # fmt: skip
+        say(
+            f"imported {counts['kernels']} matmul shape(s) from {profile} ({counts['imported_ops']} ops; "
+            f"{counts['skipped_ops']} other ops not imported)"
+        )
     if not params and not measurements:
         raise CalibrationError("nothing to store: no benchmark ran and no profile was imported")
     machine = fit.machine_identity(threads, ranks)
@@ -157,7 +163,12 @@ def _progress_total(sweep: str, kind: str, ranks: int, dtypes: tuple[str, ...]) 
     "--threads", type=click.IntRange(1, 1024), default=1, show_default=True, help="Intra-op threads per rank (CPU)."
 )
 @click.option(
-    "--ranks", type=click.IntRange(1, 64), default=2, show_default=True, help="Local processes for collectives."
+    "--ranks",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Ranks that will share this machine: compute is measured with that many processes at once, "
+    "collectives between them.",
 )
 @click.option(
     "--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "bf16"]), help="Matmul dtypes (CPU; default fp32)."
@@ -248,12 +259,16 @@ def _print_result(r: dict[str, Any]) -> None:
     click.echo(f"machine: {m['cpu_model']}, {m['usable_cores']} core(s), torch {m['torch']}, {m['hostname']}")
     click.echo(f"{len(r['fitted'])} fitted constant(s):")
     for key, v in r["fitted"].items():
-        click.echo(f"  {key:<24}{v['value']:>12.5g}  {v['what']}")
+        click.echo(f"  {key:<30}{v['value']:>12.5g}  {v['what']}")
     if r["derived"]:
         click.echo(f"{len(r['derived'])} derived from the machine (not fitted):")
         for key, v in r["derived"].items():
-            click.echo(f"  {key:<24}{v['value']:>12.5g}  {v['note']}")
+            click.echo(f"  {key:<30}{v['value']:>12.5g}  {v['note']}")
+    from echosim.calibrate.fit import FITTED_COLLECTIVES
+
     for kind, q in r["fit_quality"].items():
+        used = not kind.startswith("collective") or kind.split()[-1] in FITTED_COLLECTIVES
+        kind = kind if used else f"{kind} (not used in the fit)"
         click.echo(
             f"fit on {q['samples']:3d} {kind} sample(s): mean error {100 * q['mape']:.1f}%, worst {100 * q['max']:.1f}%"
         )
@@ -279,8 +294,10 @@ def _list(path: Path, as_json: bool) -> None:
         for b in c.backends:
             m = c.machine[b]
             where = f"[{m.get('cpu_model', '?')}, {m.get('hostname', '?')}]"
-            click.echo(f"{c.name:<28} {b:<12} {c.created[b]}  {len(c.parameters[b])} parameter(s), "
-                       f"{c.measured.get(b, 0)} kernel(s)  {where}")  # fmt: skip
+            click.echo(
+                f"{c.name:<28} {b:<12} {c.created[b]}  {len(c.parameters[b])} parameter(s), "
+                f"{c.measured.get(b, 0)} kernel(s)  {where}"
+            )
 
 
 @hookimpl
