@@ -241,9 +241,12 @@ def read_cases(path: str | Path, known_devices: Iterable[str] | None = None) -> 
                     continue  # a blank line
                 if None in cells:
                     raise CasesError(f"{path}: line {reader.line_num}: more cells than the header has columns")
-                case = parse_row(reader.line_num, cells, devices)
+                try:
+                    case = parse_row(reader.line_num, cells, devices)
+                except CasesError as exc:
+                    raise CasesError(f"{path}: {exc}") from None
                 if case.case_id in seen:
-                    raise CasesError(f"{case.where}: column 'case_id' repeats line {seen[case.case_id]}")
+                    raise CasesError(f"{path}: {case.where}: column 'case_id' repeats line {seen[case.case_id]}")
                 seen[case.case_id] = case.line
                 cases.append(case)
             return cases

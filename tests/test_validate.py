@@ -100,7 +100,8 @@ def test_unit_typo_names_line_case_and_column(tmp_path, cli):
     code, out = run(cli, "validate", "--cases", str(path))
     assert code == 1
     assert out.strip() == (
-        "Error: line 3 (typo): column 'step_time_s' is not a number: '12s' (a unit typed into the cell? write 12)"
+        f"Error: {path}: line 3 (typo): column 'step_time_s' is not a number: '12s' (a unit typed into the cell? "
+        "write 12)"
     )
 
 
