@@ -64,6 +64,7 @@ def cli() -> None:
 @click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP).")
 @click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs.")
+@click.option("--calibration", help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")
@@ -73,6 +74,11 @@ def compile_cmd(model: str | None, as_json: bool, out: str | None, trace: str | 
     from echosim.compiler import compile_full
     from echosim.plan import plan_from_options
 
+    if opts.get("calibration") and not opts.get("backend"):  # the backend the calibration was made for
+        from echosim.calibrate import load_calibration
+
+        backends = load_calibration(opts["calibration"]).backends
+        opts["backend"] = backends[0] if len(backends) == 1 else None
     name, plan, cluster = plan_from_options(model, opts)
     compiled = compile_full(name, plan, cluster)
     report = compiled.report

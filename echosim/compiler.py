@@ -77,7 +77,7 @@ def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: 
     plan.validate(cluster)
     from echosim.backends.loading import load_backend
 
-    backend = load_backend(cluster.backend, get_registry())
+    backend = load_backend(cluster.backend, get_registry(), calibration=cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
     warnings, notes = split_notes(messages + plan_messages(graph, plan))
     try:

@@ -25,6 +25,7 @@ class Cluster:
     backend: str = "a100-80gb"
     devices: int = 1024
     devices_per_node: int = 8
+    calibration: str = ""  # a calibration (``echosim calibrate``) whose fitted parameters the backend uses
 
     def validate(self) -> None:
         if self.devices < 1:
@@ -140,7 +141,7 @@ class Plan:
 CP_COMMS = ("p2p", "all_gather")
 
 
-_CLUSTER_KEYS = {"backend", "devices", "devices_per_node"}
+_CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 
 
 def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Plan, Cluster]:

@@ -292,12 +292,24 @@ for _name in COLLECTIVES:
 @click.command("validate")
 @click.option("--microbench", type=click.Path(dir_okay=False), help="A file shaped like microbench.csv.")
 @click.option("--cases", type=click.Path(dir_okay=False), help="A file shaped like cases.csv.")
-@click.option("--filter", "filters", multiple=True, help="COLUMN=VALUE: keep matching --cases rows (repeatable).")
+@click.option(
+    "--filter",
+    "filters",
+    multiple=True,
+    help="--cases rows to keep: COLUMN=VALUE or COLUMN!=VALUE, shell wildcards allowed, any column or 'feature' "
+    "(repeatable: the same column twice means either value, different columns must all match).",
+)
+@click.option("--calibration", help="--cases: use this calibration (echosim calibrate) on the backends it covers.")
 @click.option("--groups-only", is_flag=True, help="Print only the per-group errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print rows and groups as JSON.")
 @_guarded
 def validate(
-    microbench: str | None, cases: str | None, filters: tuple[str, ...], groups_only: bool, as_json: bool
+    microbench: str | None,
+    cases: str | None,
+    filters: tuple[str, ...],
+    calibration: str | None,
+    groups_only: bool,
+    as_json: bool,
 ) -> None:
     """Compare predictions with published measurements: microbenchmarks and/or training steps."""
     if not microbench and not cases:
@@ -308,22 +320,16 @@ def validate(
 
         out["microbench"] = validate_microbench(microbench).as_dict()
     if cases:
-        from echosim.validate import validate_cases
-
-        parsed = {}
-        for f in filters:
-            key, sep, value = f.partition("=")
-            if not sep:
-                raise click.ClickException(f"--filter {f!r}: expected COLUMN=VALUE")
-            parsed[key] = value
-        out["cases"] = validate_cases(cases, parsed or None).as_dict()
+        out["cases"] = _validate_cases(cases, filters, calibration or "", quiet=as_json)
     if as_json:
         click.echo(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2, sort_keys=True))
         return
     if "microbench" in out:
         _print_microbench(out["microbench"], groups_only)
     if "cases" in out:
-        _print_cases(out["cases"], groups_only)
+        from echosim.accuracy import print_cases
+
+        print_cases(out["cases"], groups_only)
 
 
 def _pct(x: float | None) -> str:
@@ -365,29 +371,20 @@ def _print_microbench(result: dict[str, Any], groups_only: bool) -> None:
         click.echo(f"  {count:4d}  {reason}")
 
 
-def _print_cases(result: dict[str, Any], groups_only: bool) -> None:
+def _validate_cases(path: str, filters: tuple[str, ...], calibration: str, quiet: bool) -> dict[str, Any]:
+    """Compile the selected rows with a progress bar on a terminal (stderr)."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console()
-    if not groups_only:
-        rows = Table("case", "measured s", "predicted s", "error", "skipped", title="cases")
-        for r in result["rows"]:
-            measured = r.get("measured_step_time_s")
-            predicted = r.get("predicted_step_time_s")
-            rows.add_row(
-                r["case_id"],
-                "" if measured is None else f"{measured:.4g}",
-                "" if predicted is None else f"{predicted:.4g}",
-                _pct(r.get("error")),
-                r.get("skipped", ""),
-            )
-        console.print(rows)
-    groups = Table("group", "rows", "MAPE", title="per group")
-    for name, g in result["groups"].items():
-        groups.add_row(name, str(g["rows"]), f"{100 * g['mape']:.1f}%")
-    console.print(groups)
-    click.echo(f"{result['compiled']} cases compiled, {result['skipped']} skipped")
+    from echosim.validate import selected_count, validate_cases
+
+    console = Console(stderr=True)
+    total = selected_count(path, filters)
+    columns = (TextColumn("compiling cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=quiet or not console.is_terminal) as bar:
+        task = bar.add_task("cases", total=total)
+        result = validate_cases(path, filters, progress=lambda: bar.advance(task), calibration=calibration)
+    return result.as_dict()
 
 
 @hookimpl

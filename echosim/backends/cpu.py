@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 
 from echosim.backends.base import OverlapModel, Placement
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 
 # PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
 # Assumed (no measurement in the validation data).
@@ -47,6 +47,16 @@ class CPUSpec:
     sockets_per_node: int
     nic_GBps: float  # node Ethernet NIC per direction (assumed), shared by its sockets
     source: str
+    # Calibratable (``echosim calibrate`` fits them on the machine it runs on); defaults assumed, see above.
+    op_overhead_us: float = OP_OVERHEAD_US
+    gloo_loopback_step_us: float = GLOO_LOOPBACK_STEP_US
+    gloo_net_step_us: float = GLOO_NET_STEP_US
+    gloo_loopback_GBps: float = GLOO_LOOPBACK_GBps
+    # Kernels that evaluate transcendentals or reduce rows (GELU, SiLU, norms, softmax, cross
+    # entropy) run on a core's vector units below streaming speed: their share of it.
+    math_fraction: float = 1.0
+    # Attention kernels multiply small blocks (head_dim wide): their rate as a share of the GEMM rate.
+    attention_eff: float = 1.0
 
     def __post_init__(self) -> None:
         who = f"device {self.name or '<unnamed>'!r}"
@@ -60,7 +70,7 @@ class CPUSpec:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{who}: field {f.name!r} must be a positive number, got {value!r}")
-        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32"):
+        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32", "math_fraction", "attention_eff"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{who}: field {name!r} is a fraction, got {getattr(self, name)!r} > 1")
 
@@ -116,24 +126,34 @@ def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: s
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
     compute = 2.0 * batch * m * n * k / (cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype))
     traffic = batch * (m * k + k * n + m * n) * _itemsize(dtype) / (cpu.ddr_GBps * 1e9 * cpu.stream_fraction)
-    return max(compute, traffic) + OP_OVERHEAD_US * 1e-6
+    return max(compute, traffic) + cpu.op_overhead_us * 1e-6
 
 
-def memory_bound_time_s(cpu: CPUSpec, nbytes: int) -> float:
+def memory_bound_time_s(cpu: CPUSpec, nbytes: int, vector_math: bool = False) -> float:
+    """Bytes at the streaming rate (``vector_math``: at ``math_fraction`` of it) plus the per-op overhead."""
     if nbytes < 0:
         raise ValueError(f"byte count must be non-negative, got {nbytes}")
-    return nbytes / (cpu.ddr_GBps * 1e9 * cpu.stream_fraction) + OP_OVERHEAD_US * 1e-6
+    rate = cpu.ddr_GBps * 1e9 * cpu.stream_fraction * (cpu.math_fraction if vector_math else 1.0)
+    return nbytes / rate + cpu.op_overhead_us * 1e-6
 
 
 def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """CPU attention materialises the scores (PyTorch's SDPA math path): two batched GEMMs and softmax."""
+    """Two batched GEMMs and a softmax over the scores; causal kernels skip the masked half.
+
+    PyTorch's CPU attention (the flash kernel for fp32/bf16, the math path otherwise) does
+    this work; the softmax's exponentials run at the vector-math rate.
+    """
+    from echosim.backends.compute import causal_fraction
+
     bh = a.batch * a.heads
-    scores = bh * a.q_len * a.kv_len * _itemsize(dtype)
+    keep = causal_fraction(a.q_len, a.kv_len) if a.causal else 1.0
+    scores = bh * a.q_len * a.kv_len * _itemsize(dtype) * keep
     gemms = matmul_time_s(cpu, a.q_len, a.kv_len, a.head_dim, bh, dtype)
     gemms += matmul_time_s(cpu, a.q_len, a.head_dim, a.kv_len, bh, dtype)
+    gemms *= keep / cpu.attention_eff
     if backward:
-        return 2 * gemms + memory_bound_time_s(cpu, 3 * scores)
-    return gemms + memory_bound_time_s(cpu, 2 * scores)
+        return 2 * gemms + memory_bound_time_s(cpu, int(3 * scores), vector_math=True)
+    return gemms + memory_bound_time_s(cpu, int(2 * scores), vector_math=True)
 
 
 def check_placement(cpu: CPUSpec, p: Placement) -> None:
@@ -157,9 +177,9 @@ def collective_time_s(cpu: CPUSpec, kind: OpKind, nbytes: int, p: Placement) -> 
     if n == 1 or nbytes == 0:
         return 0.0
     if p.nodes > 1:
-        step_us, bw = GLOO_NET_STEP_US, cpu.nic_GBps / (p.per_node * p.concurrent_per_node)
+        step_us, bw = cpu.gloo_net_step_us, cpu.nic_GBps / (p.per_node * p.concurrent_per_node)
     else:
-        step_us, bw = GLOO_LOOPBACK_STEP_US, GLOO_LOOPBACK_GBps
+        step_us, bw = cpu.gloo_loopback_step_us, cpu.gloo_loopback_GBps
     if kind in (OpKind.SEND, OpKind.RECV):
         steps, chunk = 1, float(nbytes)
     elif kind is OpKind.ALL_REDUCE:
@@ -174,6 +194,22 @@ def collective_time_s(cpu: CPUSpec, kind: OpKind, nbytes: int, p: Placement) -> 
 
 
 FREE_OPS = frozenset({OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER})
+MATH_OPS = frozenset({OpKind.NORM, OpKind.SOFTMAX, OpKind.CROSS_ENTROPY})
+# PyTorch's CPU cross entropy materialises the log-probabilities (log_softmax + nll_loss): the
+# forward writes a second logits-sized tensor, the backward zero-fills the gradient, reads the
+# saved log-probabilities and writes the gradient. That is twice the traffic the IR counts
+# (logits in; dy, logits in and gradient out) in either direction.
+CROSS_ENTROPY_PASSES = 2
+MATH_FUNCTIONS = frozenset({"gelu", "silu", "tanh", "sigmoid", "exp", "log", "softmax", "erf"})
+
+
+def is_math_kernel(node: Node) -> bool:
+    """A kernel bound by vector math rather than by memory on a CPU core (forward or gradient)."""
+    if node.op in MATH_OPS:
+        return True
+    if isinstance(node.attrs, ElementwiseAttrs):
+        return node.attrs.flops_per_element > 2 or node.attrs.fn.removesuffix("_grad") in MATH_FUNCTIONS
+    return False
 
 
 class CPUBackend:
@@ -207,7 +243,9 @@ class CPUBackend:
             raise ValueError(
                 f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
             )
-        return memory_bound_time_s(self.cpu, io_bytes)
+        if op is OpKind.CROSS_ENTROPY:
+            io_bytes *= CROSS_ENTROPY_PASSES
+        return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node))
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collective_time_s(self.cpu, kind, nbytes, placement)

@@ -112,8 +112,11 @@ def build_backend(name: str, factory: Any, owner: str) -> GuardedBackend:
     return GuardedBackend(from_environment(backend), name, owner)
 
 
-def load_backend(name: str, registry: Any = None) -> GuardedBackend:
-    """The backend registered as ``name``, built and guarded; unknown names list the known ones."""
+def load_backend(name: str, registry: Any = None, calibration: str = "") -> GuardedBackend:
+    """The backend registered as ``name``, built and guarded; unknown names list the known ones.
+
+    ``calibration`` names fitted parameters and measured kernels (``echosim calibrate``) to use.
+    """
     if registry is None:
         from echosim.plugins import get_registry
 
@@ -121,4 +124,9 @@ def load_backend(name: str, registry: Any = None) -> GuardedBackend:
     entry = registry.backends.get(name)
     if entry is None:
         registry.backend(name)  # raises PluginError listing the known backends
-    return build_backend(name, entry.value, entry.owner)
+    backend = build_backend(name, entry.value, entry.owner)
+    if calibration:
+        from echosim.calibrate import apply_calibration
+
+        backend = apply_calibration(backend, calibration)
+    return backend

@@ -28,7 +28,12 @@ if TYPE_CHECKING:
 ENTRYPOINT_GROUP = "echosim"
 
 #: Dotted names of the modules that register echosim's own features.
-BUILTIN_PLUGINS: list[str] = ["echosim.backends.plugin", "echosim.backends.commands", "echosim.frontend.plugin"]
+BUILTIN_PLUGINS: list[str] = [
+    "echosim.backends.plugin",
+    "echosim.backends.commands",
+    "echosim.frontend.plugin",
+    "echosim.calibrate.commands",
+]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _NAME_RULE = "lowercase letters, digits, '-', '_', '.'"

@@ -1,0 +1,398 @@
+"""Generate docs/accuracy.md: echosim against published runs, a real H200 and real training on this CPU.
+
+Usage::
+
+    python benchmarks/accuracy_page.py [--cases ../shared/validation/cases.csv] [--sensitivity] [--out docs/accuracy.md]
+
+* the cases table comes from ``echosim validate --cases`` (compiled now, about 30 s);
+* ``--sensitivity`` recomputes the +-10 % sensitivity table (several minutes) into
+  ``benchmarks/data/sensitivity.json``; without it the stored table is used;
+* the H200 table is ``benchmarks/gpu_check.py`` against ``benchmarks/data/h200_microbench.csv``;
+* the CPU table is ``benchmarks/data/cpu_reality.json``, written by ``benchmarks/cpu_reality.py``.
+
+The page ends with a machine-readable summary (an HTML comment) that
+``tests/test_accuracy_page.py`` compares with a fresh run: any group whose error grows by
+more than one point fails the test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from echosim.accuracy import count_constants, fitted_constants, sensitivity  # noqa: E402
+from echosim.validate import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation, backend_for, validate_cases  # noqa: E402
+
+CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
+DATA = ROOT / "benchmarks" / "data"
+SUMMARY = re.compile(r"<!-- accuracy-summary (\{.*\}) -->")
+WORST = 15
+
+#: Why rows miss, by what they share (first match wins). Stated causes are measured or
+#: documented; "not explained yet" is said where no measurement pins the cause down.
+WHY: tuple[tuple[str, str], ...] = (
+    (
+        r"^narayanan2021.*zero3",
+        "DeepSpeed ZeRO-3 of 2021 gathered every parameter with its own latency-bound "
+        "all-gather; echosim's FSDP model gathers a layer at a time with prefetch, so it is 40-80% optimistic here",
+    ),
+    (
+        r"^llmfoundry",
+        "llm-foundry's 2023 runs (PyTorch 1.13/2.0 FSDP, Triton flash attention) ran below the kernel "
+        "efficiencies echosim measured with 2024-25 software (MAMF GEMMs, FA3); NVIDIA's 2025 H100 rows of the same "
+        "layouts are predicted within 10% or slow, so one set of H100 constants cannot match both sources",
+    ),
+    (
+        r"^torchtitan-h200",
+        "torchtitan float8 + FSDP2 (Dec 2024) on H200: not explained yet; the H200 device check "
+        "below finds PyTorch's SDPA (FlashAttention-2 kernels) at about half the FA3 rate the model assumes",
+    ),
+    (
+        r"^maxtext-v5e-128b",
+        "TPU v5e with tp=16 inside a 256-chip slice: no TPU kernel or ICI measurement exists "
+        "to check the TPU model (validation data gap 1); not explained yet",
+    ),
+    (r"^tpurecipes-gpt3-175b-bf16-v5p", "confidence C: a single log line that implies >85% MFU (flagged SUSPECT)"),
+    (
+        r"^(tpurecipes|maxtext)",
+        "TPU row: the TPU model's matmul and HBM efficiencies are assumed (0.85), not measured (validation data gap 1)",
+    ),
+    (r"gb200|b200", "Blackwell: no Blackwell attention measurement, the H100 FA3 efficiency is assumed"),
+)
+
+
+def why(case_id: str) -> str:
+    for pattern, text in WHY:
+        if re.search(pattern, case_id):
+            return text
+    return "not explained yet"
+
+
+def _pct(x: float | None, signed: bool = True) -> str:
+    return "" if x is None else (f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%")
+
+
+def group_table(groups: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| group | rows | MAPE | mean error | worst | within 15% |", "|---|---:|---:|---:|---:|---:|"]
+    order = ["overall", TARGET_GROUP] + [k for k in groups if k not in ("overall", TARGET_GROUP)]
+    for key in order:
+        if key in groups:
+            g = groups[key]
+            lines.append(
+                f"| {key} | {g['rows']} | {_pct(g['mape'], False)} | {_pct(g['mean_error'])} | "
+                f"{_pct(g['max'], False)} | {g['within_15pct']} |"
+            )
+    return lines
+
+
+def cases_section(v: Validation) -> tuple[list[str], dict[str, Any]]:
+    d = v.as_dict()
+    groups = d["groups"]
+    overall, target = groups["overall"], groups.get(TARGET_GROUP)
+    compiled = [r for r in v.rows if r.error is not None]
+    within = sum(1 for r in compiled if abs(r.error) <= TARGET_ROW)  # type: ignore[arg-type]
+    misses = {"narayanan2021 ZeRO-3": r"^narayanan2021.*zero3", "llm_foundry": r"^llmfoundry"}
+    rest = [
+        r
+        for r in compiled
+        if r.group["device"] in ("a100-40gb", "a100-80gb", "h100-sxm")
+        and r.group["confidence"] == "A"
+        and not any(re.search(p, r.case_id) for p in misses.values())
+    ]
+    rest_mape = statistics.mean(abs(r.error) for r in rest) if rest else None  # type: ignore[arg-type]
+    constants = fitted_constants(b for r in compiled if (b := backend_for(r.group["device"])))
+    lines = [
+        "## Published training runs (`echosim validate --cases`)",
+        "",
+        f"`{CASES.name}` holds {d['in_file']} rows; echosim compiled **{d['compiled']}** and skipped "
+        f"{d['skipped']} (reasons below, every one counted). Error = predicted / published step time - 1 "
+        "(negative: echosim is faster than the run).",
+        "",
+        f"* Overall: MAPE **{_pct(overall['mape'], False)}**, mean error {_pct(overall['mean_error'])} "
+        f"(optimistic on average), {within} of {len(compiled)} rows within {TARGET_ROW:.0%}.",
+        "* Target of the issue (dense A100/H100 rows of confidence A, "
+        f"group `{TARGET_GROUP}`): MAPE **{_pct(target['mape'] if target else None, False)}** over "
+        f"{target['rows'] if target else 0} rows against {TARGET_MAPE:.0%}: "
+        f"**{'met' if target and target['mape'] <= TARGET_MAPE else 'not met'}**. Two families of rows carry the "
+        f"miss (below): without narayanan2021's ZeRO-3 rows and llm-foundry's rows the same group is at "
+        f"{_pct(rest_mape, False)} over {len(rest)} rows. They are not removed from any figure.",
+        f"* Every row within {TARGET_ROW:.0%}: **{'met' if within == len(compiled) else 'not met'}** "
+        f"({len(compiled) - within} rows outside).",
+        f"* Constants fitted to measurements: **{count_constants(constants)}**, all to microbenchmarks "
+        "(listed below); none was fitted to a row of this table.",
+        "",
+        "### Error by group",
+        "",
+        *group_table(groups),
+        "",
+        "### Worst rows and why",
+        "",
+        "| case | published s | predicted s | error | why |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for r in sorted(compiled, key=lambda r: -abs(r.error))[:WORST]:  # type: ignore[arg-type]
+        lines.append(
+            f"| {r.case_id} | {r.measured_step_time_s:.4g} | {r.predicted_step_time_s:.4g} | "
+            f"{_pct(r.error)} | {why(r.case_id)} |"
+        )
+    lines += ["", "### Rows not compiled", "", "| reason | rows |", "|---|---:|"]
+    lines += [f"| {reason} | {n} |" for reason, n in d["skip_reasons"].items()]
+    lines += [
+        "",
+        "### Constants fitted to measurements",
+        "",
+        "| parameter | kind | what | values |",
+        "|---|---|---|---|",
+    ]
+    for c in constants:
+        values = ", ".join(f"{k} {v:.4g}" for k, v in c["values"].items())
+        lines.append(f"| `{c['parameter']}` | {c['kind']} | {c['what']} | {values} |")
+    summary = {
+        "compiled": d["compiled"],
+        "groups": {k: round(g["mape"], 4) for k, g in groups.items()},
+        "rows": {r.case_id: round(r.error, 4) for r in compiled},  # type: ignore[arg-type]
+    }
+    return lines, summary
+
+
+def gpt3_reference() -> tuple[float, float]:
+    """(published, predicted) step time of GPT-3 175B on 1,024 A100 (Narayanan et al. 2021, sec. 5.1).
+
+    The paper gives 140 TFLOP/s per GPU at batch 1,536 (TP 8, PP 16, DP 8); Eq. 3 turns that
+    into a step time (the run is not a row of cases.csv). echosim's prediction is the default
+    ``echosim compile``, which is that run.
+    """
+    from echosim.compiler import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PLAN
+    from echosim.compiler import compile as compile_model
+
+    b, s, layers, h, vocab = 1536, 2048, 96, 12288, 51200
+    flops = 96.0 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+    return flops / (140e12 * 1024), compile_model(DEFAULT_MODEL, DEFAULT_PLAN, DEFAULT_CLUSTER).step_time_s
+
+
+def comparison_section(v: Validation) -> list[str]:
+    megatron = [
+        r
+        for r in v.rows
+        if r.error is not None
+        and r.group["source_id"] in ("narayanan2021", "korthikanti2022")
+        and "zero3" not in r.features
+    ]
+    meg = statistics.mean(abs(r.error) for r in megatron) if megatron else None  # type: ignore[arg-type]
+    published, predicted = gpt3_reference()
+    gpt3_text = f"{_pct(predicted / published - 1)} ({predicted:.1f} s vs {published:.1f} s from 140 TFLOP/s/GPU)"
+    return [
+        "## Compared with other simulators",
+        "",
+        "| simulator | runs checked | error |",
+        "|---|---|---|",
+        "| Echo (arXiv 2412.12487) | three Megatron-LM runs on 64-96 H800 GPUs (GPT-13B/70B/175B, fp32) | 7-9% |",
+        "| Calculon (stock A100 system file) | GPT-3 175B on 1,024 A100 (Narayanan et al. 2021) | ~13% optimistic |",
+        f"| echosim (`echosim compile`, uncalibrated) | the same GPT-3 175B / 1,024 A100 run | {gpt3_text} |",
+        f"| echosim | {len(megatron)} Megatron-LM paper rows (3D parallel, no ZeRO-3) | MAPE {_pct(meg, False)} |",
+        f"| echosim | all {sum(1 for r in v.rows if r.error is not None)} rows it compiles, 13 sources, GPUs and TPUs "
+        f"| MAPE {_pct(v.groups()['overall']['mape'], False)} |",
+        "",
+        "Echo's and Calculon's figures are as their authors (or the issue) report them on their own runs; neither "
+        "tool was re-run here. Echo's runs are fp32 only and stop at 96 GPUs.",
+    ]
+
+
+def sensitivity_section(table: dict[str, Any]) -> list[str]:
+    if not table:
+        return ["## Sensitivity", "", "Not computed yet: `python benchmarks/accuracy_page.py --sensitivity`."]
+    step = table.get("step", 0.1)
+    data, base = table["table"], table["baseline"]
+    moves = {
+        (name, sign): abs(v["overall"] - base["overall"]) for name, sides in data.items() for sign, v in sides.items()
+    }
+    (worst_name, _), worst = max(moves.items(), key=lambda kv: kv[1])
+    lines = [
+        "## Sensitivity",
+        "",
+        f"Each calibrated backend parameter moved by +-{step:.0%} on every backend that has it (fractions capped at "
+        "1, HBM bandwidth at its peak), everything else unchanged: MAPE overall and of the target group. "
+        f"The largest move of the overall MAPE is {100 * worst:.1f} points (`{worst_name}`). Where a move "
+        "lowers the error (slower GEMMs, since echosim is optimistic on average) the constant still stays at its "
+        "measured value: it is fitted to microbenchmarks, not to these rows.",
+        "",
+        "| parameter | overall -10% | overall +10% | target -10% | target +10% |",
+        "|---|---:|---:|---:|---:|",
+        f"| (as shipped) | {_pct(base['overall'], False)} | | {_pct(base['target'], False)} | |",
+    ]
+    for name, sides in data.items():
+        minus, plus = sides.get(f"-{step:.0%}", {}), sides.get(f"+{step:.0%}", {})
+        lines.append(
+            f"| `{name}` | {_pct(minus.get('overall'), False)} | {_pct(plus.get('overall'), False)} | "
+            f"{_pct(minus.get('target'), False)} | {_pct(plus.get('target'), False)} |"
+        )
+    return lines
+
+
+def gpu_section() -> list[str]:
+    import gpu_check
+
+    rows = gpu_check.compare()
+    summary = gpu_check.summary(rows)
+    lines = [
+        "## Real hardware: one H200 (`benchmarks/gpu_check.py`)",
+        "",
+        "Kernels and single-GPU training steps measured on an H200 (PyTorch 2.11, CUDA 13; "
+        "`benchmarks/data/h200_microbench.csv`, written by `benchmarks/gpu_microbench.py`) against the uncalibrated "
+        "`h200` backend. Negative: echosim is faster than the hardware.",
+        "",
+        "| group | rows | mean error | MAPE | range |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for g, s in summary.items():
+        lines.append(
+            f"| {g} | {s['rows']} | {_pct(s['mean_error'])} | {_pct(s['mape'], False)} | "
+            f"{_pct(s['min'])} .. {_pct(s['max'])} |"
+        )
+    lines += [
+        "",
+        "* Large bf16 GEMMs run at 610-775 TFLOP/s; echosim is 9-16% optimistic on them; the 1024^3 GEMM is "
+        "launch-bound in the harness (-80%).",
+        "* PyTorch's SDPA runs FlashAttention-2 kernels on Hopper at about half the FA3 rate the model's H100 "
+        "efficiency was measured with, so attention is ~45% optimistic for PyTorch-eager workloads.",
+        "* PyTorch's LayerNorm, RMSNorm, softmax and cross-entropy kernels stay well below STREAM bandwidth "
+        "(40-75% optimistic); simple copies and adds are within 8%.",
+        "* One micro-batch forward+backward of three small zoo models: 10-15% optimistic, the sum of the above.",
+    ]
+    return lines
+
+
+def cpu_section() -> list[str]:
+    path, repeat_path = DATA / "cpu_reality.json", DATA / "cpu_reality_repeat.json"
+    if not path.exists():
+        return [
+            "## Real training on this CPU",
+            "",
+            "Not measured yet: `python benchmarks/cpu_reality.py --out benchmarks/data/cpu_reality.json`.",
+        ]
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    repeat = json.loads(repeat_path.read_text())["rows"] if repeat_path.exists() else []
+    again = {(r["model"], r["layout"]): r for r in repeat}
+    errors = [abs(r["error"]) for r in rows]
+    lines = [
+        "## Real training on this CPU (`benchmarks/cpu_reality.py`)",
+        "",
+        f"{data.get('machine', 'this machine')}. Small GPT and Llama models really trained with torch (fp32, "
+        "AdamW); the step time is the median of 10 steps after 3 warm-up steps. echosim predicts the same model and "
+        "layout on the `cpu-x86` backend calibrated on this machine just before (`echosim calibrate`: matmul, "
+        "memory-bound, attention and gloo sweeps, once for one rank alone and once for two ranks at once; the fitted "
+        "parameters are in `benchmarks/data/cpu_reality.json`). Mean absolute error "
+        f"**{100 * statistics.mean(errors):.1f}%**, worst {100 * max(errors):.1f}% over {len(rows)} runs.",
+        "",
+        "| model | layout | measured s (steps min-max) | predicted s | error | other load (cores) |"
+        + (" repeat: measured s | repeat: error |" if again else ""),
+        "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if again else ""),
+    ]
+    for r in rows:
+        steps = r.get("steps_s") or [r["measured_step_s"]]
+        line = (
+            f"| {r['model']} | {r['layout']} | {r['measured_step_s']:.3f} ({min(steps):.2f}-{max(steps):.2f}) | "
+            f"{r['predicted_step_s']:.3f} | {_pct(r['error'])} | {r.get('other_cores', 0):.2f} |"
+        )
+        if again:
+            twin = again.get((r["model"], r["layout"]))
+            line += f" {twin['measured_step_s']:.3f} | {_pct(twin['error'])} |" if twin else " | |"
+        lines.append(line)
+    if repeat:
+        rep = [abs(r["error"]) for r in repeat]
+        lines += [
+            "",
+            f"The repeat (a second, independent calibration and measurement, minutes later): mean absolute "
+            f"error {100 * statistics.mean(rep):.1f}%, worst {100 * max(rep):.1f}%. The spread of single steps "
+            "and the difference between the two runs show the noise floor of this shared 2-core VM: a few "
+            "percent of the error is measurement, not model.",
+        ]
+    lines += ["", *data.get("notes", [])]
+    return lines
+
+
+def build(
+    cases: Path, sensitivity_table: dict[str, Any], v: Validation | None = None
+) -> tuple[str, dict[str, Any], Validation]:
+    v = v if v is not None else validate_cases(cases)
+    cases_lines, summary = cases_section(v)
+    page = [
+        "# Accuracy",
+        "",
+        "<!-- generated by benchmarks/accuracy_page.py; edit that script, not this file -->",
+        "",
+        "How far echosim is from reality, measured in the open: published training runs "
+        "(`../shared/validation/cases.csv`), kernels and training steps on a real H200, and small models really "
+        "trained on this project's 2-core CPU. Regenerate with `python benchmarks/accuracy_page.py "
+        "[--sensitivity]`; `tests/test_accuracy_page.py` regenerates the cases table and fails if any group's "
+        "error grows by more than one point.",
+        "",
+        *cases_lines,
+        "",
+        *comparison_section(v),
+        "",
+        *sensitivity_section(sensitivity_table),
+        "",
+        *gpu_section(),
+        "",
+        *cpu_section(),
+        "",
+        f"<!-- accuracy-summary {json.dumps(summary, sort_keys=True)} -->",
+        "",
+    ]
+    return "\n".join(page), summary, v
+
+
+def read_summary(page: str) -> dict[str, Any]:
+    m = SUMMARY.search(page)
+    if not m:
+        raise ValueError("docs/accuracy.md has no accuracy-summary comment")
+    return json.loads(m.group(1))
+
+
+def compute_sensitivity(cases: Path, v: Validation) -> dict[str, Any]:
+    def say(text: str) -> None:
+        print(f"  sensitivity: {text}", flush=True)
+
+    raw = sensitivity(cases, v, progress=say)
+    table = {
+        name: {
+            sign: {"overall": g["overall"]["mape"], "target": g.get(TARGET_GROUP, {}).get("mape")}
+            for sign, g in sides.items()
+        }
+        for name, sides in raw.items()
+    }
+    groups = v.groups()
+    baseline = {"overall": groups["overall"]["mape"], "target": groups.get(TARGET_GROUP, {}).get("mape")}
+    return {"step": 0.1, "baseline": baseline, "table": table}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=Path, default=CASES)
+    parser.add_argument("--sensitivity", action="store_true", help="Recompute the sensitivity table (slow).")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "accuracy.md")
+    args = parser.parse_args()
+    sens_path = DATA / "sensitivity.json"
+    table = json.loads(sens_path.read_text()) if sens_path.exists() else {}
+    page, summary, v = build(args.cases, table)
+    if args.sensitivity:
+        table = compute_sensitivity(args.cases, v)
+        sens_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        page, summary, v = build(args.cases, table, v)
+    args.out.write_text(page)
+    print(f"wrote {args.out}: {summary['compiled']} rows, overall MAPE {100 * summary['groups']['overall']:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

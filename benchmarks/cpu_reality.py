@@ -1,0 +1,424 @@
+"""Really train small GPT and Llama models on this CPU and compare the step time with echosim.
+
+Usage::
+
+    python benchmarks/cpu_reality.py [--calibration REF] [--sweep standard] [--steps 10] [--out FILE.json]
+
+Without ``--calibration`` it first calibrates the CPU backend on this machine twice
+(``echosim calibrate``'s sweep into a temporary database): for one rank alone and for two
+ranks computing at once, since two ranks on one socket share its cache and memory
+bandwidth; the one-process layout is predicted with the first, the two-process ones with
+the second. Then, for each model and layout, it
+trains with torch in fresh processes and predicts the same step with echosim on the
+calibrated ``cpu-x86`` backend:
+
+* ``1 process``: one rank, one intra-op thread.
+* ``DDP x2 (gloo)``: two processes, one thread each, ``DistributedDataParallel`` over gloo
+  (``tcp://127.0.0.1``), each rank its own micro-batch; echosim: dp=2 on a node of 2 ranks.
+* ``pipeline x2 (gloo)``: two processes, half the layers each, 1F1B over gloo send/recv
+  with 4 micro-batches (Llama models: untied embeddings, so no weight is shared across
+  stages); echosim: pp=2, 1F1B.
+
+Honesty notes. Each process is limited to one thread (``torch.set_num_threads(1)``,
+``OMP_NUM_THREADS=1``) so that two ranks share two cores as two devices would, but gloo
+runs its own threads and the kernel's TCP stack on the same cores: that interference is
+part of the measurement and of nothing echosim was told. The machine may be shared with
+other work; every measurement records the load average and the share of wall time the
+processes actually ran (CPU time / wall time), and the table flags contended rows. A step
+is ``zero_grad`` + forward + backward (+ DDP's all-reduce) + ``AdamW.step``; the time is
+the median of ``--steps`` steps after 3 warm-up steps (the slowest rank's, for two ranks).
+A run during which other processes used a quarter of a core or more is re-measured (up to
+``--retries`` times); every attempt is kept in the JSON and the quietest one is reported,
+chosen by the load of the machine, never by its error.
+Models are fp32 (this CPU has no fast bf16 path), without dropout, sized so that no tensor
+reaches glibc's 32 MiB mmap threshold (larger ones pay page faults on every allocation, a
+regime the CPU model does not contain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from echosim.frontend.zoo import ArchConfig  # noqa: E402
+
+BATCH = 4  # sequences per micro-batch (per rank)
+PIPELINE_MICROBATCHES = 4
+MODELS: dict[str, ArchConfig] = {
+    "gpt-4L-256": ArchConfig("gpt", layers=4, hidden=256, heads=4, vocab=4096, seq_len=256, tied_embeddings=True),
+    "gpt-6L-384": ArchConfig("gpt", layers=6, hidden=384, heads=6, vocab=4096, seq_len=256, tied_embeddings=True),
+    "llama-4L-256": ArchConfig("llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096, seq_len=256),
+    "llama-6L-384": ArchConfig("llama", layers=6, hidden=384, heads=6, kv_heads=2, ffn=1024, vocab=4096, seq_len=256),
+}
+LAYOUTS = ("1 process", "DDP x2 (gloo)", "pipeline x2 (gloo)")
+NOTES = [
+    "* Each process runs one intra-op thread, so two ranks share the two cores as two devices would; gloo's "
+    "own threads and the kernel's TCP stack share them too, which the calibration's derived overlap slowdown "
+    "(a core time-shared by compute and communication) stands for.",
+    "* The machine is shared with other work. `other load` is the CPU other processes used during the run, "
+    "from /proc/stat; a run with a quarter of a core or more of it is re-measured and the quietest attempt is "
+    "kept (every attempt is in `benchmarks/data/cpu_reality.json`), chosen by load, never by error.",
+    "* The pipeline layout runs Llama models (untied embeddings, so no weight is shared between the stages), "
+    "1F1B with 4 micro-batches, activations and gradients sent with gloo send/recv.",
+    "* Models are fp32 (this CPU has no fast bf16 path) and sized so that no tensor reaches glibc's 32 MiB mmap "
+    "threshold: larger allocations pay page faults on every step, a regime the CPU model does not contain.",
+]
+# Other processes using more than this many cores on average during a run make it "contended".
+CONTENDED_CORES = 0.25
+
+
+@dataclass
+class Measured:
+    step_s: float  # median wall time of a step
+    cpu_share: float  # CPU time / wall time of the measured steps (1.0: the process never waited)
+    steps: list[float]
+    load_before: float
+    load_after: float
+    other_cores: float  # CPU cores other processes on the machine used, on average, during the run
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all processes), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+# ---- the real training (worker processes) -------------------------------------------------------
+
+
+def _build(cfg: ArchConfig) -> Any:
+    import torch
+
+    from echosim.frontend import zoo_modules
+
+    torch.manual_seed(0)
+    model = (zoo_modules.GPT if cfg.arch == "gpt" else zoo_modules.Llama)(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model
+
+
+def _time_steps(step: Any, steps: int, reduce_max: Any = None) -> tuple[list[float], float]:
+    for _ in range(3):
+        step()
+    walls, cpus = [], []
+    for _ in range(steps):
+        if reduce_max is not None:
+            reduce_max(None)  # a barrier: ranks start each step together
+        c0, w0 = time.process_time(), time.perf_counter()
+        step()
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if reduce_max is not None:
+            wall, cpu = reduce_max((wall, cpu))
+        walls.append(wall)
+        cpus.append(cpu)
+    return walls, sum(cpus) / sum(walls)
+
+
+def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    cfg = MODELS[model_name]
+    model = _build(cfg)
+    ids = torch.randint(0, cfg.vocab, (BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(rank))
+    reduce_max = None
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+        def reduce_max(values: tuple[float, float] | None) -> tuple[float, float]:
+            t = torch.tensor(values if values is not None else (0.0, 0.0), dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t[0]), float(t[1])
+
+    if layout == "pipeline x2 (gloo)":
+        step = _pipeline_step(model, cfg, ids, rank, world)
+    else:
+        if layout == "DDP x2 (gloo)":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            model(ids, ids).backward()
+            opt.step()
+
+    walls, share = _time_steps(step, steps, reduce_max)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return {"steps": walls, "cpu_share": share}
+
+
+def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int) -> Any:
+    """1F1B over two stages with blocking gloo send/recv of activations and their gradients."""
+    import torch
+    import torch.distributed as dist
+
+    if cfg.arch != "llama" or world != 2:
+        raise ValueError("the pipeline layout runs Llama models on two stages")
+    half = cfg.layers // 2
+    mine = model.layers[:half] if rank == 0 else model.layers[half:]
+    params = list(mine.parameters()) + (
+        list(model.embed.parameters()) if rank == 0 else [*model.norm.parameters(), *model.lm_head.parameters()]
+    )
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    m = PIPELINE_MICROBATCHES
+    micro = ids.repeat(m, 1).chunk(m)  # m micro-batches of BATCH sequences
+    s = cfg.seq_len
+    cos, sin = model.cos.narrow(0, 0, s), model.sin.narrow(0, 0, s)
+    shape = (BATCH, s, cfg.hidden)
+    handles: list[tuple[Any, torch.Tensor]] = []  # sends in flight (isend: a blocking send could deadlock 1F1B)
+
+    def forward(i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if rank == 0:
+            x = model.embed(micro[i])
+            for layer in mine:
+                x = layer(x, cos, sin)
+            sent = x.detach()
+            handles.append((dist.isend(sent, 1), sent))  # waited at the end of the step
+            return x, None
+        x_in = torch.empty(shape)
+        dist.recv(x_in, 0)
+        x_in.requires_grad_(True)
+        x = x_in
+        for layer in mine:
+            x = layer(x, cos, sin)
+        logits = model.lm_head(model.norm(x))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), micro[i].flatten())
+        return loss, x_in
+
+    def backward(out: torch.Tensor, x_in: torch.Tensor | None) -> None:
+        if rank == 0:
+            grad = torch.empty(shape)
+            dist.recv(grad, 1)
+            out.backward(grad)
+        else:
+            out.backward()
+            grad = x_in.grad  # type: ignore[union-attr]
+            handles.append((dist.isend(grad, 0), grad))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        warmup = world - rank - 1
+        pending: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        for i in range(m):
+            pending.append(forward(i))
+            if i >= warmup:
+                backward(*pending.pop(0))
+        while pending:
+            backward(*pending.pop(0))
+        for handle, _ in handles:
+            handle.wait()
+        handles.clear()
+        opt.step()
+
+    return step
+
+
+# ---- orchestration -----------------------------------------------------------------------------
+
+
+def measure(model_name: str, layout: str, steps: int) -> Measured:
+    """Run one layout in fresh processes (one thread each) and collect the slowest rank's steps."""
+    world = 1 if layout == "1 process" else 2
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        model_name,
+        "--layout",
+        layout,
+        "--world",
+        str(world),
+        "--port",
+        str(port),
+        "--steps",
+        str(steps),
+    ]
+    load_before = os.getloadavg()[0]
+    busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
+    procs = [
+        subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True, env=env) for r in range(world)
+    ]
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    elapsed = time.perf_counter() - t0
+    others = max(0.0, (_busy_seconds() - busy0) - (_children_cpu() - ours0)) / elapsed
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{model_name} / {layout}: a worker failed")
+    result = json.loads(outs[0].strip().splitlines()[-1])
+    return Measured(
+        statistics.median(result["steps"]),
+        result["cpu_share"],
+        result["steps"],
+        load_before,
+        os.getloadavg()[0],
+        others,
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def plan_for(cfg: ArchConfig, layout: str) -> tuple[Any, Any]:
+    from echosim.plan import Plan
+
+    if layout == "1 process":
+        return Plan(micro_batch=BATCH, global_batch=BATCH, dtype="fp32", attention="flash"), 1
+    if layout == "DDP x2 (gloo)":
+        return Plan(dp=2, micro_batch=BATCH, global_batch=2 * BATCH, dtype="fp32", attention="flash"), 2
+    plan = Plan(
+        pp=2,
+        micro_batch=BATCH,
+        global_batch=PIPELINE_MICROBATCHES * BATCH,
+        dtype="fp32",
+        attention="flash",
+        schedule="1f1b",
+    )
+    return plan, 2
+
+
+def predict(cfg: ArchConfig, layout: str, calibration: str) -> dict[str, Any]:
+    from echosim.compiler import compile as compile_model
+    from echosim.plan import Cluster
+
+    plan, devices = plan_for(cfg, layout)
+    report = compile_model(cfg.with_(dropout=0.0), plan, Cluster("cpu-x86", devices, 2, calibration=calibration))
+    return {"step_time_s": report.step_time_s, "breakdown": report.breakdown}
+
+
+def applicable(cfg: ArchConfig, layout: str) -> bool:
+    return layout != "pipeline x2 (gloo)" or cfg.arch == "llama"
+
+
+def calibrate(db: Path, sweep: str) -> dict[int, str]:
+    """Two calibrations of this machine: one rank alone, and two ranks computing at once (with gloo)."""
+    from echosim.calibrate.commands import run_calibration
+
+    refs = {}
+    for ranks in (1, 2):
+        name = f"cpu-reality-{ranks}rank"
+        run_calibration(backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=1, echo=print)
+        refs[ranks] = f"{db}#{name}"
+    return refs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker")
+    parser.add_argument("--layout", default="1 process")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--calibration",
+        nargs=2,
+        metavar=("ONE_RANK", "TWO_RANKS"),
+        help="Calibrations to use for one process and for two (NAME, PATH or PATH#NAME); default: calibrate now.",
+    )
+    parser.add_argument("--sweep", default="standard", help="Calibration sweep when calibrating now.")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="Comma-separated subset of the layouts.")
+    parser.add_argument("--out", type=Path, help="Write the results as JSON here.")
+    parser.add_argument("--retries", type=int, default=3, help="Re-measure a contended row up to this many times.")
+    parser.add_argument("--retry-wait", type=float, default=20.0, help="Seconds to wait before re-measuring.")
+    args = parser.parse_args()
+    if args.worker:
+        result = worker(args.worker, args.layout, args.rank, args.world, args.port, args.steps)
+        if args.rank == 0:
+            print(json.dumps(result))
+        return
+    if args.calibration:
+        calibrations = {1: args.calibration[0], 2: args.calibration[1]}
+    else:
+        calibrations = calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+    from echosim.calibrate import load_calibration
+    from echosim.calibrate.fit import machine_identity
+
+    ident = machine_identity(1, 2)
+    header: dict[str, Any] = {
+        "calibration": calibrations,
+        "parameters": {r: load_calibration(ref).parameters.get("cpu-x86", {}) for r, ref in calibrations.items()},
+        "machine": f"{ident['cpu_model']}, {ident['usable_cores']} cores, {ident['memory_GB']:.0f} GB, "
+        f"torch {ident['torch']}",
+        "notes": NOTES,
+    }
+    rows = []
+    print(f"{'model':<14}{'layout':<20}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}")
+    for name in args.models.split(","):
+        cfg = MODELS[name]
+        for layout in args.layouts.split(","):
+            if not applicable(cfg, layout):
+                continue
+            attempts = [measure(name, layout, args.steps)]
+            while attempts[-1].other_cores >= CONTENDED_CORES and len(attempts) <= args.retries:
+                time.sleep(args.retry_wait)  # other work is running: measure again, keep every attempt
+                attempts.append(measure(name, layout, args.steps))
+            m = min(attempts, key=lambda a: a.other_cores)  # the quietest attempt, whatever its step time
+            p = predict(cfg, layout, calibrations[1 if layout == "1 process" else 2])
+            error = p["step_time_s"] / m.step_s - 1
+            rows.append(
+                {
+                    "model": name,
+                    "layout": layout,
+                    "measured_step_s": m.step_s,
+                    "cpu_share": m.cpu_share,
+                    "steps_s": m.steps,
+                    "load_before": m.load_before,
+                    "load_after": m.load_after,
+                    "other_cores": m.other_cores,
+                    "attempts": [{"step_s": a.step_s, "other_cores": a.other_cores} for a in attempts],
+                    "predicted_step_s": p["step_time_s"],
+                    "error": error,
+                    "breakdown": p["breakdown"],
+                }
+            )
+            if args.out:  # after every row, so that an interrupted run keeps what it measured
+                args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
+            flag = "" if m.other_cores < CONTENDED_CORES else f"  (contended: others used {m.other_cores:.1f} cores)"
+            print(
+                f"{name:<14}{layout:<20}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
+                f"{100 * error:>+7.1f}%{flag}",
+                flush=True,
+            )
+    errors = [abs(r["error"]) for r in rows]
+    print(f"mean absolute error {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}% over {len(rows)}")
+    if args.out:
+        args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,407 @@
+"""Microbenchmarks with torch on the machine echosim runs on: the data a calibration is fitted to.
+
+* matmuls over a shape sweep (and batched products shaped like attention);
+* memory-bound kernels (copy, add, mul, GELU, LayerNorm, softmax) over a size sweep, each
+  writing a fresh output as a training step does;
+* the per-op overhead of a kernel on a tiny tensor;
+* collectives (all-reduce, all-gather, broadcast) over a size sweep between local
+  processes: gloo on CPUs, NCCL between local GPUs.
+
+On a CPU every sample runs on ``threads`` intra-op threads (one rank's share of the
+machine). Compute samples are timed by the CPU time of the process as well as the wall
+clock: on a machine shared with other work, wall time also counts the time the scheduler
+gave to someone else, CPU time does not. With one thread the CPU time is what the op takes
+on a dedicated core, and that is the time a calibration stores; ``cpu_share`` (CPU over
+wall time) says how contended the machine was. Collectives are timed by the wall clock
+(waiting for the peer is their cost).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+Progress = Callable[[str], None]
+
+#: Shape sweeps: (m, n, k, batch). ``tiny`` is for tests (well under a second).
+MATMUL_SWEEPS: dict[str, list[tuple[int, int, int, int]]] = {
+    "tiny": [(64, 64, 64, 1), (128, 256, 128, 1), (16, 16, 16, 4)],
+    "quick": [
+        *((m, n, k, 1) for m in (256, 1024) for n in (256, 1024) for k in (256, 1024)),
+        (512, 512, 512, 1),
+        (8, 128, 64, 32),
+    ],
+    "standard": [
+        *((m, n, k, 1) for m in (128, 512, 2048) for n in (256, 1024, 4096) for k in (256, 1024)),
+        (512, 512, 512, 1),
+        (1024, 1024, 1024, 1),
+        (2048, 2048, 2048, 1),
+        (128, 128, 64, 16),
+        (256, 256, 64, 16),
+        (256, 64, 256, 16),
+    ],
+}
+#: Elements per memory-bound sample.
+MEMORY_SWEEPS: dict[str, list[int]] = {
+    "tiny": [2**12, 2**14],
+    "quick": [2**14, 2**17, 2**20, 2**22],
+    # up to 16 MiB arrays: larger outputs cross glibc's 32 MiB mmap threshold and pay page faults
+    # on every allocation, a regime the CPU model does not contain (docs/accuracy.md)
+    "standard": [2**14, 2**16, 2**18, 2**20, 2**21, 2**22],
+}
+#: Bytes per collective sample (float32 buffers).
+COLLECTIVE_SWEEPS: dict[str, list[int]] = {
+    "tiny": [4096, 65536],
+    "quick": [4096, 65536, 2**20, 2**23],
+    "standard": [4096, 32768, 2**18, 2**20, 2**22, 2**24, 2**26],
+}
+#: Attention shapes (batch, heads, seq, head_dim), causal, forward and backward.
+ATTENTION_SWEEPS: dict[str, list[tuple[int, int, int, int]]] = {
+    "tiny": [(1, 2, 64, 32)],
+    "quick": [(2, 4, 256, 64), (1, 8, 512, 64)],
+    "standard": [(4, 4, 256, 64), (2, 8, 256, 64), (1, 8, 512, 64), (2, 4, 512, 128)],
+}
+SWEEPS = tuple(MATMUL_SWEEPS)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured kernel: what ran, on what, and how long it took (medians)."""
+
+    kind: str  # matmul | memory | overhead | collective
+    op: str  # matmul | copy | add | ... | all_reduce | ...
+    dtype: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    nbytes: int = 0  # memory-bound: bytes read + written; collective: buffer size
+    ranks: int = 1
+    seconds: float = 0.0  # the time the calibration uses (see the module docstring)
+    wall_s: float = 0.0
+    cpu_share: float = 1.0  # CPU time / wall time of the samples (1: a dedicated core)
+    device: str = "cpu"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def time_fn(
+    fn: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable[[], None] | None = None
+) -> tuple[float, float]:
+    """(median wall seconds, median process-CPU seconds) of ``fn`` after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        c0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def _repeats(seconds_guess: float, budget_s: float = 0.3) -> int:
+    return max(3, min(50, int(budget_s / max(seconds_guess, 1e-6))))
+
+
+def _cpu_sample(kind: str, op: str, dtype: str, wall: float, cpu: float, threads: int, **shape: int) -> Sample:
+    share = min(1.0, cpu / (wall * threads)) if wall > 0 else 1.0
+    seconds = cpu / threads if threads == 1 else wall  # several threads: CPU time adds up over them
+    return Sample(kind, op, dtype, seconds=max(seconds, 1e-9), wall_s=wall, cpu_share=share, **shape)
+
+
+def bench_cpu(
+    sweep: str = "standard",
+    dtypes: tuple[str, ...] = ("fp32",),
+    threads: int = 1,
+    progress: Progress | None = None,
+    barrier: Callable[[], None] | None = None,
+) -> list[Sample]:
+    """Matmuls, memory-bound kernels, attention and the per-op overhead on this CPU, on ``threads`` threads.
+
+    ``barrier`` (several ranks measuring at once) is called before each sample, so that
+    every rank runs the same kernel at the same time.
+    """
+    torch = _torch()
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    if barrier is not None:
+        user_progress = progress
+
+        def progress(text: str) -> None:
+            if user_progress:
+                user_progress(text)
+            barrier()
+
+        barrier()
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    out: list[Sample] = []
+    for dtype in dtypes:
+        for m, n, k, b in MATMUL_SWEEPS[sweep]:
+            shape_a, shape_b = ((b, m, k), (b, k, n)) if b > 1 else ((m, k), (k, n))
+            x = torch.randn(*shape_a, dtype=tdtype[dtype])
+            y = torch.randn(*shape_b, dtype=tdtype[dtype])
+            guess = 2.0 * b * m * n * k / 50e9
+            wall, cpu = time_fn(lambda x=x, y=y: torch.matmul(x, y), _repeats(guess))
+            out.append(_cpu_sample("matmul", "matmul", dtype, wall, cpu, threads, m=m, n=n, k=k, batch=b))
+            if progress:
+                progress(f"matmul {dtype} {b}x{m}x{n}x{k}")
+    kernels: dict[str, tuple[Callable[[Any], Any], int]] = {
+        "copy": (lambda x: x.clone(), 2),
+        "add": (lambda x: x + x, 3),
+        "mul": (lambda x: x * 1.5, 2),
+        "gelu": (lambda x: F.gelu(x), 2),
+        "layernorm": (lambda x: F.layer_norm(x, (x.shape[-1],)), 2),
+        "softmax": (lambda x: torch.softmax(x, dim=-1), 2),
+    }
+    for elements in MEMORY_SWEEPS[sweep]:
+        x = torch.randn(elements // 256, 256)
+        for op, (fn, passes) in kernels.items():
+            nbytes = passes * elements * 4
+            wall, cpu = time_fn(lambda fn=fn, x=x: fn(x), _repeats(nbytes / 5e9))
+            out.append(_cpu_sample("memory", op, "fp32", wall, cpu, threads, nbytes=nbytes))
+            if progress:
+                progress(f"{op} {nbytes / 2**20:.1f} MiB")
+    for elements in MEMORY_SWEEPS[sweep]:
+        vocab = 1024
+        logits = torch.randn(max(1, elements // vocab), vocab)
+        labels = torch.randint(0, vocab, (logits.shape[0],))
+        nbytes = 2 * logits.numel() * 4  # log_softmax reads and writes the logits
+        wall, cpu = time_fn(lambda x=logits, y=labels: F.cross_entropy(x, y), _repeats(nbytes / 3e9))
+        out.append(_cpu_sample("memory", "cross_entropy", "fp32", wall, cpu, threads, nbytes=nbytes))
+        if progress:
+            progress(f"cross_entropy {nbytes / 2**20:.1f} MiB")
+    for b, h, s, d in ATTENTION_SWEEPS[sweep]:
+        q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d)
+
+        def fwd(q: Any = q, k: Any = k, v: Any = v) -> Any:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def both(q: Any = q, k: Any = k, v: Any = v, g: Any = grad) -> None:
+            torch.autograd.grad(fwd(q, k, v), (q, k, v), g)
+
+        guess = 4.0 * b * h * s * s * d / 20e9
+        wall_f, cpu_f = time_fn(fwd, _repeats(guess))
+        wall_b, cpu_b = time_fn(both, _repeats(3 * guess))
+        shape = {"m": s, "n": s, "k": d, "batch": b * h}
+        out.append(_cpu_sample("attention", "attention_fwd", "fp32", wall_f, cpu_f, threads, **shape))
+        out.append(
+            _cpu_sample(
+                "attention",
+                "attention_bwd",
+                "fp32",
+                max(wall_b - wall_f, 1e-9),
+                max(cpu_b - cpu_f, 1e-9),
+                threads,
+                **shape,
+            )
+        )
+        if progress:
+            progress(f"attention {b}x{h}x{s}x{d}")
+    tiny = torch.ones(8)
+    wall, cpu = time_fn(lambda: tiny + tiny, 200, warmup=20)
+    out.append(_cpu_sample("overhead", "add", "fp32", wall, cpu, threads, nbytes=96))
+    if progress:
+        progress("per-op overhead")
+    return out
+
+
+# ---- collectives between local processes ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_cpu_ranks(
+    sweep: str = "standard",
+    dtypes: tuple[str, ...] = ("fp32",),
+    threads: int = 1,
+    ranks: int = 2,
+    progress: Progress | None = None,
+) -> list[Sample]:
+    """:func:`bench_cpu` in ``ranks`` processes at once: a rank's rates when ``ranks`` ranks share the machine.
+
+    Ranks on one socket share its last-level cache and memory bandwidth (and its turbo
+    headroom), so a rank computes slower beside a busy neighbour than alone. The samples
+    are rank 0's.
+    """
+    out = _run_workers(
+        ["--mode", "compute", "--sweep", sweep, "--threads", str(threads), "--dtypes", ",".join(dtypes)],
+        ranks,
+        "gloo",
+        progress,
+    )
+    return [Sample(**s) for s in out]
+
+
+def _run_workers(args: list[str], ranks: int, backend: str, progress: Progress | None) -> Any:
+    """Run ``python -m echosim.calibrate.worker`` as ``ranks`` processes; rank 0's JSON result."""
+    import json
+    import subprocess
+    import sys
+
+    from echosim.backends.calibration import CalibrationError
+
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "echosim.calibrate.worker",
+        "--world",
+        str(ranks),
+        "--port",
+        str(port),
+        "--backend",
+        backend,
+        *args,
+    ]
+    procs = [
+        subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for r in range(ranks)
+    ]
+    result: Any = None
+    try:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:  # rank 0 reports progress as it goes, the result last
+            if line.startswith("P ") and progress:
+                progress(line[2:].strip())
+            elif line.startswith("R "):
+                result = json.loads(line[2:])
+        errors = [p.communicate(timeout=900)[1] for p in procs]
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"calibration workers ({backend}) did not finish in 900 s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, err in zip(procs, errors, strict=True):
+        if p.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise CalibrationError(f"a calibration worker ({backend}) exited with status {p.returncode}: {last}")
+    if result is None:
+        raise CalibrationError(f"calibration workers ({backend}) returned no result")
+    return result
+
+
+def collective_worker(rank: int, world: int, port: int, sizes: list[int], backend: str) -> list[tuple[str, int, float]]:
+    """One rank of the collective sweep (run by ``python -m echosim.calibrate.worker``)."""
+    torch = _torch()
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    sync = torch.cuda.synchronize if backend == "nccl" else None
+    results = []
+    try:
+        for nbytes in sizes:
+            x = torch.ones(max(1, nbytes // 4), device=device)
+            gathered = [torch.empty_like(x) for _ in range(world)]
+            ops = {
+                "all_reduce": lambda x=x: dist.all_reduce(x),
+                "all_gather": lambda x=x, g=gathered: dist.all_gather(g, x),
+                "broadcast": lambda x=x: dist.broadcast(x, 0),
+            }
+            for op, fn in ops.items():
+                dist.barrier()
+                wall, _ = time_fn(fn, _repeats(nbytes / 1e9 + 1e-4, 0.2), warmup=2, sync=sync)
+                t = torch.tensor([wall], device=device)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
+                results.append((op, nbytes, float(t.item())))
+    finally:
+        dist.destroy_process_group()
+    return results
+
+
+def bench_collectives(
+    sweep: str = "standard", ranks: int = 2, backend: str = "gloo", progress: Progress | None = None
+) -> list[Sample]:
+    """All-reduce, all-gather and broadcast between ``ranks`` local processes (gloo or nccl)."""
+    sizes = COLLECTIVE_SWEEPS[sweep]
+    results = _run_workers(["--mode", "collectives", "--sizes", ",".join(map(str, sizes))], ranks, backend, None)
+    out = []
+    for op, nbytes, seconds in results:
+        device = "cuda" if backend == "nccl" else "cpu"
+        out.append(
+            Sample("collective", op, "fp32", nbytes=nbytes, ranks=ranks, seconds=seconds, wall_s=seconds, device=device)
+        )
+        if progress:
+            progress(f"{op} {nbytes} B x {ranks} ranks")
+    return out
+
+
+# ---- GPUs ------------------------------------------------------------------------------------------
+
+
+def bench_gpu(sweep: str = "standard", progress: Progress | None = None) -> list[Sample]:
+    """bf16 matmuls, memory-bound kernels and the kernel overhead on ``cuda:0`` (CUDA-event timing)."""
+    torch = _torch()
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda:0")
+    scale = {"tiny": 1, "quick": 4, "standard": 8}[sweep]
+
+    def timed(fn: Callable[[], Any], repeats: int = 10) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        return statistics.median(times)
+
+    out: list[Sample] = []
+    for m, n, k, b in MATMUL_SWEEPS[sweep]:
+        m, n, k = m * scale, n * scale, k * scale
+        x = torch.randn(b, m, k, device=dev, dtype=torch.bfloat16).squeeze(0)
+        y = torch.randn(b, k, n, device=dev, dtype=torch.bfloat16).squeeze(0)
+        s = timed(lambda x=x, y=y: torch.matmul(x, y))
+        out.append(Sample("matmul", "matmul", "bf16", m=m, n=n, k=k, batch=b, seconds=s, wall_s=s, device="cuda"))
+        if progress:
+            progress(f"matmul bf16 {b}x{m}x{n}x{k}")
+    for elements in MEMORY_SWEEPS[sweep]:
+        x = torch.randn(elements * 64, device=dev, dtype=torch.bfloat16)
+        for op, fn, passes in (
+            ("copy", lambda x=x: x.clone(), 2),
+            ("add", lambda x=x: x + x, 3),
+            ("gelu", lambda x=x: F.gelu(x), 2),
+        ):
+            s = timed(fn)
+            out.append(Sample("memory", op, "bf16", nbytes=passes * x.numel() * 2, seconds=s, wall_s=s, device="cuda"))
+            if progress:
+                progress(f"{op} {x.numel() * 2 / 2**20:.0f} MiB")
+    tiny = torch.ones(8, device=dev)
+    s = timed(lambda: tiny + tiny, 100)
+    out.append(Sample("overhead", "add", "bf16", nbytes=48, seconds=s, wall_s=s, device="cuda"))
+    return out

@@ -1,0 +1,208 @@
+"""`echosim calibrate`: the store, applying parameters to a backend, fitting, profiles, the command."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from echosim.backends.calibration import CalibrationError, matmul_key
+from echosim.backends.cpu import CPU_X86, CPUBackend
+from echosim.calibrate import apply_calibration, covered_backends, with_parameters
+from echosim.calibrate.bench import Sample
+from echosim.calibrate.fit import CPU_KNOBS, fit_spec, predict_cpu
+from echosim.calibrate.store import CalibrationStore, load_calibration, resolve
+from echosim.frontend.zoo import ArchConfig
+from echosim.ir.graph import Node
+from echosim.ir.ops import MatmulAttrs, OpKind
+from echosim.ir.types import DType, TensorSpec
+
+TINY = ArchConfig("gpt", layers=2, hidden=64, heads=4, vocab=128, seq_len=16)
+
+
+def matmul(m: int, n: int, k: int) -> Node:
+    return Node(0, OpKind.MATMUL, (), TensorSpec((m, n), DType.FP32), MatmulAttrs(m, n, k))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "cal.sqlite"
+    store = CalibrationStore(path, create=True)
+    store.save(
+        "box", "cpu-x86", {"hostname": "box"}, {"gemm_eff_fp32": (0.4, "fitted"), "op_overhead_us": (3.0, "x")}, "test"
+    )
+    store.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli() -> click.Group:
+    from echosim.cli import cli as group
+    from echosim.plugins import get_registry
+
+    if "calibrate" not in group.commands:
+        get_registry().add_commands(group)
+    return group
+
+
+# ---- the store ------------------------------------------------------------------------------------------
+
+
+def test_store_round_trip_and_references(db, monkeypatch):
+    cal = load_calibration(f"{db}#box")
+    assert cal.backends == ["cpu-x86"] and cal.parameters["cpu-x86"] == {"gemm_eff_fp32": 0.4, "op_overhead_us": 3.0}
+    assert cal.machine["cpu-x86"] == {"hostname": "box"} and cal.what["cpu-x86"]["gemm_eff_fp32"] == "fitted"
+    assert resolve(str(db)) == (db, "box")  # a file: its most recent calibration
+    monkeypatch.setenv("ECHOSIM_CALIBRATION", str(db))
+    assert resolve("box") == (db, "box")  # a name: in the default database
+    assert covered_backends("box") == {"cpu-x86"}
+    with pytest.raises(CalibrationError, match=r"no calibration named 'other' in .* \(known: box\)"):
+        load_calibration("other")
+    with pytest.raises(CalibrationError, match="no such file"):
+        load_calibration(str(db.parent / "missing.sqlite"))
+
+
+def test_names_cannot_hold_the_reference_separators(db):
+    store = CalibrationStore(db)
+    with pytest.raises(CalibrationError, match="without '#' or '@'"):
+        store.save("a#b", "cpu-x86", {}, {}, "test")
+    store.close()
+
+
+# ---- parameters applied to a backend -------------------------------------------------------------------
+
+
+def test_with_parameters_rebuilds_the_backend_with_the_fitted_fields():
+    base = CPUBackend(CPU_X86)
+    slower = with_parameters(base, {"gemm_eff_fp32": CPU_X86.gemm_eff_fp32 / 2, "overlap.compute_slowdown": 2.0})
+    big = matmul(4096, 4096, 4096)
+    assert slower.op_time_s(big, 0) == pytest.approx(2 * base.op_time_s(big, 0), rel=0.01)
+    assert slower.overlap().compute_slowdown == 2.0
+    with pytest.raises(CalibrationError, match="unknown parameter 'gemm_eff_fp64'"):
+        with_parameters(base, {"gemm_eff_fp64": 0.5})
+    with pytest.raises(CalibrationError, match="'gemm_eff_fp32' is a fraction"):
+        with_parameters(base, {"gemm_eff_fp32": 1.5})
+
+
+def test_compile_uses_the_calibration_and_refuses_another_backend(db):
+    from echosim.compiler import compile as compile_model
+    from echosim.plan import Cluster, Plan
+
+    plan = Plan(dtype="fp32")
+    model = TINY.with_(hidden=1024, heads=16, seq_len=512, vocab=1024)  # matmul-bound
+    plain = compile_model(model, plan, Cluster("cpu-x86", 1, 2)).step_time_s
+    calibrated = compile_model(model, plan, Cluster("cpu-x86", 1, 2, calibration=f"{db}#box")).step_time_s
+    assert calibrated > 1.5 * plain  # gemm_eff 0.4 instead of 0.8
+    with pytest.raises(CalibrationError, match=r"calibration 'box' was made for backend\(s\) cpu-x86, not 'h100-sxm'"):
+        compile_model(TINY, plan, Cluster("h100-sxm", 1, 8, calibration=f"{db}#box"))
+
+
+def test_compile_cli_takes_the_calibrations_backend(db, cli):
+    result = CliRunner().invoke(
+        cli, ["compile", "gpt3-125m", "--seq-len", "64", "--dtype", "fp32", "--calibration", f"{db}#box", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["backend"] == "cpu-x86"
+    result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--calibration", f"{db}#nope"])
+    assert result.exit_code == 1 and "no calibration named 'nope'" in result.output
+
+
+# ---- fitting ------------------------------------------------------------------------------------------------
+
+
+def test_fit_recovers_the_parameters_that_made_the_samples():
+    truth = replace(CPU_X86, gemm_eff_fp32=0.37, stream_fraction=0.55, math_fraction=0.2, op_overhead_us=4.0)
+    samples = [Sample("matmul", "matmul", "fp32", m=n, n=n, k=n) for n in (64, 256, 1024, 2048)]
+    samples += [Sample("memory", op, "fp32", nbytes=b) for op in ("copy", "gelu") for b in (2**16, 2**20, 2**24)]
+    samples += [Sample("overhead", "add", "fp32", nbytes=96)]
+    samples = [replace(s, seconds=predict_cpu(truth, s)) for s in samples]
+    knobs = [k for k in CPU_KNOBS if k.name in ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us")]
+    fitted = fit_spec(CPU_X86, knobs, samples, predict_cpu)
+    for name in ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us"):
+        assert math.isclose(getattr(fitted, name), getattr(truth, name), rel_tol=0.02), name
+
+
+# ---- a profiler trace -----------------------------------------------------------------------------------
+
+
+def test_profile_import_keys_matmuls_like_the_ir(tmp_path, db):
+    import torch
+
+    from echosim.calibrate.profile import import_profile
+
+    a, b, w = torch.randn(64, 32), torch.randn(32, 16), torch.nn.Linear(32, 8)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        a @ b
+        w(a)
+        torch.bmm(torch.randn(4, 8, 16), torch.randn(4, 16, 8))
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    rows, counts = import_profile(trace, "box@cpu-x86")
+    keys = {(r.shape, r.dtype) for r in rows}
+    assert {
+        (matmul_key(64, 16, 32), "fp32"),
+        (matmul_key(64, 8, 32), "fp32"),
+        (matmul_key(8, 8, 16, 4), "fp32"),
+    } <= keys
+    assert counts["kernels"] == len(rows) and all(r.seconds > 0 for r in rows)
+    store = CalibrationStore(db)
+    store.save("box", "cpu-x86", {}, {}, "profile", rows)
+    store.close()
+    backend = apply_calibration(
+        __import__("echosim.backends.loading").backends.loading.load_backend("cpu-x86"), f"{db}#box"
+    )
+    measured = {r.shape: r.seconds for r in rows}[matmul_key(64, 16, 32)]
+    assert backend.op_time_s(matmul(64, 16, 32), 0) == pytest.approx(measured)
+
+
+def test_bad_profiles_are_one_line_errors(tmp_path):
+    from echosim.calibrate.profile import import_profile
+
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(CalibrationError, match="not a JSON trace"):
+        import_profile(tmp_path / "x.json", "k")
+    (tmp_path / "y.json").write_text(json.dumps({"traceEvents": [{"cat": "cpu_op", "ph": "X", "name": "aten::mm"}]}))
+    with pytest.raises(CalibrationError, match="record_shapes=True"):
+        import_profile(tmp_path / "y.json", "k")
+
+
+# ---- the command -------------------------------------------------------------------------------------------
+
+
+def test_calibrate_command_tiny_sweep(tmp_path, cli):
+    path = tmp_path / "c.sqlite"
+    result = CliRunner().invoke(cli, ["calibrate", "--sweep", "tiny", "--ranks", "1", "--db", str(path), "--name", "t"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "fitted constant(s):" in out and "gemm_eff_fp32" in out and "derived from the machine" in out
+    assert "use it: echosim compile MODEL --backend cpu-x86 --calibration t" in out
+    listing = CliRunner().invoke(cli, ["calibrate", "--list", "--db", str(path), "--json"])
+    [cal] = json.loads(listing.output)
+    params = cal["backends"]["cpu-x86"]["parameters"]
+    assert {"gemm_eff_fp32", "stream_fraction", "op_overhead_us", "peak_fp32_tflops"} <= set(params)
+    assert cal["backends"]["cpu-x86"]["machine"]["usable_cores"] >= 1
+
+
+def test_calibrate_command_errors(tmp_path, cli):
+    result = CliRunner().invoke(
+        cli, ["calibrate", "--backend", "h100-sxm", "--sweep", "tiny", "--db", str(tmp_path / "g.sqlite")]
+    )
+    assert result.exit_code == 1 and ("no CUDA device" in result.output or "GPU is" in result.output)
+    result = CliRunner().invoke(cli, ["calibrate", "--no-bench", "--db", str(tmp_path / "g.sqlite")])
+    assert result.exit_code == 2 and "--no-bench needs --from-profile" in result.output
+    result = CliRunner().invoke(cli, ["calibrate", "--list", "--db", str(tmp_path / "none.sqlite")])
+    assert result.exit_code == 1 and "no such file" in result.output
+
+
+@pytest.mark.slow
+def test_gloo_collectives_between_two_processes():
+    from echosim.calibrate.bench import bench_collectives
+
+    samples = bench_collectives("tiny", ranks=2)
+    assert {s.op for s in samples} == {"all_reduce", "all_gather", "broadcast"}
+    assert all(s.seconds > 0 and s.ranks == 2 for s in samples)

@@ -1,0 +1,53 @@
+"""Smoke test of benchmarks/cpu_reality.py's pieces (the full run is a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from echosim.calibrate.store import CalibrationStore
+from echosim.frontend.zoo import ArchConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ArchConfig("llama", layers=2, hidden=32, heads=2, kv_heads=1, ffn=64, vocab=64, seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def reality():
+    spec = importlib.util.spec_from_file_location("cpu_reality", ROOT / "benchmarks" / "cpu_reality.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("cpu_reality", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_layouts_map_to_plans(reality):
+    plans = {layout: reality.plan_for(TINY, layout) for layout in reality.LAYOUTS}
+    assert plans["1 process"][0].dp == 1 and plans["1 process"][1] == 1
+    assert plans["DDP x2 (gloo)"][0].dp == 2 and plans["DDP x2 (gloo)"][0].global_batch == 2 * reality.BATCH
+    pipeline, devices = plans["pipeline x2 (gloo)"]
+    assert (pipeline.pp, pipeline.schedule, devices) == (2, "1f1b", 2)
+    assert pipeline.microbatches == reality.PIPELINE_MICROBATCHES
+    assert not reality.applicable(TINY.with_(arch="gpt"), "pipeline x2 (gloo)")
+
+
+def test_prediction_uses_the_calibration(reality, tmp_path):
+    db = tmp_path / "c.sqlite"
+    store = CalibrationStore(db, create=True)
+    store.save("slow", "cpu-x86", {}, {"op_overhead_us": (50.0, "test")}, "test")
+    store.save("fast", "cpu-x86", {}, {"op_overhead_us": (1.0, "test")}, "test")
+    store.close()
+    slow = reality.predict(TINY, "DDP x2 (gloo)", f"{db}#slow")["step_time_s"]
+    fast = reality.predict(TINY, "DDP x2 (gloo)", f"{db}#fast")["step_time_s"]
+    assert slow > 5 * fast > 0
+
+
+def test_one_real_training_step(reality, monkeypatch):
+    monkeypatch.setitem(reality.MODELS, "tiny", TINY)
+    monkeypatch.setattr(reality, "BATCH", 2)
+    result = reality.worker("tiny", "1 process", 0, 1, 0, steps=2)
+    assert len(result["steps"]) == 2 and all(s > 0 for s in result["steps"]) and 0 < result["cpu_share"] <= 1.5
