@@ -350,6 +350,8 @@ def unsupported(c: Case, registry: Any = None) -> str:
         return reason
     if "MLA attention" in c["notes"]:
         return "multi-head latent attention (MLA) and dense first layers are not modelled yet"
+    if c["arch"] == "moe" and not (c.int("experts", 0) and c.int("top_k", 0)):
+        return "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)"
     if reason := DTYPES[c["dtype"]]:
         return reason
     backend = backend_for(c["device"])

@@ -163,7 +163,7 @@ def test_skips_are_counted_with_reasons(tmp_path, monkeypatch):
     result = validate_cases(write(tmp_path, *rows))
     reasons = {r.case_id: r.skipped for r in result.rows}
     assert reasons == {
-        "moe": "mixture-of-experts layers are not modelled yet",
+        "moe": "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)",
         "mx": "needs mxfp8 training (block-scaled fp8)",
         "zero": "needs ZeRO/FSDP (zero=1)",
         "blank-time": "no published step time",
@@ -272,7 +272,10 @@ def test_json_has_rows_groups_and_targets(tmp_path, cli):
     result = json.loads(out)
     first, _, skipped = result["rows"]
     assert {"case_id", "predicted_step_time_s", "measured_step_time_s", "error"} <= set(first)
-    assert skipped["skipped"] == "mixture-of-experts layers are not modelled yet" and "error" not in skipped
+    assert (
+        skipped["skipped"] == "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)"
+        and "error" not in skipped
+    )
     groups = result["groups"]
     assert groups["overall"]["rows"] == 2
     assert {"device=null", "arch=gpt", "source_id=unit", "feature=bf16", "feature=fp16", "confidence=A"} <= set(groups)
@@ -285,7 +288,7 @@ def test_text_output_lists_groups_skips_and_constants(tmp_path, cli):
     code, out = run(cli, "validate", "--cases", str(path))
     assert code == 0, out
     assert "mean absolute percentage error" in out and "1 cases compiled, 1 skipped" in out
-    assert "mixture-of-experts layers are not modelled yet" in out
+    assert "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)" in out
 
 
 def test_group_summary_is_signed_and_absolute():

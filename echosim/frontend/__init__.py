@@ -129,6 +129,8 @@ def _check_arch(cfg: Any, plan: Plan) -> None:
     """Layout constraints that need the architecture, named as users think of them."""
     from echosim.plan import PlanError
 
+    if cfg.arch == "moe" and not (getattr(cfg, "experts", 0) >= 1 and getattr(cfg, "top_k", 0) >= 1):
+        raise EchosimError(f"a moe model needs routed experts and top_k >= 1 (got {cfg.experts} and {cfg.top_k})")
     if cfg.heads % plan.tp:
         raise PlanError(f"tp={plan.tp} does not divide attention heads ({cfg.heads})")
     if cfg.n_kv_heads % plan.tp:
