@@ -409,6 +409,13 @@ def _experts(c: Case) -> dict[str, int]:
     }
 
 
+def default_zero(c: Case) -> int:
+    """A blank ``zero`` is the framework's default: NeMo 2.0 and Megatron-Bridge recipes turn on
+    Megatron's distributed optimizer (ZeRO-1, ``use_distributed_optimizer=True``); the others shard nothing."""
+    framework = c["framework"]
+    return 1 if framework.startswith(("NeMo", "Megatron-Bridge")) else 0
+
+
 def default_recompute(c: Case) -> str:
     """A blank ``recompute`` is the framework's default: MaxText rematerialises everything
     (``remat_policy: 'full'`` in its base.yml); Megatron-LM, NeMo and PyTorch recompute nothing."""
@@ -427,7 +434,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         ep=c.int("ep", 1) or 1,
         vpp=c.int("vpp", 1) or 1,
         sp=c.int("sp", 0) == 1,
-        zero=c.int("zero", 0) or 0,
+        zero=c.int("zero", default_zero(c)) or 0,
         micro_batch=c.int("micro_batch", 1) or 1,  # blank: Megatron's default micro-batch of 1
         global_batch=c.int("global_batch") or 0,
         seq_len=c.int("seq_len") or 0,
