@@ -8,7 +8,7 @@ this. Everything else (schedules, overlap, memory) is the timeline's business.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from echosim.ir.graph import Node
 from echosim.ir.ops import OpKind
@@ -86,3 +86,54 @@ class Backend(Protocol):
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (the MFU denominator)."""
         ...
+
+
+class KernelBackend:
+    """Shared dispatch for analytic backends: one cost hook per kind of kernel.
+
+    Views and placeholders are free; collectives must go through ``collective_time_s``
+    (they need a placement); matmuls and attention are costed in the precision they run
+    in (``precision`` of an fp8 GEMM, else the output dtype, narrowed by ``DTYPES``);
+    everything else is memory-bound. Subclasses implement the three ``*_cost_s`` hooks.
+    """
+
+    name: str
+    DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp32")
+    FALLBACK_DTYPE = "bf16"
+    _overlap: OverlapModel
+
+    def compute_dtype(self, node: Node) -> str:
+        dtype = getattr(node.attrs, "precision", "") or node.out.dtype.value
+        return dtype if dtype in self.DTYPES else self.FALLBACK_DTYPE
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        from echosim.ir.ops import AttentionAttrs, MatmulAttrs, Phase
+
+        op = node.op
+        if op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER):
+            return 0.0
+        if op.is_collective:
+            raise ValueError(
+                f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
+            )
+        if op is OpKind.MATMUL:
+            if not isinstance(node.attrs, MatmulAttrs):
+                raise TypeError(f"matmul node {node.id} ({node.name}) carries {type(node.attrs).__name__}")
+            return self.matmul_cost_s(node.attrs, self.compute_dtype(node))
+        if op is OpKind.ATTENTION:
+            if not isinstance(node.attrs, AttentionAttrs):
+                raise TypeError(f"attention node {node.id} ({node.name}) carries {type(node.attrs).__name__}")
+            return self.attention_cost_s(node.attrs, self.compute_dtype(node), node.phase is Phase.BACKWARD)
+        return self.memory_cost_s(node, io_bytes)
+
+    def matmul_cost_s(self, attrs: Any, dtype: str) -> float:
+        raise NotImplementedError
+
+    def attention_cost_s(self, attrs: Any, dtype: str, backward: bool) -> float:
+        raise NotImplementedError
+
+    def memory_cost_s(self, node: Node, io_bytes: int) -> float:
+        raise NotImplementedError
+
+    def overlap(self) -> OverlapModel:
+        return self._overlap

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from echosim.backends.base import OverlapModel, Placement
+from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
 
 # PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
 # Assumed (no measurement in the validation data).
@@ -193,7 +193,6 @@ def collective_time_s(cpu: CPUSpec, kind: OpKind, nbytes: int, p: Placement) -> 
     return steps * (step_us * 1e-6 + chunk / (bw * 1e9))
 
 
-FREE_OPS = frozenset({OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER})
 MATH_OPS = frozenset({OpKind.NORM, OpKind.SOFTMAX, OpKind.CROSS_ENTROPY})
 # PyTorch's CPU cross entropy materialises the log-probabilities (log_softmax + nll_loss): the
 # forward writes a second logits-sized tensor, the backward zero-fills the gradient, reads the
@@ -212,7 +211,7 @@ def is_math_kernel(node: Node) -> bool:
     return False
 
 
-class CPUBackend:
+class CPUBackend(KernelBackend):
     """A CPU socket in a 2-socket node, ranks connected by gloo."""
 
     def __init__(self, cpu: CPUSpec, overlap: OverlapModel | None = None) -> None:
@@ -225,33 +224,22 @@ class CPUBackend:
     def __repr__(self) -> str:
         return f"CPUBackend({self.cpu.name!r})"
 
-    @staticmethod
-    def _dtype(node: Node) -> str:
-        dtype = node.out.dtype.value
-        return dtype if dtype in ("bf16", "fp16", "fp32") else "fp32"
+    DTYPES = ("bf16", "fp16", "fp32")
+    FALLBACK_DTYPE = "fp32"
 
-    def op_time_s(self, node: Node, io_bytes: int) -> float:
-        op = node.op
-        if op in FREE_OPS:
-            return 0.0
-        if op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
-            a = node.attrs
-            return matmul_time_s(self.cpu, a.m, a.n, a.k, a.batch, self._dtype(node))
-        if op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
-            return attention_time_s(self.cpu, node.attrs, self._dtype(node), node.phase is Phase.BACKWARD)
-        if op.is_collective:
-            raise ValueError(
-                f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
-            )
-        if op is OpKind.CROSS_ENTROPY:
+    def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
+        return matmul_time_s(self.cpu, a.m, a.n, a.k, a.batch, dtype)
+
+    def attention_cost_s(self, a: AttentionAttrs, dtype: str, backward: bool) -> float:
+        return attention_time_s(self.cpu, a, dtype, backward)
+
+    def memory_cost_s(self, node: Node, io_bytes: int) -> float:
+        if node.op is OpKind.CROSS_ENTROPY:
             io_bytes *= CROSS_ENTROPY_PASSES
         return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node))
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collective_time_s(self.cpu, kind, nbytes, placement)
-
-    def overlap(self) -> OverlapModel:
-        return self._overlap
 
     def memory_bytes(self) -> int:
         return int(self.cpu.ddr_GB * 2**30)

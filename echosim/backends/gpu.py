@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from echosim.backends import collectives, compute
-from echosim.backends.base import Backend, OverlapModel, Placement
+from echosim.backends.base import Backend, KernelBackend, OverlapModel, Placement
 from echosim.backends.devices import DEVICES, DeviceSpec
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
 
-FREE_OPS = frozenset({OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER})
 MEMORY_BOUND_OPS = frozenset(
     {
         OpKind.ELEMENTWISE,
@@ -48,7 +47,7 @@ def default_overlap(device: DeviceSpec) -> OverlapModel:
     )
 
 
-class GPUBackend:
+class GPUBackend(KernelBackend):
     """An NVIDIA GPU in an NVLink node with one NIC per GPU, costed analytically.
 
     fp32 matmuls are costed on TF32 tensor cores, as training recipes configure PyTorch
@@ -65,35 +64,22 @@ class GPUBackend:
     def __repr__(self) -> str:
         return f"GPUBackend({self.device.name!r}, {self._overlap})"
 
-    def _dtype(self, node: Node) -> str:
-        precision = getattr(node.attrs, "precision", "")  # fp8 GEMMs keep 16-bit outputs
-        dtype = precision or node.out.dtype.value
-        if dtype in ("fp32", "tf32"):
-            return "fp32" if self.allow_tf32 else "fp32-simt"
-        return dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"
+    def compute_dtype(self, node: Node) -> str:
+        dtype = super().compute_dtype(node)
+        if dtype == "fp32" and not self.allow_tf32:
+            return "fp32-simt"
+        return dtype
 
-    def op_time_s(self, node: Node, io_bytes: int) -> float:
-        op = node.op
-        if op in FREE_OPS:
-            return 0.0
-        if op is OpKind.MATMUL:
-            a = node.attrs
-            if not isinstance(a, MatmulAttrs):
-                raise TypeError(f"matmul node {node.id} ({node.name}) carries {type(a).__name__}")
-            return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, self._dtype(node))
-        if op is OpKind.ATTENTION:
-            a = node.attrs
-            if not isinstance(a, AttentionAttrs):
-                raise TypeError(f"attention node {node.id} ({node.name}) carries {type(a).__name__}")
-            backward = node.phase is Phase.BACKWARD
-            return compute.attention_time_s(self.device, a, self._dtype(node), backward)
-        if op in MEMORY_BOUND_OPS:
-            return compute.memory_bound_time_s(self.device, io_bytes)
-        if op.is_collective:
-            raise ValueError(
-                f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
-            )
-        raise ValueError(f"{self.name} has no cost rule for {op.value} (node {node.id} {node.name})")
+    def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
+        return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype)
+
+    def attention_cost_s(self, a: AttentionAttrs, dtype: str, backward: bool) -> float:
+        return compute.attention_time_s(self.device, a, dtype, backward)
+
+    def memory_cost_s(self, node: Node, io_bytes: int) -> float:
+        if node.op not in MEMORY_BOUND_OPS:
+            raise ValueError(f"{self.name} has no cost rule for {node.op.value} (node {node.id} {node.name})")
+        return compute.memory_bound_time_s(self.device, io_bytes)
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collectives.collective_time_s(self.device, kind, nbytes, placement)
@@ -112,9 +98,6 @@ class GPUBackend:
         d["overlap"] = asdict(self._overlap)
         d["allow_tf32"] = self.allow_tf32
         return d
-
-    def overlap(self) -> OverlapModel:
-        return self._overlap
 
     def memory_bytes(self) -> int:
         """HBM capacity; NVIDIA's "80 GB" parts expose 80 GiB to CUDA."""

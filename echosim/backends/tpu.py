@@ -24,9 +24,9 @@ import functools
 import math
 from dataclasses import dataclass, fields
 
-from echosim.backends.base import OverlapModel, Placement
+from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
 
 _SCALING_BOOK = "https://github.com/jax-ml/scaling-book/blob/main/tpus.md"
 
@@ -344,8 +344,6 @@ def check_placement(chip: TPUSpec, p: Placement) -> None:
 
 # ---- the backend -----------------------------------------------------------------------
 
-FREE_OPS = frozenset({OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER})
-
 
 def default_overlap(chip: TPUSpec) -> OverlapModel:
     """ICI collectives run on their own DMA engines, not on the TensorCore.
@@ -360,7 +358,7 @@ def default_overlap(chip: TPUSpec) -> OverlapModel:
     return OverlapModel(compute_slowdown=1.0, comm_slowdown=1.0, memory_bound_slowdown=1.0 / (1.0 - share))
 
 
-class TPUBackend:
+class TPUBackend(KernelBackend):
     """A TPU chip in an ICI slice; ``devices_per_node`` of a cluster is the slice size."""
 
     def __init__(self, chip: TPUSpec, overlap: OverlapModel | None = None) -> None:
@@ -371,31 +369,17 @@ class TPUBackend:
     def __repr__(self) -> str:
         return f"TPUBackend({self.chip.name!r})"
 
-    @staticmethod
-    def _dtype(node: Node) -> str:
-        dtype = node.out.dtype.value
-        return dtype if dtype in ("bf16", "fp16", "fp8", "fp32") else "bf16"
+    def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
+        return matmul_time_s(self.chip, a.m, a.n, a.k, a.batch, dtype)
 
-    def op_time_s(self, node: Node, io_bytes: int) -> float:
-        op = node.op
-        if op in FREE_OPS:
-            return 0.0
-        if op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
-            a = node.attrs
-            return matmul_time_s(self.chip, a.m, a.n, a.k, a.batch, self._dtype(node))
-        if op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
-            return attention_time_s(self.chip, node.attrs, self._dtype(node), node.phase is Phase.BACKWARD)
-        if op.is_collective:
-            raise ValueError(
-                f"node {node.id} ({node.name}) is a {op.value}: cost it with collective_time_s and a Placement"
-            )
+    def attention_cost_s(self, a: AttentionAttrs, dtype: str, backward: bool) -> float:
+        return attention_time_s(self.chip, a, dtype, backward)
+
+    def memory_cost_s(self, node: Node, io_bytes: int) -> float:
         return memory_bound_time_s(self.chip, io_bytes)
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collective_time_s(self.chip, kind, nbytes, placement)
-
-    def overlap(self) -> OverlapModel:
-        return self._overlap
 
     def memory_bytes(self) -> int:
         return int(self.chip.hbm_GB * 2**30)
