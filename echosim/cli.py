@@ -8,26 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
 
-from echosim.errors import EchosimError
+from echosim.errors import EchosimError, one_line_errors
 
-
-def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn user errors (and ValueErrors from bad input) into one clean line."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EchosimError as exc:
-            raise click.ClickException(str(exc)) from None
-
-    return wrapper
+_guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
 
 
 @click.group()

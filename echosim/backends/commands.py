@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from echosim.errors import one_line_errors
 from echosim.plugins import hookimpl
 
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
@@ -27,20 +28,7 @@ COLLECTIVES = {
 }
 
 
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """User errors (EchosimError, and ValueError from a model's argument checks) become one line."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from echosim.errors import EchosimError
-
-        try:
-            return fn(*args, **kwargs)
-        except (EchosimError, ValueError) as exc:
-            raise click.ClickException(" ".join(str(exc).split())) from None
-
-    return wrapper
+_guarded = one_line_errors(ValueError)  # user errors and argument checks end as one line
 
 
 def _backend(ctx: click.Context) -> Any:

@@ -6,7 +6,6 @@ calls :func:`run_calibration` and prints what was fitted; every user error is on
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,20 +13,10 @@ from typing import Any
 
 import click
 
+from echosim.errors import one_line_errors
 from echosim.plugins import hookimpl
 
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from echosim.errors import EchosimError
-
-        try:
-            return fn(*args, **kwargs)
-        except (EchosimError, ValueError) as exc:
-            raise click.ClickException(" ".join(str(exc).split())) from None
-
-    return wrapper
+_guarded = one_line_errors(ValueError)  # user errors and argument checks end as one line
 
 
 def run_calibration(
