@@ -241,7 +241,7 @@ def _breakdown(chunks: list[StageTiming], last: StageTiming, m: int, end: float)
     Communication counts only where it is exposed (compute waits on it); within a unit,
     exposed time is shared among the collectives' kinds in proportion to their load.
     """
-    from echosim.timeline.engine import _repeated
+    from echosim.timeline.engine import repeated
 
     out: dict[str, float] = {}
 
@@ -257,7 +257,7 @@ def _breakdown(chunks: list[StageTiming], last: StageTiming, m: int, end: float)
             for cat, sec in unit.busy.items():
                 if cat.startswith("compute."):
                     add(cat, sec * k * m)
-            exposed = max(0.0, _repeated(unit, k) - unit.compute_busy * k) * m
+            exposed = max(0.0, repeated(unit, k) - unit.compute_busy * k) * m
             comm = {c: v for c, v in unit.busy.items() if c.startswith("comm.")}
             total = sum(comm.values())
             for cat, sec in comm.items():

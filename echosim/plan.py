@@ -123,8 +123,6 @@ class Plan:
         if self.attention not in ("flash", "math"):
             raise PlanError(f"unknown attention {self.attention!r} (known: flash, math)")
         self._validate_cp_ep()
-        if self.tp > cluster.devices_per_node and cluster.devices > cluster.devices_per_node:
-            pass  # allowed (TP across nodes is slow, and the collective model says so)
 
     def _validate_cp_ep(self) -> None:
         if self.cp_comm not in CP_COMMS:

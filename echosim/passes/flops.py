@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
 
 
 def node_flops(node: Node) -> int:
@@ -20,15 +20,6 @@ def node_flops(node: Node) -> int:
         return node.attrs.flops
     if isinstance(node.attrs, AttentionAttrs):
         return node.attrs.flops * (2 if node.phase is Phase.BACKWARD else 1)
-    return 0
-
-
-def node_vector_flops(node: Node) -> int:
-    """FLOPs of memory-bound ops (not counted in MFU, reported for completeness)."""
-    if isinstance(node.attrs, ElementwiseAttrs):
-        return node.out.numel * node.attrs.flops_per_element
-    if node.op in (OpKind.NORM, OpKind.SOFTMAX, OpKind.CROSS_ENTROPY):
-        return node.out.numel * 5
     return 0
 
 

@@ -164,9 +164,9 @@ def time_stage(
     fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
     bwd_units = [(sim(nodes), k) for nodes, k in bwd_parts]
     w_units = [(sim(nodes), k) for nodes, k in w_parts]
-    fwd = sum(_repeated(u, k) for u, k in fwd_units)
-    bwd = sum(_repeated(u, k) for u, k in bwd_units)
-    wgrad = sum(_repeated(u, k) for u, k in w_units)
+    fwd = sum(repeated(u, k) for u, k in fwd_units)
+    bwd = sum(repeated(u, k) for u, k in bwd_units)
+    wgrad = sum(repeated(u, k) for u, k in w_units)
     if w_parts[1][0]:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
@@ -199,7 +199,7 @@ def time_stage(
     )  # fmt: skip
 
 
-def _repeated(unit: UnitTiming, times: int) -> float:
+def repeated(unit: UnitTiming, times: int) -> float:
     """``times`` back-to-back runs of a unit: steady-state periods, then the last one's tail."""
     if times <= 0:
         return 0.0
@@ -234,7 +234,7 @@ def _dp_tail(
     (first, _), (block, layers), _last = bwd_units[:3]
     per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
     rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
-    total_bwd = first.duration + _repeated(block, layers) + _last[0].duration
+    total_bwd = first.duration + repeated(block, layers) + _last[0].duration
     busy = per_layer * layers + rest
     if not overlap_dp:
         return busy, busy
