@@ -171,8 +171,8 @@ def gpt3_reference() -> tuple[float, float]:
     into a step time (the run is not a row of cases.csv). echosim's prediction is the default
     ``echosim compile``, which is that run.
     """
-    from echosim.compiler import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PLAN
     from echosim.compiler import compile as compile_model
+    from echosim.plan import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PLAN
 
     b, s, layers, h, vocab = 1536, 2048, 96, 12288, 51200
     flops = 96.0 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))

@@ -8,6 +8,7 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph
 from echosim.ir.types import DType
+from echosim.layout import ModelShape, check_model, check_plan
 from echosim.passes.attention import AttentionKernel
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import LayoutError, run_passes
@@ -21,26 +22,10 @@ from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.precision import Fp8Linears
 from echosim.passes.recompute import Recompute
 from echosim.passes.tensor_parallel import TensorParallel
-from echosim.plan import Cluster, Plan, PlanError
+from echosim.plan import DEFAULT_MODEL, Cluster, Plan, PlanError
 from echosim.timeline.engine import StageTiming, placements, run_schedule, time_stage
 from echosim.timeline.report import Report
-from echosim.timeline.schedule import BlockTime, in_flight, orders_for
-
-DEFAULT_MODEL = "gpt3-175b"
-# The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in
-# 2021 had no fused flash attention: scores were materialised (baddbmm, fused softmax, bmm).
-DEFAULT_PLAN = Plan(
-    tp=8,
-    pp=16,
-    dp=8,
-    micro_batch=1,
-    global_batch=1536,
-    seq_len=2048,
-    dtype="fp16",
-    recompute="full",
-    attention="math",
-)
-DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024, devices_per_node=8)
+from echosim.timeline.schedule import SCHEDULES, BlockTime, in_flight, orders_for
 
 
 @dataclass
@@ -68,18 +53,16 @@ def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Clust
 
 
 def compile_full(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Compiled:
-    from echosim.frontend import plan_messages, split_notes
+    from echosim.backends.loading import load_backend
+    from echosim.frontend.messages import split_notes
     from echosim.plugins import get_registry
 
     plan = plan or Plan()
-    cluster = cluster or Cluster(devices=plan.tp * plan.pp * plan.dp * plan.cp)
-    cluster.validate()
-    plan.validate(cluster)
-    from echosim.backends.loading import load_backend
-
+    cluster = cluster or Cluster(devices=plan.world)
+    check_plan(plan, cluster, SCHEDULES, interleaved=("1f1b", "interleaved"))
     backend = load_backend(cluster.backend, get_registry(), calibration=cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
-    warnings, notes = split_notes(messages + plan_messages(graph, plan))
+    warnings, notes = split_notes(messages + check_model(plan, ModelShape.of(graph)))
     try:
         joint = run_passes(
             graph,
@@ -272,4 +255,4 @@ def _breakdown(chunks: list[StageTiming], last: StageTiming, m: int, end: float)
     return dict(sorted(out.items()))
 
 
-__all__ = ["DEFAULT_CLUSTER", "DEFAULT_MODEL", "DEFAULT_PLAN", "Compiled", "EchosimError", "compile", "compile_full"]
+__all__ = ["Compiled", "EchosimError", "compile", "compile_full"]

@@ -146,14 +146,10 @@ def test_duplicate_case_ids_and_unreadable_files(tmp_path):
 # ---- skipped rows: counted, with the reason ---------------------------------------------------------
 
 
-def test_skips_are_counted_with_reasons(tmp_path, monkeypatch):
-    import echosim.plan
-
-    monkeypatch.setattr(echosim.plan, "SUPPORTED", set())  # as before a feature's pass lands
+def test_skips_are_counted_with_reasons(tmp_path):
     rows = [
         row(case_id="moe", arch="moe"),
         row(case_id="mx", dtype="mxfp8"),
-        row(case_id="zero", zero="1"),
         row(case_id="blank-time", step_time_s=""),
         row(case_id="blank-vocab", vocab=""),
         row(case_id="gqa-gpt", kv_heads="2"),
@@ -165,7 +161,6 @@ def test_skips_are_counted_with_reasons(tmp_path, monkeypatch):
     assert reasons == {
         "moe": "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)",
         "mx": "needs mxfp8 training (block-scaled fp8)",
-        "zero": "needs ZeRO/FSDP (zero=1)",
         "blank-time": "no published step time",
         "blank-vocab": "column(s) 'vocab' blank (not given by the source)",
         "gqa-gpt": "grouped-query attention on the gpt architecture is not modelled (the gpt zoo block is MHA)",
@@ -173,7 +168,7 @@ def test_skips_are_counted_with_reasons(tmp_path, monkeypatch):
         "ok": "",
     }
     d = result.as_dict()
-    assert d["compiled"] == 1 and d["skipped"] == 7 and sum(d["skip_reasons"].values()) == 7
+    assert d["compiled"] == 1 and d["skipped"] == 6 and sum(d["skip_reasons"].values()) == 6
 
 
 def test_layout_errors_become_skips_not_crashes(tmp_path):

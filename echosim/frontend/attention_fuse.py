@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from echosim.frontend import Note
+from echosim.frontend.messages import Note
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, OpKind
 

@@ -162,24 +162,8 @@ class HFModel:
 
     def capture(self, plan: Plan) -> tuple[Any, list[str], int]:
         config = build_config(self.path)
-        check_layout(config, plan)
         cap, params = capture_config(config, plan, self.source)
         return cap.graph, cap.warnings + cap.notes, params
-
-
-def check_layout(config: Any, plan: Plan) -> None:
-    """Constraints a config decides, named as users think of them (as the zoo does)."""
-    from echosim.plan import PlanError
-
-    heads = int(getattr(config, "num_attention_heads", 0) or 0)
-    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
-    if heads and heads % plan.tp:
-        raise PlanError(f"tp={plan.tp} does not divide attention heads ({heads})")
-    if kv_heads and kv_heads % plan.tp:
-        raise PlanError(f"tp={plan.tp} does not divide key/value heads ({kv_heads})")
-    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-    if layers and plan.pp > layers:
-        raise PlanError(f"pp={plan.pp} exceeds the number of layers ({layers})")
 
 
 def load(source: str) -> HFModel:
@@ -208,10 +192,10 @@ def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> 
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
 
-    from echosim.frontend import Note
     from echosim.frontend.aten import capture_folded
     from echosim.frontend.fx import CaptureError
     from echosim.frontend.loss import ensure_loss
+    from echosim.frontend.messages import Note
     from echosim.ir.types import DType
     from echosim.passes.flops import param_count
 

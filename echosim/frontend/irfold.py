@@ -23,7 +23,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from echosim.frontend import Note
+from echosim.frontend.messages import Note
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import OpKind
 

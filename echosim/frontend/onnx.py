@@ -55,10 +55,10 @@ class OnnxModel:
     proto: Any
 
     def capture(self, plan: Plan) -> tuple[Graph, list[str], int]:
-        from echosim.frontend import Note
         from echosim.frontend.attention_fuse import fuse_attention
         from echosim.frontend.irfold import fold_layers
         from echosim.frontend.loss import ensure_loss
+        from echosim.frontend.messages import Note
         from echosim.passes.flops import param_count
 
         inferred, notes = bind_and_infer(self.proto, self.path, plan)

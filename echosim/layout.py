@@ -1,0 +1,178 @@
+"""The one layout check: can this plan run this model on this cluster?
+
+Two moments, one module. :func:`check_plan` needs only the plan, the cluster and the
+registered schedules, and runs before anything is captured, so an impossible layout costs
+nothing. :func:`check_model` reads what the layout depends on from the captured IR
+(:class:`ModelShape`: attention heads, repeated layers, experts, sequence, the module
+paths the tensor-parallel plan matches), so every frontend (zoo, ``hf:``, ONNX, ``.py``)
+is held to the same rules with the same messages. Each message names the constraint the
+way users think of it ("tp=3 does not divide attention heads (16)").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from echosim.frontend.messages import Note
+from echosim.ir.graph import Graph
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.passes.base import LayoutError
+from echosim.passes.context_parallel import check_sequence
+from echosim.passes.recompute import MODES as RECOMPUTE_MODES
+from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
+from echosim.plan import CP_COMMS, DTYPES, Cluster, Plan, PlanError
+
+ATTENTIONS = ("flash", "math")
+PP_BALANCES = ("uniform", "cost")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
+    """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
+    if cluster.devices < 1:
+        raise PlanError(f"--devices must be positive, got {cluster.devices}")
+    if cluster.devices_per_node < 1:
+        raise PlanError(f"--devices-per-node must be positive, got {cluster.devices_per_node}")
+    if cluster.devices > cluster.devices_per_node and cluster.devices % cluster.devices_per_node:
+        raise PlanError(f"devices={cluster.devices} is not a whole number of nodes of {cluster.devices_per_node}")
+    for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):
+        if getattr(plan, name) < 1:
+            raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
+    if plan.world != cluster.devices:
+        shown = f"tp*pp*dp{'*cp' if plan.cp > 1 else ''}"
+        factors = f"{plan.tp}*{plan.pp}*{plan.dp}" + (f"*{plan.cp}" if plan.cp > 1 else "")
+        raise PlanError(f"{shown} = {factors} = {plan.world} does not equal devices={cluster.devices}")
+    if plan.dp % plan.ep:
+        raise PlanError(f"ep={plan.ep} does not divide dp={plan.dp} (experts are sharded inside data parallelism)")
+    if plan.zero not in ZERO_STAGES:
+        raise PlanError(f"unknown ZeRO stage {plan.zero} (known: 0, 1, 2, 3)")
+    if plan.sp and plan.tp == 1:
+        raise PlanError("sequence parallelism needs tp > 1")
+    schedules = sorted(schedules)
+    if plan.schedule not in schedules:
+        raise PlanError(f"unknown schedule {plan.schedule!r} (known: {', '.join(schedules)})")
+    if plan.vpp > 1 and plan.schedule not in set(interleaved):
+        raise PlanError(f"vpp={plan.vpp} needs the interleaved 1F1B schedule, not {plan.schedule!r}")
+    if plan.vpp > 1 and plan.microbatches % plan.pp:
+        raise PlanError(
+            f"the interleaved schedule needs micro-batches ({plan.microbatches}) to be a multiple of pp={plan.pp}"
+        )
+    if plan.global_batch and plan.global_batch % (plan.micro_batch * plan.dp):
+        raise PlanError(
+            f"global batch {plan.global_batch} is not a multiple of micro-batch*dp = {plan.micro_batch}*{plan.dp}"
+        )
+    for what, value, known in (
+        ("dtype", plan.dtype, DTYPES),
+        ("recompute", plan.recompute, RECOMPUTE_MODES),
+        ("attention", plan.attention, ATTENTIONS),
+        ("--pp-balance", plan.pp_balance, PP_BALANCES),
+        ("--cp-comm", plan.cp_comm, CP_COMMS),
+    ):
+        if value not in known:
+            raise PlanError(f"unknown {what} {value!r} (known: {', '.join(known)})")
+    if plan.moe_capacity_factor < 0:
+        raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {plan.moe_capacity_factor:g}")
+    if plan.ep > 1 and not 1.0 <= plan.moe_imbalance <= plan.ep:
+        raise PlanError(
+            f"--moe-imbalance {plan.moe_imbalance:g} must lie between 1 (balanced) and ep={plan.ep} "
+            "(every token on one rank)"
+        )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a layout depends on, read from a captured (unsharded, forward) IR graph."""
+
+    name: str
+    heads: tuple[tuple[int, int], ...]  # distinct (query heads, key/value heads) of its attention ops
+    layers: int | None  # repeats of the repeated block; None when no block repeats
+    seq_len: int  # last dimension of the first per-sample input
+    routed_experts: tuple[int, ...]  # experts per MoE layer built from echosim's MoE ops (dispatch/combine)
+    batched_experts: bool  # 3-D expert weights without echosim's routing ops (hf:, ONNX)
+    tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
+    untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
+
+    @classmethod
+    def of(cls, graph: Graph) -> ModelShape:
+        heads: dict[tuple[int, int], None] = {}
+        routed = False
+        experts: dict[int, None] = {}
+        untargeted: dict[str, None] = {}
+        targets = 0
+        for n in graph:
+            if n.phase is not Phase.FORWARD:
+                continue
+            if isinstance(n.attrs, AttentionAttrs):
+                heads[(n.attrs.heads, n.attrs.kv_heads)] = None
+            elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch":
+                routed = True
+            if n.op in (OpKind.MATMUL, OpKind.EMBEDDING) and style_for(n.scope, DEFAULT_TP_PLAN):
+                targets += 1
+            if isinstance(n.attrs, MatmulAttrs) and len(n.inputs) > 1:
+                w = graph[n.inputs[1]]
+                if w.op is OpKind.PARAMETER and len(w.out.shape) == 3:
+                    experts[w.out.shape[0]] = None
+                    if n.attrs.batch > 1 and not style_for(n.scope, DEFAULT_TP_PLAN):
+                        untargeted[n.scope] = None
+        ids = graph[graph.inputs[0]].out.shape if graph.inputs else (1,)
+        return cls(
+            name=graph.name,
+            heads=tuple(heads),
+            layers=next(iter(graph.repeats.values()), None),
+            seq_len=ids[-1] if ids else 1,
+            routed_experts=tuple(experts) if routed else (),
+            batched_experts=bool(experts) and not routed,
+            tp_targets=targets,
+            untargeted_experts=tuple(sorted(untargeted)),
+        )
+
+
+def check_model(plan: Plan, shape: ModelShape) -> list[str]:
+    """Rules that need the model; returns what the report should say about the tensor-parallel plan."""
+    for heads, kv_heads in shape.heads:
+        if heads % plan.tp:
+            raise PlanError(f"tp={plan.tp} does not divide attention heads ({heads})")
+        if kv_heads % plan.tp:
+            raise PlanError(f"tp={plan.tp} does not divide key/value heads ({kv_heads})")
+    if shape.layers is not None:
+        if plan.pp > shape.layers:
+            raise PlanError(f"pp={plan.pp} exceeds the number of layers ({shape.layers})")
+        if plan.pp * plan.vpp > shape.layers:
+            raise PlanError(f"pp*vpp={plan.pp * plan.vpp} exceeds the number of layers ({shape.layers})")
+    seq = shape.seq_len
+    if plan.cp > 1:
+        try:
+            check_sequence(plan.cp, seq, plan.cp_balance)
+        except LayoutError as exc:
+            raise PlanError(str(exc)) from None
+    if plan.sp and (seq // plan.cp) % plan.tp:
+        raise PlanError(f"sequence parallelism: tp={plan.tp} does not divide the {seq // plan.cp} tokens per rank")
+    if plan.ep > 1 and not shape.routed_experts and not shape.batched_experts:
+        raise PlanError(f"ep={plan.ep} needs a mixture-of-experts model ({shape.name} has no routed experts)")
+    for experts in shape.routed_experts:
+        if experts % plan.ep:
+            raise PlanError(f"ep={plan.ep} does not divide experts {experts}")
+    return _tp_messages(plan, shape)
+
+
+def _tp_messages(plan: Plan, shape: ModelShape) -> list[str]:
+    """A model none of whose module paths the plan matches runs data parallel only (with ``--tp`` > 1: an error).
+
+    Batched expert weights (3-D, one slice per expert) have no tensor-parallel rule: with
+    ``--tp`` above 1 every rank computes every expert.
+    """
+    if not shape.tp_targets:
+        if plan.tp > 1:
+            raise PlanError(
+                f"tp={plan.tp}: no module path of {shape.name!r} matches the tensor-parallel plan "
+                "(*.q_proj, *.o_proj, *.gate_proj, *.down_proj, embed_tokens, lm_head, ...): use --tp 1"
+            )
+        return [Note("no tensor-parallel plan matches this model's module paths: it runs data parallel only")]
+    experts = shape.untargeted_experts
+    if experts and plan.tp > 1:
+        return [
+            f"experts ({', '.join(experts[:2])}{', ...' if len(experts) > 2 else ''}) are replicated on all "
+            f"{plan.tp} tensor-parallel ranks: tensor and expert parallelism split only the zoo's MoE models"
+        ]
+    return []

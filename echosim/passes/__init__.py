@@ -1,0 +1,1 @@
+"""Graph passes: analyses return values, transforms return new graphs."""
