@@ -23,13 +23,13 @@ CONFIG = ROOT / "echosim" / "frontend" / "configs" / "llama3-70b.json"
 CHILD = """
 import json, resource, sys, time
 t0 = time.perf_counter()
-from echosim.compiler import compile_full
+from echosim.compiler import lower
 from echosim.plan import Cluster, Plan
 from echosim.frontend import hf
 path, fold = sys.argv[1], sys.argv[2] == "1"
 plan = Plan(tp=8, pp=4, dp=1, seq_len=8192, global_batch=16)
 if fold:
-    report = compile_full("hf:" + path, plan, Cluster("h100-sxm", devices=32)).report
+    report = lower("hf:" + path, plan, Cluster("h100-sxm", devices=32)).report
     nodes = None
 else:
     cap, _ = hf.capture_config(hf.build_config(hf.config_path("hf:" + path)), plan, path, fold=False)

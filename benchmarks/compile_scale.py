@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from echosim.compiler import compile_full
+from echosim.compiler import lower
 from echosim.plan import Cluster, Plan
 
 
@@ -29,13 +29,13 @@ def timed(plan: Plan, cluster: Cluster, repeats: int = 7) -> tuple[float, float]
     for _ in range(repeats):
         _capture_arch_cached.cache_clear()
         t0 = time.process_time()
-        step = compile_full("gpt3-175b", plan, cluster).report.step_time_s
+        step = lower("gpt3-175b", plan, cluster).report.step_time_s
         times.append(time.process_time() - t0)
     return min(times), step
 
 
 def main() -> None:
-    compile_full(
+    lower(
         "gpt3-175b",
         Plan(tp=8, dp=1, micro_batch=1, global_batch=16, seq_len=2048, dtype="fp16"),
         Cluster("a100-80gb", 8),

@@ -42,7 +42,7 @@ def cli() -> None:
 @click.option("--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism.")
 @click.option("--moe-capacity-factor", type=float, help="Expert capacity over the fair share (0: dropless).")
 @click.option("--moe-imbalance", type=float, help="Busiest expert-parallel rank's load over the mean (1: balanced).")
-@click.option("--schedule", type=click.Choice(["1f1b", "gpipe", "interleaved", "zb-h1"]), help="Pipeline schedule.")
+@click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, or a plugin's.")
 @click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention.")
 @click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages.")
 @click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism.")
@@ -52,36 +52,60 @@ def cli() -> None:
 @click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs.")
 @click.option("--calibration", help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME).")
+@click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")
+@click.option(
+    "--graph",
+    type=click.Path(dir_okay=False),
+    help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
+)
 @_guard
-def compile_cmd(model: str | None, as_json: bool, out: str | None, trace: str | None, **opts: Any) -> None:
+def compile_cmd(
+    model: str | None, as_json: bool, out: str | None, trace: str | None, graph: str | None, **opts: Any
+) -> None:
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
-    from echosim.compiler import compile_full
+    from echosim.compiler import lower
     from echosim.plan import plan_from_options
 
+    if graph:
+        from echosim.timeline.costed import check_graph_path
+
+        check_graph_path(graph)
     if opts.get("calibration") and not opts.get("backend"):  # the backend the calibration was made for
         from echosim.calibrate import load_calibration
 
         backends = load_calibration(opts["calibration"]).backends
         opts["backend"] = backends[0] if len(backends) == 1 else None
+    opts["passes"] = tuple(opts["passes"]) or None
     name, plan, cluster = plan_from_options(model, opts)
-    compiled = compile_full(name, plan, cluster)
+    compiled = lower(name, plan, cluster)
     report = compiled.report
     if out:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(report.to_json())
+        _write(out, report.to_json(), "--out")
     if trace:
         from echosim.timeline.trace import write_trace
 
-        write_trace(compiled, trace)
+        write_trace(compiled.costed, trace, report.model)
+    if graph:
+        from echosim.timeline.costed import write_graph
+
+        write_graph(compiled.costed, graph)
     if as_json:
         click.echo(report.to_json(), nl=False)
     else:
         from echosim.summary import render
 
         render(report, trace)
+
+
+def _write(path: str, text: str, option: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise EchosimError(f"{option} {path}: cannot write ({exc.strerror or exc})") from None
 
 
 @cli.command("search")

@@ -55,6 +55,7 @@ class Plan:
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
+    passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
 
     @property
     def batch(self) -> int:

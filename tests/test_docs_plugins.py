@@ -58,7 +58,7 @@ def test_every_hook_section_shows_the_register_callback_it_receives(hook: str) -
         expected = "register", list(inspect.signature(callback.__call__).parameters)[1:]
     shown = ast.parse(code_blocks(section(hookspec_signatures()[hook]), "python")[0]).body[0]
     assert isinstance(shown, ast.FunctionDef)
-    assert (shown.name, [arg.arg for arg in shown.args.args]) == expected
+    assert (shown.name, [arg.arg for arg in shown.args.args + shown.args.kwonlyargs]) == expected
 
 
 def test_every_documented_hook_exists() -> None:

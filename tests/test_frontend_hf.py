@@ -12,7 +12,7 @@ from conftest import check_golden
 
 pytest.importorskip("transformers")
 
-from echosim.compiler import compile_full
+from echosim.compiler import lower
 from echosim.errors import EchosimError
 from echosim.frontend import hf
 from echosim.ir import print_graph, verify
@@ -119,8 +119,8 @@ def test_folding_makes_depth_free() -> None:
 def test_tp_plan_finds_hf_module_paths(name: str) -> None:
     """TP divides the work of every matched layer evenly: FLOPs per rank halve at tp=2."""
     plan1, plan2 = Plan(seq_len=16, micro_batch=2), Plan(tp=2, seq_len=16, micro_batch=2)
-    one = compile_full(f"hf:{CONFIGS / name}.json", plan1, Cluster("null", devices=1))
-    two = compile_full(f"hf:{CONFIGS / name}.json", plan2, Cluster("null", devices=2))
+    one = lower(f"hf:{CONFIGS / name}.json", plan1, Cluster("null", devices=1))
+    two = lower(f"hf:{CONFIGS / name}.json", plan2, Cluster("null", devices=2))
     assert two.report.model_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
     collectives = Counter(n.op for n in two.graph if n.op.is_collective)
     assert collectives[OpKind.ALL_REDUCE] >= 4
@@ -129,14 +129,14 @@ def test_tp_plan_finds_hf_module_paths(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-deepseek-v3"])
 def test_moe_under_tp_splits_attention_heads_and_reports_replicated_experts(name: str) -> None:
-    compiled = compile_full(f"hf:{CONFIGS}/{name}.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
+    compiled = lower(f"hf:{CONFIGS}/{name}.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
     heads = {n.attrs.heads for n in compiled.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD}
     assert heads == {2}  # 4 heads over 2 ranks (DeepSeek's MLA through q_b_proj / kv_b_proj)
     assert any("experts" in w and "replicated" in w for w in compiled.report.warnings)
 
 
 def test_pipeline_parallel_splits_hf_layers() -> None:
-    compiled = compile_full(f"hf:{CONFIGS}/tiny-llama.json", Plan(pp=2, seq_len=16), Cluster("null", devices=2))
+    compiled = lower(f"hf:{CONFIGS}/tiny-llama.json", Plan(pp=2, seq_len=16), Cluster("null", devices=2))
     assert [s.layers for s in compiled.stages] == [1, 1]
 
 

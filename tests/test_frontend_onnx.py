@@ -10,7 +10,7 @@ from conftest import check_golden
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
-from echosim.compiler import compile_full  # noqa: E402
+from echosim.compiler import lower  # noqa: E402
 from echosim.errors import EchosimError  # noqa: E402
 from echosim.frontend import onnx as onnx_frontend  # noqa: E402
 from echosim.frontend.onnx_rules import scope_of  # noqa: E402
@@ -256,7 +256,7 @@ def test_same_gpt_through_three_frontends(exported_gpt: tuple[Path, object], tmp
     }
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
     plan, cluster = Plan(micro_batch=8, seq_len=cfg.seq_len), Cluster("h100-sxm", devices=1)
-    reports = [compile_full(m, plan, cluster).report for m in (cfg, f"hf:{tmp_path}", str(path))]
+    reports = [lower(m, plan, cluster).report for m in (cfg, f"hf:{tmp_path}", str(path))]
     zoo, *others = reports
     for r in others:
         assert r.model_flops_per_step == pytest.approx(zoo.model_flops_per_step, rel=0.01)
@@ -268,8 +268,8 @@ def test_same_gpt_through_three_frontends(exported_gpt: tuple[Path, object], tmp
 def test_tp_plan_applies_to_onnx_node_names(exported_gpt: tuple[Path, object]) -> None:
     path, cfg = exported_gpt
     plan = Plan(tp=2, pp=2, micro_batch=8, seq_len=cfg.seq_len)
-    ours = compile_full(str(path), plan, Cluster("null", devices=4))
-    zoo = compile_full(cfg, plan, Cluster("null", devices=4))
+    ours = lower(str(path), plan, Cluster("null", devices=4))
+    zoo = lower(cfg, plan, Cluster("null", devices=4))
     assert ours.report.model_flops_per_step == zoo.report.model_flops_per_step
     count = [sum(1 for n in c.graph if n.op is OpKind.ALL_REDUCE) for c in (ours, zoo)]
     assert count[0] == count[1] > 0

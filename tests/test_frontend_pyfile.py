@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from echosim.compiler import compile_full
+from echosim.compiler import lower
 from echosim.errors import EchosimError
 from echosim.frontend import capture_named, pyfile
 from echosim.ir import verify
@@ -58,17 +58,17 @@ def test_a_model_without_a_tp_plan_runs_data_parallel_and_refuses_tensor_paralle
             return net, [(("batch", 3, 16, 16), torch.float32)]
         """,
     )
-    report = compile_full(f"{path}:cnn", Plan(dp=2, micro_batch=4), Cluster("null", devices=2)).report
+    report = lower(f"{path}:cnn", Plan(dp=2, micro_batch=4), Cluster("null", devices=2)).report
     assert "no tensor-parallel plan matches this model's module paths: it runs data parallel only" in report.notes
     assert report.breakdown["comm.dp"] > 0
     with pytest.raises(EchosimError, match="tp=2: no module path"):
-        compile_full(f"{path}:cnn", Plan(tp=2), Cluster("null", devices=2))
+        lower(f"{path}:cnn", Plan(tp=2), Cluster("null", devices=2))
 
 
 def test_lstm_language_model_in_fp16() -> None:
     """Input projection once per layer, then one recurrent GEMM per step (h0 is zeros, still multiplied)."""
     plan = Plan(micro_batch=4, seq_len=10, dtype="fp16")
-    compiled = compile_full(f"{EXAMPLES}/lstm_lm.py:model", plan, Cluster("h100-sxm", devices=1))
+    compiled = lower(f"{EXAMPLES}/lstm_lm.py:model", plan, Cluster("h100-sxm", devices=1))
     graph = compiled.graph
     assert {n.out.dtype.value for n in graph if n.op is OpKind.MATMUL} == {"fp16"}
     fwd = [n.attrs for n in graph if isinstance(n.attrs, MatmulAttrs) and not n.attrs.grad_of]

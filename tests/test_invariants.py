@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from echosim.compiler import compile_full
+from echosim.compiler import lower
 from echosim.frontend.zoo import ArchConfig
 from echosim.plan import Cluster, Plan
 
@@ -19,7 +19,7 @@ layouts = st.sampled_from([(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1)
 
 def run(tp: int, pp: int, dp: int, micro: int, batches: int, **kw):  # type: ignore[no-untyped-def]
     plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=micro, global_batch=micro * dp * batches, **kw)
-    return compile_full(CFG, plan, Cluster("a100-80gb", tp * pp * dp))
+    return lower(CFG, plan, Cluster("a100-80gb", tp * pp * dp))
 
 
 @SETTINGS
@@ -30,6 +30,7 @@ def test_step_time_is_never_below_the_compute_bound(layout, micro, batches, reco
     compute = sum(v for k, v in c.report.breakdown.items() if k.startswith("compute."))
     assert c.report.step_time_s >= compute * (1 - 1e-9)
     assert abs(sum(c.report.breakdown.values()) - c.report.step_time_s) <= 1e-6 * c.report.step_time_s
+    assert abs(c.costed.longest_path_s() - c.report.step_time_s) <= 1e-9 * c.report.step_time_s
 
 
 @SETTINGS

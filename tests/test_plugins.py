@@ -17,6 +17,9 @@ import pytest
 
 from echosim.errors import EchosimError
 from echosim.plugins import PluginError, Registry, get_registry, hookimpl, hookspecs, load_registry, manager
+from echosim.timeline.schedule import Schedule, gpipe
+
+SCHEDULE = Schedule("test-gpipe", gpipe)
 
 HOOKS = {
     "register_backends",
@@ -117,7 +120,7 @@ def test_each_kind_is_registered_with_its_owner(no_builtins: None) -> None:
         make_plugin("zoo", register_models=register_models),
         make_plugin("fmt", register_frontends=lambda register: register(".onnx", str)),
         make_plugin("opt", register_passes=lambda register: register("tp", Plan)),
-        make_plugin("sched", register_schedules=lambda register: register("1f1b", "schedule-object")),
+        make_plugin("sched", register_schedules=lambda register: register("1f1b", SCHEDULE)),
     )
 
     assert registry.errors == []
@@ -127,7 +130,7 @@ def test_each_kind_is_registered_with_its_owner(no_builtins: None) -> None:
     assert registry.model("tiny") is dict
     assert registry.frontends[".onnx"].owner == "fmt"
     assert registry.pass_class("tp") is Plan
-    assert registry.schedule("1f1b") == "schedule-object"
+    assert registry.schedule("1f1b") is SCHEDULE
 
 
 def test_register_accepts_the_documented_keyword_names(no_builtins: None) -> None:
@@ -138,7 +141,7 @@ def test_register_accepts_the_documented_keyword_names(no_builtins: None) -> Non
             register_models=lambda register: register(name="m", factory=dict, description="d"),
             register_frontends=lambda register: register(scheme_or_suffix="hf:", loader=str),
             register_passes=lambda register: register(name="p", pass_cls=int),
-            register_schedules=lambda register: register(name="s", schedule=None),
+            register_schedules=lambda register: register(name="s", schedule=SCHEDULE),
         )
     )
     assert registry.errors == []
@@ -222,6 +225,7 @@ def test_a_bad_frontend_key_is_rejected(no_builtins: None, bad: str) -> None:
         ("register_models", ("m", dict, 42), "model 'm' description must be a string"),
         ("register_frontends", (".onnx", None), "frontend '.onnx' loader must be callable, got NoneType"),
         ("register_passes", ("p", object()), "pass 'p' pass_cls must be a class, got object"),
+        ("register_schedules", ("s", "gpipe"), "schedule 's' schedule must be an object with orders\\(\\), got str"),
     ],
 )
 def test_a_bad_value_is_rejected_naming_the_field_and_the_plugin(

@@ -15,7 +15,7 @@ from echosim.backends.gpu import GPUBackend
 from echosim.cli import cli
 from echosim.frontend.zoo import ArchConfig
 from echosim.ir import Graph, print_graph, verify
-from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, OpKind, Phase
 from echosim.ir.types import DType
 from echosim.passes.attention import AttentionKernel
 from echosim.passes.autodiff import Autodiff
@@ -23,9 +23,12 @@ from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
 from echosim.passes.flops import graph_flops
 from echosim.passes.memory import activation_bytes
+from echosim.passes.pipeline import Stage
 from echosim.passes.tensor_parallel import TensorParallel
 from echosim.plan import Cluster, Plan
-from echosim.timeline.engine import context_expert_placements, placements, time_stage
+from echosim.timeline.lower import StepOptions, lower_stage
+from echosim.timeline.placement import Degrees, axis_placements
+from echosim.timeline.schedule import BUILTIN_SCHEDULES
 
 
 def per_layer_activations(graph: Graph) -> int:
@@ -44,7 +47,7 @@ def collectives(g: Graph, phase: Phase, axis: str, block: bool = True) -> list:
         for n in g
         if n.phase is phase
         and isinstance(n.attrs, CollectiveAttrs)
-        and n.attrs.axis == axis
+        and n.attrs.axis.value == axis
         and (g.block_of(n) is not None) == block
     ]
 
@@ -209,12 +212,11 @@ def test_ring_hides_its_transfers_behind_attention() -> None:
     backend = GPUBackend(DEVICES["h100-sxm"])
     exposed = {}
     for comm in ("p2p", "all_gather"):
-        plan = Plan(cp=4, dp=1, seq_len=16384, cp_comm=comm)
         g = run_passes(
             capture(cfg, dtype=DType.BF16), [ContextParallel(4, comm), Autodiff(), ContextParallelBackward()]
         )
-        where = placements(plan, Cluster("h100-sxm", 4, 8))
-        t = time_stage(0, 2, g, backend, where, plan)
+        where = axis_placements(Degrees(cp=4), 8)
+        t = lower_stage(Stage(0, g, 2), backend, where, StepOptions(BUILTIN_SCHEDULES[0]), (0,))
         unit = t.fwd_units[1][0]
         assert unit.busy["comm.cp"] > 0
         exposed[comm] = unit.duration - unit.compute_busy
@@ -223,13 +225,13 @@ def test_ring_hides_its_transfers_behind_attention() -> None:
 
 
 def test_placements_follow_megatron_rank_order() -> None:
-    plan = Plan(tp=4, cp=2, dp=8, ep=8, pp=2)
-    where = context_expert_placements(plan, Cluster("h100-sxm", 128, 8))
-    assert (where["cp"].size, where["cp"].nodes, where["cp"].per_node) == (2, 1, 2)  # ranks 4 apart, one node
-    assert where["dp"].size == 16  # gradients over dp x cp
-    assert (where["ep"].size, where["ep"].nodes, where["ep"].per_node) == (8, 4, 2)  # 4 apart: two per node
-    assert where["edp"].size == 2 and where["edp"].per_node == 1
-    assert context_expert_placements(Plan(tp=8, dp=4), Cluster("h100-sxm", 32, 8)) == {}
+    where = axis_placements(Degrees(tp=4, cp=2, dp=8, ep=8, pp=2), 8)
+    cp, dp, ep, edp = (where[a] for a in (Axis.CP, Axis.DP, Axis.EP, Axis.EDP))
+    assert (cp.size, cp.nodes, cp.per_node) == (2, 1, 2)  # ranks 4 apart, one node
+    assert dp.size == 16 and where[Axis.FSDP] == dp  # gradients over dp x cp
+    assert (ep.size, ep.nodes, ep.per_node) == (8, 4, 2)  # 4 apart: two per node
+    assert edp.size == 2 and edp.per_node == 1
+    assert Axis.CP not in axis_placements(Degrees(tp=8, dp=4), 8)
 
 
 # ---- plan and CLI --------------------------------------------------------------------------

@@ -187,12 +187,12 @@ def test_expert_gradients_sync_over_expert_data_parallel_ranks(tiny_moe: Graph) 
     plain = DataParallel(dp)
     before = run_passes(g, [plain])
     after = run_passes(before, [GradientGroups(cp=cp, ep=ep)])
-    syncs = [n for n in after if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis in ("dp", "edp")]
-    assert {n.attrs.axis: n.attrs.size for n in syncs} == {"dp": dp * cp, "edp": dp * cp // ep}
-    total = sum(n.attrs.bytes for n in before if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "dp")
+    syncs = [n for n in after if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis.value in ("dp", "edp")]
+    assert {n.attrs.axis.value: n.attrs.size for n in syncs} == {"dp": dp * cp, "edp": dp * cp // ep}
+    total = sum(n.attrs.bytes for n in before if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis.value == "dp")
     assert sum(n.attrs.bytes for n in syncs) == total
     expert = sum(n.out.numel for n in g.params() if n.attrs.expert) * 4  # fp32 grads of one layer
-    assert sum(n.attrs.bytes for n in syncs if n.attrs.axis == "edp") == pytest.approx(expert, rel=1e-6)
+    assert sum(n.attrs.bytes for n in syncs if n.attrs.axis.value == "edp") == pytest.approx(expert, rel=1e-6)
 
 
 # ---- end to end ---------------------------------------------------------------------------
@@ -206,13 +206,13 @@ def _moe_cfg() -> ArchConfig:
 
 
 def test_compile_moe_with_tp_sp_ep_cp() -> None:
-    from echosim.compiler import compile_full
+    from echosim.compiler import lower
 
     plan = Plan(tp=2, sp=True, dp=4, ep=4, cp=2, global_batch=8, seq_len=4096)
-    c = compile_full(_moe_cfg(), plan, Cluster("h100-sxm", 16, 8))
+    c = lower(_moe_cfg(), plan, Cluster("h100-sxm", 16, 8))
     for s in c.stages:
         verify(s.graph)
-    axes = {n.attrs.axis for n in c.stages[0].graph if isinstance(n.attrs, CollectiveAttrs)}
+    axes = {n.attrs.axis.value for n in c.stages[0].graph if isinstance(n.attrs, CollectiveAttrs)}
     assert {"tp", "cp", "ep", "dp", "edp"} <= axes
     assert c.report.step_time_s > 0 and 0 < c.report.mfu < 1
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from echosim.backends.base import OverlapModel
 from echosim.ir import DType, Graph, OpKind, TensorSpec
-from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs
+from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs
 from echosim.timeline.schedule import compose, gpipe, in_flight, interleaved, one_f_one_b
 from echosim.timeline.streams import simulate_unit
 
@@ -75,7 +75,7 @@ def _unit() -> Graph:
     g = Graph("u")
     x = g.add(OpKind.INPUT, (), TensorSpec((1024,), DType.FP16))
     a = g.add(OpKind.ELEMENTWISE, (x,), TensorSpec((1024,), DType.FP16), ElementwiseAttrs("gelu"))
-    g.add(OpKind.ALL_REDUCE, (a,), TensorSpec((1024,), DType.FP16), CollectiveAttrs("dp", 8, 2048))
+    g.add(OpKind.ALL_REDUCE, (a,), TensorSpec((1024,), DType.FP16), CollectiveAttrs(Axis.DP, 8, 2048))
     g.add(OpKind.ELEMENTWISE, (x,), TensorSpec((1024,), DType.FP16), ElementwiseAttrs("gelu"))
     return g
 
@@ -101,7 +101,7 @@ def test_tp_comm_overlap_hides_the_collective_under_its_gemm() -> None:
     g = Graph("tp")
     x = g.add(OpKind.INPUT, (), TensorSpec((64, 64), DType.BF16))
     mm = g.add(OpKind.MATMUL, (x,), TensorSpec((64, 64), DType.BF16), MatmulAttrs(64, 64, 64))
-    ar = g.add(OpKind.ALL_REDUCE, (mm,), TensorSpec((64, 64), DType.BF16), CollectiveAttrs("tp", 8, 8192))
+    ar = g.add(OpKind.ALL_REDUCE, (mm,), TensorSpec((64, 64), DType.BF16), CollectiveAttrs(Axis.TP, 8, 8192))
     g.add(OpKind.ELEMENTWISE, (ar,), TensorSpec((64, 64), DType.BF16), ElementwiseAttrs("add"))
     cost = {mm: 1.0, ar: 0.5, ar + 1: 0.1}
 

@@ -188,6 +188,39 @@ class CrossEntropyAttrs:
         return f"vocab={self.vocab}" + (f" tp={self.tp}" if self.tp else "")
 
 
+class Axis(Enum):
+    """A parallel axis a collective runs over; its value names it in reports (``comm.tp``).
+
+    The backend places each axis's groups on the machine (how many nodes one group spans,
+    how many groups share a node's links), so the axis says *where* bytes travel.
+    """
+
+    TP = "tp"
+    PP = "pp"
+    DP = "dp"
+    CP = "cp"
+    EP = "ep"
+    EDP = "edp"  # the data-parallel group of routed experts (dp * cp / ep ranks)
+    FSDP = "fsdp"  # ZeRO-3 / FSDP parameter and gradient traffic, placed like dp
+    EFSDP = "efsdp"  # the experts' share of it, placed like edp
+    EMBED = "embed"  # tied embedding gradients between the first and the last pipeline stage
+
+
+class Role(Enum):
+    """When a collective runs in the step; the pass that inserts it decides, the timeline reads it.
+
+    ``LAYER``: inside one micro-batch's forward or backward, on the communication stream;
+    ``GRAD_SYNC``: a gradient reduction overlapped with the last micro-batch's backward (the
+    data-parallel tail); ``STEP_END``: after the last backward, before or around the optimizer
+    step; ``PIPELINE``: a point-to-point transfer between stages, composed by the schedule.
+    """
+
+    LAYER = "layer"
+    GRAD_SYNC = "grad_sync"
+    STEP_END = "step_end"
+    PIPELINE = "pipeline"
+
+
 @dataclass(frozen=True, slots=True)
 class CollectiveAttrs:
     """A collective over one parallel axis (``tp``, ``dp``, ``pp`` ...) of ``size`` ranks.
@@ -196,12 +229,14 @@ class CollectiveAttrs:
     reduce_scatter input, send/recv payload).
     """
 
-    axis: str
+    axis: Axis
     size: int
     bytes: int
+    role: Role = Role.LAYER
 
     def __str__(self) -> str:
-        return f"axis={self.axis} size={self.size} bytes={self.bytes}"
+        role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
+        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}"
 
 
 @dataclass(frozen=True, slots=True)

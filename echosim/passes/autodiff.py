@@ -15,11 +15,12 @@ is its own conjugate; a ring exchange of K/V sends the gradient the other way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import (
+    Axis,
     CollectiveAttrs,
     ElementwiseAttrs,
     MatmulAttrs,
@@ -77,7 +78,7 @@ def _sp_gathered(c: _Ctx, x: int) -> bool:
     src = c.g[x]
     while isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn == "moe_sort_chunks":
         src = c.g[src.inputs[0]]
-    return src.op is OpKind.ALL_GATHER and isinstance(src.attrs, CollectiveAttrs) and src.attrs.axis == "tp"
+    return src.op is OpKind.ALL_GATHER and isinstance(src.attrs, CollectiveAttrs) and src.attrs.axis is Axis.TP
 
 
 def _regather(c: _Ctx, x: int) -> int:
@@ -99,9 +100,8 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         attrs = MatmulAttrs(m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad")
         dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
         if a.tp in ("colwise", "vocab") and not sp:  # with SP the all_gather's conjugate reduces
-            dx = c.emit(
-                n, OpKind.ALL_REDUCE, [dx], c.spec(x), CollectiveAttrs("tp", 0, c.spec(x).nbytes), "dgrad.tp_all_reduce"
-            )
+            reduce = CollectiveAttrs(Axis.TP, 0, c.spec(x).nbytes)
+            dx = c.emit(n, OpKind.ALL_REDUCE, [dx], c.spec(x), reduce, "dgrad.tp_all_reduce")
         out.append((x, dx))
     if w in needs:
         if linear:
@@ -365,5 +365,5 @@ def _fill_collective_sizes(g: Graph) -> None:
         if isinstance(n.attrs, CollectiveAttrs) and n.attrs.size == 0:
             size = sizes.get(n.attrs.axis)
             if size is None:
-                raise ValueError(f"collective {n.name} on axis {n.attrs.axis!r} has no group size")
-            g.replace(n.id, attrs=CollectiveAttrs(n.attrs.axis, size, n.attrs.bytes))
+                raise ValueError(f"collective {n.name} on axis {n.attrs.axis.value!r} has no group size")
+            g.replace(n.id, attrs=replace(n.attrs, size=size))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
 from echosim.passes.tensor_parallel import _split_axis_after_view
@@ -188,7 +188,7 @@ class _Splitter:
             op,
             ins,
             packed,
-            CollectiveAttrs("cp", self.cp, packed.nbytes),
+            CollectiveAttrs(Axis.CP, self.cp, packed.nbytes),
             phase=node.phase,
             scope=node.scope,
             name=f"{node.name}.{tag}",
@@ -262,7 +262,7 @@ def _is_cp(node: Node, op: OpKind) -> bool:
         node.op is op
         and node.phase is Phase.FORWARD
         and isinstance(node.attrs, CollectiveAttrs)
-        and node.attrs.axis == "cp"
+        and node.attrs.axis is Axis.CP
         and bool(node.inputs)
     )
 

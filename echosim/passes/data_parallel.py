@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from echosim.ir.graph import Graph
-from echosim.ir.ops import CollectiveAttrs, OpKind, OptimizerAttrs, Phase
+from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, OptimizerAttrs, Phase, Role
 from echosim.ir.types import DType, TensorSpec
 from echosim.passes.flops import param_count
 
@@ -42,7 +42,7 @@ class DataParallel:
         groups: dict[str, list[int]] = {}
         for param, grad in graph.grads.items():
             attrs = g[grad].attrs
-            if isinstance(attrs, CollectiveAttrs) and attrs.axis == "embed":  # tied weight: synced at step end
+            if isinstance(attrs, CollectiveAttrs) and attrs.axis is Axis.EMBED:  # tied weight: synced at step end
                 groups.setdefault("", []).append(param)
                 continue
             groups.setdefault(g.block_of(g[param]) or "", []).append(param)
@@ -57,7 +57,7 @@ class DataParallel:
             weights = sum(g[p].out.nbytes * g.multiplicity(g[p]) for p in graph.grads)
             dtype = next(iter(g[p].out.dtype for p in graph.grads), DType.BF16)
             spec = TensorSpec((max(1, weights // dtype.itemsize),), dtype)
-            g.add(OpKind.ALL_GATHER, [], spec, CollectiveAttrs("dp", self.dp, weights),
+            g.add(OpKind.ALL_GATHER, [], spec, CollectiveAttrs(Axis.DP, self.dp, weights, Role.STEP_END),
                   phase=Phase.OPTIMIZER, name="zero.param_all_gather")  # fmt: skip
         return g
 
@@ -70,7 +70,7 @@ class DataParallel:
         for b in range(buckets):
             size = nbytes // buckets
             spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
-            g.add(kind, grads, spec, CollectiveAttrs("dp", self.dp, size),
+            g.add(kind, grads, spec, CollectiveAttrs(Axis.DP, self.dp, size, Role.GRAD_SYNC),
                   phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
 
     def _fsdp(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
@@ -78,12 +78,12 @@ class DataParallel:
         wspec = TensorSpec((max(1, weights // 2),), g[params[0]].out.dtype)
         tag = scope or "rest"
         for phase in (Phase.FORWARD, Phase.BACKWARD):
-            g.add(OpKind.ALL_GATHER, [], wspec, CollectiveAttrs("fsdp", self.dp, weights),
+            g.add(OpKind.ALL_GATHER, [], wspec, CollectiveAttrs(Axis.FSDP, self.dp, weights),
                   phase=phase, scope=scope, name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
         grad_bytes = sum(g[p].out.numel for p in params) * g[params[0]].out.dtype.itemsize
         gspec = TensorSpec((max(1, grad_bytes // 2),), g[params[0]].out.dtype)
         g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec,
-              CollectiveAttrs("fsdp", self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
+              CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
               name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
 
 

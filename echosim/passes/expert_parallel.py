@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
+from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
 
@@ -264,7 +264,7 @@ class _Rewriter:
             OpKind.ALL_TO_ALL,
             [value],
             out if what == "combine" else src.with_shape(out.shape),
-            CollectiveAttrs("ep", self.opts.ep, nbytes),
+            CollectiveAttrs(Axis.EP, self.opts.ep, nbytes),
             phase=d.phase,
             scope=d.scope,
             name=f"{d.name}.{what}_all_to_all",

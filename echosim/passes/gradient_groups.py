@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import CollectiveAttrs, ParamAttrs, Phase
+from echosim.ir.ops import Axis, CollectiveAttrs, ParamAttrs, Phase
 
-_EXPERT_AXIS = {"dp": "edp", "fsdp": "efsdp"}
+_EXPERT_AXIS = {Axis.DP: Axis.EDP, Axis.FSDP: Axis.EFSDP}
 
 
 def _expert(node: Node) -> bool:
@@ -57,7 +57,7 @@ class GradientGroups:
                     n.op,
                     n.inputs,
                     spec,
-                    CollectiveAttrs(_EXPERT_AXIS[a.axis], size // self.ep, expert_bytes),
+                    CollectiveAttrs(_EXPERT_AXIS[a.axis], size // self.ep, expert_bytes, a.role),
                     phase=n.phase,
                     scope=n.scope,
                     name=f"{n.name}.experts",

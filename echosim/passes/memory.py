@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
 
 # PyTorch's caching allocator never returns all it reserves; a typical share is 5-10%.
 FRAGMENTATION = 0.07
@@ -177,6 +177,6 @@ def _gathered_weights(graph: Graph) -> int:
     gathers = [
         n.attrs.bytes
         for n in graph
-        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis == "fsdp"
+        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP
     ]
     return 2 * max(gathers, default=0)

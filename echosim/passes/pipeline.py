@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import CollectiveAttrs, OpKind, Phase
+from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
 from echosim.passes.base import LayoutError
 from echosim.passes.flops import io_bytes, node_flops
 
@@ -149,7 +149,7 @@ def _stage_graph(
                 OpKind.RECV,
                 [],
                 src.out,
-                CollectiveAttrs("pp", pp, src.out.nbytes),
+                CollectiveAttrs(Axis.PP, pp, src.out.nbytes, Role.PIPELINE),
                 phase=reader.phase,
                 scope=src.scope,
                 name=f"{src.name}.recv",
@@ -186,7 +186,7 @@ def _stage_graph(
             continue
         if any(consumer_elsewhere(u) for u in graph.users(n.id)):
             spec = n.out
-            g.add(OpKind.SEND, [new[n.id]], spec, CollectiveAttrs("pp", pp, spec.nbytes),
+            g.add(OpKind.SEND, [new[n.id]], spec, CollectiveAttrs(Axis.PP, pp, spec.nbytes, Role.PIPELINE),
                   phase=n.phase, scope=n.scope, name=f"{n.name}.send")  # fmt: skip
     for param, grad in graph.grads.items():
         if param in new and grad in new:
@@ -198,7 +198,7 @@ def _stage_graph(
             OpKind.ALL_REDUCE,
             [new[i] for i in parts],
             spec,
-            CollectiveAttrs("embed", 2, spec.nbytes),
+            CollectiveAttrs(Axis.EMBED, 2, spec.nbytes, Role.STEP_END),
             phase=Phase.OPTIMIZER,
             scope="",
             name=f"{graph[param].name}.tied_grad_all_reduce",

@@ -25,6 +25,7 @@ from typing import ClassVar
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import (
     AttentionAttrs,
+    Axis,
     CollectiveAttrs,
     CrossEntropyAttrs,
     EmbeddingAttrs,
@@ -140,7 +141,7 @@ class _Sharder:
         return spec.with_shape(tuple(shape))
 
     def add(self, node: Node, inputs: list[int], out: TensorSpec, attrs: object) -> int:
-        if isinstance(attrs, CollectiveAttrs) and attrs.axis != "tp":  # another axis' collective: local bytes
+        if isinstance(attrs, CollectiveAttrs) and attrs.axis is not Axis.TP:  # another axis' collective: local bytes
             attrs = replace(attrs, bytes=out.nbytes * attrs.bytes // max(1, node.out.nbytes))
         return self.out.add(
             node.op,
@@ -158,14 +159,14 @@ class _Sharder:
         if self.sp:
             axis = _token_axis(spec)
             out = self.div(spec, axis, f"the sequence ({spec.shape[axis]} tokens) at {node.scope}")
-            attrs = CollectiveAttrs("tp", self.tp, spec.nbytes)
+            attrs = CollectiveAttrs(Axis.TP, self.tp, spec.nbytes)
             v = self.out.add(
                 OpKind.REDUCE_SCATTER, [value], out, attrs, scope=node.scope, name=name.replace("all_reduce", "rs")
             )
             self.split[v] = axis
             self.seq.add(v)
             return v
-        attrs = CollectiveAttrs("tp", self.tp, spec.nbytes)
+        attrs = CollectiveAttrs(Axis.TP, self.tp, spec.nbytes)
         return self.out.add(OpKind.ALL_REDUCE, [value], spec, attrs, scope=node.scope, name=name)
 
     def gather(self, value: int, node: Node) -> int:
@@ -180,7 +181,7 @@ class _Sharder:
                 OpKind.ALL_GATHER,
                 [value],
                 spec,
-                CollectiveAttrs("tp", self.tp, spec.nbytes),
+                CollectiveAttrs(Axis.TP, self.tp, spec.nbytes),
                 scope=node.scope,
                 name=f"{node.name}.sp_all_gather",
             )
@@ -248,7 +249,7 @@ class _Sharder:
                     OpKind.ALL_REDUCE,
                     [v],
                     stat,
-                    CollectiveAttrs("tp", self.tp, stat.nbytes),
+                    CollectiveAttrs(Axis.TP, self.tp, stat.nbytes),
                     scope=node.scope,
                     name=f"{node.name}.{what}_all_reduce",
                 )

@@ -17,8 +17,9 @@ Write a plugin as a module with functions marked ``@hookimpl``::
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
@@ -43,8 +44,38 @@ class RegisterFrontend(Protocol):
     def __call__(self, scheme_or_suffix: str, loader: Callable[[str], object]) -> None: ...
 
 
+#: Where a pass runs: on the whole model before the pipeline split, or on each pipeline stage after it.
+PASS_LEVELS = ("graph", "stage")
+
+
+@dataclass(frozen=True)
+class PassRegistration:
+    """A registered pass: its class, how a plan configures it, and where it goes in the pipeline."""
+
+    pass_cls: type
+    configure: Callable[[Any], object | None] | None = None
+    level: str = "graph"
+    after: tuple[str, ...] = ()
+    before: tuple[str, ...] = ()
+    optional: bool = False  # runs only when the plan names it (``--pass NAME``)
+
+    def build(self, plan: Any) -> object | None:
+        """The pass instance for ``plan`` (``None``: it does not apply); without ``configure``, ``pass_cls()``."""
+        return self.configure(plan) if self.configure is not None else self.pass_cls()
+
+
 class RegisterPass(Protocol):
-    def __call__(self, name: str, pass_cls: type) -> None: ...
+    def __call__(
+        self,
+        name: str,
+        pass_cls: type,
+        *,
+        configure: Callable[[Any], object | None] | None = None,
+        level: str = "graph",
+        after: Sequence[str] = (),
+        before: Sequence[str] = (),
+        optional: bool = False,
+    ) -> None: ...
 
 
 class RegisterSchedule(Protocol):
@@ -95,13 +126,21 @@ def register_frontends(register: RegisterFrontend) -> None:
 
 @hookspec
 def register_passes(register: RegisterPass) -> None:
-    """Register graph passes so that pipelines can name them in text.
+    """Register graph passes; the compiler builds its pass pipeline from these alone.
 
-    Called once while the registry loads. Call ``register(name, pass_cls)`` with the
-    pass class itself (a frozen dataclass whose fields are its options), not an
-    instance: the pipeline parser builds instances from the options it reads.
+    Called once while the registry loads. Call ``register(name, pass_cls, *, configure,
+    level, after, before)`` with the pass class itself (a frozen dataclass whose fields
+    are its options and whose ``run(graph)`` returns a new graph). ``configure(plan)``
+    returns the instance a plan needs, or ``None`` when the pass does not apply (default:
+    ``pass_cls()``). ``level`` is ``"graph"`` (the whole model, before the pipeline split)
+    or ``"stage"`` (each pipeline stage, after it). ``after`` and ``before`` name passes of
+    the same level this one must follow or precede; among passes free to go anywhere,
+    registration order decides (built-ins register first). An ``optional`` pass runs only
+    when the plan asks for it by name (``--pass NAME``, ``Plan(passes=(NAME,))``).
 
-    :param register: ``register(name: str, pass_cls: type)``.
+    :param register: ``register(name: str, pass_cls: type, *, configure=None, level="graph",
+        after=(), before=(), optional=False)``. A name another plugin took, an unknown level,
+        or an ``after``/``before`` naming no pass of that level is an error naming the plugin.
     """
 
 
@@ -109,8 +148,13 @@ def register_passes(register: RegisterPass) -> None:
 def register_schedules(register: RegisterSchedule) -> None:
     """Register pipeline schedules (GPipe, 1F1B, interleaved, zero-bubble, ...).
 
-    Called once while the registry loads. Call ``register(name, schedule)`` with the
-    schedule object the timeline composes micro-batches with.
+    Called once while the registry loads. Call ``register(name, schedule)`` with an object
+    like :class:`echosim.timeline.schedule.Schedule`: ``orders(pp, microbatches, vpp)``
+    returns each pipeline rank's list of ``(kind, virtual_stage, microbatch)`` blocks
+    (``kind`` is ``"F"`` or ``"B"``); optional attributes ``interleaved`` (it takes
+    ``--vpp`` above 1) and ``split_backward`` (its ``B`` is the input-gradient half and the
+    weight-gradient halves are deferred, as in zero-bubble schedules). ``--schedule NAME``
+    selects it.
 
     :param register: ``register(name: str, schedule: object)``.
     """

@@ -21,6 +21,7 @@ import pluggy
 
 from echosim.errors import PluginError
 from echosim.plugins import hookspecs
+from echosim.plugins.hookspecs import PASS_LEVELS, PassRegistration
 
 if TYPE_CHECKING:
     import click
@@ -32,6 +33,8 @@ BUILTIN_PLUGINS: list[str] = [
     "echosim.backends.plugin",
     "echosim.backends.commands",
     "echosim.frontend.plugin",
+    "echosim.passes.plugin",
+    "echosim.timeline.plugin",
     "echosim.calibrate.commands",
 ]
 
@@ -54,7 +57,8 @@ _VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "backend": ("factory", callable, "callable"),
     "model": ("factory", callable, "callable"),
     "frontend": ("loader", callable, "callable"),
-    "pass": ("pass_cls", lambda value: isinstance(value, type), "a class"),
+    "pass": ("pass_cls", lambda value: isinstance(value.pass_cls, type), "a class"),
+    "schedule": ("schedule", lambda value: callable(getattr(value, "orders", None)), "an object with orders()"),
 }
 
 
@@ -102,7 +106,38 @@ class Registry:
 
     def pass_class(self, name: str) -> type:
         """The class of pass ``name``."""
-        return _lookup(self.passes, "pass", name).value
+        return _lookup(self.passes, "pass", name).value.pass_cls
+
+    def pass_pipeline(self, level: str) -> list[Entry]:
+        """The passes of ``level`` in the order they run: ``after``/``before`` first, then registration order.
+
+        An ``after`` or ``before`` that names no pass of the level, or constraints that
+        contradict each other, are errors naming the plugin.
+        """
+        entries = [e for e in self.passes.values() if e.value.level == level]
+        names = {e.name for e in entries}
+        follows: dict[str, set[str]] = {e.name: set() for e in entries}
+        for e in entries:
+            reg: PassRegistration = e.value
+            for other in (*reg.after, *reg.before):
+                if other not in names:
+                    raise PluginError(
+                        f"plugin '{e.owner}': pass '{e.name}' is ordered against '{other}', "
+                        f"which is not a registered {level}-level pass (known: {', '.join(sorted(names))})"
+                    )
+            follows[e.name].update(reg.after)
+            for other in reg.before:
+                follows[other].add(e.name)
+        order: list[Entry] = []
+        placed: set[str] = set()
+        while len(order) < len(entries):
+            ready = next((e for e in entries if e.name not in placed and follows[e.name] <= placed), None)
+            if ready is None:
+                stuck = ", ".join(sorted(names - placed))
+                raise PluginError(f"the {level}-level passes {stuck} have contradicting after/before orders")
+            order.append(ready)
+            placed.add(ready.name)
+        return order
 
     def schedule(self, name: str) -> object:
         """The schedule registered as ``name``."""
@@ -283,10 +318,12 @@ class _Staging:
         if kind in _VALUE_RULES:
             field_name, is_valid, expected = _VALUE_RULES[kind]
             if not is_valid(value):
-                got = type(value).__name__
+                got = type(value.pass_cls if kind == "pass" else value).__name__
                 raise PluginError(f"plugin '{owner}': {kind} '{name}' {field_name} must be {expected}, got {got}")
         if not isinstance(description, str):
             raise PluginError(f"plugin '{owner}': {kind} '{name}' description must be a string")
+        if kind == "pass":
+            _check_pass(name, value, owner)
         previous = self.table.get(name) or self.entries.get(name)
         if previous is not None and previous.owner == owner:
             raise PluginError(f"{kind} '{name}' is registered twice by '{owner}'")
@@ -316,8 +353,19 @@ def _typed_register(kind: str, register: Callable[..., None]) -> Callable[..., N
         return register_frontend
     if kind == "pass":
 
-        def register_pass(name: str, pass_cls: type) -> None:
-            register(name, pass_cls)
+        def register_pass(
+            name: str,
+            pass_cls: type,
+            *,
+            configure: Callable[[Any], object | None] | None = None,
+            level: str = "graph",
+            after: Sequence[str] = (),
+            before: Sequence[str] = (),
+            optional: bool = False,
+        ) -> None:
+            names = tuple(after) if not isinstance(after, str) else (after,)
+            ahead = tuple(before) if not isinstance(before, str) else (before,)
+            register(name, PassRegistration(pass_cls, configure, level, names, ahead, bool(optional)))
 
         return register_pass
 
@@ -325,6 +373,15 @@ def _typed_register(kind: str, register: Callable[..., None]) -> Callable[..., N
         register(name, schedule)
 
     return register_schedule
+
+
+def _check_pass(name: str, reg: PassRegistration, owner: str) -> None:
+    if reg.configure is not None and not callable(reg.configure):
+        raise PluginError(f"plugin '{owner}': pass '{name}' configure must be callable or None")
+    if reg.level not in PASS_LEVELS:
+        raise PluginError(f"plugin '{owner}': pass '{name}' level {reg.level!r} is unknown (known: graph, stage)")
+    if not all(isinstance(n, str) for n in (*reg.after, *reg.before)):
+        raise PluginError(f"plugin '{owner}': pass '{name}' after/before must name passes")
 
 
 def _call_impl(impl: pluggy.HookImpl, kwargs: dict[str, object]) -> None:

@@ -1,10 +1,14 @@
-"""The result of a compile: numbers a planner asks for, as data and as JSON."""
+"""The result of a compile: numbers a planner asks for, as data and as JSON, read from the costed graph."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
+from echosim.timeline.costed import CostedGraph, StageCost
 
 
 def _round(x: Any) -> Any:
@@ -73,3 +77,146 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a report says besides time: the run it describes and the device's peak and capacity."""
+
+    model: str
+    backend: str
+    devices: int
+    devices_per_node: int
+    plan: dict[str, Any]
+    params: int  # total model parameters
+    peak_flops: float  # the MFU denominator per device (fp8 runs: the 16-bit peak)
+    capacity_bytes: int
+    ranks_per_stage: int  # every TP x DP x CP peer of a stage runs the same program
+    sequences: int  # sequences per optimizer step (the global batch)
+    cp: int = 1  # a context-parallel rank holds 1/cp of each sequence
+    state: StatePolicy = field(default_factory=lambda: StatePolicy.for_training("bf16"))
+    comm_groups: int = 0  # communicators per rank (one NCCL buffer set each)
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
+    """Every figure of the report, read from the costed graph (nothing here composes time)."""
+    m, pp = costed.microbatches, costed.pp
+    step = costed.step_time_s
+    crit = costed.critical_rank
+    chunks = costed.chunks(crit)
+    end = costed.block_ends[crit]
+    stages = costed.stages
+    model_flops = sum(graph_flops(s.graph).model for s in stages) * m * facts.ranks_per_stage
+    hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * facts.ranks_per_stage
+    tokens = facts.sequences * _seq(stages) * facts.cp
+    warnings = list(facts.warnings)
+    memory = _memory(costed, facts, warnings)
+    stage_rows = [
+        {
+            "stage": x.index % pp,
+            "chunk": x.index // pp,
+            "layers": x.layers,
+            "fwd_s": x.fwd,
+            "bwd_s": x.bwd + x.wgrad,
+            "p2p_fwd_s": x.p2p_fwd,
+            "p2p_bwd_s": x.p2p_bwd,
+            "dp_exposed_s": x.dp_exposed,
+            "optimizer_s": x.optimizer,
+        }
+        for x in stages
+    ]
+    busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
+    devices, peak = facts.devices, facts.peak_flops
+    return Report(
+        model=facts.model,
+        backend=facts.backend,
+        devices=devices,
+        devices_per_node=facts.devices_per_node,
+        plan=facts.plan,
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        mfu=model_flops / (step * devices * peak),
+        hfu=hw_flops / (step * devices * peak),
+        tflops_per_device=hw_flops / (step * devices) / 1e12,
+        model_flops_per_step=float(model_flops),
+        hardware_flops_per_step=float(hw_flops),
+        params=facts.params,
+        bubble_fraction=max(0.0, end - busy) / step,
+        critical_stage=crit,
+        breakdown=breakdown(costed, crit),
+        memory=memory,
+        stages=stage_rows,
+        warnings=warnings,
+        notes=list(facts.notes),
+    )
+
+
+def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[dict[str, Any]]:
+    """Peak memory per pipeline rank; an interleaved rank holds several chunks."""
+    rows = []
+    for r in range(costed.pp):
+        mine = costed.chunks(r)
+        live = costed.in_flight(r)
+        parts = [stage_memory(s.graph, live.get(s.index, 0), 0, param_count(s.graph), facts.state, 0) for s in mine]
+        mem = MemoryBreakdown(
+            params=sum(p.params for p in parts),
+            grads=sum(p.grads for p in parts),
+            optimizer=sum(p.optimizer for p in parts),
+            activations=sum(p.activations for p in parts),
+            transient=max(p.transient for p in parts),
+            comm_buffers=facts.comm_groups * NCCL_BUFFERS_PER_GROUP,
+            fragmentation=sum(p.fragmentation for p in parts),
+            capacity=facts.capacity_bytes,
+        )
+        rows.append({"stage": r, "layers": sum(s.layers for s in mine), **mem.as_dict()})
+        if not mem.fits:
+            top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest())
+            warnings.append(
+                f"stage {r} does not fit: needs {mem.peak / 2**30:.1f} GiB of "
+                f"{mem.capacity / 2**30:.1f} GiB (largest: {top})"
+            )
+    return rows
+
+
+def _seq(stages: list[StageCost]) -> int:
+    g = stages[0].graph
+    ids = g[g.inputs[0]].out.shape if g.inputs else (1, 1)
+    return ids[-1]
+
+
+def breakdown(costed: CostedGraph, rank: int) -> dict[str, float]:
+    """Seconds of a pipeline rank by kind; they add up to its step time.
+
+    Communication counts only where it is exposed (compute waits on it); within a unit,
+    exposed time is shared among the collectives' kinds in proportion to their load.
+    """
+    from echosim.timeline.lower import repeated
+
+    m = costed.microbatches
+    out: dict[str, float] = {}
+
+    def add(key: str, sec: float) -> None:
+        out[key] = out.get(key, 0.0) + sec
+
+    busy = 0.0
+    for t in costed.chunks(rank):
+        busy += m * (t.fwd + t.bwd + t.wgrad)
+        for unit, k in t.fwd_units + t.bwd_units:
+            if k <= 0:
+                continue
+            for cat, sec in unit.busy.items():
+                if cat.startswith("compute."):
+                    add(cat, sec * k * m)
+            exposed = max(0.0, repeated(unit, k) - unit.compute_busy * k) * m
+            comm = {c: v for c, v in unit.busy.items() if c.startswith("comm.")}
+            total = sum(comm.values())
+            for cat, sec in comm.items():
+                add(cat, exposed * sec / total)
+            if not total and exposed > 1e-9:
+                add("idle", exposed)
+    for task in costed.rank_tail(rank):
+        add(task.category, task.duration)
+    add("bubble", max(0.0, costed.block_ends[rank] - busy))
+    return dict(sorted(out.items()))

@@ -11,7 +11,8 @@ plus the point-to-point transfer on each edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 Block = tuple[str, int, int]  # (kind, virtual stage, micro-batch)
@@ -77,14 +78,35 @@ def zero_bubble_h1(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
     return one_f_one_b(pp, m)
 
 
-SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe, "interleaved": interleaved, "zb-h1": zero_bubble_h1}
-SPLIT_BACKWARD = {"zb-h1"}
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule as the timeline uses it; built-ins and plugins register these.
+
+    ``orders(pp, microbatches, vpp)`` gives each rank's blocks. ``interleaved``: it takes
+    ``vpp > 1`` model chunks per rank. ``split_backward``: its ``B`` blocks are the
+    input-gradient half and the composer defers the ``W`` halves (zero-bubble schedules).
+    """
+
+    name: str
+    orders: Callable[[int, int, int], list[list[Block]]]
+    interleaved: bool = False
+    split_backward: bool = False
+    description: str = ""
 
 
-def orders_for(schedule: str, pp: int, m: int, vpp: int) -> list[list[Block]]:
-    if vpp > 1 and schedule in ("1f1b", "interleaved"):
-        return interleaved(pp, m, vpp)
-    return SCHEDULES[schedule](pp, m, vpp)
+def _one_f_one_b_or_interleaved(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
+    """1F1B; with ``vpp > 1`` model chunks per rank it is Megatron-LM's interleaved 1F1B."""
+    return interleaved(pp, m, vpp) if vpp > 1 else one_f_one_b(pp, m)
+
+
+BUILTIN_SCHEDULES = (
+    Schedule("1f1b", _one_f_one_b_or_interleaved, interleaved=True,
+             description="PipeDream-flush 1F1B; interleaved with --vpp > 1"),
+    Schedule("gpipe", gpipe, description="all forwards, then all backwards (GPipe)"),
+    Schedule("interleaved", interleaved, interleaved=True, description="Megatron-LM interleaved 1F1B"),
+    Schedule("zb-h1", zero_bubble_h1, split_backward=True,
+             description="zero-bubble ZB-H1: weight gradients deferred into the bubble"),
+)  # fmt: skip
 
 
 def in_flight(orders: Sequence[Sequence[Block]], rank: int) -> dict[int, int]:

@@ -14,27 +14,38 @@ from dataclasses import dataclass, field
 
 from echosim.backends.base import OverlapModel
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, CollectiveAttrs, MatmulAttrs, OpKind
+from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, MatmulAttrs, OpKind
 
 COMPUTE, COMM = "compute", "comm"
 
 
 @dataclass(frozen=True)
 class OpEvent:
+    """One op of a unit as lowered: when it starts (from the unit's start) and how long it runs.
+
+    ``base`` is its duration alone; ``duration`` includes the slowdown of overlapping the
+    other stream (and, for a chunked TP-overlap consumer, the wait for its producer's end).
+    """
+
     node: int
     name: str
     stream: str
     start: float
     duration: float
     category: str
+    base: float = 0.0
 
 
 @dataclass
 class UnitTiming:
+    """One unit of work simulated op by op: its ops' events, and what repetition needs to know."""
+
     duration: float = 0.0
     busy: dict[str, float] = field(default_factory=dict)  # category -> seconds
     events: list[OpEvent] = field(default_factory=list)
     critical_end: float = 0.0  # end of the last op something in the unit waits on
+    nodes: tuple[int, ...] = ()  # every IR node of the unit in order (views and placeholders included)
+    chunked: frozenset[tuple[int, int]] = frozenset()  # producer -> consumer edges pipelined by TP overlap
 
     @property
     def period(self) -> float:
@@ -57,7 +68,7 @@ class UnitTiming:
 
 def category(node: Node) -> str:
     if node.op.is_collective and isinstance(node.attrs, CollectiveAttrs):
-        return f"comm.{node.attrs.axis}"
+        return f"comm.{node.attrs.axis.value}"
     if isinstance(node.attrs, MatmulAttrs):
         return "compute.matmul"
     if isinstance(node.attrs, AttentionAttrs):
@@ -67,7 +78,7 @@ def category(node: Node) -> str:
     return "compute.memory_bound"
 
 
-def pipelined_edges(nodes: Sequence[Node], axis: str = "tp") -> set[tuple[int, int]]:
+def pipelined_edges(nodes: Sequence[Node], axis: Axis = Axis.TP) -> set[tuple[int, int]]:
     """Producer -> consumer edges between a matmul and an ``axis`` collective.
 
     With communication overlap (Megatron's ``--tp-comm-overlap``), the GEMM is split
@@ -83,7 +94,7 @@ def pipelined_edges(nodes: Sequence[Node], axis: str = "tp") -> set[tuple[int, i
                 continue
             pair = (src, n)
             if any(isinstance(x.attrs, MatmulAttrs) for x in pair) and any(
-                isinstance(x.attrs, CollectiveAttrs) and x.attrs.axis == axis for x in pair
+                isinstance(x.attrs, CollectiveAttrs) and x.attrs.axis is axis for x in pair
             ):
                 edges.add((i, n.id))
     return edges
@@ -100,7 +111,7 @@ def simulate_unit(
     pipelined = pipelined or set()
     first = _schedule(nodes, base, pipelined)
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
-        return _timing(nodes, first, base)
+        return _timing(nodes, first, base, pipelined)
     comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
     comp = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if not n.op.is_collective and d > 0]
     dilated = {}
@@ -112,7 +123,7 @@ def simulate_unit(
         factor = overlap.slowdown(category(n))
         shared = sum(max(0.0, min(s + d, e) - max(s, b)) for b, e in other) / d
         dilated[n.id] = d * (1.0 + min(shared, 1.0) * (factor - 1.0))
-    return _timing(nodes, _schedule(nodes, dilated, pipelined), dilated)
+    return _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined)
 
 
 def _side(nodes: Sequence[Node]) -> set[int]:
@@ -147,8 +158,10 @@ def _schedule(
     return out
 
 
-def _timing(nodes: Sequence[Node], times: list[tuple[float, float]], dur: dict[int, float]) -> UnitTiming:
-    t = UnitTiming()
+def _timing(
+    nodes: Sequence[Node], times: list[tuple[float, float]], base: dict[int, float], chunked: set[tuple[int, int]]
+) -> UnitTiming:
+    t = UnitTiming(nodes=tuple(n.id for n in nodes), chunked=frozenset(chunked))
     side = _side(nodes)
     for n, (s, d) in zip(nodes, times, strict=False):
         if d <= 0:
@@ -157,7 +170,7 @@ def _timing(nodes: Sequence[Node], times: list[tuple[float, float]], dur: dict[i
             t.critical_end = max(t.critical_end, s + d)
         cat = category(n)
         stream = COMM if n.op.is_collective else COMPUTE
-        t.events.append(OpEvent(n.id, n.name or n.op.value, stream, s, d, cat))
+        t.events.append(OpEvent(n.id, n.name or n.op.value, stream, s, d, cat, base[n.id]))
         t.add_busy(cat, d)
         t.duration = max(t.duration, s + d)
     return t

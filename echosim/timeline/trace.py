@@ -1,19 +1,23 @@
-"""Chrome / Perfetto trace export (opens in ui.perfetto.dev or chrome://tracing).
+"""Chrome / Perfetto trace export (opens in ui.perfetto.dev or chrome://tracing), read from the costed graph.
 
-One process per pipeline stage with a compute and a communication track holding
-every micro-batch's forward and backward block, the data-parallel gradient
-reduction and the optimizer step; and one process per stage with the op-level
+One process per pipeline stage with a compute and a communication track holding every
+micro-batch's forward and backward block, the exposed gradient reduction, the step-end
+collectives and the optimizer step; and one process per virtual stage with the op-level
 detail of its first micro-batch (a repeated layer is drawn once per repetition).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from echosim.errors import EchosimError
+from echosim.timeline.costed import CostedGraph
 from echosim.timeline.streams import UnitTiming
 
 _US = 1e6
+_TRACKS = {0: "compute", 1: "communication"}
 
 
 def _event(name: str, pid: int, tid: int, start_s: float, dur_s: float, cat: str, **args: Any) -> dict[str, Any]:
@@ -47,44 +51,36 @@ def _unit_events(pid: int, units: list[tuple[UnitTiming, int]], t0: float) -> tu
     return events, t
 
 
-def chrome_trace(compiled: Any) -> dict[str, Any]:
-    """Build the trace for a :class:`~echosim.compiler.Compiled` result."""
+def chrome_trace(costed: CostedGraph, model: str = "") -> dict[str, Any]:
+    """The trace-event JSON of a costed step."""
     events: list[dict[str, Any]] = []
-    timings = compiled.timings
-    pp = int(compiled.report.plan["pp"])
-    ends = dict.fromkeys(range(pp), 0.0)
+    pp = costed.pp
     names = {"F": "forward", "B": "backward", "W": "weight-gradient"}
-    for b in compiled.blocks:
+    for b in costed.blocks:
         events.append(
             _event(f"{b.kind}{b.microbatch}", b.stage, 0, b.start, b.end - b.start, names[b.kind],
                    microbatch=b.microbatch, chunk=b.vstage // pp)
         )  # fmt: skip
-        ends[b.stage] = max(ends[b.stage], b.end)
     for r in range(pp):
-        events += _meta(r, f"stage {r} (schedule)", {0: "compute", 1: "communication"})
-        start = ends[r]
-        mine = [t for t in timings if t.index % pp == r]
-        exposed = mine[0].dp_exposed
-        if exposed:
-            busy = sum(t.dp_busy for t in mine)
-            events.append(_event("dp grad reduction (exposed)", r, 1, start, exposed, "comm.dp", busy_s=busy))
-        start += exposed
-        for t in mine:
-            for axis, sec in sorted(t.step_end_comm.items()):
-                events.append(_event(f"{axis} step-end collectives", r, 1, start, sec, f"comm.{axis}"))
-                start += sec
-        optimizer = sum(t.optimizer for t in mine)
-        events.append(_event("optimizer step", r, 0, start, optimizer, "optimizer"))
-    for t in timings:
-        pid = len(timings) + t.index
-        events += _meta(pid, f"stage {t.index % pp} chunk {t.index // pp} ops (micro-batch 0)",
-                        {0: "compute", 1: "communication"})  # fmt: skip
-        fwd, end = _unit_events(pid, t.fwd_units, 0.0)
-        bwd, _ = _unit_events(pid, t.bwd_units, end)
+        events += _meta(r, f"stage {r} (schedule)", _TRACKS)
+        for t in costed.rank_tail(r):
+            if t.task == "dp" and not t.duration:
+                continue
+            args = {"busy_s": t.busy} if t.task == "dp" else {}
+            events.append(_event(t.name, r, 0 if t.stream == "compute" else 1, t.start, t.duration, t.category, **args))
+    stages = costed.stages
+    for s in stages:
+        pid = len(stages) + s.index
+        events += _meta(pid, f"stage {s.index % pp} chunk {s.index // pp} ops (micro-batch 0)", _TRACKS)
+        fwd, end = _unit_events(pid, s.fwd_units, 0.0)
+        bwd, _ = _unit_events(pid, s.bwd_units, end)
         events += fwd + bwd
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"model": compiled.report.model}}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"model": model}}
 
 
-def write_trace(compiled: Any, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(chrome_trace(compiled), f, separators=(",", ":"), sort_keys=True)
+def write_trace(costed: CostedGraph, path: str | Path, model: str = "") -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(chrome_trace(costed, model), f, separators=(",", ":"), sort_keys=True)
+    except OSError as exc:
+        raise EchosimError(f"--trace {path}: cannot write ({exc.strerror or exc})") from None

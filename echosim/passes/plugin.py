@@ -1,0 +1,116 @@
+"""The built-in passes register through the same hook a plugin's pass uses, in pipeline order.
+
+This is the one place that reads a plan into pass options. Graph-level passes rewrite the
+whole model before the pipeline split; stage-level passes run on each pipeline stage after
+it. Each registration names the pass it follows, so a plugin can slot its own in between
+(``after="autodiff", before="recompute"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echosim.plugins import hookimpl
+from echosim.plugins.hookspecs import RegisterPass
+
+
+def _attention(plan: Any) -> object:
+    from echosim.passes.attention import AttentionKernel
+
+    return AttentionKernel(plan.attention == "flash")
+
+
+def _context(plan: Any) -> object:
+    from echosim.passes.context_parallel import ContextParallel
+
+    return ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance)
+
+
+def _tensor(plan: Any) -> object:
+    from echosim.passes.tensor_parallel import TensorParallel
+
+    return TensorParallel(plan.tp, sequence_parallel=plan.sp)
+
+
+def _expert(plan: Any) -> object:
+    from echosim.passes.expert_parallel import ExpertParallel
+
+    return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance)
+
+
+def _recompute(plan: Any) -> object:
+    from echosim.passes.recompute import Recompute
+
+    return Recompute(plan.recompute)
+
+
+def _fp8(plan: Any) -> object | None:
+    from echosim.passes.precision import Fp8Linears
+
+    return Fp8Linears() if plan.dtype == "fp8" else None
+
+
+def _data_parallel(plan: Any) -> object:
+    from echosim.ir.types import DType
+    from echosim.passes.data_parallel import DataParallel
+
+    # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
+    reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
+    return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero)
+
+
+def _optimizer(plan: Any) -> object:
+    from echosim.passes.data_parallel import Optimizer
+
+    shard = plan.dp * plan.cp if plan.zero >= 1 else 1  # ZeRO shards over every gradient replica
+    return Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32")
+
+
+def _gradient_groups(plan: Any) -> object:
+    from echosim.passes.gradient_groups import GradientGroups
+
+    return GradientGroups(plan.cp, plan.ep)  # gradients span dp x cp ranks; experts only dp x cp / ep
+
+
+def _classes() -> dict[str, type]:
+    from echosim.passes.attention import AttentionKernel
+    from echosim.passes.autodiff import Autodiff
+    from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
+    from echosim.passes.data_parallel import DataParallel, Optimizer
+    from echosim.passes.expert_parallel import ExpertParallel
+    from echosim.passes.gradient_groups import GradientGroups
+    from echosim.passes.precision import Fp8Linears
+    from echosim.passes.recompute import Recompute
+    from echosim.passes.tensor_parallel import TensorParallel
+
+    classes: list[type] = [
+        AttentionKernel, ContextParallel, TensorParallel, ExpertParallel, Autodiff, ContextParallelBackward,
+        Recompute, Fp8Linears, DataParallel, Optimizer, GradientGroups,
+    ]  # fmt: skip
+    return {cls.name: cls for cls in classes}  # type: ignore[attr-defined]
+
+
+#: (name, configure, level), in the order they run.
+BUILTIN_PASSES: tuple[tuple[str, Any, str], ...] = (
+    ("attention-kernel", _attention, "graph"),
+    ("context-parallel", _context, "graph"),
+    ("tensor-parallel", _tensor, "graph"),
+    ("expert-parallel", _expert, "graph"),
+    ("autodiff", None, "graph"),
+    ("context-parallel-backward", None, "graph"),
+    ("recompute", _recompute, "graph"),
+    ("fp8-linears", _fp8, "graph"),
+    ("data-parallel", _data_parallel, "stage"),
+    ("optimizer", _optimizer, "stage"),
+    ("gradient-groups", _gradient_groups, "stage"),
+)
+
+
+@hookimpl
+def register_passes(register: RegisterPass) -> None:
+    classes = _classes()
+    previous: dict[str, str] = {}
+    for name, configure, level in BUILTIN_PASSES:
+        after = (previous[level],) if level in previous else ()
+        register(name, classes[name], configure=configure, level=level, after=after)
+        previous[level] = name

@@ -1,0 +1,325 @@
+"""The costed execution graph of one training step: every task with a stream, a start and a duration.
+
+Two levels, both folded so that size does not grow with layers or devices:
+
+* **ops**: for each distinct pipeline-stage shape, one micro-batch's forward and backward as
+  *units* (before the repeated block, the block once with its repeat count, after it), each
+  op with its stream, start within its unit, duration, undilated duration and slowdown;
+  stages of the same shape share one lowering (all the middle stages of a pipeline);
+* **tasks**: the schedule's blocks (``F``/``B``/``W`` of every micro-batch on every rank)
+  and each rank's step tail (exposed gradient reduction, step-end collectives, optimizer).
+
+:func:`~echosim.timeline.lower.lower_step` builds it; the report, the breakdown, the trace
+and the memory timeline read it. :meth:`CostedGraph.dag` gives the same content as a
+networkx ``DiGraph`` (data and stream-order edges weighted by the time they impose), whose
+longest path is the step time; :func:`write_graph` writes it as GraphML or node-link JSON.
+The attributes are documented in docs/costed-graph.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from echosim.errors import EchosimError
+from echosim.ir.graph import Graph
+from echosim.ir.ops import CollectiveAttrs, OpKind
+from echosim.passes.flops import io_bytes, node_flops
+from echosim.timeline.schedule import BlockTime, in_flight
+from echosim.timeline.streams import UnitTiming
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+GRAPH_FORMATS = (".graphml", ".json")
+_PARTS = ("pre", "block", "post")
+
+
+@dataclass
+class StageCost:
+    """One virtual pipeline stage (a model chunk) lowered for one micro-batch."""
+
+    index: int
+    layers: int
+    fwd: float
+    bwd: float  # the whole backward, or its input-gradient half when wgrad > 0
+    wgrad: float
+    fwd_units: list[tuple[UnitTiming, int]]  # (unit, times it runs per micro-batch)
+    bwd_units: list[tuple[UnitTiming, int]]
+    p2p_fwd: float
+    p2p_bwd: float
+    dp_exposed: float
+    dp_busy: float
+    step_end_comm: dict[str, float]  # axis -> seconds of collectives after the last backward
+    optimizer: float
+    graph: Graph = field(repr=False)
+    vstages: tuple[int, ...] = ()  # the virtual stages that share this lowering (same shape)
+
+    @property
+    def step_end(self) -> float:
+        return sum(self.step_end_comm.values())
+
+
+class TailTask(NamedTuple):
+    """A task of a rank's step tail, after its last block."""
+
+    rank: int
+    task: str  # "dp", "step_end" or "optimizer"
+    name: str
+    stream: str
+    category: str
+    start: float
+    duration: float
+    busy: float = 0.0  # for "dp": seconds the reduction runs, most of them hidden under the backward
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass
+class CostedGraph:
+    """The lowered step; see the module docstring. ``stages`` are indexed by virtual stage."""
+
+    stages: list[StageCost]
+    blocks: list[BlockTime]
+    tails: list[TailTask]
+    pp: int
+    microbatches: int
+
+    def rank_blocks(self, rank: int) -> list[BlockTime]:
+        """A rank's blocks in the order it runs them."""
+        return [b for b in self.blocks if b.stage == rank]
+
+    @cached_property
+    def block_ends(self) -> dict[int, float]:
+        """When each rank's last block ends (before its step tail)."""
+        ends = dict.fromkeys(range(self.pp), 0.0)
+        for b in self.blocks:
+            ends[b.stage] = max(ends[b.stage], b.end)
+        return ends
+
+    @cached_property
+    def rank_ends(self) -> list[float]:
+        """When each rank finishes the step (its tail included)."""
+        ends = list(self.block_ends.values())
+        for t in self.tails:
+            ends[t.rank] = max(ends[t.rank], t.end)
+        return ends
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.rank_ends)
+
+    @property
+    def critical_rank(self) -> int:
+        """The rank that finishes last (the first of them on a tie)."""
+        return self.rank_ends.index(self.step_time_s)
+
+    def chunks(self, rank: int) -> list[StageCost]:
+        """The virtual stages (model chunks) a pipeline rank runs."""
+        return [s for s in self.stages if s.index % self.pp == rank]
+
+    def last_chunk(self, rank: int) -> StageCost:
+        """The chunk of the block a rank runs last: its backward ends the rank's gradient sync."""
+        end, vstage = 0.0, rank
+        for b in self.blocks:
+            if b.stage == rank and b.end >= end:
+                end, vstage = b.end, b.vstage
+        return self.stages[vstage]
+
+    def rank_tail(self, rank: int) -> list[TailTask]:
+        return [t for t in self.tails if t.rank == rank]
+
+    def in_flight(self, rank: int) -> dict[int, int]:
+        """Peak micro-batches per virtual stage whose activations the rank holds (the memory timeline's peak)."""
+        return in_flight([[(b.kind, b.vstage, b.microbatch) for b in self.rank_blocks(rank)]], 0)
+
+    def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
+        """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""
+        live: dict[int, int] = {}
+        out = []
+        for b in self.rank_blocks(rank):
+            if b.kind == "F":
+                live[b.vstage] = live.get(b.vstage, 0) + 1
+                out.append((b.start, dict(live)))
+            elif b.kind == "B":
+                live[b.vstage] -= 1
+                out.append((b.end, dict(live)))
+        return out
+
+    def dag(self) -> nx.DiGraph:
+        """The costed graph as a networkx DiGraph (built on first use; see docs/costed-graph.md)."""
+        return to_networkx(self)
+
+    def longest_path_s(self) -> float:
+        """Length of the longest path through :meth:`dag` (edge ``weight``: seconds one task imposes on the next)."""
+        import networkx as nx
+
+        return float(nx.dag_longest_path_length(self.dag(), weight="weight"))
+
+
+def _unit_names(stage: StageCost) -> list[tuple[str, UnitTiming, int]]:
+    names = []
+    work = [("forward", stage.fwd_units), ("backward", stage.bwd_units[:3])]
+    if len(stage.bwd_units) > 3:
+        work.append(("wgrad", stage.bwd_units[3:]))
+    for label, units in work:
+        for part, (unit, count) in zip(_PARTS, units, strict=False):
+            names.append((f"{label}.{part}", unit, count))
+    return names
+
+
+def to_networkx(costed: CostedGraph) -> nx.DiGraph:
+    """Ops (per distinct stage shape and unit) and tasks (blocks and tails) with their dependencies."""
+    import networkx as nx
+
+    g = nx.DiGraph(step_time_s=costed.step_time_s, pp=costed.pp, microbatches=costed.microbatches)
+    seen: set[int] = set()
+    for stage in costed.stages:
+        if id(stage.fwd_units) in seen:  # a stage of a shape already added: its ops stand for it too
+            continue
+        seen.add(id(stage.fwd_units))
+        for unit_name, unit, count in _unit_names(stage):
+            _add_unit(g, stage, unit_name, unit, count, costed.microbatches)
+    _add_tasks(g, costed)
+    return g
+
+
+def _add_unit(g: nx.DiGraph, stage: StageCost, unit_name: str, unit: UnitTiming, count: int, m: int) -> None:
+    graph = stage.graph
+    vstages = stage.vstages or (stage.index,)
+    prefix = f"op:v{vstages[0]}:{unit_name}:"
+    events = {e.node: e for e in unit.events}
+    members = set(unit.nodes)
+    for e in unit.events:
+        n = graph[e.node]
+        attrs: dict[str, Any] = {
+            "kind": "collective" if n.op.is_collective else "op",
+            "op": n.op.value,
+            "name": e.name,
+            "scope": n.scope,
+            "phase": n.phase.value,
+            "stream": e.stream,
+            "category": e.category,
+            "unit": unit_name,
+            "vstages": ",".join(map(str, vstages)),
+            "count": count,
+            "runs": count * m * len(vstages),
+            "start_s": e.start,
+            "duration_s": e.duration,
+            "base_s": e.base,
+            "slowdown": e.duration / e.base if e.base > 0 else 1.0,
+            "flops": node_flops(n),
+        }
+        if isinstance(n.attrs, CollectiveAttrs):
+            attrs.update(bytes=n.attrs.bytes, axis=n.attrs.axis.value, group=n.attrs.size, role=n.attrs.role.value)
+        else:
+            attrs["bytes"] = io_bytes(graph, n)
+        g.add_node(prefix + str(e.node), **attrs)
+
+    def producers(nid: int) -> set[int]:
+        """Ops of this unit that ``nid`` waits on, looking through free nodes (views) in between."""
+        out: set[int] = set()
+        stack = list(graph[nid].inputs)
+        while stack:
+            i = stack.pop()
+            if i not in members:
+                continue
+            if i in events:
+                out.add(i)
+            elif graph[i].op is not OpKind.PARAMETER:
+                stack.extend(graph[i].inputs)
+        return out
+
+    last: dict[str, int] = {}
+    position = {nid: i for i, nid in enumerate(unit.nodes)}
+    for e in sorted(unit.events, key=lambda x: (x.start, position[x.node])):
+        for src in sorted(producers(e.node)):
+            chunked = (src, e.node) in unit.chunked
+            weight = 0.0 if chunked else events[src].duration
+            g.add_edge(prefix + str(src), prefix + str(e.node), kind="chunked" if chunked else "data",
+                       lag_s=0.0, weight=weight)  # fmt: skip
+        before = last.get(e.stream)
+        if before is not None and not g.has_edge(prefix + str(before), prefix + str(e.node)):
+            g.add_edge(prefix + str(before), prefix + str(e.node), kind="order", lag_s=0.0,
+                       weight=events[before].duration)  # fmt: skip
+        last[e.stream] = e.node
+
+
+def _block_id(kind: str, vstage: int, microbatch: int) -> str:
+    return f"{kind}{microbatch}@v{vstage}"
+
+
+def _add_tasks(g: nx.DiGraph, costed: CostedGraph) -> None:
+    pp, vstages = costed.pp, len(costed.stages)
+    dur: dict[str, float] = {}
+    g.add_node("start", kind="start", start_s=0.0, duration_s=0.0)
+    for b in costed.blocks:
+        bid = _block_id(b.kind, b.vstage, b.microbatch)
+        dur[bid] = b.end - b.start
+        g.add_node(bid, kind="block", block=b.kind, rank=b.stage, vstage=b.vstage, chunk=b.vstage // pp,
+                   microbatch=b.microbatch, start_s=b.start, duration_s=b.end - b.start)  # fmt: skip
+    stages = costed.stages
+    for b in costed.blocks:
+        bid = _block_id(b.kind, b.vstage, b.microbatch)
+        deps: list[tuple[str, float]] = []
+        if b.kind == "F" and b.vstage > 0:
+            deps.append((_block_id("F", b.vstage - 1, b.microbatch), stages[b.vstage - 1].p2p_fwd))
+        elif b.kind == "B":
+            deps.append((_block_id("F", b.vstage, b.microbatch), 0.0))
+            if b.vstage < vstages - 1:
+                deps.append((_block_id("B", b.vstage + 1, b.microbatch), stages[b.vstage + 1].p2p_bwd))
+        elif b.kind == "W":
+            deps.append((_block_id("B", b.vstage, b.microbatch), 0.0))
+        if not deps:
+            g.add_edge("start", bid, kind="order", lag_s=0.0, weight=0.0)
+        for src, lag in deps:
+            g.add_edge(src, bid, kind="data", lag_s=lag, weight=dur[src] + lag)
+    g.add_node("end", kind="end", start_s=costed.step_time_s, duration_s=0.0)
+    for r in range(pp):
+        previous = None
+        for b in costed.rank_blocks(r):
+            bid = _block_id(b.kind, b.vstage, b.microbatch)
+            if previous is not None and not g.has_edge(previous, bid):
+                g.add_edge(previous, bid, kind="order", lag_s=0.0, weight=dur[previous])
+            previous = bid
+        for i, t in enumerate(costed.rank_tail(r)):
+            tid = f"tail:r{r}:{i}:{t.task}"
+            g.add_node(tid, kind="tail", task=t.task, name=t.name, rank=r, stream=t.stream, category=t.category,
+                       start_s=t.start, duration_s=t.duration)  # fmt: skip
+            if previous is None:
+                g.add_edge("start", tid, kind="order", lag_s=0.0, weight=0.0)
+            else:
+                g.add_edge(previous, tid, kind="order", lag_s=0.0, weight=dur[previous])
+            dur[tid] = t.duration
+            previous = tid
+        if previous is not None:
+            g.add_edge(previous, "end", kind="order", lag_s=0.0, weight=dur[previous])
+
+
+def check_graph_path(path: str | Path) -> None:
+    """Refuse an unknown format before the compile runs, so the mistake costs nothing."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in GRAPH_FORMATS:
+        raise EchosimError(f"--graph {path}: unknown format {suffix or '(no suffix)'!r} (known: .graphml, .json)")
+
+
+def write_graph(costed: CostedGraph, path: str | Path) -> None:
+    """Write the costed graph as GraphML (``.graphml``) or node-link JSON (``.json``), by the file's suffix."""
+    import networkx as nx
+
+    check_graph_path(path)
+    path = Path(path)
+    g = costed.dag()
+    try:
+        if path.suffix.lower() == ".graphml":
+            nx.write_graphml(g, path)
+        else:
+            data = nx.node_link_data(g, edges="edges")
+            path.write_text(json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise EchosimError(f"--graph {path}: cannot write ({exc.strerror or exc})") from None

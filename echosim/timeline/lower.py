@@ -1,0 +1,266 @@
+"""Lowering: pipeline stages + a backend -> the :class:`~echosim.timeline.costed.CostedGraph` of one step.
+
+Symmetry first: every TP/DP peer of a pipeline stage runs the same program, so one
+representative rank per stage is lowered. A stage's micro-batch forward and backward are
+simulated op by op on a compute and a communication stream (a repeated layer once, then
+scaled by its count); stages with the same shape share one lowering; the pipeline schedule
+composes their blocks across ranks and micro-batches; the gradient reduction of the last
+micro-batch overlaps its backward, and the step-end collectives and the optimizer close the
+step. :func:`lower_step` is the only place that composes time: the report, the trace, the
+memory timeline and the graph export all read its result. Cost does not depend on the
+number of devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from echosim.backends.base import Backend, Placement
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
+from echosim.passes.flops import io_bytes
+from echosim.passes.pipeline import Stage
+from echosim.timeline.costed import CostedGraph, StageCost, TailTask
+from echosim.timeline.schedule import Schedule, compose
+from echosim.timeline.streams import UnitTiming, pipelined_edges, simulate_unit
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """What lowering needs to know of the layout; the compiler fills it from the plan."""
+
+    schedule: Schedule
+    pp: int = 1
+    vpp: int = 1
+    microbatches: int = 1
+    tp: int = 1
+    sp: bool = False  # with sequence parallelism a stage boundary already carries 1/tp of the activation
+    tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives
+    overlap_dp: bool = True  # the gradient reduction overlaps the last backward
+
+
+class Coster:
+    """Seconds of one IR node on the backend; collectives are priced on their axis's placement."""
+
+    def __init__(self, graph: Graph, backend: Backend, where: dict[Axis, Placement]) -> None:
+        self.graph, self.backend, self.where = graph, backend, where
+
+    def __call__(self, node: Node) -> float:
+        if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER):
+            return 0.0
+        if node.op.is_collective:
+            assert isinstance(node.attrs, CollectiveAttrs)
+            if node.attrs.size <= 1:
+                return 0.0
+            return self.backend.collective_time_s(node.op, node.attrs.bytes, self.where[node.attrs.axis])
+        return self.backend.op_time_s(node, io_bytes(self.graph, node))
+
+
+def weight_grad_nodes(graph: Graph) -> set[int]:
+    """Backward nodes that only feed weight gradients (zero-bubble schedules defer them)."""
+    grads = set(graph.grads.values())
+    users: dict[int, list[int]] = {}
+    for n in graph:
+        for i in n.inputs:
+            users.setdefault(i, []).append(n.id)
+    w: set[int] = set()
+    for n in reversed(list(graph)):
+        if n.phase is not Phase.BACKWARD:
+            continue
+        readers = [graph[u] for u in users.get(n.id, [])]
+        grad_only = all(u.id in w or (u.op.is_collective and u.op is not OpKind.SEND) for u in readers)
+        if n.id in grads or (readers and grad_only):
+            w.add(n.id)
+    return w
+
+
+def _in_units(n: Node) -> bool:
+    """Ops simulated inside a micro-batch's forward/backward; other collectives are timed apart."""
+    if n.phase is Phase.OPTIMIZER:
+        return False
+    return not isinstance(n.attrs, CollectiveAttrs) or n.attrs.role is Role.LAYER
+
+
+def _units(graph: Graph, split_w: bool = False) -> tuple[list[tuple[list[Node], int]], ...]:
+    """Split a stage into (nodes, repeat) units for forward, backward and weight-gradient work."""
+    mult = next(iter(graph.repeats.values()), 1)
+    wset = weight_grad_nodes(graph) if split_w else set()
+    fwd = [n for n in graph if n.phase is Phase.FORWARD and _in_units(n)]
+    bwd = [n for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and _in_units(n) and n.id not in wset]
+    wgt = [n for n in graph if n.id in wset and _in_units(n)]
+
+    def split(nodes: list[Node]) -> list[tuple[list[Node], int]]:
+        """(before the block, the block, after the block): 'after' descends from the block."""
+        inside = [n for n in nodes if graph.block_of(n) is not None]
+        later = {n.id for n in inside}
+        for n in graph:  # graph order is topological: one sweep finds every descendant
+            if n.id not in later and any(i in later for i in n.inputs):
+                later.add(n.id)
+        outside = [n for n in nodes if graph.block_of(n) is None]
+        return [
+            ([n for n in outside if n.id not in later], 1),
+            (inside, mult),
+            ([n for n in outside if n.id in later], 1),
+        ]
+
+    return split(fwd), split(bwd), split(wgt)
+
+
+def repeated(unit: UnitTiming, times: int) -> float:
+    """``times`` back-to-back runs of a unit: steady-state periods, then the last one's tail."""
+    if times <= 0:
+        return 0.0
+    return (times - 1) * unit.period + unit.duration
+
+
+def lower_stage(
+    stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions, vstages: tuple[int, ...]
+) -> StageCost:
+    """Lower one (virtual) pipeline stage for one micro-batch; ``vstages`` are the stages it stands for."""
+    graph = stage.graph
+    cost = Coster(graph, backend, where)
+    overlap = backend.overlap()
+    fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
+
+    def sim(nodes: list[Node]) -> UnitTiming:
+        chunked = pipelined_edges(nodes) if options.tp_overlap else None
+        return simulate_unit(graph, nodes, cost, overlap, chunked)
+
+    fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
+    bwd_units = [(sim(nodes), k) for nodes, k in bwd_parts]
+    w_units = [(sim(nodes), k) for nodes, k in w_parts]
+    fwd = sum(repeated(u, k) for u, k in fwd_units)
+    bwd = sum(repeated(u, k) for u, k in bwd_units)
+    wgrad = sum(repeated(u, k) for u, k in w_units)
+    if w_parts[1][0]:  # the weight-gradient units belong to the backward for breakdown and trace
+        bwd_units = bwd_units + w_units
+
+    def p2p(phases: tuple[Phase, ...]) -> float:
+        sends = [n for n in graph if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE]
+        total = 0.0
+        for n in sends:
+            nbytes = n.out.nbytes
+            # Megatron's scatter/gather: 1/tp over the network, all_gather in the node; with
+            # sequence parallelism the activation is already split 1/tp.
+            if options.tp > 1 and not options.sp:
+                total += backend.collective_time_s(OpKind.SEND, nbytes // options.tp, where[Axis.PP])
+                total += backend.collective_time_s(OpKind.ALL_GATHER, nbytes, where[Axis.TP])
+            else:
+                total += backend.collective_time_s(OpKind.SEND, nbytes, where[Axis.PP])
+        return total
+
+    grad_sync = [n for n in graph if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
+    grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)  # dense buckets, then the experts' share
+    dp_exposed, dp_busy = _dp_tail(graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown)
+    step_end: dict[str, float] = {}
+    for n in graph:
+        if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END:
+            axis = _axis(n).value  # type: ignore[union-attr]
+            step_end[axis] = step_end.get(axis, 0.0) + cost(n)
+    opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
+    return StageCost(
+        stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
+        p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
+        dp_exposed, dp_busy, step_end, opt, graph, vstages,
+    )  # fmt: skip
+
+
+def _role(node: Node) -> Role | None:
+    return node.attrs.role if isinstance(node.attrs, CollectiveAttrs) else None
+
+
+def _axis(node: Node) -> Axis | None:
+    return node.attrs.axis if isinstance(node.attrs, CollectiveAttrs) else None
+
+
+def _dp_tail(
+    graph: Graph,
+    nodes: list[Node],
+    cost: Coster,
+    bwd_units: list[tuple[UnitTiming, int]],
+    overlap_dp: bool,
+    slowdown: float,
+) -> tuple[float, float]:
+    """Exposed seconds of the gradient reduction after the last backward, and its busy time.
+
+    Buckets of the repeated block become ready one layer at a time during the last
+    micro-batch's backward; the rest are ready when it ends. Compute that runs
+    beside a bucket is slowed by ``slowdown``; that extra time counts as exposed.
+    """
+    if not nodes:
+        return 0.0, 0.0
+    (first, _), (block, layers), _last = bwd_units[:3]
+    per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
+    rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
+    total_bwd = first.duration + repeated(block, layers) + _last[0].duration
+    busy = per_layer * layers + rest
+    if not overlap_dp:
+        return busy, busy
+    comm_end = 0.0
+    overlapped = 0.0
+    for j in range(1, layers + 1):
+        ready = first.duration + j * block.period
+        start = max(ready, comm_end)
+        comm_end = start + per_layer
+        overlapped += max(0.0, min(comm_end, total_bwd) - start)
+    comm_end = max(comm_end, total_bwd) + rest
+    exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
+    return exposed, busy
+
+
+def _shape_key(stage: Stage, last: int) -> tuple[bool, bool, int]:
+    """Virtual stages with the same key lower identically: all the middle ones share one lowering."""
+    return (stage.index == 0, stage.index == last, stage.layers)
+
+
+def lower_step(
+    stages: Sequence[Stage], backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> CostedGraph:
+    """The one function that composes time: stages lowered (once per shape), scheduled, then the step tail."""
+    last = len(stages) - 1
+    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
+    for s in stages:
+        key = _shape_key(s, last)
+        shared[key] = (*shared.get(key, ()), s.index)
+    lowered: dict[tuple[bool, bool, int], StageCost] = {}
+    costs = []
+    for s in stages:
+        key = _shape_key(s, last)
+        if key not in lowered:
+            lowered[key] = lower_stage(s, backend, where, options, shared[key])
+        costs.append(replace(lowered[key], index=s.index, layers=s.layers))
+    orders = options.schedule.orders(options.pp, options.microbatches, options.vpp)
+    blocks = compose(
+        orders,
+        [s.fwd for s in costs],
+        [s.bwd for s in costs],
+        [s.p2p_fwd for s in costs],
+        [s.p2p_bwd for s in costs],
+        [s.wgrad for s in costs] if options.schedule.split_backward else None,
+    )
+    return CostedGraph(costs, blocks, _tails(costs, blocks, options.pp), options.pp, options.microbatches)
+
+
+def _tails(costs: list[StageCost], blocks: Sequence[object], pp: int) -> list[TailTask]:
+    """Per pipeline rank, after its last block: the exposed gradient reduction, step-end collectives, optimizer."""
+    ends = dict.fromkeys(range(pp), 0.0)
+    last_chunk: dict[int, int] = {}
+    for b in blocks:
+        if b.end >= ends[b.stage]:  # type: ignore[attr-defined]
+            ends[b.stage], last_chunk[b.stage] = b.end, b.vstage  # type: ignore[attr-defined]
+    tails = []
+    for r in range(pp):
+        mine = [c for c in costs if c.index % pp == r]
+        t = ends[r]
+        exposed = costs[last_chunk.get(r, r)].dp_exposed
+        busy = sum(c.dp_busy for c in mine)
+        tails.append(TailTask(r, "dp", "dp grad reduction (exposed)", "comm", "comm.dp", t, exposed, busy))
+        t += exposed
+        for c in mine:
+            for axis, sec in sorted(c.step_end_comm.items()):
+                tails.append(TailTask(r, "step_end", f"{axis} step-end collectives", "comm", f"comm.{axis}", t, sec))
+                t += sec
+        optimizer = sum(c.optimizer for c in mine)
+        tails.append(TailTask(r, "optimizer", "optimizer step", "compute", "optimizer", t, optimizer))
+    return tails

@@ -1,0 +1,49 @@
+"""Where each parallel axis's communication groups sit on the machine, in Megatron-Core's rank order.
+
+The backend prices a collective from its :class:`~echosim.backends.base.Placement` (nodes
+spanned, members per node, sibling groups sharing a node's links); this module derives one
+placement per :class:`~echosim.ir.ops.Axis` from the parallel degrees, in closed form, so
+it costs the same at 8 devices as at 16,384.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echosim.backends.base import Placement
+from echosim.backends.topology import megatron_placement
+from echosim.ir.ops import Axis
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The parallel degrees of a layout (expert parallelism is carved out of ``dp * cp``)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+
+def axis_placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
+    """A placement for every axis a collective can name.
+
+    Dense layers order ranks tp, cp, dp, pp and reduce gradients over the dp x cp ranks of a
+    stage. Expert layers order them tp, ep, edp, pp (cp folds into ep x edp): an EP group is
+    ``ep`` ranks ``tp`` apart, its experts' data-parallel peers ``tp * ep`` apart. Tied
+    embeddings synchronise the first and the last pipeline stage.
+    """
+    sizes = {"tp": d.tp, "dp": d.dp, "pp": d.pp}
+    out = {Axis(axis): megatron_placement(axis, sizes, devices_per_node) for axis in sizes}
+    pp = out[Axis.PP]
+    out[Axis.EMBED] = Placement(2, min(2, pp.nodes), 1 if pp.nodes > 1 else 2, pp.concurrent_per_node)
+    if d.cp > 1 or d.ep > 1:
+        dense = {"tp": d.tp, "cp": d.cp, "dp": d.dp, "pp": d.pp}
+        out.update({Axis(axis): megatron_placement(axis, dense, devices_per_node) for axis in dense})
+        out[Axis.DP] = megatron_placement("dp", {"tp": d.tp, "dp": d.dp * d.cp, "pp": d.pp}, devices_per_node)
+        expert = {"tp": d.tp, "ep": d.ep, "edp": max(1, d.dp * d.cp // d.ep), "pp": d.pp}
+        out[Axis.EP] = megatron_placement("ep", expert, devices_per_node)
+        out[Axis.EDP] = out[Axis.EFSDP] = megatron_placement("edp", expert, devices_per_node)
+    out[Axis.FSDP] = out[Axis.DP]  # ZeRO-3 / FSDP shards over the data-parallel group
+    return out
