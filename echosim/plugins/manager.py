@@ -94,6 +94,7 @@ class Registry:
     #: One line per plugin that failed to load or raised inside a hook.
     errors: list[str] = field(default_factory=list)
     _infos: list[PluginInfo] = field(default_factory=list, repr=False)
+    _pipelines: dict[str, list[Entry]] = field(default_factory=dict, repr=False, compare=False)
     _pm: pluggy.PluginManager | None = field(default=None, repr=False, compare=False)
 
     def backend(self, name: str) -> Callable[[], object]:
@@ -114,6 +115,8 @@ class Registry:
         An ``after`` or ``before`` that names no pass of the level, or constraints that
         contradict each other, are errors naming the plugin.
         """
+        if level in self._pipelines:
+            return list(self._pipelines[level])
         entries = [e for e in self.passes.values() if e.value.level == level]
         names = {e.name for e in entries}
         follows: dict[str, set[str]] = {e.name: set() for e in entries}
@@ -137,7 +140,8 @@ class Registry:
                 raise PluginError(f"the {level}-level passes {stuck} have contradicting after/before orders")
             order.append(ready)
             placed.add(ready.name)
-        return order
+        self._pipelines[level] = order
+        return list(order)
 
     def schedule(self, name: str) -> object:
         """The schedule registered as ``name``."""

@@ -90,17 +90,21 @@ class CostedGraph:
     pp: int
     microbatches: int
 
+    @cached_property
+    def _by_rank(self) -> dict[int, list[BlockTime]]:
+        by_rank: dict[int, list[BlockTime]] = {r: [] for r in range(self.pp)}
+        for b in self.blocks:
+            by_rank[b.stage].append(b)
+        return by_rank
+
     def rank_blocks(self, rank: int) -> list[BlockTime]:
         """A rank's blocks in the order it runs them."""
-        return [b for b in self.blocks if b.stage == rank]
+        return self._by_rank[rank]
 
     @cached_property
     def block_ends(self) -> dict[int, float]:
         """When each rank's last block ends (before its step tail)."""
-        ends = dict.fromkeys(range(self.pp), 0.0)
-        for b in self.blocks:
-            ends[b.stage] = max(ends[b.stage], b.end)
-        return ends
+        return {r: max((b.end for b in blocks), default=0.0) for r, blocks in self._by_rank.items()}
 
     @cached_property
     def rank_ends(self) -> list[float]:
@@ -122,14 +126,6 @@ class CostedGraph:
     def chunks(self, rank: int) -> list[StageCost]:
         """The virtual stages (model chunks) a pipeline rank runs."""
         return [s for s in self.stages if s.index % self.pp == rank]
-
-    def last_chunk(self, rank: int) -> StageCost:
-        """The chunk of the block a rank runs last: its backward ends the rank's gradient sync."""
-        end, vstage = 0.0, rank
-        for b in self.blocks:
-            if b.stage == rank and b.end >= end:
-                end, vstage = b.end, b.vstage
-        return self.stages[vstage]
 
     def rank_tail(self, rank: int) -> list[TailTask]:
         return [t for t in self.tails if t.rank == rank]

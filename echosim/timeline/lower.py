@@ -22,7 +22,7 @@ from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
 from echosim.passes.flops import io_bytes
 from echosim.passes.pipeline import Stage
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask
-from echosim.timeline.schedule import Schedule, compose
+from echosim.timeline.schedule import BlockTime, Schedule, compose
 from echosim.timeline.streams import UnitTiming, pipelined_edges, simulate_unit
 
 
@@ -242,13 +242,16 @@ def lower_step(
     return CostedGraph(costs, blocks, _tails(costs, blocks, options.pp), options.pp, options.microbatches)
 
 
-def _tails(costs: list[StageCost], blocks: Sequence[object], pp: int) -> list[TailTask]:
-    """Per pipeline rank, after its last block: the exposed gradient reduction, step-end collectives, optimizer."""
+def _tails(costs: list[StageCost], blocks: Sequence[BlockTime], pp: int) -> list[TailTask]:
+    """Per pipeline rank, after its last block: the exposed gradient reduction, step-end collectives, optimizer.
+
+    The reduction that is exposed is the one of the chunk whose backward the rank runs last.
+    """
     ends = dict.fromkeys(range(pp), 0.0)
     last_chunk: dict[int, int] = {}
     for b in blocks:
-        if b.end >= ends[b.stage]:  # type: ignore[attr-defined]
-            ends[b.stage], last_chunk[b.stage] = b.end, b.vstage  # type: ignore[attr-defined]
+        if b.end >= ends[b.stage]:
+            ends[b.stage], last_chunk[b.stage] = b.end, b.vstage
     tails = []
     for r in range(pp):
         mine = [c for c in costs if c.index % pp == r]
