@@ -34,6 +34,7 @@ def run_calibration(
 ) -> dict[str, Any]:
     """Benchmark, fit and store calibration ``name`` for ``backend``; returns what was stored."""
     from echosim.backends.calibration import CalibrationError
+    from echosim.backends.device_names import backend_for_device
     from echosim.calibrate import bench, fit
     from echosim.calibrate.store import CalibrationStore, measurement_key
 
@@ -62,7 +63,7 @@ def run_calibration(
 
             if not torch.cuda.is_available():
                 raise CalibrationError(f"backend {backend!r} is a GPU and this machine has no CUDA device")
-            found = fit.gpu_backend_for(torch.cuda.get_device_name(0))
+            found = backend_for_device(torch.cuda.get_device_name(0))
             if found != backend:
                 raise CalibrationError(
                     f"this machine's GPU is {torch.cuda.get_device_name(0)!r} (backend {found!r}), not {backend!r}"
