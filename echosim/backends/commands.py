@@ -304,7 +304,7 @@ def validate(
         raise click.UsageError("give --microbench FILE and/or --cases FILE")
     out: dict[str, Any] = {}
     if microbench:
-        from echosim.backends.microbench import validate_microbench
+        from echosim.validation.microbench import validate_microbench
 
         out["microbench"] = validate_microbench(microbench).as_dict()
     if cases:
@@ -312,51 +312,12 @@ def validate(
     if as_json:
         click.echo(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2, sort_keys=True))
         return
+    from echosim.validation.tables import print_cases, print_microbench
+
     if "microbench" in out:
-        _print_microbench(out["microbench"], groups_only)
+        print_microbench(out["microbench"], groups_only)
     if "cases" in out:
-        from echosim.accuracy import print_cases
-
         print_cases(out["cases"], groups_only)
-
-
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"{100 * x:+.1f}%"
-
-
-def _print_microbench(result: dict[str, Any], groups_only: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not groups_only:
-        rows = Table("line", "device", "op", "metric", "measured", "predicted", "error", title="microbench rows")
-        for r in result["rows"]:
-            if "skipped" in r:
-                continue
-            rows.add_row(
-                str(r["line"]),
-                r["device"],
-                r["op"],
-                r["metric"],
-                f"{r['measured']:.4g}",
-                f"{r['predicted']:.4g}",
-                _pct(r["error"]),
-            )
-        console.print(rows)
-    groups = Table("group (device, op, scope, regime)", "rows", "MAPE", "max", "target", "meets", title="per group")
-    for name, g in result["groups"].items():
-        target = "" if g["target"] is None else f"{100 * g['target']:.0f}%"
-        meets = "" if g["meets"] is None else ("yes" if g["meets"] else "NO")
-        groups.add_row(name, str(g["rows"]), f"{100 * g['mape']:.1f}%", f"{100 * g['max']:.1f}%", target, meets)
-    console.print(groups)
-    reasons: dict[str, int] = {}
-    for r in result["rows"]:
-        if "skipped" in r:
-            reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
-    click.echo(f"{result['predicted']} rows predicted, {result['skipped']} skipped:")
-    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
-        click.echo(f"  {count:4d}  {reason}")
 
 
 def _validate_cases(path: str, filters: tuple[str, ...], calibration: str, quiet: bool) -> dict[str, Any]:
@@ -364,7 +325,7 @@ def _validate_cases(path: str, filters: tuple[str, ...], calibration: str, quiet
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from echosim.validate import selected_count, validate_cases
+    from echosim.validation.run import selected_count, validate_cases
 
     console = Console(stderr=True)
     total = selected_count(path, filters)
