@@ -1,6 +1,6 @@
 """Calibration: measure the machine, fit a backend's efficiency parameters, and use them.
 
-``echosim calibrate`` (:mod:`echosim.calibrate.commands`) microbenchmarks matmuls over a
+``echosim calibrate`` (:func:`~echosim.calibrate.run.run_calibration`) microbenchmarks matmuls over a
 shape sweep, memory-bound kernels and collectives with torch on the machine it runs on
 (:mod:`~echosim.calibrate.bench`), fits the backend's efficiency parameters to them
 (:mod:`~echosim.calibrate.fit`) and stores both under a name with the machine's identity
