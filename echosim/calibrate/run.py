@@ -28,9 +28,9 @@ def run_calibration(
     skip_benchmarks: bool = False,
 ) -> dict[str, Any]:
     """Benchmark, fit and store calibration ``name`` for ``backend``; returns what was stored."""
-    from echosim.backends.calibration import CalibrationError
     from echosim.backends.device_names import backend_for_device
     from echosim.calibrate import bench, fit
+    from echosim.calibrate.db import CalibrationError
     from echosim.calibrate.store import CalibrationStore, measurement_key
 
     say = echo or (lambda _: None)
@@ -121,8 +121,7 @@ def backend_spec(backend: str) -> Any:
     from echosim.backends.loading import load_backend
     from echosim.calibrate import spec_of
 
-    inner = load_backend(backend).inner
-    return spec_of(getattr(inner, "inner", inner))
+    return spec_of(load_backend(backend).inner)
 
 
 def progress_total(sweep: str, kind: str, ranks: int, dtypes: tuple[str, ...]) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from echosim.commands.options import calibration_option
 from echosim.errors import one_line_errors
 from echosim.plugins import hookimpl
 
@@ -33,19 +34,18 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
 
 
 def _backend(ctx: click.Context) -> Any:
-    from echosim.backends.loading import build_backend, load_backend
+    from echosim.backends.loading import load_backend
 
-    name, calibration = ctx.obj["backend"], ctx.obj["calibration"]
-    backend = load_backend(name)
+    backend = load_backend(ctx.obj["backend"])
+    calibration = ctx.obj["calibration"]
     if calibration:
         from pathlib import Path
 
-        from echosim.backends.calibration import CalibratedBackend, CalibrationDB, CalibrationError
+        from echosim.calibrate import CalibrationError, apply_measurements
 
         if not Path(calibration).exists():
             raise CalibrationError(f"--calibration {calibration}: no such file")
-        db = CalibrationDB(calibration)
-        backend = build_backend(name, lambda: CalibratedBackend(backend.inner, db, name), backend.owner)
+        backend = apply_measurements(backend, calibration)
     return backend
 
 
@@ -65,7 +65,7 @@ def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group("cost")
 @click.option("--backend", required=True, help="Backend to cost on (see `echosim backends`).")
-@click.option("--calibration", type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
+@calibration_option(type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def cost(ctx: click.Context, backend: str, calibration: str | None, as_json: bool) -> None:
