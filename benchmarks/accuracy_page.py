@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from echosim.accuracy import count_constants, fitted_constants, sensitivity  # noqa: E402
-from echosim.validate import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation, backend_for, validate_cases  # noqa: E402
+from echosim.validation.accuracy import count_constants, fitted_constants, sensitivity  # noqa: E402
+from echosim.validation.cases import backend_for  # noqa: E402
+from echosim.validation.run import validate_cases  # noqa: E402
+from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation  # noqa: E402
 
 CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 DATA = ROOT / "benchmarks" / "data"

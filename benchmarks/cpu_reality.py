@@ -325,7 +325,7 @@ def applicable(cfg: ArchConfig, layout: str) -> bool:
 
 def calibrate(db: Path, sweep: str) -> dict[int, str]:
     """Two calibrations of this machine: one rank alone, and two ranks computing at once (with gloo)."""
-    from echosim.calibrate.commands import run_calibration
+    from echosim.calibrate.run import run_calibration
 
     refs = {}
     for ranks in (1, 2):

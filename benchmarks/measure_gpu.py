@@ -1,7 +1,7 @@
 """Measure GEMMs, streaming kernels and attention on the local GPU; compare with a backend's model.
 
 Writes the measurements into an echosim calibration database (keys from
-``echosim.backends.calibration``) and a JSON report of measured vs predicted, so the
+``echosim.calibrate.db``) and a JSON report of measured vs predicted, so the
 analytic model can be checked on hardware the validation data does not cover and the
 database can be used with ``echosim cost --calibration FILE``.
 
@@ -51,8 +51,8 @@ def timed(fn, warmup: int, iters: int, sync) -> float:  # type: ignore[no-untype
 def main() -> None:
     import torch
 
-    from echosim.backends.calibration import CalibrationDB, attention_key, matmul_key
     from echosim.backends.loading import load_backend
+    from echosim.calibrate.db import CalibrationDB, attention_key, matmul_key
     from echosim.ir.graph import Node
     from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
     from echosim.ir.types import DType, TensorSpec

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from echosim.validate import validate_cases
+from echosim.validation.run import validate_cases
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "validation" / "cases.csv"
 

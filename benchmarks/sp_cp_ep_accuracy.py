@@ -2,7 +2,7 @@
 
 Groups are arch x device x feature (sp, cp, ep); each row counts in every feature it
 uses. Rows that also need a feature this branch does not model (ZeRO, interleaving,
-FP8 ...) are skipped with their reason, as ``echosim.validate`` does.
+FP8 ...) are skipped with their reason, as ``echosim.validation`` does.
 
     python benchmarks/sp_cp_ep_accuracy.py [../shared/validation/cases.csv] [--all-dtypes]
 """
@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from echosim.validate import validate_cases
+from echosim.validation.run import validate_cases
 
 FEATURES = {"sp": ("", "0"), "cp": ("", "1"), "ep": ("", "1")}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from echosim.commands.options import calibration_option
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -51,7 +52,7 @@ def cli() -> None:
 @click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP).")
 @click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs.")
-@click.option("--calibration", help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME).")
+@calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME).")
 @click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")

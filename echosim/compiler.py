@@ -12,6 +12,7 @@ from typing import Any
 
 from echosim import plugins
 from echosim.backends.loading import load_backend
+from echosim.calibrate import apply_calibration
 from echosim.errors import EchosimError
 from echosim.frontend import capture_named, capture_object
 from echosim.frontend.messages import split_notes
@@ -67,7 +68,7 @@ def lower(
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
     _check_requested(registry, plan)
-    backend = load_backend(cluster.backend, registry, calibration=cluster.calibration)
+    backend = apply_calibration(load_backend(cluster.backend, registry), cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
     warnings, notes = split_notes(messages + check_model(plan, ModelShape.of(graph)))
     graph_passes = _configured(registry, "graph", plan)

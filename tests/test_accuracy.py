@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import SHARED
 
-from echosim.validate import validate_cases
+from echosim.validation.run import validate_cases
 
 CASES = SHARED / "validation" / "cases.csv"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CASES.exists(), reason="shared/validation not present")]

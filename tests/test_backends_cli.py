@@ -9,10 +9,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from echosim.backends.calibration import CalibratedBackend, CalibrationDB, matmul_key
 from echosim.backends.devices import DEVICES
 from echosim.backends.gpu import GPUBackend
 from echosim.backends.loading import BackendError, load_backend
+from echosim.calibrate.db import CalibratedBackend, CalibrationDB, matmul_key
 from echosim.errors import EchosimError
 from echosim.plugins import hookimpl, load_registry
 
@@ -201,19 +201,39 @@ def test_calibration_database_takes_precedence(tmp_path, cli):
     assert wrapped.describe()["calibration"]["entries"] == 1
 
 
-def test_the_environment_variable_applies_a_database_to_every_backend(tmp_path, monkeypatch):
-    db = CalibrationDB(tmp_path / "cal.sqlite")
-    db.put("a100-80gb", "all_reduce", "bytes=1024,size=8,nodes=1,per_node=8,concurrent=1", "-", 5e-6, "test")
-    monkeypatch.setenv("ECHOSIM_CALIBRATION", str(tmp_path / "cal.sqlite"))
+def test_a_database_applies_to_every_backend_when_passed_and_the_environment_variable_is_the_cli_default(
+    tmp_path, monkeypatch, cli
+):
     from echosim.backends.base import Placement
+    from echosim.calibrate import apply_calibration
     from echosim.ir.ops import OpKind
 
-    backend = load_backend("a100-80gb", load_registry(include_entrypoints=False))
+    path = tmp_path / "cal.sqlite"
+    db = CalibrationDB(path)
+    db.put("a100-80gb", "all_reduce", "bytes=1024,size=8,nodes=1,per_node=8,concurrent=1", "-", 5e-6, "test")
+    monkeypatch.setenv("ECHOSIM_CALIBRATION", str(path))
+    plain = load_backend("a100-80gb", load_registry(include_entrypoints=False))  # loading reads no environment
+    assert plain.collective_time_s(OpKind.ALL_REDUCE, 1024, Placement(8, 1, 8)) != 5e-6
+    backend = apply_calibration(plain, str(path))  # a whole database: the rows under the backend's own name
     assert backend.collective_time_s(OpKind.ALL_REDUCE, 1024, Placement(8, 1, 8)) == 5e-6
     assert backend.collective_time_s(OpKind.ALL_REDUCE, 2048, Placement(8, 1, 8)) > 5e-6
+
+    code, out = run(cli, "cost", "--backend", "a100-80gb", "all_reduce", "--bytes", "1024", "--group", "8", "--json")
+    assert code == 0, out
+    assert json.loads(out)["time_s"] == 5e-6  # --calibration defaults to $ECHOSIM_CALIBRATION
+    code, out = run(cli, "compile", "gpt3-125m", "--backend", "a100-80gb", "--seq-len", "128", "--json")
+    assert code == 0, out  # a database of measured rows only is a valid default for compile
+    for command in ("cost", "compile"):
+        assert "[env var: ECHOSIM_CALIBRATION]" in " ".join(run(cli, command, "--help")[1].split())
+
     monkeypatch.setenv("ECHOSIM_CALIBRATION", str(tmp_path / "missing.sqlite"))
-    with pytest.raises(EchosimError, match=r"ECHOSIM_CALIBRATION=.*missing\.sqlite: no such file"):
-        load_backend("a100-80gb", load_registry(include_entrypoints=False))
+    for args in (("cost", "--backend", "a100-80gb", "memory", "--bytes", "1024"), ("compile", "gpt3-125m")):
+        code, out = run(cli, *args)
+        assert code == 1 and out.strip().splitlines() == [
+            f"Error: ECHOSIM_CALIBRATION={tmp_path}/missing.sqlite: no such file"
+        ]
+    code, out = run(cli, "cost", "--backend", "a100-80gb", "--calibration", str(path), "memory", "--bytes", "1024")
+    assert code == 0, out  # the option given on the command line wins over the variable
 
 
 # ---- echosim validate ----------------------------------------------------------------------------

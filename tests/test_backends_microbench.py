@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from echosim.backends.microbench import probe, validate_microbench
+from echosim.validation.microbench import probe, validate_microbench
 
 MICROBENCH = Path(__file__).resolve().parents[2] / "shared" / "validation" / "microbench.csv"
 

@@ -11,10 +11,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from echosim.backends.calibration import CalibrationError, matmul_key
 from echosim.backends.cpu import CPU_X86, CPUBackend
+from echosim.backends.loading import load_backend
 from echosim.calibrate import apply_calibration, covered_backends, with_parameters
 from echosim.calibrate.bench import Sample
+from echosim.calibrate.db import CalibrationError, matmul_key
 from echosim.calibrate.fit import CPU_KNOBS, fit_spec, predict_cpu
 from echosim.calibrate.store import CalibrationStore, load_calibration, resolve
 from echosim.frontend.zoo import ArchConfig
@@ -110,6 +111,44 @@ def test_compile_cli_takes_the_calibrations_backend(db, cli):
     assert json.loads(result.output)["backend"] == "cpu-x86"
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--calibration", f"{db}#nope"])
     assert result.exit_code == 1 and "no calibration named 'nope'" in result.output
+
+
+def test_a_whole_database_file_applies_its_calibration_to_the_backends_it_covers(db, cli, monkeypatch):
+    args = ["compile", "gpt3-125m", "--seq-len", "64", "--dtype", "fp32", "--backend", "cpu-x86", "--json"]
+
+    def step_time(*extra: str) -> float:
+        result = CliRunner().invoke(cli, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["step_time_s"]
+
+    plain, named = step_time(), step_time("--calibration", f"{db}#box")
+    assert step_time("--calibration", str(db)) == named != plain  # FILE: its most recent calibration
+    monkeypatch.setenv("ECHOSIM_CALIBRATION", str(db))
+    assert step_time() == named  # the variable is --calibration's default on the command line
+    from echosim.compiler import compile as compile_model
+    from echosim.plan import Cluster, Plan
+
+    model = TINY.with_(hidden=1024, heads=16, seq_len=512, vocab=1024)
+    uncalibrated = compile_model(model, Plan(dtype="fp32"), Cluster("cpu-x86", 1, 2)).step_time_s
+    monkeypatch.delenv("ECHOSIM_CALIBRATION")
+    assert compile_model(model, Plan(dtype="fp32"), Cluster("cpu-x86", 1, 2)).step_time_s == uncalibrated  # library
+    gpu = load_backend("h100-sxm")
+    assert apply_calibration(gpu, str(db)).inner is gpu.inner  # another backend's calibration in the file: not applied
+    assert covered_backends(str(db)) == {"cpu-x86"}
+
+
+def test_a_database_of_measured_rows_only_is_a_calibration_of_the_backends_it_measured(tmp_path):
+    from echosim.calibrate.db import CalibrationDB
+
+    path = tmp_path / "rows.sqlite"
+    CalibrationDB(path).put("cpu-x86", "matmul", matmul_key(64, 64, 64), "fp32", 1e-3, "test")
+    assert load_calibration(str(path)).backends == [] and covered_backends(str(path)) == {"cpu-x86"}
+    backend = apply_calibration(
+        __import__("echosim.backends.loading").backends.loading.load_backend("cpu-x86"), str(path)
+    )
+    assert backend.op_time_s(matmul(64, 64, 64), 0) == 1e-3
+    with pytest.raises(CalibrationError, match="holds no calibration"):
+        load_calibration(str(CalibrationDB(tmp_path / "empty.sqlite").path))
 
 
 # ---- fitting ------------------------------------------------------------------------------------------------

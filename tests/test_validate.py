@@ -10,15 +10,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from echosim.validate import (
-    REQUIRED,
-    CasesError,
-    Validation,
-    published_step_time,
-    read_cases,
-    row_plan,
-    validate_cases,
-)
+from echosim.validation import published
+from echosim.validation.cases import REQUIRED, CasesError, read_cases
+from echosim.validation.published import published_step_time
+from echosim.validation.rows import row_plan
+from echosim.validation.run import validate_cases
+from echosim.validation.stats import Validation
 
 COLUMNS = [*REQUIRED, "slices", "framework", "step_time_basis", "reported_metric", "reported_value", "notes"]
 # A tiny GPT on the null backend compiles in well under a second: rows that exercise the pipeline.
@@ -197,7 +194,7 @@ def test_reported_metric_converts_only_with_a_known_convention(tmp_path):
         "reported_metric tflops_per_gpu (narayanan-eq3 FLOPs)",
     )
     c = _case(tmp_path, **base, reported_metric="mfu_pct", reported_value="50", notes="6ND | peak_tflops_ref=312")
-    six_nd = 6 * c.numbers["global_batch"] * 2048 * __import__("echosim.validate").validate._params(c)
+    six_nd = 6 * c.numbers["global_batch"] * 2048 * published._params(c)
     assert published_step_time(c)[0] == pytest.approx(six_nd / (0.5 * 312e12 * 8))
     c = _case(tmp_path, **base, reported_metric="mfu", reported_value="0.5", notes="6ND")
     assert published_step_time(c) == (None, "no published step time (mfu given, the peak it divides by not stated)")
@@ -287,7 +284,7 @@ def test_text_output_lists_groups_skips_and_constants(tmp_path, cli):
 
 
 def test_group_summary_is_signed_and_absolute():
-    from echosim.validate import RowResult
+    from echosim.validation.stats import RowResult
 
     rows = [
         RowResult(

@@ -1,11 +1,14 @@
 """Build a registered backend so that a plugin that breaks is reported by name.
 
 ``registry.backend(name)`` returns the plugin's factory; :func:`load_backend` calls it,
-checks that the object follows :class:`~echosim.backends.base.Backend`, applies the
-calibration database from the environment, and wraps it so that an exception raised
-later inside one of its methods ends as one line naming the backend and its plugin
-(:class:`BackendError`) instead of a traceback. Other backends are untouched by one
-plugin's failure: nothing here is shared between loads.
+checks that the object follows :class:`~echosim.backends.base.Backend`, and wraps it so
+that an exception raised later inside one of its methods ends as one line naming the
+backend and its plugin (:class:`BackendError`) instead of a traceback. Other backends
+are untouched by one plugin's failure: nothing here is shared between loads.
+
+Loading does nothing else: no environment variable is read and no calibration is
+applied here. A caller that wants measured times or fitted parameters passes the
+loaded backend to :func:`echosim.calibrate.apply_calibration` explicitly.
 """
 
 from __future__ import annotations
@@ -107,15 +110,13 @@ def build_backend(name: str, factory: Any, owner: str) -> GuardedBackend:
             f"backend '{name}' (plugin '{owner}') is missing method(s) {', '.join(missing)} "
             "(see echosim.backends.base.Backend)"
         )
-    from echosim.backends.calibration import from_environment
-
-    return GuardedBackend(from_environment(backend), name, owner)
+    return GuardedBackend(backend, name, owner)
 
 
-def load_backend(name: str, registry: Any = None, calibration: str = "") -> GuardedBackend:
-    """The backend registered as ``name``, built and guarded; unknown names list the known ones.
+def load_backend(name: str, registry: Any = None) -> GuardedBackend:
+    """The backend registered as ``name`` (in ``registry``, default: the loaded plugins), built and guarded.
 
-    ``calibration`` names fitted parameters and measured kernels (``echosim calibrate``) to use.
+    Unknown names raise :class:`~echosim.errors.PluginError` listing the known ones.
     """
     if registry is None:
         from echosim.plugins import get_registry
@@ -124,9 +125,4 @@ def load_backend(name: str, registry: Any = None, calibration: str = "") -> Guar
     entry = registry.backends.get(name)
     if entry is None:
         registry.backend(name)  # raises PluginError listing the known backends
-    backend = build_backend(name, entry.value, entry.owner)
-    if calibration:
-        from echosim.calibrate import apply_calibration
-
-        backend = apply_calibration(backend, calibration)
-    return backend
+    return build_backend(name, entry.value, entry.owner)

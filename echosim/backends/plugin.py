@@ -1,8 +1,8 @@
 """The built-in backends register through the same hook a vendor's plugin uses.
 
 Registering reads only the GPU device table (plain data) and the TPU/CPU names; the
-cost models load when a backend is first built. The ``cost`` and ``validate`` commands
-are registered by :mod:`echosim.backends.commands`.
+cost models load when a backend is first built. The commands that use backends
+(``cost``, ``validate``) live in :mod:`echosim.commands`, above this layer.
 """
 
 from __future__ import annotations

@@ -1,13 +1,18 @@
 """Calibration: measure the machine, fit a backend's efficiency parameters, and use them.
 
-``echosim calibrate`` (:mod:`echosim.calibrate.commands`) microbenchmarks matmuls over a
-shape sweep, memory-bound kernels and collectives with torch on the machine it runs on
-(:mod:`~echosim.calibrate.bench`), fits the backend's efficiency parameters to them
-(:mod:`~echosim.calibrate.fit`) and stores both under a name with the machine's identity
-(:mod:`~echosim.calibrate.store`); ``--from-profile`` imports a PyTorch profiler trace
-(:mod:`~echosim.calibrate.profile`). ``echosim compile --calibration NAME`` (and
-``Cluster(calibration=NAME)``) builds the backend with those parameters and answers the
-measured kernels from the table.
+``echosim calibrate`` (:func:`~echosim.calibrate.run.run_calibration`) microbenchmarks
+matmuls over a shape sweep, memory-bound kernels and collectives with torch on the
+machine it runs on (:mod:`~echosim.calibrate.bench`), fits the backend's efficiency
+parameters to them (:mod:`~echosim.calibrate.fit`) and stores both under a name with the
+machine's identity (:mod:`~echosim.calibrate.store`, in the SQLite file of
+:mod:`~echosim.calibrate.db`); ``--from-profile`` imports a PyTorch profiler trace
+(:mod:`~echosim.calibrate.profile`).
+
+Using a calibration is always an explicit call on a loaded backend, never a side effect
+of loading it: :func:`apply_calibration` (what ``Cluster(calibration=...)`` and
+``echosim compile --calibration`` do) and :func:`apply_measurements` (``echosim cost
+--calibration``). Measured rows answer first; the analytic model, with any fitted
+parameters, answers the rest.
 
 Only the parameters a backend's spec dataclass names can be set (``gemm_eff_fp32``,
 ``hbm_stream_GBps``, ...), plus ``overlap.<field>`` for its :class:`OverlapModel`; the
@@ -17,10 +22,12 @@ spec's own validation rejects impossible values.
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from echosim.backends.calibration import CalibratedBackend, CalibrationError
-from echosim.calibrate.store import Calibration, load_calibration, measurement_key, resolve
+from echosim.backends.loading import GuardedBackend
+from echosim.calibrate.db import CalibratedBackend, CalibrationDB, CalibrationError
+from echosim.calibrate.store import Calibration, is_database, load_calibration, measurement_key, resolve
 
 #: The attribute under which each built-in backend class keeps its spec dataclass.
 SPEC_ATTRIBUTES = ("device", "cpu", "chip")
@@ -70,38 +77,74 @@ def with_parameters(backend: Any, params: dict[str, float], name: str = "") -> A
 
 
 def covered_backends(ref: str) -> set[str]:
-    """The backends calibration ``ref`` holds parameters for."""
-    return set(load_calibration(ref).backends)
-
-
-def apply_calibration(guarded: Any, ref: str) -> Any:
-    """``guarded`` (a :class:`~echosim.backends.loading.GuardedBackend`) rebuilt with calibration ``ref``."""
-    from echosim.backends.calibration import CalibrationDB
-    from echosim.backends.loading import GuardedBackend
-
+    """The backends calibration ``ref`` changes (see :func:`apply_calibration`)."""
     cal = load_calibration(ref)
-    backend_name = guarded.name
-    if backend_name not in cal.parameters:
+    covered = set(cal.backends)
+    if is_database(ref):  # and those with measured rows under their own name
+        covered |= {key for key in _database_backends(cal.path) if "@" not in key}
+    return covered
+
+
+def _database_backends(path: Path) -> list[str]:
+    db = CalibrationDB(path)
+    try:
+        return db.backends()
+    finally:
+        db.close()
+
+
+def apply_calibration(guarded: GuardedBackend, ref: str) -> GuardedBackend:
+    """``guarded`` (from :func:`~echosim.backends.loading.load_backend`) rebuilt with calibration ``ref``.
+
+    * ``""``: the backend unchanged.
+    * ``NAME`` (in the default database) or ``PATH#NAME``: that calibration's fitted
+      parameters, its measured kernels answering first; an error if it was not made for
+      this backend.
+    * ``PATH``, a whole database file (``$ECHOSIM_CALIBRATION`` on the command line): the
+      rows measured under the backend's own name answer first, then the file's most recent
+      calibration if it was made for this backend. Calibrations of other backends in the
+      same file do not apply, and are not an error.
+    """
+    if not ref:
+        return guarded
+    cal = load_calibration(ref)
+    whole_database = is_database(ref)
+    name = guarded.name
+    backend = guarded.inner
+    if name in cal.parameters:
+        backend = with_parameters(backend, cal.parameters[name], name)
+        if cal.measured.get(name):
+            backend = CalibratedBackend(backend, CalibrationDB(cal.path), measurement_key(cal.name, name))
+            backend.name = name
+    elif not whole_database:
         raise CalibrationError(
-            f"calibration {cal.name!r} was made for backend(s) {', '.join(cal.backends)}, not {backend_name!r}"
+            f"calibration {cal.name!r} was made for backend(s) {', '.join(cal.backends)}, not {name!r}"
         )
-    inner = guarded.inner
-    env_wrapper = inner if isinstance(inner, CalibratedBackend) else None
-    base = env_wrapper.inner if env_wrapper is not None else inner
-    rebuilt = with_parameters(base, cal.parameters[backend_name], backend_name)
-    if env_wrapper is not None:  # keep ECHOSIM_CALIBRATION's measured rows in front
-        rebuilt = CalibratedBackend(rebuilt, env_wrapper.db, backend_name)
-    if cal.measured.get(backend_name):
-        key = measurement_key(cal.name, backend_name)
-        rebuilt = CalibratedBackend(rebuilt, CalibrationDB(cal.path), key)
-        rebuilt.name = backend_name
-    return GuardedBackend(rebuilt, backend_name, guarded.owner)
+    if whole_database:
+        db = CalibrationDB(cal.path)
+        if db.table(name):
+            backend = CalibratedBackend(backend, db, name)
+        else:
+            db.close()
+    return GuardedBackend(backend, name, guarded.owner)
+
+
+def apply_measurements(guarded: GuardedBackend, path: str | Path) -> GuardedBackend:
+    """``guarded`` with the rows measured under its own name in database ``path`` answering first.
+
+    Only measured times: fitted parameters stay as they are (``echosim cost --calibration``).
+    """
+    if not Path(path).is_file():
+        raise CalibrationError(f"calibration database {path}: no such file")
+    backend = CalibratedBackend(guarded.inner, CalibrationDB(path), guarded.name)
+    return GuardedBackend(backend, guarded.name, guarded.owner)
 
 
 __all__ = [
     "Calibration",
     "CalibrationError",
     "apply_calibration",
+    "apply_measurements",
     "covered_backends",
     "load_calibration",
     "resolve",

@@ -265,7 +265,7 @@ def _run_workers(args: list[str], ranks: int, backend: str, progress: Progress |
     import subprocess
     import sys
 
-    from echosim.backends.calibration import CalibrationError
+    from echosim.calibrate.db import CalibrationError
 
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

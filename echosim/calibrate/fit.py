@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -339,13 +338,3 @@ def fit_gpu(base: Any, samples: Sequence[Sample]) -> Any:
     if "hbm_stream_GBps" in {k.name for k in knobs}:  # bounded by the datasheet peak
         knobs = [Knob(k.name, k.lo, base.hbm_GBps, k.what) if k.name == "hbm_stream_GBps" else k for k in knobs]
     return fit_spec(base, knobs, samples, predict_gpu)
-
-
-def gpu_backend_for(device_name: str) -> str | None:
-    """The echosim GPU backend for a CUDA device name (``NVIDIA H200`` -> ``h200``)."""
-    from echosim.backends.microbench import DEVICE_PATTERNS
-
-    for pattern, backend in DEVICE_PATTERNS:
-        if re.search(pattern, device_name):
-            return backend
-    return None

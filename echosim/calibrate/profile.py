@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from echosim.backends.calibration import CalibrationError, Measurement, matmul_key
+from echosim.calibrate.db import CalibrationError, Measurement, matmul_key
 
 _DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "c10::Float8_e4m3fn": "fp8"}
 

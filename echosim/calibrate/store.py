@@ -1,7 +1,7 @@
 """Named calibrations in the calibration database: fitted parameters with the machine they came from.
 
-The database is the SQLite file of :mod:`echosim.backends.calibration` (its
-``measurements`` table holds measured kernel times); this module adds two tables:
+The database is the SQLite file of :mod:`echosim.calibrate.db` (its ``measurements``
+table holds measured kernel times); this module adds two tables:
 
 * ``calibrations``: one row per (name, backend) with the machine's identity (JSON), when
   it was made and how (``source``);
@@ -10,11 +10,11 @@ The database is the SQLite file of :mod:`echosim.backends.calibration` (its
 
 Measured kernels of a calibration live in ``measurements`` under the backend key
 ``NAME@BACKEND``, so that they never mix with another calibration's or with the rows
-``ECHOSIM_CALIBRATION`` applies to every backend.
+stored under a backend's own name (which a whole database file applies to that backend).
 
 A calibration is referred to as ``NAME`` (in the default database: ``$ECHOSIM_CALIBRATION``
 or ``~/.local/share/echosim/calibration.sqlite``), ``PATH`` (an existing database file: its
-most recent calibration) or ``PATH#NAME``.
+most recent calibration, and its measured rows) or ``PATH#NAME``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from echosim.backends.calibration import ENV_VAR, CalibrationDB, CalibrationError, Measurement
+from echosim.calibrate.db import ENV_VAR, CalibrationDB, CalibrationError, Measurement
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS calibrations (
@@ -174,29 +174,38 @@ class CalibrationStore:
         return cal
 
 
+def is_database(ref: str) -> bool:
+    """Whether ``ref`` names a whole database file (``PATH``), not one calibration in it."""
+    return "#" not in ref and Path(ref).is_file()
+
+
 def resolve(ref: str) -> tuple[Path, str]:
-    """``NAME``, ``PATH`` or ``PATH#NAME`` -> (database file, calibration name)."""
+    """``NAME``, ``PATH`` or ``PATH#NAME`` -> (database file, calibration name).
+
+    A database file that holds measured rows but no named calibration gives the name ``""``.
+    """
     if "#" in ref:
         path_text, name = ref.rsplit("#", 1)
         return Path(path_text), name
-    if Path(ref).is_file():
+    if is_database(ref):
         store = CalibrationStore(ref)
         try:
-            names = store.names()
+            names, measured = store.names(), store.db.backends()
         finally:
             store.close()
-        if not names:
+        if not names and not measured:
             raise CalibrationError(f"calibration database {ref} holds no calibration")
-        return Path(ref), names[0]
+        return Path(ref), names[0] if names else ""
     if os.sep in ref or ref.endswith((".sqlite", ".db")):
         raise CalibrationError(f"--calibration {ref}: no such file")
     return default_path(), ref
 
 
 def load_calibration(ref: str) -> Calibration:
+    """The calibration ``ref`` names; for a database of measured rows only, an empty one."""
     path, name = resolve(ref)
     store = CalibrationStore(path)
     try:
-        return store.load(name)
+        return store.load(name) if name else Calibration(name, path)
     finally:
         store.close()

@@ -31,11 +31,12 @@ ENTRYPOINT_GROUP = "echosim"
 #: Dotted names of the modules that register echosim's own features.
 BUILTIN_PLUGINS: list[str] = [
     "echosim.backends.plugin",
-    "echosim.backends.commands",
     "echosim.frontend.plugin",
     "echosim.passes.plugin",
     "echosim.timeline.plugin",
-    "echosim.calibrate.commands",
+    "echosim.commands.cost",
+    "echosim.commands.validate",
+    "echosim.commands.calibrate",
 ]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")

@@ -4,13 +4,16 @@ A calibration database is one SQLite file (stdlib ``sqlite3``) with a row per me
 (backend, op, shape, dtype): the shape is a canonical text key built from the op's
 attributes (:func:`node_key`, :func:`collective_key`), so a measurement applies exactly
 to the op it was taken on and nothing is interpolated. :class:`CalibratedBackend` wraps
-any backend and answers from the table first. Point ``ECHOSIM_CALIBRATION`` at a file
-to use it for every backend, or pass ``--calibration FILE`` to ``echosim cost``.
+any backend and answers from the table first.
+
+Nothing here is applied behind the caller's back: a backend answers from a database only
+when :func:`echosim.calibrate.apply_calibration` (``--calibration`` of ``echosim compile``)
+or :func:`echosim.calibrate.apply_measurements` (``echosim cost --calibration``) wraps it.
+:data:`ENV_VAR` is where the command line looks for a default database.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from echosim.errors import EchosimError
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
 
+#: The default calibration database of the command line and of ``echosim calibrate --db``.
 ENV_VAR = "ECHOSIM_CALIBRATION"
 #: The dtype column of collective rows (a collective is keyed by bytes, not element type).
 COLLECTIVE_DTYPE = "-"
@@ -122,6 +126,10 @@ class CalibrationDB:
             self._cache[backend] = {(op, shape, dtype): seconds for op, shape, dtype, seconds in rows}
         return self._cache[backend]
 
+    def backends(self) -> list[str]:
+        """Every backend key that has a measurement (a calibration's ``NAME@BACKEND`` keys included)."""
+        return [row[0] for row in self._conn.execute("SELECT DISTINCT backend FROM measurements ORDER BY 1")]
+
     def get(self, backend: str, op: str, shape: str, dtype: str) -> float | None:
         return self.table(backend).get((op, shape, dtype))
 
@@ -175,13 +183,3 @@ class CalibratedBackend:
         out: dict[str, Any] = dict(describe()) if callable(describe) else {}
         out["calibration"] = {"path": str(self.db.path), "entries": len(self._table)}
         return out
-
-
-def from_environment(backend: Backend) -> Backend:
-    """Wrap ``backend`` with the database named by ``ECHOSIM_CALIBRATION``, if set."""
-    path = os.environ.get(ENV_VAR)
-    if not path:
-        return backend
-    if not Path(path).exists():
-        raise CalibrationError(f"{ENV_VAR}={path}: no such file")
-    return CalibratedBackend(backend, CalibrationDB(path))

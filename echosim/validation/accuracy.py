@@ -1,7 +1,5 @@
-"""How far echosim is from published runs: tables for the CLI, constants, sensitivity.
+"""What stands behind the accuracy figures: the fitted constants and how sensitive the errors are to them.
 
-* :func:`print_cases` renders a :class:`~echosim.validate.Validation` (as ``as_dict()``) for
-  ``echosim validate --cases``: rows, groups, skip reasons, targets, fitted constants.
 * :func:`fitted_constants` lists every constant of the backends' models that was fitted to
   a measurement (microbenchmarks, never a training-step row), so a reader can see that
   nothing was tuned per row.
@@ -17,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echosim.validate import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation, validate_cases
+from echosim.validation.cases import backend_for
+from echosim.validation.run import validate_cases
+from echosim.validation.stats import Validation
 
 # ---- constants fitted to measurements ---------------------------------------------------------------
 
@@ -156,70 +156,4 @@ def sensitivity(
 
 
 def _backend(r: Any) -> str:
-    from echosim.validate import backend_for
-
     return backend_for(r.group["device"]) or ""
-
-
-# ---- CLI rendering --------------------------------------------------------------------------------------
-
-
-def _pct(x: float | None, signed: bool = True) -> str:
-    if x is None:
-        return ""
-    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
-
-
-def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any = None) -> None:
-    """Rows, groups per key, targets, skip reasons and fitted constants of ``echosim validate --cases``."""
-    import click
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    if not groups_only:
-        rows = Table("case", "device", "feature", "measured s", "predicted s", "error", "skipped", title="cases")
-        for r in result["rows"]:
-            measured, predicted = r.get("measured_step_time_s"), r.get("predicted_step_time_s")
-            rows.add_row(
-                r["case_id"],
-                r["device"],
-                ",".join(r["feature"]),
-                "" if measured is None else f"{measured:.4g}",
-                "" if predicted is None else f"{predicted:.4g}",
-                _pct(r.get("error")),
-                r.get("skipped", ""),
-            )
-        console.print(rows)
-    groups = Table("group", "rows", "MAPE", "mean error", "max", "within 15%", title="mean absolute percentage error")
-    for name, g in result["groups"].items():
-        groups.add_row(
-            name,
-            str(g["rows"]),
-            _pct(g["mape"], False),
-            _pct(g["mean_error"]),
-            _pct(g["max"], False),
-            f"{g['within_15pct']}/{g['rows']}",
-        )
-    console.print(groups)
-    t = result["targets"]
-    if t["target_group_mape"] is not None:
-        met = "met" if t["target_group_mape"] <= TARGET_MAPE else "NOT met"
-        click.echo(f"{TARGET_GROUP}: MAPE {_pct(t['target_group_mape'], False)} (target {TARGET_MAPE:.0%}: {met})")
-    over = t["rows_over_row_target"]
-    click.echo(f"rows over {TARGET_ROW:.0%}: {len(over)} of {result['compiled']}")
-    click.echo(
-        f"{result['compiled']} cases compiled, {result['skipped']} skipped"
-        f" ({result['selected']} selected of {result['in_file']} in the file):"
-    )
-    for reason, count in result["skip_reasons"].items():
-        click.echo(f"  {count:4d}  {reason}")
-    backends = {r["device"] for r in result["rows"] if "error" in r}
-    from echosim.validate import backend_for
-
-    constants = fitted_constants(b for d in backends if (b := backend_for(d)))
-    if constants:
-        click.echo(f"{count_constants(constants)} constants fitted to microbenchmarks (none to these rows):")
-        for c in constants:
-            values = ", ".join(f"{k} {v:.4g}" for k, v in c["values"].items())
-            click.echo(f"  {c['parameter']} ({c['kind']}): {c['what']} [{values}]")

@@ -1,7 +1,8 @@
-"""``echosim cost`` (one op on one backend) and ``echosim validate`` (measurements vs predictions).
+"""``echosim cost``: the time of one op (a matmul, an attention kernel, a memory-bound kernel
+or a collective) on one backend, as the compiler would cost it.
 
 Registered through ``register_commands`` like any plugin's commands. The commands parse,
-call the library and format; every user error ends as one line and exit status 1.
+call the backend and format; every user error ends as one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import click
 
+from echosim.commands.options import calibration_option
 from echosim.errors import one_line_errors
 from echosim.plugins import hookimpl
 
@@ -32,19 +34,18 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
 
 
 def _backend(ctx: click.Context) -> Any:
-    from echosim.backends.loading import build_backend, load_backend
+    from echosim.backends.loading import load_backend
 
-    name, calibration = ctx.obj["backend"], ctx.obj["calibration"]
-    backend = load_backend(name)
+    backend = load_backend(ctx.obj["backend"])
+    calibration = ctx.obj["calibration"]
     if calibration:
         from pathlib import Path
 
-        from echosim.backends.calibration import CalibratedBackend, CalibrationDB, CalibrationError
+        from echosim.calibrate import CalibrationError, apply_measurements
 
         if not Path(calibration).exists():
             raise CalibrationError(f"--calibration {calibration}: no such file")
-        db = CalibrationDB(calibration)
-        backend = build_backend(name, lambda: CalibratedBackend(backend.inner, db, name), backend.owner)
+        backend = apply_measurements(backend, calibration)
     return backend
 
 
@@ -64,7 +65,7 @@ def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group("cost")
 @click.option("--backend", required=True, help="Backend to cost on (see `echosim backends`).")
-@click.option("--calibration", type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
+@calibration_option(type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def cost(ctx: click.Context, backend: str, calibration: str | None, as_json: bool) -> None:
@@ -277,105 +278,6 @@ for _name in COLLECTIVES:
     _collective(_name)
 
 
-@click.command("validate")
-@click.option("--microbench", type=click.Path(dir_okay=False), help="A file shaped like microbench.csv.")
-@click.option("--cases", type=click.Path(dir_okay=False), help="A file shaped like cases.csv.")
-@click.option(
-    "--filter",
-    "filters",
-    multiple=True,
-    help="--cases rows to keep: COLUMN=VALUE or COLUMN!=VALUE, shell wildcards allowed, any column or 'feature' "
-    "(repeatable: the same column twice means either value, different columns must all match).",
-)
-@click.option("--calibration", help="--cases: use this calibration (echosim calibrate) on the backends it covers.")
-@click.option("--groups-only", is_flag=True, help="Print only the per-group errors.")
-@click.option("--json", "as_json", is_flag=True, help="Print rows and groups as JSON.")
-@_guarded
-def validate(
-    microbench: str | None,
-    cases: str | None,
-    filters: tuple[str, ...],
-    calibration: str | None,
-    groups_only: bool,
-    as_json: bool,
-) -> None:
-    """Compare predictions with published measurements: microbenchmarks and/or training steps."""
-    if not microbench and not cases:
-        raise click.UsageError("give --microbench FILE and/or --cases FILE")
-    out: dict[str, Any] = {}
-    if microbench:
-        from echosim.backends.microbench import validate_microbench
-
-        out["microbench"] = validate_microbench(microbench).as_dict()
-    if cases:
-        out["cases"] = _validate_cases(cases, filters, calibration or "", quiet=as_json)
-    if as_json:
-        click.echo(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2, sort_keys=True))
-        return
-    if "microbench" in out:
-        _print_microbench(out["microbench"], groups_only)
-    if "cases" in out:
-        from echosim.accuracy import print_cases
-
-        print_cases(out["cases"], groups_only)
-
-
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"{100 * x:+.1f}%"
-
-
-def _print_microbench(result: dict[str, Any], groups_only: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not groups_only:
-        rows = Table("line", "device", "op", "metric", "measured", "predicted", "error", title="microbench rows")
-        for r in result["rows"]:
-            if "skipped" in r:
-                continue
-            rows.add_row(
-                str(r["line"]),
-                r["device"],
-                r["op"],
-                r["metric"],
-                f"{r['measured']:.4g}",
-                f"{r['predicted']:.4g}",
-                _pct(r["error"]),
-            )
-        console.print(rows)
-    groups = Table("group (device, op, scope, regime)", "rows", "MAPE", "max", "target", "meets", title="per group")
-    for name, g in result["groups"].items():
-        target = "" if g["target"] is None else f"{100 * g['target']:.0f}%"
-        meets = "" if g["meets"] is None else ("yes" if g["meets"] else "NO")
-        groups.add_row(name, str(g["rows"]), f"{100 * g['mape']:.1f}%", f"{100 * g['max']:.1f}%", target, meets)
-    console.print(groups)
-    reasons: dict[str, int] = {}
-    for r in result["rows"]:
-        if "skipped" in r:
-            reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
-    click.echo(f"{result['predicted']} rows predicted, {result['skipped']} skipped:")
-    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
-        click.echo(f"  {count:4d}  {reason}")
-
-
-def _validate_cases(path: str, filters: tuple[str, ...], calibration: str, quiet: bool) -> dict[str, Any]:
-    """Compile the selected rows with a progress bar on a terminal (stderr)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from echosim.validate import selected_count, validate_cases
-
-    console = Console(stderr=True)
-    total = selected_count(path, filters)
-    columns = (TextColumn("compiling cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=quiet or not console.is_terminal) as bar:
-        task = bar.add_task("cases", total=total)
-        result = validate_cases(path, filters, progress=lambda: bar.advance(task), calibration=calibration)
-    return result.as_dict()
-
-
 @hookimpl
 def register_commands(cli: click.Group) -> None:
     cli.add_command(cost)
-    cli.add_command(validate)

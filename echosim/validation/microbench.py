@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from echosim.backends.base import Placement
+from echosim.backends.device_names import backend_for_device
 from echosim.errors import EchosimError
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
@@ -49,19 +50,6 @@ MiB = 2**20
 LARGE_BYTES = 8 * 2**30
 # Mean absolute percentage error targets per group kind (issue 4; Echo's collective targets).
 TARGETS = {"matmul": 0.10, "memory-bound": 0.10, "intra-node": 0.08, "inter-node": 0.14}
-
-# Device column -> backend name. Order matters: the first pattern that matches wins.
-DEVICE_PATTERNS: tuple[tuple[str, str | None], ...] = (
-    (r"PCIe|NV12 pairs|GH200|B300|Gaudi|MI325X|MI355X|Grace", None),
-    (r"A100-SXM4-40GB", "a100-40gb"),
-    (r"A100", "a100-80gb"),
-    (r"H100", "h100-sxm"),
-    (r"H800", "h800"),
-    (r"H200", "h200"),
-    (r"^GB200", "gb200"),
-    (r"B200", "b200"),
-    (r"MI300X", "mi300x"),
-)
 
 COLLECTIVE_OPS: tuple[tuple[str, OpKind], ...] = (
     (r"^all[_-]reduce", OpKind.ALL_REDUCE),
@@ -226,13 +214,6 @@ def _gemm_dtype(text: str) -> str | None:
     return None
 
 
-def _backend_for(device: str) -> str | None:
-    for pattern, backend in DEVICE_PATTERNS:
-        if re.search(pattern, device):
-            return backend
-    return None
-
-
 # ---- probes ----------------------------------------------------------------------------
 
 
@@ -368,7 +349,7 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
 
 def probe(row: dict[str, str]) -> Probe | str:
     """The probe a row asks for, or the reason it cannot be predicted."""
-    backend = _backend_for(row["device"])
+    backend = backend_for_device(row["device"])
     if backend is None:
         return f"no backend for device {row['device']!r}"
     if _number(row["value"]) is None:

@@ -1,13 +1,13 @@
 """``echosim calibrate``: measure this machine, fit the backend, store the calibration.
 
 Registered through ``register_commands`` (a built-in plugin module). The command parses,
-calls :func:`run_calibration` and prints what was fitted; every user error is one line.
+calls :func:`echosim.calibrate.run.run_calibration` and prints what was fitted; every
+user error is one line.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,126 +17,6 @@ from echosim.errors import one_line_errors
 from echosim.plugins import hookimpl
 
 _guarded = one_line_errors(ValueError)  # user errors and argument checks end as one line
-
-
-def run_calibration(
-    backend: str,
-    name: str,
-    db: Path,
-    sweep: str = "standard",
-    ranks: int = 1,
-    threads: int = 1,
-    dtypes: tuple[str, ...] = ("fp32",),
-    profile: str | None = None,
-    progress: Callable[[str], None] | None = None,
-    echo: Callable[[str], None] | None = None,
-    skip_benchmarks: bool = False,
-) -> dict[str, Any]:
-    """Benchmark, fit and store calibration ``name`` for ``backend``; returns what was stored."""
-    from echosim.backends.calibration import CalibrationError
-    from echosim.calibrate import bench, fit
-    from echosim.calibrate.store import CalibrationStore, measurement_key
-
-    say = echo or (lambda _: None)
-    base = _spec(backend)
-    if base is None:
-        raise CalibrationError(f"backend {backend!r} has no spec to calibrate")
-    kind = "cpu" if hasattr(base, "ddr_GBps") else "gpu" if hasattr(base, "hbm_stream_GBps") else ""
-    if kind == "":
-        raise CalibrationError(f"backend {backend!r} cannot be calibrated on this machine (cpu or gpu backends only)")
-    samples: list[bench.Sample] = []
-    measurements = []
-    if not skip_benchmarks:
-        if kind == "cpu":
-            say(f"benchmarking this CPU ({sweep} sweep, {threads} thread(s) per rank)")
-            if ranks > 1:
-                say(f"  with {ranks} ranks computing at once (they share the machine's caches and memory)")
-                samples += bench.bench_cpu_ranks(sweep, dtypes, threads, ranks, progress)
-            else:
-                samples += bench.bench_cpu(sweep, dtypes, threads, progress)
-            if ranks > 1:
-                say(f"benchmarking gloo collectives between {ranks} local processes")
-                samples += bench.bench_collectives(sweep, ranks, "gloo", progress)
-        else:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise CalibrationError(f"backend {backend!r} is a GPU and this machine has no CUDA device")
-            found = fit.gpu_backend_for(torch.cuda.get_device_name(0))
-            if found != backend:
-                raise CalibrationError(
-                    f"this machine's GPU is {torch.cuda.get_device_name(0)!r} (backend {found!r}), not {backend!r}"
-                )
-            say(f"benchmarking {torch.cuda.get_device_name(0)} ({sweep} sweep)")
-            samples += bench.bench_gpu(sweep, progress)
-            if ranks > 1 and torch.cuda.device_count() >= ranks:
-                samples += bench.bench_collectives(sweep, ranks, "nccl", progress)
-    derived: dict[str, tuple[float, str]] = {}
-    fitted_spec = base
-    knobs: list[fit.Knob] = []
-    if samples:
-        if kind == "cpu":
-            fitted_spec, derived = fit.fit_cpu(base, samples, threads, ranks)
-            knobs = fit.fitted_knobs(fit.CPU_KNOBS, samples)
-            predict = fit.predict_cpu
-        else:
-            fitted_spec = fit.fit_gpu(base, samples)
-            knobs = fit.fitted_knobs(fit.GPU_KNOBS, samples)
-            predict = fit.predict_gpu
-        quality = fit.quality(fitted_spec, samples, predict)
-    else:
-        quality = {}
-    params: dict[str, tuple[float, str]] = {k.name: (getattr(fitted_spec, k.name), k.what) for k in knobs}
-    for field_name, (value, note) in derived.items():
-        params[field_name] = (value, f"derived, not fitted: {note}")
-    if profile:
-        from echosim.calibrate.profile import import_profile
-
-        rows, counts = import_profile(profile, measurement_key(name, backend))
-        measurements += rows
-        say(
-            f"imported {counts['kernels']} matmul shape(s) from {profile} ({counts['imported_ops']} ops; "
-            f"{counts['skipped_ops']} other ops not imported)"
-        )
-    if not params and not measurements:
-        raise CalibrationError("nothing to store: no benchmark ran and no profile was imported")
-    machine = fit.machine_identity(threads, ranks)
-    source = f"echosim calibrate --sweep {sweep}" + (f" --from-profile {Path(profile).name}" if profile else "")
-    store = CalibrationStore(db, create=True)
-    try:
-        store.save(name, backend, machine, params, source, measurements)
-    finally:
-        store.close()
-    return {
-        "name": name,
-        "backend": backend,
-        "database": str(db),
-        "machine": machine,
-        "fitted": {k.name: {"value": getattr(fitted_spec, k.name), "what": k.what} for k in knobs},
-        "derived": {f: {"value": v, "note": n} for f, (v, n) in derived.items()},
-        "fit_quality": quality,
-        "samples": [s.as_dict() for s in samples],
-        "measured_kernels": len(measurements),
-    }
-
-
-def _spec(backend: str) -> Any:
-    from echosim.backends.loading import load_backend
-    from echosim.calibrate import spec_of
-
-    inner = load_backend(backend).inner
-    return spec_of(getattr(inner, "inner", inner))
-
-
-def _progress_total(sweep: str, kind: str, ranks: int, dtypes: tuple[str, ...]) -> int:
-    from echosim.calibrate import bench
-
-    total = len(bench.MATMUL_SWEEPS[sweep]) * (len(dtypes) if kind == "cpu" else 1)
-    total += len(bench.MEMORY_SWEEPS[sweep]) * (7 if kind == "cpu" else 3) + 1
-    total += len(bench.ATTENTION_SWEEPS[sweep]) if kind == "cpu" else 0
-    if ranks > 1:
-        total += len(bench.COLLECTIVE_SWEEPS[sweep]) * 3
-    return total
 
 
 @click.command("calibrate")
@@ -198,7 +78,9 @@ def calibrate(
         raise click.UsageError("--no-bench needs --from-profile TRACE")
     name = name or f"{platform.node() or 'machine'}-{backend}".lower().replace("#", "-").replace("@", "-")
     dtypes = dtypes or ("fp32",)
-    kind = "cpu" if hasattr(_spec(backend), "ddr_GBps") else "gpu"
+    from echosim.calibrate.run import backend_spec
+
+    kind = "cpu" if hasattr(backend_spec(backend), "ddr_GBps") else "gpu"
     result = _run_with_progress(backend, name, path, sweep, ranks, threads, dtypes, profile, no_bench, kind, as_json)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -222,9 +104,11 @@ def _run_with_progress(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from echosim.calibrate.run import progress_total, run_calibration
+
     console = Console(stderr=True)
     echo = None if quiet else (lambda text: console.print(text))
-    total = 0 if no_bench else _progress_total(sweep, kind, ranks, dtypes)
+    total = 0 if no_bench else progress_total(sweep, kind, ranks, dtypes)
     with Progress(
         TextColumn("{task.description:<34}"),
         BarColumn(),

@@ -1,0 +1,132 @@
+"""What to compile for a row: its model, its Plan and Cluster, and why it cannot be compiled yet.
+
+A row states an architecture, a device and a layout; blank cells take the defaults of the
+framework the source used (named in each function here), never a value fitted to the
+published time. :func:`unsupported` names what a row needs that echosim does not model,
+so the row is skipped with that reason instead of compiled wrongly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echosim.validation.cases import ARCHES, DTYPES, Case, backend_for
+
+#: Backends whose node (``devices_per_node``) is an ICI slice, not a host (cases.csv gives hosts).
+SLICE_BACKENDS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
+#: Devices with fp8 tensor cores: a blank dtype there could be 16-bit or fp8, so the row is not guessed.
+FP8_BACKENDS = ("h100-sxm", "h800", "h200", "b200", "gb200", "mi300x")
+#: Sources whose framework materialised attention scores (Megatron-LM before fused attention).
+MATH_ATTENTION_SOURCES = ("narayanan2021", "korthikanti2022")
+
+
+def unsupported(c: Case, registry: Any = None) -> str:
+    """Why a row cannot be expressed yet ('' if it can); layout features are judged by Plan."""
+    if reason := ARCHES[c["arch"]]:
+        return reason
+    if "MLA attention" in c["notes"]:
+        return "multi-head latent attention (MLA) and dense first layers are not modelled yet"
+    if c["arch"] == "moe" and not (c.int("experts", 0) and c.int("top_k", 0)):
+        return "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)"
+    if reason := DTYPES[c["dtype"]]:
+        return reason
+    backend = backend_for(c["device"])
+    if backend is None:
+        return f"no backend for device {c['device']!r} yet"
+    if registry is not None and backend not in registry.backends:
+        return f"backend {backend!r} is not installed"
+    if c["arch"] == "gpt" and (c.int("kv_heads", 0) or 0) not in (0, c.int("heads")):
+        return "grouped-query attention on the gpt architecture is not modelled (the gpt zoo block is MHA)"
+    if not c["dtype"] and backend in FP8_BACKENDS:
+        return "dtype blank on an fp8-capable device (16-bit or fp8 is not stated)"
+    blank = [
+        col
+        for col in ("layers", "hidden", "heads", "vocab", "seq_len", "devices", "global_batch", "dp")
+        if c.numbers[col] is None
+    ]
+    if blank:
+        return f"column(s) {', '.join(map(repr, blank))} blank (not given by the source)"
+    return ""
+
+
+def row_model(c: Case) -> Any:
+    from echosim.frontend.zoo import ArchConfig
+
+    gpt = c["arch"] == "gpt"
+    return ArchConfig(
+        arch=c["arch"],
+        layers=c.int("layers") or 0,
+        hidden=c.int("hidden") or 0,
+        heads=c.int("heads") or 0,
+        vocab=c.int("vocab") or 0,
+        ffn=c.int("ffn_hidden", 0) or 0,
+        kv_heads=c.int("kv_heads", 0) or 0,
+        head_dim=c.int("head_dim", 0) or 0,
+        seq_len=c.int("seq_len") or 0,
+        dropout=0.1 if gpt else 0.0,
+        tied_embeddings=gpt,
+        **_experts(c),
+    )
+
+
+def _experts(c: Case) -> dict[str, int]:
+    """Routed-expert fields of a ``moe`` row (the zoo's llama-style MoE block)."""
+    if c["arch"] != "moe":
+        return {}
+    return {
+        "experts": c.int("experts", 0) or 0,
+        "top_k": c.int("top_k", 0) or 0,
+        "moe_ffn": c.int("moe_ffn_hidden", 0) or 0,
+        "shared_experts": c.int("shared_experts", 0) or 0,
+    }
+
+
+def default_zero(c: Case) -> int:
+    """A blank ``zero`` is the framework's default: NeMo 2.0 and Megatron-Bridge recipes turn on
+    Megatron's distributed optimizer (ZeRO-1, ``use_distributed_optimizer=True``); the others shard nothing."""
+    framework = c["framework"]
+    return 1 if framework.startswith(("NeMo", "Megatron-Bridge")) else 0
+
+
+def default_recompute(c: Case) -> str:
+    """A blank ``recompute`` is the framework's default: MaxText rematerialises everything
+    (``remat_policy: 'full'`` in its base.yml); Megatron-LM, NeMo and PyTorch recompute nothing."""
+    return "full" if "maxtext" in c["framework"].lower() else "none"
+
+
+def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
+    """The row's Plan and Cluster. Blank cells take the framework defaults named here."""
+    from echosim.plan import Cluster, Plan
+
+    plan = Plan(
+        tp=c.int("tp", 1) or 1,
+        pp=c.int("pp", 1) or 1,
+        dp=c.int("dp", 1) or 1,
+        cp=c.int("cp", 1) or 1,
+        ep=c.int("ep", 1) or 1,
+        vpp=c.int("vpp", 1) or 1,
+        sp=c.int("sp", 0) == 1,
+        zero=c.int("zero", default_zero(c)) or 0,
+        micro_batch=c.int("micro_batch", 1) or 1,  # blank: Megatron's default micro-batch of 1
+        global_batch=c.int("global_batch") or 0,
+        seq_len=c.int("seq_len") or 0,
+        dtype=c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
+        recompute=c["recompute"] or default_recompute(c),
+        attention="math" if c["source_id"] in MATH_ATTENTION_SOURCES else "flash",
+        schedule="interleaved" if (c.int("vpp", 1) or 1) > 1 else "1f1b",
+        # NeMo's token-dropping MoE recipes cap each expert at its fair share; the others are dropless
+        moe_capacity_factor=1.0 if c["arch"] == "moe" and "tokendrop" in c.case_id else 0.0,
+    )
+    backend = backend_for(c["device"]) or c["device"]
+    devices = c.int("devices") or 0
+    per_node = c.int("devices_per_node", 8) or 8
+    if backend in SLICE_BACKENDS:
+        # cases.csv counts TPU hosts (4 chips); the TPU backend's node is the ICI slice.
+        per_node = devices // (c.int("slices", 1) or 1)
+    elif devices > per_node and devices % per_node:
+        # A job that does not fill whole NVLink domains (128 GPUs of NVL72 racks) spreads evenly
+        # over as few domains as hold it.
+        domains = -(-devices // per_node)
+        per_node = devices // domains if devices % domains == 0 else per_node
+    cluster = Cluster(backend, devices, per_node, **({"calibration": calibration} if calibration else {}))
+    return plan, cluster
