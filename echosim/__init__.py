@@ -21,7 +21,7 @@ _API = {
     "lower": "echosim.compiler",
     "load_model": "echosim.compiler",
     "Compiled": "echosim.compiler",
-    "search": "echosim.search",
+    "search": "echosim.layout_search",
     "Plan": "echosim.plan",
     "Cluster": "echosim.plan",
     "Report": "echosim.timeline.report",
@@ -48,9 +48,9 @@ __all__ = [
 if TYPE_CHECKING:
     from echosim.compiler import Compiled, compile, load_model, lower
     from echosim.errors import EchosimError
+    from echosim.layout_search import search
     from echosim.plan import Cluster, Plan
     from echosim.plugins import hookimpl
-    from echosim.search import search
     from echosim.timeline.costed import CostedGraph
     from echosim.timeline.report import Report
 

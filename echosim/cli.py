@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from echosim.commands.options import calibration_option
 from echosim.errors import EchosimError, one_line_errors
@@ -74,7 +75,8 @@ def compile_cmd(
         from echosim.timeline.costed import check_graph_path
 
         check_graph_path(graph)
-    if opts.get("calibration") and not opts.get("backend"):  # the backend the calibration was made for
+    typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
+    if typed and opts.get("calibration") and not opts.get("backend"):  # the backend the calibration was made for
         from echosim.calibrate import load_calibration
 
         backends = load_calibration(opts["calibration"]).backends
@@ -131,8 +133,8 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int, gl
     """Rank the parallel layouts of MODEL on DEVICES by step time (those that fit first)."""
     from rich.progress import Progress
 
+    from echosim.layout_search import search
     from echosim.plan import Cluster, Plan
-    from echosim.search import search
 
     def ints(text: str, what: str) -> tuple[int, ...]:
         try:

@@ -245,3 +245,10 @@ def test_gloo_collectives_between_two_processes():
     samples = bench_collectives("tiny", ranks=2)
     assert {s.op for s in samples} == {"all_reduce", "all_gather", "broadcast"}
     assert all(s.seconds > 0 and s.ranks == 2 for s in samples)
+
+
+def test_the_command_line_and_the_library_name_the_same_environment_variable() -> None:
+    from echosim.calibrate.db import ENV_VAR
+    from echosim.commands import options
+
+    assert options.ENV_VAR == ENV_VAR  # options.py spells it out so that `echosim --help` stays light

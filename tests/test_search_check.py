@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 from echosim.cli import cli
 from echosim.frontend.zoo import ArchConfig
+from echosim.layout_search import candidates, search
 from echosim.plan import Cluster, Plan
-from echosim.search import candidates, search
 
 TINY = ArchConfig("gpt", layers=4, hidden=256, heads=4, vocab=1024, seq_len=256, dropout=0.1, tied_embeddings=True)
 

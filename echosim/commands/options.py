@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from echosim.calibrate.db import ENV_VAR
+ENV_VAR = "ECHOSIM_CALIBRATION"  # the same name as echosim.calibrate.db.ENV_VAR, without importing it
 
 F = TypeVar("F", bound=Callable[..., Any])
 
