@@ -16,7 +16,7 @@ from echosim.ir.ops import MatmulAttrs, OpKind, ParamAttrs
 from echosim.ir.types import DType, TensorSpec
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.flops import graph_flops
 from echosim.plan import Plan
 
 
@@ -53,7 +53,7 @@ def test_folding_a_chain_keeps_flops_and_parameters(depth: int, width: int, head
     folded = fold_layers(g, [])
     verify(folded)
     assert folded.repeats == ({"layers.1": depth - 1} if depth > 2 else {})
-    assert param_count(folded) == param_count(g)
+    assert folded.param_count() == g.param_count()
     assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(g, [Autodiff()]))
 
 
@@ -99,7 +99,7 @@ def test_layers_after_the_run_keep_their_real_index(tmp_path: Path) -> None:
     graph, _, params = capture_named(f"{tmp_path}/chain.py:model", Plan(micro_batch=2))
     assert graph.repeats == {"layers.1": 3}
     assert {n.scope for n in graph if n.op is OpKind.MATMUL} == {"layers.0.0", "layers.1.0", "layers.4.0"}
-    assert param_count(graph) == params == 8 * 16 + 16 + 3 * (16 * 16 + 16) + 16 * 4 + 4
+    assert graph.param_count() == params == 8 * 16 + 16 + 3 * (16 * 16 + 16) + 16 * 4 + 4
 
 
 def test_work_between_layers_outside_them_prevents_folding(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from echosim.ir import print_graph, verify  # noqa: E402
 from echosim.ir.ops import MatmulAttrs, OpKind  # noqa: E402
 from echosim.passes.autodiff import Autodiff  # noqa: E402
 from echosim.passes.base import run_passes  # noqa: E402
-from echosim.passes.flops import graph_flops, param_count  # noqa: E402
+from echosim.passes.flops import graph_flops  # noqa: E402
 from echosim.plan import Cluster, Plan  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -273,7 +273,7 @@ def test_tp_plan_applies_to_onnx_node_names(exported_gpt: tuple[Path, object]) -
     assert ours.report.model_flops_per_step == zoo.report.model_flops_per_step
     count = [sum(1 for n in c.graph if n.op is OpKind.ALL_REDUCE) for c in (ours, zoo)]
     assert count[0] == count[1] > 0
-    assert param_count(ours.graph) == param_count(zoo.graph)
+    assert ours.graph.param_count() == zoo.graph.param_count()
 
 
 def test_attention_op_and_a_constant_weight(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from echosim.ir import verify
 from echosim.ir.ops import EmbeddingAttrs, MatmulAttrs, OpKind
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, node_flops, param_count
+from echosim.passes.flops import graph_flops, node_flops
 from echosim.plan import Cluster, Plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -89,7 +89,7 @@ def test_dlrm_embedding_tables_and_interaction() -> None:
     tables = [n for n in graph if isinstance(n.attrs, EmbeddingAttrs)]
     assert len(tables) == 26 and tables[0].attrs == EmbeddingAttrs(4_000_000, 128)
     assert graph.repeats == {}
-    assert param_count(graph) == params
+    assert graph.param_count() == params
     assert params == pytest.approx(13.3e9, rel=0.01)
     assert any(isinstance(n.attrs, MatmulAttrs) and n.attrs.batch == 64 and n.attrs.k == 128 for n in graph)
     assert not [m for m in messages if "no rule" in m]  # the loss (BCE with logits) has a rule
@@ -135,7 +135,7 @@ def test_repeated_blocks_fold_in_any_module(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("None", "__import__('torch').float32"))
     graph, _, params = capture_named(f"{path}:model", Plan(micro_batch=2))
     assert graph.repeats == {}  # a Sequential is called whole; only ModuleLists iterate layer by layer
-    assert param_count(graph) == params
+    assert graph.param_count() == params
 
 
 @pytest.mark.parametrize(

@@ -66,9 +66,7 @@ def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], i
     if callable(capture) and not isinstance(obj, type):
         return capture(plan)
     if isinstance(obj, Graph):
-        from echosim.passes.flops import param_count
-
-        return obj, [], param_count(obj)
+        return obj, [], obj.param_count()
     if isinstance(obj, ArchConfig):
         return _capture_arch(obj, plan, name)
     import torch
@@ -98,7 +96,6 @@ def _capture_arch_cached(cfg: Any, micro_batch: int, dtype_name: str, name: str)
     from echosim.frontend.fx import CaptureError, capture_module
     from echosim.frontend.zoo import build_module
     from echosim.ir.types import DType
-    from echosim.passes.flops import param_count
 
     # Two layers are enough for the fold to prove the block repeats; the count is known.
     module = build_module(cfg.with_(layers=min(cfg.layers, 2)))
@@ -111,7 +108,7 @@ def _capture_arch_cached(cfg: Any, micro_batch: int, dtype_name: str, name: str)
     if cfg.layers > 2:
         (block,) = cap.graph.repeats
         cap.graph.repeats[block] = cfg.layers
-    return cap.graph, tuple(cap.warnings), param_count(cap.graph)
+    return cap.graph, tuple(cap.warnings), cap.graph.param_count()
 
 
 def _check_model(cfg: Any) -> None:

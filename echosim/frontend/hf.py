@@ -197,7 +197,6 @@ def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> 
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
     from echosim.ir.types import DType
-    from echosim.passes.flops import param_count
 
     model = build_model(config)
     total = sum(p.numel() for p in model.parameters())
@@ -214,7 +213,7 @@ def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> 
         raise EchosimError(f"{name}: {exc}") from None
     ensure_loss(cap.graph, notes)
     cap.notes.extend(Note(n) if not isinstance(n, Note) else n for n in notes)
-    captured = param_count(cap.graph)
+    captured = cap.graph.param_count()
     if captured != total:
         cap.warnings.append(
             f"{name}: the captured graph holds {captured:,} of the model's {total:,} parameters "

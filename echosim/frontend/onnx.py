@@ -59,7 +59,6 @@ class OnnxModel:
         from echosim.frontend.irfold import fold_layers
         from echosim.frontend.loss import ensure_loss
         from echosim.frontend.messages import Note
-        from echosim.passes.flops import param_count
 
         inferred, notes = bind_and_infer(self.proto, self.path, plan)
         conv = _Onnx(inferred, DType.parse(plan.dtype), self.path.name, self.path)
@@ -69,7 +68,7 @@ class OnnxModel:
             ensure_loss(graph, notes)
         except ValueError as exc:
             raise EchosimError(f"{self.path}: {exc}") from None
-        return graph, [*messages, *(Note(n) for n in notes)], param_count(graph)
+        return graph, [*messages, *(Note(n) for n in notes)], graph.param_count()
 
 
 def load(source: str) -> OnnxModel:
