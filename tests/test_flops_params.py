@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import TINY_GPT, TINY_LLAMA, capture
 
-from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig, build_module
+from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig
+from echosim.frontend.zoo_modules import build_module
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
 from echosim.passes.flops import graph_flops

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echosim.frontend import capture_named
+from echosim.frontend import CaptureSpec, capture_named
 from echosim.frontend.irfold import fold_layers
 from echosim.ir import verify
 from echosim.ir.graph import Graph
@@ -17,7 +17,6 @@ from echosim.ir.types import DType, TensorSpec
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
 from echosim.passes.flops import graph_flops
-from echosim.plan import Plan
 
 
 def stack(depth: int, width: int, chained: bool, head: int = 0) -> Graph:
@@ -96,7 +95,7 @@ def glued():
 def test_layers_after_the_run_keep_their_real_index(tmp_path: Path) -> None:
     """[8->16, 16->16 x3, 16->4]: the run is folded and the last layer is still layers.4."""
     (tmp_path / "chain.py").write_text(CHAIN)
-    graph, _, params = capture_named(f"{tmp_path}/chain.py:model", Plan(micro_batch=2))
+    graph, _, params = capture_named(f"{tmp_path}/chain.py:model", CaptureSpec(micro_batch=2))
     assert graph.repeats == {"layers.1": 3}
     assert {n.scope for n in graph if n.op is OpKind.MATMUL} == {"layers.0.0", "layers.1.0", "layers.4.0"}
     assert graph.param_count() == params == 8 * 16 + 16 + 3 * (16 * 16 + 16) + 16 * 4 + 4
@@ -105,7 +104,7 @@ def test_layers_after_the_run_keep_their_real_index(tmp_path: Path) -> None:
 def test_work_between_layers_outside_them_prevents_folding(tmp_path: Path) -> None:
     """Code between the layers (here a scale in the parent's loop) would not repeat with them."""
     (tmp_path / "chain.py").write_text(CHAIN)
-    graph, _, _ = capture_named(f"{tmp_path}/chain.py:glued", Plan(micro_batch=2))
+    graph, _, _ = capture_named(f"{tmp_path}/chain.py:glued", CaptureSpec(micro_batch=2))
     assert graph.repeats == {}
     assert sum(1 for n in graph if n.op is OpKind.MATMUL) == 5
 

@@ -8,7 +8,8 @@ from conftest import capture, check_golden
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig, build_module
+from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig
+from echosim.frontend.zoo_modules import build_module
 from echosim.ir import Graph, print_graph, verify
 from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
 from echosim.passes.autodiff import Autodiff

@@ -105,7 +105,7 @@ def _view(c: _Aten, node: fx.Node) -> None:
 
 
 def _cast(c: _Aten, node: fx.Node) -> None:
-    """Float-to-float casts are free (every float is costed in the plan's dtype), as in fx.py."""
+    """Float-to-float casts are free (every float is costed in the capture's dtype), as in fx.py."""
     src = node.args[0]
     before = src.meta.get("val") if isinstance(src, fx.Node) else None
     after = node.meta.get("val")

@@ -36,7 +36,7 @@ from echosim.ir.ops import (
 from echosim.ir.types import DType, TensorSpec
 
 if TYPE_CHECKING:
-    from echosim.plan import Plan
+    from echosim.frontend.spec import CaptureSpec
 
 _BATCH_NAME = re.compile(r"batch|^(b|n|bs|bsz)$|^(b|n|bs|bsz)[_\d]", re.IGNORECASE)
 _SEQ_NAME = re.compile(r"seq|sequence|len|token|time|step|^(s|t|l)$|position", re.IGNORECASE)
@@ -48,20 +48,20 @@ _INT64, _INT32, _BOOL = 7, 6, 9
 
 @dataclass
 class OnnxModel:
-    """An ONNX file, checked at load, captured once the plan binds its symbolic dimensions."""
+    """An ONNX file, checked at load, captured once the spec binds its symbolic dimensions."""
 
     source: str
     path: Path
     proto: Any
 
-    def capture(self, plan: Plan) -> tuple[Graph, list[str], int]:
+    def capture(self, spec: CaptureSpec) -> tuple[Graph, list[str], int]:
         from echosim.frontend.attention_fuse import fuse_attention
         from echosim.frontend.irfold import fold_layers
         from echosim.frontend.loss import ensure_loss
         from echosim.frontend.messages import Note
 
-        inferred, notes = bind_and_infer(self.proto, self.path, plan)
-        conv = _Onnx(inferred, DType.parse(plan.dtype), self.path.name, self.path)
+        inferred, notes = bind_and_infer(self.proto, self.path, spec)
+        conv = _Onnx(inferred, DType.parse(spec.dtype), self.path.name, self.path)
         graph = fold_layers(fuse_attention(conv.run(), notes), notes)
         messages = list(conv.warnings)
         try:
@@ -96,8 +96,8 @@ def _dims(value_info: Any) -> list[Any]:
     return list(t.shape.dim) if t.HasField("shape") else []
 
 
-def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
-    """A copy of ``proto`` with symbolic input dims set from the plan, and every shape inferred."""
+def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list[str]]:
+    """A copy of ``proto`` with symbolic input dims set from the spec, and every shape inferred."""
     from echosim.frontend.onnx_shapes import infer_concrete
 
     model = type(proto)()
@@ -124,17 +124,17 @@ def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
                     f"{path}: input {value.name!r} has symbolic dimension {name or '?'!r} (axis {axis}) "
                     "that --micro-batch and --seq-len do not bind"
                 )
-            if role == "seq" and not plan.seq_len:
+            if role == "seq" and not spec.seq_len:
                 raise EchosimError(
                     f"{path}: input {value.name!r} has a symbolic sequence dimension {name or '?'!r}: "
                     "bind it with --seq-len"
                 )
             dim.Clear()
-            dim.dim_value = plan.micro_batch if role == "batch" else plan.seq_len
-    if plan.seq_len and fixed_seq not in (None, plan.seq_len):
-        notes.append(f"--seq-len {plan.seq_len} does not apply: {path.name} fixes the sequence at {fixed_seq}")
-    if plan.micro_batch != 1 and fixed_batch not in (None, plan.micro_batch):
-        notes.append(f"--micro-batch {plan.micro_batch} does not apply: {path.name} fixes the batch at {fixed_batch}")
+            dim.dim_value = spec.micro_batch if role == "batch" else spec.seq_len
+    if spec.seq_len and fixed_seq not in (None, spec.seq_len):
+        notes.append(f"--seq-len {spec.seq_len} does not apply: {path.name} fixes the sequence at {fixed_seq}")
+    if spec.micro_batch != 1 and fixed_batch not in (None, spec.micro_batch):
+        notes.append(f"--micro-batch {spec.micro_batch} does not apply: {path.name} fixes the batch at {fixed_batch}")
     try:
         inferred = infer_concrete(model)
     except Exception as exc:
