@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from echosim.errors import EchosimError, PluginError
 from echosim.frontend.pyfile import PY_SOURCE
-from echosim.frontend.spec import CaptureSpec
+from echosim.frontend.spec import CaptureError, CaptureSpec
 
 if TYPE_CHECKING:
     from echosim.frontend.zoo import ArchConfig
@@ -92,7 +92,7 @@ def _capture_arch_cached(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple
     """
     import torch
 
-    from echosim.frontend.fx import CaptureError, capture_module
+    from echosim.frontend.fx import capture_module
     from echosim.frontend.zoo_modules import build_module
     from echosim.ir.types import DType
 

@@ -17,7 +17,6 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from echosim.frontend import moe_ops
+from echosim.frontend.spec import Capture, CaptureError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -37,17 +37,6 @@ from echosim.ir.ops import (
     ParamAttrs,
 )
 from echosim.ir.types import DType, TensorSpec
-
-
-class CaptureError(ValueError):
-    """The module could not be turned into IR; the message names the construct."""
-
-
-@dataclass
-class Capture:
-    graph: Graph
-    warnings: list[str] = field(default_factory=list)
-
 
 # ---- folding repeated layers -------------------------------------------------------
 

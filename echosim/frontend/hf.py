@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from echosim.errors import EchosimError
 
 if TYPE_CHECKING:
-    from echosim.frontend.aten import ExportCapture
-    from echosim.frontend.spec import CaptureSpec
+    from echosim.frontend.spec import Capture, CaptureSpec
 
 CONFIGS = Path(__file__).parent / "configs"
 EXTRA = "pip install 'echosim[hf]'"
@@ -188,14 +187,14 @@ def _logits_only(model: Any) -> Any:
     return CausalLM(model)
 
 
-def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = True) -> tuple[ExportCapture, int]:
+def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = True) -> tuple[Capture, int]:
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
 
     from echosim.frontend.aten import capture_folded
-    from echosim.frontend.fx import CaptureError
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
+    from echosim.frontend.spec import CaptureError
     from echosim.ir.types import DType
 
     model = build_model(config)

@@ -151,9 +151,10 @@ def capture_torch_module(
 ) -> tuple[Graph, list[str], int]:
     """Capture with torch.export (torch.fx as the fallback); returns (graph, messages, params)."""
     from echosim.frontend.aten import capture_folded, quiet
-    from echosim.frontend.fx import CaptureError, capture_module
+    from echosim.frontend.fx import capture_module
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
+    from echosim.frontend.spec import CaptureError
     from echosim.ir.types import DType
 
     if any(p.device.type != "meta" for p in module.parameters()):
