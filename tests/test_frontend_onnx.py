@@ -14,7 +14,7 @@ from echosim.compiler import lower  # noqa: E402
 from echosim.errors import EchosimError  # noqa: E402
 from echosim.frontend import CaptureSpec  # noqa: E402
 from echosim.frontend import onnx as onnx_frontend  # noqa: E402
-from echosim.frontend.onnx_rules import scope_of  # noqa: E402
+from echosim.frontend.onnx_values import scope_of  # noqa: E402
 from echosim.ir import print_graph, verify  # noqa: E402
 from echosim.ir.ops import MatmulAttrs, OpKind  # noqa: E402
 from echosim.passes.autodiff import Autodiff  # noqa: E402
