@@ -1,10 +1,15 @@
-"""Folding repeated layers: FLOPs and parameters are invariant, chains fold, side-by-side copies do not."""
+"""Folding repeated layers: FLOPs and parameters are invariant, chains fold, side-by-side copies do not.
+
+One mechanism serves every frontend (``frontend/fold.py``): torch.export and torch.fx
+capture two copies of the run and prove they chain; ONNX files prove it over all copies.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +124,60 @@ def test_a_chain_behind_a_differentiable_value_folds_from_its_first_layer(depth:
     folded = fold_layers(g, [])
     assert folded.repeats == {"layers.0": depth}
     assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(g, [Autodiff()]))
+
+
+class _Stack(torch.nn.Module):
+    """[8->16, 16->16 x3, 16->4] as a chain of layers, or the three 16->16 ones side by side."""
+
+    def __init__(self, chained: bool) -> None:
+        super().__init__()
+        self.chained = chained
+
+        def block(i: int, o: int) -> torch.nn.Module:
+            return torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU())
+
+        self.layers = torch.nn.ModuleList([block(8, 16), *[block(16, 16) for _ in range(3)], block(16, 4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.chained:
+            for layer in self.layers:
+                x = layer(x)
+            return x.sum()
+        x = self.layers[0](x)
+        x = sum(layer(x) for layer in self.layers[1:-1])
+        return self.layers[-1](x).sum()
+
+
+class _Indexed(_Stack):
+    """A forward that names its layers by index: the shortened list cannot run it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(5):
+            x = self.layers[i](x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_torch_fx_folds_through_the_same_chain_proof(chained: bool) -> None:
+    """torch.fx folds as torch.export does: a chain folds with its real indices kept; copies side by side stay."""
+    from echosim.frontend.fx import capture_module
+
+    with torch.device("meta"):
+        module = _Stack(chained)
+    x = torch.zeros(2, 8, device="meta")
+    folded = capture_module(module, (x,)).graph
+    whole = capture_module(module, (x,), fold=False).graph
+    assert folded.repeats == ({"layers.1": 3} if chained else {})
+    assert "layers.4.0" in {n.scope for n in folded if n.op is OpKind.MATMUL}
+    assert folded.param_count() == whole.param_count() == sum(p.numel() for p in module.parameters())
+    assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(whole, [Autodiff()]))
+
+
+def test_a_module_that_indexes_its_layers_is_captured_unfolded() -> None:
+    from echosim.frontend.fx import capture_module
+
+    with torch.device("meta"):
+        module = _Indexed(chained=True)
+    graph = capture_module(module, (torch.zeros(2, 8, device="meta"),)).graph
+    assert graph.repeats == {}
+    assert sum(1 for n in graph if n.op is OpKind.MATMUL) == 5

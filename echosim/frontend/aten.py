@@ -37,6 +37,7 @@ from torch import fx
 
 from echosim.frontend.aten_rules import NAMED, RULES, SKIP, SPLITS, VIEWS, fusable, inplace
 from echosim.frontend.aten_values import AtenValues, is_inplace, op_name, packet
+from echosim.frontend.fold import capture_folded
 from echosim.frontend.fused import FusedKind
 from echosim.frontend.spec import Capture, CaptureError
 from echosim.ir.ops import OpKind
@@ -258,7 +259,7 @@ def describe_failure(exc: BaseException, where: str = "") -> str:
     return f"{type(exc).__name__}: {head}"
 
 
-def capture_folded(
+def capture_export(
     root: torch.nn.Module,
     call: torch.nn.Module,
     args: tuple[Any, ...],
@@ -269,24 +270,12 @@ def capture_folded(
     where: str = "",
     fold: bool = True,
 ) -> Capture:
-    """Export ``call`` (which runs ``root``) with its longest run of identical layers folded.
+    """Export ``call`` (which runs ``root``) into IR, repeated layers folded (:func:`fold.capture_folded`)."""
 
-    Two copies of the run are captured and :func:`irfold.fold_run` folds the second
-    away once it has checked the copies form a chain; if they do not (identical
-    modules used side by side), the whole depth is captured instead.
-    """
-    from echosim.frontend.fold import folded
-    from echosim.frontend.irfold import fold_run
+    def capture(rename: Callable[[str], str]) -> Capture:
+        return convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=rename)
 
-    with folded(root, enabled=fold) as info:
-        cap = convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=info.real_scope)
-    if info.run is None:
-        return cap
-    graph = fold_run(cap.graph, info.run.prefix, info.run.count)
-    if graph is None:
-        return convert(export(call, args, where), dtype=dtype, name=name, strip=strip)
-    cap.graph = graph
-    return cap
+    return capture_folded(root, capture, enabled=fold)
 
 
 def convert(

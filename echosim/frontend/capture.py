@@ -96,17 +96,15 @@ def _capture_arch_cached(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple
     from echosim.frontend.zoo_modules import build_module
     from echosim.ir.types import DType
 
-    # Two layers are enough for the fold to prove the block repeats; the count is known.
+    # Two layers are all the fold needs to prove the block repeats, and the zoo knows its depth:
+    # building the rest only to cut it off again would cost more than the capture.
     module = build_module(cfg.with_(layers=min(cfg.layers, 2)))
     ids = torch.zeros(spec.micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     try:
         dtype = DType.BF16 if spec.dtype == "fp8" else DType.parse(spec.dtype)  # fp8: 16-bit activations
-        cap = capture_module(module, (ids, ids), dtype=dtype, name=name)
+        cap = capture_module(module, (ids, ids), dtype=dtype, name=name, depth=cfg.layers)
     except CaptureError as exc:
-        raise EchosimError(str(exc)) from None
-    if cfg.layers > 2:
-        (block,) = cap.graph.repeats
-        cap.graph.repeats[block] = cfg.layers
+        raise EchosimError(f"{name}: {exc}") from None
     return cap.graph, tuple(cap.warnings), cap.graph.param_count()
 
 

@@ -7,8 +7,8 @@ downloaded and no weight is allocated. transformers is the optional extra
 
 The model is exported with ``torch.export`` after its longest run of identical
 decoder layers is cut to two copies; once they are shown to be one chain the
-second is dropped (``fold.py``, ``irfold.py``), so a Llama-3 70B captures as one
-layer with a repeat count of 80. Attention runs through an ``echosim`` attention
+second is dropped (``fold.py``, the folding every frontend uses), so a Llama-3 70B
+captures as one layer with a repeat count of 80. Attention runs through an ``echosim`` attention
 function registered with transformers: causal SDPA with grouped-query heads and no
 mask tensor (the kernel training stacks use), so transformers builds no mask and
 no mask arithmetic is costed. The loss is added by :mod:`echosim.frontend.loss`.
@@ -191,7 +191,7 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
 
-    from echosim.frontend.aten import capture_folded
+    from echosim.frontend.aten import capture_export
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
     from echosim.frontend.spec import CaptureError
@@ -205,7 +205,7 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
         notes.append(Note(f"sequence length {seq} from the config (--seq-len overrides)"))
     ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
     try:
-        cap = capture_folded(
+        cap = capture_export(
             model, _logits_only(model), (ids,), dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold
         )
     except CaptureError as exc:

@@ -13,7 +13,8 @@ elementwise ops, Reshape/Transpose/Slice/... as views). An op with no rule is
 costed as a memory-bound elementwise op and listed in the warnings. Scopes come
 from the torch exporter's ``pkg.torch.onnx.name_scopes`` metadata, else from
 ``/model/layers.0/attn/MatMul``-style node names, so TP plan patterns apply.
-Layers stored N times in the file are folded back to one by :mod:`irfold`.
+Layers stored N times in the file are folded back to one by :func:`irfold.fold_layers`
+(the chain proof every frontend's folding uses, see ``fold.py``).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def capture_torch_module(
     module: nn.Module, inputs: Any, spec: CaptureSpec, name: str, where: str = ""
 ) -> tuple[Graph, list[str], int]:
     """Capture with torch.export (torch.fx as the fallback); returns (graph, messages, params)."""
-    from echosim.frontend.aten import capture_folded, quiet
+    from echosim.frontend.aten import capture_export, quiet
     from echosim.frontend.fx import capture_module
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
@@ -170,7 +170,7 @@ def capture_torch_module(
     messages: list[str] = []
     graph = None
     try:
-        cap = capture_folded(module, module, args, dtype=dtype, name=name, where=where)
+        cap = capture_export(module, module, args, dtype=dtype, name=name, where=where)
         graph, messages = cap.graph, [*cap.warnings, *cap.notes]
     except CaptureError as export_error:
         failure = str(export_error)
