@@ -25,14 +25,15 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from echosim.compiler import lower
 from echosim.plan import Cluster, Plan
-from echosim.frontend import hf
+from echosim.frontend import CaptureSpec, hf
 path, fold = sys.argv[1], sys.argv[2] == "1"
 plan = Plan(tp=8, pp=4, dp=1, seq_len=8192, global_batch=16)
 if fold:
     report = lower("hf:" + path, plan, Cluster("h100-sxm", devices=32)).report
     nodes = None
 else:
-    cap, _ = hf.capture_config(hf.build_config(hf.config_path("hf:" + path)), plan, path, fold=False)
+    spec = CaptureSpec(plan.micro_batch, plan.seq_len, plan.dtype)
+    cap, _ = hf.capture_config(hf.build_config(hf.config_path("hf:" + path)), spec, path, fold=False)
     report, nodes = None, len(cap.graph)
 print(json.dumps({
     "seconds": time.perf_counter() - t0,

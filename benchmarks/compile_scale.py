@@ -22,7 +22,7 @@ def timed(plan: Plan, cluster: Cluster, repeats: int = 7) -> tuple[float, float]
     figure stable on a shared machine; the compile is single-threaded, so it equals wall time
     on a quiet one.
     """
-    from echosim.frontend import _capture_arch_cached
+    from echosim.frontend.capture import _capture_arch_cached
 
     times = []
     step = 0.0

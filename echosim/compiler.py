@@ -14,7 +14,7 @@ from echosim import plugins
 from echosim.backends.loading import load_backend
 from echosim.calibrate import apply_calibration
 from echosim.errors import EchosimError
-from echosim.frontend import capture_named, capture_object
+from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.layout import ModelShape, check_model, check_plan
@@ -44,10 +44,14 @@ class Compiled:
 
 
 def load_model(model: Any, plan: Plan) -> tuple[Graph, list[str], int]:
-    """Capture a model given by name (resolved through the plugin registry) or as an object."""
+    """Capture a model given by name (resolved through the plugin registry) or as an object.
+
+    The frontend is handed only what capture needs (micro-batch, sequence, dtype), never the plan.
+    """
+    spec = CaptureSpec(plan.micro_batch, plan.seq_len, plan.dtype)
     if isinstance(model, str):
-        return capture_named(model, plan)
-    return capture_object(model, plan, getattr(model, "arch", type(model).__name__))
+        return capture_named(model, spec)
+    return capture_object(model, spec, getattr(model, "arch", type(model).__name__))
 
 
 def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Report:

@@ -83,7 +83,8 @@ def main() -> None:
 
     import torch
 
-    from echosim.frontend.zoo import ZOO, ArchConfig, build_module
+    from echosim.frontend.zoo import ZOO, ArchConfig
+    from echosim.frontend.zoo_modules import build_module
 
     cfg = ArchConfig(**TINY) if args.model == "tiny" else ZOO[args.model]
     if args.seq_len:

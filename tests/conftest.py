@@ -22,7 +22,7 @@ def capture(cfg: ArchConfig, batch: int = 1, dtype: DType = DType.FP16) -> Graph
     import torch
 
     from echosim.frontend.fx import capture_module
-    from echosim.frontend.zoo import build_module
+    from echosim.frontend.zoo_modules import build_module
 
     ids = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
     return capture_module(build_module(cfg), (ids, ids), dtype=dtype, name=cfg.arch).graph

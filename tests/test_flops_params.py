@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from conftest import TINY_GPT, TINY_LLAMA, capture
 
-from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig, build_module
+from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig
+from echosim.frontend.zoo_modules import build_module
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.flops import graph_flops
 from echosim.passes.recompute import Recompute
 from echosim.passes.tensor_parallel import TensorParallel
 
@@ -61,7 +62,7 @@ def test_flops_match_pytorch_counter_on_meta() -> None:
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_param_count_closed_form_and_module(name: str) -> None:
     cfg = ZOO[name]
-    assert param_count(capture(cfg)) == cfg.param_count()
+    assert capture(cfg).param_count() == cfg.param_count()
 
 
 @pytest.mark.parametrize(

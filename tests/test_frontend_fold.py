@@ -1,14 +1,19 @@
-"""Folding repeated layers: FLOPs and parameters are invariant, chains fold, side-by-side copies do not."""
+"""Folding repeated layers: FLOPs and parameters are invariant, chains fold, side-by-side copies do not.
+
+One mechanism serves every frontend (``frontend/fold.py``): torch.export and torch.fx
+capture two copies of the run and prove they chain; ONNX files prove it over all copies.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echosim.frontend import capture_named
+from echosim.frontend import CaptureSpec, capture_named
 from echosim.frontend.irfold import fold_layers
 from echosim.ir import verify
 from echosim.ir.graph import Graph
@@ -16,8 +21,7 @@ from echosim.ir.ops import MatmulAttrs, OpKind, ParamAttrs
 from echosim.ir.types import DType, TensorSpec
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, param_count
-from echosim.plan import Plan
+from echosim.passes.flops import graph_flops
 
 
 def stack(depth: int, width: int, chained: bool, head: int = 0) -> Graph:
@@ -53,7 +57,7 @@ def test_folding_a_chain_keeps_flops_and_parameters(depth: int, width: int, head
     folded = fold_layers(g, [])
     verify(folded)
     assert folded.repeats == ({"layers.1": depth - 1} if depth > 2 else {})
-    assert param_count(folded) == param_count(g)
+    assert folded.param_count() == g.param_count()
     assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(g, [Autodiff()]))
 
 
@@ -96,16 +100,16 @@ def glued():
 def test_layers_after_the_run_keep_their_real_index(tmp_path: Path) -> None:
     """[8->16, 16->16 x3, 16->4]: the run is folded and the last layer is still layers.4."""
     (tmp_path / "chain.py").write_text(CHAIN)
-    graph, _, params = capture_named(f"{tmp_path}/chain.py:model", Plan(micro_batch=2))
+    graph, _, params = capture_named(f"{tmp_path}/chain.py:model", CaptureSpec(micro_batch=2))
     assert graph.repeats == {"layers.1": 3}
     assert {n.scope for n in graph if n.op is OpKind.MATMUL} == {"layers.0.0", "layers.1.0", "layers.4.0"}
-    assert param_count(graph) == params == 8 * 16 + 16 + 3 * (16 * 16 + 16) + 16 * 4 + 4
+    assert graph.param_count() == params == 8 * 16 + 16 + 3 * (16 * 16 + 16) + 16 * 4 + 4
 
 
 def test_work_between_layers_outside_them_prevents_folding(tmp_path: Path) -> None:
     """Code between the layers (here a scale in the parent's loop) would not repeat with them."""
     (tmp_path / "chain.py").write_text(CHAIN)
-    graph, _, _ = capture_named(f"{tmp_path}/chain.py:glued", Plan(micro_batch=2))
+    graph, _, _ = capture_named(f"{tmp_path}/chain.py:glued", CaptureSpec(micro_batch=2))
     assert graph.repeats == {}
     assert sum(1 for n in graph if n.op is OpKind.MATMUL) == 5
 
@@ -120,3 +124,60 @@ def test_a_chain_behind_a_differentiable_value_folds_from_its_first_layer(depth:
     folded = fold_layers(g, [])
     assert folded.repeats == {"layers.0": depth}
     assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(g, [Autodiff()]))
+
+
+class _Stack(torch.nn.Module):
+    """[8->16, 16->16 x3, 16->4] as a chain of layers, or the three 16->16 ones side by side."""
+
+    def __init__(self, chained: bool) -> None:
+        super().__init__()
+        self.chained = chained
+
+        def block(i: int, o: int) -> torch.nn.Module:
+            return torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU())
+
+        self.layers = torch.nn.ModuleList([block(8, 16), *[block(16, 16) for _ in range(3)], block(16, 4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.chained:
+            for layer in self.layers:
+                x = layer(x)
+            return x.sum()
+        x = self.layers[0](x)
+        x = sum(layer(x) for layer in self.layers[1:-1])
+        return self.layers[-1](x).sum()
+
+
+class _Indexed(_Stack):
+    """A forward that names its layers by index: the shortened list cannot run it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(5):
+            x = self.layers[i](x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_torch_fx_folds_through_the_same_chain_proof(chained: bool) -> None:
+    """torch.fx folds as torch.export does: a chain folds with its real indices kept; copies side by side stay."""
+    from echosim.frontend.fx import capture_module
+
+    with torch.device("meta"):
+        module = _Stack(chained)
+    x = torch.zeros(2, 8, device="meta")
+    folded = capture_module(module, (x,)).graph
+    whole = capture_module(module, (x,), fold=False).graph
+    assert folded.repeats == ({"layers.1": 3} if chained else {})
+    assert "layers.4.0" in {n.scope for n in folded if n.op is OpKind.MATMUL}
+    assert folded.param_count() == whole.param_count() == sum(p.numel() for p in module.parameters())
+    assert graph_flops(run_passes(folded, [Autodiff()])) == graph_flops(run_passes(whole, [Autodiff()]))
+
+
+def test_a_module_that_indexes_its_layers_is_captured_unfolded() -> None:
+    from echosim.frontend.fx import capture_module
+
+    with torch.device("meta"):
+        module = _Indexed(chained=True)
+    graph = capture_module(module, (torch.zeros(2, 8, device="meta"),)).graph
+    assert graph.repeats == {}
+    assert sum(1 for n in graph if n.op is OpKind.MATMUL) == 5

@@ -14,12 +14,12 @@ pytest.importorskip("transformers")
 
 from echosim.compiler import lower
 from echosim.errors import EchosimError
-from echosim.frontend import hf
+from echosim.frontend import CaptureSpec, hf
 from echosim.ir import print_graph, verify
 from echosim.ir.ops import MatmulAttrs, OpKind, Phase
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.flops import graph_flops
 from echosim.plan import Cluster, Plan
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -50,7 +50,7 @@ def tiny(name: str, layers: int | None = None) -> object:
 
 @functools.cache
 def captured(name: str, batch: int = 2, seq: int = 16) -> tuple[object, int]:
-    cap, total = hf.capture_config(tiny(name), Plan(micro_batch=batch, seq_len=seq), name)
+    cap, total = hf.capture_config(tiny(name), CaptureSpec(micro_batch=batch, seq_len=seq), name)
     return cap, total
 
 
@@ -69,7 +69,7 @@ def test_tiny_models_capture_fold_and_keep_every_parameter(name: str) -> None:
     cap, total = captured(name)
     verify(cap.graph)
     assert len(cap.graph.repeats) == 1
-    assert param_count(cap.graph) == total
+    assert cap.graph.param_count() == total
     assert not cap.warnings, cap.warnings
 
 
@@ -101,18 +101,18 @@ def test_moe_experts_are_grouped_matmuls_with_the_expert_count_in_batch() -> Non
 
 def test_folding_makes_depth_free() -> None:
     """8 and 80 layers of Llama-3 70B widths capture to the same graph; only the repeat count differs."""
-    plan = Plan(seq_len=128)
+    spec = CaptureSpec(seq_len=128)
     base = hf.build_config(hf.config_path("hf:llama3-70b"))
     graphs = {}
     for layers in (8, 80):
         base.num_hidden_layers = layers
-        cap, total = hf.capture_config(base, plan, "llama3-70b")
+        cap, total = hf.capture_config(base, spec, "llama3-70b")
         graphs[layers] = (cap.graph, total)
     (g8, p8), (g80, p80) = graphs[8], graphs[80]
     assert len(g8) == len(g80)
     assert g8.repeats == {"model.layers.0": 8} and g80.repeats == {"model.layers.0": 80}
-    assert param_count(g80) == p80 == pytest.approx(70.6e9, rel=0.005)
-    assert param_count(g8) == p8
+    assert g80.param_count() == p80 == pytest.approx(70.6e9, rel=0.005)
+    assert g8.param_count() == p8
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-mistral"])
@@ -172,7 +172,7 @@ def test_derived_backward_matches_pytorch_joint_graph_for_one_llama_layer() -> N
                 a, b = (x.meta["val"].shape for x in n.args[-2:])
                 theirs[f"{tag}.{'mm' if n.target in mm else 'bmm'}"] += 1
                 flops += 2 * a[0] * a[1] * b[1] if len(a) == 2 else 2 * a[0] * a[1] * a[2] * b[2]
-    cap, _ = hf.capture_config(config, Plan(micro_batch=2, seq_len=16), "llama1")
+    cap, _ = hf.capture_config(config, CaptureSpec(micro_batch=2, seq_len=16), "llama1")
     joint = run_passes(cap.graph, [Autodiff()])
     ours = Counter(n.phase for n in joint if n.op is OpKind.MATMUL)
     assert (ours[Phase.FORWARD], ours[Phase.BACKWARD]) == (theirs["fw.mm"], theirs["bw.mm"]) == (8, 16)

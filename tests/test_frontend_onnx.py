@@ -12,13 +12,14 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from echosim.compiler import lower  # noqa: E402
 from echosim.errors import EchosimError  # noqa: E402
+from echosim.frontend import CaptureSpec  # noqa: E402
 from echosim.frontend import onnx as onnx_frontend  # noqa: E402
-from echosim.frontend.onnx_rules import scope_of  # noqa: E402
+from echosim.frontend.onnx_values import scope_of  # noqa: E402
 from echosim.ir import print_graph, verify  # noqa: E402
 from echosim.ir.ops import MatmulAttrs, OpKind  # noqa: E402
 from echosim.passes.autodiff import Autodiff  # noqa: E402
 from echosim.passes.base import run_passes  # noqa: E402
-from echosim.passes.flops import graph_flops, param_count  # noqa: E402
+from echosim.passes.flops import graph_flops  # noqa: E402
 from echosim.plan import Cluster, Plan  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -100,12 +101,12 @@ def save(model: onnx.ModelProto, path: Path) -> str:
     return str(path)
 
 
-def capture(path: str, plan: Plan) -> tuple[object, list[str], int]:
-    return onnx_frontend.load(path).capture(plan)
+def capture(path: str, spec: CaptureSpec) -> tuple[object, list[str], int]:
+    return onnx_frontend.load(path).capture(spec)
 
 
 def test_weights_absent_and_symbolic_dims_bound(tmp_path: Path) -> None:
-    graph, _messages, params = capture(save(block_model(), tmp_path / "m.onnx"), Plan(micro_batch=4, seq_len=8))
+    graph, _messages, params = capture(save(block_model(), tmp_path / "m.onnx"), CaptureSpec(micro_batch=4, seq_len=8))
     verify(graph)
     assert graph[graph.inputs[0]].out.shape == (4, 8)
     assert params == VOCAB * D + LAYERS * (2 * D + FFN * D + FFN + D * FFN) + D * VOCAB
@@ -113,13 +114,15 @@ def test_weights_absent_and_symbolic_dims_bound(tmp_path: Path) -> None:
 
 
 def test_layers_stored_n_times_fold_to_one(tmp_path: Path) -> None:
-    graph, messages, _ = capture(save(block_model(), tmp_path / "m.onnx"), Plan(seq_len=8))
+    graph, messages, _ = capture(save(block_model(), tmp_path / "m.onnx"), CaptureSpec(seq_len=8))
     assert graph.repeats == {"layers.0": LAYERS}
     assert any("folded" in m for m in messages)
 
 
 def test_op_table_linear_bias_fused_and_unknown_op_warned(tmp_path: Path) -> None:
-    graph, messages, _ = capture(save(block_model(layers=1), tmp_path / "m.onnx"), Plan(micro_batch=2, seq_len=8))
+    graph, messages, _ = capture(
+        save(block_model(layers=1), tmp_path / "m.onnx"), CaptureSpec(micro_batch=2, seq_len=8)
+    )
     matmuls = [n for n in graph if n.op is OpKind.MATMUL]
     assert [len(n.inputs) for n in matmuls] == [3, 2, 2]  # fc1 carries its bias, as PyTorch's linear does
     assert [n.scope for n in matmuls] == ["layers.0.fc1", "layers.0.fc2", "head"]
@@ -133,12 +136,12 @@ def test_op_table_linear_bias_fused_and_unknown_op_warned(tmp_path: Path) -> Non
 def test_unbound_symbolic_dim_is_an_error(tmp_path: Path) -> None:
     path = save(block_model(extra_dim=True), tmp_path / "m.onnx")
     with pytest.raises(EchosimError, match=r"symbolic dimension 'width' .* do not bind"):
-        capture(path, Plan(seq_len=8))
+        capture(path, CaptureSpec(seq_len=8))
 
 
 def test_sequence_dim_needs_seq_len(tmp_path: Path) -> None:
     with pytest.raises(EchosimError, match="bind it with --seq-len"):
-        capture(save(block_model(), tmp_path / "m.onnx"), Plan())
+        capture(save(block_model(), tmp_path / "m.onnx"), CaptureSpec())
 
 
 @pytest.mark.parametrize("content", [b"", b"not an onnx file at all\n", "truncated"])
@@ -173,7 +176,7 @@ def test_cnn_ops_cost_as_implicit_gemms(tmp_path: Path) -> None:
         initializer=inits,
     )
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "cnn.onnx")
-    g, _, params = capture(path, Plan(micro_batch=8))
+    g, _, params = capture(path, CaptureSpec(micro_batch=8))
     assert params == 16 * 27 + 16 * 9 + 160 + 10 + 2 * 16  # running mean/var are not parameters
     convs = [n.attrs for n in g if n.op is OpKind.MATMUL]
     pixels = 8 * 16 * 16
@@ -197,7 +200,7 @@ def test_lstm_op_unrolls_its_steps(tmp_path: Path) -> None:
         initializer=inits,
     )
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "lstm.onnx")
-    g, _, _ = capture(path, Plan(micro_batch=batch, seq_len=seq))
+    g, _, _ = capture(path, CaptureSpec(micro_batch=batch, seq_len=seq))
     matmuls = [n.attrs for n in g if n.op is OpKind.MATMUL]
     assert matmuls[0] == MatmulAttrs(m=batch * seq, n=4 * hidden, k=inp)  # one GEMM for every step's input
     assert matmuls[1:] == [MatmulAttrs(m=batch, n=4 * hidden, k=hidden)] * (seq - 1)  # no initial state given
@@ -222,7 +225,8 @@ def exported_gpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object
 
     import torch
 
-    from echosim.frontend.zoo import ArchConfig, build_module
+    from echosim.frontend.zoo import ArchConfig
+    from echosim.frontend.zoo_modules import build_module
 
     pytest.importorskip("onnxscript")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -273,7 +277,7 @@ def test_tp_plan_applies_to_onnx_node_names(exported_gpt: tuple[Path, object]) -
     assert ours.report.model_flops_per_step == zoo.report.model_flops_per_step
     count = [sum(1 for n in c.graph if n.op is OpKind.ALL_REDUCE) for c in (ours, zoo)]
     assert count[0] == count[1] > 0
-    assert param_count(ours.graph) == param_count(zoo.graph)
+    assert ours.graph.param_count() == zoo.graph.param_count()
 
 
 def test_attention_op_and_a_constant_weight(tmp_path: Path) -> None:
@@ -305,7 +309,7 @@ def test_attention_op_and_a_constant_weight(tmp_path: Path) -> None:
         initializer=[absent("wk", [heads * dim, kv_heads * dim])],
     )
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), tmp_path / "attn.onnx")
-    g, _, params = capture(path, Plan(micro_batch=2, seq_len=seq))
+    g, _, params = capture(path, CaptureSpec(micro_batch=2, seq_len=seq))
     (att,) = [n.attrs for n in g if n.op is OpKind.ATTENTION]
     assert (att.batch, att.heads, att.kv_heads, att.q_len, att.kv_len, att.head_dim, att.causal) == (
         2, heads, kv_heads, seq, seq, dim, True,
@@ -349,6 +353,6 @@ def test_rmsnorm_written_out_is_one_norm_and_a_wrapper_prefix_is_dropped(tmp_pat
         initializer=[absent("w.model.norm.weight", [D]), absent("w.lm_head.weight", [D, VOCAB])],
     )
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "norm.onnx")
-    g, _, _ = capture(path, Plan(micro_batch=2, seq_len=4))
+    g, _, _ = capture(path, CaptureSpec(micro_batch=2, seq_len=4))
     ops = [(n.op, n.scope) for n in g if n.op not in (OpKind.PARAMETER, OpKind.INPUT)]
     assert ops[:2] == [(OpKind.NORM, "model.norm"), (OpKind.MATMUL, "lm_head")]

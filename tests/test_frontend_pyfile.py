@@ -9,12 +9,12 @@ import pytest
 
 from echosim.compiler import lower
 from echosim.errors import EchosimError
-from echosim.frontend import capture_named, pyfile
+from echosim.frontend import CaptureSpec, capture_named, pyfile
 from echosim.ir import verify
 from echosim.ir.ops import EmbeddingAttrs, MatmulAttrs, OpKind
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import graph_flops, node_flops, param_count
+from echosim.passes.flops import graph_flops, node_flops
 from echosim.plan import Cluster, Plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -32,7 +32,7 @@ def test_resnet50_flops_match_flop_counter_and_the_paper() -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    graph, messages, params = capture_named(f"{EXAMPLES}/resnet50.py:model", Plan(micro_batch=2))
+    graph, messages, params = capture_named(f"{EXAMPLES}/resnet50.py:model", CaptureSpec(micro_batch=2))
     verify(graph)
     assert params == 25_557_032
     forward = graph_flops(graph).forward
@@ -85,11 +85,11 @@ def test_lstm_language_model_in_fp16() -> None:
 
 def test_dlrm_embedding_tables_and_interaction() -> None:
     """26 identical tables used side by side are not a chain of layers: none is folded away."""
-    graph, messages, params = capture_named(f"{EXAMPLES}/dlrm.py:model", Plan(micro_batch=64))
+    graph, messages, params = capture_named(f"{EXAMPLES}/dlrm.py:model", CaptureSpec(micro_batch=64))
     tables = [n for n in graph if isinstance(n.attrs, EmbeddingAttrs)]
     assert len(tables) == 26 and tables[0].attrs == EmbeddingAttrs(4_000_000, 128)
     assert graph.repeats == {}
-    assert param_count(graph) == params
+    assert graph.param_count() == params
     assert params == pytest.approx(13.3e9, rel=0.01)
     assert any(isinstance(n.attrs, MatmulAttrs) and n.attrs.batch == 64 and n.attrs.k == 128 for n in graph)
     assert not [m for m in messages if "no rule" in m]  # the loss (BCE with logits) has a rule
@@ -115,7 +115,7 @@ def test_default_inputs_are_token_ids_for_each_forward_argument(tmp_path: Path) 
             return Tiny()
         """,
     )
-    graph, _messages, params = capture_named(f"{path}:build", Plan(micro_batch=3))
+    graph, _messages, params = capture_named(f"{path}:build", CaptureSpec(micro_batch=3))
     assert [graph[i].out.shape for i in graph.inputs] == [(3, 12), (3, 12)]  # the module's own seq_len
     assert params == 50 * 16 + 16 * 50 + 50
     assert graph[graph.outputs[0]].op is OpKind.CROSS_ENTROPY
@@ -133,9 +133,9 @@ def test_repeated_blocks_fold_in_any_module(tmp_path: Path) -> None:
         """,
     )
     path.write_text(path.read_text().replace("None", "__import__('torch').float32"))
-    graph, _, params = capture_named(f"{path}:model", Plan(micro_batch=2))
+    graph, _, params = capture_named(f"{path}:model", CaptureSpec(micro_batch=2))
     assert graph.repeats == {}  # a Sequential is called whole; only ModuleLists iterate layer by layer
-    assert param_count(graph) == params
+    assert graph.param_count() == params
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_repeated_blocks_fold_in_any_module(tmp_path: Path) -> None:
 def test_bad_python_files(tmp_path: Path, body: str, spec: str, message: str) -> None:
     write(tmp_path, body)
     with pytest.raises(EchosimError, match=message):
-        capture_named(f"{tmp_path}/{spec}", Plan())
+        capture_named(f"{tmp_path}/{spec}", CaptureSpec())
 
 
 def test_a_model_torch_cannot_capture_names_the_construct(tmp_path: Path) -> None:
@@ -181,14 +181,14 @@ def test_a_model_torch_cannot_capture_names_the_construct(tmp_path: Path) -> Non
         """,
     )
     with pytest.raises(EchosimError, match=r"torch.export could not capture Branchy: .*model.py:10 `if x.sum\(\) > 0:"):
-        capture_named(f"{path}:model", Plan())
+        capture_named(f"{path}:model", CaptureSpec())
 
 
 def test_unknown_model_string_names_the_ways_to_give_a_model() -> None:
     with pytest.raises(
         EchosimError, match=r"not a registered name .* path\.py:factory, hf:config\.json or model\.onnx"
     ):
-        capture_named("no-such-model", Plan())
+        capture_named("no-such-model", CaptureSpec())
 
 
 def test_attention_written_by_hand_becomes_one_attention_op(tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_attention_written_by_hand_becomes_one_attention_op(tmp_path: Path) -> N
             return Attn(), [(("batch", "seq", 32), torch.float32)]
         """,
     )
-    graph, messages, _ = capture_named(f"{path}:model", Plan(micro_batch=2))
+    graph, messages, _ = capture_named(f"{path}:model", CaptureSpec(micro_batch=2))
     (attention,) = [n for n in graph if n.op is OpKind.ATTENTION]
     assert (attention.attrs.batch, attention.attrs.heads, attention.attrs.q_len, attention.attrs.head_dim) == (
         2,

@@ -36,6 +36,10 @@ def test_multiplicity_follows_repeat_prefix() -> None:
     assert [g.multiplicity(n) for n in g] == [1, 3, 3]
 
 
+def test_param_count_counts_each_repeat() -> None:
+    assert small_graph().param_count() == 3 * 8 * 4
+
+
 def test_printer_is_stable() -> None:
     assert print_graph(small_graph()) == (
         "graph g\n"

@@ -9,7 +9,6 @@ from echosim.frontend.zoo import ArchConfig
 from echosim.passes.attention import AttentionKernel
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
-from echosim.passes.flops import param_count
 from echosim.passes.memory import activation_bytes, stage_memory
 from echosim.passes.pipeline import PipelineParallel
 from echosim.passes.recompute import Recompute
@@ -50,7 +49,7 @@ def test_full_recompute_keeps_only_layer_inputs(graph) -> None:  # type: ignore[
 
 def test_static_state_is_eighteen_bytes_per_parameter(graph) -> None:  # type: ignore[no-untyped-def]
     stage = first_stage(graph, [Autodiff()])
-    n = param_count(stage)
+    n = stage.param_count()
     mem = stage_memory(stage, in_flight=2, capacity=80 * 2**30, local_params=n)
     assert (mem.params, mem.grads, mem.optimizer) == (2 * n, 4 * n, 12 * n)
     assert mem.activations == 2 * activation_bytes(stage)
@@ -59,7 +58,7 @@ def test_static_state_is_eighteen_bytes_per_parameter(graph) -> None:  # type: i
 
 def test_does_not_fit_is_reported(graph) -> None:  # type: ignore[no-untyped-def]
     stage = first_stage(graph, [Autodiff()])
-    mem = stage_memory(stage, in_flight=1, capacity=2**20, local_params=param_count(stage))
+    mem = stage_memory(stage, in_flight=1, capacity=2**20, local_params=stage.param_count())
     assert not mem.fits and mem.peak > mem.capacity
 
 

@@ -8,14 +8,15 @@ from conftest import capture, check_golden
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig, build_module
+from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig
+from echosim.frontend.zoo_modules import build_module
 from echosim.ir import Graph, print_graph, verify
 from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.data_parallel import DataParallel
 from echosim.passes.expert_parallel import ExpertParallel, Routing
-from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.flops import graph_flops
 from echosim.passes.gradient_groups import GradientGroups
 from echosim.passes.tensor_parallel import TensorParallel
 from echosim.plan import Cluster, Plan
@@ -53,7 +54,7 @@ def test_moe_zoo_matches_published_size(name: str) -> None:
 
 
 def test_moe_module_param_count_equals_closed_form(tiny_moe: Graph) -> None:
-    assert param_count(tiny_moe) == TINY_MOE.param_count()
+    assert tiny_moe.param_count() == TINY_MOE.param_count()
     assert sum(p.numel() for p in build_module(TINY_MOE).parameters()) == TINY_MOE.param_count()
 
 

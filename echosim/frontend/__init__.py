@@ -1,120 +1,13 @@
-"""Model -> IR. A MODEL string is a registered name (the zoo) or a source a frontend loads.
+"""Model -> IR: every frontend (zoo, ``.py``, ``hf:``, ``.onnx``, plugins) ends in the same IR graph.
 
-Resolution order: a registered model name; then a registered frontend by scheme
-(``hf:``) or file suffix (``.onnx``, and ``.py`` for ``path.py:factory``). A
-loader returns something :func:`capture_object` can capture for a plan:
-
-* an object with ``capture(plan) -> (graph, warnings, params)`` (what echosim's own
-  ``hf:``, ``.onnx`` and ``.py`` loaders return),
-* an ``nn.Module`` (captured with torch.export, falling back to torch.fx),
-* an :class:`~echosim.frontend.zoo.ArchConfig`, or an IR ``Graph``.
+The public surface for callers and plugin authors: :func:`capture_named` and
+:func:`capture_object` (in :mod:`echosim.frontend.capture`), the
+:class:`CaptureSpec` a loader's ``capture(spec)`` receives, and :class:`Note`, the
+message type a frontend returns for lines the report lists under ``notes``.
 """
 
-from __future__ import annotations
+from echosim.frontend.capture import capture_named, capture_object
+from echosim.frontend.messages import Note
+from echosim.frontend.spec import CaptureSpec
 
-import functools
-import re
-from typing import TYPE_CHECKING, Any
-
-from echosim.errors import EchosimError
-
-if TYPE_CHECKING:
-    from echosim.ir.graph import Graph
-    from echosim.plan import Plan
-
-# "path/to/file.py:factory" (the factory may be dotted: "module_attr.build")
-PY_SOURCE = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][\w.]*)$")
-
-
-def capture_named(model: str, plan: Plan) -> tuple[Graph, list[str], int]:
-    """Capture a registered model or a frontend source for one micro-batch: (graph, messages, total params)."""
-    from echosim.plugins import get_registry
-
-    registry = get_registry()
-    if model in registry.models:
-        return capture_object(registry.model(model)(), plan, model)
-    loader = _frontend_for(model, registry)
-    try:
-        return capture_object(loader(model), plan, model)
-    except EchosimError:
-        raise
-    except Exception as exc:  # a model no rule foresaw must still end in one line, not a traceback
-        message = " ".join(str(exc).split())[:300]
-        raise EchosimError(f"{model}: could not be converted ({type(exc).__name__}: {message})") from None
-
-
-def _frontend_for(model: str, registry: Any) -> Any:
-    from echosim.errors import PluginError
-
-    match = PY_SOURCE.match(model)
-    key = match.group("path") if match else model
-    try:
-        return registry.frontend(key)
-    except PluginError:
-        frontends = ", ".join(sorted(registry.frontends)) or "none"
-        raise EchosimError(
-            f"unknown model {model!r}: not a registered name (see `echosim models`) and no frontend "
-            f"({frontends}) takes it; use NAME, path.py:factory, hf:config.json or model.onnx"
-        ) from None
-
-
-def capture_object(obj: Any, plan: Plan, name: str) -> tuple[Graph, list[str], int]:
-    from echosim.frontend.zoo import ArchConfig
-    from echosim.ir.graph import Graph
-
-    capture = getattr(obj, "capture", None)
-    if callable(capture) and not isinstance(obj, type):
-        return capture(plan)
-    if isinstance(obj, Graph):
-        from echosim.passes.flops import param_count
-
-        return obj, [], param_count(obj)
-    if isinstance(obj, ArchConfig):
-        return _capture_arch(obj, plan, name)
-    import torch
-
-    if isinstance(obj, torch.nn.Module):
-        from echosim.frontend.pyfile import capture_module_for_plan
-
-        return capture_module_for_plan(obj, None, plan, name)
-    raise EchosimError(f"model {name!r}: got {type(obj).__name__}, not an ArchConfig, nn.Module or IR graph")
-
-
-def _capture_arch(cfg: Any, plan: Plan, name: str) -> tuple[Graph, list[str], int]:
-    cfg = cfg.with_(seq_len=plan.seq_len or cfg.seq_len)
-    _check_model(cfg)
-    graph, warnings, params = _capture_arch_cached(cfg, plan.micro_batch, plan.dtype, name)
-    return graph, list(warnings), params
-
-
-@functools.lru_cache(maxsize=16)
-def _capture_arch_cached(cfg: Any, micro_batch: int, dtype_name: str, name: str) -> tuple[Graph, tuple[str, ...], int]:
-    """One capture per (architecture, micro-batch, dtype): ``search`` compiles many layouts of one model.
-
-    Passes never modify the graph they are given (they copy), so sharing it is safe.
-    """
-    import torch
-
-    from echosim.frontend.fx import CaptureError, capture_module
-    from echosim.frontend.zoo import build_module
-    from echosim.ir.types import DType
-    from echosim.passes.flops import param_count
-
-    # Two layers are enough for the fold to prove the block repeats; the count is known.
-    module = build_module(cfg.with_(layers=min(cfg.layers, 2)))
-    ids = torch.zeros(micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
-    try:
-        dtype = DType.BF16 if dtype_name == "fp8" else DType.parse(dtype_name)  # fp8: 16-bit activations
-        cap = capture_module(module, (ids, ids), dtype=dtype, name=name)
-    except CaptureError as exc:
-        raise EchosimError(str(exc)) from None
-    if cfg.layers > 2:
-        (block,) = cap.graph.repeats
-        cap.graph.repeats[block] = cfg.layers
-    return cap.graph, tuple(cap.warnings), param_count(cap.graph)
-
-
-def _check_model(cfg: Any) -> None:
-    """A zoo entry that cannot be built (layout rules live in :mod:`echosim.layout`)."""
-    if cfg.arch == "moe" and not (getattr(cfg, "experts", 0) >= 1 and getattr(cfg, "top_k", 0) >= 1):
-        raise EchosimError(f"a moe model needs routed experts and top_k >= 1 (got {cfg.experts} and {cfg.top_k})")
+__all__ = ["CaptureSpec", "Note", "capture_named", "capture_object"]

@@ -1,8 +1,8 @@
 """The aten -> IR rule table of the export frontend (see ``aten.py``): one rule per aten op.
 
 A rule reads an fx node of the exported graph (its args, and the shapes in
-``node.meta["val"]``) and adds IR nodes through the converter; ops with no rule are
-costed as memory-bound by the converter.
+``node.meta["val"]``) and adds IR nodes through :class:`~echosim.frontend.aten_values.AtenValues`;
+ops with no rule are costed as memory-bound by the converter.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
 
+from echosim.frontend.aten_values import AtenValues, Multi, op_name
 from echosim.frontend.fused import FusedKind, fused_kind
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -28,56 +28,7 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import TensorSpec
 
-if TYPE_CHECKING:
-    from echosim.frontend.aten import _Aten
-
 aten = torch.ops.aten
-
-
-@dataclass
-class Multi:
-    """A tuple-valued op: ``getitem`` picks a view of ``source`` (split) or of the op's node."""
-
-    source: int | None
-    views_only: bool
-
-
-def packet(node: fx.Node) -> Any:
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target.overloadpacket
-    return target
-
-
-def op_name(node: fx.Node) -> str:
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target.overloadpacket)  # "aten.linear", "transformers.grouped_mm_fallback"
-    return getattr(target, "__name__", str(target))
-
-
-def is_inplace(op: torch._ops.OpOverload) -> bool:
-    schema = op._schema
-    return (
-        bool(schema.arguments)
-        and schema.arguments[0].alias_info is not None
-        and schema.arguments[0].alias_info.is_write
-    )
-
-
-def swaps_last_two(node: fx.Node) -> bool:
-    """``t``, ``transpose(-2, -1)`` or a permute that only exchanges the last two axes."""
-    target = packet(node)
-    rank = len(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else 0
-    if target is aten.t:
-        return True
-    if target is aten.transpose and rank >= 2:
-        dims = sorted(d % rank for d in node.args[1:3])
-        return dims == [rank - 2, rank - 1]
-    if target is aten.permute and rank >= 2:
-        perm = [d % rank for d in node.args[1]]
-        return perm == [*range(rank - 2), rank - 1, rank - 2]
-    return False
 
 
 def _numel_before_last(shape: Sequence[int]) -> int:
@@ -86,7 +37,7 @@ def _numel_before_last(shape: Sequence[int]) -> int:
 
 # ---- rules ------------------------------------------------------------------------------
 
-Rule = Callable[["_Aten", fx.Node], None]
+Rule = Callable[[AtenValues, fx.Node], None]
 
 
 def _arg(node: fx.Node, i: int, key: str, default: Any = None) -> Any:
@@ -95,7 +46,7 @@ def _arg(node: fx.Node, i: int, key: str, default: Any = None) -> Any:
     return node.kwargs.get(key, default)
 
 
-def _view(c: _Aten, node: fx.Node) -> None:
+def _view(c: AtenValues, node: fx.Node) -> None:
     src = c.value(node.args[0]) if node.args else None
     spec = c.spec_of(node.meta.get("val"))
     if src is None or spec is None:
@@ -104,13 +55,13 @@ def _view(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.VIEW, [src], spec=spec)
 
 
-def _cast(c: _Aten, node: fx.Node) -> None:
-    """Float-to-float casts are free (every float is costed in the plan's dtype), as in fx.py."""
+def _cast(c: AtenValues, node: fx.Node) -> None:
+    """Float-to-float casts are free (every float is costed in the capture's dtype), as in fx.py."""
     src = node.args[0]
     before = src.meta.get("val") if isinstance(src, fx.Node) else None
     after = node.meta.get("val")
     if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
-        same = c._dtype(before.dtype) == c._dtype(after.dtype)
+        same = c.ir_dtype(before.dtype) == c.ir_dtype(after.dtype)
         if same:
             _view(c, node)
             return
@@ -122,11 +73,11 @@ def _cast(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.ELEMENTWISE, ins, ElementwiseAttrs("cast", 0), spec)
 
 
-def _split(c: _Aten, node: fx.Node) -> None:
+def _split(c: AtenValues, node: fx.Node) -> None:
     c.env[node] = Multi(c.value(node.args[0]), views_only=True)
 
 
-def _getitem(c: _Aten, node: fx.Node) -> None:
+def _getitem(c: AtenValues, node: fx.Node) -> None:
     src = node.args[0]
     got = c.env.get(src) if isinstance(src, fx.Node) else None
     spec = c.spec_of(node.meta.get("val"))
@@ -142,10 +93,10 @@ def _getitem(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.VIEW, [got.source], spec=spec)
 
 
-def _multi(op: OpKind, attrs: Callable[[_Aten, fx.Node], Any] | None = None, data: int = 1) -> Rule:
+def _multi(op: OpKind, attrs: Callable[[AtenValues, fx.Node], Any] | None = None, data: int = 1) -> Rule:
     """A tuple-valued op costed as one kernel whose size is its first output."""
 
-    def rule(c: _Aten, node: fx.Node) -> None:
+    def rule(c: AtenValues, node: fx.Node) -> None:
         val = node.meta.get("val")
         first = val[0] if isinstance(val, (list, tuple)) and val else None
         spec = c.spec_of(first)
@@ -163,7 +114,7 @@ def _multi(op: OpKind, attrs: Callable[[_Aten, fx.Node], Any] | None = None, dat
 
 
 def _elementwise(fn: str, flops: int = 1) -> Rule:
-    def rule(c: _Aten, node: fx.Node) -> None:
+    def rule(c: AtenValues, node: fx.Node) -> None:
         ins = c.tensors(node.args)
         spec = c.spec_of(node.meta.get("val"))
         if spec is None:
@@ -177,7 +128,7 @@ def _elementwise(fn: str, flops: int = 1) -> Rule:
 def _reduction(fn: str) -> Rule:
     """A reduction (sum, mean, pooling, ...); one with (values, indices) outputs as well."""
 
-    def rule(c: _Aten, node: fx.Node) -> None:
+    def rule(c: AtenValues, node: fx.Node) -> None:
         ins = c.tensors(node.args[:1])
         val = node.meta.get("val")
         many = isinstance(val, (list, tuple))
@@ -192,14 +143,14 @@ def _reduction(fn: str) -> Rule:
     return rule
 
 
-def _fresh(c: _Aten, node: fx.Node) -> None:
+def _fresh(c: AtenValues, node: fx.Node) -> None:
     """Allocation without a kernel (``empty``): free until something is written into it."""
     spec = c.spec_of(node.meta.get("val"))
     c.env[node] = None if spec is None else c.graph.add(OpKind.INPUT, (), spec, scope=c.scope(node), name=node.name)
     c.fresh.add(node)
 
 
-def inplace(c: _Aten, node: fx.Node) -> None:
+def inplace(c: AtenValues, node: fx.Node) -> None:
     """``x.op_(...)``: a new SSA value that replaces ``x`` (or a slice of its storage)."""
     dest = node.args[0]
     name = op_name(node).rsplit(".", 1)[-1].rstrip("_")
@@ -217,7 +168,7 @@ def inplace(c: _Aten, node: fx.Node) -> None:
         c.mutate(node, dest, written)
 
 
-def _linear(c: _Aten, node: fx.Node) -> None:
+def _linear(c: AtenValues, node: fx.Node) -> None:
     x = c.value(node.args[0])
     w = c.weight(node.args[1], natural_is_nk=True)
     b = c.value(_arg(node, 2, "bias"))
@@ -226,14 +177,14 @@ def _linear(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.MATMUL, [v for v in (x, w, b) if v is not None], attrs)
 
 
-def _mm(c: _Aten, node: fx.Node) -> None:
+def _mm(c: AtenValues, node: fx.Node) -> None:
     a, b = node.args[0], node.args[1]
     sa, sb = c.shape(a), c.shape(b)
     attrs = MatmulAttrs(m=sa[0], n=sb[1], k=sa[1])
     c.emit(node, OpKind.MATMUL, [v for v in (c.value(a), c.weight(b, natural_is_nk=False)) if v is not None], attrs)
 
 
-def _addmm(c: _Aten, node: fx.Node) -> None:
+def _addmm(c: AtenValues, node: fx.Node) -> None:
     bias, a, b = node.args[:3]
     sa, sb = c.shape(a), c.shape(b)
     attrs = MatmulAttrs(m=sa[0], n=sb[1], k=sa[1])
@@ -241,7 +192,7 @@ def _addmm(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.MATMUL, [v for v in ins if v is not None], attrs)
 
 
-def _matmul(c: _Aten, node: fx.Node) -> None:
+def _matmul(c: AtenValues, node: fx.Node) -> None:
     """``bmm``, ``matmul`` and ``@``: broadcast batch dims, (m x k) @ (k x n) per batch."""
     a, b = node.args[0], node.args[1]
     sa, sb = c.shape(a), c.shape(b)
@@ -257,14 +208,14 @@ def _matmul(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.MATMUL, [v for v in (c.value(a), w) if v is not None], attrs)
 
 
-def _baddbmm(c: _Aten, node: fx.Node) -> None:
+def _baddbmm(c: AtenValues, node: fx.Node) -> None:
     bias, a, b = node.args[:3]
     sa, sb = c.shape(a), c.shape(b)
     attrs = MatmulAttrs(m=sa[-2], n=sb[-1], k=sa[-1], batch=sa[0])
     c.emit(node, OpKind.MATMUL, c.tensors([a, b, bias]), attrs)
 
 
-def _grouped_mm(c: _Aten, node: fx.Node) -> None:
+def _grouped_mm(c: AtenValues, node: fx.Node) -> None:
     """MoE experts: tokens sorted by expert times a stack of E weights.
 
     Held as ``batch=E`` products of (rows/E x k) @ (k x n): balanced routing, the
@@ -283,7 +234,7 @@ def _grouped_mm(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.MATMUL, [v for v in (c.value(x), wv) if v is not None], attrs)
 
 
-def _einsum(c: _Aten, node: fx.Node) -> None:
+def _einsum(c: AtenValues, node: fx.Node) -> None:
     equation, operands = node.args[0], node.args[1]
     if len(operands) != 2 or "..." in equation:
         c.unknown(node, f"aten.einsum '{equation}'")
@@ -300,7 +251,7 @@ def _einsum(c: _Aten, node: fx.Node) -> None:
     c.emit(node, OpKind.MATMUL, c.tensors(operands), MatmulAttrs(m=m, n=n, k=k, batch=batch))
 
 
-def _sdpa(c: _Aten, node: fx.Node) -> None:
+def _sdpa(c: AtenValues, node: fx.Node) -> None:
     q, k, v = node.args[:3]
     qs, ks, vs = c.shape(q), c.shape(k), c.shape(v)
     mask = _arg(node, 3, "attn_mask")
@@ -320,14 +271,14 @@ def _sdpa(c: _Aten, node: fx.Node) -> None:
     c.env[node] = Multi(nid, False) if isinstance(val, (list, tuple)) else nid
 
 
-def _embedding(c: _Aten, node: fx.Node) -> None:
+def _embedding(c: AtenValues, node: fx.Node) -> None:
     w, ids = node.args[0], node.args[1]
     ws = c.shape(w)
     ins = [c.value(ids), c.value(w)]
     c.emit(node, OpKind.EMBEDDING, [i for i in ins if i is not None], EmbeddingAttrs(ws[0], ws[1]))
 
 
-def _embedding_bag(c: _Aten, node: fx.Node) -> None:
+def _embedding_bag(c: AtenValues, node: fx.Node) -> None:
     w, ids = node.args[0], node.args[1]
     ws = c.shape(w)
     val = node.meta["val"]
@@ -339,7 +290,7 @@ def _embedding_bag(c: _Aten, node: fx.Node) -> None:
 
 
 def _norm(kind: str, data: Sequence[int]) -> Rule:
-    def rule(c: _Aten, node: fx.Node) -> None:
+    def rule(c: AtenValues, node: fx.Node) -> None:
         ins = c.tensors([node.args[i] for i in data if i < len(node.args)])
         val = node.meta.get("val")
         spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
@@ -349,17 +300,17 @@ def _norm(kind: str, data: Sequence[int]) -> Rule:
     return rule
 
 
-def _softmax(c: _Aten, node: fx.Node) -> None:
+def _softmax(c: AtenValues, node: fx.Node) -> None:
     c.emit(node, OpKind.SOFTMAX, c.tensors(node.args[:1]))
 
 
-def _cross_entropy(c: _Aten, node: fx.Node) -> None:
+def _cross_entropy(c: AtenValues, node: fx.Node) -> None:
     logits, labels = node.args[:2]
     vocab = c.shape(logits)[1] if len(c.shape(logits)) > 1 else c.shape(logits)[-1]
     c.emit(node, OpKind.CROSS_ENTROPY, c.tensors([logits, labels]), CrossEntropyAttrs(vocab))
 
 
-def _dropout(c: _Aten, node: fx.Node) -> None:
+def _dropout(c: AtenValues, node: fx.Node) -> None:
     p = float(_arg(node, 1, "p", 0.5))
     train = bool(_arg(node, 2, "train", True))
     if p == 0.0 or not train:
@@ -377,7 +328,7 @@ def _dropout(c: _Aten, node: fx.Node) -> None:
 def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
     """Convolution as the implicit GEMM cuDNN runs: (N*out_pixels x Cin*kernel/g) @ (.. x Cout/g), g groups."""
 
-    def rule(c: _Aten, node: fx.Node) -> None:
+    def rule(c: AtenValues, node: fx.Node) -> None:
         x, w = node.args[0], node.args[1]
         bias = _arg(node, 2, "bias")
         xs, ws, out = c.shape(x), c.shape(w), c.shape(node)
@@ -393,7 +344,7 @@ def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
     return rule
 
 
-def _lstm(c: _Aten, node: fx.Node) -> None:
+def _lstm(c: AtenValues, node: fx.Node) -> None:
     """``aten.lstm`` (unidirectional), layer by layer as :func:`recurrent.lstm_layer` costs it."""
     from echosim.frontend.recurrent import lstm_layer
 

@@ -1,12 +1,23 @@
-"""Fold a run of identical layers to one copy before capture, so depth does not multiply its cost.
+"""Folding repeated layers: one copy in the IR with a repeat count, so depth costs nothing.
 
-The timeline composes one repeated block per model (the pipeline cuts it into
-stages), so exactly one run is folded: the longest run of consecutive, structurally
-identical entries of any ``nn.ModuleList`` (ties go to the run holding more
-parameters). Two copies of it are captured, so that :func:`irfold.fold_run` can
-check they form a chain (the second reads the first) before it folds the second
-away. Layers before and after the run stay in the capture as they are:
-DeepSeek-V3's three dense layers precede its 58 MoE layers, for instance.
+This is the one folding mechanism of every frontend. Repeated layers are folded in
+the IR (:mod:`irfold`), where a fold is *proved*: consecutive layers fold only when
+their node sequences match op for op and they form a chain (each reads what the
+one before produced). Identical modules used side by side (DLRM's embedding
+tables), or layers with work between them in the parent's loop, do not fold.
+
+A torch module (zoo, ``.py``, ``hf:``; torch.export or torch.fx) is not captured
+at full depth first. The longest run of consecutive, structurally identical entries
+of any ``nn.ModuleList`` (ties go to the run holding more parameters) is shortened
+to its first two entries, the module is captured, and :func:`irfold.fold_run`
+checks the two copies chain before it drops the second and gives the first the
+run's count (:func:`capture_folded`). If they do not chain, the module is captured
+again at its full depth, unfolded. An ONNX file stores every layer, so there
+:func:`irfold.fold_layers` runs the same proof over all the copies.
+
+Exactly one run is folded: the timeline composes one repeated block per model (the
+pipeline cuts it into stages). Layers before and after the run stay in the capture
+as they are (DeepSeek-V3's three dense layers precede its 58 MoE layers).
 
 "Identical" means the same module classes, the same parameter and buffer shapes and
 the same scalar settings (attention type, sliding window, ...); a layer index is not
@@ -16,12 +27,15 @@ a setting. Scopes of layers after the run are renamed back to their real indices
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+
+from echosim.frontend.irfold import fold_run
+from echosim.frontend.spec import Capture, CaptureError
 
 _SCALARS = (bool, int, float, str, type(None))
 _INDEX_NAMES = re.compile(r"(^|_)(idx|index|layer_id|layer_number)$")
@@ -81,9 +95,8 @@ def longest_run(module: nn.Module) -> Run | None:
 
 @dataclass
 class Folded:
-    """What folding did: the repeat to record and how to rename scopes of later layers."""
+    """The run that was shortened (if any), and how to rename scopes of the layers after it."""
 
-    repeats: dict[str, int] = field(default_factory=dict)
     run: Run | None = None
 
     def real_scope(self, scope: str) -> str:
@@ -118,6 +131,47 @@ def folded(module: nn.Module, enabled: bool = True) -> Iterator[Folded]:
     kept = [*original[: run.start + 2], *original[run.start + run.count :]]
     setattr(parent, name, nn.ModuleList(kept))
     try:
-        yield Folded({run.prefix: run.count}, run)
+        yield Folded(run)
     finally:
         setattr(parent, name, original)
+
+
+Rename = Callable[[str], str]
+
+
+def capture_folded(
+    root: nn.Module, capture: Callable[[Rename], Capture], *, enabled: bool = True, depth: int = 0
+) -> Capture:
+    """Capture ``root`` with its longest run of identical layers folded to one copy and a repeat count.
+
+    ``capture(rename)`` captures ``root`` as it is when called (torch.export or
+    torch.fx), naming module paths through ``rename``. It is called with the run cut
+    to two copies; :func:`irfold.fold_run` folds the second away once it has checked
+    the copies form a chain. If they do not, or if the shortened module cannot be
+    captured at all (a forward that indexes ``layers[5]``), ``capture`` runs again
+    at full depth.
+
+    ``depth``: how many layers the run stands for when ``root`` was built shorter
+    than the model (the zoo builds two layers of a model whose depth it knows);
+    ``0``: as many as ``root`` holds.
+    """
+    with folded(root, enabled) as info:
+        run = info.run
+        if run is None:
+            return capture(info.real_scope)
+        built_short = depth not in (0, run.count)  # the module holds fewer layers than the model
+        try:
+            cap = capture(info.real_scope)
+            graph = fold_run(cap.graph, run.prefix, depth or run.count)
+        except CaptureError:
+            if built_short:
+                raise
+            graph = None
+    if graph is not None:
+        cap.graph = graph
+        return cap
+    if built_short:
+        raise CaptureError(
+            f"the copies of {run.prefix} are not a chain of identical layers: they cannot stand for {depth}"
+        )
+    return capture(lambda scope: scope)  # side by side, work between the layers, or a forward indexing them

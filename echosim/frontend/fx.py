@@ -2,9 +2,10 @@
 
 The module is traced with ``torch.fx.symbolic_trace`` (module paths are kept in
 ``nn_module_stack``) and shapes come from running the trace on meta tensors, so no
-weight is ever allocated. Identical entries of an ``nn.ModuleList`` (same class,
-same parameter shapes) are folded to one copy before tracing and recorded as a
-repeat count, so depth does not multiply the cost of capture or compile.
+weight is ever allocated. Repeated layers are folded as for every frontend
+(:mod:`echosim.frontend.fold`): two copies are traced, shown to be a chain, and
+one is kept with a repeat count, so depth does not multiply the cost of capture
+or compile.
 
 Per-target conversion lives in the ``_FUNCTIONS`` / ``_METHODS`` / ``_MODULES``
 tables; a target with no rule is costed as a memory-bound elementwise op and
@@ -16,8 +17,6 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +24,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from echosim.frontend import moe_ops
+from echosim.frontend.fold import capture_folded
+from echosim.frontend.spec import Capture, CaptureError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -38,57 +39,17 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import DType, TensorSpec
 
-
-class CaptureError(ValueError):
-    """The module could not be turned into IR; the message names the construct."""
-
-
-@dataclass
-class Capture:
-    graph: Graph
-    warnings: list[str] = field(default_factory=list)
-
-
-# ---- folding repeated layers -------------------------------------------------------
-
-
-def _signature(module: nn.Module) -> tuple[Any, ...]:
-    """Structural identity of a block: class tree and parameter shapes."""
-    params = tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters())
-    kinds = tuple(type(m).__name__ for m in module.modules())
-    return (kinds, params)
-
-
-@contextmanager
-def _folded(module: nn.Module) -> Any:
-    """Temporarily shorten each ModuleList of identical blocks to its first entry."""
-    folded: list[tuple[nn.Module, str, nn.ModuleList]] = []
-    repeats: dict[str, int] = {}
-    for path, mod in list(module.named_modules()):
-        for child_name, child in list(mod.named_children()):
-            if not isinstance(child, nn.ModuleList) or len(child) < 2:
-                continue
-            sig = _signature(child[0])
-            if all(_signature(c) == sig for c in child):
-                full = f"{path}.{child_name}" if path else child_name
-                repeats[f"{full}.0"] = len(child)
-                folded.append((mod, child_name, child))
-                setattr(mod, child_name, nn.ModuleList([child[0]]))
-    try:
-        yield repeats
-    finally:
-        for mod, child_name, child in folded:
-            setattr(mod, child_name, child)
-
-
 # ---- the converter -----------------------------------------------------------------
 
 
 class _Converter:
-    def __init__(self, root: nn.Module, gm: fx.GraphModule, dtype: DType, name: str) -> None:
+    def __init__(
+        self, root: nn.Module, gm: fx.GraphModule, dtype: DType, name: str, rename: Callable[[str], str]
+    ) -> None:
         self.root = root
         self.gm = gm
         self.dtype = dtype
+        self.rename = rename  # module paths of a shortened ModuleList -> the layer indices they stand for
         self.graph = Graph(name)
         self.env: dict[fx.Node, int] = {}
         self.param_ids: dict[int, int] = {}  # id(torch param) -> IR node
@@ -113,14 +74,14 @@ class _Converter:
 
     def scope(self, node: fx.Node) -> str:
         stack = node.meta.get("nn_module_stack")
-        if stack:
-            return str(list(stack.keys())[-1]) if node.op != "call_module" else str(node.target)
-        return str(node.target) if node.op == "call_module" else ""
+        if stack and node.op != "call_module":
+            return self.rename(str(list(stack.keys())[-1]))
+        return self.rename(str(node.target)) if node.op == "call_module" else ""
 
     def param(self, p: torch.Tensor, owner: str) -> int:
         key = id(p)
         if key not in self.param_ids:
-            name = self.param_names.get(key, owner)
+            name = self.rename(self.param_names.get(key, owner))
             spec = TensorSpec(tuple(p.shape) or (1,), self._dtype(p.dtype))
             scope = name.rsplit(".", 1)[0] if "." in name else ""
             self.param_ids[key] = self.graph.add(OpKind.PARAMETER, (), spec, ParamAttrs(), scope=scope, name=name)
@@ -162,7 +123,7 @@ class _Converter:
             self.env[node] = self.param(obj, str(node.target))
         elif isinstance(obj, torch.Tensor):
             self.env[node] = self.graph.add(
-                OpKind.INPUT, (), self.spec(node), scope=self.scope(node), name=str(node.target)
+                OpKind.INPUT, (), self.spec(node), scope=self.scope(node), name=self.rename(str(node.target))
             )
 
     def _call_module(self, node: fx.Node) -> None:
@@ -248,7 +209,7 @@ def _module_activation(fn: str) -> Callable[[_Converter, fx.Node, nn.Module], No
 
 def _unknown_module(c: _Converter, node: fx.Node, mod: nn.Module) -> None:
     name = type(mod).__name__
-    c.warnings.append(f"no rule for module {name} at {node.target}: costed as memory-bound")
+    c.warnings.append(f"no rule for module {name} at {c.scope(node)}: costed as memory-bound")
     inputs = c.tensors(node.args) + [c.param(p, f"{node.target}.{n}") for n, p in mod.named_parameters()]
     c.emit(node, OpKind.ELEMENTWISE, inputs, ElementwiseAttrs(name.lower()))
 
@@ -464,14 +425,17 @@ def capture_module(
     dtype: DType = DType.BF16,
     name: str = "model",
     fold: bool = True,
+    depth: int = 0,
 ) -> Capture:
-    """Trace ``module`` (built on meta) with ``example_inputs`` (meta tensors) into IR."""
-    from torch.fx.passes.shape_prop import ShapeProp
+    """Trace ``module`` (built on meta) with ``example_inputs`` (meta tensors) into IR.
 
-    repeats: dict[str, int] = {}
-    ctx = _folded(module) if fold else _no_fold()
-    with ctx as found:
-        repeats = dict(found)
+    Repeated layers are folded (``fold``) by :func:`fold.capture_folded`; ``depth`` is
+    the number of layers its run stands for when ``module`` was built shorter (the zoo).
+    """
+
+    def trace(rename: Callable[[str], str]) -> Capture:
+        from torch.fx.passes.shape_prop import ShapeProp
+
         try:
             gm = fx.symbolic_trace(module)
         except Exception as exc:  # torch raises many types; name the construct
@@ -480,11 +444,6 @@ def capture_module(
             ShapeProp(gm).propagate(*example_inputs)
         except Exception as exc:
             raise CaptureError(f"shape propagation failed for {type(module).__name__}: {exc}") from None
-        capture = _Converter(module, gm, dtype, name).run()
-    capture.graph.repeats = repeats
-    return capture
+        return _Converter(module, gm, dtype, name, rename).run()
 
-
-@contextmanager
-def _no_fold() -> Any:
-    yield {}
+    return capture_folded(module, trace, enabled=fold, depth=depth)

@@ -7,8 +7,8 @@ downloaded and no weight is allocated. transformers is the optional extra
 
 The model is exported with ``torch.export`` after its longest run of identical
 decoder layers is cut to two copies; once they are shown to be one chain the
-second is dropped (``fold.py``, ``irfold.py``), so a Llama-3 70B captures as one
-layer with a repeat count of 80. Attention runs through an ``echosim`` attention
+second is dropped (``fold.py``, the folding every frontend uses), so a Llama-3 70B
+captures as one layer with a repeat count of 80. Attention runs through an ``echosim`` attention
 function registered with transformers: causal SDPA with grouped-query heads and no
 mask tensor (the kernel training stacks use), so transformers builds no mask and
 no mask arithmetic is costed. The loss is added by :mod:`echosim.frontend.loss`.
@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from echosim.errors import EchosimError
 
 if TYPE_CHECKING:
-    from echosim.frontend.aten import ExportCapture
-    from echosim.plan import Plan
+    from echosim.frontend.spec import Capture, CaptureSpec
 
 CONFIGS = Path(__file__).parent / "configs"
 EXTRA = "pip install 'echosim[hf]'"
@@ -125,7 +124,7 @@ def _attention(
 
 
 def build_model(config: Any) -> Any:
-    """The causal LM on ``meta`` in bf16 (every float is costed in the plan's dtype anyway), in train mode."""
+    """The causal LM on ``meta`` in bf16 (every float is costed in the capture's dtype anyway), in train mode."""
     import torch
 
     _transformers()
@@ -151,7 +150,7 @@ def build_model(config: Any) -> Any:
 
 @dataclass
 class HFModel:
-    """What the ``hf:`` loader returns; captured once the plan fixes batch, sequence and dtype."""
+    """What the ``hf:`` loader returns; captured once the spec fixes batch, sequence and dtype."""
 
     source: str
     path: Path
@@ -160,9 +159,9 @@ class HFModel:
     def name(self) -> str:
         return self.source
 
-    def capture(self, plan: Plan) -> tuple[Any, list[str], int]:
+    def capture(self, spec: CaptureSpec) -> tuple[Any, list[str], int]:
         config = build_config(self.path)
-        cap, params = capture_config(config, plan, self.source)
+        cap, params = capture_config(config, spec, self.source)
         return cap.graph, cap.warnings + cap.notes, params
 
 
@@ -188,33 +187,32 @@ def _logits_only(model: Any) -> Any:
     return CausalLM(model)
 
 
-def capture_config(config: Any, plan: Plan, name: str, *, fold: bool = True) -> tuple[ExportCapture, int]:
+def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = True) -> tuple[Capture, int]:
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
 
-    from echosim.frontend.aten import capture_folded
-    from echosim.frontend.fx import CaptureError
+    from echosim.frontend.aten import capture_export
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
+    from echosim.frontend.spec import CaptureError
     from echosim.ir.types import DType
-    from echosim.passes.flops import param_count
 
     model = build_model(config)
     total = sum(p.numel() for p in model.parameters())
-    seq = plan.seq_len or min(int(getattr(config, "max_position_embeddings", 2048)), DEFAULT_SEQ_CAP)
+    seq = spec.seq_len or min(int(getattr(config, "max_position_embeddings", 2048)), DEFAULT_SEQ_CAP)
     notes: list[str] = []
-    if not plan.seq_len:
+    if not spec.seq_len:
         notes.append(Note(f"sequence length {seq} from the config (--seq-len overrides)"))
-    ids = torch.zeros(plan.micro_batch, seq, dtype=torch.long, device="meta")
+    ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
     try:
-        cap = capture_folded(
-            model, _logits_only(model), (ids,), dtype=DType.parse(plan.dtype), name=name, strip="m.", fold=fold
+        cap = capture_export(
+            model, _logits_only(model), (ids,), dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold
         )
     except CaptureError as exc:
         raise EchosimError(f"{name}: {exc}") from None
     ensure_loss(cap.graph, notes)
     cap.notes.extend(Note(n) if not isinstance(n, Note) else n for n in notes)
-    captured = param_count(cap.graph)
+    captured = cap.graph.param_count()
     if captured != total:
         cap.warnings.append(
             f"{name}: the captured graph holds {captured:,} of the model's {total:,} parameters "

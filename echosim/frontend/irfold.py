@@ -1,4 +1,4 @@
-"""Fold consecutive identical layers of a captured graph to one copy with a repeat count.
+"""The IR half of folding (see ``fold.py``): prove consecutive layers are one chain, keep one copy.
 
 A layer is the set of nodes whose scope starts with ``<list>.<i>`` (``layers.3``,
 ``model.layers.3``, ``h.3``). Consecutive layers fold when
@@ -12,9 +12,12 @@ A layer is the set of nodes whose scope starts with ``<list>.<i>`` (``layers.3``
 The first copy stands for all; readers of later copies read the first copy's
 matching value instead. A first copy that reads no value that needs a gradient
 (a stack applied straight to the input) has a cheaper backward than the copies
-after it, so then the run starts at the second copy. ONNX files store every layer, so the whole run is here;
-the export path captures two copies of the run and folds the second away
-(:func:`fold_run`), which proves the run is a chain at the cost of one layer.
+after it, so then the run starts at the second copy.
+
+The torch frontends capture two copies of the run and fold the second away
+(:func:`fold_run`, called by :func:`fold.capture_folded`), which proves the run is
+a chain at the cost of one layer; ONNX files store every layer, so there
+:func:`fold_layers` finds the run and proves it over all its copies.
 """
 
 from __future__ import annotations

@@ -7,69 +7,61 @@ batch, or the first axis) and ``--seq-len`` (a dimension named like a sequence,
 or the second axis of integer token ids); any other symbolic dimension is an
 error that names it.
 
-Ops map to IR through ``RULES`` (MatMul, Gemm, Conv, Attention, the
+Ops map to IR through ``onnx_rules.RULES`` (MatMul, Gemm, Conv, Attention, the
 normalisations, Softmax, Gelu, Einsum, LSTM, Gather as embedding, the
 elementwise ops, Reshape/Transpose/Slice/... as views). An op with no rule is
 costed as a memory-bound elementwise op and listed in the warnings. Scopes come
 from the torch exporter's ``pkg.torch.onnx.name_scopes`` metadata, else from
 ``/model/layers.0/attn/MatMul``-style node names, so TP plan patterns apply.
-Layers stored N times in the file are folded back to one by :mod:`irfold`.
+Layers stored N times in the file are folded back to one by :func:`irfold.fold_layers`
+(the chain proof every frontend's folding uses, see ``fold.py``).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echosim.errors import EchosimError
 from echosim.frontend.fused import FusedKind
-from echosim.frontend.onnx_rules import RULES, SHAPE_OPS, fused_module, param_scope, scope_of, swaps_last_two
+from echosim.frontend.onnx_rules import RULES, SHAPE_OPS
+from echosim.frontend.onnx_values import INT32, INT64, OnnxValues, fused_module, scope_of
 from echosim.ir.graph import Graph
-from echosim.ir.ops import (
-    ElementwiseAttrs,
-    OpKind,
-    ParamAttrs,
-)
-from echosim.ir.types import DType, TensorSpec
+from echosim.ir.ops import OpKind
+from echosim.ir.types import DType
 
 if TYPE_CHECKING:
-    from echosim.plan import Plan
+    from echosim.frontend.spec import CaptureSpec
 
 _BATCH_NAME = re.compile(r"batch|^(b|n|bs|bsz)$|^(b|n|bs|bsz)[_\d]", re.IGNORECASE)
 _SEQ_NAME = re.compile(r"seq|sequence|len|token|time|step|^(s|t|l)$|position", re.IGNORECASE)
 
-# TensorProto element types
-_FLOAT_TYPES = {1, 10, 11, 16, 17, 18, 19, 20, 21, 23}  # float, fp16, double, bf16, fp8 variants, fp4
-_INT64, _INT32, _BOOL = 7, 6, 9
-
 
 @dataclass
 class OnnxModel:
-    """An ONNX file, checked at load, captured once the plan binds its symbolic dimensions."""
+    """An ONNX file, checked at load, captured once the spec binds its symbolic dimensions."""
 
     source: str
     path: Path
     proto: Any
 
-    def capture(self, plan: Plan) -> tuple[Graph, list[str], int]:
+    def capture(self, spec: CaptureSpec) -> tuple[Graph, list[str], int]:
         from echosim.frontend.attention_fuse import fuse_attention
         from echosim.frontend.irfold import fold_layers
         from echosim.frontend.loss import ensure_loss
         from echosim.frontend.messages import Note
-        from echosim.passes.flops import param_count
 
-        inferred, notes = bind_and_infer(self.proto, self.path, plan)
-        conv = _Onnx(inferred, DType.parse(plan.dtype), self.path.name, self.path)
+        inferred, notes = bind_and_infer(self.proto, self.path, spec)
+        conv = _Onnx(inferred, DType.parse(spec.dtype), self.path.name, self.path)
         graph = fold_layers(fuse_attention(conv.run(), notes), notes)
         messages = list(conv.warnings)
         try:
             ensure_loss(graph, notes)
         except ValueError as exc:
             raise EchosimError(f"{self.path}: {exc}") from None
-        return graph, [*messages, *(Note(n) for n in notes)], param_count(graph)
+        return graph, [*messages, *(Note(n) for n in notes)], graph.param_count()
 
 
 def load(source: str) -> OnnxModel:
@@ -97,8 +89,8 @@ def _dims(value_info: Any) -> list[Any]:
     return list(t.shape.dim) if t.HasField("shape") else []
 
 
-def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
-    """A copy of ``proto`` with symbolic input dims set from the plan, and every shape inferred."""
+def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list[str]]:
+    """A copy of ``proto`` with symbolic input dims set from the spec, and every shape inferred."""
     from echosim.frontend.onnx_shapes import infer_concrete
 
     model = type(proto)()
@@ -115,7 +107,7 @@ def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 if axis == 0:
                     fixed_batch = dim.dim_value
-                elif axis == 1 and elem in (_INT64, _INT32):
+                elif axis == 1 and elem in (INT64, INT32):
                     fixed_seq = dim.dim_value
                 continue
             name = dim.dim_param if dim.HasField("dim_param") else ""
@@ -125,17 +117,17 @@ def bind_and_infer(proto: Any, path: Path, plan: Plan) -> tuple[Any, list[str]]:
                     f"{path}: input {value.name!r} has symbolic dimension {name or '?'!r} (axis {axis}) "
                     "that --micro-batch and --seq-len do not bind"
                 )
-            if role == "seq" and not plan.seq_len:
+            if role == "seq" and not spec.seq_len:
                 raise EchosimError(
                     f"{path}: input {value.name!r} has a symbolic sequence dimension {name or '?'!r}: "
                     "bind it with --seq-len"
                 )
             dim.Clear()
-            dim.dim_value = plan.micro_batch if role == "batch" else plan.seq_len
-    if plan.seq_len and fixed_seq not in (None, plan.seq_len):
-        notes.append(f"--seq-len {plan.seq_len} does not apply: {path.name} fixes the sequence at {fixed_seq}")
-    if plan.micro_batch != 1 and fixed_batch not in (None, plan.micro_batch):
-        notes.append(f"--micro-batch {plan.micro_batch} does not apply: {path.name} fixes the batch at {fixed_batch}")
+            dim.dim_value = spec.micro_batch if role == "batch" else spec.seq_len
+    if spec.seq_len and fixed_seq not in (None, spec.seq_len):
+        notes.append(f"--seq-len {spec.seq_len} does not apply: {path.name} fixes the sequence at {fixed_seq}")
+    if spec.micro_batch != 1 and fixed_batch not in (None, spec.micro_batch):
+        notes.append(f"--micro-batch {spec.micro_batch} does not apply: {path.name} fixes the batch at {fixed_batch}")
     try:
         inferred = infer_concrete(model)
     except Exception as exc:
@@ -168,7 +160,7 @@ def _role(name: str, axis: int, elem: int) -> str | None:
         return "seq"
     if axis == 0:
         return "batch"
-    if axis == 1 and elem in (_INT64, _INT32):
+    if axis == 1 and elem in (INT64, INT32):
         return "seq"
     return None
 
@@ -176,177 +168,17 @@ def _role(name: str, axis: int, elem: int) -> str | None:
 # ---- conversion ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Onnx:
-    proto: Any
-    dtype: DType
-    name: str
-    path: Path
-    graph: Graph = field(init=False)
-    warnings: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        g = self.proto.graph
-        self.graph = Graph(self.name)
-        self.types: dict[str, tuple[int, tuple[int, ...] | None]] = {}
-        for vi in [*g.input, *g.value_info, *g.output]:
-            t = vi.type.tensor_type
-            shape = None
-            if t.HasField("shape"):
-                dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-                shape = tuple(dims) if all(d > 0 for d in dims) else (None if any(d < 0 for d in dims) else tuple(dims))
-            self.types[vi.name] = (t.elem_type, shape)
-        self.inits = {t.name: t for t in g.initializer}
-        for t in g.initializer:
-            self.types[t.name] = (t.data_type, tuple(int(d) for d in t.dims))
-        self.env: dict[str, int | None] = {}
-        self.lazy: dict[str, Any] = {}
-        self.static: set[str] = set()
-        self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[Any]] = {}
-        for node in g.node:
-            for o in node.output:
-                self.producer[o] = node
-            for i in node.input:
-                self.consumers.setdefault(i, []).append(node)
-        self.aliases: dict[str, str] = {}  # an Add folded into the matmul before it
-        self._param_ir: dict[tuple[str, bool], int] = {}
-        self._param_swapped: dict[str, bool] = {}
-        self._unknown: dict[str, int] = {}
-        self._params = self._find_params()
-
-    # -- what is a weight ------------------------------------------------------------------
-    def _find_params(self) -> set[str]:
-        """Float initializers (and shape-only weights) that computation reads; never BN running stats."""
-        g = self.proto.graph
-        produced = set(self.producer)
-        inputs = {v.name for v in g.input}
-        stats = {n.input[i] for n in g.node if n.op_type == "BatchNormalization" for i in (3, 4) if i < len(n.input)}
-        used = {i for n in g.node for i in n.input if i}
-        params = set()
-        for name in used - produced - stats:
-            elem, shape = self.types.get(name, (0, None))
-            if elem not in _FLOAT_TYPES or shape is None or math.prod(shape) <= 1:
-                continue
-            if name in self.inits or name not in inputs:
-                params.add(name)
-        weight_slots = {"MatMul": (1,), "Gemm": (1, 2), "Conv": (1, 2), "ConvTranspose": (1, 2), "Gather": (0,),
-                        "LayerNormalization": (1, 2), "RMSNormalization": (1,)}  # fmt: skip
-        for n in g.node:  # float graph inputs with static shapes used only as weights
-            for i in weight_slots.get(n.op_type, ()):
-                if i < len(n.input) and n.input[i] in inputs and n.input[i] not in self.inits:
-                    elem, shape = self.types.get(n.input[i], (0, None))
-                    if elem in _FLOAT_TYPES and shape is not None:
-                        params.add(n.input[i])
-        return params
-
-    # -- values ------------------------------------------------------------------------------
-    def dt(self, elem: int) -> DType:
-        if elem in _FLOAT_TYPES:
-            return self.dtype
-        if elem == _BOOL:
-            return DType.BOOL
-        return DType.INT64 if elem == _INT64 else DType.INT32
-
-    def spec(self, name: str, node: Any = None, like: int | None = None) -> TensorSpec:
-        elem, shape = self.types.get(name, (0, None))
-        if shape is None and like is not None:  # same shape as its first operand (elementwise ops)
-            return TensorSpec(self.graph[like].out.shape, self.dt(elem) if elem else self.graph[like].out.dtype)
-        if shape is None:
-            where = f" (output of {node.op_type} {node.name!r})" if node is not None else ""
-            raise EchosimError(f"{self.path}: shape of {name!r}{where} is unknown after shape inference")
-        return TensorSpec(shape or (1,), self.dt(elem))
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        shape = self.types.get(name, (0, None))[1]
-        if shape is None:
-            raise EchosimError(f"{self.path}: shape of {name!r} is unknown after shape inference")
-        return shape
-
-    def value(self, name: str) -> int | None:
-        if not name:
-            return None
-        if name in self.static:
-            return self._constant_tensor(name)
-        if name in self._params:
-            return self.param(name)
-        if name in self.lazy:
-            node = self.lazy.pop(name)
-            self.emit(node, OpKind.VIEW, [self.param(node.input[0])])
-        return self.env.get(name)
-
-    def const(self, name: str) -> Any:
-        """The value of a small constant (a Constant node or an initializer with data), else ``None``."""
-        import onnx.numpy_helper as nh
-
-        from echosim.frontend.onnx_shapes import constant_value
-
-        if name in self.inits:
-            t = self.inits[name]
-            return None if t.data_location == 1 or not (t.raw_data or t.float_data or t.int64_data) else nh.to_array(t)
-        node = self.producer.get(name)
-        return constant_value(node) if node is not None and node.op_type == "Constant" else None
-
-    def _constant_tensor(self, name: str) -> int | None:
-        """A float constant that computation reads (a baked-in weight or mask) is a buffer: free to load."""
-        if name in self.env:
-            return self.env[name]
-        elem, shape = self.types.get(name, (0, None))
-        if elem not in _FLOAT_TYPES or shape is None or math.prod(shape) <= 1:
-            return None
-        self.env[name] = self.graph.add(OpKind.INPUT, (), self.spec(name), scope=param_scope(name), name=name)
-        return self.env[name]
-
-    def param(self, name: str, swapped: bool = False) -> int:
-        key = (name, swapped)
-        if key in self._param_ir:
-            return self._param_ir[key]
-        spec = self.spec(name)
-        if swapped:
-            spec = spec.with_shape((*spec.shape[:-2], spec.shape[-1], spec.shape[-2]))
-        if name not in self._param_swapped:
-            self._param_swapped[name] = swapped
-            scope = param_scope(name)
-            nid = self.graph.add(OpKind.PARAMETER, (), spec, ParamAttrs(), scope=scope, name=name)
-        else:
-            base = self.param(name, self._param_swapped[name])
-            nid = self.graph.add(OpKind.VIEW, (base,), spec, scope=self.graph[base].scope, name=f"{name}.t")
-        self._param_ir[key] = nid
-        return nid
-
-    def weight(self, name: str, natural_is_nk: bool) -> int | None:
-        """A matmul's B operand; a weight behind Transpose nodes is held as (..., n, k)."""
-        swaps, cur = 0, name
-        while (
-            cur in self.producer
-            and self.producer[cur].op_type == "Transpose"
-            and swaps_last_two(self.producer[cur], self.shape(cur))
-        ):
-            cur, swaps = self.producer[cur].input[0], swaps + 1
-        if cur in self._params:
-            return self.param(cur, swapped=natural_is_nk != (swaps % 2 == 0))
-        return self.value(name)
-
-    def emit(self, node: Any, op: OpKind, inputs: list[int | None], attrs: Any = None, out: int = 0) -> int:
-        ins = [i for i in inputs if i is not None]
-        name = node.output[out]
-        spec = self.spec(name, node, like=ins[0] if ins and op in (OpKind.ELEMENTWISE, OpKind.VIEW) else None)
-        nid = self.graph.add(op, ins, spec, attrs, scope=scope_of(node), name=name)
-        self.env[name] = nid
-        return nid
-
-    def data(self, node: Any, idx: tuple[int, ...] | None = None) -> list[int | None]:
-        names = node.input if idx is None else [node.input[i] for i in idx if i < len(node.input)]
-        return [self.value(n) for n in names]
+class _Onnx(OnnxValues):
+    """The main loop: walk the graph in order, fuse single-kernel modules, dispatch each op to its rule."""
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> Graph:
         g = self.proto.graph
         for t in g.initializer:
-            if t.name not in self._params:
+            if t.name not in self.params:
                 self.static.add(t.name)
         for v in g.input:
-            if v.name in self.inits or v.name in self._params:
+            if v.name in self.inits or v.name in self.params:
                 continue
             self.env[v.name] = self.graph.add(OpKind.INPUT, (), self.spec(v.name), name=v.name)
             self.graph.inputs.append(self.env[v.name])
@@ -373,7 +205,7 @@ class _Onnx:
                 continue
             rule = RULES.get(node.op_type)
             if rule is None:
-                self._unknown_op(node)
+                self.unknown_op(node)
             else:
                 rule(self, node)
             first = self.env.get(node.output[0]) if node.output else None
@@ -411,7 +243,7 @@ class _Onnx:
             ]  # fmt: skip
             ins = [i for m in members for i in m.input if i and i not in made and i not in self.static]
             ins = list(dict.fromkeys(ins))
-            if len(outs) != 1 or not [i for i in ins if i not in self._params]:
+            if len(outs) != 1 or not [i for i in ins if i not in self.params]:
                 continue
             for m in members:
                 plan[id(m)] = (path, kind, ins, outs[0])
@@ -421,8 +253,8 @@ class _Onnx:
         path, kind, ins, out = fused
         if out not in node.output:
             return
-        data = [i for i in ins if i not in self._params][: kind.data_inputs]
-        params = [i for i in ins if i in self._params] if kind.op is OpKind.NORM else []
+        data = [i for i in ins if i not in self.params][: kind.data_inputs]
+        params = [i for i in ins if i in self.params] if kind.op is OpKind.NORM else []
         values = [v for v in (self.value(i) for i in [*data, *params]) if v is not None]
         name = path.rsplit(".", 1)[-1] or out
         self.env[out] = self.graph.add(kind.op, values, self.spec(out, node), kind.attrs, scope=path, name=name)
@@ -433,14 +265,3 @@ class _Onnx:
             if any(o in live for o in node.output):
                 live.update(i for i in node.input if i)
         return live
-
-    def _unknown_op(self, node: Any) -> None:
-        op = f"{node.domain + '.' if node.domain else ''}{node.op_type}"
-        if op not in self._unknown:
-            self.warnings.append(
-                f"no rule for ONNX op {op} at {scope_of(node) or node.name or '<root>'}: costed as memory-bound"
-            )
-        self._unknown[op] = self._unknown.get(op, 0) + 1
-        for i, out in enumerate(node.output):
-            if out:
-                self.emit(node, OpKind.ELEMENTWISE, self.data(node), ElementwiseAttrs(node.op_type.lower()), out=i)

@@ -1,17 +1,17 @@
 """The ONNX -> IR op table (see ``onnx.py``): one rule per op type.
 
 A rule reads an ONNX node (its inputs by name, shapes from inference) and adds IR
-nodes through the converter; the converter costs ops with no rule as memory-bound.
+nodes through :class:`~echosim.frontend.onnx_values.OnnxValues`; the converter costs
+ops with no rule as memory-bound.
 """
 
 from __future__ import annotations
 
-import ast
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from echosim.frontend.fused import FusedKind, fused_kind
+from echosim.frontend.onnx_values import OnnxValues, attr, scope_of
 from echosim.ir.ops import (
     AttentionAttrs,
     CrossEntropyAttrs,
@@ -23,80 +23,19 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import TensorSpec
 
-if TYPE_CHECKING:
-    from echosim.frontend.onnx import _Onnx
-
-
-def attr(node: Any, name: str, default: Any = None) -> Any:
-    import onnx
-
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
-def swaps_last_two(node: Any, out_shape: tuple[int, ...]) -> bool:
-    rank = len(out_shape)
-    perm = attr(node, "perm")
-    if perm is None:
-        return rank == 2
-    return list(perm) == [*range(rank - 2), rank - 1, rank - 2]
-
-
-def param_scope(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name and "::" not in name else ""
-
-
-def _metadata_list(node: Any, key: str) -> list[str]:
-    for prop in node.metadata_props:
-        if prop.key == key:
-            try:
-                return [str(x) for x in ast.literal_eval(prop.value)]
-            except (ValueError, SyntaxError):
-                return []
-    return []
-
-
-def fused_module(node: Any) -> tuple[str, FusedKind] | None:
-    """The outermost single-kernel module (``fused.py``) a torch-exported node belongs to: (path, kind)."""
-    classes = _metadata_list(node, "pkg.torch.onnx.class_hierarchy")
-    scopes = _metadata_list(node, "pkg.torch.onnx.name_scopes")
-    for cls, path in zip(classes, scopes, strict=False):
-        kind = fused_kind(cls)
-        if kind is not None:
-            return path, kind
-    return None
-
-
-def scope_of(node: Any) -> str:
-    """Module path of a node: torch exporter metadata, else a ``/a/b/Op`` node name."""
-    for prop in node.metadata_props:
-        if prop.key == "pkg.torch.onnx.name_scopes":
-            try:
-                scopes = ast.literal_eval(prop.value)
-            except (ValueError, SyntaxError):
-                break
-            return str(scopes[-2]) if len(scopes) >= 2 else ""
-    if node.name.startswith("/"):
-        parts = [p for p in node.name.strip("/").split("/") if p]
-        return ".".join(parts[:-1])
-    return ""
-
-
 # ---- rules ----------------------------------------------------------------------------------------
 
-Rule = Callable[["_Onnx", Any], None]
+Rule = Callable[[OnnxValues, Any], None]
 
 
-def _view(c: _Onnx, node: Any) -> None:
-    if node.input[0] in c._params:  # a transposed weight: materialised only if something other than a matmul reads it
+def _view(c: OnnxValues, node: Any) -> None:
+    if node.input[0] in c.params:  # a transposed weight: materialised only if something other than a matmul reads it
         c.lazy[node.output[0]] = node
         return
     c.emit(node, OpKind.VIEW, c.data(node, (0,)))
 
 
-def _views(c: _Onnx, node: Any) -> None:
+def _views(c: OnnxValues, node: Any) -> None:
     """Split: every output a view of the input."""
     src = c.value(node.input[0])
     for i, out in enumerate(node.output):
@@ -104,15 +43,15 @@ def _views(c: _Onnx, node: Any) -> None:
             c.emit(node, OpKind.VIEW, [src], out=i)
 
 
-def _sequence(c: _Onnx, node: Any) -> None:
+def _sequence(c: OnnxValues, node: Any) -> None:
     c.env[node.output[0]] = c.value(node.input[0])  # SplitToSequence: SequenceAt picks views
 
 
-def _sequence_at(c: _Onnx, node: Any) -> None:
+def _sequence_at(c: OnnxValues, node: Any) -> None:
     c.emit(node, OpKind.VIEW, [c.env.get(node.input[0])])
 
 
-def _cast(c: _Onnx, node: Any) -> None:
+def _cast(c: OnnxValues, node: Any) -> None:
     src = node.input[0]
     before = c.dt(c.types.get(src, (0, None))[0])
     after = c.dt(int(attr(node, "to", 1)))
@@ -122,7 +61,7 @@ def _cast(c: _Onnx, node: Any) -> None:
         c.emit(node, OpKind.ELEMENTWISE, c.data(node, (0,)), ElementwiseAttrs("cast", 0))
 
 
-def _dropout(c: _Onnx, node: Any) -> None:
+def _dropout(c: OnnxValues, node: Any) -> None:
     """A Dropout with a ratio above zero runs in the training step echosim simulates.
 
     Exporters write models in inference mode (``training_mode`` false or absent), so the
@@ -139,33 +78,33 @@ def _dropout(c: _Onnx, node: Any) -> None:
 
 
 def _elementwise(fn: str, flops: int = 1) -> Rule:
-    def rule(c: _Onnx, node: Any) -> None:
+    def rule(c: OnnxValues, node: Any) -> None:
         c.emit(node, OpKind.ELEMENTWISE, c.data(node), ElementwiseAttrs(fn, flops))
 
     return rule
 
 
 def _reduction(fn: str) -> Rule:
-    def rule(c: _Onnx, node: Any) -> None:
+    def rule(c: OnnxValues, node: Any) -> None:
         c.emit(node, OpKind.REDUCTION, c.data(node, (0,)), ElementwiseAttrs(fn))
 
     return rule
 
 
-def _bias_after(c: _Onnx, node: Any, n: int) -> list[int | None]:
+def _bias_after(c: OnnxValues, node: Any, n: int) -> list[int | None]:
     """PyTorch's linear is one GEMM with its bias; an exported MatMul + Add(bias) is folded back."""
     users = c.consumers.get(node.output[0], [])
     if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in {o.name for o in c.proto.graph.output}:
         return []
     add = users[0]
     other = [i for i in add.input if i != node.output[0]]
-    if len(other) != 1 or other[0] not in c._params or c.shape(other[0]) != (n,):
+    if len(other) != 1 or other[0] not in c.params or c.shape(other[0]) != (n,):
         return []
     c.aliases[add.output[0]] = node.output[0]
     return [c.value(other[0])]
 
 
-def _matmul(c: _Onnx, node: Any) -> None:
+def _matmul(c: OnnxValues, node: Any) -> None:
     a, b = node.input[:2]
     sa, sb = c.shape(a), c.shape(b)
     if len(sb) == 2:
@@ -174,12 +113,12 @@ def _matmul(c: _Onnx, node: Any) -> None:
     else:
         out = c.shape(node.output[0])
         attrs = MatmulAttrs(m=sa[-2] if len(sa) >= 2 else 1, n=sb[-1], k=sb[-2], batch=math.prod(out[:-2]))
-        w = c.weight(b, natural_is_nk=False) if b in c._params else c.value(b)
+        w = c.weight(b, natural_is_nk=False) if b in c.params else c.value(b)
     bias = _bias_after(c, node, attrs.n) if len(sb) == 2 else []
     c.emit(node, OpKind.MATMUL, [c.value(a), w, *bias], attrs)
 
 
-def _gemm(c: _Onnx, node: Any) -> None:
+def _gemm(c: OnnxValues, node: Any) -> None:
     a, b = node.input[:2]
     sa, sb = c.shape(a), c.shape(b)
     m, k = (sa[1], sa[0]) if attr(node, "transA", 0) else sa
@@ -189,7 +128,7 @@ def _gemm(c: _Onnx, node: Any) -> None:
     c.emit(node, OpKind.MATMUL, [c.value(a), c.weight(b, natural_is_nk=trans_b), *bias], MatmulAttrs(m=m, n=n, k=k))
 
 
-def _conv(c: _Onnx, node: Any) -> None:
+def _conv(c: OnnxValues, node: Any) -> None:
     x, w = node.input[:2]
     xs, ws, out = c.shape(x), c.shape(w), c.shape(node.output[0])
     groups = int(attr(node, "group", 1))
@@ -201,14 +140,14 @@ def _conv(c: _Onnx, node: Any) -> None:
     c.emit(node, OpKind.MATMUL, c.data(node, (0, 1, 2)), attrs)
 
 
-def _einsum(c: _Onnx, node: Any) -> None:
+def _einsum(c: OnnxValues, node: Any) -> None:
     equation = str(
         attr(node, "equation", b"")
         if not isinstance(attr(node, "equation"), bytes)
         else attr(node, "equation").decode()
     )
     if len(node.input) != 2 or "..." in equation or "->" not in equation:
-        c._unknown_op(node)
+        c.unknown_op(node)
         return
     lhs, out = equation.replace(" ", "").split("->")
     a, b = lhs.split(",")
@@ -222,7 +161,7 @@ def _einsum(c: _Onnx, node: Any) -> None:
     c.emit(node, OpKind.MATMUL, c.data(node), MatmulAttrs(m=m, n=n, k=k, batch=batch))
 
 
-def _attention(c: _Onnx, node: Any) -> None:
+def _attention(c: OnnxValues, node: Any) -> None:
     """ONNX Attention (opset 23) and onnxruntime's MultiHeadAttention / GroupQueryAttention."""
     q, k, v = node.input[:3]
     qs, ks, vs = c.shape(q), c.shape(k), c.shape(v)
@@ -245,19 +184,19 @@ def _attention(c: _Onnx, node: Any) -> None:
 
 
 def _norm(kind: str, idx: tuple[int, ...]) -> Rule:
-    def rule(c: _Onnx, node: Any) -> None:
+    def rule(c: OnnxValues, node: Any) -> None:
         c.emit(node, OpKind.NORM, c.data(node, idx), NormAttrs(kind))
 
     return rule
 
 
-def _softmax(c: _Onnx, node: Any) -> None:
+def _softmax(c: OnnxValues, node: Any) -> None:
     c.emit(node, OpKind.SOFTMAX, c.data(node, (0,)))
 
 
-def _gather(c: _Onnx, node: Any) -> None:
+def _gather(c: OnnxValues, node: Any) -> None:
     data, idx = node.input[:2]
-    if data in c._params and len(c.shape(data)) == 2 and int(attr(node, "axis", 0)) == 0:
+    if data in c.params and len(c.shape(data)) == 2 and int(attr(node, "axis", 0)) == 0:
         vocab, dim = c.shape(data)
         c.emit(node, OpKind.EMBEDDING, [c.value(idx), c.value(data)], EmbeddingAttrs(vocab, dim))
     elif idx in c.static:
@@ -266,18 +205,18 @@ def _gather(c: _Onnx, node: Any) -> None:
         c.emit(node, OpKind.ELEMENTWISE, c.data(node), ElementwiseAttrs("gather"))
 
 
-def _cross_entropy(c: _Onnx, node: Any) -> None:
+def _cross_entropy(c: OnnxValues, node: Any) -> None:
     scores = node.input[0]
     vocab = c.shape(scores)[1]
     c.emit(node, OpKind.CROSS_ENTROPY, c.data(node, (0, 1)), CrossEntropyAttrs(vocab))
 
 
-def _lstm(c: _Onnx, node: Any) -> None:
+def _lstm(c: OnnxValues, node: Any) -> None:
     from echosim.frontend.recurrent import lstm_layer
 
     x, w, r = node.input[:3]
     if attr(node, "direction", b"forward") not in (b"forward", "forward"):
-        c._unknown_op(node)
+        c.unknown_op(node)
         return
     layout = int(attr(node, "layout", 0))
     xs = c.shape(x)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -32,23 +33,25 @@ from echosim.errors import EchosimError
 if TYPE_CHECKING:
     from torch import nn
 
+    from echosim.frontend.spec import CaptureSpec
     from echosim.ir.graph import Graph
-    from echosim.plan import Plan
 
 DEFAULT_SEQ = 2048
+# "path/to/file.py:factory" (the factory may be dotted: "module_attr.build")
+PY_SOURCE = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][\w.]*)$")
 
 
 @dataclass
 class PyModel:
-    """A module built by a factory in a Python file, captured once the plan is known."""
+    """A module built by a factory in a Python file, captured once the micro-batch and dtype are known."""
 
     source: str
     module: Any
     inputs: Any
     path: str
 
-    def capture(self, plan: Plan) -> tuple[Graph, list[str], int]:
-        return capture_module_for_plan(self.module, self.inputs, plan, self.source, where=self.path)
+    def capture(self, spec: CaptureSpec) -> tuple[Graph, list[str], int]:
+        return capture_torch_module(self.module, self.inputs, spec, self.source, where=self.path)
 
 
 def _run_file(path: Path) -> Any:
@@ -78,8 +81,6 @@ def _where(exc: BaseException, path: Path) -> str:
 def load(source: str) -> PyModel:
     """The ``.py`` frontend loader: run the file, call the factory on ``meta``."""
     import torch
-
-    from echosim.frontend import PY_SOURCE
 
     match = PY_SOURCE.match(source)
     if match is None:
@@ -145,30 +146,31 @@ def _uses_seq(inputs: Any) -> bool:
     return any(not hasattr(item, "shape") and "seq" in tuple(item[0]) for item in inputs)
 
 
-def capture_module_for_plan(
-    module: nn.Module, inputs: Any, plan: Plan, name: str, where: str = ""
+def capture_torch_module(
+    module: nn.Module, inputs: Any, spec: CaptureSpec, name: str, where: str = ""
 ) -> tuple[Graph, list[str], int]:
     """Capture with torch.export (torch.fx as the fallback); returns (graph, messages, params)."""
-    from echosim.frontend.aten import capture_folded, quiet
-    from echosim.frontend.fx import CaptureError, capture_module
+    from echosim.frontend.aten import capture_export, quiet
+    from echosim.frontend.fx import capture_module
     from echosim.frontend.loss import ensure_loss
     from echosim.frontend.messages import Note
+    from echosim.frontend.spec import CaptureError
     from echosim.ir.types import DType
 
     if any(p.device.type != "meta" for p in module.parameters()):
         module = module.to("meta")
     module.train()
     notes: list[str] = []
-    seq = plan.seq_len or int(getattr(module, "seq_len", 0) or DEFAULT_SEQ)
-    if not plan.seq_len and _uses_seq(inputs):
+    seq = spec.seq_len or int(getattr(module, "seq_len", 0) or DEFAULT_SEQ)
+    if not spec.seq_len and _uses_seq(inputs):
         notes.append(Note(f"sequence length {seq} (--seq-len overrides)"))
-    args = example_inputs(module, inputs, plan.micro_batch, seq)
-    dtype = DType.parse(plan.dtype)
+    args = example_inputs(module, inputs, spec.micro_batch, seq)
+    dtype = DType.parse(spec.dtype)
     total = sum(p.numel() for p in module.parameters())
     messages: list[str] = []
     graph = None
     try:
-        cap = capture_folded(module, module, args, dtype=dtype, name=name, where=where)
+        cap = capture_export(module, module, args, dtype=dtype, name=name, where=where)
         graph, messages = cap.graph, [*cap.warnings, *cap.notes]
     except CaptureError as export_error:
         failure = str(export_error)

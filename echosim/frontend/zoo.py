@@ -1,6 +1,7 @@
-"""Named architectures, built as ``torch.nn.Module`` on the ``meta`` device.
+"""Named architectures as data: the small parameter set each is built from (no torch here).
 
-Three families cover the rows of published training runs:
+:func:`echosim.frontend.zoo_modules.build_module` turns an :class:`ArchConfig` into
+an ``nn.Module`` on the ``meta`` device. Three families cover the rows of published training runs:
 
 * ``gpt``: LayerNorm, GELU 4h MLP, multi-head attention, learned positions,
   embedding tied to the output layer (GPT-3 / Megatron).
@@ -11,8 +12,7 @@ Three families cover the rows of published training runs:
   and ``shared_experts`` always-on experts of the same width (Mixtral, Qwen3-MoE,
   GPT-OSS, Grok-1; DeepSeek-style fine-grained + shared experts).
 
-Shapes come from the papers and model cards cited per entry. Nothing is ever
-allocated: the modules are built under ``torch.device("meta")``.
+Shapes come from the papers and model cards cited per entry.
 """
 
 from __future__ import annotations
@@ -183,19 +183,3 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "grok-1": 314e9,
     "qwen1.5-moe-a2.7b": 14.3e9,
 }
-
-
-def build_module(cfg: ArchConfig) -> Any:
-    """Build the ``nn.Module`` for ``cfg`` on the meta device (imports torch lazily)."""
-    import torch
-
-    from echosim.frontend import zoo_modules
-
-    with torch.device("meta"):
-        if cfg.arch == "gpt":
-            return zoo_modules.GPT(cfg)
-        if cfg.arch == "llama":
-            return zoo_modules.Llama(cfg)
-        if cfg.arch == "moe":
-            return zoo_modules.Llama(cfg)  # the llama skeleton; its blocks hold MoE layers
-    raise ValueError(f"unknown architecture {cfg.arch!r} (known: gpt, llama, moe)")

@@ -1,4 +1,4 @@
-"""The torch modules behind the zoo; plain PyTorch so torch.fx traces them as written.
+"""The torch modules behind the zoo (:func:`build_module`); plain PyTorch so torch.fx traces them as written.
 
 Module names follow the conventions sharding plans match on: ``attn.qkv`` /
 ``attn.q_proj`` (column-parallel), ``attn.proj`` / ``attn.o_proj`` (row-parallel),
@@ -224,3 +224,13 @@ class Llama(nn.Module):
             x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def build_module(cfg: ArchConfig) -> nn.Module:
+    """The ``nn.Module`` for ``cfg``, built on the meta device: no weight is allocated."""
+    with torch.device("meta"):
+        if cfg.arch == "gpt":
+            return GPT(cfg)
+        if cfg.arch in ("llama", "moe"):
+            return Llama(cfg)  # moe: the llama skeleton; its blocks hold MoE layers
+    raise ValueError(f"unknown architecture {cfg.arch!r} (known: gpt, llama, moe)")

@@ -116,3 +116,10 @@ class Graph:
 
     def params(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.op is OpKind.PARAMETER]
+
+    def param_count(self) -> int:
+        """Parameter elements this graph holds, repeats included (after sharding: this rank's shards only).
+
+        A property of the graph, not an analysis pass: frontends report it for what they capture.
+        """
+        return sum(n.out.numel * self.multiplicity(n) for n in self.params())

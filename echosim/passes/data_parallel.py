@@ -24,7 +24,6 @@ from typing import ClassVar
 from echosim.ir.graph import Graph
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, OptimizerAttrs, Phase, Role
 from echosim.ir.types import DType, TensorSpec
-from echosim.passes.flops import param_count
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class Optimizer:
         if self.kind not in ("adam", "adamw"):
             raise ValueError(f"unknown optimizer {self.kind!r} (known: adam, adamw)")
         g = graph.copy()
-        n = math.ceil(param_count(g) / self.shard)
+        n = math.ceil(g.param_count() / self.shard)
         per_param = ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
         g.add(
             OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),

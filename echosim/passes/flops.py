@@ -58,8 +58,3 @@ def graph_flops(graph: Graph) -> FlopCount:
         if f:
             totals[node.phase] += f * graph.multiplicity(node)
     return FlopCount(totals[Phase.FORWARD], totals[Phase.BACKWARD], totals[Phase.RECOMPUTE])
-
-
-def param_count(graph: Graph) -> int:
-    """Parameter elements held by this graph (repeats included, local shards only)."""
-    return sum(n.out.numel * graph.multiplicity(n) for n in graph.params())

@@ -120,6 +120,11 @@ def register_frontends(register: RegisterFrontend) -> None:
     ``"model.onnx"`` or ``"hf:meta-llama/Llama-3.1-8B"``. A matching scheme wins
     over a matching suffix; among several matches the longest key wins.
 
+    The loader returns an object with ``capture(spec) -> (graph, messages,
+    total_params)``, where ``spec`` is an ``echosim.frontend.CaptureSpec``
+    (``micro_batch``, ``seq_len``, ``dtype``: what a capture needs, never the
+    parallel layout); or an ``nn.Module``, an IR ``Graph`` or a zoo ``ArchConfig``.
+
     :param register: ``register(scheme_or_suffix: str, loader: Callable[[str], object])``.
     """
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from echosim.passes.flops import graph_flops, param_count
+from echosim.passes.flops import graph_flops
 from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
 from echosim.timeline.costed import CostedGraph, StageCost
 
@@ -159,7 +159,7 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
     for r in range(costed.pp):
         mine = costed.chunks(r)
         live = costed.in_flight(r)
-        parts = [stage_memory(s.graph, live.get(s.index, 0), 0, param_count(s.graph), facts.state, 0) for s in mine]
+        parts = [stage_memory(s.graph, live.get(s.index, 0), 0, s.graph.param_count(), facts.state, 0) for s in mine]
         mem = MemoryBreakdown(
             params=sum(p.params for p in parts),
             grads=sum(p.grads for p in parts),
