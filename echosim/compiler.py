@@ -7,6 +7,7 @@ backend; :func:`compile` reads the report from what :func:`lower` returns.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from echosim.errors import EchosimError
 from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
+from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.memory import StatePolicy
@@ -77,12 +79,15 @@ def lower(
     warnings, notes = split_notes(messages + check_model(plan, ModelShape.of(graph)))
     graph_passes = _configured(registry, "graph", plan)
     stage_passes = _configured(registry, "stage", plan)
+    checked = _verified(registry)
     try:
-        joint = run_passes(graph, graph_passes)
+        joint = run_passes(graph, graph_passes, check=checked)
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
-        stages = [Stage(s.index, run_passes(s.graph, stage_passes), s.layers) for s in stages]
+        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked), s.layers) for s in stages]
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
+    except VerifyError as exc:
+        raise EchosimError(f"a pass broke the graph: {exc}") from None
     where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep), cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],
@@ -124,6 +129,13 @@ def _check_requested(registry: Registry, plan: Plan) -> None:
             why = "" if entry is None else " always runs when it applies;"
             known = ", ".join(optional) or "none installed"
             raise PlanError(f"--pass {name}: {what}{why} optional passes: {known}")
+
+
+def _verified(registry: Registry) -> bool | set[str]:
+    """Passes whose output is verified: third parties' always, echosim's own in debug mode (and in its tests)."""
+    if os.environ.get("ECHOSIM_VERIFY"):
+        return True
+    return {name for name, e in registry.passes.items() if not e.owner.startswith("echosim.")}
 
 
 def _configured(registry: Registry, level: str, plan: Plan) -> list[Any]:

@@ -11,6 +11,9 @@ from echosim.frontend.zoo import ArchConfig
 from echosim.ir.graph import Graph
 from echosim.ir.types import DType
 
+# Debug mode: verify the IR after every pass, built-in ones included (production checks only plugins' passes).
+os.environ.setdefault("ECHOSIM_VERIFY", "1")
+
 GOLDEN = Path(__file__).parent / "golden"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from echosim.cli import cli
 from echosim.compiler import lower
-from echosim.errors import PluginError
+from echosim.errors import EchosimError, PluginError
 from echosim.ir.ops import ElementwiseAttrs
 from echosim.plan import Cluster, Plan
 from echosim.plugins import get_registry, hookimpl, load_registry
@@ -131,3 +131,33 @@ def test_a_stage_level_plugin_pass_runs_after_the_split() -> None:
 def test_an_unknown_level_is_refused_naming_the_plugin() -> None:
     with pytest.raises(PluginError, match=r"^plugin 'misordered': pass 'noop' level 'model' is unknown"):
         load_registry(include_entrypoints=False, extra_plugins=[_Misordered(level="model")])
+
+
+@dataclass(frozen=True)
+class _Breaker:
+    """Reads a value that does not exist: the kind of bug a plugin pass can ship."""
+
+    name: ClassVar[str] = "breaker"
+
+    def run(self, graph):  # type: ignore[no-untyped-def]
+        from echosim.ir.ops import OpKind
+        from echosim.ir.types import DType, TensorSpec
+
+        g = graph.copy()
+        g.add(OpKind.VIEW, [10**9], TensorSpec((1,), DType.BF16), name="dangling")
+        return g
+
+
+class _Breaking:
+    __name__ = "breaking"
+
+    @hookimpl
+    def register_passes(self, register) -> None:  # type: ignore[no-untyped-def]
+        register("breaker", _Breaker, after="autodiff")
+
+
+def test_a_plugin_pass_that_breaks_the_graph_is_caught_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ECHOSIM_VERIFY", raising=False)  # production: built-ins unchecked, plugins checked
+    reg = load_registry(include_entrypoints=False, extra_plugins=[_Breaking()])
+    with pytest.raises(EchosimError, match=r"^a pass broke the graph: .*after pass 'breaker'"):
+        lower("gpt3-125m", Plan(dp=2, seq_len=128), Cluster("a100-80gb", 2), registry=reg)
