@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from echosim import plugins
@@ -40,7 +41,7 @@ class Compiled:
     graph: Graph  # the whole model after the graph-level passes (before the pipeline split)
     stages: list[Stage] = field(default_factory=list)
 
-    @property
+    @cached_property
     def report(self) -> Report:
         return build_report(self.costed, self.facts)
 
