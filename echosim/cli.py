@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from echosim.commands.options import calibration_option
+from echosim.commands.options import layout_from_options, layout_options
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -27,34 +27,7 @@ def cli() -> None:
 
 @cli.command("compile")
 @click.argument("model", required=False)
-@click.option("--backend", help="Hardware backend (see `echosim backends`).")
-@click.option("--devices", type=int, help="Number of devices (default: tp*pp*dp).")
-@click.option("--devices-per-node", type=int, help="Devices per node (NVLink domain).")
-@click.option("--tp", type=int, help="Tensor-parallel degree.")
-@click.option("--pp", type=int, help="Pipeline-parallel degree.")
-@click.option("--dp", type=int, help="Data-parallel degree.")
-@click.option("--micro-batch", type=int, help="Sequences per micro-batch.")
-@click.option("--global-batch", type=int, help="Sequences per optimizer step.")
-@click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
-@click.option(
-    "--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), help="Training precision (mixed, fp32 master)."
-)
-@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation.")
-@click.option("--cp-comm", type=click.Choice(["p2p", "all_gather"]), help="Context parallel: ring or all-gathered K/V.")
-@click.option("--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism.")
-@click.option("--moe-capacity-factor", type=float, help="Expert capacity over the fair share (0: dropless).")
-@click.option("--moe-imbalance", type=float, help="Busiest expert-parallel rank's load over the mean (1: balanced).")
-@click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, or a plugin's.")
-@click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention.")
-@click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages.")
-@click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism.")
-@click.option("--cp", type=int, help="Context-parallel degree.")
-@click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp).")
-@click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP).")
-@click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B).")
-@click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs.")
-@calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME).")
-@click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable).")
+@layout_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")
@@ -69,20 +42,13 @@ def compile_cmd(
 ) -> None:
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
     from echosim.compiler import lower
-    from echosim.plan import plan_from_options
 
     if graph:
         from echosim.timeline.costed import check_graph_path
 
         check_graph_path(graph)
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
-    if typed and opts.get("calibration") and not opts.get("backend"):  # the backend the calibration was made for
-        from echosim.calibrate import load_calibration
-
-        backends = load_calibration(opts["calibration"]).backends
-        opts["backend"] = backends[0] if len(backends) == 1 else None
-    opts["passes"] = tuple(opts["passes"]) or None
-    name, plan, cluster = plan_from_options(model, opts)
+    name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     report = compiled.report
     if out:

@@ -106,3 +106,36 @@ def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Pla
     if cluster.devices == 0:
         cluster = replace(cluster, devices=plan.world)
     return model or DEFAULT_MODEL, plan, cluster
+
+
+def plan_flags(plan: Plan, cluster: Cluster) -> list[str]:
+    """The ``compile`` flags that, after a model name, give exactly ``plan`` on ``cluster``.
+
+    The inverse of :func:`plan_from_options` for a named model: only settings that differ
+    from the defaults are written, in :class:`Plan`'s field order, the cluster first.
+    ``overlap_dp`` has no flag (the command line always overlaps the gradient reduction).
+    """
+    if not plan.overlap_dp:
+        raise PlanError("overlap_dp=False has no compile flag")
+    out: list[str] = []
+    base_cluster = Cluster()
+    for key in ("backend", "devices", "devices_per_node", "calibration"):
+        value = getattr(cluster, key)
+        if key == "devices" and value == plan.world:
+            continue
+        if key == "devices" or value != getattr(base_cluster, key):
+            out += [f"--{key.replace('_', '-')}", str(value)]
+    base = Plan()
+    for f in fields(Plan):
+        value, default = getattr(plan, f.name), getattr(base, f.name)
+        if f.name == "overlap_dp" or value == default:
+            continue
+        flag = f"--{f.name.replace('_', '-')}"
+        if f.name == "passes":
+            for name in value:
+                out += ["--pass", name]
+        elif isinstance(value, bool):
+            out.append(flag if value else f"--no-{f.name.replace('_', '-')}")
+        else:
+            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return out

@@ -1,5 +1,10 @@
 """Options that more than one command takes, defined once so that they mean the same everywhere.
 
+:func:`layout_options` are the layout flags of ``echosim compile`` (``--tp``, ``--pp``, ...,
+``--calibration``, ``--pass``); ``explain`` and ``diff`` take the same ones, and
+:func:`parse_layout_flags` reads them from a string (``diff --a "--tp 8 --pp 4"``), so a
+layout written as flags means the same to every command.
+
 ``--calibration`` of ``echosim compile`` and ``echosim cost`` defaults to the database
 named by ``$ECHOSIM_CALIBRATION`` (:data:`echosim.calibrate.db.ENV_VAR`): the command
 line reads the environment, the library never does, so a Python caller gets exactly the
@@ -8,12 +13,16 @@ calibration it passes.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
+
+if TYPE_CHECKING:
+    from echosim.plan import Cluster, Plan
 
 ENV_VAR = "ECHOSIM_CALIBRATION"  # the same name as echosim.calibrate.db.ENV_VAR, without importing it
 
@@ -38,3 +47,86 @@ def calibration_option(help: str, **kwargs: Any) -> Callable[[F], F]:
         help=help,
         **kwargs,
     )
+
+
+def layout_options(fn: F) -> F:
+    """The layout flags of ``echosim compile``; the decorated command receives them as keyword arguments."""
+    options = [
+        click.option("--backend", help="Hardware backend (see `echosim backends`)."),
+        click.option("--devices", type=int, help="Number of devices (default: tp*pp*dp)."),
+        click.option("--devices-per-node", type=int, help="Devices per node (NVLink domain)."),
+        click.option("--tp", type=int, help="Tensor-parallel degree."),
+        click.option("--pp", type=int, help="Pipeline-parallel degree."),
+        click.option("--dp", type=int, help="Data-parallel degree."),
+        click.option("--micro-batch", type=int, help="Sequences per micro-batch."),
+        click.option("--global-batch", type=int, help="Sequences per optimizer step."),
+        click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's)."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["fp32", "fp16", "bf16", "fp8"]),
+            help="Training precision (mixed, fp32 master).",
+        ),
+        click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation."),
+        click.option(
+            "--cp-comm", type=click.Choice(["p2p", "all_gather"]), help="Context parallel: ring or all-gathered K/V."
+        ),
+        click.option(
+            "--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism."
+        ),
+        click.option("--moe-capacity-factor", type=float, help="Expert capacity over the fair share (0: dropless)."),
+        click.option(
+            "--moe-imbalance", type=float, help="Busiest expert-parallel rank's load over the mean (1: balanced)."
+        ),
+        click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, or a plugin's."),
+        click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention."),
+        click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages."),
+        click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism."),
+        click.option("--cp", type=int, help="Context-parallel degree."),
+        click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp)."),
+        click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP)."),
+        click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B)."),
+        click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs."),
+        calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME)."),
+        click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def layout_from_options(model: str | None, opts: dict[str, Any], calibration_typed: bool) -> tuple[str, Plan, Cluster]:
+    """The model, plan and cluster that ``compile``'s layout flags describe.
+
+    A calibration typed on the command line (not taken from ``$ECHOSIM_CALIBRATION``) also
+    picks the backend it was made for, unless ``--backend`` is given.
+    """
+    from echosim.plan import plan_from_options
+
+    opts = dict(opts)
+    if calibration_typed and opts.get("calibration") and not opts.get("backend"):
+        from echosim.calibrate import load_calibration
+
+        backends = load_calibration(opts["calibration"]).backends
+        opts["backend"] = backends[0] if len(backends) == 1 else None
+    opts["passes"] = tuple(opts.get("passes") or ()) or None
+    return plan_from_options(model, opts)
+
+
+@click.command("layout", add_help_option=False)
+@layout_options
+def _layout_parser(**opts: Any) -> None:
+    """Parses a layout written as compile flags (never run as a command)."""
+
+
+def parse_layout_flags(model: str | None, text: str, option: str) -> tuple[str, Plan, Cluster]:
+    """A layout written as ``compile`` flags in one string (``"--tp 8 --pp 4"``); bad flags are one line."""
+    from echosim.errors import EchosimError
+
+    try:
+        args = shlex.split(text)
+        ctx = _layout_parser.make_context("layout", args, resilient_parsing=False)
+    except (ValueError, click.UsageError) as exc:
+        message = exc.format_message() if isinstance(exc, click.UsageError) else str(exc)
+        raise EchosimError(f"{option} {text!r}: {message}") from None
+    typed = any(a == "--calibration" or a.startswith("--calibration=") for a in args)
+    return layout_from_options(model, ctx.params, typed)
