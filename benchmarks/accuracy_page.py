@@ -58,11 +58,6 @@ WHY: tuple[tuple[str, str], ...] = (
         "torchtitan float8 + FSDP2 (Dec 2024) on H200: not explained yet; the H200 device check "
         "below finds PyTorch's SDPA (FlashAttention-2 kernels) at about half the FA3 rate the model assumes",
     ),
-    (
-        r"^maxtext-v5e-128b",
-        "TPU v5e with tp=16 inside a 256-chip slice: no TPU kernel or ICI measurement exists "
-        "to check the TPU model (validation data gap 1); not explained yet",
-    ),
     (r"^tpurecipes-gpt3-175b-bf16-v5p", "confidence C: a single log line that implies >85% MFU (flagged SUSPECT)"),
     (
         r"^(tpurecipes|maxtext)",

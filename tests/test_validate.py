@@ -13,11 +13,15 @@ from click.testing import CliRunner
 from echosim.validation import published
 from echosim.validation.cases import REQUIRED, CasesError, read_cases
 from echosim.validation.published import published_step_time
-from echosim.validation.rows import row_plan
+from echosim.validation.rows import row_model, row_plan
 from echosim.validation.run import validate_cases
 from echosim.validation.stats import Validation
 
-COLUMNS = [*REQUIRED, "slices", "framework", "step_time_basis", "reported_metric", "reported_value", "notes"]
+COLUMNS = [
+    *REQUIRED,
+    *("slices", "framework", "step_time_basis", "reported_metric", "reported_value", "notes"),
+    *("experts", "top_k", "moe_ffn_hidden", "shared_experts"),
+]
 # A tiny GPT on the null backend compiles in well under a second: rows that exercise the pipeline.
 TINY = {
     "case_id": "tiny-gpt",
@@ -221,6 +225,27 @@ def test_blank_cells_take_framework_defaults(tmp_path):
     assert (plan.recompute, plan.micro_batch, plan.dtype) == ("full", 1, "bf16")
     plan, _ = row_plan(_case(tmp_path, recompute="", framework="NeMo 25.02", vpp="2", pp="2", devices="2"))
     assert (plan.recompute, plan.schedule, plan.vpp) == ("none", "interleaved", 2)
+
+
+def test_moe_rows_read_expert_width_and_shared_experts(tmp_path):
+    """Experts get moe_ffn_hidden, not ffn_hidden (the dense-layer width), and shared experts are kept."""
+    moe = {"arch": "moe", "experts": "8", "top_k": "2", "moe_ffn_hidden": "32", "shared_experts": "1"}
+    c = _case(tmp_path, **moe)
+    cfg = row_model(c)
+    assert (cfg.expert_ffn, cfg.shared_experts, cfg.ffn_hidden) == (32, 1, 256)
+    result = validate_cases(write(tmp_path, row(**moe, kv_heads="4")))
+    assert not result.rows[0].skipped and result.rows[0].predicted_step_time_s
+    with pytest.raises(KeyError, match="not read as a number"):
+        c.int("notes")
+
+
+def test_maxtext_micro_batch_is_per_device(tmp_path):
+    """MaxText's per_device_batch_size counts sequences per chip: a tp=4 replica runs 4x that, in one step."""
+    cells = {"framework": "MaxText (JAX/XLA)", "devices": "8", "tp": "4", "dp": "2", "micro_batch": "3"}
+    plan, _ = row_plan(_case(tmp_path, **cells, global_batch="24"))
+    assert (plan.micro_batch, plan.microbatches) == (12, 1)
+    plan, _ = row_plan(_case(tmp_path, **{**cells, "framework": "NeMo 25.02"}, global_batch="24"))
+    assert (plan.micro_batch, plan.microbatches) == (3, 4)  # Megatron's micro-batch is per replica
 
 
 # ---- features, groups, filters ------------------------------------------------------------------------------

@@ -50,7 +50,18 @@ REQUIRED = (
     "step_time_s",
 )
 # Read when present; a file without them is still valid (blank everywhere).
-OPTIONAL = ("slices", "step_time_basis", "reported_metric", "reported_value", "notes", "experts", "top_k", "framework")
+OPTIONAL = (
+    "slices",
+    "step_time_basis",
+    "reported_metric",
+    "reported_value",
+    "notes",
+    "experts",
+    "top_k",
+    "moe_ffn_hidden",
+    "shared_experts",
+    "framework",
+)
 INTEGER_COLUMNS = (
     "layers",
     "hidden",
@@ -62,6 +73,8 @@ INTEGER_COLUMNS = (
     "seq_len",
     "experts",
     "top_k",
+    "moe_ffn_hidden",
+    "shared_experts",
     "devices",
     "devices_per_node",
     "slices",
@@ -123,7 +136,11 @@ class Case:
         return self.cells.get(column, "").strip()
 
     def int(self, column: str, default: int | None = None) -> int | None:
-        value = self.numbers.get(column)
+        """The whole number in ``column`` (``default`` where blank); a column that is not parsed as
+        a number is a programming error, never a silent ``default``."""
+        if column not in self.numbers:
+            raise KeyError(f"column {column!r} is not read as a number (add it to INTEGER_COLUMNS)")
+        value = self.numbers[column]
         return default if value is None else int(value)
 
     @property

@@ -91,7 +91,26 @@ def default_zero(c: Case) -> int:
 def default_recompute(c: Case) -> str:
     """A blank ``recompute`` is the framework's default: MaxText rematerialises everything
     (``remat_policy: 'full'`` in its base.yml); Megatron-LM, NeMo and PyTorch recompute nothing."""
-    return "full" if "maxtext" in c["framework"].lower() else "none"
+    return "full" if is_maxtext(c) else "none"
+
+
+def is_maxtext(c: Case) -> bool:
+    return "maxtext" in c["framework"].lower()
+
+
+def replica_micro_batch(c: Case) -> int:
+    """Sequences one data-parallel replica runs per micro-batch.
+
+    Megatron-LM, NeMo, torchtitan and Composer state the micro-batch of a replica (a blank is
+    Megatron's default of 1). MaxText states ``per_device_batch_size``: sequences per *chip*, with
+    ``global_batch_size = per_device_batch_size * num_devices`` and ``gradient_accumulation_steps: 1``
+    (MaxText ``src/maxtext/configs/base.yml``, commit e591f30, lines 326 and 968), so one replica of
+    ``tp * cp`` chips runs ``per_device * tp * cp`` sequences at once, with no accumulation steps.
+    """
+    per_row = c.int("micro_batch", 1) or 1
+    if not is_maxtext(c):
+        return per_row
+    return per_row * (c.int("tp", 1) or 1) * (c.int("cp", 1) or 1)
 
 
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
@@ -107,7 +126,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         vpp=c.int("vpp", 1) or 1,
         sp=c.int("sp", 0) == 1,
         zero=c.int("zero", default_zero(c)) or 0,
-        micro_batch=c.int("micro_batch", 1) or 1,  # blank: Megatron's default micro-batch of 1
+        micro_batch=replica_micro_batch(c),
         global_batch=c.int("global_batch") or 0,
         seq_len=c.int("seq_len") or 0,
         dtype=c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
