@@ -127,15 +127,16 @@ def plan_flags(plan: Plan, cluster: Cluster) -> list[str]:
             out += [f"--{key.replace('_', '-')}", str(value)]
     base = Plan()
     for f in fields(Plan):
-        value, default = getattr(plan, f.name), getattr(base, f.name)
-        if f.name == "overlap_dp" or value == default:
-            continue
-        flag = f"--{f.name.replace('_', '-')}"
-        if f.name == "passes":
-            for name in value:
-                out += ["--pass", name]
-        elif isinstance(value, bool):
-            out.append(flag if value else f"--no-{f.name.replace('_', '-')}")
-        else:
-            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+        if f.name != "overlap_dp" and getattr(plan, f.name) != getattr(base, f.name):
+            out += setting_flags(f.name, getattr(plan, f.name))
     return out
+
+
+def setting_flags(name: str, value: Any) -> list[str]:
+    """One :class:`Plan` setting as ``compile`` flags: ``vpp=2`` -> ``--vpp 2``, ``sp=False`` -> ``--no-sp``."""
+    flag = f"--{name.replace('_', '-')}"
+    if name == "passes":
+        return [x for pass_name in value for x in ("--pass", pass_name)]
+    if isinstance(value, bool):
+        return [flag if value else f"--no-{name.replace('_', '-')}"]
+    return [flag, repr(value) if isinstance(value, float) else str(value)]

@@ -37,6 +37,8 @@ BUILTIN_PLUGINS: list[str] = [
     "echosim.commands.cost",
     "echosim.commands.validate",
     "echosim.commands.calibrate",
+    "echosim.commands.explain",
+    "echosim.commands.diff",
 ]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")

@@ -29,7 +29,7 @@ from echosim.ir.graph import Graph
 from echosim.ir.ops import CollectiveAttrs, OpKind
 from echosim.passes.flops import io_bytes, node_flops
 from echosim.timeline.schedule import BlockTime, in_flight
-from echosim.timeline.streams import UnitTiming
+from echosim.timeline.streams import COMM, COMPUTE, OpEvent, UnitTiming
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -147,6 +147,33 @@ class CostedGraph:
                 out.append((b.end, dict(live)))
         return out
 
+    def busy(self, rank: int) -> dict[str, float]:
+        """Seconds each kind of work keeps its stream busy on ``rank`` over the step, hidden or not.
+
+        Unit ops count once per run (layers x micro-batches); the gradient reduction and the
+        step-end collectives count whole, although most of the reduction runs under the backward.
+        """
+        out: dict[str, float] = {}
+        for stage in self.chunks(rank):
+            for unit, count in stage.fwd_units + stage.bwd_units:
+                for category, sec in unit.busy.items():
+                    out[category] = out.get(category, 0.0) + sec * count * self.microbatches
+            out["comm.dp"] = out.get("comm.dp", 0.0) + stage.dp_busy
+            for axis, sec in stage.step_end_comm.items():
+                out[f"comm.{axis}"] = out.get(f"comm.{axis}", 0.0) + sec
+        optimizer = sum(t.duration for t in self.rank_tail(rank) if t.task == "optimizer")
+        out["optimizer"] = out.get("optimizer", 0.0) + optimizer
+        return {k: v for k, v in sorted(out.items()) if v > 0}
+
+    def slowdown_s(self, rank: int) -> dict[str, float]:
+        """Seconds the overlap slowdown adds to each stream's ops on ``rank`` over the step."""
+        out = {COMPUTE: 0.0, COMM: 0.0}
+        for stage in self.chunks(rank):
+            for unit, count in stage.fwd_units + stage.bwd_units:
+                for e in unit.events:
+                    out[e.stream] += max(0.0, e.duration - e.base) * count * self.microbatches
+        return out
+
     def dag(self) -> nx.DiGraph:
         """The costed graph as a networkx DiGraph (built on first use; see docs/costed-graph.md)."""
         return to_networkx(self)
@@ -185,37 +212,52 @@ def to_networkx(costed: CostedGraph) -> nx.DiGraph:
     return g
 
 
+def op_attributes(graph: Graph, e: OpEvent) -> dict[str, Any]:
+    """What the costed graph says of one op as lowered: the IR op, its timing, FLOPs and bytes."""
+    n = graph[e.node]
+    attrs: dict[str, Any] = {
+        "kind": "collective" if n.op.is_collective else "op",
+        "op": n.op.value,
+        "name": e.name,
+        "scope": n.scope,
+        "phase": n.phase.value,
+        "stream": e.stream,
+        "category": e.category,
+        "start_s": e.start,
+        "duration_s": e.duration,
+        "base_s": e.base,
+        "slowdown": e.duration / e.base if e.base > 0 else 1.0,
+        "flops": node_flops(n),
+    }
+    if isinstance(n.attrs, CollectiveAttrs):
+        attrs.update(bytes=n.attrs.bytes, axis=n.attrs.axis.value, group=n.attrs.size, role=n.attrs.role.value)
+    else:
+        attrs["bytes"] = io_bytes(graph, n)
+    return attrs
+
+
 def _add_unit(g: nx.DiGraph, stage: StageCost, unit_name: str, unit: UnitTiming, count: int, m: int) -> None:
     graph = stage.graph
     vstages = stage.vstages or (stage.index,)
     prefix = f"op:v{vstages[0]}:{unit_name}:"
+    for e in unit.events:
+        attrs = {**op_attributes(graph, e), "unit": unit_name, "vstages": ",".join(map(str, vstages)),
+                 "count": count, "runs": count * m * len(vstages)}  # fmt: skip
+        g.add_node(prefix + str(e.node), **attrs)
+    for src, dst, kind, weight in unit_dependencies(graph, unit):
+        g.add_edge(prefix + str(src), prefix + str(dst), kind=kind, lag_s=0.0, weight=weight)
+
+
+def unit_dependencies(graph: Graph, unit: UnitTiming) -> list[tuple[int, int, str, float]]:
+    """The edges between a unit's ops: ``(producer, consumer, kind, weight)`` by IR node id.
+
+    ``data``: the consumer reads the producer (looking through free views in between);
+    ``order``: the previous op on the same stream; ``chunked``: a TP-overlap consumer that may
+    start with its producer. ``weight`` is the seconds the source imposes (0 when chunked), so
+    every op starts at the longest weighted path to it from the unit's start.
+    """
     events = {e.node: e for e in unit.events}
     members = set(unit.nodes)
-    for e in unit.events:
-        n = graph[e.node]
-        attrs: dict[str, Any] = {
-            "kind": "collective" if n.op.is_collective else "op",
-            "op": n.op.value,
-            "name": e.name,
-            "scope": n.scope,
-            "phase": n.phase.value,
-            "stream": e.stream,
-            "category": e.category,
-            "unit": unit_name,
-            "vstages": ",".join(map(str, vstages)),
-            "count": count,
-            "runs": count * m * len(vstages),
-            "start_s": e.start,
-            "duration_s": e.duration,
-            "base_s": e.base,
-            "slowdown": e.duration / e.base if e.base > 0 else 1.0,
-            "flops": node_flops(n),
-        }
-        if isinstance(n.attrs, CollectiveAttrs):
-            attrs.update(bytes=n.attrs.bytes, axis=n.attrs.axis.value, group=n.attrs.size, role=n.attrs.role.value)
-        else:
-            attrs["bytes"] = io_bytes(graph, n)
-        g.add_node(prefix + str(e.node), **attrs)
 
     def producers(nid: int) -> set[int]:
         """Ops of this unit that ``nid`` waits on, looking through free nodes (views) in between."""
@@ -231,19 +273,21 @@ def _add_unit(g: nx.DiGraph, stage: StageCost, unit_name: str, unit: UnitTiming,
                 stack.extend(graph[i].inputs)
         return out
 
+    edges: list[tuple[int, int, str, float]] = []
+    seen: set[tuple[int, int]] = set()
     last: dict[str, int] = {}
     position = {nid: i for i, nid in enumerate(unit.nodes)}
     for e in sorted(unit.events, key=lambda x: (x.start, position[x.node])):
         for src in sorted(producers(e.node)):
             chunked = (src, e.node) in unit.chunked
-            weight = 0.0 if chunked else events[src].duration
-            g.add_edge(prefix + str(src), prefix + str(e.node), kind="chunked" if chunked else "data",
-                       lag_s=0.0, weight=weight)  # fmt: skip
+            edges.append((src, e.node, "chunked" if chunked else "data", 0.0 if chunked else events[src].duration))
+            seen.add((src, e.node))
         before = last.get(e.stream)
-        if before is not None and not g.has_edge(prefix + str(before), prefix + str(e.node)):
-            g.add_edge(prefix + str(before), prefix + str(e.node), kind="order", lag_s=0.0,
-                       weight=events[before].duration)  # fmt: skip
+        if before is not None and (before, e.node) not in seen:
+            edges.append((before, e.node, "order", events[before].duration))
+            seen.add((before, e.node))
         last[e.stream] = e.node
+    return edges
 
 
 def _block_id(kind: str, vstage: int, microbatch: int) -> str:

@@ -22,6 +22,11 @@ def _round(x: Any) -> Any:
     return x
 
 
+def stable_json(data: Any) -> str:
+    """Figures as every ``--json`` writes them: floats to 6 significant digits, keys sorted (byte-stable)."""
+    return json.dumps(_round(data), indent=2, sort_keys=True) + "\n"
+
+
 @dataclass
 class Report:
     model: str

@@ -1,0 +1,173 @@
+"""What if the layout changed a little? The neighbourhood of a plan, each neighbour really simulated.
+
+:func:`neighbours` lists the one-step changes of a layout that keep its devices and global
+batch: virtual pipeline stages, micro-batch size, recompute policy, sequence parallelism,
+tp/pp/dp swaps by a factor of two, ZeRO stage, TP communication overlap and the zero-bubble
+schedule. :func:`suggest` compiles every neighbour (nothing is estimated) and ranks them:
+when the layout does not fit, the fastest of those that fit come first; otherwise those that
+shorten the step, fastest first. :func:`cheapest_fit` is the one change that makes a layout
+fit at the smallest cost in step time (two steps away when no single step fits).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from echosim.errors import EchosimError
+from echosim.explain.diff import GiB, compare, peak_bytes
+from echosim.plan import Cluster, Plan, plan_flags, setting_flags
+
+RECOMPUTE = ("none", "selective", "full")
+_SWAPS = (("tp", "dp"), ("dp", "tp"), ("pp", "dp"), ("dp", "pp"), ("tp", "pp"), ("pp", "tp"))
+Compile = Callable[[Any, Plan, Cluster], Any]  # (model, plan, cluster) -> Report
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One neighbour simulated: the changed settings, its figures (or why the compiler refused it)."""
+
+    change: str  # the settings that changed, as compile flags ("--vpp 2", "--tp 4 --dp 4")
+    plan: Plan
+    cluster: Cluster
+    step_time_s: float | None = None
+    peak_bytes: int = 0
+    fits: bool = False
+    why: str = ""
+    error: str = ""
+    report: Any = None  # the neighbour's Report (not serialised)
+
+    @property
+    def flags(self) -> str:
+        """The compile flags of the changed layout (after the model name)."""
+        return shlex.join(plan_flags(self.plan, self.cluster))
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.error:
+            return {"change": self.change, "flags": self.flags, "error": self.error}
+        return {"change": self.change, "flags": self.flags, "step_time_s": self.step_time_s,
+                "peak_gib": self.peak_bytes / GiB, "fits": self.fits, "why": self.why}  # fmt: skip
+
+
+def changed_flags(base: Plan, new: Plan) -> str:
+    """The settings of ``new`` that differ from ``base``, written as compile flags."""
+    out = []
+    for f in fields(Plan):
+        if getattr(base, f.name) != getattr(new, f.name):
+            out += setting_flags(f.name, getattr(new, f.name))
+    return shlex.join(out)
+
+
+def neighbours(plan: Plan, cluster: Cluster) -> list[Plan]:
+    """One-step changes of ``plan`` on the same devices and global batch, each a valid-looking layout.
+
+    The compiler has the last word: a neighbour it refuses (a degree that does not divide the
+    heads, layers that do not split into the stages) is reported with its reason.
+    """
+    base = replace(plan, global_batch=plan.batch)  # a change of dp or micro-batch keeps the batch
+    out: list[Plan] = []
+
+    def add(**changes: Any) -> None:
+        new = replace(base, **changes)
+        if new.tp == 1:
+            new = replace(new, sp=False, tp_overlap=False)
+        if new.pp == 1:
+            new = replace(new, vpp=1, schedule="1f1b" if new.schedule == "zb-h1" else new.schedule)
+        if new.dp * new.cp == 1:
+            new = replace(new, zero=0)
+        if new != base and new not in out and new.batch % (new.micro_batch * new.dp) == 0:
+            out.append(new)
+
+    if plan.pp > 1 and plan.schedule in ("1f1b", "interleaved"):
+        add(vpp=plan.vpp * 2)
+    if plan.vpp > 1:
+        add(vpp=plan.vpp // 2)
+    add(micro_batch=plan.micro_batch * 2)
+    if plan.micro_batch > 1:
+        add(micro_batch=plan.micro_batch // 2)
+    for policy in RECOMPUTE:
+        add(recompute=policy)
+    if plan.tp > 1:
+        add(sp=not plan.sp)
+        add(tp_overlap=not plan.tp_overlap)
+    for up, down in _SWAPS:
+        if getattr(plan, down) % 2 == 0:
+            add(**{up: getattr(plan, up) * 2, down: getattr(plan, down) // 2})
+    if plan.dp * plan.cp > 1 and plan.zero < 3:
+        add(zero=plan.zero + 1)
+    if plan.zero > 0:
+        add(zero=plan.zero - 1)
+    if plan.pp > 1 and plan.vpp == 1:
+        add(schedule="zb-h1" if plan.schedule == "1f1b" else "1f1b")
+    return out
+
+
+def simulate(model: Any, base: Plan, cluster: Cluster, plans: Iterable[Plan], compile_fn: Compile,
+             base_report: Any) -> list[Outcome]:  # fmt: skip
+    """Compile every plan; a layout the compiler refuses keeps its one-line reason."""
+    out = []
+    for plan in plans:
+        change = changed_flags(base, plan)
+        try:
+            report = compile_fn(model, plan, cluster)
+        except EchosimError as exc:
+            out.append(Outcome(change, plan, cluster, error=" ".join(str(exc).split())))
+            continue
+        data = report.to_dict()
+        out.append(Outcome(change, plan, cluster, report.step_time_s, peak_bytes(data), report.fits,
+                           why(base_report.to_dict(), data), report=report))  # fmt: skip
+    return out
+
+
+def why(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The terms that moved most from ``a`` to ``b`` (two of time, then the peak memory), in numbers."""
+    comparison = compare(a, b)
+    moved = [t for t in comparison.moved() if t.unit == "s" and t.name != "step_time_s"][:2]
+    parts = [f"{t.name} {t.delta:+.3f} s" for t in moved]
+    peak = comparison.term("memory.peak")
+    parts.append(f"peak {peak.a / GiB:.1f} -> {peak.b / GiB:.1f} GiB")
+    return "; ".join(parts)
+
+
+def rank(outcomes: list[Outcome], base_step: float, base_fits: bool) -> list[Outcome]:
+    """The changes that help, best first.
+
+    A layout that does not fit: those that make it fit, fastest first, then those that shrink
+    the peak most. A layout that fits: those that fit and shorten the step, fastest first.
+    """
+    ran = [o for o in outcomes if not o.error]
+    fit = sorted((o for o in ran if o.fits), key=lambda o: (o.step_time_s, o.change))
+    if base_fits:
+        return [o for o in fit if o.step_time_s is not None and o.step_time_s < base_step]
+    rest = sorted((o for o in ran if not o.fits), key=lambda o: (o.peak_bytes, o.step_time_s, o.change))
+    return fit + rest
+
+
+def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_fn: Compile | None = None,
+            beam: int = 4) -> tuple[list[Outcome], list[Outcome]]:  # fmt: skip
+    """(the changes that help, best first; every neighbour simulated, in neighbourhood order).
+
+    When the layout does not fit and no single change makes it fit, the ``beam`` neighbours
+    with the smallest peak are taken one step further.
+    """
+    if compile_fn is None:
+        from echosim.compiler import compile as compile_fn
+    outcomes = simulate(model, plan, cluster, neighbours(plan, cluster), compile_fn, base_report)
+    if not base_report.fits and not any(o.fits for o in outcomes):
+        seen = {o.plan for o in outcomes} | {replace(plan, global_batch=plan.batch)}
+        closest = sorted((o for o in outcomes if not o.error), key=lambda o: (o.peak_bytes, o.change))[:beam]
+        further = [p for o in closest for p in neighbours(o.plan, cluster) if p not in seen]
+        unique = list(dict.fromkeys(further))
+        outcomes += simulate(model, plan, cluster, unique, compile_fn, base_report)
+    return rank(outcomes, base_report.step_time_s, base_report.fits), outcomes
+
+
+def cheapest_fit(model: Any, plan: Plan, cluster: Cluster, base_report: Any,
+                 compile_fn: Compile | None = None) -> Outcome | None:  # fmt: skip
+    """The change that makes a layout fit with the shortest step (``None``: it fits, or nothing near does)."""
+    if base_report.fits:
+        return None
+    ranked, _ = suggest(model, plan, cluster, base_report, compile_fn)
+    return ranked[0] if ranked and ranked[0].fits else None

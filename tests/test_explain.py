@@ -1,0 +1,156 @@
+"""echosim explain: the critical path adds up to the step, suggestions are real compiles of neighbouring layouts."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from echosim.cli import cli
+from echosim.commands.options import parse_layout_flags
+from echosim.compiler import compile as compile_model
+from echosim.compiler import lower
+from echosim.explain.critical import critical_path, scope_group
+from echosim.explain.step import explain
+from echosim.explain.whatif import cheapest_fit, neighbours, suggest
+from echosim.plan import Cluster, Plan
+from echosim.plugins import get_registry
+
+LAYOUTS = {
+    "1f1b": ("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=16, seq_len=1024), 16),
+    "interleaved": ("gpt3-1.3b", Plan(pp=4, dp=2, vpp=3, global_batch=16, seq_len=1024), 8),
+    "zb-h1": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="zb-h1"), 8),
+    "tp-overlap+sp": ("llama3-8b", Plan(tp=4, pp=2, dp=1, sp=True, tp_overlap=True, global_batch=8), 8),
+    "cp+zero3": ("llama3-8b", Plan(tp=2, cp=2, dp=2, zero=3, global_batch=8, seq_len=16384), 8),
+    "ep": ("mixtral-8x7b", Plan(tp=2, ep=4, dp=4, global_batch=16, seq_len=2048), 8),
+}
+# gpt3-1.3b with 16 sequences per micro-batch: 90 GiB on a 40 GB A100, no single change makes it fit
+TOO_BIG = ("gpt3-1.3b", Plan(dp=2, micro_batch=16, global_batch=64), Cluster("a100-40gb", 2))
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    group = cli
+    get_registry().add_commands(group)
+    result = CliRunner().invoke(group, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_every_second_of_the_critical_path_lands_on_one_op_transfer_or_tail(name: str) -> None:
+    model, plan, devices = LAYOUTS[name]
+    c = lower(model, plan, Cluster("h100-sxm", devices))
+    path = critical_path(c.costed)
+    assert path.total_s == pytest.approx(c.report.step_time_s, rel=1e-9)
+    assert sum(path.seconds_by_stage.values()) == pytest.approx(c.report.step_time_s, rel=1e-9)
+    assert all(s.seconds > 0 for s in path.shares)
+    assert path.tasks[0] == "start"
+
+
+def test_the_1f1b_critical_path_runs_down_the_pipeline_and_stays_on_the_last_stage() -> None:
+    model, plan, devices = LAYOUTS["1f1b"]
+    c = lower(model, plan, Cluster("h100-sxm", devices))
+    path = critical_path(c.costed)
+    stages = [int(t.split("@v")[1]) for t in path.tasks if "@v" in t]
+    assert stages[:4] == [0, 1, 2, 3]  # the first micro-batch's forward through every stage
+    assert max(path.seconds_by_stage, key=path.seconds_by_stage.get) == 3  # then the last stage's steady state
+    top = path.shares[0]
+    assert top.category == "compute.matmul" and top.scope == "layers.*.mlp" and top.stage == 3
+    assert top.label == "layers.*.mlp matmuls on stage 3"
+    transfers = [s for s in path.shares if s.kind == "transfer"]
+    assert transfers and all(s.category == "comm.pp" for s in transfers)
+
+
+def test_scope_groups_fold_the_layer_index() -> None:
+    assert scope_group("layers.3.mlp.fc1") == "layers.*.mlp"
+    assert scope_group("model.layers.12.self_attn.q_proj") == "model.layers.*.self_attn"
+    assert scope_group("layers.0") == "layers.*"
+    assert scope_group("lm_head") == "lm_head"
+    assert scope_group("") == ""
+
+
+def test_neighbours_keep_devices_and_batch_and_change_one_thing() -> None:
+    plan = Plan(tp=4, pp=4, dp=4, micro_batch=2, global_batch=256, recompute="selective")
+    out = neighbours(plan, Cluster("h100-sxm", 64))
+    assert len(out) == len(set(out))
+    assert all(p.world == 64 and p.batch == 256 for p in out)
+    assert replace(plan, vpp=2) in out and replace(plan, micro_batch=1) in out and replace(plan, micro_batch=4) in out
+    assert replace(plan, recompute="full") in out and replace(plan, sp=True) in out
+    assert replace(plan, tp=8, dp=2) in out and replace(plan, pp=8, tp=2) in out and replace(plan, zero=1) in out
+    assert replace(plan, tp_overlap=True) in out and replace(plan, schedule="zb-h1") in out
+    assert all(p.sp is False for p in neighbours(Plan(tp=2, dp=2, sp=True), Cluster(devices=4)) if p.tp == 1)
+
+
+def test_suggestions_that_fit_are_faster_and_ranked_fastest_first() -> None:
+    model, plan, devices = LAYOUTS["1f1b"]
+    cluster = Cluster("h100-sxm", devices)
+    base = compile_model(model, plan, cluster)
+    ranked, simulated = suggest(model, plan, cluster, base)
+    assert ranked and len(simulated) >= len(ranked)
+    times = [o.step_time_s for o in ranked]
+    assert times == sorted(times) and all(t < base.step_time_s for t in times) and all(o.fits for o in ranked)
+
+
+def test_the_first_suggestion_applied_through_compile_gives_exactly_its_figure() -> None:
+    model, plan, cluster = TOO_BIG
+    code, out = _invoke("explain", model, *shlex.split("--backend a100-40gb --dp 2 --micro-batch 16 --global-batch 64"),
+                        "--json")  # fmt: skip
+    assert code == 0, out
+    result = json.loads(out)
+    assert result["fits"] is False and len(result["suggestions"]) == 3
+    first = result["suggestions"][0]
+    assert set(first) == {"change", "flags", "step_time_s", "peak_gib", "fits", "why"} and first["fits"] is True
+    code, out = _invoke("compile", model, *shlex.split(first["flags"]), "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["step_time_s"] == first["step_time_s"]
+    assert max(m["peak"] for m in report["memory"]) / 2**30 == pytest.approx(first["peak_gib"], rel=1e-5)
+    assert report["fits"] is True
+    # in Python, to the last bit
+    name, changed, on = parse_layout_flags(model, first["flags"], "--a")
+    ranked, _ = suggest(model, plan, cluster, compile_model(model, plan, cluster))
+    assert (ranked[0].plan, ranked[0].cluster) == (changed, on)
+    assert compile_model(name, changed, on).step_time_s == ranked[0].step_time_s
+
+
+def test_a_layout_that_does_not_fit_gets_the_cheapest_changes_that_fit_first() -> None:
+    model, plan, cluster = TOO_BIG
+    base = compile_model(model, plan, cluster)
+    assert not base.fits
+    ranked, simulated = suggest(model, plan, cluster, base)
+    one_step = neighbours(plan, cluster)
+    assert len(simulated) > len(one_step)  # no single change fits: the closest were taken a step further
+    fitting = [o for o in ranked if o.fits]
+    assert fitting and ranked[: len(fitting)] == fitting
+    assert [o.step_time_s for o in fitting] == sorted(o.step_time_s for o in fitting)
+    best = cheapest_fit(model, plan, cluster, base)
+    assert best is not None and best == fitting[0]
+    assert cheapest_fit(model, plan, cluster, compile_model(model, best.plan, cluster)) is None  # it fits already
+
+
+def test_explain_text_names_the_critical_path_communication_bubble_and_suggestions() -> None:
+    code, out = _invoke("explain", "gpt3-1.3b", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "16",
+                        "--seq-len", "1024", "--backend", "h100-sxm")  # fmt: skip
+    assert code == 0, out
+    assert "critical path:" in out and "on stage 3" in out
+    assert "tp     all_reduce" in out and "hidden except" in out
+    assert "bubble" in out and "overlap slowdown" in out
+    assert "what helps most" in out and "echosim compile gpt3-1.3b --backend h100-sxm" in out
+
+
+def test_explain_reads_the_costed_graph_of_the_compile() -> None:
+    model, plan, devices = LAYOUTS["cp+zero3"]
+    cluster = Cluster("h100-sxm", devices)
+    c = lower(model, plan, cluster)
+    e = explain(c, model, plan, cluster, what_if=False)
+    by_axis = {x.axis: x for x in e.communication}
+    assert {"tp", "cp", "fsdp"} <= set(by_axis)
+    for axis, x in by_axis.items():
+        assert x.exposed_s == c.report.breakdown.get(f"comm.{axis}", 0.0)
+        assert x.busy_s >= x.exposed_s - 1e-9
+    assert "reduce_scatter" in by_axis["fsdp"].ops and "all_gather" in by_axis["fsdp"].ops
+    assert e.bubble_s == c.report.breakdown.get("bubble", 0.0)
+    assert e.slowdown_s["compute"] >= 0 and e.slowdown_s["comm"] >= 0
+    assert e.as_dict()["suggestions"] == []
