@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from echosim.validation.accuracy import count_constants, fitted_constants, sensitivity  # noqa: E402
+from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
 from echosim.validation.cases import backend_for  # noqa: E402
 from echosim.validation.run import validate_cases  # noqa: E402
 from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation  # noqa: E402
@@ -151,7 +151,7 @@ def cases_section(v: Validation) -> tuple[list[str], dict[str, Any]]:
         "|---|---|---|---|",
     ]
     for c in constants:
-        values = ", ".join(f"{k} {v:.4g}" for k, v in c["values"].items())
+        values = format_values(c["values"])
         lines.append(f"| `{c['parameter']}` | {c['kind']} | {c['what']} | {values} |")
     summary = {
         "compiled": d["compiled"],

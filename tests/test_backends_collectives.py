@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echosim.backends.base import Placement
-from echosim.backends.collectives import best_choice, collective_time_s
+from echosim.backends.collectives import NcclConfig, best_choice, choices, collective_time_s
 from echosim.backends.devices import DEVICES
 from echosim.ir.ops import OpKind
 
@@ -217,3 +217,45 @@ def test_spreading_a_group_over_nodes_never_helps(kind, nbytes):
     for dev in (A100, H100):
         one = collective_time_s(dev, kind, nbytes, Placement(8, 1, 8))
         assert collective_time_s(dev, kind, nbytes, Placement(8, 8, 1, 8)) >= one
+
+
+# ---- NCCL settings (NcclConfig) ----------------------------------------------------------
+
+
+def test_a_forced_algorithm_runs_even_where_the_tuner_would_not_pick_it():
+    """NCCL_ALGO=NVLS makes a 1 KB all-reduce pay NVLink SHARP's 25 µs instead of LL's ~15."""
+    free = best_choice(H100, AR, 1024, ONE_NODE)
+    forced = best_choice(H100, AR, 1024, ONE_NODE, NcclConfig(algo="nvls"))
+    assert free.proto == "LL" and forced.algo == "nvls"
+    assert forced.time_us > free.time_us + 5
+
+
+def test_an_algorithm_the_hardware_lacks_leaves_the_choice_to_the_tuner():
+    assert best_choice(A100, AR, 1024, ONE_NODE, NcclConfig(algo="nvls")) == best_choice(A100, AR, 1024, ONE_NODE)
+
+
+def test_protocols_and_nvls_switches_narrow_the_candidates():
+    no_ll = NcclConfig(protocols=("LL128", "Simple"))
+    assert best_choice(H100, AG, 4096, ONE_NODE).proto == "LL"
+    assert best_choice(H100, AG, 4096, ONE_NODE, no_ll).proto != "LL"
+    assert best_choice(H100, AR, 2**30, ONE_NODE, NcclConfig(nvls=False)).algo == "ring"
+    ring_gathers = NcclConfig(nvls_gather=False)
+    assert best_choice(H100, AR, 2**30, ONE_NODE, ring_gathers).algo == "nvls"
+    assert all(c.algo != "nvls" for c in choices(H100, AG, 2**30, ONE_NODE, ring_gathers))
+
+
+def test_one_thread_launching_for_many_gpus_sets_a_floor():
+    """nccl-tests -g 8: eight kernel launches per collective, 8 x 4 µs, above LL's ~15 µs."""
+    floor = collective_time_s(H100, AR, 1024, ONE_NODE, NcclConfig(devices_per_thread=8))
+    assert floor == pytest.approx(8 * H100.kernel_overhead_us * 1e-6)
+    assert collective_time_s(H100, AR, 2**30, ONE_NODE, NcclConfig(devices_per_thread=8)) == collective_time_s(
+        H100, AR, 2**30, ONE_NODE
+    )
+
+
+@pytest.mark.parametrize(
+    "bad", [{"algo": "collnet"}, {"protocols": ("LL64",)}, {"protocols": ()}, {"devices_per_thread": 0}]
+)
+def test_impossible_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        NcclConfig(**bad)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from echosim.validation.microbench import probe, validate_microbench
+from echosim.backends.collectives import NcclConfig
+from echosim.validation.microbench import TARGETS, XLA_TABLE_NCCL, harness_nccl, probe, validate_microbench
 
 MICROBENCH = Path(__file__).resolve().parents[2] / "shared" / "validation" / "microbench.csv"
 
@@ -31,6 +32,9 @@ MEETS = {
     "H200-SXM-141GB | all_reduce | intra-node | >=1MiB": 2.7,
     "GB200 | all_reduce | intra-node | >=1MiB": 4.3,  # Azure nccl-tests, 4 GPUs per host
     "A100-SXM4-80GB | all_reduce | inter-node | >=1MiB": 7.9,  # NDmv4 2 nodes
+    # Azure's harness (NCCL_ALGO=NVLS or Ring, one thread launching for every GPU of the node)
+    "H200-SXM-141GB | all_reduce | intra-node | <1MiB": 3.6,
+    "GB200 | all_reduce | intra-node | <1MiB": 5.9,
 }
 
 
@@ -44,8 +48,10 @@ def test_every_group_with_a_target_is_reported(groups):
     targeted = {name for name, g in groups.items() if g["target"] is not None}
     expected = {
         "B200 (sm_100) | matmul bf16",
-        "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB",
-        "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB",
+        "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB | XLA table",
+        "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB | XLA table",
+        "H100-SXM (sm_90) | all_gather | intra-node | <1MiB | XLA table",
+        "A100-SXM4-80GB | all_reduce | intra-node | <1MiB",
     }
     assert expected <= targeted
     assert all(g["rows"] >= 1 and g["mape"] >= 0 for g in groups.values())
@@ -81,3 +87,25 @@ def test_rows_become_probes_or_reasons(fields, expected):
         assert expected in result
     else:
         assert " ".join((result.backend, result.op, result.scope)).startswith(expected)
+
+
+def test_targets_by_regime_and_harness(groups):
+    assert groups["H100-SXM (sm_90) | all_gather | intra-node | >=1MiB | XLA table"]["target"] == TARGETS["xla"]
+    assert groups["H100-SXM (sm_90) | all_gather | intra-node | <1MiB | XLA table"]["target"] == TARGETS["small"]
+    assert groups["H100-SXM-80GB | all_reduce | intra-node | >=1MiB"]["target"] == TARGETS["intra-node"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"source": "https://github.com/Azure/AI-benchmarking-guide/blob/main/x.md", "num_devices": "8"},
+         NcclConfig(algo="nvls", devices_per_thread=8)),
+        ({"source": "https://github.com/Azure/AI-benchmarking-guide/blob/main/x.md", "num_devices": "4"},
+         NcclConfig(algo="ring", devices_per_thread=4)),
+        ({"op": "sendrecv (nccl-tests -g 8)", "num_devices": "8"}, NcclConfig(devices_per_thread=8)),
+        ({"source": "https://github.com/openxla/xla/blob/x/table.txtpb", "num_devices": "8"}, XLA_TABLE_NCCL),
+        ({"source": "https://github.com/microsoft/mscclpp/x.md", "num_devices": "8"}, NcclConfig()),
+    ],
+)  # fmt: skip
+def test_each_harness_runs_nccl_as_its_code_does(fields, expected):
+    assert harness_nccl({**ROW, "value": "1.0", "notes": "", **fields}) == expected

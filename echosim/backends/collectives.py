@@ -14,6 +14,12 @@ with the best step size a transfer of ``B`` bytes at bandwidth ``W`` with a per-
 handshake ``h`` costs an extra ``2 * sqrt(B * h / W)`` (the classic optimal-segmentation
 result for a two-stage pipeline). ``h`` is NCCL's per-hop latency for the protocol and
 link. This is what makes measured bus bandwidth climb slowly from ~1 MB to ~1 GB.
+
+How a job issues its collectives changes the answer as much as the links do, so the
+settings that steer NCCL's tuner are data too (:class:`NcclConfig`): an algorithm forced
+with ``NCCL_ALGO``, protocols allowed, NVLink SHARP on or off, and how many GPUs one host
+thread launches for. A collective never takes less than its launch: one kernel launch per
+GPU the launching thread drives (``kernel_overhead_us``, the device's launch gap).
 """
 
 from __future__ import annotations
@@ -57,6 +63,38 @@ IB_EFFICIENCY = 0.94
 # (li-plus/playground nccl.md), H100 collective-permute 292 of 450 GB/s (XLA perf table);
 # both rows are in microbench.csv.
 P2P_NVLINK_EFFICIENCY = 0.65
+
+
+@dataclass(frozen=True, slots=True)
+class NcclConfig:
+    """How a job issues its collectives: the NCCL settings that change the tuner's choice.
+
+    ``nvls``: NVLink SHARP allowed (``NCCL_NVLS_ENABLE``); ``nvls_gather``: all-gather and
+    reduce-scatter may use it too (all-reduce only when False); ``algo``: an algorithm forced
+    with ``NCCL_ALGO`` (``""``: the tuner's choice; one the hardware lacks leaves the choice
+    to the tuner); ``protocols``: the protocols allowed (``NCCL_PROTO``);
+    ``devices_per_thread``: GPUs whose kernels one host thread launches for each collective
+    (``nccl-tests -g N`` drives N GPUs from one thread, a training job one GPU per process).
+    The defaults are NCCL's own.
+    """
+
+    nvls: bool = True
+    nvls_gather: bool = True
+    algo: str = ""
+    protocols: tuple[str, ...] = PROTOCOLS
+    devices_per_thread: int = 1
+
+    def __post_init__(self) -> None:
+        if self.algo not in ("", "ring", "tree", "nvls"):
+            raise ValueError(f"NCCL algorithm {self.algo!r} is not modelled (ring, tree, nvls)")
+        unknown = [p for p in self.protocols if p not in PROTOCOLS]
+        if unknown or not self.protocols:
+            raise ValueError(f"NCCL protocols must be a non-empty subset of {PROTOCOLS}, got {self.protocols}")
+        if self.devices_per_thread < 1:
+            raise ValueError(f"devices_per_thread must be >= 1, got {self.devices_per_thread}")
+
+
+DEFAULT_NCCL = NcclConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +279,8 @@ def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement) -> Choice:
     return Choice("p2p", "Simple", nbytes, BASE_LATENCY_US["ring"][SIMPLE] + hop, bw, pipe)
 
 
-def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> list[Choice]:
-    """Every candidate NCCL would consider for this collective."""
+def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> list[Choice]:
+    """Every candidate NCCL would consider for this collective under ``nccl``'s settings."""
     check_placement(dev, p)
     links = links_for(dev, p)
     if kind in (OpKind.SEND, OpKind.RECV):
@@ -254,22 +292,37 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> list[Ch
     out = ring_choices(dev, kind, nbytes, p, links)
     if kind is OpKind.ALL_REDUCE:
         out += tree_choices(dev, nbytes, p, links)
-    nvls = nvls_choice(dev, kind, nbytes, p)
+    use_nvls = nccl.nvls and (kind is OpKind.ALL_REDUCE or nccl.nvls_gather)
+    nvls = nvls_choice(dev, kind, nbytes, p) if use_nvls else None
     if nvls is not None:
         out.append(nvls)
-    return out
+    allowed = [c for c in out if c.proto in nccl.protocols] or out
+    forced = [c for c in allowed if c.algo == nccl.algo]
+    return forced or allowed  # a forced algorithm the hardware lacks: the tuner chooses
 
 
-def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> Choice:
+def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
     """The candidate NCCL's tuner would pick: the lowest predicted time."""
-    return min(choices(dev, kind, nbytes, p), key=lambda c: c.time_us)
+    return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.time_us)
 
 
-def collective_time_s(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> float:
+def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig) -> float:
+    """Host time to launch one collective: one kernel per GPU the launching thread drives.
+
+    Back-to-back collectives pipeline their launches, so a collective costs at least the
+    time its thread needs to launch the next one (``nccl-tests -g 8``: eight launches).
+    """
+    return nccl.devices_per_thread * dev.kernel_overhead_us
+
+
+def collective_time_s(
+    dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL
+) -> float:
     """Seconds for one collective of ``nbytes`` (nccl-tests buffer convention)."""
     if nbytes < 0:
         raise ValueError(f"byte count must be non-negative, got {nbytes}")
     if p.size == 1 or nbytes == 0:
         check_placement(dev, p)
         return 0.0
-    return best_choice(dev, kind, nbytes, p).time_us * 1e-6
+    gpu_us = best_choice(dev, kind, nbytes, p, nccl).time_us
+    return max(gpu_us, launch_floor_us(dev, nccl)) * 1e-6

@@ -55,11 +55,23 @@ class GPUBackend(KernelBackend):
     the FP32 pipes instead. The MFU denominator follows the same choice.
     """
 
-    def __init__(self, device: DeviceSpec, overlap: OverlapModel | None = None, *, allow_tf32: bool = True):
+    def __init__(
+        self,
+        device: DeviceSpec,
+        overlap: OverlapModel | None = None,
+        *,
+        allow_tf32: bool = True,
+        nccl: collectives.NcclConfig = collectives.DEFAULT_NCCL,
+    ):
         self.device = device
         self.name = device.name
         self._overlap = overlap if overlap is not None else default_overlap(device)
         self.allow_tf32 = allow_tf32
+        self.nccl = nccl
+
+    def with_nccl(self, nccl: collectives.NcclConfig) -> GPUBackend:
+        """The same backend issuing its collectives under other NCCL settings (a harness, a framework)."""
+        return GPUBackend(self.device, self._overlap, allow_tf32=self.allow_tf32, nccl=nccl)
 
     def __repr__(self) -> str:
         return f"GPUBackend({self.device.name!r}, {self._overlap})"
@@ -82,11 +94,11 @@ class GPUBackend(KernelBackend):
         return compute.memory_bound_time_s(self.device, io_bytes)
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
-        return collectives.collective_time_s(self.device, kind, nbytes, placement)
+        return collectives.collective_time_s(self.device, kind, nbytes, placement, self.nccl)
 
     def explain_collective(self, kind: OpKind, nbytes: int, placement: Placement) -> dict[str, object]:
         """The (algorithm, protocol) NCCL's tuner would pick, for ``echosim cost``."""
-        choice = collectives.best_choice(self.device, kind, nbytes, placement)
+        choice = collectives.best_choice(self.device, kind, nbytes, placement, self.nccl)
         return {"algorithm": choice.algo, "protocol": choice.proto}
 
     def describe(self) -> dict[str, object]:

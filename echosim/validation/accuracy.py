@@ -37,6 +37,12 @@ GPU_MODULE_FITTED = {
     "collectives.IB_EFFICIENCY": "achieved share of InfiniBand line rate (nccl-tests issues #290, #119)",
     "collectives.P2P_NVLINK_EFFICIENCY": "NCCL send/recv share of NVLink line rate (sendrecv, permute rows)",
 }
+#: How a benchmark harness issued its collectives, read from the harness's measurements rather
+#: than its code (validation/microbench.py, ``harness_nccl``): discrete settings, fitted all the same.
+HARNESS_FITTED = {
+    "microbench.XLA_TABLE_NCCL": "XLA perf-table harness: NVLS for all-reduce only, no LL protocol "
+    "(inferred from the table's large-size bus bandwidth and its small-message floors)",
+}
 #: TPU fields the model assumes (no TPU microbenchmark exists in the validation data).
 TPU_ASSUMED = {
     "gemm_eff": "aligned-matmul rate / peak (assumed 0.85)",
@@ -62,6 +68,12 @@ def fitted_constants(backends: Iterable[str]) -> list[dict[str, Any]]:
             module, attr = dotted.split(".")
             value = getattr({"compute": compute, "collectives": collectives}[module], attr)
             rows.append({"parameter": dotted, "kind": "fitted", "what": what, "values": {"all GPUs": value}})
+    if gpus:
+        from echosim.validation.microbench import XLA_TABLE_NCCL
+
+        for dotted, what in HARNESS_FITTED.items():
+            value = f"nvls_gather={XLA_TABLE_NCCL.nvls_gather}, protocols={'/'.join(XLA_TABLE_NCCL.protocols)}"
+            rows.append({"parameter": dotted, "kind": "fitted (harness)", "what": what, "values": {"XLA table": value}})
     tpus = [b for b in used if b in TPUS]
     for field_name, what in TPU_ASSUMED.items():
         if tpus:
@@ -70,9 +82,18 @@ def fitted_constants(backends: Iterable[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def format_values(values: dict[str, Any]) -> str:
+    """``device value, ...`` for a fitted constant's values (numbers to 4 significant digits)."""
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float | int) else f"{k} {v}" for k, v in values.items())
+
+
 def count_constants(rows: list[dict[str, Any]]) -> int:
     """Distinct fitted values (a value shared by several devices, carried over, counts once)."""
-    return sum(len({round(v, 9) for v in r["values"].values()}) for r in rows if r["kind"] == "fitted")
+
+    def key(v: Any) -> Any:
+        return round(v, 9) if isinstance(v, float | int) else v
+
+    return sum(len({key(v) for v in r["values"].values()}) for r in rows if r["kind"].startswith("fitted"))
 
 
 # ---- sensitivity ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from echosim.validation.accuracy import count_constants, fitted_constants
+from echosim.validation.accuracy import count_constants, fitted_constants, format_values
 from echosim.validation.cases import backend_for
 from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW
 
@@ -69,7 +69,7 @@ def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any 
     if constants:
         click.echo(f"{count_constants(constants)} constants fitted to microbenchmarks (none to these rows):")
         for c in constants:
-            values = ", ".join(f"{k} {v:.4g}" for k, v in c["values"].items())
+            values = format_values(c["values"])
             click.echo(f"  {c['parameter']} ({c['kind']}): {c['what']} [{values}]")
 
 
