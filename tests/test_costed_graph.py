@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from echosim.plan import Cluster, Plan
 from echosim.plugins import get_registry
 from echosim.timeline.costed import write_graph
 from echosim.timeline.report import breakdown
-from echosim.timeline.trace import chrome_trace
 
 LAYOUTS = {
     "1f1b": ("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=16, seq_len=1024), 16),
@@ -126,21 +124,3 @@ def test_bad_graph_paths_are_one_line(tmp_path: Path) -> None:
         result = runner.invoke(cli, ["compile", "gpt3-125m", "--dp", "2", *args])
         assert result.exit_code == 1 and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1 and message in result.output
-
-
-def test_the_trace_is_valid_chrome_trace_json() -> None:
-    c = _lower("zb-h1")
-    trace = json.loads(json.dumps(chrome_trace(c.costed, "gpt3-1.3b")))
-    events = trace["traceEvents"]
-    spans = [e for e in events if e["ph"] == "X"]
-    assert spans and all({"name", "ph", "pid", "tid", "ts", "dur"} <= set(e) for e in spans)
-    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
-    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for e in spans:
-        if e["pid"] < c.costed.pp:  # the schedule tracks: one block at a time per stream
-            by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    for spans_of in by_thread.values():
-        spans_of.sort()
-        assert all(a[1] <= b[0] + 2e-3 for a, b in itertools.pairwise(spans_of))  # ts/dur rounded to 1 ns
-    last = max(e["ts"] + e["dur"] for e in spans if e["pid"] < c.costed.pp)
-    assert last == pytest.approx(c.report.step_time_s * 1e6, rel=1e-6)
