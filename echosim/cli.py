@@ -32,13 +32,26 @@ def cli() -> None:
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")
 @click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Write a self-contained HTML report with charts (.html), or the step timeline chart alone (.png); "
+    "needs matplotlib (echosim[report]).",
+)
+@click.option(
     "--graph",
     type=click.Path(dir_okay=False),
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
 @_guard
 def compile_cmd(
-    model: str | None, as_json: bool, out: str | None, trace: str | None, graph: str | None, **opts: Any
+    model: str | None,
+    as_json: bool,
+    out: str | None,
+    trace: str | None,
+    report_path: str | None,
+    graph: str | None,
+    **opts: Any,
 ) -> None:
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
     from echosim.compiler import lower
@@ -47,6 +60,10 @@ def compile_cmd(
         from echosim.timeline.costed import check_graph_path
 
         check_graph_path(graph)
+    if report_path:
+        from echosim.explain.html import check_report_path
+
+        check_report_path(report_path)
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
     name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
@@ -61,6 +78,10 @@ def compile_cmd(
         from echosim.timeline.costed import write_graph
 
         write_graph(compiled.costed, graph)
+    if report_path:
+        from echosim.explain.html import write_report
+
+        write_report(compiled, report_path, name, plan, cluster)
     if as_json:
         click.echo(report.to_json(), nl=False)
     else:

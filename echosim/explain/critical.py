@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from echosim.timeline.costed import CostedGraph, StageCost, unit_dependencies
+from echosim.timeline.costed import CostedGraph, unit_dependencies
 from echosim.timeline.streams import COMM, UnitTiming
 
 if TYPE_CHECKING:
@@ -141,12 +141,6 @@ def _ops_of(graph: Graph, unit: UnitTiming, runs: int) -> dict[int, float]:
     return out
 
 
-def _block_units(stage: StageCost, kind: str) -> list[tuple[UnitTiming, int]]:
-    if kind == "F":
-        return stage.fwd_units
-    return stage.bwd_units[:3] if kind == "B" else stage.bwd_units[3:]
-
-
 def critical_path(costed: CostedGraph) -> CriticalPath:
     """The longest path through the costed graph, every second of it attributed."""
     import networkx as nx
@@ -162,7 +156,7 @@ def critical_path(costed: CostedGraph) -> CriticalPath:
         stage = costed.stages[vstage]
         graph = stage.graph
         out: dict[tuple[str, str, str, bool], float] = {}
-        for unit, runs in _block_units(stage, kind):
+        for unit, runs in stage.units(kind):
             events = {e.node: e for e in unit.events}
             for node, sec in _ops_of(graph, unit, runs).items():
                 n = graph[node]

@@ -156,6 +156,13 @@ def settings(report: Mapping[str, Any]) -> dict[str, Any]:
     return plan
 
 
+def memory_parts(rows: list[Mapping[str, Any]]) -> list[str]:
+    """The parts a peak is made of in these memory rows: the known ones in order, then any others."""
+    found = {k for m in rows for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    found -= {"stage", "layers", "capacity", "peak"}
+    return [k for k in MEMORY_PARTS if k in found] + sorted(found - set(MEMORY_PARTS))
+
+
 def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> Comparison:
     """Every term of two reports, with the setting changes that explain each."""
     sa, sb = settings(a), settings(b)
@@ -180,10 +187,7 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> Comparison:
     for key in sorted(set(a["breakdown"]) | set(b["breakdown"])):
         terms.append(Term(key, a["breakdown"].get(key, 0.0), b["breakdown"].get(key, 0.0), "s", why(key)))
     ma, mb = binding_stage(a), binding_stage(b)
-    found = {k for m in (ma, mb) for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    found -= {"stage", "layers", "capacity", "peak"}
-    parts = [k for k in MEMORY_PARTS if k in found] + sorted(found - set(MEMORY_PARTS))
-    for key in [*parts, "peak"]:
+    for key in [*memory_parts([ma, mb]), "peak"]:
         name = f"memory.{key}"
         terms.append(Term(name, float(ma.get(key, 0)), float(mb.get(key, 0)), "bytes", why(name)))
     return Comparison(a, b, changes, tuple(terms), tuple(notes))

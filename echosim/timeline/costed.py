@@ -62,6 +62,12 @@ class StageCost:
     def step_end(self) -> float:
         return sum(self.step_end_comm.values())
 
+    def units(self, block: str) -> list[tuple[UnitTiming, int]]:
+        """The units a schedule block of this stage runs: ``F`` forward, ``B`` backward (or its input half), ``W``."""
+        if block == "F":
+            return self.fwd_units
+        return self.bwd_units[:3] if block == "B" else self.bwd_units[3:]
+
 
 class TailTask(NamedTuple):
     """A task of a rank's step tail, after its last block."""

@@ -23,7 +23,7 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.timeline.costed import CostedGraph, StageCost, op_attributes
 from echosim.timeline.schedule import BlockTime
-from echosim.timeline.streams import COMM, COMPUTE, UnitTiming
+from echosim.timeline.streams import COMM, COMPUTE, OpEvent, UnitTiming
 
 MAX_OP_EVENTS = 100_000
 _US = 1e6
@@ -73,14 +73,8 @@ class _Writer:
         return out
 
 
-def _units(stage: StageCost, kind: str) -> list[tuple[UnitTiming, int]]:
-    if kind == "F":
-        return stage.fwd_units
-    return stage.bwd_units[:3] if kind == "B" else stage.bwd_units[3:]
-
-
 def _op_count(stage: StageCost, kind: str) -> int:
-    return sum(len(u.events) * k for u, k in _units(stage, kind))
+    return sum(len(u.events) * k for u, k in stage.units(kind))
 
 
 def _microbatch_order(m: int) -> list[int]:
@@ -106,10 +100,10 @@ def detailed_blocks(costed: CostedGraph, max_op_events: int = MAX_OP_EVENTS) -> 
     return chosen
 
 
-def _op_spans(stage: StageCost, kind: str, t0: float) -> Iterator[tuple[UnitTiming, int, Any, float]]:
-    """(unit, repetition, op event, absolute start) of one block: a repeated layer every period."""
+def op_spans(stage: StageCost, kind: str, t0: float) -> Iterator[tuple[UnitTiming, int, OpEvent, float]]:
+    """(unit, repetition, op event, absolute start) of one block starting at ``t0``: a repeated layer every period."""
     t = t0
-    for unit, runs in _units(stage, kind):
+    for unit, runs in stage.units(kind):
         for r in range(runs):
             for e in unit.events:
                 yield unit, r, e, t + r * unit.period + e.start
@@ -138,7 +132,7 @@ def chrome_trace(costed: CostedGraph, model: str = "", max_op_events: int = MAX_
         args = {"microbatch": b.microbatch, "chunk": b.vstage // pp, "vstage": b.vstage}
         w.span(f"{b.kind}{b.microbatch}", b.stage, COMPUTE, b.start, b.end, _KINDS[b.kind], args)
         if (b.kind, b.vstage, b.microbatch) in detail:
-            for _unit, r, e, start in _op_spans(stage, b.kind, b.start):
+            for _unit, r, e, start in op_spans(stage, b.kind, b.start):
                 w.span(e.name, b.stage, e.stream, start, start + e.duration, e.category,
                        args_of(stage, e, r, b.microbatch))  # fmt: skip
         lag, to = (stage.p2p_fwd, b.vstage + 1) if b.kind == "F" else (stage.p2p_bwd, b.vstage - 1)
