@@ -4,6 +4,10 @@ A node produces exactly one tensor. ``Graph.repeats`` maps a scope prefix (for
 example ``layers.0``) to how many identical copies of that block the model has;
 nodes under the prefix stand for all of them. Analyses multiply by
 :meth:`Graph.multiplicity`, so compile time does not grow with depth.
+
+The node table is the truth; the networkx view (:attr:`Graph.dag`) and the readers of
+each value (:meth:`Graph.users`) are derived from it on first use, so that the copies
+every transform makes cost a dict copy, not a networkx graph copy.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ class Graph:
 
     def __init__(self, name: str, repeats: dict[str, int] | None = None) -> None:
         self.name = name
-        self.nodes: dict[int, Node] = {}
-        self.dag: nx.DiGraph = nx.DiGraph()
+        self._nodes: dict[int, Node] = {}
+        self._dag: nx.DiGraph | None = None
+        self._users: dict[int, list[int]] | None = None
         self.repeats: dict[str, int] = dict(repeats or {})
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
@@ -60,34 +65,58 @@ class Graph:
         self._next += 1
         ins = tuple(inputs)
         node = Node(nid, op, ins, out, attrs if attrs is not None else NoAttrs(), phase, scope, name, origin)
-        self.nodes[nid] = node
-        self.dag.add_node(nid)
-        for i in ins:
-            self.dag.add_edge(i, nid)
+        self._nodes[nid] = node
+        if self._dag is not None:
+            self._dag.add_node(nid)
+            self._dag.add_edges_from((i, nid) for i in ins)
+        if self._users is not None:
+            for i in dict.fromkeys(ins):
+                self._users.setdefault(i, []).append(nid)  # the newest id: the list stays sorted
         return nid
 
     def replace(self, nid: int, **changes: object) -> None:
         """Swap a node for a modified copy (shapes or attrs); edges change only via inputs."""
         old = self.nodes[nid]
         new = replace(old, **changes)  # type: ignore[arg-type]
+        self._nodes[nid] = new
         if new.inputs != old.inputs:
-            for i in old.inputs:
-                self.dag.remove_edge(i, nid)
-            for i in new.inputs:
-                self.dag.add_edge(i, nid)
-        self.nodes[nid] = new
+            self._changed()
 
     def copy(self, name: str | None = None) -> Graph:
         g = Graph(name or self.name, self.repeats)
-        g.nodes = dict(self.nodes)
-        g.dag = self.dag.copy()
+        g._nodes = dict(self._nodes)
         g.inputs = list(self.inputs)
         g.outputs = list(self.outputs)
         g.grads = dict(self.grads)
         g._next = self._next
         return g
 
+    @property
+    def nodes(self) -> dict[int, Node]:
+        """Node id -> node, in a topological order (insertion order, or the order a pass set)."""
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, table: dict[int, Node]) -> None:
+        self._nodes = table
+        self._changed()
+
+    def _changed(self) -> None:
+        """The structure changed: the derived views are rebuilt on next use."""
+        self._dag = None
+        self._users = None
+
     # -- reading ----------------------------------------------------------------
+    @property
+    def dag(self) -> nx.DiGraph:
+        """The structure as a networkx ``DiGraph`` of node ids (built from the node table on first use)."""
+        if self._dag is None:
+            dag = nx.DiGraph()
+            dag.add_nodes_from(self._nodes)
+            dag.add_edges_from((i, n.id) for n in self._nodes.values() for i in n.inputs)
+            self._dag = dag
+        return self._dag
+
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes.values())
 
@@ -98,7 +127,14 @@ class Graph:
         return self.nodes[nid]
 
     def users(self, nid: int) -> list[int]:
-        return sorted(self.dag.successors(nid))
+        """Ids of the nodes that read ``nid``, ascending."""
+        if self._users is None:
+            users: dict[int, list[int]] = {}
+            for n in self._nodes.values():
+                for i in dict.fromkeys(n.inputs):
+                    users.setdefault(i, []).append(n.id)
+            self._users = {k: sorted(v) for k, v in users.items()}
+        return list(self._users.get(nid, ()))
 
     def block_of(self, node: Node) -> str | None:
         """The repeated-block prefix a node belongs to, if any."""
