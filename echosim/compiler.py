@@ -81,10 +81,12 @@ def lower(
     graph_passes = _configured(registry, "graph", plan)
     stage_passes = _configured(registry, "stage", plan)
     checked = _verified(registry)
+    reuse = _own_passes(registry)
     try:
-        joint = run_passes(graph, graph_passes, check=checked)
+        joint = run_passes(graph, graph_passes, check=checked, reuse=reuse)
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
-        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked), s.layers) for s in stages]
+        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked, reuse=reuse), s.layers)
+                  for s in stages]  # fmt: skip
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
@@ -130,6 +132,11 @@ def _check_requested(registry: Registry, plan: Plan) -> None:
             why = "" if entry is None else " always runs when it applies;"
             known = ", ".join(optional) or "none installed"
             raise PlanError(f"--pass {name}: {what}{why} optional passes: {known}")
+
+
+def _own_passes(registry: Registry) -> set[str]:
+    """echosim's own passes: pure functions of their input graph and options, so their results are reused."""
+    return {name for name, e in registry.passes.items() if e.owner.startswith("echosim.")}
 
 
 def _verified(registry: Registry) -> bool | set[str]:

@@ -12,13 +12,16 @@ every transform makes cost a dict copy, not a networkx graph copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import networkx as nx
 
 from echosim.ir.ops import Attrs, NoAttrs, OpKind, Phase
 from echosim.ir.types import TensorSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,7 @@ class Graph:
         self._nodes: dict[int, Node] = {}
         self._dag: nx.DiGraph | None = None
         self._users: dict[int, list[int]] | None = None
+        self._derived: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
         self.repeats: dict[str, int] = dict(repeats or {})
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
@@ -66,6 +70,7 @@ class Graph:
         ins = tuple(inputs)
         node = Node(nid, op, ins, out, attrs if attrs is not None else NoAttrs(), phase, scope, name, origin)
         self._nodes[nid] = node
+        self._derived.clear()
         if self._dag is not None:
             self._dag.add_node(nid)
             self._dag.add_edges_from((i, nid) for i in ins)
@@ -79,6 +84,7 @@ class Graph:
         old = self.nodes[nid]
         new = replace(old, **changes)  # type: ignore[arg-type]
         self._nodes[nid] = new
+        self._derived.clear()
         if new.inputs != old.inputs:
             self._changed()
 
@@ -105,6 +111,22 @@ class Graph:
         """The structure changed: the derived views are rebuilt on next use."""
         self._dag = None
         self._users = None
+        self._derived.clear()
+
+    def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """A value computed from this graph once (an analysis: FLOPs, saved bytes, lowering units).
+
+        Dropped when a node is added or replaced or the node table, repeats, inputs,
+        outputs or gradients change, so a cached analysis never describes an older graph.
+        """
+        stamp = (len(self._nodes), self._next, tuple(self.repeats.items()), len(self.inputs), len(self.outputs),
+                 len(self.grads))  # fmt: skip
+        hit = self._derived.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]  # type: ignore[no-any-return]
+        value = compute()
+        self._derived[key] = (stamp, value)
+        return value
 
     # -- reading ----------------------------------------------------------------
     @property

@@ -5,6 +5,10 @@ the last what comes after it (final norm, output layer, loss). Values that cross
 a cut become ``send``/``recv`` pairs. Layers are split evenly as Megatron-LM does
 (``balance="uniform"``) or by estimated cost (``balance="cost"``), which moves
 layers off the stages that carry the embedding and the output layer.
+
+Stages of one shape (the same layer count, neither first nor last) are the same program,
+so they share one graph, named after the first of them; a split is kept per graph and
+pipeline degree, since a layout search splits the same graph for many layouts.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
+from echosim.memo import Memo
 from echosim.passes.base import LayoutError
 from echosim.passes.flops import io_bytes, node_flops
+
+_SPLITS: Memo[list[Stage]] = Memo("pipeline splits", maxsize=2048)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,10 @@ class PipelineParallel:
     name: ClassVar[str] = "pipeline-parallel"
 
     def split(self, graph: Graph) -> list[Stage]:
+        """The stages, first to last (a list shared by every caller with the same graph: do not modify it)."""
+        return _SPLITS.get((graph, self), lambda: self._split(graph))
+
+    def _split(self, graph: Graph) -> list[Stage]:
         if self.pp == 1:
             return [Stage(0, graph, next(iter(graph.repeats.values()), 1))]
         if len(graph.repeats) != 1:
@@ -104,10 +115,14 @@ class PipelineParallel:
         counts = layer_split(graph, self.pp, self.balance, cls)
         static = _static(graph)
         stages = []
+        shapes: dict[tuple[bool, bool, int], Graph] = {}
         for i, count in enumerate(counts):
-            keep = {"block"} | ({"pre"} if i == 0 else set()) | ({"post"} if i == self.pp - 1 else set())
-            members = {nid for nid, c in cls.items() if c in keep and nid not in static}
-            stages.append(Stage(i, _stage_graph(graph, members, static, i, self.pp, {block: count}), count))
+            shape = (i == 0, i == self.pp - 1, count)
+            if shape not in shapes:
+                keep = {"block"} | ({"pre"} if i == 0 else set()) | ({"post"} if i == self.pp - 1 else set())
+                members = {nid for nid, c in cls.items() if c in keep and nid not in static}
+                shapes[shape] = _stage_graph(graph, members, static, i, self.pp, {block: count})
+            stages.append(Stage(i, shapes[shape], count))
         return stages
 
     def run(self, graph: Graph) -> Graph:  # as a pass: the first stage, for golden tests
