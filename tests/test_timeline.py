@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from echosim.backends.base import OverlapModel
 from echosim.ir import DType, Graph, OpKind, TensorSpec
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs
-from echosim.timeline.schedule import compose, gpipe, in_flight, interleaved, one_f_one_b
+from echosim.timeline.composer import compose
+from echosim.timeline.schedule import gpipe, in_flight, interleaved, one_f_one_b
 from echosim.timeline.streams import simulate_unit
 
 

@@ -28,7 +28,8 @@ from echosim.errors import EchosimError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import CollectiveAttrs, OpKind
 from echosim.passes.flops import io_bytes, node_flops
-from echosim.timeline.schedule import BlockTime, in_flight
+from echosim.timeline.composer import ScheduleTiming
+from echosim.timeline.schedule import BlockTime
 from echosim.timeline.streams import COMM, COMPUTE, OpEvent, UnitTiming
 
 if TYPE_CHECKING:
@@ -88,13 +89,22 @@ class TailTask(NamedTuple):
 
 @dataclass
 class CostedGraph:
-    """The lowered step; see the module docstring. ``stages`` are indexed by virtual stage."""
+    """The lowered step; see the module docstring. ``stages`` are indexed by virtual stage.
+
+    ``schedule`` holds the timed blocks; :attr:`blocks` lists them (built on first use: the
+    report needs only each rank's end and in-flight count, which the schedule knows).
+    """
 
     stages: list[StageCost]
-    blocks: list[BlockTime]
+    schedule: ScheduleTiming
     tails: list[TailTask]
     pp: int
     microbatches: int
+
+    @cached_property
+    def blocks(self) -> list[BlockTime]:
+        """Every block of the schedule with its start and end, rank by rank in run order."""
+        return self.schedule.blocks
 
     @cached_property
     def _by_rank(self) -> dict[int, list[BlockTime]]:
@@ -110,7 +120,7 @@ class CostedGraph:
     @cached_property
     def block_ends(self) -> dict[int, float]:
         """When each rank's last block ends (before its step tail)."""
-        return {r: max((b.end for b in blocks), default=0.0) for r, blocks in self._by_rank.items()}
+        return dict(enumerate(self.schedule.rank_ends))
 
     @cached_property
     def rank_ends(self) -> list[float]:
@@ -138,7 +148,7 @@ class CostedGraph:
 
     def in_flight(self, rank: int) -> dict[int, int]:
         """Peak micro-batches per virtual stage whose activations the rank holds (the memory timeline's peak)."""
-        return in_flight([[(b.kind, b.vstage, b.microbatch) for b in self.rank_blocks(rank)]], 0)
+        return dict(self.schedule.plan.in_flight[rank])
 
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
         """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""

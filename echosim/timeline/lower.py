@@ -21,8 +21,9 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
 from echosim.passes.flops import io_bytes
 from echosim.passes.pipeline import Stage
+from echosim.timeline.composer import SchedulePlan, ScheduleTiming, schedule_plan, time_schedule
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask
-from echosim.timeline.schedule import BlockTime, Schedule, compose
+from echosim.timeline.schedule import Schedule
 from echosim.timeline.streams import UnitTiming, pipelined_edges, simulate_unit
 
 
@@ -214,10 +215,10 @@ def _shape_key(stage: Stage, last: int) -> tuple[bool, bool, int]:
     return (stage.index == 0, stage.index == last, stage.layers)
 
 
-def lower_step(
+def lower_stages(
     stages: Sequence[Stage], backend: Backend, where: dict[Axis, Placement], options: StepOptions
-) -> CostedGraph:
-    """The one function that composes time: stages lowered (once per shape), scheduled, then the step tail."""
+) -> list[StageCost]:
+    """Every virtual stage lowered for one micro-batch, each distinct shape once."""
     last = len(stages) - 1
     shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
     for s in stages:
@@ -230,33 +231,50 @@ def lower_step(
         if key not in lowered:
             lowered[key] = lower_stage(s, backend, where, options, shared[key])
         costs.append(replace(lowered[key], index=s.index, layers=s.layers))
-    orders = options.schedule.orders(options.pp, options.microbatches, options.vpp)
-    blocks = compose(
-        orders,
-        [s.fwd for s in costs],
-        [s.bwd for s in costs],
-        [s.p2p_fwd for s in costs],
-        [s.p2p_bwd for s in costs],
-        [s.wgrad for s in costs] if options.schedule.split_backward else None,
-    )
-    return CostedGraph(costs, blocks, _tails(costs, blocks, options.pp), options.pp, options.microbatches)
+    return costs
 
 
-def _tails(costs: list[StageCost], blocks: Sequence[BlockTime], pp: int) -> list[TailTask]:
+def step_plan(options: StepOptions) -> SchedulePlan:
+    """The structure of the step's schedule (kept per schedule, pp, micro-batches and vpp)."""
+    s = options.schedule
+    return schedule_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
+
+
+def schedule_inputs(costs: Sequence[StageCost], options: StepOptions) -> tuple[list[float], ...]:
+    """What the schedule composer needs of each virtual stage: fwd, bwd, p2p out, and the deferred W."""
+    wgrad = [s.wgrad for s in costs] if options.schedule.split_backward else []
+    return ([s.fwd for s in costs], [s.bwd for s in costs], [s.p2p_fwd for s in costs],
+            [s.p2p_bwd for s in costs], wgrad)  # fmt: skip
+
+
+def assemble(costs: list[StageCost], schedule: ScheduleTiming, options: StepOptions) -> CostedGraph:
+    """The costed graph of a step whose stages are lowered and whose schedule is timed."""
+    return CostedGraph(costs, schedule, _tails(costs, schedule, options.pp), options.pp, options.microbatches)
+
+
+def lower_step(
+    stages: Sequence[Stage], backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> CostedGraph:
+    """The one function that composes time: stages lowered (once per shape), scheduled, then the step tail.
+
+    A layout search runs the same three steps, timing the schedules of many layouts in one batch.
+    """
+    costs = lower_stages(stages, backend, where, options)
+    fwd, bwd, p2p_fwd, p2p_bwd, wgrad = schedule_inputs(costs, options)
+    batch = time_schedule(step_plan(options), fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None, keep_blocks=True)
+    return assemble(costs, batch.layout(0), options)
+
+
+def _tails(costs: list[StageCost], schedule: ScheduleTiming, pp: int) -> list[TailTask]:
     """Per pipeline rank, after its last block: the exposed gradient reduction, step-end collectives, optimizer.
 
     The reduction that is exposed is the one of the chunk whose backward the rank runs last.
     """
-    ends = dict.fromkeys(range(pp), 0.0)
-    last_chunk: dict[int, int] = {}
-    for b in blocks:
-        if b.end >= ends[b.stage]:
-            ends[b.stage], last_chunk[b.stage] = b.end, b.vstage
     tails = []
     for r in range(pp):
         mine = [c for c in costs if c.index % pp == r]
-        t = ends[r]
-        exposed = costs[last_chunk.get(r, r)].dp_exposed
+        t = schedule.rank_ends[r]
+        exposed = costs[schedule.plan.rank_vstage[r]].dp_exposed
         busy = sum(c.dp_busy for c in mine)
         tails.append(TailTask(r, "dp", "dp grad reduction (exposed)", "comm", "comm.dp", t, exposed, busy))
         t += exposed

@@ -6,7 +6,7 @@ and ``W`` the weight-gradient half. ``vstage`` is the virtual stage (model chunk
 ``c`` of rank ``r`` is ``c * pp + r``; without interleaving it is the rank). The
 composer times the blocks with cross-stage dependencies (a forward needs the previous
 virtual stage's forward of the same micro-batch, a backward the next one's backward)
-plus the point-to-point transfer on each edge.
+plus the point-to-point transfer on each edge (:mod:`echosim.timeline.composer`).
 """
 
 from __future__ import annotations
@@ -129,94 +129,3 @@ class BlockTime(NamedTuple):
     microbatch: int
     start: float
     end: float
-
-
-def compose(
-    orders: Sequence[Sequence[Block]],
-    fwd: Sequence[float],
-    bwd: Sequence[float],
-    p2p_fwd: Sequence[float],
-    p2p_bwd: Sequence[float],
-    wgrad: Sequence[float] | None = None,
-) -> list[BlockTime]:
-    """Time every block. ``*[v]`` are per virtual stage; ``p2p_*[v]`` leaves stage ``v``.
-
-    With ``wgrad`` (zero-bubble), a ``B`` block is the input-gradient half and each
-    rank runs its deferred weight halves in what would otherwise be idle time.
-    """
-    pp = len(orders)
-    vstages = len(fwd)
-    done: dict[tuple[str, int, int], float] = {}
-    pos = [0] * pp
-    free = [0.0] * pp
-    pending: list[list[int]] = [[] for _ in range(pp)]  # deferred W: (vstage, mb) flattened
-    cap = [pp - 1] * pp  # deferred W per rank; pp - 1 reproduces ZB-H1's closed form
-    out: list[BlockTime] = []
-
-    def ready(block: Block) -> float | None:
-        kind, v, j = block
-        if kind == "F":
-            if v == 0:
-                return 0.0
-            t = done.get(("F", v - 1, j))
-            return None if t is None else t + p2p_fwd[v - 1]
-        own = done.get(("F", v, j))
-        if own is None:
-            return None
-        if v == vstages - 1:
-            return own
-        t = done.get(("B", v + 1, j))
-        return None if t is None else max(own, t + p2p_bwd[v + 1])
-
-    durations = {"F": fwd, "B": bwd, "W": wgrad or bwd}
-
-    def run(r: int, kind: str, v: int, j: int, start: float) -> None:
-        end = start + durations[kind][v]
-        done[(kind, v, j)] = free[r] = end
-        out.append(BlockTime(r, v, kind, j, start, end))
-
-    remaining = sum(len(o) for o in orders)
-    if wgrad is None:  # fixed orders: sweep the ranks, each runs until it must wait
-        while remaining:
-            progressed = False
-            for r in range(pp):
-                while pos[r] < len(orders[r]):
-                    t = ready(orders[r][pos[r]])
-                    if t is None:
-                        break
-                    run(r, *orders[r][pos[r]], max(t, free[r]))
-                    pos[r] += 1
-                    remaining -= 1
-                    progressed = True
-            if not progressed:
-                raise RuntimeError("pipeline schedule deadlocked: a block waits on one that never runs")
-        return out
-    while remaining or any(pending):  # zero-bubble: event order, deferred W fill the gaps
-        best: tuple[float, int, str] | None = None
-        for r in range(pp):
-            if pos[r] < len(orders[r]):
-                t = ready(orders[r][pos[r]])
-                if t is not None and (best is None or max(t, free[r]) < best[0]):
-                    best = (max(t, free[r]), r, "next")
-                must_wait = t is None or t > free[r]
-                if pending[r] and must_wait and (best is None or free[r] < best[0]):
-                    best = (free[r], r, "w")
-            elif pending[r] and (best is None or free[r] < best[0]):
-                best = (free[r], r, "w")
-        if best is None:
-            raise RuntimeError("pipeline schedule deadlocked: a block waits on one that never runs")
-        start, r, what = best
-        if what == "w":
-            v, j = pending[r].pop(0), pending[r].pop(0)
-            run(r, "W", v, j, start)
-            continue
-        kind, v, j = orders[r][pos[r]]
-        run(r, kind, v, j, start)
-        pos[r] += 1
-        remaining -= 1
-        if kind == "B" and wgrad is not None:
-            pending[r] += [v, j]
-            if len(pending[r]) > 2 * cap[r]:  # over the memory cap: do the oldest W now
-                v0, j0 = pending[r].pop(0), pending[r].pop(0)
-                run(r, "W", v0, j0, free[r])
-    return out

@@ -1,0 +1,393 @@
+"""Timing a pipeline schedule: its structure once per shape, then any number of layouts at once.
+
+Which blocks a schedule runs, in which order on each rank, and which block each one waits
+on (a forward on the previous virtual stage's forward of the same micro-batch, a backward
+on the next one's backward, each plus the point-to-point transfer between them) do not
+depend on how long anything takes. :func:`schedule_plan` derives that structure once per
+(schedule, pp, micro-batches, vpp) and sorts the blocks into *levels*: a block's level is
+one past the levels of the block before it on its rank and of the block it waits on, so
+all blocks of a level can be timed together from levels already timed.
+
+:func:`time_schedule` times a batch of layouts (one column each) level by level with
+numpy: a block starts when its rank is free and its input has arrived and ends its
+duration later. That is the recurrence an event-by-event simulation evaluates, with the
+same float operations in the same order, so a layout timed alone or in a batch of
+thousands gets the same numbers to the last bit, and the work grows with the number of
+levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts.
+
+Zero-bubble schedules (``split_backward``) defer each backward's weight half ``W``: a rank
+runs its oldest deferred ``W`` whenever its next block would otherwise wait (a rank-local
+rule: the next block's inputs arrive at a time known when its level is timed), keeps at
+most ``pp - 1`` pending (each holds its inputs alive) and runs the rest at the end
+(Qi et al. 2024, ZB-H1).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from echosim.memo import Memo
+from echosim.timeline.schedule import Block, BlockTime
+
+F, B = 0, 1
+_KINDS = {"F": F, "B": B}
+_PLANS: Memo[SchedulePlan] = Memo("schedule plans", maxsize=256)
+
+
+class ScheduleError(RuntimeError):
+    """Orders that cannot run: a block waits on one that never runs, or two wait on each other."""
+
+
+@dataclass(frozen=True, eq=False)
+class SchedulePlan:
+    """The time-free structure of a schedule's blocks, sorted into levels (block ``i`` below is level-sorted)."""
+
+    pp: int
+    vstages: int
+    orders: tuple[tuple[Block, ...], ...]
+    split_backward: bool
+    rank: np.ndarray  # rank of block i
+    kind: np.ndarray  # F or B
+    vstage: np.ndarray
+    microbatch: np.ndarray
+    chain: np.ndarray  # the block before i on its rank, or the sentinel ``n``
+    cross: np.ndarray  # the block i waits on, or the sentinel
+    lag: np.ndarray  # row of the transfer before i arrives: p2p_fwd[v-1], p2p_bwd[v+1], or the zero row
+    duration: np.ndarray  # row of i's duration: kind * vstages + vstage
+    levels: tuple[tuple[int, int], ...]  # [lo, hi) of each level
+    last: tuple[int, ...]  # per rank: its last block, or -1 for a rank with none
+    rank_vstage: tuple[int, ...]  # per rank: the chunk of its last block (the one whose gradients it reduces last)
+    in_flight: tuple[dict[int, int], ...]  # per rank: peak micro-batches held per virtual stage
+
+    @property
+    def blocks(self) -> int:
+        return len(self.rank)
+
+
+def schedule_plan(
+    orders_of: Callable[[int, int, int], list[list[Block]]], pp: int, microbatches: int, vpp: int, split_backward: bool
+) -> SchedulePlan:
+    """The plan of ``orders_of(pp, microbatches, vpp)``, built once per shape and kept."""
+    key = (orders_of, pp, microbatches, vpp, split_backward)
+    return _PLANS.get(key, lambda: _build(orders_of(pp, microbatches, vpp), split_backward, pp * vpp))
+
+
+def plan_for(orders: Sequence[Sequence[Block]], split_backward: bool = False, vstages: int = 0) -> SchedulePlan:
+    """The plan of explicit orders (not kept)."""
+    return _build(orders, split_backward, vstages)
+
+
+def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int) -> SchedulePlan:
+    pp = len(orders)
+    frozen = tuple(tuple(seq) for seq in orders)
+    sizes = [len(seq) for seq in frozen]
+    n = sum(sizes)
+    kinds, vs, js = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    i = 0
+    for seq in frozen:
+        for kind, v, j in seq:
+            kinds[i], vs[i], js[i] = _KINDS[kind], v, j
+            i += 1
+    if n and (vs.min() < 0 or js.min() < 0):
+        raise ScheduleError("pipeline schedule names a negative virtual stage or micro-batch")
+    vstages = max(vstages, int(vs.max()) + 1 if n else 1)
+    m = int(js.max()) + 1 if n else 1
+    rank = np.repeat(np.arange(pp), sizes)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    table = np.full((2, vstages, m), -1, np.int64)
+    table[kinds, vs, js] = np.arange(n)
+    if n and np.count_nonzero(table >= 0) != n:
+        raise ScheduleError("pipeline schedule runs a block twice")
+    # what each block waits on besides its rank: the forward before it, the backward after it
+    fwd = kinds == F
+    first_v, last_v = vs == 0, vs == vstages - 1
+    need = np.where(fwd, ~first_v, True)
+    dep_kind = np.where(fwd | last_v, F, B)
+    dep_v = np.where(fwd, vs - 1, np.where(last_v, vs, vs + 1))
+    cross = np.full(n, n, np.int64)
+    cross[need] = table[dep_kind[need], np.clip(dep_v[need], 0, vstages - 1), js[need]]
+    if np.any(cross < 0):
+        raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
+    # a backward also needs its own forward: implied when that runs earlier on the same rank
+    own = table[F, vs, js]
+    back = ~fwd & ~last_v
+    pos = np.arange(n) - offsets[rank]
+    if np.any(own[back] < 0) or np.any((rank[own[back]] != rank[back]) | (pos[own[back]] >= pos[back])):
+        raise ScheduleError("pipeline schedule runs a backward before its own forward on the same rank")
+    chain = np.where(pos > 0, np.arange(n) - 1, n)
+    lag = np.where(fwd, np.where(first_v, 2 * vstages, vs - 1), np.where(last_v, 2 * vstages, vstages + vs + 1))
+    level = _levels(chain, cross, rank, offsets, n)
+    order = np.lexsort((rank, level))
+    inverse = np.empty(n + 1, np.int64)
+    inverse[order] = np.arange(n)
+    inverse[n] = n
+    cuts = np.flatnonzero(np.diff(level[order])) + 1
+    bounds = np.concatenate(([0], cuts, [n])) if n else np.array([0, 0])
+    levels = tuple((int(a), int(b)) for a, b in itertools.pairwise(bounds.tolist()))
+    last = tuple(int(inverse[offsets[r + 1] - 1]) if sizes[r] else -1 for r in range(pp))
+    rank_vstage = tuple(int(vs[offsets[r + 1] - 1]) if sizes[r] else r for r in range(pp))
+    if split_backward and any(len({b[1] for b in seq}) > 1 for seq in frozen):
+        raise ScheduleError("a schedule that defers weight gradients must run one virtual stage per rank")
+    return SchedulePlan(
+        pp=pp,
+        vstages=vstages,
+        orders=frozen,
+        split_backward=split_backward,
+        rank=rank[order],
+        kind=kinds[order],
+        vstage=vs[order],
+        microbatch=js[order],
+        chain=inverse[chain[order]],
+        cross=inverse[cross[order]],
+        lag=lag[order],
+        duration=(kinds * vstages + vs)[order],
+        levels=levels,
+        last=last,
+        rank_vstage=rank_vstage,
+        in_flight=tuple(_in_flight(seq) for seq in frozen),
+    )
+
+
+def _levels(chain: np.ndarray, cross: np.ndarray, rank: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:
+    """Longest chain of waits ending at each block: sweeps over the ranks until nothing moves.
+
+    Along a rank a level is a running maximum (``level[p] - p`` never falls), so each
+    rank is one ``maximum.accumulate`` given the levels of the blocks it waits on; sweeping
+    down then up the ranks follows forwards down and backwards up the pipeline.
+    """
+    level = np.zeros(n + 1, np.int64)
+    pp = len(offsets) - 1
+    sweep = [*range(pp), *reversed(range(pp))]
+    for _ in range(4 * pp + 8):
+        moved = False
+        for r in sweep:
+            lo, hi = int(offsets[r]), int(offsets[r + 1])
+            if lo == hi:
+                continue
+            dep = cross[lo:hi]
+            base = np.where(dep < n, level[dep] + 1, 0)
+            steps = np.arange(hi - lo)
+            new = np.maximum.accumulate(base - steps) + steps
+            if not np.array_equal(new, level[lo:hi]):
+                level[lo:hi] = new
+                moved = True
+        if not moved:
+            return level[:n]
+        if level.max() > n:
+            break
+    return _levels_by_topology(chain, cross, n)
+
+
+def _levels_by_topology(chain: np.ndarray, cross: np.ndarray, n: int) -> np.ndarray:
+    """Kahn's algorithm: exact levels for any orders, or the deadlock they contain."""
+    readers: list[list[int]] = [[] for _ in range(n)]
+    waiting = [0] * n
+    for i in range(n):
+        for d in (int(chain[i]), int(cross[i])):
+            if d < n:
+                readers[d].append(i)
+                waiting[i] += 1
+    level = [0] * n
+    ready = [i for i in range(n) if not waiting[i]]
+    done = 0
+    while ready:
+        nxt = []
+        for i in ready:
+            done += 1
+            for u in readers[i]:
+                level[u] = max(level[u], level[i] + 1)
+                waiting[u] -= 1
+                if not waiting[u]:
+                    nxt.append(u)
+        ready = nxt
+    if done < n:
+        raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
+    return np.array(level, np.int64)
+
+
+def _in_flight(seq: Sequence[Block]) -> dict[int, int]:
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for kind, v, _ in seq:
+        if kind == "F":
+            live[v] = live.get(v, 0) + 1
+            peak[v] = max(peak.get(v, 0), live[v])
+        elif kind == "B":
+            live[v] -= 1
+    return peak
+
+
+@dataclass(eq=False)
+class BatchTiming:
+    """A batch of layouts timed on one plan: ``ends[i, l]`` is when block ``i`` of layout ``l`` ends."""
+
+    plan: SchedulePlan
+    ends: np.ndarray
+    starts: np.ndarray | None  # kept for a single layout (its blocks are listed)
+    rank_ends: np.ndarray  # (pp, layouts): when each rank's last block (or deferred W) ends
+    weights: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  # W runs: rank, column, start, end
+
+    def layout(self, column: int) -> ScheduleTiming:
+        return ScheduleTiming(self, column)
+
+
+@dataclass(eq=False)
+class ScheduleTiming:
+    """One layout's timed schedule (a column of a :class:`BatchTiming`)."""
+
+    batch: BatchTiming
+    column: int
+
+    @property
+    def plan(self) -> SchedulePlan:
+        return self.batch.plan
+
+    @cached_property
+    def rank_ends(self) -> tuple[float, ...]:
+        return tuple(float(x) for x in self.batch.rank_ends[:, self.column])
+
+    @cached_property
+    def blocks(self) -> list[BlockTime]:
+        """Every block with its start and end, rank by rank in the order each rank runs them."""
+        plan, col = self.plan, self.column
+        ends = self.batch.ends[:, col]
+        starts = self.batch.starts
+        if starts is None:
+            raise ValueError("blocks are listed only for a schedule timed alone (keep_blocks=True)")
+        begin = starts[:, col]
+        by_rank: list[list[BlockTime]] = [[] for _ in range(plan.pp)]
+        position = np.argsort(plan.rank, kind="stable")  # level order within a rank is its run order
+        for i in position.tolist():
+            by_rank[int(plan.rank[i])].append(
+                BlockTime(int(plan.rank[i]), int(plan.vstage[i]), "FB"[int(plan.kind[i])], int(plan.microbatch[i]),
+                          float(begin[i]), float(ends[i]))
+            )  # fmt: skip
+        if plan.split_backward:
+            by_rank = [self._with_weights(r, blocks) for r, blocks in enumerate(by_rank)]
+        return [b for blocks in by_rank for b in blocks]
+
+    def _with_weights(self, rank: int, blocks: list[BlockTime]) -> list[BlockTime]:
+        """Merge a rank's deferred W runs into its blocks; the k-th W is the k-th backward's weight half."""
+        runs = [
+            (float(s), float(e))
+            for ranks, cols, starts, ends in self.batch.weights
+            for r, c, s, e in zip(ranks.tolist(), cols.tolist(), starts.tolist(), ends.tolist(), strict=True)
+            if r == rank and c == self.column
+        ]
+        backward = [b for b in blocks if b.kind == "B"]
+        weights = [BlockTime(rank, b.vstage, "W", b.microbatch, s, e) for b, (s, e) in zip(backward, runs, strict=True)]
+        return sorted(blocks + weights, key=lambda b: b.start)
+
+
+def time_schedule(
+    plan: SchedulePlan,
+    fwd: Any,
+    bwd: Any,
+    p2p_fwd: Any,
+    p2p_bwd: Any,
+    wgrad: Any = None,
+    *,
+    keep_blocks: bool = False,
+) -> BatchTiming:
+    """Time ``plan`` for a batch of layouts: each argument is ``(vstages,)`` or ``(vstages, layouts)`` seconds.
+
+    ``p2p_fwd[v]`` is the transfer leaving virtual stage ``v`` forwards, ``p2p_bwd[v]`` backwards;
+    ``wgrad`` is each stage's weight half for zero-bubble schedules (their ``bwd`` is the input half).
+    """
+    fwd, bwd, p2p_fwd, p2p_bwd = (np.asarray(x, np.float64) for x in (fwd, bwd, p2p_fwd, p2p_bwd))
+    fwd, bwd, p2p_fwd, p2p_bwd = (x.reshape(x.shape[0], -1) for x in (fwd, bwd, p2p_fwd, p2p_bwd))
+    layouts = fwd.shape[1]
+    durations = np.concatenate([fwd, bwd])
+    lags = np.concatenate([p2p_fwd, p2p_bwd, np.zeros((1, layouts))])
+    n = plan.blocks
+    ends = np.zeros((n + 1, layouts))
+    starts = np.zeros((n, layouts)) if keep_blocks else None
+    if plan.split_backward:
+        if wgrad is None:
+            raise ValueError("a schedule that defers weight gradients needs their durations (wgrad)")
+        w = np.asarray(wgrad, np.float64).reshape(len(fwd), -1)
+        return _time_deferred(plan, durations, lags, w, ends, starts)
+    for lo, hi in plan.levels:
+        ready = ends[plan.cross[lo:hi]] + lags[plan.lag[lo:hi]]
+        start = np.maximum(ready, ends[plan.chain[lo:hi]])
+        if starts is not None:
+            starts[lo:hi] = start
+        ends[lo:hi] = start + durations[plan.duration[lo:hi]]
+    rank_ends = np.zeros((plan.pp, layouts))
+    for r, i in enumerate(plan.last):
+        if i >= 0:
+            rank_ends[r] = ends[i]
+    return BatchTiming(plan, ends, starts, rank_ends, [])
+
+
+def _time_deferred(
+    plan: SchedulePlan,
+    durations: np.ndarray,
+    lags: np.ndarray,
+    wgrad: np.ndarray,
+    ends: np.ndarray,
+    starts: np.ndarray | None,
+) -> BatchTiming:
+    """Zero-bubble timing: per rank its free time and its count of deferred W, decided level by level."""
+    pp, layouts = plan.pp, durations.shape[1]
+    free = np.zeros((pp, layouts))
+    pending = np.zeros((pp, layouts), np.int64)
+    weight = wgrad[np.array(plan.rank_vstage)]  # (pp, layouts): each rank's W (one virtual stage per rank)
+    cap = pp - 1
+    columns = np.arange(layouts)
+    runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    keep = starts is not None
+
+    def record(ranks: np.ndarray, mask: np.ndarray, begin: np.ndarray, end: np.ndarray) -> None:
+        rows, cols = np.nonzero(mask)
+        runs.append((ranks[rows], columns[cols], begin[rows, cols], end[rows, cols]))
+
+    for lo, hi in plan.levels:
+        ranks = plan.rank[lo:hi]
+        ready = ends[plan.cross[lo:hi]] + lags[plan.lag[lo:hi]]
+        f, p, w = free[ranks], pending[ranks], weight[ranks]
+        while True:  # the next block would wait: run the oldest deferred W first
+            run = (p > 0) & (f < ready)
+            if not run.any():
+                break
+            after = np.where(run, f + w, f)
+            if keep:
+                record(ranks, run, f, after)
+            f, p = after, p - run
+        start = np.maximum(ready, f)
+        end = start + durations[plan.duration[lo:hi]]
+        if starts is not None:
+            starts[lo:hi] = start
+        ends[lo:hi] = end
+        p = p + (plan.kind[lo:hi] == B)[:, None]
+        over = p > cap  # too many pending: the oldest W runs right away
+        after = np.where(over, end + w, end)
+        if keep and over.any():
+            record(ranks, over, end, after)
+        free[ranks], pending[ranks] = after, p - over
+    while pending.any():  # the rest run when the rank has nothing else to do
+        run = pending > 0
+        after = np.where(run, free + weight, free)
+        if keep:
+            record(np.arange(pp), run, free, after)
+        free, pending = after, pending - run
+    return BatchTiming(plan, ends, starts, free, runs)
+
+
+def compose(
+    orders: Sequence[Sequence[Block]],
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    p2p_fwd: Sequence[float],
+    p2p_bwd: Sequence[float],
+    wgrad: Sequence[float] | None = None,
+) -> list[BlockTime]:
+    """Time every block of explicit orders for one layout (``*[v]`` per virtual stage); see :func:`time_schedule`."""
+    plan = plan_for(orders, split_backward=wgrad is not None, vstages=len(fwd))
+    return time_schedule(plan, fwd, bwd, p2p_fwd, p2p_bwd, wgrad, keep_blocks=True).layout(0).blocks
