@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from echosim.errors import EchosimError
-from echosim.plan import Cluster, Plan
+from echosim.plan import Cluster, Plan, plan_with_defaults
 
 BUDGETS = ("max_step_time_s", "max_memory_gib", "min_mfu")
 
@@ -72,7 +72,7 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int) -> Ou
     unknown = sorted(set(merged) - plan_keys - cluster_keys)
     if unknown:
         raise EchosimError(f"check #{index + 1} ({model}): unknown key(s) {', '.join(unknown)}")
-    plan = Plan(**{k: v for k, v in merged.items() if k in plan_keys})
+    plan = plan_with_defaults(Plan(), {k: v for k, v in merged.items() if k in plan_keys})
     cluster = Cluster(**{k: v for k, v in merged.items() if k in cluster_keys})
     if "devices" not in merged:
         cluster = Cluster(cluster.backend, plan.tp * plan.pp * plan.dp * plan.cp, cluster.devices_per_node)

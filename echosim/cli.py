@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from echosim.commands.options import layout_from_options, layout_options
+from echosim.commands.options import framework_option, layout_from_options, layout_options
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -109,19 +109,20 @@ def _write(path: str, text: str, option: str) -> None:
 @click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
 @click.option("--recompute", "recomputes", default="none,selective,full", show_default=True)
 @click.option("--schedules", default="1f1b", show_default=True, help="e.g. 1f1b,zb-h1")
-@click.option("--zero", "zeros", default="0", show_default=True, help="ZeRO stages to try, e.g. 0,1,3")
+@click.option("--zero", "zeros", help="ZeRO stages to try, e.g. 0,1,3 (default: the framework's, 0 for eager)")
+@framework_option
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--workers", type=int, default=1, show_default=True, help="Local processes.")
 @click.option("--json", "as_json", is_flag=True)
 @_guard
 def search_cmd(model: str, backend: str, devices: int, devices_per_node: int, global_batch: int, seq_len: int | None,
-               dtype: str, micro_batches: str, recomputes: str, schedules: str, zeros: str, top: int, workers: int,
-               as_json: bool) -> None:  # fmt: skip
+               dtype: str, micro_batches: str, recomputes: str, schedules: str, zeros: str | None,
+               framework: str | None, top: int, workers: int, as_json: bool) -> None:  # fmt: skip
     """Rank the parallel layouts of MODEL on DEVICES by step time (those that fit first)."""
     from rich.progress import Progress
 
     from echosim.layout_search import search
-    from echosim.plan import Cluster, Plan
+    from echosim.plan import Cluster, Plan, plan_with_defaults
 
     def ints(text: str, what: str) -> tuple[int, ...]:
         try:
@@ -129,13 +130,14 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int, gl
         except ValueError:
             raise click.ClickException(f"--{what}: expected comma-separated integers, got {text!r}") from None
 
-    base = Plan(global_batch=global_batch, seq_len=seq_len or 0, dtype=dtype)
+    base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
+                                       "framework": framework})  # fmt: skip
     cluster = Cluster(backend, devices, devices_per_node)
     space = {
         "micro_batches": ints(micro_batches, "micro-batches"),
         "recompute": tuple(recomputes.split(",")),
         "schedules": tuple(schedules.split(",")),
-        "zero": ints(zeros, "zero"),
+        "zero": ints(zeros, "zero") if zeros else (base.zero,),
     }
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("compiling layouts", total=None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from echosim.frameworks import get_framework
 from echosim.frontend.messages import Note
 from echosim.ir.graph import Graph
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
@@ -30,6 +31,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
     """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
+    get_framework(plan.framework)  # an unknown name is one line naming the known ones
     if cluster.devices < 1:
         raise PlanError(f"--devices must be positive, got {cluster.devices}")
     if cluster.devices_per_node < 1:

@@ -63,9 +63,7 @@ def candidates(
                     continue
                 for rc in recompute:
                     for sched in schedules:
-                        for z in zero:
-                            if z and dp == 1:
-                                continue
+                        for z in sorted({0 if dp == 1 else z for z in zero}):  # ZeRO is moot on one replica
                             yield replace(base, tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute=rc, schedule=sched,
                                           zero=z, global_batch=batch or mb * dp)  # fmt: skip
 

@@ -1,7 +1,8 @@
 """What to simulate: the parallel layout and training settings (``Plan``) and the machine (``Cluster``).
 
-A leaf module: plain data and its defaults, importing nothing of echosim but its errors.
-Whether a plan can run a model on a cluster is :mod:`echosim.layout`'s one check.
+A leaf module: plain data and its defaults, importing nothing of echosim but its errors and
+the frameworks' defaults (:mod:`echosim.frameworks`, a leaf below it). Whether a plan can run
+a model on a cluster is :mod:`echosim.layout`'s one check.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from echosim.errors import EchosimError
+from echosim.frameworks import DEFAULT_FRAMEWORK, get_framework
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 CP_COMMS = ("p2p", "all_gather")
@@ -56,6 +58,7 @@ class Plan:
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
+    framework: str = DEFAULT_FRAMEWORK  # whose defaults and memory behaviour apply (echosim.frameworks)
 
     @property
     def batch(self) -> int:
@@ -93,15 +96,29 @@ DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024, devices_per_node=8)
 _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 
 
+def plan_with_defaults(base: Plan, given: dict[str, Any]) -> Plan:
+    """``base`` with the ``given`` fields, and the named framework's defaults for the fields not given.
+
+    A field where ``base`` differs from ``Plan()`` counts as given (the default run states its
+    settings). An unknown framework is one line naming the known ones.
+    """
+    plain = Plan()
+    stated = {f.name for f in fields(Plan) if getattr(base, f.name) != getattr(plain, f.name)}
+    plan_keys = {f.name for f in fields(Plan)}
+    given = {k: v for k, v in given.items() if k in plan_keys and v is not None}
+    plan = replace(base, **given)
+    framework = get_framework(plan.framework)
+    return replace(plan, **framework.defaults_for(stated | set(given), plan))
+
+
 def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Plan, Cluster]:
-    """No model and no options: the published GPT-3 175B run. Otherwise options override."""
+    """No model and no options: the published GPT-3 175B run. Otherwise options, then their framework's defaults."""
     given = {k: v for k, v in opts.items() if v is not None}
     if model is None:
         base_plan, base_cluster = DEFAULT_PLAN, DEFAULT_CLUSTER
     else:
         base_plan, base_cluster = Plan(), Cluster(devices=0)
-    plan_keys = {f.name for f in fields(Plan)}
-    plan = replace(base_plan, **{k: v for k, v in given.items() if k in plan_keys})
+    plan = plan_with_defaults(base_plan, given)
     cluster = replace(base_cluster, **{k: v for k, v in given.items() if k in _CLUSTER_KEYS})
     if cluster.devices == 0:
         cluster = replace(cluster, devices=plan.world)
@@ -112,7 +129,8 @@ def plan_flags(plan: Plan, cluster: Cluster) -> list[str]:
     """The ``compile`` flags that, after a model name, give exactly ``plan`` on ``cluster``.
 
     The inverse of :func:`plan_from_options` for a named model: only settings that differ
-    from the defaults are written, in :class:`Plan`'s field order, the cluster first.
+    from the defaults (or that the plan's framework would fill) are written, in
+    :class:`Plan`'s field order, the cluster first.
     ``overlap_dp`` has no flag (the command line always overlaps the gradient reduction).
     """
     if not plan.overlap_dp:
@@ -126,9 +144,11 @@ def plan_flags(plan: Plan, cluster: Cluster) -> list[str]:
         if key == "devices" or value != getattr(base_cluster, key):
             out += [f"--{key.replace('_', '-')}", str(value)]
     base = Plan()
+    filled = {d.field for d in get_framework(plan.framework).defaults}  # written out: the framework would fill them
     for f in fields(Plan):
-        if f.name != "overlap_dp" and getattr(plan, f.name) != getattr(base, f.name):
-            out += setting_flags(f.name, getattr(plan, f.name))
+        value = getattr(plan, f.name)
+        if f.name != "overlap_dp" and (value != getattr(base, f.name) or f.name in filled):
+            out += setting_flags(f.name, value)
     return out
 
 

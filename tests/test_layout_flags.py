@@ -36,6 +36,7 @@ plans = st.builds(
     moe_capacity_factor=st.sampled_from([0.0, 1.25, 1 / 3]),
     moe_imbalance=st.sampled_from([1.0, 1.5]),
     passes=st.sampled_from([(), ("demo-pass",)]),
+    framework=st.sampled_from(["eager", "nemo", "maxtext"]),
 )
 clusters = st.builds(
     Cluster,

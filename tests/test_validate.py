@@ -225,6 +225,12 @@ def test_blank_cells_take_framework_defaults(tmp_path):
     assert (plan.recompute, plan.micro_batch, plan.dtype) == ("full", 1, "bf16")
     plan, _ = row_plan(_case(tmp_path, recompute="", framework="NeMo 25.02", vpp="2", pp="2", devices="2"))
     assert (plan.recompute, plan.schedule, plan.vpp) == ("none", "interleaved", 2)
+    assert plan.framework == "nemo"
+    plan, _ = row_plan(_case(tmp_path, zero="", framework="NeMo 25.02", dp="2", devices="2"))
+    assert plan.zero == 1  # NeMo's distributed optimizer
+    plan, _ = row_plan(_case(tmp_path, zero="0", framework="NeMo 25.02", dp="2", devices="2"))
+    assert plan.zero == 0  # a stated cell wins
+    assert row_plan(_case(tmp_path, framework="unit test"))[0].framework == "eager"
 
 
 def test_moe_rows_read_expert_width_and_shared_experts(tmp_path):

@@ -49,6 +49,13 @@ def calibration_option(help: str, **kwargs: Any) -> Callable[[F], F]:
     )
 
 
+FRAMEWORK_HELP = (
+    "Training framework whose defaults fill what is not given and whose memory behaviour applies: "
+    "megatron, nemo, torchtitan, maxtext, deepspeed or eager (plain PyTorch, the default)."
+)
+framework_option = click.option("--framework", help=FRAMEWORK_HELP)
+
+
 def layout_options(fn: F) -> F:
     """The layout flags of ``echosim compile``; the decorated command receives them as keyword arguments."""
     options = [
@@ -86,6 +93,7 @@ def layout_options(fn: F) -> F:
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP)."),
         click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B)."),
         click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs."),
+        framework_option,
         calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME)."),
         click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable)."),
     ]

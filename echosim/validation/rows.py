@@ -81,21 +81,10 @@ def _experts(c: Case) -> dict[str, int]:
     }
 
 
-def default_zero(c: Case) -> int:
-    """A blank ``zero`` is the framework's default: NeMo 2.0 and Megatron-Bridge recipes turn on
-    Megatron's distributed optimizer (ZeRO-1, ``use_distributed_optimizer=True``); the others shard nothing."""
-    framework = c["framework"]
-    return 1 if framework.startswith(("NeMo", "Megatron-Bridge")) else 0
-
-
-def default_recompute(c: Case) -> str:
-    """A blank ``recompute`` is the framework's default: MaxText rematerialises everything
-    (``remat_policy: 'full'`` in its base.yml); Megatron-LM, NeMo and PyTorch recompute nothing."""
-    return "full" if is_maxtext(c) else "none"
-
-
 def is_maxtext(c: Case) -> bool:
-    return "maxtext" in c["framework"].lower()
+    from echosim.frameworks import framework_named_in
+
+    return framework_named_in(c["framework"]) == "maxtext"
 
 
 def replica_micro_batch(c: Case) -> int:
@@ -114,28 +103,33 @@ def replica_micro_batch(c: Case) -> int:
 
 
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
-    """The row's Plan and Cluster. Blank cells take the framework defaults named here."""
-    from echosim.plan import Cluster, Plan
+    """The row's Plan and Cluster. Blank cells take the defaults of the row's framework
+    (:mod:`echosim.frameworks`, read from its ``framework`` column), then the Plan's own."""
+    from echosim.frameworks import framework_named_in
+    from echosim.plan import Cluster, Plan, plan_with_defaults
 
-    plan = Plan(
-        tp=c.int("tp", 1) or 1,
-        pp=c.int("pp", 1) or 1,
-        dp=c.int("dp", 1) or 1,
-        cp=c.int("cp", 1) or 1,
-        ep=c.int("ep", 1) or 1,
-        vpp=c.int("vpp", 1) or 1,
-        sp=c.int("sp", 0) == 1,
-        zero=c.int("zero", default_zero(c)) or 0,
-        micro_batch=replica_micro_batch(c),
-        global_batch=c.int("global_batch") or 0,
-        seq_len=c.int("seq_len") or 0,
-        dtype=c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
-        recompute=c["recompute"] or default_recompute(c),
-        attention="math" if c["source_id"] in MATH_ATTENTION_SOURCES else "flash",
-        schedule="interleaved" if (c.int("vpp", 1) or 1) > 1 else "1f1b",
+    vpp = c.int("vpp", 1) or 1
+    stated = {
+        "tp": c.int("tp") or None,
+        "pp": c.int("pp") or None,
+        "dp": c.int("dp") or None,
+        "cp": c.int("cp") or None,
+        "ep": c.int("ep") or None,
+        "vpp": c.int("vpp") or None,
+        "sp": None if c.int("sp") is None else c.int("sp") == 1,
+        "zero": c.int("zero"),
+        "micro_batch": replica_micro_batch(c),
+        "global_batch": c.int("global_batch") or 0,
+        "seq_len": c.int("seq_len") or 0,
+        "dtype": c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
+        "recompute": c["recompute"] or None,
+        "attention": "math" if c["source_id"] in MATH_ATTENTION_SOURCES else "flash",
+        "schedule": "interleaved" if vpp > 1 else "1f1b",
         # NeMo's token-dropping MoE recipes cap each expert at its fair share; the others are dropless
-        moe_capacity_factor=1.0 if c["arch"] == "moe" and "tokendrop" in c.case_id else 0.0,
-    )
+        "moe_capacity_factor": 1.0 if c["arch"] == "moe" and "tokendrop" in c.case_id else 0.0,
+        "framework": framework_named_in(c["framework"]),
+    }
+    plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None})
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
     per_node = c.int("devices_per_node", 8) or 8

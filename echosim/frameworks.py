@@ -1,0 +1,165 @@
+"""The training frameworks echosim knows, and the defaults each one applies to what a run leaves unsaid.
+
+Data, one entry per framework: a layout setting a user (or a published row) does not give
+takes the framework's own default, each cited with the file and version it comes from.
+``eager`` is plain PyTorch autograd with no framework: no defaults beyond the Plan's own.
+A leaf below :mod:`echosim.plan`: the plan names a framework, and the compiler, the passes
+and validation read its entry from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from echosim.errors import EchosimError
+
+DEFAULT_FRAMEWORK = "eager"
+
+
+class FrameworkError(EchosimError):
+    """An unknown framework name; the message names the known ones."""
+
+
+@dataclass(frozen=True)
+class Default:
+    """One setting a framework applies when the run does not give it.
+
+    ``when_above_one`` names a Plan field that must exceed 1 for the default to apply
+    (sequence parallelism only exists with tensor parallelism).
+    """
+
+    field: str
+    value: Any
+    source: str
+    when_above_one: str = ""
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    title: str
+    version: str  # the version whose code and docs the defaults below are read from
+    defaults: tuple[Default, ...] = ()
+    row_names: tuple[str, ...] = ()  # prefixes of cases.csv's ``framework`` column that mean this framework
+
+    def defaults_for(self, given: Collection[str], plan: Any) -> dict[str, Any]:
+        """The defaults that apply to ``plan``: fields not ``given``, conditions met."""
+        out: dict[str, Any] = {}
+        for d in self.defaults:
+            if d.field in given:
+                continue
+            if d.when_above_one and getattr(plan, d.when_above_one, 1) <= 1:
+                continue
+            out[d.field] = d.value
+        return out
+
+
+_MEGATRON_ARGS = "Megatron-LM megatron/training/arguments.py (commit d98e8a6)"
+_BRIDGE = "Megatron-Bridge (commit 067f987)"
+
+FRAMEWORKS: dict[str, Framework] = {
+    f.name: f
+    for f in (
+        Framework(
+            "eager",
+            "plain PyTorch autograd: every op saves what its derivative formula reads",
+            "torch 2.x",
+        ),
+        Framework(
+            "megatron",
+            "Megatron-LM / Megatron-Core with Transformer Engine",
+            "Megatron-LM core_r0.x (commit d98e8a6)",
+            (
+                Default("zero", 0, f"--use-distributed-optimizer is off unless given ({_MEGATRON_ARGS})"),
+                Default("sp", False, f"--sequence-parallel is off unless given ({_MEGATRON_ARGS})"),
+                Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
+            ),
+            row_names=("Megatron-LM", "MegaScale"),
+        ),
+        Framework(
+            "nemo",
+            "NeMo 2.0 / Megatron-Bridge recipes on Megatron-Core",
+            "NeMo 25.x (commit 8cfedd7), Megatron-Bridge (commit 067f987)",
+            (
+                Default(
+                    "zero",
+                    1,
+                    "the distributed optimizer: use_distributed_optimizer=True in _pretrain_common "
+                    f"(src/megatron/bridge/recipes/common.py, {_BRIDGE}); NeMo 2.0 recipes use "
+                    "distributed_fused_adam_with_cosine_annealing",
+                ),
+                Default(
+                    "recompute",
+                    "none",
+                    f"recompute_granularity=None in the pre-training recipes ({_BRIDGE})",
+                ),
+            ),
+            row_names=("NeMo", "Megatron-Bridge"),
+        ),
+        Framework(
+            "torchtitan",
+            "torchtitan: FSDP2 with per-op selective activation checkpointing",
+            "torchtitan (commit b5bcd76)",
+            (
+                Default(
+                    "zero",
+                    3,
+                    "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
+                    "(torchtitan/config/configs.py, commit b5bcd76)",
+                ),
+            ),
+            row_names=("torchtitan",),
+        ),
+        Framework(
+            "maxtext",
+            "MaxText (JAX/XLA)",
+            "MaxText (commit e591f30)",
+            (
+                Default(
+                    "zero",
+                    3,
+                    "ici_fsdp_parallelism: -1 shards weights, gradients and optimizer state over "
+                    "the slice (src/maxtext/configs/base.yml, commit e591f30)",
+                ),
+                Default(
+                    "recompute",
+                    "full",
+                    "remat_policy: 'full' (src/maxtext/configs/base.yml, commit e591f30)",
+                ),
+            ),
+            row_names=("MaxText",),
+        ),
+        Framework(
+            "deepspeed",
+            "DeepSpeed (ZeRO)",
+            "DeepSpeed 0.x",
+            (
+                Default(
+                    "zero",
+                    0,
+                    "zero_optimization.stage defaults to 0 (DeepSpeed config docs, "
+                    "https://www.deepspeed.ai/docs/config-json/)",
+                ),
+            ),
+        ),
+    )
+}
+
+
+def get_framework(name: str) -> Framework:
+    """The framework called ``name``; an unknown name is one line naming the known ones."""
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise FrameworkError(f"unknown framework {name!r} (known: {', '.join(sorted(FRAMEWORKS))})") from None
+
+
+def framework_named_in(text: str) -> str:
+    """The framework a free-text description (cases.csv's ``framework`` column) names; eager when none matches."""
+    text = text.strip()
+    for f in FRAMEWORKS.values():
+        if any(text.startswith(prefix) for prefix in f.row_names):
+            return f.name
+    return DEFAULT_FRAMEWORK

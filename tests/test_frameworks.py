@@ -1,0 +1,114 @@
+"""Frameworks: each default is cited, applies only to what is not given, and bad names are one line."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from click.testing import CliRunner
+
+from echosim.cli import cli
+from echosim.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, FrameworkError, framework_named_in, get_framework
+from echosim.plan import Plan, plan_from_options, plan_with_defaults
+
+PLAN_FIELDS = {f.name for f in fields(Plan)}
+
+
+def test_every_default_is_a_plan_field_with_a_source() -> None:
+    assert set(FRAMEWORKS) == {"eager", "megatron", "nemo", "torchtitan", "maxtext", "deepspeed"}
+    for fw in FRAMEWORKS.values():
+        assert fw.version and fw.title
+        for d in fw.defaults:
+            assert d.field in PLAN_FIELDS, (fw.name, d.field)
+            assert len(d.source) > 20, (fw.name, d.field)
+            assert not d.when_above_one or d.when_above_one in PLAN_FIELDS
+
+
+def test_the_default_framework_changes_nothing() -> None:
+    assert Plan().framework == DEFAULT_FRAMEWORK == "eager"
+    assert plan_with_defaults(Plan(), {}) == Plan()
+    assert not get_framework("eager").defaults
+
+
+def test_framework_defaults_fill_only_what_is_not_given() -> None:
+    assert plan_with_defaults(Plan(), {"framework": "nemo", "dp": 8}).zero == 1  # distributed optimizer
+    assert plan_with_defaults(Plan(), {"framework": "nemo", "dp": 8, "zero": 0}).zero == 0
+    maxtext = plan_with_defaults(Plan(), {"framework": "maxtext"})
+    assert (maxtext.recompute, maxtext.zero) == ("full", 3)
+    assert plan_with_defaults(Plan(), {"framework": "maxtext", "recompute": "none"}).recompute == "none"
+
+
+def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
+    _, plan, _ = plan_from_options(None, {"framework": "megatron"})
+    assert (plan.framework, plan.recompute, plan.tp, plan.pp) == ("megatron", "full", 8, 16)
+
+
+def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
+    with pytest.raises(FrameworkError, match=r"unknown framework 'keras' \(known: deepspeed, eager, maxtext"):
+        get_framework("keras")
+    result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--framework", "keras"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "known: deepspeed, eager, maxtext, megatron, nemo, torchtitan" in lines[0]
+
+
+def test_unknown_framework_in_a_plan_is_refused_before_capture() -> None:
+    from echosim.compiler import lower
+    from echosim.plan import Cluster
+
+    with pytest.raises(FrameworkError, match="unknown framework"):
+        lower("gpt3-125m", Plan(framework="nope"), Cluster(devices=1))
+
+
+def test_compile_reports_the_framework_and_applies_its_defaults() -> None:
+    import json
+
+    out = CliRunner().invoke(
+        cli, ["compile", "gpt3-125m", "--dp", "2", "--global-batch", "2", "--framework", "nemo", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)["plan"]
+    assert (plan["framework"], plan["zero"]) == ("nemo", 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("NeMo 25.02.01 container (NeMo 2.0 / Megatron-Core), recipe GSW 25.04", "nemo"),
+        ("Megatron-Bridge / Megatron-Core (NeMo 25.11)", "nemo"),
+        ("Megatron-LM (2021)", "megatron"),
+        ("MegaScale (Megatron-LM based)", "megatron"),
+        ("MaxText (NVIDIA JAX container 25.01-maxtext)", "maxtext"),
+        ("torchtitan (torch 2.6 nightly 2024-12-23, torchao)", "torchtitan"),
+        ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "eager"),
+        ("", "eager"),
+    ],
+)
+def test_rows_name_their_framework(text: str, name: str) -> None:
+    assert framework_named_in(text) == name
+
+
+def test_check_entries_take_a_framework(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from echosim.check import load_config, run_check
+
+    cfg = tmp_path / "pyproject.toml"
+    cfg.write_text(
+        '[tool.echosim]\nbackend = "h100-sxm"\n[[tool.echosim.check]]\nmodel = "gpt3-125m"\n'
+        'dp = 2\nglobal_batch = 2\nframework = "unknown-one"\n'
+    )
+    defaults, entries = load_config(cfg)
+    with pytest.raises(FrameworkError, match="unknown framework 'unknown-one'"):
+        run_check(entries[0], defaults, 0)
+
+
+def test_search_takes_the_frameworks_zero_stage() -> None:
+    import json
+
+    out = CliRunner().invoke(
+        cli,
+        ["search", "gpt3-125m", "--backend", "h100-sxm", "--devices", "2", "--global-batch", "4",
+         "--micro-batches", "1", "--recompute", "none", "--framework", "nemo", "--json"],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    best = json.loads(out.output)["best"]
+    assert {(c["dp"], c["zero"]) for c in best} == {(2, 1), (1, 0)}  # ZeRO is moot on one replica
