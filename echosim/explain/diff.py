@@ -150,7 +150,7 @@ def settings(report: Mapping[str, Any]) -> dict[str, Any]:
     plan = dict(report["plan"])
     batch = plan.get("global_batch") or plan["micro_batch"] * plan["dp"]
     plan["microbatches"] = batch // (plan["micro_batch"] * plan["dp"])
-    plan["layers_per_stage"] = max((s.get("layers", 0) for s in report.get("stages", [])), default=0)
+    plan["layers_per_stage"] = max((m.get("layers", 0) for m in report["memory"]), default=0)  # per pipeline rank
     plan["backend"] = report.get("backend")
     plan["devices_per_node"] = report.get("devices_per_node")
     return plan
