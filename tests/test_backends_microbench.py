@@ -21,10 +21,11 @@ def groups() -> dict[str, dict]:
 
 # Groups that meet their target, with the MAPE achieved when this test was written.
 MEETS = {
-    "A100-SXM4-80GB | matmul fp16": 4.7,  # Azure cuBLASLt sweep
-    "H100-SXM (sm_90) | matmul bf16": 7.1,  # XLA table, 292 shapes
-    "H100-SXM-80GB | matmul fp8": 5.9,  # Azure cuBLASLt
-    "H200-SXM-141GB | matmul fp8": 7.6,
+    "A100-SXM4-80GB | matmul fp16": 5.1,  # Azure cuBLASLt sweep (a heuristic pick)
+    "H100-SXM (sm_90) | matmul bf16": 7.1,  # XLA table, 292 shapes (autotuned)
+    "A100 SXM | matmul bf16": 2.9,  # MAMF, the ceiling's own row (at the model's waves)
+    "H100-SXM-80GB | matmul fp8": 8.4,  # Azure cuBLASLt
+    "H200-SXM-141GB | matmul fp8": 5.5,
     "A100-SXM4-80GB | memory-bound": 3.1,
     "H100-SXM-80GB | memory-bound": 2.3,
     "H200-SXM-141GB | memory-bound": 2.9,

@@ -142,7 +142,7 @@ A100_80GB = DeviceSpec(
     hbm_GB=80.0,  # Source: hw_specs.csv
     hbm_GBps=2039.0,  # Source: hw_specs.csv (2.039 TB/s HBM2e)
     hbm_stream_GBps=1674.0,  # Source: microbench.csv, mean of 5 Azure STREAM kernels (1.61–1.75 TB/s)
-    gemm_eff_16bit=253.7 / 312.0,  # Source: microbench.csv, Azure cuBLASLt fp16 8192^3 = 253.7 TFLOP/s
+    gemm_eff_16bit=271.2 / 312.0,  # Source: microbench.csv, MAMF A100 SXM bf16 best shape 271.2 TFLOP/s (86.9%)
     gemm_eff_fp8=None,
     flash_fwd_eff=187.13 / 312.0,  # Source: microbench.csv, FA2 fwd non-causal = 187.1 TFLOP/s
     flash_fwd_shape=(1, 32, 4096, 128),  # Source: microbench.csv (liangan1 GPU_travel FA2 row)
@@ -168,7 +168,7 @@ A100_40GB = DeviceSpec(
     hbm_GBps=1555.0,  # Source: hw_specs.csv (1.555 TB/s HBM2)
     # No STREAM row for the 40 GB part: the 80 GB part's measured fraction (1674/2039 = 0.821).
     hbm_stream_GBps=1555.0 * 1674.0 / 2039.0,
-    gemm_eff_16bit=253.7 / 312.0,  # Source: same die as A100-80GB (microbench.csv cuBLASLt 8192^3)
+    gemm_eff_16bit=271.2 / 312.0,  # Source: same die as A100-80GB (microbench.csv MAMF A100 SXM bf16)
     gemm_eff_fp8=None,
     flash_fwd_eff=187.13 / 312.0,  # Source: same die as A100-80GB (microbench.csv FA2 rows)
     flash_fwd_shape=(1, 32, 4096, 128),

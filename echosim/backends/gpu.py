@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from echosim.backends import collectives, compute
 from echosim.backends.base import Backend, KernelBackend, OverlapModel, Placement
 from echosim.backends.devices import DEVICES, DeviceSpec
@@ -53,6 +55,11 @@ class GPUBackend(KernelBackend):
     fp32 matmuls are costed on TF32 tensor cores, as training recipes configure PyTorch
     (``torch.set_float32_matmul_precision("high")``); ``allow_tf32=False`` costs them on
     the FP32 pipes instead. The MFU denominator follows the same choice.
+
+    The software stack is part of the answer: GEMMs run cuBLAS's heuristic pick, as PyTorch
+    and Transformer Engine call it (``autotuned_gemms=True``: an autotuner's, as XLA does), and
+    collectives run under NCCL's defaults unless ``nccl`` says otherwise. :meth:`variant`
+    gives the same device under another stack.
     """
 
     def __init__(
@@ -62,16 +69,22 @@ class GPUBackend(KernelBackend):
         *,
         allow_tf32: bool = True,
         nccl: collectives.NcclConfig = collectives.DEFAULT_NCCL,
+        autotuned_gemms: bool = False,
     ):
         self.device = device
         self.name = device.name
         self._overlap = overlap if overlap is not None else default_overlap(device)
         self.allow_tf32 = allow_tf32
         self.nccl = nccl
+        self.autotuned_gemms = autotuned_gemms
 
-    def with_nccl(self, nccl: collectives.NcclConfig) -> GPUBackend:
-        """The same backend issuing its collectives under other NCCL settings (a harness, a framework)."""
-        return GPUBackend(self.device, self._overlap, allow_tf32=self.allow_tf32, nccl=nccl)
+    def variant(self, **settings: Any) -> GPUBackend:
+        """The same device under another software stack: ``nccl`` settings, ``autotuned_gemms``, ``allow_tf32``."""
+        current = {"allow_tf32": self.allow_tf32, "nccl": self.nccl, "autotuned_gemms": self.autotuned_gemms}
+        unknown = set(settings) - set(current)
+        if unknown:
+            raise ValueError(f"unknown backend setting(s) {', '.join(sorted(unknown))} (known: {', '.join(current)})")
+        return GPUBackend(self.device, self._overlap, **{**current, **settings})
 
     def __repr__(self) -> str:
         return f"GPUBackend({self.device.name!r}, {self._overlap})"
@@ -83,7 +96,7 @@ class GPUBackend(KernelBackend):
         return dtype
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
-        return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype)
+        return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms)
 
     def attention_cost_s(self, a: AttentionAttrs, dtype: str, backward: bool) -> float:
         return compute.attention_time_s(self.device, a, dtype, backward)
@@ -109,6 +122,7 @@ class GPUBackend(KernelBackend):
         d["nvlink_busbw_GBps"] = round(self.device.nvlink_busbw_GBps, 3)
         d["overlap"] = asdict(self._overlap)
         d["allow_tf32"] = self.allow_tf32
+        d["autotuned_gemms"] = self.autotuned_gemms
         return d
 
     def memory_bytes(self) -> int:

@@ -84,7 +84,7 @@ class Probe:
     scope: str  # "single device", "intra-node", "inter-node"
     predict: Callable[[Any], float]  # backend -> value in the row's metric
     regime: str = ""  # collectives: ">=1MiB" or "<1MiB"
-    nccl: NcclConfig | None = None  # collectives: how the row's harness issued them
+    settings: dict[str, Any] = field(default_factory=dict)  # the harness's software stack (GPUBackend.variant)
 
 
 @dataclass
@@ -249,7 +249,10 @@ def _matmul_probe(backend: str, row: dict[str, str]) -> Probe | str:
     b, m, n, k = dims
     node = _node(OpKind.MATMUL, MatmulAttrs(m, n, k, b), dtype)
     flops = 2.0 * b * m * n * k
-    return Probe(backend, f"matmul {dtype}", "single device", lambda be: flops / be.op_time_s(node, 0) / 1e12)
+    # mamf-finder searches shapes and kernels; XLA autotunes; cuBLASLt and PyTorch take the heuristic's pick.
+    autotuned = "MAMF" in row["op"] or XLA_TABLE in row["source"]
+    predict = lambda be: flops / be.op_time_s(node, 0) / 1e12  # noqa: E731
+    return Probe(backend, f"matmul {dtype}", "single device", predict, settings={"autotuned_gemms": autotuned})
 
 
 def _attention_probe(backend: str, row: dict[str, str]) -> Probe | str:
@@ -392,7 +395,8 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
         return f"metric {row['metric']!r} not understood"
     scope = "intra-node" if nodes == 1 else "inter-node"
     op = "send/recv" if kind is OpKind.SEND else kind.value
-    return Probe(backend, op, scope, predict, ">=1MiB" if size >= MiB else "<1MiB", harness_nccl(row))
+    regime = ">=1MiB" if size >= MiB else "<1MiB"
+    return Probe(backend, op, scope, predict, regime, {"nccl": harness_nccl(row)})
 
 
 def probe(row: dict[str, str]) -> Probe | str:
@@ -415,14 +419,14 @@ def probe(row: dict[str, str]) -> Probe | str:
     return f"op {op!r} is not costed by echosim"
 
 
-def _under_harness(backend: Any, nccl: NcclConfig) -> Any:
-    """The backend as the row's harness drove it, where the backend models NCCL settings."""
+def _under_harness(backend: Any, settings: dict[str, Any]) -> Any:
+    """The backend as the row's harness drove it, where the backend models that software stack."""
     from echosim.backends.loading import GuardedBackend
 
     inner = getattr(backend, "inner", backend)
-    if not hasattr(inner, "with_nccl"):
+    if not hasattr(inner, "variant"):
         return backend
-    return GuardedBackend(inner.with_nccl(nccl), backend.name, backend.owner)
+    return GuardedBackend(inner.variant(**settings), backend.name, backend.owner)
 
 
 def validate_microbench(path: str | Path, registry: Any = None) -> MicrobenchValidation:
@@ -450,8 +454,8 @@ def validate_microbench(path: str | Path, registry: Any = None) -> MicrobenchVal
                 except EchosimError as exc:
                     backends[p.backend] = exc
             be = backends[p.backend]
-            if p.nccl is not None and not isinstance(be, Exception):
-                be = _under_harness(be, p.nccl)
+            if p.settings and not isinstance(be, Exception):
+                be = _under_harness(be, p.settings)
             if isinstance(be, Exception):
                 r.skipped = str(be)
             else:
