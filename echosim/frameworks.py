@@ -68,6 +68,23 @@ FRAMEWORKS: dict[str, Framework] = {
             "torch 2.x",
         ),
         Framework(
+            "megatron-2022",
+            "Megatron-LM before FlashAttention: attention scores materialised (baddbmm, fused softmax, bmm)",
+            "Megatron-LM 2021-2022 (before commit d693034)",
+            (
+                Default(
+                    "attention",
+                    "math",
+                    "FlashAttention entered Megatron-LM on 2022-12-08 (commit d693034, --use-flash-attn, off by "
+                    "default); the runs of Narayanan et al. 2021 and Korthikanti et al. 2022 predate it",
+                ),
+                Default("zero", 0, f"--use-distributed-optimizer is off unless given ({_MEGATRON_ARGS})"),
+                Default("sp", False, f"--sequence-parallel is off unless given ({_MEGATRON_ARGS})"),
+                Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
+            ),
+            row_names=("Megatron-LM (2021)", "Megatron-LM (2022)"),
+        ),
+        Framework(
             "megatron",
             "Megatron-LM / Megatron-Core with Transformer Engine",
             "Megatron-LM core_r0.x (commit d98e8a6)",

@@ -233,6 +233,14 @@ def test_blank_cells_take_framework_defaults(tmp_path):
     assert row_plan(_case(tmp_path, framework="unit test"))[0].framework == "eager"
 
 
+def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):
+    """Megatron-LM before its FlashAttention integration (Dec 2022) materialised scores; nothing keys on the source."""
+    frameworks = ("Megatron-LM (2021)", "Megatron-LM (2022)", "Megatron-LM", "MegaScale (Megatron-LM based)", "NeMo")
+    attention = [row_plan(_case(tmp_path, framework=f))[0].attention for f in frameworks]
+    assert attention == ["math", "math", "flash", "flash", "flash"]
+    assert row_plan(_case(tmp_path, source_id="narayanan2021", framework="NeMo 25.02"))[0].attention == "flash"
+
+
 def test_moe_rows_read_expert_width_and_shared_experts(tmp_path):
     """Experts get moe_ffn_hidden, not ffn_hidden (the dense-layer width), and shared experts are kept."""
     moe = {"arch": "moe", "experts": "8", "top_k": "2", "moe_ffn_hidden": "32", "shared_experts": "1"}

@@ -16,8 +16,6 @@ from echosim.validation.cases import ARCHES, DTYPES, Case, backend_for
 SLICE_BACKENDS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
 #: Devices with fp8 tensor cores: a blank dtype there could be 16-bit or fp8, so the row is not guessed.
 FP8_BACKENDS = ("h100-sxm", "h800", "h200", "b200", "gb200", "mi300x")
-#: Sources whose framework materialised attention scores (Megatron-LM before fused attention).
-MATH_ATTENTION_SOURCES = ("narayanan2021", "korthikanti2022")
 
 
 def unsupported(c: Case, registry: Any = None) -> str:
@@ -123,10 +121,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "seq_len": c.int("seq_len") or 0,
         "dtype": c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
         "recompute": c["recompute"] or None,
-        "attention": "math" if c["source_id"] in MATH_ATTENTION_SOURCES else "flash",
         "schedule": "interleaved" if vpp > 1 else "1f1b",
-        # NeMo's token-dropping MoE recipes cap each expert at its fair share; the others are dropless
-        "moe_capacity_factor": 1.0 if c["arch"] == "moe" and "tokendrop" in c.case_id else 0.0,
         "framework": framework_named_in(c["framework"]),
     }
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None})
