@@ -102,7 +102,7 @@ def _write(path: str, text: str, option: str) -> None:
 @click.argument("model")
 @click.option("--backend", default="a100-80gb", show_default=True)
 @click.option("--devices", type=int, required=True)
-@click.option("--devices-per-node", type=int, default=8, show_default=True)
+@click.option("--devices-per-node", type=int, help="[default: the backend's node for this job]")
 @click.option("--global-batch", type=int, required=True, help="Sequences per optimizer step.")
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default="bf16", show_default=True)
@@ -115,9 +115,9 @@ def _write(path: str, text: str, option: str) -> None:
 @click.option("--workers", type=int, default=1, show_default=True, help="Local processes.")
 @click.option("--json", "as_json", is_flag=True)
 @_guard
-def search_cmd(model: str, backend: str, devices: int, devices_per_node: int, global_batch: int, seq_len: int | None,
-               dtype: str, micro_batches: str, recomputes: str, schedules: str, zeros: str | None,
-               framework: str | None, top: int, workers: int, as_json: bool) -> None:  # fmt: skip
+def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | None, global_batch: int,
+               seq_len: int | None, dtype: str, micro_batches: str, recomputes: str, schedules: str,
+               zeros: str | None, framework: str | None, top: int, workers: int, as_json: bool) -> None:  # fmt: skip
     """Rank the parallel layouts of MODEL on DEVICES by step time (those that fit first)."""
     from rich.progress import Progress
 
@@ -132,7 +132,7 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int, gl
 
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework})  # fmt: skip
-    cluster = Cluster(backend, devices, devices_per_node)
+    cluster = Cluster(backend, devices, devices_per_node or 0)
     space = {
         "micro_batches": ints(micro_batches, "micro-batches"),
         "recompute": tuple(recomputes.split(",")),

@@ -8,7 +8,7 @@ backend; :func:`compile` reads the report from what :func:`lower` returns.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -57,6 +57,15 @@ def load_model(model: Any, plan: Plan) -> tuple[Graph, list[str], int]:
     return capture_object(model, spec, getattr(model, "arch", type(model).__name__))
 
 
+def resolve_cluster(cluster: Cluster, registry: Registry | None = None, backend: Any = None) -> Cluster:
+    """``cluster`` with its node size filled in: ``devices_per_node=0`` becomes the backend's node
+    for this job (NVLink domain, NVL72 rack, TPU slice; :meth:`GuardedBackend.node_devices`)."""
+    if cluster.devices_per_node or cluster.devices < 1:
+        return cluster
+    backend = backend or load_backend(cluster.backend, registry or plugins.get_registry())
+    return replace(cluster, devices_per_node=backend.node_devices(cluster.devices))
+
+
 def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Report:
     """Simulate one training step of ``model`` with ``plan`` on ``cluster``."""
     return lower(model, plan, cluster).report
@@ -73,9 +82,11 @@ def lower(
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
+    loaded = load_backend(cluster.backend, registry)
+    cluster = resolve_cluster(cluster, registry, loaded)
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
     _check_requested(registry, plan)
-    backend = apply_calibration(load_backend(cluster.backend, registry), cluster.calibration)
+    backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
     warnings, notes = split_notes(messages + check_model(plan, ModelShape.of(graph)))
     graph_passes = _configured(registry, "graph", plan)

@@ -50,8 +50,10 @@ def candidates(
     max_tp: int = 0,
 ) -> Iterator[Plan]:
     """Plans whose degrees multiply to the device count; TP stays inside a node unless ``max_tp`` says otherwise."""
+    from echosim.compiler import resolve_cluster
+
     devices = cluster.devices
-    max_tp = max_tp or min(cluster.devices_per_node, devices)
+    max_tp = max_tp or min(resolve_cluster(cluster).devices_per_node, devices)
     batch = base.global_batch
     for tp in _divisors(devices):
         if tp > max_tp:

@@ -25,12 +25,12 @@ class PlanError(EchosimError):
 class Cluster:
     backend: str = "a100-80gb"
     devices: int = 1024
-    devices_per_node: int = 8
+    devices_per_node: int = 0  # 0: the backend's node (NVLink domain, NVL72 rack, TPU slice) for this job
     calibration: str = ""  # a calibration (``echosim calibrate``) whose fitted parameters the backend uses
 
     @property
     def nodes(self) -> int:
-        return max(1, self.devices // self.devices_per_node)
+        return max(1, self.devices // (self.devices_per_node or self.devices or 1))
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ DEFAULT_PLAN = Plan(
     recompute="full",
     attention="math",
 )
-DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024, devices_per_node=8)
+DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024)  # 8 per node: the backend's HGX node
 
 _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 

@@ -60,3 +60,48 @@ def test_groups_that_straddle_node_boundaries_unevenly_are_rejected():
 def test_bad_arguments_are_named(axis, sizes, message):
     with pytest.raises(ValueError, match=message):
         megatron_placement(axis, sizes, 8)
+
+
+# ---- the node a job gets when --devices-per-node is not given ---------------------------------------------
+
+
+def test_fill_domains_spreads_a_partial_job_evenly():
+    from echosim.backends.topology import fill_domains
+
+    assert fill_domains(4, 8) == 8  # part of one HGX node
+    assert fill_domains(1024, 8) == 8
+    assert fill_domains(128, 72) == 64  # two NVL72 racks of 64
+    assert fill_domains(144, 72) == 72
+    assert fill_domains(100, 72) == 50
+    assert fill_domains(97, 72) == 72  # no even split: left to the layout check to reject
+
+
+@pytest.mark.parametrize(
+    ("backend", "devices", "expected"),
+    [("h100-sxm", 64, 8), ("gb200", 128, 64), ("gb200", 8, 72), ("tpu-v5p", 256, 256), ("tpu-v5e", 512, 256),
+     ("cpu-x86", 2, 2), ("null", 4, 8)],
+)  # fmt: skip
+def test_compile_takes_the_node_from_the_backend(backend, devices, expected):
+    from echosim import Cluster, Plan, compile
+
+    report = compile("gpt3-125m", Plan(dp=devices, global_batch=devices, seq_len=128), Cluster(backend, devices))
+    assert report.devices_per_node == expected
+    given = compile("gpt3-125m", Plan(dp=devices, global_batch=devices, seq_len=128), Cluster(backend, devices, 1))
+    assert given.devices_per_node == 1
+
+
+def test_a_plugin_without_node_devices_gets_eight_and_a_bad_answer_is_one_line():
+    from echosim.backends.gpu import NullBackend
+    from echosim.backends.loading import BackendError, build_backend
+
+    class Plain(NullBackend):
+        node_devices = None  # type: ignore[assignment]
+
+    assert build_backend("plain", Plain, "test").node_devices(64) == 8
+
+    class Bad(NullBackend):
+        def node_devices(self, devices: int) -> int:
+            return 0
+
+    with pytest.raises(BackendError, match="node_devices\\(\\) must return a positive int"):
+        build_backend("bad", Bad, "test").node_devices(64)

@@ -88,6 +88,10 @@ class Backend(Protocol):
         ...
 
 
+#: Devices per node a backend without ``node_devices`` gets (an HGX/DGX node).
+DEFAULT_NODE_DEVICES = 8
+
+
 class KernelBackend:
     """Shared dispatch for analytic backends: one cost hook per kind of kernel.
 

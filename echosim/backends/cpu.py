@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
+from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
 
@@ -223,6 +224,10 @@ class CPUBackend(KernelBackend):
 
     def __repr__(self) -> str:
         return f"CPUBackend({self.cpu.name!r})"
+
+    def node_devices(self, devices: int) -> int:
+        """A job's node is one machine: its sockets, one rank each."""
+        return fill_domains(devices, self.cpu.sockets_per_node)
 
     DTYPES = ("bf16", "fp16", "fp32")
     FALLBACK_DTYPE = "fp32"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from echosim.backends import collectives, compute
-from echosim.backends.base import Backend, KernelBackend, OverlapModel, Placement
+from echosim.backends.base import DEFAULT_NODE_DEVICES, Backend, KernelBackend, OverlapModel, Placement
 from echosim.backends.devices import DEVICES, DeviceSpec
+from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
 
@@ -95,6 +96,10 @@ class GPUBackend(KernelBackend):
             return "fp32-simt"
         return dtype
 
+    def node_devices(self, devices: int) -> int:
+        """A job's node is its NVLink domain: 8 GPUs (HGX/DGX) or the 72 of an NVL72 rack."""
+        return fill_domains(devices, self.device.devices_per_node)
+
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
         return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms)
 
@@ -155,6 +160,9 @@ class NullBackend:
 
     def peak_flops(self, dtype: str) -> float:
         return 1e15
+
+    def node_devices(self, devices: int) -> int:
+        return DEFAULT_NODE_DEVICES
 
     def describe(self) -> dict[str, object]:
         return {"kind": "null", "peak_bf16_tflops": 1000.0, "source": "no hardware: every op costs 1 ns (for tests)"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echosim.backends.base import OverlapModel, Placement
+from echosim.backends.base import DEFAULT_NODE_DEVICES, OverlapModel, Placement
 from echosim.errors import EchosimError
 from echosim.ir.graph import Node
 from echosim.ir.ops import OpKind
@@ -85,6 +85,25 @@ class GuardedBackend:
             return float(self.inner.peak_flops(dtype))
         except Exception as exc:
             raise self._fail("peak_flops", exc) from None
+
+    def node_devices(self, devices: int) -> int:
+        """Devices of one node (NVLink domain, rack, TPU slice) a job of ``devices`` gets by default.
+
+        Optional for a plugin: without ``node_devices`` a node holds 8 devices (an HGX/DGX node).
+        """
+        method = getattr(self.inner, "node_devices", None)
+        if not callable(method):
+            return DEFAULT_NODE_DEVICES
+        try:
+            value = method(devices)
+        except Exception as exc:
+            raise self._fail("node_devices", exc) from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BackendError(
+                f"backend '{self.name}' (plugin '{self.owner}'): node_devices() must return a positive int, "
+                f"got {value!r}"
+            )
+        return value
 
     def describe(self) -> dict[str, Any]:
         describe = getattr(self.inner, "describe", None)

@@ -16,6 +16,18 @@ from echosim.backends.base import Placement
 MEGATRON_ORDER = ("tp", "cp", "ep", "dp", "pp")
 
 
+def fill_domains(devices: int, domain: int) -> int:
+    """Devices per node for a job of ``devices`` on machines whose fast domain holds ``domain``.
+
+    A job that fills whole domains gets the domain; one that does not (128 GPUs of NVL72 racks)
+    spreads evenly over as few domains as hold it (two racks of 64), when that divides.
+    """
+    if devices <= domain or devices % domain == 0:
+        return domain
+    domains = -(-devices // domain)
+    return devices // domains if devices % domains == 0 else domain
+
+
 def megatron_placement(axis: str, sizes: dict[str, int], devices_per_node: int) -> Placement:
     """Placement of the ``axis`` group that contains rank 0.
 

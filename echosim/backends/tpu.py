@@ -15,7 +15,8 @@ over ICI and across slices over the data-centre network (DCN), per chip.
 
 The :class:`~echosim.backends.base.Placement` a TPU backend receives counts *slices* as
 nodes: ``per_node`` chips of the group share one ICI slice, ``nodes`` slices are joined
-over DCN. Compile TPU layouts with ``--devices-per-node`` set to the slice size.
+over DCN. A cluster's node is the slice: by default the whole job up to the largest slice
+(:meth:`TPUBackend.node_devices`); ``--devices-per-node`` sets a smaller one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import math
 from dataclasses import dataclass, fields
 
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
+from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
 
@@ -368,6 +370,10 @@ class TPUBackend(KernelBackend):
 
     def __repr__(self) -> str:
         return f"TPUBackend({self.chip.name!r})"
+
+    def node_devices(self, devices: int) -> int:
+        """A job's node is its ICI slice: the whole job up to the largest slice, else equal slices over DCN."""
+        return devices if devices <= self.chip.pod_chips else fill_domains(devices, self.chip.pod_chips)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
         return matmul_time_s(self.chip, a.m, a.n, a.k, a.batch, dtype)

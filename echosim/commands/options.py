@@ -61,7 +61,11 @@ def layout_options(fn: F) -> F:
     options = [
         click.option("--backend", help="Hardware backend (see `echosim backends`)."),
         click.option("--devices", type=int, help="Number of devices (default: tp*pp*dp)."),
-        click.option("--devices-per-node", type=int, help="Devices per node (NVLink domain)."),
+        click.option(
+            "--devices-per-node",
+            type=int,
+            help="Devices per node: NVLink domain, NVL72 rack or TPU slice [default: the backend's for this job].",
+        ),
         click.option("--tp", type=int, help="Tensor-parallel degree."),
         click.option("--pp", type=int, help="Pipeline-parallel degree."),
         click.option("--dp", type=int, help="Data-parallel degree."),

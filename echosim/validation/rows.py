@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from echosim.backends.topology import fill_domains
 from echosim.validation.cases import ARCHES, DTYPES, Case, backend_for
 
 #: Backends whose node (``devices_per_node``) is an ICI slice, not a host (cases.csv gives hosts).
@@ -127,14 +128,10 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None})
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
-    per_node = c.int("devices_per_node", 8) or 8
-    if backend in SLICE_BACKENDS:
-        # cases.csv counts TPU hosts (4 chips); the TPU backend's node is the ICI slice.
-        per_node = devices // (c.int("slices", 1) or 1)
-    elif devices > per_node and devices % per_node:
-        # A job that does not fill whole NVLink domains (128 GPUs of NVL72 racks) spreads evenly
-        # over as few domains as hold it.
-        domains = -(-devices // per_node)
-        per_node = devices // domains if devices % domains == 0 else per_node
+    stated = c.int("devices_per_node", 8) or 8
+    # cases.csv counts TPU hosts (4 chips); the TPU backend's node is the ICI slice. 128 GPUs of
+    # NVL72 racks are two domains of 64.
+    slice_chips = devices // (c.int("slices", 1) or 1)
+    per_node = slice_chips if backend in SLICE_BACKENDS else fill_domains(devices, stated)
     cluster = Cluster(backend, devices, per_node, **({"calibration": calibration} if calibration else {}))
     return plan, cluster
