@@ -15,7 +15,7 @@ PLAN_FIELDS = {f.name for f in fields(Plan)}
 
 
 def test_every_default_is_a_plan_field_with_a_source() -> None:
-    assert set(FRAMEWORKS) == {"eager", "megatron", "nemo", "torchtitan", "maxtext", "deepspeed"}
+    assert set(FRAMEWORKS) == {"eager", "megatron-2022", "megatron", "nemo", "torchtitan", "maxtext", "deepspeed"}
     for fw in FRAMEWORKS.values():
         assert fw.version and fw.title
         for d in fw.defaults:
@@ -49,7 +49,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--framework", "keras"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "known: deepspeed, eager, maxtext, megatron, nemo, torchtitan" in lines[0]
+    assert len(lines) == 1 and "known: deepspeed, eager, maxtext, megatron, megatron-2022, nemo, torchtitan" in lines[0]
 
 
 def test_unknown_framework_in_a_plan_is_refused_before_capture() -> None:
@@ -76,7 +76,9 @@ def test_compile_reports_the_framework_and_applies_its_defaults() -> None:
     [
         ("NeMo 25.02.01 container (NeMo 2.0 / Megatron-Core), recipe GSW 25.04", "nemo"),
         ("Megatron-Bridge / Megatron-Core (NeMo 25.11)", "nemo"),
-        ("Megatron-LM (2021)", "megatron"),
+        ("Megatron-LM (2021)", "megatron-2022"),
+        ("Megatron-LM (2022)", "megatron-2022"),
+        ("Megatron-LM", "megatron"),
         ("MegaScale (Megatron-LM based)", "megatron"),
         ("MaxText (NVIDIA JAX container 25.01-maxtext)", "maxtext"),
         ("torchtitan (torch 2.6 nightly 2024-12-23, torchao)", "torchtitan"),
