@@ -10,6 +10,7 @@ import pytest
 from echosim.frontend.zoo import ArchConfig
 from echosim.ir.graph import Graph
 from echosim.ir.types import DType
+from echosim.plan import Plan
 
 # Debug mode: verify the IR after every pass, built-in ones included (production checks only plugins' passes).
 os.environ.setdefault("ECHOSIM_VERIFY", "1")
@@ -18,6 +19,16 @@ GOLDEN = Path(__file__).parent / "golden"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 TINY_GPT = ArchConfig("gpt", layers=2, hidden=64, heads=4, vocab=128, seq_len=16, dropout=0.1, tied_embeddings=True)
+# One layout per schedule and parallelism the costed graph must handle: (model, plan, devices on h100-sxm).
+COSTED_LAYOUTS = {
+    "1f1b": ("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=16, seq_len=1024), 16),
+    "gpipe": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="gpipe"), 8),
+    "interleaved": ("gpt3-1.3b", Plan(pp=4, dp=2, vpp=3, global_batch=16, seq_len=1024), 8),
+    "zb-h1": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="zb-h1"), 8),
+    "tp-overlap+sp": ("llama3-8b", Plan(tp=4, pp=2, dp=1, sp=True, tp_overlap=True, global_batch=8), 8),
+    "cp+zero3": ("llama3-8b", Plan(tp=2, cp=2, dp=2, zero=3, global_batch=8, seq_len=16384), 8),
+    "ep": ("mixtral-8x7b", Plan(tp=2, ep=4, dp=4, global_batch=16, seq_len=2048), 8),
+}
 TINY_LLAMA = ArchConfig("llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, ffn=96, seq_len=16)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 from click.testing import CliRunner
+from conftest import COSTED_LAYOUTS
 
 from echosim.cli import cli
 from echosim.compiler import Compiled, lower
@@ -17,15 +18,7 @@ from echosim.plugins import get_registry
 from echosim.timeline.costed import write_graph
 from echosim.timeline.report import breakdown
 
-LAYOUTS = {
-    "1f1b": ("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=16, seq_len=1024), 16),
-    "gpipe": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="gpipe"), 8),
-    "interleaved": ("gpt3-1.3b", Plan(pp=4, dp=2, vpp=3, global_batch=16, seq_len=1024), 8),
-    "zb-h1": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="zb-h1"), 8),
-    "tp-overlap+sp": ("llama3-8b", Plan(tp=4, pp=2, dp=1, sp=True, tp_overlap=True, global_batch=8), 8),
-    "cp+zero3": ("llama3-8b", Plan(tp=2, cp=2, dp=2, zero=3, global_batch=8, seq_len=16384), 8),
-    "ep": ("mixtral-8x7b", Plan(tp=2, ep=4, dp=4, global_batch=16, seq_len=2048), 8),
-}
+LAYOUTS = COSTED_LAYOUTS
 
 
 def _lower(name: str) -> Compiled:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
+from conftest import COSTED_LAYOUTS
 
 from echosim.cli import cli
 from echosim.commands.options import parse_layout_flags
@@ -19,14 +20,7 @@ from echosim.explain.whatif import cheapest_fit, neighbours, suggest
 from echosim.plan import Cluster, Plan
 from echosim.plugins import get_registry
 
-LAYOUTS = {
-    "1f1b": ("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=16, seq_len=1024), 16),
-    "interleaved": ("gpt3-1.3b", Plan(pp=4, dp=2, vpp=3, global_batch=16, seq_len=1024), 8),
-    "zb-h1": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="zb-h1"), 8),
-    "tp-overlap+sp": ("llama3-8b", Plan(tp=4, pp=2, dp=1, sp=True, tp_overlap=True, global_batch=8), 8),
-    "cp+zero3": ("llama3-8b", Plan(tp=2, cp=2, dp=2, zero=3, global_batch=8, seq_len=16384), 8),
-    "ep": ("mixtral-8x7b", Plan(tp=2, ep=4, dp=4, global_batch=16, seq_len=2048), 8),
-}
+LAYOUTS = COSTED_LAYOUTS
 # gpt3-1.3b with 16 sequences per micro-batch: 90 GiB on a 40 GB A100, no single change makes it fit
 TOO_BIG = ("gpt3-1.3b", Plan(dp=2, micro_batch=16, global_batch=64), Cluster("a100-40gb", 2))
 
@@ -154,3 +148,27 @@ def test_explain_reads_the_costed_graph_of_the_compile() -> None:
     assert e.bubble_s == c.report.breakdown.get("bubble", 0.0)
     assert e.slowdown_s["compute"] >= 0 and e.slowdown_s["comm"] >= 0
     assert e.as_dict()["suggestions"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "flags"),
+    [
+        (None, ""),  # the default run: GPT-3 175B on 1,024 A100-80GB
+        (
+            "llama3-70b",
+            "--backend h100-sxm --tp 8 --pp 4 --dp 2 --seq-len 8192 --recompute selective --global-batch 128",
+        ),
+    ],
+)
+def test_the_issues_two_runs_the_first_suggestion_through_compile(model: str | None, flags: str) -> None:
+    code, out = _invoke("explain", *([model] if model else []), *shlex.split(flags), "--json")
+    assert code == 0, out
+    result = json.loads(out)
+    first = result["suggestions"][0]
+    assert first["fits"] and (not result["fits"] or first["step_time_s"] < result["step_time_s"])
+    code, out = _invoke("compile", result["model"], *shlex.split(first["flags"]), "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["step_time_s"] == first["step_time_s"] and report["fits"] is True
+    assert max(m["peak"] for m in report["memory"]) / 2**30 == pytest.approx(first["peak_gib"], rel=1e-5)

@@ -6,19 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import COSTED_LAYOUTS
 
 from echosim.compiler import Compiled, lower
-from echosim.plan import Cluster, Plan
+from echosim.plan import Cluster
 from echosim.timeline.trace import chrome_trace, detailed_blocks, write_trace
 
-LAYOUTS = {
-    "1f1b": ("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=16, seq_len=1024), 16),
-    "interleaved": ("gpt3-1.3b", Plan(pp=4, dp=2, vpp=3, global_batch=16, seq_len=1024), 8),
-    "zb-h1": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="zb-h1"), 8),
-    "tp-overlap+sp": ("llama3-8b", Plan(tp=4, pp=2, dp=1, sp=True, tp_overlap=True, global_batch=8), 8),
-    "cp+zero3": ("llama3-8b", Plan(tp=2, cp=2, dp=2, zero=3, global_batch=8, seq_len=16384), 8),
-    "ep": ("mixtral-8x7b", Plan(tp=2, ep=4, dp=4, global_batch=16, seq_len=2048), 8),
-}
+LAYOUTS = COSTED_LAYOUTS
 TOLERANCE_US = 1e-6
 
 
