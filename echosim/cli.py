@@ -19,7 +19,36 @@ from echosim.errors import EchosimError, one_line_errors
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
 
 
-@click.group()
+class _Commands(click.Group):
+    """The core commands, and plugins' commands (``cost``, ``validate``, ...) loaded only when one is asked for.
+
+    ``echosim compile`` never imports a command plugin; ``echosim --help`` and a plugin's
+    command load them once (their other registrations wait for the full registry).
+    """
+
+    _plugins_added = False
+
+    def _add_plugin_commands(self) -> None:
+        if self._plugins_added:
+            return
+        self._plugins_added = True
+        from echosim.plugins import get_command_registry
+
+        registry = get_command_registry()
+        registry.add_commands(self)
+        _warn(registry.errors)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            self._add_plugin_commands()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._add_plugin_commands()
+        return super().list_commands(ctx)
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="echosim")
 def cli() -> None:
     """Simulate one distributed training step from the model itself."""
@@ -255,13 +284,10 @@ def _warn(errors: list[str]) -> None:
 
 def main() -> None:
     try:
-        from echosim.plugins import get_registry
-
-        get_registry().add_commands(cli)
-    except EchosimError as exc:
+        cli.main()
+    except EchosimError as exc:  # a plugin's commands clashing, found while looking a command up
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
-    cli()
 
 
 if __name__ == "__main__":

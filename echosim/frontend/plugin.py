@@ -18,10 +18,27 @@ def register_models(register: RegisterModel) -> None:
         )
 
 
+def _load_hf(source: str) -> object:
+    from echosim.frontend import hf
+
+    return hf.load(source)
+
+
+def _load_onnx(source: str) -> object:
+    from echosim.frontend import onnx
+
+    return onnx.load(source)
+
+
+def _load_py(source: str) -> object:
+    from echosim.frontend import pyfile
+
+    return pyfile.load(source)
+
+
 @hookimpl
 def register_frontends(register: RegisterFrontend) -> None:
-    from echosim.frontend import hf, onnx, pyfile
-
-    register("hf:", hf.load)
-    register(".onnx", onnx.load)
-    register(".py", pyfile.load)
+    # Each frontend module is imported when a model of its kind is loaded, not when the registry is built.
+    register("hf:", _load_hf)
+    register(".onnx", _load_onnx)
+    register(".py", _load_py)

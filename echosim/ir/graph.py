@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from echosim.ir.ops import Attrs, NoAttrs, OpKind, Phase
 from echosim.ir.types import TensorSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 T = TypeVar("T")
 
@@ -133,6 +134,8 @@ class Graph:
     def dag(self) -> nx.DiGraph:
         """The structure as a networkx ``DiGraph`` of node ids (built from the node table on first use)."""
         if self._dag is None:
+            import networkx as nx  # not on the compile path: only graph algorithms and exports need it
+
             dag = nx.DiGraph()
             dag.add_nodes_from(self._nodes)
             dag.add_edges_from((i, n.id) for n in self._nodes.values() for i in n.inputs)

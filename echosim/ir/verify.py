@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import networkx as nx
-
 from echosim.ir.graph import Graph
 from echosim.ir.ops import ATTRS_FOR, OpKind
 
@@ -14,6 +12,8 @@ class VerifyError(ValueError):
 
 def verify(graph: Graph, after: str = "") -> None:
     """Raise :class:`VerifyError` if the graph is not a well-formed SSA DAG."""
+    import networkx as nx  # debug mode and plugin passes only: kept off the compile path
+
     where = f" after pass {after!r}" if after else ""
     if not nx.is_directed_acyclic_graph(graph.dag):
         raise VerifyError(f"graph {graph.name!r} has a cycle{where}")

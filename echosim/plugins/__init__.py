@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from echosim.errors import EchosimError, PluginError
 from echosim.plugins.hookspecs import hookimpl, hookspec
-from echosim.plugins.manager import Entry, PluginInfo, Registry, get_registry, load_registry
+from echosim.plugins.manager import Entry, PluginInfo, Registry, get_command_registry, get_registry, load_registry
 
 __all__ = [
     "EchosimError",
@@ -16,6 +16,7 @@ __all__ = [
     "PluginError",
     "PluginInfo",
     "Registry",
+    "get_command_registry",
     "get_registry",
     "hookimpl",
     "hookspec",

@@ -46,6 +46,7 @@ _NAME_RULE = "lowercase letters, digits, '-', '_', '.'"
 _SUFFIX = re.compile(r"\.[a-z0-9][a-z0-9._-]*")
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*:")
 _CORE_OWNER = "echosim"
+_COMMAND_MODULES = "echosim.commands."  # the built-ins that add commands
 
 #: Each kind of registration and the Registry table (and ``register_<table>`` hook) it fills.
 _KINDS = {
@@ -152,13 +153,17 @@ class Registry:
 
     def frontend(self, source: str) -> Callable[[str], object]:
         """The loader for ``source``: the longest scheme prefix it starts with, else the longest suffix."""
+        return self.frontend_entry(source).value
+
+    def frontend_entry(self, source: str) -> Entry:
+        """The registration :meth:`frontend` picks for ``source`` (its key is the scheme or suffix)."""
         lowered = source.lower()
         schemes = [key for key in self.frontends if key.endswith(":") and lowered.startswith(key)]
         suffixes = [key for key in self.frontends if key.startswith(".") and lowered.endswith(key)]
         matches = schemes or suffixes
         if not matches:
             raise PluginError(f"unknown frontend for '{source}' (known: {_known(self.frontends)})")
-        return self.frontends[max(matches, key=len)].value
+        return self.frontends[max(matches, key=len)]
 
     def plugins(self) -> list[PluginInfo]:
         """The loaded plugins in load order (built-ins first)."""
@@ -186,12 +191,15 @@ class Registry:
                 owners.setdefault(name, impl.plugin_name)
 
 
-def load_registry(include_entrypoints: bool = True, extra_plugins: Sequence[object] = ()) -> Registry:
+def load_registry(
+    include_entrypoints: bool = True, extra_plugins: Sequence[object] = (), *, commands_only: bool = False
+) -> Registry:
     """Load built-in, installed (unless ``include_entrypoints`` is false) and extra plugins.
 
     ``extra_plugins`` are modules or instances with ``@hookimpl`` methods, named by
     their ``__name__`` (or their class name); tests use them to load plugins that
-    are not installed.
+    are not installed. ``commands_only``: of the built-ins only those that add commands,
+    and no ``register_*`` table is filled (what the CLI needs to list its commands).
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
@@ -199,7 +207,8 @@ def load_registry(include_entrypoints: bool = True, extra_plugins: Sequence[obje
     versions: dict[str, tuple[str | None, str | None]] = {}
     from echosim import __version__
 
-    for module_name in list(BUILTIN_PLUGINS):
+    builtins = [m for m in BUILTIN_PLUGINS if m.startswith(_COMMAND_MODULES)] if commands_only else BUILTIN_PLUGINS
+    for module_name in list(builtins):
         module = _import_builtin(module_name)
         if module is not None:
             pm.register(module, name=module_name)
@@ -216,7 +225,7 @@ def load_registry(include_entrypoints: bool = True, extra_plugins: Sequence[obje
         versions[name] = (None, None)
 
     _report_unknown_hooks(pm, registry)
-    for kind, table_name in _KINDS.items():
+    for kind, table_name in _KINDS.items() if not commands_only else ():
         _run_register_hook(pm, registry, kind, table_name)
 
     for name, plugin in pm.list_name_plugin():
@@ -230,6 +239,13 @@ def load_registry(include_entrypoints: bool = True, extra_plugins: Sequence[obje
 def get_registry() -> Registry:
     """The registry of all plugins, loaded on first use; ``get_registry.cache_clear()`` reloads."""
     return load_registry()
+
+
+def get_command_registry() -> Registry:
+    """The plugins that may add commands, without building the other tables (cheap: for ``--help``)."""
+    if get_registry.cache_info().currsize:
+        return get_registry()
+    return load_registry(commands_only=True)
 
 
 def _import_builtin(module_name: str) -> object | None:
@@ -249,25 +265,25 @@ def _load_entrypoints(
     import importlib.metadata  # scanning installed distributions is the slow part; only on demand
 
     seen: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        dist_name = dist.metadata["Name"] or "unknown"
-        for ep in dist.entry_points:
-            if ep.group != ENTRYPOINT_GROUP:
-                continue
-            if ep.name in seen:
-                # The same distribution found twice on sys.path is harmless; two projects are not.
-                if _canonical(seen[ep.name]) != _canonical(dist_name):
-                    registry.errors.append(
-                        f"plugin '{ep.name}' from '{dist_name}' not loaded: the name is taken by '{seen[ep.name]}'"
-                    )
-                continue
-            seen[ep.name] = dist_name
-            try:
-                pm.register(ep.load(), name=ep.name)
-            except Exception as exc:
-                registry.errors.append(_load_failure(ep.name, exc))
-                continue
-            versions[ep.name] = (dist_name, dist.version)
+    # entry_points(group=...) reads each distribution's entry_points.txt only: the metadata (and its
+    # e-mail parser) is read for the distributions that hold an echosim plugin, not for all of them.
+    for ep in importlib.metadata.entry_points(group=ENTRYPOINT_GROUP):
+        dist = ep.dist
+        dist_name = (dist.name if dist is not None else None) or "unknown"
+        if ep.name in seen:
+            # The same distribution found twice on sys.path is harmless; two projects are not.
+            if _canonical(seen[ep.name]) != _canonical(dist_name):
+                registry.errors.append(
+                    f"plugin '{ep.name}' from '{dist_name}' not loaded: the name is taken by '{seen[ep.name]}'"
+                )
+            continue
+        seen[ep.name] = dist_name
+        try:
+            pm.register(ep.load(), name=ep.name)
+        except Exception as exc:
+            registry.errors.append(_load_failure(ep.name, exc))
+            continue
+        versions[ep.name] = (dist_name, dist.version if dist is not None else None)
 
 
 def _report_unknown_hooks(pm: pluggy.PluginManager, registry: Registry) -> None:
