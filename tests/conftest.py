@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from echosim.plan import Plan
 
 # Debug mode: verify the IR after every pass, built-in ones included (production checks only plugins' passes).
 os.environ.setdefault("ECHOSIM_VERIFY", "1")
+# The capture cache of this test process (and of the commands it runs) lives in a fresh folder,
+# never in the user's cache directory.
+os.environ.setdefault("ECHOSIM_CACHE_DIR", tempfile.mkdtemp(prefix="echosim-test-cache-"))
 
 GOLDEN = Path(__file__).parent / "golden"
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -14,10 +14,14 @@ loader returns something :func:`capture_object` can capture for a
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echosim.errors import EchosimError, PluginError
+from echosim.frontend import cache
 from echosim.frontend.pyfile import PY_SOURCE
 from echosim.frontend.spec import CaptureError, CaptureSpec
 
@@ -33,21 +37,59 @@ def capture_named(model: str, spec: CaptureSpec) -> tuple[Graph, list[str], int]
     registry = get_registry()
     if model in registry.models:
         return capture_object(registry.model(model)(), spec, model)
-    loader = _frontend_for(model, registry)
+    entry = _frontend_for(model, registry)
+    key = _file_key(model, entry, spec)
+    cached = cache.lookup(key) if key else None
+    if cached is not None:
+        return cached
+    before = set(sys.modules)
     try:
-        return capture_object(loader(model), spec, model)
+        graph, messages, params = capture_object(entry.value(model), spec, model)
     except EchosimError:
         raise
     except Exception as exc:  # a model no rule foresaw must still end in one line, not a traceback
         message = " ".join(str(exc).split())[:300]
         raise EchosimError(f"{model}: could not be converted ({type(exc).__name__}: {message})") from None
+    if key:
+        cache.store(key, graph, messages, params, cache.imported_files(before))
+    return graph, messages, params
+
+
+#: echosim's own file frontends: (the file that defines a source, the libraries its capture depends on)
+_FILE_FRONTENDS: dict[str, tuple[Callable[[str], Path], tuple[str, ...]]] = {
+    "hf:": (lambda source: _hf_config(source), ("torch", "transformers")),
+    ".onnx": (lambda source: Path(source).expanduser(), ("onnx", "numpy")),
+    ".py": (lambda source: Path(PY_SOURCE.match(source).group("path")).expanduser(), ("torch",)),  # type: ignore[union-attr]
+}
+
+
+def _hf_config(source: str) -> Path:
+    from echosim.frontend.hf import config_path
+
+    return config_path(source)
+
+
+def _file_key(model: str, entry: Any, spec: CaptureSpec) -> str | None:
+    """The cache key of a source read by one of echosim's file frontends; ``None`` for other frontends."""
+    known = _FILE_FRONTENDS.get(entry.name)
+    if known is None or not entry.owner.startswith("echosim."):
+        return None
+    defining, libraries = known
+    path = defining(model)
+    if not path.is_file():
+        return None  # the loader says what is wrong
+    try:
+        digest = cache.file_digest(path)
+    except OSError:
+        return None
+    return cache.key_of({"frontend": entry.name, "source": model, "sha256": digest}, spec, libraries)
 
 
 def _frontend_for(model: str, registry: Any) -> Any:
     match = PY_SOURCE.match(model)
     key = match.group("path") if match else model
     try:
-        return registry.frontend(key)
+        return registry.frontend_entry(key)
     except PluginError:
         frontends = ", ".join(sorted(registry.frontends)) or "none"
         raise EchosimError(
@@ -88,8 +130,20 @@ def _capture_arch(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Graph,
 def _capture_arch_cached(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Graph, tuple[str, ...], int]:
     """One capture per (architecture, micro-batch, dtype): ``search`` compiles many layouts of one model.
 
-    Passes never modify the graph they are given (they copy), so sharing it is safe.
+    Passes never modify the graph they are given (they copy), so sharing it is safe. Across
+    runs the capture cache serves it (:mod:`echosim.frontend.cache`).
     """
+    key = cache.key_of({"zoo": asdict(cfg), "name": name}, spec, ("torch",))
+    cached = cache.lookup(key)
+    if cached is not None:
+        graph, messages, params = cached
+        return graph, tuple(messages), params
+    graph, warnings, params = _capture_arch_now(cfg, spec, name)
+    cache.store(key, graph, list(warnings), params)
+    return graph, warnings, params
+
+
+def _capture_arch_now(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Graph, tuple[str, ...], int]:
     import torch
 
     from echosim.frontend.fx import capture_module
