@@ -88,7 +88,8 @@ def lower(
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
-    warnings, notes = split_notes(messages + check_model(plan, ModelShape.of(graph)))
+    shape = ModelShape.of(graph)
+    warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = _configured(registry, "graph", plan)
     stage_passes = _configured(registry, "stage", plan)
     checked = _verified(registry)
@@ -119,12 +120,13 @@ def lower(
         backend=cluster.backend,
         devices=cluster.devices,
         devices_per_node=cluster.devices_per_node,
-        plan=plan.as_dict(),
+        plan={**plan.as_dict(), "seq_len": shape.seq_len if shape.tokens else 0},  # the sequence simulated
         params=total_params,
         peak_flops=backend.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype),  # fp8 MFU: the 16-bit peak
         capacity_bytes=backend.memory_bytes(),
         ranks_per_stage=plan.tp * plan.dp * plan.cp,
         sequences=plan.batch,
+        tokens_per_sample=shape.seq_len if shape.tokens else 0,
         cp=plan.cp,
         state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp),
         comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),

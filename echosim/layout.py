@@ -18,6 +18,7 @@ from echosim.frameworks import get_framework
 from echosim.frontend.messages import Note
 from echosim.ir.graph import Graph
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
 from echosim.passes.recompute import MODES as RECOMPUTE_MODES
@@ -31,6 +32,12 @@ ZERO_STAGES = (0, 1, 2, 3)
 
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
     """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
+    for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):
+        if getattr(plan, name) < 1:
+            raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
+    for name in ("global_batch", "seq_len"):  # 0: derived (one micro-batch per rank; the model's sequence)
+        if getattr(plan, name) < 0:
+            raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
     get_framework(plan.framework)  # an unknown name is one line naming the known ones
     if cluster.devices < 1:
         raise PlanError(f"--devices must be positive, got {cluster.devices}")
@@ -38,9 +45,6 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         raise PlanError(f"--devices-per-node must be positive, got {cluster.devices_per_node}")
     if cluster.devices > cluster.devices_per_node and cluster.devices % cluster.devices_per_node:
         raise PlanError(f"devices={cluster.devices} is not a whole number of nodes of {cluster.devices_per_node}")
-    for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):
-        if getattr(plan, name) < 1:
-            raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
     if plan.world != cluster.devices:
         shown = f"tp*pp*dp{'*cp' if plan.cp > 1 else ''}"
         factors = f"{plan.tp}*{plan.pp}*{plan.dp}" + (f"*{plan.cp}" if plan.cp > 1 else "")
@@ -54,6 +58,8 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     schedules = sorted(schedules)
     if plan.schedule not in schedules:
         raise PlanError(f"unknown schedule {plan.schedule!r} (known: {', '.join(schedules)})")
+    if plan.vpp > 1 and plan.pp == 1:
+        raise PlanError(f"vpp={plan.vpp} needs pipeline parallelism (pp > 1): virtual stages interleave pipeline ranks")
     if plan.vpp > 1 and plan.schedule not in set(interleaved):
         raise PlanError(f"vpp={plan.vpp} needs the interleaved 1F1B schedule, not {plan.schedule!r}")
     if plan.vpp > 1 and plan.microbatches % plan.pp:
@@ -75,6 +81,11 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             raise PlanError(f"unknown {what} {value!r} (known: {', '.join(known)})")
     if plan.moe_capacity_factor < 0:
         raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {plan.moe_capacity_factor:g}")
+    if plan.ep == 1 and plan.moe_imbalance != 1.0:
+        raise PlanError(
+            f"--moe-imbalance {plan.moe_imbalance:g} needs expert parallelism (ep > 1): it is the busiest "
+            "expert-parallel rank's load over the mean"
+        )
     if plan.ep > 1 and not 1.0 <= plan.moe_imbalance <= plan.ep:
         raise PlanError(
             f"--moe-imbalance {plan.moe_imbalance:g} must lie between 1 (balanced) and ep={plan.ep} "
@@ -90,6 +101,7 @@ class ModelShape:
     heads: tuple[tuple[int, int], ...]  # distinct (query heads, key/value heads) of its attention ops
     layers: int | None  # repeats of the repeated block; None when no block repeats
     seq_len: int  # last dimension of the first per-sample input
+    tokens: bool  # that input is integer token ids: a sequence model (else images, features: samples)
     routed_experts: tuple[int, ...]  # experts per MoE layer built from echosim's MoE ops (dispatch/combine)
     batched_experts: bool  # 3-D expert weights without echosim's routing ops (hf:, ONNX)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
@@ -117,12 +129,14 @@ class ModelShape:
                     experts[w.out.shape[0]] = None
                     if n.attrs.batch > 1 and not style_for(n.scope, DEFAULT_TP_PLAN):
                         untargeted[n.scope] = None
-        ids = graph[graph.inputs[0]].out.shape if graph.inputs else (1,)
+        first = graph[graph.inputs[0]].out if graph.inputs else None
+        ids = first.shape if first is not None else (1,)
         return cls(
             name=graph.name,
             heads=tuple(heads),
             layers=next(iter(graph.repeats.values()), None),
             seq_len=ids[-1] if ids else 1,
+            tokens=first is not None and first.dtype in (DType.INT64, DType.INT32) and len(ids) == 2,
             routed_experts=tuple(experts) if routed else (),
             batched_experts=bool(experts) and not routed,
             tp_targets=targets,
@@ -152,6 +166,11 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         raise PlanError(f"sequence parallelism: tp={plan.tp} does not divide the {seq // plan.cp} tokens per rank")
     if plan.ep > 1 and not shape.routed_experts and not shape.batched_experts:
         raise PlanError(f"ep={plan.ep} needs a mixture-of-experts model ({shape.name} has no routed experts)")
+    if plan.moe_capacity_factor and not shape.routed_experts and not shape.batched_experts:
+        raise PlanError(
+            f"--moe-capacity-factor {plan.moe_capacity_factor:g} needs a mixture-of-experts model "
+            f"({shape.name} has no routed experts)"
+        )
     for experts in shape.routed_experts:
         if experts % plan.ep:
             raise PlanError(f"ep={plan.ep} does not divide experts {experts}")

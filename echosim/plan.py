@@ -94,6 +94,8 @@ DEFAULT_PLAN = Plan(
 DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024)  # 8 per node: the backend's HGX node
 
 _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
+#: Options that count something: a value a user gives must be at least 1 (leaving one out takes the default).
+_COUNTS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node")
 
 
 def plan_with_defaults(base: Plan, given: dict[str, Any]) -> Plan:
@@ -112,17 +114,38 @@ def plan_with_defaults(base: Plan, given: dict[str, Any]) -> Plan:
 
 
 def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Plan, Cluster]:
-    """No model and no options: the published GPT-3 175B run. Otherwise options, then their framework's defaults."""
+    """No model and no options: the published GPT-3 175B run. Otherwise options, then their framework's defaults.
+
+    Derived when left out: ``devices`` is ``tp*pp*dp*cp``; with ``devices`` given, ``dp`` is
+    ``devices / (tp*pp*cp)``. A count given as 0 or less is refused here, naming the option
+    (0 never means "the default" when typed).
+    """
     given = {k: v for k, v in opts.items() if v is not None}
+    for key in _COUNTS:
+        if key in given and given[key] < 1:
+            hint = " (leave it out for the model's own)" if key == "seq_len" else ""
+            raise PlanError(f"--{key.replace('_', '-')} must be at least 1, got {given[key]}{hint}")
     if model is None:
         base_plan, base_cluster = DEFAULT_PLAN, DEFAULT_CLUSTER
     else:
         base_plan, base_cluster = Plan(), Cluster(devices=0)
     plan = plan_with_defaults(base_plan, given)
     cluster = replace(base_cluster, **{k: v for k, v in given.items() if k in _CLUSTER_KEYS})
-    if cluster.devices == 0:
-        cluster = replace(cluster, devices=plan.world)
-    return model or DEFAULT_MODEL, plan, cluster
+    if "devices" not in given:
+        if model is not None:
+            cluster = replace(cluster, devices=plan.world)
+    elif "dp" not in given:
+        other = plan.tp * plan.pp * plan.cp
+        if cluster.devices % other:
+            factors = f"tp*pp{'*cp' if plan.cp > 1 else ''} = {plan.tp}*{plan.pp}" + (
+                f"*{plan.cp}" if plan.cp > 1 else ""
+            )
+            raise PlanError(
+                f"--devices {cluster.devices} is not a multiple of {factors} = {other} "
+                "(data parallelism takes the rest: dp = devices / (tp*pp*cp))"
+            )
+        plan = replace(plan, dp=cluster.devices // other)
+    return DEFAULT_MODEL if model is None else model, plan, cluster
 
 
 def plan_flags(plan: Plan, cluster: Cluster) -> list[str]:

@@ -20,15 +20,19 @@ def render(report: Any, trace: str | None = None, console: Any = None) -> None:
     extra = "".join(
         f" {label} {p[key]}" for key, label in (("cp", "CP"), ("ep", "EP")) if p.get(key, 1) not in (1, None)
     ) + (" +SP" if p.get("sp") else "")
+    seq = f"seq {p['seq_len']}, " if p.get("seq_len") else ""  # none for images and feature rows
     console.print(
         f"[bold]{report.model}[/] on {report.devices} x {report.backend} ({report.devices_per_node} per node): "
         f"TP {p['tp']} PP {p['pp']} DP {p['dp']}{extra}, micro-batch {p['micro_batch']}, global batch "
-        f"{p['global_batch'] or p['micro_batch'] * p['dp']}, seq {p['seq_len'] or 'model'}, {p['dtype']}, "
+        f"{p['global_batch'] or p['micro_batch'] * p['dp']}, {seq}{p['dtype']}, "
         f"recompute {p['recompute']}, {p['schedule']}"
     )
     head = Table(show_header=False, box=None)
     head.add_row("step time", f"[bold]{report.step_time_s:.3f} s[/]")
-    head.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s")
+    if report.tokens_per_s is not None:
+        head.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s")
+    else:  # images, feature rows: what these users count
+        head.add_row("throughput", f"{report.samples_per_s:,.1f} samples/s")
     head.add_row("MFU / HFU", f"{report.mfu * 100:.1f}% / {report.hfu * 100:.1f}%")
     head.add_row("TFLOP/s per device", f"{report.tflops_per_device:.1f} (hardware FLOPs, recompute included)")
     head.add_row("parameters", f"{report.params / 1e9:.2f} B")

@@ -199,10 +199,17 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
 
     model = build_model(config)
     total = sum(p.numel() for p in model.parameters())
-    seq = spec.seq_len or min(int(getattr(config, "max_position_embeddings", 2048)), DEFAULT_SEQ_CAP)
+    positions = getattr(config, "max_position_embeddings", None)
+    seq = spec.seq_len or min(int(positions or 2048), DEFAULT_SEQ_CAP)
     notes: list[str] = []
     if not spec.seq_len:
-        notes.append(Note(f"sequence length {seq} from the config (--seq-len overrides)"))
+        if positions is None:
+            why = "the config has no max_position_embeddings"
+        elif int(positions) > DEFAULT_SEQ_CAP:
+            why = f"the config's max_position_embeddings {int(positions)} capped at {DEFAULT_SEQ_CAP}"
+        else:
+            why = "the config's max_position_embeddings"
+        notes.append(Note(f"sequence length {seq}: {why} (--seq-len overrides)"))
     ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
     try:
         cap = capture_export(

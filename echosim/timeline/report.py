@@ -35,7 +35,7 @@ class Report:
     devices_per_node: int
     plan: dict[str, Any]
     step_time_s: float
-    tokens_per_s: float
+    tokens_per_s: float | None  # None for a model that reads no token ids (images, features)
     mfu: float
     hfu: float
     tflops_per_device: float
@@ -49,6 +49,7 @@ class Report:
     stages: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    samples_per_s: float = 0.0  # sequences (images, examples) per second
 
     @property
     def fits(self) -> bool:
@@ -63,6 +64,7 @@ class Report:
             "plan": self.plan,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
+            "samples_per_s": self.samples_per_s,
             "mfu": self.mfu,
             "hfu": self.hfu,
             "tflops_per_device": self.tflops_per_device,
@@ -98,6 +100,7 @@ class StepFacts:
     capacity_bytes: int
     ranks_per_stage: int  # every TP x DP x CP peer of a stage runs the same program
     sequences: int  # sequences per optimizer step (the global batch)
+    tokens_per_sample: int = -1  # 0: the model reads no token ids; -1: the stage graphs' input length
     cp: int = 1  # a context-parallel rank holds 1/cp of each sequence
     state: StatePolicy = field(default_factory=lambda: StatePolicy.for_training("bf16"))
     comm_groups: int = 0  # communicators per rank (one NCCL buffer set each)
@@ -115,7 +118,7 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
     stages = costed.stages
     model_flops = sum(graph_flops(s.graph).model for s in stages) * m * facts.ranks_per_stage
     hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * facts.ranks_per_stage
-    tokens = facts.sequences * _seq(stages) * facts.cp
+    per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     warnings = list(facts.warnings)
     memory = _memory(costed, facts, warnings)
     stage_rows = [
@@ -141,7 +144,8 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
         devices_per_node=facts.devices_per_node,
         plan=facts.plan,
         step_time_s=step,
-        tokens_per_s=tokens / step,
+        tokens_per_s=facts.sequences * per_sample / step if per_sample else None,
+        samples_per_s=facts.sequences / step,
         mfu=model_flops / (step * devices * peak),
         hfu=hw_flops / (step * devices * peak),
         tflops_per_device=hw_flops / (step * devices) / 1e12,
