@@ -168,6 +168,8 @@ def plan_flags(plan: Plan, cluster: Cluster) -> list[str]:
             out += [f"--{key.replace('_', '-')}", str(value)]
     base = Plan()
     filled = {d.field for d in get_framework(plan.framework).defaults}  # written out: the framework would fill them
+    if cluster.devices != plan.world:
+        filled.add("dp")  # with --devices written, a --dp left out would be derived
     for f in fields(Plan):
         value = getattr(plan, f.name)
         if f.name != "overlap_dp" and (value != getattr(base, f.name) or f.name in filled):
