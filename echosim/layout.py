@@ -103,7 +103,7 @@ class ModelShape:
     seq_len: int  # last dimension of the first per-sample input
     tokens: bool  # that input is integer token ids: a sequence model (else images, features: samples)
     routed_experts: tuple[int, ...]  # experts per MoE layer built from echosim's MoE ops (dispatch/combine)
-    batched_experts: bool  # 3-D expert weights without echosim's routing ops (hf:, ONNX)
+    batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
     untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
 
@@ -164,7 +164,12 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
             raise PlanError(str(exc)) from None
     if plan.sp and (seq // plan.cp) % plan.tp:
         raise PlanError(f"sequence parallelism: tp={plan.tp} does not divide the {seq // plan.cp} tokens per rank")
-    if plan.ep > 1 and not shape.routed_experts and not shape.batched_experts:
+    if plan.ep > 1 and not shape.routed_experts:
+        if shape.batched_experts:
+            raise PlanError(
+                f"ep={plan.ep}: the experts of {shape.name} are batched matmuls without a recognised dispatch "
+                "and combine (echosim.frontend.moe_routing), so expert parallelism cannot split them"
+            )
         raise PlanError(f"ep={plan.ep} needs a mixture-of-experts model ({shape.name} has no routed experts)")
     if plan.moe_capacity_factor and not shape.routed_experts and not shape.batched_experts:
         raise PlanError(
@@ -194,6 +199,6 @@ def _tp_messages(plan: Plan, shape: ModelShape) -> list[str]:
     if experts and plan.tp > 1:
         return [
             f"experts ({', '.join(experts[:2])}{', ...' if len(experts) > 2 else ''}) are replicated on all "
-            f"{plan.tp} tensor-parallel ranks: tensor and expert parallelism split only the zoo's MoE models"
+            f"{plan.tp} tensor-parallel ranks: tensor parallelism splits only the zoo's experts (use --ep)"
         ]
     return []

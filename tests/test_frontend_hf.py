@@ -27,7 +27,8 @@ TINY = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gpt2", "tiny-mixtral",
 
 # Model cards: Llama 2 (arXiv:2307.09288), Llama 3 (meta-llama/Meta-Llama-3-8B, -70B), Mistral 7B
 # (arXiv:2310.06825), Qwen2 (arXiv:2407.10671: 7.6B, 57B-A14B), GPT-2 small (124M), Mixtral 8x7B
-# (arXiv:2401.04088: 46.7B), DeepSeek-V3 (arXiv:2412.19437: 671B without the MTP module).
+# (arXiv:2401.04088: 46.7B), DeepSeek-V3 (arXiv:2412.19437: 671B without the MTP module), Qwen3-30B-A3B
+# (arXiv:2505.09388 / model card: 30.5B).
 PUBLISHED = {
     "llama2-7b": 6.74e9,
     "llama3-8b": 8.03e9,
@@ -38,6 +39,7 @@ PUBLISHED = {
     "mixtral-8x7b": 46.7e9,
     "qwen2-57b-a14b": 57.4e9,
     "deepseek-v3": 671e9,
+    "qwen3-30b-a3b": 30.5e9,
 }
 
 
@@ -133,6 +135,48 @@ def test_moe_under_tp_splits_attention_heads_and_reports_replicated_experts(name
     heads = {n.attrs.heads for n in compiled.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD}
     assert heads == {2}  # 4 heads over 2 ranks (DeepSeek's MLA through q_b_proj / kv_b_proj)
     assert any("experts" in w and "replicated" in w for w in compiled.report.warnings)
+
+
+MOE_TINY = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-deepseek-v3"]
+
+
+@pytest.mark.parametrize("name", MOE_TINY)
+def test_hf_moe_routing_is_recognised_once_per_moe_layer(name: str) -> None:
+    cap, _ = captured(name)
+    fns = Counter(getattr(n.attrs, "fn", "") for n in cap.graph)
+    assert fns["moe_dispatch"] == fns["moe_unpermute"] == 1  # one folded MoE layer
+
+
+@pytest.mark.parametrize("name", MOE_TINY)
+def test_expert_parallelism_splits_hf_experts(name: str) -> None:
+    """ep=2: each rank holds half of every expert stack, two all_to_alls per MoE layer, the same FLOPs."""
+    source = f"hf:{CONFIGS}/{name}.json"
+    one = lower(source, Plan(dp=2, seq_len=16, global_batch=2), Cluster("null", devices=2))
+    two = lower(source, Plan(dp=2, ep=2, seq_len=16, global_batch=2), Cluster("null", devices=2))
+    stacks = {n.scope: n.out.shape[0] for n in two.graph if n.op is OpKind.PARAMETER and len(n.out.shape) == 3}
+    full = {n.scope: n.out.shape[0] for n in one.graph if n.op is OpKind.PARAMETER and len(n.out.shape) == 3}
+    assert stacks and all(stacks[s] * 2 == full[s] for s in full)
+    forward = [n for n in two.graph if n.op is OpKind.ALL_TO_ALL and n.phase is Phase.FORWARD]
+    assert len(forward) == 2
+    assert two.report.model_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+    assert two.report.breakdown["comm.ep"] > 0
+
+
+def test_an_ep_that_does_not_divide_hf_experts_is_one_line() -> None:
+    from echosim.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"^ep=3 does not divide experts 4$"):
+        lower(f"hf:{CONFIGS}/tiny-mixtral.json", Plan(dp=3, ep=3, seq_len=16, global_batch=3), Cluster("null", 3))
+
+
+@pytest.mark.slow
+def test_deepseek_v3_splits_its_256_experts_by_ep() -> None:
+    """The real config: 671B parameters, 256 routed experts per MoE layer; ep=8 leaves 32 on each rank."""
+    plan = Plan(dp=8, ep=8, seq_len=1024, global_batch=8)
+    compiled = lower("hf:deepseek-v3", plan, Cluster("h100-sxm", 8))
+    assert compiled.report.params == pytest.approx(671e9, rel=0.005)
+    stacks = {n.out.shape[0] for n in compiled.graph if n.op is OpKind.PARAMETER and len(n.out.shape) == 3}
+    assert stacks == {32}
 
 
 def test_pipeline_parallel_splits_hf_layers() -> None:

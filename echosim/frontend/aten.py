@@ -288,7 +288,9 @@ def convert(
 ) -> Capture:
     """Turn an ``ExportedProgram`` into IR (no loss is added here)."""
     from echosim.frontend.attention_fuse import fuse_attention
+    from echosim.frontend.moe_routing import mark_routing
 
     cap = _Aten(ep, dtype, name, strip, rename).run()
     cap.graph = fuse_attention(cap.graph, cap.notes)
+    mark_routing(cap.graph)
     return cap

@@ -178,6 +178,7 @@ _ELEMENTWISE_RULES = {
     "attn_merge": _attn_merge,
     "moe_sort_chunks": _permutation,
     "moe_unsort_chunks": _permutation,
+    "moe_unpermute": _permutation,
 }
 
 

@@ -100,6 +100,11 @@ def check_routing(ep: int, imbalance: float, capacity_factor: float) -> None:
         raise LayoutError(f"capacity factor must be >= 0 (0 = dropless), got {capacity_factor:g}")
 
 
+#: The op that ends an expert region: echosim's combine (the zoo), or the unpermute of a captured
+#: MoE (:mod:`echosim.frontend.moe_routing`), which the weighted sum follows.
+COMBINES = ("moe_combine", "moe_unpermute")
+
+
 def _fn(node: Node) -> str:
     return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
@@ -121,8 +126,8 @@ class ExpertParallel:
         if not dispatches:
             if self.ep > 1:
                 raise LayoutError(
-                    f"ep={self.ep} needs routed experts built from echosim's MoE ops (the zoo's moe models); "
-                    "experts captured from hf: or ONNX are batched matmuls that expert parallelism does not split yet"
+                    f"ep={self.ep} needs routed experts: a dispatch, grouped expert GEMMs and a combine "
+                    "(the zoo's moe models and transformers MoE layers are recognised; this model's are not)"
                 )
             return graph
         if self.ep == 1 and (self.capacity_factor == 0 or self.capacity_factor >= 1):
@@ -168,7 +173,7 @@ class _Rewriter:
         for n in self.src:  # graph order is topological
             if n.id != d.id and any(i in below for i in n.inputs):
                 below.add(n.id)
-                if _fn(n) == "moe_combine" and n.inputs[0] in below:
+                if _fn(n) in COMBINES and n.inputs[0] in below:
                     combine = n
                     break
         if combine is None:
