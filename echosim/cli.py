@@ -61,18 +61,20 @@ def cli() -> None:
 @click.argument("model", required=False)
 @layout_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--out", type=click.Path(), help="Also write the JSON report to this file.")
-@click.option("--trace", type=click.Path(), help="Write a Chrome/Perfetto trace to this file.")
+@click.option("--out", type=click.Path(), metavar="FILE", help="Also write the JSON report to this file.")
+@click.option("--trace", type=click.Path(), metavar="FILE", help="Write a Chrome/Perfetto trace to this file.")
 @click.option(
     "--report",
     "report_path",
     type=click.Path(),
+    metavar="FILE",
     help="Write a self-contained HTML report with charts (.html), or the step timeline chart alone (.png); "
     "needs matplotlib (echosim[report]).",
 )
 @click.option(
     "--graph",
     type=click.Path(),
+    metavar="FILE",
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
 @_guard
