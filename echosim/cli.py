@@ -6,8 +6,11 @@ stderr with exit status 1; tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -58,18 +61,20 @@ def cli() -> None:
 @click.argument("model", required=False)
 @layout_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace to this file.")
+@click.option("--out", type=click.Path(), metavar="FILE", help="Also write the JSON report to this file.")
+@click.option("--trace", type=click.Path(), metavar="FILE", help="Write a Chrome/Perfetto trace to this file.")
 @click.option(
     "--report",
     "report_path",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
+    metavar="FILE",
     help="Write a self-contained HTML report with charts (.html), or the step timeline chart alone (.png); "
     "needs matplotlib (echosim[report]).",
 )
 @click.option(
     "--graph",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
+    metavar="FILE",
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
 @_guard
@@ -93,6 +98,9 @@ def compile_cmd(
         from echosim.explain.html import check_report_path
 
         check_report_path(report_path)
+    for path, option in ((out, "--out"), (trace, "--trace"), (graph, "--graph"), (report_path, "--report")):
+        if path:
+            _check_writable(path, option)
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
     name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
@@ -117,6 +125,20 @@ def compile_cmd(
         from echosim.summary import render
 
         render(report, trace)
+
+
+def _check_writable(path: str, option: str) -> None:
+    """Refuse an output path that cannot be written before the compile runs rather than after it."""
+    target = Path(path)
+    if target.is_dir():
+        reason = errno.EISDIR
+    elif not target.parent.is_dir():
+        reason = errno.ENOENT
+    elif not os.access(target if target.exists() else target.parent, os.W_OK):
+        reason = errno.EACCES
+    else:
+        return
+    raise EchosimError(f"{option} {path}: cannot write ({os.strerror(reason)})")
 
 
 def _write(path: str, text: str, option: str) -> None:

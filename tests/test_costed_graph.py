@@ -98,6 +98,19 @@ def test_graph_files_are_written_by_networkx_and_read_back(tmp_path: Path, suffi
     assert ops and all(needed <= set(d) for d in ops)
 
 
+@pytest.mark.slow
+def test_the_default_compiles_graphml_longest_path_is_its_step_time(tmp_path: Path) -> None:
+    """What a user gets from ``echosim compile --graph step.graphml``, read back by networkx alone."""
+    path = tmp_path / "step.graphml"
+    result = CliRunner().invoke(cli, ["compile", "--graph", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    step = json.loads(result.output)["step_time_s"]
+    g = nx.read_graphml(path)
+    assert nx.is_directed_acyclic_graph(g) and 1000 < g.number_of_nodes() < 20_000
+    assert nx.dag_longest_path_length(g, weight="weight") == pytest.approx(step, rel=1e-3)
+    assert g.graph["step_time_s"] == pytest.approx(step, rel=1e-5)  # the report rounds to 6 digits
+
+
 def test_graph_export_is_deterministic(tmp_path: Path) -> None:
     for i in range(2):
         write_graph(_lower("zb-h1").costed, tmp_path / f"{i}.json")
@@ -113,7 +126,22 @@ def test_bad_graph_paths_are_one_line(tmp_path: Path) -> None:
         (["--graph", "/nonexistent/dir/g.graphml"], "--graph /nonexistent/dir/g.graphml: cannot write"),
         (["--trace", "/nonexistent/dir/t.json"], "--trace /nonexistent/dir/t.json: cannot write"),
         (["--out", "/nonexistent/dir/r.json"], "--out /nonexistent/dir/r.json: cannot write"),
+        (["--graph", str(tmp_path / "d.graphml")], f"--graph {tmp_path / 'd.graphml'}: cannot write (Is a directory)"),
+        (["--trace", str(tmp_path)], f"--trace {tmp_path}: cannot write (Is a directory)"),
     ):
+        (tmp_path / "d.graphml").mkdir(exist_ok=True)
         result = runner.invoke(cli, ["compile", "gpt3-125m", "--dp", "2", *args])
         assert result.exit_code == 1 and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1 and message in result.output
+
+
+def test_an_unwritable_output_is_refused_before_the_compile_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_compile(*args: object) -> None:
+        raise AssertionError("compiled although the output cannot be written")
+
+    monkeypatch.setattr("echosim.compiler.lower", no_compile)
+    for option, path in (("--graph", "/nonexistent/g.graphml"), ("--report", "/nonexistent/r.html"),
+                         ("--trace", "/nonexistent/t.json"), ("--out", "/nonexistent/r.json")):  # fmt: skip
+        result = CliRunner().invoke(cli, ["compile", "gpt3-125m", option, path])
+        assert result.exit_code == 1
+        assert result.output.strip() == f"Error: {option} {path}: cannot write (No such file or directory)"
