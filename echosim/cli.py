@@ -13,7 +13,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from echosim.commands.options import framework_option, layout_from_options, layout_options
+from echosim.commands.options import (
+    framework_option,
+    from_options,
+    layout_from_config,
+    layout_from_options,
+    layout_options,
+)
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -72,6 +78,7 @@ def cli() -> None:
     type=click.Path(dir_okay=False),
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
+@from_options
 @_guard
 def compile_cmd(
     model: str | None,
@@ -80,6 +87,9 @@ def compile_cmd(
     trace: str | None,
     report_path: str | None,
     graph: str | None,
+    from_source: str | None,
+    from_args: str | None,
+    verbose: bool,
     **opts: Any,
 ) -> None:
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
@@ -94,7 +104,10 @@ def compile_cmd(
 
         check_report_path(report_path)
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
-    name, plan, cluster = layout_from_options(model, opts, typed)
+    if from_source or from_args:
+        name, plan, cluster = layout_from_config(model, from_source, from_args, opts, typed, verbose)
+    else:
+        name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     report = compiled.report
     if out:
