@@ -71,6 +71,8 @@ def normalised(cfg: ArchConfig) -> ArchConfig:
     kv_heads = 0 if cfg.kv_heads == cfg.heads else cfg.kv_heads
     ffn = 0 if cfg.ffn == 4 * cfg.hidden else cfg.ffn
     moe_ffn = 0 if cfg.moe_ffn == (ffn or 4 * cfg.hidden) else cfg.moe_ffn
+    if cfg.arch == "moe":  # every layer is a mixture of experts: the dense width is only the experts' default
+        ffn, moe_ffn = 0, cfg.expert_ffn
     return replace(cfg, head_dim=head_dim, kv_heads=kv_heads, ffn=ffn, moe_ffn=moe_ffn, description="")
 
 
@@ -104,7 +106,7 @@ def describe_model(model: Any) -> str:
             parts.append(f"{cfg.shared_experts} shared")
         if cfg.arch == "gpt" and not cfg.tied_embeddings:
             parts.append("untied output layer")
-        return f"{model.name} ({', '.join(parts)})"
+        return f"the file's model ({', '.join(parts)})"
     return str(model)
 
 

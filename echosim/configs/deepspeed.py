@@ -119,7 +119,7 @@ def _batch(data: dict[str, Any], out: FromConfig) -> None:
         if key in data:
             if data[key] == "auto":
                 raise ConfigError(
-                    f"{src}: {key} = 'auto' (the HF Trainer fills it): give --micro-batch / --global-batch"
+                    f"{src}: {key} = 'auto' (the HF Trainer fills it): give --micro-batch or --global-batch"
                 )
             given[key] = as_int(data[key], key, src)
     if "train_batch_size" not in given and "train_micro_batch_size_per_gpu" not in given:

@@ -88,6 +88,9 @@ NOT_MODELLED = {
     "rope_type": "",
 }
 
+#: Keys every base.yml sets: a first file holding them is a whole base config (its keys are MaxText's).
+BASE_MARKERS = {"ici_fsdp_parallelism", "per_device_batch_size"}
+
 _MESH_AXES = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "tensor", "tensor_sequence", "pipeline",
               "expert", "autoregressive")  # fmt: skip
 
@@ -131,7 +134,7 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
     first = True
     for path in files:
         data = _load_yaml(path, source)
-        base_like = first and ("base_config" not in data) and len(data) > 40
+        base_like = first and "base_config" not in data and set(data) >= BASE_MARKERS
         if not base_like and "base_config" in data:
             data = dict(data)
             data.pop("base_config")
@@ -146,7 +149,8 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
             known |= set(data)
             from_base |= set(data)
         first = False
-    model_file = _model_file(config, files, source)
+    named = dict(overrides).get("model_name")
+    model_file = _model_file({**config, **({"model_name": named} if named else {})}, files, source)
     if model_file:
         for key, value in _load_yaml(model_file, source).items():
             if key not in known:

@@ -13,6 +13,7 @@ split into the launcher's (``torchrun --nproc_per_node 8``) and the program's.
 from __future__ import annotations
 
 import ast
+import contextlib
 import operator
 import re
 import shlex
@@ -258,7 +259,8 @@ def launch_command(text: str, where: str) -> Launch | None:
             i += 1
             continue
         if running:
-            found = _launch(shell.words(line), number) or found
+            with contextlib.suppress(ConfigError):  # a line bash could not split runs no training program
+                found = _launch(shell.words(line), number) or found
         i += 1
     return found
 
