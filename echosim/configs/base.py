@@ -106,7 +106,7 @@ def describe_model(model: Any) -> str:
             parts.append(f"{cfg.shared_experts} shared")
         if cfg.arch == "gpt" and not cfg.tied_embeddings:
             parts.append("untied output layer")
-        return f"the file's model ({', '.join(parts)})"
+        return f"the model it describes ({', '.join(parts)})"
     return str(model)
 
 
