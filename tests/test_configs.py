@@ -314,3 +314,54 @@ def test_check_entries_may_name_a_framework_config(tmp_path: Path) -> None:
     assert result.exit_code == 1  # the 1 GiB budget is broken
     [outcome] = json.loads(result.stdout)
     assert outcome["model"] == "gpt3-125m" and any("memory" in f for f in outcome["failures"])
+
+
+# ---- NeMo (NeMo-Framework-Launcher training YAML) ---------------------------------------------------------------
+
+NEMO = DATA / "nemo"
+
+
+def test_nemo_gpt3_175b() -> None:
+    got = from_config(f"nemo:{NEMO}/gpt3_175b.yaml")
+    # GPT-2 BPE (50,257) padded to a multiple of 128 x TP 4: 50,688; ffn ${multiply:4, ${.hidden_size}}
+    model = ArchConfig("gpt", 96, 12288, 96, 50688, ffn=49152, seq_len=2048, dropout=0.1, tied_embeddings=True)
+    want = by_hand(
+        ConfigModel(model, "x"),
+        "--devices 1024 --tp 4 --pp 8 --vpp 12 --schedule interleaved --micro-batch 1 --global-batch 2048 "
+        "--seq-len 2048 --dtype bf16 --recompute selective --sp --zero 1 --tp-overlap --framework nemo",
+    )
+    same(got, (model, want[1], want[2]))
+
+
+def test_nemo_gpt3_5b() -> None:
+    got = from_config(f"nemo:{NEMO}/gpt3_5b.yaml")
+    model = ArchConfig("gpt", 24, 4096, 32, 50304, seq_len=2048, dropout=0.1, tied_embeddings=True)
+    want = by_hand(
+        ConfigModel(model, "x"),
+        "--devices 128 --micro-batch 4 --global-batch 2048 --seq-len 2048 --dtype bf16 --zero 1 --framework nemo",
+    )
+    same(got, (model, want[1], want[2]))
+
+
+def test_nemo_llama2_7b_with_the_model_named() -> None:
+    with pytest.raises(ConfigError, match="padded_vocab_size, or name the MODEL"):
+        from_config(f"nemo:{NEMO}/llama2_7b.yaml")  # a SentencePiece file holds the vocabulary size
+    got = from_config(f"nemo:{NEMO}/llama2_7b.yaml", model="llama2-7b")
+    same(got, by_hand("llama2-7b", "--devices 128 --micro-batch 1 --global-batch 2048 --seq-len 4096 --dtype bf16 "
+                                   "--zero 1 --attention flash --framework nemo"))  # fmt: skip
+
+
+def test_nemo_reports_in_its_own_names(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "trainer: {num_nodes: 1, devices: 8, precision: 32}\n"
+        "model: {num_layers: 2, hidden_size: 256, num_attention_heads: 4, encoder_seq_length: 128,\n"
+        "        padded_vocab_size: 1024, micro_batch_size: 1, masked_softmax_fusion: true, frobnicate: 3,\n"
+        "        seed: 1234, data: {seq_length: 128}}\n"
+    )
+    cfg = read_source(f"nemo:{config}")
+    assert cfg.unknown == ["model.frobnicate"]
+    assert "model.seed" in cfg.ignored and "model.data.seq_length" in cfg.ignored
+    assert "not modelled: masked_softmax_fusion" in cfg.notes
+    assert any(n.startswith("trainer.precision 32") for n in cfg.notes)
+    assert any(n.startswith("model.optim.overlap_grad_sync not given") for n in cfg.notes)

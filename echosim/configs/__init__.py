@@ -1,4 +1,4 @@
-"""Read the configs teams already have: Megatron-LM arguments, torchtitan TOML, MaxText YAML, DeepSpeed JSON.
+"""Read the configs teams already have: Megatron-LM arguments, NeMo YAML, torchtitan TOML, MaxText YAML, DeepSpeed JSON.
 
 ``read_source("megatron:train.sh")`` returns a :class:`FromConfig`: the ``compile`` options
 and the model the file states, what it leaves to the framework's defaults (applied by the
@@ -18,6 +18,7 @@ from echosim.configs.base import ConfigError, ConfigModel, FromConfig, describe_
 from echosim.configs.deepspeed import read_deepspeed
 from echosim.configs.maxtext import read_maxtext
 from echosim.configs.megatron import read_megatron, read_megatron_args
+from echosim.configs.nemo import read_nemo
 from echosim.configs.torchtitan import read_torchtitan
 
 READERS = {
@@ -25,6 +26,7 @@ READERS = {
     "torchtitan": read_torchtitan,
     "maxtext": read_maxtext,
     "deepspeed": read_deepspeed,
+    "nemo": read_nemo,
 }
 
 __all__ = ["READERS", "ConfigError", "ConfigModel", "FromConfig", "describe_model", "read_source", "resolve"]
@@ -64,6 +66,8 @@ def resolve(cfg: FromConfig, flags: dict[str, Any], model: str | None) -> tuple[
     if "devices" in typed:
         cfg.notes = [n for n in cfg.notes if not n.startswith("devices from the launcher")]
     chosen = model or cfg.model
+    if chosen is None and cfg.model_error:
+        raise ConfigError(cfg.model_error)
     if chosen is None:
         raise ConfigError(f"{cfg.source}: names no model it trains: give MODEL (a zoo name or hf:config.json)")
     if "devices" not in opts and cfg.needs_devices:

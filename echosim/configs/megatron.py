@@ -228,7 +228,10 @@ def from_arguments(args: list[str], source: str, launcher: list[str]) -> FromCon
             out.unknown.append(flag)
     _plan(values, out)
     _devices(launcher, out)
-    out.model = _model(values, out, source)
+    try:
+        out.model = _model(values, out, source)
+    except ConfigError as exc:  # needed only when no MODEL is named beside the file
+        out.model_error = str(exc)
     return out
 
 
@@ -449,7 +452,7 @@ def _vocab(values: dict[str, list[str]], out: FromConfig, source: str) -> int:
     else:
         raise ConfigError(
             f"{source}: --vocab-size not given and --tokenizer-type {tokenizer or '(none)'} reads its size from "
-            "files echosim does not have: add --vocab-size"
+            "files echosim does not have: add --vocab-size, or name the MODEL"
         )
     divisible = _int(values, "--make-vocab-size-divisible-by", source, 128) or 128
     multiple = divisible * (_int(values, "--tensor-model-parallel-size", source, 1) or 1)
