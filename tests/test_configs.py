@@ -239,6 +239,12 @@ def test_deepspeed_offload_is_reported() -> None:
     assert any("cpu_offload" in n and "not modelled" in n for n in cfg.notes)
 
 
+def test_deepspeed_batch_left_to_the_hf_trainer_is_given_beside_it() -> None:
+    got = from_config(f"deepspeed:{DS}/ds_config_fp16_z2.json", "--devices 8 --micro-batch 4", model="gpt3-125m")
+    same(got, by_hand("gpt3-125m", "--devices 8 --micro-batch 4 --global-batch 32 --dtype fp16 --zero 2 "
+                                   "--framework deepspeed"))  # fmt: skip
+
+
 def test_deepspeed_needs_the_model_it_trains() -> None:
     with pytest.raises(ConfigError, match="names no model"):
         resolve(read_source(f"deepspeed:{DS}/ds_zero2_config.json"), {"devices": 16}, None)
@@ -365,3 +371,19 @@ def test_nemo_reports_in_its_own_names(tmp_path: Path) -> None:
     assert "not modelled: masked_softmax_fusion" in cfg.notes
     assert any(n.startswith("trainer.precision 32") for n in cfg.notes)
     assert any(n.startswith("model.optim.overlap_grad_sync not given") for n in cfg.notes)
+
+
+def test_a_published_row_as_a_maxtext_config_predicts_the_rows_step_time() -> None:
+    from echosim.compiler import compile as compile_model
+    from echosim.validation.cases import read_cases
+    from echosim.validation.run import validate_row
+
+    case_id = "dgxc2504-llama-3-70b-bf16-h100-sxm-128"
+    [case] = [c for c in read_cases(_cases_csv()) if c.case_id == case_id]
+    row = validate_row(case)
+    assert row.predicted_step_time_s is not None
+    model, plan, cluster = from_config(
+        f"maxtext:{MT}/base.yml,{MT}/dgxc2504_llama3_70b_bf16_h100_128.yml", "--devices 128 --backend h100-sxm"
+    )
+    assert model == "llama3-70b" and (plan.micro_batch, plan.global_batch, plan.zero) == (2, 256, 3)
+    assert compile_model(model, plan, cluster).step_time_s == pytest.approx(row.predicted_step_time_s, rel=1e-12)

@@ -70,6 +70,8 @@ def resolve(cfg: FromConfig, flags: dict[str, Any], model: str | None) -> tuple[
         raise ConfigError(cfg.model_error)
     if chosen is None:
         raise ConfigError(f"{cfg.source}: names no model it trains: give MODEL (a zoo name or hf:config.json)")
+    if cfg.needs_batch and not typed.keys() & {"micro_batch", "global_batch"}:
+        raise ConfigError(f"{cfg.source}: {cfg.needs_batch}")
     if "devices" not in opts and cfg.needs_devices:
         raise ConfigError(f"{cfg.source}: {cfg.needs_devices}")
     if "backend" not in opts and cfg.needs_backend:

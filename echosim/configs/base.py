@@ -39,6 +39,7 @@ class FromConfig:
     needs_devices: str = ""  # why the file cannot give the device count (then --devices is required)
     needs_backend: str = ""  # why the file cannot name the hardware (then --backend is required)
     pipeline_microbatches: int = 0  # MaxText: micro-batches per pipeline step
+    needs_batch: str = ""  # why the file gives no batch size (then --micro-batch or --global-batch is required)
     model_error: str = ""  # why the file's sizes make no model (an error only when no MODEL is named)
 
     def __post_init__(self) -> None:

@@ -118,13 +118,13 @@ def _batch(data: dict[str, Any], out: FromConfig) -> None:
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in data:
             if data[key] == "auto":
-                raise ConfigError(
-                    f"{src}: {key} = 'auto' (the HF Trainer fills it): give --micro-batch or --global-batch"
-                )
+                out.needs_batch = out.needs_batch or f"{key} = 'auto' (the HF Trainer fills it): give --micro-batch"
+                continue
             given[key] = as_int(data[key], key, src)
     if "train_batch_size" not in given and "train_micro_batch_size_per_gpu" not in given:
-        raise ConfigError(
-            f"{src}: no batch size: neither train_batch_size nor train_micro_batch_size_per_gpu is given ({DOCS})"
+        out.needs_batch = out.needs_batch or (
+            "no batch size: neither train_batch_size nor train_micro_batch_size_per_gpu is given "
+            "(or give --micro-batch)"
         )
     if "train_micro_batch_size_per_gpu" in given:
         out.options["micro_batch"] = given["train_micro_batch_size_per_gpu"]

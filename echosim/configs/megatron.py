@@ -175,7 +175,7 @@ def read_megatron(spec: str, source: str) -> FromConfig:
         words = _argument_file(text)
         if words is None:
             raise ConfigError(
-                f"{spec}: not a Megatron launch script: no command runs a .py program with --arguments "
+                f"{source}: not a Megatron launch script: no command runs a .py program with --arguments "
                 "(and the file is not a list of --arguments)"
             )
         args = words
