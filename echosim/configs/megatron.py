@@ -93,7 +93,6 @@ NOT_MODELLED = {
     "--rampup-batch-size": "the batch-size ramp of the first steps (the full batch is simulated)",
     "--fp8-amax-history-len": "fp8 scaling history",
     "--fp8-amax-compute-algo": "fp8 scaling",
-    "--disable-bias-linear": "bias-free linear layers in the GPT block (the GELU block is costed with biases)",
     "--moe-router-dtype": "the router's dtype",
     "--attention-softmax-in-fp32": "softmax in fp32",
     "--accumulate-allreduce-grads-in-fp32": "fp32 gradient accumulation",
@@ -149,6 +148,7 @@ CONSUMED = {
     "--use-flash-attn",
     "--recompute-method",
     "--recompute-num-layers",
+    "--disable-bias-linear",
 }
 
 
@@ -392,6 +392,8 @@ def _model(values: dict[str, list[str]], out: FromConfig, source: str) -> Any:
             out.notes.append(f"--position-embedding-type {positions}: the GPT block is costed with learned positions")
         if norm != "LayerNorm":
             out.notes.append(f"--normalization {norm}: the GPT block is costed with LayerNorm")
+        if "--disable-bias-linear" in values:
+            out.notes.append("--disable-bias-linear: the GPT block is costed with biases")
     else:
         if norm != "RMSNorm":
             out.notes.append(f"--normalization {norm}: the SwiGLU block is costed with RMSNorm")
