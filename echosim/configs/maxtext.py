@@ -168,14 +168,14 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
     used = _plan(config, out)
     used |= _model(config, out)
     for key in stated:
-        if key in used:
+        if key in used or key in from_base:  # a whole base.yml's settings are MaxText's defaults
             continue
         if key in IGNORED:
             out.ignored.append(key)
         elif key in NOT_MODELLED:
-            if NOT_MODELLED[key]:
+            if NOT_MODELLED[key] and config[key]:
                 out.notes.append(f"{key}: not modelled ({NOT_MODELLED[key]})")
-        elif key not in from_base:
+        else:
             out.unknown.append(key)
     return out
 
