@@ -7,6 +7,7 @@ Budgets live in ``pyproject.toml``::
 
     [[tool.echosim.check]]
     model = "llama3-8b"              # or any model spec echosim compiles
+    # from = "megatron:train.sh"     # or a framework's own config (docs/configs.md)
     devices = 8
     tp = 2
     global_batch = 64
@@ -64,19 +65,29 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int) -> Ou
 
     merged = {**defaults, **entry}
     model = merged.pop("model", None)
-    if not model:
-        raise EchosimError(f"check #{index + 1}: 'model' is required")
+    source = merged.pop("from", None)
+    if not model and not source:
+        raise EchosimError(f"check #{index + 1}: 'model' (or 'from', a framework config) is required")
     budgets = {k: merged.pop(k) for k in BUDGETS if k in merged}
     plan_keys = {f.name for f in fields(Plan)}
     cluster_keys = {"backend", "devices", "devices_per_node"}
     unknown = sorted(set(merged) - plan_keys - cluster_keys)
     if unknown:
-        raise EchosimError(f"check #{index + 1} ({model}): unknown key(s) {', '.join(unknown)}")
-    plan = plan_with_defaults(Plan(), {k: v for k, v in merged.items() if k in plan_keys})
-    cluster = Cluster(**{k: v for k, v in merged.items() if k in cluster_keys})
-    if "devices" not in merged:
-        cluster = Cluster(cluster.backend, plan.tp * plan.pp * plan.dp * plan.cp, cluster.devices_per_node)
-    report = compile_model(model, plan, cluster)
+        raise EchosimError(f"check #{index + 1} ({model or source}): unknown key(s) {', '.join(unknown)}")
+    if source:  # a framework's own config; the entry's other keys override it, as flags beside --from do
+        from echosim.configs import read_source, resolve
+        from echosim.plan import plan_from_options
+
+        chosen, opts = resolve(read_source(str(source)), merged, model)
+        chosen, plan, cluster = plan_from_options(chosen, opts)
+        model = model or str(source)
+    else:
+        chosen = model
+        plan = plan_with_defaults(Plan(), {k: v for k, v in merged.items() if k in plan_keys})
+        cluster = Cluster(**{k: v for k, v in merged.items() if k in cluster_keys})
+        if "devices" not in merged:
+            cluster = Cluster(cluster.backend, plan.tp * plan.pp * plan.dp * plan.cp, cluster.devices_per_node)
+    report = compile_model(chosen, plan, cluster)
     memory = max(int(m["peak"]) for m in report.memory) / 2**30
     failures = []
     if "max_step_time_s" in budgets and report.step_time_s > budgets["max_step_time_s"]:

@@ -16,7 +16,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from echosim.commands.options import framework_option, layout_from_options, layout_options
+from echosim.commands.options import (
+    framework_option,
+    from_options,
+    layout_from_config,
+    layout_from_options,
+    layout_options,
+)
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -77,6 +83,7 @@ def cli() -> None:
     metavar="FILE",
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
+@from_options
 @_guard
 def compile_cmd(
     model: str | None,
@@ -85,6 +92,9 @@ def compile_cmd(
     trace: str | None,
     report_path: str | None,
     graph: str | None,
+    from_source: str | None,
+    from_args: str | None,
+    verbose: bool,
     **opts: Any,
 ) -> None:
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
@@ -102,7 +112,10 @@ def compile_cmd(
         if path:
             _check_writable(path, option)
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
-    name, plan, cluster = layout_from_options(model, opts, typed)
+    if from_source or from_args:
+        name, plan, cluster = layout_from_config(model, from_source, from_args, opts, typed, verbose)
+    else:
+        name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     report = compiled.report
     if out:

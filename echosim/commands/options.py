@@ -143,3 +143,53 @@ def parse_layout_flags(model: str | None, text: str, option: str) -> tuple[str, 
         raise EchosimError(f"{option} {text!r}: {message}") from None
     typed = any(a == "--calibration" or a.startswith("--calibration=") for a in args)
     return layout_from_options(model, ctx.params, typed)
+
+
+def from_options(fn: F) -> F:
+    """``--from FRAMEWORK:FILE``, ``--from-args`` and ``--verbose`` of ``echosim compile``."""
+    options = [
+        click.option(
+            "--from",
+            "from_source",
+            metavar="FRAMEWORK:FILE",
+            help="Read the layout (and the model, where it gives sizes) from a framework's own config: "
+            "megatron:train.sh (a launch script or a file of arguments), nemo:run.yaml, torchtitan:job.toml, "
+            "maxtext:base.yml,model.yml[,key=value ...], deepspeed:ds_config.json (with MODEL). "
+            "Flags given beside it override it. See docs/configs.md.",
+        ),
+        click.option("--from-args", metavar="ARGS", help='Megatron-LM arguments in one string: "--num-layers 32 ...".'),
+        click.option("--verbose", is_flag=True, help="With --from: also list the keys that were ignored."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def layout_from_config(
+    model: str | None, source: str | None, args: str | None, opts: dict[str, Any], calibration_typed: bool,
+    verbose: bool,
+) -> tuple[Any, Plan, Cluster]:  # fmt: skip
+    """The model, plan and cluster a framework config describes, flags beside it overriding.
+
+    Prints (to stderr, so that ``--json`` stays one document) the layout as it was understood,
+    written as the flags that reproduce it, the notes, the keys not understood and, with
+    ``verbose``, the keys ignored.
+    """
+    from echosim.configs import describe_model, read_args, read_source, resolve
+    from echosim.errors import EchosimError
+    from echosim.plan import plan_flags
+
+    if source and args:
+        raise EchosimError("--from and --from-args: give one")
+    cfg = read_source(source) if source else read_args(args or "")
+    chosen, merged = resolve(cfg, opts, model)
+    name, plan, cluster = layout_from_options(chosen, merged, calibration_typed)
+    flags = " ".join(plan_flags(plan, cluster))
+    click.echo(f"{cfg.source}: {describe_model(name)} {flags}".rstrip(), err=True)
+    for note in cfg.notes:
+        click.echo(f"  note: {note}", err=True)
+    if cfg.unknown:
+        click.echo(f"  not understood (not simulated): {', '.join(cfg.unknown)}", err=True)
+    if verbose and cfg.ignored:
+        click.echo(f"  ignored (no effect on step time or memory): {', '.join(cfg.ignored)}", err=True)
+    return name, plan, cluster

@@ -1,0 +1,389 @@
+"""``compile --from``: framework configs (Megatron-LM, torchtitan, MaxText, DeepSpeed) read into a plan and a model.
+
+Every file under tests/data/configs holds the keys a framework's own example sets (named with
+repository, path and commit in its header, or in deepspeed/SOURCES.md); each must resolve to
+the plan the same run written as ``compile`` flags gives.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import SHARED
+
+from echosim.cli import cli
+from echosim.commands.options import layout_from_options, parse_layout_flags
+from echosim.configs import ConfigError, ConfigModel, read_args, read_source, resolve
+from echosim.configs.base import normalised
+from echosim.frontend.zoo import ArchConfig
+
+DATA = Path(__file__).parent / "data" / "configs"
+MEG, TT, MT, DS = DATA / "megatron", DATA / "torchtitan", DATA / "maxtext", DATA / "deepspeed"
+
+
+def from_config(source: str, flags: str = "", model: str | None = None) -> tuple[Any, Any, Any]:
+    """What ``compile [MODEL] --from SOURCE FLAGS`` simulates."""
+    chosen, opts = resolve(read_source(source), _flags(flags), model)
+    return layout_from_options(chosen, opts, False)
+
+
+def _flags(text: str) -> dict[str, Any]:
+    from echosim.commands.options import _layout_parser
+
+    return _layout_parser.make_context("layout", text.split()).params if text else {}
+
+
+def by_hand(model: Any, flags: str) -> tuple[Any, Any, Any]:
+    return parse_layout_flags(model, flags, "flags")
+
+
+def same(got: tuple[Any, Any, Any], want: tuple[Any, Any, Any]) -> None:
+    assert got[1] == want[1]
+    assert got[2] == want[2]
+    model = got[0].config if isinstance(got[0], ConfigModel) else got[0]
+    if isinstance(model, ArchConfig):  # the same network, whichever defaulted sizes each spelled out
+        assert normalised(model) == normalised(want[0])
+    else:
+        assert model == want[0]
+
+
+# ---- Megatron-LM ----------------------------------------------------------------------------------------------
+
+
+def test_megatron_gpt3_175b_script_is_the_zoo_model_with_the_scripts_layout() -> None:
+    got = from_config(f"megatron:{MEG}/train_gpt3_175b_distributed.sh", "--devices 1024")
+    want = by_hand(
+        "gpt3-175b",
+        "--devices 1024 --tp 8 --pp 16 --micro-batch 1 --global-batch 1536 --seq-len 2048 --dtype fp16 "
+        "--framework megatron",
+    )
+    same(got, want)
+    assert got[1].dp == 8 and got[1].recompute == "none" and got[1].attention == "flash"
+
+
+def test_megatron_gpt3_175b_script_reproduces_the_default_compile() -> None:
+    """The script's differences from the published run (Narayanan et al. 2021) are given beside it:
+    1,024 GPUs (the script starts 8 per node on one node), full recomputation (the script sets none)
+    and materialised attention (the script's ``--attention-backend auto`` is today's fused kernel)."""
+    runner = CliRunner()
+    default = runner.invoke(cli, ["compile", "--json"])
+    script = f"megatron:{MEG}/train_gpt3_175b_distributed.sh"
+    flags = ["--devices", "1024", "--recompute", "full", "--attention", "math", "--framework", "eager"]
+    same_run = runner.invoke(cli, ["compile", "--from", script, *flags, "--json"])
+    assert default.exit_code == 0 and same_run.exit_code == 0, same_run.output
+    assert same_run.stdout == default.stdout  # byte-identical report
+    era = runner.invoke(cli, ["compile", "--from", script, "--devices", "1024", "--recompute", "full",
+                              "--framework", "megatron-2022", "--json"])  # fmt: skip
+    a, b = json.loads(default.stdout), json.loads(era.stdout)
+    assert b["plan"].pop("framework") == "megatron-2022" and a["plan"].pop("framework") == "eager"
+    assert a == b  # the 2021 framework's defaults are the default run's settings: only the name differs
+
+
+def test_megatron_launch_line_devices_that_cannot_hold_the_layout_are_one_line() -> None:
+    result = CliRunner().invoke(cli, ["compile", "--from", f"megatron:{MEG}/train_gpt3_175b_distributed.sh"])
+    assert result.exit_code == 1
+    assert "launcher starts 8 devices" in result.output and "give --devices" in result.output
+
+
+def test_megatron_llama3_8b_script_follows_variables_arrays_and_ifs() -> None:
+    got = from_config(f"megatron:{MEG}/train_llama3_8b_h100_fp8.sh", "--backend h100-sxm")
+    model = ArchConfig("llama", 32, 4096, 32, 128384, ffn=14336, kv_heads=8, head_dim=128, seq_len=8192,
+                       tied_embeddings=False)  # fmt: skip
+    # NullTokenizer (the mock-data branch) adds an end-of-document token: 128257, padded to a multiple of 128
+    want = by_hand(
+        ConfigModel(model, "x"),
+        "--backend h100-sxm --devices 8 --tp 1 --cp 1 --micro-batch 1 --global-batch 128 --seq-len 8192 "
+        "--dtype fp8 --zero 1 --attention flash --framework megatron",
+    )
+    same(got, (model, want[1], want[2]))
+    assert got[1].sp is False  # --sequence-parallel with tensor-parallel size 1: Megatron turns it off
+
+
+def test_megatron_mixtral_example_builds_its_small_moe() -> None:
+    got = from_config(f"megatron:{MEG}/train_mixtral_8x7b_distributed.sh")
+    model = ArchConfig("moe", 2, 256, 2, 32000, ffn=896, kv_heads=2, seq_len=256, tied_embeddings=False,
+                       experts=2, top_k=2, moe_ffn=896)  # fmt: skip
+    want = by_hand(
+        ConfigModel(model, "x"),
+        "--devices 2 --tp 1 --pp 1 --ep 2 --micro-batch 1 --global-batch 4 --seq-len 256 --dtype fp32 --zero 1 "
+        "--framework megatron",
+    )
+    same(got, (model, want[1], want[2]))
+
+
+def test_from_args_is_the_same_as_a_file_of_arguments() -> None:
+    text = (MEG / "korthikanti2022_gpt_22b_selective.args").read_text()
+    lines = " ".join(line for line in text.splitlines() if not line.startswith("#"))
+    a, b = read_args(lines), read_source(f"megatron:{MEG}/korthikanti2022_gpt_22b_selective.args")
+    assert a.options == b.options and a.model.config == b.model.config  # type: ignore[union-attr]
+
+
+def test_flags_beside_from_override_it() -> None:
+    got = from_config(f"megatron:{MEG}/train_gpt3_175b_distributed.sh", "--devices 1024 --tp 4 --global-batch 512")
+    assert (got[1].tp, got[1].pp, got[1].dp, got[1].global_batch) == (4, 16, 16, 512)
+
+
+def test_a_published_row_as_megatron_arguments_predicts_the_rows_step_time() -> None:
+    from echosim.compiler import compile as compile_model
+    from echosim.validation.cases import read_cases
+    from echosim.validation.run import validate_row
+
+    cases = [c for c in read_cases(_cases_csv()) if c.case_id == "korthikanti2022-t5-gpt-22b-sel-a100-80gb-8"]
+    assert len(cases) == 1
+    row = validate_row(cases[0])
+    assert row.predicted_step_time_s is not None
+    model, plan, cluster = from_config(
+        f"megatron:{MEG}/korthikanti2022_gpt_22b_selective.args", "--framework megatron-2022"
+    )
+    report = compile_model(model, plan, cluster)
+    assert report.step_time_s == pytest.approx(row.predicted_step_time_s, rel=1e-12)
+
+
+def _cases_csv() -> Path:
+    cases = SHARED / "validation" / "cases.csv"
+    if not cases.is_file():
+        pytest.skip("shared/validation not present")
+    return cases
+
+
+# ---- torchtitan -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "flags", "hand"),
+    [
+        ("llama3_8b", "--devices 64", "llama3-8b --devices 64 --micro-batch 1 --global-batch 64 --seq-len 8192 "
+         "--dtype bf16 --recompute selective --zero 3"),
+        ("llama3_70b", "--devices 64", "llama3-70b --devices 64 --tp 8 --micro-batch 8 --global-batch 64 "
+         "--seq-len 8192 --dtype bf16 --recompute full --sp --zero 3"),
+        ("llama3_405b", "--devices 128", "llama3-405b --devices 128 --tp 8 --micro-batch 2 --global-batch 32 "
+         "--seq-len 8192 --dtype fp8 --recompute full --sp --zero 3 --tp-overlap"),
+    ],
+)  # fmt: skip
+def test_torchtitan_configs(name: str, flags: str, hand: str) -> None:
+    got = from_config(f"torchtitan:{TT}/{name}.toml", f"{flags} --backend h100-sxm")
+    model, _, rest = hand.partition(" ")
+    same(got, by_hand(model, f"{rest} --backend h100-sxm --framework torchtitan"))
+
+
+def test_torchtitan_needs_the_device_count_of_the_launcher() -> None:
+    with pytest.raises(ConfigError, match=r"data_parallel_shard_degree = -1.*--devices"):
+        resolve(read_source(f"torchtitan:{TT}/llama3_8b.toml"), {}, None)
+
+
+def test_torchtitan_notes_what_it_does_not_model() -> None:
+    cfg = read_source(f"torchtitan:{TT}/llama3_405b.toml")
+    assert any("training.compile" in n for n in cfg.notes)
+
+
+# ---- MaxText ----------------------------------------------------------------------------------------------------
+
+_TPU = "--backend tpu-v5p --framework maxtext --dtype bf16 --attention flash --recompute full --zero 3"
+
+
+def test_maxtext_llama2_7b() -> None:
+    got = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml", "--devices 256 --backend tpu-v5p")
+    # base.yml: per_device_batch_size 12 on 256 chips, fsdp over all of them
+    same(got, by_hand("llama2-7b", f"--devices 256 --micro-batch 12 --global-batch 3072 --seq-len 2048 {_TPU}"))
+
+
+def test_maxtext_gpt3_175b_with_an_override() -> None:
+    got = from_config(f"maxtext:{MT}/base.yml,{MT}/models/gpt3-175b.yml,per_device_batch_size=2",
+                      "--devices 512 --backend tpu-v5p")  # fmt: skip
+    model = ArchConfig("gpt", 96, 12288, 96, 50304, ffn=49152, head_dim=128, seq_len=2048, dropout=0.0,
+                       tied_embeddings=True)  # fmt: skip
+    want = by_hand(ConfigModel(model, "x"), f"--devices 512 --micro-batch 2 --global-batch 1024 --seq-len 2048 {_TPU}")
+    same(got, (model, want[1], want[2]))
+
+
+def test_maxtext_mixtral_with_expert_parallelism() -> None:
+    got = from_config(f"maxtext:{MT}/base.yml {MT}/models/mixtral-8x7b.yml per_device_batch_size=2 "
+                      "ici_expert_parallelism=8", "--devices 256 --backend tpu-v5p")  # fmt: skip
+    same(got, by_hand("mixtral-8x7b", f"--devices 256 --ep 8 --micro-batch 2 --global-batch 512 --seq-len 2048 {_TPU}"))
+
+
+def test_maxtext_model_name_loads_the_model_config_and_overrides_apply() -> None:
+    got = from_config(f"maxtext:{MT}/base.yml model_name=llama2-7b per_device_batch_size=4 ici_tensor_parallelism=4",
+                      "--devices 256 --backend tpu-v5p")  # fmt: skip
+    # a replica is 4 chips (tp): 4 sequences per chip x 4 chips; global 4 x 256
+    same(got, by_hand("llama2-7b", f"--devices 256 --tp 4 --micro-batch 16 --global-batch 1024 --seq-len 2048 {_TPU}"))
+
+
+def test_maxtext_tpu_needs_a_backend() -> None:
+    with pytest.raises(ConfigError, match=r"hardware: 'tpu'.*--backend"):
+        resolve(read_source(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml"), {"devices": 8}, None)
+
+
+# ---- DeepSpeed --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "hand"),
+    [
+        ("ds_zero2_config", "--micro-batch 1 --global-batch 16 --dtype fp16 --zero 2"),
+        ("ds_zero_stage_3_config", "--micro-batch 8 --global-batch 128 --dtype fp16 --zero 3"),
+        ("ds_zero2_cpu_offload_config", "--micro-batch 1 --global-batch 16 --dtype fp16 --zero 2"),
+    ],
+)
+def test_deepspeed_configs(name: str, hand: str) -> None:
+    got = from_config(f"deepspeed:{DS}/{name}.json", "--devices 16", model="gpt3-1.3b")
+    same(got, by_hand("gpt3-1.3b", f"--devices 16 {hand} --framework deepspeed"))
+
+
+def test_deepspeed_offload_is_reported() -> None:
+    cfg = read_source(f"deepspeed:{DS}/ds_zero2_cpu_offload_config.json")
+    assert any("cpu_offload" in n and "not modelled" in n for n in cfg.notes)
+
+
+def test_deepspeed_batch_left_to_the_hf_trainer_is_given_beside_it() -> None:
+    got = from_config(f"deepspeed:{DS}/ds_config_fp16_z2.json", "--devices 8 --micro-batch 4", model="gpt3-125m")
+    same(got, by_hand("gpt3-125m", "--devices 8 --micro-batch 4 --global-batch 32 --dtype fp16 --zero 2 "
+                                   "--framework deepspeed"))  # fmt: skip
+
+
+def test_deepspeed_needs_the_model_it_trains() -> None:
+    with pytest.raises(ConfigError, match="names no model"):
+        resolve(read_source(f"deepspeed:{DS}/ds_zero2_config.json"), {"devices": 16}, None)
+
+
+# ---- what the user sees, and bad input ----------------------------------------------------------------------------
+
+
+def test_the_resolved_layout_unknown_and_ignored_keys_are_printed(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 256 "
+                      "--num-attention-heads 4 --seq-length 128 --vocab-size 1000 --micro-batch-size 2 "
+                      "--frobnicate 3 --lr 1e-4 --seed 7\n")  # fmt: skip
+    result = CliRunner().invoke(cli, ["compile", "--from", f"megatron:{script}", "--verbose", "--json"])
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # stdout stays one JSON document
+    assert "--dp 8 --micro-batch 2" in result.stderr
+    assert "not understood (not simulated): --frobnicate" in result.stderr
+    assert "ignored (no effect on step time or memory): --lr, --seed" in result.stderr
+    quiet = CliRunner().invoke(cli, ["compile", "--from", f"megatron:{script}", "--json"])
+    assert "ignored" not in quiet.stderr and "--frobnicate" in quiet.stderr
+
+
+def _one_line_error(args: list[str]) -> str:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return lines[0]
+
+
+def test_bad_input_is_one_line_naming_the_file_and_the_key(tmp_path: Path) -> None:
+    not_megatron = tmp_path / "train.sh"
+    not_megatron.write_text("#!/bin/bash\nset -e\npython train.py --lr 3e-4 --epochs 3\n")
+    line = _one_line_error(["compile", "--from", f"megatron:{not_megatron}"])
+    assert str(not_megatron) in line and "not a Megatron launch line" in line and "--num-layers" in line
+    prose = tmp_path / "notes.txt"
+    prose.write_text("This is not a launch script. It's prose.\n")
+    line = _one_line_error(["compile", "--from", f"megatron:{prose}"])
+    assert str(prose) in line and "not a Megatron launch script" in line
+
+    typo = f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml,per_device_batch_sise=4"
+    line = _one_line_error(["compile", "--from", typo, "--devices", "8", "--backend", "tpu-v5p"])
+    assert "base.yml" in line and "unknown MaxText key 'per_device_batch_sise'" in line
+    model = tmp_path / "model.yml"
+    model.write_text("base_emb_dim: 1024\nbase_num_layers: 4\n")
+    line = _one_line_error(["compile", "--from", f"maxtext:{MT}/base.yml,{model}", "--devices", "8"])
+    assert str(model) in line and "'base_num_layers'" in line
+
+    no_batch = tmp_path / "ds.json"
+    no_batch.write_text('{"zero_optimization": {"stage": 1}, "bf16": {"enabled": true}}')
+    line = _one_line_error(["compile", "gpt3-125m", "--from", f"deepspeed:{no_batch}", "--devices", "8"])
+    assert str(no_batch) in line and "no batch size" in line and "train_batch_size" in line
+    line = _one_line_error(["compile", "gpt3-125m", "--from", f"deepspeed:{DS}/ds_config_fp16_z2.json"])
+    assert "ds_config_fp16_z2.json" in line and "train_micro_batch_size_per_gpu = 'auto'" in line
+
+
+def test_unknown_framework_and_both_sources_are_one_line() -> None:
+    assert "FRAMEWORK:FILE" in _one_line_error(["compile", "--from", "jax:x.yml"])
+    line = _one_line_error(["compile", "--from", f"megatron:{MEG}/train_gpt3_175b_distributed.sh",
+                            "--from-args", "--num-layers 2"])  # fmt: skip
+    assert "give one" in line
+
+
+def test_check_entries_may_name_a_framework_config(tmp_path: Path) -> None:
+    config = tmp_path / "pyproject.toml"
+    config.write_text(
+        "[[tool.echosim.check]]\n"
+        f'from = "deepspeed:{DS}/ds_zero2_config.json"\n'
+        'model = "gpt3-125m"\ndevices = 16\nmax_memory_gib = 1\n'
+    )
+    result = CliRunner().invoke(cli, ["check", "--config", str(config), "--json"])
+    assert result.exit_code == 1  # the 1 GiB budget is broken
+    [outcome] = json.loads(result.stdout)
+    assert outcome["model"] == "gpt3-125m" and any("memory" in f for f in outcome["failures"])
+
+
+# ---- NeMo (NeMo-Framework-Launcher training YAML) ---------------------------------------------------------------
+
+NEMO = DATA / "nemo"
+
+
+def test_nemo_gpt3_175b() -> None:
+    got = from_config(f"nemo:{NEMO}/gpt3_175b.yaml")
+    # GPT-2 BPE (50,257) padded to a multiple of 128 x TP 4: 50,688; ffn ${multiply:4, ${.hidden_size}}
+    model = ArchConfig("gpt", 96, 12288, 96, 50688, ffn=49152, seq_len=2048, dropout=0.1, tied_embeddings=True)
+    want = by_hand(
+        ConfigModel(model, "x"),
+        "--devices 1024 --tp 4 --pp 8 --vpp 12 --schedule interleaved --micro-batch 1 --global-batch 2048 "
+        "--seq-len 2048 --dtype bf16 --recompute selective --sp --zero 1 --tp-overlap --framework nemo",
+    )
+    same(got, (model, want[1], want[2]))
+
+
+def test_nemo_gpt3_5b() -> None:
+    got = from_config(f"nemo:{NEMO}/gpt3_5b.yaml")
+    model = ArchConfig("gpt", 24, 4096, 32, 50304, seq_len=2048, dropout=0.1, tied_embeddings=True)
+    want = by_hand(
+        ConfigModel(model, "x"),
+        "--devices 128 --micro-batch 4 --global-batch 2048 --seq-len 2048 --dtype bf16 --zero 1 --framework nemo",
+    )
+    same(got, (model, want[1], want[2]))
+
+
+def test_nemo_llama2_7b_with_the_model_named() -> None:
+    with pytest.raises(ConfigError, match="padded_vocab_size, or name the MODEL"):
+        from_config(f"nemo:{NEMO}/llama2_7b.yaml")  # a SentencePiece file holds the vocabulary size
+    got = from_config(f"nemo:{NEMO}/llama2_7b.yaml", model="llama2-7b")
+    same(got, by_hand("llama2-7b", "--devices 128 --micro-batch 1 --global-batch 2048 --seq-len 4096 --dtype bf16 "
+                                   "--zero 1 --attention flash --framework nemo"))  # fmt: skip
+
+
+def test_nemo_reports_in_its_own_names(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "trainer: {num_nodes: 1, devices: 8, precision: 32}\n"
+        "model: {num_layers: 2, hidden_size: 256, num_attention_heads: 4, encoder_seq_length: 128,\n"
+        "        padded_vocab_size: 1024, micro_batch_size: 1, masked_softmax_fusion: true, frobnicate: 3,\n"
+        "        seed: 1234, data: {seq_length: 128}}\n"
+    )
+    cfg = read_source(f"nemo:{config}")
+    assert cfg.unknown == ["model.frobnicate"]
+    assert "model.seed" in cfg.ignored and "model.data.seq_length" in cfg.ignored
+    assert "not modelled: masked_softmax_fusion" in cfg.notes
+    assert any(n.startswith("trainer.precision 32") for n in cfg.notes)
+    assert any(n.startswith("model.optim.overlap_grad_sync not given") for n in cfg.notes)
+
+
+def test_a_published_row_as_a_maxtext_config_predicts_the_rows_step_time() -> None:
+    from echosim.compiler import compile as compile_model
+    from echosim.validation.cases import read_cases
+    from echosim.validation.run import validate_row
+
+    case_id = "dgxc2504-llama-3-70b-bf16-h100-sxm-128"
+    [case] = [c for c in read_cases(_cases_csv()) if c.case_id == case_id]
+    row = validate_row(case)
+    assert row.predicted_step_time_s is not None
+    model, plan, cluster = from_config(
+        f"maxtext:{MT}/base.yml,{MT}/dgxc2504_llama3_70b_bf16_h100_128.yml", "--devices 128 --backend h100-sxm"
+    )
+    assert model == "llama3-70b" and (plan.micro_batch, plan.global_batch, plan.zero) == (2, 256, 3)
+    assert compile_model(model, plan, cluster).step_time_s == pytest.approx(row.predicted_step_time_s, rel=1e-12)
