@@ -134,6 +134,15 @@ def test_explain_text_names_the_critical_path_communication_bubble_and_suggestio
     assert "what helps most" in out and "echosim compile gpt3-1.3b --backend h100-sxm" in out
 
 
+def test_the_text_of_a_layout_that_does_not_fit_leads_with_what_makes_it_fit() -> None:
+    code, out = _invoke("explain", "gpt3-1.3b", "--backend", "a100-40gb", "--dp", "2", "--micro-batch", "16",
+                        "--global-batch", "64")  # fmt: skip
+    assert code == 0, out
+    assert "(does not fit" in out and "changes that make it fit, cheapest first, then the largest peak cuts" in out
+    items = [line for line in out.splitlines() if line.startswith("  1. ")]
+    assert len(items) == 1 and items[0].endswith(", fits")
+
+
 def test_explain_reads_the_costed_graph_of_the_compile() -> None:
     model, plan, devices = LAYOUTS["cp+zero3"]
     cluster = Cluster("h100-sxm", devices)

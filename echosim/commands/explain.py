@@ -82,7 +82,7 @@ def render(result: Any, top: int = 3, lines: int = 8) -> None:
         return
     refused = sum(1 for o in result.simulated if o.error)
     echo("")
-    heading = "what helps most" if r.fits else "changes that make it fit, cheapest first"
+    heading = "what helps most" if r.fits else "changes that make it fit, cheapest first, then the largest peak cuts"
     echo(f"{heading} ({len(result.simulated)} neighbouring layouts compiled, {refused} refused by the compiler):")
     if not result.suggestions:
         echo("  nothing in the neighbourhood " + ("is faster" if r.fits else "shrinks the peak"))
