@@ -43,6 +43,15 @@ class Framework:
     version: str  # the version whose code and docs the defaults below are read from
     defaults: tuple[Default, ...] = ()
     row_names: tuple[str, ...] = ()  # prefixes of cases.csv's ``framework`` column that mean this framework
+    # memory behaviour, each a citation ('' = eager PyTorch's): the gated MLP's activation fused into
+    # one kernel that saves only its input; weights kept in fp32 with no separate master copy
+    fused_gated: str = ""
+    fp32_weights: str = ""
+
+    @property
+    def state(self) -> dict[str, bool]:
+        """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
+        return {"fp32_weights": True} if self.fp32_weights else {}
 
     def defaults_for(self, given: Collection[str], plan: Any) -> dict[str, Any]:
         """The defaults that apply to ``plan``: fields not ``given``, conditions met."""
@@ -58,6 +67,10 @@ class Framework:
 
 _MEGATRON_ARGS = "Megatron-LM megatron/training/arguments.py (commit d98e8a6)"
 _BRIDGE = "Megatron-Bridge (commit 067f987)"
+_SWIGLU = (
+    "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
+    f"SiLU in backward; on unless --no-bias-swiglu-fusion ({_MEGATRON_ARGS})"
+)
 
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
@@ -94,6 +107,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM", "MegaScale"),
+            fused_gated=_SWIGLU,
         ),
         Framework(
             "nemo",
@@ -112,8 +126,17 @@ FRAMEWORKS: dict[str, Framework] = {
                     "none",
                     f"recompute_granularity=None in the pre-training recipes ({_BRIDGE})",
                 ),
+                Default(
+                    "sp",
+                    True,
+                    "the recipes that split tensors turn sequence parallelism on with them: trainer("
+                    "sequence_parallelism=True) in nemo/collections/llm/recipes/llama3_70b.py (NeMo commit "
+                    "0189a3b), as in the Mixtral, Nemotron and GPT-3 175B recipes",
+                    when_above_one="tp",
+                ),
             ),
             row_names=("NeMo", "Megatron-Bridge"),
+            fused_gated=_SWIGLU,
         ),
         Framework(
             "torchtitan",
@@ -128,6 +151,9 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
             ),
             row_names=("torchtitan",),
+            fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
+            "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
+            "states follow the fp32 parameters",
         ),
         Framework(
             "maxtext",
@@ -145,8 +171,18 @@ FRAMEWORKS: dict[str, Framework] = {
                     "full",
                     "remat_policy: 'full' (src/maxtext/configs/base.yml, commit e591f30)",
                 ),
+                Default(
+                    "sp",
+                    True,
+                    "activations are split over the tensor axis like Megatron's sequence parallelism: "
+                    "logical_axis_rules map activation_embed to 'tensor' (src/maxtext/configs/base.yml, "
+                    "commit e591f30)",
+                    when_above_one="tp",
+                ),
             ),
             row_names=("MaxText",),
+            fp32_weights="weight_dtype: float32, mu_dtype inherits it (src/maxtext/configs/base.yml, "
+            "commit e591f30); gradients take the weights' dtype",
         ),
         Framework(
             "deepspeed",
