@@ -201,7 +201,12 @@ def transient_bytes(graph: Graph) -> int:
 
 
 def _working_set(graph: Graph, n: Node) -> int:
-    """One backward op's output and the gradients flowing into it (its saved inputs are counted already)."""
+    """One backward op's output and the gradients flowing into it (its saved inputs are counted already).
+
+    A view allocates nothing: its output is its input's storage.
+    """
+    if n.op is OpKind.VIEW:
+        return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
     return n.out.nbytes + sum(graph[i].out.nbytes for i in grads)
 
