@@ -131,13 +131,20 @@ def lower(
         sequences=plan.batch,
         tokens_per_sample=shape.seq_len if shape.tokens else 0,
         cp=plan.cp,
-        state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **framework.state),
+        state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **framework.state(plan.pp)),
         expert_state=(
-            StatePolicy.for_training(plan.dtype, plan.zero, max(1, plan.dp * plan.cp // plan.ep), **framework.state)
+            StatePolicy.for_training(
+                plan.dtype, plan.zero, max(1, plan.dp * plan.cp // plan.ep), **framework.state(plan.pp)
+            )
             if plan.ep > 1
             else None
         ),  # EP is carved out of DP: an expert's state is sharded over dp * cp / ep ranks only
-        saved=SavedPolicy(fused_gated=bool(framework.fused_gated), offload=offloaded(plan.recompute)),
+        saved=SavedPolicy(
+            fused_gated=bool(framework.fused_gated),
+            offload=offloaded(framework.recompute_policy(plan.recompute)),
+            ce_saved=framework.ce_saved,
+            ce_working=framework.ce_working,
+        ),
         comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
         warnings=tuple(warnings),
         notes=tuple(notes),

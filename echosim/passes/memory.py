@@ -35,12 +35,22 @@ class StatePolicy:
 
     @classmethod
     def for_training(
-        cls, dtype: str, zero: int = 0, dp: int = 1, fp32_grads: bool = True, fp32_weights: bool = False
+        cls,
+        dtype: str,
+        zero: int = 0,
+        dp: int = 1,
+        fp32_grads: bool = True,
+        fp32_weights: bool = False,
+        unsharded_between_microbatches: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
         ``fp32_weights``: the weights themselves stay fp32 and are cast for compute (FSDP2 mixed
         precision, MaxText's ``weight_dtype``), so there is no separate master copy: 4 + 4 + 8 bytes.
+        ``unsharded_between_microbatches``: FSDP under a pipeline keeps each stage's weights gathered
+        from its first forward to its last backward and accumulates unsharded gradients in fp32 until
+        the last micro-batch reduce-scatters them (torchtitan's default reshard policy with PP; the
+        pipeline stage turns gradient sync off for all but the last backward).
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
@@ -50,6 +60,9 @@ class StatePolicy:
             grad /= dp
         if zero >= 3:
             weight /= dp
+            if unsharded_between_microbatches:  # 16-bit weights and gradients in the reduce dtype (fp32)
+                weight += 2.0 if dtype != "fp32" else 4.0
+                grad += 4.0
         return cls(weight, grad, opt)
 
 
@@ -131,10 +144,14 @@ class SavedPolicy:
     ``--no-bias-swiglu-fusion``, megatron/training/arguments.py, commit d98e8a6).
     ``offload``: tensor names (:mod:`echosim.passes.saved`) the recompute policy moves to host
     memory; they take no device memory.
+    ``ce_saved`` / ``ce_working``: the loss over the vocabulary as the framework computes it, in
+    bytes per logit (fp32 copies: see :mod:`echosim.frameworks`).
     """
 
     fused_gated: bool = False
     offload: frozenset[str] = frozenset()
+    ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
+    ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
 
 
 def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
@@ -148,6 +165,7 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
     replayed_reads: set[int] = set()  # read by a layer's replay: the layer's checkpointed input
+    logits: set[int] = set()  # the loss's input, kept as the framework's loss keeps it
     for n in graph:
         if n.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
             continue
@@ -166,13 +184,23 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
             own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == src.id)
             if n.phase is Phase.RECOMPUTE and graph.block_of(src) is None:
                 replayed_reads.add(src.id)
+            if saved.ce_saved and n.origin is not None and graph[n.origin].op is OpKind.CROSS_ENTROPY:
+                logits.add(src.id)
     if saved.offload:
         names = names_in_block(graph)
         gone = {nid for nid in mult if names.get(nid, "") in saved.offload}
         if "decoder_layer_input" in saved.offload:
             gone |= replayed_reads
         mult = {nid: k for nid, k in mult.items() if nid not in gone}
-    return sum(_saved_bytes(graph[nid], own_only[nid], own_reads[nid]) * k for nid, k in mult.items())
+    return sum(
+        (
+            int(graph[nid].out.numel * saved.ce_saved)
+            if nid in logits
+            else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
+        )
+        * k
+        for nid, k in mult.items()
+    )
 
 
 def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
@@ -188,19 +216,20 @@ def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
     )
 
 
-def transient_bytes(graph: Graph) -> int:
+def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
     """Working set on top of saved activations: the largest backward op's output with the gradients it reads.
 
     With recomputation this also holds one layer's replayed values that its backward reads
     (what the replayed forward saves; the rest is freed as the replay runs).
     """
-    largest = max((_working_set(graph, n) for n in graph if n.phase is Phase.BACKWARD), default=0)
+    saved = saved or SavedPolicy()
+    largest = max((_working_set(graph, n, saved) for n in graph if n.phase is Phase.BACKWARD), default=0)
     read = {_base(graph, i) for n in graph if n.phase is Phase.BACKWARD for i in n.inputs}
     replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
     return largest + replay
 
 
-def _working_set(graph: Graph, n: Node) -> int:
+def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int:
     """One backward op's output and the gradients flowing into it (its saved inputs are counted already).
 
     A view allocates nothing: its output is its input's storage.
@@ -208,7 +237,10 @@ def _working_set(graph: Graph, n: Node) -> int:
     if n.op is OpKind.VIEW:
         return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
-    return n.out.nbytes + sum(graph[i].out.nbytes for i in grads)
+    out = n.out.nbytes
+    if saved is not None and saved.ce_working and n.op is OpKind.CROSS_ENTROPY:
+        out = int(n.out.numel * saved.ce_working)
+    return out + sum(graph[i].out.nbytes for i in grads)
 
 
 def stage_memory(
@@ -223,7 +255,7 @@ def stage_memory(
     """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators."""
     policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph, saved) * in_flight
-    transient = transient_bytes(graph) + _gathered_weights(graph)
+    transient = transient_bytes(graph, saved) + _gathered_weights(graph)
     frag = int(FRAGMENTATION * (act + transient))
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
