@@ -203,9 +203,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
             ),
             row_names=("torchtitan (torch.compile",),
+            ce_working=2.0,
             ce_source="--training.compile compiles the loss too since commit bbb1b61 (2025-04-02, "
-            "torchtitan/components/loss.py): Inductor fuses the fp32 upcast into the loss kernels, so only the "
-            "16-bit logits are kept and the gradient comes back in 16 bits (eager's accounting)",
+            "torchtitan/components/loss.py): Inductor fuses the fp32 upcast, the log-softmax and its backward, "
+            "so the 16-bit logits are kept and the gradient is written once, in 16 bits",
             pp_unsharded="reshard_after_forward_policy 'default' is not pp_enabled (torchtitan/distributed/"
             "fsdp.py, commit b5bcd76); torch.distributed.pipelining's stage calls set_requires_gradient_sync"
             "(False) before all but the last backward, and FSDP2 accumulates those unsharded gradients in "

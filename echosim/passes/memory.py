@@ -238,8 +238,10 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int
         return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
     out = n.out.nbytes
-    if saved is not None and saved.ce_working and n.op is OpKind.CROSS_ENTROPY:
-        out = int(n.out.numel * saved.ce_working)
+    if n.op is OpKind.CROSS_ENTROPY:
+        # eager F.cross_entropy: nll_loss's backward writes a dense gradient over the logits, then
+        # log_softmax's backward writes another; a fused or in-place loss says its own bytes per logit
+        out = int(n.out.numel * saved.ce_working) if saved is not None and saved.ce_working else 2 * n.out.nbytes
     return out + sum(graph[i].out.nbytes for i in grads)
 
 
