@@ -47,7 +47,7 @@ def _models() -> dict[str, Any]:
             experts=4,
             top_k=2,
             moe_ffn=352,
-        ),  # fmt: skip
+        ),
     }
 
 
