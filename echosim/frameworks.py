@@ -245,6 +245,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
             ),
             row_names=("MaxText",),
+            ce_working=2.0,
+            ce_source="the loss is jnp code that XLA compiles: the softmax cross-entropy and its gradient fuse "
+            "into loops over the logits, so the gradient over the logits is written once, in the logits' dtype "
+            "(src/maxtext/train.py loss_fn, commit e591f30)",
             fp32_weights="weight_dtype: float32, mu_dtype inherits it (src/maxtext/configs/base.yml, "
             "commit e591f30); gradients take the weights' dtype",
         ),

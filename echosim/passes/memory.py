@@ -217,16 +217,25 @@ def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
 
 
 def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
-    """Working set on top of saved activations: the largest backward op's output with the gradients it reads.
+    """Working set on top of saved activations, at the moment it peaks.
 
-    With recomputation this also holds one layer's replayed values that its backward reads
-    (what the replayed forward saves; the rest is freed as the replay runs).
+    Inside a layer's backward that is the largest op's output with the gradients it reads, plus
+    the layer's replayed values that backward reads (what the replayed forward saves; the rest
+    is freed as the replay runs). Outside the layers (the loss, the output layer) it is the
+    largest op's working set alone: no layer is being replayed then.
     """
     saved = saved or SavedPolicy()
-    largest = max((_working_set(graph, n, saved) for n in graph if n.phase is Phase.BACKWARD), default=0)
+    inside = outside = 0
+    for n in graph:
+        if n.phase is Phase.BACKWARD:
+            w = _working_set(graph, n, saved)
+            if graph.block_of(n) is None:
+                outside = max(outside, w)
+            else:
+                inside = max(inside, w)
     read = {_base(graph, i) for n in graph if n.phase is Phase.BACKWARD for i in n.inputs}
     replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
-    return largest + replay
+    return max(inside + replay, outside)
 
 
 def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int:
@@ -272,10 +281,13 @@ def stage_memory(
 
 
 def _gathered_weights(graph: Graph) -> int:
-    """ZeRO-3 / FSDP: the gathered weights of the current layer and the prefetched next one."""
-    gathers = [
-        n.attrs.bytes
-        for n in graph
-        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP
-    ]
-    return 2 * max(gathers, default=0)
+    """ZeRO-3 / FSDP: the gathered weights of the current unit and of the prefetched next one (the two largest)."""
+    gathers = sorted(
+        (
+            n.attrs.bytes
+            for n in graph
+            if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP
+        ),
+        reverse=True,
+    )
+    return sum(gathers[:2]) if len(gathers) > 1 else 2 * sum(gathers)
