@@ -235,7 +235,10 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
                 inside = max(inside, w)
     read = {_base(graph, i) for n in graph if n.phase is Phase.BACKWARD for i in n.inputs}
     replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
-    return max(inside + replay, outside)
+    layer, rest = _gathers(graph)
+    # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
+    # the loss and output layer hold their own gathered weights and the last layer's, prefetched
+    return max(inside + replay + 2 * layer, outside + rest + layer)
 
 
 def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int:
@@ -266,7 +269,7 @@ def stage_memory(
     """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators."""
     policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph, saved) * in_flight
-    transient = transient_bytes(graph, saved) + _gathered_weights(graph)
+    transient = transient_bytes(graph, saved)
     frag = int(FRAGMENTATION * (act + transient))
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
@@ -280,14 +283,13 @@ def stage_memory(
     )
 
 
-def _gathered_weights(graph: Graph) -> int:
-    """ZeRO-3 / FSDP: the gathered weights of the current unit and of the prefetched next one (the two largest)."""
-    gathers = sorted(
-        (
-            n.attrs.bytes
-            for n in graph
-            if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP
-        ),
-        reverse=True,
-    )
-    return sum(gathers[:2]) if len(gathers) > 1 else 2 * sum(gathers)
+def _gathers(graph: Graph) -> tuple[int, int]:
+    """The largest ZeRO-3 / FSDP all-gather inside the layers and outside them (bytes gathered)."""
+    layer = rest = 0
+    for n in graph:
+        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP:
+            if graph.block_of(n) is None:
+                rest = max(rest, n.attrs.bytes)
+            else:
+                layer = max(layer, n.attrs.bytes)
+    return layer, rest
