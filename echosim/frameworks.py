@@ -245,6 +245,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
             ),
             row_names=("MaxText",),
+            fused_gated="XLA fuses an elementwise producer into its consumer: the gated MLP's activation and "
+            "product are one fusion whose backward recomputes the activation from its input, so the "
+            "activation's output is never a buffer (MaxText's gated MLP, src/maxtext/layers/linears.py, "
+            "commit e591f30)",
             ce_working=2.0,
             ce_source="the loss is jnp code that XLA compiles: the softmax cross-entropy and its gradient fuse "
             "into loops over the logits, so the gradient over the logits is written once, in the logits' dtype "

@@ -212,7 +212,7 @@ def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
         origin is not None
         and isinstance(origin.attrs, ElementwiseAttrs)
         and origin.attrs.fn == "mul"
-        and src.id in origin.inputs
+        and (src.id in origin.inputs or src.origin in origin.inputs)  # the forward value or its replay
     )
 
 
@@ -233,7 +233,11 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
                 outside = max(outside, w)
             else:
                 inside = max(inside, w)
-    read = {_base(graph, i) for n in graph if n.phase is Phase.BACKWARD for i in n.inputs}
+    read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
+    for n in graph:
+        if n.phase is Phase.BACKWARD:
+            bases = (graph[_base(graph, i)] for i in n.inputs)
+            read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
     replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
     layer, rest = _gathers(graph)
     # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
@@ -250,6 +254,8 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int
         return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
     out = n.out.nbytes
+    if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
+        out //= n.attrs.size  # a reduce-scatter hands back one shard of its input
     if n.op is OpKind.CROSS_ENTROPY:
         # eager F.cross_entropy: nll_loss's backward writes a dense gradient over the logits, then
         # log_softmax's backward writes another; a fused or in-place loss says its own bytes per logit
