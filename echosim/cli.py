@@ -138,6 +138,22 @@ def compile_cmd(
         from echosim.summary import render
 
         render(report, trace)
+        if not report.fits:
+            _cheapest_fit(name, plan, cluster, report)
+
+
+def _cheapest_fit(model: str, plan: Any, cluster: Any, report: Any) -> None:
+    """Name the simulated layout change with the shortest step that makes a layout fit."""
+    from echosim.explain.whatif import cheapest_fit
+
+    best = cheapest_fit(model, plan, cluster, report)
+    if best is None or best.step_time_s is None:
+        click.echo("does not fit, and no single layout change nearby makes it fit (echosim explain lists them)")
+        return
+    click.echo(
+        f"does not fit; the cheapest change that fits (simulated): {best.change}: step "
+        f"{best.step_time_s:.4g} s, peak {best.peak_bytes / 2**30:.1f} GiB"
+    )
 
 
 def _check_writable(path: str, option: str) -> None:

@@ -16,14 +16,16 @@ from echosim import plugins
 from echosim.backends.loading import load_backend
 from echosim.calibrate import apply_calibration
 from echosim.errors import EchosimError
+from echosim.frameworks import get_framework
 from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan
 from echosim.passes.base import LayoutError, run_passes
-from echosim.passes.memory import StatePolicy
+from echosim.passes.memory import SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
+from echosim.passes.recompute import offloaded
 from echosim.plan import DEFAULT_MODEL, Cluster, Plan, PlanError
 from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
@@ -115,6 +117,7 @@ def lower(
         overlap_dp=plan.overlap_dp,
     )
     costed = lower_step(stages, backend, where, options)
+    framework = get_framework(plan.framework)
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
         backend=cluster.backend,
@@ -128,7 +131,20 @@ def lower(
         sequences=plan.batch,
         tokens_per_sample=shape.seq_len if shape.tokens else 0,
         cp=plan.cp,
-        state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp),
+        state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **framework.state(plan.pp)),
+        expert_state=(
+            StatePolicy.for_training(
+                plan.dtype, plan.zero, max(1, plan.dp * plan.cp // plan.ep), **framework.state(plan.pp)
+            )
+            if plan.ep > 1
+            else None
+        ),  # EP is carved out of DP: an expert's state is sharded over dp * cp / ep ranks only
+        saved=SavedPolicy(
+            fused_gated=bool(framework.fused_gated),
+            offload=offloaded(framework.recompute_policy(plan.recompute)),
+            ce_saved=framework.ce_saved,
+            ce_working=framework.ce_working,
+        ),
         comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
         warnings=tuple(warnings),
         notes=tuple(notes),

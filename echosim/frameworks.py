@@ -43,6 +43,28 @@ class Framework:
     version: str  # the version whose code and docs the defaults below are read from
     defaults: tuple[Default, ...] = ()
     row_names: tuple[str, ...] = ()  # prefixes of cases.csv's ``framework`` column that mean this framework
+    # memory behaviour, each a citation ('' = eager PyTorch's): the gated MLP's activation fused into
+    # one kernel that saves only its input; weights kept in fp32 with no separate master copy
+    fused_gated: str = ""
+    fp32_weights: str = ""
+    ce_saved: float = 0.0  # the loss over the vocabulary: bytes per logit kept for backward (0: eager's)
+    ce_working: float = 0.0  # ... and allocated by its backward
+    ce_source: str = ""
+    selective: str = ""  # the recompute policy this framework's "selective" means ('' = Megatron's)
+    selective_source: str = ""
+
+    def recompute_policy(self, name: str) -> str:
+        """The policy a plan's ``recompute`` names under this framework."""
+        return self.selective if name == "selective" and self.selective else name
+
+    pp_unsharded: str = ""  # FSDP under a pipeline keeps weights and gradients unsharded across micro-batches
+
+    def state(self, pp: int = 1) -> dict[str, bool]:
+        """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
+        out = {"fp32_weights": True} if self.fp32_weights else {}
+        if pp > 1 and self.pp_unsharded:
+            out["unsharded_between_microbatches"] = True
+        return out
 
     def defaults_for(self, given: Collection[str], plan: Any) -> dict[str, Any]:
         """The defaults that apply to ``plan``: fields not ``given``, conditions met."""
@@ -58,6 +80,17 @@ class Framework:
 
 _MEGATRON_ARGS = "Megatron-LM megatron/training/arguments.py (commit d98e8a6)"
 _BRIDGE = "Megatron-Bridge (commit 067f987)"
+_VOCAB_CE = dict(
+    ce_saved=4.0,
+    ce_working=2.0,
+    ce_source="vocab-parallel cross-entropy upcasts this rank's vocabulary slice to fp32 and keeps the "
+    "softmax in it for backward, which writes the gradient in place and hands back a 16-bit copy; the "
+    "16-bit logits are dropped (megatron/core/tensor_parallel/cross_entropy.py, commit d98e8a6)",
+)
+_SWIGLU = (
+    "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
+    f"SiLU in backward; on unless --no-bias-swiglu-fusion ({_MEGATRON_ARGS})"
+)
 
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
@@ -94,6 +127,8 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM", "MegaScale"),
+            fused_gated=_SWIGLU,
+            **_VOCAB_CE,
         ),
         Framework(
             "nemo",
@@ -112,8 +147,18 @@ FRAMEWORKS: dict[str, Framework] = {
                     "none",
                     f"recompute_granularity=None in the pre-training recipes ({_BRIDGE})",
                 ),
+                Default(
+                    "sp",
+                    True,
+                    "the recipes that split tensors turn sequence parallelism on with them: trainer("
+                    "sequence_parallelism=True) in nemo/collections/llm/recipes/llama3_70b.py (NeMo commit "
+                    "0189a3b), as in the Mixtral, Nemotron and GPT-3 175B recipes",
+                    when_above_one="tp",
+                ),
             ),
             row_names=("NeMo", "Megatron-Bridge"),
+            fused_gated=_SWIGLU,
+            **_VOCAB_CE,
         ),
         Framework(
             "torchtitan",
@@ -128,6 +173,51 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
             ),
             row_names=("torchtitan",),
+            ce_saved=4.0,
+            ce_working=8.0,
+            ce_source="the loss is F.cross_entropy(pred.float(), ...): log_softmax keeps its fp32 output, the "
+            "16-bit logits are deleted before backward (torchtitan/components/loss.py, train.py, commit "
+            "b5bcd76); backward holds the fp32 gradient coming in and the fp32 one going out",
+            pp_unsharded="reshard_after_forward_policy 'default' is not pp_enabled (torchtitan/distributed/"
+            "fsdp.py, commit b5bcd76); torch.distributed.pipelining's stage calls set_requires_gradient_sync"
+            "(False) before all but the last backward, and FSDP2 accumulates those unsharded gradients in "
+            "reduce_dtype (fp32 in torchtitan)",
+            selective="op",
+            selective_source="activation_checkpoint mode 'selective' with selective_ac_option 'op' "
+            "(torchtitan/models/llama3/train_configs/llama3_8b.toml, 2024-2025; SelectiveAC in "
+            "torchtitan/models/llama3/config_registry.py, commit b5bcd76)",
+            fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
+            "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
+            "states follow the fp32 parameters",
+        ),
+        Framework(
+            "torchtitan-compile",
+            "torchtitan with torch.compile of the model and the loss (--training.compile)",
+            "torchtitan (commit b5bcd76)",
+            (
+                Default(
+                    "zero",
+                    3,
+                    "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
+                    "(torchtitan/config/configs.py, commit b5bcd76)",
+                ),
+            ),
+            row_names=("torchtitan (torch.compile",),
+            ce_working=2.0,
+            ce_source="--training.compile compiles the loss too since commit bbb1b61 (2025-04-02, "
+            "torchtitan/components/loss.py): Inductor fuses the fp32 upcast, the log-softmax and its backward, "
+            "so the 16-bit logits are kept and the gradient is written once, in 16 bits",
+            pp_unsharded="reshard_after_forward_policy 'default' is not pp_enabled (torchtitan/distributed/"
+            "fsdp.py, commit b5bcd76); torch.distributed.pipelining's stage calls set_requires_gradient_sync"
+            "(False) before all but the last backward, and FSDP2 accumulates those unsharded gradients in "
+            "reduce_dtype (fp32 in torchtitan)",
+            selective="op",
+            selective_source="activation_checkpoint mode 'selective' with selective_ac_option 'op' "
+            "(torchtitan/models/llama3/train_configs/llama3_8b.toml, 2024-2025; SelectiveAC in "
+            "torchtitan/models/llama3/config_registry.py, commit b5bcd76)",
+            fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
+            "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
+            "states follow the fp32 parameters",
         ),
         Framework(
             "maxtext",
@@ -145,8 +235,26 @@ FRAMEWORKS: dict[str, Framework] = {
                     "full",
                     "remat_policy: 'full' (src/maxtext/configs/base.yml, commit e591f30)",
                 ),
+                Default(
+                    "sp",
+                    True,
+                    "activations are split over the tensor axis like Megatron's sequence parallelism: "
+                    "logical_axis_rules map activation_embed to 'tensor' (src/maxtext/configs/base.yml, "
+                    "commit e591f30)",
+                    when_above_one="tp",
+                ),
             ),
             row_names=("MaxText",),
+            fused_gated="XLA fuses an elementwise producer into its consumer: the gated MLP's activation and "
+            "product are one fusion whose backward recomputes the activation from its input, so the "
+            "activation's output is never a buffer (MaxText's gated MLP, src/maxtext/layers/linears.py, "
+            "commit e591f30)",
+            ce_working=2.0,
+            ce_source="the loss is jnp code that XLA compiles: the softmax cross-entropy and its gradient fuse "
+            "into loops over the logits, so the gradient over the logits is written once, in the logits' dtype "
+            "(src/maxtext/train.py loss_fn, commit e591f30)",
+            fp32_weights="weight_dtype: float32, mu_dtype inherits it (src/maxtext/configs/base.yml, "
+            "commit e591f30); gradients take the weights' dtype",
         ),
         Framework(
             "deepspeed",
@@ -176,7 +284,5 @@ def get_framework(name: str) -> Framework:
 def framework_named_in(text: str) -> str:
     """The framework a free-text description (cases.csv's ``framework`` column) names; eager when none matches."""
     text = text.strip()
-    for f in FRAMEWORKS.values():
-        if any(text.startswith(prefix) for prefix in f.row_names):
-            return f.name
-    return DEFAULT_FRAMEWORK
+    matches = [(len(p), f.name) for f in FRAMEWORKS.values() for p in f.row_names if text.startswith(p)]
+    return max(matches)[1] if matches else DEFAULT_FRAMEWORK  # the longest prefix: the most specific entry

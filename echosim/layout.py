@@ -21,7 +21,7 @@ from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
-from echosim.passes.recompute import MODES as RECOMPUTE_MODES
+from echosim.passes.recompute import RecomputeError, policy_named
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
 from echosim.plan import CP_COMMS, DTYPES, Cluster, Plan, PlanError
 
@@ -72,13 +72,16 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         )
     for what, value, known in (
         ("dtype", plan.dtype, DTYPES),
-        ("recompute", plan.recompute, RECOMPUTE_MODES),
         ("attention", plan.attention, ATTENTIONS),
         ("--pp-balance", plan.pp_balance, PP_BALANCES),
         ("--cp-comm", plan.cp_comm, CP_COMMS),
     ):
         if value not in known:
             raise PlanError(f"unknown {what} {value!r} (known: {', '.join(known)})")
+    try:
+        policy_named(plan.recompute)
+    except RecomputeError as exc:
+        raise PlanError(str(exc)) from None
     if plan.moe_capacity_factor < 0:
         raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {plan.moe_capacity_factor:g}")
     if plan.ep == 1 and plan.moe_imbalance != 1.0:

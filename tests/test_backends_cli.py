@@ -265,7 +265,7 @@ def test_validate_microbench_json_has_rows_and_groups(tmp_path, cli):
 
 def test_validate_needs_a_file_and_names_bad_ones(tmp_path, cli):
     code, out = run(cli, "validate")
-    assert code == 2 and "give --microbench FILE and/or --cases FILE" in out
+    assert code == 2 and "give --microbench FILE, --cases FILE and/or --memory FILE" in out
     code, out = run(cli, "validate", "--microbench", str(tmp_path / "nope.csv"))
     assert code == 1 and "cannot read" in out
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")

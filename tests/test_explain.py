@@ -22,7 +22,7 @@ from echosim.plugins import get_registry
 
 LAYOUTS = COSTED_LAYOUTS
 # gpt3-1.3b with 16 sequences per micro-batch: 90 GiB on a 40 GB A100, no single change makes it fit
-TOO_BIG = ("gpt3-1.3b", Plan(dp=2, micro_batch=16, global_batch=64), Cluster("a100-40gb", 2))
+TOO_BIG = ("gpt3-1.3b", Plan(dp=2, micro_batch=24, global_batch=96), Cluster("a100-40gb", 2))
 
 
 def _invoke(*args: str) -> tuple[int, str]:
@@ -89,7 +89,7 @@ def test_suggestions_that_fit_are_faster_and_ranked_fastest_first() -> None:
 
 def test_the_first_suggestion_applied_through_compile_gives_exactly_its_figure() -> None:
     model, plan, cluster = TOO_BIG
-    code, out = _invoke("explain", model, *shlex.split("--backend a100-40gb --dp 2 --micro-batch 16 --global-batch 64"),
+    code, out = _invoke("explain", model, *shlex.split("--backend a100-40gb --dp 2 --micro-batch 24 --global-batch 96"),
                         "--json")  # fmt: skip
     assert code == 0, out
     result = json.loads(out)

@@ -15,7 +15,16 @@ PLAN_FIELDS = {f.name for f in fields(Plan)}
 
 
 def test_every_default_is_a_plan_field_with_a_source() -> None:
-    assert set(FRAMEWORKS) == {"eager", "megatron-2022", "megatron", "nemo", "torchtitan", "maxtext", "deepspeed"}
+    assert set(FRAMEWORKS) == {
+        "eager",
+        "megatron-2022",
+        "megatron",
+        "nemo",
+        "torchtitan",
+        "torchtitan-compile",
+        "maxtext",
+        "deepspeed",
+    }
     for fw in FRAMEWORKS.values():
         assert fw.version and fw.title
         for d in fw.defaults:

@@ -55,3 +55,24 @@ def test_state_and_peak_match_memtracker(arch: str) -> None:
     assert ours["grads"] == pytest.approx(theirs["GRAD"], rel=0.02)
     assert ours["optimizer"] == pytest.approx(theirs["OPT"], rel=0.02)
     assert ours["peak"] == pytest.approx(theirs["Total"], rel=0.10)
+
+
+def _memory_cpu():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "memory_cpu.py"
+    spec = importlib.util.spec_from_file_location("memory_cpu", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama", "moe"])
+def test_real_cpu_training_peak_matches(arch: str) -> None:
+    """Real tensors on this CPU (benchmarks/memory_cpu.py): state exact, peak within 10 %."""
+    r = _memory_cpu().compare(arch, batch=1)
+    for part in ("params", "grads", "optimizer"):
+        assert r["predicted"][part] == pytest.approx(r["measured"][part], rel=0.02), part
+    assert r["predicted"]["peak"] == pytest.approx(r["measured"]["peak"], rel=0.10)

@@ -78,7 +78,12 @@ def layout_options(fn: F) -> F:
             type=click.Choice(["fp32", "fp16", "bf16", "fp8"]),
             help="Training precision (mixed, fp32 master).",
         ),
-        click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation."),
+        click.option(
+            "--recompute",
+            help="Activation checkpointing policy: none, selective, full (Megatron); MaxText's remat policies "
+            "(minimal, save_qkv_proj, qkv_proj_offloaded, ..., custom:TENSOR=device|offload|remat,...); "
+            "op (torchtitan per-op SAC).",
+        ),
         click.option(
             "--cp-comm", type=click.Choice(["p2p", "all_gather"]), help="Context parallel: ring or all-gathered K/V."
         ),

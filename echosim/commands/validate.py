@@ -22,6 +22,12 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
 @click.option("--microbench", type=click.Path(dir_okay=False), help="A file shaped like microbench.csv.")
 @click.option("--cases", type=click.Path(dir_okay=False), help="A file shaped like cases.csv.")
 @click.option(
+    "--memory",
+    type=click.Path(dir_okay=False),
+    help="Published measured peak memory per device: cases.csv's columns plus measured_gib and measured_kind "
+    "(benchmarks/data/memory_cases.csv).",
+)
+@click.option(
     "--filter",
     "filters",
     multiple=True,
@@ -35,14 +41,15 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
 def validate(
     microbench: str | None,
     cases: str | None,
+    memory: str | None,
     filters: tuple[str, ...],
     calibration: str | None,
     groups_only: bool,
     as_json: bool,
 ) -> None:
     """Compare predictions with published measurements: microbenchmarks and/or training steps."""
-    if not microbench and not cases:
-        raise click.UsageError("give --microbench FILE and/or --cases FILE")
+    if not microbench and not cases and not memory:
+        raise click.UsageError("give --microbench FILE, --cases FILE and/or --memory FILE")
     out: dict[str, Any] = {}
     if microbench:
         from echosim.validation.microbench import validate_microbench
@@ -50,6 +57,10 @@ def validate(
         out["microbench"] = validate_microbench(microbench).as_dict()
     if cases:
         out["cases"] = _validate_cases(cases, filters, calibration or "", quiet=as_json)
+    if memory:
+        from echosim.validation.memory import validate_memory
+
+        out["memory"] = validate_memory(memory)
     if as_json:
         click.echo(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2, sort_keys=True))
         return
@@ -59,6 +70,10 @@ def validate(
         print_microbench(out["microbench"], groups_only)
     if "cases" in out:
         print_cases(out["cases"], groups_only)
+    if "memory" in out:
+        from echosim.validation.memory import print_memory
+
+        print_memory(out["memory"])
 
 
 def _validate_cases(path: str, filters: tuple[str, ...], calibration: str, quiet: bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
+from echosim.passes.saved import names_in_block
 
 # PyTorch's caching allocator never returns all it reserves; a typical share is 5-10%.
 FRAGMENTATION = 0.07
@@ -33,9 +34,25 @@ class StatePolicy:
     optimizer_bytes: float
 
     @classmethod
-    def for_training(cls, dtype: str, zero: int = 0, dp: int = 1, fp32_grads: bool = True) -> StatePolicy:
-        """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit."""
-        mixed = dtype != "fp32"
+    def for_training(
+        cls,
+        dtype: str,
+        zero: int = 0,
+        dp: int = 1,
+        fp32_grads: bool = True,
+        fp32_weights: bool = False,
+        unsharded_between_microbatches: bool = False,
+    ) -> StatePolicy:
+        """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
+
+        ``fp32_weights``: the weights themselves stay fp32 and are cast for compute (FSDP2 mixed
+        precision, MaxText's ``weight_dtype``), so there is no separate master copy: 4 + 4 + 8 bytes.
+        ``unsharded_between_microbatches``: FSDP under a pipeline keeps each stage's weights gathered
+        from its first forward to its last backward and accumulates unsharded gradients in fp32 until
+        the last micro-batch reduce-scatters them (torchtitan's default reshard policy with PP; the
+        pipeline stage turns gradient sync off for all but the last backward).
+        """
+        mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
         if zero >= 1:
             opt /= dp
@@ -43,6 +60,9 @@ class StatePolicy:
             grad /= dp
         if zero >= 3:
             weight /= dp
+            if unsharded_between_microbatches:  # 16-bit weights and gradients in the reduce dtype (fp32)
+                weight += 2.0 if dtype != "fp32" else 4.0
+                grad += 4.0
         return cls(weight, grad, opt)
 
 
@@ -113,15 +133,39 @@ def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool) -> int:
     return node.out.nbytes
 
 
-def activation_bytes(graph: Graph) -> int:
+@dataclass(frozen=True)
+class SavedPolicy:
+    """What a framework's kernels keep for backward beyond eager autograd's rules.
+
+    ``fused_gated``: the gated MLP's activation and product run as one kernel that saves only
+    its input and recomputes the activation in backward, so the activation's output is not
+    kept (Megatron-Core ``SwiGLUFunction`` saves its input alone,
+    megatron/core/fusions/fused_bias_swiglu.py; ``--bias-swiglu-fusion`` is on unless
+    ``--no-bias-swiglu-fusion``, megatron/training/arguments.py, commit d98e8a6).
+    ``offload``: tensor names (:mod:`echosim.passes.saved`) the recompute policy moves to host
+    memory; they take no device memory.
+    ``ce_saved`` / ``ce_working``: the loss over the vocabulary as the framework computes it, in
+    bytes per logit (fp32 copies: see :mod:`echosim.frameworks`).
+    """
+
+    fused_gated: bool = False
+    offload: frozenset[str] = frozenset()
+    ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
+    ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
+
+
+def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
     """Bytes saved by one micro-batch's forward for its backward, on this rank.
 
     A value read inside a repeated block is saved once per repetition, even when it
     is produced outside it: in the unfolded model each layer reads its own input.
     """
+    saved = saved or SavedPolicy()
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
+    replayed_reads: set[int] = set()  # read by a layer's replay: the layer's checkpointed input
+    logits: set[int] = set()  # the loss's input, kept as the framework's loss keeps it
     for n in graph:
         if n.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
             continue
@@ -131,20 +175,92 @@ def activation_bytes(graph: Graph) -> int:
                 continue
             if not src.inputs and src.op is not OpKind.RECV:
                 continue
-            mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n), graph.multiplicity(src))
+            if saved.fused_gated and _fused_activation(graph, src, n):
+                continue
+            # each layer's copy of a value is read by that layer's backward: one copy per repetition of
+            # the reader (a layer's output read after the layers is the last layer's alone)
+            mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n))
             own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
             own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == src.id)
-    return sum(_saved_bytes(graph[nid], own_only[nid], own_reads[nid]) * k for nid, k in mult.items())
+            if n.phase is Phase.RECOMPUTE and graph.block_of(src) is None:
+                replayed_reads.add(src.id)
+            if saved.ce_saved and n.origin is not None and graph[n.origin].op is OpKind.CROSS_ENTROPY:
+                logits.add(src.id)
+    if saved.offload:
+        names = names_in_block(graph)
+        gone = {nid for nid in mult if names.get(nid, "") in saved.offload}
+        if "decoder_layer_input" in saved.offload:
+            gone |= replayed_reads
+        mult = {nid: k for nid, k in mult.items() if nid not in gone}
+    return sum(
+        (
+            int(graph[nid].out.numel * saved.ce_saved)
+            if nid in logits
+            else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
+        )
+        * k
+        for nid, k in mult.items()
+    )
 
 
-def transient_bytes(graph: Graph) -> int:
-    """Working set on top of saved activations: the largest single value produced in backward.
+def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
+    """A gated MLP's activation output read by the product's backward: the fused kernel recomputes it."""
+    if not (isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn in ("silu", "gelu", "swish")):
+        return False
+    origin = graph[reader.origin] if reader.origin is not None else None
+    return (
+        origin is not None
+        and isinstance(origin.attrs, ElementwiseAttrs)
+        and origin.attrs.fn == "mul"
+        and (src.id in origin.inputs or src.origin in origin.inputs)  # the forward value or its replay
+    )
 
-    With full recompute this also holds one layer's replayed activations.
+
+def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
+    """Working set on top of saved activations, at the moment it peaks.
+
+    Inside a layer's backward that is the largest op's output with the gradients it reads, plus
+    the layer's replayed values that backward reads (what the replayed forward saves; the rest
+    is freed as the replay runs). Outside the layers (the loss, the output layer) it is the
+    largest op's working set alone: no layer is being replayed then.
     """
-    largest = max((n.out.nbytes for n in graph if n.phase is Phase.BACKWARD), default=0)
-    replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW)
-    return largest * 2 + replay
+    saved = saved or SavedPolicy()
+    inside = outside = 0
+    for n in graph:
+        if n.phase is Phase.BACKWARD:
+            w = _working_set(graph, n, saved)
+            if graph.block_of(n) is None:
+                outside = max(outside, w)
+            else:
+                inside = max(inside, w)
+    read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
+    for n in graph:
+        if n.phase is Phase.BACKWARD:
+            bases = (graph[_base(graph, i)] for i in n.inputs)
+            read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
+    replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
+    layer, rest = _gathers(graph)
+    # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
+    # the loss and output layer hold their own gathered weights and the last layer's, prefetched
+    return max(inside + replay + 2 * layer, outside + rest + layer)
+
+
+def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int:
+    """One backward op's output and the gradients flowing into it (its saved inputs are counted already).
+
+    A view allocates nothing: its output is its input's storage.
+    """
+    if n.op is OpKind.VIEW:
+        return 0
+    grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
+    out = n.out.nbytes
+    if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
+        out //= n.attrs.size  # a reduce-scatter hands back one shard of its input
+    if n.op is OpKind.CROSS_ENTROPY:
+        # eager F.cross_entropy: nll_loss's backward writes a dense gradient over the logits, then
+        # log_softmax's backward writes another; a fused or in-place loss says its own bytes per logit
+        out = int(n.out.numel * saved.ce_working) if saved is not None and saved.ce_working else 2 * n.out.nbytes
+    return out + sum(graph[i].out.nbytes for i in grads)
 
 
 def stage_memory(
@@ -154,11 +270,12 @@ def stage_memory(
     local_params: int,
     policy: StatePolicy | None = None,
     comm_groups: int = 0,
+    saved: SavedPolicy | None = None,
 ) -> MemoryBreakdown:
     """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators."""
     policy = policy or StatePolicy.for_training("bf16")
-    act = activation_bytes(graph) * in_flight
-    transient = transient_bytes(graph) + _gathered_weights(graph)
+    act = activation_bytes(graph, saved) * in_flight
+    transient = transient_bytes(graph, saved)
     frag = int(FRAGMENTATION * (act + transient))
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
@@ -172,11 +289,13 @@ def stage_memory(
     )
 
 
-def _gathered_weights(graph: Graph) -> int:
-    """ZeRO-3 / FSDP: the gathered weights of the current layer and the prefetched next one."""
-    gathers = [
-        n.attrs.bytes
-        for n in graph
-        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP
-    ]
-    return 2 * max(gathers, default=0)
+def _gathers(graph: Graph) -> tuple[int, int]:
+    """The largest ZeRO-3 / FSDP all-gather inside the layers and outside them (bytes gathered)."""
+    layer = rest = 0
+    for n in graph:
+        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP:
+            if graph.block_of(n) is None:
+                rest = max(rest, n.attrs.bytes)
+            else:
+                layer = max(layer, n.attrs.bytes)
+    return layer, rest

@@ -39,9 +39,10 @@ def _expert(plan: Any) -> object:
 
 
 def _recompute(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.passes.recompute import Recompute
 
-    return Recompute(plan.recompute)
+    return Recompute(get_framework(plan.framework).recompute_policy(plan.recompute))
 
 
 def _fp8(plan: Any) -> object | None:

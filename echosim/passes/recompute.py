@@ -1,10 +1,15 @@
-"""Activation recomputation: forward work replayed in backward to save memory.
+"""Activation recomputation: forward work replayed in backward to save memory, by policy name.
 
 ``full`` (Megatron's full recompute) checkpoints each repeated layer's input and
 replays the whole layer, its tensor-parallel all_reduces included, before the
 layer's backward. ``selective`` (Korthikanti et al. 2022) replays only the
 attention core; with a fused (flash) kernel that replay already lives inside the
 attention backward, so only materialised attention gains recompute nodes.
+
+The other policies name the tensors a layer keeps (:mod:`echosim.passes.saved`); every
+other value the layer's backward reads is replayed from them, and only what backward
+needs is replayed (XLA and ``torch.utils.checkpoint`` drop dead recompute). Offloaded
+tensors are kept too, in host memory: the memory analysis leaves them out of the device.
 """
 
 from __future__ import annotations
@@ -12,10 +17,102 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from echosim.errors import EchosimError
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, OpKind, Phase
+from echosim.passes.saved import TENSOR_NAMES, alternate_matmuls, names_in_block
 
-MODES = ("none", "selective", "full")
+_MAXTEXT = "MaxText src/maxtext/layers/decoders.py get_remat_policy (commit e591f30)"
+_DOTS = frozenset({"qkv_proj", "out_proj", "mlpwi", "mlpwo"})
+
+
+class RecomputeError(EchosimError):
+    """An unknown recompute policy; the message names the known ones."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a checkpointed layer keeps on the device (``keep``) and in host memory (``offload``)."""
+
+    name: str
+    keep: frozenset[str] = frozenset()
+    offload: frozenset[str] = frozenset()
+    source: str = ""
+    alternate: bool = False  # torchtitan per-op SAC: keep every other weight matmul's output
+
+
+#: Named policies beyond none/selective/full, each with where it comes from.
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("minimal", _DOTS, source=f"save_only_these_names(projections and MLP dots), {_MAXTEXT}"),
+        Policy("minimal_with_context", _DOTS | {"context"}, source=_MAXTEXT),
+        Policy("minimal_flash", _DOTS | {"context"}, source=f"deprecated alias of minimal_with_context, {_MAXTEXT}"),
+        Policy("save_dot_with_context_except_mlp", frozenset({"qkv_proj", "context", "out_proj"}), source=_MAXTEXT),
+        Policy("save_dot_except_mlpwi", frozenset({"qkv_proj", "out_proj", "mlpwo"}), source=_MAXTEXT),
+        Policy("save_dot_except_mlp", frozenset({"qkv_proj", "out_proj"}), source=_MAXTEXT),
+        Policy("save_qkv_proj", frozenset({"qkv_proj"}), source=_MAXTEXT),
+        Policy("save_out_proj", frozenset({"out_proj"}), source=_MAXTEXT),
+        Policy(
+            "qkv_proj_offloaded",
+            offload=frozenset({"qkv_proj"}),
+            source="MaxText src/maxtext/utils/maxtext_utils.py get_save_and_offload_names (commit e591f30)",
+        ),
+        Policy(
+            "minimal_offloaded",
+            offload=_DOTS,
+            source="MaxText src/maxtext/utils/maxtext_utils.py get_save_and_offload_names (commit e591f30)",
+        ),
+        Policy(
+            "custom",
+            source="MaxText remat_policy=custom with base.yml's per-tensor defaults: decoder_layer_input on "
+            "device, every other tensor rematerialised (src/maxtext/configs/base.yml, commit e591f30)",
+        ),
+        Policy(
+            "op",
+            frozenset({"context"}),
+            source="torchtitan per-op selective AC: every other mm and SDPA kept "
+            "(torchtitan/distributed/activation_checkpoint.py, commit b5bcd76)",
+            alternate=True,
+        ),
+    )
+}
+MODES = ("none", "selective", "full", *POLICIES)
+_PLACES = ("device", "offload", "remat")
+
+
+def policy_named(name: str) -> Policy | None:
+    """The policy a plan names (``None`` for none/selective/full); an unknown name is one line.
+
+    ``custom:TENSOR=device|offload|remat,...`` sets MaxText's per-tensor choices (``custom`` alone
+    keeps only the layer input, base.yml's defaults).
+    """
+    if name in ("none", "selective", "full"):
+        return None
+    if name in POLICIES:
+        return POLICIES[name]
+    if name.startswith("custom:"):
+        keep, offload = set(), set()
+        for item in filter(None, name.removeprefix("custom:").split(",")):
+            tensor, _, place = item.partition("=")
+            if tensor not in TENSOR_NAMES or place not in _PLACES:
+                raise RecomputeError(
+                    f"recompute {name!r}: {item!r} is not TENSOR=PLACE (tensors: {', '.join(TENSOR_NAMES)}; "
+                    f"places: {', '.join(_PLACES)})"
+                )
+            if place == "remat" and tensor == "decoder_layer_input":
+                raise RecomputeError("recompute custom: decoder_layer_input is device or offload, never remat")
+            (keep if place == "device" else offload if place == "offload" else set()).add(tensor)
+        return Policy(name, frozenset(keep), frozenset(offload), POLICIES["custom"].source)
+    raise RecomputeError(
+        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, custom:TENSOR=device|offload|remat,...)"
+    )
+
+
+def offloaded(name: str) -> frozenset[str]:
+    """Tensor names a policy moves to host memory."""
+    policy = policy_named(name)
+    return policy.offload if policy is not None else frozenset()
 
 
 @dataclass(frozen=True)
@@ -24,14 +121,17 @@ class Recompute:
     name: ClassVar[str] = "recompute"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown recompute mode {self.mode!r} (known: {', '.join(MODES)})")
+        policy_named(self.mode)
 
     def run(self, graph: Graph) -> Graph:
         if self.mode == "none":
             return graph
         g = graph.copy()
-        chosen = [n for n in graph if n.phase is Phase.FORWARD and self._replays(g, n)]
+        policy = policy_named(self.mode)
+        if policy is None:
+            chosen = [n for n in graph if n.phase is Phase.FORWARD and self._replays(g, n)]
+        else:
+            chosen = _needed(graph, _kept(graph, policy))
         copies: dict[int, int] = {}
         for n in chosen:
             ins = [copies.get(i, i) for i in n.inputs]
@@ -58,3 +158,28 @@ class Recompute:
         if self.mode == "full":
             return True
         return (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
+
+
+def _kept(graph: Graph, policy: Policy) -> set[int]:
+    """Forward values inside a layer that the policy keeps (on the device or offloaded)."""
+    wanted = policy.keep | policy.offload
+    kept = {nid for nid, name in names_in_block(graph).items() if name in wanted}
+    if policy.alternate:
+        kept |= alternate_matmuls(graph)
+    return kept
+
+
+def _needed(graph: Graph, kept: set[int]) -> list[Node]:
+    """The layer's forward nodes its backward reads, and what they are rebuilt from, up to kept values."""
+    need: set[int] = set()
+    stack = [i for n in graph if n.phase is Phase.BACKWARD and graph.block_of(n) is not None for i in n.inputs]
+    while stack:
+        nid = stack.pop()
+        src = graph[nid]
+        if nid in need or nid in kept or src.phase is not Phase.FORWARD:
+            continue
+        if src.op.is_placeholder or graph.block_of(src) is None:
+            continue
+        need.add(nid)
+        stack.extend(src.inputs)
+    return [n for n in graph if n.id in need]

@@ -150,6 +150,25 @@ class CostedGraph:
         """Peak micro-batches per virtual stage whose activations the rank holds (the memory timeline's peak)."""
         return dict(self.schedule.plan.in_flight[rank])
 
+    def peak_held(self, rank: int, per_microbatch: dict[int, int]) -> int:
+        """Peak bytes of activations the rank holds at once, given each virtual stage's bytes per micro-batch.
+
+        The schedule's running sum, not the sum of each chunk's own peak: interleaved 1F1B never
+        holds every chunk's peak together (Megatron's warm-up is ``(pp - rank - 1) * 2 + (vpp - 1) * pp``
+        forwards, megatron/core/pipeline_parallel/schedules.py).
+        """
+        live: dict[int, int] = {}
+        held = peak = 0
+        for kind, v, _ in self.schedule.plan.orders[rank]:
+            if kind == "F":
+                live[v] = live.get(v, 0) + 1
+                held += per_microbatch.get(v, 0)
+                peak = max(peak, held)
+            elif kind == "B":
+                live[v] -= 1
+                held -= per_microbatch.get(v, 0)
+        return peak
+
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
         """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""
         live: dict[int, int] = {}

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echosim.passes.flops import graph_flops
-from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
+from echosim.passes.memory import (
+    FRAGMENTATION,
+    NCCL_BUFFERS_PER_GROUP,
+    MemoryBreakdown,
+    SavedPolicy,
+    StatePolicy,
+    activation_bytes,
+    stage_memory,
+)
 from echosim.timeline.costed import CostedGraph, StageCost
 
 
@@ -104,6 +112,8 @@ class StepFacts:
     cp: int = 1  # a context-parallel rank holds 1/cp of each sequence
     state: StatePolicy = field(default_factory=lambda: StatePolicy.for_training("bf16"))
     comm_groups: int = 0  # communicators per rank (one NCCL buffer set each)
+    saved: SavedPolicy = field(default_factory=SavedPolicy)  # the framework's kernels and offloads
+    expert_state: StatePolicy | None = None  # expert parameters' state (sharded over expert-data-parallel ranks)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -167,26 +177,46 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
     rows = []
     for r in range(costed.pp):
         mine = costed.chunks(r)
-        live = costed.in_flight(r)
-        parts = [stage_memory(s.graph, live.get(s.index, 0), 0, s.graph.param_count(), facts.state, 0) for s in mine]
+        parts = [_static(s.graph, facts) for s in mine]
+        act = costed.peak_held(r, {s.index: activation_bytes(s.graph, facts.saved) for s in mine})
+        transient = max(p.transient for p in parts)
         mem = MemoryBreakdown(
             params=sum(p.params for p in parts),
             grads=sum(p.grads for p in parts),
             optimizer=sum(p.optimizer for p in parts),
-            activations=sum(p.activations for p in parts),
-            transient=max(p.transient for p in parts),
+            activations=act,
+            transient=transient,
             comm_buffers=facts.comm_groups * NCCL_BUFFERS_PER_GROUP,
-            fragmentation=sum(p.fragmentation for p in parts),
+            fragmentation=int(FRAGMENTATION * (act + transient)),
             capacity=facts.capacity_bytes,
         )
         rows.append({"stage": r, "layers": sum(s.layers for s in mine), **mem.as_dict()})
         if not mem.fits:
-            top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest())
+            top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest(7) if v >= 0.05 * mem.peak)
             warnings.append(
-                f"stage {r} does not fit: needs {mem.peak / 2**30:.1f} GiB of "
-                f"{mem.capacity / 2**30:.1f} GiB (largest: {top})"
+                f"stage {r} does not fit: needs {mem.peak / 2**30:.1f} GiB of {mem.capacity / 2**30:.1f} GiB ({top})"
             )
     return rows
+
+
+def _static(graph: Any, facts: StepFacts) -> MemoryBreakdown:
+    """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding."""
+    experts = _expert_params(graph) if facts.expert_state is not None else 0
+    dense = stage_memory(graph, 0, 0, graph.param_count() - experts, facts.state, 0, facts.saved)
+    if not experts:
+        return dense
+    assert facts.expert_state is not None
+    e = stage_memory(graph, 0, 0, experts, facts.expert_state, 0, facts.saved)
+    return MemoryBreakdown(
+        dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient, 0, 0, 0
+    )
+
+
+def _expert_params(graph: Any) -> int:
+    from echosim.ir.ops import ParamAttrs
+
+    experts = (n for n in graph.params() if isinstance(n.attrs, ParamAttrs) and n.attrs.expert)
+    return sum(n.out.numel * graph.multiplicity(n) for n in experts)
 
 
 def _seq(stages: list[StageCost]) -> int:

@@ -8,6 +8,7 @@ so the row is skipped with that reason instead of compiled wrongly.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from echosim.backends.topology import fill_domains
@@ -101,6 +102,50 @@ def replica_micro_batch(c: Case) -> int:
     return per_row * (c.int("tp", 1) or 1) * (c.int("cp", 1) or 1)
 
 
+_REMAT = re.compile(r"remat_policy=(\w+)(?: \(([^)]*)\))?")
+_TENSORS = {"decoder_layer_input": "decoder_layer_input", "q/k/v proj": "qkv_proj", "qkv_proj": "qkv_proj",
+            "out_proj": "out_proj", "context": "context", "mlpwi": "mlpwi", "mlpwo": "mlpwo"}  # fmt: skip
+
+
+_QKV_OUT = "decoder_layer_input=offload,qkv_proj=offload,out_proj=offload"
+#: The per-tensor choices of the published Trillium recipes that use ``remat_policy: custom``, by the
+#: config name a row's notes give (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
+TRILLIUM_CUSTOM = {
+    "llama3_1_8b_8192": _QKV_OUT,
+    "llama3_1_8b_8192_no_collective_matmul": _QKV_OUT,
+    "llama3_1_70b_8192_bs2": "decoder_layer_input=offload,qkv_proj=offload",
+    "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul": "decoder_layer_input=offload,qkv_proj=offload",
+    "llama3_1_70b_8192_bs4": "decoder_layer_input=offload,qkv_proj=offload",
+    "llama3_1_405b_8192_pure_fsdp_ici": "decoder_layer_input=offload",
+    "mixtral_8x22b_dropped": _QKV_OUT,
+    "gemma3_12b_32768_v6e256": "decoder_layer_input=device",
+}
+_CONFIG = re.compile(r"config (\w+)")
+
+
+def remat_policy(c: Case) -> str:
+    """The MaxText remat policy a row's notes name (``remat_policy=NAME``), '' when none.
+
+    ``custom (offload decoder_layer_input, q/k/v proj)`` lists the tensors the run offloads; a
+    bare ``custom`` takes the per-tensor choices of the recipe config the notes name
+    (:data:`TRILLIUM_CUSTOM`), else MaxText's defaults (:mod:`echosim.passes.recompute`).
+    """
+    m = _REMAT.search(c["notes"])
+    if not m or not is_maxtext(c):
+        return ""
+    name, detail = m.group(1), (m.group(2) or "").strip()
+    if name == "custom" and not detail.startswith("offload "):
+        config = _CONFIG.search(c["notes"])
+        recipe = TRILLIUM_CUSTOM.get(config.group(1) if config else "")
+        return f"custom:{recipe}" if recipe else name
+    if name != "custom":
+        return name
+    tensors = [_TENSORS.get(t.strip()) for t in detail.removeprefix("offload ").split(",")]
+    if None in tensors:
+        return name
+    return "custom:" + ",".join(f"{t}=offload" for t in tensors)
+
+
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     """The row's Plan and Cluster. Blank cells take the defaults of the row's framework
     (:mod:`echosim.frameworks`, read from its ``framework`` column), then the Plan's own."""
@@ -121,7 +166,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "global_batch": c.int("global_batch") or 0,
         "seq_len": c.int("seq_len") or 0,
         "dtype": c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
-        "recompute": c["recompute"] or None,
+        "recompute": remat_policy(c) or c["recompute"] or None,
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),
     }

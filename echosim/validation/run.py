@@ -80,4 +80,7 @@ def validate_row(c: Case, calibration: str = "", registry: Any = None) -> RowRes
         return r
     r.predicted_step_time_s = float(report.step_time_s)
     r.warnings = [w for w in report.warnings if "does not fit" in w]
+    r.fits = report.fits
+    r.peak_gib = max(float(m["peak"]) for m in report.memory) / 2**30
+    r.capacity_gib = float(report.memory[0]["capacity"]) / 2**30
     return r

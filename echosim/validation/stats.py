@@ -28,6 +28,9 @@ class RowResult:
     predicted_step_time_s: float | None = None
     skipped: str = ""
     warnings: list[str] = field(default_factory=list)
+    fits: bool | None = None  # every pipeline stage fits the device (None: not compiled)
+    peak_gib: float | None = None  # the largest stage's peak memory
+    capacity_gib: float | None = None
 
     @property
     def error(self) -> float | None:
@@ -50,6 +53,9 @@ class RowResult:
         else:
             d["predicted_step_time_s"] = self.predicted_step_time_s
             d["error"] = self.error
+            d["fits"] = self.fits
+            d["peak_gib"] = self.peak_gib
+            d["capacity_gib"] = self.capacity_gib
             if self.warnings:
                 d["warnings"] = self.warnings
         return d
@@ -103,8 +109,17 @@ class Validation:
                 reasons[r.skipped] = reasons.get(r.skipped, 0) + 1
         return dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
+    def not_fitting(self) -> dict[str, int]:
+        """Rows that compiled (every one of them really ran) but are predicted not to fit, per source."""
+        out: dict[str, int] = {}
+        for r in self.rows:
+            if not r.skipped and r.fits is False:
+                out[r.group["source_id"]] = out.get(r.group["source_id"], 0) + 1
+        return dict(sorted(out.items()))
+
     def as_dict(self) -> dict[str, Any]:
         compiled = sum(1 for r in self.rows if not r.skipped)
+        not_fitting = self.not_fitting()
         groups = self.groups()
         target = groups.get(TARGET_GROUP)
         return {
@@ -113,6 +128,8 @@ class Validation:
             "compiled": compiled,
             "skipped": len(self.rows) - compiled,
             "skip_reasons": self.skip_reasons(),
+            "not_fitting": sum(not_fitting.values()),
+            "not_fitting_by_source": not_fitting,
             "selected": len(self.rows),
             "in_file": self.selected_of,
             "targets": {

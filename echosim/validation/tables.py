@@ -58,6 +58,11 @@ def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any 
         click.echo(f"{TARGET_GROUP}: MAPE {_pct(t['target_group_mape'], False)} (target {TARGET_MAPE:.0%}: {met})")
     over = t["rows_over_row_target"]
     click.echo(f"rows over {TARGET_ROW:.0%}: {len(over)} of {result['compiled']}")
+    by_source = ", ".join(f"{k} {v}" for k, v in result.get("not_fitting_by_source", {}).items())
+    click.echo(
+        f"predicted not to fit: {result.get('not_fitting', 0)} of {result['compiled']} compiled rows"
+        + (f" ({by_source})" if by_source else "")
+    )
     click.echo(
         f"{result['compiled']} cases compiled, {result['skipped']} skipped"
         f" ({result['selected']} selected of {result['in_file']} in the file):"
