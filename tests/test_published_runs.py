@@ -129,9 +129,7 @@ def test_block_scaled_formats_run_where_the_device_has_them() -> None:
     # MFU against the 16-bit peak for every format: it grows as the step shrinks
     assert times["nvfp4"].mfu * step["nvfp4"] == pytest.approx(times["bf16"].mfu * step["bf16"], rel=1e-9)
     g = lower(cfg, Plan(**{**plan.as_dict(), "dtype": "nvfp4"}), Cluster("b200", 8)).graph
-    assert {n.attrs.precision for n in g if isinstance(n.attrs, MatmulAttrs) and n.scope.endswith("proj")} == {
-        "nvfp4"
-    }
+    assert {n.attrs.precision for n in g if isinstance(n.attrs, MatmulAttrs) and n.scope.endswith("proj")} == {"nvfp4"}
 
 
 @pytest.mark.parametrize(("dtype", "backend"), [("nvfp4", "h100-sxm"), ("mxfp8", "h200"), ("nvfp4", "tpu-v5p")])

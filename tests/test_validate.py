@@ -265,6 +265,24 @@ def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):
     assert row_plan(_case(tmp_path, source_id="narayanan2021", framework="NeMo 25.02"))[0].attention == "flash"
 
 
+def test_no_prediction_reads_a_rows_identity_or_free_text(tmp_path):
+    """case_id, source_id, confidence and notes never change what is compiled: the
+    attention kernel, the capacity factor and MLA come from columns and framework defaults."""
+    moe = {"arch": "moe", "experts": "8", "top_k": "2", "moe_ffn_hidden": "32", "kv_heads": "4"}
+    plain = row(case_id="plain", **moe)
+    loud = row(
+        **moe,
+        case_id="narayanan2021-tokendrop-mla",
+        source_id="narayanan2021",
+        confidence="C",
+        notes="MLA attention (q_lora 1536); tokendrop capacity factor 1.25; Megatron-LM 2021 materialised attention",
+    )
+    a, b = validate_cases(write(tmp_path, plain, loud)).rows
+    assert a.predicted_step_time_s == b.predicted_step_time_s and not a.skipped and not b.skipped
+    ca, cb = read_cases(write(tmp_path, plain, loud))
+    assert row_plan(ca) == row_plan(cb) and row_model(ca) == row_model(cb)
+
+
 def test_moe_rows_read_expert_width_and_shared_experts(tmp_path):
     """Experts get moe_ffn_hidden, not ffn_hidden (the dense-layer width), and shared experts are kept."""
     moe = {"arch": "moe", "experts": "8", "top_k": "2", "moe_ffn_hidden": "32", "shared_experts": "1"}
