@@ -102,6 +102,9 @@ def test_validate_reads_mla_from_the_columns(tmp_path) -> None:
     # 18432) = 703.8B parameters; the FLOPs per token are the same (18432 = (8 + 1) x 2048)
     full = ZOO["deepseek-v3"]
     assert cfg.param_count() == full.with_(dense_layers=0).param_count()
+    # a blank kv_heads with head_dim = hidden / heads is an unstated GQA, not MLA
+    plain = row_model(read_cases(write(tmp_path, row(arch="llama", kv_heads="", head_dim="16")))[0])
+    assert plain.kv_lora_rank == 0 and plain.n_kv_heads == plain.heads
     assert cfg.param_count() - full.param_count() == 3 * (3 * 7168 * 2048 * 257 + 7168 * 256 - 3 * 7168 * 18432)
 
 

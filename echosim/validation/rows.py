@@ -105,8 +105,10 @@ MLA_KV_LORA_PER_HEAD_DIM = 4
 
 def is_latent_attention(c: Case) -> bool:
     """MLA rows: cases.csv leaves ``kv_heads`` blank for multi-head latent attention (its README)
-    and states the query/key ``head_dim``; a gpt row is multi-head attention by definition."""
-    return c["arch"] != "gpt" and c.int("kv_heads") is None and bool(c.int("head_dim"))
+    and states the query/key ``head_dim``, which is not hidden / heads (MLA's heads are wider than
+    the model: 128 x 192 over 7168); a gpt row is multi-head attention by definition."""
+    head_dim, heads, hidden = c.int("head_dim") or 0, c.int("heads") or 0, c.int("hidden") or 0
+    return c["arch"] != "gpt" and c.int("kv_heads") is None and head_dim > 0 and head_dim * heads != hidden
 
 
 def _latent_attention(c: Case) -> dict[str, int]:
