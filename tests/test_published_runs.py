@@ -143,6 +143,14 @@ def test_a_format_the_device_lacks_is_one_line(dtype: str, backend: str) -> None
     assert f"--dtype {dtype}: backend '{backend}' cannot run {dtype}" in line
 
 
+def test_search_in_a_format_the_device_lacks_is_one_line_not_a_table() -> None:
+    args = ["search", "llama3-8b", "--backend", "h100-sxm", "--devices", "8", "--global-batch", "8"]
+    result = CliRunner().invoke(cli, [*args, "--dtype", "nvfp4"])
+    assert result.exit_code != 0
+    (line,) = result.output.strip().splitlines()
+    assert "--dtype nvfp4: backend 'h100-sxm' cannot run nvfp4" in line
+
+
 def test_an_ep_that_does_not_divide_the_experts_is_one_line() -> None:
     result = CliRunner().invoke(cli, ["compile", "mixtral-8x7b", "--devices", "6", "--ep", "3", "--json"])
     assert result.exit_code != 0
