@@ -185,7 +185,9 @@ def _write(path: str, text: str, option: str) -> None:
 @click.option("--devices-per-node", type=int, help="[default: the backend's node for this job]")
 @click.option("--global-batch", type=int, required=True, help="Sequences per optimizer step.")
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default="bf16", show_default=True)
+@click.option(
+    "--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]), default="bf16", show_default=True
+)
 @click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
 @click.option("--recompute", "recomputes", default="none,selective,full", show_default=True)
 @click.option("--schedules", default="1f1b", show_default=True, help="e.g. 1f1b,zb-h1")

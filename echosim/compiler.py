@@ -21,12 +21,12 @@ from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.ir.verify import VerifyError
-from echosim.layout import ModelShape, check_model, check_plan
+from echosim.layout import ModelShape, check_model, check_plan, check_precision
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.memory import SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import offloaded
-from echosim.plan import DEFAULT_MODEL, Cluster, Plan, PlanError
+from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
 from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
 from echosim.timeline.lower import StepOptions, lower_step
@@ -86,6 +86,7 @@ def lower(
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     loaded = load_backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
+    check_precision(plan, loaded)
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
@@ -125,7 +126,8 @@ def lower(
         devices_per_node=cluster.devices_per_node,
         plan={**plan.as_dict(), "seq_len": shape.seq_len if shape.tokens else 0},  # the sequence simulated
         params=total_params,
-        peak_flops=backend.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype),  # fp8 MFU: the 16-bit peak
+        # fp8 / mxfp8 / nvfp4 MFU: the 16-bit peak, as NVIDIA's recipe tables divide by
+        peak_flops=backend.peak_flops("bf16" if plan.dtype in LOW_PRECISION else plan.dtype),
         capacity_bytes=backend.memory_bytes(),
         ranks_per_stage=plan.tp * plan.dp * plan.cp,
         sequences=plan.batch,

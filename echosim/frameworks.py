@@ -27,13 +27,15 @@ class Default:
     """One setting a framework applies when the run does not give it.
 
     ``when_above_one`` names a Plan field that must exceed 1 for the default to apply
-    (sequence parallelism only exists with tensor parallelism).
+    (sequence parallelism only exists with tensor parallelism). ``arch`` limits a model
+    default to one architecture family (the GPT tokenizer is GPT models' default).
     """
 
     field: str
     value: Any
     source: str
     when_above_one: str = ""
+    arch: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,22 @@ class Framework:
             out["unsharded_between_microbatches"] = True
         return out
 
+    # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
+    model_defaults: tuple[Default, ...] = ()
+    vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
+
+    def model_default(self, field: str, arch: str) -> Default | None:
+        """The framework's default for a model setting of an ``arch`` model, if it has one."""
+        for d in self.model_defaults:
+            if d.field == field and d.arch in ("", arch):
+                return d
+        return None
+
+    def padded_vocab(self, vocab: int, tp: int) -> int:
+        """The embedding rows for a tokenizer of ``vocab`` tokens (Megatron's _vocab_size_with_padding)."""
+        multiple = self.vocab_multiple * max(1, tp)
+        return -(-vocab // multiple) * multiple
+
     def defaults_for(self, given: Collection[str], plan: Any) -> dict[str, Any]:
         """The defaults that apply to ``plan``: fields not ``given``, conditions met."""
         out: dict[str, Any] = {}
@@ -91,6 +109,18 @@ _SWIGLU = (
     "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
     f"SiLU in backward; on unless --no-bias-swiglu-fusion ({_MEGATRON_ARGS})"
 )
+# Megatron trains GPT models on the GPT-2 BPE tokenizer unless told otherwise: pretrain_gpt.py passes
+# args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}, NeMo-Framework-Launcher's GPT-3 data
+# preparation uses tokenizer_type GPT2BPETokenizer; GPT-2's vocabulary has 50,257 tokens. The
+# embedding is padded to a multiple of --make-vocab-size-divisible-by (default 128) x tp.
+_GPT2_VOCAB = Default(
+    "vocab",
+    50257,
+    "GPT2BPETokenizer (Megatron-LM pretrain_gpt.py args_defaults; NeMo-Framework-Launcher GPT-3 data "
+    "preparation), GPT-2's 50,257 tokens",
+    arch="gpt",
+)
+_VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by default (_MEGATRON_ARGS), times tp
 
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
@@ -116,6 +146,8 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM (2021)", "Megatron-LM (2022)"),
+            model_defaults=(_GPT2_VOCAB,),
+            vocab_multiple=_VOCAB_MULTIPLE,
         ),
         Framework(
             "megatron",
@@ -129,6 +161,8 @@ FRAMEWORKS: dict[str, Framework] = {
             row_names=("Megatron-LM", "MegaScale"),
             fused_gated=_SWIGLU,
             **_VOCAB_CE,
+            model_defaults=(_GPT2_VOCAB,),
+            vocab_multiple=_VOCAB_MULTIPLE,
         ),
         Framework(
             "nemo",
@@ -155,10 +189,18 @@ FRAMEWORKS: dict[str, Framework] = {
                     "0189a3b), as in the Mixtral, Nemotron and GPT-3 175B recipes",
                     when_above_one="tp",
                 ),
+                Default(
+                    "dtype",
+                    "bf16",
+                    f'the pre-training recipes\' precision_config defaults to "bf16_mixed" ({_BRIDGE}, '
+                    "src/megatron/bridge/recipes/*); fp8 and mxfp8 are opt-in recipes",
+                ),
             ),
             row_names=("NeMo", "Megatron-Bridge"),
             fused_gated=_SWIGLU,
             **_VOCAB_CE,
+            model_defaults=(_GPT2_VOCAB,),
+            vocab_multiple=_VOCAB_MULTIPLE,
         ),
         Framework(
             "torchtitan",
@@ -170,6 +212,12 @@ FRAMEWORKS: dict[str, Framework] = {
                     3,
                     "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
                     "(torchtitan/config/configs.py, commit b5bcd76)",
+                ),
+                Default(
+                    "dtype",
+                    "bf16",
+                    "FSDP2 mixed precision: mixed_precision_param = 'bfloat16' (torchtitan/config/configs.py, "
+                    "commit b5bcd76); float8 linears are opt-in (model.converters)",
                 ),
             ),
             row_names=("torchtitan",),
@@ -243,6 +291,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     "commit e591f30)",
                     when_above_one="tp",
                 ),
+                Default("dtype", "bf16", "dtype: 'bfloat16' (src/maxtext/configs/base.yml, commit e591f30)"),
             ),
             row_names=("MaxText",),
             fused_gated="XLA fuses an elementwise producer into its consumer: the gated MLP's activation and "

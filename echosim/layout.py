@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from echosim.frameworks import get_framework
 from echosim.frontend.messages import Note
@@ -28,6 +29,17 @@ from echosim.plan import CP_COMMS, DTYPES, Cluster, Plan, PlanError
 ATTENTIONS = ("flash", "math")
 PP_BALANCES = ("uniform", "cost")
 ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_precision(plan: Plan, backend: Any) -> None:
+    """A block-scaled format runs only where the device's tensor cores take it (``formats()`` of the
+    backend; a backend without it takes none): nvfp4 on an H100 is refused, never costed at another rate."""
+    if plan.dtype not in ("mxfp8", "nvfp4"):
+        return
+    formats = backend.formats() if callable(getattr(backend, "formats", None)) else ()
+    if plan.dtype not in formats:
+        has = f"it runs {', '.join(formats)}" if formats else "it has no block-scaled (MX/NV) tensor-core formats"
+        raise PlanError(f"--dtype {plan.dtype}: backend '{backend.name}' cannot run {plan.dtype} ({has})")
 
 
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
@@ -157,8 +169,11 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     if shape.layers is not None:
         if plan.pp > shape.layers:
             raise PlanError(f"pp={plan.pp} exceeds the number of layers ({shape.layers})")
-        if plan.pp * plan.vpp > shape.layers:
-            raise PlanError(f"pp*vpp={plan.pp * plan.vpp} exceeds the number of layers ({shape.layers})")
+        if plan.pp * plan.vpp > shape.layers + 2:
+            raise PlanError(
+                f"pp*vpp={plan.pp * plan.vpp} exceeds the number of layers ({shape.layers}) plus the embedding "
+                "and the loss stages (2)"
+            )
     seq = shape.seq_len
     if plan.cp > 1:
         try:

@@ -94,7 +94,13 @@ def search(
     progress: Callable[[int, int], None] | None = None,
     **space: Any,
 ) -> list[Candidate]:
-    """Every candidate, best first: those that fit by step time, then those that do not, then errors."""
+    """Every candidate, best first: those that fit by step time, then those that do not, then errors.
+
+    A precision the device cannot run fails every layout alike: it is one error, before any compile."""
+    from echosim.backends.loading import load_backend
+    from echosim.layout import check_precision
+
+    check_precision(base, load_backend(cluster.backend))
     plans = list(candidates(base, cluster, **space))
     if not plans:
         raise EchosimError(f"no layout of {cluster.devices} devices divides the global batch {base.global_batch}")

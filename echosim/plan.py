@@ -13,7 +13,9 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.frameworks import DEFAULT_FRAMEWORK, get_framework
 
-DTYPES = ("fp32", "fp16", "bf16", "fp8")
+DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
+#: Low-precision GEMM formats: the linear layers' matmuls run in them, everything else in 16-bit.
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
 CP_COMMS = ("p2p", "all_gather")
 
 

@@ -27,7 +27,43 @@ CSV_NAME = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(DEVICES))
+# Devices hw_specs.csv has no row for: their vendor's system totals (dense) instead.
+NOT_IN_HW_SPECS = ("b300", "gb300", "h100-96gb")
+
+
+def test_every_device_is_checked_against_a_source():
+    assert set(DEVICES) == set(CSV_NAME) | set(NOT_IN_HW_SPECS)
+
+
+def test_blackwell_ultra_matches_the_vendor_system_totals():
+    """GB300 NVL72 (72 GPUs): 360 PF FP8 and 1,080 PF FP4 dense, 576 TB/s HBM, 130 TB/s NVLink, one
+    800 Gb/s NIC per GPU; HGX B300 (8 GPUs): 36 PF BF16 and 72 PF FP8 sparse, 105 PF FP4 dense."""
+    gb300, b300 = DEVICES["gb300"], DEVICES["b300"]
+    assert 72 * gb300.peak_fp8_tflops == 360_000 and 72 * gb300.peak_fp4_tflops == 1_080_000
+    assert 72 * gb300.hbm_GBps == 576_000 and 72 * 2 * gb300.nvlink_GBps == pytest.approx(130_000, rel=0.01)
+    assert gb300.nic_GBps == 800 / 8 == b300.nic_GBps and gb300.devices_per_node == 72
+    assert 8 * 2 * b300.peak_bf16_tflops == 36_000 and 8 * 2 * b300.peak_fp8_tflops == 72_000
+    assert 8 * b300.peak_fp4_tflops == 105_000 and b300.devices_per_node == 8
+    for dev in (gb300, b300, DEVICES["b200"], DEVICES["gb200"]):
+        assert dev.block_scaled_formats == ("mxfp8", "nvfp4")
+
+
+def test_b300_fractions_are_its_microbenchmarks():
+    """microbench.csv's MAMF rows for B300 SXM: bf16 1769.0 and fp8 e4m3 3353.3 TFLOP/s."""
+    b300 = DEVICES["b300"]
+    assert b300.gemm_eff_16bit * b300.peak_bf16_tflops == pytest.approx(1769.0)
+    assert b300.gemm_eff_fp8 * b300.peak_fp8_tflops == pytest.approx(3353.3)
+
+
+def test_h100_96gb_is_the_h100_sxm_with_its_capacity():
+    h100, meta = DEVICES["h100-sxm"], DEVICES["h100-96gb"]
+    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "hbm_GB", "source")]
+    assert all(getattr(h100, f) == getattr(meta, f) for f in same)
+    assert meta.hbm_GB == 96.0 and "2410.06511" in meta.source
+    assert not h100.block_scaled_formats and h100.peak_fp4_tflops is None
+
+
+@pytest.mark.parametrize("name", sorted(CSV_NAME))
 def test_device_numbers_match_hw_specs(name):
     if not HW_SPECS.exists():
         pytest.skip(f"validation data not found at {HW_SPECS}")

@@ -112,8 +112,8 @@ def test_unknown_device_is_an_error_a_known_one_without_backend_a_skip(tmp_path,
     assert code == 1 and len(out.strip().splitlines()) == 1
     assert "line 2 (tiny-gpt): column 'device' names an unknown device 'h100-pcie-x' (known: " in out
     assert "h100-sxm" in out  # the near names are listed
-    result = validate_cases(write(tmp_path, row(device="gb300")))
-    assert result.rows[0].skipped == "no backend for device 'gb300' yet"
+    result = validate_cases(write(tmp_path, row(device="mi355x")))
+    assert result.rows[0].skipped == "no backend for device 'mi355x' yet"
 
 
 @pytest.mark.parametrize(
@@ -161,15 +161,39 @@ def test_skips_are_counted_with_reasons(tmp_path):
     reasons = {r.case_id: r.skipped for r in result.rows}
     assert reasons == {
         "moe": "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)",
-        "mx": "needs mxfp8 training (block-scaled fp8)",
+        "mx": "--dtype mxfp8: backend 'null' cannot run mxfp8 (it has no block-scaled (MX/NV) tensor-core formats)",
         "blank-time": "no published step time",
         "blank-vocab": "column(s) 'vocab' blank (not given by the source)",
-        "gqa-gpt": "grouped-query attention on the gpt architecture is not modelled (the gpt zoo block is MHA)",
-        "blank-dtype-h100": "dtype blank on an fp8-capable device (16-bit or fp8 is not stated)",
+        "gqa-gpt": "",
+        "blank-dtype-h100": (
+            "dtype blank on an fp8-capable device (16-bit or fp8 is not stated; the framework has no default)"
+        ),
         "ok": "",
     }
     d = result.as_dict()
-    assert d["compiled"] == 1 and d["skipped"] == 6 and sum(d["skip_reasons"].values()) == 6
+    assert d["compiled"] == 2 and d["skipped"] == 5 and sum(d["skip_reasons"].values()) == 5
+
+
+def test_blank_cells_take_the_framework_default_or_a_derivation(tmp_path):
+    """Blank vocab: the framework's GPT tokenizer (GPT-2 BPE, 50,257) padded to 128 x tp; blank dtype:
+    the framework's precision (NeMo / Megatron-Bridge: bf16); blank dp: devices / (tp*pp*cp)."""
+    nemo = "Megatron-Bridge / Megatron-Core (NeMo 25.09)"
+    cases = read_cases(
+        write(
+            tmp_path,
+            row(case_id="vocab", vocab="", framework=nemo, tp="2", devices="2", dp="", sp="1"),
+            row(case_id="dtype", device="h100-sxm", dtype="", framework=nemo),
+            row(case_id="eager-vocab", vocab=""),
+        )
+    )
+    vocab, dtype, _eager = cases
+    assert row_model(vocab).vocab == 50432  # 50257 up to a multiple of 128 * 2
+    plan, _cluster = row_plan(vocab)
+    assert plan.dp == 1 and plan.tp == 2
+    assert row_plan(dtype)[0].dtype == "bf16"
+    result = validate_cases(write(tmp_path, row(case_id="v", vocab="", framework=nemo, dtype="")))
+    assert result.rows[0].skipped == "" and result.rows[0].predicted_step_time_s
+    assert "vocab" in validate_cases(write(tmp_path, row(vocab=""))).rows[0].skipped  # eager: no tokenizer
 
 
 def test_layout_errors_become_skips_not_crashes(tmp_path):
@@ -239,6 +263,24 @@ def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):
     attention = [row_plan(_case(tmp_path, framework=f))[0].attention for f in frameworks]
     assert attention == ["math", "math", "flash", "flash", "flash"]
     assert row_plan(_case(tmp_path, source_id="narayanan2021", framework="NeMo 25.02"))[0].attention == "flash"
+
+
+def test_no_prediction_reads_a_rows_identity_or_free_text(tmp_path):
+    """case_id, source_id, confidence and notes never change what is compiled: the
+    attention kernel, the capacity factor and MLA come from columns and framework defaults."""
+    moe = {"arch": "moe", "experts": "8", "top_k": "2", "moe_ffn_hidden": "32", "kv_heads": "4"}
+    plain = row(case_id="plain", **moe)
+    loud = row(
+        **moe,
+        case_id="narayanan2021-tokendrop-mla",
+        source_id="narayanan2021",
+        confidence="C",
+        notes="MLA attention (q_lora 1536); tokendrop capacity factor 1.25; Megatron-LM 2021 materialised attention",
+    )
+    a, b = validate_cases(write(tmp_path, plain, loud)).rows
+    assert a.predicted_step_time_s == b.predicted_step_time_s and not a.skipped and not b.skipped
+    ca, cb = read_cases(write(tmp_path, plain, loud))
+    assert row_plan(ca) == row_plan(cb) and row_model(ca) == row_model(cb)
 
 
 def test_moe_rows_read_expert_width_and_shared_experts(tmp_path):

@@ -102,7 +102,7 @@ class KernelBackend:
     """
 
     name: str
-    DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp32")
+    DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32")
     FALLBACK_DTYPE = "bf16"
     _overlap: OverlapModel
 

@@ -69,14 +69,19 @@ FLASH_BWD_RATE = 0.85
 HEURISTIC_GEMM_FRACTION = 0.91
 
 
-def itemsize(dtype: str) -> int:
-    return {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp32-simt": 4}.get(dtype, 2)
+def itemsize(dtype: str) -> float:
+    """Bytes per operand element; block-scaled formats add their scales (MXFP8: one byte per 32
+    elements, NVFP4: one byte per 16; OCP Microscaling spec v1.0, NVIDIA NVFP4 paper arXiv:2509.25149)."""
+    sizes = {"fp8": 1, "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "bf16": 2, "fp16": 2}
+    return sizes.get(dtype, {"fp32": 4, "tf32": 4, "fp32-simt": 4}.get(dtype, 2))
 
 
 def gemm_efficiency(dev: DeviceSpec, dtype: str) -> float:
     """Fraction of peak a large, well-shaped GEMM of this dtype sustains (measured)."""
-    if dtype == "fp8" and dev.gemm_eff_fp8 is not None:
-        return dev.gemm_eff_fp8
+    if dtype in ("fp8", "mxfp8") and dev.gemm_eff_fp8 is not None:
+        return dev.gemm_eff_fp8  # MX block scales are applied inside the MMA at the fp8 rate (sm_100)
+    if dtype == "nvfp4" and dev.gemm_eff_fp4 is not None:
+        return dev.gemm_eff_fp4
     return dev.gemm_eff_16bit
 
 
@@ -121,7 +126,7 @@ def gemm_plan(
     per_sm = dev.peak_tflops(dtype) * 1e12 * gemm_efficiency(dev, dtype) * selection / dev.sm_count
     bw = dev.hbm_stream_GBps * 1e9
     # fp8 GEMMs read fp8 operands and write a 16-bit result (Transformer Engine, cuBLASLt).
-    out_size = 2 if dtype == "fp8" else itemsize(dtype)
+    out_size = 2 if dtype in ("fp8", "mxfp8", "nvfp4") else itemsize(dtype)
     memory_s = batch * ((m * k + k * n) * itemsize(dtype) + m * n * out_size) / bw
     best: GemmPlan | None = None
     for tm, tn in CTA_TILES:

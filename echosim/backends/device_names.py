@@ -13,12 +13,14 @@ import re
 #: Device name pattern -> backend name (``None``: real hardware echosim has no backend for yet).
 #: Order matters: the first pattern that matches wins.
 DEVICE_PATTERNS: tuple[tuple[str, str | None], ...] = (
-    (r"PCIe|NV12 pairs|GH200|B300|Gaudi|MI325X|MI355X|Grace", None),
+    (r"PCIe|NV12 pairs|GH200|Gaudi|MI325X|MI355X|Grace", None),
     (r"A100-SXM4-40GB", "a100-40gb"),
     (r"A100", "a100-80gb"),
     (r"H100", "h100-sxm"),
     (r"H800", "h800"),
     (r"H200", "h200"),
+    (r"^GB300", "gb300"),
+    (r"B300", "b300"),
     (r"^GB200", "gb200"),
     (r"B200", "b200"),
     (r"MI300X", "mi300x"),

@@ -60,6 +60,11 @@ class DeviceSpec:
     devices_per_node: int
     kernel_overhead_us: float  # launch + ramp-down gap per kernel in a busy stream
     source: str
+    # Block-scaled formats the tensor cores take natively (Blackwell's tcgen05 MMA: MXFP8 and NVFP4);
+    # a run in a format the part lacks is refused, never costed at another rate.
+    block_scaled_formats: tuple[str, ...] = ()
+    peak_fp4_tflops: float | None = None  # dense NVFP4 peak where the part has FP4 tensor cores
+    gemm_eff_fp4: float | None = None  # large-GEMM NVFP4 TFLOP/s over peak_fp4_tflops
 
     def __post_init__(self) -> None:
         validate(self)
@@ -75,14 +80,17 @@ class DeviceSpec:
             "bf16": self.peak_bf16_tflops,
             "fp16": self.peak_fp16_tflops,
             "fp8": self.peak_fp8_tflops or self.peak_bf16_tflops,
+            "mxfp8": self.peak_fp8_tflops or self.peak_bf16_tflops,
+            "nvfp4": self.peak_fp4_tflops or self.peak_bf16_tflops,
             "tf32": self.peak_tf32_tflops,
             "fp32": self.peak_tf32_tflops,
             "fp32-simt": self.peak_fp32_tflops,
         }.get(dtype, self.peak_bf16_tflops)
 
 
-_OPTIONAL = {"peak_fp8_tflops", "gemm_eff_fp8"}
-_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "flash_fwd_eff"}
+_OPTIONAL = {"peak_fp8_tflops", "gemm_eff_fp8", "peak_fp4_tflops", "gemm_eff_fp4"}
+_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff"}
+BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
 
 
 def validate(spec: DeviceSpec) -> None:
@@ -96,6 +104,11 @@ def validate(spec: DeviceSpec) -> None:
         raise ValueError(f"{who}: field 'source' is missing (every number needs a source)")
     for f in fields(spec):
         if f.name in ("name", "arch", "source"):
+            continue
+        if f.name == "block_scaled_formats":
+            unknown = [x for x in spec.block_scaled_formats if x not in BLOCK_SCALED_FORMATS]
+            if unknown:
+                raise ValueError(f"{who}: field 'block_scaled_formats' names {unknown} (known: mxfp8, nvfp4)")
             continue
         if f.name == "flash_fwd_shape":
             if len(value := spec.flash_fwd_shape) != 4 or any(not isinstance(v, int) or v <= 0 for v in value):
@@ -116,6 +129,10 @@ def validate(spec: DeviceSpec) -> None:
             raise ValueError(f"{who}: field {f.name!r} is a fraction of peak, got {value!r} > 1")
     if (spec.peak_fp8_tflops is None) != (spec.gemm_eff_fp8 is None):
         raise ValueError(f"{who}: fields 'peak_fp8_tflops' and 'gemm_eff_fp8' must be given together")
+    if (spec.peak_fp4_tflops is None) != (spec.gemm_eff_fp4 is None):
+        raise ValueError(f"{who}: fields 'peak_fp4_tflops' and 'gemm_eff_fp4' must be given together")
+    if "nvfp4" in spec.block_scaled_formats and spec.peak_fp4_tflops is None:
+        raise ValueError(f"{who}: runs nvfp4 ('block_scaled_formats') but has no 'peak_fp4_tflops'")
     if spec.hbm_stream_GBps > spec.hbm_GBps:
         raise ValueError(f"{who}: field 'hbm_stream_GBps' exceeds the peak 'hbm_GBps'")
     if spec.nvlink_busbw_GBps > spec.nvlink_GBps:
@@ -257,6 +274,11 @@ H200 = DeviceSpec(
     source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ}",
 )
 
+# NVFP4 GEMM fraction of peak: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 8192^3 = 7535.6 TFLOP/s of
+# the 10,000 dense peak; cuBLASLt is a heuristic pick, so the autotuned fraction is that over
+# compute.HEURISTIC_GEMM_FRACTION (0.91), as the other gemm_eff_* are autotuned rates.
+_FP4_EFF = 7535.6 / 10000.0 / 0.91
+
 B200 = DeviceSpec(
     name="b200",
     arch="blackwell",
@@ -282,6 +304,9 @@ B200 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
     f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
+    block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tcgen05 MMA kinds mxf8f6f4 / mxf4nvf4 (PTX ISA)
+    peak_fp4_tflops=9000.0,  # Source: hw_specs.csv notes "FP4 9000" (DGX B200 datasheet, dense)
+    gemm_eff_fp4=_FP4_EFF,  # No B200 fp4 GEMM row: GB200's measured fraction (below)
 )
 
 _GB200_AZ = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_GB200_v6_results.md"
@@ -313,9 +338,95 @@ GB200 = DeviceSpec(
     devices_per_node=72,  # Source: hw_specs.csv, 72-GPU NVLink domain (NVL72)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO}",
+    block_scaled_formats=("mxfp8", "nvfp4"),  # Source: same Blackwell tensor cores as B200
+    peak_fp4_tflops=10000.0,  # Source: hw_specs.csv notes (ml-engineering: nvfp4 10,000 dense per GPU)
+    gemm_eff_fp4=_FP4_EFF,  # Source: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 (above)
 )
 
-DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H800, H200, B200, GB200)}
+# Blackwell Ultra (B300 die, 160 SMs). Per-GPU dense peaks: NVIDIA GB300 NVL72 (rack: 360 PF
+# FP8, 1,080 PF FP4 dense, 20 TB HBM3e at 576 TB/s, 130 TB/s NVLink, one ConnectX-8 800 Gb/s per
+# GPU) and HGX B300 (8 GPUs: 36 PF BF16 and 72 PF FP8 with sparsity, 105 PF FP4 dense, 2.3 TB);
+# per-GPU tables: glennklockwood.com/garden/processors/B300, verda.com/blog/gb300-nvl72-architecture.
+_GB300 = "https://www.nvidia.com/en-us/data-center/gb300-nvl72/"
+_HGX_B300 = "https://www.nvidia.com/en-us/data-center/hgx/"
+_B300_PAGES = "https://glennklockwood.com/garden/processors/B300 ; https://verda.com/blog/gb300-nvl72-architecture"
+
+B300 = DeviceSpec(
+    name="b300",
+    arch="blackwell",
+    sm_count=160,  # Source: verda.com per-GPU table / NVIDIA Blackwell Ultra (160 SMs)
+    peak_bf16_tflops=2250.0,  # Source: HGX B300, 36 PF sparse / 8 GPUs / 2 (glennklockwood: 2250 dense)
+    peak_fp16_tflops=2250.0,  # Source: as bf16
+    peak_fp8_tflops=4500.0,  # Source: HGX B300, 72 PF sparse / 8 / 2
+    peak_tf32_tflops=1125.0,  # Source: glennklockwood B300 table (1125 dense)
+    peak_fp32_tflops=75.0,  # Source: glennklockwood B300 table (75)
+    hbm_GB=270.0,  # Source: verda.com table, 270 GB usable of 288 GB HBM3e
+    hbm_GBps=8000.0,  # Source: glennklockwood B300 (8 TB/s)
+    # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866), as for B200.
+    hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
+    gemm_eff_16bit=1769.0 / 2250.0,  # Source: microbench.csv, MAMF B300 SXM bf16 best shape 1769 TFLOP/s (78.6%)
+    gemm_eff_fp8=3353.3 / 4500.0,  # Source: microbench.csv, MAMF B300 SXM fp8 e4m3 best shape 3353.3 (74.5%)
+    # No Blackwell attention row: H100 FA3's fraction, as for B200 (Blackwell Ultra's doubled
+    # softmax exponent rate is not modelled).
+    flash_fwd_eff=620.73 / 989.0,
+    flash_fwd_shape=(1, 16, 16384, 128),
+    nvlink_GBps=900.0,  # Source: HGX B300, NVLink5 1.8 TB/s per GPU (900 per direction)
+    nvlink_links=18,  # Source: NVLink5, 18 links (as B200)
+    nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW
+    nic_GBps=100.0,  # Source: HGX B300, one ConnectX-8 SuperNIC of 800 Gb/s per GPU
+    devices_per_node=8,  # Source: HGX B300 (8 GPUs per baseboard)
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
+    block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores (as B200)
+    peak_fp4_tflops=105000.0 / 8,  # Source: HGX B300, 105 PF FP4 dense / 8 GPUs (glennklockwood: 13,125)
+    gemm_eff_fp4=_FP4_EFF,  # No B300 fp4 GEMM row: GB200's measured fraction
+)
+
+GB300 = DeviceSpec(
+    name="gb300",
+    arch="blackwell",
+    sm_count=160,  # Source: as B300 (same Blackwell Ultra GPU)
+    peak_bf16_tflops=2500.0,  # Source: GB300 NVL72, 360 PF sparse / 72 GPUs / 2
+    peak_fp16_tflops=2500.0,  # Source: as bf16
+    peak_fp8_tflops=5000.0,  # Source: GB300 NVL72, 360 PF FP8 dense / 72 (glennklockwood)
+    peak_tf32_tflops=1250.0,  # Source: verda.com per-GPU table (1.25 PF)
+    peak_fp32_tflops=80.0,  # Source: verda.com per-GPU table (0.080 PF)
+    hbm_GB=279.0,  # Source: verda.com per-GPU table, 279 GB usable of 288 GB HBM3e
+    hbm_GBps=8000.0,  # Source: GB300 NVL72, 576 TB/s / 72
+    hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,  # No STREAM row: H200's HBM3e fraction, as for GB200
+    # No GB300 GEMM row: the B300's measured MAMF fractions (same Blackwell Ultra GPU).
+    gemm_eff_16bit=1769.0 / 2250.0,
+    gemm_eff_fp8=3353.3 / 4500.0,
+    flash_fwd_eff=620.73 / 989.0,  # No Blackwell attention row: H100 FA3's fraction, as for GB200
+    flash_fwd_shape=(1, 16, 16384, 128),
+    nvlink_GBps=900.0,  # Source: GB300 NVL72, 130 TB/s / 72 GPUs = 1.8 TB/s (900 per direction)
+    nvlink_links=18,  # Source: NVLink5, 18 links
+    nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW
+    nic_GBps=100.0,  # Source: GB300 NVL72, 72 ConnectX-8 NICs of 800 Gb/s (one per GPU)
+    devices_per_node=72,  # Source: GB300 NVL72, 72-GPU NVLink domain
+    kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    source=f"{_GB300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
+    block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores
+    peak_fp4_tflops=15000.0,  # Source: GB300 NVL72, 1,080 PF FP4 dense / 72
+    gemm_eff_fp4=_FP4_EFF,  # No GB300 fp4 GEMM row: GB200's measured fraction
+)
+
+# Meta's Grand Teton H100 (torchtitan, arXiv:2410.06511; cases.csv torchtitan_2412 rows): an H100
+# SXM5 with 96 GB HBM2e run at a 500 W power limit. No datasheet gives its clocks under that cap or
+# its HBM2e bandwidth, so compute, bandwidth and links are the H100 SXM5's (an upper bound) and
+# only the capacity differs.
+H100_96GB = DeviceSpec(
+    **{
+        **{f.name: getattr(H100_SXM, f.name) for f in fields(DeviceSpec)},
+        "name": "h100-96gb",
+        "hbm_GB": 96.0,  # Source: torchtitan (arXiv:2410.06511), H100 96 GB HBM2e
+        "source": f"{H100_SXM.source} ; https://arxiv.org/abs/2410.06511 (H100 96 GB HBM2e, 500 W limit)",
+    }
+)
+
+DEVICES: dict[str, DeviceSpec] = {
+    d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H100_96GB, H800, H200, B200, GB200, B300, GB300)
+}
 
 
 def get_device(name: str) -> DeviceSpec:

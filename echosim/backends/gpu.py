@@ -96,6 +96,10 @@ class GPUBackend(KernelBackend):
             return "fp32-simt"
         return dtype
 
+    def formats(self) -> tuple[str, ...]:
+        """Block-scaled formats the tensor cores take (the device's data)."""
+        return self.device.block_scaled_formats
+
     def node_devices(self, devices: int) -> int:
         """A job's node is its NVLink domain: 8 GPUs (HGX/DGX) or the 72 of an NVL72 rack."""
         return fill_domains(devices, self.device.devices_per_node)

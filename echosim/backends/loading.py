@@ -86,6 +86,16 @@ class GuardedBackend:
         except Exception as exc:
             raise self._fail("peak_flops", exc) from None
 
+    def formats(self) -> tuple[str, ...]:
+        """Block-scaled formats (mxfp8, nvfp4) the device runs; optional for a plugin (none without it)."""
+        method = getattr(self.inner, "formats", None)
+        if not callable(method):
+            return ()
+        try:
+            return tuple(str(f) for f in method())
+        except Exception as exc:
+            raise self._fail("formats", exc) from None
+
     def node_devices(self, devices: int) -> int:
         """Devices of one node (NVLink domain, rack, TPU slice) a job of ``devices`` gets by default.
 

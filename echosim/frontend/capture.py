@@ -152,11 +152,16 @@ def _capture_arch_now(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Gr
 
     # Two layers are all the fold needs to prove the block repeats, and the zoo knows its depth:
     # building the rest only to cut it off again would cost more than the capture.
-    module = build_module(cfg.with_(layers=min(cfg.layers, 2)))
+    # A moe model's dense first layers (DeepSeek) stay as they are: one more MoE layer than dense
+    # ones makes the MoE layers the longest run, the one that folds to their count.
+    dense = cfg.dense_layers if cfg.arch == "moe" else 0
+    module = build_module(cfg.with_(layers=min(cfg.layers, 2 * dense + 1 if dense else 2)))
+    depth = cfg.layers - dense
     ids = torch.zeros(spec.micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     try:
-        dtype = DType.BF16 if spec.dtype == "fp8" else DType.parse(spec.dtype)  # fp8: 16-bit activations
-        cap = capture_module(module, (ids, ids), dtype=dtype, name=name, depth=cfg.layers)
+        # fp8 / mxfp8 / nvfp4: 16-bit activations, the linear layers' GEMMs quantise their operands
+        dtype = DType.BF16 if spec.dtype in ("fp8", "mxfp8", "nvfp4") else DType.parse(spec.dtype)
+        cap = capture_module(module, (ids, ids), dtype=dtype, name=name, depth=depth)
     except CaptureError as exc:
         raise EchosimError(f"{name}: {exc}") from None
     return cap.graph, tuple(cap.warnings), cap.graph.param_count()

@@ -254,10 +254,11 @@ def _elementwise(fn: str, flops: int = 1) -> Rule:
 
 def _sdpa(c: _Converter, node: fx.Node) -> None:
     q, k, v = c.tensors(node.args[:3])
-    qs, ks = c.graph[q].out.shape, c.graph[k].out.shape
+    qs, ks, vs = c.graph[q].out.shape, c.graph[k].out.shape, c.graph[v].out.shape
     causal = bool(node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False))
     batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
-    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], qs[-1], causal)
+    # QK^T contracts the query/key head, PV makes the value head (MLA: 192 and 128): their mean keeps FLOPs exact
+    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, causal)
     mask = c.tensors([node.kwargs.get("attn_mask")]) if node.kwargs.get("attn_mask") is not None else []
     c.emit(node, OpKind.ATTENTION, [q, k, v, *mask], attrs)
 

@@ -22,7 +22,8 @@ class CaptureSpec:
 
     ``micro_batch``: samples per micro-batch; ``seq_len``: tokens per sample, ``0`` for
     the model's own (a config's or module's sequence length); ``dtype``: the training
-    dtype (``fp32``, ``fp16``, ``bf16``, ``fp8``) every float tensor is costed in.
+    dtype (``fp32``, ``fp16``, ``bf16``; ``fp8``, ``mxfp8``, ``nvfp4`` keep 16-bit tensors) every
+    float tensor is costed in.
     """
 
     micro_batch: int = 1

@@ -41,6 +41,14 @@ class ArchConfig:
     top_k: int = 0  # experts each token is sent to
     moe_ffn: int = 0  # FFN width of one expert; 0: ffn_hidden
     shared_experts: int = 0  # always-on experts of width moe_ffn
+    # Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434 sec. 2.1): keys and values come from
+    # a kv_lora_rank latent, queries from a q_lora_rank one (0: a plain q projection); head_dim is
+    # the query/key head (nope + rope_head_dim), v_head_dim the value head. kv_lora_rank 0: no MLA.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
+    dense_layers: int = 0  # the first layers of a moe model keep a dense MLP of width ffn (DeepSeek)
 
     @property
     def ffn_hidden(self) -> int:
@@ -61,6 +69,27 @@ class ArchConfig:
     def with_(self, **changes: Any) -> ArchConfig:
         return replace(self, **changes)
 
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def attention_params(self) -> int:
+        """Weights of one llama-style attention block: GQA projections or MLA's latent ones."""
+        h, hd, a, kv = self.hidden, self.dim_head, self.heads, self.n_kv_heads
+        if not self.mla:
+            return h * (a + 2 * kv) * hd + a * hd * h
+        rope, v, c = self.rope_head_dim, self.v_head_dim, self.kv_lora_rank
+        q = self.q_lora_rank * (h + 1 + a * hd) if self.q_lora_rank else h * a * hd  # down, norm, up
+        kv_path = h * (c + rope) + c + c * a * (hd - rope + v)  # down (with the shared rope key), norm, up
+        return q + kv_path + a * v * h
+
+    def active_params(self) -> int:
+        """Parameters one token runs through: routed experts count top_k of ``experts``."""
+        if self.arch != "moe":
+            return self.param_count()
+        idle = (self.layers - self.dense_layers) * 3 * self.hidden * self.expert_ffn * (self.experts - self.top_k)
+        return self.param_count() - idle
+
     def param_count(self) -> int:
         """Closed-form parameter count (checked against the built module in tests)."""
         h, hd, a, kv = self.hidden, self.dim_head, self.heads, self.n_kv_heads
@@ -71,15 +100,18 @@ class ArchConfig:
             embed = self.vocab * h + self.seq_len * h
             head = 0 if self.tied_embeddings else self.vocab * h
             return self.layers * (attn + mlp + norms) + embed + 2 * h + head
-        attn = h * (a + 2 * kv) * hd + a * hd * h
-        mlp = 3 * h * self.ffn_hidden
+        attn = self.attention_params()
+        dense = 3 * h * self.ffn_hidden
+        mlp, dense_layers = dense, self.layers
         if self.arch == "moe":
             router = h * self.experts
             mlp = router + 3 * h * self.expert_ffn * (self.experts + self.shared_experts)
+            dense_layers = self.dense_layers
         norms = 2 * h
         embed = self.vocab * h
         head = 0 if self.tied_embeddings else self.vocab * h
-        return self.layers * (attn + mlp + norms) + embed + h + head
+        layers = self.layers * (attn + norms) + dense_layers * dense + (self.layers - dense_layers) * mlp
+        return layers + embed + h + head
 
 
 def _gpt(layers: int, hidden: int, heads: int, head_dim: int = 0, desc: str = "") -> ArchConfig:
@@ -122,6 +154,11 @@ _MIXTRAL = "Mixtral of Experts (Jiang et al. 2024, arXiv:2401.04088) Table 1 / H
 _QWEN3 = "Qwen3 technical report (arXiv:2505.09388) Table 2 / HF config"
 _OSS = "gpt-oss-120b model card (arXiv:2508.10925) / HF config; sliding-window layers costed as full attention"
 _GROK = "Grok-1 open release (github.com/xai-org/grok-1) config; cases.csv dgxc2504 rows"
+_DSV3 = (
+    "DeepSeek-V3 technical report (arXiv:2412.19437) sec. 4.2 / HF config: MLA (kv_lora 512, q_lora 1536, "
+    "rope 64 + nope 128, v 128), first 3 layers dense (18432), 256 routed + 1 shared expert of 2048, top-8; "
+    "the multi-token-prediction module and the router's sigmoid gate are left out"
+)
 _QMOE = (
     "Qwen1.5-MoE-A2.7B HF config: DeepSeek-style fine-grained (60 x 1408) + shared (4 x 1408) experts "
     "(DeepSeekMoE, Dai et al. 2024, arXiv:2401.06066); the shared-expert sigmoid gate is left out"
@@ -156,6 +193,9 @@ ZOO.update(
         "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64),
         "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
         "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),
+        "deepseek-v3": _moe(61, 7168, 128, 0, 129280, 256, 8, 2048, 4096, _DSV3, head_dim=192, shared=1).with_(
+            ffn=18432, kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, v_head_dim=128, dense_layers=3
+        ),
     }
 )
 
@@ -182,4 +222,5 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "gpt-oss-120b": 116.8e9,
     "grok-1": 314e9,
     "qwen1.5-moe-a2.7b": 14.3e9,
+    "deepseek-v3": 671e9,  # without the 14B multi-token-prediction module (arXiv:2412.19437 sec. 1)
 }

@@ -32,18 +32,22 @@ def _embedding(num: int, dim: int) -> nn.Embedding:
 class GPTAttention(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
-        self.heads, self.head_dim, self.p = cfg.heads, cfg.dim_head, cfg.dropout
+        self.heads, self.kv_heads, self.head_dim, self.p = cfg.heads, cfg.n_kv_heads, cfg.dim_head, cfg.dropout
         inner = cfg.heads * cfg.dim_head
-        self.qkv = nn.Linear(cfg.hidden, 3 * inner)
+        # One fused Linear for q, k and v; with grouped-query attention (Nemotron-4, Megatron-Core's
+        # GPT with num_query_groups) k and v have kv_heads heads each.
+        self.qkv = nn.Linear(cfg.hidden, inner + 2 * self.kv_heads * cfg.dim_head)
         self.proj = nn.Linear(inner, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q, k, v = self.qkv(x).split(self.heads * self.head_dim, dim=-1)
+        kv = self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split((self.heads * self.head_dim, kv, kv), dim=-1)
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p, is_causal=True)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        gqa = self.kv_heads != self.heads
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p, is_causal=True, enable_gqa=gqa)
         return self.proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
@@ -127,6 +131,45 @@ class LlamaAttention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
+class MLAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3; module names as HF's DeepseekV3Attention).
+
+    Queries come from a ``q_lora_rank`` latent (or a plain projection), keys and values from one
+    ``kv_lora_rank`` latent plus a rotary key shared by all heads. The down projections are
+    replicated under tensor parallelism (Megatron-Core's MLA), the up projections split by heads.
+    """
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        h, a, c = cfg.hidden, cfg.heads, cfg.kv_lora_rank
+        self.heads, self.rope, self.v_dim = a, cfg.rope_head_dim, cfg.v_head_dim
+        self.qk_dim, self.nope, self.latent = cfg.dim_head, cfg.dim_head - cfg.rope_head_dim, c
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, a * self.qk_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(h, a * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h, c + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(c)
+        self.kv_b_proj = nn.Linear(c, a * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(a * self.v_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if hasattr(self, "q_b_proj") else self.q_proj(x)
+        q = q.view(b, s, self.heads, self.qk_dim).transpose(1, 2)
+        q_nope, q_rope = q.split((self.nope, self.rope), dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split((self.latent, self.rope), dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, s, self.heads, self.nope + self.v_dim)
+        k_nope, v = kv.transpose(1, 2).split((self.nope, self.v_dim), dim=-1)
+        k_rope = _rotate(k_rope.view(b, 1, s, self.rope), cos, sin).expand(b, self.heads, s, self.rope)
+        q = torch.cat((q_nope, _rotate(q_rope, cos, sin)), dim=-1)
+        k = torch.cat((k_nope, k_rope), dim=-1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.v_dim))
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ArchConfig, ffn: int = 0) -> None:
         super().__init__()
@@ -185,12 +228,12 @@ class MoE(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, index: int = 0) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden)
-        self.attn = LlamaAttention(cfg)
+        self.attn = MLAttention(cfg) if cfg.mla else LlamaAttention(cfg)
         self.post_norm = RMSNorm(cfg.hidden)
-        if cfg.arch == "moe":
+        if cfg.arch == "moe" and index >= cfg.dense_layers:
             self.moe = MoE(cfg)
         else:
             self.mlp = LlamaMLP(cfg)
@@ -205,12 +248,13 @@ class Llama(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.embed = _embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tied_embeddings:
             self.lm_head.weight = self.embed.weight
-        inv = 1.0 / (10000.0 ** (torch.arange(0, cfg.dim_head, 2, dtype=torch.float32) / cfg.dim_head))
+        rot = cfg.rope_head_dim if cfg.mla else cfg.dim_head  # MLA rotates only its rope part
+        inv = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
         freqs = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)

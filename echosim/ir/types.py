@@ -15,13 +15,19 @@ class DType(Enum):
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
+    FP4 = "fp4"  # NVFP4 / MXFP4 elements: half a byte (TensorSpec.nbytes counts bits)
     INT64 = "int64"
     INT32 = "int32"
     BOOL = "bool"
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element, rounded up (fp4 packs two per byte: :attr:`bits` is exact)."""
         return _ITEMSIZE[self]
+
+    @property
+    def bits(self) -> int:
+        return 4 if self is DType.FP4 else 8 * _ITEMSIZE[self]
 
     @classmethod
     def parse(cls, text: str) -> DType:
@@ -41,6 +47,7 @@ _ITEMSIZE = {
     DType.FP16: 2,
     DType.BF16: 2,
     DType.FP8: 1,
+    DType.FP4: 1,
     DType.INT64: 8,
     DType.INT32: 4,
     DType.BOOL: 1,
@@ -75,7 +82,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return (self.numel * self.dtype.bits + 7) // 8
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorSpec:
         return TensorSpec(tuple(shape), self.dtype)

@@ -6,6 +6,12 @@ a cut become ``send``/``recv`` pairs. Layers are split evenly as Megatron-LM doe
 (``balance="uniform"``) or by estimated cost (``balance="cost"``), which moves
 layers off the stages that carry the embedding and the output layer.
 
+More (virtual) stages than layers is possible only the way Megatron-Core does it with
+``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+(megatron/core/transformer/transformer_config.py; NeMo's Llama 3.1 405B recipes set both): the
+embedding, then the loss, count as one layer each, so with ``layers + 1`` or ``layers + 2``
+stages the first holds only the embedding and the last only the output layer and loss.
+
 Stages of one shape (the same layer count, neither first nor last) are the same program,
 so they share one graph, named after the first of them; a split is kept per graph and
 pipeline degree, since a layout search splits the same graph for many layouts.
@@ -78,8 +84,10 @@ def _work(graph: Graph, ids: list[int]) -> float:
 
 def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
     ((_block, layers),) = graph.repeats.items()
-    if pp > layers:
-        raise LayoutError(f"pp={pp} exceeds the number of layers ({layers})")
+    if pp > layers + 2:
+        raise LayoutError(f"pp={pp} exceeds the number of layers ({layers}) plus the embedding and loss stages")
+    if pp > layers:  # the embedding (and the loss) take a stage of their own (module docstring)
+        return [0] + [1] * layers + [0] * (pp - layers - 1)
     if balance == "uniform":
         base, extra = divmod(layers, pp)
         return [base + (1 if i < extra else 0) for i in range(pp)]
@@ -119,9 +127,10 @@ class PipelineParallel:
         for i, count in enumerate(counts):
             shape = (i == 0, i == self.pp - 1, count)
             if shape not in shapes:
-                keep = {"block"} | ({"pre"} if i == 0 else set()) | ({"post"} if i == self.pp - 1 else set())
+                keep = ({"block"} if count else set()) | ({"pre"} if i == 0 else set())
+                keep |= {"post"} if i == self.pp - 1 else set()
                 members = {nid for nid, c in cls.items() if c in keep and nid not in static}
-                shapes[shape] = _stage_graph(graph, members, static, i, self.pp, {block: count})
+                shapes[shape] = _stage_graph(graph, members, static, i, self.pp, {block: count} if count else {})
             stages.append(Stage(i, shapes[shape], count))
         return stages
 

@@ -1,4 +1,4 @@
-"""FP8 training of the linear layers, as Transformer Engine does it.
+"""FP8 (and block-scaled MXFP8 / NVFP4) training of the linear layers, as Transformer Engine does it.
 
 Every matmul of a linear layer (forward, recompute, input gradient and weight
 gradient) runs with fp8 operands and keeps a 16-bit output. Each activation operand
@@ -7,6 +7,11 @@ writes 1 per element); the weight gradient reuses the forward's fp8 copy of the
 input, so that copy (1 byte per element) is what backward keeps. Weights are cast
 once per step and their cost is not counted. The output layer stays in 16-bit
 (Transformer Engine's recipes exclude it); attention stays in 16-bit.
+
+``mxfp8`` (Transformer Engine's MXFP8BlockScaling: e4m3 elements, one power-of-two scale per
+32) and ``nvfp4`` (NVFP4BlockScaling: e2m1 elements, one e4m3 scale per 16) take the same
+place: the same GEMMs quantised, the copy kept for the weight gradient half a byte per element
+for nvfp4. The GEMMs run at the rate the backend gives the format.
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType, TensorSpec
 
+#: The element type a quantised operand is stored in, per format.
+FORMATS = {"fp8": DType.FP8, "mxfp8": DType.FP8, "nvfp4": DType.FP4}
+
 
 @dataclass(frozen=True)
 class Fp8Linears:
+    fmt: str = "fp8"  # fp8 | mxfp8 | nvfp4
     exclude: tuple[str, ...] = ("lm_head", "*.lm_head", "output", "*.output")
     name: ClassVar[str] = "fp8-linears"
 
@@ -41,12 +50,13 @@ class Fp8Linears:
                 if i not in casts:
                     src = g[i]
                     casts[i] = g.add(
-                        OpKind.ELEMENTWISE, [i], TensorSpec(src.out.shape, DType.FP8),
-                        ElementwiseAttrs("fp8_cast", 2), phase=n.phase, scope=n.scope, name=f"{src.name}.fp8",
+                        OpKind.ELEMENTWISE, [i], TensorSpec(src.out.shape, FORMATS[self.fmt]),
+                        ElementwiseAttrs(f"{self.fmt}_cast", 2), phase=n.phase, scope=n.scope,
+                        name=f"{src.name}.{self.fmt}",
                     )  # fmt: skip
                     before.setdefault(n.id, []).append(casts[i])
                 new_inputs[n.inputs.index(i)] = casts[i]
-            g.replace(n.id, inputs=tuple(new_inputs), attrs=replace(n.attrs, precision="fp8"))
+            g.replace(n.id, inputs=tuple(new_inputs), attrs=replace(n.attrs, precision=self.fmt))
         placed = {c for cs in before.values() for c in cs}
         order: list[int] = []
         for nid in g.nodes:

@@ -45,6 +45,12 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.q_b_proj", "colwise"),  # DeepSeek MLA: the per-head up-projections split by heads
     ("*.kv_b_proj", "colwise"),
     ("*.query_key_value", "colwise"),
+    # Fused projections (Phi-3's qkv_proj and gate_up_proj): split as Megatron lays them out, per
+    # head group ([q heads, k, v] of each group together) and per gate/up half, so every rank holds
+    # heads/tp queries with their kv_heads/tp keys and values, and ffn/tp of both halves; the
+    # slices and chunks after them then take 1/tp of each part.
+    ("*.qkv_proj", "colwise"),
+    ("*.gate_up_proj", "colwise"),
     ("*.c_attn", "colwise"),
     ("*.fc1", "colwise"),
     ("*.c_fc", "colwise"),

@@ -91,8 +91,7 @@ INTEGER_COLUMNS = (
 )
 POSITIVE_COLUMNS = ("step_time_s", "reported_value")
 ARCHES = {"gpt": "", "llama": "", "moe": ""}
-DTYPES = {"": "", "fp32": "", "bf16": "", "fp16": "", "fp8": "", "mxfp8": "needs mxfp8 training (block-scaled fp8)"}
-DTYPES["nvfp4"] = "needs nvfp4 training"
+DTYPES = {"": "", "fp32": "", "bf16": "", "fp16": "", "fp8": "", "mxfp8": "", "nvfp4": ""}
 RECOMPUTE = ("", "none", "selective", "full")
 
 #: Device names of cases.csv -> the backend that costs them. ``None``: a real device that
@@ -111,9 +110,9 @@ DEVICE_BACKENDS: dict[str, str | None] = {
     "tpu-v5p": "tpu-v5p",
     "tpu-v6e": "tpu-v6e",
     "mi300x": "mi300x",  # the example plugin (examples/echosim-mi300x)
-    "h100-96gb": None,  # H100 NVL / GH200-class 96 GB parts: other clocks and HBM
-    "b300": None,
-    "gb300": None,
+    "h100-96gb": "h100-96gb",  # Meta Grand Teton H100 96 GB HBM2e (torchtitan rows)
+    "b300": "b300",
+    "gb300": "gb300",
     "tpu-v3": None,
     "mi325x": None,
     "mi355x": None,

@@ -17,15 +17,13 @@ from echosim.validation.cases import ARCHES, DTYPES, Case, backend_for
 #: Backends whose node (``devices_per_node``) is an ICI slice, not a host (cases.csv gives hosts).
 SLICE_BACKENDS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
 #: Devices with fp8 tensor cores: a blank dtype there could be 16-bit or fp8, so the row is not guessed.
-FP8_BACKENDS = ("h100-sxm", "h800", "h200", "b200", "gb200", "mi300x")
+FP8_BACKENDS = ("h100-sxm", "h100-96gb", "h800", "h200", "b200", "gb200", "b300", "gb300", "mi300x")
 
 
 def unsupported(c: Case, registry: Any = None) -> str:
     """Why a row cannot be expressed yet ('' if it can); layout features are judged by Plan."""
     if reason := ARCHES[c["arch"]]:
         return reason
-    if "MLA attention" in c["notes"]:
-        return "multi-head latent attention (MLA) and dense first layers are not modelled yet"
     if c["arch"] == "moe" and not (c.int("experts", 0) and c.int("top_k", 0)):
         return "column(s) 'experts', 'top_k' blank (a moe row needs its routed experts)"
     if reason := DTYPES[c["dtype"]]:
@@ -35,18 +33,47 @@ def unsupported(c: Case, registry: Any = None) -> str:
         return f"no backend for device {c['device']!r} yet"
     if registry is not None and backend not in registry.backends:
         return f"backend {backend!r} is not installed"
-    if c["arch"] == "gpt" and (c.int("kv_heads", 0) or 0) not in (0, c.int("heads")):
-        return "grouped-query attention on the gpt architecture is not modelled (the gpt zoo block is MHA)"
-    if not c["dtype"] and backend in FP8_BACKENDS:
-        return "dtype blank on an fp8-capable device (16-bit or fp8 is not stated)"
-    blank = [
-        col
-        for col in ("layers", "hidden", "heads", "vocab", "seq_len", "devices", "global_batch", "dp")
-        if c.numbers[col] is None
-    ]
+    if not c["dtype"] and backend in FP8_BACKENDS and not _framework_default(c, "dtype"):
+        return "dtype blank on an fp8-capable device (16-bit or fp8 is not stated; the framework has no default)"
+    stated = ("layers", "hidden", "heads", "seq_len", "devices", "global_batch")
+    blank = [col for col in stated if c.numbers[col] is None]
+    if c.numbers["vocab"] is None and _vocab(c) is None:
+        blank.append("vocab")
+    if c.numbers["dp"] is None and _derived_dp(c) is None:
+        blank.append("dp")
     if blank:
         return f"column(s) {', '.join(map(repr, blank))} blank (not given by the source)"
     return ""
+
+
+def _framework(c: Case) -> Any:
+    from echosim.frameworks import framework_named_in, get_framework
+
+    return get_framework(framework_named_in(c["framework"]))
+
+
+def _framework_default(c: Case, field: str) -> Any:
+    """The row's framework's default for a Plan setting (``None``: it has none)."""
+    return next((d.value for d in _framework(c).defaults if d.field == field), None)
+
+
+def _vocab(c: Case) -> int | None:
+    """The row's embedding rows: its ``vocab``, else its framework's default tokenizer padded the
+    framework's way (:meth:`echosim.frameworks.Framework.padded_vocab`); ``None`` when neither."""
+    if stated := c.int("vocab"):
+        return stated
+    framework = _framework(c)
+    default = framework.model_default("vocab", c["arch"])
+    return None if default is None else framework.padded_vocab(default.value, c.int("tp", 1) or 1)
+
+
+def _derived_dp(c: Case) -> int | None:
+    """``dp``, else ``devices / (tp * pp * cp)`` (the README's definition of the column)."""
+    if stated := c.int("dp"):
+        return stated
+    devices = c.int("devices")
+    other = (c.int("tp", 1) or 1) * (c.int("pp", 1) or 1) * (c.int("cp", 1) or 1)
+    return devices // other if devices and devices % other == 0 else None
 
 
 def row_model(c: Case) -> Any:
@@ -58,7 +85,7 @@ def row_model(c: Case) -> Any:
         layers=c.int("layers") or 0,
         hidden=c.int("hidden") or 0,
         heads=c.int("heads") or 0,
-        vocab=c.int("vocab") or 0,
+        vocab=_vocab(c) or 0,
         ffn=c.int("ffn_hidden", 0) or 0,
         kv_heads=c.int("kv_heads", 0) or 0,
         head_dim=c.int("head_dim", 0) or 0,
@@ -66,7 +93,39 @@ def row_model(c: Case) -> Any:
         dropout=0.1 if gpt else 0.0,
         tied_embeddings=gpt,
         **_experts(c),
+        **_latent_attention(c),
     )
+
+
+#: DeepSeek's MLA sizes (DeepSeek-V2, arXiv:2405.04434 sec. 3.1.2: d_h^R = d_h / 2, d_c = 4 d_h,
+#: d_c' = 1536; DeepSeek-V3, arXiv:2412.19437 sec. 4.2 keeps them): the query/key head is
+#: d_h + d_h^R, so a row's head_dim gives d_h = 2/3 head_dim, the value head d_h.
+MLA_Q_LORA_RANK = 1536
+MLA_KV_LORA_PER_HEAD_DIM = 4
+
+
+def is_latent_attention(c: Case) -> bool:
+    """MLA rows: cases.csv leaves ``kv_heads`` blank for multi-head latent attention (its README)
+    and states the query/key ``head_dim``, which is not hidden / heads (MLA's heads are wider than
+    the model: 128 x 192 over 7168); a gpt row is multi-head attention by definition."""
+    head_dim, heads, hidden = c.int("head_dim") or 0, c.int("heads") or 0, c.int("hidden") or 0
+    return c["arch"] != "gpt" and c.int("kv_heads") is None and head_dim > 0 and head_dim * heads != hidden
+
+
+def _latent_attention(c: Case) -> dict[str, int]:
+    """MLA's latent sizes derived from ``head_dim`` by DeepSeek's rules (above). Dense first layers
+    (DeepSeek-V3: 3) are not a column: every layer is a MoE layer, which costs the same FLOPs
+    (DeepSeek sizes the dense FFN as the active experts': 18432 = (8 + 1) x 2048)."""
+    if not is_latent_attention(c):
+        return {}
+    head_dim = c.int("head_dim") or 0
+    d_h = 2 * head_dim // 3
+    return {
+        "kv_lora_rank": MLA_KV_LORA_PER_HEAD_DIM * d_h,
+        "q_lora_rank": MLA_Q_LORA_RANK,
+        "rope_head_dim": head_dim - d_h,
+        "v_head_dim": d_h,
+    }
 
 
 def _experts(c: Case) -> dict[str, int]:
@@ -156,7 +215,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated = {
         "tp": c.int("tp") or None,
         "pp": c.int("pp") or None,
-        "dp": c.int("dp") or None,
+        "dp": _derived_dp(c),
         "cp": c.int("cp") or None,
         "ep": c.int("ep") or None,
         "vpp": c.int("vpp") or None,
@@ -165,7 +224,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "micro_batch": replica_micro_batch(c),
         "global_batch": c.int("global_batch") or 0,
         "seq_len": c.int("seq_len") or 0,
-        "dtype": c["dtype"] or "bf16",  # blank: 16-bit mixed precision (fp16 and bf16 cost the same)
+        # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
+        "dtype": c["dtype"] or None,
         "recompute": remat_policy(c) or c["recompute"] or None,
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),

@@ -1,0 +1,200 @@
+"""What published runs need: GQA on the gpt block, MLA, block-scaled precisions, more (virtual) stages
+than layers, fused projections under tensor parallelism, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import capture
+
+from echosim.cli import cli
+from echosim.compiler import lower
+from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig
+from echosim.frontend.zoo_modules import build_module
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
+from echosim.passes.autodiff import Autodiff
+from echosim.passes.base import run_passes
+from echosim.passes.flops import graph_flops
+from echosim.plan import Cluster, Plan, PlanError
+
+# A small MLA model with DeepSeek's proportions: head 48 = nope 32 + rope 16, v 32, kv latent 4 x 32.
+TINY_MLA = ArchConfig(
+    "llama", layers=2, hidden=128, heads=4, vocab=256, ffn=192, head_dim=48, seq_len=32,
+    kv_lora_rank=128, q_lora_rank=96, rope_head_dim=16, v_head_dim=32,
+)  # fmt: skip
+
+
+def params_of(cfg: ArchConfig) -> int:
+    return sum(p.numel() for p in build_module(cfg).parameters())
+
+
+# ---- GQA on the gpt block (Nemotron-4) -----------------------------------------------------------
+
+
+def test_gpt_block_with_grouped_query_attention() -> None:
+    cfg = ArchConfig("gpt", 2, 256, 8, 512, kv_heads=2, seq_len=64, tied_embeddings=True)
+    assert params_of(cfg) == cfg.param_count()
+    assert build_module(cfg).layers[0].attn.qkv.out_features == (8 + 2 * 2) * 32
+    compiled = lower(cfg, Plan(tp=2, sp=True), Cluster("null", 2))
+    attn = [n.attrs for n in compiled.graph if isinstance(n.attrs, AttentionAttrs)]
+    assert attn and all((a.heads, a.kv_heads) == (4, 1) for a in attn)  # split per head group
+    with pytest.raises(PlanError, match=r"tp=4 does not divide key/value heads \(2\)"):
+        lower(cfg, Plan(tp=4), Cluster("null", 4))
+
+
+# ---- MLA -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q_lora", [96, 0])
+def test_mla_parameters_match_the_closed_form(q_lora: int) -> None:
+    cfg = TINY_MLA.with_(q_lora_rank=q_lora)
+    assert params_of(cfg) == cfg.param_count()
+    moe = cfg.with_(arch="moe", experts=4, top_k=2, moe_ffn=32, shared_experts=1, dense_layers=1)
+    assert params_of(moe) == moe.param_count()
+
+
+def test_deepseek_v3_has_its_published_sizes() -> None:
+    """671B in total and 37B activated per token (arXiv:2412.19437, without the 14B MTP module); the
+    captured model folds its 58 MoE layers after the 3 dense ones and pipelines them."""
+    cfg = ZOO["deepseek-v3"]
+    compiled = lower("deepseek-v3", Plan(pp=4, dp=2, ep=2, seq_len=256, global_batch=8), Cluster("null", 8))
+    assert compiled.graph.repeats == {"layers.3": 58} and compiled.report.params == cfg.param_count()
+    assert [s.layers for s in compiled.stages] == [15, 15, 14, 14]
+    assert cfg.param_count() == pytest.approx(PUBLISHED_PARAMS["deepseek-v3"], rel=0.001)
+    assert cfg.active_params() == pytest.approx(37e9, rel=0.02)
+    # attention alone: 187.1M per layer (q: 7168*1536 + 1536 + 1536*128*192; kv: 7168*576 + 512 +
+    # 512*128*256; o: 128*128*7168)
+    assert cfg.attention_params() == 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + (
+        128 * 128 * 7168
+    )
+
+
+def test_mla_flops_match_the_closed_form() -> None:
+    """Forward + backward = 3 x forward: the latent projections, QK^T over the 48-wide head, PV over
+    the 32-wide value head (full attention convention), the MLP and the output layer."""
+    c = TINY_MLA
+    b, s, h, a = 2, c.seq_len, c.hidden, c.heads
+    t = b * s
+    proj = c.hidden * c.q_lora_rank + c.q_lora_rank * a * c.head_dim  # q down + up
+    proj += h * (c.kv_lora_rank + c.rope_head_dim) + c.kv_lora_rank * a * (c.head_dim - c.rope_head_dim + c.v_head_dim)
+    proj += a * c.v_head_dim * h  # o_proj
+    core = 2 * b * a * s * s * (c.head_dim + c.v_head_dim)
+    mlp = 3 * h * c.ffn
+    forward = c.layers * (2 * t * (proj + mlp) + core) + 2 * t * h * c.vocab
+    g = run_passes(capture(c, batch=b), [Autodiff()])
+    assert graph_flops(g).model == 3 * forward
+
+
+def test_validate_reads_mla_from_the_columns(tmp_path) -> None:
+    """kv_heads blank + head_dim 192 (DeepSeek-V3's row): d_h 128, rope 64, kv latent 512, q latent 1536."""
+    from test_validate import row, write
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model
+
+    cells = {"arch": "moe", "layers": "61", "hidden": "7168", "heads": "128", "kv_heads": "", "head_dim": "192"}
+    cells |= {"ffn_hidden": "18432", "vocab": "129280", "experts": "256", "top_k": "8", "moe_ffn_hidden": "2048"}
+    cfg = row_model(read_cases(write(tmp_path, row(**cells, shared_experts="1")))[0])
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_head_dim, cfg.v_head_dim) == (512, 1536, 64, 128)
+    # every layer MoE (no column gives the 3 dense ones): 671B + 3 x (257 x 3 x 7168 x 2048 - 3 x 7168 x
+    # 18432) = 703.8B parameters; the FLOPs per token are the same (18432 = (8 + 1) x 2048)
+    full = ZOO["deepseek-v3"]
+    assert cfg.param_count() == full.with_(dense_layers=0).param_count()
+    # a blank kv_heads with head_dim = hidden / heads is an unstated GQA, not MLA
+    plain = row_model(read_cases(write(tmp_path, row(arch="llama", kv_heads="", head_dim="16")))[0])
+    assert plain.kv_lora_rank == 0 and plain.n_kv_heads == plain.heads
+    assert cfg.param_count() - full.param_count() == 3 * (3 * 7168 * 2048 * 257 + 7168 * 256 - 3 * 7168 * 18432)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("source", "ep", "experts"), [("hf:qwen3-30b-a3b", 8, 128), ("hf:mixtral-8x7b", 8, 8)])
+def test_real_hf_moe_configs_split_by_ep(source: str, ep: int, experts: int) -> None:
+    plan = Plan(dp=ep, ep=ep, seq_len=1024, global_batch=ep)
+    compiled = lower(source, plan, Cluster("h100-sxm", ep))
+    stacks = {n.out.shape[0] for n in compiled.graph if n.op is OpKind.PARAMETER and len(n.out.shape) == 3}
+    assert stacks == {experts // ep}
+    assert compiled.report.breakdown["comm.ep"] > 0
+
+
+# ---- precisions ------------------------------------------------------------------------------------
+
+
+def test_block_scaled_formats_run_where_the_device_has_them() -> None:
+    cfg = ZOO["llama3-8b"]
+    plan = Plan(dp=8, global_batch=8, seq_len=2048)
+    times = {d: lower(cfg, Plan(**{**plan.as_dict(), "dtype": d}), Cluster("b200", 8)).report for d in
+             ("bf16", "fp8", "mxfp8", "nvfp4")}  # fmt: skip
+    step = {d: r.step_time_s for d, r in times.items()}
+    assert step["nvfp4"] < step["mxfp8"] < step["bf16"] and step["fp8"] < step["bf16"]
+    assert step["mxfp8"] == pytest.approx(step["fp8"], rel=0.05)  # the fp8 rate, the block scales' bytes
+    # MFU against the 16-bit peak for every format: it grows as the step shrinks
+    assert times["nvfp4"].mfu * step["nvfp4"] == pytest.approx(times["bf16"].mfu * step["bf16"], rel=1e-9)
+    g = lower(cfg, Plan(**{**plan.as_dict(), "dtype": "nvfp4"}), Cluster("b200", 8)).graph
+    assert {n.attrs.precision for n in g if isinstance(n.attrs, MatmulAttrs) and n.scope.endswith("proj")} == {"nvfp4"}
+
+
+@pytest.mark.parametrize(("dtype", "backend"), [("nvfp4", "h100-sxm"), ("mxfp8", "h200"), ("nvfp4", "tpu-v5p")])
+def test_a_format_the_device_lacks_is_one_line(dtype: str, backend: str) -> None:
+    result = CliRunner().invoke(cli, ["compile", "llama3-8b", "--backend", backend, "--devices", "8", "--dtype", dtype])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert f"--dtype {dtype}: backend '{backend}' cannot run {dtype}" in line
+
+
+def test_search_in_a_format_the_device_lacks_is_one_line_not_a_table() -> None:
+    args = ["search", "llama3-8b", "--backend", "h100-sxm", "--devices", "8", "--global-batch", "8"]
+    result = CliRunner().invoke(cli, [*args, "--dtype", "nvfp4"])
+    assert result.exit_code != 0
+    (line,) = result.output.strip().splitlines()
+    assert "--dtype nvfp4: backend 'h100-sxm' cannot run nvfp4" in line
+
+
+def test_an_ep_that_does_not_divide_the_experts_is_one_line() -> None:
+    result = CliRunner().invoke(cli, ["compile", "mixtral-8x7b", "--devices", "6", "--ep", "3", "--json"])
+    assert result.exit_code != 0
+    (line,) = result.output.strip().splitlines()
+    assert "ep=3 does not divide" in line and "8" in line
+
+
+# ---- more (virtual) pipeline stages than layers --------------------------------------------------
+
+
+def test_embedding_and_loss_take_stages_of_their_own() -> None:
+    """Megatron-Core's account_for_embedding/loss_in_pipeline_split: 4 layers on 6 stages."""
+    cfg = ZOO["llama3-8b"].with_(layers=4, seq_len=512)
+    compiled = lower(cfg, Plan(pp=3, vpp=2, dp=1, global_batch=6), Cluster("h100-sxm", 3))
+    assert [s.layers for s in compiled.stages] == [0, 1, 1, 1, 1, 0]
+    first, last = compiled.stages[0].graph, compiled.stages[-1].graph
+    assert any(n.op is OpKind.EMBEDDING for n in first) and not any(n.op is OpKind.ATTENTION for n in first)
+    assert any(n.op is OpKind.CROSS_ENTROPY for n in last) and not any(n.op is OpKind.ATTENTION for n in last)
+    with pytest.raises(PlanError, match=r"pp\*vpp=8 exceeds the number of layers \(4\) plus the embedding"):
+        lower(cfg, Plan(pp=4, vpp=2, dp=1, global_batch=8), Cluster("h100-sxm", 4))
+
+
+# ---- fused projections (Phi-3) -------------------------------------------------------------------
+
+
+def test_fused_qkv_and_gate_up_split_per_head_group_and_half() -> None:
+    """Phi-3's qkv_proj ([q, k, v] of 4 heads / 2 kv heads) and gate_up_proj (2 x 96) under tp=2: each
+    rank holds 2 query heads with 1 kv head and 48 of each half; FLOPs split evenly."""
+    from pathlib import Path
+
+    source = f"hf:{Path(__file__).parent / 'configs' / 'tiny-phi3.json'}"
+    one = lower(source, Plan(seq_len=16), Cluster("null", 1))
+    two = lower(source, Plan(tp=2, sp=True, seq_len=16), Cluster("null", 2))
+    attn = {(n.attrs.heads, n.attrs.kv_heads) for n in two.graph if isinstance(n.attrs, AttentionAttrs)}
+    assert attn == {(2, 1)}
+    weights = {n.scope: n.out.shape for n in two.graph if n.op is OpKind.PARAMETER and "proj" in n.scope}
+    assert weights["model.layers.0.self_attn.qkv_proj"] == ((4 + 2 * 2) * 16 // 2, 64)
+    assert weights["model.layers.0.mlp.gate_up_proj"] == (2 * 96 // 2, 64)
+    assert two.report.model_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)  # all ranks
+
+
+def test_report_json_is_deterministic_for_new_formats() -> None:
+    args = ["compile", "deepseek-v3", "--backend", "gb300", "--devices", "8", "--dp", "8", "--ep", "8"]
+    args += ["--dtype", "mxfp8", "--global-batch", "8", "--seq-len", "1024", "--json"]
+    one, two = (CliRunner().invoke(cli, args) for _ in range(2))
+    assert one.exit_code == 0, one.output
+    assert one.output == two.output and json.loads(one.output)["plan"]["dtype"] == "mxfp8"
