@@ -19,7 +19,7 @@ How a job issues its collectives changes the answer as much as the links do, so 
 settings that steer NCCL's tuner are data too (:class:`NcclConfig`): an algorithm forced
 with ``NCCL_ALGO``, protocols allowed, NVLink SHARP on or off, and how many GPUs one host
 thread launches for. A collective never takes less than its launch: one kernel launch per
-GPU the launching thread drives (``kernel_overhead_us``, the device's launch gap).
+GPU the launching thread drives (``nccl_launch_us``, the node's host launch time).
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ class NcclConfig:
     with ``NCCL_ALGO`` (``""``: the tuner's choice; one the hardware lacks leaves the choice
     to the tuner); ``protocols``: the protocols allowed (``NCCL_PROTO``);
     ``devices_per_thread``: GPUs whose kernels one host thread launches for each collective
-    (``nccl-tests -g N`` drives N GPUs from one thread, a training job one GPU per process).
+    (``nccl-tests -g N`` drives N GPUs from one thread, a training job one GPU per process);
+    ``nvls_chunk_hop``: each chunk an NVLS collective pipelines pays NVLS's own hop latency
+    (25 µs in tuning.cc) instead of a ring Simple hop, so it reaches its bandwidth only at
+    hundreds of MB (XLA's perf table; nccl-tests' NVLS rows climb with the ring hop).
     The defaults are NCCL's own.
     """
 
@@ -83,6 +86,7 @@ class NcclConfig:
     algo: str = ""
     protocols: tuple[str, ...] = PROTOCOLS
     devices_per_thread: int = 1
+    nvls_chunk_hop: bool = False
 
     def __post_init__(self) -> None:
         if self.algo not in ("", "ring", "tree", "nvls"):
@@ -226,7 +230,9 @@ def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> li
     return out
 
 
-def nvls_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> Choice | None:
+def nvls_choice(
+    dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL
+) -> Choice | None:
     """NVLink SHARP: the switch reduces (multimem.ld_reduce) and multicasts (multimem.st).
 
     Per GPU an all-reduce moves ``S (1 + 1/n)`` each way instead of the ring's
@@ -243,7 +249,8 @@ def nvls_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement) -> Cho
         return None
     link = dev.nvlink_busbw_GBps * efficiency
     lat = NVLINK_HOP_US["nvls"][SIMPLE]
-    pipe = _pipeline_us(nbytes * traffic, link, NVLINK_HOP_US["ring"][SIMPLE])
+    handshake = NVLINK_HOP_US["nvls" if nccl.nvls_chunk_hop else "ring"][SIMPLE]
+    pipe = _pipeline_us(nbytes * traffic, link, handshake)
     return Choice("nvls", "Simple", nbytes, lat, link / traffic, pipe)
 
 
@@ -293,7 +300,7 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
     if kind is OpKind.ALL_REDUCE:
         out += tree_choices(dev, nbytes, p, links)
     use_nvls = nccl.nvls and (kind is OpKind.ALL_REDUCE or nccl.nvls_gather)
-    nvls = nvls_choice(dev, kind, nbytes, p) if use_nvls else None
+    nvls = nvls_choice(dev, kind, nbytes, p, nccl) if use_nvls else None
     if nvls is not None:
         out.append(nvls)
     allowed = [c for c in out if c.proto in nccl.protocols] or out
@@ -311,8 +318,10 @@ def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig) -> float:
 
     Back-to-back collectives pipeline their launches, so a collective costs at least the
     time its thread needs to launch the next one (``nccl-tests -g 8``: eight launches).
+    The launch is NCCL's host-side enqueue plus ``cudaLaunchKernel``: a host property
+    (``nccl_launch_us``), measured per node type, not the GPU's in-stream kernel gap.
     """
-    return nccl.devices_per_thread * dev.kernel_overhead_us
+    return nccl.devices_per_thread * dev.nccl_launch_us
 
 
 def collective_time_s(

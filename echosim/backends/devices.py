@@ -59,6 +59,7 @@ class DeviceSpec:
     nic_GBps: float  # per direction per GPU
     devices_per_node: int
     kernel_overhead_us: float  # launch + ramp-down gap per kernel in a busy stream
+    nccl_launch_us: float  # host time one thread takes to launch one NCCL collective kernel
     source: str
     # Block-scaled formats the tensor cores take natively (Blackwell's tcgen05 MMA: MXFP8 and NVFP4);
     # a run in a format the part lacks is refused, never costed at another rate.
@@ -137,8 +138,9 @@ def validate(spec: DeviceSpec) -> None:
         raise ValueError(f"{who}: field 'hbm_stream_GBps' exceeds the peak 'hbm_GBps'")
     if spec.nvlink_busbw_GBps > spec.nvlink_GBps:
         raise ValueError(f"{who}: 'nvlink_links' x 'nccl_nvlink_GBps' exceeds the line rate 'nvlink_GBps'")
-    if spec.kernel_overhead_us > 100:
-        raise ValueError(f"{who}: field 'kernel_overhead_us' is {spec.kernel_overhead_us} µs; expected a few µs")
+    for name in ("kernel_overhead_us", "nccl_launch_us"):
+        if getattr(spec, name) > 100:
+            raise ValueError(f"{who}: field {name!r} is {getattr(spec, name)} µs; expected a few µs")
 
 
 # Kernel overhead: a kernel in a busy stream costs its run time plus the launch/drain gap
@@ -146,6 +148,15 @@ def validate(spec: DeviceSpec) -> None:
 # XLA H100 GEMM table (256x256x256 and the like) take 5-6 µs end to end, ~1 µs of it the
 # single wave of tiles; NVIDIA CUDA C++ Best Practices Guide (kernel launch overhead).
 _KERNEL_OVERHEAD_US = 4.0
+
+# NCCL launch: host time for one thread to launch one NCCL collective kernel (NCCL's enqueue plus
+# cudaLaunchKernel), a property of the host CPU and driver, not of the GPU. A collective never
+# takes less than its launches; nccl-tests -g N launches N per collective from one thread, so
+# its smallest messages read it directly: the median of time / N over a node type's Azure
+# all_reduce rows of 1-32 KiB (microbench.csv, AI-benchmarking-guide, 4 rows each), where NCCL's
+# own GPU time (LL ring 15 µs, NVLS 25 µs) is below N launches. Larger messages are not used:
+# H100's NVLS rows at 64-512 KiB sit at 42 µs where H200's stay at 31 µs (GPU time, not launch).
+_NCCL_LAUNCH_A100_US = 5.35  # ND A100 v4, AMD EPYC 7V12 host, NCCL 2.18.5: 42.8 µs / 8
 
 A100_80GB = DeviceSpec(
     name="a100-80gb",
@@ -169,6 +180,7 @@ A100_80GB = DeviceSpec(
     nic_GBps=25.0,  # Source: hw_specs.csv, one 200 Gb/s HDR NIC per GPU
     devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX A100)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=_NCCL_LAUNCH_A100_US,  # Source: Azure ND A100 v4 nccl-tests -g 8 (note above)
     source=f"{_A100} ; https://glennklockwood.com/garden/processors/A100 ; {_A100_AZ} ; {_MLENG}",
 )
 
@@ -195,6 +207,7 @@ A100_40GB = DeviceSpec(
     nic_GBps=25.0,  # Source: hw_specs.csv, DGX A100 8x ConnectX-6 HDR 200 Gb/s
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=_NCCL_LAUNCH_A100_US,  # No 40 GB row: the ND A100 v4 (AMD EPYC host) reading
     source=f"{_A100} ; {_DGXA100} ; {_A100_AZ}",
 )
 
@@ -220,6 +233,7 @@ H100_SXM = DeviceSpec(
     nic_GBps=50.0,  # Source: hw_specs.csv, one 400 Gb/s NDR NIC per GPU
     devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX H100)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=3.35,  # Source: Azure ND H100 v5 nccl-tests -g 8, 26.8 µs / 8 (note at _NCCL_LAUNCH_A100_US)
     source=f"{_H100} ; https://glennklockwood.com/garden/processors/h100 ; {_H100_AZ} ; {_MLENG} ; "
     "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290",
 )
@@ -246,6 +260,7 @@ H800 = DeviceSpec(
     nic_GBps=50.0,  # Source: hw_specs.csv, 400 Gb/s IB per GPU
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=3.35,  # No H800 row: carried over from H100 (same HGX host class)
     source=f"{_H800} ; https://arxiv.org/abs/2412.19437",
 )
 
@@ -271,6 +286,7 @@ H200 = DeviceSpec(
     nic_GBps=50.0,  # Source: hw_specs.csv, typical HGX H200 = 8x 400G
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=3.85,  # Source: Azure ND H200 v5 nccl-tests -g 8, 30.8 µs / 8
     source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ}",
 )
 
@@ -302,6 +318,7 @@ B200 = DeviceSpec(
     nic_GBps=50.0,  # Source: hw_specs.csv, DGX B200 8x 400 Gb/s ConnectX-7
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=3.85,  # No B200 nccl-tests row: carried over from H200 (x86 HGX host, same launch path)
     source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
     f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tcgen05 MMA kinds mxf8f6f4 / mxf4nvf4 (PTX ISA)
@@ -337,6 +354,7 @@ GB200 = DeviceSpec(
     nic_GBps=50.0,  # Source: hw_specs.csv, 400 Gb/s per GPU
     devices_per_node=72,  # Source: hw_specs.csv, 72-GPU NVLink domain (NVL72)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=4.04,  # Source: Azure ND GB200 v6 nccl-tests -g 4, 16.2 µs / 4 (Grace host)
     source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: same Blackwell tensor cores as B200
     peak_fp4_tflops=10000.0,  # Source: hw_specs.csv notes (ml-engineering: nvfp4 10,000 dense per GPU)
@@ -376,6 +394,7 @@ B300 = DeviceSpec(
     nic_GBps=100.0,  # Source: HGX B300, one ConnectX-8 SuperNIC of 800 Gb/s per GPU
     devices_per_node=8,  # Source: HGX B300 (8 GPUs per baseboard)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=3.85,  # No B300 nccl-tests row: carried over from B200/H200 (x86 HGX host, same launch path)
     source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores (as B200)
     peak_fp4_tflops=105000.0 / 8,  # Source: HGX B300, 105 PF FP4 dense / 8 GPUs (glennklockwood: 13,125)
@@ -405,6 +424,7 @@ GB300 = DeviceSpec(
     nic_GBps=100.0,  # Source: GB300 NVL72, 72 ConnectX-8 NICs of 800 Gb/s (one per GPU)
     devices_per_node=72,  # Source: GB300 NVL72, 72-GPU NVLink domain
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
+    nccl_launch_us=4.04,  # No GB300 nccl-tests row: carried over from GB200 (Grace host, same launch path)
     source=f"{_GB300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores
     peak_fp4_tflops=15000.0,  # Source: GB300 NVL72, 1,080 PF FP4 dense / 72

@@ -28,6 +28,8 @@ GPU_FITTED = {
     "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows)",
     "hbm_stream_GBps": "achievable HBM bandwidth (STREAM rows)",
     "kernel_overhead_us": "per-kernel launch gap (the smallest XLA GEMM rows)",
+    "nccl_launch_us": "host time to launch one NCCL kernel: median time / N of the node's Azure nccl-tests "
+    "-g N all_reduce rows of 1-32 KiB (4 per node type; no row: carried over)",
 }
 #: Module-level constants of the GPU model set from a measurement (name -> what, where).
 GPU_MODULE_FITTED = {
@@ -40,8 +42,9 @@ GPU_MODULE_FITTED = {
 #: How a benchmark harness issued its collectives, read from the harness's measurements rather
 #: than its code (validation/microbench.py, ``harness_nccl``): discrete settings, fitted all the same.
 HARNESS_FITTED = {
-    "microbench.XLA_TABLE_NCCL": "XLA perf-table harness: NVLS for all-reduce only, no LL protocol "
-    "(inferred from the table's large-size bus bandwidth and its small-message floors)",
+    "microbench.XLA_TABLE_NCCL": "XLA perf-table harness: NVLS for all-reduce only, no LL protocol, NVLS "
+    "chunks paying NVLS's hop (inferred from the table's large-size bus bandwidth, its small-message floors "
+    "and its NVLS all-reduce ramp on H100, B200 and GB200)",
 }
 #: TPU fields the model assumes (no TPU microbenchmark exists in the validation data).
 TPU_ASSUMED = {
@@ -72,7 +75,10 @@ def fitted_constants(backends: Iterable[str]) -> list[dict[str, Any]]:
         from echosim.validation.microbench import XLA_TABLE_NCCL
 
         for dotted, what in HARNESS_FITTED.items():
-            value = f"nvls_gather={XLA_TABLE_NCCL.nvls_gather}, protocols={'/'.join(XLA_TABLE_NCCL.protocols)}"
+            value = (
+                f"nvls_gather={XLA_TABLE_NCCL.nvls_gather}, protocols={'/'.join(XLA_TABLE_NCCL.protocols)}, "
+                f"nvls_chunk_hop={XLA_TABLE_NCCL.nvls_chunk_hop}"
+            )
             rows.append({"parameter": dotted, "kind": "fitted (harness)", "what": what, "values": {"XLA table": value}})
     tpus = [b for b in used if b in TPUS]
     for field_name, what in TPU_ASSUMED.items():

@@ -1,0 +1,113 @@
+"""How close any model can come on small collectives: the scatter of the measured floors themselves.
+
+Usage::
+
+    python benchmarks/collective_floors.py [--microbench ../shared/validation/microbench.csv] [--max-bytes 65536]
+
+For every series of one harness (device, op, group size, pattern) the rows up to ``--max-bytes``
+sit on the latency floor: NCCL's own bandwidth term there is a fraction of a microsecond. The best any
+size-independent rule can do on them is one constant per series, chosen with hindsight to
+minimise the series' error in the rows' own metric (bus bandwidth or time, as ``validate
+--microbench`` scores them). The table prints, per (device, op, harness) group, that oracle's
+MAPE next to echosim's: where the oracle itself misses the target, the rows' scatter (warm-up
+spikes, timer quantisation, run-to-run noise) and not a missing rule sets the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from echosim.validation.microbench import (  # noqa: E402
+    COLLECTIVE_OPS,
+    XLA_TABLE,
+    _number,
+    _size,
+    read_rows,
+    validate_microbench,
+)
+
+MICROBENCH = ROOT.parent / "shared" / "validation" / "microbench.csv"
+
+
+def _measured_us(row: dict[str, str], size: int) -> tuple[float, bool] | None:
+    """(time in µs, scored on bus bandwidth) of a collective row; None when the metric is not one."""
+    value, n = _number(row["value"]), int(_number(row["num_devices"]) or 1)
+    if value is None or value <= 0:
+        return None
+    metric = row["metric"].split(" (")[0]
+    if metric == "time_us":
+        return value, False
+    if metric == "time_ms":
+        return value * 1e3, False
+    if metric in ("busbw_GBps", "effective_collective_bw_GBps"):
+        factor = 2 * (n - 1) / n if re.search(r"^all[_-]reduce", row["op"]) else (n - 1) / n
+        if re.search(r"^collective-permute|^sendrecv", row["op"]):
+            factor = 1.0
+        return size * factor / value / 1e3, True
+    return None
+
+
+def _oracle_mape(points: list[tuple[float, bool]]) -> float:
+    """MAPE of the best single time for a series, each row scored in its own metric."""
+
+    def err(c: float, t: float, on_bw: bool) -> float:
+        return abs(t / c - 1) if on_bw else abs(c / t - 1)
+
+    return min(statistics.mean(err(c, t, b) for t, b in points) for c, _ in points)
+
+
+def floors(path: Path, max_bytes: int) -> dict[str, dict[str, float]]:
+    """Per (device, op, harness) group: rows on the floor, echosim's MAPE on them and the oracle's."""
+    result = validate_microbench(path)
+    model = {r.line: r for r in result.rows if r.group and r.predicted is not None}
+    series: dict[tuple[str, ...], list[tuple[float, bool]]] = defaultdict(list)
+    group_of: dict[tuple[str, ...], str] = {}
+    errors: dict[str, list[float]] = defaultdict(list)
+    for line, row in read_rows(path):
+        if line not in model or not any(re.search(p, row["op"]) for p, _ in COLLECTIVE_OPS):
+            continue
+        size = _size(row)
+        point = _measured_us(row, size) if size is not None and size <= max_bytes else None
+        if point is None:
+            continue
+        r = model[line]
+        harness = "XLA table" if XLA_TABLE in row["source"] else row["source"].split("/")[4]
+        shape = row["shape"]
+        layout = re.sub(r"^\[\d+\]\s*", "", shape) if shape.startswith(("[", "pattern")) else ""
+        key = (row["device"], row["op"].split(" (")[0], row["num_devices"], row["num_nodes"], layout, harness)
+        series[key].append(point)
+        group = f"{row['device']} | {row['op'].split(' (')[0]} | {harness}"
+        group_of[key] = group
+        errors[group].append(abs(r.predicted - r.measured) / r.measured)
+    oracle: dict[str, list[float]] = defaultdict(list)
+    for key, points in series.items():
+        oracle[group_of[key]] += [_oracle_mape(points)] * len(points)
+    return {
+        g: {"rows": len(errors[g]), "echosim": statistics.mean(errors[g]), "oracle": statistics.mean(oracle[g])}
+        for g in sorted(errors)
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--microbench", type=Path, default=MICROBENCH)
+    parser.add_argument("--max-bytes", type=int, default=64 * 1024)
+    args = parser.parse_args()
+    if not args.microbench.exists():
+        sys.exit(f"error: {args.microbench} not found")
+    print(f"collective rows of at most {args.max_bytes} bytes: echosim's MAPE and the best constant per series")
+    print(f"{'group':70s} {'rows':>4s} {'echosim':>8s} {'oracle':>8s}")
+    for group, g in floors(args.microbench, args.max_bytes).items():
+        print(f"{group:70s} {g['rows']:4d} {100 * g['echosim']:7.1f}% {100 * g['oracle']:7.1f}%")
+
+
+if __name__ == "__main__":
+    main()
