@@ -292,11 +292,11 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
     memory = max(int(m["peak"]) for m in report.memory) / 2**30
     failures = []
     if "max_step_time_s" in budgets and report.step_time_s > budgets["max_step_time_s"]:
-        failures.append(f"step time {_fmt_s(report.step_time_s)} > {budgets['max_step_time_s']} s")
+        failures.append(f"step time {_fmt_s(report.step_time_s)} > max_step_time_s = {budgets['max_step_time_s']}")
     if "max_memory_gib" in budgets and memory > budgets["max_memory_gib"]:
-        failures.append(f"memory {memory:.1f} GiB > {budgets['max_memory_gib']} GiB")
+        failures.append(f"memory {memory:.1f} GiB > max_memory_gib = {budgets['max_memory_gib']}")
     if "min_mfu" in budgets and report.mfu < budgets["min_mfu"]:
-        failures.append(f"MFU {report.mfu:.3f} < {budgets['min_mfu']}")
+        failures.append(f"MFU {report.mfu:.3f} < min_mfu = {budgets['min_mfu']}")
     if not report.fits:
         from echosim.terminal import does_not_fit
 

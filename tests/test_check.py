@@ -272,7 +272,7 @@ def test_pre_commit_try_repo(tmp_path: Path) -> None:
     assert wide.returncode != 0, wide.stdout
     failed = hook_output(wide)
     assert "Failed" in failed and "exit code: 3" in failed
-    assert "FAIL: step time" in failed and "> 0.0005 s" in failed
+    assert "FAIL: step time" in failed and "> max_step_time_s = 0.0005" in failed
     (repo / "model.py").write_text(MLP.format(width=64), encoding="utf-8")
     again = try_repo()
     assert again.returncode == 0, again.stdout + again.stderr
