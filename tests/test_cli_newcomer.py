@@ -110,3 +110,11 @@ def test_does_not_fit_names_the_largest_parts_without_a_warning() -> None:
         "stage 1 does not fit: needs 20.0 GiB of 16.0 GiB (largest: optimizer 8.0 GiB, activations 4.0 GiB, "
         "grads 2.0 GiB); 1 more stage(s) do not fit"
     )
+
+
+def test_a_py_model_without_its_factory_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "model.py").write_text("def model(): ...\n")
+    for source in (str(tmp_path / "model.py"), str(tmp_path / "missing.py")):
+        result = CliRunner().invoke(cli, ["compile", source])
+        assert result.exit_code == 1
+        assert result.output.strip() == f"Error: {source}: name the factory as path.py:FUNCTION"
