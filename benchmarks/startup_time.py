@@ -67,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     a = parser.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (CPU time is the steadier figure)")
     print(f"{'command':<46}{'cache':>6}{'wall median':>13}{'wall min':>10}{'CPU median':>12}{'CPU min':>9}")
     for label, args in COMMANDS.items():
         for warm in (False, True):

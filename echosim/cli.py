@@ -26,6 +26,9 @@ from echosim.commands.options import (
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
+# Exit status (docs/cli.md): 0 done; 1 bad input or a failed run (one line); 2 command-line usage;
+# NOT_MET: the run succeeded but what was required of it does not hold (--require-fit, check's budgets).
+NOT_MET = 3
 
 
 class _Commands(click.Group):
@@ -84,9 +87,15 @@ def cli() -> None:
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
 @from_options
+@click.option(
+    "--require-fit",
+    is_flag=True,
+    help=f"Exit with status {NOT_MET} (after the report) when a pipeline stage does not fit in device memory.",
+)
 @_guard
 def compile_cmd(
     model: str | None,
+    require_fit: bool,
     as_json: bool,
     out: str | None,
     trace: str | None,
@@ -140,6 +149,11 @@ def compile_cmd(
         render(report, trace)
         if not report.fits:
             _cheapest_fit(name, plan, cluster, report)
+    if require_fit and not report.fits:
+        from echosim.terminal import does_not_fit
+
+        click.echo(f"Error: --require-fit: {does_not_fit(report)}", err=True)
+        sys.exit(NOT_MET)
 
 
 def _cheapest_fit(model: str, plan: Any, cluster: Any, report: Any) -> None:
@@ -201,10 +215,9 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
                seq_len: int | None, dtype: str, micro_batches: str, recomputes: str, schedules: str,
                zeros: str | None, framework: str | None, top: int, workers: int, as_json: bool) -> None:  # fmt: skip
     """Rank the parallel layouts of MODEL on DEVICES by step time (those that fit first)."""
-    from rich.progress import Progress
-
     from echosim.layout_search import search
     from echosim.plan import Cluster, Plan, plan_with_defaults
+    from echosim.terminal import progress
 
     def ints(text: str, what: str) -> tuple[int, ...]:
         try:
@@ -221,13 +234,8 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
         "schedules": tuple(schedules.split(",")),
         "zero": ints(zeros, "zero") if zeros else (base.zero,),
     }
-    with Progress(transient=True, disable=as_json) as bar:
-        task = bar.add_task("compiling layouts", total=None)
-
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        results = search(model, base, cluster, workers=workers, progress=advance, **space)
+    with progress("compiling layouts", None, quiet=as_json) as advance:
+        results = search(model, base, cluster, workers=workers, progress=lambda n, total: advance(n, total), **space)
     rows = [c.as_dict() for c in results[:top]]
     if as_json:
         click.echo(json.dumps({"candidates": len(results), "best": rows}, indent=2, sort_keys=True))
@@ -241,39 +249,80 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
     click.echo(f"{len(results)} layouts compiled; {sum(c.fits for c in results)} fit in memory")
 
 
-@cli.command("check")
+class _CheckCommand(click.Command):
+    """``check --help`` ends with the schema of ``[tool.echosim]``, read from the code that validates it."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from echosim.check import schema_text
+
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text("Keys (docs/check.md has examples and the pre-commit snippet):")
+        for line in schema_text().splitlines():
+            formatter.write(" " * (formatter.current_indent + 2) + line + "\n")
+
+
+@cli.command("check", cls=_CheckCommand)
+@click.argument("files", nargs=-1, type=click.Path())
 @click.option("--config", type=click.Path(dir_okay=False), default="pyproject.toml", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--changed-only",
+    is_flag=True,
+    help="Run only the entries that read one of FILES (pre-commit passes the changed files); "
+    "a changed config runs them all.",
+)
+@click.option("--update-baseline", is_flag=True, help="Write every result to the baseline file (commit it).")
+@click.option("--no-cache", is_flag=True, help="Compile every entry even when a cached result matches.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON.")
 @_guard
-def check_cmd(config: str, as_json: bool) -> None:
-    """Check models against the budgets in [tool.echosim] (a pre-commit hook)."""
+def check_cmd(
+    files: tuple[str, ...], config: str, changed_only: bool, update_baseline: bool, no_cache: bool, as_json: bool
+) -> None:
+    """Check models against the budgets in [tool.echosim] of pyproject.toml (a pre-commit hook).
+
+    Prints one line per entry, even when another errors. Exit status: 0 all within budget,
+    3 a budget broken (or worse than the baseline by more than its tolerance), 1 an entry or
+    the config in error.
+    """
+    from dataclasses import asdict
     from pathlib import Path
 
-    from echosim.check import load_config, run_check
+    from echosim.check import against_baseline, load_config, read_baseline, run_all, write_baseline
 
-    defaults, entries = load_config(Path(config))
-    outcomes = [run_check(e, defaults, i) for i, e in enumerate(entries)]
+    if files and not changed_only:
+        raise click.UsageError("FILES are read only with --changed-only")
+    cfg = load_config(Path(config))
+    baseline = read_baseline(cfg.baseline)
+    outcomes = run_all(cfg, list(files) if changed_only and not update_baseline else None, not no_cache)
+    if update_baseline:
+        write_baseline(cfg.baseline, outcomes, baseline)
+    else:
+        outcomes = [against_baseline(o, baseline, cfg.tolerance) for o in outcomes]
     if as_json:
-        click.echo(json.dumps([o.__dict__ for o in outcomes], indent=2, sort_keys=True, default=list))
+        click.echo(json.dumps([asdict(o) for o in outcomes], indent=2, sort_keys=True, default=list))
     else:
         for o in outcomes:
-            status = "ok" if not o.failures else "FAIL: " + "; ".join(o.failures)
-            click.echo(f"{o.model}: {o.step_time_s:.3f} s, {o.memory_gib:.1f} GiB, MFU {o.mfu * 100:.1f}% - {status}")
-    if any(o.failures for o in outcomes):
+            click.echo(o.line())
+        if update_baseline:
+            click.echo(f"baseline written to {cfg.baseline}")
+    if any(o.error for o in outcomes):
         raise SystemExit(1)
+    if any(o.failures for o in outcomes):
+        raise SystemExit(NOT_MET)
 
 
 def _listing(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from echosim.terminal import console
 
     table = Table(*columns)
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in columns))
-    Console().print(table)
+    console().print(table)
 
 
 @cli.command("backends")

@@ -12,10 +12,11 @@ def _fmt_s(x: float) -> str:
 
 
 def render(report: Any, trace: str | None = None, console: Any = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from echosim.terminal import console as terminal_console
+
+    console = console or terminal_console()
     p = report.plan
     extra = "".join(
         f" {label} {p[key]}" for key, label in (("cp", "CP"), ("ep", "EP")) if p.get(key, 1) not in (1, None)

@@ -231,7 +231,7 @@ def test_a_database_applies_to_every_backend_when_passed_and_the_environment_var
     for args in (("cost", "--backend", "a100-80gb", "memory", "--bytes", "1024"), ("compile", "gpt3-125m")):
         code, out = run(cli, *args)
         assert code == 1 and out.strip().splitlines() == [
-            f"Error: ECHOSIM_CALIBRATION={tmp_path}/missing.sqlite: no such file"
+            f"Error: ECHOSIM_CALIBRATION={tmp_path}/missing.sqlite: no such file (`echosim calibrate` creates it)"
         ]
     code, out = run(cli, "cost", "--backend", "a100-80gb", "--calibration", str(path), "memory", "--bytes", "1024")
     assert code == 0, out  # the option given on the command line wins over the variable

@@ -317,7 +317,7 @@ def test_check_entries_may_name_a_framework_config(tmp_path: Path) -> None:
         'model = "gpt3-125m"\ndevices = 16\nmax_memory_gib = 1\n'
     )
     result = CliRunner().invoke(cli, ["check", "--config", str(config), "--json"])
-    assert result.exit_code == 1  # the 1 GiB budget is broken
+    assert result.exit_code == 3  # the 1 GiB budget is broken (exit 3: ran, a requirement does not hold)
     [outcome] = json.loads(result.stdout)
     assert outcome["model"] == "gpt3-125m" and any("memory" in f for f in outcome["failures"])
 

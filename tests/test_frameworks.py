@@ -107,9 +107,9 @@ def test_check_entries_take_a_framework(tmp_path) -> None:  # type: ignore[no-un
         '[tool.echosim]\nbackend = "h100-sxm"\n[[tool.echosim.check]]\nmodel = "gpt3-125m"\n'
         'dp = 2\nglobal_batch = 2\nframework = "unknown-one"\n'
     )
-    defaults, entries = load_config(cfg)
+    config = load_config(cfg)
     with pytest.raises(FrameworkError, match="unknown framework 'unknown-one'"):
-        run_check(entries[0], defaults, 0)
+        run_check(config.entries[0], config.defaults, 0)
 
 
 def test_search_takes_the_frameworks_zero_stage() -> None:

@@ -101,27 +101,16 @@ def _run_with_progress(
     kind: str,
     quiet: bool,
 ) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from echosim.calibrate.run import progress_total, run_calibration
+    from echosim.terminal import console, progress
 
-    console = Console(stderr=True)
-    echo = None if quiet else (lambda text: console.print(text))
+    err = console(stderr=True)
+    echo = None if quiet else (lambda text: err.print(text))
     total = 0 if no_bench else progress_total(sweep, kind, ranks, dtypes)
-    with Progress(
-        TextColumn("{task.description:<34}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal or quiet,
-    ) as bar:
-        task = bar.add_task("calibrating", total=total)
+    with progress("calibrating", total, quiet=quiet) as advance:
 
         def step(what: str) -> None:
-            bar.update(task, advance=1, description=what[:34])
+            advance(description=what)
 
         return run_calibration(backend, name, path, sweep, ranks, threads, dtypes, profile, step, echo, no_bench)
 
@@ -153,6 +142,12 @@ def _print_result(r: dict[str, Any]) -> None:
 def _list(path: Path, as_json: bool) -> None:
     from echosim.calibrate.store import CalibrationStore
 
+    if not path.exists():  # nothing calibrated yet: `calibrate` without --list creates the file
+        if as_json:
+            click.echo("[]")
+        else:
+            click.echo(f"{path}: no calibrations yet (`echosim calibrate` writes them here)")
+        return
     store = CalibrationStore(path)
     try:
         cals = [store.load(n) for n in store.names()]

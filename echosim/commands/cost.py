@@ -36,7 +36,11 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
 def _backend(ctx: click.Context) -> Any:
     from echosim.backends.loading import load_backend
 
-    backend = load_backend(ctx.obj["backend"])
+    name = ctx.meta.get("echosim.cost.backend") or ctx.obj["backend"]
+    if not name:
+        command = f"echosim cost {ctx.info_name} --backend NAME"
+        raise click.UsageError(f"--backend is required (see `echosim backends`): {command}")
+    backend = load_backend(name)
     calibration = ctx.obj["calibration"]
     if calibration:
         from pathlib import Path
@@ -59,16 +63,27 @@ def _emit(ctx: click.Context, result: dict[str, Any], as_json: bool) -> None:
         click.echo(f"{key:>18}: {value}")
 
 
+BACKEND_HELP = "Backend to cost on (see `echosim backends`); before or after the op's name."
+
+
 def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--json and --backend on each op, so that `echosim cost matmul --backend X` works as well."""
+    fn = click.option("--backend", "_backend_name", expose_value=False, help=BACKEND_HELP, callback=_keep_backend)(fn)
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(fn)
 
 
+def _keep_backend(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        ctx.meta["echosim.cost.backend"] = value
+    return value
+
+
 @click.group("cost")
-@click.option("--backend", required=True, help="Backend to cost on (see `echosim backends`).")
+@click.option("--backend", help=BACKEND_HELP)
 @calibration_option(type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def cost(ctx: click.Context, backend: str, calibration: str | None, as_json: bool) -> None:
+def cost(ctx: click.Context, backend: str | None, calibration: str | None, as_json: bool) -> None:
     """Cost one op on one backend: a matmul, an attention kernel, a memory-bound kernel or a collective."""
     ctx.obj = {"backend": backend, "calibration": calibration, "json": as_json}
 
@@ -97,7 +112,7 @@ def _positive(**values: int) -> None:
 @click.pass_context
 @_guarded
 def cost_matmul(ctx: click.Context, m: int, n: int, k: int, batch: int, dtype: str, as_json: bool) -> None:
-    """Time and TFLOP/s of (m x k) @ (k x n), ``batch`` times."""
+    """Time and TFLOP/s of (m x k) @ (k x n), --batch times."""
     from echosim.ir.ops import MatmulAttrs
 
     _positive(m=m, n=n, k=k, batch=batch)
@@ -184,7 +199,7 @@ def cost_attention(
 @click.pass_context
 @_guarded
 def cost_memory(ctx: click.Context, nbytes: int, as_json: bool) -> None:
-    """Time of one memory-bound kernel (elementwise, norm, softmax) moving ``--bytes``."""
+    """Time of one memory-bound kernel (elementwise, norm, softmax) moving --bytes."""
     from echosim.ir.ops import ElementwiseAttrs
 
     if nbytes < 0:
@@ -260,7 +275,7 @@ def _collective(name: str) -> click.Command:
         result.update(_explain(backend, kind, nbytes, placement))
         _emit(ctx, result, as_json)
 
-    command.__doc__ = f"Time and bus bandwidth of one {name} of ``--bytes`` over ``--group`` ranks."
+    command.__doc__ = f"Time and bus bandwidth of one {name} of --bytes over --group ranks."
     return cost.command(name)(command)
 
 

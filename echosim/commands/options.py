@@ -33,7 +33,7 @@ def _environment_names_a_file(ctx: click.Context, param: click.Parameter, value:
     """A value taken from ``$ECHOSIM_CALIBRATION`` names a database file: a missing one is one line."""
     from_environment = ctx.get_parameter_source(param.name or "") is ParameterSource.ENVIRONMENT
     if value and from_environment and not Path(value).exists():
-        raise click.ClickException(f"{ENV_VAR}={value}: no such file")
+        raise click.ClickException(f"{ENV_VAR}={value}: no such file (`echosim calibrate` creates it)")
     return value
 
 

@@ -35,7 +35,8 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
     "(repeatable: the same column twice means either value, different columns must all match).",
 )
 @click.option("--calibration", help="--cases: use this calibration (echosim calibrate) on the backends it covers.")
-@click.option("--groups-only", is_flag=True, help="Print only the per-group errors.")
+@click.option("--rows", "show_rows", is_flag=True, help="Also print every row (by default only the per-group errors).")
+@click.option("--groups-only", is_flag=True, hidden=True)  # the default since --rows; kept so old scripts run
 @click.option("--json", "as_json", is_flag=True, help="Print rows and groups as JSON.")
 @_guarded
 def validate(
@@ -44,10 +45,16 @@ def validate(
     memory: str | None,
     filters: tuple[str, ...],
     calibration: str | None,
+    show_rows: bool,
     groups_only: bool,
     as_json: bool,
 ) -> None:
-    """Compare predictions with published measurements: microbenchmarks and/or training steps."""
+    """Compare predictions with published measurements: microbenchmarks and/or training steps.
+
+    Prints the error per group, the targets and why rows were skipped; --rows adds every row,
+    --json writes all of it. Progress goes to stderr.
+    """
+    groups_only = not show_rows
     if not microbench and not cases and not memory:
         raise click.UsageError("give --microbench FILE, --cases FILE and/or --memory FILE")
     out: dict[str, Any] = {}
@@ -77,18 +84,12 @@ def validate(
 
 
 def _validate_cases(path: str, filters: tuple[str, ...], calibration: str, quiet: bool) -> dict[str, Any]:
-    """Compile the selected rows with a progress bar on a terminal (stderr)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """Compile the selected rows, showing progress on stderr."""
+    from echosim.terminal import progress
     from echosim.validation.run import selected_count, validate_cases
 
-    console = Console(stderr=True)
-    total = selected_count(path, filters)
-    columns = (TextColumn("compiling cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=quiet or not console.is_terminal) as bar:
-        task = bar.add_task("cases", total=total)
-        result = validate_cases(path, filters, progress=lambda: bar.advance(task), calibration=calibration)
+    with progress("compiling cases", selected_count(path, filters), quiet=quiet) as advance:
+        result = validate_cases(path, filters, progress=advance, calibration=calibration)
     return result.as_dict()
 
 

@@ -59,8 +59,14 @@ def capture_named(model: str, spec: CaptureSpec) -> tuple[Graph, list[str], int]
 _FILE_FRONTENDS: dict[str, tuple[Callable[[str], Path], tuple[str, ...]]] = {
     "hf:": (lambda source: _hf_config(source), ("torch", "transformers")),
     ".onnx": (lambda source: Path(source).expanduser(), ("onnx", "numpy")),
-    ".py": (lambda source: Path(PY_SOURCE.match(source).group("path")).expanduser(), ("torch",)),  # type: ignore[union-attr]
+    ".py": (lambda source: _py_file(source), ("torch",)),
 }
+
+
+def _py_file(source: str) -> Path:
+    """The file of ``path.py:factory``; a source without its factory names itself (the loader says what is wrong)."""
+    match = PY_SOURCE.match(source)
+    return Path(match.group("path") if match else source).expanduser()
 
 
 def _hf_config(source: str) -> Path:

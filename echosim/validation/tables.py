@@ -23,10 +23,11 @@ def _pct(x: float | None, signed: bool = True) -> str:
 
 def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any = None) -> None:
     """Rows, groups per key, targets, skip reasons and fitted constants of ``echosim validate --cases``."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from echosim.terminal import console as terminal_console
+
+    console = console or terminal_console()
     if not groups_only:
         rows = Table("case", "device", "feature", "measured s", "predicted s", "error", "skipped", title="cases")
         for r in result["rows"]:
@@ -80,10 +81,11 @@ def print_cases(result: dict[str, Any], groups_only: bool = False, console: Any 
 
 def print_microbench(result: dict[str, Any], groups_only: bool = False) -> None:
     """Rows, per-group errors against their targets and skip reasons of ``echosim validate --microbench``."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from echosim.terminal import console as terminal_console
+
+    console = terminal_console()
     if not groups_only:
         rows = Table("line", "device", "op", "metric", "measured", "predicted", "error", title="microbench rows")
         for r in result["rows"]:
