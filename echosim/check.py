@@ -20,6 +20,7 @@ names each budget a model breaks.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -51,8 +52,13 @@ def load_config(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise EchosimError(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise EchosimError(f"{path}: not valid TOML: {exc}") from None
-    section = data.get("tool", {}).get("echosim", {})
+    tool = data.get("tool", {})
+    section = tool.get("echosim", {}) if isinstance(tool, dict) else {}
+    if not isinstance(section, dict):
+        raise EchosimError(f"{path}: [tool.echosim] must be a table, got {type(section).__name__}")
     checks = section.get("check", [])
+    if not isinstance(checks, list) or not all(isinstance(c, dict) for c in checks):
+        raise EchosimError(f"{path}: 'check' must be an array of tables ([[tool.echosim.check]])")
     if not checks:
         raise EchosimError(f"{path}: no [[tool.echosim.check]] entries")
     defaults = {k: v for k, v in section.items() if k != "check"}
@@ -64,6 +70,8 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int) -> Ou
 
     merged = {**defaults, **entry}
     model = merged.pop("model", None)
+    if model is not None and not isinstance(model, str):
+        raise EchosimError(f"check #{index + 1}: 'model' must be a string, got {type(model).__name__}")
     if not model:
         raise EchosimError(f"check #{index + 1}: 'model' is required")
     budgets = {k: merged.pop(k) for k in BUDGETS if k in merged}
@@ -72,6 +80,8 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int) -> Ou
     unknown = sorted(set(merged) - plan_keys - cluster_keys)
     if unknown:
         raise EchosimError(f"check #{index + 1} ({model}): unknown key(s) {', '.join(unknown)}")
+    for key, value in [*merged.items(), *budgets.items()]:
+        _check_type(key, value, f"check #{index + 1} ({model})")
     plan = plan_with_defaults(Plan(), {k: v for k, v in merged.items() if k in plan_keys})
     cluster = Cluster(**{k: v for k, v in merged.items() if k in cluster_keys})
     if "devices" not in merged:
@@ -88,3 +98,30 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int) -> Ou
     if not report.fits:
         failures.append("does not fit in device memory")
     return Outcome(str(model), report.step_time_s, memory, report.mfu, tuple(failures))
+
+
+def _expected_type(key: str) -> tuple[type, ...]:
+    """The TOML types a key takes: a budget is a number, the rest as the :class:`Plan` or :class:`Cluster` field."""
+    if key in BUDGETS:
+        return (int, float)
+    default = {f.name: f.default for f in (*fields(Plan), *fields(Cluster))}[key]
+    if isinstance(default, bool):
+        return (bool,)
+    if isinstance(default, float):
+        return (int, float)
+    if isinstance(default, tuple):
+        return (list,)
+    return (type(default),)
+
+
+def _check_type(key: str, value: Any, where: str) -> None:
+    """A value of the wrong type is one line naming the key (``tp = "two"``), not a TypeError later."""
+    expected = _expected_type(key)
+    ok = isinstance(value, expected) and (bool in expected or not isinstance(value, bool))
+    if ok and isinstance(value, list):
+        ok = all(isinstance(v, str) for v in value)
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value)
+    if not ok:
+        want = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list of names"}
+        raise EchosimError(f"{where}: {key} must be {want[expected[-1]]}, got {value!r}")

@@ -162,6 +162,17 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework})  # fmt: skip
     cluster = Cluster(backend, devices, devices_per_node or 0)
+    for option, value in (("devices", devices), ("global-batch", global_batch), ("top", top), ("workers", workers)):
+        if value < 1:
+            raise click.ClickException(f"--{option} must be at least 1, got {value}")
+    if seq_len is not None and seq_len < 1:
+        raise click.ClickException(f"--seq-len must be at least 1, got {seq_len} (leave it out for the model's own)")
+    for value in ints(micro_batches, "micro-batches"):
+        if value < 1:
+            raise click.ClickException(f"--micro-batches: each size must be at least 1, got {value}")
+    for value in ints(zeros, "zero") if zeros else ():
+        if value not in (0, 1, 2, 3):
+            raise click.ClickException(f"--zero: unknown ZeRO stage {value} (known: 0, 1, 2, 3)")
     space = {
         "micro_batches": ints(micro_batches, "micro-batches"),
         "recompute": tuple(recomputes.split(",")),
@@ -175,6 +186,8 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
             bar.update(task, completed=done, total=total)
 
         results = search(model, base, cluster, workers=workers, progress=advance, **space)
+    if results and all(c.step_time_s is None for c in results):
+        raise EchosimError(f"none of the {len(results)} layouts compiled; the first: {results[0].error}")
     rows = [c.as_dict() for c in results[:top]]
     if as_json:
         click.echo(json.dumps({"candidates": len(results), "best": rows}, indent=2, sort_keys=True))

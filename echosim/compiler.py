@@ -15,7 +15,7 @@ from typing import Any
 from echosim import plugins
 from echosim.backends.loading import load_backend
 from echosim.calibrate import apply_calibration
-from echosim.errors import EchosimError
+from echosim.errors import EchosimError, limit_from_env, time_limit
 from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
@@ -46,15 +46,23 @@ class Compiled:
         return build_report(self.costed, self.facts)
 
 
+#: Wall-clock guard on one model capture (a model file or a plugin's loader that never returns).
+CAPTURE_TIMEOUT_ENV = "ECHOSIM_CAPTURE_TIMEOUT_S"
+CAPTURE_TIMEOUT_S = 300.0
+
+
 def load_model(model: Any, plan: Plan) -> tuple[Graph, list[str], int]:
     """Capture a model given by name (resolved through the plugin registry) or as an object.
 
     The frontend is handed only what capture needs (micro-batch, sequence, dtype), never the plan.
     """
     spec = CaptureSpec(plan.micro_batch, plan.seq_len, plan.dtype)
-    if isinstance(model, str):
-        return capture_named(model, spec)
-    return capture_object(model, spec, getattr(model, "arch", type(model).__name__))
+    name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
+    limit = limit_from_env(CAPTURE_TIMEOUT_ENV, CAPTURE_TIMEOUT_S)
+    with time_limit(limit, f"capturing model {name!r}", CAPTURE_TIMEOUT_ENV):
+        if isinstance(model, str):
+            return capture_named(model, spec)
+        return capture_object(model, spec, name)
 
 
 def resolve_cluster(cluster: Cluster, registry: Registry | None = None, backend: Any = None) -> Cluster:
