@@ -96,6 +96,7 @@ def lower(
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
+    _check_sizes(graph, model)
     shape = ModelShape.of(graph)
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = _configured(registry, "graph", plan)
@@ -142,6 +143,27 @@ def lower(
         notes=tuple(notes),
     )
     return Compiled(costed, facts, joint, stages)
+
+
+#: Parameters of one model: 10^15 is a hundred times the largest model trained (and still costs
+#: in closed form); beyond it a byte count nears 2^63.
+MAX_PARAMS = 10**15
+
+
+def _check_sizes(graph: Graph, model: Any) -> None:
+    """A tensor with a 0 (or negative) dimension, or a model past :data:`MAX_PARAMS`, is refused here,
+    by the model's name, rather than failing later inside a backend's cost model."""
+    name = model if isinstance(model, str) else graph.name
+    for node in graph:
+        if any(d <= 0 for d in node.out.shape):
+            where = f" in {node.scope}" if node.scope else ""
+            raise EchosimError(
+                f"{name}: {node.op.value} {node.name!r}{where} has shape {list(node.out.shape)}: "
+                "every dimension must be at least 1"
+            )
+    params = graph.param_count()
+    if params > MAX_PARAMS:
+        raise EchosimError(f"{name}: {params:.3g} parameters exceeds the limit of {MAX_PARAMS:.0e}")
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:

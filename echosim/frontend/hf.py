@@ -75,7 +75,27 @@ def read_config(path: Path) -> dict[str, Any]:
         raise EchosimError(f"{path} is not a JSON object")
     if "model_type" not in data:
         raise EchosimError(f"{path} has no model_type: not a transformers config")
+    _check_sizes(path, data)
     return data
+
+
+#: transformers builds every decoder layer on ``meta`` before the fold keeps two (~2 ms each).
+MAX_LAYERS = 10_000
+#: Any integer of a config (a size, a count): beyond it a tensor size overflows 64 bits.
+MAX_CONFIG_INT = 2**40
+_LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+
+
+def _check_sizes(path: Path, data: dict[str, Any], where: str = "") -> None:
+    """Refuse, naming the limit, a config whose sizes would take minutes or overflow before capture starts."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            _check_sizes(path, value, f"{where}{key}.")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if key in _LAYER_KEYS and value > MAX_LAYERS:
+                raise EchosimError(f"{path}: {where}{key} = {value} exceeds the limit of {MAX_LAYERS} layers")
+            if abs(value) > MAX_CONFIG_INT:
+                raise EchosimError(f"{path}: {where}{key} = {value} exceeds the limit of {MAX_CONFIG_INT} (2^40)")
 
 
 def build_config(path: Path) -> Any:
