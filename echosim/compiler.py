@@ -93,6 +93,8 @@ def lower(
     loaded = load_backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
+    if not loaded.supports_dtype(plan.dtype):
+        raise PlanError(f"--dtype {plan.dtype}: backend {cluster.backend!r} has no {plan.dtype} support")
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
