@@ -48,8 +48,29 @@ class _Commands(click.Group):
         return super().list_commands(ctx)
 
 
+def _no_plugins(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """Switch installed plugins off before any registry is built (child processes inherit it)."""
+    if value:
+        import os
+
+        from echosim.plugins import get_registry
+        from echosim.plugins.manager import DISABLE_ENV
+
+        os.environ[DISABLE_ENV] = "1"
+        get_registry.cache_clear()
+
+
 @click.group(cls=_Commands)
 @click.version_option(package_name="echosim")
+@click.option(
+    "--no-plugins",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_no_plugins,
+    help="Load no installed plugin, only echosim's own (also: ECHOSIM_DISABLE_PLUGINS=1; "
+    "ECHOSIM_PLUGINS=a,b loads only those).",
+)
 def cli() -> None:
     """Simulate one distributed training step from the model itself."""
 

@@ -49,6 +49,9 @@ class Compiled:
 #: Wall-clock guard on one model capture (a model file or a plugin's loader that never returns).
 CAPTURE_TIMEOUT_ENV = "ECHOSIM_CAPTURE_TIMEOUT_S"
 CAPTURE_TIMEOUT_S = 300.0
+#: Wall-clock guard on lowering (a backend plugin whose cost model never returns).
+LOWER_TIMEOUT_ENV = "ECHOSIM_LOWER_TIMEOUT_S"
+LOWER_TIMEOUT_S = 300.0
 
 
 def load_model(model: Any, plan: Plan) -> tuple[Graph, list[str], int]:
@@ -125,7 +128,9 @@ def lower(
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
     )
-    costed = lower_step(stages, backend, where, options)
+    limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
+    with time_limit(limit, f"costing on backend {cluster.backend!r}", LOWER_TIMEOUT_ENV):
+        costed = lower_step(stages, backend, where, options)
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
         backend=cluster.backend,

@@ -45,6 +45,8 @@ class GuardedBackend:
         return f"GuardedBackend({self.inner!r})"
 
     def _fail(self, method: str, exc: BaseException) -> BackendError:
+        if type(exc) is KeyboardInterrupt or isinstance(exc, EchosimError):
+            raise exc
         return BackendError(f"backend '{self.name}' (plugin '{self.owner}') failed in {method}: {_one_line(exc)}")
 
     def _checked(self, method: str, value: Any, what: str, positive: bool = False) -> float:
@@ -65,7 +67,7 @@ class GuardedBackend:
             value = self.inner.op_time_s(node, io_bytes)
         except EchosimError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("op_time_s", exc) from None
         return self._checked("op_time_s", value, f"{node.op.value} {node.name!r}")
 
@@ -74,7 +76,7 @@ class GuardedBackend:
             value = self.inner.collective_time_s(kind, nbytes, placement)
         except EchosimError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("collective_time_s", exc) from None
         return self._checked("collective_time_s", value, f"{kind.value} of {nbytes} bytes")
 
@@ -85,13 +87,13 @@ class GuardedBackend:
             return True
         try:
             return bool(method(dtype))
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("supports_dtype", exc) from None
 
     def overlap(self) -> OverlapModel:
         try:
             model = self.inner.overlap()
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("overlap", exc) from None
         if not isinstance(model, OverlapModel):
             raise BackendError(
@@ -103,14 +105,14 @@ class GuardedBackend:
     def memory_bytes(self) -> int:
         try:
             value = self.inner.memory_bytes()
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("memory_bytes", exc) from None
         return int(self._checked("memory_bytes", value, "the device", positive=True))
 
     def peak_flops(self, dtype: str) -> float:
         try:
             value = self.inner.peak_flops(dtype)
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("peak_flops", exc) from None
         return self._checked("peak_flops", value, dtype, positive=True)
 
@@ -124,7 +126,7 @@ class GuardedBackend:
             return DEFAULT_NODE_DEVICES
         try:
             value = method(devices)
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("node_devices", exc) from None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BackendError(
@@ -139,7 +141,7 @@ class GuardedBackend:
             return {}
         try:
             return dict(describe())
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("describe", exc) from None
 
 
