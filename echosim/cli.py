@@ -93,10 +93,17 @@ def cli() -> None:
     type=click.Path(dir_okay=False),
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail (exit 1) on an impossible figure (MFU above 100%, a negative or non-finite time or memory part) "
+    "or an op no rule costs, instead of warning.",
+)
 @_guard
 def compile_cmd(
     model: str | None,
     as_json: bool,
+    strict: bool,
     out: str | None,
     trace: str | None,
     report_path: str | None,
@@ -106,6 +113,9 @@ def compile_cmd(
     """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
     from echosim.compiler import lower
 
+    for option, path in (("--out", out), ("--trace", trace)):
+        if path:
+            _check_parent(path, option)
     if graph:
         from echosim.timeline.costed import check_graph_path
 
@@ -118,6 +128,13 @@ def compile_cmd(
     name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     report = compiled.report
+    if strict:
+        from echosim.compiler import strict_failures
+
+        failures = strict_failures(report)
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise EchosimError(f"--strict: {failures[0]}{more}")
     if out:
         _write(out, report.to_json(), "--out")
     if trace:
@@ -138,6 +155,15 @@ def compile_cmd(
         from echosim.summary import render
 
         render(report, trace)
+
+
+def _check_parent(path: str, option: str) -> None:
+    """An output whose folder does not exist is refused before the compile, not after it."""
+    from pathlib import Path
+
+    parent = Path(path).expanduser().parent
+    if not parent.is_dir():
+        raise EchosimError(f"{option} {path}: cannot write (no folder {str(parent)!r})")
 
 
 def _write(path: str, text: str, option: str) -> None:

@@ -29,7 +29,7 @@ from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
 from echosim.timeline.lower import StepOptions, lower_step
 from echosim.timeline.placement import Degrees, axis_placements
-from echosim.timeline.report import Report, StepFacts, build_report
+from echosim.timeline.report import INVARIANT, Report, StepFacts, build_report
 
 
 @dataclass
@@ -148,6 +148,7 @@ def lower(
         comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
         warnings=tuple(warnings),
         notes=tuple(notes),
+        culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
     )
     return Compiled(costed, facts, joint, stages)
 
@@ -171,6 +172,11 @@ def _check_sizes(graph: Graph, model: Any) -> None:
     params = graph.param_count()
     if params > MAX_PARAMS:
         raise EchosimError(f"{name}: {params:.3g} parameters exceeds the limit of {MAX_PARAMS:.0e}")
+
+
+def strict_failures(report: Report) -> list[str]:
+    """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule."""
+    return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for"))]
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:
