@@ -7,7 +7,6 @@ from conftest import TINY_GPT, TINY_LLAMA, capture
 
 from echosim.frontend.zoo import PUBLISHED_PARAMS, ZOO, ArchConfig
 from echosim.frontend.zoo_modules import build_module
-from echosim.ir.ops import AttentionAttrs, Phase
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
 from echosim.passes.flops import graph_flops
@@ -16,9 +15,8 @@ from echosim.passes.tensor_parallel import TensorParallel
 
 
 def gpt_closed_form(b: int, s: int, layers: int, h: int, v: int) -> float:
-    """Narayanan et al. 2021: 72*B*s*l*h^2*(1 + s/6h + V/12lh), forward + backward, no recompute, with
-    the attention term counting only the scores a causal mask keeps ((s+1)/2s of them): s/6h -> (s+1)/12h."""
-    return 72 * b * s * layers * h**2 * (1 + (s + 1) / (12 * h) + v / (12 * layers * h))
+    """Narayanan et al. 2021: 72*B*s*l*h^2*(1 + s/6h + V/12lh), forward + backward, no recompute."""
+    return 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
 
 
 @pytest.mark.parametrize("name", ["gpt3-1.3b", "gpt3-175b"])
@@ -34,10 +32,9 @@ def test_full_recompute_adds_one_forward_of_the_layers() -> None:
     g = run_passes(capture(cfg), [Autodiff(), Recompute("full")])
     f = graph_flops(g)
     s, n, h = cfg.seq_len, cfg.layers, cfg.hidden
-    assert f.recompute == pytest.approx(24 * s * n * h**2 * (1 + (s + 1) / (12 * h)), rel=1e-9)
-    # Narayanan's Eq. 3 (96 B s l h^2 (1 + s/6h + V/16lh)) is the hardware count with recompute (causal: (s+1)/12h)
-    causal = 1 + (s + 1) / (12 * h) + cfg.vocab / (16 * n * h)
-    assert f.hardware == pytest.approx(96 * s * n * h**2 * causal, rel=1e-3)
+    assert f.recompute == pytest.approx(24 * s * n * h**2 * (1 + s / (6 * h)), rel=1e-9)
+    # Narayanan's Eq. 3 (96 B s l h^2 (1 + s/6h + V/16lh)) is the hardware count with recompute
+    assert f.hardware == pytest.approx(96 * s * n * h**2 * (1 + s / (6 * h) + cfg.vocab / (16 * n * h)), rel=1e-3)
 
 
 def test_tensor_parallel_divides_flops_evenly() -> None:
@@ -57,16 +54,9 @@ def test_flops_match_pytorch_counter_on_meta() -> None:
         counter = FlopCounterMode(display=False)
         with counter:
             model(ids, ids).backward()
-        graph = run_passes(capture(cfg, batch=2), [Autodiff()])
-        ours = graph_flops(graph).model
-        # on meta, SDPA takes the math path (bmm, softmax, bmm): its backward is 2x, as in our convention;
-        # PyTorch counts the masked scores too, which echosim's model FLOPs leave out
-        masked = sum(
-            (n.attrs.flops - n.attrs.needed_flops) * (2 if n.phase is Phase.BACKWARD else 1) * graph.multiplicity(n)
-            for n in graph
-            if isinstance(n.attrs, AttentionAttrs)
-        )
-        assert masked > 0 and counter.get_total_flops() == ours + masked
+        ours = graph_flops(run_passes(capture(cfg, batch=2), [Autodiff()])).model
+        # on meta, SDPA takes the math path (bmm, softmax, bmm): its backward is 2x, as in our convention
+        assert counter.get_total_flops() == ours
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

@@ -114,7 +114,7 @@ def build_config(path: Path) -> Any:
     try:
         return CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as exc:
-        raise EchosimError(f"{path}: transformers rejected the config: {exc}") from None
+        raise EchosimError(f"{path}: transformers rejected the config: {' '.join(str(exc).split())}") from None
 
 
 def _register_attention() -> None:

@@ -124,23 +124,6 @@ class MatmulAttrs:
         return " ".join(parts)
 
 
-def causal_fraction(q_len: int, kv_len: int) -> float:
-    """Share of the q x kv score matrix a bottom-right aligned causal mask keeps."""
-    offset = kv_len - q_len  # row i sees keys [0, i + offset]
-    first = max(0, -offset)  # rows before this see nothing
-    rows = q_len - first
-    if rows <= 0:
-        return 0.0
-    lo, hi = first + offset + 1, q_len - 1 + offset + 1  # visible keys of first and last row
-    full_from = max(first, kv_len - offset - 1)  # rows from here on see every key
-    if full_from >= q_len:
-        visible = (lo + hi) * rows / 2
-    else:
-        ramp = full_from - first
-        visible = (lo + lo + ramp - 1) * ramp / 2 + (q_len - full_from) * kv_len
-    return visible / (q_len * kv_len)
-
-
 @dataclass(frozen=True, slots=True)
 class AttentionAttrs:
     """Scaled dot-product attention, fused (flash) or materialised."""
@@ -156,20 +139,8 @@ class AttentionAttrs:
 
     @property
     def flops(self) -> int:
-        """FLOPs of QK^T and PV over the full (unmasked) score matrix, as the Megatron papers count them."""
+        """Model FLOPs of QK^T and PV, full (unmasked) convention as in Megatron papers."""
         return 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
-
-    @property
-    def needed_flops(self) -> int:
-        """FLOPs of the scores a causal mask keeps: the work the model needs (MFU's numerator).
-
-        Counting masked scores lets MFU pass 100% at long sequence on a kernel that skips
-        them (flash and splash attention do); FlashAttention's benchmark and MaxText's
-        TFLOP count halve causal attention the same way.
-        """
-        if not self.causal:
-            return self.flops
-        return round(self.flops * causal_fraction(self.q_len, self.kv_len))
 
     def __str__(self) -> str:
         return (

@@ -1,10 +1,8 @@
 """FLOP and byte analysis: per-op formulas, multiplied by repeat counts.
 
 *Model FLOPs* follow the convention of the Megatron papers: matmuls (2mnk) and
-attention (QK^T and PV) in forward and backward, with attention backward counted
-as twice its forward; causal attention counts only the scores its mask keeps
-(about half: :attr:`AttentionAttrs.needed_flops`), so MFU cannot pass 100% on a
-kernel that skips the masked blocks. Recomputed
+attention (QK^T and PV over the full, unmasked score matrix) in forward and
+backward, with attention backward counted as twice its forward. Recomputed
 forward work is reported apart, so MFU and HFU can both be derived.
 """
 
@@ -21,7 +19,7 @@ def node_flops(node: Node) -> int:
     if isinstance(node.attrs, MatmulAttrs):
         return node.attrs.flops
     if isinstance(node.attrs, AttentionAttrs):
-        return node.attrs.needed_flops * (2 if node.phase is Phase.BACKWARD else 1)
+        return node.attrs.flops * (2 if node.phase is Phase.BACKWARD else 1)
     return 0
 
 
