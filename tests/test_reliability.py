@@ -223,6 +223,13 @@ def test_a_calibration_read_opens_the_file_read_only(tmp_path: Path) -> None:
             "INSERT INTO calibrations VALUES ('c', 'a100-80gb', '{not json', '2026', 'x')",
             "machine is not JSON",
         ),
+        (  # found by benchmarks/fuzz.py: a parameter without a name was an AttributeError
+            "CREATE TABLE calibrations (name, backend, machine, created, source);"
+            "INSERT INTO calibrations VALUES ('c', 'a100-80gb', '{}', '2026', 'x');"
+            "CREATE TABLE parameters (name, backend, param, value, what);"
+            "INSERT INTO parameters VALUES ('c', 'a100-80gb', NULL, 0.5, 'w')",
+            "parameter None of 'c' (a100-80gb) is not a number of a listed backend",
+        ),
     ],
 )
 def test_a_malformed_calibration_database_is_one_line(cli, tmp_path: Path, setup: str, match: str) -> None:

@@ -192,7 +192,12 @@ class CalibrationStore:
         for backend, param, value, what in self._select(
             "parameters", "SELECT backend, param, value, what FROM parameters WHERE name = ? ORDER BY param", (name,)
         ):
-            if backend not in cal.parameters or isinstance(value, bool) or not isinstance(value, (int, float)):
+            if (
+                backend not in cal.parameters
+                or not isinstance(param, str)
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+            ):
                 raise CalibrationError(
                     f"calibration database {self.path}: parameter {param!r} of {name!r} ({backend}) "
                     f"is not a number of a listed backend: {value!r}"
