@@ -64,3 +64,10 @@ def test_the_fuzzer_tells_a_traceback_from_a_one_line_error() -> None:
     assert fuzz.attempt(fail, 5)[0] == "traceback"
     assert fuzz.attempt(refuse, 5) == ("error", "one line")
     assert fuzz.attempt(lambda: None, 5) == ("result", "")
+
+
+@pytest.mark.parametrize(("target", "seed"), [("calibration-db", 141), ("onnx", 323), ("onnx", 546)])
+def test_inputs_the_fuzzer_once_broke_end_cleanly(target: str, seed: int) -> None:
+    """Found by ``benchmarks/fuzz.py --n 1500``: a parameter row without a name (AttributeError), an ONNX
+    Gather of a weight by ids no node defines (an embedding with one input broke autodiff)."""
+    ends_cleanly(target, seed)
