@@ -4,7 +4,7 @@ Usage: python benchmarks/limits.py
 
 Each case runs ``echosim compile`` in a fresh process and prints its wall time, its peak
 resident memory (``ru_maxrss`` of the child), its exit status and the last line it printed:
-10^6 devices, 10^4 layers, a 10^7-token sequence, a global batch of 10^9 and a
+10^6 devices, 10^3 layers (10^4 is refused), a 10^7-token sequence, a global batch of 10^9 and a
 10^13-parameter model, plus the refusals just past the limits.
 """
 
@@ -64,7 +64,8 @@ def main() -> None:
         folder = Path(tmp)
         cases = [
             ("10^6 devices (gpt3-175b)", ["gpt3-175b", "--tp", "8", "--pp", "8", "--devices", "1000000"]),
-            ("10^4 layers (hf: llama)", [hf_config(folder, "deep", num_hidden_layers=10_000)]),
+            ("10^3 layers (hf: llama)", [hf_config(folder, "deep", num_hidden_layers=1_000)]),
+            ("refused: 10^4 layers (hf: llama)", [hf_config(folder, "deeper", num_hidden_layers=10_000)]),
             ("seq 10^7 (llama3-8b)", ["llama3-8b", "--seq-len", "10000000"]),
             (
                 "global batch 10^9 (gpt3-1.3b)",
@@ -91,7 +92,6 @@ def main() -> None:
                     "1",
                 ],
             ),
-            ("refused: 10^5 layers", [hf_config(folder, "deeper", num_hidden_layers=100_000)]),
             ("refused: global batch 10^9, dp 1", ["gpt3-1.3b", "--global-batch", "1000000000"]),
             ("refused: 2^25 devices", ["gpt3-1.3b", "--devices", str(2**25)]),
         ]

@@ -305,7 +305,7 @@ def test_an_hf_config_with_a_million_layers_is_refused_naming_the_limit(cli, tmp
         "max_position_embeddings": 128,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    one_line_error(cli, "compile", f"hf:{tmp_path}", match="exceeds the limit of 10000 layers", seconds=20)
+    one_line_error(cli, "compile", f"hf:{tmp_path}", match="exceeds the limit of 1000 layers", seconds=20)
 
 
 def test_a_cases_row_with_a_huge_global_batch_is_skipped_naming_the_limit() -> None:

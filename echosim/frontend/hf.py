@@ -79,8 +79,9 @@ def read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-#: transformers builds every decoder layer on ``meta`` before the fold keeps two (~2 ms each).
-MAX_LAYERS = 10_000
+#: transformers builds every decoder layer on ``meta`` before the fold keeps two: 10^4 layers ran past the
+#: 300 s capture guard on a loaded 2-core machine (benchmarks/limits.py); the deepest published model has 126.
+MAX_LAYERS = 1_000
 #: Any integer of a config (a size, a count): beyond it a tensor size overflows 64 bits.
 MAX_CONFIG_INT = 2**40
 _LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
