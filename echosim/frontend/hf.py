@@ -75,6 +75,8 @@ def read_config(path: Path) -> dict[str, Any]:
         raise EchosimError(f"{path} is not a JSON object")
     if "model_type" not in data:
         raise EchosimError(f"{path} has no model_type: not a transformers config")
+    if not isinstance(data["model_type"], str):
+        raise EchosimError(f"{path}: model_type must be a string, got {data['model_type']!r:.60}")
     _check_sizes(path, data)
     return data
 
