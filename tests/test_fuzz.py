@@ -67,10 +67,19 @@ def test_the_fuzzer_tells_a_traceback_from_a_one_line_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("target", "seed"), [("calibration-db", 141), ("onnx", 323), ("onnx", 546), ("hf-config", 58), ("hf-config", 386)]
+    ("target", "seed"),
+    [
+        ("calibration-db", 141),
+        ("onnx", 323),
+        ("onnx", 546),
+        ("hf-config", 58),
+        ("hf-config", 386),
+        ("microbench", 2000354),
+    ],
 )
 def test_inputs_the_fuzzer_once_broke_end_cleanly(target: str, seed: int) -> None:
     """Found by ``benchmarks/fuzz.py --n 1500``: a parameter row without a name (AttributeError), an ONNX
     Gather of a weight by ids no node defines (an embedding with one input broke autodiff), a transformers
-    config whose model_type is a list or an object (TypeError: unhashable)."""
+    config whose model_type is a list or an object (TypeError: unhashable), a collective row of 0 bytes
+    (ZeroDivisionError)."""
     ends_cleanly(target, seed)

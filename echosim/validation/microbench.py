@@ -370,8 +370,8 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
         return "num_devices is missing"
     n = int(n)
     size = _size(row)
-    if size is None:
-        return f"no single message size in {row['shape']!r}"
+    if size is None or size <= 0:
+        return f"no single message size in {row['shape']!r} (a positive size_bytes)"
     nodes_text = row["num_nodes"].strip()
     nodes = int(_number(nodes_text) or 1) if nodes_text else 1
     if n % nodes:
