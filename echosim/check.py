@@ -182,9 +182,14 @@ def load_config(path: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise EchosimError(f"{path}: not valid TOML: {exc}") from None
-    section = data.get("tool", {}).get("echosim", {})
+    tool = data.get("tool", {})
+    section = tool.get("echosim", {}) if isinstance(tool, dict) else {}
+    if not isinstance(section, dict):
+        raise EchosimError(f"{path}: [tool.echosim] must be a table, got {type(section).__name__}")
     checks = section.get("check", [])
-    if not isinstance(checks, list) or not checks:
+    if not isinstance(checks, list):
+        raise EchosimError(f"{path}: 'check' must be an array of tables ([[tool.echosim.check]])")
+    if not checks:
         raise EchosimError(f"{path}: no [[tool.echosim.check]] entries (see docs/check.md or `echosim check --help`)")
     types = key_types()
 

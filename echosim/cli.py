@@ -60,8 +60,29 @@ class _Commands(click.Group):
         return super().list_commands(ctx)
 
 
+def _no_plugins(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """Switch installed plugins off before any registry is built (child processes inherit it)."""
+    if value:
+        import os
+
+        from echosim.plugins import get_registry
+        from echosim.plugins.manager import DISABLE_ENV
+
+        os.environ[DISABLE_ENV] = "1"
+        get_registry.cache_clear()
+
+
 @click.group(cls=_Commands)
 @click.version_option(package_name="echosim")
+@click.option(
+    "--no-plugins",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_no_plugins,
+    help="Load no installed plugin, only echosim's own (also: ECHOSIM_DISABLE_PLUGINS=1; "
+    "ECHOSIM_PLUGINS=a,b loads only those).",
+)
 def cli() -> None:
     """Simulate one distributed training step from the model itself."""
 
@@ -92,11 +113,18 @@ def cli() -> None:
     is_flag=True,
     help=f"Exit with status {NOT_MET} (after the report) when a pipeline stage does not fit in device memory.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail (exit 1) on an impossible figure (MFU above 100%, a negative or non-finite time or memory part) "
+    "or an op no rule costs, instead of warning.",
+)
 @_guard
 def compile_cmd(
     model: str | None,
     require_fit: bool,
     as_json: bool,
+    strict: bool,
     out: str | None,
     trace: str | None,
     report_path: str | None,
@@ -127,6 +155,13 @@ def compile_cmd(
         name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     report = compiled.report
+    if strict:
+        from echosim.compiler import strict_failures
+
+        failures = strict_failures(report)
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise EchosimError(f"--strict: {failures[0]}{more}")
     if out:
         _write(out, report.to_json(), "--out")
     if trace:
@@ -228,6 +263,17 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework})  # fmt: skip
     cluster = Cluster(backend, devices, devices_per_node or 0)
+    for option, value in (("devices", devices), ("global-batch", global_batch), ("top", top), ("workers", workers)):
+        if value < 1:
+            raise click.ClickException(f"--{option} must be at least 1, got {value}")
+    if seq_len is not None and seq_len < 1:
+        raise click.ClickException(f"--seq-len must be at least 1, got {seq_len} (leave it out for the model's own)")
+    for value in ints(micro_batches, "micro-batches"):
+        if value < 1:
+            raise click.ClickException(f"--micro-batches: each size must be at least 1, got {value}")
+    for value in ints(zeros, "zero") if zeros else ():
+        if value not in (0, 1, 2, 3):
+            raise click.ClickException(f"--zero: unknown ZeRO stage {value} (known: 0, 1, 2, 3)")
     space = {
         "micro_batches": ints(micro_batches, "micro-batches"),
         "recompute": tuple(recomputes.split(",")),
@@ -236,6 +282,8 @@ def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | N
     }
     with progress("compiling layouts", None, quiet=as_json) as advance:
         results = search(model, base, cluster, workers=workers, progress=lambda n, total: advance(n, total), **space)
+    if results and all(c.step_time_s is None for c in results):
+        raise EchosimError(f"none of the {len(results)} layouts compiled; the first: {results[0].error}")
     rows = [c.as_dict() for c in results[:top]]
     if as_json:
         click.echo(json.dumps({"candidates": len(results), "best": rows}, indent=2, sort_keys=True))

@@ -15,7 +15,7 @@ from typing import Any
 from echosim import plugins
 from echosim.backends.loading import load_backend
 from echosim.calibrate import apply_calibration
-from echosim.errors import EchosimError
+from echosim.errors import EchosimError, limit_from_env, time_limit
 from echosim.frameworks import get_framework
 from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
@@ -31,7 +31,7 @@ from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
 from echosim.timeline.lower import StepOptions, lower_step
 from echosim.timeline.placement import Degrees, axis_placements
-from echosim.timeline.report import Report, StepFacts, build_report
+from echosim.timeline.report import INVARIANT, Report, StepFacts, build_report
 
 
 @dataclass
@@ -48,15 +48,26 @@ class Compiled:
         return build_report(self.costed, self.facts)
 
 
+#: Wall-clock guard on one model capture (a model file or a plugin's loader that never returns).
+CAPTURE_TIMEOUT_ENV = "ECHOSIM_CAPTURE_TIMEOUT_S"
+CAPTURE_TIMEOUT_S = 300.0
+#: Wall-clock guard on lowering (a backend plugin whose cost model never returns).
+LOWER_TIMEOUT_ENV = "ECHOSIM_LOWER_TIMEOUT_S"
+LOWER_TIMEOUT_S = 300.0
+
+
 def load_model(model: Any, plan: Plan) -> tuple[Graph, list[str], int]:
     """Capture a model given by name (resolved through the plugin registry) or as an object.
 
     The frontend is handed only what capture needs (micro-batch, sequence, dtype), never the plan.
     """
     spec = CaptureSpec(plan.micro_batch, plan.seq_len, plan.dtype)
-    if isinstance(model, str):
-        return capture_named(model, spec)
-    return capture_object(model, spec, getattr(model, "arch", type(model).__name__))
+    name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
+    limit = limit_from_env(CAPTURE_TIMEOUT_ENV, CAPTURE_TIMEOUT_S)
+    with time_limit(limit, f"capturing model {name!r}", CAPTURE_TIMEOUT_ENV):
+        if isinstance(model, str):
+            return capture_named(model, spec)
+        return capture_object(model, spec, name)
 
 
 def resolve_cluster(cluster: Cluster, registry: Registry | None = None, backend: Any = None) -> Cluster:
@@ -88,9 +99,12 @@ def lower(
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
+    if not loaded.supports_dtype(plan.dtype):
+        raise PlanError(f"--dtype {plan.dtype}: backend {cluster.backend!r} has no {plan.dtype} support")
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
+    _check_sizes(graph, model)
     shape = ModelShape.of(graph)
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = _configured(registry, "graph", plan)
@@ -117,7 +131,9 @@ def lower(
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
     )
-    costed = lower_step(stages, backend, where, options)
+    limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
+    with time_limit(limit, f"costing on backend {cluster.backend!r}", LOWER_TIMEOUT_ENV):
+        costed = lower_step(stages, backend, where, options)
     framework = get_framework(plan.framework)
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
@@ -150,8 +166,35 @@ def lower(
         comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
         warnings=tuple(warnings),
         notes=tuple(notes),
+        culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
     )
     return Compiled(costed, facts, joint, stages)
+
+
+#: Parameters of one model: 10^15 is a hundred times the largest model trained (and still costs
+#: in closed form); beyond it a byte count nears 2^63.
+MAX_PARAMS = 10**15
+
+
+def _check_sizes(graph: Graph, model: Any) -> None:
+    """A tensor with a 0 (or negative) dimension, or a model past :data:`MAX_PARAMS`, is refused here,
+    by the model's name, rather than failing later inside a backend's cost model."""
+    name = model if isinstance(model, str) else graph.name
+    for node in graph:
+        if any(d <= 0 for d in node.out.shape):
+            where = f" in {node.scope}" if node.scope else ""
+            raise EchosimError(
+                f"{name}: {node.op.value} {node.name!r}{where} has shape {list(node.out.shape)}: "
+                "every dimension must be at least 1"
+            )
+    params = graph.param_count()
+    if params > MAX_PARAMS:
+        raise EchosimError(f"{name}: {params:.3g} parameters exceeds the limit of {MAX_PARAMS:.0e}")
+
+
+def strict_failures(report: Report) -> list[str]:
+    """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule."""
+    return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for"))]
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:

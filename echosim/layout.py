@@ -11,6 +11,7 @@ way users think of it ("tp=3 does not divide attention heads (16)").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,22 @@ from echosim.passes.context_parallel import check_sequence
 from echosim.passes.recompute import RecomputeError, policy_named
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
 from echosim.plan import CP_COMMS, DTYPES, Cluster, Plan, PlanError
+from echosim.timeline.placement import Degrees, axis_placements
 
 ATTENTIONS = ("flash", "math")
+#: Bounds that keep one compile finite in time and memory; each refusal names its limit.
+#: Micro-batches per step: the schedule is composed block by block (~0.1 ms each), so 10^5
+#: micro-batches take ~15 s; published runs use at most a few thousand (Megatron-LM's 1,536
+#: sequences on 8 replicas: 192).
+MAX_MICROBATCHES = 100_000
+#: Devices: placement and lowering are closed-form in the device count, and 2^24 (16.8 M) is
+#: far above any machine built.
+MAX_DEVICES = 2**24
+#: Tokens (or samples x sequence) of one micro-batch: the capture builds tensors of this many
+#: rows times the hidden size on the meta device, whose sizes are 64-bit.
+MAX_TOKENS_PER_MICROBATCH = 2**34
+#: Any one degree, batch or sequence length.
+MAX_COUNT = 2**40
 PP_BALANCES = ("uniform", "cost")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -50,6 +65,16 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     for name in ("global_batch", "seq_len"):  # 0: derived (one micro-batch per rank; the model's sequence)
         if getattr(plan, name) < 0:
             raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
+    for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp", "global_batch", "seq_len"):
+        if getattr(plan, name) > MAX_COUNT:
+            raise PlanError(f"--{name.replace('_', '-')} {getattr(plan, name)} exceeds the limit of {MAX_COUNT} (2^40)")
+    if plan.micro_batch * max(plan.seq_len, 1) > MAX_TOKENS_PER_MICROBATCH:
+        raise PlanError(
+            f"micro-batch {plan.micro_batch} x sequence {plan.seq_len} = {plan.micro_batch * plan.seq_len} tokens "
+            f"exceeds the limit of {MAX_TOKENS_PER_MICROBATCH} (2^34) per micro-batch"
+        )
+    if cluster.devices > MAX_DEVICES:
+        raise PlanError(f"--devices {cluster.devices} exceeds the limit of {MAX_DEVICES} (2^24)")
     get_framework(plan.framework)  # an unknown name is one line naming the known ones
     if cluster.devices < 1:
         raise PlanError(f"--devices must be positive, got {cluster.devices}")
@@ -82,6 +107,12 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         raise PlanError(
             f"global batch {plan.global_batch} is not a multiple of micro-batch*dp = {plan.micro_batch}*{plan.dp}"
         )
+    if plan.microbatches > MAX_MICROBATCHES:
+        raise PlanError(
+            f"{plan.microbatches} micro-batches per step (global batch {plan.batch} / (micro-batch "
+            f"{plan.micro_batch} x dp {plan.dp})) exceeds the limit of {MAX_MICROBATCHES}: "
+            "use a larger --micro-batch or more data parallelism"
+        )
     for what, value, known in (
         ("dtype", plan.dtype, DTYPES),
         ("attention", plan.attention, ATTENTIONS),
@@ -94,6 +125,15 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         policy_named(plan.recompute)
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
+    try:  # every axis's groups must land on nodes the same way (Megatron rank order)
+        axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep), cluster.devices_per_node)
+    except ValueError as exc:
+        raise PlanError(
+            f"{exc}: with tp={plan.tp}, pp={plan.pp}, dp={plan.dp} on nodes of {cluster.devices_per_node}, "
+            "choose degrees whose groups fill whole nodes"
+        ) from None
+    if not math.isfinite(plan.moe_capacity_factor) or not math.isfinite(plan.moe_imbalance):
+        raise PlanError("--moe-capacity-factor and --moe-imbalance must be finite numbers")
     if plan.moe_capacity_factor < 0:
         raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {plan.moe_capacity_factor:g}")
     if plan.ep == 1 and plan.moe_imbalance != 1.0:

@@ -106,6 +106,10 @@ class KernelBackend:
     FALLBACK_DTYPE = "bf16"
     _overlap: OverlapModel
 
+    def supports_dtype(self, dtype: str) -> bool:
+        """Whether the hardware trains in ``dtype`` at all (``--dtype fp8`` on a part without fp8 is refused)."""
+        return dtype in self.DTYPES
+
     def compute_dtype(self, node: Node) -> str:
         dtype = getattr(node.attrs, "precision", "") or node.out.dtype.value
         return dtype if dtype in self.DTYPES else self.FALLBACK_DTYPE

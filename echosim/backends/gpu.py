@@ -138,6 +138,10 @@ class GPUBackend(KernelBackend):
         """HBM capacity; NVIDIA's "80 GB" parts expose 80 GiB to CUDA."""
         return int(self.device.hbm_GB * 2**30)
 
+    def supports_dtype(self, dtype: str) -> bool:
+        """fp8 needs fp8 tensor cores (``peak_fp8_tflops``; None on A100 and older: hw_specs.csv)."""
+        return dtype != "fp8" or self.device.peak_fp8_tflops is not None
+
     def peak_flops(self, dtype: str) -> float:
         if dtype in ("fp32", "tf32") and not self.allow_tf32:
             dtype = "fp32-simt"

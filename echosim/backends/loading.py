@@ -13,6 +13,7 @@ loaded backend to :func:`echosim.calibrate.apply_calibration` explicitly.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from echosim.backends.base import DEFAULT_NODE_DEVICES, OverlapModel, Placement
@@ -44,28 +45,55 @@ class GuardedBackend:
         return f"GuardedBackend({self.inner!r})"
 
     def _fail(self, method: str, exc: BaseException) -> BackendError:
+        if type(exc) is KeyboardInterrupt or isinstance(exc, EchosimError):
+            raise exc
         return BackendError(f"backend '{self.name}' (plugin '{self.owner}') failed in {method}: {_one_line(exc)}")
+
+    def _checked(self, method: str, value: Any, what: str, positive: bool = False) -> float:
+        """A number a report can use: finite and >= 0 (> 0 for ``positive``), else one line naming the plugin."""
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if not math.isfinite(number) or number < 0 or (positive and number == 0):
+            raise BackendError(
+                f"backend '{self.name}' (plugin '{self.owner}'): {method} returned {value!r} for {what}; "
+                f"it must be a finite number {'> 0' if positive else '>= 0'}"
+            )
+        return number
 
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         try:
-            return float(self.inner.op_time_s(node, io_bytes))
+            value = self.inner.op_time_s(node, io_bytes)
         except EchosimError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("op_time_s", exc) from None
+        return self._checked("op_time_s", value, f"{node.op.value} {node.name!r}")
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         try:
-            return float(self.inner.collective_time_s(kind, nbytes, placement))
+            value = self.inner.collective_time_s(kind, nbytes, placement)
         except EchosimError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("collective_time_s", exc) from None
+        return self._checked("collective_time_s", value, f"{kind.value} of {nbytes} bytes")
+
+    def supports_dtype(self, dtype: str) -> bool:
+        """Optional for a plugin: without ``supports_dtype`` every dtype is accepted."""
+        method = getattr(self.inner, "supports_dtype", None)
+        if not callable(method):
+            return True
+        try:
+            return bool(method(dtype))
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
+            raise self._fail("supports_dtype", exc) from None
 
     def overlap(self) -> OverlapModel:
         try:
             model = self.inner.overlap()
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("overlap", exc) from None
         if not isinstance(model, OverlapModel):
             raise BackendError(
@@ -76,15 +104,17 @@ class GuardedBackend:
 
     def memory_bytes(self) -> int:
         try:
-            return int(self.inner.memory_bytes())
-        except Exception as exc:
+            value = self.inner.memory_bytes()
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("memory_bytes", exc) from None
+        return int(self._checked("memory_bytes", value, "the device", positive=True))
 
     def peak_flops(self, dtype: str) -> float:
         try:
-            return float(self.inner.peak_flops(dtype))
-        except Exception as exc:
+            value = self.inner.peak_flops(dtype)
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("peak_flops", exc) from None
+        return self._checked("peak_flops", value, dtype, positive=True)
 
     def formats(self) -> tuple[str, ...]:
         """Block-scaled formats (mxfp8, nvfp4) the device runs; optional for a plugin (none without it)."""
@@ -106,7 +136,7 @@ class GuardedBackend:
             return DEFAULT_NODE_DEVICES
         try:
             value = method(devices)
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("node_devices", exc) from None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BackendError(
@@ -121,7 +151,7 @@ class GuardedBackend:
             return {}
         try:
             return dict(describe())
-        except Exception as exc:
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
             raise self._fail("describe", exc) from None
 
 

@@ -360,6 +360,10 @@ def default_overlap(chip: TPUSpec) -> OverlapModel:
     return OverlapModel(compute_slowdown=1.0, comm_slowdown=1.0, memory_bound_slowdown=1.0 / (1.0 - share))
 
 
+#: Chips without fp8 of any kind (hw_specs.csv: TPU v4 "no fp8", TPU v5e "int8 only").
+NO_FP8 = frozenset({"tpu-v4", "tpu-v5e"})
+
+
 class TPUBackend(KernelBackend):
     """A TPU chip in an ICI slice; ``devices_per_node`` of a cluster is the slice size."""
 
@@ -392,6 +396,14 @@ class TPUBackend(KernelBackend):
 
     def peak_flops(self, dtype: str) -> float:
         return self.chip.peak_tflops(dtype) * 1e12
+
+    def supports_dtype(self, dtype: str) -> bool:
+        """fp8 is refused on the chips hw_specs.csv says have none (v4: "no fp8"; v5e: "int8 only").
+
+        v6e lists no fp8 peak but trains fp8-quantized matmuls at the bf16 rate (tpu-recipes'
+        Trillium GPT-3 175B fp8 recipe, a row of cases.csv).
+        """
+        return dtype != "fp8" or self.chip.name not in NO_FP8
 
     def describe(self) -> dict[str, object]:
         from dataclasses import asdict

@@ -14,6 +14,7 @@ or :func:`echosim.calibrate.apply_measurements` (``echosim cost --calibration``)
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -83,31 +84,95 @@ def node_key(node: Node, io_bytes: int) -> tuple[str, str, str]:
     return node.op.value, f"bytes={io_bytes}", dtype
 
 
+#: Every table an echosim calibration file may hold, with the columns each needs (``store.py`` adds two).
+TABLES: dict[str, tuple[str, ...]] = {
+    "measurements": ("backend", "op", "shape", "dtype", "seconds", "source"),
+    "calibrations": ("name", "backend", "machine", "created", "source"),
+    "parameters": ("name", "backend", "param", "value", "what"),
+}
+
+
+def open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection (SQLite URI ``mode=ro``): reading a calibration never changes the file."""
+    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+
+
+def check_schema(conn: sqlite3.Connection, path: Path) -> set[str]:
+    """The echosim tables ``conn`` holds; a file with any other table, or ours without a column, is refused."""
+    try:
+        names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        foreign = sorted(n for n in names if n not in TABLES and not n.startswith("sqlite_"))
+        if foreign:
+            raise CalibrationError(
+                f"{path} is not an echosim calibration database (it holds table(s) {', '.join(foreign[:5])})"
+            )
+        for name in names:
+            if name in TABLES:
+                columns = {row[1] for row in conn.execute(f"PRAGMA table_info({name})")}
+                missing = [c for c in TABLES[name] if c not in columns]
+                if missing:
+                    raise CalibrationError(
+                        f"{path} is not an echosim calibration database (table {name!r} lacks {', '.join(missing)})"
+                    )
+    except sqlite3.Error as exc:
+        raise CalibrationError(f"calibration database {path}: {exc}") from None
+    return {n for n in names if n in TABLES}
+
+
 class CalibrationDB:
-    """One SQLite calibration file; reads are served from memory after the first query."""
+    """One SQLite calibration file; reads are served from memory after the first query.
+
+    An existing file is opened read-only (``mode=ro``) and its schema checked, so reading
+    never writes (no ``CREATE TABLE`` on someone else's database); the first :meth:`put`
+    opens it for writing. A path that does not exist yet is created with the schema.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self._conn = sqlite3.connect(self.path)
-            self._conn.execute(SCHEMA)
-            self._conn.commit()
+            if self.path.exists():
+                self._conn = open_read_only(self.path)
+                self._tables = check_schema(self._conn, self.path)
+                self._writable = False
+            else:
+                self._conn = sqlite3.connect(self.path)
+                self._conn.execute(SCHEMA)
+                self._conn.commit()
+                self._tables, self._writable = {"measurements"}, True
         except sqlite3.Error as exc:
             raise CalibrationError(f"calibration database {self.path}: {exc}") from None
         self._cache: dict[str, dict[tuple[str, str, str], float]] = {}
+
+    def writable(self) -> sqlite3.Connection:
+        """The connection, reopened for writing (the schema created) the first time a caller writes."""
+        if not self._writable:
+            self._conn.close()
+            try:
+                self._conn = sqlite3.connect(self.path)
+                self._conn.execute(SCHEMA)
+                self._conn.commit()
+            except sqlite3.Error as exc:
+                raise CalibrationError(f"calibration database {self.path}: {exc}") from None
+            self._tables.add("measurements")
+            self._writable = True
+        return self._conn
+
+    def has_table(self, name: str) -> bool:
+        return name in self._tables
 
     def close(self) -> None:
         self._conn.close()
 
     def put(self, backend: str, op: str, shape: str, dtype: str, seconds: float, source: str) -> None:
         """Store (or replace) one measurement; ``source`` says where it came from."""
-        if not (seconds > 0):
+        if not (seconds > 0) or not math.isfinite(seconds):
             raise CalibrationError(f"calibration {backend}/{op}/{shape}: seconds must be positive, got {seconds!r}")
         if not source.strip():
             raise CalibrationError(f"calibration {backend}/{op}/{shape}: a source is required")
         row = (backend, op, shape, dtype, seconds, source)
-        self._conn.execute("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?)", row)
-        self._conn.commit()
+        conn = self.writable()
+        conn.execute("INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?)", row)
+        conn.commit()
         self._cache.pop(backend, None)
 
     def put_many(self, rows: Iterable[Measurement]) -> int:
@@ -120,15 +185,24 @@ class CalibrationDB:
     def table(self, backend: str) -> dict[tuple[str, str, str], float]:
         """Every measurement of ``backend`` keyed by (op, shape, dtype)."""
         if backend not in self._cache:
-            rows = self._conn.execute(
-                "SELECT op, shape, dtype, seconds FROM measurements WHERE backend = ?", (backend,)
-            ).fetchall()
+            rows = self._select("SELECT op, shape, dtype, seconds FROM measurements WHERE backend = ?", (backend,))
+            for op, shape, dtype, seconds in rows:
+                _check_seconds(self.path, f"{backend}/{op}/{shape}/{dtype}", seconds)
             self._cache[backend] = {(op, shape, dtype): seconds for op, shape, dtype, seconds in rows}
         return self._cache[backend]
 
+    def _select(self, query: str, args: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a query on the measurements table; none when the file has no such table yet."""
+        if "measurements" not in self._tables:
+            return []
+        try:
+            return self._conn.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            raise CalibrationError(f"calibration database {self.path}: {exc}") from None
+
     def backends(self) -> list[str]:
         """Every backend key that has a measurement (a calibration's ``NAME@BACKEND`` keys included)."""
-        return [row[0] for row in self._conn.execute("SELECT DISTINCT backend FROM measurements ORDER BY 1")]
+        return [str(row[0]) for row in self._select("SELECT DISTINCT backend FROM measurements ORDER BY 1")]
 
     def get(self, backend: str, op: str, shape: str, dtype: str) -> float | None:
         return self.table(backend).get((op, shape, dtype))
@@ -139,7 +213,16 @@ class CalibrationDB:
         if backend is not None:
             query += " WHERE backend = ?"
             args = (backend,)
-        return [Measurement(*row) for row in self._conn.execute(query + " ORDER BY backend, op, shape, dtype", args)]
+        rows = self._select(query + " ORDER BY backend, op, shape, dtype", args)
+        for row in rows:
+            _check_seconds(self.path, "/".join(map(str, row[:4])), row[4])
+        return [Measurement(*row) for row in rows]
+
+
+def _check_seconds(path: Path, what: str, seconds: Any) -> None:
+    """A measured time must be a positive finite number (a file written by hand may hold text)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (0 < seconds < math.inf):
+        raise CalibrationError(f"calibration database {path}: {what}: seconds must be positive, got {seconds!r}")
 
 
 class CalibratedBackend:

@@ -20,6 +20,7 @@ most recent calibration, and its measured rows) or ``PATH#NAME``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -107,11 +108,26 @@ class CalibrationStore:
             raise CalibrationError(f"calibration database {self.path}: no such file (run `echosim calibrate`)")
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = CalibrationDB(self.path)  # creates the measurements table
+        self.db = CalibrationDB(self.path)  # an existing file: read-only until something is saved
+        if create:
+            self._writable()
+
+    def _writable(self) -> sqlite3.Connection:
+        conn = self.db.writable()
         try:
             for statement in SCHEMA:
-                self.db._conn.execute(statement)
-            self.db._conn.commit()
+                conn.execute(statement)
+            conn.commit()
+        except sqlite3.Error as exc:
+            raise CalibrationError(f"calibration database {self.path}: {exc}") from None
+        self.db._tables |= {"calibrations", "parameters"}
+        return conn
+
+    def _select(self, table: str, query: str, args: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+        if not self.db.has_table(table):
+            return []
+        try:
+            return self._conn.execute(query, args).fetchall()
         except sqlite3.Error as exc:
             raise CalibrationError(f"calibration database {self.path}: {exc}") from None
 
@@ -135,6 +151,7 @@ class CalibrationStore:
         if not name or "#" in name or "@" in name:
             raise CalibrationError(f"calibration name {name!r} must be non-empty without '#' or '@'")
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._writable()
         with self._conn:
             self._conn.execute("DELETE FROM parameters WHERE name = ? AND backend = ?", (name, backend))
             self._conn.execute(
@@ -150,25 +167,43 @@ class CalibrationStore:
 
     def names(self) -> list[str]:
         """Calibration names, most recent first."""
-        rows = self._conn.execute("SELECT name, MAX(created) FROM calibrations GROUP BY name ORDER BY 2 DESC, 1")
-        return [r[0] for r in rows]
+        query = "SELECT name, MAX(created) FROM calibrations GROUP BY name ORDER BY 2 DESC, 1"
+        rows = self._select("calibrations", query)
+        return [str(r[0]) for r in rows]
 
     def load(self, name: str) -> Calibration:
-        rows = self._conn.execute(
-            "SELECT backend, machine, created, source FROM calibrations WHERE name = ?", (name,)
-        ).fetchall()
+        rows = self._select(
+            "calibrations", "SELECT backend, machine, created, source FROM calibrations WHERE name = ?", (name,)
+        )
         if not rows:
             known = ", ".join(self.names()) or "none"
             raise CalibrationError(f"no calibration named {name!r} in {self.path} (known: {known})")
         cal = Calibration(name, self.path)
         for backend, machine, created, source in rows:
             cal.parameters[backend], cal.what[backend] = {}, {}
-            cal.machine[backend] = json.loads(machine)
+            try:
+                cal.machine[backend] = json.loads(machine)
+            except (TypeError, ValueError):
+                raise CalibrationError(
+                    f"calibration database {self.path}: calibration {name!r} ({backend}): machine is not JSON"
+                ) from None
             cal.created[backend], cal.source[backend] = created, source
             cal.measured[backend] = len(self.db.table(measurement_key(name, backend)))
-        for backend, param, value, what in self._conn.execute(
-            "SELECT backend, param, value, what FROM parameters WHERE name = ? ORDER BY param", (name,)
+        for backend, param, value, what in self._select(
+            "parameters", "SELECT backend, param, value, what FROM parameters WHERE name = ? ORDER BY param", (name,)
         ):
+            if (
+                backend not in cal.parameters
+                or not isinstance(param, str)
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+            ):
+                raise CalibrationError(
+                    f"calibration database {self.path}: parameter {param!r} of {name!r} ({backend}) "
+                    f"is not a number of a listed backend: {value!r}"
+                )
+            if not math.isfinite(value):
+                raise CalibrationError(f"calibration database {self.path}: parameter {param!r} is {value!r}")
             cal.parameters[backend][param] = value
             cal.what[backend][param] = what
         return cal

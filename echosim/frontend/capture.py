@@ -13,9 +13,10 @@ loader returns something :func:`capture_object` can capture for a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,23 +37,34 @@ def capture_named(model: str, spec: CaptureSpec) -> tuple[Graph, list[str], int]
 
     registry = get_registry()
     if model in registry.models:
-        return capture_object(registry.model(model)(), spec, model)
+        with _one_line(model):
+            return capture_object(registry.model(model)(), spec, model)
     entry = _frontend_for(model, registry)
     key = _file_key(model, entry, spec)
     cached = cache.lookup(key) if key else None
     if cached is not None:
         return cached
     before = set(sys.modules)
-    try:
+    with _one_line(model):
         graph, messages, params = capture_object(entry.value(model), spec, model)
-    except EchosimError:
-        raise
-    except Exception as exc:  # a model no rule foresaw must still end in one line, not a traceback
-        message = " ".join(str(exc).split())[:300]
-        raise EchosimError(f"{model}: could not be converted ({type(exc).__name__}: {message})") from None
     if key:
         cache.store(key, graph, messages, params, cache.imported_files(before))
     return graph, messages, params
+
+
+@contextlib.contextmanager
+def _one_line(model: str) -> Iterator[None]:
+    """A model no rule foresaw (a torch size overflow, a model file raising any ``BaseException``
+    but Ctrl-C) must still end in one line, not a traceback."""
+    try:
+        yield
+    except EchosimError:
+        raise
+    except BaseException as exc:
+        if type(exc) is KeyboardInterrupt or isinstance(exc, GeneratorExit):
+            raise
+        message = " ".join(str(exc).split())[:300]
+        raise EchosimError(f"{model}: could not be converted ({type(exc).__name__}: {message})") from None
 
 
 #: echosim's own file frontends: (the file that defines a source, the libraries its capture depends on)

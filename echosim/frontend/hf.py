@@ -75,7 +75,30 @@ def read_config(path: Path) -> dict[str, Any]:
         raise EchosimError(f"{path} is not a JSON object")
     if "model_type" not in data:
         raise EchosimError(f"{path} has no model_type: not a transformers config")
+    if not isinstance(data["model_type"], str):
+        raise EchosimError(f"{path}: model_type must be a string, got {data['model_type']!r:.60}")
+    _check_sizes(path, data)
     return data
+
+
+#: transformers builds every decoder layer on ``meta`` before the fold keeps two: 10^4 layers ran past the
+#: 300 s capture guard on a loaded 2-core machine (benchmarks/limits.py); the deepest published model has 126.
+MAX_LAYERS = 1_000
+#: Any integer of a config (a size, a count): beyond it a tensor size overflows 64 bits.
+MAX_CONFIG_INT = 2**40
+_LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+
+
+def _check_sizes(path: Path, data: dict[str, Any], where: str = "") -> None:
+    """Refuse, naming the limit, a config whose sizes would take minutes or overflow before capture starts."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            _check_sizes(path, value, f"{where}{key}.")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if key in _LAYER_KEYS and value > MAX_LAYERS:
+                raise EchosimError(f"{path}: {where}{key} = {value} exceeds the limit of {MAX_LAYERS} layers")
+            if abs(value) > MAX_CONFIG_INT:
+                raise EchosimError(f"{path}: {where}{key} = {value} exceeds the limit of {MAX_CONFIG_INT} (2^40)")
 
 
 def build_config(path: Path) -> Any:
@@ -94,7 +117,7 @@ def build_config(path: Path) -> Any:
     try:
         return CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as exc:
-        raise EchosimError(f"{path}: transformers rejected the config: {exc}") from None
+        raise EchosimError(f"{path}: transformers rejected the config: {' '.join(str(exc).split())}") from None
 
 
 def _register_attention() -> None:

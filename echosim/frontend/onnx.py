@@ -78,7 +78,26 @@ def load(source: str) -> OnnxModel:
         raise EchosimError(f"{path} is not a valid ONNX model (truncated or another format?): {exc}") from None
     if not proto.HasField("graph") or not proto.graph.node:
         raise EchosimError(f"{path} is not an ONNX model with a graph (empty or another format?)")
+    _check_order(proto.graph, path)
     return OnnxModel(source, path, proto)
+
+
+def _check_order(graph: Any, path: Path) -> None:
+    """Every node reads values defined before it (ONNX requires topological order): a cycle or an
+    undefined input is refused by name instead of compiling a graph that cannot run."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    defined |= {t.name for t in getattr(graph, "sparse_initializer", ())}
+    produced = {o for n in graph.node for o in n.output}
+    for node in graph.node:
+        for name in node.input:
+            if name not in defined:
+                why = (
+                    "is produced only by a later node (a cycle, or nodes out of order)"
+                    if name in produced
+                    else ("is defined nowhere (not an input, initializer or node output)")
+                )
+                raise EchosimError(f"{path}: node {node.name or node.op_type!r} reads {name!r}, which {why}")
+        defined.update(node.output)
 
 
 # ---- binding symbolic dimensions ------------------------------------------------------------
@@ -104,6 +123,11 @@ def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list
             continue
         elem = value.type.tensor_type.elem_type
         for axis, dim in enumerate(_dims(value)):
+            if dim.HasField("dim_value") and dim.dim_value <= 0:
+                raise EchosimError(
+                    f"{path}: input {value.name!r} has dimension {dim.dim_value} (axis {axis}); "
+                    "sizes must be positive (leave a dimension symbolic to bind it)"
+                )
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 if axis == 0:
                     fixed_batch = dim.dim_value

@@ -196,9 +196,10 @@ def _softmax(c: OnnxValues, node: Any) -> None:
 
 def _gather(c: OnnxValues, node: Any) -> None:
     data, idx = node.input[:2]
-    if data in c.params and len(c.shape(data)) == 2 and int(attr(node, "axis", 0)) == 0:
+    ids = c.value(idx) if data in c.params else None  # None: ids no node defines (a malformed graph)
+    if ids is not None and len(c.shape(data)) == 2 and int(attr(node, "axis", 0)) == 0:
         vocab, dim = c.shape(data)
-        c.emit(node, OpKind.EMBEDDING, [c.value(idx), c.value(data)], EmbeddingAttrs(vocab, dim))
+        c.emit(node, OpKind.EMBEDDING, [ids, c.value(data)], EmbeddingAttrs(vocab, dim))
     elif idx in c.static:
         _view(c, node)  # picking fixed rows: a view
     else:

@@ -11,6 +11,7 @@ computed from shapes) take part, and only small results are folded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -142,6 +143,78 @@ _EVAL: dict[str, Callable[[Any, list[Any]], np.ndarray]] = {
 }
 
 
+#: A Range that onnx.shape_inference's data propagation would spell out element by element.
+MAX_RANGE = 2**24
+
+
+class FoldLimitError(ValueError):
+    """A constant or range whose size is over the limit; raised before anything is allocated."""
+
+
+def _elements(shape: Any) -> int:
+    dims = [int(d) for d in np.atleast_1d(shape)]
+    return 0 if any(d < 0 for d in dims) else math.prod(dims)
+
+
+def _range_count(v: list[Any]) -> int:
+    start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in v[:3])
+    if delta == 0 or not all(math.isfinite(x) for x in (start, limit, delta)):
+        return 0
+    return max(0, math.ceil((limit - start) / delta))
+
+
+def _predicted_size(node: Any, v: list[Any]) -> int:
+    """Elements ``node`` would produce from constant inputs ``v``, computed without building them."""
+    op = node.op_type
+    if op == "Range":
+        return _range_count(v)
+    if op == "ConstantOfShape":
+        return _elements(v[0])
+    if op == "Expand":
+        return _elements(np.broadcast_shapes(np.shape(v[0]), tuple(int(d) for d in np.atleast_1d(v[1]))))
+    if op == "Gather":
+        axis = int(_attr(node, "axis", 0)) % max(1, np.ndim(v[0]))
+        per_index = _elements(np.shape(v[0])) // max(1, np.shape(v[0])[axis] if np.ndim(v[0]) else 1)
+        return per_index * _elements(np.shape(v[1]))
+    arrays = [x for x in v if x is not None]
+    if not arrays:
+        return 0
+    try:
+        return _elements(np.broadcast_shapes(*(np.shape(x) for x in arrays)))
+    except ValueError:
+        return max(_elements(np.shape(x)) for x in arrays)
+
+
+def check_ranges(model: Any) -> None:
+    """Refuse a Range whose constant bounds make it longer than :data:`MAX_RANGE` before shape inference.
+
+    onnx.shape_inference with data propagation materialises a Range's values (a 445-byte file
+    allocated gigabytes); its bounds are known here when they are initializers or Constants.
+    """
+    import onnx.numpy_helper as nh
+
+    g = model.graph
+    known: dict[str, Any] = {}
+    for t in g.initializer:
+        if _elements(t.dims) <= MAX_FOLDED and t.data_location != 1:
+            known[t.name] = nh.to_array(t)
+    for node in g.node:
+        if node.op_type == "Constant" and len(node.output) == 1:
+            value = constant_value(node)
+            if value is not None and np.size(value) <= MAX_FOLDED:
+                known[node.output[0]] = value
+        elif node.op_type == "Range" and len(node.input) >= 3 and all(i in known for i in node.input[:3]):
+            try:
+                count = _range_count([known[i] for i in node.input[:3]])
+            except (ValueError, TypeError, IndexError):
+                continue
+            if count > MAX_RANGE:
+                raise FoldLimitError(
+                    f"Range node {node.name or node.output[0]!r} spans {count} elements, over the limit of "
+                    f"{MAX_RANGE} (2^24)"
+                )
+
+
 def _fold_once(model: Any) -> int:
     """Replace small values computable from constants and shapes by initializers; returns how many."""
     import onnx
@@ -166,8 +239,11 @@ def _fold_once(model: Any) -> int:
                 else:
                     out = shape[_attr(node, "start", 0) : _attr(node, "end", None)]
             elif node.op_type in _EVAL and all((not i) or i in known for i in node.input):
-                out = _EVAL[node.op_type](node, [known.get(i) if i else None for i in node.input])
-        except (ValueError, TypeError, IndexError):
+                values = [known.get(i) if i else None for i in node.input]
+                if _predicted_size(node, values) > MAX_FOLDED:  # sized before anything is allocated
+                    continue
+                out = _EVAL[node.op_type](node, values)
+        except (ValueError, TypeError, IndexError, OverflowError):
             out = None
         if out is None or len(node.output) != 1 or np.size(out) > MAX_FOLDED:
             continue
@@ -190,6 +266,7 @@ def infer_concrete(model: Any) -> Any:
     import onnx
 
     for _ in range(MAX_ROUNDS):
+        check_ranges(model)
         _forget_inferred(model)
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         if not _fold_once(model):

@@ -65,8 +65,10 @@ def _run_file(path: Path) -> Any:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise EchosimError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
-    except (Exception, SystemExit) as exc:
+    except BaseException as exc:  # any exception a model file raises (SystemExit too), but Ctrl-C
         sys.modules.pop(name, None)
+        if type(exc) is KeyboardInterrupt or isinstance(exc, EchosimError):
+            raise
         raise EchosimError(f"{path} raised {_where(exc, path)}") from None
     return module
 
@@ -99,7 +101,11 @@ def load(source: str) -> PyModel:
     try:
         with torch.device("meta"):
             built = factory()
-    except Exception as exc:
+    except EchosimError:
+        raise
+    except BaseException as exc:  # any exception a model file raises (SystemExit too), but Ctrl-C
+        if type(exc) is KeyboardInterrupt:
+            raise
         raise EchosimError(f"{path}: {match.group('factory')}() raised {_where(exc, path)}") from None
     net, inputs = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
     if not isinstance(net, torch.nn.Module):

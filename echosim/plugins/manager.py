@@ -4,14 +4,18 @@ Every :func:`load_registry` call builds a fresh ``pluggy.PluginManager``, so tes
 can load any mix of plugins without global state. Built-ins load first and are
 plugins like any other; then installed plugins (entry-point group ``echosim``);
 then ``extra_plugins``. A plugin that raises on import or inside a hook is
-reported by name in :attr:`Registry.errors` and the others keep working; a
-contract violation (a clashing or invalid name) raises :class:`PluginError`.
+reported by name in :attr:`Registry.errors` and the others keep working, as is a
+contract violation (an invalid name or value: that hook's entries are dropped) and a
+name another plugin registered first (skipped). ``$ECHOSIM_DISABLE_PLUGINS`` switches
+installed plugins off, ``$ECHOSIM_PLUGINS`` allowlists them, and each plugin's import
+and hooks run under a wall-clock limit (``$ECHOSIM_PLUGIN_TIMEOUT_S``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from echosim.errors import PluginError
+from echosim.errors import PluginError, limit_from_env, time_limit
 from echosim.plugins import hookspecs
 from echosim.plugins.hookspecs import PASS_LEVELS, PassRegistration
 
@@ -27,6 +31,13 @@ if TYPE_CHECKING:
     import click
 
 ENTRYPOINT_GROUP = "echosim"
+#: ``1`` (or ``true``, ``yes``): load no installed plugin, only echosim's own (``echosim --no-plugins``).
+DISABLE_ENV = "ECHOSIM_DISABLE_PLUGINS"
+#: A comma-separated allowlist of installed plugins (entry-point names) to load; unset: all of them.
+ALLOW_ENV = "ECHOSIM_PLUGINS"
+#: Wall-clock limit on one plugin's import and on each of its registration hooks.
+TIMEOUT_ENV = "ECHOSIM_PLUGIN_TIMEOUT_S"
+TIMEOUT_S = 10.0
 
 #: Dotted names of the modules that register echosim's own features.
 BUILTIN_PLUGINS: list[str] = [
@@ -177,16 +188,20 @@ class Registry:
         for impl in self._pm.hook.register_commands.get_hookimpls():
             before = dict(cli.commands)
             try:
-                _call_impl(impl, {"cli": cli})
-            except Exception as exc:
+                with time_limit(_timeout(), f"plugin '{impl.plugin_name}' register_commands", TIMEOUT_ENV):
+                    _call_impl(impl, {"cli": cli})
+            except BaseException as exc:
+                _reraise_interrupt(exc)
                 cli.commands.clear()
                 cli.commands.update(before)
                 self.errors.append(_hook_failure(impl.plugin_name, "register_commands", exc))
                 continue
-            for name, command in cli.commands.items():
+            for name, command in list(cli.commands.items()):
                 if name in before and before[name] is not command:
-                    raise PluginError(
-                        f"command '{name}' is registered by both '{owners[name]}' and '{impl.plugin_name}'"
+                    cli.commands[name] = before[name]  # the first registration stays
+                    self.errors.append(
+                        f"command '{name}' is registered by both '{owners[name]}' and '{impl.plugin_name}'; "
+                        f"the one from '{impl.plugin_name}' is skipped"
                     )
                 owners.setdefault(name, impl.plugin_name)
 
@@ -213,13 +228,14 @@ def load_registry(
         if module is not None:
             pm.register(module, name=module_name)
             versions[module_name] = (_CORE_OWNER, __version__)
-    if include_entrypoints:
+    if include_entrypoints and not plugins_disabled():
         _load_entrypoints(pm, registry, versions)
     for plugin in extra_plugins:
         name = getattr(plugin, "__name__", None) or type(plugin).__name__
         try:
             pm.register(plugin, name=name)
-        except Exception as exc:
+        except BaseException as exc:
+            _reraise_interrupt(exc)
             registry.errors.append(_load_failure(name, exc))
             continue
         versions[name] = (None, None)
@@ -233,6 +249,34 @@ def load_registry(
         hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or ()))
         registry._infos.append(PluginInfo(name, version, hooks, distribution))
     return registry
+
+
+def plugins_disabled() -> bool:
+    """Whether ``$ECHOSIM_DISABLE_PLUGINS`` switches installed plugins off."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def allowed_plugins() -> set[str] | None:
+    """The entry-point names ``$ECHOSIM_PLUGINS`` allows; ``None`` when unset (all are loaded)."""
+    text = os.environ.get(ALLOW_ENV)
+    if text is None:
+        return None
+    return {name.strip() for name in text.split(",") if name.strip()}
+
+
+def _timeout() -> float:
+    try:
+        return limit_from_env(TIMEOUT_ENV, TIMEOUT_S)
+    except PluginError:
+        raise
+    except Exception:
+        return TIMEOUT_S
+
+
+def _reraise_interrupt(exc: BaseException) -> None:
+    """A plugin may raise anything (SystemExit, a BaseException subclass) and is reported; Ctrl-C is not."""
+    if type(exc) is KeyboardInterrupt or isinstance(exc, GeneratorExit):
+        raise exc
 
 
 @functools.lru_cache(maxsize=1)
@@ -265,6 +309,7 @@ def _load_entrypoints(
     import importlib.metadata  # scanning installed distributions is the slow part; only on demand
 
     seen: dict[str, str] = {}
+    allowed = allowed_plugins()
     # entry_points(group=...) reads each distribution's entry_points.txt only: the metadata (and its
     # e-mail parser) is read for the distributions that hold an echosim plugin, not for all of them.
     for ep in importlib.metadata.entry_points(group=ENTRYPOINT_GROUP):
@@ -278,9 +323,13 @@ def _load_entrypoints(
                 )
             continue
         seen[ep.name] = dist_name
+        if allowed is not None and ep.name not in allowed:
+            continue
         try:
-            pm.register(ep.load(), name=ep.name)
-        except Exception as exc:
+            with time_limit(_timeout(), f"plugin '{ep.name}' import", TIMEOUT_ENV):
+                pm.register(ep.load(), name=ep.name)
+        except BaseException as exc:
+            _reraise_interrupt(exc)
             registry.errors.append(_load_failure(ep.name, exc))
             continue
         versions[ep.name] = (dist_name, dist.version if dist is not None else None)
@@ -300,22 +349,28 @@ def _run_register_hook(pm: pluggy.PluginManager, registry: Registry, kind: str, 
     """Call each plugin's implementation on its own, so a failure is reported by that plugin's name.
 
     A plugin's entries are kept only if its implementation returns: one that raises
-    halfway leaves nothing behind. Contract violations raise even if the plugin
-    swallowed the :class:`PluginError` that ``register`` raised.
+    (anything, SystemExit included) or runs past ``$ECHOSIM_PLUGIN_TIMEOUT_S`` halfway
+    leaves nothing behind. A contract violation (an invalid name or value) drops that
+    hook's entries even if the plugin swallowed the :class:`PluginError` that ``register``
+    raised; a name another plugin registered first is skipped. Each is one line in
+    :attr:`Registry.errors` naming the plugin, and the core and the other plugins keep working.
     """
     hook_name = f"register_{table_name}"
     table: dict[str, Entry] = getattr(registry, table_name)
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         staging = _Staging(table, kind, impl.plugin_name)
         try:
-            _call_impl(impl, {"register": _typed_register(kind, staging.add)})
-        except Exception as exc:
-            if staging.violations:
-                raise staging.violations[0] from None
-            registry.errors.append(_hook_failure(impl.plugin_name, hook_name, exc))
+            with time_limit(_timeout(), f"plugin '{impl.plugin_name}' {hook_name}", TIMEOUT_ENV):
+                _call_impl(impl, {"register": _typed_register(kind, staging.add)})
+        except BaseException as exc:
+            _reraise_interrupt(exc)
+            failure = str(staging.violations[0]) if staging.violations else None
+            registry.errors.append(failure or _hook_failure(impl.plugin_name, hook_name, exc))
             continue
         if staging.violations:
-            raise staging.violations[0]
+            registry.errors.append(str(staging.violations[0]))
+            continue
+        registry.errors.extend(staging.skipped)
         table.update(staging.entries)
 
 
@@ -326,6 +381,7 @@ class _Staging:
         self.table, self.kind, self.owner = table, kind, owner
         self.entries: dict[str, Entry] = {}
         self.violations: list[PluginError] = []
+        self.skipped: list[str] = []  # names another plugin registered first
 
     def add(self, name: str, value: Any, description: str = "") -> None:
         try:
@@ -333,6 +389,13 @@ class _Staging:
         except PluginError as exc:
             self.violations.append(exc)
             raise
+        previous = self.table.get(name)
+        if previous is not None:
+            self.skipped.append(
+                f"{self.kind} '{name}' is registered by both '{previous.owner}' and '{self.owner}'; "
+                f"the one from '{self.owner}' is skipped"
+            )
+            return
         self.entries[name] = Entry(name, value, self.owner, description)
 
     def _validate(self, name: str, value: Any, description: str) -> None:
@@ -350,8 +413,6 @@ class _Staging:
         previous = self.table.get(name) or self.entries.get(name)
         if previous is not None and previous.owner == owner:
             raise PluginError(f"{kind} '{name}' is registered twice by '{owner}'")
-        if previous is not None:
-            raise PluginError(f"{kind} '{name}' is registered by both '{previous.owner}' and '{owner}'")
 
 
 def _typed_register(kind: str, register: Callable[..., None]) -> Callable[..., None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,10 @@ from echosim.timeline.costed import CostedGraph, StageCost
 
 
 def _round(x: Any) -> Any:
-    """Round floats to 6 significant digits so JSON is stable across platforms."""
+    """Round floats to 6 significant digits so JSON is stable across platforms; a NaN or an infinity
+    (which the report's invariants flag) is written as null, never as non-standard JSON."""
     if isinstance(x, float):
-        return float(f"{x:.6g}")
+        return float(f"{x:.6g}") if math.isfinite(x) else None
     if isinstance(x, dict):
         return {k: _round(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -116,6 +118,38 @@ class StepFacts:
     expert_state: StatePolicy | None = None  # expert parameters' state (sharded over expert-data-parallel ranks)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    culprit: str = ""  # who a broken invariant is blamed on: "backend 'x' (plugin 'y')"
+
+
+#: Start of every warning that says a report broke a physical invariant (``--strict`` makes it an error).
+INVARIANT = "impossible figure"
+
+
+def invariant_violations(report: Report, culprit: str = "") -> list[str]:
+    """What no real step can show: MFU or HFU above 1 or below 0 against the device's peak for the dtype,
+    a duration that is not finite or negative, a memory part below 0. Each names ``culprit``."""
+    who = f" (from {culprit})" if culprit else ""
+    out: list[str] = []
+
+    def bad(what: str) -> None:
+        out.append(f"{INVARIANT}{who}: {what}")
+
+    for name in ("mfu", "hfu"):
+        value = getattr(report, name)
+        if not (0.0 <= value <= 1.0 + 1e-9):
+            bad(f"{name.upper()} {value!r} is outside [0, 1] of the device's peak")
+    if not (0.0 < report.step_time_s < math.inf):
+        bad(f"step time {report.step_time_s!r} s is not a positive finite number")
+    durations = [(f"breakdown {k}", v) for k, v in report.breakdown.items()]
+    durations += [(f"stage {row['stage']} {k}", v) for row in report.stages for k, v in row.items() if k.endswith("_s")]
+    for what, value in durations:
+        if not (0.0 <= value < math.inf):
+            bad(f"{what} = {value!r} s is not a finite duration >= 0")
+    for row in report.memory:
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not (0 <= value < math.inf):
+                bad(f"memory of stage {row['stage']}: {key} = {value!r}")
+    return out
 
 
 def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
@@ -147,7 +181,7 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
     ]
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
     devices, peak = facts.devices, facts.peak_flops
-    return Report(
+    report = Report(
         model=facts.model,
         backend=facts.backend,
         devices=devices,
@@ -170,6 +204,8 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
         warnings=warnings,
         notes=list(facts.notes),
     )
+    report.warnings += invariant_violations(report, facts.culprit)
+    return report
 
 
 def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[dict[str, Any]]:

@@ -132,7 +132,7 @@ class Case:
     numbers: dict[str, float | None]
 
     def __getitem__(self, column: str) -> str:
-        return self.cells.get(column, "").strip()
+        return (self.cells.get(column) or "").strip()
 
     def int(self, column: str, default: int | None = None) -> int | None:
         """The whole number in ``column`` (``default`` where blank); a column that is not parsed as
@@ -237,6 +237,8 @@ def read_cases(path: str | Path, known_devices: Iterable[str] | None = None) -> 
                     continue  # a blank line
                 if None in cells:
                     raise CasesError(f"{path}: line {reader.line_num}: more cells than the header has columns")
+                if None in cells.values():
+                    raise CasesError(f"{path}: line {reader.line_num}: fewer cells than the header has columns")
                 try:
                     case = parse_row(reader.line_num, cells, devices)
                 except CasesError as exc:

@@ -177,11 +177,20 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, str]]]:
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise MicrobenchError(f"{path}: missing column(s) {', '.join(missing)}")
-            return [(i + 2, row) for i, row in enumerate(reader)]
+            rows = []
+            for i, row in enumerate(reader):
+                if None in row:
+                    raise MicrobenchError(f"{path}: line {reader.line_num}: more cells than the header has columns")
+                if None in row.values():
+                    raise MicrobenchError(f"{path}: line {reader.line_num}: fewer cells than the header has columns")
+                rows.append((i + 2, row))
+            return rows
     except OSError as exc:
         raise MicrobenchError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise MicrobenchError(f"{path}: not a UTF-8 CSV file") from None
+    except csv.Error as exc:
+        raise MicrobenchError(f"{path}: not a CSV file: {exc}") from None
 
 
 def _number(text: str) -> float | None:
@@ -363,8 +372,8 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
         return "num_devices is missing"
     n = int(n)
     size = _size(row)
-    if size is None:
-        return f"no single message size in {row['shape']!r}"
+    if size is None or size <= 0:
+        return f"no single message size in {row['shape']!r} (a positive size_bytes)"
     nodes_text = row["num_nodes"].strip()
     nodes = int(_number(nodes_text) or 1) if nodes_text else 1
     if n % nodes:
