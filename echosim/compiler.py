@@ -21,6 +21,7 @@ from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan
+from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.memory import StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
@@ -66,6 +67,11 @@ def resolve_cluster(cluster: Cluster, registry: Registry | None = None, backend:
     return replace(cluster, devices_per_node=backend.node_devices(cluster.devices))
 
 
+# One backend object per (registry, name): the op-cost cache of lowering is keyed by it, so
+# layouts compiled one after another price a GEMM of the same shape once.
+_BACKENDS: Memo[Any] = Memo("backends", maxsize=64)
+
+
 def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Report:
     """Simulate one training step of ``model`` with ``plan`` on ``cluster``."""
     return lower(model, plan, cluster).report
@@ -82,7 +88,7 @@ def lower(
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
-    loaded = load_backend(cluster.backend, registry)
+    loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
     _check_requested(registry, plan)
@@ -134,6 +140,14 @@ def lower(
         notes=tuple(notes),
     )
     return Compiled(costed, facts, joint, stages)
+
+
+def _backend(name: str, registry: Registry) -> Any:
+    """The backend ``name`` builds, one object per factory (see ``_BACKENDS``); unknown names raise as before."""
+    entry = registry.backends.get(name)
+    if entry is None:
+        return load_backend(name, registry)
+    return _BACKENDS.get((name, entry.value, entry.owner), lambda: load_backend(name, registry))
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:
