@@ -192,7 +192,7 @@ def _splits_sequence(facts: ModelFacts, cp: int) -> bool:
     return facts.shape.tokens and facts.shape.seq_len % (2 * cp) == 0
 
 
-def canonical(plan: Plan, facts: ModelFacts, same_schedule: Callable[[Plan], str] | None = None) -> Plan:
+def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None = None) -> Plan:
     """The one layout ``plan`` is the same as: every input of its compile equal, so every figure equal.
 
     * ZeRO shards over dp x cp replicas: with one replica every stage is stage 0;
@@ -202,18 +202,33 @@ def canonical(plan: Plan, facts: ModelFacts, same_schedule: Callable[[Plan], str
       (pp, micro-batches, vpp) are one schedule (``same_schedule``: 1F1B, GPipe and 2F2B with one
       micro-batch; "interleaved", registered apart from "1f1b", always).
     """
-    changes: dict[str, Any] = {}
-    if plan.zero and plan.dp * plan.cp == 1:
-        changes["zero"] = 0
-    if plan.tp_overlap and plan.tp == 1:
-        changes["tp_overlap"] = False
-    if plan.recompute == "selective" and not facts.selective_replays:
-        changes["recompute"] = "none"
-    if same_schedule is not None:
-        name = same_schedule(plan)
-        if name != plan.schedule:
-            changes["schedule"] = name
-    return replace(plan, **changes) if changes else plan
+    m = plan.microbatches if plan.batch % (plan.micro_batch * plan.dp) == 0 else 0
+    values = _canon(plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.zero, plan.tp_overlap, plan.recompute,
+                    plan.schedule, m, facts, same_schedule)  # fmt: skip
+    old = (plan.zero, plan.tp_overlap, plan.recompute, plan.schedule)
+    if values == old:
+        return plan
+    zero, ovl, rc, sched = values
+    return replace(plan, zero=zero, tp_overlap=ovl, recompute=rc, schedule=sched)
+
+
+def _canon(
+    tp: int, pp: int, dp: int, cp: int, vpp: int, zero: int, ovl: bool, rc: str, sched: str, m: int,
+    facts: ModelFacts, same_schedule: SameSchedule | None,
+) -> tuple[int, bool, str, str]:  # fmt: skip
+    """:func:`canonical` on plain values (the enumeration builds a plan only for distinct layouts)."""
+    if zero and dp * cp == 1:
+        zero = 0
+    if ovl and tp == 1:
+        ovl = False
+    if rc == "selective" and not facts.selective_replays:
+        rc = "none"
+    if same_schedule is not None and m:
+        sched = same_schedule(sched, pp, m, vpp)
+    return zero, ovl, rc, sched
+
+
+SameSchedule = Callable[[str, int, int, int], str]
 
 
 #: Orders longer than this are not compared (building them costs more than the rare duplicate they find).
@@ -236,26 +251,24 @@ def distinct_schedules(schedules: dict[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(out.values()))
 
 
-def schedule_canon(schedules: dict[str, Any], names: Sequence[str]) -> Callable[[Plan], str]:
-    """For a plan, the first of ``names`` whose schedule orders its blocks exactly as the plan's does."""
+def schedule_canon(schedules: dict[str, Any], names: Sequence[str]) -> SameSchedule:
+    """``(schedule, pp, micro-batches, vpp)`` -> the first of ``names`` whose schedule orders blocks exactly alike."""
     seen: dict[tuple[Any, ...], str] = {}
     memo: dict[tuple[str, int, int, int], str] = {}
 
-    def canon(plan: Plan) -> str:
-        key = (plan.schedule, plan.pp, plan.microbatches, plan.vpp)
-        if plan.pp * plan.microbatches * plan.vpp > _MAX_COMPARED_BLOCKS:
-            return plan.schedule
+    def canon(schedule: str, pp: int, m: int, vpp: int) -> str:
+        key = (schedule, pp, m, vpp)
+        if pp * m * vpp > _MAX_COMPARED_BLOCKS:
+            return schedule
         if key not in memo:
-            memo[key] = plan.schedule
-            for name in (*names, plan.schedule):
+            memo[key] = schedule
+            for name in (*names, schedule):
                 s = schedules[name]
-                if plan.vpp > 1 and not getattr(s, "interleaved", False):
+                if vpp > 1 and not getattr(s, "interleaved", False):
                     continue
-                orders = s.orders(plan.pp, plan.microbatches, plan.vpp)
-                shape = (tuple(tuple(o) for o in orders), bool(getattr(s, "split_backward", False)), plan.pp,
-                         plan.microbatches, plan.vpp)  # fmt: skip
-                first = seen.setdefault(shape, name)
-                if name == plan.schedule:
+                orders = tuple(tuple(o) for o in s.orders(pp, m, vpp))
+                first = seen.setdefault((orders, bool(getattr(s, "split_backward", False)), pp, m, vpp), name)
+                if name == schedule:
                     memo[key] = first
                     break
         return memo[key]
@@ -358,7 +371,7 @@ def enumerate_layouts(
     batch = base.global_batch
     budget = capacity_bytes * memory_fraction
     same_schedule = schedule_canon(schedules, v["schedule"])
-    seen: set[Plan] = set()
+    seen: set[tuple[Any, ...]] = set()
     to_simulate: list[Plan] = []
     rejected: list[Evaluated] = []
     removed: Counter[str] = Counter()
@@ -372,14 +385,16 @@ def enumerate_layouts(
         ):
             if (sp and tp == 1) or (vpp > 1 and (pp == 1 or sched not in interleaved)) or (ep > 1 and dp % ep):
                 continue  # not a layout: sp without tp, vpp without an interleaved pipeline, ep outside dp
-            plan = replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
-                           recompute=rc, schedule=sched, tp_overlap=ovl,
-                           global_batch=batch or mb * dp)  # fmt: skip
-            plan = canonical(plan, facts, same_schedule)
-            if plan in seen:
+            gb = batch or mb * dp
+            m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
+            zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule)
+            key = (tp, pp, dp, cp, ep, vpp, sp, zero, mb, rc, sched, ovl)
+            if key in seen:
                 duplicates += 1
                 continue
-            seen.add(plan)
+            seen.add(key)
+            plan = replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
+                           recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
             reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget)
             if reason:
                 removed[constraint] += 1
@@ -610,11 +625,12 @@ def search(
     ray_address: str | None = None,
     price_per_device_hour: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
+    sample: slice | None = None,
 ) -> SearchResult:
     """Every layout of ``space`` for ``model`` on ``cluster``, the fitting ones ranked by ``objective``.
 
     A ``KeyboardInterrupt`` during simulation ends the search early with what was simulated
-    (``interrupted=True``).
+    (``interrupted=True``). ``sample`` simulates only that slice of the layouts (benchmarks).
     """
     from echosim import plugins
     from echosim.compiler import _backend, resolve_cluster
@@ -633,7 +649,7 @@ def search(
     capacity = backend.memory_bytes()
     enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
     _check_not_empty(enum, base, cluster)
-    plans = enum.to_simulate
+    plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
     interrupted = False
     runner = (

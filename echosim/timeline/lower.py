@@ -138,7 +138,6 @@ def lower_stage(
     graph = stage.graph
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
-    places = tuple(where.items())
     fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
 
     def simulate(nodes: list[Node]) -> UnitTiming:
@@ -151,7 +150,9 @@ def lower_stage(
         # (ZeRO stage, dp, schedule) share it.
         ids = {n.id for n in nodes}
         outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
-        key = (backend, places, overlap, options.tp_overlap, tuple(nodes), outside)
+        axes = {n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs)}
+        used = tuple((a, p) for a, p in where.items() if a in axes)  # placements its collectives are priced on
+        key = (backend, used, overlap, options.tp_overlap, tuple(nodes), outside)
         return _UNITS.get(key, lambda: simulate(nodes))
 
     fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
