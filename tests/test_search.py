@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -148,7 +149,8 @@ def test_json_lists_every_evaluated_layout_with_reasons_and_is_byte_stable() -> 
 
 def test_scale_out_reports_throughput_per_device_time_and_cost(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plot = tmp_path / "pareto.png"
-    code, out = _run("gpt3-125m", "--devices", "4,8", "--global-batch", "16", "--space", "pp=1,2 cp=1 vpp=1 zero=0 mb=1 sp=false",
+    space = "pp=1,2 cp=1 vpp=1 zero=0 mb=1 sp=false"
+    code, out = _run("gpt3-125m", "--devices", "4,8", "--global-batch", "16", "--space", space,
                      "--tokens", "1e9", "--price-per-device-hour", "2", "--plot", str(plot), "--json")  # fmt: skip
     assert code == 0, out
     rows = json.loads(out)["scale_out"]
@@ -174,7 +176,7 @@ def test_objectives_rank_differently_only_where_they_differ() -> None:
     by_rate = search("gpt3-125m", base, cluster, space=space, objective="tokens-per-s")
     assert {e.plan for e in by_step.ranked} == {e.plan for e in by_rate.ranked}
     steps = [e.step_time_s or 0.0 for e in by_rate.ranked]  # a fixed batch: faster is more tokens/s
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(steps, steps[1:], strict=False))
+    assert all(a <= b * (1 + 1e-12) for a, b in itertools.pairwise(steps))
     with pytest.raises(SearchError, match="known: step-time, tokens-per-s, cost"):
         search("gpt3-125m", base, cluster, space=space, objective="speed")
 
@@ -199,3 +201,25 @@ def test_ray_ranks_the_top_20_exactly_as_local() -> None:
     assert len(local.ranked) >= 20
     assert [(e.plan, e.step_time_s) for e in remote.ranked[:20]] == [(e.plan, e.step_time_s) for e in local.ranked[:20]]
     assert remote.counts() == local.counts()
+
+
+def test_ctrl_c_keeps_the_best_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt during simulation ends the search with the layouts simulated until then."""
+    calls = []
+
+    def interrupt(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    result = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SMALL, progress=interrupt)
+    assert result.interrupted and result.simulated == calls[-1] < len(result.enumeration.to_simulate)
+    assert result.best is not None and result.best.ok
+
+    import echosim.layout_search as ls
+
+    real = ls.search
+    monkeypatch.setattr(ls, "search", lambda *a, **k: real(*a, **{**k, "progress": interrupt}))
+    calls.clear()
+    code, out = _run("gpt3-125m", "--devices", "8", "--global-batch", "16", "--space", "cp=1 vpp=1 zero=0")
+    assert code == 0 and "interrupted: the best of the" in out and "why: best is" in out
