@@ -130,29 +130,53 @@ def _write(path: str, text: str, option: str) -> None:
 @cli.command("search")
 @click.argument("model")
 @click.option("--backend", default="a100-80gb", show_default=True)
-@click.option("--devices", "devices_text", required=True,
-              help="Devices, or a comma-separated list (256,512,1024) to compare cluster sizes.")
+@click.option(
+    "--devices",
+    "devices_text",
+    required=True,
+    help="Devices, or a comma-separated list (256,512,1024) to compare cluster sizes.",
+)
 @click.option("--devices-per-node", type=int, help="[default: the backend's node for this job]")
 @click.option("--global-batch", type=int, required=True, help="Sequences per optimizer step.")
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default="bf16", show_default=True)
-@click.option("--space", "space_items", multiple=True, metavar="KEY=V1,V2",
-              help="Values of one dimension (repeatable): tp, pp, dp, cp, ep, vpp, sp, zero, mb, recompute, schedule, "
-              "tp_overlap. Unnamed dimensions take every value that applies (zero: the --framework's stage when one "
-              "is named).")
+@click.option(
+    "--space",
+    "space_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Values of one dimension (repeatable): tp, pp, dp, cp, ep, vpp, sp, zero, mb, recompute, schedule, "
+    "tp_overlap. Unnamed dimensions take every value that applies (zero: the --framework's stage when one "
+    "is named).",
+)
 @click.option("--micro-batches", help="Shorthand for --space mb=...")
 @click.option("--recompute", "recomputes", help="Shorthand for --space recompute=...")
 @click.option("--schedules", help="Shorthand for --space schedule=...")
 @click.option("--zero", "zeros", help="Shorthand for --space zero=...")
 @framework_option
-@click.option("--objective", type=click.Choice(["step-time", "tokens-per-s", "cost"]), default="step-time",
-              show_default=True, help="What ranks layouts; cost: price per token (--price-per-device-hour).")
-@click.option("--max-memory-fraction", type=float, default=1.0, show_default=True,
-              help="A layout fits when its peak memory is at most this share of the device's.")
+@click.option(
+    "--objective",
+    type=click.Choice(["step-time", "tokens-per-s", "cost"]),
+    default="step-time",
+    show_default=True,
+    help="What ranks layouts; cost: price per token (--price-per-device-hour).",
+)
+@click.option(
+    "--max-memory-fraction",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="A layout fits when its peak memory is at most this share of the device's.",
+)
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--workers", type=int, default=1, show_default=True, help="Local processes.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="ray: spread layouts over a Ray cluster (pip install 'echosim[ray]').")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: spread layouts over a Ray cluster (pip install 'echosim[ray]').",
+)
 @click.option("--ray-address", help="A running Ray cluster (default: start a local one).")
 @click.option("--tokens", type=float, help="Tokens to train on: time (and cost) to train per cluster size.")
 @click.option("--price-per-device-hour", type=float, help="Price of one device for one hour (cost, --objective cost).")
