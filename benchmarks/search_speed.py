@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 CASES = {
@@ -54,10 +55,21 @@ def in_process(model: str, backend: str, devices: int, batch: int, sample: int) 
         stride = max(1, len(probe.enumeration.to_simulate) // sample)
         result = search(model, base, cluster, sample=slice(0, None, stride))
     else:
-        result = search(model, base, cluster)
+        result = search(model, base, cluster, progress=_report_every(2000, wall))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     c = result.counts()
     return {**c, "wall_s": wall, "cpu_s": cpu, "per_s_wall": c["simulated"] / wall, "per_s_cpu": c["simulated"] / cpu}
+
+
+def _report_every(n: int, start: float) -> Callable[[int, int], None]:
+    """Progress on stderr every ``n`` layouts (a full-space run takes minutes)."""
+
+    def report(done: int, total: int) -> None:
+        if done // n != (done - 32) // n or done == total:
+            rate = done / (time.perf_counter() - start)
+            print(f"  ... {done:,}/{total:,} simulated, {rate:.1f} layouts/s wall", file=sys.stderr, flush=True)
+
+    return report
 
 
 def whole_command(model: str, backend: str, devices: int, batch: int, workers: int) -> dict[str, float]:
