@@ -12,10 +12,12 @@ removed, and the layouts simulated per second:
 
 Every layout counted was compiled in full (the search reads its figures from
 :func:`echosim.compiler.lower`). CPU time is the fairer figure on a shared machine. ``--sample N``
-simulates every k-th layout only (N of them; in-process only) for a quick look; ``--workers W``
-uses W local processes for the whole command.
+simulates every k-th layout of the full space only (N of them, in-process: fewer neighbours share
+work than in a full run, so the rate is if anything low); ``--command-space`` gives the whole command a
+sub-space; ``--workers W`` uses W local processes for the whole command.
 
-    python benchmarks/search_speed.py [--sample N] [--workers W] [--only gpt3|llama3] [--skip-command]
+    python benchmarks/search_speed.py [--sample N] [--command-space "tp=8 pp=8,16"] [--workers W]
+                                      [--only gpt3|llama3] [--skip-command]
 """
 
 from __future__ import annotations
@@ -72,9 +74,11 @@ def _report_every(n: int, start: float) -> Callable[[int, int], None]:
     return report
 
 
-def whole_command(model: str, backend: str, devices: int, batch: int, workers: int) -> dict[str, float]:
+def whole_command(model: str, backend: str, devices: int, batch: int, workers: int, space: str) -> dict[str, float]:
     args = [_script(), "search", model, "--backend", backend, "--devices", str(devices), "--global-batch", str(batch),
             "--workers", str(workers), "--json"]  # fmt: skip
+    if space:
+        args += ["--space", space]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
     out = subprocess.run(args, capture_output=True, text=True, check=True, env=os.environ.copy())
@@ -100,6 +104,7 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=0, help="simulate about N evenly spaced layouts (in-process)")
     ap.add_argument("--workers", type=int, default=1, help="local processes for the whole command")
     ap.add_argument("--only", choices=sorted(CASES), help="one problem only")
+    ap.add_argument("--command-space", default="", help="the whole command searches this --space (default: full)")
     ap.add_argument("--skip-command", action="store_true", help="in-process only")
     opts = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
@@ -114,8 +119,11 @@ def main() -> None:
             f"{r['simulated']:,} simulated{' (a sample)' if opts.sample else ''}, {r['fit']:,} fit"
         )
         print(_line("in-process", r))
-        if not opts.skip_command and not opts.sample:
-            print(_line("whole command", whole_command(model, backend, devices, batch, opts.workers)))
+        if not opts.skip_command:
+            w = whole_command(model, backend, devices, batch, opts.workers, opts.command_space)
+            if opts.command_space:
+                print(f"  whole command on --space {opts.command_space!r}: {w['combinations']:,} combinations")
+            print(_line("whole command", w))
         sys.stdout.flush()
 
 

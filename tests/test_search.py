@@ -223,3 +223,11 @@ def test_ctrl_c_keeps_the_best_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
     calls.clear()
     code, out = _run("gpt3-125m", "--devices", "8", "--global-batch", "16", "--space", "cp=1 vpp=1 zero=0")
     assert code == 0 and "interrupted: the best of the" in out and "why: best is" in out
+
+
+def test_local_processes_rank_as_in_process() -> None:
+    base, cluster = Plan(global_batch=8), Cluster("h100-sxm", 4)
+    space = {"cp": (1,), "vpp": (1,), "zero": (0,), "mb": (1,), "sp": (False,)}
+    one = search("gpt3-125m", base, cluster, space=space)
+    two = search("gpt3-125m", base, cluster, space=space, workers=2)
+    assert [(e.plan, e.step_time_s) for e in two.ranked] == [(e.plan, e.step_time_s) for e in one.ranked]
