@@ -94,7 +94,7 @@ def lower(
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
-    shape = ModelShape.of(graph)
+    shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = _configured(registry, "graph", plan)
     stage_passes = _configured(registry, "stage", plan)
