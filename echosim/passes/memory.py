@@ -157,8 +157,8 @@ def stage_memory(
 ) -> MemoryBreakdown:
     """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators."""
     policy = policy or StatePolicy.for_training("bf16")
-    act = graph.derived("activation_bytes", lambda: activation_bytes(graph)) * in_flight  # once per graph
-    transient = graph.derived("transient_bytes", lambda: transient_bytes(graph) + _gathered_weights(graph))
+    act = activation_bytes(graph) * in_flight
+    transient = transient_bytes(graph) + _gathered_weights(graph)
     frag = int(FRAGMENTATION * (act + transient))
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),

@@ -6,8 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from echosim.ir.graph import Graph
-from echosim.passes.flops import FlopCount, graph_flops
+from echosim.passes.flops import graph_flops
 from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP, MemoryBreakdown, StatePolicy, stage_memory
 from echosim.timeline.costed import CostedGraph, StageCost
 
@@ -117,7 +116,7 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
     chunks = costed.chunks(crit)
     end = costed.block_ends[crit]
     stages = costed.stages
-    flops = [_flops(s.graph) for s in stages]
+    flops = [s.graph.derived("flops", lambda g=s.graph: graph_flops(g)) for s in stages]  # once per stage graph
     model_flops = sum(f.model for f in flops) * m * facts.ranks_per_stage
     hw_flops = sum(f.hardware for f in flops) * m * facts.ranks_per_stage
     per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
@@ -170,7 +169,7 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
     for r in range(costed.pp):
         mine = costed.chunks(r)
         live = costed.in_flight(r)
-        parts = [_stage_memory(s.graph, live.get(s.index, 0), facts.state) for s in mine]
+        parts = [stage_memory(s.graph, live.get(s.index, 0), 0, s.graph.param_count(), facts.state, 0) for s in mine]
         mem = MemoryBreakdown(
             params=sum(p.params for p in parts),
             grads=sum(p.grads for p in parts),
@@ -189,19 +188,6 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
                 f"{mem.capacity / 2**30:.1f} GiB (largest: {top})"
             )
     return rows
-
-
-def _flops(graph: Graph) -> FlopCount:
-    """FLOPs of a stage graph, counted once per graph (layouts of a search share stage graphs)."""
-    return graph.derived("flops", lambda: graph_flops(graph))
-
-
-def _stage_memory(graph: Graph, in_flight: int, state: StatePolicy) -> MemoryBreakdown:
-    """A stage's memory, once per (graph, micro-batches in flight, state policy)."""
-    return graph.derived(
-        ("stage_memory", in_flight, state),
-        lambda: stage_memory(graph, in_flight, 0, graph.param_count(), state, 0),
-    )
 
 
 def _seq(stages: list[StageCost]) -> int:
