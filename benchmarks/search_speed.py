@@ -106,13 +106,18 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(CASES), help="one problem only")
     ap.add_argument("--command-space", default="", help="the whole command searches this --space (default: full)")
     ap.add_argument("--skip-command", action="store_true", help="in-process only")
+    ap.add_argument("--command-only", action="store_true", help="the whole command only")
     opts = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for key, (model, backend, devices, batch) in CASES.items():
         if opts.only and key != opts.only:
             continue
-        r = in_process(model, backend, devices, batch, opts.sample)
         print(f"{model} on {devices} x {backend}, global batch {batch}")
+        if opts.command_only:
+            print(_line("whole command", whole_command(model, backend, devices, batch, opts.workers,
+                                                       opts.command_space)))  # fmt: skip
+            continue
+        r = in_process(model, backend, devices, batch, opts.sample)
         print(
             f"  space: {r['combinations']:,} combinations; {r['not_applicable']:,} not applicable, "
             f"{r['duplicates']:,} equivalent, {r['pruned']:,} pruned in closed form, "
