@@ -230,71 +230,89 @@ def _write(path: str, text: str, option: str) -> None:
 @cli.command("search")
 @click.argument("model")
 @click.option("--backend", default="a100-80gb", show_default=True)
-@click.option("--devices", type=int, required=True)
+@click.option(
+    "--devices",
+    "devices_text",
+    required=True,
+    help="Devices, or a comma-separated list (256,512,1024) to compare cluster sizes.",
+)
 @click.option("--devices-per-node", type=int, help="[default: the backend's node for this job]")
 @click.option("--global-batch", type=int, required=True, help="Sequences per optimizer step.")
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's).")
 @click.option(
     "--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]), default="bf16", show_default=True
 )
-@click.option("--micro-batches", default="1,2,4", show_default=True, help="Micro-batch sizes to try.")
-@click.option("--recompute", "recomputes", default="none,selective,full", show_default=True)
-@click.option("--schedules", default="1f1b", show_default=True, help="e.g. 1f1b,zb-h1")
-@click.option("--zero", "zeros", help="ZeRO stages to try, e.g. 0,1,3 (default: the framework's, 0 for eager)")
+@click.option(
+    "--space",
+    "space_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Values of one dimension (repeatable): tp, pp, dp, cp, ep, vpp, sp, zero, mb, recompute, schedule, "
+    "tp_overlap. Unnamed dimensions take every value that applies (zero: the --framework's stage when one "
+    "is named).",
+)
+@click.option("--micro-batches", help="Shorthand for --space mb=...")
+@click.option("--recompute", "recomputes", help="Shorthand for --space recompute=...")
+@click.option("--schedules", help="Shorthand for --space schedule=...")
+@click.option("--zero", "zeros", help="Shorthand for --space zero=...")
 @framework_option
+@click.option(
+    "--objective",
+    type=click.Choice(["step-time", "tokens-per-s", "cost"]),
+    default="step-time",
+    show_default=True,
+    help="What ranks layouts; cost: price per token (--price-per-device-hour).",
+)
+@click.option(
+    "--max-memory-fraction",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="A layout fits when its peak memory is at most this share of the device's.",
+)
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--workers", type=int, default=1, show_default=True, help="Local processes.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: spread layouts over a Ray cluster (pip install 'echosim[ray]').",
+)
+@click.option("--ray-address", help="A running Ray cluster (default: start a local one).")
+@click.option("--tokens", type=float, help="Tokens to train on: time (and cost) to train per cluster size.")
+@click.option("--price-per-device-hour", type=float, help="Price of one device for one hour (cost, --objective cost).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Pareto chart (step time vs memory), .png.")
+@click.option("--json", "as_json", is_flag=True, help="Every evaluated layout, its figures and rejection reason.")
 @_guard
-def search_cmd(model: str, backend: str, devices: int, devices_per_node: int | None, global_batch: int,
-               seq_len: int | None, dtype: str, micro_batches: str, recomputes: str, schedules: str,
-               zeros: str | None, framework: str | None, top: int, workers: int, as_json: bool) -> None:  # fmt: skip
-    """Rank the parallel layouts of MODEL on DEVICES by step time (those that fit first)."""
-    from echosim.layout_search import search
+def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: int | None, global_batch: int,
+               seq_len: int | None, dtype: str, space_items: tuple[str, ...], micro_batches: str | None,
+               recomputes: str | None, schedules: str | None, zeros: str | None, framework: str | None,
+               objective: str, max_memory_fraction: float, top: int, workers: int, executor: str,
+               ray_address: str | None, tokens: float | None, price_per_device_hour: float | None,
+               plot: str | None, as_json: bool) -> None:  # fmt: skip
+    """Rank the parallel layouts of MODEL on DEVICES (every dimension; those that fit, best first)."""
+    from echosim.commands.search import parse_devices, run
+    from echosim.layout_search import parse_space
     from echosim.plan import Cluster, Plan, plan_with_defaults
-    from echosim.terminal import progress
 
-    def ints(text: str, what: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(x) for x in text.split(","))
-        except ValueError:
-            raise click.ClickException(f"--{what}: expected comma-separated integers, got {text!r}") from None
-
+    if global_batch < 1:
+        raise click.ClickException(f"--global-batch must be at least 1, got {global_batch}")
+    if top < 1 or workers < 1:
+        raise click.ClickException(f"--{'top' if top < 1 else 'workers'} must be at least 1")
+    shorthand = [f"{k}={v}" for k, v in (("mb", micro_batches), ("recompute", recomputes), ("schedule", schedules),
+                                         ("zero", zeros)) if v]  # fmt: skip
+    space = parse_space([*shorthand, *space_items])
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework})  # fmt: skip
-    cluster = Cluster(backend, devices, devices_per_node or 0)
-    for option, value in (("devices", devices), ("global-batch", global_batch), ("top", top), ("workers", workers)):
-        if value < 1:
-            raise click.ClickException(f"--{option} must be at least 1, got {value}")
     if seq_len is not None and seq_len < 1:
         raise click.ClickException(f"--seq-len must be at least 1, got {seq_len} (leave it out for the model's own)")
-    for value in ints(micro_batches, "micro-batches"):
-        if value < 1:
-            raise click.ClickException(f"--micro-batches: each size must be at least 1, got {value}")
-    for value in ints(zeros, "zero") if zeros else ():
-        if value not in (0, 1, 2, 3):
-            raise click.ClickException(f"--zero: unknown ZeRO stage {value} (known: 0, 1, 2, 3)")
-    space = {
-        "micro_batches": ints(micro_batches, "micro-batches"),
-        "recompute": tuple(recomputes.split(",")),
-        "schedules": tuple(schedules.split(",")),
-        "zero": ints(zeros, "zero") if zeros else (base.zero,),
-    }
-    with progress("compiling layouts", None, quiet=as_json) as advance:
-        results = search(model, base, cluster, workers=workers, progress=lambda n, total: advance(n, total), **space)
-    if results and all(c.step_time_s is None for c in results):
-        raise EchosimError(f"none of the {len(results)} layouts compiled; the first: {results[0].error}")
-    rows = [c.as_dict() for c in results[:top]]
-    if as_json:
-        click.echo(json.dumps({"candidates": len(results), "best": rows}, indent=2, sort_keys=True))
-        return
-    for r in rows:
-        r["step_time_s"] = f"{r['step_time_s']:.3f}" if r["step_time_s"] is not None else "-"
-        r["peak_GiB"] = f"{r['peak_bytes'] / 2**30:.1f}"
-        r["mfu"] = f"{r['mfu'] * 100:.1f}%"
-    _listing(rows, False, ["tp", "pp", "dp", "micro_batch", "recompute", "schedule", "zero", "step_time_s",
-                           "mfu", "peak_GiB", "fits"])  # fmt: skip
-    click.echo(f"{len(results)} layouts compiled; {sum(c.fits for c in results)} fit in memory")
+    if framework and "zero" not in space:  # a named framework shards optimizer state its own way
+        space["zero"] = (base.zero,)
+    clusters = [Cluster(backend, n, devices_per_node or 0) for n in parse_devices(devices_text)]
+    run(model, base, clusters, space=space, objective=objective, memory_fraction=max_memory_fraction,
+        workers=workers, executor=executor, ray_address=ray_address, top=top, tokens=tokens,
+        price=price_per_device_hour, plot=plot, as_json=as_json)  # fmt: skip
 
 
 class _CheckCommand(click.Command):

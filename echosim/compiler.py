@@ -22,6 +22,7 @@ from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan, check_precision
+from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.memory import SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
@@ -79,6 +80,11 @@ def resolve_cluster(cluster: Cluster, registry: Registry | None = None, backend:
     return replace(cluster, devices_per_node=backend.node_devices(cluster.devices))
 
 
+# One backend object per (registry, name): the op-cost cache of lowering is keyed by it, so
+# layouts compiled one after another price a GEMM of the same shape once.
+_BACKENDS: Memo[Any] = Memo("backends", maxsize=64)
+
+
 def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Cluster | None = None) -> Report:
     """Simulate one training step of ``model`` with ``plan`` on ``cluster``."""
     return lower(model, plan, cluster).report
@@ -95,7 +101,7 @@ def lower(
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
-    loaded = load_backend(cluster.backend, registry)
+    loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
     check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
@@ -105,7 +111,7 @@ def lower(
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
     _check_sizes(graph, model)
-    shape = ModelShape.of(graph)
+    shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = _configured(registry, "graph", plan)
     stage_passes = _configured(registry, "stage", plan)
@@ -195,6 +201,14 @@ def _check_sizes(graph: Graph, model: Any) -> None:
 def strict_failures(report: Report) -> list[str]:
     """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule."""
     return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for"))]
+
+
+def _backend(name: str, registry: Registry) -> Any:
+    """The backend ``name`` builds, one object per factory (see ``_BACKENDS``); unknown names raise as before."""
+    entry = registry.backends.get(name)
+    if entry is None:
+        return load_backend(name, registry)
+    return _BACKENDS.get((name, entry.value, entry.owner), lambda: load_backend(name, registry))
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:

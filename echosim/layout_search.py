@@ -1,88 +1,615 @@
-"""Which layout is best? Enumerate parallel layouts of a model and rank them by step time.
+"""Which layout is best? Enumerate every parallel layout of a model, simulate those that can run, rank them.
 
-Candidates are every (tp, pp, dp, micro-batch, recompute, schedule) that divides the
-cluster and the model; each is compiled (symmetry keeps that at tens of milliseconds)
-and those that fit in memory are ranked by step time. Layouts compile in local
-processes when ``workers > 1``.
+The space is every combination of tp, pp, dp, cp, ep, vpp, sp, ZeRO stage, micro-batch,
+recompute, pipeline schedule and tp-overlap (:data:`SPACE_KEYS`). Before anything is
+simulated, three filters run in closed form:
+
+* **not applicable**: combinations that are not a layout (sp or tp-overlap without tp,
+  vpp without pp or without an interleaved schedule, ep on a dense model) are not listed;
+* **equivalent**: a layout whose every input to the compile equals another's is the same
+  layout and is listed once (:func:`canonical`; each rule is proven by equal compiles in the
+  tests);
+* **pruned**: the layout rules (:func:`echosim.layout.check_plan`, :func:`~echosim.layout.check_model`)
+  and a memory lower bound (weights, gradients and optimizer state alone, spread as thinly as
+  the layout allows) reject a layout with the message that names the constraint.
+
+Every layout left is compiled by :func:`echosim.compiler.lower`, the function ``echosim compile``
+runs, so the figures reported are those of a full compile. Work is shared through the caches
+that compile keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op
+costs by op, shape, dtype, backend and group placement; pass results by input graph and
+options; stage lowering and stage memory by stage graph, placements and schedule options. Layouts
+run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from echosim.errors import EchosimError
-from echosim.plan import Cluster, Plan
+from echosim.layout import ModelShape
+from echosim.plan import Cluster, Plan, PlanError
+
+#: The dimensions of the space, as ``--space KEY=V1,V2`` names them, and how a value is read.
+SPACE_KEYS: dict[str, type] = {
+    "tp": int,
+    "pp": int,
+    "dp": int,
+    "cp": int,
+    "ep": int,
+    "vpp": int,
+    "sp": bool,
+    "zero": int,
+    "mb": int,
+    "recompute": str,
+    "schedule": str,
+    "tp_overlap": bool,
+}
+OBJECTIVES = ("step-time", "tokens-per-s", "cost")
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
+DEFAULT_CP = (1, 2, 4, 8)
+DEFAULT_VPP = (1, 2, 4)
+DEFAULT_MEMORY_FRACTION = 1.0
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SearchError(EchosimError):
+    """A search that cannot run as asked; the message names the option or the constraint."""
+
+
+def parse_space(items: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """``["tp=1,2,4", "sp=true,false"]`` -> ``{"tp": (1, 2, 4), "sp": (True, False)}``; bad input is one line."""
+    space: dict[str, tuple[Any, ...]] = {}
+    for item in items:
+        for part in item.split():
+            key, sep, text = part.partition("=")
+            key = key.strip().replace("-", "_")
+            if key in ("micro_batch", "micro_batches"):
+                key = "mb"
+            if key not in SPACE_KEYS:
+                raise SearchError(f"--space: unknown key {key!r} (known: {', '.join(SPACE_KEYS)})")
+            if not sep or not text:
+                raise SearchError(f"--space {key}: expected {key}=V1,V2,..., got {part!r}")
+            space[key] = tuple(_parse_value(key, v.strip()) for v in text.split(","))
+    return space
+
+
+def _parse_value(key: str, text: str) -> Any:
+    kind = SPACE_KEYS[key]
+    if kind is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise SearchError(f"--space {key}: expected true or false, got {text!r}")
+    if kind is int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise SearchError(f"--space {key}: expected integers, got {text!r}") from None
+        if value < (0 if key == "zero" else 1):
+            raise SearchError(f"--space {key}: {value} is out of range")
+        return value
+    return text
+
+
+# -- what a search knows of the model before simulating it ------------------------------------------
 
 
 @dataclass(frozen=True)
-class Candidate:
-    plan: Plan
-    step_time_s: float | None
-    peak_bytes: int
-    fits: bool
-    mfu: float
-    error: str = ""
+class ModelFacts:
+    """What enumeration and pruning read from the captured model (one capture per search)."""
 
-    def as_dict(self) -> dict[str, Any]:
-        p = self.plan
-        return {
-            "tp": p.tp, "pp": p.pp, "dp": p.dp, "micro_batch": p.micro_batch, "recompute": p.recompute,
-            "schedule": p.schedule, "vpp": p.vpp, "zero": p.zero, "step_time_s": self.step_time_s,
-            "peak_bytes": self.peak_bytes, "fits": self.fits, "mfu": self.mfu, "error": self.error,
-        }  # fmt: skip
+    params: int
+    shape: ModelShape  # heads, repeated layers, experts, sequence: what the layout rules read
+    selective_replays: bool  # selective recompute replays some op of this model (else it equals none)
+
+    @classmethod
+    def of(cls, model: Any, base: Plan) -> ModelFacts:
+        from echosim.compiler import load_model
+        from echosim.ir.ops import AttentionAttrs, OpKind, Phase
+
+        graph, _messages, params = load_model(model, replace(base, micro_batch=1))
+        shape = ModelShape.of(graph)
+        # passes/recompute.py: selective replays materialised attention and softmax inside the block;
+        # with flash attention (fused kernel) and no separate softmax it adds nothing: the same graph as none.
+        replays = base.attention != "flash" or any(
+            n.phase is Phase.FORWARD
+            and graph.block_of(n) is not None
+            and ((isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX)
+            for n in graph
+        )
+        return cls(params=params, shape=shape, selective_replays=replays)
+
+    @property
+    def layers(self) -> int:
+        return self.shape.layers or 1
+
+    @property
+    def experts(self) -> tuple[int, ...]:
+        return self.shape.routed_experts
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(
+@dataclass(frozen=True)
+class SpaceSpec:
+    """The values of every dimension for one model on one cluster (defaults filled in)."""
+
+    values: dict[str, tuple[Any, ...]]
+
+    def size(self) -> int:
+        """Combinations of the dimensions (dp is what the others leave of the devices, so it is not a factor)."""
+        return math.prod(len(v) for k, v in self.values.items() if k != "dp")
+
+    def as_dict(self) -> dict[str, list[Any]]:
+        return {k: list(v) for k, v in self.values.items()}
+
+
+def full_space(
+    facts: ModelFacts, base: Plan, cluster: Cluster, schedules: dict[str, Any], given: dict[str, tuple[Any, ...]]
+) -> SpaceSpec:
+    """Every dimension's values: the user's where given, else all that can apply to this model and cluster."""
+    devices, node = cluster.devices, cluster.devices_per_node
+    pows = [d for d in _divisors(devices)]
+    defaults: dict[str, tuple[Any, ...]] = {
+        "tp": tuple(d for d in pows if d <= node),  # TP crosses no node boundary unless asked
+        "pp": tuple(d for d in pows if d <= facts.layers),
+        "dp": tuple(pows),
+        "cp": tuple(c for c in DEFAULT_CP if devices % c == 0 and _splits_sequence(facts, c)) or (1,),
+        "ep": tuple(e for e in pows if facts.experts and all(x % e == 0 for x in facts.experts)) or (1,),
+        "vpp": DEFAULT_VPP,
+        "sp": (False, True),
+        "zero": (0, 1, 2, 3),
+        "mb": DEFAULT_MICRO_BATCHES,
+        "recompute": ("none", "selective", "full"),
+        "schedule": distinct_schedules(schedules),
+        "tp_overlap": (False, True),
+    }
+    values = {k: tuple(dict.fromkeys(given.get(k, defaults[k]))) for k in SPACE_KEYS}
+    for name in values["schedule"]:
+        if name not in schedules:
+            raise SearchError(f"--space schedule: unknown schedule {name!r} (known: {', '.join(sorted(schedules))})")
+    for mode in values["recompute"]:
+        if mode not in ("none", "selective", "full"):
+            raise SearchError(f"--space recompute: unknown mode {mode!r} (known: none, selective, full)")
+    for stage in values["zero"]:
+        if stage not in (0, 1, 2, 3):
+            raise SearchError(f"--space zero: unknown ZeRO stage {stage} (known: 0, 1, 2, 3)")
+    return SpaceSpec(values)
+
+
+def _splits_sequence(facts: ModelFacts, cp: int) -> bool:
+    """Context parallelism with causal load balancing cuts a token sequence into 2*cp chunks."""
+    return facts.shape.tokens and facts.shape.seq_len % (2 * cp) == 0
+
+
+def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None = None) -> Plan:
+    """The one layout ``plan`` is the same as: every input of its compile equal, so every figure equal.
+
+    * ZeRO shards over dp x cp replicas: with one replica every stage is stage 0;
+    * tp-overlap chunks GEMMs around TP collectives: without TP there are none;
+    * selective recompute with flash attention replays nothing (``ModelFacts.selective_replays``);
+    * two schedules that give the same block orders and split the backward alike for this
+      (pp, micro-batches, vpp) are one schedule (``same_schedule``: 1F1B, GPipe and 2F2B with one
+      micro-batch; "interleaved", registered apart from "1f1b", always).
+    """
+    m = plan.microbatches if plan.batch % (plan.micro_batch * plan.dp) == 0 else 0
+    values = _canon(plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.zero, plan.tp_overlap, plan.recompute,
+                    plan.schedule, m, facts, same_schedule)  # fmt: skip
+    old = (plan.zero, plan.tp_overlap, plan.recompute, plan.schedule)
+    if values == old:
+        return plan
+    zero, ovl, rc, sched = values
+    return replace(plan, zero=zero, tp_overlap=ovl, recompute=rc, schedule=sched)
+
+
+def _canon(
+    tp: int, pp: int, dp: int, cp: int, vpp: int, zero: int, ovl: bool, rc: str, sched: str, m: int,
+    facts: ModelFacts, same_schedule: SameSchedule | None,
+) -> tuple[int, bool, str, str]:  # fmt: skip
+    """:func:`canonical` on plain values (the enumeration builds a plan only for distinct layouts)."""
+    if zero and dp * cp == 1:
+        zero = 0
+    if ovl and tp == 1:
+        ovl = False
+    if rc == "selective" and not facts.selective_replays:
+        rc = "none"
+    if same_schedule is not None and m:
+        sched = same_schedule(sched, pp, m, vpp)
+    return zero, ovl, rc, sched
+
+
+SameSchedule = Callable[[str, int, int, int], str]
+
+
+#: Orders longer than this are not compared (building them costs more than the rare duplicate they find).
+_MAX_COMPARED_BLOCKS = 4096
+
+
+def distinct_schedules(schedules: dict[str, Any]) -> tuple[str, ...]:
+    """Registered schedules less those that order blocks like an earlier one on every probed shape
+    (``interleaved`` is ``1f1b``'s orders under a second name): the default space lists one of each."""
+    out: dict[tuple[Any, ...], str] = {}
+    for name in sorted(schedules):
+        s = schedules[name]
+        probes = []
+        for pp, m, vpp in ((2, 4, 1), (4, 8, 1), (4, 8, 2), (8, 16, 2)):
+            if vpp > 1 and not getattr(s, "interleaved", False):
+                probes.append(None)
+                continue
+            probes.append(tuple(tuple(o) for o in s.orders(pp, m, vpp)))
+        out.setdefault((tuple(probes), bool(getattr(s, "split_backward", False))), name)
+    return tuple(sorted(out.values()))
+
+
+def schedule_canon(schedules: dict[str, Any], names: Sequence[str]) -> SameSchedule:
+    """``(schedule, pp, micro-batches, vpp)`` -> the first of ``names`` whose schedule orders blocks exactly alike."""
+    seen: dict[tuple[Any, ...], str] = {}
+    memo: dict[tuple[str, int, int, int], str] = {}
+
+    def canon(schedule: str, pp: int, m: int, vpp: int) -> str:
+        key = (schedule, pp, m, vpp)
+        if pp * m * vpp > _MAX_COMPARED_BLOCKS:
+            return schedule
+        if key not in memo:
+            memo[key] = schedule
+            for name in (*names, schedule):
+                s = schedules[name]
+                if vpp > 1 and not getattr(s, "interleaved", False):
+                    continue
+                orders = tuple(tuple(o) for o in s.orders(pp, m, vpp))
+                first = seen.setdefault((orders, bool(getattr(s, "split_backward", False)), pp, m, vpp), name)
+                if name == schedule:
+                    memo[key] = first
+                    break
+        return memo[key]
+
+    return canon
+
+
+# -- enumeration and pruning --------------------------------------------------------------------------
+
+
+@dataclass
+class Evaluated:
+    """One layout of the search: its figures when simulated, else why it was rejected."""
+
+    plan: Plan
+    devices: int
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    mfu: float = 0.0
+    peak_bytes: int = 0
+    capacity_bytes: int = 0
+    bubble_fraction: float = 0.0
+    exposed_comm_s: float = 0.0
+    fits: bool = False
+    simulated: bool = False
+    reason: str = ""  # empty for a layout that runs and fits
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.simulated and self.fits and self.step_time_s is not None
+
+    def degrees(self) -> dict[str, Any]:
+        p = self.plan
+        return {
+            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp, "sp": p.sp, "zero": p.zero,
+            "micro_batch": p.micro_batch, "recompute": p.recompute, "schedule": p.schedule,
+            "tp_overlap": p.tp_overlap,
+        }  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.degrees(),
+            "devices": self.devices,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "samples_per_s": self.samples_per_s,
+            "mfu": self.mfu,
+            "peak_bytes": self.peak_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "bubble_fraction": self.bubble_fraction,
+            "exposed_comm_s": self.exposed_comm_s,
+            "fits": self.fits,
+            "simulated": self.simulated,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Enumeration:
+    """The layouts to simulate, those rejected before simulation, and the counts of each filter."""
+
+    space: SpaceSpec
+    to_simulate: list[Plan]
+    rejected: list[Evaluated]
+    combinations: int  # the product of the dimensions' sizes
+    not_applicable: int
+    duplicates: int
+    removed_by: Counter[str]  # constraint -> layouts it removed
+
+
+def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int:
+    """Bytes per device that no layout of these degrees can go under: its share of weights, gradients and
+    optimizer state (activations, buffers and replicated parameters only add to it).
+
+    Parameters are spread over tp x pp (and ep for experts: a weaker bound for the rest), state over
+    the dp x cp replicas as ZeRO allows; gradients counted at 16 bits unless ``fp32_grads``.
+    """
+    from echosim.passes.memory import StatePolicy
+
+    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, fp32_grads=fp32_grads)
+    per_device = params / (plan.tp * plan.pp * plan.ep)
+    return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
+
+
+def enumerate_layouts(
+    facts: ModelFacts,
     base: Plan,
     cluster: Cluster,
-    *,
-    micro_batches: tuple[int, ...] = (1, 2, 4),
-    recompute: tuple[str, ...] = ("none", "selective", "full"),
-    schedules: tuple[str, ...] = ("1f1b",),
-    zero: tuple[int, ...] = (0,),
-    max_tp: int = 0,
-) -> Iterator[Plan]:
-    """Plans whose degrees multiply to the device count; TP stays inside a node unless ``max_tp`` says otherwise."""
-    from echosim.compiler import resolve_cluster
-
+    space: SpaceSpec,
+    schedules: dict[str, Any],
+    capacity_bytes: int,
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+) -> Enumeration:
+    """Every applicable, distinct layout of ``space``: those to simulate, and those rejected with a reason."""
+    v = space.values
+    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
     devices = cluster.devices
-    max_tp = max_tp or min(resolve_cluster(cluster).devices_per_node, devices)
     batch = base.global_batch
-    for tp in _divisors(devices):
-        if tp > max_tp:
+    budget = capacity_bytes * memory_fraction
+    same_schedule = schedule_canon(schedules, v["schedule"])
+    seen: set[tuple[Any, ...]] = set()
+    to_simulate: list[Plan] = []
+    rejected: list[Evaluated] = []
+    removed: Counter[str] = Counter()
+    duplicates = 0
+    for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
+        dp = devices // (tp * cp * pp)
+        if devices % (tp * cp * pp) or dp not in v["dp"]:
             continue
-        for pp in _divisors(devices // tp):
-            dp = devices // (tp * pp)
-            for mb in micro_batches:
-                if batch and batch % (mb * dp):
-                    continue
-                for rc in recompute:
-                    for sched in schedules:
-                        for z in sorted({0 if dp == 1 else z for z in zero}):  # ZeRO is moot on one replica
-                            yield replace(base, tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute=rc, schedule=sched,
-                                          zero=z, global_batch=batch or mb * dp)  # fmt: skip
+        for ep, vpp, sp, zero, mb, rc, sched, ovl in itertools.product(
+            v["ep"], v["vpp"], v["sp"], v["zero"], v["mb"], v["recompute"], v["schedule"], v["tp_overlap"]
+        ):
+            if (sp and tp == 1) or (vpp > 1 and (pp == 1 or sched not in interleaved)) or (ep > 1 and dp % ep):
+                continue  # not a layout: sp without tp, vpp without an interleaved pipeline, ep outside dp
+            gb = batch or mb * dp
+            m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
+            zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule)
+            key = (tp, pp, dp, cp, ep, vpp, sp, zero, mb, rc, sched, ovl)
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+            plan = replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
+                           recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
+            reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget)
+            if reason:
+                removed[constraint] += 1
+                rejected.append(Evaluated(plan, devices, reason=reason, capacity_bytes=capacity_bytes))
+            else:
+                to_simulate.append(plan)
+    listed = len(to_simulate) + len(rejected) + duplicates
+    return Enumeration(space, to_simulate, rejected, space.size(), space.size() - listed, duplicates, removed)
 
 
-def evaluate(model: Any, plan: Plan, cluster: Cluster) -> Candidate:
-    from echosim.compiler import compile as compile_model
+def _rule(
+    plan: Plan,
+    cluster: Cluster,
+    schedules: dict[str, Any],
+    interleaved: list[str],
+    facts: ModelFacts,
+    budget: float,
+) -> tuple[str, str]:
+    """(message, constraint) of the first rule ``plan`` breaks before simulation; empty when none."""
+    from echosim.layout import check_model, check_plan
+
+    if plan.global_batch % (plan.micro_batch * plan.dp):
+        return (
+            f"global batch {plan.global_batch} is not a multiple of micro-batch*dp = {plan.micro_batch}*{plan.dp}",
+            "global batch divisibility",
+        )
+    if plan.pp * plan.vpp > facts.layers:
+        return f"pp*vpp = {plan.pp * plan.vpp} exceeds the layers ({facts.layers})", "layers per stage"
+    try:
+        check_plan(plan, cluster, schedules, interleaved)
+        check_model(plan, facts.shape)
+    except PlanError as exc:
+        return str(exc), _constraint(str(exc))
+    bound = memory_lower_bound(plan, facts.params)
+    if bound > budget:
+        return (
+            f"memory lower bound {bound / 2**30:.1f} GiB (weights, grads, optimizer state) > "
+            f"{budget / 2**30:.1f} GiB allowed",
+            "memory lower bound",
+        )
+    return "", ""
+
+
+def _constraint(message: str) -> str:
+    """A short name for the rule a layout message states (for the counts of what removed what)."""
+    for needle, name in (
+        ("heads", "attention heads divisibility"),
+        ("interleaved", "interleaved schedule micro-batches"),
+        ("experts", "experts divisibility"),
+        ("seq", "sequence divisibility"),
+        ("layers", "layers per stage"),
+    ):
+        if needle in message:
+            return name
+    return message.split(":")[0][:60]
+
+
+# -- simulation -----------------------------------------------------------------------------------------
+
+
+def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Evaluated:
+    """Compile ``plan`` exactly as ``echosim compile`` does and keep the figures a search ranks by."""
+    from echosim.compiler import lower
 
     try:
-        r = compile_model(model, plan, cluster)
+        report = lower(model, plan, cluster).report
     except EchosimError as exc:
-        return Candidate(plan, None, 0, False, 0.0, str(exc))
-    peak = max(int(m["peak"]) for m in r.memory)
-    return Candidate(plan, r.step_time_s, peak, r.fits, r.mfu)
+        return Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
+    peak = max(int(m["peak"]) for m in report.memory)
+    capacity = max(int(m["capacity"]) for m in report.memory)
+    exposed = sum(v for k, v in report.breakdown.items() if k.startswith("comm."))
+    fits = peak <= capacity * memory_fraction
+    reason = "" if fits else f"needs {peak / 2**30:.1f} GiB > {capacity * memory_fraction / 2**30:.1f} GiB allowed"
+    return Evaluated(
+        plan,
+        cluster.devices,
+        step_time_s=report.step_time_s,
+        tokens_per_s=report.tokens_per_s,
+        samples_per_s=report.samples_per_s,
+        mfu=report.mfu,
+        peak_bytes=peak,
+        capacity_bytes=capacity,
+        bubble_fraction=report.bubble_fraction,
+        exposed_comm_s=exposed,
+        fits=fits,
+        simulated=True,
+        reason=reason,
+        breakdown=dict(report.breakdown),
+    )
 
 
-def _evaluate_args(args: tuple[Any, Plan, Cluster]) -> Candidate:
-    return evaluate(*args)
+def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
+    return [evaluate(model, p, cluster, fraction) for p in plans]
+
+
+def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
+    return [plans[i : i + size] for i in range(0, len(plans), size)]
+
+
+def _run_local(
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int
+) -> Iterator[list[Evaluated]]:
+    # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches.
+    batches = _batches(plans, 32)
+    if workers <= 1:
+        for batch in batches:
+            yield _evaluate_batch(model, batch, cluster, fraction)
+        return
+    pool = ProcessPoolExecutor(workers)
+    try:
+        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction) for b in batches]
+        for f in futures:
+            yield f.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_ray(
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, address: str | None
+) -> Iterator[list[Evaluated]]:
+    try:
+        import ray
+    except ImportError:
+        raise SearchError("--executor ray needs Ray: pip install 'echosim[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    remote = ray.remote(_evaluate_batch)
+    pending = {remote.remote(model, b, cluster, fraction): i for i, b in enumerate(_batches(plans, 32))}
+    done_batches: dict[int, list[Evaluated]] = {}
+    refs = list(pending)
+    try:
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            done_batches[pending[ready[0]]] = ray.get(ready[0])
+            yield done_batches[pending[ready[0]]]
+    finally:
+        for ref in refs:
+            ray.cancel(ref)
+
+
+# -- the search ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SearchResult:
+    """Every layout of one search, best first, and the counts of each filter."""
+
+    model: str
+    cluster: Cluster
+    objective: str
+    enumeration: Enumeration
+    ranked: list[Evaluated]  # simulated layouts that fit, best first
+    others: list[Evaluated]  # simulated that do not fit or fail, then rejected before simulation
+    simulated: int
+    interrupted: bool = False
+    price_per_device_hour: float = 1.0
+
+    @property
+    def evaluated(self) -> list[Evaluated]:
+        return self.ranked + self.others
+
+    @property
+    def best(self) -> Evaluated | None:
+        return self.ranked[0] if self.ranked else None
+
+    def counts(self) -> dict[str, Any]:
+        e = self.enumeration
+        return {
+            "combinations": e.combinations,
+            "not_applicable": e.not_applicable,
+            "duplicates": e.duplicates,
+            "pruned": len(e.rejected),
+            "pruned_by": dict(sorted(e.removed_by.items())),
+            "simulated": self.simulated,
+            "fit": len(self.ranked),
+            "evaluated": len(self.evaluated),
+        }
+
+
+def objective_key(objective: str, price_per_device_hour: float = 1.0) -> Callable[[Evaluated], float]:
+    """Smaller is better: step time, the inverse of throughput, or the price of one sample (or token)."""
+    if objective not in OBJECTIVES:
+        raise SearchError(f"--objective: unknown {objective!r} (known: {', '.join(OBJECTIVES)})")
+
+    def key(c: Evaluated) -> float:
+        step = c.step_time_s or math.inf
+        if objective == "step-time":
+            return step
+        rate = c.tokens_per_s or c.samples_per_s or 0.0
+        if objective == "tokens-per-s":
+            return -rate
+        return c.devices * price_per_device_hour / 3600.0 / rate if rate else math.inf
+
+    return key
+
+
+_DEGREES = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "micro_batch", "recompute", "schedule", "tp_overlap")
+
+
+def _plan_key(p: Plan) -> tuple[Any, ...]:
+    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.sp, p.zero, p.micro_batch, p.recompute, p.schedule, p.tp_overlap)
+
+
+def rank(results: Iterable[Evaluated], objective: str, price: float = 1.0) -> tuple[list[Evaluated], list[Evaluated]]:
+    """(fitting layouts best first, the rest: not fitting by peak memory, then failed, then rejected)."""
+    key = objective_key(objective, price)
+    items = list(results)
+    ok = sorted((c for c in items if c.ok), key=lambda c: (key(c), _plan_key(c.plan)))
+    rest = [c for c in items if not c.ok]
+
+    def order(c: Evaluated) -> tuple[Any, ...]:
+        kind = 0 if c.simulated and c.step_time_s is not None else (1 if c.simulated else 2)
+        return (kind, c.peak_bytes if kind == 0 else 0, _plan_key(c.plan))
+
+    return ok, sorted(rest, key=order)
 
 
 def search(
@@ -90,35 +617,125 @@ def search(
     base: Plan,
     cluster: Cluster,
     *,
+    space: dict[str, tuple[Any, ...]] | None = None,
+    objective: str = "step-time",
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
     workers: int = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
+    price_per_device_hour: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
-    **space: Any,
-) -> list[Candidate]:
-    """Every candidate, best first: those that fit by step time, then those that do not, then errors.
+    sample: slice | None = None,
+) -> SearchResult:
+    """Every layout of ``space`` for ``model`` on ``cluster``, the fitting ones ranked by ``objective``.
 
-    A precision the device cannot run fails every layout alike: it is one error, before any compile."""
-    from echosim.backends.loading import load_backend
+    A ``KeyboardInterrupt`` during simulation ends the search early with what was simulated
+    (``interrupted=True``). ``sample`` simulates only that slice of the layouts (benchmarks).
+    """
+    from echosim import plugins
+    from echosim.compiler import _backend, resolve_cluster
     from echosim.layout import check_precision
 
-    check_precision(base, load_backend(cluster.backend))
-    plans = list(candidates(base, cluster, **space))
-    if not plans:
-        raise EchosimError(f"no layout of {cluster.devices} devices divides the global batch {base.global_batch}")
-    results: list[Candidate] = []
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            for i, c in enumerate(pool.map(_evaluate_args, [(model, p, cluster) for p in plans], chunksize=4)):
-                results.append(c)
-                if progress:
-                    progress(i + 1, len(plans))
-    else:
-        for i, p in enumerate(plans):
-            results.append(evaluate(model, p, cluster))
+    if not 0 < memory_fraction <= 1:
+        raise SearchError(f"--max-memory-fraction must lie in (0, 1], got {memory_fraction:g}")
+    if executor not in ("local", "ray"):
+        raise SearchError(f"--executor: unknown {executor!r} (known: local, ray)")
+    objective_key(objective)  # an unknown objective fails before any work
+    registry = plugins.get_registry()
+    backend = _backend(cluster.backend, registry)
+    cluster = resolve_cluster(cluster, registry, backend)
+    check_precision(base, backend)  # a precision the device cannot run fails every layout alike: one error
+    schedules = {name: entry.value for name, entry in registry.schedules.items()}
+    facts = ModelFacts.of(model, base)
+    spec = full_space(facts, base, cluster, schedules, space or {})
+    capacity = backend.memory_bytes()
+    enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
+    _check_not_empty(enum, base, cluster)
+    plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
+    results: list[Evaluated] = []
+    interrupted = False
+    runner = (
+        _run_ray(model, plans, cluster, memory_fraction, ray_address)
+        if executor == "ray"
+        else _run_local(model, plans, cluster, memory_fraction, workers)
+    )
+    try:
+        for batch in runner:
+            results.extend(batch)
             if progress:
-                progress(i + 1, len(plans))
+                progress(len(results), len(plans))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        close = getattr(runner, "close", None)
+        if close:
+            close()
+    ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
+    name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
+    return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
+                        price_per_device_hour)  # fmt: skip
 
-    def key(c: Candidate) -> tuple[int, float, str]:
-        rank = 0 if c.fits and c.step_time_s is not None else (1 if c.step_time_s is not None else 2)
-        return (rank, c.step_time_s or 0.0, repr(c.plan))
 
-    return sorted(results, key=key)
+def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster) -> None:
+    """No layout left to simulate is one line naming the constraint that removed them."""
+    if enum.to_simulate:
+        return
+    if not enum.removed_by:
+        raise SearchError(
+            f"no layout of the space applies to {cluster.devices} devices (space: {enum.space.as_dict()})"
+        )
+    batch_only = set(enum.removed_by) == {"global batch divisibility"}
+    if batch_only:
+        dps = sorted({c.plan.dp for c in enum.rejected})
+        mbs = sorted({c.plan.micro_batch for c in enum.rejected})
+        raise SearchError(
+            f"no layout of {cluster.devices} devices divides the global batch {base.global_batch}: "
+            f"micro-batch*dp must divide it (dp in {dps}, micro-batch in {mbs})"
+        )
+    parts = ", ".join(f"{n} by {what}" for what, n in enum.removed_by.most_common())
+    top = enum.removed_by.most_common(1)[0][0]
+    example = next(c.reason for c in enum.rejected if _constraint_of(c, top))
+    raise SearchError(f"every layout was removed before simulation ({parts}); e.g. {example}")
+
+
+def _constraint_of(c: Evaluated, constraint: str) -> bool:
+    if constraint == "memory lower bound":
+        return c.reason.startswith("memory lower bound")
+    if constraint == "global batch divisibility":
+        return c.reason.startswith("global batch")
+    return _constraint(c.reason) == constraint
+
+
+def why_better(best: Evaluated, runner_up: Evaluated) -> str:
+    """One line: the step-time terms where the best layout gains most over the runner-up."""
+    diffs = {
+        k: runner_up.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0)
+        for k in set(best.breakdown) | set(runner_up.breakdown)
+    }
+    gains = sorted(((d, k) for k, d in diffs.items() if abs(d) > 1e-9), key=lambda dk: (-abs(dk[0]), dk[1]))[:3]
+    changed = [
+        f"{k} {getattr(best.plan, k)} vs {getattr(runner_up.plan, k)}"
+        for k in _DEGREES
+        if getattr(best.plan, k) != getattr(runner_up.plan, k)
+    ]
+    delta = (runner_up.step_time_s or 0.0) - (best.step_time_s or 0.0)
+    terms = ", ".join(f"{k} {'-' if d > 0 else '+'}{abs(d) * 1e3:.1f} ms" for d, k in gains) or "no single term"
+    return f"best is {delta * 1e3:.1f} ms faster per step than the runner-up ({'; '.join(changed)}): {terms}"
+
+
+__all__ = [
+    "OBJECTIVES",
+    "SPACE_KEYS",
+    "Evaluated",
+    "ModelFacts",
+    "SearchError",
+    "SearchResult",
+    "canonical",
+    "enumerate_layouts",
+    "evaluate",
+    "memory_lower_bound",
+    "parse_space",
+    "rank",
+    "search",
+    "why_better",
+]

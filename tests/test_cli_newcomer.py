@@ -3,6 +3,8 @@ width, long commands show progress on stderr, validate summarises by default, --
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -56,7 +58,7 @@ def test_piped_tables_are_not_cut_to_80_columns(monkeypatch: pytest.MonkeyPatch)
         cli, ["search", "gpt3-125m", "--devices", "2", "--global-batch", "4", "--seq-len", "128",
               "--micro-batches", "1", "--recompute", "none"],
     )  # fmt: skip
-    assert search.exit_code == 0 and "micro_batch" in search.stdout and "…" not in search.stdout
+    assert search.exit_code == 0 and "exp. comm s" in search.stdout and "…" not in search.stdout
     monkeypatch.setenv("COLUMNS", "60")  # a width the user asks for still wins
     assert max(len(line) for line in CliRunner().invoke(cli, ["backends"]).output.splitlines()) <= 60
 
@@ -67,8 +69,9 @@ def test_progress_goes_to_stderr_as_lines_when_not_a_terminal(monkeypatch: pytes
             "1", "--recompute", "none"]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0
-    assert result.stderr.splitlines()[0].startswith("compiling layouts: 1/3, ")  # tp 1/2 x pp 1/2
-    assert result.stderr.splitlines()[-1].startswith("compiling layouts: 3/3, ")
+    lines = result.stderr.splitlines()
+    first, last = (re.match(r"compiling layouts: (\d+)/(\d+), ", line) for line in (lines[0], lines[-1]))
+    assert first and last and int(first[1]) >= 1 and last[1] == last[2] == first[2]  # lines as batches end
     assert "compiling layouts" not in result.stdout
     quiet = CliRunner().invoke(cli, [*args, "--json"])
     assert quiet.stderr == ""

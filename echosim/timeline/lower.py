@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from echosim.backends.base import Backend, Placement
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
+from echosim.memo import Memo
 from echosim.passes.flops import io_bytes
 from echosim.passes.pipeline import Stage
 from echosim.timeline.composer import SchedulePlan, ScheduleTiming, schedule_plan, time_schedule
@@ -41,6 +43,16 @@ class StepOptions:
     overlap_dp: bool = True  # the gradient reduction overlaps the last backward
 
 
+# Seconds of an op by what its cost depends on (the backend object, the op, its attributes,
+# output, phase and bytes moved; a collective's kind, bytes and placement), never by layout:
+# the layouts of a search price each distinct GEMM, kernel and collective once.
+_COSTS: Memo[float] = Memo("op costs", maxsize=1 << 17)
+_UNITS: Memo[UnitTiming] = Memo("unit timings", maxsize=1 << 14)
+# The timed schedule by its plan and every stage's block times: layouts whose stages time the same
+# (ZeRO 0/1/2, tp-overlap without TP traffic in the units) compose their pipeline once.
+_TIMED: Memo[Any] = Memo("timed schedules", maxsize=4096)
+
+
 class Coster:
     """Seconds of one IR node on the backend; collectives are priced on their axis's placement."""
 
@@ -50,12 +62,16 @@ class Coster:
     def __call__(self, node: Node) -> float:
         if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER):
             return 0.0
+        backend = self.backend
         if node.op.is_collective:
             assert isinstance(node.attrs, CollectiveAttrs)
             if node.attrs.size <= 1:
                 return 0.0
-            return self.backend.collective_time_s(node.op, node.attrs.bytes, self.where[node.attrs.axis])
-        return self.backend.op_time_s(node, io_bytes(self.graph, node))
+            kind, nbytes, where = node.op, node.attrs.bytes, self.where[node.attrs.axis]
+            return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
+        io = io_bytes(self.graph, node)
+        key = (backend, node.op, node.attrs, node.out, node.phase, io)
+        return _COSTS.get(key, lambda: backend.op_time_s(node, io))
 
 
 def weight_grad_nodes(graph: Graph) -> set[int]:
@@ -124,9 +140,20 @@ def lower_stage(
     overlap = backend.overlap()
     fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
 
-    def sim(nodes: list[Node]) -> UnitTiming:
+    def simulate(nodes: list[Node]) -> UnitTiming:
         chunked = pipelined_edges(nodes) if options.tp_overlap else None
         return simulate_unit(graph, nodes, cost, overlap, chunked)
+
+    def sim(nodes: list[Node]) -> UnitTiming:
+        # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
+        # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
+        # (ZeRO stage, dp, schedule) share it.
+        ids = {n.id for n in nodes}
+        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
+        axes = {n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs)}
+        used = tuple((a, p) for a, p in where.items() if a in axes)  # placements its collectives are priced on
+        key = (backend, used, overlap, options.tp_overlap, tuple(nodes), outside)
+        return _UNITS.get(key, lambda: simulate(nodes))
 
     fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
     bwd_units = [(sim(nodes), k) for nodes, k in bwd_parts]
@@ -229,9 +256,19 @@ def lower_stages(
     for s in stages:
         key = _shape_key(s, last)
         if key not in lowered:
-            lowered[key] = lower_stage(s, backend, where, options, shared[key])
+            lowered[key] = _lowered(s, backend, where, options, shared[key])
         costs.append(replace(lowered[key], index=s.index, layers=s.layers))
     return costs
+
+
+def _lowered(
+    stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions, vstages: tuple[int, ...]
+) -> StageCost:
+    """:func:`lower_stage`, kept on the stage graph by what lowering reads: layouts that share a stage
+    graph, placements and these options (a search's schedules, a repeat compile) lower it once."""
+    key = ("lowered", backend, tuple(where.items()), options.schedule.split_backward, options.tp, options.sp,
+           options.tp_overlap, options.overlap_dp, stage.layers, vstages)  # fmt: skip
+    return stage.graph.derived(key, lambda: lower_stage(stage, backend, where, options, vstages))
 
 
 def step_plan(options: StepOptions) -> SchedulePlan:
@@ -261,7 +298,9 @@ def lower_step(
     """
     costs = lower_stages(stages, backend, where, options)
     fwd, bwd, p2p_fwd, p2p_bwd, wgrad = schedule_inputs(costs, options)
-    batch = time_schedule(step_plan(options), fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None, keep_blocks=True)
+    plan = step_plan(options)
+    key = (plan, tuple(fwd), tuple(bwd), tuple(p2p_fwd), tuple(p2p_bwd), tuple(wgrad))
+    batch = _TIMED.get(key, lambda: time_schedule(plan, fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None, keep_blocks=True))
     return assemble(costs, batch.layout(0), options)
 
 

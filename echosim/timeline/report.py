@@ -160,8 +160,9 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
     chunks = costed.chunks(crit)
     end = costed.block_ends[crit]
     stages = costed.stages
-    model_flops = sum(graph_flops(s.graph).model for s in stages) * m * facts.ranks_per_stage
-    hw_flops = sum(graph_flops(s.graph).hardware for s in stages) * m * facts.ranks_per_stage
+    flops = [s.graph.derived("flops", lambda g=s.graph: graph_flops(g)) for s in stages]  # once per stage graph
+    model_flops = sum(f.model for f in flops) * m * facts.ranks_per_stage
+    hw_flops = sum(f.hardware for f in flops) * m * facts.ranks_per_stage
     per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     warnings = list(facts.warnings)
     memory = _memory(costed, facts, warnings)

@@ -1,0 +1,233 @@
+"""``echosim search``: the space, equivalences proven by compiles, pruning, figures equal to full compiles, output."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from echosim import memo
+from echosim.cli import cli
+from echosim.compiler import compile as compile_model
+from echosim.layout_search import (
+    ModelFacts,
+    SearchError,
+    canonical,
+    memory_lower_bound,
+    parse_space,
+    schedule_canon,
+    search,
+)
+from echosim.plan import Cluster, Plan
+
+SMALL = {"tp": (1, 2), "pp": (1, 2), "cp": (1, 2), "mb": (1, 2), "zero": (0, 1), "vpp": (1, 2), "sp": (False, True)}
+
+
+def _run(*args: str) -> tuple[int, str]:
+    out = CliRunner().invoke(cli, ["search", *args])
+    return out.exit_code, out.output
+
+
+def _figures(r: object) -> dict[str, float]:
+    rep = r  # a Report
+    return {
+        "step_time_s": rep.step_time_s,  # type: ignore[attr-defined]
+        "tokens_per_s": rep.tokens_per_s or 0.0,  # type: ignore[attr-defined]
+        "mfu": rep.mfu,  # type: ignore[attr-defined]
+        "peak": max(m["peak"] for m in rep.memory),  # type: ignore[attr-defined]
+        "bubble": rep.bubble_fraction,  # type: ignore[attr-defined]
+    }
+
+
+def test_top_20_equal_full_compiles() -> None:
+    """The figures a search reports are a full compile's: top 20 recompiled from empty caches agree to 1e-6."""
+    base = Plan(global_batch=16)
+    cluster = Cluster("h100-sxm", 8)
+    result = search("gpt3-125m", base, cluster, space={**SMALL, "schedule": ("1f1b", "zb-h1")})
+    top = result.ranked[:20]
+    assert len(top) == 20
+    memo.clear_all()
+    for e in top:
+        fresh = compile_model("gpt3-125m", e.plan, cluster)
+        f = _figures(fresh)
+        exposed = sum(v for k, v in fresh.breakdown.items() if k.startswith("comm."))
+        got = {"step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu, "peak": e.peak_bytes,
+               "bubble": e.bubble_fraction}  # fmt: skip
+        for k, v in f.items():
+            assert math.isclose(got[k] or 0.0, v, rel_tol=1e-6, abs_tol=1e-12), (e.plan, k, got[k], v)
+        assert math.isclose(e.exposed_comm_s, exposed, rel_tol=1e-6, abs_tol=1e-12)
+    steps = [e.step_time_s for e in result.ranked]
+    assert steps == sorted(steps)
+
+
+@pytest.mark.parametrize(
+    ("plan", "same"),
+    [
+        (Plan(tp=2, dp=4, global_batch=8, recompute="selective"), {"recompute": "none"}),  # flash: nothing replayed
+        (Plan(tp=4, pp=2, dp=1, global_batch=8, zero=1), {"zero": 0}),  # one replica: ZeRO is moot
+        (Plan(pp=2, dp=4, global_batch=8, tp_overlap=True), {"tp_overlap": False}),  # no TP collectives
+        (Plan(pp=2, dp=4, vpp=2, global_batch=16, schedule="interleaved"), {"schedule": "1f1b"}),
+        (Plan(tp=2, pp=4, dp=1, global_batch=1, schedule="gpipe"), {"schedule": "1f1b"}),  # one micro-batch
+    ],
+)
+def test_equivalent_layouts_compile_identically(plan: Plan, same: dict[str, object]) -> None:
+    """Each rule of ``canonical`` maps a layout to one whose compile is identical, figure for figure."""
+    from echosim.plugins import get_registry
+
+    schedules = {n: e.value for n, e in get_registry().schedules.items()}
+    facts = ModelFacts.of("gpt3-125m", plan)
+    assert canonical(plan, facts, schedule_canon(schedules, sorted(schedules))) == replace(plan, **same)
+    cluster = Cluster("h100-sxm", 8)
+    a = compile_model("gpt3-125m", plan, cluster).to_dict()
+    b = compile_model("gpt3-125m", replace(plan, **same), cluster).to_dict()
+    a.pop("plan"), b.pop("plan")
+    assert a == b
+
+
+def test_selective_recompute_is_distinct_with_materialised_attention() -> None:
+    facts = ModelFacts.of("gpt3-125m", Plan(attention="math"))
+    plan = Plan(dp=8, global_batch=8, recompute="selective", attention="math")
+    assert canonical(plan, facts).recompute == "selective"
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [Plan(tp=2, pp=2, dp=2, global_batch=8), Plan(dp=8, zero=3, global_batch=8), Plan(tp=4, dp=2, zero=1,
+                                                                                       global_batch=8)],
+)  # fmt: skip
+def test_memory_lower_bound_is_below_the_compiled_peak(plan: Plan) -> None:
+    facts = ModelFacts.of("gpt3-1.3b", plan)
+    rep = compile_model("gpt3-1.3b", plan, Cluster("h100-sxm", 8))
+    assert 0 < memory_lower_bound(plan, facts.params) <= min(m["peak"] for m in rep.memory)
+
+
+def test_space_counts_add_up_and_every_dimension_is_searched() -> None:
+    result = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SMALL)
+    c = result.counts()
+    assert c["combinations"] == c["not_applicable"] + c["duplicates"] + c["pruned"] + c["simulated"]
+    seen = {k: {getattr(e.plan, k) for e in result.ranked} for k in ("tp", "pp", "cp", "vpp", "sp", "zero")}
+    assert all(len(v) == 2 for v in seen.values()), seen
+    assert c["duplicates"] > 0 and not any(e.plan.recompute == "selective" for e in result.evaluated)
+
+
+def test_unknown_space_key_lists_the_known_ones() -> None:
+    code, out = _run("gpt3-125m", "--devices", "8", "--global-batch", "8", "--space", "tpp=1,2")
+    assert code == 1 and "unknown key 'tpp'" in out and "known: tp, pp, dp, cp, ep, vpp, sp, zero" in out
+    assert "Traceback" not in out
+    with pytest.raises(SearchError, match="expected true or false"):
+        parse_space(["sp=maybe"])
+
+
+def test_a_global_batch_no_layout_divides_says_so() -> None:
+    code, out = _run("gpt3-125m", "--devices", "8", "--global-batch", "4", "--space", "tp=1 pp=1 cp=1")
+    assert code == 1 and "divides the global batch 4" in out and "dp in [8]" in out
+
+
+def test_an_empty_space_names_the_constraint_that_removed_everything() -> None:
+    code, out = _run("gpt3-175b", "--devices", "8", "--global-batch", "8", "--space", "tp=1,2 pp=1 cp=1")
+    assert code == 1 and "every layout was removed before simulation" in out and "memory lower bound" in out
+
+
+def test_json_lists_every_evaluated_layout_with_reasons_and_is_byte_stable() -> None:
+    args = ("gpt3-125m", "--devices", "4", "--global-batch", "6", "--space", "cp=1 mb=1,2 vpp=1 zero=0,3", "--json")
+    code, out = _run(*args)
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["count"] == len(data["layouts"]) == data["counts"]["evaluated"]
+    rejected = [x for x in data["layouts"] if x["reason"]]
+    assert rejected and all(not x["fits"] for x in rejected)
+    assert any("not a multiple of micro-batch*dp" in x["reason"] for x in rejected)
+    for key in ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "micro_batch", "recompute", "schedule"):
+        assert key in data["layouts"][0]
+    assert _run(*args)[1] == out
+
+
+def test_scale_out_reports_throughput_per_device_time_and_cost(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plot = tmp_path / "pareto.png"
+    space = "pp=1,2 cp=1 vpp=1 zero=0 mb=1 sp=false"
+    code, out = _run("gpt3-125m", "--devices", "4,8", "--global-batch", "16", "--space", space,
+                     "--tokens", "1e9", "--price-per-device-hour", "2", "--plot", str(plot), "--json")  # fmt: skip
+    assert code == 0, out
+    rows = json.loads(out)["scale_out"]
+    assert [r["devices"] for r in rows] == [4, 8]
+    for r in rows:
+        assert math.isclose(r["per_device_per_s"] * r["devices"], r["throughput_per_s"])
+        assert math.isclose(r["hours_to_train"], 1e9 / r["throughput_per_s"] / 3600)
+        assert math.isclose(r["cost_to_train"], r["hours_to_train"] * r["devices"] * 2)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_table_explains_the_best_and_gives_reasons() -> None:
+    code, out = _run("gpt3-125m", "--devices", "4", "--global-batch", "6", "--space", "cp=1 vpp=1 zero=0")
+    assert code == 0, out
+    assert "why: best is" in out and "faster per step than the runner-up" in out
+    assert "not a multiple of micro-batch*dp" in out and "MFU" in out and "bubble" in out
+
+
+def test_objectives_rank_differently_only_where_they_differ() -> None:
+    base, cluster = Plan(global_batch=8), Cluster("h100-sxm", 4)
+    space = {"cp": (1,), "vpp": (1,), "zero": (0,), "mb": (1,)}
+    by_step = search("gpt3-125m", base, cluster, space=space, objective="step-time")
+    by_rate = search("gpt3-125m", base, cluster, space=space, objective="tokens-per-s")
+    assert {e.plan for e in by_step.ranked} == {e.plan for e in by_rate.ranked}
+    steps = [e.step_time_s or 0.0 for e in by_rate.ranked]  # a fixed batch: faster is more tokens/s
+    assert all(a <= b * (1 + 1e-12) for a, b in itertools.pairwise(steps))
+    with pytest.raises(SearchError, match="known: step-time, tokens-per-s, cost"):
+        search("gpt3-125m", base, cluster, space=space, objective="speed")
+
+
+def test_ray_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    code, out = _run("gpt3-125m", "--devices", "4", "--global-batch", "8", "--space", "cp=1 vpp=1 zero=0",
+                     "--executor", "ray")  # fmt: skip
+    assert code == 1 and "echosim[ray]" in out
+
+
+@pytest.mark.slow
+def test_ray_ranks_the_top_20_exactly_as_local() -> None:
+    ray = pytest.importorskip("ray")
+    base, cluster = Plan(global_batch=16), Cluster("h100-sxm", 8)
+    local = search("gpt3-125m", base, cluster, space=SMALL)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        remote = search("gpt3-125m", base, cluster, space=SMALL, executor="ray")
+    finally:
+        ray.shutdown()
+    assert len(local.ranked) >= 20
+    assert [(e.plan, e.step_time_s) for e in remote.ranked[:20]] == [(e.plan, e.step_time_s) for e in local.ranked[:20]]
+    assert remote.counts() == local.counts()
+
+
+def test_ctrl_c_keeps_the_best_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt during simulation ends the search with the layouts simulated until then."""
+    calls = []
+
+    def interrupt(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    result = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SMALL, progress=interrupt)
+    assert result.interrupted and result.simulated == calls[-1] < len(result.enumeration.to_simulate)
+    assert result.best is not None and result.best.ok
+
+    import echosim.layout_search as ls
+
+    real = ls.search
+    monkeypatch.setattr(ls, "search", lambda *a, **k: real(*a, **{**k, "progress": interrupt}))
+    calls.clear()
+    code, out = _run("gpt3-125m", "--devices", "8", "--global-batch", "16", "--space", "cp=1 vpp=1 zero=0")
+    assert code == 0 and "interrupted: the best of the" in out and "why: best is" in out
+
+
+def test_local_processes_rank_as_in_process() -> None:
+    base, cluster = Plan(global_batch=8), Cluster("h100-sxm", 4)
+    space = {"cp": (1,), "vpp": (1,), "zero": (0,), "mb": (1,), "sp": (False,)}
+    one = search("gpt3-125m", base, cluster, space=space)
+    two = search("gpt3-125m", base, cluster, space=space, workers=2)
+    assert [(e.plan, e.step_time_s) for e in two.ranked] == [(e.plan, e.step_time_s) for e in one.ranked]
