@@ -122,6 +122,21 @@ _GPT2_VOCAB = Default(
 )
 _VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by default (_MEGATRON_ARGS), times tp
 
+# What torchtitan (with or without torch.compile) keeps between micro-batches and saves for backward.
+_TORCHTITAN_MEMORY: dict[str, str] = dict(
+    pp_unsharded="reshard_after_forward_policy 'default' is not pp_enabled (torchtitan/distributed/"
+    "fsdp.py, commit b5bcd76); torch.distributed.pipelining's stage calls set_requires_gradient_sync"
+    "(False) before all but the last backward, and FSDP2 accumulates those unsharded gradients in "
+    "reduce_dtype (fp32 in torchtitan)",
+    selective="op",
+    selective_source="activation_checkpoint mode 'selective' with selective_ac_option 'op' "
+    "(torchtitan/models/llama3/train_configs/llama3_8b.toml, 2024-2025; SelectiveAC in "
+    "torchtitan/models/llama3/config_registry.py, commit b5bcd76)",
+    fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
+    "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
+    "states follow the fp32 parameters",
+)
+
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
     for f in (
@@ -226,17 +241,7 @@ FRAMEWORKS: dict[str, Framework] = {
             ce_source="the loss is F.cross_entropy(pred.float(), ...): log_softmax keeps its fp32 output, the "
             "16-bit logits are deleted before backward (torchtitan/components/loss.py, train.py, commit "
             "b5bcd76); backward holds the fp32 gradient coming in and the fp32 one going out",
-            pp_unsharded="reshard_after_forward_policy 'default' is not pp_enabled (torchtitan/distributed/"
-            "fsdp.py, commit b5bcd76); torch.distributed.pipelining's stage calls set_requires_gradient_sync"
-            "(False) before all but the last backward, and FSDP2 accumulates those unsharded gradients in "
-            "reduce_dtype (fp32 in torchtitan)",
-            selective="op",
-            selective_source="activation_checkpoint mode 'selective' with selective_ac_option 'op' "
-            "(torchtitan/models/llama3/train_configs/llama3_8b.toml, 2024-2025; SelectiveAC in "
-            "torchtitan/models/llama3/config_registry.py, commit b5bcd76)",
-            fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
-            "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
-            "states follow the fp32 parameters",
+            **_TORCHTITAN_MEMORY,
         ),
         Framework(
             "torchtitan-compile",
@@ -255,17 +260,7 @@ FRAMEWORKS: dict[str, Framework] = {
             ce_source="--training.compile compiles the loss too since commit bbb1b61 (2025-04-02, "
             "torchtitan/components/loss.py): Inductor fuses the fp32 upcast, the log-softmax and its backward, "
             "so the 16-bit logits are kept and the gradient is written once, in 16 bits",
-            pp_unsharded="reshard_after_forward_policy 'default' is not pp_enabled (torchtitan/distributed/"
-            "fsdp.py, commit b5bcd76); torch.distributed.pipelining's stage calls set_requires_gradient_sync"
-            "(False) before all but the last backward, and FSDP2 accumulates those unsharded gradients in "
-            "reduce_dtype (fp32 in torchtitan)",
-            selective="op",
-            selective_source="activation_checkpoint mode 'selective' with selective_ac_option 'op' "
-            "(torchtitan/models/llama3/train_configs/llama3_8b.toml, 2024-2025; SelectiveAC in "
-            "torchtitan/models/llama3/config_registry.py, commit b5bcd76)",
-            fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
-            "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
-            "states follow the fp32 parameters",
+            **_TORCHTITAN_MEMORY,
         ),
         Framework(
             "maxtext",
