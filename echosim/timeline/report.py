@@ -214,8 +214,19 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
     rows = []
     for r in range(costed.pp):
         mine = costed.chunks(r)
-        parts = [_static(s.graph, facts) for s in mine]
-        act = costed.peak_held(r, {s.index: activation_bytes(s.graph, facts.saved) for s in mine})
+        # Per stage graph and memory policy, computed once: a search meets the same stage graphs again
+        # under other schedules, ZeRO stages and placements.
+        state_key = ("static-memory", facts.state, facts.expert_state, facts.saved)
+        parts = [s.graph.derived(state_key, lambda g=s.graph: _static(g, facts)) for s in mine]
+        act = costed.peak_held(
+            r,
+            {
+                s.index: s.graph.derived(
+                    ("activation-bytes", facts.saved), lambda g=s.graph: activation_bytes(g, facts.saved)
+                )
+                for s in mine
+            },
+        )
         transient = max(p.transient for p in parts)
         mem = MemoryBreakdown(
             params=sum(p.params for p in parts),
