@@ -63,7 +63,6 @@ def _loop_grouped_mm(rows: Any, weight: Any, expert_ids: Any) -> Any:
 def measure(cfg: Any, batch: int) -> dict[str, float]:
     """MemTracker's peak snapshot (bytes per category) of one real training step on CPU."""
     import torch
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from echosim.frontend import zoo_modules
 
@@ -75,19 +74,28 @@ def measure(cfg: Any, batch: int) -> dict[str, float]:
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(0.0, 0.02)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len))
-        model(ids, ids).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        tracker = MemTracker()
-        tracker.track_external(model, opt)
-        with tracker:
-            model(ids, ids).backward()
-            opt.step()
-        snap = tracker.get_tracker_snapshot("peak")
+        return peak_of_one_step(model, cfg, batch)
     finally:
         zoo_modules.grouped_mm = saved
+
+
+def peak_of_one_step(model: Any, cfg: Any, batch: int) -> dict[str, float]:
+    """MemTracker's peak snapshot (bytes per category) of one AdamW step, after a warm-up step has
+    created Adam's states; real or fake tensors alike (tests/test_memory_tracker.py uses FakeTensorMode)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len))
+    model(ids, ids).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        model(ids, ids).backward()
+        opt.step()
+    snap = tracker.get_tracker_snapshot("peak")
     (device,) = snap
     return {str(k).rsplit(".", 1)[-1]: float(v) for k, v in snap[device].items()}
 

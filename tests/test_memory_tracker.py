@@ -20,27 +20,14 @@ MODELS = {
 
 def tracked(cfg: ArchConfig, batch: int) -> dict[str, float]:
     """Peak snapshot of one training step after a warm-up step has created Adam's states."""
-    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from echosim.frontend import zoo_modules
 
+    step = _memory_cpu().peak_of_one_step
     with FakeTensorMode():
         model = (zoo_modules.GPT if cfg.arch == "gpt" else zoo_modules.Llama)(cfg)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len))
-        model(ids, ids).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        tracker = MemTracker()
-        tracker.track_external(model, opt)
-        with tracker:
-            model(ids, ids).backward()
-            opt.step()
-        snap = tracker.get_tracker_snapshot("peak")
-    (device,) = snap
-    return {str(k).rsplit(".", 1)[-1]: float(v) for k, v in snap[device].items()}
+        return step(model, cfg, batch)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
