@@ -23,6 +23,7 @@ from echosim.commands.options import (
     layout_from_options,
     layout_options,
 )
+from echosim.dynamics.options import dynamics_options
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -108,6 +109,7 @@ def cli() -> None:
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
 @from_options
+@dynamics_options
 @click.option(
     "--require-fit",
     is_flag=True,
@@ -148,6 +150,9 @@ def compile_cmd(
     for path, option in ((out, "--out"), (trace, "--trace"), (graph, "--graph"), (report_path, "--report")):
         if path:
             _check_writable(path, option)
+    from echosim.dynamics.options import pop_request, sections
+
+    dynamics = pop_request(opts)  # failures, stragglers, DP strategy: checked before the compile
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
     if from_source or from_args:
         name, plan, cluster = layout_from_config(model, from_source, from_args, opts, typed, verbose)
@@ -162,8 +167,10 @@ def compile_cmd(
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise EchosimError(f"--strict: {failures[0]}{more}")
+    extra = sections(dynamics, report) if dynamics.any else {}
+    report_json = _with_extra(report, extra)
     if out:
-        _write(out, report.to_json(), "--out")
+        _write(out, report_json, "--out")
     if trace:
         from echosim.timeline.trace import write_trace
 
@@ -177,11 +184,16 @@ def compile_cmd(
 
         write_report(compiled, report_path, name, plan, cluster)
     if as_json:
-        click.echo(report.to_json(), nl=False)
+        click.echo(report_json, nl=False)
     else:
         from echosim.summary import render
 
         render(report, trace)
+        if extra:
+            from echosim.dynamics.options import render as dynamics_lines
+
+            for line in dynamics_lines(extra):
+                click.echo(line)
         if not report.fits:
             _cheapest_fit(name, plan, cluster, report)
     if require_fit and not report.fits:
@@ -189,6 +201,15 @@ def compile_cmd(
 
         click.echo(f"Error: --require-fit: {does_not_fit(report)}", err=True)
         sys.exit(NOT_MET)
+
+
+def _with_extra(report: Any, extra: dict[str, Any]) -> str:
+    """The report's JSON, with the cluster-dynamics sections beside the step's figures when asked for."""
+    if not extra:
+        return str(report.to_json())
+    from echosim.timeline.report import stable_json
+
+    return stable_json({**report.to_dict(), **extra})
 
 
 def _cheapest_fit(model: str, plan: Any, cluster: Any, report: Any) -> None:
