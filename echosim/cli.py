@@ -336,6 +336,35 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
         price=price_per_device_hour, plot=plot, as_json=as_json)  # fmt: skip
 
 
+@cli.command("cluster")
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("model")
+@layout_options
+@click.option("--json", "as_json", is_flag=True, help="Print the splits as JSON.")
+@_guard
+def cluster_cmd(cluster_file: str, model: str, as_json: bool, **opts: Any) -> None:
+    """Simulate MODEL on a cluster of mixed device pools (CLUSTER_FILE, TOML): the naive equal split of the
+    batch against the split balanced to each pool's speed (docs/cluster-dynamics.md)."""
+    from echosim.dynamics.cluster import mixed_step, read_cluster, render
+    from echosim.plugins import get_registry
+    from echosim.timeline.report import stable_json
+
+    for key in ("backend", "devices", "devices_per_node", "dp"):
+        if opts.get(key) is not None:
+            raise EchosimError(
+                f"--{key.replace('_', '-')}: the cluster file gives the devices; each pool runs dp replicas"
+            )
+    mixed = read_cluster(cluster_file, sorted(get_registry().backends))
+    typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
+    name, plan, _ = layout_from_options(model, opts, typed)
+    result = mixed_step(name, plan, mixed)
+    if as_json:
+        click.echo(stable_json(result), nl=False)
+        return
+    for line in render(result):
+        click.echo(line)
+
+
 class _CheckCommand(click.Command):
     """``check --help`` ends with the schema of ``[tool.echosim]``, read from the code that validates it."""
 

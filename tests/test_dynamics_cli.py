@@ -22,7 +22,7 @@ def test_sections_in_json_and_text_and_byte_identical() -> None:
             "--straggler-cv", "0.05", "--dp-strategy", "diloco", "--inner-steps", "100", "--json"]  # fmt: skip
     code, out = run(*args)
     assert code == 0, out
-    code2, out2 = run(*args)
+    _, out2 = run(*args)
     assert out2 == out  # byte-identical
     r = json.loads(out)
     g, s, d = r["goodput"], r["stragglers"], r["dp_strategy"]
