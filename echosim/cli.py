@@ -365,6 +365,39 @@ def cluster_cmd(cluster_file: str, model: str, as_json: bool, **opts: Any) -> No
         click.echo(line)
 
 
+@cli.command("replan")
+@click.argument("model")
+@click.option("--from", "from_flags", required=True, metavar="FLAGS", help='The running layout as compile flags: '
+              '"--backend h100-sxm --tp 8 --pp 4 --dp 16 --global-batch 512".')  # fmt: skip
+@click.option("--devices", type=int, required=True, help="Devices from now on.")
+@click.option(
+    "--space",
+    "space_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Widen the search (as `echosim search --space`); default: tp, pp and dp vary, the rest is kept.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_guard
+def replan_cmd(model: str, from_flags: str, devices: int, space_items: tuple[str, ...], as_json: bool) -> None:
+    """The best layout of MODEL on a new device count, the cost of switching to it and when it pays back."""
+    from echosim.commands.options import parse_layout_flags
+    from echosim.dynamics.replan import render, replan
+    from echosim.layout_search import parse_space
+    from echosim.timeline.report import stable_json
+
+    if devices < 1:
+        raise EchosimError(f"--devices must be at least 1, got {devices}")
+    space = parse_space(list(space_items))
+    name, plan, cluster = parse_layout_flags(model, from_flags, "--from")
+    result = replan(name, plan, cluster, devices, space)
+    if as_json:
+        click.echo(stable_json(result), nl=False)
+        return
+    for line in render(result):
+        click.echo(line)
+
+
 class _CheckCommand(click.Command):
     """``check --help`` ends with the schema of ``[tool.echosim]``, read from the code that validates it."""
 
