@@ -158,3 +158,27 @@ def test_bad_settings_are_one_line() -> None:
 
 def test_job_mtbf_scales_with_devices() -> None:
     assert job_mtbf_s(50_000, 16_384) == pytest.approx(50_000 * 3600 / 16_384)
+
+
+@pytest.mark.slow
+def test_llama3_405b_compiled_through_the_command_line() -> None:
+    """The 405B step compiled on 16,384 H100 (Llama 3's TP 8, PP 16, DP 128 at 8K), with its failure rate."""
+    import json
+
+    from click.testing import CliRunner
+
+    from echosim.cli import cli
+
+    mtbf = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_UNEXPECTED
+    args = ["compile", "llama3-405b", "--backend", "h100-sxm", "--tp", "8", "--pp", "16", "--dp", "128",
+            "--global-batch", "2048", "--seq-len", "8192", "--framework", "megatron", "--zero", "1",
+            "--recompute", "full", "--mtbf-hours", f"{mtbf:.0f}", "--restart-minutes", "10", "--tokens", "15.6e12",
+            "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    g = r["goodput"]
+    assert r["fits"] and r["params"] == LLAMA3_405B_PARAMS
+    assert g["interruptions_per_day"] * LLAMA3_DAYS == pytest.approx(LLAMA3_UNEXPECTED, rel=1e-3)
+    assert 0.90 < g["goodput"] < 0.96  # Llama 3: "higher than 90% effective training time"
+    assert g["time_to_train_days"] == pytest.approx(g["ideal_days"] / g["goodput"], rel=1e-5)  # JSON: 6 digits

@@ -228,9 +228,15 @@ def render(section: dict[str, Any]) -> list[str]:
     what = {"sync": "synchronous DP", "diloco": f"DiLoCo H={s['inner_steps']}",
             "streaming-diloco": f"streaming DiLoCo H={s['inner_steps']}, {s['fragments']} fragments",
             "gossip": f"gossip with {s['gossip_peers']} peers"}[s["strategy"]]  # fmt: skip
+    sync_wire = s["wire_bytes_per_step"] * s["communication_reduction"] if s["wire_bytes_per_step"] else 0.0
+    versus = (
+        "the baseline"
+        if s["strategy"] == "sync"
+        else f"{s['communication_reduction']:.4g}x less than sync DP's {sync_wire / 1e9:.4g} GB"
+    )
     return [
-        f"data parallel: {what} over {s['replicas']} replicas on {link}: {s['bytes_per_step'] / 1e9:.4g} GB per rank "
-        f"per step ({s['communication_reduction']:.4g}x less than sync DP's {s['sync_bytes_per_step'] / 1e9:.4g} GB)",
+        f"data parallel: {what} over {s['replicas']} replicas on {link}: sends {s['wire_bytes_per_step'] / 1e9:.4g} GB "
+        f"per rank per step ({versus}); syncs {s['peak_bytes_per_sync'] / 1e9:.4g} GB at a time",
         f"  step {s['step_s']:.4g} s vs sync DP {s['sync_step_s']:.4g} s ({s['speedup_vs_sync']:.3g}x); "
         f"inner step {s['inner_step_s']:.4g} s",
     ]
