@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from echosim.cli import cli
+from echosim.dynamics.stragglers import expected_max_empirical
 
 SMALL = ["gpt3-1.3b", "--backend", "h100-sxm", "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "16"]
 
@@ -66,6 +67,25 @@ def test_bad_input_is_one_line(extra: list[str], message: str) -> None:
     assert code == 1, out
     assert out.strip().splitlines() == [out.strip()] and "Traceback" not in out
     assert message in out
+
+
+def test_straggler_file_through_the_command_line(tmp_path) -> None:
+    times = tmp_path / "times.txt"
+    times.write_text("1.00\n1.02\n0.98\n1.10\n")
+    code, out = run("compile", *SMALL, "--straggler-file", str(times), "--json")
+    assert code == 0, out
+    s = json.loads(out)["stragglers"]
+    assert s["distribution"] == "empirical" and s["source"] == str(times)
+    # eight devices each drawing from four equally likely times: the slowest is 1.10 unless all eight miss it
+    assert s["slowdown"] == pytest.approx(expected_max_empirical([1.0, 1.02, 0.98, 1.1], 8), rel=1e-5)
+    code, out = run("compile", *SMALL, "--straggler-file", str(times), "--straggler-dist", "normal")
+    assert code == 1 and "--straggler-dist applies to --straggler-cv" in out
+
+
+def test_dp_strategy_without_data_parallelism_is_one_line() -> None:
+    code, out = run("compile", "gpt3-125m", "--backend", "h100-sxm", "--tp", "2", "--dp-strategy", "diloco")
+    assert code == 1 and out.count("\n") == 1
+    assert "one data-parallel replica (dp*cp = 1)" in out
 
 
 def test_async_checkpoint_on_a_backend_without_a_host_link_is_one_line() -> None:

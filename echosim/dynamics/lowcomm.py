@@ -209,6 +209,10 @@ def cost(given: StrategyInput, dp: DataParallel, fast_p2p_s: float = 0.0) -> dic
 def strategy_section(given: StrategyInput, report: Any) -> dict[str, Any]:
     """The ``dp_strategy`` key of a report."""
     dp = data_parallel(report)
+    if dp.replicas < 2:
+        raise EchosimError(
+            f"--dp-strategy {given.name}: the layout has one data-parallel replica (dp*cp = 1): nothing to synchronise"
+        )
     fast_p2p = 0.0
     if given.name == "gossip" and given.link_GBps is None and dp.replicas > 1:
         from echosim.backends.base import Placement

@@ -138,6 +138,8 @@ def pop_request(opts: dict[str, Any]) -> Request:
     strag = None
     if v["straggler_cv"] is not None and v["straggler_file"]:
         raise EchosimError("--straggler-cv and --straggler-file: give one")
+    if v["straggler_file"] and v["straggler_dist"]:
+        raise EchosimError("--straggler-dist applies to --straggler-cv; a --straggler-file is its own distribution")
     if v["straggler_cv"] is not None:
         check_cv(v["straggler_cv"])
         strag = StragglerInput(cv=v["straggler_cv"], distribution=v["straggler_dist"] or "normal")
