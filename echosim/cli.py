@@ -340,11 +340,20 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.argument("model")
 @layout_options
+@click.option(
+    "--split",
+    type=click.Choice(["data", "pipeline"]),
+    default="data",
+    show_default=True,
+    help="data: each pool runs whole replicas and the batch is split; pipeline: --pp stages laid across the pools "
+    "(dp from the devices) and the layers split.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the splits as JSON.")
 @_guard
-def cluster_cmd(cluster_file: str, model: str, as_json: bool, **opts: Any) -> None:
+def cluster_cmd(cluster_file: str, model: str, split: str, as_json: bool, **opts: Any) -> None:
     """Simulate MODEL on a cluster of mixed device pools (CLUSTER_FILE, TOML): the naive equal split of the
-    batch against the split balanced to each pool's speed (docs/cluster-dynamics.md)."""
+    batch (or of the layers over pipeline stages) against the split balanced to each pool's speed
+    (docs/cluster-dynamics.md)."""
     from echosim.dynamics.cluster import mixed_step, read_cluster, render
     from echosim.plugins import get_registry
     from echosim.timeline.report import stable_json
@@ -356,12 +365,21 @@ def cluster_cmd(cluster_file: str, model: str, as_json: bool, **opts: Any) -> No
             )
     mixed = read_cluster(cluster_file, sorted(get_registry().backends))
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
-    name, plan, _ = layout_from_options(model, opts, typed)
-    result = mixed_step(name, plan, mixed)
+    if split == "pipeline":
+        from echosim.dynamics.cluster import pipeline_step, render_pipeline
+
+        opts = {**opts, "devices": mixed.devices}  # dp = devices / (tp*pp*cp)
+        name, plan, _ = layout_from_options(model, opts, typed)
+        result = pipeline_step(name, plan, mixed)
+        lines = render_pipeline(result)
+    else:
+        name, plan, _ = layout_from_options(model, opts, typed)
+        result = mixed_step(name, plan, mixed)
+        lines = render(result)
     if as_json:
         click.echo(stable_json(result), nl=False)
         return
-    for line in render(result):
+    for line in lines:
         click.echo(line)
 
 

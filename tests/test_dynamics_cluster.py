@@ -132,3 +132,63 @@ def test_cluster_command_bad_file_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["cluster", path, "llama3-8b", "--tp", "8"])
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert "no link between pools 'h100' and 'a100'" in result.output
+
+
+SAME = """
+[[pools]]
+name = "a"
+device = "h100-sxm"
+devices = 8
+
+[[pools]]
+name = "b"
+device = "h100-sxm"
+devices = 8
+
+[[links]]
+pools = ["a", "b"]
+GBps = 1.0e6
+"""
+
+
+def test_pipeline_split_of_one_device_kind_is_the_compilers_step(tmp_path: Path) -> None:
+    """Two pools of the same device, a link as fast as the node's: the stitched pipeline is the compiled step."""
+    from echosim import compile
+    from echosim.plan import Cluster, Plan
+
+    path = write(tmp_path, SAME)
+    result = CliRunner().invoke(cli, ["cluster", path, "gpt3-1.3b", "--tp", "2", "--pp", "4", "--global-batch", "32",
+                                      "--split", "pipeline", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    report = compile("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=32), Cluster("h100-sxm", 16))
+    assert r["naive"]["step_s"] == pytest.approx(report.step_time_s, rel=1e-5)
+    assert [s["layers"] for s in r["naive"]["stages"]] == [row["layers"] for row in report.stages]
+    assert [s["pool"] for s in r["naive"]["stages"]] == ["a", "a", "b", "b"]
+    assert r["balanced"]["step_s"] <= r["naive"]["step_s"] * (1 + 1e-9)
+
+
+def test_pipeline_split_balanced_to_device_speed() -> None:
+    """Stage 0 on 512 H100, stage 1 on 512 A100: the H100 stage takes more layers and the step shortens."""
+    args = ["cluster", str(EXAMPLE), "llama3-8b", "--tp", "8", "--pp", "2", "--global-batch", "1024", "--split",
+            "pipeline", "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    naive, balanced = r["naive"]["stages"], r["balanced"]["stages"]
+    assert [s["layers"] for s in naive] == [16, 16]
+    assert balanced[0]["layers"] > 16 > balanced[1]["layers"] and sum(s["layers"] for s in balanced) == 32
+    assert r["balanced"]["step_s"] < r["naive"]["step_s"] and r["speedup"] > 1.3 and r["fits"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--pp", "1"], "--split pipeline needs --pp 2 or more"),
+     (["--pp", "2", "--schedule", "zb-h1"], "defers weight gradients"),
+     (["--pp", "2", "--vpp", "2", "--schedule", "interleaved"], "interleaved stages")],
+)  # fmt: skip
+def test_pipeline_split_bad_layouts(tmp_path: Path, extra: list[str], message: str) -> None:
+    path = write(tmp_path, SAME)
+    result = CliRunner().invoke(cli, ["cluster", path, "gpt3-1.3b", "--tp", "2", "--global-batch", "32",
+                                      "--split", "pipeline", *extra])  # fmt: skip
+    assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1

@@ -318,3 +318,141 @@ def render(result: dict[str, Any]) -> list[str]:
         lines.append(f"{key:>8} split: step {split['step_s']:.4g} s  [{parts}]")
     lines.append(f"balanced is {result['speedup']:.3f}x the naive equal split")
     return lines
+
+
+# -- pipeline stages across pools -------------------------------------------------------------------------
+
+
+def _stage_time(units: list[tuple[Any, int]], total: float, layers: int, n: int) -> float:
+    """A stage's fwd (or bwd) with ``n`` repeated layers instead of ``layers``: its block unit (the second
+    of before / block / after, :func:`echosim.timeline.lower._units`) run ``k - layers + n`` times."""
+    from echosim.timeline.lower import repeated
+
+    if len(units) < 3 or layers < 1:
+        return total
+    unit, k = units[1]
+    return total - repeated(unit, k) + repeated(unit, max(0, k - layers + n))
+
+
+def _boundary_bytes(graph: Any) -> tuple[int, int]:
+    """Bytes a stage sends forwards and backwards to its pipeline neighbours (one micro-batch)."""
+    from echosim.ir.ops import OpKind, Phase, Role
+
+    fwd = bwd = 0
+    for n in graph:
+        if n.op is OpKind.SEND and getattr(n.attrs, "role", None) is Role.PIPELINE:
+            if n.phase is Phase.FORWARD:
+                fwd += n.out.nbytes
+            else:
+                bwd += n.out.nbytes
+    return fwd, bwd
+
+
+def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any]:
+    """Pipeline stages laid over the pools in file order, layers split evenly against split to speed.
+
+    Each pool holds ``pp * devices / total`` consecutive stages of every replica. The model is
+    compiled once per pool's device with the whole layout; a stage's forward and backward come from
+    its own pool's compile, its repeated block run for the stage's layer count (the unit simulated op
+    by op, :func:`echosim.timeline.lower.repeated`), and a transfer that crosses pools goes over the
+    slowest link shared by every sender of the boundary. The schedule composer then times the step.
+    """
+    from echosim import plugins
+    from echosim.compiler import lower
+    from echosim.plan import Cluster
+    from echosim.timeline.composer import time_schedule
+    from echosim.timeline.lower import StepOptions, step_plan
+
+    if plan.vpp != 1:
+        raise EchosimError("--split pipeline: interleaved stages (--vpp > 1) are not laid across pools")
+    if plan.pp < 2:
+        raise EchosimError("--split pipeline needs --pp 2 or more (stages to lay across the pools)")
+    total = cluster.devices
+    per_stage = plan.tp * plan.cp * plan.dp
+    if plan.pp * per_stage != total:
+        raise EchosimError(
+            f"--split pipeline: tp*cp*dp*pp = {plan.pp * per_stage} but the cluster file has {total} devices"
+        )
+    owner: list[int] = []
+    for i, pool in enumerate(cluster.pools):
+        if pool.devices % per_stage:
+            raise ClusterFileError(
+                f"pool {pool.name!r}: {pool.devices} devices do not hold whole stages of tp*cp*dp = {per_stage}"
+            )
+        owner += [i] * (pool.devices // per_stage)
+    compiled = [lower(model, plan, Cluster(pool.device, total)) for pool in cluster.pools]
+    costs = [compiled[owner[s]].costed.stages[s] for s in range(plan.pp)]
+    if any(c.wgrad for c in costs):
+        raise EchosimError(f"--split pipeline: schedule {plan.schedule!r} defers weight gradients; use 1f1b or gpipe")
+    layers = [c.layers for c in costs]
+    repeat = sum(layers)
+
+    def stage(s: int, n: int) -> tuple[float, float]:
+        c = costs[s]
+        return (_stage_time(c.fwd_units, c.fwd, c.layers, n), _stage_time(c.bwd_units, c.bwd + c.wgrad, c.layers, n))
+
+    link = cluster.slowest_link()
+    replicas = plan.cp * plan.dp  # every replica sends one activation over the boundary
+    widen = plan.tp if plan.sp else 1  # with sequence parallelism each tp rank sends 1/tp of it
+
+    def p2p(s: int) -> tuple[float, float]:
+        c = costs[s]
+        if s + 1 >= plan.pp or owner[s] == owner[s + 1] or link is None:
+            return c.p2p_fwd, c.p2p_bwd
+        fwd_bytes, _ = _boundary_bytes(c.graph)
+        _, bwd_bytes = _boundary_bytes(costs[s + 1].graph)
+        over = lambda b: b * widen * replicas / (link.GBps * 1e9) + link.latency_s  # noqa: E731
+        return max(c.p2p_fwd, over(fwd_bytes)), max(costs[s + 1].p2p_bwd, over(bwd_bytes))
+
+    schedules = {name: entry.value for name, entry in plugins.get_registry().schedules.items()}
+    options = StepOptions(schedule=schedules[plan.schedule], pp=plan.pp, microbatches=plan.microbatches)
+    splan = step_plan(options)
+
+    def timed(split: list[int]) -> dict[str, Any]:
+        fb = [stage(s, n) for s, n in enumerate(split)]
+        links = [p2p(s) for s in range(plan.pp)]
+        timing = time_schedule(splan, [f for f, _ in fb], [b for _, b in fb], [x for x, _ in links],
+                               [y for _, y in links]).layout(0)  # fmt: skip
+        tails = [(costs[s].dp_exposed + costs[s].step_end + costs[s].optimizer) * split[s] / max(1, layers[s])
+                 for s in range(plan.pp)]  # fmt: skip
+        step = max(end + tail for end, tail in zip(timing.rank_ends, tails, strict=True))
+        rows = [{"stage": s, "pool": cluster.pools[owner[s]].name, "device": cluster.pools[owner[s]].device,
+                 "layers": split[s], "fwd_s": fb[s][0], "bwd_s": fb[s][1], **memory(s, split[s])}
+                for s in range(plan.pp)]  # fmt: skip
+        return {"step_s": step, "stages": rows, "fits": all(r["fits"] for r in rows)}
+
+    def memory(s: int, n: int) -> dict[str, Any]:
+        """The stage's compiled peak with its per-layer parts (state, activations) scaled to ``n`` layers."""
+        row = compiled[owner[s]].report.memory[s]
+        scale = n / max(1, layers[s])
+        layered = sum(row[k] for k in ("params", "grads", "optimizer", "activations"))
+        peak = int(row["peak"] + layered * (scale - 1))
+        return {"peak_bytes": peak, "fits": peak <= row["capacity"]}
+
+    naive = timed(layers)
+    per_mb = lambda s, n: sum(stage(s, n))  # noqa: E731
+    balanced_split = water_fill(repeat, [1] * plan.pp, per_mb) or layers
+    balanced = timed(balanced_split)
+    return {
+        "split": "pipeline",
+        "pools": [{"name": p.name, "device": p.device, "devices": p.devices} for p in cluster.pools],
+        "devices": total,
+        "microbatches": plan.microbatches,
+        "naive": naive,
+        "balanced": balanced,
+        "speedup": naive["step_s"] / balanced["step_s"],
+        "fits": balanced["fits"],
+    }
+
+
+def render_pipeline(result: dict[str, Any]) -> list[str]:
+    lines = [f"{result['devices']:,} devices in {len(result['pools'])} pools, pipeline stages laid across them, "
+             f"{result['microbatches']} micro-batches"]  # fmt: skip
+    for key in ("naive", "balanced"):
+        split = result[key]
+        parts = ", ".join(
+            f"{r['pool']} {r['layers']} layers ({r['fwd_s'] + r['bwd_s']:.4g} s)" for r in split["stages"]
+        )
+        lines.append(f"{key:>8} split: step {split['step_s']:.4g} s  [{parts}]")
+    lines.append(f"balanced is {result['speedup']:.3f}x the naive equal split")
+    return lines
