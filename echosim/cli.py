@@ -23,6 +23,7 @@ from echosim.commands.options import (
     layout_from_options,
     layout_options,
 )
+from echosim.dynamics.options import dynamics_options
 from echosim.errors import EchosimError, one_line_errors
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
@@ -108,6 +109,7 @@ def cli() -> None:
     help="Write the costed execution graph (.graphml, or .json node-link); see docs/costed-graph.md.",
 )
 @from_options
+@dynamics_options
 @click.option(
     "--require-fit",
     is_flag=True,
@@ -148,6 +150,9 @@ def compile_cmd(
     for path, option in ((out, "--out"), (trace, "--trace"), (graph, "--graph"), (report_path, "--report")):
         if path:
             _check_writable(path, option)
+    from echosim.dynamics.options import pop_request, sections
+
+    dynamics = pop_request(opts)  # failures, stragglers, DP strategy: checked before the compile
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
     if from_source or from_args:
         name, plan, cluster = layout_from_config(model, from_source, from_args, opts, typed, verbose)
@@ -162,8 +167,10 @@ def compile_cmd(
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise EchosimError(f"--strict: {failures[0]}{more}")
+    extra = sections(dynamics, report) if dynamics.any else {}
+    report_json = _with_extra(report, extra)
     if out:
-        _write(out, report.to_json(), "--out")
+        _write(out, report_json, "--out")
     if trace:
         from echosim.timeline.trace import write_trace
 
@@ -177,11 +184,16 @@ def compile_cmd(
 
         write_report(compiled, report_path, name, plan, cluster)
     if as_json:
-        click.echo(report.to_json(), nl=False)
+        click.echo(report_json, nl=False)
     else:
         from echosim.summary import render
 
         render(report, trace)
+        if extra:
+            from echosim.dynamics.options import render as dynamics_lines
+
+            for line in dynamics_lines(extra):
+                click.echo(line)
         if not report.fits:
             _cheapest_fit(name, plan, cluster, report)
     if require_fit and not report.fits:
@@ -189,6 +201,15 @@ def compile_cmd(
 
         click.echo(f"Error: --require-fit: {does_not_fit(report)}", err=True)
         sys.exit(NOT_MET)
+
+
+def _with_extra(report: Any, extra: dict[str, Any]) -> str:
+    """The report's JSON, with the cluster-dynamics sections beside the step's figures when asked for."""
+    if not extra:
+        return str(report.to_json())
+    from echosim.timeline.report import stable_json
+
+    return stable_json({**report.to_dict(), **extra})
 
 
 def _cheapest_fit(model: str, plan: Any, cluster: Any, report: Any) -> None:
@@ -313,6 +334,86 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     run(model, base, clusters, space=space, objective=objective, memory_fraction=max_memory_fraction,
         workers=workers, executor=executor, ray_address=ray_address, top=top, tokens=tokens,
         price=price_per_device_hour, plot=plot, as_json=as_json)  # fmt: skip
+
+
+@cli.command("cluster")
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("model")
+@layout_options
+@click.option(
+    "--split",
+    type=click.Choice(["data", "pipeline"]),
+    default="data",
+    show_default=True,
+    help="data: each pool runs whole replicas and the batch is split; pipeline: --pp stages laid across the pools "
+    "(dp from the devices) and the layers split.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the splits as JSON.")
+@_guard
+def cluster_cmd(cluster_file: str, model: str, split: str, as_json: bool, **opts: Any) -> None:
+    """Simulate MODEL on a cluster of mixed device pools (CLUSTER_FILE, TOML): the naive equal split of the
+    batch (or of the layers over pipeline stages) against the split balanced to each pool's speed
+    (docs/cluster-dynamics.md)."""
+    from echosim.dynamics.cluster import mixed_step, read_cluster, render
+    from echosim.plugins import get_registry
+    from echosim.timeline.report import stable_json
+
+    for key in ("backend", "devices", "devices_per_node", "dp"):
+        if opts.get(key) is not None:
+            raise EchosimError(
+                f"--{key.replace('_', '-')}: the cluster file gives the devices; each pool runs dp replicas"
+            )
+    mixed = read_cluster(cluster_file, sorted(get_registry().backends))
+    typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
+    if split == "pipeline":
+        from echosim.dynamics.cluster import pipeline_step, render_pipeline
+
+        opts = {**opts, "devices": mixed.devices}  # dp = devices / (tp*pp*cp)
+        name, plan, _ = layout_from_options(model, opts, typed)
+        result = pipeline_step(name, plan, mixed)
+        lines = render_pipeline(result)
+    else:
+        name, plan, _ = layout_from_options(model, opts, typed)
+        result = mixed_step(name, plan, mixed)
+        lines = render(result)
+    if as_json:
+        click.echo(stable_json(result), nl=False)
+        return
+    for line in lines:
+        click.echo(line)
+
+
+@cli.command("replan")
+@click.argument("model")
+@click.option("--from", "from_flags", required=True, metavar="FLAGS", help='The running layout as compile flags: '
+              '"--backend h100-sxm --tp 8 --pp 4 --dp 16 --global-batch 512".')  # fmt: skip
+@click.option("--devices", type=int, required=True, help="Devices from now on.")
+@click.option(
+    "--space",
+    "space_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Widen the search (as `echosim search --space`); default: tp, pp and dp vary, the rest is kept.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_guard
+def replan_cmd(model: str, from_flags: str, devices: int, space_items: tuple[str, ...], as_json: bool) -> None:
+    """The best layout of MODEL on a new device count, the cost of switching to it and when it pays back."""
+    from echosim.commands.options import parse_layout_flags
+    from echosim.dynamics.replan import render, replan
+    from echosim.layout_search import parse_space
+    from echosim.timeline.report import stable_json
+
+    if devices < 1:
+        raise EchosimError(f"--devices must be at least 1, got {devices}")
+    space = parse_space(list(space_items))
+    name, plan, cluster = parse_layout_flags(model, from_flags, "--from")
+    result = replan(name, plan, cluster, devices, space)
+    if as_json:
+        click.echo(stable_json(result), nl=False)
+        return
+    for line in render(result):
+        click.echo(line)
 
 
 class _CheckCommand(click.Command):

@@ -1,0 +1,216 @@
+"""Re-planning: when devices come or go, the best layout for the new count and what the switch costs.
+
+Two ways to go on after the device count changes from N to N': keep the model-parallel shape
+(tp, pp, cp) and let data parallelism take what is left (``keep``), or take the best layout a
+search finds for N' (``best``, :func:`echosim.layout_search.search` over tp, pp and dp unless
+``space`` widens it). Each costs a switch: every device must end up holding its new share of the
+weights and optimizer state (a checkpoint's bytes, :func:`~echosim.dynamics.goodput.checkpoint_bytes`).
+
+What a device already holds is counted in closed form. The state is a box cut three ways:
+layers into ``pp`` contiguous ranges, each layer's tensors into ``tp`` slices, and (ZeRO) the
+optimizer state into ``dp`` slices; ranks are numbered tp fastest, then dp, then pp (Megatron's
+order, :mod:`echosim.backends.topology`). Rank ``r`` keeps the overlap of its old and new boxes
+and receives the rest; the switch takes as long as the device that receives the most, over one
+point-to-point transfer across nodes on the backend's own model. A re-plan pays for itself after
+``(switch_best - switch_keep) / (step_keep - step_best)`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from echosim.errors import EchosimError
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the state is cut: pipeline stages, tensor slices, data-parallel ranks and the ZeRO stage."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        return rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
+
+
+def _overlap(i: int, n: int, j: int, m: int) -> float:
+    """Length of [i/n, (i+1)/n) and [j/m, (j+1)/m) in common."""
+    return max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m))
+
+
+def held_fractions(shape: Shape, rank: int) -> tuple[float, float]:
+    """(weights, optimizer state) a rank holds, as fractions of the whole model's."""
+    weights = 1.0 / (shape.tp * shape.pp) / (shape.dp if shape.zero >= 3 else 1)
+    optimizer = 1.0 / (shape.tp * shape.pp) / (shape.dp if shape.zero >= 1 else 1)
+    return weights, optimizer
+
+
+def kept(old: Shape, new: Shape, rank: int) -> tuple[float, float]:
+    """Fractions of the model's (weights, optimizer state) that ``rank`` holds in both layouts."""
+    if rank >= old.world:
+        return 0.0, 0.0
+    t0, d0, p0 = old.coords(rank)
+    t1, d1, p1 = new.coords(rank)
+    box = _overlap(p0, old.pp, p1, new.pp) * _overlap(t0, old.tp, t1, new.tp)
+
+    def dp_part(sharded_old: bool, sharded_new: bool) -> float:
+        if sharded_new and sharded_old:
+            return _overlap(d0, old.dp, d1, new.dp)
+        if sharded_new:  # replicated before: the new slice is all there
+            return 1.0 / new.dp
+        if sharded_old:  # sharded before, replicated now: only the old slice is here
+            return 1.0 / old.dp
+        return 1.0
+
+    return (
+        box * dp_part(old.zero >= 3, new.zero >= 3),
+        box * dp_part(old.zero >= 1, new.zero >= 1),
+    )
+
+
+def reshard(old: Shape, new: Shape, weight_bytes: float, optimizer_bytes: float) -> dict[str, float]:
+    """Bytes the new layout's devices must receive (total, and the most any one device receives)."""
+    total = most = 0.0
+    for rank in range(new.world):
+        w_need, o_need = held_fractions(new, rank)
+        w_kept, o_kept = kept(old, new, rank)
+        got = (w_need - w_kept) * weight_bytes + (o_need - o_kept) * optimizer_bytes
+        got = got if got > 1e-12 * (weight_bytes + optimizer_bytes) else 0.0  # rounding of equal slices
+        total += got
+        most = max(most, got)
+    return {"bytes": total, "max_device_bytes": most}
+
+
+def switch_time_s(backend: Any, max_device_bytes: float, devices_per_node: int) -> float:
+    """The device that receives the most, over its network link (the backend's point-to-point model)."""
+    from echosim.backends.base import Placement
+    from echosim.ir.ops import OpKind
+
+    if max_device_bytes <= 0:
+        return 0.0
+    chunk = 2**30  # in 1 GiB transfers: the backend's model is for one message
+    whole, rest = divmod(int(max_device_bytes), chunk)
+    place = Placement(2, 2, 1, devices_per_node)
+    t = whole * backend.collective_time_s(OpKind.SEND, chunk, place) if whole else 0.0
+    return t + (backend.collective_time_s(OpKind.SEND, rest, place) if rest else 0.0)
+
+
+def replan(
+    model: str,
+    plan: Any,
+    cluster: Any,
+    devices: int,
+    space: dict[str, tuple[Any, ...]] | None = None,
+    memory_fraction: float = 1.0,
+) -> dict[str, Any]:
+    """The old layout, keeping its shape on ``devices``, the best layout there, and each switch's cost."""
+    from echosim.compiler import _backend, lower, resolve_cluster
+    from echosim.dynamics.goodput import checkpoint_bytes
+    from echosim.frameworks import get_framework
+    from echosim.layout_search import evaluate, search
+    from echosim.passes.memory import StatePolicy
+    from echosim.plugins import get_registry
+
+    if devices < 1:
+        raise EchosimError(f"--devices must be at least 1, got {devices}")
+    old_report = lower(model, plan, cluster).report
+    backend = _backend(cluster.backend, get_registry())
+    new_cluster = resolve_cluster(replace(cluster, devices=devices, devices_per_node=0), get_registry(), backend)
+    state = StatePolicy.for_training(plan.dtype, 0, 1, **get_framework(plan.framework).state(plan.pp))
+    params = old_report.params
+    weight_bytes, opt_bytes = params * state.weight_bytes, params * state.optimizer_bytes
+    old_shape = Shape(plan.tp, plan.pp, plan.dp * plan.cp, plan.zero)
+
+    def switch(p: Any) -> dict[str, float]:
+        moved = reshard(old_shape, Shape(p.tp, p.pp, p.dp * p.cp, p.zero), weight_bytes, opt_bytes)
+        t = switch_time_s(backend, moved["max_device_bytes"], new_cluster.devices_per_node)
+        return {**moved, "time_s": t}
+
+    def row(p: Any, step: float | None, reason: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "zero": p.zero,
+                               "micro_batch": p.micro_batch, "step_time_s": step}  # fmt: skip
+        if reason:
+            out["reason"] = reason
+        else:
+            out["switch"] = switch(p)
+        return out
+
+    keep_rank = plan.tp * plan.pp * plan.cp
+    keep: dict[str, Any]
+    if devices % keep_rank:
+        keep = {"reason": f"{devices} devices do not divide into tp*pp*cp = {keep_rank}"}
+    else:
+        kp = replace(plan, dp=devices // keep_rank)
+        done = evaluate(model, kp, new_cluster, memory_fraction)
+        keep = row(kp, done.step_time_s, "" if done.ok else done.reason or "does not fit")
+    defaults = {"zero": (plan.zero,), "recompute": (plan.recompute,), "schedule": (plan.schedule,),
+                "sp": (plan.sp,), "tp_overlap": (plan.tp_overlap,), "vpp": (1,), "mb": (plan.micro_batch,),
+                "cp": (plan.cp,), "ep": (plan.ep,)}  # fmt: skip
+    result = search(model, plan, new_cluster, space={**defaults, **(space or {})}, memory_fraction=memory_fraction)
+    best_eval = result.best
+    if best_eval is None:
+        raise EchosimError(f"no layout of {model} fits on {devices} x {cluster.backend} (echosim search lists why)")
+    best = row(best_eval.plan, best_eval.step_time_s)
+    out: dict[str, Any] = {
+        "model": model,
+        "backend": cluster.backend,
+        "from": {"devices": cluster.devices, **row(plan, old_report.step_time_s, "old")},
+        "devices": devices,
+        "checkpoint_bytes": checkpoint_bytes(params, plan.dtype, plan.framework, plan.pp),
+        "keep": keep,
+        "best": best,
+        "simulated": result.simulated,
+    }
+    out["from"].pop("reason", None)
+    if "switch" in keep and keep["step_time_s"] is not None:
+        gain = keep["step_time_s"] - best["step_time_s"]
+        extra = best["switch"]["time_s"] - keep["switch"]["time_s"]
+        out["step_gain_s"] = gain
+        if gain > 0:
+            out["payback_steps"] = max(0, math.ceil(extra / gain))
+        else:
+            out["payback_steps"] = 0 if extra <= 0 else None  # keeping the shape is as fast: never pays back
+    else:
+        out["payback_steps"] = 0  # the old shape cannot run here: re-planning is the only way on
+    return out
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    def layout(x: dict[str, Any]) -> str:
+        return (
+            f"TP {x['tp']} PP {x['pp']} DP {x['dp']}"
+            + (f" CP {x['cp']}" if x["cp"] > 1 else "")
+            + (f" ZeRO {x['zero']}" if x["zero"] else "")
+        )
+
+    def switch(x: dict[str, Any]) -> str:
+        s = x["switch"]
+        most = s["max_device_bytes"] / 1e9
+        return f"switch moves {s['bytes'] / 1e9:,.4g} GB ({most:.4g} GB to the busiest device), {s['time_s']:.4g} s"
+
+    f = r["from"]
+    lines = [f"from {layout(f)} on {f['devices']:,} x {r['backend']}: step {f['step_time_s']:.4g} s"]
+    keep = r["keep"]
+    if "switch" in keep:
+        lines.append(
+            f"keep the shape on {r['devices']:,}: {layout(keep)}: step {keep['step_time_s']:.4g} s; {switch(keep)}"
+        )
+    else:
+        lines.append(f"keep the shape on {r['devices']:,}: not possible ({keep['reason']})")
+    best = r["best"]
+    lines.append(f"best on {r['devices']:,} ({r['simulated']} layouts simulated): {layout(best)}: step "
+                 f"{best['step_time_s']:.4g} s; {switch(best)}")  # fmt: skip
+    pay = r["payback_steps"]
+    lines.append(
+        "re-planning pays for itself "
+        + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
+    )
+    return lines

@@ -1,0 +1,194 @@
+"""Mixed device pools: the cluster file's checks, the balanced split, and one example end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echosim.cli import cli
+from echosim.dynamics.cluster import ClusterFileError, MixedCluster, Pool, cross_pool_sync_s, read_cluster, water_fill
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "h100-a100.toml"
+KNOWN = ["a100-80gb", "h100-sxm"]
+
+POOLS = """
+[[pools]]
+name = "h100"
+device = "h100-sxm"
+devices = 16
+
+[[pools]]
+name = "a100"
+device = "a100-80gb"
+devices = 16
+"""
+LINK = """
+[[links]]
+pools = ["h100", "a100"]
+GBps = 100.0
+latency_us = 20.0
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_reads_pools_and_links(tmp_path: Path) -> None:
+    c = read_cluster(write(tmp_path, POOLS + LINK), KNOWN)
+    assert [p.name for p in c.pools] == ["h100", "a100"] and c.devices == 32
+    assert c.links[0].GBps == 100.0 and c.links[0].latency_s == pytest.approx(20e-6)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (POOLS.replace("a100-80gb", "a100-120gb") + LINK, "pool 'a100': unknown device 'a100-120gb' (known:"),
+        (POOLS, "no link between pools 'h100' and 'a100'"),
+        (POOLS + LINK.replace('"a100"]', '"b200"]'), "link 1 names pool 'b200', which no [[pools]] defines"),
+        (POOLS.replace("devices = 16\n\n", "devices = 0\n\n", 1) + LINK, "pool 'h100': devices must be a whole"),
+        (POOLS + LINK.replace("100.0", "-1.0"), "GBps must be a positive number"),
+        (POOLS.replace('"a100"', '"h100"') + LINK, "two pools named 'h100'"),
+        ("[[pools]]\nname = 'x'\n", "pool 1 has no 'device'"),
+        ("pools = [", "not valid TOML"),
+        ("", "no [[pools]]"),
+    ],
+)
+def test_bad_cluster_files_are_one_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ClusterFileError, match=None) as err:
+        read_cluster(write(tmp_path, text), KNOWN)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    r1=st.integers(1, 4),
+    r2=st.integers(1, 4),
+    t1=st.floats(0.1, 10),
+    t2=st.floats(0.1, 10),
+    extra=st.integers(0, 30),
+)
+def test_water_fill_is_the_best_split_of_two_pools(r1: int, r2: int, t1: float, t2: float, extra: int) -> None:
+    """Against brute force over every split of whole micro-batches (linear times per micro-batch)."""
+    total = r1 + r2 + extra
+    times = [t1, t2]
+
+    def time_of(i: int, m: int) -> float:
+        return times[i] * m
+
+    got = water_fill(total, [r1, r2], time_of)
+    splits = [(a, b) for a, b in itertools.product(range(1, total + 1), repeat=2) if r1 * a + r2 * b == total]
+    if not splits:
+        assert got is None
+        return
+    assert got is not None and r1 * got[0] + r2 * got[1] == total
+    best = min(max(t1 * a, t2 * b) for a, b in splits)
+    assert max(t1 * got[0], t2 * got[1]) == pytest.approx(best)
+
+
+def test_cross_pool_sync_is_a_ring_over_the_slowest_link() -> None:
+    from echosim.dynamics.cluster import Link
+
+    c = MixedCluster((Pool("a", "h100-sxm", 8), Pool("b", "a100-80gb", 8)), (Link("a", "b", 10.0, 1e-3),))
+    assert cross_pool_sync_s(c, 1e9) == pytest.approx(2 * 1 / 2 * 1e9 / 10e9 + 2 * 1e-3)
+
+
+def test_balanced_split_beats_the_naive_one() -> None:
+    """512 H100 + 512 A100: the H100 pool takes more micro-batches and the step shortens."""
+    args = ["cluster", str(EXAMPLE), "llama3-8b", "--tp", "8", "--global-batch", "1024", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    naive, balanced = r["naive"], r["balanced"]
+    assert [p["microbatches_per_replica"] for p in naive["pools"]] == [8, 8]
+    h100, a100 = balanced["pools"]
+    assert h100["microbatches_per_replica"] > 8 > a100["microbatches_per_replica"]
+    assert h100["microbatches_per_replica"] * 64 + a100["microbatches_per_replica"] * 64 == 1024
+    assert balanced["step_s"] < naive["step_s"] and r["speedup"] > 1.3
+    assert naive["step_s"] == pytest.approx(max(p["step_s"] for p in naive["pools"]) + r["cross_pool_sync_s"])
+    assert CliRunner().invoke(cli, args).output == result.output  # byte-identical
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--backend", "h100-sxm"], "--backend: the cluster file gives the devices"),
+     (["--dp", "4"], "--dp: the cluster file gives the devices")],
+)  # fmt: skip
+def test_cluster_command_bad_flags(extra: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["cluster", str(EXAMPLE), "llama3-8b", "--tp", "8", *extra])
+    assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1
+
+
+def test_cluster_command_bad_file_is_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, POOLS)
+    result = CliRunner().invoke(cli, ["cluster", path, "llama3-8b", "--tp", "8"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert "no link between pools 'h100' and 'a100'" in result.output
+
+
+SAME = """
+[[pools]]
+name = "a"
+device = "h100-sxm"
+devices = 8
+
+[[pools]]
+name = "b"
+device = "h100-sxm"
+devices = 8
+
+[[links]]
+pools = ["a", "b"]
+GBps = 1.0e6
+"""
+
+
+def test_pipeline_split_of_one_device_kind_is_the_compilers_step(tmp_path: Path) -> None:
+    """Two pools of the same device, a link as fast as the node's: the stitched pipeline is the compiled step."""
+    from echosim import compile
+    from echosim.plan import Cluster, Plan
+
+    path = write(tmp_path, SAME)
+    result = CliRunner().invoke(cli, ["cluster", path, "gpt3-1.3b", "--tp", "2", "--pp", "4", "--global-batch", "32",
+                                      "--split", "pipeline", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    report = compile("gpt3-1.3b", Plan(tp=2, pp=4, dp=2, global_batch=32), Cluster("h100-sxm", 16))
+    assert r["naive"]["step_s"] == pytest.approx(report.step_time_s, rel=1e-5)
+    assert [s["layers"] for s in r["naive"]["stages"]] == [row["layers"] for row in report.stages]
+    assert [s["pool"] for s in r["naive"]["stages"]] == ["a", "a", "b", "b"]
+    assert r["balanced"]["step_s"] <= r["naive"]["step_s"] * (1 + 1e-9)
+
+
+def test_pipeline_split_balanced_to_device_speed() -> None:
+    """Stage 0 on 512 H100, stage 1 on 512 A100: the H100 stage takes more layers and the step shortens."""
+    args = ["cluster", str(EXAMPLE), "llama3-8b", "--tp", "8", "--pp", "2", "--global-batch", "1024", "--split",
+            "pipeline", "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    naive, balanced = r["naive"]["stages"], r["balanced"]["stages"]
+    assert [s["layers"] for s in naive] == [16, 16]
+    assert balanced[0]["layers"] > 16 > balanced[1]["layers"] and sum(s["layers"] for s in balanced) == 32
+    assert r["balanced"]["step_s"] < r["naive"]["step_s"] and r["speedup"] > 1.3 and r["fits"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--pp", "1"], "--split pipeline needs --pp 2 or more"),
+     (["--pp", "2", "--schedule", "zb-h1"], "defers weight gradients"),
+     (["--pp", "2", "--vpp", "2", "--schedule", "interleaved"], "interleaved stages")],
+)  # fmt: skip
+def test_pipeline_split_bad_layouts(tmp_path: Path, extra: list[str], message: str) -> None:
+    path = write(tmp_path, SAME)
+    result = CliRunner().invoke(cli, ["cluster", path, "gpt3-1.3b", "--tp", "2", "--global-batch", "32",
+                                      "--split", "pipeline", *extra])  # fmt: skip
+    assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1

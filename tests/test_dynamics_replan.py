@@ -1,0 +1,92 @@
+"""Re-planning: the bytes a layout switch moves (closed form) and the replan command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echosim.cli import cli
+from echosim.dynamics.replan import Shape, held_fractions, kept, reshard
+
+W, OPT = 2.0e9, 12.0e9  # weights and optimizer state of a 1B-parameter model, Megatron mixed precision
+
+
+def test_same_layout_moves_nothing() -> None:
+    s = Shape(tp=4, pp=2, dp=8, zero=1)
+    assert reshard(s, s, W, OPT) == {"bytes": 0.0, "max_device_bytes": 0.0}
+
+
+def test_doubling_tp_on_two_devices() -> None:
+    # one device held everything; now two tensor-parallel halves: the new device receives half
+    moved = reshard(Shape(1, 1, 1, 0), Shape(2, 1, 1, 0), W, OPT)
+    assert moved["bytes"] == pytest.approx((W + OPT) / 2) and moved["max_device_bytes"] == pytest.approx((W + OPT) / 2)
+
+
+def test_zero1_growing_dp_moves_only_optimizer_slices() -> None:
+    # dp 2 -> 4, ZeRO-1: weights are replicated (new ranks receive them whole), optimizer slices re-cut
+    moved = reshard(Shape(1, 1, 2, 1), Shape(1, 1, 4, 1), W, OPT)
+    # ranks 0, 1 keep their weights and the part of their old half that is in their new quarter;
+    # ranks 2, 3 are new: they receive the weights and a quarter of the optimizer state each.
+    # rank 0: new [0, 1/4) inside old [0, 1/2): keeps it. rank 1: new [1/4, 1/2) vs old [1/2, 1): receives it.
+    assert moved["bytes"] == pytest.approx(OPT / 4 + 2 * (W + OPT / 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    old=st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.integers(1, 8), st.integers(0, 3)),
+    new=st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.integers(1, 8), st.integers(0, 3)),
+)
+def test_kept_never_exceeds_what_is_held_or_needed(old: tuple, new: tuple) -> None:
+    a, b = Shape(*old), Shape(*new)
+    need_total = 0.0
+    for rank in range(b.world):
+        kw, ko = kept(a, b, rank)
+        nw, no = held_fractions(b, rank)
+        hw, ho = held_fractions(a, rank) if rank < a.world else (0.0, 0.0)
+        assert -1e-12 <= kw <= min(nw, hw) + 1e-12 and -1e-12 <= ko <= min(no, ho) + 1e-12
+        need_total += nw * W + no * OPT
+    moved = reshard(a, b, W, OPT)
+    assert 0 <= moved["bytes"] <= need_total + 1e-3
+    if a == b:
+        assert moved["bytes"] == 0
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_replan_command() -> None:
+    args = ["replan", "llama3-8b", "--from", "--backend h100-sxm --tp 8 --pp 2 --dp 4 --global-batch 64",
+            "--devices", "32", "--json"]  # fmt: skip
+    code, out = run(*args)
+    assert code == 0, out
+    r = json.loads(out)
+    assert r["from"]["devices"] == 64 and r["devices"] == 32
+    assert r["keep"]["tp"] == 8 and r["keep"]["dp"] == 2
+    best = r["best"]
+    assert best["tp"] * best["pp"] * best["dp"] == 32
+    assert best["step_time_s"] <= r["keep"]["step_time_s"]
+    assert best["switch"]["bytes"] > 0 and best["switch"]["time_s"] > 0
+    gain = r["keep"]["step_time_s"] - best["step_time_s"]
+    extra = best["switch"]["time_s"] - r["keep"]["switch"]["time_s"]
+    assert r["payback_steps"] * gain >= extra - 1e-9
+    assert run(*args)[1] == out  # byte-identical
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "--tp eight", "--devices", "8"], "--from '--tp eight'"),
+        (["--from", "--tp 8", "--devices", "0"], "--devices must be at least 1"),
+        (["--from", "--tp 8", "--devices", "8", "--space", "tp"], "--space"),
+    ],
+)
+def test_replan_bad_input_is_one_line(args: list[str], message: str) -> None:
+    code, out = run("replan", "llama3-8b", *args)
+    assert code != 0 and message in out and "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1
