@@ -106,6 +106,7 @@ class MatmulAttrs:
     tp: str = ""
     grad_of: str = ""
     precision: str = ""  # "fp8": operands quantised, output in the tensor's (16-bit) dtype
+    grouped: bool = False  # MoE experts: one grouped-GEMM kernel over ``batch`` experts' products
 
     @property
     def flops(self) -> int:
@@ -121,6 +122,8 @@ class MatmulAttrs:
             parts.append(self.grad_of)
         if self.precision:
             parts.append(self.precision)
+        if self.grouped:
+            parts.append("grouped")
         return " ".join(parts)
 
 

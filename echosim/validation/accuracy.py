@@ -36,6 +36,10 @@ GPU_MODULE_FITTED = {
     "compute.FLASH_CTA_FIXED_STEPS": "per-CTA fixed work of flash attention, from the FA3 sequence sweep",
     "compute.FLASH_SOFTMAX_HEAD_DIM": "softmax cost in flash attention, from FA2 with and without softmax",
     "compute.FLASH_BWD_RATE": "flash backward rate / forward rate, from the FlashAttention-2 paper's plots",
+    "compute.HEURISTIC_GEMM_FRACTION": "cuBLAS heuristic pick / autotuned rate (34 heuristic-library GEMMs of "
+    ">= 100 GFLOP: Azure cuBLASLt sweeps, PyTorch on one H200)",
+    "compute.GROUPED_GEMM_FRACTION": "MoE grouped-GEMM rate / the GEMM model's rate for its shapes (30 grouped "
+    "kernels on one H200, benchmarks/moe_kernels_h200.json)",
     "collectives.IB_EFFICIENCY": "achieved share of InfiniBand line rate (nccl-tests issues #290, #119)",
     "collectives.P2P_NVLINK_EFFICIENCY": "NCCL send/recv share of NVLink line rate (sendrecv, permute rows)",
 }
