@@ -28,7 +28,9 @@ class Default:
 
     ``when_above_one`` names a Plan field that must exceed 1 for the default to apply
     (sequence parallelism only exists with tensor parallelism). ``arch`` limits a model
-    default to one architecture family (the GPT tokenizer is GPT models' default).
+    default to one architecture family (the GPT tokenizer is GPT models' default);
+    ``not_arch`` keeps a layout default off one family's models (a run whose family is not
+    known takes it).
     """
 
     field: str
@@ -36,6 +38,7 @@ class Default:
     source: str
     when_above_one: str = ""
     arch: str = ""
+    not_arch: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,13 +87,16 @@ class Framework:
         multiple = self.vocab_multiple * max(1, tp)
         return -(-vocab // multiple) * multiple
 
-    def defaults_for(self, given: Collection[str], plan: Any) -> dict[str, Any]:
-        """The defaults that apply to ``plan``: fields not ``given``, conditions met."""
+    def defaults_for(self, given: Collection[str], plan: Any, arch: str = "") -> dict[str, Any]:
+        """The defaults that apply to ``plan`` of an ``arch`` model ('' = not known): fields not ``given``,
+        conditions met."""
         out: dict[str, Any] = {}
         for d in self.defaults:
             if d.field in given:
                 continue
             if d.when_above_one and getattr(plan, d.when_above_one, 1) <= 1:
+                continue
+            if d.not_arch and arch == d.not_arch:
                 continue
             out[d.field] = d.value
         return out
@@ -135,6 +141,22 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
     "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
     "states follow the fp32 parameters",
+)
+
+# ---- timing behaviour: how a framework issues its kernels and collectives (step time, not memory) ----
+
+# NeMo 2.0 / Megatron-Bridge overlap tensor-parallel communication with the GEMMs (Transformer Engine
+# userbuffers) in their dense pre-training recipes that split tensors, and ship a tuned userbuffers
+# layout per model shape for it; their MoE recipes switch it off.
+_NEMO_TP_OVERLAP = Default(
+    "tp_overlap",
+    True,
+    "CommOverlapConfig(tp_comm_overlap=True) with a userbuffers layout from src/megatron/bridge/training/"
+    "comm_overlap.py (h6144 tp2, h8192 tp4, h12288 tp4, h16384 tp8, h18432 tp8) in the dense recipes "
+    "gpt/h100/gpt3_175b.py, llama/h100/llama3.py (70B, 405B), nemotronh/h100/nemotronh.py; the MoE "
+    f"recipes (deepseek, kimi, moonlight, olmoe) set tp_comm_overlap=False ({_BRIDGE})",
+    when_above_one="tp",
+    not_arch="moe",
 )
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -210,6 +232,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     f'the pre-training recipes\' precision_config defaults to "bf16_mixed" ({_BRIDGE}, '
                     "src/megatron/bridge/recipes/*); fp8 and mxfp8 are opt-in recipes",
                 ),
+                _NEMO_TP_OVERLAP,
             ),
             row_names=("NeMo", "Megatron-Bridge"),
             fused_gated=_SWIGLU,

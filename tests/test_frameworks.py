@@ -47,6 +47,17 @@ def test_framework_defaults_fill_only_what_is_not_given() -> None:
     assert plan_with_defaults(Plan(), {"framework": "maxtext", "recompute": "none"}).recompute == "none"
 
 
+def test_nemo_overlaps_tp_communication_in_dense_recipes_only() -> None:
+    """Megatron-Bridge's dense recipes that split tensors run tp_comm_overlap; its MoE recipes do not."""
+    dense = plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4}, "llama")
+    assert dense.tp_overlap and dense.sp
+    assert plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4}).tp_overlap  # family not known
+    assert not plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4}, "moe").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "nemo", "tp": 1}, "llama").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4, "tp_overlap": False}, "gpt").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "megatron", "tp": 4}, "gpt").tp_overlap  # off unless given
+
+
 def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
     _, plan, _ = plan_from_options(None, {"framework": "megatron"})
     assert (plan.framework, plan.recompute, plan.tp, plan.pp) == ("megatron", "full", 8, 16)
