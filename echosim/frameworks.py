@@ -10,7 +10,7 @@ and validation read its entry from here.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from echosim.errors import EchosimError
@@ -70,6 +70,12 @@ class Framework:
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True
         return out
+
+    # ---- timing behaviour (step time, not memory): the kernels the framework calls ----
+    # The flash-attention kernel when it is not the device's best ('' = the best: FA3 on Hopper, cuDNN
+    # on Blackwell; "fa2" = FlashAttention-2), and where that is documented.
+    attention_kernel: str = ""
+    attention_source: str = ""
 
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
@@ -338,6 +344,36 @@ FRAMEWORKS: dict[str, Framework] = {
         ),
     )
 }
+
+
+# ---- timing behaviour: earlier releases whose kernels differ (memory rules as the entry they derive from) ----
+
+# torchtitan before commit 6a3a9da (2025-10-09) ran F.scaled_dot_product_attention with the flash
+# backend first (cuDNN first only on sm_100, commit 3b85aa31f): PyTorch's flash backend is
+# FlashAttention-2's sm80 kernels (aten/src/ATen/native/transformers/cuda/flash_attn), on Hopper too.
+FRAMEWORKS["torchtitan-2025"] = replace(
+    FRAMEWORKS["torchtitan"],
+    name="torchtitan-2025",
+    title="torchtitan releases of 2024-2025: FSDP2, PyTorch SDPA's FlashAttention-2 kernels on Hopper",
+    version="torchtitan before commit 6a3a9da (2025-10-09), e.g. e7c0cae (2025-06-11)",
+    row_names=("torchtitan (torch 2.6", "torchtitan (commit e7c0cae"),
+    attention_kernel="fa2",
+    attention_source="ScaledDotProductAttention._init_backend: [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], "
+    "CUDNN_ATTENTION first only with CUDA capability 10.0 (torchtitan/models/attention.py, commit e7c0cae); "
+    "before that plain F.scaled_dot_product_attention (torch 2.6's default order puts flash first)",
+)
+# llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the
+# gpu extra pins flash-attn==2.5.0, setup.py at llm-foundry commit 4952183) or, on older images, version 1.
+FRAMEWORKS["composer"] = replace(
+    FRAMEWORKS["eager"],
+    name="composer",
+    title="MosaicML Composer + PyTorch FSDP (llm-foundry): flash-attn 2 kernels",
+    version="llm-foundry commit 4952183 (2024-04), Composer FSDP",
+    row_names=("Composer",),
+    attention_kernel="fa2",
+    attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
+    "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
+)
 
 
 def get_framework(name: str) -> Framework:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from echosim.backends.devices import DeviceSpec
 from echosim.ir.ops import AttentionAttrs
@@ -250,9 +250,18 @@ def math_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backwa
     return 2 * pv + 2 * qk + memory_bound_time_s(dev, score_bytes * (3 + 2 * mask_passes), 1 + mask_passes)
 
 
+@functools.lru_cache(maxsize=64)
+def fa2_view(dev: DeviceSpec) -> DeviceSpec:
+    """The device as FlashAttention-2's kernels use it: its sm80 tiles (128 query rows x 64 keys, the
+    same kernels on Hopper and Blackwell) at FA2's measured forward rate on the part."""
+    if dev.fa2_fwd_eff is None:
+        return dev  # its own flash figure is FA2's already
+    return replace(dev, arch="ampere", flash_fwd_eff=dev.fa2_fwd_eff, flash_fwd_shape=dev.fa2_fwd_shape)
+
+
 def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
     if a.flash:
-        return flash_attention_time_s(dev, a, dtype, backward)
+        return flash_attention_time_s(fa2_view(dev) if a.kernel == "fa2" else dev, a, dtype, backward)
     return math_attention_time_s(dev, a, dtype, backward)
 
 

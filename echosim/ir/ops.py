@@ -139,6 +139,7 @@ class AttentionAttrs:
     head_dim: int
     causal: bool = True
     flash: bool = True
+    kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
 
     @property
     def flops(self) -> int:
@@ -150,6 +151,7 @@ class AttentionAttrs:
             f"b={self.batch} h={self.heads} kv={self.kv_heads} q={self.q_len} "
             f"k={self.kv_len} d={self.head_dim}"
             f"{' causal' if self.causal else ''}{' flash' if self.flash else ' math'}"
+            f"{' ' + self.kernel if self.kernel and self.flash else ''}"
         )
 
 
