@@ -269,7 +269,7 @@ def sensitivity_section(table: dict[str, Any]) -> list[str]:
         )
     if constants:
         lines += ["", "Module constants (`compute.*`, `collectives.*`) are moved one fresh process each by "
-                  "`python benchmarks/constant_sensitivity.py`."]  # fmt: skip
+                  "`python benchmarks/constant_sensitivity.py` (shares of a rate capped at 1)."]  # fmt: skip
     return lines
 
 

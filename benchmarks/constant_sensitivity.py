@@ -8,7 +8,10 @@ table in a fresh process with the constant multiplied before anything is costed 
 caches of one process would otherwise keep the old prices). Writes
 ``benchmarks/data/constant_sensitivity.json``, which the accuracy page adds to its sensitivity table.
 
-    python benchmarks/constant_sensitivity.py [--cases ../shared/validation/cases.csv]
+    python benchmarks/constant_sensitivity.py [--cases ../shared/validation/cases.csv] [--only NAME ...]
+
+Shares of a rate (efficiencies, fractions) are capped at 1, as the device-field table caps its fractions.
+``--only`` recomputes the named constants and keeps the others' stored figures.
 
 About one whole-table validation per move (two per constant): ~15-25 CPU minutes in all.
 """
@@ -30,13 +33,22 @@ from echosim.validation.accuracy import GPU_MODULE_FITTED  # noqa: E402
 CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "constant_sensitivity.json"
 STEP = 0.10
+#: Constants that are a share of a rate: moved values are capped at 1.
+FRACTIONS = {
+    "collectives.IB_EFFICIENCY",
+    "collectives.P2P_NVLINK_EFFICIENCY",
+    "compute.HEURISTIC_GEMM_FRACTION",
+    "compute.GROUPED_GEMM_FRACTION",
+    "compute.FLASH_BWD_RATE",
+}
 
 _CHILD = """
 import json, sys
 import echosim.backends.collectives as collectives
 import echosim.backends.compute as compute
 module = {"compute": compute, "collectives": collectives}[sys.argv[1]]
-setattr(module, sys.argv[2], getattr(module, sys.argv[2]) * float(sys.argv[3]))
+moved = getattr(module, sys.argv[2]) * float(sys.argv[3])
+setattr(module, sys.argv[2], min(moved, 1.0) if sys.argv[5] == "fraction" else moved)
 from echosim.validation.run import validate_cases
 from echosim.validation.stats import TARGET_GROUP
 groups = validate_cases(sys.argv[4]).groups()
@@ -48,7 +60,16 @@ def moved(dotted: str, factor: float, cases: Path) -> dict[str, float]:
     """Overall and target-group MAPE with ``dotted`` multiplied by ``factor``."""
     module, attr = dotted.split(".")
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, module, attr, repr(factor), str(cases)],
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            module,
+            attr,
+            repr(factor),
+            str(cases),
+            "fraction" if dotted in FRACTIONS else "value",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -60,9 +81,15 @@ def moved(dotted: str, factor: float, cases: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=Path, default=CASES)
+    parser.add_argument("--only", nargs="*", default=None, help="Recompute only these constants.")
     args = parser.parse_args()
     table: dict[str, dict[str, dict[str, float]]] = {}
-    for dotted in GPU_MODULE_FITTED:
+    if args.only and OUT.exists():
+        table = json.loads(OUT.read_text())["table"]
+    unknown = set(args.only or ()) - set(GPU_MODULE_FITTED)
+    if unknown:
+        parser.error(f"unknown constant(s) {', '.join(sorted(unknown))} (known: {', '.join(GPU_MODULE_FITTED)})")
+    for dotted in args.only or GPU_MODULE_FITTED:
         for sign, factor in ((f"-{STEP:.0%}", 1 - STEP), (f"+{STEP:.0%}", 1 + STEP)):
             result = moved(dotted, factor, args.cases)
             table.setdefault(dotted, {})[sign] = result

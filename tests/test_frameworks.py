@@ -162,3 +162,22 @@ def test_search_takes_the_frameworks_zero_stage() -> None:
     assert out.exit_code == 0, out.output
     best = json.loads(out.output)["best"]
     assert {(c["dp"], c["zero"]) for c in best} == {(2, 1), (1, 0)}  # ZeRO is moot on one replica
+
+
+def test_a_framework_on_fa2_prices_attention_at_fa2s_rate_end_to_end() -> None:
+    """torchtitan releases before 2025-10 ran PyTorch SDPA's FlashAttention-2 on Hopper: slower attention than
+    today's torchtitan (cuDNN first), the same GEMMs."""
+    import json
+
+    def breakdown(framework: str) -> dict:
+        out = CliRunner().invoke(
+            cli,
+            ["compile", "gpt3-125m", "--backend", "h100-sxm", "--dp", "2", "--global-batch", "4",
+             "--framework", framework, "--json"],
+        )  # fmt: skip
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["breakdown"]
+
+    old, new = breakdown("torchtitan-2025"), breakdown("torchtitan")
+    assert old["compute.attention"] > 1.3 * new["compute.attention"]
+    assert old["compute.matmul"] == new["compute.matmul"]
