@@ -45,18 +45,19 @@ WHY: tuple[tuple[str, str], ...] = (
     (
         r"^narayanan2021.*zero3",
         "DeepSpeed ZeRO-3 of 2021 gathered every parameter with its own latency-bound "
-        "all-gather; echosim's FSDP model gathers a layer at a time with prefetch, so it is 40-80% optimistic here",
+        "all-gather; echosim's FSDP model gathers a layer at a time with prefetch, so it is 40-80% optimistic here "
+        "(even per-parameter gathers with no overlap at all price 174B on 1,536 GPUs at ~28 s of its 67 s)",
     ),
     (
-        r"^llmfoundry",
-        "llm-foundry's 2023 runs (PyTorch 1.13/2.0 FSDP, Triton flash attention) ran below the kernel "
-        "efficiencies echosim measured with 2024-25 software (MAMF GEMMs, FA3); NVIDIA's 2025 H100 rows of the same "
-        "layouts are predicted within 10% or slow, so one set of H100 constants cannot match both sources",
+        r"^llmfoundry.*h100",
+        "llm-foundry's 2023 H100 runs (PyTorch 1.13/2.0 images, flash-attn 1/2): attention is priced at FA2's "
+        "rate; the rest of the gap grows with model size and is widest on short steps, while the same source's "
+        "A100 rows are within 10%: the 2023 software stack on H100 is not modelled",
     ),
     (
         r"^torchtitan-h200",
-        "torchtitan float8 + FSDP2 (Dec 2024) on H200: not explained yet; the H200 device check "
-        "below finds PyTorch's SDPA (FlashAttention-2 kernels) at about half the FA3 rate the model assumes",
+        "torchtitan float8 + FSDP2 on H200: attention is priced at PyTorch SDPA's FlashAttention-2 rate "
+        "(checked against SDPA measured on an H200); the float8 linears' remaining gap is not explained yet",
     ),
     (r"^tpurecipes-gpt3-175b-bf16-v5p", "confidence C: a single log line that implies >85% MFU (flagged SUSPECT)"),
     (
@@ -68,7 +69,32 @@ WHY: tuple[tuple[str, str], ...] = (
         "H100 96 GB at a 500 W power limit (torchtitan, arXiv:2410.06511): no datasheet gives its clocks under "
         "that cap, so the device carries the 700 W H100 SXM's peaks and is optimistic by construction",
     ),
-    (r"gb[23]00|b[23]00", "Blackwell: no Blackwell attention measurement, the H100 FA3 efficiency is assumed"),
+    (
+        r"^dgxc2504-nemotron-4-340b",
+        "the row leaves vpp blank (the v25.04 table says VP=NA) while the v25.02 and v25.05 tables give VP=12 for "
+        "the same run; with vpp=12 echosim is within +1% (bf16) and +17% (fp8) of it",
+    ),
+    (
+        r"^(mbridge2509-deepseekv3-dropless-.*h100|mbridge260401-deepseekv3-mxfp8-b200-256|deepseekv3-2024)",
+        "expert parallelism across nodes: echosim prices NCCL all_to_all at the NIC rate (comm.ep 33 s of 46 s for "
+        "ep32 on B200, 2.6 s for ep8); the runs use DeepEP/HybridEP dispatch (one IB copy per destination node, "
+        "node-limited routing) and overlap it with the other micro-batch's compute, neither modelled",
+    ),
+    (
+        r"^mbridge2509-(?!.*(fp8|tokendrop))",
+        "the 25.09 table has no precision column and its numbers track later releases' FP8 rows (row notes); the "
+        "blank dtype takes NeMo's recipe default, bf16, so echosim prices a bf16 run",
+    ),
+    (
+        r"qwen3-30b-a3b-(fp8|mxfp8)-(h100|b200)",
+        "the source's own releases disagree on this layout: qwen3-30b on 8 B200 ran 28.2 s (25.11, mbs 1) and 9.7 s "
+        "(26.04.01, mbs 4); on 16 H100 fp8 took 24.8 s where bf16 took 12.5 s (25.09)",
+    ),
+    (
+        r"gb[23]00|b[23]00",
+        "Blackwell: attention is priced at cuDNN's rate derived from the FlashAttention-4 paper (1613/1.3 TFLOP/s on "
+        "B200), not a measurement of the run's own kernels",
+    ),
 )
 
 
@@ -215,6 +241,9 @@ def sensitivity_section(table: dict[str, Any]) -> list[str]:
         return ["## Sensitivity", "", "Not computed yet: `python benchmarks/accuracy_page.py --sensitivity`."]
     step = table.get("step", 0.1)
     data, base = table["table"], table["baseline"]
+    constants_path = DATA / "constant_sensitivity.json"  # module constants: benchmarks/constant_sensitivity.py
+    constants = json.loads(constants_path.read_text())["table"] if constants_path.exists() else {}
+    data = {**data, **constants}
     moves = {
         (name, sign): abs(v["overall"] - base["overall"]) for name, sides in data.items() for sign, v in sides.items()
     }
@@ -238,6 +267,9 @@ def sensitivity_section(table: dict[str, Any]) -> list[str]:
             f"| `{name}` | {_pct(minus.get('overall'), False)} | {_pct(plus.get('overall'), False)} | "
             f"{_pct(minus.get('target'), False)} | {_pct(plus.get('target'), False)} |"
         )
+    if constants:
+        lines += ["", "Module constants (`compute.*`, `collectives.*`) are moved one fresh process each by "
+                  "`python benchmarks/constant_sensitivity.py` (shares of a rate capped at 1)."]  # fmt: skip
     return lines
 
 

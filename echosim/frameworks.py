@@ -10,7 +10,7 @@ and validation read its entry from here.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from echosim.errors import EchosimError
@@ -28,7 +28,9 @@ class Default:
 
     ``when_above_one`` names a Plan field that must exceed 1 for the default to apply
     (sequence parallelism only exists with tensor parallelism). ``arch`` limits a model
-    default to one architecture family (the GPT tokenizer is GPT models' default).
+    default to one architecture family (the GPT tokenizer is GPT models' default);
+    ``not_arch`` keeps a layout default off one family's models (a run whose family is not
+    known takes it).
     """
 
     field: str
@@ -36,6 +38,7 @@ class Default:
     source: str
     when_above_one: str = ""
     arch: str = ""
+    not_arch: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ class Framework:
             out["unsharded_between_microbatches"] = True
         return out
 
+    # ---- timing behaviour (step time, not memory): the kernels the framework calls ----
+    # The flash-attention kernel when it is not the device's best ('' = the best: FA3 on Hopper, cuDNN
+    # on Blackwell; "fa2" = FlashAttention-2), and where that is documented.
+    attention_kernel: str = ""
+    attention_source: str = ""
+
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
     vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
@@ -84,13 +93,16 @@ class Framework:
         multiple = self.vocab_multiple * max(1, tp)
         return -(-vocab // multiple) * multiple
 
-    def defaults_for(self, given: Collection[str], plan: Any) -> dict[str, Any]:
-        """The defaults that apply to ``plan``: fields not ``given``, conditions met."""
+    def defaults_for(self, given: Collection[str], plan: Any, arch: str = "") -> dict[str, Any]:
+        """The defaults that apply to ``plan`` of an ``arch`` model ('' = not known): fields not ``given``,
+        conditions met."""
         out: dict[str, Any] = {}
         for d in self.defaults:
             if d.field in given:
                 continue
             if d.when_above_one and getattr(plan, d.when_above_one, 1) <= 1:
+                continue
+            if d.not_arch and arch == d.not_arch:
                 continue
             out[d.field] = d.value
         return out
@@ -135,6 +147,22 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
     "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
     "states follow the fp32 parameters",
+)
+
+# ---- timing behaviour: how a framework issues its kernels and collectives (step time, not memory) ----
+
+# NeMo 2.0 / Megatron-Bridge overlap tensor-parallel communication with the GEMMs (Transformer Engine
+# userbuffers) in their dense pre-training recipes that split tensors, and ship a tuned userbuffers
+# layout per model shape for it; their MoE recipes switch it off.
+_NEMO_TP_OVERLAP = Default(
+    "tp_overlap",
+    True,
+    "CommOverlapConfig(tp_comm_overlap=True) with a userbuffers layout from src/megatron/bridge/training/"
+    "comm_overlap.py (h6144 tp2, h8192 tp4, h12288 tp4, h16384 tp8, h18432 tp8) in the dense recipes "
+    "gpt/h100/gpt3_175b.py, llama/h100/llama3.py (70B, 405B), nemotronh/h100/nemotronh.py; the MoE "
+    f"recipes (deepseek, kimi, moonlight, olmoe) set tp_comm_overlap=False ({_BRIDGE})",
+    when_above_one="tp",
+    not_arch="moe",
 )
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -210,6 +238,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     f'the pre-training recipes\' precision_config defaults to "bf16_mixed" ({_BRIDGE}, '
                     "src/megatron/bridge/recipes/*); fp8 and mxfp8 are opt-in recipes",
                 ),
+                _NEMO_TP_OVERLAP,
             ),
             row_names=("NeMo", "Megatron-Bridge"),
             fused_gated=_SWIGLU,
@@ -315,6 +344,36 @@ FRAMEWORKS: dict[str, Framework] = {
         ),
     )
 }
+
+
+# ---- timing behaviour: earlier releases whose kernels differ (memory rules as the entry they derive from) ----
+
+# torchtitan before commit 6a3a9da (2025-10-09) ran F.scaled_dot_product_attention with the flash
+# backend first (cuDNN first only on sm_100, commit 3b85aa31f): PyTorch's flash backend is
+# FlashAttention-2's sm80 kernels (aten/src/ATen/native/transformers/cuda/flash_attn), on Hopper too.
+FRAMEWORKS["torchtitan-2025"] = replace(
+    FRAMEWORKS["torchtitan"],
+    name="torchtitan-2025",
+    title="torchtitan releases of 2024-2025: FSDP2, PyTorch SDPA's FlashAttention-2 kernels on Hopper",
+    version="torchtitan before commit 6a3a9da (2025-10-09), e.g. e7c0cae (2025-06-11)",
+    row_names=("torchtitan (torch 2.6", "torchtitan (commit e7c0cae"),
+    attention_kernel="fa2",
+    attention_source="ScaledDotProductAttention._init_backend: [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], "
+    "CUDNN_ATTENTION first only with CUDA capability 10.0 (torchtitan/models/attention.py, commit e7c0cae); "
+    "before that plain F.scaled_dot_product_attention (torch 2.6's default order puts flash first)",
+)
+# llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the
+# gpu extra pins flash-attn==2.5.0, setup.py at llm-foundry commit 4952183) or, on older images, version 1.
+FRAMEWORKS["composer"] = replace(
+    FRAMEWORKS["eager"],
+    name="composer",
+    title="MosaicML Composer + PyTorch FSDP (llm-foundry): flash-attn 2 kernels",
+    version="llm-foundry commit 4952183 (2024-04), Composer FSDP",
+    row_names=("Composer",),
+    attention_kernel="fa2",
+    attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
+    "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
+)
 
 
 def get_framework(name: str) -> Framework:

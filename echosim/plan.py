@@ -100,8 +100,9 @@ _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node")
 
 
-def plan_with_defaults(base: Plan, given: dict[str, Any]) -> Plan:
-    """``base`` with the ``given`` fields, and the named framework's defaults for the fields not given.
+def plan_with_defaults(base: Plan, given: dict[str, Any], arch: str = "") -> Plan:
+    """``base`` with the ``given`` fields, and the named framework's defaults for the fields not given
+    (those that depend on the model's family take ``arch``: gpt, llama, moe; '' = not known).
 
     A field where ``base`` differs from ``Plan()`` counts as given (the default run states its
     settings). An unknown framework is one line naming the known ones.
@@ -112,7 +113,7 @@ def plan_with_defaults(base: Plan, given: dict[str, Any]) -> Plan:
     given = {k: v for k, v in given.items() if k in plan_keys and v is not None}
     plan = replace(base, **given)
     framework = get_framework(plan.framework)
-    return replace(plan, **framework.defaults_for(stated | set(given), plan))
+    return replace(plan, **framework.defaults_for(stated | set(given), plan, arch))
 
 
 def plan_from_options(model: str | None, opts: dict[str, Any]) -> tuple[str, Plan, Cluster]:

@@ -152,3 +152,18 @@ def test_null_backend_costs_a_tick_and_never_runs_out_of_memory():
     assert null.collective_time_s(OpKind.ALL_REDUCE, 10**12, Placement(8, 1, 8)) == 1e-9
     assert null.memory_bytes() > 10**18 and null.peak_flops("bf16") == 1e15
     assert null.overlap() == OverlapModel()
+
+
+@pytest.mark.parametrize("name", ["b200", "gb200", "b300", "gb300"])
+def test_blackwell_attention_runs_at_cudnns_rate_from_the_fa4_paper(name: str) -> None:
+    """TE's fused attention on sm_100 is cuDNN's kernel: 1613 / 1.3 TFLOP/s on B200 at the anchor shape
+    (FlashAttention-4 paper), the same fraction of peak on the other Blackwell parts."""
+    from echosim.backends.compute import flash_attention_time_s
+    from echosim.ir.ops import AttentionAttrs
+
+    dev = DEVICES[name]
+    b, h, s, d = dev.flash_fwd_shape
+    anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
+    rate = anchor.flops / (flash_attention_time_s(dev, anchor, "bf16") - dev.kernel_overhead_us * 1e-6)
+    assert rate / (dev.peak_bf16_tflops * 1e12) == pytest.approx(1613.0 / 1.3 / 2250.0, rel=1e-3)
+    assert dev.flash_fwd_eff < DEVICES["h100-sxm"].flash_fwd_eff  # below FA3's share of Hopper's peak

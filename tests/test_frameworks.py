@@ -24,6 +24,8 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan-compile",
         "maxtext",
         "deepspeed",
+        "torchtitan-2025",
+        "composer",
     }
     for fw in FRAMEWORKS.values():
         assert fw.version and fw.title
@@ -47,18 +49,54 @@ def test_framework_defaults_fill_only_what_is_not_given() -> None:
     assert plan_with_defaults(Plan(), {"framework": "maxtext", "recompute": "none"}).recompute == "none"
 
 
+@pytest.mark.parametrize(
+    ("row", "name", "kernel"),
+    [
+        ("torchtitan (torch 2.6 nightly 2024-12-23, torchao)", "torchtitan-2025", "fa2"),
+        ("torchtitan (commit e7c0cae, torch 2.8.0a0 NGC 25.05)", "torchtitan-2025", "fa2"),
+        ("torchtitan", "torchtitan", ""),  # today's torchtitan puts cuDNN attention first
+        ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "composer", "fa2"),
+        ("Megatron-Bridge / Megatron-Core", "nemo", ""),
+    ],
+)
+def test_frameworks_name_the_flash_kernel_they_call(row: str, name: str, kernel: str) -> None:
+    fw = get_framework(framework_named_in(row))
+    assert (fw.name, fw.attention_kernel) == (name, kernel)
+    assert not kernel or len(fw.attention_source) > 40
+
+
+def test_an_earlier_release_keeps_the_memory_rules_of_its_entry() -> None:
+    old, new = get_framework("torchtitan-2025"), get_framework("torchtitan")
+    for field in ("defaults", "ce_saved", "ce_working", "fp32_weights", "selective", "pp_unsharded"):
+        assert getattr(old, field) == getattr(new, field), field
+
+
+def test_nemo_overlaps_tp_communication_in_dense_recipes_only() -> None:
+    """Megatron-Bridge's dense recipes that split tensors run tp_comm_overlap; its MoE recipes do not."""
+    dense = plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4}, "llama")
+    assert dense.tp_overlap and dense.sp
+    assert plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4}).tp_overlap  # family not known
+    assert not plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4}, "moe").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "nemo", "tp": 1}, "llama").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "nemo", "tp": 4, "tp_overlap": False}, "gpt").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "megatron", "tp": 4}, "gpt").tp_overlap  # off unless given
+
+
 def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
     _, plan, _ = plan_from_options(None, {"framework": "megatron"})
     assert (plan.framework, plan.recompute, plan.tp, plan.pp) == ("megatron", "full", 8, 16)
 
 
 def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
-    with pytest.raises(FrameworkError, match=r"unknown framework 'keras' \(known: deepspeed, eager, maxtext"):
+    with pytest.raises(FrameworkError, match=r"unknown framework 'keras' \(known: composer, deepspeed, eager, maxtext"):
         get_framework("keras")
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--framework", "keras"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "known: deepspeed, eager, maxtext, megatron, megatron-2022, nemo, torchtitan" in lines[0]
+    assert (
+        len(lines) == 1
+        and "known: composer, deepspeed, eager, maxtext, megatron, megatron-2022, nemo, torchtitan" in lines[0]
+    )
 
 
 def test_unknown_framework_in_a_plan_is_refused_before_capture() -> None:
@@ -90,8 +128,9 @@ def test_compile_reports_the_framework_and_applies_its_defaults() -> None:
         ("Megatron-LM", "megatron"),
         ("MegaScale (Megatron-LM based)", "megatron"),
         ("MaxText (NVIDIA JAX container 25.01-maxtext)", "maxtext"),
-        ("torchtitan (torch 2.6 nightly 2024-12-23, torchao)", "torchtitan"),
-        ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "eager"),
+        ("torchtitan (torch 2.6 nightly 2024-12-23, torchao)", "torchtitan-2025"),
+        ("torchtitan (torch.compile)", "torchtitan-compile"),
+        ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "composer"),
         ("", "eager"),
     ],
 )
@@ -123,3 +162,22 @@ def test_search_takes_the_frameworks_zero_stage() -> None:
     assert out.exit_code == 0, out.output
     best = json.loads(out.output)["best"]
     assert {(c["dp"], c["zero"]) for c in best} == {(2, 1), (1, 0)}  # ZeRO is moot on one replica
+
+
+def test_a_framework_on_fa2_prices_attention_at_fa2s_rate_end_to_end() -> None:
+    """torchtitan releases before 2025-10 ran PyTorch SDPA's FlashAttention-2 on Hopper: slower attention than
+    today's torchtitan (cuDNN first), the same GEMMs."""
+    import json
+
+    def breakdown(framework: str) -> dict:
+        out = CliRunner().invoke(
+            cli,
+            ["compile", "gpt3-125m", "--backend", "h100-sxm", "--dp", "2", "--global-batch", "4",
+             "--framework", framework, "--json"],
+        )  # fmt: skip
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["breakdown"]
+
+    old, new = breakdown("torchtitan-2025"), breakdown("torchtitan")
+    assert old["compute.attention"] > 1.3 * new["compute.attention"]
+    assert old["compute.matmul"] == new["compute.matmul"]

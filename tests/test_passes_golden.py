@@ -77,3 +77,31 @@ def test_fp8_linears(tiny_llama: Graph) -> None:
     check_golden("fp8_llama.txt", print_graph(g))
     text = print_graph(g)
     assert "lm_head" in text and "m=16 n=128 k=64}" in text  # the output layer stays 16-bit
+
+
+def test_fp8_linears_gather_the_quantised_shard_under_sequence_parallelism(tiny_llama: Graph) -> None:
+    """Transformer Engine casts the local shard and all-gathers fp8: the gather moves half the bytes and
+    the cast reads 1/tp of the activation; gathers that feed anything but a linear stay 16-bit."""
+    from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
+    from echosim.ir.types import DType
+    from echosim.passes.precision import Fp8Linears
+
+    base = run_passes(tiny_llama, [TensorParallel(2, sequence_parallel=True), Autodiff()])
+    fp8 = run_passes(base, [Fp8Linears()])
+    verify(fp8)
+
+    def gathers(g: Graph) -> list:
+        return [n for n in g if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs)
+                and n.attrs.axis is Axis.TP]  # fmt: skip
+
+    quantised = [n for n in gathers(fp8) if n.out.dtype is DType.FP8]
+    assert quantised, "no sequence-parallel gather moved fp8"
+    before = {n.id: n for n in gathers(base)}
+    for n in quantised:
+        assert n.attrs.bytes * 2 == before[n.id].attrs.bytes
+        cast = fp8[n.inputs[0]]
+        assert isinstance(cast.attrs, ElementwiseAttrs) and cast.attrs.fn.endswith("_cast")
+        assert cast.out.numel * 2 == n.out.numel  # the local shard of tp=2
+        readers = [fp8[u] for u in fp8.users(n.id)]
+        assert readers and all(isinstance(r.attrs, MatmulAttrs) and r.attrs.precision == "fp8" for r in readers)
+    assert sum(n.attrs.bytes for n in gathers(fp8)) < sum(n.attrs.bytes for n in gathers(base))

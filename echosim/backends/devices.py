@@ -66,6 +66,10 @@ class DeviceSpec:
     block_scaled_formats: tuple[str, ...] = ()
     peak_fp4_tflops: float | None = None  # dense NVFP4 peak where the part has FP4 tensor cores
     gemm_eff_fp4: float | None = None  # large-GEMM NVFP4 TFLOP/s over peak_fp4_tflops
+    # FlashAttention-2's forward (sm80 kernels: PyTorch SDPA's flash backend, flash-attn 2) where the part's
+    # best flash kernel is another one (FA3, cuDNN); None: flash_fwd_eff is FA2's already (Ampere).
+    fa2_fwd_eff: float | None = None  # TFLOP/s over 16-bit peak ...
+    fa2_fwd_shape: tuple[int, int, int, int] = (2, 16, 8192, 128)  # ... at this non-causal (b, heads, seq, d)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -89,8 +93,8 @@ class DeviceSpec:
         }.get(dtype, self.peak_bf16_tflops)
 
 
-_OPTIONAL = {"peak_fp8_tflops", "gemm_eff_fp8", "peak_fp4_tflops", "gemm_eff_fp4"}
-_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff"}
+_OPTIONAL = {"peak_fp8_tflops", "gemm_eff_fp8", "peak_fp4_tflops", "gemm_eff_fp4", "fa2_fwd_eff"}
+_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff", "fa2_fwd_eff"}
 BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
 
 
@@ -111,9 +115,9 @@ def validate(spec: DeviceSpec) -> None:
             if unknown:
                 raise ValueError(f"{who}: field 'block_scaled_formats' names {unknown} (known: mxfp8, nvfp4)")
             continue
-        if f.name == "flash_fwd_shape":
-            if len(value := spec.flash_fwd_shape) != 4 or any(not isinstance(v, int) or v <= 0 for v in value):
-                raise ValueError(f"{who}: field 'flash_fwd_shape' must be 4 positive ints, got {value!r}")
+        if f.name in ("flash_fwd_shape", "fa2_fwd_shape"):
+            if len(value := getattr(spec, f.name)) != 4 or any(not isinstance(v, int) or v <= 0 for v in value):
+                raise ValueError(f"{who}: field {f.name!r} must be 4 positive ints, got {value!r}")
             continue
         value = getattr(spec, f.name)
         if value is None:
@@ -227,6 +231,7 @@ H100_SXM = DeviceSpec(
     gemm_eff_fp8=1402.6 / 1979.0,  # Source: microbench.csv, MAMF fp8 e4m3 best shape 1402.6 TFLOP/s (70.9%)
     flash_fwd_eff=620.73 / 989.0,  # Source: microbench.csv, FA3 fwd = 620.7 TFLOP/s (pytorch/benchmark#2391)
     flash_fwd_shape=(1, 16, 16384, 128),  # Source: microbench.csv
+    fa2_fwd_eff=327.9 / 989.0,  # Source: microbench.csv, Azure ND H100 v5 FlashAttention-2 b=2 s=8192 d=128
     nvlink_GBps=450.0,  # Source: hw_specs.csv, 18 NVLink4 links x 25 GB/s per direction
     nvlink_links=18,  # Source: hw_specs.csv
     nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW (18 x 20.6 = 371; nccl-tests#212: ~370)
@@ -254,6 +259,7 @@ H800 = DeviceSpec(
     gemm_eff_fp8=1402.6 / 1979.0,  # Source: same die as H100 (microbench.csv MAMF fp8)
     flash_fwd_eff=620.73 / 989.0,  # Source: same die as H100 (microbench.csv FA3)
     flash_fwd_shape=(1, 16, 16384, 128),
+    fa2_fwd_eff=327.9 / 989.0,  # Source: same die as H100 (microbench.csv, Azure FA2 row)
     nvlink_GBps=200.0,  # Source: hw_specs.csv, 400 GB/s bidirectional
     nvlink_links=8,  # Source: hw_specs.csv (8 links x 25 GB/s per direction)
     nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW (8 x 20.6 = 165; DeepSeek-V3: ~160 achieved)
@@ -280,6 +286,7 @@ H200 = DeviceSpec(
     gemm_eff_fp8=1453.4 / 1979.0,  # Source: microbench.csv, MAMF H200 fp8 best shape 1453.4 TFLOP/s
     flash_fwd_eff=620.73 / 989.0,  # Source: same die as H100 (microbench.csv FA3)
     flash_fwd_shape=(1, 16, 16384, 128),
+    fa2_fwd_eff=329.3 / 989.0,  # Source: microbench.csv, Azure ND H200 v5 FlashAttention-2 b=2 s=8192 d=128
     nvlink_GBps=450.0,  # Source: hw_specs.csv
     nvlink_links=18,  # Source: hw_specs.csv
     nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW
@@ -293,6 +300,17 @@ H200 = DeviceSpec(
 # NVFP4 GEMM fraction of peak: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 8192^3 = 7535.6 TFLOP/s of
 # the 10,000 dense peak; cuBLASLt is a heuristic pick, so the autotuned fraction is that over
 # compute.HEURISTIC_GEMM_FRACTION (0.91), as the other gemm_eff_* are autotuned rates.
+# Blackwell attention: Megatron-Core / NeMo run Transformer Engine's fused attention, which on sm_100
+# is cuDNN's flash kernel. The FlashAttention-4 paper (Zadouri, Hoehnerbach, Shah, Liu, Thakkar, Dao;
+# https://github.com/Dao-AILab/flash-attention/blob/main/assets/fa4_paper.pdf, abstract) measures
+# FA4's BF16 forward on B200 at up to 1613 TFLOP/s (71% of peak), up to 1.3x cuDNN 9.13: cuDNN's
+# forward at that shape is 1613 / 1.3 = 1241 TFLOP/s, 55% of B200's 2250. The shape is taken as
+# the FlashAttention benchmark's (batch x seqlen = 16k tokens, 16 heads of 128, seqlen 16k); the
+# other Blackwell parts (GB200, B300, GB300) take the same fraction of their own peak.
+_BLACKWELL_FLASH_EFF = 1613.0 / 1.3 / 2250.0
+# FlashAttention-2 (its sm80 kernels, as PyTorch SDPA's flash backend runs them) on GB200: 373.9 TFLOP/s
+# at b=2 s=8192 d=128 (microbench.csv, Azure ND GB200 v6), 15% of 2500.
+_BLACKWELL_FA2_EFF = 373.9 / 2500.0
 _FP4_EFF = 7535.6 / 10000.0 / 0.91
 
 B200 = DeviceSpec(
@@ -310,8 +328,9 @@ B200 = DeviceSpec(
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1745.0 / 2250.0,  # Source: hw_specs.csv notes, MAMF bf16 1745 TFLOP/s (77.6%)
     gemm_eff_fp8=3432.0 / 4500.0,  # Source: hw_specs.csv notes, MAMF fp8 3432 TFLOP/s (76.3%)
-    flash_fwd_eff=620.73 / 989.0,  # No Blackwell attention row: assumed equal to H100 FA3 (microbench.csv)
+    flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # Source: FA4 paper, cuDNN 9.13 = 1613 / 1.3 TFLOP/s (above)
     flash_fwd_shape=(1, 16, 16384, 128),
+    fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no B200 row)
     nvlink_GBps=900.0,  # Source: hw_specs.csv, 18 NVLink5 links x 50 GB/s per direction
     nvlink_links=18,  # Source: hw_specs.csv
     nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW (hw_specs.csv notes)
@@ -346,8 +365,9 @@ GB200 = DeviceSpec(
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1822.0 / 2500.0,  # Source: microbench.csv, MAMF GB200 bf16 best shape 1822 TFLOP/s (72.9%)
     gemm_eff_fp8=3615.6 / 5000.0,  # Source: microbench.csv, MAMF GB200 fp8 best shape 3615.6 TFLOP/s (72.3%)
-    flash_fwd_eff=620.73 / 989.0,  # No Blackwell-native attention row: assumed equal to H100 FA3, as for B200
+    flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # B200's cuDNN fraction (FA4 paper; no GB200 attention row)
     flash_fwd_shape=(1, 16, 16384, 128),
+    fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # Source: microbench.csv, Azure ND GB200 v6 FlashAttention-2 (above)
     nvlink_GBps=900.0,  # Source: hw_specs.csv, NVLink5 900 GB/s per direction per GPU
     nvlink_links=18,  # Source: hw_specs.csv (NVLink5, 18 links)
     nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW
@@ -384,10 +404,10 @@ B300 = DeviceSpec(
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1769.0 / 2250.0,  # Source: microbench.csv, MAMF B300 SXM bf16 best shape 1769 TFLOP/s (78.6%)
     gemm_eff_fp8=3353.3 / 4500.0,  # Source: microbench.csv, MAMF B300 SXM fp8 e4m3 best shape 3353.3 (74.5%)
-    # No Blackwell attention row: H100 FA3's fraction, as for B200 (Blackwell Ultra's doubled
-    # softmax exponent rate is not modelled).
-    flash_fwd_eff=620.73 / 989.0,
+    # B200's cuDNN fraction (FA4 paper; Blackwell Ultra's doubled softmax exponent rate is not modelled).
+    flash_fwd_eff=_BLACKWELL_FLASH_EFF,
     flash_fwd_shape=(1, 16, 16384, 128),
+    fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no B300 row)
     nvlink_GBps=900.0,  # Source: HGX B300, NVLink5 1.8 TB/s per GPU (900 per direction)
     nvlink_links=18,  # Source: NVLink5, 18 links (as B200)
     nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW
@@ -416,8 +436,9 @@ GB300 = DeviceSpec(
     # No GB300 GEMM row: the B300's measured MAMF fractions (same Blackwell Ultra GPU).
     gemm_eff_16bit=1769.0 / 2250.0,
     gemm_eff_fp8=3353.3 / 4500.0,
-    flash_fwd_eff=620.73 / 989.0,  # No Blackwell attention row: H100 FA3's fraction, as for GB200
+    flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # B200's cuDNN fraction (FA4 paper), as for GB200
     flash_fwd_shape=(1, 16, 16384, 128),
+    fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no GB300 row)
     nvlink_GBps=900.0,  # Source: GB300 NVL72, 130 TB/s / 72 GPUs = 1.8 TB/s (900 per direction)
     nvlink_links=18,  # Source: NVLink5, 18 links
     nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW

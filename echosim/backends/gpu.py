@@ -105,7 +105,7 @@ class GPUBackend(KernelBackend):
         return fill_domains(devices, self.device.devices_per_node)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
-        return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms)
+        return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped)
 
     def attention_cost_s(self, a: AttentionAttrs, dtype: str, backward: bool) -> float:
         return compute.attention_time_s(self.device, a, dtype, backward)

@@ -229,7 +229,7 @@ def _grouped_mm(c: AtenValues, node: fx.Node) -> None:
         return
     experts, k, n = sw
     rows = sx[0]
-    attrs = MatmulAttrs(m=math.ceil(rows / experts), n=n, k=k, batch=experts)
+    attrs = MatmulAttrs(m=math.ceil(rows / experts), n=n, k=k, batch=experts, grouped=True)
     wv = c.weight(w, natural_is_nk=False)
     c.emit(node, OpKind.MATMUL, [v for v in (c.value(x), wv) if v is not None], attrs)
 

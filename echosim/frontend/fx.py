@@ -325,7 +325,7 @@ def _grouped_mm(c: _Converter, node: fx.Node) -> None:
     rows, w = c.tensors(node.args[:2])
     m = c.graph[rows].out.shape[0]
     experts, k, n = c.graph[w].out.shape
-    c.emit(node, OpKind.MATMUL, [rows, w], MatmulAttrs(m=-(-m // experts), n=n, k=k, batch=experts))
+    c.emit(node, OpKind.MATMUL, [rows, w], MatmulAttrs(m=-(-m // experts), n=n, k=k, batch=experts, grouped=True))
 
 
 def _unknown_function(c: _Converter, node: fx.Node) -> None:

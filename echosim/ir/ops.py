@@ -106,6 +106,7 @@ class MatmulAttrs:
     tp: str = ""
     grad_of: str = ""
     precision: str = ""  # "fp8": operands quantised, output in the tensor's (16-bit) dtype
+    grouped: bool = False  # MoE experts: one grouped-GEMM kernel over ``batch`` experts' products
 
     @property
     def flops(self) -> int:
@@ -121,6 +122,8 @@ class MatmulAttrs:
             parts.append(self.grad_of)
         if self.precision:
             parts.append(self.precision)
+        if self.grouped:
+            parts.append("grouped")
         return " ".join(parts)
 
 
@@ -136,6 +139,7 @@ class AttentionAttrs:
     head_dim: int
     causal: bool = True
     flash: bool = True
+    kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
 
     @property
     def flops(self) -> int:
@@ -147,6 +151,7 @@ class AttentionAttrs:
             f"b={self.batch} h={self.heads} kv={self.kv_heads} q={self.q_len} "
             f"k={self.kv_len} d={self.head_dim}"
             f"{' causal' if self.causal else ''}{' flash' if self.flash else ' math'}"
+            f"{' ' + self.kernel if self.kernel and self.flash else ''}"
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
 
 
 def node_flops(node: Node) -> int:
@@ -32,6 +32,13 @@ def io_bytes(graph: Graph, node: Node) -> int:
     if node.op is OpKind.EMBEDDING and node.phase is not Phase.BACKWARD:
         ids = graph[node.inputs[0]].out.nbytes
         return ids + 2 * node.out.nbytes  # gathers only the rows it needs
+    if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "moe_dispatch" and node.phase is Phase.FORWARD:
+        # The permute reads every (token, choice) row from its token: each token k times, not once
+        # (an index_select of T*k rows; TE's fused moe_permute likewise, one source row per
+        # destination row). Measured on H200 (benchmarks/moe_kernels_h200.md): 79 us for the
+        # qwen3-30b permute, where 2 x T*k rows at STREAM bandwidth take 69 us.
+        ids = sum(graph[i].out.nbytes for i in node.inputs[1:])
+        return ids + 2 * node.out.nbytes
     return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)
 
 

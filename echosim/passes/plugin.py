@@ -15,9 +15,10 @@ from echosim.plugins.hookspecs import RegisterPass
 
 
 def _attention(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.passes.attention import AttentionKernel
 
-    return AttentionKernel(plan.attention == "flash")
+    return AttentionKernel(plan.attention == "flash", get_framework(plan.framework).attention_kernel)
 
 
 def _context(plan: Any) -> object:

@@ -8,6 +8,13 @@ input, so that copy (1 byte per element) is what backward keeps. Weights are cas
 once per step and their cost is not counted. The output layer stays in 16-bit
 (Transformer Engine's recipes exclude it); attention stays in 16-bit.
 
+Under sequence parallelism a linear's input is all-gathered over the tensor-parallel ranks first.
+Transformer Engine quantises the local shard and gathers the quantised copy (forward, and again for
+the weight gradient: ``gather_along_first_dim(inputmat, tp_group, quantizer=...)`` after
+``inputmat = input_quantizer(inputmat)`` in transformer_engine/pytorch/module/linear.py, commit
+d0067d0), so the cast reads the shard and the gather moves fp8 bytes; done so here when every reader
+of the gathered value is a linear that runs in the format.
+
 ``mxfp8`` (Transformer Engine's MXFP8BlockScaling: e4m3 elements, one power-of-two scale per
 32) and ``nvfp4`` (NVFP4BlockScaling: e2m1 elements, one e4m3 scale per 16) take the same
 place: the same GEMMs quantised, the copy kept for the weight gradient half a byte per element
@@ -21,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType, TensorSpec
 
 #: The element type a quantised operand is stored in, per format.
@@ -47,13 +54,18 @@ class Fp8Linears:
                 operands = [n.inputs[0]]
             new_inputs = list(n.inputs)
             for i in operands:
+                if i not in casts and self._quantised_gather(graph, i):
+                    gather = g[i]
+                    local = gather.inputs[0]
+                    if local not in casts:
+                        casts[local] = self._cast(g, local, gather.phase, gather.scope)
+                        before.setdefault(i, []).append(casts[local])
+                    out = TensorSpec(gather.out.shape, FORMATS[self.fmt])
+                    assert isinstance(gather.attrs, CollectiveAttrs)
+                    g.replace(i, inputs=(casts[local],), out=out, attrs=replace(gather.attrs, bytes=out.nbytes))
+                    casts[i] = i  # the gathered value is the fp8 copy
                 if i not in casts:
-                    src = g[i]
-                    casts[i] = g.add(
-                        OpKind.ELEMENTWISE, [i], TensorSpec(src.out.shape, FORMATS[self.fmt]),
-                        ElementwiseAttrs(f"{self.fmt}_cast", 2), phase=n.phase, scope=n.scope,
-                        name=f"{src.name}.{self.fmt}",
-                    )  # fmt: skip
+                    casts[i] = self._cast(g, i, n.phase, n.scope)
                     before.setdefault(n.id, []).append(casts[i])
                 new_inputs[n.inputs.index(i)] = casts[i]
             g.replace(n.id, inputs=tuple(new_inputs), attrs=replace(n.attrs, precision=self.fmt))
@@ -67,8 +79,31 @@ class Fp8Linears:
         g.nodes = {nid: g.nodes[nid] for nid in order}
         return g
 
+    def _cast(self, g: Graph, value: int, phase: Phase, scope: str) -> int:
+        """A quantising cast of ``value`` (reads 2 bytes, writes 1 per element, and the amax)."""
+        src = g[value]
+        return g.add(
+            OpKind.ELEMENTWISE, [value], TensorSpec(src.out.shape, FORMATS[self.fmt]),
+            ElementwiseAttrs(f"{self.fmt}_cast", 2), phase=phase, scope=scope, name=f"{src.name}.{self.fmt}",
+        )  # fmt: skip
+
+    def _quantised_gather(self, graph: Graph, value: int) -> bool:
+        """``value`` is a sequence-parallel all_gather whose every reader is a linear in the format."""
+        node = graph[value]
+        if node.op is not OpKind.ALL_GATHER or not isinstance(node.attrs, CollectiveAttrs):
+            return False
+        if node.attrs.axis is not Axis.TP or len(node.inputs) != 1:
+            return False
+        readers = graph.users(value)
+        return bool(readers) and all(self._linear(graph, graph[r]) and r_input0(graph[r], value) for r in readers)
+
     def _linear(self, g: Graph, n: Node) -> bool:
         if not isinstance(n.attrs, MatmulAttrs) or any(fnmatch.fnmatchcase(n.scope, p) for p in self.exclude):
             return False
         fwd = n if n.phase in (Phase.FORWARD, Phase.RECOMPUTE) else (g[n.origin] if n.origin is not None else None)
         return fwd is not None and len(fwd.inputs) > 1 and g[fwd.inputs[1]].op is OpKind.PARAMETER
+
+
+def r_input0(node: Node, value: int) -> bool:
+    """``value`` is what the linear ``node`` multiplies (its activation operand), not its weight."""
+    return bool(node.inputs) and node.inputs[0] == value

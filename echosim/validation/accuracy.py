@@ -25,7 +25,9 @@ from echosim.validation.stats import Validation
 GPU_FITTED = {
     "gemm_eff_16bit": "16-bit GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows of microbench.csv)",
     "gemm_eff_fp8": "fp8 GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows)",
-    "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows)",
+    "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows; Blackwell: cuDNN "
+    "from the FlashAttention-4 paper's 1613 TFLOP/s / 1.3)",
+    "fa2_fwd_eff": "FlashAttention-2 forward rate / peak where it is not the part's own kernel (Azure FA2 rows)",
     "hbm_stream_GBps": "achievable HBM bandwidth (STREAM rows)",
     "kernel_overhead_us": "per-kernel launch gap (the smallest XLA GEMM rows)",
     "nccl_launch_us": "host time to launch one NCCL kernel: median time / N of the node's Azure nccl-tests "
@@ -36,6 +38,10 @@ GPU_MODULE_FITTED = {
     "compute.FLASH_CTA_FIXED_STEPS": "per-CTA fixed work of flash attention, from the FA3 sequence sweep",
     "compute.FLASH_SOFTMAX_HEAD_DIM": "softmax cost in flash attention, from FA2 with and without softmax",
     "compute.FLASH_BWD_RATE": "flash backward rate / forward rate, from the FlashAttention-2 paper's plots",
+    "compute.HEURISTIC_GEMM_FRACTION": "cuBLAS heuristic pick / autotuned rate (34 heuristic-library GEMMs of "
+    ">= 100 GFLOP: Azure cuBLASLt sweeps, PyTorch on one H200)",
+    "compute.GROUPED_GEMM_FRACTION": "MoE grouped-GEMM rate / the GEMM model's rate for its shapes (30 grouped "
+    "kernels on one H200, benchmarks/moe_kernels_h200.json)",
     "collectives.IB_EFFICIENCY": "achieved share of InfiniBand line rate (nccl-tests issues #290, #119)",
     "collectives.P2P_NVLINK_EFFICIENCY": "NCCL send/recv share of NVLink line rate (sendrecv, permute rows)",
 }
@@ -119,6 +125,8 @@ SENSITIVITY_KNOBS = (
     Knob("flash_fwd_eff", "gpu"),
     Knob("hbm_stream_GBps", "gpu"),
     Knob("kernel_overhead_us", "gpu"),
+    Knob("nccl_launch_us", "gpu"),
+    Knob("fa2_fwd_eff", "gpu"),
     Knob("gemm_eff", "tpu"),
     Knob("hbm_stream_fraction", "tpu"),
 )
@@ -137,7 +145,9 @@ def _moved(spec: Any, name: str, factor: float) -> float | None:
         return None
     moved = value * factor
     limit = (
-        1.0 if name in ("gemm_eff_16bit", "gemm_eff_fp8", "flash_fwd_eff", "gemm_eff", "hbm_stream_fraction") else None
+        1.0
+        if name in ("gemm_eff_16bit", "gemm_eff_fp8", "flash_fwd_eff", "fa2_fwd_eff", "gemm_eff", "hbm_stream_fraction")
+        else None
     )
     if name == "hbm_stream_GBps":
         limit = spec.hbm_GBps

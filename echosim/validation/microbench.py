@@ -272,6 +272,8 @@ def _attention_probe(backend: str, row: dict[str, str]) -> Probe | str:
     if "fwd+bwd" in op or "best case" in op:
         return "an end-to-end or best-case figure, not one kernel at one shape"
     native = {"a100-80gb": "FlashAttention-2", "a100-40gb": "FlashAttention-2"}.get(backend, "FlashAttention-3")
+    if flash and op.startswith("FlashAttention-2") and native != "FlashAttention-2":
+        return f"FlashAttention-2 on {backend}: the row is the model's FA2 rate itself (fa2_fwd_eff), not a check"
     if flash and not op.startswith(native):
         return f"{op.split(' (')[0]} on {backend}: the model costs the native kernel ({native})"
     if row["metric"] != "TFLOPS":

@@ -230,7 +230,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),
     }
-    plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None})
+    plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
     stated = c.int("devices_per_node", 8) or 8
