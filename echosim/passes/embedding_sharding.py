@@ -161,7 +161,7 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
         shards += [(cost, i, s) for s in pieces]
     for r in range(world):
         if used[r] > capacity:
-            _no_room(tables, kinds, used[r], capacity, world)
+            _no_room(tables, kinds, used[r], capacity, world, mode)
     shards.sort(key=lambda x: (-x[0], x[1]))
     for cost, i, s in shards:
         need = s.storage(tables[i])
@@ -171,7 +171,7 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
                 f"embedding table {tables[i].name} ({tables[i].rows:,} x {tables[i].dim}): its {kinds[i]}-wise "
                 f"shard of {need / 2**30:.1f} GiB fits on none of the {world} devices "
                 f"({capacity / 2**30:.1f} GiB each, with the shards already placed); "
-                "use --embedding-sharding row or auto, or more devices"
+                + ("use more devices" if mode == "auto" else "use --embedding-sharding row or auto, or more devices")
             )
         best = min(room, key=lambda r: (load[r], r))
         ranks[best].append(s)
@@ -197,13 +197,13 @@ def _cheapest(t: Table, world: int, local_world: int, capacity: int) -> str:
     return min(fitting)[1]
 
 
-def _no_room(tables: list[Table], kinds: list[str], used: int, capacity: int, world: int) -> None:
+def _no_room(tables: list[Table], kinds: list[str], used: int, capacity: int, world: int, mode: str) -> None:
     biggest = max(range(len(tables)), key=lambda i: tables[i].bytes)
     t = tables[biggest]
     raise ShardingError(
         f"embedding tables need {used / 2**30:.1f} GiB per device under {kinds[biggest]}-wise sharding over {world} "
         f"devices ({capacity / 2**30:.1f} GiB each; largest {t.name}: {t.rows:,} x {t.dim}); "
-        "use --embedding-sharding row or auto, or more devices"
+        + ("use more devices" if mode == "auto" else "use --embedding-sharding row or auto, or more devices")
     )
 
 
