@@ -175,6 +175,10 @@ def test_row_wise_reduce_scatter_bytes_and_memory() -> None:
     bwd = _colls(c, Phase.BACKWARD)
     assert list(bwd.values()) == [(OpKind.ALL_GATHER, W * B * len(ROWS) * D * 2)]
     assert sorted(_table_params(c)) == sorted((math.ceil(r / W), D) for r in ROWS)
+    mem = c.report.memory[0]  # type: ignore[attr-defined]
+    _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    assert mem["params"] == dense * 2 + sum(math.ceil(r / W) for r in ROWS) * D * 2
+    assert mem["optimizer"] == dense * 12 + sum(math.ceil(r / W) for r in ROWS) * ROWWISE_ADAGRAD_BYTES_PER_ROW
     g = c.stages[0].graph  # type: ignore[attr-defined]
     looked = [n for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD]
     assert sorted(n.attrs.lookups for n in looked) == sorted(B * p for p in POOL)  # 1/W of the global batch's ids
@@ -254,3 +258,5 @@ def test_samples_per_s_for_non_sequence_models() -> None:
     assert r.tokens_per_s is None
     assert r.samples_per_s == pytest.approx(32 / r.step_time_s)
     assert r.to_dict()["samples_per_s"] == pytest.approx(r.samples_per_s, rel=1e-5)
+    result = CliRunner().invoke(cli, ["compile", "resnet50", "--micro-batch", "32", "--backend", "a100-80gb"])
+    assert result.exit_code == 0 and f"{r.samples_per_s:,.1f} images/s" in result.output

@@ -375,6 +375,12 @@ TORCH_ZOO: dict[str, TorchZooModel] = {
 }
 
 
+def sample_unit(model: str) -> str:
+    """What one sample of a zoo model is (images, queries, sequences); ``samples`` for any other model."""
+    entry = TORCH_ZOO.get(model)
+    return entry.samples if entry is not None else "samples"
+
+
 def conv_flops(cin: int, cout: int, kernel: int, out_hw: int) -> int:
     """Forward FLOPs of one convolution per image (2 per multiply-accumulate)."""
     return 2 * cin * cout * kernel * kernel * out_hw * out_hw
@@ -403,4 +409,4 @@ def encoder_forward_flops(layers: int, hidden: int, ffn: int, tokens: int) -> in
     return layers * per_layer
 
 
-__all__ = ["TORCH_ZOO", "TorchZooModel"]
+__all__ = ["TORCH_ZOO", "TorchZooModel", "sample_unit"]
