@@ -113,7 +113,7 @@ def lower(
     _check_sizes(graph, model)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
-    graph_passes = _configured(registry, "graph", plan)
+    graph_passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
     stage_passes = _configured(registry, "stage", plan)
     checked = _verified(registry)
     reuse = _own_passes(registry)
@@ -232,6 +232,15 @@ def _verified(registry: Registry) -> bool | set[str]:
     if os.environ.get("ECHOSIM_VERIFY"):
         return True
     return {name for name, e in registry.passes.items() if not e.owner.startswith("echosim.")}
+
+
+def _sized(instance: Any, backend: Any, cluster: Cluster) -> Any:
+    """The embedding-sharding pass places tables within the device's memory and node (the plan knows neither)."""
+    from echosim.passes.embedding_sharding import EmbeddingSharding
+
+    if not isinstance(instance, EmbeddingSharding):
+        return instance
+    return replace(instance, capacity_bytes=backend.memory_bytes(), local_world=cluster.devices_per_node or 8)
 
 
 def _configured(registry: Registry, level: str, plan: Plan) -> list[Any]:

@@ -60,6 +60,8 @@ class Plan:
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
+    # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
+    embedding_sharding: str = "none"
     framework: str = DEFAULT_FRAMEWORK  # whose defaults and memory behaviour apply (echosim.frameworks)
 
     @property
@@ -76,7 +78,11 @@ class Plan:
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """Every field; ``embedding_sharding`` only where set (models without tables never state it)."""
+        d = asdict(self)
+        if self.embedding_sharding == "none":
+            del d["embedding_sharding"]
+        return d
 
 
 DEFAULT_MODEL = "gpt3-175b"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from echosim.frontend.zoo_torch import sample_unit
+
 GiB = 2**30
 
 
@@ -32,8 +34,8 @@ def render(report: Any, trace: str | None = None, console: Any = None) -> None:
     head.add_row("step time", f"[bold]{report.step_time_s:.3f} s[/]")
     if report.tokens_per_s is not None:
         head.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s")
-    else:  # images, feature rows: what these users count
-        head.add_row("throughput", f"{report.samples_per_s:,.1f} samples/s")
+    else:  # images, queries: what these users count
+        head.add_row("throughput", f"{report.samples_per_s:,.1f} {sample_unit(report.model)}/s")
     head.add_row("MFU / HFU", f"{report.mfu * 100:.1f}% / {report.hfu * 100:.1f}%")
     head.add_row("TFLOP/s per device", f"{report.tflops_per_device:.1f} (hardware FLOPs, recompute included)")
     head.add_row("parameters", f"{report.params / 1e9:.2f} B")

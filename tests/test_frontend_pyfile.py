@@ -87,7 +87,7 @@ def test_dlrm_embedding_tables_and_interaction() -> None:
     """26 identical tables used side by side are not a chain of layers: none is folded away."""
     graph, messages, params = capture_named(f"{EXAMPLES}/dlrm.py:model", CaptureSpec(micro_batch=64))
     tables = [n for n in graph if isinstance(n.attrs, EmbeddingAttrs)]
-    assert len(tables) == 26 and tables[0].attrs == EmbeddingAttrs(4_000_000, 128)
+    assert len(tables) == 26 and tables[0].attrs == EmbeddingAttrs(4_000_000, 128, lookups=64)  # one id per sample
     assert graph.repeats == {}
     assert graph.param_count() == params
     assert params == pytest.approx(13.3e9, rel=0.01)

@@ -94,6 +94,11 @@ def layout_options(fn: F) -> F:
         click.option(
             "--moe-imbalance", type=float, help="Busiest expert-parallel rank's load over the mean (1: balanced)."
         ),
+        click.option(
+            "--embedding-sharding",
+            help="Embedding tables over the data-parallel ranks, as TorchRec shards them: "
+            "none, table, row, column, data, auto (per table, TorchRec's planner rule).",
+        ),
         click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, or a plugin's."),
         click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention."),
         click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages."),

@@ -282,8 +282,10 @@ def _embedding_bag(c: AtenValues, node: fx.Node) -> None:
     w, ids = node.args[0], node.args[1]
     ws = c.shape(w)
     val = node.meta["val"]
+    lookups = math.prod(c.shape(ids))  # every index gathers one row; the bag pools them
     nid = c.graph.add(
-        OpKind.EMBEDDING, c.tensors([ids, w]), c.spec_of(val[0]) or c.spec(node), EmbeddingAttrs(ws[0], ws[1]),
+        OpKind.EMBEDDING, c.tensors([ids, w]), c.spec_of(val[0]) or c.spec(node),
+        EmbeddingAttrs(ws[0], ws[1], lookups=lookups),
         scope=c.scope(node), name=node.name,
     )  # fmt: skip
     c.env[node] = Multi(nid, False)

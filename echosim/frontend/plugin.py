@@ -16,6 +16,10 @@ def register_models(register: RegisterModel) -> None:
         register(
             name, partial(lambda c: c, cfg), f"{cfg.arch}: {cfg.layers} layers, hidden {cfg.hidden} ({cfg.description})"
         )
+    from echosim.frontend.zoo_torch import TORCH_ZOO
+
+    for name, model in TORCH_ZOO.items():
+        register(name, partial(lambda m: m, model), model.description)
 
 
 def _load_hf(source: str) -> object:

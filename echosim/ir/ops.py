@@ -82,11 +82,14 @@ class ParamAttrs:
 
     shard: int = 1
     expert: bool = False
+    sparse: bool = False  # an embedding table a fused sparse optimizer updates (EmbeddingAttrs.sparse)
 
     def __str__(self) -> str:
         parts = [f"shard={self.shard}"] if self.shard != 1 else []
         if self.expert:
             parts.append("expert")
+        if self.sparse:
+            parts.append("sparse")
         return " ".join(parts)
 
 
@@ -176,12 +179,29 @@ class NormAttrs:
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingAttrs:
+    """A lookup of rows of a ``vocab x dim`` table.
+
+    ``lookups``: rows gathered per run when that differs from one per output row (a pooled
+    ``embedding_bag`` sums several rows into each output row); 0: one per output row.
+    ``sparse``: the table is updated row by row in backward by a fused sparse optimizer
+    (TorchRec / FBGEMM table-batched embeddings): no dense gradient, no gradient all-reduce.
+    """
+
     vocab: int
     dim: int
     tp: str = ""
+    lookups: int = 0
+    sparse: bool = False
 
     def __str__(self) -> str:
-        return f"vocab={self.vocab} dim={self.dim}" + (f" tp={self.tp}" if self.tp else "")
+        parts = [f"vocab={self.vocab} dim={self.dim}"]
+        if self.tp:
+            parts.append(f"tp={self.tp}")
+        if self.lookups:
+            parts.append(f"lookups={self.lookups}")
+        if self.sparse:
+            parts.append("sparse")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

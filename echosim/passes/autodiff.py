@@ -23,6 +23,7 @@ from echosim.ir.ops import (
     Axis,
     CollectiveAttrs,
     ElementwiseAttrs,
+    EmbeddingAttrs,
     MatmulAttrs,
     NoAttrs,
     OpKind,
@@ -227,7 +228,10 @@ def _softmax(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
 
 def _embedding(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     ids, w = n.inputs
-    return [(w, c.emit(n, OpKind.EMBEDDING, [dy, ids], c.spec(w), n.attrs))] if w in needs else []
+    spec = c.spec(w)
+    if isinstance(n.attrs, EmbeddingAttrs) and n.attrs.sparse:  # fused sparse update: only the rows looked up
+        spec = spec.with_shape((max(1, n.attrs.lookups), n.attrs.dim))
+    return [(w, c.emit(n, OpKind.EMBEDDING, [dy, ids], spec, n.attrs))] if w in needs else []
 
 
 def _cross_entropy(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:

@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from echosim.ir.graph import Graph
-from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, OptimizerAttrs, Phase, Role
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, OptimizerAttrs, ParamAttrs, Phase, Role
 from echosim.ir.types import DType, TensorSpec
 
 
@@ -40,6 +40,8 @@ class DataParallel:
         g = graph.copy()
         groups: dict[str, list[int]] = {}
         for param, grad in graph.grads.items():
+            if sparse_table(g[param]):  # updated in backward by its owner; its all_to_all carried the gradients
+                continue
             attrs = g[grad].attrs
             if isinstance(attrs, CollectiveAttrs) and attrs.axis is Axis.EMBED:  # tied weight: synced at step end
                 groups.setdefault("", []).append(param)
@@ -86,6 +88,11 @@ class DataParallel:
               name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
 
 
+def sparse_table(node: Node) -> bool:
+    """An embedding table a fused sparse optimizer updates (set by the embedding-sharding pass)."""
+    return isinstance(node.attrs, ParamAttrs) and node.attrs.sparse
+
+
 #: Gradient buckets of one block: beyond it the buckets grow instead (a 10^14-parameter layer would
 #: otherwise add tens of millions of collectives; 1,024 of Megatron's 160 MB buckets hold a 40 B-parameter block).
 MAX_BUCKETS = 1024
@@ -110,7 +117,8 @@ class Optimizer:
         if self.kind not in ("adam", "adamw"):
             raise ValueError(f"unknown optimizer {self.kind!r} (known: adam, adamw)")
         g = graph.copy()
-        n = math.ceil(g.param_count() / self.shard)
+        sparse = sum(p.out.numel * g.multiplicity(p) for p in g.params() if sparse_table(p))
+        n = math.ceil((g.param_count() - sparse) / self.shard)  # sparse tables: updated inside backward
         per_param = ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
         g.add(
             OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
+from echosim.ir.ops import (
+    AttentionAttrs,
+    ElementwiseAttrs,
+    EmbeddingAttrs,
+    MatmulAttrs,
+    OpKind,
+    OptimizerAttrs,
+    Phase,
+)
 
 
 def node_flops(node: Node) -> int:
@@ -29,9 +37,8 @@ def io_bytes(graph: Graph, node: Node) -> int:
         return 0
     if isinstance(node.attrs, OptimizerAttrs):
         return node.attrs.params * node.attrs.bytes_per_param
-    if node.op is OpKind.EMBEDDING and node.phase is not Phase.BACKWARD:
-        ids = graph[node.inputs[0]].out.nbytes
-        return ids + 2 * node.out.nbytes  # gathers only the rows it needs
+    if node.op is OpKind.EMBEDDING and isinstance(node.attrs, EmbeddingAttrs):
+        return embedding_bytes(graph, node, node.attrs)
     if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "moe_dispatch" and node.phase is Phase.FORWARD:
         # The permute reads every (token, choice) row from its token: each token k times, not once
         # (an index_select of T*k rows; TE's fused moe_permute likewise, one source row per
@@ -40,6 +47,32 @@ def io_bytes(graph: Graph, node: Node) -> int:
         ids = sum(graph[i].out.nbytes for i in node.inputs[1:])
         return ids + 2 * node.out.nbytes
     return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)
+
+
+#: Bytes of row-wise Adagrad state per table row: one fp32 accumulator (FBGEMM's
+#: ``EmbOptimType.EXACT_ROWWISE_ADAGRAD``, the optimizer TorchRec's DLRM examples fuse into backward).
+ROWWISE_ADAGRAD_BYTES_PER_ROW = 4
+
+
+def embedding_bytes(graph: Graph, node: Node, attrs: EmbeddingAttrs) -> int:
+    """A gather of rows: the kernel moves the rows it looks up, never the whole table.
+
+    Forward reads the indices and ``lookups`` rows of ``dim`` elements and writes its output
+    (one row per index, or one pooled row per bag). Backward of a dense table writes the whole
+    table's gradient (PyTorch's ``embedding_dense_backward``). Backward of a ``sparse`` table is
+    FBGEMM's fused backward-and-optimizer kernel: it reads the output gradient and, per looked-up
+    row, reads and writes the row and its row-wise Adagrad accumulator.
+    """
+    ids = graph[node.inputs[1] if node.phase is Phase.BACKWARD else node.inputs[0]].out.nbytes
+    if node.phase is not Phase.BACKWARD:
+        row = attrs.dim * node.out.dtype.itemsize
+        rows = attrs.lookups or node.out.numel // max(1, attrs.dim)
+        return ids + rows * row + node.out.nbytes
+    if not attrs.sparse:
+        return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)
+    dy = graph[node.inputs[0]].out.nbytes
+    row = attrs.dim * node.out.dtype.itemsize
+    return ids + dy + attrs.lookups * 2 * (row + ROWWISE_ADAGRAD_BYTES_PER_ROW)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,17 @@ def _expert(plan: Any) -> object:
     return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance)
 
 
+def _embedding_sharding(plan: Any) -> object | None:
+    from echosim.passes.embedding_sharding import EmbeddingSharding, ShardingError
+
+    if plan.embedding_sharding == "none":
+        EmbeddingSharding(plan.embedding_sharding, plan.dp)  # an unknown type is refused even so
+        return None
+    if plan.tp * plan.pp * plan.cp > 1:
+        raise ShardingError("--embedding-sharding shards tables over data-parallel ranks only (tp = pp = cp = 1)")
+    return EmbeddingSharding(plan.embedding_sharding, plan.dp)
+
+
 def _recompute(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.recompute import Recompute
@@ -79,6 +90,7 @@ def _classes() -> dict[str, type]:
     from echosim.passes.autodiff import Autodiff
     from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
     from echosim.passes.data_parallel import DataParallel, Optimizer
+    from echosim.passes.embedding_sharding import EmbeddingSharding
     from echosim.passes.expert_parallel import ExpertParallel
     from echosim.passes.gradient_groups import GradientGroups
     from echosim.passes.precision import Fp8Linears
@@ -86,7 +98,8 @@ def _classes() -> dict[str, type]:
     from echosim.passes.tensor_parallel import TensorParallel
 
     classes: list[type] = [
-        AttentionKernel, ContextParallel, TensorParallel, ExpertParallel, Autodiff, ContextParallelBackward,
+        AttentionKernel, ContextParallel, TensorParallel, ExpertParallel, EmbeddingSharding, Autodiff,
+        ContextParallelBackward,
         Recompute, Fp8Linears, DataParallel, Optimizer, GradientGroups,
     ]  # fmt: skip
     return {cls.name: cls for cls in classes}  # type: ignore[attr-defined]
@@ -98,6 +111,7 @@ BUILTIN_PASSES: tuple[tuple[str, Any, str], ...] = (
     ("context-parallel", _context, "graph"),
     ("tensor-parallel", _tensor, "graph"),
     ("expert-parallel", _expert, "graph"),
+    ("embedding-sharding", _embedding_sharding, "graph"),
     ("autodiff", None, "graph"),
     ("context-parallel-backward", None, "graph"),
     ("recompute", _recompute, "graph"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from echosim.passes.flops import graph_flops
@@ -250,7 +250,10 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
 def _static(graph: Any, facts: StepFacts) -> MemoryBreakdown:
     """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding."""
     experts = _expert_params(graph) if facts.expert_state is not None else 0
-    dense = stage_memory(graph, 0, 0, graph.param_count() - experts, facts.state, 0, facts.saved)
+    tables, table_bytes = _sparse_tables(graph)
+    dense = stage_memory(graph, 0, 0, graph.param_count() - experts - tables, facts.state, 0, facts.saved)
+    if tables:  # sharded embedding tables: the rows in their own dtype plus row-wise Adagrad state, no gradient
+        dense = replace(dense, params=dense.params + table_bytes[0], optimizer=dense.optimizer + table_bytes[1])
     if not experts:
         return dense
     assert facts.expert_state is not None
@@ -258,6 +261,13 @@ def _static(graph: Any, facts: StepFacts) -> MemoryBreakdown:
     return MemoryBreakdown(
         dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient, 0, 0, 0
     )
+
+
+def _sparse_tables(graph: Any) -> tuple[int, tuple[int, int]]:
+    """Elements of this rank's sparse embedding shards, and their (weight, optimizer-state) bytes."""
+    from echosim.passes.embedding_sharding import table_state_bytes
+
+    return table_state_bytes(graph)
 
 
 def _expert_params(graph: Any) -> int:

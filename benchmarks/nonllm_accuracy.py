@@ -1,0 +1,89 @@
+"""Predicted vs published training throughput of the non-LLM zoo (ResNet-50, BERT-large, DLRM-DCNv2).
+
+Each row of ``benchmarks/data/nonllm_throughput.csv`` is one published measurement with its
+source; echosim compiles the same layout and the script prints samples/s both ways, the
+signed error and the MAPE per model family. Nothing here is fitted to the rows.
+
+    python benchmarks/nonllm_accuracy.py [--json]
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from echosim.backends.devices import DEVICES
+from echosim.backends.gpu import GPUBackend
+from echosim.compiler import lower
+from echosim.plan import Cluster, Plan
+from echosim.plugins import hookimpl
+from echosim.plugins.manager import load_registry
+
+DATA = Path(__file__).resolve().parent / "data" / "nonllm_throughput.csv"
+
+
+class _NoTF32:
+    """Each GPU backend once more as ``NAME-no-tf32``: fp32 GEMMs on the FP32 pipes, as PyTorch runs them
+    unless ``torch.backends.cuda.matmul.allow_tf32`` is set (the row's ``tf32`` column says which)."""
+
+    @hookimpl
+    def register_backends(self, register: Any) -> None:
+        for name, device in DEVICES.items():
+            register(f"{name}-no-tf32", partial(GPUBackend, device, allow_tf32=False))
+
+
+REGISTRY = load_registry(extra_plugins=[_NoTF32()])
+
+
+def predict(row: dict[str, str]) -> tuple[float, dict[str, float]]:
+    """echosim's samples/s for the row's layout, and the step's breakdown."""
+    gpus = int(row["gpus"])
+    backend = row["backend"] + ("-no-tf32" if row["tf32"] == "no" else "")
+    plan = Plan(
+        dp=gpus,
+        micro_batch=int(row["micro_batch"]),
+        global_batch=int(row["global_batch"]),
+        seq_len=int(row["seq_len"]),
+        dtype=row["dtype"],
+        embedding_sharding=row["embedding_sharding"],
+    )
+    report = lower(row["model"], plan, Cluster(backend=backend, devices=gpus), REGISTRY).report
+    return report.samples_per_s, report.breakdown
+
+
+def main() -> None:
+    with open(DATA, encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    errors: dict[str, list[float]] = defaultdict(list)
+    out = []
+    head = f"{'model':18} {'backend':10} gpus {'batch':>6} {'seq':>4} {'dtype':5}"
+    print(f"{head} {'published':>10} {'predicted':>10}  error")
+    for row in rows:
+        predicted, parts = predict(row)
+        published = float(row["published_samples_per_s"])
+        error = predicted / published - 1
+        errors[row["family"]].append(abs(error))
+        out.append({**row, "predicted_samples_per_s": round(predicted, 1), "error": round(error, 4),
+                    "breakdown_s": {k: round(v, 6) for k, v in parts.items()}})  # fmt: skip
+        print(
+            f"{row['model']:18} {row['backend']:10} {row['gpus']:>4} {row['micro_batch']:>6} {row['seq_len']:>4} "
+            f"{row['dtype'] + ('' if row['tf32'] == 'yes' else '*'):5} "
+            f"{published:>10,.0f} {predicted:>10,.0f} {error:+7.1%}"
+        )
+    print("* fp32 without TF32 (the run left torch.backends.cuda.matmul.allow_tf32 off)\n")
+    summary = {family: sum(e) / len(e) for family, e in errors.items()}
+    for family, mape in summary.items():
+        print(f"MAPE {family:9} {mape:6.1%}  ({len(errors[family])} rows)")
+    every = [e for es in errors.values() for e in es]
+    print(f"MAPE {'all':9} {sum(every) / len(every):6.1%}  ({len(every)} rows)")
+    if "--json" in sys.argv:
+        print(json.dumps({"rows": out, "mape": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Recommendation, vision, encoder and recurrent models: zoo shapes, lookup and recurrence costs, embedding sharding."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import partial
+
+import networkx as nx
+import pytest
+from click.testing import CliRunner
+
+from echosim.backends.compute import matmul_time_s, memory_bound_time_s
+from echosim.backends.devices import DEVICES
+from echosim.backends.gpu import GPUBackend
+from echosim.cli import cli
+from echosim.compiler import lower
+from echosim.frontend.capture import capture_named
+from echosim.frontend.spec import CaptureSpec
+from echosim.frontend.zoo_torch import (
+    TORCH_ZOO,
+    TorchZooModel,
+    dlrm_module,
+    dlrm_params,
+    encoder_forward_flops,
+    lstm_lm_module,
+    lstm_lm_params,
+    resnet50_forward_flops,
+)
+from echosim.ir.ops import Axis, CollectiveAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
+from echosim.passes.embedding_sharding import EmbeddingSharding, ShardingError, find_tables
+from echosim.passes.flops import ROWWISE_ADAGRAD_BYTES_PER_ROW, graph_flops, io_bytes
+from echosim.plan import Cluster, Plan
+
+# ---- zoo: parameters against the published counts ----------------------------------------------
+
+
+def _params(name: str) -> int:
+    return sum(p.numel() for p in TORCH_ZOO[name].module().parameters())
+
+
+def test_parameter_counts_match_the_published_ones() -> None:
+    assert _params("resnet50") == 25_557_032  # torchvision resnet50 (v1.5): 25.6M
+    assert _params("vit-b16") == 86_567_656  # timm / torchvision vit_b_16: 86.6M
+    # BERT-large: 335,141,888 in HF's BertModel (the paper's "340M"), plus the MLM transform, its
+    # LayerNorm, the output bias and the next-sentence head of pre-training
+    heads = 1024 * 1024 + 1024 + 2 * 1024 + 30522 + 1024 * 2 + 2
+    assert _params("bert-large") == 335_141_888 + heads
+    assert _params("lstm-lm") == lstm_lm_params() == 66_034_000
+    tables, dense = dlrm_params()
+    assert _params("dlrm-dcnv2") == tables + dense
+    assert tables == 204_184_588 * 128  # the 26 MLPerf tables: 204.2M rows of 128
+    # the reference README (facebookresearch/dlrm torchrec_dlrm) gives their "collective size" in fp32 as 104.54 (GB)
+    assert tables * 4 / 1e9 == pytest.approx(104.54, abs=0.01)
+
+
+def test_resnet50_and_vit_forward_flops_match_closed_forms() -> None:
+    spec = CaptureSpec(micro_batch=2)
+    g, _, params = capture_named("resnet50", spec)
+    assert params == 25_557_032
+    assert graph_flops(g).forward == 2 * resnet50_forward_flops()  # 8.2 GFLOPs (4.1 GMACs) per image
+    g, _, _ = capture_named("vit-b16", spec)
+    patches = 2 * 3 * 16 * 16 * 768 * 196
+    expected = encoder_forward_flops(12, 768, 3072, 197) + patches + 2 * 768 * 1000
+    assert graph_flops(g).forward == 2 * expected
+
+
+@pytest.mark.slow
+def test_bert_large_forward_flops_match_the_closed_form() -> None:
+    g, _, _ = capture_named("bert-large", CaptureSpec(micro_batch=1, seq_len=128))
+    s, h, v, masked = 128, 1024, 30522, 20  # the masked LM predicts max_predictions_per_seq = 20 positions
+    assert graph_flops(g).forward == encoder_forward_flops(24, h, 4096, s) + 2 * masked * h * h + 2 * masked * h * v
+
+
+# ---- memory-bound lookups and recurrence ---------------------------------------------------------
+
+
+def _small_dlrm(rows: tuple[int, ...], pooling: tuple[int, ...], dim: int = 16) -> TorchZooModel:
+    build = partial(dlrm_module, rows, pooling, dim, 13, (32, dim), (32, 1), 1, 8)
+    inputs = ((("batch", 13), "float32"), (("batch", sum(pooling)), "int64"))
+    return TorchZooModel(f"dlrm-{len(rows)}x{dim}-{hash(rows) % 1000}", build, inputs, "test DLRM", "queries")
+
+
+def test_pooled_lookup_costs_the_rows_it_gathers_at_stream_bandwidth() -> None:
+    model = _small_dlrm((1000, 5000), (3, 7))
+    batch = 64
+    g, _, _ = model.capture(CaptureSpec(micro_batch=batch, dtype="bf16"))
+    lookups = [n for n in g if n.op is OpKind.EMBEDDING]
+    assert [n.attrs.lookups for n in lookups if isinstance(n.attrs, EmbeddingAttrs)] == [batch * 3, batch * 7]
+    dev = DEVICES["h100-sxm"]
+    backend = GPUBackend(dev)
+    for n, pool in zip(lookups, (3, 7), strict=True):
+        rows_bytes = batch * pool * 16 * 2  # rows x dim x bf16
+        expected = batch * pool * 8 + rows_bytes + batch * 16 * 2  # ids + rows + pooled output
+        assert io_bytes(g, n) == expected  # never the 1000 x 16 table, never a GEMM
+        assert backend.op_time_s(n, io_bytes(g, n)) == pytest.approx(memory_bound_time_s(dev, expected))
+
+
+def test_lstm_runs_its_time_steps_one_after_another() -> None:
+    layers, hidden, vocab, steps, batch = 2, 256, 1000, 12, 32
+    build = partial(lstm_lm_module, layers, hidden, vocab, steps)
+    model = TorchZooModel("lstm-test", build, TORCH_ZOO["lstm-lm"].inputs, "test LSTM", "sequences")
+    g, _, _ = model.capture(CaptureSpec(micro_batch=batch, seq_len=steps, dtype="bf16"))
+    step = (batch, 4 * hidden, hidden)
+    rec = [n for n in g if isinstance(n.attrs, MatmulAttrs) and (n.attrs.m, n.attrs.n, n.attrs.k) == step]
+    rec = [n for n in rec if n.phase is Phase.FORWARD]
+    assert len(rec) >= layers * (steps - 1)  # one small GEMM per step and layer (the first step may start from zeros)
+    # each step's GEMM waits for the previous step's cell: the chain runs through every step
+    dag = g.dag
+    first = [n for n in rec if n.name.startswith("lstm.l0.")]
+    assert len(first) >= steps - 1
+    for a, b in itertools.pairwise(first):
+        assert nx.has_path(dag, a.id, b.id)
+    # costed: the forward time holds T serial step GEMMs, far more than one batched GEMM would take
+    compiled = lower(model, Plan(micro_batch=batch, seq_len=steps), Cluster(backend="h100-sxm", devices=1))
+    dev = DEVICES["h100-sxm"]
+    serial = layers * (steps - 1) * matmul_time_s(dev, batch, 4 * hidden, hidden)
+    batched = layers * matmul_time_s(dev, batch * steps, 4 * hidden, hidden)
+    fwd = compiled.report.stages[0]["fwd_s"]
+    assert fwd >= serial > 3 * batched
+
+
+# ---- embedding sharding: bytes and memory against closed forms -----------------------------------
+
+B, D, W = 64, 16, 2
+ROWS = (1000, 2000, 3000)
+POOL = (2, 3, 5)
+
+
+def _compiled(mode: str, dp: int = W) -> object:
+    model = _small_dlrm(ROWS, POOL, D)
+    return lower(model, Plan(dp=dp, micro_batch=B, embedding_sharding=mode), Cluster(backend="h100-sxm", devices=dp))
+
+
+def _colls(compiled: object, phase: Phase) -> dict[str, tuple[OpKind, int]]:
+    g = compiled.stages[0].graph  # type: ignore[attr-defined]
+    return {
+        n.name: (n.op, n.attrs.bytes)
+        for n in g
+        if n.op.is_collective and n.phase is phase and isinstance(n.attrs, CollectiveAttrs) and "embedding" in n.name
+    }
+
+
+def _table_params(compiled: object) -> list[tuple[int, int]]:
+    g = compiled.stages[0].graph  # type: ignore[attr-defined]
+    return [n.out.shape for n in g.params() if isinstance(n.attrs, ParamAttrs) and n.attrs.sparse]
+
+
+def test_table_wise_all_to_all_bytes_and_memory() -> None:
+    c = _compiled("table")
+    # greedy by estimated cost: the 3000-row table (pooling 5) on one rank, the other two on the next;
+    # the representative is the busiest rank, which sends the global batch's pooled rows of its tables
+    params = sorted(_table_params(c))
+    owned_dims = sum(shape[1] for shape in params)
+    sent = W * B * owned_dims * 2
+    received = B * len(ROWS) * D * 2
+    fwd = _colls(c, Phase.FORWARD)
+    assert fwd["embedding_sharding.table.output_dist"] == (OpKind.ALL_TO_ALL, max(sent, received))
+    bwd = _colls(c, Phase.BACKWARD)
+    assert list(bwd.values()) == [(OpKind.ALL_TO_ALL, max(sent, received))]  # the gradients go back
+    # memory: the rows of the tables it holds (bf16) and one fp32 Adagrad accumulator per row, no gradient
+    mem = c.report.memory[0]  # type: ignore[attr-defined]
+    rows = sum(shape[0] for shape in params)
+    table_elements = sum(shape[0] * shape[1] for shape in params)
+    _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    assert mem["params"] == dense * 2 + table_elements * 2
+    assert mem["optimizer"] == dense * 12 + rows * ROWWISE_ADAGRAD_BYTES_PER_ROW
+    assert mem["grads"] == dense * 4
+
+
+def test_row_wise_reduce_scatter_bytes_and_memory() -> None:
+    c = _compiled("row")
+    fwd = _colls(c, Phase.FORWARD)
+    assert fwd["embedding_sharding.row.output_dist"] == (OpKind.REDUCE_SCATTER, W * B * len(ROWS) * D * 2)
+    bwd = _colls(c, Phase.BACKWARD)
+    assert list(bwd.values()) == [(OpKind.ALL_GATHER, W * B * len(ROWS) * D * 2)]
+    assert sorted(_table_params(c)) == sorted((math.ceil(r / W), D) for r in ROWS)
+    mem = c.report.memory[0]  # type: ignore[attr-defined]
+    _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    assert mem["params"] == dense * 2 + sum(math.ceil(r / W) for r in ROWS) * D * 2
+    assert mem["optimizer"] == dense * 12 + sum(math.ceil(r / W) for r in ROWS) * ROWWISE_ADAGRAD_BYTES_PER_ROW
+    g = c.stages[0].graph  # type: ignore[attr-defined]
+    looked = [n for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD]
+    assert sorted(n.attrs.lookups for n in looked) == sorted(B * p for p in POOL)  # 1/W of the global batch's ids
+
+
+def test_column_wise_all_to_all_bytes_and_memory() -> None:
+    c = _compiled("column")
+    fwd = _colls(c, Phase.FORWARD)
+    # every table cut into W column shards; balanced, each rank holds one shard (D / W columns) of each
+    assert fwd["embedding_sharding.column.output_dist"] == (OpKind.ALL_TO_ALL, B * len(ROWS) * D * 2)
+    assert sorted(_table_params(c)) == sorted((r, D // W) for r in ROWS)
+
+
+def test_data_parallel_tables_all_reduce_their_gradients_with_the_rest() -> None:
+    c = _compiled("data")
+    g = c.stages[0].graph  # type: ignore[attr-defined]
+    assert not _colls(c, Phase.FORWARD) and not _table_params(c)
+    tables, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    reduced = sum(n.attrs.bytes for n in g if n.op is OpKind.ALL_REDUCE and isinstance(n.attrs, CollectiveAttrs)
+                  and n.attrs.axis is Axis.DP)  # fmt: skip
+    assert reduced == (tables + dense) * 4  # fp32 gradients of every weight, tables included
+    # the sharded types drop the tables from the all-reduce
+    c = _compiled("row")
+    g = c.stages[0].graph  # type: ignore[attr-defined]
+    reduced = sum(n.attrs.bytes for n in g if n.op is OpKind.ALL_REDUCE and isinstance(n.attrs, CollectiveAttrs)
+                  and n.attrs.axis is Axis.DP)  # fmt: skip
+    assert reduced == dense * 4
+
+
+def test_auto_picks_per_table_and_big_tables_leave_data_parallel() -> None:
+    model = _small_dlrm((10, 4_000_000), (1, 1), 64)
+    g, _, _ = model.capture(CaptureSpec(micro_batch=B, dtype="bf16"))
+    tables = find_tables(g)
+    out = EmbeddingSharding("auto", 8, capacity_bytes=80 * 2**30).run(g)
+    kinds = {n.name for n in out if n.op.is_collective}
+    assert any("table" in k or "row" in k or "column" in k for k in kinds)
+    # the 10-row table is cheaper replicated (a tiny all-reduce, no all_to_all): it stays dense
+    dense_lookups = [n for n in out if n.op is OpKind.EMBEDDING and isinstance(n.attrs, EmbeddingAttrs)
+                     and not n.attrs.sparse]  # fmt: skip
+    assert [n.attrs.vocab for n in dense_lookups] == [tables[0].rows]
+
+
+def test_a_table_no_sharding_fits_is_refused() -> None:
+    model = _small_dlrm((10, 4_000_000), (1, 1), 64)
+    g, _, _ = model.capture(CaptureSpec(micro_batch=B, dtype="bf16"))
+    with pytest.raises(ShardingError, match="fits on none of the 2 devices"):
+        EmbeddingSharding("table", 2, capacity_bytes=2**28).run(g)  # 256 MiB: the table is 488 MiB + state
+    with pytest.raises(ShardingError, match="fits on no device under any sharding"):
+        EmbeddingSharding("auto", 2, capacity_bytes=2**27).run(g)
+
+
+def test_cli_bad_sharding_input_is_one_line() -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli, ["compile", "lstm-lm", "--embedding-sharding", "diagonal"])
+    assert result.exit_code == 1
+    assert (
+        result.output.strip().count("\n") == 0
+        and "unknown (known: none, table, row, column, data, auto)" in result.output
+    )
+
+
+@pytest.mark.slow
+def test_cli_table_larger_than_every_device_is_one_line() -> None:
+    # fp32 40M x 128 tables are 19.1 GiB: no 16 GiB TPU v5e chip holds one whole
+    runner = CliRunner()
+    args = ["compile", "dlrm-dcnv2", "--backend", "tpu-v5e", "--dp", "8", "--dtype", "fp32", "--micro-batch", "64"]
+    result = runner.invoke(cli, [*args, "--embedding-sharding", "table"])
+    assert result.exit_code == 1 and result.output.strip().count("\n") == 0
+    assert "fits on none of the 8 devices" in result.output
+    result = runner.invoke(cli, [*args[:5], "1", *args[6:], "--embedding-sharding", "auto"])
+    assert result.exit_code == 1 and result.output.strip().count("\n") == 0
+    assert "fits on no device under any sharding" in result.output
+
+
+def test_samples_per_s_for_non_sequence_models() -> None:
+    r = lower("resnet50", Plan(micro_batch=32), Cluster(backend="a100-80gb", devices=1)).report
+    assert r.tokens_per_s is None
+    assert r.samples_per_s == pytest.approx(32 / r.step_time_s)
+    assert r.to_dict()["samples_per_s"] == pytest.approx(r.samples_per_s, rel=1e-5)
+    result = CliRunner().invoke(cli, ["compile", "resnet50", "--micro-batch", "32", "--backend", "a100-80gb"])
+    assert result.exit_code == 0 and f"{r.samples_per_s:,.1f} images/s" in result.output
