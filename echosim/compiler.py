@@ -166,6 +166,7 @@ def lower(
         saved=SavedPolicy(
             fused_gated=bool(framework.fused_gated),
             offload=offloaded(framework.recompute_policy(plan.recompute)),
+            offload_layers=plan.offload_layers,
             ce_saved=framework.ce_saved,
             ce_working=framework.ce_working,
         ),

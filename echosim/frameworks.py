@@ -60,10 +60,13 @@ class Framework:
         return self.selective if name == "selective" and self.selective else name
 
     pp_unsharded: str = ""  # FSDP under a pipeline keeps weights and gradients unsharded across micro-batches
+    grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
         out = {"fp32_weights": True} if self.fp32_weights else {}
+        if self.grads_16bit:
+            out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True
         return out
@@ -181,7 +184,7 @@ FRAMEWORKS: dict[str, Framework] = {
         ),
         Framework(
             "nemo",
-            "NeMo 2.0 / Megatron-Bridge recipes on Megatron-Core",
+            "NeMo 2.0 / Megatron-Bridge recipes on Megatron-Core, as their performance scripts run them",
             "NeMo 25.x (commit 8cfedd7), Megatron-Bridge (commit 067f987)",
             (
                 Default(
@@ -212,6 +215,12 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
             ),
             row_names=("NeMo", "Megatron-Bridge"),
+            grads_16bit="the performance scripts that produce NVIDIA's published tables turn fp32 gradient "
+            "reduction off: recipe.trainer.plugins.grad_reduce_in_fp32 = False in set_precision_configs "
+            "(NeMo scripts/performance/helpers.py, commit 8cfedd7); cfg.ddp.grad_reduce_in_fp32 = False "
+            "(Megatron-Bridge scripts/performance, v0.1.0rc4 yaml mixed_precision.grad_reduce_in_fp32: false; "
+            f"v0.2.0 set_llama3_common_configs; perf_recipes/_common.py _benchmark_common, {_BRIDGE}); "
+            "Megatron-Core's DDP then keeps its gradient buffer in the parameters' dtype",
             fused_gated=_SWIGLU,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),

@@ -55,6 +55,7 @@ class Plan:
     zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
+    offload_layers: int = 0  # layers per stage whose activations live in host memory (Megatron CPU offloading)
     cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless

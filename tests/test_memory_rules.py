@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import SHARED
 
 from echosim.compiler import lower
 from echosim.frameworks import FRAMEWORKS, framework_named_in
@@ -20,6 +21,7 @@ from echosim.passes.saved import names_in_block
 from echosim.plan import Cluster, Plan, PlanError
 from echosim.validation.cases import REQUIRED
 
+SHARED_CASES = SHARED / "validation" / "cases.csv"
 LLAMA = ArchConfig("llama", layers=4, hidden=256, heads=4, kv_heads=2, vocab=1024, ffn=704, seq_len=128)
 MOE = ArchConfig(
     "moe", layers=2, hidden=256, heads=4, kv_heads=2, vocab=1024, ffn=704, seq_len=128, experts=4, top_k=2, moe_ffn=256
@@ -153,6 +155,55 @@ def test_interleaved_pipeline_holds_the_running_peak_not_every_chunks_peak():
     summed = sum(per[v] * k for v, k in costed.in_flight(0).items())
     assert c.report.memory[0]["activations"] == running
     assert running < summed
+
+
+def test_nemo_performance_scripts_reduce_gradients_in_16_bits():
+    assert FRAMEWORKS["nemo"].state() == {"fp32_grads": False}
+    assert "fp32_grads" not in FRAMEWORKS["megatron"].state()
+    megatron, nemo = mem(framework="megatron"), mem(framework="nemo")
+    assert nemo["grads"] * 2 == megatron["grads"] and nemo["params"] == megatron["params"]
+
+
+def test_cpu_offloading_moves_whole_layers_and_keeps_the_running_one():
+    base = lower(LLAMA, Plan(), Cluster("a100-80gb", 1))
+    graph, saved = base.stages[0].graph, base.facts.saved
+    full = activation_bytes(graph, saved)
+    one = activation_bytes(graph, SavedPolicy(fused_gated=saved.fused_gated, offload_layers=1))
+    two = activation_bytes(graph, SavedPolicy(fused_gated=saved.fused_gated, offload_layers=2))
+    per_layer = full - one
+    assert per_layer > 0 and full - two == 2 * per_layer
+    # at most layers - 1 (4 layers here): Megatron asserts fewer offloaded layers than the model has
+    capped = activation_bytes(graph, SavedPolicy(fused_gated=saved.fused_gated, offload_layers=99))
+    assert capped == full - 3 * per_layer
+    assert mem(offload_layers=2)["activations"] == pytest.approx(mem()["activations"] - 2 * per_layer)
+
+
+def test_offload_layers_flag(cli):
+    args = ["compile", "llama3-8b", "--tp", "8", "--backend", "h100-sxm", "--json"]
+    plain = json.loads(CliRunner().invoke(cli, args).output)
+    moved = json.loads(CliRunner().invoke(cli, [*args, "--offload-layers", "16"]).output)
+    assert moved["memory"][0]["activations"] < plain["memory"][0]["activations"]
+    assert moved["step_time_s"] == plain["step_time_s"]  # the host copies are assumed hidden behind compute
+    bad = CliRunner().invoke(cli, [*args, "--offload-layers", "-1"])
+    assert bad.exit_code != 0 and "--offload-layers" in bad.output
+
+
+def test_rows_take_the_settings_of_the_script_their_source_ran():
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import offload_layers, row_plan
+
+    if not SHARED_CASES.exists():
+        pytest.skip("shared/validation not present")
+    cases = {c.case_id: c for c in read_cases(SHARED_CASES)}
+    plan, _ = row_plan(cases["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"])
+    assert plan.zero == 1 and plan.sp  # train_llama3_8b_h100_fp8.sh: distributed optimizer, sequence parallel
+    plan, _ = row_plan(cases["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"])
+    assert plan.zero == 1 and not plan.sp  # tp 1: no sequence parallelism
+    assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb200-64"]) == 40
+    assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb300-64"]) == 20
+    assert offload_layers(cases["mbridge2509-llama3-70b-gb200-64"]) == 40  # no precision: the one mbs-2 recipe
+    assert offload_layers(cases["nemo2504-llama3-70b-fp8-gb200-64"]) == 0  # NeMo 2.0's recipe offloads nothing
+    assert row_plan(cases["mbridge2511-llama3-70b-fp8-gb200-64"])[0].offload_layers == 40
 
 
 def test_framework_column_takes_the_longest_matching_name():

@@ -103,6 +103,12 @@ def layout_options(fn: F) -> F:
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP)."),
         click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B)."),
         click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs."),
+        click.option(
+            "--offload-layers",
+            type=click.IntRange(0),
+            help="Layers per stage whose activations are offloaded to host memory (Megatron-Core "
+            "--cpu-offloading-num-layers).",
+        ),
         framework_option,
         calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME)."),
         click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable)."),

@@ -146,10 +146,16 @@ class SavedPolicy:
     memory; they take no device memory.
     ``ce_saved`` / ``ce_working``: the loss over the vocabulary as the framework computes it, in
     bytes per logit (fp32 copies: see :mod:`echosim.frameworks`).
+    ``offload_layers``: Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``):
+    that many transformer layers of the stage keep their saved activations in host memory; at
+    least one layer (the one running) stays on the device (megatron/core/extensions/
+    transformer_engine.py get_cpu_offload_context, which asserts ``num_layers < config.num_layers``;
+    Megatron-LM commit d98e8a6).
     """
 
     fused_gated: bool = False
     offload: frozenset[str] = frozenset()
+    offload_layers: int = 0
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
 
@@ -192,15 +198,19 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
         if "decoder_layer_input" in saved.offload:
             gone |= replayed_reads
         mult = {nid: k for nid, k in mult.items() if nid not in gone}
-    return sum(
-        (
-            int(graph[nid].out.numel * saved.ce_saved)
-            if nid in logits
-            else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
-        )
-        * k
-        for nid, k in mult.items()
-    )
+    each = {
+        nid: int(graph[nid].out.numel * saved.ce_saved)
+        if nid in logits
+        else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
+        for nid in mult
+    }
+    total = sum(each[nid] * k for nid, k in mult.items())
+    layers = max(mult.values(), default=1)
+    if saved.offload_layers and layers > 1:
+        # one layer's share: what every repetition of the layer keeps (its input included)
+        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
+        total -= min(saved.offload_layers, layers - 1) * per_layer
+    return total
 
 
 def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:

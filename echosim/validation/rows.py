@@ -205,6 +205,62 @@ def remat_policy(c: Case) -> str:
     return "custom:" + ",".join(f"{t}=offload" for t in tensors)
 
 
+#: Launch flags of the script a source says it ran, for the Plan settings its table leaves out (by
+#: ``source_id``). Megatron-LM's Llama-3 FP8 table (examples/llama/README.md) is produced by
+#: examples/llama/train_llama3_8b_h100_fp8.sh, which passes --use-distributed-optimizer and
+#: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1.
+SOURCE_FLAGS: dict[str, dict[str, Any]] = {
+    "megatron_lm_llama_fp8": {"zero": 1, "sp": True},
+}
+
+
+_MB = "Megatron-Bridge scripts/performance"
+#: CPU activation offloading (``cpu_offloading_num_layers``) in the Megatron-FSDP performance recipes
+#: behind Megatron-Bridge's published tables, by the recipe's identity: (layers, hidden, device,
+#: precision family, tp, pp, micro-batch) -> layers offloaded. Every release that publishes a layout
+#: uses the same count: v0.1.0rc4 (NeMo 25.09) scripts/performance/configs/llama3/
+#: llama3_70b_llm_pretrain.yaml and configs/llama31/llama31_405b_llm_pretrain.yaml; v0.2.0 (25.11)
+#: configs/llama3*/workload_base_configs.py; v0.3.0 (26.02) configs/llama/llama3_workload_base_configs.py;
+#: commit 067f987 (26.04) src/megatron/bridge/perf_recipes/llama/{gb200,gb300}/llama3*.py.
+MEGATRON_FSDP_OFFLOAD: dict[tuple[int, int, str, str, int, int, int], int] = {
+    (80, 8192, "gb200", "bf16", 1, 1, 1): 20,  # LLAMA3_70B_GB200_BF16
+    (80, 8192, "gb200", "fp8", 1, 1, 2): 40,  # LLAMA3_70B_GB200_FP8_CS
+    (80, 8192, "gb300", "bf16", 1, 1, 2): 30,  # LLAMA3_70B_GB300_BF16
+    (80, 8192, "gb300", "fp8", 1, 1, 2): 20,  # LLAMA3_70B_GB300_FP8_CS
+    (126, 16384, "gb200", "fp8", 2, 1, 1): 95,  # llama31_405b gb200 fp8_cs / fp8_ds
+    (126, 16384, "gb300", "bf16", 2, 1, 1): 40,  # LLAMA31_405B_GB300_BF16
+    (126, 16384, "gb300", "fp8", 2, 1, 1): 10,  # LLAMA31_405B_GB300_FP8_CS
+}
+
+
+def _precision_family(dtype: str) -> str:
+    return "fp8" if dtype in ("fp8", "mxfp8", "nvfp4") else "bf16" if dtype in ("bf16", "fp16") else dtype
+
+
+def offload_layers(c: Case) -> int:
+    """Layers a Megatron-Bridge Megatron-FSDP performance recipe offloads (:data:`MEGATRON_FSDP_OFFLOAD`).
+
+    A row without a precision (the 25.09 table has no such column) takes the recipe its layout
+    names when exactly one precision's recipe has that layout; 0 when no recipe matches.
+    """
+    if not c["source_id"].startswith("megatron_bridge") or c.int("zero") != 3:
+        return 0
+    model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
+    layout = (c.int("tp", 1) or 1, c.int("pp", 1) or 1, c.int("micro_batch", 1) or 1)
+    found = [n for (*m, fam, tp, pp, mb), n in MEGATRON_FSDP_OFFLOAD.items()
+             if tuple(m) == model and (tp, pp, mb) == layout
+             and (not c["dtype"] or fam == _precision_family(c["dtype"]))]  # fmt: skip
+    return found[0] if len(found) == 1 else 0
+
+
+def _source_flags(c: Case) -> dict[str, Any]:
+    """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
+    flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
+    if (c.int("tp", 1) or 1) <= 1:
+        flags.pop("sp", None)
+    return {k: v for k, v in flags.items() if not c[k].strip()}
+
+
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     """The row's Plan and Cluster. Blank cells take the defaults of the row's framework
     (:mod:`echosim.frameworks`, read from its ``framework`` column), then the Plan's own."""
@@ -230,6 +286,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),
     }
+    stated.update(_source_flags(c))
+    stated["offload_layers"] = offload_layers(c) or None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None})
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
