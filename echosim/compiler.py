@@ -167,6 +167,7 @@ def lower(
             fused_gated=bool(framework.fused_gated),
             offload=offloaded(framework.recompute_policy(plan.recompute)),
             offload_layers=plan.offload_layers,
+            probs_in_experts=bool(framework.probs_in_experts),
             ce_saved=framework.ce_saved,
             ce_working=framework.ce_working,
         ),

@@ -61,6 +61,7 @@ class Framework:
 
     pp_unsharded: str = ""  # FSDP under a pipeline keeps weights and gradients unsharded across micro-batches
     grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
+    probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
@@ -108,6 +109,12 @@ _VOCAB_CE = dict(
     "softmax in it for backward, which writes the gradient in place and hands back a 16-bit copy; the "
     "16-bit logits are dropped (megatron/core/tensor_parallel/cross_entropy.py, commit d98e8a6)",
 )
+_MOE_PROBS = (
+    "Megatron-Core applies the router's probabilities inside the experts: TEGroupedMLP passes "
+    "permuted_probs to weighted_bias_swiglu_impl between fc1 and fc2 (megatron/core/transformer/moe/"
+    "experts.py), and the token dispatcher's unpermute takes no probabilities (token_dispatcher.py), so "
+    "the combine's backward is a gather that keeps nothing (Megatron-LM commit d98e8a6)"
+)
 _SWIGLU = (
     "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
     f"SiLU in backward; on unless --no-bias-swiglu-fusion ({_MEGATRON_ARGS})"
@@ -138,6 +145,14 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
     "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
     "states follow the fp32 parameters",
+)
+
+_TORCHTITAN_SP = Default(
+    "sp",
+    True,
+    "tensor parallelism splits the norms' and residuals' activations over the TP ranks with "
+    "SequenceParallel: enable_sequence_parallel = True by default (torchtitan/config/configs.py, commit b5bcd76)",
+    when_above_one="tp",
 )
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -178,6 +193,7 @@ FRAMEWORKS: dict[str, Framework] = {
             ),
             row_names=("Megatron-LM", "MegaScale"),
             fused_gated=_SWIGLU,
+            probs_in_experts=_MOE_PROBS,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
@@ -222,6 +238,7 @@ FRAMEWORKS: dict[str, Framework] = {
             f"v0.2.0 set_llama3_common_configs; perf_recipes/_common.py _benchmark_common, {_BRIDGE}); "
             "Megatron-Core's DDP then keeps its gradient buffer in the parameters' dtype",
             fused_gated=_SWIGLU,
+            probs_in_experts=_MOE_PROBS,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
@@ -237,6 +254,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
                     "(torchtitan/config/configs.py, commit b5bcd76)",
                 ),
+                _TORCHTITAN_SP,
                 Default(
                     "dtype",
                     "bf16",
@@ -263,6 +281,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
                     "(torchtitan/config/configs.py, commit b5bcd76)",
                 ),
+                _TORCHTITAN_SP,
             ),
             row_names=("torchtitan (torch.compile",),
             ce_working=2.0,

@@ -164,6 +164,26 @@ def test_nemo_performance_scripts_reduce_gradients_in_16_bits():
     assert nemo["grads"] * 2 == megatron["grads"] and nemo["params"] == megatron["params"]
 
 
+def test_torchtitan_splits_activations_over_tp_ranks_by_default():
+    from echosim.plan import plan_with_defaults
+
+    assert plan_with_defaults(Plan(), {"tp": 2, "framework": "torchtitan"}).sp
+    assert not plan_with_defaults(Plan(), {"tp": 1, "framework": "torchtitan"}).sp
+    assert not plan_with_defaults(Plan(), {"tp": 2, "sp": False, "framework": "torchtitan"}).sp
+
+
+def test_megatron_moe_applies_router_weights_in_the_experts():
+    c = lower(MOE, Plan(), Cluster("a100-80gb", 1))
+    graph = c.stages[0].graph
+    eager = activation_bytes(graph, SavedPolicy())
+    megatron = activation_bytes(graph, SavedPolicy(probs_in_experts=True))
+    # the combine's rows (tokens x top_k x hidden, 16-bit) are no longer kept, in each of the 2 layers
+    tokens = MOE.seq_len
+    assert eager - megatron == MOE.layers * tokens * MOE.top_k * MOE.hidden * 2
+    assert FRAMEWORKS["megatron"].probs_in_experts and FRAMEWORKS["nemo"].probs_in_experts
+    assert not FRAMEWORKS["torchtitan"].probs_in_experts
+
+
 def test_cpu_offloading_moves_whole_layers_and_keeps_the_running_one():
     base = lower(LLAMA, Plan(), Cluster("a100-80gb", 1))
     graph, saved = base.stages[0].graph, base.facts.saved

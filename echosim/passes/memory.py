@@ -146,6 +146,9 @@ class SavedPolicy:
     memory; they take no device memory.
     ``ce_saved`` / ``ce_working``: the loss over the vocabulary as the framework computes it, in
     bytes per logit (fp32 copies: see :mod:`echosim.frameworks`).
+    ``probs_in_experts``: the router's weights are applied inside the experts (Megatron-Core's
+    weighted SwiGLU between fc1 and fc2), so the combine is a plain scatter-sum whose backward is a
+    gather, and the expert outputs it sums are not kept for the weights' gradient.
     ``offload_layers``: Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``):
     that many transformer layers of the stage keep their saved activations in host memory; at
     least one layer (the one running) stays on the device (megatron/core/extensions/
@@ -156,6 +159,7 @@ class SavedPolicy:
     fused_gated: bool = False
     offload: frozenset[str] = frozenset()
     offload_layers: int = 0
+    probs_in_experts: bool = False  # router weights scale the expert activation: the combine keeps no rows
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
 
@@ -182,6 +186,8 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
             if not src.inputs and src.op is not OpKind.RECV:
                 continue
             if saved.fused_gated and _fused_activation(graph, src, n):
+                continue
+            if saved.probs_in_experts and _combine_rows(graph, src, n):
                 continue
             # each layer's copy of a value is read by that layer's backward: one copy per repetition of
             # the reader (a layer's output read after the layers is the last layer's alone)
@@ -211,6 +217,18 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
         per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
         total -= min(saved.offload_layers, layers - 1) * per_layer
     return total
+
+
+def _combine_rows(graph: Graph, src: Node, reader: Node) -> bool:
+    """The expert outputs a MoE combine sums, read by the router weights' gradient."""
+    origin = graph[reader.origin] if reader.origin is not None else None
+    return (
+        origin is not None
+        and isinstance(origin.attrs, ElementwiseAttrs)
+        and origin.attrs.fn == "moe_combine"
+        and bool(origin.inputs)
+        and _base(graph, origin.inputs[0]) == src.id
+    )
 
 
 def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
