@@ -184,6 +184,14 @@ def test_megatron_moe_applies_router_weights_in_the_experts():
     assert not FRAMEWORKS["torchtitan"].probs_in_experts
 
 
+def test_xla_static_buffers_have_no_allocator_share_or_nccl_buffers():
+    tpu = lower(LLAMA, Plan(dp=4, zero=3), Cluster("tpu-v5p", 4)).report.memory[0]
+    gpu = lower(LLAMA, Plan(dp=4, zero=3), Cluster("h100-sxm", 4)).report.memory[0]
+    assert tpu["fragmentation"] == 0 and tpu["comm_buffers"] == 0
+    assert gpu["fragmentation"] > 0 and gpu["comm_buffers"] > 0
+    assert tpu["peak"] == sum(tpu[k] for k in ("params", "grads", "optimizer", "activations", "transient"))
+
+
 def test_cpu_offloading_moves_whole_layers_and_keeps_the_running_one():
     base = lower(LLAMA, Plan(), Cluster("a100-80gb", 1))
     graph, saved = base.stages[0].graph, base.facts.saved
