@@ -192,6 +192,45 @@ def test_xla_static_buffers_have_no_allocator_share_or_nccl_buffers():
     assert tpu["peak"] == sum(tpu[k] for k in ("params", "grads", "optimizer", "activations", "transient"))
 
 
+def test_megatron_recompute_modules_drop_what_they_replay():
+    def run(policy: str) -> tuple[dict, float, set[str]]:
+        c = lower(MOE, Plan(framework="megatron", recompute=policy), Cluster("a100-80gb", 1))
+        replayed = {n.name for n in c.stages[0].graph if n.phase is Phase.RECOMPUTE}
+        return c.report.memory[0], c.report.step_time_s, replayed
+
+    base, t0, none = run("none")
+    norm, t1, norms = run("selective:layernorm")
+    act, t2, acts = run("selective:moe_act")
+    both, t3, _ = run("selective:layernorm,moe_act")
+    assert not none and norms and acts
+    # the pre-MLP norm (read by the router and the dispatch) is replayed; the attention's input norm is
+    # fused into its projections (TE LayerNormLinear) and stays
+    assert norms == {"rms_norm_1.recompute", "flatten.recompute"}
+    assert all(not n.startswith("rms_norm") for n in acts)
+    saved_norm = base["activations"] - norm["activations"]
+    saved_act = base["activations"] - act["activations"]
+    assert saved_norm > 0 and saved_act > 0
+    assert both["activations"] == base["activations"] - saved_norm - saved_act
+    assert t0 < t1 and t0 < t2 and t0 < t3  # the replay costs time
+    with pytest.raises(RecomputeError, match=r"unknown module 'moe_ac'.*core_attn, layernorm, moe_act, mla_up_proj"):
+        policy_named("selective:moe_ac")
+
+
+def test_mla_up_projections_are_replayed_from_the_latents():
+    mla = ArchConfig(
+        "llama", layers=2, hidden=256, heads=4, vocab=1024, ffn=704, seq_len=128,
+        kv_lora_rank=128, q_lora_rank=96, rope_head_dim=16, v_head_dim=32, head_dim=48,
+    )  # fmt: skip
+    plain = lower(mla, Plan(framework="megatron"), Cluster("a100-80gb", 1)).report.memory[0]
+    up = lower(mla, Plan(framework="megatron", recompute="selective:mla_up_proj"), Cluster("a100-80gb", 1))
+    assert up.report.memory[0]["activations"] < plain["activations"]
+    replayed = [n for n in up.stages[0].graph if n.phase is Phase.RECOMPUTE]
+    assert sum(n.op.value == "matmul" for n in replayed) == 2  # the query and key/value up-projections
+    # a model without latents has no up-projection to replay
+    assert not [n for n in lower(LLAMA, Plan(recompute="selective:mla_up_proj"), Cluster("a100-80gb", 1)).stages[
+        0].graph if n.phase is Phase.RECOMPUTE]  # fmt: skip
+
+
 def test_cpu_offloading_moves_whole_layers_and_keeps_the_running_one():
     base = lower(LLAMA, Plan(), Cluster("a100-80gb", 1))
     graph, saved = base.stages[0].graph, base.facts.saved
@@ -232,6 +271,10 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert offload_layers(cases["mbridge2509-llama3-70b-gb200-64"]) == 40  # no precision: the one mbs-2 recipe
     assert offload_layers(cases["nemo2504-llama3-70b-fp8-gb200-64"]) == 0  # NeMo 2.0's recipe offloads nothing
     assert row_plan(cases["mbridge2511-llama3-70b-fp8-gb200-64"])[0].offload_layers == 40
+    assert row_plan(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"])[0].recompute == "selective:layernorm,moe_act"
+    assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"])[0].recompute == "selective:mla_up_proj"
+    # 25.09's recipes name no modules (Megatron's default core_attn): nothing to replay with fused attention
+    assert row_plan(cases["mbridge2509-deepseekv3-tokendrop-b200-256"])[0].recompute == "none"
 
 
 def test_framework_column_takes_the_longest_matching_name():

@@ -253,6 +253,36 @@ def offload_layers(c: Case) -> int:
     return found[0] if len(found) == 1 else 0
 
 
+#: ``recompute_modules`` of the Megatron-Bridge MoE performance recipes (Megatron-Core selective
+#: recompute, :data:`echosim.passes.recompute.MEGATRON_MODULES`), by (layers, hidden, device) and,
+#: where a device's recipes differ, the layout (tp, pp, vpp, ep, micro-batch). The same in v0.2.0
+#: (NeMo 25.11) scripts/performance/configs/{deepseek,gpt_oss}/workload_base_configs.py, v0.3.0 (26.02)
+#: configs/*/*_workload_base_configs.py and commit 067f987 (26.04) src/megatron/bridge/perf_recipes/
+#: {deepseek,gpt_oss}/*. v0.1.0rc4 (25.09) sets recompute_granularity "selective" with no modules
+#: (Megatron's default, core_attn: nothing with fused attention), so its rows take none. DeepSeek's
+#: "mlp" (its 3 dense layers, which the rows model as MoE layers) is left out.
+MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str, ...]] = {
+    (36, 2880, "b200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_B200_BF16
+    (36, 2880, "gb200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_GB200_BF16
+    (36, 2880, "h100-sxm", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_H100_BF16
+    (61, 7168, "b200", (1, 16, 1, 8, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_B200
+    (61, 7168, "b200", (1, 8, 2, 32, 1)): ("mla_up_proj",),  # deepseek_v3 b200 fp8mx (+ mlp)
+    (61, 7168, "gb200", (1, 4, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_GB200
+    (61, 7168, "gb300", (1, 4, 4, 64, 1)): ("moe_act",),  # DEEPSEEK_V3_GB300
+    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_H100 (+ mlp)
+}
+
+
+def megatron_bridge_recompute(c: Case) -> str:
+    """The ``selective:MODULES`` policy of the Megatron-Bridge recipe a row ran; '' when none is known."""
+    if not c["source_id"].startswith("megatron_bridge") or c["source_id"] == "megatron_bridge_25.09":
+        return ""
+    model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    modules = MEGATRON_BRIDGE_RECOMPUTE.get((*model, ()), MEGATRON_BRIDGE_RECOMPUTE.get((*model, layout), ()))
+    return "selective:" + ",".join(modules) if modules else ""
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
@@ -282,7 +312,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
         "dtype": c["dtype"] or None,
-        "recompute": remat_policy(c) or c["recompute"] or None,
+        "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),
     }
