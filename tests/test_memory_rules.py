@@ -273,8 +273,8 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["mbridge2511-llama3-70b-fp8-gb200-64"])[0].offload_layers == 40
     assert row_plan(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"])[0].recompute == "selective:layernorm,moe_act"
     assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"])[0].recompute == "selective:mla_up_proj"
-    # 25.09's recipes name no modules (Megatron's default core_attn): nothing to replay with fused attention
-    assert row_plan(cases["mbridge2509-deepseekv3-tokendrop-b200-256"])[0].recompute == "none"
+    assert row_plan(cases["mbridge2509-deepseekv3-tokendrop-b200-256"])[0].recompute == "selective:mla_up_proj"
+    assert row_plan(cases["mbridge2509-qwen3-30b-a3b-tokendrop-h100-sxm-16"])[0].recompute == "none"  # none named
 
 
 def test_framework_column_takes_the_longest_matching_name():

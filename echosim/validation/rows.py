@@ -258,9 +258,9 @@ def offload_layers(c: Case) -> int:
 #: where a device's recipes differ, the layout (tp, pp, vpp, ep, micro-batch). The same in v0.2.0
 #: (NeMo 25.11) scripts/performance/configs/{deepseek,gpt_oss}/workload_base_configs.py, v0.3.0 (26.02)
 #: configs/*/*_workload_base_configs.py and commit 067f987 (26.04) src/megatron/bridge/perf_recipes/
-#: {deepseek,gpt_oss}/*. v0.1.0rc4 (25.09) sets recompute_granularity "selective" with no modules
-#: (Megatron's default, core_attn: nothing with fused attention), so its rows take none. DeepSeek's
-#: "mlp" (its 3 dense layers, which the rows model as MoE layers) is left out.
+#: {deepseek,gpt_oss}/*; v0.1.0rc4 (25.09) sets DeepSeek-V3's by GPU in scripts/performance/run_script.py
+#: (H100 mla_up_proj + mlp, B200 mla_up_proj, GB200 mla_up_proj). DeepSeek's "mlp" (its 3 dense
+#: layers, which the rows model as MoE layers) is left out.
 MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str, ...]] = {
     (36, 2880, "b200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_B200_BF16
     (36, 2880, "gb200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_GB200_BF16
@@ -275,7 +275,7 @@ MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str
 
 def megatron_bridge_recompute(c: Case) -> str:
     """The ``selective:MODULES`` policy of the Megatron-Bridge recipe a row ran; '' when none is known."""
-    if not c["source_id"].startswith("megatron_bridge") or c["source_id"] == "megatron_bridge_25.09":
+    if not c["source_id"].startswith("megatron_bridge"):
         return ""
     model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
