@@ -169,6 +169,7 @@ def lower(
             offload=offloaded(framework.recompute_policy(plan.recompute)),
             offload_layers=plan.offload_layers,
             probs_in_experts=bool(framework.probs_in_experts),
+            loss_chunks=plan.loss_chunks,
             ce_saved=framework.ce_saved,
             ce_working=framework.ce_working,
         ),

@@ -231,6 +231,24 @@ def test_mla_up_projections_are_replayed_from_the_latents():
         0].graph if n.phase is Phase.RECOMPUTE]  # fmt: skip
 
 
+def test_vocabulary_tiling_recomputes_one_chunk_of_logits_at_a_time():
+    plain = lower(LLAMA, Plan(framework="maxtext"), Cluster("tpu-v5p", 1))
+    tiled = lower(LLAMA, Plan(framework="maxtext", loss_chunks=4), Cluster("tpu-v5p", 1))
+    graph = tiled.stages[0].graph
+    replays = [n for n in graph if n.phase is Phase.RECOMPUTE]
+    (replay,) = [n for n in replays if n.op.value != "view"]
+    assert replay.op.value == "matmul" and graph.block_of(replay) is None  # the output layer, before the loss
+    order = list(graph.nodes)
+    ce_grad = next(n.id for n in graph if n.phase is Phase.BACKWARD and n.op.value == "cross_entropy")
+    assert all(order.index(r.id) < order.index(ce_grad) for r in replays)
+    assert set(graph[ce_grad].inputs) & {r.id for r in replays}
+    logits = LLAMA.seq_len * LLAMA.vocab * 2  # bf16, micro-batch 1
+    a, b = plain.report.memory[0], tiled.report.memory[0]
+    assert a["activations"] - b["activations"] == logits  # no logits kept between forward and backward
+    assert b["transient"] < a["transient"]
+    assert tiled.report.step_time_s > plain.report.step_time_s  # the replayed output layer costs time
+
+
 def test_cpu_offloading_moves_whole_layers_and_keeps_the_running_one():
     base = lower(LLAMA, Plan(), Cluster("a100-80gb", 1))
     graph, saved = base.stages[0].graph, base.facts.saved
@@ -253,6 +271,8 @@ def test_offload_layers_flag(cli):
     assert moved["step_time_s"] == plain["step_time_s"]  # the host copies are assumed hidden behind compute
     bad = CliRunner().invoke(cli, [*args, "--offload-layers", "-1"])
     assert bad.exit_code != 0 and "--offload-layers" in bad.output
+    bad = CliRunner().invoke(cli, [*args, "--loss-chunks", "0"])
+    assert bad.exit_code != 0 and "--loss-chunks must be at least 1" in bad.output
 
 
 def test_rows_take_the_settings_of_the_script_their_source_ran():
@@ -274,6 +294,8 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"])[0].recompute == "selective:layernorm,moe_act"
     assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"])[0].recompute == "selective:mla_up_proj"
     assert row_plan(cases["mbridge2509-deepseekv3-tokendrop-b200-256"])[0].recompute == "selective:mla_up_proj"
+    assert row_plan(cases["tpurecipes-gemma3-12b-bf16-v6e-512-x2"])[0].loss_chunks == 16  # num_vocab_tiling
+    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].loss_chunks == 1
     assert row_plan(cases["mbridge2509-qwen3-30b-a3b-tokendrop-h100-sxm-16"])[0].recompute == "none"  # none named
 
 

@@ -110,6 +110,12 @@ def layout_options(fn: F) -> F:
             help="Layers per stage whose activations are offloaded to host memory (Megatron-Core "
             "--cpu-offloading-num-layers).",
         ),
+        click.option(
+            "--loss-chunks",
+            type=int,
+            help="Run the output layer and loss over this many token chunks, recomputing each chunk's "
+            "logits in backward (MaxText num_vocab_tiling).",
+        ),
         framework_option,
         calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME)."),
         click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable)."),

@@ -160,6 +160,7 @@ class SavedPolicy:
     offload: frozenset[str] = frozenset()
     offload_layers: int = 0
     probs_in_experts: bool = False  # router weights scale the expert activation: the combine keeps no rows
+    loss_chunks: int = 1  # the loss runs over this many token chunks: one chunk's logits exist at a time
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
 
@@ -253,10 +254,11 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
     largest op's working set alone: no layer is being replayed then.
     """
     saved = saved or SavedPolicy()
+    logits = _logit_numel(graph) if saved.loss_chunks > 1 else 0
     inside = outside = 0
     for n in graph:
         if n.phase is Phase.BACKWARD:
-            w = _working_set(graph, n, saved)
+            w = _working_set(graph, n, saved, logits)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
@@ -266,29 +268,46 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
         if n.phase is Phase.BACKWARD:
             bases = (graph[_base(graph, i)] for i in n.inputs)
             read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
-    replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
+    replayed = [n for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
+    replay = sum(n.out.nbytes for n in replayed if graph.block_of(n) is not None)
+    # the output layer's replayed logits (vocabulary tiling): one chunk at a time
+    outside += sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in replayed if graph.block_of(n) is None)
     layer, rest = _gathers(graph)
     # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
     # the loss and output layer hold their own gathered weights and the last layer's, prefetched
     return max(inside + replay + 2 * layer, outside + rest + layer)
 
 
-def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int:
+def _logit_numel(graph: Graph) -> int:
+    """Elements of the loss's input (the logits), 0 without a loss."""
+    return max((graph[n.inputs[0]].out.numel for n in graph if n.op is OpKind.CROSS_ENTROPY and n.inputs), default=0)
+
+
+def _chunked(nbytes: int, numel: int, saved: SavedPolicy | None, logits: int) -> int:
+    """A logits-sized tensor under vocabulary tiling holds one chunk at a time."""
+    if saved is not None and saved.loss_chunks > 1 and logits and numel == logits:
+        return nbytes // saved.loss_chunks
+    return nbytes
+
+
+def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits: int = 0) -> int:
     """One backward op's output and the gradients flowing into it (its saved inputs are counted already).
 
-    A view allocates nothing: its output is its input's storage.
+    A view allocates nothing: its output is its input's storage. ``logits``: the loss input's size
+    under vocabulary tiling (tensors of that size exist one chunk at a time).
     """
     if n.op is OpKind.VIEW:
         return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
-    out = n.out.nbytes
+    out = _chunked(n.out.nbytes, n.out.numel, saved, logits)
     if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
         out //= n.attrs.size  # a reduce-scatter hands back one shard of its input
     if n.op is OpKind.CROSS_ENTROPY:
         # eager F.cross_entropy: nll_loss's backward writes a dense gradient over the logits, then
         # log_softmax's backward writes another; a fused or in-place loss says its own bytes per logit
         out = int(n.out.numel * saved.ce_working) if saved is not None and saved.ce_working else 2 * n.out.nbytes
-    return out + sum(graph[i].out.nbytes for i in grads)
+        out = _chunked(out, n.out.numel, saved, logits)
+    return out + sum(_chunked(graph[i].out.nbytes, graph[i].out.numel, saved, logits) for i in grads)
 
 
 def stage_memory(

@@ -145,12 +145,17 @@ def offloaded(name: str) -> frozenset[str]:
 @dataclass(frozen=True)
 class Recompute:
     mode: str = "none"
+    loss_chunks: int = 1  # the loss over token chunks whose logits backward recomputes (MaxText vocab tiling)
     name: ClassVar[str] = "recompute"
 
     def __post_init__(self) -> None:
         policy_named(self.mode)
 
     def run(self, graph: Graph) -> Graph:
+        graph = self._layers(graph)
+        return _replay_logits(graph) if self.loss_chunks > 1 else graph
+
+    def _layers(self, graph: Graph) -> Graph:
         if self.mode == "none":
             return graph
         g = graph.copy()
@@ -187,6 +192,41 @@ class Recompute:
         if self.mode == "full":
             return True
         return (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
+
+
+def _replay_logits(graph: Graph) -> Graph:
+    """The output layer's logits recomputed just before the loss's backward, which reads them there.
+
+    MaxText's vocabulary tiling (``num_vocab_tiling``, src/maxtext/utils/vocabulary_tiling.py, commit
+    e591f30) runs the output layer and the loss chunk by chunk under a ``lax.scan`` whose custom VJP
+    keeps the hidden states and recomputes each chunk's logits in backward: no logits are kept between
+    forward and backward, and one chunk's exist at a time (the memory analysis divides their working
+    set by the chunk count).
+    """
+    g = graph.copy()
+    for ce in [n for n in graph if n.phase is Phase.FORWARD and n.op is OpKind.CROSS_ENTROPY]:
+        chain = [graph[ce.inputs[0]]]
+        while chain[-1].op is OpKind.VIEW and chain[-1].inputs:
+            chain.append(graph[chain[-1].inputs[0]])
+        if not is_weight_matmul(graph, chain[-1]):
+            continue
+        readers = [n for n in g if n.phase is Phase.BACKWARD and n.origin == ce.id and ce.inputs[0] in n.inputs]
+        if not readers:
+            continue
+        copies: dict[int, int] = {}
+        for n in reversed(chain):
+            ins = [copies.get(i, i) for i in n.inputs]
+            copies[n.id] = g.add(
+                n.op, ins, n.out, n.attrs, phase=Phase.RECOMPUTE, scope=n.scope, name=f"{n.name}.recompute", origin=n.id
+            )
+        for r in readers:
+            g.replace(r.id, inputs=tuple(copies.get(i, i) for i in r.inputs))
+        replay = [copies[n.id] for n in reversed(chain)]
+        order = [nid for nid in g.nodes if nid not in set(replay)]
+        at = order.index(readers[0].id)
+        order[at:at] = replay
+        g.nodes = {nid: g.nodes[nid] for nid in order}
+    return g
 
 
 def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:

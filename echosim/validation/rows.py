@@ -180,6 +180,17 @@ TRILLIUM_CUSTOM = {
     "gemma3_12b_32768_v6e256": "decoder_layer_input=device",
 }
 _CONFIG = re.compile(r"config (\w+)")
+#: ``num_vocab_tiling`` of the Trillium recipes, by the tpu-recipes directory a row's source_url names:
+#: every Gemma3-12B config sets 16 (gemma3_12b_32768_v6e256, _2x_v6e256, _4x_v6e256 in
+#: benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
+TRILLIUM_VOCAB_TILING = {"Gemma3-12B-MaxText": 16}
+
+
+def loss_chunks(c: Case) -> int:
+    """The vocabulary tiling of the MaxText recipe a row ran (1: none known)."""
+    if not is_maxtext(c):
+        return 1
+    return next((n for d, n in TRILLIUM_VOCAB_TILING.items() if f"/{d}/" in c["source_url"]), 1)
 
 
 def remat_policy(c: Case) -> str:
@@ -318,6 +329,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     }
     stated.update(_source_flags(c))
     stated["offload_layers"] = offload_layers(c) or None
+    stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None})
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
