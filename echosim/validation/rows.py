@@ -146,15 +146,42 @@ def is_maxtext(c: Case) -> bool:
     return framework_named_in(c["framework"]) == "maxtext"
 
 
+#: torchtitan splits a data-parallel rank's batch (``training.batch_size``) into as many pipeline
+#: micro-batches as there are stages unless ``experimental.pipeline_parallel_microbatches`` is set:
+#: ``n_microbatches = ... or job_config.experimental.pipeline_parallel_degree``
+#: (torchtitan/parallelisms/pipelining_utils.py and pipeline_llama.py, commit 9dec370, the one its
+#: 2024-12 benchmarks name).
+TORCHTITAN_PP_MICROBATCHES = "pipeline_parallel_degree"
+
+
+def torchtitan_pp_micro_batch(c: Case) -> int | None:
+    """A torchtitan pipeline row's micro-batch when the row leaves it blank: the rank's batch over pp.
+
+    None when the row is not torchtitan, not pipelined, or its batch does not divide.
+    """
+    from echosim.frameworks import framework_named_in
+
+    pp = c.int("pp", 1) or 1
+    if pp <= 1 or not framework_named_in(c["framework"]).startswith("torchtitan"):
+        return None
+    dp, global_batch = _derived_dp(c), c.int("global_batch")
+    if not dp or not global_batch or global_batch % (dp * pp):
+        return None
+    return global_batch // (dp * pp)
+
+
 def replica_micro_batch(c: Case) -> int:
     """Sequences one data-parallel replica runs per micro-batch.
 
     Megatron-LM, NeMo, torchtitan and Composer state the micro-batch of a replica (a blank is
-    Megatron's default of 1). MaxText states ``per_device_batch_size``: sequences per *chip*, with
+    Megatron's default of 1, or, for a torchtitan pipeline, the rank's batch over its stages:
+    :func:`torchtitan_pp_micro_batch`). MaxText states ``per_device_batch_size``: sequences per *chip*, with
     ``global_batch_size = per_device_batch_size * num_devices`` and ``gradient_accumulation_steps: 1``
     (MaxText ``src/maxtext/configs/base.yml``, commit e591f30, lines 326 and 968), so one replica of
     ``tp * cp`` chips runs ``per_device * tp * cp`` sequences at once, with no accumulation steps.
     """
+    if not c["micro_batch"].strip() and (pipelined := torchtitan_pp_micro_batch(c)):
+        return pipelined
     per_row = c.int("micro_batch", 1) or 1
     if not is_maxtext(c):
         return per_row
