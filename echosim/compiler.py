@@ -171,7 +171,7 @@ def lower(
             probs_in_experts=bool(framework.probs_in_experts),
             loss_chunks=plan.loss_chunks,
             ce_saved=framework.ce_saved,
-            ce_working=framework.ce_working,
+            ce_working=framework.loss_working(plan.tp),
         ),
         # XLA's static buffer assignment (TPU backends): no allocator fragmentation, no NCCL buffers
         comm_groups=0 if static else sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),

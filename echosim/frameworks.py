@@ -52,6 +52,13 @@ class Framework:
     ce_saved: float = 0.0  # the loss over the vocabulary: bytes per logit kept for backward (0: eager's)
     ce_working: float = 0.0  # ... and allocated by its backward
     ce_source: str = ""
+    ce_working_tp: float = 0.0  # ... allocated by its backward when tp > 1 splits the vocabulary (0: ce_working)
+    ce_tp_source: str = ""
+
+    def loss_working(self, tp: int) -> float:
+        """Bytes per logit the loss's backward allocates under ``tp``-way tensor parallelism."""
+        return self.ce_working_tp if tp > 1 and self.ce_working_tp else self.ce_working
+
     selective: str = ""  # the recompute policy this framework's "selective" means ('' = Megatron's)
     selective_source: str = ""
 
@@ -268,6 +275,15 @@ FRAMEWORKS: dict[str, Framework] = {
             ce_source="the loss is F.cross_entropy(pred.float(), ...): log_softmax keeps its fp32 output, the "
             "16-bit logits are deleted before backward (torchtitan/components/loss.py, train.py, commit "
             "b5bcd76); backward holds the fp32 gradient coming in and the fp32 one going out",
+            ce_working_tp=12.0,
+            ce_tp_source="with tp > 1 the loss runs under torch.distributed.tensor.parallel.loss_parallel() "
+            "(loss_parallel_enabled = tp > 1 and not training.disable_loss_parallel, torchtitan "
+            "parallel_dims.py and utils.get_train_context at 9dec370, the commit of its 2024-12 benchmarks). "
+            "Its nll_loss backward (torch/distributed/tensor/parallel/loss.py, _nll_loss_and_log_softmax_backward) "
+            "does log_softmax's backward too, unfused: grad_input = zeros_like(x), then "
+            "(grad_input + torch.exp(x)) * grad_output, so three fp32 tensors over this rank's logits are live "
+            "at once (grad_input, the sum, the product; exp(x) before the product), beside the saved fp32 "
+            "log-probabilities",
             **_TORCHTITAN_MEMORY,
         ),
         Framework(
