@@ -24,7 +24,7 @@ from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan, check_precision
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
-from echosim.passes.memory import SavedPolicy, StatePolicy
+from echosim.passes.memory import FRAGMENTATION, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import offloaded
 from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
@@ -141,6 +141,7 @@ def lower(
     with time_limit(limit, f"costing on backend {cluster.backend!r}", LOWER_TIMEOUT_ENV):
         costed = lower_step(stages, backend, where, options)
     framework = get_framework(plan.framework)
+    static = bool(getattr(loaded, "static_buffers", False))
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
         backend=cluster.backend,
@@ -166,10 +167,15 @@ def lower(
         saved=SavedPolicy(
             fused_gated=bool(framework.fused_gated),
             offload=offloaded(framework.recompute_policy(plan.recompute)),
+            offload_layers=plan.offload_layers,
+            probs_in_experts=bool(framework.probs_in_experts),
+            loss_chunks=plan.loss_chunks,
             ce_saved=framework.ce_saved,
-            ce_working=framework.ce_working,
+            ce_working=framework.loss_working(plan.tp),
         ),
-        comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
+        # XLA's static buffer assignment (TPU backends): no allocator fragmentation, no NCCL buffers
+        comm_groups=0 if static else sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
+        fragmentation=0.0 if static else FRAGMENTATION,
         warnings=tuple(warnings),
         notes=tuple(notes),
         culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",

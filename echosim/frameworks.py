@@ -55,6 +55,13 @@ class Framework:
     ce_saved: float = 0.0  # the loss over the vocabulary: bytes per logit kept for backward (0: eager's)
     ce_working: float = 0.0  # ... and allocated by its backward
     ce_source: str = ""
+    ce_working_tp: float = 0.0  # ... allocated by its backward when tp > 1 splits the vocabulary (0: ce_working)
+    ce_tp_source: str = ""
+
+    def loss_working(self, tp: int) -> float:
+        """Bytes per logit the loss's backward allocates under ``tp``-way tensor parallelism."""
+        return self.ce_working_tp if tp > 1 and self.ce_working_tp else self.ce_working
+
     selective: str = ""  # the recompute policy this framework's "selective" means ('' = Megatron's)
     selective_source: str = ""
 
@@ -63,10 +70,14 @@ class Framework:
         return self.selective if name == "selective" and self.selective else name
 
     pp_unsharded: str = ""  # FSDP under a pipeline keeps weights and gradients unsharded across micro-batches
+    grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
+    probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
         out = {"fp32_weights": True} if self.fp32_weights else {}
+        if self.grads_16bit:
+            out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True
         return out
@@ -117,6 +128,12 @@ _VOCAB_CE = dict(
     "softmax in it for backward, which writes the gradient in place and hands back a 16-bit copy; the "
     "16-bit logits are dropped (megatron/core/tensor_parallel/cross_entropy.py, commit d98e8a6)",
 )
+_MOE_PROBS = (
+    "Megatron-Core applies the router's probabilities inside the experts: TEGroupedMLP passes "
+    "permuted_probs to weighted_bias_swiglu_impl between fc1 and fc2 (megatron/core/transformer/moe/"
+    "experts.py), and the token dispatcher's unpermute takes no probabilities (token_dispatcher.py), so "
+    "the combine's backward is a gather that keeps nothing (Megatron-LM commit d98e8a6)"
+)
 _SWIGLU = (
     "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
     f"SiLU in backward; on unless --no-bias-swiglu-fusion ({_MEGATRON_ARGS})"
@@ -147,6 +164,14 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
     "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
     "states follow the fp32 parameters",
+)
+
+_TORCHTITAN_SP = Default(
+    "sp",
+    True,
+    "tensor parallelism splits the norms' and residuals' activations over the TP ranks with "
+    "SequenceParallel: enable_sequence_parallel = True by default (torchtitan/config/configs.py, commit b5bcd76)",
+    when_above_one="tp",
 )
 
 # ---- timing behaviour: how a framework issues its kernels and collectives (step time, not memory) ----
@@ -203,13 +228,14 @@ FRAMEWORKS: dict[str, Framework] = {
             ),
             row_names=("Megatron-LM", "MegaScale"),
             fused_gated=_SWIGLU,
+            probs_in_experts=_MOE_PROBS,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
         ),
         Framework(
             "nemo",
-            "NeMo 2.0 / Megatron-Bridge recipes on Megatron-Core",
+            "NeMo 2.0 / Megatron-Bridge recipes on Megatron-Core, as their performance scripts run them",
             "NeMo 25.x (commit 8cfedd7), Megatron-Bridge (commit 067f987)",
             (
                 Default(
@@ -241,7 +267,14 @@ FRAMEWORKS: dict[str, Framework] = {
                 _NEMO_TP_OVERLAP,
             ),
             row_names=("NeMo", "Megatron-Bridge"),
+            grads_16bit="the performance scripts that produce NVIDIA's published tables turn fp32 gradient "
+            "reduction off: recipe.trainer.plugins.grad_reduce_in_fp32 = False in set_precision_configs "
+            "(NeMo scripts/performance/helpers.py, commit 8cfedd7); cfg.ddp.grad_reduce_in_fp32 = False "
+            "(Megatron-Bridge scripts/performance, v0.1.0rc4 yaml mixed_precision.grad_reduce_in_fp32: false; "
+            f"v0.2.0 set_llama3_common_configs; perf_recipes/_common.py _benchmark_common, {_BRIDGE}); "
+            "Megatron-Core's DDP then keeps its gradient buffer in the parameters' dtype",
             fused_gated=_SWIGLU,
+            probs_in_experts=_MOE_PROBS,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
@@ -257,6 +290,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
                     "(torchtitan/config/configs.py, commit b5bcd76)",
                 ),
+                _TORCHTITAN_SP,
                 Default(
                     "dtype",
                     "bf16",
@@ -270,6 +304,15 @@ FRAMEWORKS: dict[str, Framework] = {
             ce_source="the loss is F.cross_entropy(pred.float(), ...): log_softmax keeps its fp32 output, the "
             "16-bit logits are deleted before backward (torchtitan/components/loss.py, train.py, commit "
             "b5bcd76); backward holds the fp32 gradient coming in and the fp32 one going out",
+            ce_working_tp=12.0,
+            ce_tp_source="with tp > 1 the loss runs under torch.distributed.tensor.parallel.loss_parallel() "
+            "(loss_parallel_enabled = tp > 1 and not training.disable_loss_parallel, torchtitan "
+            "parallel_dims.py and utils.get_train_context at 9dec370, the commit of its 2024-12 benchmarks). "
+            "Its nll_loss backward (torch/distributed/tensor/parallel/loss.py, _nll_loss_and_log_softmax_backward) "
+            "does log_softmax's backward too, unfused: grad_input = zeros_like(x), then "
+            "(grad_input + torch.exp(x)) * grad_output, so three fp32 tensors over this rank's logits are live "
+            "at once (grad_input, the sum, the product; exp(x) before the product), beside the saved fp32 "
+            "log-probabilities",
             **_TORCHTITAN_MEMORY,
         ),
         Framework(
@@ -283,6 +326,7 @@ FRAMEWORKS: dict[str, Framework] = {
                     "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
                     "(torchtitan/config/configs.py, commit b5bcd76)",
                 ),
+                _TORCHTITAN_SP,
             ),
             row_names=("torchtitan (torch.compile",),
             ce_working=2.0,

@@ -55,6 +55,8 @@ class Plan:
     zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
+    offload_layers: int = 0  # layers per stage whose activations live in host memory (Megatron CPU offloading)
+    loss_chunks: int = 1  # output layer and loss over token chunks, logits recomputed in backward (MaxText)
     cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
@@ -103,7 +105,10 @@ DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024)  # 8 per node: the 
 
 _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 #: Options that count something: a value a user gives must be at least 1 (leaving one out takes the default).
-_COUNTS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node")
+_COUNTS = (
+    "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node",
+    "loss_chunks",
+)  # fmt: skip
 
 
 def plan_with_defaults(base: Plan, given: dict[str, Any], arch: str = "") -> Plan:

@@ -116,6 +116,11 @@ class GuardedBackend:
             raise self._fail("peak_flops", exc) from None
         return self._checked("peak_flops", value, dtype, positive=True)
 
+    @property
+    def static_buffers(self) -> bool:
+        """Whether the device's compiler assigns every buffer ahead of time (XLA); optional for a plugin."""
+        return getattr(self.inner, "static_buffers", False) is True
+
     def formats(self) -> tuple[str, ...]:
         """Block-scaled formats (mxfp8, nvfp4) the device runs; optional for a plugin (none without it)."""
         method = getattr(self.inner, "formats", None)

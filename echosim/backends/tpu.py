@@ -367,6 +367,10 @@ NO_FP8 = frozenset({"tpu-v4", "tpu-v5e"})
 class TPUBackend(KernelBackend):
     """A TPU chip in an ICI slice; ``devices_per_node`` of a cluster is the slice size."""
 
+    #: XLA assigns every buffer of the step at compile time (buffer assignment over the scheduled HLO),
+    #: so there is no caching allocator to fragment and no NCCL buffers: the memory report leaves both out.
+    static_buffers = True
+
     def __init__(self, chip: TPUSpec, overlap: OverlapModel | None = None) -> None:
         self.chip = chip
         self.name = chip.name

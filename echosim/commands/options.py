@@ -80,7 +80,8 @@ def layout_options(fn: F) -> F:
         ),
         click.option(
             "--recompute",
-            help="Activation checkpointing policy: none, selective, full (Megatron); MaxText's remat policies "
+            help="Activation checkpointing policy: none, selective, full, selective:MODULE,... (Megatron's "
+            "recompute modules: core_attn, layernorm, moe_act, mla_up_proj); MaxText's remat policies "
             "(minimal, save_qkv_proj, qkv_proj_offloaded, ..., custom:TENSOR=device|offload|remat,...); "
             "op (torchtitan per-op SAC).",
         ),
@@ -108,6 +109,18 @@ def layout_options(fn: F) -> F:
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP)."),
         click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B)."),
         click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs."),
+        click.option(
+            "--offload-layers",
+            type=click.IntRange(0),
+            help="Layers per stage whose activations are offloaded to host memory (Megatron-Core "
+            "--cpu-offloading-num-layers).",
+        ),
+        click.option(
+            "--loss-chunks",
+            type=int,
+            help="Run the output layer and loss over this many token chunks, recomputing each chunk's "
+            "logits in backward (MaxText num_vocab_tiling).",
+        ),
         framework_option,
         calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME)."),
         click.option("--pass", "passes", multiple=True, help="Run an optional plugin pass by name (repeatable)."),

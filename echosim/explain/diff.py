@@ -43,7 +43,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "memory.grads": _STATE,
         "memory.optimizer": f"{_STATE} cp",
         "memory.activations": "recompute micro_batch seq_len sp tp cp pp vpp schedule layers_per_stage attention "
-        "dtype microbatches",
+        "dtype microbatches offload_layers loss_chunks",
         "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype",
     }.items()
 }

@@ -146,10 +146,21 @@ class SavedPolicy:
     memory; they take no device memory.
     ``ce_saved`` / ``ce_working``: the loss over the vocabulary as the framework computes it, in
     bytes per logit (fp32 copies: see :mod:`echosim.frameworks`).
+    ``probs_in_experts``: the router's weights are applied inside the experts (Megatron-Core's
+    weighted SwiGLU between fc1 and fc2), so the combine is a plain scatter-sum whose backward is a
+    gather, and the expert outputs it sums are not kept for the weights' gradient.
+    ``offload_layers``: Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``):
+    that many transformer layers of the stage keep their saved activations in host memory; at
+    least one layer (the one running) stays on the device (megatron/core/extensions/
+    transformer_engine.py get_cpu_offload_context, which asserts ``num_layers < config.num_layers``;
+    Megatron-LM commit d98e8a6).
     """
 
     fused_gated: bool = False
     offload: frozenset[str] = frozenset()
+    offload_layers: int = 0
+    probs_in_experts: bool = False  # router weights scale the expert activation: the combine keeps no rows
+    loss_chunks: int = 1  # the loss runs over this many token chunks: one chunk's logits exist at a time
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
 
@@ -177,6 +188,8 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
                 continue
             if saved.fused_gated and _fused_activation(graph, src, n):
                 continue
+            if saved.probs_in_experts and _combine_rows(graph, src, n):
+                continue
             # each layer's copy of a value is read by that layer's backward: one copy per repetition of
             # the reader (a layer's output read after the layers is the last layer's alone)
             mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n))
@@ -192,14 +205,30 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
         if "decoder_layer_input" in saved.offload:
             gone |= replayed_reads
         mult = {nid: k for nid, k in mult.items() if nid not in gone}
-    return sum(
-        (
-            int(graph[nid].out.numel * saved.ce_saved)
-            if nid in logits
-            else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
-        )
-        * k
-        for nid, k in mult.items()
+    each = {
+        nid: int(graph[nid].out.numel * saved.ce_saved)
+        if nid in logits
+        else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
+        for nid in mult
+    }
+    total = sum(each[nid] * k for nid, k in mult.items())
+    layers = max(mult.values(), default=1)
+    if saved.offload_layers and layers > 1:
+        # one layer's share: what every repetition of the layer keeps (its input included)
+        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
+        total -= min(saved.offload_layers, layers - 1) * per_layer
+    return total
+
+
+def _combine_rows(graph: Graph, src: Node, reader: Node) -> bool:
+    """The expert outputs a MoE combine sums, read by the router weights' gradient."""
+    origin = graph[reader.origin] if reader.origin is not None else None
+    return (
+        origin is not None
+        and isinstance(origin.attrs, ElementwiseAttrs)
+        and origin.attrs.fn == "moe_combine"
+        and bool(origin.inputs)
+        and _base(graph, origin.inputs[0]) == src.id
     )
 
 
@@ -225,10 +254,11 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
     largest op's working set alone: no layer is being replayed then.
     """
     saved = saved or SavedPolicy()
+    logits = _logit_numel(graph) if saved.loss_chunks > 1 else 0
     inside = outside = 0
     for n in graph:
         if n.phase is Phase.BACKWARD:
-            w = _working_set(graph, n, saved)
+            w = _working_set(graph, n, saved, logits)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
@@ -238,29 +268,46 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
         if n.phase is Phase.BACKWARD:
             bases = (graph[_base(graph, i)] for i in n.inputs)
             read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
-    replay = sum(n.out.nbytes for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read)
+    replayed = [n for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
+    replay = sum(n.out.nbytes for n in replayed if graph.block_of(n) is not None)
+    # the output layer's replayed logits (vocabulary tiling): one chunk at a time
+    outside += sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in replayed if graph.block_of(n) is None)
     layer, rest = _gathers(graph)
     # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
     # the loss and output layer hold their own gathered weights and the last layer's, prefetched
     return max(inside + replay + 2 * layer, outside + rest + layer)
 
 
-def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None) -> int:
+def _logit_numel(graph: Graph) -> int:
+    """Elements of the loss's input (the logits), 0 without a loss."""
+    return max((graph[n.inputs[0]].out.numel for n in graph if n.op is OpKind.CROSS_ENTROPY and n.inputs), default=0)
+
+
+def _chunked(nbytes: int, numel: int, saved: SavedPolicy | None, logits: int) -> int:
+    """A logits-sized tensor under vocabulary tiling holds one chunk at a time."""
+    if saved is not None and saved.loss_chunks > 1 and logits and numel == logits:
+        return nbytes // saved.loss_chunks
+    return nbytes
+
+
+def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits: int = 0) -> int:
     """One backward op's output and the gradients flowing into it (its saved inputs are counted already).
 
-    A view allocates nothing: its output is its input's storage.
+    A view allocates nothing: its output is its input's storage. ``logits``: the loss input's size
+    under vocabulary tiling (tensors of that size exist one chunk at a time).
     """
     if n.op is OpKind.VIEW:
         return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
-    out = n.out.nbytes
+    out = _chunked(n.out.nbytes, n.out.numel, saved, logits)
     if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
         out //= n.attrs.size  # a reduce-scatter hands back one shard of its input
     if n.op is OpKind.CROSS_ENTROPY:
         # eager F.cross_entropy: nll_loss's backward writes a dense gradient over the logits, then
         # log_softmax's backward writes another; a fused or in-place loss says its own bytes per logit
         out = int(n.out.numel * saved.ce_working) if saved is not None and saved.ce_working else 2 * n.out.nbytes
-    return out + sum(graph[i].out.nbytes for i in grads)
+        out = _chunked(out, n.out.numel, saved, logits)
+    return out + sum(_chunked(graph[i].out.nbytes, graph[i].out.numel, saved, logits) for i in grads)
 
 
 def stage_memory(

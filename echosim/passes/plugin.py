@@ -54,7 +54,7 @@ def _recompute(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.recompute import Recompute
 
-    return Recompute(get_framework(plan.framework).recompute_policy(plan.recompute))
+    return Recompute(get_framework(plan.framework).recompute_policy(plan.recompute), plan.loss_chunks)
 
 
 def _fp8(plan: Any) -> object | None:

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, OpKind, Phase
-from echosim.passes.saved import TENSOR_NAMES, alternate_matmuls, names_in_block
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.passes.saved import TENSOR_NAMES, alternate_matmuls, base, is_weight_matmul, names_in_block
 
 _MAXTEXT = "MaxText src/maxtext/layers/decoders.py get_remat_policy (commit e591f30)"
 _DOTS = frozenset({"qkv_proj", "out_proj", "mlpwi", "mlpwo"})
@@ -80,6 +80,15 @@ POLICIES: dict[str, Policy] = {
 MODES = ("none", "selective", "full", *POLICIES)
 _PLACES = ("device", "offload", "remat")
 
+#: Megatron-Core's ``--recompute-modules`` (with ``--recompute-granularity selective``): the parts of a
+#: layer whose outputs are dropped after forward and replayed before backward
+#: (megatron/core/transformer/transformer_config.py recompute_modules, Megatron-LM commit d98e8a6).
+#: ``core_attn``: materialised attention (a fused kernel already replays it); ``layernorm``: the norms
+#: not fused into the following linear (TE's LayerNormLinear keeps the attention's input norm fused);
+#: ``moe_act``: the experts' activation between fc1 and fc2; ``mla_up_proj``: MLA's up-projections of
+#: the latent query and key/value and the RoPE applied to them.
+MEGATRON_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
+
 
 def policy_named(name: str) -> Policy | None:
     """The policy a plan names (``None`` for none/selective/full); an unknown name is one line.
@@ -88,6 +97,9 @@ def policy_named(name: str) -> Policy | None:
     keeps only the layer input, base.yml's defaults).
     """
     if name in ("none", "selective", "full"):
+        return None
+    if name.startswith("selective:"):
+        megatron_modules(name)
         return None
     if name in POLICIES:
         return POLICIES[name]
@@ -105,8 +117,23 @@ def policy_named(name: str) -> Policy | None:
             (keep if place == "device" else offload if place == "offload" else set()).add(tensor)
         return Policy(name, frozenset(keep), frozenset(offload), POLICIES["custom"].source)
     raise RecomputeError(
-        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, custom:TENSOR=device|offload|remat,...)"
+        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, custom:TENSOR=device|offload|remat,..., "
+        f"selective:MODULE,... over {', '.join(MEGATRON_MODULES)})"
     )
+
+
+def megatron_modules(name: str) -> tuple[str, ...]:
+    """The modules of ``selective:MOD,MOD`` (Megatron's recompute_modules); an unknown one is one line."""
+    if not name.startswith("selective:"):
+        return ("core_attn",) if name == "selective" else ()
+    mods = tuple(m for m in name.removeprefix("selective:").split(",") if m)
+    bad = [m for m in mods if m not in MEGATRON_MODULES]
+    if bad or not mods:
+        raise RecomputeError(
+            f"recompute {name!r}: unknown module {(bad or [''])[0]!r} (Megatron's recompute_modules: "
+            f"{', '.join(MEGATRON_MODULES)})"
+        )
+    return mods
 
 
 def offloaded(name: str) -> frozenset[str]:
@@ -118,17 +145,24 @@ def offloaded(name: str) -> frozenset[str]:
 @dataclass(frozen=True)
 class Recompute:
     mode: str = "none"
+    loss_chunks: int = 1  # the loss over token chunks whose logits backward recomputes (MaxText vocab tiling)
     name: ClassVar[str] = "recompute"
 
     def __post_init__(self) -> None:
         policy_named(self.mode)
 
     def run(self, graph: Graph) -> Graph:
+        graph = self._layers(graph)
+        return _replay_logits(graph) if self.loss_chunks > 1 else graph
+
+    def _layers(self, graph: Graph) -> Graph:
         if self.mode == "none":
             return graph
         g = graph.copy()
         policy = policy_named(self.mode)
-        if policy is None:
+        if self.mode.startswith("selective:"):
+            chosen = _module_nodes(graph, megatron_modules(self.mode))
+        elif policy is None:
             chosen = [n for n in graph if n.phase is Phase.FORWARD and self._replays(g, n)]
         else:
             chosen = _needed(graph, _kept(graph, policy))
@@ -158,6 +192,144 @@ class Recompute:
         if self.mode == "full":
             return True
         return (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
+
+
+def _replay_logits(graph: Graph) -> Graph:
+    """The output layer's logits recomputed just before the loss's backward, which reads them there.
+
+    MaxText's vocabulary tiling (``num_vocab_tiling``, src/maxtext/utils/vocabulary_tiling.py, commit
+    e591f30) runs the output layer and the loss chunk by chunk under a ``lax.scan`` whose custom VJP
+    keeps the hidden states and recomputes each chunk's logits in backward: no logits are kept between
+    forward and backward, and one chunk's exist at a time (the memory analysis divides their working
+    set by the chunk count).
+    """
+    g = graph.copy()
+    for ce in [n for n in graph if n.phase is Phase.FORWARD and n.op is OpKind.CROSS_ENTROPY]:
+        chain = [graph[ce.inputs[0]]]
+        while chain[-1].op is OpKind.VIEW and chain[-1].inputs:
+            chain.append(graph[chain[-1].inputs[0]])
+        if not is_weight_matmul(graph, chain[-1]):
+            continue
+        readers = [n for n in g if n.phase is Phase.BACKWARD and n.origin == ce.id and ce.inputs[0] in n.inputs]
+        if not readers:
+            continue
+        copies: dict[int, int] = {}
+        for n in reversed(chain):
+            ins = [copies.get(i, i) for i in n.inputs]
+            copies[n.id] = g.add(
+                n.op, ins, n.out, n.attrs, phase=Phase.RECOMPUTE, scope=n.scope, name=f"{n.name}.recompute", origin=n.id
+            )
+        for r in readers:
+            g.replace(r.id, inputs=tuple(copies.get(i, i) for i in r.inputs))
+        replay = [copies[n.id] for n in reversed(chain)]
+        order = [nid for nid in g.nodes if nid not in set(replay)]
+        at = order.index(readers[0].id)
+        order[at:at] = replay
+        g.nodes = {nid: g.nodes[nid] for nid in order}
+    return g
+
+
+def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:
+    """The forward nodes of a layer that Megatron's recompute_modules replay, with the casts they feed."""
+    names = names_in_block(graph)
+    chosen: set[int] = set()
+    for n in graph:
+        if n.phase is not Phase.FORWARD or graph.block_of(n) is None or n.op.is_placeholder:
+            continue
+        if "core_attn" in modules and (
+            (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
+        ):
+            chosen.add(n.id)
+        if "layernorm" in modules and n.op is OpKind.NORM and not _fused_into_qkv(graph, n, names):
+            chosen.add(n.id)
+        if "moe_act" in modules and _expert_activation(graph, n):
+            chosen.add(n.id)
+    if "mla_up_proj" in modules:
+        chosen |= _mla_up(graph, names)
+    # views and quantised copies (fp8 casts) of a replayed value are replayed with it: backward reads them
+    for n in graph:
+        if n.phase is Phase.FORWARD and (n.op is OpKind.VIEW or _is_cast(n)) and any(i in chosen for i in n.inputs):
+            chosen.add(n.id)
+    return [n for n in graph if n.id in chosen]
+
+
+def _users(graph: Graph, nid: int) -> list[Node]:
+    return [graph[u] for u in graph.users(nid) if graph[u].phase is Phase.FORWARD]
+
+
+def _is_cast(n: Node) -> bool:
+    return isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn.endswith("_cast")
+
+
+def _readers(graph: Graph, nid: int) -> list[Node]:
+    """The forward ops that read ``nid``, looking through views and quantising casts."""
+    out: list[Node] = []
+    for u in _users(graph, nid):
+        out += _readers(graph, u.id) if u.op is OpKind.VIEW or _is_cast(u) else [u]
+    return out
+
+
+def _fused_into_qkv(graph: Graph, norm: Node, names: dict[int, str]) -> bool:
+    """A norm whose output only feeds the attention's input projections (TE's fused LayerNormLinear)."""
+    readers = _readers(graph, norm.id)
+    return bool(readers) and all(names.get(r.id) == "qkv_proj" for r in readers)
+
+
+def _is_expert_gemm(graph: Graph, n: Node) -> bool:
+    return isinstance(n.attrs, MatmulAttrs) and n.attrs.batch > 1 and is_weight_matmul(graph, n)
+
+
+def _expert_activation(graph: Graph, n: Node) -> bool:
+    """An elementwise op between an expert's fc1 and fc2 (its gated activation and product)."""
+    if n.op is not OpKind.ELEMENTWISE or (isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn.endswith("_cast")):
+        return False
+    reads_fc1 = any(
+        _is_expert_gemm(graph, graph[base(graph, i)]) or _expert_activation_input(graph, i) for i in n.inputs
+    )
+    return reads_fc1 and _feeds_expert_gemm(graph, n.id)
+
+
+def _expert_activation_input(graph: Graph, nid: int) -> bool:
+    src = graph[base(graph, nid)]
+    return src.op is OpKind.ELEMENTWISE and any(_is_expert_gemm(graph, graph[base(graph, i)]) for i in src.inputs)
+
+
+def _feeds_expert_gemm(graph: Graph, nid: int, depth: int = 4) -> bool:
+    frontier = [nid]
+    for _ in range(depth):
+        nxt = []
+        for i in frontier:
+            for u in _users(graph, i):
+                if _is_expert_gemm(graph, u):
+                    return True
+                if u.op in (OpKind.VIEW, OpKind.ELEMENTWISE):
+                    nxt.append(u.id)
+        frontier = nxt
+    return False
+
+
+def _mla_up(graph: Graph, names: dict[int, str]) -> set[int]:
+    """MLA's up-projections (a projection into attention that reads a normalised latent, itself a
+    projection's output) and the views and elementwise ops (RoPE, concatenation) up to attention."""
+    ups = set()
+    for nid, name in names.items():
+        n = graph[nid]
+        src = graph[base(graph, n.inputs[0])]
+        if name == "qkv_proj" and src.op is OpKind.NORM and src.inputs:
+            latent = graph[base(graph, src.inputs[0])]
+            if latent.op is OpKind.MATMUL or (latent.op is OpKind.VIEW and latent.inputs):
+                ups.add(nid)
+    out = set(ups)
+    frontier = list(ups)
+    while frontier:
+        nxt = []
+        for i in frontier:
+            for u in _users(graph, i):
+                if u.op in (OpKind.VIEW, OpKind.ELEMENTWISE) and u.id not in out and graph.block_of(u) is not None:
+                    out.add(u.id)
+                    nxt.append(u.id)
+        frontier = nxt
+    return out
 
 
 def _kept(graph: Graph, policy: Policy) -> set[int]:

@@ -114,6 +114,7 @@ class StepFacts:
     cp: int = 1  # a context-parallel rank holds 1/cp of each sequence
     state: StatePolicy = field(default_factory=lambda: StatePolicy.for_training("bf16"))
     comm_groups: int = 0  # communicators per rank (one NCCL buffer set each)
+    fragmentation: float = FRAGMENTATION  # the allocator's share of activations and transient (0: static buffers)
     saved: SavedPolicy = field(default_factory=SavedPolicy)  # the framework's kernels and offloads
     expert_state: StatePolicy | None = None  # expert parameters' state (sharded over expert-data-parallel ranks)
     warnings: tuple[str, ...] = ()
@@ -235,7 +236,7 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
             activations=act,
             transient=transient,
             comm_buffers=facts.comm_groups * NCCL_BUFFERS_PER_GROUP,
-            fragmentation=int(FRAGMENTATION * (act + transient)),
+            fragmentation=int(facts.fragmentation * (act + transient)),
             capacity=facts.capacity_bytes,
         )
         rows.append({"stage": r, "layers": sum(s.layers for s in mine), **mem.as_dict()})

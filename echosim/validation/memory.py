@@ -4,8 +4,9 @@ The file has the columns of ``cases.csv`` (model, device, layout, framework; rea
 code, so blank cells take the same framework defaults) plus ``measured_gib``, the published
 per-device peak in GiB, and ``measured_kind``: ``reserved`` (the caching allocator's peak, what
 torchtitan logs) or ``allocated`` (live tensors). echosim's peak is the largest pipeline rank's
-(sources report the maximum over GPUs); it includes the allocator's fragmentation share, so it is
-compared with either kind as is.
+(sources report the maximum over GPUs). It includes the caching allocator's fragmentation share,
+which is reserved but holds no tensor: a ``reserved`` figure is compared with the whole peak, an
+``allocated`` one (``torch.cuda.max_memory_allocated``) with the peak less that share.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def validate_memory(path: str | Path, registry: Any = None) -> dict[str, Any]:
             r.skipped = f"does not compile: {exc}"
             continue
         peak = max(report.memory, key=lambda m: m["peak"])
-        r.predicted_gib = float(peak["peak"]) / GiB
+        r.predicted_gib = float(peak["peak"] - (peak["fragmentation"] if kind == "allocated" else 0)) / GiB
         r.parts_gib = {k: float(v) / GiB for k, v in peak.items() if k not in ("stage", "layers", "fits", "capacity")}
     errors = [abs(r.error) for r in rows if r.error is not None]
     return {

@@ -146,15 +146,42 @@ def is_maxtext(c: Case) -> bool:
     return framework_named_in(c["framework"]) == "maxtext"
 
 
+#: torchtitan splits a data-parallel rank's batch (``training.batch_size``) into as many pipeline
+#: micro-batches as there are stages unless ``experimental.pipeline_parallel_microbatches`` is set:
+#: ``n_microbatches = ... or job_config.experimental.pipeline_parallel_degree``
+#: (torchtitan/parallelisms/pipelining_utils.py and pipeline_llama.py, commit 9dec370, the one its
+#: 2024-12 benchmarks name).
+TORCHTITAN_PP_MICROBATCHES = "pipeline_parallel_degree"
+
+
+def torchtitan_pp_micro_batch(c: Case) -> int | None:
+    """A torchtitan pipeline row's micro-batch when the row leaves it blank: the rank's batch over pp.
+
+    None when the row is not torchtitan, not pipelined, or its batch does not divide.
+    """
+    from echosim.frameworks import framework_named_in
+
+    pp = c.int("pp", 1) or 1
+    if pp <= 1 or not framework_named_in(c["framework"]).startswith("torchtitan"):
+        return None
+    dp, global_batch = _derived_dp(c), c.int("global_batch")
+    if not dp or not global_batch or global_batch % (dp * pp):
+        return None
+    return global_batch // (dp * pp)
+
+
 def replica_micro_batch(c: Case) -> int:
     """Sequences one data-parallel replica runs per micro-batch.
 
     Megatron-LM, NeMo, torchtitan and Composer state the micro-batch of a replica (a blank is
-    Megatron's default of 1). MaxText states ``per_device_batch_size``: sequences per *chip*, with
+    Megatron's default of 1, or, for a torchtitan pipeline, the rank's batch over its stages:
+    :func:`torchtitan_pp_micro_batch`). MaxText states ``per_device_batch_size``: sequences per *chip*, with
     ``global_batch_size = per_device_batch_size * num_devices`` and ``gradient_accumulation_steps: 1``
     (MaxText ``src/maxtext/configs/base.yml``, commit e591f30, lines 326 and 968), so one replica of
     ``tp * cp`` chips runs ``per_device * tp * cp`` sequences at once, with no accumulation steps.
     """
+    if not c["micro_batch"].strip() and (pipelined := torchtitan_pp_micro_batch(c)):
+        return pipelined
     per_row = c.int("micro_batch", 1) or 1
     if not is_maxtext(c):
         return per_row
@@ -180,6 +207,17 @@ TRILLIUM_CUSTOM = {
     "gemma3_12b_32768_v6e256": "decoder_layer_input=device",
 }
 _CONFIG = re.compile(r"config (\w+)")
+#: ``num_vocab_tiling`` of the Trillium recipes, by the tpu-recipes directory a row's source_url names:
+#: every Gemma3-12B config sets 16 (gemma3_12b_32768_v6e256, _2x_v6e256, _4x_v6e256 in
+#: benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
+TRILLIUM_VOCAB_TILING = {"Gemma3-12B-MaxText": 16}
+
+
+def loss_chunks(c: Case) -> int:
+    """The vocabulary tiling of the MaxText recipe a row ran (1: none known)."""
+    if not is_maxtext(c):
+        return 1
+    return next((n for d, n in TRILLIUM_VOCAB_TILING.items() if f"/{d}/" in c["source_url"]), 1)
 
 
 def remat_policy(c: Case) -> str:
@@ -205,6 +243,92 @@ def remat_policy(c: Case) -> str:
     return "custom:" + ",".join(f"{t}=offload" for t in tensors)
 
 
+#: Launch flags of the script a source says it ran, for the Plan settings its table leaves out (by
+#: ``source_id``). Megatron-LM's Llama-3 FP8 table (examples/llama/README.md) is produced by
+#: examples/llama/train_llama3_8b_h100_fp8.sh, which passes --use-distributed-optimizer and
+#: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1.
+SOURCE_FLAGS: dict[str, dict[str, Any]] = {
+    "megatron_lm_llama_fp8": {"zero": 1, "sp": True},
+}
+
+
+_MB = "Megatron-Bridge scripts/performance"
+#: CPU activation offloading (``cpu_offloading_num_layers``) in the Megatron-FSDP performance recipes
+#: behind Megatron-Bridge's published tables, by the recipe's identity: (layers, hidden, device,
+#: precision family, tp, pp, micro-batch) -> layers offloaded. Every release that publishes a layout
+#: uses the same count: v0.1.0rc4 (NeMo 25.09) scripts/performance/configs/llama3/
+#: llama3_70b_llm_pretrain.yaml and configs/llama31/llama31_405b_llm_pretrain.yaml; v0.2.0 (25.11)
+#: configs/llama3*/workload_base_configs.py; v0.3.0 (26.02) configs/llama/llama3_workload_base_configs.py;
+#: commit 067f987 (26.04) src/megatron/bridge/perf_recipes/llama/{gb200,gb300}/llama3*.py.
+MEGATRON_FSDP_OFFLOAD: dict[tuple[int, int, str, str, int, int, int], int] = {
+    (80, 8192, "gb200", "bf16", 1, 1, 1): 20,  # LLAMA3_70B_GB200_BF16
+    (80, 8192, "gb200", "fp8", 1, 1, 2): 40,  # LLAMA3_70B_GB200_FP8_CS
+    (80, 8192, "gb300", "bf16", 1, 1, 2): 30,  # LLAMA3_70B_GB300_BF16
+    (80, 8192, "gb300", "fp8", 1, 1, 2): 20,  # LLAMA3_70B_GB300_FP8_CS
+    (126, 16384, "gb200", "fp8", 2, 1, 1): 95,  # llama31_405b gb200 fp8_cs / fp8_ds
+    (126, 16384, "gb300", "bf16", 2, 1, 1): 40,  # LLAMA31_405B_GB300_BF16
+    (126, 16384, "gb300", "fp8", 2, 1, 1): 10,  # LLAMA31_405B_GB300_FP8_CS
+}
+
+
+def _precision_family(dtype: str) -> str:
+    return "fp8" if dtype in ("fp8", "mxfp8", "nvfp4") else "bf16" if dtype in ("bf16", "fp16") else dtype
+
+
+def offload_layers(c: Case) -> int:
+    """Layers a Megatron-Bridge Megatron-FSDP performance recipe offloads (:data:`MEGATRON_FSDP_OFFLOAD`).
+
+    A row without a precision (the 25.09 table has no such column) takes the recipe its layout
+    names when exactly one precision's recipe has that layout; 0 when no recipe matches.
+    """
+    if not c["source_id"].startswith("megatron_bridge") or c.int("zero") != 3:
+        return 0
+    model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
+    layout = (c.int("tp", 1) or 1, c.int("pp", 1) or 1, c.int("micro_batch", 1) or 1)
+    found = [n for (*m, fam, tp, pp, mb), n in MEGATRON_FSDP_OFFLOAD.items()
+             if tuple(m) == model and (tp, pp, mb) == layout
+             and (not c["dtype"] or fam == _precision_family(c["dtype"]))]  # fmt: skip
+    return found[0] if len(found) == 1 else 0
+
+
+#: ``recompute_modules`` of the Megatron-Bridge MoE performance recipes (Megatron-Core selective
+#: recompute, :data:`echosim.passes.recompute.MEGATRON_MODULES`), by (layers, hidden, device) and,
+#: where a device's recipes differ, the layout (tp, pp, vpp, ep, micro-batch). The same in v0.2.0
+#: (NeMo 25.11) scripts/performance/configs/{deepseek,gpt_oss}/workload_base_configs.py, v0.3.0 (26.02)
+#: configs/*/*_workload_base_configs.py and commit 067f987 (26.04) src/megatron/bridge/perf_recipes/
+#: {deepseek,gpt_oss}/*; v0.1.0rc4 (25.09) sets DeepSeek-V3's by GPU in scripts/performance/run_script.py
+#: (H100 mla_up_proj + mlp, B200 mla_up_proj, GB200 mla_up_proj). DeepSeek's "mlp" (its 3 dense
+#: layers, which the rows model as MoE layers) is left out.
+MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str, ...]] = {
+    (36, 2880, "b200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_B200_BF16
+    (36, 2880, "gb200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_GB200_BF16
+    (36, 2880, "h100-sxm", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_H100_BF16
+    (61, 7168, "b200", (1, 16, 1, 8, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_B200
+    (61, 7168, "b200", (1, 8, 2, 32, 1)): ("mla_up_proj",),  # deepseek_v3 b200 fp8mx (+ mlp)
+    (61, 7168, "gb200", (1, 4, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_GB200
+    (61, 7168, "gb300", (1, 4, 4, 64, 1)): ("moe_act",),  # DEEPSEEK_V3_GB300
+    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_H100 (+ mlp)
+}
+
+
+def megatron_bridge_recompute(c: Case) -> str:
+    """The ``selective:MODULES`` policy of the Megatron-Bridge recipe a row ran; '' when none is known."""
+    if not c["source_id"].startswith("megatron_bridge"):
+        return ""
+    model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    modules = MEGATRON_BRIDGE_RECOMPUTE.get((*model, ()), MEGATRON_BRIDGE_RECOMPUTE.get((*model, layout), ()))
+    return "selective:" + ",".join(modules) if modules else ""
+
+
+def _source_flags(c: Case) -> dict[str, Any]:
+    """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
+    flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
+    if (c.int("tp", 1) or 1) <= 1:
+        flags.pop("sp", None)
+    return {k: v for k, v in flags.items() if not c[k].strip()}
+
+
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     """The row's Plan and Cluster. Blank cells take the defaults of the row's framework
     (:mod:`echosim.frameworks`, read from its ``framework`` column), then the Plan's own."""
@@ -226,10 +350,13 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
         "dtype": c["dtype"] or None,
-        "recompute": remat_policy(c) or c["recompute"] or None,
+        "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),
     }
+    stated.update(_source_flags(c))
+    stated["offload_layers"] = offload_layers(c) or None
+    stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
