@@ -97,6 +97,42 @@ def lower(
     registry: Registry | None = None,
 ) -> Compiled:
     """Capture, check, transform and lower one training step; the report and every export read the result."""
+    step = prepare(model, plan, cluster, registry)
+    with step.lowering():
+        costed = lower_step(step.stages, step.backend, step.where, step.options)
+    return Compiled(costed, step.facts, step.graph, step.stages)
+
+
+@dataclass
+class Prepared:
+    """One layout up to its costing: the stage graphs after every pass, where each axis's groups sit,
+    what the schedule needs, and what the report says besides time (:func:`prepare`)."""
+
+    stages: list[Stage]
+    backend: Any
+    where: dict[Any, Any]
+    options: StepOptions
+    facts: StepFacts
+    graph: Graph  # the whole model after the graph-level passes
+    cluster: Cluster
+
+    def lowering(self) -> Any:
+        """The wall-clock guard every costing of this layout runs under (:data:`LOWER_TIMEOUT_S`)."""
+        limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
+        return time_limit(limit, f"costing on backend {self.cluster.backend!r}", LOWER_TIMEOUT_ENV)
+
+
+def prepare(
+    model: Any = DEFAULT_MODEL,
+    plan: Plan | None = None,
+    cluster: Cluster | None = None,
+    registry: Registry | None = None,
+) -> Prepared:
+    """Everything :func:`lower` does before costing: capture, checks, passes, the pipeline split, placements.
+
+    :func:`lower` costs the result with :func:`~echosim.timeline.lower.lower_step`; a layout search
+    costs the stages of many prepared layouts and times the schedules they share in one batch.
+    """
     registry = registry or plugins.get_registry()  # looked up on each call: tests swap the registry
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
@@ -120,7 +156,7 @@ def lower(
     try:
         joint = run_passes(graph, graph_passes, check=checked, reuse=reuse)
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
-        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked, reuse=reuse), s.layers)
+        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked, reuse=reuse), s.layers, s.graph)
                   for s in stages]  # fmt: skip
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
@@ -137,9 +173,6 @@ def lower(
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
     )
-    limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
-    with time_limit(limit, f"costing on backend {cluster.backend!r}", LOWER_TIMEOUT_ENV):
-        costed = lower_step(stages, backend, where, options)
     framework = get_framework(plan.framework)
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
@@ -174,7 +207,7 @@ def lower(
         notes=tuple(notes),
         culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
     )
-    return Compiled(costed, facts, joint, stages)
+    return Prepared(stages, backend, where, options, facts, joint, cluster)
 
 
 #: Parameters of one model: 10^15 is a hundred times the largest model trained (and still costs
@@ -253,4 +286,4 @@ def _configured(registry: Registry, level: str, plan: Plan) -> list[Any]:
     return out
 
 
-__all__ = ["Compiled", "EchosimError", "compile", "load_model", "lower"]
+__all__ = ["Compiled", "EchosimError", "Prepared", "compile", "load_model", "lower", "prepare"]

@@ -463,6 +463,11 @@ def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = 
         report = lower(model, plan, cluster).report
     except EchosimError as exc:
         return Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
+    return _figures(plan, cluster.devices, report, memory_fraction)
+
+
+def _figures(plan: Plan, devices: int, report: Any, memory_fraction: float) -> Evaluated:
+    """What a search keeps of one layout's report."""
     peak = max(int(m["peak"]) for m in report.memory)
     capacity = max(int(m["capacity"]) for m in report.memory)
     exposed = sum(v for k, v in report.breakdown.items() if k.startswith("comm."))
@@ -470,7 +475,7 @@ def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = 
     reason = "" if fits else f"needs {peak / 2**30:.1f} GiB > {capacity * memory_fraction / 2**30:.1f} GiB allowed"
     return Evaluated(
         plan,
-        cluster.devices,
+        devices,
         step_time_s=report.step_time_s,
         tokens_per_s=report.tokens_per_s,
         samples_per_s=report.samples_per_s,
@@ -487,7 +492,43 @@ def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = 
 
 
 def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
-    return [evaluate(model, p, cluster, fraction) for p in plans]
+    """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
+
+    Each layout is prepared and its stages costed as :func:`echosim.compiler.lower` does (stage
+    costs kept by stage graph and placements); then the layouts whose schedules have the same shape
+    (schedule, pp, micro-batches, vpp) are timed together, one numpy column each
+    (:func:`~echosim.timeline.composer.time_schedule` gives a column the same numbers to the last bit
+    as a layout timed alone), and each report is read from its column: the figures of ``compile``.
+    """
+    import numpy as np
+
+    from echosim.compiler import prepare
+    from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
+    from echosim.timeline.report import build_report
+
+    out: list[Evaluated | None] = [None] * len(plans)
+    shared: dict[Any, list[tuple[int, Any, Any]]] = {}
+    for i, plan in enumerate(plans):
+        try:
+            step = prepare(model, plan, cluster)
+            with step.lowering():
+                costs = lower_stages(step.stages, step.backend, step.where, step.options)
+            shape = step_plan(step.options)
+        except EchosimError as exc:
+            out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
+            continue
+        shared.setdefault(shape, []).append((i, step, costs))
+    from echosim.timeline.composer import time_schedule
+
+    for shape, members in shared.items():
+        inputs = [schedule_inputs(costs, step.options) for _, step, costs in members]
+        columns = [np.array([x[k] for x in inputs], np.float64).T for k in range(4)]
+        wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
+        timed = time_schedule(shape, *columns, wgrad)
+        for col, (i, step, costs) in enumerate(members):
+            report = build_report(assemble(costs, timed.layout(col), step.options), step.facts)
+            out[i] = _figures(plans[i], cluster.devices, report, fraction)
+    return [e for e in out if e is not None]
 
 
 def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import CollectiveAttrs, OpKind
+from echosim.memo import Memo
 from echosim.passes.flops import io_bytes, node_flops
 from echosim.timeline.composer import ScheduleTiming
 from echosim.timeline.schedule import BlockTime
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     import networkx as nx
 
 GRAPH_FORMATS = (".graphml", ".json")
+#: A rank's peak of held activations by its schedule's orders and each chunk's bytes: layouts that share a
+#: schedule shape and stage graphs (a search's ZeRO stages and placements) walk the orders once.
+_PEAKS: Memo[int] = Memo("peak held activations", maxsize=1 << 14)
 _PARTS = ("pre", "block", "post")
 
 
@@ -157,17 +161,9 @@ class CostedGraph:
         holds every chunk's peak together (Megatron's warm-up is ``(pp - rank - 1) * 2 + (vpp - 1) * pp``
         forwards, megatron/core/pipeline_parallel/schedules.py).
         """
-        live: dict[int, int] = {}
-        held = peak = 0
-        for kind, v, _ in self.schedule.plan.orders[rank]:
-            if kind == "F":
-                live[v] = live.get(v, 0) + 1
-                held += per_microbatch.get(v, 0)
-                peak = max(peak, held)
-            elif kind == "B":
-                live[v] -= 1
-                held -= per_microbatch.get(v, 0)
-        return peak
+        plan = self.schedule.plan
+        key = (plan, rank, tuple(sorted(per_microbatch.items())))
+        return _PEAKS.get(key, lambda: _peak_held(plan.orders[rank], per_microbatch))
 
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
         """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""
@@ -218,6 +214,21 @@ class CostedGraph:
         import networkx as nx
 
         return float(nx.dag_longest_path_length(self.dag(), weight="weight"))
+
+
+def _peak_held(orders: Any, per_microbatch: dict[int, int]) -> int:
+    """The running sum of held activations along one rank's orders, at its highest."""
+    live: dict[int, int] = {}
+    held = peak = 0
+    for kind, v, _ in orders:
+        if kind == "F":
+            live[v] = live.get(v, 0) + 1
+            held += per_microbatch.get(v, 0)
+            peak = max(peak, held)
+        elif kind == "B":
+            live[v] -= 1
+            held -= per_microbatch.get(v, 0)
+    return peak
 
 
 def _unit_names(stage: StageCost) -> list[tuple[str, UnitTiming, int]]:

@@ -134,34 +134,22 @@ def repeated(unit: UnitTiming, times: int) -> float:
 def lower_stage(
     stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions, vstages: tuple[int, ...]
 ) -> StageCost:
-    """Lower one (virtual) pipeline stage for one micro-batch; ``vstages`` are the stages it stands for."""
+    """Lower one (virtual) pipeline stage for one micro-batch; ``vstages`` are the stages it stands for.
+
+    The micro-batch's units are timed on the stage graph before the stage-level passes when those
+    added nothing to them (:func:`_unit_graph`): ZeRO 0, 1 and 2 differ only in the gradient
+    reduction and the step tail, so the units are timed once for the three.
+    """
     graph = stage.graph
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
-    fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
-
-    def simulate(nodes: list[Node]) -> UnitTiming:
-        chunked = pipelined_edges(nodes) if options.tp_overlap else None
-        return simulate_unit(graph, nodes, cost, overlap, chunked)
-
-    def sim(nodes: list[Node]) -> UnitTiming:
-        # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
-        # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
-        # (ZeRO stage, dp, schedule) share it.
-        ids = {n.id for n in nodes}
-        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
-        axes = {n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs)}
-        used = tuple((a, p) for a, p in where.items() if a in axes)  # placements its collectives are priced on
-        key = (backend, used, overlap, options.tp_overlap, tuple(nodes), outside)
-        return _UNITS.get(key, lambda: simulate(nodes))
-
-    fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
-    bwd_units = [(sim(nodes), k) for nodes, k in bwd_parts]
-    w_units = [(sim(nodes), k) for nodes, k in w_parts]
+    units_of = _unit_graph(stage)
+    key = ("timed-units", backend, tuple(where.items()), options.tp_overlap, options.schedule.split_backward)
+    fwd_units, bwd_units, w_units = units_of.derived(key, lambda: time_units(units_of, backend, where, options))
     fwd = sum(repeated(u, k) for u, k in fwd_units)
     bwd = sum(repeated(u, k) for u, k in bwd_units)
     wgrad = sum(repeated(u, k) for u, k in w_units)
-    if w_parts[1][0]:  # the weight-gradient units belong to the backward for breakdown and trace
+    if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
     def p2p(phases: tuple[Phase, ...]) -> float:
@@ -192,6 +180,49 @@ def lower_stage(
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
         dp_exposed, dp_busy, step_end, opt, graph, vstages,
     )  # fmt: skip
+
+
+def time_units(
+    graph: Graph, backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> tuple[list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]]]:
+    """The timed (unit, repeat) lists of one micro-batch's forward, backward and deferred weight gradients."""
+    cost = Coster(graph, backend, where)
+    overlap = backend.overlap()
+    fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
+
+    def simulate(nodes: list[Node]) -> UnitTiming:
+        chunked = pipelined_edges(nodes) if options.tp_overlap else None
+        return simulate_unit(graph, nodes, cost, overlap, chunked)
+
+    def sim(nodes: list[Node]) -> UnitTiming:
+        # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
+        # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
+        # (dp, schedule, another pipeline split) share it.
+        ids = {n.id for n in nodes}
+        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
+        axes = {n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs)}
+        used = tuple((a, p) for a, p in where.items() if a in axes)  # placements its collectives are priced on
+        key = (backend, used, overlap, options.tp_overlap, tuple(nodes), outside)
+        return _UNITS.get(key, lambda: simulate(nodes))
+
+    return (
+        [(sim(nodes), k) for nodes, k in fwd_parts],
+        [(sim(nodes), k) for nodes, k in bwd_parts],
+        [(sim(nodes), k) for nodes, k in w_parts],
+    )
+
+
+def _unit_graph(stage: Stage) -> Graph:
+    """The graph whose units ``stage`` runs: its graph before the stage-level passes when they left every
+    unit node as it was and added none (their collectives and optimizer step are timed apart), else its own."""
+    base, graph = stage.base, stage.graph
+    if base is None or base is graph:
+        return graph
+    ours = [n for n in graph if _in_units(n)]
+    theirs = base.derived("unit-nodes", lambda: [n for n in base if _in_units(n)])
+    if len(ours) != len(theirs) or any(a is not b for a, b in zip(ours, theirs, strict=True)):
+        return graph
+    return base
 
 
 def _role(node: Node) -> Role | None:

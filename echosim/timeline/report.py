@@ -15,7 +15,7 @@ from echosim.passes.memory import (
     SavedPolicy,
     StatePolicy,
     activation_bytes,
-    stage_memory,
+    transient_bytes,
 )
 from echosim.timeline.costed import CostedGraph, StageCost
 
@@ -248,15 +248,34 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
 
 
 def _static(graph: Any, facts: StepFacts) -> MemoryBreakdown:
-    """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding."""
+    """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding.
+
+    The working set depends on the graph and the framework's kernels only, so it is kept apart from the
+    state policy (a search's ZeRO stages share it); :func:`stage_memory` with no micro-batch in flight.
+    """
+    transient = graph.derived(("transient-bytes", facts.saved), lambda: transient_bytes(graph, facts.saved))
     experts = _expert_params(graph) if facts.expert_state is not None else 0
-    dense = stage_memory(graph, 0, 0, graph.param_count() - experts, facts.state, 0, facts.saved)
+    dense = _state(graph.param_count() - experts, facts.state, transient)
     if not experts:
         return dense
     assert facts.expert_state is not None
-    e = stage_memory(graph, 0, 0, experts, facts.expert_state, 0, facts.saved)
+    e = _state(experts, facts.expert_state, transient)
     return MemoryBreakdown(
         dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient, 0, 0, 0
+    )
+
+
+def _state(local_params: int, policy: StatePolicy, transient: int) -> MemoryBreakdown:
+    """:func:`stage_memory`'s figures for no micro-batch in flight, the working set given."""
+    return MemoryBreakdown(
+        params=int(local_params * policy.weight_bytes),
+        grads=int(local_params * policy.grad_bytes),
+        optimizer=int(local_params * policy.optimizer_bytes),
+        activations=0,
+        transient=transient,
+        comm_buffers=0,
+        fragmentation=int(FRAGMENTATION * transient),
+        capacity=0,
     )
 
 
