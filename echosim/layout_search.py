@@ -531,6 +531,10 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
     return [e for e in out if e is not None]
 
 
+#: Layouts evaluated together in one process (progress and Ctrl-C act between batches).
+BATCH = 192
+
+
 def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
     return [plans[i : i + size] for i in range(0, len(plans), size)]
 
@@ -538,8 +542,9 @@ def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
 def _run_local(
     model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int
 ) -> Iterator[list[Evaluated]]:
-    # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches.
-    batches = _batches(plans, 32)
+    # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches, and
+    # the more of them a batch holds, the more share a schedule shape (ZeRO stages are 48 layouts apart).
+    batches = _batches(plans, BATCH if workers <= 1 else 32)
     if workers <= 1:
         for batch in batches:
             yield _evaluate_batch(model, batch, cluster, fraction)

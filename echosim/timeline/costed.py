@@ -62,6 +62,7 @@ class StageCost:
     optimizer: float
     graph: Graph = field(repr=False)
     vstages: tuple[int, ...] = ()  # the virtual stages that share this lowering (same shape)
+    base: Graph | None = field(default=None, repr=False)  # the stage graph before the stage-level passes
 
     @property
     def step_end(self) -> float:

@@ -178,7 +178,7 @@ def lower_stage(
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
-        dp_exposed, dp_busy, step_end, opt, graph, vstages,
+        dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base,
     )  # fmt: skip
 
 

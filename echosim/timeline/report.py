@@ -217,12 +217,12 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
         # Per stage graph and memory policy, computed once: a search meets the same stage graphs again
         # under other schedules, ZeRO stages and placements.
         state_key = ("static-memory", facts.state, facts.expert_state, facts.saved)
-        parts = [s.graph.derived(state_key, lambda g=s.graph: _static(g, facts)) for s in mine]
+        parts = [s.graph.derived(state_key, lambda s=s: _static(s.graph, facts, s.base)) for s in mine]
         act = costed.peak_held(
             r,
             {
                 s.index: s.graph.derived(
-                    ("activation-bytes", facts.saved), lambda g=s.graph: activation_bytes(g, facts.saved)
+                    ("activation-bytes", facts.saved), lambda s=s: activation_bytes(s.graph, facts.saved, s.base)
                 )
                 for s in mine
             },
@@ -247,13 +247,13 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
     return rows
 
 
-def _static(graph: Any, facts: StepFacts) -> MemoryBreakdown:
+def _static(graph: Any, facts: StepFacts, base: Any = None) -> MemoryBreakdown:
     """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding.
 
     The working set depends on the graph and the framework's kernels only, so it is kept apart from the
     state policy (a search's ZeRO stages share it); :func:`stage_memory` with no micro-batch in flight.
     """
-    transient = graph.derived(("transient-bytes", facts.saved), lambda: transient_bytes(graph, facts.saved))
+    transient = graph.derived(("transient-bytes", facts.saved), lambda: transient_bytes(graph, facts.saved, base))
     experts = _expert_params(graph) if facts.expert_state is not None else 0
     dense = _state(graph.param_count() - experts, facts.state, transient)
     if not experts:
