@@ -526,7 +526,7 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
         wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
         timed = time_schedule(shape, *columns, wgrad)
         for col, (i, step, costs) in enumerate(members):
-            report = build_report(assemble(costs, timed.layout(col), step.options), step.facts)
+            report = build_report(assemble(costs, timed.layout(col), step.options), step.facts, brief=True)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
 

@@ -24,6 +24,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import CollectiveAttrs, OpKind
@@ -146,10 +148,24 @@ class CostedGraph:
 
     def chunks(self, rank: int) -> list[StageCost]:
         """The virtual stages (model chunks) a pipeline rank runs."""
-        return [s for s in self.stages if s.index % self.pp == rank]
+        return self._chunks[rank]
+
+    @cached_property
+    def _chunks(self) -> dict[int, list[StageCost]]:
+        out: dict[int, list[StageCost]] = {r: [] for r in range(self.pp)}
+        for s in self.stages:
+            out.setdefault(s.index % self.pp, []).append(s)
+        return out
 
     def rank_tail(self, rank: int) -> list[TailTask]:
-        return [t for t in self.tails if t.rank == rank]
+        return self._tails_by_rank.get(rank, [])
+
+    @cached_property
+    def _tails_by_rank(self) -> dict[int, list[TailTask]]:
+        out: dict[int, list[TailTask]] = {}
+        for t in self.tails:
+            out.setdefault(t.rank, []).append(t)
+        return out
 
     def in_flight(self, rank: int) -> dict[int, int]:
         """Peak micro-batches per virtual stage whose activations the rank holds (the memory timeline's peak)."""
@@ -164,7 +180,7 @@ class CostedGraph:
         """
         plan = self.schedule.plan
         key = (plan, rank, tuple(sorted(per_microbatch.items())))
-        return _PEAKS.get(key, lambda: _peak_held(plan.orders[rank], per_microbatch))
+        return _PEAKS.get(key, lambda: _peak_held(_order_arrays(plan, rank), per_microbatch))
 
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
         """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""
@@ -217,19 +233,40 @@ class CostedGraph:
         return float(nx.dag_longest_path_length(self.dag(), weight="weight"))
 
 
-def _peak_held(orders: Any, per_microbatch: dict[int, int]) -> int:
-    """The running sum of held activations along one rank's orders, at its highest."""
-    live: dict[int, int] = {}
-    held = peak = 0
-    for kind, v, _ in orders:
-        if kind == "F":
-            live[v] = live.get(v, 0) + 1
-            held += per_microbatch.get(v, 0)
+def _peak_held(arrays: tuple[np.ndarray, np.ndarray], per_microbatch: dict[int, int]) -> int:
+    """The running sum of held activations along one rank's orders, at its highest (0 before any block).
+
+    A forward adds its chunk's bytes, a backward frees them; the highest running sum is reached
+    after some forward, so it is the largest prefix sum (integers: exact).
+    """
+    signs, chunks = arrays
+    if not len(signs):
+        return 0
+    if max(per_microbatch.values(), default=0) * len(signs) >= 2**62:  # past int64: Python's integers
+        held = peak = 0
+        for sign, v in zip(signs.tolist(), chunks.tolist(), strict=True):
+            held += sign * per_microbatch.get(v, 0)
             peak = max(peak, held)
-        elif kind == "B":
-            live[v] -= 1
-            held -= per_microbatch.get(v, 0)
-    return peak
+        return peak
+    sizes = np.zeros(int(max(chunks.max(), max(per_microbatch, default=0))) + 1, np.int64)
+    for v, nbytes in per_microbatch.items():
+        sizes[v] = nbytes
+    return max(0, int(np.cumsum(signs * sizes[chunks]).max()))
+
+
+_ORDERS: Memo[tuple[np.ndarray, np.ndarray]] = Memo("order arrays", maxsize=1 << 14)
+
+
+def _order_arrays(plan: Any, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Along a rank's orders: +1 for a forward, -1 for a backward, 0 otherwise (W), and each block's chunk."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        orders = plan.orders[rank]
+        signs = np.fromiter((1 if k == "F" else -1 if k == "B" else 0 for k, _, _ in orders), np.int64, len(orders))
+        chunks = np.fromiter((v for _, v, _ in orders), np.int64, len(orders))
+        return signs, chunks
+
+    return _ORDERS.get((plan, rank), build)
 
 
 def _unit_names(stage: StageCost) -> list[tuple[str, UnitTiming, int]]:

@@ -188,28 +188,58 @@ def time_units(
     """The timed (unit, repeat) lists of one micro-batch's forward, backward and deferred weight gradients."""
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
-    fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
+    split_w = options.schedule.split_backward
+    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
 
     def simulate(nodes: list[Node]) -> UnitTiming:
         chunked = pipelined_edges(nodes) if options.tp_overlap else None
         return simulate_unit(graph, nodes, cost, overlap, chunked)
 
-    def sim(nodes: list[Node]) -> UnitTiming:
+    def sim(part: _UnitPart) -> UnitTiming:
         # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
         # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
         # (dp, schedule, another pipeline split) share it.
+        used = tuple((a, p) for a, p in where.items() if a in part.axes)  # placements its collectives are priced on
+        key = (backend, used, overlap, options.tp_overlap, part.key)
+        return _UNITS.get(key, lambda: simulate(part.nodes))
+
+    return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
+
+
+class _UnitKey:
+    """A unit's nodes and the shapes it reads from outside, hashed once (a search looks a unit up many times)."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _UnitKey) and self._hash == other._hash and self.value == other.value
+
+
+@dataclass(frozen=True)
+class _UnitPart:
+    nodes: list[Node]
+    repeat: int
+    key: _UnitKey
+    axes: frozenset[Axis]
+
+
+def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
+    """:func:`_units` with each unit's cache key and the axes its collectives run on (once per graph)."""
+
+    def part(nodes: list[Node], repeat: int) -> _UnitPart:
         ids = {n.id for n in nodes}
         outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
-        axes = {n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs)}
-        used = tuple((a, p) for a, p in where.items() if a in axes)  # placements its collectives are priced on
-        key = (backend, used, overlap, options.tp_overlap, tuple(nodes), outside)
-        return _UNITS.get(key, lambda: simulate(nodes))
+        axes = frozenset(n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs))
+        return _UnitPart(nodes, repeat, _UnitKey((tuple(nodes), outside)), axes)
 
-    return (
-        [(sim(nodes), k) for nodes, k in fwd_parts],
-        [(sim(nodes), k) for nodes, k in bwd_parts],
-        [(sim(nodes), k) for nodes, k in w_parts],
-    )
+    return tuple([part(nodes, k) for nodes, k in kind] for kind in _units(graph, split_w))
 
 
 def _unit_graph(stage: Stage) -> Graph:

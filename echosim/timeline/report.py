@@ -152,8 +152,12 @@ def invariant_violations(report: Report, culprit: str = "") -> list[str]:
     return out
 
 
-def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
-    """Every figure of the report, read from the costed graph (nothing here composes time)."""
+def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> Report:
+    """Every figure of the report, read from the costed graph (nothing here composes time).
+
+    ``brief``: the figures only, as a layout search ranks by them; the per-stage rows and the
+    invariant checks (which read those figures and add warnings) are left out.
+    """
     m, pp = costed.microbatches, costed.pp
     step = costed.step_time_s
     crit = costed.critical_rank
@@ -166,20 +170,24 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
     per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     warnings = list(facts.warnings)
     memory = _memory(costed, facts, warnings)
-    stage_rows = [
-        {
-            "stage": x.index % pp,
-            "chunk": x.index // pp,
-            "layers": x.layers,
-            "fwd_s": x.fwd,
-            "bwd_s": x.bwd + x.wgrad,
-            "p2p_fwd_s": x.p2p_fwd,
-            "p2p_bwd_s": x.p2p_bwd,
-            "dp_exposed_s": x.dp_exposed,
-            "optimizer_s": x.optimizer,
-        }
-        for x in stages
-    ]
+    stage_rows = (
+        []
+        if brief
+        else [
+            {
+                "stage": x.index % pp,
+                "chunk": x.index // pp,
+                "layers": x.layers,
+                "fwd_s": x.fwd,
+                "bwd_s": x.bwd + x.wgrad,
+                "p2p_fwd_s": x.p2p_fwd,
+                "p2p_bwd_s": x.p2p_bwd,
+                "dp_exposed_s": x.dp_exposed,
+                "optimizer_s": x.optimizer,
+            }
+            for x in stages
+        ]
+    )
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
     devices, peak = facts.devices, facts.peak_flops
     report = Report(
@@ -205,7 +213,8 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
         warnings=warnings,
         notes=list(facts.notes),
     )
-    report.warnings += invariant_violations(report, facts.culprit)
+    if not brief:
+        report.warnings += invariant_violations(report, facts.culprit)
     return report
 
 
