@@ -285,14 +285,23 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy) -> _Work
 
 
 def added_nodes(graph: Graph, base: Graph | None) -> list[Node] | None:
-    """The nodes ``graph`` holds beyond ``base`` when it keeps every node of ``base`` as it was (the
-    stage-level passes add gradient reductions, ZeRO gathers and the optimizer step); else None."""
+    """The nodes ``graph`` holds after those of ``base``, when it begins with every node of ``base`` as it
+    was and in its order (the stage-level passes append gradient reductions, ZeRO gathers and the
+    optimizer step to a copy); else None. Kept on ``graph``."""
     if base is None:
         return None
+    return graph.derived(("added-nodes", base), lambda: _added(graph, base))
+
+
+def _added(graph: Graph, base: Graph) -> list[Node] | None:
     ours, theirs = graph.nodes, base.nodes
-    if len(ours) < len(theirs) or any(ours.get(i) is not n for i, n in theirs.items()):
+    if len(ours) < len(theirs):
         return None
-    return [n for i, n in ours.items() if i not in theirs]
+    items = iter(ours.items())
+    for (i, n), (j, m) in zip(theirs.items(), items, strict=False):
+        if i != j or n is not m:
+            return None
+    return [m for _, m in items]
 
 
 def _reads_forward(graph: Graph, nodes: list[Node]) -> bool:

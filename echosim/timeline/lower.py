@@ -22,6 +22,7 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
 from echosim.memo import Memo
 from echosim.passes.flops import io_bytes
+from echosim.passes.memory import added_nodes
 from echosim.passes.pipeline import Stage
 from echosim.timeline.composer import SchedulePlan, ScheduleTiming, schedule_plan, time_schedule
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask
@@ -152,8 +153,10 @@ def lower_stage(
     if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
+    tail = _tail_nodes(stage)
+
     def p2p(phases: tuple[Phase, ...]) -> float:
-        sends = [n for n in graph if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE]
+        sends = [n for n in tail if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE]
         total = 0.0
         for n in sends:
             nbytes = n.out.nbytes
@@ -166,15 +169,15 @@ def lower_stage(
                 total += backend.collective_time_s(OpKind.SEND, nbytes, where[Axis.PP])
         return total
 
-    grad_sync = [n for n in graph if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
+    grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
     grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)  # dense buckets, then the experts' share
     dp_exposed, dp_busy = _dp_tail(graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown)
     step_end: dict[str, float] = {}
-    for n in graph:
+    for n in tail:
         if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END:
             axis = _axis(n).value  # type: ignore[union-attr]
             step_end[axis] = step_end.get(axis, 0.0) + cost(n)
-    opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
+    opt = sum(cost(n) for n in tail if n.op is OpKind.OPTIMIZER_UPDATE)
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
@@ -243,16 +246,27 @@ def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
 
 
 def _unit_graph(stage: Stage) -> Graph:
-    """The graph whose units ``stage`` runs: its graph before the stage-level passes when they left every
-    unit node as it was and added none (their collectives and optimizer step are timed apart), else its own."""
-    base, graph = stage.base, stage.graph
-    if base is None or base is graph:
-        return graph
-    ours = [n for n in graph if _in_units(n)]
-    theirs = base.derived("unit-nodes", lambda: [n for n in base if _in_units(n)])
-    if len(ours) != len(theirs) or any(a is not b for a, b in zip(ours, theirs, strict=True)):
-        return graph
-    return base
+    """The graph whose units ``stage`` runs: its graph before the stage-level passes when those only
+    appended nodes outside the units (their collectives and optimizer step are timed apart), else its own."""
+    added = added_nodes(stage.graph, stage.base)
+    if added is None or any(_in_units(n) for n in added):
+        return stage.graph
+    return stage.base  # type: ignore[return-value]
+
+
+def _tail_nodes(stage: Stage) -> list[Node]:
+    """The nodes the step tail and the pipeline transfers read, in graph order: the base graph's (kept on
+    it) then those the stage-level passes appended, when they only appended."""
+    added = added_nodes(stage.graph, stage.base)
+    if added is None or stage.base is None:
+        return [n for n in stage.graph if _in_tail(n)]
+    base = stage.base
+    return base.derived("tail-nodes", lambda: [n for n in base if _in_tail(n)]) + [n for n in added if _in_tail(n)]
+
+
+def _in_tail(n: Node) -> bool:
+    """A pipeline send, a gradient reduction, a step-end collective or the optimizer step."""
+    return n.op is OpKind.SEND or n.op is OpKind.OPTIMIZER_UPDATE or _role(n) in (Role.GRAD_SYNC, Role.STEP_END)
 
 
 def _role(node: Node) -> Role | None:
