@@ -146,7 +146,7 @@ def prepare(
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
-    _check_sizes(graph, model)
+    graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = _configured(registry, "graph", plan)
@@ -156,8 +156,11 @@ def prepare(
     try:
         joint = run_passes(graph, graph_passes, check=checked, reuse=reuse)
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
-        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked, reuse=reuse), s.layers, s.graph)
-                  for s in stages]  # fmt: skip
+        staged: dict[int, Graph] = {}  # stages of one shape share their graph: its passes run once
+        for s in stages:
+            if id(s.graph) not in staged:
+                staged[id(s.graph)] = run_passes(s.graph, stage_passes, check=checked, reuse=reuse)
+        stages = [Stage(s.index, staged[id(s.graph)], s.layers, s.graph) for s in stages]
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
