@@ -28,7 +28,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from echosim.errors import EchosimError
@@ -376,6 +376,7 @@ def enumerate_layouts(
     rejected: list[Evaluated] = []
     removed: Counter[str] = Counter()
     duplicates = 0
+    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # replace() per layout costs twice as much
     for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
         dp = devices // (tp * cp * pp)
         if devices % (tp * cp * pp) or dp not in v["dp"]:
@@ -393,8 +394,9 @@ def enumerate_layouts(
                 duplicates += 1
                 continue
             seen.add(key)
-            plan = replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
-                           recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
+            plan = Plan(**{**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "sp": sp,
+                           "zero": zero, "micro_batch": mb, "recompute": rc, "schedule": sched, "tp_overlap": ovl,
+                           "global_batch": gb})  # fmt: skip
             reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget)
             if reason:
                 removed[constraint] += 1
