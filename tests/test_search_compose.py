@@ -117,3 +117,18 @@ def test_stage_work_kept_before_the_stage_passes_equals_the_stage_graph(plan: Pl
                 [(u.duration, u.period, u.busy, k) for u, k in part] for part in kept
             ]
     assert shared == (len(c.stages) if plan.zero < 3 else 0)  # ZeRO-3 gathers weights inside the units
+
+
+@pytest.mark.slow
+def test_search_ranks_the_top_20_as_one_full_compile_per_layout() -> None:
+    """The batched search and one `lower` per layout (the path before batching) rank the top 20 alike."""
+    from echosim.layout_search import rank
+
+    cluster = Cluster("h100-sxm", 8)
+    space = {**DENSE_SPACE, "schedule": ("1f1b", "zb-h1"), "recompute": ("none", "full")}
+    result = search("gpt3-125m", Plan(global_batch=16), cluster, space=space)
+    memo.clear_all()
+    full = [evaluate("gpt3-125m", p, cluster) for p in result.enumeration.to_simulate]
+    ranked, _ = rank(full + result.enumeration.rejected, "step-time")
+    assert len(ranked) >= 20
+    assert [e.as_dict() for e in result.ranked[:20]] == [e.as_dict() for e in ranked[:20]]
