@@ -13,12 +13,17 @@ simulated, three filters run in closed form:
   and a memory lower bound (weights, gradients and optimizer state alone, spread as thinly as
   the layout allows) reject a layout with the message that names the constraint.
 
-Every layout left is compiled by :func:`echosim.compiler.lower`, the function ``echosim compile``
-runs, so the figures reported are those of a full compile. Work is shared through the caches
-that compile keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op
-costs by op, shape, dtype, backend and group placement; pass results by input graph and
-options; stage lowering and stage memory by stage graph, placements and schedule options. Layouts
-run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
+Every layout left is simulated by the steps of :func:`echosim.compiler.lower`, the function
+``echosim compile`` runs, so the figures reported are those of a full compile (tested layout by
+layout, exactly, in tests/test_search_compose.py). Work is shared through the caches that compile
+keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op costs by op, shape,
+dtype, backend and group placement; pass results by input graph and options; a micro-batch's unit
+timings, saved activations and working set on the stage graph before the stage-level passes (data
+parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share them); stage lowering
+and stage memory by stage graph, placements and schedule options. The layouts of a batch whose
+schedules have one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call
+(:func:`_evaluate_batch`). Layouts run in this process, in local processes (``workers``) or on a
+Ray cluster (``executor="ray"``).
 """
 
 from __future__ import annotations
