@@ -12,9 +12,10 @@ removed, and the layouts simulated per second:
 
 Every layout counted was simulated in full (the search runs the steps of :func:`echosim.compiler.lower`,
 sharing what layouts share; tests/test_search_compose.py checks its figures equal ``lower``'s). CPU
-time is the fairer figure on a shared machine. ``--sample N`` simulates every k-th layout of the full space only (N of them, in-process: fewer neighbours share
-work than in a full run, so the rate is if anything low); ``--command-space`` gives the whole command a
-sub-space; ``--workers W`` uses W local processes for the whole command.
+time is the fairer figure on a shared machine. ``--sample N`` simulates every k-th layout of the full
+space only (N of them, in-process: fewer neighbours share work than in a full run, so the rate is if
+anything low); ``--command-space`` gives the whole command a sub-space; ``--workers W`` uses W local
+processes for the whole command.
 
     python benchmarks/search_speed.py [--sample N] [--command-space "tp=8 pp=8,16"] [--workers W]
                                       [--only gpt3|llama3] [--skip-command]
