@@ -10,11 +10,12 @@ removed, and the layouts simulated per second:
 * *whole command*: ``echosim search ... --json`` as its own process (start-up, capture, enumeration,
   simulation, JSON), wall time and CPU time of the child.
 
-Every layout counted was compiled in full (the search reads its figures from
-:func:`echosim.compiler.lower`). CPU time is the fairer figure on a shared machine. ``--sample N``
-simulates every k-th layout of the full space only (N of them, in-process: fewer neighbours share
-work than in a full run, so the rate is if anything low); ``--command-space`` gives the whole command a
-sub-space; ``--workers W`` uses W local processes for the whole command.
+Every layout counted was simulated in full (the search runs the steps of :func:`echosim.compiler.lower`,
+sharing what layouts share; tests/test_search_compose.py checks its figures equal ``lower``'s). CPU
+time is the fairer figure on a shared machine. ``--sample N`` simulates every k-th layout of the full
+space only (N of them, in-process: fewer neighbours share work than in a full run, so the rate is if
+anything low); ``--command-space`` gives the whole command a sub-space; ``--workers W`` uses W local
+processes for the whole command.
 
     python benchmarks/search_speed.py [--sample N] [--command-space "tp=8 pp=8,16"] [--workers W]
                                       [--only gpt3|llama3] [--skip-command]

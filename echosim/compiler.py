@@ -97,6 +97,42 @@ def lower(
     registry: Registry | None = None,
 ) -> Compiled:
     """Capture, check, transform and lower one training step; the report and every export read the result."""
+    step = prepare(model, plan, cluster, registry)
+    with step.lowering():
+        costed = lower_step(step.stages, step.backend, step.where, step.options)
+    return Compiled(costed, step.facts, step.graph, step.stages)
+
+
+@dataclass
+class Prepared:
+    """One layout up to its costing: the stage graphs after every pass, where each axis's groups sit,
+    what the schedule needs, and what the report says besides time (:func:`prepare`)."""
+
+    stages: list[Stage]
+    backend: Any
+    where: dict[Any, Any]
+    options: StepOptions
+    facts: StepFacts
+    graph: Graph  # the whole model after the graph-level passes
+    cluster: Cluster
+
+    def lowering(self) -> Any:
+        """The wall-clock guard every costing of this layout runs under (:data:`LOWER_TIMEOUT_S`)."""
+        limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
+        return time_limit(limit, f"costing on backend {self.cluster.backend!r}", LOWER_TIMEOUT_ENV)
+
+
+def prepare(
+    model: Any = DEFAULT_MODEL,
+    plan: Plan | None = None,
+    cluster: Cluster | None = None,
+    registry: Registry | None = None,
+) -> Prepared:
+    """Everything :func:`lower` does before costing: capture, checks, passes, the pipeline split, placements.
+
+    :func:`lower` costs the result with :func:`~echosim.timeline.lower.lower_step`; a layout search
+    costs the stages of many prepared layouts and times the schedules they share in one batch.
+    """
     registry = registry or plugins.get_registry()  # looked up on each call: tests swap the registry
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
@@ -110,7 +146,7 @@ def lower(
     _check_requested(registry, plan)
     backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
-    _check_sizes(graph, model)
+    graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
@@ -120,8 +156,11 @@ def lower(
     try:
         joint = run_passes(graph, graph_passes, check=checked, reuse=reuse)
         stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
-        stages = [Stage(s.index, run_passes(s.graph, stage_passes, check=checked, reuse=reuse), s.layers)
-                  for s in stages]  # fmt: skip
+        staged: dict[int, Graph] = {}  # stages of one shape share their graph: its passes run once
+        for s in stages:
+            if id(s.graph) not in staged:
+                staged[id(s.graph)] = run_passes(s.graph, stage_passes, check=checked, reuse=reuse)
+        stages = [Stage(s.index, staged[id(s.graph)], s.layers, s.graph) for s in stages]
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
@@ -137,9 +176,6 @@ def lower(
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
     )
-    limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
-    with time_limit(limit, f"costing on backend {cluster.backend!r}", LOWER_TIMEOUT_ENV):
-        costed = lower_step(stages, backend, where, options)
     framework = get_framework(plan.framework)
     static = bool(getattr(loaded, "static_buffers", False))
     facts = StepFacts(
@@ -180,7 +216,7 @@ def lower(
         notes=tuple(notes),
         culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
     )
-    return Compiled(costed, facts, joint, stages)
+    return Prepared(stages, backend, where, options, facts, joint, cluster)
 
 
 #: Parameters of one model: 10^15 is a hundred times the largest model trained (and still costs
@@ -268,4 +304,4 @@ def _configured(registry: Registry, level: str, plan: Plan) -> list[Any]:
     return out
 
 
-__all__ = ["Compiled", "EchosimError", "compile", "load_model", "lower"]
+__all__ = ["Compiled", "EchosimError", "Prepared", "compile", "load_model", "lower", "prepare"]

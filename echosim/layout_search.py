@@ -13,12 +13,17 @@ simulated, three filters run in closed form:
   and a memory lower bound (weights, gradients and optimizer state alone, spread as thinly as
   the layout allows) reject a layout with the message that names the constraint.
 
-Every layout left is compiled by :func:`echosim.compiler.lower`, the function ``echosim compile``
-runs, so the figures reported are those of a full compile. Work is shared through the caches
-that compile keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op
-costs by op, shape, dtype, backend and group placement; pass results by input graph and
-options; stage lowering and stage memory by stage graph, placements and schedule options. Layouts
-run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
+Every layout left is simulated by the steps of :func:`echosim.compiler.lower`, the function
+``echosim compile`` runs, so the figures reported are those of a full compile (tested layout by
+layout, exactly, in tests/test_search_compose.py). Work is shared through the caches that compile
+keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op costs by op, shape,
+dtype, backend and group placement; pass results by input graph and options; a micro-batch's unit
+timings, saved activations and working set on the stage graph before the stage-level passes (data
+parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share them); stage lowering
+and stage memory by stage graph, placements and schedule options. The layouts of a batch whose
+schedules have one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call
+(:func:`_evaluate_batch`). Layouts run in this process, in local processes (``workers``) or on a
+Ray cluster (``executor="ray"``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from echosim.errors import EchosimError
@@ -376,6 +381,7 @@ def enumerate_layouts(
     rejected: list[Evaluated] = []
     removed: Counter[str] = Counter()
     duplicates = 0
+    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # replace() per layout costs twice as much
     for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
         dp = devices // (tp * cp * pp)
         if devices % (tp * cp * pp) or dp not in v["dp"]:
@@ -393,8 +399,9 @@ def enumerate_layouts(
                 duplicates += 1
                 continue
             seen.add(key)
-            plan = replace(base, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
-                           recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
+            plan = Plan(**{**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "sp": sp,
+                           "zero": zero, "micro_batch": mb, "recompute": rc, "schedule": sched, "tp_overlap": ovl,
+                           "global_batch": gb})  # fmt: skip
             reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget)
             if reason:
                 removed[constraint] += 1
@@ -463,6 +470,11 @@ def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = 
         report = lower(model, plan, cluster).report
     except EchosimError as exc:
         return Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
+    return _figures(plan, cluster.devices, report, memory_fraction)
+
+
+def _figures(plan: Plan, devices: int, report: Any, memory_fraction: float) -> Evaluated:
+    """What a search keeps of one layout's report."""
     peak = max(int(m["peak"]) for m in report.memory)
     capacity = max(int(m["capacity"]) for m in report.memory)
     exposed = sum(v for k, v in report.breakdown.items() if k.startswith("comm."))
@@ -470,7 +482,7 @@ def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = 
     reason = "" if fits else f"needs {peak / 2**30:.1f} GiB > {capacity * memory_fraction / 2**30:.1f} GiB allowed"
     return Evaluated(
         plan,
-        cluster.devices,
+        devices,
         step_time_s=report.step_time_s,
         tokens_per_s=report.tokens_per_s,
         samples_per_s=report.samples_per_s,
@@ -487,7 +499,47 @@ def evaluate(model: Any, plan: Plan, cluster: Cluster, memory_fraction: float = 
 
 
 def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
-    return [evaluate(model, p, cluster, fraction) for p in plans]
+    """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
+
+    Each layout is prepared and its stages costed as :func:`echosim.compiler.lower` does (stage
+    costs kept by stage graph and placements); then the layouts whose schedules have the same shape
+    (schedule, pp, micro-batches, vpp) are timed together, one numpy column each
+    (:func:`~echosim.timeline.composer.time_schedule` gives a column the same numbers to the last bit
+    as a layout timed alone), and each report is read from its column: the figures of ``compile``.
+    """
+    import numpy as np
+
+    from echosim.compiler import prepare
+    from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
+    from echosim.timeline.report import build_report
+
+    out: list[Evaluated | None] = [None] * len(plans)
+    shared: dict[Any, list[tuple[int, Any, Any]]] = {}
+    for i, plan in enumerate(plans):
+        try:
+            step = prepare(model, plan, cluster)
+            with step.lowering():
+                costs = lower_stages(step.stages, step.backend, step.where, step.options)
+            shape = step_plan(step.options)
+        except EchosimError as exc:
+            out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
+            continue
+        shared.setdefault(shape, []).append((i, step, costs))
+    from echosim.timeline.composer import time_schedule
+
+    for shape, members in shared.items():
+        inputs = [schedule_inputs(costs, step.options) for _, step, costs in members]
+        columns = [np.array([x[k] for x in inputs], np.float64).T for k in range(4)]
+        wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
+        timed = time_schedule(shape, *columns, wgrad)
+        for col, (i, step, costs) in enumerate(members):
+            report = build_report(assemble(costs, timed.layout(col), step.options), step.facts, brief=True)
+            out[i] = _figures(plans[i], cluster.devices, report, fraction)
+    return [e for e in out if e is not None]
+
+
+#: Layouts evaluated together in one process (progress and Ctrl-C act between batches).
+BATCH = 192
 
 
 def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
@@ -497,8 +549,9 @@ def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
 def _run_local(
     model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int
 ) -> Iterator[list[Evaluated]]:
-    # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches.
-    batches = _batches(plans, 32)
+    # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches, and
+    # the more of them a batch holds, the more share a schedule shape (ZeRO stages are 48 layouts apart).
+    batches = _batches(plans, BATCH if workers <= 1 else 32)
     if workers <= 1:
         for batch in batches:
             yield _evaluate_batch(model, batch, cluster, fraction)

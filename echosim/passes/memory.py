@@ -165,13 +165,18 @@ class SavedPolicy:
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
 
 
-def activation_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
+def activation_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph | None = None) -> int:
     """Bytes saved by one micro-batch's forward for its backward, on this rank.
 
     A value read inside a repeated block is saved once per repetition, even when it
     is produced outside it: in the unfolded model each layer reads its own input.
+    ``base``: a graph ``graph`` extends (:func:`added_nodes`); when what it added reads no forward
+    value (gradient reductions, the optimizer step), the bytes are ``base``'s, kept on it.
     """
     saved = saved or SavedPolicy()
+    added = added_nodes(graph, base)
+    if base is not None and added is not None and not _reads_forward(graph, added):
+        return base.derived(("activation-bytes", saved), lambda: activation_bytes(base, saved))
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
@@ -245,37 +250,100 @@ def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
     )
 
 
-def transient_bytes(graph: Graph, saved: SavedPolicy | None = None) -> int:
+def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph | None = None) -> int:
     """Working set on top of saved activations, at the moment it peaks.
 
     Inside a layer's backward that is the largest op's output with the gradients it reads, plus
     the layer's replayed values that backward reads (what the replayed forward saves; the rest
     is freed as the replay runs). Outside the layers (the loss, the output layer) it is the
     largest op's working set alone: no layer is being replayed then.
+
+    ``base``: a graph ``graph`` extends (:func:`added_nodes`): its terms are kept on it and only
+    the added nodes (gradient buckets, ZeRO gathers) are walked, unless they read a replayed value.
     """
     saved = saved or SavedPolicy()
+    added = added_nodes(graph, base)
+    if base is None or added is None:
+        return _working_terms(graph, list(graph), saved).bytes()
+    extra = _working_terms(graph, added, saved)
+    if extra.reads_replay:
+        return _working_terms(graph, list(graph), saved).bytes()
+    core = base.derived(("working-terms", saved), lambda: _working_terms(base, list(base), saved))
+    return core.merged(extra).bytes()
+
+
+@dataclass(frozen=True)
+class _WorkingTerms:
+    """What the working set's peak is built from, over some of a graph's nodes (maxima and a sum)."""
+
+    inside: int  # the largest backward working set inside the layers
+    outside: int  # ... outside them
+    replay: int  # replayed values backward reads
+    layer: int  # the largest FSDP all-gather inside the layers
+    rest: int  # ... outside them
+    reads_replay: bool = False  # a backward node of these reads a replayed value
+    outside_replay: int = 0  # replayed values outside the layers (the output layer's logits, one chunk each)
+
+    def merged(self, other: _WorkingTerms) -> _WorkingTerms:
+        return _WorkingTerms(max(self.inside, other.inside), max(self.outside, other.outside),
+                             self.replay + other.replay, max(self.layer, other.layer), max(self.rest, other.rest),
+                             self.reads_replay or other.reads_replay,
+                             self.outside_replay + other.outside_replay)  # fmt: skip
+
+    def bytes(self) -> int:
+        # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
+        # the loss and output layer hold their own gathered weights and the last layer's, prefetched
+        outside = self.outside + self.outside_replay
+        return max(self.inside + self.replay + 2 * self.layer, outside + self.rest + self.layer)
+
+
+def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy) -> _WorkingTerms:
     logits = _logit_numel(graph) if saved.loss_chunks > 1 else 0
     inside = outside = 0
-    for n in graph:
+    read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
+    for n in nodes:
         if n.phase is Phase.BACKWARD:
             w = _working_set(graph, n, saved, logits)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
                 inside = max(inside, w)
-    read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
-    for n in graph:
-        if n.phase is Phase.BACKWARD:
             bases = (graph[_base(graph, i)] for i in n.inputs)
             read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
-    replayed = [n for n in graph if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
+    ours = {n.id for n in nodes}
+    replayed = [n for n in nodes if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
     replay = sum(n.out.nbytes for n in replayed if graph.block_of(n) is not None)
     # the output layer's replayed logits (vocabulary tiling): one chunk at a time
-    outside += sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in replayed if graph.block_of(n) is None)
-    layer, rest = _gathers(graph)
-    # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
-    # the loss and output layer hold their own gathered weights and the last layer's, prefetched
-    return max(inside + replay + 2 * layer, outside + rest + layer)
+    outer = [n for n in replayed if graph.block_of(n) is None]
+    logit_replay = sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in outer)
+    elsewhere = any(graph[i].phase is Phase.RECOMPUTE and i not in ours for i in read)
+    layer, rest = _gathers(graph, nodes)
+    return _WorkingTerms(inside, outside, replay, layer, rest, elsewhere, logit_replay)
+
+
+def added_nodes(graph: Graph, base: Graph | None) -> list[Node] | None:
+    """The nodes ``graph`` holds after those of ``base``, when it begins with every node of ``base`` as it
+    was and in its order (the stage-level passes append gradient reductions, ZeRO gathers and the
+    optimizer step to a copy); else None. Kept on ``graph``."""
+    if base is None:
+        return None
+    return graph.derived(("added-nodes", base), lambda: _added(graph, base))
+
+
+def _added(graph: Graph, base: Graph) -> list[Node] | None:
+    ours, theirs = graph.nodes, base.nodes
+    if len(ours) < len(theirs):
+        return None
+    items = iter(ours.items())
+    for (i, n), (j, m) in zip(theirs.items(), items, strict=False):
+        if i != j or n is not m:
+            return None
+    return [m for _, m in items]
+
+
+def _reads_forward(graph: Graph, nodes: list[Node]) -> bool:
+    """Whether any of ``nodes`` reads a forward value (then what the forward saves, or its names, may change)."""
+    return any(graph[_base(graph, i)].phase is Phase.FORWARD for n in nodes for i in n.inputs)
 
 
 def _logit_numel(graph: Graph) -> int:
@@ -336,10 +404,10 @@ def stage_memory(
     )
 
 
-def _gathers(graph: Graph) -> tuple[int, int]:
-    """The largest ZeRO-3 / FSDP all-gather inside the layers and outside them (bytes gathered)."""
+def _gathers(graph: Graph, nodes: list[Node]) -> tuple[int, int]:
+    """The largest ZeRO-3 / FSDP all-gather of ``nodes`` inside the layers and outside them (bytes gathered)."""
     layer = rest = 0
-    for n in graph:
+    for n in nodes:
         if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP:
             if graph.block_of(n) is None:
                 rest = max(rest, n.attrs.bytes)

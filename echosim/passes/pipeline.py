@@ -36,6 +36,10 @@ class Stage:
     index: int
     graph: Graph
     layers: int
+    # The stage graph before the stage-level passes (data parallelism, optimizer, gradient groups): where
+    # they add no work to a micro-batch's forward and backward, its timing is kept on this graph and
+    # shared by the layouts that differ only in ZeRO stage (see timeline/lower.py).
+    base: Graph | None = None
 
 
 def _static(graph: Graph) -> set[int]:

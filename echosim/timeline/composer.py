@@ -88,12 +88,10 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
     frozen = tuple(tuple(seq) for seq in orders)
     sizes = [len(seq) for seq in frozen]
     n = sum(sizes)
-    kinds, vs, js = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    i = 0
-    for seq in frozen:
-        for kind, v, j in seq:
-            kinds[i], vs[i], js[i] = _KINDS[kind], v, j
-            i += 1
+    flat = [block for seq in frozen for block in seq]
+    kinds = np.fromiter(map(_KINDS.__getitem__, (b[0] for b in flat)), np.int64, n)
+    vs = np.fromiter((b[1] for b in flat), np.int64, n)
+    js = np.fromiter((b[2] for b in flat), np.int64, n)
     if n and (vs.min() < 0 or js.min() < 0):
         raise ScheduleError("pipeline schedule names a negative virtual stage or micro-batch")
     vstages = max(vstages, int(vs.max()) + 1 if n else 1)
@@ -212,14 +210,17 @@ def _levels_by_topology(chain: np.ndarray, cross: np.ndarray, n: int) -> np.ndar
 
 
 def _in_flight(seq: Sequence[Block]) -> dict[int, int]:
-    live: dict[int, int] = {}
+    """Per virtual stage (in the order the rank first runs its forward): the most micro-batches whose
+    forward has run and backward has not, along the rank's orders."""
+    if not seq:
+        return {}
+    sign = np.fromiter((1 if b[0] == "F" else -1 if b[0] == "B" else 0 for b in seq), np.int64, len(seq))
+    chunk = np.fromiter((b[1] for b in seq), np.int64, len(seq))
+    forwards = chunk[sign == 1]
+    first = np.unique(forwards, return_index=True)[1]
     peak: dict[int, int] = {}
-    for kind, v, _ in seq:
-        if kind == "F":
-            live[v] = live.get(v, 0) + 1
-            peak[v] = max(peak.get(v, 0), live[v])
-        elif kind == "B":
-            live[v] -= 1
+    for v in forwards[np.sort(first)].tolist():
+        peak[v] = int(np.cumsum(sign[chunk == v]).max())
     return peak
 
 

@@ -24,9 +24,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import CollectiveAttrs, OpKind
+from echosim.memo import Memo
 from echosim.passes.flops import io_bytes, node_flops
 from echosim.timeline.composer import ScheduleTiming
 from echosim.timeline.schedule import BlockTime
@@ -36,6 +39,9 @@ if TYPE_CHECKING:
     import networkx as nx
 
 GRAPH_FORMATS = (".graphml", ".json")
+#: A rank's peak of held activations by its schedule's orders and each chunk's bytes: layouts that share a
+#: schedule shape and stage graphs (a search's ZeRO stages and placements) walk the orders once.
+_PEAKS: Memo[int] = Memo("peak held activations", maxsize=1 << 14)
 _PARTS = ("pre", "block", "post")
 
 
@@ -58,6 +64,7 @@ class StageCost:
     optimizer: float
     graph: Graph = field(repr=False)
     vstages: tuple[int, ...] = ()  # the virtual stages that share this lowering (same shape)
+    base: Graph | None = field(default=None, repr=False)  # the stage graph before the stage-level passes
 
     @property
     def step_end(self) -> float:
@@ -141,10 +148,24 @@ class CostedGraph:
 
     def chunks(self, rank: int) -> list[StageCost]:
         """The virtual stages (model chunks) a pipeline rank runs."""
-        return [s for s in self.stages if s.index % self.pp == rank]
+        return self._chunks[rank]
+
+    @cached_property
+    def _chunks(self) -> dict[int, list[StageCost]]:
+        out: dict[int, list[StageCost]] = {r: [] for r in range(self.pp)}
+        for s in self.stages:
+            out.setdefault(s.index % self.pp, []).append(s)
+        return out
 
     def rank_tail(self, rank: int) -> list[TailTask]:
-        return [t for t in self.tails if t.rank == rank]
+        return self._tails_by_rank.get(rank, [])
+
+    @cached_property
+    def _tails_by_rank(self) -> dict[int, list[TailTask]]:
+        out: dict[int, list[TailTask]] = {}
+        for t in self.tails:
+            out.setdefault(t.rank, []).append(t)
+        return out
 
     def in_flight(self, rank: int) -> dict[int, int]:
         """Peak micro-batches per virtual stage whose activations the rank holds (the memory timeline's peak)."""
@@ -157,17 +178,9 @@ class CostedGraph:
         holds every chunk's peak together (Megatron's warm-up is ``(pp - rank - 1) * 2 + (vpp - 1) * pp``
         forwards, megatron/core/pipeline_parallel/schedules.py).
         """
-        live: dict[int, int] = {}
-        held = peak = 0
-        for kind, v, _ in self.schedule.plan.orders[rank]:
-            if kind == "F":
-                live[v] = live.get(v, 0) + 1
-                held += per_microbatch.get(v, 0)
-                peak = max(peak, held)
-            elif kind == "B":
-                live[v] -= 1
-                held -= per_microbatch.get(v, 0)
-        return peak
+        plan = self.schedule.plan
+        key = (plan, rank, tuple(sorted(per_microbatch.items())))
+        return _PEAKS.get(key, lambda: _peak_held(_order_arrays(plan, rank), per_microbatch))
 
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
         """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""
@@ -218,6 +231,42 @@ class CostedGraph:
         import networkx as nx
 
         return float(nx.dag_longest_path_length(self.dag(), weight="weight"))
+
+
+def _peak_held(arrays: tuple[np.ndarray, np.ndarray], per_microbatch: dict[int, int]) -> int:
+    """The running sum of held activations along one rank's orders, at its highest (0 before any block).
+
+    A forward adds its chunk's bytes, a backward frees them; the highest running sum is reached
+    after some forward, so it is the largest prefix sum (integers: exact).
+    """
+    signs, chunks = arrays
+    if not len(signs):
+        return 0
+    if max(per_microbatch.values(), default=0) * len(signs) >= 2**62:  # past int64: Python's integers
+        held = peak = 0
+        for sign, v in zip(signs.tolist(), chunks.tolist(), strict=True):
+            held += sign * per_microbatch.get(v, 0)
+            peak = max(peak, held)
+        return peak
+    sizes = np.zeros(int(max(chunks.max(), max(per_microbatch, default=0))) + 1, np.int64)
+    for v, nbytes in per_microbatch.items():
+        sizes[v] = nbytes
+    return max(0, int(np.cumsum(signs * sizes[chunks]).max()))
+
+
+_ORDERS: Memo[tuple[np.ndarray, np.ndarray]] = Memo("order arrays", maxsize=1 << 14)
+
+
+def _order_arrays(plan: Any, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Along a rank's orders: +1 for a forward, -1 for a backward, 0 otherwise (W), and each block's chunk."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        orders = plan.orders[rank]
+        signs = np.fromiter((1 if k == "F" else -1 if k == "B" else 0 for k, _, _ in orders), np.int64, len(orders))
+        chunks = np.fromiter((v for _, v, _ in orders), np.int64, len(orders))
+        return signs, chunks
+
+    return _ORDERS.get((plan, rank), build)
 
 
 def _unit_names(stage: StageCost) -> list[tuple[str, UnitTiming, int]]:

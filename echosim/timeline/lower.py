@@ -22,6 +22,7 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
 from echosim.memo import Memo
 from echosim.passes.flops import io_bytes
+from echosim.passes.memory import added_nodes
 from echosim.passes.pipeline import Stage
 from echosim.timeline.composer import SchedulePlan, ScheduleTiming, schedule_plan, time_schedule
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask
@@ -134,38 +135,28 @@ def repeated(unit: UnitTiming, times: int) -> float:
 def lower_stage(
     stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions, vstages: tuple[int, ...]
 ) -> StageCost:
-    """Lower one (virtual) pipeline stage for one micro-batch; ``vstages`` are the stages it stands for."""
+    """Lower one (virtual) pipeline stage for one micro-batch; ``vstages`` are the stages it stands for.
+
+    The micro-batch's units are timed on the stage graph before the stage-level passes when those
+    added nothing to them (:func:`_unit_graph`): ZeRO 0, 1 and 2 differ only in the gradient
+    reduction and the step tail, so the units are timed once for the three.
+    """
     graph = stage.graph
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
-    fwd_parts, bwd_parts, w_parts = _units(graph, split_w=options.schedule.split_backward)
-
-    def simulate(nodes: list[Node]) -> UnitTiming:
-        chunked = pipelined_edges(nodes) if options.tp_overlap else None
-        return simulate_unit(graph, nodes, cost, overlap, chunked)
-
-    def sim(nodes: list[Node]) -> UnitTiming:
-        # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
-        # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
-        # (ZeRO stage, dp, schedule) share it.
-        ids = {n.id for n in nodes}
-        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
-        axes = {n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs)}
-        used = tuple((a, p) for a, p in where.items() if a in axes)  # placements its collectives are priced on
-        key = (backend, used, overlap, options.tp_overlap, tuple(nodes), outside)
-        return _UNITS.get(key, lambda: simulate(nodes))
-
-    fwd_units = [(sim(nodes), k) for nodes, k in fwd_parts]
-    bwd_units = [(sim(nodes), k) for nodes, k in bwd_parts]
-    w_units = [(sim(nodes), k) for nodes, k in w_parts]
+    units_of = _unit_graph(stage)
+    key = ("timed-units", backend, tuple(where.items()), options.tp_overlap, options.schedule.split_backward)
+    fwd_units, bwd_units, w_units = units_of.derived(key, lambda: time_units(units_of, backend, where, options))
     fwd = sum(repeated(u, k) for u, k in fwd_units)
     bwd = sum(repeated(u, k) for u, k in bwd_units)
     wgrad = sum(repeated(u, k) for u, k in w_units)
-    if w_parts[1][0]:  # the weight-gradient units belong to the backward for breakdown and trace
+    if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
+    tail = _tail_nodes(stage)
+
     def p2p(phases: tuple[Phase, ...]) -> float:
-        sends = [n for n in graph if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE]
+        sends = [n for n in tail if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE]
         total = 0.0
         for n in sends:
             nbytes = n.out.nbytes
@@ -178,20 +169,104 @@ def lower_stage(
                 total += backend.collective_time_s(OpKind.SEND, nbytes, where[Axis.PP])
         return total
 
-    grad_sync = [n for n in graph if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
+    grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
     grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)  # dense buckets, then the experts' share
     dp_exposed, dp_busy = _dp_tail(graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown)
     step_end: dict[str, float] = {}
-    for n in graph:
+    for n in tail:
         if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END:
             axis = _axis(n).value  # type: ignore[union-attr]
             step_end[axis] = step_end.get(axis, 0.0) + cost(n)
-    opt = sum(cost(n) for n in graph if n.op is OpKind.OPTIMIZER_UPDATE)
+    opt = sum(cost(n) for n in tail if n.op is OpKind.OPTIMIZER_UPDATE)
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
-        dp_exposed, dp_busy, step_end, opt, graph, vstages,
+        dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base,
     )  # fmt: skip
+
+
+def time_units(
+    graph: Graph, backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> tuple[list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]]]:
+    """The timed (unit, repeat) lists of one micro-batch's forward, backward and deferred weight gradients."""
+    cost = Coster(graph, backend, where)
+    overlap = backend.overlap()
+    split_w = options.schedule.split_backward
+    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+
+    def simulate(nodes: list[Node]) -> UnitTiming:
+        chunked = pipelined_edges(nodes) if options.tp_overlap else None
+        return simulate_unit(graph, nodes, cost, overlap, chunked)
+
+    def sim(part: _UnitPart) -> UnitTiming:
+        # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
+        # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
+        # (dp, schedule, another pipeline split) share it.
+        used = tuple((a, p) for a, p in where.items() if a in part.axes)  # placements its collectives are priced on
+        key = (backend, used, overlap, options.tp_overlap, part.key)
+        return _UNITS.get(key, lambda: simulate(part.nodes))
+
+    return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
+
+
+class _UnitKey:
+    """A unit's nodes and the shapes it reads from outside, hashed once (a search looks a unit up many times)."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _UnitKey) and self._hash == other._hash and self.value == other.value
+
+
+@dataclass(frozen=True)
+class _UnitPart:
+    nodes: list[Node]
+    repeat: int
+    key: _UnitKey
+    axes: frozenset[Axis]
+
+
+def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
+    """:func:`_units` with each unit's cache key and the axes its collectives run on (once per graph)."""
+
+    def part(nodes: list[Node], repeat: int) -> _UnitPart:
+        ids = {n.id for n in nodes}
+        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
+        axes = frozenset(n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs))
+        return _UnitPart(nodes, repeat, _UnitKey((tuple(nodes), outside)), axes)
+
+    return tuple([part(nodes, k) for nodes, k in kind] for kind in _units(graph, split_w))
+
+
+def _unit_graph(stage: Stage) -> Graph:
+    """The graph whose units ``stage`` runs: its graph before the stage-level passes when those only
+    appended nodes outside the units (their collectives and optimizer step are timed apart), else its own."""
+    added = added_nodes(stage.graph, stage.base)
+    if added is None or any(_in_units(n) for n in added):
+        return stage.graph
+    return stage.base  # type: ignore[return-value]
+
+
+def _tail_nodes(stage: Stage) -> list[Node]:
+    """The nodes the step tail and the pipeline transfers read, in graph order: the base graph's (kept on
+    it) then those the stage-level passes appended, when they only appended."""
+    added = added_nodes(stage.graph, stage.base)
+    if added is None or stage.base is None:
+        return [n for n in stage.graph if _in_tail(n)]
+    base = stage.base
+    return base.derived("tail-nodes", lambda: [n for n in base if _in_tail(n)]) + [n for n in added if _in_tail(n)]
+
+
+def _in_tail(n: Node) -> bool:
+    """A pipeline send, a gradient reduction, a step-end collective or the optimizer step."""
+    return n.op is OpKind.SEND or n.op is OpKind.OPTIMIZER_UPDATE or _role(n) in (Role.GRAD_SYNC, Role.STEP_END)
 
 
 def _role(node: Node) -> Role | None:

@@ -9,6 +9,7 @@ it costs the same at 8 devices as at 16,384.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from echosim.backends.base import Placement
 from echosim.backends.topology import megatron_placement
@@ -27,13 +28,19 @@ class Degrees:
 
 
 def axis_placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
-    """A placement for every axis a collective can name.
+    """A placement for every axis a collective can name (a fresh dict; the placements are kept per degrees).
 
     Dense layers order ranks tp, cp, dp, pp and reduce gradients over the dp x cp ranks of a
     stage. Expert layers order them tp, ep, edp, pp (cp folds into ep x edp): an EP group is
     ``ep`` ranks ``tp`` apart, its experts' data-parallel peers ``tp * ep`` apart. Tied
     embeddings synchronise the first and the last pipeline stage.
     """
+    return dict(_placements(d, devices_per_node))
+
+
+@lru_cache(maxsize=4096)
+def _placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
+    """:func:`axis_placements`, computed once per degrees and node size (a search checks each layout's)."""
     sizes = {"tp": d.tp, "dp": d.dp, "pp": d.pp}
     out = {Axis(axis): megatron_placement(axis, sizes, devices_per_node) for axis in sizes}
     pp = out[Axis.PP]

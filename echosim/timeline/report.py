@@ -15,7 +15,7 @@ from echosim.passes.memory import (
     SavedPolicy,
     StatePolicy,
     activation_bytes,
-    stage_memory,
+    transient_bytes,
 )
 from echosim.timeline.costed import CostedGraph, StageCost
 
@@ -153,8 +153,12 @@ def invariant_violations(report: Report, culprit: str = "") -> list[str]:
     return out
 
 
-def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
-    """Every figure of the report, read from the costed graph (nothing here composes time)."""
+def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> Report:
+    """Every figure of the report, read from the costed graph (nothing here composes time).
+
+    ``brief``: the figures only, as a layout search ranks by them; the per-stage rows and the
+    invariant checks (which read those figures and add warnings) are left out.
+    """
     m, pp = costed.microbatches, costed.pp
     step = costed.step_time_s
     crit = costed.critical_rank
@@ -167,20 +171,24 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
     per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     warnings = list(facts.warnings)
     memory = _memory(costed, facts, warnings)
-    stage_rows = [
-        {
-            "stage": x.index % pp,
-            "chunk": x.index // pp,
-            "layers": x.layers,
-            "fwd_s": x.fwd,
-            "bwd_s": x.bwd + x.wgrad,
-            "p2p_fwd_s": x.p2p_fwd,
-            "p2p_bwd_s": x.p2p_bwd,
-            "dp_exposed_s": x.dp_exposed,
-            "optimizer_s": x.optimizer,
-        }
-        for x in stages
-    ]
+    stage_rows = (
+        []
+        if brief
+        else [
+            {
+                "stage": x.index % pp,
+                "chunk": x.index // pp,
+                "layers": x.layers,
+                "fwd_s": x.fwd,
+                "bwd_s": x.bwd + x.wgrad,
+                "p2p_fwd_s": x.p2p_fwd,
+                "p2p_bwd_s": x.p2p_bwd,
+                "dp_exposed_s": x.dp_exposed,
+                "optimizer_s": x.optimizer,
+            }
+            for x in stages
+        ]
+    )
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
     devices, peak = facts.devices, facts.peak_flops
     report = Report(
@@ -206,7 +214,8 @@ def build_report(costed: CostedGraph, facts: StepFacts) -> Report:
         warnings=warnings,
         notes=list(facts.notes),
     )
-    report.warnings += invariant_violations(report, facts.culprit)
+    if not brief:
+        report.warnings += invariant_violations(report, facts.culprit)
     return report
 
 
@@ -218,12 +227,12 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
         # Per stage graph and memory policy, computed once: a search meets the same stage graphs again
         # under other schedules, ZeRO stages and placements.
         state_key = ("static-memory", facts.state, facts.expert_state, facts.saved)
-        parts = [s.graph.derived(state_key, lambda g=s.graph: _static(g, facts)) for s in mine]
+        parts = [s.graph.derived(state_key, lambda s=s: _static(s.graph, facts, s.base)) for s in mine]
         act = costed.peak_held(
             r,
             {
                 s.index: s.graph.derived(
-                    ("activation-bytes", facts.saved), lambda g=s.graph: activation_bytes(g, facts.saved)
+                    ("activation-bytes", facts.saved), lambda s=s: activation_bytes(s.graph, facts.saved, s.base)
                 )
                 for s in mine
             },
@@ -248,17 +257,22 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
     return rows
 
 
-def _static(graph: Any, facts: StepFacts) -> MemoryBreakdown:
-    """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding."""
+def _static(graph: Any, facts: StepFacts, base: Any = None) -> MemoryBreakdown:
+    """Weights, gradients, optimizer state and working set of one chunk; experts' state by its own sharding.
+
+    The working set depends on the graph and the framework's kernels only, so it is kept apart from the
+    state policy (a search's ZeRO stages share it); :func:`stage_memory` with no micro-batch in flight.
+    """
+    transient = graph.derived(("transient-bytes", facts.saved), lambda: transient_bytes(graph, facts.saved, base))
     experts = _expert_params(graph) if facts.expert_state is not None else 0
     tables, table_bytes = _sparse_tables(graph)
-    dense = stage_memory(graph, 0, 0, graph.param_count() - experts - tables, facts.state, 0, facts.saved)
+    dense = _state(graph.param_count() - experts - tables, facts.state, transient)
     if tables:  # sharded embedding tables: the rows in their own dtype plus row-wise Adagrad state, no gradient
         dense = replace(dense, params=dense.params + table_bytes[0], optimizer=dense.optimizer + table_bytes[1])
     if not experts:
         return dense
     assert facts.expert_state is not None
-    e = stage_memory(graph, 0, 0, experts, facts.expert_state, 0, facts.saved)
+    e = _state(experts, facts.expert_state, transient)
     return MemoryBreakdown(
         dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient, 0, 0, 0
     )
@@ -269,6 +283,20 @@ def _sparse_tables(graph: Any) -> tuple[int, tuple[int, int]]:
     from echosim.passes.embedding_sharding import table_state_bytes
 
     return table_state_bytes(graph)
+
+
+def _state(local_params: int, policy: StatePolicy, transient: int) -> MemoryBreakdown:
+    """:func:`stage_memory`'s figures for no micro-batch in flight, the working set given."""
+    return MemoryBreakdown(
+        params=int(local_params * policy.weight_bytes),
+        grads=int(local_params * policy.grad_bytes),
+        optimizer=int(local_params * policy.optimizer_bytes),
+        activations=0,
+        transient=transient,
+        comm_buffers=0,
+        fragmentation=int(FRAGMENTATION * transient),
+        capacity=0,
+    )
 
 
 def _expert_params(graph: Any) -> int:

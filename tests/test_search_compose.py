@@ -1,0 +1,134 @@
+"""The search's shared work gives a full compile's figures: batched schedules, stage work kept before the
+stage-level passes (units, activations, working set), checked layout by layout across every dimension."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from echosim import memo
+from echosim.compiler import lower
+from echosim.frontend.zoo import ArchConfig
+from echosim.layout_search import _evaluate_batch, evaluate, search
+from echosim.passes.memory import SavedPolicy, activation_bytes, added_nodes, transient_bytes
+from echosim.plan import Cluster, Plan
+from echosim.timeline.lower import StepOptions, _unit_graph, time_units
+
+DENSE_SPACE = {
+    "tp": (1, 2),
+    "pp": (1, 2),
+    "cp": (1, 2),
+    "vpp": (1, 2),
+    "sp": (False, True),
+    "zero": (0, 1, 2, 3),
+    "mb": (1, 2),
+    "recompute": ("none", "selective", "full"),
+    "schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"),
+    "tp_overlap": (False, True),
+}
+
+
+def _moe() -> ArchConfig:
+    return ArchConfig(
+        "moe", layers=4, hidden=1024, heads=16, kv_heads=4, vocab=32000, seq_len=2048, experts=8, top_k=2,
+        moe_ffn=1024,
+    )  # fmt: skip
+
+
+def _sample(model: object, base: Plan, cluster: Cluster, space: dict[str, tuple[object, ...]], n: int) -> list[Plan]:
+    plans = search(model, base, cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    step = max(1, len(plans) // n)
+    return plans[::step][:n]
+
+
+def _assert_same(batch: list[object], plans: list[Plan], model: object, cluster: Cluster) -> None:
+    memo.clear_all()
+    for got, plan in zip(batch, plans, strict=True):
+        want = evaluate(model, plan, cluster)  # lower(): what `echosim compile` reports
+        assert got.as_dict() == want.as_dict(), plan  # type: ignore[attr-defined]
+        assert got.breakdown == want.breakdown, plan  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("attention", ["flash", "math"])
+def test_batched_figures_equal_compile_across_every_dimension(attention: str) -> None:
+    """tp, pp, dp, cp, vpp, sp, ZeRO 0-3, micro-batch, recompute, four schedules, tp-overlap: exact equality."""
+    cluster = Cluster("h100-sxm", 8)
+    base = Plan(global_batch=16, attention=attention)
+    plans = _sample("gpt3-125m", base, cluster, DENSE_SPACE, 48)
+    assert {p.zero for p in plans} == {0, 1, 2, 3} and {p.schedule for p in plans} >= {"1f1b", "zb-h1"}
+    assert {p.tp for p in plans} == {1, 2} and {p.pp for p in plans} == {1, 2} and {p.cp for p in plans} == {1, 2}
+    memo.clear_all()
+    batch = _evaluate_batch("gpt3-125m", plans, cluster, 1.0)
+    _assert_same(batch, plans, "gpt3-125m", cluster)
+
+
+def test_batched_figures_equal_compile_with_experts() -> None:
+    """Expert parallelism (its gradient groups split the reductions): exact equality too."""
+    cluster = Cluster("h100-sxm", 8)
+    space = {"ep": (1, 2, 4), "zero": (0, 1, 3), "tp": (1, 2), "pp": (1, 2), "cp": (1,), "vpp": (1,), "mb": (1,)}
+    plans = _sample(_moe(), Plan(global_batch=8), cluster, space, 24)
+    assert {p.ep for p in plans} == {1, 2, 4}
+    memo.clear_all()
+    batch = _evaluate_batch(_moe(), plans, cluster, 1.0)
+    _assert_same(batch, plans, _moe(), cluster)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        Plan(dp=8, global_batch=16),
+        Plan(dp=4, pp=2, zero=1, global_batch=16, recompute="selective", attention="math"),
+        Plan(dp=4, tp=2, zero=2, global_batch=16, recompute="full", sp=True),
+        Plan(dp=8, zero=3, global_batch=16),
+        Plan(dp=2, cp=2, tp=2, zero=1, global_batch=8, schedule="zb-h1", pp=1),
+        Plan(dp=4, pp=2, zero=3, global_batch=16, schedule="zb-h1"),
+    ],
+)
+def test_stage_work_kept_before_the_stage_passes_equals_the_stage_graph(plan: Plan) -> None:
+    """Units, saved activations and working set read from the graph before data parallelism and the
+    optimizer equal those of the stage graph itself, whenever the search shares them."""
+    c = lower("gpt3-125m", plan, Cluster("h100-sxm", 8))
+    for stage in c.stages:
+        assert stage.base is not None and added_nodes(stage.graph, stage.base) is not None
+        for saved in (SavedPolicy(), SavedPolicy(fused_gated=True, offload=frozenset({"decoder_layer_input"}))):
+            alone = replace(stage, base=None)
+            assert transient_bytes(stage.graph, saved, stage.base) == transient_bytes(alone.graph, saved)
+            assert activation_bytes(stage.graph, saved, stage.base) == activation_bytes(alone.graph, saved)
+    from echosim.compiler import _backend
+    from echosim.plugins import get_registry
+    from echosim.timeline.placement import Degrees, axis_placements
+
+    registry = get_registry()
+    be = _backend("h100-sxm", registry)
+    where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep), 8)
+    sched = registry.schedules[plan.schedule].value
+    options = StepOptions(sched, plan.pp, plan.vpp, plan.microbatches, plan.tp, plan.sp, plan.tp_overlap)
+    shared = 0
+    for stage in c.stages:
+        units_of = _unit_graph(stage)
+        if units_of is stage.base:
+            shared += 1
+            memo.clear_all()
+            own = time_units(stage.graph, be, where, options)
+            memo.clear_all()
+            kept = time_units(units_of, be, where, options)
+            assert [[(u.duration, u.period, u.busy, k) for u, k in part] for part in own] == [
+                [(u.duration, u.period, u.busy, k) for u, k in part] for part in kept
+            ]
+    assert shared == (len(c.stages) if plan.zero < 3 else 0)  # ZeRO-3 gathers weights inside the units
+
+
+@pytest.mark.slow
+def test_search_ranks_the_top_20_as_one_full_compile_per_layout() -> None:
+    """The batched search and one `lower` per layout (the path before batching) rank the top 20 alike."""
+    from echosim.layout_search import rank
+
+    cluster = Cluster("h100-sxm", 8)
+    space = {**DENSE_SPACE, "schedule": ("1f1b", "zb-h1"), "recompute": ("none", "full")}
+    result = search("gpt3-125m", Plan(global_batch=16), cluster, space=space)
+    memo.clear_all()
+    full = [evaluate("gpt3-125m", p, cluster) for p in result.enumeration.to_simulate]
+    ranked, _ = rank(full + result.enumeration.rejected, "step-time")
+    assert len(ranked) >= 20
+    assert [e.as_dict() for e in result.ranked[:20]] == [e.as_dict() for e in ranked[:20]]
