@@ -247,22 +247,15 @@ def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int)
 def measure(model_name: str, layout: str, steps: int) -> Measured:
     """Run one layout in fresh processes (one thread each) and collect the slowest rank's steps."""
     world = 1 if layout == "1 process" else 2
-    port = _free_port()
+    args = ["--worker", model_name, "--layout", layout, "--world", str(world), "--port", str(_free_port()),
+            "--steps", str(steps)]  # fmt: skip
+    return run_ranks(__file__, args, world, f"{model_name} / {layout}")
+
+
+def run_ranks(script: str, args: list[str], world: int, label: str) -> Measured:
+    """Start ``world`` ranks of ``script --rank R`` (one thread each) and read rank 0's steps and the load."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        __file__,
-        "--worker",
-        model_name,
-        "--layout",
-        layout,
-        "--world",
-        str(world),
-        "--port",
-        str(port),
-        "--steps",
-        str(steps),
-    ]
+    cmd = [sys.executable, script, *args]
     load_before = os.getloadavg()[0]
     busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
     procs = [
@@ -272,7 +265,7 @@ def measure(model_name: str, layout: str, steps: int) -> Measured:
     elapsed = time.perf_counter() - t0
     others = max(0.0, (_busy_seconds() - busy0) - (_children_cpu() - ours0)) / elapsed
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"{model_name} / {layout}: a worker failed")
+        raise RuntimeError(f"{label}: a worker failed")
     result = json.loads(outs[0].strip().splitlines()[-1])
     return Measured(
         statistics.median(result["steps"]),

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,11 +45,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from cpu_reality import (  # noqa: E402
     CONTENDED_CORES,
     Measured,
-    _busy_seconds,
-    _children_cpu,
     _free_port,
     _time_steps,
     calibrate,
+    run_ranks,
 )
 
 from echosim.frontend.zoo_torch import TorchZooModel, dlrm_module, lstm_lm_module  # noqa: E402
@@ -142,23 +139,9 @@ def worker(name: str, layout: str, rank: int, world: int, port: int, steps: int,
 def measure(name: str, layout: str, steps: int, optimizer: str) -> Measured:
     """One layout in fresh processes (one thread each); the slower rank's steps."""
     world = 1 if layout == "1 process" else 2
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, __file__, "--worker", name, "--layout", layout, "--world", str(world), "--port", str(port),
-           "--steps", str(steps), "--optimizer", optimizer]  # fmt: skip
-    load_before = os.getloadavg()[0]
-    busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
-    procs = [
-        subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True, env=env) for r in range(world)
-    ]
-    outs = [p.communicate(timeout=1800)[0] for p in procs]
-    elapsed = time.perf_counter() - t0
-    others = max(0.0, (_busy_seconds() - busy0) - (_children_cpu() - ours0)) / elapsed
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{name} / {layout}: a worker failed")
-    result = json.loads(outs[0].strip().splitlines()[-1])
-    return Measured(statistics.median(result["steps"]), result["cpu_share"], result["steps"], load_before,
-                    os.getloadavg()[0], others)  # fmt: skip
+    args = ["--worker", name, "--layout", layout, "--world", str(world), "--port", str(_free_port()),
+            "--steps", str(steps), "--optimizer", optimizer]  # fmt: skip
+    return run_ranks(__file__, args, world, f"{name} / {layout}")
 
 
 def predict(name: str, layout: str, calibration: str) -> dict[str, Any]:
