@@ -84,9 +84,10 @@ def attempt(fn: Callable[[], Any], limit_s: float) -> tuple[str, str]:
 
 
 def check_report(report: Any) -> None:
-    from echosim.timeline.report import invariant_violations, stable_json
+    from echosim.timeline.report import INVARIANT, invariant_violations, stable_json
 
-    bad = invariant_violations(report)
+    # the report's own checks, and those the compiler made with the backend (bytes over bandwidth)
+    bad = invariant_violations(report) + [w for w in report.warnings if w.startswith(INVARIANT)]
     if bad:
         raise Broken(bad[0])
     text = stable_json(report.to_dict())

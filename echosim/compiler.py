@@ -14,7 +14,6 @@ from typing import Any
 
 from echosim import plugins
 from echosim.backends.loading import load_backend
-from echosim.calibrate import apply_calibration
 from echosim.errors import EchosimError, limit_from_env, time_limit
 from echosim.frameworks import get_framework
 from echosim.frontend import CaptureSpec, capture_named, capture_object
@@ -30,7 +29,7 @@ from echosim.passes.recompute import offloaded
 from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
 from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
-from echosim.timeline.lower import StepOptions, lower_step
+from echosim.timeline.lower import StepOptions, bandwidth_violations, lower_step
 from echosim.timeline.placement import Degrees, axis_placements
 from echosim.timeline.report import INVARIANT, Report, StepFacts, build_report
 
@@ -108,7 +107,11 @@ def lower(
     if not loaded.supports_dtype(plan.dtype):
         raise PlanError(f"--dtype {plan.dtype}: backend {cluster.backend!r} has no {plan.dtype} support")
     _check_requested(registry, plan)
-    backend = apply_calibration(loaded, cluster.calibration)
+    backend = loaded
+    if cluster.calibration:  # calibration (and sqlite3) imported only when one is asked for
+        from echosim.calibrate import apply_calibration
+
+        backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
     _check_sizes(graph, model)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
@@ -138,8 +141,17 @@ def lower(
         overlap_dp=plan.overlap_dp,
     )
     limit = limit_from_env(LOWER_TIMEOUT_ENV, LOWER_TIMEOUT_S)
+    culprit = f"backend {cluster.backend!r} (plugin {loaded.owner!r})"
     with time_limit(limit, f"costing on backend {cluster.backend!r}", LOWER_TIMEOUT_ENV):
         costed = lower_step(stages, backend, where, options)
+        too_fast = bandwidth_violations(stages, backend, where)
+    if too_fast:
+        more = f" (and {len(too_fast) - 1} more op(s))" if len(too_fast) > 1 else ""
+        warnings.append(f"{INVARIANT} (from {culprit}): {too_fast[0]}{more}")
+    if cluster.calibration:
+        from echosim.calibrate import calibration_warnings
+
+        warnings += calibration_warnings(backend)
     framework = get_framework(plan.framework)
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
@@ -172,7 +184,7 @@ def lower(
         comm_groups=sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
         warnings=tuple(warnings),
         notes=tuple(notes),
-        culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
+        culprit=culprit,
     )
     return Compiled(costed, facts, joint, stages)
 
@@ -199,8 +211,11 @@ def _check_sizes(graph: Graph, model: Any) -> None:
 
 
 def strict_failures(report: Report) -> list[str]:
-    """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule."""
-    return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for"))]
+    """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule,
+    a calibration used outside what it measured or with a fitted parameter clamped at its bound."""
+    from echosim.calibrate.db import CLAMPED, EXTRAPOLATED
+
+    return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for", EXTRAPOLATED, CLAMPED))]
 
 
 def _backend(name: str, registry: Registry) -> Any:
