@@ -235,9 +235,9 @@ def tool_echosim(rng: random.Random, work: Path) -> Callable[[], Any]:
     path.write_text(text)
 
     def run() -> None:
-        defaults, entries = load_config(path)
-        for i, entry in enumerate(entries):
-            run_check(entry, defaults, i)
+        config = load_config(path)  # a Config since issue 17's typed schema
+        for i, entry in enumerate(config.entries):
+            run_check(entry, config.defaults, i, config.path.parent)
 
     return run
 

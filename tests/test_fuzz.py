@@ -83,3 +83,9 @@ def test_inputs_the_fuzzer_once_broke_end_cleanly(target: str, seed: int) -> Non
     config whose model_type is a list or an object (TypeError: unhashable), a collective row of 0 bytes
     (ZeroDivisionError)."""
     ends_cleanly(target, seed)
+
+
+def test_a_valid_tool_echosim_table_is_checked_end_to_end() -> None:
+    """The seed benchmarks/fuzz.py found: a table load_config accepts reached run_check with the
+    pre-Config (defaults, entries) unpacking and ended in a TypeError."""
+    ends_cleanly("tool-echosim", 11000051)
