@@ -639,3 +639,10 @@ def test_ops_outside_the_measured_shapes_are_an_extrapolation_warning(cli, calib
         "calibration extrapolated for backend 'cpu-x86': 1 matmul shape(s) outside the measured "
         "5.24e+05..4.19e+06 FLOPs (furthest 2.68e+08) were costed by the fitted model"
     ]
+
+
+def test_a_sequence_whose_meta_shapes_overflow_torch_is_one_line_without_torchs_traceback(cli) -> None:
+    """Found by benchmarks/fuzz.py (layouts, seed 4000812): torch.fx's ShapeProp prints the failing
+    node's traceback itself and raises a message of many lines."""
+    line = one_line_error(cli, "compile", "gpt3-125m", "--seq-len", "2147483648", match="shape propagation failed")
+    assert "Storage size calculation overflowed" in line

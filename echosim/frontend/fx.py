@@ -14,6 +14,8 @@ reported in ``Capture.warnings``, never a crash.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -490,11 +492,15 @@ def capture_module(
         try:
             gm = fx.symbolic_trace(module)
         except Exception as exc:  # torch raises many types; name the construct
-            raise CaptureError(f"torch.fx could not trace {type(module).__name__}: {exc}") from None
-        try:
-            ShapeProp(gm).propagate(*example_inputs)
-        except Exception as exc:
-            raise CaptureError(f"shape propagation failed for {type(module).__name__}: {exc}") from None
+            text = " ".join(str(exc).split())
+            raise CaptureError(f"torch.fx could not trace {type(module).__name__}: {text}") from None
+        try:  # ShapeProp prints the traceback of a failing node itself: kept off the user's stderr
+            with contextlib.redirect_stderr(io.StringIO()):
+                ShapeProp(gm).propagate(*example_inputs)
+        except Exception as exc:  # torch's message spans lines (node, traceback): its cause, on one line
+            cause = exc.__cause__ or exc
+            text = " ".join(str(cause).split())
+            raise CaptureError(f"shape propagation failed for {type(module).__name__}: {text}") from None
         return _Converter(module, gm, dtype, name, rename).run()
 
     return capture_folded(module, trace, enabled=fold, depth=depth)
