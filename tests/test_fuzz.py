@@ -76,6 +76,7 @@ def test_the_fuzzer_tells_a_traceback_from_a_one_line_error() -> None:
         ("hf-config", 386),
         ("microbench", 2000354),
         ("layouts", 4000812),
+        ("calibration-db", 4001367),
         ("tool-echosim", 11000051),
     ],
 )
@@ -85,5 +86,5 @@ def test_inputs_the_fuzzer_once_broke_end_cleanly(target: str, seed: int) -> Non
     config whose model_type is a list or an object (TypeError: unhashable), a collective row of 0 bytes
     (ZeroDivisionError), a layout whose meta shapes overflow torch's storage size (ShapeProp's error
     spans lines and its traceback was printed), a [tool.echosim] table load_config accepts (the fuzzer's
-    own unpacking)."""
+    own unpacking), a measured row whose shape is NULL (the extrapolation check's size parser)."""
     ends_cleanly(target, seed, limit_s=120.0)

@@ -238,8 +238,11 @@ def _numbers(shape: str) -> dict[str, int]:
     return out
 
 
-def _kind_and_size(op: str, shape: str) -> tuple[str, float, str] | None:
-    """(kind, size, unit) of a measurement key: FLOPs of a matmul or attention, bytes of anything else."""
+def _kind_and_size(op: object, shape: object) -> tuple[str, float, str] | None:
+    """(kind, size, unit) of a measurement key: FLOPs of a matmul or attention, bytes of anything else;
+    ``None`` for a key that names no size (a file written by hand may hold anything)."""
+    if not isinstance(op, str) or not isinstance(shape, str):
+        return None
     x = _numbers(shape)
     if op == "matmul" and {"m", "n", "k"} <= x.keys():
         return "matmul", 2.0 * x["m"] * x["n"] * x["k"] * x.get("batch", 1), "FLOPs"
