@@ -84,9 +84,10 @@ def attempt(fn: Callable[[], Any], limit_s: float) -> tuple[str, str]:
 
 
 def check_report(report: Any) -> None:
-    from echosim.timeline.report import invariant_violations, stable_json
+    from echosim.timeline.report import INVARIANT, invariant_violations, stable_json
 
-    bad = invariant_violations(report)
+    # the report's own checks, and those the compiler made with the backend (bytes over bandwidth)
+    bad = invariant_violations(report) + [w for w in report.warnings if w.startswith(INVARIANT)]
     if bad:
         raise Broken(bad[0])
     text = stable_json(report.to_dict())
@@ -234,9 +235,9 @@ def tool_echosim(rng: random.Random, work: Path) -> Callable[[], Any]:
     path.write_text(text)
 
     def run() -> None:
-        defaults, entries = load_config(path)
-        for i, entry in enumerate(entries):
-            run_check(entry, defaults, i)
+        config = load_config(path)  # a Config since issue 17's typed schema
+        for i, entry in enumerate(config.entries):
+            run_check(entry, config.defaults, i, config.path.parent)
 
     return run
 

@@ -118,8 +118,9 @@ def cli() -> None:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Fail (exit 1) on an impossible figure (MFU above 100%, a negative or non-finite time or memory part) "
-    "or an op no rule costs, instead of warning.",
+    help="Fail (exit 1) on an impossible figure (MFU above 100%, a negative or non-finite time or memory part, "
+    "bytes moved faster than the device's bandwidth), an op no rule costs, or a calibration extrapolated past "
+    "what it measured or fitted to a clamped parameter, instead of warning.",
 )
 @_guard
 def compile_cmd(

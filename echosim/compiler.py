@@ -14,7 +14,6 @@ from typing import Any
 
 from echosim import plugins
 from echosim.backends.loading import load_backend
-from echosim.calibrate import apply_calibration
 from echosim.errors import EchosimError, limit_from_env, time_limit
 from echosim.frameworks import get_framework
 from echosim.frontend import CaptureSpec, capture_named, capture_object
@@ -30,7 +29,7 @@ from echosim.passes.recompute import offloaded
 from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
 from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
-from echosim.timeline.lower import StepOptions, lower_step
+from echosim.timeline.lower import StepOptions, bandwidth_violations, lower_step
 from echosim.timeline.placement import Degrees, axis_placements
 from echosim.timeline.report import INVARIANT, Report, StepFacts, build_report
 
@@ -100,7 +99,12 @@ def lower(
     step = prepare(model, plan, cluster, registry)
     with step.lowering():
         costed = lower_step(step.stages, step.backend, step.where, step.options)
-    return Compiled(costed, step.facts, step.graph, step.stages)
+        too_fast = bandwidth_violations(step.stages, step.backend, step.where)
+    facts = step.facts
+    if too_fast:  # checked here, not in a search's batched costing (which reads no warnings)
+        more = f" (and {len(too_fast) - 1} more op(s))" if len(too_fast) > 1 else ""
+        facts = replace(facts, warnings=(*facts.warnings, f"{INVARIANT} (from {facts.culprit}): {too_fast[0]}{more}"))
+    return Compiled(costed, facts, step.graph, step.stages)
 
 
 @dataclass
@@ -144,11 +148,19 @@ def prepare(
     if not loaded.supports_dtype(plan.dtype):
         raise PlanError(f"--dtype {plan.dtype}: backend {cluster.backend!r} has no {plan.dtype} support")
     _check_requested(registry, plan)
-    backend = apply_calibration(loaded, cluster.calibration)
+    backend = loaded
+    if cluster.calibration:  # calibration (and sqlite3) imported only when one is asked for
+        from echosim.calibrate import apply_calibration
+
+        backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = load_model(model, plan)
     graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
+    if cluster.calibration:
+        from echosim.calibrate import calibration_warnings
+
+        warnings += calibration_warnings(backend)
     graph_passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
     stage_passes = _configured(registry, "stage", plan)
     checked = _verified(registry)
@@ -241,8 +253,11 @@ def _check_sizes(graph: Graph, model: Any) -> None:
 
 
 def strict_failures(report: Report) -> list[str]:
-    """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule."""
-    return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for"))]
+    """The warnings ``--strict`` turns into errors: a broken physical invariant, an op costed by no rule,
+    a calibration used outside what it measured or with a fitted parameter clamped at its bound."""
+    from echosim.calibrate.db import CLAMPED, EXTRAPOLATED
+
+    return [w for w in report.warnings if w.startswith((INVARIANT, "no rule for", EXTRAPOLATED, CLAMPED))]
 
 
 def _backend(name: str, registry: Registry) -> Any:

@@ -46,6 +46,20 @@ def capture(cfg: ArchConfig, batch: int = 1, dtype: DType = DType.FP16) -> Graph
     return capture_module(build_module(cfg), (ids, ids), dtype=dtype, name=cfg.arch).graph
 
 
+def masked_attention_flops(graph: Graph) -> int:
+    """FLOPs of the scores causal masks drop: what counting the full score matrix (PyTorch's
+    FlopCounterMode on the math path, the Megatron papers' closed forms) adds to our model FLOPs."""
+    from echosim.ir.ops import AttentionAttrs, Phase
+
+    total = 0
+    for n in graph:
+        if isinstance(n.attrs, AttentionAttrs) and n.phase in (Phase.FORWARD, Phase.BACKWARD):
+            total += (
+                (n.attrs.flops - n.attrs.model_flops) * (2 if n.phase is Phase.BACKWARD else 1) * graph.multiplicity(n)
+            )
+    return total
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt() -> Graph:
     return capture(TINY_GPT)

@@ -200,3 +200,21 @@ def test_a_repeated_compile_imports_no_torch(tmp_path: Path) -> None:
     assert first.stderr.strip().endswith("TORCH") and not first.stderr.strip().endswith("NO-TORCH")
     assert second.stderr.strip().endswith("NO-TORCH")
     assert first.stdout == second.stdout  # the same report, byte for byte
+
+
+def test_a_cold_zoo_capture_imports_no_dynamo(tmp_path: Path) -> None:
+    """torch._refs' type-promotion wrapper imports all of torch._dynamo on its first call on meta
+    tensors (frontend.fx.skip_dynamo_import): a cold compile of a zoo model must not pay for it."""
+    code = f"import os; os.environ['ECHOSIM_CACHE_DIR'] = {str(tmp_path)!r}\n" + textwrap.dedent(
+        """
+        import sys
+        from echosim.cli import cli
+        try:
+            cli.main(["compile", "gpt3-125m", "--seq-len", "128", "--json"], standalone_mode=False)
+        finally:
+            print("DYNAMO" if "torch._dynamo" in sys.modules else "NO-DYNAMO", file=sys.stderr)
+        """
+    )
+    cold = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(cold.stdout)["step_time_s"] > 0
+    assert cold.stderr.strip().endswith("NO-DYNAMO"), cold.stderr[-500:]

@@ -75,11 +75,16 @@ def test_the_fuzzer_tells_a_traceback_from_a_one_line_error() -> None:
         ("hf-config", 58),
         ("hf-config", 386),
         ("microbench", 2000354),
+        ("layouts", 4000812),
+        ("calibration-db", 4001367),
+        ("tool-echosim", 11000051),
     ],
 )
 def test_inputs_the_fuzzer_once_broke_end_cleanly(target: str, seed: int) -> None:
     """Found by ``benchmarks/fuzz.py --n 1500``: a parameter row without a name (AttributeError), an ONNX
     Gather of a weight by ids no node defines (an embedding with one input broke autodiff), a transformers
     config whose model_type is a list or an object (TypeError: unhashable), a collective row of 0 bytes
-    (ZeroDivisionError)."""
-    ends_cleanly(target, seed)
+    (ZeroDivisionError), a layout whose meta shapes overflow torch's storage size (ShapeProp's error
+    spans lines and its traceback was printed), a [tool.echosim] table load_config accepts (the fuzzer's
+    own unpacking), a measured row whose shape is NULL (the extrapolation check's size parser)."""
+    ends_cleanly(target, seed, limit_s=120.0)

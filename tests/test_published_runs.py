@@ -73,14 +73,14 @@ def test_deepseek_v3_has_its_published_sizes() -> None:
 
 def test_mla_flops_match_the_closed_form() -> None:
     """Forward + backward = 3 x forward: the latent projections, QK^T over the 48-wide head, PV over
-    the 32-wide value head (full attention convention), the MLP and the output layer."""
+    the 32-wide value head (the causal half of the scores), the MLP and the output layer."""
     c = TINY_MLA
     b, s, h, a = 2, c.seq_len, c.hidden, c.heads
     t = b * s
     proj = c.hidden * c.q_lora_rank + c.q_lora_rank * a * c.head_dim  # q down + up
     proj += h * (c.kv_lora_rank + c.rope_head_dim) + c.kv_lora_rank * a * (c.head_dim - c.rope_head_dim + c.v_head_dim)
     proj += a * c.v_head_dim * h  # o_proj
-    core = 2 * b * a * s * s * (c.head_dim + c.v_head_dim)
+    core = b * a * s * (s + 1) * (c.head_dim + c.v_head_dim)
     mlp = 3 * h * c.ffn
     forward = c.layers * (2 * t * (proj + mlp) + core) + 2 * t * h * c.vocab
     g = run_passes(capture(c, batch=b), [Autodiff()])

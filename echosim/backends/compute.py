@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 
 from echosim.backends.devices import DeviceSpec
-from echosim.ir.ops import AttentionAttrs
+from echosim.ir.ops import AttentionAttrs, causal_fraction
 
 # Operand reuse (MACs per loaded element, tm*tn/(tm+tn) for a tile) at which a tile runs
 # at half its peak: tensor FMAs per clock over the operand elements shared memory delivers
@@ -263,23 +263,6 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
     if a.flash:
         return flash_attention_time_s(fa2_view(dev) if a.kernel == "fa2" else dev, a, dtype, backward)
     return math_attention_time_s(dev, a, dtype, backward)
-
-
-def causal_fraction(q_len: int, kv_len: int) -> float:
-    """Share of the q x kv score matrix a bottom-right aligned causal mask keeps."""
-    offset = kv_len - q_len  # row i sees keys [0, i + offset]
-    first = max(0, -offset)  # rows before this see nothing
-    rows = q_len - first
-    if rows <= 0:
-        return 0.0
-    lo, hi = first + offset + 1, q_len - 1 + offset + 1  # visible keys of first and last row
-    full_from = max(first, kv_len - offset - 1)  # rows from here on see every key
-    if full_from >= q_len:
-        visible = (lo + hi) * rows / 2
-    else:
-        ramp = full_from - first
-        visible = (lo + lo + ramp - 1) * ramp / 2 + (q_len - full_from) * kv_len
-    return visible / (q_len * kv_len)
 
 
 def attention_flops(a: AttentionAttrs) -> float:

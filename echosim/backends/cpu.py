@@ -249,6 +249,13 @@ class CPUBackend(KernelBackend):
     def memory_bytes(self) -> int:
         return int(self.cpu.ddr_GB * 2**30)
 
+    def peak_bandwidth_Bps(self, path: str) -> float:
+        """Bytes/s per socket: DDR (``memory``), or what can reach it (``links``: copies within the node
+        go through DDR, plus the node's NIC)."""
+        if path == "memory":
+            return self.cpu.ddr_GBps * 1e9
+        return (self.cpu.ddr_GBps + self.cpu.nic_GBps) * 1e9
+
     def peak_flops(self, dtype: str) -> float:
         return self.cpu.peak_tflops(dtype) * 1e12
 

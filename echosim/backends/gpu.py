@@ -142,6 +142,13 @@ class GPUBackend(KernelBackend):
         """fp8 needs fp8 tensor cores (``peak_fp8_tflops``; None on A100 and older: hw_specs.csv)."""
         return dtype != "fp8" or self.device.peak_fp8_tflops is not None
 
+    def peak_bandwidth_Bps(self, path: str) -> float:
+        """Datasheet bytes/s per GPU: HBM (``memory``), or everything its links can bring in (``links``:
+        NVLink per direction plus its NIC), the bounds of the report's bandwidth invariant."""
+        if path == "memory":
+            return self.device.hbm_GBps * 1e9
+        return (self.device.nvlink_GBps + self.device.nic_GBps) * 1e9
+
     def peak_flops(self, dtype: str) -> float:
         if dtype in ("fp32", "tf32") and not self.allow_tf32:
             dtype = "fp32-simt"

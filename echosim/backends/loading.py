@@ -36,10 +36,11 @@ def _one_line(exc: BaseException) -> str:
 class GuardedBackend:
     """Forwards to a plugin's backend; its exceptions become :class:`BackendError` naming the plugin."""
 
-    def __init__(self, inner: Any, name: str, owner: str) -> None:
+    def __init__(self, inner: Any, name: str, owner: str, warnings: tuple[str, ...] = ()) -> None:
         self.inner = inner
         self.name = name
         self.owner = owner
+        self.warnings = warnings  # what building it found worth saying (a clamped calibrated parameter)
 
     def __repr__(self) -> str:
         return f"GuardedBackend({self.inner!r})"
@@ -120,6 +121,18 @@ class GuardedBackend:
     def static_buffers(self) -> bool:
         """Whether the device's compiler assigns every buffer ahead of time (XLA); optional for a plugin."""
         return getattr(self.inner, "static_buffers", False) is True
+
+    def peak_bandwidth_Bps(self, path: str) -> float | None:
+        """Datasheet bytes/s of ``memory`` or ``links`` per device; optional for a plugin (``None``:
+        the bandwidth invariant is not checked for it)."""
+        method = getattr(self.inner, "peak_bandwidth_Bps", None)
+        if not callable(method):
+            return None
+        try:
+            value = method(path)
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
+            raise self._fail("peak_bandwidth_Bps", exc) from None
+        return self._checked("peak_bandwidth_Bps", value, path, positive=True)
 
     def formats(self) -> tuple[str, ...]:
         """Block-scaled formats (mxfp8, nvfp4) the device runs; optional for a plugin (none without it)."""

@@ -398,6 +398,12 @@ class TPUBackend(KernelBackend):
     def memory_bytes(self) -> int:
         return int(self.chip.hbm_GB * 2**30)
 
+    def peak_bandwidth_Bps(self, path: str) -> float:
+        """Datasheet bytes/s per chip: HBM (``memory``), or every ICI link one way plus the DCN share (``links``)."""
+        if path == "memory":
+            return self.chip.hbm_GBps * 1e9
+        return (self.chip.ici_link_GBps * self.chip.ici_links + self.chip.dcn_GBps) * 1e9
+
     def peak_flops(self, dtype: str) -> float:
         return self.chip.peak_tflops(dtype) * 1e12
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from echosim.backends.loading import GuardedBackend
-from echosim.calibrate.db import CalibratedBackend, CalibrationDB, CalibrationError
+from echosim.calibrate.db import CLAMPED, CalibratedBackend, CalibrationDB, CalibrationError
 from echosim.calibrate.store import Calibration, is_database, load_calibration, measurement_key, resolve
 
 #: The attribute under which each built-in backend class keeps its spec dataclass.
@@ -111,7 +111,9 @@ def apply_calibration(guarded: GuardedBackend, ref: str) -> GuardedBackend:
     whole_database = is_database(ref)
     name = guarded.name
     backend = guarded.inner
+    warnings: tuple[str, ...] = ()
     if name in cal.parameters:
+        warnings = tuple(clamped_parameters(backend, cal.parameters[name], cal.name, name))
         backend = with_parameters(backend, cal.parameters[name], name)
         if cal.measured.get(name):
             backend = CalibratedBackend(backend, CalibrationDB(cal.path), measurement_key(cal.name, name))
@@ -126,7 +128,41 @@ def apply_calibration(guarded: GuardedBackend, ref: str) -> GuardedBackend:
             backend = CalibratedBackend(backend, db, name)
         else:
             db.close()
-    return GuardedBackend(backend, name, guarded.owner)
+    return GuardedBackend(backend, name, guarded.owner, warnings)
+
+
+def clamped_parameters(backend: Any, params: dict[str, float], calibration: str, name: str) -> list[str]:
+    """A fitted parameter at the bound of its search (``echosim.calibrate.fit``'s knobs): the
+    measurements asked for a value past it (a GEMM faster than the peak, a bandwidth above the
+    datasheet), so the fit was clamped and the model no longer matches them."""
+    from echosim.calibrate.fit import CPU_KNOBS, GPU_KNOBS
+
+    spec = spec_of(backend)
+    knobs = {k.name: (k.lo, k.hi) for k in (*CPU_KNOBS, *GPU_KNOBS)}
+    if spec is not None and hasattr(spec, "hbm_GBps") and "hbm_stream_GBps" in knobs:
+        knobs["hbm_stream_GBps"] = (knobs["hbm_stream_GBps"][0], spec.hbm_GBps)  # fit_gpu's bound
+    out = []
+    for param, value in sorted(params.items()):
+        if param not in knobs or spec is None or not hasattr(spec, param):
+            continue
+        lo, hi = knobs[param]
+        for bound, side in ((lo, "lower"), (hi, "upper")):
+            if abs(value - bound) <= 1e-3 * (hi - lo):
+                out.append(
+                    f"{CLAMPED} for backend {name!r}: {calibration!r} fitted {param} = {value:.6g} at the "
+                    f"{side} bound of its search ({lo:g}..{hi:g}); the measurements asked for a value past it"
+                )
+    return out
+
+
+def calibration_warnings(guarded: Any) -> list[str]:
+    """What applying a calibration found (clamped parameters) and what costing with it did
+    (ops outside the measured sizes); ``--strict`` makes each an error."""
+    inner = getattr(guarded, "inner", None)
+    found = list(getattr(guarded, "warnings", ()))
+    if isinstance(inner, CalibratedBackend):
+        found += inner.extrapolations()
+    return found
 
 
 def apply_measurements(guarded: GuardedBackend, path: str | Path) -> GuardedBackend:
@@ -145,6 +181,8 @@ __all__ = [
     "CalibrationError",
     "apply_calibration",
     "apply_measurements",
+    "calibration_warnings",
+    "clamped_parameters",
     "covered_backends",
     "load_calibration",
     "resolve",

@@ -28,6 +28,10 @@ from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
 
 #: The default calibration database of the command line and of ``echosim calibrate --db``.
 ENV_VAR = "ECHOSIM_CALIBRATION"
+#: Start of the warning that an op was costed outside the sizes a calibration measured.
+EXTRAPOLATED = "calibration extrapolated"
+#: Start of the warning that a fitted parameter sits at the bound of its search.
+CLAMPED = "calibration clamped"
 #: The dtype column of collective rows (a collective is keyed by bytes, not element type).
 COLLECTIVE_DTYPE = "-"
 
@@ -225,8 +229,42 @@ def _check_seconds(path: Path, what: str, seconds: Any) -> None:
         raise CalibrationError(f"calibration database {path}: {what}: seconds must be positive, got {seconds!r}")
 
 
+def _numbers(shape: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in shape.split(","):
+        key, _, value = part.partition("=")
+        if value.lstrip("-").isdigit():
+            out[key] = int(value)
+    return out
+
+
+def _kind_and_size(op: object, shape: object) -> tuple[str, float, str] | None:
+    """(kind, size, unit) of a measurement key: FLOPs of a matmul or attention, bytes of anything else;
+    ``None`` for a key that names no size (a file written by hand may hold anything)."""
+    if not isinstance(op, str) or not isinstance(shape, str):
+        return None
+    x = _numbers(shape)
+    if op == "matmul" and {"m", "n", "k"} <= x.keys():
+        return "matmul", 2.0 * x["m"] * x["n"] * x["k"] * x.get("batch", 1), "FLOPs"
+    if op == "attention" and {"batch", "heads", "q", "kv", "d"} <= x.keys():
+        return (
+            f"attention{' backward' if x.get('bwd') else ''}",
+            4.0 * x["batch"] * x["heads"] * x["q"] * x["kv"] * x["d"],
+            "FLOPs",
+        )
+    if "bytes" in x:
+        collective = op in {k.value for k in OpKind if k.is_collective}
+        return (op if collective else "memory-bound op"), float(x["bytes"]), "bytes"
+    return None
+
+
 class CalibratedBackend:
-    """Any backend, with measured times from a :class:`CalibrationDB` taking precedence."""
+    """Any backend, with measured times from a :class:`CalibrationDB` taking precedence.
+
+    An op no row measured is answered by the wrapped (fitted) model; when its size lies outside
+    the sizes measured for its kind, that answer is an extrapolation, counted for the report's
+    warning (:meth:`extrapolations`).
+    """
 
     def __init__(self, inner: Backend, db: CalibrationDB, name: str | None = None) -> None:
         self.inner = inner
@@ -234,22 +272,59 @@ class CalibratedBackend:
         self.name = name or inner.name
         self._table = db.table(self.name)
         self.hits = 0
+        self._measured: dict[str, tuple[float, float, str]] = {}  # kind -> (smallest, largest, unit)
+        for op, shape, _dtype in self._table:
+            found = _kind_and_size(op, shape)
+            if found:
+                kind, size, unit = found
+                lo, hi, _ = self._measured.get(kind, (size, size, unit))
+                self._measured[kind] = (min(lo, size), max(hi, size), unit)
+        self._outside: dict[str, tuple[int, float]] = {}  # kind -> (count, furthest size)
+
+    def _fallback(self, op: str, shape: str) -> None:
+        found = _kind_and_size(op, shape)
+        if not found or found[0] not in self._measured:
+            return
+        kind, size, _ = found
+        lo, hi, _ = self._measured[kind]
+        if lo <= size <= hi:
+            return
+        count, furthest = self._outside.get(kind, (0, size))
+        ratio = max(size / hi, lo / size)  # how far outside, as a factor
+        if ratio < max(furthest / hi, lo / furthest):
+            size = furthest
+        self._outside[kind] = (count + 1, size)
+
+    def extrapolations(self) -> list[str]:
+        """One line per kind of op costed outside the measured sizes (``--strict`` makes them errors)."""
+        out = []
+        for kind, (count, furthest) in sorted(self._outside.items()):
+            lo, hi, unit = self._measured[kind]
+            out.append(
+                f"{EXTRAPOLATED} for backend {self.name!r}: {count} {kind} shape(s) outside the measured "
+                f"{lo:.3g}..{hi:.3g} {unit} (furthest {furthest:.3g}) were costed by the fitted model"
+            )
+        return out
 
     def __repr__(self) -> str:
         return f"CalibratedBackend({self.inner!r}, {str(self.db.path)!r})"
 
     def op_time_s(self, node: Node, io_bytes: int) -> float:
-        measured = self._table.get(node_key(node, io_bytes))
+        key = node_key(node, io_bytes)
+        measured = self._table.get(key)
         if measured is not None:
             self.hits += 1
             return measured
+        self._fallback(key[0], key[1])
         return self.inner.op_time_s(node, io_bytes)
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
-        measured = self._table.get((kind.value, collective_key(nbytes, placement), COLLECTIVE_DTYPE))
+        shape = collective_key(nbytes, placement)
+        measured = self._table.get((kind.value, shape, COLLECTIVE_DTYPE))
         if measured is not None:
             self.hits += 1
             return measured
+        self._fallback(kind.value, shape)
         return self.inner.collective_time_s(kind, nbytes, placement)
 
     def overlap(self) -> OverlapModel:
@@ -260,6 +335,10 @@ class CalibratedBackend:
 
     def peak_flops(self, dtype: str) -> float:
         return self.inner.peak_flops(dtype)
+
+    def peak_bandwidth_Bps(self, path: str) -> float | None:
+        method = getattr(self.inner, "peak_bandwidth_Bps", None)
+        return method(path) if callable(method) else None
 
     def describe(self) -> dict[str, Any]:
         describe = getattr(self.inner, "describe", None)

@@ -13,7 +13,6 @@ calibration it passes.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -159,6 +158,8 @@ def parse_layout_flags(model: str | None, text: str, option: str) -> tuple[str, 
     from echosim.errors import EchosimError
 
     try:
+        import shlex  # only for --from-args
+
         args = shlex.split(text)
         ctx = _layout_parser.make_context("layout", args, resilient_parsing=False)
     except (ValueError, click.UsageError) as exc:

@@ -146,9 +146,6 @@ def _code_fingerprint() -> str:
 
 @functools.lru_cache(maxsize=8)
 def _version(distribution: str) -> str:
-    import importlib.metadata
+    from echosim import dists  # not importlib.metadata: see echosim.dists
 
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
+    return dists.version(distribution) or "absent"

@@ -14,6 +14,8 @@ reported in ``Capture.warnings``, never a crash.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -419,6 +421,54 @@ _FUNCTIONS: dict[Any, Rule] = {
 # ---- entry point ---------------------------------------------------------------------
 
 
+_DYNAMO_SKIPPED = False
+
+
+def skip_dynamo_import() -> None:
+    """Spare a cold capture the import of ``torch._dynamo`` (about 40% of a cold compile's CPU time).
+
+    Meta tensors run many ops (``add``, ``mul``, ...) through ``torch._refs``, whose type-promotion
+    wrapper is decorated with ``torch._disable_dynamo``: its first call imports all of
+    ``torch._dynamo`` to build a dynamo-disabled twin of the function, which it then caches on the
+    function as ``__dynamo_disable``. echosim never runs dynamo (no ``torch.compile``; ``torch.export``
+    of hf: models imports it itself), so each wrapped function is given itself as that twin up front.
+    Found by walking the closures of ``torch._refs``; what is not found falls back to torch's own path.
+    """
+    global _DYNAMO_SKIPPED
+    if _DYNAMO_SKIPPED:
+        return
+    _DYNAMO_SKIPPED = True
+    try:
+        import torch._compile
+        import torch._refs
+        import torch._refs.nn.functional
+        import torch._refs.special
+    except ImportError:
+        return
+    marker = getattr(torch._compile._disable_dynamo(lambda: None), "__code__", None)
+    seen: set[int] = set()
+
+    def visit(fn: Any, depth: int) -> None:
+        if depth > 6 or id(fn) in seen or not hasattr(fn, "__code__"):
+            return
+        seen.add(id(fn))
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
+        if fn.__code__ is marker and "fn" in cells:
+            inner = cells["fn"].cell_contents
+            if getattr(inner, "__dynamo_disable", None) is None:
+                inner.__dynamo_disable = inner
+        for cell in cells.values():
+            try:
+                visit(cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                continue
+        visit(getattr(fn, "__wrapped__", None), depth + 1)
+
+    for module in (torch._refs, torch._refs.nn.functional, torch._refs.special):
+        for value in list(vars(module).values()):
+            visit(value, 0)
+
+
 def capture_module(
     module: nn.Module,
     example_inputs: Sequence[torch.Tensor],
@@ -437,14 +487,20 @@ def capture_module(
     def trace(rename: Callable[[str], str]) -> Capture:
         from torch.fx.passes.shape_prop import ShapeProp
 
+        skip_dynamo_import()
+
         try:
             gm = fx.symbolic_trace(module)
         except Exception as exc:  # torch raises many types; name the construct
-            raise CaptureError(f"torch.fx could not trace {type(module).__name__}: {exc}") from None
-        try:
-            ShapeProp(gm).propagate(*example_inputs)
-        except Exception as exc:
-            raise CaptureError(f"shape propagation failed for {type(module).__name__}: {exc}") from None
+            text = " ".join(str(exc).split())
+            raise CaptureError(f"torch.fx could not trace {type(module).__name__}: {text}") from None
+        try:  # ShapeProp prints the traceback of a failing node itself: kept off the user's stderr
+            with contextlib.redirect_stderr(io.StringIO()):
+                ShapeProp(gm).propagate(*example_inputs)
+        except Exception as exc:  # torch's message spans lines (node, traceback): its cause, on one line
+            cause = exc.__cause__ or exc
+            text = " ".join(str(cause).split())
+            raise CaptureError(f"shape propagation failed for {type(module).__name__}: {text}") from None
         return _Converter(module, gm, dtype, name, rename).run()
 
     return capture_folded(module, trace, enabled=fold, depth=depth)

@@ -130,9 +130,31 @@ class MatmulAttrs:
         return " ".join(parts)
 
 
+def causal_fraction(q_len: int, kv_len: int) -> float:
+    """Share of the q x kv score matrix a bottom-right aligned causal mask keeps."""
+    offset = kv_len - q_len  # row i sees keys [0, i + offset]
+    first = max(0, -offset)  # rows before this see nothing
+    rows = q_len - first
+    if rows <= 0:
+        return 0.0
+    lo, hi = first + offset + 1, q_len - 1 + offset + 1  # visible keys of first and last row
+    full_from = max(first, kv_len - offset - 1)  # rows from here on see every key
+    if full_from >= q_len:
+        visible = (lo + hi) * rows / 2
+    else:
+        ramp = full_from - first
+        visible = (lo + lo + ramp - 1) * ramp / 2 + (q_len - full_from) * kv_len
+    return visible / (q_len * kv_len)
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionAttrs:
-    """Scaled dot-product attention, fused (flash) or materialised."""
+    """Scaled dot-product attention, fused (flash) or materialised.
+
+    ``model_scale`` multiplies the model FLOPs of the scores the mask keeps; only context
+    parallelism sets it, where the simulated rank's blocks are not the average rank's share
+    (see :mod:`echosim.passes.context_parallel`).
+    """
 
     batch: int
     heads: int
@@ -143,11 +165,24 @@ class AttentionAttrs:
     causal: bool = True
     flash: bool = True
     kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
+    model_scale: float = 1.0
 
     @property
     def flops(self) -> int:
-        """Model FLOPs of QK^T and PV, full (unmasked) convention as in Megatron papers."""
+        """FLOPs of QK^T and PV over the full (unmasked) q x kv score matrix."""
         return 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+
+    @property
+    def model_flops(self) -> int:
+        """FLOPs of the scores the model needs: a causal mask keeps about half of them.
+
+        This is the convention of Megatron-LM's ``num_floating_point_operations`` and of
+        MaxText's ``calculate_tflops_training_per_device`` (causal attention counted as half
+        the full score matrix). Flash and splash kernels skip the masked blocks, so counting
+        the full matrix let MFU pass 100% at long sequence.
+        """
+        keep = causal_fraction(self.q_len, self.kv_len) if self.causal else 1.0
+        return round(self.flops * keep * self.model_scale)
 
     def __str__(self) -> str:
         return (

@@ -9,11 +9,10 @@ schemes Megatron-Core runs through Transformer Engine:
   the K/V chunk it holds while a ring exchange (send to the next rank, receive from
   the previous) brings chunk ``j + 1``, so the transfer hides behind the partial
   attention. The partial outputs are merged with their softmax statistics. Model
-  FLOPs (the full-matrix convention) are the same as without context parallelism.
+  FLOPs are the same as without context parallelism.
 * ``all_gather``: K/V are all-gathered before a local attention (Llama 3's scheme);
   backward reduce-scatters dK/dV. With load balancing each of the rank's two chunks
-  attends only to the keys before it, and model FLOPs count that causal work (less
-  than the full-matrix convention).
+  attends only to the keys before it.
 
 Causal load balancing (``balance``) cuts each sequence into ``2 * cp`` chunks and
 gives rank ``r`` chunks ``r`` and ``2cp - 1 - r``, so every rank does the same share
@@ -34,7 +33,16 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import (
+    AttentionAttrs,
+    Axis,
+    CollectiveAttrs,
+    ElementwiseAttrs,
+    MatmulAttrs,
+    OpKind,
+    Phase,
+    causal_fraction,
+)
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
 from echosim.passes.tensor_parallel import _split_axis_after_view
@@ -208,12 +216,15 @@ class _Splitter:
         assert isinstance(a, AttentionAttrs)
         full_step = replace(a, q_len=s, kv_len=s, causal=False)
         # Balanced causal: every later step is exactly half a block (Transformer Engine runs
-        # the unmasked half). It is costed as a causal block of the same size: the same work,
-        # and the full-matrix model-FLOP convention then counts the block the step covers,
-        # so model FLOPs do not depend on cp. Otherwise whole blocks (non-causal attention,
-        # or the last rank of an unbalanced causal ring).
+        # the unmasked half). It is costed as a causal block of the same size: the same work.
+        # Otherwise whole blocks (non-causal attention, or the last rank of an unbalanced
+        # causal ring). A causal model needs half a block per later step on the average
+        # rank either way, so those steps count half a block of model FLOPs: with the
+        # diagonal step, cp ranks count exactly the causal sequence's FLOPs.
         half_step = replace(a, q_len=s, kv_len=s, causal=True)
         later = half_step if a.causal and self.opts.balance else full_step
+        if a.causal:
+            later = replace(later, model_scale=0.5 / (causal_fraction(s, s) if later.causal else 1.0))
         first = replace(a, q_len=s, kv_len=s) if a.causal else full_step
         parts = [self._partial(node, [q, k, v], out, first, "cp0")]
         kj, vj = k, v
@@ -240,6 +251,8 @@ class _Splitter:
         seq = s * self.cp
         if not (a.causal and self.opts.balance):  # one local attention (the last rank when unbalanced)
             attrs = replace(a, q_len=s, kv_len=seq)
+            if a.causal:  # model FLOPs: the average rank's 1/cp of the causal sequence, not the last rank's
+                attrs = replace(attrs, model_scale=causal_fraction(seq, seq) / causal_fraction(s, seq))
             v_out = self._partial(node, [q, kf, vf], out, attrs, "cp")
             self.axis[v_out] = len(out.shape) - 2
             return v_out

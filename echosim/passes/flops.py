@@ -1,9 +1,12 @@
 """FLOP and byte analysis: per-op formulas, multiplied by repeat counts.
 
-*Model FLOPs* follow the convention of the Megatron papers: matmuls (2mnk) and
-attention (QK^T and PV over the full, unmasked score matrix) in forward and
-backward, with attention backward counted as twice its forward. Recomputed
-forward work is reported apart, so MFU and HFU can both be derived.
+*Model FLOPs*: matmuls (2mnk) and attention (QK^T and PV) in forward and backward,
+with attention backward counted as twice its forward. Causal attention counts only
+the scores its mask keeps (about half, :attr:`AttentionAttrs.model_flops`), as
+Megatron-LM's ``num_floating_point_operations`` and MaxText's TFLOP count do: the
+kernels skip the masked blocks, and counting them let MFU pass 100% at long
+sequence. Recomputed forward work is reported apart, so MFU and HFU can both be
+derived.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def node_flops(node: Node) -> int:
     if isinstance(node.attrs, MatmulAttrs):
         return node.attrs.flops
     if isinstance(node.attrs, AttentionAttrs):
-        return node.attrs.flops * (2 if node.phase is Phase.BACKWARD else 1)
+        return node.attrs.model_flops * (2 if node.phase is Phase.BACKWARD else 1)
     return 0
 
 

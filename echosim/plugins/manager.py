@@ -306,15 +306,13 @@ def _load_entrypoints(
     pm: pluggy.PluginManager, registry: Registry, versions: dict[str, tuple[str | None, str | None]]
 ) -> None:
     """``pm.load_setuptools_entrypoints`` that reports a failing plugin by name instead of raising."""
-    import importlib.metadata  # scanning installed distributions is the slow part; only on demand
+    from echosim import dists  # the .dist-info folders read directly: importlib.metadata costs more
 
     seen: dict[str, str] = {}
     allowed = allowed_plugins()
-    # entry_points(group=...) reads each distribution's entry_points.txt only: the metadata (and its
-    # e-mail parser) is read for the distributions that hold an echosim plugin, not for all of them.
-    for ep in importlib.metadata.entry_points(group=ENTRYPOINT_GROUP):
+    for ep in dists.entry_points(ENTRYPOINT_GROUP):
         dist = ep.dist
-        dist_name = (dist.name if dist is not None else None) or "unknown"
+        dist_name = dist.name or "unknown"
         if ep.name in seen:
             # The same distribution found twice on sys.path is harmless; two projects are not.
             if _canonical(seen[ep.name]) != _canonical(dist_name):
@@ -332,7 +330,7 @@ def _load_entrypoints(
             _reraise_interrupt(exc)
             registry.errors.append(_load_failure(ep.name, exc))
             continue
-        versions[ep.name] = (dist_name, dist.version if dist is not None else None)
+        versions[ep.name] = (dist_name, dist.version)
 
 
 def _report_unknown_hooks(pm: pluggy.PluginManager, registry: Registry) -> None:

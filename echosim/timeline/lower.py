@@ -75,6 +75,67 @@ class Coster:
         return _COSTS.get(key, lambda: backend.op_time_s(node, io))
 
 
+#: Bytes a rank must receive at least, as a share of a collective's nccl-tests buffer over ``n`` ranks,
+#: whatever the algorithm (in-switch reduction included): all_reduce and all_gather need everyone
+#: else's part of the result, reduce_scatter its reduced shard, all_to_all the others' chunks.
+_RECEIVED: dict[OpKind, Any] = {
+    OpKind.ALL_REDUCE: lambda n: (n - 1) / n,
+    OpKind.ALL_GATHER: lambda n: (n - 1) / n,
+    OpKind.REDUCE_SCATTER: lambda n: 1 / n,
+    OpKind.ALL_TO_ALL: lambda n: (n - 1) / n,
+    OpKind.SEND: lambda n: 1.0,
+    OpKind.RECV: lambda n: 1.0,
+    OpKind.BROADCAST: lambda n: 1.0,
+}
+_BANDWIDTHS: Memo[tuple[str, ...]] = Memo("bandwidth checks", maxsize=4096)
+
+
+def bandwidth_violations(stages: Sequence[Stage], backend: Any, where: dict[Axis, Placement]) -> list[str]:
+    """Ops whose cost moves bytes faster than the device can: a memory-bound kernel's bytes over the
+    backend's ``peak_bandwidth_Bps("memory")``, a collective's least received bytes over ``("links")``.
+
+    Each op is priced as lowering priced it (the same cache); a backend without
+    ``peak_bandwidth_Bps`` (optional for plugins) is not checked. One description per op, in graph order.
+    """
+    method = getattr(backend, "peak_bandwidth_Bps", None)
+    if not callable(method):
+        return []
+    memory, links = method("memory"), method("links")
+    if not memory or not links:
+        return []
+    out: list[str] = []
+    for stage in stages:
+        graph = stage.graph
+        used = tuple(sorted((a.value, p) for a, p in where.items()))
+        key = (backend, used, graph)
+        out += _BANDWIDTHS.get(key, lambda g=graph: _graph_bandwidth(g, Coster(g, backend, where), memory, links))
+    return list(dict.fromkeys(out))
+
+
+def _graph_bandwidth(graph: Graph, cost: Coster, memory: float, links: float) -> tuple[str, ...]:
+    out = []
+    for node in graph:
+        if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER, OpKind.MATMUL, OpKind.ATTENTION):
+            continue
+        if isinstance(node.attrs, CollectiveAttrs):
+            n = node.attrs.size
+            if n <= 1 or node.op not in _RECEIVED:
+                continue
+            nbytes, limit, what = node.attrs.bytes * _RECEIVED[node.op](n), links, "link"
+        else:
+            nbytes, limit, what = io_bytes(graph, node), memory, "memory"
+        if nbytes <= 0:
+            continue
+        seconds = cost(node)
+        if seconds * limit < nbytes * (1 - 1e-9):
+            rate = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+            out.append(
+                f"{node.op.value} {node.name!r} moves {nbytes:.4g} bytes in {seconds:.4g} s ({rate:.4g} GB/s), "
+                f"over the device's {what} bandwidth of {limit / 1e9:.4g} GB/s"
+            )
+    return tuple(out)
+
+
 def weight_grad_nodes(graph: Graph) -> set[int]:
     """Backward nodes that only feed weight gradients (zero-bubble schedules defer them)."""
     grads = set(graph.grads.values())
