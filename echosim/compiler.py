@@ -100,10 +100,16 @@ def lower(
     with step.lowering():
         costed = lower_step(step.stages, step.backend, step.where, step.options)
         too_fast = bandwidth_violations(step.stages, step.backend, step.where)
-    facts = step.facts
-    if too_fast:  # checked here, not in a search's batched costing (which reads no warnings)
+    # checked here, not in a search's batched costing (which reads no warnings)
+    found = []
+    if too_fast:
         more = f" (and {len(too_fast) - 1} more op(s))" if len(too_fast) > 1 else ""
-        facts = replace(facts, warnings=(*facts.warnings, f"{INVARIANT} (from {facts.culprit}): {too_fast[0]}{more}"))
+        found.append(f"{INVARIANT} (from {step.facts.culprit}): {too_fast[0]}{more}")
+    if step.cluster.calibration:  # clamped parameters, and ops the costing took outside the measured sizes
+        from echosim.calibrate import calibration_warnings
+
+        found += calibration_warnings(step.backend)
+    facts = replace(step.facts, warnings=(*step.facts.warnings, *found)) if found else step.facts
     return Compiled(costed, facts, step.graph, step.stages)
 
 
@@ -157,10 +163,6 @@ def prepare(
     graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
-    if cluster.calibration:
-        from echosim.calibrate import calibration_warnings
-
-        warnings += calibration_warnings(backend)
     graph_passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
     stage_passes = _configured(registry, "stage", plan)
     checked = _verified(registry)
