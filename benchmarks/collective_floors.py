@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/collective_floors.py [--microbench ../shared/validation/microbench.csv] [--max-bytes 65536]
+    python benchmarks/collective_floors.py --series   # one line per series: measured floor vs echosim's
 
 For every series of one harness (device, op, group size, pattern) the rows up to ``--max-bytes``
 sit on the latency floor: NCCL's own bandwidth term there is a fraction of a microsecond. The best any
@@ -11,6 +12,10 @@ minimise the series' error in the rows' own metric (bus bandwidth or time, as ``
 --microbench`` scores them). The table prints, per (device, op, harness) group, that oracle's
 MAPE next to echosim's: where the oracle itself misses the target, the rows' scatter (warm-up
 spikes, timer quantisation, run-to-run noise) and not a missing rule sets the error.
+
+``--series`` prints each series instead: its median measured floor and echosim's median time on
+the same rows, so a floor rule can be read against the group size (a rule that is right moves
+with the series, one that is missing stays flat while the measured floor grows).
 """
 
 from __future__ import annotations
@@ -64,6 +69,39 @@ def _oracle_mape(points: list[tuple[float, bool]]) -> float:
     return min(statistics.mean(err(c, t, b) for t, b in points) for c, _ in points)
 
 
+def _series_key(row: dict[str, str]) -> tuple[str, ...]:
+    """(device, op, devices, nodes, layout, harness): the rows one harness measured on one group."""
+    harness = "XLA table" if XLA_TABLE in row["source"] else row["source"].split("/")[4]
+    shape = row["shape"]
+    layout = re.sub(r"^\[\d+\]\s*", "", shape) if shape.startswith(("[", "pattern")) else ""
+    return (row["device"], row["op"].split(" (")[0], row["num_devices"], row["num_nodes"], layout, harness)
+
+
+def series_floors(path: Path, max_bytes: int) -> dict[tuple[str, ...], dict[str, float]]:
+    """Per series on the floor: rows, median measured time (µs) and echosim's median time on them."""
+    result = validate_microbench(path)
+    model = {r.line: r for r in result.rows if r.group and r.predicted is not None}
+    measured: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    predicted: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for line, row in read_rows(path):
+        if line not in model or not any(re.search(p, row["op"]) for p, _ in COLLECTIVE_OPS):
+            continue
+        size = _size(row)
+        point = _measured_us(row, size) if size is not None and size <= max_bytes else None
+        if point is None:
+            continue
+        r = model[line]
+        t, on_bw = point
+        # the model's time: its bus bandwidth turned back into time with the row's own factor
+        key = _series_key(row)
+        measured[key].append(t)
+        predicted[key].append(t * r.measured / r.predicted if on_bw else r.predicted)
+    return {
+        k: {"rows": len(v), "measured_us": statistics.median(v), "echosim_us": statistics.median(predicted[k])}
+        for k, v in sorted(measured.items())
+    }
+
+
 def floors(path: Path, max_bytes: int) -> dict[str, dict[str, float]]:
     """Per (device, op, harness) group: rows on the floor, echosim's MAPE on them and the oracle's."""
     result = validate_microbench(path)
@@ -79,12 +117,9 @@ def floors(path: Path, max_bytes: int) -> dict[str, dict[str, float]]:
         if point is None:
             continue
         r = model[line]
-        harness = "XLA table" if XLA_TABLE in row["source"] else row["source"].split("/")[4]
-        shape = row["shape"]
-        layout = re.sub(r"^\[\d+\]\s*", "", shape) if shape.startswith(("[", "pattern")) else ""
-        key = (row["device"], row["op"].split(" (")[0], row["num_devices"], row["num_nodes"], layout, harness)
+        key = _series_key(row)
         series[key].append(point)
-        group = f"{row['device']} | {row['op'].split(' (')[0]} | {harness}"
+        group = f"{row['device']} | {key[1]} | {key[5]}"
         group_of[key] = group
         errors[group].append(abs(r.predicted - r.measured) / r.measured)
     oracle: dict[str, list[float]] = defaultdict(list)
@@ -100,9 +135,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbench", type=Path, default=MICROBENCH)
     parser.add_argument("--max-bytes", type=int, default=64 * 1024)
+    parser.add_argument("--series", action="store_true", help="one line per series: measured floor vs echosim's")
     args = parser.parse_args()
     if not args.microbench.exists():
         sys.exit(f"error: {args.microbench} not found")
+    if args.series:
+        print(f"collective series, rows of at most {args.max_bytes} bytes: median floor in µs")
+        print(f"{'device | op | devices x nodes | layout | harness':96s} {'rows':>4s} {'measured':>9s} {'echosim':>8s}")
+        for key, g in series_floors(args.microbench, args.max_bytes).items():
+            device, op, n, nodes, layout, harness = key
+            name = f"{device} | {op} | {n} x {nodes or 1} | {layout[:30]} | {harness}"
+            print(f"{name:96s} {g['rows']:4d} {g['measured_us']:9.1f} {g['echosim_us']:8.1f}")
+        return
     print(f"collective rows of at most {args.max_bytes} bytes: echosim's MAPE and the best constant per series")
     print(f"{'group':70s} {'rows':>4s} {'echosim':>8s} {'oracle':>8s}")
     for group, g in floors(args.microbench, args.max_bytes).items():

@@ -281,3 +281,29 @@ def test_nvls_chunks_paying_the_nvls_hop_ramp_up_later():
 def test_impossible_settings_are_refused(bad):
     with pytest.raises(ValueError):
         NcclConfig(**bad)
+
+
+def test_small_nvlink_point_to_point_runs_ll_as_nccls_p2p_threshold_says():
+    """NCCL (enqueue.cc addP2pToPlan): a send/recv of <= 16 KiB on an LL-capable connection runs LL."""
+    from echosim.backends.collectives import P2P_LL_THRESHOLD_BYTES, p2p_uses_ll
+
+    pair = Placement(2, 1, 2)
+    ll = best_choice(H100, OpKind.SEND, 4096, pair)
+    assert (ll.algo, ll.proto) == ("p2p", "LL")
+    # one LL step: ring LL base 6.6 µs + NVLink LL hop 0.6 µs, then 4 KiB at half the p2p link rate
+    bw = min(141.0, H100.nvlink_GBps * 0.65 * 0.5)
+    assert ll.time_us == pytest.approx(6.6 + 0.6 + 4096 / (bw * 1e3))
+    big = best_choice(H100, OpKind.SEND, P2P_LL_THRESHOLD_BYTES + 1, pair)
+    assert big.proto == "Simple" and big.time_us > ll.time_us
+    # all-to-all: the threshold is per peer (8 ranks x 16 KiB = 128 KiB buffer still LL), side by side
+    a2a = best_choice(H100, A2A, 8 * P2P_LL_THRESHOLD_BYTES, Placement(8, 1, 8))
+    assert a2a.proto == "LL" and a2a.latency_us == pytest.approx(7.2)
+    assert best_choice(H100, A2A, 8 * P2P_LL_THRESHOLD_BYTES + 8, Placement(8, 1, 8)).proto == "Simple"
+    # network p2p connections have no LL buffers by default (NCCL_ALLOC_P2P_NET_LL_BUFFERS=0)
+    assert not p2p_uses_ll(1024, Placement(2, 2, 1))
+    assert best_choice(H100, OpKind.SEND, 1024, Placement(2, 2, 1)).proto == "Simple"
+    assert best_choice(H100, A2A, 1024, Placement(16, 2, 8)).proto == "Simple"
+    # with LL switched off (NCCL_PROTO, the XLA table's harness) small p2p stays Simple
+    simple_only = NcclConfig(protocols=("LL128", "Simple"))
+    assert best_choice(H100, OpKind.SEND, 4096, pair, simple_only).proto == "Simple"
+    assert best_choice(H100, A2A, 4096, Placement(8, 1, 8), simple_only).proto == "Simple"

@@ -58,3 +58,39 @@ def test_floors_scores_echosim_and_the_oracle_per_group(tmp_path):
     g = groups["H100-SXM (sm_90) | all-reduce | XLA table"]
     assert g["rows"] == 3  # the 1 GiB row is off the floor
     assert g["oracle"] == pytest.approx(0.5 / 3) and g["echosim"] > 0
+
+
+def test_series_floors_gives_each_series_its_median_floor_and_the_models(tmp_path):
+    path = tmp_path / "mb.csv"
+    # one series scored on time (8 ranks), one on bus bandwidth (4 ranks)
+    rows = [_row(1024, 30.0), _row(4096, 50.0), _row(8192, 40.0), _row(2**30, 4700.0)]
+    bw = _row(1024, 1.0, "busbw_GBps")
+    bw["shape"] = "[256] 2 group(s) of 4 devices (iota 8)"
+    bw["num_devices"] = "4"
+    bw["value"] = str(1024 * 2 * 3 / 4 / 40.0 / 1e3)  # 40 µs on 4 ranks: busbw = size x 2(n-1)/n / time
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows([*rows, bw])
+    series = _module().series_floors(path, 64 * 1024)
+    assert len(series) == 2
+    by_devices = {key[2]: g for key, g in series.items()}
+    eight, four = by_devices["8"], by_devices["4"]
+    assert eight["rows"] == 3 and eight["measured_us"] == pytest.approx(40.0)  # median of 30, 50, 40
+    assert four["rows"] == 1 and four["measured_us"] == pytest.approx(40.0)
+    # the model's floor for the same rows, its bus bandwidth turned back into time: a few tens of µs
+    assert 5.0 < eight["echosim_us"] < 100.0 and 5.0 < four["echosim_us"] < 100.0
+    assert eight["echosim_us"] > four["echosim_us"]  # a longer ring has the higher floor
+
+
+def test_series_flag_prints_one_line_per_series(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "mb.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows([_row(1024, 30.0), _row(4096, 50.0)])
+    module = _module()
+    monkeypatch.setattr(sys, "argv", ["collective_floors.py", "--microbench", str(path), "--series"])
+    module.main()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "H100-SXM (sm_90) | all-reduce | 8 x 1" in out[2] and "40.0" in out[2]

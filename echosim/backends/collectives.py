@@ -63,6 +63,11 @@ IB_EFFICIENCY = 0.94
 # (li-plus/playground nccl.md), H100 collective-permute 292 of 450 GB/s (XLA perf table);
 # both rows are in microbench.csv.
 P2P_NVLINK_EFFICIENCY = 0.65
+# Point-to-point protocol (NCCL >= 2.14, enqueue.cc addP2pToPlan): a send or receive of at most
+# NCCL_P2P_LL_THRESHOLD bytes runs LL when its connection has LL buffers, Simple otherwise.
+# NVLink (P2P transport) connections always have them; network p2p connections only with
+# NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (default 0), so across nodes small p2p stays Simple.
+P2P_LL_THRESHOLD_BYTES = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,9 +259,29 @@ def nvls_choice(
     return Choice("nvls", "Simple", nbytes, lat, link / traffic, pipe)
 
 
-def all_to_all_choice(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> Choice:
+def p2p_uses_ll(peer_bytes: float, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> bool:
+    """Whether NCCL sends one peer's ``peer_bytes`` with LL: small, on NVLink, LL allowed."""
+    return p.nodes == 1 and peer_bytes <= P2P_LL_THRESHOLD_BYTES and "LL" in nccl.protocols
+
+
+def _ll_p2p_choice(dev: DeviceSpec, nbytes: int, peer_bytes: float, link_GBps: float) -> Choice:
+    """Small NVLink send/recv in LL: one LL step (ring LL base + NVLink LL hop), half the link's rate.
+
+    ``nbytes`` is the op's buffer and ``peer_bytes`` what crosses one connection; the peers'
+    connections run side by side, so the op's time is one connection's.
+    """
+    bw = min(LL_MAX_BW[dev.arch][0], link_GBps * 0.5)
+    lat = BASE_LATENCY_US["ring"][LL] + NVLINK_HOP_US["ring"][LL]
+    return Choice("p2p", "LL", nbytes, lat, bw * nbytes / peer_bytes if peer_bytes > 0 else math.inf, 0.0)
+
+
+def all_to_all_choice(
+    dev: DeviceSpec, nbytes: int, p: Placement, links: Links, nccl: NcclConfig = DEFAULT_NCCL
+) -> Choice:
     """Grouped send/recv to every peer: NVLink and NIC traffic proceed side by side."""
     n = p.size
+    if p.per_node > 1 and p2p_uses_ll(nbytes / n, p, nccl):
+        return _ll_p2p_choice(dev, nbytes, nbytes / n, links.intra_GBps)
     intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
     node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
     lat = BASE_LATENCY_US["ring"][SIMPLE]
@@ -275,8 +300,10 @@ def all_to_all_choice(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) 
     return Choice("p2p", "Simple", nbytes, lat, bw, pipe)
 
 
-def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement) -> Choice:
+def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
     """One send/recv pair: NVLink peer copy on a node, the GPU's own NIC across nodes."""
+    if p2p_uses_ll(nbytes, p, nccl):
+        return _ll_p2p_choice(dev, nbytes, nbytes, dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY)
     if p.nodes == 1:
         bw, hop = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY, NVLINK_HOP_US["ring"][SIMPLE]
     else:
@@ -291,9 +318,9 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
     check_placement(dev, p)
     links = links_for(dev, p)
     if kind in (OpKind.SEND, OpKind.RECV):
-        return [p2p_choice(dev, nbytes, p)]
+        return [p2p_choice(dev, nbytes, p, nccl)]
     if kind is OpKind.ALL_TO_ALL:
-        return [all_to_all_choice(dev, nbytes, p, links)]
+        return [all_to_all_choice(dev, nbytes, p, links, nccl)]
     if kind not in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST):
         raise ValueError(f"{kind.value} is not a collective")
     out = ring_choices(dev, kind, nbytes, p, links)
