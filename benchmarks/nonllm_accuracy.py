@@ -27,23 +27,29 @@ from echosim.plugins.manager import load_registry
 DATA = Path(__file__).resolve().parent / "data" / "nonllm_throughput.csv"
 
 
-class _NoTF32:
-    """Each GPU backend once more as ``NAME-no-tf32``: fp32 GEMMs on the FP32 pipes, as PyTorch runs them
-    unless ``torch.backends.cuda.matmul.allow_tf32`` is set (the row's ``tf32`` column says which)."""
+class _RunSettings:
+    """Each GPU backend once more as ``NAME-no-tf32`` (fp32 GEMMs on the FP32 pipes, as PyTorch runs them
+    unless ``torch.backends.cuda.matmul.allow_tf32`` is set: the row's ``tf32`` column) and as ``NAME-nchw``
+    (convolutions on NCHW activations, PyTorch's default memory format: the row's ``conv_layout`` column)."""
 
     @hookimpl
     def register_backends(self, register: Any) -> None:
         for name, device in DEVICES.items():
             register(f"{name}-no-tf32", partial(GPUBackend, device, allow_tf32=False))
+            register(f"{name}-nchw", partial(GPUBackend, device, conv_layout="nchw"))
 
 
-REGISTRY = load_registry(extra_plugins=[_NoTF32()])
+REGISTRY = load_registry(extra_plugins=[_RunSettings()])
 
 
 def predict(row: dict[str, str]) -> tuple[float, dict[str, float]]:
     """echosim's samples/s for the row's layout, and the step's breakdown."""
     gpus = int(row["gpus"])
-    backend = row["backend"] + ("-no-tf32" if row["tf32"] == "no" else "")
+    backend = row["backend"]
+    if row["tf32"] == "no":  # the FP32 pipes run NCHW natively: no layout variant needed
+        backend += "-no-tf32"
+    elif row["conv_layout"] == "nchw":
+        backend += "-nchw"
     plan = Plan(
         dp=gpus,
         micro_batch=int(row["micro_batch"]),

@@ -337,10 +337,15 @@ def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
         transposed = transposed_arg is not None and bool(_arg(node, transposed_arg, "transposed", False))
         groups = int(_arg(node, groups_arg, "groups", 1))
         kernel = math.prod(ws[2:])
+        io = math.prod(xs) + math.prod(out)  # what cuDNN transposes for NCHW on tensor cores (GPUBackend)
         if transposed:  # weight (Cin, Cout/g, k...)
-            attrs = MatmulAttrs(m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups)
+            attrs = MatmulAttrs(
+                m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups, conv_io=io
+            )
         else:  # weight (Cout, Cin/g, k...)
-            attrs = MatmulAttrs(m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups)
+            attrs = MatmulAttrs(
+                m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups, conv_io=io
+            )
         c.emit(node, OpKind.MATMUL, c.tensors([x, w, bias]), attrs)
 
     return rule
