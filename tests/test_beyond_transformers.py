@@ -260,3 +260,45 @@ def test_samples_per_s_for_non_sequence_models() -> None:
     assert r.to_dict()["samples_per_s"] == pytest.approx(r.samples_per_s, rel=1e-5)
     result = CliRunner().invoke(cli, ["compile", "resnet50", "--micro-batch", "32", "--backend", "a100-80gb"])
     assert result.exit_code == 0 and f"{r.samples_per_s:,.1f} images/s" in result.output
+
+
+# ---- BERT as DeepLearningExamples trains it; the published table's columns ----------------------
+
+
+def test_bert_drops_out_its_embeddings_and_each_layers_two_outputs() -> None:
+    import torch
+
+    from echosim.frontend.pyfile import capture_torch_module
+    from echosim.frontend.zoo_torch import bert_module
+    from echosim.ir.ops import ElementwiseAttrs
+
+    def dropouts(p: float) -> list[str]:
+        with torch.device("meta"):
+            module = bert_module(layers=2, hidden=64, heads=4, ffn=128, vocab=100, positions=128, dropout=p)
+        spec = CaptureSpec(micro_batch=2, seq_len=128)
+        g, _, _ = capture_torch_module(module, [(("batch", "seq"), torch.int64)], spec, "tiny-bert")
+        return sorted(n.scope for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "dropout")
+
+    # hidden_dropout_prob 0.1 (bert_configs/large.json): after the embeddings, and twice in each layer
+    # (the repeated layers are folded into layers.0)
+    assert dropouts(0.1) == ["", "layers.0", "layers.0"]
+    assert dropouts(0.0) == []
+
+
+def test_published_table_rows_name_their_run_settings() -> None:
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonllm_throughput.csv"
+    with open(path, encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows
+    for row in rows:
+        assert row["conv_layout"] in ("", "nhwc", "nchw")
+        assert row["attention"] in ("", "flash", "math")
+        assert row["comparable"] in ("yes", "no")
+        assert row["source"].startswith("https://github.com/")
+        if row["comparable"] == "no":  # a row left out of the MAPE says why
+            assert "NOT COMPARABLE" in row["note"]
+        if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
+            assert row["conv_layout"] == ("nhwc" if row["dtype"] == "fp16" else "nchw")
