@@ -272,17 +272,37 @@ def test_bert_drops_out_its_embeddings_and_each_layers_two_outputs() -> None:
     from echosim.frontend.zoo_torch import bert_module
     from echosim.ir.ops import ElementwiseAttrs
 
-    def dropouts(p: float) -> list[str]:
+    def dropouts(p: float) -> tuple[list[str], list[bool]]:
         with torch.device("meta"):
             module = bert_module(layers=2, hidden=64, heads=4, ffn=128, vocab=100, positions=128, dropout=p)
         spec = CaptureSpec(micro_batch=2, seq_len=128)
         g, _, _ = capture_torch_module(module, [(("batch", "seq"), torch.int64)], spec, "tiny-bert")
-        return sorted(n.scope for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "dropout")
+        hidden = sorted(n.scope for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "dropout")
+        return hidden, [n.attrs.dropout for n in g if n.op is OpKind.ATTENTION]
 
     # hidden_dropout_prob 0.1 (bert_configs/large.json): after the embeddings, and twice in each layer
-    # (the repeated layers are folded into layers.0)
-    assert dropouts(0.1) == ["", "layers.0", "layers.0"]
-    assert dropouts(0.0) == []
+    # (the repeated layers are folded into layers.0); attention_probs_dropout_prob 0.1 on the attention node
+    assert dropouts(0.1) == (["", "layers.0", "layers.0"], [True])
+    assert dropouts(0.0) == ([], [False])
+
+
+def test_dropout_on_materialised_scores_costs_its_passes() -> None:
+    from dataclasses import replace
+
+    from echosim.backends.compute import attention_time_s
+    from echosim.ir.ops import AttentionAttrs
+
+    a100 = DEVICES["a100-80gb"]
+    plain = AttentionAttrs(256, 16, 16, 128, 128, 64, causal=False, flash=False)
+    drop = replace(plain, dropout=True)
+    elems = 256 * 16 * 128 * 128
+    for backward in (False, True):  # P read, P' (or dP) written, a one-byte mask: one kernel more
+        extra = attention_time_s(a100, drop, "fp16", backward) - attention_time_s(a100, plain, "fp16", backward)
+        assert extra == pytest.approx(
+            memory_bound_time_s(a100, 2 * 2 * elems + elems, 1) - memory_bound_time_s(a100, 0, 0)
+        )
+    flash = replace(plain, flash=True)  # the fused kernel draws its mask in registers: no extra bytes
+    assert attention_time_s(a100, replace(flash, dropout=True), "fp16") == attention_time_s(a100, flash, "fp16")
 
 
 def test_published_table_rows_name_their_run_settings() -> None:

@@ -178,7 +178,8 @@ def resnet50_module(classes: int = 1000) -> nn.Module:
 
 def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: float = 0.0) -> nn.Module:
     """One transformer encoder layer (bidirectional attention): pre-LN (ViT) or post-LN (BERT), with
-    ``dropout`` on the attention and MLP outputs (BERT's ``hidden_dropout_prob``) when it is not 0."""
+    ``dropout`` on the attention probabilities and on the attention and MLP outputs (BERT's
+    ``attention_probs_dropout_prob`` and ``hidden_dropout_prob``) when it is not 0."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -194,7 +195,7 @@ def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: f
         def attn(self, x: torch.Tensor) -> torch.Tensor:
             b, s, _ = x.shape
             q, k, v = self.qkv(x).view(b, s, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(q, k, v)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout if self.training else 0.0)
             out = self.proj(out.transpose(1, 2).reshape(b, s, hidden))
             return F.dropout(out, dropout, self.training) if dropout else out
 
@@ -247,10 +248,9 @@ def bert_module(
 ) -> nn.Module:  # fmt: skip
     """BERT with its pre-training heads; returns the masked-LM logits of every position.
 
-    ``dropout`` is BERT's ``hidden_dropout_prob`` 0.1 (Devlin et al. 2018, A.2; DeepLearningExamples'
-    bert_configs/large.json): after the embeddings' LayerNorm and on each layer's attention and MLP
-    outputs. The attention-probability dropout of the same config is not captured (the scores live
-    inside the fused attention node)."""
+    ``dropout`` is BERT's 0.1 (Devlin et al. 2018, A.2; DeepLearningExamples' bert_configs/large.json,
+    ``hidden_dropout_prob`` and ``attention_probs_dropout_prob``): after the embeddings' LayerNorm, on
+    each layer's attention probabilities (the attention node's ``dropout``) and attention and MLP outputs."""
     import torch
     import torch.nn.functional as F
     from torch import nn

@@ -147,6 +147,7 @@ class AttentionAttrs:
     causal: bool = True
     flash: bool = True
     kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
+    dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
 
     @property
     def flops(self) -> int:
