@@ -260,3 +260,65 @@ def test_samples_per_s_for_non_sequence_models() -> None:
     assert r.to_dict()["samples_per_s"] == pytest.approx(r.samples_per_s, rel=1e-5)
     result = CliRunner().invoke(cli, ["compile", "resnet50", "--micro-batch", "32", "--backend", "a100-80gb"])
     assert result.exit_code == 0 and f"{r.samples_per_s:,.1f} images/s" in result.output
+
+
+# ---- BERT as DeepLearningExamples trains it; the published table's columns ----------------------
+
+
+def test_bert_drops_out_its_embeddings_and_each_layers_two_outputs() -> None:
+    import torch
+
+    from echosim.frontend.pyfile import capture_torch_module
+    from echosim.frontend.zoo_torch import bert_module
+    from echosim.ir.ops import ElementwiseAttrs
+
+    def dropouts(p: float) -> tuple[list[str], list[bool]]:
+        with torch.device("meta"):
+            module = bert_module(layers=2, hidden=64, heads=4, ffn=128, vocab=100, positions=128, dropout=p)
+        spec = CaptureSpec(micro_batch=2, seq_len=128)
+        g, _, _ = capture_torch_module(module, [(("batch", "seq"), torch.int64)], spec, "tiny-bert")
+        hidden = sorted(n.scope for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "dropout")
+        return hidden, [n.attrs.dropout for n in g if n.op is OpKind.ATTENTION]
+
+    # hidden_dropout_prob 0.1 (bert_configs/large.json): after the embeddings, and twice in each layer
+    # (the repeated layers are folded into layers.0); attention_probs_dropout_prob 0.1 on the attention node
+    assert dropouts(0.1) == (["", "layers.0", "layers.0"], [True])
+    assert dropouts(0.0) == ([], [False])
+
+
+def test_dropout_on_materialised_scores_costs_its_passes() -> None:
+    from dataclasses import replace
+
+    from echosim.backends.compute import attention_time_s
+    from echosim.ir.ops import AttentionAttrs
+
+    a100 = DEVICES["a100-80gb"]
+    plain = AttentionAttrs(256, 16, 16, 128, 128, 64, causal=False, flash=False)
+    drop = replace(plain, dropout=True)
+    elems = 256 * 16 * 128 * 128
+    for backward in (False, True):  # P read, P' (or dP) written, a one-byte mask: one kernel more
+        extra = attention_time_s(a100, drop, "fp16", backward) - attention_time_s(a100, plain, "fp16", backward)
+        assert extra == pytest.approx(
+            memory_bound_time_s(a100, 2 * 2 * elems + elems, 1) - memory_bound_time_s(a100, 0, 0)
+        )
+    flash = replace(plain, flash=True)  # the fused kernel draws its mask in registers: no extra bytes
+    assert attention_time_s(a100, replace(flash, dropout=True), "fp16") == attention_time_s(a100, flash, "fp16")
+
+
+def test_published_table_rows_name_their_run_settings() -> None:
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonllm_throughput.csv"
+    with open(path, encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows
+    for row in rows:
+        assert row["conv_layout"] in ("", "nhwc", "nchw")
+        assert row["attention"] in ("", "flash", "math")
+        assert row["comparable"] in ("yes", "no")
+        assert row["source"].startswith("https://github.com/")
+        if row["comparable"] == "no":  # a row left out of the MAPE says why
+            assert "NOT COMPARABLE" in row["note"]
+        if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
+            assert row["conv_layout"] == ("nhwc" if row["dtype"] == "fp16" else "nchw")

@@ -244,10 +244,16 @@ def math_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backwa
     qk = matmul_time_s(dev, a.q_len, a.kv_len, a.head_dim, bh, dtype)
     pv = matmul_time_s(dev, a.q_len, a.head_dim, a.kv_len, bh, dtype)
     mask_passes = 1 if a.causal else 0
+    # dropout on the probabilities: forward reads P, writes P' and a one-byte mask; backward reads
+    # dP' and the mask, writes dP (PyTorch's native_dropout); one kernel each way
+    drop_bytes = 2 * score_bytes + bh * a.q_len * a.kv_len if a.dropout else 0
+    drop_kernels = 1 if a.dropout else 0
     if not backward:  # scale+mask, softmax: each reads and writes the scores
-        return qk + pv + memory_bound_time_s(dev, 2 * score_bytes * (1 + mask_passes), 1 + mask_passes)
+        passes = 2 * score_bytes * (1 + mask_passes) + drop_bytes
+        return qk + pv + memory_bound_time_s(dev, passes, 1 + mask_passes + drop_kernels)
     # dV = P^T dO, dP = dO V^T, softmax backward (read P, dP; write dS), dQ = dS K, dK = dS^T Q
-    return 2 * pv + 2 * qk + memory_bound_time_s(dev, score_bytes * (3 + 2 * mask_passes), 1 + mask_passes)
+    passes = score_bytes * (3 + 2 * mask_passes) + drop_bytes
+    return 2 * pv + 2 * qk + memory_bound_time_s(dev, passes, 1 + mask_passes + drop_kernels)
 
 
 @functools.lru_cache(maxsize=64)

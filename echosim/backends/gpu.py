@@ -11,6 +11,11 @@ from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
 
+CONV_LAYOUTS = ("nhwc", "nchw")
+# bytes of one activation element a tensor-core convolution of this compute dtype reads and writes
+# (fp8 operands are quantised copies; the activations stay 16-bit)
+ACTIVATION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
 MEMORY_BOUND_OPS = frozenset(
     {
         OpKind.ELEMENTWISE,
@@ -61,6 +66,13 @@ class GPUBackend(KernelBackend):
     and Transformer Engine call it (``autotuned_gemms=True``: an autotuner's, as XLA does), and
     collectives run under NCCL's defaults unless ``nccl`` says otherwise. :meth:`variant`
     gives the same device under another stack.
+
+    Convolutions are costed on NHWC (channels_last) activations, the layout tensor cores take
+    (``conv_layout="nhwc"``). With ``conv_layout="nchw"`` (PyTorch's default memory format) a
+    convolution on tensor cores also pays cuDNN's transposes of its activations in and out
+    (NVIDIA, "Convolutional Layers User's Guide", Tensor Layouts In Memory: NCHW vs NHWC,
+    https://docs.nvidia.com/deeplearning/performance/dl-performance-convolutional/index.html);
+    on the FP32 pipes (``allow_tf32=False``) cuDNN runs NCHW natively, so there are none.
     """
 
     def __init__(
@@ -71,17 +83,26 @@ class GPUBackend(KernelBackend):
         allow_tf32: bool = True,
         nccl: collectives.NcclConfig = collectives.DEFAULT_NCCL,
         autotuned_gemms: bool = False,
+        conv_layout: str = "nhwc",
     ):
+        if conv_layout not in CONV_LAYOUTS:
+            raise ValueError(f"conv_layout {conv_layout!r}: unknown (known: {', '.join(CONV_LAYOUTS)})")
         self.device = device
         self.name = device.name
         self._overlap = overlap if overlap is not None else default_overlap(device)
         self.allow_tf32 = allow_tf32
         self.nccl = nccl
         self.autotuned_gemms = autotuned_gemms
+        self.conv_layout = conv_layout
 
     def variant(self, **settings: Any) -> GPUBackend:
-        """The same device under another software stack: ``nccl`` settings, ``autotuned_gemms``, ``allow_tf32``."""
-        current = {"allow_tf32": self.allow_tf32, "nccl": self.nccl, "autotuned_gemms": self.autotuned_gemms}
+        """The same device under another stack: ``nccl``, ``autotuned_gemms``, ``allow_tf32``, ``conv_layout``."""
+        current = {
+            "allow_tf32": self.allow_tf32,
+            "nccl": self.nccl,
+            "autotuned_gemms": self.autotuned_gemms,
+            "conv_layout": self.conv_layout,
+        }
         unknown = set(settings) - set(current)
         if unknown:
             raise ValueError(f"unknown backend setting(s) {', '.join(sorted(unknown))} (known: {', '.join(current)})")
@@ -105,7 +126,16 @@ class GPUBackend(KernelBackend):
         return fill_domains(devices, self.device.devices_per_node)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
-        return compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped)
+        gemm = compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped)
+        return gemm + self.conv_transpose_s(a, dtype)
+
+    def conv_transpose_s(self, a: MatmulAttrs, dtype: str) -> float:
+        """cuDNN's NCHW<->NHWC transposes around a tensor-core convolution: each of its activations
+        in and out read and written once, one kernel each; 0 for a GEMM, NHWC, or the FP32 pipes."""
+        if not a.conv_io or self.conv_layout == "nhwc" or dtype == "fp32-simt":
+            return 0.0
+        element = ACTIVATION_BYTES.get(dtype, 2)
+        return compute.memory_bound_time_s(self.device, 2 * a.conv_io * element, kernels=2)
 
     def attention_cost_s(self, a: AttentionAttrs, dtype: str, backward: bool) -> float:
         return compute.attention_time_s(self.device, a, dtype, backward)
@@ -132,6 +162,7 @@ class GPUBackend(KernelBackend):
         d["overlap"] = asdict(self._overlap)
         d["allow_tf32"] = self.allow_tf32
         d["autotuned_gemms"] = self.autotuned_gemms
+        d["conv_layout"] = self.conv_layout
         return d
 
     def memory_bytes(self) -> int:

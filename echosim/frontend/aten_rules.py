@@ -262,7 +262,8 @@ def _sdpa(c: AtenValues, node: fx.Node) -> None:
     # QK^T contracts the query/key head size, PV produces the value head size (they differ
     # in DeepSeek's MLA); AttentionAttrs holds one head_dim, so hold their mean: FLOPs stay exact.
     head_dim = (qs[-1] + vs[-1]) // 2
-    attrs = AttentionAttrs(batch, heads, kv_heads, qs[-2], ks[-2], head_dim, causal)
+    dropout = float(_arg(node, 4, "dropout_p", 0.0) or 0.0) > 0
+    attrs = AttentionAttrs(batch, heads, kv_heads, qs[-2], ks[-2], head_dim, causal, dropout=dropout)
     val = node.meta.get("val")
     spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
     nid = c.graph.add(
@@ -337,10 +338,15 @@ def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
         transposed = transposed_arg is not None and bool(_arg(node, transposed_arg, "transposed", False))
         groups = int(_arg(node, groups_arg, "groups", 1))
         kernel = math.prod(ws[2:])
+        io = math.prod(xs) + math.prod(out)  # what cuDNN transposes for NCHW on tensor cores (GPUBackend)
         if transposed:  # weight (Cin, Cout/g, k...)
-            attrs = MatmulAttrs(m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups)
+            attrs = MatmulAttrs(
+                m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups, conv_io=io
+            )
         else:  # weight (Cout, Cin/g, k...)
-            attrs = MatmulAttrs(m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups)
+            attrs = MatmulAttrs(
+                m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups, conv_io=io
+            )
         c.emit(node, OpKind.MATMUL, c.tensors([x, w, bias]), attrs)
 
     return rule

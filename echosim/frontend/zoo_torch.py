@@ -176,8 +176,10 @@ def resnet50_module(classes: int = 1000) -> nn.Module:
     return ResNet50()
 
 
-def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool) -> nn.Module:
-    """One transformer encoder layer (bidirectional attention): pre-LN (ViT) or post-LN (BERT)."""
+def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: float = 0.0) -> nn.Module:
+    """One transformer encoder layer (bidirectional attention): pre-LN (ViT) or post-LN (BERT), with
+    ``dropout`` on the attention probabilities and on the attention and MLP outputs (BERT's
+    ``attention_probs_dropout_prob`` and ``hidden_dropout_prob``) when it is not 0."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -193,11 +195,13 @@ def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool) -> nn.Modu
         def attn(self, x: torch.Tensor) -> torch.Tensor:
             b, s, _ = x.shape
             q, k, v = self.qkv(x).view(b, s, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(q, k, v)
-            return self.proj(out.transpose(1, 2).reshape(b, s, hidden))
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout if self.training else 0.0)
+            out = self.proj(out.transpose(1, 2).reshape(b, s, hidden))
+            return F.dropout(out, dropout, self.training) if dropout else out
 
         def mlp(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc2(F.gelu(self.fc1(x)))
+            out = self.fc2(F.gelu(self.fc1(x)))
+            return F.dropout(out, dropout, self.training) if dropout else out
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if pre_norm:
@@ -239,9 +243,14 @@ def vit_module(
 
 
 def bert_module(
-    layers: int = 24, hidden: int = 1024, heads: int = 16, ffn: int = 4096, vocab: int = 30522, positions: int = 512
-) -> nn.Module:
-    """BERT with its pre-training heads; returns the masked-LM logits of every position."""
+    layers: int = 24, hidden: int = 1024, heads: int = 16, ffn: int = 4096, vocab: int = 30522, positions: int = 512,
+    dropout: float = 0.1,
+) -> nn.Module:  # fmt: skip
+    """BERT with its pre-training heads; returns the masked-LM logits of every position.
+
+    ``dropout`` is BERT's 0.1 (Devlin et al. 2018, A.2; DeepLearningExamples' bert_configs/large.json,
+    ``hidden_dropout_prob`` and ``attention_probs_dropout_prob``): after the embeddings' LayerNorm, on
+    each layer's attention probabilities (the attention node's ``dropout``) and attention and MLP outputs."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -253,7 +262,9 @@ def bert_module(
             self.positions = nn.Embedding(positions, hidden)
             self.types = nn.Embedding(2, hidden)
             self.emb_norm = nn.LayerNorm(hidden)
-            self.layers = nn.ModuleList(_encoder_layer(hidden, heads, ffn, pre_norm=False) for _ in range(layers))
+            self.layers = nn.ModuleList(
+                _encoder_layer(hidden, heads, ffn, pre_norm=False, dropout=dropout) for _ in range(layers)
+            )
             self.pooler = nn.Linear(hidden, hidden)
             self.transform = nn.Linear(hidden, hidden)
             self.mlm_norm = nn.LayerNorm(hidden)
@@ -264,6 +275,7 @@ def bert_module(
             s = ids.shape[1]
             pos = torch.arange(s, device=ids.device)
             x = self.emb_norm(self.words(ids) + self.positions(pos) + self.types(torch.zeros_like(ids)))
+            x = F.dropout(x, dropout, self.training)
             for layer in self.layers:
                 x = layer(x)
             # NVIDIA's recipe predicts only the masked positions (dense sequence output, its default), at most

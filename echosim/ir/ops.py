@@ -100,6 +100,9 @@ class MatmulAttrs:
     ``tp`` records the Megatron role of a sharded linear ("colwise" / "rowwise" /
     "vocab") so that backward rules know which gradient needs a reduction.
     ``grad_of`` is "" for a forward product, "dgrad" or "wgrad" for its gradients.
+    ``conv_io`` is set on a convolution's products: the elements of its input plus its output
+    activation (forward), of dy plus dx (dgrad), of x plus dy (wgrad): the tensors cuDNN
+    transposes when the activations are NCHW and the product runs on tensor cores.
     """
 
     m: int
@@ -110,6 +113,7 @@ class MatmulAttrs:
     grad_of: str = ""
     precision: str = ""  # "fp8": operands quantised, output in the tensor's (16-bit) dtype
     grouped: bool = False  # MoE experts: one grouped-GEMM kernel over ``batch`` experts' products
+    conv_io: int = 0  # a convolution's activation elements in + out (see above); 0 for a plain GEMM
 
     @property
     def flops(self) -> int:
@@ -166,6 +170,7 @@ class AttentionAttrs:
     flash: bool = True
     kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
     model_scale: float = 1.0
+    dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
 
     @property
     def flops(self) -> int:

@@ -98,7 +98,9 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     linear = len(c.spec(w).shape) == 2
     sp = _sp_gathered(c, x)
     if x in needs:
-        attrs = MatmulAttrs(m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad", grouped=a.grouped)
+        attrs = MatmulAttrs(
+            m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad", grouped=a.grouped, conv_io=a.conv_io
+        )
         dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
         if a.tp in ("colwise", "vocab") and not sp:  # with SP the all_gather's conjugate reduces
             reduce = CollectiveAttrs(Axis.TP, 0, c.spec(x).nbytes)
@@ -106,9 +108,11 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         out.append((x, dx))
     if w in needs:
         if linear:
-            attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad")
+            attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io)
         else:
-            attrs = MatmulAttrs(m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad", grouped=a.grouped)
+            attrs = MatmulAttrs(
+                m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad", grouped=a.grouped, conv_io=a.conv_io
+            )
         # Megatron's column-parallel linear keeps only its 1/tp input shard and gathers it
         # again; grouped expert GEMMs keep the rows the dispatcher gathered for them
         xin = _regather(c, x) if sp and linear else x
