@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,24 @@ def _time_steps(step: Any, steps: int, reduce_max: Any = None) -> tuple[list[flo
     return walls, sum(cpus) / sum(walls)
 
 
+def gloo_group(rank: int, world: int, port: int) -> Callable[[tuple[float, float] | None], tuple[float, float]] | None:
+    """Join a gloo group of ``world`` ranks (none for one process); the function that takes the
+    element-wise maximum of a pair of timings across the ranks."""
+    if world <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+    def reduce_max(values: tuple[float, float] | None) -> tuple[float, float]:
+        t = torch.tensor(values if values is not None else (0.0, 0.0), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0]), float(t[1])
+
+    return reduce_max
+
+
 def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
     import torch
 
@@ -144,17 +163,7 @@ def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps
     cfg = MODELS[model_name]
     model = _build(cfg)
     ids = torch.randint(0, cfg.vocab, (BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(rank))
-    reduce_max = None
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-
-        def reduce_max(values: tuple[float, float] | None) -> tuple[float, float]:
-            t = torch.tensor(values if values is not None else (0.0, 0.0), dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return float(t[0]), float(t[1])
-
+    reduce_max = gloo_group(rank, world, port)
     if layout == "pipeline x2 (gloo)":
         step = _pipeline_step(model, cfg, ids, rank, world)
     else:

@@ -48,6 +48,7 @@ from cpu_reality import (  # noqa: E402
     _free_port,
     _time_steps,
     calibrate,
+    gloo_group,
     run_ranks,
 )
 
@@ -104,17 +105,8 @@ def worker(name: str, layout: str, rank: int, world: int, port: int, steps: int,
     torch.manual_seed(0)
     model: Any = MODELS[name][0].build()
     inputs, labels = _batch(name, rank)
-    reduce_max = None
+    reduce_max = gloo_group(rank, world, port)
     if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-
-        def reduce_max(values: tuple[float, float] | None) -> tuple[float, float]:
-            t = torch.tensor(values if values is not None else (0.0, 0.0), dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return float(t[0]), float(t[1])
-
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=optimizer == "fused")
 
