@@ -25,7 +25,9 @@ import re
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,21 +79,25 @@ def _series_key(row: dict[str, str]) -> tuple[str, ...]:
     return (row["device"], row["op"].split(" (")[0], row["num_devices"], row["num_nodes"], layout, harness)
 
 
-def series_floors(path: Path, max_bytes: int) -> dict[tuple[str, ...], dict[str, float]]:
-    """Per series on the floor: rows, median measured time (µs) and echosim's median time on them."""
+def _floor_rows(path: Path, max_bytes: int) -> Iterator[tuple[dict[str, str], Any, tuple[float, bool]]]:
+    """Collective rows of at most ``max_bytes`` that echosim predicts: the row, its validation result and
+    its measured point (µs, whether the row states bus bandwidth)."""
     result = validate_microbench(path)
     model = {r.line: r for r in result.rows if r.group and r.predicted is not None}
-    measured: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    predicted: dict[tuple[str, ...], list[float]] = defaultdict(list)
     for line, row in read_rows(path):
         if line not in model or not any(re.search(p, row["op"]) for p, _ in COLLECTIVE_OPS):
             continue
         size = _size(row)
         point = _measured_us(row, size) if size is not None and size <= max_bytes else None
-        if point is None:
-            continue
-        r = model[line]
-        t, on_bw = point
+        if point is not None:
+            yield row, model[line], point
+
+
+def series_floors(path: Path, max_bytes: int) -> dict[tuple[str, ...], dict[str, float]]:
+    """Per series on the floor: rows, median measured time (µs) and echosim's median time on them."""
+    measured: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    predicted: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for row, r, (t, on_bw) in _floor_rows(path, max_bytes):
         # the model's time: its bus bandwidth turned back into time with the row's own factor
         key = _series_key(row)
         measured[key].append(t)
@@ -104,19 +110,10 @@ def series_floors(path: Path, max_bytes: int) -> dict[tuple[str, ...], dict[str,
 
 def floors(path: Path, max_bytes: int) -> dict[str, dict[str, float]]:
     """Per (device, op, harness) group: rows on the floor, echosim's MAPE on them and the oracle's."""
-    result = validate_microbench(path)
-    model = {r.line: r for r in result.rows if r.group and r.predicted is not None}
     series: dict[tuple[str, ...], list[tuple[float, bool]]] = defaultdict(list)
     group_of: dict[tuple[str, ...], str] = {}
     errors: dict[str, list[float]] = defaultdict(list)
-    for line, row in read_rows(path):
-        if line not in model or not any(re.search(p, row["op"]) for p, _ in COLLECTIVE_OPS):
-            continue
-        size = _size(row)
-        point = _measured_us(row, size) if size is not None and size <= max_bytes else None
-        if point is None:
-            continue
-        r = model[line]
+    for row, r, point in _floor_rows(path, max_bytes):
         key = _series_key(row)
         series[key].append(point)
         group = f"{row['device']} | {key[1]} | {key[5]}"
