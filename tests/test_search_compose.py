@@ -74,10 +74,24 @@ def test_batched_figures_equal_compile_with_experts() -> None:
     _assert_same(batch, plans, _moe(), cluster)
 
 
+def test_batched_figures_equal_compile_with_vocabulary_tiling() -> None:
+    """Vocabulary tiling replays the logits outside the layers (a working-set term of its own, merged
+    across the stage passes' added nodes): exact equality too."""
+    cluster = Cluster("h100-sxm", 8)
+    space = {"zero": (0, 1, 3), "tp": (1, 2), "pp": (1, 2), "cp": (1,), "vpp": (1,), "mb": (1, 2),
+             "recompute": ("none", "full")}  # fmt: skip
+    plans = _sample("gpt3-125m", Plan(global_batch=16, loss_chunks=4), cluster, space, 16)
+    assert plans and all(p.loss_chunks == 4 for p in plans)
+    memo.clear_all()
+    batch = _evaluate_batch("gpt3-125m", plans, cluster, 1.0)
+    _assert_same(batch, plans, "gpt3-125m", cluster)
+
+
 @pytest.mark.parametrize(
     "plan",
     [
         Plan(dp=8, global_batch=16),
+        Plan(dp=8, zero=1, global_batch=16, loss_chunks=4, recompute="full"),
         Plan(dp=4, pp=2, zero=1, global_batch=16, recompute="selective", attention="math"),
         Plan(dp=4, tp=2, zero=2, global_batch=16, recompute="full", sp=True),
         Plan(dp=8, zero=3, global_batch=16),
@@ -91,7 +105,11 @@ def test_stage_work_kept_before_the_stage_passes_equals_the_stage_graph(plan: Pl
     c = lower("gpt3-125m", plan, Cluster("h100-sxm", 8))
     for stage in c.stages:
         assert stage.base is not None and added_nodes(stage.graph, stage.base) is not None
-        for saved in (SavedPolicy(), SavedPolicy(fused_gated=True, offload=frozenset({"decoder_layer_input"}))):
+        for saved in (
+            SavedPolicy(),
+            SavedPolicy(fused_gated=True, offload=frozenset({"decoder_layer_input"})),
+            SavedPolicy(loss_chunks=plan.loss_chunks),
+        ):
             alone = replace(stage, base=None)
             assert transient_bytes(stage.graph, saved, stage.base) == transient_bytes(alone.graph, saved)
             assert activation_bytes(stage.graph, saved, stage.base) == activation_bytes(alone.graph, saved)
