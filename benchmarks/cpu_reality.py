@@ -337,14 +337,20 @@ def calibrate(db: Path, sweep: str) -> dict[int, str]:
     return refs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def worker_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments a CPU-reality script gives its own rank processes (:func:`run_ranks`)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("--worker")
     parser.add_argument("--layout", default="1 process")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--steps", type=int, default=10)
+    return parser
+
+
+def main() -> None:
+    parser = worker_parser(__doc__)
     parser.add_argument(
         "--calibration",
         nargs=2,

@@ -28,7 +28,6 @@ step is mostly optimizer (its tables are 97% of its parameters), so it shows the
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -50,6 +49,7 @@ from cpu_reality import (  # noqa: E402
     calibrate,
     gloo_group,
     run_ranks,
+    worker_parser,
 )
 
 from echosim.frontend.zoo_torch import TorchZooModel, dlrm_module, lstm_lm_module  # noqa: E402
@@ -148,13 +148,7 @@ def predict(name: str, layout: str, calibration: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker")
-    parser.add_argument("--layout", default="1 process")
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=10)
+    parser = worker_parser(__doc__)
     parser.add_argument("--calibration", nargs=2, metavar=("ONE_RANK", "TWO_RANKS"))
     parser.add_argument("--sweep", default="quick", help="Calibration sweep when calibrating now.")
     parser.add_argument(

@@ -166,6 +166,13 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     "states follow the fp32 parameters",
 )
 
+_TORCHTITAN_FSDP = Default(
+    "zero",
+    3,
+    "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
+    "(torchtitan/config/configs.py, commit b5bcd76)",
+)
+
 _TORCHTITAN_SP = Default(
     "sp",
     True,
@@ -284,12 +291,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "torchtitan: FSDP2 with per-op selective activation checkpointing",
             "torchtitan (commit b5bcd76)",
             (
-                Default(
-                    "zero",
-                    3,
-                    "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
-                    "(torchtitan/config/configs.py, commit b5bcd76)",
-                ),
+                _TORCHTITAN_FSDP,
                 _TORCHTITAN_SP,
                 Default(
                     "dtype",
@@ -320,12 +322,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "torchtitan with torch.compile of the model and the loss (--training.compile)",
             "torchtitan (commit b5bcd76)",
             (
-                Default(
-                    "zero",
-                    3,
-                    "FSDP2 over every data-parallel rank: data_parallel_shard_degree = -1 "
-                    "(torchtitan/config/configs.py, commit b5bcd76)",
-                ),
+                _TORCHTITAN_FSDP,
                 _TORCHTITAN_SP,
             ),
             row_names=("torchtitan (torch.compile",),

@@ -14,6 +14,7 @@ loaded backend to :func:`echosim.calibrate.apply_calibration` explicitly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from echosim.backends.base import DEFAULT_NODE_DEVICES, OverlapModel, Placement
@@ -50,6 +51,17 @@ class GuardedBackend:
             raise exc
         return BackendError(f"backend '{self.name}' (plugin '{self.owner}') failed in {method}: {_one_line(exc)}")
 
+    def _optional(self, method: str, default: Any, convert: Callable[[Any], Any], *args: Any) -> Any:
+        """``convert(inner.method(*args))`` for a method a plugin may leave out (``default`` then); any
+        failure, in the call or the conversion, names the backend and its plugin."""
+        call = getattr(self.inner, method, None)
+        if not callable(call):
+            return default
+        try:
+            return convert(call(*args))
+        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
+            raise self._fail(method, exc) from None
+
     def _checked(self, method: str, value: Any, what: str, positive: bool = False) -> float:
         """A number a report can use: finite and >= 0 (> 0 for ``positive``), else one line naming the plugin."""
         try:
@@ -83,13 +95,7 @@ class GuardedBackend:
 
     def supports_dtype(self, dtype: str) -> bool:
         """Optional for a plugin: without ``supports_dtype`` every dtype is accepted."""
-        method = getattr(self.inner, "supports_dtype", None)
-        if not callable(method):
-            return True
-        try:
-            return bool(method(dtype))
-        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
-            raise self._fail("supports_dtype", exc) from None
+        return self._optional("supports_dtype", True, bool, dtype)
 
     def overlap(self) -> OverlapModel:
         try:
@@ -125,37 +131,19 @@ class GuardedBackend:
     def peak_bandwidth_Bps(self, path: str) -> float | None:
         """Datasheet bytes/s of ``memory`` or ``links`` per device; optional for a plugin (``None``:
         the bandwidth invariant is not checked for it)."""
-        method = getattr(self.inner, "peak_bandwidth_Bps", None)
-        if not callable(method):
-            return None
-        try:
-            value = method(path)
-        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
-            raise self._fail("peak_bandwidth_Bps", exc) from None
-        return self._checked("peak_bandwidth_Bps", value, path, positive=True)
+        value = self._optional("peak_bandwidth_Bps", None, _same, path)
+        return None if value is None else self._checked("peak_bandwidth_Bps", value, path, positive=True)
 
     def formats(self) -> tuple[str, ...]:
         """Block-scaled formats (mxfp8, nvfp4) the device runs; optional for a plugin (none without it)."""
-        method = getattr(self.inner, "formats", None)
-        if not callable(method):
-            return ()
-        try:
-            return tuple(str(f) for f in method())
-        except Exception as exc:
-            raise self._fail("formats", exc) from None
+        return self._optional("formats", (), lambda found: tuple(str(f) for f in found))
 
     def node_devices(self, devices: int) -> int:
         """Devices of one node (NVLink domain, rack, TPU slice) a job of ``devices`` gets by default.
 
         Optional for a plugin: without ``node_devices`` a node holds 8 devices (an HGX/DGX node).
         """
-        method = getattr(self.inner, "node_devices", None)
-        if not callable(method):
-            return DEFAULT_NODE_DEVICES
-        try:
-            value = method(devices)
-        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
-            raise self._fail("node_devices", exc) from None
+        value = self._optional("node_devices", DEFAULT_NODE_DEVICES, _same, devices)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BackendError(
                 f"backend '{self.name}' (plugin '{self.owner}'): node_devices() must return a positive int, "
@@ -164,13 +152,11 @@ class GuardedBackend:
         return value
 
     def describe(self) -> dict[str, Any]:
-        describe = getattr(self.inner, "describe", None)
-        if not callable(describe):
-            return {}
-        try:
-            return dict(describe())
-        except BaseException as exc:  # a plugin may raise anything (SystemExit too)
-            raise self._fail("describe", exc) from None
+        return self._optional("describe", {}, dict)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def build_backend(name: str, factory: Any, owner: str) -> GuardedBackend:
