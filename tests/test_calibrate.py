@@ -151,6 +151,23 @@ def test_a_database_of_measured_rows_only_is_a_calibration_of_the_backends_it_me
         load_calibration(str(CalibrationDB(tmp_path / "empty.sqlite").path))
 
 
+@pytest.mark.parametrize("name", ["tpu-v5p", "a100-80gb", "b200", "cpu-x86"])
+def test_measured_rows_change_times_only_not_what_the_backend_is(tmp_path, name):
+    """A calibrated backend keeps the node size, dtypes, formats and buffer policy of the one it
+    wraps (a TPU slice stayed one node of 4,096 chips, not 8; A100 still refuses fp8)."""
+    from echosim.calibrate import apply_measurements
+    from echosim.calibrate.db import CalibrationDB
+
+    path = tmp_path / "rows.sqlite"
+    CalibrationDB(path).put(name, "matmul", matmul_key(64, 64, 64), "bf16", 1e-3, "test")
+    plain = load_backend(name)
+    calibrated = apply_measurements(plain, path)
+    assert calibrated.node_devices(4096) == plain.node_devices(4096)
+    assert calibrated.static_buffers == plain.static_buffers
+    assert calibrated.formats() == plain.formats()
+    assert [calibrated.supports_dtype(d) for d in ("fp8", "fp32")] == [plain.supports_dtype(d) for d in ("fp8", "fp32")]
+
+
 # ---- fitting ------------------------------------------------------------------------------------------------
 
 

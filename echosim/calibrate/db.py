@@ -309,6 +309,14 @@ class CalibratedBackend:
     def __repr__(self) -> str:
         return f"CalibratedBackend({self.inner!r}, {str(self.db.path)!r})"
 
+    def __getattr__(self, attr: str) -> Any:
+        """The wrapped backend's other methods and attributes (``node_devices``, ``formats``,
+        ``supports_dtype``, ``static_buffers``, plugin extras): measurements change times only, so a
+        calibrated TPU keeps its slice as one node and its static buffer assignment."""
+        if attr.startswith("__") or attr == "inner":  # no recursion before __init__ sets inner
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         key = node_key(node, io_bytes)
         measured = self._table.get(key)
