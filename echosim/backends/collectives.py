@@ -68,6 +68,17 @@ P2P_NVLINK_EFFICIENCY = 0.65
 # NVLink (P2P transport) connections always have them; network p2p connections only with
 # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (default 0), so across nodes small p2p stays Simple.
 P2P_LL_THRESHOLD_BYTES = 16384
+# How NCCL spreads one NVLink send (or receive) over channels (enqueue.cc scheduleP2pTasksToPlan and
+# calcP2pChunkSize, NCCL >= 2.19): a communicator of R ranks has P p2p channels; one peer's transfer
+# starts on P/R of them (halved until that many fit one per peer, at least 1), is cut into chunks of
+# at least P2P_NVL_CHUNKSIZE/8 and at most 32 x P2P_NVL_CHUNKSIZE, and takes more channels (doubling,
+# up to 4P/R) only when a chunk would pass that maximum. So a mid-size message runs on a few channels,
+# each one CTA: P2P_NVL_CHUNK_BYTES is NCCL's default (init.cc, 512 KiB); P is the next power of two
+# above the node's collective channels, capped at 32: "24 coll channels, 32 p2p channels" on an 8x H100
+# node (p5.48xlarge log in an EKS nccl-tests README), "16 p2p channels" on H800's 8 NVLinks
+# (NVIDIA/nccl#892); we take 2 per NVLink, rounded up to a power of two, at most 32.
+P2P_NVL_CHUNK_BYTES = 1 << 19
+P2P_MAX_CHANNELS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,12 +311,43 @@ def all_to_all_choice(
     return Choice("p2p", "Simple", nbytes, lat, bw, pipe)
 
 
+def p2p_channel_count(dev: DeviceSpec) -> int:
+    """NCCL's p2p channels on one node (``P`` above): two per NVLink, a power of two, at most 32."""
+    return min(P2P_MAX_CHANNELS, 2 ** math.ceil(math.log2(2 * max(1, dev.nvlink_links))))
+
+
+def p2p_channels(dev: DeviceSpec, nbytes: float, ranks: int) -> int:
+    """Channels NCCL runs one NVLink send of ``nbytes`` on, in a communicator of ``ranks`` ranks."""
+    total = p2p_channel_count(dev)
+    lo = hi = total  # p2pnChannelsPerPeer
+    while lo * ranks > total and lo > 1:
+        lo //= 2
+    while hi * ranks > total * 4 and hi > 1:
+        hi //= 2
+    min_chunk, max_chunk = P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32
+    chunk, used = max(min_chunk, math.ceil(nbytes / lo)), lo
+    while chunk > max_chunk and used <= hi // 2:
+        used *= 2
+        chunk = math.ceil(nbytes / used)
+    chunk = math.ceil(chunk / min_chunk) * min_chunk
+    return max(1, min(used, math.ceil(nbytes / chunk)))
+
+
 def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
-    """One send/recv pair: NVLink peer copy on a node, the GPU's own NIC across nodes."""
+    """One send/recv: NVLink peer copy on a node, the GPU's own NIC across nodes.
+
+    ``p`` is the communicator the send belongs to (``p.size`` ranks; a pair is ``Placement(2, ...)``).
+    On NVLink a send runs on :func:`p2p_channels` channels, each one CTA that moves what NCCL lets
+    one ring LL128 channel move (``PER_CH_RING_LL128_BW``, its per-channel figure for the GPU
+    generation): below tens of MB a send in an 8-rank communicator gets 4 channels, well under
+    the link, and each channel pipelines its own chunk.
+    """
     if p2p_uses_ll(nbytes, p, nccl):
         return _ll_p2p_choice(dev, nbytes, nbytes, dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY)
     if p.nodes == 1:
-        bw, hop = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY, NVLINK_HOP_US["ring"][SIMPLE]
+        link = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY
+        bw = min(link, p2p_channels(dev, nbytes, p.size) * PER_CH_RING_LL128_BW[dev.arch])
+        hop = NVLINK_HOP_US["ring"][SIMPLE]
     else:
         share = min(1.0, dev.devices_per_node / (p.per_node * p.concurrent_per_node))
         bw, hop = dev.nic_GBps * IB_EFFICIENCY * share, NET_HOP_US["ring"][SIMPLE]

@@ -385,8 +385,11 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
     m = re.search(r"(\d+) group\(s\) of (\d+) devices", row["shape"])
     if m and nodes == 1:
         concurrent = int(m.group(1))
-    if kind is OpKind.SEND:  # every rank sends to the next one: one pair's transfer, the others alongside
-        placement = Placement(2, 1 if nodes == 1 else 2, 2 if nodes == 1 else 1, max(1, per_node // 2))
+    if kind is OpKind.SEND:  # every rank sends to one peer: one pair's transfer, the others alongside
+        # On one node the pairs share one communicator of all n ranks (XLA's collective-permute,
+        # nccl-tests sendrecv), which sets how many channels NCCL gives each send; across nodes a
+        # pair's NIC share is what matters.
+        placement = Placement(n, 1, n) if nodes == 1 else Placement(2, 2, 1, max(1, per_node // 2))
         factor = 1.0
     else:
         placement = Placement(n, nodes, per_node, concurrent)
