@@ -340,18 +340,22 @@ def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DE
     On NVLink a send runs on :func:`p2p_channels` channels, each one CTA that moves what NCCL lets
     one ring LL128 channel move (``PER_CH_RING_LL128_BW``, its per-channel figure for the GPU
     generation): below tens of MB a send in an 8-rank communicator gets 4 channels, well under
-    the link, and each channel pipelines its own chunk.
+    the link. A channel whose chunk spans more than one FIFO step (``P2P_NVL_CHUNK_BYTES``)
+    pipelines it at its own rate; a one-step chunk has no pipeline of its own.
     """
     if p2p_uses_ll(nbytes, p, nccl):
         return _ll_p2p_choice(dev, nbytes, nbytes, dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY)
     if p.nodes == 1:
         link = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY
-        bw = min(link, p2p_channels(dev, nbytes, p.size) * PER_CH_RING_LL128_BW[dev.arch])
+        channels = p2p_channels(dev, nbytes, p.size)
+        bw = min(link, channels * PER_CH_RING_LL128_BW[dev.arch])
         hop = NVLINK_HOP_US["ring"][SIMPLE]
+        steps = nbytes / channels > P2P_NVL_CHUNK_BYTES
+        pipe = _pipeline_us(nbytes, bw if steps else link, hop)
     else:
         share = min(1.0, dev.devices_per_node / (p.per_node * p.concurrent_per_node))
         bw, hop = dev.nic_GBps * IB_EFFICIENCY * share, NET_HOP_US["ring"][SIMPLE]
-    pipe = _pipeline_us(nbytes, bw, hop)
+        pipe = _pipeline_us(nbytes, bw, hop)
     return Choice("p2p", "Simple", nbytes, BASE_LATENCY_US["ring"][SIMPLE] + hop, bw, pipe)
 
 
