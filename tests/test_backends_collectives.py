@@ -352,3 +352,15 @@ def test_xla_table_permutes_plateau_where_few_channels_carry_them(rows):
             errs.append(abs(model - t) / t)
         assert len(errs) == 28
         assert mape(errs) < bound
+
+
+def test_all_to_all_shares_run_on_the_channels_a_send_of_their_size_gets():
+    """An all-to-all is one send/recv per peer (XLA's and nccl-tests' grouped ncclSend/ncclRecv):
+    32 KiB shares get one channel each (7 CTAs for 7 peers, under the link); MB shares fill it."""
+    from echosim.backends.collectives import PER_CH_RING_LL128_BW
+
+    xla, eight = NcclConfig(protocols=("LL128", "Simple")), Placement(8, 1, 8)
+    small = best_choice(H100, A2A, 8 * 32 * 2**10, eight, xla)
+    assert small.algbw_GBps == pytest.approx(8 / 7 * 7 * PER_CH_RING_LL128_BW["hopper"])
+    big = best_choice(H100, A2A, 8 * 8 * MB, eight, xla)
+    assert big.algbw_GBps == pytest.approx(8 / 7 * H100.nvlink_busbw_GBps)

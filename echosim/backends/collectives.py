@@ -289,18 +289,27 @@ def _ll_p2p_choice(dev: DeviceSpec, nbytes: int, peer_bytes: float, link_GBps: f
 def all_to_all_choice(
     dev: DeviceSpec, nbytes: int, p: Placement, links: Links, nccl: NcclConfig = DEFAULT_NCCL
 ) -> Choice:
-    """Grouped send/recv to every peer: NVLink and NIC traffic proceed side by side."""
+    """Grouped send/recv to every peer: NVLink and NIC traffic proceed side by side.
+
+    Each NVLink peer's share runs on the channels :func:`p2p_channels` gives it (the node's p2p
+    channels at most), as a single send would, so small shares in a large group use few CTAs.
+    """
     n = p.size
-    if p.per_node > 1 and p2p_uses_ll(nbytes / n, p, nccl):
-        return _ll_p2p_choice(dev, nbytes, nbytes / n, links.intra_GBps)
+    peer_bytes = nbytes / n
+    if p.per_node > 1 and p2p_uses_ll(peer_bytes, p, nccl):
+        return _ll_p2p_choice(dev, nbytes, peer_bytes, links.intra_GBps)
     intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
     node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
     lat = BASE_LATENCY_US["ring"][SIMPLE]
     busy_us, pipe = 0.0, 0.0
     if p.per_node > 1:
-        busy_us = intra_bytes / (links.intra_GBps * 1e3)
+        per_peer = p2p_channels(dev, peer_bytes, n)
+        channels = min(p2p_channel_count(dev), (p.per_node - 1) * per_peer)
+        rate = min(links.intra_GBps, channels * PER_CH_RING_LL128_BW[dev.arch])
+        busy_us = intra_bytes / (rate * 1e3)
         hop = NVLINK_HOP_US["ring"][SIMPLE]
-        pipe = _pipeline_us(intra_bytes, links.intra_GBps, hop)
+        steps = peer_bytes / per_peer > P2P_NVL_CHUNK_BYTES
+        pipe = _pipeline_us(intra_bytes, rate if steps else links.intra_GBps, hop)
     if p.nodes > 1:
         hop = NET_HOP_US["ring"][SIMPLE]
         net_us = node_net_bytes / (links.inter_GBps * 1e3)
