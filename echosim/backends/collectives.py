@@ -342,8 +342,16 @@ def p2p_channels(dev: DeviceSpec, nbytes: float, ranks: int) -> int:
     return max(1, min(used, math.ceil(nbytes / chunk)))
 
 
-def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
+def p2p_choice(
+    dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL, exchange: bool = False
+) -> Choice:
     """One send/recv: NVLink peer copy on a node, the GPU's own NIC across nodes.
+
+    ``exchange``: a ring exchange (each rank sends to the next and receives from the previous in
+    one group, echosim's RECV): NCCL schedules a send to rank+d and a receive from rank-d in the
+    same round on the same channels, so each channel's CTA splits its warps between the two and
+    moves half its rate each way. A send whose receive pairs with another round (the neighbouring
+    pipeline stage sending back, a swap) keeps whole channels.
 
     ``p`` is the communicator the send belongs to (``p.size`` ranks; a pair is ``Placement(2, ...)``).
     On NVLink a send runs on :func:`p2p_channels` channels, each one CTA that moves what NCCL lets
@@ -357,7 +365,7 @@ def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DE
     if p.nodes == 1:
         link = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY
         channels = p2p_channels(dev, nbytes, p.size)
-        bw = min(link, channels * PER_CH_RING_LL128_BW[dev.arch])
+        bw = min(link, channels * PER_CH_RING_LL128_BW[dev.arch] / (2 if exchange else 1))
         hop = NVLINK_HOP_US["ring"][SIMPLE]
         steps = nbytes / channels > P2P_NVL_CHUNK_BYTES
         pipe = _pipeline_us(nbytes, bw if steps else link, hop)
@@ -373,7 +381,7 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
     check_placement(dev, p)
     links = links_for(dev, p)
     if kind in (OpKind.SEND, OpKind.RECV):
-        return [p2p_choice(dev, nbytes, p, nccl)]
+        return [p2p_choice(dev, nbytes, p, nccl, exchange=kind is OpKind.RECV)]
     if kind is OpKind.ALL_TO_ALL:
         return [all_to_all_choice(dev, nbytes, p, links, nccl)]
     if kind not in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST):
