@@ -355,12 +355,16 @@ def test_xla_table_permutes_plateau_where_few_channels_carry_them(rows):
 
 
 def test_all_to_all_shares_run_on_the_channels_a_send_of_their_size_gets():
-    """An all-to-all is one send/recv per peer (XLA's and nccl-tests' grouped ncclSend/ncclRecv):
-    32 KiB shares get one channel each (7 CTAs for 7 peers, under the link); MB shares fill it."""
+    """An all-to-all is one send/recv per peer (XLA's and nccl-tests' grouped ncclSend/ncclRecv), each
+    round a ring exchange (to rank+d, from rank-d on the same channels): 32 KiB shares get one
+    channel each (7 CTAs for 7 peers, half their rate each way, under the link); MB shares fill
+    H100's link and B200's 28 channels (560 GB/s of its 722)."""
     from echosim.backends.collectives import PER_CH_RING_LL128_BW
 
     xla, eight = NcclConfig(protocols=("LL128", "Simple")), Placement(8, 1, 8)
     small = best_choice(H100, A2A, 8 * 32 * 2**10, eight, xla)
-    assert small.algbw_GBps == pytest.approx(8 / 7 * 7 * PER_CH_RING_LL128_BW["hopper"])
+    assert small.algbw_GBps == pytest.approx(8 / 7 * 7 * PER_CH_RING_LL128_BW["hopper"] / 2)
     big = best_choice(H100, A2A, 8 * 8 * MB, eight, xla)
     assert big.algbw_GBps == pytest.approx(8 / 7 * H100.nvlink_busbw_GBps)
+    b200 = best_choice(DEVICES["b200"], A2A, 8 * 8 * MB, eight, xla)
+    assert b200.algbw_GBps == pytest.approx(8 / 7 * 28 * PER_CH_RING_LL128_BW["blackwell"] / 2)

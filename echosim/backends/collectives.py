@@ -305,7 +305,8 @@ def all_to_all_choice(
     if p.per_node > 1:
         per_peer = p2p_channels(dev, peer_bytes, n)
         channels = min(p2p_channel_count(dev), (p.per_node - 1) * per_peer)
-        rate = min(links.intra_GBps, channels * PER_CH_RING_LL128_BW[dev.arch])
+        # round d sends to rank+d and receives from rank-d on the same channels (a ring exchange)
+        rate = min(links.intra_GBps, channels * PER_CH_RING_LL128_BW[dev.arch] / 2)
         busy_us = intra_bytes / (rate * 1e3)
         hop = NVLINK_HOP_US["ring"][SIMPLE]
         steps = peer_bytes / per_peer > P2P_NVL_CHUNK_BYTES
