@@ -167,3 +167,32 @@ def test_blackwell_attention_runs_at_cudnns_rate_from_the_fa4_paper(name: str) -
     rate = anchor.flops / (flash_attention_time_s(dev, anchor, "bf16") - dev.kernel_overhead_us * 1e-6)
     assert rate / (dev.peak_bf16_tflops * 1e12) == pytest.approx(1613.0 / 1.3 / 2250.0, rel=1e-3)
     assert dev.flash_fwd_eff < DEVICES["h100-sxm"].flash_fwd_eff  # below FA3's share of Hopper's peak
+
+
+def test_gemm_efficiency_is_each_devices_best_library_measurement():
+    """One rule for every device (devices.DeviceSpec): gemm_eff_<dtype> x peak = the highest TFLOP/s of
+    the device's mamf-finder and cuBLASLt rows in microbench.csv (A100: MAMF 271.2, above cuBLASLt's
+    253.7), XLA's perf table excluded."""
+    from echosim.backends.device_names import backend_for_device
+
+    bench = HW_SPECS.parent / "microbench.csv"
+    if not bench.exists():
+        pytest.skip(f"validation data not found at {bench}")
+    best: dict[tuple[str, str], float] = {}
+    with bench.open() as f:
+        for r in csv.DictReader(f):
+            library = "MAMF" in r["op"] or r["op"].startswith("GEMM (cuBLASLt)")
+            name = backend_for_device(r["device"])
+            if not library or r["metric"] != "TFLOPS" or name not in DEVICES or "SUSPECT" in r["notes"]:
+                continue
+            dtype = {"bf16": "16bit", "fp16": "16bit", "fp8": "fp8", "fp4": "fp4"}[r["dtype"].split()[0]]
+            best[name, dtype] = max(best.get((name, dtype), 0.0), float(r["value"]))
+    assert len(best) == 11  # a100 16-bit; h100, b200, gb200, b300 16-bit and fp8; h200 fp8; gb200 fp4
+    for (name, dtype), tflops in best.items():
+        dev = DEVICES[name]
+        eff, peak = {
+            "16bit": (dev.gemm_eff_16bit, dev.peak_bf16_tflops),
+            "fp8": (dev.gemm_eff_fp8, dev.peak_fp8_tflops),
+            "fp4": (dev.gemm_eff_fp4, dev.peak_fp4_tflops),
+        }[dtype]
+        assert eff * peak == pytest.approx(tflops), (name, dtype)

@@ -38,6 +38,9 @@ MEETS = {
     "H200-SXM-141GB | all_reduce | intra-node | <1MiB": 1.4,
     "GB200 | all_reduce | intra-node | <1MiB": 5.2,
     "A100-SXM4-80GB | all_reduce | intra-node | <1MiB": 4.8,
+    # XLA's collective-permutes: NCCL's p2p channels per send, ring shifts sharing them both ways
+    "H100-SXM (sm_90) | send/recv | intra-node | <1MiB | XLA table": 12.8,
+    "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB | XLA table": 9.2,
 }
 
 
@@ -112,3 +115,28 @@ def test_targets_by_regime_and_harness(groups):
 )  # fmt: skip
 def test_each_harness_runs_nccl_as_its_code_does(fields, expected):
     assert harness_nccl({**ROW, "value": "1.0", "notes": "", **fields}) == expected
+
+
+def test_a_ring_shift_permute_is_a_ring_exchange_and_a_swap_is_not():
+    """A rank that sends to r+d and receives from r-d does both in one NCCL p2p round (echosim's RECV)."""
+    from echosim.ir.ops import OpKind
+    from echosim.validation.microbench import _shares_rounds
+
+    ring = "[256] pattern pairs[target: 1;source: 1 target: 2;source: 2 target: 3;source: 3 target: 4;" + (
+        "source: 4 target: 5;source: 5 target: 6;source: 6 target: 7;source: 7]"
+    )
+    swap = "[256] pattern pairs[target: 1;source: 1;source: 2 target: 3;source: 3 target: 2;" + (
+        "source: 4 target: 5;source: 5 target: 4;source: 6 target: 7;source: 7 target: 6]"
+    )
+    half = "[256] pattern pairs[target: 4;source: 1 target: 5;source: 2 target: 6;source: 3 target: 7]"
+    assert _shares_rounds(ring, 8) and not _shares_rounds(swap, 8) and not _shares_rounds(half, 8)
+    assert not _shares_rounds("[256] 1 group(s) of 8 devices (iota 8)", 8)
+
+    from echosim.backends.base import Placement
+    from echosim.backends.collectives import best_choice
+    from echosim.backends.devices import DEVICES
+
+    h100, eight, xla = DEVICES["h100-sxm"], Placement(8, 1, 8), XLA_TABLE_NCCL
+    one_way = best_choice(h100, OpKind.SEND, 16 * 2**20, eight, xla)
+    both_ways = best_choice(h100, OpKind.RECV, 16 * 2**20, eight, xla)
+    assert both_ways.algbw_GBps == pytest.approx(one_way.algbw_GBps / 2)

@@ -68,6 +68,17 @@ P2P_NVLINK_EFFICIENCY = 0.65
 # NVLink (P2P transport) connections always have them; network p2p connections only with
 # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (default 0), so across nodes small p2p stays Simple.
 P2P_LL_THRESHOLD_BYTES = 16384
+# How NCCL spreads one NVLink send (or receive) over channels (enqueue.cc scheduleP2pTasksToPlan and
+# calcP2pChunkSize, NCCL >= 2.19): a communicator of R ranks has P p2p channels; one peer's transfer
+# starts on P/R of them (halved until that many fit one per peer, at least 1), is cut into chunks of
+# at least P2P_NVL_CHUNKSIZE/8 and at most 32 x P2P_NVL_CHUNKSIZE, and takes more channels (doubling,
+# up to 4P/R) only when a chunk would pass that maximum. So a mid-size message runs on a few channels,
+# each one CTA: P2P_NVL_CHUNK_BYTES is NCCL's default (init.cc, 512 KiB); P is the next power of two
+# above the node's collective channels, capped at 32: "24 coll channels, 32 p2p channels" on an 8x H100
+# node (p5.48xlarge log in an EKS nccl-tests README), "16 p2p channels" on H800's 8 NVLinks
+# (NVIDIA/nccl#892); we take 2 per NVLink, rounded up to a power of two, at most 32.
+P2P_NVL_CHUNK_BYTES = 1 << 19
+P2P_MAX_CHANNELS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,18 +289,28 @@ def _ll_p2p_choice(dev: DeviceSpec, nbytes: int, peer_bytes: float, link_GBps: f
 def all_to_all_choice(
     dev: DeviceSpec, nbytes: int, p: Placement, links: Links, nccl: NcclConfig = DEFAULT_NCCL
 ) -> Choice:
-    """Grouped send/recv to every peer: NVLink and NIC traffic proceed side by side."""
+    """Grouped send/recv to every peer: NVLink and NIC traffic proceed side by side.
+
+    Each NVLink peer's share runs on the channels :func:`p2p_channels` gives it (the node's p2p
+    channels at most), as a single send would, so small shares in a large group use few CTAs.
+    """
     n = p.size
-    if p.per_node > 1 and p2p_uses_ll(nbytes / n, p, nccl):
-        return _ll_p2p_choice(dev, nbytes, nbytes / n, links.intra_GBps)
+    peer_bytes = nbytes / n
+    if p.per_node > 1 and p2p_uses_ll(peer_bytes, p, nccl):
+        return _ll_p2p_choice(dev, nbytes, peer_bytes, links.intra_GBps)
     intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
     node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
     lat = BASE_LATENCY_US["ring"][SIMPLE]
     busy_us, pipe = 0.0, 0.0
     if p.per_node > 1:
-        busy_us = intra_bytes / (links.intra_GBps * 1e3)
+        per_peer = p2p_channels(dev, peer_bytes, n)
+        channels = min(p2p_channel_count(dev), (p.per_node - 1) * per_peer)
+        # round d sends to rank+d and receives from rank-d on the same channels (a ring exchange)
+        rate = min(links.intra_GBps, channels * PER_CH_RING_LL128_BW[dev.arch] / 2)
+        busy_us = intra_bytes / (rate * 1e3)
         hop = NVLINK_HOP_US["ring"][SIMPLE]
-        pipe = _pipeline_us(intra_bytes, links.intra_GBps, hop)
+        steps = peer_bytes / per_peer > P2P_NVL_CHUNK_BYTES
+        pipe = _pipeline_us(intra_bytes, rate if steps else links.intra_GBps, hop)
     if p.nodes > 1:
         hop = NET_HOP_US["ring"][SIMPLE]
         net_us = node_net_bytes / (links.inter_GBps * 1e3)
@@ -300,16 +321,59 @@ def all_to_all_choice(
     return Choice("p2p", "Simple", nbytes, lat, bw, pipe)
 
 
-def p2p_choice(dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
-    """One send/recv pair: NVLink peer copy on a node, the GPU's own NIC across nodes."""
+def p2p_channel_count(dev: DeviceSpec) -> int:
+    """NCCL's p2p channels on one node (``P`` above): two per NVLink, a power of two, at most 32."""
+    return min(P2P_MAX_CHANNELS, 2 ** math.ceil(math.log2(2 * max(1, dev.nvlink_links))))
+
+
+def p2p_channels(dev: DeviceSpec, nbytes: float, ranks: int) -> int:
+    """Channels NCCL runs one NVLink send of ``nbytes`` on, in a communicator of ``ranks`` ranks."""
+    total = p2p_channel_count(dev)
+    lo = hi = total  # p2pnChannelsPerPeer
+    while lo * ranks > total and lo > 1:
+        lo //= 2
+    while hi * ranks > total * 4 and hi > 1:
+        hi //= 2
+    min_chunk, max_chunk = P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32
+    chunk, used = max(min_chunk, math.ceil(nbytes / lo)), lo
+    while chunk > max_chunk and used <= hi // 2:
+        used *= 2
+        chunk = math.ceil(nbytes / used)
+    chunk = math.ceil(chunk / min_chunk) * min_chunk
+    return max(1, min(used, math.ceil(nbytes / chunk)))
+
+
+def p2p_choice(
+    dev: DeviceSpec, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL, exchange: bool = False
+) -> Choice:
+    """One send/recv: NVLink peer copy on a node, the GPU's own NIC across nodes.
+
+    ``exchange``: a ring exchange (each rank sends to the next and receives from the previous in
+    one group, echosim's RECV): NCCL schedules a send to rank+d and a receive from rank-d in the
+    same round on the same channels, so each channel's CTA splits its warps between the two and
+    moves half its rate each way. A send whose receive pairs with another round (the neighbouring
+    pipeline stage sending back, a swap) keeps whole channels.
+
+    ``p`` is the communicator the send belongs to (``p.size`` ranks; a pair is ``Placement(2, ...)``).
+    On NVLink a send runs on :func:`p2p_channels` channels, each one CTA that moves what NCCL lets
+    one ring LL128 channel move (``PER_CH_RING_LL128_BW``, its per-channel figure for the GPU
+    generation): below tens of MB a send in an 8-rank communicator gets 4 channels, well under
+    the link. A channel whose chunk spans more than one FIFO step (``P2P_NVL_CHUNK_BYTES``)
+    pipelines it at its own rate; a one-step chunk has no pipeline of its own.
+    """
     if p2p_uses_ll(nbytes, p, nccl):
         return _ll_p2p_choice(dev, nbytes, nbytes, dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY)
     if p.nodes == 1:
-        bw, hop = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY, NVLINK_HOP_US["ring"][SIMPLE]
+        link = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY
+        channels = p2p_channels(dev, nbytes, p.size)
+        bw = min(link, channels * PER_CH_RING_LL128_BW[dev.arch] / (2 if exchange else 1))
+        hop = NVLINK_HOP_US["ring"][SIMPLE]
+        steps = nbytes / channels > P2P_NVL_CHUNK_BYTES
+        pipe = _pipeline_us(nbytes, bw if steps else link, hop)
     else:
         share = min(1.0, dev.devices_per_node / (p.per_node * p.concurrent_per_node))
         bw, hop = dev.nic_GBps * IB_EFFICIENCY * share, NET_HOP_US["ring"][SIMPLE]
-    pipe = _pipeline_us(nbytes, bw, hop)
+        pipe = _pipeline_us(nbytes, bw, hop)
     return Choice("p2p", "Simple", nbytes, BASE_LATENCY_US["ring"][SIMPLE] + hop, bw, pipe)
 
 
@@ -318,7 +382,7 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
     check_placement(dev, p)
     links = links_for(dev, p)
     if kind in (OpKind.SEND, OpKind.RECV):
-        return [p2p_choice(dev, nbytes, p, nccl)]
+        return [p2p_choice(dev, nbytes, p, nccl, exchange=kind is OpKind.RECV)]
     if kind is OpKind.ALL_TO_ALL:
         return [all_to_all_choice(dev, nbytes, p, links, nccl)]
     if kind not in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST):

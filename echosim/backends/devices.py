@@ -49,6 +49,11 @@ class DeviceSpec:
     hbm_GB: float
     hbm_GBps: float
     hbm_stream_GBps: float  # measured achievable bandwidth of streaming kernels
+    # gemm_eff_*: one rule for every device: the highest TFLOP/s the device's GEMM-library rows of
+    # microbench.csv measured in that dtype (mamf-finder's best shape, cuBLASLt sweeps), over the dense
+    # peak; a part without a row of its own takes its die-mate's. XLA's perf table is not a source: it
+    # is the check of the shape model, and its fp8 maxima sit at 95% of the dense peak next to rows
+    # above it (flagged SUSPECT). tests/test_backends_devices.py recomputes every value from the file.
     gemm_eff_16bit: float  # large-GEMM TFLOP/s over peak (bf16/fp16)
     gemm_eff_fp8: float | None
     flash_fwd_eff: float  # measured flash-attention forward TFLOP/s over 16-bit peak ...
@@ -298,8 +303,7 @@ H200 = DeviceSpec(
 )
 
 # NVFP4 GEMM fraction of peak: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 8192^3 = 7535.6 TFLOP/s of
-# the 10,000 dense peak; cuBLASLt is a heuristic pick, so the autotuned fraction is that over
-# compute.HEURISTIC_GEMM_FRACTION (0.91), as the other gemm_eff_* are autotuned rates.
+# the 10,000 dense peak, the device's best fp4 library row (the rule at gemm_eff_16bit).
 # Blackwell attention: Megatron-Core / NeMo run Transformer Engine's fused attention, which on sm_100
 # is cuDNN's flash kernel. The FlashAttention-4 paper (Zadouri, Hoehnerbach, Shah, Liu, Thakkar, Dao;
 # https://github.com/Dao-AILab/flash-attention/blob/main/assets/fa4_paper.pdf, abstract) measures
@@ -311,7 +315,7 @@ _BLACKWELL_FLASH_EFF = 1613.0 / 1.3 / 2250.0
 # FlashAttention-2 (its sm80 kernels, as PyTorch SDPA's flash backend runs them) on GB200: 373.9 TFLOP/s
 # at b=2 s=8192 d=128 (microbench.csv, Azure ND GB200 v6), 15% of 2500.
 _BLACKWELL_FA2_EFF = 373.9 / 2500.0
-_FP4_EFF = 7535.6 / 10000.0 / 0.91
+_FP4_EFF = 7535.6 / 10000.0
 
 B200 = DeviceSpec(
     name="b200",
@@ -327,7 +331,7 @@ B200 = DeviceSpec(
     # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866).
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1745.0 / 2250.0,  # Source: hw_specs.csv notes, MAMF bf16 1745 TFLOP/s (77.6%)
-    gemm_eff_fp8=3432.0 / 4500.0,  # Source: hw_specs.csv notes, MAMF fp8 3432 TFLOP/s (76.3%)
+    gemm_eff_fp8=3432.5 / 4500.0,  # Source: microbench.csv, MAMF B200 SXM fp8 e4m3 best shape 3432.5 TFLOP/s
     flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # Source: FA4 paper, cuDNN 9.13 = 1613 / 1.3 TFLOP/s (above)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no B200 row)

@@ -361,6 +361,23 @@ def harness_nccl(row: dict[str, str]) -> NcclConfig:
     return NcclConfig()
 
 
+def _shares_rounds(shape: str, n: int) -> bool:
+    """Whether a permute's ranks send and receive in one NCCL p2p round (a ring shift: to r+d, from r-d).
+
+    The shape holds XLA's source-target pairs as protobuf text, zero fields left out
+    (``pairs[target: 1;source: 1 target: 2;...;source: 7]``).
+    """
+    m = re.search(r"pairs\[(.*)\]", shape)
+    if not m:
+        return False
+    to: dict[int, int] = {}
+    for entry in m.group(1).split(";"):
+        src, dst = re.search(r"source: (\d+)", entry), re.search(r"target: (\d+)", entry)
+        to[int(src.group(1)) if src else 0] = int(dst.group(1)) if dst else 0
+    sender = {dst: src for src, dst in to.items()}
+    return any((to[r] - r) % n == (r - sender[r]) % n for r in to if r in sender)
+
+
 def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe | str:
     system = row["system"]
     if "TCPXO" in system:
@@ -385,9 +402,14 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
     m = re.search(r"(\d+) group\(s\) of (\d+) devices", row["shape"])
     if m and nodes == 1:
         concurrent = int(m.group(1))
-    if kind is OpKind.SEND:  # every rank sends to the next one: one pair's transfer, the others alongside
-        placement = Placement(2, 1 if nodes == 1 else 2, 2 if nodes == 1 else 1, max(1, per_node // 2))
+    if kind is OpKind.SEND:  # every rank sends to one peer: one pair's transfer, the others alongside
+        # On one node the pairs share one communicator of all n ranks (XLA's collective-permute,
+        # nccl-tests sendrecv), which sets how many channels NCCL gives each send; across nodes a
+        # pair's NIC share is what matters.
+        placement = Placement(n, 1, n) if nodes == 1 else Placement(2, 2, 1, max(1, per_node // 2))
         factor = 1.0
+        if _shares_rounds(row["shape"], n):  # a ring shift: echosim's ring exchange
+            kind = OpKind.RECV
     else:
         placement = Placement(n, nodes, per_node, concurrent)
         factor = 2 * (n - 1) / n if kind is OpKind.ALL_REDUCE else (n - 1) / n
@@ -407,7 +429,7 @@ def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe 
     else:
         return f"metric {row['metric']!r} not understood"
     scope = "intra-node" if nodes == 1 else "inter-node"
-    op = "send/recv" if kind is OpKind.SEND else kind.value
+    op = "send/recv" if kind in (OpKind.SEND, OpKind.RECV) else kind.value
     regime = ">=1MiB" if size >= MiB else "<1MiB"
     return Probe(backend, op, scope, predict, regime, {"nccl": harness_nccl(row)})
 
