@@ -15,7 +15,7 @@ from echosim.compiler import lower
 from echosim.frameworks import FRAMEWORKS, framework_named_in
 from echosim.frontend.zoo import ArchConfig
 from echosim.ir.ops import ElementwiseAttrs, Phase
-from echosim.passes.memory import SavedPolicy, StatePolicy, activation_bytes
+from echosim.passes.memory import SavedPolicy, StatePolicy, activation_bytes, allocator_block
 from echosim.passes.recompute import MODES, Recompute, RecomputeError, policy_named
 from echosim.passes.saved import names_in_block
 from echosim.plan import Cluster, Plan, PlanError
@@ -51,6 +51,19 @@ def test_tensor_names_follow_the_layer_structure():
     names = sorted(names_in_block(g).values())
     # q, k and v projections feed attention; o_proj reads it; gate/up read the norm; down reads the product
     assert names == ["context", "mlpwi", "mlpwi", "mlpwo", "out_proj", "qkv_proj", "qkv_proj", "qkv_proj"]
+
+
+def test_a_tensor_parallel_name_sits_on_the_reduced_sharded_tensor():
+    # MaxText names out_proj after the projection returns: the reduce-scattered array, 1/tp of the partial sums
+    plan = Plan(tp=2, sp=True, recompute="minimal", framework="maxtext")
+    g = lower(LLAMA, plan, Cluster("tpu-v5p", 2)).stages[0].graph
+    out_proj = [g[nid] for nid, name in names_in_block(g).items() if name == "out_proj"]
+    assert [n.op.value for n in out_proj] == ["reduce_scatter"]
+    assert out_proj[0].out.numel * 2 == g[out_proj[0].inputs[0]].out.numel  # one of two shards
+    replayed = [n.name for n in g if n.phase is Phase.RECOMPUTE]
+    assert not any("o_proj" in name for name in replayed)  # kept sharded: neither its matmul nor its reduction replays
+    without_tp = lower(LLAMA, Plan(recompute="minimal", framework="maxtext"), Cluster("tpu-v5p", 1)).stages[0].graph
+    assert {name for name in names_in_block(without_tp).values()} == {name for name in names_in_block(g).values()}
 
 
 def test_policies_order_by_what_they_keep():
@@ -198,12 +211,23 @@ def test_megatron_moe_applies_router_weights_in_the_experts():
     assert not FRAMEWORKS["torchtitan"].probs_in_experts
 
 
+def test_caching_allocator_blocks_follow_its_rounding():
+    mib = 2**20
+    # 512-byte blocks; above 10 MiB a tensor's own segment, rounded up to 2 MiB (CUDACachingAllocator.cpp)
+    assert [allocator_block(n) for n in (1, 512, 513, 10 * mib)] == [512, 512, 1024, 10 * mib]
+    assert allocator_block(10 * mib + 1) == 12 * mib and allocator_block(64 * mib) == 64 * mib
+
+
 def test_xla_static_buffers_have_no_allocator_share_or_nccl_buffers():
-    tpu = lower(LLAMA, Plan(dp=4, zero=3), Cluster("tpu-v5p", 4)).report.memory[0]
-    gpu = lower(LLAMA, Plan(dp=4, zero=3), Cluster("h100-sxm", 4)).report.memory[0]
+    # [4, 4000, 960] bf16 values: 29.3 MiB each, held in 30 MiB blocks by the caching allocator
+    odd = LLAMA.with_(hidden=960, ffn=2560, seq_len=4000)
+    tpu = lower(odd, Plan(dp=4, zero=3, micro_batch=4), Cluster("tpu-v5p", 4)).report.memory[0]
+    gpu = lower(odd, Plan(dp=4, zero=3, micro_batch=4), Cluster("h100-sxm", 4)).report.memory[0]
     assert tpu["fragmentation"] == 0 and tpu["comm_buffers"] == 0
-    assert gpu["fragmentation"] > 0 and gpu["comm_buffers"] > 0
+    assert 0 < gpu["fragmentation"] < 0.05 * gpu["activations"] and gpu["comm_buffers"] > 0
     assert tpu["peak"] == sum(tpu[k] for k in ("params", "grads", "optimizer", "activations", "transient"))
+    # a model whose tensors are whole 2 MiB multiples wastes nothing
+    assert lower(LLAMA, Plan(dp=4, zero=3), Cluster("h100-sxm", 4)).report.memory[0]["fragmentation"] == 0
 
 
 def test_megatron_recompute_modules_drop_what_they_replay():

@@ -18,8 +18,23 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
 from echosim.passes.saved import names_in_block
 
-# PyTorch's caching allocator never returns all it reserves; a typical share is 5-10%.
-FRAGMENTATION = 0.07
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.x): every request is
+# rounded up to kMinBlockSize (512 bytes); one above kMinLargeAlloc (10 MiB) that finds no cached block
+# gets a segment of its own, rounded up to kRoundLarge (2 MiB); smaller ones share 2 MiB (kSmallBuffer)
+# and 20 MiB (kLargeBuffer) segments. Before it reports out of memory, malloc releases every cached
+# block no tensor holds and retries (release_cached_blocks), so what a run must fit is what it
+# allocates plus this rounding: the cache the allocator keeps beyond that (``reserved``) is given
+# back under pressure. See :data:`RESERVED_OVER_ALLOCATED` for the reserved peak.
+MIN_BLOCK_BYTES = 512
+MIN_LARGE_ALLOC_BYTES = 10 * 2**20
+ROUND_LARGE_BYTES = 2 * 2**20
+# Peak reserved over peak allocated memory measured on Megatron-Bridge runs, the median of the ten
+# published pairs (1.024, 1.025, 1.026, 1.028, 1.031, 1.034, 1.045, 1.078, 1.109, 1.175) of
+# peak_allocated_memory_gib / peak_reserved_memory_gib in examples/model_verification_cards/
+# {gemma-4-26b-a4b-it, nemotron-3.5-lightning}/card.yaml and the 59.000 / 69.344 GiB of
+# nemotron-3-super-120b-a12b/card.yaml (Megatron-Bridge commit 067f987). What the caching allocator
+# holds when it has room; a ``reserved`` measurement is compared with the peak times this.
+RESERVED_OVER_ALLOCATED = 1.0325
 # NCCL keeps NCCL_BUFFSIZE (4 MiB default) per channel and peer; with up to 32 channels and
 # two ring neighbours that is 256 MiB per communicator (NCCL environment-variable docs).
 NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
@@ -112,14 +127,16 @@ def _base(graph: Graph, nid: int) -> int:
     return nid
 
 
-def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool) -> int:
+def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool, mask_in_dtype: bool = False) -> int:
     """Bytes kept for backward; a dropout read only by its own gradient keeps just its mask.
 
     Attention keeps its softmax statistics (and, materialised, its score matrices) only
     for its own backward: when that backward reads a recomputed copy, only the output stays.
+    ``mask_in_dtype``: dropout's mask is in the input's dtype, not 1 byte (no fused kernel).
     """
+    mask = node.out.dtype.itemsize if mask_in_dtype else 1
     if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "dropout" and only_own_grad:
-        return node.out.numel  # a 1-byte mask
+        return node.out.numel * mask
     if isinstance(node.attrs, AttentionAttrs):
         a = node.attrs
         if not own_grad_reads:
@@ -128,8 +145,8 @@ def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool) -> int:
         if a.flash:
             return node.out.nbytes + lse
         scores = a.batch * a.heads * a.q_len * a.kv_len
-        # softmax output, dropout mask (1 byte), dropout output: 5 bytes per score in 16-bit
-        return node.out.nbytes + scores * (2 * node.out.dtype.itemsize + 1)
+        # softmax output, dropout mask (1 byte fused), dropout output: 5 bytes per score in 16-bit
+        return node.out.nbytes + scores * (2 * node.out.dtype.itemsize + (mask if a.dropout else 1))
     return node.out.nbytes
 
 
@@ -163,20 +180,33 @@ class SavedPolicy:
     loss_chunks: int = 1  # the loss runs over this many token chunks: one chunk's logits exist at a time
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
+    mask_in_dtype: bool = False  # dropout keeps its mask in the input's dtype (no fused kernel: CPU)
 
 
-def activation_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph | None = None) -> int:
+def allocator_block(nbytes: int) -> int:
+    """Device bytes the caching allocator holds for one tensor of ``nbytes`` (see :data:`MIN_BLOCK_BYTES`)."""
+    rounded = -(-max(nbytes, 1) // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+    if rounded > MIN_LARGE_ALLOC_BYTES:
+        return -(-rounded // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    return rounded
+
+
+def activation_bytes(
+    graph: Graph, saved: SavedPolicy | None = None, base: Graph | None = None, blocks: bool = False
+) -> int:
     """Bytes saved by one micro-batch's forward for its backward, on this rank.
 
     A value read inside a repeated block is saved once per repetition, even when it
     is produced outside it: in the unfolded model each layer reads its own input.
     ``base``: a graph ``graph`` extends (:func:`added_nodes`); when what it added reads no forward
     value (gradient reductions, the optimizer step), the bytes are ``base``'s, kept on it.
+    ``blocks``: each saved tensor as the caching allocator holds it (:func:`allocator_block`).
     """
     saved = saved or SavedPolicy()
     added = added_nodes(graph, base)
     if base is not None and added is not None and not _reads_forward(graph, added):
-        return base.derived(("activation-bytes", saved), lambda: activation_bytes(base, saved))
+        key = "activation-blocks" if blocks else "activation-bytes"
+        return base.derived((key, saved), lambda: activation_bytes(base, saved, blocks=blocks))
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
@@ -213,9 +243,11 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph
     each = {
         nid: int(graph[nid].out.numel * saved.ce_saved)
         if nid in logits
-        else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
+        else _saved_bytes(graph[nid], own_only[nid], own_reads[nid], saved.mask_in_dtype)
         for nid in mult
     }
+    if blocks:
+        each = {nid: allocator_block(b) for nid, b in each.items()}
     total = sum(each[nid] * k for nid, k in mult.items())
     layers = max(mult.values(), default=1)
     if saved.offload_layers and layers > 1:
@@ -391,7 +423,7 @@ def stage_memory(
     policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph, saved) * in_flight
     transient = transient_bytes(graph, saved)
-    frag = int(FRAGMENTATION * (act + transient))
+    frag = activation_bytes(graph, saved, blocks=True) * in_flight - act
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
         grads=int(local_params * policy.grad_bytes),
