@@ -12,6 +12,7 @@ a stage holds the activations of every micro-batch whose backward has not run ye
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
@@ -207,6 +208,20 @@ def activation_bytes(
     if base is not None and added is not None and not _reads_forward(graph, added):
         key = "activation-blocks" if blocks else "activation-bytes"
         return base.derived((key, saved), lambda: activation_bytes(base, saved, blocks=blocks))
+    each, mult = _saved_values(graph, saved)
+    if blocks:
+        each = {nid: allocator_block(b) for nid, b in each.items()}
+    total = sum(each[nid] * k for nid, k in mult.items())
+    layers = max(mult.values(), default=1)
+    if saved.offload_layers and layers > 1:
+        # one layer's share: what every repetition of the layer keeps (its input included)
+        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
+        total -= min(saved.offload_layers, layers - 1) * per_layer
+    return total
+
+
+def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dict[int, int]]:
+    """Each forward value backward reads: its bytes as kept, and the repetitions it is kept for."""
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
@@ -246,15 +261,7 @@ def activation_bytes(
         else _saved_bytes(graph[nid], own_only[nid], own_reads[nid], saved.mask_in_dtype)
         for nid in mult
     }
-    if blocks:
-        each = {nid: allocator_block(b) for nid, b in each.items()}
-    total = sum(each[nid] * k for nid, k in mult.items())
-    layers = max(mult.values(), default=1)
-    if saved.offload_layers and layers > 1:
-        # one layer's share: what every repetition of the layer keeps (its input included)
-        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
-        total -= min(saved.offload_layers, layers - 1) * per_layer
-    return total
+    return each, mult
 
 
 def _combine_rows(graph: Graph, src: Node, reader: Node) -> bool:
@@ -329,13 +336,50 @@ class _WorkingTerms:
         return max(self.inside + self.replay + 2 * self.layer, outside + self.rest + self.layer)
 
 
+def _freed_schedule(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], list[int], list[int]]:
+    """When backward frees the values kept once outside the layers (the loss's logits, the final norm's
+    input): node positions, and the positions of their last readers with the bytes freed up to each.
+
+    Autograd drops a node's saved tensors once that node's backward has run (retain_graph=False), and
+    XLA's buffer assignment ends a buffer's live range at its last use, so by the time the output
+    layer's and the layers' backward run the loss's saved logits are gone.
+    """
+    pos = {nid: i for i, nid in enumerate(graph.nodes)}
+    each, mult = _saved_values(graph, saved)
+    last: dict[int, int] = {}
+    for n in graph:
+        if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
+            for i in n.inputs:
+                b = _base(graph, i)
+                if b in each and mult[b] == 1 and graph.block_of(graph[b]) is None:
+                    last[b] = pos[n.id]
+    ends = sorted((p, each[b]) for b, p in last.items())
+    cumulative, total = [], 0
+    for _, nbytes in ends:
+        total += nbytes
+        cumulative.append(total)
+    return pos, [p for p, _ in ends], cumulative
+
+
+def _freed_before(schedule: tuple[dict[int, int], list[int], list[int]], nid: int) -> int:
+    """Bytes of once-kept values whose last reader ran before node ``nid`` (0 for a node not in the graph)."""
+    pos, ends, cumulative = schedule
+    at = pos.get(nid)
+    if at is None:
+        return 0
+    k = bisect.bisect_left(ends, at)
+    return cumulative[k - 1] if k else 0
+
+
 def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy) -> _WorkingTerms:
     logits = _logit_numel(graph) if saved.loss_chunks > 1 else 0
+    schedule = graph.derived(("freed-schedule", saved), lambda: _freed_schedule(graph, saved))
     inside = outside = 0
     read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
     for n in nodes:
         if n.phase is Phase.BACKWARD:
-            w = _working_set(graph, n, saved, logits)
+            # what it allocates, less what backward has freed of the values kept once by then
+            w = max(0, _working_set(graph, n, saved, logits) - _freed_before(schedule, n.id))
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
