@@ -227,6 +227,17 @@ def test_backward_frees_the_loss_logits_before_the_output_layer_and_layers_run()
     assert memory._freed_before(schedule, wgrad.id) >= logits.out.nbytes  # gone by the output layer's backward
 
 
+def test_xla_fits_without_the_prefetched_layer_a_caching_allocator_holds():
+    # ZeRO-3 / FSDP gathers: a GPU holds this layer's and the next one's; XLA's scheduler overlaps the next
+    # gather only within the device's memory, so it is not part of what must fit there
+    plan = Plan(dp=4, zero=3)
+    gpu = lower(LLAMA, plan, Cluster("h100-sxm", 4)).report.memory[0]
+    tpu = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).report.memory[0]
+    g = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).stages[0].graph
+    gathered = max(n.attrs.bytes for n in g if n.op.value == "all_gather" and g.block_of(n) is not None)
+    assert gathered > 0 and gpu["transient"] - tpu["transient"] == gathered
+
+
 def test_caching_allocator_blocks_follow_its_rounding():
     mib = 2**20
     # 512-byte blocks; above 10 MiB a tensor's own segment, rounded up to 2 MiB (CUDACachingAllocator.cpp)

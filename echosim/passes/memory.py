@@ -182,6 +182,13 @@ class SavedPolicy:
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
     mask_in_dtype: bool = False  # dropout keeps its mask in the input's dtype (no fused kernel: CPU)
+    # False: the next layer's gathered weights (ZeRO-3 / FSDP prefetch) are not part of what must fit, as
+    # under XLA, whose latency-hiding scheduler overlaps collectives only within a memory limit
+    # (SchedulerConfig::memory_limit, xla/service/latency_hiding_scheduler.h) that the compiler sets from
+    # the device's memory for the scheduler and HLO rematerialization (GetSchedulerMemoryLimit,
+    # xla/service/gpu/gpu_hlo_schedule.h: "the device memory limit to be used by passes like scheduler
+    # and HLO rematerialization")
+    prefetch_held: bool = True
 
 
 def allocator_block(nbytes: int) -> int:
@@ -303,12 +310,12 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
     saved = saved or SavedPolicy()
     added = added_nodes(graph, base)
     if base is None or added is None:
-        return _working_terms(graph, list(graph), saved).bytes()
+        return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
     extra = _working_terms(graph, added, saved)
     if extra.reads_replay:
-        return _working_terms(graph, list(graph), saved).bytes()
+        return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
     core = base.derived(("working-terms", saved), lambda: _working_terms(base, list(base), saved))
-    return core.merged(extra).bytes()
+    return core.merged(extra).bytes(saved.prefetch_held)
 
 
 @dataclass(frozen=True)
@@ -329,11 +336,13 @@ class _WorkingTerms:
                              self.reads_replay or other.reads_replay,
                              self.outside_replay + other.outside_replay)  # fmt: skip
 
-    def bytes(self) -> int:
+    def bytes(self, prefetch: bool = True) -> int:
         # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
-        # the loss and output layer hold their own gathered weights and the last layer's, prefetched
+        # the loss and output layer hold their own gathered weights and the last layer's, prefetched.
+        # ``prefetch`` False: the next layer's gather is an overlap the schedule drops under memory pressure
+        ahead = self.layer if prefetch else 0
         outside = self.outside + self.outside_replay
-        return max(self.inside + self.replay + 2 * self.layer, outside + self.rest + self.layer)
+        return max(self.inside + self.replay + self.layer + ahead, outside + self.rest + ahead)
 
 
 def _freed_schedule(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], list[int], list[int]]:
