@@ -362,6 +362,16 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["tpurecipes-gemma3-12b-bf16-v6e-512-x2"])[0].loss_chunks == 16  # num_vocab_tiling
     assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].loss_chunks == 1
     assert row_plan(cases["mbridge2509-qwen3-30b-a3b-tokendrop-h100-sxm-16"])[0].recompute == "none"  # none named
+    # the Trillium v6e-32 recipe sets weight_dtype: bfloat16; v6e-64's keeps fp32 weights
+    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-32"])[0].framework == "maxtext-bf16-weights"
+    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].framework == "maxtext"
+
+
+def test_maxtext_bf16_weights_keep_no_fp32_state():
+    fp32 = StatePolicy.for_training("bf16", **FRAMEWORKS["maxtext"].state())
+    bf16 = StatePolicy.for_training("bf16", **FRAMEWORKS["maxtext-bf16-weights"].state())
+    assert (fp32.weight_bytes, fp32.grad_bytes, fp32.optimizer_bytes) == (4, 4, 8)
+    assert (bf16.weight_bytes, bf16.grad_bytes, bf16.optimizer_bytes) == (2, 2, 4)  # weights, grads, mu, nu
 
 
 def test_torchtitan_pipeline_splits_the_rank_batch_into_pp_micro_batches():

@@ -58,6 +58,7 @@ class StatePolicy:
         fp32_grads: bool = True,
         fp32_weights: bool = False,
         unsharded_between_microbatches: bool = False,
+        weights_16bit: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -67,9 +68,13 @@ class StatePolicy:
         from its first forward to its last backward and accumulates unsharded gradients in fp32 until
         the last micro-batch reduce-scatters them (torchtitan's default reshard policy with PP; the
         pipeline stage turns gradient sync off for all but the last backward).
+        ``weights_16bit``: the weights themselves are 16-bit and so are their gradients and Adam's two
+        moments, with no master copy: 2 + 2 + 4 (MaxText ``weight_dtype: bfloat16``).
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
+        if weights_16bit and dtype != "fp32":
+            weight, grad, opt = 2.0, 2.0, 4.0
         if zero >= 1:
             opt /= dp
         if zero >= 2:
