@@ -23,7 +23,7 @@ from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan, check_precision
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
-from echosim.passes.memory import FRAGMENTATION, SavedPolicy, StatePolicy
+from echosim.passes.memory import SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import offloaded
 from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
@@ -192,6 +192,7 @@ def prepare(
     )
     framework = get_framework(plan.framework)
     static = bool(getattr(loaded, "static_buffers", False))
+    caching = bool(getattr(loaded, "caching_allocator", not static))
     facts = StepFacts(
         model=model if isinstance(model, str) else graph.name,
         backend=cluster.backend,
@@ -222,10 +223,12 @@ def prepare(
             loss_chunks=plan.loss_chunks,
             ce_saved=framework.ce_saved,
             ce_working=framework.loss_working(plan.tp),
+            mask_in_dtype=not getattr(loaded, "fused_dropout", True),
+            prefetch_held=not static,  # XLA schedules the prefetch within the device's memory
         ),
-        # XLA's static buffer assignment (TPU backends): no allocator fragmentation, no NCCL buffers
+        # XLA's static buffer assignment (TPU backends): no caching allocator's blocks, no NCCL buffers
         comm_groups=0 if static else sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
-        fragmentation=0.0 if static else FRAGMENTATION,
+        caching_allocator=caching,
         warnings=tuple(warnings),
         notes=tuple(notes),
         culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",

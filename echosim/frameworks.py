@@ -72,10 +72,13 @@ class Framework:
     pp_unsharded: str = ""  # FSDP under a pipeline keeps weights and gradients unsharded across micro-batches
     grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
+    weights_16bit: str = ""  # 16-bit weights, gradients and optimizer moments, no master copy
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
         out = {"fp32_weights": True} if self.fp32_weights else {}
+        if self.weights_16bit:
+            out["weights_16bit"] = True
         if self.grads_16bit:
             out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
@@ -414,6 +417,21 @@ FRAMEWORKS["composer"] = replace(
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
+)
+
+
+# MaxText with weight_dtype: bfloat16 (a per-recipe setting, e.g. the Trillium Llama-3.1 70B v6e-32 recipe):
+# the weights, their gradients and Adam's moments are all 16-bit.
+FRAMEWORKS["maxtext-bf16-weights"] = replace(
+    FRAMEWORKS["maxtext"],
+    name="maxtext-bf16-weights",
+    title="MaxText with weight_dtype: bfloat16 (16-bit weights, gradients and optimizer state)",
+    row_names=(),
+    fp32_weights="",
+    weights_16bit="weight_dtype: bfloat16 keeps the parameters in bf16; gradients take the parameters' "
+    "dtype; optax.adamw gets mu_dtype=config.mu_dtype, which inherits weight_dtype when unset "
+    "(src/maxtext/optimizers/optimizers.py, src/maxtext/configs/base.yml line 993, commit e591f30), and "
+    "scale_by_adam builds nu with zeros_like(params): 2 + 2 + 2 + 2 bytes per parameter, no fp32 copy",
 )
 
 

@@ -200,6 +200,13 @@ def test_maxtext_gpt3_175b_with_an_override() -> None:
     same(got, (model, want[1], want[2]))
 
 
+def test_maxtext_weight_dtype_bfloat16_selects_16_bit_state() -> None:
+    fp32 = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml", "--devices 256 --backend tpu-v5p")
+    bf16 = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml,weight_dtype=bfloat16",
+                       "--devices 256 --backend tpu-v5p")  # fmt: skip
+    assert fp32[1].framework == "maxtext" and bf16[1].framework == "maxtext-bf16-weights"
+
+
 def test_maxtext_mixtral_with_expert_parallelism() -> None:
     got = from_config(f"maxtext:{MT}/base.yml {MT}/models/mixtral-8x7b.yml per_device_batch_size=2 "
                       "ici_expert_parallelism=8", "--devices 256 --backend tpu-v5p")  # fmt: skip

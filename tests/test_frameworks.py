@@ -23,6 +23,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan",
         "torchtitan-compile",
         "maxtext",
+        "maxtext-bf16-weights",
         "deepspeed",
         "torchtitan-2025",
         "composer",
@@ -95,7 +96,9 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     lines = result.output.strip().splitlines()
     assert (
         len(lines) == 1
-        and "known: composer, deepspeed, eager, maxtext, megatron, megatron-2022, nemo, torchtitan" in lines[0]
+        and "known: composer, deepspeed, eager, maxtext, maxtext-bf16-weights, megatron, megatron-2022, nemo, "
+        "torchtitan"
+        in lines[0]
     )
 
 

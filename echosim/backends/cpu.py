@@ -215,6 +215,13 @@ def is_math_kernel(node: Node) -> bool:
 class CPUBackend(KernelBackend):
     """A CPU socket in a 2-socket node, ranks connected by gloo."""
 
+    #: PyTorch's CPU allocator hands each tensor its own allocation: no CUDA caching allocator blocks.
+    caching_allocator = False
+    #: Dropout's fused kernel (native_dropout, a bool mask) runs only on CUDA, XPU, lazy and
+    #: privateuse1 tensors (is_fused_kernel_acceptable, aten/src/ATen/native/Dropout.cpp, torch 2.x):
+    #: on CPU, dropout multiplies by a noise tensor in the input's dtype, which the product saves.
+    fused_dropout = False
+
     def __init__(self, cpu: CPUSpec, overlap: OverlapModel | None = None) -> None:
         self.cpu = cpu
         self.name = cpu.name

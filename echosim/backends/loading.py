@@ -128,6 +128,17 @@ class GuardedBackend:
         """Whether the device's compiler assigns every buffer ahead of time (XLA); optional for a plugin."""
         return getattr(self.inner, "static_buffers", False) is True
 
+    @property
+    def caching_allocator(self) -> bool:
+        """Whether tensors take PyTorch's CUDA caching allocator's rounded blocks; optional (default: unless
+        the buffers are static)."""
+        return getattr(self.inner, "caching_allocator", not self.static_buffers) is True
+
+    @property
+    def fused_dropout(self) -> bool:
+        """Whether dropout keeps a 1-byte mask (a fused kernel) rather than one in the input's dtype; optional."""
+        return getattr(self.inner, "fused_dropout", True) is True
+
     def peak_bandwidth_Bps(self, path: str) -> float | None:
         """Datasheet bytes/s of ``memory`` or ``links`` per device; optional for a plugin (``None``:
         the bandwidth invariant is not checked for it)."""

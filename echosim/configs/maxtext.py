@@ -84,7 +84,6 @@ NOT_MODELLED = {
     "sparse_matmul": "",
     "optimizer_memory_host_offload": "optimizer state offloaded to the host (costed on the device)",
     "param_scan_axis": "",
-    "weight_dtype": "",
     "rope_type": "",
 }
 
@@ -164,8 +163,10 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
         config[key] = value
         stated[key] = "the command line"
         from_base.discard(key)
-    out = FromConfig(source, "maxtext")
-    used = _plan(config, out)
+    # weight_dtype: bfloat16 keeps weights, gradients and Adam's moments in bf16 (frameworks.py)
+    bf16_weights = str(config.get("weight_dtype", DEFAULTS["weight_dtype"])) in ("bfloat16", "bf16")
+    out = FromConfig(source, "maxtext-bf16-weights" if bf16_weights else "maxtext")
+    used = _plan(config, out) | {"weight_dtype"}
     used |= _model(config, out)
     for key in stated:
         if key in used or key in from_base:  # a whole base.yml's settings are MaxText's defaults

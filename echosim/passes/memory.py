@@ -12,14 +12,30 @@ a stage holds the activations of every micro-batch whose backward has not run ye
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
 from echosim.passes.saved import names_in_block
 
-# PyTorch's caching allocator never returns all it reserves; a typical share is 5-10%.
-FRAGMENTATION = 0.07
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.x): every request is
+# rounded up to kMinBlockSize (512 bytes); one above kMinLargeAlloc (10 MiB) that finds no cached block
+# gets a segment of its own, rounded up to kRoundLarge (2 MiB); smaller ones share 2 MiB (kSmallBuffer)
+# and 20 MiB (kLargeBuffer) segments. Before it reports out of memory, malloc releases every cached
+# block no tensor holds and retries (release_cached_blocks), so what a run must fit is what it
+# allocates plus this rounding: the cache the allocator keeps beyond that (``reserved``) is given
+# back under pressure. See :data:`RESERVED_OVER_ALLOCATED` for the reserved peak.
+MIN_BLOCK_BYTES = 512
+MIN_LARGE_ALLOC_BYTES = 10 * 2**20
+ROUND_LARGE_BYTES = 2 * 2**20
+# Peak reserved over peak allocated memory measured on Megatron-Bridge runs, the median of the ten
+# published pairs (1.024, 1.025, 1.026, 1.028, 1.031, 1.034, 1.045, 1.078, 1.109, 1.175) of
+# peak_allocated_memory_gib / peak_reserved_memory_gib in examples/model_verification_cards/
+# {gemma-4-26b-a4b-it, nemotron-3.5-lightning}/card.yaml and the 59.000 / 69.344 GiB of
+# nemotron-3-super-120b-a12b/card.yaml (Megatron-Bridge commit 067f987). What the caching allocator
+# holds when it has room; a ``reserved`` measurement is compared with the peak times this.
+RESERVED_OVER_ALLOCATED = 1.0325
 # NCCL keeps NCCL_BUFFSIZE (4 MiB default) per channel and peer; with up to 32 channels and
 # two ring neighbours that is 256 MiB per communicator (NCCL environment-variable docs).
 NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
@@ -42,6 +58,7 @@ class StatePolicy:
         fp32_grads: bool = True,
         fp32_weights: bool = False,
         unsharded_between_microbatches: bool = False,
+        weights_16bit: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -51,9 +68,13 @@ class StatePolicy:
         from its first forward to its last backward and accumulates unsharded gradients in fp32 until
         the last micro-batch reduce-scatters them (torchtitan's default reshard policy with PP; the
         pipeline stage turns gradient sync off for all but the last backward).
+        ``weights_16bit``: the weights themselves are 16-bit and so are their gradients and Adam's two
+        moments, with no master copy: 2 + 2 + 4 (MaxText ``weight_dtype: bfloat16``).
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
+        if weights_16bit and dtype != "fp32":
+            weight, grad, opt = 2.0, 2.0, 4.0
         if zero >= 1:
             opt /= dp
         if zero >= 2:
@@ -112,14 +133,16 @@ def _base(graph: Graph, nid: int) -> int:
     return nid
 
 
-def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool) -> int:
+def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool, mask_in_dtype: bool = False) -> int:
     """Bytes kept for backward; a dropout read only by its own gradient keeps just its mask.
 
     Attention keeps its softmax statistics (and, materialised, its score matrices) only
     for its own backward: when that backward reads a recomputed copy, only the output stays.
+    ``mask_in_dtype``: dropout's mask is in the input's dtype, not 1 byte (no fused kernel).
     """
+    mask = node.out.dtype.itemsize if mask_in_dtype else 1
     if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "dropout" and only_own_grad:
-        return node.out.numel  # a 1-byte mask
+        return node.out.numel * mask
     if isinstance(node.attrs, AttentionAttrs):
         a = node.attrs
         if not own_grad_reads:
@@ -128,8 +151,8 @@ def _saved_bytes(node: Node, only_own_grad: bool, own_grad_reads: bool) -> int:
         if a.flash:
             return node.out.nbytes + lse
         scores = a.batch * a.heads * a.q_len * a.kv_len
-        # softmax output, dropout mask (1 byte), dropout output: 5 bytes per score in 16-bit
-        return node.out.nbytes + scores * (2 * node.out.dtype.itemsize + 1)
+        # softmax output, dropout mask (1 byte fused), dropout output: 5 bytes per score in 16-bit
+        return node.out.nbytes + scores * (2 * node.out.dtype.itemsize + (mask if a.dropout else 1))
     return node.out.nbytes
 
 
@@ -163,20 +186,54 @@ class SavedPolicy:
     loss_chunks: int = 1  # the loss runs over this many token chunks: one chunk's logits exist at a time
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
+    mask_in_dtype: bool = False  # dropout keeps its mask in the input's dtype (no fused kernel: CPU)
+    # False: the next layer's gathered weights (ZeRO-3 / FSDP prefetch) are not part of what must fit, as
+    # under XLA, whose latency-hiding scheduler overlaps collectives only within a memory limit
+    # (SchedulerConfig::memory_limit, xla/service/latency_hiding_scheduler.h) that the compiler sets from
+    # the device's memory for the scheduler and HLO rematerialization (GetSchedulerMemoryLimit,
+    # xla/service/gpu/gpu_hlo_schedule.h: "the device memory limit to be used by passes like scheduler
+    # and HLO rematerialization")
+    prefetch_held: bool = True
 
 
-def activation_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph | None = None) -> int:
+def allocator_block(nbytes: int) -> int:
+    """Device bytes the caching allocator holds for one tensor of ``nbytes`` (see :data:`MIN_BLOCK_BYTES`)."""
+    rounded = -(-max(nbytes, 1) // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+    if rounded > MIN_LARGE_ALLOC_BYTES:
+        return -(-rounded // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    return rounded
+
+
+def activation_bytes(
+    graph: Graph, saved: SavedPolicy | None = None, base: Graph | None = None, blocks: bool = False
+) -> int:
     """Bytes saved by one micro-batch's forward for its backward, on this rank.
 
     A value read inside a repeated block is saved once per repetition, even when it
     is produced outside it: in the unfolded model each layer reads its own input.
     ``base``: a graph ``graph`` extends (:func:`added_nodes`); when what it added reads no forward
     value (gradient reductions, the optimizer step), the bytes are ``base``'s, kept on it.
+    ``blocks``: each saved tensor as the caching allocator holds it (:func:`allocator_block`).
     """
     saved = saved or SavedPolicy()
     added = added_nodes(graph, base)
     if base is not None and added is not None and not _reads_forward(graph, added):
-        return base.derived(("activation-bytes", saved), lambda: activation_bytes(base, saved))
+        key = "activation-blocks" if blocks else "activation-bytes"
+        return base.derived((key, saved), lambda: activation_bytes(base, saved, blocks=blocks))
+    each, mult = _saved_values(graph, saved)
+    if blocks:
+        each = {nid: allocator_block(b) for nid, b in each.items()}
+    total = sum(each[nid] * k for nid, k in mult.items())
+    layers = max(mult.values(), default=1)
+    if saved.offload_layers and layers > 1:
+        # one layer's share: what every repetition of the layer keeps (its input included)
+        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
+        total -= min(saved.offload_layers, layers - 1) * per_layer
+    return total
+
+
+def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dict[int, int]]:
+    """Each forward value backward reads: its bytes as kept, and the repetitions it is kept for."""
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
@@ -213,16 +270,10 @@ def activation_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph
     each = {
         nid: int(graph[nid].out.numel * saved.ce_saved)
         if nid in logits
-        else _saved_bytes(graph[nid], own_only[nid], own_reads[nid])
+        else _saved_bytes(graph[nid], own_only[nid], own_reads[nid], saved.mask_in_dtype)
         for nid in mult
     }
-    total = sum(each[nid] * k for nid, k in mult.items())
-    layers = max(mult.values(), default=1)
-    if saved.offload_layers and layers > 1:
-        # one layer's share: what every repetition of the layer keeps (its input included)
-        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
-        total -= min(saved.offload_layers, layers - 1) * per_layer
-    return total
+    return each, mult
 
 
 def _combine_rows(graph: Graph, src: Node, reader: Node) -> bool:
@@ -264,12 +315,12 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
     saved = saved or SavedPolicy()
     added = added_nodes(graph, base)
     if base is None or added is None:
-        return _working_terms(graph, list(graph), saved).bytes()
+        return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
     extra = _working_terms(graph, added, saved)
     if extra.reads_replay:
-        return _working_terms(graph, list(graph), saved).bytes()
+        return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
     core = base.derived(("working-terms", saved), lambda: _working_terms(base, list(base), saved))
-    return core.merged(extra).bytes()
+    return core.merged(extra).bytes(saved.prefetch_held)
 
 
 @dataclass(frozen=True)
@@ -290,20 +341,59 @@ class _WorkingTerms:
                              self.reads_replay or other.reads_replay,
                              self.outside_replay + other.outside_replay)  # fmt: skip
 
-    def bytes(self) -> int:
+    def bytes(self, prefetch: bool = True) -> int:
         # ZeRO-3 / FSDP: a layer's backward holds its gathered weights and the next layer's (prefetched);
-        # the loss and output layer hold their own gathered weights and the last layer's, prefetched
+        # the loss and output layer hold their own gathered weights and the last layer's, prefetched.
+        # ``prefetch`` False: the next layer's gather is an overlap the schedule drops under memory pressure
+        ahead = self.layer if prefetch else 0
         outside = self.outside + self.outside_replay
-        return max(self.inside + self.replay + 2 * self.layer, outside + self.rest + self.layer)
+        return max(self.inside + self.replay + self.layer + ahead, outside + self.rest + ahead)
+
+
+def _freed_schedule(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], list[int], list[int]]:
+    """When backward frees the values kept once outside the layers (the loss's logits, the final norm's
+    input): node positions, and the positions of their last readers with the bytes freed up to each.
+
+    Autograd drops a node's saved tensors once that node's backward has run (retain_graph=False), and
+    XLA's buffer assignment ends a buffer's live range at its last use, so by the time the output
+    layer's and the layers' backward run the loss's saved logits are gone.
+    """
+    pos = {nid: i for i, nid in enumerate(graph.nodes)}
+    each, mult = _saved_values(graph, saved)
+    last: dict[int, int] = {}
+    for n in graph:
+        if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
+            for i in n.inputs:
+                b = _base(graph, i)
+                if b in each and mult[b] == 1 and graph.block_of(graph[b]) is None:
+                    last[b] = pos[n.id]
+    ends = sorted((p, each[b]) for b, p in last.items())
+    cumulative, total = [], 0
+    for _, nbytes in ends:
+        total += nbytes
+        cumulative.append(total)
+    return pos, [p for p, _ in ends], cumulative
+
+
+def _freed_before(schedule: tuple[dict[int, int], list[int], list[int]], nid: int) -> int:
+    """Bytes of once-kept values whose last reader ran before node ``nid`` (0 for a node not in the graph)."""
+    pos, ends, cumulative = schedule
+    at = pos.get(nid)
+    if at is None:
+        return 0
+    k = bisect.bisect_left(ends, at)
+    return cumulative[k - 1] if k else 0
 
 
 def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy) -> _WorkingTerms:
     logits = _logit_numel(graph) if saved.loss_chunks > 1 else 0
+    schedule = graph.derived(("freed-schedule", saved), lambda: _freed_schedule(graph, saved))
     inside = outside = 0
     read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
     for n in nodes:
         if n.phase is Phase.BACKWARD:
-            w = _working_set(graph, n, saved, logits)
+            # what it allocates, less what backward has freed of the values kept once by then
+            w = max(0, _working_set(graph, n, saved, logits) - _freed_before(schedule, n.id))
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
@@ -391,7 +481,7 @@ def stage_memory(
     policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph, saved) * in_flight
     transient = transient_bytes(graph, saved)
-    frag = int(FRAGMENTATION * (act + transient))
+    frag = activation_bytes(graph, saved, blocks=True) * in_flight - act
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
         grads=int(local_params * policy.grad_bytes),

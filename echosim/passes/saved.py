@@ -13,7 +13,7 @@ expert dispatch and its last (``mlpwo``) reads the activation.
 from __future__ import annotations
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, OpKind, Phase
 
 #: The tensor names a policy can keep, offload or recompute.
 TENSOR_NAMES = ("decoder_layer_input", "qkv_proj", "context", "out_proj", "mlpwi", "mlpwo")
@@ -71,12 +71,37 @@ def tensor_name(graph: Graph, n: Node) -> str:
 
 
 def names_in_block(graph: Graph) -> dict[int, str]:
-    """The checkpoint name of every named forward value inside a repeated layer."""
-    return {
-        n.id: name
-        for n in graph
-        if n.phase is Phase.FORWARD and graph.block_of(n) is not None and (name := tensor_name(graph, n))
-    }
+    """The checkpoint name of every named forward value inside a repeated layer.
+
+    A name tags the logical tensor, stored with its activation sharding: under tensor parallelism a
+    row-parallel projection's partial sums are reduced (all-reduce, or reduce-scatter with sequence
+    parallelism) before anything reads them, so the name sits on the reduction's output
+    (:func:`_reduced`). MaxText names ``out_proj`` after the projection returns, whose output sharding
+    puts ``activation_embed`` on the ``tensor`` axis (src/maxtext/layers/attentions.py line 1366,
+    src/maxtext/configs/base.yml line 598, commit e591f30); GSPMD partitions the dot into the partial
+    product and its reduce-scatter, and the checkpoint keeps the sharded array.
+    """
+    out: dict[int, str] = {}
+    for n in graph:
+        if n.phase is Phase.FORWARD and graph.block_of(n) is not None and (name := tensor_name(graph, n)):
+            out[_reduced(graph, n)] = name
+    return out
+
+
+def _reduced(graph: Graph, n: Node) -> int:
+    """``n``, or the tensor-parallel reduction that is its only forward reader (through views)."""
+    nid = n.id
+    while True:
+        users = [graph[u] for u in graph.users(nid) if graph[u].phase is n.phase]
+        if len(users) != 1:
+            return n.id
+        user = users[0]
+        if user.op is OpKind.VIEW:
+            nid = user.id
+            continue
+        reduces = user.op in (OpKind.REDUCE_SCATTER, OpKind.ALL_REDUCE)
+        tp = isinstance(user.attrs, CollectiveAttrs) and user.attrs.axis is Axis.TP
+        return user.id if reduces and tp else n.id
 
 
 def alternate_matmuls(graph: Graph) -> set[int]:

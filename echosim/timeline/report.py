@@ -9,7 +9,6 @@ from typing import Any
 
 from echosim.passes.flops import graph_flops
 from echosim.passes.memory import (
-    FRAGMENTATION,
     NCCL_BUFFERS_PER_GROUP,
     MemoryBreakdown,
     SavedPolicy,
@@ -114,7 +113,7 @@ class StepFacts:
     cp: int = 1  # a context-parallel rank holds 1/cp of each sequence
     state: StatePolicy = field(default_factory=lambda: StatePolicy.for_training("bf16"))
     comm_groups: int = 0  # communicators per rank (one NCCL buffer set each)
-    fragmentation: float = FRAGMENTATION  # the allocator's share of activations and transient (0: static buffers)
+    caching_allocator: bool = True  # saved tensors take the caching allocator's blocks (False: XLA's static buffers)
     saved: SavedPolicy = field(default_factory=SavedPolicy)  # the framework's kernels and offloads
     expert_state: StatePolicy | None = None  # expert parameters' state (sharded over expert-data-parallel ranks)
     warnings: tuple[str, ...] = ()
@@ -238,6 +237,18 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
             },
         )
         transient = max(p.transient for p in parts)
+        blocks = act
+        if facts.caching_allocator:  # each saved tensor as the allocator holds it (rounded up)
+            blocks = costed.peak_held(
+                r,
+                {
+                    s.index: s.graph.derived(
+                        ("activation-blocks", facts.saved),
+                        lambda s=s: activation_bytes(s.graph, facts.saved, s.base, blocks=True),
+                    )
+                    for s in mine
+                },
+            )
         mem = MemoryBreakdown(
             params=sum(p.params for p in parts),
             grads=sum(p.grads for p in parts),
@@ -245,7 +256,7 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[
             activations=act,
             transient=transient,
             comm_buffers=facts.comm_groups * NCCL_BUFFERS_PER_GROUP,
-            fragmentation=int(facts.fragmentation * (act + transient)),
+            fragmentation=blocks - act,
             capacity=facts.capacity_bytes,
         )
         rows.append({"stage": r, "layers": sum(s.layers for s in mine), **mem.as_dict()})
@@ -294,7 +305,7 @@ def _state(local_params: int, policy: StatePolicy, transient: int) -> MemoryBrea
         activations=0,
         transient=transient,
         comm_buffers=0,
-        fragmentation=int(FRAGMENTATION * transient),
+        fragmentation=0,
         capacity=0,
     )
 

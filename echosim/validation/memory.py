@@ -4,9 +4,11 @@ The file has the columns of ``cases.csv`` (model, device, layout, framework; rea
 code, so blank cells take the same framework defaults) plus ``measured_gib``, the published
 per-device peak in GiB, and ``measured_kind``: ``reserved`` (the caching allocator's peak, what
 torchtitan logs) or ``allocated`` (live tensors). echosim's peak is the largest pipeline rank's
-(sources report the maximum over GPUs). It includes the caching allocator's fragmentation share,
-which is reserved but holds no tensor: a ``reserved`` figure is compared with the whole peak, an
-``allocated`` one (``torch.cuda.max_memory_allocated``) with the peak less that share.
+(sources report the maximum over GPUs). It includes the caching allocator's rounding of each
+saved tensor (``fragmentation``), which ``torch.cuda.max_memory_allocated`` does not count: an
+``allocated`` figure is compared with the peak less that rounding, a ``reserved`` one with that
+times the measured ratio of reserved to allocated peaks
+(:data:`echosim.passes.memory.RESERVED_OVER_ALLOCATED`), the cache the allocator keeps when it has room.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from echosim.errors import EchosimError
+from echosim.passes.memory import RESERVED_OVER_ALLOCATED
 from echosim.validation.cases import Case, known_device_names, read_cases
 from echosim.validation.rows import row_model, row_plan, unsupported
 
@@ -103,7 +106,8 @@ def validate_memory(path: str | Path, registry: Any = None) -> dict[str, Any]:
             r.skipped = f"does not compile: {exc}"
             continue
         peak = max(report.memory, key=lambda m: m["peak"])
-        r.predicted_gib = float(peak["peak"] - (peak["fragmentation"] if kind == "allocated" else 0)) / GiB
+        allocated = float(peak["peak"] - peak["fragmentation"])
+        r.predicted_gib = (allocated if kind == "allocated" else allocated * RESERVED_OVER_ALLOCATED) / GiB
         r.parts_gib = {k: float(v) / GiB for k, v in peak.items() if k not in ("stage", "layers", "fits", "capacity")}
     errors = [abs(r.error) for r in rows if r.error is not None]
     return {

@@ -207,6 +207,22 @@ TRILLIUM_CUSTOM = {
     "gemma3_12b_32768_v6e256": "decoder_layer_input=device",
 }
 _CONFIG = re.compile(r"config (\w+)")
+#: Trillium recipe configs that set ``weight_dtype: bfloat16`` (benchmarks/maxtext_trillium_model_configs.py,
+#: MaxText commit e591f30): their rows run the ``maxtext-bf16-weights`` framework entry.
+TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul"})
+
+
+def row_framework(c: Case) -> str:
+    """The framework entry a row ran: its ``framework`` column, or the MaxText recipe's weight dtype."""
+    from echosim.frameworks import framework_named_in
+
+    name = framework_named_in(c["framework"])
+    config = _CONFIG.search(c["notes"])
+    if name == "maxtext" and config and config.group(1) in TRILLIUM_BF16_WEIGHTS:
+        return "maxtext-bf16-weights"
+    return name
+
+
 #: ``num_vocab_tiling`` of the Trillium recipes, by the tpu-recipes directory a row's source_url names:
 #: every Gemma3-12B config sets 16 (gemma3_12b_32768_v6e256, _2x_v6e256, _4x_v6e256 in
 #: benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
@@ -332,7 +348,6 @@ def _source_flags(c: Case) -> dict[str, Any]:
 def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     """The row's Plan and Cluster. Blank cells take the defaults of the row's framework
     (:mod:`echosim.frameworks`, read from its ``framework`` column), then the Plan's own."""
-    from echosim.frameworks import framework_named_in
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
     vpp = c.int("vpp", 1) or 1
@@ -352,7 +367,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "dtype": c["dtype"] or None,
         "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
         "schedule": "interleaved" if vpp > 1 else "1f1b",
-        "framework": framework_named_in(c["framework"]),
+        "framework": row_framework(c),
     }
     stated.update(_source_flags(c))
     stated["offload_layers"] = offload_layers(c) or None
