@@ -155,14 +155,18 @@ def test_a_database_of_measured_rows_only_is_a_calibration_of_the_backends_it_me
 
 
 def test_fit_recovers_the_parameters_that_made_the_samples():
-    truth = replace(CPU_X86, gemm_eff_fp32=0.37, stream_fraction=0.55, math_fraction=0.2, op_overhead_us=4.0)
+    truth = replace(
+        CPU_X86, gemm_eff_fp32=0.37, stream_fraction=0.55, math_fraction=0.2, op_overhead_us=4.0, fresh_memory_GBps=1.7
+    )
     samples = [Sample("matmul", "matmul", "fp32", m=n, n=n, k=n) for n in (64, 256, 1024, 2048)]
     samples += [Sample("memory", op, "fp32", nbytes=b) for op in ("copy", "gelu") for b in (2**16, 2**20, 2**24)]
     samples += [Sample("overhead", "add", "fp32", nbytes=96)]
+    samples += [Sample("fresh", "zeros", "fp32", nbytes=b) for b in (40 * 2**20, 80 * 2**20)]
     samples = [replace(s, seconds=predict_cpu(truth, s)) for s in samples]
-    knobs = [k for k in CPU_KNOBS if k.name in ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us")]
+    names = ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us", "fresh_memory_GBps")
+    knobs = [k for k in CPU_KNOBS if k.name in names]
     fitted = fit_spec(CPU_X86, knobs, samples, predict_cpu)
-    for name in ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us"):
+    for name in names:
         assert math.isclose(getattr(fitted, name), getattr(truth, name), rel_tol=0.02), name
 
 
@@ -227,7 +231,8 @@ def test_calibrate_command_tiny_sweep(tmp_path, cli, monkeypatch):
     listing = CliRunner().invoke(cli, ["calibrate", "--list", "--db", str(path), "--json"])
     [cal] = json.loads(listing.output)
     params = cal["backends"]["cpu-x86"]["parameters"]
-    assert {"gemm_eff_fp32", "stream_fraction", "op_overhead_us", "peak_fp32_tflops"} <= set(params)
+    assert {"gemm_eff_fp32", "stream_fraction", "op_overhead_us", "fresh_memory_GBps"} <= set(params)
+    assert "peak_fp32_tflops" in params
     assert cal["backends"]["cpu-x86"]["machine"]["usable_cores"] >= 1
 
 

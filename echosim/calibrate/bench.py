@@ -3,6 +3,8 @@
 * matmuls over a shape sweep (and batched products shaped like attention);
 * memory-bound kernels (copy, add, mul, GELU, LayerNorm, softmax) over a size sweep, each
   writing a fresh output as a training step does;
+* zero-filling memory the kernel maps afresh (page faults), as a table-sized gradient born
+  every step is (CPU only);
 * the per-op overhead of a kernel on a tiny tensor;
 * collectives (all-reduce, all-gather, broadcast) over a size sweep between local
   processes: gloo on CPUs, NCCL between local GPUs.
@@ -54,6 +56,14 @@ MEMORY_SWEEPS: dict[str, list[int]] = {
     # on every allocation, a regime the CPU model does not contain (docs/accuracy.md)
     "standard": [2**14, 2**16, 2**18, 2**20, 2**21, 2**22],
 }
+#: Bytes per fresh-memory sample: above glibc's largest dynamic mmap threshold (32 MiB on 64-bit,
+#: DEFAULT_MMAP_THRESHOLD_MAX in mallopt(3)), so each is mapped afresh and unmapped when freed,
+#: whatever the allocations before it: the cycle a table-sized gradient goes through every step.
+FRESH_SWEEPS: dict[str, list[int]] = {
+    "tiny": [40 * 2**20],
+    "quick": [40 * 2**20, 80 * 2**20],
+    "standard": [40 * 2**20, 80 * 2**20, 160 * 2**20],
+}
 #: Bytes per collective sample (float32 buffers).
 COLLECTIVE_SWEEPS: dict[str, list[int]] = {
     "tiny": [4096, 65536],
@@ -73,7 +83,7 @@ SWEEPS = tuple(MATMUL_SWEEPS)
 class Sample:
     """One measured kernel: what ran, on what, and how long it took (medians)."""
 
-    kind: str  # matmul | memory | overhead | collective
+    kind: str  # matmul | memory | fresh | overhead | collective
     op: str  # matmul | copy | add | ... | all_reduce | ...
     dtype: str
     m: int = 0
@@ -192,6 +202,11 @@ def bench_cpu(
         out.append(_cpu_sample("memory", "cross_entropy", "fp32", wall, cpu, threads, nbytes=nbytes))
         if progress:
             progress(f"cross_entropy {nbytes / 2**20:.1f} MiB")
+    for nbytes in FRESH_SWEEPS[sweep]:
+        wall, cpu = time_fn(lambda n=nbytes // 4: torch.zeros(n), _repeats(nbytes / 2e9))
+        out.append(_cpu_sample("fresh", "zeros", "fp32", wall, cpu, threads, nbytes=nbytes))
+        if progress:
+            progress(f"fresh zeros {nbytes / 2**20:.0f} MiB")
     for b, h, s, d in ATTENTION_SWEEPS[sweep]:
         q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
         grad = torch.randn(b, h, s, d)
