@@ -99,13 +99,22 @@ def test_pooled_lookup_costs_the_rows_it_gathers_at_stream_bandwidth() -> None:
 
 def test_cpu_dense_table_backward_is_a_fresh_table_fill_plus_the_rows_it_adds() -> None:
     """PyTorch's CPU embedding_bag backward: at::zeros of the whole gradient (pages fresh from the kernel
-    every step above glibc's mmap threshold), the ids sorted and counted, one row added per lookup."""
+    every step above glibc's mmap threshold), the ids sorted and counted, one row added (one axpy call) per
+    lookup, and the call's bookkeeping ops; the forward pays its bookkeeping too."""
     from echosim.backends import cpu
 
     rows, dim, pool, batch = 20000, 32, 4, 256
     model = _small_dlrm((rows, 300), (pool, 2), dim=dim)
     g = lower(model, Plan(micro_batch=batch, dtype="fp32"), Cluster(backend="cpu-x86", devices=1)).graph
-    spec = replace(cpu.CPU_X86, fresh_memory_GBps=2.0, stream_fraction=0.5, math_fraction=0.2, op_overhead_us=4.0)
+    spec = replace(
+        cpu.CPU_X86,
+        fresh_memory_GBps=2.0,
+        stream_fraction=0.5,
+        math_fraction=0.2,
+        op_overhead_us=4.0,
+        bag_call_us=50.0,
+        bag_lookup_ns=200.0,
+    )
     backend = cpu.CPUBackend(spec)
     big = max((n for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.BACKWARD), key=lambda n: n.out.numel)
     lookups, row = batch * pool, dim * 4
@@ -119,10 +128,16 @@ def test_cpu_dense_table_backward_is_a_fresh_table_fill_plus_the_rows_it_adds() 
         + spec.op_overhead_us * 1e-6  # the fresh fill
         + sort
         + spec.op_overhead_us * 1e-6  # index_select of the bag numbers
+        + 50e-6  # the call's bookkeeping ops
+        + lookups * 200e-9  # one axpy call a looked-up row
         + cpu.memory_bound_time_s(spec, streamed + 2 * lookups * row + rows * 8 + 2 * ids)
     )
     assert backend.op_time_s(big, io_bytes(g, big)) == pytest.approx(expected)
     assert backend.op_time_s(big, io_bytes(g, big)) > 5 * cpu.memory_bound_time_s(spec, io_bytes(g, big))
+    fwd = next(n for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD and n.attrs.vocab == rows)
+    assert backend.op_time_s(fwd, io_bytes(g, fwd)) == pytest.approx(
+        cpu.memory_bound_time_s(spec, io_bytes(g, fwd)) + 50e-6
+    )
     # 300 x 32 x 4 = 38 KB: reused from the heap, filled at the streaming rate
     assert cpu.fresh_fill_time_s(spec, 300 * dim * 4) == cpu.memory_bound_time_s(spec, 300 * dim * 4)
     # a table trained by a sparse optimizer (TorchRec's fused backward) keeps the generic gather cost

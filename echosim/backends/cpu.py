@@ -42,6 +42,13 @@ FRESH_MEMORY_GBps = 10.0
 # for itself and unmapped when freed, and freed memory at the top of the heap beyond
 # M_TRIM_THRESHOLD is given back to the kernel. Smaller blocks are reused from the heap.
 MMAP_THRESHOLD_BYTES = 128 * 1024
+# nn.EmbeddingBag on a CPU, beyond the bytes it moves (EmbeddingBag.cpp): each call (forward, and
+# backward again) builds its bookkeeping in a dozen small aten ops (offsets, offset2bag by zeros +
+# index_add + cumsum, bag sizes, max indices; in backward the sort's outputs and the bag numbers):
+# assumed 12 ops x 5 us. The dense backward adds each looked-up row with its own BLAS axpy call
+# (cpublas::axpy, dim elements): assumed 100 ns a row. `echosim calibrate` measures both.
+BAG_CALL_US = 60.0
+BAG_LOOKUP_NS = 100.0
 # Bytes of one index: PyTorch promotes embedding_bag's indices and offsets to a common dtype,
 # int64 from Python ids (EmbeddingBag.cpp, promoteIndicesAndOffsets).
 INDEX_BYTES = 8
@@ -74,6 +81,9 @@ class CPUSpec:
     attention_eff: float = 1.0
     # Allocating, zero-filling and returning memory the kernel maps fresh (page faults), GB/s.
     fresh_memory_GBps: float = FRESH_MEMORY_GBps
+    # One embedding_bag call's bookkeeping ops (us), and a looked-up row's axpy in its backward (ns).
+    bag_call_us: float = BAG_CALL_US
+    bag_lookup_ns: float = BAG_LOOKUP_NS
 
     def __post_init__(self) -> None:
         who = f"device {self.name or '<unnamed>'!r}"
@@ -174,7 +184,8 @@ def embedding_dense_backward_time_s(cpu: CPUSpec, table_bytes: int, rows: int, l
     the gradient row). ``embedding_bag`` first sorts the ids (``indices.sort()``: a comparison
     sort's log2(n) passes over ids and positions), gathers their bag numbers and counts the
     ids per table row in a zeroed ``std::vector`` of ``rows`` indices (``compute_counts``).
-    ``streamed_bytes``: the output gradient and ids read once.
+    ``streamed_bytes``: the output gradient and ids read once. ``embedding_bag`` also pays its
+    call's bookkeeping (``bag_call_us``) and one axpy call per looked-up row (``bag_lookup_ns``).
     """
     if min(table_bytes, rows, row_bytes) <= 0 or lookups < 0 or streamed_bytes < 0:
         raise ValueError(
@@ -189,7 +200,13 @@ def embedding_dense_backward_time_s(cpu: CPUSpec, table_bytes: int, rows: int, l
         # the sort compares and branches rather than streams: at the vector-math rate
         time += memory_bound_time_s(cpu, 2 * ids * max(1, math.ceil(math.log2(lookups))), vector_math=True)
         time += cpu.op_overhead_us * 1e-6  # the index_select
+        time += cpu.bag_call_us * 1e-6 + lookups * cpu.bag_lookup_ns * 1e-9
     return time + memory_bound_time_s(cpu, stream)
+
+
+def embedding_bag_forward_time_s(cpu: CPUSpec, io_bytes: int) -> float:
+    """A pooled lookup: its bytes at the streaming rate plus the call's bookkeeping ops (``bag_call_us``)."""
+    return memory_bound_time_s(cpu, io_bytes) + cpu.bag_call_us * 1e-6
 
 
 def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
@@ -296,6 +313,8 @@ class CPUBackend(KernelBackend):
         a = node.attrs
         if isinstance(a, EmbeddingAttrs) and not a.sparse and node.phase is Phase.BACKWARD:  # a dense table's gradient
             return self._dense_embedding_backward_s(node, a, io_bytes)
+        if isinstance(a, EmbeddingAttrs) and a.lookups and not a.sparse:  # nn.EmbeddingBag's forward
+            return embedding_bag_forward_time_s(self.cpu, io_bytes)
         if node.op is OpKind.CROSS_ENTROPY:
             io_bytes *= CROSS_ENTROPY_PASSES
         return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node))
@@ -330,6 +349,6 @@ class CPUBackend(KernelBackend):
     def describe(self) -> dict[str, object]:
         d = asdict(self.cpu)
         d.update(kind="cpu", devices_per_node=self.cpu.sockets_per_node, overlap=asdict(self._overlap))
-        assumed = "ddr_GB, stream_fraction, gemm_eff_*, nic_GBps, gloo latencies, fresh_memory_GBps"
+        assumed = "ddr_GB, stream_fraction, gemm_eff_*, nic_GBps, gloo latencies, fresh_memory_GBps, bag_*"
         d["assumed"] = f"{assumed}: {_ASSUMED}"
         return d
