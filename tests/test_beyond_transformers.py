@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from functools import partial
 
 import networkx as nx
@@ -94,6 +95,63 @@ def test_pooled_lookup_costs_the_rows_it_gathers_at_stream_bandwidth() -> None:
         expected = batch * pool * 8 + rows_bytes + batch * 16 * 2  # ids + rows + pooled output
         assert io_bytes(g, n) == expected  # never the 1000 x 16 table, never a GEMM
         assert backend.op_time_s(n, io_bytes(g, n)) == pytest.approx(memory_bound_time_s(dev, expected))
+
+
+def test_cpu_dense_table_backward_is_a_fresh_table_fill_plus_the_rows_it_adds() -> None:
+    """PyTorch's CPU embedding_bag backward: at::zeros of the whole gradient (pages fresh from the kernel
+    every step above glibc's mmap threshold), the ids sorted and counted, one row added (one axpy call) per
+    lookup, and the call's bookkeeping ops; the forward pays its bookkeeping too."""
+    from echosim.backends import cpu
+
+    rows, dim, pool, batch = 20000, 32, 4, 256
+    model = _small_dlrm((rows, 300), (pool, 2), dim=dim)
+    g = lower(model, Plan(micro_batch=batch, dtype="fp32"), Cluster(backend="cpu-x86", devices=1)).graph
+    spec = replace(
+        cpu.CPU_X86,
+        fresh_memory_GBps=2.0,
+        stream_fraction=0.5,
+        math_fraction=0.2,
+        op_overhead_us=4.0,
+        bag_call_us=50.0,
+        bag_lookup_ns=200.0,
+    )
+    backend = cpu.CPUBackend(spec)
+    big = max((n for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.BACKWARD), key=lambda n: n.out.numel)
+    lookups, row = batch * pool, dim * 4
+    table = rows * dim * 4  # 2.56 MB: over the 128 KiB mmap threshold
+    ids = lookups * 8
+    streamed = batch * row + ids  # dy and the ids, read once
+    assert io_bytes(g, big) == table + streamed
+    sort = cpu.memory_bound_time_s(spec, 2 * ids * math.ceil(math.log2(lookups)), vector_math=True)
+    expected = (
+        table / 2.0e9
+        + spec.op_overhead_us * 1e-6  # the fresh fill
+        + sort
+        + spec.op_overhead_us * 1e-6  # index_select of the bag numbers
+        + 50e-6  # the call's bookkeeping ops
+        + lookups * 200e-9  # one axpy call a looked-up row
+        + cpu.memory_bound_time_s(spec, streamed + 2 * lookups * row + rows * 8 + 2 * ids)
+    )
+    assert backend.op_time_s(big, io_bytes(g, big)) == pytest.approx(expected)
+    assert backend.op_time_s(big, io_bytes(g, big)) > 5 * cpu.memory_bound_time_s(spec, io_bytes(g, big))
+    fwd = next(n for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD and n.attrs.vocab == rows)
+    assert backend.op_time_s(fwd, io_bytes(g, fwd)) == pytest.approx(
+        cpu.memory_bound_time_s(spec, io_bytes(g, fwd)) + 50e-6
+    )
+    # 300 x 32 x 4 = 38 KB: reused from the heap, filled at the streaming rate
+    assert cpu.fresh_fill_time_s(spec, 300 * dim * 4) == cpu.memory_bound_time_s(spec, 300 * dim * 4)
+    # a table trained by a sparse optimizer (TorchRec's fused backward) keeps the generic gather cost
+    sparse = replace(big, attrs=replace(big.attrs, sparse=True))
+    assert backend.op_time_s(sparse, 123456) == cpu.memory_bound_time_s(spec, 123456)
+    # a plain embedding (one id and one output-gradient row per lookup, no sort): its lookups follow from the bytes
+    plain = replace(big, attrs=EmbeddingAttrs(rows, dim))
+    assert backend.op_time_s(plain, table + lookups * (row + 8)) == pytest.approx(
+        table / 2.0e9
+        + spec.op_overhead_us * 1e-6
+        + cpu.memory_bound_time_s(spec, lookups * (row + 8) + 2 * lookups * row)
+    )
+    with pytest.raises(ValueError, match="embedding backward needs a table"):
+        cpu.embedding_dense_backward_time_s(spec, 0, rows, lookups, row, streamed, bag=True)
 
 
 def test_lstm_runs_its_time_steps_one_after_another() -> None:

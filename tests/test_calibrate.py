@@ -172,14 +172,31 @@ def test_measured_rows_change_times_only_not_what_the_backend_is(tmp_path, name)
 
 
 def test_fit_recovers_the_parameters_that_made_the_samples():
-    truth = replace(CPU_X86, gemm_eff_fp32=0.37, stream_fraction=0.55, math_fraction=0.2, op_overhead_us=4.0)
+    truth = replace(
+        CPU_X86,
+        gemm_eff_fp32=0.37,
+        stream_fraction=0.55,
+        math_fraction=0.2,
+        op_overhead_us=4.0,
+        fresh_memory_GBps=1.7,
+        bag_call_us=80.0,
+        bag_lookup_ns=150.0,
+    )
     samples = [Sample("matmul", "matmul", "fp32", m=n, n=n, k=n) for n in (64, 256, 1024, 2048)]
     samples += [Sample("memory", op, "fp32", nbytes=b) for op in ("copy", "gelu") for b in (2**16, 2**20, 2**24)]
     samples += [Sample("overhead", "add", "fp32", nbytes=96)]
+    samples += [Sample("fresh", "zeros", "fp32", nbytes=b) for b in (40 * 2**20, 80 * 2**20)]
+    samples += [
+        Sample("embedding", f"embedding_bag_{d}", "fp32", m=256, n=ids, k=32, batch=256)
+        for d in ("fwd", "bwd")
+        for ids in (256, 1024, 4096)
+    ]
     samples = [replace(s, seconds=predict_cpu(truth, s)) for s in samples]
-    knobs = [k for k in CPU_KNOBS if k.name in ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us")]
+    names = ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us", "fresh_memory_GBps")
+    names += ("bag_call_us", "bag_lookup_ns")
+    knobs = [k for k in CPU_KNOBS if k.name in names]
     fitted = fit_spec(CPU_X86, knobs, samples, predict_cpu)
-    for name in ("gemm_eff_fp32", "stream_fraction", "math_fraction", "op_overhead_us"):
+    for name in names:
         assert math.isclose(getattr(fitted, name), getattr(truth, name), rel_tol=0.02), name
 
 
@@ -244,7 +261,8 @@ def test_calibrate_command_tiny_sweep(tmp_path, cli, monkeypatch):
     listing = CliRunner().invoke(cli, ["calibrate", "--list", "--db", str(path), "--json"])
     [cal] = json.loads(listing.output)
     params = cal["backends"]["cpu-x86"]["parameters"]
-    assert {"gemm_eff_fp32", "stream_fraction", "op_overhead_us", "peak_fp32_tflops"} <= set(params)
+    assert {"gemm_eff_fp32", "stream_fraction", "op_overhead_us", "fresh_memory_GBps"} <= set(params)
+    assert "peak_fp32_tflops" in params
     assert cal["backends"]["cpu-x86"]["machine"]["usable_cores"] >= 1
 
 
@@ -266,6 +284,7 @@ def test_gloo_collectives_between_two_processes():
     samples = bench_collectives("tiny", ranks=2)
     assert {s.op for s in samples} == {"all_reduce", "all_gather", "broadcast"}
     assert all(s.seconds > 0 and s.ranks == 2 for s in samples)
+    assert all(s.seconds <= s.wall_s and 0 < s.cpu_share <= 1 for s in samples)  # the CPU time of the slowest rank
 
 
 def test_the_command_line_and_the_library_name_the_same_environment_variable() -> None:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
+from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, Phase
 
 # PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
 # Assumed (no measurement in the validation data).
@@ -31,6 +31,27 @@ GLOO_LOOPBACK_STEP_US = 25.0
 GLOO_NET_STEP_US = 50.0
 # TCP over loopback is bounded by two kernel copies per message: assumed 10 GB/s.
 GLOO_LOOPBACK_GBps = 10.0
+# Zero-filling memory the process has just been given by the kernel: each 4 KiB page costs a
+# page fault and the kernel's clear_page before the user's own fill, and returning it costs an
+# munmap/trim. Assumed for a whole socket: ~1.3 us per page on one core (~3 GB/s; one core of a
+# shared 2-core VM measured 1.9-2.2 GB/s, benchmarks/cpu_reality_nonllm.py), faulting on a few
+# cores at once before the page-table and LRU locks serialise them: 10 GB/s. `echosim calibrate`
+# measures it.
+FRESH_MEMORY_GBps = 10.0
+# glibc malloc (mallopt(3)): a block of at least M_MMAP_THRESHOLD (128 KiB at start) is mapped
+# for itself and unmapped when freed, and freed memory at the top of the heap beyond
+# M_TRIM_THRESHOLD is given back to the kernel. Smaller blocks are reused from the heap.
+MMAP_THRESHOLD_BYTES = 128 * 1024
+# nn.EmbeddingBag on a CPU, beyond the bytes it moves (EmbeddingBag.cpp): each call (forward, and
+# backward again) builds its bookkeeping in a dozen small aten ops (offsets, offset2bag by zeros +
+# index_add + cumsum, bag sizes, max indices; in backward the sort's outputs and the bag numbers):
+# assumed 12 ops x 5 us. The dense backward adds each looked-up row with its own BLAS axpy call
+# (cpublas::axpy, dim elements): assumed 100 ns a row. `echosim calibrate` measures both.
+BAG_CALL_US = 60.0
+BAG_LOOKUP_NS = 100.0
+# Bytes of one index: PyTorch promotes embedding_bag's indices and offsets to a common dtype,
+# int64 from Python ids (EmbeddingBag.cpp, promoteIndicesAndOffsets).
+INDEX_BYTES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +79,11 @@ class CPUSpec:
     math_fraction: float = 1.0
     # Attention kernels multiply small blocks (head_dim wide): their rate as a share of the GEMM rate.
     attention_eff: float = 1.0
+    # Allocating, zero-filling and returning memory the kernel maps fresh (page faults), GB/s.
+    fresh_memory_GBps: float = FRESH_MEMORY_GBps
+    # One embedding_bag call's bookkeeping ops (us), and a looked-up row's axpy in its backward (ns).
+    bag_call_us: float = BAG_CALL_US
+    bag_lookup_ns: float = BAG_LOOKUP_NS
 
     def __post_init__(self) -> None:
         who = f"device {self.name or '<unnamed>'!r}"
@@ -136,6 +162,51 @@ def memory_bound_time_s(cpu: CPUSpec, nbytes: int, vector_math: bool = False) ->
         raise ValueError(f"byte count must be non-negative, got {nbytes}")
     rate = cpu.ddr_GBps * 1e9 * cpu.stream_fraction * (cpu.math_fraction if vector_math else 1.0)
     return nbytes / rate + cpu.op_overhead_us * 1e-6
+
+
+def fresh_fill_time_s(cpu: CPUSpec, nbytes: int) -> float:
+    """A tensor of ``nbytes`` allocated and zero-filled each step and freed in bulk at the next:
+    at the fresh-page rate from glibc's mmap threshold up, else at the streaming rate."""
+    if nbytes < MMAP_THRESHOLD_BYTES:
+        return memory_bound_time_s(cpu, nbytes)  # reused from the heap: an ordinary fill
+    return nbytes / (cpu.fresh_memory_GBps * 1e9) + cpu.op_overhead_us * 1e-6
+
+
+def embedding_dense_backward_time_s(cpu: CPUSpec, table_bytes: int, rows: int, lookups: int, row_bytes: int,
+                                    streamed_bytes: int, bag: bool) -> float:  # fmt: skip
+    """PyTorch's CPU backward of a dense (``sparse=False``) embedding or embedding_bag table.
+
+    Both kernels start with ``at::zeros`` of the whole ``rows x dim`` gradient (Embedding.cpp
+    ``embedding_dense_backward_cpu``, EmbeddingBag.cpp ``_embedding_bag_dense_backward_cpu``):
+    a table-sized tensor born every step and freed at the next ``zero_grad``, so on a CPU its
+    pages come fresh from the kernel (:func:`fresh_fill_time_s`). Then each of the ``lookups``
+    ids adds its output-gradient row into its table row (read the row of dy, read and write
+    the gradient row). ``embedding_bag`` first sorts the ids (``indices.sort()``: a comparison
+    sort's log2(n) passes over ids and positions), gathers their bag numbers and counts the
+    ids per table row in a zeroed ``std::vector`` of ``rows`` indices (``compute_counts``).
+    ``streamed_bytes``: the output gradient and ids read once. ``embedding_bag`` also pays its
+    call's bookkeeping (``bag_call_us``) and one axpy call per looked-up row (``bag_lookup_ns``).
+    """
+    if min(table_bytes, rows, row_bytes) <= 0 or lookups < 0 or streamed_bytes < 0:
+        raise ValueError(
+            f"embedding backward needs a table, got {table_bytes} B, {rows} rows, {row_bytes} B a row, "
+            f"{lookups} lookups, {streamed_bytes} B streamed"
+        )
+    time = fresh_fill_time_s(cpu, table_bytes)
+    stream = streamed_bytes + 2 * lookups * row_bytes
+    if bag and lookups:
+        ids = lookups * INDEX_BYTES
+        stream += rows * INDEX_BYTES + 2 * ids  # the zeroed counts, the bag numbers gathered
+        # the sort compares and branches rather than streams: at the vector-math rate
+        time += memory_bound_time_s(cpu, 2 * ids * max(1, math.ceil(math.log2(lookups))), vector_math=True)
+        time += cpu.op_overhead_us * 1e-6  # the index_select
+        time += cpu.bag_call_us * 1e-6 + lookups * cpu.bag_lookup_ns * 1e-9
+    return time + memory_bound_time_s(cpu, stream)
+
+
+def embedding_bag_forward_time_s(cpu: CPUSpec, io_bytes: int) -> float:
+    """A pooled lookup: its bytes at the streaming rate plus the call's bookkeeping ops (``bag_call_us``)."""
+    return memory_bound_time_s(cpu, io_bytes) + cpu.bag_call_us * 1e-6
 
 
 def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
@@ -246,9 +317,25 @@ class CPUBackend(KernelBackend):
         return attention_time_s(self.cpu, a, dtype, backward)
 
     def memory_cost_s(self, node: Node, io_bytes: int) -> float:
+        a = node.attrs
+        if isinstance(a, EmbeddingAttrs) and not a.sparse and node.phase is Phase.BACKWARD:  # a dense table's gradient
+            return self._dense_embedding_backward_s(node, a, io_bytes)
+        if isinstance(a, EmbeddingAttrs) and a.lookups and not a.sparse:  # nn.EmbeddingBag's forward
+            return embedding_bag_forward_time_s(self.cpu, io_bytes)
         if node.op is OpKind.CROSS_ENTROPY:
             io_bytes *= CROSS_ENTROPY_PASSES
         return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node))
+
+    def _dense_embedding_backward_s(self, node: Node, a: EmbeddingAttrs, io_bytes: int) -> float:
+        """The IR's dense table backward (``io_bytes`` = table gradient + output gradient + ids) as
+        PyTorch runs it on a CPU. A pooled table knows its ``lookups``; a plain embedding has one
+        output-gradient row and one id per lookup, so its lookups follow from the bytes."""
+        table = node.out.nbytes
+        row = a.dim * node.out.dtype.itemsize
+        streamed = max(0, io_bytes - table)
+        lookups = a.lookups or streamed // (row + INDEX_BYTES)
+        rows = max(1, node.out.numel // max(1, a.dim))
+        return embedding_dense_backward_time_s(self.cpu, table, rows, lookups, row, streamed, bag=a.lookups > 0)
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collective_time_s(self.cpu, kind, nbytes, placement)
@@ -269,5 +356,6 @@ class CPUBackend(KernelBackend):
     def describe(self) -> dict[str, object]:
         d = asdict(self.cpu)
         d.update(kind="cpu", devices_per_node=self.cpu.sockets_per_node, overlap=asdict(self._overlap))
-        d["assumed"] = f"ddr_GB, stream_fraction, gemm_eff_*, nic_GBps, gloo latencies: {_ASSUMED}"
+        assumed = "ddr_GB, stream_fraction, gemm_eff_*, nic_GBps, gloo latencies, fresh_memory_GBps, bag_*"
+        d["assumed"] = f"{assumed}: {_ASSUMED}"
         return d

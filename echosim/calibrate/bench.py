@@ -3,6 +3,8 @@
 * matmuls over a shape sweep (and batched products shaped like attention);
 * memory-bound kernels (copy, add, mul, GELU, LayerNorm, softmax) over a size sweep, each
   writing a fresh output as a training step does;
+* zero-filling memory the kernel maps afresh (page faults), as a table-sized gradient born
+  every step is, and ``nn.EmbeddingBag`` forward and backward on a small table (CPU only);
 * the per-op overhead of a kernel on a tiny tensor;
 * collectives (all-reduce, all-gather, broadcast) over a size sweep between local
   processes: gloo on CPUs, NCCL between local GPUs.
@@ -12,8 +14,8 @@ machine). Compute samples are timed by the CPU time of the process as well as th
 clock: on a machine shared with other work, wall time also counts the time the scheduler
 gave to someone else, CPU time does not. With one thread the CPU time is what the op takes
 on a dedicated core, and that is the time a calibration stores; ``cpu_share`` (CPU over
-wall time) says how contended the machine was. Collectives are timed by the wall clock
-(waiting for the peer is their cost).
+wall time) says how contended the machine was. gloo collectives are timed by the slowest
+rank's CPU time too (:func:`bench_collectives`), NCCL ones by the wall clock.
 """
 
 from __future__ import annotations
@@ -54,6 +56,19 @@ MEMORY_SWEEPS: dict[str, list[int]] = {
     # on every allocation, a regime the CPU model does not contain (docs/accuracy.md)
     "standard": [2**14, 2**16, 2**18, 2**20, 2**21, 2**22],
 }
+#: Bytes per fresh-memory sample: above glibc's largest dynamic mmap threshold (32 MiB on 64-bit,
+#: DEFAULT_MMAP_THRESHOLD_MAX in mallopt(3)), so each is mapped afresh and unmapped when freed,
+#: whatever the allocations before it: the cycle a table-sized gradient goes through every step.
+FRESH_SWEEPS: dict[str, list[int]] = {
+    "tiny": [40 * 2**20],
+    "quick": [40 * 2**20, 80 * 2**20],
+    "standard": [40 * 2**20, 80 * 2**20, 160 * 2**20],
+}
+#: Ids per nn.EmbeddingBag sample (256 bags of a 256 x 32 table: small enough to be refilled from the
+#: heap, so the fresh-page rate stays out of it).
+BAG_SWEEPS: dict[str, list[int]] = {"tiny": [1024], "quick": [256, 4096], "standard": [256, 1024, 4096]}
+BAG_TABLE = (256, 32)
+BAG_BATCH = 256
 #: Bytes per collective sample (float32 buffers).
 COLLECTIVE_SWEEPS: dict[str, list[int]] = {
     "tiny": [4096, 65536],
@@ -73,7 +88,7 @@ SWEEPS = tuple(MATMUL_SWEEPS)
 class Sample:
     """One measured kernel: what ran, on what, and how long it took (medians)."""
 
-    kind: str  # matmul | memory | overhead | collective
+    kind: str  # matmul | memory | fresh | embedding | overhead | collective
     op: str  # matmul | copy | add | ... | all_reduce | ...
     dtype: str
     m: int = 0
@@ -192,6 +207,42 @@ def bench_cpu(
         out.append(_cpu_sample("memory", "cross_entropy", "fp32", wall, cpu, threads, nbytes=nbytes))
         if progress:
             progress(f"cross_entropy {nbytes / 2**20:.1f} MiB")
+    for nbytes in FRESH_SWEEPS[sweep]:
+        wall, cpu = time_fn(lambda n=nbytes // 4: torch.zeros(n), _repeats(nbytes / 2e9))
+        out.append(_cpu_sample("fresh", "zeros", "fp32", wall, cpu, threads, nbytes=nbytes))
+        if progress:
+            progress(f"fresh zeros {nbytes / 2**20:.0f} MiB")
+    rows, dim = BAG_TABLE
+    table = torch.nn.EmbeddingBag(rows, dim, mode="sum")
+    for lookups in BAG_SWEEPS[sweep]:
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, rows, (BAG_BATCH, max(1, lookups // BAG_BATCH)), generator=gen)
+        dy = torch.ones(BAG_BATCH, dim)
+
+        def bag_fwd(table: Any = table, ids: Any = ids) -> Any:
+            return table(ids)
+
+        def bag_both(table: Any = table, ids: Any = ids, dy: Any = dy) -> None:
+            table.weight.grad = None
+            table(ids).backward(dy)
+
+        wall_f, cpu_f = time_fn(bag_fwd, _repeats(1e-4))
+        wall_b, cpu_b = time_fn(bag_both, _repeats(5e-4))
+        shape = {"m": rows, "n": ids.numel(), "k": dim, "batch": BAG_BATCH}
+        out.append(_cpu_sample("embedding", "embedding_bag_fwd", "fp32", wall_f, cpu_f, threads, **shape))
+        out.append(
+            _cpu_sample(
+                "embedding",
+                "embedding_bag_bwd",
+                "fp32",
+                max(wall_b - wall_f, 1e-9),
+                max(cpu_b - cpu_f, 1e-9),
+                threads,
+                **shape,
+            )
+        )
+        if progress:
+            progress(f"embedding_bag {ids.numel()} ids")
     for b, h, s, d in ATTENTION_SWEEPS[sweep]:
         q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
         grad = torch.randn(b, h, s, d)
@@ -309,8 +360,11 @@ def _run_workers(args: list[str], ranks: int, backend: str, progress: Progress |
     return result
 
 
-def collective_worker(rank: int, world: int, port: int, sizes: list[int], backend: str) -> list[tuple[str, int, float]]:
-    """One rank of the collective sweep (run by ``python -m echosim.calibrate.worker``)."""
+def collective_worker(
+    rank: int, world: int, port: int, sizes: list[int], backend: str
+) -> list[tuple[str, int, float, float]]:
+    """One rank of the collective sweep (run by ``python -m echosim.calibrate.worker``): per op and
+    size, the slowest rank's median wall time and median process CPU time."""
     torch = _torch()
     import torch.distributed as dist
 
@@ -330,10 +384,10 @@ def collective_worker(rank: int, world: int, port: int, sizes: list[int], backen
             }
             for op, fn in ops.items():
                 dist.barrier()
-                wall, _ = time_fn(fn, _repeats(nbytes / 1e9 + 1e-4, 0.2), warmup=2, sync=sync)
-                t = torch.tensor([wall], device=device)
+                wall, cpu = time_fn(fn, _repeats(nbytes / 1e9 + 1e-4, 0.2), warmup=2, sync=sync)
+                t = torch.tensor([wall, cpu], device=device, dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
-                results.append((op, nbytes, float(t.item())))
+                results.append((op, nbytes, float(t[0]), float(t[1])))
     finally:
         dist.destroy_process_group()
     return results
@@ -342,14 +396,34 @@ def collective_worker(rank: int, world: int, port: int, sizes: list[int], backen
 def bench_collectives(
     sweep: str = "standard", ranks: int = 2, backend: str = "gloo", progress: Progress | None = None
 ) -> list[Sample]:
-    """All-reduce, all-gather and broadcast between ``ranks`` local processes (gloo or nccl)."""
+    """All-reduce, all-gather and broadcast between ``ranks`` local processes (gloo or nccl).
+
+    A gloo collective between local processes is CPU work on every rank (the kernel's TCP copies,
+    gloo's reduction), so, like a compute sample, it is timed by the CPU time of the slowest rank:
+    on a machine shared with other work the wall clock also counts the time the scheduler gave to
+    someone else (a loaded 2-core machine measured 0.3 GB/s by the wall clock and 1.3 GB/s by CPU
+    time for the same 32 MiB all-reduce). The CPU time leaves out a wake-up of the peer that a
+    quiet machine would pay, so small messages read a little fast. NCCL is timed by the wall clock
+    (the GPUs do the work)."""
     sizes = COLLECTIVE_SWEEPS[sweep]
     results = _run_workers(["--mode", "collectives", "--sizes", ",".join(map(str, sizes))], ranks, backend, None)
     out = []
-    for op, nbytes, seconds in results:
+    for op, nbytes, wall, cpu in results:
         device = "cuda" if backend == "nccl" else "cpu"
+        seconds = wall if backend == "nccl" else max(min(cpu, wall), 1e-9)
+        share = min(1.0, seconds / wall) if wall > 0 else 1.0
         out.append(
-            Sample("collective", op, "fp32", nbytes=nbytes, ranks=ranks, seconds=seconds, wall_s=seconds, device=device)
+            Sample(
+                "collective",
+                op,
+                "fp32",
+                nbytes=nbytes,
+                ranks=ranks,
+                seconds=seconds,
+                wall_s=wall,
+                cpu_share=share,
+                device=device,
+            )
         )
         if progress:
             progress(f"{op} {nbytes} B x {ranks} ranks")

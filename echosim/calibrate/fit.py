@@ -41,6 +41,9 @@ CPU_KNOBS = (
     Knob("stream_fraction", 0.02, 1.0, "streaming kernels' (copy, add, mul) bandwidth as a fraction of ddr_GBps"),
     Knob("math_fraction", 0.01, 1.0, "vector-math kernels' (GELU, norms, softmax) share of the streaming rate"),
     Knob("attention_eff", 0.02, 1.0, "attention kernels' block products as a fraction of the GEMM rate"),
+    Knob("fresh_memory_GBps", 0.05, 200.0, "zero-filling freshly mapped memory (page faults + unmap), GB/s"),
+    Knob("bag_call_us", 0.5, 5000.0, "bookkeeping ops of one nn.EmbeddingBag call (forward or backward), µs"),
+    Knob("bag_lookup_ns", 1.0, 20000.0, "adding one looked-up row in a dense embedding_bag backward, ns"),
     Knob("op_overhead_us", 0.2, 200.0, "fixed cost of one PyTorch CPU op (dispatch + launch), µs"),
     Knob("gloo_loopback_step_us", 1.0, 2000.0, "latency of one gloo ring step between local processes, µs"),
     Knob("gloo_loopback_GBps", 0.05, 200.0, "gloo bandwidth between local processes, GB/s"),
@@ -257,6 +260,14 @@ def predict_cpu(spec: Any, s: Sample) -> float | None:
         return model.memory_bound_time_s(spec, s.nbytes, s.op in MATH_SAMPLES)
     if s.kind == "overhead":
         return model.memory_bound_time_s(spec, s.nbytes)
+    if s.kind == "fresh":
+        return model.fresh_fill_time_s(spec, s.nbytes)
+    if s.kind == "embedding":  # m rows x k dims, n ids in `batch` bags
+        row = s.k * 4
+        if s.op == "embedding_bag_fwd":
+            return model.embedding_bag_forward_time_s(spec, s.n * model.INDEX_BYTES + s.n * row + s.batch * row)
+        streamed = s.batch * row + s.n * model.INDEX_BYTES
+        return model.embedding_dense_backward_time_s(spec, s.m * row, s.m, s.n, row, streamed, bag=True)
     if s.kind == "attention":
         from echosim.ir.ops import AttentionAttrs
 
@@ -306,6 +317,9 @@ def _informed(knob: Knob, samples: Sequence[Sample]) -> bool:
         "math_fraction": "memory:fp32",
         "attention_eff": "attention:fp32",
         "op_overhead_us": "overhead:fp32",
+        "fresh_memory_GBps": "fresh:fp32",
+        "bag_call_us": "embedding:fp32",
+        "bag_lookup_ns": "embedding:fp32",
         "gloo_loopback_step_us": "collective:fp32",
         "gloo_loopback_GBps": "collective:fp32",
         "gemm_eff_16bit": "matmul:bf16",
