@@ -257,6 +257,26 @@ def test_blank_cells_take_framework_defaults(tmp_path):
     assert row_plan(_case(tmp_path, framework="unit test"))[0].framework == "eager"
 
 
+def test_blank_cells_take_what_the_sources_own_script_or_footnote_states(tmp_path):
+    """Megatron-Bridge 25.09's table is FP8 (its footnote's quantization granularities); DGX Cloud
+    v25.04's launch.sh runs Nemotron-4 340B with VP=12 where its table prints NA. A stated cell wins,
+    and other sources and models keep the framework's defaults."""
+    nemo, bridge = "NeMo 25.02.01 container", "Megatron-Bridge / Megatron-Core (NeMo 25.09)"
+    common = {"device": "h100-sxm", "dtype": ""}
+    assert row_plan(_case(tmp_path, **common, framework=bridge, source_id="megatron_bridge_25.09"))[0].dtype == "fp8"
+    assert row_plan(_case(tmp_path, **common, framework=bridge, source_id="megatron_bridge_25.11"))[0].dtype == "bf16"
+    stated = {**common, "dtype": "bf16"}
+    assert row_plan(_case(tmp_path, **stated, framework=bridge, source_id="megatron_bridge_25.09"))[0].dtype == "bf16"
+    nemotron = {"layers": "96", "hidden": "18432", "heads": "96", "pp": "8", "devices": "8", "dp": "1"}
+    dgxc = {"source_id": "dgxc_benchmarking_v25.04", "framework": nemo, "vpp": ""}
+    plan, _ = row_plan(_case(tmp_path, **nemotron, **dgxc))
+    assert (plan.vpp, plan.schedule) == (12, "interleaved")
+    plan, _ = row_plan(_case(tmp_path, **nemotron, **{**dgxc, "vpp": "4"}))
+    assert plan.vpp == 4
+    plan, _ = row_plan(_case(tmp_path, **{**nemotron, "hidden": "12288"}, **dgxc))
+    assert (plan.vpp, plan.schedule) == (1, "1f1b")
+
+
 def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):
     """Megatron-LM before its FlashAttention integration (Dec 2022) materialised scores; nothing keys on the source."""
     frameworks = ("Megatron-LM (2021)", "Megatron-LM (2022)", "Megatron-LM", "MegaScale (Megatron-LM based)", "NeMo")

@@ -247,8 +247,23 @@ def remat_policy(c: Case) -> str:
 #: ``source_id``). Megatron-LM's Llama-3 FP8 table (examples/llama/README.md) is produced by
 #: examples/llama/train_llama3_8b_h100_fp8.sh, which passes --use-distributed-optimizer and
 #: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1.
+#: Megatron-Bridge's 25.09 table has no precision column, but it is an FP8 table: its footnote reads
+#: "The numbers in parentheses indicate the use of different quantization granularities" (per-tensor
+#: current scaling outside, 32x32 / 128x128 blocks inside), and the 25.11 table lists the same layouts
+#: as "FP8-CS (FP8-MX)" at the same throughput (LLAMA3_8B on 8 GB200: 31357 (29925) tokens/s/GPU in
+#: 25.09, 31508 (29789) in 25.11). docs/performance-summary-archive.md, Megatron-Bridge commit 067f987.
 SOURCE_FLAGS: dict[str, dict[str, Any]] = {
     "megatron_lm_llama_fp8": {"zero": 1, "sp": True},
+    "megatron_bridge_25.09": {"dtype": "fp8"},
+}
+
+#: Settings a source's launch script passes for one model where its table prints "NA", by
+#: (source_id, layers, hidden). DGX Cloud Benchmarking v25.04's Nemotron table lists VP=NA for
+#: Nemotron-4 340B, while the launch.sh it ships runs MODEL_SIZE=340b with VP=12 and passes
+#: ``-vp $VP`` to NeMo (nemotron/launch.sh, NVIDIA/dgxc-benchmarking commit 741c886; the v25.02 and
+#: v25.05 tables print VP=12 for the same runs).
+SOURCE_MODEL_FLAGS: dict[tuple[str, int, int], dict[str, Any]] = {
+    ("dgxc_benchmarking_v25.04", 96, 18432): {"vpp": 12},
 }
 
 
@@ -324,6 +339,7 @@ def megatron_bridge_recompute(c: Case) -> str:
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
+    flags.update(SOURCE_MODEL_FLAGS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0), {}))
     if (c.int("tp", 1) or 1) <= 1:
         flags.pop("sp", None)
     return {k: v for k, v in flags.items() if not c[k].strip()}
@@ -335,7 +351,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     from echosim.frameworks import framework_named_in
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
-    vpp = c.int("vpp", 1) or 1
+    flags = _source_flags(c)
+    vpp = flags.get("vpp") or c.int("vpp", 1) or 1
     stated = {
         "tp": c.int("tp") or None,
         "pp": c.int("pp") or None,
@@ -354,7 +371,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": framework_named_in(c["framework"]),
     }
-    stated.update(_source_flags(c))
+    stated.update(flags)
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
