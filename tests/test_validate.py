@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from echosim.validation import published
 from echosim.validation.cases import REQUIRED, CasesError, read_cases
 from echosim.validation.published import published_step_time
-from echosim.validation.rows import row_model, row_plan
+from echosim.validation.rows import moe_dispatcher, row_model, row_plan
 from echosim.validation.run import validate_cases
 from echosim.validation.stats import Validation
 
@@ -275,6 +275,22 @@ def test_blank_cells_take_what_the_sources_own_script_or_footnote_states(tmp_pat
     assert plan.vpp == 4
     plan, _ = row_plan(_case(tmp_path, **{**nemotron, "hidden": "12288"}, **dgxc))
     assert (plan.vpp, plan.schedule) == (1, "1f1b")
+
+
+def test_moe_dispatcher_follows_the_recipe_or_the_source(tmp_path):
+    """DeepSeek-V3's H100 recipe and the B200 MXFP8 ep32 recipe run DeepEP; DeepSeek's own run says it
+    dispatches that way; other MoE rows keep NCCL's all_to_all."""
+    moe = {"arch": "moe", "experts": "256", "top_k": "8", "moe_ffn_hidden": "32", "kv_heads": "4"}
+    bridge = "Megatron-Bridge / Megatron-Core (NeMo 25.09)"
+    h100 = {**moe, "layers": "61", "hidden": "7168", "device": "h100-sxm", "tp": "2", "pp": "8", "vpp": "4",
+            "ep": "64", "micro_batch": "1", "devices": "1024", "dp": "64", "framework": bridge}  # fmt: skip
+    c = _case(tmp_path, **h100, source_id="megatron_bridge_25.09")
+    assert moe_dispatcher(c) == "deepep"
+    assert moe_dispatcher(_case(tmp_path, **{**h100, "ep": "32"}, source_id="megatron_bridge_25.09")) == ""
+    assert moe_dispatcher(_case(tmp_path, **h100, source_id="unit")) == ""
+    own = _case(tmp_path, **moe, source_id="deepseek_v3_2024", framework="HAI-LLM")
+    assert row_plan(own)[0].moe_dispatcher == "deepep"
+    assert row_plan(_case(tmp_path, **moe))[0].moe_dispatcher == "alltoall"
 
 
 def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):
