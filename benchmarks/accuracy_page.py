@@ -44,15 +44,19 @@ WORST = 15
 WHY: tuple[tuple[str, str], ...] = (
     (
         r"^narayanan2021.*zero3",
-        "DeepSpeed ZeRO-3 of 2021 gathered every parameter with its own latency-bound "
-        "all-gather; echosim's FSDP model gathers a layer at a time with prefetch, so it is 40-80% optimistic here "
-        "(even per-parameter gathers with no overlap at all price 174B on 1,536 GPUs at ~28 s of its 67 s)",
+        "DeepSpeed ZeRO-3 of 2021: the step stays at 66.7 s from 768 to 1,536 GPUs (175B) and at 180-184 s from "
+        "1,120 to 2,240 (530B), one micro-batch each: 4 x 2 bytes per parameter per GPU (forward, recompute and "
+        "backward gathers, gradient reduce-scatter) at 21-23 GB/s, one HDR NIC's rate; NCCL's ring moves that at "
+        "the node's eight NICs' rate, as echosim prices it, and no documented DeepSpeed behaviour of 2021 accounts "
+        "for the 8x: not modelled",
     ),
     (
         r"^llmfoundry.*h100",
-        "llm-foundry's 2023 H100 runs (PyTorch 1.13/2.0 images, flash-attn 1/2): attention is priced at FA2's "
-        "rate; the rest of the gap grows with model size and is widest on short steps, while the same source's "
-        "A100 rows are within 10%: the 2023 software stack on H100 is not modelled",
+        "llm-foundry's H100 tables (2024-01, torch 2.1 image): submit_benchmarks.py at 5e85bd62d defaults to "
+        "attn_impl 'triton' (llm-foundry's Triton flash kernel, unmeasured on H100; echosim prices FA2); the "
+        "FSDP gathers and reductions hide under compute (an fp32 reduce-scatter moves no row); rows without "
+        "activation checkpointing miss most (-18..-30% against -11..-17% with it), while the same source's "
+        "A100 rows are within 10%",
     ),
     (
         r"^torchtitan-h200",
@@ -66,24 +70,25 @@ WHY: tuple[tuple[str, str], ...] = (
     ),
     (
         r"h100-96gb",
-        "H100 96 GB at a 500 W power limit (torchtitan, arXiv:2410.06511): no datasheet gives its clocks under "
-        "that cap, so the device carries the 700 W H100 SXM's peaks and is optimistic by construction",
+        "H100 96 GB HBM2e at a 500 W power limit: its 2.4 TB/s HBM is torchtitan's page's, but the page says its "
+        "peak FLOP/s is 'between SXM and NVL' and unknown, so the device carries the 700 W H100 SXM's peaks and "
+        "is optimistic by construction",
     ),
     (
-        r"^dgxc2504-nemotron-4-340b",
-        "the row leaves vpp blank (the v25.04 table says VP=NA) while the v25.02 and v25.05 tables give VP=12 for "
-        "the same run; with vpp=12 echosim is within +1% (bf16) and +17% (fp8) of it",
+        r"^dgxc2504-nemotron-4-340b-fp8",
+        "run with VP=12 as the source's launch.sh passes it (its table prints NA); the bf16 twins are within +1%, "
+        "so the fp8 gap is the fp8 rule (fp8 linears and casts), not the layout",
     ),
     (
         r"^(mbridge2509-deepseekv3-dropless-.*h100|mbridge260401-deepseekv3-mxfp8-b200-256|deepseekv3-2024)",
-        "expert parallelism across nodes: echosim prices NCCL all_to_all at the NIC rate (comm.ep 33 s of 46 s for "
-        "ep32 on B200, 2.6 s for ep8); the runs use DeepEP/HybridEP dispatch (one IB copy per destination node, "
-        "node-limited routing) and overlap it with the other micro-batch's compute, neither modelled",
+        "expert parallelism across nodes, priced with DeepEP's dispatch (one network copy per destination node); "
+        "the recipes also overlap it with the other micro-batch's compute (overlap_moe_expert_parallel_comm) and "
+        "DeepSeek-V3 limits a token to 4 nodes, neither modelled",
     ),
     (
-        r"^mbridge2509-(?!.*(fp8|tokendrop))",
-        "the 25.09 table has no precision column and its numbers track later releases' FP8 rows (row notes); the "
-        "blank dtype takes NeMo's recipe default, bf16, so echosim prices a bf16 run",
+        r"^mbridge2509-(?!.*fp8)",
+        "priced as FP8 (current scaling): the 25.09 table has no precision column, but its footnote's "
+        "'different quantization granularities' and the 25.11 table's 'FP8-CS (FP8-MX)' for the same layouts say so",
     ),
     (
         r"qwen3-30b-a3b-(fp8|mxfp8)-(h100|b200)",

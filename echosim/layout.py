@@ -25,7 +25,7 @@ from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
 from echosim.passes.recompute import RecomputeError, policy_named
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
-from echosim.plan import CP_COMMS, DTYPES, Cluster, Plan, PlanError
+from echosim.plan import CP_COMMS, DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
 from echosim.timeline.placement import Degrees, axis_placements
 
 ATTENTIONS = ("flash", "math")
@@ -118,6 +118,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         ("attention", plan.attention, ATTENTIONS),
         ("--pp-balance", plan.pp_balance, PP_BALANCES),
         ("--cp-comm", plan.cp_comm, CP_COMMS),
+        ("--moe-dispatcher", plan.moe_dispatcher, MOE_DISPATCHERS),
     ):
         if value not in known:
             raise PlanError(f"unknown {what} {value!r} (known: {', '.join(known)})")

@@ -17,6 +17,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 #: Low-precision GEMM formats: the linear layers' matmuls run in them, everything else in 16-bit.
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
 CP_COMMS = ("p2p", "all_gather")
+MOE_DISPATCHERS = ("alltoall", "deepep")  # NCCL all_to_all, or DeepEP: the network once per node, then NVLink
 
 
 class PlanError(EchosimError):
@@ -61,6 +62,7 @@ class Plan:
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
+    moe_dispatcher: str = "alltoall"  # expert dispatch: NCCL "alltoall" or "deepep" (network once per node)
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
@@ -80,10 +82,13 @@ class Plan:
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        """Every field; ``embedding_sharding`` only where set (models without tables never state it)."""
+        """Every field; ``embedding_sharding`` and ``moe_dispatcher`` only where set (models without
+        tables or experts never state them)."""
         d = asdict(self)
         if self.embedding_sharding == "none":
             del d["embedding_sharding"]
+        if self.moe_dispatcher == "alltoall":
+            del d["moe_dispatcher"]
         return d
 
 

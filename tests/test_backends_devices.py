@@ -55,11 +55,16 @@ def test_b300_fractions_are_its_microbenchmarks():
     assert b300.gemm_eff_fp8 * b300.peak_fp8_tflops == pytest.approx(3353.3)
 
 
-def test_h100_96gb_is_the_h100_sxm_with_its_capacity():
+def test_h100_96gb_is_the_h100_sxm_with_its_hbm2e():
+    """torchtitan's page: 96 GB of HBM2e at 2.4 TB/s, reached at the SXM5's measured STREAM fraction;
+    everything else (compute, links) is the H100 SXM5's."""
     h100, meta = DEVICES["h100-sxm"], DEVICES["h100-96gb"]
-    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "hbm_GB", "source")]
+    memory = ("hbm_GB", "hbm_GBps", "hbm_stream_GBps")
+    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "source", *memory)]
     assert all(getattr(h100, f) == getattr(meta, f) for f in same)
-    assert meta.hbm_GB == 96.0 and "2410.06511" in meta.source
+    assert (meta.hbm_GB, meta.hbm_GBps) == (96.0, 2400.0) and "2410.06511" in meta.source
+    assert meta.hbm_stream_GBps / meta.hbm_GBps == pytest.approx(h100.hbm_stream_GBps / h100.hbm_GBps)
+    assert "llama3_h100_202412_torchtitan" in meta.source
     assert not h100.block_scaled_formats and h100.peak_fp4_tflops is None
 
 

@@ -394,3 +394,21 @@ def test_a_published_row_as_a_maxtext_config_predicts_the_rows_step_time() -> No
     )
     assert model == "llama3-70b" and (plan.micro_batch, plan.global_batch, plan.zero) == (2, 256, 3)
     assert compile_model(model, plan, cluster).step_time_s == pytest.approx(row.predicted_step_time_s, rel=1e-12)
+
+
+def test_megatron_flex_dispatcher_with_deepep_reads_as_deepep() -> None:
+    """TransformerConfig's flex dispatcher defaults to the deepep backend; --moe-enable-deepep sets it;
+    alltoall stays NCCL's all_to_all, another backend is noted as costed as all-to-all."""
+    moe = "--num-layers 2 --hidden-size 256 --num-attention-heads 2 --num-experts 4 --moe-router-topk 2 --ep 1"
+    base = moe.replace(" --ep 1", " --expert-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 2")
+    for extra, want in (
+        ("--moe-token-dispatcher-type flex", "deepep"),
+        ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep", "deepep"),
+        ("--moe-enable-deepep", "deepep"),
+        ("--moe-token-dispatcher-type alltoall", None),
+        ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", None),
+    ):
+        got = read_args(f"{base} {extra}")
+        assert got.options.get("moe_dispatcher") == want, extra
+    hybrid = read_args(f"{base} --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep")
+    assert any("flex dispatcher with hybridep is not modelled" in n for n in hybrid.notes)

@@ -226,3 +226,71 @@ def test_step_time_rises_with_routing_imbalance() -> None:
         plan = Plan(dp=8, ep=8, global_batch=8, seq_len=4096, moe_imbalance=r)
         times.append(compile(_moe_cfg(), plan, Cluster("h100-sxm", 8, 8)).step_time_s)
     assert times == sorted(times) and times[-1] > 1.2 * times[0]
+
+
+# ---- DeepEP's dispatcher -------------------------------------------------------------------
+
+
+def test_deepep_network_copies_per_node_closed_form() -> None:
+    """A token's k distinct experts, drawn evenly from E, reach a given other node with probability
+    1 - C(E - E/N, k) / C(E, k); the network leg's buffer is the flat one x N x reach / k."""
+    from math import comb
+
+    from echosim.backends.deepep import node_reach, rdma_buffer
+
+    assert node_reach(8, 2, 2) == pytest.approx(1 - comb(4, 2) / comb(8, 2))  # 22/28
+    assert node_reach(256, 8, 4) == pytest.approx(1 - comb(192, 8) / comb(256, 8))
+    assert node_reach(128, 8, 1) == 1.0 and node_reach(8, 1, 8) == pytest.approx(1 / 8)
+    # top-1: every token crosses once to the node of its expert -> the same off-node bytes as NCCL's
+    flat = 1 << 20
+    assert rdma_buffer(flat, 8, 1, 8) == flat
+    # top-8 of 256 on 4 nodes: 4 x 0.9 / 8 of the flat buffer
+    assert rdma_buffer(flat, 256, 8, 4) == round(flat * 4 * node_reach(256, 8, 4) / 8)
+
+
+def test_deepep_time_is_the_slower_leg_and_nccl_within_a_node() -> None:
+    from echosim.backends.base import Placement
+    from echosim.backends.deepep import deepep_time_s, rdma_buffer
+
+    seen: list[tuple[int, Placement]] = []
+
+    def cost(kind: OpKind, nbytes: int, where: Placement) -> float:
+        seen.append((nbytes, where))
+        return nbytes / (1e9 if where.nodes > 1 else 8e9)  # network 8x slower than NVLink
+
+    inside = Placement(8, 1, 8)
+    assert deepep_time_s(cost, 800, inside, 128, 8) == 800 / 8e9 and seen == [(800, inside)]
+    seen.clear()
+    across = Placement(32, 4, 8)
+    rdma = rdma_buffer(800, 128, 8, 4)
+    assert deepep_time_s(cost, 800, across, 128, 8) == max(rdma / 1e9, 800 / 8e9)
+    assert seen == [(rdma, Placement(4, 4, 1, 8)), (800, Placement(8, 1, 8))]  # one rail per GPU, then NVLink
+
+
+def test_deepep_dispatcher_marks_the_expert_all_to_alls(tiny_moe: Graph) -> None:
+    plain = run_passes(tiny_moe, [ExpertParallel(2), Autodiff()])
+    deep = run_passes(tiny_moe, [ExpertParallel(2, dispatcher="deepep"), Autodiff()])
+    fwd, bwd = a2a(deep, Phase.FORWARD), a2a(deep, Phase.BACKWARD)
+    assert fwd and bwd and {(n.attrs.experts, n.attrs.top_k) for n in fwd + bwd} == {(4, 2)}
+    assert [n.attrs.bytes for n in fwd] == [n.attrs.bytes for n in a2a(plain, Phase.FORWARD)]
+    assert all(n.attrs.top_k == 0 for n in a2a(plain, Phase.FORWARD))
+    with pytest.raises(LayoutError, match="MoE dispatcher 'nvshmem': unknown"):
+        ExpertParallel(2, dispatcher="nvshmem")
+
+
+def test_deepep_cuts_cross_node_expert_traffic_only() -> None:
+    """ep 16 over two 8-GPU nodes: DeepEP's network leg carries each token once per node it reaches;
+    with ep 8 on one node both dispatchers are the same NVLink exchange."""
+    from dataclasses import replace
+
+    from echosim.compiler import compile
+
+    def ep_s(plan: Plan, devices: int) -> float:
+        return compile(_moe_cfg(), plan, Cluster("h100-sxm", devices, 8)).breakdown["comm.ep"]
+
+    across = Plan(dp=16, ep=16, global_batch=16, seq_len=4096)
+    # top-2 of 16 experts: a token reaches the other node with p = 1 - C(8,2)/C(16,2) = 0.77 instead of
+    # sending both copies: 0.77 of the flat network bytes
+    assert ep_s(replace(across, moe_dispatcher="deepep"), 16) < 0.85 * ep_s(across, 16)
+    inside = Plan(dp=8, ep=8, global_batch=8, seq_len=4096)
+    assert ep_s(replace(inside, moe_dispatcher="deepep"), 8) == ep_s(inside, 8)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from echosim.validation import published
 from echosim.validation.cases import REQUIRED, CasesError, read_cases
 from echosim.validation.published import published_step_time
-from echosim.validation.rows import row_model, row_plan
+from echosim.validation.rows import moe_dispatcher, row_model, row_plan
 from echosim.validation.run import validate_cases
 from echosim.validation.stats import Validation
 
@@ -255,6 +255,42 @@ def test_blank_cells_take_framework_defaults(tmp_path):
     plan, _ = row_plan(_case(tmp_path, zero="0", framework="NeMo 25.02", dp="2", devices="2"))
     assert plan.zero == 0  # a stated cell wins
     assert row_plan(_case(tmp_path, framework="unit test"))[0].framework == "eager"
+
+
+def test_blank_cells_take_what_the_sources_own_script_or_footnote_states(tmp_path):
+    """Megatron-Bridge 25.09's table is FP8 (its footnote's quantization granularities); DGX Cloud
+    v25.04's launch.sh runs Nemotron-4 340B with VP=12 where its table prints NA. A stated cell wins,
+    and other sources and models keep the framework's defaults."""
+    nemo, bridge = "NeMo 25.02.01 container", "Megatron-Bridge / Megatron-Core (NeMo 25.09)"
+    common = {"device": "h100-sxm", "dtype": ""}
+    assert row_plan(_case(tmp_path, **common, framework=bridge, source_id="megatron_bridge_25.09"))[0].dtype == "fp8"
+    assert row_plan(_case(tmp_path, **common, framework=bridge, source_id="megatron_bridge_25.11"))[0].dtype == "bf16"
+    stated = {**common, "dtype": "bf16"}
+    assert row_plan(_case(tmp_path, **stated, framework=bridge, source_id="megatron_bridge_25.09"))[0].dtype == "bf16"
+    nemotron = {"layers": "96", "hidden": "18432", "heads": "96", "pp": "8", "devices": "8", "dp": "1"}
+    dgxc = {"source_id": "dgxc_benchmarking_v25.04", "framework": nemo, "vpp": ""}
+    plan, _ = row_plan(_case(tmp_path, **nemotron, **dgxc))
+    assert (plan.vpp, plan.schedule) == (12, "interleaved")
+    plan, _ = row_plan(_case(tmp_path, **nemotron, **{**dgxc, "vpp": "4"}))
+    assert plan.vpp == 4
+    plan, _ = row_plan(_case(tmp_path, **{**nemotron, "hidden": "12288"}, **dgxc))
+    assert (plan.vpp, plan.schedule) == (1, "1f1b")
+
+
+def test_moe_dispatcher_follows_the_recipe_or_the_source(tmp_path):
+    """DeepSeek-V3's H100 recipe and the B200 MXFP8 ep32 recipe run DeepEP; DeepSeek's own run says it
+    dispatches that way; other MoE rows keep NCCL's all_to_all."""
+    moe = {"arch": "moe", "experts": "256", "top_k": "8", "moe_ffn_hidden": "32", "kv_heads": "4"}
+    bridge = "Megatron-Bridge / Megatron-Core (NeMo 25.09)"
+    h100 = {**moe, "layers": "61", "hidden": "7168", "device": "h100-sxm", "tp": "2", "pp": "8", "vpp": "4",
+            "ep": "64", "micro_batch": "1", "devices": "1024", "dp": "64", "framework": bridge}  # fmt: skip
+    c = _case(tmp_path, **h100, source_id="megatron_bridge_25.09")
+    assert moe_dispatcher(c) == "deepep"
+    assert moe_dispatcher(_case(tmp_path, **{**h100, "ep": "32"}, source_id="megatron_bridge_25.09")) == ""
+    assert moe_dispatcher(_case(tmp_path, **h100, source_id="unit")) == ""
+    own = _case(tmp_path, **moe, source_id="deepseek_v3_2024", framework="HAI-LLM")
+    assert row_plan(own)[0].moe_dispatcher == "deepep"
+    assert row_plan(_case(tmp_path, **moe))[0].moe_dispatcher == "alltoall"
 
 
 def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):

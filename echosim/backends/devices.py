@@ -457,15 +457,23 @@ GB300 = DeviceSpec(
 )
 
 # Meta's Grand Teton H100 (torchtitan, arXiv:2410.06511; cases.csv torchtitan_2412 rows): an H100
-# SXM5 with 96 GB HBM2e run at a 500 W power limit. No datasheet gives its clocks under that cap or
-# its HBM2e bandwidth, so compute, bandwidth and links are the H100 SXM5's (an upper bound) and
-# only the capacity differs.
+# SXM5 with 96 GB HBM2e run at a 500 W power limit. torchtitan's benchmark page gives its memory:
+# "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", and says of its compute only that the peak
+# "is between SXM and NVL, and we don't know its exact value" (benchmarks/llama3_h100_202412_torchtitan.md,
+# pytorch/torchtitan commit b5bcd76). So the HBM is the page's, achieved at the H100 SXM5's measured
+# STREAM fraction (same Hopper memory system, other stacks); compute and links stay the SXM5's (an
+# upper bound: the 500 W clocks are not published).
+_H100_96GB_HBM_GBPS = 2400.0
 H100_96GB = DeviceSpec(
     **{
         **{f.name: getattr(H100_SXM, f.name) for f in fields(DeviceSpec)},
         "name": "h100-96gb",
         "hbm_GB": 96.0,  # Source: torchtitan (arXiv:2410.06511), H100 96 GB HBM2e
-        "source": f"{H100_SXM.source} ; https://arxiv.org/abs/2410.06511 (H100 96 GB HBM2e, 500 W limit)",
+        "hbm_GBps": _H100_96GB_HBM_GBPS,  # Source: torchtitan benchmarks/llama3_h100_202412_torchtitan.md
+        "hbm_stream_GBps": _H100_96GB_HBM_GBPS * H100_SXM.hbm_stream_GBps / H100_SXM.hbm_GBps,
+        "source": f"{H100_SXM.source} ; https://arxiv.org/abs/2410.06511 (H100 96 GB HBM2e, 500 W limit) ; "
+        "https://github.com/pytorch/torchtitan/blob/b5bcd76c6/benchmarks/llama3_h100_202412_torchtitan.md "
+        "(2.4 TB/s HBM2e)",
     }
 )
 

@@ -95,6 +95,12 @@ def layout_options(fn: F) -> F:
             "--moe-imbalance", type=float, help="Busiest expert-parallel rank's load over the mean (1: balanced)."
         ),
         click.option(
+            "--moe-dispatcher",
+            type=click.Choice(["alltoall", "deepep"]),
+            help="Expert dispatch: NCCL's all_to_all, or DeepEP's (across nodes a token crosses the network "
+            "once per destination node, then NVLink).",
+        ),
+        click.option(
             "--embedding-sharding",
             help="Embedding tables over the data-parallel ranks, as TorchRec shards them: "
             "none, table, row, column, data, auto (per table, TorchRec's planner rule).",

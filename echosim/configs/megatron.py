@@ -85,7 +85,6 @@ NOT_MODELLED = {
     "--fp8-param-gather": "fp8 parameter all-gather",
     "--cross-entropy-loss-fusion": "the fused cross-entropy kernel",
     "--moe-grouped-gemm": "grouped expert GEMMs (experts are costed as separate GEMMs)",
-    "--moe-token-dispatcher-type": "the token dispatcher (costed as all-to-all)",
     "--no-masked-softmax-fusion": "the unfused masked softmax",
     "--apply-layernorm-1p": "zero-centred LayerNorm weights",
     "--grad-reduce-in-bf16": "gradient reduction in bf16 (costed in the gradient dtype)",
@@ -122,6 +121,9 @@ CONSUMED = {
     "--tp-comm-overlap",
     "--cp-comm-type",
     "--moe-expert-capacity-factor",
+    "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend",
+    "--moe-enable-deepep",
     "--attention-backend",
     "--num-layers",
     "--hidden-size",
@@ -317,6 +319,16 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     capacity = _one(values, "--moe-expert-capacity-factor", src)
     if capacity is not None:
         opts["moe_capacity_factor"] = as_float(capacity, "--moe-expert-capacity-factor", src)
+    # TransformerConfig: moe_token_dispatcher_type 'allgather' | 'alltoall' | 'flex', and the flex
+    # dispatcher's moe_flex_dispatcher_backend defaults to 'deepep'; --moe-enable-deepep sets both
+    # (megatron/core/transformer/transformer_config.py, commit d98e8a6)
+    dispatcher = _one(values, "--moe-token-dispatcher-type", src) or "allgather"
+    backend = _one(values, "--moe-flex-dispatcher-backend", src) or "deepep"
+    if "--moe-enable-deepep" in values or (dispatcher == "flex" and backend == "deepep"):
+        opts["moe_dispatcher"] = "deepep"
+    elif dispatcher != "alltoall" and "--moe-token-dispatcher-type" in values:
+        what = f"flex dispatcher with {backend}" if dispatcher == "flex" else f"{dispatcher} dispatcher"
+        out.notes.append(f"--moe-token-dispatcher-type {dispatcher}: the {what} is not modelled (costed as all-to-all)")
     backend = _one(values, "--attention-backend", src)
     if backend in ("flash", "fused", "local", "unfused"):
         opts["attention"] = "flash" if backend in ("flash", "fused") else "math"

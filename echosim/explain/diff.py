@@ -30,8 +30,8 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "comm.tp": "tp sp tp_overlap micro_batch seq_len dtype recompute layers_per_stage microbatches "
         "devices_per_node backend",
         "comm.cp": "cp cp_comm cp_balance micro_batch seq_len layers_per_stage microbatches backend",
-        "comm.ep": "ep tp moe_capacity_factor moe_imbalance micro_batch seq_len layers_per_stage microbatches "
-        "devices_per_node backend",
+        "comm.ep": "ep tp moe_capacity_factor moe_imbalance moe_dispatcher micro_batch seq_len layers_per_stage "
+        "microbatches devices_per_node backend",
         "comm.dp": "dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend",
         "comm.edp": "dp ep zero tp pp layers_per_stage devices_per_node backend",
         "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend",

@@ -291,17 +291,23 @@ class CollectiveAttrs:
     """A collective over one parallel axis (``tp``, ``dp``, ``pp`` ...) of ``size`` ranks.
 
     ``bytes`` is the nccl-tests buffer size (all_reduce input, all_gather output,
-    reduce_scatter input, send/recv payload).
+    reduce_scatter input, send/recv payload). An expert-parallel all_to_all that a
+    DeepEP-style dispatcher runs (a token crosses the network once per destination node,
+    then NVLink to each expert's GPU) carries its layer's routed ``experts`` and choices
+    per token ``top_k``; 0 for NCCL's all_to_all.
     """
 
     axis: Axis
     size: int
     bytes: int
     role: Role = Role.LAYER
+    experts: int = 0
+    top_k: int = 0
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
-        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}"
+        deepep = f" deepep experts={self.experts} top_k={self.top_k}" if self.top_k else ""
+        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,12 @@ def _fn(node: Node) -> str:
     return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
 
+#: Token dispatchers (the plan's ``moe_dispatcher``): NCCL's all_to_all (Megatron-Core's ``alltoall``) or
+#: DeepEP's node-deduplicated network leg plus NVLink forwarding (Megatron-Core's ``flex`` dispatcher with
+#: the deepep backend; :mod:`echosim.backends.deepep`).
+DISPATCHERS = ("alltoall", "deepep")
+
+
 @dataclass(frozen=True)
 class ExpertParallel:
     """Shard experts ``ep`` ways; insert the dispatch and combine all_to_alls (after TP/SP)."""
@@ -116,10 +122,13 @@ class ExpertParallel:
     ep: int
     capacity_factor: float = 0.0
     imbalance: float = 1.0
+    dispatcher: str = "alltoall"
     name: ClassVar[str] = "expert-parallel"
 
     def __post_init__(self) -> None:
         check_routing(self.ep, self.imbalance, self.capacity_factor)
+        if self.dispatcher not in DISPATCHERS:
+            raise LayoutError(f"MoE dispatcher {self.dispatcher!r}: unknown (known: {', '.join(DISPATCHERS)})")
 
     def run(self, graph: Graph) -> Graph:
         dispatches = [n for n in graph if n.phase is Phase.FORWARD and _fn(n) == "moe_dispatch"]
@@ -265,15 +274,29 @@ class _Rewriter:
         src = self.out[value].out
         out = shape_of.out if what == "combine" else self._rows(shape_of, routing)
         nbytes = round(routing.wire_factor() * (shape_of.out.nbytes if what == "dispatch" else out.nbytes))
+        attrs = CollectiveAttrs(Axis.EP, self.opts.ep, nbytes)
+        if self.opts.dispatcher == "deepep":
+            attrs = replace(attrs, experts=self._layer_experts(d), top_k=self._top_k(d))
         return self.out.add(
             OpKind.ALL_TO_ALL,
             [value],
             out if what == "combine" else src.with_shape(out.shape),
-            CollectiveAttrs(Axis.EP, self.opts.ep, nbytes),
+            attrs,
             phase=d.phase,
             scope=d.scope,
             name=f"{d.name}.{what}_all_to_all",
         )
+
+    def _layer_experts(self, d: Node) -> int:
+        """Routed experts of dispatch ``d``'s layer (its expert weights' leading dimension)."""
+        found = {self.experts[n.inputs[1]] for n in self.src if self.region.get(n.id) == d.id
+                 and n.op is OpKind.MATMUL and len(n.inputs) > 1 and n.inputs[1] in self.experts}  # fmt: skip
+        return max(found, default=0)
+
+    def _top_k(self, d: Node) -> int:
+        """Choices per token of dispatch ``d``: its (token, expert) rows over the tokens it reads."""
+        tokens = self.src[d.inputs[0]].out.shape[0] if d.inputs else 0
+        return max(1, d.out.shape[0] // tokens) if tokens else 1
 
     def _rows(self, node: Node, routing: Routing) -> TensorSpec:
         rows = math.ceil(node.out.shape[0] * routing.load_factor())

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from echosim.backends.base import Backend, Placement
+from echosim.backends.deepep import deepep_time_s
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
 from echosim.memo import Memo
@@ -68,7 +69,13 @@ class Coster:
             assert isinstance(node.attrs, CollectiveAttrs)
             if node.attrs.size <= 1:
                 return 0.0
-            kind, nbytes, where = node.op, node.attrs.bytes, self.where[node.attrs.axis]
+            a = node.attrs
+            kind, nbytes, where = node.op, a.bytes, self.where[a.axis]
+            if kind is OpKind.ALL_TO_ALL and a.top_k:  # DeepEP's dispatcher: network once per node, then NVLink
+                return _COSTS.get(
+                    (backend, kind, nbytes, where, a.experts, a.top_k),
+                    lambda: deepep_time_s(backend.collective_time_s, nbytes, where, a.experts, a.top_k),
+                )
             return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
         io = io_bytes(self.graph, node)
         key = (backend, node.op, node.attrs, node.out, node.phase, io)

@@ -263,8 +263,27 @@ def remat_policy(c: Case) -> str:
 #: ``source_id``). Megatron-LM's Llama-3 FP8 table (examples/llama/README.md) is produced by
 #: examples/llama/train_llama3_8b_h100_fp8.sh, which passes --use-distributed-optimizer and
 #: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1.
+#: DeepSeek-V3's own run (deepseek_v3_2024) dispatches the DeepEP way: "each token ... is first
+#: transmitted via IB to the GPUs with the same in-node index on its target nodes ... forwarded via
+#: NVLink" (arXiv:2412.19437 sec. 3.2.2; its node-limited routing, at most 4 nodes, is not modelled).
+#: Megatron-Bridge's 25.09 table has no precision column, but it is an FP8 table: its footnote reads
+#: "The numbers in parentheses indicate the use of different quantization granularities" (per-tensor
+#: current scaling outside, 32x32 / 128x128 blocks inside), and the 25.11 table lists the same layouts
+#: as "FP8-CS (FP8-MX)" at the same throughput (LLAMA3_8B on 8 GB200: 31357 (29925) tokens/s/GPU in
+#: 25.09, 31508 (29789) in 25.11). docs/performance-summary-archive.md, Megatron-Bridge commit 067f987.
 SOURCE_FLAGS: dict[str, dict[str, Any]] = {
     "megatron_lm_llama_fp8": {"zero": 1, "sp": True},
+    "megatron_bridge_25.09": {"dtype": "fp8"},
+    "deepseek_v3_2024": {"moe_dispatcher": "deepep"},
+}
+
+#: Settings a source's launch script passes for one model where its table prints "NA", by
+#: (source_id, layers, hidden). DGX Cloud Benchmarking v25.04's Nemotron table lists VP=NA for
+#: Nemotron-4 340B, while the launch.sh it ships runs MODEL_SIZE=340b with VP=12 and passes
+#: ``-vp $VP`` to NeMo (nemotron/launch.sh, NVIDIA/dgxc-benchmarking commit 741c886; the v25.02 and
+#: v25.05 tables print VP=12 for the same runs).
+SOURCE_MODEL_FLAGS: dict[tuple[str, int, int], dict[str, Any]] = {
+    ("dgxc_benchmarking_v25.04", 96, 18432): {"vpp": 12},
 }
 
 
@@ -337,9 +356,32 @@ def megatron_bridge_recompute(c: Case) -> str:
     return "selective:" + ",".join(modules) if modules else ""
 
 
+#: The token dispatcher of the Megatron-Bridge MoE performance recipes whose expert-parallel groups
+#: span nodes, by (layers, hidden, device, (tp, pp, vpp, ep, micro-batch)): DeepSeek-V3 on H100 runs
+#: DeepEP (v0.1.0rc4 / NeMo 25.09 scripts/performance/run_script.py: enable_deepep for gpu h100 unless
+#: token-dropping; v0.2.0 configs/deepseek/workload_base_configs.py DEEPSEEK_V3_H100_BASE_CONFIG
+#: moe_flex_dispatcher_backend="deepep"), and so does the 256-GPU B200 MXFP8 recipe with ep 32
+#: (src/megatron/bridge/perf_recipes/deepseek/b200/deepseek_v3.py deepseek_v3_pretrain_256gpu_b200_fp8mx_config,
+#: commit 067f987). Recipes not listed run Megatron-Core's alltoall dispatcher or keep EP inside an
+#: NVLink domain, where the two dispatchers cost the same here.
+MEGATRON_BRIDGE_DISPATCHER: dict[tuple[int, int, str, tuple[int, ...]], str] = {
+    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): "deepep",  # DEEPSEEK_V3_H100
+    (61, 7168, "b200", (1, 8, 2, 32, 1)): "deepep",  # deepseek_v3 b200 fp8mx
+}
+
+
+def moe_dispatcher(c: Case) -> str:
+    """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
+    if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
+        return ""
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    return MEGATRON_BRIDGE_DISPATCHER.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
+    flags.update(SOURCE_MODEL_FLAGS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0), {}))
     if (c.int("tp", 1) or 1) <= 1:
         flags.pop("sp", None)
     return {k: v for k, v in flags.items() if not c[k].strip()}
@@ -350,7 +392,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     (:mod:`echosim.frameworks`, read from its ``framework`` column), then the Plan's own."""
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
-    vpp = c.int("vpp", 1) or 1
+    flags = _source_flags(c)
+    vpp = flags.get("vpp") or c.int("vpp", 1) or 1
     stated = {
         "tp": c.int("tp") or None,
         "pp": c.int("pp") or None,
@@ -369,7 +412,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": row_framework(c),
     }
-    stated.update(_source_flags(c))
+    stated.update(flags)
+    stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
