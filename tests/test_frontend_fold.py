@@ -181,3 +181,23 @@ def test_a_module_that_indexes_its_layers_is_captured_unfolded() -> None:
     graph = capture_module(module, (torch.zeros(2, 8, device="meta"),)).graph
     assert graph.repeats == {}
     assert sum(1 for n in graph if n.op is OpKind.MATMUL) == 5
+
+
+@pytest.mark.parametrize(("dropout_p", "positional"), [(0.1, False), (0.1, True), (0.0, False)])
+def test_fx_keeps_sdpa_dropout(dropout_p: float, positional: bool) -> None:
+    """F.scaled_dot_product_attention's dropout_p reaches the IR (keyword or 5th argument): an
+    unfused kernel then keeps and moves the score-sized mask."""
+    import torch.nn.functional as F
+
+    from echosim.frontend.fx import capture_module
+    from echosim.ir.ops import AttentionAttrs
+
+    class Attend(torch.nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            if positional:
+                return F.scaled_dot_product_attention(q, q, q, None, dropout_p, True)
+            return F.scaled_dot_product_attention(q, q, q, dropout_p=dropout_p, is_causal=True)
+
+    q = torch.zeros(2, 4, 16, 8, device="meta")
+    attention = [n.attrs for n in capture_module(Attend(), (q,)).graph if isinstance(n.attrs, AttentionAttrs)]
+    assert [(a.dropout, a.causal) for a in attention] == [(dropout_p > 0, True)]

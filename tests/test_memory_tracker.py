@@ -50,14 +50,7 @@ def test_state_matches_memtracker_exactly(arch: str) -> None:
 @pytest.mark.parametrize(
     "arch",
     [
-        pytest.param(
-            "gpt",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the fx frontend drops SDPA's dropout_p, so the CPU math kernel's score-sized dropout "
-                "mask (in fp32: no fused dropout on CPU) is counted as 1 byte per score (-12.6%)",
-            ),
-        ),
+        "gpt",
         "llama",
     ],
 )

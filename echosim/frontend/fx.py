@@ -260,7 +260,9 @@ def _sdpa(c: _Converter, node: fx.Node) -> None:
     causal = bool(node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False))
     batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
     # QK^T contracts the query/key head, PV makes the value head (MLA: 192 and 128): their mean keeps FLOPs exact
-    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, causal)
+    dropout_p = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
+    dropout = float(dropout_p or 0.0) > 0  # F.dropout's rule: the probabilities are dropped in training
+    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, causal, dropout=dropout)
     mask = c.tensors([node.kwargs.get("attn_mask")]) if node.kwargs.get("attn_mask") is not None else []
     c.emit(node, OpKind.ATTENTION, [q, k, v, *mask], attrs)
 
