@@ -150,3 +150,25 @@ def test_search_ranks_the_top_20_as_one_full_compile_per_layout() -> None:
     ranked, _ = rank(full + result.enumeration.rejected, "step-time")
     assert len(ranked) >= 20
     assert [e.as_dict() for e in result.ranked[:20]] == [e.as_dict() for e in ranked[:20]]
+
+
+def test_unit_timings_shared_across_pipeline_splits_are_told_in_each_graphs_ids() -> None:
+    """A layer's units are kept by their ops, not their node ids: a pipeline split met after another
+    reuses them, and every unit (events, node ids, names, chunked edges) equals a cold compile's."""
+    from echosim.timeline.lower import _UNITS
+
+    cluster = Cluster("h100-sxm", 8)
+    plan = Plan(pp=4, dp=1, tp=2, sp=True, tp_overlap=True, global_batch=16, schedule="zb-h1")
+    memo.clear_all()
+    cold = lower("gpt3-125m", plan, cluster)
+    memo.clear_all()
+    lower("gpt3-125m", replace(plan, pp=2, dp=2), cluster)  # the same layers, other node ids
+    simulated = _UNITS.misses
+    warm = lower("gpt3-125m", plan, cluster)
+    assert _UNITS.misses == simulated  # every unit of the 4-stage split was met in the 2-stage one
+    for a, b in zip(cold.costed.stages, warm.costed.stages, strict=True):
+        assert a.fwd_units == b.fwd_units and a.bwd_units == b.bwd_units
+        assert {e.node for u, _ in b.fwd_units + b.bwd_units for e in u.events} <= set(b.graph.nodes) | set(
+            b.base.nodes if b.base is not None else ()
+        )
+    assert cold.report.to_dict() == warm.report.to_dict()
