@@ -88,6 +88,45 @@ def test_batched_figures_equal_compile_with_vocabulary_tiling() -> None:
 
 
 @pytest.mark.parametrize(
+    ("model", "devices", "seed"),
+    [
+        ("gpt3-125m", 8, 1912),
+        pytest.param("gpt3-125m", 16, 12, marks=pytest.mark.slow),
+        pytest.param("moe", 8, 7, marks=pytest.mark.slow),
+    ],
+)
+def test_batched_figures_equal_compile_on_a_seeded_random_sample_of_the_whole_space(
+    model: str, devices: int, seed: int
+) -> None:
+    """Not only the top layouts: 40 layouts drawn at random (seeded) from every applicable layout of the
+    default space (every dimension, every schedule, every ZeRO stage), batched as a search batches them,
+    equal one cold `lower()` each, figure by figure (no tolerance)."""
+    import random
+
+    arch: object = _moe() if model == "moe" else model
+    cluster = Cluster("h100-sxm", devices)
+    space = {"schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"), "mb": (1, 2, 4)}
+    plans = search(arch, Plan(global_batch=32), cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    drawn = random.Random(seed).sample(plans, 40)
+    for key in (
+        "tp",
+        "pp",
+        "cp",
+        "sp",
+        "tp_overlap",
+        "zero",
+        "micro_batch",
+        "recompute",
+        "schedule",
+        *(("ep",) if model == "moe" else ()),
+    ):
+        assert len({getattr(p, key) for p in drawn}) > 1, key  # the draw spans the dimension
+    memo.clear_all()
+    batch = _evaluate_batch(arch, drawn, cluster, 1.0)
+    _assert_same(batch, drawn, arch, cluster)
+
+
+@pytest.mark.parametrize(
     "plan",
     [
         Plan(dp=8, global_batch=16),
