@@ -509,17 +509,23 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
     """
     import numpy as np
 
-    from echosim.compiler import prepare
     from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
     from echosim.timeline.report import build_report
 
     out: list[Evaluated | None] = [None] * len(plans)
     shared: dict[Any, list[tuple[int, Any, Any]]] = {}
+    steps: dict[tuple[Any, ...], Any] = {}  # prepared layouts by all but their schedule
+    lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
+    alive: list[Any] = []
     for i, plan in enumerate(plans):
         try:
-            step = prepare(model, plan, cluster)
-            with step.lowering():
-                costs = lower_stages(step.stages, step.backend, step.where, step.options)
+            step = _prepare(model, plan, cluster, steps)
+            alive.append(step)  # the ids below stay theirs for the batch
+            key = (id(step.stages), step.options.schedule.split_backward)  # shared by _prepare across schedules
+            if key not in lowered:
+                with step.lowering():
+                    lowered[key] = lower_stages(step.stages, step.backend, step.where, step.options)
+            costs = lowered[key]
             shape = step_plan(step.options)
         except EchosimError as exc:
             out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
@@ -536,6 +542,47 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
             report = build_report(assemble(costs, timed.layout(col), step.options), step.facts, brief=True)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
+
+
+_COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "schedule")
+
+
+def _costing_key(plan: Plan) -> tuple[Any, ...]:
+    """Every field of ``plan`` but its schedule: what the passes, the pipeline split and the placements read."""
+    return tuple(getattr(plan, name) for name in _COSTING_FIELDS)
+
+
+def _prepare(model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any]) -> Any:
+    """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
+    schedule alone takes that one's stage graphs, placements and facts with its own schedule.
+
+    The passes read no schedule (echosim's own: where a plugin's pass runs every layout is prepared
+    alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout.
+    """
+    from echosim import plugins
+    from echosim.compiler import prepare
+    from echosim.layout import check_plan
+
+    key = _costing_key(plan)
+    first = kept.get(key)
+    registry = plugins.get_registry()
+    if first is None or any(
+        not e.owner.startswith("echosim.") and (not e.value.optional or name in plan.passes)
+        for name, e in registry.passes.items()
+    ):
+        step = prepare(model, plan, cluster, registry)
+        kept[key] = step
+        return step
+    if first.facts.plan["schedule"] == plan.schedule:
+        return first
+    schedules = {name: entry.value for name, entry in registry.schedules.items()}
+    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+    check_plan(plan, first.cluster, schedules, interleaved)
+    return replace(
+        first,
+        options=replace(first.options, schedule=schedules[plan.schedule]),
+        facts=replace(first.facts, plan={**first.facts.plan, "schedule": plan.schedule}),
+    )
 
 
 #: Layouts evaluated together in one process (progress and Ctrl-C act between batches).

@@ -87,6 +87,34 @@ def test_batched_figures_equal_compile_with_vocabulary_tiling() -> None:
     _assert_same(batch, plans, "gpt3-125m", cluster)
 
 
+def test_layouts_differing_in_their_schedule_alone_share_one_preparation_and_equal_compile() -> None:
+    """A batch prepares a layout once for all its schedules (the passes read none) and lowers its stages once
+    per backward split; each schedule's figures still equal its own cold compile."""
+    import echosim.compiler
+
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1, 2), "sp": (True,), "zero": (1,), "mb": (1,),
+             "recompute": ("full",), "tp_overlap": (True,),
+             "schedule": ("1f1b", "gpipe", "interleaved", "zb-h1")}  # fmt: skip
+    plans = search("gpt3-125m", Plan(global_batch=16), cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    assert len({p.schedule for p in plans}) >= 3 and {p.vpp for p in plans} == {1, 2}
+    calls = []
+    real = echosim.compiler.prepare
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(args[1])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    memo.clear_all()
+    echosim.compiler.prepare = counted  # type: ignore[assignment]
+    try:
+        batch = _evaluate_batch("gpt3-125m", plans, cluster, 1.0)
+    finally:
+        echosim.compiler.prepare = real
+    assert len(calls) == len({p.vpp for p in plans}) < len(plans)
+    _assert_same(batch, plans, "gpt3-125m", cluster)
+
+
 @pytest.mark.parametrize(
     ("model", "devices", "seed"),
     [
