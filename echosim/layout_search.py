@@ -28,11 +28,13 @@ Ray cluster (``executor="ray"``).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -502,11 +504,29 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
     """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
 
     Each layout is prepared and its stages costed as :func:`echosim.compiler.lower` does (stage
-    costs kept by stage graph and placements); then the layouts whose schedules have the same shape
+    costs kept by stage graph and placements; the schedules of one layout share both, :func:`_prepare`);
+    then the layouts whose schedules have the same shape
     (schedule, pp, micro-batches, vpp) are timed together, one numpy column each
     (:func:`~echosim.timeline.composer.time_schedule` gives a column the same numbers to the last bit
     as a layout timed alone), and each report is read from its column: the figures of ``compile``.
     """
+    with _fewer_collections():
+        return _evaluate(model, plans, cluster, fraction)
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """The cyclic garbage collector less often while a batch runs: a search allocates millions of small
+    objects that live as long as its caches, and the default threshold (700) scans them over and over."""
+    before = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
     import numpy as np
 
     from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
