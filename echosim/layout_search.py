@@ -17,12 +17,13 @@ Every layout left is simulated by the steps of :func:`echosim.compiler.lower`, t
 ``echosim compile`` runs, so the figures reported are those of a full compile (tested layout by
 layout, exactly, in tests/test_search_compose.py). Work is shared through the caches that compile
 keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op costs by op, shape,
-dtype, backend and group placement; pass results by input graph and options; a micro-batch's unit
-timings, saved activations and working set on the stage graph before the stage-level passes (data
+dtype, backend and group placement; pass results by input graph and options; a unit's timing by its
+ops (not their node ids: every pipeline split and stage position of a layer shares it); a micro-batch's
+units, saved activations and working set on the stage graph before the stage-level passes (data
 parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share them); stage lowering
-and stage memory by stage graph, placements and schedule options. The layouts of a batch whose
-schedules have one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call
-(:func:`_evaluate_batch`). Layouts run in this process, in local processes (``workers``) or on a
+and stage memory by stage graph, placements and schedule options. In a batch, the schedules of one
+layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
+one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`). Layouts run in this process, in local processes (``workers``) or on a
 Ray cluster (``executor="ray"``).
 """
 
