@@ -23,8 +23,8 @@ units, saved activations and working set on the stage graph before the stage-lev
 parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share them); stage lowering
 and stage memory by stage graph, placements and schedule options. In a batch, the schedules of one
 layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
-one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`). Layouts run in this process, in local processes (``workers``) or on a
-Ray cluster (``executor="ray"``).
+one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`).
+Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
 """
 
 from __future__ import annotations
