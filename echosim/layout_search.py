@@ -17,22 +17,25 @@ Every layout left is simulated by the steps of :func:`echosim.compiler.lower`, t
 ``echosim compile`` runs, so the figures reported are those of a full compile (tested layout by
 layout, exactly, in tests/test_search_compose.py). Work is shared through the caches that compile
 keeps by what a value depends on (:mod:`echosim.memo`, ``Graph.derived``): op costs by op, shape,
-dtype, backend and group placement; pass results by input graph and options; a micro-batch's unit
-timings, saved activations and working set on the stage graph before the stage-level passes (data
+dtype, backend and group placement; pass results by input graph and options; a unit's timing by its
+ops (not their node ids: every pipeline split and stage position of a layer shares it); a micro-batch's
+units, saved activations and working set on the stage graph before the stage-level passes (data
 parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share them); stage lowering
-and stage memory by stage graph, placements and schedule options. The layouts of a batch whose
-schedules have one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call
-(:func:`_evaluate_batch`). Layouts run in this process, in local processes (``workers``) or on a
-Ray cluster (``executor="ray"``).
+and stage memory by stage graph, placements and schedule options. In a batch, the schedules of one
+layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
+one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`).
+Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -502,24 +505,48 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
     """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
 
     Each layout is prepared and its stages costed as :func:`echosim.compiler.lower` does (stage
-    costs kept by stage graph and placements); then the layouts whose schedules have the same shape
+    costs kept by stage graph and placements; the schedules of one layout share both, :func:`_prepare`);
+    then the layouts whose schedules have the same shape
     (schedule, pp, micro-batches, vpp) are timed together, one numpy column each
     (:func:`~echosim.timeline.composer.time_schedule` gives a column the same numbers to the last bit
     as a layout timed alone), and each report is read from its column: the figures of ``compile``.
     """
+    with _fewer_collections():
+        return _evaluate(model, plans, cluster, fraction)
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """The cyclic garbage collector less often while a batch runs: a search allocates millions of small
+    objects that live as long as its caches, and the default threshold (700) scans them over and over."""
+    before = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
     import numpy as np
 
-    from echosim.compiler import prepare
     from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
     from echosim.timeline.report import build_report
 
     out: list[Evaluated | None] = [None] * len(plans)
     shared: dict[Any, list[tuple[int, Any, Any]]] = {}
+    steps: dict[tuple[Any, ...], Any] = {}  # prepared layouts by all but their schedule
+    lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
+    alive: list[Any] = []
     for i, plan in enumerate(plans):
         try:
-            step = prepare(model, plan, cluster)
-            with step.lowering():
-                costs = lower_stages(step.stages, step.backend, step.where, step.options)
+            step = _prepare(model, plan, cluster, steps)
+            alive.append(step)  # the ids below stay theirs for the batch
+            key = (id(step.stages), step.options.schedule.split_backward)  # shared by _prepare across schedules
+            if key not in lowered:
+                with step.lowering():
+                    lowered[key] = lower_stages(step.stages, step.backend, step.where, step.options)
+            costs = lowered[key]
             shape = step_plan(step.options)
         except EchosimError as exc:
             out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
@@ -536,6 +563,47 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
             report = build_report(assemble(costs, timed.layout(col), step.options), step.facts, brief=True)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
+
+
+_COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "schedule")
+
+
+def _costing_key(plan: Plan) -> tuple[Any, ...]:
+    """Every field of ``plan`` but its schedule: what the passes, the pipeline split and the placements read."""
+    return tuple(getattr(plan, name) for name in _COSTING_FIELDS)
+
+
+def _prepare(model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any]) -> Any:
+    """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
+    schedule alone takes that one's stage graphs, placements and facts with its own schedule.
+
+    The passes read no schedule (echosim's own: where a plugin's pass runs every layout is prepared
+    alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout.
+    """
+    from echosim import plugins
+    from echosim.compiler import prepare
+    from echosim.layout import check_plan
+
+    key = _costing_key(plan)
+    first = kept.get(key)
+    registry = plugins.get_registry()
+    if first is None or any(
+        not e.owner.startswith("echosim.") and (not e.value.optional or name in plan.passes)
+        for name, e in registry.passes.items()
+    ):
+        step = prepare(model, plan, cluster, registry)
+        kept[key] = step
+        return step
+    if first.facts.plan["schedule"] == plan.schedule:
+        return first
+    schedules = {name: entry.value for name, entry in registry.schedules.items()}
+    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+    check_plan(plan, first.cluster, schedules, interleaved)
+    return replace(
+        first,
+        options=replace(first.options, schedule=schedules[plan.schedule]),
+        facts=replace(first.facts, plan={**first.facts.plan, "schedule": plan.schedule}),
+    )
 
 
 #: Layouts evaluated together in one process (progress and Ctrl-C act between batches).

@@ -87,6 +87,73 @@ def test_batched_figures_equal_compile_with_vocabulary_tiling() -> None:
     _assert_same(batch, plans, "gpt3-125m", cluster)
 
 
+def test_layouts_differing_in_their_schedule_alone_share_one_preparation_and_equal_compile() -> None:
+    """A batch prepares a layout once for all its schedules (the passes read none) and lowers its stages once
+    per backward split; each schedule's figures still equal its own cold compile."""
+    import echosim.compiler
+
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1, 2), "sp": (True,), "zero": (1,), "mb": (1,),
+             "recompute": ("full",), "tp_overlap": (True,),
+             "schedule": ("1f1b", "gpipe", "interleaved", "zb-h1")}  # fmt: skip
+    plans = search("gpt3-125m", Plan(global_batch=16), cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    assert len({p.schedule for p in plans}) >= 3 and {p.vpp for p in plans} == {1, 2}
+    calls = []
+    real = echosim.compiler.prepare
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(args[1])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    memo.clear_all()
+    echosim.compiler.prepare = counted  # type: ignore[assignment]
+    try:
+        batch = _evaluate_batch("gpt3-125m", plans, cluster, 1.0)
+    finally:
+        echosim.compiler.prepare = real
+    assert len(calls) == len({p.vpp for p in plans}) < len(plans)
+    _assert_same(batch, plans, "gpt3-125m", cluster)
+
+
+@pytest.mark.parametrize(
+    ("model", "devices", "seed"),
+    [
+        ("gpt3-125m", 8, 1912),
+        pytest.param("gpt3-125m", 16, 12, marks=pytest.mark.slow),
+        pytest.param("moe", 8, 7, marks=pytest.mark.slow),
+    ],
+)
+def test_batched_figures_equal_compile_on_a_seeded_random_sample_of_the_whole_space(
+    model: str, devices: int, seed: int
+) -> None:
+    """Not only the top layouts: 40 layouts drawn at random (seeded) from every applicable layout of the
+    default space (every dimension, every schedule, every ZeRO stage), batched as a search batches them,
+    equal one cold `lower()` each, figure by figure (no tolerance)."""
+    import random
+
+    arch: object = _moe() if model == "moe" else model
+    cluster = Cluster("h100-sxm", devices)
+    space = {"schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"), "mb": (1, 2, 4)}
+    plans = search(arch, Plan(global_batch=32), cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    drawn = random.Random(seed).sample(plans, 40)
+    for key in (
+        "tp",
+        "pp",
+        "cp",
+        "sp",
+        "tp_overlap",
+        "zero",
+        "micro_batch",
+        "recompute",
+        "schedule",
+        *(("ep",) if model == "moe" else ()),
+    ):
+        assert len({getattr(p, key) for p in drawn}) > 1, key  # the draw spans the dimension
+    memo.clear_all()
+    batch = _evaluate_batch(arch, drawn, cluster, 1.0)
+    _assert_same(batch, drawn, arch, cluster)
+
+
 @pytest.mark.parametrize(
     "plan",
     [
@@ -150,3 +217,25 @@ def test_search_ranks_the_top_20_as_one_full_compile_per_layout() -> None:
     ranked, _ = rank(full + result.enumeration.rejected, "step-time")
     assert len(ranked) >= 20
     assert [e.as_dict() for e in result.ranked[:20]] == [e.as_dict() for e in ranked[:20]]
+
+
+def test_unit_timings_shared_across_pipeline_splits_are_told_in_each_graphs_ids() -> None:
+    """A layer's units are kept by their ops, not their node ids: a pipeline split met after another
+    reuses them, and every unit (events, node ids, names, chunked edges) equals a cold compile's."""
+    from echosim.timeline.lower import _UNITS
+
+    cluster = Cluster("h100-sxm", 8)
+    plan = Plan(pp=4, dp=1, tp=2, sp=True, tp_overlap=True, global_batch=16, schedule="zb-h1")
+    memo.clear_all()
+    cold = lower("gpt3-125m", plan, cluster)
+    memo.clear_all()
+    lower("gpt3-125m", replace(plan, pp=2, dp=2), cluster)  # the same layers, other node ids
+    simulated = _UNITS.misses
+    warm = lower("gpt3-125m", plan, cluster)
+    assert _UNITS.misses == simulated  # every unit of the 4-stage split was met in the 2-stage one
+    for a, b in zip(cold.costed.stages, warm.costed.stages, strict=True):
+        assert a.fwd_units == b.fwd_units and a.bwd_units == b.bwd_units
+        assert {e.node for u, _ in b.fwd_units + b.bwd_units for e in u.events} <= set(b.graph.nodes) | set(
+            b.base.nodes if b.base is not None else ()
+        )
+    assert cold.report.to_dict() == warm.report.to_dict()

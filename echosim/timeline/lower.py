@@ -28,7 +28,7 @@ from echosim.passes.pipeline import Stage
 from echosim.timeline.composer import SchedulePlan, ScheduleTiming, schedule_plan, time_schedule
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask
 from echosim.timeline.schedule import Schedule
-from echosim.timeline.streams import UnitTiming, pipelined_edges, simulate_unit
+from echosim.timeline.streams import OpEvent, UnitTiming, pipelined_edges, simulate_unit
 
 
 @dataclass(frozen=True)
@@ -267,12 +267,13 @@ def time_units(
         return simulate_unit(graph, nodes, cost, overlap, chunked)
 
     def sim(part: _UnitPart) -> UnitTiming:
-        # A unit's timing is a function of its nodes, the shapes they read from outside it (kernel
-        # bytes), the backend, placements and overlap: stage graphs of layouts that differ elsewhere
-        # (dp, schedule, another pipeline split) share it.
+        # A unit's timing is a function of its ops (kind, attributes, shapes, phase and which of them
+        # read which: not their ids or names), the shapes they read from outside it (kernel bytes),
+        # the backend, placements and overlap: stage graphs of layouts that differ elsewhere (dp,
+        # schedule, another pipeline split, another stage of the same pipeline) share it.
         used = tuple((a, p) for a, p in where.items() if a in part.axes)  # placements its collectives are priced on
         key = (backend, used, overlap, options.tp_overlap, part.key)
-        return _UNITS.get(key, lambda: simulate(part.nodes))
+        return _rebind(_UNITS.get(key, lambda: simulate(part.nodes)), part.nodes)
 
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
@@ -305,12 +306,30 @@ def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
     """:func:`_units` with each unit's cache key and the axes its collectives run on (once per graph)."""
 
     def part(nodes: list[Node], repeat: int) -> _UnitPart:
-        ids = {n.id for n in nodes}
-        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in ids)
+        at = {n.id: k for k, n in enumerate(nodes)}
+        outside = tuple(graph[i].out for n in nodes for i in n.inputs if i not in at)
         axes = frozenset(n.attrs.axis for n in nodes if isinstance(n.attrs, CollectiveAttrs))
-        return _UnitPart(nodes, repeat, _UnitKey((tuple(nodes), outside)), axes)
+        # Each op by what simulating it reads: an input inside the unit by its position, one outside as -1
+        # (its shape is in ``outside``); ids, names and scopes differ between stage graphs of one layer.
+        ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in nodes)
+        return _UnitPart(nodes, repeat, _UnitKey((ops, outside)), axes)
 
     return tuple([part(nodes, k) for nodes, k in kind] for kind in _units(graph, split_w))
+
+
+def _rebind(timing: UnitTiming, nodes: list[Node]) -> UnitTiming:
+    """``timing`` of a unit simulated on other nodes of the same ops, told in ``nodes``' ids and names
+    (the trace, the critical path and the costed graph read a unit's events by node id)."""
+    ids = tuple(n.id for n in nodes)
+    if timing.nodes == ids:
+        return timing
+    new = dict(zip(timing.nodes, nodes, strict=True))
+    events = []
+    for e in timing.events:
+        n = new[e.node]
+        events.append(OpEvent(n.id, n.name or n.op.value, e.stream, e.start, e.duration, e.category, e.base))
+    chunked = frozenset((new[a].id, new[b].id) for a, b in timing.chunked)
+    return UnitTiming(timing.duration, dict(timing.busy), events, timing.critical_end, ids, chunked)
 
 
 def _unit_graph(stage: Stage) -> Graph:

@@ -169,7 +169,7 @@ def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> 
     hw_flops = sum(f.hardware for f in flops) * m * facts.ranks_per_stage
     per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     warnings = list(facts.warnings)
-    memory = _memory(costed, facts, warnings)
+    memory = _memory(costed, facts, warnings, brief)
     stage_rows = (
         []
         if brief
@@ -218,53 +218,60 @@ def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> 
     return report
 
 
-def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str]) -> list[dict[str, Any]]:
-    """Peak memory per pipeline rank; an interleaved rank holds several chunks."""
+def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str], brief: bool = False) -> list[dict[str, Any]]:
+    """Peak memory per pipeline rank; an interleaved rank holds several chunks.
+
+    ``brief`` (a search's figures): the rows alone, without the warning that names a rank's largest parts.
+    """
     rows = []
+    # Per stage graph and memory policy, computed once: a search meets the same stage graphs again
+    # under other schedules, ZeRO stages and placements; the ranks of one layout share them too.
+    state_key = ("static-memory", facts.state, facts.expert_state, facts.saved)
+    act_key = ("activation-bytes", facts.saved)
+    block_key = ("activation-blocks", facts.saved)
+    static: dict[int, tuple[MemoryBreakdown, int, int | None]] = {}
+    # ranks that hold the same chunks and the same peaks of activations have the same row
+    same: dict[tuple[Any, ...], tuple[MemoryBreakdown, dict[str, Any]]] = {}
+    comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
     for r in range(costed.pp):
         mine = costed.chunks(r)
-        # Per stage graph and memory policy, computed once: a search meets the same stage graphs again
-        # under other schedules, ZeRO stages and placements.
-        state_key = ("static-memory", facts.state, facts.expert_state, facts.saved)
-        parts = [s.graph.derived(state_key, lambda s=s: _static(s.graph, facts, s.base)) for s in mine]
-        act = costed.peak_held(
-            r,
-            {
-                s.index: s.graph.derived(
-                    ("activation-bytes", facts.saved), lambda s=s: activation_bytes(s.graph, facts.saved, s.base)
+        for s in mine:
+            if id(s.graph) not in static:
+                g = s.graph
+                static[id(g)] = (
+                    g.derived(state_key, lambda s=s: _static(s.graph, facts, s.base)),
+                    g.derived(act_key, lambda s=s: activation_bytes(s.graph, facts.saved, s.base)),
+                    # each saved tensor as the caching allocator holds it (rounded up)
+                    g.derived(block_key, lambda s=s: activation_bytes(s.graph, facts.saved, s.base, blocks=True))
+                    if facts.caching_allocator
+                    else None,
                 )
-                for s in mine
-            },
-        )
-        transient = max(p.transient for p in parts)
+        parts = [static[id(s.graph)][0] for s in mine]
+        act = costed.peak_held(r, {s.index: static[id(s.graph)][1] for s in mine})
         blocks = act
-        if facts.caching_allocator:  # each saved tensor as the allocator holds it (rounded up)
-            blocks = costed.peak_held(
-                r,
-                {
-                    s.index: s.graph.derived(
-                        ("activation-blocks", facts.saved),
-                        lambda s=s: activation_bytes(s.graph, facts.saved, s.base, blocks=True),
-                    )
-                    for s in mine
-                },
+        if facts.caching_allocator:
+            blocks = costed.peak_held(r, {s.index: static[id(s.graph)][2] or 0 for s in mine})
+        key = (*(id(s.graph) for s in mine), act, blocks)
+        if key not in same:
+            transient = max(p.transient for p in parts)
+            mem = MemoryBreakdown(
+                params=sum(p.params for p in parts),
+                grads=sum(p.grads for p in parts),
+                optimizer=sum(p.optimizer for p in parts),
+                activations=act,
+                transient=transient,
+                comm_buffers=comm_buffers,
+                fragmentation=blocks - act,
+                capacity=facts.capacity_bytes,
             )
-        mem = MemoryBreakdown(
-            params=sum(p.params for p in parts),
-            grads=sum(p.grads for p in parts),
-            optimizer=sum(p.optimizer for p in parts),
-            activations=act,
-            transient=transient,
-            comm_buffers=facts.comm_groups * NCCL_BUFFERS_PER_GROUP,
-            fragmentation=blocks - act,
-            capacity=facts.capacity_bytes,
-        )
-        rows.append({"stage": r, "layers": sum(s.layers for s in mine), **mem.as_dict()})
-        if not mem.fits:
+            same[key] = (mem, mem.as_dict())
+        mem, row = same[key]
+        if not row["fits"] and not brief:
             top = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in mem.largest(7) if v >= 0.05 * mem.peak)
             warnings.append(
                 f"stage {r} does not fit: needs {mem.peak / 2**30:.1f} GiB of {mem.capacity / 2**30:.1f} GiB ({top})"
             )
+        rows.append({"stage": r, "layers": sum(s.layers for s in mine), **row})
     return rows
 
 
