@@ -87,34 +87,32 @@ def plan_orders(orders: Sequence[Sequence[Block]], split_backward: bool = False,
     vstages = max(vstages, max(vs) + 1 if n else 1)
     rank = [r for r, size in enumerate(sizes) for _ in range(size)]
     pos = [p for size in sizes for p in range(size)]
-    table: dict[tuple[int, int, int], int] = {}
-    for i, key in enumerate(zip(kinds, vs, js, strict=True)):
-        table.setdefault(key, i)
+    table = {key: i for i, key in enumerate(zip(kinds, vs, js, strict=True))}
     if len(table) != n:
         raise ScheduleError("pipeline schedule runs a block twice")
     last_v = vstages - 1
     # what each block waits on besides its rank: the forward before it, the backward after it
+    get = table.get
     cross = [n] * n
     lag = [2 * vstages] * n
-    for i in range(n):
-        k, v, j = kinds[i], vs[i], js[i]
+    misordered = False
+    for i, (k, v, j) in enumerate(zip(kinds, vs, js, strict=True)):
         if k == F:
             if v:
-                cross[i] = table.get((F, v - 1, j), -1)
+                cross[i] = get((F, v - 1, j), -1)
                 lag[i] = v - 1
         elif v == last_v:
-            cross[i] = table.get((F, v, j), -1)
+            cross[i] = get((F, v, j), -1)
         else:
-            cross[i] = table.get((B, v + 1, j), -1)
+            cross[i] = get((B, v + 1, j), -1)
             lag[i] = vstages + v + 1
-    if any(c < 0 for c in cross):
+            # a backward also needs its own forward: implied when that runs earlier on the same rank
+            own = get((F, v, j), -1)
+            misordered = misordered or own < 0 or rank[own] != rank[i] or pos[own] >= pos[i]
+    if -1 in cross:
         raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
-    # a backward also needs its own forward: implied when that runs earlier on the same rank
-    for i in range(n):
-        if kinds[i] == B and vs[i] != last_v:
-            own = table.get((F, vs[i], js[i]), -1)
-            if own < 0 or rank[own] != rank[i] or pos[own] >= pos[i]:
-                raise ScheduleError("pipeline schedule runs a backward before its own forward on the same rank")
+    if misordered:
+        raise ScheduleError("pipeline schedule runs a backward before its own forward on the same rank")
     chain = [i - 1 if pos[i] else n for i in range(n)]
     offsets = [0]
     for size in sizes:
@@ -168,11 +166,15 @@ def _in_flight(seq: Sequence[Block]) -> dict[int, int]:
     best: dict[int, int] = {}
     first: dict[int, None] = {}
     for kind, v, _ in seq:
-        now = held.get(v, 0) + (1 if kind == "F" else -1 if kind == "B" else 0)
-        held[v] = now
-        best[v] = max(best[v], now) if v in best else now
         if kind == "F":
+            now = held.get(v, 0) + 1
             first.setdefault(v, None)
+        else:
+            now = held.get(v, 0) - (kind == "B")
+        held[v] = now
+        top = best.get(v)
+        if top is None or now > top:
+            best[v] = now
     return {v: best[v] for v in first}
 
 
