@@ -41,7 +41,7 @@ def _same(orders_of, pp: int, m: int, vpp: int, split: bool, d: list[float], hel
         assert one.peak_held(r, per_microbatch) == _peak_held(_order_arrays(plan, r), per_microbatch)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     kind=st.sampled_from(["1f1b", "gpipe", "zb-h1"]),
     pp=st.integers(1, 8),
@@ -54,7 +54,7 @@ def test_fixed_and_zero_bubble_schedules_time_the_same(kind: str, pp: int, m: in
     _same(SCHEDULES[kind], pp, m, 1, kind == "zb-h1", d, held)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     pp=st.integers(2, 6),
     vpp=st.integers(2, 4),
