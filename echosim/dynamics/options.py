@@ -111,16 +111,19 @@ class Request:
 
 
 def pop_request(opts: dict[str, Any]) -> Request:
-    """Take the dynamics options out of ``opts`` and check them before anything is compiled."""
-    from echosim.dynamics.goodput import STORAGE, GoodputInput, parse_interval, parse_storage
-    from echosim.dynamics.stragglers import StragglerInput, check_cv, read_samples
+    """Take the dynamics options out of ``opts`` and check them before anything is compiled.
 
+    The models of each section are imported only when one of its options is given: a plain
+    compile does not pay for them.
+    """
     v = {k: opts.pop(k, None) for k in KEYS}
     tokens = v["tokens"]
     if tokens is not None and not (tokens > 0):
         raise EchosimError(f"--tokens must be a positive number, got {tokens:g}")
     good = None
     if v["mtbf_hours"] is not None:
+        from echosim.dynamics.goodput import STORAGE, GoodputInput, parse_interval, parse_storage
+
         good = GoodputInput(
             mtbf_device_hours=v["mtbf_hours"],
             restart_minutes=v["restart_minutes"] if v["restart_minutes"] is not None else 0.0,
@@ -141,9 +144,13 @@ def pop_request(opts: dict[str, Any]) -> Request:
     if v["straggler_file"] and v["straggler_dist"]:
         raise EchosimError("--straggler-dist applies to --straggler-cv; a --straggler-file is its own distribution")
     if v["straggler_cv"] is not None:
+        from echosim.dynamics.stragglers import StragglerInput, check_cv
+
         check_cv(v["straggler_cv"])
         strag = StragglerInput(cv=v["straggler_cv"], distribution=v["straggler_dist"] or "normal")
     elif v["straggler_file"]:
+        from echosim.dynamics.stragglers import StragglerInput, read_samples
+
         strag = StragglerInput(samples=tuple(read_samples(v["straggler_file"])), source=str(v["straggler_file"]))
     elif v["straggler_dist"]:
         raise EchosimError("--straggler-dist needs --straggler-cv")

@@ -33,15 +33,11 @@ from typing import Any
 import numpy as np
 
 from echosim.memo import Memo
-from echosim.timeline.schedule import Block, BlockTime
+from echosim.timeline.schedule import Block, BlockTime, ScheduleError
 
 F, B = 0, 1
 _KINDS = {"F": F, "B": B}
 _PLANS: Memo[SchedulePlan] = Memo("schedule plans", maxsize=256)
-
-
-class ScheduleError(RuntimeError):
-    """Orders that cannot run: a block waits on one that never runs, or two wait on each other."""
 
 
 @dataclass(frozen=True, eq=False)

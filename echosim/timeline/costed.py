@@ -24,19 +24,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph
 from echosim.ir.ops import CollectiveAttrs, OpKind
 from echosim.memo import Memo
 from echosim.passes.flops import io_bytes, node_flops
-from echosim.timeline.composer import ScheduleTiming
 from echosim.timeline.schedule import BlockTime
+from echosim.timeline.sequential import OrderPlan, SequentialTiming
 from echosim.timeline.streams import COMM, COMPUTE, OpEvent, UnitTiming
 
 if TYPE_CHECKING:
     import networkx as nx
+    import numpy as np
+
+    from echosim.timeline.composer import ScheduleTiming
 
 GRAPH_FORMATS = (".graphml", ".json")
 #: A rank's peak of held activations by its schedule's orders and each chunk's bytes: layouts that share a
@@ -103,7 +104,7 @@ class CostedGraph:
     """
 
     stages: list[StageCost]
-    schedule: ScheduleTiming
+    schedule: ScheduleTiming | SequentialTiming  # a batch's column (composer) or one layout's (sequential)
     tails: list[TailTask]
     pp: int
     microbatches: int
@@ -180,6 +181,8 @@ class CostedGraph:
         """
         plan = self.schedule.plan
         key = (plan, rank, tuple(sorted(per_microbatch.items())))
+        if isinstance(plan, OrderPlan):  # one layout's plan: plain Python (numpy stays unimported)
+            return _PEAKS.get(key, lambda: plan.peak_held(rank, per_microbatch))
         return _PEAKS.get(key, lambda: _peak_held(_order_arrays(plan, rank), per_microbatch))
 
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
@@ -239,6 +242,8 @@ def _peak_held(arrays: tuple[np.ndarray, np.ndarray], per_microbatch: dict[int, 
     A forward adds its chunk's bytes, a backward frees them; the highest running sum is reached
     after some forward, so it is the largest prefix sum (integers: exact).
     """
+    import numpy as np
+
     signs, chunks = arrays
     if not len(signs):
         return 0
@@ -261,6 +266,8 @@ def _order_arrays(plan: Any, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """Along a rank's orders: +1 for a forward, -1 for a backward, 0 otherwise (W), and each block's chunk."""
 
     def build() -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
         orders = plan.orders[rank]
         signs = np.fromiter((1 if k == "F" else -1 if k == "B" else 0 for k, _, _ in orders), np.int64, len(orders))
         chunks = np.fromiter((v for _, v, _ in orders), np.int64, len(orders))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from echosim.backends.base import Backend, Placement
 from echosim.backends.deepep import deepep_time_s
@@ -25,10 +25,13 @@ from echosim.memo import Memo
 from echosim.passes.flops import io_bytes
 from echosim.passes.memory import added_nodes
 from echosim.passes.pipeline import Stage
-from echosim.timeline.composer import SchedulePlan, ScheduleTiming, schedule_plan, time_schedule
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask
 from echosim.timeline.schedule import Schedule
+from echosim.timeline.sequential import SequentialTiming, order_plan, time_orders
 from echosim.timeline.streams import OpEvent, UnitTiming, pipelined_edges, simulate_unit
+
+if TYPE_CHECKING:
+    from echosim.timeline.composer import SchedulePlan, ScheduleTiming
 
 
 @dataclass(frozen=True)
@@ -434,7 +437,9 @@ def _lowered(
 
 
 def step_plan(options: StepOptions) -> SchedulePlan:
-    """The structure of the step's schedule (kept per schedule, pp, micro-batches and vpp)."""
+    """The structure of the step's schedule for the batched composer (kept per schedule, pp, micro-batches and vpp)."""
+    from echosim.timeline.composer import schedule_plan  # numpy: only a batch of layouts needs it
+
     s = options.schedule
     return schedule_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
 
@@ -446,7 +451,7 @@ def schedule_inputs(costs: Sequence[StageCost], options: StepOptions) -> tuple[l
             [s.p2p_bwd for s in costs], wgrad)  # fmt: skip
 
 
-def assemble(costs: list[StageCost], schedule: ScheduleTiming, options: StepOptions) -> CostedGraph:
+def assemble(costs: list[StageCost], schedule: ScheduleTiming | SequentialTiming, options: StepOptions) -> CostedGraph:
     """The costed graph of a step whose stages are lowered and whose schedule is timed."""
     return CostedGraph(costs, schedule, _tails(costs, schedule, options.pp), options.pp, options.microbatches)
 
@@ -456,17 +461,20 @@ def lower_step(
 ) -> CostedGraph:
     """The one function that composes time: stages lowered (once per shape), scheduled, then the step tail.
 
-    A layout search runs the same three steps, timing the schedules of many layouts in one batch.
+    A layout search runs the same three steps, timing the schedules of many layouts in one batch with
+    :mod:`~echosim.timeline.composer`; one layout is timed block by block (:mod:`~echosim.timeline.sequential`,
+    the same numbers to the last bit, without importing numpy).
     """
     costs = lower_stages(stages, backend, where, options)
     fwd, bwd, p2p_fwd, p2p_bwd, wgrad = schedule_inputs(costs, options)
-    plan = step_plan(options)
+    s = options.schedule
+    plan = order_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
     key = (plan, tuple(fwd), tuple(bwd), tuple(p2p_fwd), tuple(p2p_bwd), tuple(wgrad))
-    batch = _TIMED.get(key, lambda: time_schedule(plan, fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None, keep_blocks=True))
-    return assemble(costs, batch.layout(0), options)
+    timed = _TIMED.get(key, lambda: time_orders(plan, fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None))
+    return assemble(costs, timed, options)
 
 
-def _tails(costs: list[StageCost], schedule: ScheduleTiming, pp: int) -> list[TailTask]:
+def _tails(costs: list[StageCost], schedule: ScheduleTiming | SequentialTiming, pp: int) -> list[TailTask]:
     """Per pipeline rank, after its last block: the exposed gradient reduction, step-end collectives, optimizer.
 
     The reduction that is exposed is the one of the chunk whose backward the rank runs last.

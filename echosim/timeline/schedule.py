@@ -18,6 +18,10 @@ from typing import NamedTuple
 Block = tuple[str, int, int]  # (kind, virtual stage, micro-batch)
 
 
+class ScheduleError(RuntimeError):
+    """Orders that cannot run: a block waits on one that never runs, or two wait on each other."""
+
+
 def one_f_one_b(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
     """PipeDream-flush 1F1B (Narayanan et al. 2021): warm-up forwards, then alternate."""
     orders = []
