@@ -145,6 +145,18 @@ def _cpu_sample(kind: str, op: str, dtype: str, wall: float, cpu: float, threads
     return Sample(kind, op, dtype, seconds=max(seconds, 1e-9), wall_s=wall, cpu_share=share, **shape)
 
 
+def _fwd_bwd_samples(
+    kind: str, op: str, fwd: tuple[float, float], both: tuple[float, float], threads: int, shape: dict[str, int]
+) -> list[Sample]:
+    """``{op}_fwd`` and ``{op}_bwd`` from (wall, CPU) times of the forward and of forward + backward:
+    the backward is their difference (at least 1 ns), since it cannot run without its forward."""
+    (wall_f, cpu_f), (wall_b, cpu_b) = fwd, both
+    return [
+        _cpu_sample(kind, f"{op}_fwd", "fp32", wall_f, cpu_f, threads, **shape),
+        _cpu_sample(kind, f"{op}_bwd", "fp32", max(wall_b - wall_f, 1e-9), max(cpu_b - cpu_f, 1e-9), threads, **shape),
+    ]
+
+
 def bench_cpu(
     sweep: str = "standard",
     dtypes: tuple[str, ...] = ("fp32",),
@@ -229,18 +241,7 @@ def bench_cpu(
         wall_f, cpu_f = time_fn(bag_fwd, _repeats(1e-4))
         wall_b, cpu_b = time_fn(bag_both, _repeats(5e-4))
         shape = {"m": rows, "n": ids.numel(), "k": dim, "batch": BAG_BATCH}
-        out.append(_cpu_sample("embedding", "embedding_bag_fwd", "fp32", wall_f, cpu_f, threads, **shape))
-        out.append(
-            _cpu_sample(
-                "embedding",
-                "embedding_bag_bwd",
-                "fp32",
-                max(wall_b - wall_f, 1e-9),
-                max(cpu_b - cpu_f, 1e-9),
-                threads,
-                **shape,
-            )
-        )
+        out += _fwd_bwd_samples("embedding", "embedding_bag", (wall_f, cpu_f), (wall_b, cpu_b), threads, shape)
         if progress:
             progress(f"embedding_bag {ids.numel()} ids")
     for b, h, s, d in ATTENTION_SWEEPS[sweep]:
@@ -257,18 +258,7 @@ def bench_cpu(
         wall_f, cpu_f = time_fn(fwd, _repeats(guess))
         wall_b, cpu_b = time_fn(both, _repeats(3 * guess))
         shape = {"m": s, "n": s, "k": d, "batch": b * h}
-        out.append(_cpu_sample("attention", "attention_fwd", "fp32", wall_f, cpu_f, threads, **shape))
-        out.append(
-            _cpu_sample(
-                "attention",
-                "attention_bwd",
-                "fp32",
-                max(wall_b - wall_f, 1e-9),
-                max(cpu_b - cpu_f, 1e-9),
-                threads,
-                **shape,
-            )
-        )
+        out += _fwd_bwd_samples("attention", "attention", (wall_f, cpu_f), (wall_b, cpu_b), threads, shape)
         if progress:
             progress(f"attention {b}x{h}x{s}x{d}")
     tiny = torch.ones(8)
