@@ -337,6 +337,13 @@ def calibrate(db: Path, sweep: str) -> dict[int, str]:
     return refs
 
 
+def calibrations_for(args: argparse.Namespace) -> dict[int, str]:
+    """The ``--calibration`` pair (one rank, two ranks) when given, else two made now (:func:`calibrate`)."""
+    if args.calibration:
+        return {1: args.calibration[0], 2: args.calibration[1]}
+    return calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+
+
 def worker_parser(doc: str | None) -> argparse.ArgumentParser:
     """The arguments a CPU-reality script gives its own rank processes (:func:`run_ranks`)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
@@ -369,10 +376,7 @@ def main() -> None:
         if args.rank == 0:
             print(json.dumps(result))
         return
-    if args.calibration:
-        calibrations = {1: args.calibration[0], 2: args.calibration[1]}
-    else:
-        calibrations = calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+    calibrations = calibrations_for(args)
     from echosim.calibrate import load_calibration
     from echosim.calibrate.fit import machine_identity
 

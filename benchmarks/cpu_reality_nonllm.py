@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ from cpu_reality import (  # noqa: E402
     Measured,
     _free_port,
     _time_steps,
-    calibrate,
+    calibrations_for,
     gloo_group,
     run_ranks,
     worker_parser,
@@ -169,10 +168,7 @@ def main() -> None:
         if args.rank == 0:
             print(json.dumps(result))
         return
-    if args.calibration:
-        calibrations = {1: args.calibration[0], 2: args.calibration[1]}
-    else:
-        calibrations = calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+    calibrations = calibrations_for(args)
     rows = []
     print(f"{'model':<12}{'layout':<16}{'predicted s':>12}{'cpu s':>8}{'cpu range':>18}{'vs cpu s':>9}"
           f"{'wall s':>8}{'vs wall':>8}{'others':>7}{'load':>6}")  # fmt: skip

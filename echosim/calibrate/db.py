@@ -344,10 +344,6 @@ class CalibratedBackend:
     def peak_flops(self, dtype: str) -> float:
         return self.inner.peak_flops(dtype)
 
-    def peak_bandwidth_Bps(self, path: str) -> float | None:
-        method = getattr(self.inner, "peak_bandwidth_Bps", None)
-        return method(path) if callable(method) else None
-
     def describe(self) -> dict[str, Any]:
         describe = getattr(self.inner, "describe", None)
         out: dict[str, Any] = dict(describe()) if callable(describe) else {}
