@@ -97,6 +97,15 @@ def row_model(c: Case) -> Any:
     )
 
 
+#: Models whose MoE layers alternate with dense ones, by (layers, hidden, experts, top_k) -> the MoE layer
+#: step (:attr:`echosim.frontend.zoo.ArchConfig.moe_layer_step`): cases.csv has no column for it and its
+#: ``ffn_hidden`` is then the dense layers' width. Llama 4 Maverick: ``interleave_moe_layer_step: 2``
+#: with ``base_mlp_dim: 16384`` (MaxText src/maxtext/configs/models/llama4-17b-128e.yml lines 25 and 37,
+#: commit e591f30; HF Llama-4-Maverick-17B-128E config.json ``interleave_moe_layer_step`` 2,
+#: ``intermediate_size_mlp`` 16384). Llama 4 Scout (16 experts) has step 1.
+MOE_LAYER_STEP: dict[tuple[int, int, int, int], int] = {(48, 5120, 128, 1): 2}
+
+
 #: DeepSeek's MLA sizes (DeepSeek-V2, arXiv:2405.04434 sec. 3.1.2: d_h^R = d_h / 2, d_c = 4 d_h,
 #: d_c' = 1536; DeepSeek-V3, arXiv:2412.19437 sec. 4.2 keeps them): the query/key head is
 #: d_h + d_h^R, so a row's head_dim gives d_h = 2/3 head_dim, the value head d_h.
@@ -132,11 +141,14 @@ def _experts(c: Case) -> dict[str, int]:
     """Routed-expert fields of a ``moe`` row (the zoo's llama-style MoE block)."""
     if c["arch"] != "moe":
         return {}
+    experts, top_k = c.int("experts", 0) or 0, c.int("top_k", 0) or 0
+    step = MOE_LAYER_STEP.get((c.int("layers") or 0, c.int("hidden") or 0, experts, top_k), 1)
     return {
-        "experts": c.int("experts", 0) or 0,
-        "top_k": c.int("top_k", 0) or 0,
+        "experts": experts,
+        "top_k": top_k,
         "moe_ffn": c.int("moe_ffn_hidden", 0) or 0,
         "shared_experts": c.int("shared_experts", 0) or 0,
+        **({"moe_layer_step": step} if step > 1 else {}),
     }
 
 
