@@ -230,12 +230,18 @@ def test_backward_frees_the_loss_logits_before_the_output_layer_and_layers_run()
 def test_xla_fits_without_the_prefetched_layer_a_caching_allocator_holds():
     # ZeRO-3 / FSDP gathers: a GPU holds this layer's and the next one's; XLA's scheduler overlaps the next
     # gather only within the device's memory, so it is not part of what must fit there
+    from echosim.passes.memory import transient_bytes
+
     plan = Plan(dp=4, zero=3)
-    gpu = lower(LLAMA, plan, Cluster("h100-sxm", 4)).report.memory[0]
-    tpu = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).report.memory[0]
     g = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).stages[0].graph
     gathered = max(n.attrs.bytes for n in g if n.op.value == "all_gather" and g.block_of(n) is not None)
-    assert gathered > 0 and gpu["transient"] - tpu["transient"] == gathered
+    held = transient_bytes(g, SavedPolicy(grad_reduce_per_weight=True))
+    assert (
+        gathered > 0
+        and held - transient_bytes(g, SavedPolicy(grad_reduce_per_weight=True, prefetch_held=False)) == gathered
+    )
+    tpu = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).report.memory[0]
+    assert tpu["transient"] == held - gathered
 
 
 def test_caching_allocator_blocks_follow_its_rounding():
@@ -449,3 +455,46 @@ def test_published_memory_table_is_within_its_targets():
     (qwen,) = [r for r in out["rows"] if r["measured_kind"] == "allocated"]
     # allocated: the peak less the allocator's fragmentation share
     assert qwen["predicted_gib"] == pytest.approx(qwen["parts_gib"]["peak"] - qwen["parts_gib"]["fragmentation"])
+
+
+# A layer whose weights outweigh its activations (16 tokens): the gathered weights and the layer's gradient
+# reduction are the largest working sets of its backward.
+WIDE = LLAMA.with_(hidden=1024, heads=8, kv_heads=8, ffn=4096, seq_len=16)
+
+
+def test_fsdp_gradient_reduction_holds_one_weight_at_a_time_under_xla():
+    from echosim.passes import memory
+
+    plan = Plan(dp=4, zero=3)
+    g = lower(WIDE, plan, Cluster("tpu-v5p", 4)).stages[0].graph
+    rs = next(n for n in g if n.op.value == "reduce_scatter" and g.block_of(n) is not None)
+    grads = [g[i].out.nbytes for i in rs.inputs]
+    # torch FSDP2: the layer's gradients all at once, plus the shard the reduce-scatter hands back
+    assert memory._working_set(g, rs, SavedPolicy()) == sum(grads) + rs.out.nbytes // 4
+    # XLA: the largest weight's gradient (the 1024 x 4096 MLP projections, bf16) and its quarter
+    per_weight = memory._working_set(g, rs, SavedPolicy(grad_reduce_per_weight=True))
+    assert max(grads) == 1024 * 4096 * 2 and per_weight == max(grads) * 5 // 4
+
+
+def test_fsdp_gathered_weights_are_counted_once():
+    """The backward's weight gather is the gathered-weights term, not also an op's working set: the
+    XLA peak holds this layer's weights once, a GPU's this layer's and the next one's."""
+    from echosim.passes import memory
+
+    plan = Plan(dp=4, zero=3)
+    tpu = lower(WIDE, plan, Cluster("tpu-v5p", 4))
+    gpu = lower(WIDE, plan, Cluster("h100-sxm", 4))
+    g = tpu.stages[0].graph
+    gathered = max(n.attrs.bytes for n in g if n.op.value == "all_gather" and g.block_of(n) is not None)
+    # one layer: 4 x 1024^2 attention + 3 x 1024 x 4096 MLP + 2 norms, bf16
+    assert gathered == (4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024) * 2
+    saved = SavedPolicy(grad_reduce_per_weight=True, prefetch_held=False)
+    schedule = memory._freed_schedule(g, saved)
+    ops = [
+        memory._working_set(g, n, saved) - memory._freed_before(schedule, n.id)
+        for n in g
+        if n.phase is Phase.BACKWARD and g.block_of(n) is not None and n.op.value != "all_gather"
+    ]
+    assert max(ops) < gathered  # the gather would have been the largest "op"
+    assert tpu.report.memory[0]["transient"] == max(ops) + gathered
+    assert gpu.report.memory[0]["transient"] - tpu.report.memory[0]["transient"] >= gathered
