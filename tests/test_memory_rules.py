@@ -498,3 +498,26 @@ def test_fsdp_gathered_weights_are_counted_once():
     assert max(ops) < gathered  # the gather would have been the largest "op"
     assert tpu.report.memory[0]["transient"] == max(ops) + gathered
     assert gpu.report.memory[0]["transient"] - tpu.report.memory[0]["transient"] >= gathered
+
+
+def test_self_contradicting_megatron_bridge_rows_take_their_recipes_micro_batch():
+    """Only rows whose table breaks GBS = MBS x DP x GA, and only where the release's recipe has the layout."""
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import MEGATRON_BRIDGE_MICRO_BATCH, recipe_micro_batch, row_plan
+
+    if not SHARED_CASES.exists():
+        pytest.skip("shared/validation not present")
+    cases = {c.case_id: c for c in read_cases(SHARED_CASES)}
+    llama, oss = cases["mbridge2509-llama3-70b-fp8-gb200-64"], cases["mbridge2511-gpt-oss-120b-bf16-h100-sxm-64"]
+    assert (llama.int("micro_batch"), oss.int("micro_batch")) == (2, 4)  # as the tables print them
+    assert row_plan(llama)[0].micro_batch == 1 and row_plan(oss)[0].micro_batch == 1
+    # GA 16 of the Llama row: 128 / (8 x 16) = 1, the recipe's mbs
+    assert llama.int("global_batch") // (64 // (2 * 4) * 16) == 1
+    # the third flagged row (Qwen3 235B on GB300, 25.11) has no recipe of its layout: kept as stated
+    qwen = cases["mbridge2511-qwen3-235b-a22b-bf16-gb300-256"]
+    assert "CONSISTENCY:" in qwen["notes"] and recipe_micro_batch(qwen) is None
+    assert row_plan(qwen)[0].micro_batch == 2
+    # every entry is a row that contradicts itself; consistent rows keep their micro-batch
+    flagged = [c for c in cases.values() if recipe_micro_batch(c)]
+    assert len(flagged) == len(MEGATRON_BRIDGE_MICRO_BATCH) and all("CONSISTENCY:" in c["notes"] for c in flagged)
+    assert recipe_micro_batch(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"]) is None

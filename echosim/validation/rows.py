@@ -390,6 +390,34 @@ def moe_dispatcher(c: Case) -> str:
     return MEGATRON_BRIDGE_DISPATCHER.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
 
 
+#: The micro-batch of the Megatron-Bridge recipe behind a published row whose table contradicts itself
+#: (its GBS is not MBS x DP x GA: the row's notes flag it), by (source_id, layers, hidden, device, tp, pp,
+#: vpp, ep); only where the same release's performance recipe has that layout (system, GPUs, global batch,
+#: parallel sizes) and states the micro-batch.
+#: 25.09 DGX-GB200 LLAMA3_70B, the parenthesised (MXFP8) variant: MBS 2 but GA 16 with GBS 128 and DP 8,
+#: i.e. 1; v0.1.0rc4 scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml perf_matrix gb200
+#: fp8_mx: ``mbs: 1, tp: 2, pp: 4, vp: 5``.
+#: 25.11 DGX-H100 GPT OSS 120B: MBS 4 and GA 2 (the DGX-B200 row's pair, DP 64) with PP 4 (DP 16); v0.2.0
+#: scripts/performance/configs/gpt_oss/workload_base_configs.py GPT_OSS_120B_H100_BF16_BASE_CONFIG: pp 4,
+#: ep 8, GBS 512 on 64 GPUs with the base ``micro_batch_size=1``.
+#: (25.11 DGX-GB300 Qwen3_235B_a22B, also flagged, has no recipe of its layout in v0.2.0: kept as stated.)
+MEGATRON_BRIDGE_MICRO_BATCH: dict[tuple[str, int, int, str, int, int, int, int], int] = {
+    ("megatron_bridge_25.09", 80, 8192, "gb200", 2, 4, 5, 1): 1,
+    ("megatron_bridge_25.11", 36, 2880, "h100-sxm", 1, 4, 1, 8): 1,
+}
+
+
+def recipe_micro_batch(c: Case) -> int | None:
+    """The recipe's micro-batch for a Megatron-Bridge row whose table contradicts itself
+    (:data:`MEGATRON_BRIDGE_MICRO_BATCH`); None when the row's own micro-batch stands."""
+    if not c["source_id"].startswith("megatron_bridge") or "CONSISTENCY:" not in c["notes"]:
+        return None
+    tp, pp, vpp, ep = (c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep"))
+    return MEGATRON_BRIDGE_MICRO_BATCH.get(
+        (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], tp, pp, vpp, ep)
+    )
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
@@ -415,7 +443,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "vpp": c.int("vpp") or None,
         "sp": None if c.int("sp") is None else c.int("sp") == 1,
         "zero": c.int("zero"),
-        "micro_batch": replica_micro_batch(c),
+        "micro_batch": recipe_micro_batch(c) or replica_micro_batch(c),
         "global_batch": c.int("global_batch") or 0,
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
