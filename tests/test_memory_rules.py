@@ -365,6 +365,9 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"])[0].recompute == "selective:layernorm,moe_act"
     assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"])[0].recompute == "selective:mla_up_proj"
     assert row_plan(cases["mbridge2509-deepseekv3-tokendrop-b200-256"])[0].recompute == "selective:mla_up_proj"
+    # 26.04.01's GB300 MXFP8 layout (pp 2, vp 8, ep 32, mbs 2) is the GB300_V1 recipe: mla_up_proj
+    assert row_plan(cases["mbridge260401-deepseekv3-mxfp8-gb300-256"])[0].recompute == "selective:mla_up_proj"
+    assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb300-256"])[0].recompute != "selective:mla_up_proj"
     assert row_plan(cases["tpurecipes-gemma3-12b-bf16-v6e-512-x2"])[0].loss_chunks == 16  # num_vocab_tiling
     assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].loss_chunks == 1
     assert row_plan(cases["mbridge2509-qwen3-30b-a3b-tokendrop-h100-sxm-16"])[0].recompute == "none"  # none named

@@ -354,6 +354,9 @@ MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str
     (61, 7168, "b200", (1, 8, 2, 32, 1)): ("mla_up_proj",),  # deepseek_v3 b200 fp8mx (+ mlp)
     (61, 7168, "gb200", (1, 4, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_GB200
     (61, 7168, "gb300", (1, 4, 4, 64, 1)): ("moe_act",),  # DEEPSEEK_V3_GB300
+    # DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1 (FP8_CS, FP8_MX, NVFP4: pp 2, vp 8, ep 32, mbs 2) in
+    # v0.3.0 / v0.3.1 / v0.4.0 / v0.4.1 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py
+    (61, 7168, "gb300", (1, 2, 8, 32, 2)): ("mla_up_proj",),
     (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_H100 (+ mlp)
 }
 
