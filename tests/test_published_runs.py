@@ -268,3 +268,62 @@ def test_validate_gives_llama4_maverick_its_dense_layers(tmp_path) -> None:
     assert cfg.moe_layer_step == 2 and cfg.param_count() == ZOO["llama4-maverick"].param_count()
     scout = row_model(read_cases(write(tmp_path, row(**(cells | {"experts": "16"}), shared_experts="1")))[0])
     assert scout.moe_layer_step == 1 and scout.moe_layers == 48
+
+
+# ---- Megatron-Core pipeline layouts ---------------------------------------------------------------
+
+
+def test_megatron_layout_strings_give_layers_per_stage() -> None:
+    from echosim.passes.pipeline import layout_counts
+
+    # DeepSeek-V3 on H100 (Megatron-Bridge): the embedding and one layer, 30 stages of two, MTP and loss
+    assert layout_counts("Et|(tt|)*30mL") == [1] + [2] * 30 + [0]
+    assert layout_counts("Et*4|(t*4|)*14tmL") == [4] * 15 + [1]
+    assert layout_counts("Ettt|(tt|)*29,m|L") == [3] + [2] * 29 + [0, 0]  # Megatron-Core's own example
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [("Etx|tL", "unknown character"), ("tt|EL", "embedding E must open"), ("Et|tt", "loss L close")],
+)
+def test_a_bad_layout_is_one_line(layout: str, message: str) -> None:
+    result = CliRunner().invoke(
+        cli, ["compile", "llama3-8b", "--devices", "2", "--pp", "2", "--pp-balance", f"layout:{layout}"]
+    )
+    assert result.exit_code != 0
+    (line,) = result.output.strip().splitlines()
+    assert message in line
+
+
+def test_a_layout_splits_the_stages_as_written() -> None:
+    """6 layers on pp 2 x vpp 2: 'Et|ttt|t|tL' gives 1, 3, 1, 1; rank 0 holds chunks 0 and 2 (2 layers)."""
+    cfg = ZOO["llama3-8b"].with_(layers=6, seq_len=256)
+    plan = Plan(pp=2, vpp=2, dp=1, global_batch=4, schedule="interleaved", pp_balance="layout:Et|ttt|t|tL")
+    compiled = lower(cfg, plan, Cluster("h100-sxm", 2))
+    assert [s.layers for s in compiled.stages] == [1, 3, 1, 1]
+    assert [m["layers"] for m in compiled.report.memory] == [2, 4]
+    with pytest.raises(PlanError, match=r"has 3 stages, not pp x vpp = 2\*2"):
+        lower(cfg, replace_plan(plan, pp_balance="layout:Ett|ttt|tL"), Cluster("h100-sxm", 2))
+    with pytest.raises(PlanError, match="the model's 6 layers"):
+        lower(cfg, replace_plan(plan, pp_balance="layout:Et|tt|t|tL"), Cluster("h100-sxm", 2))
+
+
+def replace_plan(plan: Plan, **changes: object) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, **changes)  # type: ignore[arg-type]
+
+
+def test_validate_takes_the_recipes_pipeline_layout() -> None:
+    from conftest import SHARED
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_plan
+
+    path = SHARED / "validation" / "cases.csv"
+    if not path.exists():
+        pytest.skip("shared/validation not present")
+    cases = {c.case_id: c for c in read_cases(path)}
+    h100 = row_plan(cases["mbridge2509-deepseekv3-dropless-h100-sxm-1024"])[0]
+    assert h100.pp_balance == "layout:Et|(tt|)*30mL"
+    assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb300-256"])[0].pp_balance == "uniform"

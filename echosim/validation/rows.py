@@ -385,6 +385,28 @@ MEGATRON_BRIDGE_DISPATCHER: dict[tuple[int, int, str, tuple[int, ...]], str] = {
 }
 
 
+#: The Megatron-Core pipeline layout (``pipeline_model_parallel_layout``) a Megatron-Bridge performance
+#: recipe states, by (layers, hidden, device, (tp, pp, vpp, ep, micro-batch)); echosim's ``layout:`` balance
+#: (:func:`echosim.passes.pipeline.layout_counts`). DeepSeek-V3 on H100: ``layout="Et|(tt|)*30mL"`` (v0.1.0rc4
+#: / NeMo 25.09 scripts/performance/run_script.py for gpu h100; v0.2.0 scripts/performance/configs/deepseek/
+#: deepseek_llm_pretrain.py deepseek_v3_h100_config). DeepSeek-V3 on GB300 with pp 2, vp 8:
+#: ``pp_layout="Et*4|(t*4|)*14tmL"`` (DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1, v0.3.0-v0.4.1 scripts/performance/
+#: configs/deepseek/deepseek_workload_base_configs.py). The ``m`` (multi-token prediction) holds no layer here.
+MEGATRON_BRIDGE_PP_LAYOUT: dict[tuple[int, int, str, tuple[int, ...]], str] = {
+    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): "Et|(tt|)*30mL",
+    (61, 7168, "gb300", (1, 2, 8, 32, 2)): "Et*4|(t*4|)*14tmL",
+}
+
+
+def pp_layout(c: Case) -> str:
+    """``layout:STRING`` for a Megatron-Bridge row whose recipe states its pipeline layout; '' otherwise."""
+    if not c["source_id"].startswith("megatron_bridge"):
+        return ""
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    found = MEGATRON_BRIDGE_PP_LAYOUT.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
+    return f"layout:{found}" if found else ""
+
+
 def moe_dispatcher(c: Case) -> str:
     """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
@@ -459,6 +481,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
+    stated["pp_balance"] = pp_layout(c) or None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
