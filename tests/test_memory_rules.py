@@ -524,3 +524,31 @@ def test_self_contradicting_megatron_bridge_rows_take_their_recipes_micro_batch(
     flagged = [c for c in cases.values() if recipe_micro_batch(c)]
     assert len(flagged) == len(MEGATRON_BRIDGE_MICRO_BATCH) and all("CONSISTENCY:" in c["notes"] for c in flagged)
     assert recipe_micro_batch(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"]) is None
+
+
+def test_the_530b_zero3_run_that_did_not_fit_on_560_gpus_does_not_fit():
+    """Narayanan et al. 2021, Table 2's caption: the 530B model "did not fit on 560 GPUs when using a
+    microbatch size of 4 with ZeRO-3", so it ran on 640. The sharded state (fp16 weights, fp32 gradients,
+    master weights and Adam moments: 18 bytes a parameter) differs by 18 x 529.6B x (1/560 - 1/640) = 1.98 GiB
+    between the two, so the 640-GPU run peaked within about 2 GiB under 80 GiB: a rule that frees much more
+    (DeepSpeed's per-module fetching alone gives 62 GiB) contradicts the measurement."""
+    from dataclasses import replace
+
+    from echosim.compiler import compile as compile_model
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model, row_plan
+
+    if not SHARED_CASES.exists():
+        pytest.skip("shared/validation not present")
+    case = next(
+        c for c in read_cases(SHARED_CASES) if c.case_id == "narayanan2021-t2-gpt-529p6b-zero3-fp16-a100-80gb-640"
+    )
+    plan, cluster = row_plan(case)
+    ran = compile_model(row_model(case), plan, cluster).memory[0]
+    small = replace(plan, dp=560, global_batch=2240)
+    refused = compile_model(row_model(case), small, replace(cluster, devices=560)).memory[0]
+    gib = 2**30
+    assert not refused["fits"] and refused["peak"] > 80 * gib
+    state = lambda m: m["params"] + m["grads"] + m["optimizer"]  # noqa: E731
+    assert (state(refused) - state(ran)) / gib == pytest.approx(18 * 529.6e9 * (1 / 560 - 1 / 640) / gib, rel=0.01)
+    assert abs(ran["peak"] / gib - 80) < 0.05 * 80  # the run that fitted: within 5 % of the 80 GiB it fitted in
