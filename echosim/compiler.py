@@ -225,6 +225,7 @@ def prepare(
             ce_working=framework.loss_working(plan.tp),
             mask_in_dtype=not getattr(loaded, "fused_dropout", True),
             prefetch_held=not static,  # XLA schedules the prefetch within the device's memory
+            grad_reduce_per_weight=static,  # XLA reduces each weight's gradient by itself
         ),
         # XLA's static buffer assignment (TPU backends): no caching allocator's blocks, no NCCL buffers
         comm_groups=0 if static else sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),

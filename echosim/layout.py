@@ -23,6 +23,7 @@ from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
+from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
 from echosim.passes.recompute import RecomputeError, policy_named
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
 from echosim.plan import CP_COMMS, DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
@@ -44,6 +45,21 @@ MAX_TOKENS_PER_MICROBATCH = 2**34
 MAX_COUNT = 2**40
 PP_BALANCES = ("uniform", "cost")
 ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_pp_balance(plan: Plan) -> None:
+    """``--pp-balance``: uniform, cost, or a Megatron-Core layout with one stage per virtual stage."""
+    if plan.pp_balance in PP_BALANCES:
+        return
+    if not plan.pp_balance.startswith(LAYOUT_PREFIX):
+        known = ", ".join((*PP_BALANCES, f"{LAYOUT_PREFIX}STRING"))
+        raise PlanError(f"unknown --pp-balance {plan.pp_balance!r} (known: {known})")
+    try:
+        stages = len(layout_counts(plan.pp_balance.removeprefix(LAYOUT_PREFIX)))
+    except LayoutError as exc:
+        raise PlanError(str(exc)) from None
+    if stages != plan.pp * plan.vpp:
+        raise PlanError(f"--pp-balance layout has {stages} stages, not pp x vpp = {plan.pp}*{plan.vpp}")
 
 
 def check_precision(plan: Plan, backend: Any) -> None:
@@ -116,12 +132,12 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     for what, value, known in (
         ("dtype", plan.dtype, DTYPES),
         ("attention", plan.attention, ATTENTIONS),
-        ("--pp-balance", plan.pp_balance, PP_BALANCES),
         ("--cp-comm", plan.cp_comm, CP_COMMS),
         ("--moe-dispatcher", plan.moe_dispatcher, MOE_DISPATCHERS),
     ):
         if value not in known:
             raise PlanError(f"unknown {what} {value!r} (known: {', '.join(known)})")
+    check_pp_balance(plan)
     try:
         policy_named(plan.recompute)
     except RecomputeError as exc:

@@ -311,3 +311,18 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(EchosimError, match=r"pip install 'echosim\[hf\]'"):
         hf.build_config(CONFIGS / "tiny-llama.json")
+
+
+def test_llama4_interleaved_moe_layers_match_the_zoo_closed_form() -> None:
+    """HF Llama 4 (interleave_moe_layer_step 2): layers 1 and 3 hold 4 experts of 32 and a shared one,
+    layers 0 and 2 a dense MLP of 96; the same parameters as the zoo's ArchConfig with moe_layer_step 2.
+    Alternating layers have no run of identical ones: the capture is unfolded."""
+    from echosim.frontend.zoo import ArchConfig
+
+    cap, total = captured("tiny-llama4")
+    zoo = ArchConfig("moe", 4, 64, 4, 128, ffn=96, kv_heads=2, head_dim=16, experts=4, top_k=1, moe_ffn=32,
+                     shared_experts=1, moe_layer_step=2)  # fmt: skip
+    assert total == cap.graph.param_count() == zoo.param_count() == 164_928
+    assert cap.graph.repeats == {}
+    experts = {n.scope.split(".")[2] for n in cap.graph if n.op is OpKind.PARAMETER and ".experts" in n.scope}
+    assert experts == {"1", "3"}

@@ -230,12 +230,18 @@ def test_backward_frees_the_loss_logits_before_the_output_layer_and_layers_run()
 def test_xla_fits_without_the_prefetched_layer_a_caching_allocator_holds():
     # ZeRO-3 / FSDP gathers: a GPU holds this layer's and the next one's; XLA's scheduler overlaps the next
     # gather only within the device's memory, so it is not part of what must fit there
+    from echosim.passes.memory import transient_bytes
+
     plan = Plan(dp=4, zero=3)
-    gpu = lower(LLAMA, plan, Cluster("h100-sxm", 4)).report.memory[0]
-    tpu = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).report.memory[0]
     g = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).stages[0].graph
     gathered = max(n.attrs.bytes for n in g if n.op.value == "all_gather" and g.block_of(n) is not None)
-    assert gathered > 0 and gpu["transient"] - tpu["transient"] == gathered
+    held = transient_bytes(g, SavedPolicy(grad_reduce_per_weight=True))
+    assert (
+        gathered > 0
+        and held - transient_bytes(g, SavedPolicy(grad_reduce_per_weight=True, prefetch_held=False)) == gathered
+    )
+    tpu = lower(LLAMA, plan, Cluster("tpu-v5p", 4)).report.memory[0]
+    assert tpu["transient"] == held - gathered
 
 
 def test_caching_allocator_blocks_follow_its_rounding():
@@ -359,6 +365,9 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"])[0].recompute == "selective:layernorm,moe_act"
     assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"])[0].recompute == "selective:mla_up_proj"
     assert row_plan(cases["mbridge2509-deepseekv3-tokendrop-b200-256"])[0].recompute == "selective:mla_up_proj"
+    # 26.04.01's GB300 MXFP8 layout (pp 2, vp 8, ep 32, mbs 2) is the GB300_V1 recipe: mla_up_proj
+    assert row_plan(cases["mbridge260401-deepseekv3-mxfp8-gb300-256"])[0].recompute == "selective:mla_up_proj"
+    assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb300-256"])[0].recompute != "selective:mla_up_proj"
     assert row_plan(cases["tpurecipes-gemma3-12b-bf16-v6e-512-x2"])[0].loss_chunks == 16  # num_vocab_tiling
     assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].loss_chunks == 1
     assert row_plan(cases["mbridge2509-qwen3-30b-a3b-tokendrop-h100-sxm-16"])[0].recompute == "none"  # none named
@@ -449,3 +458,97 @@ def test_published_memory_table_is_within_its_targets():
     (qwen,) = [r for r in out["rows"] if r["measured_kind"] == "allocated"]
     # allocated: the peak less the allocator's fragmentation share
     assert qwen["predicted_gib"] == pytest.approx(qwen["parts_gib"]["peak"] - qwen["parts_gib"]["fragmentation"])
+
+
+# A layer whose weights outweigh its activations (16 tokens): the gathered weights and the layer's gradient
+# reduction are the largest working sets of its backward.
+WIDE = LLAMA.with_(hidden=1024, heads=8, kv_heads=8, ffn=4096, seq_len=16)
+
+
+def test_fsdp_gradient_reduction_holds_one_weight_at_a_time_under_xla():
+    from echosim.passes import memory
+
+    plan = Plan(dp=4, zero=3)
+    g = lower(WIDE, plan, Cluster("tpu-v5p", 4)).stages[0].graph
+    rs = next(n for n in g if n.op.value == "reduce_scatter" and g.block_of(n) is not None)
+    grads = [g[i].out.nbytes for i in rs.inputs]
+    # torch FSDP2: the layer's gradients all at once, plus the shard the reduce-scatter hands back
+    assert memory._working_set(g, rs, SavedPolicy()) == sum(grads) + rs.out.nbytes // 4
+    # XLA: the largest weight's gradient (the 1024 x 4096 MLP projections, bf16) and its quarter
+    per_weight = memory._working_set(g, rs, SavedPolicy(grad_reduce_per_weight=True))
+    assert max(grads) == 1024 * 4096 * 2 and per_weight == max(grads) * 5 // 4
+
+
+def test_fsdp_gathered_weights_are_counted_once():
+    """The backward's weight gather is the gathered-weights term, not also an op's working set: the
+    XLA peak holds this layer's weights once, a GPU's this layer's and the next one's."""
+    from echosim.passes import memory
+
+    plan = Plan(dp=4, zero=3)
+    tpu = lower(WIDE, plan, Cluster("tpu-v5p", 4))
+    gpu = lower(WIDE, plan, Cluster("h100-sxm", 4))
+    g = tpu.stages[0].graph
+    gathered = max(n.attrs.bytes for n in g if n.op.value == "all_gather" and g.block_of(n) is not None)
+    # one layer: 4 x 1024^2 attention + 3 x 1024 x 4096 MLP + 2 norms, bf16
+    assert gathered == (4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024) * 2
+    saved = SavedPolicy(grad_reduce_per_weight=True, prefetch_held=False)
+    schedule = memory._freed_schedule(g, saved)
+    ops = [
+        memory._working_set(g, n, saved) - memory._freed_before(schedule, n.id)
+        for n in g
+        if n.phase is Phase.BACKWARD and g.block_of(n) is not None and n.op.value != "all_gather"
+    ]
+    assert max(ops) < gathered  # the gather would have been the largest "op"
+    assert tpu.report.memory[0]["transient"] == max(ops) + gathered
+    assert gpu.report.memory[0]["transient"] - tpu.report.memory[0]["transient"] >= gathered
+
+
+def test_self_contradicting_megatron_bridge_rows_take_their_recipes_micro_batch():
+    """Only rows whose table breaks GBS = MBS x DP x GA, and only where the release's recipe has the layout."""
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import MEGATRON_BRIDGE_MICRO_BATCH, recipe_micro_batch, row_plan
+
+    if not SHARED_CASES.exists():
+        pytest.skip("shared/validation not present")
+    cases = {c.case_id: c for c in read_cases(SHARED_CASES)}
+    llama, oss = cases["mbridge2509-llama3-70b-fp8-gb200-64"], cases["mbridge2511-gpt-oss-120b-bf16-h100-sxm-64"]
+    assert (llama.int("micro_batch"), oss.int("micro_batch")) == (2, 4)  # as the tables print them
+    assert row_plan(llama)[0].micro_batch == 1 and row_plan(oss)[0].micro_batch == 1
+    # GA 16 of the Llama row: 128 / (8 x 16) = 1, the recipe's mbs
+    assert llama.int("global_batch") // (64 // (2 * 4) * 16) == 1
+    # the third flagged row (Qwen3 235B on GB300, 25.11) has no recipe of its layout: kept as stated
+    qwen = cases["mbridge2511-qwen3-235b-a22b-bf16-gb300-256"]
+    assert "CONSISTENCY:" in qwen["notes"] and recipe_micro_batch(qwen) is None
+    assert row_plan(qwen)[0].micro_batch == 2
+    # every entry is a row that contradicts itself; consistent rows keep their micro-batch
+    flagged = [c for c in cases.values() if recipe_micro_batch(c)]
+    assert len(flagged) == len(MEGATRON_BRIDGE_MICRO_BATCH) and all("CONSISTENCY:" in c["notes"] for c in flagged)
+    assert recipe_micro_batch(cases["mbridge2511-gpt-oss-120b-bf16-b200-64"]) is None
+
+
+def test_the_530b_zero3_run_that_did_not_fit_on_560_gpus_does_not_fit():
+    """Narayanan et al. 2021, Table 2's caption: the 530B model "did not fit on 560 GPUs when using a
+    microbatch size of 4 with ZeRO-3", so it ran on 640. The sharded state (fp16 weights, fp32 gradients,
+    master weights and Adam moments: 18 bytes a parameter) differs by 18 x 529.6B x (1/560 - 1/640) = 1.98 GiB
+    between the two, so the 640-GPU run peaked within about 2 GiB under 80 GiB: a rule that frees much more
+    (DeepSpeed's per-module fetching alone gives 62 GiB) contradicts the measurement."""
+    from dataclasses import replace
+
+    from echosim.compiler import compile as compile_model
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model, row_plan
+
+    if not SHARED_CASES.exists():
+        pytest.skip("shared/validation not present")
+    case = next(
+        c for c in read_cases(SHARED_CASES) if c.case_id == "narayanan2021-t2-gpt-529p6b-zero3-fp16-a100-80gb-640"
+    )
+    plan, cluster = row_plan(case)
+    ran = compile_model(row_model(case), plan, cluster).memory[0]
+    small = replace(plan, dp=560, global_batch=2240)
+    refused = compile_model(row_model(case), small, replace(cluster, devices=560)).memory[0]
+    gib = 2**30
+    assert not refused["fits"] and refused["peak"] > 80 * gib
+    state = lambda m: m["params"] + m["grads"] + m["optimizer"]  # noqa: E731
+    assert (state(refused) - state(ran)) / gib == pytest.approx(18 * 529.6e9 * (1 / 560 - 1 / 640) / gib, rel=0.01)
+    assert abs(ran["peak"] / gib - 80) < 0.05 * 80  # the run that fitted: within 5 % of the 80 GiB it fitted in

@@ -198,3 +198,132 @@ def test_report_json_is_deterministic_for_new_formats() -> None:
     one, two = (CliRunner().invoke(cli, args) for _ in range(2))
     assert one.exit_code == 0, one.output
     assert one.output == two.output and json.loads(one.output)["plan"]["dtype"] == "mxfp8"
+
+
+# ---- interleaved MoE layers (Llama 4 Maverick) ---------------------------------------------------
+
+TINY_INTERLEAVED = ArchConfig(
+    "moe", layers=4, hidden=64, heads=4, vocab=128, ffn=96, kv_heads=2, seq_len=16,
+    experts=4, top_k=1, moe_ffn=32, shared_experts=1, moe_layer_step=2,
+)  # fmt: skip
+
+
+def test_interleaved_moe_layers_match_the_closed_form() -> None:
+    """Layers 1 and 3 hold the experts (HF Llama 4 / MaxText: (i + 1) % step == 0), 0 and 2 a dense MLP."""
+    cfg = TINY_INTERLEAVED
+    assert [cfg.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    h, attn = 64, 64 * (4 + 2 * 2) * 16 + 4 * 16 * 64
+    moe = h * 4 + 3 * h * 32 * (4 + 1)  # router, 4 routed + 1 shared expert
+    dense = 3 * h * 96
+    assert cfg.param_count() == 4 * (attn + 2 * h) + 2 * dense + 2 * moe + 2 * 128 * h + h
+    assert params_of(cfg) == cfg.param_count()
+    # one token runs through the shared expert and top_k = 1 of the 4 routed ones
+    assert cfg.active_params() == cfg.param_count() - 2 * 3 * h * 32 * 3
+
+
+def test_interleaved_moe_block_folds_as_dense_then_moe_pair() -> None:
+    """The repeating unit is the (dense, MoE) pair: the fold keeps one pair with the pair count."""
+    cfg = TINY_INTERLEAVED.with_(layers=8)
+    compiled = lower(cfg, Plan(pp=2, dp=1, seq_len=16, global_batch=4), Cluster("null", 2))
+    assert compiled.graph.repeats == {"layers.0": 4}
+    assert compiled.report.params == cfg.param_count() == params_of(cfg)
+    assert [s.layers for s in compiled.stages] == [2, 2]
+    scopes = {".".join(n.scope.split(".")[2:4]) for n in compiled.graph if n.scope.startswith("layers.0.")}
+    assert {"0.mlp", "1.moe"} <= scopes and "0.moe" not in scopes and "1.mlp" not in scopes
+
+
+def test_llama4_maverick_has_its_published_sizes() -> None:
+    """Meta's model card: 400B total, 17B active. 24 MoE layers of 128 x 8192 routed + 1 shared
+    expert, 24 dense of 16384, GQA 40 / 8 heads of 128, vocabulary 202048, untied output layer."""
+    cfg = ZOO["llama4-maverick"]
+    h = 5120
+    attn = h * (40 + 16) * 128 + 40 * 128 * h
+    moe = h * 128 + 3 * h * 8192 * 129
+    closed = 48 * (attn + 2 * h) + 24 * 3 * h * 16384 + 24 * moe + 2 * 202048 * h + h
+    assert cfg.param_count() == closed == 400_711_848_960
+    assert cfg.param_count() == pytest.approx(PUBLISHED_PARAMS["llama4-maverick"], rel=0.002)
+    assert cfg.active_params() == pytest.approx(17e9, rel=0.02)
+    # every layer MoE would be 784B, the figure echosim gave before it knew the step
+    assert cfg.with_(moe_layer_step=1).param_count() == pytest.approx(784e9, rel=0.002)
+
+
+def test_interleaved_moe_refuses_a_depth_the_step_does_not_divide() -> None:
+    from echosim.errors import EchosimError
+
+    with pytest.raises(EchosimError, match="layers divisible by the step"):
+        lower(TINY_INTERLEAVED.with_(layers=5), Plan(seq_len=16, global_batch=1), Cluster("null", 1))
+
+
+def test_validate_gives_llama4_maverick_its_dense_layers(tmp_path) -> None:
+    """A Maverick row (48 x 5120, 128 experts, top-1, ffn 16384, experts 8192 + 1 shared) is the
+    zoo's model: half its layers dense, 400.7B parameters, not 784B."""
+    from test_validate import row, write
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model
+
+    cells = {"arch": "moe", "layers": "48", "hidden": "5120", "heads": "40", "kv_heads": "8", "head_dim": "128"}
+    cells |= {"ffn_hidden": "16384", "vocab": "202048", "experts": "128", "top_k": "1", "moe_ffn_hidden": "8192"}
+    cfg = row_model(read_cases(write(tmp_path, row(**cells, shared_experts="1")))[0])
+    assert cfg.moe_layer_step == 2 and cfg.param_count() == ZOO["llama4-maverick"].param_count()
+    scout = row_model(read_cases(write(tmp_path, row(**(cells | {"experts": "16"}), shared_experts="1")))[0])
+    assert scout.moe_layer_step == 1 and scout.moe_layers == 48
+
+
+# ---- Megatron-Core pipeline layouts ---------------------------------------------------------------
+
+
+def test_megatron_layout_strings_give_layers_per_stage() -> None:
+    from echosim.passes.pipeline import layout_counts
+
+    # DeepSeek-V3 on H100 (Megatron-Bridge): the embedding and one layer, 30 stages of two, MTP and loss
+    assert layout_counts("Et|(tt|)*30mL") == [1] + [2] * 30 + [0]
+    assert layout_counts("Et*4|(t*4|)*14tmL") == [4] * 15 + [1]
+    assert layout_counts("Ettt|(tt|)*29,m|L") == [3] + [2] * 29 + [0, 0]  # Megatron-Core's own example
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [("Etx|tL", "unknown character"), ("tt|EL", "embedding E must open"), ("Et|tt", "loss L close")],
+)
+def test_a_bad_layout_is_one_line(layout: str, message: str) -> None:
+    result = CliRunner().invoke(
+        cli, ["compile", "llama3-8b", "--devices", "2", "--pp", "2", "--pp-balance", f"layout:{layout}"]
+    )
+    assert result.exit_code != 0
+    (line,) = result.output.strip().splitlines()
+    assert message in line
+
+
+def test_a_layout_splits_the_stages_as_written() -> None:
+    """6 layers on pp 2 x vpp 2: 'Et|ttt|t|tL' gives 1, 3, 1, 1; rank 0 holds chunks 0 and 2 (2 layers)."""
+    cfg = ZOO["llama3-8b"].with_(layers=6, seq_len=256)
+    plan = Plan(pp=2, vpp=2, dp=1, global_batch=4, schedule="interleaved", pp_balance="layout:Et|ttt|t|tL")
+    compiled = lower(cfg, plan, Cluster("h100-sxm", 2))
+    assert [s.layers for s in compiled.stages] == [1, 3, 1, 1]
+    assert [m["layers"] for m in compiled.report.memory] == [2, 4]
+    with pytest.raises(PlanError, match=r"has 3 stages, not pp x vpp = 2\*2"):
+        lower(cfg, replace_plan(plan, pp_balance="layout:Ett|ttt|tL"), Cluster("h100-sxm", 2))
+    with pytest.raises(PlanError, match="the model's 6 layers"):
+        lower(cfg, replace_plan(plan, pp_balance="layout:Et|tt|t|tL"), Cluster("h100-sxm", 2))
+
+
+def replace_plan(plan: Plan, **changes: object) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, **changes)  # type: ignore[arg-type]
+
+
+def test_validate_takes_the_recipes_pipeline_layout() -> None:
+    from conftest import SHARED
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_plan
+
+    path = SHARED / "validation" / "cases.csv"
+    if not path.exists():
+        pytest.skip("shared/validation not present")
+    cases = {c.case_id: c for c in read_cases(path)}
+    h100 = row_plan(cases["mbridge2509-deepseekv3-dropless-h100-sxm-1024"])[0]
+    assert h100.pp_balance == "layout:Et|(tt|)*30mL"
+    assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb300-256"])[0].pp_balance == "uniform"

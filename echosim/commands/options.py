@@ -107,7 +107,11 @@ def layout_options(fn: F) -> F:
         ),
         click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, or a plugin's."),
         click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention."),
-        click.option("--pp-balance", type=click.Choice(["uniform", "cost"]), help="How layers are split into stages."),
+        click.option(
+            "--pp-balance",
+            help="How layers are split into stages: uniform, cost, or layout:STRING, a Megatron-Core "
+            "pipeline layout ('Et|(tt|)*30mL': | ends a stage; E embedding, t layer, m MTP, L loss).",
+        ),
         click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism."),
         click.option("--cp", type=int, help="Context-parallel degree."),
         click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp)."),

@@ -172,9 +172,12 @@ def _capture_arch_now(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Gr
     # building the rest only to cut it off again would cost more than the capture.
     # A moe model's dense first layers (DeepSeek) stay as they are: one more MoE layer than dense
     # ones makes the MoE layers the longest run, the one that folds to their count.
+    # Interleaved MoE layers (Llama 4 Maverick) repeat as a block of moe_layer_step layers (dense ones,
+    # then the MoE one): two blocks prove the repeat, as two layers do.
     dense = cfg.dense_layers if cfg.arch == "moe" else 0
-    module = build_module(cfg.with_(layers=min(cfg.layers, 2 * dense + 1 if dense else 2)))
-    depth = cfg.layers - dense
+    step = cfg.layers_per_block
+    module = build_module(cfg.with_(layers=min(cfg.layers, 2 * dense + 1 if dense else 2 * step)))
+    depth = (cfg.layers - dense) // step
     ids = torch.zeros(spec.micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     try:
         # fp8 / mxfp8 / nvfp4: 16-bit activations, the linear layers' GEMMs quantise their operands
@@ -189,3 +192,11 @@ def _check_model(cfg: ArchConfig) -> None:
     """A zoo entry that cannot be built (layout rules live in :mod:`echosim.layout`)."""
     if cfg.arch == "moe" and not (getattr(cfg, "experts", 0) >= 1 and getattr(cfg, "top_k", 0) >= 1):
         raise EchosimError(f"a moe model needs routed experts and top_k >= 1 (got {cfg.experts} and {cfg.top_k})")
+    step = cfg.moe_layer_step
+    if step < 1:
+        raise EchosimError(f"moe_layer_step must be >= 1 (got {step})")
+    if cfg.arch == "moe" and step > 1 and (cfg.dense_layers or cfg.layers % step):
+        raise EchosimError(
+            f"interleaved MoE layers (moe_layer_step {step}) need layers divisible by the step and no "
+            f"dense first layers (got {cfg.layers} layers, {cfg.dense_layers} dense)"
+        )

@@ -49,6 +49,12 @@ class ArchConfig:
     rope_head_dim: int = 0
     v_head_dim: int = 0
     dense_layers: int = 0  # the first layers of a moe model keep a dense MLP of width ffn (DeepSeek)
+    # Every moe_layer_step-th layer is a MoE layer, the others keep a dense MLP of width ffn: layer i
+    # (from 0) is MoE when (i + 1) % moe_layer_step == 0, the rule of HF transformers' Llama 4
+    # (``interleave_moe_layer_step``, models/llama4/configuration_llama4.py ``moe_layers``) and of
+    # MaxText (src/maxtext/models/llama4.py ``determine_is_moe_layer``, commit e591f30). Llama 4
+    # Maverick: 2 (MaxText configs/models/llama4-17b-128e.yml line 37); 1: every layer (after dense_layers).
+    moe_layer_step: int = 1
 
     @property
     def ffn_hidden(self) -> int:
@@ -83,11 +89,26 @@ class ArchConfig:
         kv_path = h * (c + rope) + c + c * a * (hd - rope + v)  # down (with the shared rope key), norm, up
         return q + kv_path + a * v * h
 
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (from 0) holds the experts: after the dense first layers, every
+        ``moe_layer_step``-th one."""
+        return self.arch == "moe" and index >= self.dense_layers and (index + 1) % max(self.moe_layer_step, 1) == 0
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers hold experts (0 for a dense model)."""
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    @property
+    def layers_per_block(self) -> int:
+        """Layers of the block that repeats: ``moe_layer_step`` dense-then-MoE layers, else one."""
+        return self.moe_layer_step if self.arch == "moe" and self.moe_layer_step > 1 else 1
+
     def active_params(self) -> int:
         """Parameters one token runs through: routed experts count top_k of ``experts``."""
         if self.arch != "moe":
             return self.param_count()
-        idle = (self.layers - self.dense_layers) * 3 * self.hidden * self.expert_ffn * (self.experts - self.top_k)
+        idle = self.moe_layers * 3 * self.hidden * self.expert_ffn * (self.experts - self.top_k)
         return self.param_count() - idle
 
     def param_count(self) -> int:
@@ -106,7 +127,7 @@ class ArchConfig:
         if self.arch == "moe":
             router = h * self.experts
             mlp = router + 3 * h * self.expert_ffn * (self.experts + self.shared_experts)
-            dense_layers = self.dense_layers
+            dense_layers = self.layers - self.moe_layers
         norms = 2 * h
         embed = self.vocab * h
         head = 0 if self.tied_embeddings else self.vocab * h
@@ -159,6 +180,12 @@ _DSV3 = (
     "rope 64 + nope 128, v 128), first 3 layers dense (18432), 256 routed + 1 shared expert of 2048, top-8; "
     "the multi-token-prediction module and the router's sigmoid gate are left out"
 )
+_L4 = (
+    "Llama 4 Maverick (Meta model card, llama.com/docs/model-cards-and-prompt-formats/llama4: 17B active, "
+    "400B total) / HF config Llama-4-Maverick-17B-128E and MaxText configs/models/llama4-17b-128e.yml: 48 "
+    "layers alternating dense (d_ff 16384) and MoE (interleave_moe_layer_step 2: 128 routed experts of "
+    "8192, top-1, one shared expert); text decoder only, chunked attention costed as full attention"
+)
 _QMOE = (
     "Qwen1.5-MoE-A2.7B HF config: DeepSeek-style fine-grained (60 x 1408) + shared (4 x 1408) experts "
     "(DeepSeekMoE, Dai et al. 2024, arXiv:2401.06066); the shared-expert sigmoid gate is left out"
@@ -193,6 +220,9 @@ ZOO.update(
         "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64),
         "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
         "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),
+        "llama4-maverick": _moe(48, 5120, 40, 8, 202048, 128, 1, 8192, 8192, _L4, head_dim=128, shared=1).with_(
+            ffn=16384, moe_layer_step=2
+        ),
         "deepseek-v3": _moe(61, 7168, 128, 0, 129280, 256, 8, 2048, 4096, _DSV3, head_dim=192, shared=1).with_(
             ffn=18432, kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, v_head_dim=128, dense_layers=3
         ),
@@ -222,5 +252,6 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "gpt-oss-120b": 116.8e9,
     "grok-1": 314e9,
     "qwen1.5-moe-a2.7b": 14.3e9,
+    "llama4-maverick": 400e9,  # Meta's model card: 400B total, 17B active
     "deepseek-v3": 671e9,  # without the 14B multi-token-prediction module (arXiv:2412.19437 sec. 1)
 }

@@ -233,7 +233,7 @@ class LlamaBlock(nn.Module):
         self.input_norm = RMSNorm(cfg.hidden)
         self.attn = MLAttention(cfg) if cfg.mla else LlamaAttention(cfg)
         self.post_norm = RMSNorm(cfg.hidden)
-        if cfg.arch == "moe" and index >= cfg.dense_layers:
+        if cfg.is_moe_layer(index):
             self.moe = MoE(cfg)
         else:
             self.mlp = LlamaMLP(cfg)
@@ -244,11 +244,26 @@ class LlamaBlock(nn.Module):
         return x + ffn(self.post_norm(x))
 
 
+class LayerBlock(nn.ModuleList):
+    """``moe_layer_step`` consecutive layers (the dense ones, then the MoE one): the unit that repeats
+    when MoE layers are interleaved, so the fold keeps one block with the block count."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            x = layer(x, cos, sin)
+        return x
+
+
 class Llama(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.embed = _embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.layers))
+        step = cfg.layers_per_block
+        if step > 1:
+            blocks = range(0, cfg.layers, step)
+            self.layers = nn.ModuleList(LayerBlock(LlamaBlock(cfg, i + j) for j in range(step)) for i in blocks)
+        else:
+            self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tied_embeddings:

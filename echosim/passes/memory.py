@@ -16,7 +16,7 @@ import bisect
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.passes.saved import names_in_block
 
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.x): every request is
@@ -194,6 +194,15 @@ class SavedPolicy:
     # xla/service/gpu/gpu_hlo_schedule.h: "the device memory limit to be used by passes like scheduler
     # and HLO rematerialization")
     prefetch_held: bool = True
+    # True: each weight's gradient is reduce-scattered (or all-reduced) by itself as the dot that
+    # produces it ends, so a layer's gradient reduction holds one weight's unsharded gradient at a
+    # time, not the whole layer's. XLA's SPMD partitioner places the collective on each weight
+    # gradient whose sharding (the parameter's) differs from the dot's result; MaxText's FSDP
+    # gradients are "synchronized in the backward pass ... with a reduce scatter ... only certain
+    # sizes of weight matrices allow for this efficient reduce scatter" (docs/guides/optimization/
+    # sharding.md line 223, MaxText commit e591f30), a rule per weight matrix. PyTorch FSDP2 instead
+    # copies the layer's gradients into one flat reduce-scatter input (``foreach_reduce``).
+    grad_reduce_per_weight: bool = False
 
 
 def allocator_block(nbytes: int) -> int:
@@ -392,8 +401,9 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy) -> _Work
     read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
     for n in nodes:
         if n.phase is Phase.BACKWARD:
-            # what it allocates, less what backward has freed of the values kept once by then
-            w = max(0, _working_set(graph, n, saved, logits) - _freed_before(schedule, n.id))
+            # what it allocates, less what backward has freed of the values kept once by then; a ZeRO-3 /
+            # FSDP weight gather's output is the gathered-weights term (``layer`` / ``rest``), not an op's
+            w = 0 if _fsdp_gather(n) else max(0, _working_set(graph, n, saved, logits) - _freed_before(schedule, n.id))
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
@@ -459,6 +469,9 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
     out = _chunked(n.out.nbytes, n.out.numel, saved, logits)
     if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
+        if saved is not None and saved.grad_reduce_per_weight and _grad_reduce(n.attrs):
+            # one weight's gradient and its shard at a time (SavedPolicy.grad_reduce_per_weight)
+            return max((graph[i].out.nbytes * (1 + n.attrs.size) // n.attrs.size for i in grads), default=0)
         out //= n.attrs.size  # a reduce-scatter hands back one shard of its input
     if n.op is OpKind.CROSS_ENTROPY:
         # eager F.cross_entropy: nll_loss's backward writes a dense gradient over the logits, then
@@ -466,6 +479,11 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits
         out = int(n.out.numel * saved.ce_working) if saved is not None and saved.ce_working else 2 * n.out.nbytes
         out = _chunked(out, n.out.numel, saved, logits)
     return out + sum(_chunked(graph[i].out.nbytes, graph[i].out.numel, saved, logits) for i in grads)
+
+
+def _grad_reduce(attrs: CollectiveAttrs) -> bool:
+    """A data-parallel gradient reduction: ZeRO-3 / FSDP's per-layer one or a ZeRO-1/2 bucket."""
+    return attrs.axis is Axis.FSDP or attrs.role is Role.GRAD_SYNC
 
 
 def stage_memory(
@@ -494,11 +512,16 @@ def stage_memory(
     )
 
 
+def _fsdp_gather(n: Node) -> bool:
+    return n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP
+
+
 def _gathers(graph: Graph, nodes: list[Node]) -> tuple[int, int]:
     """The largest ZeRO-3 / FSDP all-gather of ``nodes`` inside the layers and outside them (bytes gathered)."""
     layer = rest = 0
     for n in nodes:
-        if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.FSDP:
+        if _fsdp_gather(n):
+            assert isinstance(n.attrs, CollectiveAttrs)
             if graph.block_of(n) is None:
                 rest = max(rest, n.attrs.bytes)
             else:

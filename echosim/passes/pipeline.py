@@ -12,6 +12,10 @@ More (virtual) stages than layers is possible only the way Megatron-Core does it
 embedding, then the loss, count as one layer each, so with ``layers + 1`` or ``layers + 2``
 stages the first holds only the embedding and the last only the output layer and loss.
 
+``balance="layout:STRING"`` takes the layers per stage from a Megatron-Core pipeline layout
+(``pipeline_model_parallel_layout``, :func:`layout_counts`), as Megatron-Bridge's DeepSeek-V3
+recipes set it.
+
 Stages of one shape (the same layer count, neither first nor last) are the same program,
 so they share one graph, named after the first of them; a split is kept per graph and
 pipeline degree, since a layout search splits the same graph for many layouts.
@@ -19,6 +23,7 @@ pipeline degree, since a layout search splits the same graph for many layouts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -86,8 +91,55 @@ def _work(graph: Graph, ids: list[int]) -> float:
     return float(sum(node_flops(graph[i]) + 100 * io_bytes(graph, graph[i]) for i in ids))
 
 
+#: ``balance`` that names a Megatron-Core pipeline layout (``pipeline_model_parallel_layout``).
+LAYOUT_PREFIX = "layout:"
+_LAYOUT_CHARS = "EtmL"
+_GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
+_SINGLE = re.compile(r"([EtmL|])\*(\d+)")
+
+
+def layout_counts(text: str) -> list[int]:
+    """Decoder layers per (virtual) pipeline stage of a Megatron-Core layout string.
+
+    The grammar of ``pipeline_model_parallel_layout`` (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py, ``parse_str_to_list``): ``|`` ends a stage, ``E`` is the
+    embedding, ``t`` a transformer layer, ``m`` a multi-token-prediction layer (not modelled: it
+    holds no decoder layer here), ``L`` the loss; ``(...)*n`` and ``x*n`` repeat, commas are
+    cosmetic. Stages are listed in layer order, virtual stage ``v`` of rank ``r`` at ``v * pp + r``
+    (echosim's order too). The embedding opens the first stage and the loss closes the last, as
+    Megatron-Core's ``validate_layer_layout`` requires.
+    """
+    body = text.replace(",", "").replace(" ", "")
+    for _ in range(len(body)):  # unroll nested repeats from the inside out
+        unrolled = _GROUP.sub(lambda m: m.group(1) * int(m.group(2)), body)
+        if unrolled == body:
+            break
+        body = unrolled
+    body = _SINGLE.sub(lambda m: m.group(1) * int(m.group(2)), body)
+    bad = sorted(set(body) - set(_LAYOUT_CHARS + "|"))
+    if bad:
+        raise LayoutError(
+            f"pipeline layout {text!r}: unknown character(s) {' '.join(bad)} (known: E t m L | ( ) *n and commas)"
+        )
+    stages = body.split("|")
+    if body.count("E") != 1 or not stages[0].startswith("E") or body.count("L") != 1 or not stages[-1].endswith("L"):
+        raise LayoutError(
+            f"pipeline layout {text!r}: the embedding E must open the first stage and the loss L close the "
+            "last, once each"
+        )
+    return [stage.count("t") for stage in stages]
+
+
 def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
     ((_block, layers),) = graph.repeats.items()
+    if balance.startswith(LAYOUT_PREFIX):
+        counts = layout_counts(balance.removeprefix(LAYOUT_PREFIX))
+        if len(counts) != pp or sum(counts) != layers:
+            raise LayoutError(
+                f"pipeline layout {balance.removeprefix(LAYOUT_PREFIX)!r} has {len(counts)} stages and "
+                f"{sum(counts)} layers; the layout needs pp x vpp = {pp} stages and the model's {layers} layers"
+            )
+        return counts
     if pp > layers + 2:
         raise LayoutError(f"pp={pp} exceeds the number of layers ({layers}) plus the embedding and loss stages")
     if pp > layers:  # the embedding (and the loss) take a stage of their own (module docstring)
@@ -96,7 +148,7 @@ def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> lis
         base, extra = divmod(layers, pp)
         return [base + (1 if i < extra else 0) for i in range(pp)]
     if balance != "cost":
-        raise LayoutError(f"unknown pipeline balance {balance!r} (known: uniform, cost)")
+        raise LayoutError(f"unknown pipeline balance {balance!r} (known: uniform, cost, {LAYOUT_PREFIX}STRING)")
     layer = _work(graph, [i for i, c in cls.items() if c == "block"])
     pre = _work(graph, [i for i, c in cls.items() if c == "pre"]) / layer
     post = _work(graph, [i for i, c in cls.items() if c == "post"]) / layer

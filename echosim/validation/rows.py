@@ -97,6 +97,15 @@ def row_model(c: Case) -> Any:
     )
 
 
+#: Models whose MoE layers alternate with dense ones, by (layers, hidden, experts, top_k) -> the MoE layer
+#: step (:attr:`echosim.frontend.zoo.ArchConfig.moe_layer_step`): cases.csv has no column for it and its
+#: ``ffn_hidden`` is then the dense layers' width. Llama 4 Maverick: ``interleave_moe_layer_step: 2``
+#: with ``base_mlp_dim: 16384`` (MaxText src/maxtext/configs/models/llama4-17b-128e.yml lines 25 and 37,
+#: commit e591f30; HF Llama-4-Maverick-17B-128E config.json ``interleave_moe_layer_step`` 2,
+#: ``intermediate_size_mlp`` 16384). Llama 4 Scout (16 experts) has step 1.
+MOE_LAYER_STEP: dict[tuple[int, int, int, int], int] = {(48, 5120, 128, 1): 2}
+
+
 #: DeepSeek's MLA sizes (DeepSeek-V2, arXiv:2405.04434 sec. 3.1.2: d_h^R = d_h / 2, d_c = 4 d_h,
 #: d_c' = 1536; DeepSeek-V3, arXiv:2412.19437 sec. 4.2 keeps them): the query/key head is
 #: d_h + d_h^R, so a row's head_dim gives d_h = 2/3 head_dim, the value head d_h.
@@ -132,11 +141,14 @@ def _experts(c: Case) -> dict[str, int]:
     """Routed-expert fields of a ``moe`` row (the zoo's llama-style MoE block)."""
     if c["arch"] != "moe":
         return {}
+    experts, top_k = c.int("experts", 0) or 0, c.int("top_k", 0) or 0
+    step = MOE_LAYER_STEP.get((c.int("layers") or 0, c.int("hidden") or 0, experts, top_k), 1)
     return {
-        "experts": c.int("experts", 0) or 0,
-        "top_k": c.int("top_k", 0) or 0,
+        "experts": experts,
+        "top_k": top_k,
         "moe_ffn": c.int("moe_ffn_hidden", 0) or 0,
         "shared_experts": c.int("shared_experts", 0) or 0,
+        **({"moe_layer_step": step} if step > 1 else {}),
     }
 
 
@@ -342,6 +354,9 @@ MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str
     (61, 7168, "b200", (1, 8, 2, 32, 1)): ("mla_up_proj",),  # deepseek_v3 b200 fp8mx (+ mlp)
     (61, 7168, "gb200", (1, 4, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_GB200
     (61, 7168, "gb300", (1, 4, 4, 64, 1)): ("moe_act",),  # DEEPSEEK_V3_GB300
+    # DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1 (FP8_CS, FP8_MX, NVFP4: pp 2, vp 8, ep 32, mbs 2) in
+    # v0.3.0 / v0.3.1 / v0.4.0 / v0.4.1 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py
+    (61, 7168, "gb300", (1, 2, 8, 32, 2)): ("mla_up_proj",),
     (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_H100 (+ mlp)
 }
 
@@ -370,12 +385,62 @@ MEGATRON_BRIDGE_DISPATCHER: dict[tuple[int, int, str, tuple[int, ...]], str] = {
 }
 
 
+#: The Megatron-Core pipeline layout (``pipeline_model_parallel_layout``) a Megatron-Bridge performance
+#: recipe states, by (layers, hidden, device, (tp, pp, vpp, ep, micro-batch)); echosim's ``layout:`` balance
+#: (:func:`echosim.passes.pipeline.layout_counts`). DeepSeek-V3 on H100: ``layout="Et|(tt|)*30mL"`` (v0.1.0rc4
+#: / NeMo 25.09 scripts/performance/run_script.py for gpu h100; v0.2.0 scripts/performance/configs/deepseek/
+#: deepseek_llm_pretrain.py deepseek_v3_h100_config). DeepSeek-V3 on GB300 with pp 2, vp 8:
+#: ``pp_layout="Et*4|(t*4|)*14tmL"`` (DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1, v0.3.0-v0.4.1 scripts/performance/
+#: configs/deepseek/deepseek_workload_base_configs.py). The ``m`` (multi-token prediction) holds no layer here.
+MEGATRON_BRIDGE_PP_LAYOUT: dict[tuple[int, int, str, tuple[int, ...]], str] = {
+    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): "Et|(tt|)*30mL",
+    (61, 7168, "gb300", (1, 2, 8, 32, 2)): "Et*4|(t*4|)*14tmL",
+}
+
+
+def pp_layout(c: Case) -> str:
+    """``layout:STRING`` for a Megatron-Bridge row whose recipe states its pipeline layout; '' otherwise."""
+    if not c["source_id"].startswith("megatron_bridge"):
+        return ""
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    found = MEGATRON_BRIDGE_PP_LAYOUT.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
+    return f"layout:{found}" if found else ""
+
+
 def moe_dispatcher(c: Case) -> str:
     """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
         return ""
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
     return MEGATRON_BRIDGE_DISPATCHER.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
+
+
+#: The micro-batch of the Megatron-Bridge recipe behind a published row whose table contradicts itself
+#: (its GBS is not MBS x DP x GA: the row's notes flag it), by (source_id, layers, hidden, device, tp, pp,
+#: vpp, ep); only where the same release's performance recipe has that layout (system, GPUs, global batch,
+#: parallel sizes) and states the micro-batch.
+#: 25.09 DGX-GB200 LLAMA3_70B, the parenthesised (MXFP8) variant: MBS 2 but GA 16 with GBS 128 and DP 8,
+#: i.e. 1; v0.1.0rc4 scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml perf_matrix gb200
+#: fp8_mx: ``mbs: 1, tp: 2, pp: 4, vp: 5``.
+#: 25.11 DGX-H100 GPT OSS 120B: MBS 4 and GA 2 (the DGX-B200 row's pair, DP 64) with PP 4 (DP 16); v0.2.0
+#: scripts/performance/configs/gpt_oss/workload_base_configs.py GPT_OSS_120B_H100_BF16_BASE_CONFIG: pp 4,
+#: ep 8, GBS 512 on 64 GPUs with the base ``micro_batch_size=1``.
+#: (25.11 DGX-GB300 Qwen3_235B_a22B, also flagged, has no recipe of its layout in v0.2.0: kept as stated.)
+MEGATRON_BRIDGE_MICRO_BATCH: dict[tuple[str, int, int, str, int, int, int, int], int] = {
+    ("megatron_bridge_25.09", 80, 8192, "gb200", 2, 4, 5, 1): 1,
+    ("megatron_bridge_25.11", 36, 2880, "h100-sxm", 1, 4, 1, 8): 1,
+}
+
+
+def recipe_micro_batch(c: Case) -> int | None:
+    """The recipe's micro-batch for a Megatron-Bridge row whose table contradicts itself
+    (:data:`MEGATRON_BRIDGE_MICRO_BATCH`); None when the row's own micro-batch stands."""
+    if not c["source_id"].startswith("megatron_bridge") or "CONSISTENCY:" not in c["notes"]:
+        return None
+    tp, pp, vpp, ep = (c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep"))
+    return MEGATRON_BRIDGE_MICRO_BATCH.get(
+        (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], tp, pp, vpp, ep)
+    )
 
 
 def _source_flags(c: Case) -> dict[str, Any]:
@@ -403,7 +468,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "vpp": c.int("vpp") or None,
         "sp": None if c.int("sp") is None else c.int("sp") == 1,
         "zero": c.int("zero"),
-        "micro_batch": replica_micro_batch(c),
+        "micro_batch": recipe_micro_batch(c) or replica_micro_batch(c),
         "global_batch": c.int("global_batch") or 0,
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
@@ -416,6 +481,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
+    stated["pp_balance"] = pp_layout(c) or None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
