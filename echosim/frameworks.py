@@ -73,6 +73,7 @@ class Framework:
     grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
     weights_16bit: str = ""  # 16-bit weights, gradients and optimizer moments, no master copy
+    fsdp_reduce_fp32: str = ""  # ZeRO-3 / FSDP reduce-scatters gradients in fp32, not the parameters' 16 bits
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
@@ -414,6 +415,11 @@ FRAMEWORKS["composer"] = replace(
     title="MosaicML Composer + PyTorch FSDP (llm-foundry): flash-attn 2 kernels",
     version="llm-foundry commit 4952183 (2024-04), Composer FSDP",
     row_names=("Composer",),
+    fsdp_reduce_fp32="Composer's FSDP mixed_precision 'DEFAULT' (its default, and the 'MP Mode' of every row of "
+    "llm-foundry's scripts/train/benchmarking/README.md tables) builds MixedPrecision(param_dtype=<autocast "
+    "dtype>, reduce_dtype=torch.float32) (composer/distributed/mosaic_parallelism.py get_mixed_precision; "
+    "composer/trainer/dist_strategy.py in 2023), and FSDP's post-backward hook casts the unsharded gradient to "
+    "reduce_dtype before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",

@@ -7,11 +7,11 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from echosim.backends.base import Placement
-from echosim.backends.collectives import NcclConfig, best_choice, choices, collective_time_s
+from echosim.backends.collectives import NcclConfig, best_choice, choices, collective_time_s, p2p_channels
 from echosim.backends.devices import DEVICES
 from echosim.ir.ops import OpKind
 
@@ -206,9 +206,25 @@ KINDS = [AR, AG, RS, A2A, OpKind.SEND, OpKind.BROADCAST]
 )
 def test_collective_time_never_decreases_with_bytes(dev, kind, placement, nbytes, more):
     device = DEVICES[dev]
+    if placement.nodes == 1 and kind in (A2A, OpKind.SEND):
+        # NCCL gives a larger NVLink send more channels in steps (enqueue.cc addP2pToPlan: one more per
+        # 64 KiB part, doubling past 32 x 512 KiB per channel), so one byte more can be faster: B200's
+        # XLA permute moves 134 MiB in 863 us and 268 MiB in 915 us. Between steps time must still grow.
+        peers = placement.size if kind is A2A else 1
+        channels = [p2p_channels(device, b / peers, placement.size) for b in (nbytes, nbytes + more)]
+        assume(channels[0] == channels[1])
     small = collective_time_s(device, kind, nbytes, placement)
     assert small > 0
     assert collective_time_s(device, kind, nbytes + more, placement) >= small
+
+
+def test_an_nvlink_send_that_gets_more_channels_can_be_faster() -> None:
+    """NCCL's channel step for one NVLink send: 64 MiB runs on 4 of an 8-rank H100 node's p2p channels,
+    one byte more on 8 (enqueue.cc: the 16 MiB part limit doubles the channels), and takes less time."""
+    h100, node = DEVICES["h100-sxm"], Placement(8, 1, 8)
+    at, above = 64 * 2**20, 64 * 2**20 + 1
+    assert (p2p_channels(h100, at, 8), p2p_channels(h100, above, 8)) == (4, 8)
+    assert collective_time_s(h100, OpKind.SEND, above, node) < 0.6 * collective_time_s(h100, OpKind.SEND, at, node)
 
 
 @settings(max_examples=100, deadline=None)

@@ -184,3 +184,16 @@ def test_a_framework_on_fa2_prices_attention_at_fa2s_rate_end_to_end() -> None:
     old, new = breakdown("torchtitan-2025"), breakdown("torchtitan")
     assert old["compute.attention"] > 1.3 * new["compute.attention"]
     assert old["compute.matmul"] == new["compute.matmul"]
+
+
+def test_composer_fsdp_reduces_gradients_in_fp32_and_cites_it() -> None:
+    """Composer's default FSDP mixed precision ('DEFAULT') reduce-scatters fp32 gradients; eager FSDP keeps 16 bits."""
+    from echosim.ir.types import DType
+    from echosim.passes.plugin import _data_parallel
+
+    composer = get_framework("composer")
+    assert "reduce_dtype=torch.float32" in composer.fsdp_reduce_fp32
+    assert not get_framework("eager").fsdp_reduce_fp32
+    plan = Plan(dp=8, zero=3, framework="composer")
+    assert _data_parallel(plan).fsdp_reduce_dtype is DType.FP32
+    assert _data_parallel(Plan(dp=8, zero=3)).fsdp_reduce_dtype is None

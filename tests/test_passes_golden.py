@@ -105,3 +105,20 @@ def test_fp8_linears_gather_the_quantised_shard_under_sequence_parallelism(tiny_
         readers = [fp8[u] for u in fp8.users(n.id)]
         assert readers and all(isinstance(r.attrs, MatmulAttrs) and r.attrs.precision == "fp8" for r in readers)
     assert sum(n.attrs.bytes for n in gathers(fp8)) < sum(n.attrs.bytes for n in gathers(base))
+
+
+def test_fsdp_reduce_dtype_fp32_doubles_the_reduce_scatter(tiny_llama: Graph) -> None:
+    """Composer's 'DEFAULT' FSDP mixed precision reduce-scatters fp32 gradients: twice the 16-bit gathers."""
+    from echosim.ir.ops import OpKind
+    from echosim.ir.types import DType
+
+    def bytes_of(g: Graph, kind: OpKind) -> dict[str, int]:
+        return {n.scope: n.attrs.bytes for n in g if n.op is kind and n.name.startswith("fsdp.")}
+
+    plain = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=3)])
+    fp32 = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=3, fsdp_reduce_dtype=DType.FP32)])
+    rs16, rs32 = bytes_of(plain, OpKind.REDUCE_SCATTER), bytes_of(fp32, OpKind.REDUCE_SCATTER)
+    assert rs16 and rs32.keys() == rs16.keys()
+    assert all(rs32[k] == 2 * rs16[k] for k in rs16)
+    assert bytes_of(fp32, OpKind.ALL_GATHER) == bytes_of(plain, OpKind.ALL_GATHER)
+    assert {n.out.dtype for n in fp32 if n.name.startswith("fsdp.grad_reduce_scatter")} == {DType.FP32}

@@ -32,6 +32,10 @@ class DataParallel:
     bucket_bytes: int = 40_000_000 * 4  # Megatron-LM's default bucket: 40M fp32 elements
     reduce_dtype: DType = DType.FP32
     zero: int = 0
+    # ZeRO-3 / FSDP: the dtype gradients are reduce-scattered in (None: the parameters' own dtype,
+    # FSDP's MixedPrecision(reduce_dtype=None) with 16-bit parameters); a framework that casts the
+    # gradients up before the collective (Composer's 'DEFAULT' mixed precision) sets fp32.
+    fsdp_reduce_dtype: DType | None = None
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -81,8 +85,9 @@ class DataParallel:
         for phase in (Phase.FORWARD, Phase.BACKWARD):
             g.add(OpKind.ALL_GATHER, [], wspec, CollectiveAttrs(Axis.FSDP, self.dp, weights),
                   phase=phase, scope=scope, name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
-        grad_bytes = sum(g[p].out.numel for p in params) * g[params[0]].out.dtype.itemsize
-        gspec = TensorSpec((max(1, grad_bytes // 2),), g[params[0]].out.dtype)
+        rdtype = self.fsdp_reduce_dtype or g[params[0]].out.dtype
+        grad_bytes = sum(g[p].out.numel for p in params) * rdtype.itemsize
+        gspec = TensorSpec((max(1, grad_bytes // rdtype.itemsize),), rdtype)
         g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec,
               CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
               name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip

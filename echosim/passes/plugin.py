@@ -64,12 +64,15 @@ def _fp8(plan: Any) -> object | None:
 
 
 def _data_parallel(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.ir.types import DType
     from echosim.passes.data_parallel import DataParallel
 
-    # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
+    # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the parameters' dtype unless the
+    # framework's mixed precision casts the gradients to fp32 first (Framework.fsdp_reduce_fp32)
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
-    return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero)
+    fsdp_reduce = DType.FP32 if get_framework(plan.framework).fsdp_reduce_fp32 else None
+    return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce)
 
 
 def _optimizer(plan: Any) -> object:
