@@ -162,7 +162,8 @@ def test_null_backend_costs_a_tick_and_never_runs_out_of_memory():
 @pytest.mark.parametrize("name", ["b200", "gb200", "b300", "gb300"])
 def test_blackwell_attention_runs_at_cudnns_rate_from_the_fa4_paper(name: str) -> None:
     """TE's fused attention on sm_100 is cuDNN's kernel: 1613 / 1.3 TFLOP/s on B200 at the anchor shape
-    (FlashAttention-4 paper), the same fraction of peak on the other Blackwell parts."""
+    (FlashAttention-4 paper), the same fraction of peak on GB200. Blackwell Ultra (B300, GB300), whose MUFU
+    is twice B200's, takes H100's measured fraction: its forward tile has Hopper's MUFU:MMA balance."""
     from echosim.backends.compute import flash_attention_time_s
     from echosim.ir.ops import AttentionAttrs
 
@@ -170,8 +171,32 @@ def test_blackwell_attention_runs_at_cudnns_rate_from_the_fa4_paper(name: str) -
     b, h, s, d = dev.flash_fwd_shape
     anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
     rate = anchor.flops / (flash_attention_time_s(dev, anchor, "bf16") - dev.kernel_overhead_us * 1e-6)
-    assert rate / (dev.peak_bf16_tflops * 1e12) == pytest.approx(1613.0 / 1.3 / 2250.0, rel=1e-3)
-    assert dev.flash_fwd_eff < DEVICES["h100-sxm"].flash_fwd_eff  # below FA3's share of Hopper's peak
+    ultra = dev.mufu_ex2_per_clk_sm == 32
+    expected = DEVICES["h100-sxm"].flash_fwd_eff if ultra else 1613.0 / 1.3 / 2250.0
+    assert rate / (dev.peak_bf16_tflops * 1e12) == pytest.approx(expected, rel=1e-3)
+    if not ultra:
+        assert dev.flash_fwd_eff < DEVICES["h100-sxm"].flash_fwd_eff  # below FA3's share of Hopper's peak
+
+
+def test_flash_roofline_reproduces_the_fa4_papers_cycle_counts() -> None:
+    """FlashAttention-4 paper, B200, M = N = d = 128: forward MMA and MUFU 1024 cycles, shared memory 768
+    (Table 1): tensor-core bound, fraction 1; backward shared memory 3328 cycles against 2560 of MMA
+    (Table 3): 2560 / 3328 of the tensor-core rate. A100 and H100 stay tensor-core bound in both passes,
+    so their backward keeps FLASH_BWD_RATE; Blackwell's backward runs at 0.85 x 0.769 of its forward."""
+    from echosim.backends.compute import FLASH_BWD_RATE, flash_bwd_rate, flash_pass_fraction
+
+    b200 = DEVICES["b200"]
+    assert flash_pass_fraction(b200, 128, backward=False) == 1.0
+    assert flash_pass_fraction(b200, 128, backward=True) == pytest.approx(2560 / 3328)
+    for name in ("a100-80gb", "h100-sxm", "h200"):
+        dev = DEVICES[name]
+        assert flash_pass_fraction(dev, 128, True) == flash_pass_fraction(dev, 128, False) == 1.0
+        assert flash_bwd_rate(dev, 128) == FLASH_BWD_RATE
+    for name in ("b200", "gb200", "b300", "gb300"):
+        assert flash_bwd_rate(DEVICES[name], 128) == pytest.approx(0.85 * 2560 / 3328)
+    # a small head: B200's forward waits on the MUFU (1024 cycles against 512 of MMA), B300's does not
+    assert flash_pass_fraction(b200, 64, False) == 0.5
+    assert flash_pass_fraction(DEVICES["b300"], 64, False) == 1.0
 
 
 def test_gemm_efficiency_is_each_devices_best_library_measurement():
