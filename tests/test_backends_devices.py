@@ -226,3 +226,31 @@ def test_gemm_efficiency_is_each_devices_best_library_measurement():
             "fp4": (dev.gemm_eff_fp4, dev.peak_fp4_tflops),
         }[dtype]
         assert eff * peak == pytest.approx(tflops), (name, dtype)
+
+
+@pytest.mark.parametrize(
+    ("device", "fmt", "extra_per_element"),
+    [
+        ("h100-sxm", "fp8", 1.0),  # cast_transpose: the TN-only FP8 GEMM needs a transposed copy
+        ("b200", "fp8", 0.0),  # sm_100 runs non-TN FP8 GEMMs: one row-wise copy
+        ("gb300", "fp8", 0.0),
+        ("b200", "mxfp8", 1.0 + 2 / 32),  # row-wise scales plus a column-wise copy with its own scales
+        ("b200", "nvfp4", 0.5 + 2 / 16),
+    ],
+)
+def test_quantising_casts_write_the_copies_transformer_engine_keeps(
+    device: str, fmt: str, extra_per_element: float
+) -> None:
+    """TE quantises a training linear's activations row-wise and column-wise in one kernel; per-tensor FP8
+    needs the column-wise (transposed) copy only where FP8 GEMMs are TN-only (before sm_100)."""
+    from echosim.backends.gpu import GPUBackend
+    from echosim.ir.graph import Node
+    from echosim.ir.ops import ElementwiseAttrs
+    from echosim.passes.precision import FORMATS
+
+    numel = 4096 * 8192
+    cast = Node(1, OpKind.ELEMENTWISE, (0,), TensorSpec((4096, 8192), FORMATS[fmt]), ElementwiseAttrs(f"{fmt}_cast", 2))
+    backend = GPUBackend(DEVICES[device])
+    assert backend.quantised_copy_bytes(cast) == pytest.approx(extra_per_element * numel)
+    plain = Node(2, OpKind.ELEMENTWISE, (0,), TensorSpec((4096, 8192), DType.BF16), ElementwiseAttrs("gelu"))
+    assert backend.quantised_copy_bytes(plain) == 0.0

@@ -86,6 +86,10 @@ def itemsize(dtype: str) -> float:
     return sizes.get(dtype, {"fp32": 4, "tf32": 4, "fp32-simt": 4}.get(dtype, 2))
 
 
+#: Block-scaled formats: a column-wise (weight-gradient) copy is a second quantisation with its own scales.
+COLUMNWISE_FORMATS = ("mxfp8", "nvfp4")
+
+
 def gemm_efficiency(dev: DeviceSpec, dtype: str) -> float:
     """Fraction of peak a large, well-shaped GEMM of this dtype sustains (measured)."""
     if dtype in ("fp8", "mxfp8") and dev.gemm_eff_fp8 is not None:
