@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,49 @@ def test_gemm_efficiency_is_each_devices_best_library_measurement():
             "fp4": (dev.gemm_eff_fp4, dev.peak_fp4_tflops),
         }[dtype]
         assert eff * peak == pytest.approx(tflops), (name, dtype)
+
+
+def test_sustained_gemm_rate_is_each_devices_long_run_plateau():
+    """sustained_<dtype>_tflops = the highest TFLOP/s of the device's long-warmup cuBLASLt rows (Azure's sweep,
+    10,000 warmup iterations) at 8192^3 and larger; B200, without a row, takes GB200's plateau over its MAMF rate."""
+    from echosim.backends.device_names import backend_for_device
+
+    bench = HW_SPECS.parent / "microbench.csv"
+    if not bench.exists():
+        pytest.skip(f"validation data not found at {bench}")
+    plateau: dict[tuple[str, str], float] = {}
+    with bench.open() as f:
+        for r in csv.DictReader(f):
+            name = backend_for_device(r["device"])
+            if not r["op"].startswith("GEMM (cuBLASLt)") or "10,000 warmup" not in r["notes"] or name not in DEVICES:
+                continue
+            dims = [int(x) for x in re.findall(r"=(\d+)", r["shape"])]
+            if min(dims) < 8192:
+                continue
+            dtype = {"fp16": "16bit", "bf16": "16bit", "fp8": "fp8"}[r["dtype"]]
+            plateau[name, dtype] = max(plateau.get((name, dtype), 0.0), float(r["value"]))
+    assert set(plateau) == {("a100-80gb", "16bit"), ("h100-sxm", "fp8"), ("h200", "fp8"), ("gb200", "fp8")}
+    for (name, dtype), tflops in plateau.items():
+        dev = DEVICES[name]
+        assert (dev.sustained_16bit_tflops if dtype == "16bit" else dev.sustained_fp8_tflops) == tflops
+    b200, gb200 = DEVICES["b200"], DEVICES["gb200"]
+    ratio = gb200.sustained_fp8_tflops / (gb200.gemm_eff_fp8 * gb200.peak_fp8_tflops)
+    assert b200.sustained_fp8_tflops == pytest.approx(ratio * b200.gemm_eff_fp8 * b200.peak_fp8_tflops)
+    assert DEVICES["b300"].sustained_fp8_tflops is None and DEVICES["gb300"].sustained_fp8_tflops is None
+
+
+def test_the_sustained_rate_caps_gemms_of_a_training_step_only():
+    """GB200's large FP8 GEMMs run at its long-run plateau; a short run (sustained=False, MAMF's harness) does not
+    see it; on H100 the plateau is above the heuristic pick's rate, so nothing changes there."""
+    from echosim.backends.compute import matmul_time_s
+
+    gb200, h100 = DEVICES["gb200"], DEVICES["h100-sxm"]
+    n = 32768
+    flops = 2.0 * n**3
+    capped = flops / matmul_time_s(gb200, n, n, n, dtype="fp8") / 1e12
+    assert capped == pytest.approx(2876.6, rel=1e-3)
+    assert flops / matmul_time_s(gb200, n, n, n, dtype="fp8", sustained=False) / 1e12 > 3000
+    assert matmul_time_s(h100, n, n, n, dtype="fp8") == matmul_time_s(h100, n, n, n, dtype="fp8", sustained=False)
 
 
 @pytest.mark.parametrize(

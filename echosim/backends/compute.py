@@ -127,12 +127,20 @@ class GemmPlan:
 
 @functools.lru_cache(maxsize=65536)
 def gemm_plan(
-    dev: DeviceSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16", autotuned: bool = False
+    dev: DeviceSpec,
+    m: int,
+    n: int,
+    k: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+    autotuned: bool = False,
+    sustained: bool = True,
 ) -> GemmPlan:
     """The fastest tile / split-K choice for ``batch`` products of (m x k) @ (k x n).
 
     ``autotuned``: the library timed its candidates (XLA); otherwise its heuristic's pick runs
-    at :data:`HEURISTIC_GEMM_FRACTION` of that rate (cuBLAS as PyTorch calls it).
+    at :data:`HEURISTIC_GEMM_FRACTION` of that rate (cuBLAS as PyTorch calls it). ``sustained``: the GEMM
+    runs within a long stream of work (a training step) and no faster than :func:`sustained_tflops`.
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
@@ -157,7 +165,25 @@ def gemm_plan(
             if best is None or plan.time_s < best.time_s:
                 best = plan
     assert best is not None
+    if sustained and (cap := sustained_tflops(dev, dtype)) is not None:
+        best = replace(best, compute_s=max(best.compute_s, 2.0 * batch * m * n * k / (cap * 1e12)))
     return best
+
+
+def sustained_tflops(dev: DeviceSpec, dtype: str) -> float | None:
+    """The rate the part holds over a sustained run of GEMMs of this dtype (its power-limited clock), if measured.
+
+    A training step runs its GEMMs back to back for seconds to minutes; the short runs behind
+    :func:`gemm_efficiency` (MAMF's search: 50 warmup and 100 timed iterations a shape) can stay at boost
+    clocks. Where the part's long-warmup rows measure a lower plateau (GB200 FP8: 2826-2877 TFLOP/s from
+    8192^3 to 32768^3 after 10,000 warmup iterations, against MAMF's 3616), no GEMM runs faster than it;
+    on A100, H100 and H200 the plateau sits above what the model gives a heuristic pick, so it never binds.
+    """
+    if dtype in ("fp8", "mxfp8"):
+        return dev.sustained_fp8_tflops
+    if dtype in ("bf16", "fp16"):
+        return dev.sustained_16bit_tflops
+    return None
 
 
 def matmul_time_s(
@@ -169,9 +195,10 @@ def matmul_time_s(
     dtype: str = "bf16",
     autotuned: bool = False,
     grouped: bool = False,
+    sustained: bool = True,
 ) -> float:
     """Seconds of ``batch`` (m x k) @ (k x n) products; ``grouped``: one MoE grouped-GEMM kernel over them."""
-    seconds = gemm_plan(dev, m, n, k, batch, dtype, autotuned).time_s + dev.kernel_overhead_us * 1e-6
+    seconds = gemm_plan(dev, m, n, k, batch, dtype, autotuned, sustained).time_s + dev.kernel_overhead_us * 1e-6
     return seconds / GROUPED_GEMM_FRACTION if grouped else seconds
 
 

@@ -71,6 +71,12 @@ class DeviceSpec:
     block_scaled_formats: tuple[str, ...] = ()
     peak_fp4_tflops: float | None = None  # dense NVFP4 peak where the part has FP4 tensor cores
     gemm_eff_fp4: float | None = None  # large-GEMM NVFP4 TFLOP/s over peak_fp4_tflops
+    # The GEMM rate the part holds in a sustained run (its power-limited clock): the highest TFLOP/s of its
+    # long-warmup cuBLASLt rows at 8192^3 and larger (Azure's sweep: 10,000 warmup iterations), which caps
+    # every GEMM of that dtype. gemm_eff_* come from short runs (MAMF: 50 warmup + 100 iterations per
+    # shape). None: no sustained measurement; the short-run rate stands.
+    sustained_16bit_tflops: float | None = None
+    sustained_fp8_tflops: float | None = None
     # FlashAttention-2's forward (sm80 kernels: PyTorch SDPA's flash backend, flash-attn 2) where the part's
     # best flash kernel is another one (FA3, cuDNN); None: flash_fwd_eff is FA2's already (Ampere).
     fa2_fwd_eff: float | None = None  # TFLOP/s over 16-bit peak ...
@@ -113,6 +119,8 @@ _OPTIONAL = {
     "tensor_flops_per_clk_sm",
     "mufu_ex2_per_clk_sm",
     "smem_bytes_per_clk_sm",
+    "sustained_16bit_tflops",
+    "sustained_fp8_tflops",
 }
 _FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff", "fa2_fwd_eff"}
 BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
@@ -218,6 +226,7 @@ A100_80GB = DeviceSpec(
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_16bit_tflops=253.7,  # Source: microbench.csv, Azure ND A100 v4 cuBLASLt fp16 8192^3 (sustained)
     source=f"{_A100} ; https://glennklockwood.com/garden/processors/A100 ; {_A100_AZ} ; {_MLENG}",
 )
 
@@ -248,6 +257,7 @@ A100_40GB = DeviceSpec(
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_16bit_tflops=253.7,  # Source: same die as A100-80GB (Azure cuBLASLt fp16 8192^3)
     source=f"{_A100} ; {_DGXA100} ; {_A100_AZ}",
 )
 
@@ -278,6 +288,7 @@ H100_SXM = DeviceSpec(
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=1382.2,  # Source: microbench.csv, Azure ND H100 v5 cuBLASLt fp8 32768^3 (sustained)
     source=f"{_H100} ; https://glennklockwood.com/garden/processors/h100 ; {_H100_AZ} ; {_MLENG} ; "
     "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290",
 )
@@ -309,6 +320,7 @@ H800 = DeviceSpec(
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=1382.2,  # Source: same die as H100 (Azure cuBLASLt fp8 32768^3)
     source=f"{_H800} ; https://arxiv.org/abs/2412.19437",
 )
 
@@ -339,6 +351,7 @@ H200 = DeviceSpec(
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=1349.5,  # Source: microbench.csv, Azure ND H200 v5 cuBLASLt fp8 32768^3 (sustained)
     source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ}",
 )
 
@@ -392,6 +405,9 @@ B200 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    # No sustained B200 row: GB200's sustained / short-run ratio (2876.6 / 3615.6, same die) on B200's MAMF
+    # rate; B200 holds 4500 dense FP8 TFLOP/s in 1000 W, GB200 5000 in 1200 W, so it is no less power-limited.
+    sustained_fp8_tflops=3432.5 * 2876.6 / 3615.6,
     source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
     f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tcgen05 MMA kinds mxf8f6f4 / mxf4nvf4 (PTX ISA)
@@ -432,6 +448,7 @@ GB200 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=2876.6,  # Source: microbench.csv, Azure ND GB200 v6 cuBLASLt fp8 8192^3 (sustained)
     source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: same Blackwell tensor cores as B200
     peak_fp4_tflops=10000.0,  # Source: hw_specs.csv notes (ml-engineering: nvfp4 10,000 dense per GPU)
@@ -474,6 +491,7 @@ B300 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    # No sustained row and no carry-over: B300 holds 4500 dense FP8 TFLOP/s in 1100 W, not B200's budget.
     source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores (as B200)
     peak_fp4_tflops=105000.0 / 8,  # Source: HGX B300, 105 PF FP4 dense / 8 GPUs (glennklockwood: 13,125)
@@ -508,6 +526,7 @@ GB300 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    # No sustained row and no carry-over: GB300 holds 5000 dense FP8 TFLOP/s in 1400 W, not GB200's 1200 W.
     source=f"{_GB300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores
     peak_fp4_tflops=15000.0,  # Source: GB300 NVL72, 1,080 PF FP4 dense / 72

@@ -84,6 +84,7 @@ class GPUBackend(KernelBackend):
         nccl: collectives.NcclConfig = collectives.DEFAULT_NCCL,
         autotuned_gemms: bool = False,
         conv_layout: str = "nhwc",
+        sustained_gemms: bool = True,
     ):
         if conv_layout not in CONV_LAYOUTS:
             raise ValueError(f"conv_layout {conv_layout!r}: unknown (known: {', '.join(CONV_LAYOUTS)})")
@@ -93,15 +94,18 @@ class GPUBackend(KernelBackend):
         self.allow_tf32 = allow_tf32
         self.nccl = nccl
         self.autotuned_gemms = autotuned_gemms
+        self.sustained_gemms = sustained_gemms
         self.conv_layout = conv_layout
 
     def variant(self, **settings: Any) -> GPUBackend:
-        """The same device under another stack: ``nccl``, ``autotuned_gemms``, ``allow_tf32``, ``conv_layout``."""
+        """The same device under another stack: ``nccl``, ``autotuned_gemms``, ``allow_tf32``, ``conv_layout``,
+        ``sustained_gemms`` (False: a short benchmark run, GEMMs not held to the power-limited rate)."""
         current = {
             "allow_tf32": self.allow_tf32,
             "nccl": self.nccl,
             "autotuned_gemms": self.autotuned_gemms,
             "conv_layout": self.conv_layout,
+            "sustained_gemms": self.sustained_gemms,
         }
         unknown = set(settings) - set(current)
         if unknown:
@@ -126,7 +130,9 @@ class GPUBackend(KernelBackend):
         return fill_domains(devices, self.device.devices_per_node)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
-        gemm = compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped)
+        gemm = compute.matmul_time_s(
+            self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped, self.sustained_gemms
+        )
         return gemm + self.conv_transpose_s(a, dtype)
 
     def conv_transpose_s(self, a: MatmulAttrs, dtype: str) -> float:
@@ -185,6 +191,7 @@ class GPUBackend(KernelBackend):
         d["overlap"] = asdict(self._overlap)
         d["allow_tf32"] = self.allow_tf32
         d["autotuned_gemms"] = self.autotuned_gemms
+        d["sustained_gemms"] = self.sustained_gemms
         d["conv_layout"] = self.conv_layout
         return d
 
