@@ -405,8 +405,8 @@ B200 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
-    # No sustained B200 row: GB200's sustained / short-run ratio (2876.6 / 3615.6, same die) on B200's MAMF
-    # rate; B200 holds 4500 dense FP8 TFLOP/s in 1000 W, GB200 5000 in 1200 W, so it is no less power-limited.
+    # No sustained B200 row: GB200's sustained / short-run ratio (2876.6 / 3615.6) on B200's MAMF rate; the
+    # same Blackwell die, at B200's 1000 W limit (hw_specs.csv) and 90% of GB200's peaks.
     sustained_fp8_tflops=3432.5 * 2876.6 / 3615.6,
     source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
     f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
@@ -491,7 +491,7 @@ B300 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
-    # No sustained row and no carry-over: B300 holds 4500 dense FP8 TFLOP/s in 1100 W, not B200's budget.
+    # No sustained row: not carried over from GB200 (another die, another power limit); uncapped.
     source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores (as B200)
     peak_fp4_tflops=105000.0 / 8,  # Source: HGX B300, 105 PF FP4 dense / 8 GPUs (glennklockwood: 13,125)
@@ -526,7 +526,7 @@ GB300 = DeviceSpec(
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
-    # No sustained row and no carry-over: GB300 holds 5000 dense FP8 TFLOP/s in 1400 W, not GB200's 1200 W.
+    # No sustained row: not carried over from GB200 (another die, another power limit); uncapped.
     source=f"{_GB300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores
     peak_fp4_tflops=15000.0,  # Source: GB300 NVL72, 1,080 PF FP4 dense / 72
