@@ -86,6 +86,10 @@ def itemsize(dtype: str) -> float:
     return sizes.get(dtype, {"fp32": 4, "tf32": 4, "fp32-simt": 4}.get(dtype, 2))
 
 
+#: Block-scaled formats: a column-wise (weight-gradient) copy is a second quantisation with its own scales.
+COLUMNWISE_FORMATS = ("mxfp8", "nvfp4")
+
+
 def gemm_efficiency(dev: DeviceSpec, dtype: str) -> float:
     """Fraction of peak a large, well-shaped GEMM of this dtype sustains (measured)."""
     if dtype in ("fp8", "mxfp8") and dev.gemm_eff_fp8 is not None:
@@ -123,12 +127,20 @@ class GemmPlan:
 
 @functools.lru_cache(maxsize=65536)
 def gemm_plan(
-    dev: DeviceSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16", autotuned: bool = False
+    dev: DeviceSpec,
+    m: int,
+    n: int,
+    k: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+    autotuned: bool = False,
+    sustained: bool = True,
 ) -> GemmPlan:
     """The fastest tile / split-K choice for ``batch`` products of (m x k) @ (k x n).
 
     ``autotuned``: the library timed its candidates (XLA); otherwise its heuristic's pick runs
-    at :data:`HEURISTIC_GEMM_FRACTION` of that rate (cuBLAS as PyTorch calls it).
+    at :data:`HEURISTIC_GEMM_FRACTION` of that rate (cuBLAS as PyTorch calls it). ``sustained``: the GEMM
+    runs within a long stream of work (a training step) and no faster than :func:`sustained_tflops`.
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
@@ -153,7 +165,25 @@ def gemm_plan(
             if best is None or plan.time_s < best.time_s:
                 best = plan
     assert best is not None
+    if sustained and (cap := sustained_tflops(dev, dtype)) is not None:
+        best = replace(best, compute_s=max(best.compute_s, 2.0 * batch * m * n * k / (cap * 1e12)))
     return best
+
+
+def sustained_tflops(dev: DeviceSpec, dtype: str) -> float | None:
+    """The rate the part holds over a sustained run of GEMMs of this dtype (its power-limited clock), if measured.
+
+    A training step runs its GEMMs back to back for seconds to minutes; the short runs behind
+    :func:`gemm_efficiency` (MAMF's search: 50 warmup and 100 timed iterations a shape) can stay at boost
+    clocks. Where the part's long-warmup rows measure a lower plateau (GB200 FP8: 2826-2877 TFLOP/s from
+    8192^3 to 32768^3 after 10,000 warmup iterations, against MAMF's 3616), no GEMM runs faster than it;
+    on A100, H100 and H200 the plateau sits above what the model gives a heuristic pick, so it never binds.
+    """
+    if dtype in ("fp8", "mxfp8"):
+        return dev.sustained_fp8_tflops
+    if dtype in ("bf16", "fp16"):
+        return dev.sustained_16bit_tflops
+    return None
 
 
 def matmul_time_s(
@@ -165,9 +195,10 @@ def matmul_time_s(
     dtype: str = "bf16",
     autotuned: bool = False,
     grouped: bool = False,
+    sustained: bool = True,
 ) -> float:
     """Seconds of ``batch`` (m x k) @ (k x n) products; ``grouped``: one MoE grouped-GEMM kernel over them."""
-    seconds = gemm_plan(dev, m, n, k, batch, dtype, autotuned).time_s + dev.kernel_overhead_us * 1e-6
+    seconds = gemm_plan(dev, m, n, k, batch, dtype, autotuned, sustained).time_s + dev.kernel_overhead_us * 1e-6
     return seconds / GROUPED_GEMM_FRACTION if grouped else seconds
 
 
@@ -224,12 +255,42 @@ def flash_inner_efficiency(dev: DeviceSpec) -> float:
     return dev.flash_fwd_eff * ideal_s * dev.peak_bf16_tflops * 1e12 / anchor.flops
 
 
+def flash_pass_fraction(dev: DeviceSpec, head_dim: int, backward: bool) -> float:
+    """Tensor-core time / the slowest unit's time of one 128 x 128 tile step of a flash pass (1 when the
+    tensor cores bound it). The FlashAttention-4 paper's roofline (arXiv:2603.05451, sec. 3.1.1 and 3.2.1,
+    M = N = 128 tiles of 16-bit operands, one CTA per MMA): forward 4MNd MMA FLOPs, 2(256d + 128N ceil(d/128))
+    shared-memory bytes (QK^T reads both operands, PV reads V), MN exponentials; backward 10MNd MMA FLOPs,
+    2(4Md + 3Nd + MN) operand bytes plus dS written (2MN) and the fp32 dQ staged and read back (8Md), MN
+    exponentials. On B200 at d = 128 the forward is balanced (MMA and MUFU 1024 cycles each, shared memory
+    768) and the backward is shared-memory bound (3328 cycles against 2560 of MMA: the paper's Table 3); on
+    A100 and H100 both passes are tensor-core bound."""
+    flops, mufu, smem = dev.tensor_flops_per_clk_sm, dev.mufu_ex2_per_clk_sm, dev.smem_bytes_per_clk_sm
+    if flops is None or mufu is None or smem is None:
+        return 1.0
+    m = n = FLASH_BLOCK_Q
+    d = head_dim
+    if backward:
+        mma = 10 * m * n * d / flops
+        smem_bytes = 2 * (4 * m * d + 3 * n * d + m * n) + 2 * m * n + 8 * m * d
+    else:
+        mma = 4 * m * n * d / flops
+        smem_bytes = 2 * (256 * d * math.ceil(m / 128) * math.ceil(n / 128) + 128 * n * math.ceil(d / 128))
+    return mma / max(mma, smem_bytes / smem, m * n / mufu)
+
+
+def flash_bwd_rate(dev: DeviceSpec, head_dim: int) -> float:
+    """Backward rate / forward rate at the device's measured forward anchor: :data:`FLASH_BWD_RATE` (measured
+    where both passes are tensor-core bound) times the backward's roofline fraction over the anchor's forward one."""
+    anchor_d = dev.flash_fwd_shape[3]
+    return FLASH_BWD_RATE * flash_pass_fraction(dev, head_dim, True) / flash_pass_fraction(dev, anchor_d, False)
+
+
 def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
     """Tiled flash kernel: CTAs of 128 query rows loop over key blocks; makespan over SMs."""
     per_sm = dev.peak_tflops(dtype) * 1e12 * flash_inner_efficiency(dev) / dev.sm_count
     step_s = _flash_step_flops(dev, a.head_dim) / per_sm
     if backward:
-        step_s *= FLASH_BWD_WORK / FLASH_BWD_RATE
+        step_s *= FLASH_BWD_WORK / flash_bwd_rate(dev, a.head_dim)
     io = (2 * a.batch * a.heads * a.q_len + 2 * a.batch * a.kv_heads * a.kv_len) * a.head_dim * itemsize(dtype)
     if backward:
         io *= 2  # reads q, k, v, o, do; writes dq, dk, dv
@@ -262,7 +323,16 @@ def fa2_view(dev: DeviceSpec) -> DeviceSpec:
     same kernels on Hopper and Blackwell) at FA2's measured forward rate on the part."""
     if dev.fa2_fwd_eff is None:
         return dev  # its own flash figure is FA2's already
-    return replace(dev, arch="ampere", flash_fwd_eff=dev.fa2_fwd_eff, flash_fwd_shape=dev.fa2_fwd_shape)
+    # sm80 kernels (mma.sync, no tensor memory) do not run at the part's own tensor-core rate: no roofline
+    return replace(
+        dev,
+        arch="ampere",
+        flash_fwd_eff=dev.fa2_fwd_eff,
+        flash_fwd_shape=dev.fa2_fwd_shape,
+        tensor_flops_per_clk_sm=None,
+        mufu_ex2_per_clk_sm=None,
+        smem_bytes_per_clk_sm=None,
+    )
 
 
 def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:

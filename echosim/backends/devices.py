@@ -71,10 +71,22 @@ class DeviceSpec:
     block_scaled_formats: tuple[str, ...] = ()
     peak_fp4_tflops: float | None = None  # dense NVFP4 peak where the part has FP4 tensor cores
     gemm_eff_fp4: float | None = None  # large-GEMM NVFP4 TFLOP/s over peak_fp4_tflops
+    # The GEMM rate the part holds in a sustained run (its power-limited clock): the highest TFLOP/s of its
+    # long-warmup cuBLASLt rows at 8192^3 and larger (Azure's sweep: 10,000 warmup iterations), which caps
+    # every GEMM of that dtype. gemm_eff_* come from short runs (MAMF: 50 warmup + 100 iterations per
+    # shape). None: no sustained measurement; the short-run rate stands.
+    sustained_16bit_tflops: float | None = None
+    sustained_fp8_tflops: float | None = None
     # FlashAttention-2's forward (sm80 kernels: PyTorch SDPA's flash backend, flash-attn 2) where the part's
     # best flash kernel is another one (FA3, cuDNN); None: flash_fwd_eff is FA2's already (Ampere).
     fa2_fwd_eff: float | None = None  # TFLOP/s over 16-bit peak ...
     fa2_fwd_shape: tuple[int, int, int, int] = (2, 16, 8192, 128)  # ... at this non-causal (b, heads, seq, d)
+    # Per-SM, per-clock throughputs of the units a flash-attention tile shares (FlashAttention-4 paper, sec. 2.2):
+    # dense 16-bit tensor-core FLOPs, MUFU exponentials, shared-memory read bytes. They price the roofline of
+    # each flash pass (compute.flash_pass_fraction); None: the part's passes are taken as tensor-core bound.
+    tensor_flops_per_clk_sm: int | None = None
+    mufu_ex2_per_clk_sm: int | None = None
+    smem_bytes_per_clk_sm: int | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -98,7 +110,18 @@ class DeviceSpec:
         }.get(dtype, self.peak_bf16_tflops)
 
 
-_OPTIONAL = {"peak_fp8_tflops", "gemm_eff_fp8", "peak_fp4_tflops", "gemm_eff_fp4", "fa2_fwd_eff"}
+_OPTIONAL = {
+    "peak_fp8_tflops",
+    "gemm_eff_fp8",
+    "peak_fp4_tflops",
+    "gemm_eff_fp4",
+    "fa2_fwd_eff",
+    "tensor_flops_per_clk_sm",
+    "mufu_ex2_per_clk_sm",
+    "smem_bytes_per_clk_sm",
+    "sustained_16bit_tflops",
+    "sustained_fp8_tflops",
+}
 _FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff", "fa2_fwd_eff"}
 BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
 
@@ -167,6 +190,16 @@ _KERNEL_OVERHEAD_US = 4.0
 # H100's NVLS rows at 64-512 KiB sit at 42 µs where H200's stay at 31 µs (GPU time, not launch).
 _NCCL_LAUNCH_A100_US = 5.35  # ND A100 v4, AMD EPYC 7V12 host, NCCL 2.18.5: 42.8 µs / 8
 
+# Units a flash-attention tile shares, per SM per clock. FlashAttention-4 paper (arXiv:2603.05451, sec. 2.2,
+# "throughput of several hardware components on B200 (and GB200)"): BF16 MMA 8192 FLOPs (2.25 PFLOP/s / 1850 MHz
+# / 148 SMs), 4096 on Hopper; MUFU 16 exponentials, as on Hopper, 32 on B300 / GB300 (also NVIDIA, "Inside NVIDIA
+# Blackwell Ultra" and "Making Softmax More Efficient with NVIDIA Blackwell Ultra": SFU throughput doubled);
+# shared memory 128 bytes read, as on Hopper. A100: 1024 dense FP16 FMAs (2048 FLOPs), 16 SFU ops and 128 bytes of
+# shared memory per SM per clock (NVIDIA A100 Tensor Core GPU Architecture whitepaper; REUSE_HALF in compute.py).
+_SMEM_BYTES_PER_CLK_SM = 128
+_MUFU_PER_CLK_SM = 16
+_MUFU_PER_CLK_SM_ULTRA = 32
+
 A100_80GB = DeviceSpec(
     name="a100-80gb",
     arch="ampere",
@@ -190,6 +223,10 @@ A100_80GB = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX A100)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=_NCCL_LAUNCH_A100_US,  # Source: Azure ND A100 v4 nccl-tests -g 8 (note above)
+    tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_16bit_tflops=253.7,  # Source: microbench.csv, Azure ND A100 v4 cuBLASLt fp16 8192^3 (sustained)
     source=f"{_A100} ; https://glennklockwood.com/garden/processors/A100 ; {_A100_AZ} ; {_MLENG}",
 )
 
@@ -217,6 +254,10 @@ A100_40GB = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=_NCCL_LAUNCH_A100_US,  # No 40 GB row: the ND A100 v4 (AMD EPYC host) reading
+    tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_16bit_tflops=253.7,  # Source: same die as A100-80GB (Azure cuBLASLt fp16 8192^3)
     source=f"{_A100} ; {_DGXA100} ; {_A100_AZ}",
 )
 
@@ -244,6 +285,10 @@ H100_SXM = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX H100)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.35,  # Source: Azure ND H100 v5 nccl-tests -g 8, 26.8 µs / 8 (note at _NCCL_LAUNCH_A100_US)
+    tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=1382.2,  # Source: microbench.csv, Azure ND H100 v5 cuBLASLt fp8 32768^3 (sustained)
     source=f"{_H100} ; https://glennklockwood.com/garden/processors/h100 ; {_H100_AZ} ; {_MLENG} ; "
     "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290",
 )
@@ -272,6 +317,10 @@ H800 = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.35,  # No H800 row: carried over from H100 (same HGX host class)
+    tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=1382.2,  # Source: same die as H100 (Azure cuBLASLt fp8 32768^3)
     source=f"{_H800} ; https://arxiv.org/abs/2412.19437",
 )
 
@@ -299,6 +348,10 @@ H200 = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # Source: Azure ND H200 v5 nccl-tests -g 8, 30.8 µs / 8
+    tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=1349.5,  # Source: microbench.csv, Azure ND H200 v5 cuBLASLt fp8 32768^3 (sustained)
     source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ}",
 )
 
@@ -312,10 +365,17 @@ H200 = DeviceSpec(
 # the FlashAttention benchmark's (batch x seqlen = 16k tokens, 16 heads of 128, seqlen 16k); the
 # other Blackwell parts (GB200, B300, GB300) take the same fraction of their own peak.
 _BLACKWELL_FLASH_EFF = 1613.0 / 1.3 / 2250.0
+# Blackwell Ultra (B300, GB300) doubles the MUFU to 32 exponentials per SM per clock (FA4 paper sec. 2.2; NVIDIA,
+# "Making Softmax More Efficient with NVIDIA Blackwell Ultra"), so its forward tile (d = 128) needs 512 MUFU cycles
+# against 1024 of MMA: the balance of H100 (1024 against 2048), where the forward is tensor-core bound, not
+# B200's co-bound one. No attention kernel has been measured on it; it takes the fraction measured at that
+# balance, H100's FlashAttention-3 forward (620.7 TFLOP/s of 989, microbench.csv), instead of B200's.
+_BLACKWELL_ULTRA_FLASH_EFF = 620.73 / 989.0
 # FlashAttention-2 (its sm80 kernels, as PyTorch SDPA's flash backend runs them) on GB200: 373.9 TFLOP/s
 # at b=2 s=8192 d=128 (microbench.csv, Azure ND GB200 v6), 15% of 2500.
 _BLACKWELL_FA2_EFF = 373.9 / 2500.0
 _FP4_EFF = 7535.6 / 10000.0
+
 
 B200 = DeviceSpec(
     name="b200",
@@ -342,6 +402,12 @@ B200 = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # No B200 nccl-tests row: carried over from H200 (x86 HGX host, same launch path)
+    tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    # No sustained B200 row: GB200's sustained / short-run ratio (2876.6 / 3615.6) on B200's MAMF rate; the
+    # same Blackwell die, at B200's 1000 W limit (hw_specs.csv) and 90% of GB200's peaks.
+    sustained_fp8_tflops=3432.5 * 2876.6 / 3615.6,
     source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
     f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tcgen05 MMA kinds mxf8f6f4 / mxf4nvf4 (PTX ISA)
@@ -379,6 +445,10 @@ GB200 = DeviceSpec(
     devices_per_node=72,  # Source: hw_specs.csv, 72-GPU NVLink domain (NVL72)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=4.04,  # Source: Azure ND GB200 v6 nccl-tests -g 4, 16.2 µs / 4 (Grace host)
+    tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    sustained_fp8_tflops=2876.6,  # Source: microbench.csv, Azure ND GB200 v6 cuBLASLt fp8 8192^3 (sustained)
     source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: same Blackwell tensor cores as B200
     peak_fp4_tflops=10000.0,  # Source: hw_specs.csv notes (ml-engineering: nvfp4 10,000 dense per GPU)
@@ -408,8 +478,7 @@ B300 = DeviceSpec(
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1769.0 / 2250.0,  # Source: microbench.csv, MAMF B300 SXM bf16 best shape 1769 TFLOP/s (78.6%)
     gemm_eff_fp8=3353.3 / 4500.0,  # Source: microbench.csv, MAMF B300 SXM fp8 e4m3 best shape 3353.3 (74.5%)
-    # B200's cuDNN fraction (FA4 paper; Blackwell Ultra's doubled softmax exponent rate is not modelled).
-    flash_fwd_eff=_BLACKWELL_FLASH_EFF,
+    flash_fwd_eff=_BLACKWELL_ULTRA_FLASH_EFF,  # Hopper's measured fraction at the same MUFU:MMA balance (above)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no B300 row)
     nvlink_GBps=900.0,  # Source: HGX B300, NVLink5 1.8 TB/s per GPU (900 per direction)
@@ -419,6 +488,10 @@ B300 = DeviceSpec(
     devices_per_node=8,  # Source: HGX B300 (8 GPUs per baseboard)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # No B300 nccl-tests row: carried over from B200/H200 (x86 HGX host, same launch path)
+    tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    # No sustained row: not carried over from GB200 (another die, another power limit); uncapped.
     source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores (as B200)
     peak_fp4_tflops=105000.0 / 8,  # Source: HGX B300, 105 PF FP4 dense / 8 GPUs (glennklockwood: 13,125)
@@ -440,7 +513,7 @@ GB300 = DeviceSpec(
     # No GB300 GEMM row: the B300's measured MAMF fractions (same Blackwell Ultra GPU).
     gemm_eff_16bit=1769.0 / 2250.0,
     gemm_eff_fp8=3353.3 / 4500.0,
-    flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # B200's cuDNN fraction (FA4 paper), as for GB200
+    flash_fwd_eff=_BLACKWELL_ULTRA_FLASH_EFF,  # as B300 (same Blackwell Ultra GPU)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no GB300 row)
     nvlink_GBps=900.0,  # Source: GB300 NVL72, 130 TB/s / 72 GPUs = 1.8 TB/s (900 per direction)
@@ -450,6 +523,10 @@ GB300 = DeviceSpec(
     devices_per_node=72,  # Source: GB300 NVL72, 72-GPU NVLink domain
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=4.04,  # No GB300 nccl-tests row: carried over from GB200 (Grace host, same launch path)
+    tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
+    mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
+    smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
+    # No sustained row: not carried over from GB200 (another die, another power limit); uncapped.
     source=f"{_GB300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores
     peak_fp4_tflops=15000.0,  # Source: GB300 NVL72, 1,080 PF FP4 dense / 72

@@ -84,6 +84,7 @@ class GPUBackend(KernelBackend):
         nccl: collectives.NcclConfig = collectives.DEFAULT_NCCL,
         autotuned_gemms: bool = False,
         conv_layout: str = "nhwc",
+        sustained_gemms: bool = True,
     ):
         if conv_layout not in CONV_LAYOUTS:
             raise ValueError(f"conv_layout {conv_layout!r}: unknown (known: {', '.join(CONV_LAYOUTS)})")
@@ -93,15 +94,18 @@ class GPUBackend(KernelBackend):
         self.allow_tf32 = allow_tf32
         self.nccl = nccl
         self.autotuned_gemms = autotuned_gemms
+        self.sustained_gemms = sustained_gemms
         self.conv_layout = conv_layout
 
     def variant(self, **settings: Any) -> GPUBackend:
-        """The same device under another stack: ``nccl``, ``autotuned_gemms``, ``allow_tf32``, ``conv_layout``."""
+        """The same device under another stack: ``nccl``, ``autotuned_gemms``, ``allow_tf32``, ``conv_layout``,
+        ``sustained_gemms`` (False: a short benchmark run, GEMMs not held to the power-limited rate)."""
         current = {
             "allow_tf32": self.allow_tf32,
             "nccl": self.nccl,
             "autotuned_gemms": self.autotuned_gemms,
             "conv_layout": self.conv_layout,
+            "sustained_gemms": self.sustained_gemms,
         }
         unknown = set(settings) - set(current)
         if unknown:
@@ -126,7 +130,9 @@ class GPUBackend(KernelBackend):
         return fill_domains(devices, self.device.devices_per_node)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
-        gemm = compute.matmul_time_s(self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped)
+        gemm = compute.matmul_time_s(
+            self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped, self.sustained_gemms
+        )
         return gemm + self.conv_transpose_s(a, dtype)
 
     def conv_transpose_s(self, a: MatmulAttrs, dtype: str) -> float:
@@ -143,7 +149,30 @@ class GPUBackend(KernelBackend):
     def memory_cost_s(self, node: Node, io_bytes: int) -> float:
         if node.op not in MEMORY_BOUND_OPS:
             raise ValueError(f"{self.name} has no cost rule for {node.op.value} (node {node.id} {node.name})")
-        return compute.memory_bound_time_s(self.device, io_bytes)
+        return compute.memory_bound_time_s(self.device, io_bytes + self.quantised_copy_bytes(node))
+
+    def quantised_copy_bytes(self, node: Node) -> float:
+        """Bytes a Transformer Engine quantising cast writes beyond its node's one row-wise output.
+
+        A training linear needs each quantised activation (its input, its output gradient) in two
+        usages: row-wise for the forward / input-gradient GEMM and column-wise for the weight gradient,
+        and TE's quantizers write both in the one cast kernel. Block-scaled formats (MXFP8, NVFP4) carry
+        one scale per block along the contracted dimension, so the column-wise copy is a second
+        quantisation with its own scales, on every part. Per-tensor FP8 needs a transposed copy only
+        where cuBLASLt runs FP8 GEMMs in the TN layout alone: TE's ``is_non_tn_fp8_gemm_supported``
+        is true from sm_100 (Blackwell) on (transformer_engine/pytorch/utils.py), so Hopper writes the
+        transpose and Blackwell does not. Scales: one byte per 32 elements (MXFP8) or 16 (NVFP4).
+        """
+        fn = getattr(node.attrs, "fn", "")
+        if node.op is not OpKind.ELEMENTWISE or not fn.endswith("_cast"):
+            return 0.0
+        fmt = fn.removesuffix("_cast")
+        if fmt not in compute.COLUMNWISE_FORMATS and not (fmt == "fp8" and self.device.arch == "hopper"):
+            return 0.0
+        numel = node.out.numel
+        row = compute.itemsize(fmt) * numel
+        written = node.out.nbytes  # the node's own row-wise elements, already in io_bytes
+        return 2 * row - written
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collectives.collective_time_s(self.device, kind, nbytes, placement, self.nccl)
@@ -162,6 +191,7 @@ class GPUBackend(KernelBackend):
         d["overlap"] = asdict(self._overlap)
         d["allow_tf32"] = self.allow_tf32
         d["autotuned_gemms"] = self.autotuned_gemms
+        d["sustained_gemms"] = self.sustained_gemms
         d["conv_layout"] = self.conv_layout
         return d
 

@@ -25,8 +25,12 @@ from echosim.validation.stats import Validation
 GPU_FITTED = {
     "gemm_eff_16bit": "16-bit GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows of microbench.csv)",
     "gemm_eff_fp8": "fp8 GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows)",
-    "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows; Blackwell: cuDNN "
-    "from the FlashAttention-4 paper's 1613 TFLOP/s / 1.3)",
+    "sustained_16bit_tflops": "16-bit GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3, "
+    "10,000 warmup iterations); caps every GEMM of a training step",
+    "sustained_fp8_tflops": "fp8 GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3; B200: "
+    "GB200's plateau / MAMF ratio on B200's MAMF rate)",
+    "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows; B200, GB200: cuDNN "
+    "from the FlashAttention-4 paper's 1613 TFLOP/s / 1.3; B300, GB300: H100's FA3 fraction, same MUFU:MMA balance)",
     "fa2_fwd_eff": "FlashAttention-2 forward rate / peak where it is not the part's own kernel (Azure FA2 rows)",
     "hbm_stream_GBps": "achievable HBM bandwidth (STREAM rows)",
     "kernel_overhead_us": "per-kernel launch gap (the smallest XLA GEMM rows)",
@@ -37,7 +41,8 @@ GPU_FITTED = {
 GPU_MODULE_FITTED = {
     "compute.FLASH_CTA_FIXED_STEPS": "per-CTA fixed work of flash attention, from the FA3 sequence sweep",
     "compute.FLASH_SOFTMAX_HEAD_DIM": "softmax cost in flash attention, from FA2 with and without softmax",
-    "compute.FLASH_BWD_RATE": "flash backward rate / forward rate, from the FlashAttention-2 paper's plots",
+    "compute.FLASH_BWD_RATE": "flash backward rate / forward rate where both passes are tensor-core bound, from "
+    "the FlashAttention-2 paper's plots (Blackwell: times the FA4 paper's backward roofline, 2560 / 3328)",
     "compute.HEURISTIC_GEMM_FRACTION": "cuBLAS heuristic pick / autotuned rate (34 heuristic-library GEMMs of "
     ">= 100 GFLOP: Azure cuBLASLt sweeps, PyTorch on one H200)",
     "compute.GROUPED_GEMM_FRACTION": "MoE grouped-GEMM rate / the GEMM model's rate for its shapes (30 grouped "
