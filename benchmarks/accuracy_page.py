@@ -70,9 +70,9 @@ WHY: tuple[tuple[str, str], ...] = (
     ),
     (
         r"h100-96gb",
-        "H100 96 GB HBM2e at a 500 W power limit: its 2.4 TB/s HBM is torchtitan's page's, but the page says its "
-        "peak FLOP/s is 'between SXM and NVL' and unknown, so the device carries the 700 W H100 SXM's peaks and "
-        "is optimistic by construction",
+        "H100 96 GB HBM2e at a 500 W power limit: peaks at the clock the cap leaves by the cube law (an upper "
+        "bound: static power ignored); the long-context rows run torch 2.6's ring attention (context_parallel) "
+        "and the eager rows torchtitan's unfused reference RMSNorm, neither priced yet",
     ),
     (
         r"^dgxc2504-nemotron-4-340b-fp8",
