@@ -81,9 +81,9 @@ WHY: tuple[tuple[str, str], ...] = (
     ),
     (
         r"^(mbridge2509-deepseekv3-dropless-.*h100|mbridge260401-deepseekv3-mxfp8-b200-256|deepseekv3-2024)",
-        "expert parallelism across nodes, priced with DeepEP's dispatch (one network copy per destination node); "
-        "the recipes also overlap it with the other micro-batch's compute (overlap_moe_expert_parallel_comm) and "
-        "DeepSeek-V3 limits a token to 4 nodes, neither modelled",
+        "expert parallelism across nodes, priced with DeepEP's dispatch (one network copy per destination node, "
+        "a token's experts in 4 of 8 groups as DeepSeek-V3 routes); the recipes also overlap it with the other "
+        "micro-batch's compute (overlap_moe_expert_parallel_comm), not modelled",
     ),
     (
         r"^mbridge2509-(?!.*fp8)",

@@ -294,7 +294,8 @@ class CollectiveAttrs:
     reduce_scatter input, send/recv payload). An expert-parallel all_to_all that a
     DeepEP-style dispatcher runs (a token crosses the network once per destination node,
     then NVLink to each expert's GPU) carries its layer's routed ``experts`` and choices
-    per token ``top_k``; 0 for NCCL's all_to_all.
+    per token ``top_k``; 0 for NCCL's all_to_all. Under group-limited routing a token's experts
+    come from ``group_topk`` of ``groups`` equal groups of experts (0: any expert).
     """
 
     axis: Axis
@@ -303,10 +304,14 @@ class CollectiveAttrs:
     role: Role = Role.LAYER
     experts: int = 0
     top_k: int = 0
+    groups: int = 0
+    group_topk: int = 0
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
         deepep = f" deepep experts={self.experts} top_k={self.top_k}" if self.top_k else ""
+        if self.groups:
+            deepep += f" groups={self.group_topk}/{self.groups}"
         return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}"
 
 

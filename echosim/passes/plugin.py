@@ -36,7 +36,8 @@ def _tensor(plan: Any) -> object:
 def _expert(plan: Any) -> object:
     from echosim.passes.expert_parallel import ExpertParallel
 
-    return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher)
+    groups = (plan.moe_router_groups, plan.moe_router_group_topk)
+    return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher, groups)
 
 
 def _embedding_sharding(plan: Any) -> object | None:

@@ -370,6 +370,25 @@ MEGATRON_BRIDGE_DISPATCHER: dict[tuple[int, int, str, tuple[int, ...]], str] = {
 }
 
 
+#: Group-limited routing of the models that use it, by (layers, hidden, experts, top_k): (groups, groups a
+#: token's experts come from). DeepSeek-V3: ``n_group: 8, topk_group: 4`` (its config.json; arXiv:2412.19437
+#: sec. 2.1.2, "each token will be sent to at most M = 4 nodes"); Megatron-Bridge's DeepSeekV3ModelProvider
+#: sets moe_router_num_groups=8, moe_router_group_topk=4 (src/megatron/bridge/models/deepseek/
+#: deepseek_provider.py, v0.2.0 through commit 067f987). It changes what DeepEP sends across nodes
+#: (:func:`echosim.backends.deepep.node_reach`); NCCL's all_to_all moves every (token, expert) copy anyway.
+MOE_ROUTER_GROUPS: dict[tuple[int, int, int, int], tuple[int, int]] = {
+    (61, 7168, 256, 8): (8, 4),  # DeepSeek-V3 (671B)
+}
+
+
+def moe_router_groups(c: Case) -> tuple[int, int]:
+    """(groups, groups per token) of the row's model's group-limited routing; (0, 0) when it has none."""
+    if c["arch"] != "moe":
+        return (0, 0)
+    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    return MOE_ROUTER_GROUPS.get(model, (0, 0))  # type: ignore[arg-type]
+
+
 def moe_dispatcher(c: Case) -> str:
     """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
@@ -414,6 +433,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     }
     stated.update(flags)
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
+    groups, group_topk = moe_router_groups(c)
+    stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
