@@ -18,7 +18,9 @@ def _attention(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.attention import AttentionKernel
 
-    return AttentionKernel(plan.attention == "flash", get_framework(plan.framework).attention_kernel)
+    framework = get_framework(plan.framework)
+    reference = framework.norm_kernels == "reference"
+    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference)
 
 
 def _context(plan: Any) -> object:

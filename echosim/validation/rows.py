@@ -213,13 +213,16 @@ TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective
 
 
 def row_framework(c: Case) -> str:
-    """The framework entry a row ran: its ``framework`` column, or the MaxText recipe's weight dtype."""
+    """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype, or, for
+    torchtitan's 2024-2025 rows, whether the source says the run used torch.compile (its notes)."""
     from echosim.frameworks import framework_named_in
 
     name = framework_named_in(c["framework"])
     config = _CONFIG.search(c["notes"])
     if name == "maxtext" and config and config.group(1) in TRILLIUM_BF16_WEIGHTS:
         return "maxtext-bf16-weights"
+    if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
+        return "torchtitan-2025-compile"
     return name
 
 
