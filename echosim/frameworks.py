@@ -91,6 +91,10 @@ class Framework:
     # on Blackwell; "fa2" = FlashAttention-2), and where that is documented.
     attention_kernel: str = ""
     attention_source: str = ""
+    # The RMSNorm the framework runs ('' = one fused kernel; "reference" = the Llama reference module op by
+    # op under eager autograd: echosim.passes.flops.REFERENCE_RMSNORM), and where that is documented.
+    norm_kernels: str = ""
+    norm_source: str = ""
 
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
@@ -406,6 +410,22 @@ FRAMEWORKS["torchtitan-2025"] = replace(
     attention_source="ScaledDotProductAttention._init_backend: [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], "
     "CUDNN_ATTENTION first only with CUDA capability 10.0 (torchtitan/models/attention.py, commit e7c0cae); "
     "before that plain F.scaled_dot_product_attention (torch 2.6's default order puts flash first)",
+    norm_kernels="reference",
+    norm_source="train_configs/llama3_*.toml: norm_type = 'rmsnorm', compile = false; build_norm('rmsnorm') is "
+    "torchtitan's RMSNorm module, (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))"
+    ".type_as(x) * weight (torchtitan/models/norms.py, commit 9dec370, the one its 2024-12 benchmarks name)",
+)
+# The same runs with --training.compile: torch.compile of each TransformerBlock, where Inductor fuses the
+# norm into one kernel each way (torchtitan/parallelisms/parallelize_llama.py apply_compile, commit 9dec370).
+# The loss stays eager until commit bbb1b61 (2025-04-02), so the memory rules are the eager entry's.
+FRAMEWORKS["torchtitan-2025-compile"] = replace(
+    FRAMEWORKS["torchtitan-2025"],
+    name="torchtitan-2025-compile",
+    title="torchtitan releases of 2024-2025 with torch.compile of each transformer block (fused norms)",
+    row_names=(),
+    norm_kernels="",
+    norm_source="apply_compile: torch.compile per TransformerBlock (torchtitan/parallelisms/parallelize_llama.py, "
+    "commit 9dec370); Inductor fuses the RMSNorm's upcast, reduction and products",
 )
 # llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the
 # gpu extra pins flash-attn==2.5.0, setup.py at llm-foundry commit 4952183) or, on older images, version 1.

@@ -163,6 +163,12 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             f"--moe-imbalance {plan.moe_imbalance:g} must lie between 1 (balanced) and ep={plan.ep} "
             "(every token on one rank)"
         )
+    groups, per_token = plan.moe_router_groups, plan.moe_router_group_topk
+    if groups < 0 or per_token < 0 or bool(groups) != bool(per_token) or per_token > groups:
+        raise PlanError(
+            f"--moe-router-groups {groups} --moe-router-group-topk {per_token}: give both, with "
+            "1 <= group-topk <= groups (DeepSeek-V3: 8 and 4)"
+        )
 
 
 @dataclass(frozen=True)

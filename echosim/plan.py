@@ -63,6 +63,10 @@ class Plan:
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
     moe_dispatcher: str = "alltoall"  # expert dispatch: NCCL "alltoall" or "deepep" (network once per node)
+    # group-limited routing (DeepSeek-V3): experts in this many equal groups, a token's experts drawn from
+    # moe_router_group_topk of them (Megatron's --moe-router-num-groups / --moe-router-group-topk); 0: none
+    moe_router_groups: int = 0
+    moe_router_group_topk: int = 0
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
@@ -82,13 +86,15 @@ class Plan:
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        """Every field; ``embedding_sharding`` and ``moe_dispatcher`` only where set (models without
-        tables or experts never state them)."""
+        """Every field; ``embedding_sharding``, ``moe_dispatcher`` and the router groups only where set
+        (models without tables or experts never state them)."""
         d = asdict(self)
         if self.embedding_sharding == "none":
             del d["embedding_sharding"]
         if self.moe_dispatcher == "alltoall":
             del d["moe_dispatcher"]
+        if not self.moe_router_groups:
+            del d["moe_router_groups"], d["moe_router_group_topk"]
         return d
 
 

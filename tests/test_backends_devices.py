@@ -56,13 +56,21 @@ def test_b300_fractions_are_its_microbenchmarks():
     assert b300.gemm_eff_fp8 * b300.peak_fp8_tflops == pytest.approx(3353.3)
 
 
-def test_h100_96gb_is_the_h100_sxm_with_its_hbm2e():
+def test_h100_96gb_is_the_h100_sxm_with_its_hbm2e_at_500_watts():
     """torchtitan's page: 96 GB of HBM2e at 2.4 TB/s, reached at the SXM5's measured STREAM fraction;
-    everything else (compute, links) is the H100 SXM5's."""
+    the compute peaks are the SXM5's at the clock a 500 W cap leaves (cube law), everything else
+    (links, measured fractions of peak) is the H100 SXM5's."""
     h100, meta = DEVICES["h100-sxm"], DEVICES["h100-96gb"]
     memory = ("hbm_GB", "hbm_GBps", "hbm_stream_GBps")
-    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "source", *memory)]
+    peaks = [f.name for f in dataclasses.fields(h100) if f.name.startswith("peak_")]
+    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "source", *memory, *peaks)]
     assert all(getattr(h100, f) == getattr(meta, f) for f in same)
+    clock = (500 / 700) ** (1 / 3)
+    assert clock == pytest.approx(0.8939, abs=1e-4)
+    for p in peaks:
+        assert getattr(meta, p) == (None if getattr(h100, p) is None else pytest.approx(getattr(h100, p) * clock))
+    # inside the page's "between SXM and NVL": H100 NVL's dense bf16 835 TFLOP/s, SXM's 989
+    assert 835 < meta.peak_bf16_tflops < 989 and meta.peak_bf16_tflops == pytest.approx(884.07, abs=0.01)
     assert (meta.hbm_GB, meta.hbm_GBps) == (96.0, 2400.0) and "2410.06511" in meta.source
     assert meta.hbm_stream_GBps / meta.hbm_GBps == pytest.approx(h100.hbm_stream_GBps / h100.hbm_GBps)
     assert "llama3_h100_202412_torchtitan" in meta.source
@@ -298,3 +306,13 @@ def test_quantising_casts_write_the_copies_transformer_engine_keeps(
     assert backend.quantised_copy_bytes(cast) == pytest.approx(extra_per_element * numel)
     plain = Node(2, OpKind.ELEMENTWISE, (0,), TensorSpec((4096, 8192), DType.BF16), ElementwiseAttrs("gelu"))
     assert backend.quantised_copy_bytes(plain) == 0.0
+
+
+def test_power_capped_clock_follows_the_cube_law():
+    from echosim.backends.devices import power_capped_clock
+
+    assert power_capped_clock(700, 700) == 1.0
+    assert power_capped_clock(900, 700) == 1.0  # a limit above the rating does not overclock
+    assert power_capped_clock(350, 700) == pytest.approx(0.5 ** (1 / 3))
+    with pytest.raises(ValueError, match="positive"):
+        power_capped_clock(0, 700)

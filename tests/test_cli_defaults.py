@@ -46,6 +46,7 @@ def test_devices_are_derived_from_the_degrees() -> None:
         (["--global-batch", "-8"], "--global-batch must be at least 1, got -8"),
         (["--vpp", "2"], "vpp=2 needs pipeline parallelism (pp > 1)"),
         (["--moe-imbalance", "3"], "--moe-imbalance 3 needs expert parallelism (ep > 1)"),
+        (["--moe-router-groups", "8"], "--moe-router-groups 8 --moe-router-group-topk 0: give both"),
         (["--moe-capacity-factor", "1.25"], "--moe-capacity-factor 1.25 needs a mixture-of-experts model"),
     ],
 )

@@ -412,3 +412,5 @@ def test_megatron_flex_dispatcher_with_deepep_reads_as_deepep() -> None:
         assert got.options.get("moe_dispatcher") == want, extra
     hybrid = read_args(f"{base} --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep")
     assert any("flex dispatcher with hybridep is not modelled" in n for n in hybrid.notes)
+    grouped = read_args(f"{base} --moe-enable-deepep --moe-router-num-groups 2 --moe-router-group-topk 1")
+    assert (grouped.options["moe_router_groups"], grouped.options["moe_router_group_topk"]) == (2, 1)

@@ -26,6 +26,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "maxtext-bf16-weights",
         "deepspeed",
         "torchtitan-2025",
+        "torchtitan-2025-compile",
         "composer",
     }
     for fw in FRAMEWORKS.values():

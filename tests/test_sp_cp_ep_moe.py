@@ -278,6 +278,41 @@ def test_deepep_dispatcher_marks_the_expert_all_to_alls(tiny_moe: Graph) -> None
         ExpertParallel(2, dispatcher="nvshmem")
 
 
+def test_group_limited_routing_reaches_fewer_nodes() -> None:
+    """DeepSeek-V3: 256 experts in 8 groups, a token's 8 experts from 4 of them (n_group 8, topk_group 4)."""
+    from math import comb
+
+    from echosim.backends.deepep import node_reach
+
+    free = node_reach(256, 8, 8)
+    assert free == pytest.approx(1 - comb(224, 8) / comb(256, 8))  # 0.662
+    # one group per node: the node's group is taken with p = 4/8, then one of its 32 experts of the 128 chosen
+    assert node_reach(256, 8, 8, 8, 4) == pytest.approx(0.5 * (1 - comb(96, 8) / comb(128, 8)))  # 0.454
+    # two groups per node: 0, 1 or 2 of the node's groups taken (hypergeometric), then its experts
+    two = sum(comb(2, j) * comb(6, 4 - j) / comb(8, 4) * comb(128 - 32 * j, 8) / comb(128, 8) for j in range(3))
+    assert node_reach(256, 8, 4, 8, 4) == pytest.approx(1 - two)
+    # half a group per node (16 nodes of 16 experts)
+    assert node_reach(256, 8, 16, 8, 4) == pytest.approx(0.5 * (1 - comb(112, 8) / comb(128, 8)))
+    # every group allowed is no limit; one node is always reached
+    assert node_reach(256, 8, 8, 8, 8) == free and node_reach(256, 8, 1, 8, 4) == 1.0
+    for nodes in (2, 4, 8, 16, 32):
+        assert node_reach(256, 8, nodes, 8, 4) <= node_reach(256, 8, nodes) + 1e-12
+
+
+def test_router_groups_ride_on_the_deepep_all_to_alls(tiny_moe: Graph) -> None:
+    deep = run_passes(tiny_moe, [ExpertParallel(2, dispatcher="deepep", router_groups=(2, 1)), Autodiff()])
+    assert {(n.attrs.groups, n.attrs.group_topk) for n in a2a(deep, Phase.FORWARD) + a2a(deep, Phase.BACKWARD)} == {
+        (2, 1)
+    }
+    with pytest.raises(LayoutError, match="do not divide the layer's 4 experts"):
+        run_passes(tiny_moe, [ExpertParallel(2, dispatcher="deepep", router_groups=(3, 1))])
+    for bad in ((4, 0), (0, 1), (2, 3), (-2, 1)):
+        with pytest.raises(LayoutError, match="router groups"):
+            ExpertParallel(2, router_groups=bad)
+    assert "moe_router_groups" not in Plan().as_dict()
+    assert Plan(moe_router_groups=8, moe_router_group_topk=4).as_dict()["moe_router_group_topk"] == 4
+
+
 def test_deepep_cuts_cross_node_expert_traffic_only() -> None:
     """ep 16 over two 8-GPU nodes: DeepEP's network leg carries each token once per node it reaches;
     with ep 8 on one node both dispatchers are the same NVLink exchange."""

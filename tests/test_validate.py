@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from echosim.validation import published
 from echosim.validation.cases import REQUIRED, CasesError, read_cases
 from echosim.validation.published import published_step_time
-from echosim.validation.rows import moe_dispatcher, row_model, row_plan
+from echosim.validation.rows import moe_dispatcher, moe_router_groups, row_model, row_plan
 from echosim.validation.run import validate_cases
 from echosim.validation.stats import Validation
 
@@ -418,3 +418,20 @@ def test_group_summary_is_signed_and_absolute():
         g["mape"] == pytest.approx(0.15) and g["mean_error"] == pytest.approx(0.05) and g["max"] == pytest.approx(0.2)
     )
     assert g["within_15pct"] == 1
+
+
+def test_deepseek_v3_rows_route_to_four_of_eight_groups():
+    """DeepSeek-V3's n_group 8 / topk_group 4 (its config, Megatron-Bridge's provider), by model shape."""
+    from conftest import SHARED
+
+    path = SHARED / "validation" / "cases.csv"
+    if not path.exists():
+        pytest.skip("validation data not found")
+    cases = {c.case_id: c for c in read_cases(path)}
+    dsv3 = [c for c in cases.values() if c["arch"] == "moe" and c.int("experts") == 256 and c.int("layers") == 61]
+    assert dsv3 and all(moe_router_groups(c) == (8, 4) for c in dsv3)
+    plan = row_plan(cases["mbridge2509-deepseekv3-dropless-h100-sxm-1024"])[0]
+    assert (plan.moe_router_groups, plan.moe_router_group_topk, plan.moe_dispatcher) == (8, 4, "deepep")
+    other = [c for c in cases.values() if c["arch"] == "moe" and c.int("experts") != 256]
+    assert other and all(moe_router_groups(c) == (0, 0) for c in other)
+    assert row_plan(other[0])[0].moe_router_groups == 0

@@ -533,13 +533,43 @@ GB300 = DeviceSpec(
     gemm_eff_fp4=_FP4_EFF,  # No GB300 fp4 GEMM row: GB200's measured fraction
 )
 
+#: Board power the H100 SXM5's peaks and measured GEMM / flash fractions belong to: "Max thermal design
+#: power (TDP) up to 700 W" (NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column).
+H100_SXM_BOARD_W = 700.0
+#: Grand Teton's H100s run at a 500 W power limit (torchtitan, arXiv:2410.06511, and its benchmark page).
+GRAND_TETON_BOARD_W = 500.0
+
+
+def power_capped_clock(cap_w: float, rated_w: float) -> float:
+    """SM clock of a part held to ``cap_w`` over its clock at its rated board power ``rated_w``.
+
+    A GPU enforces a power limit by lowering its SM clock (and with it the voltage) until the board
+    draws no more than the limit. CMOS dynamic power is ``C V^2 f`` and in the DVFS range the voltage
+    rises with the clock, so a part that draws its full rated power on dense math runs at
+    ``(cap_w / rated_w) ** (1/3)`` of its rated clock under the cap. Static power is left out (it
+    does not fall with the clock, so the true clock is lower): an upper bound, no constant fitted.
+    Tensor-core and SIMT throughput scale with the clock; HBM keeps its own clock.
+    """
+    if cap_w <= 0 or rated_w <= 0:
+        raise ValueError(f"board powers must be positive, got cap {cap_w} W, rated {rated_w} W")
+    return min(1.0, cap_w / rated_w) ** (1.0 / 3.0)
+
+
+def _clock_scaled_peaks(spec: DeviceSpec, clock: float) -> dict[str, float | None]:
+    """``spec``'s FLOP/s peaks at ``clock`` times its rated SM clock."""
+    names = ("peak_bf16_tflops", "peak_fp16_tflops", "peak_fp8_tflops", "peak_tf32_tflops", "peak_fp32_tflops",
+             "peak_fp4_tflops")  # fmt: skip
+    return {n: (None if getattr(spec, n) is None else getattr(spec, n) * clock) for n in names}
+
+
 # Meta's Grand Teton H100 (torchtitan, arXiv:2410.06511; cases.csv torchtitan_2412 rows): an H100
 # SXM5 with 96 GB HBM2e run at a 500 W power limit. torchtitan's benchmark page gives its memory:
 # "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", and says of its compute only that the peak
 # "is between SXM and NVL, and we don't know its exact value" (benchmarks/llama3_h100_202412_torchtitan.md,
 # pytorch/torchtitan commit b5bcd76). So the HBM is the page's, achieved at the H100 SXM5's measured
-# STREAM fraction (same Hopper memory system, other stacks); compute and links stay the SXM5's (an
-# upper bound: the 500 W clocks are not published).
+# STREAM fraction (same Hopper memory system, other stacks); the compute peaks are the SXM5's at the
+# clock the 500 W limit leaves (:func:`power_capped_clock`: 0.894, 884 bf16 TFLOP/s dense, inside the
+# page's "between SXM (989) and NVL (835)"), with the SXM5's measured fractions of peak; links are the SXM5's.
 _H100_96GB_HBM_GBPS = 2400.0
 H100_96GB = DeviceSpec(
     **{
@@ -548,6 +578,8 @@ H100_96GB = DeviceSpec(
         "hbm_GB": 96.0,  # Source: torchtitan (arXiv:2410.06511), H100 96 GB HBM2e
         "hbm_GBps": _H100_96GB_HBM_GBPS,  # Source: torchtitan benchmarks/llama3_h100_202412_torchtitan.md
         "hbm_stream_GBps": _H100_96GB_HBM_GBPS * H100_SXM.hbm_stream_GBps / H100_SXM.hbm_GBps,
+        # Source: the SXM5's peaks at the 500 W clock (power_capped_clock, above)
+        **_clock_scaled_peaks(H100_SXM, power_capped_clock(GRAND_TETON_BOARD_W, H100_SXM_BOARD_W)),
         "source": f"{H100_SXM.source} ; https://arxiv.org/abs/2410.06511 (H100 96 GB HBM2e, 500 W limit) ; "
         "https://github.com/pytorch/torchtitan/blob/b5bcd76c6/benchmarks/llama3_h100_202412_torchtitan.md "
         "(2.4 TB/s HBM2e)",

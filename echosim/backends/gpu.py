@@ -9,7 +9,7 @@ from echosim.backends.base import DEFAULT_NODE_DEVICES, Backend, KernelBackend, 
 from echosim.backends.devices import DEVICES, DeviceSpec
 from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind
+from echosim.ir.ops import REFERENCE_RMSNORM, AttentionAttrs, MatmulAttrs, NormAttrs, OpKind, Phase
 
 CONV_LAYOUTS = ("nhwc", "nchw")
 # bytes of one activation element a tensor-core convolution of this compute dtype reads and writes
@@ -149,7 +149,11 @@ class GPUBackend(KernelBackend):
     def memory_cost_s(self, node: Node, io_bytes: int) -> float:
         if node.op not in MEMORY_BOUND_OPS:
             raise ValueError(f"{self.name} has no cost rule for {node.op.value} (node {node.id} {node.name})")
-        return compute.memory_bound_time_s(self.device, io_bytes + self.quantised_copy_bytes(node))
+        io_bytes += self.quantised_copy_bytes(node)
+        if isinstance(node.attrs, NormAttrs) and node.attrs.reference:  # the eager reference RMSNorm's kernels
+            kernels = REFERENCE_RMSNORM[node.phase is Phase.BACKWARD][2]
+            return compute.memory_bound_time_s(self.device, io_bytes, kernels)
+        return compute.memory_bound_time_s(self.device, io_bytes)
 
     def quantised_copy_bytes(self, node: Node) -> float:
         """Bytes a Transformer Engine quantising cast writes beyond its node's one row-wise output.

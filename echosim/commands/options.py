@@ -101,6 +101,16 @@ def layout_options(fn: F) -> F:
             "once per destination node, then NVLink).",
         ),
         click.option(
+            "--moe-router-groups",
+            type=int,
+            help="Group-limited routing: the routed experts form this many equal groups (DeepSeek-V3: 8).",
+        ),
+        click.option(
+            "--moe-router-group-topk",
+            type=int,
+            help="Group-limited routing: a token's experts come from this many of the groups (DeepSeek-V3: 4).",
+        ),
+        click.option(
             "--embedding-sharding",
             help="Embedding tables over the data-parallel ranks, as TorchRec shards them: "
             "none, table, row, column, data, auto (per table, TorchRec's planner rule).",

@@ -124,6 +124,8 @@ CONSUMED = {
     "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend",
     "--moe-enable-deepep",
+    "--moe-router-num-groups",
+    "--moe-router-group-topk",
     "--attention-backend",
     "--num-layers",
     "--hidden-size",
@@ -329,6 +331,12 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     elif dispatcher != "alltoall" and "--moe-token-dispatcher-type" in values:
         what = f"flex dispatcher with {backend}" if dispatcher == "flex" else f"{dispatcher} dispatcher"
         out.notes.append(f"--moe-token-dispatcher-type {dispatcher}: the {what} is not modelled (costed as all-to-all)")
+    for flag, key in (
+        ("--moe-router-num-groups", "moe_router_groups"),
+        ("--moe-router-group-topk", "moe_router_group_topk"),
+    ):
+        if (value := _one(values, flag, src)) is not None:
+            opts[key] = as_int(value, flag, src)
     backend = _one(values, "--attention-backend", src)
     if backend in ("flash", "fused", "local", "unfused"):
         opts["attention"] = "flash" if backend in ("flash", "fused") else "math"

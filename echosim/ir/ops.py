@@ -209,12 +209,29 @@ class ElementwiseAttrs:
         return self.fn
 
 
+#: Bytes per element, as (per activation byte, fp32 bytes), and kernels of the Llama reference RMSNorm
+#: ``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight`` under eager autograd
+#: (torchtitan/models/norms.py RMSNorm at commit 9dec370). Forward, per element of x: upcast (read a,
+#: write 4), pow (4 + 4), mean (4), multiply by the row's rsqrt (4 + 4), downcast (4 + a), times the
+#: weight (a + a): 4a + 28 bytes in 8 kernels (eps add and rsqrt on one value per row). Backward through
+#: the same graph, PyTorch's derivative formulas, weight gradient apart (its ``pgrad`` node): grad x
+#: weight (a + a), upcast of the gradient (a + 4), the rsqrt product's two gradients (4 + 4, then 4 + 4
+#: + 4 and a row sum 4), mean's expand (4), pow's ``grad * 2 * x`` (x.pow(1): 4 + 4, times 2: 4 + 4,
+#: times grad: 4 + 4 + 4), the two gradients of x added (4 + 4 + 4), downcast (4 + a): 4a + 76 bytes in
+#: 13 kernels (eps add and rsqrt again tiny). Inductor (torch.compile) or a fused kernel moves 2a forward, 3a backward.
+REFERENCE_RMSNORM: dict[bool, tuple[int, int, int]] = {False: (4, 28, 8), True: (4, 76, 13)}  # by "is backward"
+
+
 @dataclass(frozen=True, slots=True)
 class NormAttrs:
+    """``reference``: the Llama reference RMSNorm module (upcast, pow, mean, rsqrt, multiply, downcast,
+    weight) run op by op under eager autograd instead of one fused kernel (:mod:`echosim.passes.attention`)."""
+
     kind: str  # "layernorm" | "rmsnorm"
+    reference: bool = False
 
     def __str__(self) -> str:
-        return self.kind
+        return f"{self.kind} reference" if self.reference else self.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +311,8 @@ class CollectiveAttrs:
     reduce_scatter input, send/recv payload). An expert-parallel all_to_all that a
     DeepEP-style dispatcher runs (a token crosses the network once per destination node,
     then NVLink to each expert's GPU) carries its layer's routed ``experts`` and choices
-    per token ``top_k``; 0 for NCCL's all_to_all.
+    per token ``top_k``; 0 for NCCL's all_to_all. Under group-limited routing a token's experts
+    come from ``group_topk`` of ``groups`` equal groups of experts (0: any expert).
     """
 
     axis: Axis
@@ -303,10 +321,14 @@ class CollectiveAttrs:
     role: Role = Role.LAYER
     experts: int = 0
     top_k: int = 0
+    groups: int = 0
+    group_topk: int = 0
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
         deepep = f" deepep experts={self.experts} top_k={self.top_k}" if self.top_k else ""
+        if self.groups:
+            deepep += f" groups={self.group_topk}/{self.groups}"
         return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}"
 
 

@@ -1,8 +1,11 @@
-"""Choose the attention kernel: fused flash attention or materialised scores, and which flash kernel.
+"""Choose the kernels a framework calls: fused flash attention or materialised scores, which flash
+kernel, and whether its RMSNorm is one kernel.
 
 ``generation`` names the flash kernel a framework calls where it is not the device's best:
 ``"fa2"`` for FlashAttention-2 (PyTorch's SDPA flash backend, the flash-attn 2 package), whose
-sm80 kernels run on Hopper and Blackwell too (:mod:`echosim.frameworks`).
+sm80 kernels run on Hopper and Blackwell too (:mod:`echosim.frameworks`). ``reference_norms``:
+the framework's RMSNorm is the Llama reference module run op by op in eager autograd
+(:attr:`echosim.frameworks.Framework.norm_kernels`); every other framework runs one fused kernel.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph
-from echosim.ir.ops import AttentionAttrs
+from echosim.ir.ops import AttentionAttrs, NormAttrs
 
 
 @dataclass(frozen=True)
 class AttentionKernel:
     flash: bool = True
     generation: str = ""
+    reference_norms: bool = False
     name: ClassVar[str] = "attention-kernel"
 
     def run(self, graph: Graph) -> Graph:
@@ -26,4 +30,10 @@ class AttentionKernel:
         for n in list(g):
             if isinstance(n.attrs, AttentionAttrs) and (n.attrs.flash, n.attrs.kernel) != (self.flash, kernel):
                 g.replace(n.id, attrs=replace(n.attrs, flash=self.flash, kernel=kernel))
+            elif (
+                isinstance(n.attrs, NormAttrs)
+                and n.attrs.kind == "rmsnorm"
+                and n.attrs.reference != self.reference_norms
+            ):
+                g.replace(n.id, attrs=replace(n.attrs, reference=self.reference_norms))
         return g

@@ -123,12 +123,18 @@ class ExpertParallel:
     capacity_factor: float = 0.0
     imbalance: float = 1.0
     dispatcher: str = "alltoall"
+    router_groups: tuple[int, int] = (0, 0)  # (groups, groups per token) of group-limited routing; 0: none
     name: ClassVar[str] = "expert-parallel"
 
     def __post_init__(self) -> None:
         check_routing(self.ep, self.imbalance, self.capacity_factor)
         if self.dispatcher not in DISPATCHERS:
             raise LayoutError(f"MoE dispatcher {self.dispatcher!r}: unknown (known: {', '.join(DISPATCHERS)})")
+        groups, per_token = self.router_groups
+        if groups < 0 or per_token < 0 or bool(groups) != bool(per_token) or per_token > groups:
+            raise LayoutError(
+                f"router groups {per_token} of {groups}: give both, with 1 <= groups per token <= groups (0, 0: none)"
+            )
 
     def run(self, graph: Graph) -> Graph:
         dispatches = [n for n in graph if n.phase is Phase.FORWARD and _fn(n) == "moe_dispatch"]
@@ -276,7 +282,10 @@ class _Rewriter:
         nbytes = round(routing.wire_factor() * (shape_of.out.nbytes if what == "dispatch" else out.nbytes))
         attrs = CollectiveAttrs(Axis.EP, self.opts.ep, nbytes)
         if self.opts.dispatcher == "deepep":
-            attrs = replace(attrs, experts=self._layer_experts(d), top_k=self._top_k(d))
+            experts, (groups, group_topk) = self._layer_experts(d), self.opts.router_groups
+            if groups and experts % groups:
+                raise LayoutError(f"router groups {groups} do not divide the layer's {experts} experts")
+            attrs = replace(attrs, experts=experts, top_k=self._top_k(d), groups=groups, group_topk=group_topk)
         return self.out.add(
             OpKind.ALL_TO_ALL,
             [value],

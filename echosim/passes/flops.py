@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import (
+    REFERENCE_RMSNORM,
     AttentionAttrs,
     ElementwiseAttrs,
     EmbeddingAttrs,
     MatmulAttrs,
+    NormAttrs,
     OpKind,
     OptimizerAttrs,
     Phase,
@@ -49,7 +51,15 @@ def io_bytes(graph: Graph, node: Node) -> int:
         # qwen3-30b permute, where 2 x T*k rows at STREAM bandwidth take 69 us.
         ids = sum(graph[i].out.nbytes for i in node.inputs[1:])
         return ids + 2 * node.out.nbytes
+    if isinstance(node.attrs, NormAttrs) and node.attrs.reference:
+        return reference_rmsnorm_bytes(node)
     return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)
+
+
+def reference_rmsnorm_bytes(node: Node) -> int:
+    """Bytes the reference RMSNorm's eager kernels move for ``node`` (:data:`echosim.ir.ops.REFERENCE_RMSNORM`)."""
+    per_a, fp32, _ = REFERENCE_RMSNORM[node.phase is Phase.BACKWARD]
+    return node.out.numel * (per_a * node.out.dtype.itemsize + fp32)
 
 
 #: Bytes of row-wise Adagrad state per table row: one fp32 accumulator (FBGEMM's

@@ -18,7 +18,9 @@ def _attention(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.attention import AttentionKernel
 
-    return AttentionKernel(plan.attention == "flash", get_framework(plan.framework).attention_kernel)
+    framework = get_framework(plan.framework)
+    reference = framework.norm_kernels == "reference"
+    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference)
 
 
 def _context(plan: Any) -> object:
@@ -36,7 +38,8 @@ def _tensor(plan: Any) -> object:
 def _expert(plan: Any) -> object:
     from echosim.passes.expert_parallel import ExpertParallel
 
-    return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher)
+    groups = (plan.moe_router_groups, plan.moe_router_group_topk)
+    return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher, groups)
 
 
 def _embedding_sharding(plan: Any) -> object | None:

@@ -76,8 +76,10 @@ class Coster:
             kind, nbytes, where = node.op, a.bytes, self.where[a.axis]
             if kind is OpKind.ALL_TO_ALL and a.top_k:  # DeepEP's dispatcher: network once per node, then NVLink
                 return _COSTS.get(
-                    (backend, kind, nbytes, where, a.experts, a.top_k),
-                    lambda: deepep_time_s(backend.collective_time_s, nbytes, where, a.experts, a.top_k),
+                    (backend, kind, nbytes, where, a.experts, a.top_k, a.groups, a.group_topk),
+                    lambda: deepep_time_s(
+                        backend.collective_time_s, nbytes, where, a.experts, a.top_k, a.groups, a.group_topk
+                    ),
                 )
             return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
         io = io_bytes(self.graph, node)

@@ -225,13 +225,16 @@ TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective
 
 
 def row_framework(c: Case) -> str:
-    """The framework entry a row ran: its ``framework`` column, or the MaxText recipe's weight dtype."""
+    """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype, or, for
+    torchtitan's 2024-2025 rows, whether the source says the run used torch.compile (its notes)."""
     from echosim.frameworks import framework_named_in
 
     name = framework_named_in(c["framework"])
     config = _CONFIG.search(c["notes"])
     if name == "maxtext" and config and config.group(1) in TRILLIUM_BF16_WEIGHTS:
         return "maxtext-bf16-weights"
+    if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
+        return "torchtitan-2025-compile"
     return name
 
 
@@ -407,6 +410,25 @@ def pp_layout(c: Case) -> str:
     return f"layout:{found}" if found else ""
 
 
+#: Group-limited routing of the models that use it, by (layers, hidden, experts, top_k): (groups, groups a
+#: token's experts come from). DeepSeek-V3: ``n_group: 8, topk_group: 4`` (its config.json; arXiv:2412.19437
+#: sec. 2.1.2, "each token will be sent to at most M = 4 nodes"); Megatron-Bridge's DeepSeekV3ModelProvider
+#: sets moe_router_num_groups=8, moe_router_group_topk=4 (src/megatron/bridge/models/deepseek/
+#: deepseek_provider.py, v0.2.0 through commit 067f987). It changes what DeepEP sends across nodes
+#: (:func:`echosim.backends.deepep.node_reach`); NCCL's all_to_all moves every (token, expert) copy anyway.
+MOE_ROUTER_GROUPS: dict[tuple[int, int, int, int], tuple[int, int]] = {
+    (61, 7168, 256, 8): (8, 4),  # DeepSeek-V3 (671B)
+}
+
+
+def moe_router_groups(c: Case) -> tuple[int, int]:
+    """(groups, groups per token) of the row's model's group-limited routing; (0, 0) when it has none."""
+    if c["arch"] != "moe":
+        return (0, 0)
+    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    return MOE_ROUTER_GROUPS.get(model, (0, 0))  # type: ignore[arg-type]
+
+
 def moe_dispatcher(c: Case) -> str:
     """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
@@ -479,6 +501,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     }
     stated.update(flags)
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
+    groups, group_topk = moe_router_groups(c)
+    stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     stated["pp_balance"] = pp_layout(c) or None
