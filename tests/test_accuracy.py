@@ -35,13 +35,17 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins
     assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.135, abs=0.01)
     assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.121, abs=0.01)
-    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.002, abs=0.01)
+    # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%)
+    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.012, abs=0.01)
 
 
 def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
-    """DeepEP's network leg under DeepSeek-V3's 4-of-8 group routing: +37..+44% before, +17..+30% after."""
+    """DeepEP's network leg under DeepSeek-V3's 4-of-8 group routing: +37..+44% before, +17..+30% after;
+    the fp8 cast copies and Blackwell attention backward (issue16c) add 1-4 points."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
-    assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(0.166, abs=0.01)
-    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.302, abs=0.01)
-    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(0.298, abs=0.01)
+    assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
+        0.177, abs=0.01
+    )  # +1%: Hopper fp8 transposes
+    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.317, abs=0.01)
+    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(0.340, abs=0.01)
