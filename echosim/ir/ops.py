@@ -294,7 +294,9 @@ class CollectiveAttrs:
     reduce_scatter input, send/recv payload). An expert-parallel all_to_all that a
     DeepEP-style dispatcher runs (a token crosses the network once per destination node,
     then NVLink to each expert's GPU) carries its layer's routed ``experts`` and choices
-    per token ``top_k``; 0 for NCCL's all_to_all.
+    per token ``top_k``; 0 for NCCL's all_to_all. ``bucket_copy``: a gradient reduction whose
+    gradients the framework copies into a flat bucket before it and back after it (PyTorch DDP
+    with ``gradient_as_bucket_view=False``; the timeline costs the copies on the compute stream).
     """
 
     axis: Axis
@@ -303,11 +305,13 @@ class CollectiveAttrs:
     role: Role = Role.LAYER
     experts: int = 0
     top_k: int = 0
+    bucket_copy: bool = False
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
         deepep = f" deepep experts={self.experts} top_k={self.top_k}" if self.top_k else ""
-        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}"
+        copy = " bucket_copy" if self.bucket_copy else ""
+        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}{copy}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,12 +64,14 @@ def _fp8(plan: Any) -> object | None:
 
 
 def _data_parallel(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.ir.types import DType
     from echosim.passes.data_parallel import DataParallel
 
     # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
-    return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero)
+    copies = plan.zero == 0 and bool(get_framework(plan.framework).ddp_bucket_copies)  # PyTorch DDP's reducer
+    return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, bucket_copies=copies)
 
 
 def _optimizer(plan: Any) -> object:
