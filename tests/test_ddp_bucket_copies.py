@@ -86,6 +86,15 @@ def test_no_copies_without_the_ddp_reducer(framework: str, zero: int) -> None:
     assert not FRAMEWORKS["composer"].ddp_bucket_copies and FRAMEWORKS["eager"].ddp_bucket_copies
 
 
+def test_no_copies_under_torchrec_sharding_nor_on_xla() -> None:
+    """TorchRec's DDP wrapper sets gradient_as_bucket_view=True; XLA compiles the reduction into the step."""
+    plan = Plan(dp=2, micro_batch=256, global_batch=512, dtype="fp32", embedding_sharding="table")
+    sharded = lower(_dlrm(), plan, Cluster("cpu-x86", 2, 2))
+    assert _grad_sync(sharded) and not any(n.attrs.bucket_copy for n in _grad_sync(sharded))
+    tpu = lower(_dlrm(), replace(plan, embedding_sharding="none"), Cluster("tpu-v5e", 2, 2))
+    assert _grad_sync(tpu) and not any(n.attrs.bucket_copy for n in _grad_sync(tpu))
+
+
 def test_gpu_eager_data_parallel_pays_the_copies_at_hbm_rate() -> None:
     compiled = _compile(backend="a100-80gb")
     tasks = [t for t in compiled.costed.tails if t.task == "dp_copies"]  # type: ignore[attr-defined]

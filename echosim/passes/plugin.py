@@ -70,7 +70,11 @@ def _data_parallel(plan: Any) -> object:
 
     # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the training dtype
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
-    copies = plan.zero == 0 and bool(get_framework(plan.framework).ddp_bucket_copies)  # PyTorch DDP's reducer
+    # PyTorch DDP's reducer copies gradients into its buckets; TorchRec wraps the dense part of a sharded
+    # model in DDP with gradient_as_bucket_view=True (DefaultDataParallelWrapper._ddp_wrap,
+    # torchrec/distributed/model_parallel.py), so its gradients are bucket views and nothing is copied
+    torchrec = plan.embedding_sharding != "none"
+    copies = plan.zero == 0 and not torchrec and bool(get_framework(plan.framework).ddp_bucket_copies)
     return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, bucket_copies=copies)
 
 
