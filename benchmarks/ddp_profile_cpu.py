@@ -10,7 +10,9 @@ Runs the model three ways in fresh processes (one thread each, fused AdamW, the 
 prints rank 0's CPU time per step and the self CPU time per step of the ops that differ (torch.profiler):
 ``aten::mul`` holds the reducer's ``mul_out(bucket_view, grad, 1/world)``, ``aten::copy_`` its
 ``grad.copy_(bucket_view)`` after the all-reduce, ``aten::fill_`` the zero-fills of dense table
-gradients. gloo's own threads are in the process CPU time but not in the profiled ops.
+gradients. gloo's own threads are in the process CPU time but not in the profiled ops. The
+profiler times ops by the wall clock, so on a loaded machine they include time the scheduler gave
+to others (the CPU column does not): compare them on a quiet machine.
 """
 
 from __future__ import annotations
