@@ -62,6 +62,9 @@ MODELS: dict[str, ArchConfig] = {
     "gpt-6L-384": ArchConfig("gpt", layers=6, hidden=384, heads=6, vocab=4096, seq_len=256, tied_embeddings=True),
     "llama-4L-256": ArchConfig("llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096, seq_len=256),
     "llama-6L-384": ArchConfig("llama", layers=6, hidden=384, heads=6, kv_heads=2, ffn=1024, vocab=4096, seq_len=256),
+    # two other shapes (issue 16): wider (hidden 512, its 4 MiB weights and 8 MiB MLP activations) and deeper
+    "gpt-4L-512": ArchConfig("gpt", layers=4, hidden=512, heads=8, vocab=4096, seq_len=256, tied_embeddings=True),
+    "llama-8L-256": ArchConfig("llama", layers=8, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096, seq_len=256),
 }
 LAYOUTS = ("1 process", "DDP x2 (gloo)", "pipeline x2 (gloo)")
 NOTES = [

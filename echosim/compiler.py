@@ -164,7 +164,7 @@ def prepare(
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
     graph_passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
-    stage_passes = _configured(registry, "stage", plan)
+    stage_passes = [_sized(p, backend, cluster) for p in _configured(registry, "stage", plan)]
     checked = _verified(registry)
     reuse = _own_passes(registry)
     try:
@@ -298,9 +298,14 @@ def _verified(registry: Registry) -> bool | set[str]:
 
 
 def _sized(instance: Any, backend: Any, cluster: Cluster) -> Any:
-    """The embedding-sharding pass places tables within the device's memory and node (the plan knows neither)."""
+    """What a pass needs of the backend that the plan does not say: the embedding-sharding pass places
+    tables within the device's memory and node; on an XLA backend (static buffers) the gradient
+    all-reduce is compiled into the step, with no PyTorch DDP reducer to copy gradients into buckets."""
+    from echosim.passes.data_parallel import DataParallel
     from echosim.passes.embedding_sharding import EmbeddingSharding
 
+    if isinstance(instance, DataParallel) and instance.bucket_copies and getattr(backend, "static_buffers", False):
+        return replace(instance, bucket_copies=False)
     if not isinstance(instance, EmbeddingSharding):
         return instance
     return replace(instance, capacity_bytes=backend.memory_bytes(), local_world=cluster.devices_per_node or 8)

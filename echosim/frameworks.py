@@ -96,6 +96,11 @@ class Framework:
     norm_kernels: str = ""
     norm_source: str = ""
 
+    # Data parallelism without ZeRO through PyTorch DDP's reducer with its default
+    # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
+    # world size on the way, and the reduced bucket is copied back into .grad ('' = no such copies).
+    ddp_bucket_copies: str = ""
+
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
     vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
@@ -205,6 +210,15 @@ _NEMO_TP_OVERLAP = Default(
     not_arch="moe",
 )
 
+_DDP_COPIES = (
+    "DistributedDataParallel(gradient_as_bucket_view=False) by default (torch/nn/parallel/distributed.py, "
+    "torch 2.13): Reducer::mark_variable_ready_dense runs at::mul_out(bucket_view, grad, 1/world) as each "
+    "gradient becomes ready (the default all-reduce hook's division, fused into the copy), and "
+    "finalize_backward's copy_bucket_to_grad runs grad.copy_(bucket_view) after the bucket's all-reduce "
+    "(torch/csrc/distributed/c10d/reducer.cpp); the docs: gradient_as_bucket_view=True 'avoids the overhead "
+    "of copying between gradients and allreduce communication buckets'"
+)
+
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
     for f in (
@@ -212,6 +226,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "eager",
             "plain PyTorch autograd: every op saves what its derivative formula reads",
             "torch 2.x",
+            ddp_bucket_copies=_DDP_COPIES,
         ),
         Framework(
             "megatron-2022",
@@ -440,6 +455,7 @@ FRAMEWORKS["composer"] = replace(
     "dtype>, reduce_dtype=torch.float32) (composer/distributed/mosaic_parallelism.py get_mixed_precision; "
     "composer/trainer/dist_strategy.py in 2023), and FSDP's post-backward hook casts the unsharded gradient to "
     "reduce_dtype before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
+    ddp_bucket_copies="",  # FSDP: its own flat parameters, no DDP reducer
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",

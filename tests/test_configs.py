@@ -80,7 +80,11 @@ def test_megatron_gpt3_175b_script_reproduces_the_default_compile() -> None:
                               "--framework", "megatron-2022", "--json"])  # fmt: skip
     a, b = json.loads(default.stdout), json.loads(era.stdout)
     assert b["plan"].pop("framework") == "megatron-2022" and a["plan"].pop("framework") == "eager"
-    assert a == b  # the 2021 framework's defaults are the default run's settings: only the name differs
+    # the 2021 framework's defaults are the default run's settings: only the name differs, and eager PyTorch's
+    # DDP copies its gradients into buckets and back where Megatron's local DDP reduces its contiguous buffer
+    assert a["plan"] == b["plan"] and a["memory"] == b["memory"] and a["params"] == b["params"]
+    copies = a["breakdown"]["compute.memory_bound"] - b["breakdown"]["compute.memory_bound"]
+    assert 0 < a["step_time_s"] - b["step_time_s"] <= copies * (1 + 1e-9) < 1e-3 * b["step_time_s"]
 
 
 def test_megatron_launch_line_devices_that_cannot_hold_the_layout_are_one_line() -> None:

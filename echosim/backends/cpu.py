@@ -41,6 +41,16 @@ FRESH_MEMORY_GBps = 10.0
 # glibc malloc (mallopt(3)): a block of at least M_MMAP_THRESHOLD (128 KiB at start) is mapped
 # for itself and unmapped when freed, and freed memory at the top of the heap beyond
 # M_TRIM_THRESHOLD is given back to the kernel. Smaller blocks are reused from the heap.
+# The threshold is dynamic: freeing a mapped block of up to DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on
+# 64-bit) raises it to that block's size and the trim threshold to twice that, so a block under
+# 32 MiB that a loop allocates and frees comes from the heap from its second round. Measured on this
+# 2-core VM (torch 2.13, one thread, CPU time): torch.zeros of 2.44 MiB in such a loop ~9 GB/s (eight
+# at once ~14 GB/s), of 40 MiB ~2.6 GB/s (mapped afresh every time). Inside the small DLRM's training
+# step (benchmarks/cpu_reality_nonllm.py under torch.profiler) the zero-fills of its eight 2.56 MB
+# table gradients run at ~3.7 GB/s, the fresh-page rate (calibrated 3.1 GB/s): with the step's other
+# allocations in between, the gradients freed by zero_grad(set_to_none=True) come back on fresh pages.
+# The heap's layout is not modelled, so the rule keeps the initial threshold, which the measured rows
+# support; one gradient under 32 MiB reused alone would be costed pessimistically.
 MMAP_THRESHOLD_BYTES = 128 * 1024
 # nn.EmbeddingBag on a CPU, beyond the bytes it moves (EmbeddingBag.cpp): each call (forward, and
 # backward again) builds its bookkeeping in a dozen small aten ops (offsets, offset2bag by zeros +

@@ -413,8 +413,8 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
         links = [p2p(s) for s in range(plan.pp)]
         timing = time_schedule(splan, [f for f, _ in fb], [b for _, b in fb], [x for x, _ in links],
                                [y for _, y in links]).layout(0)  # fmt: skip
-        tails = [(costs[s].dp_exposed + costs[s].step_end + costs[s].optimizer) * split[s] / max(1, layers[s])
-                 for s in range(plan.pp)]  # fmt: skip
+        tails = [(costs[s].dp_copies + costs[s].dp_exposed + costs[s].step_end + costs[s].optimizer)
+                 * split[s] / max(1, layers[s]) for s in range(plan.pp)]  # fmt: skip
         step = max(end + tail for end, tail in zip(timing.rank_ends, tails, strict=True))
         rows = [{"stage": s, "pool": cluster.pools[owner[s]].name, "device": cluster.pools[owner[s]].device,
                  "layers": split[s], "fwd_s": fb[s][0], "bwd_s": fb[s][1], **memory(s, split[s])}

@@ -313,6 +313,9 @@ class CollectiveAttrs:
     then NVLink to each expert's GPU) carries its layer's routed ``experts`` and choices
     per token ``top_k``; 0 for NCCL's all_to_all. Under group-limited routing a token's experts
     come from ``group_topk`` of ``groups`` equal groups of experts (0: any expert).
+    ``bucket_copy``: a gradient reduction whose
+    gradients the framework copies into a flat bucket before it and back after it (PyTorch DDP
+    with ``gradient_as_bucket_view=False``; the timeline costs the copies on the compute stream).
     """
 
     axis: Axis
@@ -323,13 +326,15 @@ class CollectiveAttrs:
     top_k: int = 0
     groups: int = 0
     group_topk: int = 0
+    bucket_copy: bool = False
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
         deepep = f" deepep experts={self.experts} top_k={self.top_k}" if self.top_k else ""
         if self.groups:
             deepep += f" groups={self.group_topk}/{self.groups}"
-        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}"
+        copy = " bucket_copy" if self.bucket_copy else ""
+        return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}{copy}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,8 @@ class DataParallel:
     # FSDP's MixedPrecision(reduce_dtype=None) with 16-bit parameters); a framework that casts the
     # gradients up before the collective (Composer's 'DEFAULT' mixed precision) sets fp32.
     fsdp_reduce_dtype: DType | None = None
+    # PyTorch DDP's reducer copies each gradient into its bucket and back (``CollectiveAttrs.bucket_copy``)
+    bucket_copies: bool = False
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -75,7 +77,8 @@ class DataParallel:
         for b in range(buckets):
             size = nbytes // buckets
             spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
-            g.add(kind, grads, spec, CollectiveAttrs(Axis.DP, self.dp, size, Role.GRAD_SYNC),
+            copy = self.bucket_copies and kind is OpKind.ALL_REDUCE
+            g.add(kind, grads, spec, CollectiveAttrs(Axis.DP, self.dp, size, Role.GRAD_SYNC, bucket_copy=copy),
                   phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
 
     def _fsdp(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
@@ -91,6 +94,21 @@ class DataParallel:
         g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec,
               CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
               name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+
+
+#: Bytes PyTorch DDP's reducer moves per byte of a bucket it all-reduces (``gradient_as_bucket_view=False``):
+#: ``mul_out(bucket_view, grad, 1/world)`` reads the gradient and writes the bucket as the gradient becomes
+#: ready, and ``grad.copy_(bucket_view)`` reads the bucket and writes the gradient after the all-reduce
+#: (torch/csrc/distributed/c10d/reducer.cpp, torch 2.13). Two passes over the bucket each way.
+DDP_COPY_BYTES_PER_BYTE = 2
+
+
+def bucket_copy_bytes(node: Node) -> tuple[int, int]:
+    """Bytes of DDP's copy of a gradient bucket into it before its all-reduce and back after: (in, out)."""
+    a = node.attrs
+    if not isinstance(a, CollectiveAttrs) or not a.bucket_copy:
+        return 0, 0
+    return DDP_COPY_BYTES_PER_BYTE * a.bytes, DDP_COPY_BYTES_PER_BYTE * a.bytes
 
 
 def sparse_table(node: Node) -> bool:

@@ -74,8 +74,15 @@ def _data_parallel(plan: Any) -> object:
     # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the parameters' dtype unless the
     # framework's mixed precision casts the gradients to fp32 first (Framework.fsdp_reduce_fp32)
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
+    # PyTorch DDP's reducer copies gradients into its buckets; TorchRec wraps the dense part of a sharded
+    # model in DDP with gradient_as_bucket_view=True (DefaultDataParallelWrapper._ddp_wrap,
+    # torchrec/distributed/model_parallel.py), so its gradients are bucket views and nothing is copied
+    torchrec = plan.embedding_sharding != "none"
+    copies = plan.zero == 0 and not torchrec and bool(get_framework(plan.framework).ddp_bucket_copies)
     fsdp_reduce = DType.FP32 if get_framework(plan.framework).fsdp_reduce_fp32 else None
-    return DataParallel(plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce)
+    return DataParallel(
+        plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies
+    )
 
 
 def _optimizer(plan: Any) -> object:

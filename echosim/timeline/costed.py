@@ -66,6 +66,7 @@ class StageCost:
     graph: Graph = field(repr=False)
     vstages: tuple[int, ...] = ()  # the virtual stages that share this lowering (same shape)
     base: Graph | None = field(default=None, repr=False)  # the stage graph before the stage-level passes
+    dp_copies: float = 0.0  # PyTorch DDP's copies of the gradients into their buckets and back (compute stream)
 
     @property
     def step_end(self) -> float:
@@ -82,7 +83,7 @@ class TailTask(NamedTuple):
     """A task of a rank's step tail, after its last block."""
 
     rank: int
-    task: str  # "dp", "step_end" or "optimizer"
+    task: str  # "dp_copies", "dp", "step_end" or "optimizer"
     name: str
     stream: str
     category: str
@@ -210,6 +211,8 @@ class CostedGraph:
                 for category, sec in unit.busy.items():
                     out[category] = out.get(category, 0.0) + sec * count * self.microbatches
             out["comm.dp"] = out.get("comm.dp", 0.0) + stage.dp_busy
+            if stage.dp_copies:
+                out["compute.memory_bound"] = out.get("compute.memory_bound", 0.0) + stage.dp_copies
             for axis, sec in stage.step_end_comm.items():
                 out[f"comm.{axis}"] = out.get(f"comm.{axis}", 0.0) + sec
         optimizer = sum(t.duration for t in self.rank_tail(rank) if t.task == "optimizer")

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from echosim.backends.base import Backend, Placement
 from echosim.backends.deepep import deepep_time_s
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, Phase, Role
+from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
+from echosim.ir.types import DType, TensorSpec
 from echosim.memo import Memo
+from echosim.passes.data_parallel import DDP_COPY_BYTES_PER_BYTE
 from echosim.passes.flops import io_bytes
 from echosim.passes.memory import added_nodes
 from echosim.passes.pipeline import Stage
@@ -85,6 +87,34 @@ class Coster:
         io = io_bytes(self.graph, node)
         key = (backend, node.op, node.attrs, node.out, node.phase, io)
         return _COSTS.get(key, lambda: backend.op_time_s(node, io))
+
+    def bucket_copies(self, node: Node) -> tuple[float, float]:
+        """Seconds of PyTorch DDP's copies of one gradient bucket on the compute stream: into the bucket
+        as its gradients become ready, and back into them after its all-reduce (``bucket_copy``; else 0, 0).
+
+        The reducer copies gradient by gradient, so each gradient is one memory-bound kernel moving
+        :data:`~echosim.passes.data_parallel.DDP_COPY_BYTES_PER_BYTE` times its bytes in the bucket's
+        dtype; a scope whose gradients fill several buckets gives each bucket its share.
+        """
+        a = node.attrs
+        if not isinstance(a, CollectiveAttrs) or not a.bucket_copy:
+            return 0.0, 0.0
+        sizes = [self.graph[i].out.numel for i in node.inputs]
+        total = sum(sizes) * node.out.dtype.itemsize
+        if total <= 0:
+            return 0.0, 0.0
+        share = a.bytes / total
+        into = sum(self._copy_s("mul", numel, node.out.dtype) for numel in sizes)  # mul_out(view, grad, 1/world)
+        back = sum(self._copy_s("copy", numel, node.out.dtype) for numel in sizes)  # grad.copy_(view)
+        return into * share, back * share
+
+    def _copy_s(self, fn: str, numel: int, dtype: DType) -> float:
+        spec = TensorSpec((max(1, numel),), dtype)
+        attrs = ElementwiseAttrs(fn)
+        io = DDP_COPY_BYTES_PER_BYTE * spec.nbytes
+        key = (self.backend, OpKind.ELEMENTWISE, attrs, spec, Phase.BACKWARD, io)
+        node = Node(-1, OpKind.ELEMENTWISE, (), spec, attrs, Phase.BACKWARD, name=f"ddp.bucket_{fn}")
+        return _COSTS.get(key, lambda: self.backend.op_time_s(node, io))
 
 
 #: Bytes a rank must receive at least, as a share of a collective's nccl-tests buffer over ``n`` ranks,
@@ -244,7 +274,9 @@ def lower_stage(
 
     grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
     grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)  # dense buckets, then the experts' share
-    dp_exposed, dp_busy = _dp_tail(graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown)
+    dp_exposed, dp_busy, dp_copies = _dp_tail(
+        graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown
+    )
     step_end: dict[str, float] = {}
     for n in tail:
         if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END:
@@ -254,7 +286,7 @@ def lower_stage(
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
-        dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base,
+        dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base, dp_copies,
     )  # fmt: skip
 
 
@@ -376,32 +408,42 @@ def _dp_tail(
     bwd_units: list[tuple[UnitTiming, int]],
     overlap_dp: bool,
     slowdown: float,
-) -> tuple[float, float]:
-    """Exposed seconds of the gradient reduction after the last backward, and its busy time.
+) -> tuple[float, float, float]:
+    """Exposed seconds of the gradient reduction after the last backward, its busy time, and the
+    seconds of DDP's bucket copies (:meth:`Coster.bucket_copies`).
 
     Buckets of the repeated block become ready one layer at a time during the last
     micro-batch's backward; the rest are ready when it ends. Compute that runs
     beside a bucket is slowed by ``slowdown``; that extra time counts as exposed.
+    DDP's copies into the buckets run on the compute stream as each layer's gradients
+    become ready (they stretch the last backward and delay the reductions); its copies
+    back run after the reductions. Both count whole, apart from the exposed reduction.
     """
     if not nodes:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     (first, _), (block, layers), _last = bwd_units[:3]
-    per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
-    rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
+    inside = [n for n in nodes if graph.block_of(n) is not None]
+    outside = [n for n in nodes if graph.block_of(n) is None]
+    per_layer = sum(cost(n) for n in inside)
+    rest = sum(cost(n) for n in outside)
+    copy_layer = sum(cost.bucket_copies(n)[0] for n in inside)
+    copy_rest = sum(cost.bucket_copies(n)[0] for n in outside)
+    copies = copy_layer * layers + copy_rest + sum(cost.bucket_copies(n)[1] for n in nodes)
     total_bwd = first.duration + repeated(block, layers) + _last[0].duration
     busy = per_layer * layers + rest
     if not overlap_dp:
-        return busy, busy
+        return busy, busy, copies
+    total_bwd += copy_layer * layers + copy_rest  # the last backward with its copies into the buckets
     comm_end = 0.0
     overlapped = 0.0
     for j in range(1, layers + 1):
-        ready = first.duration + j * block.period
+        ready = first.duration + j * (block.period + copy_layer)
         start = max(ready, comm_end)
         comm_end = start + per_layer
         overlapped += max(0.0, min(comm_end, total_bwd) - start)
     comm_end = max(comm_end, total_bwd) + rest
     exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
-    return exposed, busy
+    return exposed, busy, copies
 
 
 def _shape_key(stage: Stage, last: int) -> tuple[bool, bool, int]:
@@ -487,6 +529,11 @@ def _tails(costs: list[StageCost], schedule: ScheduleTiming | SequentialTiming, 
         t = schedule.rank_ends[r]
         exposed = costs[schedule.plan.rank_vstage[r]].dp_exposed
         busy = sum(c.dp_busy for c in mine)
+        copies = sum(c.dp_copies for c in mine)
+        if copies > 0:  # PyTorch DDP: into the buckets during the last backward, back after the reductions
+            name = "DDP bucket copies (gradients into buckets / world, buckets back)"
+            tails.append(TailTask(r, "dp_copies", name, "compute", "compute.memory_bound", t, copies))
+            t += copies
         tails.append(TailTask(r, "dp", "dp grad reduction (exposed)", "comm", "comm.dp", t, exposed, busy))
         t += exposed
         for c in mine:
