@@ -70,6 +70,7 @@ def attention_key(a: AttentionAttrs, backward: bool) -> str:
     return (
         f"batch={a.batch},heads={a.heads},kv_heads={a.kv_heads},q={a.q_len},kv={a.kv_len},d={a.head_dim},"
         f"causal={int(a.causal)},flash={int(a.flash)},bwd={int(backward)}"
+        + (f",window={a.window}" if a.window is not None else "")
     )
 
 
