@@ -201,3 +201,24 @@ def test_context_parallel_refuses_a_window() -> None:
     g = capture(TINY_LLAMA.with_(sliding_window=8, seq_len=32))
     with pytest.raises(LayoutError, match="sliding-window"):
         run_passes(g, [ContextParallel(2)])
+
+
+def test_golden_local_global_block_through_tp_autodiff_and_pipeline() -> None:
+    """Golden IR of a (local, global) block: the window survives tensor parallelism and autodiff, and
+    pipeline stages hold whole blocks."""
+    from conftest import check_golden
+
+    from echosim.ir import print_graph, verify
+    from echosim.passes.pipeline import PipelineParallel
+    from echosim.passes.tensor_parallel import TensorParallel
+
+    g = capture(TINY_LLAMA.with_(layers=4, seq_len=32, sliding_window=8, global_layer_step=2))
+    joint = run_passes(g, [TensorParallel(2), Autodiff()])
+    text = print_graph(joint)
+    assert text.count("causal window=8") == 2  # forward and backward of the local layer
+    check_golden("tp2_autodiff_local_global_llama.txt", text)
+    stages = PipelineParallel(2).split(joint)
+    assert [s.layers for s in stages] == [1, 1]
+    for s in stages:
+        verify(s.graph)
+        assert print_graph(s.graph).count("causal window=8") == 2
