@@ -237,7 +237,7 @@ def _flash_steps(dev: DeviceSpec, a: AttentionAttrs) -> float:
     """Makespan, in inner-loop steps of one SM, of the flash grid (one CTA per query block)."""
     bq, bkv = FLASH_BLOCK_Q, FLASH_BLOCK_KV[dev.arch]
     if a.causal:
-        per_q_block = band_kv_blocks(a.q_len, a.kv_len, bq, bkv, a.window)
+        per_q_block = band_kv_blocks(a.q_len, a.kv_len, bq, bkv, a.window or None)
     else:
         per_q_block = [math.ceil(a.kv_len / bkv)] * math.ceil(a.q_len / bq)
     ctas = a.batch * a.heads

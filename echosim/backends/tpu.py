@@ -245,7 +245,7 @@ def attention_keep(a: AttentionAttrs) -> float:
 
     if not a.causal:
         return 1.0
-    if a.window is None:
+    if not a.window:
         return causal_fraction(a.q_len, a.kv_len)
     blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window)
     return min(1.0, sum(blocks) * SPLASH_BLOCK * SPLASH_BLOCK / (a.q_len * a.kv_len))

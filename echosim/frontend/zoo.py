@@ -172,6 +172,10 @@ def _gpt(layers: int, hidden: int, heads: int, head_dim: int = 0, desc: str = ""
 _GPT3 = "GPT-3 paper (Brown et al. 2020, arXiv:2005.14165) Table 2.1; Megatron vocab 51200"
 _L2 = "Llama 2 (Touvron et al. 2023, arXiv:2307.09288) / HF config"
 _L3 = "Llama 3 herd (Dubey et al. 2024, arXiv:2407.21783) Table 3 / HF config"
+_MISTRAL = (
+    "Mistral 7B v0.1 (Jiang et al. 2023, arXiv:2310.06825) Table 1 / HF config: every layer attends within a "
+    "4096-token sliding window, context 8192"
+)
 
 ZOO: dict[str, ArchConfig] = {
     "gpt3-125m": _gpt(12, 768, 12, desc=_GPT3),
@@ -188,6 +192,9 @@ ZOO: dict[str, ArchConfig] = {
     "llama3-8b": ArchConfig("llama", 32, 4096, 32, 128256, ffn=14336, kv_heads=8, seq_len=8192, description=_L3),
     "llama3-70b": ArchConfig("llama", 80, 8192, 64, 128256, ffn=28672, kv_heads=8, seq_len=8192, description=_L3),
     "llama3-405b": ArchConfig("llama", 126, 16384, 128, 128256, ffn=53248, kv_heads=8, seq_len=8192, description=_L3),
+    "mistral-7b": ArchConfig(
+        "llama", 32, 4096, 32, 32000, ffn=14336, kv_heads=8, seq_len=8192, sliding_window=4096, description=_MISTRAL
+    ),
 }
 
 _MIXTRAL = "Mixtral of Experts (Jiang et al. 2024, arXiv:2401.04088) Table 1 / HF config"
@@ -270,6 +277,7 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "llama3-8b": 8.03e9,
     "llama3-70b": 70.6e9,
     "llama3-405b": 405.9e9,
+    "mistral-7b": 7.24e9,  # 7,241,732,096 in the HF checkpoint
     "mixtral-8x7b": 46.7e9,
     "mixtral-8x22b": 141e9,
     "qwen3-30b-a3b": 30.5e9,

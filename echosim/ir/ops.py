@@ -197,7 +197,7 @@ class AttentionAttrs:
     (see :mod:`echosim.passes.context_parallel`).
 
     ``window``: sliding-window (local) attention, each query sees the ``window`` most recent keys
-    itself included (:func:`band_pairs`); ``None``: full causal attention. Only a causal
+    itself included (:func:`band_pairs`); 0: full causal attention. Only a causal
     attention has one.
     """
 
@@ -212,16 +212,16 @@ class AttentionAttrs:
     kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
     model_scale: float = 1.0
     dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
-    window: int | None = None  # sliding window in keys (None: full attention)
+    window: int = 0  # sliding window in keys (0: full attention)
 
     def __post_init__(self) -> None:
-        if self.window is not None and (self.window < 1 or not self.causal):
-            raise ValueError(f"a sliding window needs causal attention and window >= 1, got {self.window}")
+        if self.window < 0 or (self.window and not self.causal):
+            raise ValueError(f"a sliding window needs causal attention and window >= 1 (0: none), got {self.window}")
 
     @property
     def keep(self) -> float:
         """Share of the score matrix the mask keeps: the causal band (within the window), or all of it."""
-        return band_fraction(self.q_len, self.kv_len, self.window) if self.causal else 1.0
+        return band_fraction(self.q_len, self.kv_len, self.window or None) if self.causal else 1.0
 
     @property
     def flops(self) -> int:
