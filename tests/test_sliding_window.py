@@ -227,3 +227,20 @@ def test_golden_local_global_block_through_tp_autodiff_and_pipeline() -> None:
     for s in stages:
         verify(s.graph)
         assert print_graph(s.graph).count("causal window=8") == 2
+
+
+def test_hf_gemma3_layer_types_give_five_local_layers_to_one_global(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    import json
+
+    from echosim.frontend import hf
+    from echosim.frontend.spec import CaptureSpec
+
+    config = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 12,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+              "sliding_window": 32, "sliding_window_pattern": 6, "max_position_embeddings": 256}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cap, _ = hf.capture_config(hf.build_config(tmp_path / "config.json"), CaptureSpec(1, 128), "g3")
+    layers = [(n.attrs.window, cap.graph.multiplicity(n)) for n in cap.graph if n.op is OpKind.ATTENTION]
+    # the first five local layers fold; the global ones (5, 11) have no window
+    assert sum(m for w, m in layers if w == 32) == 10 and sum(m for w, m in layers if w == 0) == 2
