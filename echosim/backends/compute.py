@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 
 from echosim.backends.devices import DeviceSpec
-from echosim.ir.ops import AttentionAttrs, causal_fraction
+from echosim.ir.ops import AttentionAttrs, causal_fraction  # noqa: F401  (re-exported: cpu, tpu, cost)
 
 # Operand reuse (MACs per loaded element, tm*tn/(tm+tn) for a tile) at which a tile runs
 # at half its peak: tensor FMAs per clock over the operand elements shared memory delivers
@@ -212,13 +212,24 @@ def memory_bound_time_s(dev: DeviceSpec, nbytes: int, kernels: int = 1) -> float
 # ---- attention -----------------------------------------------------------------------
 
 
-def _causal_kv_blocks(q: int, kv: int, block_q: int, block_kv: int) -> list[int]:
-    """Key blocks each query block visits under a bottom-right aligned causal mask."""
+def band_kv_blocks(q: int, kv: int, block_q: int, block_kv: int, window: int | None = None) -> list[int]:
+    """Key blocks each query block visits under a bottom-right aligned causal mask, within a sliding
+    ``window`` (:func:`echosim.ir.ops.band_pairs`); ``None``: every block up to the diagonal.
+
+    A block partly inside the band is computed whole (masked); blocks wholly outside are skipped.
+    FlashAttention's local path bounds its key-block loop the same way: ``n_block_min`` is the block
+    holding the first query row's first visible key, ``n_block_max`` the one holding the last row's
+    last key (Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_kernel.h ``Is_local``;
+    hopper/block.h ``get_n_block_min_max``). Splash attention keeps the same block-sparse map from its
+    ``LocalMask`` (jax.experimental.pallas.ops.tpu.splash_attention ``MaskInfo``).
+    """
     blocks = []
+    offset = kv - q
     for i in range(math.ceil(q / block_q)):
-        last_row = min((i + 1) * block_q, q) - 1
-        keys = min(kv, last_row + (kv - q) + 1)
-        blocks.append(max(0, math.ceil(keys / block_kv)))
+        first_row, last_row = i * block_q, min((i + 1) * block_q, q) - 1
+        hi = min(kv, last_row + offset + 1)  # one past the last row's last visible key
+        lo = 0 if window is None else max(0, first_row + offset + 1 - window)  # the first row's first key
+        blocks.append(max(0, math.ceil(hi / block_kv) - lo // block_kv) if hi > lo else 0)
     return blocks
 
 
@@ -226,7 +237,7 @@ def _flash_steps(dev: DeviceSpec, a: AttentionAttrs) -> float:
     """Makespan, in inner-loop steps of one SM, of the flash grid (one CTA per query block)."""
     bq, bkv = FLASH_BLOCK_Q, FLASH_BLOCK_KV[dev.arch]
     if a.causal:
-        per_q_block = _causal_kv_blocks(a.q_len, a.kv_len, bq, bkv)
+        per_q_block = band_kv_blocks(a.q_len, a.kv_len, bq, bkv, a.window or None)
     else:
         per_q_block = [math.ceil(a.kv_len / bkv)] * math.ceil(a.q_len / bq)
     ctas = a.batch * a.heads
@@ -299,7 +310,11 @@ def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backw
 
 
 def math_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """Unfused attention: batched matmuls plus softmax (and mask) passes over the scores."""
+    """Unfused attention: batched matmuls plus softmax (and mask) passes over the scores.
+
+    The math path (PyTorch's ``_scaled_dot_product_attention_math``, an eager ``softmax(QK^T + mask) V``)
+    computes and stores the whole q x kv score matrix whatever the mask keeps: a sliding window
+    costs here what full causal attention costs."""
     bh = a.batch * a.heads
     score_bytes = bh * a.q_len * a.kv_len * itemsize(dtype)
     qk = matmul_time_s(dev, a.q_len, a.kv_len, a.head_dim, bh, dtype)
@@ -342,5 +357,5 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
 
 
 def attention_flops(a: AttentionAttrs) -> float:
-    """Forward FLOPs the kernel actually does (a causal mask skips about half)."""
-    return float(a.flops) * (causal_fraction(a.q_len, a.kv_len) if a.causal else 1.0)
+    """Forward FLOPs of the scores the mask keeps (a causal mask about half, a sliding window its band)."""
+    return float(a.flops) * a.keep

@@ -223,7 +223,9 @@ def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool
     """Two batched GEMMs and a softmax over the scores; causal kernels skip the masked half.
 
     PyTorch's CPU attention (the flash kernel for fp32/bf16, the math path otherwise) does
-    this work; the softmax's exponentials run at the vector-math rate.
+    this work; the softmax's exponentials run at the vector-math rate. A sliding window is not
+    skipped: PyTorch's CPU SDPA has no window argument, a windowed model passes a mask, and the
+    masked kernels compute every block up to the diagonal.
     """
     from echosim.backends.compute import causal_fraction
 

@@ -231,18 +231,37 @@ def memory_bound_time_s(chip: TPUSpec, nbytes: int) -> float:
     return nbytes / (chip.hbm_GBps * 1e9 * chip.hbm_stream_fraction) + FUSION_OVERHEAD_US * 1e-6
 
 
-def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """Splash/flash attention on the MXU: the two products per block, padded, causal blocks skipped."""
-    from echosim.backends.compute import causal_fraction
+#: Splash attention's query and key block (MaxText ``sa_block_q`` / ``sa_block_kv``, default 512:
+#: src/maxtext/configs/base.yml and types.py ``SplashAttention``). Only a sliding window is costed at
+#: this granularity (the blocks its ``LocalMask`` leaves non-empty); full causal attention keeps its
+#: exact half, which 512-blocks exceed by 1/(2n) of n diagonal blocks.
+SPLASH_BLOCK = 512
 
-    keep = causal_fraction(a.q_len, a.kv_len) if a.causal else 1.0
+
+def attention_keep(a: AttentionAttrs) -> float:
+    """Share of the score matrix splash attention computes: the causal half, or, with a sliding window,
+    the 512 x 512 blocks its band touches (partly covered blocks are computed whole)."""
+    from echosim.backends.compute import band_kv_blocks, causal_fraction
+
+    if not a.causal:
+        return 1.0
+    if not a.window:
+        return causal_fraction(a.q_len, a.kv_len)
+    blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window)
+    return min(1.0, sum(blocks) * SPLASH_BLOCK * SPLASH_BLOCK / (a.q_len * a.kv_len))
+
+
+def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """Splash/flash attention on the MXU: the two products per block, padded, masked blocks skipped.
+
+    Materialised (``flash`` off) attention computes and stores every score, masked or not."""
     qk = matmul_time_s(chip, a.q_len, a.kv_len, a.head_dim, a.batch * a.heads, dtype)
     pv = matmul_time_s(chip, a.q_len, a.head_dim, a.kv_len, a.batch * a.heads, dtype)
     if not a.flash:  # materialised scores: write, softmax read + write, read
         score_bytes = a.batch * a.heads * a.q_len * a.kv_len * _itemsize(dtype)
         passes = 4 if not backward else 6
         return (qk + pv) * (2.5 if backward else 1.0) + memory_bound_time_s(chip, passes * score_bytes)
-    return (qk + pv) * keep * (2.5 if backward else 1.0)
+    return (qk + pv) * attention_keep(a) * (2.5 if backward else 1.0)
 
 
 # ---- collectives -----------------------------------------------------------------------

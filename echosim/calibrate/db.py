@@ -69,7 +69,7 @@ def matmul_key(m: int, n: int, k: int, batch: int = 1) -> str:
 def attention_key(a: AttentionAttrs, backward: bool) -> str:
     return (
         f"batch={a.batch},heads={a.heads},kv_heads={a.kv_heads},q={a.q_len},kv={a.kv_len},d={a.head_dim},"
-        f"causal={int(a.causal)},flash={int(a.flash)},bwd={int(backward)}"
+        f"causal={int(a.causal)},flash={int(a.flash)},bwd={int(backward)}" + (f",window={a.window}" if a.window else "")
     )
 
 

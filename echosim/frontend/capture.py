@@ -200,3 +200,16 @@ def _check_model(cfg: ArchConfig) -> None:
             f"interleaved MoE layers (moe_layer_step {step}) need layers divisible by the step and no "
             f"dense first layers (got {cfg.layers} layers, {cfg.dense_layers} dense)"
         )
+    if cfg.sliding_window < 0 or cfg.global_layer_step < 0:
+        raise EchosimError(
+            f"sliding_window and global_layer_step must be >= 0 (got {cfg.sliding_window}, {cfg.global_layer_step})"
+        )
+    if cfg.sliding_window and (cfg.arch == "gpt" or cfg.mla):
+        raise EchosimError("sliding-window attention is built for llama-style (GQA) attention only")
+    block = cfg.layers_per_block
+    if block > 1 and (cfg.layers % block or (cfg.arch == "moe" and cfg.dense_layers)):
+        raise EchosimError(
+            f"interleaved layers repeat as blocks of {block} (moe_layer_step {cfg.moe_layer_step}, "
+            f"global_layer_step {cfg.global_layer_step}): layers must be divisible by it and no dense first "
+            f"layers (got {cfg.layers} layers, {cfg.dense_layers} dense)"
+        )

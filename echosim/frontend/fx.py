@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from echosim.frontend import moe_ops
+from echosim.frontend import attention_ops, moe_ops
 from echosim.frontend.fold import capture_folded
 from echosim.frontend.spec import Capture, CaptureError
 from echosim.ir.graph import Graph
@@ -267,6 +267,16 @@ def _sdpa(c: _Converter, node: fx.Node) -> None:
     c.emit(node, OpKind.ATTENTION, [q, k, v, *mask], attrs)
 
 
+def _local_sdpa(c: _Converter, node: fx.Node) -> None:
+    """:func:`attention_ops.local_attention`: causal attention within a sliding window of keys."""
+    q, k, v = c.tensors(node.args[:3])
+    qs, ks, vs = c.graph[q].out.shape, c.graph[k].out.shape, c.graph[v].out.shape
+    window = int(node.kwargs.get("window", node.args[3] if len(node.args) > 3 else 0))
+    batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
+    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, True, window=window)
+    c.emit(node, OpKind.ATTENTION, [q, k, v], attrs)
+
+
 def _fn_linear(c: _Converter, node: fx.Node) -> None:
     ins = c.tensors(node.args)
     _linear(c, node, ins[0], ins[1], ins[2] if len(ins) > 2 else None)
@@ -417,6 +427,7 @@ _FUNCTIONS: dict[Any, Rule] = {
     moe_ops.moe_dispatch: _moe_permute("moe_dispatch"),
     moe_ops.moe_combine: _moe_permute("moe_combine"),
     moe_ops.grouped_mm: _grouped_mm,
+    attention_ops.local_attention: _local_sdpa,
 }
 
 

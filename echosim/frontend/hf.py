@@ -17,6 +17,7 @@ no mask arithmetic is costed. The loss is added by :mod:`echosim.frontend.loss`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -210,6 +211,60 @@ def _logits_only(model: Any) -> Any:
     return CausalLM(model)
 
 
+def layer_windows(config: Any) -> dict[int, int]:
+    """The sliding window of each local decoder layer, by layer index, from a transformers config.
+
+    ``sliding_window`` is the window (HF: a query sees the ``sliding_window`` latest keys, itself
+    included); which layers use it comes from ``layer_types`` (``"sliding_attention"``: Gemma 3,
+    gpt-oss, Qwen2 with ``use_sliding_window``), else from ``sliding_window_pattern`` (older Gemma 3
+    configs: every pattern-th layer is global), else every layer (Mistral 7B v0.1). A config with
+    ``use_sliding_window: false`` (Qwen2's default) has none.
+    """
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return {}
+    if getattr(config, "use_sliding_window", True) is False:
+        return {}
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, (list, tuple)) and types:
+        return {i: window for i, t in enumerate(types) if t == "sliding_attention"}
+    pattern = getattr(config, "sliding_window_pattern", None)
+    if isinstance(pattern, int) and pattern > 1:
+        return {i: window for i in range(layers) if (i + 1) % pattern}
+    return dict.fromkeys(range(layers), window)
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def apply_windows(graph: Any, windows: dict[int, int]) -> int:
+    """Give the causal attention ops of the local layers their window; returns how many ops got one.
+
+    The capture's attention is plain causal SDPA (:func:`_attention`); the scope names the layer
+    (``model.layers.7.self_attn``). Folded runs hold layers of one kind (a layer's window is one of
+    the settings :func:`echosim.frontend.fold.signature` compares), so the first layer's index speaks
+    for the run.
+    """
+    from dataclasses import replace as _replace
+
+    from echosim.ir.ops import AttentionAttrs, OpKind
+
+    if not windows:
+        return 0
+    changed = 0
+    for node in list(graph):
+        if node.op is not OpKind.ATTENTION or not isinstance(node.attrs, AttentionAttrs) or not node.attrs.causal:
+            continue
+        m = _LAYER.search(node.scope)
+        if m is None or (window := windows.get(int(m.group(1)))) is None:
+            continue
+        if window < node.attrs.kv_len:  # a window as long as the sequence is full causal attention
+            graph.replace(node.id, attrs=_replace(node.attrs, window=window))
+            changed += 1
+    return changed
+
+
 def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = True) -> tuple[Capture, int]:
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
@@ -241,6 +296,13 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
     except CaptureError as exc:
         raise EchosimError(f"{name}: {exc}") from None
     ensure_loss(cap.graph, notes)
+    windows = layer_windows(config)
+    if apply_windows(cap.graph, windows):
+        layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        notes.append(
+            f"sliding-window attention of {max(windows.values())} keys on {len(windows)} of {layers} layers "
+            "(config sliding_window, layer_types)"
+        )
     cap.notes.extend(Note(n) if not isinstance(n, Note) else n for n in notes)
     captured = cap.graph.param_count()
     if captured != total:

@@ -17,6 +17,7 @@ Shapes come from the papers and model cards cited per entry.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,6 +56,14 @@ class ArchConfig:
     # MaxText (src/maxtext/models/llama4.py ``determine_is_moe_layer``, commit e591f30). Llama 4
     # Maverick: 2 (MaxText configs/models/llama4-17b-128e.yml line 37); 1: every layer (after dense_layers).
     moe_layer_step: int = 1
+    # Sliding-window (local) attention: a local layer's query sees the sliding_window most recent keys,
+    # itself included (HF transformers ``sliding_window``); 0: every layer attends to all earlier keys.
+    # With a window, layer i (from 0) is global (full attention) when (i + 1) % global_layer_step == 0,
+    # the rule of HF's Gemma 3 config (``sliding_window_pattern`` 6 -> ``layer_types``, five local then
+    # one global) and of gpt-oss's (``layer_types`` alternating sliding / full: step 2); 0: every layer
+    # is local (Mistral 7B v0.1).
+    sliding_window: int = 0
+    global_layer_step: int = 0
 
     @property
     def ffn_hidden(self) -> int:
@@ -99,10 +108,20 @@ class ArchConfig:
         """How many layers hold experts (0 for a dense model)."""
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
+    def attention_window(self, index: int) -> int | None:
+        """The sliding window of layer ``index`` (from 0); ``None``: full (global) attention."""
+        if self.sliding_window <= 0:
+            return None
+        step = self.global_layer_step
+        return None if step > 0 and (index + 1) % step == 0 else self.sliding_window
+
     @property
     def layers_per_block(self) -> int:
-        """Layers of the block that repeats: ``moe_layer_step`` dense-then-MoE layers, else one."""
-        return self.moe_layer_step if self.arch == "moe" and self.moe_layer_step > 1 else 1
+        """Layers of the block that repeats: ``moe_layer_step`` dense-then-MoE layers, ``global_layer_step``
+        local-then-global layers, both when both interleave (their least common multiple), else one."""
+        moe = self.moe_layer_step if self.arch == "moe" and self.moe_layer_step > 1 else 1
+        local = self.global_layer_step if self.sliding_window > 0 and self.global_layer_step > 1 else 1
+        return math.lcm(moe, local)
 
     def active_params(self) -> int:
         """Parameters one token runs through: routed experts count top_k of ``experts``."""
@@ -153,6 +172,10 @@ def _gpt(layers: int, hidden: int, heads: int, head_dim: int = 0, desc: str = ""
 _GPT3 = "GPT-3 paper (Brown et al. 2020, arXiv:2005.14165) Table 2.1; Megatron vocab 51200"
 _L2 = "Llama 2 (Touvron et al. 2023, arXiv:2307.09288) / HF config"
 _L3 = "Llama 3 herd (Dubey et al. 2024, arXiv:2407.21783) Table 3 / HF config"
+_MISTRAL = (
+    "Mistral 7B v0.1 (Jiang et al. 2023, arXiv:2310.06825) Table 1 / HF config: every layer attends within a "
+    "4096-token sliding window, context 8192"
+)
 
 ZOO: dict[str, ArchConfig] = {
     "gpt3-125m": _gpt(12, 768, 12, desc=_GPT3),
@@ -169,11 +192,18 @@ ZOO: dict[str, ArchConfig] = {
     "llama3-8b": ArchConfig("llama", 32, 4096, 32, 128256, ffn=14336, kv_heads=8, seq_len=8192, description=_L3),
     "llama3-70b": ArchConfig("llama", 80, 8192, 64, 128256, ffn=28672, kv_heads=8, seq_len=8192, description=_L3),
     "llama3-405b": ArchConfig("llama", 126, 16384, 128, 128256, ffn=53248, kv_heads=8, seq_len=8192, description=_L3),
+    "mistral-7b": ArchConfig(
+        "llama", 32, 4096, 32, 32000, ffn=14336, kv_heads=8, seq_len=8192, sliding_window=4096, description=_MISTRAL
+    ),
 }
 
 _MIXTRAL = "Mixtral of Experts (Jiang et al. 2024, arXiv:2401.04088) Table 1 / HF config"
 _QWEN3 = "Qwen3 technical report (arXiv:2505.09388) Table 2 / HF config"
-_OSS = "gpt-oss-120b model card (arXiv:2508.10925) / HF config; sliding-window layers costed as full attention"
+_OSS = (
+    "gpt-oss-120b model card (arXiv:2508.10925 sec. 2.1: layers alternate between banded-window attention of "
+    "128 tokens and full attention) / HF config openai/gpt-oss-120b (``sliding_window`` 128, ``layer_types`` "
+    "sliding_attention, full_attention, ...); the attention sinks are left out"
+)
 _GROK = "Grok-1 open release (github.com/xai-org/grok-1) config; cases.csv dgxc2504 rows"
 _DSV3 = (
     "DeepSeek-V3 technical report (arXiv:2412.19437) sec. 4.2 / HF config: MLA (kv_lora 512, q_lora 1536, "
@@ -217,7 +247,9 @@ ZOO.update(
         "mixtral-8x22b": _moe(56, 6144, 48, 8, 32768, 8, 2, 16384, 4096, _MIXTRAL),
         "qwen3-30b-a3b": _moe(48, 2048, 32, 4, 151936, 128, 8, 768, 4096, _QWEN3, head_dim=128),
         "qwen3-235b-a22b": _moe(94, 4096, 64, 4, 151936, 128, 8, 1536, 4096, _QWEN3, head_dim=128),
-        "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64),
+        "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64).with_(
+            sliding_window=128, global_layer_step=2
+        ),
         "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
         "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),
         "llama4-maverick": _moe(48, 5120, 40, 8, 202048, 128, 1, 8192, 8192, _L4, head_dim=128, shared=1).with_(
@@ -245,6 +277,7 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "llama3-8b": 8.03e9,
     "llama3-70b": 70.6e9,
     "llama3-405b": 405.9e9,
+    "mistral-7b": 7.24e9,  # 7,241,732,096 in the HF checkpoint
     "mixtral-8x7b": 46.7e9,
     "mixtral-8x22b": 141e9,
     "qwen3-30b-a3b": 30.5e9,

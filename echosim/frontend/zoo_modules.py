@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from echosim.frontend.attention_ops import local_attention
 from echosim.frontend.moe_ops import grouped_mm, moe_combine, moe_dispatch
 from echosim.frontend.zoo import ArchConfig
 
@@ -21,6 +22,7 @@ from echosim.frontend.zoo import ArchConfig
 torch.fx.wrap("moe_dispatch")
 torch.fx.wrap("grouped_mm")
 torch.fx.wrap("moe_combine")
+torch.fx.wrap("local_attention")  # sliding-window attention: one call with its window (attention_ops.py)
 
 
 def _embedding(num: int, dim: int) -> nn.Embedding:
@@ -113,9 +115,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, window: int | None = None) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.n_kv_heads, cfg.dim_head
+        self.window = window  # a scalar setting: local and global layers do not fold together
         self.q_proj = nn.Linear(cfg.hidden, cfg.heads * cfg.dim_head, bias=False)
         self.k_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.dim_head, bias=False)
         self.v_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.dim_head, bias=False)
@@ -127,7 +130,11 @@ class LlamaAttention(nn.Module):
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        gqa = self.kv_heads != self.heads
+        if self.window is not None:
+            o = local_attention(q, k, v, self.window, gqa)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
@@ -231,7 +238,7 @@ class LlamaBlock(nn.Module):
     def __init__(self, cfg: ArchConfig, index: int = 0) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden)
-        self.attn = MLAttention(cfg) if cfg.mla else LlamaAttention(cfg)
+        self.attn = MLAttention(cfg) if cfg.mla else LlamaAttention(cfg, cfg.attention_window(index))
         self.post_norm = RMSNorm(cfg.hidden)
         if cfg.is_moe_layer(index):
             self.moe = MoE(cfg)
@@ -245,8 +252,8 @@ class LlamaBlock(nn.Module):
 
 
 class LayerBlock(nn.ModuleList):
-    """``moe_layer_step`` consecutive layers (the dense ones, then the MoE one): the unit that repeats
-    when MoE layers are interleaved, so the fold keeps one block with the block count."""
+    """``layers_per_block`` consecutive layers (the dense ones, then the MoE one; the local ones, then the
+    global one): the unit that repeats when layers interleave, so the fold keeps one block with the block count."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         for layer in self:

@@ -151,6 +151,43 @@ def causal_fraction(q_len: int, kv_len: int) -> float:
     return visible / (q_len * kv_len)
 
 
+def _clamped_sum(first: int, count: int, hi: int) -> int:
+    """``sum(min(max(t, 0), hi) for t in range(first, first + count))`` in closed form."""
+    last = first + count - 1
+    total = 0
+    lo_t, hi_t = max(first, 1), min(last, hi - 1)  # the terms strictly between 0 and hi
+    if hi_t >= lo_t:
+        total += (lo_t + hi_t) * (hi_t - lo_t + 1) // 2
+    total += hi * max(0, last - max(first, hi) + 1)  # the terms clamped to hi
+    return total
+
+
+def band_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
+    """(query, key) pairs a bottom-right aligned causal mask keeps, within a sliding ``window``.
+
+    Query row ``i`` stands at key position ``i + kv_len - q_len`` and sees the ``window`` keys
+    ending there, itself included (``None``: every key before it). This is the band of HF
+    transformers' ``sliding_window`` (``masking_utils.sliding_window_overlay``: key ``k`` is
+    visible from query ``q`` when ``k > q - sliding_window``), of Mistral 7B (arXiv:2310.06825
+    sec. 2: "each token can attend to at most W tokens from the previous layer") and of Gemma 3's
+    local layers (arXiv:2503.19786 sec. 2.1).
+    """
+    if q_len <= 0 or kv_len <= 0:
+        return 0
+    start = kv_len - q_len + 1  # keys visible from row 0 under the plain causal mask
+    seen = _clamped_sum(start, q_len, kv_len)
+    if window is None or window >= kv_len:
+        return seen
+    return seen - _clamped_sum(start - window, q_len, kv_len)
+
+
+def band_fraction(q_len: int, kv_len: int, window: int | None = None) -> float:
+    """Share of the q x kv score matrix the causal band keeps (:func:`band_pairs`)."""
+    if q_len <= 0 or kv_len <= 0:
+        return 0.0
+    return band_pairs(q_len, kv_len, window) / (q_len * kv_len)
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionAttrs:
     """Scaled dot-product attention, fused (flash) or materialised.
@@ -158,6 +195,10 @@ class AttentionAttrs:
     ``model_scale`` multiplies the model FLOPs of the scores the mask keeps; only context
     parallelism sets it, where the simulated rank's blocks are not the average rank's share
     (see :mod:`echosim.passes.context_parallel`).
+
+    ``window``: sliding-window (local) attention, each query sees the ``window`` most recent keys
+    itself included (:func:`band_pairs`); 0: full causal attention. Only a causal
+    attention has one.
     """
 
     batch: int
@@ -171,6 +212,16 @@ class AttentionAttrs:
     kernel: str = ""  # the flash kernel's generation: "" = the device's own best, "fa2" = FlashAttention-2
     model_scale: float = 1.0
     dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
+    window: int = 0  # sliding window in keys (0: full attention)
+
+    def __post_init__(self) -> None:
+        if self.window < 0 or (self.window and not self.causal):
+            raise ValueError(f"a sliding window needs causal attention and window >= 1 (0: none), got {self.window}")
+
+    @property
+    def keep(self) -> float:
+        """Share of the score matrix the mask keeps: the causal band (within the window), or all of it."""
+        return band_fraction(self.q_len, self.kv_len, self.window or None) if self.causal else 1.0
 
     @property
     def flops(self) -> int:
@@ -184,16 +235,19 @@ class AttentionAttrs:
         This is the convention of Megatron-LM's ``num_floating_point_operations`` and of
         MaxText's ``calculate_tflops_training_per_device`` (causal attention counted as half
         the full score matrix). Flash and splash kernels skip the masked blocks, so counting
-        the full matrix let MFU pass 100% at long sequence.
+        the full matrix let MFU pass 100% at long sequence. A sliding window counts the pairs
+        inside its band exactly (``q * window - window * (window - 1) / 2`` for q = kv >= window);
+        MaxText's ``calculate_gemma3_tflops_training_per_device`` approximates a local layer as
+        ``seq * min(window, seq)`` score pairs (src/maxtext/utils/maxtext_utils.py).
         """
-        keep = causal_fraction(self.q_len, self.kv_len) if self.causal else 1.0
-        return round(self.flops * keep * self.model_scale)
+        return round(self.flops * self.keep * self.model_scale)
 
     def __str__(self) -> str:
         return (
             f"b={self.batch} h={self.heads} kv={self.kv_heads} q={self.q_len} "
             f"k={self.kv_len} d={self.head_dim}"
-            f"{' causal' if self.causal else ''}{' flash' if self.flash else ' math'}"
+            f"{' causal' if self.causal else ''}{f' window={self.window}' if self.window else ''}"
+            f"{' flash' if self.flash else ' math'}"
             f"{' ' + self.kernel if self.kernel and self.flash else ''}"
         )
 

@@ -177,6 +177,8 @@ class _Splitter:
             raise LayoutError(
                 f"context parallelism supports causal or full attention, not an explicit mask ({node.scope})"
             )
+        if a.window:  # the ring's blocks outside the band (skipped by real kernels) are not modelled
+            raise LayoutError(f"context parallelism of sliding-window attention is not modelled ({node.scope})")
         s_local = a.q_len // self.cp
         out = self.div(node.out, len(node.out.shape) - 2, node)
         kspec, vspec = self.out[k].out, self.out[v].out

@@ -94,7 +94,31 @@ def row_model(c: Case) -> Any:
         tied_embeddings=gpt,
         **_experts(c),
         **_latent_attention(c),
+        **_local_attention(c),
     )
+
+
+#: Models with sliding-window (local) attention layers, by (layers, hidden, heads, head_dim) -> (window in
+#: keys, global_layer_step: every step-th layer is global; :attr:`echosim.frontend.zoo.ArchConfig.sliding_window`).
+#: cases.csv has no column for it (its notes name the pattern). Gemma 3 12B: ``sliding_window_size: 1024``
+#: (MaxText src/maxtext/configs/models/gemma3-12b.yml, commit e591f30) with five local layers to one global
+#: (MaxText src/maxtext/models/gemma3.py ``GEMMA3_ATTENTION_PATTERN``; HF google/gemma-3-12b-pt config.json
+#: ``sliding_window`` 1024, ``sliding_window_pattern`` 6; arXiv:2503.19786 sec. 2.1). gpt-oss-120b:
+#: ``sliding_window`` 128 with ``layer_types`` alternating sliding_attention / full_attention from layer 0
+#: (HF openai/gpt-oss-120b config.json; arXiv:2508.10925 sec. 2.1).
+SLIDING_WINDOW: dict[tuple[int, int, int, int], tuple[int, int]] = {
+    (48, 3840, 16, 256): (1024, 6),  # Gemma 3 12B
+    (36, 2880, 64, 64): (128, 2),  # gpt-oss-120b
+}
+
+
+def _local_attention(c: Case) -> dict[str, int]:
+    """The sliding window and global-layer step of a row's model (:data:`SLIDING_WINDOW`), if it has one."""
+    key = tuple(c.int(k) or 0 for k in ("layers", "hidden", "heads", "head_dim"))
+    found = SLIDING_WINDOW.get(key)  # type: ignore[arg-type]
+    if found is None or c["arch"] == "gpt":
+        return {}
+    return {"sliding_window": found[0], "global_layer_step": found[1]}
 
 
 #: Models whose MoE layers alternate with dense ones, by (layers, hidden, experts, top_k) -> the MoE layer
