@@ -367,6 +367,23 @@ def _axis(node: Node) -> Axis | None:
     return node.attrs.axis if isinstance(node.attrs, CollectiveAttrs) else None
 
 
+def tail_parts(stage: Stage) -> tuple[list[Node], list[Node], list[Node]]:
+    """What :func:`lower_stage` reads of a stage's step tail, in its order: the gradient reductions (dense
+    buckets, then the experts'), the step-end collectives, the optimizer steps."""
+    tail = _tail_nodes(stage)
+    grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
+    grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)
+    step_end = [n for n in tail if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END]
+    return grad_sync, step_end, [n for n in tail if n.op is OpKind.OPTIMIZER_UPDATE]
+
+
+def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> tuple[float, float]:
+    """Seconds of the gradient reductions inside the repeated block (one layer's) and of the rest."""
+    per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
+    rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
+    return per_layer, rest
+
+
 def _dp_tail(
     graph: Graph,
     nodes: list[Node],
@@ -383,9 +400,16 @@ def _dp_tail(
     """
     if not nodes:
         return 0.0, 0.0
+    per_layer, rest = dp_bucket_seconds(graph, nodes, cost)
+    return dp_tail_times(per_layer, rest, bwd_units, overlap_dp, slowdown)
+
+
+def dp_tail_times(
+    per_layer: float, rest: float, bwd_units: list[tuple[UnitTiming, int]], overlap_dp: bool, slowdown: float
+) -> tuple[float, float]:
+    """:func:`_dp_tail` given the seconds of one layer's gradient buckets and of the rest (the layer count is
+    the block unit's repeat): a layout search derives a stage of any depth from these."""
     (first, _), (block, layers), _last = bwd_units[:3]
-    per_layer = sum(cost(n) for n in nodes if graph.block_of(n) is not None)
-    rest = sum(cost(n) for n in nodes if graph.block_of(n) is None)
     total_bwd = first.duration + repeated(block, layers) + _last[0].duration
     busy = per_layer * layers + rest
     if not overlap_dp:
