@@ -31,6 +31,7 @@ paths with ``lower()`` layout by layout (tests/test_fast_eval.py).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -132,11 +133,14 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         shared[key] = (*shared.get(key, ()), i)
+    lowering = _lowering_key(joint)
+    derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
-        d = _stage(joint, key[0], key[1], c, last == 0)
-        cost = replace(d.cost, index=i, layers=c, vstages=shared[key])
+        d = derived[key]
+        cost = copy.copy(d.cost)  # the shape's lowering, told for virtual stage i
+        cost.index, cost.vstages = i, shared[key]
         costs.append(cost)
         figures[id(cost)] = d.figures
     return costs, figures
@@ -152,8 +156,8 @@ def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
     return (joint.graph, first, last, tuple(joint.stage_passes))
 
 
-def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> Derived:
-    key = (*_family(joint, first, last), count, *_lowering_key(joint))
+def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: tuple[Any, ...]) -> Derived:
+    key = (*_family(joint, first, last), count, *lowering)
     hit = _DERIVED.lookup(key)
     if hit is not None:
         return hit

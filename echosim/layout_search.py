@@ -41,6 +41,7 @@ from typing import Any
 
 from echosim.errors import EchosimError
 from echosim.layout import ModelShape
+from echosim.memo import Memo
 from echosim.plan import Cluster, Plan, PlanError
 
 #: The dimensions of the space, as ``--space KEY=V1,V2`` names them, and how a value is read.
@@ -543,7 +544,7 @@ def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float, 
     out: list[Evaluated | None] = [None] * len(plans)
     shared: dict[Any, list[tuple[int, Any, Any]]] = {}
     steps: dict[tuple[Any, ...], Any] = {}  # prepared layouts by all but their schedule
-    joints: dict[tuple[Any, ...], Any] = {}  # ... up to the pipeline split (fast path)
+    joints = _joints(model, cluster)  # ... up to the pipeline split (fast path), kept across batches
     lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
     alive: list[Any] = []
     for i, plan in enumerate(plans):
@@ -585,6 +586,27 @@ def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float, 
             report = build_report(costed, step.facts, brief=True, known=known and (lambda s, k=known: k(id(s))))
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
+
+
+_JOINTS: Memo[tuple[Any, dict[tuple[Any, ...], Any]]] = Memo("search: layouts up to the pipeline split", maxsize=16)
+
+
+def _joints(model: Any, cluster: Cluster) -> dict[tuple[Any, ...], Any]:
+    """The layouts of ``model`` on ``cluster`` prepared up to the pipeline split (``prepare_joint``) by all but
+    their schedule, kept for the batches of a search (the registry in the key: tests swap it)."""
+    from echosim import plugins
+
+    registry = plugins.get_registry()
+    try:
+        key = (model, cluster, id(registry))
+        hash(key)
+    except TypeError:  # a model object that cannot be a key: kept for one batch
+        return {}
+    kept = _JOINTS.lookup(key)
+    if kept is None or kept[0] is not registry:
+        kept = (registry, {})
+        _JOINTS.put(key, kept)
+    return kept[1]
 
 
 def _costs_of(costs: Any) -> Any:
@@ -805,7 +827,8 @@ def search(
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})
     capacity = backend.memory_bytes()
-    enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
+    with _fewer_collections():
+        enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
     _check_not_empty(enum, base, cluster)
     plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
@@ -826,9 +849,10 @@ def search(
         close = getattr(runner, "close", None)
         if close:
             close()
-    if fast:
-        results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour)
-    ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
+    with _fewer_collections():
+        if fast:
+            results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour)
+        ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
     name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
                         price_per_device_hour)  # fmt: skip
@@ -843,15 +867,18 @@ def _recheck_top(
 ) -> list[Evaluated]:
     """The fast path's best layouts evaluated again by the full path, whose figures are reported: a ranking
     whose top changes (never seen; tests/test_fast_eval.py) is re-checked until its top is the full path's."""
-    checked: set[tuple[Any, ...]] = set()
-    by_key = {_plan_key(e.plan): i for i, e in enumerate(results)}
+    checked: set[int] = set()
+    at = {id(e): i for i, e in enumerate(results)}
+    key = objective_key(objective, price)
     for _ in range(4):
-        top = [e for e in rank(results, objective, price)[0][:RECHECK_TOP] if _plan_key(e.plan) not in checked]
+        ok = [e for e in results if e.ok]
+        top = [e for e in sorted(ok, key=lambda c: (key(c), _plan_key(c.plan)))[:RECHECK_TOP] if id(e) not in checked]
         if not top:
             break
-        for e in _evaluate_batch(model, [e.plan for e in top], cluster, fraction):
-            checked.add(_plan_key(e.plan))
-            results[by_key[_plan_key(e.plan)]] = e
+        for old, new in zip(top, _evaluate(model, [e.plan for e in top], cluster, fraction), strict=True):
+            results[at.pop(id(old))] = new
+            checked.add(id(new))
+        at = {id(e): i for i, e in enumerate(results)}
     return results
 
 

@@ -216,8 +216,7 @@ def lower_stage(
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     units_of = _unit_graph(stage)
-    key = ("timed-units", backend, tuple(where.items()), options.tp_overlap, options.schedule.split_backward)
-    fwd_units, bwd_units, w_units = units_of.derived(key, lambda: time_units(units_of, backend, where, options))
+    fwd_units, bwd_units, w_units = timed_units(units_of, backend, where, options)
     fwd = sum(repeated(u, k) for u, k in fwd_units)
     bwd = sum(repeated(u, k) for u, k in bwd_units)
     wgrad = sum(repeated(u, k) for u, k in w_units)
@@ -254,6 +253,19 @@ def lower_stage(
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
         dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base,
     )  # fmt: skip
+
+
+def timed_units(
+    graph: Graph, backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> tuple[list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]]]:
+    """:func:`time_units`, kept on ``graph`` by the placements of the axes its units' collectives run on (the
+    only ones it reads): layouts that place other axes differently (pp, dp) share it."""
+    split_w = options.schedule.split_backward
+    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+    axes = graph.derived(("unit-axes", split_w), lambda: frozenset(a for kind in parts for p in kind for a in p.axes))
+    used = tuple((a, p) for a, p in where.items() if a in axes)
+    key = ("timed-units", backend, used, options.tp_overlap, split_w)
+    return graph.derived(key, lambda: time_units(graph, backend, where, options))
 
 
 def time_units(
