@@ -25,6 +25,12 @@ and stage memory by stage graph, placements and schedule options. In a batch, th
 layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
 one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`).
 Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
+
+A search (``fast=True``, the default) costs stages with :mod:`echosim.fast_eval` rather than a pipeline split
+per layout: each stage shape (first, last, layer count) derived from stage graphs of depth 1 to 3, with the
+same figures to the last bit (tests/test_fast_eval.py); a layout it does not cover takes the path above
+(:data:`echosim.fast_eval.FALLBACKS` counts them), and the top :data:`RECHECK_TOP` layouts are evaluated again
+by that path before they are reported.
 """
 
 from __future__ import annotations
