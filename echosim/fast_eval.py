@@ -211,10 +211,9 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
         return hit
     stage = _template(joint, first, last, count, alone)
     facts, g = joint.facts, stage.graph
-    cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
-    tables, _ = _sparse_tables(g)
-    if tables:
+    if _sparse_tables(g)[0]:
         raise Fallback("sparse embedding tables")
+    cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
     act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))
     blocks = (
@@ -293,10 +292,10 @@ def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
         else:
             raise Fallback("a step-end collective changes with depth")
         step_end[axis] = step_end.get(axis, 0.0) + sec
-    opt = sum(cost(_optimizer_node(joint, na, nb, a.params, b.params, params)) for na, nb in
-              zip(a.optimizer, b.optimizer, strict=True))  # fmt: skip
     if len(a.optimizer) != len(b.optimizer):
         raise Fallback("optimizer steps differ with depth")
+    opt = sum(cost(_optimizer_node(joint, na, nb, a.params, b.params, params)) for na, nb in
+              zip(a.optimizer, b.optimizer, strict=True))  # fmt: skip
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base)  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))

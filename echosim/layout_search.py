@@ -587,9 +587,8 @@ def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float, 
         wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
         timed = time_schedule(shape, *columns, wgrad)
         for col, (i, step, costs) in enumerate(members):
-            known = costs[1].__getitem__ if isinstance(costs, tuple) else None
             costed = assemble(_costs_of(costs), timed.layout(col), step.options)
-            report = build_report(costed, step.facts, brief=True, known=known and (lambda s, k=known: k(id(s))))
+            report = build_report(costed, step.facts, brief=True, known=_known(costs))
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
 
@@ -613,6 +612,14 @@ def _joints(model: Any, cluster: Cluster) -> dict[tuple[Any, ...], Any]:
         kept = (registry, {})
         _JOINTS.put(key, kept)
     return kept[1]
+
+
+def _known(costs: Any) -> Callable[[Any], Any] | None:
+    """For a layout the fast path costed, its stages' graph figures (by stage object) for the report."""
+    if not isinstance(costs, tuple):
+        return None
+    figures = costs[1]
+    return lambda stage: figures[id(stage)]
 
 
 def _costs_of(costs: Any) -> Any:
