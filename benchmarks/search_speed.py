@@ -45,11 +45,12 @@ def _script() -> str:
 
 
 def in_process(model: str, backend: str, devices: int, batch: int, sample: int) -> dict[str, float]:
-    from echosim import memo
+    from echosim import fast_eval, memo
     from echosim.layout_search import search
     from echosim.plan import Cluster, Plan
 
     memo.clear_all()
+    fast_eval.FALLBACKS.clear()
     cluster = Cluster(backend, devices)
     base = Plan(global_batch=batch)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -61,14 +62,19 @@ def in_process(model: str, backend: str, devices: int, batch: int, sample: int) 
         result = search(model, base, cluster, progress=_report_every(2000, wall))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     c = result.counts()
-    return {**c, "wall_s": wall, "cpu_s": cpu, "per_s_wall": c["simulated"] / wall, "per_s_cpu": c["simulated"] / cpu}
+    fallbacks = dict(fast_eval.FALLBACKS)
+    return {**c, "wall_s": wall, "cpu_s": cpu, "per_s_wall": c["simulated"] / wall, "per_s_cpu": c["simulated"] / cpu,
+            "fallbacks": fallbacks}  # fmt: skip
 
 
 def _report_every(n: int, start: float) -> Callable[[int, int], None]:
     """Progress on stderr every ``n`` layouts (a full-space run takes minutes)."""
 
+    last = [0]
+
     def report(done: int, total: int) -> None:
-        if done // n != (done - 32) // n or done == total:
+        if done // n != last[0] or done == total:
+            last[0] = done // n
             rate = done / (time.perf_counter() - start)
             print(f"  ... {done:,}/{total:,} simulated, {rate:.1f} layouts/s wall", file=sys.stderr, flush=True)
 
@@ -125,6 +131,10 @@ def main() -> None:
             f"{r['simulated']:,} simulated{' (a sample)' if opts.sample else ''}, {r['fit']:,} fit"
         )
         print(_line("in-process", r))
+        slow = sum(r["fallbacks"].values())
+        why = ", ".join(f"{n:,} {k}" for k, n in sorted(r["fallbacks"].items(), key=lambda kv: -kv[1]))
+        print(f"  fast path: {r['simulated'] - slow:,} of {r['simulated']:,} layouts; full path: {slow:,}"
+              + (f" ({why})" if why else ""))  # fmt: skip
         if not opts.skip_command:
             w = whole_command(model, backend, devices, batch, opts.workers, opts.command_space)
             if opts.command_space:

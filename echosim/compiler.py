@@ -143,6 +143,46 @@ def prepare(
     :func:`lower` costs the result with :func:`~echosim.timeline.lower.lower_step`; a layout search
     costs the stages of many prepared layouts and times the schedules they share in one batch.
     """
+    j = prepare_joint(model, plan, cluster, registry)
+    try:
+        stages = PipelineParallel(j.plan.pp * j.plan.vpp, j.plan.pp_balance).split(j.graph)
+        staged: dict[int, Graph] = {}  # stages of one shape share their graph: its passes run once
+        for s in stages:
+            if id(s.graph) not in staged:
+                staged[id(s.graph)] = run_passes(s.graph, j.stage_passes, check=j.checked, reuse=j.reuse)
+        stages = [Stage(s.index, staged[id(s.graph)], s.layers, s.graph) for s in stages]
+    except LayoutError as exc:
+        raise PlanError(str(exc)) from None
+    except VerifyError as exc:
+        raise EchosimError(f"a pass broke the graph: {exc}") from None
+    return Prepared(stages, j.backend, j.where, j.options, j.facts, j.graph, j.cluster)
+
+
+@dataclass
+class Joint:
+    """One layout up to the pipeline split (:func:`prepare_joint`): the whole model after the graph-level
+    passes, the stage-level passes still to run on each stage, and what costing and the report read."""
+
+    plan: Plan
+    graph: Graph
+    stage_passes: list[Any]
+    checked: bool | set[str]
+    reuse: set[str]
+    backend: Any
+    where: dict[Any, Any]
+    options: StepOptions
+    facts: StepFacts
+    cluster: Cluster
+    own_passes_only: bool  # every pass that runs is echosim's own (pure functions of graph and options)
+
+
+def prepare_joint(
+    model: Any = DEFAULT_MODEL,
+    plan: Plan | None = None,
+    cluster: Cluster | None = None,
+    registry: Registry | None = None,
+) -> Joint:
+    """:func:`prepare` up to the pipeline split: capture, checks, graph-level passes, placements, facts."""
     registry = registry or plugins.get_registry()  # looked up on each call: tests swap the registry
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
@@ -169,12 +209,6 @@ def prepare(
     reuse = _own_passes(registry)
     try:
         joint = run_passes(graph, graph_passes, check=checked, reuse=reuse)
-        stages = PipelineParallel(plan.pp * plan.vpp, plan.pp_balance).split(joint)
-        staged: dict[int, Graph] = {}  # stages of one shape share their graph: its passes run once
-        for s in stages:
-            if id(s.graph) not in staged:
-                staged[id(s.graph)] = run_passes(s.graph, stage_passes, check=checked, reuse=reuse)
-        stages = [Stage(s.index, staged[id(s.graph)], s.layers, s.graph) for s in stages]
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
@@ -234,7 +268,8 @@ def prepare(
         notes=tuple(notes),
         culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
     )
-    return Prepared(stages, backend, where, options, facts, joint, cluster)
+    own = all(getattr(p, "name", None) in reuse for p in (*graph_passes, *stage_passes))
+    return Joint(plan, joint, stage_passes, checked, reuse, backend, where, options, facts, cluster, own)
 
 
 #: Parameters of one model: 10^15 is a hundred times the largest model trained (and still costs
@@ -330,4 +365,14 @@ def _configured(registry: Registry, level: str, plan: Plan) -> list[Any]:
     return out
 
 
-__all__ = ["Compiled", "EchosimError", "Prepared", "compile", "load_model", "lower", "prepare"]
+__all__ = [
+    "Compiled",
+    "EchosimError",
+    "Joint",
+    "Prepared",
+    "compile",
+    "load_model",
+    "lower",
+    "prepare",
+    "prepare_joint",
+]

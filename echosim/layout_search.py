@@ -25,6 +25,12 @@ and stage memory by stage graph, placements and schedule options. In a batch, th
 layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
 one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`).
 Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
+
+A search (``fast=True``, the default) costs stages with :mod:`echosim.fast_eval` rather than a pipeline split
+per layout: each stage shape (first, last, layer count) derived from stage graphs of depth 1 to 3, with the
+same figures to the last bit (tests/test_fast_eval.py); a layout it does not cover takes the path above
+(:data:`echosim.fast_eval.FALLBACKS` counts them), and the top :data:`RECHECK_TOP` layouts are evaluated again
+by that path before they are reported.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from typing import Any
 
 from echosim.errors import EchosimError
 from echosim.layout import ModelShape
+from echosim.memo import Memo
 from echosim.plan import Cluster, Plan, PlanError
 
 #: The dimensions of the space, as ``--space KEY=V1,V2`` names them, and how a value is read.
@@ -501,7 +508,9 @@ def _figures(plan: Plan, devices: int, report: Any, memory_fraction: float) -> E
     )
 
 
-def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
+def _evaluate_batch(
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False
+) -> list[Evaluated]:
     """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
 
     Each layout is prepared and its stages costed as :func:`echosim.compiler.lower` does (stage
@@ -510,9 +519,12 @@ def _evaluate_batch(model: Any, plans: list[Plan], cluster: Cluster, fraction: f
     (schedule, pp, micro-batches, vpp) are timed together, one numpy column each
     (:func:`~echosim.timeline.composer.time_schedule` gives a column the same numbers to the last bit
     as a layout timed alone), and each report is read from its column: the figures of ``compile``.
+
+    ``fast``: stages are costed by :mod:`echosim.fast_eval` (no pipeline split per layout: each stage shape
+    derived from stage graphs of depth 1-3), falling back to the above where it does not apply.
     """
     with _fewer_collections():
-        return _evaluate(model, plans, cluster, fraction)
+        return _evaluate(model, plans, cluster, fraction, fast)
 
 
 @contextmanager
@@ -527,18 +539,33 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) -> list[Evaluated]:
+def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False) -> list[Evaluated]:
     import numpy as np
 
+    from echosim import fast_eval
+    from echosim.compiler import prepare_joint
     from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
     from echosim.timeline.report import build_report
 
     out: list[Evaluated | None] = [None] * len(plans)
     shared: dict[Any, list[tuple[int, Any, Any]]] = {}
     steps: dict[tuple[Any, ...], Any] = {}  # prepared layouts by all but their schedule
+    joints = _joints(model, cluster)  # ... up to the pipeline split (fast path), kept across batches
     lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
     alive: list[Any] = []
     for i, plan in enumerate(plans):
+        if fast:
+            try:
+                joint = _prepare(model, plan, cluster, joints, prepare_joint)
+                costs, figures = fast_eval.stages(joint)
+                alive.append(joint)
+                shared.setdefault(step_plan(joint.options), []).append((i, joint, (costs, figures)))
+                continue
+            except EchosimError as exc:
+                out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
+                continue
+            except fast_eval.Fallback as exc:
+                fast_eval.FALLBACKS[str(exc)] += 1
         try:
             step = _prepare(model, plan, cluster, steps)
             alive.append(step)  # the ids below stay theirs for the batch
@@ -555,14 +582,49 @@ def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float) 
     from echosim.timeline.composer import time_schedule
 
     for shape, members in shared.items():
-        inputs = [schedule_inputs(costs, step.options) for _, step, costs in members]
+        inputs = [schedule_inputs(_costs_of(costs), step.options) for _, step, costs in members]
         columns = [np.array([x[k] for x in inputs], np.float64).T for k in range(4)]
         wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
         timed = time_schedule(shape, *columns, wgrad)
         for col, (i, step, costs) in enumerate(members):
-            report = build_report(assemble(costs, timed.layout(col), step.options), step.facts, brief=True)
+            costed = assemble(_costs_of(costs), timed.layout(col), step.options)
+            report = build_report(costed, step.facts, brief=True, known=_known(costs))
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
+
+
+_JOINTS: Memo[tuple[Any, dict[tuple[Any, ...], Any]]] = Memo("search: layouts up to the pipeline split", maxsize=16)
+
+
+def _joints(model: Any, cluster: Cluster) -> dict[tuple[Any, ...], Any]:
+    """The layouts of ``model`` on ``cluster`` prepared up to the pipeline split (``prepare_joint``) by all but
+    their schedule, kept for the batches of a search (the registry in the key: tests swap it)."""
+    from echosim import plugins
+
+    registry = plugins.get_registry()
+    try:
+        key = (model, cluster, id(registry))
+        hash(key)
+    except TypeError:  # a model object that cannot be a key: kept for one batch
+        return {}
+    kept = _JOINTS.lookup(key)
+    if kept is None or kept[0] is not registry:
+        kept = (registry, {})
+        _JOINTS.put(key, kept)
+    return kept[1]
+
+
+def _known(costs: Any) -> Callable[[Any], Any] | None:
+    """For a layout the fast path costed, its stages' graph figures (by stage object) for the report."""
+    if not isinstance(costs, tuple):
+        return None
+    figures = costs[1]
+    return lambda stage: figures[id(stage)]
+
+
+def _costs_of(costs: Any) -> Any:
+    """The stage costs of a layout costed in full (a list) or by the fast path (costs, figures)."""
+    return costs[0] if isinstance(costs, tuple) else costs
 
 
 _COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "schedule")
@@ -573,16 +635,21 @@ def _costing_key(plan: Plan) -> tuple[Any, ...]:
     return tuple(getattr(plan, name) for name in _COSTING_FIELDS)
 
 
-def _prepare(model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any]) -> Any:
+def _prepare(
+    model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any], how: Callable[..., Any] | None = None
+) -> Any:
     """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
     schedule alone takes that one's stage graphs, placements and facts with its own schedule.
 
     The passes read no schedule (echosim's own: where a plugin's pass runs every layout is prepared
     alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout.
+    ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
     """
     from echosim import plugins
     from echosim.compiler import prepare
     from echosim.layout import check_plan
+
+    prepare = how or prepare
 
     key = _costing_key(plan)
     first = kept.get(key)
@@ -599,10 +666,12 @@ def _prepare(model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
     check_plan(plan, first.cluster, schedules, interleaved)
+    extra = {"plan": plan} if hasattr(first, "stage_passes") else {}
     return replace(
         first,
         options=replace(first.options, schedule=schedules[plan.schedule]),
         facts=replace(first.facts, plan={**first.facts.plan, "schedule": plan.schedule}),
+        **extra,
     )
 
 
@@ -615,18 +684,18 @@ def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
 
 
 def _run_local(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int, fast: bool = False
 ) -> Iterator[list[Evaluated]]:
     # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches, and
     # the more of them a batch holds, the more share a schedule shape (ZeRO stages are 48 layouts apart).
     batches = _batches(plans, BATCH if workers <= 1 else 32)
     if workers <= 1:
         for batch in batches:
-            yield _evaluate_batch(model, batch, cluster, fraction)
+            yield _evaluate_batch(model, batch, cluster, fraction, fast)
         return
     pool = ProcessPoolExecutor(workers)
     try:
-        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction) for b in batches]
+        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast) for b in batches]
         for f in futures:
             yield f.result()
     finally:
@@ -634,7 +703,7 @@ def _run_local(
 
 
 def _run_ray(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, address: str | None
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, address: str | None, fast: bool = False
 ) -> Iterator[list[Evaluated]]:
     try:
         import ray
@@ -643,7 +712,7 @@ def _run_ray(
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     remote = ray.remote(_evaluate_batch)
-    pending = {remote.remote(model, b, cluster, fraction): i for i, b in enumerate(_batches(plans, 32))}
+    pending = {remote.remote(model, b, cluster, fraction, fast): i for i, b in enumerate(_batches(plans, 32))}
     done_batches: dict[int, list[Evaluated]] = {}
     refs = list(pending)
     try:
@@ -747,6 +816,7 @@ def search(
     price_per_device_hour: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
     sample: slice | None = None,
+    fast: bool = True,
 ) -> SearchResult:
     """Every layout of ``space`` for ``model`` on ``cluster``, the fitting ones ranked by ``objective``.
 
@@ -770,15 +840,16 @@ def search(
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})
     capacity = backend.memory_bytes()
-    enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
+    with _fewer_collections():
+        enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
     _check_not_empty(enum, base, cluster)
     plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
     interrupted = False
     runner = (
-        _run_ray(model, plans, cluster, memory_fraction, ray_address)
+        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast)
         if executor == "ray"
-        else _run_local(model, plans, cluster, memory_fraction, workers)
+        else _run_local(model, plans, cluster, memory_fraction, workers, fast)
     )
     try:
         for batch in runner:
@@ -791,10 +862,37 @@ def search(
         close = getattr(runner, "close", None)
         if close:
             close()
-    ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
+    with _fewer_collections():
+        if fast:
+            results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour)
+        ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
     name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
                         price_per_device_hour)  # fmt: skip
+
+
+#: Top layouts of a search re-evaluated in full (every stage graph built) before they are reported.
+RECHECK_TOP = 20
+
+
+def _recheck_top(
+    model: Any, results: list[Evaluated], cluster: Cluster, fraction: float, objective: str, price: float
+) -> list[Evaluated]:
+    """The fast path's best layouts evaluated again by the full path, whose figures are reported: a ranking
+    whose top changes (never seen; tests/test_fast_eval.py) is re-checked until its top is the full path's."""
+    checked: set[int] = set()
+    at = {id(e): i for i, e in enumerate(results)}
+    key = objective_key(objective, price)
+    for _ in range(4):
+        ok = [e for e in results if e.ok]
+        top = [e for e in sorted(ok, key=lambda c: (key(c), _plan_key(c.plan)))[:RECHECK_TOP] if id(e) not in checked]
+        if not top:
+            break
+        for old, new in zip(top, _evaluate(model, [e.plan for e in top], cluster, fraction), strict=True):
+            results[at.pop(id(old))] = new
+            checked.add(id(new))
+        at = {id(e): i for i, e in enumerate(results)}
+    return results
 
 
 def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster) -> None:

@@ -325,7 +325,13 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
     added = added_nodes(graph, base)
     if base is None or added is None:
         return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
-    extra = _working_terms(graph, added, saved)
+    # what backward has freed before an appended node: all that the base's last readers free, when the
+    # appended nodes read no forward value (then they are no value's last reader, and come after every one)
+    freed = None
+    if not _reads_forward(graph, added):
+        ends = base.derived(("freed-schedule", saved), lambda: _freed_schedule(base, saved))[2]
+        freed = ends[-1] if ends else 0
+    extra = _working_terms(graph, added, saved, freed)
     if extra.reads_replay:
         return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
     core = base.derived(("working-terms", saved), lambda: _working_terms(base, list(base), saved))
@@ -394,16 +400,20 @@ def _freed_before(schedule: tuple[dict[int, int], list[int], list[int]], nid: in
     return cumulative[k - 1] if k else 0
 
 
-def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy) -> _WorkingTerms:
+def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: int | None = None) -> _WorkingTerms:
+    """``freed``: bytes freed before each of ``nodes`` when it is the same for all (else from the graph's schedule)."""
     logits = _logit_numel(graph) if saved.loss_chunks > 1 else 0
-    schedule = graph.derived(("freed-schedule", saved), lambda: _freed_schedule(graph, saved))
+    schedule = (
+        graph.derived(("freed-schedule", saved), lambda: _freed_schedule(graph, saved)) if freed is None else None
+    )
     inside = outside = 0
     read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
     for n in nodes:
         if n.phase is Phase.BACKWARD:
             # what it allocates, less what backward has freed of the values kept once by then; a ZeRO-3 /
             # FSDP weight gather's output is the gathered-weights term (``layer`` / ``rest``), not an op's
-            w = 0 if _fsdp_gather(n) else max(0, _working_set(graph, n, saved, logits) - _freed_before(schedule, n.id))
+            gone = freed if schedule is None else _freed_before(schedule, n.id)
+            w = 0 if _fsdp_gather(n) else max(0, _working_set(graph, n, saved, logits) - gone)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from echosim.backends.base import Backend, Placement
 from echosim.backends.deepep import deepep_time_s
@@ -248,8 +248,7 @@ def lower_stage(
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     units_of = _unit_graph(stage)
-    key = ("timed-units", backend, tuple(where.items()), options.tp_overlap, options.schedule.split_backward)
-    fwd_units, bwd_units, w_units = units_of.derived(key, lambda: time_units(units_of, backend, where, options))
+    fwd_units, bwd_units, w_units = timed_units(units_of, backend, where, options)
     fwd = sum(repeated(u, k) for u, k in fwd_units)
     bwd = sum(repeated(u, k) for u, k in bwd_units)
     wgrad = sum(repeated(u, k) for u, k in w_units)
@@ -288,6 +287,19 @@ def lower_stage(
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
         dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base, dp_copies,
     )  # fmt: skip
+
+
+def timed_units(
+    graph: Graph, backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> tuple[list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]], list[tuple[UnitTiming, int]]]:
+    """:func:`time_units`, kept on ``graph`` by the placements of the axes its units' collectives run on (the
+    only ones it reads): layouts that place other axes differently (pp, dp) share it."""
+    split_w = options.schedule.split_backward
+    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+    axes = graph.derived(("unit-axes", split_w), lambda: frozenset(a for kind in parts for p in kind for a in p.axes))
+    used = tuple((a, p) for a, p in where.items() if a in axes)
+    key = ("timed-units", backend, used, options.tp_overlap, split_w)
+    return graph.derived(key, lambda: time_units(graph, backend, where, options))
 
 
 def time_units(
@@ -401,6 +413,44 @@ def _axis(node: Node) -> Axis | None:
     return node.attrs.axis if isinstance(node.attrs, CollectiveAttrs) else None
 
 
+def tail_parts(stage: Stage) -> tuple[list[Node], list[Node], list[Node]]:
+    """What :func:`lower_stage` reads of a stage's step tail, in its order: the gradient reductions (dense
+    buckets, then the experts'), the step-end collectives, the optimizer steps."""
+    tail = _tail_nodes(stage)
+    grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
+    grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)
+    step_end = [n for n in tail if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END]
+    return grad_sync, step_end, [n for n in tail if n.op is OpKind.OPTIMIZER_UPDATE]
+
+
+class BucketSeconds(NamedTuple):
+    """Seconds of a stage's gradient reductions and of PyTorch DDP's copies around them
+    (:meth:`Coster.bucket_copies`: into the buckets, back after): one layer's, inside the
+    repeated block, and the rest's."""
+
+    per_layer: float
+    rest: float
+    into_layer: float = 0.0
+    into_rest: float = 0.0
+    back_layer: float = 0.0
+    back_rest: float = 0.0
+
+
+def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSeconds:
+    """Seconds of the gradient reductions (and DDP's copies) inside the repeated block (one layer's) and of the rest."""
+    inside = [n for n in nodes if graph.block_of(n) is not None]
+    outside = [n for n in nodes if graph.block_of(n) is None]
+    copies = [(cost.bucket_copies(n), graph.block_of(n) is not None) for n in nodes]
+    return BucketSeconds(
+        sum(cost(n) for n in inside),
+        sum(cost(n) for n in outside),
+        sum(c[0] for c, i in copies if i),
+        sum(c[0] for c, i in copies if not i),
+        sum(c[1] for c, i in copies if i),
+        sum(c[1] for c, i in copies if not i),
+    )
+
+
 def _dp_tail(
     graph: Graph,
     nodes: list[Node],
@@ -410,7 +460,17 @@ def _dp_tail(
     slowdown: float,
 ) -> tuple[float, float, float]:
     """Exposed seconds of the gradient reduction after the last backward, its busy time, and the
-    seconds of DDP's bucket copies (:meth:`Coster.bucket_copies`).
+    seconds of DDP's bucket copies (:meth:`Coster.bucket_copies`)."""
+    if not nodes:
+        return 0.0, 0.0, 0.0
+    return dp_tail_times(dp_bucket_seconds(graph, nodes, cost), bwd_units, overlap_dp, slowdown)
+
+
+def dp_tail_times(
+    b: BucketSeconds, bwd_units: list[tuple[UnitTiming, int]], overlap_dp: bool, slowdown: float
+) -> tuple[float, float, float]:
+    """:func:`_dp_tail` given the seconds of one layer's buckets and of the rest (the layer count is the
+    block unit's repeat): a layout search derives a stage of any depth from these.
 
     Buckets of the repeated block become ready one layer at a time during the last
     micro-batch's backward; the rest are ready when it ends. Compute that runs
@@ -419,29 +479,21 @@ def _dp_tail(
     become ready (they stretch the last backward and delay the reductions); its copies
     back run after the reductions. Both count whole, apart from the exposed reduction.
     """
-    if not nodes:
-        return 0.0, 0.0, 0.0
     (first, _), (block, layers), _last = bwd_units[:3]
-    inside = [n for n in nodes if graph.block_of(n) is not None]
-    outside = [n for n in nodes if graph.block_of(n) is None]
-    per_layer = sum(cost(n) for n in inside)
-    rest = sum(cost(n) for n in outside)
-    copy_layer = sum(cost.bucket_copies(n)[0] for n in inside)
-    copy_rest = sum(cost.bucket_copies(n)[0] for n in outside)
-    copies = copy_layer * layers + copy_rest + sum(cost.bucket_copies(n)[1] for n in nodes)
+    copies = (b.into_layer + b.back_layer) * layers + b.into_rest + b.back_rest
     total_bwd = first.duration + repeated(block, layers) + _last[0].duration
-    busy = per_layer * layers + rest
+    busy = b.per_layer * layers + b.rest
     if not overlap_dp:
         return busy, busy, copies
-    total_bwd += copy_layer * layers + copy_rest  # the last backward with its copies into the buckets
+    total_bwd += b.into_layer * layers + b.into_rest  # the last backward with its copies into the buckets
     comm_end = 0.0
     overlapped = 0.0
     for j in range(1, layers + 1):
-        ready = first.duration + j * (block.period + copy_layer)
+        ready = first.duration + j * (block.period + b.into_layer)
         start = max(ready, comm_end)
-        comm_end = start + per_layer
+        comm_end = start + b.per_layer
         overlapped += max(0.0, min(comm_end, total_bwd) - start)
-    comm_end = max(comm_end, total_bwd) + rest
+    comm_end = max(comm_end, total_bwd) + b.rest
     exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
     return exposed, busy, copies
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -152,11 +153,23 @@ def invariant_violations(report: Report, culprit: str = "") -> list[str]:
     return out
 
 
-def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> Report:
+#: What the report reads of a stage's graph: its FLOPs, its static memory (weights, gradients, optimizer
+#: state, working set), and the activation bytes one micro-batch keeps (as tensors, and as allocator blocks).
+StageFigures = tuple[Any, MemoryBreakdown, int, "int | None"]
+
+
+def build_report(
+    costed: CostedGraph,
+    facts: StepFacts,
+    brief: bool = False,
+    known: Callable[[StageCost], StageFigures] | None = None,
+) -> Report:
     """Every figure of the report, read from the costed graph (nothing here composes time).
 
     ``brief``: the figures only, as a layout search ranks by them; the per-stage rows and the
     invariant checks (which read those figures and add warnings) are left out.
+    ``known``: each stage's graph figures given rather than read from its graph (a search's fast
+    evaluator derives them for any depth from a few stage graphs; one object per distinct stage).
     """
     m, pp = costed.microbatches, costed.pp
     step = costed.step_time_s
@@ -164,12 +177,15 @@ def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> 
     chunks = costed.chunks(crit)
     end = costed.block_ends[crit]
     stages = costed.stages
-    flops = [s.graph.derived("flops", lambda g=s.graph: graph_flops(g)) for s in stages]  # once per stage graph
+    if known is not None:
+        flops = [known(s)[0] for s in stages]
+    else:
+        flops = [s.graph.derived("flops", lambda g=s.graph: graph_flops(g)) for s in stages]  # once per stage graph
     model_flops = sum(f.model for f in flops) * m * facts.ranks_per_stage
     hw_flops = sum(f.hardware for f in flops) * m * facts.ranks_per_stage
     per_sample = _seq(stages) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     warnings = list(facts.warnings)
-    memory = _memory(costed, facts, warnings, brief)
+    memory = _memory(costed, facts, warnings, brief, known)
     stage_rows = (
         []
         if brief
@@ -218,7 +234,13 @@ def build_report(costed: CostedGraph, facts: StepFacts, brief: bool = False) -> 
     return report
 
 
-def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str], brief: bool = False) -> list[dict[str, Any]]:
+def _memory(
+    costed: CostedGraph,
+    facts: StepFacts,
+    warnings: list[str],
+    brief: bool = False,
+    known: Callable[[StageCost], StageFigures] | None = None,
+) -> list[dict[str, Any]]:
     """Peak memory per pipeline rank; an interleaved rank holds several chunks.
 
     ``brief`` (a search's figures): the rows alone, without the warning that names a rank's largest parts.
@@ -235,7 +257,14 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str], brief: b
     comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
     for r in range(costed.pp):
         mine = costed.chunks(r)
-        for s in mine:
+        if known is not None:
+            figures = [known(s) for s in mine]
+            ident = [id(f) for f in figures]
+            for i, f in zip(ident, figures, strict=True):
+                static[i] = (f[1], f[2], f[3])
+        else:
+            ident = [id(s.graph) for s in mine]
+        for s in mine if known is None else ():
             if id(s.graph) not in static:
                 g = s.graph
                 static[id(g)] = (
@@ -246,12 +275,12 @@ def _memory(costed: CostedGraph, facts: StepFacts, warnings: list[str], brief: b
                     if facts.caching_allocator
                     else None,
                 )
-        parts = [static[id(s.graph)][0] for s in mine]
-        act = costed.peak_held(r, {s.index: static[id(s.graph)][1] for s in mine})
+        parts = [static[i][0] for i in ident]
+        act = costed.peak_held(r, {s.index: static[i][1] for s, i in zip(mine, ident, strict=True)})
         blocks = act
         if facts.caching_allocator:
-            blocks = costed.peak_held(r, {s.index: static[id(s.graph)][2] or 0 for s in mine})
-        key = (*(id(s.graph) for s in mine), act, blocks)
+            blocks = costed.peak_held(r, {s.index: static[i][2] or 0 for s, i in zip(mine, ident, strict=True)})
+        key = (*ident, act, blocks)
         if key not in same:
             transient = max(p.transient for p in parts)
             mem = MemoryBreakdown(
@@ -283,8 +312,15 @@ def _static(graph: Any, facts: StepFacts, base: Any = None) -> MemoryBreakdown:
     """
     transient = graph.derived(("transient-bytes", facts.saved), lambda: transient_bytes(graph, facts.saved, base))
     experts = _expert_params(graph) if facts.expert_state is not None else 0
-    tables, table_bytes = _sparse_tables(graph)
-    dense = _state(graph.param_count() - experts - tables, facts.state, transient)
+    return static_memory(graph.param_count(), experts, _sparse_tables(graph), transient, facts)
+
+
+def static_memory(
+    params: int, experts: int, sparse: tuple[int, tuple[int, int]], transient: int, facts: StepFacts
+) -> MemoryBreakdown:
+    """:func:`_static` from a chunk's parameter elements (all, experts', sparse tables' with their bytes)."""
+    tables, table_bytes = sparse
+    dense = _state(params - experts - tables, facts.state, transient)
     if tables:  # sharded embedding tables: the rows in their own dtype plus row-wise Adagrad state, no gradient
         dense = replace(dense, params=dense.params + table_bytes[0], optimizer=dense.optimizer + table_bytes[1])
     if not experts:

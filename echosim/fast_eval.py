@@ -1,0 +1,343 @@
+"""A layout search's second evaluator: a layout's stages costed without building its pipeline split.
+
+:func:`echosim.compiler.prepare` cuts the model into its pipeline stages and runs the stage-level passes
+on each stage graph; lowering and the report then analyse every stage graph (its units, gradient
+buckets, step tail, FLOPs, saved activations and working set). A search over pp and vpp meets
+thousands of splits of one model, and their stage graphs differ in one number: how many of the
+repeated layers a stage holds (``Graph.repeats``). Everything else (the embedding's ops on the first
+stage, the output layer and loss on the last, the layer itself) is the same nodes.
+
+So a stage is a *family* (the whole model after the graph-level passes, first or not, last or not, the
+stage-level passes) at a *depth* (its layer count). This module builds the stage graphs of a family at
+depths 1, 2 and 3 only (:func:`_template`: the nodes :class:`~echosim.passes.pipeline.PipelineParallel`
+gives a stage of that shape) and lowers and analyses them as :func:`~echosim.compiler.lower` does. A
+stage of depth ``c > 3`` is derived from depths 2 and 3:
+
+* its units are depth 2's with the block's repeat set to ``c`` (a unit's timing is a function of its ops,
+  not of the repeat), and its forward, backward and gradient-reduction overlap are computed from them by
+  the functions lowering uses (:func:`~echosim.timeline.lower.repeated`,
+  :func:`~echosim.timeline.lower.dp_tail_times`), so they equal lowering's to the last bit;
+* the gradient buckets (per layer and the rest), pipeline transfers and working set do not depend on the
+  depth (checked: depths 2 and 3 agree, else the layout falls back);
+* the integers that count repeated layers (parameters, FLOPs, activation bytes, the ZeRO weight gather)
+  are affine in the depth: ``x(c) = x(2) + (c - 2) * (x(3) - x(2))``, exactly;
+* the optimizer step is rebuilt with the parameter count the optimizer pass would give it (checked against
+  depths 2 and 3) and costed by the backend like any op.
+
+A layout whose stages fall outside this (a plugin's pass, more stages than layers, CPU-offloaded layers, a
+check above that fails) is evaluated by the full path; :data:`FALLBACKS` counts why. Tests compare both
+paths with ``lower()`` layout by layout (tests/test_fast_eval.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+from echosim.compiler import Joint
+from echosim.ir.graph import Graph, Node
+from echosim.ir.ops import CollectiveAttrs, OpKind, OptimizerAttrs
+from echosim.ir.types import DType, TensorSpec
+from echosim.memo import Memo
+from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.flops import FlopCount, graph_flops
+from echosim.passes.memory import MemoryBreakdown, activation_bytes, transient_bytes
+from echosim.passes.pipeline import Stage, _classify, _stage_graph, _static, layer_split
+from echosim.timeline.costed import StageCost
+from echosim.timeline.lower import (
+    _COSTS,
+    BucketSeconds,
+    Coster,
+    dp_bucket_seconds,
+    dp_tail_times,
+    lower_stage,
+    repeated,
+    tail_parts,
+)
+from echosim.timeline.report import StageFigures, _expert_params, _sparse_tables, static_memory
+from echosim.timeline.streams import UnitTiming
+
+#: Why layouts left the fast path (reason -> layouts), since this process started or was last cleared.
+FALLBACKS: Counter[str] = Counter()
+
+
+class Fallback(Exception):
+    """The fast path does not cover this layout exactly: evaluate it in full."""
+
+
+@dataclass(frozen=True)
+class Derived:
+    """One stage (family at a depth) as lowering and the report read it."""
+
+    cost: StageCost
+    figures: StageFigures
+
+
+@dataclass
+class _Direct:
+    """A stage graph built and analysed in full (depths 1-3, or the one stage of pp = 1)."""
+
+    stage: Stage
+    cost: StageCost
+    flops: FlopCount
+    params: int
+    experts: int
+    transient: int
+    act: int
+    blocks: int | None
+    buckets: BucketSeconds
+    grad_sync: bool
+    step_end: list[Node]
+    optimizer: list[Node]
+
+
+# Keyed by the whole model's graph object (kept alive by the key), the stage's shape and depth, and what
+# lowering and the report read (backend, placements, lowering options, memory policies).
+_BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 13)
+_STAGES: Memo[Stage] = Memo("fast stage graphs", maxsize=1 << 14)
+_DIRECT: Memo[_Direct] = Memo("fast direct stages", maxsize=1 << 15)
+_DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
+
+
+def stage_counts(joint: Joint) -> list[int]:
+    """Layers of each virtual stage, as the pipeline split gives them (raises :class:`Fallback`)."""
+    plan, graph = joint.plan, joint.graph
+    n = plan.pp * plan.vpp
+    if n == 1:
+        return [next(iter(graph.repeats.values()), 1)]
+    if len(graph.repeats) != 1:
+        raise Fallback("no single repeated block")
+    ((block, _),) = graph.repeats.items()
+    cls = graph.derived(("pp-classes", block), lambda: _classify(graph, block))
+    try:
+        counts = layer_split(graph, n, plan.pp_balance, cls)
+    except LayoutError:
+        raise Fallback("pipeline split refused") from None
+    if min(counts) < 1:
+        raise Fallback("a stage without layers")
+    return counts
+
+
+def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
+    """Every virtual stage's cost and graph figures, each distinct (first, last, depth) once; or :class:`Fallback`."""
+    if not joint.own_passes_only:
+        raise Fallback("a plugin's pass")
+    if joint.facts.saved.offload_layers:
+        raise Fallback("CPU-offloaded layers")
+    counts = stage_counts(joint)
+    last = len(counts) - 1
+    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
+    for i, c in enumerate(counts):
+        key = (i == 0, i == last, c)
+        shared[key] = (*shared.get(key, ()), i)
+    lowering = _lowering_key(joint)
+    derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
+    costs, figures = [], {}
+    for i, c in enumerate(counts):
+        key = (i == 0, i == last, c)
+        d = derived[key]
+        cost = copy.copy(d.cost)  # the shape's lowering, told for virtual stage i
+        cost.index, cost.vstages = i, shared[key]
+        costs.append(cost)
+        figures[id(cost)] = d.figures
+    return costs, figures
+
+
+def _lowering_key(joint: Joint) -> tuple[Any, ...]:
+    o, f = joint.options, joint.facts
+    return (joint.backend, tuple(joint.where.items()), o.schedule.split_backward, o.tp, o.sp, o.tp_overlap,
+            o.overlap_dp, f.state, f.expert_state, f.saved, f.caching_allocator)  # fmt: skip
+
+
+def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
+    return (joint.graph, first, last, tuple(joint.stage_passes))
+
+
+def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: tuple[Any, ...]) -> Derived:
+    key = (*_family(joint, first, last), count, *lowering)
+    hit = _DERIVED.lookup(key)
+    if hit is not None:
+        return hit
+    if alone or count <= 3:
+        d = _direct(joint, first, last, count, alone)
+        out = Derived(d.cost, (d.flops, _static_of(d, joint), d.act, d.blocks))
+    else:
+        out = _derive(joint, first, last, count)
+    _DERIVED.put(key, out)
+    return out
+
+
+def _static_of(d: _Direct, joint: Joint) -> MemoryBreakdown:
+    return static_memory(d.params, d.experts, (0, (0, 0)), d.transient, joint.facts)
+
+
+def _template(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> Stage:
+    """The stage graph of this shape and depth, after the stage-level passes. The graph before them is kept
+    per (model graph, shape, depth), so what lowering and the report keep on it (units, saved activations,
+    working set) is shared by every data-parallel degree and ZeRO stage."""
+    graph = joint.graph
+    base = graph if alone else _BASES.get((graph, first, last, count), lambda: _base_graph(graph, first, last, count))
+    key = (base, tuple(joint.stage_passes))
+    hit = _STAGES.lookup(key)
+    if hit is not None:
+        return hit
+    try:
+        after = run_passes(base, joint.stage_passes, check=joint.checked, reuse=joint.reuse)
+    except LayoutError:
+        raise Fallback("a stage pass refused the stage") from None
+    stage = Stage(0 if first else 1, after, count, base)
+    _STAGES.put(key, stage)
+    return stage
+
+
+def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
+    """The nodes :class:`~echosim.passes.pipeline.PipelineParallel` gives a stage of this shape, ``count`` layers."""
+    ((block, _),) = graph.repeats.items()
+    cls = graph.derived(("pp-classes", block), lambda: _classify(graph, block))
+    static = graph.derived("pp-static", lambda: _static(graph))
+    keep = {"block"} | ({"pre"} if first else set()) | ({"post"} if last else set())
+    members = {nid for nid, c in cls.items() if c in keep and nid not in static}
+    # a recv/send's group size (pp) is read by nothing that costs or sizes a stage: 2 stands for any pp
+    return _stage_graph(graph, members, static, 0 if first else 1, 2, {block: count})
+
+
+def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _Direct:
+    key = (*_family(joint, first, last), count, alone, *_lowering_key(joint))
+    hit = _DIRECT.lookup(key)
+    if hit is not None:
+        return hit
+    stage = _template(joint, first, last, count, alone)
+    facts, g = joint.facts, stage.graph
+    if _sparse_tables(g)[0]:
+        raise Fallback("sparse embedding tables")
+    cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
+    transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
+    act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))
+    blocks = (
+        g.derived(("activation-blocks", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base, True))
+        if facts.caching_allocator
+        else None
+    )
+    grad_sync, step_end, optimizer = tail_parts(stage)
+    buckets = dp_bucket_seconds(g, grad_sync, Coster(g, joint.backend, joint.where))
+    d = _Direct(
+        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.param_count(),
+        _expert_params(g) if facts.expert_state is not None else 0, transient, act, blocks,
+        buckets, bool(grad_sync), step_end, optimizer,
+    )  # fmt: skip
+    _DIRECT.put(key, d)
+    return d
+
+
+def _affine(a: int, b: int, count: int) -> int:
+    """``x(count)`` of an integer that is ``a`` at depth 2 and ``b`` at depth 3 and affine in the depth."""
+    return a + (count - 2) * (b - a)
+
+
+def _same_unit(a: UnitTiming, b: UnitTiming) -> bool:
+    return a.duration == b.duration and a.critical_end == b.critical_end and a.busy == b.busy
+
+
+def _units(
+    a: list[tuple[UnitTiming, int]], b: list[tuple[UnitTiming, int]], count: int
+) -> list[tuple[UnitTiming, int]]:
+    """Depth 2's units with the block (every third unit from the second) repeated ``count`` times."""
+    if len(a) != len(b):
+        raise Fallback("units differ with depth")
+    out = []
+    for k, ((ua, ka), (ub, kb)) in enumerate(zip(a, b, strict=True)):
+        block = k % 3 == 1
+        if not _same_unit(ua, ub) or (ka, kb) != ((2, 3) if block else (ka, ka)):
+            raise Fallback("units differ with depth")
+        out.append((ua, count if block else ka))
+    return out
+
+
+def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
+    """Depth ``count`` from depths 2 and 3 (module docstring)."""
+    a, b = (_direct(joint, first, last, c, False) for c in (2, 3))
+    ca, cb = a.cost, b.cost
+    if (ca.p2p_fwd, ca.p2p_bwd, a.buckets, a.transient, a.grad_sync) != (
+        cb.p2p_fwd, cb.p2p_bwd, b.buckets, b.transient, b.grad_sync
+    ):  # fmt: skip
+        raise Fallback("transfers, buckets or working set differ with depth")
+    fwd_units = _units(ca.fwd_units, cb.fwd_units, count)
+    bwd_units = _units(ca.bwd_units, cb.bwd_units, count)
+    if len(bwd_units) == 3 and (ca.wgrad or cb.wgrad):
+        raise Fallback("weight-gradient units outside the block")
+    fwd = sum(repeated(u, k) for u, k in fwd_units)
+    bwd = sum(repeated(u, k) for u, k in bwd_units[:3])
+    wgrad = sum(repeated(u, k) for u, k in bwd_units[3:]) if len(bwd_units) > 3 else 0.0
+    overlap = joint.backend.overlap()
+    dp = (
+        dp_tail_times(a.buckets, bwd_units, joint.options.overlap_dp, overlap.compute_slowdown)
+        if a.grad_sync
+        else (0.0, 0.0, 0.0)
+    )
+    params = _affine(a.params, b.params, count)
+    cost = Coster(a.stage.graph, joint.backend, joint.where)
+    step_end: dict[str, float] = {}
+    if len(a.step_end) != len(b.step_end):
+        raise Fallback("step-end collectives differ with depth")
+    for na, nb in zip(a.step_end, b.step_end, strict=True):
+        assert isinstance(na.attrs, CollectiveAttrs) and isinstance(nb.attrs, CollectiveAttrs)
+        axis = na.attrs.axis.value
+        if (na.op, na.attrs, na.out) == (nb.op, nb.attrs, nb.out):
+            sec = cost(na)
+        elif na.op is nb.op and replace(nb.attrs, bytes=na.attrs.bytes) == na.attrs:  # bytes grow with layers
+            sec = _collective(joint, na, _affine(na.attrs.bytes, nb.attrs.bytes, count))
+        else:
+            raise Fallback("a step-end collective changes with depth")
+        step_end[axis] = step_end.get(axis, 0.0) + sec
+    if len(a.optimizer) != len(b.optimizer):
+        raise Fallback("optimizer steps differ with depth")
+    opt = sum(cost(_optimizer_node(joint, na, nb, a.params, b.params, params)) for na, nb in
+              zip(a.optimizer, b.optimizer, strict=True))  # fmt: skip
+    sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
+                   opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
+    flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
+    experts = _affine(a.experts, b.experts, count)
+    static = static_memory(params, experts, (0, (0, 0)), a.transient, joint.facts)
+    act = _affine(a.act, b.act, count)
+    blocks = _affine(a.blocks, b.blocks, count) if a.blocks is not None and b.blocks is not None else None
+    return Derived(sc, (flops, static, act, blocks))
+
+
+def _flop_parts(f: FlopCount) -> tuple[int, int, int]:
+    return (f.forward, f.backward, f.recompute)
+
+
+def _collective(joint: Joint, node: Node, nbytes: int) -> float:
+    """:class:`~echosim.timeline.lower.Coster`'s price of a collective of ``nbytes`` on ``node``'s axis."""
+    assert isinstance(node.attrs, CollectiveAttrs)
+    if node.attrs.size <= 1:
+        return 0.0
+    if node.op is OpKind.ALL_TO_ALL and node.attrs.top_k:
+        raise Fallback("an expert dispatch in the step tail")
+    backend, kind, where = joint.backend, node.op, joint.where[node.attrs.axis]
+    return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
+
+
+def _optimizer_node(joint: Joint, a: Node, b: Node, pa: int, pb: int, params: int) -> Node:
+    """The optimizer step for ``params`` parameter elements, as the optimizer pass builds it (checked against
+    the steps it built at depths 2 and 3)."""
+    if a == b:
+        return a
+    shard = next((p.shard for p in joint.stage_passes if getattr(p, "name", "") == "optimizer"), None)
+    if shard is None or not isinstance(a.attrs, OptimizerAttrs):
+        raise Fallback("an optimizer step of another kind")
+
+    def built(total: int) -> Node:
+        n = math.ceil(total / shard)
+        assert isinstance(a.attrs, OptimizerAttrs)
+        return replace(a, out=TensorSpec((max(n, 1),), DType.FP32), attrs=replace(a.attrs, params=n))
+
+    if built(pa) != a or replace(built(pb), id=b.id, inputs=b.inputs) != b:
+        raise Fallback("the optimizer step is not the parameter count over its shards")
+    return built(params)
+
+
+__all__ = ["FALLBACKS", "Derived", "Fallback", "stage_counts", "stages"]

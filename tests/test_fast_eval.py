@@ -1,0 +1,91 @@
+"""The search's fast evaluator (stages derived from stage graphs of depth 1-3, no pipeline split per layout)
+gives a full compile's figures: seeded samples across every dimension, layout by layout, exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from echosim import fast_eval, memo
+from echosim.frontend.zoo import ArchConfig
+from echosim.layout_search import _evaluate_batch, evaluate, search
+from echosim.plan import Cluster, Plan
+
+
+def _moe() -> ArchConfig:
+    return ArchConfig(
+        "moe", layers=8, hidden=1024, heads=16, kv_heads=4, vocab=32000, seq_len=2048, experts=8, top_k=2,
+        moe_ffn=1024,
+    )  # fmt: skip
+
+
+def _drawn(model: object, base: Plan, cluster: Cluster, n: int, seed: int) -> list[Plan]:
+    space = {"schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"), "mb": (1, 2, 4)}
+    plans = search(model, base, cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    return random.Random(seed).sample(plans, min(n, len(plans)))
+
+
+def _assert_fast_equals_lower(model: object, plans: list[Plan], cluster: Cluster) -> None:
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    got = _evaluate_batch(model, plans, cluster, 1.0, fast=True)
+    assert not fast_eval.FALLBACKS, fast_eval.FALLBACKS  # every layout here is one the fast path covers
+    memo.clear_all()
+    for g, plan in zip(got, plans, strict=True):
+        want = evaluate(model, plan, cluster)  # lower(): what `echosim compile` reports
+        assert g.as_dict() == want.as_dict(), plan
+        assert g.breakdown == want.breakdown, plan
+
+
+@pytest.mark.parametrize(
+    ("model", "devices", "seed"),
+    [
+        ("gpt3-350m", 16, 5),  # 24 layers: pp up to 16, vpp up to 4, so depths 1 to 24 (derived from 4 on)
+        pytest.param("moe", 16, 3, marks=pytest.mark.slow),
+        pytest.param("gpt3-125m", 8, 11, marks=pytest.mark.slow),
+    ],
+)
+def test_fast_figures_equal_compile_on_a_seeded_sample_of_the_whole_space(model: str, devices: int, seed: int) -> None:
+    """Every dimension (tp, pp, dp, cp, ep, vpp, sp, ZeRO 0-3, micro-batch, recompute, four schedules,
+    tp-overlap), 40 layouts drawn at random: the fast path's figures equal one cold ``lower()`` each."""
+    arch: object = _moe() if model == "moe" else model
+    cluster = Cluster("h100-sxm", devices)
+    plans = _drawn(arch, Plan(global_batch=32), cluster, 40, seed)
+    assert {p.zero for p in plans} == {0, 1, 2, 3} and len({p.pp for p in plans}) >= 3
+    assert any(p.pp > 1 and 24 // (p.pp * p.vpp) > 3 for p in plans) or model != "gpt3-350m"  # a derived depth
+    _assert_fast_equals_lower(arch, plans, cluster)
+
+
+def test_deep_stages_are_derived_not_built() -> None:
+    """A 24-layer model split 2, 3, 4, 6 and 8 ways builds stage graphs of depths 1-3 only."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=pp, dp=8 // pp, global_batch=16) for pp in (2, 4, 8)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    depths = {stage.layers for stage in fast_eval._STAGES._data.values()}
+    assert depths <= {1, 2, 3}
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_layouts_outside_the_fast_path_fall_back_and_still_equal_compile() -> None:
+    """CPU-offloaded layers (their saved bytes are not affine in the depth) take the full path, counted."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, offload_layers=2)]
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    got = _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert fast_eval.FALLBACKS == {"CPU-offloaded layers": 1}
+    memo.clear_all()
+    assert got[0].as_dict() == evaluate("gpt3-350m", plans[0], cluster).as_dict()
+
+
+def test_search_reports_the_full_paths_figures_for_its_top_layouts() -> None:
+    """A search (fast path on) and the same search on the full path rank and report identically."""
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (1, 2), "pp": (1, 2, 4), "zero": (0, 1, 3), "mb": (1, 2), "recompute": ("none", "full")}
+    memo.clear_all()
+    fast = search("gpt3-350m", Plan(global_batch=16), cluster, space=space)
+    memo.clear_all()
+    full = search("gpt3-350m", Plan(global_batch=16), cluster, space=space, fast=False)
+    assert [e.as_dict() for e in fast.evaluated] == [e.as_dict() for e in full.evaluated]
