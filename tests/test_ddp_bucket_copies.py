@@ -101,3 +101,20 @@ def test_gpu_eager_data_parallel_pays_the_copies_at_hbm_rate() -> None:
     tables, dense = dlrm_params(ROWS, DIM, 13, (64, 32), (128, 64, 1), 2, 32)
     # 16 bytes a parameter through A100 80GB's 2.039 TB/s HBM: no faster than the peak allows
     assert tasks and tasks[0].duration >= 16 * (tables + dense) / 2.039e12
+
+
+def test_a_repeated_blocks_copies_count_once_per_layer() -> None:
+    """A folded stage holds one copy of the repeated block: DDP copies every layer's gradients into
+    their buckets and back, so the tail's copies are the block's x the layer count plus the rest's."""
+    from echosim.timeline.lower import Coster
+
+    plan = Plan(dp=2, micro_batch=1, global_batch=2, seq_len=128, dtype="fp32", framework="eager")
+    compiled = lower("gpt3-125m", plan, Cluster("cpu-x86", 2, 2))
+    stage = compiled.stages[0]  # type: ignore[attr-defined]
+    graph = stage.graph
+    coster = Coster(graph, cpu.CPUBackend(cpu.CPU_X86), {})  # the copies read no placement
+    nodes = _grad_sync(compiled)
+    assert any(graph.block_of(n) is not None for n in nodes) and stage.layers > 1
+    expected = sum(sum(coster.bucket_copies(n)) * (stage.layers if graph.block_of(n) else 1) for n in nodes)
+    tasks = [t for t in compiled.costed.tails if t.task == "dp_copies"]  # type: ignore[attr-defined]
+    assert len(tasks) == 1 and tasks[0].duration == pytest.approx(expected)
