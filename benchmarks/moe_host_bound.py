@@ -59,6 +59,16 @@ def layer_profile(comp: Any, local_experts: int) -> dict[str, tuple[float, int]]
     return {k: (span[k], kernels[k]) for k in span}
 
 
+def host_bound_extra_s(host_s: float, gpu_fwd_s: float, kernels_fwd: int, gpu_bwd_s: float, kernels_bwd: int) -> float:
+    """Seconds one layer and micro-batch gains when each half runs no faster than the host issues its kernels."""
+    return max(0.0, host_s * kernels_fwd - gpu_fwd_s) + max(0.0, host_s * kernels_bwd - gpu_bwd_s)
+
+
+def needed_host_s(measured_s: float, predicted_s: float, gpu_s: float, kernels: int) -> float:
+    """Host seconds per kernel at which a fully host-bound layer takes what was measured (per layer-mb)."""
+    return (measured_s - predicted_s + gpu_s) / kernels
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="../shared/validation/cases.csv")
@@ -89,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = micro * layers
         meas = measured / runs
         pred = comp.report.step_time_s / runs
-        need = (meas - pred + gf + gb) / (kf + kb) * 1e6  # host-bound layer: meas ~ host x kernels
+        need = needed_host_s(meas, pred, gf + gb, kf + kb) * 1e6
         h = (args.host_us or DEVICES[cluster.backend].nccl_launch_us) * 1e-6
         # the rule applies to rows whose dispatcher syncs: Megatron-Core alltoall, dropless; HybridEP is applied
         # on GB200/GB300 only (Megatron-Bridge v0.2.0 training/flex_dispatcher_backend.py), DeepEP rows and
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             and "tokendrop" not in c.case_id
             and c["device"] not in ("gb200", "gb300")
         )
-        add = (max(0.0, h * kf - gf) + max(0.0, h * kb - gb)) if syncs else 0.0
+        add = host_bound_extra_s(h, gf, kf, gb, kb) if syncs else 0.0
         before = comp.report.step_time_s / measured - 1
         after = (comp.report.step_time_s + add * runs) / measured - 1
         errors_before.append(before)
