@@ -334,7 +334,7 @@ def cpu_section() -> list[str]:
     lines = [
         "## Real training on this CPU (`benchmarks/cpu_reality.py`)",
         "",
-        f"{data.get('machine', 'this machine')}. Small GPT and Llama models really trained with torch (fp32, "
+        f"{data.get('machine', 'this machine')}. Small GPT and Llama models really trained with torch (fp32, fused "
         "AdamW); the step time is the median of 10 steps after 3 warm-up steps. echosim predicts the same model and "
         "layout on the `cpu-x86` backend calibrated on this machine just before (`echosim calibrate`: matmul, "
         "memory-bound, attention and gloo sweeps, once for one rank alone and once for two ranks at once; the fitted "

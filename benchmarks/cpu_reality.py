@@ -30,6 +30,10 @@ the median of ``--steps`` steps after 3 warm-up steps (the slowest rank's, for t
 A run during which other processes used a quarter of a core or more is re-measured (up to
 ``--retries`` times); every attempt is kept in the JSON and the quietest one is reported,
 chosen by the load of the machine, never by its error.
+AdamW runs ``fused=True`` (as in ``cpu_reality_nonllm.py``): one pass over each tensor, the
+optimizer echosim's Adam cost describes. PyTorch's CPU default, a loop of eight element-wise
+kernels per tensor (~80 bytes a parameter), is not modelled (``benchmarks/cpu_breakdown.py``
+profiles it).
 Models are fp32 (this CPU has no fast bf16 path), without dropout, sized so that no tensor
 reaches glibc's 32 MiB mmap threshold (larger ones pay page faults on every allocation, a
 regime the CPU model does not contain).
@@ -172,7 +176,7 @@ def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps
     else:
         if layout == "DDP x2 (gloo)":
             model = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
@@ -199,7 +203,7 @@ def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int)
     params = list(mine.parameters()) + (
         list(model.embed.parameters()) if rank == 0 else [*model.norm.parameters(), *model.lm_head.parameters()]
     )
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     m = PIPELINE_MICROBATCHES
     micro = ids.repeat(m, 1).chunk(m)  # m micro-batches of BATCH sequences
     s = cfg.seq_len

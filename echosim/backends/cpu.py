@@ -94,6 +94,12 @@ class CPUSpec:
     # One embedding_bag call's bookkeeping ops (us), and a looked-up row's axpy in its backward (ns).
     bag_call_us: float = BAG_CALL_US
     bag_lookup_ns: float = BAG_LOOKUP_NS
+    # A memory-bound op whose bytes fit in this much cache (a core's L2 per thread; 0: no cache
+    # regime) finds its operands there, written by the op before, and moves them at cache_GBps;
+    # a larger one streams from DRAM at ddr_GBps x stream_fraction. `echosim calibrate` derives the
+    # size from the OS and measures both rates, the DRAM one with the caches evicted (bench.CacheEvictor).
+    cache_bytes: float = 0.0
+    cache_GBps: float = 100.0
 
     def __post_init__(self) -> None:
         who = f"device {self.name or '<unnamed>'!r}"
@@ -105,6 +111,8 @@ class CPUSpec:
             if f.name in ("name", "source"):
                 continue
             value = getattr(self, f.name)
+            if f.name == "cache_bytes" and value == 0:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{who}: field {f.name!r} must be a positive number, got {value!r}")
         for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32", "math_fraction", "attention_eff"):
@@ -167,10 +175,18 @@ def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: s
 
 
 def memory_bound_time_s(cpu: CPUSpec, nbytes: int, vector_math: bool = False) -> float:
-    """Bytes at the streaming rate (``vector_math``: at ``math_fraction`` of it) plus the per-op overhead."""
+    """Bytes at the rate of where they sit, plus the per-op overhead.
+
+    Up to ``cache_bytes`` at the cache rate, beyond it at the DRAM streaming rate. A ``vector_math``
+    kernel is also bound by its arithmetic: a roofline, its bytes at no more than
+    ``math_fraction x stream_fraction x ddr_GBps`` (the rate it reaches out of cache), wherever they sit.
+    """
     if nbytes < 0:
         raise ValueError(f"byte count must be non-negative, got {nbytes}")
-    rate = cpu.ddr_GBps * 1e9 * cpu.stream_fraction * (cpu.math_fraction if vector_math else 1.0)
+    stream = cpu.ddr_GBps * 1e9 * cpu.stream_fraction
+    rate = cpu.cache_GBps * 1e9 if nbytes <= cpu.cache_bytes else stream
+    if vector_math:
+        rate = min(rate, stream * cpu.math_fraction)
     return nbytes / rate + cpu.op_overhead_us * 1e-6
 
 
@@ -336,6 +352,12 @@ class CPUBackend(KernelBackend):
             return embedding_bag_forward_time_s(self.cpu, io_bytes)
         if node.op is OpKind.CROSS_ENTROPY:
             io_bytes *= CROSS_ENTROPY_PASSES
+            if node.phase is Phase.BACKWARD:
+                # nll_loss's backward starts from at::zeros of the logits' size (LossNLL.cpp): a tensor
+                # born every step, at the fresh-page rate from the mmap threshold up (fresh_fill_time_s)
+                fill = node.out.nbytes
+                rest = memory_bound_time_s(self.cpu, max(0, io_bytes - fill), vector_math=True)
+                return fresh_fill_time_s(self.cpu, fill) + rest
         return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node))
 
     def _dense_embedding_backward_s(self, node: Node, a: EmbeddingAttrs, io_bytes: int) -> float:

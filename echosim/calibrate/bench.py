@@ -117,15 +117,23 @@ def _torch() -> Any:
 
 
 def time_fn(
-    fn: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable[[], None] | None = None
+    fn: Callable[[], Any],
+    repeats: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+    before: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
-    """(median wall seconds, median process-CPU seconds) of ``fn`` after ``warmup`` calls."""
+    """(median wall seconds, median process-CPU seconds) of ``fn`` after ``warmup`` calls.
+
+    ``before`` runs ahead of each timed call, outside the timing (:class:`CacheEvictor`)."""
     for _ in range(warmup):
         fn()
     if sync:
         sync()
     walls, cpus = [], []
     for _ in range(repeats):
+        if before is not None:
+            before()
         c0, w0 = time.process_time(), time.perf_counter()
         fn()
         if sync:
@@ -137,6 +145,60 @@ def time_fn(
 
 def _repeats(seconds_guess: float, budget_s: float = 0.3) -> int:
     return max(3, min(50, int(budget_s / max(seconds_guess, 1e-6))))
+
+
+#: Repeats of a sample timed after evicting the caches (each eviction streams the whole last-level cache).
+EVICTED_REPEATS = 7
+#: Caches assumed when the OS does not report them: a core's L2 and the last level.
+DEFAULT_L2_BYTES = 1 * 2**20
+DEFAULT_LLC_BYTES = 32 * 2**20
+
+
+def _size_bytes(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG") or 0) * scale
+
+
+def cache_bytes(level: int | None = None) -> int:
+    """A CPU cache's size as the OS reports it (sysfs ``cpu0/cache/index*``): data or unified cache of
+    ``level``, or the largest one (``None``: the last level); the defaults above where none is reported."""
+    from pathlib import Path
+
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            if level is None or int((index / "level").read_text()) == level:
+                sizes.append(_size_bytes((index / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=0) or (DEFAULT_LLC_BYTES if level is None else DEFAULT_L2_BYTES)
+
+
+class CacheEvictor:
+    """Pushes the caches' contents out to DRAM by rewriting a buffer as large as the last-level cache.
+
+    A training step's working set (weights, gradients, optimizer states, the activations the
+    forward saves for the backward) is far larger than a CPU's caches, and its kernels read
+    operands written many kernels before: they stream from DRAM. A microbenchmark that repeats
+    one kernel on the same tensors finds them in cache instead and measures the cache's
+    bandwidth (on a 2-core Xeon VM: a 2.8 MB multiply 2x faster warm than after an eviction,
+    benchmarks/cpu_breakdown.py). So each timed call of a streaming kernel larger than a core's L2
+    runs after an eviction. Smaller ones stay warm: in a step their operands are mostly what the
+    kernel before wrote, still in L2 (and after an eviction a VM's first touch of each page walks
+    evicted nested page tables, ~2 us a 4 KiB page, a fixed cost the step does not pay). Matmuls
+    and attention stay warm too: compute-bound, they read each operand byte many times.
+    """
+
+    def __init__(self, nbytes: int | None = None) -> None:
+        torch = _torch()
+        self.nbytes = int(nbytes if nbytes is not None else cache_bytes())
+        self._buffer = torch.zeros(max(1, self.nbytes // 4))
+
+    def __call__(self) -> None:
+        self._buffer.add_(1.0)
 
 
 def _cpu_sample(kind: str, op: str, dtype: str, wall: float, cpu: float, threads: int, **shape: int) -> Sample:
@@ -184,6 +246,16 @@ def bench_cpu(
         barrier()
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     out: list[Sample] = []
+    # streaming kernels beyond L2 are timed with their operands out of cache, as in a training step
+    # (CacheEvictor); the tests' tiny sweep keeps them warm for speed
+    evict = CacheEvictor() if sweep != "tiny" else None
+    l2 = threads * cache_bytes(2)  # the model's cache_bytes (fit.cpu_identity_spec)
+
+    def timed(fn: Callable[[], Any], repeats: int, nbytes: int = 0) -> tuple[float, float]:
+        if evict is None or nbytes <= l2:
+            return time_fn(fn, repeats)
+        return time_fn(fn, min(repeats, EVICTED_REPEATS), before=evict)
+
     for dtype in dtypes:
         for m, n, k, b in MATMUL_SWEEPS[sweep]:
             shape_a, shape_b = ((b, m, k), (b, k, n)) if b > 1 else ((m, k), (k, n))
@@ -194,19 +266,19 @@ def bench_cpu(
             out.append(_cpu_sample("matmul", "matmul", dtype, wall, cpu, threads, m=m, n=n, k=k, batch=b))
             if progress:
                 progress(f"matmul {dtype} {b}x{m}x{n}x{k}")
-    kernels: dict[str, tuple[Callable[[Any], Any], int]] = {
-        "copy": (lambda x: x.clone(), 2),
-        "add": (lambda x: x + x, 3),
-        "mul": (lambda x: x * 1.5, 2),
-        "gelu": (lambda x: F.gelu(x), 2),
-        "layernorm": (lambda x: F.layer_norm(x, (x.shape[-1],)), 2),
-        "softmax": (lambda x: torch.softmax(x, dim=-1), 2),
+    kernels: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
+        "copy": (lambda x, y: x.clone(), 2),
+        "add": (lambda x, y: x + y, 3),  # two operands: x + x would read one array once and count it twice
+        "mul": (lambda x, y: x * 1.5, 2),
+        "gelu": (lambda x, y: F.gelu(x), 2),
+        "layernorm": (lambda x, y: F.layer_norm(x, (x.shape[-1],)), 2),
+        "softmax": (lambda x, y: torch.softmax(x, dim=-1), 2),
     }
     for elements in MEMORY_SWEEPS[sweep]:
-        x = torch.randn(elements // 256, 256)
+        x, y = torch.randn(elements // 256, 256), torch.randn(elements // 256, 256)
         for op, (fn, passes) in kernels.items():
             nbytes = passes * elements * 4
-            wall, cpu = time_fn(lambda fn=fn, x=x: fn(x), _repeats(nbytes / 5e9))
+            wall, cpu = timed(lambda fn=fn, x=x, y=y: fn(x, y), _repeats(nbytes / 5e9), nbytes)
             out.append(_cpu_sample("memory", op, "fp32", wall, cpu, threads, nbytes=nbytes))
             if progress:
                 progress(f"{op} {nbytes / 2**20:.1f} MiB")
@@ -215,7 +287,7 @@ def bench_cpu(
         logits = torch.randn(max(1, elements // vocab), vocab)
         labels = torch.randint(0, vocab, (logits.shape[0],))
         nbytes = 2 * logits.numel() * 4  # log_softmax reads and writes the logits
-        wall, cpu = time_fn(lambda x=logits, y=labels: F.cross_entropy(x, y), _repeats(nbytes / 3e9))
+        wall, cpu = timed(lambda x=logits, y=labels: F.cross_entropy(x, y), _repeats(nbytes / 3e9), nbytes)
         out.append(_cpu_sample("memory", "cross_entropy", "fp32", wall, cpu, threads, nbytes=nbytes))
         if progress:
             progress(f"cross_entropy {nbytes / 2**20:.1f} MiB")

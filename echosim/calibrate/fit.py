@@ -40,6 +40,7 @@ CPU_KNOBS = (
     Knob("gemm_eff_bf16", 0.001, 1.0, "bf16 matmul rate as a fraction of the bf16 peak"),
     Knob("stream_fraction", 0.02, 1.0, "streaming kernels' (copy, add, mul) bandwidth as a fraction of ddr_GBps"),
     Knob("math_fraction", 0.01, 1.0, "vector-math kernels' (GELU, norms, softmax) share of the streaming rate"),
+    Knob("cache_GBps", 1.0, 2000.0, "streaming kernels' bandwidth on operands that fit in cache_bytes, GB/s"),
     Knob("attention_eff", 0.02, 1.0, "attention kernels' block products as a fraction of the GEMM rate"),
     Knob("fresh_memory_GBps", 0.05, 200.0, "zero-filling freshly mapped memory (page faults + unmap), GB/s"),
     Knob("bag_call_us", 0.5, 5000.0, "bookkeeping ops of one nn.EmbeddingBag call (forward or backward), µs"),
@@ -226,17 +227,24 @@ def cpu_identity_spec(base: Any, samples: Sequence[Sample], threads: int, ranks:
         fp32 = best
     bf16 = fp32 * (2 if "avx512_bf16" in flags else 1) * (16 if "amx_bf16" in flags else 1)
     notes["peak_bf16_tflops"] = "AMX / AVX512-BF16 multiples of the fp32 peak where the CPU has them, else equal"
-    bw = max((s.nbytes / s.seconds / 1e9 for s in samples if s.kind == "memory"), default=base.ddr_GBps)
-    notes["ddr_GBps"] = "best bandwidth of the memory-bound samples (the OS reports no DRAM peak)"
-    memory = machine_identity(threads, ranks).get("memory_GB") or base.ddr_GB
+    from echosim.calibrate.bench import cache_bytes
+
+    cached = threads * cache_bytes(2)
+    notes["cache_bytes"] = f"{threads} thread(s) x the L2 cache the OS reports ({cache_bytes(2) / 2**20:g} MiB a core)"
+    memory = [s for s in samples if s.kind == "memory"]
+    beyond = [s for s in memory if s.nbytes > cached] or memory
+    bw = max((s.nbytes / s.seconds / 1e9 for s in beyond), default=base.ddr_GBps)
+    notes["ddr_GBps"] = "best bandwidth of the memory-bound samples beyond the cache (the OS reports no DRAM peak)"
+    memory_GB = machine_identity(threads, ranks).get("memory_GB") or base.ddr_GB
     per_node = max(1, usable_cores() // max(1, threads))
     notes["sockets_per_node"] = f"ranks of {threads} thread(s) this machine holds ({usable_cores()} cores)"
     spec = replace(
         base,
+        cache_bytes=float(cached),
         peak_fp32_tflops=fp32,
         peak_bf16_tflops=bf16,
         ddr_GBps=bw,
-        ddr_GB=memory / per_node,
+        ddr_GB=memory_GB / per_node,
         sockets_per_node=per_node,
         stream_fraction=min(1.0, base.stream_fraction),
     )
@@ -315,6 +323,7 @@ def _informed(knob: Knob, samples: Sequence[Sample]) -> bool:
         "gemm_eff_bf16": "matmul:bf16",
         "stream_fraction": "memory:fp32",
         "math_fraction": "memory:fp32",
+        "cache_GBps": "memory:fp32",
         "attention_eff": "attention:fp32",
         "op_overhead_us": "overhead:fp32",
         "fresh_memory_GBps": "fresh:fp32",
