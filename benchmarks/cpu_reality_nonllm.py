@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -99,18 +100,9 @@ def _batch(name: str, rank: int) -> tuple[Any, ...]:
     return (ids,), ids
 
 
-def worker(name: str, layout: str, rank: int, world: int, port: int, steps: int, optimizer: str) -> dict[str, Any]:
-    import torch
+def train_step(name: str, model: Any, opt: Any, inputs: tuple[Any, ...], labels: Any) -> Callable[[], None]:
+    """A training step of ``name``: zero_grad, forward, its loss (BCE: DLRM, CE: LSTM), backward, step."""
     import torch.nn.functional as F
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model: Any = MODELS[name][0].build()
-    inputs, labels = _batch(name, rank)
-    reduce_max = gloo_group(rank, world, port)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=optimizer == "fused")
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -122,7 +114,22 @@ def worker(name: str, layout: str, rank: int, world: int, port: int, steps: int,
         loss.backward()
         opt.step()
 
-    walls, share = _time_steps(step, steps, reduce_max)
+    return step
+
+
+def worker(name: str, layout: str, rank: int, world: int, port: int, steps: int, optimizer: str) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model: Any = MODELS[name][0].build()
+    inputs, labels = _batch(name, rank)
+    reduce_max = gloo_group(rank, world, port)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=optimizer == "fused")
+
+    walls, share = _time_steps(train_step(name, model, opt, inputs, labels), steps, reduce_max)
     if world > 1:
         import torch.distributed as dist
 

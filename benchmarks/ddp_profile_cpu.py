@@ -37,8 +37,7 @@ VARIANTS = {"1 process": (1, False), "DDP x2": (2, False), "DDP x2, bucket views
 def worker(name: str, world: int, rank: int, port: int, views: bool, steps: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from cpu_reality_nonllm import MODELS, _batch
+    from cpu_reality_nonllm import MODELS, _batch, train_step
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(1)
@@ -50,15 +49,7 @@ def worker(name: str, world: int, rank: int, port: int, views: bool, steps: int)
         model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=views)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        out = model(*inputs)
-        if name.startswith("dlrm"):
-            loss = F.binary_cross_entropy_with_logits(out, labels)
-        else:
-            loss = F.cross_entropy(out.flatten(0, 1), labels.flatten())
-        loss.backward()
-        opt.step()
+    step = train_step(name, model, opt, inputs, labels)
 
     for _ in range(3):
         step()
