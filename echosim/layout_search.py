@@ -646,7 +646,7 @@ def _prepare(
     ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
     """
     from echosim import plugins
-    from echosim.compiler import prepare
+    from echosim.compiler import Joint, prepare
     from echosim.layout import check_plan
 
     prepare = how or prepare
@@ -666,7 +666,7 @@ def _prepare(
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
     check_plan(plan, first.cluster, schedules, interleaved)
-    extra = {"plan": plan} if hasattr(first, "stage_passes") else {}
+    extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
     return replace(
         first,
         options=replace(first.options, schedule=schedules[plan.schedule]),

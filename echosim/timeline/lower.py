@@ -271,17 +271,15 @@ def lower_stage(
                 total += backend.collective_time_s(OpKind.SEND, nbytes, where[Axis.PP])
         return total
 
-    grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
-    grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)  # dense buckets, then the experts' share
+    grad_sync, step_end_nodes, optimizer = _split_tail(tail)
     dp_exposed, dp_busy, dp_copies = _dp_tail(
         graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown
     )
     step_end: dict[str, float] = {}
-    for n in tail:
-        if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END:
-            axis = _axis(n).value  # type: ignore[union-attr]
-            step_end[axis] = step_end.get(axis, 0.0) + cost(n)
-    opt = sum(cost(n) for n in tail if n.op is OpKind.OPTIMIZER_UPDATE)
+    for n in step_end_nodes:
+        axis = _axis(n).value  # type: ignore[union-attr]
+        step_end[axis] = step_end.get(axis, 0.0) + cost(n)
+    opt = sum(cost(n) for n in optimizer)
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
         p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
@@ -416,9 +414,12 @@ def _axis(node: Node) -> Axis | None:
 def tail_parts(stage: Stage) -> tuple[list[Node], list[Node], list[Node]]:
     """What :func:`lower_stage` reads of a stage's step tail, in its order: the gradient reductions (dense
     buckets, then the experts'), the step-end collectives, the optimizer steps."""
-    tail = _tail_nodes(stage)
+    return _split_tail(_tail_nodes(stage))
+
+
+def _split_tail(tail: list[Node]) -> tuple[list[Node], list[Node], list[Node]]:
     grad_sync = [n for n in tail if _role(n) is Role.GRAD_SYNC and n.phase is Phase.BACKWARD]
-    grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)
+    grad_sync.sort(key=lambda n: _axis(n) is Axis.EDP)  # dense buckets, then the experts' share
     step_end = [n for n in tail if n.phase is Phase.OPTIMIZER and _role(n) is Role.STEP_END]
     return grad_sync, step_end, [n for n in tail if n.op is OpKind.OPTIMIZER_UPDATE]
 
@@ -438,17 +439,15 @@ class BucketSeconds(NamedTuple):
 
 def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSeconds:
     """Seconds of the gradient reductions (and DDP's copies) inside the repeated block (one layer's) and of the rest."""
-    inside = [n for n in nodes if graph.block_of(n) is not None]
-    outside = [n for n in nodes if graph.block_of(n) is None]
-    copies = [(cost.bucket_copies(n), graph.block_of(n) is not None) for n in nodes]
-    return BucketSeconds(
-        sum(cost(n) for n in inside),
-        sum(cost(n) for n in outside),
-        sum(c[0] for c, i in copies if i),
-        sum(c[0] for c, i in copies if not i),
-        sum(c[1] for c, i in copies if i),
-        sum(c[1] for c, i in copies if not i),
-    )
+    sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # in the block or not: reduction, into, back
+    for n in nodes:
+        into, back = cost.bucket_copies(n)
+        part = sums[graph.block_of(n) is not None]
+        part[0] += cost(n)
+        part[1] += into
+        part[2] += back
+    (per_layer, into_layer, back_layer), (rest, into_rest, back_rest) = sums[True], sums[False]
+    return BucketSeconds(per_layer, rest, into_layer, into_rest, back_layer, back_rest)
 
 
 def _dp_tail(
