@@ -121,3 +121,13 @@ def test_a_py_model_without_its_factory_is_one_line(tmp_path) -> None:  # type: 
         result = CliRunner().invoke(cli, ["compile", source])
         assert result.exit_code == 1
         assert result.output.strip() == f"Error: {source}: name the factory as path.py:FUNCTION"
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    """`python -m echosim` is the same CLI as the `echosim` script (venvs without bin/ on PATH)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "echosim", "--help"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "Usage:" in out.stdout and "compile" in out.stdout
