@@ -49,3 +49,21 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     )  # +1%: Hopper fp8 transposes
     assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.317, abs=0.01)
     assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(0.340, abs=0.01)
+
+
+def test_interleaved_blocks_count_their_memory_per_layer() -> None:
+    """Gemma 3 12B (five local layers then a global one) and Llama 4 Maverick (dense then MoE) fold into
+    blocks of six and two layers; the memory model keeps each layer's input and replays one layer at a time.
+    Gemma's sliding window was held back while the block's six layers counted as one (its v6e-512 row, which
+    ran in 32 GiB, was predicted at 33.6 GiB); with the window its step moves from +38.9% to -14.8% and its
+    peak stays the unfolded model's 19.7 GiB. Maverick keeps 24 more layer inputs (20.5 -> 28.0 GiB) and
+    replays less (19.0 -> 13.9 GiB of working set): -28.6% -> -30.5%."""
+    result = validate_cases(CASES, {"source_id": "tpu_recipes"})
+    rows = {r.case_id: r for r in result.rows if r.error is not None}
+    gemma = rows["tpurecipes-gemma3-12b-bf16-v6e-512-x2"]
+    assert gemma.fits and gemma.peak_gib == pytest.approx(19.72, abs=0.05)
+    assert gemma.error == pytest.approx(-0.148, abs=0.01)
+    assert rows["tpurecipes-gemma3-12b-bf16-v6e-1024-x4"].error == pytest.approx(-0.209, abs=0.01)
+    maverick = rows["tpurecipes-llama4-maverick-bf16-v5p-128"]
+    assert maverick.fits and maverick.peak_gib == pytest.approx(88.46, abs=0.05)
+    assert maverick.error == pytest.approx(-0.305, abs=0.01)

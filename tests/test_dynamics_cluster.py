@@ -194,3 +194,18 @@ def test_pipeline_split_bad_layouts(tmp_path: Path, extra: list[str], message: s
     result = CliRunner().invoke(cli, ["cluster", path, "gpt3-1.3b", "--tp", "2", "--global-batch", "32",
                                       "--split", "pipeline", *extra])  # fmt: skip
     assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1
+
+
+def test_pipeline_split_reports_layers_of_interleaved_blocks(tmp_path: Path) -> None:
+    """gpt-oss-120b folds its 36 layers as 18 (local, global) blocks: stages move whole blocks but report
+    layers, as the compiled report does."""
+    from echosim import compile
+    from echosim.plan import Cluster, Plan
+
+    path = write(tmp_path, SAME)
+    result = CliRunner().invoke(cli, ["cluster", path, "gpt-oss-120b", "--tp", "2", "--pp", "2", "--global-batch",
+                                      "32", "--split", "pipeline", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    naive = json.loads(result.output)["naive"]["stages"]
+    report = compile("gpt-oss-120b", Plan(tp=2, pp=2, dp=4, global_batch=32), Cluster("h100-sxm", 16))
+    assert [s["layers"] for s in naive] == [row["layers"] for row in report.stages] == [18, 18]

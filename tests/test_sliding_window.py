@@ -187,7 +187,7 @@ def test_validation_rows_take_the_models_patterns() -> None:
         pytest.skip("../shared/validation/cases.csv is not here")
     cases = {c["case_id"]: c for c in read_cases(path)}
     gemma = row_model(cases["tpurecipes-gemma3-12b-bf16-v6e-512-x2"])
-    assert gemma.sliding_window == 0  # held back (rows.py SLIDING_WINDOW): six-layer blocks break its memory
+    assert (gemma.sliding_window, gemma.global_layer_step) == (1024, 6)  # five local layers to one global
     oss = row_model(cases["mbridge2511-gpt-oss-120b-bf16-h100-sxm-64"])
     assert (oss.sliding_window, oss.global_layer_step) == (128, 2)
     llama = row_model(next(c for c in cases.values() if c["arch"] == "llama" and c.int("hidden") == 8192))

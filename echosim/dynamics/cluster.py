@@ -384,7 +384,8 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
     costs = [compiled[owner[s]].costed.stages[s] for s in range(plan.pp)]
     if any(c.wgrad for c in costs):
         raise EchosimError(f"--split pipeline: schedule {plan.schedule!r} defers weight gradients; use 1f1b or gpipe")
-    layers = [c.layers for c in costs]
+    layers = [c.layers for c in costs]  # repetitions of the repeated block (the unit a split moves)
+    per_block = [c.model_layers // c.layers if c.layers else 1 for c in costs]  # reported as layers
     repeat = sum(layers)
 
     def stage(s: int, n: int) -> tuple[float, float]:
@@ -417,7 +418,7 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
                  * split[s] / max(1, layers[s]) for s in range(plan.pp)]  # fmt: skip
         step = max(end + tail for end, tail in zip(timing.rank_ends, tails, strict=True))
         rows = [{"stage": s, "pool": cluster.pools[owner[s]].name, "device": cluster.pools[owner[s]].device,
-                 "layers": split[s], "fwd_s": fb[s][0], "bwd_s": fb[s][1], **memory(s, split[s])}
+                 "layers": split[s] * per_block[s], "fwd_s": fb[s][0], "bwd_s": fb[s][1], **memory(s, split[s])}
                 for s in range(plan.pp)]  # fmt: skip
         return {"step_s": step, "stages": rows, "fits": all(r["fits"] for r in rows)}
 

@@ -102,7 +102,7 @@ def fuse_attention(graph: Graph, notes: list[str]) -> Graph:
                 drop.update(c for c in covered if c != n.id)
     if not found:
         return graph
-    out = Graph(graph.name, graph.repeats)
+    out = Graph(graph.name, graph.repeats, graph.block_layers)
     new: dict[int, int] = {}
     for n in graph:
         if n.id in drop:

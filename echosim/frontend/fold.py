@@ -141,6 +141,14 @@ def folded(module: nn.Module, enabled: bool = True) -> Iterator[Folded]:
 Rename = Callable[[str], str]
 
 
+def block_layers(block: nn.Module) -> int:
+    """Layers a repeated entry runs in turn: a list with its own forward (the zoo's ``LayerBlock`` of
+    local and global, or dense and MoE, layers) runs each of its entries; any other module is one layer."""
+    if isinstance(block, nn.ModuleList) and type(block).forward is not nn.ModuleList.forward:
+        return len(block)
+    return 1
+
+
 def capture_folded(
     root: nn.Module, capture: Callable[[Rename], Capture], *, enabled: bool = True, depth: int = 0
 ) -> Capture:
@@ -165,6 +173,8 @@ def capture_folded(
         try:
             cap = capture(info.real_scope)
             graph = fold_run(cap.graph, run.prefix, depth or run.count)
+            if graph is not None and (layers := block_layers(_resolve(root, run.path)[run.start])) > 1:
+                graph.block_layers = {prefix: layers for prefix in graph.repeats}
         except CaptureError:
             if built_short:
                 raise

@@ -41,13 +41,19 @@ class Node:
 class Graph:
     """A DAG of :class:`Node`; insertion order is a valid topological order."""
 
-    def __init__(self, name: str, repeats: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, name: str, repeats: dict[str, int] | None = None, block_layers: dict[str, int] | None = None
+    ) -> None:
         self.name = name
         self._nodes: dict[int, Node] = {}
         self._dag: nx.DiGraph | None = None
         self._users: dict[int, list[int]] | None = None
         self._derived: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
         self.repeats: dict[str, int] = dict(repeats or {})
+        # Layers one repetition of a repeated block holds, where more than one: the zoo's interleaved
+        # blocks (five local layers then a global one, dense then MoE) run their layers in turn, each a
+        # numbered child ``<prefix>.<j>`` (:meth:`layer_of`). Absent: the block is one layer.
+        self.block_layers: dict[str, int] = {k: v for k, v in (block_layers or {}).items() if v > 1}
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -90,7 +96,7 @@ class Graph:
             self._changed()
 
     def copy(self, name: str | None = None) -> Graph:
-        g = Graph(name or self.name, self.repeats)
+        g = Graph(name or self.name, self.repeats, self.block_layers)
         g._nodes = dict(self._nodes)
         g.inputs = list(self.inputs)
         g.outputs = list(self.outputs)
@@ -121,7 +127,7 @@ class Graph:
         outputs or gradients change, so a cached analysis never describes an older graph.
         """
         stamp = (len(self._nodes), self._next, tuple(self.repeats.items()), len(self.inputs), len(self.outputs),
-                 len(self.grads))  # fmt: skip
+                 len(self.grads), tuple(self.block_layers.items()))  # fmt: skip
         hit = self._derived.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]  # type: ignore[no-any-return]
@@ -171,6 +177,24 @@ class Graph:
     def multiplicity(self, node: Node) -> int:
         prefix = self.block_of(node)
         return self.repeats[prefix] if prefix is not None else 1
+
+    def layers_per_block(self, prefix: str) -> int:
+        """Layers one repetition of block ``prefix`` holds (:attr:`block_layers`; 1 unless declared)."""
+        return self.block_layers.get(prefix, 1)
+
+    def layer_of(self, node: Node) -> str | None:
+        """The scope of the layer a node belongs to: its block's prefix, or inside a block of several
+        layers the numbered child (``layers.0.3``) that holds it; ``None`` outside the repeated blocks.
+        A node of such a block outside every child (a collective a pass put on the block) is the block's."""
+        prefix = self.block_of(node)
+        if prefix is None or prefix not in self.block_layers:
+            return prefix
+        head = node.scope[len(prefix) + 1 :].partition(".")[0]
+        return f"{prefix}.{head}" if head.isdigit() else prefix
+
+    def layer_count(self) -> int:
+        """Layers the graph's repeated blocks stand for (repetitions times layers per repetition)."""
+        return sum(count * self.layers_per_block(prefix) for prefix, count in self.repeats.items())
 
     def by_phase(self, phase: Phase) -> list[Node]:
         return [n for n in self.nodes.values() if n.phase is phase]

@@ -8,7 +8,8 @@ from echosim.ir.graph import Graph
 def print_graph(graph: Graph) -> str:
     lines = [f"graph {graph.name}"]
     for prefix, count in sorted(graph.repeats.items()):
-        lines.append(f"  repeat {prefix} x{count}")
+        layers = graph.layers_per_block(prefix)
+        lines.append(f"  repeat {prefix} x{count}" + (f" ({layers} layers each)" if layers > 1 else ""))
     for node in graph:
         args = ", ".join(f"%{i}" for i in node.inputs)
         attrs = str(node.attrs)

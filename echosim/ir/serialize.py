@@ -35,6 +35,7 @@ def graph_to_data(graph: Graph) -> dict[str, Any]:
         "format": FORMAT,
         "name": graph.name,
         "repeats": dict(graph.repeats),
+        "block_layers": dict(graph.block_layers),
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "grads": [[p, g] for p, g in graph.grads.items()],
@@ -71,7 +72,10 @@ def _graph_from_data(data: Any) -> Graph:
     repeats = data["repeats"]
     if not isinstance(repeats, dict) or not all(_is_int(v) and v >= 0 for v in repeats.values()):
         raise GraphDataError("repeats must map scope prefixes to counts")
-    graph = Graph(_str(data["name"]), {_str(k): v for k, v in repeats.items()})
+    layers = data.get("block_layers", {})  # absent: every block is one layer
+    if not isinstance(layers, dict) or not all(_is_int(v) and v >= 1 for v in layers.values()):
+        raise GraphDataError("block_layers must map scope prefixes to layer counts")
+    graph = Graph(_str(data["name"]), {_str(k): v for k, v in repeats.items()}, {_str(k): v for k, v in layers.items()})
     table: dict[int, Node] = {}
     for item in data["nodes"]:
         node = _node_from_data(item)

@@ -356,7 +356,9 @@ def _accumulate(c: _Ctx, n: Node, parts: list[int]) -> int:
     # Where every consumer sits in one repeated layer, the sum happens inside that layer
     # (once per repetition): in the unfolded model each layer sums its own input's grads.
     blocks = {c.g.block_of(c.g[p]) for p in parts}
+    layers = {c.g.layer_of(c.g[p]) for p in parts}
     scope = blocks.pop() if len(blocks) == 1 and None not in blocks else n.scope
+    scope = layers.pop() if len(layers) == 1 and None not in layers else scope
     whole = [p for p in parts if c.spec(p).numel >= n.out.numel]
     slices = [p for p in parts if c.spec(p).numel < n.out.numel]
     if slices:

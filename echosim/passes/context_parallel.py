@@ -82,7 +82,7 @@ class _Splitter:
         self.src = graph
         self.cp = opts.cp
         self.opts = opts
-        self.out = Graph(graph.name, graph.repeats)
+        self.out = Graph(graph.name, graph.repeats, graph.block_layers)
         self.map: dict[int, int] = {}
         self.axis: dict[int, int] = {}  # new value id -> its sequence axis
 

@@ -52,7 +52,8 @@ class DataParallel:
             if isinstance(attrs, CollectiveAttrs) and attrs.axis is Axis.EMBED:  # tied weight: synced at step end
                 groups.setdefault("", []).append(param)
                 continue
-            groups.setdefault(g.block_of(g[param]) or "", []).append(param)
+            # each layer's gradients (a repeated block of several layers: each of them), as in the unfolded model
+            groups.setdefault(g.layer_of(g[param]) or "", []).append(param)
         # later layers' gradients are ready first: reduce the block's buckets before the rest
         for scope in sorted(groups, key=lambda s: (s == "", s)):
             params = groups[scope]

@@ -252,7 +252,7 @@ class _Rewrite:
 
     def __init__(self, src: Graph, tables: list[Table], placement: Placement, world: int) -> None:
         self.src, self.tables, self.placement, self.world = src, tables, placement, world
-        self.out = Graph(src.name, src.repeats)
+        self.out = Graph(src.name, src.repeats, src.block_layers)
         self.map: dict[int, int] = {}
         self.sharded = {t.node: i for i, t in enumerate(tables) if placement.kinds[i] != "data"}
         self.params = {tables[i].param: i for i in self.sharded.values()}

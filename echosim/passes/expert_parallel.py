@@ -154,7 +154,7 @@ class _Rewriter:
     def __init__(self, graph: Graph, opts: ExpertParallel, dispatches: list[Node]) -> None:
         self.src = graph
         self.opts = opts
-        self.out = Graph(graph.name, graph.repeats)
+        self.out = Graph(graph.name, graph.repeats, graph.block_layers)
         self.map: dict[int, int] = {}
         self.region: dict[int, int] = {}  # node in an expert region -> its dispatch
         self.combine_of: dict[int, int] = {}  # combine -> dispatch

@@ -81,7 +81,7 @@ class GradientGroups:
         for p in g.grads:
             node = g[p]
             size = node.out.numel
-            scope = g.block_of(node) or "-"
+            scope = g.layer_of(node) or "-"  # gradient reductions sit on each layer (passes/data_parallel.py)
             for key, weight in ((scope, 1), ("*", g.multiplicity(node))):
                 total[key] = total.get(key, 0.0) + size * weight
                 if _expert(node):

@@ -233,10 +233,12 @@ def activation_bytes(
     if blocks:
         each = {nid: allocator_block(b) for nid, b in each.items()}
     total = sum(each[nid] * k for nid, k in mult.items())
-    layers = max(mult.values(), default=1)
+    blocks = max(mult.values(), default=1)
+    per_block = max((graph.layers_per_block(p) for p, k in graph.repeats.items() if k == blocks), default=1)
+    layers = blocks * per_block
     if saved.offload_layers and layers > 1:
-        # one layer's share: what every repetition of the layer keeps (its input included)
-        per_layer = sum(each[nid] for nid, k in mult.items() if k == layers)
+        # one layer's share: what every repetition of the block keeps (its inputs included), per layer of it
+        per_layer = sum(each[nid] for nid, k in mult.items() if k == blocks) // per_block
         total -= min(saved.offload_layers, layers - 1) * per_layer
     return total
 
@@ -266,7 +268,7 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
             mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n))
             own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
             own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == src.id)
-            if n.phase is Phase.RECOMPUTE and graph.block_of(src) is None:
+            if n.phase is Phase.RECOMPUTE and graph.layer_of(src) != graph.layer_of(n):
                 replayed_reads.add(src.id)
             if saved.ce_saved and n.origin is not None and graph[n.origin].op is OpKind.CROSS_ENTROPY:
                 logits.add(src.id)
@@ -376,12 +378,16 @@ def _freed_schedule(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], l
     pos = {nid: i for i, nid in enumerate(graph.nodes)}
     each, mult = _saved_values(graph, saved)
     last: dict[int, int] = {}
+    layers_read: set[int] = set()  # read by the layers (a stage's input): kept by each repetition, not once
     for n in graph:
         if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
             for i in n.inputs:
                 b = _base(graph, i)
+                if graph.block_of(n) is not None:
+                    layers_read.add(b)
                 if b in each and mult[b] == 1 and graph.block_of(graph[b]) is None:
                     last[b] = pos[n.id]
+    last = {b: p for b, p in last.items() if b not in layers_read}
     ends = sorted((p, each[b]) for b, p in last.items())
     cumulative, total = [], 0
     for _, nbytes in ends:
@@ -422,7 +428,12 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
             read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
     ours = {n.id for n in nodes}
     replayed = [n for n in nodes if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
-    replay = sum(n.out.nbytes for n in replayed if graph.block_of(n) is not None)
+    # one layer is replayed at a time: a block of several layers checkpoints each (passes/recompute.py)
+    per_layer: dict[str, int] = {}
+    for n in replayed:
+        if (layer := graph.layer_of(n)) is not None:
+            per_layer[layer] = per_layer.get(layer, 0) + n.out.nbytes
+    replay = max(per_layer.values(), default=0)
     # the output layer's replayed logits (vocabulary tiling): one chunk at a time
     outer = [n for n in replayed if graph.block_of(n) is None]
     logit_replay = sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in outer)

@@ -197,7 +197,7 @@ class PipelineParallel:
 def _stage_graph(
     graph: Graph, members: set[int], static: set[int], index: int, pp: int, repeats: dict[str, int]
 ) -> Graph:
-    g = Graph(f"{graph.name}.stage{index}", repeats)
+    g = Graph(f"{graph.name}.stage{index}", repeats, graph.block_layers)
     new: dict[int, int] = {}
     tied: dict[int, list[int]] = {}
 

@@ -2,9 +2,14 @@
 
 ``full`` (Megatron's full recompute) checkpoints each repeated layer's input and
 replays the whole layer, its tensor-parallel all_reduces included, before the
-layer's backward. ``selective`` (Korthikanti et al. 2022) replays only the
-attention core; with a fused (flash) kernel that replay already lives inside the
-attention backward, so only materialised attention gains recompute nodes.
+layer's backward. A layer is a transformer layer: a repeated block of several
+(:attr:`echosim.ir.graph.Graph.block_layers`) checkpoints each of its layers, as
+Megatron-Core's ``--recompute-method uniform`` does with its default
+``--recompute-num-layers 1`` (megatron/training/arguments.py; transformer_block.py
+``_checkpointed_forward``, Megatron-LM commit d98e8a6). ``selective`` (Korthikanti
+et al. 2022) replays only the attention core; with a fused (flash) kernel that replay
+already lives inside the attention backward, so only materialised attention gains
+recompute nodes.
 
 The other policies name the tensors a layer keeps (:mod:`echosim.passes.saved`); every
 other value the layer's backward reads is replayed from them, and only what backward
@@ -168,7 +173,10 @@ class Recompute:
             chosen = _needed(graph, _kept(graph, policy))
         copies: dict[int, int] = {}
         for n in chosen:
-            ins = [copies.get(i, i) for i in n.inputs]
+            # a layer's replay starts from its own input: an earlier layer's output (inside a block of
+            # several layers) is that checkpoint, kept from forward, not replayed with this layer
+            layer = graph.layer_of(n)
+            ins = [copies.get(i, i) if graph.layer_of(graph[i]) == layer else i for i in n.inputs]
             copies[n.id] = g.add(
                 n.op, ins, n.out, n.attrs, phase=Phase.RECOMPUTE, scope=n.scope, name=f"{n.name}.recompute", origin=n.id
             )
@@ -176,8 +184,10 @@ class Recompute:
         for n in list(g):
             if n.phase is Phase.BACKWARD and g.block_of(n) is not None:
                 first_bwd = n.id if first_bwd is None else first_bwd
-                if any(i in copies for i in n.inputs):
-                    g.replace(n.id, inputs=tuple(copies.get(i, i) for i in n.inputs))
+                layer = g.layer_of(n)  # an earlier layer's output is read as kept: this layer's input
+                ins = tuple(copies.get(i, i) if g.layer_of(g[i]) == layer else i for i in n.inputs)
+                if ins != n.inputs:
+                    g.replace(n.id, inputs=ins)
         # replay just before the layer's backward: move the copies there in graph order
         replay = set(copies.values())
         order = [nid for nid in g.nodes if nid not in replay]
@@ -342,16 +352,24 @@ def _kept(graph: Graph, policy: Policy) -> set[int]:
 
 
 def _needed(graph: Graph, kept: set[int]) -> list[Node]:
-    """The layer's forward nodes its backward reads, and what they are rebuilt from, up to kept values."""
+    """The layer's forward nodes its backward reads, and what they are rebuilt from, up to kept values.
+
+    The walk stops at the layer's input: outside the repeated blocks, or another layer's value inside a
+    block of several (``decoder_layer_input`` is named on every decoder layer's input, so a block of
+    several layers keeps each one's: MaxText's Gemma 3 and Llama 4 scannable blocks call one decoder
+    layer per entry, src/maxtext/models/gemma3.py, commit e591f30)."""
     need: set[int] = set()
-    stack = [i for n in graph if n.phase is Phase.BACKWARD and graph.block_of(n) is not None for i in n.inputs]
+    stack = [
+        (i, graph.layer_of(n)) for n in graph if n.phase is Phase.BACKWARD and graph.block_of(n) is not None
+        for i in n.inputs
+    ]  # fmt: skip
     while stack:
-        nid = stack.pop()
+        nid, layer = stack.pop()
         src = graph[nid]
         if nid in need or nid in kept or src.phase is not Phase.FORWARD:
             continue
-        if src.op.is_placeholder or graph.block_of(src) is None:
+        if src.op.is_placeholder or graph.block_of(src) is None or graph.layer_of(src) != layer:
             continue
         need.add(nid)
-        stack.extend(src.inputs)
+        stack.extend((i, layer) for i in src.inputs)
     return [n for n in graph if n.id in need]

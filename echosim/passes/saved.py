@@ -113,7 +113,7 @@ def alternate_matmuls(graph: Graph) -> set[int]:
     counts: dict[str, int] = {}
     out: set[int] = set()
     for n in graph:
-        block = graph.block_of(n)
+        block = graph.layer_of(n)  # the counter restarts in each checkpointed layer
         if n.phase is not Phase.FORWARD or block is None or not is_weight_matmul(graph, n):
             continue
         counts[block] = counts.get(block, 0) + 1

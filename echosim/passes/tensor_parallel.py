@@ -132,7 +132,7 @@ class _Sharder:
         self.tp = tp
         self.plan = plan
         self.sp = sp
-        self.out = Graph(graph.name, graph.repeats)
+        self.out = Graph(graph.name, graph.repeats, graph.block_layers)
         self.map: dict[int, int] = {}
         self.split: dict[int, int] = {}  # new value id -> split axis
         self.seq: set[int] = set()  # values split along tokens (sequence parallelism), a subset of split

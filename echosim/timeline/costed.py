@@ -69,6 +69,11 @@ class StageCost:
     dp_copies: float = 0.0  # PyTorch DDP's copies of the gradients into their buckets and back (compute stream)
 
     @property
+    def model_layers(self) -> int:
+        """The model's layers this stage runs: its repetitions of the block times the layers each holds."""
+        return self.layers * max((self.graph.layers_per_block(p) for p in self.graph.repeats), default=1)
+
+    @property
     def step_end(self) -> float:
         return sum(self.step_end_comm.values())
 

@@ -193,7 +193,7 @@ def build_report(
             {
                 "stage": x.index % pp,
                 "chunk": x.index // pp,
-                "layers": x.layers,
+                "layers": x.model_layers,
                 "fwd_s": x.fwd,
                 "bwd_s": x.bwd + x.wgrad,
                 "p2p_fwd_s": x.p2p_fwd,
@@ -300,7 +300,7 @@ def _memory(
             warnings.append(
                 f"stage {r} does not fit: needs {mem.peak / 2**30:.1f} GiB of {mem.capacity / 2**30:.1f} GiB ({top})"
             )
-        rows.append({"stage": r, "layers": sum(s.layers for s in mine), **row})
+        rows.append({"stage": r, "layers": sum(s.model_layers for s in mine), **row})
     return rows
 
 
