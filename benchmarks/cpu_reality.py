@@ -332,14 +332,17 @@ def applicable(cfg: ArchConfig, layout: str) -> bool:
     return layout != "pipeline x2 (gloo)" or cfg.arch == "llama"
 
 
-def calibrate(db: Path, sweep: str) -> dict[int, str]:
-    """Two calibrations of this machine: one rank alone, and two ranks computing at once (with gloo)."""
+def calibrate(db: Path, sweep: str, tag: str = "") -> dict[int, str]:
+    """Two calibrations of this machine: one rank alone, and two ranks computing at once (with gloo);
+    ``tag`` tells apart several pairs in one database. Each one's samples are kept beside it (NAME.json)."""
     from echosim.calibrate.run import run_calibration
 
     refs = {}
     for ranks in (1, 2):
-        name = f"cpu-reality-{ranks}rank"
-        run_calibration(backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=1, echo=print)
+        name = f"cpu-reality-{ranks}rank{tag}"
+        result = run_calibration(backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=1, echo=print)
+        # the samples beside the database, so that another model can be fitted to the same measurements
+        (db.parent / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
         refs[ranks] = f"{db}#{name}"
     return refs
 

@@ -27,15 +27,19 @@ step is mostly optimizer (its tables are 97% of its parameters), so it shows the
 
 Each model and layout runs ``--repeats`` times in fresh processes. The machine is shared, so a
 step's wall time counts time the scheduler gave to others: the comparison is on the CPU time of
-a step (wall x the share of it the process ran), the noise is the spread of that CPU time over
-the runs, and a row is within the noise when the prediction lies inside the runs' range.
+a step (wall x the share of it the process ran). The noise has two parts, both measured: the
+run-to-run spread of that CPU time (the median step of each run) and the spread of the prediction
+over ``--calibrations`` calibrations made one after the other. A row's noise band is half the range
+of each, added in quadrature; the row is within the noise when its error is inside that band.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -49,6 +53,7 @@ from cpu_reality import (  # noqa: E402
     Measured,
     _free_port,
     _time_steps,
+    calibrate,
     calibrations_for,
     gloo_group,
     run_ranks,
@@ -156,10 +161,24 @@ def predict(name: str, layout: str, calibration: str) -> dict[str, Any]:
     return {"step_time_s": report.step_time_s, "breakdown": report.breakdown}
 
 
+def noise(values: list[float]) -> dict[str, float]:
+    """Spread of ``values`` around their median: half the range and the sample standard deviation, as shares."""
+    mid = statistics.median(values)
+    half = (max(values) - min(values)) / 2 / mid
+    sd = statistics.stdev(values) / mid if len(values) > 1 else 0.0
+    return {"median": mid, "half_range": half, "stdev": sd}
+
+
 def main() -> None:
     parser = worker_parser(__doc__)
     parser.add_argument("--calibration", nargs=2, metavar=("ONE_RANK", "TWO_RANKS"))
     parser.add_argument("--sweep", default="quick", help="Calibration sweep when calibrating now.")
+    parser.add_argument(
+        "--calibrations",
+        type=int,
+        default=2,
+        help="Calibration pairs to make now (without --calibration): their spread is the calibration's noise.",
+    )
     parser.add_argument(
         "--optimizer",
         choices=("fused", "foreach-off"),
@@ -175,40 +194,52 @@ def main() -> None:
         if args.rank == 0:
             print(json.dumps(result))
         return
-    calibrations = calibrations_for(args)
+    if args.calibration:
+        pairs = [calibrations_for(args)]
+    else:
+        db = Path(tempfile.mkdtemp()) / "calibration.sqlite"
+        pairs = [calibrate(db, args.sweep, f"-{i}") for i in range(max(1, args.calibrations))]
     rows = []
-    print(f"{'model':<12}{'layout':<16}{'predicted s':>12}{'cpu s':>8}{'cpu range':>18}{'vs cpu s':>9}"
-          f"{'wall s':>8}{'vs wall':>8}{'others':>7}{'load':>6}")  # fmt: skip
+    print(f"{'model':<12}{'layout':<16}{'predicted s':>12}{'calib +-':>9}{'cpu s':>8}{'runs +-':>8}"
+          f"{'vs cpu s':>9}{'noise':>7}{'within':>7}{'others':>7}")  # fmt: skip
     for name in MODELS:
         for layout in LAYOUTS:
             runs = [measure(name, layout, args.steps, args.optimizer) for _ in range(args.repeats)]
-            p = predict(name, layout, calibrations[1 if layout == "1 process" else 2])
+            ranks = 1 if layout == "1 process" else 2
+            preds = [predict(name, layout, pair[ranks]) for pair in pairs]
+            predicted = statistics.median(p["step_time_s"] for p in preds)
             # the CPU time of a step (wall x the share of it the process ran): what the step costs where the
-            # machine's other work does not take the core away; its spread over the runs is the noise
+            # machine's other work does not take the core away
             cpus = [m.step_s * m.cpu_share for m in runs]
             walls = [m.step_s for m in runs]
-            cpu_s, wall_s = statistics.median(cpus), statistics.median(walls)
-            cpu_error, error = p["step_time_s"] / cpu_s - 1, p["step_time_s"] / wall_s - 1
+            run_noise, cal_noise = noise(cpus), noise([p["step_time_s"] for p in preds])
+            cpu_s, wall_s = run_noise["median"], statistics.median(walls)
+            cpu_error, error = predicted / cpu_s - 1, predicted / wall_s - 1
+            # the noise band: the run-to-run spread of the measured step and the spread of the prediction
+            # over calibrations, each half its range, added in quadrature
+            band = math.hypot(run_noise["half_range"], cal_noise["half_range"])
             row = {"model": name, "layout": layout, "optimizer": args.optimizer, "runs": len(runs),
-                   "cpu_step_s": cpu_s, "cpu_steps_s": cpus, "cpu_spread": (max(cpus) - min(cpus)) / cpu_s,
-                   "within_cpu_range": min(cpus) <= p["step_time_s"] <= max(cpus), "cpu_error": cpu_error,
-                   "measured_step_s": wall_s, "wall_steps_s": walls, "error": error,
+                   "cpu_step_s": cpu_s, "cpu_steps_s": cpus, "run_noise": run_noise,
+                   "calibration_noise": cal_noise, "noise_band": band, "within_noise": abs(cpu_error) <= band,
+                   "cpu_error": cpu_error, "measured_step_s": wall_s, "wall_steps_s": walls, "error": error,
                    "cpu_share": [m.cpu_share for m in runs], "other_cores": [m.other_cores for m in runs],
                    "load_before": [m.load_before for m in runs],
                    "iqr_over_median": [_iqr(m.steps) / m.step_s for m in runs],
-                   "predicted_step_s": p["step_time_s"], "breakdown": p["breakdown"]}  # fmt: skip
+                   "predicted_step_s": predicted, "predicted_steps_s": [p["step_time_s"] for p in preds],
+                   "breakdown": preds[0]["breakdown"]}  # fmt: skip
             rows.append(row)
-            span = f"{min(cpus):.4f}-{max(cpus):.4f}"
-            print(f"{name:<12}{layout:<16}{p['step_time_s']:>12.4f}{cpu_s:>8.4f}{span:>18}{cpu_error:>+9.1%}"
-                  f"{wall_s:>8.4f}{error:>+8.1%}{statistics.mean(row['other_cores']):>7.2f}"
-                  f"{statistics.mean(row['load_before']):>6.1f}", flush=True)  # fmt: skip
+            within = "yes" if row["within_noise"] else "no"
+            print(f"{name:<12}{layout:<16}{predicted:>12.4f}{cal_noise['half_range']:>9.1%}{cpu_s:>8.4f}"
+                  f"{run_noise['half_range']:>8.1%}{cpu_error:>+9.1%}{band:>7.1%}{within:>7}"
+                  f"{statistics.mean(row['other_cores']):>7.2f}", flush=True)  # fmt: skip
             if args.out:
-                args.out.write_text(json.dumps({"calibration": calibrations, "rows": rows}, indent=1, sort_keys=True))
+                args.out.write_text(json.dumps({"calibrations": pairs, "rows": rows}, indent=1, sort_keys=True))
     for key in ("error", "cpu_error"):
         errors = [abs(r[key]) for r in rows]
         print(f"{key}: mean absolute {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(rows)} rows")
-    inside = sum(r["within_cpu_range"] for r in rows)
-    print(f"prediction inside the range of the runs' CPU times: {inside} of {len(rows)} rows")
+    bands = [r["noise_band"] for r in rows]
+    print(f"noise band (runs and calibrations): {min(bands):.1%}-{max(bands):.1%}; "
+          f"within it: {sum(r['within_noise'] for r in rows)} of {len(rows)} rows")  # fmt: skip
 
 
 def _iqr(steps: list[float]) -> float:

@@ -1,4 +1,4 @@
-"""The CPU backend's cache regime, PyTorch's CPU cross-entropy backward, and the calibration's
+"""The CPU backend's cache regime and write-allocate rule, PyTorch's CPU cross-entropy backward, and the calibration's
 cache eviction (benchmarks/cpu_breakdown.py measures them against a real training step)."""
 
 from __future__ import annotations
@@ -78,3 +78,54 @@ def test_eviction_runs_before_every_timed_call_outside_the_timing() -> None:
     assert evictor.nbytes == 4 * MiB
     evictor()
     assert float(evictor._buffer[0]) == 1.0
+
+
+def test_writes_beyond_the_cache_pay_a_write_allocate_read_in_place_ones_do_not() -> None:
+    # out of place: a 8 MiB copy (4 read, 4 written) moves 12 MiB of DRAM traffic
+    assert cpu.memory_bound_time_s(SPEC, 8 * MiB, written=4 * MiB) == pytest.approx(12 * MiB / 10e9 + 1e-6)
+    # in place (x.add_(y): 8 read, 4 written over x): its 12 MiB, no more
+    assert cpu.memory_bound_time_s(SPEC, 12 * MiB, written=4 * MiB, inplace=True) == pytest.approx(
+        12 * MiB / 10e9 + 1e-6
+    )
+    # in place, only the distinct bytes need the cache: 3 MiB moved over 2 MiB of lines
+    assert cpu.memory_bound_time_s(SPEC, 3 * MiB, written=MiB, inplace=True) == pytest.approx(3 * MiB / 60e9 + 1e-6)
+    # within the cache the writes cost nothing extra
+    assert cpu.memory_bound_time_s(SPEC, MiB, written=MiB // 2) == cpu.memory_bound_time_s(SPEC, MiB)
+    with pytest.raises(ValueError, match="non-negative"):
+        cpu.memory_bound_time_s(SPEC, MiB, written=-1)
+
+
+def test_optimizer_steps_and_gradient_sums_write_in_place_other_kernels_out_of_place() -> None:
+    g = _llama_graph()
+    opt = next(n for n in g if n.op is OpKind.OPTIMIZER_UPDATE)
+    acc = next(n for n in g if n.name.endswith(".grad_acc"))
+    mul = next(n for n in g if n.op is OpKind.ELEMENTWISE and not n.name.endswith(".grad_acc"))
+    assert cpu.is_inplace(opt) and cpu.is_inplace(acc) and not cpu.is_inplace(mul)
+    backend = cpu.CPUBackend(replace(SPEC, cache_bytes=0.0))
+    io = 10 * MiB
+    assert backend.op_time_s(opt, io) == pytest.approx(io / 10e9 + 1e-6)
+    assert backend.op_time_s(mul, io) == pytest.approx((io + mul.out.nbytes) / 10e9 + 1e-6)
+
+
+def test_calibration_counts_the_write_allocate_traffic_of_its_samples() -> None:
+    from echosim.calibrate import fit
+
+    copy = bench.Sample("memory", "copy", "fp32", nbytes=8 * MiB, seconds=1e-3)
+    add_ = bench.Sample("memory", "add_", "fp32", nbytes=12 * MiB, seconds=1e-3)
+    assert fit.sample_writes(copy) == (4 * MiB, False) and fit.dram_traffic(copy) == 12 * MiB
+    assert fit.sample_writes(add_) == (4 * MiB, True) and fit.dram_traffic(add_) == 12 * MiB
+    # the model predicts a sample with the same writes
+    assert fit.predict_cpu(SPEC, copy) == pytest.approx(12 * MiB / 10e9 + 1e-6)
+    assert fit.predict_cpu(SPEC, add_) == pytest.approx(12 * MiB / 10e9 + 1e-6)
+
+
+def test_the_dram_peak_comes_from_samples_that_do_not_fit_in_the_cache() -> None:
+    from echosim.calibrate import fit
+
+    l2 = bench.cache_bytes(2)
+    # an in-place add of 1.5 x L2 touches only L2's worth of lines: warm, it must not set the DRAM peak
+    warm = bench.Sample("memory", "add_", "fp32", nbytes=3 * l2 // 2, seconds=3 * l2 / 2 / 90e9)
+    cold = bench.Sample("memory", "copy", "fp32", nbytes=8 * l2, seconds=8 * l2 / 12e9)
+    assert fit.resident_bytes(warm) == l2 and fit.resident_bytes(cold) == 8 * l2
+    spec, _ = fit.cpu_identity_spec(cpu.CPU_X86, [warm, cold], threads=1, ranks=1)
+    assert spec.ddr_GBps == pytest.approx(12 * 1.5)  # the copy's traffic, its write-allocate read counted

@@ -59,11 +59,12 @@ def test_bucket_copies_cost_one_kernel_per_gradient_at_the_stream_rate() -> None
 
     coster = Coster(graph, cpu.CPUBackend(spec), {})
     numels = [graph[p].out.numel for p in graph.grads]
-    # each gradient: one mul_out into the bucket and one copy back, 2 x 4 bytes per element each
-    expected = 2 * sum(cpu.memory_bound_time_s(spec, 2 * 4 * n) for n in numels)
+    # each gradient: one mul_out into the bucket and one copy back, 2 x 4 bytes per element each, the 4 bytes
+    # written out of place (a write-allocate read of each line beyond the cache: 3 x 4 bytes of DRAM traffic)
+    expected = 2 * sum(cpu.memory_bound_time_s(spec, 2 * 4 * n, written=4 * n) for n in numels)
     got = sum(sum(coster.bucket_copies(n)) for n in _grad_sync(compiled))
     assert got == pytest.approx(expected)
-    assert expected > 2 * 8 * sum(numels) / (spec.ddr_GBps * 1e9 * spec.stream_fraction)  # plus 3 us a kernel
+    assert expected > 2 * 12 * sum(numels) / (spec.ddr_GBps * 1e9 * spec.stream_fraction)  # plus 3 us a kernel
 
 
 def test_the_copies_lengthen_the_step_and_show_as_a_tail_task() -> None:

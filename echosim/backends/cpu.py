@@ -174,20 +174,33 @@ def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: s
     return max(compute, traffic) + cpu.op_overhead_us * 1e-6
 
 
-def memory_bound_time_s(cpu: CPUSpec, nbytes: int, vector_math: bool = False) -> float:
+def memory_bound_time_s(
+    cpu: CPUSpec, nbytes: int, vector_math: bool = False, written: int = 0, inplace: bool = False
+) -> float:
     """Bytes at the rate of where they sit, plus the per-op overhead.
 
-    Up to ``cache_bytes`` at the cache rate, beyond it at the DRAM streaming rate. A ``vector_math``
-    kernel is also bound by its arithmetic: a roofline, its bytes at no more than
-    ``math_fraction x stream_fraction x ddr_GBps`` (the rate it reaches out of cache), wherever they sit.
+    Up to ``cache_bytes`` at the cache rate, beyond it at the DRAM rate. ``written``: the bytes of
+    ``nbytes`` the op writes. Out of place, each written line beyond the caches is first read from
+    DRAM (write-allocate: a store that misses the cache fetches the line for ownership before it
+    writes it; Intel 64 and IA-32 Architectures Optimization Reference Manual, "non-temporal stores",
+    and STREAM's FAQ on the bytes it does not count), so DRAM moves ``nbytes + written``;
+    ``inplace``, the op writes lines it has just read and moves ``nbytes``, and only
+    ``nbytes - written`` distinct bytes have to fit in the cache. ``ddr_GBps x stream_fraction`` is
+    that DRAM traffic rate (`echosim calibrate` fits it on samples of both kinds). A
+    ``vector_math`` kernel is also bound by its arithmetic: a roofline, its bytes at no more than
+    ``math_fraction x stream_fraction x ddr_GBps``, wherever they sit.
     """
-    if nbytes < 0:
-        raise ValueError(f"byte count must be non-negative, got {nbytes}")
+    if nbytes < 0 or written < 0:
+        raise ValueError(f"byte counts must be non-negative, got {nbytes} moved, {written} written")
     stream = cpu.ddr_GBps * 1e9 * cpu.stream_fraction
-    rate = cpu.cache_GBps * 1e9 if nbytes <= cpu.cache_bytes else stream
+    resident = nbytes - written if inplace else nbytes
+    if resident <= cpu.cache_bytes:
+        seconds = nbytes / (cpu.cache_GBps * 1e9)
+    else:
+        seconds = (nbytes if inplace else nbytes + min(written, nbytes)) / stream
     if vector_math:
-        rate = min(rate, stream * cpu.math_fraction)
-    return nbytes / rate + cpu.op_overhead_us * 1e-6
+        seconds = max(seconds, nbytes / (stream * cpu.math_fraction))
+    return seconds + cpu.op_overhead_us * 1e-6
 
 
 def fresh_fill_time_s(cpu: CPUSpec, nbytes: int) -> float:
@@ -311,6 +324,21 @@ def is_math_kernel(node: Node) -> bool:
     return False
 
 
+#: Autograd sums the gradients a tensor receives from several consumers in place: ``InputBuffer::accumulate``
+#: adds into the first gradient when it holds its last reference (torch/csrc/autograd/input_buffer.cpp),
+#: ``AccumulateGrad`` adds into a parameter's ``.grad`` (accumulate_grad.h). The IR's sums are named so
+#: (echosim.passes.autodiff._accumulate).
+GRAD_ACCUMULATE_SUFFIX = "grad_acc"
+
+
+def is_inplace(node: Node) -> bool:
+    """An op that writes over operands it reads: an optimizer step (torch.optim updates parameters and
+    states in place; fused AdamW is one in-place kernel, ``_fused_adamw_``) or autograd's gradient sum."""
+    if node.op is OpKind.OPTIMIZER_UPDATE:
+        return True
+    return node.op is OpKind.ELEMENTWISE and node.name.rsplit(".", 1)[-1] == GRAD_ACCUMULATE_SUFFIX
+
+
 class CPUBackend(KernelBackend):
     """A CPU socket in a 2-socket node, ranks connected by gloo."""
 
@@ -358,7 +386,9 @@ class CPUBackend(KernelBackend):
                 fill = node.out.nbytes
                 rest = memory_bound_time_s(self.cpu, max(0, io_bytes - fill), vector_math=True)
                 return fresh_fill_time_s(self.cpu, fill) + rest
-        return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node))
+        # a lookup or a sparse gradient writes rows of its output, not all of it: no write share counted
+        written = 0 if node.op is OpKind.EMBEDDING else node.out.nbytes
+        return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node), written, is_inplace(node))
 
     def _dense_embedding_backward_s(self, node: Node, a: EmbeddingAttrs, io_bytes: int) -> float:
         """The IR's dense table backward (``io_bytes`` = table gradient + output gradient + ids) as

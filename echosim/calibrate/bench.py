@@ -2,7 +2,7 @@
 
 * matmuls over a shape sweep (and batched products shaped like attention);
 * memory-bound kernels (copy, add, mul, GELU, LayerNorm, softmax) over a size sweep, each
-  writing a fresh output as a training step does;
+  writing a fresh output as a training step does, and an in-place add (as an optimizer step writes);
 * zero-filling memory the kernel maps afresh (page faults), as a table-sized gradient born
   every step is, and ``nn.EmbeddingBag`` forward and backward on a small table (CPU only);
 * the per-op overhead of a kernel on a tiny tensor;
@@ -273,12 +273,17 @@ def bench_cpu(
         "gelu": (lambda x, y: F.gelu(x), 2),
         "layernorm": (lambda x, y: F.layer_norm(x, (x.shape[-1],)), 2),
         "softmax": (lambda x, y: torch.softmax(x, dim=-1), 2),
+        # in place, as an optimizer step or autograd's gradient sum writes: no write-allocate read
+        "add_": (lambda x, y: x.add_(y), 3),
     }
     for elements in MEMORY_SWEEPS[sweep]:
         x, y = torch.randn(elements // 256, 256), torch.randn(elements // 256, 256)
         for op, (fn, passes) in kernels.items():
             nbytes = passes * elements * 4
-            wall, cpu = timed(lambda fn=fn, x=x, y=y: fn(x, y), _repeats(nbytes / 5e9), nbytes)
+            resident = (
+                nbytes - elements * 4 if op.endswith("_") else nbytes
+            )  # in place: x read and written (fit.resident_bytes)
+            wall, cpu = timed(lambda fn=fn, x=x, y=y: fn(x, y), _repeats(nbytes / 5e9), resident)
             out.append(_cpu_sample("memory", op, "fp32", wall, cpu, threads, nbytes=nbytes))
             if progress:
                 progress(f"{op} {nbytes / 2**20:.1f} MiB")

@@ -38,7 +38,7 @@ class Knob:
 CPU_KNOBS = (
     Knob("gemm_eff_fp32", 0.02, 1.0, "fp32 matmul rate as a fraction of the derived fp32 peak"),
     Knob("gemm_eff_bf16", 0.001, 1.0, "bf16 matmul rate as a fraction of the bf16 peak"),
-    Knob("stream_fraction", 0.02, 1.0, "streaming kernels' (copy, add, mul) bandwidth as a fraction of ddr_GBps"),
+    Knob("stream_fraction", 0.02, 1.0, "streaming kernels' DRAM traffic (copy, add, mul, add_) as a share of ddr_GBps"),
     Knob("math_fraction", 0.01, 1.0, "vector-math kernels' (GELU, norms, softmax) share of the streaming rate"),
     Knob("cache_GBps", 1.0, 2000.0, "streaming kernels' bandwidth on operands that fit in cache_bytes, GB/s"),
     Knob("attention_eff", 0.02, 1.0, "attention kernels' block products as a fraction of the GEMM rate"),
@@ -232,9 +232,12 @@ def cpu_identity_spec(base: Any, samples: Sequence[Sample], threads: int, ranks:
     cached = threads * cache_bytes(2)
     notes["cache_bytes"] = f"{threads} thread(s) x the L2 cache the OS reports ({cache_bytes(2) / 2**20:g} MiB a core)"
     memory = [s for s in samples if s.kind == "memory"]
-    beyond = [s for s in memory if s.nbytes > cached] or memory
-    bw = max((s.nbytes / s.seconds / 1e9 for s in beyond), default=base.ddr_GBps)
-    notes["ddr_GBps"] = "best bandwidth of the memory-bound samples beyond the cache (the OS reports no DRAM peak)"
+    beyond = [s for s in memory if resident_bytes(s) > cached] or memory
+    bw = max((dram_traffic(s) / s.seconds / 1e9 for s in beyond), default=base.ddr_GBps)
+    notes["ddr_GBps"] = (
+        "best DRAM traffic rate (write-allocate reads counted) of the memory-bound samples beyond the cache "
+        "(the OS reports no DRAM peak)"
+    )
     memory_GB = machine_identity(threads, ranks).get("memory_GB") or base.ddr_GB
     per_node = max(1, usable_cores() // max(1, threads))
     notes["sockets_per_node"] = f"ranks of {threads} thread(s) this machine holds ({usable_cores()} cores)"
@@ -253,6 +256,35 @@ def cpu_identity_spec(base: Any, samples: Sequence[Sample], threads: int, ranks:
 
 #: Memory-bound samples that run at the vector-math rate on a CPU (see echosim.backends.cpu.is_math_kernel).
 MATH_SAMPLES = frozenset({"gelu", "layernorm", "softmax", "silu", "cross_entropy"})
+#: Share of a memory-bound sample's bytes that it writes out of place (bench.bench_cpu's kernels: a copy, a
+#: multiply and the vector-math ones read one array and write one, an add reads two). Cross entropy is
+#: costed as the model costs it (echosim.backends.cpu.CPUBackend.memory_cost_s: no write share).
+WRITTEN_SHARE = {"copy": 1 / 2, "add": 1 / 3, "mul": 1 / 2, "gelu": 1 / 2, "layernorm": 1 / 2, "softmax": 1 / 2}
+#: In-place samples and the share of their bytes they write over what they read (``x.add_(y)``).
+INPLACE_SHARE = {"add_": 1 / 3}
+
+
+def sample_writes(s: Sample) -> tuple[int, bool]:
+    """(bytes written, in place) of a memory-bound sample, as the CPU model's ``memory_bound_time_s`` takes them."""
+    if s.op in INPLACE_SHARE:
+        return round(s.nbytes * INPLACE_SHARE[s.op]), True
+    return round(s.nbytes * WRITTEN_SHARE.get(s.op, 0.0)), False
+
+
+def resident_bytes(s: Sample) -> int:
+    """Distinct bytes a memory-bound sample touches (in place, it writes over what it reads): what must fit
+    in the cache for it to run there, as the model decides (``memory_bound_time_s``)."""
+    written, inplace = sample_writes(s)
+    return s.nbytes - written if inplace else s.nbytes
+
+
+def dram_traffic(s: Sample) -> float:
+    """Bytes a memory-bound sample moves to and from DRAM: its own, plus a write-allocate read of each
+    line it writes out of place."""
+    written, inplace = sample_writes(s)
+    return s.nbytes + (0 if inplace else written)
+
+
 #: The collective a training step runs (DDP's gradient all-reduce); gloo parameters are fitted to it alone.
 FITTED_COLLECTIVES = frozenset({"all_reduce"})
 
@@ -265,7 +297,8 @@ def predict_cpu(spec: Any, s: Sample) -> float | None:
     if s.kind == "matmul":
         return model.matmul_time_s(spec, s.m, s.n, s.k, s.batch, s.dtype)
     if s.kind == "memory":
-        return model.memory_bound_time_s(spec, s.nbytes, s.op in MATH_SAMPLES)
+        written, inplace = sample_writes(s)
+        return model.memory_bound_time_s(spec, s.nbytes, s.op in MATH_SAMPLES, written, inplace)
     if s.kind == "overhead":
         return model.memory_bound_time_s(spec, s.nbytes)
     if s.kind == "fresh":

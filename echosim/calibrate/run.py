@@ -129,7 +129,7 @@ def progress_total(sweep: str, kind: str, ranks: int, dtypes: tuple[str, ...]) -
     from echosim.calibrate import bench
 
     total = len(bench.MATMUL_SWEEPS[sweep]) * (len(dtypes) if kind == "cpu" else 1)
-    total += len(bench.MEMORY_SWEEPS[sweep]) * (7 if kind == "cpu" else 3) + 1
+    total += len(bench.MEMORY_SWEEPS[sweep]) * (8 if kind == "cpu" else 3) + 1
     cpu_only = bench.ATTENTION_SWEEPS, bench.FRESH_SWEEPS, bench.BAG_SWEEPS
     total += sum(len(sweeps[sweep]) for sweeps in cpu_only) if kind == "cpu" else 0
     if ranks > 1:
