@@ -384,3 +384,57 @@ def test_all_to_all_shares_run_on_the_channels_a_send_of_their_size_gets():
     assert big.algbw_GBps == pytest.approx(8 / 7 * H100.nvlink_busbw_GBps)
     b200 = best_choice(DEVICES["b200"], A2A, 8 * 8 * MB, eight, xla)
     assert b200.algbw_GBps == pytest.approx(8 / 7 * 28 * PER_CH_RING_LL128_BW["blackwell"] / 2)
+
+
+def _choice(dev, kind, nbytes, p, algo, proto):
+    return next(c for c in choices(dev, kind, nbytes, p) if (c.algo, c.proto) == (algo, proto))
+
+
+def test_multi_node_ring_hops_pay_the_hosts_network_post_overhead():
+    """tuning.cc getNetOverhead: 2 µs a post on AMD hosts, 1 µs on Intel (x3 for Simple), the floor of every
+    intra-node hop of a multi-node ring; tree latencies never take it."""
+    assert (A100.host_cpu_vendor, H100.host_cpu_vendor, DEVICES["gb200"].host_cpu_vendor) == ("amd", "intel", "arm")
+    two_nodes = Placement(16, 2, 8)
+    # all-gather over 16 ranks: 15 steps, one across the network (ring NET LL hop 2.7 µs)
+    assert _choice(A100, AG, 4096, two_nodes, "ring", "LL").latency_us == pytest.approx(6.6 + 14 * 2.0 + 2.7)
+    assert _choice(H100, AG, 4096, two_nodes, "ring", "LL").latency_us == pytest.approx(6.6 + 14 * 1.0 + 2.7)
+    assert _choice(A100, AG, 4096, two_nodes, "ring", "Simple").latency_us == pytest.approx(8.4 + 14 * 6.0 + 14.0)
+    assert _choice(H100, AG, 4096, two_nodes, "ring", "Simple").latency_us == pytest.approx(8.4 + 14 * 3.4 + 14.0)
+    # tree all-reduce: 2 x ((ppn - 1) NVLink hops + log2(nodes) network hops), NVLink LL hop 0.6 µs on any host
+    tree = _choice(A100, AR, 4096, two_nodes, "tree", "LL").latency_us
+    assert tree == pytest.approx(6.8 + 2 * (7 * 0.6 + 1 * 5.0))
+    # one node: no network, no overhead
+    assert _choice(A100, AG, 4096, Placement(8, 1, 8), "ring", "LL").latency_us == pytest.approx(6.6 + 7 * 0.6)
+
+
+@pytest.mark.parametrize(
+    ("dev", "nodes", "cap"),
+    [
+        (A100, 1, 87.7),  # one node: the GPU generation's row
+        (H100, 1, 141.0),
+        (DEVICES["b200"], 1, 282.0),
+        (A100, 2, 22.5),  # across nodes: the host's row (AMD: row 1)
+        (A100, 4, 19.0),
+        (H100, 2, 39.0),  # Intel: row 0, whatever the GPU
+        (H100, 4, 20.4),
+        (DEVICES["b200"], 2, 39.0),
+    ],
+)
+def test_ll_bandwidth_cap_follows_the_gpu_on_one_node_and_the_host_cpu_across_nodes(dev, nodes, cap):
+    """tuning.cc llMaxBws: one node indexes the row by GPU generation, more nodes by CPU vendor."""
+    from echosim.backends.collectives import ll_max_bw
+
+    assert ll_max_bw(dev, nodes) == cap
+    p = Placement(2 * nodes, nodes, 2) if nodes > 1 else Placement(8, 1, 8)
+    ring_ll = _choice(dev, AG, 4096, p, "ring", "LL")
+    nic = p.per_node * dev.nic_GBps * 0.94 if nodes > 1 else float("inf")  # IB_EFFICIENCY
+    bus = min(dev.nvlink_busbw_GBps, nic)
+    steps = p.size - 1
+    assert ring_ll.algbw_GBps == pytest.approx(min(cap, bus * 0.5) * p.size / steps)
+
+
+def test_an_unknown_host_cpu_vendor_is_refused():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="host_cpu_vendor"):
+        dataclasses.replace(A100, host_cpu_vendor="power9")
