@@ -215,6 +215,12 @@ def test_collective_time_never_decreases_with_bytes(dev, kind, placement, nbytes
         assume(channels[0] == channels[1])
     small = collective_time_s(device, kind, nbytes, placement)
     assert small > 0
+    picks = [best_choice(device, kind, b, placement) for b in (nbytes, nbytes + more)]
+    # NCCL's own ranking (lat + bytes / bw, the minimum of increasing lines) never decreases.
+    assert picks[1].tuner_us >= picks[0].tuner_us
+    # Where the tuner switches algorithm or protocol it switches by its own formula, not by the costed time
+    # (which adds pipelining), so one byte more may cost a little less there; with one pick time must grow.
+    assume((picks[0].algo, picks[0].proto) == (picks[1].algo, picks[1].proto))
     assert collective_time_s(device, kind, nbytes + more, placement) >= small
 
 
@@ -438,3 +444,24 @@ def test_an_unknown_host_cpu_vendor_is_refused():
 
     with pytest.raises(ValueError, match="host_cpu_vendor"):
         dataclasses.replace(A100, host_cpu_vendor="power9")
+
+
+def test_the_tuner_ranks_candidates_without_the_pipelining_cost():
+    """enqueue.cc getAlgoInfo ranks (algorithm, protocol) by ncclTopoGetAlgoTime, lat + bytes / bw: on 8 A100s
+    ring LL128 (14 + 14 x 1.9 µs, 0.92 of the bus) and ring Simple (8.4 + 14 x 3.4 µs, the bus) cross where
+    15.4 µs = S (1/0.92 - 1) / (240 GB/s x 8/14), S = 24.3 MB, though the pipelining cost alone would keep
+    LL128 (its 1.9 µs handshake) ahead to ~100 MB."""
+    node = Placement(8, 1, 8)
+    bus = 12 * 20.0  # A100: 12 NVLinks x NCCL's 20 GB/s
+    crossing = (8.4 + 14 * 3.4 - (14.0 + 14 * 1.9)) / (1 / 0.92 - 1) * bus * 8 / 14 * 1e3
+    assert crossing == pytest.approx(24.29e6, rel=1e-3)
+    below, above = best_choice(A100, AR, int(crossing * 0.95), node), best_choice(A100, AR, int(crossing * 1.05), node)
+    assert (below.algo, below.proto, above.algo, above.proto) == ("ring", "LL128", "ring", "Simple")
+    # the pick is costed with its pipeline, and it is the candidate NCCL ranks first, not the fastest costed one
+    big = 32 * MB
+    cands = choices(A100, AR, big, node)
+    pick = best_choice(A100, AR, big, node)
+    assert pick.tuner_us == min(c.tuner_us for c in cands)
+    assert collective_time_s(A100, AR, big, node) == pytest.approx(max(pick.time_us, A100.nccl_launch_us) * 1e-6)
+    ll128 = next(c for c in cands if (c.algo, c.proto) == ("ring", "LL128"))
+    assert ll128.time_us < pick.time_us  # echosim's own costing would have kept LL128

@@ -14,6 +14,9 @@ with the best step size a transfer of ``B`` bytes at bandwidth ``W`` with a per-
 handshake ``h`` costs an extra ``2 * sqrt(B * h / W)`` (the classic optimal-segmentation
 result for a two-stage pipeline). ``h`` is NCCL's per-hop latency for the protocol and
 link. This is what makes measured bus bandwidth climb slowly from ~1 MB to ~1 GB.
+NCCL does not see that cost when it chooses: its tuner ranks the candidates by
+``latency + bytes / bandwidth`` alone (:meth:`Choice.tuner_us`), and the candidate it picks
+is then costed with the pipeline included.
 
 How a job issues its collectives changes the answer as much as the links do, so the
 settings that steer NCCL's tuner are data too (:class:`NcclConfig`): an algorithm forced
@@ -138,6 +141,12 @@ class Choice:
     @property
     def time_us(self) -> float:
         return self.latency_us + self.pipeline_us + self.nbytes / (self.algbw_GBps * 1e3)
+
+    @property
+    def tuner_us(self) -> float:
+        """The time NCCL's tuner ranks this candidate by (enqueue.cc ``ncclTopoGetAlgoTime``:
+        ``lat + nBytes / (1000 * bw)``): no pipelining cost, which NCCL does not model."""
+        return self.latency_us + self.nbytes / (self.algbw_GBps * 1e3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,8 +428,12 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
 
 
 def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
-    """The candidate NCCL's tuner would pick: the lowest predicted time."""
-    return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.time_us)
+    """The candidate NCCL's tuner would pick: the lowest time by NCCL's own formula (:attr:`Choice.tuner_us`).
+
+    The pipelining cost this model adds is left out of the ranking, as NCCL's getAlgoInfo ranks
+    candidates without it; the pick is costed with it (:attr:`Choice.time_us`).
+    """
+    return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.tuner_us)
 
 
 def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig) -> float:
