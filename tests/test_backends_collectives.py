@@ -215,6 +215,12 @@ def test_collective_time_never_decreases_with_bytes(dev, kind, placement, nbytes
         assume(channels[0] == channels[1])
     small = collective_time_s(device, kind, nbytes, placement)
     assert small > 0
+    picks = [best_choice(device, kind, b, placement) for b in (nbytes, nbytes + more)]
+    # NCCL's own ranking (lat + bytes / bw, the minimum of increasing lines) never decreases.
+    assert picks[1].tuner_us >= picks[0].tuner_us
+    # Where the tuner switches algorithm or protocol it switches by its own formula, not by the costed time
+    # (which adds pipelining), so one byte more may cost a little less there; with one pick time must grow.
+    assume((picks[0].algo, picks[0].proto) == (picks[1].algo, picks[1].proto))
     assert collective_time_s(device, kind, nbytes + more, placement) >= small
 
 
@@ -384,3 +390,78 @@ def test_all_to_all_shares_run_on_the_channels_a_send_of_their_size_gets():
     assert big.algbw_GBps == pytest.approx(8 / 7 * H100.nvlink_busbw_GBps)
     b200 = best_choice(DEVICES["b200"], A2A, 8 * 8 * MB, eight, xla)
     assert b200.algbw_GBps == pytest.approx(8 / 7 * 28 * PER_CH_RING_LL128_BW["blackwell"] / 2)
+
+
+def _choice(dev, kind, nbytes, p, algo, proto):
+    return next(c for c in choices(dev, kind, nbytes, p) if (c.algo, c.proto) == (algo, proto))
+
+
+def test_multi_node_ring_hops_pay_the_hosts_network_post_overhead():
+    """tuning.cc getNetOverhead: 2 µs a post on AMD hosts, 1 µs on Intel (x3 for Simple), the floor of every
+    intra-node hop of a multi-node ring; tree latencies never take it."""
+    assert (A100.host_cpu_vendor, H100.host_cpu_vendor, DEVICES["gb200"].host_cpu_vendor) == ("amd", "intel", "arm")
+    two_nodes = Placement(16, 2, 8)
+    # all-gather over 16 ranks: 15 steps, one across the network (ring NET LL hop 2.7 µs)
+    assert _choice(A100, AG, 4096, two_nodes, "ring", "LL").latency_us == pytest.approx(6.6 + 14 * 2.0 + 2.7)
+    assert _choice(H100, AG, 4096, two_nodes, "ring", "LL").latency_us == pytest.approx(6.6 + 14 * 1.0 + 2.7)
+    assert _choice(A100, AG, 4096, two_nodes, "ring", "Simple").latency_us == pytest.approx(8.4 + 14 * 6.0 + 14.0)
+    assert _choice(H100, AG, 4096, two_nodes, "ring", "Simple").latency_us == pytest.approx(8.4 + 14 * 3.4 + 14.0)
+    # tree all-reduce: 2 x ((ppn - 1) NVLink hops + log2(nodes) network hops), NVLink LL hop 0.6 µs on any host
+    tree = _choice(A100, AR, 4096, two_nodes, "tree", "LL").latency_us
+    assert tree == pytest.approx(6.8 + 2 * (7 * 0.6 + 1 * 5.0))
+    # one node: no network, no overhead
+    assert _choice(A100, AG, 4096, Placement(8, 1, 8), "ring", "LL").latency_us == pytest.approx(6.6 + 7 * 0.6)
+
+
+@pytest.mark.parametrize(
+    ("dev", "nodes", "cap"),
+    [
+        (A100, 1, 87.7),  # one node: the GPU generation's row
+        (H100, 1, 141.0),
+        (DEVICES["b200"], 1, 282.0),
+        (A100, 2, 22.5),  # across nodes: the host's row (AMD: row 1)
+        (A100, 4, 19.0),
+        (H100, 2, 39.0),  # Intel: row 0, whatever the GPU
+        (H100, 4, 20.4),
+        (DEVICES["b200"], 2, 39.0),
+    ],
+)
+def test_ll_bandwidth_cap_follows_the_gpu_on_one_node_and_the_host_cpu_across_nodes(dev, nodes, cap):
+    """tuning.cc llMaxBws: one node indexes the row by GPU generation, more nodes by CPU vendor."""
+    from echosim.backends.collectives import ll_max_bw
+
+    assert ll_max_bw(dev, nodes) == cap
+    p = Placement(2 * nodes, nodes, 2) if nodes > 1 else Placement(8, 1, 8)
+    ring_ll = _choice(dev, AG, 4096, p, "ring", "LL")
+    nic = p.per_node * dev.nic_GBps * 0.94 if nodes > 1 else float("inf")  # IB_EFFICIENCY
+    bus = min(dev.nvlink_busbw_GBps, nic)
+    steps = p.size - 1
+    assert ring_ll.algbw_GBps == pytest.approx(min(cap, bus * 0.5) * p.size / steps)
+
+
+def test_an_unknown_host_cpu_vendor_is_refused():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="host_cpu_vendor"):
+        dataclasses.replace(A100, host_cpu_vendor="power9")
+
+
+def test_the_tuner_ranks_candidates_without_the_pipelining_cost():
+    """enqueue.cc getAlgoInfo ranks (algorithm, protocol) by ncclTopoGetAlgoTime, lat + bytes / bw: on 8 A100s
+    ring LL128 (14 + 14 x 1.9 µs, 0.92 of the bus) and ring Simple (8.4 + 14 x 3.4 µs, the bus) cross where
+    15.4 µs = S (1/0.92 - 1) / (240 GB/s x 8/14), S = 24.3 MB, though the pipelining cost alone would keep
+    LL128 (its 1.9 µs handshake) ahead to ~100 MB."""
+    node = Placement(8, 1, 8)
+    bus = 12 * 20.0  # A100: 12 NVLinks x NCCL's 20 GB/s
+    crossing = (8.4 + 14 * 3.4 - (14.0 + 14 * 1.9)) / (1 / 0.92 - 1) * bus * 8 / 14 * 1e3
+    assert crossing == pytest.approx(24.29e6, rel=1e-3)
+    below, above = best_choice(A100, AR, int(crossing * 0.95), node), best_choice(A100, AR, int(crossing * 1.05), node)
+    assert (below.algo, below.proto, above.algo, above.proto) == ("ring", "LL128", "ring", "Simple")
+    # the pick is costed with its pipeline, and it is the candidate NCCL ranks first, not the fastest costed one
+    big = 32 * MB
+    cands = choices(A100, AR, big, node)
+    pick = best_choice(A100, AR, big, node)
+    assert pick.tuner_us == min(c.tuner_us for c in cands)
+    assert collective_time_s(A100, AR, big, node) == pytest.approx(max(pick.time_us, A100.nccl_launch_us) * 1e-6)
+    ll128 = next(c for c in cands if (c.algo, c.proto) == ("ring", "LL128"))
+    assert ll128.time_us < pick.time_us  # echosim's own costing would have kept LL128

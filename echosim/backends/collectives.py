@@ -14,6 +14,9 @@ with the best step size a transfer of ``B`` bytes at bandwidth ``W`` with a per-
 handshake ``h`` costs an extra ``2 * sqrt(B * h / W)`` (the classic optimal-segmentation
 result for a two-stage pipeline). ``h`` is NCCL's per-hop latency for the protocol and
 link. This is what makes measured bus bandwidth climb slowly from ~1 MB to ~1 GB.
+NCCL does not see that cost when it chooses: its tuner ranks the candidates by
+``latency + bytes / bandwidth`` alone (:meth:`Choice.tuner_us`), and the candidate it picks
+is then costed with the pipeline included.
 
 How a job issues its collectives changes the answer as much as the links do, so the
 settings that steer NCCL's tuner are data too (:class:`NcclConfig`): an algorithm forced
@@ -38,9 +41,16 @@ LL, LL128, SIMPLE = range(3)
 BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
 NVLINK_HOP_US = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0)}
 NET_HOP_US = {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)}
-NET_OVERHEAD_US = 1.0  # x3 for Simple; the floor of an intra-node hop on multi-node rings
-# Columns: 1 node, 2 nodes, >= 3 nodes.
+# Network post overhead (tuning.cc getNetOverhead): 1 µs on Intel hosts, 2 µs on AMD, 1 µs otherwise;
+# x3 for Simple. It is the floor of an intra-node hop on multi-node rings.
+NET_OVERHEAD_US = {"amd": 2.0}
+NET_OVERHEAD_DEFAULT_US = 1.0
+# llMaxBws, columns: 1 node, 2 nodes, >= 3 nodes. One node takes the GPU generation's row; on more nodes
+# NCCL takes the row by host CPU vendor instead (tuning.cc: index1 = 1 for AMD hosts, else 0), so the
+# multi-node columns come from LL_MAX_BW_MULTINODE, not from the GPU's row.
 LL_MAX_BW = {"ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0)}
+LL_MAX_BW_MULTINODE = {"amd": (87.7, 22.5, 19.0)}  # row 1 ("Ampere-N1/AMD-N2/AMD-N4")
+LL_MAX_BW_MULTINODE_DEFAULT = (39.0, 39.0, 20.4)  # row 0 ("Volta-N1/Intel-N2/Intel-N4"): Intel, Arm
 PER_CH_RING_LL128_BW = {"ampere": 20.0, "hopper": 36.7, "blackwell": 40.0}
 PER_CH_TREE_BW = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
 PER_CH_TREE_LL128_BW = {
@@ -132,6 +142,12 @@ class Choice:
     def time_us(self) -> float:
         return self.latency_us + self.pipeline_us + self.nbytes / (self.algbw_GBps * 1e3)
 
+    @property
+    def tuner_us(self) -> float:
+        """The time NCCL's tuner ranks this candidate by (enqueue.cc ``ncclTopoGetAlgoTime``:
+        ``lat + nBytes / (1000 * bw)``): no pipelining cost, which NCCL does not model."""
+        return self.latency_us + self.nbytes / (self.algbw_GBps * 1e3)
+
 
 @dataclass(frozen=True, slots=True)
 class Links:
@@ -170,6 +186,19 @@ def _node_col(nodes: int) -> int:
     return 0 if nodes == 1 else 1 if nodes == 2 else 2
 
 
+def ll_max_bw(dev: DeviceSpec, nodes: int) -> float:
+    """NCCL's LL bandwidth cap (llMaxBws): the GPU's row on one node, the host CPU's row across nodes."""
+    col = _node_col(nodes)
+    if col == 0:
+        return LL_MAX_BW[dev.arch][0]
+    return LL_MAX_BW_MULTINODE.get(dev.host_cpu_vendor, LL_MAX_BW_MULTINODE_DEFAULT)[col]
+
+
+def net_overhead_us(dev: DeviceSpec) -> float:
+    """NCCL's network post overhead for the node's host CPU (getNetOverhead), before the Simple x3."""
+    return NET_OVERHEAD_US.get(dev.host_cpu_vendor, NET_OVERHEAD_DEFAULT_US)
+
+
 def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> float:
     """Extra time of an optimally chunked two-stage (fill, drain) pipeline over one link."""
     if not math.isfinite(bw_GBps) or nbytes_on_link <= 0:
@@ -177,11 +206,11 @@ def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> 
     return 2.0 * math.sqrt(nbytes_on_link * handshake_us / (bw_GBps * 1e3))
 
 
-def _hop_latencies(algo: str, proto: int, p: Placement) -> tuple[float, float]:
+def _hop_latencies(dev: DeviceSpec, algo: str, proto: int, p: Placement) -> tuple[float, float]:
     intra = NVLINK_HOP_US[algo][proto]
     inter = (NET_HOP_US["tree"] if p.per_node == 1 else NET_HOP_US[algo])[proto]
-    if p.nodes > 1:
-        intra = max(intra, NET_OVERHEAD_US * (3 if proto == SIMPLE else 1))
+    if p.nodes > 1 and algo == "ring":  # tuning.cc applies the overhead to ring latencies only
+        intra = max(intra, net_overhead_us(dev) * (3 if proto == SIMPLE else 1))
     return intra, inter
 
 
@@ -195,15 +224,14 @@ def ring_choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, links
         steps, inter_steps = n, nodes - 1
     bus = min(links.intra_GBps, links.inter_GBps)
     ratio = n / steps
-    col = _node_col(nodes)
     out = []
     for proto in range(3):
-        intra_hop, inter_hop = _hop_latencies("ring", proto, p)
+        intra_hop, inter_hop = _hop_latencies(dev, "ring", proto, p)
         lat = BASE_LATENCY_US["ring"][proto] + (steps - inter_steps) * intra_hop + inter_steps * inter_hop
         if proto == SIMPLE and kind is OpKind.ALL_REDUCE and nodes > 1 and nbytes / (links.channels * n) >= 64:
             lat *= 1.4  # NCCL's "plateau effect" for multi-node Simple rings on sm80+
         if proto == LL:
-            bw = min(LL_MAX_BW[dev.arch][col], bus * 0.5)
+            bw = min(ll_max_bw(dev, nodes), bus * 0.5)
         elif proto == LL128:
             bw = min(bus * 0.92, links.channels * PER_CH_RING_LL128_BW[dev.arch])
         else:
@@ -228,10 +256,10 @@ def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> li
     hi, frac = min(23, lo + 1), x - lo
     out = []
     for proto in range(3):
-        intra_hop, inter_hop = _hop_latencies("tree", proto, p)
+        intra_hop, inter_hop = _hop_latencies(dev, "tree", proto, p)
         lat = BASE_LATENCY_US["tree"][proto] + 2 * ((ppn - 1) * intra_hop + math.log2(nodes) * inter_hop)
         if proto == LL:
-            bw = min(bus / 3.8, LL_MAX_BW[dev.arch][col])
+            bw = min(bus / 3.8, ll_max_bw(dev, nodes))
         elif proto == LL128:
             bw = min(
                 bus * (7 / 9 if nodes == 1 else 120 / 128),
@@ -400,8 +428,12 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
 
 
 def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Choice:
-    """The candidate NCCL's tuner would pick: the lowest predicted time."""
-    return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.time_us)
+    """The candidate NCCL's tuner would pick: the lowest time by NCCL's own formula (:attr:`Choice.tuner_us`).
+
+    The pipelining cost this model adds is left out of the ranking, as NCCL's getAlgoInfo ranks
+    candidates without it; the pick is costed with it (:attr:`Choice.time_us`).
+    """
+    return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.tuner_us)
 
 
 def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig) -> float:

@@ -87,6 +87,9 @@ class DeviceSpec:
     tensor_flops_per_clk_sm: int | None = None
     mufu_ex2_per_clk_sm: int | None = None
     smem_bytes_per_clk_sm: int | None = None
+    # CPU vendor of the node's host ("intel", "amd", "arm"; "" unknown). NCCL's tuner reads it on
+    # multi-node communicators (tuning.cc, getNetOverhead and llMaxBws): only "amd" changes the model.
+    host_cpu_vendor: str = ""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -124,6 +127,7 @@ _OPTIONAL = {
 }
 _FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff", "fa2_fwd_eff"}
 BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
+HOST_CPU_VENDORS = ("", "intel", "amd", "arm")
 
 
 def validate(spec: DeviceSpec) -> None:
@@ -137,6 +141,13 @@ def validate(spec: DeviceSpec) -> None:
         raise ValueError(f"{who}: field 'source' is missing (every number needs a source)")
     for f in fields(spec):
         if f.name in ("name", "arch", "source"):
+            continue
+        if f.name == "host_cpu_vendor":
+            if spec.host_cpu_vendor not in HOST_CPU_VENDORS:
+                raise ValueError(
+                    f"{who}: field 'host_cpu_vendor' is {spec.host_cpu_vendor!r}, expected one of "
+                    f"{', '.join(repr(v) for v in HOST_CPU_VENDORS)}"
+                )
             continue
         if f.name == "block_scaled_formats":
             unknown = [x for x in spec.block_scaled_formats if x not in BLOCK_SCALED_FORMATS]
@@ -223,6 +234,7 @@ A100_80GB = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX A100)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=_NCCL_LAUNCH_A100_US,  # Source: Azure ND A100 v4 nccl-tests -g 8 (note above)
+    host_cpu_vendor="amd",  # Source: DGX A100 (2x AMD EPYC 7742, _DGXA100); Azure ND A100 v4 (AMD EPYC 7V12)
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -254,6 +266,7 @@ A100_40GB = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=_NCCL_LAUNCH_A100_US,  # No 40 GB row: the ND A100 v4 (AMD EPYC host) reading
+    host_cpu_vendor="amd",  # Source: DGX A100 user guide (_DGXA100), 2x AMD EPYC 7742
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -285,6 +298,7 @@ H100_SXM = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv (DGX/HGX H100)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.35,  # Source: Azure ND H100 v5 nccl-tests -g 8, 26.8 µs / 8 (note at _NCCL_LAUNCH_A100_US)
+    host_cpu_vendor="intel",  # Source: DGX H100 / Azure ND H100 v5 hosts, 2x Xeon Platinum 8480C (_H100_AZ)
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -317,6 +331,7 @@ H800 = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.35,  # No H800 row: carried over from H100 (same HGX host class)
+    host_cpu_vendor="intel",  # No H800 host in a source: carried over from H100 (same HGX host class)
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -348,6 +363,7 @@ H200 = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # Source: Azure ND H200 v5 nccl-tests -g 8, 30.8 µs / 8
+    host_cpu_vendor="intel",  # Source: Azure ND H200 v5, Xeon Platinum 8480C (_H200_AZ)
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -402,6 +418,7 @@ B200 = DeviceSpec(
     devices_per_node=8,  # Source: hw_specs.csv
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # No B200 nccl-tests row: carried over from H200 (x86 HGX host, same launch path)
+    host_cpu_vendor="intel",  # Source: DGX B200 datasheet, 2x Intel Xeon Platinum 8570
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -445,6 +462,7 @@ GB200 = DeviceSpec(
     devices_per_node=72,  # Source: hw_specs.csv, 72-GPU NVLink domain (NVL72)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=4.04,  # Source: Azure ND GB200 v6 nccl-tests -g 4, 16.2 µs / 4 (Grace host)
+    host_cpu_vendor="arm",  # Source: Grace (Neoverse V2) host, Azure ND GB200 v6 (_GB200_AZ)
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -488,6 +506,7 @@ B300 = DeviceSpec(
     devices_per_node=8,  # Source: HGX B300 (8 GPUs per baseboard)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # No B300 nccl-tests row: carried over from B200/H200 (x86 HGX host, same launch path)
+    host_cpu_vendor="intel",  # Source: DGX B300, Intel Xeon 6776P hosts
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -523,6 +542,7 @@ GB300 = DeviceSpec(
     devices_per_node=72,  # Source: GB300 NVL72, 72-GPU NVLink domain
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=4.04,  # No GB300 nccl-tests row: carried over from GB200 (Grace host, same launch path)
+    host_cpu_vendor="arm",  # Source: GB300 NVL72, Grace host (as GB200)
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
