@@ -280,6 +280,25 @@ def test_the_sustained_rate_caps_gemms_of_a_training_step_only():
     assert matmul_time_s(h100, n, n, n, dtype="fp8") == matmul_time_s(h100, n, n, n, dtype="fp8", sustained=False)
 
 
+def test_a100_gemms_follow_mamf_best_rate_and_the_cublaslt_plateau_only_caps():
+    """Issue 16's A100 question under the one rule of devices.DeviceSpec: the efficiency is the highest measured
+    library rate (MAMF 271.2 TFLOP/s, not cuBLASLt's 253.7); 253.7, the long-warmup plateau, is only a cap. A
+    heuristic pick (PyTorch, TE: 0.91 x the autotuned rate) stays below it at every size, so training GEMMs are
+    the MAMF rate x HEURISTIC_GEMM_FRACTION; an autotuned 32768^3 GEMM reaches the cap exactly."""
+    from echosim.backends.compute import HEURISTIC_GEMM_FRACTION, matmul_time_s
+
+    for name in ("a100-80gb", "a100-40gb"):
+        a100 = DEVICES[name]
+        assert a100.gemm_eff_16bit * a100.peak_bf16_tflops == pytest.approx(271.2)
+        assert a100.sustained_16bit_tflops == 253.7
+        assert 271.2 * HEURISTIC_GEMM_FRACTION < 253.7
+        for n in (4096, 8192, 32768):
+            step = matmul_time_s(a100, n, n, n, dtype="bf16")
+            assert step == matmul_time_s(a100, n, n, n, dtype="bf16", sustained=False)
+        tuned = 2.0 * 32768**3 / matmul_time_s(a100, 32768, 32768, 32768, dtype="bf16", autotuned=True) / 1e12
+        assert tuned == pytest.approx(253.7, rel=1e-3)
+
+
 @pytest.mark.parametrize(
     ("device", "fmt", "extra_per_element"),
     [
