@@ -52,11 +52,11 @@ WHY: tuple[tuple[str, str], ...] = (
     ),
     (
         r"^llmfoundry.*h100",
-        "llm-foundry's H100 tables (2024-01, torch 2.1 image): submit_benchmarks.py at 5e85bd62d defaults to "
-        "attn_impl 'triton' (llm-foundry's Triton flash kernel, unmeasured on H100; echosim prices FA2); the "
-        "FSDP gathers and reductions hide under compute (an fp32 reduce-scatter moves no row); rows without "
-        "activation checkpointing miss most (-18..-30% against -11..-17% with it), while the same source's "
-        "A100 rows are within 10%",
+        "llm-foundry's H100 tables (2024-01, torch 2.1 image): rows that ran attn_impl 'triton' (sweep.py: "
+        "13b/30b large-scale; every other table: submit_benchmarks.py's default) are priced at the FA2 paper's "
+        "published Triton/FA1 rate (composer-triton); the FSDP gathers and reductions hide under compute (an "
+        "fp32 reduce-scatter moves no row); the flash-attn 2 rows without activation checkpointing (1b/3b/7b "
+        "large-scale, -18..-28%) and the 13b H100 rows of micro-batch 2 (-21%) miss most: not explained yet",
     ),
     (
         r"^torchtitan-h200",

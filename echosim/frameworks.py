@@ -461,6 +461,20 @@ FRAMEWORKS["composer"] = replace(
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
 )
 
+# llm-foundry's attn_impl 'triton': the Triton FlashAttention kernel llm-foundry copies from the flash-attention
+# repository (llmfoundry/models/layers/flash_attn_triton.py, "Copied from .../flash_attn/flash_attn_triton.py"
+# at flash-attention commit eff9fe6, on the triton-pre-mlir fork setup.py installs), costed at its published
+# rate next to FlashAttention-2 (echosim.backends.compute.TRITON_FLASH_FWD_BWD_TFLOPS). Which benchmark rows
+# ran it: echosim.validation.rows.llm_foundry_attn_impl.
+FRAMEWORKS["composer-triton"] = replace(
+    FRAMEWORKS["composer"],
+    name="composer-triton",
+    title="MosaicML Composer + PyTorch FSDP (llm-foundry) with attn_impl 'triton' (Triton FlashAttention kernel)",
+    row_names=(),
+    attention_kernel="triton",
+    attention_source="attn_impl 'triton' -> llmfoundry.models.layers.flash_attn_triton.flash_attn_func "
+    "(llmfoundry/models/layers/attention.py triton_flash_attn_fn, llm-foundry commit 5e85bd6)",
+)
 
 # MaxText with weight_dtype: bfloat16 (a per-recipe setting, e.g. the Trillium Llama-3.1 70B v6e-32 recipe):
 # the weights, their gradients and Adam's moments are all 16-bit.

@@ -17,6 +17,7 @@ Memory-bound kernels: bytes / measured STREAM bandwidth plus a kernel overhead.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -353,7 +354,70 @@ def fa2_view(dev: DeviceSpec) -> DeviceSpec:
     )
 
 
+# FlashAttention's Triton kernel (flash_attn/flash_attn_triton.py, FlashAttention commit eff9fe6, copied as
+# llm-foundry's llmfoundry/models/layers/flash_attn_triton.py = attn_impl 'triton'): its published forward +
+# backward speed next to FlashAttention-2's on the same part, causal mask, 16-bit, batch x seq_len = 16k tokens,
+# 2048 model width (FA2 paper, Dao 2023, arXiv 2307.08691, Figs. 4 and 7; the same bars as
+# assets/flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png, flash-attention commit
+# 4f285b3). Rows: (seq_len, kernel TFLOP/s, FA2 TFLOP/s) by (arch, head_dim).
+# A100 80GB SXM4 ("ampere"): the figure's "FlashAttention Triton" bars. H100 80GB SXM5 ("hopper"): the figure
+# has no Triton bars; it has FlashAttention (v1, CUDA) ones, and the kernel's own docstring says its forward +
+# backward is "slightly slower" than that CUDA kernel's (on A100 the figure agrees: causal d=128 Triton 50-78
+# vs FA1 55-80 TFLOP/s), so the H100 rows take FA1's bars: the fastest the Triton kernel is documented to be.
+TRITON_FLASH_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = {
+    ("ampere", 64): (
+        (512, 59.0, 88.0),
+        (1024, 75.0, 119.0),
+        (2048, 79.0, 140.0),
+        (4096, 76.0, 156.0),
+        (8192, 79.0, 165.0),
+    ),
+    ("ampere", 128): (
+        (512, 50.0, 99.0),
+        (1024, 61.0, 133.0),
+        (2048, 68.0, 155.0),
+        (4096, 74.0, 173.0),
+        (8192, 78.0, 182.0),
+    ),
+    ("hopper", 64): (
+        (512, 104.0, 141.0),
+        (1024, 123.0, 192.0),
+        (2048, 136.0, 232.0),
+        (4096, 138.0, 257.0),
+        (8192, 149.0, 273.0),
+        (16384, 156.0, 284.0),
+    ),
+    ("hopper", 128): (
+        (512, 98.0, 163.0),
+        (1024, 109.0, 221.0),
+        (2048, 108.0, 265.0),
+        (4096, 126.0, 294.0),
+        (8192, 135.0, 308.0),
+        (16384, 137.0, 328.0),
+    ),
+}
+
+
+def triton_flash_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
+    """FlashAttention-2's published fwd+bwd rate over the Triton kernel's on ``arch`` (time multiplier).
+
+    The head dimension's table is the published one nearest above (64 for <= 64, else 128); the sequence
+    length is interpolated in log2 between the published points and held at the ends. A part with no
+    published figure takes the newest one's (Hopper): the kernel has no Hopper- or Blackwell-specific path."""
+    table = TRITON_FLASH_FWD_BWD_TFLOPS[("ampere" if arch == "ampere" else "hopper", 64 if head_dim <= 64 else 128)]
+    x = math.log2(max(table[0][0], min(seq_len, table[-1][0])))
+    for (s0, k0, f0), (s1, k1, f1) in itertools.pairwise(table):
+        x0, x1 = math.log2(s0), math.log2(s1)
+        if x <= x1:
+            t = (x - x0) / (x1 - x0)
+            return (f0 + t * (f1 - f0)) / (k0 + t * (k1 - k0))
+    return table[-1][2] / table[-1][1]
+
+
 def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    if a.flash and a.kernel == "triton":  # FA2's time at the published Triton / FA2 rate ratio
+        slow = triton_flash_slowdown(dev.arch, a.head_dim, a.kv_len)
+        return flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
     if a.flash:
         return flash_attention_time_s(fa2_view(dev) if a.kernel == "fa2" else dev, a, dtype, backward)
     return math_attention_time_s(dev, a, dtype, backward)

@@ -261,7 +261,25 @@ def row_framework(c: Case) -> str:
         return "maxtext-bf16-weights"
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         return "torchtitan-2025-compile"
+    if name == "composer" and c["source_id"] == "llm_foundry_bench" and llm_foundry_attn_impl(c) == "triton":
+        return "composer-triton"
     return name
+
+
+#: The ``--attn_impl`` llm-foundry's large-scale sweep passes per model (scripts/train/benchmarking/sweep.py,
+#: llm-foundry commit 5e85bd6, which added the "H100 80GB BF16 (Large Scale, >= 128 GPUs)" table), keyed by
+#: the MPT yaml's d_model (scripts/train/yamls/pretrain/mpt-{1b,3b,7b,13b,30b,70b}.yaml).
+LLM_FOUNDRY_SWEEP_ATTN = {2048: "flash", 2560: "flash", 4096: "flash", 5120: "triton", 7168: "triton", 8192: "flash"}
+LLM_FOUNDRY_LARGE_SCALE_TABLE = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+
+
+def llm_foundry_attn_impl(c: Case) -> str:
+    """The attention kernel an llm-foundry benchmark row ran: its sweep's ``--attn_impl`` for the large-scale
+    table; every other table was submitted through sweep.sh, which passes none, so submit_benchmarks.py's
+    default ``--attn_impl triton`` (llm-foundry commits ef350d9 for the A100 tables, b2a43a1 for the H100 one)."""
+    if c["table"] == LLM_FOUNDRY_LARGE_SCALE_TABLE:
+        return LLM_FOUNDRY_SWEEP_ATTN.get(c.int("hidden", 0), "triton")
+    return "triton"
 
 
 #: ``num_vocab_tiling`` of the Trillium recipes, by the tpu-recipes directory a row's source_url names:
