@@ -32,7 +32,7 @@ def _context(plan: Any) -> object:
 def _tensor(plan: Any) -> object:
     from echosim.passes.tensor_parallel import TensorParallel
 
-    return TensorParallel(plan.tp, sequence_parallel=plan.sp)
+    return TensorParallel(plan.tp, sequence_parallel=plan.sp, expert_tp=plan.expert_tp)
 
 
 def _expert(plan: Any) -> object:
@@ -95,7 +95,8 @@ def _optimizer(plan: Any) -> object:
 def _gradient_groups(plan: Any) -> object:
     from echosim.passes.gradient_groups import GradientGroups
 
-    return GradientGroups(plan.cp, plan.ep)  # gradients span dp x cp ranks; experts only dp x cp / ep
+    # gradients span dp x cp ranks; experts tp x dp x cp / (etp x ep)
+    return GradientGroups(plan.cp, plan.ep, plan.tp // plan.expert_tp)
 
 
 def _classes() -> dict[str, type]:

@@ -464,6 +464,23 @@ def moe_dispatcher(c: Case) -> str:
     return MEGATRON_BRIDGE_DISPATCHER.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
 
 
+#: Expert tensor parallelism of the Megatron-Bridge MoE performance recipes: 1 (the experts whole on every
+#: rank, expert parallelism folded over tp x dp) in every release that publishes MoE rows: the v0.1.0rc4-era
+#: perf matrices (scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml ``etp: 1`` for h100
+#: tp 2 ep 64, b200, gb200; configs/qwen3/qwen3_235b_a22b_llm_pretrain.yaml ``etp: 1`` for h100 tp 2 ep 32,
+#: gb200, b200) and the later workload presets (BASE_DEEPSEEK_V3_CONFIG, BASE_QWEN3_235B_A22B_CONFIG,
+#: BASE_QWEN3_30B_A3B_CONFIG = WorkloadBaseConfig(expert_tensor_parallel_size=1) in configs/deepseek/
+#: deepseek_workload_base_configs.py and configs/qwen/qwen3_workload_base_configs.py).
+MEGATRON_BRIDGE_EXPERT_TP = 1
+
+
+def expert_tp(c: Case) -> int | None:
+    """The routed experts' tensor-parallel degree of a Megatron-Bridge MoE row (None: Megatron's default, tp)."""
+    if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
+        return None
+    return MEGATRON_BRIDGE_EXPERT_TP
+
+
 #: The micro-batch of the Megatron-Bridge recipe behind a published row whose table contradicts itself
 #: (its GBS is not MBS x DP x GA: the row's notes flag it), by (source_id, layers, hidden, device, tp, pp,
 #: vpp, ep); only where the same release's performance recipe has that layout (system, GPUs, global batch,
@@ -528,6 +545,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     }
     stated.update(flags)
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
+    stated["etp"] = expert_tp(c)
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
