@@ -223,6 +223,7 @@ def prepare_joint(
         sp=plan.sp,
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
+        ep_overlap=plan.moe_ep_overlap,
     )
     framework = get_framework(plan.framework)
     static = bool(getattr(loaded, "static_buffers", False))

@@ -213,6 +213,8 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
     facts, g = joint.facts, stage.graph
     if _sparse_tables(g)[0]:
         raise Fallback("sparse embedding tables")
+    if joint.options.ep_overlap:
+        raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
     act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))

@@ -106,6 +106,20 @@ def check_experts(plan: Plan) -> None:
         )
 
 
+def check_ep_overlap(plan: Plan) -> None:
+    """``--moe-ep-overlap`` (Megatron's --overlap-moe-expert-parallel-comm) under its documented hard
+    requirements: ep > 1, and virtual pipeline stages when pp > 1, on the 1F1B schedules it extends
+    (docs/user-guide/features/moe_a2a_overlap.md, Megatron-LM commit fc81b20)."""
+    if not plan.moe_ep_overlap:
+        return
+    if plan.ep == 1:
+        raise PlanError("--moe-ep-overlap needs expert parallelism (ep > 1): it hides the EP all-to-alls")
+    if plan.pp > 1 and plan.vpp == 1:
+        raise PlanError(f"--moe-ep-overlap with pp={plan.pp} needs virtual pipeline stages (--vpp > 1)")
+    if plan.schedule not in ("1f1b", "interleaved"):
+        raise PlanError(f"--moe-ep-overlap runs on the 1f1b / interleaved schedules, not {plan.schedule!r}")
+
+
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
     """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
     for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):
@@ -197,6 +211,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             f"--moe-imbalance {plan.moe_imbalance:g} must lie between 1 (balanced) and ep={plan.ep} "
             "(every token on one rank)"
         )
+    check_ep_overlap(plan)
     groups, per_token = plan.moe_router_groups, plan.moe_router_group_topk
     if groups < 0 or per_token < 0 or bool(groups) != bool(per_token) or per_token > groups:
         raise PlanError(

@@ -70,6 +70,9 @@ class Plan:
     # moe_router_group_topk of them (Megatron's --moe-router-num-groups / --moe-router-group-topk); 0: none
     moe_router_groups: int = 0
     moe_router_group_topk: int = 0
+    # Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): the EP all-to-alls of one micro-batch
+    # run beside the adjacent micro-batch's forward or backward compute
+    moe_ep_overlap: bool = False
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
@@ -100,11 +103,14 @@ class Plan:
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp`` and the router groups only where set
+        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap`` and the router
+        groups only where set
         (models without tables or experts never state them)."""
         d = asdict(self)
         if not self.etp:
             del d["etp"]
+        if not self.moe_ep_overlap:
+            del d["moe_ep_overlap"]
         if self.embedding_sharding == "none":
             del d["embedding_sharding"]
         if self.moe_dispatcher == "alltoall":

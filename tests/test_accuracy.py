@@ -55,7 +55,9 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
         fits["mbridge2509-deepseekv3-dropless-h100-sxm-1024"]
         and fits["mbridge2509-deepseekv3-dropless-fp8-h100-sxm-1024"]
     )
-    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(0.340, abs=0.01)
+    # its recipe (B200_FP8_MX_V2) overlaps the EP all-to-alls with the adjacent micro-batch (combined 1F1B):
+    # +34.0% without that rule
+    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.110, abs=0.01)
 
 
 def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_ranks() -> None:
@@ -69,3 +71,5 @@ def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_r
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-gb200-64"] == pytest.approx(-0.142, abs=0.01)
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-h100-sxm-256"] == pytest.approx(-0.078, abs=0.01)
     assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(0.207, abs=0.01)
+    # the 26.04.01 preset (H100_FP8_CS_V2) runs combined 1F1B: +30.1% without the overlap rule
+    assert errors["mbridge260401-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.158, abs=0.01)

@@ -408,6 +408,8 @@ def test_megatron_expert_tensor_parallel_size_reads_as_etp() -> None:
     got = read_args(args)
     assert (got.options["tp"], got.options["ep"], got.options["etp"]) == (2, 8, 1)
     assert not any("expert-tensor-parallel-size" in n for n in got.notes)
+    assert "moe_ep_overlap" not in got.options
+    assert read_args(f"{args} --overlap-moe-expert-parallel-comm").options["moe_ep_overlap"] is True
 
 
 def test_megatron_flex_dispatcher_with_deepep_reads_as_deepep() -> None:

@@ -126,6 +126,12 @@ def layout_options(fn: F) -> F:
         click.option("--cp", type=int, help="Context-parallel degree."),
         click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp)."),
         click.option(
+            "--moe-ep-overlap/--no-moe-ep-overlap",
+            default=None,
+            help="Overlap one micro-batch's EP all-to-alls with the adjacent micro-batch's compute (Megatron "
+            "--overlap-moe-expert-parallel-comm, combined 1F1B).",
+        ),
+        click.option(
             "--etp",
             type=int,
             help="Tensor-parallel degree of the routed experts: tp (default) or 1 (experts whole; expert "

@@ -481,6 +481,28 @@ def expert_tp(c: Case) -> int | None:
     return MEGATRON_BRIDGE_EXPERT_TP
 
 
+#: Megatron-Bridge MoE performance recipes that overlap the EP all-to-alls with the adjacent micro-batch
+#: (``moe_a2a_overlap=True``: ``comm_overlap.overlap_moe_expert_parallel_comm = True``, with
+#: ``delay_wgrad_compute``, scripts/performance/utils/overrides.py ``_set_moe_a2a_overlap_overrides``;
+#: WorkloadBaseConfig's default is False), by (source_id, layers, hidden, device, (tp, pp, vpp, ep,
+#: micro-batch), global batch). QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*_V1/_V2 (tp 2, pp 8, vp 4, ep 32;
+#: V2 = GBS 8192), configs/qwen/qwen3_workload_base_configs.py (commit 01b2977); DEEPSEEK_V3_PRETRAIN_CONFIG
+#: _B200_FP8_MX_V2 (deepep, pp 8, vp 2, ep 32, GBS 4096), configs/deepseek/deepseek_workload_base_configs.py
+#: (commit 0426418). Only the 26.04.01 rows match those presets' layout and batch; the earlier releases'
+#: presets of these layouts (v0.2.0 configs/qwen3/workload_base_configs.py) do not set it.
+MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...], int]] = frozenset({
+    ("megatron_bridge_26.04.01", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 8192),
+    ("megatron_bridge_26.04.01", 61, 7168, "b200", (1, 8, 2, 32, 1), 4096),
+})  # fmt: skip
+
+
+def ep_overlap(c: Case) -> bool:
+    """Whether the Megatron-Bridge recipe behind a row runs combined 1F1B (:data:`MEGATRON_BRIDGE_EP_OVERLAP`)."""
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    key = (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout, c.int("global_batch") or 0)
+    return key in MEGATRON_BRIDGE_EP_OVERLAP
+
+
 #: The micro-batch of the Megatron-Bridge recipe behind a published row whose table contradicts itself
 #: (its GBS is not MBS x DP x GA: the row's notes flag it), by (source_id, layers, hidden, device, tp, pp,
 #: vpp, ep); only where the same release's performance recipe has that layout (system, GPUs, global batch,
@@ -546,6 +568,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated.update(flags)
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
+    stated["moe_ep_overlap"] = ep_overlap(c) or None
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
