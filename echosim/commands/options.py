@@ -124,7 +124,7 @@ def layout_options(fn: F) -> F:
         ),
         click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism."),
         click.option("--cp", type=int, help="Context-parallel degree."),
-        click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp)."),
+        click.option("--ep", type=int, help="Expert-parallel degree (within cp x dp; tp x cp x dp with --etp 1)."),
         click.option(
             "--moe-ep-overlap/--no-moe-ep-overlap",
             default=None,
