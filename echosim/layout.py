@@ -94,9 +94,9 @@ def check_experts(plan: Plan) -> None:
         )
     stage = plan.tp * plan.cp * plan.dp
     if stage % (etp * plan.ep):
-        fold = "ep" if etp == 1 else f"etp*ep = {etp}*{plan.ep}"
+        fold = f"ep={plan.ep}" if etp == 1 else f"etp*ep = {etp}*{plan.ep} = {etp * plan.ep}"
         raise PlanError(
-            f"{fold} = {etp * plan.ep} does not divide tp*cp*dp = {stage} (expert layers lay etp x ep x "
+            f"{fold} does not divide tp*cp*dp = {stage} (expert layers lay etp x ep x "
             "expert-data-parallel over a stage's tp x cp x dp ranks)"
         )
     if etp != plan.tp and not plan.sp:

@@ -256,7 +256,7 @@ def test_folded_expert_groups_are_placed_etp_ep_edp() -> None:
     ("plan", "message"),
     [
         (Plan(tp=4, sp=True, dp=2, ep=2, etp=2), "--etp 2: echosim shards routed experts over all"),
-        (Plan(tp=2, sp=True, dp=4, ep=16, etp=1), "ep = 16 does not divide tp\\*cp\\*dp = 8"),
+        (Plan(tp=2, sp=True, dp=4, ep=16, etp=1), "ep=16 does not divide tp\\*cp\\*dp = 8"),
         (Plan(tp=2, dp=4, ep=8, etp=1), "needs sequence parallelism"),
         (Plan(tp=2, sp=True, dp=4, ep=8), "etp\\*ep = 2\\*8 = 16 does not divide tp\\*cp\\*dp = 8"),
     ],
