@@ -280,6 +280,19 @@ def test_compile_folds_expert_parallelism_over_tensor_parallel_ranks() -> None:
     assert c.report.step_time_s > 0
 
 
+def test_zero_updates_expert_parameters_over_their_expert_data_parallel_ranks(tiny_moe: Graph) -> None:
+    """ZeRO-1 with dp 8, ep 4: dense weights split 8 ways, routed experts 8 / 4 = 2 ways (their state's sharding)."""
+    from echosim.passes.data_parallel import Optimizer
+
+    g = run_passes(tiny_moe, [ExpertParallel(4), Autodiff()])
+    experts = sum(p.out.numel * g.multiplicity(p) for p in g.params() if p.attrs.expert)
+    dense = g.param_count() - experts
+    step = next(n for n in run_passes(g, [Optimizer(shard=8, expert_shard=2)]) if n.op is OpKind.OPTIMIZER_UPDATE)
+    assert experts and step.attrs.params == -(-dense // 8) + experts // 2
+    plain = next(n for n in run_passes(g, [Optimizer(shard=8)]) if n.op is OpKind.OPTIMIZER_UPDATE)
+    assert plain.attrs.params == -(-dense // 8) + -(-experts // 8)
+
+
 # ---- end to end ---------------------------------------------------------------------------
 
 
