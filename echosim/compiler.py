@@ -213,7 +213,7 @@ def prepare_joint(
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
         raise EchosimError(f"a pass broke the graph: {exc}") from None
-    where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep), cluster.devices_per_node)
+    where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],
         pp=plan.pp,
@@ -223,6 +223,7 @@ def prepare_joint(
         sp=plan.sp,
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
+        ep_overlap=plan.moe_ep_overlap,
     )
     framework = get_framework(plan.framework)
     static = bool(getattr(loaded, "static_buffers", False))
@@ -243,12 +244,10 @@ def prepare_joint(
         cp=plan.cp,
         state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **framework.state(plan.pp)),
         expert_state=(
-            StatePolicy.for_training(
-                plan.dtype, plan.zero, max(1, plan.dp * plan.cp // plan.ep), **framework.state(plan.pp)
-            )
-            if plan.ep > 1
+            StatePolicy.for_training(plan.dtype, plan.zero, plan.expert_dp, **framework.state(plan.pp))
+            if plan.ep > 1 or plan.expert_tp != plan.tp
             else None
-        ),  # EP is carved out of DP: an expert's state is sharded over dp * cp / ep ranks only
+        ),  # an expert's state is sharded over its expert-data-parallel ranks only: tp * cp * dp / (etp * ep)
         saved=SavedPolicy(
             fused_gated=bool(framework.fused_gated),
             offload=offloaded(framework.recompute_policy(plan.recompute)),

@@ -213,6 +213,8 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
     facts, g = joint.facts, stage.graph
     if _sparse_tables(g)[0]:
         raise Fallback("sparse embedding tables")
+    if joint.options.ep_overlap:
+        raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
     act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))
@@ -294,12 +296,12 @@ def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
         step_end[axis] = step_end.get(axis, 0.0) + sec
     if len(a.optimizer) != len(b.optimizer):
         raise Fallback("optimizer steps differ with depth")
-    opt = sum(cost(_optimizer_node(joint, na, nb, a.params, b.params, params)) for na, nb in
-              zip(a.optimizer, b.optimizer, strict=True))  # fmt: skip
+    experts = _affine(a.experts, b.experts, count)
+    counts = ((a.params, a.experts), (b.params, b.experts), (params, experts))
+    opt = sum(cost(_optimizer_node(joint, na, nb, *counts)) for na, nb in zip(a.optimizer, b.optimizer, strict=True))
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
-    experts = _affine(a.experts, b.experts, count)
     static = static_memory(params, experts, (0, (0, 0)), a.transient, joint.facts)
     act = _affine(a.act, b.act, count)
     blocks = _affine(a.blocks, b.blocks, count) if a.blocks is not None and b.blocks is not None else None
@@ -321,17 +323,21 @@ def _collective(joint: Joint, node: Node, nbytes: int) -> float:
     return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
 
 
-def _optimizer_node(joint: Joint, a: Node, b: Node, pa: int, pb: int, params: int) -> Node:
-    """The optimizer step for ``params`` parameter elements, as the optimizer pass builds it (checked against
-    the steps it built at depths 2 and 3)."""
+def _optimizer_node(
+    joint: Joint, a: Node, b: Node, pa: tuple[int, int], pb: tuple[int, int], params: tuple[int, int]
+) -> Node:
+    """The optimizer step for ``params`` (parameter elements, of them routed experts'), as the optimizer pass
+    builds it (checked against the steps it built at depths 2 and 3)."""
     if a == b:
         return a
-    shard = next((p.shard for p in joint.stage_passes if getattr(p, "name", "") == "optimizer"), None)
-    if shard is None or not isinstance(a.attrs, OptimizerAttrs):
+    found = next((p for p in joint.stage_passes if getattr(p, "name", "") == "optimizer"), None)
+    if found is None or not isinstance(a.attrs, OptimizerAttrs):
         raise Fallback("an optimizer step of another kind")
+    shard, expert_shard = found.shard, getattr(found, "expert_shard", 0) or found.shard
 
-    def built(total: int) -> Node:
-        n = math.ceil(total / shard)
+    def built(counts: tuple[int, int]) -> Node:
+        total, experts = counts
+        n = math.ceil((total - experts) / shard) + math.ceil(experts / expert_shard)
         assert isinstance(a.attrs, OptimizerAttrs)
         return replace(a, out=TensorSpec((max(n, 1),), DType.FP32), attrs=replace(a.attrs, params=n))
 

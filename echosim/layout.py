@@ -73,6 +73,53 @@ def check_precision(plan: Plan, backend: Any) -> None:
         raise PlanError(f"--dtype {plan.dtype}: backend '{backend.name}' cannot run {plan.dtype} ({has})")
 
 
+def check_experts(plan: Plan) -> None:
+    """Where the routed experts live: Megatron-Core's MoE parallel folding.
+
+    Dense layers order a stage's ranks tp-cp-dp, expert layers etp-ep-edp ("the EPxTP group in MoE is
+    a sub-group of DPxCPxTP in Attention", "MoE Parallel Folding", megatron/core/transformer/moe/
+    README.md, Megatron-LM commit 022bcb5), so ``etp * ep`` must divide ``tp * cp * dp``; with
+    ``etp = tp`` (Megatron's default for --expert-tensor-parallel-size) that is ep dividing cp * dp.
+    echosim shards experts over the tensor-parallel ranks (etp = tp) or not at all (etp = 1, the
+    Megatron-Bridge MoE recipes' setting). Experts without their own tensor parallelism dispatch each
+    rank's own tokens, which needs sequence parallelism under tp > 1 (Megatron-Core refuses MoE with
+    tensor parallelism without it: "When using MoE and tensor parallelism, sequence parallelism must
+    be used", megatron/training/arguments.py).
+    """
+    etp = plan.expert_tp
+    if etp not in (1, plan.tp):
+        raise PlanError(
+            f"--etp {etp}: echosim shards routed experts over all tensor-parallel ranks (etp = tp = {plan.tp}) "
+            "or over none (etp = 1)"
+        )
+    stage = plan.tp * plan.cp * plan.dp
+    if stage % (etp * plan.ep):
+        fold = f"ep={plan.ep}" if etp == 1 else f"etp*ep = {etp}*{plan.ep} = {etp * plan.ep}"
+        raise PlanError(
+            f"{fold} does not divide tp*cp*dp = {stage} (expert layers lay etp x ep x "
+            "expert-data-parallel over a stage's tp x cp x dp ranks)"
+        )
+    if etp != plan.tp and not plan.sp:
+        raise PlanError(
+            f"--etp {etp} with tp={plan.tp} needs sequence parallelism (--sp): each tensor-parallel rank "
+            "dispatches its own tokens to the experts"
+        )
+
+
+def check_ep_overlap(plan: Plan) -> None:
+    """``--moe-ep-overlap`` (Megatron's --overlap-moe-expert-parallel-comm) under its documented hard
+    requirements: ep > 1, and virtual pipeline stages when pp > 1, on the 1F1B schedules it extends
+    (docs/user-guide/features/moe_a2a_overlap.md, Megatron-LM commit fc81b20)."""
+    if not plan.moe_ep_overlap:
+        return
+    if plan.ep == 1:
+        raise PlanError("--moe-ep-overlap needs expert parallelism (ep > 1): it hides the EP all-to-alls")
+    if plan.pp > 1 and plan.vpp == 1:
+        raise PlanError(f"--moe-ep-overlap with pp={plan.pp} needs virtual pipeline stages (--vpp > 1)")
+    if plan.schedule not in ("1f1b", "interleaved"):
+        raise PlanError(f"--moe-ep-overlap runs on the 1f1b / interleaved schedules, not {plan.schedule!r}")
+
+
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
     """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
     for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):
@@ -81,7 +128,9 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     for name in ("global_batch", "seq_len"):  # 0: derived (one micro-batch per rank; the model's sequence)
         if getattr(plan, name) < 0:
             raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
-    for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp", "global_batch", "seq_len"):
+    if plan.etp < 0:
+        raise PlanError(f"--etp must be at least 1, got {plan.etp}")
+    for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "etp", "vpp", "global_batch", "seq_len"):
         if getattr(plan, name) > MAX_COUNT:
             raise PlanError(f"--{name.replace('_', '-')} {getattr(plan, name)} exceeds the limit of {MAX_COUNT} (2^40)")
     if plan.micro_batch * max(plan.seq_len, 1) > MAX_TOKENS_PER_MICROBATCH:
@@ -102,8 +151,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         shown = f"tp*pp*dp{'*cp' if plan.cp > 1 else ''}"
         factors = f"{plan.tp}*{plan.pp}*{plan.dp}" + (f"*{plan.cp}" if plan.cp > 1 else "")
         raise PlanError(f"{shown} = {factors} = {plan.world} does not equal devices={cluster.devices}")
-    if plan.dp % plan.ep:
-        raise PlanError(f"ep={plan.ep} does not divide dp={plan.dp} (experts are sharded inside data parallelism)")
+    check_experts(plan)
     if plan.zero not in ZERO_STAGES:
         raise PlanError(f"unknown ZeRO stage {plan.zero} (known: 0, 1, 2, 3)")
     if plan.sp and plan.tp == 1:
@@ -143,7 +191,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
     try:  # every axis's groups must land on nodes the same way (Megatron rank order)
-        axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep), cluster.devices_per_node)
+        axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     except ValueError as exc:
         raise PlanError(
             f"{exc}: with tp={plan.tp}, pp={plan.pp}, dp={plan.dp} on nodes of {cluster.devices_per_node}, "
@@ -163,6 +211,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             f"--moe-imbalance {plan.moe_imbalance:g} must lie between 1 (balanced) and ep={plan.ep} "
             "(every token on one rank)"
         )
+    check_ep_overlap(plan)
     groups, per_token = plan.moe_router_groups, plan.moe_router_group_topk
     if groups < 0 or per_token < 0 or bool(groups) != bool(per_token) or per_token > groups:
         raise PlanError(

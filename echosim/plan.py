@@ -53,6 +53,9 @@ class Plan:
     sp: bool = False  # Megatron sequence parallelism (needs tp > 1)
     cp: int = 1  # context-parallel degree
     ep: int = 1  # expert-parallel degree (carved out of dp)
+    # expert tensor parallelism (Megatron --expert-tensor-parallel-size): tensor-parallel degree of the routed
+    # experts; 0: the same as tp (Megatron's default). With etp < tp, expert parallelism folds over tp x cp x dp
+    etp: int = 0
     zero: int = 0  # 0: replicated optimizer; 1/2/3: ZeRO stage (3 = FSDP)
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
@@ -67,6 +70,9 @@ class Plan:
     # moe_router_group_topk of them (Megatron's --moe-router-num-groups / --moe-router-group-topk); 0: none
     moe_router_groups: int = 0
     moe_router_group_topk: int = 0
+    # Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): the EP all-to-alls of one micro-batch
+    # run beside the adjacent micro-batch's forward or backward compute
+    moe_ep_overlap: bool = False
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
@@ -81,14 +87,30 @@ class Plan:
         return self.batch // (self.micro_batch * self.dp)
 
     @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the routed experts: ``etp``, or ``tp`` when not set."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks of a stage that hold the same routed experts (Megatron-Core's expert-data-parallel group):
+        ``tp * cp * dp / (etp * ep)``, at least 1."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
     def world(self) -> int:
         """Devices the layout occupies: ``tp * pp * dp * cp`` (expert parallelism is carved out of dp)."""
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        """Every field; ``embedding_sharding``, ``moe_dispatcher`` and the router groups only where set
+        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap`` and the router
+        groups only where set
         (models without tables or experts never state them)."""
         d = asdict(self)
+        if not self.etp:
+            del d["etp"]
+        if not self.moe_ep_overlap:
+            del d["moe_ep_overlap"]
         if self.embedding_sharding == "none":
             del d["embedding_sharding"]
         if self.moe_dispatcher == "alltoall":
@@ -117,7 +139,7 @@ DEFAULT_CLUSTER = Cluster(backend="a100-80gb", devices=1024)  # 8 per node: the 
 _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 #: Options that count something: a value a user gives must be at least 1 (leaving one out takes the default).
 _COUNTS = (
-    "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node",
+    "tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node",
     "loss_chunks",
 )  # fmt: skip
 

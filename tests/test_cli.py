@@ -99,7 +99,7 @@ def test_listings_have_json(command: str) -> None:
         (["--pp", "2", "--vpp", "2", "--global-batch", "3"], "needs micro-batches (3) to be a multiple of pp=2"),
         (["--pp", "2", "--vpp", "2", "--schedule", "gpipe"], "vpp=2 needs the interleaved 1F1B schedule"),
         (["--pp", "8", "--vpp", "4", "--global-batch", "8"], "pp*vpp=32 exceeds the number of layers (24)"),
-        (["--dp", "4", "--ep", "3"], "ep=3 does not divide dp=4"),
+        (["--dp", "4", "--ep", "3"], "ep=3 does not divide tp*cp*dp = 4"),
     ],
 )
 def test_schedule_constraints_are_named(args: list[str], message: str) -> None:

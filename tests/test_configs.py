@@ -400,6 +400,18 @@ def test_a_published_row_as_a_maxtext_config_predicts_the_rows_step_time() -> No
     assert compile_model(model, plan, cluster).step_time_s == pytest.approx(row.predicted_step_time_s, rel=1e-12)
 
 
+def test_megatron_expert_tensor_parallel_size_reads_as_etp() -> None:
+    """--expert-tensor-parallel-size is the experts' own tensor-parallel degree (Megatron's MoE parallel folding)."""
+    args = ("--num-layers 2 --hidden-size 256 --num-attention-heads 2 --num-experts 8 --moe-router-topk 2 "
+            "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 8 "
+            "--expert-tensor-parallel-size 1 --micro-batch-size 1")  # fmt: skip
+    got = read_args(args)
+    assert (got.options["tp"], got.options["ep"], got.options["etp"]) == (2, 8, 1)
+    assert not any("expert-tensor-parallel-size" in n for n in got.notes)
+    assert "moe_ep_overlap" not in got.options
+    assert read_args(f"{args} --overlap-moe-expert-parallel-comm").options["moe_ep_overlap"] is True
+
+
 def test_megatron_flex_dispatcher_with_deepep_reads_as_deepep() -> None:
     """TransformerConfig's flex dispatcher defaults to the deepep backend; --moe-enable-deepep sets it;
     alltoall stays NCCL's all_to_all, another backend is noted as costed as all-to-all."""

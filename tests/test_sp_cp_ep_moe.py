@@ -196,6 +196,103 @@ def test_expert_gradients_sync_over_expert_data_parallel_ranks(tiny_moe: Graph) 
     assert sum(n.attrs.bytes for n in syncs if n.attrs.axis.value == "edp") == pytest.approx(expert, rel=1e-6)
 
 
+# ---- expert tensor parallelism 1 (Megatron's MoE parallel folding) ---------------------------
+
+
+def _etp1(tiny_moe: Graph, ep: int = 2) -> Graph:
+    passes = [TensorParallel(2, sequence_parallel=True, expert_tp=1), ExpertParallel(ep, imbalance=1.5), Autodiff()]
+    return run_passes(tiny_moe, passes)
+
+
+def test_expert_tensor_parallel_one_golden(tiny_moe: Graph) -> None:
+    check_golden("etp1_ep2_tp2_sp_moe.txt", print_graph(_etp1(tiny_moe)))
+
+
+def test_whole_experts_run_on_each_ranks_own_tokens(tiny_moe: Graph) -> None:
+    """etp 1 under tp 2 (SP): no tensor-parallel collective touches the routed rows; each rank dispatches
+    its 16 / 2 = 8 tokens x top-2 = 16 rows of 64 fp16 features (2048 B), the busiest of ep 2 receives
+    1.5 / 2 of both ranks' rows (24) and runs them through whole experts, so the grouped GEMMs do the
+    FLOPs of the etp = tp layout (twice the rows, half the width) and the wire carries the same bytes."""
+    folded = _etp1(tiny_moe)
+    split = run_passes(
+        tiny_moe, [TensorParallel(2, sequence_parallel=True), ExpertParallel(2, imbalance=1.5), Autodiff()]
+    )
+    experts = [n for n in folded.params() if isinstance(n.attrs, ParamAttrs) and n.attrs.expert]
+    assert experts and all(n.out.shape[0] == 2 and n.attrs.shard == 2 for n in experts)  # 4 experts / ep 2, whole
+    assert {n.out.shape[1:] for n in experts} == {(64, 32), (32, 64)}
+    region = {n.scope for n in grouped(folded)}
+    tp_in_region = [n for n in folded if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis.value == "tp"
+                    and n.scope in region]  # fmt: skip
+    assert not tp_in_region
+    dispatch = a2a(folded, Phase.FORWARD)[0]
+    assert dispatch.attrs.bytes == round(1.5 * 16 * 64 * 2) and dispatch.out.shape == (24, 64)
+    assert [n.attrs.bytes for n in a2a(folded, Phase.FORWARD)] == [n.attrs.bytes for n in a2a(split, Phase.FORWARD)]
+    assert sum(n.attrs.flops for n in grouped(folded)) == sum(n.attrs.flops for n in grouped(split))
+    assert [n.attrs.m * n.attrs.batch for n in grouped(folded)] == [24] * 3  # the repeated layer's gate, up, down
+
+
+def test_whole_expert_gradients_sync_over_the_folded_expert_data_parallel_group(tiny_moe: Graph) -> None:
+    """tp 2, dp 4, ep 4, etp 1: an expert lives on tp*dp/(etp*ep) = 2 ranks; dense weights on dp = 4."""
+    g = run_passes(_etp1(tiny_moe, ep=4), [DataParallel(4), GradientGroups(cp=1, ep=4, expert_fold=2)])
+    syncs = {n.attrs.axis.value: n.attrs.size for n in g if isinstance(n.attrs, CollectiveAttrs)
+             and n.attrs.axis.value in ("dp", "edp")}  # fmt: skip
+    assert syncs == {"dp": 4, "edp": 2}
+
+
+def test_folded_expert_groups_are_placed_etp_ep_edp() -> None:
+    """Megatron-Core orders expert ranks etp-ep-edp-pp: with etp 1 an EP group of 16 is 16 consecutive
+    ranks (two 8-GPU nodes) and its expert-data-parallel peers are 16 apart; tp 2 dp 16 pp 8 (qwen3-235b)."""
+    from echosim.ir.ops import Axis
+    from echosim.timeline.placement import Degrees, axis_placements
+
+    where = axis_placements(Degrees(tp=2, pp=8, dp=16, ep=16, etp=1), 8)
+    assert (where[Axis.EP].size, where[Axis.EP].nodes, where[Axis.EP].per_node) == (16, 2, 8)
+    assert (where[Axis.EDP].size, where[Axis.EDP].nodes, where[Axis.EDP].per_node) == (2, 2, 1)
+    assert Plan(tp=2, dp=16, ep=32, etp=1).expert_dp == 1 and Plan(tp=2, dp=64, ep=64, etp=1).expert_dp == 2
+    assert Plan(tp=2, dp=64, ep=64).expert_dp == 1  # etp = tp: dp / ep
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        (Plan(tp=4, sp=True, dp=2, ep=2, etp=2), "--etp 2: echosim shards routed experts over all"),
+        (Plan(tp=2, sp=True, dp=4, ep=16, etp=1), "ep=16 does not divide tp\\*cp\\*dp = 8"),
+        (Plan(tp=2, dp=4, ep=8, etp=1), "needs sequence parallelism"),
+        (Plan(tp=2, sp=True, dp=4, ep=8), "etp\\*ep = 2\\*8 = 16 does not divide tp\\*cp\\*dp = 8"),
+    ],
+)
+def test_expert_tensor_parallel_layout_errors(plan: Plan, message: str) -> None:
+    from echosim.layout import check_experts
+    from echosim.plan import PlanError
+
+    with pytest.raises(PlanError, match=message):
+        check_experts(plan)
+
+
+def test_compile_folds_expert_parallelism_over_tensor_parallel_ranks() -> None:
+    """ep 8 over tp 2 x dp 4 (ep does not divide dp) compiles with etp 1; every expert lives on one rank."""
+    from echosim.compiler import lower
+
+    plan = Plan(tp=2, sp=True, dp=4, ep=8, etp=1, global_batch=8, seq_len=4096)
+    c = lower(_moe_cfg(), plan, Cluster("h100-sxm", 8, 8))
+    sizes = {(n.attrs.axis.value, n.attrs.size) for n in c.stages[0].graph if isinstance(n.attrs, CollectiveAttrs)}
+    assert {("tp", 2), ("ep", 8), ("dp", 4), ("edp", 1)} <= sizes  # edp = 2*4/8 = 1: costs nothing
+    assert c.report.step_time_s > 0
+
+
+def test_zero_updates_expert_parameters_over_their_expert_data_parallel_ranks(tiny_moe: Graph) -> None:
+    """ZeRO-1 with dp 8, ep 4: dense weights split 8 ways, routed experts 8 / 4 = 2 ways (their state's sharding)."""
+    from echosim.passes.data_parallel import Optimizer
+
+    g = run_passes(tiny_moe, [ExpertParallel(4), Autodiff()])
+    experts = sum(p.out.numel * g.multiplicity(p) for p in g.params() if p.attrs.expert)
+    dense = g.param_count() - experts
+    step = next(n for n in run_passes(g, [Optimizer(shard=8, expert_shard=2)]) if n.op is OpKind.OPTIMIZER_UPDATE)
+    assert experts and step.attrs.params == -(-dense // 8) + experts // 2
+    plain = next(n for n in run_passes(g, [Optimizer(shard=8)]) if n.op is OpKind.OPTIMIZER_UPDATE)
+    assert plain.attrs.params == -(-dense // 8) + -(-experts // 8)
+
+
 # ---- end to end ---------------------------------------------------------------------------
 
 

@@ -124,7 +124,19 @@ def layout_options(fn: F) -> F:
         ),
         click.option("--sp/--no-sp", default=None, help="Megatron sequence parallelism."),
         click.option("--cp", type=int, help="Context-parallel degree."),
-        click.option("--ep", type=int, help="Expert-parallel degree (carved out of dp)."),
+        click.option("--ep", type=int, help="Expert-parallel degree (within cp x dp; tp x cp x dp with --etp 1)."),
+        click.option(
+            "--moe-ep-overlap/--no-moe-ep-overlap",
+            default=None,
+            help="Overlap one micro-batch's EP all-to-alls with the adjacent micro-batch's compute (Megatron "
+            "--overlap-moe-expert-parallel-comm, combined 1F1B).",
+        ),
+        click.option(
+            "--etp",
+            type=int,
+            help="Tensor-parallel degree of the routed experts: tp (default) or 1 (experts whole; expert "
+            "parallelism folds over tp x cp x dp, Megatron --expert-tensor-parallel-size).",
+        ),
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (3 = FSDP)."),
         click.option("--vpp", type=int, help="Virtual pipeline stages per rank (interleaved 1F1B)."),
         click.option("--tp-overlap/--no-tp-overlap", default=None, help="Overlap TP collectives with chunked GEMMs."),

@@ -104,6 +104,8 @@ CONSUMED = {
     "--pipeline-model-parallel-size",
     "--context-parallel-size",
     "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size",
+    "--overlap-moe-expert-parallel-comm",
     "--virtual-pipeline-model-parallel-size",
     "--num-layers-per-virtual-pipeline-stage",
     "--sequence-parallel",
@@ -260,6 +262,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         ("--pipeline-model-parallel-size", "pp"),
         ("--context-parallel-size", "cp"),
         ("--expert-model-parallel-size", "ep"),
+        ("--expert-tensor-parallel-size", "etp"),
         ("--micro-batch-size", "micro_batch"),
         ("--global-batch-size", "global_batch"),
         ("--seq-length", "seq_len"),
@@ -288,6 +291,8 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         opts["sp"] = opts.get("tp", 1) > 1
     if "--use-distributed-optimizer" in values:
         opts["zero"] = 1
+    if "--overlap-moe-expert-parallel-comm" in values:
+        opts["moe_ep_overlap"] = True
     if "--tp-comm-overlap" in values:
         opts["tp_overlap"] = True
     if "--fp8-format" in values or "--fp8" in values:

@@ -108,7 +108,9 @@ def data_parallel(report: Any) -> DataParallel:
     sharded = StatePolicy.for_training(p["dtype"], p["zero"], replicas, **get_framework(p["framework"]).state(p["pp"]))
     local = max(round(row["params"] / sharded.weight_bytes) for row in report.memory)
     plain = StatePolicy.for_training(p["dtype"], 0, 1, **get_framework(p["framework"]).state(1))
-    where = axis_placements(Degrees(p["tp"], p["pp"], p["dp"], p["cp"], p["ep"]), report.devices_per_node)
+    where = axis_placements(
+        Degrees(p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p.get("etp", 0)), report.devices_per_node
+    )
     grad = int(local * plain.grad_bytes)
     backend = load_backend(report.backend)
     fast = backend.collective_time_s(OpKind.ALL_REDUCE, grad, where[Axis.DP]) if replicas > 1 else 0.0

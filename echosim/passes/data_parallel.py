@@ -130,11 +130,17 @@ ADAM_BYTES_PER_PARAM = 34
 ADAM_FP32_BYTES_PER_PARAM = 32
 
 
+def _routed_expert(node: Node) -> bool:
+    return isinstance(node.attrs, ParamAttrs) and node.attrs.expert
+
+
 @dataclass(frozen=True)
 class Optimizer:
     kind: str = "adam"
     shard: int = 1  # ZeRO: each rank updates 1/shard of the parameters
     mixed_precision: bool = True
+    # ZeRO: routed experts' share, sharded over their expert-data-parallel ranks (0: ``shard``), as their state is
+    expert_shard: int = 0
     name: ClassVar[str] = "optimizer"
 
     def run(self, graph: Graph) -> Graph:
@@ -142,7 +148,9 @@ class Optimizer:
             raise ValueError(f"unknown optimizer {self.kind!r} (known: adam, adamw)")
         g = graph.copy()
         sparse = sum(p.out.numel * g.multiplicity(p) for p in g.params() if sparse_table(p))
-        n = math.ceil((g.param_count() - sparse) / self.shard)  # sparse tables: updated inside backward
+        experts = sum(p.out.numel * g.multiplicity(p) for p in g.params() if _routed_expert(p))
+        dense = g.param_count() - sparse - experts  # sparse tables: updated inside backward
+        n = math.ceil(dense / self.shard) + math.ceil(experts / (self.expert_shard or self.shard))
         per_param = ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
         g.add(
             OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),

@@ -7,9 +7,10 @@ reduce_scatter, ZeRO/FSDP all_gathers), and fixes their groups:
   the same weights from its part of the sequence, so gradients are reduced over the
   ``dp * cp`` ranks of a stage (Megatron-Core's data-parallel group "with context
   parallelism"); sharded optimizer state spans the same ranks.
-* Expert parallelism: a routed expert lives on ``dp * cp / ep`` ranks only (EP is
-  carved out of data parallelism), so the expert share of each collective moves to
-  the expert-data-parallel group: axis ``edp`` for gradient reductions and ZeRO
+* Expert parallelism: a routed expert lives on ``tp * dp * cp / (etp * ep)`` ranks
+  only (Megatron-Core's MoE parallel folding lays etp x ep x edp over a stage's
+  tp x cp x dp ranks; with etp = tp that is ``dp * cp / ep``), so the expert share of
+  each collective moves to the expert-data-parallel group: axis ``edp`` for gradient reductions and ZeRO
   all_gathers, ``efsdp`` for the per-layer FSDP traffic. The share is the expert
   weights' part of the bytes the collective carries (per layer, or per model for the
   step-end all_gather).
@@ -34,10 +35,11 @@ def _expert(node: Node) -> bool:
 class GradientGroups:
     cp: int = 1
     ep: int = 1
+    expert_fold: int = 1  # tp / etp: tensor-parallel ranks that hold the same (unsplit) experts
     name: ClassVar[str] = "gradient-groups"
 
     def run(self, graph: Graph) -> Graph:
-        if self.cp == 1 and self.ep == 1:
+        if self.cp == 1 and self.ep == 1 and self.expert_fold == 1:
             return graph
         g = graph.copy()
         share = self._expert_share(g)
@@ -48,7 +50,7 @@ class GradientGroups:
                 continue
             size = a.size * self.cp
             key = "*" if n.phase is Phase.OPTIMIZER else n.scope or "-"
-            frac = share.get(key, 0.0) if self.ep > 1 else 0.0
+            frac = share.get(key, 0.0) if self.ep > 1 or self.expert_fold > 1 else 0.0
             expert_bytes = round(a.bytes * frac)
             g.replace(n.id, attrs=replace(a, size=size, bytes=a.bytes - expert_bytes))
             if expert_bytes:
@@ -57,7 +59,7 @@ class GradientGroups:
                     n.op,
                     n.inputs,
                     spec,
-                    CollectiveAttrs(_EXPERT_AXIS[a.axis], size // self.ep, expert_bytes, a.role),
+                    CollectiveAttrs(_EXPERT_AXIS[a.axis], size * self.expert_fold // self.ep, expert_bytes, a.role),
                     phase=n.phase,
                     scope=n.scope,
                     name=f"{n.name}.experts",

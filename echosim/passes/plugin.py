@@ -32,7 +32,7 @@ def _context(plan: Any) -> object:
 def _tensor(plan: Any) -> object:
     from echosim.passes.tensor_parallel import TensorParallel
 
-    return TensorParallel(plan.tp, sequence_parallel=plan.sp)
+    return TensorParallel(plan.tp, sequence_parallel=plan.sp, expert_tp=plan.expert_tp)
 
 
 def _expert(plan: Any) -> object:
@@ -89,13 +89,17 @@ def _optimizer(plan: Any) -> object:
     from echosim.passes.data_parallel import Optimizer
 
     shard = plan.dp * plan.cp if plan.zero >= 1 else 1  # ZeRO shards over every gradient replica
-    return Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32")
+    # a routed expert's replicas are its expert-data-parallel ranks, tp*cp*dp/(etp*ep) (Megatron-Core's distributed
+    # optimizer keeps expert parameters in their own buffers over that group; the memory model shards them so too)
+    experts = plan.expert_dp if plan.zero >= 1 else 1
+    return Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32", expert_shard=experts)
 
 
 def _gradient_groups(plan: Any) -> object:
     from echosim.passes.gradient_groups import GradientGroups
 
-    return GradientGroups(plan.cp, plan.ep)  # gradients span dp x cp ranks; experts only dp x cp / ep
+    # gradients span dp x cp ranks; experts tp x dp x cp / (etp x ep)
+    return GradientGroups(plan.cp, plan.ep, plan.tp // plan.expert_tp)
 
 
 def _classes() -> dict[str, type]:

@@ -12,7 +12,12 @@ outside the tensor-parallel regions (norms, dropout, residual adds, the router o
 an MoE layer) also run on ``1/tp`` of the tokens: every all_reduce after a
 row-parallel layer or the vocabulary-parallel embedding becomes a reduce_scatter
 along the sequence, and the input of a column-parallel layer is all-gathered first.
-Grouped expert weights ``[experts, in, out]`` follow the same column/row styles.
+Grouped expert weights ``[experts, in, out]`` follow the same column/row styles, unless the
+experts have their own tensor-parallel degree ``expert_tp`` of 1 (Megatron's
+``--expert-tensor-parallel-size 1``, the "MoE Parallel Folding" of megatron/core/transformer/moe/
+README.md, Megatron-LM commit 022bcb5): then every rank holds its experts whole and runs them on
+its own sequence-parallel share of the tokens, with no all_gather before the experts and no
+reduce_scatter after them; expert parallelism then spans the tensor-parallel ranks too.
 """
 
 from __future__ import annotations
@@ -113,12 +118,18 @@ class TensorParallel:
     tp: int
     plan: tuple[tuple[str, str], ...] = DEFAULT_TP_PLAN
     sequence_parallel: bool = False
+    expert_tp: int = 0  # tensor-parallel degree of grouped expert weights: tp (0) or 1 (experts whole)
     name: ClassVar[str] = "tensor-parallel"
+
+    def __post_init__(self) -> None:
+        if self.expert_tp not in (0, 1, self.tp):
+            raise LayoutError(f"expert tensor parallelism {self.expert_tp}: 1 or tp={self.tp} (0: tp)")
 
     def run(self, graph: Graph) -> Graph:
         if self.tp == 1:
             return graph
-        return _Sharder(graph, self.tp, self.plan, self.sequence_parallel).run()
+        experts_whole = self.expert_tp == 1
+        return _Sharder(graph, self.tp, self.plan, self.sequence_parallel, experts_whole).run()
 
 
 def _token_axis(spec: TensorSpec) -> int:
@@ -127,11 +138,15 @@ def _token_axis(spec: TensorSpec) -> int:
 
 
 class _Sharder:
-    def __init__(self, graph: Graph, tp: int, plan: tuple[tuple[str, str], ...], sp: bool) -> None:
+    def __init__(
+        self, graph: Graph, tp: int, plan: tuple[tuple[str, str], ...], sp: bool, experts_whole: bool = False
+    ) -> None:
         self.src = graph
         self.tp = tp
         self.plan = plan
         self.sp = sp
+        self.experts_whole = experts_whole  # grouped expert weights stay whole (expert tensor parallelism 1)
+        self.whole_experts: set[int] = set()  # source ids of those weights
         self.out = Graph(graph.name, graph.repeats, graph.block_layers)
         self.map: dict[int, int] = {}
         self.split: dict[int, int] = {}  # new value id -> split axis
@@ -210,6 +225,9 @@ class _Sharder:
             if node.op is OpKind.MATMUL and style and len(node.inputs) >= 2:
                 w = self.src[node.inputs[1]]
                 if w.op is OpKind.PARAMETER:
+                    if len(w.out.shape) == 3 and self.experts_whole:
+                        self.whole_experts.add(w.id)
+                        continue
                     if len(w.out.shape) == 3:  # grouped expert weight [experts, in, out]
                         axis = 2 if style in ("colwise", "vocab") else 1
                     else:  # nn.Linear weight [out, in]
@@ -232,6 +250,10 @@ class _Sharder:
                 v = self.out.add(node.op, [], out, attrs, scope=node.scope, name=node.name)
                 self.split_params.add(v)
                 return v
+            if node.id in self.whole_experts and isinstance(node.attrs, ParamAttrs):
+                # whole on every tensor-parallel rank: its gradient is reduced over the expert-data-parallel
+                # ranks, which include the tensor-parallel ones
+                return self.add(node, ins, node.out, replace(node.attrs, expert=True))
             return self.add(node, ins, node.out, node.attrs)
         if node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
             return self._matmul(node, ins)
@@ -306,6 +328,15 @@ class _Sharder:
             new = replace(attrs, k=attrs.k // self.tp, tp="rowwise")
             v = self.add(node, ins, node.out, new)
             return self.all_reduce(v, node, f"{node.name}.tp_all_reduce")
+        if ins[0] in self.seq and len(node.inputs) > 1 and node.inputs[1] in self.whole_experts:
+            # whole experts on this rank's sequence-parallel rows (expert tensor parallelism 1): rows stay split
+            axis = self.split[ins[0]]
+            out = self.div(node.out, axis, f"the expert rows at {node.scope}")
+            rows = math.prod(out.shape[:-1])
+            v = self.add(node, ins, out, replace(attrs, m=-(-rows // max(1, attrs.batch))))
+            self.split[v] = axis
+            self.seq.add(v)
+            return v
         if ins[0] in self.seq and len(self.out[ins[1]].out.shape) == 2:
             # a replicated linear on token-split rows (the MoE router under SP): rows stay split
             axis = self.split[ins[0]]

@@ -67,6 +67,7 @@ class StageCost:
     vstages: tuple[int, ...] = ()  # the virtual stages that share this lowering (same shape)
     base: Graph | None = field(default=None, repr=False)  # the stage graph before the stage-level passes
     dp_copies: float = 0.0  # PyTorch DDP's copies of the gradients into their buckets and back (compute stream)
+    ep_hidden: float = 0.0  # EP all-to-all per micro-batch hidden under the adjacent micro-batch (taken off bwd)
 
     @property
     def model_layers(self) -> int:

@@ -48,6 +48,7 @@ class StepOptions:
     sp: bool = False  # with sequence parallelism a stage boundary already carries 1/tp of the activation
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives
     overlap_dp: bool = True  # the gradient reduction overlaps the last backward
+    ep_overlap: bool = False  # Megatron's combined 1F1B: EP all-to-alls beside the adjacent micro-batch
 
 
 # Seconds of an op by what its cost depends on (the backend object, the op, its attributes,
@@ -518,7 +519,21 @@ def lower_stages(
         if key not in lowered:
             lowered[key] = _lowered(s, backend, where, options, shared[key])
         costs.append(replace(lowered[key], index=s.index, layers=s.layers))
+    if options.ep_overlap and not options.schedule.split_backward:
+        costs = [_with_ep_overlap(c, backend, options) for c in costs]
     return costs
+
+
+def _with_ep_overlap(cost: StageCost, backend: Backend, options: StepOptions) -> StageCost:
+    """A chunk's backward less the EP all-to-all its steady-state pairs hide (:mod:`~echosim.timeline.ep_overlap`)."""
+    from echosim.timeline.ep_overlap import stage_hidden
+
+    rank = cost.index % options.pp
+    overlap = backend.overlap()
+    hidden = stage_hidden(cost.fwd_units, cost.bwd_units, overlap, rank, options.pp, options.vpp, options.microbatches)
+    if hidden <= 0:
+        return cost
+    return replace(cost, bwd=cost.bwd - hidden, ep_hidden=hidden)
 
 
 def _lowered(

@@ -18,22 +18,24 @@ from echosim.ir.ops import Axis
 
 @dataclass(frozen=True)
 class Degrees:
-    """The parallel degrees of a layout (expert parallelism is carved out of ``dp * cp``)."""
+    """The parallel degrees of a layout (expert parallelism is folded over ``tp * cp * dp``)."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int = 0  # the routed experts' tensor-parallel degree; 0: tp
 
 
 def axis_placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
     """A placement for every axis a collective can name (a fresh dict; the placements are kept per degrees).
 
     Dense layers order ranks tp, cp, dp, pp and reduce gradients over the dp x cp ranks of a
-    stage. Expert layers order them tp, ep, edp, pp (cp folds into ep x edp): an EP group is
-    ``ep`` ranks ``tp`` apart, its experts' data-parallel peers ``tp * ep`` apart. Tied
-    embeddings synchronise the first and the last pipeline stage.
+    stage. Expert layers order them etp, ep, edp, pp (Megatron-Core's MoE parallel folding: tp, cp
+    and dp fold into etp x ep x edp): an EP group is ``ep`` ranks ``etp`` apart, its experts'
+    data-parallel peers ``etp * ep`` apart. Tied embeddings synchronise the first and the last
+    pipeline stage.
     """
     return dict(_placements(d, devices_per_node))
 
@@ -45,11 +47,12 @@ def _placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
     out = {Axis(axis): megatron_placement(axis, sizes, devices_per_node) for axis in sizes}
     pp = out[Axis.PP]
     out[Axis.EMBED] = Placement(2, min(2, pp.nodes), 1 if pp.nodes > 1 else 2, pp.concurrent_per_node)
-    if d.cp > 1 or d.ep > 1:
+    if d.cp > 1 or d.ep > 1 or d.etp not in (0, d.tp):
         dense = {"tp": d.tp, "cp": d.cp, "dp": d.dp, "pp": d.pp}
         out.update({Axis(axis): megatron_placement(axis, dense, devices_per_node) for axis in dense})
         out[Axis.DP] = megatron_placement("dp", {"tp": d.tp, "dp": d.dp * d.cp, "pp": d.pp}, devices_per_node)
-        expert = {"tp": d.tp, "ep": d.ep, "edp": max(1, d.dp * d.cp // d.ep), "pp": d.pp}
+        etp = d.etp or d.tp
+        expert = {"tp": etp, "ep": d.ep, "edp": max(1, d.tp * d.dp * d.cp // (etp * d.ep)), "pp": d.pp}
         out[Axis.EP] = megatron_placement("ep", expert, devices_per_node)
         out[Axis.EDP] = out[Axis.EFSDP] = megatron_placement("edp", expert, devices_per_node)
     out[Axis.FSDP] = out[Axis.DP]  # ZeRO-3 / FSDP shards over the data-parallel group

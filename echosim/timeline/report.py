@@ -396,6 +396,8 @@ def breakdown(costed: CostedGraph, rank: int) -> dict[str, float]:
                 add(cat, exposed * sec / total)
             if not total and exposed > 1e-9:
                 add("idle", exposed)
+        if t.ep_hidden:  # combined 1F1B: this much of the exposed EP all-to-all ran beside the other micro-batch
+            add("comm.ep", -t.ep_hidden * m)
     for task in costed.rank_tail(rank):
         add(task.category, task.duration)
     add("bubble", max(0.0, costed.block_ends[rank] - busy))

@@ -481,6 +481,45 @@ def moe_dispatcher(c: Case) -> str:
     return MEGATRON_BRIDGE_DISPATCHER.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
 
 
+#: Expert tensor parallelism of the Megatron-Bridge MoE performance recipes: 1 (the experts whole on every
+#: rank, expert parallelism folded over tp x dp) in every release that publishes MoE rows: the v0.1.0rc4-era
+#: perf matrices (scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml ``etp: 1`` for h100
+#: tp 2 ep 64, b200, gb200; configs/qwen3/qwen3_235b_a22b_llm_pretrain.yaml ``etp: 1`` for h100 tp 2 ep 32,
+#: gb200, b200) and the later workload presets (BASE_DEEPSEEK_V3_CONFIG, BASE_QWEN3_235B_A22B_CONFIG,
+#: BASE_QWEN3_30B_A3B_CONFIG = WorkloadBaseConfig(expert_tensor_parallel_size=1) in configs/deepseek/
+#: deepseek_workload_base_configs.py and configs/qwen/qwen3_workload_base_configs.py).
+MEGATRON_BRIDGE_EXPERT_TP = 1
+
+
+def expert_tp(c: Case) -> int | None:
+    """The routed experts' tensor-parallel degree of a Megatron-Bridge MoE row (None: Megatron's default, tp)."""
+    if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
+        return None
+    return MEGATRON_BRIDGE_EXPERT_TP
+
+
+#: Megatron-Bridge MoE performance recipes that overlap the EP all-to-alls with the adjacent micro-batch
+#: (``moe_a2a_overlap=True``: ``comm_overlap.overlap_moe_expert_parallel_comm = True``, with
+#: ``delay_wgrad_compute``, scripts/performance/utils/overrides.py ``_set_moe_a2a_overlap_overrides``;
+#: WorkloadBaseConfig's default is False), by (source_id, layers, hidden, device, (tp, pp, vpp, ep,
+#: micro-batch), global batch). QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*_V1/_V2 (tp 2, pp 8, vp 4, ep 32;
+#: V2 = GBS 8192), configs/qwen/qwen3_workload_base_configs.py (commit 01b2977); DEEPSEEK_V3_PRETRAIN_CONFIG
+#: _B200_FP8_MX_V2 (deepep, pp 8, vp 2, ep 32, GBS 4096), configs/deepseek/deepseek_workload_base_configs.py
+#: (commit 0426418). Only the 26.04.01 rows match those presets' layout and batch; the earlier releases'
+#: presets of these layouts (v0.2.0 configs/qwen3/workload_base_configs.py) do not set it.
+MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...], int]] = frozenset({
+    ("megatron_bridge_26.04.01", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 8192),
+    ("megatron_bridge_26.04.01", 61, 7168, "b200", (1, 8, 2, 32, 1), 4096),
+})  # fmt: skip
+
+
+def ep_overlap(c: Case) -> bool:
+    """Whether the Megatron-Bridge recipe behind a row runs combined 1F1B (:data:`MEGATRON_BRIDGE_EP_OVERLAP`)."""
+    layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    key = (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout, c.int("global_batch") or 0)
+    return key in MEGATRON_BRIDGE_EP_OVERLAP
+
+
 #: The micro-batch of the Megatron-Bridge recipe behind a published row whose table contradicts itself
 #: (its GBS is not MBS x DP x GA: the row's notes flag it), by (source_id, layers, hidden, device, tp, pp,
 #: vpp, ep); only where the same release's performance recipe has that layout (system, GPUs, global batch,
@@ -545,6 +584,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     }
     stated.update(flags)
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
+    stated["etp"] = expert_tp(c)
+    stated["moe_ep_overlap"] = ep_overlap(c) or None
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
