@@ -172,7 +172,13 @@ class SpaceSpec:
 def full_space(
     facts: ModelFacts, base: Plan, cluster: Cluster, schedules: dict[str, Any], given: dict[str, tuple[Any, ...]]
 ) -> SpaceSpec:
-    """Every dimension's values: the user's where given, else all that can apply to this model and cluster."""
+    """Every dimension's values: the user's where given, else all that can apply to this model and cluster.
+
+    Recompute: none, selective and full, and the base plan's policy where it is another (any that
+    :func:`echosim.passes.recompute.policy_named` knows may be asked for with ``--space``).
+    """
+    from echosim.passes.recompute import RecomputeError, policy_named
+
     devices, node = cluster.devices, cluster.devices_per_node
     pows = [d for d in _divisors(devices)]
     defaults: dict[str, tuple[Any, ...]] = {
@@ -185,7 +191,8 @@ def full_space(
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
         "mb": DEFAULT_MICRO_BATCHES,
-        "recompute": ("none", "selective", "full"),
+        # the base plan's own policy too (a framework's, e.g. MaxText's remat policies): a search holds the layout asked
+        "recompute": tuple(dict.fromkeys(("none", "selective", "full", base.recompute))),
         "schedule": distinct_schedules(schedules),
         "tp_overlap": (False, True),
     }
@@ -194,8 +201,10 @@ def full_space(
         if name not in schedules:
             raise SearchError(f"--space schedule: unknown schedule {name!r} (known: {', '.join(sorted(schedules))})")
     for mode in values["recompute"]:
-        if mode not in ("none", "selective", "full"):
-            raise SearchError(f"--space recompute: unknown mode {mode!r} (known: none, selective, full)")
+        try:
+            policy_named(mode)
+        except RecomputeError as exc:
+            raise SearchError(f"--space recompute: {exc}") from None
     for stage in values["zero"]:
         if stage not in (0, 1, 2, 3):
             raise SearchError(f"--space zero: unknown ZeRO stage {stage} (known: 0, 1, 2, 3)")
@@ -361,11 +370,15 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     optimizer state (activations, buffers and replicated parameters only add to it).
 
     Parameters are spread over tp x pp (and ep for experts: a weaker bound for the rest), state over
-    the dp x cp replicas as ZeRO allows; gradients counted at 16 bits unless ``fp32_grads``.
+    the dp x cp replicas as ZeRO allows, in the bytes the plan's framework keeps
+    (:meth:`echosim.frameworks.Framework.state`: MaxText's 16-bit weights keep 8 bytes a parameter, not
+    16); gradients counted at 16 bits unless ``fp32_grads``.
     """
+    from echosim.frameworks import get_framework
     from echosim.passes.memory import StatePolicy
 
-    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, fp32_grads=fp32_grads)
+    kept = {**get_framework(plan.framework).state(plan.pp), "fp32_grads": fp32_grads}
+    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **kept)
     per_device = params / (plan.tp * plan.pp * plan.ep)
     return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
 
@@ -438,8 +451,11 @@ def _rule(
             f"global batch {plan.global_batch} is not a multiple of micro-batch*dp = {plan.micro_batch}*{plan.dp}",
             "global batch divisibility",
         )
-    if plan.pp * plan.vpp > facts.layers:
-        return f"pp*vpp = {plan.pp * plan.vpp} exceeds the layers ({facts.layers})", "layers per stage"
+    if plan.pp * plan.vpp > facts.layers + 2:  # as the pipeline split: the embedding and the loss may take a stage
+        return (
+            f"pp*vpp = {plan.pp * plan.vpp} exceeds the layers ({facts.layers}) plus the embedding and loss stages",
+            "layers per stage",
+        )
     try:
         check_plan(plan, cluster, schedules, interleaved)
         check_model(plan, facts.shape)

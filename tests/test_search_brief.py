@@ -64,3 +64,58 @@ def test_a_search_explains_its_best_layouts_with_the_full_breakdown() -> None:
     assert len(result.ranked) > 20
     assert all(e.breakdown for e in result.ranked[:20])
     assert sum(not e.breakdown for e in result.ranked) >= 1  # the rest took the brief path
+
+
+# -- what the published layouts of the validation table showed the search missing ---------------------------
+
+
+def test_the_base_plans_recompute_policy_is_searched_and_costed_alike_on_both_paths() -> None:
+    """MaxText's remat policies (kept tensors, offloaded tensors) are in the space when the base plan names one,
+    any known policy may be asked for, and the fast path gives the full path's rows for them."""
+    from echosim.layout_search import SearchError
+
+    cluster = Cluster("h100-sxm", 8)
+    base = Plan(global_batch=16, recompute="qkv_proj_offloaded", framework="maxtext")
+    result = search("gpt3-350m", base, cluster, space={"pp": (1, 2), "zero": (0, 3)}, sample=slice(0, 0))
+    assert result.enumeration.space.values["recompute"] == ("none", "selective", "full", "qkv_proj_offloaded")
+    space = {"tp": (1, 2), "pp": (1, 2), "recompute": ("minimal", "qkv_proj_offloaded", "custom:qkv_proj=offload")}
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    fast = search("gpt3-350m", base, cluster, space=space)
+    assert not fast_eval.FALLBACKS
+    memo.clear_all()
+    full = search("gpt3-350m", base, cluster, space=space, fast=False)
+    assert [e.as_dict() for e in fast.evaluated] == [e.as_dict() for e in full.evaluated]
+    assert {e.plan.recompute for e in fast.ranked} == set(space["recompute"])
+    with pytest.raises(SearchError, match="--space recompute: unknown recompute policy 'sometimes'"):
+        search("gpt3-350m", base, cluster, space={"recompute": ("sometimes",)})
+
+
+def test_a_pipeline_may_give_the_embedding_and_the_loss_stages_of_their_own() -> None:
+    """pp x vpp up to the layers plus two compiles (the pipeline split gives the embedding and the loss a stage
+    of their own: NeMo's Llama 3.1 405B proxy, 30 layers over 4 x 8 stages), so it is not pruned; beyond that
+    it is, with the pipeline split's reason."""
+    arch = ArchConfig("gpt", layers=6, hidden=512, heads=8, kv_heads=8, vocab=32000, seq_len=1024)
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (1,), "cp": (1,), "pp": (2, 4), "vpp": (1, 2, 4), "schedule": ("interleaved",), "zero": (0,),
+             "mb": (1,), "recompute": ("none",), "sp": (False,), "tp_overlap": (False,)}  # fmt: skip
+    result = search(arch, Plan(global_batch=16), cluster, space=space)
+    simulated = {(e.plan.pp, e.plan.vpp) for e in result.evaluated if e.simulated}
+    assert simulated == {(2, 1), (2, 2), (2, 4), (4, 1), (4, 2)}  # 8 virtual stages for 6 layers among them
+    assert all(e.ok for e in result.evaluated if e.simulated)
+    rejected = {(e.plan.pp, e.plan.vpp): e.reason for e in result.enumeration.rejected}
+    assert rejected == {(4, 4): "pp*vpp = 16 exceeds the layers (6) plus the embedding and loss stages"}
+
+
+def test_the_memory_lower_bound_keeps_the_frameworks_state_bytes() -> None:
+    """MaxText with 16-bit weights keeps 8 bytes of state a parameter (not 16): the bound stays below the
+    compiled peak, so the layout that fits is not pruned."""
+    from echosim.compiler import compile as compile_model
+    from echosim.layout_search import ModelFacts, memory_lower_bound
+
+    plan = Plan(dp=8, zero=3, global_batch=8, framework="maxtext-bf16-weights")
+    facts = ModelFacts.of("gpt3-1.3b", plan)
+    rep = compile_model("gpt3-1.3b", plan, Cluster("h100-sxm", 8))
+    bound = memory_lower_bound(plan, facts.params)
+    assert 0 < bound <= min(m["peak"] for m in rep.memory)
+    assert bound == int(facts.params / 8 * (2 + 2 + 4))  # weights, gradients and Adam's moments in bf16, / dp
