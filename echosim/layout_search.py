@@ -172,7 +172,13 @@ class SpaceSpec:
 def full_space(
     facts: ModelFacts, base: Plan, cluster: Cluster, schedules: dict[str, Any], given: dict[str, tuple[Any, ...]]
 ) -> SpaceSpec:
-    """Every dimension's values: the user's where given, else all that can apply to this model and cluster."""
+    """Every dimension's values: the user's where given, else all that can apply to this model and cluster.
+
+    Recompute: none, selective and full, and the base plan's policy where it is another (any that
+    :func:`echosim.passes.recompute.policy_named` knows may be asked for with ``--space``).
+    """
+    from echosim.passes.recompute import RecomputeError, policy_named
+
     devices, node = cluster.devices, cluster.devices_per_node
     pows = [d for d in _divisors(devices)]
     defaults: dict[str, tuple[Any, ...]] = {
@@ -185,7 +191,8 @@ def full_space(
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
         "mb": DEFAULT_MICRO_BATCHES,
-        "recompute": ("none", "selective", "full"),
+        # the base plan's own policy too (a framework's, e.g. MaxText's remat policies): a search holds the layout asked
+        "recompute": tuple(dict.fromkeys(("none", "selective", "full", base.recompute))),
         "schedule": distinct_schedules(schedules),
         "tp_overlap": (False, True),
     }
@@ -194,8 +201,10 @@ def full_space(
         if name not in schedules:
             raise SearchError(f"--space schedule: unknown schedule {name!r} (known: {', '.join(sorted(schedules))})")
     for mode in values["recompute"]:
-        if mode not in ("none", "selective", "full"):
-            raise SearchError(f"--space recompute: unknown mode {mode!r} (known: none, selective, full)")
+        try:
+            policy_named(mode)
+        except RecomputeError as exc:
+            raise SearchError(f"--space recompute: {exc}") from None
     for stage in values["zero"]:
         if stage not in (0, 1, 2, 3):
             raise SearchError(f"--space zero: unknown ZeRO stage {stage} (known: 0, 1, 2, 3)")
@@ -361,11 +370,15 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     optimizer state (activations, buffers and replicated parameters only add to it).
 
     Parameters are spread over tp x pp (and ep for experts: a weaker bound for the rest), state over
-    the dp x cp replicas as ZeRO allows; gradients counted at 16 bits unless ``fp32_grads``.
+    the dp x cp replicas as ZeRO allows, in the bytes the plan's framework keeps
+    (:meth:`echosim.frameworks.Framework.state`: MaxText's 16-bit weights keep 8 bytes a parameter, not
+    16); gradients counted at 16 bits unless ``fp32_grads``.
     """
+    from echosim.frameworks import get_framework
     from echosim.passes.memory import StatePolicy
 
-    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, fp32_grads=fp32_grads)
+    kept = {**get_framework(plan.framework).state(plan.pp), "fp32_grads": fp32_grads}
+    policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **kept)
     per_device = params / (plan.tp * plan.pp * plan.ep)
     return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
 
@@ -438,8 +451,11 @@ def _rule(
             f"global batch {plan.global_batch} is not a multiple of micro-batch*dp = {plan.micro_batch}*{plan.dp}",
             "global batch divisibility",
         )
-    if plan.pp * plan.vpp > facts.layers:
-        return f"pp*vpp = {plan.pp * plan.vpp} exceeds the layers ({facts.layers})", "layers per stage"
+    if plan.pp * plan.vpp > facts.layers + 2:  # as the pipeline split: the embedding and the loss may take a stage
+        return (
+            f"pp*vpp = {plan.pp * plan.vpp} exceeds the layers ({facts.layers}) plus the embedding and loss stages",
+            "layers per stage",
+        )
     try:
         check_plan(plan, cluster, schedules, interleaved)
         check_model(plan, facts.shape)
@@ -488,28 +504,37 @@ def _figures(plan: Plan, devices: int, report: Any, memory_fraction: float) -> E
     peak = max(int(m["peak"]) for m in report.memory)
     capacity = max(int(m["capacity"]) for m in report.memory)
     exposed = sum(v for k, v in report.breakdown.items() if k.startswith("comm."))
+    e = _brief(plan, devices, report, peak, capacity, exposed, memory_fraction)
+    e.breakdown = dict(report.breakdown)
+    return e
+
+
+def _brief(
+    plan: Plan, devices: int, f: Any, peak: int, capacity: int, exposed: float, memory_fraction: float
+) -> Evaluated:
+    """The figures a search ranks and shows (``f``: a report or :class:`~echosim.timeline.report.BriefFigures`);
+    no breakdown (a search re-evaluates its top layouts in full before it explains them)."""
     fits = peak <= capacity * memory_fraction
     reason = "" if fits else f"needs {peak / 2**30:.1f} GiB > {capacity * memory_fraction / 2**30:.1f} GiB allowed"
     return Evaluated(
         plan,
         devices,
-        step_time_s=report.step_time_s,
-        tokens_per_s=report.tokens_per_s,
-        samples_per_s=report.samples_per_s,
-        mfu=report.mfu,
+        step_time_s=f.step_time_s,
+        tokens_per_s=f.tokens_per_s,
+        samples_per_s=f.samples_per_s,
+        mfu=f.mfu,
         peak_bytes=peak,
         capacity_bytes=capacity,
-        bubble_fraction=report.bubble_fraction,
+        bubble_fraction=f.bubble_fraction,
         exposed_comm_s=exposed,
         fits=fits,
         simulated=True,
         reason=reason,
-        breakdown=dict(report.breakdown),
     )
 
 
 def _evaluate_batch(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False, brief: bool = False
 ) -> list[Evaluated]:
     """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
 
@@ -522,9 +547,12 @@ def _evaluate_batch(
 
     ``fast``: stages are costed by :mod:`echosim.fast_eval` (no pipeline split per layout: each stage shape
     derived from stage graphs of depth 1-3), falling back to the above where it does not apply.
+    ``brief``: a layout the fast path costed has its figures read from its stage costs and schedule column
+    (:func:`~echosim.timeline.report.brief_figures`, equal to the report's) with no costed graph, report or
+    breakdown; a search's batches (it re-evaluates its top layouts in full before it reports them).
     """
     with _fewer_collections():
-        return _evaluate(model, plans, cluster, fraction, fast)
+        return _evaluate(model, plans, cluster, fraction, fast, brief)
 
 
 @contextmanager
@@ -539,13 +567,15 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False) -> list[Evaluated]:
+def _evaluate(
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False, brief: bool = False
+) -> list[Evaluated]:
     import numpy as np
 
     from echosim import fast_eval
     from echosim.compiler import prepare_joint
     from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
-    from echosim.timeline.report import build_report
+    from echosim.timeline.report import brief_figures, build_report
 
     out: list[Evaluated | None] = [None] * len(plans)
     shared: dict[Any, list[tuple[int, Any, Any]]] = {}
@@ -586,9 +616,16 @@ def _evaluate(model: Any, plans: list[Plan], cluster: Cluster, fraction: float, 
         columns = [np.array([x[k] for x in inputs], np.float64).T for k in range(4)]
         wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
         timed = time_schedule(shape, *columns, wgrad)
+        ends = timed.rank_ends.T.tolist() if brief else []
         for col, (i, step, costs) in enumerate(members):
+            known = _known(costs)
+            if brief and known is not None:
+                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, known)
+                out[i] = _brief(plans[i], cluster.devices, f, f.peak_bytes, f.capacity_bytes, f.exposed_comm_s,
+                                fraction)  # fmt: skip
+                continue
             costed = assemble(_costs_of(costs), timed.layout(col), step.options)
-            report = build_report(costed, step.facts, brief=True, known=_known(costs))
+            report = build_report(costed, step.facts, brief=True, known=known)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
 
@@ -691,11 +728,11 @@ def _run_local(
     batches = _batches(plans, BATCH if workers <= 1 else 32)
     if workers <= 1:
         for batch in batches:
-            yield _evaluate_batch(model, batch, cluster, fraction, fast)
+            yield _evaluate_batch(model, batch, cluster, fraction, fast, fast)
         return
     pool = ProcessPoolExecutor(workers)
     try:
-        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast) for b in batches]
+        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast, fast) for b in batches]
         for f in futures:
             yield f.result()
     finally:
@@ -712,7 +749,7 @@ def _run_ray(
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     remote = ray.remote(_evaluate_batch)
-    pending = {remote.remote(model, b, cluster, fraction, fast): i for i, b in enumerate(_batches(plans, 32))}
+    pending = {remote.remote(model, b, cluster, fraction, fast, fast): i for i, b in enumerate(_batches(plans, 32))}
     done_batches: dict[int, list[Evaluated]] = {}
     refs = list(pending)
     try:

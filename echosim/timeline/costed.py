@@ -186,11 +186,7 @@ class CostedGraph:
         holds every chunk's peak together (Megatron's warm-up is ``(pp - rank - 1) * 2 + (vpp - 1) * pp``
         forwards, megatron/core/pipeline_parallel/schedules.py).
         """
-        plan = self.schedule.plan
-        key = (plan, rank, tuple(sorted(per_microbatch.items())))
-        if isinstance(plan, OrderPlan):  # one layout's plan: plain Python (numpy stays unimported)
-            return _PEAKS.get(key, lambda: plan.peak_held(rank, per_microbatch))
-        return _PEAKS.get(key, lambda: _peak_held(_order_arrays(plan, rank), per_microbatch))
+        return peak_held(self.schedule.plan, rank, per_microbatch)
 
     def memory_timeline(self, rank: int) -> list[tuple[float, dict[int, int]]]:
         """(time, live micro-batches per virtual stage) after each forward or backward block of ``rank``."""
@@ -243,6 +239,14 @@ class CostedGraph:
         import networkx as nx
 
         return float(nx.dag_longest_path_length(self.dag(), weight="weight"))
+
+
+def peak_held(plan: Any, rank: int, per_microbatch: dict[int, int]) -> int:
+    """:meth:`CostedGraph.peak_held` of a schedule's plan (an :class:`OrderPlan` or a batch's plan), kept."""
+    key = (plan, rank, tuple(sorted(per_microbatch.items())))
+    if isinstance(plan, OrderPlan):  # one layout's plan: plain Python (numpy stays unimported)
+        return _PEAKS.get(key, lambda: plan.peak_held(rank, per_microbatch))
+    return _PEAKS.get(key, lambda: _peak_held(_order_arrays(plan, rank), per_microbatch))
 
 
 def _peak_held(arrays: tuple[np.ndarray, np.ndarray], per_microbatch: dict[int, int]) -> int:

@@ -6,7 +6,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from echosim.passes.flops import graph_flops
 from echosim.passes.memory import (
@@ -17,7 +17,7 @@ from echosim.passes.memory import (
     activation_bytes,
     transient_bytes,
 )
-from echosim.timeline.costed import CostedGraph, StageCost
+from echosim.timeline.costed import CostedGraph, StageCost, peak_held
 
 
 def _round(x: Any) -> Any:
@@ -402,3 +402,146 @@ def breakdown(costed: CostedGraph, rank: int) -> dict[str, float]:
         add(task.category, task.duration)
     add("bubble", max(0.0, costed.block_ends[rank] - busy))
     return dict(sorted(out.items()))
+
+
+class BriefFigures(NamedTuple):
+    """What a layout search ranks and shows of a step: :class:`Report`'s figures, without the report."""
+
+    step_time_s: float
+    tokens_per_s: float | None
+    samples_per_s: float
+    mfu: float
+    peak_bytes: int  # the highest rank's peak memory
+    capacity_bytes: int
+    bubble_fraction: float
+    exposed_comm_s: float  # the breakdown's ``comm.*`` seconds of the critical rank
+
+
+def brief_figures(
+    costs: list[StageCost],
+    block_ends: list[float],
+    plan: Any,
+    microbatches: int,
+    facts: StepFacts,
+    known: Callable[[StageCost], StageFigures],
+) -> BriefFigures:
+    """:func:`build_report`'s ranking figures of one layout, read from its stage costs and timed schedule alone.
+
+    ``costs[i]`` is virtual stage ``i``, ``block_ends[r]`` when rank ``r``'s last block ends (a column of
+    :class:`~echosim.timeline.composer.BatchTiming`), ``plan`` its :class:`~echosim.timeline.composer.SchedulePlan`
+    and ``known`` each stage's graph figures (a search's fast evaluator). Every figure is computed with the
+    same operations in the same order as :func:`~echosim.timeline.lower.assemble` (the step tail),
+    :func:`build_report`, :func:`_memory` and :func:`breakdown`, so it equals theirs to the last bit
+    (tests/test_search_brief.py), without the costed graph, its tail tasks and the per-rank memory rows: what
+    ranks sharing the same chunks share is computed once.
+    """
+    pp, m = plan.pp, microbatches
+    # per rank (chunks and the chunk whose reduction ends the backward) its step tail's durations in order
+    tails: dict[tuple[int, ...], tuple[list[float], list[tuple[str, float]]]] = {}
+    statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]]]] = {}
+    rank_ends: list[float] = []
+    held_peak = 0
+    comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
+    for r in range(pp):
+        mine = costs[r::pp]
+        figures = [known(c) for c in mine]
+        ident = tuple(id(f) for f in figures)  # one figures object per distinct stage (first, last, depth)
+        last = plan.rank_vstage[r]
+        key = (*ident, id(known(costs[last])))
+        tail = tails.get(key)
+        if tail is None:
+            steps: list[float] = []
+            copies = sum(c.dp_copies for c in mine)
+            if copies > 0:
+                steps.append(copies)
+            steps.append(costs[last].dp_exposed)
+            comm = [("comm.dp", costs[last].dp_exposed)]
+            for c in mine:
+                for axis, sec in sorted(c.step_end_comm.items()):
+                    steps.append(sec)
+                    comm.append((f"comm.{axis}", sec))
+            steps.append(sum(c.optimizer for c in mine))
+            tail = tails[key] = (steps, comm)
+        end = t = block_ends[r]
+        for sec in tail[0]:
+            t += sec
+            end = max(end, t)
+        rank_ends.append(end)
+        held_peak = max(held_peak, _rank_peak(r, mine, figures, ident, plan, statics, facts))
+    step = max(rank_ends)
+    crit = rank_ends.index(step)
+    chunks = costs[crit::pp]
+    counts: dict[int, list[Any]] = {}  # each distinct stage's FLOPs and how many stages have them
+    for s in costs:
+        f = known(s)[0]
+        entry = counts.get(id(f))
+        if entry is None:
+            counts[id(f)] = [f, 1]
+        else:
+            entry[1] += 1
+    model_flops = sum(f.model * n for f, n in counts.values()) * m * facts.ranks_per_stage
+    per_sample = _seq(costs) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
+    busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
+    crit_tail = tails[(*(id(known(c)) for c in chunks), id(known(costs[plan.rank_vstage[crit]])))][1]
+    return BriefFigures(
+        step_time_s=step,
+        tokens_per_s=facts.sequences * per_sample / step if per_sample else None,
+        samples_per_s=facts.sequences / step,
+        mfu=model_flops / (step * facts.devices * facts.peak_flops),
+        peak_bytes=held_peak + comm_buffers,
+        capacity_bytes=facts.capacity_bytes,
+        bubble_fraction=max(0.0, block_ends[crit] - busy) / step,
+        exposed_comm_s=sum(v for _, v in sorted(exposed_comm(chunks, m, crit_tail).items())),
+    )
+
+
+def _rank_peak(
+    rank: int,
+    mine: list[StageCost],
+    figures: list[StageFigures],
+    key: tuple[int, ...],
+    plan: Any,
+    statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]]]],
+    facts: StepFacts,
+) -> int:
+    """:func:`_memory`'s peak of one rank less its communication buffers (the same for every rank)."""
+    hit = statics.get(key)
+    if hit is None:
+        parts = [f[1] for f in figures]
+        state = sum(p.params for p in parts) + sum(p.grads for p in parts) + sum(p.optimizer for p in parts)
+        hit = statics[key] = (state + max(p.transient for p in parts), [(f[2], f[3]) for f in figures])
+    fixed, sizes = hit
+    if len(mine) == 1:  # one chunk: its bytes times the most micro-batches the rank holds (as _peak_held)
+        (act, blocks), held = sizes[0], max(0, plan.in_flight[rank].get(mine[0].index, 0))
+        act_held = act * held
+        blocks_held = (blocks or 0) * held if facts.caching_allocator else act_held
+    else:
+        act_held = peak_held(plan, rank, {s.index: a for s, (a, _) in zip(mine, sizes, strict=True)})
+        blocks_held = (
+            peak_held(plan, rank, {s.index: b or 0 for s, (_, b) in zip(mine, sizes, strict=True)})
+            if facts.caching_allocator
+            else act_held
+        )
+    return fixed + act_held + (blocks_held - act_held)
+
+
+def exposed_comm(chunks: list[StageCost], microbatches: int, tail: list[tuple[str, float]]) -> dict[str, float]:
+    """:func:`breakdown`'s ``comm.*`` entries of a rank (its chunks and its tail's communication), summed alike."""
+    from echosim.timeline.lower import repeated
+
+    m = microbatches
+    out: dict[str, float] = {}
+    for t in chunks:
+        for unit, k in t.fwd_units + t.bwd_units:
+            if k <= 0:
+                continue
+            comm = {c: v for c, v in unit.busy.items() if c.startswith("comm.")}
+            if not comm:
+                continue
+            exposed = max(0.0, repeated(unit, k) - unit.compute_busy * k) * m
+            total = sum(comm.values())
+            for cat, sec in comm.items():
+                out[cat] = out.get(cat, 0.0) + exposed * sec / total
+    for cat, sec in tail:
+        out[cat] = out.get(cat, 0.0) + sec
+    return out

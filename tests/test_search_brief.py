@@ -1,0 +1,121 @@
+"""A search's brief figures (read from stage costs and the schedule's column, no costed graph or report) equal
+the full report's, field by field and exactly, on seeded samples of the whole space."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from echosim import fast_eval, memo
+from echosim.frontend.zoo import ArchConfig
+from echosim.layout_search import _evaluate_batch, search
+from echosim.plan import Cluster, Plan
+
+
+def _moe() -> ArchConfig:
+    return ArchConfig(
+        "moe", layers=8, hidden=1024, heads=16, kv_heads=4, vocab=32000, seq_len=2048, experts=8, top_k=2,
+        moe_ffn=1024,
+    )  # fmt: skip
+
+
+def _drawn(model: object, base: Plan, cluster: Cluster, n: int, seed: int) -> list[Plan]:
+    space = {"schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"), "mb": (1, 2, 4)}
+    plans = search(model, base, cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
+    return random.Random(seed).sample(plans, min(n, len(plans)))
+
+
+@pytest.mark.parametrize(
+    ("model", "devices", "seed", "framework"),
+    [
+        ("gpt3-350m", 16, 7, "megatron"),  # 24 layers: pp up to 16 and vpp up to 4 (ranks of several chunks)
+        ("moe", 16, 4, "megatron"),
+        ("gpt3-125m", 8, 13, "eager"),  # PyTorch DDP: bucket copies in the step tail
+    ],
+)
+def test_brief_figures_equal_the_full_report(model: str, devices: int, seed: int, framework: str) -> None:
+    """60 layouts drawn from every dimension (tp, pp, dp, cp, ep, vpp, sp, ZeRO 0-3, micro-batch, recompute,
+    four schedules, tp-overlap): each brief figure equals the one the report gives, to the last bit."""
+    arch: object = _moe() if model == "moe" else model
+    cluster = Cluster("h100-sxm", devices)
+    base = Plan(global_batch=32, framework=framework)
+    plans = _drawn(arch, base, cluster, 60, seed)
+    assert {p.zero for p in plans} == {0, 1, 2, 3} and any(p.vpp > 1 for p in plans)
+    assert any(p.schedule == "zb-h1" and p.pp > 1 for p in plans)
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    brief = _evaluate_batch(arch, plans, cluster, 0.03, fast=True, brief=True)
+    assert not fast_eval.FALLBACKS, fast_eval.FALLBACKS
+    memo.clear_all()
+    full = _evaluate_batch(arch, plans, cluster, 0.03, fast=True)
+    assert sum(e.ok for e in full) >= 5 and sum(not e.fits for e in full if e.simulated) >= 5  # both kinds
+    for b, f, plan in zip(brief, full, plans, strict=True):
+        assert b.as_dict() == f.as_dict(), plan
+        assert b.breakdown == {} and (f.breakdown or not f.simulated or f.step_time_s is None), plan
+
+
+def test_a_search_explains_its_best_layouts_with_the_full_breakdown() -> None:
+    """The brief path leaves the breakdown out; the top layouts are re-evaluated in full, so why_better has it."""
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (1, 2), "pp": (1, 2, 4), "zero": (0, 1), "mb": (1, 2)}
+    memo.clear_all()
+    result = search("gpt3-350m", Plan(global_batch=16), cluster, space=space)
+    assert len(result.ranked) > 20
+    assert all(e.breakdown for e in result.ranked[:20])
+    assert sum(not e.breakdown for e in result.ranked) >= 1  # the rest took the brief path
+
+
+# -- what the published layouts of the validation table showed the search missing ---------------------------
+
+
+def test_the_base_plans_recompute_policy_is_searched_and_costed_alike_on_both_paths() -> None:
+    """MaxText's remat policies (kept tensors, offloaded tensors) are in the space when the base plan names one,
+    any known policy may be asked for, and the fast path gives the full path's rows for them."""
+    from echosim.layout_search import SearchError
+
+    cluster = Cluster("h100-sxm", 8)
+    base = Plan(global_batch=16, recompute="qkv_proj_offloaded", framework="maxtext")
+    result = search("gpt3-350m", base, cluster, space={"pp": (1, 2), "zero": (0, 3)}, sample=slice(0, 0))
+    assert result.enumeration.space.values["recompute"] == ("none", "selective", "full", "qkv_proj_offloaded")
+    space = {"tp": (1, 2), "pp": (1, 2), "recompute": ("minimal", "qkv_proj_offloaded", "custom:qkv_proj=offload")}
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    fast = search("gpt3-350m", base, cluster, space=space)
+    assert not fast_eval.FALLBACKS
+    memo.clear_all()
+    full = search("gpt3-350m", base, cluster, space=space, fast=False)
+    assert [e.as_dict() for e in fast.evaluated] == [e.as_dict() for e in full.evaluated]
+    assert {e.plan.recompute for e in fast.ranked} == set(space["recompute"])
+    with pytest.raises(SearchError, match="--space recompute: unknown recompute policy 'sometimes'"):
+        search("gpt3-350m", base, cluster, space={"recompute": ("sometimes",)})
+
+
+def test_a_pipeline_may_give_the_embedding_and_the_loss_stages_of_their_own() -> None:
+    """pp x vpp up to the layers plus two compiles (the pipeline split gives the embedding and the loss a stage
+    of their own: NeMo's Llama 3.1 405B proxy, 30 layers over 4 x 8 stages), so it is not pruned; beyond that
+    it is, with the pipeline split's reason."""
+    arch = ArchConfig("gpt", layers=6, hidden=512, heads=8, kv_heads=8, vocab=32000, seq_len=1024)
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (1,), "cp": (1,), "pp": (2, 4), "vpp": (1, 2, 4), "schedule": ("interleaved",), "zero": (0,),
+             "mb": (1,), "recompute": ("none",), "sp": (False,), "tp_overlap": (False,)}  # fmt: skip
+    result = search(arch, Plan(global_batch=16), cluster, space=space)
+    simulated = {(e.plan.pp, e.plan.vpp) for e in result.evaluated if e.simulated}
+    assert simulated == {(2, 1), (2, 2), (2, 4), (4, 1), (4, 2)}  # 8 virtual stages for 6 layers among them
+    assert all(e.ok for e in result.evaluated if e.simulated)
+    rejected = {(e.plan.pp, e.plan.vpp): e.reason for e in result.enumeration.rejected}
+    assert rejected == {(4, 4): "pp*vpp = 16 exceeds the layers (6) plus the embedding and loss stages"}
+
+
+def test_the_memory_lower_bound_keeps_the_frameworks_state_bytes() -> None:
+    """MaxText with 16-bit weights keeps 8 bytes of state a parameter (not 16): the bound stays below the
+    compiled peak, so the layout that fits is not pruned."""
+    from echosim.compiler import compile as compile_model
+    from echosim.layout_search import ModelFacts, memory_lower_bound
+
+    plan = Plan(dp=8, zero=3, global_batch=8, framework="maxtext-bf16-weights")
+    facts = ModelFacts.of("gpt3-1.3b", plan)
+    rep = compile_model("gpt3-1.3b", plan, Cluster("h100-sxm", 8))
+    bound = memory_lower_bound(plan, facts.params)
+    assert 0 < bound <= min(m["peak"] for m in rep.memory)
+    assert bound == int(facts.params / 8 * (2 + 2 + 4))  # weights, gradients and Adam's moments in bf16, / dp
