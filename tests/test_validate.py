@@ -389,7 +389,7 @@ def test_json_has_rows_groups_and_targets(tmp_path, cli):
     assert groups["overall"]["rows"] == 2
     assert {"device=null", "arch=gpt", "source_id=unit", "feature=bf16", "feature=fp16", "confidence=A"} <= set(groups)
     assert result["compiled"] == 2 and result["skipped"] == 1
-    assert result["targets"]["mape_target"] == 0.08 and result["targets"]["row_target"] == 0.15
+    assert result["targets"]["mape_target"] == 0.06 and result["targets"]["row_target"] == 0.15
 
 
 def test_text_output_lists_groups_skips_and_constants(tmp_path, cli):
