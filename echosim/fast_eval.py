@@ -51,10 +51,10 @@ from echosim.timeline.lower import (
     _COSTS,
     BucketSeconds,
     Coster,
-    dp_bucket_seconds,
     dp_tail_times,
     lower_stage,
     repeated,
+    stage_bucket_seconds,
     tail_parts,
 )
 from echosim.timeline.report import StageFigures, _expert_params, _sparse_tables, static_memory
@@ -222,7 +222,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
         else None
     )
     grad_sync, step_end, optimizer = tail_parts(stage)
-    buckets = dp_bucket_seconds(g, grad_sync, Coster(g, joint.backend, joint.where))
+    buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
     d = _Direct(
         stage, cost, g.derived("flops", lambda: graph_flops(g)), g.param_count(),
         _expert_params(g) if facts.expert_state is not None else 0, transient, act, blocks,
