@@ -54,6 +54,7 @@ from echosim.timeline.lower import (
     dp_tail_times,
     lower_stage,
     repeated,
+    share_nodes,
     stage_bucket_seconds,
     tail_parts,
 )
@@ -194,8 +195,18 @@ def _template(joint: Joint, first: bool, last: bool, count: int, alone: bool) ->
 
 
 def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
-    """The nodes :class:`~echosim.passes.pipeline.PipelineParallel` gives a stage of this shape, ``count`` layers."""
+    """The nodes :class:`~echosim.passes.pipeline.PipelineParallel` gives a stage of this shape, ``count`` layers.
+
+    The split builds a stage's nodes the same way whatever its layer count (only ``Graph.repeats`` differs),
+    so one depth's graph is built and the others are copies of it, sharing its node objects and, with them,
+    its units (:func:`~echosim.timeline.lower.share_nodes`)."""
     ((block, _),) = graph.repeats.items()
+    if count != 1:
+        ref = _BASES.get((graph, first, last, 1), lambda: _base_graph(graph, first, last, 1))
+        g = ref.copy()
+        g.repeats = {block: count}
+        share_nodes(g, ref)
+        return g
     cls = graph.derived(("pp-classes", block), lambda: _classify(graph, block))
     static = graph.derived("pp-static", lambda: _static(graph))
     keep = {"block"} | ({"pre"} if first else set()) | ({"post"} if last else set())

@@ -346,7 +346,7 @@ def timed_units(
     """:func:`time_units`, kept on ``graph`` by the placements of the axes its units' collectives run on (the
     only ones it reads): layouts that place other axes differently (pp, dp) share it."""
     split_w = options.schedule.split_backward
-    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+    parts = unit_parts(graph, split_w)
     axes = graph.derived(("unit-axes", split_w), lambda: frozenset(a for kind in parts for p in kind for a in p.axes))
     used = tuple((a, p) for a, p in where.items() if a in axes)
     key = ("timed-units", backend, used, options.tp_overlap, split_w)
@@ -360,7 +360,7 @@ def time_units(
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     split_w = options.schedule.split_backward
-    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+    parts = unit_parts(graph, split_w)
 
     def simulate(nodes: list[Node]) -> UnitTiming:
         chunked = pipelined_edges(nodes) if options.tp_overlap else None
@@ -400,6 +400,37 @@ class _UnitPart:
     repeat: int
     key: _UnitKey
     axes: frozenset[Axis]
+
+
+#: :meth:`Graph.derived` key of a graph holding the very node objects of this one (and its inputs, outputs
+#: and gradients) under other repeat counts (:func:`share_nodes`).
+_SAME_NODES = "same-nodes-as"
+
+
+def share_nodes(graph: Graph, ref: Graph) -> None:
+    """Tell ``graph`` that it holds ``ref``'s nodes (the same objects, in order) with only its repeat counts
+    changed: its units are then ``ref``'s with the repeated block's count changed (:func:`unit_parts`)."""
+    same = graph.nodes.keys() == ref.nodes.keys() and all(a is b for a, b in zip(graph, ref, strict=True))
+    if not same or graph.repeats.keys() != ref.repeats.keys() or (graph.inputs, graph.outputs, graph.grads) != (
+        ref.inputs, ref.outputs, ref.grads
+    ):  # fmt: skip
+        raise ValueError("share_nodes: the graphs differ in more than their repeat counts")
+    graph.derived(_SAME_NODES, lambda: ref)
+
+
+def unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
+    """:func:`_units` with each unit's cache key and the axes its collectives run on, kept on ``graph``; a
+    graph that shares another's nodes (:func:`share_nodes`) takes that one's with its own repeat count."""
+
+    def compute() -> tuple[list[_UnitPart], ...]:
+        ref = graph.derived(_SAME_NODES, lambda: graph)
+        if ref is graph:
+            return _unit_parts(graph, split_w)
+        mult = next(iter(graph.repeats.values()), 1)  # as _units reads it: the block unit's repeat
+        return tuple([replace(p, repeat=mult) if k == 1 else p for k, p in enumerate(kind)]
+                     for kind in unit_parts(ref, split_w))  # fmt: skip
+
+    return graph.derived(("unit-parts", split_w), compute)
 
 
 def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
