@@ -222,7 +222,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
         return hit
     stage = _template(joint, first, last, count, alone)
     facts, g = joint.facts, stage.graph
-    if _sparse_tables(g)[0]:
+    if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
@@ -235,9 +235,9 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
     grad_sync, step_end, optimizer = tail_parts(stage)
     buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
     d = _Direct(
-        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.param_count(),
-        _expert_params(g) if facts.expert_state is not None else 0, transient, act, blocks,
-        buckets, bool(grad_sync), step_end, optimizer,
+        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.derived("param-count", g.param_count),
+        g.derived("expert-params", lambda: _expert_params(g)) if facts.expert_state is not None else 0,
+        transient, act, blocks, buckets, bool(grad_sync), step_end, optimizer,
     )  # fmt: skip
     _DIRECT.put(key, d)
     return d
