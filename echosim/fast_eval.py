@@ -51,10 +51,11 @@ from echosim.timeline.lower import (
     _COSTS,
     BucketSeconds,
     Coster,
-    dp_bucket_seconds,
     dp_tail_times,
     lower_stage,
     repeated,
+    share_nodes,
+    stage_bucket_seconds,
     tail_parts,
 )
 from echosim.timeline.report import StageFigures, _expert_params, _sparse_tables, static_memory
@@ -194,8 +195,18 @@ def _template(joint: Joint, first: bool, last: bool, count: int, alone: bool) ->
 
 
 def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
-    """The nodes :class:`~echosim.passes.pipeline.PipelineParallel` gives a stage of this shape, ``count`` layers."""
+    """The nodes :class:`~echosim.passes.pipeline.PipelineParallel` gives a stage of this shape, ``count`` layers.
+
+    The split builds a stage's nodes the same way whatever its layer count (only ``Graph.repeats`` differs),
+    so one depth's graph is built and the others are copies of it, sharing its node objects and, with them,
+    its units (:func:`~echosim.timeline.lower.share_nodes`)."""
     ((block, _),) = graph.repeats.items()
+    if count != 1:
+        ref = _BASES.get((graph, first, last, 1), lambda: _base_graph(graph, first, last, 1))
+        g = ref.copy()
+        g.repeats = {block: count}
+        share_nodes(g, ref)
+        return g
     cls = graph.derived(("pp-classes", block), lambda: _classify(graph, block))
     static = graph.derived("pp-static", lambda: _static(graph))
     keep = {"block"} | ({"pre"} if first else set()) | ({"post"} if last else set())
@@ -211,7 +222,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
         return hit
     stage = _template(joint, first, last, count, alone)
     facts, g = joint.facts, stage.graph
-    if _sparse_tables(g)[0]:
+    if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
     if joint.options.ep_overlap:
         raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
@@ -224,11 +235,11 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
         else None
     )
     grad_sync, step_end, optimizer = tail_parts(stage)
-    buckets = dp_bucket_seconds(g, grad_sync, Coster(g, joint.backend, joint.where))
+    buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
     d = _Direct(
-        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.param_count(),
-        _expert_params(g) if facts.expert_state is not None else 0, transient, act, blocks,
-        buckets, bool(grad_sync), step_end, optimizer,
+        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.derived("param-count", g.param_count),
+        g.derived("expert-params", lambda: _expert_params(g)) if facts.expert_state is not None else 0,
+        transient, act, blocks, buckets, bool(grad_sync), step_end, optimizer,
     )  # fmt: skip
     _DIRECT.put(key, d)
     return d

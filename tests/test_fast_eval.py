@@ -89,3 +89,26 @@ def test_search_reports_the_full_paths_figures_for_its_top_layouts() -> None:
     memo.clear_all()
     full = search("gpt3-350m", Plan(global_batch=16), cluster, space=space, fast=False)
     assert [e.as_dict() for e in fast.evaluated] == [e.as_dict() for e in full.evaluated]
+
+
+def test_stage_depths_share_their_units_exactly() -> None:
+    """Depths 2 and 3 of a stage shape are copies of depth 1's graph (the same node objects): their units are
+    depth 1's with the block's repeat changed, and equal the units an analysis of each graph on its own gives."""
+    from echosim.timeline.lower import _unit_parts, share_nodes, unit_parts
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=pp, dp=8 // pp, global_batch=16, zero=z) for pp in (2, 4, 8) for z in (0, 3)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    graphs = list(fast_eval._BASES._data.values())
+    assert {next(iter(g.repeats.values())) for g in graphs} >= {1, 2, 3}
+    for g in graphs:
+        for split_w in (False, True):
+            got, want = unit_parts(g, split_w), _unit_parts(g, split_w)
+            assert [[(p.nodes, p.repeat, p.key, p.axes) for p in kind] for kind in got] == [
+                [(p.nodes, p.repeat, p.key, p.axes) for p in kind] for kind in want
+            ]
+    other = graphs[0].copy()
+    other.replace(next(iter(other)).id, name="renamed")
+    with pytest.raises(ValueError, match="differ in more than their repeat counts"):
+        share_nodes(other, graphs[0])

@@ -256,36 +256,89 @@ def lower_stage(
     if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
-    tail = _tail_nodes(stage)
-
-    def p2p(phases: tuple[Phase, ...]) -> float:
-        sends = [n for n in tail if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE]
-        total = 0.0
-        for n in sends:
-            nbytes = n.out.nbytes
-            # Megatron's scatter/gather: 1/tp over the network, all_gather in the node; with
-            # sequence parallelism the activation is already split 1/tp.
-            if options.tp > 1 and not options.sp:
-                total += backend.collective_time_s(OpKind.SEND, nbytes // options.tp, where[Axis.PP])
-                total += backend.collective_time_s(OpKind.ALL_GATHER, nbytes, where[Axis.TP])
-            else:
-                total += backend.collective_time_s(OpKind.SEND, nbytes, where[Axis.PP])
-        return total
-
-    grad_sync, step_end_nodes, optimizer = _split_tail(tail)
-    dp_exposed, dp_busy, dp_copies = _dp_tail(
-        graph, grad_sync, cost, bwd_units, options.overlap_dp, overlap.compute_slowdown
-    )
-    step_end: dict[str, float] = {}
-    for n in step_end_nodes:
-        axis = _axis(n).value  # type: ignore[union-attr]
-        step_end[axis] = step_end.get(axis, 0.0) + cost(n)
-    opt = sum(cost(n) for n in optimizer)
+    tail = _tail_of(stage)
+    dp_exposed, dp_busy, dp_copies = (
+        dp_tail_times(stage_bucket_seconds(stage, backend, where), bwd_units, options.overlap_dp,
+                      overlap.compute_slowdown)
+        if tail.grad_sync
+        else (0.0, 0.0, 0.0)
+    )  # fmt: skip
+    used = tuple((a, p) for a, p in where.items() if a in tail.step_end_axes)
+    step_end = graph.derived(("step-end-s", backend, used), lambda: _step_end_seconds(tail.step_end, cost))
+    opt = graph.derived(("optimizer-s", backend), lambda: sum(cost(n) for n in tail.optimizer))
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
-        p2p((Phase.FORWARD,)), p2p((Phase.BACKWARD, Phase.RECOMPUTE)),
-        dp_exposed, dp_busy, step_end, opt, graph, vstages, stage.base, dp_copies,
+        p2p_seconds(tail.sends_fwd, backend, where, options), p2p_seconds(tail.sends_bwd, backend, where, options),
+        dp_exposed, dp_busy, dict(step_end), opt, graph, vstages, stage.base, dp_copies,
     )  # fmt: skip
+
+
+def p2p_seconds(sends: tuple[int, ...], backend: Backend, where: dict[Axis, Placement], options: StepOptions) -> float:
+    """Seconds of a stage's pipeline sends of these byte counts, in order (each transfer priced once)."""
+    total = 0.0
+    for nbytes in sends:
+        # Megatron's scatter/gather: 1/tp over the network, all_gather in the node; with
+        # sequence parallelism the activation is already split 1/tp.
+        if options.tp > 1 and not options.sp:
+            total += _collective_s(backend, OpKind.SEND, nbytes // options.tp, where[Axis.PP])
+            total += _collective_s(backend, OpKind.ALL_GATHER, nbytes, where[Axis.TP])
+        else:
+            total += _collective_s(backend, OpKind.SEND, nbytes, where[Axis.PP])
+    return total
+
+
+def _collective_s(backend: Backend, kind: OpKind, nbytes: int, where: Placement) -> float:
+    return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
+
+
+def _step_end_seconds(nodes: list[Node], cost: Coster) -> dict[str, float]:
+    step_end: dict[str, float] = {}
+    for n in nodes:
+        axis = _axis(n).value  # type: ignore[union-attr]
+        step_end[axis] = step_end.get(axis, 0.0) + cost(n)
+    return step_end
+
+
+class TailOf(NamedTuple):
+    """What lowering reads of a stage's pipeline sends and step tail (kept on the stage graph)."""
+
+    sends_fwd: tuple[int, ...]  # bytes of each forward pipeline send, in graph order
+    sends_bwd: tuple[int, ...]  # ... backward and recompute
+    grad_sync: list[Node]
+    step_end: list[Node]
+    optimizer: list[Node]
+    grad_axes: frozenset[Axis]
+    step_end_axes: frozenset[Axis]
+
+
+def _tail_of(stage: Stage) -> TailOf:
+    return stage.graph.derived(("tail-of", stage.base), lambda: _make_tail_of(stage))
+
+
+def _make_tail_of(stage: Stage) -> TailOf:
+    tail = _tail_nodes(stage)
+
+    def sends(phases: tuple[Phase, ...]) -> tuple[int, ...]:
+        return tuple(
+            n.out.nbytes for n in tail if n.op is OpKind.SEND and n.phase in phases and _role(n) is Role.PIPELINE
+        )
+
+    grad_sync, step_end, optimizer = _split_tail(tail)
+    return TailOf(
+        sends((Phase.FORWARD,)), sends((Phase.BACKWARD, Phase.RECOMPUTE)), grad_sync, step_end, optimizer,
+        frozenset(a for n in grad_sync if (a := _axis(n)) is not None),
+        frozenset(a for n in step_end if (a := _axis(n)) is not None),
+    )  # fmt: skip
+
+
+def stage_bucket_seconds(stage: Stage, backend: Backend, where: dict[Axis, Placement]) -> BucketSeconds:
+    """:func:`dp_bucket_seconds` of a stage's gradient reductions, kept on its graph by the placements of the
+    axes they run on (the only ones they read)."""
+    tail, graph = _tail_of(stage), stage.graph
+    used = tuple((a, p) for a, p in where.items() if a in tail.grad_axes)
+    return graph.derived(
+        ("bucket-s", backend, used), lambda: dp_bucket_seconds(graph, tail.grad_sync, Coster(graph, backend, where))
+    )
 
 
 def timed_units(
@@ -294,7 +347,7 @@ def timed_units(
     """:func:`time_units`, kept on ``graph`` by the placements of the axes its units' collectives run on (the
     only ones it reads): layouts that place other axes differently (pp, dp) share it."""
     split_w = options.schedule.split_backward
-    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+    parts = unit_parts(graph, split_w)
     axes = graph.derived(("unit-axes", split_w), lambda: frozenset(a for kind in parts for p in kind for a in p.axes))
     used = tuple((a, p) for a, p in where.items() if a in axes)
     key = ("timed-units", backend, used, options.tp_overlap, split_w)
@@ -308,7 +361,7 @@ def time_units(
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     split_w = options.schedule.split_backward
-    parts = graph.derived(("unit-parts", split_w), lambda: _unit_parts(graph, split_w))
+    parts = unit_parts(graph, split_w)
 
     def simulate(nodes: list[Node]) -> UnitTiming:
         chunked = pipelined_edges(nodes) if options.tp_overlap else None
@@ -348,6 +401,37 @@ class _UnitPart:
     repeat: int
     key: _UnitKey
     axes: frozenset[Axis]
+
+
+#: :meth:`Graph.derived` key of a graph holding the very node objects of this one (and its inputs, outputs
+#: and gradients) under other repeat counts (:func:`share_nodes`).
+_SAME_NODES = "same-nodes-as"
+
+
+def share_nodes(graph: Graph, ref: Graph) -> None:
+    """Tell ``graph`` that it holds ``ref``'s nodes (the same objects, in order) with only its repeat counts
+    changed: its units are then ``ref``'s with the repeated block's count changed (:func:`unit_parts`)."""
+    same = graph.nodes.keys() == ref.nodes.keys() and all(a is b for a, b in zip(graph, ref, strict=True))
+    if not same or graph.repeats.keys() != ref.repeats.keys() or (graph.inputs, graph.outputs, graph.grads) != (
+        ref.inputs, ref.outputs, ref.grads
+    ):  # fmt: skip
+        raise ValueError("share_nodes: the graphs differ in more than their repeat counts")
+    graph.derived(_SAME_NODES, lambda: ref)
+
+
+def unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
+    """:func:`_units` with each unit's cache key and the axes its collectives run on, kept on ``graph``; a
+    graph that shares another's nodes (:func:`share_nodes`) takes that one's with its own repeat count."""
+
+    def compute() -> tuple[list[_UnitPart], ...]:
+        ref = graph.derived(_SAME_NODES, lambda: graph)
+        if ref is graph:
+            return _unit_parts(graph, split_w)
+        mult = next(iter(graph.repeats.values()), 1)  # as _units reads it: the block unit's repeat
+        return tuple([replace(p, repeat=mult) if k == 1 else p for k, p in enumerate(kind)]
+                     for kind in unit_parts(ref, split_w))  # fmt: skip
+
+    return graph.derived(("unit-parts", split_w), compute)
 
 
 def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
@@ -415,7 +499,8 @@ def _axis(node: Node) -> Axis | None:
 def tail_parts(stage: Stage) -> tuple[list[Node], list[Node], list[Node]]:
     """What :func:`lower_stage` reads of a stage's step tail, in its order: the gradient reductions (dense
     buckets, then the experts'), the step-end collectives, the optimizer steps."""
-    return _split_tail(_tail_nodes(stage))
+    t = _tail_of(stage)
+    return t.grad_sync, t.step_end, t.optimizer
 
 
 def _split_tail(tail: list[Node]) -> tuple[list[Node], list[Node], list[Node]]:
@@ -451,26 +536,13 @@ def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSe
     return BucketSeconds(per_layer, rest, into_layer, into_rest, back_layer, back_rest)
 
 
-def _dp_tail(
-    graph: Graph,
-    nodes: list[Node],
-    cost: Coster,
-    bwd_units: list[tuple[UnitTiming, int]],
-    overlap_dp: bool,
-    slowdown: float,
-) -> tuple[float, float, float]:
-    """Exposed seconds of the gradient reduction after the last backward, its busy time, and the
-    seconds of DDP's bucket copies (:meth:`Coster.bucket_copies`)."""
-    if not nodes:
-        return 0.0, 0.0, 0.0
-    return dp_tail_times(dp_bucket_seconds(graph, nodes, cost), bwd_units, overlap_dp, slowdown)
-
-
 def dp_tail_times(
     b: BucketSeconds, bwd_units: list[tuple[UnitTiming, int]], overlap_dp: bool, slowdown: float
 ) -> tuple[float, float, float]:
-    """:func:`_dp_tail` given the seconds of one layer's buckets and of the rest (the layer count is the
-    block unit's repeat): a layout search derives a stage of any depth from these.
+    """The gradient reduction's exposed seconds after the last backward, its busy time and the seconds of
+    DDP's bucket copies (:meth:`Coster.bucket_copies`), given the seconds of one layer's buckets and of
+    the rest (the layer count is the block unit's repeat): a layout search derives a stage of any depth
+    from these.
 
     Buckets of the repeated block become ready one layer at a time during the last
     micro-batch's backward; the rest are ready when it ends. Compute that runs
