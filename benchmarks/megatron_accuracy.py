@@ -7,9 +7,11 @@ and the mean absolute percentage error per source; skipped rows say why.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
+from echosim.validation.cases import CasesError
 from echosim.validation.run import validate_cases
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "validation" / "cases.csv"
@@ -40,4 +42,9 @@ def main(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="?", type=Path, default=DEFAULT, help="cases.csv (default: %(default)s)")
+    try:
+        main(parser.parse_args().cases)
+    except CasesError as exc:  # an unreadable or malformed table: one line, not a traceback
+        sys.exit(f"error: {exc}")
