@@ -3,27 +3,12 @@ gives a full compile's figures: seeded samples across every dimension, layout by
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from layout_samples import drawn, small_moe
 
 from echosim import fast_eval, memo
-from echosim.frontend.zoo import ArchConfig
 from echosim.layout_search import _evaluate_batch, evaluate, search
 from echosim.plan import Cluster, Plan
-
-
-def _moe() -> ArchConfig:
-    return ArchConfig(
-        "moe", layers=8, hidden=1024, heads=16, kv_heads=4, vocab=32000, seq_len=2048, experts=8, top_k=2,
-        moe_ffn=1024,
-    )  # fmt: skip
-
-
-def _drawn(model: object, base: Plan, cluster: Cluster, n: int, seed: int) -> list[Plan]:
-    space = {"schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"), "mb": (1, 2, 4)}
-    plans = search(model, base, cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
-    return random.Random(seed).sample(plans, min(n, len(plans)))
 
 
 def _assert_fast_equals_lower(model: object, plans: list[Plan], cluster: Cluster) -> None:
@@ -49,9 +34,9 @@ def _assert_fast_equals_lower(model: object, plans: list[Plan], cluster: Cluster
 def test_fast_figures_equal_compile_on_a_seeded_sample_of_the_whole_space(model: str, devices: int, seed: int) -> None:
     """Every dimension (tp, pp, dp, cp, ep, vpp, sp, ZeRO 0-3, micro-batch, recompute, four schedules,
     tp-overlap), 40 layouts drawn at random: the fast path's figures equal one cold ``lower()`` each."""
-    arch: object = _moe() if model == "moe" else model
+    arch: object = small_moe() if model == "moe" else model
     cluster = Cluster("h100-sxm", devices)
-    plans = _drawn(arch, Plan(global_batch=32), cluster, 40, seed)
+    plans = drawn(arch, Plan(global_batch=32), cluster, 40, seed)
     assert {p.zero for p in plans} == {0, 1, 2, 3} and len({p.pp for p in plans}) >= 3
     assert any(p.pp > 1 and 24 // (p.pp * p.vpp) > 3 for p in plans) or model != "gpt3-350m"  # a derived depth
     _assert_fast_equals_lower(arch, plans, cluster)

@@ -3,27 +3,13 @@ the full report's, field by field and exactly, on seeded samples of the whole sp
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from layout_samples import drawn, small_moe
 
 from echosim import fast_eval, memo
 from echosim.frontend.zoo import ArchConfig
 from echosim.layout_search import _evaluate_batch, search
 from echosim.plan import Cluster, Plan
-
-
-def _moe() -> ArchConfig:
-    return ArchConfig(
-        "moe", layers=8, hidden=1024, heads=16, kv_heads=4, vocab=32000, seq_len=2048, experts=8, top_k=2,
-        moe_ffn=1024,
-    )  # fmt: skip
-
-
-def _drawn(model: object, base: Plan, cluster: Cluster, n: int, seed: int) -> list[Plan]:
-    space = {"schedule": ("1f1b", "gpipe", "interleaved", "zb-h1"), "mb": (1, 2, 4)}
-    plans = search(model, base, cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
-    return random.Random(seed).sample(plans, min(n, len(plans)))
 
 
 @pytest.mark.parametrize(
@@ -37,10 +23,10 @@ def _drawn(model: object, base: Plan, cluster: Cluster, n: int, seed: int) -> li
 def test_brief_figures_equal_the_full_report(model: str, devices: int, seed: int, framework: str) -> None:
     """60 layouts drawn from every dimension (tp, pp, dp, cp, ep, vpp, sp, ZeRO 0-3, micro-batch, recompute,
     four schedules, tp-overlap): each brief figure equals the one the report gives, to the last bit."""
-    arch: object = _moe() if model == "moe" else model
+    arch: object = small_moe() if model == "moe" else model
     cluster = Cluster("h100-sxm", devices)
     base = Plan(global_batch=32, framework=framework)
-    plans = _drawn(arch, base, cluster, 60, seed)
+    plans = drawn(arch, base, cluster, 60, seed)
     assert {p.zero for p in plans} == {0, 1, 2, 3} and any(p.vpp > 1 for p in plans)
     assert any(p.schedule == "zb-h1" and p.pp > 1 for p in plans)
     memo.clear_all()
