@@ -208,24 +208,28 @@ def test_flash_roofline_reproduces_the_fa4_papers_cycle_counts() -> None:
     assert flash_pass_fraction(DEVICES["b300"], 64, False) == 1.0
 
 
-def test_gemm_efficiency_is_each_devices_best_library_measurement():
-    """One rule for every device (devices.DeviceSpec): gemm_eff_<dtype> x peak = the highest TFLOP/s of
-    the device's mamf-finder and cuBLASLt rows in microbench.csv (A100: MAMF 271.2, above cuBLASLt's
-    253.7), XLA's perf table excluded."""
+def _microbench_rows() -> list[tuple[str, dict[str, str]]]:
+    """(backend name, row) of every microbench.csv row whose device has a backend; skips without the data."""
     from echosim.backends.device_names import backend_for_device
 
     bench = HW_SPECS.parent / "microbench.csv"
     if not bench.exists():
         pytest.skip(f"validation data not found at {bench}")
-    best: dict[tuple[str, str], float] = {}
     with bench.open() as f:
-        for r in csv.DictReader(f):
-            library = "MAMF" in r["op"] or r["op"].startswith("GEMM (cuBLASLt)")
-            name = backend_for_device(r["device"])
-            if not library or r["metric"] != "TFLOPS" or name not in DEVICES or "SUSPECT" in r["notes"]:
-                continue
-            dtype = {"bf16": "16bit", "fp16": "16bit", "fp8": "fp8", "fp4": "fp4"}[r["dtype"].split()[0]]
-            best[name, dtype] = max(best.get((name, dtype), 0.0), float(r["value"]))
+        return [(backend_for_device(r["device"]), r) for r in csv.DictReader(f)]
+
+
+def test_gemm_efficiency_is_each_devices_best_library_measurement():
+    """One rule for every device (devices.DeviceSpec): gemm_eff_<dtype> x peak = the highest TFLOP/s of
+    the device's mamf-finder and cuBLASLt rows in microbench.csv (A100: MAMF 271.2, above cuBLASLt's
+    253.7), XLA's perf table excluded."""
+    best: dict[tuple[str, str], float] = {}
+    for name, r in _microbench_rows():
+        library = "MAMF" in r["op"] or r["op"].startswith("GEMM (cuBLASLt)")
+        if not library or r["metric"] != "TFLOPS" or name not in DEVICES or "SUSPECT" in r["notes"]:
+            continue
+        dtype = {"bf16": "16bit", "fp16": "16bit", "fp8": "fp8", "fp4": "fp4"}[r["dtype"].split()[0]]
+        best[name, dtype] = max(best.get((name, dtype), 0.0), float(r["value"]))
     assert len(best) == 11  # a100 16-bit; h100, b200, gb200, b300 16-bit and fp8; h200 fp8; gb200 fp4
     for (name, dtype), tflops in best.items():
         dev = DEVICES[name]
@@ -240,22 +244,15 @@ def test_gemm_efficiency_is_each_devices_best_library_measurement():
 def test_sustained_gemm_rate_is_each_devices_long_run_plateau():
     """sustained_<dtype>_tflops = the highest TFLOP/s of the device's long-warmup cuBLASLt rows (Azure's sweep,
     10,000 warmup iterations) at 8192^3 and larger; B200, without a row, takes GB200's plateau over its MAMF rate."""
-    from echosim.backends.device_names import backend_for_device
-
-    bench = HW_SPECS.parent / "microbench.csv"
-    if not bench.exists():
-        pytest.skip(f"validation data not found at {bench}")
     plateau: dict[tuple[str, str], float] = {}
-    with bench.open() as f:
-        for r in csv.DictReader(f):
-            name = backend_for_device(r["device"])
-            if not r["op"].startswith("GEMM (cuBLASLt)") or "10,000 warmup" not in r["notes"] or name not in DEVICES:
-                continue
-            dims = [int(x) for x in re.findall(r"=(\d+)", r["shape"])]
-            if min(dims) < 8192:
-                continue
-            dtype = {"fp16": "16bit", "bf16": "16bit", "fp8": "fp8"}[r["dtype"]]
-            plateau[name, dtype] = max(plateau.get((name, dtype), 0.0), float(r["value"]))
+    for name, r in _microbench_rows():
+        if not r["op"].startswith("GEMM (cuBLASLt)") or "10,000 warmup" not in r["notes"] or name not in DEVICES:
+            continue
+        dims = [int(x) for x in re.findall(r"=(\d+)", r["shape"])]
+        if min(dims) < 8192:
+            continue
+        dtype = {"fp16": "16bit", "bf16": "16bit", "fp8": "fp8"}[r["dtype"]]
+        plateau[name, dtype] = max(plateau.get((name, dtype), 0.0), float(r["value"]))
     assert set(plateau) == {("a100-80gb", "16bit"), ("h100-sxm", "fp8"), ("h200", "fp8"), ("gb200", "fp8")}
     for (name, dtype), tflops in plateau.items():
         dev = DEVICES[name]

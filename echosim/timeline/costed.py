@@ -102,6 +102,25 @@ class TailTask(NamedTuple):
         return self.start + self.duration
 
 
+def rank_tail(mine: list[StageCost], last: StageCost) -> list[tuple[str, str, str, str, float]]:
+    """What a pipeline rank runs after its last block, in order, as (task, name, stream, category, seconds).
+
+    ``mine`` are the rank's chunks, ``last`` the chunk whose backward it runs last (its reduction is the
+    exposed one). The costed graph's tail tasks and a search's brief figures both read this one list.
+    """
+    steps = []
+    copies = sum(c.dp_copies for c in mine)
+    if copies > 0:  # PyTorch DDP: into the buckets during the last backward, back after the reductions
+        name = "DDP bucket copies (gradients into buckets / world, buckets back)"
+        steps.append(("dp_copies", name, "compute", "compute.memory_bound", copies))
+    steps.append(("dp", "dp grad reduction (exposed)", "comm", "comm.dp", last.dp_exposed))
+    for c in mine:
+        for axis, sec in sorted(c.step_end_comm.items()):
+            steps.append(("step_end", f"{axis} step-end collectives", "comm", f"comm.{axis}", sec))
+    steps.append(("optimizer", "optimizer step", "compute", "optimizer", sum(c.optimizer for c in mine)))
+    return steps
+
+
 @dataclass
 class CostedGraph:
     """The lowered step; see the module docstring. ``stages`` are indexed by virtual stage.

@@ -27,7 +27,7 @@ from echosim.passes.data_parallel import DDP_COPY_BYTES_PER_BYTE
 from echosim.passes.flops import io_bytes
 from echosim.passes.memory import added_nodes
 from echosim.passes.pipeline import Stage
-from echosim.timeline.costed import CostedGraph, StageCost, TailTask
+from echosim.timeline.costed import CostedGraph, StageCost, TailTask, rank_tail
 from echosim.timeline.schedule import Schedule
 from echosim.timeline.sequential import SequentialTiming, order_plan, time_orders
 from echosim.timeline.streams import OpEvent, UnitTiming, pipelined_edges, simulate_unit
@@ -664,20 +664,9 @@ def _tails(costs: list[StageCost], schedule: ScheduleTiming | SequentialTiming, 
     tails = []
     for r in range(pp):
         mine = [c for c in costs if c.index % pp == r]
-        t = schedule.rank_ends[r]
-        exposed = costs[schedule.plan.rank_vstage[r]].dp_exposed
         busy = sum(c.dp_busy for c in mine)
-        copies = sum(c.dp_copies for c in mine)
-        if copies > 0:  # PyTorch DDP: into the buckets during the last backward, back after the reductions
-            name = "DDP bucket copies (gradients into buckets / world, buckets back)"
-            tails.append(TailTask(r, "dp_copies", name, "compute", "compute.memory_bound", t, copies))
-            t += copies
-        tails.append(TailTask(r, "dp", "dp grad reduction (exposed)", "comm", "comm.dp", t, exposed, busy))
-        t += exposed
-        for c in mine:
-            for axis, sec in sorted(c.step_end_comm.items()):
-                tails.append(TailTask(r, "step_end", f"{axis} step-end collectives", "comm", f"comm.{axis}", t, sec))
-                t += sec
-        optimizer = sum(c.optimizer for c in mine)
-        tails.append(TailTask(r, "optimizer", "optimizer step", "compute", "optimizer", t, optimizer))
+        t = schedule.rank_ends[r]
+        for task, name, stream, category, sec in rank_tail(mine, costs[schedule.plan.rank_vstage[r]]):
+            tails.append(TailTask(r, task, name, stream, category, t, sec, busy if task == "dp" else 0.0))
+            t += sec
     return tails

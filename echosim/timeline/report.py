@@ -17,7 +17,7 @@ from echosim.passes.memory import (
     activation_bytes,
     transient_bytes,
 )
-from echosim.timeline.costed import CostedGraph, StageCost, peak_held
+from echosim.timeline.costed import CostedGraph, StageCost, peak_held, rank_tail
 
 
 def _round(x: Any) -> Any:
@@ -450,18 +450,8 @@ def brief_figures(
         key = (*ident, id(known(costs[last])))
         tail = tails.get(key)
         if tail is None:
-            steps: list[float] = []
-            copies = sum(c.dp_copies for c in mine)
-            if copies > 0:
-                steps.append(copies)
-            steps.append(costs[last].dp_exposed)
-            comm = [("comm.dp", costs[last].dp_exposed)]
-            for c in mine:
-                for axis, sec in sorted(c.step_end_comm.items()):
-                    steps.append(sec)
-                    comm.append((f"comm.{axis}", sec))
-            steps.append(sum(c.optimizer for c in mine))
-            tail = tails[key] = (steps, comm)
+            steps = rank_tail(mine, costs[last])
+            tail = tails[key] = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
         end = t = block_ends[r]
         for sec in tail[0]:
             t += sec
