@@ -96,13 +96,13 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
 def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_ranks() -> None:
     """Qwen3-235B with tp 2 and ep = 2 x dp (H100 ep 32 over dp 16; GB200 ep 64 over dp 32) runs expert
     tensor parallelism 1 (the recipes' etp: 1): skipped before ("ep does not divide dp"), compiled now.
-    The H100 rows whose recipe overlaps the EP all-to-all with the other micro-batch (moe_a2a_overlap)
-    are the ones that stay slow here."""
+    Both H100 rows run their release's preset with moe_a2a_overlap (NeMo 25.11 / v0.2.0 at GBS 2048, 26.04.01
+    at 8192): +20.7% before the 25.11 row took it, -19.4% now, beside its 26.04.01 twin's -15.8%."""
     result = validate_cases(CASES, {"source_id": "megatron_bridge*", "experts": "128", "tp": "2"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 5 and not [r for r in result.rows if r.skipped]
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-gb200-64"] == pytest.approx(-0.142, abs=0.01)
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-h100-sxm-256"] == pytest.approx(-0.078, abs=0.01)
-    assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(0.207, abs=0.01)
+    assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.194, abs=0.01)
     # the 26.04.01 preset (H100_FP8_CS_V2) runs combined 1F1B: +30.1% without the overlap rule
     assert errors["mbridge260401-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.158, abs=0.01)

@@ -505,11 +505,17 @@ def expert_tp(c: Case) -> int | None:
 #: micro-batch), global batch). QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*_V1/_V2 (tp 2, pp 8, vp 4, ep 32;
 #: V2 = GBS 8192), configs/qwen/qwen3_workload_base_configs.py (commit 01b2977); DEEPSEEK_V3_PRETRAIN_CONFIG
 #: _B200_FP8_MX_V2 (deepep, pp 8, vp 2, ep 32, GBS 4096), configs/deepseek/deepseek_workload_base_configs.py
-#: (commit 0426418). Only the 26.04.01 rows match those presets' layout and batch; the earlier releases'
-#: presets of these layouts (v0.2.0 configs/qwen3/workload_base_configs.py) do not set it.
+#: (commit 0426418); GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2 (ep 64, MBS 4, GBS 1280, hybridep),
+#: configs/gpt_oss/gpt_oss_workload_base_configs.py (v0.4.1 and v0.4.2 line 106). NeMo 25.11 runs v0.2.0,
+#: whose QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG (tp 2, pp 8, vp 4, ep 32, GBS 2048) sets it too
+#: (configs/qwen3/workload_base_configs.py line 143; utils/helpers.py set_workload_base_configs applies
+#: it). A row takes it only where its release's own preset has the row's layout and batch: the 26.02.01
+#: (r0.3.1) presets of the H100 Qwen3-30B and B300 Qwen3-235B rows' layouts are ep 16 / no vp there.
 MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...], int]] = frozenset({
+    ("megatron_bridge_25.11", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 2048),
     ("megatron_bridge_26.04.01", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 8192),
     ("megatron_bridge_26.04.01", 61, 7168, "b200", (1, 8, 2, 32, 1), 4096),
+    ("megatron_bridge_26.04.01", 36, 2880, "gb200", (1, 1, 1, 64, 4), 1280),
 })  # fmt: skip
 
 
