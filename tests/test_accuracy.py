@@ -43,13 +43,16 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     """DeepEP's network leg under DeepSeek-V3's 4-of-8 group routing: +37..+44% before, +17..+30% after;
     the fp8 cast copies and Blackwell attention backward (issue16c) add 1-4 points. The H100 rows run
     the recipe's expert tensor parallelism 1 under tp 2 (experts whole, no tp all_gather / reduce_scatter
-    of the routed rows): +31.7% -> -5.4%, and they fit (82.9 -> 76.8 GiB of 80)."""
+    of the routed rows): +31.7% -> -5.4%, and they fit (82.9 -> 76.8 GiB of 80). DeepSeek-V3 trains with one
+    MTP module (a block, a projection and a second output head and loss on the last stage): H100 -5.4% -> +2.1%
+    (recipe layout "Et|(tt|)*30mL"), H800 +17.7% -> +18.6% (stage cost balanced, as DualPipe does; +60.5%
+    with the uniform split), B200 26.04.01 -11.0% -> -6.4%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        0.177, abs=0.01
-    )  # +1%: Hopper fp8 transposes
-    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(-0.054, abs=0.01)
+        0.186, abs=0.01
+    )  # +1%: Hopper fp8 transposes; +0.9%: MTP
+    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.021, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}
     assert (
         fits["mbridge2509-deepseekv3-dropless-h100-sxm-1024"]
@@ -57,7 +60,7 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     )
     # its recipe (B200_FP8_MX_V2) overlaps the EP all-to-alls with the adjacent micro-batch (combined 1F1B):
     # +34.0% without that rule
-    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.110, abs=0.01)
+    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.064, abs=0.01)
 
 
 def test_interleaved_blocks_count_their_memory_per_layer() -> None:
