@@ -100,7 +100,11 @@ def test_validate_reads_mla_from_the_columns(tmp_path) -> None:
     assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_head_dim, cfg.v_head_dim) == (512, 1536, 64, 128)
     # every layer MoE (no column gives the 3 dense ones): 671B + 3 x (257 x 3 x 7168 x 2048 - 3 x 7168 x
     # 18432) = 703.8B parameters; the FLOPs per token are the same (18432 = (8 + 1) x 2048)
-    full = ZOO["deepseek-v3"]
+    # The row trains one MTP module (rows.MTP_LAYERS): a MoE block, a 2h -> h projection and three norms, 11.6B;
+    # DeepSeek-V3's report counts 14B with the checkpoint's own copy of the embedding and output head (1.85B)
+    full = ZOO["deepseek-v3"].with_(mtp_layers=1)
+    assert cfg.mtp_layers == 1
+    assert full.param_count() - ZOO["deepseek-v3"].param_count() == pytest.approx(11.6e9, rel=0.01)
     assert cfg.param_count() == full.with_(dense_layers=0).param_count()
     # a blank kv_heads with head_dim = hidden / heads is an unstated GQA, not MLA
     plain = row_model(read_cases(write(tmp_path, row(arch="llama", kv_heads="", head_dim="16")))[0])
