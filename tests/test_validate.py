@@ -294,17 +294,14 @@ def test_moe_dispatcher_follows_the_recipe_or_the_source(tmp_path):
 
 
 def test_ep_overlap_follows_the_releases_own_preset(tmp_path):
-    """moe_a2a_overlap where the row's release sets it for the row's layout and batch: NeMo 25.09's DeepSeek-V3
-    H100 script, 25.11 (v0.2.0) QWEN3_235B_A22B_H100_FP8_CS at GBS 2048, 26.04.01 GPT-OSS GB200 V2; not the same
+    """moe_a2a_overlap where the row's release sets it for the row's layout and batch: NeMo 25.11 (v0.2.0)
+    QWEN3_235B_A22B_H100_FP8_CS at GBS 2048, 26.04.01 GPT-OSS GB200 V2 at GBS 1280; not the same
     layout at another batch, nor a 26.02.01 (r0.3.1) row whose preset has another layout."""
     moe = {"arch": "moe", "experts": "128", "top_k": "8", "moe_ffn_hidden": "32", "kv_heads": "4"}
     h100 = {**moe, "layers": "94", "hidden": "4096", "device": "h100-sxm", "tp": "2", "pp": "8", "vpp": "4",
             "ep": "32", "micro_batch": "1", "devices": "256", "dp": "16", "global_batch": "2048"}  # fmt: skip
     assert ep_overlap(_case(tmp_path, **h100, source_id="megatron_bridge_25.11"))
-    assert not ep_overlap(_case(tmp_path, **h100, source_id="megatron_bridge_25.09"))  # v0.1.0rc4: DeepSeek only
-    deepseek = {**h100, "layers": "61", "hidden": "7168", "experts": "256", "ep": "64", "dp": "64",
-                "devices": "1024", "global_batch": "8192"}  # fmt: skip
-    assert ep_overlap(_case(tmp_path, **deepseek, source_id="megatron_bridge_25.09"))
+    assert not ep_overlap(_case(tmp_path, **h100, source_id="megatron_bridge_25.09"))
     assert not ep_overlap(_case(tmp_path, **{**h100, "global_batch": "1024"}, source_id="megatron_bridge_25.11"))
     gpt_oss = {**moe, "layers": "36", "hidden": "2880", "device": "gb200", "tp": "1", "pp": "1", "vpp": "",
                "ep": "64", "micro_batch": "4", "devices": "64", "dp": "64", "global_batch": "1280"}  # fmt: skip

@@ -557,12 +557,9 @@ def expert_tp(c: Case) -> int | None:
 #: configs/gpt_oss/gpt_oss_workload_base_configs.py (v0.4.1 and v0.4.2 line 106). NeMo 25.11 runs v0.2.0,
 #: whose QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG (tp 2, pp 8, vp 4, ep 32, GBS 2048) sets it too
 #: (configs/qwen3/workload_base_configs.py line 143; utils/helpers.py set_workload_base_configs applies
-#: it). NeMo 25.09 (v0.1.0rc4) turns it on for every DeepSeek-V3 H100 run (scripts/performance/run_script.py
-#: lines 62 and 82-84: ``A2A_1F1B`` for gpu h100, pp 8 x vp 4). A row takes it only where its release's own
-#: preset has the row's layout and batch: the 26.02.01
+#: it). A row takes it only where its release's own preset has the row's layout and batch: the 26.02.01
 #: (r0.3.1) presets of the H100 Qwen3-30B and B300 Qwen3-235B rows' layouts are ep 16 / no vp there.
 MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...], int]] = frozenset({
-    ("megatron_bridge_25.09", 61, 7168, "h100-sxm", (2, 8, 4, 64, 1), 8192),
     ("megatron_bridge_25.11", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 2048),
     ("megatron_bridge_26.04.01", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 8192),
     ("megatron_bridge_26.04.01", 61, 7168, "b200", (1, 8, 2, 32, 1), 4096),
