@@ -557,7 +557,11 @@ def expert_tp(c: Case) -> int | None:
 #: configs/gpt_oss/gpt_oss_workload_base_configs.py (v0.4.1 and v0.4.2 line 106). NeMo 25.11 runs v0.2.0,
 #: whose QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG (tp 2, pp 8, vp 4, ep 32, GBS 2048) sets it too
 #: (configs/qwen3/workload_base_configs.py line 143; utils/helpers.py set_workload_base_configs applies
-#: it). A row takes it only where its release's own preset has the row's layout and batch: the 26.02.01
+#: it). Held back: NeMo 25.09's DeepSeek-V3 H100 script also sets it (v0.1.0rc4 scripts/performance/run_script.py
+#: lines 62, 82-84, ``A2A_1F1B``), but with it those rows go +2.1% -> -21.2% and every row that takes the overlap
+#: is 15-41% too fast while the same rows without it are +2..+34%: the combined-1F1B model hides more than these
+#: runs did, and wants checking before more rows take it. A row takes it only where its release's own preset has
+#: the row's layout and batch: the 26.02.01
 #: (r0.3.1) presets of the H100 Qwen3-30B and B300 Qwen3-235B rows' layouts are ep 16 / no vp there.
 MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...], int]] = frozenset({
     ("megatron_bridge_25.11", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 2048),
