@@ -43,13 +43,16 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     """DeepEP's network leg under DeepSeek-V3's 4-of-8 group routing: +37..+44% before, +17..+30% after;
     the fp8 cast copies and Blackwell attention backward (issue16c) add 1-4 points. The H100 rows run
     the recipe's expert tensor parallelism 1 under tp 2 (experts whole, no tp all_gather / reduce_scatter
-    of the routed rows): +31.7% -> -5.4%, and they fit (82.9 -> 76.8 GiB of 80)."""
+    of the routed rows): +31.7% -> -5.4%, and they fit (82.9 -> 76.8 GiB of 80). DeepSeek-V3 trains with one
+    MTP module (a block, a projection and a second output head and loss on the last stage): H100 -5.4% -> +2.1%
+    (recipe layout "Et|(tt|)*30mL"), H800 +17.7% -> +18.6% (stage cost balanced, as DualPipe does; +60.5%
+    with the uniform split), B200 26.04.01 -11.0% -> -6.4%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        0.177, abs=0.01
-    )  # +1%: Hopper fp8 transposes
-    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(-0.054, abs=0.01)
+        0.186, abs=0.01
+    )  # +1%: Hopper fp8 transposes; +0.9%: MTP
+    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.021, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}
     assert (
         fits["mbridge2509-deepseekv3-dropless-h100-sxm-1024"]
@@ -57,7 +60,7 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     )
     # its recipe (B200_FP8_MX_V2) overlaps the EP all-to-alls with the adjacent micro-batch (combined 1F1B):
     # +34.0% without that rule
-    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.110, abs=0.01)
+    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.064, abs=0.01)
 
 
 def test_interleaved_blocks_count_their_memory_per_layer() -> None:
@@ -96,13 +99,13 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
 def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_ranks() -> None:
     """Qwen3-235B with tp 2 and ep = 2 x dp (H100 ep 32 over dp 16; GB200 ep 64 over dp 32) runs expert
     tensor parallelism 1 (the recipes' etp: 1): skipped before ("ep does not divide dp"), compiled now.
-    The H100 rows whose recipe overlaps the EP all-to-all with the other micro-batch (moe_a2a_overlap)
-    are the ones that stay slow here."""
+    Both H100 rows run their release's preset with moe_a2a_overlap (NeMo 25.11 / v0.2.0 at GBS 2048, 26.04.01
+    at 8192): +20.7% before the 25.11 row took it, -19.4% now, beside its 26.04.01 twin's -15.8%."""
     result = validate_cases(CASES, {"source_id": "megatron_bridge*", "experts": "128", "tp": "2"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 5 and not [r for r in result.rows if r.skipped]
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-gb200-64"] == pytest.approx(-0.142, abs=0.01)
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-h100-sxm-256"] == pytest.approx(-0.078, abs=0.01)
-    assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(0.207, abs=0.01)
+    assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.194, abs=0.01)
     # the 26.04.01 preset (H100_FP8_CS_V2) runs combined 1F1B: +30.1% without the overlap rule
     assert errors["mbridge260401-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.158, abs=0.01)

@@ -100,7 +100,11 @@ def test_validate_reads_mla_from_the_columns(tmp_path) -> None:
     assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_head_dim, cfg.v_head_dim) == (512, 1536, 64, 128)
     # every layer MoE (no column gives the 3 dense ones): 671B + 3 x (257 x 3 x 7168 x 2048 - 3 x 7168 x
     # 18432) = 703.8B parameters; the FLOPs per token are the same (18432 = (8 + 1) x 2048)
-    full = ZOO["deepseek-v3"]
+    # The row trains one MTP module (rows.MTP_LAYERS): a MoE block, a 2h -> h projection and three norms, 11.6B;
+    # DeepSeek-V3's report counts 14B with the checkpoint's own copy of the embedding and output head (1.85B)
+    full = ZOO["deepseek-v3"].with_(mtp_layers=1)
+    assert cfg.mtp_layers == 1
+    assert full.param_count() - ZOO["deepseek-v3"].param_count() == pytest.approx(11.6e9, rel=0.01)
     assert cfg.param_count() == full.with_(dense_layers=0).param_count()
     # a blank kv_heads with head_dim = hidden / heads is an unstated GQA, not MLA
     plain = row_model(read_cases(write(tmp_path, row(arch="llama", kv_heads="", head_dim="16")))[0])
@@ -327,3 +331,46 @@ def test_validate_takes_the_recipes_pipeline_layout() -> None:
     h100 = row_plan(cases["mbridge2509-deepseekv3-dropless-h100-sxm-1024"])[0]
     assert h100.pp_balance == "layout:Et|(tt|)*30mL"
     assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb300-256"])[0].pp_balance == "uniform"
+    # pp 16 without a layout in the script: the DeepSeek-V3 recipe's own map, MTP beside the loss
+    b200 = row_plan(cases["mbridge2511-deepseekv3-w-mtp-mxfp8-b200-256"])[0]
+    assert b200.pp_balance == "layout:Et*4|(t*4|)*14tmL"
+    # a run without MTP takes the same split without its m; DeepSeek's own run balances stage cost
+    assert row_plan(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"])[0].pp_balance == "layout:Et*4|(t*4|)*14tL"
+    assert row_plan(cases["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"])[0].pp_balance == "cost"
+
+
+def test_deepseek_v3_rows_train_with_one_mtp_module() -> None:
+    """DeepSeek-V3 trains with MTP depth 1 (its report; Megatron-Bridge's recipe default); the 25.11 rows
+    whose source names a variant without it run none."""
+    from conftest import SHARED
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model
+
+    path = SHARED / "validation" / "cases.csv"
+    if not path.exists():
+        pytest.skip("shared/validation not present")
+    cases = {c.case_id: c for c in read_cases(path)}
+    assert row_model(cases["mbridge2511-deepseekv3-w-mtp-mxfp8-b200-256"]).mtp_layers == 1
+    assert row_model(cases["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"]).mtp_layers == 1
+    assert row_model(cases["mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256"]).mtp_layers == 0
+    assert row_model(cases["mbridge2511-qwen3-30b-a3b-mxfp8-b200-8"]).mtp_layers == 0
+
+
+def test_mtp_module_runs_on_the_last_pipeline_stage() -> None:
+    """One MTP depth: a 2h -> h projection, one more (MoE) block and a second pass through the shared output
+    head and loss, all after the decoder, so on the last stage only; parameters as the closed form counts."""
+    cfg = ArchConfig("moe", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, ffn=128, seq_len=64,
+                     experts=4, top_k=2, moe_ffn=32)  # fmt: skip
+    mtp = cfg.with_(mtp_layers=1)
+    module = build_module(mtp)
+    assert sum(p.numel() for p in module.parameters()) == mtp.param_count()
+    assert capture(mtp).param_count() == mtp.param_count()
+    block = cfg.attention_params() + 2 * 64 + 64 * 4 + 3 * 64 * 32 * 4
+    assert mtp.param_count() - cfg.param_count() == 3 * 64 + 2 * 64 * 64 + block
+    plan = Plan(pp=2, dp=1, global_batch=2)
+    base, more = (lower(c, plan, Cluster("h100-sxm", 2)) for c in (cfg, mtp))
+    assert [s.layers for s in more.stages] == [s.layers for s in base.stages] == [2, 2]
+    first = [graph_flops(s.graph).model for s in (base.stages[0], more.stages[0])]
+    last = [graph_flops(s.graph).model for s in (base.stages[-1], more.stages[-1])]
+    assert first[1] == first[0] and last[1] > last[0]

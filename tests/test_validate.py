@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from echosim.validation import published
 from echosim.validation.cases import REQUIRED, CasesError, read_cases
 from echosim.validation.published import published_step_time
-from echosim.validation.rows import moe_dispatcher, moe_router_groups, row_model, row_plan
+from echosim.validation.rows import ep_overlap, moe_dispatcher, moe_router_groups, row_model, row_plan
 from echosim.validation.run import validate_cases
 from echosim.validation.stats import Validation
 
@@ -291,6 +291,25 @@ def test_moe_dispatcher_follows_the_recipe_or_the_source(tmp_path):
     own = _case(tmp_path, **moe, source_id="deepseek_v3_2024", framework="HAI-LLM")
     assert row_plan(own)[0].moe_dispatcher == "deepep"
     assert row_plan(_case(tmp_path, **moe))[0].moe_dispatcher == "alltoall"
+
+
+def test_ep_overlap_follows_the_releases_own_preset(tmp_path):
+    """moe_a2a_overlap where the row's release sets it for the row's layout and batch: NeMo 25.11 (v0.2.0)
+    QWEN3_235B_A22B_H100_FP8_CS at GBS 2048, 26.04.01 GPT-OSS GB200 V2 at GBS 1280; not the same
+    layout at another batch, nor a 26.02.01 (r0.3.1) row whose preset has another layout."""
+    moe = {"arch": "moe", "experts": "128", "top_k": "8", "moe_ffn_hidden": "32", "kv_heads": "4"}
+    h100 = {**moe, "layers": "94", "hidden": "4096", "device": "h100-sxm", "tp": "2", "pp": "8", "vpp": "4",
+            "ep": "32", "micro_batch": "1", "devices": "256", "dp": "16", "global_batch": "2048"}  # fmt: skip
+    assert ep_overlap(_case(tmp_path, **h100, source_id="megatron_bridge_25.11"))
+    assert not ep_overlap(_case(tmp_path, **h100, source_id="megatron_bridge_25.09"))
+    assert not ep_overlap(_case(tmp_path, **{**h100, "global_batch": "1024"}, source_id="megatron_bridge_25.11"))
+    gpt_oss = {**moe, "layers": "36", "hidden": "2880", "device": "gb200", "tp": "1", "pp": "1", "vpp": "",
+               "ep": "64", "micro_batch": "4", "devices": "64", "dp": "64", "global_batch": "1280"}  # fmt: skip
+    assert ep_overlap(_case(tmp_path, **gpt_oss, source_id="megatron_bridge_26.04.01"))
+    assert not ep_overlap(_case(tmp_path, **{**gpt_oss, "device": "gb300"}, source_id="megatron_bridge_26.04.01"))
+    qwen30 = {**moe, "layers": "48", "hidden": "2048", "device": "h100-sxm", "tp": "1", "pp": "2", "vpp": "12",
+              "ep": "8", "micro_batch": "1", "devices": "16", "dp": "8", "global_batch": "1024"}  # fmt: skip
+    assert not ep_overlap(_case(tmp_path, **qwen30, source_id="megatron_bridge_26.02.01"))
 
 
 def test_attention_kernel_follows_the_framework_and_its_date(tmp_path):

@@ -64,6 +64,12 @@ class ArchConfig:
     # is local (Mistral 7B v0.1).
     sliding_window: int = 0
     global_layer_step: int = 0
+    # Multi-token prediction (DeepSeek-V3, arXiv:2412.19437 sec. 2.2): each of mtp_layers sequential modules
+    # norms the previous depth's hidden state and the shared embedding of the next token, projects their
+    # concatenation (2h -> h), runs one more transformer block (a MoE one in a moe model), and the shared
+    # output head and a cross-entropy on the result. Megatron-Core puts the modules after the decoder
+    # (``mtp`` in pipeline_model_parallel_layout), so they run on the last pipeline stage.
+    mtp_layers: int = 0
 
     @property
     def ffn_hidden(self) -> int:
@@ -151,7 +157,9 @@ class ArchConfig:
         embed = self.vocab * h
         head = 0 if self.tied_embeddings else self.vocab * h
         layers = self.layers * (attn + norms) + dense_layers * dense + (self.layers - dense_layers) * mlp
-        return layers + embed + h + head
+        block = attn + norms + (mlp if self.arch == "moe" else dense)
+        mtp = self.mtp_layers * (2 * h + 2 * h * h + block + h)  # two norms, projection, block, final norm
+        return layers + embed + h + head + mtp
 
 
 def _gpt(layers: int, hidden: int, heads: int, head_dim: int = 0, desc: str = "") -> ArchConfig:

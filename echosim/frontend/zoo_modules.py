@@ -251,6 +251,25 @@ class LlamaBlock(nn.Module):
         return x + ffn(self.post_norm(x))
 
 
+class MTPLayer(nn.Module):
+    """One multi-token-prediction depth (:attr:`ArchConfig.mtp_layers`): norms, the 2h -> h projection,
+    one more block (the model's last layer kind) and its own final norm before the shared output head."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.enorm = RMSNorm(cfg.hidden)
+        self.hnorm = RMSNorm(cfg.hidden)
+        self.eh_proj = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
+        self.block = LlamaBlock(cfg, cfg.layers - 1)
+        self.norm = RMSNorm(cfg.hidden)
+
+    def forward(
+        self, hidden: torch.Tensor, embedded: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.eh_proj(torch.cat((self.enorm(embedded), self.hnorm(hidden)), dim=-1))
+        return self.block(x, cos, sin)
+
+
 class LayerBlock(nn.ModuleList):
     """``layers_per_block`` consecutive layers (the dense ones, then the MoE one; the local ones, then the
     global one): the unit that repeats when layers interleave, so the fold keeps one block with the block count."""
@@ -273,6 +292,8 @@ class Llama(nn.Module):
             self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.mtp_layers:
+            self.mtp = nn.ModuleList(MTPLayer(cfg) for _ in range(cfg.mtp_layers))
         if cfg.tied_embeddings:
             self.lm_head.weight = self.embed.weight
         rot = cfg.rope_head_dim if cfg.mla else cfg.dim_head  # MLA rotates only its rope part
@@ -289,7 +310,11 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        for depth in getattr(self, "mtp", ()):  # the shared embedding of the next tokens (shapes as the ids')
+            x = depth(x, self.embed(input_ids), cos, sin)
+            loss = loss + F.cross_entropy(self.lm_head(depth.norm(x)).flatten(0, 1), labels.flatten())
+        return loss
 
 
 def build_module(cfg: ArchConfig) -> nn.Module:

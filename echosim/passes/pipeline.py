@@ -103,8 +103,9 @@ def layout_counts(text: str) -> list[int]:
 
     The grammar of ``pipeline_model_parallel_layout`` (megatron/core/transformer/
     pipeline_parallel_layer_layout.py, ``parse_str_to_list``): ``|`` ends a stage, ``E`` is the
-    embedding, ``t`` a transformer layer, ``m`` a multi-token-prediction layer (not modelled: it
-    holds no decoder layer here), ``L`` the loss; ``(...)*n`` and ``x*n`` repeat, commas are
+    embedding, ``t`` a transformer layer, ``m`` a multi-token-prediction layer (no decoder layer of the
+    repeated block: a model's MTP modules follow the decoder, so they run where the loss does), ``L`` the
+    loss; ``(...)*n`` and ``x*n`` repeat, commas are
     cosmetic. Stages are listed in layer order, virtual stage ``v`` of rank ``r`` at ``v * pp + r``
     (echosim's order too). The embedding opens the first stage and the loss closes the last, as
     Megatron-Core's ``validate_layer_layout`` requires.

@@ -175,7 +175,28 @@ def _experts(c: Case) -> dict[str, int]:
         "moe_ffn": c.int("moe_ffn_hidden", 0) or 0,
         "shared_experts": c.int("shared_experts", 0) or 0,
         **({"moe_layer_step": step} if step > 1 else {}),
+        **({"mtp_layers": mtp} if (mtp := mtp_layers(c)) else {}),
     }
+
+
+#: Multi-token-prediction depth of the models trained with it, by (layers, hidden, experts, top_k):
+#: :attr:`echosim.frontend.zoo.ArchConfig.mtp_layers`. DeepSeek-V3 trains with one MTP module (arXiv:2412.19437
+#: sec. 2.2 and sec. 4.2, MTP depth D = 1); Megatron-Bridge's DeepSeek-V3 pretrain recipe defaults to
+#: ``mtp_num_layers=1`` in every release with MoE rows (src/megatron/bridge/recipes/deepseek/deepseek_v3.py:
+#: v0.1.0rc4 line 51, v0.2.0 line 174, v0.3.0 line 198, v0.3.1 / v0.4.0 / v0.4.1 line 84), and the performance
+#: scripts keep it (the H100 layout "Et|(tt|)*30mL" holds its ``m``). A row whose source names a variant
+#: without it ("w/o MTP" in its notes: Megatron-Bridge 25.11's DeepSeekV3 rows) runs none.
+MTP_LAYERS: dict[tuple[int, int, int, int], int] = {
+    (61, 7168, 256, 8): 1,  # DeepSeek-V3 (671B)
+}
+
+
+def mtp_layers(c: Case) -> int:
+    """Multi-token-prediction modules the row's run trained with (:data:`MTP_LAYERS`); 0 when none."""
+    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    if c["arch"] != "moe" or "w/o MTP" in c["notes"]:
+        return 0
+    return MTP_LAYERS.get(model, 0)  # type: ignore[arg-type]
 
 
 def is_maxtext(c: Case) -> bool:
@@ -336,6 +357,12 @@ SOURCE_FLAGS: dict[str, dict[str, Any]] = {
     "deepseek_v3_2024": {"moe_dispatcher": "deepep"},
 }
 
+#: Pipeline balance of a source's own run where its layer split is not published but its balancing is. DeepSeek-V3
+#: (deepseek_v3_2024) puts "the shallowest layers (including the embedding layer) and deepest layers (including
+#: the output head)" on one PP rank to balance DualPipe's stages (arXiv:2412.19437 sec. 3.2.1); echosim has no
+#: DualPipe placement, so the split balances stage cost, which carries the output head and the MTP module.
+SOURCE_PP_BALANCE: dict[str, str] = {"deepseek_v3_2024": "cost"}
+
 #: Settings a source's launch script passes for one model where its table prints "NA", by
 #: (source_id, layers, hidden). DGX Cloud Benchmarking v25.04's Nemotron table lists VP=NA for
 #: Nemotron-4 340B, while the launch.sh it ships runs MODEL_SIZE=340b with VP=12 and passes
@@ -438,10 +465,27 @@ MEGATRON_BRIDGE_DISPATCHER: dict[tuple[int, int, str, tuple[int, ...]], str] = {
 #: / NeMo 25.09 scripts/performance/run_script.py for gpu h100; v0.2.0 scripts/performance/configs/deepseek/
 #: deepseek_llm_pretrain.py deepseek_v3_h100_config). DeepSeek-V3 on GB300 with pp 2, vp 8:
 #: ``pp_layout="Et*4|(t*4|)*14tmL"`` (DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1, v0.3.0-v0.4.1 scripts/performance/
-#: configs/deepseek/deepseek_workload_base_configs.py). The ``m`` (multi-token prediction) holds no layer here.
+#: configs/deepseek/deepseek_workload_base_configs.py). The ``m`` (multi-token prediction) is the MTP module, which
+#: follows the decoder on the last stage (:data:`MTP_LAYERS`).
 MEGATRON_BRIDGE_PP_LAYOUT: dict[tuple[int, int, str, tuple[int, ...]], str] = {
     (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): "Et|(tt|)*30mL",
     (61, 7168, "gb300", (1, 2, 8, 32, 2)): "Et*4|(t*4|)*14tmL",
+}
+
+
+#: The pipeline layout Megatron-Bridge's DeepSeek-V3 pretrain recipe picks from (pp, vp) when a performance
+#: script passes none (``layout_map`` / ``map_pp_vp_to_layout`` in src/megatron/bridge/recipes/deepseek/
+#: deepseek_v3.py, the same in v0.1.0rc4 line 118, v0.2.0 line 235, v0.3.0 line 49, v0.3.1 - v0.4.1 line 37):
+#: the last stage holds the multi-token-prediction module (``m``, when the run has one) and the loss beside
+#: a short run of decoder layers. Written in Megatron-Core's layout grammar; the ``m`` is dropped for a run
+#: without MTP (the recipe's ``last_layer``).
+DEEPSEEK_V3_RECIPE_LAYOUT: dict[tuple[int, int], str] = {
+    (4, 1): "Et*16|t*16|t*16|t*13mL",
+    (8, 1): "Et*8|(t*8|)*6t*5mL",
+    (4, 2): "Et*8|(t*8|)*6t*5mL",
+    (16, 1): "Et*4|(t*4|)*14tmL",
+    (8, 2): "Et*4|(t*4|)*14tmL",
+    (4, 4): "Et*4|(t*4|)*14tmL",
 }
 
 
@@ -451,6 +495,10 @@ def pp_layout(c: Case) -> str:
         return ""
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
     found = MEGATRON_BRIDGE_PP_LAYOUT.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
+    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    if not found and model in MTP_LAYERS:  # the DeepSeek-V3 recipe's own choice by (pp, vp)
+        found = DEEPSEEK_V3_RECIPE_LAYOUT.get((layout[1], layout[2]), "")
+        found = found if mtp_layers(c) else found.replace("m", "")
     return f"layout:{found}" if found else ""
 
 
@@ -505,11 +553,21 @@ def expert_tp(c: Case) -> int | None:
 #: micro-batch), global batch). QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*_V1/_V2 (tp 2, pp 8, vp 4, ep 32;
 #: V2 = GBS 8192), configs/qwen/qwen3_workload_base_configs.py (commit 01b2977); DEEPSEEK_V3_PRETRAIN_CONFIG
 #: _B200_FP8_MX_V2 (deepep, pp 8, vp 2, ep 32, GBS 4096), configs/deepseek/deepseek_workload_base_configs.py
-#: (commit 0426418). Only the 26.04.01 rows match those presets' layout and batch; the earlier releases'
-#: presets of these layouts (v0.2.0 configs/qwen3/workload_base_configs.py) do not set it.
+#: (commit 0426418); GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2 (ep 64, MBS 4, GBS 1280, hybridep),
+#: configs/gpt_oss/gpt_oss_workload_base_configs.py (v0.4.1 and v0.4.2 line 106). NeMo 25.11 runs v0.2.0,
+#: whose QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG (tp 2, pp 8, vp 4, ep 32, GBS 2048) sets it too
+#: (configs/qwen3/workload_base_configs.py line 143; utils/helpers.py set_workload_base_configs applies
+#: it). Held back: NeMo 25.09's DeepSeek-V3 H100 script also sets it (v0.1.0rc4 scripts/performance/run_script.py
+#: lines 62, 82-84, ``A2A_1F1B``), but with it those rows go +2.1% -> -21.2% and every row that takes the overlap
+#: is 15-41% too fast while the same rows without it are +2..+34%: the combined-1F1B model hides more than these
+#: runs did, and wants checking before more rows take it. A row takes it only where its release's own preset has
+#: the row's layout and batch: the 26.02.01
+#: (r0.3.1) presets of the H100 Qwen3-30B and B300 Qwen3-235B rows' layouts are ep 16 / no vp there.
 MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...], int]] = frozenset({
+    ("megatron_bridge_25.11", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 2048),
     ("megatron_bridge_26.04.01", 94, 4096, "h100-sxm", (2, 8, 4, 32, 1), 8192),
     ("megatron_bridge_26.04.01", 61, 7168, "b200", (1, 8, 2, 32, 1), 4096),
+    ("megatron_bridge_26.04.01", 36, 2880, "gb200", (1, 1, 1, 64, 4), 1280),
 })  # fmt: skip
 
 
@@ -590,7 +648,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
-    stated["pp_balance"] = pp_layout(c) or None
+    stated["pp_balance"] = pp_layout(c) or SOURCE_PP_BALANCE.get(c["source_id"]) or None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
     backend = backend_for(c["device"]) or c["device"]
     devices = c.int("devices") or 0
