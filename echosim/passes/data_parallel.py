@@ -38,6 +38,10 @@ class DataParallel:
     fsdp_reduce_dtype: DType | None = None
     # PyTorch DDP's reducer copies each gradient into its bucket and back (``CollectiveAttrs.bucket_copy``)
     bucket_copies: bool = False
+    # ZeRO-3 as DeepSpeed ran it in 2021 (echosim.frameworks, ``zero3_per_param``): one all_gather and one
+    # reduce_scatter per parameter tensor instead of per layer, each waited for before the next kernel
+    # (``CollectiveAttrs.blocking``) and each through PyTorch's list collectives (``rank_copies``)
+    per_param: bool = False
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -83,18 +87,26 @@ class DataParallel:
                   phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
 
     def _fsdp(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
+        if not self.per_param:
+            self._fsdp_group(g, graph, scope, params, scope or "rest")
+            return
+        for i, p in enumerate(params):
+            self._fsdp_group(g, graph, scope, [p], f"{scope or 'rest'}.{i}")
+
+    def _fsdp_group(self, g: Graph, graph: Graph, scope: str, params: list[int], tag: str) -> None:
         weights = sum(g[p].out.nbytes for p in params)
         wspec = TensorSpec((max(1, weights // 2),), g[params[0]].out.dtype)
-        tag = scope or "rest"
+        sync = self.per_param  # DeepSpeed 2021: blocking, through PyTorch's list collectives
         for phase in (Phase.FORWARD, Phase.BACKWARD):
-            g.add(OpKind.ALL_GATHER, [], wspec, CollectiveAttrs(Axis.FSDP, self.dp, weights),
-                  phase=phase, scope=scope, name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+            attrs = CollectiveAttrs(Axis.FSDP, self.dp, weights, blocking=sync, rank_copies=sync)
+            g.add(OpKind.ALL_GATHER, [], wspec, attrs, phase=phase, scope=scope,
+                  name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
         rdtype = self.fsdp_reduce_dtype or g[params[0]].out.dtype
         grad_bytes = sum(g[p].out.numel for p in params) * rdtype.itemsize
         gspec = TensorSpec((max(1, grad_bytes // rdtype.itemsize),), rdtype)
-        g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec,
-              CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
-              name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+        attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync)
+        g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec, attrs, phase=Phase.BACKWARD,
+              scope=scope, name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
 
 
 #: Bytes PyTorch DDP's reducer moves per byte of a bucket it all-reduces (``gradient_as_bucket_view=False``):

@@ -80,9 +80,11 @@ def _data_parallel(plan: Any) -> object:
     torchrec = plan.embedding_sharding != "none"
     copies = plan.zero == 0 and not torchrec and bool(get_framework(plan.framework).ddp_bucket_copies)
     fsdp_reduce = DType.FP32 if get_framework(plan.framework).fsdp_reduce_fp32 else None
+    per_param = bool(get_framework(plan.framework).zero3_per_param)
     return DataParallel(
-        plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies
-    )
+        plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies,
+        per_param=per_param,
+    )  # fmt: skip
 
 
 def _optimizer(plan: Any) -> object:
