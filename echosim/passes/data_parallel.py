@@ -42,6 +42,10 @@ class DataParallel:
     # reduce_scatter per parameter tensor instead of per layer, each waited for before the next kernel
     # (``CollectiveAttrs.blocking``) and each through PyTorch's list collectives (``rank_copies``)
     per_param: bool = False
+    # ... and with full recompute, the parameters it gathers again for the recompute forward and once more
+    # for backward: a parameter stays gathered between the two only when the parameters the sub-modules
+    # in between use number fewer than this (0: no recompute re-gathers; DEEPSPEED_MAX_REUSE_DISTANCE)
+    reuse_distance: int = 0
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -90,14 +94,23 @@ class DataParallel:
         if not self.per_param:
             self._fsdp_group(g, graph, scope, params, scope or "rest")
             return
-        for i, p in enumerate(params):
-            self._fsdp_group(g, graph, scope, [p], f"{scope or 'rest'}.{i}")
+        between = 0  # parameters of the sub-modules that run after this one's recompute, before its backward
+        module, seen = "", 0
+        for i, p in enumerate(params):  # backward order: the sub-modules recomputed last come first
+            if g[p].scope != module:
+                module, between = g[p].scope, seen
+            seen += 2 * g[p].out.numel  # each later sub-module's recompute forward and its backward
+            regather = bool(self.reuse_distance) and between >= self.reuse_distance
+            self._fsdp_group(g, graph, scope, [p], f"{scope or 'rest'}.{i}", regather)
 
-    def _fsdp_group(self, g: Graph, graph: Graph, scope: str, params: list[int], tag: str) -> None:
+    def _fsdp_group(
+        self, g: Graph, graph: Graph, scope: str, params: list[int], tag: str, regather: bool = False
+    ) -> None:
         weights = sum(g[p].out.nbytes for p in params)
         wspec = TensorSpec((max(1, weights // 2),), g[params[0]].out.dtype)
         sync = self.per_param  # DeepSpeed 2021: blocking, through PyTorch's list collectives
-        for phase in (Phase.FORWARD, Phase.BACKWARD):
+        phases = (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD) if regather else (Phase.FORWARD, Phase.BACKWARD)
+        for phase in phases:
             attrs = CollectiveAttrs(Axis.FSDP, self.dp, weights, blocking=sync, rank_copies=sync)
             g.add(OpKind.ALL_GATHER, [], wspec, attrs, phase=phase, scope=scope,
                   name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
@@ -107,6 +120,12 @@ class DataParallel:
         attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync)
         g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec, attrs, phase=Phase.BACKWARD,
               scope=scope, name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+
+
+#: DeepSpeed's ``stage3_max_reuse_distance`` default, in parameters: a sub-module's gathered parameters are
+#: released after use unless the parameters used before their next use number fewer (deepspeed/runtime/zero/
+#: constants.py ZERO_OPTIMIZATION_MAX_REUSE_DISTANCE_DEFAULT = 1e9; stage3.py _keep_for_later, commit c83e49f).
+DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 #: Bytes PyTorch DDP's reducer moves per byte of a bucket it all-reduces (``gradient_as_bucket_view=False``):
