@@ -100,7 +100,8 @@ class DataParallel:
             if g[p].scope != module:
                 module, between = g[p].scope, seen
             seen += 2 * g[p].out.numel  # each later sub-module's recompute forward and its backward
-            regather = bool(self.reuse_distance) and between >= self.reuse_distance
+            # only the layers are checkpointed (Megatron's checkpoint wraps the transformer layers)
+            regather = bool(scope and self.reuse_distance) and between >= self.reuse_distance
             self._fsdp_group(g, graph, scope, [p], f"{scope or 'rest'}.{i}", regather)
 
     def _fsdp_group(
