@@ -91,36 +91,45 @@ class DataParallel:
                   phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
 
     def _fsdp(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
-        if not self.per_param:
-            self._fsdp_group(g, graph, scope, params, scope or "rest")
-            return
-        between = 0  # parameters of the sub-modules that run after this one's recompute, before its backward
-        module, seen = "", 0
-        for i, p in enumerate(params):  # backward order: the sub-modules recomputed last come first
-            if g[p].scope != module:
-                module, between = g[p].scope, seen
-            seen += 2 * g[p].out.numel  # each later sub-module's recompute forward and its backward
-            # only the layers are checkpointed (Megatron's checkpoint wraps the transformer layers)
-            regather = bool(scope and self.reuse_distance) and between >= self.reuse_distance
-            self._fsdp_group(g, graph, scope, [p], f"{scope or 'rest'}.{i}", regather)
-
-    def _fsdp_group(
-        self, g: Graph, graph: Graph, scope: str, params: list[int], tag: str, regather: bool = False
-    ) -> None:
         weights = sum(g[p].out.nbytes for p in params)
         wspec = TensorSpec((max(1, weights // 2),), g[params[0]].out.dtype)
-        sync = self.per_param  # DeepSpeed 2021: blocking, through PyTorch's list collectives
-        phases = (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD) if regather else (Phase.FORWARD, Phase.BACKWARD)
-        for phase in phases:
-            attrs = CollectiveAttrs(Axis.FSDP, self.dp, weights, blocking=sync, rank_copies=sync)
-            g.add(OpKind.ALL_GATHER, [], wspec, attrs, phase=phase, scope=scope,
-                  name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+        tag = scope or "rest"
         rdtype = self.fsdp_reduce_dtype or g[params[0]].out.dtype
         grad_bytes = sum(g[p].out.numel for p in params) * rdtype.itemsize
         gspec = TensorSpec((max(1, grad_bytes // rdtype.itemsize),), rdtype)
-        attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync)
+        gathers = [(Phase.FORWARD, weights, ()), (Phase.BACKWARD, weights, ())]
+        scatter: tuple[int, ...] = ()
+        if self.per_param:  # DeepSpeed 2021: one collective per tensor, blocking, through the list form
+            gathers = [(ph, weights, tuple(g[p].out.nbytes for p in params)) for ph, _, _ in gathers]
+            scatter = tuple(g[p].out.numel * rdtype.itemsize for p in params)
+            again = self._regathered(g, scope, params)
+            if again:
+                gathers.insert(1, (Phase.RECOMPUTE, sum(again), tuple(again)))
+        sync = self.per_param
+        for phase, nbytes, pieces in gathers:
+            spec = wspec if nbytes == weights else TensorSpec((max(1, nbytes // 2),), wspec.dtype)
+            attrs = CollectiveAttrs(Axis.FSDP, self.dp, nbytes, blocking=sync, rank_copies=sync, pieces=pieces)
+            g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
+                  name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+        attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync, pieces=scatter)
         g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec, attrs, phase=Phase.BACKWARD,
               scope=scope, name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+
+    def _regathered(self, g: Graph, scope: str, params: list[int]) -> list[int]:
+        """Bytes of each parameter gathered again under full recompute (``reuse_distance``): the recompute
+        forward's hooks fetch every parameter of a checkpointed layer, and backward fetches it once more
+        unless the sub-modules recomputed after it and back-propagated before it (each counted twice) hold
+        fewer parameters than the reuse distance. ``params`` come in backward order."""
+        if not (scope and self.reuse_distance):  # only the layers are checkpointed (Megatron's checkpoint)
+            return []
+        out, between, seen, module = [], 0, 0, None
+        for p in params:
+            if g[p].scope != module:
+                module, between = g[p].scope, seen
+            seen += 2 * g[p].out.numel
+            if between >= self.reuse_distance:
+                out.append(g[p].out.nbytes)
+        return out
 
 
 #: DeepSpeed's ``stage3_max_reuse_distance`` default, in parameters: a sub-module's gathered parameters are
