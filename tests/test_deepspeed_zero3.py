@@ -114,3 +114,21 @@ def test_framework_entry_and_row_selection() -> None:
     chosen = {row_framework(c) for c in rows if c.int("zero") == 3}
     assert chosen == {"deepspeed-2021"}
     assert {row_framework(c) for c in rows if c.int("zero") != 3} == {"megatron-2022"}
+
+
+def test_per_tensor_sizes_survive_the_graph_format(tiny_llama: Graph) -> None:
+    """``pieces`` is a list of integers in the JSON form and a tuple again when read back."""
+    import json
+
+    from echosim.ir import print_graph
+    from echosim.ir.serialize import GraphDataError, graph_from_data, graph_to_data
+
+    g = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=3, per_param=True)])
+    data = json.loads(json.dumps(graph_to_data(g)))
+    back = graph_from_data(data)
+    assert print_graph(back) == print_graph(g)
+    assert [n.attrs.pieces for n in _fsdp(back)] == [n.attrs.pieces for n in _fsdp(g)]
+    node = next(row for row in data["nodes"] if row[6].get("pieces"))
+    node[6]["pieces"] = "12"
+    with pytest.raises(GraphDataError, match="list of integers"):
+        graph_from_data(data)
