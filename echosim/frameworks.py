@@ -101,6 +101,11 @@ class Framework:
     # world size on the way, and the reduced bucket is copied back into .grad ('' = no such copies).
     ddp_bucket_copies: str = ""
 
+    # ZeRO-3 as DeepSpeed ran it before its v0.5.6 parameter all-gather rework ('' = per layer, prefetched
+    # beside compute, as FSDP does): one all_gather and one reduce_scatter per parameter tensor, each behind a
+    # device-wide synchronize and each through PyTorch's list collectives (echosim.passes.data_parallel).
+    zero3_per_param: str = ""
+
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
     vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
@@ -442,6 +447,24 @@ FRAMEWORKS["torchtitan-2025-compile"] = replace(
     norm_source="apply_compile: torch.compile per TransformerBlock (torchtitan/parallelisms/parallelize_llama.py, "
     "commit 9dec370); Inductor fuses the RMSNorm's upcast, reduction and products",
 )
+# ZeRO-3 in 2021 was DeepSpeed's: Megatron-LM of 2021 has no stage 3 (its distributed optimizer, 2022, shards
+# optimizer state only), and Narayanan et al. 2021 (arXiv:2104.04473, sec. 5.2) ran their ZeRO-3 comparison
+# through the DeepSpeed library on the Megatron model code, so the Megatron-LM (2021) kernels stay.
+FRAMEWORKS["deepspeed-2021"] = replace(
+    FRAMEWORKS["megatron-2022"],
+    name="deepspeed-2021",
+    title="DeepSpeed ZeRO-3 of 2021 (v0.3.13-v0.5.5) on Megatron-LM (2021) model code",
+    version="DeepSpeed commit c83e49f (2021-04-14, v0.3.14)",
+    row_names=(),
+    zero3_per_param="deepspeed/runtime/zero/stage3.py (commit c83e49f): fetch_sub_module all-gathers each "
+    "sub-module's parameters one by one (partition_parameters.py _allgather_param: torch.cuda.synchronize(), "
+    "then torch.distributed.all_gather over a list of per-rank partitions) and _synchronize_communication "
+    "ends in torch.cuda.synchronize(); _reduce_scatter_gradients runs torch.distributed.reduce_scatter per "
+    "parameter over a list of per-rank slices. DeepSpeed PR #1188 (commit c0eeb69, 2021-10-31): 'the async "
+    "version is not async at all, because each all_gather calls torch.cuda.synchronize()', and "
+    "'torch.distributed.all_gather will do implicit memcpy at the end of each ncclAllgather'",
+)
+
 # llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the
 # gpu extra pins flash-attn==2.5.0, setup.py at llm-foundry commit 4952183) or, on older images, version 1.
 FRAMEWORKS["composer"] = replace(

@@ -109,3 +109,17 @@ def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_r
     assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.194, abs=0.01)
     # the 26.04.01 preset (H100_FP8_CS_V2) runs combined 1F1B: +30.1% without the overlap rule
     assert errors["mbridge260401-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.158, abs=0.01)
+
+
+def test_deepspeed_2021_zero3_rows_pay_blocking_per_parameter_gathers() -> None:
+    """Narayanan et al. 2021's ZeRO-3 comparison ran DeepSpeed's stage 3 of 2021 (framework deepspeed-2021):
+    one all_gather / reduce_scatter per parameter behind torch.cuda.synchronize, one copy kernel per rank in
+    PyTorch's list collectives, recompute re-gathers past stage3_max_reuse_distance. Before, the gathers hid
+    under compute and the rows sat at -34..-78% (step flat from 768 to 1,536 GPUs, predicted halving)."""
+    result = validate_cases(CASES, {"source_id": "narayanan2021", "zero": "3"})
+    errors = {r.case_id: r.error for r in result.rows if r.error is not None}
+    assert len(errors) == 6
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.167, abs=0.005)
+    assert errors["narayanan2021-t2-gpt-174p6b-zero3-fp16-a100-80gb-1536"] == pytest.approx(-0.028, abs=0.01)
+    assert errors["narayanan2021-t2-gpt-174p6b-zero3-fp16-a100-80gb-768"] == pytest.approx(-0.142, abs=0.01)
+    assert errors["narayanan2021-t2-gpt-529p6b-zero3-fp16-a100-80gb-2240"] == pytest.approx(-0.277, abs=0.01)

@@ -29,6 +29,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan-2025-compile",
         "composer",
         "composer-triton",
+        "deepspeed-2021",
     }
     for fw in FRAMEWORKS.values():
         assert fw.version and fw.title
@@ -98,8 +99,8 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     lines = result.output.strip().splitlines()
     assert (
         len(lines) == 1
-        and "known: composer, composer-triton, deepspeed, eager, maxtext, maxtext-bf16-weights, megatron, "
-        "megatron-2022, nemo, torchtitan"
+        and "known: composer, composer-triton, deepspeed, deepspeed-2021, eager, maxtext, maxtext-bf16-weights, "
+        "megatron, megatron-2022, nemo, torchtitan"
         in lines[0]
     )
 

@@ -370,6 +370,11 @@ class CollectiveAttrs:
     ``bucket_copy``: a gradient reduction whose
     gradients the framework copies into a flat bucket before it and back after it (PyTorch DDP
     with ``gradient_as_bucket_view=False``; the timeline costs the copies on the compute stream).
+    ``blocking``: the framework synchronises the device before it launches this collective, so it runs in
+    line with compute instead of beside it. ``rank_copies``: the framework calls PyTorch's list form of the
+    collective, which copies one slice per rank between NCCL's flat buffer and the caller's tensors.
+    ``pieces``: the framework runs it as one collective per tensor, of these sizes (bytes, summing to
+    ``bytes``; empty: one collective).
     """
 
     axis: Axis
@@ -381,6 +386,9 @@ class CollectiveAttrs:
     groups: int = 0
     group_topk: int = 0
     bucket_copy: bool = False
+    blocking: bool = False
+    rank_copies: bool = False
+    pieces: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
@@ -388,6 +396,9 @@ class CollectiveAttrs:
         if self.groups:
             deepep += f" groups={self.group_topk}/{self.groups}"
         copy = " bucket_copy" if self.bucket_copy else ""
+        copy += " blocking" if self.blocking else ""
+        copy += " rank_copies" if self.rank_copies else ""
+        copy += f" pieces={len(self.pieces)}" if self.pieces else ""
         return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}{copy}"
 
 

@@ -53,6 +53,8 @@ def _node_to_data(n: Node) -> list[Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):  # a tuple of integers (CollectiveAttrs.pieces): a JSON list
+        return list(value)
     return value.value if isinstance(value, Enum) else value
 
 
@@ -105,9 +107,7 @@ def _node_from_data(item: Any) -> Node:
     known = {f.name: f for f in dataclasses.fields(cls)}
     if set(attrs) - set(known):
         raise GraphDataError(f"node {nid}: unknown attribute(s) {sorted(set(attrs) - set(known))}")
-    values = {
-        k: _ENUMS[str(known[k].type)](v) if str(known[k].type) in _ENUMS else _scalar(v) for k, v in attrs.items()
-    }
+    values = {k: _value(str(known[k].type), v) for k, v in attrs.items()}
     dims = tuple(_int(d) for d in shape)
     return Node(
         _int(nid),
@@ -139,6 +139,10 @@ def _str(value: Any) -> str:
 
 
 def _value(annotation: str, value: Any) -> Any:
+    if annotation == "tuple[int, ...]":
+        if not isinstance(value, list):
+            raise GraphDataError(f"expected a list of integers, got {type(value).__name__}")
+        return tuple(_int(v) for v in value)
     return _ENUMS[annotation](value) if annotation in _ENUMS else _scalar(value)
 
 

@@ -38,6 +38,14 @@ class DataParallel:
     fsdp_reduce_dtype: DType | None = None
     # PyTorch DDP's reducer copies each gradient into its bucket and back (``CollectiveAttrs.bucket_copy``)
     bucket_copies: bool = False
+    # ZeRO-3 as DeepSpeed ran it in 2021 (echosim.frameworks, ``zero3_per_param``): one all_gather and one
+    # reduce_scatter per parameter tensor instead of per layer, each waited for before the next kernel
+    # (``CollectiveAttrs.blocking``) and each through PyTorch's list collectives (``rank_copies``)
+    per_param: bool = False
+    # ... and with full recompute, the parameters it gathers again for the recompute forward and once more
+    # for backward: a parameter stays gathered between the two only when the parameters the sub-modules
+    # in between use number fewer than this (0: no recompute re-gathers; DEEPSPEED_MAX_REUSE_DISTANCE)
+    reuse_distance: int = 0
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -86,15 +94,48 @@ class DataParallel:
         weights = sum(g[p].out.nbytes for p in params)
         wspec = TensorSpec((max(1, weights // 2),), g[params[0]].out.dtype)
         tag = scope or "rest"
-        for phase in (Phase.FORWARD, Phase.BACKWARD):
-            g.add(OpKind.ALL_GATHER, [], wspec, CollectiveAttrs(Axis.FSDP, self.dp, weights),
-                  phase=phase, scope=scope, name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
         rdtype = self.fsdp_reduce_dtype or g[params[0]].out.dtype
         grad_bytes = sum(g[p].out.numel for p in params) * rdtype.itemsize
         gspec = TensorSpec((max(1, grad_bytes // rdtype.itemsize),), rdtype)
-        g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec,
-              CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes), phase=Phase.BACKWARD, scope=scope,
-              name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+        gathers = [(Phase.FORWARD, weights, ()), (Phase.BACKWARD, weights, ())]
+        scatter: tuple[int, ...] = ()
+        if self.per_param:  # DeepSpeed 2021: one collective per tensor, blocking, through the list form
+            gathers = [(ph, weights, tuple(g[p].out.nbytes for p in params)) for ph, _, _ in gathers]
+            scatter = tuple(g[p].out.numel * rdtype.itemsize for p in params)
+            again = self._regathered(g, scope, params)
+            if again:
+                gathers.insert(1, (Phase.RECOMPUTE, sum(again), tuple(again)))
+        sync = self.per_param
+        for phase, nbytes, pieces in gathers:
+            spec = wspec if nbytes == weights else TensorSpec((max(1, nbytes // 2),), wspec.dtype)
+            attrs = CollectiveAttrs(Axis.FSDP, self.dp, nbytes, blocking=sync, rank_copies=sync, pieces=pieces)
+            g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
+                  name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+        attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync, pieces=scatter)
+        g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec, attrs, phase=Phase.BACKWARD,
+              scope=scope, name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+
+    def _regathered(self, g: Graph, scope: str, params: list[int]) -> list[int]:
+        """Bytes of each parameter gathered again under full recompute (``reuse_distance``): the recompute
+        forward's hooks fetch every parameter of a checkpointed layer, and backward fetches it once more
+        unless the sub-modules recomputed after it and back-propagated before it (each counted twice) hold
+        fewer parameters than the reuse distance. ``params`` come in backward order."""
+        if not (scope and self.reuse_distance):  # only the layers are checkpointed (Megatron's checkpoint)
+            return []
+        out, between, seen, module = [], 0, 0, None
+        for p in params:
+            if g[p].scope != module:
+                module, between = g[p].scope, seen
+            seen += 2 * g[p].out.numel
+            if between >= self.reuse_distance:
+                out.append(g[p].out.nbytes)
+        return out
+
+
+#: DeepSpeed's ``stage3_max_reuse_distance`` default, in parameters: a sub-module's gathered parameters are
+#: released after use unless the parameters used before their next use number fewer (deepspeed/runtime/zero/
+#: constants.py ZERO_OPTIMIZATION_MAX_REUSE_DISTANCE_DEFAULT = 1e9; stage3.py _keep_for_later, commit c83e49f).
+DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 #: Bytes PyTorch DDP's reducer moves per byte of a bucket it all-reduces (``gradient_as_bucket_view=False``):

@@ -69,7 +69,7 @@ def _fp8(plan: Any) -> object | None:
 def _data_parallel(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.ir.types import DType
-    from echosim.passes.data_parallel import DataParallel
+    from echosim.passes.data_parallel import DEEPSPEED_MAX_REUSE_DISTANCE, DataParallel
 
     # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the parameters' dtype unless the
     # framework's mixed precision casts the gradients to fp32 first (Framework.fsdp_reduce_fp32)
@@ -80,9 +80,13 @@ def _data_parallel(plan: Any) -> object:
     torchrec = plan.embedding_sharding != "none"
     copies = plan.zero == 0 and not torchrec and bool(get_framework(plan.framework).ddp_bucket_copies)
     fsdp_reduce = DType.FP32 if get_framework(plan.framework).fsdp_reduce_fp32 else None
+    per_param = bool(get_framework(plan.framework).zero3_per_param)
+    # DeepSpeed's activation checkpointing replays each sub-module's forward, whose hooks gather again
+    reuse = DEEPSPEED_MAX_REUSE_DISTANCE if per_param and plan.recompute == "full" else 0
     return DataParallel(
-        plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies
-    )
+        plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies,
+        per_param=per_param, reuse_distance=reuse,
+    )  # fmt: skip
 
 
 def _optimizer(plan: Any) -> object:

@@ -84,7 +84,9 @@ class Coster:
                         backend.collective_time_s, nbytes, where, a.experts, a.top_k, a.groups, a.group_topk
                     ),
                 )
-            return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
+            if a.pieces:  # one collective per tensor (CollectiveAttrs.pieces)
+                return sum(self._collective(kind, b, where) + self._rank_copies(a, b, node) for b in a.pieces)
+            return self._collective(kind, nbytes, where) + self._rank_copies(a, nbytes, node)
         io = io_bytes(self.graph, node)
         key = (backend, node.op, node.attrs, node.out, node.phase, io)
         return _COSTS.get(key, lambda: backend.op_time_s(node, io))
@@ -108,6 +110,24 @@ class Coster:
         into = sum(self._copy_s("mul", numel, node.out.dtype) for numel in sizes)  # mul_out(view, grad, 1/world)
         back = sum(self._copy_s("copy", numel, node.out.dtype) for numel in sizes)  # grad.copy_(view)
         return into * share, back * share
+
+    def _collective(self, kind: OpKind, nbytes: int, where: Placement) -> float:
+        backend = self.backend
+        return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
+
+    def _rank_copies(self, a: CollectiveAttrs, nbytes: int, node: Node) -> float:
+        """Seconds of the per-rank copies around a list-form collective of ``nbytes`` (``rank_copies``).
+
+        PyTorch's ProcessGroupNCCL ``allgather`` / ``reduce_scatter`` over a list of tensors (before
+        ``_all_gather_base``) runs NCCL on one flat buffer and copies each rank's slice between it and the
+        caller's list, ``outputTensors[i][j].copy_(outputFlattened[i][j])`` after an all_gather and
+        ``inputFlattened[i][j].copy_(inputTensors[i][j])`` before a reduce_scatter, on NCCL's stream: one
+        memory-bound kernel per rank, each paying the device's kernel overhead.
+        """
+        if not a.rank_copies or a.size <= 1:
+            return 0.0
+        numel = max(1, nbytes // a.size // node.out.dtype.itemsize)
+        return a.size * self._copy_s("copy", numel, node.out.dtype)  # each copy reads and writes its slice
 
     def _copy_s(self, fn: str, numel: int, dtype: DType) -> float:
         spec = TensorSpec((max(1, numel),), dtype)

@@ -127,9 +127,18 @@ def simulate_unit(
 
 
 def _side(nodes: Sequence[Node]) -> set[int]:
-    """Collectives with no reader inside the unit."""
+    """Collectives with no reader inside the unit (a blocking one is waited on by whatever follows it)."""
     read = {i for n in nodes for i in n.inputs}
-    return {n.id for n in nodes if n.op.is_collective and n.id not in read}
+    return {n.id for n in nodes if n.op.is_collective and n.id not in read and not _blocking(n)}
+
+
+def _blocking(n: Node) -> bool:
+    return isinstance(n.attrs, CollectiveAttrs) and n.attrs.blocking
+
+
+def _stream(n: Node) -> str:
+    """The stream a node runs on: a blocking collective holds the compute stream (the host waits for it)."""
+    return COMM if n.op.is_collective and not _blocking(n) else COMPUTE
 
 
 def _schedule(
@@ -149,7 +158,7 @@ def _schedule(
             begin[n.id] = end[n.id] = ready
             out.append((ready, 0.0))
             continue
-        stream = COMM if n.op.is_collective else COMPUTE
+        stream = _stream(n)
         start = max(ready, free[stream])
         finish = max([start + d] + [end[i] for i in chunked])  # the last chunk follows the producer
         begin[n.id] = start
@@ -169,7 +178,7 @@ def _timing(
         if n.id not in side:
             t.critical_end = max(t.critical_end, s + d)
         cat = category(n)
-        stream = COMM if n.op.is_collective else COMPUTE
+        stream = _stream(n)
         t.events.append(OpEvent(n.id, n.name or n.op.value, stream, s, d, cat, base[n.id]))
         t.add_busy(cat, d)
         t.duration = max(t.duration, s + d)

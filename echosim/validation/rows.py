@@ -282,6 +282,8 @@ def row_framework(c: Case) -> str:
         return "maxtext-bf16-weights"
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         return "torchtitan-2025-compile"
+    if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
+        return "deepspeed-2021"
     if name == "composer" and c["source_id"] == "llm_foundry_bench" and llm_foundry_attn_impl(c) == "triton":
         return "composer-triton"
     return name
