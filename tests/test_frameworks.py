@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 import pytest
@@ -103,6 +104,13 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
         "megatron, megatron-2022, nemo, torchtitan"
         in lines[0]
     )
+
+
+def test_the_framework_option_help_names_every_framework() -> None:
+    from echosim.commands.options import FRAMEWORK_HELP
+
+    listed = set(re.findall(r"[a-z][a-z0-9-]*[a-z0-9]", FRAMEWORK_HELP))
+    assert set(FRAMEWORKS) <= listed, sorted(set(FRAMEWORKS) - listed)
 
 
 def test_unknown_framework_in_a_plan_is_refused_before_capture() -> None:

@@ -50,8 +50,10 @@ def calibration_option(help: str, **kwargs: Any) -> Callable[[F], F]:
 
 FRAMEWORK_HELP = (
     "Training framework whose defaults fill what is not given and whose memory behaviour applies: "
-    "megatron, megatron-2022 (before FlashAttention), nemo, torchtitan, maxtext, maxtext-bf16-weights "
-    "(weight_dtype: bfloat16), deepspeed or eager (plain PyTorch, the default)."
+    "megatron, megatron-2022 (before FlashAttention), nemo, torchtitan, torchtitan-compile, torchtitan-2025, "
+    "torchtitan-2025-compile, maxtext, maxtext-bf16-weights (weight_dtype: bfloat16), deepspeed, "
+    "deepspeed-2021 (ZeRO-3 as DeepSpeed 0.3.14 ran it), composer, composer-triton (llm-foundry's Triton "
+    "attention) or eager (plain PyTorch, the default)."
 )
 framework_option = click.option("--framework", help=FRAMEWORK_HELP)
 
