@@ -47,6 +47,8 @@ GPU_MODULE_FITTED = {
     "GEMMs of >= 100 GFLOP that the sustained plateau does not cap: Azure cuBLASLt sweeps, PyTorch on one H200)",
     "compute.GROUPED_GEMM_FRACTION": "MoE grouped-GEMM rate / the GEMM model's rate for its shapes (30 grouped "
     "kernels on one H200, benchmarks/moe_kernels_h200.json)",
+    "compute.MXFP8_GEMM_FRACTION": "MXFP8 GEMM rate / per-tensor FP8 GEMM rate at the same shapes (Transformer "
+    "Engine's GEMM profiling guide, pre-quantised operands on B300: 6.812 / 7.161 ms per layer)",
     "collectives.IB_EFFICIENCY": "achieved share of InfiniBand line rate (nccl-tests issues #290, #119)",
     "collectives.P2P_NVLINK_EFFICIENCY": "NCCL send/recv share of NVLink line rate (sendrecv, permute rows)",
 }
