@@ -39,6 +39,7 @@ FRACTIONS = {
     "collectives.P2P_NVLINK_EFFICIENCY",
     "compute.HEURISTIC_GEMM_FRACTION",
     "compute.GROUPED_GEMM_FRACTION",
+    "compute.MXFP8_GEMM_FRACTION",
     "compute.FLASH_BWD_RATE",
 }
 

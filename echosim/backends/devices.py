@@ -381,6 +381,13 @@ H200 = DeviceSpec(
 # the FlashAttention benchmark's (batch x seqlen = 16k tokens, 16 heads of 128, seqlen 16k); the
 # other Blackwell parts (GB200, B300, GB300) take the same fraction of their own peak.
 _BLACKWELL_FLASH_EFF = 1613.0 / 1.3 / 2250.0
+# GB200 is the B200 die at a higher power limit; its datasheet peak is 11% higher, but one cuDNN version measures
+# its flash forward only 5% faster: cuDNN 9.27.0 causal GQA prefill, 16,384 query and key tokens, 64 heads of 128,
+# bf16: 1562.9 TFLOP/s on GB200 against 1488.0 on B200 (NVIDIA/cudnn-frontend benchmark/attention_inference/
+# results/prefill_sweep/{gb200,b200}/prefill_sweep_2026092*.csv; 8,192 tokens: 1438.1 / 1401.2), as its GEMMs
+# measure 4-5% faster (MAMF 1822 / 1745 bf16, 3616 / 3433 fp8). So GB200 runs B200's rate times that ratio.
+_CUDNN_GB200_OVER_B200 = 1562.874 / 1488.046
+_GB200_FLASH_EFF = _BLACKWELL_FLASH_EFF * 2250.0 / 2500.0 * _CUDNN_GB200_OVER_B200
 # Blackwell Ultra (B300, GB300) doubles the MUFU to 32 exponentials per SM per clock (FA4 paper sec. 2.2; NVIDIA,
 # "Making Softmax More Efficient with NVIDIA Blackwell Ultra"), so its forward tile (d = 128) needs 512 MUFU cycles
 # against 1024 of MMA: the balance of H100 (1024 against 2048), where the forward is tensor-core bound, not
@@ -452,7 +459,7 @@ GB200 = DeviceSpec(
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1822.0 / 2500.0,  # Source: microbench.csv, MAMF GB200 bf16 best shape 1822 TFLOP/s (72.9%)
     gemm_eff_fp8=3615.6 / 5000.0,  # Source: microbench.csv, MAMF GB200 fp8 best shape 3615.6 TFLOP/s (72.3%)
-    flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # B200's cuDNN fraction (FA4 paper; no GB200 attention row)
+    flash_fwd_eff=_GB200_FLASH_EFF,  # B200's cuDNN rate x cuDNN's measured GB200 / B200 (above)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # Source: microbench.csv, Azure ND GB200 v6 FlashAttention-2 (above)
     nvlink_GBps=900.0,  # Source: hw_specs.csv, NVLink5 900 GB/s per direction per GPU

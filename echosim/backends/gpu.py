@@ -153,7 +153,25 @@ class GPUBackend(KernelBackend):
         if isinstance(node.attrs, NormAttrs) and node.attrs.reference:  # the eager reference RMSNorm's kernels
             kernels = REFERENCE_RMSNORM[node.phase is Phase.BACKWARD][2]
             return compute.memory_bound_time_s(self.device, io_bytes, kernels)
+        if (amax_bytes := self.global_amax_bytes(node)) > 0:
+            return compute.memory_bound_time_s(self.device, io_bytes + amax_bytes, kernels=2)
         return compute.memory_bound_time_s(self.device, io_bytes)
+
+    def global_amax_bytes(self, node: Node) -> float:
+        """Bytes of the separate amax pass an NVFP4 cast needs before it can quantise (0 for other casts).
+
+        NVFP4 scales in two levels: an e4m3 scale per 16 elements under one FP32 scale per tensor, and that
+        tensor scale comes from the tensor's global amax (NVIDIA, "Pretraining Large Language Models with
+        NVFP4", arXiv:2509.25149, sec. 2). Transformer Engine computes the amax in its own kernel that reads
+        the 16-bit input once more (for the column-wise copy, the amax after the random Hadamard transform
+        in the same pass), and its GEMM profiling guide lists "the extra memory pass for per-tensor amax
+        computation" among NVFP4's costs (docs/examples/gemm_profiling/gemm_profiling.rst). MXFP8's
+        power-of-two block scales need no global amax: its cast is one pass.
+        """
+        fn = getattr(node.attrs, "fn", "")
+        if node.op is not OpKind.ELEMENTWISE or fn != "nvfp4_cast":
+            return 0.0
+        return float(node.out.numel * 2)  # the 16-bit input read again
 
     def quantised_copy_bytes(self, node: Node) -> float:
         """Bytes a Transformer Engine quantising cast writes beyond its node's one row-wise output.

@@ -29,8 +29,9 @@ GPU_FITTED = {
     "10,000 warmup iterations); caps every GEMM of a training step",
     "sustained_fp8_tflops": "fp8 GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3; B200: "
     "GB200's plateau / MAMF ratio on B200's MAMF rate)",
-    "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows; B200, GB200: cuDNN "
-    "from the FlashAttention-4 paper's 1613 TFLOP/s / 1.3; B300, GB300: H100's FA3 fraction, same MUFU:MMA balance)",
+    "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows; B200: cuDNN from the "
+    "FlashAttention-4 paper's 1613 TFLOP/s / 1.3; GB200: that rate x cuDNN 9.27's measured GB200 / B200, 1.050; "
+    "B300, GB300: H100's FA3 fraction, same MUFU:MMA balance)",
     "fa2_fwd_eff": "FlashAttention-2 forward rate / peak where it is not the part's own kernel (Azure FA2 rows)",
     "hbm_stream_GBps": "achievable HBM bandwidth (STREAM rows)",
     "kernel_overhead_us": "per-kernel launch gap (the smallest XLA GEMM rows)",
@@ -47,6 +48,8 @@ GPU_MODULE_FITTED = {
     "GEMMs of >= 100 GFLOP that the sustained plateau does not cap: Azure cuBLASLt sweeps, PyTorch on one H200)",
     "compute.GROUPED_GEMM_FRACTION": "MoE grouped-GEMM rate / the GEMM model's rate for its shapes (30 grouped "
     "kernels on one H200, benchmarks/moe_kernels_h200.json)",
+    "compute.MXFP8_GEMM_FRACTION": "MXFP8 GEMM rate / per-tensor FP8 GEMM rate at the same shapes (Transformer "
+    "Engine's GEMM profiling guide, pre-quantised operands on B300: 6.812 / 7.161 ms per layer)",
     "collectives.IB_EFFICIENCY": "achieved share of InfiniBand line rate (nccl-tests issues #290, #119)",
     "collectives.P2P_NVLINK_EFFICIENCY": "NCCL send/recv share of NVLink line rate (sendrecv, permute rows)",
 }

@@ -365,6 +365,24 @@ SOURCE_FLAGS: dict[str, dict[str, Any]] = {
 #: DualPipe placement, so the split balances stage cost, which carries the output head and the MTP module.
 SOURCE_PP_BALANCE: dict[str, str] = {"deepseek_v3_2024": "cost"}
 
+#: Megatron-Bridge 25.09's parenthesised FP8 variant (the rows whose ``dtype`` says fp8; the per-tensor rows
+#: are blank and take ``SOURCE_FLAGS``) is block-scaled. On Blackwell it runs MXFP8: the 25.11 table labels
+#: the same layouts "FP8-CS (FP8-MX)", and Transformer Engine runs FP8 block scaling on sm_100 through
+#: MXFP8 GEMMs alone (cuBLASLt has no 128x128-block FP8 GEMM there: TransformerEngine PR #2157; its GEMM
+#: profiling guide: "On Blackwell (SM100+), FP8 Block is emulated via MXFP8"). Hopper keeps fp8.
+BLOCK_SCALED_FP8_SOURCES = ("megatron_bridge_25.09",)
+
+
+def block_scaled_dtype(c: Case) -> str:
+    """``mxfp8`` for a block-scaled FP8 row on a part whose tensor cores take MXFP8, else ``""``."""
+    from echosim.backends.devices import DEVICES
+
+    if c["source_id"] not in BLOCK_SCALED_FP8_SOURCES or c["dtype"] != "fp8":
+        return ""
+    device = DEVICES.get(backend_for(c["device"]) or "")
+    return "mxfp8" if device is not None and "mxfp8" in device.block_scaled_formats else ""
+
+
 #: Settings a source's launch script passes for one model where its table prints "NA", by
 #: (source_id, layers, hidden). DGX Cloud Benchmarking v25.04's Nemotron table lists VP=NA for
 #: Nemotron-4 340B, while the launch.sh it ships runs MODEL_SIZE=340b with VP=12 and passes
@@ -637,7 +655,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "global_batch": c.int("global_batch") or 0,
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
-        "dtype": c["dtype"] or None,
+        "dtype": block_scaled_dtype(c) or c["dtype"] or None,
         "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
         "schedule": "interleaved" if vpp > 1 else "1f1b",
         "framework": row_framework(c),
