@@ -96,8 +96,9 @@ class _Direct:
 
 
 # Keyed by the whole model's graph object (kept alive by the key), the stage's shape and depth, and what
-# lowering and the report read (backend, placements, lowering options, memory policies).
-_BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 13)
+# lowering and the report read (backend, placements, lowering options, memory policies). Templates: one per
+# captured graph after the graph-level passes, stage shape and depth (2.4k in a full-space GPT-3 search).
+_BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 # Sized so that a full-space search (GPT-3 175B on 1,024 A100: 24k stage graphs and 83k direct stages;
 # Llama-3 70B on 512 H100: 28k and 95k) evicts none: layouts that share a stage lie far apart in the
 # enumeration, so an evicted stage was built again (at 16k / 32k the Llama-3 search took 99 CPU s, not 83).

@@ -66,6 +66,8 @@ class Coster:
 
     def __init__(self, graph: Graph, backend: Backend, where: dict[Axis, Placement]) -> None:
         self.graph, self.backend, self.where = graph, backend, where
+        # a scope's gradient buckets read the same gradients: their copies priced once per (inputs, dtype)
+        self._copies: dict[tuple[tuple[int, ...], DType], tuple[float, float, int]] = {}
 
     def __call__(self, node: Node) -> float:
         if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER):
@@ -100,13 +102,18 @@ class Coster:
         a = node.attrs
         if not isinstance(a, CollectiveAttrs) or not a.bucket_copy:
             return 0.0, 0.0
-        sizes = [self.graph[i].out.numel for i in node.inputs]
-        total = sum(sizes) * node.out.dtype.itemsize
+        key = (node.inputs, node.out.dtype)
+        known = self._copies.get(key)
+        if known is None:
+            sizes = [self.graph[i].out.numel for i in node.inputs]
+            total = sum(sizes) * node.out.dtype.itemsize
+            into = sum(self._copy_s("mul", numel, node.out.dtype) for numel in sizes)  # mul_out(view, grad, 1/world)
+            back = sum(self._copy_s("copy", numel, node.out.dtype) for numel in sizes)  # grad.copy_(view)
+            known = self._copies[key] = (into, back, total)
+        into, back, total = known
         if total <= 0:
             return 0.0, 0.0
         share = a.bytes / total
-        into = sum(self._copy_s("mul", numel, node.out.dtype) for numel in sizes)  # mul_out(view, grad, 1/world)
-        back = sum(self._copy_s("copy", numel, node.out.dtype) for numel in sizes)  # grad.copy_(view)
         return into * share, back * share
 
     def _copy_s(self, fn: str, numel: int, dtype: DType) -> float:
