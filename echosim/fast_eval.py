@@ -31,7 +31,6 @@ paths with ``lower()`` layout by layout (tests/test_fast_eval.py).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -145,7 +144,10 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         d = derived[key]
-        cost = copy.copy(d.cost)  # the shape's lowering, told for virtual stage i
+        # the shape's lowering, told for virtual stage i (a shallow copy as copy.copy makes, without its
+        # __reduce_ex__ round trip: a search copies a million of them)
+        cost = object.__new__(StageCost)
+        cost.__dict__.update(d.cost.__dict__)
         cost.index, cost.vstages = i, shared[key]
         costs.append(cost)
         figures[id(cost)] = d.figures

@@ -540,13 +540,48 @@ def _rebind(timing: UnitTiming, nodes: list[Node]) -> UnitTiming:
     ids = tuple(n.id for n in nodes)
     if timing.nodes == ids:
         return timing
-    new = dict(zip(timing.nodes, nodes, strict=True))
-    events = []
-    for e in timing.events:
-        n = new[e.node]
-        events.append(OpEvent(n.id, n.name or n.op.value, e.stream, e.start, e.duration, e.category, e.base))
-    chunked = frozenset((new[a].id, new[b].id) for a, b in timing.chunked)
-    return UnitTiming(timing.duration, dict(timing.busy), events, timing.critical_end, ids, chunked)
+    return _Rebound(timing, nodes, ids)
+
+
+class _Rebound(UnitTiming):
+    """:func:`_rebind`'s timing: its events and chunked edges are renamed when first read (a search's ranking
+    reads only the durations and busy times of most of the units it times)."""
+
+    def __init__(self, timing: UnitTiming, nodes: list[Node], ids: tuple[int, ...]) -> None:
+        self.duration, self.busy, self.critical_end, self.nodes = (
+            timing.duration,
+            dict(timing.busy),
+            timing.critical_end,
+            ids,
+        )
+        self._source = (timing, nodes)
+
+    def __getattr__(self, name: str) -> Any:
+        source = self.__dict__.get("_source")
+        if name not in ("events", "chunked") or source is None:
+            raise AttributeError(name)
+        timing, nodes = source
+        new = dict(zip(timing.nodes, nodes, strict=True))
+        events = []
+        for e in timing.events:
+            n = new[e.node]
+            events.append(OpEvent(n.id, n.name or n.op.value, e.stream, e.start, e.duration, e.category, e.base))
+        self.events = events
+        self.chunked = frozenset((new[a].id, new[b].id) for a, b in timing.chunked)
+        del self._source
+        return getattr(self, name)
+
+    def __eq__(self, other: object) -> bool:
+        """As :class:`UnitTiming`'s: field by field (a rebound timing equals a plain one of the same fields)."""
+        if not isinstance(other, UnitTiming):
+            return NotImplemented
+        return _fields(self) == _fields(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _fields(t: UnitTiming) -> tuple[Any, ...]:
+    return (t.duration, t.busy, t.events, t.critical_end, t.nodes, t.chunked)
 
 
 def _unit_graph(stage: Stage) -> Graph:
