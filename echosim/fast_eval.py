@@ -31,7 +31,6 @@ paths with ``lower()`` layout by layout (tests/test_fast_eval.py).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -96,8 +95,9 @@ class _Direct:
 
 
 # Keyed by the whole model's graph object (kept alive by the key), the stage's shape and depth, and what
-# lowering and the report read (backend, placements, lowering options, memory policies).
-_BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 13)
+# lowering and the report read (backend, placements, lowering options, memory policies). Templates: one per
+# captured graph after the graph-level passes, stage shape and depth (2.4k in a full-space GPT-3 search).
+_BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 # Sized so that a full-space search (GPT-3 175B on 1,024 A100: 24k stage graphs and 83k direct stages;
 # Llama-3 70B on 512 H100: 28k and 95k) evicts none: layouts that share a stage lie far apart in the
 # enumeration, so an evicted stage was built again (at 16k / 32k the Llama-3 search took 99 CPU s, not 83).
@@ -144,7 +144,10 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         d = derived[key]
-        cost = copy.copy(d.cost)  # the shape's lowering, told for virtual stage i
+        # the shape's lowering, told for virtual stage i (a shallow copy as copy.copy makes, without its
+        # __reduce_ex__ round trip: a search copies a million of them)
+        cost = object.__new__(StageCost)
+        cost.__dict__.update(d.cost.__dict__)
         cost.index, cost.vstages = i, shared[key]
         costs.append(cost)
         figures[id(cost)] = d.figures

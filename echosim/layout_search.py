@@ -743,7 +743,16 @@ BATCH = 192
 
 
 def _batches(plans: list[Plan], size: int) -> list[list[Plan]]:
+    """``plans`` in batches of ``size``, those whose schedules have one shape (pp, vpp, schedule, micro-batches)
+    next to each other: a batch times each shape it holds in one numpy call (:func:`_evaluate`), so a batch of
+    one shape costs one call where one of the enumeration's order (tp, cp, pp outermost) holds dozens of shapes.
+    The order is stable (the enumeration's within a shape); rankings do not read it."""
+    plans = sorted(plans, key=_schedule_shape)
     return [plans[i : i + size] for i in range(0, len(plans), size)]
+
+
+def _schedule_shape(p: Plan) -> tuple[int, int, str, int]:
+    return (p.pp, p.vpp, p.schedule, p.microbatches)
 
 
 def _run_local(

@@ -97,3 +97,34 @@ def test_stage_depths_share_their_units_exactly() -> None:
     other.replace(next(iter(other)).id, name="renamed")
     with pytest.raises(ValueError, match="differ in more than their repeat counts"):
         share_nodes(other, graphs[0])
+
+
+@pytest.mark.parametrize("model", ["gpt3-350m", "moe"])
+def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str) -> None:
+    """A ZeRO-3 stage graph's units (its weight gathers and gradient reduce-scatters run inside them) are built
+    from the units of its graph before the stage-level passes plus the appended collectives: the same nodes,
+    repeats, axes and key content as splitting the whole graph, with and without the backward split."""
+    from echosim.timeline.lower import _EXTENDS, _unit_graph, _unit_parts, unit_parts
+
+    arch: object = small_moe() if model == "moe" else model
+    cluster = Cluster("h100-sxm", 16)
+    plans = [
+        Plan(pp=pp, dp=16 // (pp * cp * ep), cp=cp, ep=ep, global_batch=32, zero=3)
+        for pp in (1, 2, 4)
+        for cp in (1, 2)
+        for ep in ((1, 2) if model == "moe" else (1,))
+    ]
+    memo.clear_all()
+    _evaluate_batch(arch, plans, cluster, 1.0, fast=True)
+    stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
+    extended = 0
+    for stage in stages:
+        if _unit_graph(stage) is not stage.graph or stage.graph.derived(_EXTENDS, lambda: None) is None:
+            continue
+        extended += 1
+        for split_w in (False, True):
+            got, want = unit_parts(stage.graph, split_w), _unit_parts(stage.graph, split_w)
+            assert [[(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in got] == [
+                [(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in want
+            ]
+    assert extended >= 6

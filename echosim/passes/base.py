@@ -21,7 +21,10 @@ class Pass(Protocol):
 
 
 #: (input graph, pass) -> (output graph, verified): a pass is a function of the graph and its options.
-_RESULTS: Memo[tuple[Graph, bool]] = Memo("pass results", maxsize=8192)
+#: A search runs the graph-level passes of one (tp, cp, sp, recompute, micro-batch) for layouts that lie far
+#: apart once its batches are ordered by schedule shape; an evicted result is a new graph object, and every
+#: stage cache keyed by it misses (a full-space GPT-3 search inserts about 70k results).
+_RESULTS: Memo[tuple[Graph, bool]] = Memo("pass results", maxsize=1 << 16)
 
 
 def run_passes(

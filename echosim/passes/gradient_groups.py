@@ -42,7 +42,8 @@ class GradientGroups:
         if self.cp == 1 and self.ep == 1 and self.expert_fold == 1:
             return graph
         g = graph.copy()
-        share = self._expert_share(g)
+        experts = self.ep > 1 or self.expert_fold > 1  # else no collective has an expert share to split off
+        share = self._expert_share(g) if experts else {}
         clones: dict[int, int] = {}
         for n in list(g):
             a = n.attrs
@@ -50,7 +51,7 @@ class GradientGroups:
                 continue
             size = a.size * self.cp
             key = "*" if n.phase is Phase.OPTIMIZER else n.scope or "-"
-            frac = share.get(key, 0.0) if self.ep > 1 or self.expert_fold > 1 else 0.0
+            frac = share.get(key, 0.0) if experts else 0.0
             expert_bytes = round(a.bytes * frac)
             g.replace(n.id, attrs=replace(a, size=size, bytes=a.bytes - expert_bytes))
             if expert_bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
@@ -414,18 +415,32 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
     )
     inside = outside = 0
     read: set[int] = set()  # replayed values backward reads (a fused gated activation is recomputed inside)
+    # the gradient buckets of one scope read the same gradients: a node's working set and what it reads are
+    # functions of its op, output, attributes and inputs (and, for the reads, of the node behind it: kept
+    # apart where a fused gated activation is looked for), computed once per distinct tuple of them
+    sets: dict[tuple[Any, ...], int] = {}
+    reads: set[tuple[int, ...]] = set()
     for n in nodes:
         if n.phase is Phase.BACKWARD:
             # what it allocates, less what backward has freed of the values kept once by then; a ZeRO-3 /
             # FSDP weight gather's output is the gathered-weights term (``layer`` / ``rest``), not an op's
             gone = freed if schedule is None else _freed_before(schedule, n.id)
-            w = 0 if _fsdp_gather(n) else max(0, _working_set(graph, n, saved, logits) - gone)
+            if _fsdp_gather(n):
+                w = 0
+            else:
+                key = (n.op, n.out, n.attrs, n.inputs)
+                own = sets.get(key)
+                if own is None:
+                    own = sets[key] = _working_set(graph, n, saved, logits)
+                w = max(0, own - gone)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
                 inside = max(inside, w)
-            bases = (graph[_base(graph, i)] for i in n.inputs)
-            read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
+            if saved.fused_gated or n.inputs not in reads:
+                reads.add(n.inputs)
+                bases = (graph[_base(graph, i)] for i in n.inputs)
+                read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
     ours = {n.id for n in nodes}
     replayed = [n for n in nodes if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
     # one layer is replayed at a time: a block of several layers checkpoints each (passes/recompute.py)
@@ -464,7 +479,8 @@ def _added(graph: Graph, base: Graph) -> list[Node] | None:
 
 def _reads_forward(graph: Graph, nodes: list[Node]) -> bool:
     """Whether any of ``nodes`` reads a forward value (then what the forward saves, or its names, may change)."""
-    return any(graph[_base(graph, i)].phase is Phase.FORWARD for n in nodes for i in n.inputs)
+    # gradient buckets read the same gradients over and over: each distinct input once
+    return any(graph[_base(graph, i)].phase is Phase.FORWARD for i in {i for n in nodes for i in n.inputs})
 
 
 def _logit_numel(graph: Graph) -> int:

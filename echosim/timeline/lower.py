@@ -66,6 +66,8 @@ class Coster:
 
     def __init__(self, graph: Graph, backend: Backend, where: dict[Axis, Placement]) -> None:
         self.graph, self.backend, self.where = graph, backend, where
+        # a scope's gradient buckets read the same gradients: their copies priced once per (inputs, dtype)
+        self._copies: dict[tuple[tuple[int, ...], DType], tuple[float, float, int]] = {}
 
     def __call__(self, node: Node) -> float:
         if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER):
@@ -102,13 +104,18 @@ class Coster:
         a = node.attrs
         if not isinstance(a, CollectiveAttrs) or not a.bucket_copy:
             return 0.0, 0.0
-        sizes = [self.graph[i].out.numel for i in node.inputs]
-        total = sum(sizes) * node.out.dtype.itemsize
+        key = (node.inputs, node.out.dtype)
+        known = self._copies.get(key)
+        if known is None:
+            sizes = [self.graph[i].out.numel for i in node.inputs]
+            total = sum(sizes) * node.out.dtype.itemsize
+            into = sum(self._copy_s("mul", numel, node.out.dtype) for numel in sizes)  # mul_out(view, grad, 1/world)
+            back = sum(self._copy_s("copy", numel, node.out.dtype) for numel in sizes)  # grad.copy_(view)
+            known = self._copies[key] = (into, back, total)
+        into, back, total = known
         if total <= 0:
             return 0.0, 0.0
         share = a.bytes / total
-        into = sum(self._copy_s("mul", numel, node.out.dtype) for numel in sizes)  # mul_out(view, grad, 1/world)
-        back = sum(self._copy_s("copy", numel, node.out.dtype) for numel in sizes)  # grad.copy_(view)
         return into * share, back * share
 
     def _collective(self, kind: OpKind, nbytes: int, where: Placement) -> float:
@@ -226,11 +233,21 @@ def _in_units(n: Node) -> bool:
 
 def _units(graph: Graph, split_w: bool = False) -> tuple[list[tuple[list[Node], int]], ...]:
     """Split a stage into (nodes, repeat) units for forward, backward and weight-gradient work."""
+    return _split_units(graph, split_w)[0]
+
+
+def _split_units(
+    graph: Graph, split_w: bool
+) -> tuple[tuple[list[tuple[list[Node], int]], ...], tuple[set[int], ...], set[int]]:
+    """:func:`_units`, with what placing appended nodes in them reads (:func:`_extended_parts`): the ids that
+    descend from each kind's block and the weight-gradient nodes."""
     mult = next(iter(graph.repeats.values()), 1)
     wset = weight_grad_nodes(graph) if split_w else set()
     fwd = [n for n in graph if n.phase is Phase.FORWARD and _in_units(n)]
     bwd = [n for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and _in_units(n) and n.id not in wset]
     wgt = [n for n in graph if n.id in wset and _in_units(n)]
+
+    laters: list[set[int]] = []
 
     def split(nodes: list[Node]) -> list[tuple[list[Node], int]]:
         """(before the block, the block, after the block): 'after' descends from the block."""
@@ -239,6 +256,7 @@ def _units(graph: Graph, split_w: bool = False) -> tuple[list[tuple[list[Node], 
         for n in graph:  # graph order is topological: one sweep finds every descendant
             if n.id not in later and any(i in later for i in n.inputs):
                 later.add(n.id)
+        laters.append(later)
         outside = [n for n in nodes if graph.block_of(n) is None]
         return [
             ([n for n in outside if n.id not in later], 1),
@@ -246,7 +264,7 @@ def _units(graph: Graph, split_w: bool = False) -> tuple[list[tuple[list[Node], 
             ([n for n in outside if n.id in later], 1),
         ]
 
-    return split(fwd), split(bwd), split(wgt)
+    return (split(fwd), split(bwd), split(wgt)), tuple(laters), wset
 
 
 def repeated(unit: UnitTiming, times: int) -> float:
@@ -414,6 +432,14 @@ class _UnitKey:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _UnitKey) and self._hash == other._hash and self.value == other.value
 
+    def flat(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """(ops, shapes read from outside) of the whole unit, for a key built by :func:`_extended_parts` too."""
+        if len(self.value) == 3:
+            base, ops, outside = self.value
+            head, read = base.flat()
+            return head + ops, read + outside
+        return self.value  # type: ignore[return-value]
+
 
 @dataclass(frozen=True)
 class _UnitPart:
@@ -446,7 +472,9 @@ def unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
     def compute() -> tuple[list[_UnitPart], ...]:
         ref = graph.derived(_SAME_NODES, lambda: graph)
         if ref is graph:
-            return _unit_parts(graph, split_w)
+            base = graph.derived(_EXTENDS, lambda: None)
+            parts = _extended_parts(graph, base, split_w) if base is not None else None
+            return parts if parts is not None else _unit_parts(graph, split_w)
         mult = next(iter(graph.repeats.values()), 1)  # as _units reads it: the block unit's repeat
         return tuple([replace(p, repeat=mult) if k == 1 else p for k, p in enumerate(kind)]
                      for kind in unit_parts(ref, split_w))  # fmt: skip
@@ -469,26 +497,122 @@ def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
     return tuple([part(nodes, k) for nodes, k in kind] for kind in _units(graph, split_w))
 
 
+#: :meth:`Graph.derived` key of a graph that holds another's nodes and appends some of its own that run in the
+#: units (ZeRO-3 / FSDP's per-layer weight gathers and gradient reduce-scatters, :func:`_unit_graph`).
+_EXTENDS = "extends-units-of"
+
+
+def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_UnitPart], ...] | None:
+    """:func:`_unit_parts` of a graph that appends nodes to ``base``'s, from ``base``'s units: each unit is
+    ``base``'s with the appended nodes that fall in it after its own (graph order), keyed by ``base``'s key and
+    the appended ops (the same information as :func:`_unit_parts`'s key, hashed over the appended ops only).
+
+    Appended nodes read no node after them and no node reads them, so ``base``'s nodes split as before and
+    each appended one falls where :func:`_units` puts it (by phase, block and descent from the block). With
+    the backward split (``split_w``) an appended reader could make a node a weight-gradient one: there only
+    nodes that read gradients alone (weight-gradient nodes already) and are no gradient are placed here;
+    None (a split of the whole graph) otherwise."""
+    added = added_nodes(graph, base)
+    if added is None or graph.repeats != base.repeats or graph.grads != base.grads:
+        return None
+    new = {n.id for n in added}
+    grads = set(graph.grads.values())
+    if split_w and any(n.id in grads or any(i in new or i not in grads for i in n.inputs) for n in added):
+        return None
+    parts = unit_parts(base, split_w)
+    _, laters, _ = base.derived(("unit-split", split_w), lambda: _split_units(base, split_w))
+    more: list[set[int]] = [set(), set(), set()]  # appended ids that descend from each kind's block
+    placed: list[list[list[Node]]] = [[[], [], []] for _ in range(3)]
+    for n in added:
+        kind = None
+        if _in_units(n):
+            if n.phase is Phase.FORWARD:
+                kind = 0
+            elif n.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
+                kind = 1  # no appended node is a weight-gradient one (checked above where it matters)
+        inside = graph.block_of(n) is not None
+        for k in range(3):
+            if (kind == k and inside) or any(i in laters[k] or i in more[k] for i in n.inputs):
+                more[k].add(n.id)
+        if kind is not None:
+            placed[kind][1 if inside else 2 if n.id in more[kind] else 0].append(n)
+    out: list[list[_UnitPart]] = []
+    for k, kind_parts in enumerate(parts):
+        row = []
+        for j, p in enumerate(kind_parts):
+            extra = placed[k][j]
+            if not extra:
+                row.append(p)
+                continue
+            at = {n.id: q for q, n in enumerate(p.nodes)}
+            at.update({n.id: len(p.nodes) + q for q, n in enumerate(extra)})
+            ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in extra)
+            outside = tuple(graph[i].out for n in extra for i in n.inputs if i not in at)
+            axes = p.axes | frozenset(n.attrs.axis for n in extra if isinstance(n.attrs, CollectiveAttrs))
+            row.append(_UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes))
+        out.append(row)
+    return tuple(out)
+
+
 def _rebind(timing: UnitTiming, nodes: list[Node]) -> UnitTiming:
     """``timing`` of a unit simulated on other nodes of the same ops, told in ``nodes``' ids and names
     (the trace, the critical path and the costed graph read a unit's events by node id)."""
     ids = tuple(n.id for n in nodes)
     if timing.nodes == ids:
         return timing
-    new = dict(zip(timing.nodes, nodes, strict=True))
-    events = []
-    for e in timing.events:
-        n = new[e.node]
-        events.append(OpEvent(n.id, n.name or n.op.value, e.stream, e.start, e.duration, e.category, e.base))
-    chunked = frozenset((new[a].id, new[b].id) for a, b in timing.chunked)
-    return UnitTiming(timing.duration, dict(timing.busy), events, timing.critical_end, ids, chunked)
+    return _Rebound(timing, nodes, ids)
+
+
+class _Rebound(UnitTiming):
+    """:func:`_rebind`'s timing: its events and chunked edges are renamed when first read (a search's ranking
+    reads only the durations and busy times of most of the units it times)."""
+
+    def __init__(self, timing: UnitTiming, nodes: list[Node], ids: tuple[int, ...]) -> None:
+        self.duration, self.busy, self.critical_end, self.nodes = (
+            timing.duration,
+            dict(timing.busy),
+            timing.critical_end,
+            ids,
+        )
+        self._source = (timing, nodes)
+
+    def __getattr__(self, name: str) -> Any:
+        source = self.__dict__.get("_source")
+        if name not in ("events", "chunked") or source is None:
+            raise AttributeError(name)
+        timing, nodes = source
+        new = dict(zip(timing.nodes, nodes, strict=True))
+        events = []
+        for e in timing.events:
+            n = new[e.node]
+            events.append(OpEvent(n.id, n.name or n.op.value, e.stream, e.start, e.duration, e.category, e.base))
+        self.events = events
+        self.chunked = frozenset((new[a].id, new[b].id) for a, b in timing.chunked)
+        del self._source
+        return getattr(self, name)
+
+    def __eq__(self, other: object) -> bool:
+        """As :class:`UnitTiming`'s: field by field (a rebound timing equals a plain one of the same fields)."""
+        if not isinstance(other, UnitTiming):
+            return NotImplemented
+        return _fields(self) == _fields(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _fields(t: UnitTiming) -> tuple[Any, ...]:
+    return (t.duration, t.busy, t.events, t.critical_end, t.nodes, t.chunked)
 
 
 def _unit_graph(stage: Stage) -> Graph:
     """The graph whose units ``stage`` runs: its graph before the stage-level passes when those only
     appended nodes outside the units (their collectives and optimizer step are timed apart), else its own."""
     added = added_nodes(stage.graph, stage.base)
-    if added is None or any(_in_units(n) for n in added):
+    if added is None:
+        return stage.graph
+    if any(_in_units(n) for n in added):
+        base = stage.base
+        stage.graph.derived(_EXTENDS, lambda: base)  # its units are the base's and the appended nodes
         return stage.graph
     return stage.base  # type: ignore[return-value]
 
