@@ -14,7 +14,7 @@ trains with torch in fresh processes and predicts the same step with echosim on 
 calibrated ``cpu-x86`` backend:
 
 * ``1 process``: one rank, one intra-op thread.
-* ``1 process, all cores``: one rank with an intra-op thread on every core (PyTorch's default
+* ``1 process (all cores)``: one rank with an intra-op thread on every core (PyTorch's default
   for a single process); echosim: one device calibrated with as many threads.
 * ``DDP x2 (gloo)``: two processes, one thread each, ``DistributedDataParallel`` over gloo
   (``tcp://127.0.0.1``), each rank its own micro-batch; echosim: dp=2 on a node of 2 ranks.
@@ -78,7 +78,7 @@ MODELS: dict[str, ArchConfig] = {
         "llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=1024, seq_len=1024
     ),
 }
-ALL_CORES = "1 process, all cores"
+ALL_CORES = "1 process (all cores)"
 LAYOUTS = ("1 process", ALL_CORES, "DDP x2 (gloo)", "pipeline x2 (gloo)")
 NOTES = [
     "* Each process runs one intra-op thread, so two ranks share the two cores as two devices would; gloo's "
@@ -359,17 +359,15 @@ def calibration_key(layout: str) -> int | str:
     return "all" if layout == ALL_CORES else CALIBRATION_OF[layout][0]
 
 
-def calibrate(db: Path, sweep: str, tag: str = "", all_cores: bool = False) -> dict[int | str, str]:
-    """Calibrations of this machine: one rank alone, two ranks computing at once (with gloo), and with
-    ``all_cores`` one rank with a thread on every core; ``tag`` tells apart several sets in one database.
-    Each one's samples are kept beside it (NAME.json)."""
+def calibrate(db: Path, sweep: str, tag: str = "", keys: tuple[int | str, ...] = (1, 2)) -> dict[int | str, str]:
+    """Calibrations of this machine (:func:`calibration_key`): one rank alone (1), two ranks computing at once,
+    with gloo (2), one rank with a thread on every core ("all"); ``tag`` tells apart several sets in one
+    database. Each one's samples are kept beside it (NAME.json)."""
     from echosim.calibrate.run import run_calibration
 
     refs: dict[int | str, str] = {}
-    todo: list[tuple[int | str, int, int]] = [(1, 1, 1), (2, 2, 1)]
-    if all_cores:
-        todo.append(("all", 1, threads_of(ALL_CORES)))
-    for key, ranks, threads in todo:
+    every: list[tuple[int | str, int, int]] = [(1, 1, 1), (2, 2, 1), ("all", 1, threads_of(ALL_CORES))]
+    for key, ranks, threads in (x for x in every if x[0] in keys):
         name = f"cpu-reality-{ranks}rank{tag}" if key != "all" else f"cpu-reality-allcores{tag}"
         result = run_calibration(
             backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=threads, echo=print
@@ -380,11 +378,12 @@ def calibrate(db: Path, sweep: str, tag: str = "", all_cores: bool = False) -> d
     return refs
 
 
-def calibrations_for(args: argparse.Namespace, all_cores: bool = False) -> dict[int | str, str]:
-    """The ``--calibration`` references (one rank, two ranks, all cores) when given, else made now."""
+def calibrations_for(args: argparse.Namespace, keys: tuple[int | str, ...] = (1, 2)) -> dict[int | str, str]:
+    """The ``--calibration`` references (one rank, two ranks, all cores) when given, else those of ``keys``
+    made now."""
     if args.calibration:
         return dict(zip((1, 2, "all"), args.calibration, strict=False))
-    return calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep, all_cores=all_cores)
+    return calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep, keys=keys)
 
 
 def worker_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -425,7 +424,7 @@ def main() -> None:
         parser.error(f"unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}")
     if args.calibration and len(args.calibration) < 2 + (ALL_CORES in layouts):
         parser.error("--calibration needs ONE_RANK TWO_RANKS, and ALL_CORES with the all-cores layout")
-    calibrations = calibrations_for(args, all_cores=ALL_CORES in layouts)
+    calibrations = calibrations_for(args, tuple(dict.fromkeys(calibration_key(x) for x in layouts)))
     from echosim.calibrate import load_calibration
     from echosim.calibrate.fit import machine_identity
 

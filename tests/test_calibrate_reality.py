@@ -42,6 +42,7 @@ def test_each_layout_runs_and_is_predicted_with_its_own_ranks_and_threads(realit
     assert [reality.threads_of(x) for x in reality.LAYOUTS] == [1, cores, 1, 1]
     assert [reality.ranks_of(x) for x in reality.LAYOUTS] == [1, 1, 2, 2]
     assert [reality.calibration_key(x) for x in reality.LAYOUTS] == [1, "all", 2, 2]
+    assert not any("," in x for x in reality.LAYOUTS)  # --layouts is comma-separated
     # issue 16's shapes beside the first four: wider, deeper and a longer sequence, none with a tensor at glibc's
     # 32 MiB mmap threshold (the logits are the largest)
     shapes = reality.MODELS
@@ -63,7 +64,7 @@ def test_prediction_uses_the_calibration(reality, tmp_path):
     assert slow > 5 * fast > 0
 
 
-@pytest.mark.parametrize("layout", ["1 process", "1 process, all cores"])
+@pytest.mark.parametrize("layout", ["1 process", "1 process (all cores)"])
 def test_one_real_training_step(reality, monkeypatch, layout):
     import torch
 

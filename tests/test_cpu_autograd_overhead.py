@@ -68,3 +68,19 @@ def test_the_calibration_measures_a_layer_of_the_tiny_chain() -> None:
     assert (s.kind, s.m) == ("autograd", bench.AUTOGRAD_LAYER_OPS)
     # five ops through autograd: more than five bare ops' dispatch, far less than a millisecond
     assert 1e-6 < s.seconds < 1e-3
+
+
+def test_the_time_steps_of_a_fused_recurrent_layer_pay_no_per_op_host_time() -> None:
+    from echosim.frontend.recurrent import is_recurrent_step, step_name
+    from echosim.frontend.zoo_torch import TorchZooModel, lstm_lm_module
+
+    assert is_recurrent_step(step_name("lstm.l0", 7, "h")) and is_recurrent_step("lstm.l1.step18.cell.grad_acc")
+    assert not is_recurrent_step("lstm.l0.h0") and not is_recurrent_step("layers.step.h")  # an initial state, a module
+    model = TorchZooModel("lstm", lambda: lstm_lm_module(1, 32, 64, 6), ((("batch", "seq"), "int64"),), "", "")
+    plan = Plan(micro_batch=2, global_batch=2, seq_len=6, dtype="fp32")
+    g = lower(model, plan, Cluster("cpu-x86", 1, 2)).stages[0].graph
+    bare, with_autograd = cpu.CPUBackend(SPEC), cpu.CPUBackend(replace(SPEC, autograd_op_us=4.0))
+    charged = {n.name for n in g if not n.op.is_collective and with_autograd.op_time_s(n, 64) > bare.op_time_s(n, 64)}
+    steps = [n.name for n in g if is_recurrent_step(n.name) and n.op is not OpKind.VIEW]
+    assert len(steps) >= 6 * 3 and not charged & set(steps)
+    assert any("input_proj" in name for name in charged)  # the layer's own call still pays it

@@ -194,6 +194,8 @@ def gemm_shape_factor(cpu: CPUSpec, m: int, n: int, k: int) -> float:
 
 
 def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "fp32") -> float:
+    """A roofline: the FLOPs at the shape's GEMM rate (:func:`gemm_shape_factor`) or the operands' bytes at
+    the DRAM rate; plus the per-op overhead."""
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
     compute = 2.0 * batch * m * n * k / (cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype))
@@ -395,10 +397,13 @@ class CPUBackend(KernelBackend):
     FALLBACK_DTYPE = "fp32"
 
     def op_time_s(self, node: Node, io_bytes: int) -> float:
-        """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step."""
+        """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
+        (not for the time steps of a fused recurrent layer: one call runs them all)."""
+        from echosim.frontend.recurrent import is_recurrent_step
+
         seconds = super().op_time_s(node, io_bytes)
-        if seconds and node.phase is not Phase.OPTIMIZER:  # forward, backward or recomputed forward
-            seconds += self.cpu.autograd_op_us * 1e-6
+        if seconds and node.phase is not Phase.OPTIMIZER and not is_recurrent_step(node.name):
+            seconds += self.cpu.autograd_op_us * 1e-6  # forward, backward or recomputed forward
         return seconds
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
