@@ -2,17 +2,20 @@
 
 Usage::
 
-    python benchmarks/cpu_reality.py [--calibration REF] [--sweep standard] [--steps 10] [--out FILE.json]
+    python benchmarks/cpu_reality.py [--calibration ONE_RANK TWO_RANKS ALL_CORES] [--sweep standard] [--steps 10]
+                                     [--out FILE.json]
 
-Without ``--calibration`` it first calibrates the CPU backend on this machine twice
-(``echosim calibrate``'s sweep into a temporary database): for one rank alone and for two
-ranks computing at once, since two ranks on one socket share its cache and memory
-bandwidth; the one-process layout is predicted with the first, the two-process ones with
-the second. Then, for each model and layout, it
+Without ``--calibration`` it first calibrates the CPU backend on this machine three times
+(``echosim calibrate``'s sweep into a temporary database): for one rank of one thread alone,
+for two such ranks computing at once, since two ranks on one socket share its cache and memory
+bandwidth, and for one rank with a thread on every core; each layout is predicted with the
+calibration of its own ranks and threads. Then, for each model and layout, it
 trains with torch in fresh processes and predicts the same step with echosim on the
 calibrated ``cpu-x86`` backend:
 
 * ``1 process``: one rank, one intra-op thread.
+* ``1 process (all cores)``: one rank with an intra-op thread on every core (PyTorch's default
+  for a single process); echosim: one device calibrated with as many threads.
 * ``DDP x2 (gloo)``: two processes, one thread each, ``DistributedDataParallel`` over gloo
   (``tcp://127.0.0.1``), each rank its own micro-batch; echosim: dp=2 on a node of 2 ranks.
 * ``pipeline x2 (gloo)``: two processes, half the layers each, 1F1B over gloo send/recv
@@ -66,11 +69,17 @@ MODELS: dict[str, ArchConfig] = {
     "gpt-6L-384": ArchConfig("gpt", layers=6, hidden=384, heads=6, vocab=4096, seq_len=256, tied_embeddings=True),
     "llama-4L-256": ArchConfig("llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096, seq_len=256),
     "llama-6L-384": ArchConfig("llama", layers=6, hidden=384, heads=6, kv_heads=2, ffn=1024, vocab=4096, seq_len=256),
-    # two other shapes (issue 16): wider (hidden 512, its 4 MiB weights and 8 MiB MLP activations) and deeper
+    # other shapes (issue 16): wider (hidden 512, its 4 MiB weights and 8 MiB MLP activations), deeper, and a
+    # longer sequence (1,024 tokens: attention 4x the share of a 256-token step; vocabulary 1,024 so that
+    # its 16 MiB logits stay under the 32 MiB mmap threshold)
     "gpt-4L-512": ArchConfig("gpt", layers=4, hidden=512, heads=8, vocab=4096, seq_len=256, tied_embeddings=True),
     "llama-8L-256": ArchConfig("llama", layers=8, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096, seq_len=256),
+    "llama-4L-256-s1024": ArchConfig(
+        "llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=1024, seq_len=1024
+    ),
 }
-LAYOUTS = ("1 process", "DDP x2 (gloo)", "pipeline x2 (gloo)")
+ALL_CORES = "1 process (all cores)"
+LAYOUTS = ("1 process", ALL_CORES, "DDP x2 (gloo)", "pipeline x2 (gloo)")
 NOTES = [
     "* Each process runs one intra-op thread, so two ranks share the two cores as two devices would; gloo's "
     "own threads and the kernel's TCP stack share them too, which the calibration's derived overlap slowdown "
@@ -166,7 +175,7 @@ def gloo_group(rank: int, world: int, port: int) -> Callable[[tuple[float, float
 def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads_of(layout))
     cfg = MODELS[model_name]
     model = _build(cfg)
     ids = torch.randint(0, cfg.vocab, (BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(rank))
@@ -260,17 +269,26 @@ def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int)
 # ---- orchestration -----------------------------------------------------------------------------
 
 
+def threads_of(layout: str) -> int:
+    """Intra-op threads of each rank: one, or every usable core for the all-cores layout."""
+    return len(os.sched_getaffinity(0)) if layout == ALL_CORES else 1
+
+
+def ranks_of(layout: str) -> int:
+    return 1 if layout in ("1 process", ALL_CORES) else 2
+
+
 def measure(model_name: str, layout: str, steps: int) -> Measured:
-    """Run one layout in fresh processes (one thread each) and collect the slowest rank's steps."""
-    world = 1 if layout == "1 process" else 2
+    """Run one layout in fresh processes and collect the slowest rank's steps."""
+    world = ranks_of(layout)
     args = ["--worker", model_name, "--layout", layout, "--world", str(world), "--port", str(_free_port()),
             "--steps", str(steps)]  # fmt: skip
-    return run_ranks(__file__, args, world, f"{model_name} / {layout}")
+    return run_ranks(__file__, args, world, f"{model_name} / {layout}", threads_of(layout))
 
 
-def run_ranks(script: str, args: list[str], world: int, label: str) -> Measured:
-    """Start ``world`` ranks of ``script --rank R`` (one thread each) and read rank 0's steps and the load."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def run_ranks(script: str, args: list[str], world: int, label: str, threads: int = 1) -> Measured:
+    """Start ``world`` ranks of ``script --rank R`` (``threads`` each) and read rank 0's steps and the load."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, script, *args]
     load_before = os.getloadavg()[0]
     busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
@@ -304,7 +322,7 @@ def _free_port() -> int:
 def plan_for(cfg: ArchConfig, layout: str) -> tuple[Any, Any]:
     from echosim.plan import Plan
 
-    if layout == "1 process":
+    if layout in ("1 process", ALL_CORES):
         return Plan(micro_batch=BATCH, global_batch=BATCH, dtype="fp32", attention="flash"), 1
     if layout == "DDP x2 (gloo)":
         return Plan(dp=2, micro_batch=BATCH, global_batch=2 * BATCH, dtype="fp32", attention="flash"), 2
@@ -332,26 +350,40 @@ def applicable(cfg: ArchConfig, layout: str) -> bool:
     return layout != "pipeline x2 (gloo)" or cfg.arch == "llama"
 
 
-def calibrate(db: Path, sweep: str, tag: str = "") -> dict[int, str]:
-    """Two calibrations of this machine: one rank alone, and two ranks computing at once (with gloo);
-    ``tag`` tells apart several pairs in one database. Each one's samples are kept beside it (NAME.json)."""
+#: The calibration each layout is predicted with: its (ranks, threads per rank).
+CALIBRATION_OF = {"1 process": (1, 1), ALL_CORES: (1, 0), "DDP x2 (gloo)": (2, 1), "pipeline x2 (gloo)": (2, 1)}
+
+
+def calibration_key(layout: str) -> int | str:
+    """The key of a layout's calibration in :func:`calibrate`'s result: 1 and 2 ranks of one thread, or "all"."""
+    return "all" if layout == ALL_CORES else CALIBRATION_OF[layout][0]
+
+
+def calibrate(db: Path, sweep: str, tag: str = "", keys: tuple[int | str, ...] = (1, 2)) -> dict[int | str, str]:
+    """Calibrations of this machine (:func:`calibration_key`): one rank alone (1), two ranks computing at once,
+    with gloo (2), one rank with a thread on every core ("all"); ``tag`` tells apart several sets in one
+    database. Each one's samples are kept beside it (NAME.json)."""
     from echosim.calibrate.run import run_calibration
 
-    refs = {}
-    for ranks in (1, 2):
-        name = f"cpu-reality-{ranks}rank{tag}"
-        result = run_calibration(backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=1, echo=print)
+    refs: dict[int | str, str] = {}
+    every: list[tuple[int | str, int, int]] = [(1, 1, 1), (2, 2, 1), ("all", 1, threads_of(ALL_CORES))]
+    for key, ranks, threads in (x for x in every if x[0] in keys):
+        name = f"cpu-reality-{ranks}rank{tag}" if key != "all" else f"cpu-reality-allcores{tag}"
+        result = run_calibration(
+            backend="cpu-x86", name=name, db=db, sweep=sweep, ranks=ranks, threads=threads, echo=print
+        )
         # the samples beside the database, so that another model can be fitted to the same measurements
         (db.parent / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-        refs[ranks] = f"{db}#{name}"
+        refs[key] = f"{db}#{name}"
     return refs
 
 
-def calibrations_for(args: argparse.Namespace) -> dict[int, str]:
-    """The ``--calibration`` pair (one rank, two ranks) when given, else two made now (:func:`calibrate`)."""
+def calibrations_for(args: argparse.Namespace, keys: tuple[int | str, ...] = (1, 2)) -> dict[int | str, str]:
+    """The ``--calibration`` references (one rank, two ranks, all cores) when given, else those of ``keys``
+    made now."""
     if args.calibration:
-        return {1: args.calibration[0], 2: args.calibration[1]}
-    return calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep)
+        return dict(zip((1, 2, "all"), args.calibration, strict=False))
+    return calibrate(Path(tempfile.mkdtemp()) / "calibration.sqlite", args.sweep, keys=keys)
 
 
 def worker_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -370,9 +402,10 @@ def main() -> None:
     parser = worker_parser(__doc__)
     parser.add_argument(
         "--calibration",
-        nargs=2,
-        metavar=("ONE_RANK", "TWO_RANKS"),
-        help="Calibrations to use for one process and for two (NAME, PATH or PATH#NAME); default: calibrate now.",
+        nargs="+",
+        metavar="REF",
+        help="Calibrations for one process, two processes and one process on all cores (NAME, PATH or "
+        "PATH#NAME; the third only with the all-cores layout); default: calibrate now.",
     )
     parser.add_argument("--sweep", default="standard", help="Calibration sweep when calibrating now.")
     parser.add_argument("--models", default=",".join(MODELS))
@@ -386,23 +419,28 @@ def main() -> None:
         if args.rank == 0:
             print(json.dumps(result))
         return
-    calibrations = calibrations_for(args)
+    layouts = args.layouts.split(",")
+    if unknown := [x for x in layouts if x not in LAYOUTS]:
+        parser.error(f"unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}")
+    if args.calibration and len(args.calibration) < 2 + (ALL_CORES in layouts):
+        parser.error("--calibration needs ONE_RANK TWO_RANKS, and ALL_CORES with the all-cores layout")
+    calibrations = calibrations_for(args, tuple(dict.fromkeys(calibration_key(x) for x in layouts)))
     from echosim.calibrate import load_calibration
     from echosim.calibrate.fit import machine_identity
 
     ident = machine_identity(1, 2)
     header: dict[str, Any] = {
-        "calibration": calibrations,
-        "parameters": {r: load_calibration(ref).parameters.get("cpu-x86", {}) for r, ref in calibrations.items()},
+        "calibration": {str(k): ref for k, ref in calibrations.items()},
+        "parameters": {str(k): load_calibration(ref).parameters.get("cpu-x86", {}) for k, ref in calibrations.items()},
         "machine": f"{ident['cpu_model']}, {ident['usable_cores']} cores, {ident['memory_GB']:.0f} GB, "
         f"torch {ident['torch']}",
         "notes": NOTES,
     }
     rows = []
-    print(f"{'model':<14}{'layout':<20}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}")
+    print(f"{'model':<20}{'layout':<22}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}")
     for name in args.models.split(","):
         cfg = MODELS[name]
-        for layout in args.layouts.split(","):
+        for layout in layouts:
             if not applicable(cfg, layout):
                 continue
             attempts = [measure(name, layout, args.steps)]
@@ -410,7 +448,7 @@ def main() -> None:
                 time.sleep(args.retry_wait)  # other work is running: measure again, keep every attempt
                 attempts.append(measure(name, layout, args.steps))
             m = min(attempts, key=lambda a: a.other_cores)  # the quietest attempt, whatever its step time
-            p = predict(cfg, layout, calibrations[1 if layout == "1 process" else 2])
+            p = predict(cfg, layout, calibrations[calibration_key(layout)])
             error = p["step_time_s"] / m.step_s - 1
             rows.append(
                 {
@@ -432,7 +470,7 @@ def main() -> None:
                 args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
             flag = "" if m.other_cores < CONTENDED_CORES else f"  (contended: others used {m.other_cores:.1f} cores)"
             print(
-                f"{name:<14}{layout:<20}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
+                f"{name:<20}{layout:<22}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
                 f"{100 * error:>+7.1f}%{flag}",
                 flush=True,
             )

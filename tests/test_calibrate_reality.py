@@ -33,6 +33,24 @@ def test_layouts_map_to_plans(reality):
     assert (pipeline.pp, pipeline.schedule, devices) == (2, "1f1b", 2)
     assert pipeline.microbatches == reality.PIPELINE_MICROBATCHES
     assert not reality.applicable(TINY.with_(arch="gpt"), "pipeline x2 (gloo)")
+    all_cores, devices = plans[reality.ALL_CORES]
+    assert (all_cores.dp, all_cores.global_batch, devices) == (1, reality.BATCH, 1)
+
+
+def test_each_layout_runs_and_is_predicted_with_its_own_ranks_and_threads(reality):
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert [reality.threads_of(x) for x in reality.LAYOUTS] == [1, cores, 1, 1]
+    assert [reality.ranks_of(x) for x in reality.LAYOUTS] == [1, 1, 2, 2]
+    assert [reality.calibration_key(x) for x in reality.LAYOUTS] == [1, "all", 2, 2]
+    assert not any("," in x for x in reality.LAYOUTS)  # --layouts is comma-separated
+    # issue 16's shapes beside the first four: wider, deeper and a longer sequence, none with a tensor at glibc's
+    # 32 MiB mmap threshold (the logits are the largest)
+    shapes = reality.MODELS
+    assert shapes["gpt-4L-512"].hidden == 2 * shapes["gpt-4L-256"].hidden
+    assert shapes["llama-8L-256"].layers == 2 * shapes["llama-4L-256"].layers
+    assert shapes["llama-4L-256-s1024"].seq_len == 4 * shapes["llama-4L-256"].seq_len
+    for cfg in shapes.values():
+        assert reality.BATCH * cfg.seq_len * cfg.vocab * 4 < 32 * 2**20
 
 
 def test_prediction_uses_the_calibration(reality, tmp_path):
@@ -46,8 +64,17 @@ def test_prediction_uses_the_calibration(reality, tmp_path):
     assert slow > 5 * fast > 0
 
 
-def test_one_real_training_step(reality, monkeypatch):
+@pytest.mark.parametrize("layout", ["1 process", "1 process (all cores)"])
+def test_one_real_training_step(reality, monkeypatch, layout):
+    import torch
+
     monkeypatch.setitem(reality.MODELS, "tiny", TINY)
     monkeypatch.setattr(reality, "BATCH", 2)
-    result = reality.worker("tiny", "1 process", 0, 1, 0, steps=2)
-    assert len(result["steps"]) == 2 and all(s > 0 for s in result["steps"]) and 0 < result["cpu_share"] <= 1.5
+    before = torch.get_num_threads()
+    try:
+        result = reality.worker("tiny", layout, 0, 1, 0, steps=2)
+        assert torch.get_num_threads() == reality.threads_of(layout)
+    finally:
+        torch.set_num_threads(before)
+    assert len(result["steps"]) == 2 and all(s > 0 for s in result["steps"])
+    assert 0 < result["cpu_share"] <= 1.5 * reality.threads_of(layout)

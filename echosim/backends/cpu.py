@@ -62,6 +62,22 @@ BAG_LOOKUP_NS = 100.0
 # Bytes of one index: PyTorch promotes embedding_bag's indices and offsets to a common dtype,
 # int64 from Python ids (EmbeddingBag.cpp, promoteIndicesAndOffsets).
 INDEX_BYTES = 8
+# A CPU GEMM (oneDNN / MKL, Goto and van de Geijn, "Anatomy of High-Performance Matrix Multiplication",
+# ACM TOMS 34(3), 2008) packs its A and B operands into cache-sized panels and loads and stores each C
+# tile around its register-blocked FMA microkernel: work proportional to m*k + k*n + m*n elements,
+# outside the 2*m*n*k FLOPs the microkernel runs. ``gemm_pack_rows`` is that per-element work in
+# rows of microkernel FMAs, so a GEMM runs at 1 / (1 + r/m + r/n + r/k) of the big-GEMM rate: a
+# (batch x hidden) recurrent step's GEMM with m = 16 is ~25% slower per FLOP than a 2048-row one.
+# 0 here (uncalibrated: all shapes at the big-GEMM rate); `echosim calibrate` fits it to matmuls of
+# 1 to 2048 rows (measured on this 2-core Xeon VM, one thread: ~5 rows, fp32).
+GEMM_PACK_ROWS = 0.0
+# A training step's ops pay more host time than the same op called alone (``op_overhead_us``): autograd
+# records a backward node for each forward op and its engine schedules each one in backward, parameters'
+# gradients pass AccumulateGrad, and aten's composite ops dispatch their pieces (a linear on a 3-D input:
+# t, view, mm, _unsafe_view). 0 here (uncalibrated); `echosim calibrate` measures it on a chain of tiny
+# Linear + SiLU layers, forward and backward, whose kernels do no work (bench.AUTOGRAD_CHAIN): its time per
+# IR node beyond ``op_overhead_us``. Measured on this 2-core VM: ~4 us a node beside ~1.4 us alone.
+AUTOGRAD_OP_US = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,10 @@ class CPUSpec:
     # size from the OS and measures both rates, the DRAM one with the caches evicted (bench.CacheEvictor).
     cache_bytes: float = 0.0
     cache_GBps: float = 100.0
+    # Work per operand element outside a GEMM's microkernel, in rows of FMAs (GEMM_PACK_ROWS; 0: none).
+    gemm_pack_rows: float = GEMM_PACK_ROWS
+    # Host time a forward or backward op of a training step adds to ``op_overhead_us`` (AUTOGRAD_OP_US; 0: none).
+    autograd_op_us: float = AUTOGRAD_OP_US
 
     def __post_init__(self) -> None:
         who = f"device {self.name or '<unnamed>'!r}"
@@ -111,7 +131,7 @@ class CPUSpec:
             if f.name in ("name", "source"):
                 continue
             value = getattr(self, f.name)
-            if f.name == "cache_bytes" and value == 0:
+            if f.name in ("cache_bytes", "gemm_pack_rows", "autograd_op_us") and value == 0:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{who}: field {f.name!r} must be a positive number, got {value!r}")
@@ -166,10 +186,20 @@ def _itemsize(dtype: str) -> int:
     return {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}.get(dtype, 4)
 
 
+def gemm_shape_factor(cpu: CPUSpec, m: int, n: int, k: int) -> float:
+    """How much longer than at the big-GEMM rate a GEMM's FLOPs take: packing A and B and updating C
+    cost ``gemm_pack_rows`` microkernel rows per element (GEMM_PACK_ROWS), 1 + r/m + r/n + r/k."""
+    r = cpu.gemm_pack_rows
+    return 1.0 + r / m + r / n + r / k
+
+
 def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "fp32") -> float:
+    """A roofline: the FLOPs at the shape's GEMM rate (:func:`gemm_shape_factor`) or the operands' bytes at
+    the DRAM rate; plus the per-op overhead."""
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
     compute = 2.0 * batch * m * n * k / (cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype))
+    compute *= gemm_shape_factor(cpu, m, n, k)
     traffic = batch * (m * k + k * n + m * n) * _itemsize(dtype) / (cpu.ddr_GBps * 1e9 * cpu.stream_fraction)
     return max(compute, traffic) + cpu.op_overhead_us * 1e-6
 
@@ -365,6 +395,16 @@ class CPUBackend(KernelBackend):
 
     DTYPES = ("bf16", "fp16", "fp32")
     FALLBACK_DTYPE = "fp32"
+
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
+        (not for the time steps of a fused recurrent layer: one call runs them all)."""
+        from echosim.frontend.recurrent import is_recurrent_step
+
+        seconds = super().op_time_s(node, io_bytes)
+        if seconds and node.phase is not Phase.OPTIMIZER and not is_recurrent_step(node.name):
+            seconds += self.cpu.autograd_op_us * 1e-6  # forward, backward or recomputed forward
+        return seconds
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
         return matmul_time_s(self.cpu, a.m, a.n, a.k, a.batch, dtype)

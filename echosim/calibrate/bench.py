@@ -30,6 +30,9 @@ from typing import Any
 
 Progress = Callable[[str], None]
 
+#: Few-row matmuls (m of 1 to 64): a recurrent step's (batch x hidden) GEMMs, where packing the operands
+#: outweighs the FMAs (echosim.backends.cpu.GEMM_PACK_ROWS) and the rate falls well below the big shapes'.
+SMALL_M_MATMULS = [(1, 1024, 256, 1), (4, 1024, 256, 1), (16, 1024, 256, 1), (16, 256, 1024, 1), (64, 1024, 256, 1)]
 #: Shape sweeps: (m, n, k, batch). ``tiny`` is for tests (well under a second).
 MATMUL_SWEEPS: dict[str, list[tuple[int, int, int, int]]] = {
     "tiny": [(64, 64, 64, 1), (128, 256, 128, 1), (16, 16, 16, 4)],
@@ -37,6 +40,7 @@ MATMUL_SWEEPS: dict[str, list[tuple[int, int, int, int]]] = {
         *((m, n, k, 1) for m in (256, 1024) for n in (256, 1024) for k in (256, 1024)),
         (512, 512, 512, 1),
         (8, 128, 64, 32),
+        *SMALL_M_MATMULS,
     ],
     "standard": [
         *((m, n, k, 1) for m in (128, 512, 2048) for n in (256, 1024, 4096) for k in (256, 1024)),
@@ -46,6 +50,7 @@ MATMUL_SWEEPS: dict[str, list[tuple[int, int, int, int]]] = {
         (128, 128, 64, 16),
         (256, 256, 64, 16),
         (256, 64, 256, 16),
+        *SMALL_M_MATMULS,
     ],
 }
 #: Elements per memory-bound sample.
@@ -88,7 +93,7 @@ SWEEPS = tuple(MATMUL_SWEEPS)
 class Sample:
     """One measured kernel: what ran, on what, and how long it took (medians)."""
 
-    kind: str  # matmul | memory | fresh | embedding | overhead | collective
+    kind: str  # matmul | memory | fresh | embedding | overhead | autograd | collective
     op: str  # matmul | copy | add | ... | all_reduce | ...
     dtype: str
     m: int = 0
@@ -343,7 +348,47 @@ def bench_cpu(
     out.append(_cpu_sample("overhead", "add", "fp32", wall, cpu, threads, nbytes=96))
     if progress:
         progress("per-op overhead")
+    out.append(autograd_sample(threads))
+    if progress:
+        progress("autograd overhead")
     return out
+
+
+#: The autograd overhead sample: chains of tiny Linear + SiLU layers (depths), on a (batch, seq, width) input
+#: shaped like a transformer's activations, so that a linear dispatches what it does in a model (t, view, mm,
+#: _unsafe_view). A layer is AUTOGRAD_LAYER_OPS IR ops: the linear's forward and its two gradients (input and
+#: weight), SiLU's forward and its gradient.
+AUTOGRAD_CHAIN = {"depths": (4, 12), "shape": (1, 4, 8)}
+AUTOGRAD_LAYER_OPS = 5
+
+
+def autograd_sample(threads: int = 1) -> Sample:
+    """Host time of one tiny Linear + SiLU layer, forward and backward (zeroed gradients set to None first):
+    the difference of two chain depths per layer, so that the loss and the engine's start cancel."""
+    torch = _torch()
+    x = torch.randn(*AUTOGRAD_CHAIN["shape"])
+    width = AUTOGRAD_CHAIN["shape"][-1]
+    times = []
+    for depth in AUTOGRAD_CHAIN["depths"]:
+        # modules, as a model calls them (nn.Module.__call__ and its hook checks are part of the host time)
+        layers = [(torch.nn.Linear(width, width, bias=False), torch.nn.SiLU()) for _ in range(depth)]
+
+        def step(layers: list[tuple[Any, Any]] = layers) -> None:
+            for linear, _ in layers:
+                linear.weight.grad = None
+            h = x
+            for linear, act in layers:
+                h = act(linear(h))
+            h.sum().backward()
+
+        times.append(time_fn(step, 100, warmup=10))
+    (wall_a, cpu_a), (wall_b, cpu_b) = times
+    layers = AUTOGRAD_CHAIN["depths"][1] - AUTOGRAD_CHAIN["depths"][0]
+    tiny_bytes = 2 * x.numel() * 4  # each op reads and writes a tiny activation
+    return _cpu_sample(
+        "autograd", "linear_silu", "fp32", max(0.0, wall_b - wall_a) / layers, max(0.0, cpu_b - cpu_a) / layers,
+        threads, m=AUTOGRAD_LAYER_OPS, nbytes=tiny_bytes,
+    )  # fmt: skip
 
 
 # ---- collectives between local processes ----------------------------------------------------------

@@ -38,6 +38,7 @@ class Knob:
 CPU_KNOBS = (
     Knob("gemm_eff_fp32", 0.02, 1.0, "fp32 matmul rate as a fraction of the derived fp32 peak"),
     Knob("gemm_eff_bf16", 0.001, 1.0, "bf16 matmul rate as a fraction of the bf16 peak"),
+    Knob("gemm_pack_rows", 0.01, 1000.0, "matmul work per operand element outside the microkernel, rows of FMAs"),
     Knob("stream_fraction", 0.02, 1.0, "streaming kernels' DRAM traffic (copy, add, mul, add_) as a share of ddr_GBps"),
     Knob("math_fraction", 0.01, 1.0, "vector-math kernels' (GELU, norms, softmax) share of the streaming rate"),
     Knob("cache_GBps", 1.0, 2000.0, "streaming kernels' bandwidth on operands that fit in cache_bytes, GB/s"),
@@ -46,6 +47,7 @@ CPU_KNOBS = (
     Knob("bag_call_us", 0.5, 5000.0, "bookkeeping ops of one nn.EmbeddingBag call (forward or backward), µs"),
     Knob("bag_lookup_ns", 1.0, 20000.0, "adding one looked-up row in a dense embedding_bag backward, ns"),
     Knob("op_overhead_us", 0.2, 200.0, "fixed cost of one PyTorch CPU op (dispatch + launch), µs"),
+    Knob("autograd_op_us", 0.01, 500.0, "host time autograd adds to each op of a training step, µs"),
     Knob("gloo_loopback_step_us", 1.0, 2000.0, "latency of one gloo ring step between local processes, µs"),
     Knob("gloo_loopback_GBps", 0.05, 200.0, "gloo bandwidth between local processes, GB/s"),
 )
@@ -301,6 +303,8 @@ def predict_cpu(spec: Any, s: Sample) -> float | None:
         return model.memory_bound_time_s(spec, s.nbytes, s.op in MATH_SAMPLES, written, inplace)
     if s.kind == "overhead":
         return model.memory_bound_time_s(spec, s.nbytes)
+    if s.kind == "autograd":  # one layer of the tiny chain: ``m`` IR ops, each with autograd's host time
+        return s.m * (model.memory_bound_time_s(spec, s.nbytes) + spec.autograd_op_us * 1e-6)
     if s.kind == "fresh":
         return model.fresh_fill_time_s(spec, s.nbytes)
     if s.kind == "embedding":  # m rows x k dims, n ids in `batch` bags
@@ -354,11 +358,13 @@ def _informed(knob: Knob, samples: Sequence[Sample]) -> bool:
     need = {
         "gemm_eff_fp32": "matmul:fp32",
         "gemm_eff_bf16": "matmul:bf16",
+        "gemm_pack_rows": "matmul:fp32",
         "stream_fraction": "memory:fp32",
         "math_fraction": "memory:fp32",
         "cache_GBps": "memory:fp32",
         "attention_eff": "attention:fp32",
         "op_overhead_us": "overhead:fp32",
+        "autograd_op_us": "autograd:fp32",
         "fresh_memory_GBps": "fresh:fp32",
         "bag_call_us": "embedding:fp32",
         "bag_lookup_ns": "embedding:fp32",
