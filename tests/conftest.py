@@ -78,3 +78,13 @@ def check_golden(name: str, text: str) -> None:
         if not os.environ.get("ECHOSIM_UPDATE_GOLDEN"):
             pytest.fail(f"golden file {name} was missing and has been written; rerun")
     assert text == path.read_text(), f"IR differs from tests/golden/{name} (ECHOSIM_UPDATE_GOLDEN=1 to accept)"
+
+
+def cpu_llama_stage_graph(micro_batch: int, *, hidden: int, ffn: int, vocab: int, seq_len: int) -> Graph:
+    """A 2-layer Llama lowered for one 2-core x86 CPU in fp32, the graph the CPU backend's rule tests cost."""
+    from echosim.compiler import lower
+    from echosim.plan import Cluster
+
+    cfg = ArchConfig("llama", layers=2, hidden=hidden, heads=4, kv_heads=2, ffn=ffn, vocab=vocab, seq_len=seq_len)
+    plan = Plan(micro_batch=micro_batch, global_batch=micro_batch, dtype="fp32", attention="flash")
+    return lower(cfg, plan, Cluster("cpu-x86", 1, 2)).stages[0].graph

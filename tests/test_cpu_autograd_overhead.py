@@ -7,13 +7,13 @@ import math
 from dataclasses import replace
 
 import pytest
+from conftest import cpu_llama_stage_graph
 
 from echosim.backends import cpu
 from echosim.calibrate import bench
 from echosim.calibrate.bench import Sample
 from echosim.calibrate.fit import CPU_KNOBS, fit_spec, fitted_knobs, predict_cpu
 from echosim.compiler import lower
-from echosim.frontend.zoo import ArchConfig
 from echosim.ir.ops import OpKind, Phase
 from echosim.plan import Cluster, Plan
 
@@ -21,9 +21,7 @@ SPEC = replace(cpu.CPU_X86, op_overhead_us=1.5, cache_bytes=2 * 2**20, cache_GBp
 
 
 def _graph() -> object:
-    cfg = ArchConfig("llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=172, vocab=256, seq_len=32)
-    plan = Plan(micro_batch=2, global_batch=2, dtype="fp32", attention="flash")
-    return lower(cfg, plan, Cluster("cpu-x86", 1, 2)).stages[0].graph
+    return cpu_llama_stage_graph(2, hidden=64, ffn=172, vocab=256, seq_len=32)
 
 
 def test_forward_and_backward_ops_pay_autograd_time_optimizer_steps_and_views_do_not() -> None:

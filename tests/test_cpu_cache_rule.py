@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import cpu_llama_stage_graph
 
 from echosim.backends import cpu
 from echosim.calibrate import bench
-from echosim.compiler import lower
-from echosim.frontend.zoo import ArchConfig
 from echosim.ir.ops import OpKind, Phase
 from echosim.passes.flops import io_bytes
-from echosim.plan import Cluster, Plan
 
 MiB = 2**20
 SPEC = replace(
@@ -47,9 +45,7 @@ def test_without_a_cache_size_the_shipped_model_is_unchanged() -> None:
 
 
 def _llama_graph() -> object:
-    cfg = ArchConfig("llama", layers=2, hidden=128, heads=4, kv_heads=2, ffn=344, vocab=4096, seq_len=128)
-    plan = Plan(micro_batch=4, global_batch=4, dtype="fp32", attention="flash")
-    return lower(cfg, plan, Cluster("cpu-x86", 1, 2)).stages[0].graph
+    return cpu_llama_stage_graph(4, hidden=128, ffn=344, vocab=4096, seq_len=128)
 
 
 def test_cpu_cross_entropy_backward_fills_a_fresh_logits_sized_gradient() -> None:
