@@ -69,8 +69,8 @@ def test_the_calibration_measures_a_layer_of_the_tiny_chain() -> None:
 
 
 def test_the_time_steps_of_a_fused_recurrent_layer_pay_no_per_op_host_time() -> None:
-    from echosim.frontend.recurrent import is_recurrent_step, step_name
     from echosim.frontend.zoo_torch import TorchZooModel, lstm_lm_module
+    from echosim.ir.names import is_recurrent_step, step_name
 
     assert is_recurrent_step(step_name("lstm.l0", 7, "h")) and is_recurrent_step("lstm.l1.step18.cell.grad_acc")
     assert not is_recurrent_step("lstm.l0.h0") and not is_recurrent_step("layers.step.h")  # an initial state, a module

@@ -399,7 +399,7 @@ class CPUBackend(KernelBackend):
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
         (not for the time steps of a fused recurrent layer: one call runs them all)."""
-        from echosim.frontend.recurrent import is_recurrent_step
+        from echosim.ir.names import is_recurrent_step
 
         seconds = super().op_time_s(node, io_bytes)
         if seconds and node.phase is not Phase.OPTIMIZER and not is_recurrent_step(node.name):

@@ -10,28 +10,13 @@ one, so the LSTM backward here is an upper bound.
 
 from __future__ import annotations
 
-import re
-
 from echosim.ir.graph import Graph
+from echosim.ir.names import step_name
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind
 from echosim.ir.types import DType, TensorSpec
 
 # sigmoid x3, tanh x2, the cell update c = f*c + i*g and h = o*tanh(c), per hidden unit
 GATE_FLOPS = 10
-#: The per-step nodes of a layer (and the gradients autodiff derives from them, named after them): parts of
-#: one fused kernel call (``aten::lstm``: oneDNN's RNN primitive on a CPU, cuDNN's on a GPU), not ops the
-#: framework dispatches one by one, so no per-op host time is theirs (echosim.backends.cpu.CPUBackend.op_time_s).
-_STEP_NODE = re.compile(r"\.step\d+\.(?:x|h|pre|cell)(?:\.|$)")
-
-
-def step_name(layer: str, t: int, part: str) -> str:
-    """The name of time step ``t``'s ``part`` (x, h, pre, cell) of recurrent layer ``layer``."""
-    return f"{layer}.step{t}.{part}"
-
-
-def is_recurrent_step(name: str) -> bool:
-    """Whether a node (or a gradient named after one) is a time step inside a fused recurrent layer."""
-    return _STEP_NODE.search(name) is not None
 
 
 def lstm_layer(

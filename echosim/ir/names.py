@@ -1,0 +1,24 @@
+"""Node-name conventions that a frontend writes and a backend reads.
+
+They live in the IR because the layers contract keeps backends from importing frontends.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: The per-step nodes of a recurrent layer (and the gradients autodiff derives from them, named after them):
+#: parts of one fused kernel call (``aten::lstm``: oneDNN's RNN primitive on a CPU, cuDNN's on a GPU), not ops
+#: the framework dispatches one by one, so no per-op host time is theirs
+#: (echosim.backends.cpu.CPUBackend.op_time_s).
+_STEP_NODE = re.compile(r"\.step\d+\.(?:x|h|pre|cell)(?:\.|$)")
+
+
+def step_name(layer: str, t: int, part: str) -> str:
+    """The name of time step ``t``'s ``part`` (x, h, pre, cell) of recurrent layer ``layer``."""
+    return f"{layer}.step{t}.{part}"
+
+
+def is_recurrent_step(name: str) -> bool:
+    """Whether a node (or a gradient named after one) is a time step inside a fused recurrent layer."""
+    return _STEP_NODE.search(name) is not None
