@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
+from echosim.ir.names import is_recurrent_step
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, Phase
 
 # PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
@@ -399,8 +400,6 @@ class CPUBackend(KernelBackend):
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
         (not for the time steps of a fused recurrent layer: one call runs them all)."""
-        from echosim.ir.names import is_recurrent_step
-
         seconds = super().op_time_s(node, io_bytes)
         if seconds and node.phase is not Phase.OPTIMIZER and not is_recurrent_step(node.name):
             seconds += self.cpu.autograd_op_us * 1e-6  # forward, backward or recomputed forward

@@ -78,9 +78,10 @@ def _data_parallel(plan: Any) -> object:
     # model in DDP with gradient_as_bucket_view=True (DefaultDataParallelWrapper._ddp_wrap,
     # torchrec/distributed/model_parallel.py), so its gradients are bucket views and nothing is copied
     torchrec = plan.embedding_sharding != "none"
-    copies = plan.zero == 0 and not torchrec and bool(get_framework(plan.framework).ddp_bucket_copies)
-    fsdp_reduce = DType.FP32 if get_framework(plan.framework).fsdp_reduce_fp32 else None
-    per_param = bool(get_framework(plan.framework).zero3_per_param)
+    framework = get_framework(plan.framework)
+    copies = plan.zero == 0 and not torchrec and bool(framework.ddp_bucket_copies)
+    fsdp_reduce = DType.FP32 if framework.fsdp_reduce_fp32 else None
+    per_param = bool(framework.zero3_per_param)
     # DeepSpeed's activation checkpointing replays each sub-module's forward, whose hooks gather again
     reuse = DEEPSPEED_MAX_REUSE_DISTANCE if per_param and plan.recompute == "full" else 0
     return DataParallel(

@@ -191,12 +191,18 @@ MTP_LAYERS: dict[tuple[int, int, int, int], int] = {
 }
 
 
+def _moe_model(c: Case) -> tuple[int, int, int, int]:
+    """The (layers, hidden, experts, top_k) key the per-model MoE tables (MTP_LAYERS, MOE_ROUTER_GROUPS) use."""
+    layers, hidden, experts, top_k = (c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    return layers, hidden, experts, top_k
+
+
 def mtp_layers(c: Case) -> int:
     """Multi-token-prediction modules the row's run trained with (:data:`MTP_LAYERS`); 0 when none."""
-    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    model = _moe_model(c)
     if c["arch"] != "moe" or "w/o MTP" in c["notes"]:
         return 0
-    return MTP_LAYERS.get(model, 0)  # type: ignore[arg-type]
+    return MTP_LAYERS.get(model, 0)
 
 
 def is_maxtext(c: Case) -> bool:
@@ -515,7 +521,7 @@ def pp_layout(c: Case) -> str:
         return ""
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
     found = MEGATRON_BRIDGE_PP_LAYOUT.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
-    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
+    model = _moe_model(c)
     if not found and model in MTP_LAYERS:  # the DeepSeek-V3 recipe's own choice by (pp, vp)
         found = DEEPSEEK_V3_RECIPE_LAYOUT.get((layout[1], layout[2]), "")
         found = found if mtp_layers(c) else found.replace("m", "")
@@ -537,8 +543,8 @@ def moe_router_groups(c: Case) -> tuple[int, int]:
     """(groups, groups per token) of the row's model's group-limited routing; (0, 0) when it has none."""
     if c["arch"] != "moe":
         return (0, 0)
-    model = tuple(c.int(k) or 0 for k in ("layers", "hidden", "experts", "top_k"))
-    return MOE_ROUTER_GROUPS.get(model, (0, 0))  # type: ignore[arg-type]
+    model = _moe_model(c)
+    return MOE_ROUTER_GROUPS.get(model, (0, 0))
 
 
 def moe_dispatcher(c: Case) -> str:
