@@ -95,6 +95,10 @@ class Framework:
     # op under eager autograd: echosim.passes.flops.REFERENCE_RMSNORM), and where that is documented.
     norm_kernels: str = ""
     norm_source: str = ""
+    # The framework calls a varlen flash kernel on padded (batch, seq) tensors: q, k and v are gathered into
+    # the packed layout and the output scattered back, by copy kernels each way ('' = the kernel takes the
+    # padded tensors; echosim.ir.ops.VARLEN_PAD_COPIES), and where that is documented.
+    attention_unpad: str = ""
 
     # Data parallelism without ZeRO through PyTorch DDP's reducer with its default
     # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
@@ -482,6 +486,10 @@ FRAMEWORKS["composer"] = replace(
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
+    attention_unpad="flash_attn_fn packs q, k and v with bert_padding.index_first_axis (a torch.gather each) and "
+    "scatters the output back with bert_padding.pad_input (torch.zeros, then an indexed assignment) around "
+    "flash_attn_varlen_func, also when no token is padding (llmfoundry/models/layers/attention.py at commits "
+    "5e85bd6, the H100 large-scale benchmarks, and 4952183; flash_attn/bert_padding.py, flash-attn 2.4)",
 )
 
 # llm-foundry's attn_impl 'triton': the Triton FlashAttention kernel llm-foundry copies from the flash-attention
@@ -497,6 +505,7 @@ FRAMEWORKS["composer-triton"] = replace(
     attention_kernel="triton",
     attention_source="attn_impl 'triton' -> llmfoundry.models.layers.flash_attn_triton.flash_attn_func "
     "(llmfoundry/models/layers/attention.py triton_flash_attn_fn, llm-foundry commit 5e85bd6)",
+    attention_unpad="",  # triton_flash_attn_fn hands the kernel the padded (b, s, h, d) tensors: views, no copies
 )
 
 # MaxText with weight_dtype: bfloat16 (a per-recipe setting, e.g. the Trillium Llama-3.1 70B v6e-32 recipe):

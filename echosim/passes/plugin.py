@@ -20,7 +20,8 @@ def _attention(plan: Any) -> object:
 
     framework = get_framework(plan.framework)
     reference = framework.norm_kernels == "reference"
-    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference)
+    padded = bool(framework.attention_unpad)
+    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded)
 
 
 def _context(plan: Any) -> object:
