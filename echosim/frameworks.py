@@ -110,6 +110,11 @@ class Framework:
     # device-wide synchronize and each through PyTorch's list collectives (echosim.passes.data_parallel).
     zero3_per_param: str = ""
 
+    # The optimizer step's bytes per local parameter when the framework's optimizer is not a fused Adam
+    # (0: echosim.passes.data_parallel's fused-Adam figures), and where its kernels are documented.
+    optimizer_bytes: int = 0
+    optimizer_source: str = ""
+
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
     vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
@@ -486,6 +491,13 @@ FRAMEWORKS["composer"] = replace(
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
+    optimizer_bytes=96,  # echosim.passes.data_parallel.COMPOSER_ADAMW_BYTES_PER_PARAM
+    optimizer_source="llm-foundry's pretraining yamls train with optimizer decoupled_adamw (weight_decay 0.0) and "
+    "algorithms.gradient_clipping (norm, 1.0); Composer's DecoupledAdamW.adamw loops over the parameters one by "
+    "one with eager in-place ops, exp_avg.mul_().add_(), exp_avg_sq.mul_().addcmul_(), (exp_avg_sq.sqrt() / "
+    "sqrt(bias_correction2)).add_(eps), param.addcdiv_() (composer/optim/decoupled_weight_decay.py, Composer commit "
+    "eb4fbd0, 2024-01); Composer clips FSDP models with FullyShardedDataParallel.clip_grad_norm_, which reads every "
+    "gradient for the norm and scales it in place",
     attention_unpad="flash_attn_fn packs q, k and v with bert_padding.index_first_axis (a torch.gather each) and "
     "scatters the output back with bert_padding.pad_input (torch.zeros, then an indexed assignment) around "
     "flash_attn_varlen_func, also when no token is padding (llmfoundry/models/layers/attention.py at commits "

@@ -91,15 +91,16 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     MAPE 16.2%, mean -16.2% to 11.7%, -11.4%; rows that ran flash-attn 2 (large-scale 1b/3b/7b/70b) unmoved
     by it. Those pay flash_attn_fn's varlen unpad / pad copies (echosim.ir.ops.VARLEN_PAD_COPIES): the 12
     flash rows move +1.3..+3.1 points (7b-128 -22.5% -> -20.5%, 1b-128 -22.3% -> -19.2%), the group to 11.0%,
-    -10.7%; the triton rows stay put."""
+    -10.7%; the triton rows stay put. Composer's eager DecoupledAdamW (96 bytes per parameter, not a fused
+    Adam's 34) moves the 13b micro-batch-2 rows on 16-64 GPUs most (16: -21.2% -> -19.3%): 10.9%, -10.5%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.110, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.107, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.109, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.105, abs=0.005)
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(-0.007, abs=0.01)  # was -11.4%
     assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.008, abs=0.01)  # was -5.4%
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.212, abs=0.01)  # was -29.9%
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.193, abs=0.01)  # was -29.9%, -21.2%
     assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.205, abs=0.01)  # flash: copies
     assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.192, abs=0.01)  # -22.3% before
 
