@@ -95,6 +95,10 @@ class Framework:
     # op under eager autograd: echosim.passes.flops.REFERENCE_RMSNORM), and where that is documented.
     norm_kernels: str = ""
     norm_source: str = ""
+    # The framework calls a varlen flash kernel on padded (batch, seq) tensors: q, k and v are gathered into
+    # the packed layout and the output scattered back, by copy kernels each way ('' = the kernel takes the
+    # padded tensors; echosim.ir.ops.VARLEN_PAD_COPIES), and where that is documented.
+    attention_unpad: str = ""
 
     # Data parallelism without ZeRO through PyTorch DDP's reducer with its default
     # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
@@ -105,6 +109,11 @@ class Framework:
     # beside compute, as FSDP does): one all_gather and one reduce_scatter per parameter tensor, each behind a
     # device-wide synchronize and each through PyTorch's list collectives (echosim.passes.data_parallel).
     zero3_per_param: str = ""
+
+    # The optimizer step's bytes per local parameter when the framework's optimizer is not a fused Adam
+    # (0: echosim.passes.data_parallel's fused-Adam figures), and where its kernels are documented.
+    optimizer_bytes: int = 0
+    optimizer_source: str = ""
 
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
@@ -482,6 +491,17 @@ FRAMEWORKS["composer"] = replace(
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
+    optimizer_bytes=96,  # echosim.passes.data_parallel.COMPOSER_ADAMW_BYTES_PER_PARAM
+    optimizer_source="llm-foundry's pretraining yamls train with optimizer decoupled_adamw (weight_decay 0.0) and "
+    "algorithms.gradient_clipping (norm, 1.0); Composer's DecoupledAdamW.adamw loops over the parameters one by "
+    "one with eager in-place ops, exp_avg.mul_().add_(), exp_avg_sq.mul_().addcmul_(), (exp_avg_sq.sqrt() / "
+    "sqrt(bias_correction2)).add_(eps), param.addcdiv_() (composer/optim/decoupled_weight_decay.py, Composer commit "
+    "eb4fbd0, 2024-01); Composer clips FSDP models with FullyShardedDataParallel.clip_grad_norm_, which reads every "
+    "gradient for the norm and scales it in place",
+    attention_unpad="flash_attn_fn packs q, k and v with bert_padding.index_first_axis (a torch.gather each) and "
+    "scatters the output back with bert_padding.pad_input (torch.zeros, then an indexed assignment) around "
+    "flash_attn_varlen_func, also when no token is padding (llmfoundry/models/layers/attention.py at commits "
+    "5e85bd6, the H100 large-scale benchmarks, and 4952183; flash_attn/bert_padding.py, flash-attn 2.4)",
 )
 
 # llm-foundry's attn_impl 'triton': the Triton FlashAttention kernel llm-foundry copies from the flash-attention
@@ -497,6 +517,7 @@ FRAMEWORKS["composer-triton"] = replace(
     attention_kernel="triton",
     attention_source="attn_impl 'triton' -> llmfoundry.models.layers.flash_attn_triton.flash_attn_func "
     "(llmfoundry/models/layers/attention.py triton_flash_attn_fn, llm-foundry commit 5e85bd6)",
+    attention_unpad="",  # triton_flash_attn_fn hands the kernel the padded (b, s, h, d) tensors: views, no copies
 )
 
 # MaxText with weight_dtype: bfloat16 (a per-recipe setting, e.g. the Trillium Llama-3.1 70B v6e-32 recipe):

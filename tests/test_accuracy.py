@@ -26,12 +26,15 @@ def test_megatron_rows_within_fifteen_percent(source: str) -> None:
 def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     """torchtitan's 2024-12 runs on 500 W H100s: compute peaks at the cube-law clock (0.894 of the SXM's).
     Before the rule the group sat at MAPE 22.4%, mean -21.0%; the rows that miss most are the eager
-    (no torch.compile, before the reference-norm rule) and the long-context ones (docs/accuracy.md)."""
+    (no torch.compile, before the reference-norm rule) and the long-context ones (docs/accuracy.md).
+    The Interleaved 1F1B row of Table 5 runs torchtitan's default two stages per rank (rows.torchtitan_vpp):
+    +22.0% -> -4.2%, the group 14.8% / -12.2% -> 13.8% / -13.7% (a compensating +22% gone)."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.150, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.127, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.138, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.137, abs=0.005)
+    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.042, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins
     assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.135, abs=0.01)
     assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.121, abs=0.01)
@@ -85,16 +88,21 @@ def test_interleaved_blocks_count_their_memory_per_layer() -> None:
 def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     """attn_impl 'triton' (sweep.py / submit_benchmarks.py defaults) at the FA2 paper's published Triton / FA1
     rate next to FlashAttention-2 (echosim.backends.compute.TRITON_FLASH_FWD_BWD_TFLOPS): the group went from
-    MAPE 16.2%, mean -16.2% to 11.7%, -11.4%; rows that ran flash-attn 2 (large-scale 1b/3b/7b/70b) unmoved."""
+    MAPE 16.2%, mean -16.2% to 11.7%, -11.4%; rows that ran flash-attn 2 (large-scale 1b/3b/7b/70b) unmoved
+    by it. Those pay flash_attn_fn's varlen unpad / pad copies (echosim.ir.ops.VARLEN_PAD_COPIES): the 12
+    flash rows move +1.3..+3.1 points (7b-128 -22.5% -> -20.5%, 1b-128 -22.3% -> -19.2%), the group to 11.0%,
+    -10.7%; the triton rows stay put. Composer's eager DecoupledAdamW (96 bytes per parameter, not a fused
+    Adam's 34) moves the 13b micro-batch-2 rows on 16-64 GPUs most (16: -21.2% -> -19.3%): 10.9%, -10.5%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.117, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.114, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.109, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.105, abs=0.005)
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(-0.007, abs=0.01)  # was -11.4%
     assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.008, abs=0.01)  # was -5.4%
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.212, abs=0.01)  # was -29.9%
-    assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.225, abs=0.01)  # flash: unmoved
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.193, abs=0.01)  # was -29.9%, -21.2%
+    assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.205, abs=0.01)  # flash: copies
+    assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.192, abs=0.01)  # -22.3% before
 
 
 def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_ranks() -> None:

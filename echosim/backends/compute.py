@@ -433,8 +433,18 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
         slow = triton_flash_slowdown(dev.arch, a.head_dim, a.kv_len)
         return flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
     if a.flash:
-        return flash_attention_time_s(fa2_view(dev) if a.kernel == "fa2" else dev, a, dtype, backward)
+        kernel = flash_attention_time_s(fa2_view(dev) if a.kernel == "fa2" else dev, a, dtype, backward)
+        return kernel + pad_copies_time_s(dev, a, dtype, backward)
     return math_attention_time_s(dev, a, dtype, backward)
+
+
+def pad_copies_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """The varlen unpad / pad copies around a flash call (:data:`echosim.ir.ops.VARLEN_PAD_COPIES`), as
+    streaming kernels; 0 when the caller hands the kernel padded tensors."""
+    elements, kernels = a.pad_copy_elements(backward)
+    if not kernels:
+        return 0.0
+    return memory_bound_time_s(dev, elements * itemsize(dtype), kernels)
 
 
 def attention_flops(a: AttentionAttrs) -> float:

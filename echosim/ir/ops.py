@@ -199,6 +199,9 @@ class AttentionAttrs:
     ``window``: sliding-window (local) attention, each query sees the ``window`` most recent keys
     itself included (:func:`band_pairs`); 0: full causal attention. Only a causal
     attention has one.
+
+    ``padded``: the caller packs q, k and v into the kernel's variable-length layout and scatters the
+    output back to the padded one, each through its own copy kernels (:data:`VARLEN_PAD_COPIES`).
     """
 
     batch: int
@@ -213,6 +216,7 @@ class AttentionAttrs:
     model_scale: float = 1.0
     dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
     window: int = 0  # sliding window in keys (0: full attention)
+    padded: bool = False  # q, k, v unpadded into the varlen layout and the output padded back, by copies
 
     def __post_init__(self) -> None:
         if self.window < 0 or (self.window and not self.causal):
@@ -249,7 +253,31 @@ class AttentionAttrs:
             f"{' causal' if self.causal else ''}{f' window={self.window}' if self.window else ''}"
             f"{' flash' if self.flash else ' math'}"
             f"{' ' + self.kernel if self.kernel and self.flash else ''}"
+            f"{' padded' if self.padded and self.flash else ''}"
         )
+
+    def pad_copy_elements(self, backward: bool) -> tuple[int, int]:
+        """Elements the varlen unpad / pad copies read and write around the kernel, and their kernel count
+        (0, 0 unless ``padded``): :data:`VARLEN_PAD_COPIES` over q's and k's (= v's) element counts."""
+        if not (self.padded and self.flash):
+            return 0, 0
+        per_q, per_kv, kernels = VARLEN_PAD_COPIES[backward]
+        q = self.batch * self.heads * self.q_len * self.head_dim
+        kv = self.batch * self.kv_heads * self.kv_len * self.head_dim
+        return per_q * q + per_kv * kv, kernels
+
+
+#: The copies around a varlen flash-attention call that packs padded (batch, seq) tensors, as
+#: llm-foundry's ``flash_attn_fn`` makes them with flash-attn's ``bert_padding`` helpers (llmfoundry/
+#: models/layers/attention.py at commits 5e85bd6 and 4952183; flash_attn/bert_padding.py, flash-attn
+#: 2.4): ``index_first_axis`` on q, k and v is a ``torch.gather`` that reads and writes each once, and
+#: ``pad_input`` on the output is ``torch.zeros`` then an indexed assignment (write; read + write).
+#: Backward: each ``index_first_axis`` becomes ``torch.zeros`` plus ``scatter_`` (write; read + write)
+#: and ``pad_input`` an indexed read (read + write). Per phase: (elements per q element, per k element
+#: (v the same), kernels). Forward: q 2 + 3 (output, q-sized), k and v 2 each, 5 kernels; backward:
+#: q 3 + 2, k and v 3 each, 7 kernels. A sequence with no padding still pays them: the indices cover
+#: every token.
+VARLEN_PAD_COPIES: dict[bool, tuple[int, int, int]] = {False: (5, 4, 5), True: (5, 6, 7)}  # by "is backward"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ kernel, and whether its RMSNorm is one kernel.
 sm80 kernels run on Hopper and Blackwell too (:mod:`echosim.frameworks`). ``reference_norms``:
 the framework's RMSNorm is the Llama reference module run op by op in eager autograd
 (:attr:`echosim.frameworks.Framework.norm_kernels`); every other framework runs one fused kernel.
+``padded``: the framework calls a varlen flash kernel on padded tensors, with copies each way
+(:attr:`echosim.frameworks.Framework.attention_unpad`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ class AttentionKernel:
     flash: bool = True
     generation: str = ""
     reference_norms: bool = False
+    padded: bool = False  # the framework unpads q, k, v into the varlen layout and pads the output back
     name: ClassVar[str] = "attention-kernel"
 
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         kernel = self.generation if self.flash else ""
+        padded = self.padded and self.flash
         for n in list(g):
-            if isinstance(n.attrs, AttentionAttrs) and (n.attrs.flash, n.attrs.kernel) != (self.flash, kernel):
-                g.replace(n.id, attrs=replace(n.attrs, flash=self.flash, kernel=kernel))
+            if isinstance(n.attrs, AttentionAttrs) and (n.attrs.flash, n.attrs.kernel, n.attrs.padded) != (
+                self.flash,
+                kernel,
+                padded,
+            ):
+                g.replace(n.id, attrs=replace(n.attrs, flash=self.flash, kernel=kernel, padded=padded))
             elif (
                 isinstance(n.attrs, NormAttrs)
                 and n.attrs.kind == "rmsnorm"

@@ -169,6 +169,12 @@ MAX_BUCKETS = 1024
 ADAM_BYTES_PER_PARAM = 34
 # Plain fp32 AdamW: read param, grad, m, v (16) + write param, m, v (12) + clip read (4).
 ADAM_FP32_BYTES_PER_PARAM = 32
+# Composer's DecoupledAdamW as llm-foundry runs it (weight_decay 0): one tensor at a time, eight eager
+# kernels over fp32 state, grads and weights: exp_avg.mul_ (8) .add_(grad) (12), exp_avg_sq.mul_ (8)
+# .addcmul_(grad, grad) (16), sqrt (8), division by sqrt(bias_correction2) (8), add_(eps) (8),
+# param.addcdiv_(exp_avg, denom) (16) = 84; then FSDP.clip_grad_norm_ reads each gradient for the norm and
+# scales it in place (4 + 8) = 96 (echosim.frameworks, the composer entry's optimizer_source).
+COMPOSER_ADAMW_BYTES_PER_PARAM = 96
 
 
 def _routed_expert(node: Node) -> bool:
@@ -182,6 +188,7 @@ class Optimizer:
     mixed_precision: bool = True
     # ZeRO: routed experts' share, sharded over their expert-data-parallel ranks (0: ``shard``), as their state is
     expert_shard: int = 0
+    bytes_per_param: int = 0  # the framework's own optimizer kernels (0: a fused Adam, the two constants above)
     name: ClassVar[str] = "optimizer"
 
     def run(self, graph: Graph) -> Graph:
@@ -192,7 +199,9 @@ class Optimizer:
         experts = sum(p.out.numel * g.multiplicity(p) for p in g.params() if _routed_expert(p))
         dense = g.param_count() - sparse - experts  # sparse tables: updated inside backward
         n = math.ceil(dense / self.shard) + math.ceil(experts / (self.expert_shard or self.shard))
-        per_param = ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
+        per_param = self.bytes_per_param or (
+            ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
+        )
         g.add(
             OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),
             OptimizerAttrs(self.kind, n, per_param), phase=Phase.OPTIMIZER, name="optimizer.step",

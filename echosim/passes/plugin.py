@@ -20,7 +20,8 @@ def _attention(plan: Any) -> object:
 
     framework = get_framework(plan.framework)
     reference = framework.norm_kernels == "reference"
-    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference)
+    padded = bool(framework.attention_unpad)
+    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded)
 
 
 def _context(plan: Any) -> object:
@@ -91,13 +92,15 @@ def _data_parallel(plan: Any) -> object:
 
 
 def _optimizer(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.passes.data_parallel import Optimizer
 
     shard = plan.dp * plan.cp if plan.zero >= 1 else 1  # ZeRO shards over every gradient replica
     # a routed expert's replicas are its expert-data-parallel ranks, tp*cp*dp/(etp*ep) (Megatron-Core's distributed
     # optimizer keeps expert parameters in their own buffers over that group; the memory model shards them so too)
     experts = plan.expert_dp if plan.zero >= 1 else 1
-    return Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32", expert_shard=experts)
+    per_param = get_framework(plan.framework).optimizer_bytes
+    return Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32", expert_shard=experts, bytes_per_param=per_param)
 
 
 def _gradient_groups(plan: Any) -> object:

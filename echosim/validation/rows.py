@@ -235,6 +235,26 @@ def torchtitan_pp_micro_batch(c: Case) -> int | None:
     return global_batch // (dp * pp)
 
 
+#: Virtual stages per rank torchtitan builds for a looped (multi-stage) schedule when the run gives no
+#: ``experimental.pipeline_parallel_split_points``: generate_split_points sets ``num_stages_per_rank = 2``
+#: for a ``PipelineScheduleMulti`` (Interleaved1F1B, ...) and 1 for a single-stage one (1F1B, GPipe), then
+#: splits the layers over ``pp * 2`` stages (torchtitan/parallelisms/pipelining_utils.py, commit 9dec370).
+TORCHTITAN_LOOPED_STAGES_PER_RANK = 2
+_LOOPED_SCHEDULE = re.compile(r"schedule (Interleaved ?1F1B|InterleavedZeroBubble|LoopedBFS|ZBVZeroBubble)", re.I)
+
+
+def torchtitan_vpp(c: Case) -> int | None:
+    """A torchtitan pipeline row's virtual stages per rank when it leaves ``vpp`` blank and its notes name a
+    looped schedule: torchtitan's default split (:data:`TORCHTITAN_LOOPED_STAGES_PER_RANK`); None otherwise."""
+    from echosim.frameworks import framework_named_in
+
+    if c["vpp"].strip() or (c.int("pp", 1) or 1) <= 1:
+        return None
+    if not framework_named_in(c["framework"]).startswith("torchtitan") or not _LOOPED_SCHEDULE.search(c["notes"]):
+        return None
+    return TORCHTITAN_LOOPED_STAGES_PER_RANK
+
+
 def replica_micro_batch(c: Case) -> int:
     """Sequences one data-parallel replica runs per micro-batch.
 
@@ -647,14 +667,14 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
     flags = _source_flags(c)
-    vpp = flags.get("vpp") or c.int("vpp", 1) or 1
+    vpp = flags.get("vpp") or c.int("vpp") or torchtitan_vpp(c) or 1
     stated = {
         "tp": c.int("tp") or None,
         "pp": c.int("pp") or None,
         "dp": _derived_dp(c),
         "cp": c.int("cp") or None,
         "ep": c.int("ep") or None,
-        "vpp": c.int("vpp") or None,
+        "vpp": c.int("vpp") or torchtitan_vpp(c),
         "sp": None if c.int("sp") is None else c.int("sp") == 1,
         "zero": c.int("zero"),
         "micro_batch": recipe_micro_batch(c) or replica_micro_batch(c),
