@@ -465,3 +465,50 @@ def test_the_tuner_ranks_candidates_without_the_pipelining_cost():
     assert collective_time_s(A100, AR, big, node) == pytest.approx(max(pick.time_us, A100.nccl_launch_us) * 1e-6)
     ll128 = next(c for c in cands if (c.algo, c.proto) == ("ring", "LL128"))
     assert ll128.time_us < pick.time_us  # echosim's own costing would have kept LL128
+
+
+GB200 = DEVICES["gb200"]
+TRAYS = NcclConfig(host_nodes=True)
+
+
+def test_an_nvl72_group_counts_one_tuner_node_per_compute_tray_only_when_asked():
+    """NCCL numbers nodes by host: 64 GPUs of one NVL72 rack are 16 trays of 4 when the domain is not fused."""
+    from echosim.backends.collectives import tuner_placement
+
+    rack = Placement(64, 1, 64)
+    assert tuner_placement(GB200, rack, TRAYS) == Placement(64, 16, 4)
+    assert tuner_placement(GB200, Placement(72, 1, 72), TRAYS) == Placement(72, 18, 4)
+    assert tuner_placement(GB200, rack) == rack  # NCCL's default: MNNVL fuses the rack into one node
+    assert tuner_placement(GB200, Placement(4, 1, 4), TRAYS) == Placement(4, 1, 4)  # one tray
+    assert tuner_placement(H100, Placement(8, 1, 8), TRAYS) == Placement(8, 1, 8)  # one host per node
+
+
+def test_tray_nodes_price_small_nvl72_collectives_with_nccls_multi_node_latencies():
+    """tuning.cc with 16 (18) nodes of 4: ring LL 6.6 + 48 (54) x max(0.6, 1.0 net overhead) + 15 (17) x 2.7,
+    tree LL 6.8 + 2 x (3 x 0.6 + log2(16) x 5.0), NVLS 25 + 18; the XLA table measures 94 / 107 µs
+    (all-gather medians under 64 KiB) and 51 / 55 µs (all-reduce)."""
+    cfg = NcclConfig(nvls_gather=False, host_nodes=True)
+    ring = {c.proto: c for c in choices(GB200, AG, 1024, Placement(64, 1, 64), cfg) if c.algo == "ring"}
+    assert ring["LL"].latency_us == pytest.approx(6.6 + 48 * 1.0 + 15 * 2.7)
+    assert best_choice(GB200, AG, 1024, Placement(72, 1, 72), cfg).latency_us == pytest.approx(6.6 + 54 + 17 * 2.7)
+    ar = {(c.algo, c.proto): c for c in choices(GB200, AR, 1024, Placement(64, 1, 64), cfg)}
+    assert ar[("tree", "LL")].latency_us == pytest.approx(6.8 + 2 * (3 * 0.6 + 4 * 5.0))
+    assert ar[("nvls", "Simple")].latency_us == pytest.approx(25 + 18)
+    assert collective_time_s(GB200, AG, 1024, Placement(64, 1, 64), cfg) * 1e6 == pytest.approx(94, rel=0.05)
+
+
+def test_tray_nodes_leave_nvlink_bandwidth_alone():
+    """Only latencies move (the steps and the pipeline's handshake): a 32 GiB all-gather over 64 GPUs still
+    crosses NVLink at ring speed, 2% slower (XLA's table: 48.9 ms, 47.9 fused, 48.9 with trays)."""
+    big, rack = 32 * 2**30, Placement(64, 1, 64)
+    fused = collective_time_s(GB200, AG, big, rack, NcclConfig(nvls_gather=False))
+    trays = collective_time_s(GB200, AG, big, rack, NcclConfig(nvls_gather=False, host_nodes=True))
+    assert fused < trays < fused * 1.03
+    assert choices(GB200, AG, big, rack, TRAYS)[0].algbw_GBps == choices(GB200, AG, big, rack)[0].algbw_GBps
+
+
+def test_p2p_between_tray_nodes_gets_no_ll_buffers():
+    """NCCL gives network p2p connections LL buffers only on request: tray nodes send small p2p in Simple."""
+    rack = Placement(64, 1, 64)
+    assert best_choice(GB200, A2A, 64 * 1024, rack).proto == "LL"
+    assert best_choice(GB200, A2A, 64 * 1024, rack, TRAYS).proto == "Simple"

@@ -120,6 +120,8 @@ def test_every_device_cites_sources_and_measured_fractions_are_below_peak(name):
         ({"gemm_eff_fp8": None}, "'peak_fp8_tflops' and 'gemm_eff_fp8' must be given together"),
         ({"flash_fwd_shape": (1, 16, 0, 128)}, "'flash_fwd_shape' must be 4 positive ints"),
         ({"name": "", "sm_count": 0}, "device '<unnamed>': field 'name' is missing"),
+        ({"gpus_per_host": 3}, "'gpus_per_host' 3 does not divide 'devices_per_node'"),
+        ({"gpus_per_host": 0}, "field 'gpus_per_host' must be positive"),
     ],
 )
 def test_invalid_specs_name_the_device_and_the_field(change, message):

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from echosim.backends.collectives import NcclConfig
-from echosim.validation.microbench import TARGETS, XLA_TABLE_NCCL, harness_nccl, probe, validate_microbench
+from echosim.validation.microbench import (
+    TARGETS,
+    XLA_TABLE_MULTIHOST_NCCL,
+    XLA_TABLE_NCCL,
+    harness_nccl,
+    probe,
+    validate_microbench,
+)
 
 MICROBENCH = Path(__file__).resolve().parents[2] / "shared" / "validation" / "microbench.csv"
 
@@ -41,6 +48,10 @@ MEETS = {
     # XLA's collective-permutes: NCCL's p2p channels per send, ring shifts sharing them both ways
     "H100-SXM (sm_90) | send/recv | intra-node | <1MiB | XLA table": 12.8,
     "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB | XLA table": 9.2,
+    # XLA's GB200 NVL72 run over 16-18 trays: NCCL's tuner with one node per 4-GPU tray, LL allowed
+    "GB200 (sm_100, NVL72) | all_gather | intra-node | <1MiB | XLA table": 10.1,  # was 35.4
+    "GB200 (sm_100, NVL72) | reduce_scatter | intra-node | <1MiB | XLA table": 5.5,  # was 33.8
+    "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB | XLA table": 11.7,  # was 20.9
 }
 
 
@@ -110,6 +121,10 @@ def test_targets_by_regime_and_harness(groups):
          NcclConfig(algo="ring", devices_per_thread=4)),
         ({"op": "sendrecv (nccl-tests -g 8)", "num_devices": "8"}, NcclConfig(devices_per_thread=8)),
         ({"source": "https://github.com/openxla/xla/blob/x/table.txtpb", "num_devices": "8"}, XLA_TABLE_NCCL),
+        ({"source": "https://github.com/openxla/xla/blob/x/table.txtpb", "device": "GB200 (sm_100, NVL72)",
+          "num_devices": "64"}, XLA_TABLE_MULTIHOST_NCCL),
+        ({"source": "https://github.com/openxla/xla/blob/x/table.txtpb", "device": "GB200 (sm_100, NVL72)",
+          "num_devices": "4"}, XLA_TABLE_NCCL),
         ({"source": "https://github.com/microsoft/mscclpp/x.md", "num_devices": "8"}, NcclConfig()),
     ],
 )  # fmt: skip

@@ -94,3 +94,25 @@ def test_series_flag_prints_one_line_per_series(tmp_path, capsys, monkeypatch):
     module.main()
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and "H100-SXM (sm_90) | all-reduce | 8 x 1" in out[2] and "40.0" in out[2]
+
+
+def test_the_monotone_oracle_follows_a_rising_floor_but_not_noise():
+    monotone = _module()._monotone_mape
+    # a floor that rises with size is fitted exactly; a constant could not
+    assert monotone([(1024, 10.0, False), (4096, 20.0, False), (8192, 40.0, False)]) == pytest.approx(0.0)
+    # a spike among flat rows stays an error: 60 µs between two 30 µs rows costs 50% on that row
+    assert monotone([(1024, 30.0, False), (4096, 60.0, False), (8192, 30.0, False)]) == pytest.approx(0.5 / 3)
+    # rows of one size share one prediction
+    assert monotone([(1024, 20.0, False), (1024, 40.0, False)]) == pytest.approx(0.5 / 2)
+
+
+def test_floors_can_score_the_monotone_oracle(tmp_path):
+    path = tmp_path / "mb.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows([_row(1024, 30.0), _row(4096, 30.0), _row(8192, 60.0)])
+    module = _module()
+    constant = module.floors(path, 64 * 1024)["H100-SXM (sm_90) | all-reduce | XLA table"]["oracle"]
+    rising = module.floors(path, 64 * 1024, monotone=True)["H100-SXM (sm_90) | all-reduce | XLA table"]["oracle"]
+    assert constant == pytest.approx(0.5 / 3) and rising == pytest.approx(0.0)

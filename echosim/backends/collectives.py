@@ -104,6 +104,10 @@ class NcclConfig:
     ``nvls_chunk_hop``: each chunk an NVLS collective pipelines pays NVLS's own hop latency
     (25 µs in tuning.cc) instead of a ring Simple hop, so it reaches its bandwidth only at
     hundreds of MB (XLA's perf table; nccl-tests' NVLS rows climb with the ring hop).
+    ``host_nodes``: NCCL counts each host of a multi-host NVLink domain (an NVL72 compute tray,
+    ``DeviceSpec.gpus_per_host``) as a node of its own instead of fusing the domain into one
+    (MNNVL topology fusion, NCCL >= 2.21): the tuner then prices the steps between trays with its
+    network latencies and multi-node rules although the bytes still cross NVLink (:func:`tuner_placement`).
     The defaults are NCCL's own.
     """
 
@@ -113,6 +117,7 @@ class NcclConfig:
     protocols: tuple[str, ...] = PROTOCOLS
     devices_per_thread: int = 1
     nvls_chunk_hop: bool = False
+    host_nodes: bool = False
 
     def __post_init__(self) -> None:
         if self.algo not in ("", "ring", "tree", "nvls"):
@@ -182,6 +187,23 @@ def check_placement(dev: DeviceSpec, p: Placement) -> None:
         )
 
 
+def tuner_placement(dev: DeviceSpec, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> Placement:
+    """The nodes NCCL's tuner sees: ``p`` itself, or with ``nccl.host_nodes`` one node per host of an NVLink domain.
+
+    NCCL numbers nodes by host (init.cc: one node per distinct ring head; without MNNVL's topology
+    fusion every host's GPUs form their own graph). A group inside one NVL72 rack then spans
+    ``per_node / gpus_per_host`` tuner nodes, and tuning.cc prices it as a multi-node communicator:
+    ring steps between hosts take the network hop, trees take log2(nodes) network hops, LL's cap
+    takes its multi-node column and NVLS adds its network hop. Bandwidth is unchanged (:func:`links_for`).
+    """
+    host = dev.gpus_per_host
+    if not nccl.host_nodes or host is None or p.nodes != 1 or p.per_node <= host:
+        return p
+    hosts = math.ceil(p.per_node / host)
+    per_host = math.ceil(p.per_node / hosts)
+    return Placement(hosts * per_host, hosts, per_host, p.concurrent_per_node)
+
+
 def _node_col(nodes: int) -> int:
     return 0 if nodes == 1 else 1 if nodes == 2 else 2
 
@@ -214,8 +236,12 @@ def _hop_latencies(dev: DeviceSpec, algo: str, proto: int, p: Placement) -> tupl
     return intra, inter
 
 
-def ring_choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, links: Links) -> list[Choice]:
-    n, nodes = p.size, p.nodes
+def ring_choices(
+    dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, links: Links, tp: Placement | None = None
+) -> list[Choice]:
+    """Ring candidates; ``tp`` is the placement NCCL's tuner sees (:func:`tuner_placement`), ``p`` by default."""
+    tp = tp or p
+    n, nodes = p.size, tp.nodes
     if kind is OpKind.ALL_REDUCE:
         steps, inter_steps = 2 * (n - 1), 2 * (nodes - 1)
     elif kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
@@ -226,12 +252,12 @@ def ring_choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, links
     ratio = n / steps
     out = []
     for proto in range(3):
-        intra_hop, inter_hop = _hop_latencies(dev, "ring", proto, p)
+        intra_hop, inter_hop = _hop_latencies(dev, "ring", proto, tp)
         lat = BASE_LATENCY_US["ring"][proto] + (steps - inter_steps) * intra_hop + inter_steps * inter_hop
         if proto == SIMPLE and kind is OpKind.ALL_REDUCE and nodes > 1 and nbytes / (links.channels * n) >= 64:
             lat *= 1.4  # NCCL's "plateau effect" for multi-node Simple rings on sm80+
         if proto == LL:
-            bw = min(ll_max_bw(dev, nodes), bus * 0.5)
+            bw = min(ll_max_bw(dev, p.nodes), bus * 0.5)
         elif proto == LL128:
             bw = min(bus * 0.92, links.channels * PER_CH_RING_LL128_BW[dev.arch])
         else:
@@ -242,9 +268,10 @@ def ring_choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, links
     return out
 
 
-def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> list[Choice]:
-    """Double binary tree across nodes, chain inside a node (all-reduce only)."""
-    nodes, ppn = p.nodes, p.per_node
+def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links, tp: Placement | None = None) -> list[Choice]:
+    """Double binary tree across nodes, chain inside a node (all-reduce only); ``tp`` as for :func:`ring_choices`."""
+    tp = tp or p
+    nodes, ppn = tp.nodes, tp.per_node
     col = _node_col(nodes)
     # NCCL takes the intra-node bandwidth on <= 2 nodes (the 2-node tree halves network
     # traffic per node) and the network bandwidth beyond.
@@ -256,7 +283,7 @@ def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links) -> li
     hi, frac = min(23, lo + 1), x - lo
     out = []
     for proto in range(3):
-        intra_hop, inter_hop = _hop_latencies(dev, "tree", proto, p)
+        intra_hop, inter_hop = _hop_latencies(dev, "tree", proto, tp)
         lat = BASE_LATENCY_US["tree"][proto] + 2 * ((ppn - 1) * intra_hop + math.log2(nodes) * inter_hop)
         if proto == LL:
             bw = min(bus / 3.8, ll_max_bw(dev, nodes))
@@ -293,13 +320,18 @@ def nvls_choice(
         return None
     link = dev.nvlink_busbw_GBps * efficiency
     lat = NVLINK_HOP_US["nvls"][SIMPLE]
+    if tuner_placement(dev, p, nccl).nodes > 1:  # tuning.cc: NVLS over several nodes adds its network hop
+        lat += NET_HOP_US["nvls"][SIMPLE]
     handshake = NVLINK_HOP_US["nvls" if nccl.nvls_chunk_hop else "ring"][SIMPLE]
     pipe = _pipeline_us(nbytes * traffic, link, handshake)
     return Choice("nvls", "Simple", nbytes, lat, link / traffic, pipe)
 
 
 def p2p_uses_ll(peer_bytes: float, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> bool:
-    """Whether NCCL sends one peer's ``peer_bytes`` with LL: small, on NVLink, LL allowed."""
+    """Whether NCCL sends one peer's ``peer_bytes`` with LL: small, on one node's NVLink, LL allowed.
+
+    ``p`` is the placement NCCL sees (:func:`tuner_placement`): peers on other nodes get no LL buffers.
+    """
     return p.nodes == 1 and peer_bytes <= P2P_LL_THRESHOLD_BYTES and "LL" in nccl.protocols
 
 
@@ -324,7 +356,7 @@ def all_to_all_choice(
     """
     n = p.size
     peer_bytes = nbytes / n
-    if p.per_node > 1 and p2p_uses_ll(peer_bytes, p, nccl):
+    if p.per_node > 1 and p2p_uses_ll(peer_bytes, tuner_placement(dev, p, nccl), nccl):
         return _ll_p2p_choice(dev, nbytes, peer_bytes, links.intra_GBps)
     intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
     node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
@@ -389,7 +421,7 @@ def p2p_choice(
     the link. A channel whose chunk spans more than one FIFO step (``P2P_NVL_CHUNK_BYTES``)
     pipelines it at its own rate; a one-step chunk has no pipeline of its own.
     """
-    if p2p_uses_ll(nbytes, p, nccl):
+    if p2p_uses_ll(nbytes, tuner_placement(dev, p, nccl), nccl):
         return _ll_p2p_choice(dev, nbytes, nbytes, dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY)
     if p.nodes == 1:
         link = dev.nvlink_GBps * P2P_NVLINK_EFFICIENCY
@@ -415,9 +447,10 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
         return [all_to_all_choice(dev, nbytes, p, links, nccl)]
     if kind not in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST):
         raise ValueError(f"{kind.value} is not a collective")
-    out = ring_choices(dev, kind, nbytes, p, links)
+    tp = tuner_placement(dev, p, nccl)
+    out = ring_choices(dev, kind, nbytes, p, links, tp)
     if kind is OpKind.ALL_REDUCE:
-        out += tree_choices(dev, nbytes, p, links)
+        out += tree_choices(dev, nbytes, p, links, tp)
     use_nvls = nccl.nvls and (kind is OpKind.ALL_REDUCE or nccl.nvls_gather)
     nvls = nvls_choice(dev, kind, nbytes, p, nccl) if use_nvls else None
     if nvls is not None:

@@ -90,6 +90,9 @@ class DeviceSpec:
     # CPU vendor of the node's host ("intel", "amd", "arm"; "" unknown). NCCL's tuner reads it on
     # multi-node communicators (tuning.cc, getNetOverhead and llMaxBws): only "amd" changes the model.
     host_cpu_vendor: str = ""
+    # GPUs one host (one OS instance, one hostHash to NCCL) holds where an NVLink domain spans several
+    # hosts (GB200/GB300 NVL72: a compute tray of 4 GPUs and 2 Grace CPUs); None: one host per node.
+    gpus_per_host: int | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -114,6 +117,7 @@ class DeviceSpec:
 
 
 _OPTIONAL = {
+    "gpus_per_host",
     "peak_fp8_tflops",
     "gemm_eff_fp8",
     "peak_fp4_tflops",
@@ -181,6 +185,8 @@ def validate(spec: DeviceSpec) -> None:
         raise ValueError(f"{who}: field 'hbm_stream_GBps' exceeds the peak 'hbm_GBps'")
     if spec.nvlink_busbw_GBps > spec.nvlink_GBps:
         raise ValueError(f"{who}: 'nvlink_links' x 'nccl_nvlink_GBps' exceeds the line rate 'nvlink_GBps'")
+    if spec.gpus_per_host is not None and spec.devices_per_node % spec.gpus_per_host:
+        raise ValueError(f"{who}: 'gpus_per_host' {spec.gpus_per_host} does not divide 'devices_per_node'")
     for name in ("kernel_overhead_us", "nccl_launch_us"):
         if getattr(spec, name) > 100:
             raise ValueError(f"{who}: field {name!r} is {getattr(spec, name)} µs; expected a few µs")
@@ -470,6 +476,7 @@ GB200 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=4.04,  # Source: Azure ND GB200 v6 nccl-tests -g 4, 16.2 µs / 4 (Grace host)
     host_cpu_vendor="arm",  # Source: Grace (Neoverse V2) host, Azure ND GB200 v6 (_GB200_AZ)
+    gpus_per_host=4,  # Source: hw_specs.csv, "4 GPUs + 2 Grace CPUs per compute tray" (18 trays per NVL72)
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -550,6 +557,7 @@ GB300 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=4.04,  # No GB300 nccl-tests row: carried over from GB200 (Grace host, same launch path)
     host_cpu_vendor="arm",  # Source: GB300 NVL72, Grace host (as GB200)
+    gpus_per_host=4,  # Source: GB300 NVL72, 72 GPUs and 36 Grace CPUs in 18 compute trays
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,

@@ -59,6 +59,9 @@ HARNESS_FITTED = {
     "microbench.XLA_TABLE_NCCL": "XLA perf-table harness: NVLS for all-reduce only, no LL protocol, NVLS "
     "chunks paying NVLS's hop (inferred from the table's large-size bus bandwidth, its small-message floors "
     "and its NVLS all-reduce ramp on H100, B200 and GB200)",
+    "microbench.XLA_TABLE_MULTIHOST_NCCL": "XLA perf-table harness on the GB200 NVL72 rows (a run over 16-18 compute "
+    "trays): NCCL's tuner counting each 4-GPU tray as a node, LL allowed (inferred from the table's all-gather, "
+    "reduce-scatter and all-reduce floors at 64 and 72 GPUs)",
 }
 #: TPU fields the model assumes (no TPU microbenchmark exists in the validation data).
 TPU_ASSUMED = {
@@ -86,12 +89,13 @@ def fitted_constants(backends: Iterable[str]) -> list[dict[str, Any]]:
             value = getattr({"compute": compute, "collectives": collectives}[module], attr)
             rows.append({"parameter": dotted, "kind": "fitted", "what": what, "values": {"all GPUs": value}})
     if gpus:
-        from echosim.validation.microbench import XLA_TABLE_NCCL
+        from echosim.validation import microbench
 
         for dotted, what in HARNESS_FITTED.items():
+            cfg = getattr(microbench, dotted.split(".")[1])
             value = (
-                f"nvls_gather={XLA_TABLE_NCCL.nvls_gather}, protocols={'/'.join(XLA_TABLE_NCCL.protocols)}, "
-                f"nvls_chunk_hop={XLA_TABLE_NCCL.nvls_chunk_hop}"
+                f"nvls_gather={cfg.nvls_gather}, protocols={'/'.join(cfg.protocols)}, "
+                f"nvls_chunk_hop={cfg.nvls_chunk_hop}" + (", host_nodes=True" if cfg.host_nodes else "")
             )
             rows.append({"parameter": dotted, "kind": "fitted (harness)", "what": what, "values": {"XLA table": value}})
     tpus = [b for b in used if b in TPUS]

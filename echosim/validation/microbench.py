@@ -332,6 +332,17 @@ def _memory_probe(backend: str, row: dict[str, str]) -> Probe | str:
 AZURE_GUIDE = "github.com/Azure/AI-benchmarking-guide"
 XLA_TABLE = "openxla/xla"
 XLA_TABLE_NCCL = NcclConfig(nvls_gather=False, protocols=("LL128", "Simple"), nvls_chunk_hop=True)
+# The table's multi-host run (GB200 NVL72: 16-18 compute trays, one process per tray): NCCL's tuner
+# counts every tray as a node (NcclConfig.host_nodes) and LL is not excluded.
+XLA_TABLE_MULTIHOST_NCCL = NcclConfig(nvls_gather=False, nvls_chunk_hop=True, host_nodes=True)
+
+
+def _gpus_per_host(row: dict[str, str]) -> int | None:
+    """GPUs one host of the row's device holds, where its NVLink domain spans hosts (DeviceSpec.gpus_per_host)."""
+    from echosim.backends.devices import DEVICES
+
+    spec = DEVICES.get(backend_for_device(row["device"]) or "")
+    return spec.gpus_per_host if spec is not None else None
 
 
 def harness_nccl(row: dict[str, str]) -> NcclConfig:
@@ -350,6 +361,11 @@ def harness_nccl(row: dict[str, str]) -> NcclConfig:
       by 1.9 µs per ring step, LL128's hop, from 2 to 8 ranks), and NVLS all-reduce climbs to
       its bandwidth as a pipeline whose chunks pay NVLS's 25 µs hop (H100, B200 and GB200
       alike; nccl-tests' NVLS rows climb with the 3.4 µs ring hop).
+      Its GB200 NVL72 rows come from a run over 16-18 hosts (4 GPUs per compute tray): there the
+      floors are those of NCCL's tuner counting each tray as a node, LL included
+      (``XLA_TABLE_MULTIHOST_NCCL``): ring LL 6.6 + 48 x 1.0 + 15 x 2.7 = 95 µs for an all-gather
+      over 64 GPUs (16 trays), 106 µs over 72 (measured medians 94 and 107 µs, reduce-scatter 96
+      and 109 µs), where one fused node would give LL 44 / 49 µs or LL128 134 / 149 µs.
     """
     source, op = row["source"], row["op"]
     n = int(_number(row["num_devices"]) or 1)
@@ -359,7 +375,8 @@ def harness_nccl(row: dict[str, str]) -> NcclConfig:
     if m:
         return NcclConfig(devices_per_thread=int(m.group(1)))
     if XLA_TABLE in source:
-        return XLA_TABLE_NCCL
+        host = _gpus_per_host(row)
+        return XLA_TABLE_MULTIHOST_NCCL if host is not None and n > host else XLA_TABLE_NCCL
     return NcclConfig()
 
 
