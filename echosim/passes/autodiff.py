@@ -90,6 +90,10 @@ def _regather(c: _Ctx, x: int) -> int:
     return c.regathered[x]
 
 
+#: Integer and boolean tensors (expert indices, masks) carry no gradient.
+_NO_GRAD = frozenset({DType.INT64, DType.INT32, DType.BOOL})
+
+
 def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     a = n.attrs
     assert isinstance(a, MatmulAttrs)
@@ -106,7 +110,7 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
             reduce = CollectiveAttrs(Axis.TP, 0, c.spec(x).nbytes)
             dx = c.emit(n, OpKind.ALL_REDUCE, [dx], c.spec(x), reduce, "dgrad.tp_all_reduce")
         out.append((x, dx))
-    if w in needs:
+    if w in needs and c.spec(w).dtype not in _NO_GRAD:  # no gradient flows into indices or masks
         if linear:
             attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io)
         else:
