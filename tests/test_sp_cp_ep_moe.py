@@ -452,6 +452,9 @@ def test_padded_capacity_runs_every_slot_and_prices_the_one_hot_einsums(tiny_moe
         assert len(found) == len(dispatches)  # one per MoE layer held
         assert all(n.attrs.flops == 2 * tokens * 4 * 10 * hidden for n in found)
     assert not [n for n in padded if "moe_sort_chunks" in n.name]  # the slots are laid out expert by expert
+    # a rank holding half a sequence (SP / CP) counts capacity over the whole one: C = 20 for S = 32
+    half = run_passes(tiny_moe, [ExpertParallel(2, 1.25, padded=True, seq_len=2 * tokens)])
+    assert all(n.attrs.flops == 2 * tokens * 4 * 20 * hidden for n in _einsums(half, "einsum"))
 
 
 def test_padded_einsum_gradients_skip_the_boolean_mask(tiny_moe: Graph) -> None:

@@ -292,7 +292,7 @@ class _Rewriter:
     def _slots(self, d: Node) -> tuple[int, int, int]:
         """(sequences, tokens per sequence, expert slots per sequence E x C) of dispatch ``d``'s padded path."""
         tokens = self.src[d.inputs[0]].out.shape[0]
-        seq = self.opts.seq_len if 0 < self.opts.seq_len <= tokens else tokens
+        seq = self.opts.seq_len or tokens  # a whole sequence even where SP / CP leave a rank part of one
         experts, top_k, cf = self._layer_experts(d), self._top_k(d), self.opts.capacity_factor
         if not experts:
             raise LayoutError(f"expert dispatch {d.name} at {d.scope}: no expert weights to pad")
