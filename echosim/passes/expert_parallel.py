@@ -289,7 +289,7 @@ class _Rewriter:
             attrs = replace(attrs, shard=attrs.shard * self.opts.ep, expert=True)
         return self._copy(node, [], out=node.out.with_shape(shape), attrs=attrs)
 
-    def _slots(self, d: Node) -> tuple[int, int, int]:
+    def _slots(self, d: Node) -> tuple[float, int, int]:
         """(sequences, tokens per sequence, expert slots per sequence E x C) of dispatch ``d``'s padded path."""
         tokens = self.src[d.inputs[0]].out.shape[0]
         seq = self.opts.seq_len or tokens  # a whole sequence even where SP / CP leave a rank part of one
