@@ -466,6 +466,11 @@ def test_padded_einsum_gradients_skip_the_boolean_mask(tiny_moe: Graph) -> None:
     assert sorted({n.name.rsplit(".", 1)[1] for n in back if "combine_einsum" in n.name}) == ["dgrad", "wgrad"]
     with pytest.raises(LayoutError, match="capacity factor > 0"):
         run_passes(tiny_moe, [ExpertParallel(2, padded=True)])
+    # MFU counts the model's work: padding and einsums are hardware FLOPs only
+    plain = graph_flops(run_passes(tiny_moe, [ExpertParallel(2), Autodiff()]))
+    padded = graph_flops(g)
+    assert padded.model == pytest.approx(plain.model, rel=1e-3)
+    assert padded.hardware - padded.model == padded.overhead > 0
 
 
 def test_maxtext_pads_experts_only_with_a_capacity_factor() -> None:

@@ -103,7 +103,15 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     sp = _sp_gathered(c, x)
     if x in needs:
         attrs = MatmulAttrs(
-            m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad", grouped=a.grouped, conv_io=a.conv_io
+            m=a.m,
+            n=a.k,
+            k=a.n,
+            batch=a.batch,
+            tp=a.tp,
+            grad_of="dgrad",
+            grouped=a.grouped,
+            conv_io=a.conv_io,
+            useful=a.useful,
         )
         dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
         if a.tp in ("colwise", "vocab") and not sp:  # with SP the all_gather's conjugate reduces
@@ -112,10 +120,20 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         out.append((x, dx))
     if w in needs and c.spec(w).dtype not in _NO_GRAD:  # no gradient flows into indices or masks
         if linear:
-            attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io)
+            attrs = MatmulAttrs(
+                m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io, useful=a.useful
+            )
         else:
             attrs = MatmulAttrs(
-                m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad", grouped=a.grouped, conv_io=a.conv_io
+                m=a.k,
+                n=a.n,
+                k=a.m,
+                batch=a.batch,
+                tp=a.tp,
+                grad_of="wgrad",
+                grouped=a.grouped,
+                conv_io=a.conv_io,
+                useful=a.useful,
             )
         # Megatron's column-parallel linear keeps only its 1/tp input shard and gathers it
         # again; grouped expert GEMMs keep the rows the dispatcher gathered for them

@@ -317,7 +317,7 @@ class _Rewriter:
         tokens, ids = (self.map[i] for i in d.inputs[:2])
         hidden = d.out.shape[1]
         batch = int(groups) if groups == int(groups) else 1
-        attrs = MatmulAttrs(m=round(slots * groups / batch), n=hidden, k=seq, batch=batch)
+        attrs = MatmulAttrs(m=round(slots * groups / batch), n=hidden, k=seq, batch=batch, useful=0.0)
         out = d.out.with_shape((max(1, round(slots * groups)), *d.out.shape[1:]))
         return self.out.add(OpKind.MATMUL, [tokens, ids], out, attrs, phase=d.phase, scope=d.scope,
                             name=f"{d.name}.dispatch_einsum")  # fmt: skip
@@ -328,7 +328,7 @@ class _Rewriter:
             raise LayoutError(f"padding experts to capacity needs a weighted combine (rows, ids, weights): {c.name}")
         groups, seq, slots = self._slots(self.src[self.combine_of[c.id]])
         batch = int(groups) if groups == int(groups) else 1
-        attrs = MatmulAttrs(m=round(seq * groups / batch), n=c.out.shape[1], k=slots, batch=batch)
+        attrs = MatmulAttrs(m=round(seq * groups / batch), n=c.out.shape[1], k=slots, batch=batch, useful=0.0)
         return self.out.add(OpKind.MATMUL, [back, ins[2]], c.out, attrs, phase=c.phase, scope=c.scope,
                             name=f"{c.name}.combine_einsum")  # fmt: skip
 
@@ -381,6 +381,8 @@ class _Rewriter:
             experts = self.out[ins[1]].out.shape[0] if len(self.out[ins[1]].out.shape) == 3 else 0
             if experts:
                 attrs = replace(attrs, batch=experts, m=-(-out.shape[0] // experts))
+            if routing.padded:  # the routed rows are the model's work, the empty slots are not
+                attrs = replace(attrs, useful=1.0 / routing.padded)
         elif isinstance(attrs, CollectiveAttrs):
             attrs = replace(attrs, bytes=max(out.nbytes, self.out[ins[0]].out.nbytes))
         return self._copy(node, ins, out=out, attrs=attrs)
