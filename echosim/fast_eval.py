@@ -326,8 +326,8 @@ def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
     return Derived(sc, (flops, static, act, blocks))
 
 
-def _flop_parts(f: FlopCount) -> tuple[int, int, int]:
-    return (f.forward, f.backward, f.recompute)
+def _flop_parts(f: FlopCount) -> tuple[int, int, int, int]:
+    return (f.forward, f.backward, f.recompute, f.overhead)
 
 
 def _collective(joint: Joint, node: Node, nbytes: int) -> float:

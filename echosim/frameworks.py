@@ -115,6 +115,11 @@ class Framework:
     optimizer_bytes: int = 0
     optimizer_source: str = ""
 
+    # MoE with a capacity factor: every expert padded to its capacity, tokens dispatched and combined by
+    # one-hot einsums ('' = Megatron-Core's dropping: rows over capacity dropped, the rest permuted, no
+    # padding; echosim.passes.expert_parallel, ``padded``), and where that is documented.
+    moe_capacity_padding: str = ""
+
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
     vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
@@ -406,6 +411,9 @@ FRAMEWORKS: dict[str, Framework] = {
             "(src/maxtext/train.py loss_fn, commit e591f30)",
             fp32_weights="weight_dtype: float32, mu_dtype inherits it (src/maxtext/configs/base.yml, "
             "commit e591f30); gradients take the weights' dtype",
+            moe_capacity_padding="with capacity_factor > 0 and sparse_matmul off, dense_matmul builds per-sequence "
+            "dispatch / combine masks of E x C slots (generate_masks) and runs the einsums 'BSM,BSEC -> EBCM', "
+            "the experts on every slot, and 'EBCM,BSEC -> BSM' (src/maxtext/layers/moe.py, commit e591f30)",
         ),
         Framework(
             "deepspeed",

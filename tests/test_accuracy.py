@@ -85,6 +85,22 @@ def test_interleaved_blocks_count_their_memory_per_layer() -> None:
     assert maverick.error == pytest.approx(-0.305, abs=0.01)
 
 
+def test_maxtext_dropping_moe_pads_experts_to_capacity() -> None:
+    """Mixtral 8x22B on v6e-256 ran MaxText's dropping path (recipe mixtral_8x22b_dropped: capacity_factor 1.25,
+    megablox and sparse_matmul off): the experts run every padded slot and one-hot einsums dispatch and combine
+    (+36% matmul time): -18.4% -> -1.0%. The dropless (megablox) Llama 4 rows take no capacity and do not move."""
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_plan
+
+    result = validate_cases(CASES, {"source_id": "tpu_recipes", "arch": "moe"})
+    errors = {r.case_id: r.error for r in result.rows if r.error is not None}
+    assert errors["tpurecipes-mixtral-8x22b-bf16-v6e-256"] == pytest.approx(-0.010, abs=0.01)
+    assert errors["tpurecipes-llama4-scout-bf16-v5p-512"] == pytest.approx(-0.144, abs=0.01)
+    plans = {c.case_id: row_plan(c)[0] for c in read_cases(CASES) if c.case_id in errors}
+    assert plans["tpurecipes-mixtral-8x22b-bf16-v6e-256"].moe_capacity_factor == 1.25
+    assert plans["tpurecipes-llama4-maverick-bf16-v5p-128"].moe_capacity_factor == 0.0
+
+
 def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     """attn_impl 'triton' (sweep.py / submit_benchmarks.py defaults) at the FA2 paper's published Triton / FA1
     rate next to FlashAttention-2 (echosim.backends.compute.TRITON_FLASH_FWD_BWD_TFLOPS): the group went from

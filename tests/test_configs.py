@@ -217,6 +217,15 @@ def test_maxtext_mixtral_with_expert_parallelism() -> None:
     same(got, by_hand("mixtral-8x7b", f"--devices 256 --ep 8 --micro-batch 2 --global-batch 512 --seq-len 2048 {_TPU}"))
 
 
+def test_maxtext_capacity_factor_counts_only_on_the_dense_path() -> None:
+    """capacity_factor reaches MaxText's dense_matmul only (padded experts, einsum dispatch); the sparse path is
+    dropless whatever it says."""
+    base = f"maxtext:{MT}/base.yml {MT}/models/mixtral-8x7b.yml per_device_batch_size=2 ici_expert_parallelism=8"
+    dense = from_config(f"{base} capacity_factor=1.25 sparse_matmul=false", "--devices 256 --backend tpu-v5p")
+    sparse = from_config(f"{base} capacity_factor=1.25", "--devices 256 --backend tpu-v5p")
+    assert dense[1].moe_capacity_factor == 1.25 and sparse[1].moe_capacity_factor == 0.0
+
+
 def test_maxtext_model_name_loads_the_model_config_and_overrides_apply() -> None:
     got = from_config(f"maxtext:{MT}/base.yml model_name=llama2-7b per_device_batch_size=4 ici_tensor_parallelism=4",
                       "--devices 256 --backend tpu-v5p")  # fmt: skip

@@ -426,3 +426,58 @@ def test_deepep_cuts_cross_node_expert_traffic_only() -> None:
     assert ep_s(replace(across, moe_dispatcher="deepep"), 16) < 0.85 * ep_s(across, 16)
     inside = Plan(dp=8, ep=8, global_batch=8, seq_len=4096)
     assert ep_s(replace(inside, moe_dispatcher="deepep"), 8) == ep_s(inside, 8)
+
+
+# ---- padded capacity: MaxText's dropping path (dense_matmul with capacity_factor > 0) --------
+
+
+def _einsums(g: Graph, tag: str) -> list:
+    return [n for n in g if n.op is OpKind.MATMUL and tag in n.name]
+
+
+def test_padded_capacity_runs_every_slot_and_prices_the_one_hot_einsums(tiny_moe: Graph) -> None:
+    """MaxText pads each expert to C = int(ceil(S k / E) cf) slots per sequence (16 x 2 / 4 x 1.25 = 10) and
+    fills and empties them with one-hot einsums: the experts run 40 slots per 32 routed rows, the all_to_alls
+    move the padded buffers, and each einsum costs 2 T (E C) M FLOPs."""
+    plain = run_passes(tiny_moe, [ExpertParallel(2)])
+    padded = run_passes(tiny_moe, [ExpertParallel(2, 1.25, padded=True, seq_len=16)])
+    rows = sum(n.attrs.m * n.attrs.batch for n in grouped(plain))
+    assert sum(n.attrs.m * n.attrs.batch for n in grouped(padded)) == pytest.approx(1.25 * rows, abs=2)
+    wire = sum(n.attrs.bytes for n in a2a(plain, Phase.FORWARD))
+    assert sum(n.attrs.bytes for n in a2a(padded, Phase.FORWARD)) == pytest.approx(1.25 * wire, rel=1e-3)
+    dispatches = [n for n in tiny_moe if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch"]
+    tokens, hidden = tiny_moe[dispatches[0].inputs[0]].out.shape
+    for tag in ("dispatch_einsum", "combine_einsum"):
+        found = _einsums(padded, tag)
+        assert len(found) == len(dispatches)  # one per MoE layer held
+        assert all(n.attrs.flops == 2 * tokens * 4 * 10 * hidden for n in found)
+    assert not [n for n in padded if "moe_sort_chunks" in n.name]  # the slots are laid out expert by expert
+    # a rank holding half a sequence (SP / CP) counts capacity over the whole one: C = 20 for S = 32
+    half = run_passes(tiny_moe, [ExpertParallel(2, 1.25, padded=True, seq_len=2 * tokens)])
+    assert all(n.attrs.flops == 2 * tokens * 4 * 20 * hidden for n in _einsums(half, "einsum"))
+
+
+def test_padded_einsum_gradients_skip_the_boolean_mask(tiny_moe: Graph) -> None:
+    """The dispatch mask is boolean (no gradient): its einsum's backward is one product, for the tokens; the
+    combine mask holds the router weights: two products, for the slots and for the weights."""
+    g = run_passes(tiny_moe, [ExpertParallel(2, 1.25, padded=True, seq_len=16), Autodiff()])
+    back = [n for n in g if n.phase is Phase.BACKWARD and n.op is OpKind.MATMUL and "einsum" in n.name]
+    assert sorted({n.name.rsplit(".", 1)[1] for n in back if "dispatch_einsum" in n.name}) == ["dgrad"]
+    assert sorted({n.name.rsplit(".", 1)[1] for n in back if "combine_einsum" in n.name}) == ["dgrad", "wgrad"]
+    with pytest.raises(LayoutError, match="capacity factor > 0"):
+        run_passes(tiny_moe, [ExpertParallel(2, padded=True)])
+    # MFU counts the model's work: padding and einsums are hardware FLOPs only
+    plain = graph_flops(run_passes(tiny_moe, [ExpertParallel(2), Autodiff()]))
+    padded = graph_flops(g)
+    assert padded.model == pytest.approx(plain.model, rel=1e-3)
+    assert padded.hardware - padded.model == padded.overhead > 0
+
+
+def test_maxtext_pads_experts_only_with_a_capacity_factor() -> None:
+    from echosim.frameworks import get_framework
+    from echosim.passes.plugin import _expert
+
+    assert get_framework("maxtext").moe_capacity_padding and not get_framework("nemo").moe_capacity_padding
+    assert _expert(Plan(ep=4, dp=4, framework="maxtext", moe_capacity_factor=1.25)).padded
+    assert not _expert(Plan(ep=4, dp=4, framework="maxtext")).padded  # dropless (megablox)
+    assert not _expert(Plan(ep=4, dp=4, framework="nemo", moe_capacity_factor=1.25)).padded  # drops, no padding

@@ -262,8 +262,10 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
         opts["attention"] = "flash"
     else:
         raise ConfigError(f"{src}: attention {attention!r} is not modelled (autoselected, dot_product, flash are)")
+    # capacity_factor only reaches dense_matmul: the sparse (megablox) path, base.yml's default, is dropless
+    # (src/maxtext/layers/moe.py, commit e591f30)
     capacity = as_float(config.get("capacity_factor"), "capacity_factor", src)
-    if capacity > 0:
+    if capacity > 0 and str(config.get("sparse_matmul", True)).lower() == "false":
         opts["moe_capacity_factor"] = capacity
     if not config.get("context_parallel_load_balance", True) and cp > 1:
         opts["cp_balance"] = False

@@ -114,6 +114,9 @@ class MatmulAttrs:
     precision: str = ""  # "fp8": operands quantised, output in the tensor's (16-bit) dtype
     grouped: bool = False  # MoE experts: one grouped-GEMM kernel over ``batch`` experts' products
     conv_io: int = 0  # a convolution's activation elements in + out (see above); 0 for a plain GEMM
+    # share of the product that is the model's own work (MFU's numerator): 1, except the slots a MoE pads its
+    # experts to and the one-hot einsums that fill and empty them (echosim.passes.expert_parallel, padded)
+    useful: float = 1.0
 
     @property
     def flops(self) -> int:
@@ -131,6 +134,8 @@ class MatmulAttrs:
             parts.append(self.precision)
         if self.grouped:
             parts.append("grouped")
+        if self.useful != 1.0:
+            parts.append(f"useful={self.useful:.4g}")
         return " ".join(parts)
 
 

@@ -90,6 +90,10 @@ def _regather(c: _Ctx, x: int) -> int:
     return c.regathered[x]
 
 
+#: Integer and boolean tensors (expert indices, masks) carry no gradient.
+_NO_GRAD = frozenset({DType.INT64, DType.INT32, DType.BOOL})
+
+
 def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     a = n.attrs
     assert isinstance(a, MatmulAttrs)
@@ -99,19 +103,37 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     sp = _sp_gathered(c, x)
     if x in needs:
         attrs = MatmulAttrs(
-            m=a.m, n=a.k, k=a.n, batch=a.batch, tp=a.tp, grad_of="dgrad", grouped=a.grouped, conv_io=a.conv_io
+            m=a.m,
+            n=a.k,
+            k=a.n,
+            batch=a.batch,
+            tp=a.tp,
+            grad_of="dgrad",
+            grouped=a.grouped,
+            conv_io=a.conv_io,
+            useful=a.useful,
         )
         dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
         if a.tp in ("colwise", "vocab") and not sp:  # with SP the all_gather's conjugate reduces
             reduce = CollectiveAttrs(Axis.TP, 0, c.spec(x).nbytes)
             dx = c.emit(n, OpKind.ALL_REDUCE, [dx], c.spec(x), reduce, "dgrad.tp_all_reduce")
         out.append((x, dx))
-    if w in needs:
+    if w in needs and c.spec(w).dtype not in _NO_GRAD:  # no gradient flows into indices or masks
         if linear:
-            attrs = MatmulAttrs(m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io)
+            attrs = MatmulAttrs(
+                m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io, useful=a.useful
+            )
         else:
             attrs = MatmulAttrs(
-                m=a.k, n=a.n, k=a.m, batch=a.batch, tp=a.tp, grad_of="wgrad", grouped=a.grouped, conv_io=a.conv_io
+                m=a.k,
+                n=a.n,
+                k=a.m,
+                batch=a.batch,
+                tp=a.tp,
+                grad_of="wgrad",
+                grouped=a.grouped,
+                conv_io=a.conv_io,
+                useful=a.useful,
             )
         # Megatron's column-parallel linear keeps only its 1/tp input shard and gathers it
         # again; grouped expert GEMMs keep the rows the dispatcher gathered for them

@@ -18,6 +18,16 @@ its grouped GEMMs process its received rows and its all_to_all moves the larger 
 what it sends and receives. Expert weights carry ``expert=True`` so that their
 gradients are reduced over the expert-data-parallel group (EP is carved out of
 data parallelism, as in Megatron-Core).
+
+``padded``: the dropping path of frameworks that pad every expert to its capacity instead of
+permuting rows (MaxText's ``dense_matmul`` with ``capacity_factor > 0``, src/maxtext/layers/moe.py,
+commit e591f30: ``generate_masks`` and the ``"BSM,BSEC -> EBCM"`` / ``"EBCM,BSEC -> BSM"`` einsums).
+Each sequence of ``S`` tokens gives every expert ``C = int(max(ceil(S k / E) cf, cf))`` slots; a
+one-hot dispatch einsum (``2 B S E C M`` FLOPs) fills them, the experts run on all ``E C`` slots of
+every sequence, whether filled or not, the all_to_alls move the padded buffers, and a combine einsum
+(the router weights inside its mask) sums the slots back into tokens. The dispatch mask is boolean,
+so only the tokens get its gradient; the combine's gradient reaches both the slots and the router
+weights. The gather echosim builds the rows with stays as the mask's own memory-bound cost.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ class Routing:
     rows: float  # (token, expert) rows each rank routes
     imbalance: float = 1.0
     capacity_factor: float = 0.0
+    padded: float = 0.0  # > 0: every rank's experts run this multiple of its routed rows, padded to capacity
 
     def __post_init__(self) -> None:
         check_routing(self.ep, self.imbalance, self.capacity_factor)
@@ -73,6 +84,8 @@ class Routing:
 
     def load_factor(self) -> float:
         """Rows the busiest rank's experts process, over the rows each rank routes."""
+        if self.padded:
+            return self.padded
         return self.received(0) / self.rows if self.rows else 1.0
 
     def wire_factor(self) -> float:
@@ -83,6 +96,8 @@ class Routing:
         """
         if self.ep == 1 or not self.rows:
             return 0.0
+        if self.padded:  # every rank sends its padded buffers whole, evenly
+            return self.padded
         m = self._matrix
         off_sent = self.sent(0) - m[0][0]
         off_recv = self.received(0) - m[0][0]
@@ -124,6 +139,8 @@ class ExpertParallel:
     imbalance: float = 1.0
     dispatcher: str = "alltoall"
     router_groups: tuple[int, int] = (0, 0)  # (groups, groups per token) of group-limited routing; 0: none
+    padded: bool = False  # experts padded to capacity, one-hot einsum dispatch and combine (module docstring)
+    seq_len: int = 0  # tokens of one sequence, the group a capacity is counted over (0: a dispatch's tokens)
     name: ClassVar[str] = "expert-parallel"
 
     def __post_init__(self) -> None:
@@ -145,7 +162,9 @@ class ExpertParallel:
                     "(the zoo's moe models and transformers MoE layers are recognised; this model's are not)"
                 )
             return graph
-        if self.ep == 1 and (self.capacity_factor == 0 or self.capacity_factor >= 1):
+        if self.padded and self.capacity_factor <= 0:
+            raise LayoutError("padding experts to capacity needs a capacity factor > 0")
+        if self.ep == 1 and not self.padded and (self.capacity_factor == 0 or self.capacity_factor >= 1):
             return graph  # one rank holds every expert and drops nothing
         return _Rewriter(graph, self, dispatches).run()
 
@@ -167,6 +186,8 @@ class _Rewriter:
 
     def _ends(self) -> tuple[set[int], set[int]]:
         """Expert GEMMs that read the region's input rows, and those whose output leaves the experts."""
+        if self.opts.padded:  # the einsums lay the slots out expert by expert: nothing to sort
+            return set(), set()
         if self.opts.ep == 1 or not self.experts or min(self.experts.values()) // self.opts.ep < 2:
             return set(), set()
         grouped = {
@@ -227,7 +248,10 @@ class _Rewriter:
             elif node.id in self.combine_of:
                 d = self.combine_of[node.id]
                 back = self._all_to_all(self.src[d], ins[0], self.src[node.inputs[0]], "combine")
-                self.map[node.id] = self._copy(node, [back, *ins[1:]])
+                if self.opts.padded:
+                    self.map[node.id] = self._combine_einsum(node, back, ins)
+                else:
+                    self.map[node.id] = self._copy(node, [back, *ins[1:]])
             else:
                 self.map[node.id] = self._copy(node, ins)
             if _fn(node) == "moe_dispatch" and node.phase is Phase.FORWARD:
@@ -265,13 +289,48 @@ class _Rewriter:
             attrs = replace(attrs, shard=attrs.shard * self.opts.ep, expert=True)
         return self._copy(node, [], out=node.out.with_shape(shape), attrs=attrs)
 
+    def _slots(self, d: Node) -> tuple[float, int, int]:
+        """(sequences, tokens per sequence, expert slots per sequence E x C) of dispatch ``d``'s padded path."""
+        tokens = self.src[d.inputs[0]].out.shape[0]
+        seq = self.opts.seq_len or tokens  # a whole sequence even where SP / CP leave a rank part of one
+        experts, top_k, cf = self._layer_experts(d), self._top_k(d), self.opts.capacity_factor
+        if not experts:
+            raise LayoutError(f"expert dispatch {d.name} at {d.scope}: no expert weights to pad")
+        capacity = int(max(math.ceil(seq * top_k / experts) * cf, cf))
+        return tokens / seq, seq, experts * capacity
+
     def _dispatched(self, node: Node) -> None:
         """After the dispatch: the rows leave for their experts' ranks."""
         rows = node.out.shape[0]
-        routing = Routing(self.opts.ep, rows, self.opts.imbalance, self.opts.capacity_factor)
+        pad = 0.0
+        if self.opts.padded:
+            groups, seq, slots = self._slots(node)
+            pad = groups * slots / rows
+            self.map[node.id] = self._dispatch_einsum(node, groups, seq, slots)
+        routing = Routing(self.opts.ep, rows, self.opts.imbalance, self.opts.capacity_factor, pad)
         self.routing[node.id] = routing
         if self.opts.ep > 1:
             self.map[node.id] = self._all_to_all(node, self.map[node.id], node, "dispatch")
+
+    def _dispatch_einsum(self, d: Node, groups: float, seq: int, slots: int) -> int:
+        """``"BSM,BSEC -> EBCM"``: the tokens times the boolean dispatch mask, one product per sequence."""
+        tokens, ids = (self.map[i] for i in d.inputs[:2])
+        hidden = d.out.shape[1]
+        batch = int(groups) if groups == int(groups) else 1
+        attrs = MatmulAttrs(m=round(slots * groups / batch), n=hidden, k=seq, batch=batch, useful=0.0)
+        out = d.out.with_shape((max(1, round(slots * groups)), *d.out.shape[1:]))
+        return self.out.add(OpKind.MATMUL, [tokens, ids], out, attrs, phase=d.phase, scope=d.scope,
+                            name=f"{d.name}.dispatch_einsum")  # fmt: skip
+
+    def _combine_einsum(self, c: Node, back: int, ins: list[int]) -> int:
+        """``"EBCM,BSEC -> BSM"``: the slots times the combine mask (router weights inside), per sequence."""
+        if _fn(c) != "moe_combine" or len(ins) < 3:
+            raise LayoutError(f"padding experts to capacity needs a weighted combine (rows, ids, weights): {c.name}")
+        groups, seq, slots = self._slots(self.src[self.combine_of[c.id]])
+        batch = int(groups) if groups == int(groups) else 1
+        attrs = MatmulAttrs(m=round(seq * groups / batch), n=c.out.shape[1], k=slots, batch=batch, useful=0.0)
+        return self.out.add(OpKind.MATMUL, [back, ins[2]], c.out, attrs, phase=c.phase, scope=c.scope,
+                            name=f"{c.name}.combine_einsum")  # fmt: skip
 
     def _all_to_all(self, d: Node, value: int, shape_of: Node, what: str) -> int:
         routing = self.routing[d.id]
@@ -280,6 +339,8 @@ class _Rewriter:
         src = self.out[value].out
         out = shape_of.out if what == "combine" else self._rows(shape_of, routing)
         nbytes = round(routing.wire_factor() * (shape_of.out.nbytes if what == "dispatch" else out.nbytes))
+        if what == "combine" and routing.padded:  # the padded slots come back whole
+            out = out.with_shape((max(1, round(out.shape[0] * routing.padded)), *out.shape[1:]))
         attrs = CollectiveAttrs(Axis.EP, self.opts.ep, nbytes)
         if self.opts.dispatcher == "deepep":
             experts, (groups, group_topk) = self._layer_experts(d), self.opts.router_groups
@@ -320,6 +381,8 @@ class _Rewriter:
             experts = self.out[ins[1]].out.shape[0] if len(self.out[ins[1]].out.shape) == 3 else 0
             if experts:
                 attrs = replace(attrs, batch=experts, m=-(-out.shape[0] // experts))
+            if routing.padded:  # the routed rows are the model's work, the empty slots are not
+                attrs = replace(attrs, useful=1.0 / routing.padded)
         elif isinstance(attrs, CollectiveAttrs):
             attrs = replace(attrs, bytes=max(out.nbytes, self.out[ins[0]].out.nbytes))
         return self._copy(node, ins, out=out, attrs=attrs)

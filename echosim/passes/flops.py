@@ -93,6 +93,7 @@ class FlopCount:
     forward: int
     backward: int
     recompute: int
+    overhead: int = 0  # forward and backward products that are not the model's work (MatmulAttrs.useful)
 
     @property
     def model(self) -> int:
@@ -100,14 +101,20 @@ class FlopCount:
 
     @property
     def hardware(self) -> int:
-        return self.forward + self.backward + self.recompute
+        return self.forward + self.backward + self.recompute + self.overhead
 
 
 def graph_flops(graph: Graph) -> FlopCount:
     """Tensor-core FLOPs of one pass over ``graph`` (one micro-batch on one rank)."""
     totals = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
+    overhead = 0
     for node in graph:
-        f = node_flops(node)
-        if f:
-            totals[node.phase] += f * graph.multiplicity(node)
-    return FlopCount(totals[Phase.FORWARD], totals[Phase.BACKWARD], totals[Phase.RECOMPUTE])
+        f = node_flops(node) * graph.multiplicity(node)
+        if not f:
+            continue
+        useful = node.attrs.useful if isinstance(node.attrs, MatmulAttrs) else 1.0
+        if useful < 1.0 and node.phase in (Phase.FORWARD, Phase.BACKWARD):
+            overhead += f - round(f * useful)
+            f = round(f * useful)
+        totals[node.phase] += f
+    return FlopCount(totals[Phase.FORWARD], totals[Phase.BACKWARD], totals[Phase.RECOMPUTE], overhead)

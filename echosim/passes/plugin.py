@@ -37,10 +37,14 @@ def _tensor(plan: Any) -> object:
 
 
 def _expert(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.passes.expert_parallel import ExpertParallel
 
     groups = (plan.moe_router_groups, plan.moe_router_group_topk)
-    return ExpertParallel(plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher, groups)
+    padded = bool(get_framework(plan.framework).moe_capacity_padding) and plan.moe_capacity_factor > 0
+    return ExpertParallel(
+        plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher, groups, padded, plan.seq_len
+    )
 
 
 def _embedding_sharding(plan: Any) -> object | None:

@@ -295,6 +295,19 @@ _CONFIG = re.compile(r"config (\w+)")
 #: Trillium recipe configs that set ``weight_dtype: bfloat16`` (benchmarks/maxtext_trillium_model_configs.py,
 #: MaxText commit e591f30): their rows run the ``maxtext-bf16-weights`` framework entry.
 TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul"})
+#: ``capacity_factor`` of the Trillium MoE recipe configs that drop tokens (``megablox: False``,
+#: ``sparse_matmul: False``: MaxText's dense_matmul path, :attr:`echosim.frameworks.Framework.moe_capacity_padding`),
+#: by the config name a row's notes give: mixtral_8x22b_dropped sets 1.25
+#: (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30). Dropless (megablox) configs have none.
+TRILLIUM_CAPACITY_FACTOR = {"mixtral_8x22b_dropped": 1.25}
+
+
+def moe_capacity_factor(c: Case) -> float:
+    """The capacity factor of the MaxText recipe config a MoE row's notes name (0: dropless or not known)."""
+    config = _CONFIG.search(c["notes"])
+    if c["arch"] != "moe" or not is_maxtext(c) or not config:
+        return 0.0
+    return TRILLIUM_CAPACITY_FACTOR.get(config.group(1), 0.0)
 
 
 def row_framework(c: Case) -> str:
@@ -690,6 +703,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
+    stated["moe_capacity_factor"] = moe_capacity_factor(c) or None
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
