@@ -5,6 +5,7 @@ Usage::
     python benchmarks/collective_floors.py [--microbench ../shared/validation/microbench.csv] [--max-bytes 65536]
     python benchmarks/collective_floors.py --series   # one line per series: measured floor vs echosim's
     python benchmarks/collective_floors.py --monotone --max-bytes 1048575   # best curve rising with size
+    python benchmarks/collective_floors.py --fit --min-bytes 1048576   # echosim's form, fitted per series
 
 For every series of one harness (device, op, group size, pattern) the rows up to ``--max-bytes``
 sit on the latency floor: NCCL's own bandwidth term there is a fraction of a microsecond. The best any
@@ -18,6 +19,13 @@ spikes, timer quantisation, run-to-run noise) and not a missing rule sets the er
 grows (the best such curve over the measured values), which is what every latency +
 bandwidth model obeys. With ``--max-bytes 1048575`` it bounds what any such model can reach on the
 ``<1MiB`` groups of ``validate --microbench``.
+
+``--fit --min-bytes 1048576`` asks the same of echosim's own functional form on the large messages: per
+series the best ``t = a + S/b + 2 sqrt(S h / b)`` (``S`` the bytes one link carries, a floor ``a``, a bus
+bandwidth ``b`` and a chunk handshake ``h``, each chosen per series with hindsight on a grid) and the
+values it picks. Where that fit reaches the target and echosim does not, a rule is missing (the values
+show which: how ``b`` moves with the group size, what floor ``a`` a group needs). Point-to-point rows
+plateau where few channels carry a send, which this form lacks: their fit can be worse than echosim.
 
 ``--series`` prints each series instead: its median measured floor and echosim's median time on
 the same rows, so a floor rule can be read against the group size (a rule that is right moves
@@ -48,6 +56,7 @@ from echosim.validation.microbench import (  # noqa: E402
 )
 
 MICROBENCH = ROOT.parent / "shared" / "validation" / "microbench.csv"
+MiB = 1 << 20
 
 
 def _measured_us(row: dict[str, str], size: int) -> tuple[float, bool] | None:
@@ -155,15 +164,80 @@ def floors(path: Path, max_bytes: int, monotone: bool = False) -> dict[str, dict
     }
 
 
+FIT_FLOORS_US = (0, 5, 10, 15, 20, 25, 30, 40, 50, 60, 80, 100, 125, 150)
+FIT_HANDSHAKES_US = (0, 0.5, 1, 2, 3.4, 5, 8, 12, 18, 25, 40)
+
+
+def _link_bytes(row: dict[str, str], size: int) -> float:
+    """Bytes one link carries: the bus-bandwidth factor times the buffer (a permute's buffer itself)."""
+    n = int(_number(row["num_devices"]) or 1)
+    if re.search(r"^collective-permute|^sendrecv", row["op"]):
+        return float(size)
+    return size * (2 * (n - 1) / n if re.search(r"^all[_-]reduce", row["op"]) else (n - 1) / n)
+
+
+Fits = dict[tuple[str, ...], dict[str, float]]
+
+
+def form_fits(path: Path, min_bytes: int) -> tuple[dict[str, dict[str, float]], Fits]:
+    """Per group and per series of rows from ``min_bytes`` up: echosim's MAPE and that of the best
+    ``a + S/b + 2 sqrt(S h / b)`` per series (a in µs, b in GB/s, h in µs, on a grid), with its values."""
+    import numpy as np
+
+    series: dict[tuple[str, ...], list[tuple[float, float, bool]]] = defaultdict(list)
+    group_of: dict[tuple[str, ...], str] = {}
+    errors: dict[str, list[float]] = defaultdict(list)
+    for row, r, (t, on_bw) in _floor_rows(path, 1 << 62):
+        size = _size(row) or 0
+        if size < min_bytes:
+            continue
+        key = _series_key(row)
+        series[key].append((_link_bytes(row, size), t, on_bw))
+        group_of[key] = f"{row['device']} | {key[1]} | {key[5]}"
+        errors[group_of[key]].append(abs(r.predicted - r.measured) / r.measured)
+    a = np.array(FIT_FLOORS_US, dtype=float)[:, None, None, None]
+    b = np.geomspace(5.0, 1500.0, 120)[None, :, None, None]
+    h = np.array(FIT_HANDSHAKES_US, dtype=float)[None, None, :, None]
+    fits: Fits = {}
+    fitted: dict[str, list[float]] = defaultdict(list)
+    for key, points in sorted(series.items()):
+        link, t, on_bw = (np.array(x) for x in zip(*points, strict=True))
+        pred = a + link / (b * 1e3) + 2 * np.sqrt(link * h / (b * 1e3))
+        mape = np.where(on_bw, np.abs(t / pred - 1), np.abs(pred / t - 1)).mean(axis=-1)
+        i, j, k = np.unravel_index(int(mape.argmin()), mape.shape)
+        fits[key] = {"rows": len(points), "mape": float(mape.min()), "a_us": float(a[i, 0, 0, 0]),
+                     "b_GBps": float(b[0, j, 0, 0]), "h_us": float(h[0, 0, k, 0])}  # fmt: skip
+        fitted[group_of[key]] += [float(mape.min())] * len(points)
+    groups = {
+        g: {"rows": len(errors[g]), "echosim": statistics.mean(errors[g]), "oracle": statistics.mean(fitted[g])}
+        for g in sorted(errors)
+    }
+    return groups, fits
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbench", type=Path, default=MICROBENCH)
     parser.add_argument("--max-bytes", type=int, default=64 * 1024)
     parser.add_argument("--series", action="store_true", help="one line per series: measured floor vs echosim's")
     parser.add_argument("--monotone", action="store_true", help="oracle: the best time that never falls with size")
+    parser.add_argument("--fit", action="store_true", help="echosim's latency + bandwidth + pipeline form per series")
+    parser.add_argument("--min-bytes", type=int, default=MiB, help="with --fit: the smallest message")
     args = parser.parse_args()
     if not args.microbench.exists():
         sys.exit(f"error: {args.microbench} not found")
+    if args.fit:
+        groups, fits = form_fits(args.microbench, args.min_bytes)
+        print(f"collective rows of at least {args.min_bytes} bytes: echosim's MAPE, best a + S/b + 2 sqrt(S h/b)")
+        print(f"{'group':70s} {'rows':>4s} {'echosim':>8s} {'fitted':>8s}")
+        for group, g in groups.items():
+            print(f"{group:70s} {g['rows']:4d} {100 * g['echosim']:7.1f}% {100 * g['oracle']:7.1f}%")
+        print(f"{'series: device | op | devices x nodes | layout':70s} {'rows':>4s} {'fitted':>8s} a_us b_GBps h_us")
+        for key, f in fits.items():
+            name = f"{key[0]} | {key[1]} | {key[2]} x {key[3] or 1} | {key[4][:24]}"
+            values = f"{f['a_us']:4.0f} {f['b_GBps']:6.0f} {f['h_us']:4.1f}"
+            print(f"{name:70s} {f['rows']:4d} {100 * f['mape']:7.1f}% {values}")
+        return
     if args.series:
         print(f"collective series, rows of at most {args.max_bytes} bytes: median floor in µs")
         print(f"{'device | op | devices x nodes | layout | harness':96s} {'rows':>4s} {'measured':>9s} {'echosim':>8s}")

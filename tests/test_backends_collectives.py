@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from pathlib import Path
 
@@ -498,7 +499,7 @@ def test_tray_nodes_price_small_nvl72_collectives_with_nccls_multi_node_latencie
 
 
 def test_tray_nodes_leave_nvlink_bandwidth_alone():
-    """Only latencies move (the steps and the pipeline's handshake): a 32 GiB all-gather over 64 GPUs still
+    """Only the steps' latencies move: a 32 GiB all-gather over 64 GPUs still
     crosses NVLink at ring speed, 2% slower (XLA's table: 48.9 ms, 47.9 fused, 48.9 with trays)."""
     big, rack = 32 * 2**30, Placement(64, 1, 64)
     fused = collective_time_s(GB200, AG, big, rack, NcclConfig(nvls_gather=False))
@@ -512,3 +513,21 @@ def test_p2p_between_tray_nodes_gets_no_ll_buffers():
     rack = Placement(64, 1, 64)
     assert best_choice(GB200, A2A, 64 * 1024, rack).proto == "LL"
     assert best_choice(GB200, A2A, 64 * 1024, rack, TRAYS).proto == "Simple"
+
+
+def test_tray_nodes_pipeline_their_chunks_with_nvlinks_handshake():
+    """Tray nodes change what NCCL's tuner sees, not the link under the chunks: an NVL72 ring's pipeline hands
+    chunks over NVLink (LL128 1.9 µs, Simple 3.4 µs), not with the network hop (4.0, 14 µs) of a real node boundary.
+    256 MiB all-gather over 64 GPUs, LL128: 2 sqrt(264 MB x 1.9 µs / 664 GB/s) = 55 µs, not 80 µs."""
+    rack, size = Placement(64, 1, 64), 256 * 2**20
+    trays = {c.proto: c for c in choices(GB200, AG, size, rack, TRAYS) if c.algo == "ring"}
+    fused = {c.proto: c for c in choices(GB200, AG, size, rack) if c.algo == "ring"}
+    for proto in ("LL", "LL128", "Simple"):
+        assert trays[proto].pipeline_us == pytest.approx(fused[proto].pipeline_us)
+        assert trays[proto].latency_us > fused[proto].latency_us  # the tuner's steps between trays still cost
+    link_bytes = size * 63 / 64
+    assert trays["LL128"].pipeline_us == pytest.approx(2 * math.sqrt(link_bytes * 1.9 / (664.0 * 1e3)), rel=0.01)
+    # across real nodes the handshake is the network's
+    two_nodes = {c.proto: c for c in choices(H100, AG, size, Placement(16, 2, 8)) if c.algo == "ring"}
+    one_node = {c.proto: c for c in choices(H100, AG, size, Placement(8, 1, 8)) if c.algo == "ring"}
+    assert two_nodes["Simple"].pipeline_us > one_node["Simple"].pipeline_us

@@ -49,8 +49,8 @@ MEETS = {
     "H100-SXM (sm_90) | send/recv | intra-node | <1MiB | XLA table": 12.8,
     "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB | XLA table": 9.2,
     # XLA's GB200 NVL72 run over 16-18 trays: NCCL's tuner with one node per 4-GPU tray, LL allowed
-    "GB200 (sm_100, NVL72) | all_gather | intra-node | <1MiB | XLA table": 10.1,  # was 35.4
-    "GB200 (sm_100, NVL72) | reduce_scatter | intra-node | <1MiB | XLA table": 5.5,  # was 33.8
+    "GB200 (sm_100, NVL72) | all_gather | intra-node | <1MiB | XLA table": 9.7,  # was 35.4 (10.1 w/o NVLink chunks)
+    "GB200 (sm_100, NVL72) | reduce_scatter | intra-node | <1MiB | XLA table": 5.7,  # was 33.8 (5.5)
     "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB | XLA table": 11.7,  # was 20.9
 }
 

@@ -116,3 +116,24 @@ def test_floors_can_score_the_monotone_oracle(tmp_path):
     constant = module.floors(path, 64 * 1024)["H100-SXM (sm_90) | all-reduce | XLA table"]["oracle"]
     rising = module.floors(path, 64 * 1024, monotone=True)["H100-SXM (sm_90) | all-reduce | XLA table"]["oracle"]
     assert constant == pytest.approx(0.5 / 3) and rising == pytest.approx(0.0)
+
+
+def test_the_form_fit_recovers_a_series_built_from_its_own_form(tmp_path):
+    """Rows made from a + S/b + 2 sqrt(S h / b) with grid values come back with those values and no error."""
+    a, b, h = 25.0, 369.0, 2.0
+    rows = []
+    for size in (2**20, 2**24, 2**28, 2**31):
+        link = size * 7 / 4  # all-reduce over 8 ranks: 2 (n-1)/n of the buffer per link
+        rows.append(_row(size, a + link / (b * 1e3) + 2 * (link * h / (b * 1e3)) ** 0.5))
+    rows.append(_row(1024, 30.0))  # under --min-bytes: left out
+    path = tmp_path / "mb.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    groups, fits = _module().form_fits(path, 2**20)
+    (fit,) = fits.values()
+    assert fit["rows"] == 4 and fit["mape"] < 0.01
+    assert fit["a_us"] == a and fit["h_us"] == h and fit["b_GBps"] == pytest.approx(b, rel=0.05)
+    g = groups["H100-SXM (sm_90) | all-reduce | XLA table"]
+    assert g["rows"] == 4 and g["oracle"] < 0.01 and g["echosim"] > 0

@@ -262,7 +262,9 @@ def ring_choices(
             bw = min(bus * 0.92, links.channels * PER_CH_RING_LL128_BW[dev.arch])
         else:
             bw = bus
-        hop = inter_hop if nodes > 1 else intra_hop
+        # The chunks' handshake crosses the physical link: NVLink inside one NVLink domain even where
+        # the tuner counts its hosts as nodes (tuner_placement), the network across real nodes.
+        hop = inter_hop if p.nodes > 1 else NVLINK_HOP_US["ring"][proto]
         pipe = _pipeline_us(nbytes / ratio, bw, hop)
         out.append(Choice("ring", PROTOCOLS[proto], nbytes, lat, bw * ratio, pipe))
     return out
@@ -296,7 +298,7 @@ def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links, tp: P
             bw = bus
         table = TREE_CORRECTION[proto]
         bw *= table[lo] + (table[hi] - table[lo]) * frac
-        pipe = _pipeline_us(nbytes, bw, inter_hop if nodes > 1 else intra_hop)
+        pipe = _pipeline_us(nbytes, bw, inter_hop if p.nodes > 1 else NVLINK_HOP_US["tree"][proto])
         out.append(Choice("tree", PROTOCOLS[proto], nbytes, lat, bw * 0.5, pipe))
     return out
 
