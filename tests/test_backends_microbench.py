@@ -30,6 +30,7 @@ def groups() -> dict[str, dict]:
 MEETS = {
     "A100-SXM4-80GB | matmul fp16": 5.1,  # Azure cuBLASLt sweep (a heuristic pick)
     "H100-SXM (sm_90) | matmul bf16": 7.1,  # XLA table, 292 shapes (autotuned)
+    "B200 (sm_100) | matmul bf16": 9.2,  # XLA table; was 10.8 before tcgen05's 128-row MMA floor (MMA_FULL_ROWS)
     "A100 SXM | matmul bf16": 2.9,  # MAMF, the ceiling's own row (at the model's waves)
     "H100-SXM-80GB | matmul fp8": 8.4,  # Azure cuBLASLt
     "H200-SXM-141GB | matmul fp8": 5.5,

@@ -33,6 +33,16 @@ from echosim.ir.ops import AttentionAttrs, causal_fraction  # noqa: F401  (re-ex
 # resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper).
 REUSE_HALF: dict[str, float] = {"ampere": 16.0, "hopper": 32.0, "blackwell": 32.0}
 
+# Output-tile rows one tensor-core MMA instruction covers per SM at its full rate. Blackwell's tcgen05.mma for
+# one CTA (cta_group::1) takes M = 64 or M = 128; its accumulator lives in the SM's 128-lane tensor memory and an
+# M = 64 MMA occupies half of those lanes (PTX ISA, tcgen05 "Data path layout organization": layout F for M = 64
+# against layout D for M = 128), so half of the datapath idles and a tile of fewer than 128 rows takes the time
+# of a 128-row one. Hopper's wgmma is issued per warpgroup at M = 64, one warp on each of the SM's four
+# sub-partitions, so a 64-row tile keeps every tensor core busy; Ampere's mma.sync is per warp (m16n8k16):
+# neither has such a floor. Checked on XLA's B200 table in microbench.csv (bf16 10.8 -> 9.2%, fp8 14.3 -> 12.1%;
+# the same floor on Hopper would move its bf16 table 7.1 -> 9.6%): tests/test_gemm_tiles.py.
+MMA_FULL_ROWS: dict[str, int] = {"blackwell": 128}
+
 # CTA tiles cuBLAS/CUTLASS kernels offer for dense GEMMs (m x n of the output tile).
 CTA_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 SPLIT_K: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -116,14 +126,15 @@ def gemm_efficiency(dev: DeviceSpec, dtype: str) -> float:
 
 
 def tile_efficiency(arch: str, tm: int, tn: int) -> float:
-    """Per-SM rate of a tm x tn tile relative to the largest tile, from operand reuse."""
+    """Per-SM rate of a tm x tn tile relative to the largest tile, from operand reuse and, where the
+    MMA instruction has a row floor (:data:`MMA_FULL_ROWS`), the idle share of its datapath."""
     half = REUSE_HALF[arch]
 
     def rate(a: int, b: int) -> float:
         reuse = a * b / (a + b)
         return reuse / (reuse + half)
 
-    return rate(tm, tn) / rate(*CTA_TILES[0])
+    return rate(tm, tn) / rate(*CTA_TILES[0]) * min(1.0, tm / MMA_FULL_ROWS.get(arch, tm))
 
 
 @dataclass(frozen=True, slots=True)
