@@ -244,7 +244,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
     grad_sync, step_end, optimizer = tail_parts(stage)
     buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
     d = _Direct(
-        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.derived("param-count", g.param_count),
+        stage, cost, g.derived("flops", lambda: graph_flops(g, stage.base)), g.derived("param-count", g.param_count),
         g.derived("expert-params", lambda: _expert_params(g)) if facts.expert_state is not None else 0,
         transient, act, blocks, buckets, bool(grad_sync), step_end, optimizer,
     )  # fmt: skip
