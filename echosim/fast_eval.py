@@ -105,6 +105,8 @@ _BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 _STAGES: Memo[Stage] = Memo("fast stage graphs", maxsize=1 << 16)
 _DIRECT: Memo[_Direct] = Memo("fast direct stages", maxsize=1 << 17)
 _DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
+# Depth 2 and 3 of a stage checked once (by the ids of their cached _Direct, verified on a hit).
+_PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
 
 
 def stage_counts(joint: Joint) -> list[int]:
@@ -261,10 +263,9 @@ def _same_unit(a: UnitTiming, b: UnitTiming) -> bool:
     return a.duration == b.duration and a.critical_end == b.critical_end and a.busy == b.busy
 
 
-def _units(
-    a: list[tuple[UnitTiming, int]], b: list[tuple[UnitTiming, int]], count: int
-) -> list[tuple[UnitTiming, int]]:
-    """Depth 2's units with the block (every third unit from the second) repeated ``count`` times."""
+def _unit_pairs(a: list[tuple[UnitTiming, int]], b: list[tuple[UnitTiming, int]]) -> list[tuple[UnitTiming, int, bool]]:
+    """Depth 2's units, each marked if it is the block (every third unit from the second), whose repeat is the
+    depth; checked against depth 3's."""
     if len(a) != len(b):
         raise Fallback("units differ with depth")
     out = []
@@ -272,22 +273,64 @@ def _units(
         block = k % 3 == 1
         if not _same_unit(ua, ub) or (ka, kb) != ((2, 3) if block else (ka, ka)):
             raise Fallback("units differ with depth")
-        out.append((ua, count if block else ka))
+        out.append((ua, ka, block))
+    return out
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """What :func:`_derive` reads of depths 2 and 3 of a stage, checked once per pair (a pair serves every
+    depth of its shape that the splits of a search meet)."""
+
+    a: _Direct
+    b: _Direct
+    fwd: list[tuple[UnitTiming, int, bool]]  # depth 2's units, the block's marked
+    bwd: list[tuple[UnitTiming, int, bool]]
+    # per step-end collective: (axis, None, the node, 0) priced as built, or (axis, node, bytes at 2, at 3) affine
+    step_end: list[tuple[str, Node | None, Any, int]]
+    optimizer: list[tuple[Node, Node]]
+
+
+def _pair(a: _Direct, b: _Direct) -> _Pair:
+    """:class:`_Pair` of depths 2 and 3 (or :class:`Fallback`), kept while both stay cached."""
+    key = (id(a), id(b))
+    hit = _PAIRS.lookup(key)
+    if hit is not None and hit.a is a and hit.b is b:
+        return hit
+    ca, cb = a.cost, b.cost
+    if (ca.p2p_fwd, ca.p2p_bwd, a.buckets, a.transient, a.grad_sync) != (
+        cb.p2p_fwd, cb.p2p_bwd, b.buckets, b.transient, b.grad_sync
+    ):  # fmt: skip
+        raise Fallback("transfers, buckets or working set differ with depth")
+    fwd, bwd = _unit_pairs(ca.fwd_units, cb.fwd_units), _unit_pairs(ca.bwd_units, cb.bwd_units)
+    if len(bwd) == 3 and (ca.wgrad or cb.wgrad):
+        raise Fallback("weight-gradient units outside the block")
+    if len(a.step_end) != len(b.step_end):
+        raise Fallback("step-end collectives differ with depth")
+    step_end: list[Any] = []
+    for na, nb in zip(a.step_end, b.step_end, strict=True):
+        assert isinstance(na.attrs, CollectiveAttrs) and isinstance(nb.attrs, CollectiveAttrs)
+        axis = na.attrs.axis.value
+        if (na.op, na.attrs, na.out) == (nb.op, nb.attrs, nb.out):
+            step_end.append((axis, None, na, 0))
+        elif na.op is nb.op and replace(nb.attrs, bytes=na.attrs.bytes) == na.attrs:  # bytes grow with layers
+            step_end.append((axis, na, na.attrs.bytes, nb.attrs.bytes))
+        else:
+            raise Fallback("a step-end collective changes with depth")
+    if len(a.optimizer) != len(b.optimizer):
+        raise Fallback("optimizer steps differ with depth")
+    out = _Pair(a, b, fwd, bwd, step_end, list(zip(a.optimizer, b.optimizer, strict=True)))
+    _PAIRS.put(key, out)
     return out
 
 
 def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
     """Depth ``count`` from depths 2 and 3 (module docstring)."""
     a, b = (_direct(joint, first, last, c, False) for c in (2, 3))
-    ca, cb = a.cost, b.cost
-    if (ca.p2p_fwd, ca.p2p_bwd, a.buckets, a.transient, a.grad_sync) != (
-        cb.p2p_fwd, cb.p2p_bwd, b.buckets, b.transient, b.grad_sync
-    ):  # fmt: skip
-        raise Fallback("transfers, buckets or working set differ with depth")
-    fwd_units = _units(ca.fwd_units, cb.fwd_units, count)
-    bwd_units = _units(ca.bwd_units, cb.bwd_units, count)
-    if len(bwd_units) == 3 and (ca.wgrad or cb.wgrad):
-        raise Fallback("weight-gradient units outside the block")
+    pair = _pair(a, b)
+    ca = a.cost
+    fwd_units = [(u, count if block else k) for u, k, block in pair.fwd]
+    bwd_units = [(u, count if block else k) for u, k, block in pair.bwd]
     fwd = sum(repeated(u, k) for u, k in fwd_units)
     bwd = sum(repeated(u, k) for u, k in bwd_units[:3])
     wgrad = sum(repeated(u, k) for u, k in bwd_units[3:]) if len(bwd_units) > 3 else 0.0
@@ -300,23 +343,12 @@ def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
     params = _affine(a.params, b.params, count)
     cost = Coster(a.stage.graph, joint.backend, joint.where)
     step_end: dict[str, float] = {}
-    if len(a.step_end) != len(b.step_end):
-        raise Fallback("step-end collectives differ with depth")
-    for na, nb in zip(a.step_end, b.step_end, strict=True):
-        assert isinstance(na.attrs, CollectiveAttrs) and isinstance(nb.attrs, CollectiveAttrs)
-        axis = na.attrs.axis.value
-        if (na.op, na.attrs, na.out) == (nb.op, nb.attrs, nb.out):
-            sec = cost(na)
-        elif na.op is nb.op and replace(nb.attrs, bytes=na.attrs.bytes) == na.attrs:  # bytes grow with layers
-            sec = _collective(joint, na, _affine(na.attrs.bytes, nb.attrs.bytes, count))
-        else:
-            raise Fallback("a step-end collective changes with depth")
+    for axis, grows, x, y in pair.step_end:
+        sec = cost(x) if grows is None else _collective(joint, grows, _affine(x, y, count))
         step_end[axis] = step_end.get(axis, 0.0) + sec
-    if len(a.optimizer) != len(b.optimizer):
-        raise Fallback("optimizer steps differ with depth")
     experts = _affine(a.experts, b.experts, count)
     counts = ((a.params, a.experts), (b.params, b.experts), (params, experts))
-    opt = sum(cost(_optimizer_node(joint, na, nb, *counts)) for na, nb in zip(a.optimizer, b.optimizer, strict=True))
+    opt = sum(cost(_optimizer_node(joint, na, nb, *counts)) for na, nb in pair.optimizer)
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
