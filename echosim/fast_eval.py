@@ -288,10 +288,10 @@ class _Pair:
     bwd: list[tuple[UnitTiming, int, bool]]
     # per step-end collective: (axis, None, the node, 0) priced as built, or (axis, node, bytes at 2, at 3) affine
     step_end: list[tuple[str, Node | None, Any, int]]
-    optimizer: list[tuple[Node, Node]]
+    optimizer: list[tuple[Node, int, int] | Node]  # how each optimizer step is built (:func:`_optimizer_check`)
 
 
-def _pair(a: _Direct, b: _Direct) -> _Pair:
+def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     """:class:`_Pair` of depths 2 and 3 (or :class:`Fallback`), kept while both stay cached."""
     key = (id(a), id(b))
     hit = _PAIRS.lookup(key)
@@ -319,7 +319,9 @@ def _pair(a: _Direct, b: _Direct) -> _Pair:
             raise Fallback("a step-end collective changes with depth")
     if len(a.optimizer) != len(b.optimizer):
         raise Fallback("optimizer steps differ with depth")
-    out = _Pair(a, b, fwd, bwd, step_end, list(zip(a.optimizer, b.optimizer, strict=True)))
+    pa, pb = (a.params, a.experts), (b.params, b.experts)
+    optimizer = [_optimizer_check(joint, na, nb, pa, pb) for na, nb in zip(a.optimizer, b.optimizer, strict=True)]
+    out = _Pair(a, b, fwd, bwd, step_end, optimizer)
     _PAIRS.put(key, out)
     return out
 
@@ -327,7 +329,7 @@ def _pair(a: _Direct, b: _Direct) -> _Pair:
 def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
     """Depth ``count`` from depths 2 and 3 (module docstring)."""
     a, b = (_direct(joint, first, last, c, False) for c in (2, 3))
-    pair = _pair(a, b)
+    pair = _pair(joint, a, b)
     ca = a.cost
     fwd_units = [(u, count if block else k) for u, k, block in pair.fwd]
     bwd_units = [(u, count if block else k) for u, k, block in pair.bwd]
@@ -347,8 +349,7 @@ def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
         sec = cost(x) if grows is None else _collective(joint, grows, _affine(x, y, count))
         step_end[axis] = step_end.get(axis, 0.0) + sec
     experts = _affine(a.experts, b.experts, count)
-    counts = ((a.params, a.experts), (b.params, b.experts), (params, experts))
-    opt = sum(cost(_optimizer_node(joint, na, nb, *counts)) for na, nb in pair.optimizer)
+    opt = sum(cost(_optimizer_node(how, (params, experts))) for how in pair.optimizer)
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
@@ -373,27 +374,35 @@ def _collective(joint: Joint, node: Node, nbytes: int) -> float:
     return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
 
 
-def _optimizer_node(
-    joint: Joint, a: Node, b: Node, pa: tuple[int, int], pb: tuple[int, int], params: tuple[int, int]
-) -> Node:
-    """The optimizer step for ``params`` (parameter elements, of them routed experts'), as the optimizer pass
-    builds it (checked against the steps it built at depths 2 and 3)."""
+def _optimizer_check(
+    joint: Joint, a: Node, b: Node, pa: tuple[int, int], pb: tuple[int, int]
+) -> tuple[Node, int, int] | Node:
+    """How depth ``c``'s optimizer step is built from depth 2's (``a``) and 3's (``b``): ``a`` itself when they are
+    equal, else (``a``, shard, expert shard), the optimizer pass's parameter count over its shards, checked
+    against both (``pa``, ``pb``: their parameter elements, of them routed experts')."""
     if a == b:
         return a
     found = next((p for p in joint.stage_passes if getattr(p, "name", "") == "optimizer"), None)
     if found is None or not isinstance(a.attrs, OptimizerAttrs):
         raise Fallback("an optimizer step of another kind")
     shard, expert_shard = found.shard, getattr(found, "expert_shard", 0) or found.shard
-
-    def built(counts: tuple[int, int]) -> Node:
-        total, experts = counts
-        n = math.ceil((total - experts) / shard) + math.ceil(experts / expert_shard)
-        assert isinstance(a.attrs, OptimizerAttrs)
-        return replace(a, out=TensorSpec((max(n, 1),), DType.FP32), attrs=replace(a.attrs, params=n))
-
-    if built(pa) != a or replace(built(pb), id=b.id, inputs=b.inputs) != b:
+    if _built(a, shard, expert_shard, pa) != a or replace(_built(a, shard, expert_shard, pb), id=b.id,
+                                                          inputs=b.inputs) != b:  # fmt: skip
         raise Fallback("the optimizer step is not the parameter count over its shards")
-    return built(params)
+    return (a, shard, expert_shard)
+
+
+def _optimizer_node(how: tuple[Node, int, int] | Node, params: tuple[int, int]) -> Node:
+    """The optimizer step for ``params`` (parameter elements, of them routed experts') (:func:`_optimizer_check`)."""
+    return how if isinstance(how, Node) else _built(*how, params)
+
+
+def _built(a: Node, shard: int, expert_shard: int, counts: tuple[int, int]) -> Node:
+    """``a`` as the optimizer pass builds it for ``counts`` parameter elements (of them routed experts')."""
+    total, experts = counts
+    n = math.ceil((total - experts) / shard) + math.ceil(experts / expert_shard)
+    assert isinstance(a.attrs, OptimizerAttrs)
+    return replace(a, out=TensorSpec((max(n, 1),), DType.FP32), attrs=replace(a.attrs, params=n))
 
 
 __all__ = ["FALLBACKS", "Derived", "Fallback", "stage_counts", "stages"]
