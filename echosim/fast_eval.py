@@ -140,7 +140,7 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         shared[key] = (*shared.get(key, ()), i)
-    lowering = _lowering_key(joint)
+    lowering = _Hashed(_lowering_key(joint))  # hashed once for the layout's cache lookups
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -162,20 +162,36 @@ def _lowering_key(joint: Joint) -> tuple[Any, ...]:
             o.overlap_dp, f.state, f.expert_state, f.saved, f.caching_allocator)  # fmt: skip
 
 
+class _Hashed:
+    """A cache key's part hashed once (a layout looks its lowering key up for each of its stage shapes)."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hashed) and self._hash == other._hash and self.value == other.value
+
+
 def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
     return (joint.graph, first, last, tuple(joint.stage_passes))
 
 
-def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: tuple[Any, ...]) -> Derived:
-    key = (*_family(joint, first, last), count, *lowering)
+def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: _Hashed) -> Derived:
+    key = (*_family(joint, first, last), count, lowering)
     hit = _DERIVED.lookup(key)
     if hit is not None:
         return hit
     if alone or count <= 3:
-        d = _direct(joint, first, last, count, alone)
+        d = _direct(joint, first, last, count, alone, lowering)
         out = Derived(d.cost, (d.flops, _static_of(d, joint), d.act, d.blocks))
     else:
-        out = _derive(joint, first, last, count)
+        out = _derive(joint, first, last, count, lowering)
     _DERIVED.put(key, out)
     return out
 
@@ -224,8 +240,8 @@ def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
     return _stage_graph(graph, members, static, 0 if first else 1, 2, {block: count})
 
 
-def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _Direct:
-    key = (*_family(joint, first, last), count, alone, *_lowering_key(joint))
+def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: _Hashed) -> _Direct:
+    key = (*_family(joint, first, last), count, alone, lowering)
     hit = _DIRECT.lookup(key)
     if hit is not None:
         return hit
@@ -326,9 +342,9 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     return out
 
 
-def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
+def _derive(joint: Joint, first: bool, last: bool, count: int, lowering: _Hashed) -> Derived:
     """Depth ``count`` from depths 2 and 3 (module docstring)."""
-    a, b = (_direct(joint, first, last, c, False) for c in (2, 3))
+    a, b = (_direct(joint, first, last, c, False, lowering) for c in (2, 3))
     pair = _pair(joint, a, b)
     ca = a.cost
     fwd_units = [(u, count if block else k) for u, k, block in pair.fwd]
