@@ -105,6 +105,8 @@ _BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 _STAGES: Memo[Stage] = Memo("fast stage graphs", maxsize=1 << 16)
 _DIRECT: Memo[_Direct] = Memo("fast direct stages", maxsize=1 << 17)
 _DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
+# Depth 2 and 3 of a stage checked once (by the ids of their cached _Direct, verified on a hit).
+_PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
 
 
 def stage_counts(joint: Joint) -> list[int]:
@@ -138,7 +140,7 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         shared[key] = (*shared.get(key, ()), i)
-    lowering = _lowering_key(joint)
+    lowering = _Hashed(_lowering_key(joint))  # hashed once for the layout's cache lookups
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -160,20 +162,36 @@ def _lowering_key(joint: Joint) -> tuple[Any, ...]:
             o.overlap_dp, f.state, f.expert_state, f.saved, f.caching_allocator)  # fmt: skip
 
 
+class _Hashed:
+    """A cache key's part hashed once (a layout looks its lowering key up for each of its stage shapes)."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hashed) and self._hash == other._hash and self.value == other.value
+
+
 def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
     return (joint.graph, first, last, tuple(joint.stage_passes))
 
 
-def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: tuple[Any, ...]) -> Derived:
-    key = (*_family(joint, first, last), count, *lowering)
+def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: _Hashed) -> Derived:
+    key = (*_family(joint, first, last), count, lowering)
     hit = _DERIVED.lookup(key)
     if hit is not None:
         return hit
     if alone or count <= 3:
-        d = _direct(joint, first, last, count, alone)
+        d = _direct(joint, first, last, count, alone, lowering)
         out = Derived(d.cost, (d.flops, _static_of(d, joint), d.act, d.blocks))
     else:
-        out = _derive(joint, first, last, count)
+        out = _derive(joint, first, last, count, lowering)
     _DERIVED.put(key, out)
     return out
 
@@ -222,8 +240,8 @@ def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
     return _stage_graph(graph, members, static, 0 if first else 1, 2, {block: count})
 
 
-def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _Direct:
-    key = (*_family(joint, first, last), count, alone, *_lowering_key(joint))
+def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: _Hashed) -> _Direct:
+    key = (*_family(joint, first, last), count, alone, lowering)
     hit = _DIRECT.lookup(key)
     if hit is not None:
         return hit
@@ -244,7 +262,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> _
     grad_sync, step_end, optimizer = tail_parts(stage)
     buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
     d = _Direct(
-        stage, cost, g.derived("flops", lambda: graph_flops(g)), g.derived("param-count", g.param_count),
+        stage, cost, g.derived("flops", lambda: graph_flops(g, stage.base)), g.derived("param-count", g.param_count),
         g.derived("expert-params", lambda: _expert_params(g)) if facts.expert_state is not None else 0,
         transient, act, blocks, buckets, bool(grad_sync), step_end, optimizer,
     )  # fmt: skip
@@ -261,10 +279,9 @@ def _same_unit(a: UnitTiming, b: UnitTiming) -> bool:
     return a.duration == b.duration and a.critical_end == b.critical_end and a.busy == b.busy
 
 
-def _units(
-    a: list[tuple[UnitTiming, int]], b: list[tuple[UnitTiming, int]], count: int
-) -> list[tuple[UnitTiming, int]]:
-    """Depth 2's units with the block (every third unit from the second) repeated ``count`` times."""
+def _unit_pairs(a: list[tuple[UnitTiming, int]], b: list[tuple[UnitTiming, int]]) -> list[tuple[UnitTiming, int, bool]]:
+    """Depth 2's units, each marked if it is the block (every third unit from the second), whose repeat is the
+    depth; checked against depth 3's."""
     if len(a) != len(b):
         raise Fallback("units differ with depth")
     out = []
@@ -272,22 +289,66 @@ def _units(
         block = k % 3 == 1
         if not _same_unit(ua, ub) or (ka, kb) != ((2, 3) if block else (ka, ka)):
             raise Fallback("units differ with depth")
-        out.append((ua, count if block else ka))
+        out.append((ua, ka, block))
     return out
 
 
-def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
-    """Depth ``count`` from depths 2 and 3 (module docstring)."""
-    a, b = (_direct(joint, first, last, c, False) for c in (2, 3))
+@dataclass(frozen=True)
+class _Pair:
+    """What :func:`_derive` reads of depths 2 and 3 of a stage, checked once per pair (a pair serves every
+    depth of its shape that the splits of a search meet)."""
+
+    a: _Direct
+    b: _Direct
+    fwd: list[tuple[UnitTiming, int, bool]]  # depth 2's units, the block's marked
+    bwd: list[tuple[UnitTiming, int, bool]]
+    # per step-end collective: (axis, None, the node, 0) priced as built, or (axis, node, bytes at 2, at 3) affine
+    step_end: list[tuple[str, Node | None, Any, int]]
+    optimizer: list[tuple[Node, int, int] | Node]  # how each optimizer step is built (:func:`_optimizer_check`)
+
+
+def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
+    """:class:`_Pair` of depths 2 and 3 (or :class:`Fallback`), kept while both stay cached."""
+    key = (id(a), id(b))
+    hit = _PAIRS.lookup(key)
+    if hit is not None and hit.a is a and hit.b is b:
+        return hit
     ca, cb = a.cost, b.cost
     if (ca.p2p_fwd, ca.p2p_bwd, a.buckets, a.transient, a.grad_sync) != (
         cb.p2p_fwd, cb.p2p_bwd, b.buckets, b.transient, b.grad_sync
     ):  # fmt: skip
         raise Fallback("transfers, buckets or working set differ with depth")
-    fwd_units = _units(ca.fwd_units, cb.fwd_units, count)
-    bwd_units = _units(ca.bwd_units, cb.bwd_units, count)
-    if len(bwd_units) == 3 and (ca.wgrad or cb.wgrad):
+    fwd, bwd = _unit_pairs(ca.fwd_units, cb.fwd_units), _unit_pairs(ca.bwd_units, cb.bwd_units)
+    if len(bwd) == 3 and (ca.wgrad or cb.wgrad):
         raise Fallback("weight-gradient units outside the block")
+    if len(a.step_end) != len(b.step_end):
+        raise Fallback("step-end collectives differ with depth")
+    step_end: list[Any] = []
+    for na, nb in zip(a.step_end, b.step_end, strict=True):
+        assert isinstance(na.attrs, CollectiveAttrs) and isinstance(nb.attrs, CollectiveAttrs)
+        axis = na.attrs.axis.value
+        if (na.op, na.attrs, na.out) == (nb.op, nb.attrs, nb.out):
+            step_end.append((axis, None, na, 0))
+        elif na.op is nb.op and replace(nb.attrs, bytes=na.attrs.bytes) == na.attrs:  # bytes grow with layers
+            step_end.append((axis, na, na.attrs.bytes, nb.attrs.bytes))
+        else:
+            raise Fallback("a step-end collective changes with depth")
+    if len(a.optimizer) != len(b.optimizer):
+        raise Fallback("optimizer steps differ with depth")
+    pa, pb = (a.params, a.experts), (b.params, b.experts)
+    optimizer = [_optimizer_check(joint, na, nb, pa, pb) for na, nb in zip(a.optimizer, b.optimizer, strict=True)]
+    out = _Pair(a, b, fwd, bwd, step_end, optimizer)
+    _PAIRS.put(key, out)
+    return out
+
+
+def _derive(joint: Joint, first: bool, last: bool, count: int, lowering: _Hashed) -> Derived:
+    """Depth ``count`` from depths 2 and 3 (module docstring)."""
+    a, b = (_direct(joint, first, last, c, False, lowering) for c in (2, 3))
+    pair = _pair(joint, a, b)
+    ca = a.cost
+    fwd_units = [(u, count if block else k) for u, k, block in pair.fwd]
+    bwd_units = [(u, count if block else k) for u, k, block in pair.bwd]
     fwd = sum(repeated(u, k) for u, k in fwd_units)
     bwd = sum(repeated(u, k) for u, k in bwd_units[:3])
     wgrad = sum(repeated(u, k) for u, k in bwd_units[3:]) if len(bwd_units) > 3 else 0.0
@@ -300,23 +361,11 @@ def _derive(joint: Joint, first: bool, last: bool, count: int) -> Derived:
     params = _affine(a.params, b.params, count)
     cost = Coster(a.stage.graph, joint.backend, joint.where)
     step_end: dict[str, float] = {}
-    if len(a.step_end) != len(b.step_end):
-        raise Fallback("step-end collectives differ with depth")
-    for na, nb in zip(a.step_end, b.step_end, strict=True):
-        assert isinstance(na.attrs, CollectiveAttrs) and isinstance(nb.attrs, CollectiveAttrs)
-        axis = na.attrs.axis.value
-        if (na.op, na.attrs, na.out) == (nb.op, nb.attrs, nb.out):
-            sec = cost(na)
-        elif na.op is nb.op and replace(nb.attrs, bytes=na.attrs.bytes) == na.attrs:  # bytes grow with layers
-            sec = _collective(joint, na, _affine(na.attrs.bytes, nb.attrs.bytes, count))
-        else:
-            raise Fallback("a step-end collective changes with depth")
+    for axis, grows, x, y in pair.step_end:
+        sec = cost(x) if grows is None else _collective(joint, grows, _affine(x, y, count))
         step_end[axis] = step_end.get(axis, 0.0) + sec
-    if len(a.optimizer) != len(b.optimizer):
-        raise Fallback("optimizer steps differ with depth")
     experts = _affine(a.experts, b.experts, count)
-    counts = ((a.params, a.experts), (b.params, b.experts), (params, experts))
-    opt = sum(cost(_optimizer_node(joint, na, nb, *counts)) for na, nb in zip(a.optimizer, b.optimizer, strict=True))
+    opt = sum(cost(_optimizer_node(how, (params, experts))) for how in pair.optimizer)
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
@@ -341,27 +390,35 @@ def _collective(joint: Joint, node: Node, nbytes: int) -> float:
     return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
 
 
-def _optimizer_node(
-    joint: Joint, a: Node, b: Node, pa: tuple[int, int], pb: tuple[int, int], params: tuple[int, int]
-) -> Node:
-    """The optimizer step for ``params`` (parameter elements, of them routed experts'), as the optimizer pass
-    builds it (checked against the steps it built at depths 2 and 3)."""
+def _optimizer_check(
+    joint: Joint, a: Node, b: Node, pa: tuple[int, int], pb: tuple[int, int]
+) -> tuple[Node, int, int] | Node:
+    """How depth ``c``'s optimizer step is built from depth 2's (``a``) and 3's (``b``): ``a`` itself when they are
+    equal, else (``a``, shard, expert shard), the optimizer pass's parameter count over its shards, checked
+    against both (``pa``, ``pb``: their parameter elements, of them routed experts')."""
     if a == b:
         return a
     found = next((p for p in joint.stage_passes if getattr(p, "name", "") == "optimizer"), None)
     if found is None or not isinstance(a.attrs, OptimizerAttrs):
         raise Fallback("an optimizer step of another kind")
     shard, expert_shard = found.shard, getattr(found, "expert_shard", 0) or found.shard
-
-    def built(counts: tuple[int, int]) -> Node:
-        total, experts = counts
-        n = math.ceil((total - experts) / shard) + math.ceil(experts / expert_shard)
-        assert isinstance(a.attrs, OptimizerAttrs)
-        return replace(a, out=TensorSpec((max(n, 1),), DType.FP32), attrs=replace(a.attrs, params=n))
-
-    if built(pa) != a or replace(built(pb), id=b.id, inputs=b.inputs) != b:
+    if _built(a, shard, expert_shard, pa) != a or replace(_built(a, shard, expert_shard, pb), id=b.id,
+                                                          inputs=b.inputs) != b:  # fmt: skip
         raise Fallback("the optimizer step is not the parameter count over its shards")
-    return built(params)
+    return (a, shard, expert_shard)
+
+
+def _optimizer_node(how: tuple[Node, int, int] | Node, params: tuple[int, int]) -> Node:
+    """The optimizer step for ``params`` (parameter elements, of them routed experts') (:func:`_optimizer_check`)."""
+    return how if isinstance(how, Node) else _built(*how, params)
+
+
+def _built(a: Node, shard: int, expert_shard: int, counts: tuple[int, int]) -> Node:
+    """``a`` as the optimizer pass builds it for ``counts`` parameter elements (of them routed experts')."""
+    total, experts = counts
+    n = math.ceil((total - experts) / shard) + math.ceil(experts / expert_shard)
+    assert isinstance(a.attrs, OptimizerAttrs)
+    return replace(a, out=TensorSpec((max(n, 1),), DType.FP32), attrs=replace(a.attrs, params=n))
 
 
 __all__ = ["FALLBACKS", "Derived", "Fallback", "stage_counts", "stages"]

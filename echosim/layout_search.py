@@ -625,7 +625,8 @@ def _evaluate(
         try:
             step = _prepare(model, plan, cluster, steps)
             alive.append(step)  # the ids below stay theirs for the batch
-            key = (id(step.stages), step.options.schedule.split_backward)  # shared by _prepare across schedules
+            # the stages are shared by _prepare across schedules and TP overlap; lowering reads both
+            key = (id(step.stages), step.options.schedule.split_backward, step.options.tp_overlap)
             if key not in lowered:
                 with step.lowering():
                     lowered[key] = lower_stages(step.stages, step.backend, step.where, step.options)
@@ -690,11 +691,15 @@ def _costs_of(costs: Any) -> Any:
     return costs[0] if isinstance(costs, tuple) else costs
 
 
-_COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "schedule")
+#: Plan fields no pass, pipeline split or placement reads (echosim's own passes): only the step options and the
+#: plan the facts tell. Layouts that differ in these alone share one preparation (:func:`_prepare`).
+_TIMING_ONLY = ("schedule", "tp_overlap")
+_COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name not in _TIMING_ONLY)
 
 
 def _costing_key(plan: Plan) -> tuple[Any, ...]:
-    """Every field of ``plan`` but its schedule: what the passes, the pipeline split and the placements read."""
+    """Every field of ``plan`` but its schedule and TP overlap: what the passes, the pipeline split and the
+    placements read."""
     return tuple(getattr(plan, name) for name in _COSTING_FIELDS)
 
 
@@ -702,9 +707,10 @@ def _prepare(
     model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any], how: Callable[..., Any] | None = None
 ) -> Any:
     """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
-    schedule alone takes that one's stage graphs, placements and facts with its own schedule.
+    schedule or TP overlap alone takes that one's stage graphs, placements and facts with its own schedule
+    and TP overlap (step options and the facts' plan).
 
-    The passes read no schedule (echosim's own: where a plugin's pass runs every layout is prepared
+    The passes read neither (echosim's own: where a plugin's pass runs every layout is prepared
     alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout.
     ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
     """
@@ -724,7 +730,7 @@ def _prepare(
         step = prepare(model, plan, cluster, registry)
         kept[key] = step
         return step
-    if first.facts.plan["schedule"] == plan.schedule:
+    if first.facts.plan["schedule"] == plan.schedule and first.options.tp_overlap == plan.tp_overlap:
         return first
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
@@ -732,8 +738,8 @@ def _prepare(
     extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
     return replace(
         first,
-        options=replace(first.options, schedule=schedules[plan.schedule]),
-        facts=replace(first.facts, plan={**first.facts.plan, "schedule": plan.schedule}),
+        options=replace(first.options, schedule=schedules[plan.schedule], tp_overlap=plan.tp_overlap),
+        facts=replace(first.facts, plan={**first.facts.plan, "schedule": plan.schedule, "tp_overlap": plan.tp_overlap}),
         **extra,
     )
 

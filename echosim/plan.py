@@ -7,7 +7,7 @@ a model on a cluster is :mod:`echosim.layout`'s one check.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from echosim.errors import EchosimError
@@ -106,7 +106,7 @@ class Plan:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap`` and the router
         groups only where set
         (models without tables or experts never state them)."""
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         if not self.etp:
             del d["etp"]
         if not self.moe_ep_overlap:
@@ -119,6 +119,9 @@ class Plan:
             del d["moe_router_groups"], d["moe_router_group_topk"]
         return d
 
+
+#: Plan's fields, every one a scalar or a tuple of strings (:meth:`Plan.as_dict` copies none of them).
+_FIELDS = fields(Plan)
 
 DEFAULT_MODEL = "gpt3-175b"
 # The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in

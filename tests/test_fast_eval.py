@@ -128,3 +128,55 @@ def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str
                 [(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in want
             ]
     assert extended >= 6
+
+
+def test_stage_graph_flops_are_the_base_graphs_plus_the_appended_nodes() -> None:
+    """A stage graph's FLOPs, from its graph before the stage-level passes plus what they appended, equal a walk
+    of the whole graph (ZeRO 0-3, cp, several depths), integer for integer."""
+    from echosim.passes.flops import graph_flops
+
+    cluster = Cluster("h100-sxm", 16)
+    plans = [Plan(pp=pp, dp=16 // (pp * cp), cp=cp, global_batch=32, zero=z)
+             for pp in (1, 2, 4) for cp in (1, 2) for z in (0, 1, 3)]  # fmt: skip
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
+    assert len(stages) >= 10
+    for stage in stages:
+        assert graph_flops(stage.graph, stage.base) == graph_flops(stage.graph)
+
+
+def test_overlap_with_a_streams_spans_equals_the_sum_over_all_of_them_to_the_bit() -> None:
+    """The dilation's overlap sum skips, by bisection, the spans of one stream that lie outside a window: the
+    same float as summing over every span (sorted and disjoint spans), and the plain sum where they overlap."""
+    import random
+
+    from echosim.timeline.streams import _Spans
+
+    rng = random.Random(7)
+    for ordered in (True, False):
+        for _ in range(200):
+            spans, t = [], 0.0
+            for _ in range(rng.randint(0, 30)):
+                t += rng.choice([0.0, rng.random() * 1e-3])
+                d = rng.random() * 1e-3 + 1e-9
+                spans.append((t, t + d))
+                t += d
+            if not ordered:
+                rng.shuffle(spans)
+            s = rng.random() * max(t, 1e-3)
+            e = s + rng.choice([rng.random() * 1e-3, rng.random() * t])
+            want = sum(max(0.0, min(e, b_e) - max(s, b_s)) for b_s, b_e in spans)
+            assert _Spans(spans).overlap(s, e) == want
+
+
+def test_a_units_period_is_kept_and_forgotten_when_its_busy_time_grows() -> None:
+    from echosim.timeline.streams import UnitTiming
+
+    u = UnitTiming(duration=3.0, critical_end=2.0)
+    u.add_busy("comm.dp", 1.0)
+    assert u.period == 2.0
+    u.add_busy("comm.dp", 2.5)
+    assert u.period == 3.5
+    u.critical_end = 4.0
+    assert u.period == 4.0

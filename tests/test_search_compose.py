@@ -88,16 +88,17 @@ def test_batched_figures_equal_compile_with_vocabulary_tiling() -> None:
 
 
 def test_layouts_differing_in_their_schedule_alone_share_one_preparation_and_equal_compile() -> None:
-    """A batch prepares a layout once for all its schedules (the passes read none) and lowers its stages once
-    per backward split; each schedule's figures still equal its own cold compile."""
+    """A batch prepares a layout once for all its schedules and TP overlaps (the passes read neither) and lowers
+    its stages once per backward split and TP overlap; each layout's figures still equal its own cold compile."""
     import echosim.compiler
 
     cluster = Cluster("h100-sxm", 8)
     space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1, 2), "sp": (True,), "zero": (1,), "mb": (1,),
-             "recompute": ("full",), "tp_overlap": (True,),
+             "recompute": ("full",), "tp_overlap": (False, True),
              "schedule": ("1f1b", "gpipe", "interleaved", "zb-h1")}  # fmt: skip
     plans = search("gpt3-125m", Plan(global_batch=16), cluster, space=space, sample=slice(0, 0)).enumeration.to_simulate
     assert len({p.schedule for p in plans}) >= 3 and {p.vpp for p in plans} == {1, 2}
+    assert {p.tp_overlap for p in plans} == {False, True}
     calls = []
     real = echosim.compiler.prepare
 
@@ -113,6 +114,20 @@ def test_layouts_differing_in_their_schedule_alone_share_one_preparation_and_equ
         echosim.compiler.prepare = real
     assert len(calls) == len({p.vpp for p in plans}) < len(plans)
     _assert_same(batch, plans, "gpt3-125m", cluster)
+    joints, real_joint = [], echosim.compiler.prepare_joint
+
+    def counted_joint(*args: object, **kwargs: object) -> object:
+        joints.append(args[1])
+        return real_joint(*args, **kwargs)  # type: ignore[arg-type]
+
+    memo.clear_all()
+    echosim.compiler.prepare_joint = counted_joint  # type: ignore[assignment]
+    try:
+        fast = _evaluate_batch("gpt3-125m", plans, cluster, 1.0, fast=True)
+    finally:
+        echosim.compiler.prepare_joint = real_joint
+    assert len(joints) == len({p.vpp for p in plans})  # the fast path prepares up to the split alike
+    _assert_same(fast, plans, "gpt3-125m", cluster)
 
 
 @pytest.mark.parametrize(

@@ -52,16 +52,8 @@ class DataParallel:
         if self.dp == 1:
             return graph
         g = graph.copy()
-        groups: dict[str, list[int]] = {}
-        for param, grad in graph.grads.items():
-            if sparse_table(g[param]):  # updated in backward by its owner; its all_to_all carried the gradients
-                continue
-            attrs = g[grad].attrs
-            if isinstance(attrs, CollectiveAttrs) and attrs.axis is Axis.EMBED:  # tied weight: synced at step end
-                groups.setdefault("", []).append(param)
-                continue
-            # each layer's gradients (a repeated block of several layers: each of them), as in the unfolded model
-            groups.setdefault(g.layer_of(g[param]) or "", []).append(param)
+        # kept on the input graph: a search runs this pass on one stage graph for every dp and ZeRO stage
+        groups = graph.derived("dp-grad-groups", lambda: _grad_groups(graph))
         # later layers' gradients are ready first: reduce the block's buckets before the rest
         for scope in sorted(groups, key=lambda s: (s == "", s)):
             params = groups[scope]
@@ -177,6 +169,21 @@ ADAM_FP32_BYTES_PER_PARAM = 32
 COMPOSER_ADAMW_BYTES_PER_PARAM = 96
 
 
+def _grad_groups(graph: Graph) -> dict[str, list[int]]:
+    """The parameters whose gradients the data-parallel ranks reduce, by layer ("" outside the layers and tied)."""
+    groups: dict[str, list[int]] = {}
+    for param, grad in graph.grads.items():
+        if sparse_table(graph[param]):  # updated in backward by its owner; its all_to_all carried the gradients
+            continue
+        attrs = graph[grad].attrs
+        if isinstance(attrs, CollectiveAttrs) and attrs.axis is Axis.EMBED:  # tied weight: synced at step end
+            groups.setdefault("", []).append(param)
+            continue
+        # each layer's gradients (a repeated block of several layers: each of them), as in the unfolded model
+        groups.setdefault(graph.layer_of(graph[param]) or "", []).append(param)
+    return groups
+
+
 def _routed_expert(node: Node) -> bool:
     return isinstance(node.attrs, ParamAttrs) and node.attrs.expert
 
@@ -195,9 +202,15 @@ class Optimizer:
         if self.kind not in ("adam", "adamw"):
             raise ValueError(f"unknown optimizer {self.kind!r} (known: adam, adamw)")
         g = graph.copy()
-        sparse = sum(p.out.numel * g.multiplicity(p) for p in g.params() if sparse_table(p))
-        experts = sum(p.out.numel * g.multiplicity(p) for p in g.params() if _routed_expert(p))
-        dense = g.param_count() - sparse - experts  # sparse tables: updated inside backward
+        sparse = experts = total = 0  # one walk over the parameters (Graph.param_count's sum among them)
+        for p in g.params():
+            numel = p.out.numel * g.multiplicity(p)
+            total += numel
+            if sparse_table(p):
+                sparse += numel
+            if _routed_expert(p):
+                experts += numel
+        dense = total - sparse - experts  # sparse tables: updated inside backward
         n = math.ceil(dense / self.shard) + math.ceil(experts / (self.expert_shard or self.shard))
         per_param = self.bytes_per_param or (
             ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM

@@ -25,6 +25,7 @@ from echosim.ir.ops import (
     OptimizerAttrs,
     Phase,
 )
+from echosim.passes.memory import added_nodes
 
 
 def node_flops(node: Node) -> int:
@@ -104,8 +105,23 @@ class FlopCount:
         return self.forward + self.backward + self.recompute + self.overhead
 
 
-def graph_flops(graph: Graph) -> FlopCount:
-    """Tensor-core FLOPs of one pass over ``graph`` (one micro-batch on one rank)."""
+def graph_flops(graph: Graph, base: Graph | None = None) -> FlopCount:
+    """Tensor-core FLOPs of one pass over ``graph`` (one micro-batch on one rank).
+
+    ``base``: a graph ``graph`` extends (:func:`~echosim.passes.memory.added_nodes`) under the same repeat
+    counts: ``base``'s count (kept on it) plus the appended nodes', the same integers as a walk of ``graph``
+    (the stage-level passes append gradient reductions, ZeRO gathers and the optimizer step to each of the
+    stage graphs a search meets per data-parallel degree and ZeRO stage)."""
+    added = added_nodes(graph, base) if base is not None and base.repeats == graph.repeats else None
+    if base is not None and added is not None:
+        known = base.derived("flops", lambda: graph_flops(base))
+        extra = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
+        for node in added:
+            f = node_flops(node)
+            if f:
+                extra[node.phase] += f * graph.multiplicity(node)
+        return FlopCount(known.forward + extra[Phase.FORWARD], known.backward + extra[Phase.BACKWARD],
+                         known.recompute + extra[Phase.RECOMPUTE])  # fmt: skip
     totals = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
     overhead = 0
     for node in graph:

@@ -45,6 +45,7 @@ class GradientGroups:
         experts = self.ep > 1 or self.expert_fold > 1  # else no collective has an expert share to split off
         share = self._expert_share(g) if experts else {}
         clones: dict[int, int] = {}
+        resized: dict[tuple[CollectiveAttrs, int], CollectiveAttrs] = {}  # a scope's buckets share their attrs
         for n in list(g):
             a = n.attrs
             if not isinstance(a, CollectiveAttrs) or a.axis not in _EXPERT_AXIS:
@@ -53,7 +54,10 @@ class GradientGroups:
             key = "*" if n.phase is Phase.OPTIMIZER else n.scope or "-"
             frac = share.get(key, 0.0) if experts else 0.0
             expert_bytes = round(a.bytes * frac)
-            g.replace(n.id, attrs=replace(a, size=size, bytes=a.bytes - expert_bytes))
+            new = resized.get((a, expert_bytes))
+            if new is None:
+                new = resized[(a, expert_bytes)] = replace(a, size=size, bytes=a.bytes - expert_bytes)
+            g.replace(n.id, attrs=new)
             if expert_bytes:
                 spec = n.out.with_shape((max(1, n.out.numel * expert_bytes // max(1, a.bytes)),))
                 clones[n.id] = g.add(

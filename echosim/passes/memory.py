@@ -230,7 +230,7 @@ def activation_bytes(
     if base is not None and added is not None and not _reads_forward(graph, added):
         key = "activation-blocks" if blocks else "activation-bytes"
         return base.derived((key, saved), lambda: activation_bytes(base, saved, blocks=blocks))
-    each, mult = _saved_values(graph, saved)
+    each, mult = graph.derived(("saved-values", saved), lambda: _saved_values(graph, saved))  # read, not changed
     if blocks:
         each = {nid: allocator_block(b) for nid, b in each.items()}
     total = sum(each[nid] * k for nid, k in mult.items())
@@ -377,7 +377,7 @@ def _freed_schedule(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], l
     layer's and the layers' backward run the loss's saved logits are gone.
     """
     pos = {nid: i for i, nid in enumerate(graph.nodes)}
-    each, mult = _saved_values(graph, saved)
+    each, mult = graph.derived(("saved-values", saved), lambda: _saved_values(graph, saved))  # read, not changed
     last: dict[int, int] = {}
     layers_read: set[int] = set()  # read by the layers (a stage's input): kept by each repetition, not once
     for n in graph:

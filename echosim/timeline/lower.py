@@ -494,7 +494,9 @@ def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
         ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in nodes)
         return _UnitPart(nodes, repeat, _UnitKey((ops, outside)), axes)
 
-    return tuple([part(nodes, k) for nodes, k in kind] for kind in _units(graph, split_w))
+    # the split kept on the graph: :func:`_extended_parts` reads it again for the graphs that extend this one
+    split = graph.derived(("unit-split", split_w), lambda: _split_units(graph, split_w))[0]
+    return tuple([part(nodes, k) for nodes, k in kind] for kind in split)
 
 
 #: :meth:`Graph.derived` key of a graph that holds another's nodes and appends some of its own that run in the
