@@ -178,6 +178,39 @@ def test_lstm_runs_its_time_steps_one_after_another() -> None:
     assert fwd >= serial > 3 * batched
 
 
+def test_an_lstm_weight_gradient_is_one_gemm_over_all_time_steps() -> None:
+    """oneDNN's and cuDNN's RNN backward multiply every step's saved state by its gate gradient in one GEMM
+    after the recurrence: one (4h x h) wgrad with k = batch x steps per layer, the FLOPs of the per-step sum."""
+    layers, hidden, vocab, steps, batch = 2, 64, 100, 7, 3
+    model = TorchZooModel("lstm-test", partial(lstm_lm_module, layers, hidden, vocab, steps),
+                          TORCH_ZOO["lstm-lm"].inputs, "test LSTM", "sequences")  # fmt: skip
+    g = lower(model, Plan(micro_batch=batch, seq_len=steps), Cluster(backend="cpu-x86", devices=1)).stages[0].graph
+    mm = [n for n in g if isinstance(n.attrs, MatmulAttrs)]
+    recurrent = MatmulAttrs(m=batch, n=4 * hidden, k=hidden)
+    fwd_steps = [n for n in mm if n.phase is Phase.FORWARD and n.attrs == recurrent]
+    assert len(fwd_steps) == layers * steps  # h0 (zeros) is multiplied too
+    merged = [n for n in mm if n.name.endswith(".steps.h.wgrad")]
+    assert [n.attrs for n in merged] == [MatmulAttrs(m=4 * hidden, n=hidden, k=batch * steps, grad_of="wgrad")] * 2
+    assert all(len(n.inputs) == 2 * steps for n in merged)  # each step's state and gate gradient, no concatenation
+    # its FLOPs are those of the per-step GEMMs it replaces; nothing left per step but the data gradients
+    assert (
+        sum(n.attrs.flops for n in merged)
+        == sum(n.attrs.flops for n in fwd_steps)
+        == layers * steps * 2 * (batch * 4 * hidden * hidden)
+    )
+    assert not [n for n in mm if n.attrs.grad_of == "wgrad" and n.attrs.k == batch]
+    per_step = [n for n in mm if n.phase is Phase.BACKWARD and ".step" in n.name and ".steps." not in n.name]
+    assert {n.attrs for n in per_step} == {MatmulAttrs(m=batch, n=hidden, k=4 * hidden, grad_of="dgrad")}
+    # the gradient of the recurrent weight is not summed step by step (no weight-sized adds)
+    w_hh = {n.out.shape for n in g if n.name.endswith("grad_acc") and "weight_hh" in n.name}
+    assert not w_hh
+    # all the steps' data gradients come before it: it closes the layer's backward recurrence
+    dag = g.dag
+    for node in merged:
+        layer = node.name.removesuffix(".steps.h.wgrad")
+        assert all(nx.has_path(dag, n.id, node.id) for n in per_step if n.name.startswith(layer + ".step"))
+
+
 # ---- embedding sharding: bytes and memory against closed forms -----------------------------------
 
 B, D, W = 64, 16, 2

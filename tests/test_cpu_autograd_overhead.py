@@ -70,9 +70,12 @@ def test_the_calibration_measures_a_layer_of_the_tiny_chain() -> None:
 
 def test_the_time_steps_of_a_fused_recurrent_layer_pay_no_per_op_host_time() -> None:
     from echosim.frontend.zoo_torch import TorchZooModel, lstm_lm_module
-    from echosim.ir.names import is_recurrent_step, step_name
+    from echosim.ir.names import all_steps_name, is_recurrent_step, step_name, step_of
 
     assert is_recurrent_step(step_name("lstm.l0", 7, "h")) and is_recurrent_step("lstm.l1.step18.cell.grad_acc")
+    # the recurrent weight's gradient over all steps is part of the same fused call
+    assert is_recurrent_step(all_steps_name("lstm.l0", "h") + ".wgrad")
+    assert step_of(step_name("a.lstm.l1", 12, "h")) == ("a.lstm.l1", "h") and step_of("lstm.l0.step3.h.dgrad") is None
     assert not is_recurrent_step("lstm.l0.h0") and not is_recurrent_step("layers.step.h")  # an initial state, a module
     model = TorchZooModel("lstm", lambda: lstm_lm_module(1, 32, 64, 6), ((("batch", "seq"), "int64"),), "", "")
     plan = Plan(micro_batch=2, global_batch=2, seq_len=6, dtype="fp32")
@@ -81,4 +84,5 @@ def test_the_time_steps_of_a_fused_recurrent_layer_pay_no_per_op_host_time() -> 
     charged = {n.name for n in g if not n.op.is_collective and with_autograd.op_time_s(n, 64) > bare.op_time_s(n, 64)}
     steps = [n.name for n in g if is_recurrent_step(n.name) and n.op is not OpKind.VIEW]
     assert len(steps) >= 6 * 3 and not charged & set(steps)
+    assert "lstm.l0.steps.h.wgrad" in steps
     assert any("input_proj" in name for name in charged)  # the layer's own call still pays it

@@ -3,9 +3,10 @@
 An LSTM layer is costed the way cuDNN runs it: one GEMM projects the inputs of
 every step at once, then the recurrence runs step by step, each step a small
 (batch x h) @ (h x 4h) GEMM plus one fused gate kernel. The steps are unrolled
-because they are sequential: a batched GEMM would hide that latency. Autodiff
-gives each step's weight gradient its own small GEMM, where cuDNN sums them in
-one, so the LSTM backward here is an upper bound.
+because they are sequential: a batched GEMM would hide that latency. In backward
+only the data gradients run step by step; autodiff gives the recurrent weight one
+gradient GEMM over all steps (k = batch x steps), as oneDNN and cuDNN compute it
+(echosim.passes.autodiff).
 """
 
 from __future__ import annotations

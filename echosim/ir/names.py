@@ -10,13 +10,26 @@ import re
 #: The per-step nodes of a recurrent layer (and the gradients autodiff derives from them, named after them):
 #: parts of one fused kernel call (``aten::lstm``: oneDNN's RNN primitive on a CPU, cuDNN's on a GPU), not ops
 #: the framework dispatches one by one, so no per-op host time is theirs
-#: (echosim.backends.cpu.CPUBackend.op_time_s).
-_STEP_NODE = re.compile(r"\.step\d+\.(?:x|h|pre|cell)(?:\.|$)")
+#: (echosim.backends.cpu.CPUBackend.op_time_s). ``steps`` names a node that serves all the steps of a layer at
+#: once (the recurrent weight's gradient, :func:`all_steps_name`).
+_STEP_NODE = re.compile(r"\.step(?:\d+|s)\.(?:x|h|pre|cell)(?:\.|$)")
+_STEP_OF = re.compile(r"^(?P<layer>.+)\.step\d+\.(?P<part>x|h|pre|cell)$")
 
 
 def step_name(layer: str, t: int, part: str) -> str:
     """The name of time step ``t``'s ``part`` (x, h, pre, cell) of recurrent layer ``layer``."""
     return f"{layer}.step{t}.{part}"
+
+
+def all_steps_name(layer: str, part: str) -> str:
+    """The name of a node that does ``part``'s work of every time step of ``layer`` in one kernel."""
+    return f"{layer}.steps.{part}"
+
+
+def step_of(name: str) -> tuple[str, str] | None:
+    """The (layer, part) of a time step's node named by :func:`step_name`, else None."""
+    m = _STEP_OF.match(name)
+    return (m["layer"], m["part"]) if m else None
 
 
 def is_recurrent_step(name: str) -> bool:

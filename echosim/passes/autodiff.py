@@ -10,6 +10,10 @@ parallelism the all_gather before a column-parallel layer turns into a
 reduce_scatter in backward, and the layer's weight gradient reads the input
 gathered again (Megatron keeps only the 1/tp shard for backward). An all_to_all
 is its own conjugate; a ring exchange of K/V sends the gradient the other way.
+A recurrent layer's weight gradient is one GEMM over all its time steps, as the fused
+kernels compute it (oneDNN's RNN backward and cuDNN's ``cudnnRNNBackwardWeights`` multiply the
+saved states of every step by their gate gradients at once, after the recurrence): the time
+steps run one after another only through their data gradients.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
+from echosim.ir.names import all_steps_name, step_of
 from echosim.ir.ops import (
     Axis,
     CollectiveAttrs,
@@ -39,6 +44,8 @@ class _Ctx:
     def __init__(self, graph: Graph) -> None:
         self.g = graph
         self.regathered: dict[int, int] = {}  # forward SP all_gather -> its backward re-gather
+        # a recurrent weight -> (time step's GEMM, its input, its output's gradient), latest step first
+        self.step_wgrads: dict[int, list[tuple[Node, int, int]]] = {}
 
     def emit(
         self,
@@ -118,7 +125,10 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
             reduce = CollectiveAttrs(Axis.TP, 0, c.spec(x).nbytes)
             dx = c.emit(n, OpKind.ALL_REDUCE, [dx], c.spec(x), reduce, "dgrad.tp_all_reduce")
         out.append((x, dx))
-    if w in needs and c.spec(w).dtype not in _NO_GRAD:  # no gradient flows into indices or masks
+    wants_w = w in needs and c.spec(w).dtype not in _NO_GRAD  # no gradient flows into indices or masks
+    if wants_w and step_of(n.name) is not None:  # a time step: summed with the others in one GEMM
+        c.step_wgrads.setdefault(w, []).append((n, x, dy))
+    elif wants_w:
         if linear:
             attrs = MatmulAttrs(
                 m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io, useful=a.useful
@@ -143,6 +153,32 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         if b in needs:
             out.append((b, c.emit(n, OpKind.REDUCTION, [dy], c.spec(b), ElementwiseAttrs("bias_grad"), "bgrad")))
     return out
+
+
+def _steps_wgrad(c: _Ctx, w: int, steps: list[tuple[Node, int, int]]) -> int:
+    """One weight gradient for every time step that multiplied ``w``: (out x in) = sum over steps of
+    dy_t^T x_t, a GEMM whose k is the rows of all steps (the states and gate gradients the fused
+    kernel keeps side by side in its workspace, so nothing is concatenated)."""
+    first = steps[-1][0]  # the earliest step (backward meets the latest first)
+    a = first.attrs
+    assert isinstance(a, MatmulAttrs)
+    found = step_of(first.name)
+    assert found is not None
+    rows = sum(n.attrs.m * n.attrs.batch for n, _, _ in steps if isinstance(n.attrs, MatmulAttrs))
+    attrs = MatmulAttrs(m=a.n, n=a.k, k=rows, tp=a.tp, grad_of="wgrad", useful=a.useful)
+    xs = [x for _, x, _ in reversed(steps)]
+    dys = [dy for _, _, dy in reversed(steps)]
+    name = f"{all_steps_name(*found)}.wgrad"
+    return c.g.add(
+        OpKind.MATMUL,
+        [*xs, *dys],
+        c.spec(w),
+        attrs,
+        phase=Phase.BACKWARD,
+        scope=first.scope,
+        name=name,
+        origin=first.id,
+    )
 
 
 def _attention(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
@@ -356,6 +392,8 @@ class Autodiff:
         contribs: dict[int, list[int]] = {loss: [seed]}
         for n in reversed(forward):
             parts = contribs.pop(n.id, None)
+            if n.id in ctx.step_wgrads:  # every use of a recurrent weight lies after it: all steps are in
+                parts = [*(parts or []), _steps_wgrad(ctx, n.id, ctx.step_wgrads.pop(n.id))]
             if not parts:
                 continue
             dy = _accumulate(ctx, n, parts)

@@ -49,7 +49,7 @@ class Fp8Linears:
             if not self._linear(g, n):
                 continue
             assert isinstance(n.attrs, MatmulAttrs)
-            operands = [n.inputs[0]] if n.attrs.grad_of != "wgrad" else [n.inputs[0], n.inputs[1]]
+            operands = [n.inputs[0]] if n.attrs.grad_of != "wgrad" else list(n.inputs)  # x (all steps') and dy
             if n.attrs.grad_of == "dgrad":
                 operands = [n.inputs[0]]
             new_inputs = list(n.inputs)
