@@ -40,7 +40,7 @@ from echosim.compiler import Joint
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import CollectiveAttrs, OpKind, OptimizerAttrs
 from echosim.ir.types import DType, TensorSpec
-from echosim.memo import Memo
+from echosim.memo import HashedKey, Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.flops import FlopCount, graph_flops
 from echosim.passes.memory import MemoryBreakdown, activation_bytes, transient_bytes
@@ -162,20 +162,7 @@ def _lowering_key(joint: Joint) -> tuple[Any, ...]:
             o.overlap_dp, f.state, f.expert_state, f.saved, f.caching_allocator)  # fmt: skip
 
 
-class _Hashed:
-    """A cache key's part hashed once (a layout looks its lowering key up for each of its stage shapes)."""
-
-    __slots__ = ("_hash", "value")
-
-    def __init__(self, value: tuple[Any, ...]) -> None:
-        self.value = value
-        self._hash = hash(value)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Hashed) and self._hash == other._hash and self.value == other.value
+_Hashed = HashedKey  # a layout looks its lowering key up once per stage shape
 
 
 def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -82,3 +82,20 @@ def clear_all() -> None:
 
 def stats() -> list[MemoStats]:
     return [MemoStats(m.name, m.hits, m.misses, len(m)) for m in _MEMOS]
+
+
+class HashedKey:
+    """A tuple key hashed once: a search looks the same lowering or unit key up many times, and hashing a
+    long nested tuple on every lookup costs more than the lookup itself."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._hash == other._hash and self.value == other.value  # type: ignore[attr-defined]

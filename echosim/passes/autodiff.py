@@ -109,17 +109,8 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     linear = len(c.spec(w).shape) == 2
     sp = _sp_gathered(c, x)
     if x in needs:
-        attrs = MatmulAttrs(
-            m=a.m,
-            n=a.k,
-            k=a.n,
-            batch=a.batch,
-            tp=a.tp,
-            grad_of="dgrad",
-            grouped=a.grouped,
-            conv_io=a.conv_io,
-            useful=a.useful,
-        )
+        # the forward product's roles kept; precision is set later, per gradient, by the precision pass
+        attrs = replace(a, n=a.k, k=a.n, grad_of="dgrad", precision="")
         dx = c.emit(n, OpKind.MATMUL, [dy, w], c.spec(x), attrs, "dgrad")
         if a.tp in ("colwise", "vocab") and not sp:  # with SP the all_gather's conjugate reduces
             reduce = CollectiveAttrs(Axis.TP, 0, c.spec(x).nbytes)
@@ -134,17 +125,7 @@ def _matmul(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
                 m=a.n, n=a.k, k=a.m * a.batch, tp=a.tp, grad_of="wgrad", conv_io=a.conv_io, useful=a.useful
             )
         else:
-            attrs = MatmulAttrs(
-                m=a.k,
-                n=a.n,
-                k=a.m,
-                batch=a.batch,
-                tp=a.tp,
-                grad_of="wgrad",
-                grouped=a.grouped,
-                conv_io=a.conv_io,
-                useful=a.useful,
-            )
+            attrs = replace(a, m=a.k, k=a.m, grad_of="wgrad", precision="")
         # Megatron's column-parallel linear keeps only its 1/tp input shard and gathers it
         # again; grouped expert GEMMs keep the rows the dispatcher gathered for them
         xin = _regather(c, x) if sp and linear else x

@@ -22,7 +22,7 @@ from echosim.backends.deepep import deepep_time_s
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.ir.types import DType, TensorSpec
-from echosim.memo import Memo
+from echosim.memo import HashedKey, Memo
 from echosim.passes.data_parallel import DDP_COPY_BYTES_PER_BYTE
 from echosim.passes.flops import io_bytes
 from echosim.passes.memory import added_nodes
@@ -417,20 +417,10 @@ def time_units(
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
 
-class _UnitKey:
+class _UnitKey(HashedKey):
     """A unit's nodes and the shapes it reads from outside, hashed once (a search looks a unit up many times)."""
 
-    __slots__ = ("_hash", "value")
-
-    def __init__(self, value: tuple[Any, ...]) -> None:
-        self.value = value
-        self._hash = hash(value)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _UnitKey) and self._hash == other._hash and self.value == other.value
+    __slots__ = ()
 
     def flat(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """(ops, shapes read from outside) of the whole unit, for a key built by :func:`_extended_parts` too."""
