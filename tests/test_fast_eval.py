@@ -144,6 +144,15 @@ def test_stage_graph_flops_are_the_base_graphs_plus_the_appended_nodes() -> None
     assert len(stages) >= 10
     for stage in stages:
         assert graph_flops(stage.graph, stage.base) == graph_flops(stage.graph)
+    # experts padded to capacity: the base's non-model products (FlopCount.overhead) are kept too
+    padded = [Plan(pp=pp, dp=16 // pp, ep=2, global_batch=32, zero=z, framework="maxtext", moe_capacity_factor=1.25)
+              for pp in (1, 2) for z in (0, 1)]  # fmt: skip
+    memo.clear_all()
+    _evaluate_batch(small_moe(), padded, cluster, 1.0, fast=True)
+    stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
+    assert stages and all(graph_flops(s.graph).overhead > 0 for s in stages)
+    for stage in stages:
+        assert graph_flops(stage.graph, stage.base) == graph_flops(stage.graph)
 
 
 def test_overlap_with_a_streams_spans_equals_the_sum_over_all_of_them_to_the_bit() -> None:

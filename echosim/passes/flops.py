@@ -11,6 +11,7 @@ derived.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
@@ -115,16 +116,17 @@ def graph_flops(graph: Graph, base: Graph | None = None) -> FlopCount:
     added = added_nodes(graph, base) if base is not None and base.repeats == graph.repeats else None
     if base is not None and added is not None:
         known = base.derived("flops", lambda: graph_flops(base))
-        extra = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
-        for node in added:
-            f = node_flops(node)
-            if f:
-                extra[node.phase] += f * graph.multiplicity(node)
-        return FlopCount(known.forward + extra[Phase.FORWARD], known.backward + extra[Phase.BACKWARD],
-                         known.recompute + extra[Phase.RECOMPUTE])  # fmt: skip
+        extra = _tally(graph, added)
+        return FlopCount(known.forward + extra.forward, known.backward + extra.backward,
+                         known.recompute + extra.recompute, known.overhead + extra.overhead)  # fmt: skip
+    return _tally(graph, graph)
+
+
+def _tally(graph: Graph, nodes: Iterable[Node]) -> FlopCount:
+    """FLOPs of ``nodes`` (of ``graph``, for their repeat counts), the products' non-model share apart."""
     totals = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
     overhead = 0
-    for node in graph:
+    for node in nodes:
         f = node_flops(node) * graph.multiplicity(node)
         if not f:
             continue
