@@ -140,7 +140,7 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         shared[key] = (*shared.get(key, ()), i)
-    lowering = _Hashed(_lowering_key(joint))  # hashed once for the layout's cache lookups
+    lowering = HashedKey(_lowering_key(joint))  # hashed once for the layout's cache lookups
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -162,14 +162,11 @@ def _lowering_key(joint: Joint) -> tuple[Any, ...]:
             o.overlap_dp, f.state, f.expert_state, f.saved, f.caching_allocator)  # fmt: skip
 
 
-_Hashed = HashedKey  # a layout looks its lowering key up once per stage shape
-
-
 def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
     return (joint.graph, first, last, tuple(joint.stage_passes))
 
 
-def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: _Hashed) -> Derived:
+def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: HashedKey) -> Derived:
     key = (*_family(joint, first, last), count, lowering)
     hit = _DERIVED.lookup(key)
     if hit is not None:
@@ -227,7 +224,7 @@ def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
     return _stage_graph(graph, members, static, 0 if first else 1, 2, {block: count})
 
 
-def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: _Hashed) -> _Direct:
+def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: HashedKey) -> _Direct:
     key = (*_family(joint, first, last), count, alone, lowering)
     hit = _DIRECT.lookup(key)
     if hit is not None:
@@ -329,7 +326,7 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     return out
 
 
-def _derive(joint: Joint, first: bool, last: bool, count: int, lowering: _Hashed) -> Derived:
+def _derive(joint: Joint, first: bool, last: bool, count: int, lowering: HashedKey) -> Derived:
     """Depth ``count`` from depths 2 and 3 (module docstring)."""
     a, b = (_direct(joint, first, last, c, False, lowering) for c in (2, 3))
     pair = _pair(joint, a, b)

@@ -238,6 +238,13 @@ _DDP_COPIES = (
     "of copying between gradients and allreduce communication buckets'"
 )
 
+# Composer's DecoupledAdamW as llm-foundry runs it (weight_decay 0): one tensor at a time, eight eager
+# kernels over fp32 state, grads and weights: exp_avg.mul_ (8) .add_(grad) (12), exp_avg_sq.mul_ (8)
+# .addcmul_(grad, grad) (16), sqrt (8), division by sqrt(bias_correction2) (8), add_(eps) (8),
+# param.addcdiv_(exp_avg, denom) (16) = 84; then FSDP.clip_grad_norm_ reads each gradient for the norm and
+# scales it in place (4 + 8) = 96 (the composer entry's optimizer_source).
+COMPOSER_ADAMW_BYTES_PER_PARAM = 96
+
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
     for f in (
@@ -499,7 +506,7 @@ FRAMEWORKS["composer"] = replace(
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
-    optimizer_bytes=96,  # echosim.passes.data_parallel.COMPOSER_ADAMW_BYTES_PER_PARAM
+    optimizer_bytes=COMPOSER_ADAMW_BYTES_PER_PARAM,
     optimizer_source="llm-foundry's pretraining yamls train with optimizer decoupled_adamw (weight_decay 0.0) and "
     "algorithms.gradient_clipping (norm, 1.0); Composer's DecoupledAdamW.adamw loops over the parameters one by "
     "one with eager in-place ops, exp_avg.mul_().add_(), exp_avg_sq.mul_().addcmul_(), (exp_avg_sq.sqrt() / "

@@ -30,14 +30,10 @@ class AttentionKernel:
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         kernel = self.generation if self.flash else ""
-        padded = self.padded and self.flash
+        want = (self.flash, kernel, self.padded and self.flash)
         for n in list(g):
-            if isinstance(n.attrs, AttentionAttrs) and (n.attrs.flash, n.attrs.kernel, n.attrs.padded) != (
-                self.flash,
-                kernel,
-                padded,
-            ):
-                g.replace(n.id, attrs=replace(n.attrs, flash=self.flash, kernel=kernel, padded=padded))
+            if isinstance(n.attrs, AttentionAttrs) and (n.attrs.flash, n.attrs.kernel, n.attrs.padded) != want:
+                g.replace(n.id, attrs=replace(n.attrs, flash=want[0], kernel=want[1], padded=want[2]))
             elif (
                 isinstance(n.attrs, NormAttrs)
                 and n.attrs.kind == "rmsnorm"

@@ -161,12 +161,6 @@ MAX_BUCKETS = 1024
 ADAM_BYTES_PER_PARAM = 34
 # Plain fp32 AdamW: read param, grad, m, v (16) + write param, m, v (12) + clip read (4).
 ADAM_FP32_BYTES_PER_PARAM = 32
-# Composer's DecoupledAdamW as llm-foundry runs it (weight_decay 0): one tensor at a time, eight eager
-# kernels over fp32 state, grads and weights: exp_avg.mul_ (8) .add_(grad) (12), exp_avg_sq.mul_ (8)
-# .addcmul_(grad, grad) (16), sqrt (8), division by sqrt(bias_correction2) (8), add_(eps) (8),
-# param.addcdiv_(exp_avg, denom) (16) = 84; then FSDP.clip_grad_norm_ reads each gradient for the norm and
-# scales it in place (4 + 8) = 96 (echosim.frameworks, the composer entry's optimizer_source).
-COMPOSER_ADAMW_BYTES_PER_PARAM = 96
 
 
 def _grad_groups(graph: Graph) -> dict[str, list[int]]:
