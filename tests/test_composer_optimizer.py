@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from echosim.frameworks import FRAMEWORKS, get_framework
+from echosim.frameworks import COMPOSER_ADAMW_BYTES_PER_PARAM, FRAMEWORKS, get_framework
 from echosim.ir.graph import Graph
 from echosim.ir.ops import OpKind, OptimizerAttrs, ParamAttrs
 from echosim.ir.types import DType, TensorSpec
-from echosim.passes.data_parallel import (
-    ADAM_BYTES_PER_PARAM,
-    COMPOSER_ADAMW_BYTES_PER_PARAM,
-    Optimizer,
-)
+from echosim.passes.data_parallel import ADAM_BYTES_PER_PARAM, Optimizer
 from echosim.passes.flops import io_bytes
 
 
