@@ -49,9 +49,8 @@ class Fp8Linears:
             if not self._linear(g, n):
                 continue
             assert isinstance(n.attrs, MatmulAttrs)
-            operands = [n.inputs[0]] if n.attrs.grad_of != "wgrad" else list(n.inputs)  # x (all steps') and dy
-            if n.attrs.grad_of == "dgrad":
-                operands = [n.inputs[0]]
+            # a wgrad quantises all its inputs (x of every step, and dy); others their activation operand
+            operands = list(n.inputs) if n.attrs.grad_of == "wgrad" else [n.inputs[0]]
             new_inputs = list(n.inputs)
             for i in operands:
                 if i not in casts and self._quantised_gather(graph, i):
