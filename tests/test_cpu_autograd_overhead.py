@@ -86,3 +86,35 @@ def test_the_time_steps_of_a_fused_recurrent_layer_pay_no_per_op_host_time() -> 
     assert len(steps) >= 6 * 3 and not charged & set(steps)
     assert "lstm.l0.steps.h.wgrad" in steps
     assert any("input_proj" in name for name in charged)  # the layer's own call still pays it
+
+
+def test_op_costs_are_cached_apart_for_nodes_whose_names_the_cpu_backend_reads() -> None:
+    """A recurrent step's matmul and a plain one of the same shape, or autograd's in-place gradient sum and a
+    plain add, share shape and phase but not cost: the op-cost cache must not hand one the other's time."""
+    from echosim.ir.graph import Graph
+    from echosim.ir.names import GRAD_ACCUMULATE, step_name
+    from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs
+    from echosim.ir.types import DType, TensorSpec
+    from echosim.timeline.lower import _COSTS, Coster, io_bytes
+
+    backend = cpu.CPUBackend(replace(SPEC, autograd_op_us=50.0))
+    g = Graph("cache-keys")
+    add = ElementwiseAttrs("add")
+    x = g.add(OpKind.INPUT, (), TensorSpec((1024, 1024), DType.FP32), name="x")
+    mm = MatmulAttrs(1024, 1024, 1024)
+    out = TensorSpec((1024, 1024), DType.FP32)
+    pairs = [
+        (g.add(OpKind.MATMUL, (x, x), out, mm, phase=Phase.BACKWARD, name=step_name("lstm.l0", 3, "h") + ".dgrad"),
+         g.add(OpKind.MATMUL, (x, x), out, mm, phase=Phase.BACKWARD, name="proj.dgrad")),
+        (g.add(OpKind.ELEMENTWISE, (x, x), out, add, phase=Phase.BACKWARD, name=f"w.{GRAD_ACCUMULATE}"),
+         g.add(OpKind.ELEMENTWISE, (x, x), out, add, phase=Phase.BACKWARD, name="w.add")),
+    ]  # fmt: skip
+    for order in (1, -1):
+        _COSTS.clear()
+        coster = Coster(g, backend, {})
+        for pair in pairs:
+            for nid in pair[::order]:  # whichever comes first, each gets its own time
+                assert coster(g[nid]) == backend.op_time_s(g[nid], io_bytes(g, g[nid])), g[nid].name
+    assert all(
+        backend.op_time_s(g[a], io_bytes(g, g[a])) != backend.op_time_s(g[b], io_bytes(g, g[b])) for a, b in pairs
+    )

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
-from echosim.ir.names import is_recurrent_step
+from echosim.ir.names import is_grad_accumulate, is_recurrent_step
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, Phase
 
 # PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
@@ -357,17 +357,12 @@ def is_math_kernel(node: Node) -> bool:
 
 #: Autograd sums the gradients a tensor receives from several consumers in place: ``InputBuffer::accumulate``
 #: adds into the first gradient when it holds its last reference (torch/csrc/autograd/input_buffer.cpp),
-#: ``AccumulateGrad`` adds into a parameter's ``.grad`` (accumulate_grad.h). The IR's sums are named so
-#: (echosim.passes.autodiff._accumulate).
-GRAD_ACCUMULATE_SUFFIX = "grad_acc"
-
-
 def is_inplace(node: Node) -> bool:
     """An op that writes over operands it reads: an optimizer step (torch.optim updates parameters and
     states in place; fused AdamW is one in-place kernel, ``_fused_adamw_``) or autograd's gradient sum."""
     if node.op is OpKind.OPTIMIZER_UPDATE:
         return True
-    return node.op is OpKind.ELEMENTWISE and node.name.rsplit(".", 1)[-1] == GRAD_ACCUMULATE_SUFFIX
+    return node.op is OpKind.ELEMENTWISE and is_grad_accumulate(node.name)
 
 
 class CPUBackend(KernelBackend):

@@ -35,3 +35,20 @@ def step_of(name: str) -> tuple[str, str] | None:
 def is_recurrent_step(name: str) -> bool:
     """Whether a node (or a gradient named after one) is a time step inside a fused recurrent layer."""
     return _STEP_NODE.search(name) is not None
+
+
+#: The last name part of autograd's sum into a parameter's ``.grad`` (``AccumulateGrad``, accumulate_grad.h):
+#: the IR's gradient sums are named so (echosim.passes.autodiff), and a CPU backend prices it as in place.
+GRAD_ACCUMULATE = "grad_acc"
+
+
+def is_grad_accumulate(name: str) -> bool:
+    """Whether a node is autograd's gradient sum (named by :data:`GRAD_ACCUMULATE`)."""
+    return name.rsplit(".", 1)[-1] == GRAD_ACCUMULATE
+
+
+def cost_traits(name: str) -> tuple[bool, bool]:
+    """The facts of a node's name that a backend's op cost may read (a time step of a fused recurrent layer,
+    a gradient sum). Op-cost caches key by these, not by the name itself, which differs from layer to layer:
+    two nodes of one shape whose names differ in them may cost differently."""
+    return is_recurrent_step(name), is_grad_accumulate(name)

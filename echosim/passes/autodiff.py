@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.names import all_steps_name, step_of
+from echosim.ir.names import GRAD_ACCUMULATE, all_steps_name, step_of
 from echosim.ir.ops import (
     Axis,
     CollectiveAttrs,
@@ -406,7 +406,7 @@ def _accumulate(c: _Ctx, n: Node, parts: list[int]) -> int:
         whole.append(c.emit(n, OpKind.ELEMENTWISE, slices, n.out, ElementwiseAttrs("cat", 0), "grad_cat", scope))
     dy = whole[0]
     for extra in whole[1:]:  # several consumers: sum their gradients
-        dy = c.emit(n, OpKind.ELEMENTWISE, [dy, extra], n.out, ElementwiseAttrs("add"), "grad_acc", scope)
+        dy = c.emit(n, OpKind.ELEMENTWISE, [dy, extra], n.out, ElementwiseAttrs("add"), GRAD_ACCUMULATE, scope)
     return dy
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from echosim.backends.base import Backend, Placement
 from echosim.backends.deepep import deepep_time_s
 from echosim.ir.graph import Graph, Node
+from echosim.ir.names import cost_traits
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.ir.types import DType, TensorSpec
 from echosim.memo import HashedKey, Memo
@@ -90,7 +91,7 @@ class Coster:
                 return sum(self._collective(kind, b, where) + self._rank_copies(a, b, node) for b in a.pieces)
             return self._collective(kind, nbytes, where) + self._rank_copies(a, nbytes, node)
         io = io_bytes(self.graph, node)
-        key = (backend, node.op, node.attrs, node.out, node.phase, io)
+        key = (backend, node.op, node.attrs, node.out, node.phase, io, cost_traits(node.name))
         return _COSTS.get(key, lambda: backend.op_time_s(node, io))
 
     def bucket_copies(self, node: Node) -> tuple[float, float]:
@@ -140,8 +141,8 @@ class Coster:
         spec = TensorSpec((max(1, numel),), dtype)
         attrs = ElementwiseAttrs(fn)
         io = DDP_COPY_BYTES_PER_BYTE * spec.nbytes
-        key = (self.backend, OpKind.ELEMENTWISE, attrs, spec, Phase.BACKWARD, io)
         node = Node(-1, OpKind.ELEMENTWISE, (), spec, attrs, Phase.BACKWARD, name=f"ddp.bucket_{fn}")
+        key = (self.backend, OpKind.ELEMENTWISE, attrs, spec, Phase.BACKWARD, io, cost_traits(node.name))
         return _COSTS.get(key, lambda: self.backend.op_time_s(node, io))
 
 
