@@ -12,7 +12,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from echosim.backends.base import Placement
-from echosim.backends.collectives import NcclConfig, best_choice, choices, collective_time_s, p2p_channels
+from echosim.backends.collectives import (
+    NcclConfig,
+    best_choice,
+    choices,
+    collective_time_s,
+    nvls_graph,
+    p2p_channels,
+)
 from echosim.backends.devices import DEVICES
 from echosim.ir.ops import OpKind
 
@@ -128,6 +135,35 @@ def test_h100_plateaus_quoted_by_nccl_maintainers():
     ar_busbw = size * 2 * 7 / 8 / (collective_time_s(H100, AR, size, ONE_NODE) * 1e9)
     assert ag.algo == "ring" and ag_busbw == pytest.approx(370, rel=0.05)
     assert best_choice(H100, AR, size, ONE_NODE).algo == "nvls" and ar_busbw == pytest.approx(480, rel=0.05)
+
+
+def test_nvls_graph_is_nccls_search_one_head_per_gpu_at_a_speed_from_its_array():
+    """search.cc: (heads + 1) x speed must fit a GPU's NVLink; bwInter climbs to the first entry >= 2x speed."""
+    b200, gb200, h800 = DEVICES["b200"], DEVICES["gb200"], DEVICES["h800"]
+    assert nvls_graph(H100, 8) == (8, 40.0, 60.0)  # 9 x 40 <= 18 x 20.6 = 370.8 < 9 x 50
+    assert (nvls_graph(H100, 4), nvls_graph(H100, 2)) == ((4, 60.0, 60.0), (2, 60.0, 60.0))  # the array's top
+    assert nvls_graph(b200, 8) == (8, 80.0, 90.0)  # 9 x 80 <= 18 x 40.1 = 721.8
+    assert nvls_graph(gb200, 72) == (32, 20.0, 40.0)  # NCCL_MAX_NVLS_ARITY heads: 33 x 20 <= 721.8 < 33 x 24
+    assert nvls_graph(h800, 8) == (8, 15.0, 30.0)  # 8 links: 9 x 15 <= 164.8 < 9 x 18.3
+
+
+def test_nvls_bandwidth_is_nccls_tuner_on_its_graph():
+    """tuning.cc: busBw = heads x min(2 x speed x eff x (heads-1)/heads, bwInter) for all-reduce,
+    heads x speed x eff x (heads-1)/heads x (n-1)/n for gathers; algbw = busBw x n / nsteps."""
+    size = 2**33
+    nvls = NcclConfig(algo="nvls")
+    ar8 = best_choice(H100, AR, size, ONE_NODE, nvls)
+    assert ar8.algbw_GBps * 14 / 8 == pytest.approx(8 * min(2 * 40 * 0.85 * 7 / 8, 60))  # 476 GB/s bus
+    four = Placement(4, 1, 4)
+    ar4 = best_choice(H100, AR, size, four, nvls)
+    assert ar4.algbw_GBps * 6 / 4 == pytest.approx(4 * min(2 * 60 * 0.85 * 3 / 4, 60))  # 240: capped by bwInter
+    assert best_choice(H100, AR, size, four).algo == "ring"  # ring's 371 x 4/6 = 247 beats NVLS's 160
+    ag8 = best_choice(H100, AG, size, ONE_NODE, nvls)
+    assert ag8.algbw_GBps * 7 / 8 == pytest.approx(8 * 40 * 0.85 * 7 / 8 * 7 / 8)  # 208 GB/s: ring wins
+    assert best_choice(H100, AG, size, ONE_NODE).algo == "ring"
+    rack = Placement(72, 1, 72)
+    gb = best_choice(DEVICES["gb200"], AR, size, rack, nvls)
+    assert gb.algbw_GBps * 2 * 71 / 72 == pytest.approx(32 * min(2 * 20 * 0.74 * 31 / 32, 40))  # 917.6 GB/s
 
 
 # ---- tuner behaviour ------------------------------------------------------------------

@@ -59,6 +59,16 @@ PER_CH_TREE_LL128_BW = {
     "blackwell": (55.6, 31.67, 20.0),
 }
 NVLS_EFFICIENCY = {"ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
+# NVLS graph (src/graph/search.cc ncclTopoCompute and ncclTopoSearchTryNvls, v2.30.7; device.h NCCL_MAX_NVLS_ARITY):
+# one NVLS channel per head GPU, at most NVLS_MAX_HEADS; on one node every GPU is a head (minChannels =
+# maxChannels). The per-channel bandwidth is the first entry of the generation's intra-node speed array
+# that fits: a GPU carries one channel speed on its NVSwitch links for every channel and two for the
+# channel it heads. The search then raises bwInter up the same array to the first entry >= 2x that speed.
+NVLS_MAX_HEADS = 32
+NVLS_SPEEDS_GBPS = {
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),  # sm90SpeedArrayIntra
+    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),  # sm100SpeedArrayIntra
+}
 # treeCorrectionFactor[proto][log2(bytes/64)], 64 B .. 256 MB.
 TREE_CORRECTION = (
     (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
@@ -303,30 +313,52 @@ def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links, tp: P
     return out
 
 
+def nvls_graph(dev: DeviceSpec, n: int) -> tuple[int, float, float]:
+    """NCCL's NVLS graph on one node of ``n`` GPUs: (channels, bwIntra, bwInter) per channel in GB/s.
+
+    The arrays start at 60 GB/s (Hopper) and 90 GB/s (Blackwell), so small groups get few channels
+    at a capped speed: 8 H100s get 8 x 40, 4 get 4 x 60 and 2 get 2 x 60 (the bus cannot be filled).
+    """
+    speeds = NVLS_SPEEDS_GBPS[dev.arch]
+    heads = min(NVLS_MAX_HEADS, n)
+    fits = [i for i, s in enumerate(speeds) if (heads + 1) * s <= dev.nvlink_busbw_GBps]
+    i = fits[0] if fits else len(speeds) - 1
+    j = i
+    while j > 0 and speeds[j] < 2 * speeds[i]:
+        j -= 1
+    return heads, speeds[i], speeds[j]
+
+
 def nvls_choice(
     dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL
 ) -> Choice | None:
     """NVLink SHARP: the switch reduces (multimem.ld_reduce) and multicasts (multimem.st).
 
-    Per GPU an all-reduce moves ``S (1 + 1/n)`` each way instead of the ring's
-    ``2 S (n-1)/n``; all-gather and reduce-scatter move ``S`` on the busy direction.
+    Bandwidth is NCCL's (tuning.cc v2.30.7) on its NVLS graph (:func:`nvls_graph`): per channel
+    ``bwIntra * nvlsEfficiency * (channels-1)/channels``, doubled for all-reduce (two operations
+    pipelined) and capped by bwInter, times ``(n-1)/n`` for all-gather and reduce-scatter; bus
+    bandwidth = channels x that, converted to algorithm bandwidth with the ring's ``n / nsteps``.
+    Per GPU an all-reduce moves ``S (1 + 1/n)`` each way and all-gather / reduce-scatter ``S``, which
+    sets the bytes its chunks pipeline.
     """
     efficiency = NVLS_EFFICIENCY[dev.arch]
     if efficiency <= 0 or p.nodes != 1 or p.size < 2:
         return None
+    n = p.size
+    heads, bw_intra, bw_inter = nvls_graph(dev, n)
+    per_channel = bw_intra * efficiency * (heads - 1) / heads
     if kind is OpKind.ALL_REDUCE:
-        traffic = 1 + 1 / p.size
+        traffic, algbw = 1 + 1 / n, heads * min(2 * per_channel, bw_inter) * n / (2 * (n - 1))
     elif kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
-        traffic = 1.0
+        traffic, algbw = 1.0, heads * min(per_channel * (n - 1) / n, bw_inter) * n / (n - 1)
     else:
         return None
-    link = dev.nvlink_busbw_GBps * efficiency
     lat = NVLINK_HOP_US["nvls"][SIMPLE]
     if tuner_placement(dev, p, nccl).nodes > 1:  # tuning.cc: NVLS over several nodes adds its network hop
         lat += NET_HOP_US["nvls"][SIMPLE]
     handshake = NVLINK_HOP_US["nvls" if nccl.nvls_chunk_hop else "ring"][SIMPLE]
-    pipe = _pipeline_us(nbytes * traffic, link, handshake)
-    return Choice("nvls", "Simple", nbytes, lat, link / traffic, pipe)
+    pipe = _pipeline_us(nbytes * traffic, algbw * traffic, handshake)
+    return Choice("nvls", "Simple", nbytes, lat, algbw, pipe)
 
 
 def p2p_uses_ll(peer_bytes: float, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> bool:
