@@ -295,6 +295,23 @@ def flash_inner_efficiency(dev: DeviceSpec) -> float:
     return dev.flash_fwd_eff * ideal_s * dev.peak_bf16_tflops * 1e12 / anchor.flops
 
 
+def _pass_cycles(dev: DeviceSpec, head_dim: int, backward: bool) -> tuple[float, float, float] | None:
+    """(MMA, shared-memory, MUFU) cycles of one 128 x 128 tile step of a flash pass (:func:`flash_pass_fraction`);
+    None where the part's unit throughputs are not given."""
+    flops, mufu, smem = dev.tensor_flops_per_clk_sm, dev.mufu_ex2_per_clk_sm, dev.smem_bytes_per_clk_sm
+    if flops is None or mufu is None or smem is None:
+        return None
+    m = n = FLASH_BLOCK_Q
+    d = head_dim
+    if backward:
+        mma = 10 * m * n * d / flops
+        smem_bytes = 2 * (4 * m * d + 3 * n * d + m * n) + 2 * m * n + 8 * m * d
+    else:
+        mma = 4 * m * n * d / flops
+        smem_bytes = 2 * (256 * d * math.ceil(m / 128) * math.ceil(n / 128) + 128 * n * math.ceil(d / 128))
+    return mma, smem_bytes / smem, m * n / mufu
+
+
 def flash_pass_fraction(dev: DeviceSpec, head_dim: int, backward: bool) -> float:
     """Tensor-core time / the slowest unit's time of one 128 x 128 tile step of a flash pass (1 when the
     tensor cores bound it). The FlashAttention-4 paper's roofline (arXiv:2603.05451, sec. 3.1.1 and 3.2.1,
@@ -304,18 +321,37 @@ def flash_pass_fraction(dev: DeviceSpec, head_dim: int, backward: bool) -> float
     exponentials. On B200 at d = 128 the forward is balanced (MMA and MUFU 1024 cycles each, shared memory
     768) and the backward is shared-memory bound (3328 cycles against 2560 of MMA: the paper's Table 3); on
     A100 and H100 both passes are tensor-core bound."""
-    flops, mufu, smem = dev.tensor_flops_per_clk_sm, dev.mufu_ex2_per_clk_sm, dev.smem_bytes_per_clk_sm
-    if flops is None or mufu is None or smem is None:
+    cycles = _pass_cycles(dev, head_dim, backward)
+    if cycles is None:
         return 1.0
-    m = n = FLASH_BLOCK_Q
-    d = head_dim
-    if backward:
-        mma = 10 * m * n * d / flops
-        smem_bytes = 2 * (4 * m * d + 3 * n * d + m * n) + 2 * m * n + 8 * m * d
-    else:
-        mma = 4 * m * n * d / flops
-        smem_bytes = 2 * (256 * d * math.ceil(m / 128) * math.ceil(n / 128) + 128 * n * math.ceil(d / 128))
-    return mma / max(mma, smem_bytes / smem, m * n / mufu)
+    mma, smem, mufu = cycles
+    return mma / max(mma, smem, mufu)
+
+
+def _fwd_tile_cycles(dev: DeviceSpec, head_dim: int) -> tuple[float, float] | None:
+    """(tile cycles, tensor-core cycles with the softmax's equivalent work) of one forward tile step: the
+    tensor cores' share as the measured model prices it (:func:`_flash_step_flops`), or the shared memory
+    or MUFU where either takes longer; None without the part's unit throughputs."""
+    cycles = _pass_cycles(dev, head_dim, False)
+    if cycles is None:
+        return None
+    mma, smem, mufu = cycles
+    work = mma * (head_dim + FLASH_SOFTMAX_HEAD_DIM) / head_dim
+    return max(work, smem, mufu), work
+
+
+def flash_fwd_rate(dev: DeviceSpec, head_dim: int) -> float:
+    """Forward rate at ``head_dim`` / the rate at the device's measured anchor (1 where the tensor cores bind
+    both). A tile's exponentials do not shrink with the head: on B200 at 64 the MMA needs 512 cycles a tile
+    (704 with the softmax's equivalent work) while the MUFU still needs 1024, so the tile runs at
+    704 / 1024 of the rate the anchor's (tensor-bound, 1216 cycles) gives its work. B300's doubled MUFU, A100
+    and H100 stay tensor-core bound at every head in use. The backward takes the roofline through
+    :func:`flash_bwd_rate`. An upper bound on the loss: kernels that emulate part of the exponentials as a
+    polynomial on the FMA units (the FlashAttention-4 paper) relieve the MUFU somewhat."""
+    tile, anchor = _fwd_tile_cycles(dev, head_dim), _fwd_tile_cycles(dev, dev.flash_fwd_shape[3])
+    if tile is None or anchor is None:
+        return 1.0
+    return (tile[1] / tile[0]) / (anchor[1] / anchor[0])
 
 
 def flash_bwd_rate(dev: DeviceSpec, head_dim: int) -> float:
@@ -331,6 +367,8 @@ def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backw
     step_s = _flash_step_flops(dev, a.head_dim) / per_sm
     if backward:
         step_s *= FLASH_BWD_WORK / flash_bwd_rate(dev, a.head_dim)
+    else:
+        step_s /= flash_fwd_rate(dev, a.head_dim)
     io = (2 * a.batch * a.heads * a.q_len + 2 * a.batch * a.kv_heads * a.kv_len) * a.head_dim * itemsize(dtype)
     if backward:
         io *= 2  # reads q, k, v, o, do; writes dq, dk, dv
