@@ -16,11 +16,12 @@ d0067d0), so the cast reads the shard and the gather moves fp8 bytes. Backward d
 output gradient of a row-parallel linear, which it gathers for its dgrad and wgrad: ``grad_output =
 quantizer(grad_output)`` before the userbuffers copy, or ``gather_along_first_dim(grad_output, tp_group,
 quantizer=quantizer)`` (TransformerEngineBaseModule.grad_output_preprocess, transformer_engine/pytorch/
-module/base.py, TE 2.x); torchao's float8 tensor parallelism as torchtitan runs it likewise casts the
-gradient of a Float8RowwiseParallel output to e5m2 before the redistribute's backward gathers it
-(``_prepare_output_fn``: redistribute, then ``cast_to_float8_e5m2_dynamic_bw``; float8_experimental /
-torchao.float8 float8_tensor_parallel.py). Done so here when every reader of the gathered value is a linear
-that quantises it.
+module/base.py, TE 2.x); a bias gradient is summed from the local 16-bit shard before the cast (there,
+or in Megatron-Core's bias-dropout-add when the layer skips its bias add). torchao's float8 tensor
+parallelism as torchtitan runs it likewise casts the gradient of a Float8RowwiseParallel output to e5m2
+before the redistribute's backward gathers it (``_prepare_output_fn``: redistribute, then
+``cast_to_float8_e5m2_dynamic_bw``; float8_experimental / torchao.float8 float8_tensor_parallel.py).
+Done so here when every reader of the gathered value, bias gradients aside, is a linear that quantises it.
 
 ``mxfp8`` (Transformer Engine's MXFP8BlockScaling: e4m3 elements, one power-of-two scale per
 32) and ``nvfp4`` (NVFP4BlockScaling: e2m1 elements, one e4m3 scale per 16) take the same
@@ -68,6 +69,9 @@ class Fp8Linears:
                     assert isinstance(gather.attrs, CollectiveAttrs)
                     g.replace(i, inputs=(casts[local],), out=out, attrs=replace(gather.attrs, bytes=out.nbytes))
                     casts[i] = i  # the gathered value is the fp8 copy
+                    for r in graph.users(i):  # a bias gradient sums the local 16-bit shard before the cast
+                        if _bias_grad(graph[r]):
+                            g.replace(r, inputs=(local,))
                 if i not in casts:
                     casts[i] = self._cast(g, i, n.phase, n.scope)
                     before.setdefault(n.id, []).append(casts[i])
@@ -100,9 +104,9 @@ class Fp8Linears:
             return False
         if node.attrs.axis is not Axis.TP or len(node.inputs) != 1:
             return False
-        readers = graph.users(value)
-        return bool(readers) and all(
-            self._linear(graph, graph[r]) and value in quantised_operands(graph[r]) for r in readers
+        linears = [r for r in graph.users(value) if not _bias_grad(graph[r])]
+        return bool(linears) and all(
+            self._linear(graph, graph[r]) and value in quantised_operands(graph[r]) for r in linears
         )
 
     def _linear(self, g: Graph, n: Node) -> bool:
@@ -110,6 +114,12 @@ class Fp8Linears:
             return False
         fwd = n if n.phase in (Phase.FORWARD, Phase.RECOMPUTE) else (g[n.origin] if n.origin is not None else None)
         return fwd is not None and len(fwd.inputs) > 1 and g[fwd.inputs[1]].op is OpKind.PARAMETER
+
+
+def _bias_grad(node: Node) -> bool:
+    """A bias gradient (the sum of dy over the tokens): Transformer Engine takes it from the local output
+    gradient before quantising and gathering it (grad_output_preprocess: ``grad_output.view(-1, n).sum(0)``)."""
+    return node.op is OpKind.REDUCTION and isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "bias_grad"
 
 
 def quantised_operands(node: Node) -> list[int]:
