@@ -18,9 +18,11 @@ quantizer(grad_output)`` before the userbuffers copy, or ``gather_along_first_di
 quantizer=quantizer)`` (TransformerEngineBaseModule.grad_output_preprocess, transformer_engine/pytorch/
 module/base.py, TE 2.x); a bias gradient is summed from the local 16-bit shard before the cast (there,
 or in Megatron-Core's bias-dropout-add when the layer skips its bias add). torchao's float8 tensor
-parallelism as torchtitan runs it likewise casts the gradient of a Float8RowwiseParallel output to e5m2
-before the redistribute's backward gathers it (``_prepare_output_fn``: redistribute, then
-``cast_to_float8_e5m2_dynamic_bw``; float8_experimental / torchao.float8 float8_tensor_parallel.py).
+parallelism, which torchtitan applies to its fp8 linears (Float8RowwiseParallel for wo and w2,
+torchtitan/parallelisms/parallelize_llama.py, commit 9dec370), likewise casts the output gradient before
+the redistribute's backward gathers it (``_prepare_output_fn``: redistribute, then
+``NoopFwToFloat8BwDynamic``, a forward no-op whose backward casts; torchao/float8/float8_tensor_parallel.py,
+torchao commit 46b8796).
 Done so here when every reader of the gathered value, bias gradients aside, is a linear that quantises it.
 
 ``mxfp8`` (Transformer Engine's MXFP8BlockScaling: e4m3 elements, one power-of-two scale per
