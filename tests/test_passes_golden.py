@@ -107,6 +107,49 @@ def test_fp8_linears_gather_the_quantised_shard_under_sequence_parallelism(tiny_
     assert sum(n.attrs.bytes for n in gathers(fp8)) < sum(n.attrs.bytes for n in gathers(base))
 
 
+def test_fp8_linears_gather_the_quantised_output_gradient_of_row_parallel_linears(tiny_llama: Graph) -> None:
+    """Backward gathers a row-parallel linear's output gradient for its dgrad and wgrad; Transformer Engine
+    quantises the local shard first (grad_output_preprocess), so that gather moves fp8 bytes too."""
+    from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+    from echosim.ir.types import DType
+    from echosim.passes.precision import Fp8Linears
+
+    base = run_passes(tiny_llama, [TensorParallel(2, sequence_parallel=True), Autodiff()])
+    fp8 = run_passes(base, [Fp8Linears()])
+    verify(fp8)
+    backward = [n for n in fp8 if n.op is OpKind.ALL_GATHER and isinstance(n.attrs, CollectiveAttrs)
+                and n.attrs.axis is Axis.TP and n.phase is Phase.BACKWARD and n.name.endswith(".grad.all_gather")
+                and n.scope.endswith("_proj")]  # fmt: skip
+    assert len(backward) == 2, "the gradient gathers of o_proj and down_proj"
+    for n in backward:
+        readers = [fp8[u] for u in fp8.users(n.id)]
+        assert {r.attrs.grad_of for r in readers if isinstance(r.attrs, MatmulAttrs)} == {"dgrad", "wgrad"}
+        assert n.out.dtype is DType.FP8 and n.attrs.bytes * 2 == base[n.id].attrs.bytes
+        cast = fp8[n.inputs[0]]
+        assert isinstance(cast.attrs, ElementwiseAttrs) and cast.out.numel * 2 == n.out.numel  # the local shard
+
+
+def test_fp8_linears_take_the_bias_gradient_from_the_local_shard(tiny_gpt: Graph) -> None:
+    """A biased row-parallel linear (GPT's proj and fc2) still gathers its output gradient in fp8; its bias
+    gradient sums the local 16-bit shard, before the cast and the gather."""
+    from echosim.ir.ops import ElementwiseAttrs, OpKind
+    from echosim.ir.types import DType
+    from echosim.passes.precision import Fp8Linears
+
+    base = run_passes(tiny_gpt, [TensorParallel(2, sequence_parallel=True), Autodiff()])
+    fp8 = run_passes(base, [Fp8Linears()])
+    verify(fp8)
+    gathers = [n for n in fp8 if n.op is OpKind.ALL_GATHER and n.name.endswith("tp_rs.grad.all_gather")
+               and "layers" in n.scope]  # fmt: skip
+    assert gathers and all(n.out.dtype is DType.FP8 for n in gathers)
+    for n in gathers:
+        local = fp8[n.inputs[0]].inputs[0]  # the cast's input: the 16-bit shard
+        bgrads = [m for m in fp8 if isinstance(m.attrs, ElementwiseAttrs) and m.attrs.fn == "bias_grad"
+                  and m.scope == n.scope]  # fmt: skip
+        assert len(bgrads) == 1 and bgrads[0].inputs == (local,)
+        assert fp8[local].out.dtype is not DType.FP8 and fp8[local].out.numel * 2 == n.out.numel
+
+
 def test_fsdp_reduce_dtype_fp32_doubles_the_reduce_scatter(tiny_llama: Graph) -> None:
     """Composer's 'DEFAULT' FSDP mixed precision reduce-scatters fp32 gradients: twice the 16-bit gathers."""
     from echosim.ir.ops import OpKind

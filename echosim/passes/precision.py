@@ -12,8 +12,18 @@ Under sequence parallelism a linear's input is all-gathered over the tensor-para
 Transformer Engine quantises the local shard and gathers the quantised copy (forward, and again for
 the weight gradient: ``gather_along_first_dim(inputmat, tp_group, quantizer=...)`` after
 ``inputmat = input_quantizer(inputmat)`` in transformer_engine/pytorch/module/linear.py, commit
-d0067d0), so the cast reads the shard and the gather moves fp8 bytes; done so here when every reader
-of the gathered value is a linear that runs in the format.
+d0067d0), so the cast reads the shard and the gather moves fp8 bytes. Backward does the same with the
+output gradient of a row-parallel linear, which it gathers for its dgrad and wgrad: ``grad_output =
+quantizer(grad_output)`` before the userbuffers copy, or ``gather_along_first_dim(grad_output, tp_group,
+quantizer=quantizer)`` (TransformerEngineBaseModule.grad_output_preprocess, transformer_engine/pytorch/
+module/base.py, TE 2.x); a bias gradient is summed from the local 16-bit shard before the cast (there,
+or in Megatron-Core's bias-dropout-add when the layer skips its bias add). torchao's float8 tensor
+parallelism, which torchtitan applies to its fp8 linears (Float8RowwiseParallel for wo and w2,
+torchtitan/parallelisms/parallelize_llama.py, commit 9dec370), likewise casts the output gradient before
+the redistribute's backward gathers it (``_prepare_output_fn``: redistribute, then
+``NoopFwToFloat8BwDynamic``, a forward no-op whose backward casts; torchao/float8/float8_tensor_parallel.py,
+torchao commit 46b8796).
+Done so here when every reader of the gathered value, bias gradients aside, is a linear that quantises it.
 
 ``mxfp8`` (Transformer Engine's MXFP8BlockScaling: e4m3 elements, one power-of-two scale per
 32) and ``nvfp4`` (NVFP4BlockScaling: e2m1 elements, one e4m3 scale per 16) take the same
@@ -48,9 +58,7 @@ class Fp8Linears:
         for n in list(g):
             if not self._linear(g, n):
                 continue
-            assert isinstance(n.attrs, MatmulAttrs)
-            # a wgrad quantises all its inputs (x of every step, and dy); others their activation operand
-            operands = list(n.inputs) if n.attrs.grad_of == "wgrad" else [n.inputs[0]]
+            operands = quantised_operands(n)
             new_inputs = list(n.inputs)
             for i in operands:
                 if i not in casts and self._quantised_gather(graph, i):
@@ -63,6 +71,9 @@ class Fp8Linears:
                     assert isinstance(gather.attrs, CollectiveAttrs)
                     g.replace(i, inputs=(casts[local],), out=out, attrs=replace(gather.attrs, bytes=out.nbytes))
                     casts[i] = i  # the gathered value is the fp8 copy
+                    for r in graph.users(i):  # a bias gradient sums the local 16-bit shard before the cast
+                        if _bias_grad(graph[r]):
+                            g.replace(r, inputs=(local,))
                 if i not in casts:
                     casts[i] = self._cast(g, i, n.phase, n.scope)
                     before.setdefault(n.id, []).append(casts[i])
@@ -87,14 +98,18 @@ class Fp8Linears:
         )  # fmt: skip
 
     def _quantised_gather(self, graph: Graph, value: int) -> bool:
-        """``value`` is a sequence-parallel all_gather whose every reader is a linear in the format."""
+        """``value`` is a sequence-parallel all_gather whose every reader is a linear in the format that
+        quantises it: the forward's gathered input, or backward's gathered output gradient of a row-parallel
+        linear, which its dgrad and wgrad both read."""
         node = graph[value]
         if node.op is not OpKind.ALL_GATHER or not isinstance(node.attrs, CollectiveAttrs):
             return False
         if node.attrs.axis is not Axis.TP or len(node.inputs) != 1:
             return False
-        readers = graph.users(value)
-        return bool(readers) and all(self._linear(graph, graph[r]) and r_input0(graph[r], value) for r in readers)
+        linears = [r for r in graph.users(value) if not _bias_grad(graph[r])]
+        return bool(linears) and all(
+            self._linear(graph, graph[r]) and value in quantised_operands(graph[r]) for r in linears
+        )
 
     def _linear(self, g: Graph, n: Node) -> bool:
         if not isinstance(n.attrs, MatmulAttrs) or any(fnmatch.fnmatchcase(n.scope, p) for p in self.exclude):
@@ -103,6 +118,14 @@ class Fp8Linears:
         return fwd is not None and len(fwd.inputs) > 1 and g[fwd.inputs[1]].op is OpKind.PARAMETER
 
 
-def r_input0(node: Node, value: int) -> bool:
-    """``value`` is what the linear ``node`` multiplies (its activation operand), not its weight."""
-    return bool(node.inputs) and node.inputs[0] == value
+def _bias_grad(node: Node) -> bool:
+    """A bias gradient (the sum of dy over the tokens): Transformer Engine takes it from the local output
+    gradient before quantising and gathering it (grad_output_preprocess: ``grad_output.view(-1, n).sum(0)``)."""
+    return node.op is OpKind.REDUCTION and isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "bias_grad"
+
+
+def quantised_operands(node: Node) -> list[int]:
+    """The inputs of the linear ``node`` that run in the format: a wgrad's all (x of every step, and dy),
+    a forward's or dgrad's first (x, dy), never the weight."""
+    assert isinstance(node.attrs, MatmulAttrs)
+    return list(node.inputs) if node.attrs.grad_of == "wgrad" else list(node.inputs[:1])
