@@ -251,13 +251,14 @@ def _split_units(
 
     def split(nodes: list[Node]) -> list[tuple[list[Node], int]]:
         """(before the block, the block, after the block): 'after' descends from the block."""
-        inside = [n for n in nodes if graph.block_of(n) is not None]
+        blocked = [graph.block_of(n) is not None for n in nodes]
+        inside = [n for n, b in zip(nodes, blocked, strict=True) if b]
         later = {n.id for n in inside}
         for n in graph:  # graph order is topological: one sweep finds every descendant
-            if n.id not in later and any(i in later for i in n.inputs):
+            if n.id not in later and not later.isdisjoint(n.inputs):
                 later.add(n.id)
         laters.append(later)
-        outside = [n for n in nodes if graph.block_of(n) is None]
+        outside = [n for n, b in zip(nodes, blocked, strict=True) if not b]
         return [
             ([n for n in outside if n.id not in later], 1),
             (inside, mult),
@@ -547,7 +548,7 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
                 kind = 1  # no appended node is a weight-gradient one (checked above where it matters)
         inside = graph.block_of(n) is not None
         for k in range(3):
-            if (kind == k and inside) or any(i in laters[k] or i in more[k] for i in n.inputs):
+            if (kind == k and inside) or not (laters[k].isdisjoint(n.inputs) and more[k].isdisjoint(n.inputs)):
                 more[k].add(n.id)
         if kind is not None:
             placed[kind][1 if inside else 2 if n.id in more[kind] else 0].append(n)
