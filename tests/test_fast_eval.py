@@ -189,3 +189,43 @@ def test_a_units_period_is_kept_and_forgotten_when_its_busy_time_grows() -> None
     assert u.period == 3.5
     u.critical_end = 4.0
     assert u.period == 4.0
+
+
+def test_zero3_units_resume_their_layers_first_pass_exactly_and_by_placement() -> None:
+    """A ZeRO-3 unit's first scheduling pass resumes the pass of the layer unit it extends (kept on that unit):
+    its timing equals a simulation from scratch field for field, for TP placed in one node or across two and
+    with and without TP overlap, in that order, so a pass kept for one placement is never read for another."""
+    from dataclasses import replace
+
+    from echosim.compiler import prepare_joint
+    from echosim.ir.ops import Axis
+    from echosim.timeline.lower import Coster, _unit_graph, _UnitPart, time_units, unit_parts
+    from echosim.timeline.streams import pipelined_edges, simulate_unit
+
+    cluster = Cluster("h100-sxm", 16)
+    plans = [Plan(tp=2, pp=pp, dp=8 // pp, global_batch=32, zero=3) for pp in (1, 2)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    joint = prepare_joint("gpt3-350m", plans[1], cluster)
+    tp = joint.where[Axis.TP]
+    across = replace(tp, nodes=2, per_node=1)  # the same group split over two nodes: slower TP collectives
+    stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and _unit_graph(s) is s.graph]
+    resumed = 0
+    for stage in stages:
+        g = stage.graph
+        for where in (joint.where, {**joint.where, Axis.TP: across}):
+            for tp_overlap in (False, True):
+                options = replace(joint.options, tp_overlap=tp_overlap)
+                memo.clear_all()  # the unit timings, not the first passes kept on the units
+                got = time_units(g, joint.backend, where, options)
+                cost = Coster(g, joint.backend, where)
+                for kind, timed in zip(unit_parts(g, False), got, strict=True):
+                    for part, (timing, _) in zip(kind, timed, strict=True):
+                        assert isinstance(part, _UnitPart)
+                        resumed += part.prefix is not None
+                        edges = pipelined_edges(part.nodes) if tp_overlap else None
+                        want = simulate_unit(g, part.nodes, cost, joint.backend.overlap(), edges)
+                        assert (timing.duration, timing.busy, timing.critical_end, timing.events) == (
+                            want.duration, want.busy, want.critical_end, want.events
+                        )  # fmt: skip
+    assert resumed >= 8

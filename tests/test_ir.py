@@ -25,6 +25,19 @@ def test_dtype_parse_accepts_torch_spellings() -> None:
         DType.parse("int3")
 
 
+def test_ir_enums_hash_by_identity_and_survive_pickling() -> None:
+    """The IR's enums hash as they compare (by identity), so keys of them work in dicts, sets and across pickling."""
+    import pickle
+
+    from echosim.ir.ops import Axis, Role
+
+    for member in (OpKind.MATMUL, Phase.BACKWARD, Axis.FSDP, Role.GRAD_SYNC, DType.BF16):
+        assert hash(member) == object.__hash__(member)
+        assert pickle.loads(pickle.dumps(member)) is member
+        assert {member: 1}[type(member)(member.value)] == 1
+    assert OpKind.ALL_GATHER.is_collective and not OpKind.MATMUL.is_collective
+
+
 def test_tensor_spec_bytes() -> None:
     spec = TensorSpec((2, 3, 4), DType.FP16)
     assert spec.numel == 24 and spec.nbytes == 48

@@ -147,6 +147,23 @@ def test_json_lists_every_evaluated_layout_with_reasons_and_is_byte_stable() -> 
     assert _run(*args)[1] == out
 
 
+def test_json_is_the_same_whatever_the_hash_seed() -> None:
+    """Hashes of names and of identities (the IR's enums) vary between processes: no output may depend on them."""
+    import os
+    import subprocess
+
+    args = ["gpt3-125m", "--devices", "4", "--global-batch", "8", "--space", "cp=1,2 mb=1,2 zero=0,3", "--json"]
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run(
+            [sys.executable, "-m", "echosim", "search", *args], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        outs.append(run.stdout)
+    assert outs[0] == outs[1] and json.loads(outs[0])["counts"]["simulated"] > 0
+
+
 def test_scale_out_reports_throughput_per_device_time_and_cost(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plot = tmp_path / "pareto.png"
     space = "pp=1,2 cp=1 vpp=1 zero=0 mb=1 sp=false"

@@ -7,10 +7,11 @@ by :class:`OpKind` elsewhere; this module only names things.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+
+from echosim.ir.types import IdentityEnum
 
 
-class OpKind(Enum):
+class OpKind(IdentityEnum):
     INPUT = "input"
     PARAMETER = "parameter"
     MATMUL = "matmul"
@@ -53,7 +54,7 @@ COLLECTIVES = frozenset(
 )
 
 
-class Phase(Enum):
+class Phase(IdentityEnum):
     """When a node runs in a training step; recompute is split out so HFU and MFU differ."""
 
     FORWARD = "fwd"
@@ -357,7 +358,7 @@ class CrossEntropyAttrs:
         return f"vocab={self.vocab}" + (f" tp={self.tp}" if self.tp else "")
 
 
-class Axis(Enum):
+class Axis(IdentityEnum):
     """A parallel axis a collective runs over; its value names it in reports (``comm.tp``).
 
     The backend places each axis's groups on the machine (how many nodes one group spans,
@@ -375,7 +376,7 @@ class Axis(Enum):
     EMBED = "embed"  # tied embedding gradients between the first and the last pipeline stage
 
 
-class Role(Enum):
+class Role(IdentityEnum):
     """When a collective runs in the step; the pass that inserts it decides, the timeline reads it.
 
     ``LAYER``: inside one micro-batch's forward or backward, on the communication stream;

@@ -7,7 +7,19 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class DType(Enum):
+class IdentityEnum(Enum):
+    """An enum hashed by identity, as it compares: a member is one object per process.
+
+    ``Enum.__hash__`` hashes the member's name in Python code; the IR's enums (op kinds, phases, axes, roles,
+    dtypes) are hashed millions of times by a search (in every op's cost key and unit key), and identity
+    is the same contract (members compare by identity) at C speed. Like a name's hash, an identity's varies
+    between processes, so nothing may depend on the order of a set of members (nothing did before).
+    """
+
+    __hash__ = object.__hash__
+
+
+class DType(IdentityEnum):
     """Element types the simulator costs; the value is the canonical short name."""
 
     FP32 = "fp32"

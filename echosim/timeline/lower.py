@@ -14,7 +14,7 @@ number of devices.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from echosim.backends.base import Backend, Placement
@@ -31,7 +31,7 @@ from echosim.passes.pipeline import Stage
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask, rank_tail
 from echosim.timeline.schedule import Schedule
 from echosim.timeline.sequential import SequentialTiming, order_plan, time_orders
-from echosim.timeline.streams import OpEvent, UnitTiming, pipelined_edges, simulate_unit
+from echosim.timeline.streams import FirstPass, OpEvent, UnitTiming, pipelined_edges, simulate_unit
 
 if TYPE_CHECKING:
     from echosim.timeline.composer import SchedulePlan, ScheduleTiming
@@ -252,13 +252,14 @@ def _split_units(
 
     def split(nodes: list[Node]) -> list[tuple[list[Node], int]]:
         """(before the block, the block, after the block): 'after' descends from the block."""
-        inside = [n for n in nodes if graph.block_of(n) is not None]
+        blocked = [graph.block_of(n) is not None for n in nodes]
+        inside = [n for n, b in zip(nodes, blocked, strict=True) if b]
         later = {n.id for n in inside}
         for n in graph:  # graph order is topological: one sweep finds every descendant
-            if n.id not in later and any(i in later for i in n.inputs):
+            if n.id not in later and not later.isdisjoint(n.inputs):
                 later.add(n.id)
         laters.append(later)
-        outside = [n for n in nodes if graph.block_of(n) is None]
+        outside = [n for n, b in zip(nodes, blocked, strict=True) if not b]
         return [
             ([n for n in outside if n.id not in later], 1),
             (inside, mult),
@@ -402,9 +403,15 @@ def time_units(
     split_w = options.schedule.split_backward
     parts = unit_parts(graph, split_w)
 
-    def simulate(nodes: list[Node]) -> UnitTiming:
-        chunked = pipelined_edges(nodes) if options.tp_overlap else None
-        return simulate_unit(graph, nodes, cost, overlap, chunked)
+    def simulate(part: _UnitPart) -> UnitTiming:
+        nodes = part.nodes
+        chunked = pipelined_edges(nodes) if options.tp_overlap else set()
+        done = None
+        if part.prefix is not None:  # ZeRO-3's gathers after a layer's ops: resume the layer's first pass
+            done = _first_pass(part.prefix, cost, where, options.tp_overlap).extended(
+                nodes[len(part.prefix.nodes) :], cost, chunked
+            )
+        return simulate_unit(graph, nodes, cost, overlap, chunked, done)
 
     def sim(part: _UnitPart) -> UnitTiming:
         # A unit's timing is a function of its ops (kind, attributes, shapes, phase and which of them
@@ -413,7 +420,7 @@ def time_units(
         # schedule, another pipeline split, another stage of the same pipeline) share it.
         used = tuple((a, p) for a, p in where.items() if a in part.axes)  # placements its collectives are priced on
         key = (backend, used, overlap, options.tp_overlap, part.key)
-        return _rebind(_UNITS.get(key, lambda: simulate(part.nodes)), part.nodes)
+        return _rebind(_UNITS.get(key, lambda: simulate(part)), part.nodes)
 
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
@@ -438,6 +445,23 @@ class _UnitPart:
     repeat: int
     key: _UnitKey
     axes: frozenset[Axis]
+    # a unit that appends ops to another's (:func:`_extended_parts`): that unit, whose nodes begin this one's
+    prefix: _UnitPart | None = None
+    # this unit's first scheduling passes (:func:`_first_pass`) by what they read, for the units that extend it
+    passes: dict[Any, FirstPass] = field(default_factory=dict, compare=False, repr=False)
+
+
+def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_overlap: bool) -> FirstPass:
+    """``part``'s first pass (:class:`~echosim.timeline.streams.FirstPass`), kept on it by what it reads: the
+    backend and the placements of its collectives' axes (its op costs) and whether TP overlap chunks its
+    GEMMs (its pipelined edges); the node objects are ``part``'s own, so their ids are the extending unit's."""
+    used = tuple((a, p) for a, p in where.items() if a in part.axes)
+    key = (cost.backend, used, tp_overlap)
+    done = part.passes.get(key)
+    if done is None:
+        chunked = pipelined_edges(part.nodes) if tp_overlap else set()
+        done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked)
+    return done
 
 
 #: :meth:`Graph.derived` key of a graph holding the very node objects of this one (and its inputs, outputs
@@ -525,7 +549,7 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
                 kind = 1  # no appended node is a weight-gradient one (checked above where it matters)
         inside = graph.block_of(n) is not None
         for k in range(3):
-            if (kind == k and inside) or any(i in laters[k] or i in more[k] for i in n.inputs):
+            if (kind == k and inside) or not (laters[k].isdisjoint(n.inputs) and more[k].isdisjoint(n.inputs)):
                 more[k].add(n.id)
         if kind is not None:
             placed[kind][1 if inside else 2 if n.id in more[kind] else 0].append(n)
@@ -542,7 +566,7 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
             ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in extra)
             outside = tuple(graph[i].out for n in extra for i in n.inputs if i not in at)
             axes = p.axes | frozenset(n.attrs.axis for n in extra if isinstance(n.attrs, CollectiveAttrs))
-            row.append(_UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes))
+            row.append(_UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes, p))
         out.append(row)
     return tuple(out)
 

@@ -106,16 +106,56 @@ def pipelined_edges(nodes: Sequence[Node], axis: Axis = Axis.TP) -> set[tuple[in
     return edges
 
 
+class FirstPass:
+    """The first list-scheduling pass over a unit's ops, resumable: each op's undilated seconds, its
+    (start, seconds), and the streams' state after the last op.
+
+    List scheduling in graph order times an op from the ops before it only, so a unit that appends ops
+    to another's (ZeRO-3 / FSDP's per-layer gathers and reduce-scatters after a layer's ops) begins with
+    that unit's first pass unchanged to the bit: :meth:`extended` resumes it instead of starting over.
+    """
+
+    __slots__ = ("base", "begin", "end", "free", "times")
+
+    def __init__(self) -> None:
+        self.base: dict[int, float] = {}
+        self.times: list[tuple[float, float]] = []
+        self.begin: dict[int, float] = {}
+        self.end: dict[int, float] = {}
+        self.free = {COMPUTE: 0.0, COMM: 0.0}
+
+    @classmethod
+    def of(cls, nodes: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]) -> FirstPass:
+        p = cls()
+        p.base = {n.id: cost(n) for n in nodes}
+        _advance(nodes, p.base, pipelined, p.begin, p.end, p.free, p.times)
+        return p
+
+    def extended(
+        self, more: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]
+    ) -> FirstPass:
+        """This pass continued over ``more`` (the ops appended after this pass's), on copies of its state."""
+        p = FirstPass()
+        p.base = dict(self.base)
+        p.base.update({n.id: cost(n) for n in more})
+        p.begin, p.end, p.free, p.times = dict(self.begin), dict(self.end), dict(self.free), list(self.times)
+        _advance(more, p.base, pipelined, p.begin, p.end, p.free, p.times)
+        return p
+
+
 def simulate_unit(
     graph: Graph,
     nodes: Sequence[Node],
     cost: Callable[[Node], float],
     overlap: OverlapModel,
     pipelined: set[tuple[int, int]] | None = None,
+    first_pass: FirstPass | None = None,
 ) -> UnitTiming:
-    base = {n.id: cost(n) for n in nodes}
+    """``first_pass``: the unit's first pass (:class:`FirstPass`, over ``nodes`` with these costs and edges), when
+    the caller has it."""
     pipelined = pipelined or set()
-    first = _schedule(nodes, base, pipelined)
+    done = first_pass or FirstPass.of(nodes, cost, pipelined)
+    base, first = done.base, done.times
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
         return _timing(nodes, first, base, pipelined)
     comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
@@ -173,11 +213,21 @@ def _stream(n: Node) -> str:
 def _schedule(
     nodes: Sequence[Node], dur: dict[int, float], pipelined: set[tuple[int, int]] | None = None
 ) -> list[tuple[float, float]]:
-    end: dict[int, float] = {}
-    begin: dict[int, float] = {}
-    free = {COMPUTE: 0.0, COMM: 0.0}
-    out = []
-    pipelined = pipelined or set()
+    out: list[tuple[float, float]] = []
+    _advance(nodes, dur, pipelined or set(), {}, {}, {COMPUTE: 0.0, COMM: 0.0}, out)
+    return out
+
+
+def _advance(
+    nodes: Sequence[Node],
+    dur: dict[int, float],
+    pipelined: set[tuple[int, int]],
+    begin: dict[int, float],
+    end: dict[int, float],
+    free: dict[str, float],
+    out: list[tuple[float, float]],
+) -> None:
+    """List-schedule ``nodes`` after the ops already in the state (``begin``, ``end``, ``free``), onto ``out``."""
     for n in nodes:
         chunked = [i for i in n.inputs if (i, n.id) in pipelined and i in begin]
         ready = max((end[i] for i in n.inputs if i in end and i not in chunked), default=0.0)
@@ -193,7 +243,6 @@ def _schedule(
         begin[n.id] = start
         end[n.id] = free[stream] = finish
         out.append((start, finish - start))
-    return out
 
 
 def _timing(
