@@ -71,3 +71,17 @@ def test_the_calibration_recovers_attention_eff_from_samples_below_and_above_512
     knobs = [k for k in CPU_KNOBS if k.name == "attention_eff"]
     fitted = fit_spec(SPEC, knobs, samples, predict_cpu)
     assert math.isclose(fitted.attention_eff, 0.63, rel_tol=0.01)
+
+
+def test_block_products_may_outrun_the_big_gemm_rate_up_to_a_bound() -> None:
+    truth = replace(SPEC, attention_eff=1.3)  # blocks in cache against big GEMMs streaming their operands
+    samples = [
+        Sample("attention", f"attention_{d}", "fp32", m=512, n=512, k=k, batch=8)
+        for d in ("fwd", "bwd")
+        for k in (64, 128)
+    ]
+    samples = [replace(s, seconds=predict_cpu(truth, s)) for s in samples]
+    fitted = fit_spec(SPEC, [k for k in CPU_KNOBS if k.name == "attention_eff"], samples, predict_cpu)
+    assert math.isclose(fitted.attention_eff, 1.3, rel_tol=0.01)
+    with pytest.raises(ValueError, match="attention_eff' is at most"):
+        replace(SPEC, attention_eff=2.5)

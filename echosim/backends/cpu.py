@@ -80,6 +80,9 @@ GEMM_PACK_ROWS = 0.0
 # Linear + SiLU layers, forward and backward, whose kernels do no work (bench.AUTOGRAD_CHAIN): its time per
 # IR node beyond ``op_overhead_us``. Measured on this 2-core VM: ~4 us a node beside ~1.4 us alone.
 AUTOGRAD_OP_US = 0.0
+# Attention's block products can outrun the big-GEMM rate (their blocks stay in cache) but not by much: a bound
+# for the calibration's search, twice the big-GEMM rate.
+ATTENTION_EFF_MAX = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,9 @@ class CPUSpec:
     # Kernels that evaluate transcendentals or reduce rows (GELU, SiLU, norms, softmax, cross
     # entropy) run on a core's vector units below streaming speed: their share of it.
     math_fraction: float = 1.0
-    # Attention kernels multiply small blocks (head_dim wide): their rate as a share of the GEMM rate.
+    # Attention kernels' block products (head_dim wide) as a multiple of the big-GEMM rate: below 1 for
+    # their small products, above it where blocks that stay in a core's L1/L2 outrun big GEMMs whose operands
+    # stream from DRAM (calibrated 0.7-1.0 on one thread here, at most ATTENTION_EFF_MAX).
     attention_eff: float = 1.0
     # Allocating, zero-filling and returning memory the kernel maps fresh (page faults), GB/s.
     fresh_memory_GBps: float = FRESH_MEMORY_GBps
@@ -137,7 +142,9 @@ class CPUSpec:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{who}: field {f.name!r} must be a positive number, got {value!r}")
-        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32", "math_fraction", "attention_eff"):
+        if self.attention_eff > ATTENTION_EFF_MAX:
+            raise ValueError(f"{who}: field 'attention_eff' is at most {ATTENTION_EFF_MAX}, got {self.attention_eff!r}")
+        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32", "math_fraction"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{who}: field {name!r} is a fraction, got {getattr(self, name)!r} > 1")
 
