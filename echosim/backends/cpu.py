@@ -305,9 +305,10 @@ def flash_blocks(q_len: int, kv_len: int, causal: bool) -> tuple[float, int, int
     A causal kernel stops each query block at the key block holding its last row's last visible key, but
     computes that key block whole (``kvBlockSize = min(kvSplitSize, kvSize - n)``) and masks it after the
     product: under 512 keys it computes every score, as many as without the mask; at 1,024 three quarters,
-    at 2,048 five eighths (measured on this VM, causal over full time: 1.15, 1.01, 0.77, 0.57 for 256, 512,
-    1,024, 2,048 queries, forward and backward, ``benchmarks/cpu_attention_blocks.py``). Rows see keys
-    up to their own position aligned to the end of the keys, as :func:`echosim.ir.ops.causal_fraction`.
+    at 2,048 five eighths (measured on this VM in a quiet window, causal over full time, forward and
+    backward: 0.94-1.05, 0.93-1.01, 0.76-0.81, 0.62-0.65 for 256, 512, 1,024, 2,048 queries;
+    ``benchmarks/data/cpu_attention_blocks.json``). Rows see keys up to their own position aligned to the
+    end of the keys, as :func:`echosim.ir.ops.causal_fraction`.
     """
     if min(q_len, kv_len) <= 0:
         raise ValueError(f"attention needs queries and keys, got {q_len} x {kv_len}")
@@ -331,8 +332,9 @@ def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool
     (:func:`flash_blocks`): two products a block forward (q k^T, p v), five backward (q k^T again
     to rebuild the probabilities from the saved log-sum-exp, then dv, dp, dq and dk), at
     ``attention_eff`` of the big-GEMM rate whatever the block shape (full attention's time per
-    score, 256 to 2,048 queries, stays within 7% of 512's: benchmarks/cpu_attention_blocks.py); the
-    exponentials over the computed scores run at the vector-math rate. A sliding window is not
+    score at 1,024 and 2,048 queries is 0.81-1.17 of 512's over four quiet runs, no consistent sign;
+    at 256 it is 1.00-1.40 forward and backward, a per-row cost left out); the exponentials over the
+    computed scores run at the vector-math rate. A sliding window is not
     skipped: PyTorch's CPU SDPA has no window argument, a windowed model passes a mask, and the
     masked kernels compute every block up to the diagonal.
     """
