@@ -14,6 +14,7 @@ the calibration database once a machine is measured.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -79,6 +80,9 @@ GEMM_PACK_ROWS = 0.0
 # Linear + SiLU layers, forward and backward, whose kernels do no work (bench.AUTOGRAD_CHAIN): its time per
 # IR node beyond ``op_overhead_us``. Measured on this 2-core VM: ~4 us a node beside ~1.4 us alone.
 AUTOGRAD_OP_US = 0.0
+# Attention's block products can outrun the big-GEMM rate (their blocks stay in cache) but not by much: a bound
+# for the calibration's search, twice the big-GEMM rate.
+ATTENTION_EFF_MAX = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,9 @@ class CPUSpec:
     # Kernels that evaluate transcendentals or reduce rows (GELU, SiLU, norms, softmax, cross
     # entropy) run on a core's vector units below streaming speed: their share of it.
     math_fraction: float = 1.0
-    # Attention kernels multiply small blocks (head_dim wide): their rate as a share of the GEMM rate.
+    # Attention kernels' block products (head_dim wide) as a multiple of the big-GEMM rate: below 1 for
+    # their small products, above it where blocks that stay in a core's L1/L2 outrun big GEMMs whose operands
+    # stream from DRAM (calibrated 0.7-1.0 on one thread here, at most ATTENTION_EFF_MAX).
     attention_eff: float = 1.0
     # Allocating, zero-filling and returning memory the kernel maps fresh (page faults), GB/s.
     fresh_memory_GBps: float = FRESH_MEMORY_GBps
@@ -136,7 +142,9 @@ class CPUSpec:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{who}: field {f.name!r} must be a positive number, got {value!r}")
-        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32", "math_fraction", "attention_eff"):
+        if self.attention_eff > ATTENTION_EFF_MAX:
+            raise ValueError(f"{who}: field 'attention_eff' is at most {ATTENTION_EFF_MAX}, got {self.attention_eff!r}")
+        for name in ("stream_fraction", "gemm_eff_bf16", "gemm_eff_fp32", "math_fraction"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{who}: field {name!r} is a fraction, got {getattr(self, name)!r} > 1")
 
@@ -279,25 +287,68 @@ def embedding_bag_forward_time_s(cpu: CPUSpec, io_bytes: int) -> float:
     return memory_bound_time_s(cpu, io_bytes) + cpu.bag_call_us * 1e-6
 
 
-def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """Two batched GEMMs and a softmax over the scores; causal kernels skip the masked half.
+#: PyTorch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, fp32, bf16 and fp16, forward
+#: and backward) splits the queries into blocks of 256 rows from 768 queries up, of 64 from 192, else of 32
+#: ((min queries, rows) pairs), and the keys into blocks of 512 columns.
+FLASH_Q_SPLITS = ((768, 256), (192, 64), (0, 32))
+FLASH_KV_SPLIT = 512
+#: Block products of the kernel a (query block, key block) pair: forward q k^T and p v; backward q k^T again
+#: (the probabilities rebuilt from the saved log-sum-exp), p^T dO, dO v^T, ds k and ds^T q.
+FLASH_FORWARD_PRODUCTS = 2
+FLASH_BACKWARD_PRODUCTS = 5
 
-    PyTorch's CPU attention (the flash kernel for fp32/bf16, the math path otherwise) does
-    this work; the softmax's exponentials run at the vector-math rate. A sliding window is not
+
+@functools.lru_cache(maxsize=1024)
+def flash_blocks(q_len: int, kv_len: int, causal: bool) -> tuple[float, int, int]:
+    """(share of the q x kv scores PyTorch's CPU flash kernel computes, its query rows a block, its keys a block).
+
+    A causal kernel stops each query block at the key block holding its last row's last visible key, but
+    computes that key block whole (``kvBlockSize = min(kvSplitSize, kvSize - n)``) and masks it after the
+    product: under 512 keys it computes every score, as many as without the mask; at 1,024 three quarters,
+    at 2,048 five eighths (measured on this VM in a quiet window, causal over full time, forward and
+    backward: 0.94-1.05, 0.93-1.01, 0.76-0.81, 0.62-0.65 for 256, 512, 1,024, 2,048 queries;
+    ``benchmarks/data/cpu_attention_blocks.json``). Rows see keys up to their own position aligned to the
+    end of the keys, as :func:`echosim.ir.ops.causal_fraction`.
+    """
+    if min(q_len, kv_len) <= 0:
+        raise ValueError(f"attention needs queries and keys, got {q_len} x {kv_len}")
+    rows = min(next(split for least, split in FLASH_Q_SPLITS if q_len >= least), q_len)
+    cols = min(FLASH_KV_SPLIT, kv_len)
+    if not causal:
+        return 1.0, rows, cols
+    computed = 0
+    for m in range(0, q_len, rows):
+        block = min(rows, q_len - m)
+        keys = min(m + block + kv_len - q_len, kv_len)  # the block's last row sees keys [0, keys)
+        if keys > 0:
+            computed += block * min(math.ceil(keys / cols) * cols, kv_len)
+    return computed / (q_len * kv_len), rows, cols
+
+
+def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """The block products and the softmax over the scores PyTorch's CPU attention computes.
+
+    Its flash kernel (fp32/bf16; the math path otherwise) multiplies query blocks by key blocks
+    (:func:`flash_blocks`): two products a block forward (q k^T, p v), five backward (q k^T again
+    to rebuild the probabilities from the saved log-sum-exp, then dv, dp, dq and dk), at
+    ``attention_eff`` of the big-GEMM rate whatever the block shape (full attention's time per
+    score at 1,024 and 2,048 queries is 0.81-1.17 of 512's over four quiet runs, no consistent sign;
+    at 256 it is 1.00-1.40 forward and backward, a per-row cost left out); the exponentials over the
+    computed scores run at the vector-math rate. A sliding window is not
     skipped: PyTorch's CPU SDPA has no window argument, a windowed model passes a mask, and the
     masked kernels compute every block up to the diagonal.
     """
-    from echosim.backends.compute import causal_fraction
-
     bh = a.batch * a.heads
-    keep = causal_fraction(a.q_len, a.kv_len) if a.causal else 1.0
-    scores = bh * a.q_len * a.kv_len * _itemsize(dtype) * keep
-    gemms = matmul_time_s(cpu, a.q_len, a.kv_len, a.head_dim, bh, dtype)
-    gemms += matmul_time_s(cpu, a.q_len, a.head_dim, a.kv_len, bh, dtype)
-    gemms *= keep / cpu.attention_eff
+    keep = flash_blocks(a.q_len, a.kv_len, a.causal)[0]
+    scores = bh * a.q_len * a.kv_len * keep
+    rate = cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype) * cpu.attention_eff
+    product = scores * 2 * a.head_dim / rate
+    softmax_bytes = int(scores * _itemsize(dtype))
     if backward:
-        return 2 * gemms + memory_bound_time_s(cpu, int(3 * scores), vector_math=True)
-    return gemms + memory_bound_time_s(cpu, int(2 * scores), vector_math=True)
+        softmax = memory_bound_time_s(cpu, 3 * softmax_bytes, vector_math=True)
+        return FLASH_BACKWARD_PRODUCTS * product + softmax + cpu.op_overhead_us * 1e-6
+    softmax = memory_bound_time_s(cpu, 2 * softmax_bytes, vector_math=True)
+    return FLASH_FORWARD_PRODUCTS * product + softmax + cpu.op_overhead_us * 1e-6
 
 
 def check_placement(cpu: CPUSpec, p: Placement) -> None:

@@ -20,11 +20,12 @@ rank's CPU time too (:func:`bench_collectives`), NCCL ones by the wall clock.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -121,34 +122,55 @@ def _torch() -> Any:
     return torch
 
 
+#: The shortest span one timing covers: a call shorter than this is repeated back to back inside the timing.
+#: The process CPU clock is a system call (``clock_gettime(CLOCK_PROCESS_CPUTIME_ID)`` has no vDSO fast path;
+#: ~0.8 us a read on this 2-core VM), so a timing of one 4 us op also counts most of a read, 20% of the op;
+#: over 1 ms it is under 0.1%.
+MIN_TIMED_S = 1e-3
+
+
+def calls_per_timing(fn: Callable[[], Any], min_timed_s: float = MIN_TIMED_S) -> int:
+    """How many back-to-back calls of ``fn`` one timing needs to last ``min_timed_s`` (one call timed to tell)."""
+    w0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - w0
+    return max(1, min(100_000, math.ceil(min_timed_s / max(one, 1e-9))))
+
+
 def time_fn(
     fn: Callable[[], Any],
     repeats: int,
     warmup: int = 1,
     sync: Callable[[], None] | None = None,
     before: Callable[[], None] | None = None,
+    min_timed_s: float = MIN_TIMED_S,
 ) -> tuple[float, float]:
-    """(median wall seconds, median process-CPU seconds) of ``fn`` after ``warmup`` calls.
+    """(median wall seconds, median process-CPU seconds) of one call of ``fn`` after ``warmup`` calls.
 
-    ``before`` runs ahead of each timed call, outside the timing (:class:`CacheEvictor`)."""
+    Each of the ``repeats`` timings runs enough calls back to back to last ``min_timed_s``
+    (:data:`MIN_TIMED_S`: the clocks' own cost stays out of short ops), except with ``before``,
+    which runs ahead of each timed call, outside the timing (:class:`CacheEvictor`), and with ``sync``."""
     for _ in range(warmup):
         fn()
     if sync:
         sync()
+    inner = calls_per_timing(fn, min_timed_s) if before is None and sync is None and min_timed_s > 0 else 1
     walls, cpus = [], []
     for _ in range(repeats):
         if before is not None:
             before()
         c0, w0 = time.process_time(), time.perf_counter()
-        fn()
+        for _ in range(inner):
+            fn()
         if sync:
             sync()
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
+        walls.append((time.perf_counter() - w0) / inner)
+        cpus.append((time.process_time() - c0) / inner)
     return statistics.median(walls), statistics.median(cpus)
 
 
-def _repeats(seconds_guess: float, budget_s: float = 0.3) -> int:
+def repeats_for(seconds_guess: float, budget_s: float = 0.3) -> int:
+    """Timings of a sample: as many as ``budget_s`` holds, 3 to 50."""
     return max(3, min(50, int(budget_s / max(seconds_guess, 1e-6))))
 
 
@@ -224,20 +246,29 @@ def _fwd_bwd_samples(
     ]
 
 
+#: Rounds of a calibration sweep: the whole sweep runs this many times, one after the other, and each sample
+#: keeps its median round. A 2-core VM's speed moves by 10-25% within a minute (back-to-back quick calibrations
+#: here: every matmul of one 10-25% slower than of the other, the per-op overhead and the autograd sample by up
+#: to 2x, notes in docs/beyond-transformers.md); one slow spell then sets a few samples, not the whole of one
+#: kind. The repeats per round are cut to keep the sweep's length.
+ROUNDS = 3
+
+
 def bench_cpu(
     sweep: str = "standard",
     dtypes: tuple[str, ...] = ("fp32",),
     threads: int = 1,
     progress: Progress | None = None,
     barrier: Callable[[], None] | None = None,
+    rounds: int | None = None,
 ) -> list[Sample]:
     """Matmuls, memory-bound kernels, attention and the per-op overhead on this CPU, on ``threads`` threads.
 
     ``barrier`` (several ranks measuring at once) is called before each sample, so that
-    every rank runs the same kernel at the same time.
+    every rank runs the same kernel at the same time. The sweep runs ``rounds`` times
+    (:data:`ROUNDS`; one for the tests' ``tiny`` sweep) and each sample is its median round.
     """
     torch = _torch()
-    import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     if barrier is not None:
@@ -249,6 +280,28 @@ def bench_cpu(
             barrier()
 
         barrier()
+    rounds = rounds if rounds is not None else (1 if sweep == "tiny" else ROUNDS)
+    if rounds < 1:
+        raise ValueError(f"a calibration needs at least one round, got {rounds}")
+    runs = [_bench_cpu_round(sweep, dtypes, threads, progress, 1.0 / rounds) for _ in range(rounds)]
+    return [median_sample(same) for same in zip(*runs, strict=True)]
+
+
+def median_sample(same: Sequence[Sample]) -> Sample:
+    """The sample of median time among rounds of one measurement (the lower middle one of an even count)."""
+    return sorted(same, key=lambda s: s.seconds)[(len(same) - 1) // 2]
+
+
+def _bench_cpu_round(
+    sweep: str, dtypes: tuple[str, ...], threads: int, progress: Progress | None, share: float
+) -> list[Sample]:
+    """One round of :func:`bench_cpu`: every sample once, with ``share`` of the repeats of a whole sweep."""
+    torch = _torch()
+    import torch.nn.functional as F
+
+    def _repeats(seconds_guess: float, budget_s: float = 0.3) -> int:
+        return repeats_for(seconds_guess, budget_s * share)
+
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     out: list[Sample] = []
     # streaming kernels beyond L2 are timed with their operands out of cache, as in a training step
@@ -259,7 +312,7 @@ def bench_cpu(
     def timed(fn: Callable[[], Any], repeats: int, nbytes: int = 0) -> tuple[float, float]:
         if evict is None or nbytes <= l2:
             return time_fn(fn, repeats)
-        return time_fn(fn, min(repeats, EVICTED_REPEATS), before=evict)
+        return time_fn(fn, min(repeats, max(3, round(EVICTED_REPEATS * share))), before=evict)
 
     for dtype in dtypes:
         for m, n, k, b in MATMUL_SWEEPS[sweep]:
@@ -344,11 +397,11 @@ def bench_cpu(
         if progress:
             progress(f"attention {b}x{h}x{s}x{d}")
     tiny = torch.ones(8)
-    wall, cpu = time_fn(lambda: tiny + tiny, 200, warmup=20)
+    wall, cpu = time_fn(lambda: tiny + tiny, max(20, round(200 * share)), warmup=20)
     out.append(_cpu_sample("overhead", "add", "fp32", wall, cpu, threads, nbytes=96))
     if progress:
         progress("per-op overhead")
-    out.append(autograd_sample(threads))
+    out.append(autograd_sample(threads, max(10, round(100 * share))))
     if progress:
         progress("autograd overhead")
     return out
@@ -362,13 +415,17 @@ AUTOGRAD_CHAIN = {"depths": (4, 12), "shape": (1, 4, 8)}
 AUTOGRAD_LAYER_OPS = 5
 
 
-def autograd_sample(threads: int = 1) -> Sample:
+def autograd_sample(threads: int = 1, repeats: int = 100) -> Sample:
     """Host time of one tiny Linear + SiLU layer, forward and backward (zeroed gradients set to None first):
-    the difference of two chain depths per layer, so that the loss and the engine's start cancel."""
+    the difference of two chain depths per layer, so that the loss and the engine's start cancel.
+
+    The two depths are timed in turn, ``repeats`` pairs, and the sample is the median of the pairs'
+    differences: a difference of two medians timed one after the other takes in any change of the
+    machine's speed between them, a fifth of the difference or more (a one-layer step is ~50 us)."""
     torch = _torch()
     x = torch.randn(*AUTOGRAD_CHAIN["shape"])
     width = AUTOGRAD_CHAIN["shape"][-1]
-    times = []
+    steps = []
     for depth in AUTOGRAD_CHAIN["depths"]:
         # modules, as a model calls them (nn.Module.__call__ and its hook checks are part of the host time)
         layers = [(torch.nn.Linear(width, width, bias=False), torch.nn.SiLU()) for _ in range(depth)]
@@ -381,14 +438,25 @@ def autograd_sample(threads: int = 1) -> Sample:
                 h = act(linear(h))
             h.sum().backward()
 
-        times.append(time_fn(step, 100, warmup=10))
-    (wall_a, cpu_a), (wall_b, cpu_b) = times
+        for _ in range(10):
+            step()
+        steps.append(step)
+    inner = [calls_per_timing(step) for step in steps]
+    walls, cpus = [], []
+    for _ in range(repeats):
+        pair = []
+        for step, calls in zip(steps, inner, strict=True):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(calls):
+                step()
+            pair.append(((time.perf_counter() - w0) / calls, (time.process_time() - c0) / calls))
+        (wall_a, cpu_a), (wall_b, cpu_b) = pair
+        walls.append(wall_b - wall_a)
+        cpus.append(cpu_b - cpu_a)
     layers = AUTOGRAD_CHAIN["depths"][1] - AUTOGRAD_CHAIN["depths"][0]
     tiny_bytes = 2 * x.numel() * 4  # each op reads and writes a tiny activation
-    return _cpu_sample(
-        "autograd", "linear_silu", "fp32", max(0.0, wall_b - wall_a) / layers, max(0.0, cpu_b - cpu_a) / layers,
-        threads, m=AUTOGRAD_LAYER_OPS, nbytes=tiny_bytes,
-    )  # fmt: skip
+    wall, cpu = max(0.0, statistics.median(walls)) / layers, max(0.0, statistics.median(cpus)) / layers
+    return _cpu_sample("autograd", "linear_silu", "fp32", wall, cpu, threads, m=AUTOGRAD_LAYER_OPS, nbytes=tiny_bytes)
 
 
 # ---- collectives between local processes ----------------------------------------------------------
@@ -496,7 +564,8 @@ def collective_worker(
             }
             for op, fn in ops.items():
                 dist.barrier()
-                wall, cpu = time_fn(fn, _repeats(nbytes / 1e9 + 1e-4, 0.2), warmup=2, sync=sync)
+                # one call a timing: ranks that each chose their own count of calls would not match up
+                wall, cpu = time_fn(fn, repeats_for(nbytes / 1e9 + 1e-4, 0.2), warmup=2, sync=sync, min_timed_s=0)
                 t = torch.tensor([wall, cpu], device=device, dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
                 results.append((op, nbytes, float(t[0]), float(t[1])))

@@ -42,7 +42,7 @@ CPU_KNOBS = (
     Knob("stream_fraction", 0.02, 1.0, "streaming kernels' DRAM traffic (copy, add, mul, add_) as a share of ddr_GBps"),
     Knob("math_fraction", 0.01, 1.0, "vector-math kernels' (GELU, norms, softmax) share of the streaming rate"),
     Knob("cache_GBps", 1.0, 2000.0, "streaming kernels' bandwidth on operands that fit in cache_bytes, GB/s"),
-    Knob("attention_eff", 0.02, 1.0, "attention kernels' block products as a fraction of the GEMM rate"),
+    Knob("attention_eff", 0.02, 2.0, "attention kernels' block products as a multiple of the big-GEMM rate"),
     Knob("fresh_memory_GBps", 0.05, 200.0, "zero-filling freshly mapped memory (page faults + unmap), GB/s"),
     Knob("bag_call_us", 0.5, 5000.0, "bookkeeping ops of one nn.EmbeddingBag call (forward or backward), µs"),
     Knob("bag_lookup_ns", 1.0, 20000.0, "adding one looked-up row in a dense embedding_bag backward, ns"),

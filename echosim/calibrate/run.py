@@ -132,6 +132,8 @@ def progress_total(sweep: str, kind: str, ranks: int, dtypes: tuple[str, ...]) -
     total += len(bench.MEMORY_SWEEPS[sweep]) * (8 if kind == "cpu" else 3) + 1
     cpu_only = bench.ATTENTION_SWEEPS, bench.FRESH_SWEEPS, bench.BAG_SWEEPS
     total += sum(len(sweeps[sweep]) for sweeps in cpu_only) + 1 if kind == "cpu" else 0  # + the autograd chain
+    if kind == "cpu":  # bench_cpu runs its sweep in rounds
+        total *= 1 if sweep == "tiny" else bench.ROUNDS
     if ranks > 1:
         total += len(bench.COLLECTIVE_SWEEPS[sweep]) * 3
     return total
