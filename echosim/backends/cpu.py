@@ -202,12 +202,17 @@ def gemm_shape_factor(cpu: CPUSpec, m: int, n: int, k: int) -> float:
     return 1.0 + r / m + r / n + r / k
 
 
+def _gemm_flops_per_s(cpu: CPUSpec, dtype: str) -> float:
+    """The big-GEMM rate: peak x the calibrated GEMM efficiency (shape factors aside)."""
+    return cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype)
+
+
 def matmul_time_s(cpu: CPUSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "fp32") -> float:
     """A roofline: the FLOPs at the shape's GEMM rate (:func:`gemm_shape_factor`) or the operands' bytes at
     the DRAM rate; plus the per-op overhead."""
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
-    compute = 2.0 * batch * m * n * k / (cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype))
+    compute = 2.0 * batch * m * n * k / _gemm_flops_per_s(cpu, dtype)
     compute *= gemm_shape_factor(cpu, m, n, k)
     traffic = batch * (m * k + k * n + m * n) * _itemsize(dtype) / (cpu.ddr_GBps * 1e9 * cpu.stream_fraction)
     return max(compute, traffic) + cpu.op_overhead_us * 1e-6
@@ -341,14 +346,11 @@ def attention_time_s(cpu: CPUSpec, a: AttentionAttrs, dtype: str, backward: bool
     bh = a.batch * a.heads
     keep = flash_blocks(a.q_len, a.kv_len, a.causal)[0]
     scores = bh * a.q_len * a.kv_len * keep
-    rate = cpu.peak_tflops(dtype) * 1e12 * cpu.gemm_eff(dtype) * cpu.attention_eff
-    product = scores * 2 * a.head_dim / rate
-    softmax_bytes = int(scores * _itemsize(dtype))
-    if backward:
-        softmax = memory_bound_time_s(cpu, 3 * softmax_bytes, vector_math=True)
-        return FLASH_BACKWARD_PRODUCTS * product + softmax + cpu.op_overhead_us * 1e-6
-    softmax = memory_bound_time_s(cpu, 2 * softmax_bytes, vector_math=True)
-    return FLASH_FORWARD_PRODUCTS * product + softmax + cpu.op_overhead_us * 1e-6
+    product = scores * 2 * a.head_dim / (_gemm_flops_per_s(cpu, dtype) * cpu.attention_eff)
+    # backward reads the scores three times (rebuilt probabilities, dp, ds), forward twice
+    products, passes = (FLASH_BACKWARD_PRODUCTS, 3) if backward else (FLASH_FORWARD_PRODUCTS, 2)
+    softmax = memory_bound_time_s(cpu, passes * int(scores * _itemsize(dtype)), vector_math=True)
+    return products * product + softmax + cpu.op_overhead_us * 1e-6
 
 
 def check_placement(cpu: CPUSpec, p: Placement) -> None:
@@ -406,11 +408,14 @@ def is_math_kernel(node: Node) -> bool:
     return False
 
 
-#: Autograd sums the gradients a tensor receives from several consumers in place: ``InputBuffer::accumulate``
-#: adds into the first gradient when it holds its last reference (torch/csrc/autograd/input_buffer.cpp),
 def is_inplace(node: Node) -> bool:
     """An op that writes over operands it reads: an optimizer step (torch.optim updates parameters and
-    states in place; fused AdamW is one in-place kernel, ``_fused_adamw_``) or autograd's gradient sum."""
+    states in place; fused AdamW is one in-place kernel, ``_fused_adamw_``) or autograd's gradient sum.
+
+    Autograd sums the gradients a tensor receives from several consumers in place: ``InputBuffer::accumulate``
+    adds into the first gradient when it holds its last reference (torch/csrc/autograd/input_buffer.cpp),
+    ``AccumulateGrad`` into a parameter's ``.grad`` (accumulate_grad.h); the IR names its sums so
+    (:func:`echosim.ir.names.is_grad_accumulate`)."""
     if node.op is OpKind.OPTIMIZER_UPDATE:
         return True
     return node.op is OpKind.ELEMENTWISE and is_grad_accumulate(node.name)

@@ -137,6 +137,17 @@ def calls_per_timing(fn: Callable[[], Any], min_timed_s: float = MIN_TIMED_S) ->
     return max(1, min(100_000, math.ceil(min_timed_s / max(one, 1e-9))))
 
 
+def timed_calls(fn: Callable[[], Any], calls: int, sync: Callable[[], None] | None = None) -> tuple[float, float]:
+    """(wall seconds, process-CPU seconds) of one call of ``fn``, from ``calls`` back-to-back calls timed together
+    (and ``sync`` after them, inside the timing)."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if sync:
+        sync()
+    return (time.perf_counter() - w0) / calls, (time.process_time() - c0) / calls
+
+
 def time_fn(
     fn: Callable[[], Any],
     repeats: int,
@@ -159,13 +170,9 @@ def time_fn(
     for _ in range(repeats):
         if before is not None:
             before()
-        c0, w0 = time.process_time(), time.perf_counter()
-        for _ in range(inner):
-            fn()
-        if sync:
-            sync()
-        walls.append((time.perf_counter() - w0) / inner)
-        cpus.append((time.process_time() - c0) / inner)
+        wall, cpu = timed_calls(fn, inner, sync)
+        walls.append(wall)
+        cpus.append(cpu)
     return statistics.median(walls), statistics.median(cpus)
 
 
@@ -444,13 +451,7 @@ def autograd_sample(threads: int = 1, repeats: int = 100) -> Sample:
     inner = [calls_per_timing(step) for step in steps]
     walls, cpus = [], []
     for _ in range(repeats):
-        pair = []
-        for step, calls in zip(steps, inner, strict=True):
-            c0, w0 = time.process_time(), time.perf_counter()
-            for _ in range(calls):
-                step()
-            pair.append(((time.perf_counter() - w0) / calls, (time.process_time() - c0) / calls))
-        (wall_a, cpu_a), (wall_b, cpu_b) = pair
+        (wall_a, cpu_a), (wall_b, cpu_b) = (timed_calls(step, calls) for step, calls in zip(steps, inner, strict=True))
         walls.append(wall_b - wall_a)
         cpus.append(cpu_b - cpu_a)
     layers = AUTOGRAD_CHAIN["depths"][1] - AUTOGRAD_CHAIN["depths"][0]

@@ -126,10 +126,7 @@ class FirstPass:
 
     @classmethod
     def of(cls, nodes: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]) -> FirstPass:
-        p = cls()
-        p.base = {n.id: cost(n) for n in nodes}
-        _advance(nodes, p.base, pipelined, p.begin, p.end, p.free, p.times)
-        return p
+        return cls().extended(nodes, cost, pipelined)
 
     def extended(
         self, more: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]
