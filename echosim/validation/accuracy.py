@@ -62,6 +62,11 @@ HARNESS_FITTED = {
     "microbench.XLA_TABLE_MULTIHOST_NCCL": "XLA perf-table harness on the GB200 NVL72 rows (a run over 16-18 compute "
     "trays): NCCL's tuner counting each 4-GPU tray as a node, LL allowed (inferred from the table's all-gather, "
     "reduce-scatter and all-reduce floors at 64 and 72 GPUs)",
+    "microbench.XLA_A2A_ISSUE_US": "XLA perf-table harness: fixed host issue of an all-to-all that the table's host "
+    "timer sees, µs (least squares with XLA_P2P_CALL_US on the table's all-to-all floors: medians of its 2-64 KiB "
+    "rows, H100 and B200 at 2/4/8 GPUs, GB200 at 64/72)",
+    "microbench.XLA_P2P_CALL_US": "XLA perf-table harness: host issue per ncclSend/ncclRecv call of an all-to-all "
+    "(2n calls), µs (the same fit)",
 }
 #: TPU fields the model assumes (no TPU microbenchmark exists in the validation data).
 TPU_ASSUMED = {
@@ -94,7 +99,9 @@ def fitted_constants(backends: Iterable[str]) -> list[dict[str, Any]]:
         for dotted, what in HARNESS_FITTED.items():
             cfg = getattr(microbench, dotted.split(".")[1])
             value = (
-                f"nvls_gather={cfg.nvls_gather}, protocols={'/'.join(cfg.protocols)}, "
+                cfg
+                if isinstance(cfg, float)
+                else f"nvls_gather={cfg.nvls_gather}, protocols={'/'.join(cfg.protocols)}, "
                 f"nvls_chunk_hop={cfg.nvls_chunk_hop}" + (", host_nodes=True" if cfg.host_nodes else "")
             )
             rows.append({"parameter": dotted, "kind": "fitted (harness)", "what": what, "values": {"XLA table": value}})
