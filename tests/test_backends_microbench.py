@@ -57,6 +57,8 @@ MEETS = {
     "H100-SXM (sm_90) | all_to_all | intra-node | >=1MiB | XLA table": 10.2,  # was 21.8 (kernel time only)
     "B200 (sm_100) | all_to_all | intra-node | >=1MiB | XLA table": 10.2,  # was 33.8
     "GB200 (sm_100, NVL72) | all_to_all | intra-node | <1MiB | XLA table": 14.5,  # was 231.4
+    # nccl-tests alltoall 1 KiB over 8 A100s: the launch floor of 16 grouped calls (was 22.9, the LL kernel)
+    "A100-SXM4-80GB | all_to_all | intra-node | <1MiB": 3.3,
 }
 
 
@@ -165,12 +167,12 @@ def test_a_ring_shift_permute_is_a_ring_exchange_and_a_swap_is_not():
 def test_xla_all_to_all_pays_its_host_issue_and_nccl_tests_does_not():
     """XLA's table times one op from the host: a fixed issue cost plus one per ncclSend/ncclRecv call (2n)."""
     from echosim.backends.base import Placement
-    from echosim.backends.collectives import a2a_issue_us, collective_time_s
+    from echosim.backends.collectives import NCCL_P2P_CALL_US, a2a_issue_us, collective_time_s
     from echosim.backends.devices import DEVICES
     from echosim.ir.ops import OpKind
-    from echosim.validation.microbench import XLA_A2A_ISSUE_US, XLA_P2P_CALL_US
+    from echosim.validation.microbench import XLA_A2A_ISSUE_US
 
-    assert (XLA_A2A_ISSUE_US, XLA_P2P_CALL_US) == (17.0, 0.23)
+    assert (XLA_A2A_ISSUE_US, NCCL_P2P_CALL_US) == (17.0, 0.23)
     assert a2a_issue_us(8, XLA_TABLE_NCCL) == pytest.approx(17.0 + 16 * 0.23)  # 20.68 µs
     assert a2a_issue_us(72, XLA_TABLE_MULTIHOST_NCCL) == pytest.approx(17.0 + 144 * 0.23)  # 50.12 µs
     assert a2a_issue_us(8) == 0.0  # nccl-tests and training: launches pipeline behind earlier work
@@ -184,3 +186,17 @@ def test_xla_all_to_all_pays_its_host_issue_and_nccl_tests_does_not():
     assert collective_time_s(h100, OpKind.ALL_GATHER, 4096, eight, XLA_TABLE_NCCL) == collective_time_s(
         h100, OpKind.ALL_GATHER, 4096, eight, ag
     )
+
+
+def test_an_all_to_alls_launch_floor_counts_its_grouped_calls():
+    """Pipelined launches (nccl-tests): an all-to-all costs at least its launch plus 2n ncclSend/ncclRecv enqueues."""
+    from echosim.backends.base import Placement
+    from echosim.backends.collectives import collective_time_s, launch_floor_us
+    from echosim.backends.devices import DEVICES
+    from echosim.ir.ops import OpKind
+
+    a100, eight = DEVICES["a100-80gb"], Placement(8, 1, 8)
+    assert launch_floor_us(a100, NcclConfig(), OpKind.ALL_TO_ALL, 8) == pytest.approx(5.35 + 16 * 0.23)  # 9.03
+    assert launch_floor_us(a100, NcclConfig(), OpKind.ALL_GATHER, 8) == 5.35
+    # 1 KiB: NCCL's LL p2p kernel takes 6.6 + 0.6 = 7.2 µs, under the 9.03 µs host floor (measured 9.34)
+    assert collective_time_s(a100, OpKind.ALL_TO_ALL, 1024, eight) * 1e6 == pytest.approx(9.03)

@@ -99,6 +99,9 @@ P2P_LL_THRESHOLD_BYTES = 16384
 # (NVIDIA/nccl#892); we take 2 per NVLink, rounded up to a power of two, at most 32.
 P2P_NVL_CHUNK_BYTES = 1 << 19
 P2P_MAX_CHANNELS = 32
+# Host time NCCL takes to enqueue one ncclSend or ncclRecv inside a group (µs). Fitted: the slope per
+# call of XLA's all-to-all floors (validation.microbench.XLA_P2P_CALL_US, the same number).
+NCCL_P2P_CALL_US = 0.23
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,15 +528,19 @@ def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: 
     return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.tuner_us)
 
 
-def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig) -> float:
+def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig, kind: OpKind | None = None, ranks: int = 1) -> float:
     """Host time to launch one collective: one kernel per GPU the launching thread drives.
 
     Back-to-back collectives pipeline their launches, so a collective costs at least the
     time its thread needs to launch the next one (``nccl-tests -g 8``: eight launches).
     The launch is NCCL's host-side enqueue plus ``cudaLaunchKernel``: a host property
     (``nccl_launch_us``), measured per node type, not the GPU's in-stream kernel gap.
+    An all-to-all of ``ranks`` ranks is one group of ``2 x ranks`` ncclSend / ncclRecv calls
+    (nccl-tests' ``alltoall_perf``, PyTorch's ``all_to_all_single``), each enqueued on the host
+    (``NCCL_P2P_CALL_US``) before the group's kernel launches.
     """
-    return nccl.devices_per_thread * dev.nccl_launch_us
+    calls = 2 * ranks * NCCL_P2P_CALL_US if kind is OpKind.ALL_TO_ALL else 0.0
+    return nccl.devices_per_thread * (dev.nccl_launch_us + calls)
 
 
 def collective_time_s(
@@ -546,4 +553,4 @@ def collective_time_s(
         check_placement(dev, p)
         return 0.0
     gpu_us = best_choice(dev, kind, nbytes, p, nccl).time_us
-    return max(gpu_us, launch_floor_us(dev, nccl)) * 1e-6
+    return max(gpu_us, launch_floor_us(dev, nccl, kind, p.size)) * 1e-6
