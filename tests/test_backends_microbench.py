@@ -167,15 +167,15 @@ def test_a_ring_shift_permute_is_a_ring_exchange_and_a_swap_is_not():
 def test_xla_all_to_all_pays_its_host_issue_and_nccl_tests_does_not():
     """XLA's table times one op from the host: a fixed issue cost plus one per ncclSend/ncclRecv call (2n)."""
     from echosim.backends.base import Placement
-    from echosim.backends.collectives import NCCL_P2P_CALL_US, a2a_issue_us, collective_time_s
+    from echosim.backends.collectives import NCCL_P2P_CALL_US, a2a_host_issue_us, collective_time_s
     from echosim.backends.devices import DEVICES
     from echosim.ir.ops import OpKind
     from echosim.validation.microbench import XLA_A2A_ISSUE_US
 
     assert (XLA_A2A_ISSUE_US, NCCL_P2P_CALL_US) == (17.0, 0.23)
-    assert a2a_issue_us(8, XLA_TABLE_NCCL) == pytest.approx(17.0 + 16 * 0.23)  # 20.68 µs
-    assert a2a_issue_us(72, XLA_TABLE_MULTIHOST_NCCL) == pytest.approx(17.0 + 144 * 0.23)  # 50.12 µs
-    assert a2a_issue_us(8) == 0.0  # nccl-tests and training: launches pipeline behind earlier work
+    assert a2a_host_issue_us(8, XLA_TABLE_NCCL) == pytest.approx(17.0 + 16 * 0.23)  # 20.68 µs
+    assert a2a_host_issue_us(72, XLA_TABLE_MULTIHOST_NCCL) == pytest.approx(17.0 + 144 * 0.23)  # 50.12 µs
+    assert a2a_host_issue_us(8) == 0.0  # nccl-tests and training: launches pipeline behind earlier work
     h100, eight = DEVICES["h100-sxm"], Placement(8, 1, 8)
     # 4 KiB over 8 H100s: NCCL's p2p kernel (ring Simple base 8.4 + NVLink hop 3.4) plus the issue
     plain = collective_time_s(h100, OpKind.ALL_TO_ALL, 4096, eight, NcclConfig(protocols=("LL128", "Simple")))

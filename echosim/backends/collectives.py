@@ -100,7 +100,7 @@ P2P_LL_THRESHOLD_BYTES = 16384
 P2P_NVL_CHUNK_BYTES = 1 << 19
 P2P_MAX_CHANNELS = 32
 # Host time NCCL takes to enqueue one ncclSend or ncclRecv inside a group (µs). Fitted: the slope per
-# call of XLA's all-to-all floors (validation.microbench.XLA_P2P_CALL_US, the same number).
+# call of XLA's all-to-all floors (with validation.microbench.XLA_A2A_ISSUE_US, its fixed part).
 NCCL_P2P_CALL_US = 0.23
 
 
@@ -122,8 +122,9 @@ class NcclConfig:
     (MNNVL topology fusion, NCCL >= 2.21): the tuner then prices the steps between trays with its
     network latencies and multi-node rules although the bytes still cross NVLink (:func:`tuner_placement`).
     ``a2a_issue_us`` and ``p2p_call_us``: host time an all-to-all spends before its kernel can run that
-    the measurement does not hide (:func:`a2a_issue_us`): a fixed part and a part per ncclSend / ncclRecv
-    call. Zero where launches pipeline behind earlier work (nccl-tests, a training step).
+    the measurement does not hide (:func:`a2a_host_issue_us`): a fixed part and a part per ncclSend /
+    ncclRecv call. Zero where launches pipeline behind earlier work (nccl-tests, a training step): there
+    the calls only raise the launch floor (:func:`launch_floor_us`).
     The defaults are NCCL's own.
     """
 
@@ -402,7 +403,7 @@ def all_to_all_choice(
     peer_bytes = nbytes / n
     if p.per_node > 1 and p2p_uses_ll(peer_bytes, tuner_placement(dev, p, nccl), nccl):
         ll = _ll_p2p_choice(dev, nbytes, peer_bytes, links.intra_GBps)
-        return replace(ll, latency_us=ll.latency_us + a2a_issue_us(n, nccl))
+        return replace(ll, latency_us=ll.latency_us + a2a_host_issue_us(n, nccl))
     intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
     node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
     lat = BASE_LATENCY_US["ring"][SIMPLE]
@@ -422,12 +423,12 @@ def all_to_all_choice(
         if net_us >= busy_us:
             busy_us, pipe = net_us, _pipeline_us(node_net_bytes, links.inter_GBps, hop)
     lat += NET_HOP_US["ring"][SIMPLE] if p.nodes > 1 else NVLINK_HOP_US["ring"][SIMPLE]
-    lat += a2a_issue_us(n, nccl)
+    lat += a2a_host_issue_us(n, nccl)
     bw = nbytes / (busy_us * 1e3) if busy_us > 0 else math.inf
     return Choice("p2p", "Simple", nbytes, lat, bw, pipe)
 
 
-def a2a_issue_us(n: int, nccl: NcclConfig = DEFAULT_NCCL) -> float:
+def a2a_host_issue_us(n: int, nccl: NcclConfig = DEFAULT_NCCL) -> float:
     """Host time before an all-to-all of ``n`` ranks can start that a harness timing one op from the host sees.
 
     An all-to-all is one NCCL group of ``2n`` calls, a send to and a receive from every rank, itself

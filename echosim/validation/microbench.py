@@ -331,7 +331,7 @@ def _memory_probe(backend: str, row: dict[str, str]) -> Probe | str:
 
 AZURE_GUIDE = "github.com/Azure/AI-benchmarking-guide"
 XLA_TABLE = "openxla/xla"
-# The table times one op per executable from the host (collectives.a2a_issue_us), so an all-to-all's
+# The table times one op per executable from the host (collectives.a2a_host_issue_us), so an all-to-all's
 # 2n grouped ncclSend / ncclRecv calls show. Fitted (accuracy.HARNESS_FITTED, GPU_MODULE_FITTED): least
 # squares of (measured - modelled kernel time) = fixed + per_call x 2n over the median floors (rows of
 # 2-64 KiB) of H100 and B200 at n = 2, 4, 8 and GB200 at n = 64, 72: 17.06 µs + 0.231 µs per call. The
