@@ -335,7 +335,15 @@ def test_nvls_chunks_paying_the_nvls_hop_ramp_up_later():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"algo": "collnet"}, {"protocols": ("LL64",)}, {"protocols": ()}, {"devices_per_thread": 0}]
+    "bad",
+    [
+        {"algo": "collnet"},
+        {"protocols": ("LL64",)},
+        {"protocols": ()},
+        {"devices_per_thread": 0},
+        {"a2a_issue_us": -1.0},
+        {"p2p_call_us": -0.1},
+    ],
 )
 def test_impossible_settings_are_refused(bad):
     with pytest.raises(ValueError):

@@ -53,6 +53,12 @@ MEETS = {
     "GB200 (sm_100, NVL72) | all_gather | intra-node | <1MiB | XLA table": 9.7,  # was 35.4 (10.1 w/o NVLink chunks)
     "GB200 (sm_100, NVL72) | reduce_scatter | intra-node | <1MiB | XLA table": 5.7,  # was 33.8 (5.5)
     "GB200 (sm_100, NVL72) | all_reduce | intra-node | >=1MiB | XLA table": 6.7,  # was 20.9; 11.7 before 32 NVLS heads
+    # XLA's all-to-alls: the table's host timer sees the issue of 2n grouped send/recv calls
+    "H100-SXM (sm_90) | all_to_all | intra-node | >=1MiB | XLA table": 10.2,  # was 21.8 (kernel time only)
+    "B200 (sm_100) | all_to_all | intra-node | >=1MiB | XLA table": 10.2,  # was 33.8
+    "GB200 (sm_100, NVL72) | all_to_all | intra-node | <1MiB | XLA table": 14.5,  # was 231.4
+    # nccl-tests alltoall 1 KiB over 8 A100s: the launch floor of 16 grouped calls (was 22.9, the LL kernel)
+    "A100-SXM4-80GB | all_to_all | intra-node | <1MiB": 3.3,
 }
 
 
@@ -156,3 +162,41 @@ def test_a_ring_shift_permute_is_a_ring_exchange_and_a_swap_is_not():
     one_way = best_choice(h100, OpKind.SEND, 16 * 2**20, eight, xla)
     both_ways = best_choice(h100, OpKind.RECV, 16 * 2**20, eight, xla)
     assert both_ways.algbw_GBps == pytest.approx(one_way.algbw_GBps / 2)
+
+
+def test_xla_all_to_all_pays_its_host_issue_and_nccl_tests_does_not():
+    """XLA's table times one op from the host: a fixed issue cost plus one per ncclSend/ncclRecv call (2n)."""
+    from echosim.backends.base import Placement
+    from echosim.backends.collectives import NCCL_P2P_CALL_US, a2a_host_issue_us, collective_time_s
+    from echosim.backends.devices import DEVICES
+    from echosim.ir.ops import OpKind
+    from echosim.validation.microbench import XLA_A2A_ISSUE_US
+
+    assert (XLA_A2A_ISSUE_US, NCCL_P2P_CALL_US) == (17.0, 0.23)
+    assert a2a_host_issue_us(8, XLA_TABLE_NCCL) == pytest.approx(17.0 + 16 * 0.23)  # 20.68 µs
+    assert a2a_host_issue_us(72, XLA_TABLE_MULTIHOST_NCCL) == pytest.approx(17.0 + 144 * 0.23)  # 50.12 µs
+    assert a2a_host_issue_us(8) == 0.0  # nccl-tests and training: launches pipeline behind earlier work
+    h100, eight = DEVICES["h100-sxm"], Placement(8, 1, 8)
+    # 4 KiB over 8 H100s: NCCL's p2p kernel (ring Simple base 8.4 + NVLink hop 3.4) plus the issue
+    plain = collective_time_s(h100, OpKind.ALL_TO_ALL, 4096, eight, NcclConfig(protocols=("LL128", "Simple")))
+    xla = collective_time_s(h100, OpKind.ALL_TO_ALL, 4096, eight, XLA_TABLE_NCCL)
+    assert (xla - plain) * 1e6 == pytest.approx(20.68)
+    # collectives other than all-to-all are one NCCL call: unchanged
+    ag = NcclConfig(nvls_gather=False, protocols=("LL128", "Simple"), nvls_chunk_hop=True)
+    assert collective_time_s(h100, OpKind.ALL_GATHER, 4096, eight, XLA_TABLE_NCCL) == collective_time_s(
+        h100, OpKind.ALL_GATHER, 4096, eight, ag
+    )
+
+
+def test_an_all_to_alls_launch_floor_counts_its_grouped_calls():
+    """Pipelined launches (nccl-tests): an all-to-all costs at least its launch plus 2n ncclSend/ncclRecv enqueues."""
+    from echosim.backends.base import Placement
+    from echosim.backends.collectives import collective_time_s, launch_floor_us
+    from echosim.backends.devices import DEVICES
+    from echosim.ir.ops import OpKind
+
+    a100, eight = DEVICES["a100-80gb"], Placement(8, 1, 8)
+    assert launch_floor_us(a100, NcclConfig(), OpKind.ALL_TO_ALL, 8) == pytest.approx(5.35 + 16 * 0.23)  # 9.03
+    assert launch_floor_us(a100, NcclConfig(), OpKind.ALL_GATHER, 8) == 5.35
+    # 1 KiB: NCCL's LL p2p kernel takes 6.6 + 0.6 = 7.2 µs, under the 9.03 µs host floor (measured 9.34)
+    assert collective_time_s(a100, OpKind.ALL_TO_ALL, 1024, eight) * 1e6 == pytest.approx(9.03)

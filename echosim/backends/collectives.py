@@ -28,7 +28,7 @@ GPU the launching thread drives (``nccl_launch_us``, the node's host launch time
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from echosim.backends.base import Placement
 from echosim.backends.devices import DeviceSpec
@@ -99,6 +99,9 @@ P2P_LL_THRESHOLD_BYTES = 16384
 # (NVIDIA/nccl#892); we take 2 per NVLink, rounded up to a power of two, at most 32.
 P2P_NVL_CHUNK_BYTES = 1 << 19
 P2P_MAX_CHANNELS = 32
+# Host time NCCL takes to enqueue one ncclSend or ncclRecv inside a group (µs). Fitted: the slope per
+# call of XLA's all-to-all floors (with validation.microbench.XLA_A2A_ISSUE_US, its fixed part).
+NCCL_P2P_CALL_US = 0.23
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,10 @@ class NcclConfig:
     ``DeviceSpec.gpus_per_host``) as a node of its own instead of fusing the domain into one
     (MNNVL topology fusion, NCCL >= 2.21): the tuner then prices the steps between trays with its
     network latencies and multi-node rules although the bytes still cross NVLink (:func:`tuner_placement`).
+    ``a2a_issue_us`` and ``p2p_call_us``: host time an all-to-all spends before its kernel can run that
+    the measurement does not hide (:func:`a2a_host_issue_us`): a fixed part and a part per ncclSend /
+    ncclRecv call. Zero where launches pipeline behind earlier work (nccl-tests, a training step): there
+    the calls only raise the launch floor (:func:`launch_floor_us`).
     The defaults are NCCL's own.
     """
 
@@ -128,6 +135,8 @@ class NcclConfig:
     devices_per_thread: int = 1
     nvls_chunk_hop: bool = False
     host_nodes: bool = False
+    a2a_issue_us: float = 0.0
+    p2p_call_us: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algo not in ("", "ring", "tree", "nvls"):
@@ -137,6 +146,8 @@ class NcclConfig:
             raise ValueError(f"NCCL protocols must be a non-empty subset of {PROTOCOLS}, got {self.protocols}")
         if self.devices_per_thread < 1:
             raise ValueError(f"devices_per_thread must be >= 1, got {self.devices_per_thread}")
+        if self.a2a_issue_us < 0 or self.p2p_call_us < 0:
+            raise ValueError(f"host issue times must be >= 0, got {self.a2a_issue_us}, {self.p2p_call_us}")
 
 
 DEFAULT_NCCL = NcclConfig()
@@ -391,7 +402,8 @@ def all_to_all_choice(
     n = p.size
     peer_bytes = nbytes / n
     if p.per_node > 1 and p2p_uses_ll(peer_bytes, tuner_placement(dev, p, nccl), nccl):
-        return _ll_p2p_choice(dev, nbytes, peer_bytes, links.intra_GBps)
+        ll = _ll_p2p_choice(dev, nbytes, peer_bytes, links.intra_GBps)
+        return replace(ll, latency_us=ll.latency_us + a2a_host_issue_us(n, nccl))
     intra_bytes = nbytes * (p.per_node - 1) / n  # per rank, to peers in its node
     node_net_bytes = p.per_node * nbytes * (n - p.per_node) / n  # per node, leaving it
     lat = BASE_LATENCY_US["ring"][SIMPLE]
@@ -411,8 +423,22 @@ def all_to_all_choice(
         if net_us >= busy_us:
             busy_us, pipe = net_us, _pipeline_us(node_net_bytes, links.inter_GBps, hop)
     lat += NET_HOP_US["ring"][SIMPLE] if p.nodes > 1 else NVLINK_HOP_US["ring"][SIMPLE]
+    lat += a2a_host_issue_us(n, nccl)
     bw = nbytes / (busy_us * 1e3) if busy_us > 0 else math.inf
     return Choice("p2p", "Simple", nbytes, lat, bw, pipe)
+
+
+def a2a_host_issue_us(n: int, nccl: NcclConfig = DEFAULT_NCCL) -> float:
+    """Host time before an all-to-all of ``n`` ranks can start that a harness timing one op from the host sees.
+
+    An all-to-all is one NCCL group of ``2n`` calls, a send to and a receive from every rank, itself
+    included (XLA's ``NcclCommunicator::LaunchAllToAll``; PyTorch's ``all_to_all_single`` the same); the
+    kernel starts at ``ncclGroupEnd``, after all of them. XLA's collective perf table times a single-op
+    executable from the host, thunks issued to stream done (``gpu_executable.cc``: ``compute_time_ns``
+    = ``NowNanos`` before the thunks to after ``BlockHostUntilDone``), so this issue time adds to the
+    kernel's instead of hiding behind the previous iteration as in nccl-tests.
+    """
+    return nccl.a2a_issue_us + 2 * n * nccl.p2p_call_us
 
 
 def p2p_channel_count(dev: DeviceSpec) -> int:
@@ -503,15 +529,19 @@ def best_choice(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: 
     return min(choices(dev, kind, nbytes, p, nccl), key=lambda c: c.tuner_us)
 
 
-def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig) -> float:
+def launch_floor_us(dev: DeviceSpec, nccl: NcclConfig, kind: OpKind | None = None, ranks: int = 1) -> float:
     """Host time to launch one collective: one kernel per GPU the launching thread drives.
 
     Back-to-back collectives pipeline their launches, so a collective costs at least the
     time its thread needs to launch the next one (``nccl-tests -g 8``: eight launches).
     The launch is NCCL's host-side enqueue plus ``cudaLaunchKernel``: a host property
     (``nccl_launch_us``), measured per node type, not the GPU's in-stream kernel gap.
+    An all-to-all of ``ranks`` ranks is one group of ``2 x ranks`` ncclSend / ncclRecv calls
+    (nccl-tests' ``alltoall_perf``, PyTorch's ``all_to_all_single``), each enqueued on the host
+    (``NCCL_P2P_CALL_US``) before the group's kernel launches.
     """
-    return nccl.devices_per_thread * dev.nccl_launch_us
+    calls = 2 * ranks * NCCL_P2P_CALL_US if kind is OpKind.ALL_TO_ALL else 0.0
+    return nccl.devices_per_thread * (dev.nccl_launch_us + calls)
 
 
 def collective_time_s(
@@ -524,4 +554,4 @@ def collective_time_s(
         check_placement(dev, p)
         return 0.0
     gpu_us = best_choice(dev, kind, nbytes, p, nccl).time_us
-    return max(gpu_us, launch_floor_us(dev, nccl)) * 1e-6
+    return max(gpu_us, launch_floor_us(dev, nccl, kind, p.size)) * 1e-6

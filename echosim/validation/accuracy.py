@@ -52,6 +52,8 @@ GPU_MODULE_FITTED = {
     "Engine's GEMM profiling guide, pre-quantised operands on B300: 6.812 / 7.161 ms per layer)",
     "collectives.IB_EFFICIENCY": "achieved share of InfiniBand line rate (nccl-tests issues #290, #119)",
     "collectives.P2P_NVLINK_EFFICIENCY": "NCCL send/recv share of NVLink line rate (sendrecv, permute rows)",
+    "collectives.NCCL_P2P_CALL_US": "host enqueue of one ncclSend/ncclRecv in a group, µs: slope per call of the "
+    "XLA table's all-to-all floors (fit with microbench.XLA_A2A_ISSUE_US); also an all-to-all's launch floor",
 }
 #: How a benchmark harness issued its collectives, read from the harness's measurements rather
 #: than its code (validation/microbench.py, ``harness_nccl``): discrete settings, fitted all the same.
@@ -62,6 +64,9 @@ HARNESS_FITTED = {
     "microbench.XLA_TABLE_MULTIHOST_NCCL": "XLA perf-table harness on the GB200 NVL72 rows (a run over 16-18 compute "
     "trays): NCCL's tuner counting each 4-GPU tray as a node, LL allowed (inferred from the table's all-gather, "
     "reduce-scatter and all-reduce floors at 64 and 72 GPUs)",
+    "microbench.XLA_A2A_ISSUE_US": "XLA perf-table harness: fixed host issue of an all-to-all that the table's host "
+    "timer sees, µs (least squares with collectives.NCCL_P2P_CALL_US on the table's all-to-all floors: medians of "
+    "its 2-64 KiB rows, H100 and B200 at 2/4/8 GPUs, GB200 at 64/72)",
 }
 #: TPU fields the model assumes (no TPU microbenchmark exists in the validation data).
 TPU_ASSUMED = {
@@ -94,7 +99,9 @@ def fitted_constants(backends: Iterable[str]) -> list[dict[str, Any]]:
         for dotted, what in HARNESS_FITTED.items():
             cfg = getattr(microbench, dotted.split(".")[1])
             value = (
-                f"nvls_gather={cfg.nvls_gather}, protocols={'/'.join(cfg.protocols)}, "
+                cfg
+                if isinstance(cfg, float)
+                else f"nvls_gather={cfg.nvls_gather}, protocols={'/'.join(cfg.protocols)}, "
                 f"nvls_chunk_hop={cfg.nvls_chunk_hop}" + (", host_nodes=True" if cfg.host_nodes else "")
             )
             rows.append({"parameter": dotted, "kind": "fitted (harness)", "what": what, "values": {"XLA table": value}})
