@@ -30,18 +30,19 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     The Interleaved 1F1B row of Table 5 runs torchtitan's default two stages per rank (rows.torchtitan_vpp):
     +22.0% -> -4.2%, the group 14.8% / -12.2% -> 13.8% / -13.7% (a compensating +22% gone). float8 tensor
     parallelism gathers the row-parallel output gradient in e5m2 (passes.precision): the tp 8 fp8 rows run
-    2.5-3.7 points faster, the group 13.8% / -13.7% -> 14.6% / -14.6%."""
+    2.5-3.7 points faster, the group 13.8% / -13.7% -> 14.6% / -14.6%. torchao's float8 output GEMMs run with fast
+    accumulation (compute.FP8_PROMOTING_ARCHS): the fp8 rows 0.4-1.5 points faster, 15.2% / -15.2%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.146, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.146, abs=0.005)
-    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.066, abs=0.01)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.152, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.152, abs=0.005)
+    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.081, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins
     assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.135, abs=0.01)
     assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.121, abs=0.01)
     # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%)
-    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(-0.025, abs=0.01)
+    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(-0.037, abs=0.01)
 
 
 def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
@@ -51,13 +52,14 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     of the routed rows): +31.7% -> -5.4%, and they fit (82.9 -> 76.8 GiB of 80). DeepSeek-V3 trains with one
     MTP module (a block, a projection and a second output head and loss on the last stage): H100 -5.4% -> +2.1%
     (recipe layout "Et|(tt|)*30mL"), H800 +17.7% -> +18.6% (stage cost balanced, as DualPipe does; +60.5%
-    with the uniform split), B200 26.04.01 -11.0% -> -6.4%."""
+    with the uniform split), B200 26.04.01 -11.0% -> -6.4%. Transformer Engine's fprop GEMMs run with FP8 fast
+    accumulation on Hopper (compute.FP8_PROMOTING_ARCHS): H800 +18.6% -> +17.3%, H100 fp8 +1.6% -> +0.7%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        0.186, abs=0.01
-    )  # +1%: Hopper fp8 transposes; +0.9%: MTP
-    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.021, abs=0.01)
+        0.173, abs=0.01
+    )  # +1%: Hopper fp8 transposes; +0.9%: MTP; -1.3%: fprop fast accumulation
+    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.007, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}
     assert (
         fits["mbridge2509-deepseekv3-dropless-h100-sxm-1024"]

@@ -114,11 +114,31 @@ def itemsize(dtype: str) -> float:
 COLUMNWISE_FORMATS = ("mxfp8", "nvfp4")
 
 
-def gemm_efficiency(dev: DeviceSpec, dtype: str) -> float:
-    """Fraction of peak a large, well-shaped GEMM of this dtype sustains (measured)."""
+# FP8 accumulation on Hopper. Its FP8 wgmma accumulates in reduced precision (about 14 bits: DeepSeek-V3
+# technical report, arXiv:2412.19437, sec. 3.3.2), so cuBLASLt by default moves the partial sums into FP32
+# registers every few k-blocks with the SIMT cores; CUBLASLT_MATMUL_DESC_FAST_ACCUM skips that ("problem
+# execution might be faster but at the cost of lower accuracy because intermediate results will not
+# periodically be promoted to a higher precision", cuBLAS docs, cublasLtMatmulDescAttributes_t). Who sets it:
+# XLA for every FP8 dot of DEFAULT precision (openxla/xla stream_executor/cuda/cuda_blas_lt.cc,
+# IsFastAccumEnabled); Transformer Engine for fprop only (pytorch/module/base.py: _2X_ACC_FPROP False,
+# _2X_ACC_DGRAD and _2X_ACC_WGRAD True; recipe.Float8CurrentScaling likewise); torchao's float8 training for
+# the output GEMM only (Float8LinearConfig.gemm_config_output use_fast_accum=True, the gradient GEMMs False);
+# not torch._scaled_mm's default (use_fast_accum=False), which mamf-finder calls, so gemm_eff_fp8 is the
+# promoted rate. With the promotion gone an FP8 GEMM is the 16-bit kernel at twice the MMA rate and the same
+# operand bytes per k-step, so it runs at the part's 16-bit efficiency: where nothing is promoted, Blackwell's
+# tcgen05 (FP32 accumulators in tensor memory), MAMF's FP8 and 16-bit fractions agree (B200 0.763 / 0.776,
+# GB200 0.723 / 0.729), while on Hopper FP8 trails by 9-12% (H100 0.709 / 0.803, H200 0.734 / 0.803).
+FP8_PROMOTING_ARCHS: tuple[str, ...] = ("hopper",)
+
+
+def gemm_efficiency(dev: DeviceSpec, dtype: str, fast_accum: bool = False) -> float:
+    """Fraction of peak a large, well-shaped GEMM of this dtype sustains (measured); ``fast_accum``: an FP8
+    GEMM without the promotion of its partial sums (:data:`FP8_PROMOTING_ARCHS`)."""
     if dtype == "mxfp8" and dev.gemm_eff_fp8 is not None:
         return dev.gemm_eff_fp8 * MXFP8_GEMM_FRACTION  # the scale-factor stream (note at MXFP8_GEMM_FRACTION)
     if dtype == "fp8" and dev.gemm_eff_fp8 is not None:
+        if fast_accum and dev.arch in FP8_PROMOTING_ARCHS:
+            return max(dev.gemm_eff_fp8, dev.gemm_eff_16bit)
         return dev.gemm_eff_fp8
     if dtype == "nvfp4" and dev.gemm_eff_fp4 is not None:
         return dev.gemm_eff_fp4
@@ -162,17 +182,19 @@ def gemm_plan(
     dtype: str = "bf16",
     autotuned: bool = False,
     sustained: bool = True,
+    fast_accum: bool = False,
 ) -> GemmPlan:
     """The fastest tile / split-K choice for ``batch`` products of (m x k) @ (k x n).
 
     ``autotuned``: the library timed its candidates (XLA); otherwise its heuristic's pick runs
     at :data:`HEURISTIC_GEMM_FRACTION` of that rate (cuBLAS as PyTorch calls it). ``sustained``: the GEMM
     runs within a long stream of work (a training step) and no faster than :func:`sustained_tflops`.
+    ``fast_accum``: an FP8 GEMM with fast accumulation (:data:`FP8_PROMOTING_ARCHS`).
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
     selection = 1.0 if autotuned else HEURISTIC_GEMM_FRACTION
-    per_sm = dev.peak_tflops(dtype) * 1e12 * gemm_efficiency(dev, dtype) * selection / dev.sm_count
+    per_sm = dev.peak_tflops(dtype) * 1e12 * gemm_efficiency(dev, dtype, fast_accum) * selection / dev.sm_count
     bw = dev.hbm_stream_GBps * 1e9
     # fp8 GEMMs read fp8 operands and write a 16-bit result (Transformer Engine, cuBLASLt).
     out_size = 2 if dtype in ("fp8", "mxfp8", "nvfp4") else itemsize(dtype)
@@ -225,9 +247,12 @@ def matmul_time_s(
     autotuned: bool = False,
     grouped: bool = False,
     sustained: bool = True,
+    fast_accum: bool = False,
 ) -> float:
-    """Seconds of ``batch`` (m x k) @ (k x n) products; ``grouped``: one MoE grouped-GEMM kernel over them."""
-    seconds = gemm_plan(dev, m, n, k, batch, dtype, autotuned, sustained).time_s + dev.kernel_overhead_us * 1e-6
+    """Seconds of ``batch`` (m x k) @ (k x n) products; ``grouped``: one MoE grouped-GEMM kernel over them;
+    ``fast_accum``: FP8 without the promotion of partial sums (:data:`FP8_PROMOTING_ARCHS`)."""
+    plan = gemm_plan(dev, m, n, k, batch, dtype, autotuned, sustained, fast_accum)
+    seconds = plan.time_s + dev.kernel_overhead_us * 1e-6
     return seconds / GROUPED_GEMM_FRACTION if grouped else seconds
 
 

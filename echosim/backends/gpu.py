@@ -12,6 +12,10 @@ from echosim.ir.graph import Node
 from echosim.ir.ops import REFERENCE_RMSNORM, AttentionAttrs, MatmulAttrs, NormAttrs, OpKind, Phase
 
 CONV_LAYOUTS = ("nhwc", "nchw")
+# Which FP8 GEMMs run with fast accumulation (compute.FP8_PROMOTING_ARCHS): "forward" as Transformer Engine's
+# per-tensor recipes and torchao's float8 training set it (fprop only), "all" as XLA does for FP8 dots of
+# DEFAULT precision, "none" as cuBLASLt and torch._scaled_mm do by default.
+FP8_FAST_ACCUM = ("forward", "all", "none")
 # bytes of one activation element a tensor-core convolution of this compute dtype reads and writes
 # (fp8 operands are quantised copies; the activations stay 16-bit)
 ACTIVATION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -65,7 +69,8 @@ class GPUBackend(KernelBackend):
     The software stack is part of the answer: GEMMs run cuBLAS's heuristic pick, as PyTorch
     and Transformer Engine call it (``autotuned_gemms=True``: an autotuner's, as XLA does), and
     collectives run under NCCL's defaults unless ``nccl`` says otherwise. :meth:`variant`
-    gives the same device under another stack.
+    gives the same device under another stack. ``fp8_fast_accum`` says which FP8 GEMMs skip the
+    promotion of their partial sums (:data:`FP8_FAST_ACCUM`; it changes the rate on Hopper only).
 
     Convolutions are costed on NHWC (channels_last) activations, the layout tensor cores take
     (``conv_layout="nhwc"``). With ``conv_layout="nchw"`` (PyTorch's default memory format) a
@@ -85,9 +90,12 @@ class GPUBackend(KernelBackend):
         autotuned_gemms: bool = False,
         conv_layout: str = "nhwc",
         sustained_gemms: bool = True,
+        fp8_fast_accum: str = "forward",
     ):
         if conv_layout not in CONV_LAYOUTS:
             raise ValueError(f"conv_layout {conv_layout!r}: unknown (known: {', '.join(CONV_LAYOUTS)})")
+        if fp8_fast_accum not in FP8_FAST_ACCUM:
+            raise ValueError(f"fp8_fast_accum {fp8_fast_accum!r}: unknown (known: {', '.join(FP8_FAST_ACCUM)})")
         self.device = device
         self.name = device.name
         self._overlap = overlap if overlap is not None else default_overlap(device)
@@ -96,16 +104,19 @@ class GPUBackend(KernelBackend):
         self.autotuned_gemms = autotuned_gemms
         self.sustained_gemms = sustained_gemms
         self.conv_layout = conv_layout
+        self.fp8_fast_accum = fp8_fast_accum
 
     def variant(self, **settings: Any) -> GPUBackend:
         """The same device under another stack: ``nccl``, ``autotuned_gemms``, ``allow_tf32``, ``conv_layout``,
-        ``sustained_gemms`` (False: a short benchmark run, GEMMs not held to the power-limited rate)."""
+        ``sustained_gemms`` (False: a short benchmark run, GEMMs not held to the power-limited rate),
+        ``fp8_fast_accum``."""
         current = {
             "allow_tf32": self.allow_tf32,
             "nccl": self.nccl,
             "autotuned_gemms": self.autotuned_gemms,
             "conv_layout": self.conv_layout,
             "sustained_gemms": self.sustained_gemms,
+            "fp8_fast_accum": self.fp8_fast_accum,
         }
         unknown = set(settings) - set(current)
         if unknown:
@@ -129,9 +140,28 @@ class GPUBackend(KernelBackend):
         """A job's node is its NVLink domain: 8 GPUs (HGX/DGX) or the 72 of an NVL72 rack."""
         return fill_domains(devices, self.device.devices_per_node)
 
+    def op_time_s(self, node: Node, io_bytes: int) -> float:
+        """A forward GEMM under ``fp8_fast_accum="forward"`` runs with fast accumulation; the rest as the base."""
+        forward = self.fp8_fast_accum == "forward" and node.phase is Phase.FORWARD
+        if forward and node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
+            return self._gemm_s(node.attrs, self.compute_dtype(node), fast_accum=True)
+        return super().op_time_s(node, io_bytes)
+
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
+        return self._gemm_s(a, dtype, fast_accum=self.fp8_fast_accum == "all")
+
+    def _gemm_s(self, a: MatmulAttrs, dtype: str, fast_accum: bool) -> float:
         gemm = compute.matmul_time_s(
-            self.device, a.m, a.n, a.k, a.batch, dtype, self.autotuned_gemms, a.grouped, self.sustained_gemms
+            self.device,
+            a.m,
+            a.n,
+            a.k,
+            a.batch,
+            dtype,
+            self.autotuned_gemms,
+            a.grouped,
+            self.sustained_gemms,
+            fast_accum,
         )
         return gemm + self.conv_transpose_s(a, dtype)
 
@@ -214,6 +244,7 @@ class GPUBackend(KernelBackend):
         d["allow_tf32"] = self.allow_tf32
         d["autotuned_gemms"] = self.autotuned_gemms
         d["sustained_gemms"] = self.sustained_gemms
+        d["fp8_fast_accum"] = self.fp8_fast_accum
         d["conv_layout"] = self.conv_layout
         return d
 

@@ -23,8 +23,10 @@ from echosim.validation.stats import Validation
 
 #: Per-device fields of the GPU model set from a measurement (echosim/backends/devices.py).
 GPU_FITTED = {
-    "gemm_eff_16bit": "16-bit GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows of microbench.csv)",
-    "gemm_eff_fp8": "fp8 GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows)",
+    "gemm_eff_16bit": "16-bit GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows of microbench.csv); "
+    "also the rate of Hopper FP8 GEMMs with fast accumulation (XLA's FP8 dots, the forward GEMMs of TE and torchao)",
+    "gemm_eff_fp8": "fp8 GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows); on Hopper the rate with "
+    "the partial sums promoted (torch._scaled_mm's default, as mamf-finder calls it): backward FP8 GEMMs",
     "sustained_16bit_tflops": "16-bit GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3, "
     "10,000 warmup iterations); caps every GEMM of a training step",
     "sustained_fp8_tflops": "fp8 GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3; B200: "

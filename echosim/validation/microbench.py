@@ -262,7 +262,10 @@ def _matmul_probe(backend: str, row: dict[str, str]) -> Probe | str:
     autotuned = "MAMF" in row["op"] or XLA_TABLE in row["source"]
     predict = lambda be: flops / be.op_time_s(node, 0) / 1e12  # noqa: E731
     # mamf-finder times 100 iterations a shape after 50 warmup: a short run, not held to the sustained rate.
-    settings = {"autotuned_gemms": autotuned, "sustained_gemms": "MAMF" not in row["op"]}
+    # XLA sets FP8 fast accumulation on its DEFAULT-precision dots; torch._scaled_mm (mamf-finder) and a plain
+    # cuBLASLt call leave it off (compute.FP8_PROMOTING_ARCHS).
+    fast = "all" if XLA_TABLE in row["source"] else "none"
+    settings = {"autotuned_gemms": autotuned, "sustained_gemms": "MAMF" not in row["op"], "fp8_fast_accum": fast}
     return Probe(backend, f"matmul {dtype}", "single device", predict, settings=settings)
 
 
