@@ -74,6 +74,10 @@ class Framework:
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
     weights_16bit: str = ""  # 16-bit weights, gradients and optimizer moments, no master copy
     fsdp_reduce_fp32: str = ""  # ZeRO-3 / FSDP reduce-scatters gradients in fp32, not the parameters' 16 bits
+    # FSDP1's FlatParameter gradient path: each FSDP unit's gradients are concatenated into one flat gradient
+    # by autograd, cast to the reduce dtype and pre-divided in place before its reduce-scatter, all on the
+    # device (echosim.passes.data_parallel, ``flat_grads``; '' = no such kernels)
+    fsdp_flat_grads: str = ""
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
@@ -503,6 +507,14 @@ FRAMEWORKS["composer"] = replace(
     "composer/trainer/dist_strategy.py in 2023), and FSDP's post-backward hook casts the unsharded gradient to "
     "reduce_dtype before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
     ddp_bucket_copies="",  # FSDP: its own flat parameters, no DDP reducer
+    fsdp_flat_grads="FSDP1 (torch 2.0-2.2) runs the module on views of the unsharded FlatParameter, "
+    "tensor.split(flat_param._numels) then .view(shape) (FlatParamHandle._get_unflat_views, "
+    "_use_unsharded_views(as_params=False) in torch/distributed/fsdp/flat_param.py), so autograd's "
+    "SplitWithSizesBackward concatenates the unit's gradients into one flat gradient; _post_backward_hook then "
+    "casts it with flat_param.grad.to(reduce_dtype) and the default reduce_scatter_hook (torch 2.0 "
+    "_runtime_utils.py, default_hooks.py; torch 2.1 _reduce_grad) divides it in place by "
+    "gradient_predivide_factor, which is >= 2 for every world size >= 2 (DefaultState._get_gradient_predivide_"
+    "factor), before reduce_scatter_tensor",
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",
