@@ -78,6 +78,10 @@ class Framework:
     # by autograd, cast to the reduce dtype and pre-divided in place before its reduce-scatter, all on the
     # device (echosim.passes.data_parallel, ``flat_grads``; '' = no such kernels)
     fsdp_flat_grads: str = ""
+    # FSDP2's copies around its collectives: each all-gather's output copied out into the unsharded parameters,
+    # each unit's gradients copied (and cast to the reduce dtype) into the reduce-scatter input
+    # (echosim.passes.data_parallel, ``fsdp2_copies``; '' = none)
+    fsdp2_copies: str = ""
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
@@ -200,6 +204,18 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
     "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
     "states follow the fp32 parameters",
+)
+
+# How torchtitan's FSDP2 moves gradients and parameters (step time, not memory).
+_TORCHTITAN_FSDP2: dict[str, str] = dict(
+    fsdp_reduce_fp32="torchtitan's FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): "
+    "--training.mixed_precision_reduce defaults to 'float32', its only choice (torchtitan/config_manager.py, "
+    "commit 9dec370; mixed_precision_reduce = 'float32' in torchtitan/config/configs.py, commit b5bcd76)",
+    fsdp2_copies="FSDP2 (torch 2.4-2.6 torch/distributed/_composable/fsdp/_fsdp_collectives.py): "
+    "foreach_all_gather_copy_out copies each all-gather's output into the unsharded parameters with "
+    "split_with_sizes_copy, and foreach_reduce copies the unit's gradients into the reduce-scatter input of "
+    "reduce_dtype with chunk_cat (foreach_reduce_scatter_copy_in); with a float32 reduce_dtype no division kernel "
+    "(_get_gradient_divide_factors returns None, NCCL averages)",
 )
 
 _TORCHTITAN_FSDP = Default(
@@ -369,6 +385,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "at once (grad_input, the sum, the product; exp(x) before the product), beside the saved fp32 "
             "log-probabilities",
             **_TORCHTITAN_MEMORY,
+            **_TORCHTITAN_FSDP2,
         ),
         Framework(
             "torchtitan-compile",
@@ -384,6 +401,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "torchtitan/components/loss.py): Inductor fuses the fp32 upcast, the log-softmax and its backward, "
             "so the 16-bit logits are kept and the gradient is written once, in 16 bits",
             **_TORCHTITAN_MEMORY,
+            **_TORCHTITAN_FSDP2,
         ),
         Framework(
             "maxtext",

@@ -30,18 +30,22 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     The Interleaved 1F1B row of Table 5 runs torchtitan's default two stages per rank (rows.torchtitan_vpp):
     +22.0% -> -4.2%, the group 14.8% / -12.2% -> 13.8% / -13.7% (a compensating +22% gone). float8 tensor
     parallelism gathers the row-parallel output gradient in e5m2 (passes.precision): the tp 8 fp8 rows run
-    2.5-3.7 points faster, the group 13.8% / -13.7% -> 14.6% / -14.6%."""
+    2.5-3.7 points faster, the group 13.8% / -13.7% -> 14.6% / -14.6%. FSDP2 reduce-scatters fp32 gradients
+    (mixed_precision_reduce = 'float32') and copies each gather out and the gradients in (passes.data_parallel
+    ``fsdp2_copies``, not under a pipeline): the 8B rows 2-3 points slower, 70B ones 4, the group 13.3% / -13.1%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.146, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.146, abs=0.005)
-    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.066, abs=0.01)
-    # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins
-    assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.135, abs=0.01)
-    assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.121, abs=0.01)
-    # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%)
-    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(-0.025, abs=0.01)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.1325, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.131, abs=0.005)
+    # -6.6% before FSDP2's fp32 reduce-scatter (once a micro-batch here, once a step under PP in torchtitan)
+    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.050, abs=0.01)
+    # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins;
+    # -13.5 / -12.1% before FSDP2's copies
+    assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.114, abs=0.01)
+    assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.097, abs=0.01)
+    # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%); -2.5% before FSDP2's copies
+    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.017, abs=0.01)
 
 
 def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:

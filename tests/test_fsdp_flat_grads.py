@@ -79,3 +79,35 @@ def test_the_kernels_lengthen_the_backward_by_their_bytes_at_the_stream_rate(zer
     assert moved == pytest.approx(18 * params, rel=0.01)  # bf16 gradients, fp32 reduction: 4 + 6 + 8 bytes
     extra = with_rule.report.step_time_s - without.report.step_time_s  # type: ignore[attr-defined]
     assert extra == pytest.approx(moved / 2984e9, rel=0.25)  # H100's achievable STREAM bandwidth
+
+
+def test_fsdp2_copies_out_every_gather_and_copies_the_gradients_in(tiny_llama: Graph) -> None:
+    """FSDP2 (torchtitan): split_with_sizes_copy after each all-gather reads and writes the gathered 16-bit weights
+    (2 + 2 bytes a parameter, forward and backward), chunk_cat writes the gradients into the fp32 reduce-scatter
+    input (2 + 4 bytes); no flattening, no division."""
+    g = run_passes(tiny_llama, [Autodiff(), DataParallel(4, zero=3, fsdp_reduce_dtype=DType.FP32, fsdp2_copies=True)])
+    assert not _flat(g)
+    gathers = [n for n in g if n.op is OpKind.ALL_GATHER]
+    outs = [n for n in g if n.name.startswith("fsdp.param_copy_out")]
+    ins = {n.scope: n for n in g if n.name.startswith("fsdp.grad_copy_in")}
+    assert len(outs) == len(gathers) == 2 * len(ins) > 0
+    for n in outs:
+        (gathered,) = n.inputs
+        assert g[gathered].op is OpKind.ALL_GATHER and g[gathered].phase is n.phase
+        assert io_bytes(g, n) == 2 * g[gathered].out.nbytes
+    for n in g:
+        if n.op is OpKind.REDUCE_SCATTER:
+            copy_in = ins[n.scope]
+            assert n.inputs == (copy_in.id,) and copy_in.out.dtype is DType.FP32
+            assert io_bytes(g, copy_in) == (2 + 4) * copy_in.out.numel
+
+
+def test_torchtitan_reduces_in_fp32_and_copies_except_under_a_pipeline() -> None:
+    for name in ("torchtitan", "torchtitan-compile", "torchtitan-2025", "torchtitan-2025-compile"):
+        fw = get_framework(name)
+        assert "mixed_precision_reduce" in fw.fsdp_reduce_fp32 and "split_with_sizes_copy" in fw.fsdp2_copies
+        dp = _data_parallel(Plan(dp=8, zero=3, framework=name))
+        assert dp.fsdp2_copies and not dp.flat_grads and dp.fsdp_reduce_dtype is DType.FP32
+        # under a pipeline FSDP2 gathers and reduces once a step (Framework.pp_unsharded): no per-micro-batch copies
+        assert not _data_parallel(Plan(dp=8, pp=2, zero=3, framework=name)).fsdp2_copies
+    assert not _data_parallel(Plan(dp=8, zero=3, framework="composer")).fsdp2_copies

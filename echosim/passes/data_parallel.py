@@ -50,6 +50,9 @@ class DataParallel:
     # each unit's reduce-scatter the device concatenates its gradients into one flat gradient, casts that to
     # the reduce dtype and divides it by the pre-divide factor, three memory-bound kernels per micro-batch
     flat_grads: bool = False
+    # FSDP2 (torchtitan; echosim.frameworks, ``fsdp2_copies``): each all-gather's output is copied out into the
+    # unsharded parameters, and each unit's gradients are copied into the reduce-scatter input (in its dtype)
+    fsdp2_copies: bool = False
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -107,12 +110,18 @@ class DataParallel:
         for phase, nbytes, pieces in gathers:
             spec = wspec if nbytes == weights else TensorSpec((max(1, nbytes // 2),), wspec.dtype)
             attrs = CollectiveAttrs(Axis.FSDP, self.dp, nbytes, blocking=sync, rank_copies=sync, pieces=pieces)
-            g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
-                  name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+            gathered = g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
+                             name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+            if self.fsdp2_copies:  # split_with_sizes_copy into the unsharded parameters, on the compute stream
+                g.add(OpKind.ELEMENTWISE, [gathered], spec, ElementwiseAttrs("copy", 0), phase=phase, scope=scope,
+                      name=f"fsdp.param_copy_out.{tag}.{phase.value}")  # fmt: skip
         attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync, pieces=scatter)
         grads = [graph.grads[p] for p in params]
         if self.flat_grads:
             grads = self._flattened(g, grads, rdtype, scope)
+        elif self.fsdp2_copies:  # chunk_cat of the gradients into the reduce-scatter input, cast on the way
+            grads = [g.add(OpKind.ELEMENTWISE, grads, gspec, ElementwiseAttrs("chunk_cat", 0), phase=Phase.BACKWARD,
+                           scope=scope, name=f"fsdp.grad_copy_in.{tag}")]  # fmt: skip
         g.add(OpKind.REDUCE_SCATTER, grads, gspec, attrs, phase=Phase.BACKWARD,
               scope=scope, name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
 
