@@ -74,6 +74,14 @@ class Framework:
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
     weights_16bit: str = ""  # 16-bit weights, gradients and optimizer moments, no master copy
     fsdp_reduce_fp32: str = ""  # ZeRO-3 / FSDP reduce-scatters gradients in fp32, not the parameters' 16 bits
+    # FSDP1's FlatParameter gradient path: each FSDP unit's gradients are concatenated into one flat gradient
+    # by autograd, cast to the reduce dtype and pre-divided in place before its reduce-scatter, all on the
+    # device (echosim.passes.data_parallel, ``flat_grads``; '' = no such kernels)
+    fsdp_flat_grads: str = ""
+    # FSDP2's copies around its collectives: each all-gather's output copied out into the unsharded parameters,
+    # each unit's gradients copied (and cast to the reduce dtype) into the reduce-scatter input
+    # (echosim.passes.data_parallel, ``fsdp2_copies``; '' = none)
+    fsdp2_copies: str = ""
 
     def state(self, pp: int = 1) -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
@@ -196,6 +204,18 @@ _TORCHTITAN_MEMORY: dict[str, str] = dict(
     fp32_weights="FSDP2 keeps the sharded parameters in fp32 and casts to bf16 for compute "
     "(mixed_precision_param = 'bfloat16', torchtitan/config/configs.py, commit b5bcd76); AdamW "
     "states follow the fp32 parameters",
+)
+
+# How torchtitan's FSDP2 moves gradients and parameters (step time, not memory).
+_TORCHTITAN_FSDP2: dict[str, str] = dict(
+    fsdp_reduce_fp32="torchtitan's FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): "
+    "--training.mixed_precision_reduce defaults to 'float32', its only choice (torchtitan/config_manager.py, "
+    "commit 9dec370; mixed_precision_reduce = 'float32' in torchtitan/config/configs.py, commit b5bcd76)",
+    fsdp2_copies="FSDP2 (torch 2.4-2.6 torch/distributed/_composable/fsdp/_fsdp_collectives.py): "
+    "foreach_all_gather_copy_out copies each all-gather's output into the unsharded parameters with "
+    "split_with_sizes_copy, and foreach_reduce copies the unit's gradients into the reduce-scatter input of "
+    "reduce_dtype with chunk_cat (foreach_reduce_scatter_copy_in); with a float32 reduce_dtype no division kernel "
+    "(_get_gradient_divide_factors returns None, NCCL averages)",
 )
 
 _TORCHTITAN_FSDP = Default(
@@ -365,6 +385,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "at once (grad_input, the sum, the product; exp(x) before the product), beside the saved fp32 "
             "log-probabilities",
             **_TORCHTITAN_MEMORY,
+            **_TORCHTITAN_FSDP2,
         ),
         Framework(
             "torchtitan-compile",
@@ -380,6 +401,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "torchtitan/components/loss.py): Inductor fuses the fp32 upcast, the log-softmax and its backward, "
             "so the 16-bit logits are kept and the gradient is written once, in 16 bits",
             **_TORCHTITAN_MEMORY,
+            **_TORCHTITAN_FSDP2,
         ),
         Framework(
             "maxtext",
@@ -503,6 +525,14 @@ FRAMEWORKS["composer"] = replace(
     "composer/trainer/dist_strategy.py in 2023), and FSDP's post-backward hook casts the unsharded gradient to "
     "reduce_dtype before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
     ddp_bucket_copies="",  # FSDP: its own flat parameters, no DDP reducer
+    fsdp_flat_grads="FSDP1 (torch 2.0-2.2) runs the module on views of the unsharded FlatParameter, "
+    "tensor.split(flat_param._numels) then .view(shape) (FlatParamHandle._get_unflat_views, "
+    "_use_unsharded_views(as_params=False) in torch/distributed/fsdp/flat_param.py), so autograd's "
+    "SplitWithSizesBackward concatenates the unit's gradients into one flat gradient; _post_backward_hook then "
+    "casts it with flat_param.grad.to(reduce_dtype) and the default reduce_scatter_hook (torch 2.0 "
+    "_runtime_utils.py, default_hooks.py; torch 2.1 _reduce_grad) divides it in place by "
+    "gradient_predivide_factor, which is >= 2 for every world size >= 2 (DefaultState._get_gradient_predivide_"
+    "factor), before reduce_scatter_tensor",
     attention_kernel="fa2",
     attention_source="attn_impl 'flash' -> flash_attn_interface.flash_attn_varlen_func (llmfoundry/models/layers/"
     "attention.py, llm-foundry commit 4952183; extra 'gpu' pins flash-attn==2.5.0)",

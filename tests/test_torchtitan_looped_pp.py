@@ -51,12 +51,14 @@ def test_the_interleaved_row_runs_its_smaller_bubble() -> None:
     """Table 5: 1F1B 100 tokens/s/GPU (40.96 s), Interleaved 1F1B 128 (32.0 s) on the same layout. With one
     stage per rank both rows were predicted 39.05 s (+22.0% for the interleaved one); two stages per rank
     over 8 micro-batches of 4 shrink the bubble: 30.66 s, -4.2%, beside its 1F1B twin's -4.7%. The e5m2 gather of
-    the row-parallel output gradient (passes.precision) takes both to 29.88 s / 38.00 s: -6.6% and -7.2%; torchao's
-    fast-accumulation output GEMMs (compute.FP8_PROMOTING_ARCHS) to 29.40 s / 37.37 s: -8.1% and -8.8%."""
+    the row-parallel output gradient (passes.precision) takes both to 29.88 s / 38.00 s: -6.6% and -7.2%. FSDP2
+    reduce-scatters fp32 gradients (torchtitan's mixed_precision_reduce): 30.39 s / 38.26 s, -5.0% and -6.6%
+    (echosim reduces once a micro-batch here; torchtitan, keeping gradients unsharded under PP, once a step);
+    torchao's fast-accumulation output GEMMs (compute.FP8_PROMOTING_ARCHS): 29.91 s / 37.63 s, -6.5% and -8.1%."""
     from echosim.compiler import compile as compile_model
     from echosim.validation.rows import row_model
 
     looped = _cases()[T5.format("interleaved")]
     report = compile_model(row_model(looped), *row_plan(looped))
-    assert report.step_time_s == pytest.approx(29.40, abs=0.05)
-    assert report.step_time_s / 32.0 - 1 == pytest.approx(-0.081, abs=0.005)
+    assert report.step_time_s == pytest.approx(29.91, abs=0.05)
+    assert report.step_time_s / 32.0 - 1 == pytest.approx(-0.065, abs=0.005)

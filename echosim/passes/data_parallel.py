@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import Axis, CollectiveAttrs, OpKind, OptimizerAttrs, ParamAttrs, Phase, Role
+from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, OptimizerAttrs, ParamAttrs, Phase, Role
 from echosim.ir.types import DType, TensorSpec
 
 
@@ -46,6 +46,13 @@ class DataParallel:
     # for backward: a parameter stays gathered between the two only when the parameters the sub-modules
     # in between use number fewer than this (0: no recompute re-gathers; DEEPSPEED_MAX_REUSE_DISTANCE)
     reuse_distance: int = 0
+    # FSDP1's FlatParameter (ZeRO-2/3 as Composer runs them; echosim.frameworks, ``fsdp_flat_grads``): before
+    # each unit's reduce-scatter the device concatenates its gradients into one flat gradient, casts that to
+    # the reduce dtype and divides it by the pre-divide factor, three memory-bound kernels per micro-batch
+    flat_grads: bool = False
+    # FSDP2 (torchtitan; echosim.frameworks, ``fsdp2_copies``): each all-gather's output is copied out into the
+    # unsharded parameters, and each unit's gradients are copied into the reduce-scatter input (in its dtype)
+    fsdp2_copies: bool = False
     name: ClassVar[str] = "data-parallel"
 
     def run(self, graph: Graph) -> Graph:
@@ -75,6 +82,8 @@ class DataParallel:
         nbytes = elems * self.reduce_dtype.itemsize
         buckets = min(MAX_BUCKETS, max(1, math.ceil(nbytes / self.bucket_bytes)))
         grads = [graph.grads[p] for p in params]
+        if self.flat_grads and kind is OpKind.REDUCE_SCATTER:
+            grads = self._flattened(g, grads, self.reduce_dtype, scope)
         for b in range(buckets):
             size = nbytes // buckets
             spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
@@ -101,11 +110,39 @@ class DataParallel:
         for phase, nbytes, pieces in gathers:
             spec = wspec if nbytes == weights else TensorSpec((max(1, nbytes // 2),), wspec.dtype)
             attrs = CollectiveAttrs(Axis.FSDP, self.dp, nbytes, blocking=sync, rank_copies=sync, pieces=pieces)
-            g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
-                  name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+            gathered = g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
+                             name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
+            if self.fsdp2_copies:  # split_with_sizes_copy into the unsharded parameters, on the compute stream
+                g.add(OpKind.ELEMENTWISE, [gathered], spec, ElementwiseAttrs("copy", 0), phase=phase, scope=scope,
+                      name=f"fsdp.param_copy_out.{tag}.{phase.value}")  # fmt: skip
         attrs = CollectiveAttrs(Axis.FSDP, self.dp, grad_bytes, blocking=sync, rank_copies=sync, pieces=scatter)
-        g.add(OpKind.REDUCE_SCATTER, [graph.grads[p] for p in params], gspec, attrs, phase=Phase.BACKWARD,
+        grads = [graph.grads[p] for p in params]
+        if self.flat_grads:
+            grads = self._flattened(g, grads, rdtype, scope)
+        elif self.fsdp2_copies:  # chunk_cat of the gradients into the reduce-scatter input, cast on the way
+            grads = [g.add(OpKind.ELEMENTWISE, grads, gspec, ElementwiseAttrs("chunk_cat", 0), phase=Phase.BACKWARD,
+                           scope=scope, name=f"fsdp.grad_copy_in.{tag}")]  # fmt: skip
+        g.add(OpKind.REDUCE_SCATTER, grads, gspec, attrs, phase=Phase.BACKWARD,
               scope=scope, name=f"fsdp.grad_reduce_scatter.{tag}")  # fmt: skip
+
+    def _flattened(self, g: Graph, grads: list[int], reduce_dtype: DType, scope: str) -> list[int]:
+        """FSDP1's kernels between one unit's gradients and their reduce-scatter (``flat_grads``): autograd's
+        concatenation into the flat gradient (SplitWithSizesBackward of the parameter views), the cast to the
+        reduce dtype when it differs, and the in-place division by the pre-divide factor (>= 2 on any group
+        of two or more ranks). They read and write the whole unsharded gradient of the unit. The concatenation
+        runs on the compute stream; the cast and the division on FSDP's post-backward stream, but a
+        memory-bound kernel fills every SM it is given, so beside the next layer's GEMMs it takes their SMs
+        rather than idle ones: the nodes are compute nodes, in line with the backward."""
+        numel = sum(g[i].out.numel for i in grads)
+        dtype = g[grads[0]].out.dtype
+        tag = scope or "rest"
+        steps = [("cat", dtype)] + ([("cast", reduce_dtype)] if reduce_dtype != dtype else []) + [("div", reduce_dtype)]
+        last = grads
+        for fn, out_dtype in steps:
+            spec = TensorSpec((max(1, numel),), out_dtype)
+            last = [g.add(OpKind.ELEMENTWISE, last, spec, ElementwiseAttrs(fn, 0 if fn != "div" else 1),
+                          phase=Phase.BACKWARD, scope=scope, name=f"fsdp.grad_{fn}.{tag}")]  # fmt: skip
+        return last
 
     def _regathered(self, g: Graph, scope: str, params: list[int]) -> list[int]:
         """Bytes of each parameter gathered again under full recompute (``reuse_distance``): the recompute

@@ -89,9 +89,15 @@ def _data_parallel(plan: Any) -> object:
     per_param = bool(framework.zero3_per_param)
     # DeepSpeed's activation checkpointing replays each sub-module's forward, whose hooks gather again
     reuse = DEEPSPEED_MAX_REUSE_DISTANCE if per_param and plan.recompute == "full" else 0
+    # FSDP1's FlatParameter: SHARD_GRAD_OP (ZeRO-2) and FULL_SHARD (ZeRO-3) share its gradient path
+    flat = plan.zero in (2, 3) and bool(framework.fsdp_flat_grads)
+    # FSDP2 under a pipeline keeps its parameters and gradients unsharded between micro-batches
+    # (Framework.pp_unsharded): it gathers and reduces once a step, not once a micro-batch, so no copies here
+    fsdp2 = plan.zero == 3 and bool(framework.fsdp2_copies) and not (plan.pp > 1 and framework.pp_unsharded)
     return DataParallel(
         plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies,
-        per_param=per_param, reuse_distance=reuse,
+        per_param=per_param, reuse_distance=reuse, flat_grads=flat,
+        fsdp2_copies=fsdp2,
     )  # fmt: skip
 
 
