@@ -52,12 +52,12 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     MTP module (a block, a projection and a second output head and loss on the last stage): H100 -5.4% -> +2.1%
     (recipe layout "Et|(tt|)*30mL"), H800 +17.7% -> +18.6% (stage cost balanced, as DualPipe does; +60.5%
     with the uniform split), B200 26.04.01 -11.0% -> -6.4%. The H800 run's own schedule, DualPipe (both
-    directions, all-to-alls hidden in forward-backward pairs, arXiv:2412.19437 sec. 3.2.1): +18.6% -> -17.9%
+    directions, all-to-alls hidden in forward-backward pairs, arXiv:2412.19437 sec. 3.2.1): +18.6% -> -15.1%
     (its step is a production average over 14.8T tokens with every overhead: the bound is from above)."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        -0.179, abs=0.01
+        -0.151, abs=0.01
     )  # DualPipe; with 1F1B +18.6% (+1%: Hopper fp8 transposes; +0.9%: MTP)
     assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.021, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}

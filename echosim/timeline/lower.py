@@ -785,7 +785,9 @@ def step_plan(options: StepOptions) -> SchedulePlan:
     from echosim.timeline.composer import schedule_plan  # numpy: only a batch of layouts needs it
 
     s = options.schedule
-    return schedule_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
+    return schedule_plan(
+        s.orders, options.pp, options.microbatches, options.vpp, s.split_backward, getattr(s, "fused_pairs", False)
+    )
 
 
 def schedule_inputs(costs: Sequence[StageCost], options: StepOptions) -> tuple[list[float], ...]:
@@ -812,7 +814,9 @@ def lower_step(
     costs = lower_stages(stages, backend, where, options)
     fwd, bwd, p2p_fwd, p2p_bwd, wgrad = schedule_inputs(costs, options)
     s = options.schedule
-    plan = order_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
+    plan = order_plan(
+        s.orders, options.pp, options.microbatches, options.vpp, s.split_backward, getattr(s, "fused_pairs", False)
+    )
     key = (plan, tuple(fwd), tuple(bwd), tuple(p2p_fwd), tuple(p2p_bwd), tuple(wgrad))
     timed = _TIMED.get(key, lambda: time_orders(plan, fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None))
     return assemble(costs, timed, options)

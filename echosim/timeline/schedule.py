@@ -94,8 +94,9 @@ def dualpipe(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
     and a far forward; in the steady state ``m/2-pp+h+1`` times (near forward with far backward, far
     forward with near backward) overlapped chunk pairs; ``pp/2-h-1`` times a far backward then a far
     forward with a near backward; ``h+1`` times a far and a near backward; the last ``pp/2-h-1`` near
-    backwards. Each backward here is whole: the paper's zero-bubble split of weight gradients
-    (``-3W`` in its bubble) is not taken, so the bubble is ``(pp/2-1)(F&B + B)``.
+    backwards. A pair runs as one unit (``fused_pairs``: its forward waits on both inputs). Each backward
+    here is whole: the paper's zero-bubble split of weight gradients (``-3W`` in its bubble) is not taken,
+    so the bubble is ``(pp/2-1)(F&B + B)`` (F&B: the pair, whose EP all-to-alls hide, ``paired``).
     """
     if problem := dualpipe_unfit(pp, m, vpp):
         raise ScheduleError(problem)
@@ -168,6 +169,8 @@ class Schedule:
     # (rank, pp, vpp, micro-batches): the EP all-to-alls hide under the other's compute (None: no pairs)
     paired: Callable[[int, int, int, int], float] | None = None
     searched: bool = True  # part of a layout search's default space
+    # a forward directly followed by a backward of another stage runs with it as one unit (DualPipe's pairs)
+    fused_pairs: bool = False
 
 
 def _one_f_one_b_or_interleaved(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
@@ -183,7 +186,7 @@ BUILTIN_SCHEDULES = (
     Schedule("zb-h1", zero_bubble_h1, split_backward=True,
              description="zero-bubble ZB-H1: weight gradients deferred into the bubble"),
     # opt-in for a search: two copies of the weights per rank, and the pairs' overlap is its own model
-    Schedule("dualpipe", dualpipe, unfit=dualpipe_unfit, paired=dualpipe_paired, searched=False,
+    Schedule("dualpipe", dualpipe, unfit=dualpipe_unfit, paired=dualpipe_paired, searched=False, fused_pairs=True,
              description="DeepSeek-V3 DualPipe: both directions, overlapped forward-backward pairs"),
 )  # fmt: skip
 
