@@ -18,6 +18,7 @@ The attributes are documented in docs/costed-graph.md.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -441,6 +442,19 @@ def unit_dependencies(graph: Graph, unit: UnitTiming) -> list[tuple[int, int, st
     return edges
 
 
+def _add_pair_inputs(g: nx.DiGraph, costed: CostedGraph, dur: dict[str, float]) -> None:
+    """A fused pair's forward (a forward run with the next backward, of another stage, as one unit) also waits
+    on that backward's inputs (:attr:`~echosim.timeline.schedule.Schedule.fused_pairs`)."""
+    for r in range(costed.pp):
+        for a, b in itertools.pairwise(costed.rank_blocks(r)):
+            if a.kind != "F" or b.kind != "B" or a.vstage == b.vstage:
+                continue
+            fid, bid = _block_id("F", a.vstage, a.microbatch), _block_id("B", b.vstage, b.microbatch)
+            for src, _, d in list(g.in_edges(bid, data=True)):
+                if d["kind"] == "data" and src != fid and not g.has_edge(src, fid):
+                    g.add_edge(src, fid, kind="data", lag_s=d["lag_s"], weight=dur[src] + d["lag_s"])
+
+
 def _block_id(kind: str, vstage: int, microbatch: int) -> str:
     return f"{kind}{microbatch}@v{vstage}"
 
@@ -470,6 +484,9 @@ def _add_tasks(g: nx.DiGraph, costed: CostedGraph) -> None:
             g.add_edge("start", bid, kind="order", lag_s=0.0, weight=0.0)
         for src, lag in deps:
             g.add_edge(src, bid, kind="data", lag_s=lag, weight=dur[src] + lag)
+    pair = getattr(costed.schedule.plan, "pair_cross", None)
+    if pair is not None and len(pair):  # fused pairs (DualPipe)
+        _add_pair_inputs(g, costed, dur)
     g.add_node("end", kind="end", start_s=costed.step_time_s, duration_s=0.0)
     for r in range(pp):
         previous = None
