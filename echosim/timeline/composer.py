@@ -15,6 +15,9 @@ same float operations in the same order, so a layout timed alone or in a batch o
 thousands gets the same numbers to the last bit, and the work grows with the number of
 levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts.
 
+Schedules of fused pairs (``fused_pairs``, DualPipe) run a forward and the next backward of another stage
+as one unit: the forward also waits on the backward's input.
+
 Zero-bubble schedules (``split_backward``) defer each backward's weight half ``W``: a rank
 runs its oldest deferred ``W`` whenever its next block would otherwise wait (a rank-local
 rule: the next block's inputs arrive at a time known when its level is timed), keeps at

@@ -8,9 +8,9 @@ blocks), so :func:`~echosim.timeline.lower.lower_step` times its one layout here
 The structure is the composer's: a block waits on the block before it on its rank and on one
 block of the neighbouring virtual stage (a forward on the previous stage's forward, a backward
 on the next stage's backward, the last stage's backward on its own forward), plus the
-point-to-point transfer between them; the same orders are refused with the same
-:class:`ScheduleError`. Blocks are visited in an order where both are done (any such order
-gives the same times) and timed with the composer's float operations, in its order:
+point-to-point transfer between them (a fused pair's forward also on its backward's input); the
+same orders are refused with the same :class:`ScheduleError`. Blocks are visited in an order where
+both are done (any such order gives the same times) and timed with the composer's float operations, in its order:
 ``start = max(arrival + transfer, rank free)``, ``end = start + duration``, and for zero-bubble
 schedules the same rank-local rule for deferred ``W`` halves. So every block, every rank's end
 and every in-flight count equal the composer's to the last bit; tests/test_sequential.py checks it.
