@@ -89,6 +89,11 @@ def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Clust
     return lower(model, plan, cluster).report
 
 
+def _pairs(schedule: object) -> bool:
+    """Whether a schedule runs overlapped forward-backward pairs of its own (``Schedule.paired``)."""
+    return getattr(schedule, "paired", None) is not None
+
+
 def lower(
     model: Any = DEFAULT_MODEL,
     plan: Plan | None = None,
@@ -223,7 +228,8 @@ def prepare_joint(
         sp=plan.sp,
         tp_overlap=plan.tp_overlap,
         overlap_dp=plan.overlap_dp,
-        ep_overlap=plan.moe_ep_overlap,
+        # a schedule of overlapped forward-backward pairs (DualPipe) hides the EP all-to-alls by itself
+        ep_overlap=plan.moe_ep_overlap or (plan.ep > 1 and _pairs(schedules[plan.schedule])),
     )
     framework = get_framework(plan.framework)
     static = bool(getattr(loaded, "static_buffers", False))

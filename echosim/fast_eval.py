@@ -233,6 +233,8 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowe
     facts, g = joint.facts, stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
+    if getattr(joint.options.schedule, "unfit", None) is not None:
+        raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
     if joint.options.ep_overlap:
         raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())

@@ -12,7 +12,7 @@ way users think of it ("tp=3 does not divide attention heads (16)").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,8 @@ def check_ep_overlap(plan: Plan) -> None:
         return
     if plan.ep == 1:
         raise PlanError("--moe-ep-overlap needs expert parallelism (ep > 1): it hides the EP all-to-alls")
+    if plan.schedule == "dualpipe":  # its forward-backward pairs overlap the all-to-alls anyway
+        return
     if plan.pp > 1 and plan.vpp == 1:
         raise PlanError(f"--moe-ep-overlap with pp={plan.pp} needs virtual pipeline stages (--vpp > 1)")
     if plan.schedule not in ("1f1b", "interleaved"):
@@ -156,13 +158,17 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         raise PlanError(f"unknown ZeRO stage {plan.zero} (known: 0, 1, 2, 3)")
     if plan.sp and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
-    schedules = sorted(schedules)
-    if plan.schedule not in schedules:
-        raise PlanError(f"unknown schedule {plan.schedule!r} (known: {', '.join(schedules)})")
+    entry = schedules.get(plan.schedule) if isinstance(schedules, Mapping) else None
+    names = sorted(schedules)
+    if plan.schedule not in names:
+        raise PlanError(f"unknown schedule {plan.schedule!r} (known: {', '.join(names)})")
     if plan.vpp > 1 and plan.pp == 1:
         raise PlanError(f"vpp={plan.vpp} needs pipeline parallelism (pp > 1): virtual stages interleave pipeline ranks")
     if plan.vpp > 1 and plan.schedule not in set(interleaved):
         raise PlanError(f"vpp={plan.vpp} needs the interleaved 1F1B schedule, not {plan.schedule!r}")
+    unfit = getattr(entry, "unfit", None)  # a schedule's own shape rules (DualPipe: even pp, 2 pp micro-batches)
+    if unfit is not None and (problem := unfit(plan.pp, plan.microbatches, plan.vpp)):
+        raise PlanError(problem)
     if plan.vpp > 1 and plan.microbatches % plan.pp:
         raise PlanError(
             f"the interleaved schedule needs micro-batches ({plan.microbatches}) to be a multiple of pp={plan.pp}"

@@ -265,6 +265,8 @@ def distinct_schedules(schedules: dict[str, Any]) -> tuple[str, ...]:
     out: dict[tuple[Any, ...], str] = {}
     for name in sorted(schedules):
         s = schedules[name]
+        if not getattr(s, "searched", True):  # opt-in (--space schedule=...): DualPipe's second copy of the weights
+            continue
         probes = []
         for pp, m, vpp in ((2, 4, 1), (4, 8, 1), (4, 8, 2), (8, 16, 2)):
             if vpp > 1 and not getattr(s, "interleaved", False):
@@ -289,6 +291,9 @@ def schedule_canon(schedules: dict[str, Any], names: Sequence[str]) -> SameSched
             for name in (*names, schedule):
                 s = schedules[name]
                 if vpp > 1 and not getattr(s, "interleaved", False):
+                    continue
+                unfit = getattr(s, "unfit", None)
+                if unfit is not None and unfit(pp, m, vpp):  # refused by the plan's checks, not compared
                     continue
                 orders = tuple(tuple(o) for o in s.orders(pp, m, vpp))
                 first = seen.setdefault((orders, bool(getattr(s, "split_backward", False)), pp, m, vpp), name)

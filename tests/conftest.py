@@ -32,6 +32,9 @@ COSTED_LAYOUTS = {
     "tp-overlap+sp": ("llama3-8b", Plan(tp=4, pp=2, dp=1, sp=True, tp_overlap=True, global_batch=8), 8),
     "cp+zero3": ("llama3-8b", Plan(tp=2, cp=2, dp=2, zero=3, global_batch=8, seq_len=16384), 8),
     "ep": ("mixtral-8x7b", Plan(tp=2, ep=4, dp=4, global_batch=16, seq_len=2048), 8),
+    # a stage on two ranks, each running half of its micro-batches (the EP pairs' overlap is left out here: its
+    # shortened backwards do not lay out op by op in the trace and critical path, as with --moe-ep-overlap)
+    "dualpipe": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="dualpipe"), 8),
 }
 TINY_LLAMA = ArchConfig("llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, ffn=96, seq_len=16)
 

@@ -59,13 +59,16 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     of the routed rows): +31.7% -> -5.4%, and they fit (82.9 -> 76.8 GiB of 80). DeepSeek-V3 trains with one
     MTP module (a block, a projection and a second output head and loss on the last stage): H100 -5.4% -> +2.1%
     (recipe layout "Et|(tt|)*30mL"), H800 +17.7% -> +18.6% (stage cost balanced, as DualPipe does; +60.5%
-    with the uniform split), B200 26.04.01 -11.0% -> -6.4%. Transformer Engine's fprop GEMMs run with FP8 fast
-    accumulation on Hopper (compute.FP8_PROMOTING_ARCHS): H800 +18.6% -> +17.3%, H100 fp8 +1.6% -> +0.7%."""
+    with the uniform split), B200 26.04.01 -11.0% -> -6.4%. The H800 run's own schedule, DualPipe (both
+    directions, all-to-alls hidden in forward-backward pairs, arXiv:2412.19437 sec. 3.2.1): +18.6% -> -15.1%
+    (its step is a production average over 14.8T tokens with every overhead: the bound is from above).
+    Transformer Engine's fprop GEMMs run with FP8 fast accumulation on Hopper (compute.FP8_PROMOTING_ARCHS):
+    H800 -15.1% -> -15.8%, H100 fp8 +2.1% -> +0.7%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        0.173, abs=0.01
-    )  # +1%: Hopper fp8 transposes; +0.9%: MTP; -1.3%: fprop fast accumulation
+        -0.158, abs=0.01
+    )  # DualPipe; with 1F1B +18.6% (+1%: Hopper fp8 transposes; +0.9%: MTP); -0.7%: fprop fast accumulation
     assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.007, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}
     assert (

@@ -187,6 +187,7 @@ def test_pipeline_split_balanced_to_device_speed() -> None:
     ("extra", "message"),
     [(["--pp", "1"], "--split pipeline needs --pp 2 or more"),
      (["--pp", "2", "--schedule", "zb-h1"], "defers weight gradients"),
+     (["--pp", "2", "--schedule", "dualpipe"], "every stage on two ranks"),
      (["--pp", "2", "--vpp", "2", "--schedule", "interleaved"], "interleaved stages")],
 )  # fmt: skip
 def test_pipeline_split_bad_layouts(tmp_path: Path, extra: list[str], message: str) -> None:

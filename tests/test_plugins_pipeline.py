@@ -80,7 +80,10 @@ def test_the_cli_takes_plugin_passes_and_schedules() -> None:
             ["--pass", "autodiff"],
             "Error: --pass autodiff: pass always runs when it applies; optional passes: no-dropout",
         ),
-        (["--schedule", "nope"], "Error: unknown schedule 'nope' (known: 1f1b, 2f2b, gpipe, interleaved, zb-h1)"),
+        (
+            ["--schedule", "nope"],
+            "Error: unknown schedule 'nope' (known: 1f1b, 2f2b, dualpipe, gpipe, interleaved, zb-h1)",
+        ),
     ],
 )
 def test_unknown_passes_and_schedules_are_one_line(flag: list[str], message: str) -> None:

@@ -40,6 +40,8 @@ LAYOUTS: dict[str, list[str]] = {
                          "--schedule", "gpipe", "--global-batch", "32", "--seq-len", "4096", "--recompute", "full"],
     "llama3-70b-zb": ["llama3-70b", "--backend", "h100-sxm", "--tp", "8", "--pp", "4", "--dp", "2",
                       "--schedule", "zb-h1", "--global-batch", "64", "--seq-len", "4096"],
+    "mixtral-dualpipe": ["mixtral-8x7b", "--backend", "h100-sxm", "--pp", "4", "--ep", "4", "--dp", "4",
+                         "--schedule", "dualpipe", "--global-batch", "32", "--seq-len", "2048"],
     "llama3-70b-balance-cost": ["llama3-70b", "--backend", "h100-sxm", "--tp", "8", "--pp", "8",
                                 "--pp-balance", "cost", "--global-batch", "64", "--seq-len", "4096"],
     "llama3-70b-tp-overlap": ["llama3-70b", "--backend", "h100-sxm", "--tp", "8", "--pp", "4", "--dp", "2", "--sp",

@@ -117,7 +117,7 @@ def layout_options(fn: F) -> F:
             help="Embedding tables over the data-parallel ranks, as TorchRec shards them: "
             "none, table, row, column, data, auto (per table, TorchRec's planner rule).",
         ),
-        click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, or a plugin's."),
+        click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, dualpipe, or a plugin's."),
         click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention."),
         click.option(
             "--pp-balance",

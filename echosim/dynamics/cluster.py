@@ -367,6 +367,8 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
         raise EchosimError("--split pipeline: interleaved stages (--vpp > 1) are not laid across pools")
     if plan.pp < 2:
         raise EchosimError("--split pipeline needs --pp 2 or more (stages to lay across the pools)")
+    if plan.schedule == "dualpipe":
+        raise EchosimError("--split pipeline: dualpipe runs every stage on two ranks; use 1f1b or gpipe")
     total = cluster.devices
     per_stage = plan.tp * plan.cp * plan.dp
     if plan.pp * per_stage != total:

@@ -225,7 +225,7 @@ def layer_kinds(costed: CostedGraph, rank: int) -> dict[str, dict[str, float]]:
             for e in unit.events:
                 group = scope_group(stage.graph[e.node].scope) or "(top level)"
                 kinds = out.setdefault(group, {})
-                kinds[e.category] = kinds.get(e.category, 0.0) + e.duration * count * costed.microbatches
+                kinds[e.category] = kinds.get(e.category, 0.0) + e.duration * count * costed.runs(rank, stage.index)
     return out
 
 

@@ -15,6 +15,9 @@ same float operations in the same order, so a layout timed alone or in a batch o
 thousands gets the same numbers to the last bit, and the work grows with the number of
 levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts.
 
+Schedules of fused pairs (``fused_pairs``, DualPipe) run a forward and the next backward of another stage
+as one unit: the forward also waits on the backward's input.
+
 Zero-bubble schedules (``split_backward``) defer each backward's weight half ``W``: a rank
 runs its oldest deferred ``W`` whenever its next block would otherwise wait (a rank-local
 rule: the next block's inputs arrive at a time known when its level is timed), keeps at
@@ -60,6 +63,10 @@ class SchedulePlan:
     last: tuple[int, ...]  # per rank: its last block, or -1 for a rank with none
     rank_vstage: tuple[int, ...]  # per rank: the chunk of its last block (the one whose gradients it reduces last)
     in_flight: tuple[dict[int, int], ...]  # per rank: peak micro-batches held per virtual stage
+    # fused pairs (a forward directly followed by a backward of another stage run as one unit, DualPipe): the
+    # forward also waits on its backward's input, ``pair_cross`` / ``pair_lag`` as ``cross`` / ``lag``; else None
+    pair_cross: np.ndarray | None = None
+    pair_lag: np.ndarray | None = None
 
     @property
     def blocks(self) -> int:
@@ -67,19 +74,26 @@ class SchedulePlan:
 
 
 def schedule_plan(
-    orders_of: Callable[[int, int, int], list[list[Block]]], pp: int, microbatches: int, vpp: int, split_backward: bool
+    orders_of: Callable[[int, int, int], list[list[Block]]],
+    pp: int,
+    microbatches: int,
+    vpp: int,
+    split_backward: bool,
+    fused_pairs: bool = False,
 ) -> SchedulePlan:
     """The plan of ``orders_of(pp, microbatches, vpp)``, built once per shape and kept."""
-    key = (orders_of, pp, microbatches, vpp, split_backward)
-    return _PLANS.get(key, lambda: _build(orders_of(pp, microbatches, vpp), split_backward, pp * vpp))
+    key = (orders_of, pp, microbatches, vpp, split_backward, fused_pairs)
+    return _PLANS.get(key, lambda: _build(orders_of(pp, microbatches, vpp), split_backward, pp * vpp, fused_pairs))
 
 
-def plan_for(orders: Sequence[Sequence[Block]], split_backward: bool = False, vstages: int = 0) -> SchedulePlan:
+def plan_for(
+    orders: Sequence[Sequence[Block]], split_backward: bool = False, vstages: int = 0, fused_pairs: bool = False
+) -> SchedulePlan:
     """The plan of explicit orders (not kept)."""
-    return _build(orders, split_backward, vstages)
+    return _build(orders, split_backward, vstages, fused_pairs)
 
 
-def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int) -> SchedulePlan:
+def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int, fused: bool = False) -> SchedulePlan:
     pp = len(orders)
     frozen = tuple(tuple(seq) for seq in orders)
     sizes = [len(seq) for seq in frozen]
@@ -116,7 +130,16 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
         raise ScheduleError("pipeline schedule runs a backward before its own forward on the same rank")
     chain = np.where(pos > 0, np.arange(n) - 1, n)
     lag = np.where(fwd, np.where(first_v, 2 * vstages, vs - 1), np.where(last_v, 2 * vstages, vstages + vs + 1))
-    level = _levels(chain, cross, rank, offsets, n)
+    pair = pair_lag = None
+    if fused:  # a forward whose next block on the rank is a backward of another stage waits on that one's input
+        head = np.zeros(n, bool)
+        if n > 1:
+            head[:-1] = fwd[:-1] & ~fwd[1:] & (rank[:-1] == rank[1:]) & (vs[:-1] != vs[1:])
+        pair = np.full(n, n, np.int64)
+        pair_lag = np.full(n, 2 * vstages, np.int64)
+        pair[:-1][head[:-1]] = cross[1:][head[:-1]]
+        pair_lag[:-1][head[:-1]] = lag[1:][head[:-1]]
+    level = _levels(chain, cross, rank, offsets, n, pair)
     order = np.lexsort((rank, level))
     inverse = np.empty(n + 1, np.int64)
     inverse[order] = np.arange(n)
@@ -145,10 +168,14 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
         last=last,
         rank_vstage=rank_vstage,
         in_flight=tuple(_in_flight(seq) for seq in frozen),
+        pair_cross=None if pair is None else inverse[pair[order]],
+        pair_lag=None if pair_lag is None else pair_lag[order],
     )
 
 
-def _levels(chain: np.ndarray, cross: np.ndarray, rank: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:
+def _levels(
+    chain: np.ndarray, cross: np.ndarray, rank: np.ndarray, offsets: np.ndarray, n: int, pair: np.ndarray | None = None
+) -> np.ndarray:
     """Longest chain of waits ending at each block: sweeps over the ranks until nothing moves.
 
     Along a rank a level is a running maximum (``level[p] - p`` never falls), so each
@@ -166,6 +193,9 @@ def _levels(chain: np.ndarray, cross: np.ndarray, rank: np.ndarray, offsets: np.
                 continue
             dep = cross[lo:hi]
             base = np.where(dep < n, level[dep] + 1, 0)
+            if pair is not None:
+                dep = pair[lo:hi]
+                base = np.maximum(base, np.where(dep < n, level[dep] + 1, 0))
             steps = np.arange(hi - lo)
             new = np.maximum.accumulate(base - steps) + steps
             if not np.array_equal(new, level[lo:hi]):
@@ -175,15 +205,15 @@ def _levels(chain: np.ndarray, cross: np.ndarray, rank: np.ndarray, offsets: np.
             return level[:n]
         if level.max() > n:
             break
-    return _levels_by_topology(chain, cross, n)
+    return _levels_by_topology(chain, cross, n, pair)
 
 
-def _levels_by_topology(chain: np.ndarray, cross: np.ndarray, n: int) -> np.ndarray:
+def _levels_by_topology(chain: np.ndarray, cross: np.ndarray, n: int, pair: np.ndarray | None = None) -> np.ndarray:
     """Kahn's algorithm: exact levels for any orders, or the deadlock they contain."""
     readers: list[list[int]] = [[] for _ in range(n)]
     waiting = [0] * n
     for i in range(n):
-        for d in (int(chain[i]), int(cross[i])):
+        for d in (int(chain[i]), int(cross[i])) + (() if pair is None else (int(pair[i]),)):
             if d < n:
                 readers[d].append(i)
                 waiting[i] += 1
@@ -310,8 +340,11 @@ def time_schedule(
             raise ValueError("a schedule that defers weight gradients needs their durations (wgrad)")
         w = np.asarray(wgrad, np.float64).reshape(len(fwd), -1)
         return _time_deferred(plan, durations, lags, w, ends, starts)
+    pair, pair_lag = plan.pair_cross, plan.pair_lag
     for lo, hi in plan.levels:
         ready = ends[plan.cross[lo:hi]] + lags[plan.lag[lo:hi]]
+        if pair is not None and pair_lag is not None:  # a fused pair starts when both its inputs are there
+            ready = np.maximum(ready, ends[pair[lo:hi]] + lags[pair_lag[lo:hi]])
         start = np.maximum(ready, ends[plan.chain[lo:hi]])
         if starts is not None:
             starts[lo:hi] = start

@@ -18,7 +18,9 @@ The attributes are documented in docs/costed-graph.md.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -102,6 +104,19 @@ class TailTask(NamedTuple):
         return self.start + self.duration
 
 
+def chunks_by_rank(
+    stages: Sequence[StageCost], in_flight: Sequence[dict[int, int]], pp: int
+) -> dict[int, list[StageCost]]:
+    """The virtual stages each rank runs, as its schedule's orders place them (DualPipe runs a stage on two
+    ranks); rank ``v % pp`` for a rank whose orders run no forward."""
+    out: dict[int, list[StageCost]] = {r: [] for r in range(pp)}
+    for s in stages:
+        ranks = [r for r in range(pp) if s.index in in_flight[r]] if len(in_flight) == pp else []
+        for r in ranks or [s.index % pp]:
+            out[r].append(s)
+    return out
+
+
 def rank_tail(mine: list[StageCost], last: StageCost) -> list[tuple[str, str, str, str, float]]:
     """What a pipeline rank runs after its last block, in order, as (task, name, stream, category, seconds).
 
@@ -179,9 +194,23 @@ class CostedGraph:
 
     @cached_property
     def _chunks(self) -> dict[int, list[StageCost]]:
-        out: dict[int, list[StageCost]] = {r: [] for r in range(self.pp)}
-        for s in self.stages:
-            out.setdefault(s.index % self.pp, []).append(s)
+        return chunks_by_rank(self.stages, self.schedule.plan.in_flight, self.pp)
+
+    def runs(self, rank: int, index: int) -> int:
+        """Micro-batches of virtual stage ``index`` that ``rank`` runs: all of them, except where a stage has
+        copies on two ranks (DualPipe: each runs the half that enters from its end)."""
+        return self._runs.get((rank, index), self.microbatches)
+
+    @cached_property
+    def _runs(self) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {}
+        plan = self.schedule.plan
+        if sum(len(held) for held in plan.in_flight) <= plan.vstages:  # no stage on two ranks: each runs all
+            return out
+        for r, seq in enumerate(plan.orders):
+            for kind, v, _ in seq:
+                if kind == "F":
+                    out[(r, v)] = out.get((r, v), 0) + 1
         return out
 
     def rank_tail(self, rank: int) -> list[TailTask]:
@@ -230,7 +259,7 @@ class CostedGraph:
         for stage in self.chunks(rank):
             for unit, count in stage.fwd_units + stage.bwd_units:
                 for category, sec in unit.busy.items():
-                    out[category] = out.get(category, 0.0) + sec * count * self.microbatches
+                    out[category] = out.get(category, 0.0) + sec * count * self.runs(rank, stage.index)
             out["comm.dp"] = out.get("comm.dp", 0.0) + stage.dp_busy
             if stage.dp_copies:
                 out["compute.memory_bound"] = out.get("compute.memory_bound", 0.0) + stage.dp_copies
@@ -246,7 +275,7 @@ class CostedGraph:
         for stage in self.chunks(rank):
             for unit, count in stage.fwd_units + stage.bwd_units:
                 for e in unit.events:
-                    out[e.stream] += max(0.0, e.duration - e.base) * count * self.microbatches
+                    out[e.stream] += max(0.0, e.duration - e.base) * count * self.runs(rank, stage.index)
         return out
 
     def dag(self) -> nx.DiGraph:
@@ -413,6 +442,19 @@ def unit_dependencies(graph: Graph, unit: UnitTiming) -> list[tuple[int, int, st
     return edges
 
 
+def _add_pair_inputs(g: nx.DiGraph, costed: CostedGraph, dur: dict[str, float]) -> None:
+    """A fused pair's forward (a forward run with the next backward, of another stage, as one unit) also waits
+    on that backward's inputs (:attr:`~echosim.timeline.schedule.Schedule.fused_pairs`)."""
+    for r in range(costed.pp):
+        for a, b in itertools.pairwise(costed.rank_blocks(r)):
+            if a.kind != "F" or b.kind != "B" or a.vstage == b.vstage:
+                continue
+            fid, bid = _block_id("F", a.vstage, a.microbatch), _block_id("B", b.vstage, b.microbatch)
+            for src, _, d in list(g.in_edges(bid, data=True)):
+                if d["kind"] == "data" and src != fid and not g.has_edge(src, fid):
+                    g.add_edge(src, fid, kind="data", lag_s=d["lag_s"], weight=dur[src] + d["lag_s"])
+
+
 def _block_id(kind: str, vstage: int, microbatch: int) -> str:
     return f"{kind}{microbatch}@v{vstage}"
 
@@ -442,6 +484,9 @@ def _add_tasks(g: nx.DiGraph, costed: CostedGraph) -> None:
             g.add_edge("start", bid, kind="order", lag_s=0.0, weight=0.0)
         for src, lag in deps:
             g.add_edge(src, bid, kind="data", lag_s=lag, weight=dur[src] + lag)
+    pair = getattr(costed.schedule.plan, "pair_cross", None)
+    if pair is not None and len(pair):  # fused pairs (DualPipe)
+        _add_pair_inputs(g, costed, dur)
     g.add_node("end", kind="end", start_s=costed.step_time_s, duration_s=0.0)
     for r in range(pp):
         previous = None

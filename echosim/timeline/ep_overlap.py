@@ -31,7 +31,7 @@ gradients later, which lengthens ``be``'s cover only when ``fd`` exceeds it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from echosim.backends.base import OverlapModel
 from echosim.timeline.streams import COMPUTE, UnitTiming
@@ -108,8 +108,11 @@ def stage_hidden(
     pp: int,
     vpp: int,
     microbatches: int,
+    paired: Callable[[int, int, int, int], float] | None = None,
 ) -> float:
-    """Seconds per micro-batch, on average over the step, that the overlap takes off a chunk's backward."""
+    """Seconds per micro-batch, on average over the step, that the overlap takes off a chunk's backward;
+    ``paired`` is the schedule's own share of paired backwards (default: Megatron's combined 1F1B)."""
     if len(fwd_units) < 2 or len(bwd_units) < 2:
         return 0.0
-    return hidden_per_pair(fwd_units[1], bwd_units[1], overlap) * paired_fraction(rank, pp, vpp, microbatches)
+    share = (paired or paired_fraction)(rank, pp, vpp, microbatches)
+    return hidden_per_pair(fwd_units[1], bwd_units[1], overlap) * share

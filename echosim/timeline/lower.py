@@ -28,7 +28,7 @@ from echosim.passes.data_parallel import DDP_COPY_BYTES_PER_BYTE
 from echosim.passes.flops import io_bytes
 from echosim.passes.memory import added_nodes
 from echosim.passes.pipeline import Stage
-from echosim.timeline.costed import CostedGraph, StageCost, TailTask, rank_tail
+from echosim.timeline.costed import CostedGraph, StageCost, TailTask, chunks_by_rank, rank_tail
 from echosim.timeline.schedule import Schedule
 from echosim.timeline.sequential import SequentialTiming, order_plan, time_orders
 from echosim.timeline.streams import FirstPass, OpEvent, UnitTiming, pipelined_edges, simulate_unit
@@ -761,9 +761,10 @@ def _with_ep_overlap(cost: StageCost, backend: Backend, options: StepOptions) ->
     """A chunk's backward less the EP all-to-all its steady-state pairs hide (:mod:`~echosim.timeline.ep_overlap`)."""
     from echosim.timeline.ep_overlap import stage_hidden
 
-    rank = cost.index % options.pp
+    rank = cost.index % options.pp  # DualPipe's two copies of a stage sit as far from their ends: one share
     overlap = backend.overlap()
-    hidden = stage_hidden(cost.fwd_units, cost.bwd_units, overlap, rank, options.pp, options.vpp, options.microbatches)
+    hidden = stage_hidden(cost.fwd_units, cost.bwd_units, overlap, rank, options.pp, options.vpp, options.microbatches,
+                          getattr(options.schedule, "paired", None))  # fmt: skip
     if hidden <= 0:
         return cost
     return replace(cost, bwd=cost.bwd - hidden, ep_hidden=hidden)
@@ -784,7 +785,9 @@ def step_plan(options: StepOptions) -> SchedulePlan:
     from echosim.timeline.composer import schedule_plan  # numpy: only a batch of layouts needs it
 
     s = options.schedule
-    return schedule_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
+    return schedule_plan(
+        s.orders, options.pp, options.microbatches, options.vpp, s.split_backward, getattr(s, "fused_pairs", False)
+    )
 
 
 def schedule_inputs(costs: Sequence[StageCost], options: StepOptions) -> tuple[list[float], ...]:
@@ -811,7 +814,9 @@ def lower_step(
     costs = lower_stages(stages, backend, where, options)
     fwd, bwd, p2p_fwd, p2p_bwd, wgrad = schedule_inputs(costs, options)
     s = options.schedule
-    plan = order_plan(s.orders, options.pp, options.microbatches, options.vpp, s.split_backward)
+    plan = order_plan(
+        s.orders, options.pp, options.microbatches, options.vpp, s.split_backward, getattr(s, "fused_pairs", False)
+    )
     key = (plan, tuple(fwd), tuple(bwd), tuple(p2p_fwd), tuple(p2p_bwd), tuple(wgrad))
     timed = _TIMED.get(key, lambda: time_orders(plan, fwd, bwd, p2p_fwd, p2p_bwd, wgrad or None))
     return assemble(costs, timed, options)
@@ -823,8 +828,9 @@ def _tails(costs: list[StageCost], schedule: ScheduleTiming | SequentialTiming, 
     The reduction that is exposed is the one of the chunk whose backward the rank runs last.
     """
     tails = []
+    placed = chunks_by_rank(costs, schedule.plan.in_flight, pp)
     for r in range(pp):
-        mine = [c for c in costs if c.index % pp == r]
+        mine = placed[r]
         busy = sum(c.dp_busy for c in mine)
         t = schedule.rank_ends[r]
         for task, name, stream, category, sec in rank_tail(mine, costs[schedule.plan.rank_vstage[r]]):

@@ -204,7 +204,7 @@ def build_report(
             for x in stages
         ]
     )
-    busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
+    busy = sum(costed.runs(crit, t.index) * (t.fwd + t.bwd + t.wgrad) for t in chunks)
     devices, peak = facts.devices, facts.peak_flops
     report = Report(
         model=facts.model,
@@ -374,7 +374,6 @@ def breakdown(costed: CostedGraph, rank: int) -> dict[str, float]:
     """
     from echosim.timeline.lower import repeated
 
-    m = costed.microbatches
     out: dict[str, float] = {}
 
     def add(key: str, sec: float) -> None:
@@ -382,6 +381,7 @@ def breakdown(costed: CostedGraph, rank: int) -> dict[str, float]:
 
     busy = 0.0
     for t in costed.chunks(rank):
+        m = costed.runs(rank, t.index)
         busy += m * (t.fwd + t.bwd + t.wgrad)
         for unit, k in t.fwd_units + t.bwd_units:
             if k <= 0:

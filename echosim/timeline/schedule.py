@@ -82,6 +82,73 @@ def zero_bubble_h1(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
     return one_f_one_b(pp, m)
 
 
+def dualpipe(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
+    """DualPipe (DeepSeek-V3, arXiv:2412.19437 sec. 3.2.1, Fig. 5): micro-batches enter from both ends.
+
+    Half of the ``m`` micro-batches (ids ``0 .. m/2-1``) run the stages from rank 0 to rank ``pp-1``,
+    the other half (ids ``m/2 ..``) from rank ``pp-1`` back to rank 0 through a second copy of the
+    model, so rank ``r`` holds stage ``r`` and stage ``pp-1-r`` (two copies of the weights). For a
+    rank at distance ``h = min(r, pp-1-r)`` from its nearer end, its "near" direction is the one where it
+    is stage ``h``, its "far" one where it is stage ``pp-1-h``. In the figure's phases a rank runs:
+    ``2(pp/2-h-1)`` near forwards; ``h+1`` near-far forward pairs; ``pp/2-h-1`` times a far backward
+    and a far forward; in the steady state ``m/2-pp+h+1`` times (near forward with far backward, far
+    forward with near backward) overlapped chunk pairs; ``pp/2-h-1`` times a far backward then a far
+    forward with a near backward; ``h+1`` times a far and a near backward; the last ``pp/2-h-1`` near
+    backwards. A pair runs as one unit (``fused_pairs``: its forward waits on both inputs). Each backward
+    here is whole: the paper's zero-bubble split of weight gradients (``-3W`` in its bubble) is not taken,
+    so the bubble is ``(pp/2-1)(F&B + B)`` (F&B: the pair, whose EP all-to-alls hide, ``paired``).
+    """
+    if problem := dualpipe_unfit(pp, m, vpp):
+        raise ScheduleError(problem)
+    return [_dualpipe_rank(pp, m, r) for r in range(pp)]
+
+
+def _dualpipe_rank(pp: int, m: int, r: int) -> list[Block]:
+    """One rank's DualPipe orders: the phases as (kind, side) steps, "n" near and "f" far."""
+    half, per_side = pp // 2, m // 2
+    h = min(r, pp - 1 - r)
+    rest = half - h - 1
+    steps = (
+        ["Fn"] * (2 * rest)
+        + ["Fn", "Ff"] * (h + 1)
+        + ["Bf", "Ff"] * rest
+        + ["Fn", "Bf", "Ff", "Bn"] * (per_side - pp + h + 1)
+        + ["Bf", "Ff", "Bn"] * rest
+        + ["Bf", "Bn"] * (h + 1)
+        + ["Bn"] * rest
+    )
+    stage = {"n": h, "f": pp - 1 - h}  # the stage this rank runs in each direction
+    first = {"n": 0, "f": per_side} if r < half else {"n": per_side, "f": 0}  # each direction's micro-batch ids
+    done = dict.fromkeys(("Fn", "Ff", "Bn", "Bf"), 0)
+    seq: list[Block] = []
+    for step in steps:
+        kind, side = step[0], step[1]
+        seq.append((kind, stage[side], first[side] + done[step]))
+        done[step] += 1
+    return seq
+
+
+def dualpipe_unfit(pp: int, m: int, vpp: int = 1) -> str:
+    """Why DualPipe cannot run ``m`` micro-batches on ``pp`` ranks ('' when it can): it needs an even
+    number of ranks (two directions meet in the middle), one chunk per rank and direction, and at
+    least ``pp`` micro-batches from each end to reach its steady state."""
+    if vpp != 1:
+        return f"the dualpipe schedule runs one chunk per rank and direction, not vpp={vpp}"
+    if pp < 2 or pp % 2:
+        return f"the dualpipe schedule needs an even pp >= 2, got pp={pp}"
+    if m % 2 or m < 2 * pp:
+        return f"the dualpipe schedule needs an even number of micro-batches >= 2*pp = {2 * pp}, got {m}"
+    return ""
+
+
+def dualpipe_paired(rank: int, pp: int, vpp: int, m: int) -> float:
+    """Share of a rank's backwards that DualPipe runs as an overlapped forward-and-backward chunk pair
+    (:func:`dualpipe`): two per steady-state round, one per round of its cool-down's first phase."""
+    h = min(rank, pp - 1 - rank)
+    pairs = 2 * (m // 2 - pp + h + 1) + (pp // 2 - h - 1)
+    return max(0, pairs) / m if m else 0.0
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A pipeline schedule as the timeline uses it; built-ins and plugins register these.
@@ -96,6 +163,14 @@ class Schedule:
     interleaved: bool = False
     split_backward: bool = False
     description: str = ""
+    # why the schedule cannot run (pp, micro-batches, vpp) ('' when it can; None: any shape)
+    unfit: Callable[[int, int, int], str] | None = None
+    # share of a rank's backwards run as an overlapped forward-and-backward pair of two micro-batches, by
+    # (rank, pp, vpp, micro-batches): the EP all-to-alls hide under the other's compute (None: no pairs)
+    paired: Callable[[int, int, int, int], float] | None = None
+    searched: bool = True  # part of a layout search's default space
+    # a forward directly followed by a backward of another stage runs with it as one unit (DualPipe's pairs)
+    fused_pairs: bool = False
 
 
 def _one_f_one_b_or_interleaved(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
@@ -110,6 +185,9 @@ BUILTIN_SCHEDULES = (
     Schedule("interleaved", interleaved, interleaved=True, description="Megatron-LM interleaved 1F1B"),
     Schedule("zb-h1", zero_bubble_h1, split_backward=True,
              description="zero-bubble ZB-H1: weight gradients deferred into the bubble"),
+    # opt-in for a search: two copies of the weights per rank, and the pairs' overlap is its own model
+    Schedule("dualpipe", dualpipe, unfit=dualpipe_unfit, paired=dualpipe_paired, searched=False, fused_pairs=True,
+             description="DeepSeek-V3 DualPipe: both directions, overlapped forward-backward pairs"),
 )  # fmt: skip
 
 

@@ -8,9 +8,9 @@ blocks), so :func:`~echosim.timeline.lower.lower_step` times its one layout here
 The structure is the composer's: a block waits on the block before it on its rank and on one
 block of the neighbouring virtual stage (a forward on the previous stage's forward, a backward
 on the next stage's backward, the last stage's backward on its own forward), plus the
-point-to-point transfer between them; the same orders are refused with the same
-:class:`ScheduleError`. Blocks are visited in an order where both are done (any such order
-gives the same times) and timed with the composer's float operations, in its order:
+point-to-point transfer between them (a fused pair's forward also on its backward's input); the
+same orders are refused with the same :class:`ScheduleError`. Blocks are visited in an order where
+both are done (any such order gives the same times) and timed with the composer's float operations, in its order:
 ``start = max(arrival + transfer, rank free)``, ``end = start + duration``, and for zero-bubble
 schedules the same rank-local rule for deferred ``W`` halves. So every block, every rank's end
 and every in-flight count equal the composer's to the last bit; tests/test_sequential.py checks it.
@@ -48,6 +48,9 @@ class OrderPlan:
     last: tuple[int, ...]  # per rank: its last block, or -1 for a rank with none
     rank_vstage: tuple[int, ...]  # per rank: the chunk of its last block (the one whose gradients it reduces last)
     in_flight: tuple[dict[int, int], ...]  # per rank: peak micro-batches held per virtual stage
+    # fused pairs (the composer's ``pair_cross`` / ``pair_lag``): () when the schedule runs none
+    pair_cross: tuple[int, ...] = ()
+    pair_lag: tuple[int, ...] = ()
 
     @property
     def blocks(self) -> int:
@@ -65,15 +68,24 @@ class OrderPlan:
 
 
 def order_plan(
-    orders_of: Callable[[int, int, int], list[list[Block]]], pp: int, microbatches: int, vpp: int, split_backward: bool
+    orders_of: Callable[[int, int, int], list[list[Block]]],
+    pp: int,
+    microbatches: int,
+    vpp: int,
+    split_backward: bool,
+    fused_pairs: bool = False,
 ) -> OrderPlan:
     """The plan of ``orders_of(pp, microbatches, vpp)``, built once per shape and kept."""
-    key = (orders_of, pp, microbatches, vpp, split_backward)
-    return _PLANS.get(key, lambda: plan_orders(orders_of(pp, microbatches, vpp), split_backward, pp * vpp))
+    key = (orders_of, pp, microbatches, vpp, split_backward, fused_pairs)
+    return _PLANS.get(key, lambda: plan_orders(orders_of(pp, microbatches, vpp), split_backward, pp * vpp, fused_pairs))
 
 
-def plan_orders(orders: Sequence[Sequence[Block]], split_backward: bool = False, vstages: int = 0) -> OrderPlan:
-    """The plan of explicit orders (not kept); refuses what the composer's plan refuses, with its message."""
+def plan_orders(
+    orders: Sequence[Sequence[Block]], split_backward: bool = False, vstages: int = 0, fused_pairs: bool = False
+) -> OrderPlan:
+    """The plan of explicit orders (not kept); refuses what the composer's plan refuses, with its message.
+    ``fused_pairs``: a forward directly followed on its rank by a backward of another stage runs with it as
+    one unit (DualPipe's overlapped pairs), so it also waits on that backward's input."""
     pp = len(orders)
     frozen = tuple(tuple(seq) for seq in orders)
     sizes = [len(seq) for seq in frozen]
@@ -117,7 +129,16 @@ def plan_orders(orders: Sequence[Sequence[Block]], split_backward: bool = False,
     offsets = [0]
     for size in sizes:
         offsets.append(offsets[-1] + size)
-    sequence = _sequence(cross, offsets, n)
+    pair: list[int] = []
+    pair_lag: list[int] = []
+    if fused_pairs:
+        head = [
+            i + 1 < n and kinds[i] == F and kinds[i + 1] == B and rank[i] == rank[i + 1] and vs[i] != vs[i + 1]
+            for i in range(n)
+        ]
+        pair = [cross[i + 1] if head[i] else n for i in range(n)]
+        pair_lag = [lag[i + 1] if head[i] else 2 * vstages for i in range(n)]
+    sequence = _sequence(cross, offsets, n, pair)
     if split_backward and any(len({b[1] for b in seq}) > 1 for seq in frozen):
         raise ScheduleError("a schedule that defers weight gradients must run one virtual stage per rank")
     return OrderPlan(
@@ -135,10 +156,12 @@ def plan_orders(orders: Sequence[Sequence[Block]], split_backward: bool = False,
         last=tuple(offsets[r + 1] - 1 if sizes[r] else -1 for r in range(pp)),
         rank_vstage=tuple(vs[offsets[r + 1] - 1] if sizes[r] else r for r in range(pp)),
         in_flight=tuple(_in_flight(seq) for seq in frozen),
+        pair_cross=tuple(pair),
+        pair_lag=tuple(pair_lag),
     )
 
 
-def _sequence(cross: list[int], offsets: list[int], n: int) -> tuple[int, ...]:
+def _sequence(cross: list[int], offsets: list[int], n: int, pair: list[int] | None = None) -> tuple[int, ...]:
     """Sweep the ranks, each running its blocks until one waits on a block not yet run; a sweep
     that runs nothing is a cycle of waits."""
     done = bytearray(n + 1)
@@ -149,7 +172,7 @@ def _sequence(cross: list[int], offsets: list[int], n: int) -> tuple[int, ...]:
         before = len(out)
         for r in range(len(at)):
             i, end = at[r], offsets[r + 1]
-            while i < end and done[cross[i]]:
+            while i < end and done[cross[i]] and (not pair or done[pair[i]]):
                 done[i] = 1
                 out.append(i)
                 i += 1
@@ -235,8 +258,11 @@ def time_orders(
         if wgrad is None:
             raise ValueError("a schedule that defers weight gradients needs their durations (wgrad)")
         return _time_deferred(plan, durations, lags, [float(x) for x in wgrad], ends, starts)
+    pair, pair_lag = plan.pair_cross, plan.pair_lag
     for i in plan.sequence:
         ready = ends[cross[i]] + lags[lag[i]]
+        if pair:  # a fused pair starts when both its inputs are there (the composer's np.maximum)
+            ready = _max(ready, ends[pair[i]] + lags[pair_lag[i]])
         start = _max(ready, ends[chain[i]])
         starts[i] = start
         ends[i] = start + durations[duration[i]]

@@ -400,9 +400,23 @@ SOURCE_FLAGS: dict[str, dict[str, Any]] = {
 
 #: Pipeline balance of a source's own run where its layer split is not published but its balancing is. DeepSeek-V3
 #: (deepseek_v3_2024) puts "the shallowest layers (including the embedding layer) and deepest layers (including
-#: the output head)" on one PP rank to balance DualPipe's stages (arXiv:2412.19437 sec. 3.2.1); echosim has no
-#: DualPipe placement, so the split balances stage cost, which carries the output head and the MTP module.
+#: the output head)" on one PP rank to balance DualPipe's stages (arXiv:2412.19437 sec. 3.2.1): DualPipe's
+#: placement (stage r and pp-1-r on rank r) puts them together; the split balances stage cost, which carries
+#: the output head and the MTP module.
 SOURCE_PP_BALANCE: dict[str, str] = {"deepseek_v3_2024": "cost"}
+
+#: A row whose source names DualPipe as its pipeline schedule (its ``framework`` column or the notes' "Pipeline
+#: schedule: DualPipe"): DeepSeek-V3's HAI-LLM run (arXiv:2412.19437 sec. 3.2.1).
+_DUALPIPE = re.compile(r"\bDualPipe\b|Pipeline schedule: DualPipe")
+
+
+def row_schedule(c: Case, vpp: int) -> str:
+    """The pipeline schedule a row ran: DualPipe where its source names it, else Megatron's 1F1B (interleaved
+    with virtual stages)."""
+    if _DUALPIPE.search(c["framework"]) or _DUALPIPE.search(c["notes"]):
+        return "dualpipe"
+    return "interleaved" if vpp > 1 else "1f1b"
+
 
 #: Megatron-Bridge 25.09's parenthesised FP8 variant (the rows whose ``dtype`` says fp8; the per-tensor rows
 #: are blank and take ``SOURCE_FLAGS``) is block-scaled. On Blackwell it runs MXFP8: the 25.11 table labels
@@ -696,7 +710,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
         "dtype": block_scaled_dtype(c) or c["dtype"] or None,
         "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
-        "schedule": "interleaved" if vpp > 1 else "1f1b",
+        "schedule": row_schedule(c, vpp),
         "framework": row_framework(c),
     }
     stated.update(flags)
