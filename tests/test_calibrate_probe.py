@@ -89,3 +89,14 @@ def test_the_check_command(db: Path, cli: click.Group, monkeypatch: pytest.Monke
     assert result.exit_code == 1 and result.output.count("\n") == 1 and "calibrate again" in result.output
     result = CliRunner().invoke(cli, ["calibrate", "--db", str(db), "--check", "nope"])
     assert result.exit_code == 1 and "no calibration named 'nope'" in result.output
+
+
+def test_a_calibrations_probe_is_the_mean_of_one_at_its_start_and_one_at_its_end() -> None:
+    end = {"matmul_s": 0.006, "stream_s": 0.008, "wall": {"matmul_s": 0.007, "stream_s": 0.009}, "repeats": 9}
+    both = probe.bracket(THEN, end)
+    assert both["matmul_s"] == pytest.approx(0.005) and both["stream_s"] == pytest.approx(0.007)
+    assert both["wall"]["matmul_s"] == pytest.approx(0.0055) and both["repeats"] == 18
+    assert both["start"] is THEN and both["end"] is end
+    assert probe.probe_drift(both, {"matmul_s": 0.005, "stream_s": 0.007}) == pytest.approx(
+        {"matmul_s": 0.0, "stream_s": 0.0, "total": 0.0}
+    )

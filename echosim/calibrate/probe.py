@@ -8,6 +8,10 @@ The probe separates that drift from the model's error: it is timed when a calibr
 (``echosim calibrate --check NAME``), and the two are compared. Predictions are never rescaled
 by it; a drift beyond :data:`DRIFT_WARN` is reported.
 
+A calibration times the probe as its benchmarks start and again as they end and stores the mean of
+the two (:func:`bracket`, both kept): in a quiet window, the probe at one calibration's start read its
+matmul 10-45% slower than the probes beside the real runs of the next five minutes did.
+
 The workload, on one intra-op thread, timed by the process CPU clock like the calibration's
 compute samples (so work the scheduler gives to others does not count), each part the median of
 :data:`PROBE_REPEATS` timings, interleaved:
@@ -32,6 +36,8 @@ MATMUL_DIM = 512
 STREAM_BYTES = 64 * 2**20
 #: Timings of each part; the probe reports their medians.
 PROBE_REPEATS = 9
+#: Untimed calls of each part first (pages mapped, kernels chosen, the clock up to speed).
+PROBE_WARMUP = 5
 #: A drift beyond this share is reported: the CPU accuracy target (issue 16: within 10%), so a larger
 #: drift alone would take a correct model outside it.
 DRIFT_WARN = 0.10
@@ -54,8 +60,9 @@ def run_probe(repeats: int = PROBE_REPEATS) -> dict[str, Any]:
             "matmul_s": lambda: torch.mm(a, b, out=c),
             "stream_s": lambda: dst.copy_(src),
         }
-        for fn in parts.values():  # warm: pages mapped, kernels chosen
-            fn()
+        for _ in range(PROBE_WARMUP):  # warm: pages mapped, kernels chosen, the core's clock up
+            for fn in parts.values():
+                fn()
         cpu: dict[str, list[float]] = {k: [] for k in parts}
         wall: dict[str, list[float]] = {k: [] for k in parts}
         for _ in range(repeats):
@@ -70,6 +77,16 @@ def run_probe(repeats: int = PROBE_REPEATS) -> dict[str, Any]:
     result["wall"] = {k: statistics.median(v) for k, v in wall.items()}
     result["repeats"] = repeats
     return result
+
+
+def bracket(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """A calibration's probe: the mean of the probes timed as its benchmarks start and end, each part
+    (the speed over the span the samples were measured in), with both kept."""
+    mean: dict[str, Any] = {k: (start[k] + end[k]) / 2 for k in PARTS}
+    mean["wall"] = {k: (start["wall"][k] + end["wall"][k]) / 2 for k in PARTS}
+    mean["repeats"] = start["repeats"] + end["repeats"]
+    mean["start"], mean["end"] = start, end
+    return mean
 
 
 def probe_drift(then: dict[str, Any], now: dict[str, Any]) -> dict[str, float]:

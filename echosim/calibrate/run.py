@@ -47,7 +47,7 @@ def run_calibration(
         if kind == "cpu":
             from echosim.calibrate.probe import run_probe
 
-            probe = run_probe()  # the machine's speed as the benchmarks start (compared later: --check)
+            probe = run_probe()  # the machine's speed as the benchmarks start and end (compared later: --check)
             say(f"benchmarking this CPU ({sweep} sweep, {threads} thread(s) per rank)")
             if ranks > 1:
                 say(f"  with {ranks} ranks computing at once (they share the machine's caches and memory)")
@@ -71,6 +71,10 @@ def run_calibration(
             samples += bench.bench_gpu(sweep, progress)
             if ranks > 1 and torch.cuda.device_count() >= ranks:
                 samples += bench.bench_collectives(sweep, ranks, "nccl", progress)
+    if probe is not None:
+        from echosim.calibrate.probe import bracket, run_probe
+
+        probe = bracket(probe, run_probe())
     derived: dict[str, tuple[float, str]] = {}
     fitted_spec = base
     knobs: list[fit.Knob] = []
