@@ -109,7 +109,7 @@ def drift_warning(drift: dict[str, float], name: str, limit: float = DRIFT_WARN)
     pace = "slower" if drift[worst] > 0 else "faster"
     return (
         f"this machine runs {words[worst]} {abs(drift[worst]):.0%} {pace} now than when calibration {name!r} "
-        f"was made (probe drift beyond {limit:.0%}): predictions made with it are off by about as much"
+        f"was made (probe drift beyond {limit:.0%}): predictions made with it may be off by about as much"
     )
 
 
