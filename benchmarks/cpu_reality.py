@@ -104,6 +104,7 @@ class Measured:
     load_before: float
     load_after: float
     other_cores: float  # CPU cores other processes on the machine used, on average, during the run
+    probe: dict[str, Any] | None = None  # the machine-speed probe timed just before the run (calibrate.probe)
 
 
 def _busy_seconds() -> float:
@@ -288,8 +289,11 @@ def measure(model_name: str, layout: str, steps: int) -> Measured:
 
 def run_ranks(script: str, args: list[str], world: int, label: str, threads: int = 1) -> Measured:
     """Start ``world`` ranks of ``script --rank R`` (``threads`` each) and read rank 0's steps and the load."""
+    from echosim.calibrate.probe import run_probe
+
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, script, *args]
+    probe = run_probe()  # the machine's speed right now, to tell its drift since calibration from model error
     load_before = os.getloadavg()[0]
     busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
     procs = [
@@ -308,7 +312,23 @@ def run_ranks(script: str, args: list[str], world: int, label: str, threads: int
         load_before,
         os.getloadavg()[0],
         others,
+        probe,
     )
+
+
+def calibration_probe(ref: str) -> dict[str, Any] | None:
+    """The machine-speed probe a calibration stored when it was made (``None`` for older calibrations)."""
+    from echosim.calibrate import load_calibration
+
+    return load_calibration(ref).machine.get("cpu-x86", {}).get("probe")
+
+
+def drift_of(ref: str, probe: dict[str, Any] | None) -> dict[str, float] | None:
+    """How much slower (+) the machine ran ``probe`` than when calibration ``ref`` was made."""
+    from echosim.calibrate.probe import probe_drift
+
+    then = calibration_probe(ref)
+    return probe_drift(then, probe) if then and probe else None
 
 
 def _free_port() -> int:
@@ -435,9 +455,11 @@ def main() -> None:
         "machine": f"{ident['cpu_model']}, {ident['usable_cores']} cores, {ident['memory_GB']:.0f} GB, "
         f"torch {ident['torch']}",
         "notes": NOTES,
+        "calibration_probes": {str(k): calibration_probe(ref) for k, ref in calibrations.items()},
     }
     rows = []
-    print(f"{'model':<20}{'layout':<22}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}")
+    print(f"{'model':<20}{'layout':<22}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}"
+          f"{'drift mm/st':>13}")  # fmt: skip
     for name in args.models.split(","):
         cfg = MODELS[name]
         for layout in layouts:
@@ -450,6 +472,7 @@ def main() -> None:
             m = min(attempts, key=lambda a: a.other_cores)  # the quietest attempt, whatever its step time
             p = predict(cfg, layout, calibrations[calibration_key(layout)])
             error = p["step_time_s"] / m.step_s - 1
+            drift = drift_of(calibrations[calibration_key(layout)], m.probe)
             rows.append(
                 {
                     "model": name,
@@ -461,6 +484,8 @@ def main() -> None:
                     "load_after": m.load_after,
                     "other_cores": m.other_cores,
                     "attempts": [{"step_s": a.step_s, "other_cores": a.other_cores} for a in attempts],
+                    "probe": m.probe,
+                    "probe_drift": drift,
                     "predicted_step_s": p["step_time_s"],
                     "error": error,
                     "breakdown": p["breakdown"],
@@ -471,13 +496,17 @@ def main() -> None:
             flag = "" if m.other_cores < CONTENDED_CORES else f"  (contended: others used {m.other_cores:.1f} cores)"
             print(
                 f"{name:<20}{layout:<22}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
-                f"{100 * error:>+7.1f}%{flag}",
+                f"{100 * error:>+7.1f}%{_drift_text(drift):>13}{flag}",
                 flush=True,
             )
     errors = [abs(r["error"]) for r in rows]
     print(f"mean absolute error {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}% over {len(rows)}")
     if args.out:
         args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
+
+
+def _drift_text(drift: dict[str, float] | None) -> str:
+    return f"{drift['matmul_s']:+.0%}/{drift['stream_s']:+.0%}" if drift else "-"
 
 
 if __name__ == "__main__":

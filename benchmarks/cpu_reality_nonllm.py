@@ -54,7 +54,9 @@ from cpu_reality import (  # noqa: E402
     _free_port,
     _time_steps,
     calibrate,
+    calibration_probe,
     calibrations_for,
+    drift_of,
     gloo_group,
     run_ranks,
     worker_parser,
@@ -201,7 +203,7 @@ def main() -> None:
         pairs = [calibrate(db, args.sweep, f"-{i}") for i in range(max(1, args.calibrations))]
     rows = []
     print(f"{'model':<12}{'layout':<16}{'predicted s':>12}{'calib +-':>9}{'cpu s':>8}{'runs +-':>8}"
-          f"{'vs cpu s':>9}{'noise':>7}{'within':>7}{'others':>7}")  # fmt: skip
+          f"{'vs cpu s':>9}{'noise':>7}{'within':>7}{'others':>7}{'drift':>7}")  # fmt: skip
     for name in MODELS:
         for layout in LAYOUTS:
             runs = [measure(name, layout, args.steps, args.optimizer) for _ in range(args.repeats)]
@@ -218,6 +220,10 @@ def main() -> None:
             # the noise band: the run-to-run spread of the measured step and the spread of the prediction
             # over calibrations, each half its range, added in quadrature
             band = math.hypot(run_noise["half_range"], cal_noise["half_range"])
+            # the machine's speed beside each run against the first calibration's: drift, not model error
+            drifts = [drift_of(pairs[0][ranks], m.probe) for m in runs]
+            totals = [d["total"] for d in drifts if d]
+            drift = statistics.median(totals) if totals else math.nan
             row = {"model": name, "layout": layout, "optimizer": args.optimizer, "runs": len(runs),
                    "cpu_step_s": cpu_s, "cpu_steps_s": cpus, "run_noise": run_noise,
                    "calibration_noise": cal_noise, "noise_band": band, "within_noise": abs(cpu_error) <= band,
@@ -225,13 +231,15 @@ def main() -> None:
                    "cpu_share": [m.cpu_share for m in runs], "other_cores": [m.other_cores for m in runs],
                    "load_before": [m.load_before for m in runs],
                    "iqr_over_median": [_iqr(m.steps) / m.step_s for m in runs],
+                   "probes": [m.probe for m in runs], "probe_drift": drifts,
+                   "calibration_probes": [calibration_probe(pair[ranks]) for pair in pairs],
                    "predicted_step_s": predicted, "predicted_steps_s": [p["step_time_s"] for p in preds],
                    "breakdown": preds[0]["breakdown"]}  # fmt: skip
             rows.append(row)
             within = "yes" if row["within_noise"] else "no"
             print(f"{name:<12}{layout:<16}{predicted:>12.4f}{cal_noise['half_range']:>9.1%}{cpu_s:>8.4f}"
                   f"{run_noise['half_range']:>8.1%}{cpu_error:>+9.1%}{band:>7.1%}{within:>7}"
-                  f"{statistics.mean(row['other_cores']):>7.2f}", flush=True)  # fmt: skip
+                  f"{statistics.mean(row['other_cores']):>7.2f}{drift:>+7.1%}", flush=True)  # fmt: skip
             if args.out:
                 args.out.write_text(json.dumps({"calibrations": pairs, "rows": rows}, indent=1, sort_keys=True))
     for key in ("error", "cpu_error"):

@@ -264,6 +264,11 @@ def test_calibrate_command_tiny_sweep(tmp_path, cli, monkeypatch):
     assert {"gemm_eff_fp32", "stream_fraction", "op_overhead_us", "fresh_memory_GBps"} <= set(params)
     assert "peak_fp32_tflops" in params
     assert cal["backends"]["cpu-x86"]["machine"]["usable_cores"] >= 1
+    # the machine-speed probe, timed as the benchmarks start and end, is stored with the machine for --check
+    stored = cal["backends"]["cpu-x86"]["machine"]["probe"]
+    assert stored["stream_s"] > 0 and stored["start"]["stream_s"] > 0 and stored["end"]["stream_s"] > 0
+    check = CliRunner().invoke(cli, ["calibrate", "--check", "t"])
+    assert check.exit_code == 0 and "probe now against calibration 't'" in check.output
 
 
 def test_calibrate_command_errors(tmp_path, cli):

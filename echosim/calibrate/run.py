@@ -42,8 +42,12 @@ def run_calibration(
         raise CalibrationError(f"backend {backend!r} cannot be calibrated on this machine (cpu or gpu backends only)")
     samples: list[bench.Sample] = []
     measurements = []
+    probe: dict[str, Any] | None = None
     if not skip_benchmarks:
         if kind == "cpu":
+            from echosim.calibrate.probe import run_probe
+
+            probe = run_probe()  # the machine's speed as the benchmarks start and end (compared later: --check)
             say(f"benchmarking this CPU ({sweep} sweep, {threads} thread(s) per rank)")
             if ranks > 1:
                 say(f"  with {ranks} ranks computing at once (they share the machine's caches and memory)")
@@ -67,6 +71,10 @@ def run_calibration(
             samples += bench.bench_gpu(sweep, progress)
             if ranks > 1 and torch.cuda.device_count() >= ranks:
                 samples += bench.bench_collectives(sweep, ranks, "nccl", progress)
+    if probe is not None:
+        from echosim.calibrate.probe import bracket, run_probe
+
+        probe = bracket(probe, run_probe())
     derived: dict[str, tuple[float, str]] = {}
     fitted_spec = base
     knobs: list[fit.Knob] = []
@@ -97,6 +105,8 @@ def run_calibration(
     if not params and not measurements:
         raise CalibrationError("nothing to store: no benchmark ran and no profile was imported")
     machine = fit.machine_identity(threads, ranks)
+    if probe is not None:
+        machine["probe"] = probe
     source = f"echosim calibrate --sweep {sweep}" + (f" --from-profile {Path(profile).name}" if profile else "")
     store = CalibrationStore(db, create=True)
     try:

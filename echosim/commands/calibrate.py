@@ -47,6 +47,13 @@ _guarded = one_line_errors(ValueError)  # user errors and argument checks end as
 )
 @click.option("--no-bench", is_flag=True, help="Only import --from-profile; run no microbenchmark.")
 @click.option("--list", "list_", is_flag=True, help="List the calibrations in the database and exit.")
+@click.option(
+    "--check",
+    "check",
+    metavar="NAME",
+    help="Time the machine-speed probe now against the one calibration NAME stored, say how far the machine's "
+    "speed has drifted since, and exit (predictions are never rescaled by it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_guarded
 def calibrate(
@@ -60,6 +67,7 @@ def calibrate(
     profile: str | None,
     no_bench: bool,
     list_: bool,
+    check: str | None,
     as_json: bool,
 ) -> None:
     """Measure this machine with torch, fit BACKEND's efficiency parameters and store them.
@@ -73,6 +81,9 @@ def calibrate(
     path = Path(db) if db else default_path()
     if list_:
         _list(path, as_json)
+        return
+    if check:
+        _check(path, check, backend, as_json)
         return
     if no_bench and not profile:
         raise click.UsageError("--no-bench needs --from-profile TRACE")
@@ -137,6 +148,21 @@ def _print_result(r: dict[str, Any]) -> None:
     if r["measured_kernels"]:
         click.echo(f"{r['measured_kernels']} measured kernel(s) stored; they take precedence for their exact shapes")
     click.echo(f"use it: echosim compile MODEL --backend {r['backend']} --calibration {r['name']}")
+
+
+def _check(path: Path, name: str, backend: str, as_json: bool) -> None:
+    from echosim.calibrate.probe import PARTS, check_calibration
+
+    result = check_calibration(f"{path}#{name}", backend)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    click.echo(f"machine-speed probe now against calibration {result['name']!r} ({backend}):")
+    for part in PARTS:
+        then, now = result["then"][part], result["now"][part]
+        click.echo(f"  {part:<10}{then * 1e3:>9.2f} ms then {now * 1e3:>9.2f} ms now  {result['drift'][part]:+.1%}")
+    if result["warning"]:
+        click.echo(f"warning: {result['warning']}", err=True)
 
 
 def _list(path: Path, as_json: bool) -> None:
