@@ -31,12 +31,17 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     +22.0% -> -4.2%, the group 14.8% / -12.2% -> 13.8% / -13.7% (a compensating +22% gone). float8 tensor
     parallelism gathers the row-parallel output gradient in e5m2 (passes.precision): the tp 8 fp8 rows run
     2.5-3.7 points faster, the group 13.8% / -13.7% -> 14.6% / -14.6%. torchao's float8 output GEMMs run with fast
-    accumulation (compute.FP8_PROMOTING_ARCHS): the fp8 rows 0.4-1.5 points faster, 15.2% / -15.2%."""
+    accumulation (compute.FP8_PROMOTING_ARCHS): the fp8 rows 0.4-1.5 points faster, 15.2% / -15.2%. Context
+    parallelism as PyTorch's context_parallel runs it (passes.context_parallel ``torch``: repeat_kv'd K/V
+    all-gathered and waited on in line, fp32 dK/dV permutes and merge): the six CP rows -6.7..-32.5% ->
+    -2.9..-28.9% (the 405B ones, whose K/V cross nodes, -21.9..-32.3% -> -2.9..-11.5%), 11.8% / -11.8%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.152, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.152, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.118, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.118, abs=0.005)
+    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.029, abs=0.01)
+    assert errors["torchtitan2412-t2-llama-3p1-8b-fp8-h100-96gb-8-s262144"] == pytest.approx(-0.289, abs=0.01)
     assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.081, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins
     assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.135, abs=0.01)
