@@ -30,7 +30,9 @@ rotater (``_cp_options.rotate_method = ALL_GATHER``; torchtitan's
 ``--experimental.context_parallel_rotate_method`` default ``allgather``) all-gathers every chunk once,
 issued before the diagonal step and read from the next (``all_gather`` here); ``alltoall`` permutes one
 chunk per step (``p2p`` here). Its backward all-gathers K/V again and sends the fp32 dK/dV accumulators
-round the ring (``convert_to_f32``, a separate ALL_TO_ALL rotater): one permute per step, ``cp`` in all.
+round the ring (``convert_to_f32``, a separate ALL_TO_ALL rotater): one permute per step, ``cp`` in all
+(costed as one ``cp``-piece exchange after the last step's backward: eager PyTorch hides all but the last
+behind the next step, so an eager run is an upper bound here; the cases rows all compile).
 Each step's output merges into an fp32 accumulator (``_SDPAMerger``; bytes in
 :func:`echosim.passes.flops.io_bytes`). Its later balanced steps are non-causal calls on half the
 queries or half the keys; they are costed as the causal block of the same work, as for TE (priced
