@@ -128,6 +128,13 @@ class Framework:
     # padding; echosim.passes.expert_parallel, ``padded``), and where that is documented.
     moe_capacity_padding: str = ""
 
+    # Context parallelism through PyTorch's experimental context_parallel (SDPA dispatched to its ring
+    # attention; echosim.passes.context_parallel, ``torch``) instead of Transformer Engine's ('' = TE's),
+    # and where that is documented; ``compiled_collectives``: the block that issues those exchanges is
+    # compiled whole, so each is waited on where it is issued ('' = eager: waited at first use).
+    cp_torch: str = ""
+    compiled_collectives: str = ""
+
     # Model settings the framework fills when a run does not state them (the tokenizer's vocabulary).
     model_defaults: tuple[Default, ...] = ()
     vocab_multiple: int = 1  # the embedding rows a tokenizer's vocabulary is padded to a multiple of, x tp
@@ -472,6 +479,16 @@ FRAMEWORKS["torchtitan-2025"] = replace(
     title="torchtitan releases of 2024-2025: FSDP2, PyTorch SDPA's FlashAttention-2 kernels on Hopper",
     version="torchtitan before commit 6a3a9da (2025-10-09), e.g. e7c0cae (2025-06-11)",
     row_names=("torchtitan (torch 2.6", "torchtitan (commit e7c0cae"),
+    defaults=(
+        *FRAMEWORKS["torchtitan"].defaults,
+        Default(
+            "cp_comm",
+            "all_gather",
+            "--experimental.context_parallel_rotate_method defaults to 'allgather' (torchtitan/config_manager.py, "
+            "commit 9dec370; parallelism.context_parallel_rotate_method at e7c0cae)",
+            when_above_one="cp",
+        ),
+    ),
     attention_kernel="fa2",
     attention_source="ScaledDotProductAttention._init_backend: [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], "
     "CUDNN_ATTENTION first only with CUDA capability 10.0 (torchtitan/models/attention.py, commit e7c0cae); "
@@ -480,6 +497,12 @@ FRAMEWORKS["torchtitan-2025"] = replace(
     norm_source="train_configs/llama3_*.toml: norm_type = 'rmsnorm', compile = false; build_norm('rmsnorm') is "
     "torchtitan's RMSNorm module, (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))"
     ".type_as(x) * weight (torchtitan/models/norms.py, commit 9dec370, the one its 2024-12 benchmarks name)",
+    cp_torch="create_context_parallel_ctx: context_parallel(cp_mesh, ...) after "
+    "set_rotate_method(--experimental.context_parallel_rotate_method, default 'allgather') (torchtitan/utils.py, "
+    "config_manager.py, commit 9dec370; config_manager.py at e7c0cae); the Llama attention expands K and V to "
+    "the query heads (repeat_kv) before F.scaled_dot_product_attention (torchtitan/models/llama/model.py, "
+    "9dec370; models/llama3/model.py, e7c0cae); ring attention, its fp32 merge and backward: "
+    "torch/distributed/tensor/experimental/_attention.py (PyTorch 1963fc8, the torch its 2024-12 benchmarks name)",
 )
 # The same runs with --training.compile: torch.compile of each TransformerBlock, where Inductor fuses the
 # norm into one kernel each way (torchtitan/parallelisms/parallelize_llama.py apply_compile, commit 9dec370).
@@ -492,6 +515,11 @@ FRAMEWORKS["torchtitan-2025-compile"] = replace(
     norm_kernels="",
     norm_source="apply_compile: torch.compile per TransformerBlock (torchtitan/parallelisms/parallelize_llama.py, "
     "commit 9dec370); Inductor fuses the RMSNorm's upcast, reduction and products",
+    compiled_collectives="apply_compile: torch.compile(transformer_block, fullgraph=True) (torchtitan "
+    "parallelize_llama.py, 9dec370 and e7c0cae) traces the ring attention's functional collectives, which "
+    "while tracing return wait_tensor(...) at once (_maybe_wrap_tensor, torch/distributed/"
+    "_functional_collectives.py); Inductor's reorder_for_compute_comm_overlap (torch/_inductor/config.py) "
+    "defaults to False, so nothing moves the waits",
 )
 # ZeRO-3 in 2021 was DeepSpeed's: Megatron-LM of 2021 has no stage 3 (its distributed optimizer, 2022, shards
 # optimizer state only), and Narayanan et al. 2021 (arXiv:2104.04473, sec. 5.2) ran their ZeRO-3 comparison

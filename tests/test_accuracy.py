@@ -34,14 +34,19 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     (mixed_precision_reduce = 'float32') and copies each gather out and the gradients in (passes.data_parallel
     ``fsdp2_copies``, not under a pipeline): the 8B rows 2-3 points slower, 70B ones 4, the group 13.3% / -13.1%.
     torchao's float8 output GEMMs run with fast accumulation (compute.FP8_PROMOTING_ARCHS): the fp8 rows 0.4-1.5
-    points faster, 13.8% / -13.7%."""
+    points faster, 13.8% / -13.7%. Context parallelism as PyTorch's context_parallel runs it
+    (passes.context_parallel ``torch``: repeat_kv'd K/V all-gathered and waited on in line, fp32 dK/dV permutes and
+    merge): the six CP rows -6.7..-32.5% -> -2.9..-28.9% (the 405B ones, whose K/V cross nodes, -21.9..-32.3% ->
+    -2.9..-11.5%), 10.3% / -10.2%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.138, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.137, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.103, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.102, abs=0.005)
     # -6.6% before FSDP2's fp32 reduce-scatter (once a micro-batch here, once a step under PP in torchtitan),
     # -5.0% with it before fast accumulation
+    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.027, abs=0.01)
+    assert errors["torchtitan2412-t2-llama-3p1-8b-fp8-h100-96gb-8-s262144"] == pytest.approx(-0.289, abs=0.01)
     assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.065, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins;
     # -13.5 / -12.1% before FSDP2's copies

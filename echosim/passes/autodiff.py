@@ -220,6 +220,7 @@ _ELEMENTWISE_RULES = {
     "moe_dispatch": _moe_dispatch,
     "moe_combine": _moe_combine,
     "attn_merge": _attn_merge,
+    "attn_merge_fp32": _attn_merge,
     "moe_sort_chunks": _permutation,
     "moe_unsort_chunks": _permutation,
     "moe_unpermute": _permutation,

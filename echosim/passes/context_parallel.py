@@ -21,6 +21,27 @@ every other ring step is exactly half a block (Transformer Engine skips the mask
 half). Without it, rank ``cp - 1`` holds the last chunk and does the most work;
 since the ring advances in lock step, that rank is the one simulated.
 
+``torch``: PyTorch's experimental ``context_parallel`` instead (torchtitan's CP; PyTorch
+torch/distributed/tensor/experimental/_attention.py, ``_templated_ring_attention`` and its backward, as
+of commit 1963fc8, 2024-12-23). It rings the K/V that reach ``scaled_dot_product_attention``, which
+torchtitan's Llama has already expanded to the query heads (``repeat_kv`` before SDPA,
+torchtitan/models/llama/model.py at 9dec370): the exchanged bytes grow by heads / kv_heads. Its default
+rotater (``_cp_options.rotate_method = ALL_GATHER``; torchtitan's
+``--experimental.context_parallel_rotate_method`` default ``allgather``) all-gathers every chunk once,
+issued before the diagonal step and read from the next (``all_gather`` here); ``alltoall`` permutes one
+chunk per step (``p2p`` here). Its backward all-gathers K/V again and sends the fp32 dK/dV accumulators
+round the ring (``convert_to_f32``, a separate ALL_TO_ALL rotater): one permute per step, ``cp`` in all
+(costed as one ``cp``-piece exchange after the last step's backward: eager PyTorch hides all but the last
+behind the next step, so an eager run is an upper bound here; the cases rows all compile).
+Each step's output merges into an fp32 accumulator (``_SDPAMerger``; bytes in
+:func:`echosim.passes.flops.io_bytes`). Its later balanced steps are non-causal calls on half the
+queries or half the keys; they are costed as the causal block of the same work, as for TE (priced
+as the non-causal shapes, the torchtitan rows move 0.1-0.2 points faster).
+``waited``: the block is compiled whole (torch.compile, fullgraph), and a functional collective traced by
+it is waited on where it is issued (``_maybe_wrap_tensor`` returns ``wait_tensor(...)`` while tracing,
+torch/distributed/_functional_collectives.py; Inductor's ``reorder_for_compute_comm_overlap`` is off by
+default), so every exchange runs in line with the attention instead of beside it.
+
 :class:`ContextParallelBackward` runs after autodiff: like Transformer Engine, the
 backward keeps only the local K/V and brings the other chunks round again (the
 ring in the other direction, one step ahead of the attention backward; a second
@@ -48,6 +69,8 @@ from echosim.passes.base import LayoutError
 from echosim.passes.tensor_parallel import _split_axis_after_view
 
 COMMS = ("p2p", "all_gather")
+#: PyTorch's merge of the ring's partial outputs, in fp32 (echosim.passes.flops.io_bytes)
+MERGE_FP32 = "attn_merge_fp32"
 
 
 def check_sequence(cp: int, seq_len: int, balance: bool = True) -> None:
@@ -65,6 +88,8 @@ class ContextParallel:
     cp: int
     comm: str = "p2p"
     balance: bool = True
+    torch: bool = False  # PyTorch's experimental context_parallel (module docstring)
+    waited: bool = False  # compiled: each exchange waited on where it is issued
     name: ClassVar[str] = "context-parallel"
 
     def __post_init__(self) -> None:
@@ -183,6 +208,11 @@ class _Splitter:
         out = self.div(node.out, len(node.out.shape) - 2, node)
         kspec, vspec = self.out[k].out, self.out[v].out
         packed = kspec.with_shape((kspec.shape[0], kspec.shape[1] + vspec.shape[1], *kspec.shape[2:]))
+        if self.opts.torch:  # K and V reach SDPA expanded to the query heads (repeat_kv)
+            heads = self.out[q].out.shape[1]
+            packed = kspec.with_shape((kspec.shape[0], 2 * heads, *kspec.shape[2:]))
+            if self.opts.comm == "all_gather":
+                return self._gathered_ring(node, q, k, v, out, packed, s_local)
         if self.opts.comm == "all_gather":
             return self._all_gather(node, q, k, v, out, packed, s_local)
         return self._ring(node, q, k, v, out, packed, s_local)
@@ -198,7 +228,7 @@ class _Splitter:
             op,
             ins,
             packed,
-            CollectiveAttrs(Axis.CP, self.cp, packed.nbytes),
+            CollectiveAttrs(Axis.CP, self.cp, packed.nbytes, blocking=self.opts.waited),
             phase=node.phase,
             scope=node.scope,
             name=f"{node.name}.{tag}",
@@ -213,9 +243,8 @@ class _Splitter:
         self.axis[kv] = self.axis[kview] = self.axis[vview] = len(packed.shape) - 2
         return kv, kview, vview
 
-    def _ring(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
-        a = node.attrs
-        assert isinstance(a, AttentionAttrs)
+    def _steps(self, a: AttentionAttrs, s: int) -> tuple[AttentionAttrs, AttentionAttrs]:
+        """The diagonal step's attention and every later step's."""
         full_step = replace(a, q_len=s, kv_len=s, causal=False)
         # Balanced causal: every later step is exactly half a block (Transformer Engine runs
         # the unmasked half). It is costed as a causal block of the same size: the same work.
@@ -228,22 +257,54 @@ class _Splitter:
         if a.causal:
             later = replace(later, model_scale=0.5 / (causal_fraction(s, s) if later.causal else 1.0))
         first = replace(a, q_len=s, kv_len=s) if a.causal else full_step
+        return first, later
+
+    def _ring(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        first, later = self._steps(a, s)
         parts = [self._partial(node, [q, k, v], out, first, "cp0")]
         kj, vj = k, v
         for j in range(1, self.cp):
             _kv, kj, vj = self._exchange(node, OpKind.RECV, [kj, vj], packed, f"cp_ring{j}")
             parts.append(self._partial(node, [q, kj, vj], out, later, f"cp{j}"))
+        return self._merge(node, parts, out)
+
+    def _merge(self, node: Node, parts: list[int], out: TensorSpec) -> int:
         merged = self.out.add(
             OpKind.ELEMENTWISE,
             parts,
             out,
-            ElementwiseAttrs("attn_merge", 4),
+            ElementwiseAttrs(MERGE_FP32 if self.opts.torch else "attn_merge", 4),
             phase=node.phase,
             scope=node.scope,
             name=f"{node.name}.cp_merge",
         )
         self.axis[merged] = len(out.shape) - 2
         return merged
+
+    def _gathered_ring(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
+        """PyTorch's all-gather rotater: one gather before the diagonal step, each later step reads its chunk."""
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        first, later = self._steps(a, s)
+        gathered = packed.with_shape((*packed.shape[:2], packed.shape[2] * self.cp, *packed.shape[3:]))
+        attrs = CollectiveAttrs(Axis.CP, self.cp, gathered.nbytes, blocking=self.opts.waited)
+        kv = self.out.add(OpKind.ALL_GATHER, [k, v], gathered, attrs, phase=node.phase, scope=node.scope,
+                          name=f"{node.name}.cp_all_gather")  # fmt: skip
+        self.axis[kv] = len(gathered.shape) - 2
+        parts = [self._partial(node, [q, k, v], out, first, "cp0")]
+        heads = packed.shape[1] // 2
+        shape = (packed.shape[0], heads, *packed.shape[2:])
+        for j in range(1, self.cp):  # chunk j of the gathered K/V: its K and V halves
+            kj, vj = (
+                self.out.add(OpKind.VIEW, [kv], spec.with_shape(shape), phase=node.phase, scope=node.scope,
+                             name=f"{node.name}.cp_chunk{j}.{t}")
+                for spec, t in ((self.out[k].out, "k"), (self.out[v].out, "v"))
+            )  # fmt: skip
+            self.axis[kj] = self.axis[vj] = len(shape) - 2
+            parts.append(self._partial(node, [q, kj, vj], out, later, f"cp{j}"))
+        return self._merge(node, parts, out)
 
     def _all_gather(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
         a = node.attrs
@@ -284,10 +345,13 @@ def _is_cp(node: Node, op: OpKind) -> bool:
 
 @dataclass(frozen=True)
 class ContextParallelBackward:
+    torch: bool = False  # PyTorch's ring: dK/dV travel as fp32 accumulators, one permute per step
     name: ClassVar[str] = "context-parallel-backward"
 
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
+        if self.torch:
+            _fp32_grad_ring(g)
         views: dict[int, list[int]] = {}  # exchange -> its K and V views, in creation order
         for n in g:
             if n.op is OpKind.VIEW and n.phase is Phase.FORWARD and n.inputs and n.inputs[0] in g.nodes:
@@ -296,9 +360,9 @@ class ContextParallelBackward:
                     views.setdefault(src.id, []).append(n.id)
         if not views:
             return g
-        merged = {
-            i: n.id for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "attn_merge" for i in n.inputs
-        }
+        merges = ("attn_merge", MERGE_FP32)
+        merged = {i: n.id for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn in merges
+                  for i in n.inputs}  # fmt: skip
         position = {nid: i for i, nid in enumerate(g.nodes)}
         insert: dict[int, list[int]] = {}  # backward consumer -> new nodes to place before it
         rewire: dict[int, dict[int, int]] = {}
@@ -344,6 +408,25 @@ class ContextParallelBackward:
             order.append(nid)
         g.nodes = {nid: g.nodes[nid] for nid in order}
         return g
+
+
+def _fp32_grad_ring(g: Graph) -> None:
+    """PyTorch's ring backward sends the fp32 dK/dV accumulators (``convert_to_f32``) to the next rank after
+    every step, a permute each: the gradient of a gathered K/V is ``cp`` chunk-sized fp32 permutes, not a
+    reduce_scatter; the gradient of a ring step is its exchange in fp32."""
+    for n in list(g):
+        a = n.attrs
+        if n.phase is not Phase.BACKWARD or not isinstance(a, CollectiveAttrs) or a.axis is not Axis.CP:
+            continue
+        fwd = g.nodes.get(n.origin) if n.origin is not None else None
+        if fwd is None or not (_is_cp(fwd, OpKind.RECV) or _is_cp(fwd, OpKind.ALL_GATHER)):
+            continue
+        widen = 4 // fwd.out.dtype.itemsize
+        if n.op is OpKind.REDUCE_SCATTER:
+            piece = a.bytes // a.size * widen
+            g.replace(n.id, op=OpKind.RECV, attrs=replace(a, bytes=piece * a.size, pieces=(piece,) * a.size))
+        elif n.op is OpKind.RECV:
+            g.replace(n.id, attrs=replace(a, bytes=a.bytes * widen))
 
 
 def _ring_chains(g: Graph, views: dict[int, list[int]], owner: dict[int, int]) -> list[list[int]]:

@@ -53,6 +53,12 @@ def io_bytes(graph: Graph, node: Node) -> int:
         # qwen3-30b permute, where 2 x T*k rows at STREAM bandwidth take 69 us.
         ids = sum(graph[i].out.nbytes for i in node.inputs[1:])
         return ids + 2 * node.out.nbytes
+    if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn == "attn_merge_fp32":
+        # PyTorch's ring merges each step's output into an fp32 accumulator (_SDPAMerger, convert_to_f32):
+        # the first upcast (a + 4), each later step reads the accumulator and its output and writes the
+        # accumulator (4 + a + 4), the result downcast (4 + a); Inductor fuses each step's ops into one pass
+        a = node.out.dtype.itemsize
+        return node.out.numel * ((len(node.inputs) - 1) * (8 + a) + 2 * (a + 4))
     if isinstance(node.attrs, NormAttrs) and node.attrs.reference:
         return reference_rmsnorm_bytes(node)
     return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)

@@ -25,9 +25,19 @@ def _attention(plan: Any) -> object:
 
 
 def _context(plan: Any) -> object:
+    from echosim.frameworks import get_framework
     from echosim.passes.context_parallel import ContextParallel
 
-    return ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance)
+    framework = get_framework(plan.framework)
+    torch, waited = bool(framework.cp_torch), bool(framework.compiled_collectives)
+    return ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance, torch, torch and waited)
+
+
+def _context_backward(plan: Any) -> object:
+    from echosim.frameworks import get_framework
+    from echosim.passes.context_parallel import ContextParallelBackward
+
+    return ContextParallelBackward(bool(get_framework(plan.framework).cp_torch))
 
 
 def _tensor(plan: Any) -> object:
@@ -148,7 +158,7 @@ BUILTIN_PASSES: tuple[tuple[str, Any, str], ...] = (
     ("expert-parallel", _expert, "graph"),
     ("embedding-sharding", _embedding_sharding, "graph"),
     ("autodiff", None, "graph"),
-    ("context-parallel-backward", None, "graph"),
+    ("context-parallel-backward", _context_backward, "graph"),
     ("recompute", _recompute, "graph"),
     ("fp8-linears", _fp8, "graph"),
     ("data-parallel", _data_parallel, "stage"),
