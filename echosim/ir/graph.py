@@ -148,14 +148,16 @@ class Graph:
             self._dag = dag
         return self._dag
 
+    # the readers below go to the node table itself, not through :attr:`nodes`: analyses read nodes by id
+    # millions of times in a layout search
     def __iter__(self) -> Iterator[Node]:
-        return iter(self.nodes.values())
+        return iter(self._nodes.values())
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self._nodes)
 
     def __getitem__(self, nid: int) -> Node:
-        return self.nodes[nid]
+        return self._nodes[nid]
 
     def users(self, nid: int) -> list[int]:
         """Ids of the nodes that read ``nid``, ascending."""
@@ -169,8 +171,10 @@ class Graph:
 
     def block_of(self, node: Node) -> str | None:
         """The repeated-block prefix a node belongs to, if any."""
+        scope = node.scope
         for prefix in self.repeats:
-            if node.scope == prefix or node.scope.startswith(prefix + "."):
+            # ``scope == prefix or scope.startswith(prefix + ".")``, without building the string
+            if scope.startswith(prefix) and (len(scope) == len(prefix) or scope[len(prefix)] == "."):
                 return prefix
         return None
 
@@ -197,10 +201,10 @@ class Graph:
         return sum(count * self.layers_per_block(prefix) for prefix, count in self.repeats.items())
 
     def by_phase(self, phase: Phase) -> list[Node]:
-        return [n for n in self.nodes.values() if n.phase is phase]
+        return [n for n in self._nodes.values() if n.phase is phase]
 
     def params(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.op is OpKind.PARAMETER]
+        return [n for n in self._nodes.values() if n.op is OpKind.PARAMETER]
 
     def param_count(self) -> int:
         """Parameter elements this graph holds, repeats included (after sharding: this rank's shards only).
