@@ -99,6 +99,34 @@ def test_stage_depths_share_their_units_exactly() -> None:
         share_nodes(other, graphs[0])
 
 
+def test_stage_depths_share_their_working_set_terms_exactly() -> None:
+    """Depths 1-3 of a stage shape hold the same nodes: the working set's terms and backward's freeing schedule
+    (which read no repeat count) are depth 1's, equal to each depth's own walk, and so is every stage graph's
+    working set (ZeRO 0-3, recompute policies with replayed values)."""
+    from echosim.ir.graph import SAME_NODES
+    from echosim.passes.memory import _freed_schedule, _working_terms, transient_bytes
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=pp, dp=8 // pp, global_batch=16, zero=z, recompute=r)
+             for pp in (2, 4, 8) for z in (0, 3) for r in ("none", "full", "selective")]  # fmt: skip
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
+    shared = 0
+    for stage in stages:
+        base = stage.base
+        ref = base.derived(SAME_NODES, lambda: base)  # noqa: B023
+        for saved in {k[1] for k in base._derived if isinstance(k, tuple) and k[0] == "working-terms"} | {
+            k[1] for k in ref._derived if isinstance(k, tuple) and k[0] == "working-terms"
+        }:
+            own = base.copy()  # no link, no kept analyses: walked on its own
+            assert _working_terms(own, list(own), saved) == _working_terms(ref, list(ref), saved)
+            assert _freed_schedule(own, saved) == _freed_schedule(ref, saved)
+            assert transient_bytes(stage.graph, saved, base) == transient_bytes(stage.graph.copy(), saved)
+            shared += ref is not base
+    assert shared >= 10
+
+
 @pytest.mark.parametrize("model", ["gpt3-350m", "moe"])
 def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str) -> None:
     """A ZeRO-3 stage graph's units (its weight gathers and gradient reduce-scatters run inside them) are built

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: :meth:`Graph.derived` key of a graph holding the very node objects of another (and its inputs, outputs,
+#: gradients and block layers) under other repeat counts: analyses that read no repeat count are kept on that
+#: one (:func:`echosim.timeline.lower.share_nodes` sets it).
+SAME_NODES = "same-nodes-as"
+
 
 @dataclass(frozen=True, slots=True)
 class Node:

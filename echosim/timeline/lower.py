@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from echosim.backends.base import Backend, Placement
 from echosim.backends.deepep import deepep_time_s
-from echosim.ir.graph import Graph, Node
+from echosim.ir.graph import SAME_NODES, Graph, Node
 from echosim.ir.names import cost_traits
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.ir.types import DType, TensorSpec
@@ -464,18 +464,16 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     return done
 
 
-#: :meth:`Graph.derived` key of a graph holding the very node objects of this one (and its inputs, outputs
-#: and gradients) under other repeat counts (:func:`share_nodes`).
-_SAME_NODES = "same-nodes-as"
+_SAME_NODES = SAME_NODES  # a graph's source of the same nodes under other repeat counts (:func:`share_nodes`)
 
 
 def share_nodes(graph: Graph, ref: Graph) -> None:
     """Tell ``graph`` that it holds ``ref``'s nodes (the same objects, in order) with only its repeat counts
     changed: its units are then ``ref``'s with the repeated block's count changed (:func:`unit_parts`)."""
     same = graph.nodes.keys() == ref.nodes.keys() and all(a is b for a, b in zip(graph, ref, strict=True))
-    if not same or graph.repeats.keys() != ref.repeats.keys() or (graph.inputs, graph.outputs, graph.grads) != (
-        ref.inputs, ref.outputs, ref.grads
-    ):  # fmt: skip
+    if not same or graph.repeats.keys() != ref.repeats.keys() or (
+        graph.inputs, graph.outputs, graph.grads, graph.block_layers
+    ) != (ref.inputs, ref.outputs, ref.grads, ref.block_layers):  # fmt: skip
         raise ValueError("share_nodes: the graphs differ in more than their repeat counts")
     graph.derived(_SAME_NODES, lambda: ref)
 
