@@ -219,6 +219,22 @@ def test_a_units_period_is_kept_and_forgotten_when_its_busy_time_grows() -> None
     assert u.period == 4.0
 
 
+def test_a_units_communication_split_is_kept_and_forgotten_when_its_busy_time_grows() -> None:
+    """:attr:`UnitTiming.comm_split` (what the search's exposed communication reads) sums as the report's
+    breakdown does, is kept once read, and is recomputed after :meth:`add_busy`."""
+    from echosim.timeline.streams import UnitTiming
+
+    u = UnitTiming(duration=3.0, critical_end=2.0)
+    u.add_busy("comm.tp", 0.1)
+    u.add_busy("compute.matmul", 1.5)
+    u.add_busy("comm.dp", 0.2)
+    assert u.comm_split == ((("comm.tp", 0.1), ("comm.dp", 0.2)), sum([0.1, 0.2]), 1.5)
+    assert u.comm_split is u.comm_split
+    u.add_busy("comm.dp", 1.0)
+    u.add_busy("compute.attention", 0.5)
+    assert u.comm_split == ((("comm.tp", 0.1), ("comm.dp", 0.2 + 1.0)), 0.1 + (0.2 + 1.0), 1.5 + 0.5)
+
+
 def test_zero3_units_resume_their_layers_first_pass_exactly_and_by_placement() -> None:
     """A ZeRO-3 unit's first scheduling pass resumes the pass of the layer unit it extends (kept on that unit):
     its timing equals a simulation from scratch field for field, for TP placed in one node or across two and

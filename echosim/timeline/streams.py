@@ -66,10 +66,22 @@ class UnitTiming:
     def add_busy(self, category: str, seconds: float) -> None:
         self.busy[category] = self.busy.get(category, 0.0) + seconds
         self.__dict__.pop("_period", None)
+        self.__dict__.pop("_split", None)
 
     @property
     def compute_busy(self) -> float:
         return sum(v for k, v in self.busy.items() if k.startswith("compute."))
+
+    @property
+    def comm_split(self) -> tuple[tuple[tuple[str, float], ...], float, float]:
+        """Its ``comm.*`` busy seconds by category (in :attr:`busy`'s order), their sum and :attr:`compute_busy`,
+        summed as those are; kept once read, as :attr:`period` is (a search's ranking reads them for every unit of
+        every layout it ranks)."""
+        known = self.__dict__.get("_split")
+        if known is None:
+            comm = tuple((k, v) for k, v in self.busy.items() if k.startswith("comm."))
+            known = self.__dict__["_split"] = (comm, sum(v for _, v in comm), self.compute_busy)
+        return known  # type: ignore[no-any-return]
 
 
 def category(node: Node) -> str:
