@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from echosim.backends.base import Backend, Placement
@@ -413,14 +414,19 @@ def time_units(
             )
         return simulate_unit(graph, nodes, cost, overlap, chunked, done)
 
+    heads: dict[frozenset[Axis], HashedKey] = {}
+
     def sim(part: _UnitPart) -> UnitTiming:
         # A unit's timing is a function of its ops (kind, attributes, shapes, phase and which of them
         # read which: not their ids or names), the shapes they read from outside it (kernel bytes),
         # the backend, placements and overlap: stage graphs of layouts that differ elsewhere (dp,
         # schedule, another pipeline split, another stage of the same pipeline) share it.
-        used = tuple((a, p) for a, p in where.items() if a in part.axes)  # placements its collectives are priced on
-        key = (backend, used, overlap, options.tp_overlap, part.key)
-        return _rebind(_UNITS.get(key, lambda: simulate(part)), part.nodes)
+        # (the backend, the placements its collectives are priced on, overlap) hashed once per set of axes
+        head = heads.get(part.axes)
+        if head is None:
+            used = tuple((a, p) for a, p in where.items() if a in part.axes)
+            head = heads[part.axes] = HashedKey((backend, used, overlap, options.tp_overlap))
+        return _rebind(_UNITS.get((head, part.key), lambda: simulate(part)), part.nodes, part.ids)
 
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
@@ -449,6 +455,11 @@ class _UnitPart:
     prefix: _UnitPart | None = None
     # this unit's first scheduling passes (:func:`_first_pass`) by what they read, for the units that extend it
     passes: dict[Any, FirstPass] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def ids(self) -> tuple[int, ...]:
+        """Its nodes' ids, in order (what a cached timing is told in, :func:`_rebind`)."""
+        return tuple(n.id for n in self.nodes)
 
 
 def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_overlap: bool) -> FirstPass:
@@ -569,10 +580,10 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
     return tuple(out)
 
 
-def _rebind(timing: UnitTiming, nodes: list[Node]) -> UnitTiming:
+def _rebind(timing: UnitTiming, nodes: list[Node], ids: tuple[int, ...] | None = None) -> UnitTiming:
     """``timing`` of a unit simulated on other nodes of the same ops, told in ``nodes``' ids and names
-    (the trace, the critical path and the costed graph read a unit's events by node id)."""
-    ids = tuple(n.id for n in nodes)
+    (the trace, the critical path and the costed graph read a unit's events by node id); ``ids``: theirs."""
+    ids = tuple(n.id for n in nodes) if ids is None else ids
     if timing.nodes == ids:
         return timing
     return _Rebound(timing, nodes, ids)
