@@ -132,6 +132,7 @@ def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str
     """A ZeRO-3 stage graph's units (its weight gathers and gradient reduce-scatters run inside them) are built
     from the units of its graph before the stage-level passes plus the appended collectives: the same nodes,
     repeats, axes and key content as splitting the whole graph, with and without the backward split."""
+    from echosim.ir.graph import SAME_NODES
     from echosim.timeline.lower import _EXTENDS, _unit_graph, _unit_parts, unit_parts
 
     arch: object = small_moe() if model == "moe" else model
@@ -145,7 +146,7 @@ def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str
     memo.clear_all()
     _evaluate_batch(arch, plans, cluster, 1.0, fast=True)
     stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
-    extended = 0
+    extended = from_depth_one = 0
     for stage in stages:
         if _unit_graph(stage) is not stage.graph or stage.graph.derived(_EXTENDS, lambda: None) is None:
             continue
@@ -155,7 +156,11 @@ def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str
             assert [[(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in got] == [
                 [(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in want
             ]
+            # a base at depth 2 or 3 holds depth 1's nodes: its split (descendants of the block) is depth 1's
+            ref = stage.base._derived.get(SAME_NODES, (None, stage.base))[1]
+            from_depth_one += ref is not stage.base
     assert extended >= 6
+    assert from_depth_one >= 2
 
 
 def test_stage_graph_flops_are_the_base_graphs_plus_the_appended_nodes() -> None:

@@ -546,7 +546,10 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
     if split_w and any(n.id in grads or any(i in new or i not in grads for i in n.inputs) for n in added):
         return None
     parts = unit_parts(base, split_w)
-    _, laters, _ = base.derived(("unit-split", split_w), lambda: _split_units(base, split_w))
+    # which ids descend from each kind's block reads no repeat count: a base holding another's nodes under other
+    # repeat counts (:func:`share_nodes`, whose units are that one's) takes that one's split
+    ref = base.derived(_SAME_NODES, lambda: base)
+    _, laters, _ = ref.derived(("unit-split", split_w), lambda: _split_units(ref, split_w))
     more: list[set[int]] = [set(), set(), set()]  # appended ids that descend from each kind's block
     placed: list[list[list[Node]]] = [[[], [], []] for _ in range(3)]
     for n in added:
