@@ -635,7 +635,13 @@ def _fields(t: UnitTiming) -> tuple[Any, ...]:
 
 def _unit_graph(stage: Stage) -> Graph:
     """The graph whose units ``stage`` runs: its graph before the stage-level passes when those only
-    appended nodes outside the units (their collectives and optimizer step are timed apart), else its own."""
+    appended nodes outside the units (their collectives and optimizer step are timed apart), else its own.
+    Kept on the stage graph (a search lowers each stage graph for every schedule and TP overlap)."""
+    base = stage.base
+    return stage.graph.derived(("unit-graph", base), lambda: _find_unit_graph(stage))
+
+
+def _find_unit_graph(stage: Stage) -> Graph:
     added = added_nodes(stage.graph, stage.base)
     if added is None:
         return stage.graph
