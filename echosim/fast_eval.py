@@ -140,7 +140,9 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
         shared[key] = (*shared.get(key, ()), i)
-    lowering = HashedKey(_lowering_key(joint))  # hashed once for the layout's cache lookups
+    # the stage-level passes and what lowering reads, hashed once for the layout's cache lookups (a pass hashes
+    # field by field: hashing them on every lookup cost more than the lookups)
+    lowering = HashedKey((HashedKey(tuple(joint.stage_passes)), *_lowering_key(joint)))
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -163,7 +165,8 @@ def _lowering_key(joint: Joint) -> tuple[Any, ...]:
 
 
 def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
-    return (joint.graph, first, last, tuple(joint.stage_passes))
+    """The stage's family less its stage-level passes (in the ``lowering`` key :func:`stages` builds)."""
+    return (joint.graph, first, last)
 
 
 def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: HashedKey) -> Derived:
@@ -184,13 +187,13 @@ def _static_of(d: _Direct, joint: Joint) -> MemoryBreakdown:
     return static_memory(d.params, d.experts, (0, (0, 0)), d.transient, joint.facts)
 
 
-def _template(joint: Joint, first: bool, last: bool, count: int, alone: bool) -> Stage:
+def _template(joint: Joint, first: bool, last: bool, count: int, alone: bool, passes: HashedKey) -> Stage:
     """The stage graph of this shape and depth, after the stage-level passes. The graph before them is kept
     per (model graph, shape, depth), so what lowering and the report keep on it (units, saved activations,
     working set) is shared by every data-parallel degree and ZeRO stage."""
     graph = joint.graph
     base = graph if alone else _BASES.get((graph, first, last, count), lambda: _base_graph(graph, first, last, count))
-    key = (base, tuple(joint.stage_passes))
+    key = (base, passes)  # the stage-level passes (hashed once)
     hit = _STAGES.lookup(key)
     if hit is not None:
         return hit
@@ -229,7 +232,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowe
     hit = _DIRECT.lookup(key)
     if hit is not None:
         return hit
-    stage = _template(joint, first, last, count, alone)
+    stage = _template(joint, first, last, count, alone, lowering.value[0])
     facts, g = joint.facts, stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from echosim.errors import EchosimError
 from echosim.layout import ModelShape
@@ -65,6 +65,8 @@ SPACE_KEYS: dict[str, type] = {
     "schedule": str,
     "tp_overlap": bool,
 }
+T = TypeVar("T")
+
 OBJECTIVES = ("step-time", "tokens-per-s", "cost")
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_CP = (1, 2, 4, 8)
@@ -741,12 +743,26 @@ def _prepare(
     interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
     check_plan(plan, first.cluster, schedules, interleaved)
     extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
-    return replace(
+    return _replaced(
         first,
-        options=replace(first.options, schedule=schedules[plan.schedule], tp_overlap=plan.tp_overlap),
-        facts=replace(first.facts, plan={**first.facts.plan, "schedule": plan.schedule, "tp_overlap": plan.tp_overlap}),
+        options=_replaced(first.options, schedule=schedules[plan.schedule], tp_overlap=plan.tp_overlap),
+        facts=_replaced(
+            first.facts, plan={**first.facts.plan, "schedule": plan.schedule, "tp_overlap": plan.tp_overlap}
+        ),
         **extra,
     )
+
+
+def _replaced(obj: T, **changes: Any) -> T:
+    """``dataclasses.replace(obj, **changes)`` for the dataclasses :func:`_prepare` copies, which have no
+    ``__post_init__``, ``init=False`` field or slots (tests/test_search.py): their fields copied into a new
+    object, without ``replace``'s keyword ``__init__`` (a frozen one sets each field through ``object.__setattr__``;
+    a search copies three per layout)."""
+    cls = type(obj)
+    new = object.__new__(cls)
+    fields_of = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    new.__dict__.update({k: v for k, v in obj.__dict__.items() if k in fields_of}, **changes)
+    return new  # type: ignore[no-any-return]
 
 
 #: Layouts evaluated together in one process (progress and Ctrl-C act between batches).

@@ -99,11 +99,40 @@ def test_stage_depths_share_their_units_exactly() -> None:
         share_nodes(other, graphs[0])
 
 
+def test_stage_depths_share_their_working_set_terms_exactly() -> None:
+    """Depths 1-3 of a stage shape hold the same nodes: the working set's terms and backward's freeing schedule
+    (which read no repeat count) are depth 1's, equal to each depth's own walk, and so is every stage graph's
+    working set (ZeRO 0-3, recompute policies with replayed values)."""
+    from echosim.ir.graph import SAME_NODES
+    from echosim.passes.memory import _freed_schedule, _working_terms, transient_bytes
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=pp, dp=8 // pp, global_batch=16, zero=z, recompute=r)
+             for pp in (2, 4, 8) for z in (0, 3) for r in ("none", "full", "selective")]  # fmt: skip
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
+    shared = 0
+    for stage in stages:
+        base = stage.base
+        ref = base.derived(SAME_NODES, lambda: base)  # noqa: B023
+        for saved in {k[1] for k in base._derived if isinstance(k, tuple) and k[0] == "working-terms"} | {
+            k[1] for k in ref._derived if isinstance(k, tuple) and k[0] == "working-terms"
+        }:
+            own = base.copy()  # no link, no kept analyses: walked on its own
+            assert _working_terms(own, list(own), saved) == _working_terms(ref, list(ref), saved)
+            assert _freed_schedule(own, saved) == _freed_schedule(ref, saved)
+            assert transient_bytes(stage.graph, saved, base) == transient_bytes(stage.graph.copy(), saved)
+            shared += ref is not base
+    assert shared >= 10
+
+
 @pytest.mark.parametrize("model", ["gpt3-350m", "moe"])
 def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str) -> None:
     """A ZeRO-3 stage graph's units (its weight gathers and gradient reduce-scatters run inside them) are built
     from the units of its graph before the stage-level passes plus the appended collectives: the same nodes,
     repeats, axes and key content as splitting the whole graph, with and without the backward split."""
+    from echosim.ir.graph import SAME_NODES
     from echosim.timeline.lower import _EXTENDS, _unit_graph, _unit_parts, unit_parts
 
     arch: object = small_moe() if model == "moe" else model
@@ -117,7 +146,7 @@ def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str
     memo.clear_all()
     _evaluate_batch(arch, plans, cluster, 1.0, fast=True)
     stages = [s for s in fast_eval._STAGES._data.values() if s.base is not None and s.graph is not s.base]
-    extended = 0
+    extended = from_depth_one = 0
     for stage in stages:
         if _unit_graph(stage) is not stage.graph or stage.graph.derived(_EXTENDS, lambda: None) is None:
             continue
@@ -127,7 +156,11 @@ def test_zero3_units_extend_the_units_before_the_stage_passes_exactly(model: str
             assert [[(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in got] == [
                 [(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in want
             ]
+            # a base at depth 2 or 3 holds depth 1's nodes: its split (descendants of the block) is depth 1's
+            ref = stage.base._derived.get(SAME_NODES, (None, stage.base))[1]
+            from_depth_one += ref is not stage.base
     assert extended >= 6
+    assert from_depth_one >= 2
 
 
 def test_stage_graph_flops_are_the_base_graphs_plus_the_appended_nodes() -> None:
@@ -189,6 +222,22 @@ def test_a_units_period_is_kept_and_forgotten_when_its_busy_time_grows() -> None
     assert u.period == 3.5
     u.critical_end = 4.0
     assert u.period == 4.0
+
+
+def test_a_units_communication_split_is_kept_and_forgotten_when_its_busy_time_grows() -> None:
+    """:attr:`UnitTiming.comm_split` (what the search's exposed communication reads) sums as the report's
+    breakdown does, is kept once read, and is recomputed after :meth:`add_busy`."""
+    from echosim.timeline.streams import UnitTiming
+
+    u = UnitTiming(duration=3.0, critical_end=2.0)
+    u.add_busy("comm.tp", 0.1)
+    u.add_busy("compute.matmul", 1.5)
+    u.add_busy("comm.dp", 0.2)
+    assert u.comm_split == ((("comm.tp", 0.1), ("comm.dp", 0.2)), sum([0.1, 0.2]), 1.5)
+    assert u.comm_split is u.comm_split
+    u.add_busy("comm.dp", 1.0)
+    u.add_busy("compute.attention", 0.5)
+    assert u.comm_split == ((("comm.tp", 0.1), ("comm.dp", 0.2 + 1.0)), 0.1 + (0.2 + 1.0), 1.5 + 0.5)
 
 
 def test_zero3_units_resume_their_layers_first_pass_exactly_and_by_placement() -> None:

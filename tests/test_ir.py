@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from echosim.ir import DType, Graph, OpKind, Phase, TensorSpec, VerifyError, print_graph, verify
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, ParamAttrs
@@ -91,3 +93,14 @@ def test_graph_copy_is_independent() -> None:
     h.add(OpKind.ELEMENTWISE, (2,), TensorSpec((2, 8), DType.BF16), ElementwiseAttrs("gelu"), phase=Phase.FORWARD)
     assert len(g) == 3 and len(h) == 4
     assert g.dag.number_of_nodes() == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text("ab.0", max_size=4), min_size=1, max_size=3, unique=True), st.text("ab.0", max_size=7))
+def test_block_of_is_the_prefix_or_its_dotted_child(prefixes: list[str], scope: str) -> None:
+    """:meth:`Graph.block_of` (compares without building ``prefix + "."``) is the first repeated prefix that
+    is the scope or a dotted parent of it."""
+    g = Graph("g", dict.fromkeys(prefixes, 2))
+    node = g[g.add(OpKind.INPUT, (), TensorSpec((1,), DType.FP32), scope=scope)]
+    expected = next((p for p in prefixes if scope == p or scope.startswith(p + ".")), None)
+    assert g.block_of(node) == expected

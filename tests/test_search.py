@@ -248,3 +248,29 @@ def test_local_processes_rank_as_in_process() -> None:
     one = search("gpt3-125m", base, cluster, space=space)
     two = search("gpt3-125m", base, cluster, space=space, workers=2)
     assert [(e.plan, e.step_time_s) for e in two.ranked] == [(e.plan, e.step_time_s) for e in one.ranked]
+
+
+def test_a_layouts_copy_of_a_prepared_one_equals_dataclasses_replace() -> None:
+    """:func:`_prepare` copies a prepared layout, its step options and facts without ``dataclasses.replace``'s
+    ``__init__``: the copy equals replace's, field by field, for dataclasses with no ``__post_init__``,
+    ``init=False`` field or slots (what the copy assumes), and the original is left as it was."""
+    from dataclasses import fields, is_dataclass
+
+    from echosim.compiler import Joint, Prepared, prepare_joint
+    from echosim.layout_search import _replaced
+    from echosim.timeline.lower import StepOptions
+    from echosim.timeline.report import StepFacts
+
+    for cls in (Joint, Prepared, StepOptions, StepFacts):
+        assert is_dataclass(cls) and not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
+        assert all(f.init for f in fields(cls))
+    joint = prepare_joint("gpt3-350m", Plan(pp=2, dp=4, global_batch=16), Cluster("h100-sxm", 8))
+    options = _replaced(joint.options, tp_overlap=True)
+    assert options == replace(joint.options, tp_overlap=True) and options is not joint.options
+    assert joint.options.tp_overlap is False
+    facts = _replaced(joint.facts, plan={**joint.facts.plan, "schedule": "gpipe"})
+    assert facts == replace(joint.facts, plan={**joint.facts.plan, "schedule": "gpipe"})
+    copy = _replaced(joint, options=options, facts=facts)
+    want = replace(joint, options=options, facts=facts)
+    assert all(getattr(copy, f.name) is getattr(want, f.name) for f in fields(Joint))
+    assert vars(copy).keys() == vars(want).keys()

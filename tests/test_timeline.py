@@ -11,7 +11,7 @@ from echosim.ir import DType, Graph, OpKind, TensorSpec
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs
 from echosim.timeline.composer import compose
 from echosim.timeline.schedule import gpipe, in_flight, interleaved, one_f_one_b
-from echosim.timeline.streams import simulate_unit
+from echosim.timeline.streams import OpEvent, simulate_unit
 
 
 def makespan(orders, f: float, b: float, pp: int, p2p: float = 0.0) -> float:  # type: ignore[no-untyped-def]
@@ -114,3 +114,42 @@ def test_tp_comm_overlap_hides_the_collective_under_its_gemm() -> None:
     edges = pipelined_edges(nodes)
     assert edges == {(mm, ar)}
     assert simulate_unit(g, nodes, c, OverlapModel(), edges).duration == pytest.approx(1.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0.0, 2.0), st.lists(st.integers(0, 40), max_size=3)),
+                min_size=1, max_size=25), st.data())  # fmt: skip
+def test_list_scheduling_short_path_equals_the_general_step(spec: list, data: st.DataObject) -> None:
+    """:func:`_advance`'s short path (no pipelined input edge) gives to the bit what the general per-node step
+    gives (begin, end, stream state and each op's (start, seconds)), with and without pipelined edges."""
+    from echosim.ir.ops import MatmulAttrs
+    from echosim.timeline.streams import COMM, COMPUTE, _advance, _advance_chunked, _event, _timing
+
+    g = Graph("random")
+    x = g.add(OpKind.INPUT, (), TensorSpec((64,), DType.BF16))
+    ids, dur = [x], {x: 0.0}
+    for kind, seconds, reads in spec:
+        ins = tuple(ids[r % len(ids)] for r in reads)
+        out = TensorSpec((64,), DType.BF16)
+        if kind == 0:
+            nid = g.add(OpKind.MATMUL, ins, out, MatmulAttrs(8, 8, 8))
+        elif kind in (1, 2):  # a collective on the comm stream, or a blocking one on the compute stream
+            nid = g.add(OpKind.ALL_REDUCE, ins, out, CollectiveAttrs(Axis.TP, 8, 128, blocking=kind == 2))
+        else:
+            nid = g.add(OpKind.ELEMENTWISE, ins, out, ElementwiseAttrs("add"))
+        ids.append(nid)
+        dur[nid] = seconds if seconds > 0.3 else 0.0  # some free ops (views, placeholders)
+    nodes = list(g)
+    edges = [(i, n.id) for n in nodes for i in n.inputs]
+    pipelined = set(data.draw(st.lists(st.sampled_from(edges), max_size=4))) if edges else set()
+    for chunked in (set(), pipelined):
+        fast: tuple[dict, dict, dict, list] = ({}, {}, {COMPUTE: 0.0, COMM: 0.0}, [])
+        _advance(nodes, dur, chunked, *fast)
+        slow: tuple[dict, dict, dict, list] = ({}, {}, {COMPUTE: 0.0, COMM: 0.0}, [])
+        for n in nodes:
+            _advance_chunked(n, dur, chunked, *slow)
+        assert fast == slow
+    # the events built without the dataclass's __init__ are equal to those built with it
+    t = _timing(nodes, fast[3], dur, set())
+    assert all(e == OpEvent(*(getattr(e, f) for f in OpEvent.__dataclass_fields__)) for e in t.events)
+    assert _event(1, "a", COMM, 0.5, 1.0, "comm.tp", 0.25) == OpEvent(1, "a", COMM, 0.5, 1.0, "comm.tp", 0.25)

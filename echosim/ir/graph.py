@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: :meth:`Graph.derived` key of a graph holding the very node objects of another (and its inputs, outputs,
+#: gradients and block layers) under other repeat counts: analyses that read no repeat count are kept on that
+#: one (:func:`echosim.timeline.lower.share_nodes` sets it).
+SAME_NODES = "same-nodes-as"
+
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -148,14 +153,16 @@ class Graph:
             self._dag = dag
         return self._dag
 
+    # the readers below go to the node table itself, not through :attr:`nodes`: analyses read nodes by id
+    # millions of times in a layout search
     def __iter__(self) -> Iterator[Node]:
-        return iter(self.nodes.values())
+        return iter(self._nodes.values())
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self._nodes)
 
     def __getitem__(self, nid: int) -> Node:
-        return self.nodes[nid]
+        return self._nodes[nid]
 
     def users(self, nid: int) -> list[int]:
         """Ids of the nodes that read ``nid``, ascending."""
@@ -169,8 +176,10 @@ class Graph:
 
     def block_of(self, node: Node) -> str | None:
         """The repeated-block prefix a node belongs to, if any."""
+        scope = node.scope
         for prefix in self.repeats:
-            if node.scope == prefix or node.scope.startswith(prefix + "."):
+            # ``scope == prefix or scope.startswith(prefix + ".")``, without building the string
+            if scope.startswith(prefix) and (len(scope) == len(prefix) or scope[len(prefix)] == "."):
                 return prefix
         return None
 
@@ -197,10 +206,10 @@ class Graph:
         return sum(count * self.layers_per_block(prefix) for prefix, count in self.repeats.items())
 
     def by_phase(self, phase: Phase) -> list[Node]:
-        return [n for n in self.nodes.values() if n.phase is phase]
+        return [n for n in self._nodes.values() if n.phase is phase]
 
     def params(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.op is OpKind.PARAMETER]
+        return [n for n in self._nodes.values() if n.op is OpKind.PARAMETER]
 
     def param_count(self) -> int:
         """Parameter elements this graph holds, repeats included (after sharding: this rank's shards only).

@@ -16,7 +16,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from echosim.ir.graph import Graph, Node
+from echosim.ir.graph import SAME_NODES, Graph, Node
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.passes.saved import names_in_block
 
@@ -330,14 +330,17 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
         return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
     # what backward has freed before an appended node: all that the base's last readers free, when the
     # appended nodes read no forward value (then they are no value's last reader, and come after every one)
+    # the base's terms read no repeat count: a base that holds another's nodes under other repeat counts (a
+    # search's stage shape at depths 1-3, :data:`~echosim.ir.graph.SAME_NODES`) takes that one's
+    ref = base.derived(SAME_NODES, lambda: base)
     freed = None
     if not _reads_forward(graph, added):
-        ends = base.derived(("freed-schedule", saved), lambda: _freed_schedule(base, saved))[2]
+        ends = ref.derived(("freed-schedule", saved), lambda: _freed_schedule(ref, saved))[2]
         freed = ends[-1] if ends else 0
     extra = _working_terms(graph, added, saved, freed)
     if extra.reads_replay:
         return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
-    core = base.derived(("working-terms", saved), lambda: _working_terms(base, list(base), saved))
+    core = ref.derived(("working-terms", saved), lambda: _working_terms(ref, list(ref), saved))
     return core.merged(extra).bytes(saved.prefetch_held)
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from echosim.backends.base import Backend, Placement
 from echosim.backends.deepep import deepep_time_s
-from echosim.ir.graph import Graph, Node
+from echosim.ir.graph import SAME_NODES, Graph, Node
 from echosim.ir.names import cost_traits
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.ir.types import DType, TensorSpec
@@ -413,14 +414,19 @@ def time_units(
             )
         return simulate_unit(graph, nodes, cost, overlap, chunked, done)
 
+    heads: dict[frozenset[Axis], HashedKey] = {}
+
     def sim(part: _UnitPart) -> UnitTiming:
         # A unit's timing is a function of its ops (kind, attributes, shapes, phase and which of them
         # read which: not their ids or names), the shapes they read from outside it (kernel bytes),
         # the backend, placements and overlap: stage graphs of layouts that differ elsewhere (dp,
         # schedule, another pipeline split, another stage of the same pipeline) share it.
-        used = tuple((a, p) for a, p in where.items() if a in part.axes)  # placements its collectives are priced on
-        key = (backend, used, overlap, options.tp_overlap, part.key)
-        return _rebind(_UNITS.get(key, lambda: simulate(part)), part.nodes)
+        # (the backend, the placements its collectives are priced on, overlap) hashed once per set of axes
+        head = heads.get(part.axes)
+        if head is None:
+            used = tuple((a, p) for a, p in where.items() if a in part.axes)
+            head = heads[part.axes] = HashedKey((backend, used, overlap, options.tp_overlap))
+        return _rebind(_UNITS.get((head, part.key), lambda: simulate(part)), part.nodes, part.ids)
 
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
@@ -450,6 +456,11 @@ class _UnitPart:
     # this unit's first scheduling passes (:func:`_first_pass`) by what they read, for the units that extend it
     passes: dict[Any, FirstPass] = field(default_factory=dict, compare=False, repr=False)
 
+    @cached_property
+    def ids(self) -> tuple[int, ...]:
+        """Its nodes' ids, in order (what a cached timing is told in, :func:`_rebind`)."""
+        return tuple(n.id for n in self.nodes)
+
 
 def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_overlap: bool) -> FirstPass:
     """``part``'s first pass (:class:`~echosim.timeline.streams.FirstPass`), kept on it by what it reads: the
@@ -464,18 +475,16 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     return done
 
 
-#: :meth:`Graph.derived` key of a graph holding the very node objects of this one (and its inputs, outputs
-#: and gradients) under other repeat counts (:func:`share_nodes`).
-_SAME_NODES = "same-nodes-as"
+_SAME_NODES = SAME_NODES  # a graph's source of the same nodes under other repeat counts (:func:`share_nodes`)
 
 
 def share_nodes(graph: Graph, ref: Graph) -> None:
     """Tell ``graph`` that it holds ``ref``'s nodes (the same objects, in order) with only its repeat counts
     changed: its units are then ``ref``'s with the repeated block's count changed (:func:`unit_parts`)."""
     same = graph.nodes.keys() == ref.nodes.keys() and all(a is b for a, b in zip(graph, ref, strict=True))
-    if not same or graph.repeats.keys() != ref.repeats.keys() or (graph.inputs, graph.outputs, graph.grads) != (
-        ref.inputs, ref.outputs, ref.grads
-    ):  # fmt: skip
+    if not same or graph.repeats.keys() != ref.repeats.keys() or (
+        graph.inputs, graph.outputs, graph.grads, graph.block_layers
+    ) != (ref.inputs, ref.outputs, ref.grads, ref.block_layers):  # fmt: skip
         raise ValueError("share_nodes: the graphs differ in more than their repeat counts")
     graph.derived(_SAME_NODES, lambda: ref)
 
@@ -537,7 +546,10 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
     if split_w and any(n.id in grads or any(i in new or i not in grads for i in n.inputs) for n in added):
         return None
     parts = unit_parts(base, split_w)
-    _, laters, _ = base.derived(("unit-split", split_w), lambda: _split_units(base, split_w))
+    # which ids descend from each kind's block reads no repeat count: a base holding another's nodes under other
+    # repeat counts (:func:`share_nodes`, whose units are that one's) takes that one's split
+    ref = base.derived(_SAME_NODES, lambda: base)
+    _, laters, _ = ref.derived(("unit-split", split_w), lambda: _split_units(ref, split_w))
     more: list[set[int]] = [set(), set(), set()]  # appended ids that descend from each kind's block
     placed: list[list[list[Node]]] = [[[], [], []] for _ in range(3)]
     for n in added:
@@ -571,10 +583,10 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
     return tuple(out)
 
 
-def _rebind(timing: UnitTiming, nodes: list[Node]) -> UnitTiming:
+def _rebind(timing: UnitTiming, nodes: list[Node], ids: tuple[int, ...] | None = None) -> UnitTiming:
     """``timing`` of a unit simulated on other nodes of the same ops, told in ``nodes``' ids and names
-    (the trace, the critical path and the costed graph read a unit's events by node id)."""
-    ids = tuple(n.id for n in nodes)
+    (the trace, the critical path and the costed graph read a unit's events by node id); ``ids``: theirs."""
+    ids = tuple(n.id for n in nodes) if ids is None else ids
     if timing.nodes == ids:
         return timing
     return _Rebound(timing, nodes, ids)
@@ -623,7 +635,13 @@ def _fields(t: UnitTiming) -> tuple[Any, ...]:
 
 def _unit_graph(stage: Stage) -> Graph:
     """The graph whose units ``stage`` runs: its graph before the stage-level passes when those only
-    appended nodes outside the units (their collectives and optimizer step are timed apart), else its own."""
+    appended nodes outside the units (their collectives and optimizer step are timed apart), else its own.
+    Kept on the stage graph (a search lowers each stage graph for every schedule and TP overlap)."""
+    base = stage.base
+    return stage.graph.derived(("unit-graph", base), lambda: _find_unit_graph(stage))
+
+
+def _find_unit_graph(stage: Stage) -> Graph:
     added = added_nodes(stage.graph, stage.base)
     if added is None:
         return stage.graph

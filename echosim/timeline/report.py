@@ -525,12 +525,11 @@ def exposed_comm(chunks: list[StageCost], microbatches: int, tail: list[tuple[st
         for unit, k in t.fwd_units + t.bwd_units:
             if k <= 0:
                 continue
-            comm = {c: v for c, v in unit.busy.items() if c.startswith("comm.")}
+            comm, total, compute = unit.comm_split  # as breakdown() sums them, kept on the unit
             if not comm:
                 continue
-            exposed = max(0.0, repeated(unit, k) - unit.compute_busy * k) * m
-            total = sum(comm.values())
-            for cat, sec in comm.items():
+            exposed = max(0.0, repeated(unit, k) - compute * k) * m
+            for cat, sec in comm:
                 out[cat] = out.get(cat, 0.0) + exposed * sec / total
     for cat, sec in tail:
         out[cat] = out.get(cat, 0.0) + sec

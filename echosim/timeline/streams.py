@@ -66,10 +66,22 @@ class UnitTiming:
     def add_busy(self, category: str, seconds: float) -> None:
         self.busy[category] = self.busy.get(category, 0.0) + seconds
         self.__dict__.pop("_period", None)
+        self.__dict__.pop("_split", None)
 
     @property
     def compute_busy(self) -> float:
         return sum(v for k, v in self.busy.items() if k.startswith("compute."))
+
+    @property
+    def comm_split(self) -> tuple[tuple[tuple[str, float], ...], float, float]:
+        """Its ``comm.*`` busy seconds by category (in :attr:`busy`'s order), their sum and :attr:`compute_busy`,
+        summed as those are; kept once read, as :attr:`period` is (a search's ranking reads them for every unit of
+        every layout it ranks)."""
+        known = self.__dict__.get("_split")
+        if known is None:
+            comm = tuple((k, v) for k, v in self.busy.items() if k.startswith("comm."))
+            known = self.__dict__["_split"] = (comm, sum(v for _, v in comm), self.compute_busy)
+        return known  # type: ignore[no-any-return]
 
 
 def category(node: Node) -> str:
@@ -153,20 +165,22 @@ def simulate_unit(
     pipelined = pipelined or set()
     done = first_pass or FirstPass.of(nodes, cost, pipelined)
     base, first = done.base, done.times
+    cats = [category(n) for n in nodes]
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
-        return _timing(nodes, first, base, pipelined)
+        return _timing(nodes, first, base, pipelined, cats)
     comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
     comp = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if not n.op.is_collective and d > 0]
     spans = {True: _Spans(comp), False: _Spans(comm)}
+    factors = {c: overlap.slowdown(c) for c in set(cats)}  # one factor per category, as each op would read it
     dilated = {}
-    for n, (s, d) in zip(nodes, first, strict=False):
+    for n, (s, d), cat in zip(nodes, first, cats, strict=False):
         if d <= 0:
             dilated[n.id] = d
             continue
-        factor = overlap.slowdown(category(n))
+        factor = factors[cat]
         shared = spans[n.op.is_collective].overlap(s, s + d) / d
         dilated[n.id] = d * (1.0 + min(shared, 1.0) * (factor - 1.0))
-    return _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined)
+    return _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined, cats)
 
 
 class _Spans:
@@ -224,37 +238,90 @@ def _advance(
     free: dict[str, float],
     out: list[tuple[float, float]],
 ) -> None:
-    """List-schedule ``nodes`` after the ops already in the state (``begin``, ``end``, ``free``), onto ``out``."""
+    """List-schedule ``nodes`` after the ops already in the state (``begin``, ``end``, ``free``), onto ``out``.
+
+    A node with no pipelined input edge (every node without TP overlap) takes the short path: its ready time
+    is the latest end of its inputs and it ends ``d`` after it starts, as the general path computes them."""
+    compute, comm = free[COMPUTE], free[COMM]
     for n in nodes:
-        chunked = [i for i in n.inputs if (i, n.id) in pipelined and i in begin]
-        ready = max((end[i] for i in n.inputs if i in end and i not in chunked), default=0.0)
-        ready = max([ready] + [begin[i] for i in chunked])
-        d = dur[n.id]
+        nid, inputs = n.id, n.inputs
+        if pipelined and any((i, nid) in pipelined for i in inputs):
+            free[COMPUTE], free[COMM] = compute, comm
+            _advance_chunked(n, dur, pipelined, begin, end, free, out)
+            compute, comm = free[COMPUTE], free[COMM]
+            continue
+        ready = max([end[i] for i in inputs if i in end], default=0.0)
+        d = dur[nid]
         if d <= 0:  # views and placeholders: free, no stream
-            begin[n.id] = end[n.id] = ready
+            begin[nid] = end[nid] = ready
             out.append((ready, 0.0))
             continue
-        stream = _stream(n)
-        start = max(ready, free[stream])
-        finish = max([start + d] + [end[i] for i in chunked])  # the last chunk follows the producer
-        begin[n.id] = start
-        end[n.id] = free[stream] = finish
+        if n.op.is_collective and not _blocking(n):
+            start = comm if comm > ready else ready  # max(ready, comm), ties to ready as max() does
+            end[nid] = comm = finish = start + d
+        else:
+            start = compute if compute > ready else ready
+            end[nid] = compute = finish = start + d
+        begin[nid] = start
         out.append((start, finish - start))
+    free[COMPUTE], free[COMM] = compute, comm
+
+
+def _advance_chunked(
+    n: Node,
+    dur: dict[int, float],
+    pipelined: set[tuple[int, int]],
+    begin: dict[int, float],
+    end: dict[int, float],
+    free: dict[str, float],
+    out: list[tuple[float, float]],
+) -> None:
+    """:func:`_advance` of one node that has a pipelined input edge (TP overlap's chunked GEMM and collective)."""
+    chunked = [i for i in n.inputs if (i, n.id) in pipelined and i in begin]
+    ready = max((end[i] for i in n.inputs if i in end and i not in chunked), default=0.0)
+    ready = max([ready] + [begin[i] for i in chunked])
+    d = dur[n.id]
+    if d <= 0:  # views and placeholders: free, no stream
+        begin[n.id] = end[n.id] = ready
+        out.append((ready, 0.0))
+        return
+    stream = _stream(n)
+    start = max(ready, free[stream])
+    finish = max([start + d] + [end[i] for i in chunked])  # the last chunk follows the producer
+    begin[n.id] = start
+    end[n.id] = free[stream] = finish
+    out.append((start, finish - start))
 
 
 def _timing(
-    nodes: Sequence[Node], times: list[tuple[float, float]], base: dict[int, float], chunked: set[tuple[int, int]]
+    nodes: Sequence[Node],
+    times: list[tuple[float, float]],
+    base: dict[int, float],
+    chunked: set[tuple[int, int]],
+    cats: list[str] | None = None,
 ) -> UnitTiming:
+    """``cats``: each node's :func:`category`, when the caller has them."""
     t = UnitTiming(nodes=tuple(n.id for n in nodes), chunked=frozenset(chunked))
     side = _side(nodes)
-    for n, (s, d) in zip(nodes, times, strict=False):
+    events, busy = t.events, t.busy
+    critical_end = duration = 0.0
+    for n, (s, d), cat in zip(nodes, times, cats or [category(n) for n in nodes], strict=False):
         if d <= 0:
             continue
-        if n.id not in side:
-            t.critical_end = max(t.critical_end, s + d)
-        cat = category(n)
-        stream = _stream(n)
-        t.events.append(OpEvent(n.id, n.name or n.op.value, stream, s, d, cat, base[n.id]))
-        t.add_busy(cat, d)
-        t.duration = max(t.duration, s + d)
+        end = s + d
+        if n.id not in side and end > critical_end:  # max(critical_end, end), as UnitTiming kept it
+            critical_end = end
+        events.append(_event(n.id, n.name or n.op.value, _stream(n), s, d, cat, base[n.id]))
+        busy[cat] = busy.get(cat, 0.0) + d
+        if end > duration:
+            duration = end
+    t.critical_end, t.duration = critical_end, duration
     return t
+
+
+def _event(node: int, name: str, stream: str, start: float, duration: float, cat: str, base: float) -> OpEvent:
+    """``OpEvent(...)`` without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field): a
+    search simulates thousands of units of hundreds of ops."""
+    e = object.__new__(OpEvent)
+    e.__dict__.update(node=node, name=name, stream=stream, start=start, duration=duration, category=cat, base=base)
+    return e
