@@ -3,7 +3,10 @@ out, the sweep run in rounds with each sample's median round kept, the autograd 
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
@@ -48,9 +51,17 @@ def test_timings_after_an_eviction_or_between_ranks_are_one_call_each() -> None:
     assert calls == ["evict", "fn", "evict", "fn"]
 
 
-def test_calls_per_timing_fills_the_minimum_span() -> None:
-    assert bench.calls_per_timing(lambda: _spin(0.2e-3)) in range(3, 7)
-    assert bench.calls_per_timing(lambda: _spin(2e-3)) == 1
+def test_calls_per_timing_fills_the_minimum_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a fake clock that only the op advances: the count must not depend on how loaded this machine is
+    now = [0.0]
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: now[0], process_time=time.process_time))
+
+    def op(seconds: float) -> Callable[[], None]:
+        return lambda: now.__setitem__(0, now[0] + seconds)
+
+    assert bench.calls_per_timing(op(0.2e-3)) == 5 == math.ceil(bench.MIN_TIMED_S / 0.2e-3)
+    assert bench.calls_per_timing(op(0.3e-3)) == 4
+    assert bench.calls_per_timing(op(2e-3)) == 1
 
 
 def _samples(*seconds: float) -> list[Sample]:
