@@ -236,7 +236,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowe
     facts, g = joint.facts, stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
-    if getattr(joint.options.schedule, "unfit", None) is not None:
+    if getattr(joint.options.schedule, "fused_pairs", False):
         raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
     if joint.options.ep_overlap:
         raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")

@@ -106,8 +106,7 @@ def _data_parallel(plan: Any) -> object:
     fsdp2 = plan.zero == 3 and bool(framework.fsdp2_copies) and not (plan.pp > 1 and framework.pp_unsharded)
     return DataParallel(
         plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies,
-        per_param=per_param, reuse_distance=reuse, flat_grads=flat,
-        fsdp2_copies=fsdp2,
+        per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
     )  # fmt: skip
 
 

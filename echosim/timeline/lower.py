@@ -475,9 +475,6 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     return done
 
 
-_SAME_NODES = SAME_NODES  # a graph's source of the same nodes under other repeat counts (:func:`share_nodes`)
-
-
 def share_nodes(graph: Graph, ref: Graph) -> None:
     """Tell ``graph`` that it holds ``ref``'s nodes (the same objects, in order) with only its repeat counts
     changed: its units are then ``ref``'s with the repeated block's count changed (:func:`unit_parts`)."""
@@ -486,7 +483,7 @@ def share_nodes(graph: Graph, ref: Graph) -> None:
         graph.inputs, graph.outputs, graph.grads, graph.block_layers
     ) != (ref.inputs, ref.outputs, ref.grads, ref.block_layers):  # fmt: skip
         raise ValueError("share_nodes: the graphs differ in more than their repeat counts")
-    graph.derived(_SAME_NODES, lambda: ref)
+    graph.derived(SAME_NODES, lambda: ref)
 
 
 def unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
@@ -494,7 +491,7 @@ def unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
     graph that shares another's nodes (:func:`share_nodes`) takes that one's with its own repeat count."""
 
     def compute() -> tuple[list[_UnitPart], ...]:
-        ref = graph.derived(_SAME_NODES, lambda: graph)
+        ref = graph.derived(SAME_NODES, lambda: graph)
         if ref is graph:
             base = graph.derived(_EXTENDS, lambda: None)
             parts = _extended_parts(graph, base, split_w) if base is not None else None
@@ -548,7 +545,7 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
     parts = unit_parts(base, split_w)
     # which ids descend from each kind's block reads no repeat count: a base holding another's nodes under other
     # repeat counts (:func:`share_nodes`, whose units are that one's) takes that one's split
-    ref = base.derived(_SAME_NODES, lambda: base)
+    ref = base.derived(SAME_NODES, lambda: base)
     _, laters, _ = ref.derived(("unit-split", split_w), lambda: _split_units(ref, split_w))
     more: list[set[int]] = [set(), set(), set()]  # appended ids that descend from each kind's block
     placed: list[list[list[Node]]] = [[[], [], []] for _ in range(3)]

@@ -407,7 +407,7 @@ SOURCE_PP_BALANCE: dict[str, str] = {"deepseek_v3_2024": "cost"}
 
 #: A row whose source names DualPipe as its pipeline schedule (its ``framework`` column or the notes' "Pipeline
 #: schedule: DualPipe"): DeepSeek-V3's HAI-LLM run (arXiv:2412.19437 sec. 3.2.1).
-_DUALPIPE = re.compile(r"\bDualPipe\b|Pipeline schedule: DualPipe")
+_DUALPIPE = re.compile(r"\bDualPipe\b")
 
 
 def row_schedule(c: Case, vpp: int) -> str:
