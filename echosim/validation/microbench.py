@@ -309,8 +309,10 @@ def _matmul_probe(backend: str, row: dict[str, str]) -> Probe | str:
     else:
         predict = lambda be: flops / be.op_time_s(node, 0) / 1e12  # noqa: E731
     # mamf-finder times 100 iterations a shape after 50 warmup: a short run, not held to the sustained rate.
-    # XLA sets FP8 fast accumulation on its DEFAULT-precision dots; torch._scaled_mm (mamf-finder) and a plain
-    # cuBLASLt call leave it off (compute.FP8_PROMOTING_ARCHS).
+    # XLA sets FP8 fast accumulation on its DEFAULT-precision dots; torch._scaled_mm (mamf-finder) leaves it off
+    # (compute.FP8_PROMOTING_ARCHS). Azure's cuBLASLt sweep (superbenchmark cublaslt_utils.cc) sets
+    # CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1 for FP8 under a comment saying "disable": its rows stay priced
+    # promoted here because compute.HEURISTIC_GEMM_FRACTION was fitted on them that way (fast: 0.888).
     fast = "all" if XLA_TABLE in row["source"] else "none"
     settings = {"autotuned_gemms": autotuned, "sustained_gemms": "MAMF" not in row["op"], "fp8_fast_accum": fast}
     return Probe(backend, f"matmul {dtype}", "single device", predict, settings=settings)
