@@ -65,12 +65,20 @@ def check_pp_balance(plan: Plan) -> None:
 def check_precision(plan: Plan, backend: Any) -> None:
     """A block-scaled format runs only where the device's tensor cores take it (``formats()`` of the
     backend; a backend without it takes none): nvfp4 on an H100 is refused, never costed at another rate."""
-    if plan.dtype not in ("mxfp8", "nvfp4"):
-        return
+    refusal = format_refusal(plan.dtype, backend)
+    if refusal:
+        raise PlanError(refusal)
+
+
+def format_refusal(dtype: str, backend: Any) -> str:
+    """Why ``backend`` cannot run ``dtype``, a block-scaled format its tensor cores lack ("" where it can)."""
+    if dtype not in ("mxfp8", "nvfp4"):
+        return ""
     formats = backend.formats() if callable(getattr(backend, "formats", None)) else ()
-    if plan.dtype not in formats:
-        has = f"it runs {', '.join(formats)}" if formats else "it has no block-scaled (MX/NV) tensor-core formats"
-        raise PlanError(f"--dtype {plan.dtype}: backend '{backend.name}' cannot run {plan.dtype} ({has})")
+    if dtype in formats:
+        return ""
+    has = f"it runs {', '.join(formats)}" if formats else "it has no block-scaled (MX/NV) tensor-core formats"
+    return f"--dtype {dtype}: backend '{backend.name}' cannot run {dtype} ({has})"
 
 
 def check_experts(plan: Plan) -> None:

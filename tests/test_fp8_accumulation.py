@@ -85,5 +85,7 @@ def test_xla_h100_fp8_table_moves_toward_its_rows() -> None:
     twins: notes/gemm.md)."""
     g = validate_microbench(MICROBENCH).groups()
     assert g["H100-SXM (sm_90) | matmul fp8"]["mape"] == pytest.approx(0.214, abs=0.002)
-    assert g["H100 SXM | matmul fp8"]["mape"] == pytest.approx(0.229, abs=0.002)  # MAMF: promoted, unchanged
+    # MAMF: promoted, and predicted as the best rate of its search (microbench.search_best_tflops); 22.9% at
+    # the row's own shape, where the real kernel has no wave tail and the model's 128x128 tiles run 5 waves
+    assert g["H100 SXM | matmul fp8"]["mape"] == pytest.approx(0.008, abs=0.002)
     assert g["H100-SXM-80GB | matmul fp8"]["mape"] == pytest.approx(0.084, abs=0.002)  # Azure cuBLASLt: unchanged

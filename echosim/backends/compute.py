@@ -145,6 +145,7 @@ def gemm_efficiency(dev: DeviceSpec, dtype: str, fast_accum: bool = False) -> fl
     return dev.gemm_eff_16bit
 
 
+@functools.lru_cache(maxsize=256)
 def tile_efficiency(arch: str, tm: int, tn: int) -> float:
     """Per-SM rate of a tm x tn tile relative to the largest tile, from operand reuse and, where the
     MMA instruction has a row floor (:data:`MMA_FULL_ROWS`), the idle share of its datapath."""
@@ -193,6 +194,8 @@ def gemm_plan(
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
+    if dtype == "nvfp4" and dev.gemm_eff_fp4 is None:  # never costed at another format's rate
+        raise ValueError(f"{dev.name} has no FP4 tensor cores: an nvfp4 GEMM cannot run on it")
     selection = 1.0 if autotuned else HEURISTIC_GEMM_FRACTION
     per_sm = dev.peak_tflops(dtype) * 1e12 * gemm_efficiency(dev, dtype, fast_accum) * selection / dev.sm_count
     bw = dev.hbm_stream_GBps * 1e9
@@ -200,6 +203,7 @@ def gemm_plan(
     out_size = 2 if dtype in ("fp8", "mxfp8", "nvfp4") else itemsize(dtype)
     memory_s = batch * ((m * k + k * n) * itemsize(dtype) + m * n * out_size) / bw
     best: GemmPlan | None = None
+    best_s = math.inf
     for tm, tn in CTA_TILES:
         rate = per_sm * tile_efficiency(dev.arch, tm, tn)
         out_tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
@@ -210,9 +214,9 @@ def gemm_plan(
             reduce_s = 0.0
             if split > 1:
                 reduce_s = 2 * batch * m * n * 4 * split / bw + dev.kernel_overhead_us * 1e-6
-            plan = GemmPlan((tm, tn), split, waves, compute_s + reduce_s, memory_s)
-            if best is None or plan.time_s < best.time_s:
-                best = plan
+            if max(compute_s + reduce_s, memory_s) < best_s:  # GemmPlan.time_s, without building every plan
+                best = GemmPlan((tm, tn), split, waves, compute_s + reduce_s, memory_s)
+                best_s = best.time_s
     assert best is not None
     if sustained and (cap := sustained_tflops(dev, dtype)) is not None:
         best = replace(best, compute_s=max(best.compute_s, 2.0 * batch * m * n * k / (cap * 1e12)))

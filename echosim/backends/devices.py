@@ -54,6 +54,9 @@ class DeviceSpec:
     # peak; a part without a row of its own takes its die-mate's. XLA's perf table is not a source: it
     # is the check of the shape model, and its fp8 maxima sit at 95% of the dense peak next to rows
     # above it (flagged SUSPECT). tests/test_backends_devices.py recomputes every value from the file.
+    # The model runs its largest CTA tile at this fraction, so it reproduces the anchor on shapes that
+    # fill whole waves, less its per-wave and launch times (tests/test_gemm_anchor.py, closed form); a MAMF
+    # anchor, the best of a shape search, is checked as the model's best over that search.
     gemm_eff_16bit: float  # large-GEMM TFLOP/s over peak (bf16/fp16)
     gemm_eff_fp8: float | None
     flash_fwd_eff: float  # measured flash-attention forward TFLOP/s over 16-bit peak ...
@@ -378,7 +381,9 @@ H200 = DeviceSpec(
 )
 
 # NVFP4 GEMM fraction of peak: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 8192^3 = 7535.6 TFLOP/s of
-# the 10,000 dense peak, the device's best fp4 library row (the rule at gemm_eff_16bit).
+# the 10,000 dense peak, the device's best fp4 library row (the rule at gemm_eff_16bit). Unlike the MAMF
+# anchors it is a heuristic pick after 10,000 warmup iterations (Azure's GEMMCublasLt.py), as no MAMF fp4
+# row exists; the rule takes it as it is.
 # Blackwell attention: Megatron-Core / NeMo run Transformer Engine's fused attention, which on sm_100
 # is cuDNN's flash kernel. The FlashAttention-4 paper (Zadouri, Hoehnerbach, Shah, Liu, Thakkar, Dao;
 # https://github.com/Dao-AILab/flash-attention/blob/main/assets/fa4_paper.pdf, abstract) measures
@@ -419,7 +424,7 @@ B200 = DeviceSpec(
     hbm_GBps=8000.0,  # Source: hw_specs.csv
     # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866).
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
-    gemm_eff_16bit=1745.0 / 2250.0,  # Source: hw_specs.csv notes, MAMF bf16 1745 TFLOP/s (77.6%)
+    gemm_eff_16bit=1745.0 / 2250.0,  # Source: microbench.csv, MAMF B200 SXM bf16 best shape 1745 TFLOP/s (77.6%)
     gemm_eff_fp8=3432.5 / 4500.0,  # Source: microbench.csv, MAMF B200 SXM fp8 e4m3 best shape 3432.5 TFLOP/s
     flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # Source: FA4 paper, cuDNN 9.13 = 1613 / 1.3 TFLOP/s (above)
     flash_fwd_shape=(1, 16, 16384, 128),

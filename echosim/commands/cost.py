@@ -19,6 +19,8 @@ from echosim.errors import one_line_errors
 from echosim.plugins import hookimpl
 
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
+#: matmul only: NVFP4 operands (e2m1, one e4m3 scale per 16), where the tensor cores take them.
+MATMUL_DTYPES = (*DTYPES, "nvfp4")
 COLLECTIVES = {
     "all_reduce": "ALL_REDUCE",
     "all_gather": "ALL_GATHER",
@@ -107,17 +109,24 @@ def _positive(**values: int) -> None:
 @click.option("--n", type=int, required=True, help="Columns of the output.")
 @click.option("--k", type=int, required=True, help="Contracted dimension.")
 @click.option("--batch", type=int, default=1, show_default=True, help="Independent products (bmm).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True)
+@click.option("--dtype", type=click.Choice(MATMUL_DTYPES), default="bf16", show_default=True)
 @_json_option
 @click.pass_context
 @_guarded
 def cost_matmul(ctx: click.Context, m: int, n: int, k: int, batch: int, dtype: str, as_json: bool) -> None:
     """Time and TFLOP/s of (m x k) @ (k x n), --batch times."""
     from echosim.ir.ops import MatmulAttrs
+    from echosim.layout import format_refusal
 
     _positive(m=m, n=n, k=k, batch=batch)
     backend = _backend(ctx)
-    seconds = backend.op_time_s(_node("MATMUL", MatmulAttrs(m, n, k, batch), dtype), 0)
+    if refusal := format_refusal(dtype, backend):
+        raise click.ClickException(refusal)
+    if dtype == "nvfp4":  # 16-bit tensors whose GEMM quantises its operands, as passes.precision marks it
+        node = _node("MATMUL", MatmulAttrs(m, n, k, batch, precision=dtype), "bf16")
+    else:
+        node = _node("MATMUL", MatmulAttrs(m, n, k, batch), dtype)
+    seconds = backend.op_time_s(node, 0)
     flops = 2.0 * batch * m * n * k
     result = {
         "backend": backend.name,

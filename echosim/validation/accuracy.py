@@ -27,6 +27,8 @@ GPU_FITTED = {
     "also the rate of Hopper FP8 GEMMs with fast accumulation (XLA's FP8 dots, the forward GEMMs of TE and torchao)",
     "gemm_eff_fp8": "fp8 GEMM rate / peak at the best measured shape (MAMF, cuBLASLt rows); on Hopper the rate with "
     "the partial sums promoted (torch._scaled_mm's default, as mamf-finder calls it): backward FP8 GEMMs",
+    "gemm_eff_fp4": "NVFP4 GEMM rate / peak: GB200's Azure cuBLASLt fp4 8192^3 row (a heuristic pick after 10,000 "
+    "warmup iterations; no MAMF fp4 row); B200, B300 and GB300 take GB200's fraction",
     "sustained_16bit_tflops": "16-bit GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3, "
     "10,000 warmup iterations); caps every GEMM of a training step",
     "sustained_fp8_tflops": "fp8 GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3; B200: "
