@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from echosim.backends.base import Placement
 from echosim.backends.devices import DeviceSpec
+from echosim.backends.networks import NETWORKS
 from echosim.ir.ops import OpKind
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -242,6 +243,25 @@ def net_overhead_us(dev: DeviceSpec) -> float:
     return NET_OVERHEAD_US.get(dev.host_cpu_vendor, NET_OVERHEAD_DEFAULT_US)
 
 
+def net_latency_us(dev: DeviceSpec, proto: int) -> float:
+    """What NCCL's tuner adds to a network hop for the device's network plugin (``graph->latencyInter``):
+    its reported latency, twice for Simple (tuning.cc: "the flush extra latency"). 0 for IB."""
+    return NETWORKS[dev.network].latency_us * (2 if proto == SIMPLE else 1)
+
+
+def on_network(dev: DeviceSpec, nccl: NcclConfig) -> NcclConfig:
+    """``nccl`` within what the device's network runs under: its protocols only, NVLS only where it allows.
+
+    A cloud network's deployment fixes NCCL settings for every communicator of the job
+    (:data:`~echosim.backends.networks.NETWORKS`); a harness's own settings apply inside them.
+    """
+    net = NETWORKS[dev.network]
+    protocols = tuple(p for p in nccl.protocols if p in net.protocols) or net.protocols
+    if protocols == nccl.protocols and (net.nvls or not nccl.nvls):
+        return nccl
+    return replace(nccl, protocols=protocols, nvls=nccl.nvls and net.nvls)
+
+
 def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> float:
     """Extra time of an optimally chunked two-stage (fill, drain) pipeline over one link."""
     if not math.isfinite(bw_GBps) or nbytes_on_link <= 0:
@@ -252,6 +272,7 @@ def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> 
 def _hop_latencies(dev: DeviceSpec, algo: str, proto: int, p: Placement) -> tuple[float, float]:
     intra = NVLINK_HOP_US[algo][proto]
     inter = (NET_HOP_US["tree"] if p.per_node == 1 else NET_HOP_US[algo])[proto]
+    inter += net_latency_us(dev, proto)
     if p.nodes > 1 and algo == "ring":  # tuning.cc applies the overhead to ring latencies only
         intra = max(intra, net_overhead_us(dev) * (3 if proto == SIMPLE else 1))
     return intra, inter
@@ -498,8 +519,9 @@ def p2p_choice(
 
 
 def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> list[Choice]:
-    """Every candidate NCCL would consider for this collective under ``nccl``'s settings."""
+    """Every candidate NCCL would consider for this collective under ``nccl``'s settings (on the device's network)."""
     check_placement(dev, p)
+    nccl = on_network(dev, nccl)
     links = links_for(dev, p)
     if kind in (OpKind.SEND, OpKind.RECV):
         return [p2p_choice(dev, nbytes, p, nccl, exchange=kind is OpKind.RECV)]
