@@ -648,3 +648,28 @@ def test_a_device_names_a_known_network_at_its_nic_rate(change, message):
 
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(DEVICES["h100-sxm"], **change)
+
+
+def test_a_multi_node_simple_tree_fills_its_hops_one_fixed_step_at_a_time():
+    """enqueue.cc: a tree's Simple chunk is one FIFO step (NCCL_BUFFSIZE / 8), not cut for mid-size messages, and
+    each hop forwards a step once it has it whole, so the first step crosses all 2 x (7 NVLink + 1 network) hops."""
+    from echosim.backends.collectives import NCCL_BUFFSIZE_BYTES, NCCL_STEPS, on_network
+
+    mega, two_nodes = DEVICES["h100-a3mega"], Placement(16, 2, 8)
+    assert NCCL_BUFFSIZE_BYTES == 4 << 20 and NCCL_STEPS == 8
+    assert on_network(mega, NcclConfig()).buffsize_bytes == 8 << 20  # Google's NCCL_BUFFSIZE=8388608
+    assert on_network(DEVICES["h100-sxm"], NcclConfig()) == NcclConfig()
+    links = links_for(mega, two_nodes)  # 18 channels: 371 GB/s NVLink, 8 x 25 x 0.94 = 188 GB/s network
+
+    def tree_simple(nbytes: int) -> object:
+        return next(c for c in choices(mega, OpKind.ALL_REDUCE, nbytes, two_nodes) if c.algo == "tree")
+
+    # 16 MiB: 932 KiB per channel, under one 1 MiB step: 14 NVLink hops at 371/18 GB/s and 2 network hops at
+    # 188/18 GB/s, less the one the bandwidth term already counts
+    per_channel = 16 * 2**20 / 18
+    intra, net = per_channel / (links.intra_GBps / 18 * 1e3), per_channel / (links.inter_GBps / 18 * 1e3)
+    assert tree_simple(16 * 2**20).pipeline_us == pytest.approx(14 * intra + 2 * net - net)
+    assert tree_simple(16 * 2**20).pipeline_us == pytest.approx(722.8, abs=0.5)
+    # from 18 MiB on the step is whole (1 MiB): the fill stops growing
+    assert tree_simple(2**30).pipeline_us == pytest.approx(tree_simple(18 * 2**20).pipeline_us)
+    assert tree_simple(18 * 2**20).pipeline_us == pytest.approx(722.8 * 18 / 16, rel=1e-3)

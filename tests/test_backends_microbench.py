@@ -124,6 +124,8 @@ def test_targets_by_regime_and_harness(groups):
     # A3 Mega rows (GPUDirect-TCPXO) form groups of their own, costed on h100-a3mega
     assert groups["H100-SXM-80GB | all_reduce | inter-node | >=1MiB | tcpxo"]["target"] == TARGETS["inter-node"]
     assert groups["H100-SXM-80GB | all_reduce | inter-node | <1MiB | tcpxo"]["target"] == TARGETS["small"]
+    # not met: 14.4% (53.1% before the Simple tree's fixed-step fill; 1-8 GiB stay 12-19% too slow)
+    assert groups["H100-SXM-80GB | all_reduce | inter-node | >=1MiB | tcpxo"]["mape"] < 0.15
 
 
 @pytest.mark.parametrize(

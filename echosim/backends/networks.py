@@ -32,6 +32,7 @@ class Network:
     nvls: bool  # NVLink SHARP allowed (NCCL_NVLS_ENABLE)
     nic_Gbps: float | None  # line rate of one GPU NIC where the network fixes it; None: the device's own
     source: str
+    buffsize_bytes: int | None = None  # NCCL_BUFFSIZE the deployment sets; None: NCCL's default
 
     def __post_init__(self) -> None:
         if self.latency_us < 0:
@@ -67,6 +68,7 @@ TCPXO = Network(
     protocols=("Simple",),  # Source: cluster-toolkit a3-megagpu-8g Dockerfile, NCCL_PROTO=Simple
     nvls=False,  # Source: same file, NCCL_NVLS_ENABLE=0
     nic_Gbps=200.0,  # Source: GKE GPUDirect-TCPXO page, 8 GPU NICs of up to 200 Gbps on A3 Mega
+    buffsize_bytes=8 << 20,  # Source: cluster-toolkit a3-megagpu-8g Dockerfile, NCCL_BUFFSIZE=8388608
     source="https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx-autopilot ; "
     "https://cloud.google.com/compute/docs/gpus/gpu-network-bandwidth ; "
     "https://github.com/google/nccl-plugin-gpudirect-tcpxo/blob/main/tcpdirect_plugin/fastrak_offload/nccl_shim.cc ; "
