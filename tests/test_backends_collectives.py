@@ -17,6 +17,7 @@ from echosim.backends.collectives import (
     best_choice,
     choices,
     collective_time_s,
+    links_for,
     nvls_graph,
     p2p_channels,
 )
@@ -575,3 +576,100 @@ def test_tray_nodes_pipeline_their_chunks_with_nvlinks_handshake():
     two_nodes = {c.proto: c for c in choices(H100, AG, size, Placement(16, 2, 8)) if c.algo == "ring"}
     one_node = {c.proto: c for c in choices(H100, AG, size, Placement(8, 1, 8)) if c.algo == "ring"}
     assert two_nodes["Simple"].pipeline_us > one_node["Simple"].pipeline_us
+
+
+def test_a3_mega_is_the_h100_on_gpudirect_tcpxo():
+    """GCP A3 Mega: the H100 SXM with one 200 Gb/s NIC per GPU on GPUDirect-TCPXO; nothing else changes."""
+    import dataclasses
+
+    from echosim.backends.networks import NETWORKS, TCPXO
+
+    h100, mega = DEVICES["h100-sxm"], DEVICES["h100-a3mega"]
+    assert (mega.network, h100.network) == ("tcpxo", "infiniband") and NETWORKS["tcpxo"] is TCPXO
+    assert mega.nic_GBps * 8 == TCPXO.nic_Gbps == 200.0 and h100.nic_GBps * 8 == 400.0
+    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "nic_GBps", "network", "source")]
+    assert all(getattr(h100, f) == getattr(mega, f) for f in same)
+    # Google's A3 Mega settings: Simple only, no NVLink SHARP; the plugin reports no latency of its own
+    assert (TCPXO.protocols, TCPXO.nvls, TCPXO.latency_us) == (("Simple",), False, 0.0)
+    assert "cloud.google.com" in mega.source and "nccl-plugin-gpudirect-tcpxo" in mega.source
+
+
+def test_tcpxo_runs_every_collective_under_simple_without_nvls():
+    """NCCL_PROTO=Simple and NCCL_NVLS_ENABLE=0 apply to every communicator of the job, inside a node too."""
+    h100, mega = DEVICES["h100-sxm"], DEVICES["h100-a3mega"]
+    one_node, two_nodes = Placement(8, 1, 8), Placement(16, 2, 8)
+    assert {(c.algo, c.proto) for c in choices(mega, OpKind.ALL_REDUCE, 2**30, one_node)} == {
+        ("ring", "Simple"),
+        ("tree", "Simple"),
+    }
+    assert best_choice(h100, OpKind.ALL_REDUCE, 2**30, one_node).algo == "nvls"
+    # 8 bytes over 2 x 8: tree Simple, 8.4 + 2 x (7 NVLink hops x 4.0 + 1 network hop x 14) = 92.4 µs
+    small = best_choice(mega, OpKind.ALL_REDUCE, 8, two_nodes)
+    assert (small.algo, small.proto) == ("tree", "Simple") and small.latency_us == pytest.approx(92.4)
+    assert best_choice(h100, OpKind.ALL_REDUCE, 8, two_nodes).proto == "LL"  # InfiniBand keeps NCCL's defaults
+    # a harness that asks for LL only still gets what the network runs
+    only_ll = NcclConfig(protocols=("LL",))
+    assert {c.proto for c in choices(mega, OpKind.ALL_GATHER, 4096, one_node, only_ll)} == {"Simple"}
+    # the network leg: 8 NICs x 25 GB/s x IB_EFFICIENCY, half of the H100's 400 Gb/s NICs
+    assert links_for(mega, two_nodes).inter_GBps == pytest.approx(links_for(h100, two_nodes).inter_GBps / 2)
+    assert links_for(mega, two_nodes).inter_GBps == pytest.approx(8 * 25.0 * 0.94)
+
+
+def test_a_network_plugins_reported_latency_is_added_per_network_hop(monkeypatch):
+    """tuning.cc adds graph->latencyInter (the plugin's props.latency) to each network hop, twice for Simple."""
+    import dataclasses
+
+    from echosim.backends import networks
+
+    slow = dataclasses.replace(networks.INFINIBAND, name="slow", latency_us=10.0)
+    monkeypatch.setitem(networks.NETWORKS, "slow", slow)
+    h100 = DEVICES["h100-sxm"]
+    dev = dataclasses.replace(h100, network="slow")
+    two_nodes = Placement(16, 2, 8)
+    base = {(c.algo, c.proto): c.latency_us for c in choices(h100, OpKind.ALL_REDUCE, 8, two_nodes)}
+    more = {(c.algo, c.proto): c.latency_us for c in choices(dev, OpKind.ALL_REDUCE, 8, two_nodes)}
+    # tree: 2 x log2(2 nodes) network hops; ring all-reduce: 2 x (2 - 1) network steps
+    for proto, per_hop in (("LL", 10.0), ("LL128", 10.0), ("Simple", 20.0)):
+        assert more["tree", proto] - base["tree", proto] == pytest.approx(2 * per_hop)
+    assert more["ring", "LL"] - base["ring", "LL"] == pytest.approx(2 * 10.0)
+    one_node = Placement(8, 1, 8)  # no network hop, nothing added
+    assert choices(dev, OpKind.ALL_REDUCE, 8, one_node) == choices(h100, OpKind.ALL_REDUCE, 8, one_node)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"network": "ethernet"}, "field 'network' is 'ethernet', expected one of infiniband, tcpxo"),
+        ({"network": "tcpxo"}, "'nic_GBps' 50.0 is not the tcpxo NIC's 200 Gb/s"),
+    ],
+)
+def test_a_device_names_a_known_network_at_its_nic_rate(change, message):
+    import dataclasses
+
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(DEVICES["h100-sxm"], **change)
+
+
+def test_a_multi_node_simple_tree_fills_its_hops_one_fixed_step_at_a_time():
+    """enqueue.cc: a tree's Simple chunk is one FIFO step (NCCL_BUFFSIZE / 8), not cut for mid-size messages, and
+    each hop forwards a step once it has it whole, so the first step crosses all 2 x (7 NVLink + 1 network) hops."""
+    from echosim.backends.collectives import NCCL_BUFFSIZE_BYTES, NCCL_STEPS, on_network
+
+    mega, two_nodes = DEVICES["h100-a3mega"], Placement(16, 2, 8)
+    assert NCCL_BUFFSIZE_BYTES == 4 << 20 and NCCL_STEPS == 8
+    assert on_network(mega, NcclConfig()).buffsize_bytes == 8 << 20  # Google's NCCL_BUFFSIZE=8388608
+    assert on_network(DEVICES["h100-sxm"], NcclConfig()) == NcclConfig()
+    links = links_for(mega, two_nodes)  # 18 channels: 371 GB/s NVLink, 8 x 25 x 0.94 = 188 GB/s network
+
+    def tree_simple(nbytes: int) -> object:
+        return next(c for c in choices(mega, OpKind.ALL_REDUCE, nbytes, two_nodes) if c.algo == "tree")
+
+    # 16 MiB: 932 KiB per channel, under one 1 MiB step: 14 NVLink hops at 371/18 GB/s and 2 network hops at
+    # 188/18 GB/s, less the one the bandwidth term already counts
+    per_channel = 16 * 2**20 / 18
+    intra, net = per_channel / (links.intra_GBps / 18 * 1e3), per_channel / (links.inter_GBps / 18 * 1e3)
+    assert tree_simple(16 * 2**20).pipeline_us == pytest.approx(14 * intra + 2 * net - net)
+    assert tree_simple(16 * 2**20).pipeline_us == pytest.approx(722.8, abs=0.5)
+    # from 18 MiB on the step is whole (1 MiB): the fill stops growing
+    assert tree_simple(2**30).pipeline_us == pytest.approx(tree_simple(18 * 2**20).pipeline_us)
+    assert tree_simple(18 * 2**20).pipeline_us == pytest.approx(722.8 * 18 / 16, rel=1e-3)

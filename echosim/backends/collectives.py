@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from echosim.backends.base import Placement
 from echosim.backends.devices import DeviceSpec
+from echosim.backends.networks import NETWORKS
 from echosim.ir.ops import OpKind
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -102,6 +103,10 @@ P2P_MAX_CHANNELS = 32
 # Host time NCCL takes to enqueue one ncclSend or ncclRecv inside a group (µs). Fitted: the slope per
 # call of XLA's all-to-all floors (with validation.microbench.XLA_A2A_ISSUE_US, its fixed part).
 NCCL_P2P_CALL_US = 0.23
+# NCCL_BUFFSIZE's default (4 MiB, src/init.cc DEFAULT_BUFFSIZE) and the FIFO steps it is cut into
+# (NCCL_STEPS, src/include/device.h): a Simple connection moves one step of buffsize / 8 at a time.
+NCCL_BUFFSIZE_BYTES = 1 << 22
+NCCL_STEPS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,8 @@ class NcclConfig:
     the measurement does not hide (:func:`a2a_host_issue_us`): a fixed part and a part per ncclSend /
     ncclRecv call. Zero where launches pipeline behind earlier work (nccl-tests, a training step): there
     the calls only raise the launch floor (:func:`launch_floor_us`).
+    ``buffsize_bytes``: ``NCCL_BUFFSIZE``, the Simple FIFO of a connection; a tree moves it in steps of
+    ``buffsize_bytes / NCCL_STEPS`` per channel (:func:`_tree_chunk_fill_us`).
     The defaults are NCCL's own.
     """
 
@@ -137,6 +144,7 @@ class NcclConfig:
     host_nodes: bool = False
     a2a_issue_us: float = 0.0
     p2p_call_us: float = 0.0
+    buffsize_bytes: int = NCCL_BUFFSIZE_BYTES
 
     def __post_init__(self) -> None:
         if self.algo not in ("", "ring", "tree", "nvls"):
@@ -242,6 +250,26 @@ def net_overhead_us(dev: DeviceSpec) -> float:
     return NET_OVERHEAD_US.get(dev.host_cpu_vendor, NET_OVERHEAD_DEFAULT_US)
 
 
+def net_latency_us(dev: DeviceSpec, proto: int) -> float:
+    """What NCCL's tuner adds to a network hop for the device's network plugin (``graph->latencyInter``):
+    its reported latency, twice for Simple (tuning.cc: "the flush extra latency"). 0 for IB."""
+    return NETWORKS[dev.network].latency_us * (2 if proto == SIMPLE else 1)
+
+
+def on_network(dev: DeviceSpec, nccl: NcclConfig) -> NcclConfig:
+    """``nccl`` within what the device's network runs under: its protocols only, NVLS only where it allows.
+
+    A cloud network's deployment fixes NCCL settings for every communicator of the job
+    (:data:`~echosim.backends.networks.NETWORKS`); a harness's own settings apply inside them.
+    """
+    net = NETWORKS[dev.network]
+    protocols = tuple(p for p in nccl.protocols if p in net.protocols) or net.protocols
+    buffsize = net.buffsize_bytes or nccl.buffsize_bytes
+    if protocols == nccl.protocols and (net.nvls or not nccl.nvls) and buffsize == nccl.buffsize_bytes:
+        return nccl
+    return replace(nccl, protocols=protocols, nvls=nccl.nvls and net.nvls, buffsize_bytes=buffsize)
+
+
 def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> float:
     """Extra time of an optimally chunked two-stage (fill, drain) pipeline over one link."""
     if not math.isfinite(bw_GBps) or nbytes_on_link <= 0:
@@ -252,6 +280,7 @@ def _pipeline_us(nbytes_on_link: float, bw_GBps: float, handshake_us: float) -> 
 def _hop_latencies(dev: DeviceSpec, algo: str, proto: int, p: Placement) -> tuple[float, float]:
     intra = NVLINK_HOP_US[algo][proto]
     inter = (NET_HOP_US["tree"] if p.per_node == 1 else NET_HOP_US[algo])[proto]
+    inter += net_latency_us(dev, proto)
     if p.nodes > 1 and algo == "ring":  # tuning.cc applies the overhead to ring latencies only
         intra = max(intra, net_overhead_us(dev) * (3 if proto == SIMPLE else 1))
     return intra, inter
@@ -291,7 +320,26 @@ def ring_choices(
     return out
 
 
-def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links, tp: Placement | None = None) -> list[Choice]:
+def _tree_chunk_fill_us(nbytes: int, links: Links, ppn: int, nodes: int, buffsize: int) -> float:
+    """Fill time of a Simple tree's fixed-size chunks: each hop forwards one step (buffsize / NCCL_STEPS)
+    per channel after receiving it whole, so the first chunk crosses every hop of the chain up and
+    back down before the pipeline runs at its slowest hop's rate (counted in the bandwidth term)."""
+    per_channel = nbytes / links.channels
+    chunk = min(buffsize / NCCL_STEPS, per_channel)
+    r_intra = links.intra_GBps / links.channels * 1e3
+    r_net = links.inter_GBps / links.channels * 1e3
+    hops = 2 * (ppn - 1) * chunk / r_intra + 2 * math.log2(nodes) * chunk / r_net
+    return max(0.0, hops - chunk / min(r_intra, r_net))
+
+
+def tree_choices(
+    dev: DeviceSpec,
+    nbytes: int,
+    p: Placement,
+    links: Links,
+    tp: Placement | None = None,
+    buffsize: int = NCCL_BUFFSIZE_BYTES,
+) -> list[Choice]:
     """Double binary tree across nodes, chain inside a node (all-reduce only); ``tp`` as for :func:`ring_choices`."""
     tp = tp or p
     nodes, ppn = tp.nodes, tp.per_node
@@ -320,6 +368,8 @@ def tree_choices(dev: DeviceSpec, nbytes: int, p: Placement, links: Links, tp: P
         table = TREE_CORRECTION[proto]
         bw *= table[lo] + (table[hi] - table[lo]) * frac
         pipe = _pipeline_us(nbytes, bw, inter_hop if p.nodes > 1 else NVLINK_HOP_US["tree"][proto])
+        if proto == SIMPLE and p.nodes > 1:
+            pipe = _tree_chunk_fill_us(nbytes, links, ppn, nodes, buffsize)
         out.append(Choice("tree", PROTOCOLS[proto], nbytes, lat, bw * 0.5, pipe))
     return out
 
@@ -498,8 +548,9 @@ def p2p_choice(
 
 
 def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL) -> list[Choice]:
-    """Every candidate NCCL would consider for this collective under ``nccl``'s settings."""
+    """Every candidate NCCL would consider for this collective under ``nccl``'s settings (on the device's network)."""
     check_placement(dev, p)
+    nccl = on_network(dev, nccl)
     links = links_for(dev, p)
     if kind in (OpKind.SEND, OpKind.RECV):
         return [p2p_choice(dev, nbytes, p, nccl, exchange=kind is OpKind.RECV)]
@@ -510,7 +561,7 @@ def choices(dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: Nccl
     tp = tuner_placement(dev, p, nccl)
     out = ring_choices(dev, kind, nbytes, p, links, tp)
     if kind is OpKind.ALL_REDUCE:
-        out += tree_choices(dev, nbytes, p, links, tp)
+        out += tree_choices(dev, nbytes, p, links, tp, nccl.buffsize_bytes)
     use_nvls = nccl.nvls and (kind is OpKind.ALL_REDUCE or nccl.nvls_gather)
     nvls = nvls_choice(dev, kind, nbytes, p, nccl) if use_nvls else None
     if nvls is not None:

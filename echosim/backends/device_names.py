@@ -27,6 +27,26 @@ DEVICE_PATTERNS: tuple[tuple[str, str | None], ...] = (
 )
 
 
+#: Pattern in a measurement's system description -> the scale-out network it names (networks.NETWORKS);
+#: no match: InfiniBand, the backends' default.
+SYSTEM_NETWORKS: tuple[tuple[str, str], ...] = ((r"GPUDirect-TCPXO|\bTCPXO\b", "tcpxo"),)
+#: (backend, network) -> the backend of that device on that network.
+NETWORK_BACKENDS: dict[tuple[str, str], str] = {("h100-sxm", "tcpxo"): "h100-a3mega"}
+
+
+def network_for_system(system: str) -> str | None:
+    """The network a system description names (``GCP A3 Mega (GPUDirect-TCPXO ...)`` -> ``tcpxo``), or ``None``."""
+    for pattern, network in SYSTEM_NETWORKS:
+        if re.search(pattern, system):
+            return network
+    return None
+
+
+def backend_on_network(backend: str, network: str) -> str | None:
+    """The backend modelling ``backend``'s device on ``network``, or ``None`` when none does."""
+    return NETWORK_BACKENDS.get((backend, network))
+
+
 def backend_for_device(device_name: str) -> str | None:
     """The backend for a device name (``NVIDIA H200`` -> ``h200``), or ``None`` when none models it."""
     for pattern, backend in DEVICE_PATTERNS:

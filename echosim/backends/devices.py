@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from echosim.backends.networks import NETWORKS, TCPXO
+
 ARCHES = ("ampere", "hopper", "blackwell")
 
 # URLs behind the hw_specs.csv rows, cited per device below.
@@ -96,6 +98,9 @@ class DeviceSpec:
     # GPUs one host (one OS instance, one hostHash to NCCL) holds where an NVLink domain spans several
     # hosts (GB200/GB300 NVL72: a compute tray of 4 GPUs and 2 Grace CPUs); None: one host per node.
     gpus_per_host: int | None = None
+    # The scale-out network its NICs sit on (networks.NETWORKS): "infiniband" (NCCL's defaults) or a cloud's
+    # own, which changes what NCCL's tuner is told and the NCCL settings the deployment runs under.
+    network: str = "infiniband"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -154,6 +159,15 @@ def validate(spec: DeviceSpec) -> None:
                 raise ValueError(
                     f"{who}: field 'host_cpu_vendor' is {spec.host_cpu_vendor!r}, expected one of "
                     f"{', '.join(repr(v) for v in HOST_CPU_VENDORS)}"
+                )
+            continue
+        if f.name == "network":
+            if spec.network not in NETWORKS:
+                raise ValueError(f"{who}: field 'network' is {spec.network!r}, expected one of {', '.join(NETWORKS)}")
+            line_Gbps = NETWORKS[spec.network].nic_Gbps
+            if line_Gbps is not None and not math.isclose(spec.nic_GBps * 8, line_Gbps):
+                raise ValueError(
+                    f"{who}: 'nic_GBps' {spec.nic_GBps} is not the {spec.network} NIC's {line_Gbps:g} Gb/s"
                 )
             continue
         if f.name == "block_scaled_formats":
@@ -626,8 +640,21 @@ H100_96GB = DeviceSpec(
     }
 )
 
+# Google Cloud A3 Mega (a3-megagpu-8g): the H100 SXM5 (80 GB) in an 8-GPU NVSwitch node whose GPUs each
+# have one 200 Gb/s NIC on GPUDirect-TCPXO (networks.TCPXO: the rate, the plugin's latency and the NCCL
+# settings Google's guides set, with their sources). Everything else is the H100 SXM's.
+H100_A3MEGA = DeviceSpec(
+    **{
+        **{f.name: getattr(H100_SXM, f.name) for f in fields(DeviceSpec)},
+        "name": "h100-a3mega",
+        "nic_GBps": 200.0 / 8,  # Source: networks.TCPXO.nic_Gbps, 8 GPU NICs x 200 Gb/s per VM
+        "network": TCPXO.name,
+        "source": f"{H100_SXM.source} ; {TCPXO.source}",
+    }
+)
+
 DEVICES: dict[str, DeviceSpec] = {
-    d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H100_96GB, H800, H200, B200, GB200, B300, GB300)
+    d.name: d for d in (A100_40GB, A100_80GB, H100_SXM, H100_96GB, H100_A3MEGA, H800, H200, B200, GB200, B300, GB300)
 }
 
 

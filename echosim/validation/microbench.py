@@ -27,7 +27,7 @@ from typing import Any
 
 from echosim.backends.base import Placement
 from echosim.backends.collectives import NCCL_P2P_CALL_US, NcclConfig
-from echosim.backends.device_names import backend_for_device
+from echosim.backends.device_names import backend_for_device, backend_on_network, network_for_system
 from echosim.errors import EchosimError
 from echosim.ir.graph import Node
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
@@ -474,8 +474,6 @@ def _shares_rounds(shape: str, n: int) -> bool:
 
 def _collective_probe(backend: str, row: dict[str, str], kind: OpKind) -> Probe | str:
     system = row["system"]
-    if "TCPXO" in system:
-        return "GPUDirect-TCPXO networking is not modelled (the backends assume InfiniBand)"
     if re.search(r"NCCL_ALGO|SHARP disabled", row["op"] + " " + system):
         return "the row forces an algorithm; the model picks the one NCCL's tuner would"
     if re.search(r"\(expected\)|\(peak / avg\)", row["metric"]):
@@ -533,6 +531,12 @@ def probe(row: dict[str, str]) -> Probe | str:
     backend = backend_for_device(row["device"])
     if backend is None:
         return f"no backend for device {row['device']!r}"
+    network = network_for_system(row["system"])
+    if network is not None:  # the device on a cloud's own network: the backend that models that pair
+        on_network = backend_on_network(backend, network)
+        if on_network is None:
+            return f"no backend for device {row['device']!r} on the {network} network"
+        backend = on_network
     if _number(row["value"]) is None:
         return f"value {row['value']!r} is not a single number"
     op = row["op"]
@@ -590,7 +594,8 @@ def validate_microbench(path: str | Path, registry: Any = None) -> MicrobenchVal
             else:
                 r.backend = p.backend
                 harness = XLA_GROUP if p.regime and XLA_TABLE in row["source"] else ""
-                parts = (row["device"], p.op, p.scope if p.regime else "", p.regime, harness)
+                network = network_for_system(row["system"]) or ""
+                parts = (row["device"], p.op, p.scope if p.regime else "", p.regime, harness, network)
                 r.group = " | ".join(x for x in parts if x)
                 try:
                     r.predicted = p.predict(be)
