@@ -2,7 +2,14 @@
 
 Per-rank shapes of the expert layers in the cases.csv MoE rows: grouped GEMMs
 (``torch._grouped_mm``, forward, dgrad and wgrad) and the dense batched GEMM echosim
-costs them as, plus the token permute / un-permute. Run on a CUDA machine:
+costs them as, plus the token permute / un-permute. Also the forward as Transformer Engine's
+``GroupedLinear`` runs it (``te_streams``): one GEMM per local expert, round-robin on TE's four
+compute streams, fenced by events on the calling stream (``multi_stream_cublas_gemm``,
+transformer_engine/common/gemm/cublaslt_gemm.cu, TE v2.9; the path of ``general_grouped_gemm``
+in TE v2.7-v2.14 except the opt-in Hopper bf16 CUTLASS kernel), and the same GEMMs one after
+another on one stream (``serial``), beside echosim's time for one such GEMM times the experts
+(``pred_serial``). Which of the grouped and the per-expert times TE's rows pay is what
+benchmarks/moe_host_bound.md leaves open. Run on a CUDA machine:
 
     PYTHONPATH=. python3 benchmarks/moe_kernels_gpu.py [device-name] [out.json]
 
@@ -13,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -83,7 +91,41 @@ def grouped(groups: int, m: int, k: int, n: int) -> dict[str, float]:
     )
     xb = x.view(groups, m, k)
     out["bmm_fwd"] = bench(lambda: torch.bmm(xb, w))
+    out["te_streams_fwd"] = bench(per_expert(xb, w, TE_COMPUTE_STREAMS))
+    out["serial_fwd"] = bench(per_expert(xb, w, 1))
     return out
+
+
+#: Transformer Engine's compute streams for grouped GEMMs (``num_compute_streams = 4``,
+#: transformer_engine/common/util/multi_stream.cpp, TE v2.9).
+TE_COMPUTE_STREAMS = 4
+
+
+def per_expert(x: torch.Tensor, w: torch.Tensor, streams: int) -> Callable[[], None]:
+    """One ``x[e] @ w[e]`` per expert, issued as TE's multi_stream_cublas_gemm does: the side streams
+    wait on the calling stream, GEMM ``e`` runs on stream ``e % streams``, the calling stream waits on all."""
+    out = torch.empty(x.shape[0], x.shape[1], w.shape[2], device=x.device, dtype=x.dtype)
+
+    def serial() -> None:
+        for e in range(x.shape[0]):
+            torch.mm(x[e], w[e], out=out[e])
+
+    if streams <= 1 or x.device.type != "cuda":
+        return serial
+    side = [torch.cuda.Stream(device=x.device) for _ in range(streams)]
+
+    def run() -> None:
+        main = torch.cuda.current_stream(x.device)
+        start = main.record_event()
+        for s in side:
+            s.wait_event(start)
+        for e in range(x.shape[0]):
+            with torch.cuda.stream(side[e % streams]):
+                torch.mm(x[e], w[e], out=out[e])
+        for s in side:
+            main.wait_event(s.record_event())
+
+    return run
 
 
 def permutes(tokens: int, k: int, h: int) -> tuple[float, float]:
@@ -107,9 +149,10 @@ def main() -> None:
         for proj, (kk, nn) in (("gate/up", (h, f)), ("down", (f, h))):
             meas = grouped(g, m, kk, nn)
             pred = {
-                "fwd": matmul_time_s(dev, m, nn, kk, g),
-                "dgrad": matmul_time_s(dev, m, kk, nn, g),
-                "wgrad": matmul_time_s(dev, kk, nn, m, g),
+                "fwd": matmul_time_s(dev, m, nn, kk, g, grouped=True),
+                "dgrad": matmul_time_s(dev, m, kk, nn, g, grouped=True),
+                "wgrad": matmul_time_s(dev, kk, nn, m, g, grouped=True),
+                "serial_fwd": g * matmul_time_s(dev, m, nn, kk),
             }
             results.append({"shape": label, "proj": proj, "measured": meas, "predicted": pred})
             row = " ".join(
@@ -117,6 +160,10 @@ def main() -> None:
             )
             errs = " ".join(str(v) for key, v in meas.items() if key.endswith("error"))
             print(f"{label:24} {proj:8} meas/pred {row} bmm={meas['bmm_fwd'] * 1e6:7.1f}us {errs}")
+            print(
+                f"{'':24} {proj:8} per expert: te_streams={meas['te_streams_fwd'] * 1e6:7.1f}us "
+                f"serial={meas['serial_fwd'] * 1e6:7.1f}us meas / pred_serial={pred['serial_fwd'] * 1e6:7.1f}us"
+            )
         permute, unpermute = permutes(tokens, k, h)
         row_bytes = 2 * h
         pred_perm = memory_bound_time_s(dev, tokens * row_bytes + tokens * k * row_bytes + tokens * k * 8)
