@@ -37,24 +37,26 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     points faster, 13.8% / -13.7%. Context parallelism as PyTorch's context_parallel runs it
     (passes.context_parallel ``torch``: repeat_kv'd K/V all-gathered and waited on in line, fp32 dK/dV permutes and
     merge): the six CP rows -6.7..-32.5% -> -2.9..-28.9% (the 405B ones, whose K/V cross nodes, -21.9..-32.3% ->
-    -2.9..-11.5%), 10.3% / -10.2%."""
+    -2.9..-11.5%), 10.3% / -10.2%. compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 once Azure's cuBLASLt FP8
+    rows were priced with the fast accumulation their harness sets: cuBLAS GEMMs 2% slower, 9.7% / -9.5%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.103, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.102, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.097, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.095, abs=0.005)
     # -6.6% before FSDP2's fp32 reduce-scatter (once a micro-batch here, once a step under PP in torchtitan),
     # -5.0% with it before fast accumulation
-    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.027, abs=0.01)
-    assert errors["torchtitan2412-t2-llama-3p1-8b-fp8-h100-96gb-8-s262144"] == pytest.approx(-0.289, abs=0.01)
-    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.065, abs=0.01)
+    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.024, abs=0.01)
+    assert errors["torchtitan2412-t2-llama-3p1-8b-fp8-h100-96gb-8-s262144"] == pytest.approx(-0.288, abs=0.01)
+    # -6.5% with the heuristic fraction at 0.91
+    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.054, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins;
-    # -13.5 / -12.1% before FSDP2's copies
-    assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.114, abs=0.01)
-    assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.097, abs=0.01)
+    # -13.5 / -12.1% before FSDP2's copies; -11.4 / -9.7% with the heuristic fraction at 0.91
+    assert errors["torchtitan2412-t1-llama-3p1-8b-bf16-h100-96gb-8"] == pytest.approx(-0.104, abs=0.01)
+    assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.085, abs=0.01)
     # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%); -2.5% before FSDP2's copies,
-    # +1.7% with them before fast accumulation
-    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.005, abs=0.01)
+    # +1.7% with them before fast accumulation; +0.5% with the heuristic fraction at 0.91
+    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.014, abs=0.01)
 
 
 def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
@@ -68,13 +70,15 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     directions, all-to-alls hidden in forward-backward pairs, arXiv:2412.19437 sec. 3.2.1): +18.6% -> -15.1%
     (its step is a production average over 14.8T tokens with every overhead: the bound is from above).
     Transformer Engine's fprop GEMMs run with FP8 fast accumulation on Hopper (compute.FP8_PROMOTING_ARCHS):
-    H800 -15.1% -> -15.8%, H100 fp8 +2.1% -> +0.7%."""
+    H800 -15.1% -> -15.8%, H100 fp8 +2.1% -> +0.7%. compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 (Azure's
+    cuBLASLt FP8 rows priced with their harness's fast accumulation; GROUPED_GEMM_FRACTION, relative to it,
+    0.90 -> 0.92): H800 -15.8% -> -15.3%, H100 +0.7% -> +1.2%, B200 MXFP8 -5.5% -> -5.2%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        -0.158, abs=0.01
+        -0.153, abs=0.01
     )  # DualPipe; with 1F1B +18.6% (+1%: Hopper fp8 transposes; +0.9%: MTP); -0.7%: fprop fast accumulation
-    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.007, abs=0.01)
+    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.012, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}
     assert (
         fits["mbridge2509-deepseekv3-dropless-h100-sxm-1024"]
@@ -83,7 +87,7 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     # its recipe (B200_FP8_MX_V2) overlaps the EP all-to-alls with the adjacent micro-batch (combined 1F1B):
     # +34.0% without that rule; -11.0% before MXFP8 GEMMs ran at compute.MXFP8_GEMM_FRACTION of per-tensor
     # FP8 and before the row trained its MTP module (-6.4% with MTP alone, -9.8% with the MXFP8 rate alone)
-    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.055, abs=0.01)
+    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.052, abs=0.01)
 
 
 def test_interleaved_blocks_count_their_memory_per_layer() -> None:
@@ -131,17 +135,19 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     FSDP1's flat-gradient kernels before each reduce-scatter (concatenation, fp32 cast, pre-division: 18 bytes
     a parameter a micro-batch, echosim.passes.data_parallel ``flat_grads``): 8.5%, -7.5%; the micro-batch-2 13b
     rows move most (16: -19.3% -> -10.2%), the A100 rows +0.9..+4.4 points (to -0.6..+3.8%, the 40 GB 70b-64
-    row aside)."""
+    row aside). compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 (Azure's cuBLASLt FP8 rows priced with their
+    harness's fast accumulation): every row 1.0-1.9 points slower, 7.9%, -6.0%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.085, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.075, abs=0.005)
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.005, abs=0.01)  # -11.4%, -0.7%
-    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.019, abs=0.01)  # -5.4%, +0.8%
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.102, abs=0.01)  # -29.9, -21.2, -19.3%
-    assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.171, abs=0.01)  # flash copies: -20.5%
-    assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.177, abs=0.01)  # -22.3%, -19.2%
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.079, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.060, abs=0.005)
+    # (last figure: with the heuristic fraction at 0.91)
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.021, abs=0.01)  # -11.4, -0.7, +0.5%
+    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.038, abs=0.01)  # -5.4, +0.8, +1.9%
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.090, abs=0.01)  # -29.9..-10.2%
+    assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.157, abs=0.01)  # -20.5, -17.1%
+    assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.166, abs=0.01)  # -22.3, -19.2, -17.7%
 
 
 def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_ranks() -> None:
@@ -163,11 +169,13 @@ def test_deepspeed_2021_zero3_rows_pay_blocking_per_parameter_gathers() -> None:
     """Narayanan et al. 2021's ZeRO-3 comparison ran DeepSpeed's stage 3 of 2021 (framework deepspeed-2021):
     one all_gather / reduce_scatter per parameter behind torch.cuda.synchronize, one copy kernel per rank in
     PyTorch's list collectives, recompute re-gathers past stage3_max_reuse_distance. Before, the gathers hid
-    under compute and the rows sat at -34..-78% (step flat from 768 to 1,536 GPUs, predicted halving)."""
+    under compute and the rows sat at -34..-78% (step flat from 768 to 1,536 GPUs, predicted halving).
+    compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 (Azure's cuBLASLt FP8 rows priced with their harness's
+    fast accumulation): 16.7% -> 15.9%."""
     result = validate_cases(CASES, {"source_id": "narayanan2021", "zero": "3"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 6
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.167, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.159, abs=0.005)
     assert errors["narayanan2021-t2-gpt-174p6b-zero3-fp16-a100-80gb-1536"] == pytest.approx(-0.028, abs=0.01)
     assert errors["narayanan2021-t2-gpt-174p6b-zero3-fp16-a100-80gb-768"] == pytest.approx(-0.142, abs=0.01)
     assert errors["narayanan2021-t2-gpt-529p6b-zero3-fp16-a100-80gb-2240"] == pytest.approx(-0.277, abs=0.01)

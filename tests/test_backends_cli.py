@@ -44,7 +44,7 @@ def test_cost_matmul_as_the_issue_writes_it(cli):
                     "--dtype", "bf16", "--json")  # fmt: skip
     assert code == 0, out
     result = json.loads(out)
-    # MAMF's 80% of 989, at cuBLAS's heuristic pick (0.91 of it), less waves
+    # MAMF's 80% of 989, at cuBLAS's heuristic pick (0.89 of it), less waves
     assert result["op"] == "matmul" and 650 < result["tflops"] < 750
 
 
@@ -255,7 +255,8 @@ def test_validate_microbench_json_has_rows_and_groups(tmp_path, cli):
     result = json.loads(out)
     rows = result["rows"]
     assert {"device", "op", "predicted", "measured"} <= set(rows[0])
-    assert rows[0]["predicted"] == pytest.approx(253.7, rel=0.05)  # MAMF's ceiling at the heuristic's pick
+    # MAMF's ceiling at the heuristic's pick, 5.5% under the row (3.5% with HEURISTIC_GEMM_FRACTION 0.91)
+    assert rows[0]["predicted"] == pytest.approx(239.7, rel=0.005)
     assert rows[1]["group"] == "H100-SXM-80GB | all_reduce | intra-node | >=1MiB" and abs(rows[1]["error"]) < 0.05
     assert rows[2]["skipped"] == "no backend for device 'Gaudi 2'"
     assert result["groups"]["A100-SXM4-80GB | matmul fp16"]["target"] == 0.10

@@ -48,8 +48,9 @@ GPU_MODULE_FITTED = {
     "compute.FLASH_SOFTMAX_HEAD_DIM": "softmax cost in flash attention, from FA2 with and without softmax",
     "compute.FLASH_BWD_RATE": "flash backward rate / forward rate where both passes are tensor-core bound, from "
     "the FlashAttention-2 paper's plots (Blackwell: times the FA4 paper's backward roofline, 2560 / 3328)",
-    "compute.HEURISTIC_GEMM_FRACTION": "cuBLAS heuristic pick / autotuned rate (the 32 of 34 heuristic-library "
-    "GEMMs of >= 100 GFLOP that the sustained plateau does not cap: Azure cuBLASLt sweeps, PyTorch on one H200)",
+    "compute.HEURISTIC_GEMM_FRACTION": "cuBLAS heuristic pick / autotuned rate (the 30 of 34 heuristic-library "
+    "GEMMs of >= 100 GFLOP that the sustained plateau does not cap: Azure cuBLASLt sweeps, FP8 with fast "
+    "accumulation as superbenchmark sets it; PyTorch on one H200)",
     "compute.GROUPED_GEMM_FRACTION": "MoE grouped-GEMM rate / the GEMM model's rate for its shapes (30 grouped "
     "kernels on one H200, benchmarks/moe_kernels_h200.json)",
     "compute.MXFP8_GEMM_FRACTION": "MXFP8 GEMM rate / per-tensor FP8 GEMM rate at the same shapes (Transformer "

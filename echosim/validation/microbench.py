@@ -288,6 +288,11 @@ def _has_fp4(backend: str) -> bool:
     return spec is None or spec.gemm_eff_fp4 is not None
 
 
+def _azure_cublaslt(row: dict[str, str]) -> bool:
+    """A GEMM of the Azure guide's cuBLASLt sweep (superbenchmark's cublaslt_gemm: FP8 with fast accumulation)."""
+    return row["op"] == "GEMM (cuBLASLt)" and AZURE_GUIDE in row["source"]
+
+
 def _matmul_probe(backend: str, row: dict[str, str]) -> Probe | str:
     dtype = _gemm_dtype(row["dtype"])
     if dtype is None:
@@ -309,11 +314,11 @@ def _matmul_probe(backend: str, row: dict[str, str]) -> Probe | str:
     else:
         predict = lambda be: flops / be.op_time_s(node, 0) / 1e12  # noqa: E731
     # mamf-finder times 100 iterations a shape after 50 warmup: a short run, not held to the sustained rate.
-    # XLA sets FP8 fast accumulation on its DEFAULT-precision dots; torch._scaled_mm (mamf-finder) leaves it off
-    # (compute.FP8_PROMOTING_ARCHS). Azure's cuBLASLt sweep (superbenchmark cublaslt_utils.cc) sets
-    # CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1 for FP8 under a comment saying "disable": its rows stay priced
-    # promoted here because compute.HEURISTIC_GEMM_FRACTION was fitted on them that way (fast: 0.888).
-    fast = "all" if XLA_TABLE in row["source"] else "none"
+    # XLA sets FP8 fast accumulation on its DEFAULT-precision dots; torch._scaled_mm (mamf-finder, the H200
+    # PyTorch rows) leaves it off (compute.FP8_PROMOTING_ARCHS). Azure's cuBLASLt sweep (superbenchmark
+    # cublaslt_utils.cc, which the guide clones) sets CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1 for FP8, under a
+    # comment that says "disable": its FP8 rows ran without promotion and are priced so.
+    fast = "all" if XLA_TABLE in row["source"] or _azure_cublaslt(row) else "none"
     settings = {"autotuned_gemms": autotuned, "sustained_gemms": "MAMF" not in row["op"], "fp8_fast_accum": fast}
     return Probe(backend, f"matmul {dtype}", "single device", predict, settings=settings)
 
