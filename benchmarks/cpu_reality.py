@@ -293,7 +293,7 @@ def run_ranks(script: str, args: list[str], world: int, label: str, threads: int
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, script, *args]
-    probe = run_probe()  # the machine's speed right now, to tell its drift since calibration from model error
+    probe = run_probe(threads=threads)  # the speed now, on the run's threads: drift since calibration, not model error
     load_before = os.getloadavg()[0]
     busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
     procs = [
