@@ -14,6 +14,10 @@ system time per step (getrusage):
   itself and, freeing it, raises its mmap threshold to the block's size and its trim threshold to twice
   that (mallopt(3): M_MMAP_THRESHOLD is dynamic up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit), so
   the table gradients born every step come from the heap instead of fresh pages.
+* ``1p-prefree:MB``: the same with a block of MB megabytes (10^6 bytes). The trim threshold then decides:
+  the table gradients freed together at ``zero_grad`` (8 x 2.56 MB for the DLRM) stay in the heap only if
+  they fit under twice the block; beyond it, free() gives the heap's top back to the kernel and the next
+  step faults them in again.
 * ``noop``: DDP x2 with a comm hook that returns the bucket untouched: DDP's reducer (bucket copies, its
   initial frees) without gloo.
 * ``timed``: DDP x2 with a hook that all-reduces each bucket and records its bytes and wall time.
@@ -51,8 +55,9 @@ def worker(variant: str, rank: int, world: int, port: int, steps: int, name: str
     model: Any = MODELS[name][0].build()
     inputs, labels = _batch(name, rank)
     reduce_max = gloo_group(rank, world, port)
-    if variant == "1p-prefree":
-        big = torch.empty(5_000_000)
+    if variant.startswith("1p-prefree"):
+        megabytes = float(variant.partition(":")[2] or 20)
+        big = torch.empty(int(megabytes * 1e6 / 4))
         big.fill_(0)
         del big
     log: list[tuple[int, float]] = []

@@ -314,7 +314,9 @@ def _bench_cpu_round(
     # streaming kernels beyond L2 are timed with their operands out of cache, as in a training step
     # (CacheEvictor); the tests' tiny sweep keeps them warm for speed
     evict = CacheEvictor() if sweep != "tiny" else None
-    l2 = threads * cache_bytes(2)  # the model's cache_bytes (fit.cpu_identity_spec)
+    from echosim.calibrate.fit import compute_cores
+
+    l2 = compute_cores(threads) * cache_bytes(2)  # the model's cache_bytes (fit.cpu_identity_spec)
 
     def timed(fn: Callable[[], Any], repeats: int, nbytes: int = 0) -> tuple[float, float]:
         if evict is None or nbytes <= l2:
