@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from echosim.calibrate.bench import Sample
+from echosim.calibrate.bench import Sample, compute_cores, physical_cores
 
 
 @dataclass(frozen=True)
@@ -102,37 +102,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-#: Where Linux describes the CPUs' topology (``topology/core_id``, ``topology/physical_package_id`` per CPU).
-SYSFS_CPU = Path("/sys/devices/system/cpu")
-
-
-def physical_cores(root: Path = SYSFS_CPU) -> int:
-    """Distinct physical cores among the CPUs this process may run on: SMT siblings (hyperthreads) share one.
-
-    The OS lists each CPU's package and core id (Documentation/ABI/stable/sysfs-devices-system-cpu); two
-    logical CPUs with the same pair are hyperthreads of one core and share its FMA units and its L2.
-    Where the OS does not say, every usable CPU counts as a core. A VM shows its vCPUs as the hypervisor
-    presents them (this 2-vCPU KVM guest: two cores, one thread each)."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        return usable_cores()
-    cores = set()
-    for cpu in cpus:
-        topo = root / f"cpu{cpu}" / "topology"
-        try:
-            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
-        except OSError:
-            cores.add(("cpu", str(cpu)))  # no topology: the CPU counts as a core of its own
-    return max(1, len(cores))
-
-
-def compute_cores(threads: int, root: Path = SYSFS_CPU) -> int:
-    """Physical cores ``threads`` intra-op threads compute on: one each, up to the cores there are (threads
-    beyond them land on SMT siblings, which add no FMA units; :func:`physical_cores`)."""
-    return max(1, min(threads, physical_cores(root)))
 
 
 def machine_identity(threads: int = 1, ranks: int = 1) -> dict[str, Any]:
