@@ -3,13 +3,15 @@
 Usage::
 
     python benchmarks/cpu_reality.py [--calibration ONE_RANK TWO_RANKS ALL_CORES] [--sweep standard] [--steps 10]
-                                     [--out FILE.json]
+                                     [--order model|layout] [--out FILE.json]
 
 Without ``--calibration`` it first calibrates the CPU backend on this machine three times
 (``echosim calibrate``'s sweep into a temporary database): for one rank of one thread alone,
 for two such ranks computing at once, since two ranks on one socket share its cache and memory
 bandwidth, and for one rank with a thread on every core; each layout is predicted with the
-calibration of its own ranks and threads. Then, for each model and layout, it
+calibration of its own ranks and threads (``--order layout``: each calibration just before its layout's
+rows, all models of a layout back to back, so that minutes of drift do not sit between the two). Then, for
+each model and layout, it
 trains with torch in fresh processes and predicts the same step with echosim on the
 calibrated ``cpu-x86`` backend:
 
@@ -293,7 +295,7 @@ def run_ranks(script: str, args: list[str], world: int, label: str, threads: int
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, script, *args]
-    probe = run_probe()  # the machine's speed right now, to tell its drift since calibration from model error
+    probe = run_probe(threads=threads)  # the speed now, on the run's threads: drift since calibration, not model error
     load_before = os.getloadavg()[0]
     busy0, ours0, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
     procs = [
@@ -433,6 +435,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="Write the results as JSON here.")
     parser.add_argument("--retries", type=int, default=3, help="Re-measure a contended row up to this many times.")
     parser.add_argument("--retry-wait", type=float, default=20.0, help="Seconds to wait before re-measuring.")
+    parser.add_argument(
+        "--order",
+        choices=("model", "layout"),
+        default="model",
+        help="Rows model by model (each model's layouts back to back), or layout by layout with each layout "
+        "calibrated just before its rows (without --calibration).",
+    )
     args = parser.parse_args()
     if args.worker:
         result = worker(args.worker, args.layout, args.rank, args.world, args.port, args.steps)
@@ -444,61 +453,78 @@ def main() -> None:
         parser.error(f"unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}")
     if args.calibration and len(args.calibration) < 2 + (ALL_CORES in layouts):
         parser.error("--calibration needs ONE_RANK TWO_RANKS, and ALL_CORES with the all-cores layout")
-    calibrations = calibrations_for(args, tuple(dict.fromkeys(calibration_key(x) for x in layouts)))
+    keys = tuple(dict.fromkeys(calibration_key(x) for x in layouts))
+    # --order layout: each layout's calibration is made just before its rows (less drift between the two)
+    calibrations = {} if args.order == "layout" and not args.calibration else calibrations_for(args, keys)
+    database = Path(tempfile.mkdtemp()) / "calibration.sqlite"
     from echosim.calibrate import load_calibration
     from echosim.calibrate.fit import machine_identity
 
     ident = machine_identity(1, 2)
     header: dict[str, Any] = {
-        "calibration": {str(k): ref for k, ref in calibrations.items()},
-        "parameters": {str(k): load_calibration(ref).parameters.get("cpu-x86", {}) for k, ref in calibrations.items()},
         "machine": f"{ident['cpu_model']}, {ident['usable_cores']} cores, {ident['memory_GB']:.0f} GB, "
         f"torch {ident['torch']}",
         "notes": NOTES,
-        "calibration_probes": {str(k): calibration_probe(ref) for k, ref in calibrations.items()},
+        "order": args.order,
     }
+
+    def describe_calibrations() -> None:
+        header["calibration"] = {str(k): ref for k, ref in calibrations.items()}
+        header["parameters"] = {
+            str(k): load_calibration(ref).parameters.get("cpu-x86", {}) for k, ref in calibrations.items()
+        }
+        header["calibration_probes"] = {str(k): calibration_probe(ref) for k, ref in calibrations.items()}
+
+    describe_calibrations()
     rows = []
     print(f"{'model':<20}{'layout':<22}{'measured s':>11}{'cpu share':>10}{'predicted s':>12}{'error':>8}"
           f"{'drift mm/st':>13}")  # fmt: skip
-    for name in args.models.split(","):
+    models = args.models.split(",")
+    if args.order == "layout":
+        pairs = [(name, layout) for layout in layouts for name in models]
+    else:
+        pairs = [(name, layout) for name in models for layout in layouts]
+    for name, layout in pairs:
         cfg = MODELS[name]
-        for layout in layouts:
-            if not applicable(cfg, layout):
-                continue
-            attempts = [measure(name, layout, args.steps)]
-            while attempts[-1].other_cores >= CONTENDED_CORES and len(attempts) <= args.retries:
-                time.sleep(args.retry_wait)  # other work is running: measure again, keep every attempt
-                attempts.append(measure(name, layout, args.steps))
-            m = min(attempts, key=lambda a: a.other_cores)  # the quietest attempt, whatever its step time
-            p = predict(cfg, layout, calibrations[calibration_key(layout)])
-            error = p["step_time_s"] / m.step_s - 1
-            drift = drift_of(calibrations[calibration_key(layout)], m.probe)
-            rows.append(
-                {
-                    "model": name,
-                    "layout": layout,
-                    "measured_step_s": m.step_s,
-                    "cpu_share": m.cpu_share,
-                    "steps_s": m.steps,
-                    "load_before": m.load_before,
-                    "load_after": m.load_after,
-                    "other_cores": m.other_cores,
-                    "attempts": [{"step_s": a.step_s, "other_cores": a.other_cores} for a in attempts],
-                    "probe": m.probe,
-                    "probe_drift": drift,
-                    "predicted_step_s": p["step_time_s"],
-                    "error": error,
-                    "breakdown": p["breakdown"],
-                }
-            )
-            if args.out:  # after every row, so that an interrupted run keeps what it measured
-                args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
-            flag = "" if m.other_cores < CONTENDED_CORES else f"  (contended: others used {m.other_cores:.1f} cores)"
-            print(
-                f"{name:<20}{layout:<22}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
-                f"{100 * error:>+7.1f}%{_drift_text(drift):>13}{flag}",
-                flush=True,
-            )
+        if not applicable(cfg, layout):
+            continue
+        if calibration_key(layout) not in calibrations:
+            calibrations.update(calibrate(database, args.sweep, keys=(calibration_key(layout),)))
+            describe_calibrations()
+        attempts = [measure(name, layout, args.steps)]
+        while attempts[-1].other_cores >= CONTENDED_CORES and len(attempts) <= args.retries:
+            time.sleep(args.retry_wait)  # other work is running: measure again, keep every attempt
+            attempts.append(measure(name, layout, args.steps))
+        m = min(attempts, key=lambda a: a.other_cores)  # the quietest attempt, whatever its step time
+        p = predict(cfg, layout, calibrations[calibration_key(layout)])
+        error = p["step_time_s"] / m.step_s - 1
+        drift = drift_of(calibrations[calibration_key(layout)], m.probe)
+        rows.append(
+            {
+                "model": name,
+                "layout": layout,
+                "measured_step_s": m.step_s,
+                "cpu_share": m.cpu_share,
+                "steps_s": m.steps,
+                "load_before": m.load_before,
+                "load_after": m.load_after,
+                "other_cores": m.other_cores,
+                "attempts": [{"step_s": a.step_s, "other_cores": a.other_cores} for a in attempts],
+                "probe": m.probe,
+                "probe_drift": drift,
+                "predicted_step_s": p["step_time_s"],
+                "error": error,
+                "breakdown": p["breakdown"],
+            }
+        )
+        if args.out:  # after every row, so that an interrupted run keeps what it measured
+            args.out.write_text(json.dumps({**header, "rows": rows}, indent=1, sort_keys=True))
+        flag = "" if m.other_cores < CONTENDED_CORES else f"  (contended: others used {m.other_cores:.1f} cores)"
+        print(
+            f"{name:<20}{layout:<22}{m.step_s:>11.3f}{m.cpu_share:>10.2f}{p['step_time_s']:>12.3f}"
+            f"{100 * error:>+7.1f}%{_drift_text(drift):>13}{flag}",
+            flush=True,
+        )
     errors = [abs(r["error"]) for r in rows]
     print(f"mean absolute error {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}% over {len(rows)}")
     if args.out:

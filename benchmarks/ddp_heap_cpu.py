@@ -14,6 +14,13 @@ system time per step (getrusage):
   itself and, freeing it, raises its mmap threshold to the block's size and its trim threshold to twice
   that (mallopt(3): M_MMAP_THRESHOLD is dynamic up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit), so
   the table gradients born every step come from the heap instead of fresh pages.
+* ``1p-prefree:MB``: the same with a block of MB megabytes (10^6 bytes). The trim threshold then decides:
+  the table gradients freed together at ``zero_grad`` (8 x 2.56 MB for the DLRM) stay in the heap only if
+  they fit under twice the block; beyond it, free() gives the heap's top back to the kernel and the next
+  step faults them in again.
+* ``1p-latefree:MB``: the block is freed after three steps instead, once AdamW's states exist (mapped for
+  themselves in the first step, under the initial 128 KiB threshold): whether the gradients stay in the
+  heap then depends on the trim threshold alone.
 * ``noop``: DDP x2 with a comm hook that returns the bucket untouched: DDP's reducer (bucket copies, its
   initial frees) without gloo.
 * ``timed``: DDP x2 with a hook that all-reduces each bucket and records its bytes and wall time.
@@ -51,8 +58,9 @@ def worker(variant: str, rank: int, world: int, port: int, steps: int, name: str
     model: Any = MODELS[name][0].build()
     inputs, labels = _batch(name, rank)
     reduce_max = gloo_group(rank, world, port)
-    if variant == "1p-prefree":
-        big = torch.empty(5_000_000)
+    if variant.startswith("1p-prefree"):
+        megabytes = float(variant.partition(":")[2] or 20)
+        big = torch.empty(int(megabytes * 1e6 / 4))
         big.fill_(0)
         del big
     log: list[tuple[int, float]] = []
@@ -84,6 +92,10 @@ def worker(variant: str, rank: int, world: int, port: int, steps: int, name: str
     step = train_step(name, model, opt, inputs, labels)
     for _ in range(3):
         step()
+    if variant.startswith("1p-latefree"):
+        late = torch.empty(int(float(variant.partition(":")[2] or 20) * 1e6 / 4))
+        late.fill_(0)
+        del late
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     walls, share = _time_steps(step, steps, reduce_max)  # 3 more warm-up steps, then the timed ones
     r1 = resource.getrusage(resource.RUSAGE_SELF)

@@ -68,7 +68,7 @@ def test_a_warning_only_beyond_the_limit_naming_the_part_and_its_sign() -> None:
 
 
 def test_check_compares_with_the_stored_probe(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probe, "run_probe", lambda: {"matmul_s": 0.005, "stream_s": 0.006})
+    monkeypatch.setattr(probe, "run_probe", lambda **_: {"matmul_s": 0.005, "stream_s": 0.006})
     result = probe.check_calibration(f"{db}#probed")
     assert result["drift"]["matmul_s"] == pytest.approx(0.25)
     assert result["warning"] and "25% slower" in result["warning"]
@@ -79,7 +79,7 @@ def test_check_compares_with_the_stored_probe(db: Path, monkeypatch: pytest.Monk
 
 
 def test_the_check_command(db: Path, cli: click.Group, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probe, "run_probe", lambda: {"matmul_s": 0.004, "stream_s": 0.0063})
+    monkeypatch.setattr(probe, "run_probe", lambda **_: {"matmul_s": 0.004, "stream_s": 0.0063})
     result = CliRunner().invoke(cli, ["calibrate", "--db", str(db), "--check", "probed"])
     assert result.exit_code == 0, result.output
     assert "stream_s" in result.output and "+5.0%" in result.output and "warning" not in result.output
@@ -100,3 +100,35 @@ def test_a_calibrations_probe_is_the_mean_of_one_at_its_start_and_one_at_its_end
     assert probe.probe_drift(both, {"matmul_s": 0.005, "stream_s": 0.007}) == pytest.approx(
         {"matmul_s": 0.0, "stream_s": 0.0, "total": 0.0}
     )
+
+
+def test_the_probe_runs_on_the_threads_it_is_given_timed_by_the_wall_clock_on_several() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    result = probe.run_probe(repeats=3, threads=2)
+    assert torch.get_num_threads() == before and result["threads"] == 2
+    for part in probe.PARTS:  # several threads: the part's time is its wall time (CPU time adds up over them)
+        assert result[part] == result["wall"][part]
+    assert probe.run_probe(repeats=3)["threads"] == 1
+    with pytest.raises(ValueError, match="at least one thread"):
+        probe.run_probe(threads=0)
+
+
+def test_probes_on_different_thread_counts_are_not_compared(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="on 1 and 2 thread"):
+        probe.probe_drift(THEN, {"matmul_s": 0.004, "stream_s": 0.006, "threads": 2})
+    # --check times the probe on the threads the calibration's probe ran on
+    store = CalibrationStore(db)
+    store.save("two", "cpu-x86", {"probe": {**THEN, "threads": 2}}, {"op_overhead_us": (3.0, "x")}, "test")
+    store.close()
+    asked: list[int] = []
+
+    def fake(threads: int = 1, **_: object) -> dict[str, object]:
+        asked.append(threads)
+        return {"matmul_s": 0.004, "stream_s": 0.006, "threads": threads}
+
+    monkeypatch.setattr(probe, "run_probe", fake)
+    assert probe.check_calibration(f"{db}#two")["drift"]["matmul_s"] == pytest.approx(0.0)
+    assert asked == [2]
+    assert probe.bracket({**THEN, "threads": 2}, {**THEN, "threads": 2})["threads"] == 2

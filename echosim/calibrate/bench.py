@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 Progress = Callable[[str], None]
@@ -211,6 +212,37 @@ def cache_bytes(level: int | None = None) -> int:
     return max(sizes, default=0) or (DEFAULT_LLC_BYTES if level is None else DEFAULT_L2_BYTES)
 
 
+#: Where Linux describes the CPUs' topology (``topology/core_id``, ``topology/physical_package_id`` per CPU).
+SYSFS_CPU = Path("/sys/devices/system/cpu")
+
+
+def physical_cores(root: Path = SYSFS_CPU) -> int:
+    """Distinct physical cores among the CPUs this process may run on: SMT siblings (hyperthreads) share one.
+
+    The OS lists each CPU's package and core id (Documentation/ABI/stable/sysfs-devices-system-cpu); two
+    logical CPUs with the same pair are hyperthreads of one core and share its FMA units and its L2.
+    Where the OS does not say, every usable CPU counts as a core. A VM shows its vCPUs as the hypervisor
+    presents them (this 2-vCPU KVM guest: two cores, one thread each)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call (not Linux): every CPU counts as a core
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = root / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))  # no topology: the CPU counts as a core of its own
+    return max(1, len(cores))
+
+
+def compute_cores(threads: int, root: Path = SYSFS_CPU) -> int:
+    """Physical cores ``threads`` intra-op threads compute on: one each, up to the cores there are (threads
+    beyond them land on SMT siblings, which add no FMA units; :func:`physical_cores`)."""
+    return max(1, min(threads, physical_cores(root)))
+
+
 class CacheEvictor:
     """Pushes the caches' contents out to DRAM by rewriting a buffer as large as the last-level cache.
 
@@ -314,7 +346,7 @@ def _bench_cpu_round(
     # streaming kernels beyond L2 are timed with their operands out of cache, as in a training step
     # (CacheEvictor); the tests' tiny sweep keeps them warm for speed
     evict = CacheEvictor() if sweep != "tiny" else None
-    l2 = threads * cache_bytes(2)  # the model's cache_bytes (fit.cpu_identity_spec)
+    l2 = compute_cores(threads) * cache_bytes(2)  # the model's cache_bytes (fit.cpu_identity_spec)
 
     def timed(fn: Callable[[], Any], repeats: int, nbytes: int = 0) -> tuple[float, float]:
         if evict is None or nbytes <= l2:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from echosim.calibrate.bench import Sample
+from echosim.calibrate.bench import Sample, compute_cores, physical_cores
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,7 @@ def machine_identity(threads: int = 1, ranks: int = 1) -> dict[str, Any]:
         "cpu_model": info.get("model name", platform.processor() or "unknown"),
         "cpu_flags": sorted(flags & {"avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
         "usable_cores": usable_cores(),
+        "physical_cores": physical_cores(),
         "cpu_ghz": round(cpu_ghz(), 3),
         "memory_GB": round(memory_GB, 1),
         "os": f"{platform.system()} {platform.release()}",
@@ -221,8 +222,12 @@ def cpu_identity_spec(base: Any, samples: Sequence[Sample], threads: int, ranks:
     """
     flags = set(_cpuinfo().get("flags", "").split())
     ghz = cpu_ghz()
-    fp32 = threads * ghz * cpu_flops_per_cycle(flags) / 1e3
-    notes = {"peak_fp32_tflops": f"{threads} core(s) x {ghz:.2f} GHz x {cpu_flops_per_cycle(flags)} FLOP/cycle"}
+    cores = compute_cores(threads)
+    fp32 = cores * ghz * cpu_flops_per_cycle(flags) / 1e3
+    notes = {
+        "peak_fp32_tflops": f"{cores} physical core(s) for {threads} thread(s) x {ghz:.2f} GHz x "
+        f"{cpu_flops_per_cycle(flags)} FLOP/cycle"
+    }
     best = max((s.flops / s.seconds / 1e12 for s in samples if s.kind == "matmul" and s.dtype == "fp32"), default=0.0)
     if best > fp32:
         notes["peak_fp32_tflops"] += f"; raised to the best measured {best * 1e3:.1f} GFLOP/s (clock above reported)"
@@ -231,8 +236,8 @@ def cpu_identity_spec(base: Any, samples: Sequence[Sample], threads: int, ranks:
     notes["peak_bf16_tflops"] = "AMX / AVX512-BF16 multiples of the fp32 peak where the CPU has them, else equal"
     from echosim.calibrate.bench import cache_bytes
 
-    cached = threads * cache_bytes(2)
-    notes["cache_bytes"] = f"{threads} thread(s) x the L2 cache the OS reports ({cache_bytes(2) / 2**20:g} MiB a core)"
+    cached = cores * cache_bytes(2)
+    notes["cache_bytes"] = f"{cores} core(s) x the L2 cache the OS reports ({cache_bytes(2) / 2**20:g} MiB a core)"
     memory = [s for s in samples if s.kind == "memory"]
     beyond = [s for s in memory if resident_bytes(s) > cached] or memory
     bw = max((dram_traffic(s) / s.seconds / 1e9 for s in beyond), default=base.ddr_GBps)

@@ -12,9 +12,12 @@ A calibration times the probe as its benchmarks start and again as they end and 
 the two (:func:`bracket`, both kept): in a quiet window, the probe at one calibration's start read its
 matmul 10-45% slower than the probes beside the real runs of the next five minutes did.
 
-The workload, on one intra-op thread, timed by the process CPU clock like the calibration's
-compute samples (so work the scheduler gives to others does not count), each part the median of
-:data:`PROBE_REPEATS` timings, interleaved:
+The workload runs on the calibration's intra-op threads and is timed like its compute samples
+(``bench._cpu_sample``): on one thread by the process CPU clock (work the scheduler gives to others
+does not count), on several by the wall clock (CPU time adds up over the threads and counts their
+spin-waits). A one-thread probe does not track a two-thread run: on this VM the all-cores rows'
+errors correlated +0.31 with it, against -0.46 for the one-thread rows (``notes``, session 6). Each
+part is the median of :data:`PROBE_REPEATS` timings, interleaved:
 
 * a 512 x 512 x 512 fp32 matmul (compute-bound: 270 MFLOP on 3 MiB of operands): the core's clock and
   FMA rate;
@@ -44,12 +47,15 @@ DRIFT_WARN = 0.10
 PARTS = ("matmul_s", "stream_s")
 
 
-def run_probe(repeats: int = PROBE_REPEATS) -> dict[str, Any]:
-    """Time the probe on one thread now: per part the median CPU seconds and wall seconds of one call."""
+def run_probe(repeats: int = PROBE_REPEATS, threads: int = 1) -> dict[str, Any]:
+    """Time the probe on ``threads`` intra-op threads now: per part the median seconds of one call (CPU
+    time on one thread, wall time on several) and, under ``wall``, the median wall seconds."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if threads < 1:
+        raise ValueError(f"the probe needs at least one thread, got {threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         a = torch.randn(MATMUL_DIM, MATMUL_DIM)
         b = torch.randn(MATMUL_DIM, MATMUL_DIM)
@@ -72,10 +78,11 @@ def run_probe(repeats: int = PROBE_REPEATS) -> dict[str, Any]:
                 wall[key].append(time.perf_counter() - w0)
                 cpu[key].append(time.process_time() - c0)
     finally:
-        torch.set_num_threads(threads)
-    result: dict[str, Any] = {k: statistics.median(v) for k, v in cpu.items()}
+        torch.set_num_threads(before)
+    result: dict[str, Any] = {k: statistics.median(wall[k] if threads > 1 else cpu[k]) for k in parts}
     result["wall"] = {k: statistics.median(v) for k, v in wall.items()}
     result["repeats"] = repeats
+    result["threads"] = threads
     return result
 
 
@@ -85,6 +92,7 @@ def bracket(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
     mean: dict[str, Any] = {k: (start[k] + end[k]) / 2 for k in PARTS}
     mean["wall"] = {k: (start["wall"][k] + end["wall"][k]) / 2 for k in PARTS}
     mean["repeats"] = start["repeats"] + end["repeats"]
+    mean["threads"] = start.get("threads", 1)
     mean["start"], mean["end"] = start, end
     return mean
 
@@ -95,6 +103,8 @@ def probe_drift(then: dict[str, Any], now: dict[str, Any]) -> dict[str, float]:
     missing = [k for k in PARTS if not then.get(k) or not now.get(k)]
     if missing:
         raise ValueError(f"probe result lacks {', '.join(missing)}")
+    if (a := then.get("threads", 1)) != (b := now.get("threads", 1)):
+        raise ValueError(f"probes on {a} and {b} thread(s) cannot be compared (CPU time against wall time)")
     drift = {k: now[k] / then[k] - 1.0 for k in PARTS}
     drift["total"] = sum(now[k] for k in PARTS) / sum(then[k] for k in PARTS) - 1.0
     return drift
@@ -130,7 +140,7 @@ def check_calibration(ref: str, backend: str = "cpu-x86") -> dict[str, Any]:
             f"calibration {cal.name!r} stored no machine-speed probe (made before echosim had one, or without "
             "benchmarks); calibrate again to check it"
         )
-    now = run_probe()
+    now = run_probe(threads=then.get("threads", 1))  # at the calibration's threads, as it was timed then
     drift = probe_drift(then, now)
     return {"name": cal.name, "backend": backend, "then": then, "now": now, "drift": drift,
             "warning": drift_warning(drift, cal.name)}  # fmt: skip

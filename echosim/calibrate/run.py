@@ -47,7 +47,7 @@ def run_calibration(
         if kind == "cpu":
             from echosim.calibrate.probe import run_probe
 
-            probe = run_probe()  # the machine's speed as the benchmarks start and end (compared later: --check)
+            probe = run_probe(threads=threads)  # the speed as the benchmarks start and end, on their threads (--check)
             say(f"benchmarking this CPU ({sweep} sweep, {threads} thread(s) per rank)")
             if ranks > 1:
                 say(f"  with {ranks} ranks computing at once (they share the machine's caches and memory)")
@@ -74,7 +74,7 @@ def run_calibration(
     if probe is not None:
         from echosim.calibrate.probe import bracket, run_probe
 
-        probe = bracket(probe, run_probe())
+        probe = bracket(probe, run_probe(threads=threads))
     derived: dict[str, tuple[float, str]] = {}
     fitted_spec = base
     knobs: list[fit.Knob] = []
