@@ -330,3 +330,33 @@ def test_units_without_chunked_edges_share_one_simulation_with_and_without_tp_ov
         plain += sum(not e for e in edges)
         chunked += sum(bool(e) for e in edges)
     assert plain and chunked  # both kinds met
+
+
+def test_a_derived_stages_optimizer_step_is_priced_once_for_every_schedule_and_tp_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Layouts that differ in schedule or TP overlap alone share their stage graphs but not their lowerings: the
+    optimizer step of a derived depth is built and priced for the first of them only, and every layout's figures
+    equal a full compile's."""
+    calls = [0]
+    built = fast_eval._optimizer_node
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return built(*args)
+
+    monkeypatch.setattr(fast_eval, "_optimizer_node", counted)
+    cluster = Cluster("h100-sxm", 64)
+    plans = [
+        Plan(tp=2, pp=4, dp=8, global_batch=64, zero=1, schedule=s, tp_overlap=o)
+        for s in ("1f1b", "zb-h1")
+        for o in (False, True)
+    ]  # 24 layers: stages of depth 6, derived from depths 2 and 3
+    memo.clear_all()
+    counts = []
+    for plan in plans:
+        before = calls[0]
+        (fast,) = _evaluate_batch("gpt3-1.3b", [plan], cluster, 1.0, fast=True)
+        counts.append(calls[0] - before)
+        assert fast.step_time_s == evaluate("gpt3-1.3b", plan, cluster).step_time_s
+    assert counts[0] > 0 and counts[1:] == [0, 0, 0]
