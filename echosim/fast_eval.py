@@ -325,7 +325,12 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     if len(a.optimizer) != len(b.optimizer):
         raise Fallback("optimizer steps differ with depth")
     pa, pb = (a.params, a.experts), (b.params, b.experts)
-    optimizer = [_optimizer_check(joint, na, nb, pa, pb) for na, nb in zip(a.optimizer, b.optimizer, strict=True)]
+    # a function of the two stage graphs (their optimizer steps and passes) and parameter counts: kept on depth 2's,
+    # which every schedule and TP overlap of the stage shares (their pairs do not)
+    optimizer = a.stage.graph.derived(
+        ("optimizer-check", b.stage.graph, pa, pb),
+        lambda: [_optimizer_check(joint, na, nb, pa, pb) for na, nb in zip(a.optimizer, b.optimizer, strict=True)],
+    )
     out = _Pair(a, b, fwd, bwd, step_end, optimizer)
     _PAIRS.put(key, out)
     return out

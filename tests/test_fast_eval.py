@@ -336,16 +336,19 @@ def test_a_derived_stages_optimizer_step_is_priced_once_for_every_schedule_and_t
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Layouts that differ in schedule or TP overlap alone share their stage graphs but not their lowerings: the
-    optimizer step of a derived depth is built and priced for the first of them only, and every layout's figures
-    equal a full compile's."""
+    optimizer step of a derived depth is checked against depths 2 and 3, built and priced for the first of them only,
+    and every layout's figures equal a full compile's."""
     calls = [0]
-    built = fast_eval._optimizer_node
 
-    def counted(*args: Any) -> Any:
-        calls[0] += 1
-        return built(*args)
+    def counted(f: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls[0] += 1
+            return f(*args)
 
-    monkeypatch.setattr(fast_eval, "_optimizer_node", counted)
+        return call
+
+    monkeypatch.setattr(fast_eval, "_optimizer_node", counted(fast_eval._optimizer_node))
+    monkeypatch.setattr(fast_eval, "_optimizer_check", counted(fast_eval._optimizer_check))
     cluster = Cluster("h100-sxm", 64)
     plans = [
         Plan(tp=2, pp=4, dp=8, global_batch=64, zero=1, schedule=s, tp_overlap=o)
