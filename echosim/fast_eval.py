@@ -325,7 +325,12 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     if len(a.optimizer) != len(b.optimizer):
         raise Fallback("optimizer steps differ with depth")
     pa, pb = (a.params, a.experts), (b.params, b.experts)
-    optimizer = [_optimizer_check(joint, na, nb, pa, pb) for na, nb in zip(a.optimizer, b.optimizer, strict=True)]
+    # a function of the two stage graphs (their optimizer steps and passes) and parameter counts: kept on depth 2's,
+    # which every schedule and TP overlap of the stage shares (their pairs do not)
+    optimizer = a.stage.graph.derived(
+        ("optimizer-check", b.stage.graph, pa, pb),
+        lambda: [_optimizer_check(joint, na, nb, pa, pb) for na, nb in zip(a.optimizer, b.optimizer, strict=True)],
+    )
     out = _Pair(a, b, fwd, bwd, step_end, optimizer)
     _PAIRS.put(key, out)
     return out
@@ -354,7 +359,11 @@ def _derive(joint: Joint, first: bool, last: bool, count: int, lowering: HashedK
         sec = cost(x) if grows is None else _collective(joint, grows, _affine(x, y, count))
         step_end[axis] = step_end.get(axis, 0.0) + sec
     experts = _affine(a.experts, b.experts, count)
-    opt = sum(cost(_optimizer_node(how, (params, experts))) for how in pair.optimizer)
+    # kept on depth 2's stage graph, which every schedule and TP overlap of this stage shares (their pairs do not)
+    opt = a.stage.graph.derived(
+        ("optimizer-s-at", joint.backend, params, experts),
+        lambda: sum(cost(_optimizer_node(how, (params, experts))) for how in pair.optimizer),
+    )
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))

@@ -3,6 +3,8 @@ gives a full compile's figures: seeded samples across every dimension, layout by
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from layout_samples import drawn, small_moe
 
@@ -278,3 +280,86 @@ def test_zero3_units_resume_their_layers_first_pass_exactly_and_by_placement() -
                             want.duration, want.busy, want.critical_end, want.events
                         )  # fmt: skip
     assert resumed >= 8
+
+
+def test_units_without_chunked_edges_share_one_simulation_with_and_without_tp_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A unit with no matmul next to a TP collective times the same with TP overlap: the second lowering of a stage
+    graph (TP overlap on) simulates only the units TP overlap chunks, and every unit equals a simulation from
+    scratch with its pipelined edges (ZeRO 0 and 3, whose units extend the layer's)."""
+    from dataclasses import replace
+
+    from echosim.compiler import prepare_joint
+    from echosim.timeline import lower
+    from echosim.timeline.lower import Coster, _unit_graph, time_units, unit_parts
+    from echosim.timeline.streams import pipelined_edges, simulate_unit
+
+    cluster = Cluster("h100-sxm", 16)
+    plans = [Plan(tp=2, pp=2, dp=4, global_batch=32, zero=z) for z in (0, 3)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    joint = prepare_joint("gpt3-350m", plans[1], cluster)
+    graphs = list(dict.fromkeys(_unit_graph(s) for s in fast_eval._STAGES._data.values()))
+    memo.clear_all()
+    simulated = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        simulated[0] += 1
+        return simulate_unit(*args, **kwargs)
+
+    monkeypatch.setattr(lower, "simulate_unit", counted)
+    plain = chunked = 0
+    for g in graphs:
+        parts = [p for kind in unit_parts(g, False) for p in kind]
+        edges = [pipelined_edges(p.nodes) for p in parts]
+        for first in (False, True):  # either lowering first: the other reuses its timings of the unchunked units
+            memo.clear_all()
+            for tp_overlap in (first, not first):
+                options = replace(joint.options, tp_overlap=tp_overlap)
+                before = simulated[0]
+                got = [t for kind in time_units(g, joint.backend, joint.where, options) for t, _ in kind]
+                cost = Coster(g, joint.backend, joint.where)
+                for part, timing, e in zip(parts, got, edges, strict=True):
+                    want = simulate_unit(g, part.nodes, cost, joint.backend.overlap(), e if tp_overlap else None)
+                    assert (timing.duration, timing.busy, timing.critical_end, timing.events, timing.chunked) == (
+                        want.duration, want.busy, want.critical_end, want.events, want.chunked
+                    )  # fmt: skip
+            # the second lowering simulated only the units TP overlap chunks
+            assert simulated[0] - before <= sum(bool(e) for e in edges)
+        plain += sum(not e for e in edges)
+        chunked += sum(bool(e) for e in edges)
+    assert plain and chunked  # both kinds met
+
+
+def test_a_derived_stages_optimizer_step_is_priced_once_for_every_schedule_and_tp_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Layouts that differ in schedule or TP overlap alone share their stage graphs but not their lowerings: the
+    optimizer step of a derived depth is checked against depths 2 and 3, built and priced for the first of them only,
+    and every layout's figures equal a full compile's."""
+    calls = [0]
+
+    def counted(f: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls[0] += 1
+            return f(*args)
+
+        return call
+
+    monkeypatch.setattr(fast_eval, "_optimizer_node", counted(fast_eval._optimizer_node))
+    monkeypatch.setattr(fast_eval, "_optimizer_check", counted(fast_eval._optimizer_check))
+    cluster = Cluster("h100-sxm", 64)
+    plans = [
+        Plan(tp=2, pp=4, dp=8, global_batch=64, zero=1, schedule=s, tp_overlap=o)
+        for s in ("1f1b", "zb-h1")
+        for o in (False, True)
+    ]  # 24 layers: stages of depth 6, derived from depths 2 and 3
+    memo.clear_all()
+    counts = []
+    for plan in plans:
+        before = calls[0]
+        (fast,) = _evaluate_batch("gpt3-1.3b", [plan], cluster, 1.0, fast=True)
+        counts.append(calls[0] - before)
+        assert fast.step_time_s == evaluate("gpt3-1.3b", plan, cluster).step_time_s
+    assert counts[0] > 0 and counts[1:] == [0, 0, 0]

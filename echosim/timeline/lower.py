@@ -404,29 +404,37 @@ def time_units(
     split_w = options.schedule.split_backward
     parts = unit_parts(graph, split_w)
 
-    def simulate(part: _UnitPart) -> UnitTiming:
+    heads: dict[tuple[frozenset[Axis], bool], HashedKey] = {}
+
+    def head(part: _UnitPart, chunks: bool) -> HashedKey:
+        # (the backend, the placements its collectives are priced on, overlap, chunking) hashed once per such set
+        known = heads.get((part.axes, chunks))
+        if known is None:
+            used = tuple((a, p) for a, p in where.items() if a in part.axes)
+            known = heads[part.axes, chunks] = HashedKey((backend, used, overlap, chunks))
+        return known
+
+    def simulate(part: _UnitPart, chunks: bool) -> UnitTiming:
         nodes = part.nodes
-        chunked = pipelined_edges(nodes) if options.tp_overlap else set()
+        chunked = pipelined_edges(nodes) if chunks else set()
+        if chunks and not chunked:  # no matmul next to a TP collective: it times as without TP overlap (and is kept so)
+            return _UNITS.get((head(part, False), part.key), lambda: simulate(part, False))
         done = None
         if part.prefix is not None:  # ZeRO-3's gathers after a layer's ops: resume the layer's first pass
-            done = _first_pass(part.prefix, cost, where, options.tp_overlap).extended(
+            done = _first_pass(part.prefix, cost, where, chunks).extended(
                 nodes[len(part.prefix.nodes) :], cost, chunked
             )
         return simulate_unit(graph, nodes, cost, overlap, chunked, done)
 
-    heads: dict[frozenset[Axis], HashedKey] = {}
-
     def sim(part: _UnitPart) -> UnitTiming:
         # A unit's timing is a function of its ops (kind, attributes, shapes, phase and which of them
         # read which: not their ids or names), the shapes they read from outside it (kernel bytes),
-        # the backend, placements and overlap: stage graphs of layouts that differ elsewhere (dp,
-        # schedule, another pipeline split, another stage of the same pipeline) share it.
-        # (the backend, the placements its collectives are priced on, overlap) hashed once per set of axes
-        head = heads.get(part.axes)
-        if head is None:
-            used = tuple((a, p) for a, p in where.items() if a in part.axes)
-            head = heads[part.axes] = HashedKey((backend, used, overlap, options.tp_overlap))
-        return _rebind(_UNITS.get((head, part.key), lambda: simulate(part)), part.nodes, part.ids)
+        # the backend, placements, overlap and TP overlap: stage graphs of layouts that differ elsewhere (dp,
+        # schedule, another pipeline split, another stage of the same pipeline) share it, and a unit TP overlap
+        # chunks nothing in shares the timing without TP overlap.
+        tp_overlap = options.tp_overlap
+        return _rebind(_UNITS.get((head(part, tp_overlap), part.key), lambda: simulate(part, tp_overlap)),
+                       part.nodes, part.ids)  # fmt: skip
 
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
