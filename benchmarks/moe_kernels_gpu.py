@@ -7,9 +7,9 @@ costs them as, plus the token permute / un-permute. Also the forward as Transfor
 compute streams, fenced by events on the calling stream (``multi_stream_cublas_gemm``,
 transformer_engine/common/gemm/cublaslt_gemm.cu, TE v2.9; the path of ``general_grouped_gemm``
 in TE v2.7-v2.14 except the opt-in Hopper bf16 CUTLASS kernel), and the same GEMMs one after
-another on one stream (``serial``), beside echosim's time for one such GEMM times the experts
-(``pred_serial``). Which of the grouped and the per-expert times TE's rows pay is what
-benchmarks/moe_host_bound.md leaves open. Run on a CUDA machine:
+another on one stream (``serial``), each beside echosim's closed form for it
+(``expert_gemms_time_s`` on four streams and on one). Which of the grouped and the per-expert times
+TE's rows pay is what benchmarks/moe_host_bound.md and moe_te_streams.md leave open. Run on a CUDA machine:
 
     PYTHONPATH=. python3 benchmarks/moe_kernels_gpu.py [device-name] [out.json]
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from echosim.backends.compute import matmul_time_s, memory_bound_time_s
+from echosim.backends.compute import expert_gemms_time_s, matmul_time_s, memory_bound_time_s
 from echosim.backends.devices import DEVICES
 
 # (label, local experts, rows per expert, hidden, expert ffn, tokens, top_k)
@@ -152,7 +152,8 @@ def main() -> None:
                 "fwd": matmul_time_s(dev, m, nn, kk, g, grouped=True),
                 "dgrad": matmul_time_s(dev, m, kk, nn, g, grouped=True),
                 "wgrad": matmul_time_s(dev, kk, nn, m, g, grouped=True),
-                "serial_fwd": g * matmul_time_s(dev, m, nn, kk),
+                "serial_fwd": expert_gemms_time_s(dev, m, nn, kk, g, streams=1),
+                "te_streams_fwd": expert_gemms_time_s(dev, m, nn, kk, g, streams=TE_COMPUTE_STREAMS),
             }
             results.append({"shape": label, "proj": proj, "measured": meas, "predicted": pred})
             row = " ".join(
@@ -161,8 +162,9 @@ def main() -> None:
             errs = " ".join(str(v) for key, v in meas.items() if key.endswith("error"))
             print(f"{label:24} {proj:8} meas/pred {row} bmm={meas['bmm_fwd'] * 1e6:7.1f}us {errs}")
             print(
-                f"{'':24} {proj:8} per expert: te_streams={meas['te_streams_fwd'] * 1e6:7.1f}us "
-                f"serial={meas['serial_fwd'] * 1e6:7.1f}us meas / pred_serial={pred['serial_fwd'] * 1e6:7.1f}us"
+                f"{'':24} {proj:8} per expert meas/pred: te_streams={meas['te_streams_fwd'] * 1e6:7.1f}/"
+                f"{pred['te_streams_fwd'] * 1e6:7.1f}us serial={meas['serial_fwd'] * 1e6:7.1f}/"
+                f"{pred['serial_fwd'] * 1e6:7.1f}us"
             )
         permute, unpermute = permutes(tokens, k, h)
         row_bytes = 2 * h

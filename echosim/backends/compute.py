@@ -85,8 +85,9 @@ FLASH_BWD_RATE = 0.85
 # the Azure FP8 rows were read as promoted it was 0.91 (0.906).
 HEURISTIC_GEMM_FRACTION = 0.89
 
-# MoE experts run as one grouped-GEMM kernel over every local expert (torch._grouped_mm, TE's and
-# Megatron-Core's grouped GEMMs): a persistent CUTLASS kernel that walks the groups' tiles, each group
+# MoE experts run as one grouped-GEMM kernel over every local expert (torch._grouped_mm, TE's opt-in CUTLASS
+# path; Transformer Engine's default, one GEMM per expert on four streams, is :func:`expert_gemms_time_s`, not
+# selected: benchmarks/moe_te_streams.md): a persistent CUTLASS kernel that walks the groups' tiles, each group
 # with its own tile tail and its operands' own pipeline fill, and no per-shape tuning of the kind the
 # dense heuristic has. On one H200 (benchmarks/moe_kernels_h200.json, `benchmarks/moe_kernels_gpu.py`:
 # forward, dgrad and wgrad of the per-rank expert layers of the cases.csv MoE rows, 30 kernels) the
@@ -188,13 +189,16 @@ def gemm_plan(
     autotuned: bool = False,
     sustained: bool = True,
     fast_accum: bool = False,
+    tiles: tuple[tuple[int, int], ...] = CTA_TILES,
+    splits: tuple[int, ...] = SPLIT_K,
 ) -> GemmPlan:
     """The fastest tile / split-K choice for ``batch`` products of (m x k) @ (k x n).
 
     ``autotuned``: the library timed its candidates (XLA); otherwise its heuristic's pick runs
     at :data:`HEURISTIC_GEMM_FRACTION` of that rate (cuBLAS as PyTorch calls it). ``sustained``: the GEMM
     runs within a long stream of work (a training step) and no faster than :func:`sustained_tflops`.
-    ``fast_accum``: an FP8 GEMM with fast accumulation (:data:`FP8_PROMOTING_ARCHS`).
+    ``fast_accum``: an FP8 GEMM with fast accumulation (:data:`FP8_PROMOTING_ARCHS`). ``tiles`` and ``splits``:
+    the candidates (one of each: the plan of a kernel whose tile is already chosen).
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"matmul dims must be positive, got m={m} n={n} k={k} batch={batch}")
@@ -208,10 +212,10 @@ def gemm_plan(
     memory_s = batch * ((m * k + k * n) * itemsize(dtype) + m * n * out_size) / bw
     best: GemmPlan | None = None
     best_s = math.inf
-    for tm, tn in CTA_TILES:
+    for tm, tn in tiles:
         rate = per_sm * tile_efficiency(dev.arch, tm, tn)
         out_tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        for split in SPLIT_K:
+        for split in splits:
             waves = math.ceil(out_tiles * split / dev.sm_count)
             compute_s = waves * (2 * tm * tn * math.ceil(k / split) / rate + WAVE_FIXED_S)
             # split-K partials: fp32 tiles written and read back by a second reduction kernel.
@@ -263,6 +267,52 @@ def matmul_time_s(
     plan = gemm_plan(dev, m, n, k, batch, dtype, autotuned, sustained, fast_accum)
     seconds = plan.time_s + dev.kernel_overhead_us * 1e-6
     return seconds / GROUPED_GEMM_FRACTION if grouped else seconds
+
+
+@functools.lru_cache(maxsize=4096)
+def expert_gemms_time_s(
+    dev: DeviceSpec,
+    m: int,
+    n: int,
+    k: int,
+    experts: int,
+    dtype: str = "bf16",
+    autotuned: bool = False,
+    sustained: bool = True,
+    fast_accum: bool = False,
+    streams: int = 1,
+) -> float:
+    """Seconds of ``experts`` (m x k) @ (k x n) GEMMs issued one per expert, round-robin on ``streams`` streams.
+
+    Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP) runs a MoE layer's experts this way:
+    ``multi_stream_cublas_gemm`` launches expert i's cuBLAS GEMM on compute stream ``i % 4``, the streams
+    fenced by events before and after (transformer_engine/common/gemm/cublaslt_gemm.cu; four streams:
+    ``num_streams`` in include/transformer_engine/gemm.h at v1.13, commit e5edd6c, ``num_compute_streams`` in
+    common/util/multi_stream.cpp at v2.7 to v2.18, commit 27486e0). Its grouped kernels are opt-in
+    (``NVTE_USE_CUTLASS_GROUPED_GEMM``, Hopper 16-bit only; ``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM`` from
+    v2.18), and no NeMo / Megatron-Bridge recipe sets them. Not selected for any framework: on the cases.csv
+    rows that run it, it predicts worse than the grouped kernel (benchmarks/moe_te_streams.md).
+
+    Each GEMM runs the tile and split-K the library picks for its own shape (:func:`gemm_plan` with batch 1:
+    cuBLAS's heuristic sees one GEMM, not the streams). Kernels on different streams run concurrently and
+    their thread blocks share the SMs (CUDA C++ Programming Guide, "Concurrent Kernel Execution"; up to 128
+    resident grids per device from compute capability 7.0), so the experts go in rounds of ``streams`` GEMMs:
+    a round's tiles pack into ``ceil(streams x tiles / SMs)`` waves, its operand traffic shares HBM, and its
+    launch gaps (``kernel_overhead_us``) overlap into one. ``streams=1`` is the serial bound, ``experts``
+    times :func:`matmul_time_s` of one GEMM. Not the grouped kernel's rate (:data:`GROUPED_GEMM_FRACTION`):
+    these are the dense library's own GEMMs. A closed form of equal experts (echosim routes evenly); the
+    streams' tails drifting into one another across rounds is not modelled (a round ends with its last tile).
+    """
+    if streams <= 0 or experts <= 0:
+        raise ValueError(f"expert GEMMs need experts and streams >= 1, got experts={experts} streams={streams}")
+    one = gemm_plan(dev, m, n, k, 1, dtype, autotuned, False, fast_accum)  # the pick for one expert's shape
+
+    def round_s(gemms: int) -> float:  # ``gemms`` of them side by side: one grid of their tiles, one launch gap
+        grid = gemm_plan(dev, m, n, k, gemms, dtype, autotuned, sustained, fast_accum, (one.tile,), (one.split_k,))
+        return grid.time_s + dev.kernel_overhead_us * 1e-6
+
+    rounds, rest = divmod(experts, streams)
+    return rounds * round_s(streams) + (round_s(rest) if rest else 0.0)
 
 
 def memory_bound_time_s(dev: DeviceSpec, nbytes: int, kernels: int = 1) -> float:
