@@ -279,7 +279,7 @@ _TENSORS = {"decoder_layer_input": "decoder_layer_input", "q/k/v proj": "qkv_pro
 
 
 _QKV_OUT = "decoder_layer_input=offload,qkv_proj=offload,out_proj=offload"
-#: The per-tensor choices of the published Trillium recipes that use ``remat_policy: custom``, by the
+#: The per-tensor choices of the published Trillium (and v5p) recipes that use ``remat_policy: custom``, by the
 #: config name a row's notes give (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
 TRILLIUM_CUSTOM = {
     "llama3_1_8b_8192": _QKV_OUT,
@@ -290,6 +290,9 @@ TRILLIUM_CUSTOM = {
     "llama3_1_405b_8192_pure_fsdp_ici": "decoder_layer_input=offload",
     "mixtral_8x22b_dropped": _QKV_OUT,
     "gemma3_12b_32768_v6e256": "decoder_layer_input=device",
+    # v5p recipe (benchmarks/maxtext_v5p_model_configs.py, MaxText 9ca35d7 = tag tpu-recipes-v0.1.3, which
+    # tpu-recipes' v5p Llama4-Maverick README cites): decoder_layer_input, out_proj and query/key/value_proj offload
+    "llama4_maverick_dropless_v5p_256": _QKV_OUT,
 }
 _CONFIG = re.compile(r"config (\w+)")
 #: Trillium recipe configs that set ``weight_dtype: bfloat16`` (benchmarks/maxtext_trillium_model_configs.py,
