@@ -63,6 +63,7 @@ class Fp8Linears:
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         casts: dict[int, int] = {}  # 16-bit value -> its fp8 copy
+        weight_casts: dict[tuple[int, Phase], int] = {}  # int8: (weight, phase) -> that phase's copy
         before: dict[int, list[int]] = {}  # consumer -> casts to place right before it
         linears = {n.id for n in graph if self._linear(graph, n)}  # before any weight operand becomes a cast
         for n in list(g):
@@ -72,6 +73,15 @@ class Fp8Linears:
             operands = list(n.inputs) if self.fmt == "int8" else quantised_operands(n)
             new_inputs = list(n.inputs)
             for i in operands:
+                if i not in quantised_operands(n):
+                    # the weight: AQT quantises it inside each dot (forward, recomputed forward, dlhs), so each
+                    # phase casts its own copy and none is held from the forward to the backward
+                    key = (i, n.phase)
+                    if key not in weight_casts:
+                        weight_casts[key] = self._cast(g, i, n.phase, n.scope)
+                        before.setdefault(n.id, []).append(weight_casts[key])
+                    new_inputs[n.inputs.index(i)] = weight_casts[key]
+                    continue
                 if i not in casts and self._quantised_gather(graph, i):
                     gather = g[i]
                     local = gather.inputs[0]
