@@ -13,9 +13,10 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.frameworks import DEFAULT_FRAMEWORK, get_framework
 
-DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
-#: Low-precision GEMM formats: the linear layers' matmuls run in them, everything else in 16-bit.
-LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
+DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8")
+#: Low-precision GEMM formats: the linear layers' matmuls run in them, everything else in 16-bit (int8:
+#: MaxText's ``quantization: int8``, AQT integer GEMMs, on TPUs).
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4", "int8")
 CP_COMMS = ("p2p", "all_gather")
 MOE_DISPATCHERS = ("alltoall", "deepep")  # NCCL all_to_all, or DeepEP: the network once per node, then NVLink
 

@@ -49,6 +49,8 @@ def test_tpu_numbers_match_hw_specs(name):
     # The scaling-book per-link figure times the links stays within the vendor's per-chip ICI figure.
     assert chip.ici_links * chip.ici_link_GBps * 8 <= chip.ici_chip_Gbps * 1.01
     assert row["source"].split(" ; ")[0] in chip.source
+    # int8 MXU rate: the notes' "int8 N TOPS" (v5e's notes give "393-394": the docs' 393 is taken)
+    assert f"int8 {chip.peak_int8_tops:g}" in row["notes"]
 
 
 @pytest.mark.parametrize("name", sorted(cpu.CPUS))

@@ -204,6 +204,14 @@ def test_maxtext_gpt3_175b_with_an_override() -> None:
     same(got, (model, want[1], want[2]))
 
 
+def test_maxtext_quantization_int8_runs_integer_gemms() -> None:
+    got = from_config(f"maxtext:{MT}/base.yml,{MT}/models/gpt3-175b.yml,quantization=int8",
+                      "--devices 512 --backend tpu-v5p")  # fmt: skip
+    assert got[1].dtype == "int8"
+    with pytest.raises(ConfigError, match="quantization 'int4w' is not modelled"):
+        from_config(f"maxtext:{MT}/base.yml,{MT}/models/gpt3-175b.yml,quantization=int4w", "--devices 512")
+
+
 def test_maxtext_weight_dtype_bfloat16_selects_16_bit_state() -> None:
     fp32 = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml", "--devices 256 --backend tpu-v5p")
     bf16 = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml,weight_dtype=bfloat16",

@@ -253,7 +253,10 @@ class GPUBackend(KernelBackend):
         return int(self.device.hbm_GB * 2**30)
 
     def supports_dtype(self, dtype: str) -> bool:
-        """fp8 needs fp8 tensor cores (``peak_fp8_tflops``; None on A100 and older: hw_specs.csv)."""
+        """fp8 needs fp8 tensor cores (``peak_fp8_tflops``; None on A100 and older: hw_specs.csv); int8 GEMM
+        training (MaxText's AQT quantization) is modelled on TPUs only."""
+        if dtype == "int8":
+            return False
         return dtype != "fp8" or self.device.peak_fp8_tflops is not None
 
     def peak_bandwidth_Bps(self, path: str) -> float:

@@ -57,6 +57,7 @@ class TPUSpec:
     peak_bf16_tflops: float
     peak_fp8_tflops: float | None  # None: fp8 runs at the bf16 rate
     peak_fp32_tflops: float  # f32 matmuls take ~3 bf16 passes (bf16_3x) on the MXU
+    peak_int8_tops: float  # int8 x int8 -> int32 MXU rate (MaxText AQT int8 GEMMs)
     hbm_GB: float
     hbm_GBps: float
     hbm_stream_fraction: float  # achievable share of peak HBM bandwidth
@@ -78,6 +79,8 @@ class TPUSpec:
     def peak_tflops(self, dtype: str) -> float:
         if dtype == "fp8":
             return self.peak_fp8_tflops or self.peak_bf16_tflops
+        if dtype == "int8":
+            return self.peak_int8_tops
         if dtype in ("fp32", "tf32", "fp32-simt"):
             return self.peak_fp32_tflops
         return self.peak_bf16_tflops
@@ -119,6 +122,7 @@ TPU_V4 = TPUSpec(
     peak_bf16_tflops=275.0,  # Source: hw_specs.csv Google TPU v4
     peak_fp8_tflops=None,  # Source: hw_specs.csv ("no fp8")
     peak_fp32_tflops=275.0 / 3,  # f32 matmul as 3 bf16 passes (XLA default precision for f32 dots: bf16_3x)
+    peak_int8_tops=275.0,  # Source: hw_specs.csv notes ("int8 275 TOPS")
     hbm_GB=32.0,  # Source: hw_specs.csv
     hbm_GBps=1200.0,  # Source: hw_specs.csv
     hbm_stream_fraction=_STREAM_FRACTION,
@@ -140,6 +144,7 @@ TPU_V5E = TPUSpec(
     peak_bf16_tflops=197.0,  # Source: hw_specs.csv Google TPU v5e
     peak_fp8_tflops=None,  # Source: hw_specs.csv (int8 only)
     peak_fp32_tflops=197.0 / 3,
+    peak_int8_tops=393.0,  # Source: hw_specs.csv notes; docs.cloud.google.com/tpu/docs/v5e ("Int8 393 TOPs")
     hbm_GB=16.0,  # Source: hw_specs.csv
     hbm_GBps=819.0,  # Source: hw_specs.csv
     hbm_stream_fraction=_STREAM_FRACTION,
@@ -161,6 +166,7 @@ TPU_V5P = TPUSpec(
     peak_bf16_tflops=459.0,  # Source: hw_specs.csv Google TPU v5p
     peak_fp8_tflops=459.0,  # Source: hw_specs.csv (docs list FP8 = 459, no speed-up)
     peak_fp32_tflops=459.0 / 3,
+    peak_int8_tops=918.0,  # Source: hw_specs.csv notes ("int8 918 TOPS")
     hbm_GB=95.0,  # Source: hw_specs.csv
     hbm_GBps=2765.0,  # Source: hw_specs.csv
     hbm_stream_fraction=_STREAM_FRACTION,
@@ -183,6 +189,7 @@ TPU_V6E = TPUSpec(
     peak_bf16_tflops=918.0,  # Source: hw_specs.csv Google TPU v6e (Trillium)
     peak_fp8_tflops=None,  # Source: hw_specs.csv (fp8 not listed in Google docs)
     peak_fp32_tflops=918.0 / 3,
+    peak_int8_tops=1836.0,  # Source: hw_specs.csv notes ("int8 1836 TOPS")
     hbm_GB=32.0,  # Source: hw_specs.csv
     hbm_GBps=1600.0,  # Source: hw_specs.csv
     hbm_stream_fraction=_STREAM_FRACTION,
@@ -207,7 +214,7 @@ TPUS: dict[str, TPUSpec] = {t.name: t for t in (TPU_V4, TPU_V5E, TPU_V5P, TPU_V6
 
 
 def _itemsize(dtype: str) -> int:
-    return {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}.get(dtype, 2)
+    return {"fp8": 1, "int8": 1, "bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}.get(dtype, 2)
 
 
 def _pad(x: int, to: int) -> int:
@@ -386,6 +393,7 @@ NO_FP8 = frozenset({"tpu-v4", "tpu-v5e"})
 class TPUBackend(KernelBackend):
     """A TPU chip in an ICI slice; ``devices_per_node`` of a cluster is the slice size."""
 
+    DTYPES = (*KernelBackend.DTYPES, "int8")
     #: XLA assigns every buffer of the step at compile time (buffer assignment over the scheduled HLO),
     #: so there is no caching allocator to fragment and no NCCL buffers: the memory report leaves both out.
     static_buffers = True
@@ -429,9 +437,11 @@ class TPUBackend(KernelBackend):
     def supports_dtype(self, dtype: str) -> bool:
         """fp8 is refused on the chips hw_specs.csv says have none (v4: "no fp8"; v5e: "int8 only").
 
-        v6e lists no fp8 peak but trains fp8-quantized matmuls at the bf16 rate (tpu-recipes'
-        Trillium GPT-3 175B fp8 recipe, a row of cases.csv).
+        v6e lists no fp8 peak but trains fp8-quantized matmuls at the bf16 rate. Every generation has
+        int8 MXUs (``peak_int8_tops``), which MaxText's ``quantization: int8`` uses.
         """
+        if dtype == "int8":
+            return True
         return dtype != "fp8" or self.chip.name not in NO_FP8
 
     def describe(self) -> dict[str, object]:

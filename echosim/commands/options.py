@@ -76,8 +76,8 @@ def layout_options(fn: F) -> F:
         click.option("--seq-len", type=int, help="Tokens per sequence (default: the model's)."),
         click.option(
             "--dtype",
-            type=click.Choice(["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]),
-            help="Training precision (mixed, fp32 master).",
+            type=click.Choice(["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8"]),
+            help="Training precision (mixed, fp32 master); int8: integer GEMMs (MaxText AQT, TPUs).",
         ),
         click.option(
             "--recompute",

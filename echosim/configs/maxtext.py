@@ -239,8 +239,10 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
     dtype = str(config.get("dtype"))
     if quant in ("fp8", "nanoo_fp8", "fp8_full", "fp8_gpu"):
         opts["dtype"] = "fp8"
+    elif quant == "int8":
+        opts["dtype"] = "int8"
     elif quant:
-        raise ConfigError(f"{src}: quantization {quant!r} is not modelled (fp8 is)")
+        raise ConfigError(f"{src}: quantization {quant!r} is not modelled (fp8 and int8 are)")
     elif dtype in ("bfloat16", "float16", "float32"):
         opts["dtype"] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
     else:

@@ -180,8 +180,8 @@ def _capture_arch_now(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Gr
     depth = (cfg.layers - dense) // step
     ids = torch.zeros(spec.micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     try:
-        # fp8 / mxfp8 / nvfp4: 16-bit activations, the linear layers' GEMMs quantise their operands
-        dtype = DType.BF16 if spec.dtype in ("fp8", "mxfp8", "nvfp4") else DType.parse(spec.dtype)
+        # fp8 / mxfp8 / nvfp4 / int8: 16-bit activations, the linear layers' GEMMs quantise their operands
+        dtype = DType.BF16 if spec.dtype in ("fp8", "mxfp8", "nvfp4", "int8") else DType.parse(spec.dtype)
         cap = capture_module(module, (ids, ids), dtype=dtype, name=name, depth=depth)
     except CaptureError as exc:
         raise EchosimError(f"{name}: {exc}") from None

@@ -28,6 +28,7 @@ class DType(IdentityEnum):
     BF16 = "bf16"
     FP8 = "fp8"
     FP4 = "fp4"  # NVFP4 / MXFP4 elements: half a byte (TensorSpec.nbytes counts bits)
+    INT8 = "int8"  # integer GEMM operands (MaxText AQT int8 on TPUs)
     INT64 = "int64"
     INT32 = "int32"
     BOOL = "bool"
@@ -60,6 +61,7 @@ _ITEMSIZE = {
     DType.BF16: 2,
     DType.FP8: 1,
     DType.FP4: 1,
+    DType.INT8: 1,
     DType.INT64: 8,
     DType.INT32: 4,
     DType.BOOL: 1,
@@ -73,6 +75,7 @@ _ALIASES = {
     "bfloat16": "bf16",
     "float8_e4m3fn": "fp8",
     "float8_e5m2": "fp8",
+    "int8": "int8",
     "int64": "int64",
     "long": "int64",
     "int32": "int32",

@@ -78,7 +78,7 @@ def _recompute(plan: Any) -> object:
 def _fp8(plan: Any) -> object | None:
     from echosim.passes.precision import Fp8Linears
 
-    return Fp8Linears(plan.dtype) if plan.dtype in ("fp8", "mxfp8", "nvfp4") else None
+    return Fp8Linears(plan.dtype) if plan.dtype in ("fp8", "mxfp8", "nvfp4", "int8") else None
 
 
 def _data_parallel(plan: Any) -> object:

@@ -29,6 +29,15 @@ Done so here when every reader of the gathered value, bias gradients aside, is a
 32) and ``nvfp4`` (NVFP4BlockScaling: e2m1 elements, one e4m3 scale per 16) take the same
 place: the same GEMMs quantised, the copy kept for the weight gradient half a byte per element
 for nvfp4. The GEMMs run at the rate the backend gives the format.
+
+``int8`` is MaxText's ``quantization: int8`` on TPUs: AQT dynamic-range quantisation of the forward, the
+input gradient and the weight gradient (``fwd_bits=8, dlhs_bits=8``, and ``drhs_bits=8`` since
+``quantization_local_shard_count`` defaults to -1), each with int32 accumulation
+(``_get_int8_quant_config``, MaxText/layers/quantizations.py, commit e7292a3; base.yml). The same GEMMs
+take the same place at the chip's int8 rate, and, since AQT quantises both operands of every dot
+(``DotGeneral`` with an lhs and an rhs quantizer, aqt/jax/aqt_dot_general.py), each copy of a weight a
+dot reads is cast too (once per forward gather and once per backward re-gather under FSDP). Not costed:
+the stochastic-rounding noise (``rng_type="jax.uniform"``) of the gradient operands.
 """
 
 from __future__ import annotations
@@ -42,25 +51,37 @@ from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs,
 from echosim.ir.types import DType, TensorSpec
 
 #: The element type a quantised operand is stored in, per format.
-FORMATS = {"fp8": DType.FP8, "mxfp8": DType.FP8, "nvfp4": DType.FP4}
+FORMATS = {"fp8": DType.FP8, "mxfp8": DType.FP8, "nvfp4": DType.FP4, "int8": DType.INT8}
 
 
 @dataclass(frozen=True)
 class Fp8Linears:
-    fmt: str = "fp8"  # fp8 | mxfp8 | nvfp4
+    fmt: str = "fp8"  # fp8 | mxfp8 | nvfp4 | int8
     exclude: tuple[str, ...] = ("lm_head", "*.lm_head", "output", "*.output")
     name: ClassVar[str] = "fp8-linears"
 
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         casts: dict[int, int] = {}  # 16-bit value -> its fp8 copy
+        weight_casts: dict[tuple[int, Phase], int] = {}  # int8: (weight, phase) -> that phase's copy
         before: dict[int, list[int]] = {}  # consumer -> casts to place right before it
+        linears = {n.id for n in graph if self._linear(graph, n)}  # before any weight operand becomes a cast
         for n in list(g):
-            if not self._linear(g, n):
+            if n.id not in linears:
                 continue
-            operands = quantised_operands(n)
+            # AQT quantises both operands of every dot, the weight too (its rhs quantizer)
+            operands = list(n.inputs) if self.fmt == "int8" else quantised_operands(n)
             new_inputs = list(n.inputs)
             for i in operands:
+                if i not in quantised_operands(n):
+                    # the weight: AQT quantises it inside each dot (forward, recomputed forward, dlhs), so each
+                    # phase casts its own copy and none is held from the forward to the backward
+                    key = (i, n.phase)
+                    if key not in weight_casts:
+                        weight_casts[key] = self._cast(g, i, n.phase, n.scope)
+                        before.setdefault(n.id, []).append(weight_casts[key])
+                    new_inputs[n.inputs.index(i)] = weight_casts[key]
+                    continue
                 if i not in casts and self._quantised_gather(graph, i):
                     gather = g[i]
                     local = gather.inputs[0]

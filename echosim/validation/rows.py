@@ -279,7 +279,7 @@ _TENSORS = {"decoder_layer_input": "decoder_layer_input", "q/k/v proj": "qkv_pro
 
 
 _QKV_OUT = "decoder_layer_input=offload,qkv_proj=offload,out_proj=offload"
-#: The per-tensor choices of the published Trillium recipes that use ``remat_policy: custom``, by the
+#: The per-tensor choices of the published Trillium (and v5p) recipes that use ``remat_policy: custom``, by the
 #: config name a row's notes give (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
 TRILLIUM_CUSTOM = {
     "llama3_1_8b_8192": _QKV_OUT,
@@ -290,6 +290,9 @@ TRILLIUM_CUSTOM = {
     "llama3_1_405b_8192_pure_fsdp_ici": "decoder_layer_input=offload",
     "mixtral_8x22b_dropped": _QKV_OUT,
     "gemma3_12b_32768_v6e256": "decoder_layer_input=device",
+    # v5p recipe (benchmarks/maxtext_v5p_model_configs.py, MaxText 9ca35d7 = tag tpu-recipes-v0.1.3, which
+    # tpu-recipes' v5p Llama4-Maverick README cites): decoder_layer_input, out_proj and query/key/value_proj offload
+    "llama4_maverick_dropless_v5p_256": _QKV_OUT,
 }
 _CONFIG = re.compile(r"config (\w+)")
 #: Trillium recipe configs that set ``weight_dtype: bfloat16`` (benchmarks/maxtext_trillium_model_configs.py,
@@ -300,6 +303,46 @@ TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective
 #: by the config name a row's notes give: mixtral_8x22b_dropped sets 1.25
 #: (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30). Dropless (megablox) configs have none.
 TRILLIUM_CAPACITY_FACTOR = {"mixtral_8x22b_dropped": 1.25}
+
+
+#: ``quantization`` of the Trillium recipe configs that set one, by the config name a row's notes give, where the
+#: row's dtype column does not say it: gpt_3_175b (the GPT-3 175B "fp8" recipe, whose README pins MaxText commit
+#: e7292a3) sets ``quantization: "int8"`` (benchmarks/maxtext_trillium_model_configs.py at e7292a3 and at tag
+#: tpu-recipes-v0.1.2), AQT integer GEMMs (:mod:`echosim.passes.precision`).
+TRILLIUM_QUANTIZATION = {"gpt_3_175b": "int8"}
+_SCRIPT = re.compile(r"MaxText/configs/([\w/]+\.sh)")
+#: Settings of the MaxText launch script a row's notes name (``MaxText/configs/...sh``) that its columns do not
+#: carry. v5p/gpt3_175b/v5p_1024.sh (tpu-recipes' v5p GPT-3 175B README, 2024-10-28) runs
+#: ``gpt3_175b_base.sh 4 "full" 1 64 8``: per_device_batch_size 4, remat_policy full, ici_data 1 x ici_fsdp 64 x
+#: ici_tensor 8, and the base script passes ``quantization=int8`` (MaxText commits 81e1d96, 2024-09-13, the
+#: MLPerf 4.0 scripts, through e1fde45).
+MAXTEXT_SCRIPTS: dict[str, dict[str, Any]] = {
+    "v5p/gpt3_175b/v5p_1024.sh": {"tp": 8, "per_device_batch": 4, "recompute": "full", "dtype": "int8"},
+}
+
+
+def maxtext_quantization(c: Case) -> str:
+    """The GEMM format of the MaxText recipe config or launch script a row's notes name ('' when none)."""
+    if not is_maxtext(c):
+        return ""
+    config = _CONFIG.search(c["notes"])
+    script = _SCRIPT.search(c["notes"])
+    if script and script.group(1) in MAXTEXT_SCRIPTS:
+        return str(MAXTEXT_SCRIPTS[script.group(1)].get("dtype", ""))
+    return TRILLIUM_QUANTIZATION.get(config.group(1), "") if config else ""
+
+
+def maxtext_script_layout(c: Case) -> dict[str, Any]:
+    """tp, dp, micro-batch and recompute of the MaxText launch script a row's notes name (empty when none):
+    the replica of ``tp`` chips runs ``per_device_batch * tp`` sequences (:func:`replica_micro_batch`)."""
+    script = _SCRIPT.search(c["notes"]) if is_maxtext(c) else None
+    settings = MAXTEXT_SCRIPTS.get(script.group(1), {}) if script else {}
+    if not settings:
+        return {}
+    tp = int(settings["tp"])
+    devices = c.int("devices") or 0
+    return {"tp": tp, "dp": devices // tp, "micro_batch": int(settings["per_device_batch"]) * tp,
+            "recompute": settings["recompute"]}  # fmt: skip
 
 
 def moe_capacity_factor(c: Case) -> float:
@@ -708,12 +751,13 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "global_batch": c.int("global_batch") or 0,
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
-        "dtype": block_scaled_dtype(c) or c["dtype"] or None,
+        "dtype": maxtext_quantization(c) or block_scaled_dtype(c) or c["dtype"] or None,
         "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
         "schedule": row_schedule(c, vpp),
         "framework": row_framework(c),
     }
     stated.update(flags)
+    stated.update(maxtext_script_layout(c))
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
