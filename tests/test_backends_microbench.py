@@ -12,6 +12,7 @@ from echosim.validation.microbench import (
     XLA_TABLE_MULTIHOST_NCCL,
     XLA_TABLE_NCCL,
     harness_nccl,
+    nccl_version,
     probe,
     validate_microbench,
 )
@@ -49,6 +50,8 @@ MEETS = {
     "H200-SXM-141GB | all_reduce | intra-node | <1MiB": 1.4,
     "GB200 | all_reduce | intra-node | <1MiB": 5.2,
     "A100-SXM4-80GB | all_reduce | intra-node | <1MiB": 4.8,
+    # NCCL 2.18.5's NVLS fills its first channels with fixed 16 KiB chunks (23.5 with NCCL 2.20's even split)
+    "H100-SXM-80GB | all_reduce | intra-node | <1MiB": 4.7,
     # XLA's collective-permutes: NCCL's p2p channels per send, ring shifts sharing them both ways
     "H100-SXM (sm_90) | send/recv | intra-node | <1MiB | XLA table": 12.8,
     "H100-SXM (sm_90) | send/recv | intra-node | >=1MiB | XLA table": 9.2,
@@ -212,3 +215,14 @@ def test_an_all_to_alls_launch_floor_counts_its_grouped_calls():
     assert launch_floor_us(a100, NcclConfig(), OpKind.ALL_GATHER, 8) == 5.35
     # 1 KiB: NCCL's LL p2p kernel takes 6.6 + 0.6 = 7.2 µs, under the 9.03 µs host floor (measured 9.34)
     assert collective_time_s(a100, OpKind.ALL_TO_ALL, 1024, eight) * 1e6 == pytest.approx(9.03)
+
+
+def test_azure_rows_run_the_nccl_their_system_names() -> None:
+    """NVLS split evenly over its channels from NCCL 2.20 (H200's 2.20.5, GB200's 2.25.1), not under H100's 2.18.5."""
+    azure = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_H100_v5_results.md"
+    row = {"source": azure, "op": "all_reduce_perf", "num_devices": "8"}
+    h100 = harness_nccl({**row, "system": "Azure ND H100 v5 (Xeon 8480C, CUDA 12.6, NCCL 2.18.5)"})
+    h200 = harness_nccl({**row, "system": "Azure ND H200 v5 (Xeon 8480C, CUDA 12.6, NCCL 2.20.5)"})
+    assert (h100.algo, h100.nvls_even_split, h200.nvls_even_split) == ("nvls", False, True)
+    assert harness_nccl({**row, "system": "Azure ND H100 v5"}).nvls_even_split  # no version named: NCCL's today
+    assert nccl_version("Grace Neoverse-V2, CUDA 12.8, NCCL 2.25.1") == (2, 25) and nccl_version("x") is None

@@ -107,6 +107,16 @@ NCCL_P2P_CALL_US = 0.23
 # (NCCL_STEPS, src/include/device.h): a Simple connection moves one step of buffsize / 8 at a time.
 NCCL_BUFFSIZE_BYTES = 1 << 22
 NCCL_STEPS = 8
+# NVLS all-reduce before NCCL 2.20 (v2.18.5 and v2.19.4: enqueue.cc computeColl, and
+# src/collectives/device/all_reduce.h RunWorkElement<ncclFuncAllReduce, ..., NCCL_ALGO_NVLS, ...>): it always runs
+# on all NCCL_NVLS_NCHANNELS CTAs (16 by default, src/transport/nvls.cc), channel ``bid`` taking nHeads chunks per
+# loop from offset ``bid x nHeads x chunk``; the chunk is NCCL_BUFFSIZE / NCCL_STEPS capped at 128 KiB and cut to
+# 64, 32 and 16 KiB below 64, 8 and 2 x (channels x heads) chunks. A small message therefore fills the first
+# channels with whole blocks while the rest idle. NCCL 2.20 spreads a collective's bytes evenly over its channels
+# (enqueue.cc addCBDCollToPlan, maxBytesPerChannel), which is what nvls_choice costs by default.
+NVLS_NCHANNELS = 16
+NVLS_MAX_CHUNK_BYTES = 1 << 17
+NVLS_CHUNK_CUTS = ((64, 1 << 16), (8, 1 << 15), (2, 1 << 14))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +142,9 @@ class NcclConfig:
     the calls only raise the launch floor (:func:`launch_floor_us`).
     ``buffsize_bytes``: ``NCCL_BUFFSIZE``, the Simple FIFO of a connection; a tree moves it in steps of
     ``buffsize_bytes / NCCL_STEPS`` per channel (:func:`_tree_chunk_fill_us`).
+    ``nvls_even_split``: an NVLS all-reduce spreads its bytes evenly over its channels (NCCL >= 2.20);
+    False: NCCL 2.18-2.19's fixed chunks fill the first channels and the busiest sets the time
+    (:func:`nvls_busiest_bytes`).
     The defaults are NCCL's own.
     """
 
@@ -145,6 +158,7 @@ class NcclConfig:
     a2a_issue_us: float = 0.0
     p2p_call_us: float = 0.0
     buffsize_bytes: int = NCCL_BUFFSIZE_BYTES
+    nvls_even_split: bool = True
 
     def __post_init__(self) -> None:
         if self.algo not in ("", "ring", "tree", "nvls"):
@@ -390,6 +404,25 @@ def nvls_graph(dev: DeviceSpec, n: int) -> tuple[int, float, float]:
     return heads, speeds[i], speeds[j]
 
 
+def nvls_busiest_bytes(
+    nbytes: int, heads: int, channels: int = NVLS_NCHANNELS, buffsize: int = NCCL_BUFFSIZE_BYTES
+) -> int:
+    """Bytes that would take an evenly split NVLS all-reduce as long as NCCL 2.18-2.19 takes for ``nbytes``:
+    ``channels`` x what its busiest channel moves (see :data:`NVLS_NCHANNELS`). From 2 MiB (16 channels of
+    8 heads x 16 KiB) up it is ``nbytes`` rounded up to whole loops; below, one channel's block of
+    ``min(nbytes, heads x chunk)`` bytes, which the other channels would have shared since NCCL 2.20."""
+    if nbytes <= 0:
+        return nbytes
+    chunk = min(buffsize // NCCL_STEPS, NVLS_MAX_CHUNK_BYTES)
+    for factor, cut in NVLS_CHUNK_CUTS:
+        if nbytes < factor * channels * heads * chunk and chunk > cut:
+            chunk = cut
+    block = heads * chunk
+    loop = channels * block
+    loops = math.ceil(nbytes / loop)
+    return channels * ((loops - 1) * block + min(block, nbytes - (loops - 1) * loop))
+
+
 def nvls_choice(
     dev: DeviceSpec, kind: OpKind, nbytes: int, p: Placement, nccl: NcclConfig = DEFAULT_NCCL
 ) -> Choice | None:
@@ -419,6 +452,10 @@ def nvls_choice(
         lat += NET_HOP_US["nvls"][SIMPLE]
     handshake = NVLINK_HOP_US["nvls" if nccl.nvls_chunk_hop else "ring"][SIMPLE]
     pipe = _pipeline_us(nbytes * traffic, algbw * traffic, handshake)
+    if kind is OpKind.ALL_REDUCE and not nccl.nvls_even_split:
+        # the busiest channel's bytes set the time; NCCL's tuner still ranks by nbytes
+        busiest = nvls_busiest_bytes(nbytes, heads, buffsize=nccl.buffsize_bytes)
+        pipe = _pipeline_us(busiest * traffic, algbw * traffic, handshake) + (busiest - nbytes) / (algbw * 1e3)
     return Choice("nvls", "Simple", nbytes, lat, algbw, pipe)
 
 

@@ -467,12 +467,20 @@ def _gpus_per_host(row: dict[str, str]) -> int | None:
     return spec.gpus_per_host if spec is not None else None
 
 
+def nccl_version(system: str) -> tuple[int, int] | None:
+    """(major, minor) of the NCCL a row's system names (``"... NCCL 2.18.5)"``), if it names one."""
+    m = re.search(r"NCCL (\d+)\.(\d+)", system)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def harness_nccl(row: dict[str, str]) -> NcclConfig:
     """The NCCL settings the row's benchmark harness ran with.
 
     * Azure AI-benchmarking-guide (its ``Benchmarks/NVIDIA/NCCLBandwidth.py``): one process
       drives every GPU of the node (``all_reduce_perf -g <gpus>``) with ``NCCL_ALGO=NVLS`` on
-      8-GPU nodes and ``NCCL_ALGO=Ring`` on 4-GPU ones (A100 has no NVLS: the tuner chooses).
+      8-GPU nodes and ``NCCL_ALGO=Ring`` on 4-GPU ones (A100 has no NVLS: the tuner chooses),
+      under the NCCL its system names: before 2.20, NVLS fills its channels with fixed chunks
+      (``nvls_even_split=False``: H100's NCCL 2.18.5 rows; H200's 2.20.5 split evenly).
     * ``nccl-tests -g N`` named in the op: one thread launches for N GPUs.
     * XLA's collective perf table (``xla/tools/collective_perf_table_gen.cc``, one XLA
       executable per collective): the table itself shows which NCCL paths XLA took, and the
@@ -495,7 +503,9 @@ def harness_nccl(row: dict[str, str]) -> NcclConfig:
     source, op = row["source"], row["op"]
     n = int(_number(row["num_devices"]) or 1)
     if AZURE_GUIDE in source:
-        return NcclConfig(algo="nvls" if n == 8 else "ring", devices_per_thread=n)
+        version = nccl_version(row["system"])
+        even = version is None or version >= (2, 20)  # collectives.NVLS_NCHANNELS: how NVLS fills its channels
+        return NcclConfig(algo="nvls" if n == 8 else "ring", devices_per_thread=n, nvls_even_split=even)
     m = re.search(r"-g (\d+)", op)
     if m:
         return NcclConfig(devices_per_thread=int(m.group(1)))
