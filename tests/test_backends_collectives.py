@@ -707,3 +707,18 @@ def test_a_multi_node_simple_tree_fills_its_hops_one_fixed_step_at_a_time():
     # from 18 MiB on the step is whole (1 MiB): the fill stops growing
     assert tree_simple(2**30).pipeline_us == pytest.approx(tree_simple(18 * 2**20).pipeline_us)
     assert tree_simple(18 * 2**20).pipeline_us == pytest.approx(722.8 * 18 / 16, rel=1e-3)
+
+
+def test_a_tree_from_512_mib_runs_without_nccls_correction_factor() -> None:
+    """tuning.cc (v2.30.7) ncclTopoGetAlgoTime corrects Tree bandwidth only while log2(bytes / 64) < 23; the table's
+    24th entry serves NVLS Tree. A3 Mega 2 x 8 tree Simple: 0.9 at 256 MiB, none from 512 MiB (measured algbw at
+    1-8 GiB: 159-181 GB/s, 90% of the 200 GB/s of NICs per node; 154 with the 0.9)."""
+    mega, two_nodes = DEVICES["h100-a3mega"], Placement(16, 2, 8)
+
+    def tree_simple(nbytes: int) -> float:
+        c = [c for c in choices(mega, AR, nbytes, two_nodes) if (c.algo, c.proto) == ("tree", "Simple")]
+        return c[0].algbw_GBps
+
+    assert tree_simple(2**30) / tree_simple(2**28) == pytest.approx(1 / 0.9)
+    assert tree_simple(2**29) == tree_simple(2**33)
+    assert tree_simple(2**30) == pytest.approx(170.6, abs=0.1)

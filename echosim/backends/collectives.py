@@ -70,7 +70,10 @@ NVLS_SPEEDS_GBPS = {
     "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),  # sm90SpeedArrayIntra
     "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),  # sm100SpeedArrayIntra
 }
-# treeCorrectionFactor[proto][log2(bytes/64)], 64 B .. 256 MB.
+# treeCorrectionFactor[proto][log2(bytes/64)], 64 B .. 256 MB. ncclTopoGetAlgoTime applies it to Tree only while
+# logSize < 23 (below 512 MiB); entry 23 serves NVLS Tree alone (tuning.cc v2.30.7), so a Tree from 512 MiB on
+# runs uncorrected (TREE_UNCORRECTED_FROM).
+TREE_UNCORRECTED_FROM = 23
 TREE_CORRECTION = (
     (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
     (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
@@ -379,7 +382,7 @@ def tree_choices(
             )
         else:
             bw = bus
-        table = TREE_CORRECTION[proto]
+        table = (*TREE_CORRECTION[proto][:TREE_UNCORRECTED_FROM], 1.0)
         bw *= table[lo] + (table[hi] - table[lo]) * frac
         pipe = _pipeline_us(nbytes, bw, inter_hop if p.nodes > 1 else NVLINK_HOP_US["tree"][proto])
         if proto == SIMPLE and p.nodes > 1:
