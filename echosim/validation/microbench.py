@@ -309,11 +309,12 @@ def xla_table_kernels_s(be: Any, node: Node, dtype: str) -> list[float]:
     and written at STREAM rate, one wave's fill and store like a GEMM wave, ``compute.WAVE_FIXED_S``, and a
     launch) and the cuBLASLt GEMM; every other dot is the one GEMM kernel."""
     from echosim.backends.compute import WAVE_FIXED_S, memory_bound_time_s
+    from echosim.backends.devices import DeviceSpec
 
     gemm = be.op_time_s(node, 0)
-    dev = getattr(getattr(be, "inner", be), "device", None)
+    dev = getattr(getattr(be, "inner", be), "device", None)  # a plugin's device is its own business
     a = node.attrs
-    if dev is None or not isinstance(a, MatmulAttrs) or not xla_fp8_transposes_b(dev.arch, dtype):
+    if not isinstance(dev, DeviceSpec) or not isinstance(a, MatmulAttrs) or not xla_fp8_transposes_b(dev.arch, dtype):
         return [gemm]
     transpose = memory_bound_time_s(dev, 2 * a.batch * a.k * a.n) + WAVE_FIXED_S  # 1-byte elements
     return [transpose, gemm]
