@@ -18,6 +18,8 @@ from echosim.backends.collectives import (
     choices,
     collective_time_s,
     links_for,
+    nvls_busiest_bytes,
+    nvls_choice,
     nvls_graph,
     p2p_channels,
 )
@@ -165,6 +167,38 @@ def test_nvls_bandwidth_is_nccls_tuner_on_its_graph():
     rack = Placement(72, 1, 72)
     gb = best_choice(DEVICES["gb200"], AR, size, rack, nvls)
     assert gb.algbw_GBps * 2 * 71 / 72 == pytest.approx(32 * min(2 * 20 * 0.74 * 31 / 32, 40))  # 917.6 GB/s
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "busiest"),
+    [
+        (1024, 16 * 1024),  # one channel carries the whole message
+        (64 * 1024, MB),  # 4 heads x 16 KiB on channel 0; NCCL 2.20 would give each of 16 channels 4 KiB
+        (256 * 1024, 2 * MB),  # two channels of 8 heads x 16 KiB
+        (2 * MB, 2 * MB),  # one full loop: 16 channels x 8 heads x 16 KiB
+        (3 * MB, 4 * MB),  # a second loop's first block
+        (16 * MB, 16 * MB),  # 32 KiB chunks below 64 MiB: 4 loops of 4 MiB
+    ],
+)
+def test_nvls_before_nccl_2_20_fills_its_first_channels(nbytes: int, busiest: int) -> None:
+    """enqueue.cc v2.18.5: 16 CTAs, chunk = 4 MiB / 8 steps capped at 128 KiB, cut to 16 KiB below
+    2 x 16 x 8 chunks; channel bid starts at bid x 8 heads x chunk."""
+    assert nvls_busiest_bytes(nbytes, 8) == busiest
+
+
+def test_a_pre_2_20_nvls_all_reduce_costs_its_busiest_channel() -> None:
+    """The H100 NCCL 2.18.5 rows: flat 42-45 µs from 64 KiB to 2 MiB, where H200's NCCL 2.20.5 rows
+    stay at the 31 µs launch floor up to 512 KiB and reach 41 µs at 2 MiB."""
+    old = NcclConfig(algo="nvls", nvls_even_split=False)
+    new, small = nvls_choice(H100, AR, 2 * MB, ONE_NODE), 256 * 1024
+    a, b = nvls_choice(H100, AR, small, ONE_NODE, old), nvls_choice(H100, AR, small, ONE_NODE)
+    assert a is not None and b is not None and new is not None
+    assert a.time_us == pytest.approx(new.time_us)  # 256 KiB as long as 2 MiB
+    assert b.time_us < a.time_us - 8  # evenly split: 8+ µs less
+    assert a.tuner_us == b.tuner_us  # NCCL's tuner still ranks by the message's bytes
+    assert nvls_choice(H100, AG, small, ONE_NODE, old) == nvls_choice(H100, AG, small, ONE_NODE)  # all-reduce only
+    big = 64 * MB
+    assert nvls_choice(H100, AR, big, ONE_NODE, old) == nvls_choice(H100, AR, big, ONE_NODE)
 
 
 # ---- tuner behaviour ------------------------------------------------------------------
@@ -673,3 +707,18 @@ def test_a_multi_node_simple_tree_fills_its_hops_one_fixed_step_at_a_time():
     # from 18 MiB on the step is whole (1 MiB): the fill stops growing
     assert tree_simple(2**30).pipeline_us == pytest.approx(tree_simple(18 * 2**20).pipeline_us)
     assert tree_simple(18 * 2**20).pipeline_us == pytest.approx(722.8 * 18 / 16, rel=1e-3)
+
+
+def test_a_tree_from_512_mib_runs_without_nccls_correction_factor() -> None:
+    """tuning.cc (v2.30.7) ncclTopoGetAlgoTime corrects Tree bandwidth only while log2(bytes / 64) < 23; the table's
+    24th entry serves NVLS Tree. A3 Mega 2 x 8 tree Simple: 0.9 at 256 MiB, none from 512 MiB (measured algbw at
+    1-8 GiB: 159-181 GB/s, 90% of the 200 GB/s of NICs per node; 154 with the 0.9)."""
+    mega, two_nodes = DEVICES["h100-a3mega"], Placement(16, 2, 8)
+
+    def tree_simple(nbytes: int) -> float:
+        c = [c for c in choices(mega, AR, nbytes, two_nodes) if (c.algo, c.proto) == ("tree", "Simple")]
+        return c[0].algbw_GBps
+
+    assert tree_simple(2**30) / tree_simple(2**28) == pytest.approx(1 / 0.9)
+    assert tree_simple(2**29) == tree_simple(2**33)
+    assert tree_simple(2**30) == pytest.approx(170.6, abs=0.1)

@@ -70,7 +70,10 @@ NVLS_SPEEDS_GBPS = {
     "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),  # sm90SpeedArrayIntra
     "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),  # sm100SpeedArrayIntra
 }
-# treeCorrectionFactor[proto][log2(bytes/64)], 64 B .. 256 MB.
+# treeCorrectionFactor[proto][log2(bytes/64)], 64 B .. 256 MB. ncclTopoGetAlgoTime applies it to Tree only while
+# logSize < 23 (below 512 MiB); entry 23 serves NVLS Tree alone (tuning.cc v2.30.7), so a Tree from 512 MiB on
+# runs uncorrected (TREE_UNCORRECTED_FROM).
+TREE_UNCORRECTED_FROM = 23
 TREE_CORRECTION = (
     (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
     (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
@@ -107,6 +110,16 @@ NCCL_P2P_CALL_US = 0.23
 # (NCCL_STEPS, src/include/device.h): a Simple connection moves one step of buffsize / 8 at a time.
 NCCL_BUFFSIZE_BYTES = 1 << 22
 NCCL_STEPS = 8
+# NVLS all-reduce before NCCL 2.20 (v2.18.5 and v2.19.4: enqueue.cc computeColl, and
+# src/collectives/device/all_reduce.h RunWorkElement<ncclFuncAllReduce, ..., NCCL_ALGO_NVLS, ...>): it always runs
+# on all NCCL_NVLS_NCHANNELS CTAs (16 by default, src/transport/nvls.cc), channel ``bid`` taking nHeads chunks per
+# loop from offset ``bid x nHeads x chunk``; the chunk is NCCL_BUFFSIZE / NCCL_STEPS capped at 128 KiB and cut to
+# 64, 32 and 16 KiB below 64, 8 and 2 x (channels x heads) chunks. A small message therefore fills the first
+# channels with whole blocks while the rest idle. NCCL 2.20 spreads a collective's bytes evenly over its channels
+# (enqueue.cc addCBDCollToPlan, maxBytesPerChannel), which is what nvls_choice costs by default.
+NVLS_NCHANNELS = 16
+NVLS_MAX_CHUNK_BYTES = 1 << 17
+NVLS_CHUNK_CUTS = ((64, 1 << 16), (8, 1 << 15), (2, 1 << 14))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +145,9 @@ class NcclConfig:
     the calls only raise the launch floor (:func:`launch_floor_us`).
     ``buffsize_bytes``: ``NCCL_BUFFSIZE``, the Simple FIFO of a connection; a tree moves it in steps of
     ``buffsize_bytes / NCCL_STEPS`` per channel (:func:`_tree_chunk_fill_us`).
+    ``nvls_even_split``: an NVLS all-reduce spreads its bytes evenly over its channels (NCCL >= 2.20);
+    False: NCCL 2.18-2.19's fixed chunks fill the first channels and the busiest sets the time
+    (:func:`nvls_busiest_bytes`).
     The defaults are NCCL's own.
     """
 
@@ -145,6 +161,7 @@ class NcclConfig:
     a2a_issue_us: float = 0.0
     p2p_call_us: float = 0.0
     buffsize_bytes: int = NCCL_BUFFSIZE_BYTES
+    nvls_even_split: bool = True
 
     def __post_init__(self) -> None:
         if self.algo not in ("", "ring", "tree", "nvls"):
@@ -365,7 +382,7 @@ def tree_choices(
             )
         else:
             bw = bus
-        table = TREE_CORRECTION[proto]
+        table = (*TREE_CORRECTION[proto][:TREE_UNCORRECTED_FROM], 1.0)
         bw *= table[lo] + (table[hi] - table[lo]) * frac
         pipe = _pipeline_us(nbytes, bw, inter_hop if p.nodes > 1 else NVLINK_HOP_US["tree"][proto])
         if proto == SIMPLE and p.nodes > 1:
@@ -388,6 +405,25 @@ def nvls_graph(dev: DeviceSpec, n: int) -> tuple[int, float, float]:
     while j > 0 and speeds[j] < 2 * speeds[i]:
         j -= 1
     return heads, speeds[i], speeds[j]
+
+
+def nvls_busiest_bytes(
+    nbytes: int, heads: int, channels: int = NVLS_NCHANNELS, buffsize: int = NCCL_BUFFSIZE_BYTES
+) -> int:
+    """Bytes that would take an evenly split NVLS all-reduce as long as NCCL 2.18-2.19 takes for ``nbytes``:
+    ``channels`` x what its busiest channel moves (see :data:`NVLS_NCHANNELS`). From 2 MiB (16 channels of
+    8 heads x 16 KiB) up it is ``nbytes`` rounded up to whole loops; below, one channel's block of
+    ``min(nbytes, heads x chunk)`` bytes, which the other channels would have shared since NCCL 2.20."""
+    if nbytes <= 0:
+        return nbytes
+    chunk = min(buffsize // NCCL_STEPS, NVLS_MAX_CHUNK_BYTES)
+    for factor, cut in NVLS_CHUNK_CUTS:
+        if nbytes < factor * channels * heads * chunk and chunk > cut:
+            chunk = cut
+    block = heads * chunk
+    loop = channels * block
+    loops = math.ceil(nbytes / loop)
+    return channels * ((loops - 1) * block + min(block, nbytes - (loops - 1) * loop))
 
 
 def nvls_choice(
@@ -419,6 +455,10 @@ def nvls_choice(
         lat += NET_HOP_US["nvls"][SIMPLE]
     handshake = NVLINK_HOP_US["nvls" if nccl.nvls_chunk_hop else "ring"][SIMPLE]
     pipe = _pipeline_us(nbytes * traffic, algbw * traffic, handshake)
+    if kind is OpKind.ALL_REDUCE and not nccl.nvls_even_split:
+        # the busiest channel's bytes set the time; NCCL's tuner still ranks by nbytes
+        busiest = nvls_busiest_bytes(nbytes, heads, buffsize=nccl.buffsize_bytes)
+        pipe = _pipeline_us(busiest * traffic, algbw * traffic, handshake) + (busiest - nbytes) / (algbw * 1e3)
     return Choice("nvls", "Simple", nbytes, lat, algbw, pipe)
 
 

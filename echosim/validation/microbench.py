@@ -288,6 +288,50 @@ def _has_fp4(backend: str) -> bool:
     return spec is None or spec.gemm_eff_fp4 is not None
 
 
+# XLA's GemmRewriter hands cuBLASLt an FP8 GEMM only as "TN" (A row-major, B column-major: both operands
+# K-major, cuBLASLt's FP8 layout rule before Blackwell) and transposes an operand that is not: "On non-Blackwell
+# systems, cuBLASLt FP8 GEMM kernels require the first operand ... to be row-major" and "the second operand to be
+# column-major" (openxla/xla xla/backends/gpu/transforms/gemm_rewriter.cc, CreateF8CustomCall). Architectures
+# that take that path (echosim's names; Ampere has no FP8 tensor cores).
+XLA_FP8_TN_ARCHS = frozenset({"hopper"})
+
+
+def xla_fp8_transposes_b(arch: str, dtype: str) -> bool:
+    """Whether XLA runs a transpose of B before an FP8 dot shaped as its matmul table's (B = [b, k, n], n minor)."""
+    return dtype == "fp8" and arch in XLA_FP8_TN_ARCHS
+
+
+def xla_table_kernels_s(be: Any, node: Node, dtype: str) -> list[float]:
+    """The kernels XLA runs for one dot of its matmul table, in seconds each.
+
+    The table's dot is ``lhs[b, m, k] x rhs[b, k, n]`` in the default layouts, so B is row-major. On a
+    :data:`XLA_FP8_TN_ARCHS` part an FP8 dot becomes a transpose of B (a tiled transpose fusion: B's bytes read
+    and written at STREAM rate, one wave's fill and store like a GEMM wave, ``compute.WAVE_FIXED_S``, and a
+    launch) and the cuBLASLt GEMM; every other dot is the one GEMM kernel."""
+    from echosim.backends.compute import WAVE_FIXED_S, memory_bound_time_s
+    from echosim.backends.devices import DeviceSpec
+
+    gemm = be.op_time_s(node, 0)
+    dev = getattr(getattr(be, "inner", be), "device", None)  # a plugin's device is its own business
+    a = node.attrs
+    if not isinstance(dev, DeviceSpec) or not isinstance(a, MatmulAttrs) or not xla_fp8_transposes_b(dev.arch, dtype):
+        return [gemm]
+    transpose = memory_bound_time_s(dev, 2 * a.batch * a.k * a.n) + WAVE_FIXED_S  # 1-byte elements
+    return [transpose, gemm]
+
+
+def xla_table_dot_s(be: Any, node: Node, dtype: str) -> float:
+    """What XLA's matmul table records for a dot: the median duration over every kernel its runs launched.
+
+    ``xla/tools/matmul_perf_table_gen.cc`` (``MatmulPerfTableGen::Profile``) runs the compiled dot 10 times
+    (5 x small and large arguments) under a CUPTI kernel tracer and takes ``getMedianKernelTimeNs``: the
+    median over all kernel activity records, the mean of the middle two for an even count
+    (``xla/service/gpu/model/hlo_op_profiler.cc``, ``CuptiKernelTracer``), not the executable's time.
+    Each kernel appears once per run, so that median is the median of one run's kernels: a single GEMM
+    reads as itself, a transpose + GEMM pair as their mean."""
+    return statistics.median(xla_table_kernels_s(be, node, dtype))
+
+
 def _azure_cublaslt(row: dict[str, str]) -> bool:
     """A GEMM of the Azure guide's cuBLASLt sweep (superbenchmark's cublaslt_gemm: FP8 with fast accumulation)."""
     return row["op"] == "GEMM (cuBLASLt)" and AZURE_GUIDE in row["source"]
@@ -311,6 +355,8 @@ def _matmul_probe(backend: str, row: dict[str, str]) -> Probe | str:
     autotuned = "MAMF" in row["op"] or XLA_TABLE in row["source"]
     if "MAMF" in row["op"] and "best shape" in row["op"]:
         predict = lambda be: search_best_tflops(be, dtype)  # noqa: E731
+    elif XLA_TABLE in row["source"]:
+        predict = lambda be: flops / xla_table_dot_s(be, node, dtype) / 1e12  # noqa: E731
     else:
         predict = lambda be: flops / be.op_time_s(node, 0) / 1e12  # noqa: E731
     # mamf-finder times 100 iterations a shape after 50 warmup: a short run, not held to the sustained rate.
@@ -422,12 +468,20 @@ def _gpus_per_host(row: dict[str, str]) -> int | None:
     return spec.gpus_per_host if spec is not None else None
 
 
+def nccl_version(system: str) -> tuple[int, int] | None:
+    """(major, minor) of the NCCL a row's system names (``"... NCCL 2.18.5)"``), if it names one."""
+    m = re.search(r"NCCL (\d+)\.(\d+)", system)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def harness_nccl(row: dict[str, str]) -> NcclConfig:
     """The NCCL settings the row's benchmark harness ran with.
 
     * Azure AI-benchmarking-guide (its ``Benchmarks/NVIDIA/NCCLBandwidth.py``): one process
       drives every GPU of the node (``all_reduce_perf -g <gpus>``) with ``NCCL_ALGO=NVLS`` on
-      8-GPU nodes and ``NCCL_ALGO=Ring`` on 4-GPU ones (A100 has no NVLS: the tuner chooses).
+      8-GPU nodes and ``NCCL_ALGO=Ring`` on 4-GPU ones (A100 has no NVLS: the tuner chooses),
+      under the NCCL its system names: before 2.20, NVLS fills its channels with fixed chunks
+      (``nvls_even_split=False``: H100's NCCL 2.18.5 rows; H200's 2.20.5 split evenly).
     * ``nccl-tests -g N`` named in the op: one thread launches for N GPUs.
     * XLA's collective perf table (``xla/tools/collective_perf_table_gen.cc``, one XLA
       executable per collective): the table itself shows which NCCL paths XLA took, and the
@@ -450,7 +504,9 @@ def harness_nccl(row: dict[str, str]) -> NcclConfig:
     source, op = row["source"], row["op"]
     n = int(_number(row["num_devices"]) or 1)
     if AZURE_GUIDE in source:
-        return NcclConfig(algo="nvls" if n == 8 else "ring", devices_per_thread=n)
+        version = nccl_version(row["system"])
+        even = version is None or version >= (2, 20)  # collectives.NVLS_NCHANNELS: how NVLS fills its channels
+        return NcclConfig(algo="nvls" if n == 8 else "ring", devices_per_thread=n, nvls_even_split=even)
     m = re.search(r"-g (\d+)", op)
     if m:
         return NcclConfig(devices_per_thread=int(m.group(1)))
