@@ -722,6 +722,37 @@ def recipe_micro_batch(c: Case) -> int | None:
     )
 
 
+#: The layout of the Megatron-Bridge recipe behind a published row whose table prints another one, by
+#: (source_id, layers, hidden, device, dtype, (tp, pp, vpp, micro-batch) as printed): only where every branch of
+#: the release's code has one recipe for that system, GPU count, precision and global batch, and the printed
+#: layout is not one the recipe can run.
+#: 26.02.01 DGX-GB300 LLAMA3_70B (docs/performance-summary-archive.md, added by commit e40d000 "patch container
+#: numbers") prints MXFP8 as MBS 2, PP 4, VP n/a and NVFP4 as MBS 2, TP 1, PP 1, FSDP 0 (a whole 70B model
+#: replicated on every GPU). NeMo 26.02.01 runs Megatron-Bridge r0.3.x, whose presets (tags v0.3.0, v0.3.1 and
+#: branches r0.3.0, llmb-r0.3.1: scripts/performance/configs/llama/llama3_workload_base_configs.py
+#: LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_MX_V2 and _NVFP4_V2 on BASE_LLAMA3_70B_CONFIG_GBS256) are both
+#: ``pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=5`` with WorkloadBaseConfig's
+#: ``micro_batch_size=1`` and tp 1: the layout the 26.02 and 26.04.01 tables print for the same runs.
+MEGATRON_BRIDGE_RECIPE_LAYOUT: dict[tuple[str, int, int, str, str, tuple[int, ...]], dict[str, int]] = {
+    ("megatron_bridge_26.02.01", 80, 8192, "gb300", "mxfp8", (1, 4, 1, 2)): {"pp": 4, "vpp": 5, "micro_batch": 1},
+    ("megatron_bridge_26.02.01", 80, 8192, "gb300", "nvfp4", (1, 1, 1, 2)): {"pp": 4, "vpp": 5, "micro_batch": 1},
+}
+
+
+def recipe_layout(c: Case) -> dict[str, int]:
+    """pp, vpp, micro-batch and the data-parallel size of the recipe behind a Megatron-Bridge row whose table
+    prints another layout (:data:`MEGATRON_BRIDGE_RECIPE_LAYOUT`); empty when the printed layout stands."""
+    if not c["source_id"].startswith("megatron_bridge"):
+        return {}
+    printed = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "micro_batch"))
+    key = (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], c["dtype"], printed)
+    found = MEGATRON_BRIDGE_RECIPE_LAYOUT.get(key)
+    if not found:
+        return {}
+    tp, cp, devices = c.int("tp", 1) or 1, c.int("cp", 1) or 1, c.int("devices") or 0
+    return {**found, "dp": devices // (tp * found["pp"] * cp)}
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
@@ -737,7 +768,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
     flags = _source_flags(c)
-    vpp = flags.get("vpp") or c.int("vpp") or torchtitan_vpp(c) or 1
+    recipe = recipe_layout(c)
+    vpp = flags.get("vpp") or recipe.get("vpp") or c.int("vpp") or torchtitan_vpp(c) or 1
     stated = {
         "tp": c.int("tp") or None,
         "pp": c.int("pp") or None,
@@ -757,6 +789,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "framework": row_framework(c),
     }
     stated.update(flags)
+    stated.update(recipe)
     stated.update(maxtext_script_layout(c))
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
