@@ -358,8 +358,10 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     cases = {c.case_id: c for c in read_cases(SHARED_CASES)}
     plan, _ = row_plan(cases["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"])
     assert plan.zero == 1 and plan.sp  # train_llama3_8b_h100_fp8.sh: distributed optimizer, sequence parallel
+    assert plan.tp_overlap  # "follows ... NeMo Framework's performance scripts": TE userbuffers on H100
+    assert row_plan(cases["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"])[0].tp_overlap
     plan, _ = row_plan(cases["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"])
-    assert plan.zero == 1 and not plan.sp  # tp 1: no sequence parallelism
+    assert plan.zero == 1 and not plan.sp and not plan.tp_overlap  # tp 1: no sequence parallelism, no TP overlap
     assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb200-64"]) == 40
     assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb300-64"]) == 20
     assert offload_layers(cases["mbridge2509-llama3-70b-gb200-64"]) == 40  # no precision: the one mbs-2 recipe

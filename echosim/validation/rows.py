@@ -426,7 +426,12 @@ def remat_policy(c: Case) -> str:
 #: Launch flags of the script a source says it ran, for the Plan settings its table leaves out (by
 #: ``source_id``). Megatron-LM's Llama-3 FP8 table (examples/llama/README.md) is produced by
 #: examples/llama/train_llama3_8b_h100_fp8.sh, which passes --use-distributed-optimizer and
-#: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1.
+#: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1. Its 70B and
+#: 405B rows name no script of their own: "This configuration follows those defined in NeMo Framework's performance
+#: scripts" (the README, d98e8a6), and those overlap TP communication with the GEMMs on H100 (NeMo
+#: scripts/performance/llm/pretrain_llama3_70b.py and pretrain_llama31_405b.py at ab020f6, 2025-06-12, the README's
+#: month: userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192 / _h16384_tp8_cp2_mbs1_seqlen8192 into
+#: MegatronCommOverlapCallback, "Required for performance"); it only applies where tp > 1.
 #: DeepSeek-V3's own run (deepseek_v3_2024) dispatches the DeepEP way: "each token ... is first
 #: transmitted via IB to the GPUs with the same in-node index on its target nodes ... forwarded via
 #: NVLink" (arXiv:2412.19437 sec. 3.2.2; its node-limited routing, at most 4 nodes, is not modelled).
@@ -436,7 +441,7 @@ def remat_policy(c: Case) -> str:
 #: as "FP8-CS (FP8-MX)" at the same throughput (LLAMA3_8B on 8 GB200: 31357 (29925) tokens/s/GPU in
 #: 25.09, 31508 (29789) in 25.11). docs/performance-summary-archive.md, Megatron-Bridge commit 067f987.
 SOURCE_FLAGS: dict[str, dict[str, Any]] = {
-    "megatron_lm_llama_fp8": {"zero": 1, "sp": True},
+    "megatron_lm_llama_fp8": {"zero": 1, "sp": True, "tp_overlap": True},
     "megatron_bridge_25.09": {"dtype": "fp8"},
     "deepseek_v3_2024": {"moe_dispatcher": "deepep"},
 }
@@ -754,11 +759,12 @@ def recipe_layout(c: Case) -> dict[str, int]:
 
 
 def _source_flags(c: Case) -> dict[str, Any]:
-    """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
+    """The source's script flags for the settings the row leaves blank (sp and tp_overlap only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
     flags.update(SOURCE_MODEL_FLAGS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0), {}))
     if (c.int("tp", 1) or 1) <= 1:
         flags.pop("sp", None)
+        flags.pop("tp_overlap", None)
     return {k: v for k, v in flags.items() if not c[k].strip()}
 
 
