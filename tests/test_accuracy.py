@@ -137,15 +137,17 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     a parameter a micro-batch, echosim.passes.data_parallel ``flat_grads``): 8.5%, -7.5%; the micro-batch-2 13b
     rows move most (16: -19.3% -> -10.2%), the A100 rows +0.9..+4.4 points (to -0.6..+3.8%, the 40 GB 70b-64
     row aside). compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 (Azure's cuBLASLt FP8 rows priced with their
-    harness's fast accumulation): every row 1.0-1.9 points slower, 7.9%, -6.0%."""
+    harness's fast accumulation): every row 1.0-1.9 points slower, 7.9%, -6.0%. The A100 tables ran FSDP
+    mixed_precision 'PURE' (framework composer-triton-pure): bf16 reduce-scatters, the 12 A100 rows 0.5-3.7 points
+    faster (70b-40gb-64 -22.9% -> -26.5%, 30b-40gb-32 +5.7% -> +3.1%), 7.9%, -6.5%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
     assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.079, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.060, abs=0.005)
-    # (last figure: with the heuristic fraction at 0.91)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.065, abs=0.005)
+    # (last figures: with the heuristic fraction at 0.91; the A100 row with an fp32 reduce-scatter)
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.021, abs=0.01)  # -11.4, -0.7, +0.5%
-    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.038, abs=0.01)  # -5.4, +0.8, +1.9%
+    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.031, abs=0.01)  # -5.4, +0.8, +1.9, +3.8%
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.090, abs=0.01)  # -29.9..-10.2%
     assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.157, abs=0.01)  # -20.5, -17.1%
     assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.166, abs=0.01)  # -22.3, -19.2, -17.7%

@@ -367,8 +367,16 @@ def row_framework(c: Case) -> str:
     if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
         return "deepspeed-2021"
     if name == "composer" and c["source_id"] == "llm_foundry_bench" and llm_foundry_attn_impl(c) == "triton":
-        return "composer-triton"
+        return "composer-triton-pure" if llm_foundry_pure(c) else "composer-triton"
     return name
+
+
+def llm_foundry_pure(c: Case) -> bool:
+    """Whether an llm-foundry benchmark row ran FSDP mixed_precision 'PURE': the README pairs Precision 'bf16'
+    (the row's notes, "Precision mode 'bf16'") with MP Mode 'PURE' in every row, 'amp_bf16' / 'amp_fp8' with
+    'DEFAULT' (scripts/train/benchmarking/README.md, llm-foundry commit 4952183; submit_benchmarks.py's defaults
+    at 300cc5c: ``--precisions bf16``, ``--fsdp_config_mixed_precision PURE``)."""
+    return "Precision mode 'bf16'" in c["notes"]
 
 
 #: The ``--attn_impl`` llm-foundry's large-scale sweep passes per model (scripts/train/benchmarking/sweep.py,
