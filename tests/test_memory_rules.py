@@ -362,6 +362,11 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"])[0].tp_overlap
     plan, _ = row_plan(cases["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"])
     assert plan.zero == 1 and not plan.sp and not plan.tp_overlap  # tp 1: no sequence parallelism, no TP overlap
+    # DGX Cloud Benchmarking v25.04's MaxText recipe: remat_policy=save_qkv_proj (maxtext/configure.sh, 741c886)
+    dgxc = [c for c in cases.values() if c["source_id"] == "dgxc_benchmarking_v25.04"]
+    maxtext = [c for c in dgxc if "MaxText" in c["framework"]]
+    assert len(maxtext) == 10 and {row_plan(c)[0].recompute for c in maxtext} == {"save_qkv_proj"}
+    assert row_plan(cases["dgxc2504-llama-3p1-70b-bf16-h100-sxm-64"])[0].recompute != "save_qkv_proj"  # NeMo
     assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb200-64"]) == 40
     assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb300-64"]) == 20
     assert offload_layers(cases["mbridge2509-llama3-70b-gb200-64"]) == 40  # no precision: the one mbs-2 recipe

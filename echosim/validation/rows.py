@@ -408,16 +408,26 @@ def loss_chunks(c: Case) -> int:
     return next((n for d, n in TRILLIUM_VOCAB_TILING.items() if f"/{d}/" in c["source_url"]), 1)
 
 
+#: The ``remat_policy`` of the MaxText launch script a source ran, by ``source_id``, for its rows whose notes name
+#: none. DGX Cloud Benchmarking v25.04's MaxText Llama3 70B recipe passes ``remat_policy=${POLICY}`` with
+#: ``POLICY="save_qkv_proj"`` for BF16 and FP8 alike (maxtext/configure.sh, NVIDIA/dgxc-benchmarking commit
+#: 741c886; also v25.02 and v25.02.01), where MaxText's base.yml default is ``full``.
+SOURCE_REMAT_POLICY = {"dgxc_benchmarking_v25.04": "save_qkv_proj"}
+
+
 def remat_policy(c: Case) -> str:
-    """The MaxText remat policy a row's notes name (``remat_policy=NAME``), '' when none.
+    """The MaxText remat policy a row's notes name (``remat_policy=NAME``), else its source's launch script's
+    (:data:`SOURCE_REMAT_POLICY`); '' when neither.
 
     ``custom (offload decoder_layer_input, q/k/v proj)`` lists the tensors the run offloads; a
     bare ``custom`` takes the per-tensor choices of the recipe config the notes name
     (:data:`TRILLIUM_CUSTOM`), else MaxText's defaults (:mod:`echosim.passes.recompute`).
     """
     m = _REMAT.search(c["notes"])
-    if not m or not is_maxtext(c):
+    if not is_maxtext(c):
         return ""
+    if not m:
+        return SOURCE_REMAT_POLICY.get(c["source_id"], "")
     name, detail = m.group(1), (m.group(2) or "").strip()
     if name == "custom" and not detail.startswith("offload "):
         config = _CONFIG.search(c["notes"])
