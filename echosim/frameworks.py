@@ -547,11 +547,12 @@ FRAMEWORKS["composer"] = replace(
     title="MosaicML Composer + PyTorch FSDP (llm-foundry): flash-attn 2 kernels",
     version="llm-foundry commit 4952183 (2024-04), Composer FSDP",
     row_names=("Composer",),
-    fsdp_reduce_fp32="Composer's FSDP mixed_precision 'DEFAULT' (its default, and the 'MP Mode' of every row of "
-    "llm-foundry's scripts/train/benchmarking/README.md tables) builds MixedPrecision(param_dtype=<autocast "
-    "dtype>, reduce_dtype=torch.float32) (composer/distributed/mosaic_parallelism.py get_mixed_precision; "
-    "composer/trainer/dist_strategy.py in 2023), and FSDP's post-backward hook casts the unsharded gradient to "
-    "reduce_dtype before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
+    fsdp_reduce_fp32="Composer's FSDP mixed_precision 'DEFAULT' (its default, and the 'MP Mode' of every H100 row of "
+    "llm-foundry's scripts/train/benchmarking/README.md tables; the A100 rows ran 'PURE': composer-triton-pure) "
+    "builds MixedPrecision(param_dtype=<autocast dtype>, reduce_dtype=torch.float32) (composer/distributed/"
+    "mosaic_parallelism.py get_mixed_precision; composer/trainer/dist_strategy.py in 2023), and FSDP's "
+    "post-backward hook casts the unsharded gradient to reduce_dtype before the reduce-scatter "
+    "(torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
     ddp_bucket_copies="",  # FSDP: its own flat parameters, no DDP reducer
     fsdp_flat_grads="FSDP1 (torch 2.0-2.2) runs the module on views of the unsharded FlatParameter, "
     "tensor.split(flat_param._numels) then .view(shape) (FlatParamHandle._get_unflat_views, "
@@ -591,6 +592,21 @@ FRAMEWORKS["composer-triton"] = replace(
     attention_source="attn_impl 'triton' -> llmfoundry.models.layers.flash_attn_triton.flash_attn_func "
     "(llmfoundry/models/layers/attention.py triton_flash_attn_fn, llm-foundry commit 5e85bd6)",
     attention_unpad="",  # triton_flash_attn_fn hands the kernel the padded (b, s, h, d) tensors: views, no copies
+)
+
+# llm-foundry's A100 benchmark tables were run with submit_benchmarks.py's defaults ``--precisions bf16`` and
+# ``--fsdp_config_mixed_precision PURE`` (scripts/train/benchmarking/submit_benchmarks.py, llm-foundry commit
+# 300cc5c; every row of the README whose Precision is 'bf16' has MP Mode 'PURE'). Composer's 'PURE' builds
+# MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) (composer/trainer/mosaic_fsdp.py
+# get_mixed_precision, Composer v0.12-v0.16; 'bf16' is the deprecated name of 'amp_bf16', trainer.py v0.12.0),
+# so FSDP reduce-scatters the gradients in bf16, not fp32.
+FRAMEWORKS["composer-triton-pure"] = replace(
+    FRAMEWORKS["composer-triton"],
+    name="composer-triton-pure",
+    title="MosaicML Composer + PyTorch FSDP (llm-foundry), Triton attention, FSDP mixed_precision 'PURE' (bf16 "
+    "gradient reduce-scatters)",
+    row_names=(),
+    fsdp_reduce_fp32="",
 )
 
 # MaxText with weight_dtype: bfloat16 (a per-recipe setting, e.g. the Trillium Llama-3.1 70B v6e-32 recipe):

@@ -137,15 +137,17 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     a parameter a micro-batch, echosim.passes.data_parallel ``flat_grads``): 8.5%, -7.5%; the micro-batch-2 13b
     rows move most (16: -19.3% -> -10.2%), the A100 rows +0.9..+4.4 points (to -0.6..+3.8%, the 40 GB 70b-64
     row aside). compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 (Azure's cuBLASLt FP8 rows priced with their
-    harness's fast accumulation): every row 1.0-1.9 points slower, 7.9%, -6.0%."""
+    harness's fast accumulation): every row 1.0-1.9 points slower, 7.9%, -6.0%. The A100 tables ran FSDP
+    mixed_precision 'PURE' (framework composer-triton-pure): bf16 reduce-scatters, the 12 A100 rows 0.5-3.7 points
+    faster (70b-40gb-64 -22.9% -> -26.5%, 30b-40gb-32 +5.7% -> +3.1%), 7.9%, -6.5%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
     assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.079, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.060, abs=0.005)
-    # (last figure: with the heuristic fraction at 0.91)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.065, abs=0.005)
+    # (last figures: with the heuristic fraction at 0.91; the A100 row with an fp32 reduce-scatter)
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.021, abs=0.01)  # -11.4, -0.7, +0.5%
-    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.038, abs=0.01)  # -5.4, +0.8, +1.9%
+    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.031, abs=0.01)  # -5.4, +0.8, +1.9, +3.8%
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.090, abs=0.01)  # -29.9..-10.2%
     assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.157, abs=0.01)  # -20.5, -17.1%
     assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.166, abs=0.01)  # -22.3, -19.2, -17.7%
@@ -203,3 +205,40 @@ def test_mxfp8_runs_slower_than_per_tensor_fp8_on_blackwell_as_published() -> No
         predicted = rows[mx].predicted_step_time_s / rows[cs].predicted_step_time_s
         assert 1.02 < predicted < 1.05, (mx, predicted)
         assert predicted == pytest.approx(measured, abs=0.035), (mx, measured, predicted)
+
+
+def test_megatron_lm_llama_rows_overlap_tp_communication_as_nemos_performance_scripts() -> None:
+    """Megatron-LM's Llama FP8 table "follows ... NeMo Framework's performance scripts", which run TE userbuffers
+    for the 70B (tp 4) and 405B (tp 8) layouts on H100 (rows.SOURCE_FLAGS): +10.7 / +12.3% without the overlap,
+    beside the NeMo / Megatron-Bridge rows of the same layouts (+2.6..+7.0%); the tp 1 8B row is unmoved."""
+    result = validate_cases(CASES, {"source_id": "megatron_lm_llama_fp8"})
+    errors = {r.case_id: r.error for r in result.rows if r.error is not None}
+    assert len(errors) == 3
+    assert errors["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"] == pytest.approx(0.038, abs=0.01)
+    assert errors["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"] == pytest.approx(0.022, abs=0.01)
+    assert errors["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"] == pytest.approx(0.014, abs=0.01)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.025, abs=0.005)
+
+
+def test_megatron_bridge_rows_whose_table_misprints_the_layout_run_their_recipe() -> None:
+    """26.02.01's GB300 Llama3-70B MXFP8 / NVFP4 rows as printed (MBS 2, no VP; NVFP4 PP 1, FSDP 0) do not fit and
+    sat at +39.4% / -13.6%; with their r0.3.x presets' pp 4, vp 5, mbs 1 (rows.MEGATRON_BRIDGE_RECIPE_LAYOUT) they
+    sit beside their 26.04.01 twins (+10.3% / -1.5%)."""
+    result = validate_cases(CASES, {"source_id": "megatron_bridge_26.0*", "device": "gb300", "layers": "80"})
+    rows = {r.case_id: r for r in result.rows if r.error is not None}
+    assert rows["mbridge260201-llama3-70b-mxfp8-gb300-64"].error == pytest.approx(0.088, abs=0.01)
+    assert rows["mbridge260201-llama3-70b-nvfp4-gb300-64"].error == pytest.approx(-0.054, abs=0.01)
+    assert all(r.fits for r in rows.values())
+
+
+def test_dgxc_maxtext_rows_recompute_as_their_recipes_save_qkv_proj() -> None:
+    """DGX Cloud Benchmarking v25.04's MaxText Llama3 70B recipe runs remat_policy=save_qkv_proj: under base.yml's
+    full recompute the FP8 rows sat at +9.9..+14.9% and the BF16 rows at +0.7..+3.0%. With the recipe's policy the
+    FP8 rows move to +2.3..+7.0%, the BF16 ones to -5.1..-7.1%: the published bf16 -> fp8 speed-up (1.72) is
+    still predicted 1.51."""
+    result = validate_cases(CASES, {"source_id": "dgxc_benchmarking_v25.04", "framework": "MaxText*"})
+    errors = {r.case_id: r.error for r in result.rows if r.error is not None}
+    assert len(errors) == 10
+    assert errors["dgxc2504-llama-3-70b-fp8-h100-sxm-128"] == pytest.approx(0.070, abs=0.01)
+    assert errors["dgxc2504-llama-3-70b-bf16-h100-sxm-128"] == pytest.approx(-0.058, abs=0.01)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.052, abs=0.005)

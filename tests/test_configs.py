@@ -212,6 +212,14 @@ def test_maxtext_quantization_int8_runs_integer_gemms() -> None:
         from_config(f"maxtext:{MT}/base.yml,{MT}/models/gpt3-175b.yml,quantization=int4w", "--devices 512")
 
 
+def test_maxtext_remat_policies_echosim_names_keep_their_tensors() -> None:
+    """A named MaxText policy is the policy (echosim.passes.recompute.POLICIES), not Megatron's selective."""
+    for policy in ("save_qkv_proj", "save_dot_except_mlp", "minimal"):
+        got = from_config(f"maxtext:{MT}/base.yml,{MT}/models/gpt3-175b.yml,remat_policy={policy}",
+                          "--devices 512 --backend tpu-v5p")  # fmt: skip
+        assert got[1].recompute == policy
+
+
 def test_maxtext_weight_dtype_bfloat16_selects_16_bit_state() -> None:
     fp32 = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml", "--devices 256 --backend tpu-v5p")
     bf16 = from_config(f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml,weight_dtype=bfloat16",

@@ -30,6 +30,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan-2025-compile",
         "composer",
         "composer-triton",
+        "composer-triton-pure",
         "deepspeed-2021",
     }
     for fw in FRAMEWORKS.values():
@@ -96,14 +97,17 @@ def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
 
 
 def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
-    with pytest.raises(FrameworkError, match=r"'keras' \(known: composer, composer-triton, deepspeed"):
+    with pytest.raises(
+        FrameworkError, match=r"'keras' \(known: composer, composer-triton, composer-triton-pure, deepspeed"
+    ):
         get_framework("keras")
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--framework", "keras"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert (
         len(lines) == 1
-        and "known: composer, composer-triton, deepspeed, deepspeed-2021, eager, maxtext, maxtext-bf16-weights, "
+        and "known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, maxtext, "
+        "maxtext-bf16-weights, "
         "megatron, megatron-2022, nemo, torchtitan"
         in lines[0]
     )

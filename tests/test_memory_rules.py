@@ -103,7 +103,7 @@ def test_unknown_policy_and_framework_are_one_line_naming_the_known_ones():
     [
         (
             ["--framework", "jax"],
-            "unknown framework 'jax' (known: composer, composer-triton, deepspeed, deepspeed-2021",
+            "unknown framework 'jax' (known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-",
         ),
         (["--recompute", "smart"], "unknown recompute policy 'smart' (known: none, selective, full"),
     ],
@@ -358,8 +358,15 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     cases = {c.case_id: c for c in read_cases(SHARED_CASES)}
     plan, _ = row_plan(cases["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"])
     assert plan.zero == 1 and plan.sp  # train_llama3_8b_h100_fp8.sh: distributed optimizer, sequence parallel
+    assert plan.tp_overlap  # "follows ... NeMo Framework's performance scripts": TE userbuffers on H100
+    assert row_plan(cases["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"])[0].tp_overlap
     plan, _ = row_plan(cases["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"])
-    assert plan.zero == 1 and not plan.sp  # tp 1: no sequence parallelism
+    assert plan.zero == 1 and not plan.sp and not plan.tp_overlap  # tp 1: no sequence parallelism, no TP overlap
+    # DGX Cloud Benchmarking v25.04's MaxText recipe: remat_policy=save_qkv_proj (maxtext/configure.sh, 741c886)
+    dgxc = [c for c in cases.values() if c["source_id"] == "dgxc_benchmarking_v25.04"]
+    maxtext = [c for c in dgxc if "MaxText" in c["framework"]]
+    assert len(maxtext) == 10 and {row_plan(c)[0].recompute for c in maxtext} == {"save_qkv_proj"}
+    assert row_plan(cases["dgxc2504-llama-3p1-70b-bf16-h100-sxm-64"])[0].recompute != "save_qkv_proj"  # NeMo
     assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb200-64"]) == 40
     assert offload_layers(cases["mbridge2511-llama3-70b-fp8-gb300-64"]) == 20
     assert offload_layers(cases["mbridge2509-llama3-70b-gb200-64"]) == 40  # no precision: the one mbs-2 recipe

@@ -53,7 +53,8 @@ FRAMEWORK_HELP = (
     "megatron, megatron-2022 (before FlashAttention), nemo, torchtitan, torchtitan-compile, torchtitan-2025, "
     "torchtitan-2025-compile, maxtext, maxtext-bf16-weights (weight_dtype: bfloat16), deepspeed, "
     "deepspeed-2021 (ZeRO-3 as DeepSpeed 0.3.14 ran it), composer, composer-triton (llm-foundry's Triton "
-    "attention) or eager (plain PyTorch, the default)."
+    "attention), composer-triton-pure (the same with FSDP mixed_precision 'PURE') or eager (plain PyTorch, the "
+    "default)."
 )
 framework_option = click.option("--framework", help=FRAMEWORK_HELP)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, model_or_zoo, read_text
 from echosim.frontend.zoo import ArchConfig
+from echosim.passes.recompute import POLICIES
 
 BASE = "MaxText src/maxtext/configs/base.yml, commit e591f30"
 
@@ -250,6 +251,8 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
     remat = str(config.get("remat_policy"))
     if remat == "full":
         opts["recompute"] = "full"
+    elif remat in POLICIES:  # a MaxText policy echosim names: the tensors it saves (echosim.passes.recompute)
+        opts["recompute"] = remat
     elif remat == "minimal" or remat.startswith("save_") or remat == "minimal_with_context":
         opts["recompute"] = "selective"
         out.notes.append(f"remat_policy {remat!r}: costed as selective (the attention core recomputed)")

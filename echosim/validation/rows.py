@@ -367,8 +367,16 @@ def row_framework(c: Case) -> str:
     if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
         return "deepspeed-2021"
     if name == "composer" and c["source_id"] == "llm_foundry_bench" and llm_foundry_attn_impl(c) == "triton":
-        return "composer-triton"
+        return "composer-triton-pure" if llm_foundry_pure(c) else "composer-triton"
     return name
+
+
+def llm_foundry_pure(c: Case) -> bool:
+    """Whether an llm-foundry benchmark row ran FSDP mixed_precision 'PURE': the README pairs Precision 'bf16'
+    (the row's notes, "Precision mode 'bf16'") with MP Mode 'PURE' in every row, 'amp_bf16' / 'amp_fp8' with
+    'DEFAULT' (scripts/train/benchmarking/README.md, llm-foundry commit 4952183; submit_benchmarks.py's defaults
+    at 300cc5c: ``--precisions bf16``, ``--fsdp_config_mixed_precision PURE``)."""
+    return "Precision mode 'bf16'" in c["notes"]
 
 
 #: The ``--attn_impl`` llm-foundry's large-scale sweep passes per model (scripts/train/benchmarking/sweep.py,
@@ -400,16 +408,26 @@ def loss_chunks(c: Case) -> int:
     return next((n for d, n in TRILLIUM_VOCAB_TILING.items() if f"/{d}/" in c["source_url"]), 1)
 
 
+#: The ``remat_policy`` of the MaxText launch script a source ran, by ``source_id``, for its rows whose notes name
+#: none. DGX Cloud Benchmarking v25.04's MaxText Llama3 70B recipe passes ``remat_policy=${POLICY}`` with
+#: ``POLICY="save_qkv_proj"`` for BF16 and FP8 alike (maxtext/configure.sh, NVIDIA/dgxc-benchmarking commit
+#: 741c886; also v25.02 and v25.02.01), where MaxText's base.yml default is ``full``.
+SOURCE_REMAT_POLICY = {"dgxc_benchmarking_v25.04": "save_qkv_proj"}
+
+
 def remat_policy(c: Case) -> str:
-    """The MaxText remat policy a row's notes name (``remat_policy=NAME``), '' when none.
+    """The MaxText remat policy a row's notes name (``remat_policy=NAME``), else its source's launch script's
+    (:data:`SOURCE_REMAT_POLICY`); '' when neither.
 
     ``custom (offload decoder_layer_input, q/k/v proj)`` lists the tensors the run offloads; a
     bare ``custom`` takes the per-tensor choices of the recipe config the notes name
     (:data:`TRILLIUM_CUSTOM`), else MaxText's defaults (:mod:`echosim.passes.recompute`).
     """
     m = _REMAT.search(c["notes"])
-    if not m or not is_maxtext(c):
+    if not is_maxtext(c):
         return ""
+    if not m:
+        return SOURCE_REMAT_POLICY.get(c["source_id"], "")
     name, detail = m.group(1), (m.group(2) or "").strip()
     if name == "custom" and not detail.startswith("offload "):
         config = _CONFIG.search(c["notes"])
@@ -426,7 +444,12 @@ def remat_policy(c: Case) -> str:
 #: Launch flags of the script a source says it ran, for the Plan settings its table leaves out (by
 #: ``source_id``). Megatron-LM's Llama-3 FP8 table (examples/llama/README.md) is produced by
 #: examples/llama/train_llama3_8b_h100_fp8.sh, which passes --use-distributed-optimizer and
-#: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1.
+#: --sequence-parallel (Megatron-LM commit d98e8a6); Megatron turns sequence parallelism off at tp 1. Its 70B and
+#: 405B rows name no script of their own: "This configuration follows those defined in NeMo Framework's performance
+#: scripts" (the README, d98e8a6), and those overlap TP communication with the GEMMs on H100 (NeMo
+#: scripts/performance/llm/pretrain_llama3_70b.py and pretrain_llama31_405b.py at ab020f6, 2025-06-12, the README's
+#: month: userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192 / _h16384_tp8_cp2_mbs1_seqlen8192 into
+#: MegatronCommOverlapCallback, "Required for performance"); it only applies where tp > 1.
 #: DeepSeek-V3's own run (deepseek_v3_2024) dispatches the DeepEP way: "each token ... is first
 #: transmitted via IB to the GPUs with the same in-node index on its target nodes ... forwarded via
 #: NVLink" (arXiv:2412.19437 sec. 3.2.2; its node-limited routing, at most 4 nodes, is not modelled).
@@ -436,7 +459,7 @@ def remat_policy(c: Case) -> str:
 #: as "FP8-CS (FP8-MX)" at the same throughput (LLAMA3_8B on 8 GB200: 31357 (29925) tokens/s/GPU in
 #: 25.09, 31508 (29789) in 25.11). docs/performance-summary-archive.md, Megatron-Bridge commit 067f987.
 SOURCE_FLAGS: dict[str, dict[str, Any]] = {
-    "megatron_lm_llama_fp8": {"zero": 1, "sp": True},
+    "megatron_lm_llama_fp8": {"zero": 1, "sp": True, "tp_overlap": True},
     "megatron_bridge_25.09": {"dtype": "fp8"},
     "deepseek_v3_2024": {"moe_dispatcher": "deepep"},
 }
@@ -722,12 +745,44 @@ def recipe_micro_batch(c: Case) -> int | None:
     )
 
 
+#: The layout of the Megatron-Bridge recipe behind a published row whose table prints another one, by
+#: (source_id, layers, hidden, device, dtype, (tp, pp, vpp, micro-batch) as printed): only where every branch of
+#: the release's code has one recipe for that system, GPU count, precision and global batch, and the printed
+#: layout is not one the recipe can run.
+#: 26.02.01 DGX-GB300 LLAMA3_70B (docs/performance-summary-archive.md, added by commit e40d000 "patch container
+#: numbers") prints MXFP8 as MBS 2, PP 4, VP n/a and NVFP4 as MBS 2, TP 1, PP 1, FSDP 0 (a whole 70B model
+#: replicated on every GPU). NeMo 26.02.01 runs Megatron-Bridge r0.3.x, whose presets (tags v0.3.0, v0.3.1 and
+#: branches r0.3.0, llmb-r0.3.1: scripts/performance/configs/llama/llama3_workload_base_configs.py
+#: LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_MX_V2 and _NVFP4_V2 on BASE_LLAMA3_70B_CONFIG_GBS256) are both
+#: ``pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=5`` with WorkloadBaseConfig's
+#: ``micro_batch_size=1`` and tp 1: the layout the 26.02 and 26.04.01 tables print for the same runs.
+MEGATRON_BRIDGE_RECIPE_LAYOUT: dict[tuple[str, int, int, str, str, tuple[int, ...]], dict[str, int]] = {
+    ("megatron_bridge_26.02.01", 80, 8192, "gb300", "mxfp8", (1, 4, 1, 2)): {"pp": 4, "vpp": 5, "micro_batch": 1},
+    ("megatron_bridge_26.02.01", 80, 8192, "gb300", "nvfp4", (1, 1, 1, 2)): {"pp": 4, "vpp": 5, "micro_batch": 1},
+}
+
+
+def recipe_layout(c: Case) -> dict[str, int]:
+    """pp, vpp, micro-batch and the data-parallel size of the recipe behind a Megatron-Bridge row whose table
+    prints another layout (:data:`MEGATRON_BRIDGE_RECIPE_LAYOUT`); empty when the printed layout stands."""
+    if not c["source_id"].startswith("megatron_bridge"):
+        return {}
+    printed = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "micro_batch"))
+    key = (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], c["dtype"], printed)
+    found = MEGATRON_BRIDGE_RECIPE_LAYOUT.get(key)
+    if not found:
+        return {}
+    tp, cp, devices = c.int("tp", 1) or 1, c.int("cp", 1) or 1, c.int("devices") or 0
+    return {**found, "dp": devices // (tp * found["pp"] * cp)}
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
-    """The source's script flags for the settings the row leaves blank (sp only where tp > 1)."""
+    """The source's script flags for the settings the row leaves blank (sp and tp_overlap only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
     flags.update(SOURCE_MODEL_FLAGS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0), {}))
     if (c.int("tp", 1) or 1) <= 1:
         flags.pop("sp", None)
+        flags.pop("tp_overlap", None)
     return {k: v for k, v in flags.items() if not c[k].strip()}
 
 
@@ -737,7 +792,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
     flags = _source_flags(c)
-    vpp = flags.get("vpp") or c.int("vpp") or torchtitan_vpp(c) or 1
+    recipe = recipe_layout(c)
+    vpp = flags.get("vpp") or recipe.get("vpp") or c.int("vpp") or torchtitan_vpp(c) or 1
     stated = {
         "tp": c.int("tp") or None,
         "pp": c.int("pp") or None,
@@ -757,6 +813,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "framework": row_framework(c),
     }
     stated.update(flags)
+    stated.update(recipe)
     stated.update(maxtext_script_layout(c))
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
