@@ -451,3 +451,52 @@ def test_published_table_rows_name_their_run_settings() -> None:
             assert "NOT COMPARABLE" in row["note"]
         if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
             assert row["conv_layout"] == ("nhwc" if row["dtype"] == "fp16" else "nchw")
+
+
+def _nonllm_accuracy():  # the benchmark script, loaded as a module
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "nonllm_accuracy.py"
+    spec = importlib.util.spec_from_file_location("nonllm_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_tokens_per_second_row_counts_source_and_decoder_tokens() -> None:
+    bench = _nonllm_accuracy()
+    row = {"unit": "tokens/s", "model": "gnmt", "seq_len": "50"}
+    assert bench.units_per_sample(row) == 100  # DeepLearningExamples' trainer: src_length + (tgt_length - 1)
+    assert bench.units_per_sample({**row, "unit": "images/s", "model": "vit-b16-pretrain"}) == 1
+    with pytest.raises(ValueError, match="tokens per sample"):
+        bench.units_per_sample({**row, "model": "lstm-lm"})
+    assert bench.mape_per_family({"a": [0.1, 0.3], "b": []}) == {"a": pytest.approx(0.2)}
+
+
+@pytest.mark.slow
+def test_vit_and_gnmt_rows_keep_their_measured_errors() -> None:
+    """The errors the closing note reports (docs/beyond-transformers.md), pinned so a cost change shows."""
+    import csv
+    from pathlib import Path
+
+    bench = _nonllm_accuracy()
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonllm_throughput.csv"
+    with open(path, encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["model"] in ("vit-b16-pretrain", "gnmt") and r["gpus"] != "4"]
+    errors = {
+        (r["backend"], r["gpus"], r["dtype"]): bench.predict(r)[0] / float(r["published_samples_per_s"]) - 1
+        for r in rows
+    }
+    assert errors == pytest.approx(
+        {
+            ("a100-80gb", "8", "bf16"): 0.479,
+            ("h100-sxm", "8", "bf16"): 1.022,
+            ("a100-40gb", "1", "fp32"): 0.637,
+            ("a100-40gb", "1", "fp16"): 0.652,
+            ("a100-40gb", "8", "fp32"): 0.869,
+            ("a100-40gb", "8", "fp16"): 0.870,
+        },
+        abs=0.002,
+    )
