@@ -358,14 +358,15 @@ GNMT_HIDDEN, GNMT_LAYERS, GNMT_VOCAB, GNMT_DROPOUT, GNMT_MAX_LENGTH = 1024, 4, 3
 
 def gnmt_module(
     hidden: int = GNMT_HIDDEN, layers: int = GNMT_LAYERS, vocab: int = GNMT_VOCAB, dropout: float = GNMT_DROPOUT,
-    steps: int = GNMT_MAX_LENGTH,
+    steps: int = GNMT_MAX_LENGTH, smoothing: float = 0.1,
 ) -> nn.Module:  # fmt: skip
     """GNMT v2 as DeepLearningExamples trains it (seq2seq/models/{encoder,decoder,attention,gnmt}.py), time-major
     (``batch_first=False``), one embedding shared by encoder and decoder. Encoder: a bidirectional LSTM, an
     LSTM of 2h -> h, then ``layers - 2`` LSTMs with residual connections, dropout on every LSTM's input.
     Decoder: an LSTM whose outputs query normalized Bahdanau attention over the encoder's outputs
     (``v . tanh(W_q q + W_k k + b)`` over every (query, key) pair, softmax, context = scores @ keys), then
-    ``layers - 1`` LSTMs of (x, context) -> h, residual from the second on, and the classifier over the vocabulary.
+    ``layers - 1`` LSTMs of (x, context) -> h, residual from the second on, and the classifier over the vocabulary;
+    it returns the trainer's loss, label smoothing over fp32 log-probabilities (seq2seq/train/smoothing.py).
     The source and the decoder input both hold ``seq`` tokens (the encoder reads the source with
     ``pack_padded_sequence``; here every sentence has the full length, so no padding is skipped)."""
     import torch
@@ -403,7 +404,7 @@ def gnmt_module(
             self.dec = nn.ModuleList(nn.LSTM(2 * hidden, hidden) for _ in range(layers - 1))
             self.classifier = nn.Linear(hidden, vocab)
 
-        def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        def forward(self, src: torch.Tensor, tgt: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             drop = partial(F.dropout, p=dropout, training=self.training)
             x = self.enc[1](drop(self.enc[0](drop(self.embedder(src)))[0]))[0]
             for lstm in self.enc[2:]:
@@ -414,7 +415,11 @@ def gnmt_module(
             y = self.dec[0](drop(torch.cat((y, attn), dim=2)))[0]
             for lstm in self.dec[1:]:
                 y = y + lstm(drop(torch.cat((y, attn), dim=2)))[0]
-            return self.classifier(y)
+            # seq2seq/train/smoothing.py LabelSmoothing (smoothing 0.1): log-probabilities in fp32, the label's
+            # and the mean over the vocabulary (no padding to mask: every pair has the full length)
+            logprobs = F.log_softmax(self.classifier(y), dim=-1, dtype=torch.float32)
+            nll = -logprobs.gather(dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
+            return ((1.0 - smoothing) * nll - smoothing * logprobs.mean(dim=-1)).sum()
 
     net = GNMT()
     net.seq_len = steps  # type: ignore[assignment]
@@ -502,7 +507,7 @@ TORCH_ZOO: dict[str, TorchZooModel] = {
         TorchZooModel(
             "gnmt",
             gnmt_module,
-            ((("seq", "batch"), "int64"), (("seq", "batch"), "int64")),
+            ((("seq", "batch"), "int64"), (("seq", "batch"), "int64"), (("seq", "batch"), "int64")),
             f"GNMT v2 (DeepLearningExamples): 4+4 LSTM layers of 1024, Bahdanau attention, {gnmt_params() / 1e6:.0f}M "
             "params; a sample is one sentence pair of --seq-len source and --seq-len target tokens",
             "sentence pairs",
