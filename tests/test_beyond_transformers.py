@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import replace
 from functools import partial
 
@@ -24,6 +25,8 @@ from echosim.frontend.zoo_torch import (
     dlrm_module,
     dlrm_params,
     encoder_forward_flops,
+    gnmt_module,
+    gnmt_params,
     lstm_lm_module,
     lstm_lm_params,
     resnet50_forward_flops,
@@ -48,6 +51,9 @@ def test_parameter_counts_match_the_published_ones() -> None:
     heads = 1024 * 1024 + 1024 + 2 * 1024 + 30522 + 1024 * 2 + 2
     assert _params("bert-large") == 335_141_888 + heads
     assert _params("lstm-lm") == lstm_lm_params() == 66_034_000
+    # the pre-training form adds the 768 -> 768 tanh pre-logits layer (Rosetta REP_SIZE 768)
+    assert _params("vit-b16-pretrain") == 86_567_656 + 768 * 768 + 768
+    assert _params("gnmt") == gnmt_params() == 160_671_297  # DeepLearningExamples' GNMT v2 (~160M)
     tables, dense = dlrm_params()
     assert _params("dlrm-dcnv2") == tables + dense
     assert tables == 204_184_588 * 128  # the 26 MLPerf tables: 204.2M rows of 128
@@ -209,6 +215,36 @@ def test_an_lstm_weight_gradient_is_one_gemm_over_all_time_steps() -> None:
     for node in merged:
         layer = node.name.removesuffix(".steps.h.wgrad")
         assert all(nx.has_path(dag, n.id, node.id) for n in per_step if n.name.startswith(layer + ".step"))
+
+
+def test_a_bidirectional_lstm_runs_both_directions_and_additive_attention_stays_op_by_op() -> None:
+    """GNMT's first encoder layer: two recurrences over one input (cuDNN's bidirectional mode), outputs
+    concatenated; its Bahdanau attention (v . tanh(W_q q + W_k k)) is not a Q K^T attention."""
+    hidden, vocab, steps, batch = 32, 64, 5, 4
+    model = TorchZooModel(
+        "gnmt-test", partial(gnmt_module, hidden, 4, vocab, 0.2, steps), TORCH_ZOO["gnmt"].inputs, "", "pairs"
+    )
+    g, notes, params = model.capture(CaptureSpec(micro_batch=batch, seq_len=steps, dtype="bf16"))
+    assert params == gnmt_params(hidden, 4, vocab)
+    step = MatmulAttrs(m=batch, n=4 * hidden, k=hidden)
+    fwd = [n for n in g if n.phase is Phase.FORWARD and isinstance(n.attrs, MatmulAttrs)]
+    rec = [n for n in fwd if n.attrs == step and ".step" in n.name]
+    layers = {n.name.split(".step")[0] for n in rec}
+    assert len(layers) == 2 + 3 + 1 + 3  # encoder: two directions, three more; decoder: four LSTMs
+    assert sum(name.endswith(".rev") for name in layers) == 1
+    dag = g.dag
+    for layer in layers:  # each direction is its own chain of steps
+        chain = [n for n in rec if n.name.split(".step")[0] == layer]
+        assert len(chain) >= steps - 1
+        assert all(nx.has_path(dag, a.id, b.id) for a, b in itertools.pairwise(chain))
+    # the layer after the bidirectional one reads both directions: 2h input features
+    assert [n for n in fwd if n.name.endswith("input_proj") and n.attrs.k == 2 * hidden]
+    assert not [n for n in g if n.op is OpKind.ATTENTION]
+    assert [n for n in fwd if n.attrs.n == 1 and n.attrs.k == hidden]  # the scores: (b, tq, tk, n) @ v
+    assert not any("attention pattern" in note for note in notes)
+    # the trainer's label-smoothing loss is the model's output: no cross-entropy added
+    assert not [n for n in g if n.op is OpKind.CROSS_ENTROPY] and g[g.outputs[0]].out.numel == 1
+    assert [n for n in g if n.op is OpKind.SOFTMAX and n.out.shape == (steps, batch, vocab)]
 
 
 # ---- embedding sharding: bytes and memory against closed forms -----------------------------------
@@ -404,7 +440,12 @@ def test_published_table_rows_name_their_run_settings() -> None:
     with open(path, encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert rows
+    # every family of the non-LLM zoo has published rows; a source is pinned to a commit
+    assert {row["family"] for row in rows} == {"resnet50", "vit", "bert", "dlrm", "recurrent"}
+    assert {row["model"] for row in rows} <= set(TORCH_ZOO)
     for row in rows:
+        assert re.search(r"github\.com/[^/]+/[^/]+/blob/[0-9a-f]{40}/", row["source"]), row["source"]
+        assert row["unit"] in ("images/s", "sequences/s", "queries/s", "tokens/s")
         assert row["conv_layout"] in ("", "nhwc", "nchw")
         assert row["attention"] in ("", "flash", "math")
         assert row["comparable"] in ("yes", "no")
@@ -413,3 +454,52 @@ def test_published_table_rows_name_their_run_settings() -> None:
             assert "NOT COMPARABLE" in row["note"]
         if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
             assert row["conv_layout"] == ("nhwc" if row["dtype"] == "fp16" else "nchw")
+
+
+def _nonllm_accuracy():  # the benchmark script, loaded as a module
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "nonllm_accuracy.py"
+    spec = importlib.util.spec_from_file_location("nonllm_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_tokens_per_second_row_counts_source_and_decoder_tokens() -> None:
+    bench = _nonllm_accuracy()
+    row = {"unit": "tokens/s", "model": "gnmt", "seq_len": "50"}
+    assert bench.units_per_sample(row) == 100  # DeepLearningExamples' trainer: src_length + (tgt_length - 1)
+    assert bench.units_per_sample({**row, "unit": "images/s", "model": "vit-b16-pretrain"}) == 1
+    with pytest.raises(ValueError, match="tokens per sample"):
+        bench.units_per_sample({**row, "model": "lstm-lm"})
+    assert bench.mape_per_family({"a": [0.1, 0.3], "b": []}) == {"a": pytest.approx(0.2)}
+
+
+@pytest.mark.slow
+def test_vit_and_gnmt_rows_keep_their_measured_errors() -> None:
+    """The errors the closing note reports (docs/beyond-transformers.md), pinned so a cost change shows."""
+    import csv
+    from pathlib import Path
+
+    bench = _nonllm_accuracy()
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonllm_throughput.csv"
+    with open(path, encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["model"] in ("vit-b16-pretrain", "gnmt") and r["gpus"] != "4"]
+    errors = {
+        (r["backend"], r["gpus"], r["dtype"]): bench.predict(r)[0] / float(r["published_samples_per_s"]) - 1
+        for r in rows
+    }
+    assert errors == pytest.approx(
+        {
+            ("a100-80gb", "8", "bf16"): 0.479,
+            ("h100-sxm", "8", "bf16"): 1.022,
+            ("a100-40gb", "1", "fp32"): 0.531,
+            ("a100-40gb", "1", "fp16"): 0.559,
+            ("a100-40gb", "8", "fp32"): 0.760,
+            ("a100-40gb", "8", "fp16"): 0.781,
+        },
+        abs=0.002,
+    )

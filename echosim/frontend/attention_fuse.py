@@ -13,7 +13,8 @@ The pattern, read from the second matmul back:
   and views, each read only by the next;
 * the softmax reads ``M1 = matmul(Q, K^T)`` through scale, mask and cast ops
   whose other operands are constants (they depend on no model input);
-* ``Q`` and ``K^T`` may each carry a constant scale, which is absorbed.
+* ``Q`` and ``K^T`` may each carry a constant scale, which is absorbed; both are matrices (additive
+  attention, ``v . tanh(W_q q + W_k k)``, ends its scores with a product by a vector and stays op by op).
 
 A constant operand shaped like the score matrix is a mask: the attention is taken
 to be causal (a fixed mask in a language model is the causal one).
@@ -77,6 +78,8 @@ def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int],
         return None
     if any(graph[i].op is OpKind.PARAMETER for i in m1.inputs):
         return None
+    if any(len(graph[i].out.shape) < 2 for i in m1.inputs):  # a product with a vector: additive (Bahdanau)
+        return None  # attention's v . tanh(W_q q + W_k k), whose scores are no Q K^T
     covered.append(m1.id)
     operands = []
     for i in m1.inputs:  # a constant scale on Q or K^T (scaled before the product) is absorbed

@@ -17,11 +17,18 @@ model (torch.export; echosim adds the loss to the logits they return):
   in the 3x3 convolution), 224x224 images, 1,000 classes: 25,557,032 parameters.
 * ``vit-b16``: Dosovitskiy et al. 2020 (arXiv:2010.11929, Table 1): 12 layers, hidden 768, MLP
   3072, 12 heads, 16x16 patches of 224x224 images, class token: 86,567,656 parameters.
+  ``vit-b16-pretrain`` is its pre-training form (sec. 3.1, Table 3): a hidden tanh layer of 768 before
+  the classifier and dropout 0.1, as NVIDIA JAX-Toolbox's Rosetta ViT pre-trains it (configs/base.gin,
+  ``REP_SIZE=768``, ``hidden_dropout_prob`` 0.1, ``attention_probs_dropout_prob`` 0.0).
 * ``bert-large``: Devlin et al. 2018 (arXiv:1810.04805): 24 layers, hidden 1024, 16 heads,
   vocabulary 30,522, 512 positions; with the pre-training heads (masked LM tied to the word
   embeddings, next sentence): 336,226,108 parameters (335,141,888 without the heads, HF's
   ``bert-large-uncased`` BertModel). Sequence 512 (phase 2 of NVIDIA's recipe); the masked LM
   predicts the masked positions only, as NVIDIA DeepLearningExamples' BERT does.
+* ``gnmt``: GNMT v2 as NVIDIA DeepLearningExamples trains it (PyTorch/Translation/GNMT, an LSTM
+  encoder-decoder after Wu et al. 2016, arXiv:1609.08144): 4 encoder layers (the first bidirectional) and 4
+  decoder layers of 1,024, normalized Bahdanau attention fed by the first decoder layer, shared embedding,
+  vocabulary 32,320, dropout 0.2: 160,671,297 parameters.
 * ``lstm-lm``: Zaremba et al. 2014 (arXiv:1409.2329), the large PTB model: two LSTM layers of
   1,500 units, vocabulary 10,000, 35 unrolled steps: 66,034,000 parameters.
 """
@@ -176,10 +183,16 @@ def resnet50_module(classes: int = 1000) -> nn.Module:
     return ResNet50()
 
 
-def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: float = 0.0) -> nn.Module:
+def _encoder_layer(
+    hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: float = 0.0, attn_dropout: float | None = None,
+    mlp_inner_dropout: bool = False,
+) -> nn.Module:  # fmt: skip
     """One transformer encoder layer (bidirectional attention): pre-LN (ViT) or post-LN (BERT), with
-    ``dropout`` on the attention probabilities and on the attention and MLP outputs (BERT's
-    ``attention_probs_dropout_prob`` and ``hidden_dropout_prob``) when it is not 0."""
+    ``dropout`` on the attention and MLP outputs (``hidden_dropout_prob``) and ``attn_dropout`` (default:
+    ``dropout``) on the attention probabilities (``attention_probs_dropout_prob``) when not 0;
+    ``mlp_inner_dropout`` also drops the MLP's activation (Google's ViT ``MlpBlock``: dropout after the GELU
+    and after the second dense layer)."""
+    p_attn = dropout if attn_dropout is None else attn_dropout
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -195,12 +208,15 @@ def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: f
         def attn(self, x: torch.Tensor) -> torch.Tensor:
             b, s, _ = x.shape
             q, k, v = self.qkv(x).view(b, s, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout if self.training else 0.0)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_attn if self.training else 0.0)
             out = self.proj(out.transpose(1, 2).reshape(b, s, hidden))
             return F.dropout(out, dropout, self.training) if dropout else out
 
         def mlp(self, x: torch.Tensor) -> torch.Tensor:
-            out = self.fc2(F.gelu(self.fc1(x)))
+            inner = F.gelu(self.fc1(x))
+            if mlp_inner_dropout and dropout:
+                inner = F.dropout(inner, dropout, self.training)
+            out = self.fc2(inner)
             return F.dropout(out, dropout, self.training) if dropout else out
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,9 +231,14 @@ def _encoder_layer(hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: f
 
 def vit_module(
     layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, patch: int = 16, image: int = 224,
-    classes: int = 1000,
+    classes: int = 1000, dropout: float = 0.0, representation: int = 0,
 ) -> nn.Module:  # fmt: skip
+    """ViT; ``dropout`` and ``representation`` give the pre-training form of Dosovitskiy et al. (arXiv:2010.11929,
+    sec. 3.1 and Table 3: a head with one hidden tanh layer, dropout 0.1 for ImageNet): dropout after the
+    position embeddings, on each layer's attention output and after both MLP layers, none on the attention
+    probabilities (google-research/vision_transformer ``attention_dropout_rate`` 0.0)."""
     import torch
+    import torch.nn.functional as F
     from torch import nn
 
     tokens = (image // patch) ** 2 + 1
@@ -228,16 +249,25 @@ def vit_module(
             self.patch = nn.Conv2d(3, hidden, patch, patch)
             self.cls = nn.Parameter(torch.zeros(1, 1, hidden))
             self.pos = nn.Parameter(torch.zeros(1, tokens, hidden))
-            self.layers = nn.ModuleList(_encoder_layer(hidden, heads, ffn, pre_norm=True) for _ in range(layers))
+            self.layers = nn.ModuleList(
+                _encoder_layer(hidden, heads, ffn, True, dropout, attn_dropout=0.0, mlp_inner_dropout=True)
+                for _ in range(layers)
+            )
             self.norm = nn.LayerNorm(hidden)
-            self.head = nn.Linear(hidden, classes)
+            self.pre_logits = nn.Linear(hidden, representation) if representation else None
+            self.head = nn.Linear(representation or hidden, classes)
 
         def forward(self, images: torch.Tensor) -> torch.Tensor:
             x = self.patch(images).flatten(2).transpose(1, 2)
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+            if dropout:
+                x = F.dropout(x, dropout, self.training)
             for layer in self.layers:
                 x = layer(x)
-            return self.head(self.norm(x[:, 0]))
+            x = self.norm(x[:, 0])
+            if self.pre_logits is not None:
+                x = torch.tanh(self.pre_logits(x))
+            return self.head(x)
 
     return ViT()
 
@@ -321,6 +351,93 @@ def lstm_lm_params(layers: int = 2, hidden: int = 1500, vocab: int = 10000) -> i
     return vocab * hidden + layers * 4 * (2 * hidden * hidden + 2 * hidden) + hidden * vocab + vocab
 
 
+# NVIDIA DeepLearningExamples PyTorch/Translation/GNMT (commit 729963d) train.py defaults: --hidden-size 1024,
+# --num-layers 4, --dropout 0.2, --train-max-length 50; --synthetic-vocab 32320 (the BPE-32000 vocabulary padded)
+GNMT_HIDDEN, GNMT_LAYERS, GNMT_VOCAB, GNMT_DROPOUT, GNMT_MAX_LENGTH = 1024, 4, 32320, 0.2, 50
+
+
+def gnmt_module(
+    hidden: int = GNMT_HIDDEN, layers: int = GNMT_LAYERS, vocab: int = GNMT_VOCAB, dropout: float = GNMT_DROPOUT,
+    steps: int = GNMT_MAX_LENGTH, smoothing: float = 0.1,
+) -> nn.Module:  # fmt: skip
+    """GNMT v2 as DeepLearningExamples trains it (seq2seq/models/{encoder,decoder,attention,gnmt}.py), time-major
+    (``batch_first=False``), one embedding shared by encoder and decoder. Encoder: a bidirectional LSTM, an
+    LSTM of 2h -> h, then ``layers - 2`` LSTMs with residual connections, dropout on every LSTM's input.
+    Decoder: an LSTM whose outputs query normalized Bahdanau attention over the encoder's outputs
+    (``v . tanh(W_q q + W_k k + b)`` over every (query, key) pair, softmax, context = scores @ keys), then
+    ``layers - 1`` LSTMs of (x, context) -> h, residual from the second on, and the classifier over the vocabulary;
+    it returns the trainer's loss, label smoothing over fp32 log-probabilities (seq2seq/train/smoothing.py).
+    The source and the decoder input both hold ``seq`` tokens (the encoder reads the source with
+    ``pack_padded_sequence``; here every sentence has the full length, so no padding is skipped)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear_q = nn.Linear(hidden, hidden, bias=False)
+            self.linear_k = nn.Linear(hidden, hidden, bias=False)
+            self.linear_att = nn.Parameter(torch.zeros(hidden))
+            self.normalize_scalar = nn.Parameter(torch.zeros(1))
+            self.normalize_bias = nn.Parameter(torch.zeros(hidden))
+
+        def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+            q, k = self.linear_q(query.transpose(0, 1)), self.linear_k(keys.transpose(0, 1))  # (b, t, n)
+            b, t_k, n = k.shape
+            t_q = q.shape[1]
+            sum_qk = q.unsqueeze(2).expand(b, t_q, t_k, n) + k.unsqueeze(1).expand(b, t_q, t_k, n)
+            v = self.linear_att / self.linear_att.norm() * self.normalize_scalar
+            scores = F.softmax(torch.tanh(sum_qk + self.normalize_bias).matmul(v), dim=-1)
+            return torch.bmm(scores, keys.transpose(0, 1)).transpose(0, 1)  # (t_q, b, n)
+
+    class GNMT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedder = nn.Embedding(vocab, hidden)
+            self.enc = nn.ModuleList(
+                [nn.LSTM(hidden, hidden, bidirectional=True), nn.LSTM(2 * hidden, hidden)]
+                + [nn.LSTM(hidden, hidden) for _ in range(layers - 2)]
+            )
+            self.att_rnn = nn.LSTM(hidden, hidden)
+            self.attn = Attention()
+            self.dec = nn.ModuleList(nn.LSTM(2 * hidden, hidden) for _ in range(layers - 1))
+            self.classifier = nn.Linear(hidden, vocab)
+
+        def forward(self, src: torch.Tensor, tgt: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            drop = partial(F.dropout, p=dropout, training=self.training)
+            x = self.enc[1](drop(self.enc[0](drop(self.embedder(src)))[0]))[0]
+            for lstm in self.enc[2:]:
+                x = x + lstm(drop(x))[0]
+            context = x
+            y = self.att_rnn(drop(self.embedder(tgt)))[0]
+            attn = self.attn(y, context)
+            y = self.dec[0](drop(torch.cat((y, attn), dim=2)))[0]
+            for lstm in self.dec[1:]:
+                y = y + lstm(drop(torch.cat((y, attn), dim=2)))[0]
+            # seq2seq/train/smoothing.py LabelSmoothing (smoothing 0.1): log-probabilities in fp32, the label's
+            # and the mean over the vocabulary (no padding to mask: every pair has the full length)
+            logprobs = F.log_softmax(self.classifier(y), dim=-1, dtype=torch.float32)
+            nll = -logprobs.gather(dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
+            return ((1.0 - smoothing) * nll - smoothing * logprobs.mean(dim=-1)).sum()
+
+    net = GNMT()
+    net.seq_len = steps  # type: ignore[assignment]
+    return net
+
+
+def gnmt_params(hidden: int = GNMT_HIDDEN, layers: int = GNMT_LAYERS, vocab: int = GNMT_VOCAB) -> int:
+    """The shared embedding, the LSTMs (4 gates; input and recurrent weights, two biases), attention, classifier."""
+
+    def lstm(cin: int) -> int:
+        return 4 * hidden * (cin + hidden) + 8 * hidden
+
+    encoder = 2 * lstm(hidden) + lstm(2 * hidden) + (layers - 2) * lstm(hidden)
+    decoder = lstm(hidden) + (layers - 1) * lstm(2 * hidden)
+    attention = 2 * hidden * hidden + 2 * hidden + 1
+    return vocab * hidden + encoder + decoder + attention + hidden * vocab + vocab
+
+
 @dataclass(frozen=True)
 class TorchZooModel:
     """A zoo entry built as a torch module: what ``echosim compile NAME`` captures."""
@@ -378,7 +495,22 @@ TORCH_ZOO: dict[str, TorchZooModel] = {
         TorchZooModel("resnet50", resnet50_module, (_IMAGE,), "ResNet-50 v1.5, 224x224, 25.6M params", "images"),
         TorchZooModel("vit-b16", vit_module, (_IMAGE,), "ViT-B/16, 224x224, 86.6M params", "images"),
         TorchZooModel(
+            "vit-b16-pretrain",
+            partial(vit_module, dropout=0.1, representation=768),
+            (_IMAGE,),
+            "ViT-B/16 as pre-trained: tanh pre-logits layer of 768, dropout 0.1, 87.2M params",
+            "images",
+        ),
+        TorchZooModel(
             "bert-large", bert_module, (_TOKENS,), "BERT-large pre-training, seq 512, 336M params", "sequences"
+        ),
+        TorchZooModel(
+            "gnmt",
+            gnmt_module,
+            ((("seq", "batch"), "int64"), (("seq", "batch"), "int64"), (("seq", "batch"), "int64")),
+            f"GNMT v2 (DeepLearningExamples): 4+4 LSTM layers of 1024, Bahdanau attention, {gnmt_params() / 1e6:.0f}M "
+            "params; a sample is one sentence pair of --seq-len source and --seq-len target tokens",
+            "sentence pairs",
         ),
         TorchZooModel(
             "lstm-lm", lstm_lm_module, (_TOKENS,), "2-layer LSTM LM (Zaremba 2014), 35 steps, 66M params", "sequences"
