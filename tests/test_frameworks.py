@@ -62,7 +62,9 @@ def test_framework_defaults_fill_only_what_is_not_given() -> None:
         ("torchtitan (commit e7c0cae, torch 2.8.0a0 NGC 25.05)", "torchtitan-2025", "fa2"),
         ("torchtitan", "torchtitan", ""),  # today's torchtitan puts cuDNN attention first
         ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "composer", "fa2"),
-        ("Megatron-Bridge / Megatron-Core", "nemo", ""),
+        ("Megatron-Bridge / Megatron-Core", "nemo", "te"),  # Transformer Engine: cuDNN from Hopper on
+        ("NeMo 24.07 (Megatron-Core, TransformerEngine)", "nemo", "te"),
+        ("Megatron-LM", "megatron", "te"),
     ],
 )
 def test_frameworks_name_the_flash_kernel_they_call(row: str, name: str, kernel: str) -> None:
