@@ -640,6 +640,19 @@ FRAMEWORKS["maxtext-bf16-weights"] = replace(
     "scale_by_adam builds nu with zeros_like(params): 2 + 2 + 2 + 2 bytes per parameter, no fp32 copy",
 )
 
+# MaxText on GPU with attention=cudnn_flash_te: Transformer Engine's JAX DotProductAttention, cuDNN's fused attention
+# (as DGX Cloud Benchmarking's MaxText recipes pass it). MaxText's default, 'autoselected', is not this kernel.
+FRAMEWORKS["maxtext-te"] = replace(
+    FRAMEWORKS["maxtext"],
+    name="maxtext-te",
+    title="MaxText on GPU with attention=cudnn_flash_te (Transformer Engine's cuDNN fused attention)",
+    row_names=(),
+    attention_kernel="te",
+    attention_source="attention=cudnn_flash_te -> transformer_engine.jax.flax.transformer.DotProductAttention "
+    "(src/maxtext/layers/attention_op.py cudnn_flash_attention, MaxText commit e591f30), which runs TE's fused "
+    "(cuDNN) attention",
+)
+
 
 def get_framework(name: str) -> Framework:
     """The framework called ``name``; an unknown name is one line naming the known ones."""

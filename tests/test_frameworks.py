@@ -25,6 +25,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan-compile",
         "maxtext",
         "maxtext-bf16-weights",
+        "maxtext-te",
         "deepspeed",
         "torchtitan-2025",
         "torchtitan-2025-compile",
@@ -109,7 +110,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     assert (
         len(lines) == 1
         and "known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, maxtext, "
-        "maxtext-bf16-weights, "
+        "maxtext-bf16-weights, maxtext-te, "
         "megatron, megatron-2022, nemo, torchtitan"
         in lines[0]
     )

@@ -7,6 +7,7 @@ figure). Its rates are cudnn-frontend's measured ones (echosim.backends.devices,
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,24 @@ def test_te_elsewhere_is_the_parts_own_flash_figure(name: str) -> None:
 def test_megatron_core_frameworks_call_te_attention(name: str) -> None:
     fw = get_framework(name)
     assert fw.attention_kernel == "te" and "FusedAttention preference" in fw.attention_source
+
+
+def test_dgxc_maxtext_rows_and_configs_with_cudnn_flash_te_run_te_attention() -> None:
+    """DGX Cloud Benchmarking's MaxText recipe passes attention=cudnn_flash_te (configure.sh, commit 741c886)."""
+    from conftest import SHARED
+
+    from echosim.configs import read_source
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_framework
+
+    cases = SHARED / "validation" / "cases.csv"
+    if not cases.is_file():
+        pytest.skip("shared/validation not present")
+    dgxc = [c for c in read_cases(cases) if c["source_id"] == "dgxc_benchmarking_v25.04"]
+    maxtext = [c for c in dgxc if c["framework"].startswith("MaxText")]
+    assert len(maxtext) == 10 and {row_framework(c) for c in maxtext} == {"maxtext-te"}
+    mt = Path(__file__).parent / "data" / "configs" / "maxtext"
+    assert read_source(f"maxtext:{mt}/base.yml,{mt}/dgxc2504_llama3_70b_bf16_h100_128.yml").framework == "maxtext-te"
+    tpu = read_source(f"maxtext:{mt}/base.yml,{mt}/models/llama2-7b.yml,attention=cudnn_flash_te")
+    assert tpu.framework == "maxtext"  # hardware: tpu (base.yml's default): no Transformer Engine
+    assert get_framework("maxtext-te").attention_kernel == "te"
