@@ -173,8 +173,8 @@ _MEGATRON_ARGS = "Megatron-LM megatron/training/arguments.py (commit d98e8a6)"
 _TE_ATTENTION = (
     "TEDotProductAttention -> transformer_engine DotProductAttention; get_attention_backend: 'Disabling "
     "FlashAttention to give FusedAttention preference on Hopper+ for performance reasons' (TE v1.2 to v1.13 "
-    "transformer_engine/pytorch/attention.py on sm90; v2.0 to v2.18 attention/dot_product_attention/utils.py on "
-    "sm90 and later)"
+    "transformer_engine/pytorch/attention.py on sm90; v2.0 to v2.18 on sm90 and later, the same file, then "
+    "pytorch/dot_product_attention/utils.py from v2.2 and pytorch/attention/dot_product_attention/utils.py from v2.3)"
 )
 _BRIDGE = "Megatron-Bridge (commit 067f987)"
 _VOCAB_CE = dict(

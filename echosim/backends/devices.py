@@ -242,7 +242,7 @@ _NCCL_LAUNCH_A100_US = 5.35  # ND A100 v4, AMD EPYC 7V12 host, NCCL 2.18.5: 42.8
 # shared memory per SM per clock (NVIDIA A100 Tensor Core GPU Architecture whitepaper; REUSE_HALF in compute.py).
 # cuDNN's fused attention on Hopper, the kernel Transformer Engine's DotProductAttention runs there: its backend
 # selection drops FlashAttention "to give FusedAttention preference" on compute capability 9.0 whenever both
-# can run (TE v1.2 to v2.18: pytorch/attention.py, then attention/dot_product_attention/utils.py
+# can run (TE v1.2 to v2.18: pytorch/attention.py, from v2.3 attention/dot_product_attention/utils.py
 # get_attention_backend). Measured with cudnn-frontend's benchmark (benchmark/benchmark_results.csv at commit
 # de355c7, 2024-09-23, "benchmark numbers with cudnn 9.4.0"; H200 at the README's locked 1980 MHz and 700 W),
 # bf16, non-causal, at FA3's anchor shape (1 x 16 heads x 16,384 x 128): forward 687.97 TFLOP/s, backward
