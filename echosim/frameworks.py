@@ -96,7 +96,8 @@ class Framework:
 
     # ---- timing behaviour (step time, not memory): the kernels the framework calls ----
     # The flash-attention kernel when it is not the device's best ('' = the best: FA3 on Hopper, cuDNN
-    # on Blackwell; "fa2" = FlashAttention-2), and where that is documented.
+    # on Blackwell; "fa2" = FlashAttention-2; "te" = the one Transformer Engine's DotProductAttention picks:
+    # cuDNN's fused attention from Hopper on, FlashAttention-2 on Ampere), and where that is documented.
     attention_kernel: str = ""
     attention_source: str = ""
     # The RMSNorm the framework runs ('' = one fused kernel; "reference" = the Llama reference module op by
@@ -167,6 +168,14 @@ class Framework:
 
 
 _MEGATRON_ARGS = "Megatron-LM megatron/training/arguments.py (commit d98e8a6)"
+# Megatron-Core's TEDotProductAttention is Transformer Engine's DotProductAttention, whose backend selection
+# prefers FusedAttention (cuDNN) to FlashAttention on compute capability 9.0 and later whenever both can run.
+_TE_ATTENTION = (
+    "TEDotProductAttention -> transformer_engine DotProductAttention; get_attention_backend: 'Disabling "
+    "FlashAttention to give FusedAttention preference on Hopper+ for performance reasons' (TE v1.2 to v1.13 "
+    "transformer_engine/pytorch/attention.py on sm90; v2.0 to v2.18 on sm90 and later, the same file, then "
+    "pytorch/dot_product_attention/utils.py from v2.2 and pytorch/attention/dot_product_attention/utils.py from v2.3)"
+)
 _BRIDGE = "Megatron-Bridge (commit 067f987)"
 _VOCAB_CE = dict(
     ce_saved=4.0,
@@ -310,6 +319,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM", "MegaScale"),
+            attention_kernel="te",
+            attention_source="--attention-backend defaults to auto, which sets NVTE_FLASH_ATTN=1 and NVTE_FUSED_ATTN=1 "
+            "and leaves the choice to TE (megatron/core/models/common/language_module/language_module.py "
+            f"_set_attention_backend, commit d98e8a6); {_TE_ATTENTION}",
             fused_gated=_SWIGLU,
             probs_in_experts=_MOE_PROBS,
             **_VOCAB_CE,
@@ -350,6 +363,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 _NEMO_TP_OVERLAP,
             ),
             row_names=("NeMo", "Megatron-Bridge"),
+            attention_kernel="te",
+            attention_source="the performance scripts set NVTE_FUSED_ATTN=1 and NVTE_FLASH_ATTN=1 (NeMo "
+            "scripts/performance/executors.py, commit 8cfedd7; earlier releases leave TE's defaults, both on); "
+            f"{_TE_ATTENTION}",
             grads_16bit="the performance scripts that produce NVIDIA's published tables turn fp32 gradient "
             "reduction off: recipe.trainer.plugins.grad_reduce_in_fp32 = False in set_precision_configs "
             "(NeMo scripts/performance/helpers.py, commit 8cfedd7); cfg.ddp.grad_reduce_in_fp32 = False "
@@ -621,6 +638,19 @@ FRAMEWORKS["maxtext-bf16-weights"] = replace(
     "dtype; optax.adamw gets mu_dtype=config.mu_dtype, which inherits weight_dtype when unset "
     "(src/maxtext/optimizers/optimizers.py, src/maxtext/configs/base.yml line 993, commit e591f30), and "
     "scale_by_adam builds nu with zeros_like(params): 2 + 2 + 2 + 2 bytes per parameter, no fp32 copy",
+)
+
+# MaxText on GPU with attention=cudnn_flash_te: Transformer Engine's JAX DotProductAttention, cuDNN's fused attention
+# (as DGX Cloud Benchmarking's MaxText recipes pass it). MaxText's default, 'autoselected', is not this kernel.
+FRAMEWORKS["maxtext-te"] = replace(
+    FRAMEWORKS["maxtext"],
+    name="maxtext-te",
+    title="MaxText on GPU with attention=cudnn_flash_te (Transformer Engine's cuDNN fused attention)",
+    row_names=(),
+    attention_kernel="te",
+    attention_source="attention=cudnn_flash_te -> transformer_engine.jax.flax.transformer.DotProductAttention "
+    "(src/maxtext/layers/attention_op.py cudnn_flash_attention, MaxText commit e591f30), which runs TE's fused "
+    "(cuDNN) attention",
 )
 
 

@@ -25,6 +25,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan-compile",
         "maxtext",
         "maxtext-bf16-weights",
+        "maxtext-te",
         "deepspeed",
         "torchtitan-2025",
         "torchtitan-2025-compile",
@@ -62,7 +63,9 @@ def test_framework_defaults_fill_only_what_is_not_given() -> None:
         ("torchtitan (commit e7c0cae, torch 2.8.0a0 NGC 25.05)", "torchtitan-2025", "fa2"),
         ("torchtitan", "torchtitan", ""),  # today's torchtitan puts cuDNN attention first
         ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "composer", "fa2"),
-        ("Megatron-Bridge / Megatron-Core", "nemo", ""),
+        ("Megatron-Bridge / Megatron-Core", "nemo", "te"),  # Transformer Engine: cuDNN from Hopper on
+        ("NeMo 24.07 (Megatron-Core, TransformerEngine)", "nemo", "te"),
+        ("Megatron-LM", "megatron", "te"),
     ],
 )
 def test_frameworks_name_the_flash_kernel_they_call(row: str, name: str, kernel: str) -> None:
@@ -107,7 +110,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     assert (
         len(lines) == 1
         and "known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, maxtext, "
-        "maxtext-bf16-weights, "
+        "maxtext-bf16-weights, maxtext-te, "
         "megatron, megatron-2022, nemo, torchtitan"
         in lines[0]
     )

@@ -439,10 +439,12 @@ def flash_fwd_rate(dev: DeviceSpec, head_dim: int) -> float:
 
 
 def flash_bwd_rate(dev: DeviceSpec, head_dim: int) -> float:
-    """Backward rate / forward rate at the device's measured forward anchor: :data:`FLASH_BWD_RATE` (measured
-    where both passes are tensor-core bound) times the backward's roofline fraction over the anchor's forward one."""
+    """Backward rate / forward rate at the device's measured forward anchor: the kernel's own measured ratio
+    (``flash_bwd_over_fwd``) or :data:`FLASH_BWD_RATE` (measured where both passes are tensor-core bound), times
+    the backward's roofline fraction over the anchor's forward one."""
     anchor_d = dev.flash_fwd_shape[3]
-    return FLASH_BWD_RATE * flash_pass_fraction(dev, head_dim, True) / flash_pass_fraction(dev, anchor_d, False)
+    measured = dev.flash_bwd_over_fwd or FLASH_BWD_RATE
+    return measured * flash_pass_fraction(dev, head_dim, True) / flash_pass_fraction(dev, anchor_d, False)
 
 
 def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
@@ -498,6 +500,23 @@ def fa2_view(dev: DeviceSpec) -> DeviceSpec:
         tensor_flops_per_clk_sm=None,
         mufu_ex2_per_clk_sm=None,
         smem_bytes_per_clk_sm=None,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def te_view(dev: DeviceSpec) -> DeviceSpec:
+    """The device as Transformer Engine's DotProductAttention uses it: cuDNN's fused attention at its measured
+    forward and backward rates where the part's flash figure is another kernel's (Hopper: FA3). TE's backend
+    selection prefers FusedAttention over FlashAttention on compute capability 9.0 and later (TE v1.2 on,
+    ``get_attention_backend``); below it, FlashAttention (FA2 on Ampere: the part's own figure). Blackwell's
+    flash figure is cuDNN's already."""
+    if dev.cudnn_fwd_eff is None:
+        return dev
+    return replace(
+        dev,
+        flash_fwd_eff=dev.cudnn_fwd_eff,
+        flash_fwd_shape=dev.cudnn_fwd_shape,
+        flash_bwd_over_fwd=dev.cudnn_bwd_over_fwd,
     )
 
 
@@ -566,7 +585,8 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
         slow = triton_flash_slowdown(dev.arch, a.head_dim, a.kv_len)
         return flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
     if a.flash:
-        kernel = flash_attention_time_s(fa2_view(dev) if a.kernel == "fa2" else dev, a, dtype, backward)
+        view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
+        kernel = flash_attention_time_s(view, a, dtype, backward)
         return kernel + pad_copies_time_s(dev, a, dtype, backward)
     return math_attention_time_s(dev, a, dtype, backward)
 

@@ -86,6 +86,13 @@ class DeviceSpec:
     # best flash kernel is another one (FA3, cuDNN); None: flash_fwd_eff is FA2's already (Ampere).
     fa2_fwd_eff: float | None = None  # TFLOP/s over 16-bit peak ...
     fa2_fwd_shape: tuple[int, int, int, int] = (2, 16, 8192, 128)  # ... at this non-causal (b, heads, seq, d)
+    # cuDNN's fused attention (Transformer Engine's FusedAttention, cuDNN SDPA) where the part's flash figure is
+    # another kernel (Hopper: FA3); None: no measurement, or flash_fwd_eff is cuDNN's already (Blackwell).
+    cudnn_fwd_eff: float | None = None  # forward TFLOP/s over 16-bit peak ...
+    cudnn_fwd_shape: tuple[int, int, int, int] = (1, 16, 16384, 128)  # ... at this non-causal (b, heads, seq, d)
+    cudnn_bwd_over_fwd: float | None = None  # its backward TFLOP/s over its forward, measured at the same shape
+    # The flash figure's own measured backward / forward rate; None: not measured with it (compute.FLASH_BWD_RATE)
+    flash_bwd_over_fwd: float | None = None
     # Per-SM, per-clock throughputs of the units a flash-attention tile shares (FlashAttention-4 paper, sec. 2.2):
     # dense 16-bit tensor-core FLOPs, MUFU exponentials, shared-memory read bytes. They price the roofline of
     # each flash pass (compute.flash_pass_fraction); None: the part's passes are taken as tensor-core bound.
@@ -131,13 +138,16 @@ _OPTIONAL = {
     "peak_fp4_tflops",
     "gemm_eff_fp4",
     "fa2_fwd_eff",
+    "cudnn_fwd_eff",
+    "cudnn_bwd_over_fwd",
+    "flash_bwd_over_fwd",
     "tensor_flops_per_clk_sm",
     "mufu_ex2_per_clk_sm",
     "smem_bytes_per_clk_sm",
     "sustained_16bit_tflops",
     "sustained_fp8_tflops",
 }
-_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff", "fa2_fwd_eff"}
+_FRACTIONS = {"gemm_eff_16bit", "gemm_eff_fp8", "gemm_eff_fp4", "flash_fwd_eff", "fa2_fwd_eff", "cudnn_fwd_eff"}
 BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
 HOST_CPU_VENDORS = ("", "intel", "amd", "arm")
 
@@ -175,7 +185,7 @@ def validate(spec: DeviceSpec) -> None:
             if unknown:
                 raise ValueError(f"{who}: field 'block_scaled_formats' names {unknown} (known: mxfp8, nvfp4)")
             continue
-        if f.name in ("flash_fwd_shape", "fa2_fwd_shape"):
+        if f.name in ("flash_fwd_shape", "fa2_fwd_shape", "cudnn_fwd_shape"):
             if len(value := getattr(spec, f.name)) != 4 or any(not isinstance(v, int) or v <= 0 for v in value):
                 raise ValueError(f"{who}: field {f.name!r} must be 4 positive ints, got {value!r}")
             continue
@@ -230,6 +240,19 @@ _NCCL_LAUNCH_A100_US = 5.35  # ND A100 v4, AMD EPYC 7V12 host, NCCL 2.18.5: 42.8
 # Blackwell Ultra" and "Making Softmax More Efficient with NVIDIA Blackwell Ultra": SFU throughput doubled);
 # shared memory 128 bytes read, as on Hopper. A100: 1024 dense FP16 FMAs (2048 FLOPs), 16 SFU ops and 128 bytes of
 # shared memory per SM per clock (NVIDIA A100 Tensor Core GPU Architecture whitepaper; REUSE_HALF in compute.py).
+# cuDNN's fused attention on Hopper, the kernel Transformer Engine's DotProductAttention runs there: its backend
+# selection drops FlashAttention "to give FusedAttention preference" on compute capability 9.0 whenever both
+# can run (TE v1.2 to v2.18: pytorch/attention.py, from v2.3 attention/dot_product_attention/utils.py
+# get_attention_backend). Measured with cudnn-frontend's benchmark (benchmark/benchmark_results.csv at commit
+# de355c7, 2024-09-23, "benchmark numbers with cudnn 9.4.0"; H200 at the README's locked 1980 MHz and 700 W),
+# bf16, non-causal, at FA3's anchor shape (1 x 16 heads x 16,384 x 128): forward 687.97 TFLOP/s, backward
+# 546.53 (its 5 GEMMs counted). H100 and H800 are the same die (132 SMs, same clocks and peaks). The same
+# benchmark measured 641.9 / 538.5 with cuDNN 9.1 (commit 505fcfe, 2024-05) and 702 / 612 with cuDNN 9.19
+# at 64 query heads (results/h200_919_only_cudnn/llama3.1, 2026-02).
+_CUDNN_HOPPER_FWD_TFLOPS = 687.97
+_CUDNN_HOPPER_BWD_TFLOPS = 546.53
+_CUDNN_HOPPER_SHAPE = (1, 16, 16384, 128)
+_CUDNN_FE = "https://github.com/NVIDIA/cudnn-frontend/blob/de355c7/benchmark/benchmark_results.csv"
 _SMEM_BYTES_PER_CLK_SM = 128
 _MUFU_PER_CLK_SM = 16
 _MUFU_PER_CLK_SM_ULTRA = 32
@@ -314,6 +337,9 @@ H100_SXM = DeviceSpec(
     flash_fwd_eff=620.73 / 989.0,  # Source: microbench.csv, FA3 fwd = 620.7 TFLOP/s (pytorch/benchmark#2391)
     flash_fwd_shape=(1, 16, 16384, 128),  # Source: microbench.csv
     fa2_fwd_eff=327.9 / 989.0,  # Source: microbench.csv, Azure ND H100 v5 FlashAttention-2 b=2 s=8192 d=128
+    cudnn_fwd_eff=_CUDNN_HOPPER_FWD_TFLOPS / 989.0,  # Source: cudnn-frontend benchmark, cuDNN 9.4 (above)
+    cudnn_fwd_shape=_CUDNN_HOPPER_SHAPE,
+    cudnn_bwd_over_fwd=_CUDNN_HOPPER_BWD_TFLOPS / _CUDNN_HOPPER_FWD_TFLOPS,  # Source: same run (above)
     nvlink_GBps=450.0,  # Source: hw_specs.csv, 18 NVLink4 links x 25 GB/s per direction
     nvlink_links=18,  # Source: hw_specs.csv
     nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW (18 x 20.6 = 371; nccl-tests#212: ~370)
@@ -327,7 +353,8 @@ H100_SXM = DeviceSpec(
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_fp8_tflops=1382.2,  # Source: microbench.csv, Azure ND H100 v5 cuBLASLt fp8 32768^3 (sustained)
     source=f"{_H100} ; https://glennklockwood.com/garden/processors/h100 ; {_H100_AZ} ; {_MLENG} ; "
-    "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290",
+    "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290 ; "
+    f"{_CUDNN_FE}",
 )
 
 H800 = DeviceSpec(
@@ -347,6 +374,9 @@ H800 = DeviceSpec(
     flash_fwd_eff=620.73 / 989.0,  # Source: same die as H100 (microbench.csv FA3)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=327.9 / 989.0,  # Source: same die as H100 (microbench.csv, Azure FA2 row)
+    cudnn_fwd_eff=_CUDNN_HOPPER_FWD_TFLOPS / 989.0,  # Source: same die as H200 (cudnn-frontend, above)
+    cudnn_fwd_shape=_CUDNN_HOPPER_SHAPE,
+    cudnn_bwd_over_fwd=_CUDNN_HOPPER_BWD_TFLOPS / _CUDNN_HOPPER_FWD_TFLOPS,
     nvlink_GBps=200.0,  # Source: hw_specs.csv, 400 GB/s bidirectional
     nvlink_links=8,  # Source: hw_specs.csv (8 links x 25 GB/s per direction)
     nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW (8 x 20.6 = 165; DeepSeek-V3: ~160 achieved)
@@ -359,7 +389,7 @@ H800 = DeviceSpec(
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_fp8_tflops=1382.2,  # Source: same die as H100 (Azure cuBLASLt fp8 32768^3)
-    source=f"{_H800} ; https://arxiv.org/abs/2412.19437",
+    source=f"{_H800} ; https://arxiv.org/abs/2412.19437 ; {_CUDNN_FE}",
 )
 
 H200 = DeviceSpec(
@@ -379,6 +409,9 @@ H200 = DeviceSpec(
     flash_fwd_eff=620.73 / 989.0,  # Source: same die as H100 (microbench.csv FA3)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=329.3 / 989.0,  # Source: microbench.csv, Azure ND H200 v5 FlashAttention-2 b=2 s=8192 d=128
+    cudnn_fwd_eff=_CUDNN_HOPPER_FWD_TFLOPS / 989.0,  # Source: cudnn-frontend benchmark, cuDNN 9.4 (above)
+    cudnn_fwd_shape=_CUDNN_HOPPER_SHAPE,
+    cudnn_bwd_over_fwd=_CUDNN_HOPPER_BWD_TFLOPS / _CUDNN_HOPPER_FWD_TFLOPS,
     nvlink_GBps=450.0,  # Source: hw_specs.csv
     nvlink_links=18,  # Source: hw_specs.csv
     nccl_nvlink_GBps=20.6,  # Source: NCCL topo.h SM90_NVLINK_BW
@@ -391,7 +424,7 @@ H200 = DeviceSpec(
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_fp8_tflops=1349.5,  # Source: microbench.csv, Azure ND H200 v5 cuBLASLt fp8 32768^3 (sustained)
-    source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ}",
+    source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ} ; {_CUDNN_FE}",
 )
 
 # NVFP4 GEMM fraction of peak: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 8192^3 = 7535.6 TFLOP/s of

@@ -166,7 +166,11 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
         from_base.discard(key)
     # weight_dtype: bfloat16 keeps weights, gradients and Adam's moments in bf16 (frameworks.py)
     bf16_weights = str(config.get("weight_dtype", DEFAULTS["weight_dtype"])) in ("bfloat16", "bf16")
-    out = FromConfig(source, "maxtext-bf16-weights" if bf16_weights else "maxtext")
+    # attention=cudnn_flash_te on GPU: Transformer Engine's cuDNN fused attention (frameworks.py, maxtext-te)
+    te_attention = str(config.get("attention")) == "cudnn_flash_te" and str(config.get("hardware")) == "gpu"
+    out = FromConfig(source, "maxtext-bf16-weights" if bf16_weights else "maxtext-te" if te_attention else "maxtext")
+    if bf16_weights and te_attention:  # no entry has both: the weights' memory rule wins
+        out.notes.append("attention=cudnn_flash_te with weight_dtype bfloat16: attention costed as MaxText's flash")
     used = _plan(config, out) | {"weight_dtype"}
     used |= _model(config, out)
     for key in stated:

@@ -362,6 +362,8 @@ def row_framework(c: Case) -> str:
     config = _CONFIG.search(c["notes"])
     if name == "maxtext" and config and config.group(1) in TRILLIUM_BF16_WEIGHTS:
         return "maxtext-bf16-weights"
+    if name == "maxtext" and SOURCE_MAXTEXT_ATTENTION.get(c["source_id"]) == "cudnn_flash_te":
+        return "maxtext-te"
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         return "torchtitan-2025-compile"
     if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
@@ -413,6 +415,11 @@ def loss_chunks(c: Case) -> int:
 #: ``POLICY="save_qkv_proj"`` for BF16 and FP8 alike (maxtext/configure.sh, NVIDIA/dgxc-benchmarking commit
 #: 741c886; also v25.02 and v25.02.01), where MaxText's base.yml default is ``full``.
 SOURCE_REMAT_POLICY = {"dgxc_benchmarking_v25.04": "save_qkv_proj"}
+
+#: The ``attention`` kernel of the MaxText launch script a GPU source ran, by ``source_id``: DGX Cloud Benchmarking
+#: v25.04's maxtext/configure.sh passes ``attention=cudnn_flash_te`` (NVIDIA/dgxc-benchmarking commit 741c886),
+#: Transformer Engine's cuDNN fused attention (the ``maxtext-te`` framework entry).
+SOURCE_MAXTEXT_ATTENTION = {"dgxc_benchmarking_v25.04": "cudnn_flash_te"}
 
 
 def remat_policy(c: Case) -> str:
