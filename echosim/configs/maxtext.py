@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "shard_mode": "auto",
     "context_parallel_load_balance": True,
     "weight_dtype": "float32",
+    "sa_use_fused_bwd_kernel": False,  # splash attention's backward as two kernels (dkv, dq): base.yml line 1167
     **{f"ici_{axis}_parallelism": 1 for axis in ("data", "fsdp_transpose", "sequence", "context", "tensor",
                                                  "tensor_sequence", "pipeline", "expert", "autoregressive")},
     "ici_fsdp_parallelism": -1,
@@ -166,8 +167,11 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
         from_base.discard(key)
     # weight_dtype: bfloat16 keeps weights, gradients and Adam's moments in bf16 (frameworks.py)
     bf16_weights = str(config.get("weight_dtype", DEFAULTS["weight_dtype"])) in ("bfloat16", "bf16")
-    out = FromConfig(source, "maxtext-bf16-weights" if bf16_weights else "maxtext")
-    used = _plan(config, out) | {"weight_dtype"}
+    # sa_use_fused_bwd_kernel: True runs splash attention's backward as one kernel (frameworks.py)
+    fused_bwd = str(config.get("sa_use_fused_bwd_kernel", DEFAULTS["sa_use_fused_bwd_kernel"])).lower() == "true"
+    framework = "maxtext-bf16-weights" if bf16_weights else "maxtext"
+    out = FromConfig(source, f"{framework}-splash-fused" if fused_bwd else framework)
+    used = _plan(config, out) | {"weight_dtype", "sa_use_fused_bwd_kernel"}
     used |= _model(config, out)
     for key in stated:
         if key in used or key in from_base:  # a whole base.yml's settings are MaxText's defaults
