@@ -654,6 +654,23 @@ FRAMEWORKS["maxtext-te"] = replace(
 )
 
 
+# MaxText's splash attention runs its backward as two kernels (dkv, then dq) unless a recipe sets
+# sa_use_fused_bwd_kernel: True, as the Trillium Llama-3.1 8B and 70B recipes do
+# (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30): the fused kernel forms dq with dk and dv.
+for _base in ("maxtext", "maxtext-bf16-weights"):
+    FRAMEWORKS[f"{_base}-splash-fused"] = replace(
+        FRAMEWORKS[_base],
+        name=f"{_base}-splash-fused",
+        title=f"{FRAMEWORKS[_base].title}, splash attention with its fused backward kernel",
+        row_names=(),
+        attention_kernel="splash-fused",
+        attention_source="sa_use_fused_bwd_kernel: True -> splash_attention_kernel.BlockSizes(use_fused_bwd_kernel="
+        "True): one dkv kernel also forms dq, 5 block products in the backward instead of 7 (MaxText "
+        "src/MaxText/layers/attention_op.py, tag tpu-recipes-v0.1.5; base.yml's default is False)",
+    )
+del _base
+
+
 def get_framework(name: str) -> Framework:
     """The framework called ``name``; an unknown name is one line naming the known ones."""
     try:

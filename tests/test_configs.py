@@ -455,3 +455,13 @@ def test_megatron_flex_dispatcher_with_deepep_reads_as_deepep() -> None:
     assert any("flex dispatcher with hybridep is not modelled" in n for n in hybrid.notes)
     grouped = read_args(f"{base} --moe-enable-deepep --moe-router-num-groups 2 --moe-router-group-topk 1")
     assert (grouped.options["moe_router_groups"], grouped.options["moe_router_group_topk"]) == (2, 1)
+
+
+def test_maxtext_fused_splash_backward_selects_its_framework_entry() -> None:
+    """sa_use_fused_bwd_kernel: True (the Trillium Llama recipes) runs splash attention's one-kernel backward."""
+    base = f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml"
+    plain = from_config(base, "--devices 256 --backend tpu-v6e")
+    fused = from_config(f"{base},sa_use_fused_bwd_kernel=true", "--devices 256 --backend tpu-v6e")
+    both = from_config(f"{base},sa_use_fused_bwd_kernel=true,weight_dtype=bfloat16", "--devices 256 --backend tpu-v6e")
+    assert (plain[1].framework, fused[1].framework) == ("maxtext", "maxtext-splash-fused")
+    assert both[1].framework == "maxtext-bf16-weights-splash-fused"

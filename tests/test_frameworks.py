@@ -26,6 +26,8 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "maxtext",
         "maxtext-bf16-weights",
         "maxtext-te",
+        "maxtext-splash-fused",
+        "maxtext-bf16-weights-splash-fused",
         "deepspeed",
         "torchtitan-2025",
         "torchtitan-2025-compile",
@@ -110,7 +112,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     assert (
         len(lines) == 1
         and "known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, maxtext, "
-        "maxtext-bf16-weights, maxtext-te, "
+        "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
         "megatron, megatron-2022, nemo, torchtitan"
         in lines[0]
     )

@@ -381,9 +381,11 @@ def test_rows_take_the_settings_of_the_script_their_source_ran():
     assert row_plan(cases["tpurecipes-gemma3-12b-bf16-v6e-512-x2"])[0].loss_chunks == 16  # num_vocab_tiling
     assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].loss_chunks == 1
     assert row_plan(cases["mbridge2509-qwen3-30b-a3b-tokendrop-h100-sxm-16"])[0].recompute == "none"  # none named
-    # the Trillium v6e-32 recipe sets weight_dtype: bfloat16; v6e-64's keeps fp32 weights
-    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-32"])[0].framework == "maxtext-bf16-weights"
-    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].framework == "maxtext"
+    # the Trillium v6e-32 recipe sets weight_dtype: bfloat16; v6e-64's keeps fp32 weights; both set
+    # sa_use_fused_bwd_kernel: True (splash attention's one-kernel backward)
+    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-32"])[0].framework == "maxtext-bf16-weights-splash-fused"
+    assert row_plan(cases["tpurecipes-llama3-70b-bf16-v6e-64"])[0].framework == "maxtext-splash-fused"
+    assert FRAMEWORKS["maxtext-bf16-weights-splash-fused"].state() == FRAMEWORKS["maxtext-bf16-weights"].state()
 
 
 def test_maxtext_bf16_weights_keep_no_fp32_state():

@@ -258,17 +258,37 @@ def attention_keep(a: AttentionAttrs) -> float:
     return min(1.0, sum(blocks) * SPLASH_BLOCK * SPLASH_BLOCK / (a.q_len * a.kv_len))
 
 
-def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """Splash/flash attention on the MXU: the two products per block, padded, masked blocks skipped.
+#: Block products of splash attention's backward, per pair of forward products (q k^T and p v). MaxText's
+#: default, ``sa_use_fused_bwd_kernel: False`` (src/maxtext/configs/base.yml line 1167, commit e591f30; the
+#: same at tags tpu-recipes-v0.1.2 to v0.1.5, and the hard-coded ``block_q_dq`` of early 2024), runs two
+#: kernels: dkv recomputes q k^T and forms dv = p^T do, dp = do v^T, dk = ds^T q (4 products); dq recomputes
+#: q k^T and dp and forms dq = ds k (3 products): 7 in all (jax.experimental.pallas.ops.tpu.splash_attention,
+#: ``_flash_attention_dkv_kernel`` and ``_flash_attention_dq_kernel``). The fused kernel (``kernel ==
+#: "splash-fused"``, a recipe's ``sa_use_fused_bwd_kernel: True``) forms dq inside the dkv kernel: 5.
+SPLASH_BWD_PRODUCTS = 7
+SPLASH_FUSED_BWD_PRODUCTS = 5
+#: ``AttentionAttrs.kernel`` of splash attention with its fused backward kernel (:mod:`echosim.frameworks`).
+SPLASH_FUSED = "splash-fused"
 
-    Materialised (``flash`` off) attention computes and stores every score, masked or not."""
+
+def splash_backward_factor(a: AttentionAttrs) -> float:
+    """Backward time over forward time of splash attention: its backward block products over the forward's 2."""
+    return (SPLASH_FUSED_BWD_PRODUCTS if a.kernel == SPLASH_FUSED else SPLASH_BWD_PRODUCTS) / 2
+
+
+def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
+    """Splash/flash attention on the MXU: the two products per block, padded, masked blocks skipped; the
+    backward runs the block products of MaxText's kernel choice (:func:`splash_backward_factor`).
+
+    Materialised (``flash`` off) attention computes and stores every score, masked or not; XLA's autodiff
+    of it runs the textbook 5 products (2.5 x the forward)."""
     qk = matmul_time_s(chip, a.q_len, a.kv_len, a.head_dim, a.batch * a.heads, dtype)
     pv = matmul_time_s(chip, a.q_len, a.head_dim, a.kv_len, a.batch * a.heads, dtype)
     if not a.flash:  # materialised scores: write, softmax read + write, read
         score_bytes = a.batch * a.heads * a.q_len * a.kv_len * _itemsize(dtype)
         passes = 4 if not backward else 6
         return (qk + pv) * (2.5 if backward else 1.0) + memory_bound_time_s(chip, passes * score_bytes)
-    return (qk + pv) * attention_keep(a) * (2.5 if backward else 1.0)
+    return (qk + pv) * attention_keep(a) * (splash_backward_factor(a) if backward else 1.0)
 
 
 # ---- collectives -----------------------------------------------------------------------

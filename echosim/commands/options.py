@@ -51,8 +51,9 @@ def calibration_option(help: str, **kwargs: Any) -> Callable[[F], F]:
 FRAMEWORK_HELP = (
     "Training framework whose defaults fill what is not given and whose memory behaviour applies: "
     "megatron, megatron-2022 (before FlashAttention), nemo, torchtitan, torchtitan-compile, torchtitan-2025, "
-    "torchtitan-2025-compile, maxtext, maxtext-bf16-weights (weight_dtype: bfloat16), maxtext-te (attention="
-    "cudnn_flash_te), deepspeed, "
+    "torchtitan-2025-compile, maxtext, maxtext-bf16-weights (weight_dtype: bfloat16), maxtext-splash-fused, "
+    "maxtext-bf16-weights-splash-fused (sa_use_fused_bwd_kernel: True), maxtext-te (attention=cudnn_flash_te), "
+    "deepspeed, "
     "deepspeed-2021 (ZeRO-3 as DeepSpeed 0.3.14 ran it), composer, composer-triton (llm-foundry's Triton "
     "attention), composer-triton-pure (the same with FSDP mixed_precision 'PURE') or eager (plain PyTorch, the "
     "default)."

@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "shard_mode": "auto",
     "context_parallel_load_balance": True,
     "weight_dtype": "float32",
+    "sa_use_fused_bwd_kernel": False,  # splash attention's backward as two kernels (dkv, dq): base.yml line 1167
     **{f"ici_{axis}_parallelism": 1 for axis in ("data", "fsdp_transpose", "sequence", "context", "tensor",
                                                  "tensor_sequence", "pipeline", "expert", "autoregressive")},
     "ici_fsdp_parallelism": -1,
@@ -168,10 +169,15 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
     bf16_weights = str(config.get("weight_dtype", DEFAULTS["weight_dtype"])) in ("bfloat16", "bf16")
     # attention=cudnn_flash_te on GPU: Transformer Engine's cuDNN fused attention (frameworks.py, maxtext-te)
     te_attention = str(config.get("attention")) == "cudnn_flash_te" and str(config.get("hardware")) == "gpu"
-    out = FromConfig(source, "maxtext-bf16-weights" if bf16_weights else "maxtext-te" if te_attention else "maxtext")
+    # sa_use_fused_bwd_kernel: True runs splash attention's backward as one kernel (frameworks.py); TPU only
+    fused_bwd = str(config.get("sa_use_fused_bwd_kernel", DEFAULTS["sa_use_fused_bwd_kernel"])).lower() == "true"
+    framework = "maxtext-bf16-weights" if bf16_weights else "maxtext-te" if te_attention else "maxtext"
+    if fused_bwd and framework != "maxtext-te":
+        framework += "-splash-fused"
+    out = FromConfig(source, framework)
     if bf16_weights and te_attention:  # no entry has both: the weights' memory rule wins
         out.notes.append("attention=cudnn_flash_te with weight_dtype bfloat16: attention costed as MaxText's flash")
-    used = _plan(config, out) | {"weight_dtype"}
+    used = _plan(config, out) | {"weight_dtype", "sa_use_fused_bwd_kernel"}
     used |= _model(config, out)
     for key in stated:
         if key in used or key in from_base:  # a whole base.yml's settings are MaxText's defaults

@@ -298,6 +298,13 @@ _CONFIG = re.compile(r"config (\w+)")
 #: Trillium recipe configs that set ``weight_dtype: bfloat16`` (benchmarks/maxtext_trillium_model_configs.py,
 #: MaxText commit e591f30): their rows run the ``maxtext-bf16-weights`` framework entry.
 TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul"})
+#: Trillium recipe configs that set ``sa_use_fused_bwd_kernel: True`` (benchmarks/maxtext_trillium_model_configs.py,
+#: MaxText commit e591f30 and tag tpu-recipes-v0.1.5): their rows run the ``...-splash-fused`` framework entries,
+#: whose splash backward is one kernel (5 block products, not MaxText's default 7: echosim.backends.tpu).
+TRILLIUM_FUSED_BWD = frozenset({
+    "llama3_1_8b_8192", "llama3_1_8b_8192_no_collective_matmul", "llama3_1_70b_8192_bs2",
+    "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul", "llama3_1_70b_8192_bs4",
+})  # fmt: skip
 #: ``capacity_factor`` of the Trillium MoE recipe configs that drop tokens (``megablox: False``,
 #: ``sparse_matmul: False``: MaxText's dense_matmul path, :attr:`echosim.frameworks.Framework.moe_capacity_padding`),
 #: by the config name a row's notes give: mixtral_8x22b_dropped sets 1.25
@@ -354,16 +361,18 @@ def moe_capacity_factor(c: Case) -> float:
 
 
 def row_framework(c: Case) -> str:
-    """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype, or, for
+    """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype and splash
+    backward kernel (:data:`TRILLIUM_BF16_WEIGHTS`, :data:`TRILLIUM_FUSED_BWD`), or, for
     torchtitan's 2024-2025 rows, whether the source says the run used torch.compile (its notes)."""
     from echosim.frameworks import framework_named_in
 
     name = framework_named_in(c["framework"])
     config = _CONFIG.search(c["notes"])
-    if name == "maxtext" and config and config.group(1) in TRILLIUM_BF16_WEIGHTS:
-        return "maxtext-bf16-weights"
     if name == "maxtext" and SOURCE_MAXTEXT_ATTENTION.get(c["source_id"]) == "cudnn_flash_te":
         return "maxtext-te"
+    if name == "maxtext" and config:
+        name = "maxtext-bf16-weights" if config.group(1) in TRILLIUM_BF16_WEIGHTS else name
+        return f"{name}-splash-fused" if config.group(1) in TRILLIUM_FUSED_BWD else name
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         return "torchtitan-2025-compile"
     if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
