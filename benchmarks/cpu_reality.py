@@ -107,6 +107,7 @@ class Measured:
     load_after: float
     other_cores: float  # CPU cores other processes on the machine used, on average, during the run
     probe: dict[str, Any] | None = None  # the machine-speed probe timed just before the run (calibrate.probe)
+    faults_per_step: float | None = None  # rank 0's minor page faults a timed step (fresh pages; getrusage)
 
 
 def _busy_seconds() -> float:
@@ -140,9 +141,16 @@ def _build(cfg: ArchConfig) -> Any:
     return model
 
 
-def _time_steps(step: Any, steps: int, reduce_max: Any = None) -> tuple[list[float], float]:
+def _time_steps(
+    step: Any, steps: int, reduce_max: Any = None, faults: list[float] | None = None
+) -> tuple[list[float], float]:
+    """Wall seconds of ``steps`` steps after 3 warm-up ones, and the CPU share of them; ``faults``: gets the
+    minor page faults (pages the kernel mapped afresh) of the timed steps, per step."""
+    import resource
+
     for _ in range(3):
         step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     walls, cpus = [], []
     for _ in range(steps):
         if reduce_max is not None:
@@ -154,6 +162,8 @@ def _time_steps(step: Any, steps: int, reduce_max: Any = None) -> tuple[list[flo
             wall, cpu = reduce_max((wall, cpu))
         walls.append(wall)
         cpus.append(cpu)
+    if faults is not None:
+        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps)
     return walls, sum(cpus) / sum(walls)
 
 
@@ -195,12 +205,13 @@ def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps
             model(ids, ids).backward()
             opt.step()
 
-    walls, share = _time_steps(step, steps, reduce_max)
+    faults: list[float] = []
+    walls, share = _time_steps(step, steps, reduce_max, faults)
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return {"steps": walls, "cpu_share": share}
+    return {"steps": walls, "cpu_share": share, "faults_per_step": faults[0]}
 
 
 def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int) -> Any:
@@ -315,6 +326,7 @@ def run_ranks(script: str, args: list[str], world: int, label: str, threads: int
         os.getloadavg()[0],
         others,
         probe,
+        result.get("faults_per_step"),
     )
 
 
@@ -512,6 +524,7 @@ def main() -> None:
                 "attempts": [{"step_s": a.step_s, "other_cores": a.other_cores} for a in attempts],
                 "probe": m.probe,
                 "probe_drift": drift,
+                "faults_per_step": m.faults_per_step,
                 "predicted_step_s": p["step_time_s"],
                 "error": error,
                 "breakdown": p["breakdown"],
