@@ -107,7 +107,8 @@ class Measured:
     load_after: float
     other_cores: float  # CPU cores other processes on the machine used, on average, during the run
     probe: dict[str, Any] | None = None  # the machine-speed probe timed just before the run (calibrate.probe)
-    faults_per_step: float | None = None  # rank 0's minor page faults a timed step (fresh pages; getrusage)
+    faults_per_step: float | None = None  # rank 0's minor page faults in its median timed step (getrusage)
+    faults: list[float] | None = None  # ... in each timed step
 
 
 def _busy_seconds() -> float:
@@ -145,25 +146,25 @@ def _time_steps(
     step: Any, steps: int, reduce_max: Any = None, faults: list[float] | None = None
 ) -> tuple[list[float], float]:
     """Wall seconds of ``steps`` steps after 3 warm-up ones, and the CPU share of them; ``faults``: gets the
-    minor page faults (pages the kernel mapped afresh) of the timed steps, per step."""
+    minor page faults (pages the kernel mapped afresh) of each timed step."""
     import resource
 
     for _ in range(3):
         step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     walls, cpus = [], []
     for _ in range(steps):
         if reduce_max is not None:
             reduce_max(None)  # a barrier: ranks start each step together
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         c0, w0 = time.process_time(), time.perf_counter()
         step()
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if faults is not None:
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         if reduce_max is not None:
             wall, cpu = reduce_max((wall, cpu))
         walls.append(wall)
         cpus.append(cpu)
-    if faults is not None:
-        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps)
     return walls, sum(cpus) / sum(walls)
 
 
@@ -211,7 +212,7 @@ def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return {"steps": walls, "cpu_share": share, "faults_per_step": faults[0]}
+    return {"steps": walls, "cpu_share": share, "faults_per_step": statistics.median(faults), "faults": faults}
 
 
 def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int) -> Any:
@@ -327,6 +328,7 @@ def run_ranks(script: str, args: list[str], world: int, label: str, threads: int
         others,
         probe,
         result.get("faults_per_step"),
+        result.get("faults"),
     )
 
 
@@ -525,6 +527,7 @@ def main() -> None:
                 "probe": m.probe,
                 "probe_drift": drift,
                 "faults_per_step": m.faults_per_step,
+                "faults": m.faults,
                 "predicted_step_s": p["step_time_s"],
                 "error": error,
                 "breakdown": p["breakdown"],
