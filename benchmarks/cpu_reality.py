@@ -107,6 +107,8 @@ class Measured:
     load_after: float
     other_cores: float  # CPU cores other processes on the machine used, on average, during the run
     probe: dict[str, Any] | None = None  # the machine-speed probe timed just before the run (calibrate.probe)
+    faults_per_step: float | None = None  # rank 0's minor page faults in its median timed step (getrusage)
+    faults: list[float] | None = None  # ... in each timed step
 
 
 def _busy_seconds() -> float:
@@ -140,16 +142,25 @@ def _build(cfg: ArchConfig) -> Any:
     return model
 
 
-def _time_steps(step: Any, steps: int, reduce_max: Any = None) -> tuple[list[float], float]:
+def _time_steps(
+    step: Any, steps: int, reduce_max: Any = None, faults: list[float] | None = None
+) -> tuple[list[float], float]:
+    """Wall seconds of ``steps`` steps after 3 warm-up ones, and the CPU share of them; ``faults``: gets the
+    minor page faults (pages the kernel mapped afresh) of each timed step."""
+    import resource
+
     for _ in range(3):
         step()
     walls, cpus = [], []
     for _ in range(steps):
         if reduce_max is not None:
             reduce_max(None)  # a barrier: ranks start each step together
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         c0, w0 = time.process_time(), time.perf_counter()
         step()
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if faults is not None:
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         if reduce_max is not None:
             wall, cpu = reduce_max((wall, cpu))
         walls.append(wall)
@@ -195,12 +206,13 @@ def worker(model_name: str, layout: str, rank: int, world: int, port: int, steps
             model(ids, ids).backward()
             opt.step()
 
-    walls, share = _time_steps(step, steps, reduce_max)
+    faults: list[float] = []
+    walls, share = _time_steps(step, steps, reduce_max, faults)
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return {"steps": walls, "cpu_share": share}
+    return {"steps": walls, "cpu_share": share, "faults_per_step": statistics.median(faults), "faults": faults}
 
 
 def _pipeline_step(model: Any, cfg: ArchConfig, ids: Any, rank: int, world: int) -> Any:
@@ -315,6 +327,8 @@ def run_ranks(script: str, args: list[str], world: int, label: str, threads: int
         os.getloadavg()[0],
         others,
         probe,
+        result.get("faults_per_step"),
+        result.get("faults"),
     )
 
 
@@ -512,6 +526,8 @@ def main() -> None:
                 "attempts": [{"step_s": a.step_s, "other_cores": a.other_cores} for a in attempts],
                 "probe": m.probe,
                 "probe_drift": drift,
+                "faults_per_step": m.faults_per_step,
+                "faults": m.faults,
                 "predicted_step_s": p["step_time_s"],
                 "error": error,
                 "breakdown": p["breakdown"],

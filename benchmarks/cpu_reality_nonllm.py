@@ -136,12 +136,13 @@ def worker(name: str, layout: str, rank: int, world: int, port: int, steps: int,
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=optimizer == "fused")
 
-    walls, share = _time_steps(train_step(name, model, opt, inputs, labels), steps, reduce_max)
+    faults: list[float] = []
+    walls, share = _time_steps(train_step(name, model, opt, inputs, labels), steps, reduce_max, faults)
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return {"steps": walls, "cpu_share": share}
+    return {"steps": walls, "cpu_share": share, "faults_per_step": statistics.median(faults), "faults": faults}
 
 
 def measure(name: str, layout: str, steps: int, optimizer: str) -> Measured:
@@ -232,6 +233,7 @@ def main() -> None:
                    "load_before": [m.load_before for m in runs],
                    "iqr_over_median": [_iqr(m.steps) / m.step_s for m in runs],
                    "probes": [m.probe for m in runs], "probe_drift": drifts,
+                   "faults_per_step": [m.faults_per_step for m in runs], "faults": [m.faults for m in runs],
                    "calibration_probes": [calibration_probe(pair[ranks]) for pair in pairs],
                    "predicted_step_s": predicted, "predicted_steps_s": [p["step_time_s"] for p in preds],
                    "breakdown": preds[0]["breakdown"]}  # fmt: skip

@@ -36,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+from echosim.backends.base import program_dependent
 from echosim.compiler import Joint
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import CollectiveAttrs, OpKind, OptimizerAttrs
@@ -240,6 +241,8 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowe
         raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
     if joint.options.ep_overlap:
         raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
+    if program_dependent(joint.backend):
+        raise Fallback("a backend that prices ops by the whole stage program (a CPU rank's heap) needs each stage")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
     act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))

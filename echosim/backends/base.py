@@ -88,6 +88,25 @@ class Backend(Protocol):
         ...
 
 
+def for_program(backend: Any, graph: Any) -> Any:
+    """``backend`` for costing the ops of one rank's program ``graph``.
+
+    Optional for a backend: one whose op costs depend on the whole program it runs (a CPU rank's malloc
+    heap, shaped by what the program frees before its first optimizer step) returns a variant from
+    ``for_program(graph)``; any other is returned unchanged.
+    """
+    method = getattr(backend, "for_program", None)
+    return method(graph) if callable(method) else backend
+
+
+def program_dependent(backend: Any) -> bool:
+    """Whether the backend under its wrappers (``.inner``: guarded, calibrated) prices ops by the whole program
+    (:func:`for_program`)."""
+    while "inner" in getattr(backend, "__dict__", {}):
+        backend = backend.inner
+    return callable(getattr(backend, "for_program", None))
+
+
 #: Devices per node a backend without ``node_devices`` gets (an HGX/DGX node).
 DEFAULT_NODE_DEVICES = 8
 

@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.backends.topology import fill_domains
-from echosim.ir.graph import Node
+from echosim.ir.graph import Graph, Node
 from echosim.ir.names import is_grad_accumulate, is_recurrent_step
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import (
+    AttentionAttrs,
+    CollectiveAttrs,
+    ElementwiseAttrs,
+    EmbeddingAttrs,
+    MatmulAttrs,
+    OpKind,
+    Phase,
+)
 
 # PyTorch eager dispatch + a OneDNN primitive launch on CPU: a few µs per op.
 # Assumed (no measurement in the validation data).
@@ -40,20 +49,33 @@ GLOO_LOOPBACK_GBps = 10.0
 # cores at once before the page-table and LRU locks serialise them: 10 GB/s. `echosim calibrate`
 # measures it.
 FRESH_MEMORY_GBps = 10.0
-# glibc malloc (mallopt(3)): a block of at least M_MMAP_THRESHOLD (128 KiB at start) is mapped
-# for itself and unmapped when freed, and freed memory at the top of the heap beyond
-# M_TRIM_THRESHOLD is given back to the kernel. Smaller blocks are reused from the heap.
-# The threshold is dynamic: freeing a mapped block of up to DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on
-# 64-bit) raises it to that block's size and the trim threshold to twice that, so a block under
-# 32 MiB that a loop allocates and frees comes from the heap from its second round. Measured on this
-# 2-core VM (torch 2.13, one thread, CPU time): torch.zeros of 2.44 MiB in such a loop ~9 GB/s (eight
-# at once ~14 GB/s), of 40 MiB ~2.6 GB/s (mapped afresh every time). Inside the small DLRM's training
-# step (benchmarks/cpu_reality_nonllm.py under torch.profiler) the zero-fills of its eight 2.56 MB
-# table gradients run at ~3.7 GB/s, the fresh-page rate (calibrated 3.1 GB/s): with the step's other
-# allocations in between, the gradients freed by zero_grad(set_to_none=True) come back on fresh pages.
-# The heap's layout is not modelled, so the rule keeps the initial threshold, which the measured rows
-# support; one gradient under 32 MiB reused alone would be costed pessimistically.
+# glibc malloc (mallopt(3), malloc.c): a request of at least M_MMAP_THRESHOLD (DEFAULT_MMAP_THRESHOLD_MIN,
+# 128 KiB, at start) is mapped for itself and unmapped when freed; a smaller one comes from the heap, and
+# freed memory at the top of the heap beyond M_TRIM_THRESHOLD is given back to the kernel. The threshold is
+# dynamic: freeing a mapped chunk larger than the threshold and at most DEFAULT_MMAP_THRESHOLD_MAX
+# (4 * 1024 * 1024 * sizeof(long): 32 MiB on 64-bit) raises it to that chunk's size (its request plus the
+# chunk header, rounded up to whole pages) and the trim threshold to twice that. So the threshold a
+# training step runs under is set by the largest block freed before it (:func:`mmap_threshold_bytes`).
+# Measured on this 2-core VM (torch 2.13, benchmarks/data/cpu_heap_thresholds.json,
+# benchmarks/data/cpu_gloo_ddp_heap.json): the small DLRM's eight 2.56 MB table gradients, born each step in
+# the dense backward and freed by zero_grad(set_to_none=True), fault ~2,500-4,400 pages a step in one process,
+# where nothing that large is freed before the first optimizer step (AdamW's states are then mapped for
+# themselves, and the gradients, heap-fed once the first zero_grad raised the threshold, sit at the heap's
+# top and are trimmed); 0-48 pages when a block of 4-20 MB is freed before the first step (the states then
+# come from the heap above the gradients, which are reused), and under DDP, whose constructor does that
+# (DDP_BROADCAST_BUCKET_BYTES).
 MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_MAX_BYTES = 4 * 1024 * 1024 * 8
+# malloc.c: a mapped chunk is its request plus the chunk's size field (SIZE_SZ, 8 bytes on 64-bit) and the
+# alignment padding of posix_memalign (c10's CPU allocator aligns to 64 bytes), rounded up to pages.
+PAGE_BYTES = 4096
+CHUNK_OVERHEAD_BYTES = 8 + 64
+# torch.nn.parallel.DistributedDataParallel's constructor broadcasts rank 0's parameters and buffers
+# (_sync_module_states -> dist._broadcast_coalesced) in flat buffers of up to broadcast_bucket_size =
+# 250 MiB (torch/nn/parallel/distributed.py), filled tensor by tensor until one reaches the size
+# (compute_bucket_assignment_by_size, torch/csrc/distributed/c10d/reducer.cpp); each buffer is freed after
+# its broadcast, before the first step.
+DDP_BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
 # nn.EmbeddingBag on a CPU, beyond the bytes it moves (EmbeddingBag.cpp): each call (forward, and
 # backward again) builds its bookkeeping in a dozen small aten ops (offsets, offset2bag by zeros +
 # index_add + cumsum, bag sizes, max indices; in backward the sort's outputs and the bag numbers):
@@ -247,23 +269,80 @@ def memory_bound_time_s(
     return seconds + cpu.op_overhead_us * 1e-6
 
 
-def fresh_fill_time_s(cpu: CPUSpec, nbytes: int) -> float:
-    """A tensor of ``nbytes`` allocated and zero-filled each step and freed in bulk at the next:
-    at the fresh-page rate from glibc's mmap threshold up, else at the streaming rate."""
-    if nbytes < MMAP_THRESHOLD_BYTES:
+def mapped_chunk_bytes(nbytes: int) -> int:
+    """Bytes of the chunk glibc maps for a tensor of ``nbytes`` (CHUNK_OVERHEAD_BYTES, whole pages)."""
+    return -(-(nbytes + CHUNK_OVERHEAD_BYTES) // PAGE_BYTES) * PAGE_BYTES
+
+
+def mmap_threshold_bytes(freed: Iterable[int]) -> int:
+    """glibc's mmap threshold after blocks of these sizes (bytes, in order) were allocated and freed.
+
+    A block at or above the threshold when it is allocated is mapped for itself; freeing it raises the
+    threshold to its chunk's size (:func:`mapped_chunk_bytes`) when that is larger and at most
+    MMAP_THRESHOLD_MAX_BYTES. A smaller block came from the heap and leaves the threshold alone.
+    """
+    threshold = MMAP_THRESHOLD_BYTES
+    for nbytes in freed:
+        if nbytes >= threshold:  # mapped for itself
+            chunk = mapped_chunk_bytes(nbytes)
+            if threshold < chunk <= MMAP_THRESHOLD_MAX_BYTES:
+                threshold = chunk
+    return threshold
+
+
+def ddp_broadcast_buckets(sizes: Sequence[int], limit: int = DDP_BROADCAST_BUCKET_BYTES) -> list[int]:
+    """Bytes of the flat buffers DDP's constructor broadcasts ``sizes`` (its parameters and buffers) in:
+    tensors in order, a buffer closed once it reaches ``limit`` (DDP_BROADCAST_BUCKET_BYTES)."""
+    buckets, current = [], 0
+    for nbytes in sizes:
+        current += nbytes
+        if current >= limit:
+            buckets.append(current)
+            current = 0
+    return [*buckets, current] if current else buckets
+
+
+def _param_grad(graph: Graph, node: Node) -> bool:
+    return node.id in graph.derived("cpu-param-grads", lambda: frozenset(graph.grads.values()))
+
+
+def step_mmap_threshold_bytes(graph: Graph) -> int:
+    """The mmap threshold a rank's training steps run under (:func:`mmap_threshold_bytes`), from what its
+    program frees before the first optimizer step: its forward and backward tensors but the parameters'
+    gradients (freed by the next step's zero_grad, after the optimizer step), and under PyTorch DDP (gradient
+    buckets its reducer copies into) the parameter broadcast of its constructor (:func:`ddp_broadcast_buckets`).
+    Later frees raise it too, but by then the optimizer's states are mapped for themselves and the heap-fed
+    gradients are trimmed from the heap's top each step (MMAP_THRESHOLD_BYTES): the steps still fault."""
+    freed: list[int] = []
+    if any(isinstance(n.attrs, CollectiveAttrs) and n.attrs.bucket_copy for n in graph):
+        freed += ddp_broadcast_buckets([p.out.nbytes for p in graph.params()])
+    for n in graph:
+        if n.phase is Phase.OPTIMIZER or n.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER) or n.op.is_collective:
+            continue
+        if not is_inplace(n) and not _param_grad(graph, n):
+            freed.append(n.out.nbytes)
+    return mmap_threshold_bytes(freed)
+
+
+def fresh_fill_time_s(cpu: CPUSpec, nbytes: int, threshold: int = MMAP_THRESHOLD_BYTES) -> float:
+    """A tensor of ``nbytes`` allocated and zero-filled each step and freed in bulk at the next: at the
+    fresh-page rate when glibc maps it for itself (at or above the mmap ``threshold``), else at the
+    streaming rate (reused from the heap)."""
+    if nbytes < threshold:
         return memory_bound_time_s(cpu, nbytes)  # reused from the heap: an ordinary fill
     return nbytes / (cpu.fresh_memory_GBps * 1e9) + cpu.op_overhead_us * 1e-6
 
 
 def embedding_dense_backward_time_s(cpu: CPUSpec, table_bytes: int, rows: int, lookups: int, row_bytes: int,
-                                    streamed_bytes: int, bag: bool) -> float:  # fmt: skip
+                                    streamed_bytes: int, bag: bool,
+                                    threshold: int = MMAP_THRESHOLD_BYTES) -> float:  # fmt: skip
     """PyTorch's CPU backward of a dense (``sparse=False``) embedding or embedding_bag table.
 
     Both kernels start with ``at::zeros`` of the whole ``rows x dim`` gradient (Embedding.cpp
     ``embedding_dense_backward_cpu``, EmbeddingBag.cpp ``_embedding_bag_dense_backward_cpu``):
     a table-sized tensor born every step and freed at the next ``zero_grad``, so on a CPU its
-    pages come fresh from the kernel (:func:`fresh_fill_time_s`). Then each of the ``lookups``
-    ids adds its output-gradient row into its table row (read the row of dy, read and write
+    pages come fresh from the kernel from the mmap ``threshold`` up (:func:`fresh_fill_time_s`).
+    Then each of the ``lookups`` ids adds its output-gradient row into its table row (read the row of dy, read and write
     the gradient row). ``embedding_bag`` first sorts the ids (``indices.sort()``: a comparison
     sort's log2(n) passes over ids and positions), gathers their bag numbers and counts the
     ids per table row in a zeroed ``std::vector`` of ``rows`` indices (``compute_counts``).
@@ -275,7 +354,7 @@ def embedding_dense_backward_time_s(cpu: CPUSpec, table_bytes: int, rows: int, l
             f"embedding backward needs a table, got {table_bytes} B, {rows} rows, {row_bytes} B a row, "
             f"{lookups} lookups, {streamed_bytes} B streamed"
         )
-    time = fresh_fill_time_s(cpu, table_bytes)
+    time = fresh_fill_time_s(cpu, table_bytes, threshold)
     stream = streamed_bytes + 2 * lookups * row_bytes
     if bag and lookups:
         ids = lookups * INDEX_BYTES
@@ -431,12 +510,29 @@ class CPUBackend(KernelBackend):
     #: on CPU, dropout multiplies by a noise tensor in the input's dtype, which the product saves.
     fused_dropout = False
 
-    def __init__(self, cpu: CPUSpec, overlap: OverlapModel | None = None) -> None:
+    def __init__(
+        self, cpu: CPUSpec, overlap: OverlapModel | None = None, mmap_threshold: int = MMAP_THRESHOLD_BYTES
+    ) -> None:
         self.cpu = cpu
         self.name = cpu.name
         # gloo runs on its own threads and copies through memory: overlapped memory-bound ops
         # share DDR bandwidth with its copies (two per byte received); assumed 1.1x.
         self._overlap = overlap if overlap is not None else OverlapModel(1.0, 1.0, 1.1)
+        # glibc's mmap threshold the rank's steps run under (for_program); tensors below it are heap-fed
+        self.mmap_threshold = mmap_threshold
+        self._programs: dict[int, CPUBackend] = {}
+
+    def for_program(self, graph: Graph) -> CPUBackend:
+        """This backend for the steps of one rank's program ``graph``: its fresh-page fills priced under the mmap
+        threshold the program leaves (:func:`step_mmap_threshold_bytes`). One object per threshold, so that
+        costs cached by backend are shared by the programs that leave the same one."""
+        threshold = graph.derived("cpu-mmap-threshold", lambda: step_mmap_threshold_bytes(graph))
+        if threshold == self.mmap_threshold:
+            return self
+        known = self._programs.get(threshold)
+        if known is None:
+            known = self._programs[threshold] = CPUBackend(self.cpu, self._overlap, threshold)
+        return known
 
     def __repr__(self) -> str:
         return f"CPUBackend({self.cpu.name!r})"
@@ -475,7 +571,7 @@ class CPUBackend(KernelBackend):
                 # born every step, at the fresh-page rate from the mmap threshold up (fresh_fill_time_s)
                 fill = node.out.nbytes
                 rest = memory_bound_time_s(self.cpu, max(0, io_bytes - fill), vector_math=True)
-                return fresh_fill_time_s(self.cpu, fill) + rest
+                return fresh_fill_time_s(self.cpu, fill, self.mmap_threshold) + rest
         # a lookup or a sparse gradient writes rows of its output, not all of it: no write share counted
         written = 0 if node.op is OpKind.EMBEDDING else node.out.nbytes
         return memory_bound_time_s(self.cpu, io_bytes, is_math_kernel(node), written, is_inplace(node))
@@ -489,7 +585,9 @@ class CPUBackend(KernelBackend):
         streamed = max(0, io_bytes - table)
         lookups = a.lookups or streamed // (row + INDEX_BYTES)
         rows = max(1, node.out.numel // max(1, a.dim))
-        return embedding_dense_backward_time_s(self.cpu, table, rows, lookups, row, streamed, bag=a.lookups > 0)
+        return embedding_dense_backward_time_s(
+            self.cpu, table, rows, lookups, row, streamed, bag=a.lookups > 0, threshold=self.mmap_threshold
+        )
 
     def collective_time_s(self, kind: OpKind, nbytes: int, placement: Placement) -> float:
         return collective_time_s(self.cpu, kind, nbytes, placement)

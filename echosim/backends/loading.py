@@ -93,6 +93,18 @@ class GuardedBackend:
             raise self._fail("collective_time_s", exc) from None
         return self._checked("collective_time_s", value, f"{kind.value} of {nbytes} bytes")
 
+    def for_program(self, graph: Any) -> GuardedBackend:
+        """The wrapped backend's variant for one rank's program (:func:`~echosim.backends.base.for_program`),
+        guarded the same way; this object when the variant is the wrapped backend itself."""
+        inner = self._optional("for_program", self.inner, _same, graph)
+        if inner is self.inner:
+            return self
+        known = self.__dict__.setdefault("_programs", {})
+        if id(inner) not in known:
+            guarded = GuardedBackend(inner, self.name, self.owner, self.warnings)
+            known[id(inner)] = (inner, guarded)  # the variant kept alive with its key
+        return known[id(inner)][1]
+
     def supports_dtype(self, dtype: str) -> bool:
         """Optional for a plugin: without ``supports_dtype`` every dtype is accepted."""
         return self._optional("supports_dtype", True, bool, dtype)

@@ -14,6 +14,7 @@ or :func:`echosim.calibrate.apply_measurements` (``echosim cost --calibration``)
 
 from __future__ import annotations
 
+import copy
 import math
 import sqlite3
 from collections.abc import Iterable
@@ -316,6 +317,21 @@ class CalibratedBackend:
         if attr.startswith("__") or attr == "inner":  # no recursion before __init__ sets inner
             raise AttributeError(attr)
         return getattr(self.inner, attr)
+
+    def for_program(self, graph: Any) -> Any:
+        """The wrapped backend's variant for one rank's program (:func:`~echosim.backends.base.for_program`),
+        with the same measurements answering first (and the same record of extrapolations)."""
+        method = getattr(self.inner, "for_program", None)
+        inner = method(graph) if callable(method) else self.inner
+        if inner is self.inner:
+            return self
+        known = self.__dict__.setdefault("_programs", {})
+        if id(inner) not in known:
+            variant = copy.copy(self)  # shares the measured table and the extrapolation record
+            variant.__dict__.pop("_programs", None)
+            variant.inner = inner
+            known[id(inner)] = (inner, variant)
+        return known[id(inner)][1]
 
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         key = node_key(node, io_bytes)

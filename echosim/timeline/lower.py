@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from echosim.backends.base import Backend, Placement
+from echosim.backends.base import Backend, Placement, for_program
 from echosim.backends.deepep import deepep_time_s
 from echosim.ir.graph import SAME_NODES, Graph, Node
 from echosim.ir.names import cost_traits
@@ -180,7 +180,9 @@ def bandwidth_violations(stages: Sequence[Stage], backend: Any, where: dict[Axis
         graph = stage.graph
         used = tuple(sorted((a.value, p) for a, p in where.items()))
         key = (backend, used, graph)
-        out += _BANDWIDTHS.get(key, lambda g=graph: _graph_bandwidth(g, Coster(g, backend, where), memory, links))
+        out += _BANDWIDTHS.get(
+            key, lambda g=graph: _graph_bandwidth(g, Coster(g, for_program(backend, g), where), memory, links)
+        )
     return list(dict.fromkeys(out))
 
 
@@ -287,6 +289,7 @@ def lower_stage(
     reduction and the step tail, so the units are timed once for the three.
     """
     graph = stage.graph
+    backend = for_program(backend, graph)  # a CPU rank's heap: what its whole program frees (the DP buckets too)
     cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     units_of = _unit_graph(stage)
