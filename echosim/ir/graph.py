@@ -54,6 +54,10 @@ class Graph:
         self._dag: nx.DiGraph | None = None
         self._users: dict[int, list[int]] | None = None
         self._derived: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
+        # the PARAMETER nodes in table order once asked for (:meth:`params`), kept by adds and copies; never
+        # changed in place (copies share it). A search's stage passes copy a stage graph three times and the
+        # optimizer pass, the parameter count and the sparse tables each read its parameters
+        self._params: list[Node] | None = None
         self.repeats: dict[str, int] = dict(repeats or {})
         # Layers one repetition of a repeated block holds, where more than one: the zoo's interleaved
         # blocks (five local layers then a global one, dense then MoE) run their layers in turn, each a
@@ -83,6 +87,8 @@ class Graph:
         node = Node(nid, op, ins, out, attrs if attrs is not None else NoAttrs(), phase, scope, name, origin)
         self._nodes[nid] = node
         self._derived.clear()
+        if op is OpKind.PARAMETER and self._params is not None:
+            self._params = [*self._params, node]
         if self._dag is not None:
             self._dag.add_node(nid)
             self._dag.add_edges_from((i, nid) for i in ins)
@@ -97,12 +103,15 @@ class Graph:
         new = replace(old, **changes)  # type: ignore[arg-type]
         self._nodes[nid] = new
         self._derived.clear()
+        if OpKind.PARAMETER in (old.op, new.op):
+            self._params = None
         if new.inputs != old.inputs:
             self._changed()
 
     def copy(self, name: str | None = None) -> Graph:
         g = Graph(name or self.name, self.repeats, self.block_layers)
         g._nodes = dict(self._nodes)
+        g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)
         g.outputs = list(self.outputs)
         g.grads = dict(self.grads)
@@ -117,6 +126,7 @@ class Graph:
     @nodes.setter
     def nodes(self, table: dict[int, Node]) -> None:
         self._nodes = table
+        self._params = None
         self._changed()
 
     def _changed(self) -> None:
@@ -209,11 +219,17 @@ class Graph:
         return [n for n in self._nodes.values() if n.phase is phase]
 
     def params(self) -> list[Node]:
-        return [n for n in self._nodes.values() if n.op is OpKind.PARAMETER]
+        """The parameter nodes, in table order."""
+        return list(self._param_nodes())
+
+    def _param_nodes(self) -> list[Node]:
+        if self._params is None:
+            self._params = [n for n in self._nodes.values() if n.op is OpKind.PARAMETER]
+        return self._params
 
     def param_count(self) -> int:
         """Parameter elements this graph holds, repeats included (after sharding: this rank's shards only).
 
         A property of the graph, not an analysis pass: frontends report it for what they capture.
         """
-        return sum(n.out.numel * self.multiplicity(n) for n in self.params())
+        return sum(n.out.numel * self.multiplicity(n) for n in self._param_nodes())
