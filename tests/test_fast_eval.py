@@ -130,7 +130,7 @@ def test_stage_depths_share_their_working_set_terms_exactly() -> None:
     # kept on the depth-1 graph by the added nodes: stage graphs of depths 2 and 3 (whose optimizer steps differ)
     # share an entry, and each was checked against its own walk above
     refs = {id(r): r for s in stages if (r := s.base.derived(SAME_NODES, lambda: None)) is not None}
-    entries = sum(len(v) for r in refs.values() for k, (_, v) in r._derived.items()
+    entries = sum(len(v[-1]) for r in refs.values() for k, v in r._derived.items()
                   if isinstance(k, tuple) and k[0] == "transient-by-added")  # fmt: skip
     asked = sum(1 for s in {id(s.graph): s for s in stages}.values() for k in s.graph._derived
                 if isinstance(k, tuple) and k[0] == "transient-bytes")  # fmt: skip

@@ -137,3 +137,49 @@ def test_params_kept_across_adds_replaces_and_copies_equal_a_fresh_scan(steps: l
             scan = [n for n in h.nodes.values() if n.op is OpKind.PARAMETER]
             assert h.params() == scan and [n is m for n, m in zip(h.params(), scan, strict=True)] == [True] * len(scan)
             assert h.param_count() == sum(n.out.numel * h.multiplicity(n) for n in scan)
+
+
+def _old_stamp(g: Graph) -> tuple[object, ...]:
+    return (len(g.nodes), g._next, tuple(g.repeats.items()), len(g.inputs), len(g.outputs), len(g.grads),
+            tuple(g.block_layers.items()))  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["repeats", "reorder", "same", "layers", "input", "output", "grad", "add",
+                                           "replace", "ask"]), st.integers(1, 3)), max_size=25))  # fmt: skip
+def test_derived_is_computed_again_exactly_when_the_graph_changes(steps: list[tuple[str, int]]) -> None:
+    """Graph.derived keeps a value until a node is added or replaced or the repeats (their order too), block layers,
+    inputs, outputs or gradients change: it is computed again exactly when a stamp of all of those differs."""
+    g = small_graph()
+    g.repeats = {"layers.0": 3, "layers.1": 2}
+    calls = [0]
+
+    def compute() -> int:
+        calls[0] += 1
+        return calls[0]
+
+    g.derived("k", compute)
+    last = _old_stamp(g)
+    for what, k in steps:
+        if what == "repeats":
+            g.repeats["layers.0"] = k
+        elif what == "reorder":
+            g.repeats = dict(reversed(list(g.repeats.items())))
+        elif what == "same":
+            g.repeats = dict(g.repeats)
+        elif what == "layers":
+            g.block_layers = {"layers.0": k + 1, "layers.1": 2} if k > 1 else {}
+        elif what == "input":
+            g.inputs.append(0)
+        elif what == "output":
+            g.outputs = g.outputs[:1] * k
+        elif what == "grad":
+            g.grads[k] = 0
+        elif what == "add":
+            g.add(OpKind.ELEMENTWISE, (0,), TensorSpec((2, 4), DType.BF16), ElementwiseAttrs("relu"))
+        elif what == "replace":
+            g.replace(0, name=f"x{k}")
+        before = calls[0]
+        got = g.derived("k", compute)
+        assert got == calls[0] and (calls[0] > before) == (_old_stamp(g) != last or what == "replace")
+        last = _old_stamp(g)

@@ -53,7 +53,8 @@ class Graph:
         self._nodes: dict[int, Node] = {}
         self._dag: nx.DiGraph | None = None
         self._users: dict[int, list[int]] | None = None
-        self._derived: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
+        self._derived: dict[Hashable, tuple[tuple[int, ...], Any, Any]] = {}
+        self._shape: tuple[dict[str, int], dict[str, int]] | None = None  # see :meth:`derived`
         # the PARAMETER nodes in table order once asked for (:meth:`params`), kept by adds and copies; never
         # changed in place (copies share it). A search's stage passes copy a stage graph three times and the
         # optimizer pass, the parameter count and the sparse tables each read its parameters
@@ -141,13 +142,24 @@ class Graph:
         Dropped when a node is added or replaced or the node table, repeats, inputs,
         outputs or gradients change, so a cached analysis never describes an older graph.
         """
-        stamp = (len(self._nodes), self._next, tuple(self.repeats.items()), len(self.inputs), len(self.outputs),
-                 len(self.grads), tuple(self.block_layers.items()))  # fmt: skip
+        # the repeats and block layers each value was computed under: one copy shared by the values computed while
+        # they stay equal (in order), compared with them, not rebuilt, on each call (a search makes ~10^6 calls)
+        shape, rep, layers = self._shape, self.repeats, self.block_layers
+        if (
+            shape is None
+            or shape[0] != rep
+            or shape[1] != layers
+            or (  # equal, and in the same order (as tuples)
+                (len(rep) > 1 and list(shape[0]) != list(rep)) or (len(layers) > 1 and list(shape[1]) != list(layers))
+            )
+        ):
+            shape = self._shape = (dict(rep), dict(layers))
+        sizes = (len(self._nodes), self._next, len(self.inputs), len(self.outputs), len(self.grads))
         hit = self._derived.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]  # type: ignore[no-any-return]
+        if hit is not None and hit[1] is shape and hit[0] == sizes:
+            return hit[2]  # type: ignore[no-any-return]
         value = compute()
-        self._derived[key] = (stamp, value)
+        self._derived[key] = (sizes, shape, value)
         return value
 
     # -- reading ----------------------------------------------------------------
