@@ -185,3 +185,22 @@ def test_dp_tail_times_equals_the_loop_it_hoists_to_the_bit(
     comm_end = max(comm_end, total_bwd) + b.rest
     want = max(0.0, comm_end - total_bwd) + overlapped * (slow - 1.0)
     assert dp_tail_times(b, [(first, 1), (block, layers), (last, 1)], True, slow)[0] == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("FBW"), st.integers(0, 3), st.integers(0, 5)), max_size=40))
+def test_in_flight_reads_the_blocks_as_the_generator_it_replaces(seq: list[tuple[str, int, int]]) -> None:
+    """The composer reads a rank's blocks by C-level maps: the same columns as the generator over them."""
+    import numpy as np
+
+    from echosim.timeline.composer import _in_flight
+
+    if not seq:
+        assert _in_flight(seq) == {}
+        return
+    sign = np.array([1 if b[0] == "F" else -1 if b[0] == "B" else 0 for b in seq], np.int64)
+    chunk = np.array([b[1] for b in seq], np.int64)
+    forwards = chunk[sign == 1]
+    first = np.unique(forwards, return_index=True)[1]
+    want = {v: int(np.cumsum(sign[chunk == v]).max()) for v in forwards[np.sort(first)].tolist()}
+    assert _in_flight(seq) == want
