@@ -127,6 +127,49 @@ def test_stage_depths_share_their_working_set_terms_exactly() -> None:
             assert transient_bytes(stage.graph, saved, base) == transient_bytes(stage.graph.copy(), saved)
             shared += ref is not base
     assert shared >= 10
+    # kept on the depth-1 graph by the added nodes: stage graphs of depths 2 and 3 (whose optimizer steps differ)
+    # share an entry, and each was checked against its own walk above
+    refs = {id(r): r for s in stages if (r := s.base.derived(SAME_NODES, lambda: None)) is not None}
+    entries = sum(len(v[-1]) for r in refs.values() for k, v in r._derived.items()
+                  if isinstance(k, tuple) and k[0] == "transient-by-added")  # fmt: skip
+    asked = sum(1 for s in {id(s.graph): s for s in stages}.values() for k in s.graph._derived
+                if isinstance(k, tuple) and k[0] == "transient-bytes")  # fmt: skip
+    assert 0 < entries < asked
+
+
+def test_working_set_kept_by_added_nodes_tells_their_sizes_apart_but_not_the_optimizer_step() -> None:
+    """A stage graph's working set is kept on its depth-1 graph by the nodes the stage passes added: a reduce-scatter
+    of another group size (another working set) is another entry, an optimizer step of another size is not; each
+    equals a walk of the whole graph."""
+    from echosim.ir import DType, OpKind, Phase, TensorSpec
+    from echosim.ir.graph import SAME_NODES
+    from echosim.ir.ops import Axis, CollectiveAttrs, OptimizerAttrs, Role
+    from echosim.passes.memory import SavedPolicy, transient_bytes
+
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", [Plan(pp=2, dp=4, global_batch=16)], Cluster("h100-sxm", 8), 1.0, fast=True)
+    stage = next(s for s in fast_eval._STAGES._data.values()
+                 if s.base is not None and s.base.derived(SAME_NODES, lambda: None) is not None)  # fmt: skip
+    base, saved = stage.base, SavedPolicy()
+    grads = list(base.grads.values())
+    big = 64 * max(n.out.nbytes for n in base)  # larger than any op's working set: it sets the peak
+
+    def variant(size: int, params: int) -> int:
+        g = base.copy()
+        spec = TensorSpec((big // 4,), DType.FP32)
+        g.add(OpKind.REDUCE_SCATTER, grads, spec, CollectiveAttrs(Axis.DP, size, big, Role.GRAD_SYNC),
+              phase=Phase.BACKWARD, name="rs")  # fmt: skip
+        g.add(OpKind.OPTIMIZER_UPDATE, grads, TensorSpec((params,), DType.FP32), OptimizerAttrs("adam", params, 16),
+              phase=Phase.OPTIMIZER, name="optimizer.step")  # fmt: skip
+        got = transient_bytes(g, saved, base)
+        assert got == transient_bytes(g.copy(), saved)  # a copy has no base: its whole walk
+        return got
+
+    kept = base.derived(SAME_NODES, lambda: base).derived(("transient-by-added", saved), dict)
+    before = len(kept)
+    assert variant(2, 100) != variant(8, 100)
+    assert variant(2, 100) == variant(2, 300)
+    assert len(kept) == before + 2
 
 
 @pytest.mark.parametrize("model", ["gpt3-350m", "moe"])

@@ -104,3 +104,82 @@ def test_block_of_is_the_prefix_or_its_dotted_child(prefixes: list[str], scope: 
     node = g[g.add(OpKind.INPUT, (), TensorSpec((1,), DType.FP32), scope=scope)]
     expected = next((p for p in prefixes if scope == p or scope.startswith(p + ".")), None)
     assert g.block_of(node) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add-param", "add-op", "to-param", "to-op", "copy", "reorder", "ask"]),
+                          st.integers(0, 50)), max_size=30))  # fmt: skip
+def test_params_kept_across_adds_replaces_and_copies_equal_a_fresh_scan(steps: list[tuple[str, int]]) -> None:
+    """Graph.params is kept once asked for (adds append to it, copies share it, a replace or a new node table
+    forgets it); it must equal a scan of the node table after any sequence of edits, and a copy's edits must not
+    reach the original."""
+    g = small_graph()
+    graphs = [g]
+    spec = TensorSpec((4,), DType.BF16)
+    for what, k in steps:
+        g = graphs[k % len(graphs)]
+        nid = list(g.nodes)[k % len(g.nodes)]
+        if what == "add-param":
+            g.add(OpKind.PARAMETER, (), spec, ParamAttrs(), scope="layers.0.fc", name=f"p{k}")
+        elif what == "add-op":
+            g.add(OpKind.ELEMENTWISE, (nid,), spec, ElementwiseAttrs("relu"), name=f"e{k}")
+        elif what == "to-param":
+            g.replace(nid, op=OpKind.PARAMETER, inputs=(), attrs=ParamAttrs())
+        elif what == "to-op":
+            g.replace(nid, op=OpKind.VIEW)
+        elif what == "copy":
+            graphs.append(g.copy())
+        elif what == "reorder":
+            g.nodes = dict(reversed(list(g.nodes.items())))
+        else:
+            g.params()
+        for h in graphs:
+            scan = [n for n in h.nodes.values() if n.op is OpKind.PARAMETER]
+            assert h.params() == scan and [n is m for n, m in zip(h.params(), scan, strict=True)] == [True] * len(scan)
+            assert h.param_count() == sum(n.out.numel * h.multiplicity(n) for n in scan)
+
+
+def _old_stamp(g: Graph) -> tuple[object, ...]:
+    return (len(g.nodes), g._next, tuple(g.repeats.items()), len(g.inputs), len(g.outputs), len(g.grads),
+            tuple(g.block_layers.items()))  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["repeats", "reorder", "same", "layers", "input", "output", "grad", "add",
+                                           "replace", "ask"]), st.integers(1, 3)), max_size=25))  # fmt: skip
+def test_derived_is_computed_again_exactly_when_the_graph_changes(steps: list[tuple[str, int]]) -> None:
+    """Graph.derived keeps a value until a node is added or replaced or the repeats (their order too), block layers,
+    inputs, outputs or gradients change: it is computed again exactly when a stamp of all of those differs."""
+    g = small_graph()
+    g.repeats = {"layers.0": 3, "layers.1": 2}
+    calls = [0]
+
+    def compute() -> int:
+        calls[0] += 1
+        return calls[0]
+
+    g.derived("k", compute)
+    last = _old_stamp(g)
+    for what, k in steps:
+        if what == "repeats":
+            g.repeats["layers.0"] = k
+        elif what == "reorder":
+            g.repeats = dict(reversed(list(g.repeats.items())))
+        elif what == "same":
+            g.repeats = dict(g.repeats)
+        elif what == "layers":
+            g.block_layers = {"layers.0": k + 1, "layers.1": 2} if k > 1 else {}
+        elif what == "input":
+            g.inputs.append(0)
+        elif what == "output":
+            g.outputs = g.outputs[:1] * k
+        elif what == "grad":
+            g.grads[k] = 0
+        elif what == "add":
+            g.add(OpKind.ELEMENTWISE, (0,), TensorSpec((2, 4), DType.BF16), ElementwiseAttrs("relu"))
+        elif what == "replace":
+            g.replace(0, name=f"x{k}")
+        before = calls[0]
+        got = g.derived("k", compute)
+        assert got == calls[0] and (calls[0] > before) == (_old_stamp(g) != last or what == "replace")
+        last = _old_stamp(g)

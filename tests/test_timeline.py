@@ -153,3 +153,54 @@ def test_list_scheduling_short_path_equals_the_general_step(spec: list, data: st
     t = _timing(nodes, fast[3], dur, set())
     assert all(e == OpEvent(*(getattr(e, f) for f in OpEvent.__dataclass_fields__)) for e in t.events)
     assert _event(1, "a", COMM, 0.5, 1.0, "comm.tp", 0.25) == OpEvent(1, "a", COMM, 0.5, 1.0, "comm.tp", 0.25)
+
+
+def _tail_loop_as_written_before(first: float, period: float, into: float, per_layer: float, layers: int,
+                                 total_bwd: float) -> tuple[float, float]:  # fmt: skip
+    comm_end = overlapped = 0.0
+    for j in range(1, layers + 1):
+        ready = first + j * (period + into)
+        start = max(ready, comm_end)
+        comm_end = start + per_layer
+        overlapped += max(0.0, min(comm_end, total_bwd) - start)
+    return comm_end, overlapped
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-6, 10.0), min_size=6, max_size=6), st.integers(1, 40), st.booleans(), st.floats(1.0, 2.0))
+def test_dp_tail_times_equals_the_loop_it_hoists_to_the_bit(
+    x: list[float], layers: int, copies: bool, slow: float
+) -> None:
+    """dp_tail_times reads the loop's invariants once: the same operands, so the same floats as the loop over
+    ``block.period + into_layer`` recomputed per layer."""
+    from echosim.timeline.lower import BucketSeconds, dp_tail_times, repeated
+    from echosim.timeline.streams import UnitTiming
+
+    first, block, last = (UnitTiming(duration=x[k], critical_end=x[k] * 0.75) for k in range(3))
+    b = BucketSeconds(x[3], x[4], x[5] if copies else 0.0, 0.0, 0.0, 0.0)
+    total_bwd = first.duration + repeated(block, layers) + last.duration
+    total_bwd += b.into_layer * layers + b.into_rest
+    comm_end, overlapped = _tail_loop_as_written_before(first.duration, block.period, b.into_layer, b.per_layer,
+                                                        layers, total_bwd)  # fmt: skip
+    comm_end = max(comm_end, total_bwd) + b.rest
+    want = max(0.0, comm_end - total_bwd) + overlapped * (slow - 1.0)
+    assert dp_tail_times(b, [(first, 1), (block, layers), (last, 1)], True, slow)[0] == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("FBW"), st.integers(0, 3), st.integers(0, 5)), max_size=40))
+def test_in_flight_reads_the_blocks_as_the_generator_it_replaces(seq: list[tuple[str, int, int]]) -> None:
+    """The composer reads a rank's blocks by C-level maps: the same columns as the generator over them."""
+    import numpy as np
+
+    from echosim.timeline.composer import _in_flight
+
+    if not seq:
+        assert _in_flight(seq) == {}
+        return
+    sign = np.array([1 if b[0] == "F" else -1 if b[0] == "B" else 0 for b in seq], np.int64)
+    chunk = np.array([b[1] for b in seq], np.int64)
+    forwards = chunk[sign == 1]
+    first = np.unique(forwards, return_index=True)[1]
+    want = {v: int(np.cumsum(sign[chunk == v]).max()) for v in forwards[np.sort(first)].tolist()}
+    assert _in_flight(seq) == want

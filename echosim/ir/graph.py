@@ -53,7 +53,12 @@ class Graph:
         self._nodes: dict[int, Node] = {}
         self._dag: nx.DiGraph | None = None
         self._users: dict[int, list[int]] | None = None
-        self._derived: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
+        self._derived: dict[Hashable, tuple[tuple[int, ...], Any, Any]] = {}
+        self._shape: tuple[dict[str, int], dict[str, int]] | None = None  # see :meth:`derived`
+        # the PARAMETER nodes in table order once asked for (:meth:`params`), kept by adds and copies; never
+        # changed in place (copies share it). A search's stage passes copy a stage graph three times and the
+        # optimizer pass, the parameter count and the sparse tables each read its parameters
+        self._params: list[Node] | None = None
         self.repeats: dict[str, int] = dict(repeats or {})
         # Layers one repetition of a repeated block holds, where more than one: the zoo's interleaved
         # blocks (five local layers then a global one, dense then MoE) run their layers in turn, each a
@@ -83,6 +88,8 @@ class Graph:
         node = Node(nid, op, ins, out, attrs if attrs is not None else NoAttrs(), phase, scope, name, origin)
         self._nodes[nid] = node
         self._derived.clear()
+        if op is OpKind.PARAMETER and self._params is not None:
+            self._params = [*self._params, node]
         if self._dag is not None:
             self._dag.add_node(nid)
             self._dag.add_edges_from((i, nid) for i in ins)
@@ -97,12 +104,15 @@ class Graph:
         new = replace(old, **changes)  # type: ignore[arg-type]
         self._nodes[nid] = new
         self._derived.clear()
+        if OpKind.PARAMETER in (old.op, new.op):
+            self._params = None
         if new.inputs != old.inputs:
             self._changed()
 
     def copy(self, name: str | None = None) -> Graph:
         g = Graph(name or self.name, self.repeats, self.block_layers)
         g._nodes = dict(self._nodes)
+        g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)
         g.outputs = list(self.outputs)
         g.grads = dict(self.grads)
@@ -117,6 +127,7 @@ class Graph:
     @nodes.setter
     def nodes(self, table: dict[int, Node]) -> None:
         self._nodes = table
+        self._params = None
         self._changed()
 
     def _changed(self) -> None:
@@ -131,13 +142,24 @@ class Graph:
         Dropped when a node is added or replaced or the node table, repeats, inputs,
         outputs or gradients change, so a cached analysis never describes an older graph.
         """
-        stamp = (len(self._nodes), self._next, tuple(self.repeats.items()), len(self.inputs), len(self.outputs),
-                 len(self.grads), tuple(self.block_layers.items()))  # fmt: skip
+        # the repeats and block layers each value was computed under: one copy shared by the values computed while
+        # they stay equal (in order), compared with them, not rebuilt, on each call (a search makes ~10^6 calls)
+        shape, rep, layers = self._shape, self.repeats, self.block_layers
+        if (
+            shape is None
+            or shape[0] != rep
+            or shape[1] != layers
+            or (  # equal, and in the same order (as tuples)
+                (len(rep) > 1 and list(shape[0]) != list(rep)) or (len(layers) > 1 and list(shape[1]) != list(layers))
+            )
+        ):
+            shape = self._shape = (dict(rep), dict(layers))
+        sizes = (len(self._nodes), self._next, len(self.inputs), len(self.outputs), len(self.grads))
         hit = self._derived.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]  # type: ignore[no-any-return]
+        if hit is not None and hit[1] is shape and hit[0] == sizes:
+            return hit[2]  # type: ignore[no-any-return]
         value = compute()
-        self._derived[key] = (stamp, value)
+        self._derived[key] = (sizes, shape, value)
         return value
 
     # -- reading ----------------------------------------------------------------
@@ -209,11 +231,17 @@ class Graph:
         return [n for n in self._nodes.values() if n.phase is phase]
 
     def params(self) -> list[Node]:
-        return [n for n in self._nodes.values() if n.op is OpKind.PARAMETER]
+        """The parameter nodes, in table order."""
+        return list(self._param_nodes())
+
+    def _param_nodes(self) -> list[Node]:
+        if self._params is None:
+            self._params = [n for n in self._nodes.values() if n.op is OpKind.PARAMETER]
+        return self._params
 
     def param_count(self) -> int:
         """Parameter elements this graph holds, repeats included (after sharding: this rank's shards only).
 
         A property of the graph, not an analysis pass: frontends report it for what they capture.
         """
-        return sum(n.out.numel * self.multiplicity(n) for n in self.params())
+        return sum(n.out.numel * self.multiplicity(n) for n in self._param_nodes())

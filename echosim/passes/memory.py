@@ -328,11 +328,25 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
     added = added_nodes(graph, base)
     if base is None or added is None:
         return _working_terms(graph, list(graph), saved).bytes(saved.prefetch_held)
-    # what backward has freed before an appended node: all that the base's last readers free, when the
-    # appended nodes read no forward value (then they are no value's last reader, and come after every one)
     # the base's terms read no repeat count: a base that holds another's nodes under other repeat counts (a
     # search's stage shape at depths 1-3, :data:`~echosim.ir.graph.SAME_NODES`) takes that one's
     ref = base.derived(SAME_NODES, lambda: base)
+    # so the bytes are a function of ref's nodes, the added nodes and ``saved``, kept on ref by the added nodes.
+    # An optimizer-phase node is read for its id and inputs only (it has no working set, replays and gathers
+    # nothing unless it is an FSDP gather): the optimizer step and ZeRO's parameter gather, whose sizes grow
+    # with the depth, do not keep depths 2 and 3 of a stage apart
+    key = tuple(n if n.phase is not Phase.OPTIMIZER or _fsdp_gather(n) else (n.id, n.inputs) for n in added)
+    known = ref.derived(("transient-by-added", saved), dict)
+    hit = known.get(key)
+    if hit is None:
+        hit = known[key] = _extended_transient(graph, added, saved, ref)
+    return hit
+
+
+def _extended_transient(graph: Graph, added: list[Node], saved: SavedPolicy, ref: Graph) -> int:
+    """:func:`transient_bytes` of ``graph``: the nodes of ``ref`` (under its own repeat counts) and ``added``."""
+    # what backward has freed before an appended node: all that the base's last readers free, when the
+    # appended nodes read no forward value (then they are no value's last reader, and come after every one)
     freed = None
     if not _reads_forward(graph, added):
         ends = ref.derived(("freed-schedule", saved), lambda: _freed_schedule(ref, saved))[2]

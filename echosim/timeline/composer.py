@@ -31,6 +31,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from echosim.timeline.schedule import Block, BlockTime, ScheduleError
 
 F, B = 0, 1
 _KINDS = {"F": F, "B": B}
+_SIGNS = {"F": 1, "B": -1}  # a block's change to the micro-batches a rank holds (any other kind: 0)
 _PLANS: Memo[SchedulePlan] = Memo("schedule plans", maxsize=256)
 
 
@@ -99,9 +101,10 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
     sizes = [len(seq) for seq in frozen]
     n = sum(sizes)
     flat = [block for seq in frozen for block in seq]
-    kinds = np.fromiter(map(_KINDS.__getitem__, (b[0] for b in flat)), np.int64, n)
-    vs = np.fromiter((b[1] for b in flat), np.int64, n)
-    js = np.fromiter((b[2] for b in flat), np.int64, n)
+    # each column read by a C-level map (a full-space search builds plans of millions of blocks)
+    kinds = np.fromiter(map(_KINDS.__getitem__, map(itemgetter(0), flat)), np.int64, n)
+    vs = np.fromiter(map(itemgetter(1), flat), np.int64, n)
+    js = np.fromiter(map(itemgetter(2), flat), np.int64, n)
     if n and (vs.min() < 0 or js.min() < 0):
         raise ScheduleError("pipeline schedule names a negative virtual stage or micro-batch")
     vstages = max(vstages, int(vs.max()) + 1 if n else 1)
@@ -240,8 +243,8 @@ def _in_flight(seq: Sequence[Block]) -> dict[int, int]:
     forward has run and backward has not, along the rank's orders."""
     if not seq:
         return {}
-    sign = np.fromiter((1 if b[0] == "F" else -1 if b[0] == "B" else 0 for b in seq), np.int64, len(seq))
-    chunk = np.fromiter((b[1] for b in seq), np.int64, len(seq))
+    sign = np.fromiter(map(_SIGNS.get, map(itemgetter(0), seq), itertools.repeat(0)), np.int64, len(seq))
+    chunk = np.fromiter(map(itemgetter(1), seq), np.int64, len(seq))
     forwards = chunk[sign == 1]
     first = np.unique(forwards, return_index=True)[1]
     peak: dict[int, int] = {}

@@ -747,10 +747,11 @@ def dp_tail_times(
     total_bwd += b.into_layer * layers + b.into_rest  # the last backward with its copies into the buckets
     comm_end = 0.0
     overlapped = 0.0
+    # the loop's invariants read once (the same operands: the same sums); a search runs this for every stage depth
+    head, step, per_layer = first.duration, block.period + b.into_layer, b.per_layer
     for j in range(1, layers + 1):
-        ready = first.duration + j * (block.period + b.into_layer)
-        start = max(ready, comm_end)
-        comm_end = start + b.per_layer
+        start = max(head + j * step, comm_end)
+        comm_end = start + per_layer
         overlapped += max(0.0, min(comm_end, total_bwd) - start)
     comm_end = max(comm_end, total_bwd) + b.rest
     exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
