@@ -553,11 +553,25 @@ def _warn(errors: list[str]) -> None:
 
 
 def main() -> None:
+    from echosim.commands import search as search_command
+
+    search_command.SKIP_TEARDOWN[0] = False
     try:
         cli.main()
     except EchosimError as exc:  # a plugin's commands clashing, found while looking a command up
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
+    except SystemExit as done:
+        if search_command.SKIP_TEARDOWN[0] and done.code in (None, 0):
+            _exit_without_teardown()
+        raise
+
+
+def _exit_without_teardown() -> None:
+    """Exit 0 at once, output flushed, leaving the search's caches to the OS (see ``SKIP_TEARDOWN``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
