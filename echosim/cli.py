@@ -553,18 +553,27 @@ def _warn(errors: list[str]) -> None:
 
 
 def main() -> None:
-    from echosim.commands import search as search_command
-
-    search_command.SKIP_TEARDOWN[0] = False
+    flag = _search_flag()
+    if flag is not None:
+        flag[0] = False  # a search run earlier in this process (a test's) does not speak for this command
     try:
         cli.main()
     except EchosimError as exc:  # a plugin's commands clashing, found while looking a command up
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
     except SystemExit as done:
-        if search_command.SKIP_TEARDOWN[0] and done.code in (None, 0):
+        flag = _search_flag()
+        if flag is not None and flag[0] and done.code in (None, 0):
             _exit_without_teardown()
         raise
+
+
+def _search_flag() -> list[bool] | None:
+    """``SKIP_TEARDOWN`` of :mod:`echosim.commands.search` where the search command imported it (looked up, not
+    imported: other commands do not pay for the search's imports)."""
+    module = sys.modules.get("echosim.commands.search")
+    flag: list[bool] | None = None if module is None else module.SKIP_TEARDOWN
+    return flag
 
 
 def _exit_without_teardown() -> None:

@@ -241,8 +241,6 @@ def run(
     """Search each cluster size, then print (or write) what the options ask for."""
     from echosim.layout_search import search
 
-    SKIP_TEARDOWN[0] = False
-
     results = []
     for cluster in clusters:
         with progress_bar(not as_json, f"{cluster.devices} devices") as advance:
