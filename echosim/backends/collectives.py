@@ -79,6 +79,8 @@ TREE_CORRECTION = (
     (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 )  # fmt: skip
+# the factors Tree runs with: entries from TREE_UNCORRECTED_FROM on are 1
+TREE_CORRECTION_APPLIED = tuple((*row[:TREE_UNCORRECTED_FROM], 1.0) for row in TREE_CORRECTION)
 
 # Achieved fraction of InfiniBand line rate: NDR 400 Gb/s reaches 46-48 of 50 GB/s per NIC
 # (NCCL maintainer, nccl-tests#290), HDR reaches 96 of 100 GB/s per node (nccl-tests#119).
@@ -382,7 +384,7 @@ def tree_choices(
             )
         else:
             bw = bus
-        table = (*TREE_CORRECTION[proto][:TREE_UNCORRECTED_FROM], 1.0)
+        table = TREE_CORRECTION_APPLIED[proto]
         bw *= table[lo] + (table[hi] - table[lo]) * frac
         pipe = _pipeline_us(nbytes, bw, inter_hop if p.nodes > 1 else NVLINK_HOP_US["tree"][proto])
         if proto == SIMPLE and p.nodes > 1:
