@@ -671,6 +671,16 @@ for _base in ("maxtext", "maxtext-bf16-weights"):
 del _base
 
 
+def maxtext_framework(bf16_weights: bool = False, te_attention: bool = False, fused_bwd: bool = False) -> str:
+    """The MaxText entry a run's settings select: ``weight_dtype: bfloat16`` (which wins over TE attention: no
+    entry has both), ``attention=cudnn_flash_te`` on GPU, and ``sa_use_fused_bwd_kernel: True`` (splash attention,
+    TPU: not with TE's attention)."""
+    if not bf16_weights and te_attention:
+        return "maxtext-te"
+    name = "maxtext-bf16-weights" if bf16_weights else "maxtext"
+    return f"{name}-splash-fused" if fused_bwd else name
+
+
 def get_framework(name: str) -> Framework:
     """The framework called ``name``; an unknown name is one line naming the known ones."""
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, model_or_zoo, read_text
+from echosim.frameworks import maxtext_framework
 from echosim.frontend.zoo import ArchConfig
 from echosim.passes.recompute import POLICIES
 
@@ -171,10 +172,7 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
     te_attention = str(config.get("attention")) == "cudnn_flash_te" and str(config.get("hardware")) == "gpu"
     # sa_use_fused_bwd_kernel: True runs splash attention's backward as one kernel (frameworks.py); TPU only
     fused_bwd = str(config.get("sa_use_fused_bwd_kernel", DEFAULTS["sa_use_fused_bwd_kernel"])).lower() == "true"
-    framework = "maxtext-bf16-weights" if bf16_weights else "maxtext-te" if te_attention else "maxtext"
-    if fused_bwd and framework != "maxtext-te":
-        framework += "-splash-fused"
-    out = FromConfig(source, framework)
+    out = FromConfig(source, maxtext_framework(bf16_weights, te_attention, fused_bwd))
     if bf16_weights and te_attention:  # no entry has both: the weights' memory rule wins
         out.notes.append("attention=cudnn_flash_te with weight_dtype bfloat16: attention costed as MaxText's flash")
     used = _plan(config, out) | {"weight_dtype", "sa_use_fused_bwd_kernel"}

@@ -364,15 +364,14 @@ def row_framework(c: Case) -> str:
     """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype and splash
     backward kernel (:data:`TRILLIUM_BF16_WEIGHTS`, :data:`TRILLIUM_FUSED_BWD`), or, for
     torchtitan's 2024-2025 rows, whether the source says the run used torch.compile (its notes)."""
-    from echosim.frameworks import framework_named_in
+    from echosim.frameworks import framework_named_in, maxtext_framework
 
     name = framework_named_in(c["framework"])
-    config = _CONFIG.search(c["notes"])
-    if name == "maxtext" and SOURCE_MAXTEXT_ATTENTION.get(c["source_id"]) == "cudnn_flash_te":
-        return "maxtext-te"
-    if name == "maxtext" and config:
-        name = "maxtext-bf16-weights" if config.group(1) in TRILLIUM_BF16_WEIGHTS else name
-        return f"{name}-splash-fused" if config.group(1) in TRILLIUM_FUSED_BWD else name
+    if name == "maxtext":
+        config = _CONFIG.search(c["notes"])
+        recipe = config.group(1) if config else ""
+        te = SOURCE_MAXTEXT_ATTENTION.get(c["source_id"]) == "cudnn_flash_te"
+        return maxtext_framework(recipe in TRILLIUM_BF16_WEIGHTS, te, recipe in TRILLIUM_FUSED_BWD)
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         return "torchtitan-2025-compile"
     if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
