@@ -266,8 +266,9 @@ def prepare_joint(
             prefetch_held=not static,  # XLA schedules the prefetch within the device's memory
             grad_reduce_per_weight=static,  # XLA reduces each weight's gradient by itself
         ),
-        # XLA's static buffer assignment (TPU backends): no caching allocator's blocks, no NCCL buffers
-        comm_groups=0 if static else sum(1 for size in (plan.tp, plan.dp, plan.pp, plan.cp) if size > 1),
+        # XLA's static buffer assignment (TPU backends): no caching allocator's blocks, no NCCL buffers.
+        # Gradients go over the dp x cp group (passes/plugin.py), so that communicator exists whenever dp*cp > 1
+        comm_groups=0 if static else sum(1 for size in (plan.tp, plan.dp * plan.cp, plan.pp, plan.cp) if size > 1),
         caching_allocator=caching,
         warnings=tuple(warnings),
         notes=tuple(notes),

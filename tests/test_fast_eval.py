@@ -44,6 +44,15 @@ def test_fast_figures_equal_compile_on_a_seeded_sample_of_the_whole_space(model:
     _assert_fast_equals_lower(arch, plans, cluster)
 
 
+def test_fast_figures_equal_compile_with_context_parallel_and_one_data_parallel_rank() -> None:
+    """dp = 1, cp > 1: the gradient reduction (and ZeRO's sharding) over the cp ranks the stage-level passes add
+    is what the fast path derives too, at every ZeRO stage and pipeline depth."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(tp=tp, pp=pp, dp=1, cp=8 // (tp * pp), zero=zero, global_batch=4)
+             for tp, pp in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)) for zero in (0, 1, 3)]  # fmt: skip
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
 def test_deep_stages_are_derived_not_built() -> None:
     """A 24-layer model split 2, 3, 4, 6 and 8 ways builds stage graphs of depths 1-3 only."""
     cluster = Cluster("h100-sxm", 8)

@@ -564,3 +564,14 @@ def test_the_530b_zero3_run_that_did_not_fit_on_560_gpus_does_not_fit():
     state = lambda m: m["params"] + m["grads"] + m["optimizer"]  # noqa: E731
     assert (state(refused) - state(ran)) / gib == pytest.approx(18 * 529.6e9 * (1 / 560 - 1 / 640) / gib, rel=0.01)
     assert abs(ran["peak"] / gib - 80) < 0.05 * 80  # the run that fitted: within 5 % of the 80 GiB it fitted in
+
+
+@pytest.mark.parametrize(("dp", "cp"), [(1, 2), (2, 2), (2, 1)])
+def test_nccl_buffers_count_the_data_parallel_group_with_context_parallel(dp: int, cp: int):
+    """Gradients are reduced over the dp x cp group (Megatron-Core's dp_cp_group), so with tp 2 a rank holds the
+    tp, dp-cp and (cp > 1) cp communicators' buffers, dp = 1 included."""
+    from echosim.passes.memory import NCCL_BUFFERS_PER_GROUP
+
+    plan = Plan(tp=2, dp=dp, cp=cp, seq_len=LLAMA.seq_len)
+    row = lower(LLAMA, plan, Cluster("h100-sxm", 2 * dp * cp)).report.memory[0]
+    assert row["comm_buffers"] == (2 + (cp > 1)) * NCCL_BUFFERS_PER_GROUP

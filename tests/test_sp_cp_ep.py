@@ -234,6 +234,62 @@ def test_placements_follow_megatron_rank_order() -> None:
     assert Axis.CP not in axis_placements(Degrees(tp=8, dp=4), 8)
 
 
+def _grad_syncs(dp: int, cp: int, zero: int, tp: int = 1) -> tuple[Graph, list, dict]:
+    """The stage graph of a small Llama under (tp, dp, cp, zero), its data-parallel collectives, its placements."""
+    from echosim.compiler import prepare
+
+    cfg = ArchConfig("llama", layers=2, hidden=256, heads=8, kv_heads=8, vocab=512, ffn=512, seq_len=64)
+    step = prepare(cfg, Plan(tp=tp, dp=dp, cp=cp, zero=zero, seq_len=64), Cluster("h100-sxm", tp * dp * cp, 8))
+    (stage,) = step.stages
+    g = stage.graph
+    syncs = [n for n in g if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis in (Axis.DP, Axis.FSDP)]
+    return g, syncs, step.where
+
+
+@pytest.mark.parametrize(("dp", "cp"), [(1, 2), (2, 2), (1, 4), (2, 1)])
+def test_gradients_reduce_over_dp_times_cp_ranks(dp: int, cp: int) -> None:
+    """Every CP rank holds the same weights and computes partial gradients from its part of the sequence, so
+    gradients are reduced over dp x cp ranks (Megatron-Core's dp_cp_group), with dp = 1 too: all the fp32
+    gradients of the stage once, over dp * cp ranks."""
+    g, syncs, _ = _grad_syncs(dp, cp, zero=0)
+    grads_fp32 = sum(p.out.numel * g.multiplicity(p) for p in g.params()) * 4
+    assert syncs and {n.op for n in syncs} == {OpKind.ALL_REDUCE}
+    assert {n.attrs.size for n in syncs} == {dp * cp}
+    assert sum(n.attrs.bytes * g.multiplicity(n) for n in syncs) == pytest.approx(grads_fp32, rel=1e-6)
+
+
+@pytest.mark.parametrize(("dp", "cp"), [(1, 2), (2, 2)])
+def test_distributed_optimizer_shards_over_dp_times_cp_ranks(dp: int, cp: int) -> None:
+    """ZeRO-1 (Megatron's distributed optimizer on intra_dp_cp_group): gradients reduce-scattered over dp x cp
+    ranks, each updates 1/(dp*cp) of the parameters and all-gathers the 16-bit weights back over the same ranks."""
+    g, syncs, _ = _grad_syncs(dp, cp, zero=1)
+    params = sum(p.out.numel * g.multiplicity(p) for p in g.params())
+    scatter = [n for n in syncs if n.op is OpKind.REDUCE_SCATTER]
+    (gather,) = [n for n in syncs if n.op is OpKind.ALL_GATHER]
+    assert {n.attrs.size for n in syncs} == {dp * cp}
+    assert sum(n.attrs.bytes * g.multiplicity(n) for n in scatter) == pytest.approx(params * 4, rel=1e-6)
+    assert gather.attrs.bytes == params * 2  # fp16 weights
+    (step,) = [n for n in g if n.op is OpKind.OPTIMIZER_UPDATE]
+    assert step.attrs.params == math.ceil(params / (dp * cp))
+
+
+def test_fsdp_shards_over_cp_ranks_with_one_data_parallel_rank() -> None:
+    """ZeRO-3 / FSDP with dp = 1, cp = 2 (torchtitan's fsdp mesh is dp_shard x cp, on whenever cp > 1):
+    each layer's weights gathered before forward and backward and its gradients reduce-scattered over 2 ranks."""
+    _, syncs, _ = _grad_syncs(1, 2, zero=3)
+    assert syncs and {n.attrs.size for n in syncs} == {2} and {n.attrs.axis for n in syncs} == {Axis.FSDP}
+    assert {n.op for n in syncs} == {OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER}
+
+
+def test_cp_gradient_group_spans_nodes_in_megatron_rank_order() -> None:
+    """tp 8, dp 1, cp 2 on 8-GPU nodes: the two CP ranks are 8 apart (order tp-cp-ep-dp-pp), so the gradient
+    reduction crosses two nodes, one member on each."""
+    _, syncs, where = _grad_syncs(1, 2, zero=0, tp=8)
+    assert syncs and {n.attrs.size for n in syncs} == {2}
+    dp = where[Axis.DP]
+    assert (dp.size, dp.nodes, dp.per_node) == (2, 2, 1)
+
+
 # ---- plan and CLI --------------------------------------------------------------------------
 
 

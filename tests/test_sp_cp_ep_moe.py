@@ -185,9 +185,9 @@ def test_expert_parallel_layout_errors(tiny_moe: Graph) -> None:
 def test_expert_gradients_sync_over_expert_data_parallel_ranks(tiny_moe: Graph) -> None:
     dp, cp, ep = 4, 2, 4
     g = run_passes(tiny_moe, [ExpertParallel(ep), Autodiff()])
-    plain = DataParallel(dp)
+    plain = DataParallel(dp * cp)  # gradients reduce over dp x cp ranks
     before = run_passes(g, [plain])
-    after = run_passes(before, [GradientGroups(cp=cp, ep=ep)])
+    after = run_passes(before, [GradientGroups(ep=ep)])
     syncs = [n for n in after if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis.value in ("dp", "edp")]
     assert {n.attrs.axis.value: n.attrs.size for n in syncs} == {"dp": dp * cp, "edp": dp * cp // ep}
     total = sum(n.attrs.bytes for n in before if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis.value == "dp")
@@ -233,7 +233,7 @@ def test_whole_experts_run_on_each_ranks_own_tokens(tiny_moe: Graph) -> None:
 
 def test_whole_expert_gradients_sync_over_the_folded_expert_data_parallel_group(tiny_moe: Graph) -> None:
     """tp 2, dp 4, ep 4, etp 1: an expert lives on tp*dp/(etp*ep) = 2 ranks; dense weights on dp = 4."""
-    g = run_passes(_etp1(tiny_moe, ep=4), [DataParallel(4), GradientGroups(cp=1, ep=4, expert_fold=2)])
+    g = run_passes(_etp1(tiny_moe, ep=4), [DataParallel(4), GradientGroups(ep=4, expert_fold=2)])
     syncs = {n.attrs.axis.value: n.attrs.size for n in g if isinstance(n.attrs, CollectiveAttrs)
              and n.attrs.axis.value in ("dp", "edp")}  # fmt: skip
     assert syncs == {"dp": 4, "edp": 2}

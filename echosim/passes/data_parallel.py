@@ -1,5 +1,10 @@
 """Data parallelism, ZeRO / FSDP sharding, and the optimizer step.
 
+The gradient replicas of a stage are its dp x cp ranks: every context-parallel rank computes partial
+weight gradients of the same weights from its part of the sequence, so Megatron-Core reduces (and its
+distributed optimizer shards) over the data-parallel group with context parallel, and torchtitan's FSDP
+over dp_shard x cp (echosim/passes/plugin.py cites both). ``dp`` below is that product.
+
 ``zero=0``: DDP-style gradient all_reduce, bucketed the way PyTorch DDP and Megatron-LM
 group gradients (buckets fill in backward order, one repeated layer at a time) so the
 timeline can overlap each bucket with the backward of the layers still to come.
@@ -28,7 +33,7 @@ from echosim.ir.types import DType, TensorSpec
 
 @dataclass(frozen=True)
 class DataParallel:
-    dp: int
+    dp: int  # ranks of a stage holding the same weights: dp x cp (context-parallel ranks reduce together)
     bucket_bytes: int = 40_000_000 * 4  # Megatron-LM's default bucket: 40M fp32 elements
     reduce_dtype: DType = DType.FP32
     zero: int = 0

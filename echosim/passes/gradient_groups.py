@@ -1,12 +1,11 @@
-"""Which ranks share a gradient, once context and expert parallelism are in the layout.
+"""Which ranks share a gradient, once expert parallelism is in the layout.
 
 Runs after the data-parallel pass, whatever collectives it chose (all_reduce,
-reduce_scatter, ZeRO/FSDP all_gathers), and fixes their groups:
+reduce_scatter, ZeRO/FSDP all_gathers), and splits off the routed experts' share:
 
-* Context parallelism: every rank of a CP group computes partial weight gradients of
-  the same weights from its part of the sequence, so gradients are reduced over the
-  ``dp * cp`` ranks of a stage (Megatron-Core's data-parallel group "with context
-  parallelism"); sharded optimizer state spans the same ranks.
+* The data-parallel pass already reduces over the ``dp * cp`` ranks of a stage
+  (Megatron-Core's data-parallel group "with context parallel"; every rank of a CP group
+  computes partial weight gradients of the same weights from its part of the sequence).
 * Expert parallelism: a routed expert lives on ``tp * dp * cp / (etp * ep)`` ranks
   only (Megatron-Core's MoE parallel folding lays etp x ep x edp over a stage's
   tp x cp x dp ranks; with etp = tp that is ``dp * cp / ep``), so the expert share of
@@ -33,42 +32,39 @@ def _expert(node: Node) -> bool:
 
 @dataclass(frozen=True)
 class GradientGroups:
-    cp: int = 1
     ep: int = 1
     expert_fold: int = 1  # tp / etp: tensor-parallel ranks that hold the same (unsplit) experts
     name: ClassVar[str] = "gradient-groups"
 
     def run(self, graph: Graph) -> Graph:
-        if self.cp == 1 and self.ep == 1 and self.expert_fold == 1:
+        if self.ep == 1 and self.expert_fold == 1:  # no collective has an expert share to split off
             return graph
         g = graph.copy()
-        experts = self.ep > 1 or self.expert_fold > 1  # else no collective has an expert share to split off
-        share = self._expert_share(g) if experts else {}
+        share = self._expert_share(g)
         clones: dict[int, int] = {}
         resized: dict[tuple[CollectiveAttrs, int], CollectiveAttrs] = {}  # a scope's buckets share their attrs
         for n in list(g):
             a = n.attrs
             if not isinstance(a, CollectiveAttrs) or a.axis not in _EXPERT_AXIS:
                 continue
-            size = a.size * self.cp
             key = "*" if n.phase is Phase.OPTIMIZER else n.scope or "-"
-            frac = share.get(key, 0.0) if experts else 0.0
-            expert_bytes = round(a.bytes * frac)
+            expert_bytes = round(a.bytes * share.get(key, 0.0))
+            if not expert_bytes:
+                continue
             new = resized.get((a, expert_bytes))
             if new is None:
-                new = resized[(a, expert_bytes)] = replace(a, size=size, bytes=a.bytes - expert_bytes)
+                new = resized[(a, expert_bytes)] = replace(a, bytes=a.bytes - expert_bytes)
             g.replace(n.id, attrs=new)
-            if expert_bytes:
-                spec = n.out.with_shape((max(1, n.out.numel * expert_bytes // max(1, a.bytes)),))
-                clones[n.id] = g.add(
-                    n.op,
-                    n.inputs,
-                    spec,
-                    CollectiveAttrs(_EXPERT_AXIS[a.axis], size * self.expert_fold // self.ep, expert_bytes, a.role),
-                    phase=n.phase,
-                    scope=n.scope,
-                    name=f"{n.name}.experts",
-                )
+            spec = n.out.with_shape((max(1, n.out.numel * expert_bytes // max(1, a.bytes)),))
+            clones[n.id] = g.add(
+                n.op,
+                n.inputs,
+                spec,
+                CollectiveAttrs(_EXPERT_AXIS[a.axis], a.size * self.expert_fold // self.ep, expert_bytes, a.role),
+                phase=n.phase,
+                scope=n.scope,
+                name=f"{n.name}.experts",
+            )
         if clones:  # each expert share runs right after the collective it was split from
             order: list[int] = []
             placed = set(clones.values())

@@ -104,9 +104,17 @@ def _data_parallel(plan: Any) -> object:
     # FSDP2 under a pipeline keeps its parameters and gradients unsharded between micro-batches
     # (Framework.pp_unsharded): it gathers and reduces once a step, not once a micro-batch, so no copies here
     fsdp2 = plan.zero == 3 and bool(framework.fsdp2_copies) and not (plan.pp > 1 and framework.pp_unsharded)
+    # gradients are reduced over the dp x cp ranks of a stage: every CP rank computes partial weight gradients of
+    # the same weights from its part of the sequence. Megatron-Core's DDP and distributed optimizer take the
+    # data-parallel group "with context parallel" (ProcessGroupCollection.setup_process_groups_for_ddp,
+    # megatron/core/process_groups_config.py: dp_cp_group = get_data_parallel_group(with_context_parallel=True);
+    # DistributedDataParallel builds its gradient buffers on intra_dp_cp_group, distributed_data_parallel.py);
+    # torchtitan's FSDP shards over the "fsdp" mesh of dp_shard x cp ranks, on whenever cp > 1
+    # (ParallelDims.fsdp_enabled, torchtitan/distributed/parallel_dims.py). So with dp = 1 and cp > 1 too.
+    # (Megatron-LM commit d98e8a6, torchtitan commit b5bcd76.)
     return DataParallel(
-        plan.dp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce, bucket_copies=copies,
-        per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
+        plan.dp * plan.cp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
+        bucket_copies=copies, per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
     )  # fmt: skip
 
 
@@ -114,7 +122,9 @@ def _optimizer(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.data_parallel import Optimizer
 
-    shard = plan.dp * plan.cp if plan.zero >= 1 else 1  # ZeRO shards over every gradient replica
+    # ZeRO shards over every gradient replica, dp x cp: Megatron-Core's distributed optimizer is built on
+    # intra_dp_cp_group (get_megatron_optimizer, megatron/core/optimizer/__init__.py), FSDP on dp_shard x cp
+    shard = plan.dp * plan.cp if plan.zero >= 1 else 1
     # a routed expert's replicas are its expert-data-parallel ranks, tp*cp*dp/(etp*ep) (Megatron-Core's distributed
     # optimizer keeps expert parameters in their own buffers over that group; the memory model shards them so too)
     experts = plan.expert_dp if plan.zero >= 1 else 1
@@ -125,8 +135,8 @@ def _optimizer(plan: Any) -> object:
 def _gradient_groups(plan: Any) -> object:
     from echosim.passes.gradient_groups import GradientGroups
 
-    # gradients span dp x cp ranks; experts tp x dp x cp / (etp x ep)
-    return GradientGroups(plan.cp, plan.ep, plan.tp // plan.expert_tp)
+    # the data-parallel pass reduces over dp x cp ranks; routed experts' share over tp x dp x cp / (etp x ep)
+    return GradientGroups(plan.ep, plan.tp // plan.expert_tp)
 
 
 def _classes() -> dict[str, type]:
