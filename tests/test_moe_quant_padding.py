@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import capture
 
+from echosim.explain.diff import compare
 from echosim.frontend.zoo import ArchConfig
 from echosim.ir import Graph, verify
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, Phase
@@ -107,9 +108,14 @@ def test_fp8_moe_step_pays_the_copies_at_memory_bandwidth() -> None:
     )  # fmt: skip
     cluster = Cluster("b200", 8, 8)
     base = Plan(dp=8, ep=8, global_batch=8, seq_len=4096, dtype="mxfp8", framework="nemo")
-    padded = compile(cfg, base, cluster).step_time_s
-    hybrid = compile(cfg, replace(base, moe_dispatcher="hybridep"), cluster).step_time_s
+    padded_report = compile(cfg, base, cluster)
+    hybrid_report = compile(cfg, replace(base, moe_dispatcher="hybridep"), cluster)
+    padded, hybrid = padded_report.step_time_s, hybrid_report.step_time_s
     assert padded > hybrid
+    # explain diff names the dispatcher behind the compute that moved
+    moved = [t for t in compare(padded_report.to_dict(), hybrid_report.to_dict()).terms
+             if t.name.startswith("compute") and t.delta]  # fmt: skip
+    assert moved and all("moe_dispatcher" in " ".join(t.why) for t in moved)
     bf16 = replace(base, dtype="bf16")
     assert compile(cfg, bf16, cluster).step_time_s == pytest.approx(
         compile(cfg, replace(bf16, moe_dispatcher="hybridep"), cluster).step_time_s, rel=1e-9
