@@ -150,9 +150,6 @@ def _fn(node: Node) -> str:
 #: bytes); what differs is that its fused dispatch pads the experts' rows itself (``quant_pad`` off).
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
-#: The fn names of the quantisation-alignment copies (``quant_pad``), which autodiff treats as row permutations.
-QUANT_PAD_FNS = ("moe_quant_pad", "moe_quant_unpad")
-
 
 @dataclass(frozen=True)
 class ExpertParallel:
