@@ -128,6 +128,10 @@ class Framework:
     # one-hot einsums ('' = Megatron-Core's dropping: rows over capacity dropped, the rest permuted, no
     # padding; echosim.passes.expert_parallel, ``padded``), and where that is documented.
     moe_capacity_padding: str = ""
+    # MoE under an fp8 / mxfp8 / nvfp4 recipe: the routed rows copied into GEMM-aligned per-expert segments
+    # before the grouped GEMMs and back after them, forward and backward (echosim.passes.expert_parallel,
+    # ``quant_pad``; '' = no such copies), and where that is documented.
+    moe_quant_padding: str = ""
 
     # Context parallelism through PyTorch's experimental context_parallel (SDPA dispatched to its ring
     # attention; echosim.passes.context_parallel, ``torch``) instead of Transformer Engine's ('' = TE's),
@@ -189,6 +193,13 @@ _MOE_PROBS = (
     "permuted_probs to weighted_bias_swiglu_impl between fc1 and fc2 (megatron/core/transformer/moe/"
     "experts.py), and the token dispatcher's unpermute takes no probabilities (token_dispatcher.py), so "
     "the combine's backward is a gather that keeps nothing (Megatron-LM commit d98e8a6)"
+)
+_MOE_QUANT_PAD = (
+    "TEGroupedMLP pads each local expert's rows with Transformer Engine's Fp8Padding before fc1 and strips them "
+    "with Fp8Unpadding after fc2 under an FP8 recipe (megatron/core/transformer/moe/experts.py, TEGroupedMLP."
+    "forward, core_v0.14.0 and core_v0.15.0; FP4 too from core_v0.16.0), unless the router or the HybridEP "
+    "dispatcher already aligned them (moe_router_padding_for_fp8, off in the recipes; skip_routed_expert_padding "
+    "at commit d98e8a6)"
 )
 _SWIGLU = (
     "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
@@ -325,6 +336,7 @@ FRAMEWORKS: dict[str, Framework] = {
             f"_set_attention_backend, commit d98e8a6); {_TE_ATTENTION}",
             fused_gated=_SWIGLU,
             probs_in_experts=_MOE_PROBS,
+            moe_quant_padding=_MOE_QUANT_PAD,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
@@ -375,6 +387,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "Megatron-Core's DDP then keeps its gradient buffer in the parameters' dtype",
             fused_gated=_SWIGLU,
             probs_in_experts=_MOE_PROBS,
+            moe_quant_padding=_MOE_QUANT_PAD,
             **_VOCAB_CE,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,

@@ -215,6 +215,8 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         raise PlanError("--moe-capacity-factor and --moe-imbalance must be finite numbers")
     if plan.moe_capacity_factor < 0:
         raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {plan.moe_capacity_factor:g}")
+    if plan.moe_pad_to_capacity and not plan.moe_capacity_factor:
+        raise PlanError("padding experts to capacity needs --moe-capacity-factor > 0 (Megatron-Core's rule)")
     if plan.ep == 1 and plan.moe_imbalance != 1.0:
         raise PlanError(
             f"--moe-imbalance {plan.moe_imbalance:g} needs expert parallelism (ep > 1): it is the busiest "

@@ -18,7 +18,9 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8")
 #: MaxText's ``quantization: int8``, AQT integer GEMMs, on TPUs).
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4", "int8")
 CP_COMMS = ("p2p", "all_gather")
-MOE_DISPATCHERS = ("alltoall", "deepep")  # NCCL all_to_all, or DeepEP: the network once per node, then NVLink
+# NCCL all_to_all; DeepEP: the network once per node, then NVLink; HybridEP: Megatron-Core's flex dispatcher
+# with the hybridep backend (echosim.passes.expert_parallel.DISPATCHERS)
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 
 class PlanError(EchosimError):
@@ -65,8 +67,10 @@ class Plan:
     cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
+    # Megatron-Core's --moe-pad-expert-input-to-capacity: every expert's rows padded to its capacity
+    moe_pad_to_capacity: bool = False
     moe_imbalance: float = 1.0  # busiest expert-parallel rank's load over the mean; 1: balanced
-    moe_dispatcher: str = "alltoall"  # expert dispatch: NCCL "alltoall" or "deepep" (network once per node)
+    moe_dispatcher: str = "alltoall"  # expert dispatch: NCCL "alltoall", "deepep" (network once per node), "hybridep"
     # group-limited routing (DeepSeek-V3): experts in this many equal groups, a token's experts drawn from
     # moe_router_group_topk of them (Megatron's --moe-router-num-groups / --moe-router-group-topk); 0: none
     moe_router_groups: int = 0
@@ -104,7 +108,8 @@ class Plan:
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap`` and the router
+        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``,
+        ``moe_pad_to_capacity`` and the router
         groups only where set
         (models without tables or experts never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
@@ -112,6 +117,8 @@ class Plan:
             del d["etp"]
         if not self.moe_ep_overlap:
             del d["moe_ep_overlap"]
+        if not self.moe_pad_to_capacity:
+            del d["moe_pad_to_capacity"]
         if self.embedding_sharding == "none":
             del d["embedding_sharding"]
         if self.moe_dispatcher == "alltoall":

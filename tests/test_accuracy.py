@@ -75,13 +75,16 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     Transformer Engine's fprop GEMMs run with FP8 fast accumulation on Hopper (compute.FP8_PROMOTING_ARCHS):
     H800 -15.1% -> -15.8%, H100 fp8 +2.1% -> +0.7%. compute.HEURISTIC_GEMM_FRACTION refitted 0.91 -> 0.89 (Azure's
     cuBLASLt FP8 rows priced with their harness's fast accumulation; GROUPED_GEMM_FRACTION, relative to it,
-    0.90 -> 0.92): H800 -15.8% -> -15.3%, H100 +0.7% -> +1.2%, B200 MXFP8 -5.5% -> -5.2%."""
+    0.90 -> 0.92): H800 -15.8% -> -15.3%, H100 +0.7% -> +1.2%, B200 MXFP8 -5.5% -> -5.2%. TEGroupedMLP's fp8
+    alignment copies (TE Fp8Padding / Fp8Unpadding, four passes over the routed rows per MoE layer; passes.
+    expert_parallel ``quant_pad``): H100 +1.2% -> +3.1% (both rows: the 25.09 table is fp8), B200 MXFP8 (DeepEP)
+    -5.2% -> -3.8%; the H800 run (HAI-LLM) is not Megatron-Core and keeps -15.3%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
         -0.153, abs=0.01
     )  # DualPipe; with 1F1B +18.6% (+1%: Hopper fp8 transposes; +0.9%: MTP); -0.7%: fprop fast accumulation
-    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.012, abs=0.01)
+    assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.031, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}
     assert (
         fits["mbridge2509-deepseekv3-dropless-h100-sxm-1024"]
@@ -90,7 +93,8 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     # its recipe (B200_FP8_MX_V2) overlaps the EP all-to-alls with the adjacent micro-batch (combined 1F1B):
     # +34.0% without that rule; -11.0% before MXFP8 GEMMs ran at compute.MXFP8_GEMM_FRACTION of per-tensor
     # FP8 and before the row trained its MTP module (-6.4% with MTP alone, -9.8% with the MXFP8 rate alone)
-    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.052, abs=0.01)
+    # -5.2% before the fp8 alignment copies
+    assert errors["mbridge260401-deepseekv3-mxfp8-b200-256"] == pytest.approx(-0.038, abs=0.01)
 
 
 def test_interleaved_blocks_count_their_memory_per_layer() -> None:

@@ -101,9 +101,9 @@ def layout_options(fn: F) -> F:
         ),
         click.option(
             "--moe-dispatcher",
-            type=click.Choice(["alltoall", "deepep"]),
-            help="Expert dispatch: NCCL's all_to_all, or DeepEP's (across nodes a token crosses the network "
-            "once per destination node, then NVLink).",
+            type=click.Choice(["alltoall", "deepep", "hybridep"]),
+            help="Expert dispatch: NCCL's all_to_all, DeepEP's (across nodes a token crosses the network "
+            "once per destination node, then NVLink), or HybridEP's (pads the experts' rows for fp8 itself).",
         ),
         click.option(
             "--moe-router-groups",

@@ -123,6 +123,7 @@ CONSUMED = {
     "--tp-comm-overlap",
     "--cp-comm-type",
     "--moe-expert-capacity-factor",
+    "--moe-pad-expert-input-to-capacity",
     "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend",
     "--moe-enable-deepep",
@@ -326,6 +327,8 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     capacity = _one(values, "--moe-expert-capacity-factor", src)
     if capacity is not None:
         opts["moe_capacity_factor"] = as_float(capacity, "--moe-expert-capacity-factor", src)
+    if "--moe-pad-expert-input-to-capacity" in values:
+        opts["moe_pad_to_capacity"] = True
     # TransformerConfig: moe_token_dispatcher_type 'allgather' | 'alltoall' | 'flex', and the flex
     # dispatcher's moe_flex_dispatcher_backend defaults to 'deepep'; --moe-enable-deepep sets both
     # (megatron/core/transformer/transformer_config.py, commit d98e8a6)
@@ -333,6 +336,8 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     backend = _one(values, "--moe-flex-dispatcher-backend", src) or "deepep"
     if "--moe-enable-deepep" in values or (dispatcher == "flex" and backend == "deepep"):
         opts["moe_dispatcher"] = "deepep"
+    elif dispatcher == "flex" and backend == "hybridep":
+        opts["moe_dispatcher"] = "hybridep"
     elif dispatcher != "alltoall" and "--moe-token-dispatcher-type" in values:
         what = f"flex dispatcher with {backend}" if dispatcher == "flex" else f"{dispatcher} dispatcher"
         out.notes.append(f"--moe-token-dispatcher-type {dispatcher}: the {what} is not modelled (costed as all-to-all)")

@@ -21,7 +21,11 @@ REPORT_KEYS = ("step_time_s", "breakdown", "memory", "plan", "model")
 
 # What each term depends on: plan fields and derived settings (microbatches, layers_per_stage, backend,
 # devices_per_node). A term that moved names those of them that changed. Keys ending in "." cover a family.
-_COMPUTE = "tp cp ep sp micro_batch seq_len dtype recompute attention layers_per_stage moe_capacity_factor"
+# moe_dispatcher and moe_pad_to_capacity decide Megatron-Core's fp8 alignment copies (passes.expert_parallel)
+_COMPUTE = (
+    "tp cp ep sp micro_batch seq_len dtype recompute attention layers_per_stage moe_capacity_factor "
+    "moe_dispatcher moe_pad_to_capacity"
+)
 _STATE = "tp pp ep zero dp layers_per_stage dtype"
 DEPENDS: dict[str, tuple[str, ...]] = {
     key: tuple(value.split())

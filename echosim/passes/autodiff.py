@@ -84,7 +84,7 @@ class _Ctx:
 def _sp_gathered(c: _Ctx, x: int) -> bool:
     """Is ``x`` the SP all_gather of a column-parallel input (perhaps re-sorted into expert order)?"""
     src = c.g[x]
-    while isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn == "moe_sort_chunks":
+    while isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn in ("moe_sort_chunks", "moe_quant_pad"):
         src = c.g[src.inputs[0]]
     return src.op is OpKind.ALL_GATHER and isinstance(src.attrs, CollectiveAttrs) and src.attrs.axis is Axis.TP
 
@@ -223,6 +223,9 @@ _ELEMENTWISE_RULES = {
     "attn_merge_fp32": _attn_merge,
     "moe_sort_chunks": _permutation,
     "moe_unsort_chunks": _permutation,
+    # TE's Fp8Padding / Fp8Unpadding: backward unpads / pads the gradient, one copy each, nothing saved
+    "moe_quant_pad": _permutation,
+    "moe_quant_unpad": _permutation,
     "moe_unpermute": _permutation,
 }
 

@@ -28,6 +28,23 @@ every sequence, whether filled or not, the all_to_alls move the padded buffers, 
 (the router weights inside its mask) sums the slots back into tokens. The dispatch mask is boolean,
 so only the tokens get its gradient; the combine's gradient reaches both the slots and the router
 weights. The gather echosim builds the rows with stays as the mask's own memory-bound cost.
+
+``quant_pad``: Megatron-Core's TEGroupedMLP under an FP8 / MXFP8 / NVFP4 recipe pads each local expert's
+rows to the quantised GEMM's alignment with Transformer Engine's Fp8Padding before fc1 and strips them with
+Fp8Unpadding after fc2 (megatron/core/transformer/moe/experts.py, TEGroupedMLP.forward: ``if self.config.fp8``
+in core_v0.14.0 / core_v0.15.0, ``if self.config.fp8 or self.config.fp4`` in core_v0.16.0). Each is a copy of
+the whole row buffer (transformer_engine/pytorch/module/fp8_padding.py and fp8_unpadding.py:
+``tex.fused_multi_row_padding`` into a new tensor, unpadding in backward, and the reverse), so a MoE layer pays
+four memory-bound passes over its routed rows per micro-batch: ``moe_quant_pad`` and ``moe_quant_unpad`` here,
+their gradients in backward. The alignment rows themselves (at most 15 / 31 per local expert) are not added.
+Segments that arrive aligned skip them (Fp8Padding returns its input when ``m_splits == padded_m_splits``):
+token dropping with ``pad_to_capacity`` (Megatron-Core's --moe-pad-expert-input-to-capacity) gives every local
+expert ``ep x capacity`` rows, ``capacity = ceil(tokens x top_k / experts x capacity_factor)`` (get_capacity,
+megatron/core/transformer/moe/moe_utils.py, core_v0.14.0), aligned when that is a multiple of the
+alignment; HybridEP pads inside its fused dispatch (``pad_multiple`` in _HybridEPManager.dispatch,
+megatron/core/transformer/moe/token_dispatcher.py, core_v0.16.0), and so does ``moe_router_padding_for_fp8``
+in the router, which the performance recipes behind the published tables leave off (Megatron-Bridge
+v0.1.0rc4 - v0.4.1).
 """
 
 from __future__ import annotations
@@ -124,10 +141,14 @@ def _fn(node: Node) -> str:
     return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
 
-#: Token dispatchers (the plan's ``moe_dispatcher``): NCCL's all_to_all (Megatron-Core's ``alltoall``) or
+#: Token dispatchers (the plan's ``moe_dispatcher``): NCCL's all_to_all (Megatron-Core's ``alltoall``),
 #: DeepEP's node-deduplicated network leg plus NVLink forwarding (Megatron-Core's ``flex`` dispatcher with
-#: the deepep backend; :mod:`echosim.backends.deepep`).
-DISPATCHERS = ("alltoall", "deepep")
+#: the deepep backend; :mod:`echosim.backends.deepep`), or HybridEP (the ``flex`` dispatcher with the hybridep
+#: backend: "NVIDIA's optimized dispatcher using TMA and IBGDA ... native MNNVL support", megatron/core/
+#: transformer/moe/README.md, core_v0.16.0). HybridEP's exchange is costed as the all_to_all (within one
+#: NVLink domain, where the rows that run it keep their expert-parallel groups, the two move the same
+#: bytes); what differs is that its fused dispatch pads the experts' rows itself (``quant_pad`` off).
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,8 @@ class ExpertParallel:
     router_groups: tuple[int, int] = (0, 0)  # (groups, groups per token) of group-limited routing; 0: none
     padded: bool = False  # experts padded to capacity, one-hot einsum dispatch and combine (module docstring)
     seq_len: int = 0  # tokens of one sequence, the group a capacity is counted over (0: a dispatch's tokens)
+    quant_pad: int = 0  # rows Fp8Padding aligns each expert's segment to; 0: no such copies (module docstring)
+    pad_to_capacity: bool = False  # dropping pads every expert's rows to its capacity (Megatron-Core's option)
     name: ClassVar[str] = "expert-parallel"
 
     def __post_init__(self) -> None:
@@ -164,8 +187,9 @@ class ExpertParallel:
             return graph
         if self.padded and self.capacity_factor <= 0:
             raise LayoutError("padding experts to capacity needs a capacity factor > 0")
-        if self.ep == 1 and not self.padded and (self.capacity_factor == 0 or self.capacity_factor >= 1):
-            return graph  # one rank holds every expert and drops nothing
+        plain = not self.padded and not self.quant_pad
+        if self.ep == 1 and plain and (self.capacity_factor == 0 or self.capacity_factor >= 1):
+            return graph  # one rank holds every expert, drops nothing and copies nothing
         return _Rewriter(graph, self, dispatches).run()
 
 
@@ -181,14 +205,25 @@ class _Rewriter:
         for d in dispatches:
             self._find_region(d)
         self.routing: dict[int, Routing] = {}
-        self.sorted: dict[int, int] = {}  # new expert-input value -> its chunk sort
+        self.sorted: dict[tuple[int, str], int] = {}  # (new expert-input value, fn) -> its copy before the GEMMs
+        # the einsums lay the slots out expert by expert: nothing to sort or align
+        local = min(self.experts.values(), default=0) // opts.ep
+        self.sort = not opts.padded and opts.ep > 1 and local >= 2
+        self.quant_pad = not opts.padded and opts.quant_pad > 0 and bool(self.experts) and not self._aligned(dispatches)
         self.entry, self.exit = self._ends()
+
+    def _aligned(self, dispatches: list[Node]) -> bool:
+        """Whether padding to capacity already hands every local expert an aligned segment (``ep x capacity``)."""
+        if not self.opts.pad_to_capacity or self.opts.capacity_factor <= 0:
+            return False
+        experts = max(self.experts.values())
+        rows = {d.out.shape[0] for d in dispatches}  # (token, choice) rows each rank routes
+        capacities = {math.ceil(r / experts * self.opts.capacity_factor) for r in rows}
+        return all(self.opts.ep * c % self.opts.quant_pad == 0 for c in capacities)
 
     def _ends(self) -> tuple[set[int], set[int]]:
         """Expert GEMMs that read the region's input rows, and those whose output leaves the experts."""
-        if self.opts.padded:  # the einsums lay the slots out expert by expert: nothing to sort
-            return set(), set()
-        if self.opts.ep == 1 or not self.experts or min(self.experts.values()) // self.opts.ep < 2:
+        if not self.sort and not self.quant_pad:
             return set(), set()
         grouped = {
             nid for nid in self.region if self.src[nid].op is OpKind.MATMUL and self.src[nid].inputs[1] in self.experts
@@ -240,11 +275,20 @@ class _Rewriter:
             if node.id in self.experts:
                 self.map[node.id] = self._weight(node)
             elif node.id in self.region:
+                # Megatron's order: sort_chunks, Fp8Padding, fc1 ... fc2, Fp8Unpadding, unsort_chunks
                 if node.id in self.entry:
-                    ins = [self._chunks(node, ins[0], "moe_sort_chunks"), *ins[1:]]
+                    first = ins[0]
+                    if self.sort:
+                        first = self._chunks(node, first, "moe_sort_chunks")
+                    if self.quant_pad:
+                        first = self._chunks(node, first, "moe_quant_pad")
+                    ins = [first, *ins[1:]]
                 self.map[node.id] = self._scaled(node, ins)
                 if node.id in self.exit:
-                    self.map[node.id] = self._chunks(node, self.map[node.id], "moe_unsort_chunks")
+                    if self.quant_pad:
+                        self.map[node.id] = self._chunks(node, self.map[node.id], "moe_quant_unpad")
+                    if self.sort:
+                        self.map[node.id] = self._chunks(node, self.map[node.id], "moe_unsort_chunks")
             elif node.id in self.combine_of:
                 d = self.combine_of[node.id]
                 back = self._all_to_all(self.src[d], ins[0], self.src[node.inputs[0]], "combine")
@@ -273,13 +317,15 @@ class _Rewriter:
         )
 
     def _chunks(self, node: Node, value: int, fn: str) -> int:
-        """Megatron's sort_chunks_by_idxs: rows from each source rank regrouped by local expert."""
-        if fn == "moe_sort_chunks" and value in self.sorted:
-            return self.sorted[value]
+        """A copy of the expert rows: Megatron's sort_chunks_by_idxs (rows from each source rank regrouped by
+        local expert) or its inverse, or TE's Fp8Padding / Fp8Unpadding; one per value read by several GEMMs."""
+        entry = fn in ("moe_sort_chunks", "moe_quant_pad")
+        if entry and (value, fn) in self.sorted:
+            return self.sorted[(value, fn)]
         v = self.out.add(OpKind.ELEMENTWISE, [value], self.out[value].out, ElementwiseAttrs(fn),
                          phase=node.phase, scope=node.scope, name=f"{node.name}.{fn}")  # fmt: skip
-        if fn == "moe_sort_chunks":
-            self.sorted[value] = v
+        if entry:
+            self.sorted[(value, fn)] = v
         return v
 
     def _weight(self, node: Node) -> int:
@@ -342,7 +388,7 @@ class _Rewriter:
         if what == "combine" and routing.padded:  # the padded slots come back whole
             out = out.with_shape((max(1, round(out.shape[0] * routing.padded)), *out.shape[1:]))
         attrs = CollectiveAttrs(Axis.EP, self.opts.ep, nbytes)
-        if self.opts.dispatcher == "deepep":
+        if self.opts.dispatcher == "deepep":  # HybridEP: the flat all_to_all (DISPATCHERS)
             experts, (groups, group_topk) = self._layer_experts(d), self.opts.router_groups
             if groups and experts % groups:
                 raise LayoutError(f"router groups {groups} do not divide the layer's {experts} experts")

@@ -46,15 +46,27 @@ def _tensor(plan: Any) -> object:
     return TensorParallel(plan.tp, sequence_parallel=plan.sp, expert_tp=plan.expert_tp)
 
 
+#: The rows a Transformer Engine recipe aligns each grouped-GEMM segment to, by plan dtype (echosim.passes.
+#: expert_parallel, ``quant_pad``): "32 for MXFP8, 128 for NVFP4, 16 for other built-in recipes" (Fp8Padding's
+#: docstring, transformer_engine/pytorch/module/fp8_padding.py; Megatron-Core's get_fp8_align_size: 32 for the
+#: mxfp8 recipe, else 16, megatron/core/fp8_utils.py core_v0.15.0).
+QUANT_ALIGN_ROWS = {"fp8": 16, "mxfp8": 32, "nvfp4": 128}
+
+
 def _expert(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.expert_parallel import ExpertParallel
 
+    framework = get_framework(plan.framework)
     groups = (plan.moe_router_groups, plan.moe_router_group_topk)
-    padded = bool(get_framework(plan.framework).moe_capacity_padding) and plan.moe_capacity_factor > 0
+    padded = bool(framework.moe_capacity_padding) and plan.moe_capacity_factor > 0
+    # TEGroupedMLP's Fp8Padding / Fp8Unpadding copies, unless HybridEP's dispatch aligns the rows itself
+    copies = bool(framework.moe_quant_padding) and plan.moe_dispatcher != "hybridep"
+    quant_pad = QUANT_ALIGN_ROWS.get(plan.dtype, 0) if copies else 0
     return ExpertParallel(
-        plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher, groups, padded, plan.seq_len
-    )
+        plan.ep, plan.moe_capacity_factor, plan.moe_imbalance, plan.moe_dispatcher, groups, padded, plan.seq_len,
+        quant_pad, plan.moe_pad_to_capacity,
+    )  # fmt: skip
 
 
 def _embedding_sharding(plan: Any) -> object | None:

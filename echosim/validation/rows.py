@@ -360,6 +360,30 @@ def moe_capacity_factor(c: Case) -> float:
     return TRILLIUM_CAPACITY_FACTOR.get(config.group(1), 0.0)
 
 
+#: Token dropping in NeMo 25.09's Megatron-Bridge performance runs (v0.1.0rc4 scripts/performance/run_script.py):
+#: the Qwen3 30B-A3B and 235B-A22B recipes always apply it, DeepSeek-V3 on B200 and GB200 (use_tokendrop for
+#: gpu in ["b200", "gb200"]); apply_moe_token_drop sets moe_expert_capacity_factor=1.0 and
+#: moe_pad_expert_input_to_capacity=True (src/megatron/bridge/training/utils/moe_token_drop.py). By
+#: (layers, hidden) -> the devices whose runs drop ('' = all).
+MEGATRON_BRIDGE_2509_TOKEN_DROP: dict[tuple[int, int], tuple[str, ...]] = {
+    (48, 2048): (),  # Qwen3-30B-A3B
+    (94, 4096): (),  # Qwen3-235B-A22B
+    (61, 7168): ("b200", "gb200"),  # DeepSeek-V3
+}
+MEGATRON_BRIDGE_TOKEN_DROP_CAPACITY = 1.0  # apply_moe_token_drop's moe_expert_capacity_factor default
+
+
+def token_drop_capacity(c: Case) -> float:
+    """The capacity factor of a NeMo 25.09 Megatron-Bridge row whose run dropped tokens, padded to capacity
+    (:data:`MEGATRON_BRIDGE_2509_TOKEN_DROP`); 0 otherwise."""
+    if c["source_id"] != "megatron_bridge_25.09" or c["arch"] != "moe":
+        return 0.0
+    devices = MEGATRON_BRIDGE_2509_TOKEN_DROP.get((c.int("layers") or 0, c.int("hidden") or 0))
+    if devices is None or (devices and c["device"] not in devices):
+        return 0.0
+    return MEGATRON_BRIDGE_TOKEN_DROP_CAPACITY
+
+
 def row_framework(c: Case) -> str:
     """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype and splash
     backward kernel (:data:`TRILLIUM_BF16_WEIGHTS`, :data:`TRILLIUM_FUSED_BWD`), or, for
@@ -675,12 +699,35 @@ def moe_router_groups(c: Case) -> tuple[int, int]:
     return MOE_ROUTER_GROUPS.get(model, (0, 0))
 
 
+#: Megatron-Bridge releases whose performance presets run a model on a system with the HybridEP dispatcher
+#: (``moe_flex_dispatcher_backend="hybridep"``), by (source_id, layers, hidden, device): every preset of that
+#: model and system in the release sets it, whatever the precision. NeMo 25.11 = v0.2.0 scripts/performance/
+#: configs/deepseek/workload_base_configs.py DEEPSEEK_V3_GB200_BASE_CONFIG, DEEPSEEK_V3_GB300_BASE_CONFIG and
+#: configs/qwen3/workload_base_configs.py QWEN3_235B_A22B_GB200_* / _GB300_*, QWEN3_30B_A3B_GB200_* / _GB300_*;
+#: 26.02.01 = v0.3.1 configs/qwen/qwen3_workload_base_configs.py QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_*_V1 /
+#: _GB300_*_V1 and the 256-GPU _V2 presets built on them; 26.04 = v0.4.0 configs/deepseek/
+#: deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1 / _B300_V1 (pp 16, ep 8; _V2: GBS 4096);
+#: 26.04.01 = v0.4.1 DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1 (pp 2, vp 8, ep 32, MBS 2) and
+#: gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2. NeMo 25.09 (v0.1.0rc4) has no
+#: HybridEP. Other releases and systems run alltoall or DeepEP (:data:`MEGATRON_BRIDGE_DISPATCHER`).
+MEGATRON_BRIDGE_HYBRIDEP: frozenset[tuple[str, int, int, str]] = frozenset({
+    ("megatron_bridge_25.11", 61, 7168, "gb200"), ("megatron_bridge_25.11", 61, 7168, "gb300"),
+    ("megatron_bridge_25.11", 94, 4096, "gb200"), ("megatron_bridge_25.11", 94, 4096, "gb300"),
+    ("megatron_bridge_25.11", 48, 2048, "gb200"), ("megatron_bridge_25.11", 48, 2048, "gb300"),
+    ("megatron_bridge_26.02.01", 94, 4096, "gb200"), ("megatron_bridge_26.02.01", 94, 4096, "gb300"),
+    ("megatron_bridge_26.04", 61, 7168, "b200"), ("megatron_bridge_26.04", 61, 7168, "b300"),
+    ("megatron_bridge_26.04.01", 61, 7168, "gb300"), ("megatron_bridge_26.04.01", 36, 2880, "gb200"),
+})  # fmt: skip
+
+
 def moe_dispatcher(c: Case) -> str:
     """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
         return ""
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
-    return MEGATRON_BRIDGE_DISPATCHER.get((c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout), "")
+    model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
+    found = MEGATRON_BRIDGE_DISPATCHER.get((*model, layout), "")
+    return found or ("hybridep" if (c["source_id"], *model) in MEGATRON_BRIDGE_HYBRIDEP else "")
 
 
 #: Expert tensor parallelism of the Megatron-Bridge MoE performance recipes: 1 (the experts whole on every
@@ -833,7 +880,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
-    stated["moe_capacity_factor"] = moe_capacity_factor(c) or None
+    stated["moe_capacity_factor"] = moe_capacity_factor(c) or token_drop_capacity(c) or None
+    stated["moe_pad_to_capacity"] = bool(token_drop_capacity(c)) or None
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
