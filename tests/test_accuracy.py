@@ -223,14 +223,15 @@ def test_megatron_lm_llama_rows_overlap_tp_communication_as_nemos_performance_sc
     for the 70B (tp 4) and 405B (tp 8) layouts on H100 (rows.SOURCE_FLAGS): +10.7 / +12.3% without the overlap,
     beside the NeMo / Megatron-Bridge rows of the same layouts (+2.6..+7.0%); the tp 1 8B row is unmoved.
     Attention at cuDNN's measured rate (Transformer Engine on Hopper, tests/test_te_attention.py): 70B +3.8 -> +3.2%,
-    405B +2.2 -> +1.7%, 8B +1.4 -> +0.3%."""
+    405B +2.2 -> +1.7%, 8B +1.4 -> +0.3%. The last wave's output store paid after each GEMM's math
+    (compute.exposed_epilogue_s): 70B +3.2 -> +3.6%, 405B +1.7 -> +2.1%, 8B +0.3 -> +0.8%."""
     result = validate_cases(CASES, {"source_id": "megatron_lm_llama_fp8"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 3
-    assert errors["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"] == pytest.approx(0.032, abs=0.01)
-    assert errors["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"] == pytest.approx(0.017, abs=0.01)
-    assert errors["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"] == pytest.approx(0.003, abs=0.01)
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.017, abs=0.005)
+    assert errors["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"] == pytest.approx(0.036, abs=0.01)
+    assert errors["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"] == pytest.approx(0.021, abs=0.01)
+    assert errors["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"] == pytest.approx(0.008, abs=0.01)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.022, abs=0.005)
 
 
 def test_megatron_bridge_rows_whose_table_misprints_the_layout_run_their_recipe() -> None:

@@ -48,7 +48,10 @@ def gemm_tflops(dev, b: int, m: int, n: int, k: int, dtype: str) -> float:
     return 2 * b * m * n * k / compute.matmul_time_s(dev, m, n, k, b, dtype) / 1e12
 
 
-# Achieved on the shared data: A100 fp16 4.7 %, H100 fp8 5.9 %, H200 fp8 7.6 %, H100 XLA bf16 7.1 %.
+# Each row priced as its harness ran it (validation.microbench._matmul_probe): Azure's cuBLASLt sweep is a heuristic
+# pick with FP8 fast accumulation, XLA's table autotuned with it. Achieved on the shared data: A100 fp16 6.2 %,
+# H100 fp8 5.8 %, H200 fp8 5.6 %, H100 XLA bf16 5.9 % (priced with the library defaults, heuristic and promoted, the
+# last two were 10.4 % and 10.3 % once the last wave's output store was priced, compute.exposed_epilogue_s).
 @pytest.mark.parametrize(
     ("dev", "device", "op", "dtype", "model_dtype", "count"),
     [
@@ -62,7 +65,11 @@ def gemm_tflops(dev, b: int, m: int, n: int, k: int, dtype: str) -> float:
 def test_matmul_matches_measured_gemms_within_10_percent(rows, dev, device, op, dtype, model_dtype, count):
     cases = gemm_rows(rows, device, op, dtype)
     assert len(cases) == count
-    pairs = [(gemm_tflops(dev, b, m, n, k, model_dtype), tflops) for b, m, n, k, tflops in cases]
+    autotuned = op == "dot"  # XLA's autotuner
+    pairs = [
+        (2 * b * m * n * k / compute.matmul_time_s(dev, m, n, k, b, model_dtype, autotuned, fast_accum=True) / 1e12, t)
+        for b, m, n, k, t in cases
+    ]
     assert mape(pairs) <= 10.0, f"{device} {dtype} GEMM MAPE {mape(pairs):.1f}%"
 
 

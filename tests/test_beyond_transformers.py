@@ -494,12 +494,14 @@ def test_vit_and_gnmt_rows_keep_their_measured_errors() -> None:
     }
     assert errors == pytest.approx(
         {
-            ("a100-80gb", "8", "bf16"): 0.479,
-            ("h100-sxm", "8", "bf16"): 1.022,
-            ("a100-40gb", "1", "fp32"): 0.531,
-            ("a100-40gb", "1", "fp16"): 0.559,
-            ("a100-40gb", "8", "fp32"): 0.760,
-            ("a100-40gb", "8", "fp16"): 0.781,
+            # each GEMM's last wave paying its output store (compute.exposed_epilogue_s): ViT -0.1..-0.2 points,
+            # GNMT's small recurrent GEMMs -1.6..-1.7 (they were 0.479, 1.022, 0.531, 0.559, 0.760, 0.781)
+            ("a100-80gb", "8", "bf16"): 0.478,
+            ("h100-sxm", "8", "bf16"): 1.020,
+            ("a100-40gb", "1", "fp32"): 0.515,
+            ("a100-40gb", "1", "fp16"): 0.543,
+            ("a100-40gb", "8", "fp32"): 0.743,
+            ("a100-40gb", "8", "fp16"): 0.767,
         },
         abs=0.002,
     )

@@ -86,12 +86,14 @@ def test_each_harness_accumulates_as_its_code_does() -> None:
 @pytest.mark.skipif(not MICROBENCH.exists(), reason="validation data not found")
 def test_xla_h100_fp8_table_moves_toward_its_rows() -> None:
     """23.0% with every FP8 GEMM promoted, 21.4% with fast accumulation as one GEMM per dot, 16.9% with XLA's
-    transpose of B and the table's kernel median (tests/test_xla_matmul_table.py); still above its 10%: 25 of
+    transpose of B and the table's kernel median (tests/test_xla_matmul_table.py), 14.6% with the last wave's
+    output store priced (compute.exposed_epilogue_s); still above its 10%: 25 of
     its small shapes run slower than their bf16 twins (notes/gemm.md, notes/micro.md)."""
     g = validate_microbench(MICROBENCH).groups()
-    assert g["H100-SXM (sm_90) | matmul fp8"]["mape"] == pytest.approx(0.169, abs=0.002)
+    assert g["H100-SXM (sm_90) | matmul fp8"]["mape"] == pytest.approx(0.146, abs=0.002)
     # MAMF: promoted, and predicted as the best rate of its search (microbench.search_best_tflops); 22.9% at
     # the row's own shape, where the real kernel has no wave tail and the model's 128x128 tiles run 5 waves
     assert g["H100 SXM | matmul fp8"]["mape"] == pytest.approx(0.008, abs=0.002)
-    # Azure cuBLASLt, with the fast accumulation its harness sets (8.4% priced promoted, fraction 0.91)
-    assert g["H100-SXM-80GB | matmul fp8"]["mape"] == pytest.approx(0.061, abs=0.002)
+    # Azure cuBLASLt, with the fast accumulation its harness sets (8.4% priced promoted, fraction 0.91; 6.1% before
+    # the last wave's output store was priced)
+    assert g["H100-SXM-80GB | matmul fp8"]["mape"] == pytest.approx(0.058, abs=0.002)

@@ -38,8 +38,10 @@ def test_small_blackwell_gemm_takes_128_row_tiles():
 
 @pytest.mark.skipif(not MICROBENCH.exists(), reason="validation data not found")
 def test_xla_b200_matmul_groups():
-    """XLA's B200 table (autotuned, 292 bf16 and 125 fp8 shapes): 10.8 -> 9.2% and 14.3 -> 12.1% MAPE."""
+    """XLA's B200 table (autotuned, 292 bf16 and 125 fp8 shapes): 10.8 -> 9.2% and 14.3 -> 12.1% MAPE with the
+    128-row floor; 5.0% and 7.1% once the last wave's output store is priced (compute.exposed_epilogue_s)."""
     groups = validate_microbench(MICROBENCH).groups()
-    assert groups["B200 (sm_100) | matmul bf16"]["mape"] == pytest.approx(0.092, abs=0.003)
-    assert groups["B200 (sm_100) | matmul fp8"]["mape"] == pytest.approx(0.121, abs=0.003)
-    assert groups["H100-SXM (sm_90) | matmul bf16"]["mape"] == pytest.approx(0.071, abs=0.003)  # unchanged
+    assert groups["B200 (sm_100) | matmul bf16"]["mape"] == pytest.approx(0.050, abs=0.003)
+    assert groups["B200 (sm_100) | matmul fp8"]["mape"] == pytest.approx(0.071, abs=0.003)
+    # no floor on Hopper; 7.1 -> 5.9% with the exposed epilogue store
+    assert groups["H100-SXM (sm_90) | matmul bf16"]["mape"] == pytest.approx(0.059, abs=0.003)

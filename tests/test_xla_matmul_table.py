@@ -69,20 +69,22 @@ ROW = {"system": "single GPU", "size_bytes": "", "num_devices": "1", "num_nodes"
 
 def test_the_table_row_at_95_percent_of_peak_is_the_kernel_median() -> None:
     """4096 x 4096 x 1024 reads 1880.5 TFLOP/s (95% of the dense FP8 peak, 2.7x its bf16 twin): the GEMM alone
-    is modelled 40% slower than that, the median of transpose and GEMM within 10%."""
+    is modelled 40% slower than that, the median of transpose and GEMM 10% slower (within 10% before the last
+    wave's output store was priced, compute.exposed_epilogue_s)."""
     p = probe(ROW)
     assert not isinstance(p, str)
     be = _xla_backend("h100-sxm")
     gemm_only = 2 * 4096 * 4096 * 1024 / be.op_time_s(_node(4096, 4096, 1024, "fp8"), 0) / 1e12
     assert gemm_only / 1880.5 - 1 < -0.35
-    assert p.predict(be) / 1880.5 - 1 == pytest.approx(0.0, abs=0.10)
+    assert p.predict(be) / 1880.5 - 1 == pytest.approx(-0.101, abs=0.005)
 
 
 @pytest.mark.skipif(not MICROBENCH.exists(), reason="validation data not found")
 def test_xla_fp8_tables_after_the_kernel_median() -> None:
     g = validate_microbench(MICROBENCH).groups()
     # 21.4% as one GEMM per dot; the rest: 27 shapes with k <= 1024 and m n <= 2^21 read 8-12 µs, 1.5-2x their
-    # bf16 twins, above both kernels the model gives them (notes: micro.md)
-    assert g["H100-SXM (sm_90) | matmul fp8"]["mape"] == pytest.approx(0.169, abs=0.002)
-    assert g["B200 (sm_100) | matmul fp8"]["mape"] == pytest.approx(0.121, abs=0.002)  # no transpose: unchanged
-    assert g["H100-SXM (sm_90) | matmul bf16"]["mape"] == pytest.approx(0.071, abs=0.002)
+    # bf16 twins, above both kernels the model gives them (notes: micro.md). 16.9, 12.1 and 7.1% before the last
+    # wave's output store was priced (compute.exposed_epilogue_s)
+    assert g["H100-SXM (sm_90) | matmul fp8"]["mape"] == pytest.approx(0.146, abs=0.002)
+    assert g["B200 (sm_100) | matmul fp8"]["mape"] == pytest.approx(0.071, abs=0.002)  # no transpose
+    assert g["H100-SXM (sm_90) | matmul bf16"]["mape"] == pytest.approx(0.059, abs=0.002)

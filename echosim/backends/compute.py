@@ -49,6 +49,17 @@ SPLIT_K: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
 # Each wave of tiles starts by filling its multi-stage operand pipeline from HBM and ends
 # with the epilogue store: about one DRAM round trip plus a tile store, ~1 µs.
 WAVE_FIXED_S = 1.0e-6
+# The last wave's epilogue (accumulators converted and stored to the output) is exposed. Hopper's and Blackwell's
+# cuBLAS / CUTLASS GEMMs are persistent and warp-specialised: a CTA walks several output tiles, and one tile's
+# epilogue runs while the other consumer warp group (or, on Blackwell, the MMA warp on its next accumulator stage
+# in tensor memory) computes the next tile: "This allows for *epilogue* of one *consumer* warp group to be
+# overlapped with the math operations of the other" (NVIDIA/cutlass media/docs/cpp/efficient_gemm.md,
+# "Warp-Specialized Persistent Ping-Pong kernel design"; kernel/sm90_gemm_tma_warpspecialized_pingpong.hpp). The
+# tiles of the last wave have no next tile: every SM of that wave stores its output tile at once, after its
+# math, so that store runs at the device's STREAM bandwidth after the compute-bound time; an earlier wave's store
+# hides only behind as much math as the next tile has (exposed_epilogue_s). Ampere's kernels are not persistent
+# (one CTA per tile); their last wave has nothing after it either, so it is priced the same. Split-K plans pay
+# their partials' stores in the reduction term instead (gemm_plan).
 
 # Flash attention tiling: query rows per CTA and keys per inner-loop step.
 # FA2 (sm80): 128 x 64 for head_dim <= 128; FA3 (sm90): 128 x 128.
@@ -81,7 +92,8 @@ FLASH_BWD_RATE = 0.85
 # H200 PyTorch FP8 rows promoted (torch._scaled_mm's default). Rows where the sustained plateau
 # (:func:`sustained_tflops`) binds the fraction's own prediction (GB200 fp8 at 8192^3 and 32768^3, H100
 # and H200 fp8 at 32768^3: the plateau is those rows) carry no information about the pick and are left
-# out; the other 30 give 0.888, median 0.89 (tests/test_heuristic_gemm_fraction.py). Fitted. Until
+# out; the other 30 give 0.892, median 0.90 (0.888 and 0.89 before the last wave's output store was priced:
+# exposed_epilogue_s; tests/test_heuristic_gemm_fraction.py). Fitted. Until
 # the Azure FP8 rows were read as promoted it was 0.91 (0.906).
 HEURISTIC_GEMM_FRACTION = 0.89
 
@@ -163,6 +175,16 @@ def tile_efficiency(arch: str, tm: int, tn: int) -> float:
     return rate(tm, tn) / rate(*CTA_TILES[0]) * min(1.0, tm / MMA_FULL_ROWS.get(arch, tm))
 
 
+def exposed_epilogue_s(out_bytes: float, out_tiles: int, waves: int, sm_count: int, tile_s: float, bw: float) -> float:
+    """Seconds of epilogue stores a GEMM's math does not hide (note at :data:`WAVE_FIXED_S`).
+
+    Each wave's store (its share of the ``out_bytes`` output at ``bw``) overlaps the next wave's tile math of
+    ``tile_s``, and only up to it; the last wave's store has no next tile and is paid whole."""
+    full_wave_s = out_bytes * min(sm_count, out_tiles) / out_tiles / bw
+    last_wave_s = out_bytes * (out_tiles - (waves - 1) * sm_count) / out_tiles / bw
+    return (waves - 1) * max(0.0, full_wave_s - tile_s) + last_wave_s
+
+
 @dataclass(frozen=True, slots=True)
 class GemmPlan:
     """The kernel configuration the model picked, for reports and tests."""
@@ -210,6 +232,7 @@ def gemm_plan(
     # fp8 GEMMs read fp8 operands and write a 16-bit result (Transformer Engine, cuBLASLt).
     out_size = 2 if dtype in ("fp8", "mxfp8", "nvfp4") else itemsize(dtype)
     memory_s = batch * ((m * k + k * n) * itemsize(dtype) + m * n * out_size) / bw
+    out_bytes = batch * m * n * out_size
     best: GemmPlan | None = None
     best_s = math.inf
     for tm, tn in tiles:
@@ -217,7 +240,10 @@ def gemm_plan(
         out_tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
         for split in splits:
             waves = math.ceil(out_tiles * split / dev.sm_count)
-            compute_s = waves * (2 * tm * tn * math.ceil(k / split) / rate + WAVE_FIXED_S)
+            tile_s = 2 * tm * tn * math.ceil(k / split) / rate
+            compute_s = waves * (tile_s + WAVE_FIXED_S)
+            if split == 1:  # epilogue stores not hidden behind a next tile's math (note at WAVE_FIXED_S)
+                compute_s += exposed_epilogue_s(out_bytes, out_tiles, waves, dev.sm_count, tile_s, bw)
             # split-K partials: fp32 tiles written and read back by a second reduction kernel.
             reduce_s = 0.0
             if split > 1:
