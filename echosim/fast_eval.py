@@ -96,7 +96,8 @@ class _Direct:
 
 
 # Keyed by the whole model's graph object (kept alive by the key), the stage's shape and depth, and what
-# lowering and the report read (backend, placements, lowering options, memory policies). Templates: one per
+# lowering and the report read (backend, placements, lowering options, saved activations; the state policies for
+# derived stages' static memory only, so ZeRO 1 and 2 share their stage graphs and direct stages). Templates: one per
 # captured graph after the graph-level passes, stage shape and depth (2.4k in a full-space GPT-3 search).
 _BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 # Sized so that a full-space search (GPT-3 175B on 1,024 A100: 24k stage graphs and 83k direct stages;
