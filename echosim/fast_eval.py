@@ -42,7 +42,7 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import CollectiveAttrs, OpKind, OptimizerAttrs
 from echosim.ir.types import DType, TensorSpec
 from echosim.memo import HashedKey, Memo
-from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.base import LayoutError, output_key, run_passes
 from echosim.passes.flops import FlopCount, graph_flops
 from echosim.passes.memory import MemoryBreakdown, activation_bytes, transient_bytes
 from echosim.passes.pipeline import Stage, _classify, _stage_graph, _static, layer_split
@@ -96,7 +96,8 @@ class _Direct:
 
 
 # Keyed by the whole model's graph object (kept alive by the key), the stage's shape and depth, and what
-# lowering and the report read (backend, placements, lowering options, memory policies). Templates: one per
+# lowering and the report read (backend, placements, lowering options, saved activations; the state policies for
+# derived stages' static memory only, so ZeRO 1 and 2 share their stage graphs and direct stages). Templates: one per
 # captured graph after the graph-level passes, stage shape and depth (2.4k in a full-space GPT-3 search).
 _BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 # Sized so that a full-space search (GPT-3 175B on 1,024 A100: 24k stage graphs and 83k direct stages;
@@ -142,8 +143,12 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
         key = (i == 0, i == last, c)
         shared[key] = (*shared.get(key, ()), i)
     # the stage-level passes and what lowering reads, hashed once for the layout's cache lookups (a pass hashes
-    # field by field: hashing them on every lookup cost more than the lookups)
-    lowering = HashedKey((HashedKey(tuple(joint.stage_passes)), *_lowering_key(joint)))
+    # field by field: hashing them on every lookup cost more than the lookups). The passes by what their graph
+    # reads (``output_key``: ZeRO 1 and 2 build one stage graph); the stage's timing without the state policies,
+    # which only its static memory reads (ZeRO 1 and 2 differ in them alone)
+    passes = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
+    timing = HashedKey((passes, *_timing_key(joint)))
+    lowering = HashedKey((timing, joint.facts.state, joint.facts.expert_state))
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -159,14 +164,17 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     return costs, figures
 
 
-def _lowering_key(joint: Joint) -> tuple[Any, ...]:
+def _timing_key(joint: Joint) -> tuple[Any, ...]:
+    """What a stage's lowering and its graph figures read besides its graph (:class:`_Direct`): not the state
+    policies (ZeRO's sharding of weights, gradients and optimizer state), which only static memory reads
+    (:func:`_static_of`), but whether experts have their own (the expert parameter count is read then)."""
     o, f = joint.options, joint.facts
     return (joint.backend, tuple(joint.where.items()), o.schedule.split_backward, o.tp, o.sp, o.tp_overlap,
-            o.overlap_dp, f.state, f.expert_state, f.saved, f.caching_allocator)  # fmt: skip
+            o.overlap_dp, f.expert_state is not None, f.saved, f.caching_allocator)  # fmt: skip
 
 
 def _family(joint: Joint, first: bool, last: bool) -> tuple[Any, ...]:
-    """The stage's family less its stage-level passes (in the ``lowering`` key :func:`stages` builds)."""
+    """The stage's family less its stage-level passes (in the ``timing`` key :func:`stages` builds)."""
     return (joint.graph, first, last)
 
 
@@ -175,11 +183,12 @@ def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lower
     hit = _DERIVED.lookup(key)
     if hit is not None:
         return hit
+    timing = lowering.value[0]
     if alone or count <= 3:
-        d = _direct(joint, first, last, count, alone, lowering)
+        d = _direct(joint, first, last, count, alone, timing)
         out = Derived(d.cost, (d.flops, _static_of(d, joint), d.act, d.blocks))
     else:
-        out = _derive(joint, first, last, count, lowering)
+        out = _derive(joint, first, last, count, timing)
     _DERIVED.put(key, out)
     return out
 
@@ -228,12 +237,14 @@ def _base_graph(graph: Graph, first: bool, last: bool, count: int) -> Graph:
     return _stage_graph(graph, members, static, 0 if first else 1, 2, {block: count})
 
 
-def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, lowering: HashedKey) -> _Direct:
-    key = (*_family(joint, first, last), count, alone, lowering)
+def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, timing: HashedKey) -> _Direct:
+    """The stage graph of this shape and depth lowered and analysed, kept by what that reads (``timing``,
+    :func:`stages`): one for ZeRO 1 and 2."""
+    key = (*_family(joint, first, last), count, alone, timing)
     hit = _DIRECT.lookup(key)
     if hit is not None:
         return hit
-    stage = _template(joint, first, last, count, alone, lowering.value[0])
+    stage = _template(joint, first, last, count, alone, timing.value[0])
     facts, g = joint.facts, stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
@@ -339,9 +350,9 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     return out
 
 
-def _derive(joint: Joint, first: bool, last: bool, count: int, lowering: HashedKey) -> Derived:
+def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey) -> Derived:
     """Depth ``count`` from depths 2 and 3 (module docstring)."""
-    a, b = (_direct(joint, first, last, c, False, lowering) for c in (2, 3))
+    a, b = (_direct(joint, first, last, c, False, timing) for c in (2, 3))
     pair = _pair(joint, a, b)
     ca = a.cost
     fwd_units = [(u, count if block else k) for u, k, block in pair.fwd]

@@ -415,3 +415,18 @@ def test_a_derived_stages_optimizer_step_is_priced_once_for_every_schedule_and_t
         counts.append(calls[0] - before)
         assert fast.step_time_s == evaluate("gpt3-1.3b", plan, cluster).step_time_s
     assert counts[0] > 0 and counts[1:] == [0, 0, 0]
+
+
+def test_zero_1_and_2_share_their_stage_graphs_and_lowerings_not_their_memory() -> None:
+    """ZeRO 1 and 2 build one stage graph (the same reduce-scatter buckets and step-end all-gather) and lower it
+    once; only the state policy differs (ZeRO 2 shards the gradients too: less memory), and each layout's figures
+    equal a full compile's."""
+    cluster = Cluster("h100-sxm", 64)
+    plans = [Plan(tp=2, pp=4, dp=8, global_batch=64, zero=z) for z in (1, 2)]  # depth 6: derived from 2 and 3
+    memo.clear_all()
+    one = _evaluate_batch("gpt3-1.3b", plans[:1], cluster, 1.0, fast=True)
+    stages, direct = len(fast_eval._STAGES), len(fast_eval._DIRECT)
+    two = _evaluate_batch("gpt3-1.3b", plans[1:], cluster, 1.0, fast=True)
+    assert (len(fast_eval._STAGES), len(fast_eval._DIRECT)) == (stages, direct)
+    assert one[0].step_time_s == two[0].step_time_s and one[0].peak_bytes > two[0].peak_bytes
+    _assert_fast_equals_lower("gpt3-1.3b", plans, cluster)

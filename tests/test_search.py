@@ -17,6 +17,8 @@ from echosim.compiler import compile as compile_model
 from echosim.layout_search import (
     ModelFacts,
     SearchError,
+    _batches,
+    _schedule_shape,
     canonical,
     memory_lower_bound,
     parse_space,
@@ -274,3 +276,30 @@ def test_a_layouts_copy_of_a_prepared_one_equals_dataclasses_replace() -> None:
     want = replace(joint, options=options, facts=facts)
     assert all(getattr(copy, f.name) is getattr(want, f.name) for f in fields(Joint))
     assert vars(copy).keys() == vars(want).keys()
+
+
+def test_a_schedule_shape_is_cut_into_the_fewest_batches_it_needs() -> None:
+    """Each shape (pp, vpp, schedule, micro-batches) of n layouts lies in ceil(n / size) batches (its schedule is
+    timed once per batch), shapes that fit together share one, and the layouts keep their stable sorted order."""
+    size = 8
+    counts = {(1, 1): 3, (2, 1): 9, (2, 2): 4, (4, 1): 17, (8, 1): 1}
+    plans = [
+        Plan(
+            pp=pp,
+            vpp=vpp,
+            dp=64 // pp,
+            global_batch=64,
+            seq_len=1024 + k,
+            schedule="interleaved" if vpp > 1 else "1f1b",
+        )
+        for (pp, vpp), n in counts.items()
+        for k in range(1, n + 1)
+    ]
+    batches = _batches(plans[::-1], size)
+    assert all(len(b) <= size for b in batches)
+    assert [p for b in batches for p in b] == sorted(plans[::-1], key=_schedule_shape)
+    for (pp, vpp), n in counts.items():
+        holding = [b for b in batches if any((p.pp, p.vpp) == (pp, vpp) for p in b)]
+        assert len(holding) == math.ceil(n / size), (pp, vpp)
+    # 3 + 5 (of 9: 5 and 4), 4 + 4, then 17 as 6, 6 and 5 (+ 1)
+    assert [len(b) for b in batches] == [8, 8, 6, 6, 6]

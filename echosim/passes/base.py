@@ -66,9 +66,16 @@ def run_passes(
     return graph
 
 
-def _key(graph: Graph, p: Pass) -> tuple[Graph, Pass] | None:
+def output_key(p: Pass) -> object:
+    """``p`` as a cache key: its ``output_key()`` where it has one (a pass whose options include some its
+    graph does not read gives the options that build the same graph one key), else the pass itself."""
+    key = getattr(p, "output_key", None)
+    return key() if key is not None else p
+
+
+def _key(graph: Graph, p: Pass) -> tuple[Graph, object] | None:
     try:
         hash(p)
     except TypeError:  # options that cannot be hashed: the pass runs
         return None
-    return (graph, p)
+    return (graph, output_key(p))

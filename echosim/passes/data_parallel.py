@@ -23,7 +23,7 @@ is placed like ``dp``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
@@ -59,6 +59,15 @@ class DataParallel:
     # unsharded parameters, and each unit's gradients are copied into the reduce-scatter input (in its dtype)
     fsdp2_copies: bool = False
     name: ClassVar[str] = "data-parallel"
+
+    def output_key(self) -> DataParallel:
+        """This pass with ZeRO 2 read as ZeRO 1, which builds the same graph (:func:`echosim.passes.base.output_key`).
+
+        :meth:`run` tells the stages apart as 0 (all-reduce buckets), 1 or 2 (reduce-scatter buckets and the
+        step-end all-gather of the updated weights, Megatron's distributed optimizer) and 3 (FSDP): ZeRO-2's
+        sharding of the gradients is memory only (:class:`~echosim.passes.memory.StatePolicy`; Rajbhandari
+        et al. 2020, section 7: P_os+g communicates as much as P_os). FSDP1's flat gradients are their own field."""
+        return replace(self, zero=1) if self.zero == 2 else self
 
     def run(self, graph: Graph) -> Graph:
         if self.dp == 1:
