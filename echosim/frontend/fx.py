@@ -386,6 +386,7 @@ _METHODS.update(
         "pow": _elementwise("pow"),
         "mean": _elementwise("mean"),
         "sum": _elementwise("sum"),
+        "clamp": _elementwise("clamp"),
     }
 )
 
@@ -400,6 +401,7 @@ _FUNCTIONS: dict[Any, Rule] = {
     torch.add: _elementwise("add"),
     torch.mul: _elementwise("mul"),
     torch.cat: _elementwise("cat", 0),
+    torch.clamp: _elementwise("clamp"),
     torch.tanh: _elementwise("tanh", 4),
     torch.rsqrt: _elementwise("rsqrt", 2),
     torch.matmul: _matmul,

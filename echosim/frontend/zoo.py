@@ -70,6 +70,15 @@ class ArchConfig:
     # output head and a cross-entropy on the result. Megatron-Core puts the modules after the decoder
     # (``mtp`` in pipeline_model_parallel_layout), so they run on the last pipeline stage.
     mtp_layers: int = 0
+    # gpt-oss's clamped SwiGLU (arXiv:2508.10925 sec. 2.1; HF ``swiglu_limit`` 7.0): the experts' gate is
+    # clamped from above and their linear half to [-limit, limit] before the activation; 0: no clamp.
+    # Megatron-Core applies it outside its fused activation kernel: ``weighted_bias_quick_geglu_impl``
+    # (megatron/core/fusions/fused_bias_geglu.py, Megatron-LM d728871 = Megatron-Bridge v0.4.1's, the same
+    # in 0d8e071 = v0.2.0's and b0cc270 = v0.3.0's) chunks fc1's output, clamps each half and concatenates
+    # them (three memory-bound kernels forward; in backward the clamps' masks and the chunk's concatenated
+    # gradient) before the fused GeGLU; the Megatron-Bridge gpt-oss bridge sets
+    # ``activation_func_clamp_value = 7.0`` (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py).
+    expert_clamp: float = 0.0
 
     @property
     def ffn_hidden(self) -> int:
@@ -207,6 +216,10 @@ ZOO: dict[str, ArchConfig] = {
 
 _MIXTRAL = "Mixtral of Experts (Jiang et al. 2024, arXiv:2401.04088) Table 1 / HF config"
 _QWEN3 = "Qwen3 technical report (arXiv:2505.09388) Table 2 / HF config"
+#: gpt-oss's SwiGLU clamp (HF openai/gpt-oss-120b config.json ``swiglu_limit`` 7.0; Megatron-Bridge
+#: gpt_oss_bridge.py ``activation_func_clamp_value = 7.0``): :attr:`ArchConfig.expert_clamp`.
+GPT_OSS_SWIGLU_LIMIT = 7.0
+
 _OSS = (
     "gpt-oss-120b model card (arXiv:2508.10925 sec. 2.1: layers alternate between banded-window attention of "
     "128 tokens and full attention) / HF config openai/gpt-oss-120b (``sliding_window`` 128, ``layer_types`` "
@@ -256,7 +269,7 @@ ZOO.update(
         "qwen3-30b-a3b": _moe(48, 2048, 32, 4, 151936, 128, 8, 768, 4096, _QWEN3, head_dim=128),
         "qwen3-235b-a22b": _moe(94, 4096, 64, 4, 151936, 128, 8, 1536, 4096, _QWEN3, head_dim=128),
         "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64).with_(
-            sliding_window=128, global_layer_step=2
+            sliding_window=128, global_layer_step=2, expert_clamp=GPT_OSS_SWIGLU_LIMIT
         ),
         "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
         "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),

@@ -209,9 +209,14 @@ class Experts(nn.Module):
         self.gate_proj = GroupedLinear(e, h, f)
         self.up_proj = GroupedLinear(e, h, f)
         self.down_proj = GroupedLinear(e, f, h)
+        self.clamp = cfg.expert_clamp
 
     def forward(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(rows, ids)) * self.up_proj(rows, ids), ids)
+        gate, up = self.gate_proj(rows, ids), self.up_proj(rows, ids)
+        if self.clamp:  # as Megatron-Core clamps (ArchConfig.expert_clamp): each half, then one concatenation
+            limit = self.clamp
+            gate, up = torch.cat((gate.clamp(max=limit), up.clamp(min=-limit, max=limit)), -1).chunk(2, -1)
+        return self.down_proj(F.silu(gate) * up, ids)
 
 
 class MoE(nn.Module):
