@@ -70,4 +70,43 @@ def test_gpt_oss_rows_carry_the_clamp() -> None:
 
     rows = {c["case_id"]: c for c in read_cases(CASES)}
     assert row_model(rows["mbridge260401-gpt-oss-120b-bf16-gb200-64"]).expert_clamp == 7.0
-    assert row_model(rows["mbridge2604-deepseekv3-mxfp8-b200-256"]).expert_clamp == 0.0
+    assert row_model(rows["mbridge260401-gpt-oss-120b-bf16-gb200-64"]).expert_bias
+    deepseek = row_model(rows["mbridge2604-deepseekv3-mxfp8-b200-256"])
+    assert deepseek.expert_clamp == 0.0 and not deepseek.expert_bias
+
+
+BIASED = MOE.with_(expert_bias=True)
+
+
+def test_expert_bias_is_added_after_the_grouped_gemm_as_megatron_does() -> None:
+    """fc2's bias: the scaled bias rows ``b * p`` ([T*k, h], one write), the add (two reads, one write) and the
+    concatenation of the experts' pieces (one read, one write): 6 T*k*h elements moved forward."""
+    ops = _ops(BIASED, Plan())
+    fwd = [n for n in ops if n.phase is Phase.FORWARD and "experts" in (n.scope or "")]
+    (scaled,) = [n for n in fwd if _fn(n) == "moe_expert_bias"]
+    assert scaled.out.shape == (T * K, H)
+    (add,) = [n for n in fwd if _fn(n) == "add" and scaled.id in n.inputs]
+    (cat,) = [n for n in fwd if _fn(n) == "cat" and add.id in n.inputs]
+    assert cat.out.shape == (T * K, H)
+    grads = {_fn(n) for n in ops if n.phase is Phase.BACKWARD}
+    assert "moe_expert_bias_grad" in grads  # the bias and the router weights get gradients
+    assert BIASED.param_count() - MOE.param_count() == 2 * 4 * H  # [experts, hidden] per MoE layer
+    a = lower(MOE, Plan(), Cluster("h100-sxm", 1)).report.breakdown
+    b = lower(BIASED, Plan(), Cluster("h100-sxm", 1)).report.breakdown
+    assert b["compute.matmul"] == pytest.approx(a["compute.matmul"])
+    assert b["compute.memory_bound"] > a["compute.memory_bound"]
+
+
+def test_expert_bias_rows_scale_each_rows_expert_bias_by_its_router_weight() -> None:
+    """The leaf's plain-PyTorch body (run on CPU): row r of the dispatch gets bias[expert(r)] * weight(r)."""
+    import torch
+
+    from echosim.frontend.moe_ops import expert_bias_rows
+
+    bias = torch.arange(6.0).view(3, 2)  # 3 experts, hidden 2
+    ids = torch.tensor([[2, 0], [0, 1]])  # 2 tokens, top-2
+    weights = torch.tensor([[0.5, 0.25], [1.0, 2.0]])
+    rows = expert_bias_rows(bias, ids, weights)
+    # rows grouped by expert (stable): (t0, e0, .25), (t1, e0, 1), (t1, e1, 2), (t0, e2, .5)
+    want = torch.stack([bias[0] * 0.25, bias[0] * 1.0, bias[1] * 2.0, bias[2] * 0.5])
+    assert torch.equal(rows, want)

@@ -429,6 +429,7 @@ _FUNCTIONS: dict[Any, Rule] = {
     moe_ops.moe_dispatch: _moe_permute("moe_dispatch"),
     moe_ops.moe_combine: _moe_permute("moe_combine"),
     moe_ops.grouped_mm: _grouped_mm,
+    moe_ops.expert_bias_rows: _moe_permute("moe_expert_bias"),
     attention_ops.local_attention: _local_sdpa,
 }
 

@@ -79,6 +79,14 @@ class ArchConfig:
     # gradient) before the fused GeGLU; the Megatron-Bridge gpt-oss bridge sets
     # ``activation_func_clamp_value = 7.0`` (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py).
     expert_clamp: float = 0.0
+    # Biased experts (gpt-oss: HF ``gate_up_proj_bias`` / ``down_proj_bias``; Megatron-Bridge's bridge sets
+    # ``add_bias_linear = True``). fc1's bias rides in TE GroupedLinear's GEMM (``skip_bias_add=False``) and is
+    # not an op of its own; fc2's is added after the grouped GEMM by TEGroupedMLP ``_apply_bias``
+    # (megatron/core/transformer/moe/experts.py, Megatron-LM d728871 = Megatron-Bridge v0.4.1's; the same
+    # in 0d8e071 and b0cc270): per local expert ``t + b * p`` (p: the router weights), then ``torch.cat`` of
+    # the pieces: a scaled-bias write, an add and a copy of fc2's output, and their gradients. Only fc2's
+    # bias is counted here (``[experts, hidden]`` per MoE layer).
+    expert_bias: bool = False
 
     @property
     def ffn_hidden(self) -> int:
@@ -161,6 +169,7 @@ class ArchConfig:
         if self.arch == "moe":
             router = h * self.experts
             mlp = router + 3 * h * self.expert_ffn * (self.experts + self.shared_experts)
+            mlp += self.experts * h if self.expert_bias else 0
             dense_layers = self.layers - self.moe_layers
         norms = 2 * h
         embed = self.vocab * h
@@ -269,7 +278,7 @@ ZOO.update(
         "qwen3-30b-a3b": _moe(48, 2048, 32, 4, 151936, 128, 8, 768, 4096, _QWEN3, head_dim=128),
         "qwen3-235b-a22b": _moe(94, 4096, 64, 4, 151936, 128, 8, 1536, 4096, _QWEN3, head_dim=128),
         "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64).with_(
-            sliding_window=128, global_layer_step=2, expert_clamp=GPT_OSS_SWIGLU_LIMIT
+            sliding_window=128, global_layer_step=2, expert_clamp=GPT_OSS_SWIGLU_LIMIT, expert_bias=True
         ),
         "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
         "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),
