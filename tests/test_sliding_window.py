@@ -143,7 +143,8 @@ def test_zoo_gpt_oss_alternates_and_keeps_its_published_size() -> None:
     oss = ZOO["gpt-oss-120b"]
     assert (oss.sliding_window, oss.global_layer_step, oss.layers_per_block) == (128, 2, 2)
     assert oss.attention_window(0) == 128 and oss.attention_window(1) is None
-    assert oss.param_count() == 116_789_048_640  # unchanged by the attention pattern
+    # unchanged by the attention pattern; + 36 x 128 x 2880 for the experts' fc2 biases (ArchConfig.expert_bias)
+    assert oss.param_count() == 116_789_048_640 + 36 * 128 * 2880
     mav = ZOO["llama4-maverick"].with_(sliding_window=8192, global_layer_step=4)
     assert mav.layers_per_block == 4  # lcm of the MoE step 2 and the global step 4
 

@@ -386,6 +386,7 @@ _METHODS.update(
         "pow": _elementwise("pow"),
         "mean": _elementwise("mean"),
         "sum": _elementwise("sum"),
+        "clamp": _elementwise("clamp"),
     }
 )
 
@@ -400,6 +401,7 @@ _FUNCTIONS: dict[Any, Rule] = {
     torch.add: _elementwise("add"),
     torch.mul: _elementwise("mul"),
     torch.cat: _elementwise("cat", 0),
+    torch.clamp: _elementwise("clamp"),
     torch.tanh: _elementwise("tanh", 4),
     torch.rsqrt: _elementwise("rsqrt", 2),
     torch.matmul: _matmul,
@@ -427,6 +429,7 @@ _FUNCTIONS: dict[Any, Rule] = {
     moe_ops.moe_dispatch: _moe_permute("moe_dispatch"),
     moe_ops.moe_combine: _moe_permute("moe_combine"),
     moe_ops.grouped_mm: _grouped_mm,
+    moe_ops.expert_bias_rows: _moe_permute("moe_expert_bias"),
     attention_ops.local_attention: _local_sdpa,
 }
 

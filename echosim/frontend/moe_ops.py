@@ -35,3 +35,11 @@ def moe_combine(rows: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
     t, k = expert_ids.shape
     unpermuted = torch.empty_like(rows).index_copy(0, _expert_order(expert_ids), rows)
     return (unpermuted.view(t, k, rows.shape[-1]) * weights.unsqueeze(-1)).sum(dim=1)
+
+
+def expert_bias_rows(bias: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each dispatched row's expert bias ``[E, h]`` times its router weight: ``[T*k, h]``, rows grouped by
+    expert. Megatron-Core's TEGroupedMLP adds fc2's bias this way after the grouped GEMM (``_apply_bias``:
+    ``t + b * p`` per local expert, then ``torch.cat``), the router weights having scaled the activation."""
+    order = _expert_order(expert_ids)
+    return bias[expert_ids.flatten()[order]] * weights.flatten()[order].unsqueeze(-1)

@@ -70,6 +70,23 @@ class ArchConfig:
     # output head and a cross-entropy on the result. Megatron-Core puts the modules after the decoder
     # (``mtp`` in pipeline_model_parallel_layout), so they run on the last pipeline stage.
     mtp_layers: int = 0
+    # gpt-oss's clamped SwiGLU (arXiv:2508.10925 sec. 2.1; HF ``swiglu_limit`` 7.0): the experts' gate is
+    # clamped from above and their linear half to [-limit, limit] before the activation; 0: no clamp.
+    # Megatron-Core applies it outside its fused activation kernel: ``weighted_bias_quick_geglu_impl``
+    # (megatron/core/fusions/fused_bias_geglu.py, Megatron-LM d728871 = Megatron-Bridge v0.4.1's, the same
+    # in 0d8e071 = v0.2.0's and b0cc270 = v0.3.0's) chunks fc1's output, clamps each half and concatenates
+    # them (three memory-bound kernels forward; in backward the clamps' masks and the chunk's concatenated
+    # gradient) before the fused GeGLU; the Megatron-Bridge gpt-oss bridge sets
+    # ``activation_func_clamp_value = 7.0`` (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py).
+    expert_clamp: float = 0.0
+    # Biased experts (gpt-oss: HF ``gate_up_proj_bias`` / ``down_proj_bias``; Megatron-Bridge's bridge sets
+    # ``add_bias_linear = True``). fc1's bias rides in TE GroupedLinear's GEMM (``skip_bias_add=False``) and is
+    # not an op of its own; fc2's is added after the grouped GEMM by TEGroupedMLP ``_apply_bias``
+    # (megatron/core/transformer/moe/experts.py, Megatron-LM d728871 = Megatron-Bridge v0.4.1's; the same
+    # in 0d8e071 and b0cc270): per local expert ``t + b * p`` (p: the router weights), then ``torch.cat`` of
+    # the pieces: a scaled-bias write, an add and a copy of fc2's output, and their gradients. Only fc2's
+    # bias is counted here (``[experts, hidden]`` per MoE layer).
+    expert_bias: bool = False
 
     @property
     def ffn_hidden(self) -> int:
@@ -152,6 +169,7 @@ class ArchConfig:
         if self.arch == "moe":
             router = h * self.experts
             mlp = router + 3 * h * self.expert_ffn * (self.experts + self.shared_experts)
+            mlp += self.experts * h if self.expert_bias else 0
             dense_layers = self.layers - self.moe_layers
         norms = 2 * h
         embed = self.vocab * h
@@ -207,6 +225,10 @@ ZOO: dict[str, ArchConfig] = {
 
 _MIXTRAL = "Mixtral of Experts (Jiang et al. 2024, arXiv:2401.04088) Table 1 / HF config"
 _QWEN3 = "Qwen3 technical report (arXiv:2505.09388) Table 2 / HF config"
+#: gpt-oss's SwiGLU clamp (HF openai/gpt-oss-120b config.json ``swiglu_limit`` 7.0; Megatron-Bridge
+#: gpt_oss_bridge.py ``activation_func_clamp_value = 7.0``): :attr:`ArchConfig.expert_clamp`.
+GPT_OSS_SWIGLU_LIMIT = 7.0
+
 _OSS = (
     "gpt-oss-120b model card (arXiv:2508.10925 sec. 2.1: layers alternate between banded-window attention of "
     "128 tokens and full attention) / HF config openai/gpt-oss-120b (``sliding_window`` 128, ``layer_types`` "
@@ -256,7 +278,7 @@ ZOO.update(
         "qwen3-30b-a3b": _moe(48, 2048, 32, 4, 151936, 128, 8, 768, 4096, _QWEN3, head_dim=128),
         "qwen3-235b-a22b": _moe(94, 4096, 64, 4, 151936, 128, 8, 1536, 4096, _QWEN3, head_dim=128),
         "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, 4096, _OSS, head_dim=64).with_(
-            sliding_window=128, global_layer_step=2
+            sliding_window=128, global_layer_step=2, expert_clamp=GPT_OSS_SWIGLU_LIMIT, expert_bias=True
         ),
         "grok-1": _moe(64, 6144, 48, 8, 131072, 8, 2, 32768, 8192, _GROK, head_dim=128),
         "qwen1.5-moe-a2.7b": _moe(24, 2048, 16, 16, 151936, 60, 4, 1408, 4096, _QMOE, shared=4),

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from echosim.frontend.attention_ops import local_attention
-from echosim.frontend.moe_ops import grouped_mm, moe_combine, moe_dispatch
+from echosim.frontend.moe_ops import expert_bias_rows, grouped_mm, moe_combine, moe_dispatch
 from echosim.frontend.zoo import ArchConfig
 
 # Routing is data-dependent: fx records these as single calls (leaves) instead of tracing into them.
 torch.fx.wrap("moe_dispatch")
 torch.fx.wrap("grouped_mm")
 torch.fx.wrap("moe_combine")
+torch.fx.wrap("expert_bias_rows")
 torch.fx.wrap("local_attention")  # sliding-window attention: one call with its window (attention_ops.py)
 
 
@@ -209,9 +210,18 @@ class Experts(nn.Module):
         self.gate_proj = GroupedLinear(e, h, f)
         self.up_proj = GroupedLinear(e, h, f)
         self.down_proj = GroupedLinear(e, f, h)
+        self.clamp = cfg.expert_clamp
+        self.down_bias = nn.Parameter(torch.empty(e, h)) if cfg.expert_bias else None
 
-    def forward(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(rows, ids)) * self.up_proj(rows, ids), ids)
+    def forward(self, rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(rows, ids), self.up_proj(rows, ids)
+        if self.clamp:  # as Megatron-Core clamps (ArchConfig.expert_clamp): each half, then one concatenation
+            limit = self.clamp
+            gate, up = torch.cat((gate.clamp(max=limit), up.clamp(min=-limit, max=limit)), -1).chunk(2, -1)
+        out = self.down_proj(F.silu(gate) * up, ids)
+        if self.down_bias is not None:  # ArchConfig.expert_bias: b * p, the add, the experts' pieces concatenated
+            out = torch.cat((out + expert_bias_rows(self.down_bias, ids, weights),))
+        return out
 
 
 class MoE(nn.Module):
@@ -228,7 +238,7 @@ class MoE(nn.Module):
         tokens = x.flatten(0, 1)
         probs = F.softmax(self.router(tokens), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        out = moe_combine(self.experts(moe_dispatch(tokens, ids), ids), ids, weights)
+        out = moe_combine(self.experts(moe_dispatch(tokens, ids), ids, weights), ids, weights)
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view_as(x)

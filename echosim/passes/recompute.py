@@ -299,9 +299,16 @@ def _expert_activation(graph: Graph, n: Node) -> bool:
     return reads_fc1 and _feeds_expert_gemm(graph, n.id)
 
 
-def _expert_activation_input(graph: Graph, nid: int) -> bool:
+def _expert_activation_input(graph: Graph, nid: int, depth: int = 2) -> bool:
+    """Whether ``nid`` is an elementwise result of fc1's output, directly or through ``depth`` elementwise ops
+    (gpt-oss's clamped halves and their concatenation before the activation: ArchConfig.expert_clamp)."""
     src = graph[base(graph, nid)]
-    return src.op is OpKind.ELEMENTWISE and any(_is_expert_gemm(graph, graph[base(graph, i)]) for i in src.inputs)
+    if src.op is not OpKind.ELEMENTWISE:
+        return False
+    return any(
+        _is_expert_gemm(graph, graph[base(graph, i)]) or (depth > 0 and _expert_activation_input(graph, i, depth - 1))
+        for i in src.inputs
+    )
 
 
 def _feeds_expert_gemm(graph: Graph, nid: int, depth: int = 4) -> bool:

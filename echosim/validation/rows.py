@@ -176,7 +176,24 @@ def _experts(c: Case) -> dict[str, int]:
         "shared_experts": c.int("shared_experts", 0) or 0,
         **({"moe_layer_step": step} if step > 1 else {}),
         **({"mtp_layers": mtp} if (mtp := mtp_layers(c)) else {}),
+        **({"expert_clamp": clamp} if (clamp := EXPERT_CLAMP.get(_moe_model(c), 0.0)) else {}),
+        **({"expert_bias": True} if _moe_model(c) in EXPERT_BIAS else {}),
     }
+
+
+#: The experts' SwiGLU clamp of the models that have one, by (layers, hidden, experts, top_k):
+#: :attr:`echosim.frontend.zoo.ArchConfig.expert_clamp`. gpt-oss-120b: ``swiglu_limit`` 7.0 (HF
+#: openai/gpt-oss-120b config.json), which Megatron-Bridge's gpt-oss bridge passes on as
+#: ``activation_func_clamp_value`` (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py, v0.2.0 - v0.4.1).
+EXPERT_CLAMP: dict[tuple[int, int, int, int], float] = {
+    (36, 2880, 128, 4): 7.0,  # gpt-oss-120b (echosim.frontend.zoo.GPT_OSS_SWIGLU_LIMIT)
+}
+
+#: Models whose experts carry biases, by (layers, hidden, experts, top_k):
+#: :attr:`echosim.frontend.zoo.ArchConfig.expert_bias`.
+#: gpt-oss-120b: ``mlp.experts.gate_up_proj_bias`` / ``down_proj_bias`` (HF openai/gpt-oss-120b); Megatron-Bridge's
+#: gpt-oss bridge sets ``add_bias_linear = True`` and maps both (gpt_oss_bridge.py, v0.2.0 - v0.4.1).
+EXPERT_BIAS: frozenset[tuple[int, int, int, int]] = frozenset({(36, 2880, 128, 4)})
 
 
 #: Multi-token-prediction depth of the models trained with it, by (layers, hidden, experts, top_k):
