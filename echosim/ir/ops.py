@@ -355,8 +355,9 @@ class EmbeddingAttrs:
 #:
 #: ``unfused``: Megatron-Core's VocabParallelCrossEntropy in eager PyTorch (megatron/core/tensor_parallel/
 #: cross_entropy.py, Megatron-LM commit d98e8a6; megatron/mpu/cross_entropy.py with gpt_model's
-#: ``output.float()`` in 2021-2022, commit 01fc083): forward ``.float()`` (read a, write 4), ``max`` (read 4),
-#: ``-=`` max in place (4 + 4), ``torch.exp(out=)`` (4 + 4), ``sum`` (4), ``div_`` by the sum (4 + 4):
+#: ``output.float()`` in 2021-2022, commit 01fc083; ``logits.float()`` in compute_language_model_loss and an
+#: out-of-place subtraction, same bytes, in early 2024, commit 2894a4b): forward ``.float()`` (read a, write 4),
+#: ``max`` (read 4), ``-=`` max in place (4 + 4), ``torch.exp(out=)`` (4 + 4), ``sum`` (4), ``div_`` by the sum (4 + 4):
 #: a + 32; backward ``mul_`` by the incoming gradient (4 + 4), then autograd casts the fp32 gradient to
 #: the logits' dtype (read 4, write a): a + 12.
 #: ``native``: --cross-entropy-loss-fusion with cross_entropy_fusion_impl 'native'
