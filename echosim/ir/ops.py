@@ -350,7 +350,7 @@ class EmbeddingAttrs:
 
 
 #: Bytes per logit the cross-entropy kernels of a framework move, as (forward, backward) pairs of
-#: (per 16-bit element of the logits' dtype, fixed fp32 bytes): ``a * itemsize + b``. Counted kernel by
+#: (multiple of the logits' itemsize ``a``, fixed fp32 bytes): ``m * a + b``. Counted kernel by
 #: kernel from the source; '' (no entry) = one pass over the logits in and the gradient out (the IR op).
 #:
 #: ``unfused``: Megatron-Core's VocabParallelCrossEntropy in eager PyTorch (megatron/core/tensor_parallel/
@@ -366,7 +366,8 @@ class EmbeddingAttrs:
 #: write 4), subtract, exp and sum (4 + 4), the division (4 + 4): a + 20; backward one function that scales
 #: the saved softmax in place (read 4, write 4) and returns it in bf16 (write a): a + 8.
 #: ``te``: cross_entropy_fusion_impl 'te', Transformer Engine's Triton parallel cross entropy
-#: (transformer_engine/pytorch/triton/cross_entropy.py, TE commits 8ca2caf to e9a5fa4, 2025-02 to 2025-09):
+#: (transformer_engine/pytorch/triton/cross_entropy.py from TE commit 8ca2caf, 2025-02, until v2.18's 01bbe3e
+#: keeps the gradient in fp32; the releases of the Megatron-Bridge rows):
 #: online_softmax_kernel reads the logits once (a), cross_entropy_kernel reads them again and writes the
 #: gradient over them in place (a + a): 3a; backward element_mul_kernel scales it in place (a + a): 2a
 #: (the loss is per token, so grad_output is not the scalar 1.0 that skips it).
