@@ -108,6 +108,10 @@ class Framework:
     # the packed layout and the output scattered back, by copy kernels each way ('' = the kernel takes the
     # padded tensors; echosim.ir.ops.VARLEN_PAD_COPIES), and where that is documented.
     attention_unpad: str = ""
+    # The cross-entropy kernels the framework calls over the logits, a key of echosim.ir.ops.LOSS_KERNEL_BYTES
+    # ('' = one pass in and the gradient out), and where that is documented.
+    loss_kernel: str = ""
+    loss_source: str = ""
 
     # Data parallelism without ZeRO through PyTorch DDP's reducer with its default
     # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
@@ -187,6 +191,14 @@ _VOCAB_CE = dict(
     ce_source="vocab-parallel cross-entropy upcasts this rank's vocabulary slice to fp32 and keeps the "
     "softmax in it for backward, which writes the gradient in place and hands back a 16-bit copy; the "
     "16-bit logits are dropped (megatron/core/tensor_parallel/cross_entropy.py, commit d98e8a6)",
+)
+# The loss kernels Megatron-Core runs: the unfused VocabParallelCrossEntropy unless cross_entropy_loss_fusion.
+_UNFUSED_LOSS = dict(
+    loss_kernel="unfused",
+    loss_source="cross_entropy_loss_fusion defaults to False (megatron/core/model_parallel_config.py; "
+    f"--cross-entropy-loss-fusion off unless given, {_MEGATRON_ARGS}), so compute_language_model_loss calls "
+    "tensor_parallel.vocab_parallel_cross_entropy: the eager fp32 kernels of echosim.ir.ops.LOSS_KERNEL_BYTES "
+    "(megatron/core/models/common/language_module/language_module.py, commit d98e8a6)",
 )
 _MOE_PROBS = (
     "Megatron-Core applies the router's probabilities inside the experts: TEGroupedMLP passes "
@@ -317,6 +329,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM (2021)", "Megatron-LM (2022)"),
+            loss_kernel="unfused",
+            loss_source="pretrain_gpt's loss is mpu.vocab_parallel_cross_entropy(output.float(), labels) unless "
+            "--fp16-lm-cross-entropy (megatron/model/gpt_model.py, megatron/mpu/cross_entropy.py, Megatron-LM "
+            "commit 01fc083, 2021): the same eager kernels as Megatron-Core's unfused loss",
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
         ),
@@ -338,6 +354,7 @@ FRAMEWORKS: dict[str, Framework] = {
             probs_in_experts=_MOE_PROBS,
             moe_quant_padding=_MOE_QUANT_PAD,
             **_VOCAB_CE,
+            **_UNFUSED_LOSS,
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
         ),
@@ -374,7 +391,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 ),
                 _NEMO_TP_OVERLAP,
             ),
-            row_names=("NeMo", "Megatron-Bridge"),
+            row_names=("NeMo",),
             attention_kernel="te",
             attention_source="the performance scripts set NVTE_FUSED_ATTN=1 and NVTE_FLASH_ATTN=1 (NeMo "
             "scripts/performance/executors.py, commit 8cfedd7; earlier releases leave TE's defaults, both on); "
@@ -389,6 +406,11 @@ FRAMEWORKS: dict[str, Framework] = {
             probs_in_experts=_MOE_PROBS,
             moe_quant_padding=_MOE_QUANT_PAD,
             **_VOCAB_CE,
+            loss_kernel="unfused",
+            loss_source="NeMo 1 (24.03 to 24.12 containers, NeMo-Framework-Launcher) takes cross_entropy_loss_fusion "
+            "from the model config only (megatron_base_model.py build_transformer_config, NeMo v2.1.0), so without "
+            "the key Megatron-Core's default False holds: the unfused vocab-parallel loss "
+            "(megatron/core/model_parallel_config.py)",
             model_defaults=(_GPT2_VOCAB,),
             vocab_multiple=_VOCAB_MULTIPLE,
         ),
@@ -496,6 +518,46 @@ FRAMEWORKS: dict[str, Framework] = {
         ),
     )
 }
+
+
+# NeMo with cross_entropy_loss_fusion and Megatron-Core's default cross_entropy_fusion_impl='native': NeMo 2.0
+# (the 25.02 and 25.04 containers) by GPTConfig's default, NeMo 1 where a launcher config sets it
+# (validation.rows); Megatron-Bridge's performance scripts (NeMo 25.09 on) select Transformer Engine's.
+FRAMEWORKS["nemo-ce-native"] = replace(
+    FRAMEWORKS["nemo"],
+    name="nemo-ce-native",
+    title="NeMo on Megatron-Core with cross_entropy_loss_fusion: the jit-fused ('native') cross entropy (NeMo 2.0)",
+    row_names=("NeMo 25.0",),
+    loss_kernel="native",
+    loss_source="GPTConfig.cross_entropy_loss_fusion: bool = True (nemo/collections/llm/gpt/model/base.py, NeMo tags "
+    "v2.1.0 to v2.3.0); cross_entropy_fusion_impl keeps Megatron-Core's default 'native' (model_parallel_config.py) "
+    "except in the DeepSeek-V3 and Llama 4 performance scripts (scripts/performance/llm, v2.3.0). NeMo 1 copies a "
+    "config's model.cross_entropy_loss_fusion into its TransformerConfig (megatron_base_model.py "
+    "build_transformer_config, NeMo v2.1.0)",
+)
+FRAMEWORKS["megatron-bridge"] = replace(
+    FRAMEWORKS["nemo"],
+    name="megatron-bridge",
+    title="Megatron-Bridge performance recipes (NeMo 25.09 on): Transformer Engine's fused cross entropy",
+    row_names=("Megatron-Bridge",),
+    loss_kernel="te",
+    loss_source="GPTProvider.cross_entropy_loss_fusion: bool = True (src/megatron/bridge/models/gpt_provider.py) and "
+    "the performance scripts set recipe.model.cross_entropy_fusion_impl = 'te' (scripts/performance configs "
+    "v0.1.0rc4, utils/helpers.py v0.2.0 to v0.2.2, utils/overrides.py v0.3.0 to commit 067f987)",
+)
+
+# Megatron-LM run with --cross-entropy-loss-fusion, and --cross-entropy-fusion-impl (default native)
+for _impl in ("native", "te"):
+    FRAMEWORKS[f"megatron-ce-{_impl}"] = replace(
+        FRAMEWORKS["megatron"],
+        name=f"megatron-ce-{_impl}",
+        title=f"Megatron-LM with --cross-entropy-loss-fusion --cross-entropy-fusion-impl {_impl}",
+        row_names=(),
+        loss_kernel=_impl,
+        loss_source=f"--cross-entropy-loss-fusion with cross_entropy_fusion_impl '{_impl}': "
+        "compute_language_model_loss (megatron/core/models/common/language_module/language_module.py, commit d98e8a6)",
+    )
+del _impl
 
 
 # ---- timing behaviour: earlier releases whose kernels differ (memory rules as the entry they derive from) ----
@@ -692,6 +754,16 @@ def maxtext_framework(bf16_weights: bool = False, te_attention: bool = False, fu
         return "maxtext-te"
     name = "maxtext-bf16-weights" if bf16_weights else "maxtext"
     return f"{name}-splash-fused" if fused_bwd else name
+
+
+def loss_framework(base: str, kernel: str) -> str:
+    """The Megatron-Core entry (``base`` 'megatron' or 'nemo') whose loss runs ``kernel`` ('unfused', 'native', 'te'):
+    what a config's cross_entropy_loss_fusion and cross_entropy_fusion_impl select."""
+    names = {
+        "megatron": {"unfused": "megatron", "native": "megatron-ce-native", "te": "megatron-ce-te"},
+        "nemo": {"unfused": "nemo", "native": "nemo-ce-native", "te": "megatron-bridge"},
+    }
+    return names[base][kernel]
 
 
 def get_framework(name: str) -> Framework:

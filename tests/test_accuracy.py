@@ -168,15 +168,18 @@ def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_r
     """Qwen3-235B with tp 2 and ep = 2 x dp (H100 ep 32 over dp 16; GB200 ep 64 over dp 32) runs expert
     tensor parallelism 1 (the recipes' etp: 1): skipped before ("ep does not divide dp"), compiled now.
     Both H100 rows run their release's preset with moe_a2a_overlap (NeMo 25.11 / v0.2.0 at GBS 2048, 26.04.01
-    at 8192): +20.7% before the 25.11 row took it, -19.4% now, beside its 26.04.01 twin's -15.8%."""
+    at 8192): +20.7% before the 25.11 row took it, -19.4% now, beside its 26.04.01 twin's -15.5%.
+    Transformer Engine's fused loss (the performance scripts' cross_entropy_fusion_impl 'te', ir.ops.
+    LOSS_KERNEL_BYTES): GB200 -13.2 -> -13.2% (pinned at -14.2% before, already 0.97 points off), 26.04.01 -15.8 ->
+    -15.5%."""
     result = validate_cases(CASES, {"source_id": "megatron_bridge*", "experts": "128", "tp": "2"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 5 and not [r for r in result.rows if r.skipped]
-    assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-gb200-64"] == pytest.approx(-0.142, abs=0.01)
+    assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-gb200-64"] == pytest.approx(-0.132, abs=0.01)
     assert errors["mbridge2509-qwen3-235b-a22b-tokendrop-h100-sxm-256"] == pytest.approx(-0.078, abs=0.01)
     assert errors["mbridge2511-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.194, abs=0.01)
     # the 26.04.01 preset (H100_FP8_CS_V2) runs combined 1F1B: +30.1% without the overlap rule
-    assert errors["mbridge260401-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.158, abs=0.01)
+    assert errors["mbridge260401-qwen3-235b-a22b-fp8-h100-sxm-256"] == pytest.approx(-0.155, abs=0.01)
 
 
 def test_deepspeed_2021_zero3_rows_pay_blocking_per_parameter_gathers() -> None:
@@ -224,14 +227,16 @@ def test_megatron_lm_llama_rows_overlap_tp_communication_as_nemos_performance_sc
     beside the NeMo / Megatron-Bridge rows of the same layouts (+2.6..+7.0%); the tp 1 8B row is unmoved.
     Attention at cuDNN's measured rate (Transformer Engine on Hopper, tests/test_te_attention.py): 70B +3.8 -> +3.2%,
     405B +2.2 -> +1.7%, 8B +1.4 -> +0.3%. The last wave's output store paid after each GEMM's math
-    (compute.exposed_epilogue_s): 70B +3.2 -> +3.6%, 405B +1.7 -> +2.1%, 8B +0.3 -> +0.8%."""
+    (compute.exposed_epilogue_s): 70B +3.2 -> +3.6%, 405B +1.7 -> +2.1%, 8B +0.3 -> +0.8%. The script's
+    --cross-entropy-loss-fusion runs Megatron-Core's jit-fused 'native' loss (fp32 softmax, ir.ops.LOSS_KERNEL_BYTES)
+    where echosim had one pass: 70B +3.6 -> +5.1%, 405B +2.1 -> +2.2%, 8B +0.8 -> +2.3% (MAPE 2.2 -> 3.2%)."""
     result = validate_cases(CASES, {"source_id": "megatron_lm_llama_fp8"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 3
-    assert errors["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"] == pytest.approx(0.036, abs=0.01)
-    assert errors["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"] == pytest.approx(0.021, abs=0.01)
-    assert errors["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"] == pytest.approx(0.008, abs=0.01)
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.022, abs=0.005)
+    assert errors["mlm-llama-fp8-llama3-70b-fp8-h100-sxm-64"] == pytest.approx(0.051, abs=0.01)
+    assert errors["mlm-llama-fp8-llama3-405b-fp8-h100-sxm-1024"] == pytest.approx(0.022, abs=0.01)
+    assert errors["mlm-llama-fp8-llama3-8b-fp8-h100-sxm-8"] == pytest.approx(0.023, abs=0.01)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.032, abs=0.005)
 
 
 def test_megatron_bridge_rows_whose_table_misprints_the_layout_run_their_recipe() -> None:

@@ -81,10 +81,15 @@ def test_megatron_gpt3_175b_script_reproduces_the_default_compile() -> None:
     a, b = json.loads(default.stdout), json.loads(era.stdout)
     assert b["plan"].pop("framework") == "megatron-2022" and a["plan"].pop("framework") == "eager"
     # the 2021 framework's defaults are the default run's settings: only the name differs, and eager PyTorch's
-    # DDP copies its gradients into buckets and back where Megatron's local DDP reduces its contiguous buffer
+    # DDP copies its gradients into buckets and back where Megatron's local DDP reduces its contiguous buffer,
+    # while Megatron's loss runs its unfused fp32 kernels (LOSS_KERNEL_BYTES) where eager's is one pass: both
+    # memory-bound (the loss on the last stage, so the pipeline bubble follows it): the GEMMs, attention and
+    # tensor-parallel traffic are the same, the step within 0.5%
     assert a["plan"] == b["plan"] and a["memory"] == b["memory"] and a["params"] == b["params"]
-    copies = a["breakdown"]["compute.memory_bound"] - b["breakdown"]["compute.memory_bound"]
-    assert 0 < a["step_time_s"] - b["step_time_s"] <= copies * (1 + 1e-9) < 1e-3 * b["step_time_s"]
+    same = ("compute.matmul", "compute.attention", "comm.tp", "optimizer")
+    assert [a["breakdown"][k] for k in same] == [b["breakdown"][k] for k in same]
+    assert a["breakdown"]["compute.memory_bound"] != b["breakdown"]["compute.memory_bound"]
+    assert 0 < abs(a["step_time_s"] - b["step_time_s"]) < 5e-3 * b["step_time_s"]
 
 
 def test_megatron_launch_line_devices_that_cannot_hold_the_layout_are_one_line() -> None:

@@ -20,7 +20,11 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "eager",
         "megatron-2022",
         "megatron",
+        "megatron-ce-native",
+        "megatron-ce-te",
         "nemo",
+        "nemo-ce-native",
+        "megatron-bridge",
         "torchtitan",
         "torchtitan-compile",
         "maxtext",
@@ -65,7 +69,7 @@ def test_framework_defaults_fill_only_what_is_not_given() -> None:
         ("torchtitan (commit e7c0cae, torch 2.8.0a0 NGC 25.05)", "torchtitan-2025", "fa2"),
         ("torchtitan", "torchtitan", ""),  # today's torchtitan puts cuDNN attention first
         ("Composer + PyTorch FSDP (torch 1.13/2.0 era), FlashAttention", "composer", "fa2"),
-        ("Megatron-Bridge / Megatron-Core", "nemo", "te"),  # Transformer Engine: cuDNN from Hopper on
+        ("Megatron-Bridge / Megatron-Core", "megatron-bridge", "te"),  # Transformer Engine: cuDNN from Hopper on
         ("NeMo 24.07 (Megatron-Core, TransformerEngine)", "nemo", "te"),
         ("Megatron-LM", "megatron", "te"),
     ],
@@ -113,7 +117,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
         len(lines) == 1
         and "known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, maxtext, "
         "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
-        "megatron, megatron-2022, nemo, torchtitan"
+        "megatron, megatron-2022, megatron-bridge, megatron-ce-native, megatron-ce-te, nemo, nemo-ce-native, torchtitan"
         in lines[0]
     )
 
@@ -147,8 +151,8 @@ def test_compile_reports_the_framework_and_applies_its_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "name"),
     [
-        ("NeMo 25.02.01 container (NeMo 2.0 / Megatron-Core), recipe GSW 25.04", "nemo"),
-        ("Megatron-Bridge / Megatron-Core (NeMo 25.11)", "nemo"),
+        ("NeMo 25.02.01 container (NeMo 2.0 / Megatron-Core), recipe GSW 25.04", "nemo-ce-native"),
+        ("Megatron-Bridge / Megatron-Core (NeMo 25.11)", "megatron-bridge"),
         ("Megatron-LM (2021)", "megatron-2022"),
         ("Megatron-LM (2022)", "megatron-2022"),
         ("Megatron-LM", "megatron"),

@@ -249,7 +249,7 @@ def test_blank_cells_take_framework_defaults(tmp_path):
     assert (plan.recompute, plan.micro_batch, plan.dtype) == ("full", 1, "bf16")
     plan, _ = row_plan(_case(tmp_path, recompute="", framework="NeMo 25.02", vpp="2", pp="2", devices="2"))
     assert (plan.recompute, plan.schedule, plan.vpp) == ("none", "interleaved", 2)
-    assert plan.framework == "nemo"
+    assert plan.framework == "nemo-ce-native"  # NeMo 2.0: the nemo entry with its fused (native) loss
     plan, _ = row_plan(_case(tmp_path, zero="", framework="NeMo 25.02", dp="2", devices="2"))
     assert plan.zero == 1  # NeMo's distributed optimizer
     plan, _ = row_plan(_case(tmp_path, zero="0", framework="NeMo 25.02", dp="2", devices="2"))

@@ -26,6 +26,7 @@ from echosim.ir.names import is_grad_accumulate, is_recurrent_step
 from echosim.ir.ops import (
     AttentionAttrs,
     CollectiveAttrs,
+    CrossEntropyAttrs,
     ElementwiseAttrs,
     EmbeddingAttrs,
     MatmulAttrs,
@@ -564,7 +565,8 @@ class CPUBackend(KernelBackend):
             return self._dense_embedding_backward_s(node, a, io_bytes)
         if isinstance(a, EmbeddingAttrs) and a.lookups and not a.sparse:  # nn.EmbeddingBag's forward
             return embedding_bag_forward_time_s(self.cpu, io_bytes)
-        if node.op is OpKind.CROSS_ENTROPY:
+        if node.op is OpKind.CROSS_ENTROPY and not (isinstance(a, CrossEntropyAttrs) and a.kernel):
+            # (a framework's own loss kernels, CrossEntropyAttrs.kernel, are counted whole by flops.io_bytes)
             io_bytes *= CROSS_ENTROPY_PASSES
             if node.phase is Phase.BACKWARD:
                 # nll_loss's backward starts from at::zeros of the logits' size (LossNLL.cpp): a tensor

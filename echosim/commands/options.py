@@ -50,7 +50,10 @@ def calibration_option(help: str, **kwargs: Any) -> Callable[[F], F]:
 
 FRAMEWORK_HELP = (
     "Training framework whose defaults fill what is not given and whose memory behaviour applies: "
-    "megatron, megatron-2022 (before FlashAttention), nemo, torchtitan, torchtitan-compile, torchtitan-2025, "
+    "megatron, megatron-2022 (before FlashAttention), megatron-ce-native and megatron-ce-te "
+    "(--cross-entropy-loss-fusion, --cross-entropy-fusion-impl native / te), nemo, nemo-ce-native (NeMo 2.0: "
+    "the fused 'native' loss), megatron-bridge (Transformer Engine's fused loss), torchtitan, torchtitan-compile, "
+    "torchtitan-2025, "
     "torchtitan-2025-compile, maxtext, maxtext-bf16-weights (weight_dtype: bfloat16), maxtext-splash-fused, "
     "maxtext-bf16-weights-splash-fused (sa_use_fused_bwd_kernel: True), maxtext-te (attention=cudnn_flash_te), "
     "deepspeed, "

@@ -15,6 +15,7 @@ from typing import Any
 
 from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, model_or_zoo, read_text
 from echosim.configs.shell import launch_command
+from echosim.frameworks import loss_framework
 from echosim.frontend.zoo import ArchConfig
 
 ARGS = "Megatron-LM megatron/training/arguments.py, commit d98e8a6"
@@ -83,7 +84,6 @@ IGNORED_PREFIXES = (
 NOT_MODELLED = {
     "--overlap-param-gather": "the parameter all-gather overlap of the distributed optimizer",
     "--fp8-param-gather": "fp8 parameter all-gather",
-    "--cross-entropy-loss-fusion": "the fused cross-entropy kernel",
     "--moe-grouped-gemm": "grouped expert GEMMs (experts are costed as separate GEMMs)",
     "--no-masked-softmax-fusion": "the unfused masked softmax",
     "--apply-layernorm-1p": "zero-centred LayerNorm weights",
@@ -100,6 +100,8 @@ NOT_MODELLED = {
 
 #: Flags the reader consumes (their value is read into the plan or the model).
 CONSUMED = {
+    "--cross-entropy-loss-fusion",
+    "--cross-entropy-fusion-impl",
     "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size",
     "--context-parallel-size",
@@ -233,6 +235,7 @@ def from_arguments(args: list[str], source: str, launcher: list[str]) -> FromCon
             out.notes.append(f"{flag}: not modelled ({NOT_MODELLED[flag]})")
         else:
             out.unknown.append(flag)
+    out.framework = out.options["framework"] = loss_framework("megatron", _loss_kernel(values, source))
     _plan(values, out)
     _devices(launcher, out)
     try:
@@ -240,6 +243,17 @@ def from_arguments(args: list[str], source: str, launcher: list[str]) -> FromCon
     except ConfigError as exc:  # needed only when no MODEL is named beside the file
         out.model_error = str(exc)
     return out
+
+
+def _loss_kernel(values: dict[str, list[str]], source: str) -> str:
+    """The cross-entropy kernels the flags select: Megatron-Core's unfused loss unless --cross-entropy-loss-fusion,
+    then --cross-entropy-fusion-impl (default 'native'; Megatron-LM megatron/training/arguments.py, commit d98e8a6)."""
+    if "--cross-entropy-loss-fusion" not in values:
+        return "unfused"
+    impl = _one(values, "--cross-entropy-fusion-impl", source) or "native"
+    if impl not in ("native", "te"):
+        raise ConfigError(f"{source}: --cross-entropy-fusion-impl {impl!r} (native or te)")
+    return impl
 
 
 def _one(values: dict[str, list[str]], flag: str, source: str) -> str | None:

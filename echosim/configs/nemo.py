@@ -16,6 +16,7 @@ from typing import Any
 
 from echosim.configs.base import ConfigError, FromConfig, as_int, read_text
 from echosim.configs.megatron import from_arguments
+from echosim.frameworks import get_framework, loss_framework
 
 #: ``model.*`` keys whose value is one Megatron-LM argument of the same meaning.
 TO_MEGATRON = {
@@ -79,7 +80,7 @@ NOT_MODELLED = {
     "model.optim.contiguous_grad_buffer", "model.optim.contiguous_param_buffer", "model.optim.overlap_param_sync",
     "model.num_micro_batches_with_partial_activation_checkpoints", "model.activations_checkpoint_layers_per_pipeline",
     "model.bias", "model.ffn_dropout", "model.tp_comm_atomic_ag", "model.tp_comm_atomic_rs", "model.apply_rope_fusion",
-    "model.cross_entropy_loss_fusion", "model.fsdp_grad_reduce_dtype", "model.fsdp_sharding_strategy",
+    "model.fsdp_grad_reduce_dtype", "model.fsdp_sharding_strategy",
 }  # fmt: skip
 CONSUMED = (
     {f"model.{k}" for k in TO_MEGATRON if "." not in k}
@@ -87,7 +88,7 @@ CONSUMED = (
     | {f"model.{k}" for k in SWITCHES}
     | {"model.num_query_groups", "model.activation", "model.normalization", "model.position_embedding_type",
        "model.share_embeddings_and_output_weights", "model.optim.name", "model.fsdp", "trainer.num_nodes",
-       "trainer.devices", "trainer.precision"}
+       "trainer.devices", "trainer.precision", "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl"}
 )  # fmt: skip
 
 _REF = re.compile(r"\$\{\.(\w+)\}")
@@ -164,8 +165,14 @@ def read_nemo(spec: str, source: str) -> FromConfig:
         args.append("--fp16")
     elif precision not in ("32", "32-true"):
         raise ConfigError(f"{source}: trainer.precision {precision!r} (bf16, 16 or 32)")
+    # NeMo 1 copies every model.* key that names a TransformerConfig field into it (megatron_base_model.py
+    # build_transformer_config, NeMo tag v2.1.0): the loss fusion and its implementation among them
+    if flat.get("model.cross_entropy_loss_fusion") is True:
+        args.append("--cross-entropy-loss-fusion")
+        if "model.cross_entropy_fusion_impl" in flat:
+            args += ["--cross-entropy-fusion-impl", str(flat["model.cross_entropy_fusion_impl"])]
     out = from_arguments(args, source, [])
-    out.framework = out.options["framework"] = "nemo"
+    out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
     if "model.optim.name" in flat and flat["model.optim.name"] != "distributed_fused_adam":
         out.options["zero"] = 0  # a plain (fused) Adam: the optimizer state is replicated
     if flat.get("model.fsdp") is True:

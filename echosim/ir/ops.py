@@ -349,13 +349,46 @@ class EmbeddingAttrs:
         return " ".join(parts)
 
 
+#: Bytes per logit the cross-entropy kernels of a framework move, as (forward, backward) pairs of
+#: (multiple of the logits' itemsize ``a``, fixed fp32 bytes): ``m * a + b``. Counted kernel by
+#: kernel from the source; '' (no entry) = one pass over the logits in and the gradient out (the IR op).
+#:
+#: ``unfused``: Megatron-Core's VocabParallelCrossEntropy in eager PyTorch (megatron/core/tensor_parallel/
+#: cross_entropy.py, Megatron-LM commit d98e8a6; megatron/mpu/cross_entropy.py with gpt_model's
+#: ``output.float()`` in 2021-2022, commit 01fc083; ``logits.float()`` in compute_language_model_loss and an
+#: out-of-place subtraction, same bytes, in early 2024, commit 2894a4b): forward ``.float()`` (read a, write 4),
+#: ``max`` (read 4), ``-=`` max in place (4 + 4), ``torch.exp(out=)`` (4 + 4), ``sum`` (4), ``div_`` by the sum (4 + 4):
+#: a + 32; backward ``mul_`` by the incoming gradient (4 + 4), then autograd casts the fp32 gradient to
+#: the logits' dtype (read 4, write a): a + 12.
+#: ``native``: --cross-entropy-loss-fusion with cross_entropy_fusion_impl 'native'
+#: (megatron/core/fusions/fused_cross_entropy.py): the same steps in three functions under ``jit_fuser``
+#: (torch.compile from torch 2.2, megatron/core/jit.py), each one kernel: the upcast with the max (read a,
+#: write 4), subtract, exp and sum (4 + 4), the division (4 + 4): a + 20; backward one function that scales
+#: the saved softmax in place (read 4, write 4) and returns it in bf16 (write a): a + 8.
+#: ``te``: cross_entropy_fusion_impl 'te', Transformer Engine's Triton parallel cross entropy
+#: (transformer_engine/pytorch/triton/cross_entropy.py from TE commit 8ca2caf, 2025-02, until v2.18's 01bbe3e
+#: keeps the gradient in fp32; the releases of the Megatron-Bridge rows):
+#: online_softmax_kernel reads the logits once (a), cross_entropy_kernel reads them again and writes the
+#: gradient over them in place (a + a): 3a; backward element_mul_kernel scales it in place (a + a): 2a
+#: (the loss is per token, so grad_output is not the scalar 1.0 that skips it).
+LOSS_KERNEL_BYTES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
+    "unfused": ((1, 32), (1, 12)),
+    "native": ((1, 20), (1, 8)),
+    "te": ((3, 0), (2, 0)),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class CrossEntropyAttrs:
+    """``kernel``: the framework's loss kernels, a key of :data:`LOSS_KERNEL_BYTES` ('' = one pass)."""
+
     vocab: int
     tp: str = ""
+    kernel: str = ""
 
     def __str__(self) -> str:
-        return f"vocab={self.vocab}" + (f" tp={self.tp}" if self.tp else "")
+        tp = f" tp={self.tp}" if self.tp else ""
+        return f"vocab={self.vocab}{tp}" + (f" {self.kernel}" if self.kernel else "")
 
 
 class Axis(IdentityEnum):

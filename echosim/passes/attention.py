@@ -9,6 +9,8 @@ DotProductAttention (cuDNN's fused attention from Hopper on: :func:`echosim.back
 (:attr:`echosim.frameworks.Framework.norm_kernels`); every other framework runs one fused kernel.
 ``padded``: the framework calls a varlen flash kernel on padded tensors, with copies each way
 (:attr:`echosim.frameworks.Framework.attention_unpad`).
+``loss``: the cross-entropy kernels the framework calls (:attr:`echosim.frameworks.Framework.loss_kernel`, a key
+of :data:`echosim.ir.ops.LOSS_KERNEL_BYTES`; '' = one pass over the logits).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph
-from echosim.ir.ops import AttentionAttrs, NormAttrs
+from echosim.ir.ops import AttentionAttrs, CrossEntropyAttrs, NormAttrs
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class AttentionKernel:
     generation: str = ""
     reference_norms: bool = False
     padded: bool = False  # the framework unpads q, k, v into the varlen layout and pads the output back
+    loss: str = ""
     name: ClassVar[str] = "attention-kernel"
 
     def run(self, graph: Graph) -> Graph:
@@ -41,4 +44,6 @@ class AttentionKernel:
                 and n.attrs.reference != self.reference_norms
             ):
                 g.replace(n.id, attrs=replace(n.attrs, reference=self.reference_norms))
+            elif isinstance(n.attrs, CrossEntropyAttrs) and n.attrs.kernel != self.loss:
+                g.replace(n.id, attrs=replace(n.attrs, kernel=self.loss))
         return g

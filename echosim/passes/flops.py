@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import (
+    LOSS_KERNEL_BYTES,
     REFERENCE_RMSNORM,
     AttentionAttrs,
+    CrossEntropyAttrs,
     ElementwiseAttrs,
     EmbeddingAttrs,
     MatmulAttrs,
@@ -61,6 +63,8 @@ def io_bytes(graph: Graph, node: Node) -> int:
         return node.out.numel * ((len(node.inputs) - 1) * (8 + a) + 2 * (a + 4))
     if isinstance(node.attrs, NormAttrs) and node.attrs.reference:
         return reference_rmsnorm_bytes(node)
+    if isinstance(node.attrs, CrossEntropyAttrs) and node.attrs.kernel:
+        return loss_kernel_bytes(graph, node, node.attrs.kernel)
     return node.out.nbytes + sum(graph[i].out.nbytes for i in node.inputs)
 
 
@@ -68,6 +72,17 @@ def reference_rmsnorm_bytes(node: Node) -> int:
     """Bytes the reference RMSNorm's eager kernels move for ``node`` (:data:`echosim.ir.ops.REFERENCE_RMSNORM`)."""
     per_a, fp32, _ = REFERENCE_RMSNORM[node.phase is Phase.BACKWARD]
     return node.out.numel * (per_a * node.out.dtype.itemsize + fp32)
+
+
+def loss_kernel_bytes(graph: Graph, node: Node, kernel: str) -> int:
+    """Bytes the framework's cross-entropy kernels move for ``node`` (:data:`echosim.ir.ops.LOSS_KERNEL_BYTES`):
+    per logit of this rank's vocabulary slice, plus the per-token labels, loss and incoming gradient."""
+    backward = node.phase is Phase.BACKWARD
+    logits = graph[node.inputs[1] if backward else node.inputs[0]].out
+    per_a, fixed = LOSS_KERNEL_BYTES[kernel][backward]
+    tokens = sum(graph[i].out.nbytes for i in node.inputs if graph[i].out.numel < logits.numel)
+    small = node.out.nbytes if node.out.numel < logits.numel else 0
+    return logits.numel * (per_a * logits.dtype.itemsize + fixed) + tokens + small
 
 
 #: Bytes of row-wise Adagrad state per table row: one fp32 accumulator (FBGEMM's

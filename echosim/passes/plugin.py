@@ -21,7 +21,8 @@ def _attention(plan: Any) -> object:
     framework = get_framework(plan.framework)
     reference = framework.norm_kernels == "reference"
     padded = bool(framework.attention_unpad)
-    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded)
+    loss = framework.loss_kernel
+    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded, loss)
 
 
 def _context(plan: Any) -> object:

@@ -401,6 +401,15 @@ def token_drop_capacity(c: Case) -> float:
     return MEGATRON_BRIDGE_TOKEN_DROP_CAPACITY
 
 
+#: NeMo 1 rows whose NeMo-Framework-Launcher training config sets ``cross_entropy_loss_fusion: true`` (Megatron-Core's
+#: 'native' fused loss), by source and the model names that begin their case ids: at tag 24.07 the launcher sets it
+#: in launcher_scripts/conf/training/llama/llama3_*.yaml and nemotron/nemotron_{4,8,15,22}b.yaml, not in the
+#: nemotron_340b, llama2, gpt3, mixtral or grok configs (NeMo-Framework-Launcher tag 24.07; none at 24.05).
+NEMO_LAUNCHER_FUSED_LOSS: dict[str, tuple[str, ...]] = {
+    "nemo_2407": ("llama3-", "nemotron-4b-", "nemotron-8b-", "nemotron-15b-", "nemotron-22b-"),
+}
+
+
 def row_framework(c: Case) -> str:
     """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype and splash
     backward kernel (:data:`TRILLIUM_BF16_WEIGHTS`, :data:`TRILLIUM_FUSED_BWD`), or, for
@@ -415,6 +424,13 @@ def row_framework(c: Case) -> str:
         return maxtext_framework(recipe in TRILLIUM_BF16_WEIGHTS, te, recipe in TRILLIUM_FUSED_BWD)
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         return "torchtitan-2025-compile"
+    if name == "megatron" and c["source_id"] == "megatron_lm_llama_fp8":
+        # examples/llama/README.md's table is run with examples/llama/train_llama3_8b_h100_fp8.sh, which passes
+        # --cross-entropy-loss-fusion and leaves --cross-entropy-fusion-impl at 'native' (Megatron-LM commit
+        # bf6e998, 2025-06-14, to d98e8a6)
+        return "megatron-ce-native"
+    if name == "nemo" and c["case_id"].split("-", 1)[-1].startswith(NEMO_LAUNCHER_FUSED_LOSS.get(c["source_id"], ())):
+        return "nemo-ce-native"
     if name == "megatron-2022" and c.int("zero") == 3:  # Megatron-LM (2021) had no ZeRO-3: DeepSpeed's
         return "deepspeed-2021"
     if name == "composer" and c["source_id"] == "llm_foundry_bench" and llm_foundry_attn_impl(c) == "triton":
