@@ -109,9 +109,8 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``,
-        ``moe_pad_to_capacity`` and the router
-        groups only where set
-        (models without tables or experts never state them)."""
+        ``moe_pad_to_capacity`` and the router groups only where set (models without tables or experts
+        never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         if not self.etp:
             del d["etp"]

@@ -167,8 +167,9 @@ def _experts(c: Case) -> dict[str, int]:
     """Routed-expert fields of a ``moe`` row (the zoo's llama-style MoE block)."""
     if c["arch"] != "moe":
         return {}
-    experts, top_k = c.int("experts", 0) or 0, c.int("top_k", 0) or 0
-    step = MOE_LAYER_STEP.get((c.int("layers") or 0, c.int("hidden") or 0, experts, top_k), 1)
+    model = _moe_model(c)
+    experts, top_k = model[2], model[3]
+    step = MOE_LAYER_STEP.get(model, 1)
     return {
         "experts": experts,
         "top_k": top_k,
@@ -176,8 +177,8 @@ def _experts(c: Case) -> dict[str, int]:
         "shared_experts": c.int("shared_experts", 0) or 0,
         **({"moe_layer_step": step} if step > 1 else {}),
         **({"mtp_layers": mtp} if (mtp := mtp_layers(c)) else {}),
-        **({"expert_clamp": clamp} if (clamp := EXPERT_CLAMP.get(_moe_model(c), 0.0)) else {}),
-        **({"expert_bias": True} if _moe_model(c) in EXPERT_BIAS else {}),
+        **({"expert_clamp": clamp} if (clamp := EXPERT_CLAMP.get(model, 0.0)) else {}),
+        **({"expert_bias": True} if model in EXPERT_BIAS else {}),
     }
 
 
@@ -913,8 +914,9 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
-    stated["moe_capacity_factor"] = moe_capacity_factor(c) or token_drop_capacity(c) or None
-    stated["moe_pad_to_capacity"] = bool(token_drop_capacity(c)) or None
+    drop = token_drop_capacity(c)
+    stated["moe_capacity_factor"] = moe_capacity_factor(c) or drop or None
+    stated["moe_pad_to_capacity"] = bool(drop) or None
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
