@@ -19,7 +19,11 @@ SwiGLU GEMMs, un-permute, weighted sum) runs forward + backward, and the script 
 * ``gpu_kernel_s``: seconds per layer the GPU spends in kernels (profiler), and ``kernels`` per layer.
 
 Host-bound execution shows as ``wall_nosync_s ~ host_issue_s > gpu_kernel_s``; the sync's cost as
-``wall_sync_s - wall_nosync_s``. The output is data for a host-time rule, not a test:
+``wall_sync_s - wall_nosync_s``. ``host_issue_s`` is an upper bound once the GPU is the slower side (a full
+launch queue blocks the host). ``self.fc1[e]`` backpropagates as a scatter into a zeroed gradient of the
+whole ``[experts, ...]`` weight per expert, so ``gpu_kernel_s`` carries ``experts`` such passes per weight
+that TE's GroupedLinear (one weight tensor per expert) does not: compare the sync's cost, not the GPU time.
+The output is data for a host-time rule, not a test:
 
     PYTHONPATH=. python3 benchmarks/moe_host_gpu.py [--layers 8] [--out moe_host.json]
 
@@ -37,12 +41,14 @@ import torch
 import torch.nn.functional as F
 
 # (label, tokens per micro-batch, hidden, expert ffn, local experts, top_k): the per-rank shapes of
-# cases.csv rows whose EP groups stay inside a node (each rank routes to its own experts here).
+# cases.csv rows whose EP groups stay inside a node (each rank routes to its own experts here, so top_k
+# must not exceed the local experts: gpt-oss at ep 64, 2 local experts of top-4, cannot be run this way).
+# The shapes of the stored run (benchmarks/moe_host_h200.json, moe_host_bound.md "Session 11").
 SHAPES = [
     ("qwen3-30b-a3b ep8 mbs1", 4096, 2048, 768, 16, 8),
     ("qwen3-235b-a22b ep8 mbs1", 4096, 4096, 1536, 16, 8),
     ("deepseek-v3 ep8 mbs1", 4096, 7168, 2048, 32, 8),
-    ("gpt-oss-120b ep64 mbs1", 4096, 2880, 2880, 2, 4),
+    ("qwen3-30b-a3b ep8 mbs4", 16384, 2048, 768, 16, 8),
 ]
 TINY = [("tiny (cpu smoke test)", 64, 32, 16, 4, 2)]
 
