@@ -686,6 +686,22 @@ FRAMEWORKS["composer-triton"] = replace(
     attention_unpad="",  # triton_flash_attn_fn hands the kernel the padded (b, s, h, d) tensors: views, no copies
 )
 
+# llm-foundry's attn_impl 'flash' with the flash-attn 1.x package: flash_attn_fn calls
+# flash_attn_interface.flash_attn_unpadded_func (FlashAttention v1) on the same unpadded q, k, v when
+# is_flash_v1_installed() (llmfoundry/models/layers/attention.py, llm-foundry commit 5e85bd6), costed at FA1's
+# published rate next to FlashAttention-2 (echosim.backends.compute.FA1_FWD_BWD_TFLOPS). Which benchmark rows ran
+# it: echosim.validation.rows.llm_foundry_flash_v1.
+FRAMEWORKS["composer-fa1"] = replace(
+    FRAMEWORKS["composer"],
+    name="composer-fa1",
+    title="MosaicML Composer + PyTorch FSDP (llm-foundry) with attn_impl 'flash' on flash-attn 1.x (FlashAttention v1)",
+    row_names=(),
+    attention_kernel="fa1",
+    attention_source="attn_impl 'flash' with flash-attn 1.0.9 (extra 'gpu', setup.py at llm-foundry v0.4.0 and "
+    "5e85bd6) -> flash_attn_interface.flash_attn_unpadded_func (llmfoundry/models/layers/attention.py "
+    "flash_attn_fn, is_flash_v1_installed(), llm-foundry commit 5e85bd6)",
+)
+
 # llm-foundry's A100 benchmark tables were run with submit_benchmarks.py's defaults ``--precisions bf16`` and
 # ``--fsdp_config_mixed_precision PURE`` (scripts/train/benchmarking/submit_benchmarks.py, llm-foundry commit
 # 300cc5c; every row of the README whose Precision is 'bf16' has MP Mode 'PURE'). Composer's 'PURE' builds

@@ -33,12 +33,13 @@ def test_the_eager_loop_moves_96_bytes_per_parameter() -> None:
 
 
 def test_only_composer_entries_name_their_optimizer() -> None:
-    for name in ("composer", "composer-triton", "composer-triton-pure"):
+    for name in ("composer", "composer-fa1", "composer-triton", "composer-triton-pure"):
         fw = get_framework(name)
         assert fw.optimizer_bytes == COMPOSER_ADAMW_BYTES_PER_PARAM
         assert "DecoupledAdamW" in fw.optimizer_source and "eb4fbd0" in fw.optimizer_source
     assert {f.name for f in FRAMEWORKS.values() if f.optimizer_bytes} == {
         "composer",
+        "composer-fa1",
         "composer-triton",
         "composer-triton-pure",
     }

@@ -36,6 +36,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "torchtitan-2025",
         "torchtitan-2025-compile",
         "composer",
+        "composer-fa1",
         "composer-triton",
         "composer-triton-pure",
         "deepspeed-2021",
@@ -107,7 +108,8 @@ def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
 
 def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     with pytest.raises(
-        FrameworkError, match=r"'keras' \(known: composer, composer-triton, composer-triton-pure, deepspeed"
+        FrameworkError,
+        match=r"'keras' \(known: composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed",
     ):
         get_framework("keras")
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--framework", "keras"])
@@ -115,7 +117,8 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     lines = result.output.strip().splitlines()
     assert (
         len(lines) == 1
-        and "known: composer, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, maxtext, "
+        and "known: composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, "
+        "maxtext, "
         "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
         "megatron, megatron-2022, megatron-bridge, megatron-ce-native, megatron-ce-te, nemo, nemo-ce-native, torchtitan"
         in lines[0]

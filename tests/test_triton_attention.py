@@ -68,12 +68,12 @@ def test_llm_foundry_rows_take_the_kernel_their_sweep_ran() -> None:
     rows = [c for c in read_cases(CASES) if c["source_id"] == "llm_foundry_bench"]
     assert len(rows) == 37
     by_id = {c["case_id"]: c for c in rows}
-    # sweep.py (commit 5e85bd6): 13b and 30b with --attn_impl triton, 1b/3b/7b/70b flash
+    # sweep.py (commit 5e85bd6): 13b and 30b with --attn_impl triton, 1b/3b/7b/70b flash (flash-attn 1.0.9)
     large = {k: row_framework(c) for k, c in by_id.items() if "Large Scale" in c["table"]}
     assert len(large) == 18
     for k, name in large.items():
         triton = "-13b-" in k or "-30b-" in k
-        assert name == ("composer-triton" if triton else "composer"), k
+        assert name == ("composer-triton" if triton else "composer-fa1"), k
     # every other table: sweep.sh passes no --attn_impl; submit_benchmarks.py's default is triton
     others = [c for c in rows if "Large Scale" not in c["table"]]
     assert len(others) == 19

@@ -590,26 +590,70 @@ TRITON_FLASH_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float
 }
 
 
-def triton_flash_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
-    """FlashAttention-2's published fwd+bwd rate over the Triton kernel's on ``arch`` (time multiplier).
+# FlashAttention v1 (the flash-attn 1.x package's CUDA kernels, ``flash_attn_unpadded_func``): its published
+# forward + backward speed next to FlashAttention-2's on the same part, from the same figures as the table above
+# (FA2 paper, arXiv 2307.08691, Figs. 4 and 7; flash-attention commit 4f285b3 assets/flash2_a100_fwd_bwd_benchmark.png
+# and flash2_h100_fwd_bwd_benchmark.png), causal mask, the "FlashAttention" bars. Rows: (seq_len, FA1 TFLOP/s,
+# FA2 TFLOP/s) by (arch, head_dim). The Hopper rows are the ones the Triton table above takes.
+FA1_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = {
+    ("ampere", 64): (
+        (512, 58.0, 88.0),
+        (1024, 70.0, 119.0),
+        (2048, 77.0, 140.0),
+        (4096, 87.0, 156.0),
+        (8192, 92.0, 165.0),
+        (16384, 97.0, 171.0),
+    ),
+    ("ampere", 128): (
+        (512, 55.0, 99.0),
+        (1024, 62.0, 133.0),
+        (2048, 69.0, 155.0),
+        (4096, 76.0, 173.0),
+        (8192, 80.0, 182.0),
+        (16384, 83.0, 189.0),
+    ),
+    ("hopper", 64): TRITON_FLASH_FWD_BWD_TFLOPS[("hopper", 64)],
+    ("hopper", 128): TRITON_FLASH_FWD_BWD_TFLOPS[("hopper", 128)],
+}
+
+
+def _published_slowdown(
+    table: dict[tuple[str, int], tuple[tuple[int, float, float], ...]], arch: str, head_dim: int, seq_len: int
+) -> float:
+    """FlashAttention-2's published fwd+bwd rate over another kernel's in ``table`` on ``arch`` (time multiplier).
 
     The head dimension's table is the published one nearest above (64 for <= 64, else 128); the sequence
     length is interpolated in log2 between the published points and held at the ends. A part with no
-    published figure takes the newest one's (Hopper): the kernel has no Hopper- or Blackwell-specific path."""
-    table = TRITON_FLASH_FWD_BWD_TFLOPS[("ampere" if arch == "ampere" else "hopper", 64 if head_dim <= 64 else 128)]
-    x = math.log2(max(table[0][0], min(seq_len, table[-1][0])))
-    for (s0, k0, f0), (s1, k1, f1) in itertools.pairwise(table):
+    published figure takes the newest one's (Hopper): neither kernel has a Hopper- or Blackwell-specific path."""
+    rows = table[("ampere" if arch == "ampere" else "hopper", 64 if head_dim <= 64 else 128)]
+    x = math.log2(max(rows[0][0], min(seq_len, rows[-1][0])))
+    for (s0, k0, f0), (s1, k1, f1) in itertools.pairwise(rows):
         x0, x1 = math.log2(s0), math.log2(s1)
         if x <= x1:
             t = (x - x0) / (x1 - x0)
             return (f0 + t * (f1 - f0)) / (k0 + t * (k1 - k0))
-    return table[-1][2] / table[-1][1]
+    return rows[-1][2] / rows[-1][1]
+
+
+def triton_flash_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
+    """FlashAttention-2's published fwd+bwd rate over the Triton kernel's on ``arch`` (time multiplier)."""
+    return _published_slowdown(TRITON_FLASH_FWD_BWD_TFLOPS, arch, head_dim, seq_len)
+
+
+def fa1_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
+    """FlashAttention-2's published fwd+bwd rate over FlashAttention v1's on ``arch`` (time multiplier)."""
+    return _published_slowdown(FA1_FWD_BWD_TFLOPS, arch, head_dim, seq_len)
+
+
+#: Flash kernels costed as FlashAttention-2's time times a published rate ratio (``AttentionAttrs.kernel``).
+PUBLISHED_RATIO_KERNELS = {"triton": triton_flash_slowdown, "fa1": fa1_slowdown}
 
 
 def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    if a.flash and a.kernel == "triton":  # FA2's time at the published Triton / FA2 rate ratio
-        slow = triton_flash_slowdown(dev.arch, a.head_dim, a.kv_len)
-        return flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
+    if a.flash and a.kernel in PUBLISHED_RATIO_KERNELS:  # FA2's time at the published kernel / FA2 rate ratio
+        slow = PUBLISHED_RATIO_KERNELS[a.kernel](dev.arch, a.head_dim, a.kv_len)
+        kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
+        return kernel + pad_copies_time_s(dev, a, dtype, backward)
     if a.flash:
         view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
         kernel = flash_attention_time_s(view, a, dtype, backward)

@@ -57,9 +57,9 @@ FRAMEWORK_HELP = (
     "torchtitan-2025-compile, maxtext, maxtext-bf16-weights (weight_dtype: bfloat16), maxtext-splash-fused, "
     "maxtext-bf16-weights-splash-fused (sa_use_fused_bwd_kernel: True), maxtext-te (attention=cudnn_flash_te), "
     "deepspeed, "
-    "deepspeed-2021 (ZeRO-3 as DeepSpeed 0.3.14 ran it), composer, composer-triton (llm-foundry's Triton "
-    "attention), composer-triton-pure (the same with FSDP mixed_precision 'PURE') or eager (plain PyTorch, the "
-    "default)."
+    "deepspeed-2021 (ZeRO-3 as DeepSpeed 0.3.14 ran it), composer, composer-fa1 (llm-foundry's flash attention on "
+    "flash-attn 1.x), composer-triton (llm-foundry's Triton attention), composer-triton-pure (the same with FSDP "
+    "mixed_precision 'PURE') or eager (plain PyTorch, the default)."
 )
 framework_option = click.option("--framework", help=FRAMEWORK_HELP)
 

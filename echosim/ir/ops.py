@@ -218,7 +218,9 @@ class AttentionAttrs:
     head_dim: int
     causal: bool = True
     flash: bool = True
-    kernel: str = ""  # the flash kernel: "" = the device's own best, "fa2" = FlashAttention-2, "te" = TE's pick
+    # the flash kernel: "" = the device's own best, "fa2" = FlashAttention-2, "te" = TE's pick, "fa1" = FlashAttention
+    # v1, "triton" = FlashAttention's Triton kernel (echosim.backends.compute.PUBLISHED_RATIO_KERNELS)
+    kernel: str = ""
     model_scale: float = 1.0
     dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
     window: int = 0  # sliding window in keys (0: full attention)

@@ -436,6 +436,8 @@ def row_framework(c: Case) -> str:
         return "deepspeed-2021"
     if name == "composer" and c["source_id"] == "llm_foundry_bench" and llm_foundry_attn_impl(c) == "triton":
         return "composer-triton-pure" if llm_foundry_pure(c) else "composer-triton"
+    if name == "composer" and llm_foundry_flash_v1(c):
+        return "composer-fa1"
     return name
 
 
@@ -461,6 +463,24 @@ def llm_foundry_attn_impl(c: Case) -> str:
     if c["table"] == LLM_FOUNDRY_LARGE_SCALE_TABLE:
         return LLM_FOUNDRY_SWEEP_ATTN.get(c.int("hidden", 0), "triton")
     return "triton"
+
+
+def llm_foundry_flash_v1(c: Case) -> bool:
+    """Whether an llm-foundry benchmark row's attn_impl 'flash' ran flash-attn 1.x (FlashAttention v1).
+
+    The large-scale H100 table came in with commit 5e85bd6 ("Shashank/new benchmarks (#838)", squashed from
+    "adding new benchmarks" then "Update submit_benchmarks.py"). Before that commit submit_benchmarks.py launched
+    every run from ``git_branch: v0.4.0`` with ``pip_install: -e .[gpu]``, whose extra pins flash-attn==1.0.9
+    (setup.py at v0.4.0); the commit moved the launcher to ``main`` with ``.[gpu-flash2]`` (flash-attn 2.4.2).
+    The table does not come from the committed launcher: its rows record MP Mode 'DEFAULT' where the committed
+    sweep.py passes ``--fsdp_config_mixed_precision PURE``, so the environment is the one the launcher had when
+    the runs were submitted, flash-attn 1.0.9. (Same-model rows of the other H100 table, Triton attention on 8-64
+    GPUs, give the same tokens per GPU as these: 7b 10,643 on 8 GPUs vs 10,475 on 128.)"""
+    return (
+        c["source_id"] == "llm_foundry_bench"
+        and c["table"] == LLM_FOUNDRY_LARGE_SCALE_TABLE
+        and llm_foundry_attn_impl(c) == "flash"
+    )
 
 
 #: ``num_vocab_tiling`` of the Trillium recipes, by the tpu-recipes directory a row's source_url names:
