@@ -29,6 +29,7 @@ from echosim.frontend.zoo_torch import (
     gnmt_params,
     lstm_lm_module,
     lstm_lm_params,
+    lstm_superbench_params,
     resnet50_forward_flops,
 )
 from echosim.ir.ops import Axis, CollectiveAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
@@ -51,6 +52,9 @@ def test_parameter_counts_match_the_published_ones() -> None:
     heads = 1024 * 1024 + 1024 + 2 * 1024 + 30522 + 1024 * 2 + 2
     assert _params("bert-large") == 335_141_888 + heads
     assert _params("lstm-lm") == lstm_lm_params() == 66_034_000
+    # SuperBench pytorch-lstm as azure_ndv4.yaml runs it: 224 -> 1000, then 7 x (1000 -> 1000), Linear(1000, 100)
+    first = 4 * 1000 * (224 + 1000) + 2 * 4 * 1000
+    assert _params("lstm-superbench") == lstm_superbench_params() == first + 7 * (4 * 1000 * 2000 + 8000) + 100_100
     # the pre-training form adds the 768 -> 768 tanh pre-logits layer (Rosetta REP_SIZE 768)
     assert _params("vit-b16-pretrain") == 86_567_656 + 768 * 768 + 768
     assert _params("gnmt") == gnmt_params() == 160_671_297  # DeepLearningExamples' GNMT v2 (~160M)
