@@ -1,5 +1,5 @@
 """Predicted vs published training throughput of the non-LLM zoo (ResNet-50, ViT-B/16, BERT-large, DLRM-DCNv2,
-GNMT).
+GNMT, SuperBench's LSTM).
 
 Each row of ``benchmarks/data/nonllm_throughput.csv`` is one published measurement with its
 source; echosim compiles the same layout and the script prints samples/s both ways, the

@@ -2,10 +2,17 @@
 
 An LSTM layer is costed the way cuDNN runs it: one GEMM projects the inputs of
 every step at once, then the recurrence runs step by step, each step a small
-(batch x h) @ (h x 4h) GEMM plus one fused gate kernel. The steps are unrolled
+(batch x h) @ (h x 4h) GEMM plus one fused gate kernel. The gate kernel itself adds
+the step's slice of the input projection to the recurrent GEMM's output (no add
+kernel between them): Appleyard et al. 2016, "Optimizing Performance of Recurrent
+Neural Networks on GPUs" (arXiv:1604.01946), sec. 3.1 optimization 3, fusing the
+element-wise operations into one kernel per step, as cuDNN's RNN does; PyTorch's own
+fused cell reads ``input_gates`` and ``hidden_gates`` separately in one kernel too
+(aten/src/ATen/native/cuda/RNN.cu, ``lstm_cell_forward``). The steps are unrolled
 because they are sequential: a batched GEMM would hide that latency. In backward
 only the data gradients run step by step; autodiff gives the recurrent weight one
-gradient GEMM over all steps (k = batch x steps), as oneDNN and cuDNN compute it
+gradient GEMM over all steps (k = batch x steps), as oneDNN and cuDNN compute it,
+and sums a step's two state gradients inside its gate-gradient kernel
 (echosim.passes.autodiff).
 """
 
@@ -54,27 +61,21 @@ def lstm_layer(
     state = h0
     outs: list[int] = []
     for t in range(steps):
-        pre = g.add(OpKind.VIEW, [gates_x], gate_spec, scope=scope, name=step_name(name, t, "x"))
+        gates = [g.add(OpKind.VIEW, [gates_x], gate_spec, scope=scope, name=step_name(name, t, "x"))]
         if state is not None:
-            rec = g.add(
-                OpKind.MATMUL,
-                [state, w_hh],
-                gate_spec,
-                MatmulAttrs(m=batch, n=4 * hidden, k=hidden),
-                scope=scope,
-                name=step_name(name, t, "h"),
+            gates.append(
+                g.add(
+                    OpKind.MATMUL,
+                    [state, w_hh],
+                    gate_spec,
+                    MatmulAttrs(m=batch, n=4 * hidden, k=hidden),
+                    scope=scope,
+                    name=step_name(name, t, "h"),
+                )
             )
-            pre = g.add(
-                OpKind.ELEMENTWISE,
-                [pre, rec],
-                gate_spec,
-                ElementwiseAttrs("add"),
-                scope=scope,
-                name=step_name(name, t, "pre"),
-            )
-        state = g.add(
+        state = g.add(  # one kernel: input-projection slice + recurrent GEMM output, biases, gates, cell update
             OpKind.ELEMENTWISE,
-            [pre],
+            gates,
             TensorSpec((batch, hidden), dtype),
             ElementwiseAttrs("lstm_cell", GATE_FLOPS),
             scope=scope,

@@ -31,6 +31,11 @@ model (torch.export; echosim adds the loss to the logits they return):
   vocabulary 32,320, dropout 0.2: 160,671,297 parameters.
 * ``lstm-lm``: Zaremba et al. 2014 (arXiv:1409.2329), the large PTB model: two LSTM layers of
   1,500 units, vocabulary 10,000, 35 unrolled steps: 66,034,000 parameters.
+* ``lstm-superbench``: Microsoft SuperBench's ``pytorch-lstm`` model benchmark
+  (superbench/benchmarks/model_benchmarks/pytorch_lstm.py): random float features of 224 per step
+  into one 8-layer ``nn.LSTM`` of 1,000 units (``batch_first``), a linear classifier of 100 classes on
+  the last step's output, as superbench/config/azure_ndv4.yaml runs it (``--input_size 224 --hidden_size
+  1000 --seq_len 32``, the default ``--num_layers 8``): 61,060,100 parameters.
 """
 
 from __future__ import annotations
@@ -351,6 +356,44 @@ def lstm_lm_params(layers: int = 2, hidden: int = 1500, vocab: int = 10000) -> i
     return vocab * hidden + layers * 4 * (2 * hidden * hidden + 2 * hidden) + hidden * vocab + vocab
 
 
+# Microsoft SuperBench pytorch-lstm (superbench/benchmarks/model_benchmarks/pytorch_lstm.py, commit 700d6501):
+# --num_layers 8 and --num_classes 100 by default; azure_ndv4.yaml sets --input_size 224, --hidden_size 1000,
+# --seq_len 32 (https://github.com/microsoft/superbenchmark/blob/700d6501f110ed17a7016f1b9f2e453926f7b7a1/
+# superbench/config/azure_ndv4.yaml)
+SUPERBENCH_LSTM = {"input_size": 224, "hidden": 1000, "layers": 8, "classes": 100, "steps": 32}
+
+
+def lstm_superbench_module(
+    input_size: int = 224, hidden: int = 1000, layers: int = 8, classes: int = 100, steps: int = 32
+) -> nn.Module:
+    """SuperBench's LSTM benchmark model: one multi-layer ``nn.LSTM`` over float features, a linear
+    classifier on the last time step (``LSTMBenchmarkModel.forward``)."""
+    import torch
+    from torch import nn
+
+    class LSTMBenchmark(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(input_size, hidden, layers, batch_first=True)
+            self.linear = nn.Linear(hidden, classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, _ = self.lstm(x)
+            return self.linear(out[:, -1, :])
+
+    net = LSTMBenchmark()
+    net.seq_len = steps  # type: ignore[assignment]
+    return net
+
+
+def lstm_superbench_params(input_size: int = 224, hidden: int = 1000, layers: int = 8, classes: int = 100) -> int:
+    """The LSTMs (4 gates: input and recurrent weights, two biases each; the first reads ``input_size``)
+    and the classifier."""
+    first = 4 * hidden * (input_size + hidden) + 8 * hidden
+    rest = (layers - 1) * (4 * hidden * 2 * hidden + 8 * hidden)
+    return first + rest + hidden * classes + classes
+
+
 # NVIDIA DeepLearningExamples PyTorch/Translation/GNMT (commit 729963d) train.py defaults: --hidden-size 1024,
 # --num-layers 4, --dropout 0.2, --train-max-length 50; --synthetic-vocab 32320 (the BPE-32000 vocabulary padded)
 GNMT_HIDDEN, GNMT_LAYERS, GNMT_VOCAB, GNMT_DROPOUT, GNMT_MAX_LENGTH = 1024, 4, 32320, 0.2, 50
@@ -514,6 +557,14 @@ TORCH_ZOO: dict[str, TorchZooModel] = {
         ),
         TorchZooModel(
             "lstm-lm", lstm_lm_module, (_TOKENS,), "2-layer LSTM LM (Zaremba 2014), 35 steps, 66M params", "sequences"
+        ),
+        TorchZooModel(
+            "lstm-superbench",
+            lstm_superbench_module,
+            ((("batch", "seq", SUPERBENCH_LSTM["input_size"]), "float32"),),
+            "SuperBench pytorch-lstm: 8 LSTM layers of 1000 over 224 features, 32 steps, 100 classes, "
+            f"{lstm_superbench_params() / 1e6:.1f}M params",
+            "sequences",
         ),
     )
 }

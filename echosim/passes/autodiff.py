@@ -46,6 +46,8 @@ class _Ctx:
         self.regathered: dict[int, int] = {}  # forward SP all_gather -> its backward re-gather
         # a recurrent weight -> (time step's GEMM, its input, its output's gradient), latest step first
         self.step_wgrads: dict[int, list[tuple[Node, int, int]]] = {}
+        # a forward op whose backward kernel sums its output's gradients itself -> the ones after the first
+        self.fused_dys: dict[int, list[int]] = {}
 
     def emit(
         self,
@@ -216,7 +218,25 @@ def _permutation(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     return [(x, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(x), ElementwiseAttrs(f"{n.attrs.fn}_grad")))]
 
 
+def _lstm_cell(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """An LSTM step's gate kernel (echosim.frontend.recurrent): one backward kernel turns the state's gradient
+    into the gate gradient (batch x 4h), summing the gradient from the layer above and the recurrent one in the
+    kernel (cuDNN's backward pointwise kernel reads both dy and dhy: ``cudnnRNNBackwardData``; Appleyard et al.
+    2016, arXiv:1604.01946, sec. 3.1 optimization 3), and reading the gates saved forward. Both of the gate
+    kernel's inputs, the input projection's slice and the recurrent GEMM, receive that one gradient."""
+    gates = n.inputs[0]
+    grad = c.emit(
+        n,
+        OpKind.ELEMENTWISE,
+        [dy, *c.fused_dys.pop(n.id, []), gates],
+        c.spec(gates),
+        ElementwiseAttrs("lstm_cell_grad"),
+    )
+    return [(i, grad) for i in n.inputs if i in needs]
+
+
 _ELEMENTWISE_RULES = {
+    "lstm_cell": _lstm_cell,
     "moe_dispatch": _moe_dispatch,
     "moe_combine": _moe_combine,
     "attn_merge": _attn_merge,
@@ -381,7 +401,10 @@ class Autodiff:
                 parts = [*(parts or []), _steps_wgrad(ctx, n.id, ctx.step_wgrads.pop(n.id))]
             if not parts:
                 continue
-            dy = _accumulate(ctx, n, parts)
+            if _sums_in_kernel(n, parts, ctx):
+                dy, ctx.fused_dys[n.id] = parts[0], parts[1:]
+            else:
+                dy = _accumulate(ctx, n, parts)
             if n.op is OpKind.PARAMETER:
                 g.grads[n.id] = dy
                 continue
@@ -392,6 +415,17 @@ class Autodiff:
                 contribs.setdefault(src, []).append(grad)
         _fill_collective_sizes(g)
         return g
+
+
+def _sums_in_kernel(n: Node, parts: list[int], c: _Ctx) -> bool:
+    """Does ``n``'s backward kernel read all its output's whole gradients and sum them itself (an LSTM step's
+    state: the gradient from the layer above and the next step's recurrent one, see :func:`_lstm_cell`)?"""
+    return (
+        len(parts) > 1
+        and isinstance(n.attrs, ElementwiseAttrs)
+        and n.attrs.fn == "lstm_cell"
+        and all(c.spec(p).numel == n.out.numel for p in parts)
+    )
 
 
 def _accumulate(c: _Ctx, n: Node, parts: list[int]) -> int:
