@@ -72,6 +72,41 @@ def test_resnet50_and_vit_forward_flops_match_closed_forms() -> None:
     assert graph_flops(g).forward == 2 * expected
 
 
+def test_vit_g14_variants_count_their_class_tokens_heads_and_dropouts() -> None:
+    """Rosetta's ViT-G/14 (configs/G.gin: 1.85B in its README) and NeMo's ViT-g/14 (launcher g_14.yaml; NeMo's
+    vit_backbone prepends 8 class tokens, class_token_length, and Megatron drops out only each sub-layer's output)."""
+    import torch
+
+    from echosim.frontend.pyfile import capture_torch_module
+    from echosim.frontend.zoo_torch import vit_module
+    from echosim.ir.ops import ElementwiseAttrs
+
+    def layer(h: int, f: int) -> int:  # qkv, proj, two LayerNorms, fc1, fc2 (with biases)
+        return 3 * h * h + 3 * h + h * h + h + 4 * h + h * f + f + f * h + h
+
+    def vit(layers: int, h: int, f: int, patch: int, cls: int, rep: int) -> int:
+        tokens = (224 // patch) ** 2 + cls
+        embed = 3 * patch * patch * h + h + cls * h + tokens * h
+        return embed + layers * layer(h, f) + 2 * h + h * rep + rep + rep * 1000 + 1000
+
+    assert _params("vit-g14-pretrain") == vit(48, 1664, 8192, 14, 1, 768) == 1_844_823_400
+    assert _params("vit-g14-nemo") == vit(40, 1408, 6144, 14, 8, 1408) == 1_014_615_016
+    assert _params("vit-b16-pretrain") == vit(12, 768, 3072, 16, 1, 768)
+    g, _, _ = capture_named("vit-g14-nemo", CaptureSpec(micro_batch=2))
+    head = 2 * 1408 * 1408 + 2 * 1408 * 1000
+    assert graph_flops(g).forward == 2 * (encoder_forward_flops(40, 1408, 6144, 264) + 2 * 588 * 1408 * 256 + head)
+
+    def dropouts(inner: bool) -> list[str]:
+        with torch.device("meta"):
+            module = vit_module(2, 64, 4, 128, 16, dropout=0.1, class_tokens=8, mlp_inner_dropout=inner)
+        image = [(("batch", 3, 224, 224), torch.float32)]
+        g, _, _ = capture_torch_module(module, image, CaptureSpec(micro_batch=2), "tiny-vit")
+        return sorted(n.scope for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "dropout")
+
+    assert dropouts(True) == ["", "layers.0", "layers.0", "layers.0"]  # Google's MlpBlock: after the GELU too
+    assert dropouts(False) == ["", "layers.0", "layers.0"]  # Megatron: attention output and MLP output only
+
+
 @pytest.mark.slow
 def test_bert_large_forward_flops_match_the_closed_form() -> None:
     g, _, _ = capture_named("bert-large", CaptureSpec(micro_batch=1, seq_len=128))

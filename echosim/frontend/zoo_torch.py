@@ -20,6 +20,12 @@ model (torch.export; echosim adds the loss to the logits they return):
   ``vit-b16-pretrain`` is its pre-training form (sec. 3.1, Table 3): a hidden tanh layer of 768 before
   the classifier and dropout 0.1, as NVIDIA JAX-Toolbox's Rosetta ViT pre-trains it (configs/base.gin,
   ``REP_SIZE=768``, ``hidden_dropout_prob`` 0.1, ``attention_probs_dropout_prob`` 0.0).
+  ``vit-g14-pretrain`` is Rosetta's ViT-G/14 the same way (configs/G.gin after Zhai et al. 2021, arXiv:2106.04560:
+  48 layers, hidden 1664, MLP 8192, 16 heads, 14x14 patches; G_pretrain_imagenet.gin ``REP_SIZE=768``): 1.84B.
+  ``vit-g14-nemo`` is ViT-g/14 as NeMo pre-trains it (NeMo-Framework-Launcher ``conf/training/vit/g_14.yaml``: 40
+  layers, hidden 1408, FFN 6144, 16 heads, patch 14, ``hidden_dropout`` 0.1, ``attention_dropout`` 0; NeMo's
+  ``vision/modules/vit/vit_backbone.py``: ``class_token_length`` 8 tokens before the patches, head ``VitMlpHead``
+  dense 1408 + tanh + dense 1000, Megatron's bias-dropout-add on each sub-layer's output only): 1.01B.
 * ``bert-large``: Devlin et al. 2018 (arXiv:1810.04805): 24 layers, hidden 1024, 16 heads,
   vocabulary 30,522, 512 positions; with the pre-training heads (masked LM tied to the word
   embeddings, next sentence): 336,226,108 parameters (335,141,888 without the heads, HF's
@@ -231,26 +237,30 @@ def _encoder_layer(
 
 def vit_module(
     layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, patch: int = 16, image: int = 224,
-    classes: int = 1000, dropout: float = 0.0, representation: int = 0,
+    classes: int = 1000, dropout: float = 0.0, representation: int = 0, class_tokens: int = 1,
+    mlp_inner_dropout: bool = True,
 ) -> nn.Module:  # fmt: skip
     """ViT; ``dropout`` and ``representation`` give the pre-training form of Dosovitskiy et al. (arXiv:2010.11929,
     sec. 3.1 and Table 3: a head with one hidden tanh layer, dropout 0.1 for ImageNet): dropout after the
-    position embeddings, on each layer's attention output and after both MLP layers, none on the attention
-    probabilities (google-research/vision_transformer ``attention_dropout_rate`` 0.0)."""
+    position embeddings, on each layer's attention output and after both MLP layers (Google's ``MlpBlock``;
+    ``mlp_inner_dropout=False``: after the second only, as Megatron's bias-dropout-add), none on the attention
+    probabilities (google-research/vision_transformer ``attention_dropout_rate`` 0.0). ``class_tokens``: the
+    learned tokens before the patches (NeMo's Megatron ViT prepends 8, ``class_token_length``); the head reads
+    the first."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    tokens = (image // patch) ** 2 + 1
+    tokens = (image // patch) ** 2 + class_tokens
 
     class ViT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.patch = nn.Conv2d(3, hidden, patch, patch)
-            self.cls = nn.Parameter(torch.zeros(1, 1, hidden))
+            self.cls = nn.Parameter(torch.zeros(1, class_tokens, hidden))
             self.pos = nn.Parameter(torch.zeros(1, tokens, hidden))
             self.layers = nn.ModuleList(
-                _encoder_layer(hidden, heads, ffn, True, dropout, attn_dropout=0.0, mlp_inner_dropout=True)
+                _encoder_layer(hidden, heads, ffn, True, dropout, attn_dropout=0.0, mlp_inner_dropout=mlp_inner_dropout)
                 for _ in range(layers)
             )
             self.norm = nn.LayerNorm(hidden)
@@ -472,6 +482,7 @@ class TorchZooModel:
 
 
 _IMAGE = (("batch", 3, 224, 224), "float32")
+_MEGATRON = {"mlp_inner_dropout": False}  # Megatron's MLP: dropout in bias-dropout-add after fc2 only
 _TOKENS = (("batch", "seq"), "int64")
 
 TORCH_ZOO: dict[str, TorchZooModel] = {
@@ -499,6 +510,20 @@ TORCH_ZOO: dict[str, TorchZooModel] = {
             partial(vit_module, dropout=0.1, representation=768),
             (_IMAGE,),
             "ViT-B/16 as pre-trained: tanh pre-logits layer of 768, dropout 0.1, 87.2M params",
+            "images",
+        ),
+        TorchZooModel(
+            "vit-g14-pretrain",
+            partial(vit_module, 48, 1664, 16, 8192, 14, dropout=0.1, representation=768),
+            (_IMAGE,),
+            "ViT-G/14 as Rosetta pre-trains it: 48 layers of 1664, MLP 8192, tanh pre-logits of 768, 1.84B params",
+            "images",
+        ),
+        TorchZooModel(
+            "vit-g14-nemo",
+            partial(vit_module, 40, 1408, 16, 6144, 14, dropout=0.1, representation=1408, class_tokens=8, **_MEGATRON),
+            (_IMAGE,),
+            "ViT-g/14 as NeMo pre-trains it: 40 layers of 1408, MLP 6144, 8 class tokens, tanh MLP head, 1.01B params",
             "images",
         ),
         TorchZooModel(
