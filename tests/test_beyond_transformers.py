@@ -478,13 +478,17 @@ def test_published_table_rows_name_their_run_settings() -> None:
     # every family of the non-LLM zoo has published rows; a source is pinned to a commit
     assert {row["family"] for row in rows} == {"resnet50", "vit", "bert", "dlrm", "recurrent"}
     assert {row["model"] for row in rows} <= set(TORCH_ZOO)
+    pinned = r"github\.com/[^/]+/[^/]+/blob/[0-9a-f]{40}/"
     for row in rows:
-        assert re.search(r"github\.com/[^/]+/[^/]+/blob/[0-9a-f]{40}/", row["source"]), row["source"]
+        if row["source"].startswith("https://docs.nvidia.com/"):  # a page with no repository behind it to pin:
+            assert "no repository commit" in row["note"], row["source"]  # it says so, and pins its configuration
+            assert re.search(pinned, row["note"]), row["note"]
+        else:
+            assert re.search(pinned, row["source"]), row["source"]
         assert row["unit"] in ("images/s", "sequences/s", "queries/s", "tokens/s")
         assert row["conv_layout"] in ("", "nhwc", "nchw")
         assert row["attention"] in ("", "flash", "math")
         assert row["comparable"] in ("yes", "no")
-        assert row["source"].startswith("https://github.com/")
         if row["comparable"] == "no":  # a row left out of the MAPE says why
             assert "NOT COMPARABLE" in row["note"]
         if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
@@ -537,6 +541,34 @@ def test_vit_and_gnmt_rows_keep_their_measured_errors() -> None:
             ("a100-40gb", "1", "fp16"): 0.543,
             ("a100-40gb", "8", "fp32"): 0.743,
             ("a100-40gb", "8", "fp16"): 0.767,
+        },
+        abs=0.002,
+    )
+
+
+@pytest.mark.slow
+def test_device_bound_vit_rows_keep_their_measured_errors() -> None:
+    """The ViT rows whose input rate per GPU is a small fraction of the B/16 rows' (Rosetta's ViT-G/14 at 35
+    images/s per GPU on the B/16 rows' JAX stack, NeMo's ViT-g/14 at 87 and 178), pinned as measured when added:
+    echosim is fast on every one, so the B/16 rows' miss is not shown to be their host-side input pipeline."""
+    import csv
+    from pathlib import Path
+
+    bench = _nonllm_accuracy()
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonllm_throughput.csv"
+    with open(path, encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["model"] in ("vit-g14-pretrain", "vit-g14-nemo")]
+    errors = {
+        (r["model"], r["backend"], r["gpus"]): bench.predict(r)[0] / float(r["published_samples_per_s"]) - 1
+        for r in rows
+    }
+    assert errors == pytest.approx(
+        {
+            ("vit-g14-pretrain", "a100-80gb", "8"): 0.341,
+            ("vit-g14-pretrain", "a100-80gb", "32"): 0.507,
+            ("vit-g14-pretrain", "a100-80gb", "64"): 0.635,
+            ("vit-g14-nemo", "a100-80gb", "8"): 0.199,
+            ("vit-g14-nemo", "h100-sxm", "8"): 0.445,
         },
         abs=0.002,
     )
