@@ -489,6 +489,8 @@ def test_published_table_rows_name_their_run_settings() -> None:
         assert row["conv_layout"] in ("", "nhwc", "nchw")
         assert row["attention"] in ("", "flash", "math")
         assert row["comparable"] in ("yes", "no")
+        # Rosetta's scripts leave XLA's latency-hiding scheduler off: its gradient all-reduce is not overlapped
+        assert row["overlap_dp"] == ("no" if "NVIDIA/JAX-Toolbox" in row["source"] else ""), row["source"]
         if row["comparable"] == "no":  # a row left out of the MAPE says why
             assert "NOT COMPARABLE" in row["note"]
         if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
@@ -505,6 +507,23 @@ def _nonllm_accuracy():  # the benchmark script, loaded as a module
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.slow
+def test_a_row_without_overlap_exposes_its_gradient_all_reduce() -> None:
+    """``overlap_dp`` no: the gradient all-reduce after the backward, not under it; the step grows by about the
+    all-reduce of the fp32 gradients (the exposed part grows from what the last bucket leaves to all of it)."""
+    bench = _nonllm_accuracy()
+    row = {"model": "vit-g14-pretrain", "backend": "a100-80gb", "gpus": "8", "micro_batch": "16",
+           "global_batch": "128", "seq_len": "0", "dtype": "bf16", "tf32": "yes", "conv_layout": "nhwc",
+           "embedding_sharding": "none", "attention": "math", "unit": "images/s", "overlap_dp": ""}  # fmt: skip
+    overlapped, parts = bench.predict(row)
+    exposed, exposed_parts = bench.predict({**row, "overlap_dp": "no"})
+    grow = 128 / exposed - 128 / overlapped  # seconds a step
+    assert exposed_parts["comm.dp"] > 5 * parts["comm.dp"]
+    assert grow == pytest.approx(exposed_parts["comm.dp"] - parts["comm.dp"], rel=0.05)
+    # 1.84B fp32 gradients through a ring over 8 NVLink GPUs: 2 x 7/8 x 7.38 GB at the A100's ~200 GB/s bus bandwidth
+    assert 0.05 < exposed_parts["comm.dp"] < 0.08
 
 
 def test_a_tokens_per_second_row_counts_source_and_decoder_tokens() -> None:
@@ -535,8 +554,10 @@ def test_vit_and_gnmt_rows_keep_their_measured_errors() -> None:
         {
             # each GEMM's last wave paying its output store (compute.exposed_epilogue_s): ViT -0.1..-0.2 points,
             # GNMT's small recurrent GEMMs -1.6..-1.7 (they were 0.479, 1.022, 0.531, 0.559, 0.760, 0.781)
-            ("a100-80gb", "8", "bf16"): 0.478,
-            ("h100-sxm", "8", "bf16"): 1.020,
+            # Rosetta's B/16 with its gradient all-reduce exposed (XLA's latency-hiding scheduler off in the run's
+            # container, the row's overlap_dp no): 0.478 -> 0.465, 1.020 -> 1.000
+            ("a100-80gb", "8", "bf16"): 0.465,
+            ("h100-sxm", "8", "bf16"): 1.000,
             ("a100-40gb", "1", "fp32"): 0.515,
             ("a100-40gb", "1", "fp16"): 0.543,
             ("a100-40gb", "8", "fp32"): 0.743,
@@ -564,9 +585,11 @@ def test_device_bound_vit_rows_keep_their_measured_errors() -> None:
     }
     assert errors == pytest.approx(
         {
-            ("vit-g14-pretrain", "a100-80gb", "8"): 0.341,
-            ("vit-g14-pretrain", "a100-80gb", "32"): 0.507,
-            ("vit-g14-pretrain", "a100-80gb", "64"): 0.635,
+            # 0.341, 0.507, 0.635 with the gradient all-reduce overlapped; exposed, as XLA schedules it without
+            # its latency-hiding scheduler (the row's overlap_dp no): 7.4 GB of fp32 gradients a step
+            ("vit-g14-pretrain", "a100-80gb", "8"): 0.161,
+            ("vit-g14-pretrain", "a100-80gb", "32"): 0.216,
+            ("vit-g14-pretrain", "a100-80gb", "64"): 0.305,
             ("vit-g14-nemo", "a100-80gb", "8"): 0.199,
             ("vit-g14-nemo", "h100-sxm", "8"): 0.445,
         },
