@@ -3,10 +3,11 @@ GNMT).
 
 Each row of ``benchmarks/data/nonllm_throughput.csv`` is one published measurement with its
 source; echosim compiles the same layout (with the row's run settings ``tf32``, ``conv_layout``, ``attention``,
-``embedding_sharding`` and ``overlap_dp``, the last empty where the framework overlaps the gradient reduction with
-the backward) and the script prints samples/s both ways, the signed error and the MAPE per model family: over its
-comparable rows, and over all its rows (a family whose rows are all not comparable gets only the latter). Nothing
-here is fitted to the rows.
+``embedding_sharding``, ``overlap_dp``, empty where the framework overlaps the gradient reduction with the
+backward, and ``tp``, empty for 1; ``gpus`` counts every device, ``micro_batch`` is per data-parallel replica)
+and the script prints samples/s both ways, the signed error and the MAPE per model family: over its comparable
+rows, and over all its rows (a family whose rows are all not comparable gets only the latter). Nothing here is
+fitted to the rows.
 
     python benchmarks/nonllm_accuracy.py [--json]
 """
@@ -48,14 +49,15 @@ REGISTRY = load_registry(extra_plugins=[_RunSettings()])
 
 def predict(row: dict[str, str]) -> tuple[float, dict[str, float]]:
     """echosim's samples/s for the row's layout, and the step's breakdown."""
-    gpus = int(row["gpus"])
+    gpus, tp = int(row["gpus"]), int(row["tp"] or 1)
     backend = row["backend"]
     if row["tf32"] == "no":  # the FP32 pipes run NCHW natively: no layout variant needed
         backend += "-no-tf32"
     elif row["conv_layout"] == "nchw":
         backend += "-nchw"
     plan = Plan(
-        dp=gpus,
+        dp=gpus // tp,
+        tp=tp,
         micro_batch=int(row["micro_batch"]),
         global_batch=int(row["global_batch"]),
         seq_len=int(row["seq_len"]),
