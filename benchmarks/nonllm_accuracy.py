@@ -2,9 +2,12 @@
 GNMT, SuperBench's LSTM).
 
 Each row of ``benchmarks/data/nonllm_throughput.csv`` is one published measurement with its
-source; echosim compiles the same layout and the script prints samples/s both ways, the
-signed error and the MAPE per model family: over its comparable rows, and over all its rows (a family
-whose rows are all not comparable gets only the latter). Nothing here is fitted to the rows.
+source; echosim compiles the same layout (with the row's run settings ``tf32``, ``conv_layout``, ``attention``,
+``embedding_sharding``, ``overlap_dp``, empty where the framework overlaps the gradient reduction with the
+backward, and ``tp``, empty for 1; ``gpus`` counts every device, ``micro_batch`` is per data-parallel replica)
+and the script prints samples/s both ways, the signed error and the MAPE per model family: over its comparable
+rows, and over all its rows (a family whose rows are all not comparable gets only the latter). Nothing here is
+fitted to the rows.
 
     python benchmarks/nonllm_accuracy.py [--json]
 """
@@ -46,20 +49,22 @@ REGISTRY = load_registry(extra_plugins=[_RunSettings()])
 
 def predict(row: dict[str, str]) -> tuple[float, dict[str, float]]:
     """echosim's samples/s for the row's layout, and the step's breakdown."""
-    gpus = int(row["gpus"])
+    gpus, tp = int(row["gpus"]), int(row["tp"] or 1)
     backend = row["backend"]
     if row["tf32"] == "no":  # the FP32 pipes run NCHW natively: no layout variant needed
         backend += "-no-tf32"
     elif row["conv_layout"] == "nchw":
         backend += "-nchw"
     plan = Plan(
-        dp=gpus,
+        dp=gpus // tp,
+        tp=tp,
         micro_batch=int(row["micro_batch"]),
         global_batch=int(row["global_batch"]),
         seq_len=int(row["seq_len"]),
         dtype=row["dtype"],
         embedding_sharding=row["embedding_sharding"],
         attention=row["attention"] or "flash",
+        overlap_dp=row["overlap_dp"] != "no",  # "no": the run's framework leaves the gradient reduction exposed
     )
     report = lower(row["model"], plan, Cluster(backend=backend, devices=gpus), REGISTRY).report
     return report.samples_per_s * units_per_sample(row), report.breakdown

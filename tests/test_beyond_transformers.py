@@ -77,6 +77,50 @@ def test_resnet50_and_vit_forward_flops_match_closed_forms() -> None:
     assert graph_flops(g).forward == 2 * expected
 
 
+def test_vit_g14_variants_count_their_class_tokens_heads_and_dropouts() -> None:
+    """Rosetta's ViT-G/14 (configs/G.gin: 1.85B in its README) and NeMo's ViT-g/14 (launcher g_14.yaml; NeMo's
+    vit_backbone prepends 8 class tokens, class_token_length, and Megatron drops out only each sub-layer's output)."""
+    import torch
+
+    from echosim.frontend.pyfile import capture_torch_module
+    from echosim.frontend.zoo_torch import vit_module
+    from echosim.ir.ops import ElementwiseAttrs
+
+    def layer(h: int, f: int) -> int:  # qkv, proj, two LayerNorms, fc1, fc2 (with biases)
+        return 3 * h * h + 3 * h + h * h + h + 4 * h + h * f + f + f * h + h
+
+    def vit(layers: int, h: int, f: int, patch: int, cls: int, rep: int) -> int:
+        tokens = (224 // patch) ** 2 + cls
+        embed = 3 * patch * patch * h + h + cls * h + tokens * h
+        return embed + layers * layer(h, f) + 2 * h + h * rep + rep + rep * 1000 + 1000
+
+    assert _params("vit-g14-pretrain") == vit(48, 1664, 8192, 14, 1, 768) == 1_844_823_400
+    assert _params("vit-g14-nemo") == vit(40, 1408, 6144, 14, 8, 1408) == 1_014_615_016
+    assert _params("vit-b16-pretrain") == vit(12, 768, 3072, 16, 1, 768)
+    g, _, _ = capture_named("vit-g14-nemo", CaptureSpec(micro_batch=2))
+    head = 2 * 1408 * 1408 + 2 * 1408 * 1000
+    assert graph_flops(g).forward == 2 * (encoder_forward_flops(40, 1408, 6144, 264) + 2 * 588 * 1408 * 256 + head)
+
+    def dropouts(inner: bool) -> list[str]:
+        with torch.device("meta"):
+            module = vit_module(2, 64, 4, 128, 16, dropout=0.1, class_tokens=8, mlp_inner_dropout=inner)
+        image = [(("batch", 3, 224, 224), torch.float32)]
+        g, _, _ = capture_torch_module(module, image, CaptureSpec(micro_batch=2), "tiny-vit")
+        return sorted(n.scope for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "dropout")
+
+    # flax's MultiHeadDotProductAttention (Rosetta): query, key, value and out projections, each split by heads under
+    # tensor parallelism as T5X shards 'heads' and 'mlp' over its model axis
+    g, _, _ = capture_named("vit-g14-pretrain", CaptureSpec(micro_batch=2))
+    assert {n.scope for n in g if n.op is OpKind.MATMUL} >= {f"layers.0.{p}_proj" for p in "qkvo"}
+    assert graph_flops(g).forward == 2 * (
+        encoder_forward_flops(48, 1664, 8192, 257) + 2 * 588 * 1664 * 256 + 2 * (1664 * 768 + 768 * 1000)
+    )
+    plan = Plan(dp=2, tp=4, micro_batch=2, global_batch=4, seq_len=0, dtype="bf16", attention="math")
+    assert lower("vit-g14-pretrain", plan, Cluster(backend="a100-80gb", devices=8)).report.samples_per_s > 0
+    assert dropouts(True) == ["", "layers.0", "layers.0", "layers.0"]  # Google's MlpBlock: after the GELU too
+    assert dropouts(False) == ["", "layers.0", "layers.0"]  # Megatron: attention output and MLP output only
+
+
 @pytest.mark.slow
 def test_bert_large_forward_flops_match_the_closed_form() -> None:
     g, _, _ = capture_named("bert-large", CaptureSpec(micro_batch=1, seq_len=128))
@@ -478,13 +522,20 @@ def test_published_table_rows_name_their_run_settings() -> None:
     # every family of the non-LLM zoo has published rows; a source is pinned to a commit
     assert {row["family"] for row in rows} == {"resnet50", "vit", "bert", "dlrm", "recurrent"}
     assert {row["model"] for row in rows} <= set(TORCH_ZOO)
+    pinned = r"github\.com/[^/]+/[^/]+/blob/[0-9a-f]{40}/"
     for row in rows:
-        assert re.search(r"github\.com/[^/]+/[^/]+/blob/[0-9a-f]{40}/", row["source"]), row["source"]
+        if row["source"].startswith("https://docs.nvidia.com/"):  # a page with no repository behind it to pin:
+            assert "no repository commit" in row["note"], row["source"]  # it says so, and pins its configuration
+            assert re.search(pinned, row["note"]), row["note"]
+        else:
+            assert re.search(pinned, row["source"]), row["source"]
         assert row["unit"] in ("images/s", "sequences/s", "queries/s", "tokens/s")
         assert row["conv_layout"] in ("", "nhwc", "nchw")
         assert row["attention"] in ("", "flash", "math")
         assert row["comparable"] in ("yes", "no")
-        assert row["source"].startswith("https://github.com/")
+        # Rosetta's scripts leave XLA's latency-hiding scheduler off: its gradient all-reduce is not overlapped
+        assert row["overlap_dp"] == ("no" if "NVIDIA/JAX-Toolbox" in row["source"] else ""), row["source"]
+        assert row["tp"] == "" or int(row["gpus"]) % int(row["tp"]) == 0  # gpus counts every device
         if row["comparable"] == "no":  # a row left out of the MAPE says why
             assert "NOT COMPARABLE" in row["note"]
         if row["family"] == "resnet50":  # DeepLearningExamples configs.yml: nhwc for AMP only
@@ -501,6 +552,23 @@ def _nonllm_accuracy():  # the benchmark script, loaded as a module
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.slow
+def test_a_row_without_overlap_exposes_its_gradient_all_reduce() -> None:
+    """``overlap_dp`` no: the gradient all-reduce after the backward, not under it; the step grows by about the
+    all-reduce of the fp32 gradients (the exposed part grows from what the last bucket leaves to all of it)."""
+    bench = _nonllm_accuracy()
+    row = {"model": "vit-g14-pretrain", "backend": "a100-80gb", "gpus": "8", "micro_batch": "16", "tp": "",
+           "global_batch": "128", "seq_len": "0", "dtype": "bf16", "tf32": "yes", "conv_layout": "nhwc",
+           "embedding_sharding": "none", "attention": "math", "unit": "images/s", "overlap_dp": ""}  # fmt: skip
+    overlapped, parts = bench.predict(row)
+    exposed, exposed_parts = bench.predict({**row, "overlap_dp": "no"})
+    grow = 128 / exposed - 128 / overlapped  # seconds a step
+    assert exposed_parts["comm.dp"] > 5 * parts["comm.dp"]
+    assert grow == pytest.approx(exposed_parts["comm.dp"] - parts["comm.dp"], rel=0.05)
+    # 1.84B fp32 gradients through a ring over 8 NVLink GPUs: 2 x 7/8 x 7.38 GB at the A100's ~200 GB/s bus bandwidth
+    assert 0.05 < exposed_parts["comm.dp"] < 0.08
 
 
 def test_a_tokens_per_second_row_counts_source_and_decoder_tokens() -> None:
@@ -531,8 +599,11 @@ def test_vit_and_gnmt_rows_keep_their_measured_errors() -> None:
         {
             # each GEMM's last wave paying its output store (compute.exposed_epilogue_s): ViT -0.1..-0.2 points,
             # GNMT's small recurrent GEMMs -1.6..-1.7 (they were 0.479, 1.022, 0.531, 0.559, 0.760, 0.781)
-            ("a100-80gb", "8", "bf16"): 0.478,
-            ("h100-sxm", "8", "bf16"): 1.020,
+            # Rosetta's B/16 with its gradient all-reduce exposed (XLA's latency-hiding scheduler off in the run's
+            # container, the row's overlap_dp no): 0.478 -> 0.465, 1.020 -> 1.000; flax's separate query, key and
+            # value projections (three GEMMs, not one fused): -> 0.457, 0.984
+            ("a100-80gb", "8", "bf16"): 0.457,
+            ("h100-sxm", "8", "bf16"): 0.984,
             # GNMT (not comparable): an LSTM step's gate kernel adds the input projection itself and sums its two
             # state gradients itself, as cuDNN's fused pointwise kernels do (no add, no grad_acc kernel per step):
             # +8.5..+12.0 points (they were 0.515, 0.543, 0.743, 0.767)
@@ -560,3 +631,39 @@ def test_superbench_lstm_rows_keep_their_measured_errors() -> None:
     assert {r["comparable"] for r in rows} == {"yes"}
     errors = {r["dtype"]: bench.predict(r)[0] / float(r["published_samples_per_s"]) - 1 for r in rows}
     assert errors == pytest.approx({"fp32": -0.023, "fp16": -0.155}, abs=0.002)
+
+
+@pytest.mark.slow
+def test_device_bound_vit_rows_keep_their_measured_errors() -> None:
+    """The ViT rows whose input rate per GPU is a small fraction of the B/16 rows' (Rosetta's ViT-G/14 at 35-40
+    images/s per GPU on the B/16 rows' JAX stack, NeMo's ViT-g/14 at 87 and 178), pinned as measured when added:
+    echosim is fast on every one, so the B/16 rows' miss is not shown to be their host-side input pipeline."""
+    import csv
+    from pathlib import Path
+
+    bench = _nonllm_accuracy()
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonllm_throughput.csv"
+    with open(path, encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["model"] in ("vit-g14-pretrain", "vit-g14-nemo")]
+
+    def error(row: dict[str, str]) -> float:
+        return bench.predict(row)[0] / float(row["published_samples_per_s"]) - 1
+
+    errors = {(r["model"], r["backend"], r["gpus"], r["global_batch"], r["tp"]): error(r) for r in rows}
+    assert errors == pytest.approx(
+        {
+            # 0.341, 0.507, 0.635 with the gradient all-reduce overlapped; exposed, as XLA schedules it without
+            # its latency-hiding scheduler (the row's overlap_dp no): 7.4 GB of fp32 gradients a step; then flax's
+            # separate query, key and value projections: 0.161, 0.216, 0.305, 0.353 -> as below
+            ("vit-g14-pretrain", "a100-80gb", "8", "128", ""): 0.142,
+            ("vit-g14-pretrain", "a100-80gb", "32", "512", ""): 0.198,
+            ("vit-g14-pretrain", "a100-80gb", "64", "1024", ""): 0.286,
+            ("vit-g14-pretrain", "a100-80gb", "32", "4096", ""): 0.330,  # 8 micro-batches accumulated: 1 all-reduce
+            # T5X's model axis over 'heads' and 'mlp' (standard_logical_axis_rules): Megatron TP without SP
+            ("vit-g14-pretrain", "a100-80gb", "32", "4096", "4"): 0.511,
+            ("vit-g14-pretrain", "a100-80gb", "32", "4096", "8"): 0.446,
+            ("vit-g14-nemo", "a100-80gb", "8", "4096", ""): 0.199,
+            ("vit-g14-nemo", "h100-sxm", "8", "4096", ""): 0.445,
+        },
+        abs=0.002,
+    )

@@ -19,7 +19,14 @@ model (torch.export; echosim adds the loss to the logits they return):
   3072, 12 heads, 16x16 patches of 224x224 images, class token: 86,567,656 parameters.
   ``vit-b16-pretrain`` is its pre-training form (sec. 3.1, Table 3): a hidden tanh layer of 768 before
   the classifier and dropout 0.1, as NVIDIA JAX-Toolbox's Rosetta ViT pre-trains it (configs/base.gin,
-  ``REP_SIZE=768``, ``hidden_dropout_prob`` 0.1, ``attention_probs_dropout_prob`` 0.0).
+  ``REP_SIZE=768``, ``hidden_dropout_prob`` 0.1, ``attention_probs_dropout_prob`` 0.0), with flax's
+  ``MultiHeadDotProductAttention`` (layers.py): separate query, key, value and out projections.
+  ``vit-g14-pretrain`` is Rosetta's ViT-G/14 the same way (configs/G.gin after Zhai et al. 2021, arXiv:2106.04560:
+  48 layers, hidden 1664, MLP 8192, 16 heads, 14x14 patches; G_pretrain_imagenet.gin ``REP_SIZE=768``): 1.84B.
+  ``vit-g14-nemo`` is ViT-g/14 as NeMo pre-trains it (NeMo-Framework-Launcher ``conf/training/vit/g_14.yaml``: 40
+  layers, hidden 1408, FFN 6144, 16 heads, patch 14, ``hidden_dropout`` 0.1, ``attention_dropout`` 0; NeMo's
+  ``vision/modules/vit/vit_backbone.py``: ``class_token_length`` 8 tokens before the patches, head ``VitMlpHead``
+  dense 1408 + tanh + dense 1000, Megatron's bias-dropout-add on each sub-layer's output only): 1.01B.
 * ``bert-large``: Devlin et al. 2018 (arXiv:1810.04805): 24 layers, hidden 1024, 16 heads,
   vocabulary 30,522, 512 positions; with the pre-training heads (masked LM tied to the word
   embeddings, next sentence): 336,226,108 parameters (335,141,888 without the heads, HF's
@@ -190,13 +197,15 @@ def resnet50_module(classes: int = 1000) -> nn.Module:
 
 def _encoder_layer(
     hidden: int, heads: int, ffn: int, pre_norm: bool, dropout: float = 0.0, attn_dropout: float | None = None,
-    mlp_inner_dropout: bool = False,
+    mlp_inner_dropout: bool = False, separate_qkv: bool = False,
 ) -> nn.Module:  # fmt: skip
     """One transformer encoder layer (bidirectional attention): pre-LN (ViT) or post-LN (BERT), with
     ``dropout`` on the attention and MLP outputs (``hidden_dropout_prob``) and ``attn_dropout`` (default:
     ``dropout``) on the attention probabilities (``attention_probs_dropout_prob``) when not 0;
     ``mlp_inner_dropout`` also drops the MLP's activation (Google's ViT ``MlpBlock``: dropout after the GELU
-    and after the second dense layer)."""
+    and after the second dense layer). ``separate_qkv``: three projections (``q_proj``, ``k_proj``, ``v_proj``,
+    out ``o_proj``) as flax's ``MultiHeadDotProductAttention`` builds its query, key, value and out
+    ``DenseGeneral`` (flax/linen/attention.py), not one fused GEMM."""
     p_attn = dropout if attn_dropout is None else attn_dropout
     import torch
     import torch.nn.functional as F
@@ -205,16 +214,27 @@ def _encoder_layer(
     class Layer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.qkv = nn.Linear(hidden, 3 * hidden)
-            self.proj = nn.Linear(hidden, hidden)
+            if separate_qkv:
+                self.q_proj, self.k_proj, self.v_proj = (nn.Linear(hidden, hidden) for _ in range(3))
+                self.o_proj = nn.Linear(hidden, hidden)
+            else:
+                self.qkv = nn.Linear(hidden, 3 * hidden)
+                self.proj = nn.Linear(hidden, hidden)
             self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
             self.fc1, self.fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
 
         def attn(self, x: torch.Tensor) -> torch.Tensor:
             b, s, _ = x.shape
-            q, k, v = self.qkv(x).view(b, s, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
+            if separate_qkv:
+                q, k, v = (
+                    p(x).view(b, s, -1, hidden // heads).transpose(1, 2)
+                    for p in (self.q_proj, self.k_proj, self.v_proj)
+                )
+            else:
+                q, k, v = self.qkv(x).view(b, s, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_attn if self.training else 0.0)
-            out = self.proj(out.transpose(1, 2).reshape(b, s, hidden))
+            out = out.transpose(1, 2).reshape(b, s, -1)
+            out = self.o_proj(out) if separate_qkv else self.proj(out)
             return F.dropout(out, dropout, self.training) if dropout else out
 
         def mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -236,26 +256,39 @@ def _encoder_layer(
 
 def vit_module(
     layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, patch: int = 16, image: int = 224,
-    classes: int = 1000, dropout: float = 0.0, representation: int = 0,
+    classes: int = 1000, dropout: float = 0.0, representation: int = 0, class_tokens: int = 1,
+    mlp_inner_dropout: bool = True, separate_qkv: bool = False,
 ) -> nn.Module:  # fmt: skip
     """ViT; ``dropout`` and ``representation`` give the pre-training form of Dosovitskiy et al. (arXiv:2010.11929,
     sec. 3.1 and Table 3: a head with one hidden tanh layer, dropout 0.1 for ImageNet): dropout after the
-    position embeddings, on each layer's attention output and after both MLP layers, none on the attention
-    probabilities (google-research/vision_transformer ``attention_dropout_rate`` 0.0)."""
+    position embeddings, on each layer's attention output and after both MLP layers (Google's ``MlpBlock``;
+    ``mlp_inner_dropout=False``: after the second only, as Megatron's bias-dropout-add), none on the attention
+    probabilities (google-research/vision_transformer ``attention_dropout_rate`` 0.0). ``class_tokens``: the
+    learned tokens before the patches (NeMo's Megatron ViT prepends 8, ``class_token_length``); the head reads
+    the first. ``separate_qkv``: flax's query, key and value projections (see :func:`_encoder_layer`)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    tokens = (image // patch) ** 2 + 1
+    tokens = (image // patch) ** 2 + class_tokens
 
     class ViT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.patch = nn.Conv2d(3, hidden, patch, patch)
-            self.cls = nn.Parameter(torch.zeros(1, 1, hidden))
+            self.cls = nn.Parameter(torch.zeros(1, class_tokens, hidden))
             self.pos = nn.Parameter(torch.zeros(1, tokens, hidden))
             self.layers = nn.ModuleList(
-                _encoder_layer(hidden, heads, ffn, True, dropout, attn_dropout=0.0, mlp_inner_dropout=True)
+                _encoder_layer(
+                    hidden,
+                    heads,
+                    ffn,
+                    True,
+                    dropout,
+                    0.0,
+                    mlp_inner_dropout=mlp_inner_dropout,
+                    separate_qkv=separate_qkv,
+                )
                 for _ in range(layers)
             )
             self.norm = nn.LayerNorm(hidden)
@@ -515,6 +548,8 @@ class TorchZooModel:
 
 
 _IMAGE = (("batch", 3, 224, 224), "float32")
+_MEGATRON = {"mlp_inner_dropout": False}  # Megatron's MLP: dropout in bias-dropout-add after fc2 only
+_FLAX = {"separate_qkv": True}  # flax's MultiHeadDotProductAttention: query, key, value and out DenseGeneral
 _TOKENS = (("batch", "seq"), "int64")
 
 TORCH_ZOO: dict[str, TorchZooModel] = {
@@ -539,9 +574,23 @@ TORCH_ZOO: dict[str, TorchZooModel] = {
         TorchZooModel("vit-b16", vit_module, (_IMAGE,), "ViT-B/16, 224x224, 86.6M params", "images"),
         TorchZooModel(
             "vit-b16-pretrain",
-            partial(vit_module, dropout=0.1, representation=768),
+            partial(vit_module, dropout=0.1, representation=768, **_FLAX),
             (_IMAGE,),
             "ViT-B/16 as pre-trained: tanh pre-logits layer of 768, dropout 0.1, 87.2M params",
+            "images",
+        ),
+        TorchZooModel(
+            "vit-g14-pretrain",
+            partial(vit_module, 48, 1664, 16, 8192, 14, dropout=0.1, representation=768, **_FLAX),
+            (_IMAGE,),
+            "ViT-G/14 as Rosetta pre-trains it: 48 layers of 1664, MLP 8192, tanh pre-logits of 768, 1.84B params",
+            "images",
+        ),
+        TorchZooModel(
+            "vit-g14-nemo",
+            partial(vit_module, 40, 1408, 16, 6144, 14, dropout=0.1, representation=1408, class_tokens=8, **_MEGATRON),
+            (_IMAGE,),
+            "ViT-g/14 as NeMo pre-trains it: 40 layers of 1408, MLP 6144, 8 class tokens, tanh MLP head, 1.01B params",
             "images",
         ),
         TorchZooModel(
