@@ -9,9 +9,9 @@ import pytest
 from echosim.compiler import lower
 from echosim.frameworks import FRAMEWORKS, get_framework
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import ElementwiseAttrs, NormAttrs, OpKind, OptimizerAttrs, Phase
-from echosim.ir.types import DType
-from echosim.passes.autocast import CAST
+from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, NormAttrs, OpKind, OptimizerAttrs, Phase
+from echosim.ir.types import DType, TensorSpec
+from echosim.passes.autocast import CAST, Autocast
 from echosim.passes.data_parallel import ADAM_FP32_BYTES_PER_PARAM
 from echosim.passes.flops import io_bytes
 from echosim.plan import Cluster, Plan
@@ -132,3 +132,15 @@ def test_autocast_applies_to_16_bit_autocast_dtypes_only(dtype: str) -> None:
 
     assert _autocast(Plan(dtype=dtype, framework="eager-amp")) is None
     assert _autocast(Plan(dtype="bf16", framework="eager-amp")) is not None
+
+
+def test_a_collective_of_an_fp32_value_moves_fp32_bytes() -> None:
+    """A value autocast leaves in fp32 (the residual stream) is gathered in fp32: the collective's bytes follow."""
+    g = Graph("sp")
+    x = g.add(OpKind.INPUT, (), TensorSpec((4, 8), DType.BF16))
+    spec = TensorSpec((8, 8), DType.BF16)
+    gather = g.add(OpKind.ALL_GATHER, [x], spec, CollectiveAttrs(Axis.TP, 2, spec.nbytes))
+    g.outputs = [gather]
+    out = Autocast().run(g)[gather]
+    assert out.out.dtype is DType.FP32
+    assert isinstance(out.attrs, CollectiveAttrs) and out.attrs.bytes == 8 * 8 * 4

@@ -30,11 +30,11 @@ the input's dtype. The optimizer updates the fp32 parameters in place (no master
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import ElementwiseAttrs, NormAttrs, OpKind, Phase
+from echosim.ir.ops import CollectiveAttrs, ElementwiseAttrs, NormAttrs, OpKind, Phase
 from echosim.ir.types import DType, TensorSpec
 
 #: The elementwise fn of an autocast cast (aten ``_to_copy``), forward and (``_grad``) backward.
@@ -78,7 +78,10 @@ class Autocast:
                 floats = [g[i].out.dtype for i in n.inputs if g[i].out.dtype in _FLOAT]
                 if n.out.dtype in _FLOAT and floats:
                     widest = DType.FP32 if DType.FP32 in floats else floats[0]
-                    g.replace(n.id, out=TensorSpec(n.out.shape, widest))
+                    attrs = n.attrs
+                    if isinstance(attrs, CollectiveAttrs):  # a collective moves its value's bytes (tp/sp gathers)
+                        attrs = replace(attrs, bytes=attrs.bytes * widest.itemsize // n.out.dtype.itemsize)
+                    g.replace(n.id, out=TensorSpec(n.out.shape, widest), attrs=attrs)
                 continue
             inputs = list(n.inputs)
             for k, i in enumerate(n.inputs):
