@@ -84,7 +84,8 @@ def echosim_family(name: str, args: dict[str, Any]) -> str:
         return "optimizer"
     rules = (
         ("cast", (".to_bf16", ".to_fp32", "grad_cast")), ("norm.pgrad", ("pgrad",)), ("bias.grad", ("bgrad",)),
-        ("cat", ("grad_cat",)), ("dropout", ("dropout",)), ("gelu", ("gelu",)), ("add", ("add", "grad_acc")),
+        ("add", ("grad_acc",)), ("cat", ("grad_cat",)), ("dropout", ("dropout",)), ("gelu", ("gelu",)),
+        ("add", ("add",)),
     )  # fmt: skip
     for fam, keys in rules:
         if any(s in name for s in keys):
