@@ -65,6 +65,9 @@ def predict(row: dict[str, str]) -> tuple[float, dict[str, float]]:
         embedding_sharding=row["embedding_sharding"],
         attention=row["attention"] or "flash",
         overlap_dp=row["overlap_dp"] != "no",  # "no": the run's framework leaves the gradient reduction exposed
+        # the training loop's framework: "eager-amp" where the run's forward ran under torch.autocast with fp32
+        # parameters (the row's note cites the script); a row without the column is plain eager PyTorch
+        framework=row.get("framework") or "eager",
     )
     report = lower(row["model"], plan, Cluster(backend=backend, devices=gpus), REGISTRY).report
     return report.samples_per_s * units_per_sample(row), report.breakdown

@@ -117,6 +117,10 @@ class Framework:
     # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
     # world size on the way, and the reduced bucket is copied back into .grad ('' = no such copies).
     ddp_bucket_copies: str = ""
+    # The forward runs under torch.autocast over fp32 parameters: autocast's op lists pick each op's dtype and
+    # cast its inputs (echosim.passes.autocast); the optimizer steps the fp32 parameters (no master copy)
+    # ('' = the model runs in the plan's dtype throughout, as frameworks that keep 16-bit parameters do).
+    autocast: str = ""
 
     # ZeRO-3 as DeepSpeed ran it before its v0.5.6 parameter all-gather rework ('' = per layer, prefetched
     # beside compute, as FSDP does): one all_gather and one reduce_scatter per parameter tensor, each behind a
@@ -312,6 +316,17 @@ FRAMEWORKS: dict[str, Framework] = {
             "plain PyTorch autograd: every op saves what its derivative formula reads",
             "torch 2.x",
             ddp_bucket_copies=_DDP_COPIES,
+        ),
+        Framework(
+            "eager-amp",
+            "plain PyTorch autograd under torch.autocast (bf16/fp16) with fp32 parameters",
+            "torch 2.x",
+            ddp_bucket_copies=_DDP_COPIES,
+            fp32_weights="torch.amp: the model's parameters stay fp32 and autocast casts them per op "
+            "(https://pytorch.org/docs/stable/amp.html; the 'typical mixed precision training' example)",
+            autocast="torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the forward and loss, fp32 "
+            "parameters (https://pytorch.org/docs/stable/amp.html, Autocast Op Reference; "
+            "aten/src/ATen/autocast_mode.cpp)",
         ),
         Framework(
             "megatron-2022",

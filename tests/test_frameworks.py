@@ -18,6 +18,7 @@ PLAN_FIELDS = {f.name for f in fields(Plan)}
 def test_every_default_is_a_plan_field_with_a_source() -> None:
     assert set(FRAMEWORKS) == {
         "eager",
+        "eager-amp",
         "megatron-2022",
         "megatron",
         "megatron-ce-native",
@@ -118,7 +119,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     assert (
         len(lines) == 1
         and "known: composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, "
-        "maxtext, "
+        "eager-amp, maxtext, "
         "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
         "megatron, megatron-2022, megatron-bridge, megatron-ce-native, megatron-ce-te, nemo, nemo-ce-native, torchtitan"
         in lines[0]

@@ -41,8 +41,9 @@ _NO_GRAD = frozenset({DType.INT64, DType.INT32, DType.BOOL})  # indices and mask
 
 
 class _Ctx:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, cast_grads: bool = False) -> None:
         self.g = graph
+        self.cast_grads = cast_grads  # views keep the gradient's dtype; a cast follows where it differs
         self.regathered: dict[int, int] = {}  # forward SP all_gather -> its backward re-gather
         # a recurrent weight -> (time step's GEMM, its input, its output's gradient), latest step first
         self.step_wgrads: dict[int, list[tuple[Node, int, int]]] = {}
@@ -73,13 +74,18 @@ class _Ctx:
     def spec(self, nid: int) -> TensorSpec:
         return self.g[nid].out
 
+    def view_of(self, src: int, dy: int) -> TensorSpec:
+        """The spec of a view of gradient ``dy`` shaped as ``src``: a view keeps ``dy``'s dtype (mixed graphs)."""
+        out = self.spec(src)
+        return TensorSpec(out.shape, self.spec(dy).dtype) if self.cast_grads else out
+
     def like(self, fwd: Node, src: int, dy: int, fn: str, extra: list[int]) -> int:
         """Gradient for input ``src`` of an elementwise op; a reduction if it was broadcast."""
         out = self.spec(src)
         if out.numel < fwd.out.numel:
             return self.emit(fwd, OpKind.REDUCTION, [dy, *extra], out, ElementwiseAttrs(f"{fn}_grad"))
         if fn in ("add", "sub") and not extra:
-            return dy if out.numel == self.spec(dy).numel else self.emit(fwd, OpKind.VIEW, [dy], out)
+            return dy if out.numel == self.spec(dy).numel else self.emit(fwd, OpKind.VIEW, [dy], self.view_of(src, dy))
         return self.emit(fwd, OpKind.ELEMENTWISE, [dy, *extra], out, ElementwiseAttrs(f"{fn}_grad"))
 
 
@@ -247,6 +253,8 @@ _ELEMENTWISE_RULES = {
     "moe_quant_pad": _permutation,
     "moe_quant_unpad": _permutation,
     "moe_unpermute": _permutation,
+    # autocast's cast (aten _to_copy): its gradient is dy cast back to the input's dtype, nothing saved
+    "autocast_cast": _permutation,
 }
 
 
@@ -265,7 +273,7 @@ def _elementwise(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
             others = [j for j in n.inputs if j != i][:1]
             out.append((i, c.like(n, i, dy, fn, others)))
         elif fn == "cat":
-            out.append((i, c.emit(n, OpKind.VIEW, [dy], c.spec(i))))
+            out.append((i, c.emit(n, OpKind.VIEW, [dy], c.view_of(i, dy))))
         elif fn == "dropout":
             out.append((i, c.like(n, i, dy, fn, [n.id])))  # reads the saved mask
         elif fn == "neg":
@@ -314,7 +322,7 @@ def _view(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         return []
     if c.spec(x).numel > n.out.numel:  # a slice (split, narrow): its gradient is a slice too
         return [(x, dy)]
-    return [(x, c.emit(n, OpKind.VIEW, [dy], c.spec(x)))]
+    return [(x, c.emit(n, OpKind.VIEW, [dy], c.view_of(x, dy)))]
 
 
 def _reduction(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
@@ -378,6 +386,9 @@ RULES: dict[OpKind, Rule] = {
 class Autodiff:
     """Append the backward graph of the (single) loss output."""
 
+    # cast a gradient to its input's dtype where they differ, as the autograd engine does (validate_outputs,
+    # torch/csrc/autograd/engine.cpp: ``grad = grad.to(metadata.dtype)``): graphs of mixed dtypes (autocast)
+    cast_grads: bool = False
     name: ClassVar[str] = "autodiff"
 
     def run(self, graph: Graph) -> Graph:
@@ -391,7 +402,7 @@ class Autodiff:
                 continue
             if n.op is OpKind.PARAMETER or (n.op is not OpKind.INPUT and any(i in needs for i in n.inputs)):
                 needs.add(n.id)
-        ctx = _Ctx(g)
+        ctx = _Ctx(g, self.cast_grads)
         loss = g.outputs[0]
         seed = g.add(OpKind.INPUT, (), TensorSpec((1,), DType.FP32), phase=Phase.BACKWARD, name="loss.grad")
         contribs: dict[int, list[int]] = {loss: [seed]}
@@ -412,6 +423,9 @@ class Autodiff:
             if rule is None:
                 raise ValueError(f"no backward rule for {n.op.value} ({n.name} at {n.scope})")
             for src, grad in rule(ctx, n, dy, needs):
+                if self.cast_grads and g[grad].out.dtype != g[src].out.dtype:
+                    spec = TensorSpec(g[grad].out.shape, g[src].out.dtype)
+                    grad = ctx.emit(n, OpKind.ELEMENTWISE, [grad], spec, ElementwiseAttrs("grad_cast", 0), "grad_cast")
                 contribs.setdefault(src, []).append(grad)
         _fill_collective_sizes(g)
         return g

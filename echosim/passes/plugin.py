@@ -81,6 +81,24 @@ def _embedding_sharding(plan: Any) -> object | None:
     return EmbeddingSharding(plan.embedding_sharding, plan.dp)
 
 
+def _autocast(plan: Any) -> object | None:
+    from echosim.frameworks import get_framework
+    from echosim.ir.types import DType
+    from echosim.passes.autocast import Autocast
+
+    if not get_framework(plan.framework).autocast or plan.dtype not in ("bf16", "fp16"):
+        return None
+    return Autocast(DType.parse(plan.dtype))
+
+
+def _autodiff(plan: Any) -> object:
+    from echosim.frameworks import get_framework
+    from echosim.passes.autodiff import Autodiff
+
+    # autocast's graphs mix dtypes: the autograd engine casts each gradient to its input's dtype
+    return Autodiff(cast_grads=bool(get_framework(plan.framework).autocast))
+
+
 def _recompute(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.passes.recompute import Recompute
@@ -141,8 +159,11 @@ def _optimizer(plan: Any) -> object:
     # a routed expert's replicas are its expert-data-parallel ranks, tp*cp*dp/(etp*ep) (Megatron-Core's distributed
     # optimizer keeps expert parameters in their own buffers over that group; the memory model shards them so too)
     experts = plan.expert_dp if plan.zero >= 1 else 1
-    per_param = get_framework(plan.framework).optimizer_bytes
-    return Optimizer(shard=shard, mixed_precision=plan.dtype != "fp32", expert_shard=experts, bytes_per_param=per_param)
+    framework = get_framework(plan.framework)
+    # under autocast the optimizer steps the fp32 parameters themselves: no master copy, no 16-bit copy to write
+    mixed = plan.dtype != "fp32" and not framework.autocast
+    per_param = framework.optimizer_bytes
+    return Optimizer(shard=shard, mixed_precision=mixed, expert_shard=experts, bytes_per_param=per_param)
 
 
 def _gradient_groups(plan: Any) -> object:
@@ -154,6 +175,7 @@ def _gradient_groups(plan: Any) -> object:
 
 def _classes() -> dict[str, type]:
     from echosim.passes.attention import AttentionKernel
+    from echosim.passes.autocast import Autocast
     from echosim.passes.autodiff import Autodiff
     from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
     from echosim.passes.data_parallel import DataParallel, Optimizer
@@ -165,7 +187,7 @@ def _classes() -> dict[str, type]:
     from echosim.passes.tensor_parallel import TensorParallel
 
     classes: list[type] = [
-        AttentionKernel, ContextParallel, TensorParallel, ExpertParallel, EmbeddingSharding, Autodiff,
+        AttentionKernel, ContextParallel, TensorParallel, ExpertParallel, EmbeddingSharding, Autocast, Autodiff,
         ContextParallelBackward,
         Recompute, Fp8Linears, DataParallel, Optimizer, GradientGroups,
     ]  # fmt: skip
@@ -179,7 +201,8 @@ BUILTIN_PASSES: tuple[tuple[str, Any, str], ...] = (
     ("tensor-parallel", _tensor, "graph"),
     ("expert-parallel", _expert, "graph"),
     ("embedding-sharding", _embedding_sharding, "graph"),
-    ("autodiff", None, "graph"),
+    ("autocast", _autocast, "graph"),
+    ("autodiff", _autodiff, "graph"),
     ("context-parallel-backward", _context_backward, "graph"),
     ("recompute", _recompute, "graph"),
     ("fp8-linears", _fp8, "graph"),
