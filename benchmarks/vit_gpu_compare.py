@@ -50,6 +50,16 @@ class _Nchw:
 REGISTRY = load_registry(extra_plugins=[_Nchw()])
 
 
+def vit_b16_pretrain_fused() -> Any:
+    """The module vit_gpu_check.py timed: ViT-B/16's pre-training form with one fused q/k/v linear (the zoo's
+    ``vit-b16-pretrain`` now builds flax's separate projections, as the Rosetta rows ran)."""
+    import torch
+
+    from echosim.frontend.zoo_torch import vit_module
+
+    return vit_module(dropout=0.1, representation=768), [(("batch", 3, 224, 224), torch.float32)]
+
+
 def vit_l16() -> Any:
     """ViT-L/16 as ``vit_gpu_check.py`` builds it (a ``path.py:factory`` source for echosim)."""
     import torch
@@ -97,7 +107,10 @@ def echosim_family(name: str, args: dict[str, Any]) -> str:
 
 def predict(row: dict[str, Any], framework: str) -> tuple[float, dict[str, float]]:
     """echosim's step (ms) and its milliseconds per family for the row's shape under ``framework``."""
-    model = {"vit-l16": f"{Path(__file__).resolve()}:vit_l16"}.get(row["model"], row["model"])
+    here = Path(__file__).resolve()
+    model = {"vit-l16": f"{here}:vit_l16", "vit-b16-pretrain": f"{here}:vit_b16_pretrain_fused"}.get(
+        row["model"], row["model"]
+    )
     b = row["batch"]
     plan = Plan(micro_batch=b, global_batch=b, dtype="bf16", framework=framework, attention="flash")
     compiled = lower(model, plan, Cluster(backend="h200-nchw", devices=1), REGISTRY)

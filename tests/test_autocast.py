@@ -73,13 +73,15 @@ def test_each_parameter_is_cast_once_per_forward_and_each_activation_per_consume
     assert set(sources) == {i for i in linear_params if g[i].op is OpKind.PARAMETER} | set(sources)
     assert all(g[i].op is not OpKind.PARAMETER for n in g if n.op is OpKind.MATMUL for i in n.inputs)
     norms = {n.id for n in _layer0(g) if isinstance(n.attrs, NormAttrs)}
-    assert sum(1 for n in forward if n.inputs[0] in norms) == 2  # each LN output cast once, for its linear
+    # each LN output cast once per linear it feeds (a non-leaf tensor is not cached): flax's separate q, k, v
+    # projections after the first (zoo vit-b16-pretrain), the MLP's first linear after the second
+    assert sum(1 for n in forward if n.inputs[0] in norms) == 4
 
 
 def test_a_cast_moves_four_bytes_in_and_two_out_per_element() -> None:
     """fp32 -> bf16: the copy kernel reads the fp32 value and writes its bf16 copy (closed form)."""
     g = _vit("eager-amp")
-    (cast,) = [n for n in _casts(g) if n.name == "norm1.to_bf16"]
+    cast = next(n for n in _casts(g) if n.name == "norm1.to_bf16")  # one per projection it feeds
     elements = BATCH * TOKENS * HIDDEN
     assert cast.out.numel == elements and cast.out.dtype is DType.BF16
     assert io_bytes(g, cast) == elements * (4 + 2)
@@ -92,7 +94,7 @@ def test_backward_casts_gradients_back_to_their_inputs_dtypes() -> None:
     back = _layer0(g, Phase.BACKWARD)
     # each linear's weight gradient (bf16 GEMM) is cast to fp32 for the parameter's .grad
     wgrads = [n for n in back if n.name.endswith(".weight.to_bf16.grad")]
-    assert len(wgrads) == 4 and all(n.out.dtype is DType.FP32 for n in wgrads)
+    assert len(wgrads) == 6 and all(n.out.dtype is DType.FP32 for n in wgrads)  # q, k, v, o, fc1, fc2
     assert all(g[grad].out.dtype is DType.FP32 for grad in g.grads.values())
     # the residual's fp32 gradient is cast to bf16 before each branch's dropout backward (autograd engine)
     grad_casts = [n for n in back if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "grad_cast"]
