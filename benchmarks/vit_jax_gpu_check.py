@@ -6,15 +6,17 @@ near-constant ~0.18 s a step on both devices, which reads like a host cost (DALI
 This script times what the GPU alone does for that step, with no input pipeline: the model of Rosetta's
 configs/base.gin (hidden 768, 12 layers, 12 heads, MLP 3072, tanh pre-logits 768, dropout 0.1 after the position
 embeddings, the attention output and both MLP layers, none on the attention probabilities; query, key and value in
-three projections and scores materialised, as flax's MultiHeadDotProductAttention), bf16 compute with fp32
+three projections and scores materialised, as flax's MultiHeadDotProductAttention; patches embedded by a 16x16
+stride-16 convolution and flax's tanh-approximate GELU, as Rosetta's layers.py), bf16 compute with fp32
 parameters (flax ``dtype=bfloat16``), softmax cross-entropy on 1,000 classes, backward, and AdamW in fp32 after
 global-norm clipping; random images already on the device; jit-compiled with donated state, timed after warm-up.
 Dropout masks come from ``jax.random`` with the default threefry PRNG (Rosetta's pretrain.gin sets
 ``USE_HARDWARE_RNG = False``, i.e. software RNG); variants time it without dropout, with ``unsafe_rbg`` keys (what
-T5X selects for hardware RNG), at batch 256, with ``jax.nn.dot_product_attention`` (cuDNN fused attention) and
-with XLA's latency-hiding scheduler on (no collectives on one GPU: it should not matter). Plain JAX only (no
-flax/optax), so the script needs nothing but jax. Not a test: it needs a GPU. It writes the JSON after each variant,
-so a run cut short keeps what it measured, and starts no new variant after ``BUDGET_S`` seconds.
+t5x's utils.set_hardware_rng_ops selects for hardware RNG), at batch 256, with ``jax.nn.dot_product_attention``
+(cuDNN fused attention) and with XLA's latency-hiding scheduler on (no collectives on one GPU: it should not
+matter). Plain JAX only (no flax/optax), so the script needs nothing but jax. Not a test: it needs a GPU. It writes
+the JSON after each variant, so a run cut short keeps what it measured, and starts no new variant after ``BUDGET_S``
+seconds.
 
     python3 benchmarks/vit_jax_gpu_check.py [out.json] [--tiny]
 
@@ -84,7 +86,8 @@ def main() -> int:
 
         layers = [{"ln1": ln(), "q": dense(d, d), "k": dense(d, d), "v": dense(d, d), "o": dense(d, d),
                    "ln2": ln(), "fc1": dense(d, f), "fc2": dense(f, d)} for _ in range(cfg["layers"])]  # fmt: skip
-        return {"embed": dense(p * p * 3, d), "cls": jnp.zeros((1, 1, d), f32),
+        embed = {"w": jax.random.normal(next(ks), (p, p, 3, d), f32) / math.sqrt(p * p * 3), "b": jnp.zeros(d, f32)}
+        return {"embed": embed, "cls": jnp.zeros((1, 1, d), f32),
                 "pos": 0.02 * jax.random.normal(next(ks), (1, tokens, d), f32), "layers": layers,
                 "ln_f": ln(), "pre": dense(d, cfg["rep"]), "head": dense(cfg["rep"], cfg["classes"])}  # fmt: skip
 
@@ -110,9 +113,10 @@ def main() -> int:
             keep = jax.random.bernoulli(next(keys), 1.0 - rate, x.shape)
             return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
-        g = cfg["image"] // p  # 16x16 stride-16 convolution = patchify + dense
-        x = images.astype(bf16).reshape(b, g, p, g, p, 3).transpose(0, 1, 3, 2, 4, 5).reshape(b, g * g, p * p * 3)
-        x = linear(x, params["embed"])
+        # flax Conv(kernel 16x16, stride 16, VALID, dtype=bf16) on NHWC images, as Rosetta's layers.py embeds patches
+        x = jax.lax.conv_general_dilated(images.astype(bf16), params["embed"]["w"].astype(bf16), (p, p), "VALID",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        x = (x + params["embed"]["b"].astype(bf16)).reshape(b, -1, d)
         x = jnp.concatenate([jnp.broadcast_to(params["cls"].astype(bf16), (b, 1, d)), x], axis=1)
         x = dropout(x + params["pos"].astype(bf16))
         for lp in params["layers"]:
@@ -127,7 +131,7 @@ def main() -> int:
                 a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
             x = x + dropout(linear(a.reshape(b, tokens, d), lp["o"]))
             y = layer_norm(x, lp["ln2"])
-            y = dropout(jax.nn.gelu(linear(y, lp["fc1"]), approximate=False))
+            y = dropout(jax.nn.gelu(linear(y, lp["fc1"]), approximate=True))  # t5x 'gelu' -> flax nn.gelu (tanh)
             x = x + dropout(linear(y, lp["fc2"]))
         x = layer_norm(x, params["ln_f"])[:, 0]
         x = jnp.tanh(linear(x, params["pre"]))
