@@ -37,7 +37,7 @@ def family(name: str) -> str:
     n = name.lower()
     if any(k in n for k in ("sdpa", "flash", "fmha", "attention", "dot_do_o", "convert_dq")):
         return "attention"
-    if any(k in n for k in ("conv", "implicit", "winograd", "nchwtonhwc")):
+    if "cudnn" in n or any(k in n for k in ("conv", "implicit", "winograd", "nchwtonhwc")):  # SDPA matched above
         return "conv"
     if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "sm80_xmma", "ampere_", "nvjet", "wgmma")):
         return "gemm"
