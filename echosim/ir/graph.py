@@ -130,6 +130,18 @@ class Graph:
         self._params = None
         self._changed()
 
+    def move_before(self, before: dict[int, list[int]]) -> None:
+        """Put each node listed in ``before[nid]`` right ahead of ``nid``, in list order: a pass that appends
+        nodes feeding an existing one (a cast before its consumer) keeps the order topological and readable."""
+        placed = {c for cs in before.values() for c in cs}
+        order: list[int] = []
+        for nid in self._nodes:
+            if nid in placed:
+                continue
+            order += before.get(nid, [])
+            order.append(nid)
+        self.nodes = {nid: self._nodes[nid] for nid in order}
+
     def _changed(self) -> None:
         """The structure changed: the derived views are rebuilt on next use."""
         self._dag = None

@@ -101,14 +101,7 @@ class Autocast:
                 inputs[k] = cast
             out = TensorSpec(n.out.shape, target) if n.out.dtype in _FLOAT else n.out
             g.replace(n.id, inputs=tuple(inputs), out=out)
-        placed = {c for cs in before.values() for c in cs}
-        order: list[int] = []
-        for nid in g.nodes:
-            if nid in placed:
-                continue
-            order += before.get(nid, [])
-            order.append(nid)
-        g.nodes = {nid: g.nodes[nid] for nid in order}
+        g.move_before(before)
         return g
 
     def _target(self, g: Graph, n: Node) -> DType | None:

@@ -100,14 +100,7 @@ class Fp8Linears:
                     before.setdefault(n.id, []).append(casts[i])
                 new_inputs[n.inputs.index(i)] = casts[i]
             g.replace(n.id, inputs=tuple(new_inputs), attrs=replace(n.attrs, precision=self.fmt))
-        placed = {c for cs in before.values() for c in cs}
-        order: list[int] = []
-        for nid in g.nodes:
-            if nid in placed:
-                continue
-            order += before.get(nid, [])
-            order.append(nid)
-        g.nodes = {nid: g.nodes[nid] for nid in order}
+        g.move_before(before)
         return g
 
     def _cast(self, g: Graph, value: int, phase: Phase, scope: str) -> int:
