@@ -177,24 +177,23 @@ def _experts(c: Case) -> dict[str, int]:
         "shared_experts": c.int("shared_experts", 0) or 0,
         **({"moe_layer_step": step} if step > 1 else {}),
         **({"mtp_layers": mtp} if (mtp := mtp_layers(c)) else {}),
-        **({"expert_clamp": clamp} if (clamp := EXPERT_CLAMP.get(model, 0.0)) else {}),
-        **({"expert_bias": True} if model in EXPERT_BIAS else {}),
+        **_zoo_expert_mlp(model),
     }
 
 
-#: The experts' SwiGLU clamp of the models that have one, by (layers, hidden, experts, top_k):
-#: :attr:`echosim.frontend.zoo.ArchConfig.expert_clamp`. gpt-oss-120b: ``swiglu_limit`` 7.0 (HF
-#: openai/gpt-oss-120b config.json), which Megatron-Bridge's gpt-oss bridge passes on as
-#: ``activation_func_clamp_value`` (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py, v0.2.0 - v0.4.1).
-EXPERT_CLAMP: dict[tuple[int, int, int, int], float] = {
-    (36, 2880, 128, 4): 7.0,  # gpt-oss-120b (echosim.frontend.zoo.GPT_OSS_SWIGLU_LIMIT)
-}
+def _zoo_expert_mlp(model: tuple[int, int, int, int]) -> dict[str, Any]:
+    """The experts' SwiGLU clamp and biases of the zoo model with this (layers, hidden, experts, top_k), where it
+    has them (gpt-oss-120b: :attr:`echosim.frontend.zoo.ArchConfig.expert_clamp` and ``expert_bias``, with
+    their sources there): a row of that model runs the same expert MLP."""
+    from echosim.frontend.zoo import ZOO
 
-#: Models whose experts carry biases, by (layers, hidden, experts, top_k):
-#: :attr:`echosim.frontend.zoo.ArchConfig.expert_bias`.
-#: gpt-oss-120b: ``mlp.experts.gate_up_proj_bias`` / ``down_proj_bias`` (HF openai/gpt-oss-120b); Megatron-Bridge's
-#: gpt-oss bridge sets ``add_bias_linear = True`` and maps both (gpt_oss_bridge.py, v0.2.0 - v0.4.1).
-EXPERT_BIAS: frozenset[tuple[int, int, int, int]] = frozenset({(36, 2880, 128, 4)})
+    for cfg in ZOO.values():
+        if (cfg.layers, cfg.hidden, cfg.experts, cfg.top_k) == model:
+            return {
+                **({"expert_clamp": cfg.expert_clamp} if cfg.expert_clamp else {}),
+                **({"expert_bias": True} if cfg.expert_bias else {}),
+            }
+    return {}
 
 
 #: Multi-token-prediction depth of the models trained with it, by (layers, hidden, experts, top_k):
