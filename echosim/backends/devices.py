@@ -568,6 +568,8 @@ B300 = DeviceSpec(
     nvlink_GBps=900.0,  # Source: HGX B300, NVLink5 1.8 TB/s per GPU (900 per direction)
     nvlink_links=18,  # Source: NVLink5, 18 links (as B200)
     nccl_nvlink_GBps=40.1,  # Source: NCCL topo.h SM100_NVLINK_BW
+    # Two Megatron-Bridge rows measure far less than 2x B200 across nodes (26.02 gpt-oss ep 64: 9.80 vs 10.18 s);
+    # no source says why, so the hardware rate stands (benchmarks/b300_scaleout.md).
     nic_GBps=100.0,  # Source: HGX B300, one ConnectX-8 SuperNIC of 800 Gb/s per GPU
     devices_per_node=8,  # Source: HGX B300 (8 GPUs per baseboard)
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
