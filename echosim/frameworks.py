@@ -449,6 +449,12 @@ FRAMEWORKS: dict[str, Framework] = {
             ce_source="the loss is F.cross_entropy(pred.float(), ...): log_softmax keeps its fp32 output, the "
             "16-bit logits are deleted before backward (torchtitan/components/loss.py, train.py, commit "
             "b5bcd76); backward holds the fp32 gradient coming in and the fp32 one going out",
+            loss_kernel="eager",
+            loss_source="F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)) runs eager (torchtitan "
+            "train.py loss_fn at 9dec370, components/loss.py cross_entropy_loss at b5bcd76; --training.compile "
+            "compiles the loss only from bbb1b61): the upcast, log_softmax and nll_loss kernels of "
+            "echosim.ir.ops.LOSS_KERNEL_BYTES['eager']; with tp > 1, loss_parallel()'s DTensor decomposition "
+            "('eager-loss-parallel', torch/distributed/tensor/parallel/loss.py)",
             ce_working_tp=12.0,
             ce_tp_source="with tp > 1 the loss runs under torch.distributed.tensor.parallel.loss_parallel() "
             "(loss_parallel_enabled = tp > 1 and not training.disable_loss_parallel, torchtitan "
