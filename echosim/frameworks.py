@@ -634,6 +634,18 @@ FRAMEWORKS["torchtitan-2025-compile"] = replace(
     "_functional_collectives.py); Inductor's reorder_for_compute_comm_overlap (torch/_inductor/config.py) "
     "defaults to False, so nothing moves the waits",
 )
+# From commit bbb1b61 (2025-04-02) --training.compile compiles the loss too (build_cross_entropy_loss:
+# torch.compile(cross_entropy_loss), torchtitan/components/loss.py, e.g. at e7c0cae); before it the line is
+# commented out (train.py at 9dec370), so the 2024-12 rows keep the eager kernels. Timing only: the memory
+# rules stay the compile entry's.
+FRAMEWORKS["torchtitan-2025-compile-loss"] = replace(
+    FRAMEWORKS["torchtitan-2025-compile"],
+    name="torchtitan-2025-compile-loss",
+    title="torchtitan 2025 releases with torch.compile of each transformer block and of the loss (bbb1b61 on)",
+    row_names=(),
+    loss_kernel="",
+    loss_source="",
+)
 # ZeRO-3 in 2021 was DeepSpeed's: Megatron-LM of 2021 has no stage 3 (its distributed optimizer, 2022, shards
 # optimizer state only), and Narayanan et al. 2021 (arXiv:2104.04473, sec. 5.2) ran their ZeRO-3 comparison
 # through the DeepSpeed library on the Megatron model code, so the Megatron-LM (2021) kernels stay.

@@ -102,6 +102,7 @@ def test_the_pass_marks_the_loss_and_can_undo_it() -> None:
         ("torchtitan", "eager"),  # F.cross_entropy(pred.float()) outside the compiled blocks
         ("torchtitan-2025", "eager"),
         ("torchtitan-2025-compile", "eager"),  # --training.compile compiles the loss only from bbb1b61
+        ("torchtitan-2025-compile-loss", ""),  # from bbb1b61 on (the e7c0cae rows): compiled with the blocks
         ("torchtitan-compile", ""),  # Inductor fuses it
         ("maxtext", ""),
     ],
@@ -158,6 +159,8 @@ def test_rows_take_the_loss_path_their_release_ran() -> None:
         "nemo_2407": "nemo",
         "nemo_2504_gb200": "nemo-ce-native",
         "megatron_bridge_25.11": "megatron-bridge",
+        "torchtitan_2412": "torchtitan-2025",  # 9dec370: the loss's torch.compile is commented out
+        "torchtitan_h200_trainy": "torchtitan-2025-compile-loss",  # e7c0cae, after bbb1b61
     }
     assert {s: row_framework(first[s]) for s in want} == want
     # NeMo-Framework-Launcher 24.07 sets cross_entropy_loss_fusion: true in its Llama 3 and small Nemotron configs only
