@@ -108,6 +108,10 @@ class Framework:
     # the packed layout and the output scattered back, by copy kernels each way ('' = the kernel takes the
     # padded tensors; echosim.ir.ops.VARLEN_PAD_COPIES), and where that is documented.
     attention_unpad: str = ""
+    # The model expands K and V to the query heads by copies before the attention kernel (grouped-query
+    # attention without the kernel's own GQA support; echosim.ir.ops.AttentionAttrs.repeat_kv), and where
+    # that is documented ('' = the kernel reads the K/V heads as they are).
+    attention_repeat_kv: str = ""
     # The cross-entropy kernels the framework calls over the logits, a key of echosim.ir.ops.LOSS_KERNEL_BYTES
     # ('' = one pass in and the gradient out), and where that is documented.
     loss_kernel: str = ""
@@ -603,6 +607,10 @@ FRAMEWORKS["torchtitan-2025"] = replace(
         ),
     ),
     attention_kernel="fa2",
+    attention_repeat_kv="Attention.forward: keys = repeat_kv(xk, self.n_rep), values = repeat_kv(xv, self.n_rep) "
+    "(x[:, :, :, None, :].expand(...).reshape(...), a copy) before F.scaled_dot_product_attention "
+    "(torchtitan/models/llama/model.py at 9dec370, models/llama3/model.py at e7c0cae); from b5bcd76 the "
+    "attention passes enable_gqa to SDPA instead (torchtitan/models/common/attention.py)",
     attention_source="ScaledDotProductAttention._init_backend: [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], "
     "CUDNN_ATTENTION first only with CUDA capability 10.0 (torchtitan/models/attention.py, commit e7c0cae); "
     "before that plain F.scaled_dot_product_attention (torch 2.6's default order puts flash first)",

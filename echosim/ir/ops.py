@@ -208,6 +208,10 @@ class AttentionAttrs:
 
     ``padded``: the caller packs q, k and v into the kernel's variable-length layout and scatters the
     output back to the padded one, each through its own copy kernels (:data:`VARLEN_PAD_COPIES`).
+
+    ``repeat_kv``: the caller expands K and V to the query heads by copies before the kernel (torchtitan's
+    ``repeat_kv``: ``expand`` then ``reshape``), whose backward sums the heads' gradients back
+    (:meth:`repeat_kv_elements`).
     """
 
     batch: int
@@ -225,6 +229,7 @@ class AttentionAttrs:
     dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
     window: int = 0  # sliding window in keys (0: full attention)
     padded: bool = False  # q, k, v unpadded into the varlen layout and the output padded back, by copies
+    repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (grouped-query attention)
 
     def __post_init__(self) -> None:
         if self.window < 0 or (self.window and not self.causal):
@@ -262,7 +267,19 @@ class AttentionAttrs:
             f"{' flash' if self.flash else ' math'}"
             f"{' ' + self.kernel if self.kernel and self.flash else ''}"
             f"{' padded' if self.padded and self.flash else ''}"
+            f"{' repeat_kv' if self.repeat_kv and self.kv_heads < self.heads else ''}"
         )
+
+    def repeat_kv_elements(self, backward: bool) -> tuple[int, int]:
+        """Elements ``repeat_kv``'s copies read and write, and their kernel count (0, 0 unless ``repeat_kv``
+        and fewer K/V heads than query heads). Forward: K and V each read at their own heads and written at
+        the query heads (``reshape`` of an ``expand`` materialises it); backward: the expand's gradient, a sum
+        over each group of query heads, reads the expanded gradient and writes the K/V heads' (the
+        direction does not change the count)."""
+        if not self.repeat_kv or self.kv_heads >= self.heads:
+            return 0, 0
+        per_head = self.batch * self.kv_len * self.head_dim
+        return 2 * per_head * (self.kv_heads + self.heads), 2
 
     def pad_copy_elements(self, backward: bool) -> tuple[int, int]:
         """Elements the varlen unpad / pad copies read and write around the kernel, and their kernel count
