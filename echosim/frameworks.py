@@ -108,6 +108,10 @@ class Framework:
     # the packed layout and the output scattered back, by copy kernels each way ('' = the kernel takes the
     # padded tensors; echosim.ir.ops.VARLEN_PAD_COPIES), and where that is documented.
     attention_unpad: str = ""
+    # The model expands K and V to the query heads by copies before the attention kernel (grouped-query
+    # attention without the kernel's own GQA support; echosim.ir.ops.AttentionAttrs.repeat_kv), and where
+    # that is documented ('' = the kernel reads the K/V heads as they are).
+    attention_repeat_kv: str = ""
     # The cross-entropy kernels the framework calls over the logits, a key of echosim.ir.ops.LOSS_KERNEL_BYTES
     # ('' = one pass in and the gradient out), and where that is documented.
     loss_kernel: str = ""
@@ -449,6 +453,12 @@ FRAMEWORKS: dict[str, Framework] = {
             ce_source="the loss is F.cross_entropy(pred.float(), ...): log_softmax keeps its fp32 output, the "
             "16-bit logits are deleted before backward (torchtitan/components/loss.py, train.py, commit "
             "b5bcd76); backward holds the fp32 gradient coming in and the fp32 one going out",
+            loss_kernel="eager",
+            loss_source="F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)) runs eager (torchtitan "
+            "train.py loss_fn at 9dec370, components/loss.py cross_entropy_loss at b5bcd76; --training.compile "
+            "compiles the loss only from bbb1b61): the upcast, log_softmax and nll_loss kernels of "
+            "echosim.ir.ops.LOSS_KERNEL_BYTES['eager']; with tp > 1, loss_parallel()'s DTensor decomposition "
+            "('eager-loss-parallel', torch/distributed/tensor/parallel/loss.py)",
             ce_working_tp=12.0,
             ce_tp_source="with tp > 1 the loss runs under torch.distributed.tensor.parallel.loss_parallel() "
             "(loss_parallel_enabled = tp > 1 and not training.disable_loss_parallel, torchtitan "
@@ -597,6 +607,10 @@ FRAMEWORKS["torchtitan-2025"] = replace(
         ),
     ),
     attention_kernel="fa2",
+    attention_repeat_kv="Attention.forward: keys = repeat_kv(xk, self.n_rep), values = repeat_kv(xv, self.n_rep) "
+    "(x[:, :, :, None, :].expand(...).reshape(...), a copy) before F.scaled_dot_product_attention "
+    "(torchtitan/models/llama/model.py at 9dec370, models/llama3/model.py at e7c0cae); from b5bcd76 the "
+    "attention passes enable_gqa to SDPA instead (torchtitan/models/common/attention.py)",
     attention_source="ScaledDotProductAttention._init_backend: [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], "
     "CUDNN_ATTENTION first only with CUDA capability 10.0 (torchtitan/models/attention.py, commit e7c0cae); "
     "before that plain F.scaled_dot_product_attention (torch 2.6's default order puts flash first)",
@@ -627,6 +641,18 @@ FRAMEWORKS["torchtitan-2025-compile"] = replace(
     "while tracing return wait_tensor(...) at once (_maybe_wrap_tensor, torch/distributed/"
     "_functional_collectives.py); Inductor's reorder_for_compute_comm_overlap (torch/_inductor/config.py) "
     "defaults to False, so nothing moves the waits",
+)
+# From commit bbb1b61 (2025-04-02) --training.compile compiles the loss too (build_cross_entropy_loss:
+# torch.compile(cross_entropy_loss), torchtitan/components/loss.py, e.g. at e7c0cae); before it the line is
+# commented out (train.py at 9dec370), so the 2024-12 rows keep the eager kernels. Timing only: the memory
+# rules stay the compile entry's.
+FRAMEWORKS["torchtitan-2025-compile-loss"] = replace(
+    FRAMEWORKS["torchtitan-2025-compile"],
+    name="torchtitan-2025-compile-loss",
+    title="torchtitan 2025 releases with torch.compile of each transformer block and of the loss (bbb1b61 on)",
+    row_names=(),
+    loss_kernel="",
+    loss_source="",
 )
 # ZeRO-3 in 2021 was DeepSpeed's: Megatron-LM of 2021 has no stage 3 (its distributed optimizer, 2022, shards
 # optimizer state only), and Narayanan et al. 2021 (arXiv:2104.04473, sec. 5.2) ran their ZeRO-3 comparison

@@ -36,6 +36,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "deepspeed",
         "torchtitan-2025",
         "torchtitan-2025-compile",
+        "torchtitan-2025-compile-loss",
         "composer",
         "composer-fa1",
         "composer-triton",

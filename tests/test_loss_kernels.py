@@ -21,11 +21,11 @@ from echosim.passes.flops import io_bytes
 TOKENS, VOCAB = 4096, 16032  # one micro-batch's tokens, a tp=8 slice of a 128k vocabulary
 
 
-def _loss(kernel: str, phase: Phase) -> tuple[Graph, int]:
+def _loss(kernel: str, phase: Phase, tp: str = "") -> tuple[Graph, int]:
     g = Graph("loss")
     logits = g.add(OpKind.INPUT, [], TensorSpec((TOKENS, VOCAB), DType.BF16))
     labels = g.add(OpKind.INPUT, [], TensorSpec((TOKENS,), DType.INT64))
-    attrs = CrossEntropyAttrs(VOCAB, kernel=kernel)
+    attrs = CrossEntropyAttrs(VOCAB, tp=tp, kernel=kernel)
     if phase is Phase.FORWARD:
         return g, g.add(OpKind.CROSS_ENTROPY, [logits, labels], TensorSpec((TOKENS,), DType.FP32), attrs)
     dy = g.add(OpKind.INPUT, [], TensorSpec((TOKENS,), DType.FP32))
@@ -47,6 +47,10 @@ PER_TOKEN_BWD = TOKENS * (4 + 8)  # the incoming gradient and the labels
         ("native", 22, 10),
         # online softmax reads 2, the second pass reads 2 and writes the gradient in place 2 | scale in place 2+2
         ("te", 6, 4),
+        # torchtitan's eager F.cross_entropy(pred.float()): .float() 2+4, cunn_SoftMaxForward's max, sum-exp and
+        # write passes 4+4+4+4 | nll_loss_backward's zero fill 4, cunn_SoftMaxBackward's sum and write 4+4+4+4,
+        # the cast back to bf16 4+2
+        ("eager", 22, 26),
     ],
 )
 def test_bytes_per_logit_of_each_loss_path(kernel: str, forward: int, backward: int) -> None:
@@ -56,12 +60,25 @@ def test_bytes_per_logit_of_each_loss_path(kernel: str, forward: int, backward: 
     assert io_bytes(g, g[n]) == LOGITS * backward + PER_TOKEN_BWD
 
 
+def test_a_vocabulary_parallel_eager_loss_runs_loss_parallels_decomposition() -> None:
+    """tp > 1: DTensor's _log_softmax / _nll_loss_and_log_softmax_backward, op by op (a + 36 each way)."""
+    # .float() 2+4, amax 4, x - max 4+4, exp 4+4, sum 4, shifted - lse 4+4
+    g, n = _loss("eager", Phase.FORWARD, tp="vocab")
+    assert io_bytes(g, g[n]) == LOGITS * 38 + PER_TOKEN_FWD
+    # zeros_like 4, exp 4+4, + 4+4+4, * grad 4+4, cast back 4+2
+    g, n = _loss("eager", Phase.BACKWARD, tp="vocab")
+    assert io_bytes(g, g[n]) == LOGITS * 38 + PER_TOKEN_BWD
+    # the fused paths are the same kernels on a slice
+    g, n = _loss("te", Phase.FORWARD, tp="vocab")
+    assert io_bytes(g, g[n]) == LOGITS * 6 + PER_TOKEN_FWD
+
+
 def test_without_a_kernel_the_loss_is_one_pass() -> None:
     g, n = _loss("", Phase.FORWARD)
     assert io_bytes(g, g[n]) == LOGITS * 2 + PER_TOKEN_FWD
     g, n = _loss("", Phase.BACKWARD)
     assert io_bytes(g, g[n]) == LOGITS * (2 + 2) + PER_TOKEN_BWD
-    assert set(LOSS_KERNEL_BYTES) == {"unfused", "native", "te"}
+    assert set(LOSS_KERNEL_BYTES) == {"unfused", "native", "te", "eager", "eager-loss-parallel"}
 
 
 def test_the_pass_marks_the_loss_and_can_undo_it() -> None:
@@ -82,7 +99,11 @@ def test_the_pass_marks_the_loss_and_can_undo_it() -> None:
         ("megatron-ce-native", "native"),
         ("megatron-ce-te", "te"),
         ("eager", ""),
-        ("torchtitan", ""),
+        ("torchtitan", "eager"),  # F.cross_entropy(pred.float()) outside the compiled blocks
+        ("torchtitan-2025", "eager"),
+        ("torchtitan-2025-compile", "eager"),  # --training.compile compiles the loss only from bbb1b61
+        ("torchtitan-2025-compile-loss", ""),  # from bbb1b61 on (the e7c0cae rows): compiled with the blocks
+        ("torchtitan-compile", ""),  # Inductor fuses it
         ("maxtext", ""),
     ],
 )
@@ -138,6 +159,8 @@ def test_rows_take_the_loss_path_their_release_ran() -> None:
         "nemo_2407": "nemo",
         "nemo_2504_gb200": "nemo-ce-native",
         "megatron_bridge_25.11": "megatron-bridge",
+        "torchtitan_2412": "torchtitan-2025",  # 9dec370: the loss's torch.compile is commented out
+        "torchtitan_h200_trainy": "torchtitan-2025-compile-loss",  # e7c0cae, after bbb1b61
     }
     assert {s: row_framework(first[s]) for s in want} == want
     # NeMo-Framework-Launcher 24.07 sets cross_entropy_loss_fusion: true in its Llama 3 and small Nemotron configs only

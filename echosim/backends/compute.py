@@ -658,16 +658,18 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
         view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
         kernel = flash_attention_time_s(view, a, dtype, backward)
         return kernel + pad_copies_time_s(dev, a, dtype, backward)
-    return math_attention_time_s(dev, a, dtype, backward)
+    return math_attention_time_s(dev, a, dtype, backward) + pad_copies_time_s(dev, a, dtype, backward)
 
 
 def pad_copies_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """The varlen unpad / pad copies around a flash call (:data:`echosim.ir.ops.VARLEN_PAD_COPIES`), as
-    streaming kernels; 0 when the caller hands the kernel padded tensors."""
+    """The varlen unpad / pad copies around a flash call (:data:`echosim.ir.ops.VARLEN_PAD_COPIES`) and the
+    K/V expansion to the query heads (``AttentionAttrs.repeat_kv``), as streaming kernels; 0 when the caller
+    hands the kernel its tensors as they are."""
     elements, kernels = a.pad_copy_elements(backward)
-    if not kernels:
+    expanded, copies = a.repeat_kv_elements(backward)
+    if not kernels + copies:
         return 0.0
-    return memory_bound_time_s(dev, elements * itemsize(dtype), kernels)
+    return memory_bound_time_s(dev, (elements + expanded) * itemsize(dtype), kernels + copies)
 
 
 def attention_flops(a: AttentionAttrs) -> float:

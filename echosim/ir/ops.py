@@ -208,6 +208,10 @@ class AttentionAttrs:
 
     ``padded``: the caller packs q, k and v into the kernel's variable-length layout and scatters the
     output back to the padded one, each through its own copy kernels (:data:`VARLEN_PAD_COPIES`).
+
+    ``repeat_kv``: the caller expands K and V to the query heads by copies before the kernel (torchtitan's
+    ``repeat_kv``: ``expand`` then ``reshape``), whose backward sums the heads' gradients back
+    (:meth:`repeat_kv_elements`).
     """
 
     batch: int
@@ -225,6 +229,7 @@ class AttentionAttrs:
     dropout: bool = False  # dropout on the attention probabilities (training with dropout_p > 0)
     window: int = 0  # sliding window in keys (0: full attention)
     padded: bool = False  # q, k, v unpadded into the varlen layout and the output padded back, by copies
+    repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (grouped-query attention)
 
     def __post_init__(self) -> None:
         if self.window < 0 or (self.window and not self.causal):
@@ -262,7 +267,19 @@ class AttentionAttrs:
             f"{' flash' if self.flash else ' math'}"
             f"{' ' + self.kernel if self.kernel and self.flash else ''}"
             f"{' padded' if self.padded and self.flash else ''}"
+            f"{' repeat_kv' if self.repeat_kv and self.kv_heads < self.heads else ''}"
         )
+
+    def repeat_kv_elements(self, backward: bool) -> tuple[int, int]:
+        """Elements ``repeat_kv``'s copies read and write, and their kernel count (0, 0 unless ``repeat_kv``
+        and fewer K/V heads than query heads). Forward: K and V each read at their own heads and written at
+        the query heads (``reshape`` of an ``expand`` materialises it); backward: the expand's gradient, a sum
+        over each group of query heads, reads the expanded gradient and writes the K/V heads' (the
+        direction does not change the count)."""
+        if not self.repeat_kv or self.kv_heads >= self.heads:
+            return 0, 0
+        per_head = self.batch * self.kv_len * self.head_dim
+        return 2 * per_head * (self.kv_heads + self.heads), 2
 
     def pad_copy_elements(self, backward: bool) -> tuple[int, int]:
         """Elements the varlen unpad / pad copies read and write around the kernel, and their kernel count
@@ -373,10 +390,26 @@ class EmbeddingAttrs:
 #: online_softmax_kernel reads the logits once (a), cross_entropy_kernel reads them again and writes the
 #: gradient over them in place (a + a): 3a; backward element_mul_kernel scales it in place (a + a): 2a
 #: (the loss is per token, so grad_output is not the scalar 1.0 that skips it).
+#: ``eager``: torchtitan's uncompiled loss, ``F.cross_entropy(pred.flatten(0, 1).float(), labels)``
+#: (torchtitan/train.py at 9dec370, components/loss.py at b5bcd76): ``.float()`` (read a, write 4), then
+#: ``log_softmax``, whose rows of a large vocabulary (over the 48 KiB of shared memory a block gets) run
+#: ``cunn_SoftMaxForward``: the max, the sum of exponentials and the write each read the row (4 + 4 + 4 + 4);
+#: ``nll_loss`` gathers one logit per token: a + 20. Backward ``nll_loss_backward`` zero-fills its fp32
+#: gradient (4) before scattering the tokens' values, ``cunn_SoftMaxBackward`` sums the incoming gradient,
+#: then reads it with the saved output and writes the result (4 + 4 + 4 + 4), autograd casts it back to the
+#: logits' dtype (4 + a): a + 24 (aten/src/ATen/native/cuda/SoftMax.cu, LossNLL.cu).
+#: ``eager-loss-parallel``: the same loss of a vocabulary-parallel slice (tp > 1, under
+#: ``loss_parallel()``): DTensor's handlers run the decomposition op by op
+#: (torch/distributed/tensor/parallel/loss.py, ``_log_softmax``, ``_nll_loss_and_log_softmax_backward``):
+#: ``.float()`` (a + 4), ``amax`` (4), ``x - max`` (4 + 4), ``exp`` (4 + 4), ``sum`` (4), ``shifted - lse``
+#: (4 + 4): a + 36; backward ``zeros_like`` (4), ``exp(x)`` (4 + 4), the sum (4 + 4 + 4), the product by the
+#: per-token gradient (4 + 4), the cast back (4 + a): a + 36.
 LOSS_KERNEL_BYTES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     "unfused": ((1, 32), (1, 12)),
     "native": ((1, 20), (1, 8)),
     "te": ((3, 0), (2, 0)),
+    "eager": ((1, 20), (1, 24)),
+    "eager-loss-parallel": ((1, 36), (1, 36)),
 }
 
 

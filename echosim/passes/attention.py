@@ -31,15 +31,17 @@ class AttentionKernel:
     reference_norms: bool = False
     padded: bool = False  # the framework unpads q, k, v into the varlen layout and pads the output back
     loss: str = ""
+    repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (Framework.attention_repeat_kv)
     name: ClassVar[str] = "attention-kernel"
 
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         kernel = self.generation if self.flash else ""
-        want = (self.flash, kernel, self.padded and self.flash)
+        want = (self.flash, kernel, self.padded and self.flash, self.repeat_kv)
         for n in list(g):
-            if isinstance(n.attrs, AttentionAttrs) and (n.attrs.flash, n.attrs.kernel, n.attrs.padded) != want:
-                g.replace(n.id, attrs=replace(n.attrs, flash=want[0], kernel=want[1], padded=want[2]))
+            a = n.attrs
+            if isinstance(a, AttentionAttrs) and (a.flash, a.kernel, a.padded, a.repeat_kv) != want:
+                g.replace(n.id, attrs=replace(a, flash=want[0], kernel=want[1], padded=want[2], repeat_kv=want[3]))
             elif (
                 isinstance(n.attrs, NormAttrs)
                 and n.attrs.kind == "rmsnorm"

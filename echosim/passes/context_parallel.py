@@ -257,7 +257,9 @@ class _Splitter:
         if a.causal:
             later = replace(later, model_scale=0.5 / (causal_fraction(s, s) if later.causal else 1.0))
         first = replace(a, q_len=s, kv_len=s) if a.causal else full_step
-        return first, later
+        # K/V expanded to the query heads (AttentionAttrs.repeat_kv) once, on the rank's own chunk before the
+        # ring: the diagonal step carries the copies, the later steps read chunks already expanded
+        return first, replace(later, repeat_kv=False)
 
     def _ring(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
         a = node.attrs

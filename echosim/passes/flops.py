@@ -79,6 +79,8 @@ def loss_kernel_bytes(graph: Graph, node: Node, kernel: str) -> int:
     per logit of this rank's vocabulary slice, plus the per-token labels, loss and incoming gradient."""
     backward = node.phase is Phase.BACKWARD
     logits = graph[node.inputs[1] if backward else node.inputs[0]].out
+    if kernel == "eager" and isinstance(node.attrs, CrossEntropyAttrs) and node.attrs.tp:
+        kernel = "eager-loss-parallel"  # a vocabulary-parallel slice: loss_parallel()'s DTensor handlers
     per_a, fixed = LOSS_KERNEL_BYTES[kernel][backward]
     tokens = sum(graph[i].out.nbytes for i in node.inputs if graph[i].out.numel < logits.numel)
     small = node.out.nbytes if node.out.numel < logits.numel else 0

@@ -22,7 +22,8 @@ def _attention(plan: Any) -> object:
     reference = framework.norm_kernels == "reference"
     padded = bool(framework.attention_unpad)
     loss = framework.loss_kernel
-    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded, loss)
+    repeat_kv = bool(framework.attention_repeat_kv)
+    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded, loss, repeat_kv)
 
 
 def _context(plan: Any) -> object:

@@ -410,6 +410,11 @@ NEMO_LAUNCHER_FUSED_LOSS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: torchtitan commits named in cases.csv whose --training.compile also compiles the loss: descendants of bbb1b61
+#: (2025-04-02), where build_cross_entropy_loss wraps it in torch.compile (torchtitan/components/loss.py).
+TORCHTITAN_COMPILED_LOSS = ("e7c0cae",)
+
+
 def row_framework(c: Case) -> str:
     """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype and splash
     backward kernel (:data:`TRILLIUM_BF16_WEIGHTS`, :data:`TRILLIUM_FUSED_BWD`), or, for
@@ -423,7 +428,8 @@ def row_framework(c: Case) -> str:
         te = SOURCE_MAXTEXT_ATTENTION.get(c["source_id"]) == "cudnn_flash_te"
         return maxtext_framework(recipe in TRILLIUM_BF16_WEIGHTS, te, recipe in TRILLIUM_FUSED_BWD)
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
-        return "torchtitan-2025-compile"
+        compiled_loss = any(f"commit {x}" in c["framework"] for x in TORCHTITAN_COMPILED_LOSS)
+        return "torchtitan-2025-compile-loss" if compiled_loss else "torchtitan-2025-compile"
     if name == "megatron" and c["source_id"] == "megatron_lm_llama_fp8":
         # examples/llama/README.md's table is run with examples/llama/train_llama3_8b_h100_fp8.sh, which passes
         # --cross-entropy-loss-fusion and leaves --cross-entropy-fusion-impl at 'native' (Megatron-LM commit
