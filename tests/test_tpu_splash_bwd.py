@@ -75,3 +75,14 @@ def test_splash_forward_is_bound_by_its_own_traffic() -> None:
     work = 2 * (2.0 * 8 * 8 * 262144 * 128)
     assert work / (chip.peak_bf16_tflops * 1e12 * chip.gemm_eff) < expected
     assert tpu.attention_time_s(chip, a, "bf16") == pytest.approx(expected, rel=1e-6)
+
+
+def test_maxtext_gpt_rows_train_without_dropout() -> None:
+    """MaxText's base.yml has dropout_rate 0.0 and gpt3-175b.yml enable_dropout False: its GPT-3 rows draw no
+    dropout masks; a Megatron GPT row keeps GPT-3's 0.1."""
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model
+
+    cases = {c.case_id: c for c in read_cases(CASES)}
+    assert row_model(cases["tpurecipes-gpt3-175b-bf16-v6e-256"]).dropout == 0.0
+    assert row_model(cases["korthikanti2022-t5-gpt-175b-full-a100-80gb-64"]).dropout == 0.1
