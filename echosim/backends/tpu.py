@@ -238,23 +238,28 @@ def memory_bound_time_s(chip: TPUSpec, nbytes: int) -> float:
     return nbytes / (chip.hbm_GBps * 1e9 * chip.hbm_stream_fraction) + FUSION_OVERHEAD_US * 1e-6
 
 
-#: Splash attention's query and key block (MaxText ``sa_block_q`` / ``sa_block_kv``, default 512:
-#: src/maxtext/configs/base.yml and types.py ``SplashAttention``). Only a sliding window is costed at
-#: this granularity (the blocks its ``LocalMask`` leaves non-empty); full causal attention keeps its
-#: exact half, which 512-blocks exceed by 1/(2n) of n diagonal blocks.
+#: Splash attention's query and key block (MaxText ``sa_block_q`` / ``sa_block_kv`` and the backward's
+#: ``sa_block_q_dkv`` ... ``sa_block_kv_dq``, all 512 by default: src/maxtext/configs/base.yml lines 1159-1166,
+#: commit e591f30). The mask is costed at this granularity: a block the mask leaves empty is skipped, any
+#: other is computed whole (see :func:`attention_keep`).
 SPLASH_BLOCK = 512
 
 
 def attention_keep(a: AttentionAttrs) -> float:
-    """Share of the score matrix splash attention computes: the causal half, or, with a sliding window,
-    the 512 x 512 blocks its band touches (partly covered blocks are computed whole)."""
-    from echosim.backends.compute import band_kv_blocks, causal_fraction
+    """Share of the score matrix splash attention computes: the :data:`SPLASH_BLOCK` square blocks the causal
+    mask (within the sliding window, if any) touches, each computed whole.
+
+    The kernel runs a grid step only for a (q block, kv block) whose ``block_mask`` entry is non-zero and
+    then computes every ``bkv_compute`` slice of the kv block, masking the partial ones (jax commit cec06d1,
+    jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py: ``_next_nonzero`` gives
+    ``should_run``, ``flash_attention_kernel`` loops ``num_iters = bkv // bkv_compute`` unconditionally). A
+    causal mask over n blocks per side computes n(n+1)/2 of them, not n^2/2: 0.625 at 2048 tokens.
+    """
+    from echosim.backends.compute import band_kv_blocks
 
     if not a.causal:
         return 1.0
-    if not a.window:
-        return causal_fraction(a.q_len, a.kv_len)
-    blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window)
+    blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window or None)
     return min(1.0, sum(blocks) * SPLASH_BLOCK * SPLASH_BLOCK / (a.q_len * a.kv_len))
 
 
