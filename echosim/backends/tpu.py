@@ -238,23 +238,28 @@ def memory_bound_time_s(chip: TPUSpec, nbytes: int) -> float:
     return nbytes / (chip.hbm_GBps * 1e9 * chip.hbm_stream_fraction) + FUSION_OVERHEAD_US * 1e-6
 
 
-#: Splash attention's query and key block (MaxText ``sa_block_q`` / ``sa_block_kv``, default 512:
-#: src/maxtext/configs/base.yml and types.py ``SplashAttention``). Only a sliding window is costed at
-#: this granularity (the blocks its ``LocalMask`` leaves non-empty); full causal attention keeps its
-#: exact half, which 512-blocks exceed by 1/(2n) of n diagonal blocks.
+#: Splash attention's query and key block (MaxText ``sa_block_q`` / ``sa_block_kv`` and the backward's
+#: ``sa_block_q_dkv`` ... ``sa_block_kv_dq``, all 512 by default: src/maxtext/configs/base.yml lines 1159-1166,
+#: commit e591f30). The mask is costed at this granularity: a block the mask leaves empty is skipped, any
+#: other is computed whole (see :func:`attention_keep`).
 SPLASH_BLOCK = 512
 
 
 def attention_keep(a: AttentionAttrs) -> float:
-    """Share of the score matrix splash attention computes: the causal half, or, with a sliding window,
-    the 512 x 512 blocks its band touches (partly covered blocks are computed whole)."""
-    from echosim.backends.compute import band_kv_blocks, causal_fraction
+    """Share of the score matrix splash attention computes: the :data:`SPLASH_BLOCK` square blocks the causal
+    mask (within the sliding window, if any) touches, each computed whole.
+
+    The kernel runs a grid step only for a (q block, kv block) whose ``block_mask`` entry is non-zero and
+    then computes every ``bkv_compute`` slice of the kv block, masking the partial ones (jax commit cec06d1,
+    jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py: ``_next_nonzero`` gives
+    ``should_run``, ``flash_attention_kernel`` loops ``num_iters = bkv // bkv_compute`` unconditionally). A
+    causal mask over n blocks per side computes n(n+1)/2 of them, not n^2/2: 0.625 at 2048 tokens.
+    """
+    from echosim.backends.compute import band_kv_blocks
 
     if not a.causal:
         return 1.0
-    if not a.window:
-        return causal_fraction(a.q_len, a.kv_len)
-    blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window)
+    blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window or None)
     return min(1.0, sum(blocks) * SPLASH_BLOCK * SPLASH_BLOCK / (a.q_len * a.kv_len))
 
 
@@ -282,13 +287,35 @@ def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: boo
 
     Materialised (``flash`` off) attention computes and stores every score, masked or not; XLA's autodiff
     of it runs the textbook 5 products (2.5 x the forward)."""
-    qk = matmul_time_s(chip, a.q_len, a.kv_len, a.head_dim, a.batch * a.heads, dtype)
-    pv = matmul_time_s(chip, a.q_len, a.head_dim, a.kv_len, a.batch * a.heads, dtype)
     if not a.flash:  # materialised scores: write, softmax read + write, read
+        qk = matmul_time_s(chip, a.q_len, a.kv_len, a.head_dim, a.batch * a.heads, dtype)
+        pv = matmul_time_s(chip, a.q_len, a.head_dim, a.kv_len, a.batch * a.heads, dtype)
         score_bytes = a.batch * a.heads * a.q_len * a.kv_len * _itemsize(dtype)
         passes = 4 if not backward else 6
         return (qk + pv) * (2.5 if backward else 1.0) + memory_bound_time_s(chip, passes * score_bytes)
-    return (qk + pv) * attention_keep(a) * (splash_backward_factor(a) if backward else 1.0)
+    return splash_forward_s(chip, a, dtype) * (splash_backward_factor(a) if backward else 1.0)
+
+
+def splash_forward_s(chip: TPUSpec, a: AttentionAttrs, dtype: str) -> float:
+    """Splash attention's forward: its two block products (q k^T, p v) on the MXU, padded as any matmul and
+    scaled by the blocks the mask keeps, bounded below by the kernel's own HBM traffic.
+
+    The scores never reach HBM: each q block stays in VMEM while the kernel streams the k and v blocks past it
+    and writes only the output (jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py
+    ``flash_attention_kernel``, jax commit cec06d1: the running max, sum and output live in VMEM scratch refs).
+    The traffic is q and o once and k, v once per q block (:data:`SPLASH_BLOCK` rows), not the q_len x kv_len
+    score matrix a plain matmul of the same shape writes.
+    """
+    size = _itemsize(dtype)
+    keep = attention_keep(a)
+    padded = _pad(a.q_len, SUBLANES) * _pad(a.kv_len, chip.mxu_dim) * _pad(a.head_dim, chip.mxu_dim)
+    work = 2.0 * a.batch * a.heads * padded  # one product; q k^T and p v pad the same way
+    compute_s = 2 * work * keep / (chip.peak_tflops(dtype) * 1e12 * chip.gemm_eff)
+    q_blocks = -(-a.q_len // SPLASH_BLOCK)
+    traffic = (
+        a.batch * size * a.head_dim * (2 * a.heads * a.q_len + 2 * a.kv_heads * a.kv_len * max(1.0, q_blocks * keep))
+    )
+    return max(compute_s, traffic / (chip.hbm_GBps * 1e9 * chip.hbm_stream_fraction)) + 2 * FUSION_OVERHEAD_US * 1e-6
 
 
 # ---- collectives -----------------------------------------------------------------------

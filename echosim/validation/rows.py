@@ -76,6 +76,12 @@ def _derived_dp(c: Case) -> int | None:
     return devices // other if devices and devices % other == 0 else None
 
 
+#: MaxText trains without dropout: base.yml sets ``dropout_rate: 0.0`` and gpt3-175b.yml ``enable_dropout: False``
+#: (MaxText/configs, tag tpu-recipes-v0.1.2 and commit 81e1d96, the v5p GPT-3 script's), so its GPT rows draw no
+#: dropout masks where the other frameworks' GPT rows keep GPT-3's 0.1.
+MAXTEXT_DROPOUT = 0.0
+
+
 def row_model(c: Case) -> Any:
     from echosim.frontend.zoo import ArchConfig
 
@@ -90,7 +96,7 @@ def row_model(c: Case) -> Any:
         kv_heads=c.int("kv_heads", 0) or 0,
         head_dim=c.int("head_dim", 0) or 0,
         seq_len=c.int("seq_len") or 0,
-        dropout=0.1 if gpt else 0.0,
+        dropout=(MAXTEXT_DROPOUT if is_maxtext(c) else 0.1) if gpt else 0.0,
         tied_embeddings=gpt,
         **_experts(c),
         **_latent_attention(c),
