@@ -121,3 +121,20 @@ def test_only_eager_pytorch_frameworks_copy(tmp: Path) -> None:
     assert not _copies(mega)
     assert len(_copies(_graph(tmp, "fused", "eager-amp")[0])) == len(_copies(eager))
     assert c_eager.report.step_time_s > c_mega.report.step_time_s  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("arch", "attention", "copies"), [("llama", "flash", 0), ("gpt", "flash", 0), ("gpt", "math", 3)]
+)
+def test_llm_attention_copies_follow_the_kernels_layout(arch: str, attention: str, copies: int) -> None:
+    """``q.view(b, s, h, d).transpose(1, 2)``: a fused kernel's dq is laid out as q, (b, s, h, d), so the gradient
+    views straight back (Llama's RoPE in between keeps that layout: elementwise outputs follow their input); the
+    math path's dq comes out of a batched GEMM head-major, and reshaping it into (b, s, h * d) copies, once for each
+    of q, k and v."""
+    from echosim.frontend.zoo import ArchConfig
+
+    kv = {"kv_heads": 2} if arch == "llama" else {}
+    cfg = ArchConfig(arch, layers=2, hidden=256, heads=4, vocab=1000, seq_len=96, **kv)  # type: ignore[arg-type]
+    plan = Plan(micro_batch=2, global_batch=2, seq_len=96, framework="eager", attention=attention, dtype="bf16")
+    g = lower(cfg, plan, Cluster(backend="h100-sxm", devices=1)).graph
+    assert len(_copies(g)) == copies
