@@ -93,7 +93,8 @@ def echosim_family(name: str, args: dict[str, Any]) -> str:
     if op == "optimizer_update" or name.startswith("optimizer"):
         return "optimizer"
     rules = (
-        ("cast", (".to_bf16", ".to_fp32", "grad_cast")), ("norm.pgrad", ("pgrad",)), ("bias.grad", ("bgrad",)),
+        ("layout copy", ("grad_copy",)), ("cast", (".to_bf16", ".to_fp32", "grad_cast")), ("norm.pgrad", ("pgrad",)),
+        ("bias.grad", ("bgrad",)),
         ("add", ("grad_acc",)), ("cat", ("grad_cat",)), ("dropout", ("dropout",)), ("gelu", ("gelu",)),
         ("add", ("add",)),
     )  # fmt: skip

@@ -125,6 +125,11 @@ class Framework:
     # cast its inputs (echosim.passes.autocast); the optimizer steps the fp32 parameters (no master copy)
     # ('' = the model runs in the plan's dtype throughout, as frameworks that keep 16-bit parameters do).
     autocast: str = ""
+    # Autograd runs op by op: a gradient that reaches a view's backward in an order its strides cannot reshape
+    # is copied (the unbind of a fused q/k/v projection: its gradients stacked head-major, then reshaped back
+    # into the projection's rows; echosim.passes.autodiff._strided_view) ('' = the framework's compiled or
+    # fused kernels write the gradient in the layout its consumer reads), and where that is documented.
+    layout_copies: str = ""
 
     # ZeRO-3 as DeepSpeed ran it before its v0.5.6 parameter all-gather rework ('' = per layer, prefetched
     # beside compute, as FSDP does): one all_gather and one reduce_scatter per parameter tensor, each behind a
@@ -312,6 +317,13 @@ _DDP_COPIES = (
 # scales it in place (4 + 8) = 96 (the composer entry's optimizer_source).
 COMPOSER_ADAMW_BYTES_PER_PARAM = 96
 
+# Eager autograd's copies where a gradient is reshaped across its strides (Framework.layout_copies).
+_LAYOUT_COPIES = (
+    "torch.reshape returns a copy where the strides allow no view (https://pytorch.org/docs/stable/generated/"
+    "torch.reshape.html); view's derivative is grad.reshape(self.sizes()) and unbind's is stack "
+    "(tools/autograd/derivatives.yaml)"
+)
+
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
     for f in (
@@ -320,12 +332,14 @@ FRAMEWORKS: dict[str, Framework] = {
             "plain PyTorch autograd: every op saves what its derivative formula reads",
             "torch 2.x",
             ddp_bucket_copies=_DDP_COPIES,
+            layout_copies=_LAYOUT_COPIES,
         ),
         Framework(
             "eager-amp",
             "plain PyTorch autograd under torch.autocast (bf16/fp16) with fp32 parameters",
             "torch 2.x",
             ddp_bucket_copies=_DDP_COPIES,
+            layout_copies=_LAYOUT_COPIES,
             fp32_weights="torch.amp: the model's parameters stay fp32 and autocast casts them per op "
             "(https://pytorch.org/docs/stable/amp.html; the 'typical mixed precision training' example)",
             autocast="torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the forward and loss, fp32 "
@@ -670,6 +684,25 @@ FRAMEWORKS["deepspeed-2021"] = replace(
     "parameter over a list of per-rank slices. DeepSpeed PR #1188 (commit c0eeb69, 2021-10-31): 'the async "
     "version is not async at all, because each all_gather calls torch.cuda.synchronize()', and "
     "'torch.distributed.all_gather will do implicit memcpy at the end of each ncclAllgather'",
+)
+
+# Published non-LLM rows whose stack is not eager PyTorch but has no entry of its own, priced with the eager
+# entry's rules as before, less the layout copies of the zoo module's autograd (benchmarks/nonllm_throughput.csv).
+FRAMEWORKS["jax-xla"] = replace(
+    FRAMEWORKS["eager"],
+    name="jax-xla",
+    title="JAX under XLA (Rosetta's T5X / Praxis ViT): the step compiled whole, layouts chosen for its fusions",
+    version="JAX-Toolbox Rosetta (2023)",
+    layout_copies="",  # XLA's layout assignment picks each dot's operand layouts (no reshape kernels of autograd)
+)
+FRAMEWORKS["nemo-megatron-vit"] = replace(
+    FRAMEWORKS["eager"],
+    name="nemo-megatron-vit",
+    title="NeMo 1.x's Megatron ViT (ParallelAttention on [s, b, h] tensors, its own head layouts)",
+    version="NeMo 1.x vision_transformer (2023)",
+    # Megatron's attention splits heads from a [s, b, np, 3 hn] view and merges them with an explicit
+    # .contiguous() (megatron/model/transformer.py CoreAttention), not the zoo module's permute and reshape
+    layout_copies="",
 )
 
 # llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the

@@ -18,10 +18,12 @@ steps run one after another only through their data gradients.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from echosim.ir import strides as layouts
 from echosim.ir.graph import Graph, Node
 from echosim.ir.names import GRAD_ACCUMULATE, all_steps_name, step_of
 from echosim.ir.ops import (
@@ -41,9 +43,12 @@ _NO_GRAD = frozenset({DType.INT64, DType.INT32, DType.BOOL})  # indices and mask
 
 
 class _Ctx:
-    def __init__(self, graph: Graph, cast_grads: bool = False) -> None:
+    def __init__(self, graph: Graph, cast_grads: bool = False, layout_copies: bool = False) -> None:
         self.g = graph
         self.cast_grads = cast_grads  # views keep the gradient's dtype; a cast follows where it differs
+        self.layout_copies = layout_copies  # eager autograd: a gradient reshaped across its strides is copied
+        # a value -> its strides as eager PyTorch holds it (None: not known, so no copy is inferred from it)
+        self.strides: dict[int, tuple[int, ...] | None] = {}
         self.regathered: dict[int, int] = {}  # forward SP all_gather -> its backward re-gather
         # a recurrent weight -> (time step's GEMM, its input, its output's gradient), latest step first
         self.step_wgrads: dict[int, list[tuple[Node, int, int]]] = {}
@@ -174,11 +179,87 @@ def _attention(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     q, k, v = n.inputs[:3]
     packed = TensorSpec((c.spec(q).numel + c.spec(k).numel + c.spec(v).numel,), n.out.dtype)
     grad = c.emit(n, OpKind.ATTENTION, [dy, q, k, v, n.id], packed, n.attrs)
-    return [
+    out = [
         (i, c.emit(n, OpKind.VIEW, [grad], c.spec(i), suffix=f"d{tag}"))
         for i, tag in zip((q, k, v), "qkv", strict=False)
         if i in needs
     ]
+    if c.layout_copies and getattr(n.attrs, "flash", False):
+        # a fused kernel's gradients are allocated in the dimension order its inputs are held in: PyTorch's
+        # cuDNN and flash backward allocate dq = at::empty_like(query) (aten/src/ATen/native/transformers/cuda/
+        # attention_backward.cu), and empty_like keeps a strided input's dimension order even where the input
+        # is not dense (infer_dense_strides in empty_like, aten/src/ATen/native/TensorFactories.cpp: q sliced
+        # out of a fused qkv projection gets a dense (batch, seq, heads, head_dim) gradient)
+        for i, d in out:
+            held = _held(c, i)
+            c.strides[d] = None if held is None else layouts.permuted_strides(c.spec(d).shape, _order(held))
+    elif c.layout_copies:  # the math path's gradients come out of its batched GEMMs, row-major
+        for _, d in out:
+            c.strides[d] = layouts.contiguous_strides(c.spec(d).shape)
+    return out
+
+
+#: Elementwise kernels whose output is laid out row-major whatever their inputs' layout: ``torch.cat`` / ``stack``
+#: (a permuted layout is not a memory format it keeps) and the copy ``reshape`` makes.
+_ROW_MAJOR_OUTPUT = frozenset({"cat", "copy"})
+
+
+def _held(c: _Ctx, nid: int) -> tuple[int, ...] | None:
+    """Strides of value ``nid`` as eager PyTorch holds it (memoised in ``c.strides``).
+
+    A kernel's output is row-major, except that an elementwise op (TensorIterator) lays its output out in the
+    dimension order of its first input of the same shape ("the output will have the same memory layout as the
+    inputs", aten/src/ATen/TensorIterator.cpp ``compute_strides`` / ``reorder_dimensions``; ``.to(dtype)``
+    preserves it too), and a view holds its base's elements: a permute permutes the strides, a reshape keeps
+    them where it can (:func:`echosim.ir.strides.view_strides`), a select or a split of one dimension keeps the
+    others'. Where a chain is unclear (a view of a packed buffer, a permute of repeated sizes) the layout is not
+    known (None), and nothing downstream of it is copied."""
+    chain: list[int] = []
+    x = nid
+    while x not in c.strides:
+        src = _layout_source(c, c.g[x])
+        if src is None:
+            c.strides[x] = layouts.contiguous_strides(c.spec(x).shape)
+            break
+        chain.append(x)
+        x = src
+    for y in reversed(chain):
+        n = c.g[y]
+        source = c.strides[_layout_source(c, n)]  # type: ignore[index]
+        c.strides[y] = None if source is None else _derived(c, n, source)
+    return c.strides[nid]
+
+
+def _layout_source(c: _Ctx, n: Node) -> int | None:
+    """The input whose layout ``n``'s output follows (None: ``n`` writes a row-major output)."""
+    if n.op is OpKind.VIEW and len(n.inputs) == 1:
+        return n.inputs[0]
+    if n.op is OpKind.ELEMENTWISE and isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn not in _ROW_MAJOR_OUTPUT:
+        return next((i for i in n.inputs if c.spec(i).shape == n.out.shape), None)
+    return None
+
+
+def _derived(c: _Ctx, n: Node, held: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides of ``n``'s output from those of its layout source (:func:`_layout_source`)."""
+    shape, base = n.out.shape, c.spec(n.inputs[0]).shape if n.op is OpKind.VIEW else n.out.shape
+    if n.op is not OpKind.VIEW:  # a new tensor, dense, in its input's dimension order
+        return layouts.permuted_strides(shape, _order(held))
+    if math.prod(base) == math.prod(shape):
+        if (perm := layouts.permutation(base, shape)) is not None:
+            return tuple(held[p] for p in perm)
+        if len(base) == len(shape) and sorted(base) == sorted(shape):  # a permute of repeated sizes: not known
+            return None
+        return layouts.view_strides(base, held, shape) or layouts.contiguous_strides(shape)
+    if len(base) == len(shape) + 1 and base[1:] == shape:  # one of an unbind's outputs
+        return held[1:]
+    if len(base) == len(shape) and sum(a != b for a, b in zip(base, shape, strict=True)) == 1:  # a split
+        return held
+    return None
+
+
+def _order(strides: tuple[int, ...]) -> tuple[int, ...]:
+    """Dimensions from the outermost in memory to the innermost."""
+    return tuple(sorted(range(len(strides)), key=lambda d: -strides[d]))
 
 
 _PASS_THROUGH = {"add", "sub"}
@@ -322,7 +403,29 @@ def _view(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
         return []
     if c.spec(x).numel > n.out.numel:  # a slice (split, narrow): its gradient is a slice too
         return [(x, dy)]
-    return [(x, c.emit(n, OpKind.VIEW, [dy], c.view_of(x, dy)))]
+    if not c.layout_copies:
+        return [(x, c.emit(n, OpKind.VIEW, [dy], c.view_of(x, dy)))]
+    return [(x, _strided_view(c, n, x, dy))]
+
+
+def _strided_view(c: _Ctx, n: Node, x: int, dy: int) -> int:
+    """The gradient of view ``n`` of ``x`` under eager autograd, with the layout it is held in.
+
+    A permute's backward is the inverse permute (PermuteBackward0: a view, no kernel); a view's or reshape's is
+    ``grad.reshape(self.sizes())`` (tools/autograd/derivatives.yaml, ``view`` and ``_reshape_alias``), and
+    ``reshape`` returns a view only where the strides allow one, otherwise a contiguous copy ("When possible,
+    the returned tensor will be a view of input. Otherwise, it will be a copy", torch.reshape docs,
+    https://pytorch.org/docs/stable/generated/torch.reshape.html; the test is ``computeStride`` in
+    aten/src/ATen/TensorUtils.cpp). That copy is one read and one write of the gradient."""
+    have, want = c.spec(dy).shape, c.spec(x).shape
+    if c.spec(dy).numel != c.spec(x).numel:  # an expand's gradient (its sum is not a kernel here): no layout
+        return c.emit(n, OpKind.VIEW, [dy], c.view_of(x, dy))
+    permute = len(have) == len(want) and sorted(have) == sorted(want)  # a permute's gradient: never a copy
+    held = _held(c, dy)
+    if not permute and held is not None and layouts.view_strides(have, held, want) is None:
+        # not expressible as a view: reshape copies the gradient into row-major order first
+        dy = c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(dy), ElementwiseAttrs("copy", 0), "grad_copy")
+    return c.emit(n, OpKind.VIEW, [dy], c.view_of(x, dy))
 
 
 def _reduction(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
@@ -389,6 +492,8 @@ class Autodiff:
     # cast a gradient to its input's dtype where they differ, as the autograd engine does (validate_outputs,
     # torch/csrc/autograd/engine.cpp: ``grad = grad.to(metadata.dtype)``): graphs of mixed dtypes (autocast)
     cast_grads: bool = False
+    # price the copies eager autograd makes where a gradient reshapes across its strides (Framework.layout_copies)
+    layout_copies: bool = False
     name: ClassVar[str] = "autodiff"
 
     def run(self, graph: Graph) -> Graph:
@@ -402,7 +507,7 @@ class Autodiff:
                 continue
             if n.op is OpKind.PARAMETER or (n.op is not OpKind.INPUT and any(i in needs for i in n.inputs)):
                 needs.add(n.id)
-        ctx = _Ctx(g, self.cast_grads)
+        ctx = _Ctx(g, self.cast_grads, self.layout_copies)
         loss = g.outputs[0]
         seed = g.add(OpKind.INPUT, (), TensorSpec((1,), DType.FP32), phase=Phase.BACKWARD, name="loss.grad")
         contribs: dict[int, list[int]] = {loss: [seed]}

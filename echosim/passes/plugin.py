@@ -97,7 +97,8 @@ def _autodiff(plan: Any) -> object:
     from echosim.passes.autodiff import Autodiff
 
     # autocast's graphs mix dtypes: the autograd engine casts each gradient to its input's dtype
-    return Autodiff(cast_grads=bool(get_framework(plan.framework).autocast))
+    framework = get_framework(plan.framework)
+    return Autodiff(cast_grads=bool(framework.autocast), layout_copies=bool(framework.layout_copies))
 
 
 def _recompute(plan: Any) -> object:
