@@ -44,19 +44,22 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     The loss runs eager outside the compiled blocks, F.cross_entropy(pred.float()) (ir.ops.LOSS_KERNEL_BYTES
     'eager', 'eager-loss-parallel' under tp): the 8B rows 1.0-2.1 points slower, the group 9.58% / -9.40% ->
     8.84% / -8.62%. K and V copied out to the query heads before SDPA (repeat_kv, its backward a sum; in CP
-    once, on the rank's chunk): 0.1-0.5 points slower, 8.60% / -8.34%."""
+    once, on the rank's chunk): 0.1-0.5 points slower, 8.60% / -8.34%. FSDP2's gathers and reduce-scatters that
+    spill past a layer's compute slow the next layer's kernels by the overlap model (streams.carried_slowdown_s):
+    the FSDP rows 0.0-4.1 points slower (405B interleaved -4.5 -> -0.9%), 7.70% / -7.37%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.086, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.083, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.077, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.074, abs=0.005)
     # -6.6% before FSDP2's fp32 reduce-scatter (once a micro-batch here, once a step under PP in torchtitan),
-    # -5.0% with it before fast accumulation
-    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.024, abs=0.01)
+    # -5.0% with it before fast accumulation; -2.2% before the spilled collectives' slowdown
+    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.014, abs=0.01)
     # -28.8% before its FSDP over the 8 CP ranks (dp 1: torchtitan's fsdp mesh is dp_shard x cp) was simulated
     assert errors["torchtitan2412-t2-llama-3p1-8b-fp8-h100-96gb-8-s262144"] == pytest.approx(-0.287, abs=0.01)
-    # -6.5% with the heuristic fraction at 0.91; -5.2% before the eager loss and the repeat_kv copies
-    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.046, abs=0.01)
+    # -6.5% with the heuristic fraction at 0.91; -5.2% before the eager loss and the repeat_kv copies; -4.5% before
+    # the spilled collectives' slowdown
+    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.009, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins;
     # -13.5 / -12.1% before FSDP2's copies; -11.4 / -9.7% with the heuristic fraction at 0.91; -10.3 / -8.5%
     # with the loss as one pass (before its eager kernels); -8.9 / -6.8% before the repeat_kv copies
@@ -64,8 +67,8 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.063, abs=0.01)
     # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%); -2.5% before FSDP2's copies,
     # +1.7% with them before fast accumulation; +0.5% with the heuristic fraction at 0.91; +1.6% before the eager
-    # loss and the repeat_kv copies
-    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.023, abs=0.01)
+    # loss and the repeat_kv copies; +2.3% before the spilled collectives' slowdown
+    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.029, abs=0.01)
 
 
 def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
@@ -165,16 +168,18 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     faster (70b-40gb-64 -22.9% -> -26.5%, 30b-40gb-32 +5.7% -> +3.1%), 7.9%, -6.5%. The large-scale 'flash' rows
     ran flash-attn 1.0.9, FlashAttention v1 (framework composer-fa1, rows.llm_foundry_flash_v1), at FA1's published
     rate next to FA2 (compute.FA1_FWD_BWD_TFLOPS): the 12 rows +5.5..+16.6 points (7b-128 -15.7% -> -4.1%,
-    1b-128 -16.5% -> +1.8%, 70b-128 -5.9% -> +1.2%), 4.2%, -2.3%."""
+    1b-128 -16.5% -> +1.8%, 70b-128 -5.9% -> +1.2%), 4.2%, -2.3%. FSDP's gathers and reduce-scatters that spill
+    past a layer's compute slow the next layer's kernels by the overlap model (streams.carried_slowdown_s): the H100
+    rows 0.2-1.4 points slower (13b-16 -8.9% -> -7.7%), 4.0%, -2.0%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.042, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.023, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.040, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.020, abs=0.005)
     # (last figures: with the heuristic fraction at 0.91; the A100 row with an fp32 reduce-scatter)
     assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.021, abs=0.01)  # -11.4, -0.7, +0.5%
     assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.031, abs=0.01)  # -5.4, +0.8, +1.9, +3.8%
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.090, abs=0.01)  # -29.9..-10.2%
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.077, abs=0.01)  # -29.9..-10.2, -8.9%
     assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.041, abs=0.01)  # -20.5..-15.7% on FA2
     assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(0.018, abs=0.01)  # -22.3..-16.5% on FA2
     assert errors["llmfoundry-mpt-70b-bf16-h100-sxm-128"] == pytest.approx(0.012, abs=0.01)  # -5.9% on FA2

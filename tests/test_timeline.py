@@ -95,6 +95,29 @@ def test_streams_overlap_and_slow_each_other() -> None:
     assert slowed.busy["comm.dp"] == pytest.approx(1.1)
 
 
+def test_a_spilled_collective_slows_the_next_repetitions_compute() -> None:
+    """FSDP's prefetch / reduce-scatter issued after a layer's compute runs beside the next layer's: the
+    steady-state period pays the overlap model's slowdown on the compute it overlaps (1.5 s at 1.2x: +0.3 s)."""
+    g = Graph("layer")
+    x = g.add(OpKind.INPUT, (), TensorSpec((1024,), DType.BF16))
+    k1 = g.add(OpKind.ELEMENTWISE, (x,), TensorSpec((1024,), DType.BF16), ElementwiseAttrs("gelu"))
+    k2 = g.add(OpKind.ELEMENTWISE, (k1,), TensorSpec((1024,), DType.BF16), ElementwiseAttrs("gelu"))
+    g.add(OpKind.ALL_GATHER, (k2,), TensorSpec((1024,), DType.BF16), CollectiveAttrs(Axis.DP, 8, 2048))
+    cost = {k1: 1.0, k2: 1.0, k2 + 1: 1.5}
+
+    def c(n):  # type: ignore[no-untyped-def]
+        return cost.get(n.id, 0.0)
+
+    free = simulate_unit(g, list(g), c, OverlapModel())
+    assert (free.critical_end, free.duration, free.carry, free.period) == pytest.approx((2.0, 3.5, 0.0, 2.0))
+    slowed = simulate_unit(g, list(g), c, OverlapModel(compute_slowdown=1.2))
+    assert slowed.duration == pytest.approx(3.5)  # nothing overlaps inside one repetition
+    assert slowed.carry == pytest.approx(1.5 * 0.2)
+    assert slowed.period == pytest.approx(2.0 + 0.3)
+    cost[k2 + 1] = 3.0  # communication-bound: the collective sets the period
+    assert simulate_unit(g, list(g), c, OverlapModel(compute_slowdown=1.2)).period == pytest.approx(3.0)
+
+
 def test_tp_comm_overlap_hides_the_collective_under_its_gemm() -> None:
     from echosim.ir.ops import MatmulAttrs
     from echosim.timeline.streams import pipelined_edges

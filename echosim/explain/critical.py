@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from echosim.timeline.costed import CostedGraph, unit_dependencies
-from echosim.timeline.streams import COMM, UnitTiming
+from echosim.timeline.streams import COMM, UnitTiming, carried_window
 
 if TYPE_CHECKING:
     from echosim.ir.graph import Graph
@@ -133,10 +133,15 @@ def _ops_of(graph: Graph, unit: UnitTiming, runs: int) -> dict[int, float]:
 
     if runs > 1:
         comm = [(e.node, e.duration) for e in unit.events if e.stream == COMM]
-        if sum(d for _, d in comm) > unit.critical_end:
+        if sum(d for _, d in comm) > unit.critical_end + unit.carry:
             add(comm, runs - 1)  # the communication stream sets the steady-state period
         else:
             add(unit_chain(graph, unit, until_side=True), runs - 1)
+            # the slowdown carried from the previous run's spilled collectives, on the ops it slows (by their seconds)
+            window = carried_window(unit)
+            beside = sum(s for _, s in window)
+            if unit.carry > 0.0 and beside > 0.0:
+                add(((node, unit.carry * s / beside) for node, s in window), runs - 1)
     add(unit_chain(graph, unit), 1)
     return out
 

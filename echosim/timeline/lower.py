@@ -605,11 +605,12 @@ class _Rebound(UnitTiming):
     reads only the durations and busy times of most of the units it times)."""
 
     def __init__(self, timing: UnitTiming, nodes: list[Node], ids: tuple[int, ...]) -> None:
-        self.duration, self.busy, self.critical_end, self.nodes = (
+        self.duration, self.busy, self.critical_end, self.nodes, self.carry = (
             timing.duration,
             dict(timing.busy),
             timing.critical_end,
             ids,
+            timing.carry,
         )
         self._source = (timing, nodes)
 
@@ -638,7 +639,7 @@ class _Rebound(UnitTiming):
 
 
 def _fields(t: UnitTiming) -> tuple[Any, ...]:
-    return (t.duration, t.busy, t.events, t.critical_end, t.nodes, t.chunked)
+    return (t.duration, t.busy, t.events, t.critical_end, t.nodes, t.chunked, t.carry)
 
 
 def _unit_graph(stage: Stage) -> Graph:

@@ -47,6 +47,9 @@ class UnitTiming:
     critical_end: float = 0.0  # end of the last op something in the unit waits on
     nodes: tuple[int, ...] = ()  # every IR node of the unit in order (views and placeholders included)
     chunked: frozenset[tuple[int, int]] = frozenset()  # producer -> consumer edges pipelined by TP overlap
+    # seconds the next repetition's compute gains from running beside this one's spilled collectives
+    # (:func:`carried_slowdown_s`); 0 where the backend's overlap slows nothing
+    carry: float = 0.0
 
     @property
     def period(self) -> float:
@@ -54,13 +57,14 @@ class UnitTiming:
 
         Collectives that nothing in the unit waits on (FSDP prefetch, gradient
         reduce-scatter) run under the next repetition's compute, so the steady-state
-        period is the longer of the critical path and the communication stream's load.
+        period is the longer of the critical path, slowed where those collectives run
+        beside it (:attr:`carry`), and the communication stream's load.
         Kept once read (a search reads a unit's period millions of times); :meth:`add_busy` forgets it.
         """
         known = self.__dict__.get("_period")
         if known is None or known[0] != self.critical_end:
             comm = sum(v for k, v in self.busy.items() if k.startswith("comm."))
-            known = self.__dict__["_period"] = (self.critical_end, max(self.critical_end, comm))
+            known = self.__dict__["_period"] = (self.critical_end, max(self.critical_end + self.carry, comm))
         return known[1]
 
     def add_busy(self, category: str, seconds: float) -> None:
@@ -180,7 +184,45 @@ def simulate_unit(
         factor = factors[cat]
         shared = spans[n.op.is_collective].overlap(s, s + d) / d
         dilated[n.id] = d * (1.0 + min(shared, 1.0) * (factor - 1.0))
-    return _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined, cats)
+    timing = _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined, cats)
+    timing.carry = carried_slowdown_s(timing, factors)
+    return timing
+
+
+def carried_slowdown_s(unit: UnitTiming, factors: dict[str, float]) -> float:
+    """Seconds a repetition of ``unit`` adds to the next one's critical path: the next repetition's compute runs
+    beside this one's collectives that outlast its critical path, and slows as the overlap model says.
+
+    The collectives nothing in the unit waits on (FSDP's prefetch of the next layer's parameters, its gradient
+    reduce-scatter) are issued after the layer's compute and keep the communication stream busy for
+    ``duration - critical_end`` seconds into the next repetition (:attr:`UnitTiming.period`); the next
+    repetition's compute ops in that window (:func:`carried_window`) are slowed by their category's factor (the SM
+    and HBM share the collective kernels hold, :class:`~echosim.backends.base.OverlapModel`), as the overlap
+    inside one unit is (:func:`simulate_unit`).
+    """
+    category_of = {e.node: e.category for e in unit.events}
+    return sum(sec * (factors.get(category_of[node], 1.0) - 1.0) for node, sec in carried_window(unit))
+
+
+def carried_window(unit: UnitTiming) -> list[tuple[int, float]]:
+    """(node, seconds) of the unit's compute ops that run beside the previous repetition's spilled collectives.
+
+    The window is the first ``duration - critical_end`` seconds of the repetition; an op already overlapped by
+    a collective of its own unit counts only the seconds no such collective covers (it is slowed once).
+    """
+    spill = unit.duration - unit.critical_end
+    if spill <= 0.0:
+        return []
+    own = _Spans([(e.start, e.start + e.duration) for e in unit.events if e.stream == COMM])
+    out = []
+    for e in unit.events:
+        if e.stream != COMPUTE or e.start >= spill:
+            continue
+        end = min(e.start + e.duration, spill)
+        beside = end - e.start - own.overlap(e.start, end)
+        if beside > 0.0:
+            out.append((e.node, beside))
+    return out
 
 
 class _Spans:
