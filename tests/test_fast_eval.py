@@ -110,6 +110,51 @@ def test_stage_depths_share_their_units_exactly() -> None:
         share_nodes(other, graphs[0])
 
 
+def test_stage_depths_share_their_timed_units_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph holding depth 1's nodes (depths 2 and 3) takes depth 1's timed units, the very timing objects,
+    with its own repeats (timed once for the depths), equal to the units it times on its own."""
+    from dataclasses import replace
+
+    from echosim import plugins
+    from echosim.compiler import prepare_joint
+    from echosim.ir.graph import SAME_NODES
+    from echosim.timeline import lower
+    from echosim.timeline.lower import time_units, timed_units
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=pp, dp=8 // pp, global_batch=16, zero=z) for pp in (2, 4, 8) for z in (0, 1)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    j = prepare_joint("gpt3-350m", Plan(pp=2, dp=4, global_batch=16), cluster)
+    schedules = plugins.get_registry().schedules
+    timed_on: list[Any] = []
+    monkeypatch.setattr(lower, "time_units", lambda graph, *a: timed_on.append(graph) or time_units(graph, *a))
+    shared = 0
+    for g in fast_eval._BASES._data.values():
+        ref = g.derived(SAME_NODES, lambda: g)  # noqa: B023
+        if ref is g:
+            continue
+        for x in (g, ref):  # timed afresh below
+            for k in [k for k in x._derived if isinstance(k, tuple) and k[0] == "timed-units"]:
+                del x._derived[k]
+        for name in ("1f1b", "zb-h1"):  # the backward split or not: other units
+            opts = replace(j.options, schedule=schedules[name].value)
+            timed_on.clear()
+            got = timed_units(g, j.backend, j.where, opts)
+            assert timed_on == [ref]  # timed on depth 1's graph only
+            theirs = timed_units(ref, j.backend, j.where, opts)
+            own = time_units(g, j.backend, j.where, opts)  # this graph's units timed on their own
+            assert all(
+                x is y for kg, kt in zip(got, theirs, strict=True) for (x, _), (y, _) in zip(kg, kt, strict=True)
+            )
+            assert [[(u.duration, u.critical_end, u.busy, k) for u, k in kind] for kind in got] == [
+                [(u.duration, u.critical_end, u.busy, k) for u, k in kind] for kind in own
+            ]
+            assert [k for kind in got for _, k in kind] != [k for kind in theirs for _, k in kind]  # its own repeats
+            shared += 1
+    assert shared >= 4
+
+
 def test_stage_depths_share_their_working_set_terms_exactly() -> None:
     """Depths 1-3 of a stage shape hold the same nodes: the working set's terms and backward's freeing schedule
     (which read no repeat count) are depth 1's, equal to each depth's own walk, and so is every stage graph's

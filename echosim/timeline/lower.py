@@ -395,7 +395,20 @@ def timed_units(
     axes = graph.derived(("unit-axes", split_w), lambda: frozenset(a for kind in parts for p in kind for a in p.axes))
     used = tuple((a, p) for a, p in where.items() if a in axes)
     key = ("timed-units", backend, used, options.tp_overlap, split_w)
-    return graph.derived(key, lambda: time_units(graph, backend, where, options))
+
+    def compute() -> tuple[list[tuple[UnitTiming, int]], ...]:
+        ref = graph.derived(SAME_NODES, lambda: graph)
+        if ref is graph:
+            return time_units(graph, backend, where, options)
+        # a graph holding another's nodes under other repeat counts (:func:`share_nodes`, a search's stage depths):
+        # its units are that one's with the block's repeat changed (:func:`unit_parts`), and a unit's timing is read
+        # from its ops alone (time_units' cache), told in the same node ids: that one's timings with this graph's
+        # repeats, timed once for every depth that shares the nodes
+        shared = timed_units(ref, backend, where, options)
+        return tuple([(u, p.repeat) for (u, _), p in zip(kind, own, strict=True)]
+                     for kind, own in zip(shared, parts, strict=True))  # fmt: skip
+
+    return graph.derived(key, compute)  # type: ignore[return-value]
 
 
 def time_units(
