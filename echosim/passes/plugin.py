@@ -23,7 +23,9 @@ def _attention(plan: Any) -> object:
     padded = bool(framework.attention_unpad)
     loss = framework.loss_kernel
     repeat_kv = bool(framework.attention_repeat_kv)
-    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded, loss, repeat_kv)
+    return AttentionKernel(
+        plan.attention == "flash", framework.attention_kernel, reference, padded, loss, repeat_kv, plan.splash_blocks
+    )
 
 
 def _context(plan: Any) -> object:
