@@ -244,6 +244,8 @@ def setting_flags(name: str, value: Any) -> list[str]:
     flag = f"--{name.replace('_', '-')}"
     if name == "passes":
         return [x for pass_name in value for x in ("--pass", pass_name)]
+    if name == "splash_blocks":
+        return [flag, ",".join(str(b) for b in value)]
     if isinstance(value, bool):
         return [flag if value else f"--no-{name.replace('_', '-')}"]
     return [flag, repr(value) if isinstance(value, float) else str(value)]
