@@ -301,6 +301,8 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
     budgets = {k: merged.pop(k) for k in BUDGETS if k in merged}
     if "passes" in merged:
         merged["passes"] = tuple(merged["passes"])
+    if "splash_blocks" in merged:  # a list of six sizes
+        merged["splash_blocks"] = tuple(merged["splash_blocks"])
     if source:  # a framework's own config; the entry's other keys override it, as flags beside --from do
         from echosim.configs import read_source, resolve
 

@@ -213,6 +213,10 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         ) from None
     if not math.isfinite(plan.moe_capacity_factor) or not math.isfinite(plan.moe_imbalance):
         raise PlanError("--moe-capacity-factor and --moe-imbalance must be finite numbers")
+    if plan.splash_blocks and (len(plan.splash_blocks) != 6 or min(plan.splash_blocks) < 1):
+        raise PlanError(
+            f"--splash-blocks takes six sizes >= 1 (q, kv of the forward, dkv and dq kernels), got {plan.splash_blocks}"
+        )
     if plan.moe_capacity_factor < 0:
         raise PlanError(f"--moe-capacity-factor must be >= 0 (0 = dropless), got {plan.moe_capacity_factor:g}")
     if plan.moe_pad_to_capacity and not plan.moe_capacity_factor:

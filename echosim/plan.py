@@ -82,6 +82,9 @@ class Plan:
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
     framework: str = DEFAULT_FRAMEWORK  # whose defaults and memory behaviour apply (echosim.frameworks)
+    # TPU splash attention's block sizes, MaxText's sa_block_q, sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv,
+    # sa_block_q_dq, sa_block_kv_dq (a recipe's settings; echosim.backends.tpu.splash_blocks); (): the defaults
+    splash_blocks: tuple[int, ...] = ()
 
     @property
     def batch(self) -> int:
@@ -109,8 +112,8 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``,
-        ``moe_pad_to_capacity`` and the router groups only where set (models without tables or experts
-        never state them)."""
+        ``moe_pad_to_capacity``, the router groups and ``splash_blocks`` only where set (models without tables
+        or experts, and runs on MaxText's default splash blocks, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         if not self.etp:
             del d["etp"]
@@ -124,10 +127,12 @@ class Plan:
             del d["moe_dispatcher"]
         if not self.moe_router_groups:
             del d["moe_router_groups"], d["moe_router_group_topk"]
+        if not self.splash_blocks:
+            del d["splash_blocks"]
         return d
 
 
-#: Plan's fields, every one a scalar or a tuple of strings (:meth:`Plan.as_dict` copies none of them).
+#: Plan's fields, every one a scalar or a tuple of strings or ints (:meth:`Plan.as_dict` copies none of them).
 _FIELDS = fields(Plan)
 
 DEFAULT_MODEL = "gpt3-175b"
@@ -239,6 +244,8 @@ def setting_flags(name: str, value: Any) -> list[str]:
     flag = f"--{name.replace('_', '-')}"
     if name == "passes":
         return [x for pass_name in value for x in ("--pass", pass_name)]
+    if name == "splash_blocks":
+        return [flag, ",".join(str(b) for b in value)]
     if isinstance(value, bool):
         return [flag if value else f"--no-{name.replace('_', '-')}"]
     return [flag, repr(value) if isinstance(value, float) else str(value)]

@@ -470,3 +470,36 @@ def test_maxtext_fused_splash_backward_selects_its_framework_entry() -> None:
     both = from_config(f"{base},sa_use_fused_bwd_kernel=true,weight_dtype=bfloat16", "--devices 256 --backend tpu-v6e")
     assert (plain[1].framework, fused[1].framework) == ("maxtext", "maxtext-splash-fused")
     assert both[1].framework == "maxtext-bf16-weights-splash-fused"
+
+
+def test_maxtext_splash_blocks_reach_the_plan() -> None:
+    """sa_block_* (a recipe's splash attention blocks) become Plan.splash_blocks in sa_block_q ... sa_block_kv_dq
+    order; base.yml's 512s state none; --splash-blocks writes and reads them back; a wrong count is refused."""
+    from echosim.commands.options import parse_layout_flags
+    from echosim.compiler import compile as compile_model
+    from echosim.errors import EchosimError
+    from echosim.plan import Cluster, Plan, plan_flags
+
+    base = f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml"
+    tpu = "--devices 256 --backend tpu-v6e"
+    plain = from_config(base, tpu)
+    gpt3 = from_config(f"{base},sa_block_q=1024,sa_block_q_dkv=2048,sa_block_q_dq=2048", tpu)
+    assert plain[1].splash_blocks == ()
+    assert gpt3[1].splash_blocks == (1024, 512, 2048, 512, 2048, 512)
+    plan, cluster = Plan(dp=8, splash_blocks=(2048,) * 6), Cluster(devices=8)
+    flags = plan_flags(plan, cluster)
+    assert flags[-2:] == ["--splash-blocks", "2048,2048,2048,2048,2048,2048"]
+    assert parse_layout_flags("llama3-8b", " ".join(flags), "--a") == ("llama3-8b", plan, cluster)
+    with pytest.raises(EchosimError, match="--splash-blocks takes six sizes"):
+        compile_model("llama3-8b", Plan(dp=8, splash_blocks=(2048, 2048)), Cluster("tpu-v6e", 8, 8))
+
+
+def test_check_entry_takes_splash_blocks_as_a_list() -> None:
+    """``echosim check``'s TOML list of six sizes reaches the plan (splash blocks of 2048 compute more of the causal
+    mask than 512: a slower step)."""
+    from echosim.check import run_check
+
+    entry = {"model": "llama3-8b", "backend": "tpu-v6e", "devices": 8, "zero": 3, "framework": "maxtext"}
+    plain = run_check(entry, {}, 0)
+    blocks = run_check({**entry, "splash_blocks": [2048] * 6}, {}, 0)
+    assert blocks.step_time_s > plain.step_time_s

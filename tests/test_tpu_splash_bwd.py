@@ -99,3 +99,72 @@ def test_maxtext_gpt_rows_train_without_dropout() -> None:
     cases = {c.case_id: c for c in read_cases(CASES)}
     assert row_model(cases["tpurecipes-gpt3-175b-bf16-v6e-256"]).dropout == 0.0
     assert row_model(cases["korthikanti2022-t5-gpt-175b-full-a100-80gb-64"]).dropout == 0.1
+
+
+@pytest.mark.parametrize(
+    ("blocks", "touched", "grid"), [((2048, 2048), 10, 16), ((2048, 512), 40, 64), ((1024, 512), 72, 128)]
+)
+def test_splash_keep_follows_the_kernels_blocks(blocks: tuple[int, int], touched: int, grid: int) -> None:
+    """At 8192 tokens 2048-blocks touch 4 * 5 / 2 of 16 (0.625, not 512-blocks' 136/256); a 2048-row q block
+    over 512-key blocks touches 4 + 8 + 12 + 16 = 40 of 64; 1024 x 512: 2 + 4 + ... + 16 = 72 of 128."""
+    a = AttentionAttrs(1, 8, 8, 8192, 8192, 128)
+    assert tpu.attention_keep(a, *blocks) == pytest.approx(touched / grid)
+
+
+@pytest.mark.parametrize("name", sorted(tpu.TPUS))
+def test_splash_costs_each_kernel_at_its_own_blocks(name: str) -> None:
+    """A recipe's sa_block_* reach the cost through AttentionAttrs.blocks: the forward at (sa_block_q, sa_block_kv),
+    the dkv kernel's 4 products at its blocks and the dq kernel's 3 at its; the fused kernel's 5 at dkv's.
+    The default (all 512) is the old 3.5 x forward."""
+    chip = tpu.TPUS[name]
+    a = AttentionAttrs(2, 32, 8, 8192, 8192, 128)
+    launch = 2 * tpu.FUSION_OVERHEAD_US * 1e-6
+
+    def compute(keep: float) -> float:  # the forward's two products over the kept blocks, as splash_forward_s
+        pad = tpu._pad(128, chip.mxu_dim)
+        return 2 * (2.0 * 2 * 32 * 8192 * 8192 * pad) * keep / (chip.peak_bf16_tflops * 1e12 * chip.gemm_eff)
+
+    gpt3 = replace(a, blocks=(1024, 512, 2048, 512, 2048, 512))  # gpt_3_175b's sa_block_q / _dkv / _dq
+    assert tpu.attention_time_s(chip, gpt3, "bf16") == pytest.approx(compute(72 / 128) + launch, rel=1e-6)
+    bwd = (4 * (compute(40 / 64) + launch) + 3 * (compute(40 / 64) + launch)) / 2
+    assert tpu.attention_time_s(chip, gpt3, "bf16", backward=True) == pytest.approx(bwd, rel=1e-6)
+    llama = replace(a, blocks=(2048,) * 6, kernel=tpu.SPLASH_FUSED)  # llama3_1_8b_8192: 2048 each, fused
+    assert tpu.attention_time_s(chip, llama, "bf16", backward=True) == pytest.approx(
+        2.5 * (compute(10 / 16) + launch), rel=1e-6
+    )
+    assert tpu.attention_time_s(chip, replace(a, blocks=(512,) * 6), "bf16", backward=True) == pytest.approx(
+        tpu.attention_time_s(chip, a, "bf16", backward=True)
+    )
+
+
+def test_plan_splash_blocks_reach_the_attention() -> None:
+    """Plan.splash_blocks is carried to every attention op; a plan without it states none (as_dict)."""
+
+    def step(blocks: tuple[int, ...]) -> float:
+        plan = Plan(dp=8, micro_batch=1, global_batch=8, seq_len=8192, zero=3, recompute="full",
+                    framework="maxtext-splash-fused", splash_blocks=blocks)  # fmt: skip
+        return compile_model("llama3-8b", plan, Cluster("tpu-v6e", 8, 8)).breakdown["compute.attention"]
+
+    assert step((2048,) * 6) / step(()) == pytest.approx((10 / 16) / (136 / 256), rel=0.02)
+    assert "splash_blocks" not in Plan().as_dict()
+    assert Plan(splash_blocks=(2048,) * 6).as_dict()["splash_blocks"] == (2048,) * 6
+
+
+def test_maxtext_rows_read_their_recipes_splash_blocks() -> None:
+    """The Trillium Llama-3.1 8B / 70B configs set every sa_block_* to 2048; GPT-3 and Llama 405B set sa_block_q
+    1024, sa_block_q_dkv and sa_block_q_dq 2048; Mixtral 8x22B the three q blocks 2048; the v5p Llama 4 configs
+    2048 each; rows without a config (Gemma 3, the v5p GPT-3 script, the READMEs) keep base.yml's 512."""
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_plan
+
+    plans = {c.case_id: row_plan(c)[0] for c in read_cases(CASES) if "tpu" in c["device"]}
+    blocks = {k: p.splash_blocks for k, p in plans.items()}
+    assert blocks["tpurecipes-llama3-8b-bf16-v6e-16"] == (2048,) * 6
+    assert blocks["tpurecipes-llama3-70b-bf16-v6e-32"] == (2048,) * 6
+    assert blocks["tpurecipes-gpt3-175b-fp8-v6e-256"] == (1024, 512, 2048, 512, 2048, 512)
+    assert blocks["tpurecipes-llama3-405b-bf16-v6e-512-x2"] == (1024, 512, 2048, 512, 2048, 512)
+    assert blocks["tpurecipes-mixtral-8x22b-bf16-v6e-256"] == (2048, 512, 2048, 512, 2048, 512)
+    assert blocks["tpurecipes-llama4-scout-bf16-v5p-512"] == (2048,) * 6
+    assert blocks["tpurecipes-gemma3-12b-bf16-v6e-512-x2"] == ()
+    assert blocks["tpurecipes-gpt3-175b-bf16-v5p-512"] == ()
+    assert all(not b for k, b in blocks.items() if k.startswith("maxtext-"))

@@ -241,26 +241,38 @@ def memory_bound_time_s(chip: TPUSpec, nbytes: int) -> float:
 #: Splash attention's query and key block (MaxText ``sa_block_q`` / ``sa_block_kv`` and the backward's
 #: ``sa_block_q_dkv`` ... ``sa_block_kv_dq``, all 512 by default: src/maxtext/configs/base.yml lines 1159-1166,
 #: commit e591f30). The mask is costed at this granularity: a block the mask leaves empty is skipped, any
-#: other is computed whole (see :func:`attention_keep`).
+#: other is computed whole (see :func:`attention_keep`). A recipe that sets its own sizes reaches the cost through
+#: :attr:`echosim.ir.ops.AttentionAttrs.blocks` (:func:`splash_blocks`).
 SPLASH_BLOCK = 512
 
 
-def attention_keep(a: AttentionAttrs) -> float:
-    """Share of the score matrix splash attention computes: the :data:`SPLASH_BLOCK` square blocks the causal
+def splash_blocks(a: AttentionAttrs) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """The (q, kv) block of splash attention's forward, dkv and dq kernels: the run's sizes
+    (``AttentionAttrs.blocks``, MaxText's ``sa_block_*`` order) or :data:`SPLASH_BLOCK` each. The kernel grids
+    over these blocks (``BlockSizes(block_q, block_kv, block_q_dkv, block_kv_dkv, block_q_dq, block_kv_dq)``,
+    jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py, jax commit cec06d1), so they
+    fix which blocks the causal mask leaves out and how often k and v are read."""
+    b = a.blocks or (SPLASH_BLOCK,) * 6
+    return (b[0], b[1]), (b[2], b[3]), (b[4], b[5])
+
+
+def attention_keep(a: AttentionAttrs, block_q: int = SPLASH_BLOCK, block_kv: int = SPLASH_BLOCK) -> float:
+    """Share of the score matrix splash attention computes: the ``block_q`` x ``block_kv`` blocks the causal
     mask (within the sliding window, if any) touches, each computed whole.
 
     The kernel runs a grid step only for a (q block, kv block) whose ``block_mask`` entry is non-zero and
     then computes every ``bkv_compute`` slice of the kv block, masking the partial ones (jax commit cec06d1,
     jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py: ``_next_nonzero`` gives
     ``should_run``, ``flash_attention_kernel`` loops ``num_iters = bkv // bkv_compute`` unconditionally). A
-    causal mask over n blocks per side computes n(n+1)/2 of them, not n^2/2: 0.625 at 2048 tokens.
+    causal mask over n square blocks per side computes n(n+1)/2 of them, not n^2/2: 0.625 at 2048 tokens
+    in 512-blocks, 1.0 in one 2048-block.
     """
     from echosim.backends.compute import band_kv_blocks
 
     if not a.causal:
         return 1.0
-    blocks = band_kv_blocks(a.q_len, a.kv_len, SPLASH_BLOCK, SPLASH_BLOCK, a.window or None)
-    return min(1.0, sum(blocks) * SPLASH_BLOCK * SPLASH_BLOCK / (a.q_len * a.kv_len))
+    blocks = band_kv_blocks(a.q_len, a.kv_len, block_q, block_kv, a.window or None)
+    return min(1.0, sum(blocks) * block_q * block_kv / (a.q_len * a.kv_len))
 
 
 #: Block products of splash attention's backward, per pair of forward products (q k^T and p v). MaxText's
@@ -271,19 +283,34 @@ def attention_keep(a: AttentionAttrs) -> float:
 #: ``_flash_attention_dkv_kernel`` and ``_flash_attention_dq_kernel``). The fused kernel (``kernel ==
 #: "splash-fused"``, a recipe's ``sa_use_fused_bwd_kernel: True``) forms dq inside the dkv kernel: 5.
 SPLASH_BWD_PRODUCTS = 7
+SPLASH_DKV_PRODUCTS = 4  # of the 7: q k^T, p^T do, do v^T, ds^T q in the dkv kernel; the dq kernel runs the rest
 SPLASH_FUSED_BWD_PRODUCTS = 5
 #: ``AttentionAttrs.kernel`` of splash attention with its fused backward kernel (:mod:`echosim.frameworks`).
 SPLASH_FUSED = "splash-fused"
 
 
 def splash_backward_factor(a: AttentionAttrs) -> float:
-    """Backward time over forward time of splash attention: its backward block products over the forward's 2."""
+    """Backward time over forward time of splash attention at one block size: its backward block products over
+    the forward's 2."""
     return (SPLASH_FUSED_BWD_PRODUCTS if a.kernel == SPLASH_FUSED else SPLASH_BWD_PRODUCTS) / 2
+
+
+def splash_backward_s(chip: TPUSpec, a: AttentionAttrs, dtype: str) -> float:
+    """Splash attention's backward: each kernel's block products at its own blocks (:func:`splash_blocks`). The
+    dkv kernel runs 4 of the 7 products on the dkv blocks and the dq kernel 3 on the dq blocks; the fused kernel
+    all 5 on the dkv blocks (:data:`SPLASH_BWD_PRODUCTS`). With one block size throughout this is
+    :func:`splash_backward_factor` times the forward."""
+    _, dkv, dq = splash_blocks(a)
+    if a.kernel == SPLASH_FUSED:
+        return splash_forward_s(chip, a, dtype, dkv) * SPLASH_FUSED_BWD_PRODUCTS / 2
+    dq_products = SPLASH_BWD_PRODUCTS - SPLASH_DKV_PRODUCTS
+    return (splash_forward_s(chip, a, dtype, dkv) * SPLASH_DKV_PRODUCTS + splash_forward_s(chip, a, dtype, dq)
+            * dq_products) / 2  # fmt: skip
 
 
 def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
     """Splash/flash attention on the MXU: the two products per block, padded, masked blocks skipped; the
-    backward runs the block products of MaxText's kernel choice (:func:`splash_backward_factor`).
+    backward runs the block products of MaxText's kernel choice at its kernels' blocks (:func:`splash_backward_s`).
 
     Materialised (``flash`` off) attention computes and stores every score, masked or not; XLA's autodiff
     of it runs the textbook 5 products (2.5 x the forward)."""
@@ -293,25 +320,27 @@ def attention_time_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, backward: boo
         score_bytes = a.batch * a.heads * a.q_len * a.kv_len * _itemsize(dtype)
         passes = 4 if not backward else 6
         return (qk + pv) * (2.5 if backward else 1.0) + memory_bound_time_s(chip, passes * score_bytes)
-    return splash_forward_s(chip, a, dtype) * (splash_backward_factor(a) if backward else 1.0)
+    return splash_backward_s(chip, a, dtype) if backward else splash_forward_s(chip, a, dtype)
 
 
-def splash_forward_s(chip: TPUSpec, a: AttentionAttrs, dtype: str) -> float:
+def splash_forward_s(chip: TPUSpec, a: AttentionAttrs, dtype: str, blocks: tuple[int, int] | None = None) -> float:
     """Splash attention's forward: its two block products (q k^T, p v) on the MXU, padded as any matmul and
     scaled by the blocks the mask keeps, bounded below by the kernel's own HBM traffic.
 
     The scores never reach HBM: each q block stays in VMEM while the kernel streams the k and v blocks past it
     and writes only the output (jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py
     ``flash_attention_kernel``, jax commit cec06d1: the running max, sum and output live in VMEM scratch refs).
-    The traffic is q and o once and k, v once per q block (:data:`SPLASH_BLOCK` rows), not the q_len x kv_len
-    score matrix a plain matmul of the same shape writes.
+    The traffic is q and o once and k, v once per q block (``block_q`` rows), not the q_len x kv_len
+    score matrix a plain matmul of the same shape writes. ``blocks``: the (q, kv) block of the kernel
+    (default: the forward's, :func:`splash_blocks`); the backward's kernels cost their products at theirs.
     """
+    block_q, block_kv = blocks or splash_blocks(a)[0]
     size = _itemsize(dtype)
-    keep = attention_keep(a)
+    keep = attention_keep(a, block_q, block_kv)
     padded = _pad(a.q_len, SUBLANES) * _pad(a.kv_len, chip.mxu_dim) * _pad(a.head_dim, chip.mxu_dim)
     work = 2.0 * a.batch * a.heads * padded  # one product; q k^T and p v pad the same way
     compute_s = 2 * work * keep / (chip.peak_tflops(dtype) * 1e12 * chip.gemm_eff)
-    q_blocks = -(-a.q_len // SPLASH_BLOCK)
+    q_blocks = -(-a.q_len // block_q)
     traffic = (
         a.batch * size * a.head_dim * (2 * a.heads * a.q_len + 2 * a.kv_heads * a.kv_len * max(1.0, q_blocks * keep))
     )

@@ -28,6 +28,16 @@ ENV_VAR = "ECHOSIM_CALIBRATION"  # the same name as echosim.calibrate.db.ENV_VAR
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _splash_blocks(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    """``--splash-blocks 2048,2048,2048,2048,2048,2048`` as the six sizes (:attr:`echosim.plan.Plan.splash_blocks`)."""
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not six comma-separated integers") from None
+
+
 def _environment_names_a_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A value taken from ``$ECHOSIM_CALIBRATION`` names a database file: a missing one is one line."""
     from_environment = ctx.get_parameter_source(param.name or "") is ParameterSource.ENVIRONMENT
@@ -162,6 +172,12 @@ def layout_options(fn: F) -> F:
             type=int,
             help="Run the output layer and loss over this many token chunks, recomputing each chunk's "
             "logits in backward (MaxText num_vocab_tiling).",
+        ),
+        click.option(
+            "--splash-blocks",
+            callback=_splash_blocks,
+            help="TPU splash attention's blocks, six sizes Q,KV,Q_DKV,KV_DKV,Q_DQ,KV_DQ (MaxText sa_block_q, "
+            "sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv, sa_block_q_dq, sa_block_kv_dq; default 512 each).",
         ),
         framework_option,
         calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME)."),

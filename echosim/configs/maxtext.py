@@ -24,6 +24,11 @@ from echosim.passes.recompute import POLICIES
 
 BASE = "MaxText src/maxtext/configs/base.yml, commit e591f30"
 
+#: MaxText's splash-attention block keys, in :attr:`echosim.plan.Plan.splash_blocks`'s order.
+SPLASH_BLOCK_KEYS = (
+    "sa_block_q", "sa_block_kv", "sa_block_q_dkv", "sa_block_kv_dkv", "sa_block_q_dq", "sa_block_kv_dq",
+)  # fmt: skip
+
 #: The base.yml values of the keys echosim reads (commit e591f30).
 DEFAULTS: dict[str, Any] = {
     "model_name": "default",
@@ -57,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "context_parallel_load_balance": True,
     "weight_dtype": "float32",
     "sa_use_fused_bwd_kernel": False,  # splash attention's backward as two kernels (dkv, dq): base.yml line 1167
+    **dict.fromkeys(SPLASH_BLOCK_KEYS, 512),  # splash attention's blocks: base.yml lines 1159-1166, commit e591f30
     **{f"ici_{axis}_parallelism": 1 for axis in ("data", "fsdp_transpose", "sequence", "context", "tensor",
                                                  "tensor_sequence", "pipeline", "expert", "autoregressive")},
     "ici_fsdp_parallelism": -1,
@@ -175,7 +181,11 @@ def read_maxtext(spec: str, source: str) -> FromConfig:
     out = FromConfig(source, maxtext_framework(bf16_weights, te_attention, fused_bwd))
     if bf16_weights and te_attention:  # no entry has both: the weights' memory rule wins
         out.notes.append("attention=cudnn_flash_te with weight_dtype bfloat16: attention costed as MaxText's flash")
-    used = _plan(config, out) | {"weight_dtype", "sa_use_fused_bwd_kernel"}
+    # sa_block_*: the splash kernels' (q, kv) blocks, which fix the causal mask's granularity (Plan.splash_blocks)
+    blocks = tuple(as_int(config.get(k, DEFAULTS[k]), k, source) for k in SPLASH_BLOCK_KEYS)
+    if any(b != DEFAULTS[k] for b, k in zip(blocks, SPLASH_BLOCK_KEYS, strict=True)):
+        out.options["splash_blocks"] = blocks
+    used = _plan(config, out) | {"weight_dtype", "sa_use_fused_bwd_kernel", *SPLASH_BLOCK_KEYS}
     used |= _model(config, out)
     for key in stated:
         if key in used or key in from_base:  # a whole base.yml's settings are MaxText's defaults

@@ -230,8 +230,14 @@ class AttentionAttrs:
     window: int = 0  # sliding window in keys (0: full attention)
     padded: bool = False  # q, k, v unpadded into the varlen layout and the output padded back, by copies
     repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (grouped-query attention)
+    # TPU splash attention's (q, kv) blocks of its forward, dkv and dq kernels, six sizes in MaxText's order
+    # sa_block_q, sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv, sa_block_q_dq, sa_block_kv_dq
+    # (echosim.backends.tpu.splash_blocks); (): MaxText's defaults
+    blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.blocks and (len(self.blocks) != 6 or min(self.blocks) < 1):
+            raise ValueError(f"splash blocks are six sizes >= 1 (forward, dkv, dq: q then kv), got {self.blocks}")
         if self.window < 0 or (self.window and not self.causal):
             raise ValueError(f"a sliding window needs causal attention and window >= 1 (0: none), got {self.window}")
 

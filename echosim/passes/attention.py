@@ -13,6 +13,8 @@ Transformer Engine's DotProductAttention (cuDNN's fused attention from Hopper on
 (:attr:`echosim.frameworks.Framework.attention_unpad`).
 ``loss``: the cross-entropy kernels the framework calls (:attr:`echosim.frameworks.Framework.loss_kernel`, a key
 of :data:`echosim.ir.ops.LOSS_KERNEL_BYTES`; '' = one pass over the logits).
+``blocks``: TPU splash attention's block sizes a run sets (:attr:`echosim.plan.Plan.splash_blocks`), which fix
+the causal mask's granularity (:func:`echosim.backends.tpu.splash_blocks`).
 """
 
 from __future__ import annotations
@@ -32,16 +34,19 @@ class AttentionKernel:
     padded: bool = False  # the framework unpads q, k, v into the varlen layout and pads the output back
     loss: str = ""
     repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (Framework.attention_repeat_kv)
+    blocks: tuple[int, ...] = ()  # splash attention's block sizes (Plan.splash_blocks; (): MaxText's defaults)
     name: ClassVar[str] = "attention-kernel"
 
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         kernel = self.generation if self.flash else ""
-        want = (self.flash, kernel, self.padded and self.flash, self.repeat_kv)
+        blocks = self.blocks if self.flash else ()
+        want = (self.flash, kernel, self.padded and self.flash, self.repeat_kv, blocks)
         for n in list(g):
             a = n.attrs
-            if isinstance(a, AttentionAttrs) and (a.flash, a.kernel, a.padded, a.repeat_kv) != want:
-                g.replace(n.id, attrs=replace(a, flash=want[0], kernel=want[1], padded=want[2], repeat_kv=want[3]))
+            if isinstance(a, AttentionAttrs) and (a.flash, a.kernel, a.padded, a.repeat_kv, a.blocks) != want:
+                g.replace(n.id, attrs=replace(a, flash=want[0], kernel=want[1], padded=want[2], repeat_kv=want[3],
+                                              blocks=want[4]))  # fmt: skip
             elif (
                 isinstance(n.attrs, NormAttrs)
                 and n.attrs.kind == "rmsnorm"

@@ -23,7 +23,9 @@ def _attention(plan: Any) -> object:
     padded = bool(framework.attention_unpad)
     loss = framework.loss_kernel
     repeat_kv = bool(framework.attention_repeat_kv)
-    return AttentionKernel(plan.attention == "flash", framework.attention_kernel, reference, padded, loss, repeat_kv)
+    return AttentionKernel(
+        plan.attention == "flash", framework.attention_kernel, reference, padded, loss, repeat_kv, plan.splash_blocks
+    )
 
 
 def _context(plan: Any) -> object:
@@ -120,7 +122,11 @@ def _data_parallel(plan: Any) -> object:
     from echosim.passes.data_parallel import DEEPSPEED_MAX_REUSE_DISTANCE, DataParallel
 
     # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the parameters' dtype unless the
-    # framework's mixed precision casts the gradients to fp32 first (Framework.fsdp_reduce_fp32)
+    # framework's mixed precision casts the gradients to fp32 first (Framework.fsdp_reduce_fp32).
+    # FSDP gathers the compute dtype's weights. MaxText too, though it stores weight_dtype float32: XLA converts
+    # the sharded parameter before the all-gather (MaxText's compiled reference, tests/utils/
+    # reference_hlo_llama3_8b.txt at commit e591f30: every layer weight is a bf16 all-gather of a
+    # dynamic-slice_convert_fusion of the bf16 sharded stack; tests/test_maxtext_fsdp_dtype.py)
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
     # PyTorch DDP's reducer copies gradients into its buckets; TorchRec wraps the dense part of a sharded
     # model in DDP with gradient_as_bucket_view=True (DefaultDataParallelWrapper._ddp_wrap,

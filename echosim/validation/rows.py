@@ -328,6 +328,35 @@ TRILLIUM_FUSED_BWD = frozenset({
     "llama3_1_8b_8192", "llama3_1_8b_8192_no_collective_matmul", "llama3_1_70b_8192_bs2",
     "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul", "llama3_1_70b_8192_bs4",
 })  # fmt: skip
+_SA_2048 = (2048,) * 6
+_SA_Q1024 = (1024, 512, 2048, 512, 2048, 512)
+#: Splash attention's blocks (``sa_block_q``, ``sa_block_kv``, ``sa_block_q_dkv``, ``sa_block_kv_dkv``,
+#: ``sa_block_q_dq``, ``sa_block_kv_dq``; an unset one is base.yml's 512) of the recipe configs that set them, by
+#: the config name a row's notes give (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30;
+#: the v5p Llama 4 configs in benchmarks/maxtext_v5p_model_configs.py, the same at e591f30 and 9ca35d7):
+#: rows run :attr:`echosim.plan.Plan.splash_blocks` (echosim.backends.tpu.splash_blocks).
+MAXTEXT_SPLASH_BLOCKS: dict[str, tuple[int, ...]] = {
+    "llama3_1_8b_8192": _SA_2048,
+    "llama3_1_8b_8192_no_collective_matmul": _SA_2048,
+    "llama3_1_70b_8192_bs2": _SA_2048,
+    "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul": _SA_2048,
+    "llama3_1_70b_8192_bs4": _SA_2048,
+    "llama3_1_405b_8192_pure_fsdp_ici": _SA_Q1024,
+    "gpt_3_175b": _SA_Q1024,
+    "gpt_3_175b_bf16": _SA_Q1024,
+    "mixtral_8x22b_dropped": (2048, 512, 2048, 512, 2048, 512),
+    "llama4_scout_dropless_v5p_256": _SA_2048,
+    "llama4_maverick_dropless_v5p_256": _SA_2048,
+}
+
+
+def maxtext_splash_blocks(c: Case) -> tuple[int, ...]:
+    """The splash blocks of the MaxText recipe config a row's notes name (:data:`MAXTEXT_SPLASH_BLOCKS`; ()
+    when none: base.yml's defaults)."""
+    config = _CONFIG.search(c["notes"]) if is_maxtext(c) else None
+    return MAXTEXT_SPLASH_BLOCKS.get(config.group(1), ()) if config else ()
+
+
 #: ``capacity_factor`` of the Trillium MoE recipe configs that drop tokens (``megablox: False``,
 #: ``sparse_matmul: False``: MaxText's dense_matmul path, :attr:`echosim.frameworks.Framework.moe_capacity_padding`),
 #: by the config name a row's notes give: mixtral_8x22b_dropped sets 1.25
@@ -951,6 +980,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
+    stated["splash_blocks"] = maxtext_splash_blocks(c) or None
     stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
     stated["pp_balance"] = pp_layout(c) or SOURCE_PP_BALANCE.get(c["source_id"]) or None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
