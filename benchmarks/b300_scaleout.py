@@ -17,9 +17,6 @@ About one minute of CPU (two validations of ~40 rows).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +26,9 @@ sys.path.insert(0, str(ROOT))
 from echosim.backends.devices import DEVICES  # noqa: E402
 from echosim.backends.topology import fill_domains, megatron_placement  # noqa: E402
 from echosim.validation.cases import Case, read_cases  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from constant_sensitivity import child_json  # noqa: E402
 
 CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 ULTRA = ("b300", "gb300")
@@ -70,14 +70,7 @@ def spans(c: Case) -> dict[str, int]:
 def errors(cases: Path, devices: tuple[str, ...], nic_GBps: float | None) -> dict[str, float | None]:
     """Errors of the rows on ``devices``, the B300 / GB300 NIC at ``nic_GBps`` (None: as echosim has it)."""
     changed = ",".join(ULTRA) if nic_GBps is not None else ""
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(cases), repr(nic_GBps or 0.0), changed, ",".join(devices)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_json(_CHILD, str(cases), repr(nic_GBps or 0.0), changed, ",".join(devices))
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,26 +58,26 @@ print(json.dumps({"overall": groups["overall"]["mape"], "target": groups.get(TAR
 """
 
 
-def moved(dotted: str, factor: float, cases: Path) -> dict[str, float]:
-    """Overall and target-group MAPE with ``dotted`` multiplied by ``factor``."""
-    module, attr = dotted.split(".")
+def child_json(child: str, *args: str) -> Any:
+    """Run ``child`` in a fresh interpreter on this checkout and read the JSON of its last line.
+
+    A fresh process per run so that a patched module constant cannot leak into the next run's caches.
+    """
     out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _CHILD,
-            module,
-            attr,
-            repr(factor),
-            str(cases),
-            "fraction" if dotted in FRACTIONS else "value",
-        ],
+        [sys.executable, "-c", child, *args],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def moved(dotted: str, factor: float, cases: Path) -> dict[str, float]:
+    """Overall and target-group MAPE with ``dotted`` multiplied by ``factor``."""
+    module, attr = dotted.split(".")
+    kind = "fraction" if dotted in FRACTIONS else "value"
+    return child_json(_CHILD, module, attr, repr(factor), str(cases), kind)
 
 
 def main() -> None:
