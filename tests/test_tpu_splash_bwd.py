@@ -153,7 +153,9 @@ def test_plan_splash_blocks_reach_the_attention() -> None:
 def test_maxtext_rows_read_their_recipes_splash_blocks() -> None:
     """The Trillium Llama-3.1 8B / 70B configs set every sa_block_* to 2048; GPT-3 and Llama 405B set sa_block_q
     1024, sa_block_q_dkv and sa_block_q_dq 2048; Mixtral 8x22B the three q blocks 2048; the v5p Llama 4 configs
-    2048 each; rows without a config (Gemma 3, the v5p GPT-3 script, the READMEs) keep base.yml's 512."""
+    2048 each; Gemma 3's notes name no config, but its READMEs run gemma3_12b_32768_{2x,4x}_v6e256 (q and kv
+    1024, dkv 512 x 2048, dq 1024); rows without a config (the v5p GPT-3 script, the MaxText READMEs) keep
+    base.yml's 512."""
     from echosim.validation.cases import read_cases
     from echosim.validation.rows import row_plan
 
@@ -165,6 +167,7 @@ def test_maxtext_rows_read_their_recipes_splash_blocks() -> None:
     assert blocks["tpurecipes-llama3-405b-bf16-v6e-512-x2"] == (1024, 512, 2048, 512, 2048, 512)
     assert blocks["tpurecipes-mixtral-8x22b-bf16-v6e-256"] == (2048, 512, 2048, 512, 2048, 512)
     assert blocks["tpurecipes-llama4-scout-bf16-v5p-512"] == (2048,) * 6
-    assert blocks["tpurecipes-gemma3-12b-bf16-v6e-512-x2"] == ()
+    assert blocks["tpurecipes-gemma3-12b-bf16-v6e-512-x2"] == (1024, 1024, 512, 2048, 1024, 1024)
+    assert blocks["tpurecipes-gemma3-12b-bf16-v6e-1024-x4"] == (1024, 1024, 512, 2048, 1024, 1024)
     assert blocks["tpurecipes-gpt3-175b-bf16-v5p-512"] == ()
     assert all(not b for k, b in blocks.items() if k.startswith("maxtext-"))

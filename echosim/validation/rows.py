@@ -347,14 +347,30 @@ MAXTEXT_SPLASH_BLOCKS: dict[str, tuple[int, ...]] = {
     "mixtral_8x22b_dropped": (2048, 512, 2048, 512, 2048, 512),
     "llama4_scout_dropless_v5p_256": _SA_2048,
     "llama4_maverick_dropless_v5p_256": _SA_2048,
+    "gemma3_12b_32768_2x_v6e256": (1024, 1024, 512, 2048, 1024, 1024),
+    "gemma3_12b_32768_4x_v6e256": (1024, 1024, 512, 2048, 1024, 1024),
+}
+#: The recipe config of a tpu-recipes README whose rows' notes name none: the README's ``--model_name``, whose
+#: settings it prints (training/trillium/Gemma3-12B-MaxText/{2x,4x}-v6e-256/README.md, tpu-recipes 2079524 and
+#: 5a49e2f: MaxText tag tpu-recipes-v0.1.5).
+RECIPE_README_CONFIGS = {
+    "Gemma3-12B-MaxText/2x-v6e-256/": "gemma3_12b_32768_2x_v6e256",
+    "Gemma3-12B-MaxText/4x-v6e-256/": "gemma3_12b_32768_4x_v6e256",
 }
 
 
+def maxtext_config_name(c: Case) -> str:
+    """The MaxText recipe config a row runs: the one its notes name, else its README's ('' when neither)."""
+    named = _CONFIG.search(c["notes"])
+    if named:
+        return named.group(1)
+    return next((cfg for path, cfg in RECIPE_README_CONFIGS.items() if path in c["source_url"]), "")
+
+
 def maxtext_splash_blocks(c: Case) -> tuple[int, ...]:
-    """The splash blocks of the MaxText recipe config a row's notes name (:data:`MAXTEXT_SPLASH_BLOCKS`; ()
-    when none: base.yml's defaults)."""
-    config = _CONFIG.search(c["notes"]) if is_maxtext(c) else None
-    return MAXTEXT_SPLASH_BLOCKS.get(config.group(1), ()) if config else ()
+    """The splash blocks of the MaxText recipe config a row runs (:data:`MAXTEXT_SPLASH_BLOCKS`; () when none:
+    base.yml's defaults)."""
+    return MAXTEXT_SPLASH_BLOCKS.get(maxtext_config_name(c), ()) if is_maxtext(c) else ()
 
 
 #: ``capacity_factor`` of the Trillium MoE recipe configs that drop tokens (``megablox: False``,
