@@ -653,12 +653,12 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
     if a.flash and a.kernel in PUBLISHED_RATIO_KERNELS:  # FA2's time at the published kernel / FA2 rate ratio
         slow = PUBLISHED_RATIO_KERNELS[a.kernel](dev.arch, a.head_dim, a.kv_len)
         kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
-        return kernel + pad_copies_time_s(dev, a, dtype, backward)
-    if a.flash:
+    elif a.flash:
         view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
         kernel = flash_attention_time_s(view, a, dtype, backward)
-        return kernel + pad_copies_time_s(dev, a, dtype, backward)
-    return math_attention_time_s(dev, a, dtype, backward) + pad_copies_time_s(dev, a, dtype, backward)
+    else:
+        kernel = math_attention_time_s(dev, a, dtype, backward)
+    return kernel + pad_copies_time_s(dev, a, dtype, backward)
 
 
 def pad_copies_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:

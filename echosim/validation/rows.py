@@ -539,17 +539,15 @@ def llm_foundry_flash_v1(c: Case) -> bool:
     )
 
 
-#: ``num_vocab_tiling`` of the Trillium recipes, by the tpu-recipes directory a row's source_url names:
+#: ``num_vocab_tiling`` of the Trillium recipe configs that set one, by config name (:func:`maxtext_config_name`):
 #: every Gemma3-12B config sets 16 (gemma3_12b_32768_v6e256, _2x_v6e256, _4x_v6e256 in
 #: benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
-TRILLIUM_VOCAB_TILING = {"Gemma3-12B-MaxText": 16}
+TRILLIUM_VOCAB_TILING = {"gemma3_12b_32768_2x_v6e256": 16, "gemma3_12b_32768_4x_v6e256": 16}
 
 
 def loss_chunks(c: Case) -> int:
     """The vocabulary tiling of the MaxText recipe a row ran (1: none known)."""
-    if not is_maxtext(c):
-        return 1
-    return next((n for d, n in TRILLIUM_VOCAB_TILING.items() if f"/{d}/" in c["source_url"]), 1)
+    return TRILLIUM_VOCAB_TILING.get(maxtext_config_name(c), 1) if is_maxtext(c) else 1
 
 
 #: The ``remat_policy`` of the MaxText launch script a source ran, by ``source_id``, for its rows whose notes name
@@ -997,7 +995,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["splash_blocks"] = maxtext_splash_blocks(c) or None
-    stated["loss_chunks"] = loss_chunks(c) if loss_chunks(c) > 1 else None
+    stated["loss_chunks"] = chunks if (chunks := loss_chunks(c)) > 1 else None
     stated["pp_balance"] = pp_layout(c) or SOURCE_PP_BALANCE.get(c["source_id"]) or None
     plan = plan_with_defaults(Plan(), {k: v for k, v in stated.items() if v is not None}, c["arch"])
     backend = backend_for(c["device"]) or c["device"]
