@@ -117,3 +117,42 @@ def test_order_row_calibrates_each_row_just_before_it(reality, monkeypatch, tmp_
     ]  # fmt: skip
     rows = __import__("json").loads(out.read_text())["rows"]
     assert [r["calibration"].split("#")[1] for r in rows] == ["cal-row0", "cal-row1"]
+
+
+def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch, tmp_path):
+    """cpu_reality_nonllm.py ``--order row``: the row's calibrations (its layout's ranks only) are made just
+    before its runs and predict it."""
+    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
+    assert spec and spec.loader
+    nonllm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nonllm)
+    events: list[str] = []
+
+    def fake_calibrate(database, sweep, tag="", keys=(1, 2)):
+        events.append(f"calibrate{tag} {keys}")
+        return {key: f"cal{tag}" for key in keys}
+
+    def fake_measure(name, layout, steps, optimizer):
+        events.append(f"measure {layout}")
+        return nonllm.Measured(1.0, 1.0, [1.0, 1.0], 0.0, 0.0, 0.0)
+
+    def fake_predict(name, layout, calibration):
+        events.append(f"predict {calibration}")
+        return {"step_time_s": 1.0, "breakdown": {}}
+
+    monkeypatch.setattr(nonllm, "MODELS", {"m": None})
+    monkeypatch.setattr(nonllm, "calibrate", fake_calibrate)
+    monkeypatch.setattr(nonllm, "measure", fake_measure)
+    monkeypatch.setattr(nonllm, "predict", fake_predict)
+    monkeypatch.setattr(nonllm, "calibration_probe", lambda ref: None)
+    monkeypatch.setattr(nonllm, "drift_of", lambda ref, probe: None)
+    out = tmp_path / "rows.json"
+    argv = ["x", "--order", "row", "--calibrations", "1", "--repeats", "1", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    nonllm.main()
+    assert events == [
+        "calibrate-row0-0 (1,)", "measure 1 process", "predict cal-row0-0",
+        "calibrate-row1-0 (2,)", "measure DDP x2 (gloo)", "predict cal-row1-0",
+    ]  # fmt: skip
+    rows = __import__("json").loads(out.read_text())["rows"]
+    assert [r["calibrations"] for r in rows] == [["cal-row0-0"], ["cal-row1-0"]]
