@@ -3,14 +3,15 @@
 Usage::
 
     python benchmarks/cpu_reality.py [--calibration ONE_RANK TWO_RANKS ALL_CORES] [--sweep standard] [--steps 10]
-                                     [--order model|layout] [--out FILE.json]
+                                     [--order model|layout|row] [--out FILE.json]
 
 Without ``--calibration`` it first calibrates the CPU backend on this machine three times
 (``echosim calibrate``'s sweep into a temporary database): for one rank of one thread alone,
 for two such ranks computing at once, since two ranks on one socket share its cache and memory
 bandwidth, and for one rank with a thread on every core; each layout is predicted with the
 calibration of its own ranks and threads (``--order layout``: each calibration just before its layout's
-rows, all models of a layout back to back, so that minutes of drift do not sit between the two). Then, for
+rows, all models of a layout back to back, so that minutes of drift do not sit between the two; ``--order row``:
+each row's layout calibrated again just before it, the prediction and the measurement a minute apart). Then, for
 each model and layout, it
 trains with torch in fresh processes and predicts the same step with echosim on the
 calibrated ``cpu-x86`` backend:
@@ -451,10 +452,11 @@ def main() -> None:
     parser.add_argument("--retry-wait", type=float, default=20.0, help="Seconds to wait before re-measuring.")
     parser.add_argument(
         "--order",
-        choices=("model", "layout"),
+        choices=("model", "layout", "row"),
         default="model",
         help="Rows model by model (each model's layouts back to back), or layout by layout with each layout "
-        "calibrated just before its rows (without --calibration).",
+        "calibrated just before its rows, or model by model with each row's layout calibrated again just before "
+        "it (without --calibration; 'row' adds 0.5-1.5 minutes a row).",
     )
     args = parser.parse_args()
     if args.worker:
@@ -468,8 +470,11 @@ def main() -> None:
     if args.calibration and len(args.calibration) < 2 + (ALL_CORES in layouts):
         parser.error("--calibration needs ONE_RANK TWO_RANKS, and ALL_CORES with the all-cores layout")
     keys = tuple(dict.fromkeys(calibration_key(x) for x in layouts))
-    # --order layout: each layout's calibration is made just before its rows (less drift between the two)
-    calibrations = {} if args.order == "layout" and not args.calibration else calibrations_for(args, keys)
+    # --order layout / row: each layout's calibration is made just before its rows / each row (less drift between
+    # the two: this VM's one-thread step time moved by 25% within an hour while a calibration 50 minutes old
+    # predicted it, from -21% to +7% for llama-4L-256; one made just before, -7% to -1%: docs/backends.md)
+    per_row = args.order == "row" and not args.calibration
+    calibrations = {} if args.order in ("layout", "row") and not args.calibration else calibrations_for(args, keys)
     database = Path(tempfile.mkdtemp()) / "calibration.sqlite"
     from echosim.calibrate import load_calibration
     from echosim.calibrate.fit import machine_identity
@@ -502,8 +507,9 @@ def main() -> None:
         cfg = MODELS[name]
         if not applicable(cfg, layout):
             continue
-        if calibration_key(layout) not in calibrations:
-            calibrations.update(calibrate(database, args.sweep, keys=(calibration_key(layout),)))
+        if calibration_key(layout) not in calibrations or per_row:
+            tag = f"-row{len(rows)}" if per_row else ""
+            calibrations.update(calibrate(database, args.sweep, tag, keys=(calibration_key(layout),)))
             describe_calibrations()
         attempts = [measure(name, layout, args.steps)]
         while attempts[-1].other_cores >= CONTENDED_CORES and len(attempts) <= args.retries:
@@ -528,6 +534,7 @@ def main() -> None:
                 "probe_drift": drift,
                 "faults_per_step": m.faults_per_step,
                 "faults": m.faults,
+                "calibration": calibrations[calibration_key(layout)],
                 "predicted_step_s": p["step_time_s"],
                 "error": error,
                 "breakdown": p["breakdown"],

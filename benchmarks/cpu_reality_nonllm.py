@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/cpu_reality_nonllm.py [--calibration ONE_RANK TWO_RANKS] [--sweep quick] [--steps 10]
-                                            [--repeats 5] [--out benchmarks/data/cpu_reality_nonllm.json]
+                                            [--repeats 5] [--order model|row]
+                                            [--out benchmarks/data/cpu_reality_nonllm.json]
 
 The same method as ``benchmarks/cpu_reality.py`` (whose helpers it imports: the calibration of
 this machine for one rank and for two ranks computing at once, the step timing with a barrier,
@@ -191,24 +192,37 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--repeats", type=int, default=5, help="Runs of each model and layout (fresh processes).")
+    parser.add_argument(
+        "--order",
+        choices=("model", "row"),
+        default="model",
+        help="Calibrate once before every row, or again just before each row, for its layout's ranks only "
+        "(without --calibration; as cpu_reality.py --order row).",
+    )
     args = parser.parse_args()
     if args.worker:
         result = worker(args.worker, args.layout, args.rank, args.world, args.port, args.steps, args.optimizer)
         if args.rank == 0:
             print(json.dumps(result))
         return
+    per_row = args.order == "row" and not args.calibration
+    db = Path(tempfile.mkdtemp()) / "calibration.sqlite"
     if args.calibration:
         pairs = [calibrations_for(args)]
-    else:
-        db = Path(tempfile.mkdtemp()) / "calibration.sqlite"
+    elif not per_row:
         pairs = [calibrate(db, args.sweep, f"-{i}") for i in range(max(1, args.calibrations))]
+    else:
+        pairs = []  # made before each row
     rows = []
     print(f"{'model':<12}{'layout':<16}{'predicted s':>12}{'calib +-':>9}{'cpu s':>8}{'runs +-':>8}"
           f"{'vs cpu s':>9}{'noise':>7}{'within':>7}{'others':>7}{'drift':>7}")  # fmt: skip
     for name in MODELS:
         for layout in LAYOUTS:
-            runs = [measure(name, layout, args.steps, args.optimizer) for _ in range(args.repeats)]
             ranks = 1 if layout == "1 process" else 2
+            if per_row:  # the row's calibrations just before it: minutes of the machine's drift do not sit between
+                n = max(1, args.calibrations)
+                pairs = [calibrate(db, args.sweep, f"-row{len(rows)}-{i}", keys=(ranks,)) for i in range(n)]
+            runs = [measure(name, layout, args.steps, args.optimizer) for _ in range(args.repeats)]
             preds = [predict(name, layout, pair[ranks]) for pair in pairs]
             predicted = statistics.median(p["step_time_s"] for p in preds)
             # the CPU time of a step (wall x the share of it the process ran): what the step costs where the
@@ -235,6 +249,7 @@ def main() -> None:
                    "probes": [m.probe for m in runs], "probe_drift": drifts,
                    "faults_per_step": [m.faults_per_step for m in runs], "faults": [m.faults for m in runs],
                    "calibration_probes": [calibration_probe(pair[ranks]) for pair in pairs],
+                   "calibrations": [pair[ranks] for pair in pairs],
                    "predicted_step_s": predicted, "predicted_steps_s": [p["step_time_s"] for p in preds],
                    "breakdown": preds[0]["breakdown"]}  # fmt: skip
             rows.append(row)

@@ -78,3 +78,81 @@ def test_one_real_training_step(reality, monkeypatch, layout):
         torch.set_num_threads(before)
     assert len(result["steps"]) == 2 and all(s > 0 for s in result["steps"])
     assert 0 < result["cpu_share"] <= 1.5 * reality.threads_of(layout)
+
+
+def test_order_row_calibrates_each_row_just_before_it(reality, monkeypatch, tmp_path):
+    """``--order row``: every row's layout is calibrated again right before the row is measured, and the row is
+    predicted with that calibration (this VM's speed drifts by tens of percent within the minutes of a run)."""
+    db = tmp_path / "c.sqlite"
+    events: list[str] = []
+
+    def fake_calibrate(database, sweep, tag="", keys=(1, 2)):
+        store = CalibrationStore(db, create=True)
+        name = f"cal{tag}"
+        store.save(name, "cpu-x86", {}, {"op_overhead_us": (1.0 + len(events), "test")}, "test")
+        store.close()
+        events.append(f"calibrate {name}")
+        return {key: f"{db}#{name}" for key in keys}
+
+    def fake_measure(name, layout, steps):
+        events.append(f"measure {name}")
+        return reality.Measured(1.0, 1.0, [1.0], 0.0, 0.0, 0.0)
+
+    def fake_predict(cfg, layout, calibration):
+        events.append(f"predict {calibration.split('#')[1]}")
+        return {"step_time_s": 1.0, "breakdown": {}}
+
+    monkeypatch.setitem(reality.MODELS, "tiny", TINY)
+    monkeypatch.setitem(reality.MODELS, "tiny2", TINY.with_(layers=4))
+    monkeypatch.setattr(reality, "calibrate", fake_calibrate)
+    monkeypatch.setattr(reality, "measure", fake_measure)
+    monkeypatch.setattr(reality, "predict", fake_predict)
+    out = tmp_path / "rows.json"
+    argv = ["cpu_reality.py", "--models", "tiny,tiny2", "--layouts", "1 process", "--order", "row", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    reality.main()
+    assert events == [
+        "calibrate cal-row0", "measure tiny", "predict cal-row0",
+        "calibrate cal-row1", "measure tiny2", "predict cal-row1",
+    ]  # fmt: skip
+    rows = __import__("json").loads(out.read_text())["rows"]
+    assert [r["calibration"].split("#")[1] for r in rows] == ["cal-row0", "cal-row1"]
+
+
+def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch, tmp_path):
+    """cpu_reality_nonllm.py ``--order row``: the row's calibrations (its layout's ranks only) are made just
+    before its runs and predict it."""
+    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
+    assert spec and spec.loader
+    nonllm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nonllm)
+    events: list[str] = []
+
+    def fake_calibrate(database, sweep, tag="", keys=(1, 2)):
+        events.append(f"calibrate{tag} {keys}")
+        return {key: f"cal{tag}" for key in keys}
+
+    def fake_measure(name, layout, steps, optimizer):
+        events.append(f"measure {layout}")
+        return nonllm.Measured(1.0, 1.0, [1.0, 1.0], 0.0, 0.0, 0.0)
+
+    def fake_predict(name, layout, calibration):
+        events.append(f"predict {calibration}")
+        return {"step_time_s": 1.0, "breakdown": {}}
+
+    monkeypatch.setattr(nonllm, "MODELS", {"m": None})
+    monkeypatch.setattr(nonllm, "calibrate", fake_calibrate)
+    monkeypatch.setattr(nonllm, "measure", fake_measure)
+    monkeypatch.setattr(nonllm, "predict", fake_predict)
+    monkeypatch.setattr(nonllm, "calibration_probe", lambda ref: None)
+    monkeypatch.setattr(nonllm, "drift_of", lambda ref, probe: None)
+    out = tmp_path / "rows.json"
+    argv = ["x", "--order", "row", "--calibrations", "1", "--repeats", "1", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    nonllm.main()
+    assert events == [
+        "calibrate-row0-0 (1,)", "measure 1 process", "predict cal-row0-0",
+        "calibrate-row1-0 (2,)", "measure DDP x2 (gloo)", "predict cal-row1-0",
+    ]  # fmt: skip
+    rows = __import__("json").loads(out.read_text())["rows"]
+    assert [r["calibrations"] for r in rows] == [["cal-row0-0"], ["cal-row1-0"]]
