@@ -33,6 +33,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# this checkout's echosim, in-process and in the child command (an editable install elsewhere, a worktree's
+# shared venv, would otherwise be measured instead)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
 CASES = {
     "gpt3": ("gpt3-175b", "a100-80gb", 1024, 1536),
     "llama3": ("llama3-70b", "h100-sxm", 512, 512),
@@ -88,7 +93,8 @@ def whole_command(model: str, backend: str, devices: int, batch: int, workers: i
         args += ["--space", space]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
-    out = subprocess.run(args, capture_output=True, text=True, check=True, env=os.environ.copy())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run(args, capture_output=True, text=True, check=True, env=env)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -562,12 +562,21 @@ def _evaluate_batch(
         return _evaluate(model, plans, cluster, fraction, fast, brief)
 
 
+_BATCH_GC_THRESHOLD = 500_000
+
+
 @contextmanager
 def _fewer_collections() -> Iterator[None]:
     """The cyclic garbage collector less often while a batch runs: a search allocates millions of small
-    objects that live as long as its caches, and the default threshold (700) scans them over and over."""
+    objects that live as long as its caches, and the default threshold (700) scans them over and over.
+
+    A youngest-generation collection once 500,000 more container objects are alive than at the last one
+    (``gc.set_threshold``): a full-space GPT-3 175B / 1,024 A100 search's whole run has 78 collections taking
+    0.07 CPU-s, where a 50,000 threshold gave 302 taking 2.2 CPU-s. What a batch drops is freed by reference
+    counting meanwhile; only cyclic garbage waits (and, as before, what of it is left when the batch ends is
+    frozen with the survivors until the search ends)."""
     before = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 20)
+    gc.set_threshold(_BATCH_GC_THRESHOLD, 20, 20)
     try:
         yield
     finally:

@@ -442,28 +442,31 @@ def brief_figures(
     rank_ends: list[float] = []
     held_peak = 0
     comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
+    # each virtual stage's figures, read once (one figures object per distinct stage: first, last, depth)
+    known_all = [known(c) for c in costs]
+    ids = [id(f) for f in known_all]
     for r in range(pp):
-        mine = costs[r::pp]
-        figures = [known(c) for c in mine]
-        ident = tuple(id(f) for f in figures)  # one figures object per distinct stage (first, last, depth)
+        ident = tuple(ids[r::pp])
         last = plan.rank_vstage[r]
-        key = (*ident, id(known(costs[last])))
+        key = (*ident, ids[last])
         tail = tails.get(key)
         if tail is None:
-            steps = rank_tail(mine, costs[last])
+            steps = rank_tail(costs[r::pp], costs[last])
             tail = tails[key] = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
         end = t = block_ends[r]
         for sec in tail[0]:
             t += sec
             end = max(end, t)
         rank_ends.append(end)
-        held_peak = max(held_peak, _rank_peak(r, mine, figures, ident, plan, statics, facts))
+        peak = _rank_peak(r, costs[r::pp], known_all[r::pp], ident, plan, statics, facts)
+        if peak > held_peak:
+            held_peak = peak
     step = max(rank_ends)
     crit = rank_ends.index(step)
     chunks = costs[crit::pp]
     counts: dict[int, list[Any]] = {}  # each distinct stage's FLOPs and how many stages have them
-    for s in costs:
-        f = known(s)[0]
+    for fig in known_all:
+        f = fig[0]
         entry = counts.get(id(f))
         if entry is None:
             counts[id(f)] = [f, 1]
@@ -472,7 +475,7 @@ def brief_figures(
     model_flops = sum(f.model * n for f, n in counts.values()) * m * facts.ranks_per_stage
     per_sample = _seq(costs) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
-    crit_tail = tails[(*(id(known(c)) for c in chunks), id(known(costs[plan.rank_vstage[crit]])))][1]
+    crit_tail = tails[(*ids[crit::pp], ids[plan.rank_vstage[crit]])][1]
     return BriefFigures(
         step_time_s=step,
         tokens_per_s=facts.sequences * per_sample / step if per_sample else None,
