@@ -61,22 +61,9 @@ def real_category(name: str, under_optimizer: bool) -> str:
 
 def measure(model_name: str, steps: int = 3, fused: bool = True) -> dict[str, Any]:
     """Median step seconds (5 steps) and profiled self CPU seconds a step by category (``steps`` steps)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    torch.set_num_threads(1)
-    cfg = cr.MODELS[model_name]
-    model = cr._build(cfg)
-    ids = torch.randint(0, cfg.vocab, (cr.BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        model(ids, ids).backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
+    step = cr.one_thread_step(model_name, fused)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()

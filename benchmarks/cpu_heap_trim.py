@@ -42,21 +42,8 @@ def worker(name: str, steps: int) -> dict[str, Any]:
     import resource
 
     import cpu_reality as cr
-    import torch
 
-    torch.set_num_threads(1)
-    cfg = cr.MODELS[name]
-    model = cr._build(cfg)
-    ids = torch.randint(0, cfg.vocab, (cr.BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        model(ids, ids).backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
+    step = cr.one_thread_step(name)
     cpu, faults = [], []
     for _ in range(steps):
         f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()

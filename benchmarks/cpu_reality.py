@@ -143,6 +143,29 @@ def _build(cfg: ArchConfig) -> Any:
     return model
 
 
+def one_thread_step(name: str, fused: bool = True) -> Callable[[], None]:
+    """The '1 process' rows' training step of model ``name`` on one intra-op thread, warmed up 3 times.
+
+    ``cpu_breakdown.py`` and ``cpu_heap_trim.py`` time this step, so they diagnose exactly what the rows run.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    cfg = MODELS[name]
+    model = _build(cfg)
+    ids = torch.randint(0, cfg.vocab, (BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(ids, ids).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    return step
+
+
 def _time_steps(
     step: Any, steps: int, reduce_max: Any = None, faults: list[float] | None = None
 ) -> tuple[list[float], float]:
