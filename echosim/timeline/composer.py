@@ -346,8 +346,8 @@ def time_schedule(
     pair, pair_lag = plan.pair_cross, plan.pair_lag
     cross, lag, chain, duration = plan.cross, plan.lag, plan.chain, plan.duration
     maximum, add = np.maximum, np.add
-    # each level's rows gathered with np.take into one buffer and combined in place (the same additions and
-    # maxima, element by element, as ``ends[cross] + lags[lag]`` ...: a search runs ~10^5 levels of a few rows)
+    # each level's rows gathered into one buffer and combined in place (the same additions and maxima, element
+    # by element, as ``ends[cross] + lags[lag]`` ...: a search runs ~10^5 levels of a few rows)
     for lo, hi in plan.levels:
         ready = ends[cross[lo:hi]]
         ready += lags[lag[lo:hi]]
