@@ -156,3 +156,21 @@ def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch,
     ]  # fmt: skip
     rows = __import__("json").loads(out.read_text())["rows"]
     assert [r["calibrations"] for r in rows] == [["cal-row0-0"], ["cal-row1-0"]]
+
+
+def test_a_dead_worker_is_measured_again_then_skipped(reality, monkeypatch, capsys):
+    """A worker that dies is run again once; a second death skips the row with one line, not a traceback."""
+    calls: list[str] = []
+
+    def flaky(name, layout, steps):
+        calls.append(name)
+        if name == "dead" or len(calls) == 1:
+            raise RuntimeError(f"{name} / {layout}: a worker failed")
+        return reality.Measured(1.0, 1.0, [1.0], 0.0, 0.0, 0.0)
+
+    monkeypatch.setattr(reality, "measure", flaky)
+    assert reality.measure_or_retry("ok", "pipeline x2 (gloo)", 1) is not None
+    assert calls == ["ok", "ok"]
+    assert reality.measure_or_retry("dead", "pipeline x2 (gloo)", 1) is None
+    err = capsys.readouterr().err
+    assert "measuring it again" in err and "row skipped" in err and "Traceback" not in err
