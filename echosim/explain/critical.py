@@ -137,10 +137,9 @@ def _ops_of(graph: Graph, unit: UnitTiming, runs: int) -> dict[int, float]:
             add(comm, runs - 1)  # the communication stream sets the steady-state period
         else:
             add(unit_chain(graph, unit, until_side=True), runs - 1)
-            # the slowdown carried from the previous run's spilled collectives, on the ops it slows (by their seconds)
-            window = carried_window(unit)
-            beside = sum(s for _, s in window)
-            if unit.carry > 0.0 and beside > 0.0:
+            if unit.carry > 0.0:  # the previous run's spilled collectives slow these ops (by their seconds)
+                window = carried_window(unit)
+                beside = sum(s for _, s in window)
                 add(((node, unit.carry * s / beside) for node, s in window), runs - 1)
     add(unit_chain(graph, unit), 1)
     return out

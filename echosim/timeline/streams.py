@@ -200,8 +200,11 @@ def carried_slowdown_s(unit: UnitTiming, factors: dict[str, float]) -> float:
     and HBM share the collective kernels hold, :class:`~echosim.backends.base.OverlapModel`), as the overlap
     inside one unit is (:func:`simulate_unit`).
     """
+    window = carried_window(unit)
+    if not window:  # most units: nothing spills past the critical path
+        return 0.0
     category_of = {e.node: e.category for e in unit.events}
-    return sum(sec * (factors.get(category_of[node], 1.0) - 1.0) for node, sec in carried_window(unit))
+    return sum(sec * (factors.get(category_of[node], 1.0) - 1.0) for node, sec in window)
 
 
 def carried_window(unit: UnitTiming) -> list[tuple[int, float]]:
