@@ -255,7 +255,12 @@ class CacheEvictor:
     runs after an eviction. Smaller ones stay warm: in a step their operands are mostly what the
     kernel before wrote, still in L2 (and after an eviction a VM's first touch of each page walks
     evicted nested page tables, ~2 us a 4 KiB page, a fixed cost the step does not pay). Matmuls
-    and attention stay warm too: compute-bound, they read each operand byte many times.
+    and attention stay warm too: compute-bound, they read each operand byte many times. Timing the
+    matmuls after an eviction was measured and left out (benchmarks/cpu_matmul_cold.py, 2-core EPYC
+    VM): a step's GEMMs ran between their warm and their evicted sums, and a calibration with evicted
+    matmuls priced a profiled step's matmuls 5-14% too slow where the warm one is within -5..+4%: an
+    eviction adds a fixed cost to the sweep's small shapes (a 128x1024x256 product 1.5-1.7x, ones of
+    512 rows and more 1.0-1.1x) that the fit reads as packing work (CHANGELOG, 2026-12-05).
     """
 
     def __init__(self, nbytes: int | None = None) -> None:
