@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -65,3 +66,38 @@ def test_regenerated_accuracy_does_not_regress(tmp_path):
     assert not worse, f"accuracy regressed by more than a point: {worse}"
     (tmp_path / "accuracy.md").write_text(page)
     assert module.read_summary(page) == fresh
+
+
+def _cpu_row(model: str, layout: str, measured: float, predicted: float, share: float = 1.0) -> dict:
+    return {
+        "model": model,
+        "layout": layout,
+        "measured_step_s": measured,
+        "predicted_step_s": predicted,
+        "error": predicted / measured - 1,
+        "cpu_share": share,
+        "steps_s": [measured],
+        "other_cores": 0.0,
+    }
+
+
+def test_cpu_section_quotes_the_row_ordered_run_and_its_repeat(tmp_path):
+    """The CPU table: both runs side by side, rows within 10% in both counted, CPU time only where it means one."""
+    module = _page_module()
+    run, again = tmp_path / "run.json", tmp_path / "repeat.json"
+    rows = [
+        _cpu_row("m", "1 process", 1.0, 0.95),
+        _cpu_row("m", "1 process (all cores)", 0.5, 0.52, share=1.9),  # two threads: CPU time ~2x wall
+        _cpu_row("m", "pipeline x2 (gloo)", 2.0, 1.7, share=0.8),  # -15%
+    ]
+    repeat = [_cpu_row("m", "1 process", 1.0, 1.02), _cpu_row("m", "1 process (all cores)", 0.5, 0.47)]
+    notes = ["* every attempt is in `benchmarks/data/cpu_reality.json`"]
+    run.write_text(json.dumps({"machine": "Test CPU", "order": "row", "rows": rows, "notes": notes}))
+    again.write_text(json.dumps({"rows": repeat}))
+    text = "\n".join(module.cpu_section(run, again))
+    assert "just before each row" in text and f"{run}" in text
+    assert "2 within 10%" in text and "Within 10% in both runs: 2 of 3 rows" in text
+    assert "| m | 1 process (all cores) | 0.500 (0.50-0.50) | 0.520 | +4.0% | n/a |" in text
+    assert "| -15.0% | n/a | 0.00 | not measured | | |" in text  # the pipeline row: no CPU-time error, no repeat
+    assert "one-thread ranks that do not wait by design, 1 rows) 5.0%" in text
+    assert f"`{run}`" in text.split("every attempt is in")[1]
