@@ -55,6 +55,7 @@ from echosim.timeline.lower import (
     lower_stage,
     repeated,
     share_nodes,
+    share_units,
     stage_bucket_seconds,
     tail_parts,
 )
@@ -107,6 +108,9 @@ _BASES: Memo[Graph] = Memo("fast stage templates", maxsize=1 << 15)
 _STAGES: Memo[Stage] = Memo("fast stage graphs", maxsize=1 << 16)
 _DIRECT: Memo[_Direct] = Memo("fast direct stages", maxsize=1 << 17)
 _DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
+# The first stage graph built of each family and stage-level passes: the one whose units the others' are, when they
+# run units on their own graphs (ZeRO-3 / FSDP) and append equal nodes in them (timeline.lower.share_units).
+_UNIT_REFS: Memo[Stage] = Memo("fast stage unit references", maxsize=1 << 16)
 # Depth 2 and 3 of a stage checked once (by the ids of their cached _Direct, verified on a hit).
 _PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
 
@@ -212,6 +216,13 @@ def _template(joint: Joint, first: bool, last: bool, count: int, alone: bool, pa
     except LayoutError:
         raise Fallback("a stage pass refused the stage") from None
     stage = Stage(0 if first else 1, after, count, base)
+    if not alone:  # its units are another depth's when that depth's graph appended the same nodes in them
+        family = (graph, first, last, passes)
+        ref = _UNIT_REFS.lookup(family)
+        if ref is None:
+            _UNIT_REFS.put(family, stage)
+        else:
+            share_units(stage, ref)
     _STAGES.put(key, stage)
     return stage
 

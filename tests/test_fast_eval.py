@@ -475,3 +475,59 @@ def test_zero_1_and_2_share_their_stage_graphs_and_lowerings_not_their_memory() 
     assert (len(fast_eval._STAGES), len(fast_eval._DIRECT)) == (stages, direct)
     assert one[0].step_time_s == two[0].step_time_s and one[0].peak_bytes > two[0].peak_bytes
     _assert_fast_equals_lower("gpt3-1.3b", plans, cluster)
+
+
+def test_zero3_stage_depths_share_their_units_and_timings_exactly() -> None:
+    """ZeRO-3 stage graphs of one shape and passes at depths 2 and 3 append equal per-layer gathers and
+    reduce-scatters (new node objects): one takes the other's units and timed units with its own repeats, equal
+    to its own split and timing; a graph whose appended in-unit node differs is not told so."""
+    from dataclasses import replace
+
+    from echosim import plugins
+    from echosim.compiler import prepare_joint
+    from echosim.ir.ops import CollectiveAttrs
+    from echosim.passes.memory import added_nodes
+    from echosim.passes.pipeline import Stage
+    from echosim.timeline.lower import (
+        SAME_UNITS,
+        _in_units,
+        _unit_parts,
+        share_units,
+        time_units,
+        timed_units,
+        unit_parts,
+    )
+
+    cluster = Cluster("h100-sxm", 16)
+    plans = [Plan(pp=pp, dp=16 // pp, global_batch=32, zero=3) for pp in (4, 8)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    j = prepare_joint("gpt3-350m", Plan(pp=4, dp=4, global_batch=32, zero=3), cluster)
+    schedules = plugins.get_registry().schedules
+    shared = 0
+    for stage in fast_eval._STAGES._data.values():
+        g = stage.graph
+        ref = g.derived(SAME_UNITS, lambda: g)  # noqa: B023
+        if ref is g:
+            continue
+        assert ref.repeats != g.repeats
+        for split_w, name in ((False, "1f1b"), (True, "zb-h1")):
+            own_parts = [[(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in _unit_parts(g, split_w)]
+            kept_parts = [[(p.nodes, p.repeat, p.key.flat(), p.axes) for p in kind] for kind in unit_parts(g, split_w)]
+            assert kept_parts == own_parts
+            opts = replace(j.options, schedule=schedules[name].value)
+            kept = timed_units(g, j.backend, j.where, opts)
+            own = time_units(g, j.backend, j.where, opts)  # timed on its own graph
+            assert [[(u.duration, u.critical_end, u.busy, u.events, u.nodes, k) for u, k in kind] for kind in kept] == [
+                [(u.duration, u.critical_end, u.busy, u.events, u.nodes, k) for u, k in kind] for kind in own
+            ]
+        shared += 1
+        # the same graph with one appended in-unit collective's bytes changed is not the reference's
+        nodes = added_nodes(g, stage.base)
+        assert nodes is not None
+        n = next(n for n in nodes if _in_units(n) and isinstance(n.attrs, CollectiveAttrs))
+        other = g.copy()
+        other.replace(n.id, attrs=replace(n.attrs, bytes=n.attrs.bytes + 2))
+        refs = [s for s in fast_eval._STAGES._data.values() if s.graph is ref]
+        assert not share_units(Stage(stage.index, other, stage.layers, stage.base), refs[0])
+    assert shared >= 2

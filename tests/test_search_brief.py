@@ -105,3 +105,24 @@ def test_the_memory_lower_bound_keeps_the_frameworks_state_bytes() -> None:
     bound = memory_lower_bound(plan, facts.params)
     assert 0 < bound <= min(m["peak"] for m in rep.memory)
     assert bound == int(facts.params / 8 * (2 + 2 + 4))  # weights, gradients and Adam's moments in bf16, / dp
+
+
+def test_one_chunk_per_rank_prices_the_peak_of_the_rank_holding_most_of_each_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one chunk per rank, brief_figures prices the memory peak of one rank per distinct chunk (the one
+    holding the most micro-batches), not of every rank: the same peak as pricing every rank."""
+    from echosim.timeline import report
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=8, dp=1, global_batch=32, zero=z) for z in (0, 1)]
+    memo.clear_all()
+    priced: list[int] = []
+    every = report._rank_peak
+    monkeypatch.setattr(report, "_rank_peak", lambda r, *a: priced.append(r) or every(r, *a))
+    brief = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True, brief=True)
+    assert priced and len(priced) <= 3 * len(plans)  # first, middle and last chunk: ranks 0, 1 and 7
+    memo.clear_all()
+    full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
+    for b, f in zip(brief, full, strict=True):
+        assert b.as_dict() == f.as_dict()

@@ -397,7 +397,7 @@ def timed_units(
     key = ("timed-units", backend, used, options.tp_overlap, split_w)
 
     def compute() -> tuple[list[tuple[UnitTiming, int]], ...]:
-        ref = graph.derived(SAME_NODES, lambda: graph)
+        ref = _units_of(graph)
         if ref is graph:
             return time_units(graph, backend, where, options)
         # a graph holding another's nodes under other repeat counts (:func:`share_nodes`, a search's stage depths):
@@ -510,12 +510,59 @@ def share_nodes(graph: Graph, ref: Graph) -> None:
     graph.derived(SAME_NODES, lambda: ref)
 
 
+#: :meth:`Graph.derived` key of a graph whose units are another's under other repeat counts, though it holds
+#: copies of some of that one's nodes, not the same objects (:func:`share_units`): its units are read from that one.
+SAME_UNITS = "same-units-as"
+
+
+def share_units(stage: Stage, ref: Stage) -> bool:
+    """Tell ``stage``'s graph that its units are ``ref``'s with the repeated block's count changed, when they are
+    and both run units on their own graphs (nodes appended in the units, :func:`_unit_graph`); say whether.
+
+    A search's ZeRO-3 / FSDP stage graphs at depths 2 and 3 (the same stage-level passes on bases that hold
+    depth 1's nodes, :func:`share_nodes`) append equal per-layer gathers and reduce-scatters, but as new node
+    objects, and an optimizer step sized by the depth. :func:`_extended_parts` splits both alike: the base nodes
+    are the same objects; each appended node has the same id, op, inputs, phase and scope (what placing it
+    reads); each that runs in a unit is equal field by field, and so are the nodes it reads (its unit key and the
+    shapes it reads from outside, :func:`_unit_parts`). A unit's timing is a function of those
+    (:func:`time_units`), told in the same ids and names, so ``ref``'s timings are ``stage``'s."""
+    graph, other = stage.graph, ref.graph
+    if stage.base is None or ref.base is None or other.derived(SAME_UNITS, lambda: other) is not other:
+        return False
+    if _unit_graph(stage) is not graph or _unit_graph(ref) is not other:
+        return False
+    if stage.base.derived(SAME_NODES, lambda: stage.base) is not ref.base.derived(SAME_NODES, lambda: ref.base):
+        return False
+    if graph.repeats.keys() != other.repeats.keys():
+        return False
+    if (graph.inputs, graph.outputs, graph.grads, graph.block_layers) != (
+        other.inputs, other.outputs, other.grads, other.block_layers
+    ):  # fmt: skip
+        return False
+    ours, theirs = added_nodes(graph, stage.base), added_nodes(other, ref.base)
+    if ours is None or theirs is None or len(ours) != len(theirs):
+        return False
+    for n, m in zip(ours, theirs, strict=True):
+        placed = (n.id, n.op, n.inputs, n.phase, n.scope, _in_units(n))
+        if placed != (m.id, m.op, m.inputs, m.phase, m.scope, _in_units(m)):
+            return False
+        if _in_units(n) and (n != m or any(graph[i] != other[i] for i in n.inputs)):
+            return False
+    return graph.derived(SAME_UNITS, lambda: other) is other
+
+
+def _units_of(graph: Graph) -> Graph:
+    """The graph whose units ``graph``'s are (:func:`share_nodes`, :func:`share_units`), or ``graph`` itself."""
+    ref = graph.derived(SAME_NODES, lambda: graph)
+    return ref if ref is not graph else graph.derived(SAME_UNITS, lambda: graph)
+
+
 def unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
     """:func:`_units` with each unit's cache key and the axes its collectives run on, kept on ``graph``; a
     graph that shares another's nodes (:func:`share_nodes`) takes that one's with its own repeat count."""
 
     def compute() -> tuple[list[_UnitPart], ...]:
-        ref = graph.derived(SAME_NODES, lambda: graph)
+        ref = _units_of(graph)
         if ref is graph:
             base = graph.derived(_EXTENDS, lambda: None)
             parts = _extended_parts(graph, base, split_w) if base is not None else None

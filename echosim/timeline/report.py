@@ -445,6 +445,11 @@ def brief_figures(
     # each virtual stage's figures, read once (one figures object per distinct stage: first, last, depth)
     known_all = [known(c) for c in costs]
     ids = [id(f) for f in known_all]
+    # one chunk per rank, every chunk's bytes integers: ranks of one chunk differ in the micro-batches they hold
+    # alone, and their peak (the chunk's fixed bytes plus its activation or block bytes times that count) grows
+    # with it, so the rank holding the most of each chunk has that chunk's largest peak (the same maximum)
+    single = len(costs) == pp and all(_whole_bytes(f) for f in known_all)
+    deepest: dict[tuple[int, ...], tuple[int, int]] | None = {} if single else None
     for r in range(pp):
         ident = tuple(ids[r::pp])
         last = plan.rank_vstage[r]
@@ -458,7 +463,17 @@ def brief_figures(
             t += sec
             end = max(end, t)
         rank_ends.append(end)
+        if deepest is not None:
+            held = plan.in_flight[r].get(costs[r].index, 0)
+            best = deepest.get(ident)
+            if best is None or held > best[1]:
+                deepest[ident] = (r, held)
+            continue
         peak = _rank_peak(r, costs[r::pp], known_all[r::pp], ident, plan, statics, facts)
+        if peak > held_peak:
+            held_peak = peak
+    for r, _ in deepest.values() if deepest is not None else ():
+        peak = _rank_peak(r, costs[r::pp], known_all[r::pp], tuple(ids[r::pp]), plan, statics, facts)
         if peak > held_peak:
             held_peak = peak
     step = max(rank_ends)
@@ -486,6 +501,13 @@ def brief_figures(
         bubble_fraction=max(0.0, block_ends[crit] - busy) / step,
         exposed_comm_s=sum(v for _, v in sorted(exposed_comm(chunks, m, crit_tail).items())),
     )
+
+
+def _whole_bytes(figures: StageFigures) -> bool:
+    """Whether a stage's activation and block bytes per micro-batch are non-negative integers (a rank's peak is
+    then non-decreasing in the micro-batches it holds, :func:`_rank_peak`)."""
+    act, blocks = figures[2], figures[3]
+    return type(act) is int and act >= 0 and (blocks is None or (type(blocks) is int and blocks >= 0))
 
 
 def _rank_peak(
