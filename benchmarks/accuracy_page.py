@@ -316,8 +316,9 @@ def gpu_section() -> list[str]:
 def _cpu_error(row: dict[str, Any]) -> float | None:
     """A CPU-reality row's error against the CPU time of its step (wall x the share the process ran).
 
-    Only for one-thread ranks that do not wait by design: an all-cores process runs two threads (its CPU time is
-    about twice the wall), and a pipeline stage waits for the other one (its bubble is part of the step).
+    Only for one-thread ranks outside a pipeline: an all-cores process runs two threads (its CPU time is about
+    twice the wall), and a pipeline stage waits for the other one (its bubble is part of the step). A DDP rank's
+    CPU time leaves out its wait for the all-reduce as well, so its column reads a little under its error.
     """
     if "all cores" in row["layout"] or "pipeline" in row["layout"]:
         return None
@@ -376,7 +377,7 @@ def cpu_section(path: Path = CPU_RUN, repeat_path: Path = CPU_REPEAT) -> list[st
         f"**{100 * statistics.mean(errors):.1f}%**, worst {100 * max(errors):.1f}% over {len(rows)} runs, "
         f"{sum(e <= 0.10 for e in errors)} within 10%; against the "
         f"CPU time of a step (wall x the share of it the process ran, which leaves out the time the scheduler gave "
-        f"to other processes; one-thread ranks that do not wait by design, {len(cpu_errors)} rows) "
+        f"to other processes; one-thread ranks outside a pipeline, {len(cpu_errors)} rows) "
         f"{100 * statistics.mean(cpu_errors):.1f}%, worst {100 * max(cpu_errors):.1f}%.",
         "",
         "| model | layout | measured s (steps min-max) | predicted s | error | vs CPU time | other load (cores) |"

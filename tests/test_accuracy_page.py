@@ -99,5 +99,5 @@ def test_cpu_section_quotes_the_row_ordered_run_and_its_repeat(tmp_path):
     assert "2 within 10%" in text and "Within 10% in both runs: 2 of 3 rows" in text
     assert "| m | 1 process (all cores) | 0.500 (0.50-0.50) | 0.520 | +4.0% | n/a |" in text
     assert "| -15.0% | n/a | 0.00 | not measured | | |" in text  # the pipeline row: no CPU-time error, no repeat
-    assert "one-thread ranks that do not wait by design, 1 rows) 5.0%" in text
+    assert "one-thread ranks outside a pipeline, 1 rows) 5.0%" in text
     assert f"`{run}`" in text.split("every attempt is in")[1]
