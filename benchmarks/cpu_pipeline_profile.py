@@ -105,13 +105,7 @@ def measure(model_name: str, steps: int) -> list[dict[str, Any]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, __file__, "--worker", model_name, "--port", str(port), "--steps", str(steps)]
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True, env=env) for r in range(2)]
-    outs = []
-    for p in procs:
-        lines = [line for line in p.communicate()[0].splitlines() if line.startswith("R ")]
-        if p.returncode != 0 or not lines:
-            raise SystemExit(f"a pipeline rank exited with status {p.returncode}")
-        outs.append(json.loads(lines[0][2:]))
-    return outs
+    return cr.rank_results(procs, "pipeline")
 
 
 def predicted_stages(model_name: str, calibration: str) -> dict[str, Any]:

@@ -379,6 +379,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_results(procs: list[subprocess.Popen[str]], what: str) -> list[dict[str, Any]]:
+    """Each rank's result: the JSON of its first ``R `` line on stdout (the profiling scripts' worker protocol)."""
+    outs = []
+    for p in procs:
+        lines = [line for line in p.communicate()[0].splitlines() if line.startswith("R ")]
+        if p.returncode != 0 or not lines:
+            raise SystemExit(f"a {what} rank exited with status {p.returncode}")
+        outs.append(json.loads(lines[0][2:]))
+    return outs
+
+
 def plan_for(cfg: ArchConfig, layout: str) -> tuple[Any, Any]:
     from echosim.plan import Plan
 

@@ -102,13 +102,7 @@ def run(model_name: str, variant: str, steps: int) -> list[dict[str, Any]]:
         subprocess.Popen([*cmd, "--rank", str(r), "--steps", str(steps)], stdout=subprocess.PIPE, text=True, env=env)
         for r in range(VARIANTS[variant])
     ]
-    outs = []
-    for p in procs:
-        lines = [line for line in p.communicate()[0].splitlines() if line.startswith("R ")]
-        if p.returncode != 0 or not lines:
-            raise SystemExit(f"a {variant} rank exited with status {p.returncode}")
-        outs.append(json.loads(lines[0][2:]))
-    return outs
+    return cr.rank_results(procs, variant)
 
 
 def main() -> None:
