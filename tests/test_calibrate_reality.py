@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +40,7 @@ def test_layouts_map_to_plans(reality):
 
 
 def test_each_layout_runs_and_is_predicted_with_its_own_ranks_and_threads(reality):
-    cores = len(__import__("os").sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
     assert [reality.threads_of(x) for x in reality.LAYOUTS] == [1, cores, 1, 1]
     assert [reality.ranks_of(x) for x in reality.LAYOUTS] == [1, 1, 2, 2]
     assert [reality.calibration_key(x) for x in reality.LAYOUTS] == [1, "all", 2, 2]
@@ -80,6 +82,14 @@ def test_one_real_training_step(reality, monkeypatch, layout):
     assert 0 < result["cpu_share"] <= 1.5 * reality.threads_of(layout)
 
 
+def _run_main(monkeypatch, script, argv: list[str], **fakes: object) -> None:
+    """Run a reality script's ``main`` with ``argv`` and its calibrate / measure / predict steps faked."""
+    for name, fake in fakes.items():
+        monkeypatch.setattr(script, name, fake)
+    monkeypatch.setattr(sys, "argv", argv)
+    script.main()
+
+
 def test_order_row_calibrates_each_row_just_before_it(reality, monkeypatch, tmp_path):
     """``--order row``: every row's layout is calibrated again right before the row is measured, and the row is
     predicted with that calibration (this VM's speed drifts by tens of percent within the minutes of a run)."""
@@ -104,18 +114,14 @@ def test_order_row_calibrates_each_row_just_before_it(reality, monkeypatch, tmp_
 
     monkeypatch.setitem(reality.MODELS, "tiny", TINY)
     monkeypatch.setitem(reality.MODELS, "tiny2", TINY.with_(layers=4))
-    monkeypatch.setattr(reality, "calibrate", fake_calibrate)
-    monkeypatch.setattr(reality, "measure", fake_measure)
-    monkeypatch.setattr(reality, "predict", fake_predict)
     out = tmp_path / "rows.json"
     argv = ["cpu_reality.py", "--models", "tiny,tiny2", "--layouts", "1 process", "--order", "row", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", argv)
-    reality.main()
+    _run_main(monkeypatch, reality, argv, calibrate=fake_calibrate, measure=fake_measure, predict=fake_predict)
     assert events == [
         "calibrate cal-row0", "measure tiny", "predict cal-row0",
         "calibrate cal-row1", "measure tiny2", "predict cal-row1",
     ]  # fmt: skip
-    rows = __import__("json").loads(out.read_text())["rows"]
+    rows = json.loads(out.read_text())["rows"]
     assert [r["calibration"].split("#")[1] for r in rows] == ["cal-row0", "cal-row1"]
 
 
@@ -140,21 +146,15 @@ def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch,
         events.append(f"predict {calibration}")
         return {"step_time_s": 1.0, "breakdown": {}}
 
-    monkeypatch.setattr(nonllm, "MODELS", {"m": None})
-    monkeypatch.setattr(nonllm, "calibrate", fake_calibrate)
-    monkeypatch.setattr(nonllm, "measure", fake_measure)
-    monkeypatch.setattr(nonllm, "predict", fake_predict)
-    monkeypatch.setattr(nonllm, "calibration_probe", lambda ref: None)
-    monkeypatch.setattr(nonllm, "drift_of", lambda ref, probe: None)
     out = tmp_path / "rows.json"
     argv = ["x", "--order", "row", "--calibrations", "1", "--repeats", "1", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", argv)
-    nonllm.main()
+    _run_main(monkeypatch, nonllm, argv, MODELS={"m": None}, calibrate=fake_calibrate, measure=fake_measure,
+              predict=fake_predict, calibration_probe=lambda ref: None, drift_of=lambda ref, probe: None)  # fmt: skip
     assert events == [
         "calibrate-row0-0 (1,)", "measure 1 process", "predict cal-row0-0",
         "calibrate-row1-0 (2,)", "measure DDP x2 (gloo)", "predict cal-row1-0",
     ]  # fmt: skip
-    rows = __import__("json").loads(out.read_text())["rows"]
+    rows = json.loads(out.read_text())["rows"]
     assert [r["calibrations"] for r in rows] == [["cal-row0-0"], ["cal-row1-0"]]
 
 
