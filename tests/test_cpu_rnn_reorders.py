@@ -99,3 +99,36 @@ def test_a_gpu_backend_prices_the_same_nodes_without_reorders() -> None:
     for n in g:
         if cpu.rnn_weight_reorder_bytes(n):
             assert gpu.op_time_s(n, 4096) == gpu.op_time_s(replace(n, name=f"{n.name}_plain"), 4096)
+
+
+def test_cpu_nonllm_ops_reads_onednn_verbose_reorders_around_each_rnn_primitive() -> None:
+    """benchmarks/cpu_nonllm_ops.py: reorders before a forward primitive, before a backward one, and as many after
+    the backward as went in (the weight gradients back); the bias copy and other primitives apart."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_nonllm_ops.py"
+    spec = importlib.util.spec_from_file_location("cpu_nonllm_ops", path)
+    assert spec and spec.loader
+    ops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ops)
+
+    def line(kind: str, impl: str, prop: str, ms: float) -> str:
+        return (
+            f"onednn_verbose,v1,primitive,exec,cpu,{kind},{impl},{prop},src:f32 dst:f32,attr-scratchpad:user,,1x4,{ms}"
+        )
+
+    layer = [line("reorder", "jit:uni", "undef", 0.3), line("reorder", "jit:uni", "undef", 0.2),
+             line("rnn", "ref", "forward_training", 5.0)]  # fmt: skip
+    bias_copy = line("reorder", "jit_direct_copy:uni", "undef", 0.01)
+    back = [line("reorder", "jit:uni", "undef", 0.1), line("reorder", "jit:uni", "undef", 0.1),
+            line("rnn", "ref", "backward", 9.0), line("reorder", "jit:uni", "undef", 0.25),
+            line("reorder", "jit:uni", "undef", 0.15), bias_copy]  # fmt: skip
+    log = "\n".join([*layer, *layer, *back, *back, "some other output"])
+    got = ops.onednn_per_step(log, steps=2)
+    assert got["rnn_forward_s"] == pytest.approx(2 * 5.0e-3 / 2)
+    assert got["rnn_backward_s"] == pytest.approx(2 * 9.0e-3 / 2)
+    assert got["reorders_before_forward_s"] == pytest.approx(2 * 0.5e-3 / 2)
+    assert got["reorders_before_backward_s"] == pytest.approx(2 * 0.2e-3 / 2)
+    assert got["gradient_reorders_after_backward_s"] == pytest.approx(2 * 0.4e-3 / 2)
+    assert got["other_s"] == pytest.approx(2 * 0.01e-3 / 2)
