@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/cpu_reality_nonllm.py [--calibration ONE_RANK TWO_RANKS] [--sweep quick] [--steps 10]
-                                            [--repeats 5] [--order model|row]
+                                            [--repeats 5] [--order model|row] [--models NAME ...]
+                                            [--layouts LAYOUT ...]
                                             [--out benchmarks/data/cpu_reality_nonllm.json]
 
 The same method as ``benchmarks/cpu_reality.py`` (whose helpers it imports: the calibration of
@@ -191,6 +192,8 @@ def main() -> None:
         "or PyTorch's CPU default (a loop of eight elementwise kernels per tensor).",
     )
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=tuple(MODELS), help="Models to run.")
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=LAYOUTS, help="Layouts to run.")
     parser.add_argument("--repeats", type=int, default=5, help="Runs of each model and layout (fresh processes).")
     parser.add_argument(
         "--order",
@@ -216,8 +219,8 @@ def main() -> None:
     rows = []
     print(f"{'model':<12}{'layout':<16}{'predicted s':>12}{'calib +-':>9}{'cpu s':>8}{'runs +-':>8}"
           f"{'vs cpu s':>9}{'noise':>7}{'within':>7}{'others':>7}{'drift':>7}")  # fmt: skip
-    for name in MODELS:
-        for layout in LAYOUTS:
+    for name in args.models:
+        for layout in args.layouts:
             ranks = 1 if layout == "1 process" else 2
             if per_row:  # the row's calibrations just before it: minutes of the machine's drift do not sit between
                 n = max(1, args.calibrations)

@@ -158,6 +158,31 @@ def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch,
     assert [r["calibrations"] for r in rows] == [["cal-row0-0"], ["cal-row1-0"]]
 
 
+def test_nonllm_models_and_layouts_pick_the_rows_run(monkeypatch, tmp_path):
+    """cpu_reality_nonllm.py ``--models`` / ``--layouts``: only the named rows are calibrated, run and predicted."""
+    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
+    assert spec and spec.loader
+    nonllm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nonllm)
+    events: list[str] = []
+
+    def fake_calibrate(database, sweep, tag="", keys=(1, 2)):
+        return {key: f"cal{tag}" for key in keys}
+
+    def fake_measure(name, layout, steps, optimizer):
+        events.append(f"measure {name} / {layout}")
+        return nonllm.Measured(1.0, 1.0, [1.0, 1.0], 0.0, 0.0, 0.0)
+
+    out = tmp_path / "rows.json"
+    argv = ["x", "--order", "row", "--calibrations", "1", "--repeats", "1", "--models", "b",
+            "--layouts", "1 process", "--out", str(out)]  # fmt: skip
+    _run_main(monkeypatch, nonllm, argv, MODELS={"a": None, "b": None}, calibrate=fake_calibrate,
+              measure=fake_measure, predict=lambda name, layout, calibration: {"step_time_s": 1.0, "breakdown": {}},
+              calibration_probe=lambda ref: None, drift_of=lambda ref, probe: None)  # fmt: skip
+    assert events == ["measure b / 1 process"]
+    assert [(r["model"], r["layout"]) for r in json.loads(out.read_text())["rows"]] == [("b", "1 process")]
+
+
 def test_a_dead_worker_is_measured_again_then_skipped(reality, monkeypatch, capsys):
     """A worker that dies is run again once; a second death skips the row with one line, not a traceback."""
     calls: list[str] = []

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Graph, Node
-from echosim.ir.names import is_grad_accumulate, is_recurrent_step
+from echosim.ir.names import is_grad_accumulate, is_recurrent_step, recurrent_weight_use
 from echosim.ir.ops import (
     AttentionAttrs,
     CollectiveAttrs,
@@ -103,6 +103,18 @@ GEMM_PACK_ROWS = 0.0
 # Linear + SiLU layers, forward and backward, whose kernels do no work (bench.AUTOGRAD_CHAIN): its time per
 # IR node beyond ``op_overhead_us``. Measured on this 2-core VM: ~4 us a node beside ~1.4 us alone.
 AUTOGRAD_OP_US = 0.0
+# PyTorch trains a CPU LSTM layer with oneDNN's RNN primitive (fp32 and bf16 inputs: use_mkldnn,
+# aten/src/ATen/native/RNN.cpp; mkldnn_rnn_layer and mkldnn_rnn_layer_backward, aten/src/ATen/native/mkldnn/RNN.cpp)
+# and gives it the weights as views of the plain (ldigo) ATen tensors: "the weight reorder (if any) is handled
+# automatically inside ideep" (RNN.cpp, "MKLDNN RNN integration notes", I.b). The primitive asks for blocked
+# weights, so each call reorders them: the forward both weights (input and recurrent) into its layout; the
+# backward both again into the backward primitive's layout and both weight gradients from its layout back into
+# the plain tensors it returns. Seen with ONEDNN_VERBOSE=profile_exec (torch 2.13, oneDNN 3.12, 2 x 1 MiB fp32
+# weights a layer): two weight reorders before each forward primitive, two before and two after each backward.
+RNN_FORWARD_REORDERS_PER_WEIGHT = 1
+RNN_BACKWARD_REORDERS_PER_WEIGHT = 2
+# oneDNN's LSTM has four gates: the recurrent weight is (4 x hidden) x hidden.
+LSTM_GATES = 4
 # Attention's block products can outrun the big-GEMM rate (their blocks stay in cache) but not by much: a bound
 # for the calibration's search, twice the big-GEMM rate.
 ATTENTION_EFF_MAX = 2.0
@@ -367,6 +379,27 @@ def embedding_dense_backward_time_s(cpu: CPUSpec, table_bytes: int, rows: int, l
     return time + memory_bound_time_s(cpu, stream)
 
 
+def rnn_weight_reorder_bytes(node: Node) -> list[int]:
+    """Bytes of each weight oneDNN reorders for the recurrent-layer call ``node`` stands for (RNN_*_REORDERS_*):
+    at the forward input projection (MatmulAttrs n = 4h, k = inputs) the input weight n x k and the recurrent
+    weight n x n/4, once each; at a weight gradient (its output, the weight's size) that weight in and its
+    gradient out. Empty for any other node."""
+    use = recurrent_weight_use(node.name)
+    if use == "forward" and isinstance(node.attrs, MatmulAttrs) and node.phase is not Phase.BACKWARD:
+        item = node.out.dtype.itemsize
+        a = node.attrs
+        weights = [a.n * a.k * item, a.n * (a.n // LSTM_GATES) * item]
+        return weights * RNN_FORWARD_REORDERS_PER_WEIGHT
+    if use == "wgrad" and node.phase is Phase.BACKWARD:
+        return [node.out.nbytes] * RNN_BACKWARD_REORDERS_PER_WEIGHT
+    return []
+
+
+def reorder_time_s(cpu: CPUSpec, nbytes: int) -> float:
+    """One oneDNN reorder of a ``nbytes`` tensor into another buffer: read it and write it out of place."""
+    return memory_bound_time_s(cpu, 2 * nbytes, written=nbytes)
+
+
 def embedding_bag_forward_time_s(cpu: CPUSpec, io_bytes: int) -> float:
     """A pooled lookup: its bytes at the streaming rate plus the call's bookkeeping ops (``bag_call_us``)."""
     return memory_bound_time_s(cpu, io_bytes) + cpu.bag_call_us * 1e-6
@@ -547,8 +580,10 @@ class CPUBackend(KernelBackend):
 
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
-        (not for the time steps of a fused recurrent layer: one call runs them all)."""
+        (not for the time steps of a fused recurrent layer: one call runs them all), plus oneDNN's weight
+        reorders where the node stands for a recurrent layer's call (:func:`rnn_weight_reorder_bytes`)."""
         seconds = super().op_time_s(node, io_bytes)
+        seconds += sum(reorder_time_s(self.cpu, b) for b in rnn_weight_reorder_bytes(node))
         if seconds and node.phase is not Phase.OPTIMIZER and not is_recurrent_step(node.name):
             seconds += self.cpu.autograd_op_us * 1e-6  # forward, backward or recomputed forward
         return seconds

@@ -19,7 +19,7 @@ and sums a step's two state gradients inside its gate-gradient kernel
 from __future__ import annotations
 
 from echosim.ir.graph import Graph
-from echosim.ir.names import step_name
+from echosim.ir.names import input_proj_name, step_name
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind
 from echosim.ir.types import DType, TensorSpec
 
@@ -55,7 +55,7 @@ def lstm_layer(
         TensorSpec((batch * steps, 4 * hidden), dtype),
         MatmulAttrs(m=batch * steps, n=4 * hidden, k=in_dim),
         scope=scope,
-        name=f"{name}.input_proj",
+        name=input_proj_name(name),
     )
     gate_spec = TensorSpec((batch, 4 * hidden), dtype)
     state = h0

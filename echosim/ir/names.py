@@ -26,6 +26,26 @@ def all_steps_name(layer: str, part: str) -> str:
     return f"{layer}.steps.{part}"
 
 
+def input_proj_name(layer: str) -> str:
+    """The name of recurrent layer ``layer``'s input projection: one GEMM over the inputs of all its time steps."""
+    return f"{layer}.input_proj"
+
+
+#: A recurrent layer's weight passes through these nodes once a kernel call: its input projection (the forward
+#: call, :func:`input_proj_name`) and the gradient GEMMs of its two weights (the backward call). A CPU backend
+#: prices oneDNN's weight reorders there (echosim.backends.cpu.rnn_weight_reorder_bytes).
+_RECURRENT_FORWARD = re.compile(r"\.input_proj$")
+_RECURRENT_WGRAD = re.compile(r"\.(?:input_proj|steps\.h)\.wgrad$")
+
+
+def recurrent_weight_use(name: str) -> str:
+    """``forward`` for a recurrent layer's input projection, ``wgrad`` for the gradient of one of its two weights
+    (input and recurrent), else ``""``: the nodes that stand for the layer's kernel calls' weight handling."""
+    if _RECURRENT_FORWARD.search(name):
+        return "forward"
+    return "wgrad" if _RECURRENT_WGRAD.search(name) else ""
+
+
 def step_of(name: str) -> tuple[str, str] | None:
     """The (layer, part) of a time step's node named by :func:`step_name`, else None."""
     m = _STEP_OF.match(name)
@@ -47,8 +67,8 @@ def is_grad_accumulate(name: str) -> bool:
     return name.rsplit(".", 1)[-1] == GRAD_ACCUMULATE
 
 
-def cost_traits(name: str) -> tuple[bool, bool]:
+def cost_traits(name: str) -> tuple[bool, bool, str]:
     """The facts of a node's name that a backend's op cost may read (a time step of a fused recurrent layer,
-    a gradient sum). Op-cost caches key by these, not by the name itself, which differs from layer to layer:
-    two nodes of one shape whose names differ in them may cost differently."""
-    return is_recurrent_step(name), is_grad_accumulate(name)
+    a gradient sum, a recurrent layer's weight handling). Op-cost caches key by these, not by the name itself,
+    which differs from layer to layer: two nodes of one shape whose names differ in them may cost differently."""
+    return is_recurrent_step(name), is_grad_accumulate(name), recurrent_weight_use(name)
