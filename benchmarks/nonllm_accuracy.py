@@ -67,7 +67,8 @@ def predict(row: dict[str, str]) -> tuple[float, dict[str, float]]:
         overlap_dp=row["overlap_dp"] != "no",  # "no": the run's framework leaves the gradient reduction exposed
         # the training loop's framework: "eager-amp" where the run's forward ran under torch.autocast with fp32
         # parameters (the row's note cites the script), "jax-xla" / "nemo-megatron-vit" on the ViT rows whose stack
-        # is not eager PyTorch (no autograd layout copies); a row without the column is plain eager PyTorch
+        # is not eager PyTorch (no autograd layout copies), "apex-ddp" where apex's DistributedDataParallel reduces
+        # the gradients (not torch DDP's buckets); a row without the column is plain eager PyTorch under torch DDP
         framework=row.get("framework") or "eager",
     )
     report = lower(row["model"], plan, Cluster(backend=backend, devices=gpus), REGISTRY).report

@@ -341,12 +341,14 @@ def _verified(registry: Registry) -> bool | set[str]:
 def _sized(instance: Any, backend: Any, cluster: Cluster) -> Any:
     """What a pass needs of the backend that the plan does not say: the embedding-sharding pass places
     tables within the device's memory and node; on an XLA backend (static buffers) the gradient
-    all-reduce is compiled into the step, with no PyTorch DDP reducer to copy gradients into buckets."""
+    all-reduce is compiled into the step, with no PyTorch DDP reducer to copy gradients into buckets
+    or to bucket them its way."""
     from echosim.passes.data_parallel import DataParallel
     from echosim.passes.embedding_sharding import EmbeddingSharding
 
-    if isinstance(instance, DataParallel) and instance.bucket_copies and getattr(backend, "static_buffers", False):
-        return replace(instance, bucket_copies=False)
+    ddp = isinstance(instance, DataParallel) and (instance.bucket_copies or instance.torch_ddp)
+    if ddp and getattr(backend, "static_buffers", False):
+        return replace(instance, bucket_copies=False, torch_ddp=False)
     if not isinstance(instance, EmbeddingSharding):
         return instance
     return replace(instance, capacity_bytes=backend.memory_bytes(), local_world=cluster.devices_per_node or 8)

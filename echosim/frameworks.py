@@ -121,6 +121,10 @@ class Framework:
     # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
     # world size on the way, and the reduced bucket is copied back into .grad ('' = no such copies).
     ddp_bucket_copies: str = ""
+    # ZeRO 0 through PyTorch DDP's reducer: its gradient buckets (bucket_cap_mb, the first bucket's cap, in the
+    # order gradients become ready: echosim.passes.data_parallel.ddp_bucket_assignment), where they come from
+    # ('' = one repeated layer's gradients at a time, Megatron's rule)
+    ddp_buckets: str = ""
     # The forward runs under torch.autocast over fp32 parameters: autocast's op lists pick each op's dtype and
     # cast its inputs (echosim.passes.autocast); the optimizer steps the fp32 parameters (no master copy)
     # ('' = the model runs in the plan's dtype throughout, as frameworks that keep 16-bit parameters do).
@@ -301,6 +305,14 @@ _NEMO_TP_OVERLAP = Default(
     not_arch="moe",
 )
 
+_DDP_BUCKETS = (
+    "DistributedDataParallel(bucket_cap_mb=None): 25 MiB buckets, the first 1 MiB (torch/nn/parallel/distributed.py "
+    "_BucketCapacityConfig, dist._DEFAULT_FIRST_BUCKET_BYTES, torch 2.13), rebuilt after the first iteration in the "
+    "order the gradients became ready (torch/csrc/distributed/c10d/reducer.cpp Reducer::rebuild_buckets, "
+    "compute_bucket_assignment_by_size), each all-reduced once its gradients are ready, in bucket order "
+    "(Reducer::mark_bucket_ready)"
+)
+
 _DDP_COPIES = (
     "DistributedDataParallel(gradient_as_bucket_view=False) by default (torch/nn/parallel/distributed.py, "
     "torch 2.13): Reducer::mark_variable_ready_dense runs at::mul_out(bucket_view, grad, 1/world) as each "
@@ -332,6 +344,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "plain PyTorch autograd: every op saves what its derivative formula reads",
             "torch 2.x",
             ddp_bucket_copies=_DDP_COPIES,
+            ddp_buckets=_DDP_BUCKETS,
             layout_copies=_LAYOUT_COPIES,
         ),
         Framework(
@@ -339,6 +352,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "plain PyTorch autograd under torch.autocast (bf16/fp16) with fp32 parameters",
             "torch 2.x",
             ddp_bucket_copies=_DDP_COPIES,
+            ddp_buckets=_DDP_BUCKETS,
             layout_copies=_LAYOUT_COPIES,
             fp32_weights="torch.amp: the model's parameters stay fp32 and autocast casts them per op "
             "(https://pytorch.org/docs/stable/amp.html; the 'typical mixed precision training' example)",
@@ -694,6 +708,18 @@ FRAMEWORKS["jax-xla"] = replace(
     title="JAX under XLA (Rosetta's T5X / Praxis ViT): the step compiled whole, layouts chosen for its fusions",
     version="JAX-Toolbox Rosetta (2023)",
     layout_copies="",  # XLA's layout assignment picks each dot's operand layouts (no reshape kernels of autograd)
+    ddp_buckets="",  # no DDP reducer: XLA schedules the step's all-reduces itself (priced per layer, as before)
+)
+FRAMEWORKS["apex-ddp"] = replace(
+    FRAMEWORKS["eager"],
+    name="apex-ddp",
+    title="eager PyTorch under apex's DistributedDataParallel (DeepLearningExamples' GNMT and BERT)",
+    version="apex.parallel (2020)",
+    # DeepLearningExamples' PyTorch/Translation/GNMT seq2seq/train/trainer.py wraps the model in
+    # apex.parallel.DistributedDataParallel, and PyTorch/LanguageModeling/BERT run_pretraining.py in apex's
+    # DDP(model, message_size=250000000, ...) (or all-reduces once after accumulation): apex buckets by its own
+    # rule (message_size elements), not torch DDP's reducer, so priced per layer, as before
+    ddp_buckets="",
 )
 FRAMEWORKS["nemo-megatron-vit"] = replace(
     FRAMEWORKS["eager"],
@@ -703,6 +729,7 @@ FRAMEWORKS["nemo-megatron-vit"] = replace(
     # Megatron's attention splits heads from a [s, b, np, 3 hn] view and merges them with an explicit
     # .contiguous() (megatron/model/transformer.py CoreAttention), not the zoo module's permute and reshape
     layout_copies="",
+    ddp_buckets="",  # Megatron's gradient reduction, not PyTorch DDP's buckets (priced per layer, as before)
 )
 
 # llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the
@@ -720,6 +747,7 @@ FRAMEWORKS["composer"] = replace(
     "post-backward hook casts the unsharded gradient to reduce_dtype before the reduce-scatter "
     "(torch/distributed/fsdp/_runtime_utils.py _post_backward_hook)",
     ddp_bucket_copies="",  # FSDP: its own flat parameters, no DDP reducer
+    ddp_buckets="",
     fsdp_flat_grads="FSDP1 (torch 2.0-2.2) runs the module on views of the unsharded FlatParameter, "
     "tensor.split(flat_param._numels) then .view(shape) (FlatParamHandle._get_unflat_views, "
     "_use_unsharded_views(as_params=False) in torch/distributed/fsdp/flat_param.py), so autograd's "

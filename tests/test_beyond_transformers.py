@@ -548,6 +548,9 @@ def test_published_table_rows_name_their_run_settings() -> None:
         # the ViT rows whose stack is not eager PyTorch: Rosetta's JAX/XLA and NeMo's Megatron ViT, priced without
         # the zoo module's autograd layout copies (Framework.layout_copies)
         stack = {"vit-b16-pretrain": "jax-xla", "vit-g14-pretrain": "jax-xla", "vit-g14-nemo": "nemo-megatron-vit"}
+        # GNMT's trainer wraps the model in apex.parallel.DistributedDataParallel and BERT's run_pretraining.py in
+        # apex's DDP (or all-reduces once after accumulation): not torch DDP's buckets
+        stack |= {"gnmt": "apex-ddp", "bert-large": "apex-ddp"}
         want = stack.get(row["model"], "eager-amp" if autocast else "eager")
         assert (row.get("framework") or "eager") == want
 
@@ -640,7 +643,9 @@ def test_superbench_lstm_rows_keep_their_measured_errors() -> None:
         rows = [r for r in csv.DictReader(fh) if r["model"] == "lstm-superbench"]
     assert {r["comparable"] for r in rows} == {"yes"}
     errors = {r["dtype"]: bench.predict(r)[0] / float(r["published_samples_per_s"]) - 1 for r in rows}
-    assert errors == pytest.approx({"fp32": -0.023, "fp16": -0.155}, abs=0.002)
+    # PyTorch DDP's own buckets (SuperBench's DistributedImpl.DDP), each launched when its last gradient is ready
+    # inside the backward instead of all after it: -0.023 -> +0.007 (fp32), -0.155 -> -0.113 (fp16)
+    assert errors == pytest.approx({"fp32": 0.007, "fp16": -0.113}, abs=0.002)
 
 
 @pytest.mark.slow

@@ -44,6 +44,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "deepspeed-2021",
         "jax-xla",
         "nemo-megatron-vit",
+        "apex-ddp",
     }
     for fw in FRAMEWORKS.values():
         assert fw.version and fw.title
@@ -113,7 +114,7 @@ def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
 def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     with pytest.raises(
         FrameworkError,
-        match=r"'keras' \(known: composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed",
+        match=r"'keras' \(known: apex-ddp, composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed",
     ):
         get_framework("keras")
     result = CliRunner().invoke(cli, ["compile", "gpt3-125m", "--framework", "keras"])
@@ -121,8 +122,8 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     lines = result.output.strip().splitlines()
     assert (
         len(lines) == 1
-        and "known: composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, deepspeed-2021, eager, "
-        "eager-amp, jax-xla, maxtext, "
+        and "known: apex-ddp, composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, "
+        "deepspeed-2021, eager, eager-amp, jax-xla, maxtext, "
         "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
         "megatron, megatron-2022, megatron-bridge, megatron-ce-native, megatron-ce-te, nemo, nemo-ce-native, "
         "nemo-megatron-vit, torchtitan"

@@ -103,7 +103,8 @@ def test_unknown_policy_and_framework_are_one_line_naming_the_known_ones():
     [
         (
             ["--framework", "jax"],
-            "unknown framework 'jax' (known: composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, "
+            "unknown framework 'jax' (known: apex-ddp, composer, composer-fa1, composer-triton, composer-triton-pure, "
+            "deepspeed, "
             "deepspeed-",
         ),
         (["--recompute", "smart"], "unknown recompute policy 'smart' (known: none, selective, full"),

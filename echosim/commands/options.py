@@ -71,8 +71,8 @@ FRAMEWORK_HELP = (
     "deepspeed-2021 (ZeRO-3 as DeepSpeed 0.3.14 ran it), composer, composer-fa1 (llm-foundry's flash attention on "
     "flash-attn 1.x), composer-triton (llm-foundry's Triton attention), composer-triton-pure (the same with FSDP "
     "mixed_precision 'PURE'), jax-xla (JAX compiled by XLA, no framework defaults), nemo-megatron-vit (NeMo 1.x's "
-    "Megatron ViT), eager (plain PyTorch, the default) or eager-amp (plain PyTorch under torch.autocast "
-    "over fp32 parameters)."
+    "Megatron ViT), apex-ddp (plain PyTorch under apex's DistributedDataParallel), eager (plain PyTorch under "
+    "torch DDP, the default) or eager-amp (plain PyTorch under torch.autocast over fp32 parameters)."
 )
 framework_option = click.option("--framework", help=FRAMEWORK_HELP)
 

@@ -483,6 +483,10 @@ class CollectiveAttrs:
     collective, which copies one slice per rank between NCCL's flat buffer and the caller's tensors.
     ``pieces``: the framework runs it as one collective per tensor, of these sizes (bytes, summing to
     ``bytes``; empty: one collective).
+    ``ready``: a PyTorch DDP bucket (``echosim.passes.data_parallel.ddp_bucket_assignment``), outside the
+    repeated block because it may span layers: where in the backward its last gradient becomes ready, 0 after
+    the units before the block, ``j`` after the block's ``j``-th repetition, repeats + 1 at its end (-1: not
+    such a bucket; a gradient reduction of the block is ready after each repetition, the rest at the end).
     """
 
     axis: Axis
@@ -497,6 +501,7 @@ class CollectiveAttrs:
     blocking: bool = False
     rank_copies: bool = False
     pieces: tuple[int, ...] = ()
+    ready: int = -1
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
@@ -507,6 +512,7 @@ class CollectiveAttrs:
         copy += " blocking" if self.blocking else ""
         copy += " rank_copies" if self.rank_copies else ""
         copy += f" pieces={len(self.pieces)}" if self.pieces else ""
+        copy += f" ready={self.ready}" if self.ready >= 0 else ""
         return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}{copy}"
 
 

@@ -5,9 +5,11 @@ weight gradients of the same weights from its part of the sequence, so Megatron-
 distributed optimizer shards) over the data-parallel group with context parallel, and torchtitan's FSDP
 over dp_shard x cp (echosim/passes/plugin.py cites both). ``dp`` below is that product.
 
-``zero=0``: DDP-style gradient all_reduce, bucketed the way PyTorch DDP and Megatron-LM
-group gradients (buckets fill in backward order, one repeated layer at a time) so the
-timeline can overlap each bucket with the backward of the layers still to come.
+``zero=0``: DDP-style gradient all_reduce, bucketed the way Megatron-LM groups gradients
+(buckets fill in backward order, one repeated layer at a time) so the timeline can overlap
+each bucket with the backward of the layers still to come. Under PyTorch DDP (``torch_ddp``)
+the buckets are its reducer's: capped by bytes over the gradients in the order they become
+ready, so one bucket may span layers (:func:`ddp_bucket_assignment`).
 
 ``zero=1/2`` (ZeRO stages 1-2, Megatron's distributed optimizer): the buckets are
 reduce-scattered instead, each rank updates its 1/dp shard, and the updated 16-bit
@@ -23,6 +25,7 @@ is placed like ``dp``.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -58,6 +61,9 @@ class DataParallel:
     # FSDP2 (torchtitan; echosim.frameworks, ``fsdp2_copies``): each all-gather's output is copied out into the
     # unsharded parameters, and each unit's gradients are copied into the reduce-scatter input (in its dtype)
     fsdp2_copies: bool = False
+    # PyTorch DDP's reducer (echosim.frameworks, ``ddp_bucket_copies``; TorchRec's DDP wrap): ZeRO 0's
+    # buckets are its own (:func:`ddp_bucket_assignment`), not one repeated layer at a time
+    torch_ddp: bool = False
     name: ClassVar[str] = "data-parallel"
 
     def output_key(self) -> DataParallel:
@@ -75,6 +81,9 @@ class DataParallel:
         g = graph.copy()
         # kept on the input graph: a search runs this pass on one stage graph for every dp and ZeRO stage
         groups = graph.derived("dp-grad-groups", lambda: _grad_groups(graph))
+        if self.torch_ddp and self.zero == 0:
+            self._ddp_buckets(g, graph, [p for ps in groups.values() for p in ps])
+            return g
         # later layers' gradients are ready first: reduce the block's buckets before the rest
         for scope in sorted(groups, key=lambda s: (s == "", s)):
             params = groups[scope]
@@ -104,6 +113,18 @@ class DataParallel:
             copy = self.bucket_copies and kind is OpKind.ALL_REDUCE
             g.add(kind, grads, spec, CollectiveAttrs(Axis.DP, self.dp, size, Role.GRAD_SYNC, bucket_copy=copy),
                   phase=Phase.BACKWARD, scope=scope, name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
+
+    def _ddp_buckets(self, g: Graph, graph: Graph, params: list[int]) -> None:
+        """PyTorch DDP's buckets (:func:`ddp_buckets`), each one all_reduce in its gradients' dtype with one
+        input per gradient it holds (a repeated layer's once per repetition, for its copies) and ``ready`` at
+        its last gradient; they run in their order."""
+        reps = max(1, next(iter(graph.repeats.values()), 1))
+        for b, bucket in enumerate(ddp_buckets(graph, frozenset(params), reps, self.reduce_dtype)):
+            spec = TensorSpec((max(1, bucket.nbytes // bucket.dtype.itemsize),), bucket.dtype)
+            attrs = CollectiveAttrs(Axis.DP, self.dp, bucket.nbytes, Role.GRAD_SYNC, bucket_copy=self.bucket_copies,
+                                    ready=bucket.ready)  # fmt: skip
+            g.add(OpKind.ALL_REDUCE, list(bucket.grads), spec, attrs, phase=Phase.BACKWARD,
+                  name=f"dp.grad_all_reduce.ddp.{b}")  # fmt: skip
 
     def _fsdp(self, g: Graph, graph: Graph, scope: str, params: list[int]) -> None:
         weights = sum(g[p].out.nbytes for p in params)
@@ -173,6 +194,98 @@ class DataParallel:
             if between >= self.reuse_distance:
                 out.append(g[p].out.nbytes)
         return out
+
+
+#: PyTorch DDP's bucket caps in bytes (torch 2.13): ``bucket_cap_mb`` 25 MiB (torch/nn/parallel/distributed.py
+#: ``_DEFAULT_BUCKET_CAP_MB``; torch/csrc/distributed/c10d/reducer.hpp ``kDefaultBucketBytesCap``) and, when
+#: ``bucket_cap_mb`` is left at its default, 1 MiB for the first bucket, the gradients ready first
+#: (``dist._DEFAULT_FIRST_BUCKET_BYTES``, ``kDefaultFirstBucketBytes``; ``_BucketCapacityConfig.create``).
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+
+
+def ddp_bucket_assignment(
+    sizes: Sequence[tuple[int, Hashable]], limits: Sequence[int] = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES)
+) -> list[list[int]]:
+    """PyTorch DDP's buckets of tensors of ``sizes`` (bytes, dtype) given in the order their gradients become
+    ready: indices into ``sizes``, buckets in the order they are reduced.
+
+    ``compute_bucket_assignment_by_size`` (torch/csrc/distributed/c10d/reducer.cpp) as ``Reducer::
+    rebuild_buckets`` calls it after the first iteration, with the parameters in the order their gradients
+    were ready and limits ``{first_bucket_bytes_cap_, bucket_bytes_cap_}``: one open bucket per dtype (and
+    device) takes each tensor in turn and closes once its bytes reach its limit; the limit then moves to the
+    next (and stays at the last); the open buckets close at the end. With the ready order given, nothing is
+    sorted. (The first iteration runs one bucket, ``[sys.maxsize]`` without ``find_unused_parameters``:
+    torch/nn/parallel/distributed.py ``_BucketCapacityConfig.compute_bucket_size_limits``; a step time is
+    measured after it.) tests/test_ddp_buckets.py checks this against torch's own
+    ``_compute_bucket_assignment_by_size``."""
+    out: list[list[int]] = []
+    open_: dict[Hashable, tuple[list[int], int, int]] = {}  # dtype -> (indices, bytes, limit index)
+    for i, (nbytes, key) in enumerate(sizes):
+        indices, total, at = open_.get(key, ([], 0, 0))
+        indices.append(i)
+        total += nbytes
+        if total >= limits[at]:
+            out.append(indices)
+            indices, total, at = [], 0, min(at + 1, len(limits) - 1)
+        open_[key] = (indices, total, at)
+    out += [indices for indices, _, _ in open_.values() if indices]
+    return out
+
+
+@dataclass(frozen=True)
+class DdpBucket:
+    """One of PyTorch DDP's gradient buckets: its bytes and dtype, when it is ready (``CollectiveAttrs.ready``)
+    and the gradients it holds (node ids, a repeated layer's once per repetition)."""
+
+    nbytes: int
+    dtype: DType
+    ready: int
+    grads: tuple[int, ...]
+
+
+def ddp_buckets(graph: Graph, params: frozenset[int], reps: int, dtype: DType) -> list[DdpBucket]:
+    """PyTorch DDP's buckets of the gradients of ``params`` with the repeated block run ``reps`` times:
+    :func:`ddp_bucket_assignment` over them in the order they become ready (:func:`ddp_ready_order`), the
+    block's once per repetition. The gradients
+    are in ``dtype``, the data-parallel pass's reduce dtype: fp32, the parameters' under torch.autocast and in
+    fp32 training (the IR's parameter nodes carry the compute dtype)."""
+    before, block, after = graph.derived("ddp-ready-order", lambda: ddp_ready_order(graph))
+    seq = [(p, 0) for p in before if p in params]
+    seq += [(p, j) for j in range(1, reps + 1) for p in block if p in params]
+    seq += [(p, reps + 1) for p in after if p in params]
+    sizes = [(graph[p].out.numel * dtype.itemsize, dtype) for p, _ in seq]
+    return [
+        DdpBucket(
+            sum(sizes[i][0] for i in bucket),
+            sizes[bucket[0]][1],
+            max(seq[i][1] for i in bucket),
+            tuple(graph.grads[seq[i][0]] for i in bucket),
+        )
+        for bucket in ddp_bucket_assignment(sizes)
+    ]
+
+
+def ddp_ready_order(graph: Graph) -> tuple[list[int], list[int], list[int]]:
+    """The parameters in the order the backward makes their gradients ready (graph order of the gradients):
+    those before the repeated block's backward (the output layer's), one repetition of the block's, and those
+    after it (the embedding's), the units the timeline splits a backward into (timeline.lower._split_units).
+    PyTorch's autograd engine runs the same order (DDP rebuilds its buckets from it; ``Reducer::
+    autograd_hook`` records ``rebuilt_params_`` as each gradient is marked ready)."""
+    later = {n.id for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and graph.block_of(n) is not None}
+    for n in graph:  # graph order is topological: one sweep finds every descendant
+        if n.id not in later and not later.isdisjoint(n.inputs):
+            later.add(n.id)
+    at = {nid: i for i, nid in enumerate(graph.nodes)}
+    by_grad = sorted(graph.grads, key=lambda p: at[graph.grads[p]])
+    before, block, after = [], [], []
+    for p in by_grad:
+        grad = graph[graph.grads[p]]
+        if graph.block_of(grad) is not None:
+            block.append(p)
+        else:
+            (after if grad.id in later else before).append(p)
+    return before, block, after
 
 
 #: DeepSpeed's ``stage3_max_reuse_distance`` default, in parameters: a sub-module's gathered parameters are

@@ -520,6 +520,10 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits
     """
     if n.op is OpKind.VIEW:
         return 0
+    if isinstance(n.attrs, CollectiveAttrs) and n.attrs.ready >= 0:
+        # a PyTorch DDP bucket: its flat buffer is allocated once, when DDP builds (or rebuilds) its buckets
+        # (reducer.cpp Reducer::initialize_buckets), and reduced in place each step: no working set of the step
+        return 0
     grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
     out = _chunked(n.out.nbytes, n.out.numel, saved, logits)
     if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:

@@ -134,6 +134,11 @@ def _data_parallel(plan: Any) -> object:
     torchrec = plan.embedding_sharding != "none"
     framework = get_framework(plan.framework)
     copies = plan.zero == 0 and not torchrec and bool(framework.ddp_bucket_copies)
+    # ... and both run PyTorch DDP's reducer, whose buckets are its own (DataParallel.torch_ddp), over whole model
+    # replicas: plain PyTorch has no tensor, pipeline, context or expert parallelism of its own, so a layout that
+    # splits the model stands for a framework that does (Megatron-Core's DDP, per-layer buckets as before)
+    split = max(plan.tp, plan.pp, plan.cp, plan.ep) > 1
+    torch_ddp = plan.zero == 0 and bool(framework.ddp_buckets) and not split
     fsdp_reduce = DType.FP32 if framework.fsdp_reduce_fp32 else None
     per_param = bool(framework.zero3_per_param)
     # DeepSpeed's activation checkpointing replays each sub-module's forward, whose hooks gather again
@@ -154,6 +159,7 @@ def _data_parallel(plan: Any) -> object:
     return DataParallel(
         plan.dp * plan.cp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
         bucket_copies=copies, per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
+        torch_ddp=torch_ddp,
     )  # fmt: skip
 
 

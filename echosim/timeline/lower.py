@@ -769,10 +769,17 @@ class BucketSeconds(NamedTuple):
     into_rest: float = 0.0
     back_layer: float = 0.0
     back_rest: float = 0.0
+    # PyTorch DDP's buckets (CollectiveAttrs.ready), in the order they are reduced: (ready, its last gradient's
+    # node, seconds) each; and the copies into the buckets of the gradients ready before the block (into_rest
+    # holds them and the end's)
+    ddp: tuple[tuple[int, int, float], ...] = ()
+    into_head: float = 0.0
 
 
 def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSeconds:
     """Seconds of the gradient reductions (and DDP's copies) inside the repeated block (one layer's) and of the rest."""
+    if any(_ddp_bucket(n) for n in nodes):
+        return _ddp_bucket_seconds(graph, nodes, cost)
     sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # in the block or not: reduction, into, back
     for n in nodes:
         into, back = cost.bucket_copies(n)
@@ -782,6 +789,37 @@ def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSe
         part[2] += back
     (per_layer, into_layer, back_layer), (rest, into_rest, back_rest) = sums[True], sums[False]
     return BucketSeconds(per_layer, rest, into_layer, into_rest, back_layer, back_rest)
+
+
+def _ddp_bucket(n: Node) -> bool:
+    return isinstance(n.attrs, CollectiveAttrs) and n.attrs.ready >= 0
+
+
+def _ddp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSeconds:
+    """:func:`dp_bucket_seconds` of PyTorch DDP's buckets (``CollectiveAttrs.ready``): each bucket's reduction
+    with when it is ready, and the copies into the buckets split by where in the backward their gradients
+    become ready (before the block, one repetition of it, after it: passes.data_parallel.ddp_ready_order), as
+    they stretch the backward there. Every reduction is outside the block (``per_layer`` 0). The buckets
+    span layers, so they change with the depth: a layout search's stages derived from depths 2 and 3
+    (fast_eval) see different buckets there and take the full path."""
+    from echosim.passes.data_parallel import ddp_ready_order
+
+    ddp = [n for n in nodes if _ddp_bucket(n)]
+    buckets = tuple((n.attrs.ready, n.inputs[-1], cost(n)) for n in ddp)  # type: ignore[union-attr]
+    copies = [n for n in ddp if n.attrs.bucket_copy]  # type: ignore[union-attr]
+    if not copies:
+        return BucketSeconds(0.0, sum(s for _, _, s in buckets), ddp=buckets)
+    before, block, after = graph.derived("ddp-ready-order", lambda: ddp_ready_order(graph))
+    dtype = copies[0].out.dtype
+    reduced = {i for n in copies for i in n.inputs}
+
+    def into(params: list[int], fn: str = "mul") -> float:  # mul_out(view, grad, 1/world), or grad.copy_(view)
+        return sum(cost._copy_s(fn, graph[p].out.numel, dtype) for p in params if graph.grads[p] in reduced)
+
+    into_head, into_layer, into_end = into(before), into(block), into(after)
+    back_layer, back_rest = into(block, "copy"), into(before, "copy") + into(after, "copy")
+    return BucketSeconds(0.0, sum(s for _, _, s in buckets), into_layer, into_head + into_end, back_layer, back_rest,
+                         buckets, into_head)  # fmt: skip
 
 
 def dp_tail_times(
@@ -801,6 +839,8 @@ def dp_tail_times(
     """
     (first, _), (block, layers), _last = bwd_units[:3]
     copies = (b.into_layer + b.back_layer) * layers + b.into_rest + b.back_rest
+    if b.ddp:
+        return _ddp_tail_times(b, first, block, layers, _last[0], overlap_dp, slowdown)
     total_bwd = first.duration + repeated(block, layers) + _last[0].duration
     busy = b.per_layer * layers + b.rest
     if not overlap_dp:
@@ -817,6 +857,55 @@ def dp_tail_times(
     comm_end = max(comm_end, total_bwd) + b.rest
     exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
     return exposed, busy, copies
+
+
+def _ddp_tail_times(
+    b: BucketSeconds,
+    first: UnitTiming,
+    block: UnitTiming,
+    layers: int,
+    last: UnitTiming,
+    overlap_dp: bool,
+    slowdown: float,
+) -> tuple[float, float, float]:
+    """:func:`dp_tail_times` of PyTorch DDP's buckets. A bucket is ready when its last gradient is: the end of
+    the op that writes it in the unit (and repetition of the block, ``CollectiveAttrs.ready``) that runs it
+    (the unit's end where that op is not one of its events); its all_reduce starts then or when the bucket
+    before it ends, whichever is later: the reducer launches buckets in their order (reducer.cpp
+    ``mark_bucket_ready``: "Buckets are reduced in sequence"). The copies into the buckets stretch the
+    backward where their gradients become ready (before the block, in each repetition, after it); a bucket
+    launches after the copies of the unit its last gradient is in."""
+    copies = (b.into_layer + b.back_layer) * layers + b.into_rest + b.back_rest
+    busy = sum(s for _, _, s in b.ddp)
+    if not overlap_dp:
+        return busy, busy, copies
+    step = block.period + b.into_layer
+    start_block = first.duration + b.into_head
+    start_last = start_block + repeated(block, layers) + b.into_layer * layers
+    total_bwd = first.duration + repeated(block, layers) + last.duration + b.into_layer * layers + b.into_rest
+    comm_end = overlapped = 0.0
+    for ready, grad, sec in b.ddp:
+        # its gradients' copies into it (mark_variable_ready) come before its launch: a unit's, where it ends
+        if ready == 0:
+            at = _event_end(first, grad) + b.into_head
+        elif ready > layers:
+            at = start_last + _event_end(last, grad) + b.into_rest - b.into_head
+        else:
+            at = start_block + (ready - 1) * step + _event_end(block, grad) + b.into_layer
+        start = max(min(at, total_bwd), comm_end)
+        comm_end = start + sec
+        overlapped += max(0.0, min(comm_end, total_bwd) - start)
+    exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
+    return exposed, busy, copies
+
+
+def _event_end(unit: UnitTiming, node: int) -> float:
+    """When the op of ``node`` ends in one run of ``unit`` (its duration where the node is not one of its ops);
+    the unit's ends by node kept on it."""
+    ends = unit.__dict__.get("_ends")
+    if ends is None:
+        ends = unit.__dict__["_ends"] = {e.node: e.start + e.duration for e in unit.events}
+    return ends.get(node, unit.duration)
 
 
 def _shape_key(stage: Stage, last: int) -> tuple[bool, bool, int]:
