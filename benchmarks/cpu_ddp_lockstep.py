@@ -9,7 +9,7 @@ measured steps of the same model's one-process row of the same run (one thread, 
 the row's error with and without that factor. The factor is not a default: the jitter is the machine's, not
 PyTorch's, so it is an input a user gives (as the CLI's ``--straggler-file``), shown here on this VM.
 
-    python benchmarks/cpu_ddp_lockstep.py [RUN.json ...]   (default: the three stored quiet runs)
+    python benchmarks/cpu_ddp_lockstep.py [RUN.json ...]   (default: the four stored quiet runs)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from echosim.dynamics.stragglers import expected_max_empirical  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
-RUNS = ("cpu_reality_s13.json", "cpu_reality_s13b.json", "cpu_reality_s14.json")
+RUNS = ("cpu_reality_s13.json", "cpu_reality_s13b.json", "cpu_reality_s14.json", "cpu_reality_s15.json")
 
 
 def lockstep_rows(run: dict[str, Any], ranks: int = 2) -> list[dict[str, Any]]:
