@@ -29,7 +29,6 @@ ranks on two cores are fine, a third process is not; every figure carries the lo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -45,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cpu_breakdown as cb  # noqa: E402
 import cpu_reality as cr  # noqa: E402
-from ddp_threads_cpu import thread_cpu_s  # noqa: E402
+from ddp_threads_cpu import add_worker_options, rank_step, thread_cpu_s  # noqa: E402
 
 VARIANTS = ("1 process", "1 process + neighbour", "DDP x2", "DDP x2, no_sync")
 CATEGORIES = (*cb.CATEGORIES, "ddp")
@@ -75,27 +74,12 @@ def category(event: Any) -> str:
 
 
 def worker(model_name: str, variant: str, rank: int, port: int, steps: int, profiled: int) -> dict[str, Any]:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    torch.set_num_threads(1)
-    cfg = cr.MODELS[model_name]
-    model = cr._build(cfg)
-    ids = torch.randint(0, cfg.vocab, (cr.BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(rank))
-    barrier = cr.gloo_group(rank, 1 if variant == "1 process" else 2, port)
-    if variant.startswith("DDP"):
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    quiet = model.no_sync if variant.endswith("no_sync") else contextlib.nullcontext
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with quiet():
-            model(ids, ids).backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
+    world = 1 if variant == "1 process" else 2
+    step, barrier = rank_step(
+        model_name, rank, world, port, ddp=variant.startswith("DDP"), no_sync=variant.endswith("no_sync")
+    )
     before, f0 = thread_cpu_s(), minor_faults()
     walls, cpus = [], []
     for _ in range(steps):
@@ -172,10 +156,7 @@ def main() -> None:
     parser.add_argument("--profiled", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", default="1 process", help=argparse.SUPPRESS)
-    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
         out = worker(args.worker, args.variant, args.rank, args.port, args.steps, args.profiled)

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,20 +51,23 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
-def worker(model_name: str, variant: str, rank: int, port: int, steps: int) -> dict[str, Any]:
-    """One rank: median wall and CPU seconds of a step, and CPU seconds a step of each thread by name."""
+def rank_step(
+    model_name: str, rank: int, world: int, port: int, *, ddp: bool, no_sync: bool = False, **ddp_kwargs: Any
+) -> tuple[Callable[[], None], Any]:
+    """One thread's training step of a ``cpu_reality`` model on this rank (zero_grad, forward, backward under
+    ``no_sync()`` if asked, fused AdamW), DDP-wrapped if ``ddp``, after three warm-up steps; and the gloo group's
+    element-wise maximum (:func:`cpu_reality.gloo_group`, None for one rank)."""
     import torch
 
     torch.set_num_threads(1)
-    world = VARIANTS[variant]
     cfg = cr.MODELS[model_name]
     model = cr._build(cfg)
     ids = torch.randint(0, cfg.vocab, (cr.BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(rank))
     reduce_max = cr.gloo_group(rank, world, port)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=variant.endswith("views"))
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    quiet = model.no_sync if variant.endswith("no_sync") else contextlib.nullcontext
+    quiet = model.no_sync if no_sync else contextlib.nullcontext
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -73,6 +77,16 @@ def worker(model_name: str, variant: str, rank: int, port: int, steps: int) -> d
 
     for _ in range(3):
         step()
+    return step, reduce_max
+
+
+def worker(model_name: str, variant: str, rank: int, port: int, steps: int) -> dict[str, Any]:
+    """One rank: median wall and CPU seconds of a step, and CPU seconds a step of each thread by name."""
+    world = VARIANTS[variant]
+    step, reduce_max = rank_step(
+        model_name, rank, world, port, ddp=world > 1, no_sync=variant.endswith("no_sync"),
+        **({"gradient_as_bucket_view": variant.endswith("views")} if world > 1 else {}),
+    )  # fmt: skip
     before = thread_cpu_s()
     walls, cpus = [], []
     for _ in range(steps):
@@ -105,16 +119,21 @@ def run(model_name: str, variant: str, steps: int) -> list[dict[str, Any]]:
     return cr.rank_results(procs, variant)
 
 
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """The hidden options a rank's own process is started with (``--worker MODEL --variant --rank --port``)."""
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="1 process", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-4L-256", choices=sorted(cr.MODELS))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="Times each variant runs, the variants interleaved.")
     parser.add_argument("--out", type=Path, help="Write the figures as JSON here.")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", default="1 process", help=argparse.SUPPRESS)
-    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
         print("R " + json.dumps(worker(args.worker, args.variant, args.rank, args.port, args.steps)), flush=True)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,13 +126,19 @@ def test_order_row_calibrates_each_row_just_before_it(reality, monkeypatch, tmp_
     assert [r["calibration"].split("#")[1] for r in rows] == ["cal-row0", "cal-row1"]
 
 
+def _nonllm_script() -> Any:
+    """benchmarks/cpu_reality_nonllm.py as a module (it imports cpu_reality from benchmarks/)."""
+    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch, tmp_path):
     """cpu_reality_nonllm.py ``--order row``: the row's calibrations (its layout's ranks only) are made just
     before its runs and predict it."""
-    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
-    assert spec and spec.loader
-    nonllm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nonllm)
+    nonllm = _nonllm_script()
     events: list[str] = []
 
     def fake_calibrate(database, sweep, tag="", keys=(1, 2)):
@@ -160,10 +167,7 @@ def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch,
 
 def test_nonllm_models_and_layouts_pick_the_rows_run(monkeypatch, tmp_path):
     """cpu_reality_nonllm.py ``--models`` / ``--layouts``: only the named rows are calibrated, run and predicted."""
-    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
-    assert spec and spec.loader
-    nonllm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nonllm)
+    nonllm = _nonllm_script()
     events: list[str] = []
 
     def fake_calibrate(database, sweep, tag="", keys=(1, 2)):
