@@ -34,16 +34,17 @@ def input_proj_name(layer: str) -> str:
 #: A recurrent layer's weight passes through these nodes once a kernel call: its input projection (the forward
 #: call, :func:`input_proj_name`) and the gradient GEMMs of its two weights (the backward call). A CPU backend
 #: prices oneDNN's weight reorders there (echosim.backends.cpu.rnn_weight_reorder_bytes).
-_RECURRENT_FORWARD = re.compile(r"\.input_proj$")
-_RECURRENT_WGRAD = re.compile(r"\.(?:input_proj|steps\.h)\.wgrad$")
+#: Their name suffixes, built by the functions that name them (so the two cannot drift apart).
+_RECURRENT_FORWARD = input_proj_name("")
+_RECURRENT_WGRAD = (f"{input_proj_name('')}.wgrad", f"{all_steps_name('', 'h')}.wgrad")
 
 
 def recurrent_weight_use(name: str) -> str:
     """``forward`` for a recurrent layer's input projection, ``wgrad`` for the gradient of one of its two weights
     (input and recurrent), else ``""``: the nodes that stand for the layer's kernel calls' weight handling."""
-    if _RECURRENT_FORWARD.search(name):
+    if name.endswith(_RECURRENT_FORWARD):
         return "forward"
-    return "wgrad" if _RECURRENT_WGRAD.search(name) else ""
+    return "wgrad" if name.endswith(_RECURRENT_WGRAD) else ""
 
 
 def step_of(name: str) -> tuple[str, str] | None:
