@@ -49,6 +49,49 @@ def test_eager_data_parallel_keeps_a_second_copy_of_every_gradient(framework: st
     assert sum(n.attrs.bytes for n in buckets) == params * 4
 
 
+def test_pytorchs_reducer_keeps_buckets_of_every_gradient_apart_from_the_grads() -> None:
+    """The real thing (torch's DistributedDataParallel over a one-rank gloo group, the zoo's module, two steps so
+    the buckets are rebuilt): with gradient_as_bucket_view=False the buckets a comm hook is handed hold every
+    parameter's gradient and no .grad lies in them, so they are a second copy: the bytes echosim counts. With
+    True every .grad is a view into them (no copy)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from echosim.frontend import zoo_modules
+
+    compiled = _compile()
+    counted = compiled.report.memory[0]["comm_buffers"] - _nccl(compiled)  # type: ignore[attr-defined]
+    cfg = LLAMA.with_(dropout=0.0)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for view in (False, True):
+            torch.manual_seed(0)
+            module = zoo_modules.Llama(cfg)
+            ddp = DistributedDataParallel(module, gradient_as_bucket_view=view)
+            buckets: dict[int, object] = {}
+
+            # torch checks a comm hook's annotations against dist.GradBucket and Future (strings here): left off
+            def hook(state, bucket, buckets=buckets):  # type: ignore[no-untyped-def]
+                buckets[bucket.index()] = bucket.buffer()  # type: ignore[attr-defined]
+                done = torch.futures.Future()
+                done.set_result(bucket.buffer())  # type: ignore[attr-defined]
+                return done
+
+            ddp.register_comm_hook(None, hook)
+            ids = torch.randint(0, cfg.vocab, (1, 32))
+            for _ in range(2):  # the buckets are rebuilt in gradient-ready order as the second step begins
+                ddp(ids, ids).backward()
+            storages = [b.untyped_storage() for b in buckets.values()]  # type: ignore[attr-defined]
+            spans = [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages]
+            grads = [p.grad for p in module.parameters()]
+            inside = [any(lo <= g.data_ptr() < hi for lo, hi in spans) for g in grads]
+            assert sum(b.numel() * b.element_size() for b in buckets.values()) == counted  # type: ignore[attr-defined]
+            assert all(inside) if view else not any(inside)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_peak_grows_by_exactly_the_gradient_bytes() -> None:
     """The same step without the buckets (``bucket_bytes`` 0) peaks lower by the fp32 gradients, params x 4."""
     compiled = _compile()
