@@ -23,6 +23,7 @@ from echosim.ir.verify import VerifyError
 from echosim.layout import ModelShape, check_model, check_plan, check_precision
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.data_parallel import DataParallel
 from echosim.passes.memory import SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.recompute import offloaded
@@ -232,6 +233,10 @@ def prepare_joint(
         ep_overlap=plan.moe_ep_overlap or (plan.ep > 1 and _pairs(schedules[plan.schedule])),
     )
     framework = get_framework(plan.framework)
+    # PyTorch DDP's reducer keeps its gradient buckets as well as the gradients (DataParallel.bucket_buffers): read
+    # off the data-parallel pass as configured for this backend (none on XLA's static buffers: _sized)
+    buckets = any(isinstance(p, DataParallel) and p.bucket_buffers() for p in stage_passes)
+    state = framework.state(plan.pp)
     static = bool(getattr(loaded, "static_buffers", False))
     caching = bool(getattr(loaded, "caching_allocator", not static))
     facts = StepFacts(
@@ -248,9 +253,9 @@ def prepare_joint(
         sequences=plan.batch,
         tokens_per_sample=shape.seq_len if shape.tokens else 0,
         cp=plan.cp,
-        state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **framework.state(plan.pp)),
+        state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, ddp_bucket_buffers=buckets, **state),
         expert_state=(
-            StatePolicy.for_training(plan.dtype, plan.zero, plan.expert_dp, **framework.state(plan.pp))
+            StatePolicy.for_training(plan.dtype, plan.zero, plan.expert_dp, ddp_bucket_buffers=buckets, **state)
             if plan.ep > 1 or plan.expert_tp != plan.tp
             else None
         ),  # an expert's state is sharded over its expert-data-parallel ranks only: tp * cp * dp / (etp * ep)
@@ -343,7 +348,6 @@ def _sized(instance: Any, backend: Any, cluster: Cluster) -> Any:
     tables within the device's memory and node; on an XLA backend (static buffers) the gradient
     all-reduce is compiled into the step, with no PyTorch DDP reducer to copy gradients into buckets
     or to bucket them its way."""
-    from echosim.passes.data_parallel import DataParallel
     from echosim.passes.embedding_sharding import EmbeddingSharding
 
     ddp = isinstance(instance, DataParallel) and (instance.bucket_copies or instance.torch_ddp)

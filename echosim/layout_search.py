@@ -379,7 +379,9 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     Parameters are spread over tp x pp (and ep for experts: a weaker bound for the rest), state over
     the dp x cp replicas as ZeRO allows, in the bytes the plan's framework keeps
     (:meth:`echosim.frameworks.Framework.state`: MaxText's 16-bit weights keep 8 bytes a parameter, not
-    16); gradients counted at 16 bits unless ``fp32_grads``.
+    16); gradients counted at 16 bits unless ``fp32_grads``. PyTorch DDP's gradient buckets
+    (``StatePolicy.bucket_bytes``) are left out like the other buffers: they only add to the peak, and the
+    rejection message names the three parts it counts.
     """
     from echosim.frameworks import get_framework
     from echosim.passes.memory import StatePolicy

@@ -75,6 +75,13 @@ class DataParallel:
         et al. 2020, section 7: P_os+g communicates as much as P_os). FSDP1's flat gradients are their own field."""
         return replace(self, zero=1) if self.zero == 2 else self
 
+    def bucket_buffers(self) -> bool:
+        """Whether a rank keeps PyTorch DDP's flat gradient buckets besides its gradients, for the whole run:
+        its reducer (``torch_ddp``, ZeRO 0 over more than one replica) with ``gradient_as_bucket_view=False``,
+        whose gradients are copied into the buckets (``bucket_copies``) rather than being views of them.
+        The memory model counts them (``StatePolicy.bucket_bytes``)."""
+        return self.torch_ddp and self.bucket_copies and self.zero == 0 and self.dp > 1
+
     def run(self, graph: Graph) -> Graph:
         if self.dp == 1:
             return graph

@@ -44,11 +44,13 @@ NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
 
 @dataclass(frozen=True)
 class StatePolicy:
-    """Bytes of weight, gradient and optimizer state per local parameter."""
+    """Bytes of weight, gradient and optimizer state per local parameter, and of a communication bucket
+    that holds a second copy of its gradient (PyTorch DDP's reducer; 0 where the gradients are the buckets)."""
 
     weight_bytes: float
     grad_bytes: float
     optimizer_bytes: float
+    bucket_bytes: float = 0.0
 
     @classmethod
     def for_training(
@@ -60,6 +62,7 @@ class StatePolicy:
         fp32_weights: bool = False,
         unsharded_between_microbatches: bool = False,
         weights_16bit: bool = False,
+        ddp_bucket_buffers: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -71,6 +74,10 @@ class StatePolicy:
         pipeline stage turns gradient sync off for all but the last backward).
         ``weights_16bit``: the weights themselves are 16-bit and so are their gradients and Adam's two
         moments, with no master copy: 2 + 2 + 4 (MaxText ``weight_dtype: bfloat16``).
+        ``ddp_bucket_buffers``: ZeRO 0 through PyTorch DDP's reducer with its default
+        ``gradient_as_bucket_view=False`` (:meth:`echosim.passes.data_parallel.DataParallel.bucket_buffers`):
+        besides each ``.grad`` the rank keeps the reducer's flat buckets, one more copy of every gradient it
+        reduces, in the gradient's dtype, for the whole run.
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
@@ -85,7 +92,17 @@ class StatePolicy:
             if unsharded_between_microbatches:  # 16-bit weights and gradients in the reduce dtype (fp32)
                 weight += 2.0 if dtype != "fp32" else 4.0
                 grad += 4.0
-        return cls(weight, grad, opt)
+        # Reducer::initialize_buckets (torch/csrc/distributed/c10d/reducer.cpp) allocates each bucket's flat
+        # ``gradients`` tensor, at::empty over the numel of its variables in their dtype, when DDP is built and
+        # again when it rebuilds its buckets after the first step, and keeps it for the run; with
+        # gradient_as_bucket_view=False each .grad stays a tensor of its own, so the buckets are a second copy
+        # of the gradients. The DDP docs: gradient_as_bucket_view=True "can reduce peak memory usage, where the
+        # saved memory size will be equal to the total gradients size" (https://pytorch.org/docs/stable/
+        # generated/torch.nn.parallel.DistributedDataParallel.html; pytorch/pytorch PR 41954 measured it).
+        # ZeRO 0 keeps every gradient, so the buckets hold ``grad`` bytes a parameter, in the dtype the
+        # data-parallel pass reduces them in (fp32: passes/plugin.py _data_parallel)
+        bucket = grad if ddp_bucket_buffers and zero == 0 else 0.0
+        return cls(weight, grad, opt, bucket)
 
 
 @dataclass(frozen=True)
@@ -553,7 +570,9 @@ def stage_memory(
     comm_groups: int = 0,
     saved: SavedPolicy | None = None,
 ) -> MemoryBreakdown:
-    """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators."""
+    """Peak memory of one rank of a stage; ``comm_groups`` counts its NCCL communicators.
+
+    ``comm_buffers``: their NCCL buffers and PyTorch DDP's gradient buckets (``StatePolicy.bucket_bytes``)."""
     policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph, saved) * in_flight
     transient = transient_bytes(graph, saved)
@@ -564,7 +583,7 @@ def stage_memory(
         optimizer=int(local_params * policy.optimizer_bytes),
         activations=act,
         transient=transient,
-        comm_buffers=comm_groups * NCCL_BUFFERS_PER_GROUP,
+        comm_buffers=comm_groups * NCCL_BUFFERS_PER_GROUP + int(local_params * policy.bucket_bytes),
         fragmentation=frag,
         capacity=capacity,
     )

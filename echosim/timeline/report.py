@@ -254,7 +254,7 @@ def _memory(
     static: dict[int, tuple[MemoryBreakdown, int, int | None]] = {}
     # ranks that hold the same chunks and the same peaks of activations have the same row
     same: dict[tuple[Any, ...], tuple[MemoryBreakdown, dict[str, Any]]] = {}
-    comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
+    nccl = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
     for r in range(costed.pp):
         mine = costed.chunks(r)
         if known is not None:
@@ -289,7 +289,8 @@ def _memory(
                 optimizer=sum(p.optimizer for p in parts),
                 activations=act,
                 transient=transient,
-                comm_buffers=comm_buffers,
+                # NCCL's buffers and each chunk's PyTorch DDP gradient buckets (StatePolicy.bucket_buffers)
+                comm_buffers=nccl + sum(p.comm_buffers for p in parts),
                 fragmentation=blocks - act,
                 capacity=facts.capacity_bytes,
             )
@@ -328,8 +329,9 @@ def static_memory(
     assert facts.expert_state is not None
     e = _state(experts, facts.expert_state, transient)
     return MemoryBreakdown(
-        dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient, 0, 0, 0
-    )
+        dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient,
+        dense.comm_buffers + e.comm_buffers, 0, 0,
+    )  # fmt: skip
 
 
 def _sparse_tables(graph: Any) -> tuple[int, tuple[int, int]]:
@@ -340,14 +342,15 @@ def _sparse_tables(graph: Any) -> tuple[int, tuple[int, int]]:
 
 
 def _state(local_params: int, policy: StatePolicy, transient: int) -> MemoryBreakdown:
-    """:func:`stage_memory`'s figures for no micro-batch in flight, the working set given."""
+    """:func:`stage_memory`'s figures for no micro-batch in flight, the working set given; ``comm_buffers`` holds
+    the chunk's PyTorch DDP gradient buckets alone (the rank's NCCL buffers are added once per rank)."""
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
         grads=int(local_params * policy.grad_bytes),
         optimizer=int(local_params * policy.optimizer_bytes),
         activations=0,
         transient=transient,
-        comm_buffers=0,
+        comm_buffers=int(local_params * policy.bucket_bytes),
         fragmentation=0,
         capacity=0,
     )
@@ -519,12 +522,13 @@ def _rank_peak(
     statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]]]],
     facts: StepFacts,
 ) -> int:
-    """:func:`_memory`'s peak of one rank less its communication buffers (the same for every rank)."""
+    """:func:`_memory`'s peak of one rank less its NCCL buffers (the same for every rank)."""
     hit = statics.get(key)
     if hit is None:
         parts = [f[1] for f in figures]
         state = sum(p.params for p in parts) + sum(p.grads for p in parts) + sum(p.optimizer for p in parts)
-        hit = statics[key] = (state + max(p.transient for p in parts), [(f[2], f[3]) for f in figures])
+        fixed = state + max(p.transient for p in parts) + sum(p.comm_buffers for p in parts)  # + DDP's buckets
+        hit = statics[key] = (fixed, [(f[2], f[3]) for f in figures])
     fixed, sizes = hit
     if len(mine) == 1:  # one chunk: its bytes times the most micro-batches the rank holds (as _peak_held)
         (act, blocks), held = sizes[0], max(0, plan.in_flight[rank].get(mine[0].index, 0))
