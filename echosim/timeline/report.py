@@ -289,7 +289,7 @@ def _memory(
                 optimizer=sum(p.optimizer for p in parts),
                 activations=act,
                 transient=transient,
-                # NCCL's buffers and each chunk's PyTorch DDP gradient buckets (StatePolicy.bucket_buffers)
+                # NCCL's buffers and each chunk's PyTorch DDP gradient buckets (StatePolicy.bucket_bytes)
                 comm_buffers=nccl + sum(p.comm_buffers for p in parts),
                 fragmentation=blocks - act,
                 capacity=facts.capacity_bytes,
