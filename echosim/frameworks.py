@@ -119,7 +119,9 @@ class Framework:
 
     # Data parallelism without ZeRO through PyTorch DDP's reducer with its default
     # gradient_as_bucket_view=False: every gradient is copied into its flat bucket, divided by the
-    # world size on the way, and the reduced bucket is copied back into .grad ('' = no such copies).
+    # world size on the way, and the reduced bucket is copied back into .grad ('' = no such copies). Only over
+    # whole model replicas: a layout that splits the model stands for Megatron-Core's DDP, whose gradients are
+    # views of its buffer (echosim.passes.plugin._data_parallel, one predicate with ddp_buckets).
     ddp_bucket_copies: str = ""
     # ZeRO 0 through PyTorch DDP's reducer: its gradient buckets (bucket_cap_mb, the first bucket's cap, in the
     # order gradients become ready: echosim.passes.data_parallel.ddp_bucket_assignment), where they come from

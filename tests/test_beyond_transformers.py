@@ -674,9 +674,10 @@ def test_device_bound_vit_rows_keep_their_measured_errors() -> None:
             ("vit-g14-pretrain", "a100-80gb", "32", "512", ""): 0.198,
             ("vit-g14-pretrain", "a100-80gb", "64", "1024", ""): 0.286,
             ("vit-g14-pretrain", "a100-80gb", "32", "4096", ""): 0.330,  # 8 micro-batches accumulated: 1 all-reduce
-            # T5X's model axis over 'heads' and 'mlp' (standard_logical_axis_rules): Megatron TP without SP
-            ("vit-g14-pretrain", "a100-80gb", "32", "4096", "4"): 0.511,
-            ("vit-g14-pretrain", "a100-80gb", "32", "4096", "8"): 0.446,
+            # T5X's model axis over 'heads' and 'mlp' (standard_logical_axis_rules): Megatron TP without SP; a split
+            # layout pays no PyTorch DDP bucket copies (echosim/passes/plugin.py): 0.511 -> 0.515, 0.446 -> 0.448
+            ("vit-g14-pretrain", "a100-80gb", "32", "4096", "4"): 0.515,
+            ("vit-g14-pretrain", "a100-80gb", "32", "4096", "8"): 0.448,
             ("vit-g14-nemo", "a100-80gb", "8", "4096", ""): 0.199,
             ("vit-g14-nemo", "h100-sxm", "8", "4096", ""): 0.445,
         },

@@ -132,3 +132,32 @@ def test_a_repeated_blocks_copies_count_once_per_layer() -> None:
     )
     tasks = [t for t in compiled.costed.tails if t.task == "dp_copies"]  # type: ignore[attr-defined]
     assert len(tasks) == 1 and tasks[0].duration == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "degrees",
+    [{"tp": 2}, {"pp": 2}, {"cp": 2}],
+)
+def test_a_split_eager_layout_stands_for_megatron_cores_ddp_and_copies_nothing(degrees: dict[str, int]) -> None:
+    """Plain PyTorch has no tensor, pipeline or context parallelism of its own: a split eager layout stands for
+    Megatron-Core's DDP, whose param.main_grad is a view into its gradient buffer (param_and_grad_buffer.py), so
+    its gradient reductions copy nothing, as its buckets are per layer and not the reducer's. The same model
+    over pure data parallelism keeps PyTorch DDP's reducer and its copies."""
+    from echosim.frontend.zoo import ArchConfig
+
+    llama = ArchConfig("llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096, seq_len=256)
+
+    def compiled(**split: int) -> object:
+        plan = Plan(dp=2, micro_batch=4, global_batch=8 * 2, dtype="bf16", attention="flash", framework="eager",
+                    **split)  # type: ignore[arg-type]  # fmt: skip
+        devices = 2 * split.get("tp", 1) * split.get("pp", 1) * split.get("cp", 1)
+        return lower(llama.with_(dropout=0.0), plan, Cluster("a100-80gb", devices, 8))
+
+    whole, split = compiled(), compiled(**degrees)
+    assert _grad_sync(whole) and all(n.attrs.bucket_copy for n in _grad_sync(whole))
+    assert [t for t in whole.costed.tails if t.task == "dp_copies"]  # type: ignore[attr-defined]
+    for stage in split.stages:  # type: ignore[attr-defined]
+        syncs = [n for n in stage.graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.role is Role.GRAD_SYNC]
+        assert syncs and not any(n.attrs.bucket_copy or n.attrs.ready >= 0 for n in syncs)
+    assert not [t for t in split.costed.tails if t.task == "dp_copies"]  # type: ignore[attr-defined]
+    assert split.facts.state.bucket_bytes == 0.0  # type: ignore[attr-defined]

@@ -44,8 +44,9 @@ def _json(*args: str) -> dict:
 def test_diloco_table_is_current() -> None:
     base = ["compile", "llama3-8b", "--backend", "h100-sxm", "--tp", "8", "--dp", "16", "--global-batch", "256"]
     slow = ["--slow-link-gbps", "1.25", "--slow-link-latency-ms", "50"]
-    table = {"sync": (7.53e9, 3.124, 52.72), "diloco": (15.06e6, 3.024, 3.123),
-             "streaming-diloco": (15.06e6, 3.024, 3.108), "gossip": (4.016e9, 3.112, 28.83)}  # fmt: skip
+    # tp 8 eager stands for Megatron-Core's DDP: no PyTorch DDP bucket copies in the step (echosim/passes/plugin.py)
+    table = {"sync": (7.53e9, 3.119, 52.71), "diloco": (15.06e6, 3.016, 3.115),
+             "streaming-diloco": (15.06e6, 3.016, 3.100), "gossip": (4.016e9, 3.105, 28.82)}  # fmt: skip
     for strategy, (wire, fast_step, slow_step) in table.items():
         fast = _json(*base, "--dp-strategy", strategy)["dp_strategy"]
         over = _json(*base, "--dp-strategy", strategy, *slow)["dp_strategy"]

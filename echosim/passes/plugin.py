@@ -128,17 +128,25 @@ def _data_parallel(plan: Any) -> object:
     # reference_hlo_llama3_8b.txt at commit e591f30: every layer weight is a bf16 all-gather of a
     # dynamic-slice_convert_fusion of the bf16 sharded stack; tests/test_maxtext_fsdp_dtype.py)
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
-    # PyTorch DDP's reducer copies gradients into its buckets; TorchRec wraps the dense part of a sharded
-    # model in DDP with gradient_as_bucket_view=True (DefaultDataParallelWrapper._ddp_wrap,
-    # torchrec/distributed/model_parallel.py), so its gradients are bucket views and nothing is copied
-    torchrec = plan.embedding_sharding != "none"
     framework = get_framework(plan.framework)
-    copies = plan.zero == 0 and not torchrec and bool(framework.ddp_bucket_copies)
-    # ... and both run PyTorch DDP's reducer, whose buckets are its own (DataParallel.torch_ddp), over whole model
-    # replicas: plain PyTorch has no tensor, pipeline, context or expert parallelism of its own, so a layout that
-    # splits the model stands for a framework that does (Megatron-Core's DDP, per-layer buckets as before)
+    # An eager framework's DDP wrapper (PyTorch DDP's reducer; apex's for apex-ddp) reduces whole model replicas:
+    # plain PyTorch has no tensor, pipeline, context or expert parallelism of its own, so a layout that splits
+    # the model stands for a framework that does (Megatron-Core's DDP, per-layer buckets as before). The
+    # reducer's buckets (DataParallel.torch_ddp) and its copies both follow from this one predicate.
     split = max(plan.tp, plan.pp, plan.cp, plan.ep) > 1
-    torch_ddp = plan.zero == 0 and bool(framework.ddp_buckets) and not split
+    reducer = plan.zero == 0 and not split
+    torch_ddp = reducer and bool(framework.ddp_buckets)
+    # The reducer copies gradients into its buckets (gradient_as_bucket_view=False). TorchRec wraps the dense part
+    # of a sharded model in DDP with gradient_as_bucket_view=True (DefaultDataParallelWrapper._ddp_wrap,
+    # torchrec/distributed/model_parallel.py), so its gradients are bucket views and nothing is copied. Nor does
+    # Megatron-Core's DDP copy: param.main_grad is a view into its contiguous gradient buffer, which the backward
+    # hook accumulates into and the bucket's collective reduces in place (_ParamAndGradBuffer.__init__,
+    # "param.main_grad = self._get(..., buffer_type=BufferType.GRAD)", and
+    # DistributedDataParallel._make_backward_post_hook, megatron/core/distributed/param_and_grad_buffer.py and
+    # distributed_data_parallel.py, Megatron-LM commit d98e8a6; a copy only for the parameters named in
+    # param_name_patterns_for_fp32_local_accumulation, empty by default: distributed_data_parallel_config.py)
+    torchrec = plan.embedding_sharding != "none"
+    copies = reducer and not torchrec and bool(framework.ddp_bucket_copies)
     fsdp_reduce = DType.FP32 if framework.fsdp_reduce_fp32 else None
     per_param = bool(framework.zero3_per_param)
     # DeepSpeed's activation checkpointing replays each sub-module's forward, whose hooks gather again
