@@ -710,7 +710,12 @@ FRAMEWORKS["jax-xla"] = replace(
     title="JAX under XLA (Rosetta's T5X / Praxis ViT): the step compiled whole, layouts chosen for its fusions",
     version="JAX-Toolbox Rosetta (2023)",
     layout_copies="",  # XLA's layout assignment picks each dot's operand layouts (no reshape kernels of autograd)
-    ddp_buckets="",  # no DDP reducer: XLA schedules the step's all-reduces itself (priced per layer, as before)
+    # no DDP reducer: XLA schedules the step's all-reduces itself (priced per layer, as before), on the gradient
+    # buffers the compiled step writes (jax.lax.pmean over the gradient pytree; XLA's all-reduce combiner joins
+    # operands into one tuple all-reduce, https://openxla.org/xla/operation_semantics#allreduce), so no gradient
+    # is copied into a bucket and back either
+    ddp_buckets="",
+    ddp_bucket_copies="",
 )
 FRAMEWORKS["apex-ddp"] = replace(
     FRAMEWORKS["eager"],

@@ -89,7 +89,9 @@ def test_the_copies_lengthen_the_step_and_show_as_a_tail_task() -> None:
     assert memory_bound == pytest.approx(plain.report.breakdown["compute.memory_bound"] + tasks[0].duration - heap)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("framework, zero", [("megatron", 0), ("eager", 1), ("eager", 3), ("composer", 0)])
+@pytest.mark.parametrize(
+    "framework, zero", [("megatron", 0), ("eager", 1), ("eager", 3), ("composer", 0), ("jax-xla", 0)]
+)
 def test_no_copies_without_the_ddp_reducer(framework: str, zero: int) -> None:
     assert not any(n.attrs.bucket_copy for n in _grad_sync(_compile(framework, zero)))
     assert not FRAMEWORKS["composer"].ddp_bucket_copies and FRAMEWORKS["eager"].ddp_bucket_copies
