@@ -736,7 +736,13 @@ FRAMEWORKS["nemo-megatron-vit"] = replace(
     # Megatron's attention splits heads from a [s, b, np, 3 hn] view and merges them with an explicit
     # .contiguous() (megatron/model/transformer.py CoreAttention), not the zoo module's permute and reshape
     layout_copies="",
-    ddp_buckets="",  # Megatron's gradient reduction, not PyTorch DDP's buckets (priced per layer, as before)
+    # Megatron's gradient reduction, not PyTorch DDP's buckets (priced per layer, as before), and no DDP wrapper to
+    # copy into them: under megatron_amp_O2 (the recipe's bf16 O2) NeMo's NLPDDPStrategy.configure_ddp does not
+    # wrap the model in DDP ("do not use DDP if using megatron amp O2 or distributed optimizer",
+    # nemo/collections/nlp/parts/nlp_overrides.py, NVIDIA/NeMo dd84799); MainParamsOptimizerWrapper accumulates
+    # into its contiguous main-gradient buffers and all-reduces those
+    ddp_buckets="",
+    ddp_bucket_copies="",
 )
 
 # llm-foundry's attn_impl 'flash' calls the flash-attn package, version 2 (flash_attn_varlen_func; the

@@ -680,8 +680,9 @@ def test_device_bound_vit_rows_keep_their_measured_errors() -> None:
             # layout pays no PyTorch DDP bucket copies (echosim/passes/plugin.py): 0.511 -> 0.515, 0.446 -> 0.448
             ("vit-g14-pretrain", "a100-80gb", "32", "4096", "4"): 0.515,
             ("vit-g14-pretrain", "a100-80gb", "32", "4096", "8"): 0.448,
-            ("vit-g14-nemo", "a100-80gb", "8", "4096", ""): 0.199,
-            ("vit-g14-nemo", "h100-sxm", "8", "4096", ""): 0.445,
+            # NeMo's ViT under megatron_amp_O2 is not wrapped in DDP (no bucket copies, frameworks.py): 0.199, 0.445 ->
+            ("vit-g14-nemo", "a100-80gb", "8", "4096", ""): 0.203,
+            ("vit-g14-nemo", "h100-sxm", "8", "4096", ""): 0.452,
         },
         abs=0.002,
     )

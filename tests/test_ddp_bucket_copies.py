@@ -90,7 +90,8 @@ def test_the_copies_lengthen_the_step_and_show_as_a_tail_task() -> None:
 
 
 @pytest.mark.parametrize(
-    "framework, zero", [("megatron", 0), ("eager", 1), ("eager", 3), ("composer", 0), ("jax-xla", 0)]
+    "framework, zero",
+    [("megatron", 0), ("eager", 1), ("eager", 3), ("composer", 0), ("jax-xla", 0), ("nemo-megatron-vit", 0)],
 )
 def test_no_copies_without_the_ddp_reducer(framework: str, zero: int) -> None:
     assert not any(n.attrs.bucket_copy for n in _grad_sync(_compile(framework, zero)))
