@@ -479,14 +479,8 @@ def brief_figures(
             if best is None or held > best[1]:
                 deepest[ident] = (r, held)
         caching = facts.caching_allocator
-        for r, held in deepest.values():  # _rank_peak of a rank of one chunk, its state read once
-            fig = known_all[r]
-            part, act, blocks = fig[1], fig[2], fig[3]
-            fixed = part.params + part.grads + part.optimizer + part.transient + part.comm_buffers
-            held = max(0, held)
-            act_held = act * held
-            blocks_held = (blocks or 0) * held if caching else act_held
-            peak = fixed + act_held + (blocks_held - act_held)
+        for r, held in deepest.values():
+            peak = _chunk_peak(known_all[r], held, caching)
             if peak > held_peak:
                 held_peak = peak
     else:
@@ -526,6 +520,17 @@ def _whole_bytes(figures: StageFigures) -> bool:
     then non-decreasing in the micro-batches it holds, :func:`_rank_peak`)."""
     act, blocks = figures[2], figures[3]
     return type(act) is int and act >= 0 and (blocks is None or (type(blocks) is int and blocks >= 0))
+
+
+def _chunk_peak(figures: StageFigures, held: int, caching_allocator: bool) -> int:
+    """:func:`_rank_peak` of a rank that runs one chunk and holds ``held`` of its micro-batches at most, with the
+    same operations in the same order (its one chunk's state summed without the sums over chunks)."""
+    part, act, blocks = figures[1], figures[2], figures[3]
+    fixed = part.params + part.grads + part.optimizer + part.transient + part.comm_buffers
+    held = max(0, held)
+    act_held = act * held
+    blocks_held = (blocks or 0) * held if caching_allocator else act_held
+    return fixed + act_held + (blocks_held - act_held)  # type: ignore[no-any-return]
 
 
 def _rank_peak(
