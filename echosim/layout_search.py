@@ -543,7 +543,13 @@ def _brief(
 
 
 def _evaluate_batch(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False, brief: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    fast: bool = False,
+    brief: bool = False,
+    checked: bool = False,
 ) -> list[Evaluated]:
     """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
 
@@ -559,9 +565,11 @@ def _evaluate_batch(
     ``brief``: a layout the fast path costed has its figures read from its stage costs and schedule column
     (:func:`~echosim.timeline.report.brief_figures`, equal to the report's) with no costed graph, report or
     breakdown; a search's batches (it re-evaluates its top layouts in full before it reports them).
+    ``checked``: every plan passed :func:`echosim.layout.check_plan` on ``cluster`` and the registry's schedules (a
+    search's enumeration, :func:`_rule`), so :func:`_prepare` does not check the layouts it copies again.
     """
     with _fewer_collections():
-        return _evaluate(model, plans, cluster, fraction, fast, brief)
+        return _evaluate(model, plans, cluster, fraction, fast, brief, checked)
 
 
 _BATCH_GC_THRESHOLD = 500_000
@@ -612,7 +620,13 @@ _FREEZING = [0]
 
 
 def _evaluate(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False, brief: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    fast: bool = False,
+    brief: bool = False,
+    checked: bool = False,
 ) -> list[Evaluated]:
 
     from echosim import fast_eval
@@ -629,7 +643,7 @@ def _evaluate(
     for i, plan in enumerate(plans):
         if fast:
             try:
-                joint = _prepare(model, plan, cluster, joints, prepare_joint)
+                joint = _prepare(model, plan, cluster, joints, prepare_joint, checked)
                 costs, figures = fast_eval.stages(joint)
                 alive.append(joint)
                 shared.setdefault(step_plan(joint.options), []).append((i, joint, (costs, figures)))
@@ -640,7 +654,7 @@ def _evaluate(
             except fast_eval.Fallback as exc:
                 fast_eval.FALLBACKS[str(exc)] += 1
         try:
-            step = _prepare(model, plan, cluster, steps)
+            step = _prepare(model, plan, cluster, steps, checked=checked)
             alive.append(step)  # the ids below stay theirs for the batch
             # the stages are shared by _prepare across schedules and TP overlap; lowering reads both
             key = (id(step.stages), step.options.schedule.split_backward, step.options.tp_overlap)
@@ -747,15 +761,21 @@ def _costing_key(plan: Plan) -> tuple[Any, ...]:
 
 
 def _prepare(
-    model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any], how: Callable[..., Any] | None = None
+    model: Any,
+    plan: Plan,
+    cluster: Cluster,
+    kept: dict[tuple[Any, ...], Any],
+    how: Callable[..., Any] | None = None,
+    checked: bool = False,
 ) -> Any:
     """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
     schedule or TP overlap alone takes that one's stage graphs, placements and facts with its own schedule
     and TP overlap (step options and the facts' plan).
 
     The passes read neither (echosim's own: where a plugin's pass runs every layout is prepared
-    alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout.
-    ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
+    alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout, unless
+    ``checked`` says the search's enumeration checked it already (the same function on the same cluster and
+    schedules). ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
     """
     from echosim import plugins
     from echosim.compiler import Joint, prepare
@@ -776,8 +796,9 @@ def _prepare(
     if first.facts.plan["schedule"] == plan.schedule and first.options.tp_overlap == plan.tp_overlap:
         return first
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
-    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
-    check_plan(plan, first.cluster, schedules, interleaved)
+    if not checked:
+        interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+        check_plan(plan, first.cluster, schedules, interleaved)
     extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
     return _replaced(
         first,
@@ -840,11 +861,11 @@ def _run_local(
     if workers <= 1:
         with _survivors_frozen():
             for batch in batches:
-                yield _evaluate_batch(model, batch, cluster, fraction, fast, fast)
+                yield _evaluate_batch(model, batch, cluster, fraction, fast, fast, True)
         return
     pool = ProcessPoolExecutor(workers)
     try:
-        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast, fast) for b in batches]
+        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast, fast, True) for b in batches]
         for f in futures:
             yield f.result()
     finally:
@@ -861,7 +882,9 @@ def _run_ray(
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     remote = ray.remote(_evaluate_batch)
-    pending = {remote.remote(model, b, cluster, fraction, fast, fast): i for i, b in enumerate(_batches(plans, 32))}
+    pending = {
+        remote.remote(model, b, cluster, fraction, fast, fast, True): i for i, b in enumerate(_batches(plans, 32))
+    }
     done_batches: dict[int, list[Evaluated]] = {}
     refs = list(pending)
     try:
@@ -1037,7 +1060,8 @@ def _recheck_top(
         top = [e for e in sorted(ok, key=lambda c: (key(c), _plan_key(c.plan)))[:RECHECK_TOP] if id(e) not in checked]
         if not top:
             break
-        for old, new in zip(top, _evaluate(model, [e.plan for e in top], cluster, fraction), strict=True):
+        plans = [e.plan for e in top]
+        for old, new in zip(top, _evaluate(model, plans, cluster, fraction, checked=True), strict=True):
             results[at.pop(id(old))] = new
             checked.add(id(new))
         at = {id(e): i for i, e in enumerate(results)}

@@ -303,3 +303,27 @@ def test_a_schedule_shape_is_cut_into_the_fewest_batches_it_needs() -> None:
         assert len(holding) == math.ceil(n / size), (pp, vpp)
     # 3 + 5 (of 9: 5 and 4), 4 + 4, then 17 as 6, 6 and 5 (+ 1)
     assert [len(b) for b in batches] == [8, 8, 6, 6, 6]
+
+
+def test_a_search_checks_the_rules_of_each_layout_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enumeration checks every layout's plan rules (``check_plan``, :func:`_rule`); the search's batches do not
+    check again the layouts they copy from one prepared before (another schedule or TP overlap), which a batch
+    evaluated on its own does."""
+    import echosim.layout as layout
+    from echosim.layout_search import _evaluate_batch
+
+    real, callers = layout.check_plan, []
+
+    def counted(*args: object, **kwargs: object) -> None:
+        callers.append(sys._getframe(1).f_code.co_name)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layout, "check_plan", counted)
+    base, cluster = Plan(global_batch=16), Cluster("h100-sxm", 8)
+    space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1,), "sp": (False,), "zero": (1,), "mb": (1,),
+             "recompute": ("full",), "schedule": ("1f1b", "gpipe", "zb-h1"), "tp_overlap": (False, True)}  # fmt: skip
+    result = search("gpt3-125m", base, cluster, space=space)
+    assert result.simulated == 6 and callers.count("_rule") == 6 and "_prepare" not in callers
+    callers.clear()
+    _evaluate_batch("gpt3-125m", [e.plan for e in result.ranked], cluster, 1.0, fast=True)
+    assert callers.count("_prepare") == 5  # one layout prepared, five copied and checked
