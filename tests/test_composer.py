@@ -216,3 +216,30 @@ def test_levels_read_both_inputs_in_one_gather_and_their_seconds_in_chunks(
             ready = np.maximum(ends[plan.cross[lo:hi]] + lags[plan.lag[lo:hi]], ends[plan.chain[lo:hi]])
             ends[lo:hi] = ready + durations[plan.duration[lo:hi]]
         assert got.ends.tobytes() == ends.tobytes()
+
+
+def test_in_flight_counts_of_every_rank_at_once_equal_each_ranks_own() -> None:
+    """A plan's in-flight counts are read for all ranks from its columns (``_in_flight_all``): equal, item order
+    included, to :func:`_in_flight` of each rank's orders, on every registered schedule (DualPipe's ranks run two
+    stages, interleaved ones several)."""
+    import itertools
+
+    from echosim import plugins
+    from echosim.timeline.composer import _in_flight
+
+    checked = 0
+    for name, entry in plugins.get_registry().schedules.items():
+        s = entry.value
+        for pp, m, vpp in itertools.product((1, 2, 3, 4, 8), (1, 2, 4, 8, 12, 32), (1, 2, 4)):
+            unfit = getattr(s, "unfit", None)
+            if (vpp > 1 and not getattr(s, "interleaved", False)) or (unfit is not None and unfit(pp, m, vpp)):
+                continue
+            try:  # as a step builds it (a shape the schedule refuses is skipped)
+                split, fused = getattr(s, "split_backward", False), getattr(s, "fused_pairs", False)
+                plan = schedule_plan(s.orders, pp, m, vpp, split, fused)
+            except ScheduleError:
+                continue
+            want = [list(_in_flight(seq).items()) for seq in plan.orders]
+            assert [list(d.items()) for d in plan.in_flight] == want, (name, pp, m, vpp)
+            checked += 1
+    assert checked > 200

@@ -182,7 +182,7 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
         levels=levels,
         last=last,
         rank_vstage=rank_vstage,
-        in_flight=tuple(_in_flight(seq) for seq in frozen),
+        in_flight=_in_flight_all(kinds, vs, rank, pp, vstages),
         pair_cross=None if pair is None else inverse[pair[order]],
         pair_lag=None if pair_lag is None else pair_lag[order],
     )
@@ -248,6 +248,34 @@ def _levels_by_topology(chain: np.ndarray, cross: np.ndarray, n: int, pair: np.n
     if done < n:
         raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
     return np.array(level, np.int64)
+
+
+def _in_flight_all(
+    kinds: np.ndarray, vs: np.ndarray, rank: np.ndarray, pp: int, vstages: int
+) -> tuple[dict[int, int], ...]:
+    """:func:`_in_flight` of every rank from the plan's columns (rank-major, each rank's blocks in run order) in a
+    few array operations, not a dozen per rank: a full-space search builds plans of thousands of ranks.
+
+    Each (rank, virtual stage)'s blocks, in run order, are one segment of a stable sort by that pair; its peak is
+    the most of its running count (+1 a forward, -1 a backward) and its place in the rank's dict that of its first
+    forward (a stage the rank only runs backwards of is not listed), as :func:`_in_flight` orders them.
+    """
+    n = len(kinds)
+    out: list[dict[int, int]] = [{} for _ in range(pp)]
+    if not n:
+        return tuple(out)
+    key = rank * vstages + vs
+    order = np.argsort(key, kind="stable")
+    held = np.cumsum(np.where(kinds == F, 1, -1)[order])
+    cut = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], cut[1:] != cut[:-1])))
+    peaks = np.maximum.reduceat(held, starts) - np.concatenate(([0], held[starts[1:] - 1]))
+    first = np.minimum.reduceat(np.where(kinds[order] == F, order, n), starts)  # a segment's first forward
+    ranks, stages = cut[starts] // vstages, cut[starts] % vstages
+    for i in np.lexsort((first, ranks)).tolist():
+        if first[i] < n:
+            out[int(ranks[i])][int(stages[i])] = int(peaks[i])
+    return tuple(out)
 
 
 def _in_flight(seq: Sequence[Block]) -> dict[int, int]:
