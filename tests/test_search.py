@@ -327,3 +327,22 @@ def test_a_search_checks_the_rules_of_each_layout_once(monkeypatch: pytest.Monke
     callers.clear()
     _evaluate_batch("gpt3-125m", [e.plan for e in result.ranked], cluster, 1.0, fast=True)
     assert callers.count("_prepare") == 5  # one layout prepared, five copied and checked
+
+
+def test_the_memory_lower_bound_is_priced_once_per_what_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enumeration keeps each memory lower bound by all that ``memory_lower_bound`` reads of a plan
+    (framework, dtype, pp, ZeRO stage, dp x cp, tp x pp x ep): one pricing per distinct key, and the same layouts
+    rejected with the same messages as pricing each plan."""
+    import echosim.layout_search as ls
+
+    real, priced = ls.memory_lower_bound, []
+    monkeypatch.setattr(ls, "memory_lower_bound", lambda plan, *a: priced.append(plan) or real(plan, *a))
+    base, cluster = Plan(global_batch=64), Cluster("h100-sxm", 16)
+    enum = search("gpt3-1.3b", base, cluster, sample=slice(0, 0), memory_fraction=0.05).enumeration
+    keys = {(p.framework, p.dtype, p.pp, p.zero, p.dp * p.cp, p.tp * p.pp * p.ep) for p in priced}
+    assert len(priced) == len(keys) < len(enum.to_simulate) + len(enum.rejected)
+    assert enum.removed_by["memory lower bound"] > 0
+    params = ModelFacts.of("gpt3-1.3b", base).params
+    for e in enum.rejected:
+        if e.reason.startswith("memory lower bound"):  # the message names the bound priced for this very plan
+            assert e.reason.startswith(f"memory lower bound {real(e.plan, params) / 2**30:.1f} GiB "), e.reason
