@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -762,12 +763,13 @@ def _costs_of(costs: Any) -> Any:
 #: plan the facts tell. Layouts that differ in these alone share one preparation (:func:`_prepare`).
 _TIMING_ONLY = ("schedule", "tp_overlap")
 _COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name not in _TIMING_ONLY)
+_COSTING_VALUES = operator.attrgetter(*_COSTING_FIELDS)  # a tuple of them, read in C (once per layout)
 
 
 def _costing_key(plan: Plan) -> tuple[Any, ...]:
     """Every field of ``plan`` but its schedule and TP overlap: what the passes, the pipeline split and the
     placements read."""
-    return tuple(getattr(plan, name) for name in _COSTING_FIELDS)
+    return _COSTING_VALUES(plan)  # type: ignore[no-any-return]
 
 
 def _prepare(

@@ -346,3 +346,16 @@ def test_the_memory_lower_bound_is_priced_once_per_what_it_reads(monkeypatch: py
     for e in enum.rejected:
         if e.reason.startswith("memory lower bound"):  # the message names the bound priced for this very plan
             assert e.reason.startswith(f"memory lower bound {real(e.plan, params) / 2**30:.1f} GiB "), e.reason
+
+
+def test_a_layouts_costing_key_is_every_field_but_its_schedule_and_tp_overlap() -> None:
+    """``_costing_key`` (read by one C-level ``attrgetter``) is the tuple of every plan field but the two no pass
+    reads, in field order."""
+    from dataclasses import fields
+
+    from echosim.layout_search import _costing_key
+
+    plan = Plan(tp=2, pp=2, dp=2, global_batch=8, schedule="gpipe", tp_overlap=True, recompute="full")
+    want = tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in ("schedule", "tp_overlap"))
+    assert type(_costing_key(plan)) is tuple and _costing_key(plan) == want
+    assert _costing_key(replace(plan, schedule="1f1b", tp_overlap=False)) == want
