@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -413,6 +414,7 @@ def enumerate_layouts(
     rejected: list[Evaluated] = []
     removed: Counter[str] = Counter()
     duplicates = 0
+    bounds: dict[tuple[Any, ...], int] = {}  # memory lower bounds by what they read (_rule)
     fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # replace() per layout costs twice as much
     for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
         dp = devices // (tp * cp * pp)
@@ -434,7 +436,7 @@ def enumerate_layouts(
             plan = Plan(**{**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "sp": sp,
                            "zero": zero, "micro_batch": mb, "recompute": rc, "schedule": sched, "tp_overlap": ovl,
                            "global_batch": gb})  # fmt: skip
-            reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget)
+            reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
             if reason:
                 removed[constraint] += 1
                 rejected.append(Evaluated(plan, devices, reason=reason, capacity_bytes=capacity_bytes))
@@ -451,8 +453,12 @@ def _rule(
     interleaved: list[str],
     facts: ModelFacts,
     budget: float,
+    bounds: dict[tuple[Any, ...], int] | None = None,
 ) -> tuple[str, str]:
-    """(message, constraint) of the first rule ``plan`` breaks before simulation; empty when none."""
+    """(message, constraint) of the first rule ``plan`` breaks before simulation; empty when none.
+
+    ``bounds``: memory lower bounds kept by all that :func:`memory_lower_bound` reads of a plan (framework, dtype,
+    pp, ZeRO stage, dp x cp, tp x pp x ep): an enumeration's 10^4-10^5 layouts have a few hundred."""
     from echosim.layout import check_model, check_plan
 
     if plan.global_batch % (plan.micro_batch * plan.dp):
@@ -470,7 +476,12 @@ def _rule(
         check_model(plan, facts.shape)
     except PlanError as exc:
         return str(exc), _constraint(str(exc))
-    bound = memory_lower_bound(plan, facts.params)
+    key = (plan.framework, plan.dtype, plan.pp, plan.zero, plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)
+    bound = None if bounds is None else bounds.get(key)
+    if bound is None:
+        bound = memory_lower_bound(plan, facts.params)
+        if bounds is not None:
+            bounds[key] = bound
     if bound > budget:
         return (
             f"memory lower bound {bound / 2**30:.1f} GiB (weights, grads, optimizer state) > "
@@ -543,7 +554,13 @@ def _brief(
 
 
 def _evaluate_batch(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False, brief: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    fast: bool = False,
+    brief: bool = False,
+    checked: bool = False,
 ) -> list[Evaluated]:
     """:func:`evaluate` of every plan, sharing what compiles of neighbouring layouts share.
 
@@ -559,9 +576,11 @@ def _evaluate_batch(
     ``brief``: a layout the fast path costed has its figures read from its stage costs and schedule column
     (:func:`~echosim.timeline.report.brief_figures`, equal to the report's) with no costed graph, report or
     breakdown; a search's batches (it re-evaluates its top layouts in full before it reports them).
+    ``checked``: every plan passed :func:`echosim.layout.check_plan` on ``cluster`` and the registry's schedules (a
+    search's enumeration, :func:`_rule`), so :func:`_prepare` does not check the layouts it copies again.
     """
     with _fewer_collections():
-        return _evaluate(model, plans, cluster, fraction, fast, brief)
+        return _evaluate(model, plans, cluster, fraction, fast, brief, checked)
 
 
 _BATCH_GC_THRESHOLD = 500_000
@@ -612,9 +631,14 @@ _FREEZING = [0]
 
 
 def _evaluate(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool = False, brief: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    fast: bool = False,
+    brief: bool = False,
+    checked: bool = False,
 ) -> list[Evaluated]:
-    import numpy as np
 
     from echosim import fast_eval
     from echosim.compiler import prepare_joint
@@ -630,7 +654,7 @@ def _evaluate(
     for i, plan in enumerate(plans):
         if fast:
             try:
-                joint = _prepare(model, plan, cluster, joints, prepare_joint)
+                joint = _prepare(model, plan, cluster, joints, prepare_joint, checked)
                 costs, figures = fast_eval.stages(joint)
                 alive.append(joint)
                 shared.setdefault(step_plan(joint.options), []).append((i, joint, (costs, figures)))
@@ -641,7 +665,7 @@ def _evaluate(
             except fast_eval.Fallback as exc:
                 fast_eval.FALLBACKS[str(exc)] += 1
         try:
-            step = _prepare(model, plan, cluster, steps)
+            step = _prepare(model, plan, cluster, steps, checked=checked)
             alive.append(step)  # the ids below stay theirs for the batch
             # the stages are shared by _prepare across schedules and TP overlap; lowering reads both
             key = (id(step.stages), step.options.schedule.split_backward, step.options.tp_overlap)
@@ -658,11 +682,10 @@ def _evaluate(
 
     for shape, members in shared.items():
         inputs = [schedule_inputs(_costs_of(costs), step.options) for _, step, costs in members]
-        columns = [np.array([x[k] for x in inputs], np.float64).T for k in range(4)]
-        wgrad = np.array([x[4] for x in inputs], np.float64).T if shape.split_backward else None
-        timed = time_schedule(shape, *columns, wgrad)
+        columns, column_of = _distinct_columns(inputs, shape.split_backward)
+        timed = time_schedule(shape, *columns)
         ends = timed.rank_ends.T.tolist() if brief else []
-        for col, (i, step, costs) in enumerate(members):
+        for (i, step, costs), col in zip(members, column_of, strict=True):
             known = _known(costs)
             if brief and known is not None:
                 f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, known)
@@ -673,6 +696,33 @@ def _evaluate(
             report = build_report(costed, step.facts, brief=True, known=known)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
     return [e for e in out if e is not None]
+
+
+def _distinct_columns(inputs: list[tuple[list[float], ...]], split_backward: bool) -> tuple[list[Any], list[int]]:
+    """The schedule inputs of a batch's layouts of one shape (:func:`~echosim.timeline.lower.schedule_inputs`) as
+    :func:`~echosim.timeline.composer.time_schedule`'s arguments, one column per distinct layout, and each layout's
+    column.
+
+    Layouts whose stages take the same seconds (ZeRO 1 and 2 build one stage graph; a ZeRO stage or a
+    recompute policy that changes only memory or the step tail) have the same schedule: a column is timed
+    from its own inputs alone (each is one column of the composer's arrays), so equal inputs give equal ends,
+    and they are timed once. Equal means the same bytes (``-0.0`` is not ``0.0`` here). GPT-3 175B's full
+    space: 25,219 distinct columns of 39,992 layouts, the composer's block-columns 536M -> 275M.
+    """
+    import numpy as np
+
+    k = 5 if split_backward else 4
+    rows = np.array([[v for part in x[:k] for v in part] for x in inputs], np.float64)  # (layouts, k * vstages)
+    first: dict[bytes, int] = {}
+    column_of = [first.setdefault(row.tobytes(), len(first)) for row in rows]
+    if len(first) < len(rows):  # keep the first layout of each distinct column (columns are numbered as met)
+        picks: list[int] = []
+        for i, col in enumerate(column_of):
+            if col == len(picks):
+                picks.append(i)
+        rows = rows[picks]
+    parts = np.split(rows.T, k)  # (vstages, distinct) each: fwd, bwd, p2p_fwd, p2p_bwd[, wgrad]
+    return [*parts[:4], parts[4] if split_backward else None], column_of
 
 
 _JOINTS: Memo[tuple[Any, dict[tuple[Any, ...], Any]]] = Memo("search: layouts up to the pipeline split", maxsize=16)
@@ -713,24 +763,31 @@ def _costs_of(costs: Any) -> Any:
 #: plan the facts tell. Layouts that differ in these alone share one preparation (:func:`_prepare`).
 _TIMING_ONLY = ("schedule", "tp_overlap")
 _COSTING_FIELDS = tuple(f.name for f in fields(Plan) if f.name not in _TIMING_ONLY)
+_COSTING_VALUES = operator.attrgetter(*_COSTING_FIELDS)  # a tuple of them, read in C (once per layout)
 
 
 def _costing_key(plan: Plan) -> tuple[Any, ...]:
     """Every field of ``plan`` but its schedule and TP overlap: what the passes, the pipeline split and the
     placements read."""
-    return tuple(getattr(plan, name) for name in _COSTING_FIELDS)
+    return _COSTING_VALUES(plan)  # type: ignore[no-any-return]
 
 
 def _prepare(
-    model: Any, plan: Plan, cluster: Cluster, kept: dict[tuple[Any, ...], Any], how: Callable[..., Any] | None = None
+    model: Any,
+    plan: Plan,
+    cluster: Cluster,
+    kept: dict[tuple[Any, ...], Any],
+    how: Callable[..., Any] | None = None,
+    checked: bool = False,
 ) -> Any:
     """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
     schedule or TP overlap alone takes that one's stage graphs, placements and facts with its own schedule
     and TP overlap (step options and the facts' plan).
 
     The passes read neither (echosim's own: where a plugin's pass runs every layout is prepared
-    alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout.
-    ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
+    alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout, unless
+    ``checked`` says the search's enumeration checked it already (the same function on the same cluster and
+    schedules). ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
     """
     from echosim import plugins
     from echosim.compiler import Joint, prepare
@@ -751,8 +808,9 @@ def _prepare(
     if first.facts.plan["schedule"] == plan.schedule and first.options.tp_overlap == plan.tp_overlap:
         return first
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
-    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
-    check_plan(plan, first.cluster, schedules, interleaved)
+    if not checked:
+        interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+        check_plan(plan, first.cluster, schedules, interleaved)
     extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
     return _replaced(
         first,
@@ -815,11 +873,11 @@ def _run_local(
     if workers <= 1:
         with _survivors_frozen():
             for batch in batches:
-                yield _evaluate_batch(model, batch, cluster, fraction, fast, fast)
+                yield _evaluate_batch(model, batch, cluster, fraction, fast, fast, True)
         return
     pool = ProcessPoolExecutor(workers)
     try:
-        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast, fast) for b in batches]
+        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast, fast, True) for b in batches]
         for f in futures:
             yield f.result()
     finally:
@@ -836,7 +894,9 @@ def _run_ray(
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     remote = ray.remote(_evaluate_batch)
-    pending = {remote.remote(model, b, cluster, fraction, fast, fast): i for i, b in enumerate(_batches(plans, 32))}
+    pending = {
+        remote.remote(model, b, cluster, fraction, fast, fast, True): i for i, b in enumerate(_batches(plans, 32))
+    }
     done_batches: dict[int, list[Evaluated]] = {}
     refs = list(pending)
     try:
@@ -1012,7 +1072,8 @@ def _recheck_top(
         top = [e for e in sorted(ok, key=lambda c: (key(c), _plan_key(c.plan)))[:RECHECK_TOP] if id(e) not in checked]
         if not top:
             break
-        for old, new in zip(top, _evaluate(model, [e.plan for e in top], cluster, fraction), strict=True):
+        plans = [e.plan for e in top]
+        for old, new in zip(top, _evaluate(model, plans, cluster, fraction, checked=True), strict=True):
             results[at.pop(id(old))] = new
             checked.add(id(new))
         at = {id(e): i for i, e in enumerate(results)}

@@ -190,3 +190,56 @@ def test_a_deadlocked_order_is_named() -> None:
         plan_for([rank0, rank1], vstages=2)
     with pytest.raises(RuntimeError, match="deadlocked"):
         reference_compose([rank0, rank1], [1.0] * 2, [1.0] * 2, [0.0] * 2, [0.0] * 2)
+
+
+@pytest.mark.parametrize("gathered", [1, 7, 1 << 20])
+def test_levels_read_both_inputs_in_one_gather_and_their_seconds_in_chunks(
+    monkeypatch: pytest.MonkeyPatch, gathered: int
+) -> None:
+    """``plan.reads`` holds each level's ``cross`` then ``chain`` rows (one gather a level), and the transfer and
+    duration seconds gathered for many levels at once (however few rows a chunk holds) give every block the
+    recurrence's end, ``max(ends[cross] + lags[lag], ends[chain]) + durations[duration]``, to the last bit."""
+    import echosim.timeline.composer as composer
+
+    monkeypatch.setattr(composer, "_GATHERED", gathered)
+    rng = np.random.default_rng(3)
+    for orders_of, pp, m, vpp in ((one_f_one_b, 4, 9, 1), (interleaved, 4, 8, 2), (gpipe, 3, 5, 1)):
+        plan = schedule_plan(orders_of, pp, m, vpp, False)
+        for lo, hi in plan.levels:
+            assert plan.reads[2 * lo : lo + hi].tolist() == plan.cross[lo:hi].tolist()
+            assert plan.reads[lo + hi : 2 * hi].tolist() == plan.chain[lo:hi].tolist()
+        f, b, pf, pb = (rng.uniform(0.1, 2.0, (pp * vpp, 6)) for _ in range(4))
+        got = time_schedule(plan, f, b, pf, pb)
+        durations, lags = np.concatenate([f, b]), np.concatenate([pf, pb, np.zeros((1, 6))])
+        ends = np.zeros((plan.blocks + 1, 6))
+        for lo, hi in plan.levels:  # the recurrence, written out
+            ready = np.maximum(ends[plan.cross[lo:hi]] + lags[plan.lag[lo:hi]], ends[plan.chain[lo:hi]])
+            ends[lo:hi] = ready + durations[plan.duration[lo:hi]]
+        assert got.ends.tobytes() == ends.tobytes()
+
+
+def test_in_flight_counts_of_every_rank_at_once_equal_each_ranks_own() -> None:
+    """A plan's in-flight counts are read for all ranks from its columns (``_in_flight_all``): equal, item order
+    included, to :func:`_in_flight` of each rank's orders, on every registered schedule (DualPipe's ranks run two
+    stages, interleaved ones several)."""
+    import itertools
+
+    from echosim import plugins
+    from echosim.timeline.composer import _in_flight
+
+    checked = 0
+    for name, entry in plugins.get_registry().schedules.items():
+        s = entry.value
+        for pp, m, vpp in itertools.product((1, 2, 3, 4, 8), (1, 2, 4, 8, 12, 32), (1, 2, 4)):
+            unfit = getattr(s, "unfit", None)
+            if (vpp > 1 and not getattr(s, "interleaved", False)) or (unfit is not None and unfit(pp, m, vpp)):
+                continue
+            try:  # as a step builds it (a shape the schedule refuses is skipped)
+                split, fused = getattr(s, "split_backward", False), getattr(s, "fused_pairs", False)
+                plan = schedule_plan(s.orders, pp, m, vpp, split, fused)
+            except ScheduleError:
+                continue
+            want = [list(_in_flight(seq).items()) for seq in plan.orders]
+            assert [list(d.items()) for d in plan.in_flight] == want, (name, pp, m, vpp)
+            checked += 1
+    assert checked > 200

@@ -303,3 +303,59 @@ def test_a_schedule_shape_is_cut_into_the_fewest_batches_it_needs() -> None:
         assert len(holding) == math.ceil(n / size), (pp, vpp)
     # 3 + 5 (of 9: 5 and 4), 4 + 4, then 17 as 6, 6 and 5 (+ 1)
     assert [len(b) for b in batches] == [8, 8, 6, 6, 6]
+
+
+def test_a_search_checks_the_rules_of_each_layout_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enumeration checks every layout's plan rules (``check_plan``, :func:`_rule`); the search's batches do not
+    check again the layouts they copy from one prepared before (another schedule or TP overlap), which a batch
+    evaluated on its own does."""
+    import echosim.layout as layout
+    from echosim.layout_search import _evaluate_batch
+
+    real, callers = layout.check_plan, []
+
+    def counted(*args: object, **kwargs: object) -> None:
+        callers.append(sys._getframe(1).f_code.co_name)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layout, "check_plan", counted)
+    base, cluster = Plan(global_batch=16), Cluster("h100-sxm", 8)
+    space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1,), "sp": (False,), "zero": (1,), "mb": (1,),
+             "recompute": ("full",), "schedule": ("1f1b", "gpipe", "zb-h1"), "tp_overlap": (False, True)}  # fmt: skip
+    result = search("gpt3-125m", base, cluster, space=space)
+    assert result.simulated == 6 and callers.count("_rule") == 6 and "_prepare" not in callers
+    callers.clear()
+    _evaluate_batch("gpt3-125m", [e.plan for e in result.ranked], cluster, 1.0, fast=True)
+    assert callers.count("_prepare") == 5  # one layout prepared, five copied and checked
+
+
+def test_the_memory_lower_bound_is_priced_once_per_what_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enumeration keeps each memory lower bound by all that ``memory_lower_bound`` reads of a plan
+    (framework, dtype, pp, ZeRO stage, dp x cp, tp x pp x ep): one pricing per distinct key, and the same layouts
+    rejected with the same messages as pricing each plan."""
+    import echosim.layout_search as ls
+
+    real, priced = ls.memory_lower_bound, []
+    monkeypatch.setattr(ls, "memory_lower_bound", lambda plan, *a: priced.append(plan) or real(plan, *a))
+    base, cluster = Plan(global_batch=64), Cluster("h100-sxm", 16)
+    enum = search("gpt3-1.3b", base, cluster, sample=slice(0, 0), memory_fraction=0.05).enumeration
+    keys = {(p.framework, p.dtype, p.pp, p.zero, p.dp * p.cp, p.tp * p.pp * p.ep) for p in priced}
+    assert len(priced) == len(keys) < len(enum.to_simulate) + len(enum.rejected)
+    assert enum.removed_by["memory lower bound"] > 0
+    params = ModelFacts.of("gpt3-1.3b", base).params
+    for e in enum.rejected:
+        if e.reason.startswith("memory lower bound"):  # the message names the bound priced for this very plan
+            assert e.reason.startswith(f"memory lower bound {real(e.plan, params) / 2**30:.1f} GiB "), e.reason
+
+
+def test_a_layouts_costing_key_is_every_field_but_its_schedule_and_tp_overlap() -> None:
+    """``_costing_key`` (read by one C-level ``attrgetter``) is the tuple of every plan field but the two no pass
+    reads, in field order."""
+    from dataclasses import fields
+
+    from echosim.layout_search import _costing_key
+
+    plan = Plan(tp=2, pp=2, dp=2, global_batch=8, schedule="gpipe", tp_overlap=True, recompute="full")
+    want = tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in ("schedule", "tp_overlap"))
+    assert type(_costing_key(plan)) is tuple and _costing_key(plan) == want
+    assert _costing_key(replace(plan, schedule="1f1b", tp_overlap=False)) == want

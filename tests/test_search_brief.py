@@ -3,6 +3,8 @@ the full report's, field by field and exactly, on seeded samples of the whole sp
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from layout_samples import drawn, small_moe
 
@@ -118,8 +120,18 @@ def test_one_chunk_per_rank_prices_the_peak_of_the_rank_holding_most_of_each_chu
     plans = [Plan(pp=8, dp=1, global_batch=32, zero=z) for z in (0, 1)]
     memo.clear_all()
     priced: list[int] = []
-    every = report._rank_peak
-    monkeypatch.setattr(report, "_rank_peak", lambda r, *a: priced.append(r) or every(r, *a))
+    rank_peak, chunk_peak = report._rank_peak, report._chunk_peak
+
+    def priced_alike(figures: object, held: int, caching: bool) -> int:  # equal to _rank_peak of that rank
+        peak = chunk_peak(figures, held, caching)  # type: ignore[arg-type]
+        stage = SimpleNamespace(index=0)
+        plan, facts = SimpleNamespace(in_flight=[{0: held}]), SimpleNamespace(caching_allocator=caching)
+        assert rank_peak(0, [stage], [figures], (0,), plan, {}, facts) == peak  # type: ignore[arg-type, list-item]
+        priced.append(held)
+        return peak
+
+    monkeypatch.setattr(report, "_chunk_peak", priced_alike)
+    monkeypatch.setattr(report, "_rank_peak", lambda *a: pytest.fail("a rank of one chunk priced by _rank_peak"))
     brief = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True, brief=True)
     assert priced and len(priced) <= 3 * len(plans)  # first, middle and last chunk: ranks 0, 1 and 7
     memo.clear_all()

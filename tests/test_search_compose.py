@@ -254,3 +254,34 @@ def test_unit_timings_shared_across_pipeline_splits_are_told_in_each_graphs_ids(
             b.base.nodes if b.base is not None else ()
         )
     assert cold.report.to_dict() == warm.report.to_dict()
+
+
+def test_a_batch_times_each_distinct_schedule_column_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layouts whose stages take the same seconds (ZeRO 1 and 2 build one stage graph) have one schedule: a batch
+    times it once (one column of the composer's arrays) and reads both layouts' figures from it, each equal to its
+    own compile; columns are told apart by their bytes (``-0.0`` is not ``0.0``)."""
+    import numpy as np
+
+    import echosim.timeline.composer as composer
+    from echosim.layout_search import _distinct_columns
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(tp=2, pp=2, dp=2, global_batch=16, zero=z, schedule=s) for s in ("1f1b", "zb-h1") for z in (1, 2)]
+    timed: list[int] = []
+    real = composer.time_schedule
+
+    def counted(plan: object, fwd: np.ndarray, *args: object, **kwargs: object) -> object:
+        timed.append(np.asarray(fwd).reshape(len(fwd), -1).shape[1])
+        return real(plan, fwd, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(composer, "time_schedule", counted)
+    memo.clear_all()
+    for fast in (False, True):
+        timed.clear()
+        batch = _evaluate_batch("gpt3-125m", plans, cluster, 1.0, fast=fast, brief=fast)
+        assert timed == [1, 1], fast  # one column per schedule shape, not one per layout
+        assert [e.as_dict() for e in batch] == [evaluate("gpt3-125m", p, cluster).as_dict() for p in plans]
+    columns, column_of = _distinct_columns([([1.0], [2.0], [0.0], [0.0], []), ([1.0], [2.0], [-0.0], [0.0], []),
+                                            ([1.0], [2.0], [0.0], [0.0], [])], False)  # fmt: skip
+    assert column_of == [0, 1, 0] and columns[0].shape == (1, 2) and columns[4] is None
+    assert np.signbit(columns[2][0]).tolist() == [False, True]

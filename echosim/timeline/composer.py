@@ -74,6 +74,18 @@ class SchedulePlan:
     def blocks(self) -> int:
         return len(self.rank)
 
+    @cached_property
+    def reads(self) -> np.ndarray:
+        """The blocks each level waits on, in one array: level ``[lo, hi)`` holds ``cross[lo:hi]`` then
+        ``chain[lo:hi]`` at ``[2 lo, 2 hi)``, so :func:`time_schedule` gathers both ends with one index."""
+        n = self.blocks
+        width = [hi - lo for lo, hi in self.levels]
+        own = np.arange(n)
+        out = np.empty(2 * n, np.int64)
+        out[np.repeat([lo for lo, _ in self.levels], width) + own] = self.cross
+        out[np.repeat([hi for _, hi in self.levels], width) + own] = self.chain
+        return out
+
 
 def schedule_plan(
     orders_of: Callable[[int, int, int], list[list[Block]]],
@@ -170,7 +182,7 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
         levels=levels,
         last=last,
         rank_vstage=rank_vstage,
-        in_flight=tuple(_in_flight(seq) for seq in frozen),
+        in_flight=_in_flight_all(kinds, vs, rank, pp, vstages),
         pair_cross=None if pair is None else inverse[pair[order]],
         pair_lag=None if pair_lag is None else pair_lag[order],
     )
@@ -236,6 +248,34 @@ def _levels_by_topology(chain: np.ndarray, cross: np.ndarray, n: int, pair: np.n
     if done < n:
         raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
     return np.array(level, np.int64)
+
+
+def _in_flight_all(
+    kinds: np.ndarray, vs: np.ndarray, rank: np.ndarray, pp: int, vstages: int
+) -> tuple[dict[int, int], ...]:
+    """:func:`_in_flight` of every rank from the plan's columns (rank-major, each rank's blocks in run order) in a
+    few array operations, not a dozen per rank: a full-space search builds plans of thousands of ranks.
+
+    Each (rank, virtual stage)'s blocks, in run order, are one segment of a stable sort by that pair; its peak is
+    the most of its running count (+1 a forward, -1 a backward) and its place in the rank's dict that of its first
+    forward (a stage the rank only runs backwards of is not listed), as :func:`_in_flight` orders them.
+    """
+    n = len(kinds)
+    out: list[dict[int, int]] = [{} for _ in range(pp)]
+    if not n:
+        return tuple(out)
+    key = rank * vstages + vs
+    order = np.argsort(key, kind="stable")
+    held = np.cumsum(np.where(kinds == F, 1, -1)[order])
+    cut = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], cut[1:] != cut[:-1])))
+    peaks = np.maximum.reduceat(held, starts) - np.concatenate(([0], held[starts[1:] - 1]))
+    first = np.minimum.reduceat(np.where(kinds[order] == F, order, n), starts)  # a segment's first forward
+    ranks, stages = cut[starts] // vstages, cut[starts] % vstages
+    for i in np.lexsort((first, ranks)).tolist():
+        if first[i] < n:
+            out[int(ranks[i])][int(stages[i])] = int(peaks[i])
+    return tuple(out)
 
 
 def _in_flight(seq: Sequence[Block]) -> dict[int, int]:
@@ -346,9 +386,11 @@ def time_schedule(
     pair, pair_lag = plan.pair_cross, plan.pair_lag
     cross, lag, chain, duration = plan.cross, plan.lag, plan.chain, plan.duration
     maximum, add = np.maximum, np.add
+    if pair is None:
+        _time_levels(plan, durations, lags, ends, starts)
     # each level's rows gathered into one buffer and combined in place (the same additions and maxima, element
     # by element, as ``ends[cross] + lags[lag]`` ...: a search runs ~10^5 levels of a few rows)
-    for lo, hi in plan.levels:
+    for lo, hi in plan.levels if pair is not None else ():
         ready = ends[cross[lo:hi]]
         ready += lags[lag[lo:hi]]
         if pair is not None and pair_lag is not None:  # a fused pair starts when both its inputs are there
@@ -364,6 +406,38 @@ def time_schedule(
         if i >= 0:
             rank_ends[r] = ends[i]
     return BatchTiming(plan, ends, starts, rank_ends, [])
+
+
+#: Rows x layouts of transfer and duration seconds :func:`_time_levels` gathers at a time (8 MiB each).
+_GATHERED = 1 << 20
+
+
+def _time_levels(
+    plan: SchedulePlan, durations: np.ndarray, lags: np.ndarray, ends: np.ndarray, starts: np.ndarray | None
+) -> None:
+    """:func:`time_schedule`'s recurrence without fused pairs, level by level: ``ends[i] = max(ends[cross[i]] +
+    lags[lag[i]], ends[chain[i]]) + durations[duration[i]]``, the same operations element by element.
+
+    A search times ~10^5 levels of a few rows each, so the numpy calls per level are the cost: the rows' transfer
+    and duration seconds are gathered for many levels at once (they read no end), and a level's two reads of
+    earlier ends are one gather (:attr:`SchedulePlan.reads`): one gather and three in-place operations a level.
+    """
+    maximum, add = np.maximum, np.add
+    reads, lag, duration = plan.reads, plan.lag, plan.duration
+    rows = max(1, _GATHERED // max(1, ends.shape[1]))
+    base = top = 0
+    lag_s = dur_s = ends[:0]
+    for lo, hi in plan.levels:
+        if hi > top:  # the next rows' seconds, from this level on
+            base, top = lo, max(hi, lo + rows)
+            lag_s, dur_s = lags[lag[base:top]], durations[duration[base:top]]
+        got = ends[reads[2 * lo : 2 * hi]]
+        ready = got[: hi - lo]
+        ready += lag_s[lo - base : hi - base]
+        maximum(ready, got[hi - lo :], out=ready)
+        if starts is not None:
+            starts[lo:hi] = ready
+        add(ready, dur_s[lo - base : hi - base], out=ends[lo:hi])
 
 
 def _time_deferred(

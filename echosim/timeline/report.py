@@ -448,37 +448,46 @@ def brief_figures(
     # each virtual stage's figures, read once (one figures object per distinct stage: first, last, depth)
     known_all = [known(c) for c in costs]
     ids = [id(f) for f in known_all]
+    last_of = plan.rank_vstage
+    # per rank the identities of its chunks and its tail's key (a few distinct ones: first, middle, last stages);
+    # each distinct tail built once, from the first rank that has it
+    if len(costs) == pp:
+        idents = [(i,) for i in ids]
+        keys = [(i, ids[v]) for i, v in zip(ids, last_of, strict=True)]
+    else:
+        idents = [tuple(ids[r::pp]) for r in range(pp)]
+        keys = [(*ident, ids[v]) for ident, v in zip(idents, last_of, strict=True)]
+    for r, key in enumerate(keys):
+        if key not in tails:
+            steps = rank_tail(costs[r::pp], costs[last_of[r]])
+            tails[key] = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
+    for b, key in zip(block_ends, keys, strict=True):
+        end = t = b
+        for sec in tails[key][0]:
+            t += sec
+            if t > end:  # max(end, t): the later of equals is not taken
+                end = t
+        rank_ends.append(end)
     # one chunk per rank, every chunk's bytes integers: ranks of one chunk differ in the micro-batches they hold
     # alone, and their peak (the chunk's fixed bytes plus its activation or block bytes times that count) grows
     # with it, so the rank holding the most of each chunk has that chunk's largest peak (the same maximum)
-    single = len(costs) == pp and all(_whole_bytes(f) for f in known_all)
-    deepest: dict[tuple[int, ...], tuple[int, int]] | None = {} if single else None
-    for r in range(pp):
-        ident = tuple(ids[r::pp])
-        last = plan.rank_vstage[r]
-        key = (*ident, ids[last])
-        tail = tails.get(key)
-        if tail is None:
-            steps = rank_tail(costs[r::pp], costs[last])
-            tail = tails[key] = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
-        end = t = block_ends[r]
-        for sec in tail[0]:
-            t += sec
-            end = max(end, t)
-        rank_ends.append(end)
-        if deepest is not None:
+    if len(costs) == pp and all(_whole_bytes(f) for f in known_all):
+        deepest: dict[tuple[int, ...], tuple[int, int]] = {}
+        for r, ident in enumerate(idents):
             held = plan.in_flight[r].get(costs[r].index, 0)
             best = deepest.get(ident)
             if best is None or held > best[1]:
                 deepest[ident] = (r, held)
-            continue
-        peak = _rank_peak(r, costs[r::pp], known_all[r::pp], ident, plan, statics, facts)
-        if peak > held_peak:
-            held_peak = peak
-    for r, _ in deepest.values() if deepest is not None else ():
-        peak = _rank_peak(r, costs[r::pp], known_all[r::pp], tuple(ids[r::pp]), plan, statics, facts)
-        if peak > held_peak:
-            held_peak = peak
+        caching = facts.caching_allocator
+        for r, held in deepest.values():
+            peak = _chunk_peak(known_all[r], held, caching)
+            if peak > held_peak:
+                held_peak = peak
+    else:
+        for r in range(pp):
+            peak = _rank_peak(r, costs[r::pp], known_all[r::pp], idents[r], plan, statics, facts)
+            if peak > held_peak:
+                held_peak = peak
     step = max(rank_ends)
     crit = rank_ends.index(step)
     chunks = costs[crit::pp]
@@ -493,7 +502,7 @@ def brief_figures(
     model_flops = sum(f.model * n for f, n in counts.values()) * m * facts.ranks_per_stage
     per_sample = _seq(costs) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
-    crit_tail = tails[(*ids[crit::pp], ids[plan.rank_vstage[crit]])][1]
+    crit_tail = tails[keys[crit]][1]
     return BriefFigures(
         step_time_s=step,
         tokens_per_s=facts.sequences * per_sample / step if per_sample else None,
@@ -511,6 +520,17 @@ def _whole_bytes(figures: StageFigures) -> bool:
     then non-decreasing in the micro-batches it holds, :func:`_rank_peak`)."""
     act, blocks = figures[2], figures[3]
     return type(act) is int and act >= 0 and (blocks is None or (type(blocks) is int and blocks >= 0))
+
+
+def _chunk_peak(figures: StageFigures, held: int, caching_allocator: bool) -> int:
+    """:func:`_rank_peak` of a rank that runs one chunk and holds ``held`` of its micro-batches at most, with the
+    same operations in the same order (its one chunk's state summed without the sums over chunks)."""
+    part, act, blocks = figures[1], figures[2], figures[3]
+    fixed = part.params + part.grads + part.optimizer + part.transient + part.comm_buffers
+    held = max(0, held)
+    act_held = act * held
+    blocks_held = (blocks or 0) * held if caching_allocator else act_held
+    return fixed + act_held + (blocks_held - act_held)  # type: ignore[no-any-return]
 
 
 def _rank_peak(
