@@ -290,7 +290,6 @@ def lower_stage(
     """
     graph = stage.graph
     backend = for_program(backend, graph)  # a CPU rank's heap: what its whole program frees (the DP buckets too)
-    cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     units_of = _unit_graph(stage)
     fwd_units, bwd_units, w_units = timed_units(units_of, backend, where, options)
@@ -300,21 +299,43 @@ def lower_stage(
     if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
-    tail = _tail_of(stage)
+    buckets, step_end, opt, p2p_fwd, p2p_bwd = _stage_tail(stage, backend, where, options)
     dp_exposed, dp_busy, dp_copies = (
-        dp_tail_times(stage_bucket_seconds(stage, backend, where), bwd_units, options.overlap_dp,
-                      overlap.compute_slowdown)
-        if tail.grad_sync
+        dp_tail_times(buckets, bwd_units, options.overlap_dp, overlap.compute_slowdown)
+        if buckets is not None
         else (0.0, 0.0, 0.0)
-    )  # fmt: skip
-    used = tuple((a, p) for a, p in where.items() if a in tail.step_end_axes)
-    step_end = graph.derived(("step-end-s", backend, used), lambda: _step_end_seconds(tail.step_end, cost))
-    opt = graph.derived(("optimizer-s", backend), lambda: sum(cost(n) for n in tail.optimizer))
+    )
     return StageCost(
-        stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
-        p2p_seconds(tail.sends_fwd, backend, where, options), p2p_seconds(tail.sends_bwd, backend, where, options),
+        stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units, p2p_fwd, p2p_bwd,
         dp_exposed, dp_busy, dict(step_end), opt, graph, vstages, stage.base, dp_copies,
     )  # fmt: skip
+
+
+def _stage_tail(
+    stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> tuple[BucketSeconds | None, dict[str, float], float, float, float]:
+    """What :func:`lower_stage` reads of a stage besides its units: the gradient buckets' seconds (None without a
+    gradient reduction), the step-end collectives' seconds by axis, the optimizer's, the pipeline sends' (forward,
+    backward). A function of the stage graph, the backend, the placements and tp / sp (the sends' split), kept on
+    the graph as one value: a search lowers each stage graph again for every schedule split and TP overlap, which
+    change only its units."""
+    graph = stage.graph
+    key = ("stage-tail", stage.base, backend, tuple(where.items()), options.tp, options.sp)
+
+    def compute() -> tuple[BucketSeconds | None, dict[str, float], float, float, float]:
+        cost = Coster(graph, backend, where)
+        tail = _tail_of(stage)
+        buckets = stage_bucket_seconds(stage, backend, where) if tail.grad_sync else None
+        used = tuple((a, p) for a, p in where.items() if a in tail.step_end_axes)
+        step_end = graph.derived(("step-end-s", backend, used), lambda: _step_end_seconds(tail.step_end, cost))
+        opt = graph.derived(("optimizer-s", backend), lambda: sum(cost(n) for n in tail.optimizer))
+        sends = (
+            p2p_seconds(tail.sends_fwd, backend, where, options),
+            p2p_seconds(tail.sends_bwd, backend, where, options),
+        )
+        return buckets, step_end, opt, *sends
+
+    return graph.derived(key, compute)
 
 
 def p2p_seconds(sends: tuple[int, ...], backend: Backend, where: dict[Axis, Placement], options: StepOptions) -> float:
