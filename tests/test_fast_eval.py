@@ -562,3 +562,29 @@ def test_a_known_stage_graph_relowered_reads_its_tail_and_graph_figures_once(mon
     assert calls == {"sends": 2 * graphs, "reads": graphs}  # forward and backward sends priced once per graph
     monkeypatch.undo()
     _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_units_timed_again_with_tp_overlap_reuse_their_op_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layout that differs from another only in TP overlap times its units again (its GEMMs are chunked), on the
+    same op costs: they are kept on each unit (ZeRO-3's too: its prefix's and the appended gathers'), not priced
+    again, and the figures still equal a full compile's."""
+    from echosim.timeline import lower
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(tp=4, pp=1, dp=2, zero=zero, tp_overlap=overlap, global_batch=16)
+             for zero in (0, 3) for overlap in (False, True)]  # fmt: skip
+    priced: list[int] = []
+    call = lower.Coster.__call__
+
+    def counted(self: Any, node: Any) -> float:
+        priced.append(node.id)
+        return call(self, node)  # type: ignore[no-any-return]
+
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans[0::2], cluster, 1.0, fast=True)  # without TP overlap
+    misses = lower._UNITS.misses
+    monkeypatch.setattr(lower.Coster, "__call__", counted)
+    _evaluate_batch("gpt3-350m", plans[1::2], cluster, 1.0, fast=True)  # the same layouts with it
+    assert lower._UNITS.misses > misses and priced == []  # units timed again, no op priced again
+    monkeypatch.undo()
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)

@@ -456,11 +456,13 @@ def time_units(
         chunked = pipelined_edges(nodes) if chunks else set()
         if chunks and not chunked:  # no matmul next to a TP collective: it times as without TP overlap (and is kept so)
             return _UNITS.get((head(part, False), part.key), lambda: simulate(part, False))
-        done = None
+        base = _part_costs(part, cost, where)
         if part.prefix is not None:  # ZeRO-3's gathers after a layer's ops: resume the layer's first pass
             done = _first_pass(part.prefix, cost, where, chunks).extended(
-                nodes[len(part.prefix.nodes) :], cost, chunked
+                nodes[len(part.prefix.nodes) :], cost, chunked, base
             )
+        else:
+            done = FirstPass.of(nodes, cost, chunked, base)
         return simulate_unit(graph, nodes, cost, overlap, chunked, done)
 
     def sim(part: _UnitPart) -> UnitTiming:
@@ -498,8 +500,9 @@ class _UnitPart:
     axes: frozenset[Axis]
     # a unit that appends ops to another's (:func:`_extended_parts`): that unit, whose nodes begin this one's
     prefix: _UnitPart | None = None
-    # this unit's first scheduling passes (:func:`_first_pass`) by what they read, for the units that extend it
-    passes: dict[Any, FirstPass] = field(default_factory=dict, compare=False, repr=False)
+    # this unit's first scheduling passes (:func:`_first_pass`), for the units that extend it, and its op costs
+    # (:func:`_part_costs`), by what they read
+    passes: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def ids(self) -> tuple[int, ...]:
@@ -516,8 +519,26 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     done = part.passes.get(key)
     if done is None:
         chunked = pipelined_edges(part.nodes) if tp_overlap else set()
-        done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked)
+        done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked, _part_costs(part, cost, where))
     return done
+
+
+def _part_costs(part: _UnitPart, cost: Coster, where: dict[Axis, Placement]) -> dict[int, float]:
+    """Each op's undilated seconds in ``part`` (node id -> ``cost(node)``), kept on it by what they read: the backend
+    and the placements of its collectives' axes. A unit is timed with and without TP overlap (two heads of
+    :data:`_UNITS`, two first passes of a prefix) on the same op costs; a ZeRO-3 unit's are its prefix's and the
+    appended ops'. Read, never changed (:meth:`~echosim.timeline.streams.FirstPass.extended`)."""
+    used = tuple((a, p) for a, p in where.items() if a in part.axes)
+    key = ("costs", cost.backend, used)
+    known = part.passes.get(key)
+    if known is None:
+        if part.prefix is not None:
+            known = dict(_part_costs(part.prefix, cost, where))
+            known.update({n.id: cost(n) for n in part.nodes[len(part.prefix.nodes) :]})
+        else:
+            known = {n.id: cost(n) for n in part.nodes}
+        part.passes[key] = known
+    return known
 
 
 def share_nodes(graph: Graph, ref: Graph) -> None:

@@ -141,16 +141,32 @@ class FirstPass:
         self.free = {COMPUTE: 0.0, COMM: 0.0}
 
     @classmethod
-    def of(cls, nodes: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]) -> FirstPass:
-        return cls().extended(nodes, cost, pipelined)
+    def of(
+        cls,
+        nodes: Sequence[Node],
+        cost: Callable[[Node], float],
+        pipelined: set[tuple[int, int]],
+        base: dict[int, float] | None = None,
+    ) -> FirstPass:
+        return cls().extended(nodes, cost, pipelined, base)
 
     def extended(
-        self, more: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]
+        self,
+        more: Sequence[Node],
+        cost: Callable[[Node], float],
+        pipelined: set[tuple[int, int]],
+        base: dict[int, float] | None = None,
     ) -> FirstPass:
-        """This pass continued over ``more`` (the ops appended after this pass's), on copies of its state."""
+        """This pass continued over ``more`` (the ops appended after this pass's), on copies of its state.
+
+        ``base``: every op's undilated seconds (this pass's and ``more``'s, as ``cost`` gives them), when the caller
+        keeps them (a unit is timed again with and without TP overlap, which change none of them); read, not copied."""
         p = FirstPass()
-        p.base = dict(self.base)
-        p.base.update({n.id: cost(n) for n in more})
+        if base is None:
+            p.base = dict(self.base)
+            p.base.update({n.id: cost(n) for n in more})
+        else:
+            p.base = base
         p.begin, p.end, p.free, p.times = dict(self.begin), dict(self.end), dict(self.free), list(self.times)
         _advance(more, p.base, pipelined, p.begin, p.end, p.free, p.times)
         return p
