@@ -256,7 +256,7 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, timi
     if hit is not None:
         return hit
     stage = _template(joint, first, last, count, alone, timing.value[0])
-    facts, g = joint.facts, stage.graph
+    g = stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
     if getattr(joint.options.schedule, "fused_pairs", False):
@@ -266,22 +266,37 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, timi
     if program_dependent(joint.backend):
         raise Fallback("a backend that prices ops by the whole stage program (a CPU rank's heap) needs each stage")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
-    transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
-    act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))
-    blocks = (
-        g.derived(("activation-blocks", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base, True))
-        if facts.caching_allocator
-        else None
-    )
-    grad_sync, step_end, optimizer = tail_parts(stage)
-    buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
-    d = _Direct(
-        stage, cost, g.derived("flops", lambda: graph_flops(g, stage.base)), g.derived("param-count", g.param_count),
-        g.derived("expert-params", lambda: _expert_params(g)) if facts.expert_state is not None else 0,
-        transient, act, blocks, buckets, bool(grad_sync), step_end, optimizer,
-    )  # fmt: skip
+    d = _Direct(stage, cost, *_graph_reads(stage, joint))
     _DIRECT.put(key, d)
     return d
+
+
+def _graph_reads(stage: Stage, joint: Joint) -> tuple[Any, ...]:
+    """:class:`_Direct`'s fields after the stage's lowering: FLOPs, parameter counts, working set, saved activations,
+    gradient buckets and step tail. A function of the stage graph, the saved-activation policy, the allocator, whether
+    experts keep their own state, the backend and placements, kept on the graph as one value: a search lowers each
+    stage graph again for every schedule split and TP overlap, which change none of them."""
+    facts, g = joint.facts, stage.graph
+    key = ("fast-direct-reads", stage.base, facts.saved, facts.caching_allocator, facts.expert_state is not None,
+           joint.backend, tuple(joint.where.items()))  # fmt: skip
+
+    def compute() -> tuple[Any, ...]:
+        transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
+        act = g.derived(("activation-bytes", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base))
+        blocks = (
+            g.derived(("activation-blocks", facts.saved), lambda: activation_bytes(g, facts.saved, stage.base, True))
+            if facts.caching_allocator
+            else None
+        )
+        grad_sync, step_end, optimizer = tail_parts(stage)
+        buckets = stage_bucket_seconds(stage, joint.backend, joint.where)
+        return (
+            g.derived("flops", lambda: graph_flops(g, stage.base)), g.derived("param-count", g.param_count),
+            g.derived("expert-params", lambda: _expert_params(g)) if facts.expert_state is not None else 0,
+            transient, act, blocks, buckets, bool(grad_sync), step_end, optimizer,
+        )  # fmt: skip
+
+    return g.derived(key, compute)
 
 
 def _affine(a: int, b: int, count: int) -> int:

@@ -531,3 +531,60 @@ def test_zero3_stage_depths_share_their_units_and_timings_exactly() -> None:
         refs = [s for s in fast_eval._STAGES._data.values() if s.graph is ref]
         assert not share_units(Stage(stage.index, other, stage.layers, stage.base), refs[0])
     assert shared >= 2
+
+
+def test_a_known_stage_graph_relowered_reads_its_tail_and_graph_figures_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layouts that differ only in the schedule split and TP overlap lower the same stage graphs again (their units
+    differ); the step tail, buckets, sends and graph figures of a stage graph are read once (one cached value each),
+    and the figures still equal a full compile's."""
+    from echosim.timeline import lower
+
+    calls = {"sends": 0, "reads": 0}
+    p2p, tail_parts = lower.p2p_seconds, fast_eval.tail_parts
+
+    def counted_sends(*args: Any) -> Any:
+        calls["sends"] += 1
+        return p2p(*args)
+
+    def counted_parts(stage: Any) -> Any:
+        calls["reads"] += 1
+        return tail_parts(stage)
+
+    monkeypatch.setattr(lower, "p2p_seconds", counted_sends)
+    monkeypatch.setattr(fast_eval, "tail_parts", counted_parts)
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(tp=2, pp=2, dp=2, zero=zero, schedule=schedule, tp_overlap=overlap, global_batch=16)
+             for zero in (0, 3) for schedule in ("1f1b", "zb-h1") for overlap in (False, True)]  # fmt: skip
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    graphs = len(fast_eval._STAGES)
+    assert len(fast_eval._DIRECT) == 4 * graphs  # each stage graph lowered for 2 splits x 2 TP overlaps
+    assert calls == {"sends": 2 * graphs, "reads": graphs}  # forward and backward sends priced once per graph
+    monkeypatch.undo()
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_units_timed_again_with_tp_overlap_reuse_their_op_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layout that differs from another only in TP overlap times its units again (its GEMMs are chunked), on the
+    same op costs: they are kept on each unit (ZeRO-3's too: its prefix's and the appended gathers'), not priced
+    again, and the figures still equal a full compile's."""
+    from echosim.timeline import lower
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(tp=4, pp=1, dp=2, zero=zero, tp_overlap=overlap, global_batch=16)
+             for zero in (0, 3) for overlap in (False, True)]  # fmt: skip
+    priced: list[int] = []
+    call = lower.Coster.__call__
+
+    def counted(self: Any, node: Any) -> float:
+        priced.append(node.id)
+        return call(self, node)  # type: ignore[no-any-return]
+
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans[0::2], cluster, 1.0, fast=True)  # without TP overlap
+    misses = lower._UNITS.misses
+    monkeypatch.setattr(lower.Coster, "__call__", counted)
+    _evaluate_batch("gpt3-350m", plans[1::2], cluster, 1.0, fast=True)  # the same layouts with it
+    assert lower._UNITS.misses > misses and priced == []  # units timed again, no op priced again
+    monkeypatch.undo()
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)

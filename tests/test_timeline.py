@@ -146,7 +146,7 @@ def test_list_scheduling_short_path_equals_the_general_step(spec: list, data: st
     """:func:`_advance`'s short path (no pipelined input edge) gives to the bit what the general per-node step
     gives (begin, end, stream state and each op's (start, seconds)), with and without pipelined edges."""
     from echosim.ir.ops import MatmulAttrs
-    from echosim.timeline.streams import COMM, COMPUTE, _advance, _advance_chunked, _event, _timing
+    from echosim.timeline.streams import COMM, COMPUTE, _advance, _advance_chunked, _timing
 
     g = Graph("random")
     x = g.add(OpKind.INPUT, (), TensorSpec((64,), DType.BF16))
@@ -172,10 +172,9 @@ def test_list_scheduling_short_path_equals_the_general_step(spec: list, data: st
         for n in nodes:
             _advance_chunked(n, dur, chunked, *slow)
         assert fast == slow
-    # the events built without the dataclass's __init__ are equal to those built with it
+    # the events built without the dataclass's __init__ (inside _timing's loop) are equal to those built with it
     t = _timing(nodes, fast[3], dur, set())
     assert all(e == OpEvent(*(getattr(e, f) for f in OpEvent.__dataclass_fields__)) for e in t.events)
-    assert _event(1, "a", COMM, 0.5, 1.0, "comm.tp", 0.25) == OpEvent(1, "a", COMM, 0.5, 1.0, "comm.tp", 0.25)
 
 
 def _tail_loop_as_written_before(first: float, period: float, into: float, per_layer: float, layers: int,
@@ -227,3 +226,28 @@ def test_in_flight_reads_the_blocks_as_the_generator_it_replaces(seq: list[tuple
     first = np.unique(forwards, return_index=True)[1]
     want = {v: int(np.cumsum(sign[chunk == v]).max()) for v in forwards[np.sort(first)].tolist()}
     assert _in_flight(seq) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 10), st.floats(0, 3)), min_size=0, max_size=8),
+    st.floats(0, 12),
+    st.floats(0, 4),
+)
+def test_span_overlap_fast_paths_equal_the_plain_sum(
+    raw: list[tuple[float, float]], start: float, length: float
+) -> None:
+    """The seconds of a stream's spans inside a window, read with bisection and the one-span shortcut, are the
+    plain sum over every span to the bit, whether the spans are one stream's (sorted, disjoint) or not."""
+    from echosim.timeline.streams import _Spans
+
+    t, ordered = 0.0, []
+    for gap, d in raw:  # one stream's ops: sorted and disjoint
+        ordered.append((t + gap, t + gap + d))
+        t += gap + d
+    unordered = [(b, b + d) for b, d in raw]
+    end = start + length
+    for spans in (ordered, unordered):
+        plain = sum(max(0.0, min(end, e) - max(start, b)) for b, e in spans)
+        got = _Spans(spans).overlap(start, end)
+        assert got == plain and repr(float(got)) == repr(float(plain))

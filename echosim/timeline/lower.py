@@ -290,7 +290,6 @@ def lower_stage(
     """
     graph = stage.graph
     backend = for_program(backend, graph)  # a CPU rank's heap: what its whole program frees (the DP buckets too)
-    cost = Coster(graph, backend, where)
     overlap = backend.overlap()
     units_of = _unit_graph(stage)
     fwd_units, bwd_units, w_units = timed_units(units_of, backend, where, options)
@@ -300,21 +299,43 @@ def lower_stage(
     if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
-    tail = _tail_of(stage)
+    buckets, step_end, opt, p2p_fwd, p2p_bwd = _stage_tail(stage, backend, where, options)
     dp_exposed, dp_busy, dp_copies = (
-        dp_tail_times(stage_bucket_seconds(stage, backend, where), bwd_units, options.overlap_dp,
-                      overlap.compute_slowdown)
-        if tail.grad_sync
+        dp_tail_times(buckets, bwd_units, options.overlap_dp, overlap.compute_slowdown)
+        if buckets is not None
         else (0.0, 0.0, 0.0)
-    )  # fmt: skip
-    used = tuple((a, p) for a, p in where.items() if a in tail.step_end_axes)
-    step_end = graph.derived(("step-end-s", backend, used), lambda: _step_end_seconds(tail.step_end, cost))
-    opt = graph.derived(("optimizer-s", backend), lambda: sum(cost(n) for n in tail.optimizer))
+    )
     return StageCost(
-        stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units,
-        p2p_seconds(tail.sends_fwd, backend, where, options), p2p_seconds(tail.sends_bwd, backend, where, options),
+        stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units, p2p_fwd, p2p_bwd,
         dp_exposed, dp_busy, dict(step_end), opt, graph, vstages, stage.base, dp_copies,
     )  # fmt: skip
+
+
+def _stage_tail(
+    stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions
+) -> tuple[BucketSeconds | None, dict[str, float], float, float, float]:
+    """What :func:`lower_stage` reads of a stage besides its units: the gradient buckets' seconds (None without a
+    gradient reduction), the step-end collectives' seconds by axis, the optimizer's, the pipeline sends' (forward,
+    backward). A function of the stage graph, the backend, the placements and tp / sp (the sends' split), kept on
+    the graph as one value: a search lowers each stage graph again for every schedule split and TP overlap, which
+    change only its units."""
+    graph = stage.graph
+    key = ("stage-tail", stage.base, backend, tuple(where.items()), options.tp, options.sp)
+
+    def compute() -> tuple[BucketSeconds | None, dict[str, float], float, float, float]:
+        cost = Coster(graph, backend, where)
+        tail = _tail_of(stage)
+        buckets = stage_bucket_seconds(stage, backend, where) if tail.grad_sync else None
+        used = tuple((a, p) for a, p in where.items() if a in tail.step_end_axes)
+        step_end = graph.derived(("step-end-s", backend, used), lambda: _step_end_seconds(tail.step_end, cost))
+        opt = graph.derived(("optimizer-s", backend), lambda: sum(cost(n) for n in tail.optimizer))
+        sends = (
+            p2p_seconds(tail.sends_fwd, backend, where, options),
+            p2p_seconds(tail.sends_bwd, backend, where, options),
+        )
+        return buckets, step_end, opt, *sends
+
+    return graph.derived(key, compute)
 
 
 def p2p_seconds(sends: tuple[int, ...], backend: Backend, where: dict[Axis, Placement], options: StepOptions) -> float:
@@ -435,11 +456,13 @@ def time_units(
         chunked = pipelined_edges(nodes) if chunks else set()
         if chunks and not chunked:  # no matmul next to a TP collective: it times as without TP overlap (and is kept so)
             return _UNITS.get((head(part, False), part.key), lambda: simulate(part, False))
-        done = None
+        base = _part_costs(part, cost, where)
         if part.prefix is not None:  # ZeRO-3's gathers after a layer's ops: resume the layer's first pass
             done = _first_pass(part.prefix, cost, where, chunks).extended(
-                nodes[len(part.prefix.nodes) :], cost, chunked
+                nodes[len(part.prefix.nodes) :], cost, chunked, base
             )
+        else:
+            done = FirstPass.of(nodes, cost, chunked, base)
         return simulate_unit(graph, nodes, cost, overlap, chunked, done)
 
     def sim(part: _UnitPart) -> UnitTiming:
@@ -477,8 +500,9 @@ class _UnitPart:
     axes: frozenset[Axis]
     # a unit that appends ops to another's (:func:`_extended_parts`): that unit, whose nodes begin this one's
     prefix: _UnitPart | None = None
-    # this unit's first scheduling passes (:func:`_first_pass`) by what they read, for the units that extend it
-    passes: dict[Any, FirstPass] = field(default_factory=dict, compare=False, repr=False)
+    # this unit's first scheduling passes (:func:`_first_pass`), for the units that extend it, and its op costs
+    # (:func:`_part_costs`), by what they read
+    passes: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def ids(self) -> tuple[int, ...]:
@@ -495,8 +519,26 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     done = part.passes.get(key)
     if done is None:
         chunked = pipelined_edges(part.nodes) if tp_overlap else set()
-        done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked)
+        done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked, _part_costs(part, cost, where))
     return done
+
+
+def _part_costs(part: _UnitPart, cost: Coster, where: dict[Axis, Placement]) -> dict[int, float]:
+    """Each op's undilated seconds in ``part`` (node id -> ``cost(node)``), kept on it by what they read: the backend
+    and the placements of its collectives' axes. A unit is timed with and without TP overlap (two heads of
+    :data:`_UNITS`, two first passes of a prefix) on the same op costs; a ZeRO-3 unit's are its prefix's and the
+    appended ops'. Read, never changed (:meth:`~echosim.timeline.streams.FirstPass.extended`)."""
+    used = tuple((a, p) for a, p in where.items() if a in part.axes)
+    key = ("costs", cost.backend, used)
+    known = part.passes.get(key)
+    if known is None:
+        if part.prefix is not None:
+            known = dict(_part_costs(part.prefix, cost, where))
+            known.update({n.id: cost(n) for n in part.nodes[len(part.prefix.nodes) :]})
+        else:
+            known = {n.id: cost(n) for n in part.nodes}
+        part.passes[key] = known
+    return known
 
 
 def share_nodes(graph: Graph, ref: Graph) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from echosim.backends.base import OverlapModel
 from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, MatmulAttrs, OpKind
+from echosim.ir.ops import COLLECTIVES, AttentionAttrs, Axis, CollectiveAttrs, MatmulAttrs, OpKind
 
 COMPUTE, COMM = "compute", "comm"
 
@@ -141,16 +141,32 @@ class FirstPass:
         self.free = {COMPUTE: 0.0, COMM: 0.0}
 
     @classmethod
-    def of(cls, nodes: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]) -> FirstPass:
-        return cls().extended(nodes, cost, pipelined)
+    def of(
+        cls,
+        nodes: Sequence[Node],
+        cost: Callable[[Node], float],
+        pipelined: set[tuple[int, int]],
+        base: dict[int, float] | None = None,
+    ) -> FirstPass:
+        return cls().extended(nodes, cost, pipelined, base)
 
     def extended(
-        self, more: Sequence[Node], cost: Callable[[Node], float], pipelined: set[tuple[int, int]]
+        self,
+        more: Sequence[Node],
+        cost: Callable[[Node], float],
+        pipelined: set[tuple[int, int]],
+        base: dict[int, float] | None = None,
     ) -> FirstPass:
-        """This pass continued over ``more`` (the ops appended after this pass's), on copies of its state."""
+        """This pass continued over ``more`` (the ops appended after this pass's), on copies of its state.
+
+        ``base``: every op's undilated seconds (this pass's and ``more``'s, as ``cost`` gives them), when the caller
+        keeps them (a unit is timed again with and without TP overlap, which change none of them); read, not copied."""
         p = FirstPass()
-        p.base = dict(self.base)
-        p.base.update({n.id: cost(n) for n in more})
+        if base is None:
+            p.base = dict(self.base)
+            p.base.update({n.id: cost(n) for n in more})
+        else:
+            p.base = base
         p.begin, p.end, p.free, p.times = dict(self.begin), dict(self.end), dict(self.free), list(self.times)
         _advance(more, p.base, pipelined, p.begin, p.end, p.free, p.times)
         return p
@@ -172,18 +188,19 @@ def simulate_unit(
     cats = [category(n) for n in nodes]
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
         return _timing(nodes, first, base, pipelined, cats)
-    comm = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if n.op.is_collective and d > 0]
-    comp = [(s, s + d) for n, (s, d) in zip(nodes, first, strict=False) if not n.op.is_collective and d > 0]
+    colls = [n.op in COLLECTIVES for n in nodes]  # OpKind.is_collective, read once per node
+    comm = [(s, s + d) for c, (s, d) in zip(colls, first, strict=False) if c and d > 0]
+    comp = [(s, s + d) for c, (s, d) in zip(colls, first, strict=False) if not c and d > 0]
     spans = {True: _Spans(comp), False: _Spans(comm)}
     factors = {c: overlap.slowdown(c) for c in set(cats)}  # one factor per category, as each op would read it
     dilated = {}
-    for n, (s, d), cat in zip(nodes, first, cats, strict=False):
+    for n, (s, d), cat, coll in zip(nodes, first, cats, colls, strict=False):
         if d <= 0:
             dilated[n.id] = d
             continue
-        factor = factors[cat]
-        shared = spans[n.op.is_collective].overlap(s, s + d) / d
-        dilated[n.id] = d * (1.0 + min(shared, 1.0) * (factor - 1.0))
+        shared = spans[coll].overlap(s, s + d)
+        # an op beside nothing keeps its seconds: d * (1.0 + 0.0 * (factor - 1.0)) is d to the bit (finite factors)
+        dilated[n.id] = d * (1.0 + min(shared / d, 1.0) * (factors[cat] - 1.0)) if shared else d
     timing = _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined, cats)
     timing.carry = carried_slowdown_s(timing, factors)
     return timing
@@ -247,7 +264,13 @@ class _Spans:
     def overlap(self, start: float, end: float) -> float:
         spans = self.spans
         if self.begins is not None and self.ends is not None:
-            spans = spans[bisect.bisect_right(self.ends, start) : bisect.bisect_left(self.begins, end)]
+            lo, hi = bisect.bisect_right(self.ends, start), bisect.bisect_left(self.begins, end)
+            if hi - lo <= 1:  # most ops meet none or one of the other stream's: the sum of that one term, or 0
+                if hi <= lo:
+                    return 0
+                b, e = spans[lo]
+                return max(0.0, min(end, e) - max(start, b))
+            spans = spans[lo:hi]
         return sum(max(0.0, min(end, e) - max(start, b)) for b, e in spans)
 
 
@@ -288,6 +311,7 @@ def _advance(
     A node with no pipelined input edge (every node without TP overlap) takes the short path: its ready time
     is the latest end of its inputs and it ends ``d`` after it starts, as the general path computes them."""
     compute, comm = free[COMPUTE], free[COMM]
+    ended = end.get
     for n in nodes:
         nid, inputs = n.id, n.inputs
         if pipelined and any((i, nid) in pipelined for i in inputs):
@@ -295,13 +319,18 @@ def _advance(
             _advance_chunked(n, dur, pipelined, begin, end, free, out)
             compute, comm = free[COMPUTE], free[COMM]
             continue
-        ready = max([end[i] for i in inputs if i in end], default=0.0)
+        # the latest end of its inputs in the unit (max(..., default=0.0): ends are >= 0, so the same float)
+        ready = 0.0
+        for i in inputs:
+            e = ended(i)
+            if e is not None and e > ready:
+                ready = e
         d = dur[nid]
         if d <= 0:  # views and placeholders: free, no stream
             begin[nid] = end[nid] = ready
             out.append((ready, 0.0))
             continue
-        if n.op.is_collective and not _blocking(n):
+        if n.op in COLLECTIVES and not (isinstance(n.attrs, CollectiveAttrs) and n.attrs.blocking):
             start = comm if comm > ready else ready  # max(ready, comm), ties to ready as max() does
             end[nid] = comm = finish = start + d
         else:
@@ -350,23 +379,22 @@ def _timing(
     side = _side(nodes)
     events, busy = t.events, t.busy
     critical_end = duration = 0.0
+    new, append = object.__new__, events.append
     for n, (s, d), cat in zip(nodes, times, cats or [category(n) for n in nodes], strict=False):
         if d <= 0:
             continue
         end = s + d
-        if n.id not in side and end > critical_end:  # max(critical_end, end), as UnitTiming kept it
+        nid = n.id
+        if nid not in side and end > critical_end:  # max(critical_end, end), as UnitTiming kept it
             critical_end = end
-        events.append(_event(n.id, n.name or n.op.value, _stream(n), s, d, cat, base[n.id]))
+        # OpEvent(...) without the frozen dataclass's __init__ (one object.__setattr__ per field): a search
+        # simulates thousands of units of hundreds of ops
+        e = new(OpEvent)
+        e.__dict__.update(node=nid, name=n.name or n.op.value, stream=_stream(n), start=s, duration=d, category=cat,
+                          base=base[nid])  # fmt: skip
+        append(e)
         busy[cat] = busy.get(cat, 0.0) + d
         if end > duration:
             duration = end
     t.critical_end, t.duration = critical_end, duration
     return t
-
-
-def _event(node: int, name: str, stream: str, start: float, duration: float, cat: str, base: float) -> OpEvent:
-    """``OpEvent(...)`` without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field): a
-    search simulates thousands of units of hundreds of ops."""
-    e = object.__new__(OpEvent)
-    e.__dict__.update(node=node, name=name, stream=stream, start=start, duration=duration, category=cat, base=base)
-    return e
