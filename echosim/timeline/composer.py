@@ -180,9 +180,10 @@ def _from_columns(
         raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
     # a backward also needs its own forward: implied when that runs earlier on the same rank
     own = table[F, vs, js]
-    back = ~fwd & ~last_v
+    back = np.flatnonzero(~fwd & ~last_v)
     pos = np.arange(n) - offsets[rank]
-    if np.any(own[back] < 0) or np.any((rank[own[back]] != rank[back]) | (pos[own[back]] >= pos[back])):
+    mine = own[back]  # gathered once: a plan of a full-space search has up to 196,608 blocks
+    if np.any(mine < 0) or np.any((rank[mine] != rank[back]) | (pos[mine] >= pos[back])):
         raise ScheduleError("pipeline schedule runs a backward before its own forward on the same rank")
     chain = np.where(pos > 0, np.arange(n) - 1, n)
     lag = np.where(fwd, np.where(first_v, 2 * vstages, vs - 1), np.where(last_v, 2 * vstages, vstages + vs + 1))
@@ -202,7 +203,7 @@ def _from_columns(
     inverse[n] = n
     cuts = np.flatnonzero(np.diff(level[order])) + 1
     bounds = np.concatenate(([0], cuts, [n])) if n else np.array([0, 0])
-    levels = tuple((int(a), int(b)) for a, b in itertools.pairwise(bounds.tolist()))
+    levels = tuple(itertools.pairwise(bounds.tolist()))  # Python ints already
     last = tuple(int(inverse[offsets[r + 1] - 1]) if sizes[r] else -1 for r in range(pp))
     rank_vstage = tuple(int(vs[offsets[r + 1] - 1]) if sizes[r] else r for r in range(pp))
     if split_backward and n and np.any(vs != vs[offsets[rank]]):  # a rank's blocks: all of its first one's stage
