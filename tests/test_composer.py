@@ -243,3 +243,66 @@ def test_in_flight_counts_of_every_rank_at_once_equal_each_ranks_own() -> None:
             assert [list(d.items()) for d in plan.in_flight] == want, (name, pp, m, vpp)
             checked += 1
     assert checked > 200
+
+
+def _plan_fields(plan: object) -> dict[str, object]:
+    import dataclasses
+
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != "orders_source"}
+    return {**fields, "orders": plan.orders, "reads": plan.reads}
+
+
+def test_built_in_schedules_columns_give_the_plan_their_orders_give() -> None:
+    """A built-in schedule's ``columns`` (its orders generated as arrays, so a search's plans skip a Python tuple
+    per block) give the plan its tuple orders give: every array equal element by element with the same dtype,
+    every tuple and dict equal (item order included), or the same refusal; on every registered schedule that
+    has columns and a grid of pp, vpp and micro-batch counts (with ones that do not divide by pp)."""
+    import itertools
+
+    from echosim import plugins
+    from echosim.timeline.composer import _build
+
+    checked = set()
+    for name, entry in plugins.get_registry().schedules.items():
+        s = entry.value
+        columns = getattr(s, "columns", None)
+        if columns is None:
+            continue
+        split, fused = getattr(s, "split_backward", False), getattr(s, "fused_pairs", False)
+        for pp, m, vpp in itertools.product((1, 2, 3, 4, 8), (0, 1, 2, 3, 4, 6, 8, 12, 17, 32), (1, 2, 3, 4)):
+            kinds, vs, js, _ = columns(pp, m, vpp)
+            assert (kinds.dtype, vs.dtype, js.dtype) == (np.int64,) * 3, name
+            try:
+                want = _build(s.orders(pp, m, vpp), split, pp * vpp, fused)
+            except ScheduleError as e:
+                with pytest.raises(ScheduleError, match=str(e)):
+                    schedule_plan(lambda p, j, v, s=s: s.orders(p, j, v), pp, m, vpp, split, fused, columns)
+                continue
+            got = schedule_plan(lambda p, j, v, s=s: s.orders(p, j, v), pp, m, vpp, split, fused, columns)
+            for field, value in _plan_fields(want).items():
+                other = _plan_fields(got)[field]
+                if isinstance(value, np.ndarray):
+                    assert other.dtype == value.dtype and np.array_equal(other, value), (name, pp, m, vpp, field)
+                else:
+                    assert other == value, (name, pp, m, vpp, field)
+                    if field == "in_flight":
+                        assert [list(d.items()) for d in other] == [list(d.items()) for d in value]
+            checked.add(name)
+    assert checked >= {"1f1b", "gpipe", "interleaved", "zb-h1"}
+
+
+def test_a_plan_from_columns_builds_its_tuple_orders_only_when_read() -> None:
+    """With ``columns`` the plan does not call the schedule's tuple orders (the search never reads them for most
+    plans); reading :attr:`SchedulePlan.orders` builds them once."""
+    from echosim.timeline.schedule import one_f_one_b_columns
+
+    calls = []
+
+    def orders_of(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
+        calls.append((pp, m, vpp))
+        return one_f_one_b(pp, m, vpp)
+
+    plan = schedule_plan(orders_of, 4, 8, 1, False, False, one_f_one_b_columns)
+    assert calls == []
+    assert plan.orders == tuple(tuple(seq) for seq in one_f_one_b(4, 8))
+    assert plan.orders is plan.orders and calls == [(4, 8, 1)]

@@ -27,6 +27,7 @@ most ``pp - 1`` pending (each holds its inputs alive) and runs the rest at the e
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from echosim.memo import Memo
-from echosim.timeline.schedule import Block, BlockTime, ScheduleError
+from echosim.timeline.schedule import Block, BlockTime, Columns, ScheduleError
 
 F, B = 0, 1
 _KINDS = {"F": F, "B": B}
@@ -51,7 +52,8 @@ class SchedulePlan:
 
     pp: int
     vstages: int
-    orders: tuple[tuple[Block, ...], ...]
+    # each rank's blocks (``orders``), or how to build them when first read
+    orders_source: tuple[tuple[Block, ...], ...] | Callable[[], tuple[tuple[Block, ...], ...]]
     split_backward: bool
     rank: np.ndarray  # rank of block i
     kind: np.ndarray  # F or B
@@ -75,6 +77,12 @@ class SchedulePlan:
         return len(self.rank)
 
     @cached_property
+    def orders(self) -> tuple[tuple[Block, ...], ...]:
+        """Each rank's blocks as ``(kind, virtual stage, micro-batch)`` tuples, in run order."""
+        source = self.orders_source
+        return source if isinstance(source, tuple) else source()
+
+    @cached_property
     def reads(self) -> np.ndarray:
         """The blocks each level waits on, in one array: level ``[lo, hi)`` holds ``cross[lo:hi]`` then
         ``chain[lo:hi]`` at ``[2 lo, 2 hi)``, so :func:`time_schedule` gathers both ends with one index."""
@@ -94,10 +102,22 @@ def schedule_plan(
     vpp: int,
     split_backward: bool,
     fused_pairs: bool = False,
+    columns: Callable[[int, int, int], Columns] | None = None,
 ) -> SchedulePlan:
-    """The plan of ``orders_of(pp, microbatches, vpp)``, built once per shape and kept."""
+    """The plan of ``orders_of(pp, microbatches, vpp)``, built once per shape and kept.
+
+    ``columns``: the same orders as arrays (:data:`~echosim.timeline.schedule.Columns`, the built-in schedules'),
+    so the plan skips a Python tuple per block; its tuples are built only if :attr:`SchedulePlan.orders` is read.
+    """
     key = (orders_of, pp, microbatches, vpp, split_backward, fused_pairs)
-    return _PLANS.get(key, lambda: _build(orders_of(pp, microbatches, vpp), split_backward, pp * vpp, fused_pairs))
+
+    def build() -> SchedulePlan:
+        if columns is None:
+            return _build(orders_of(pp, microbatches, vpp), split_backward, pp * vpp, fused_pairs)
+        lazy = functools.partial(_orders_of, orders_of, pp, microbatches, vpp)
+        return _from_columns(columns(pp, microbatches, vpp), lazy, split_backward, pp * vpp, fused_pairs)
+
+    return _PLANS.get(key, build)
 
 
 def plan_for(
@@ -108,7 +128,7 @@ def plan_for(
 
 
 def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int, fused: bool = False) -> SchedulePlan:
-    pp = len(orders)
+    """The plan of explicit orders: their blocks read into columns (the generic path, any schedule)."""
     frozen = tuple(tuple(seq) for seq in orders)
     sizes = [len(seq) for seq in frozen]
     n = sum(sizes)
@@ -117,6 +137,27 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
     kinds = np.fromiter(map(_KINDS.__getitem__, map(itemgetter(0), flat)), np.int64, n)
     vs = np.fromiter(map(itemgetter(1), flat), np.int64, n)
     js = np.fromiter(map(itemgetter(2), flat), np.int64, n)
+    return _from_columns((kinds, vs, js, sizes), frozen, split_backward, vstages, fused)
+
+
+def _orders_of(
+    orders_of: Callable[[int, int, int], list[list[Block]]], pp: int, microbatches: int, vpp: int
+) -> tuple[tuple[Block, ...], ...]:
+    return tuple(tuple(seq) for seq in orders_of(pp, microbatches, vpp))
+
+
+def _from_columns(
+    columns: Columns,
+    orders: tuple[tuple[Block, ...], ...] | Callable[[], tuple[tuple[Block, ...], ...]],
+    split_backward: bool,
+    vstages: int,
+    fused: bool = False,
+) -> SchedulePlan:
+    """The plan of a schedule's columns (rank-major, each rank's blocks in run order); ``orders`` are its blocks
+    as tuples, or how to build them when first read (a search reads them for a few layouts' reports only)."""
+    kinds, vs, js, sizes = columns
+    pp = len(sizes)
+    n = sum(sizes)
     if n and (vs.min() < 0 or js.min() < 0):
         raise ScheduleError("pipeline schedule names a negative virtual stage or micro-batch")
     vstages = max(vstages, int(vs.max()) + 1 if n else 1)
@@ -139,9 +180,10 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
         raise ScheduleError("pipeline schedule deadlocked: a block waits on one that never runs")
     # a backward also needs its own forward: implied when that runs earlier on the same rank
     own = table[F, vs, js]
-    back = ~fwd & ~last_v
+    back = np.flatnonzero(~fwd & ~last_v)
     pos = np.arange(n) - offsets[rank]
-    if np.any(own[back] < 0) or np.any((rank[own[back]] != rank[back]) | (pos[own[back]] >= pos[back])):
+    mine = own[back]  # gathered once: a plan of a full-space search has up to 196,608 blocks
+    if np.any(mine < 0) or np.any((rank[mine] != rank[back]) | (pos[mine] >= pos[back])):
         raise ScheduleError("pipeline schedule runs a backward before its own forward on the same rank")
     chain = np.where(pos > 0, np.arange(n) - 1, n)
     lag = np.where(fwd, np.where(first_v, 2 * vstages, vs - 1), np.where(last_v, 2 * vstages, vstages + vs + 1))
@@ -161,15 +203,15 @@ def _build(orders: Sequence[Sequence[Block]], split_backward: bool, vstages: int
     inverse[n] = n
     cuts = np.flatnonzero(np.diff(level[order])) + 1
     bounds = np.concatenate(([0], cuts, [n])) if n else np.array([0, 0])
-    levels = tuple((int(a), int(b)) for a, b in itertools.pairwise(bounds.tolist()))
+    levels = tuple(itertools.pairwise(bounds.tolist()))  # Python ints already
     last = tuple(int(inverse[offsets[r + 1] - 1]) if sizes[r] else -1 for r in range(pp))
     rank_vstage = tuple(int(vs[offsets[r + 1] - 1]) if sizes[r] else r for r in range(pp))
-    if split_backward and any(len({b[1] for b in seq}) > 1 for seq in frozen):
+    if split_backward and n and np.any(vs != vs[offsets[rank]]):  # a rank's blocks: all of its first one's stage
         raise ScheduleError("a schedule that defers weight gradients must run one virtual stage per rank")
     return SchedulePlan(
         pp=pp,
         vstages=vstages,
-        orders=frozen,
+        orders_source=orders,
         split_backward=split_backward,
         rank=rank[order],
         kind=kinds[order],

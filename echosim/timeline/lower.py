@@ -1005,7 +1005,13 @@ def step_plan(options: StepOptions) -> SchedulePlan:
 
     s = options.schedule
     return schedule_plan(
-        s.orders, options.pp, options.microbatches, options.vpp, s.split_backward, getattr(s, "fused_pairs", False)
+        s.orders,
+        options.pp,
+        options.microbatches,
+        options.vpp,
+        s.split_backward,
+        getattr(s, "fused_pairs", False),
+        getattr(s, "columns", None),  # a plugin's schedule object may predate the field
     )
 
 

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Block = tuple[str, int, int]  # (kind, virtual stage, micro-batch)
+# a schedule's orders as columns, rank-major and each rank's blocks in run order: kind (0 forward, 1 backward),
+# virtual stage, micro-batch (int64 arrays), and the number of blocks of each rank
+Columns = tuple["np.ndarray", "np.ndarray", "np.ndarray", list[int]]
 
 
 class ScheduleError(RuntimeError):
@@ -171,6 +177,64 @@ class Schedule:
     searched: bool = True  # part of a layout search's default space
     # a forward directly followed by a backward of another stage runs with it as one unit (DualPipe's pairs)
     fused_pairs: bool = False
+    # ``orders`` as :data:`Columns`, the same blocks in the same order (None: the plan reads them from ``orders``)
+    columns: Callable[[int, int, int], Columns] | None = None
+
+
+def _alternating(pp: int, total: int, warm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's kind and block number ``k`` (``(pp, 2 total)`` arrays) of a warm-up / alternate / drain order:
+    rank ``r`` runs ``warm[r]`` forwards, then a forward and a backward in turn, then the remaining backwards.
+
+    That is the loop of :func:`one_f_one_b` and :func:`interleaved` written per position ``p`` of a rank's
+    ``2 total`` blocks: the forward numbered ``p`` in the warm-up, ``warm + q/2`` (``q = p - warm`` even) or the
+    backward ``q/2`` (odd) in the steady state, and the backward ``p - total`` in the drain.
+    """
+    import numpy as np
+
+    p = np.arange(2 * total, dtype=np.int64)[None, :]
+    w = warm[:, None]
+    q = p - w
+    steady = (p >= w) & (p < 2 * total - w)
+    kind = np.where(steady, q & 1, (p >= w).astype(np.int64))
+    k = np.where(p < w, p, np.where(steady, np.where(q & 1, q >> 1, w + (q >> 1)), p - total))
+    return kind, k
+
+
+def _columns_of(kind: np.ndarray, vstage: np.ndarray, micro: np.ndarray) -> Columns:
+    pp, width = kind.shape
+    return kind.ravel(), vstage.ravel(), micro.ravel(), [width] * pp
+
+
+def one_f_one_b_columns(pp: int, m: int, vpp: int = 1) -> Columns:
+    """:func:`one_f_one_b`'s orders as columns, without a Python tuple per block (a full-space search plans
+    millions of blocks)."""
+    import numpy as np
+
+    ranks = np.arange(pp, dtype=np.int64)
+    kind, j = _alternating(pp, m, np.minimum(pp - ranks - 1, m))
+    return _columns_of(kind, np.broadcast_to(ranks[:, None], kind.shape), j)
+
+
+def gpipe_columns(pp: int, m: int, vpp: int = 1) -> Columns:
+    """:func:`gpipe`'s orders as columns."""
+    import numpy as np
+
+    kind, j = _alternating(pp, m, np.full(pp, m, np.int64))  # all warm-up then all drain: GPipe
+    return _columns_of(kind, np.broadcast_to(np.arange(pp, dtype=np.int64)[:, None], kind.shape), j)
+
+
+def interleaved_columns(pp: int, m: int, vpp: int = 1) -> Columns:
+    """:func:`interleaved`'s orders as columns: block ``k`` of a kind maps to its chunk and micro-batch as there."""
+    import numpy as np
+
+    if vpp == 1:
+        return one_f_one_b_columns(pp, m)
+    total = m * vpp
+    ranks = np.arange(pp, dtype=np.int64)
+    kind, k = _alternating(pp, total, np.minimum(2 * (pp - ranks - 1) + (vpp - 1) * pp, total))
+    chunk = (k // pp) % vpp
+    chunk = np.where(kind == 1, vpp - 1 - chunk, chunk)
+    return _columns_of(kind, chunk * pp + ranks[:, None], (k // (pp * vpp)) * pp + k % pp)
 
 
 def _one_f_one_b_or_interleaved(pp: int, m: int, vpp: int = 1) -> list[list[Block]]:
@@ -180,11 +244,12 @@ def _one_f_one_b_or_interleaved(pp: int, m: int, vpp: int = 1) -> list[list[Bloc
 
 BUILTIN_SCHEDULES = (
     Schedule("1f1b", _one_f_one_b_or_interleaved, interleaved=True,
-             description="PipeDream-flush 1F1B; interleaved with --vpp > 1"),
-    Schedule("gpipe", gpipe, description="all forwards, then all backwards (GPipe)"),
-    Schedule("interleaved", interleaved, interleaved=True, description="Megatron-LM interleaved 1F1B"),
+             description="PipeDream-flush 1F1B; interleaved with --vpp > 1", columns=interleaved_columns),
+    Schedule("gpipe", gpipe, description="all forwards, then all backwards (GPipe)", columns=gpipe_columns),
+    Schedule("interleaved", interleaved, interleaved=True, description="Megatron-LM interleaved 1F1B",
+             columns=interleaved_columns),
     Schedule("zb-h1", zero_bubble_h1, split_backward=True,
-             description="zero-bubble ZB-H1: weight gradients deferred into the bubble"),
+             description="zero-bubble ZB-H1: weight gradients deferred into the bubble", columns=one_f_one_b_columns),
     # opt-in for a search: two copies of the weights per rank, and the pairs' overlap is its own model
     Schedule("dualpipe", dualpipe, unfit=dualpipe_unfit, paired=dualpipe_paired, searched=False, fused_pairs=True,
              description="DeepSeek-V3 DualPipe: both directions, overlapped forward-backward pairs"),
