@@ -413,30 +413,29 @@ def _graph_level(
     """The graph-level passes of ``plan`` (configured and sized), with the graph they give once run, kept by the
     plan fields they read where every graph-level pass is a built-in one (whose configure reads only
     :data:`GRAPH_PASS_FIELDS` and the plan's framework); with a plugin's graph-level pass, built for each call."""
-    # a plugin's graph-level pass (or its configure) may read anything, and its result is not reused; an optional
-    # one the plan does not name is never built (the plan's ``passes`` are in the key)
-    own = all(
-        (e.value.configure in _BUILTIN_GRAPH_CONFIGURES and e.owner.startswith("echosim."))
-        or (e.value.optional and e.name not in plan.passes)
-        for e in registry.pass_pipeline("graph")
-    )
-    if not own:
-        passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
-        return _GraphLevel(registry, backend, passes)
     # _sized reads the backend's memory and the node size; the verified set decides whether run_passes checks
     key = (
         id(registry),
         id(backend),
         cluster.devices_per_node,
         graph,
-        get_framework(plan.framework),
+        get_framework(plan.framework),  # check_plan refused an unknown name already
         checked if isinstance(checked, bool) else frozenset(checked),
         _GRAPH_PASS_VALUES(plan),
     )
     kept = _GRAPH_LEVELS.lookup(key)
-    if kept is None or kept.registry is not registry or kept.backend is not backend:  # ids of live objects only
-        passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
-        kept = _GraphLevel(registry, backend, passes)
+    if kept is not None and kept.registry is registry and kept.backend is backend:  # ids of live objects only
+        return kept  # kept only where every pass was a built-in one: the same registry and plan passes still are
+    passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
+    kept = _GraphLevel(registry, backend, passes)
+    # a plugin's graph-level pass (or its configure) may read anything, and its result is not reused; an optional
+    # one the plan does not name is never built (the plan's ``passes`` are in the key). A registry's passes do not
+    # change once loaded (``Registry.pass_pipeline`` keeps its order)
+    if all(
+        (e.value.configure in _BUILTIN_GRAPH_CONFIGURES and e.owner.startswith("echosim."))
+        or (e.value.optional and e.name not in plan.passes)
+        for e in registry.pass_pipeline("graph")
+    ):
         _GRAPH_LEVELS.put(key, kept)
     return kept
 
