@@ -7,6 +7,7 @@ backend; :func:`compile` reads the report from what :func:`lower` returns.
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -205,16 +206,18 @@ def prepare_joint(
         from echosim.calibrate import apply_calibration
 
         backend = apply_calibration(loaded, cluster.calibration)
-    graph, messages, total_params = load_model(model, plan)
+    graph, messages, total_params = _load_model(model, plan, registry)
     graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
     warnings, notes = split_notes(messages + check_model(plan, shape))
-    graph_passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
-    stage_passes = [_sized(p, backend, cluster) for p in _configured(registry, "stage", plan)]
     checked = _verified(registry)
+    level = _graph_level(graph, plan, registry, backend, cluster, checked)
+    graph_passes = level.passes
+    stage_passes = [_sized(p, backend, cluster) for p in _configured(registry, "stage", plan)]
     reuse = _own_passes(registry)
     try:
-        joint = run_passes(graph, graph_passes, check=checked, reuse=reuse)
+        joint = level.joint if level.joint is not None else run_passes(graph, graph_passes, check=checked, reuse=reuse)
+        level.joint = joint
     except LayoutError as exc:
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
@@ -356,6 +359,94 @@ def _sized(instance: Any, backend: Any, cluster: Cluster) -> Any:
     if not isinstance(instance, EmbeddingSharding):
         return instance
     return replace(instance, capacity_bytes=backend.memory_bytes(), local_world=cluster.devices_per_node or 8)
+
+
+def _load_model(model: Any, plan: Plan, registry: Registry) -> tuple[Graph, list[str], int]:
+    """:func:`load_model`, kept for a model registered by name (one capture per model factory and capture
+    spec, as ``_BACKENDS`` keeps one backend per factory): a search prepares thousands of layouts of one
+    model, and each call would otherwise build its config, hash it and arm the capture's time limit again."""
+    entry = registry.models.get(model) if isinstance(model, str) else None
+    if entry is None:  # a file or an object: captured each time (a file may change between compiles)
+        return load_model(model, plan)
+    key = (model, entry.value, entry.owner, plan.micro_batch, plan.seq_len, plan.dtype)  # what load_model reads
+    graph, messages, params = _CAPTURES.get(key, lambda: _captured(model, plan))
+    return graph, list(messages), params
+
+
+def _captured(model: Any, plan: Plan) -> tuple[Graph, tuple[str, ...], int]:
+    graph, messages, params = load_model(model, plan)
+    return graph, tuple(messages), params
+
+
+_CAPTURES: Memo[tuple[Graph, tuple[str, ...], int]] = Memo("captured models", maxsize=64)
+
+
+@dataclass
+class _GraphLevel:
+    """A captured graph's graph-level passes as configured for a plan, and their result once run."""
+
+    registry: Registry
+    backend: Any
+    passes: list[Any]
+    joint: Graph | None = None
+
+
+#: The plan fields the built-in graph-level passes' configure functions read (echosim/passes/plugin.py:
+#: ``_attention``, ``_context``, ``_tensor`` (``expert_tp`` is ``etp or tp``), ``_expert``, ``_embedding_sharding``,
+#: ``_autocast``, ``_autodiff``, ``_context_backward``, ``_recompute``, ``_fp8``) and :func:`_configured` itself
+#: (``passes``). Layouts that differ only in other fields (ZeRO stage, virtual stages, micro-batch count, overlap
+#: flags, offload) configure the same graph-level passes: a full-space GPT-3 search prepares 8,556 layouts with
+#: 1,404 distinct values of these. tests/test_compiler_memo.py checks the list against what each function reads.
+GRAPH_PASS_FIELDS = (
+    "framework", "attention", "splash_blocks", "cp", "cp_comm", "cp_balance", "tp", "sp", "etp",
+    "moe_router_groups", "moe_router_group_topk", "moe_capacity_factor", "moe_dispatcher", "dtype", "ep",
+    "moe_imbalance", "seq_len", "moe_pad_to_capacity", "embedding_sharding", "dp", "pp", "recompute", "loss_chunks",
+    "passes",
+)  # fmt: skip
+_GRAPH_PASS_VALUES = operator.attrgetter(*GRAPH_PASS_FIELDS)
+_GRAPH_LEVELS: Memo[_GraphLevel] = Memo("graph-level passes by plan", maxsize=4096)
+
+
+def _graph_level(
+    graph: Graph, plan: Plan, registry: Registry, backend: Any, cluster: Cluster, checked: bool | set[str]
+) -> _GraphLevel:
+    """The graph-level passes of ``plan`` (configured and sized), with the graph they give once run, kept by the
+    plan fields they read where every graph-level pass is a built-in one (whose configure reads only
+    :data:`GRAPH_PASS_FIELDS` and the plan's framework); with a plugin's graph-level pass, built for each call."""
+    # _sized reads the backend's memory and the node size; the verified set decides whether run_passes checks
+    key = (
+        id(registry),
+        id(backend),
+        cluster.devices_per_node,
+        graph,
+        get_framework(plan.framework),  # check_plan refused an unknown name already
+        checked if isinstance(checked, bool) else frozenset(checked),
+        _GRAPH_PASS_VALUES(plan),
+    )
+    kept = _GRAPH_LEVELS.lookup(key)
+    if kept is not None and kept.registry is registry and kept.backend is backend:  # ids of live objects only
+        return kept  # kept only where every pass was a built-in one: the same registry and plan passes still are
+    passes = [_sized(p, backend, cluster) for p in _configured(registry, "graph", plan)]
+    kept = _GraphLevel(registry, backend, passes)
+    # a plugin's graph-level pass (or its configure) may read anything, and its result is not reused; an optional
+    # one the plan does not name is never built (the plan's ``passes`` are in the key). A registry's passes do not
+    # change once loaded (``Registry.pass_pipeline`` keeps its order)
+    if all(
+        (e.value.configure in _BUILTIN_GRAPH_CONFIGURES and e.owner.startswith("echosim."))
+        or (e.value.optional and e.name not in plan.passes)
+        for e in registry.pass_pipeline("graph")
+    ):
+        _GRAPH_LEVELS.put(key, kept)
+    return kept
+
+
+def _builtin_graph_configures() -> frozenset[Any]:
+    from echosim.passes.plugin import BUILTIN_PASSES
+
+    return frozenset(configure for _, configure, level in BUILTIN_PASSES if level == "graph")
+
+
+_BUILTIN_GRAPH_CONFIGURES = _builtin_graph_configures()
 
 
 def _configured(registry: Registry, level: str, plan: Plan) -> list[Any]:
