@@ -393,6 +393,12 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
 
 
+def _bound_key(plan: Plan) -> tuple[Any, ...]:
+    """All that :func:`memory_lower_bound` reads of a plan (framework, dtype, pp, ZeRO stage, dp x cp, tp x pp x ep):
+    an enumeration's 10^4-10^5 layouts have a few hundred distinct bounds. Change it with that function."""
+    return (plan.framework, plan.dtype, plan.pp, plan.zero, plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)
+
+
 def enumerate_layouts(
     facts: ModelFacts,
     base: Plan,
@@ -457,8 +463,7 @@ def _rule(
 ) -> tuple[str, str]:
     """(message, constraint) of the first rule ``plan`` breaks before simulation; empty when none.
 
-    ``bounds``: memory lower bounds kept by all that :func:`memory_lower_bound` reads of a plan (framework, dtype,
-    pp, ZeRO stage, dp x cp, tp x pp x ep): an enumeration's 10^4-10^5 layouts have a few hundred."""
+    ``bounds``: an enumeration's memory lower bounds, kept by :func:`_bound_key`."""
     from echosim.layout import check_model, check_plan
 
     if plan.global_batch % (plan.micro_batch * plan.dp):
@@ -476,7 +481,7 @@ def _rule(
         check_model(plan, facts.shape)
     except PlanError as exc:
         return str(exc), _constraint(str(exc))
-    key = (plan.framework, plan.dtype, plan.pp, plan.zero, plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)
+    key = _bound_key(plan)
     bound = None if bounds is None else bounds.get(key)
     if bound is None:
         bound = memory_lower_bound(plan, facts.params)
@@ -639,7 +644,6 @@ def _evaluate(
     brief: bool = False,
     checked: bool = False,
 ) -> list[Evaluated]:
-
     from echosim import fast_eval
     from echosim.compiler import prepare_joint
     from echosim.timeline.lower import assemble, lower_stages, schedule_inputs, step_plan
@@ -713,13 +717,15 @@ def _distinct_columns(inputs: list[tuple[list[float], ...]], split_backward: boo
 
     k = 5 if split_backward else 4
     rows = np.array([[v for part in x[:k] for v in part] for x in inputs], np.float64)  # (layouts, k * vstages)
-    first: dict[bytes, int] = {}
-    column_of = [first.setdefault(row.tobytes(), len(first)) for row in rows]
-    if len(first) < len(rows):  # keep the first layout of each distinct column (columns are numbered as met)
-        picks: list[int] = []
-        for i, col in enumerate(column_of):
-            if col == len(picks):
-                picks.append(i)
+    first: dict[bytes, int] = {}  # a distinct row's bytes -> its column (numbered as met)
+    picks: list[int] = []  # the first layout of each column
+    column_of: list[int] = []
+    for i, row in enumerate(rows):
+        col = first.setdefault(row.tobytes(), len(picks))
+        if col == len(picks):
+            picks.append(i)
+        column_of.append(col)
+    if len(picks) < len(rows):
         rows = rows[picks]
     parts = np.split(rows.T, k)  # (vstages, distinct) each: fwd, bwd, p2p_fwd, p2p_bwd[, wgrad]
     return [*parts[:4], parts[4] if split_backward else None], column_of

@@ -430,19 +430,20 @@ def time_schedule(
     maximum, add = np.maximum, np.add
     if pair is None:
         _time_levels(plan, durations, lags, ends, starts)
-    # each level's rows gathered into one buffer and combined in place (the same additions and maxima, element
-    # by element, as ``ends[cross] + lags[lag]`` ...: a search runs ~10^5 levels of a few rows)
-    for lo, hi in plan.levels if pair is not None else ():
-        ready = ends[cross[lo:hi]]
-        ready += lags[lag[lo:hi]]
-        if pair is not None and pair_lag is not None:  # a fused pair starts when both its inputs are there
-            fused = ends[pair[lo:hi]]
-            fused += lags[pair_lag[lo:hi]]
-            maximum(ready, fused, out=ready)
-        maximum(ready, ends[chain[lo:hi]], out=ready)
-        if starts is not None:
-            starts[lo:hi] = ready
-        add(ready, durations[duration[lo:hi]], out=ends[lo:hi])
+    else:
+        # fused pairs (DualPipe): each level's rows gathered into one buffer and combined in place (the same
+        # additions and maxima, element by element, as ``ends[cross] + lags[lag]`` ...)
+        for lo, hi in plan.levels:
+            ready = ends[cross[lo:hi]]
+            ready += lags[lag[lo:hi]]
+            if pair_lag is not None:  # a fused pair starts when both its inputs are there
+                fused = ends[pair[lo:hi]]
+                fused += lags[pair_lag[lo:hi]]
+                maximum(ready, fused, out=ready)
+            maximum(ready, ends[chain[lo:hi]], out=ready)
+            if starts is not None:
+                starts[lo:hi] = ready
+            add(ready, durations[duration[lo:hi]], out=ends[lo:hi])
     rank_ends = np.zeros((plan.pp, layouts))
     for r, i in enumerate(plan.last):
         if i >= 0:

@@ -330,6 +330,7 @@ def _advance(
             begin[nid] = end[nid] = ready
             out.append((ready, 0.0))
             continue
+        # a collective on the comm stream (_stream: is_collective and not _blocking, inlined in this hot loop)
         if n.op in COLLECTIVES and not (isinstance(n.attrs, CollectiveAttrs) and n.attrs.blocking):
             start = comm if comm > ready else ready  # max(ready, comm), ties to ready as max() does
             end[nid] = comm = finish = start + d
