@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -93,6 +95,11 @@ class SchedulePlan:
         out[np.repeat([lo for lo, _ in self.levels], width) + own] = self.cross
         out[np.repeat([hi for _, hi in self.levels], width) + own] = self.chain
         return out
+
+    @cached_property
+    def bounds(self) -> np.ndarray:
+        """Each level's ``lo``, then the number of blocks: the levels as one array for the compiled loops."""
+        return np.array([lo for lo, _ in self.levels] + [self.blocks], np.int64)
 
 
 def schedule_plan(
@@ -420,15 +427,28 @@ def time_schedule(
     n = plan.blocks
     ends = np.zeros((n + 1, layouts))
     starts = np.zeros((n, layouts)) if keep_blocks else None
+    # the compiled loops index without bounds checks: only for inputs of the plan's shape (any other gets the
+    # numpy path, and its error or result, as before)
+    jit = _compiled() if len(fwd) == plan.vstages and durations.shape == (2 * len(fwd), layouts) else None
+    if jit is not None and lags.shape != (2 * len(fwd) + 1, layouts):
+        jit = None
     if plan.split_backward:
         if wgrad is None:
             raise ValueError("a schedule that defers weight gradients needs their durations (wgrad)")
         w = np.asarray(wgrad, np.float64).reshape(len(fwd), -1)
+        if jit is not None and w.shape[1] in (1, layouts):
+            return _time_deferred_jit(jit, plan, durations, lags, w, ends, starts)
         return _time_deferred(plan, durations, lags, w, ends, starts)
     pair, pair_lag = plan.pair_cross, plan.pair_lag
     cross, lag, chain, duration = plan.cross, plan.lag, plan.chain, plan.duration
     maximum, add = np.maximum, np.add
-    if pair is None:
+    if jit is not None:
+        fused = pair is not None and pair_lag is not None
+        none = np.empty(0, np.int64)
+        kept = ends[:0] if starts is None else starts  # (0, layouts): not written without keep_blocks
+        jit.time_blocks(cross, chain, lag, duration, pair if fused else none, pair_lag if fused else none,
+                        durations, lags, ends, kept, fused, starts is not None)  # fmt: skip
+    elif pair is None:
         _time_levels(plan, durations, lags, ends, starts)
     else:
         # fused pairs (DualPipe): each level's rows gathered into one buffer and combined in place (the same
@@ -449,6 +469,23 @@ def time_schedule(
         if i >= 0:
             rank_ends[r] = ends[i]
     return BatchTiming(plan, ends, starts, rank_ends, [])
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled level loops (:mod:`echosim.timeline._jit`), or None: numba is not installed (the
+    ``echosim[fast]`` extra) or ``ECHOSIM_JIT=0`` asks for the numpy loops (the same numbers, slower)."""
+    if os.environ.get("ECHOSIM_JIT", "") == "0":
+        return None
+    return _load_compiled()
+
+
+@functools.cache
+def _load_compiled() -> ModuleType | None:
+    try:  # numba and llvmlite: imported by the first batch a process times, never by ``import echosim``
+        from echosim.timeline import _jit
+    except ImportError:
+        return None
+    return _jit
 
 
 #: Rows x layouts of transfer and duration seconds :func:`_time_levels` gathers at a time (8 MiB each).
@@ -534,6 +571,45 @@ def _time_deferred(
         if keep:
             record(np.arange(pp), run, free, after)
         free, pending = after, pending - run
+    return BatchTiming(plan, ends, starts, free, runs)
+
+
+def _time_deferred_jit(
+    jit: ModuleType,
+    plan: SchedulePlan,
+    durations: np.ndarray,
+    lags: np.ndarray,
+    wgrad: np.ndarray,
+    ends: np.ndarray,
+    starts: np.ndarray | None,
+) -> BatchTiming:
+    """:func:`_time_deferred` by the compiled loop: the same ``ends``, ``starts``, rank ends and W runs.
+
+    The loop visits each (block, layout) once and writes its W runs there; the numpy loop lists them level by
+    level, one array per round of waiting runs (then the runs right after a block, then the drain's rounds), each
+    in (block, layout) order. Sorting the written runs by (level, round, block, layout) and cutting them where the
+    (level, round) changes gives those arrays.
+    """
+    pp, layouts = plan.pp, durations.shape[1]
+    free = np.zeros((pp, layouts))
+    pending = np.zeros((pp, layouts), np.int64)
+    # (pp, layouts): each rank's W (one virtual stage per rank); a wgrad of one column serves every layout
+    weight = np.ascontiguousarray(np.broadcast_to(wgrad[np.array(plan.rank_vstage)], (pp, layouts)))
+    keep = starts is not None
+    size = int(np.count_nonzero(plan.kind == B)) * layouts if keep else 0  # each backward's W runs once
+    record = np.empty((size, 5), np.int64)  # level, round, block (or rank), layout, rank
+    seconds = np.empty((size, 2))  # start, end
+    count = jit.time_deferred(plan.bounds, plan.rank, plan.kind, plan.cross, plan.lag, plan.duration, durations,
+                              lags, weight, ends, ends[:0] if starts is None else starts, free, pending, record,
+                              seconds, keep)  # fmt: skip
+    runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    if count:
+        record, seconds = record[:count], seconds[:count]
+        order = np.lexsort((record[:, 3], record[:, 2], record[:, 1], record[:, 0]))
+        record, seconds = record[order], seconds[order]
+        cuts = np.flatnonzero(np.any(record[1:, :2] != record[:-1, :2], axis=1)) + 1
+        for rec, sec in zip(np.split(record, cuts), np.split(seconds, cuts), strict=True):
+            runs.append((rec[:, 4].copy(), rec[:, 3].copy(), sec[:, 0].copy(), sec[:, 1].copy()))
     return BatchTiming(plan, ends, starts, free, runs)
 
 
