@@ -147,6 +147,46 @@ def test_a_plan_shorter_than_its_inputs_takes_the_numpy_path(monkeypatch: pytest
         time_schedule(plan, np.ones((2, 3)), np.ones((2, 2)), np.ones((2, 3)), np.ones((2, 3)))
 
 
+PLAN_FIELDS = ("rank", "kind", "vstage", "microbatch", "chain", "cross", "lag", "duration", "pair_cross", "pair_lag")
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "vpp"), CASES)
+def test_compiled_levels_build_byte_identical_plans(
+    monkeypatch: pytest.MonkeyPatch, name: str, pp: int, m: int, vpp: int
+) -> None:
+    """Plans from columns and from explicit orders: the compiled level sweeps give every array and tuple."""
+    s = SCHEDULES[name]
+
+    def built() -> list[composer.SchedulePlan]:
+        orders = s.orders(pp, m, vpp)
+        out = [plan_for(orders, s.split_backward, pp * vpp, s.fused_pairs)]
+        if s.columns is not None:
+            out.append(composer._from_columns(s.columns(pp, m, vpp), (), s.split_backward, pp * vpp, s.fused_pairs))
+        return out
+
+    monkeypatch.setenv("ECHOSIM_JIT", "0")
+    want = built()
+    monkeypatch.delenv("ECHOSIM_JIT")
+    calls: list[int] = []
+    jit = composer._load_compiled()
+    real = jit.levels
+    monkeypatch.setattr(jit, "levels", lambda *a: calls.append(1) or real(*a))
+    got = built()
+    assert len(calls) == len(got)
+    for g, w in zip(got, want, strict=True):
+        assert all(_same(getattr(g, f), getattr(w, f)) for f in PLAN_FIELDS)
+        assert (g.levels, g.last, g.rank_vstage, g.in_flight) == (w.levels, w.last, w.rank_vstage, w.in_flight)
+
+
+def test_compiled_levels_find_the_same_deadlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A last stage's backward run before its own forward on its rank waits on itself: no level, either way."""
+    orders = [[("F", 0, 0), ("B", 0, 0)], [("B", 1, 0), ("F", 1, 0)]]
+    for jit in ("0", "1"):
+        monkeypatch.setenv("ECHOSIM_JIT", jit)
+        with pytest.raises(composer.ScheduleError, match="deadlocked"):
+            plan_for(orders, vstages=2)
+
+
 def test_import_echosim_does_not_import_numba() -> None:
     code = "import sys, echosim, echosim.timeline.composer; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

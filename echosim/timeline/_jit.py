@@ -142,3 +142,45 @@ def time_deferred(
                 f, p, step = after, p - 1, step + 1
             free[r, col], pending[r, col] = f, p
     return count
+
+
+@numba.njit(cache=True)
+def levels(
+    cross: np.ndarray, pair: np.ndarray, offsets: np.ndarray, fused: bool, rounds: int, level: np.ndarray
+) -> bool:
+    """``composer._levels``'s sweeps one block at a time: each block's level is one past the larger of the level of
+    the block it waits on (and, with ``fused``, of its pair's) and of the block before it on its rank.
+
+    ``level`` (``n + 1`` zeros, the last one the sentinel's) is updated in place, ranks swept down then up until a
+    round moves nothing (True). A block reads the levels as they are when it is reached, not as they were when its
+    rank's sweep began (the numpy sweep's), so it may need fewer rounds, never a different answer: on an acyclic
+    graph the levels that no sweep moves are the unique longest-path levels. False (a cycle, or ``rounds`` spent,
+    or a level past ``n``): the caller falls back to Kahn's algorithm, as the numpy sweep does.
+    """
+    n = level.shape[0] - 1
+    pp = offsets.shape[0] - 1
+    for _ in range(rounds):
+        moved = False
+        top = 0
+        for s in range(2 * pp):
+            r = s if s < pp else 2 * pp - 1 - s
+            before = -1  # the new level of the block before on the rank (none: a first block starts at its base)
+            for k in range(offsets[r], offsets[r + 1]):
+                d = cross[k]
+                base = level[d] + 1 if d < n else 0
+                if fused:
+                    d = pair[k]
+                    if d < n and level[d] + 1 > base:
+                        base = level[d] + 1
+                new = base if base > before + 1 else before + 1
+                if new != level[k]:
+                    level[k] = new
+                    moved = True
+                if new > top:
+                    top = new
+                before = new
+        if not moved:
+            return True
+        if top > n:
+            return False
+    return False

@@ -244,10 +244,18 @@ def _levels(
 
     Along a rank a level is a running maximum (``level[p] - p`` never falls), so each
     rank is one ``maximum.accumulate`` given the levels of the blocks it waits on; sweeping
-    down then up the ranks follows forwards down and backwards up the pipeline.
+    down then up the ranks follows forwards down and backwards up the pipeline. With numba
+    (:func:`_compiled`) the same sweeps run one block at a time (the same levels: they are
+    the unique longest-path levels, whichever way the sweeps get there).
     """
     level = np.zeros(n + 1, np.int64)
     pp = len(offsets) - 1
+    jit = _compiled()
+    if jit is not None:
+        fused = pair is not None
+        if jit.levels(cross, pair if fused else np.empty(0, np.int64), offsets, fused, 4 * pp + 8, level):
+            return level[:n]
+        return _levels_by_topology(chain, cross, n, pair)
     sweep = [*range(pp), *reversed(range(pp))]
     for _ in range(4 * pp + 8):
         moved = False
