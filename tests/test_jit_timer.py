@@ -187,6 +187,17 @@ def test_compiled_levels_find_the_same_deadlock(monkeypatch: pytest.MonkeyPatch)
             plan_for(orders, vstages=2)
 
 
+@pytest.mark.parametrize("error", [ImportError, RuntimeError])
+def test_numba_that_cannot_load_leaves_the_numpy_loops(monkeypatch: pytest.MonkeyPatch, error: type) -> None:
+    """No numba (ImportError), or numba with no writable cache directory (RuntimeError at decoration)."""
+
+    def fail(name: str) -> None:
+        raise error(name)
+
+    monkeypatch.setattr(composer.importlib, "import_module", fail)
+    assert composer._load_compiled.__wrapped__() is None
+
+
 def test_import_echosim_does_not_import_numba() -> None:
     code = "import sys, echosim, echosim.timeline.composer; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -28,6 +28,7 @@ most ``pp - 1`` pending (each holds its inputs alive) and runs the rest at the e
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import os
 from collections.abc import Callable, Sequence
@@ -489,11 +490,12 @@ def _compiled() -> ModuleType | None:
 
 @functools.cache
 def _load_compiled() -> ModuleType | None:
-    try:  # numba and llvmlite: imported by the first batch a process times, never by ``import echosim``
-        from echosim.timeline import _jit
+    try:  # numba and llvmlite: imported by the first plan or batch a process times, never by ``import echosim``
+        return importlib.import_module("echosim.timeline._jit")
     except ImportError:
         return None
-    return _jit
+    except RuntimeError:  # numba found no writable cache directory for ``cache=True`` (numba/core/caching.py)
+        return None
 
 
 #: Rows x layouts of transfer and duration seconds :func:`_time_levels` gathers at a time (8 MiB each).
