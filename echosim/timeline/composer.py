@@ -13,7 +13,9 @@ numpy: a block starts when its rank is free and its input has arrived and ends i
 duration later. That is the recurrence an event-by-event simulation evaluates, with the
 same float operations in the same order, so a layout timed alone or in a batch of
 thousands gets the same numbers to the last bit, and the work grows with the number of
-levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts.
+levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts. With numba
+(the ``echosim[fast]`` extra) the level loops run compiled (:mod:`echosim.timeline._jit`), one
+element at a time with the same operations, so the numbers are the same to the last bit.
 
 Schedules of fused pairs (``fused_pairs``, DualPipe) run a forward and the next backward of another stage
 as one unit: the forward also waits on the backward's input.
