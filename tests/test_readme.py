@@ -29,7 +29,7 @@ def test_the_test_requirements_hold_every_example_plugin() -> None:
     lines = (ROOT / "requirements-test.txt").read_text(encoding="utf-8").splitlines()
     examples = {f"-e ./{p.parent.relative_to(ROOT)}" for p in (ROOT / "examples").glob("*/pyproject.toml")}
     assert examples and examples <= set(lines)
-    assert "-e .[test,hf,onnx-export,ray]" in lines
+    assert "-e .[test,hf,onnx-export,ray,fast]" in lines
 
 
 def test_the_readme_shows_what_echosim_compile_prints() -> None:

@@ -13,7 +13,9 @@ numpy: a block starts when its rank is free and its input has arrived and ends i
 duration later. That is the recurrence an event-by-event simulation evaluates, with the
 same float operations in the same order, so a layout timed alone or in a batch of
 thousands gets the same numbers to the last bit, and the work grows with the number of
-levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts.
+levels (about ``2 * vpp * (microbatches + pp)``), not with blocks times layouts. With numba
+(the ``echosim[fast]`` extra) the level loops run compiled (:mod:`echosim.timeline._jit`), one
+element at a time with the same operations, so the numbers are the same to the last bit.
 
 Schedules of fused pairs (``fused_pairs``, DualPipe) run a forward and the next backward of another stage
 as one unit: the forward also waits on the backward's input.
@@ -28,11 +30,14 @@ most ``pp - 1`` pending (each holds its inputs alive) and runs the rest at the e
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -93,6 +98,11 @@ class SchedulePlan:
         out[np.repeat([lo for lo, _ in self.levels], width) + own] = self.cross
         out[np.repeat([hi for _, hi in self.levels], width) + own] = self.chain
         return out
+
+    @cached_property
+    def bounds(self) -> np.ndarray:
+        """Each level's ``lo``, then the number of blocks: the levels as one array for the compiled loops."""
+        return np.array([lo for lo, _ in self.levels] + [self.blocks], np.int64)
 
 
 def schedule_plan(
@@ -237,10 +247,18 @@ def _levels(
 
     Along a rank a level is a running maximum (``level[p] - p`` never falls), so each
     rank is one ``maximum.accumulate`` given the levels of the blocks it waits on; sweeping
-    down then up the ranks follows forwards down and backwards up the pipeline.
+    down then up the ranks follows forwards down and backwards up the pipeline. With numba
+    (:func:`_compiled`) the same sweeps run one block at a time (the same levels: they are
+    the unique longest-path levels, whichever way the sweeps get there).
     """
     level = np.zeros(n + 1, np.int64)
     pp = len(offsets) - 1
+    jit = _compiled()
+    if jit is not None:
+        fused = pair is not None
+        if jit.levels(cross, pair if fused else np.empty(0, np.int64), offsets, fused, 4 * pp + 8, level):
+            return level[:n]
+        return _levels_by_topology(chain, cross, n, pair)
     sweep = [*range(pp), *reversed(range(pp))]
     for _ in range(4 * pp + 8):
         moved = False
@@ -420,15 +438,28 @@ def time_schedule(
     n = plan.blocks
     ends = np.zeros((n + 1, layouts))
     starts = np.zeros((n, layouts)) if keep_blocks else None
+    # the compiled loops index without bounds checks: only for inputs of the plan's shape (any other gets the
+    # numpy path, and its error or result, as before)
+    jit = _compiled() if len(fwd) == plan.vstages and durations.shape == (2 * len(fwd), layouts) else None
+    if jit is not None and lags.shape != (2 * len(fwd) + 1, layouts):
+        jit = None
     if plan.split_backward:
         if wgrad is None:
             raise ValueError("a schedule that defers weight gradients needs their durations (wgrad)")
         w = np.asarray(wgrad, np.float64).reshape(len(fwd), -1)
+        if jit is not None and w.shape[1] in (1, layouts):
+            return _time_deferred_jit(jit, plan, durations, lags, w, ends, starts)
         return _time_deferred(plan, durations, lags, w, ends, starts)
     pair, pair_lag = plan.pair_cross, plan.pair_lag
     cross, lag, chain, duration = plan.cross, plan.lag, plan.chain, plan.duration
     maximum, add = np.maximum, np.add
-    if pair is None:
+    if jit is not None:
+        fused = pair is not None and pair_lag is not None
+        none = np.empty(0, np.int64)
+        kept = ends[:0] if starts is None else starts  # (0, layouts): not written without keep_blocks
+        jit.time_blocks(cross, chain, lag, duration, pair if fused else none, pair_lag if fused else none,
+                        durations, lags, ends, kept, fused, starts is not None)  # fmt: skip
+    elif pair is None:
         _time_levels(plan, durations, lags, ends, starts)
     else:
         # fused pairs (DualPipe): each level's rows gathered into one buffer and combined in place (the same
@@ -449,6 +480,24 @@ def time_schedule(
         if i >= 0:
             rank_ends[r] = ends[i]
     return BatchTiming(plan, ends, starts, rank_ends, [])
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled level loops (:mod:`echosim.timeline._jit`), or None: numba is not installed (the
+    ``echosim[fast]`` extra) or ``ECHOSIM_JIT=0`` asks for the numpy loops (the same numbers, slower)."""
+    if os.environ.get("ECHOSIM_JIT", "") == "0":
+        return None
+    return _load_compiled()
+
+
+@functools.cache
+def _load_compiled() -> ModuleType | None:
+    try:  # numba and llvmlite: imported by the first plan or batch a process times, never by ``import echosim``
+        return importlib.import_module("echosim.timeline._jit")
+    except ImportError:
+        return None
+    except RuntimeError:  # numba found no writable cache directory for ``cache=True`` (numba/core/caching.py)
+        return None
 
 
 #: Rows x layouts of transfer and duration seconds :func:`_time_levels` gathers at a time (8 MiB each).
@@ -534,6 +583,45 @@ def _time_deferred(
         if keep:
             record(np.arange(pp), run, free, after)
         free, pending = after, pending - run
+    return BatchTiming(plan, ends, starts, free, runs)
+
+
+def _time_deferred_jit(
+    jit: ModuleType,
+    plan: SchedulePlan,
+    durations: np.ndarray,
+    lags: np.ndarray,
+    wgrad: np.ndarray,
+    ends: np.ndarray,
+    starts: np.ndarray | None,
+) -> BatchTiming:
+    """:func:`_time_deferred` by the compiled loop: the same ``ends``, ``starts``, rank ends and W runs.
+
+    The loop visits each (block, layout) once and writes its W runs there; the numpy loop lists them level by
+    level, one array per round of waiting runs (then the runs right after a block, then the drain's rounds), each
+    in (block, layout) order. Sorting the written runs by (level, round, block, layout) and cutting them where the
+    (level, round) changes gives those arrays.
+    """
+    pp, layouts = plan.pp, durations.shape[1]
+    free = np.zeros((pp, layouts))
+    pending = np.zeros((pp, layouts), np.int64)
+    # (pp, layouts): each rank's W (one virtual stage per rank); a wgrad of one column serves every layout
+    weight = np.ascontiguousarray(np.broadcast_to(wgrad[np.array(plan.rank_vstage)], (pp, layouts)))
+    keep = starts is not None
+    size = int(np.count_nonzero(plan.kind == B)) * layouts if keep else 0  # each backward's W runs once
+    record = np.empty((size, 5), np.int64)  # level, round, block (or rank), layout, rank
+    seconds = np.empty((size, 2))  # start, end
+    count = jit.time_deferred(plan.bounds, plan.rank, plan.kind, plan.cross, plan.lag, plan.duration, durations,
+                              lags, weight, ends, ends[:0] if starts is None else starts, free, pending, record,
+                              seconds, keep)  # fmt: skip
+    runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    if count:
+        record, seconds = record[:count], seconds[:count]
+        order = np.lexsort((record[:, 3], record[:, 2], record[:, 1], record[:, 0]))
+        record, seconds = record[order], seconds[order]
+        cuts = np.flatnonzero(np.any(record[1:, :2] != record[:-1, :2], axis=1)) + 1
+        for rec, sec in zip(np.split(record, cuts), np.split(seconds, cuts), strict=True):
+            runs.append((rec[:, 4].copy(), rec[:, 3].copy(), sec[:, 0].copy(), sec[:, 1].copy()))
     return BatchTiming(plan, ends, starts, free, runs)
 
 
