@@ -323,10 +323,40 @@ def test_a_search_checks_the_rules_of_each_layout_once(monkeypatch: pytest.Monke
     space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1,), "sp": (False,), "zero": (1,), "mb": (1,),
              "recompute": ("full",), "schedule": ("1f1b", "gpipe", "zb-h1"), "tp_overlap": (False, True)}  # fmt: skip
     result = search("gpt3-125m", base, cluster, space=space)
-    assert result.simulated == 6 and callers.count("_rule") == 6 and "_prepare" not in callers
+    # one check per layout less its TP overlap (_rule reads none: the test below)
+    assert result.simulated == 6 and callers.count("_rule") == 3 and "_prepare" not in callers
     callers.clear()
     _evaluate_batch("gpt3-125m", [e.plan for e in result.ranked], cluster, 1.0, fast=True)
     assert callers.count("_prepare") == 5  # one layout prepared, five copied and checked
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [Plan(tp=2, pp=2, dp=2, global_batch=8), Plan(tp=2, pp=2, dp=2, vpp=2, schedule="interleaved", global_batch=8),
+     Plan(tp=8, global_batch=3), Plan(tp=3, dp=3, global_batch=9), Plan(tp=2, dp=4, zero=3, global_batch=8)],
+)  # fmt: skip
+def test_no_rule_of_the_enumeration_reads_the_tp_overlap(plan: Plan) -> None:
+    """The enumeration checks a layout and its TP-overlap twin once (:func:`enumerate_layouts` keeps :func:`_rule`'s
+    outcome by the layout less ``tp_overlap``): no rule, passed or broken, may read that field."""
+    from echosim.layout_search import _rule
+    from echosim.plugins import get_registry
+
+    read: list[str] = []
+
+    class Watched(Plan):
+        def __getattribute__(self, name: str) -> object:
+            read.append(name)
+            return super().__getattribute__(name)
+
+    schedules = {name: e.value for name, e in get_registry().schedules.items()}
+    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+    facts = ModelFacts.of("gpt3-125m", plan)
+    cluster = Cluster("h100-sxm", plan.world)
+    for overlap in (False, True):
+        watched = Watched(**{**plan.__dict__, "tp_overlap": overlap})
+        outcome = _rule(watched, cluster, schedules, interleaved, facts, 80 * 2**30)
+        assert outcome == _rule(replace(plan, tp_overlap=overlap), cluster, schedules, interleaved, facts, 80 * 2**30)
+    assert "tp" in read and "tp_overlap" not in read
 
 
 def test_the_memory_lower_bound_is_priced_once_per_what_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
