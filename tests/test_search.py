@@ -389,3 +389,42 @@ def test_a_layouts_costing_key_is_every_field_but_its_schedule_and_tp_overlap() 
     want = tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in ("schedule", "tp_overlap"))
     assert type(_costing_key(plan)) is tuple and _costing_key(plan) == want
     assert _costing_key(replace(plan, schedule="1f1b", tp_overlap=False)) == want
+
+
+def test_a_batch_reads_the_plugin_registry_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`_prepare` takes what it reads of the registry (schedules, the plugins' passes) from its batch, read
+    once, not per layout; a plugin's pass makes a layout prepared alone as before: a mandatory one always, an
+    optional one where the plan names it."""
+    from types import SimpleNamespace
+
+    import echosim.plugins as plugins
+    from echosim.layout_search import _evaluate_batch, _Registered
+
+    real, reads = plugins.get_registry, []
+
+    def counted() -> object:
+        reads.append(1)
+        return real()
+
+    monkeypatch.setattr(plugins, "get_registry", counted)
+    cluster = Cluster("h100-sxm", 8)
+    plans = [
+        Plan(tp=2, pp=2, dp=2, global_batch=16, schedule=s, tp_overlap=o) for s in ("1f1b", "gpipe") for o in (0, 1)
+    ]
+    out = _evaluate_batch("gpt3-125m", plans, cluster, 1.0, fast=True)
+    assert len(out) == 4 and all(e.simulated for e in out)
+    assert len(reads) <= 2  # the batch's _Registered and its prepared joints' key, not one per layout
+
+    def entry(owner: str, optional: bool) -> SimpleNamespace:
+        return SimpleNamespace(owner=owner, value=SimpleNamespace(optional=optional))
+
+    own = {"tensor-parallel": entry("echosim.passes.tensor_parallel", False)}
+    for passes, named, alone in (
+        (own, ("no-dropout",), False),
+        ({**own, "no-dropout": entry("pipeline-demo", True)}, (), False),
+        ({**own, "no-dropout": entry("pipeline-demo", True)}, ("no-dropout",), True),
+        ({**own, "always": entry("pipeline-demo", False)}, (), True),
+    ):
+        fake = SimpleNamespace(passes=passes, schedules={})
+        monkeypatch.setattr(plugins, "get_registry", lambda fake=fake: fake)
+        assert _Registered.now().runs_foreign_pass(Plan(passes=named)) is alone
