@@ -699,7 +699,8 @@ def _evaluate(
         for (i, step, costs), col in zip(members, column_of, strict=True):
             known = _known(costs)
             if brief and known is not None:
-                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, known)
+                figures = [costs[1][id(c)] for c in costs[0]]  # each virtual stage's (fast_eval.stages)
+                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, figures)
                 out[i] = _brief(plans[i], cluster.devices, f, f.peak_bytes, f.capacity_bytes, f.exposed_comm_s,
                                 fraction)  # fmt: skip
                 continue

@@ -219,3 +219,29 @@ def test_exposed_comm_terms_are_kept_by_the_units_of_a_stage() -> None:
     assert first and report._exposed_terms(copy.copy(stage), 4) is first
     assert report._exposed_terms(stage, 8) is not first
     assert report.exposed_comm([stage], 4, []) == dict(report.exposed_comm([copy.copy(stage)], 4, []))
+
+
+def test_layouts_that_share_their_stages_build_each_rank_tail_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's step tail is kept by its stages' figures objects (one per stage cost): the same layout under
+    another schedule of the same backward split (GPipe after 1F1B) builds none again, with the same figures."""
+    from echosim.timeline import report
+
+    built: list[int] = []
+    real = report.rank_tail
+
+    def counted(mine: list[object], last: object) -> object:
+        built.append(len(mine))
+        return real(mine, last)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(report, "rank_tail", counted)
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, dp=2, global_batch=32, schedule=s) for s in ("1f1b", "gpipe")]
+    memo.clear_all()
+    first = _evaluate_batch("gpt3-350m", plans[:1], cluster, 0.03, fast=True, brief=True)
+    assert 0 < len(built) <= 4  # first, middle and last ranks' tails
+    built.clear()
+    second = _evaluate_batch("gpt3-350m", plans[1:], cluster, 0.03, fast=True, brief=True)
+    assert built == []
+    memo.clear_all()
+    full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
+    assert [e.as_dict() for e in first + second] == [e.as_dict() for e in full]

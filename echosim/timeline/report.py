@@ -428,13 +428,14 @@ def brief_figures(
     plan: Any,
     microbatches: int,
     facts: StepFacts,
-    known: Callable[[StageCost], StageFigures],
+    figures: list[StageFigures],
 ) -> BriefFigures:
     """:func:`build_report`'s ranking figures of one layout, read from its stage costs and timed schedule alone.
 
     ``costs[i]`` is virtual stage ``i``, ``block_ends[r]`` when rank ``r``'s last block ends (a column of
     :class:`~echosim.timeline.composer.BatchTiming`), ``plan`` its :class:`~echosim.timeline.composer.SchedulePlan`
-    and ``known`` each stage's graph figures (a search's fast evaluator). Every figure is computed with the
+    and ``figures[i]`` virtual stage ``i``'s graph figures (a search's fast evaluator: one object per distinct
+    stage, first, last and depth, shared by the layouts that share that stage). Every figure is computed with the
     same operations in the same order as :func:`~echosim.timeline.lower.assemble` (the step tail),
     :func:`build_report`, :func:`_memory` and :func:`breakdown`, so it equals theirs to the last bit
     (tests/test_search_brief.py), without the costed graph, its tail tasks and the per-rank memory rows: what
@@ -447,8 +448,7 @@ def brief_figures(
     rank_ends: list[float] = []
     held_peak = 0
     comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
-    # each virtual stage's figures, read once (one figures object per distinct stage: first, last, depth)
-    known_all = [known(c) for c in costs]
+    known_all = figures
     ids = [id(f) for f in known_all]
     last_of = plan.rank_vstage
     # per rank the identities of its chunks and its tail's key (a few distinct ones: first, middle, last stages);
@@ -461,8 +461,13 @@ def brief_figures(
         keys = [(*ident, ids[v]) for ident, v in zip(idents, last_of, strict=True)]
     for r, key in enumerate(keys):
         if key not in tails:
-            steps = rank_tail(costs[r::pp], costs[last_of[r]])
-            tails[key] = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
+            hit = _TAILS.lookup(key)
+            if hit is None:
+                steps = rank_tail(costs[r::pp], costs[last_of[r]])
+                terms = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
+                hit = (tuple(known_all[r::pp]), known_all[last_of[r]], terms)
+                _TAILS.put(key, hit)
+            tails[key] = hit[2]
     for b, key in zip(block_ends, keys, strict=True):
         end = t = b
         for sec in tails[key][0]:
@@ -520,6 +525,16 @@ def brief_figures(
         bubble_fraction=max(0.0, block_ends[crit] - busy) / step,
         exposed_comm_s=sum(v for _, v in sorted(exposed_comm(chunks, m, crit_tail).items())),
     )
+
+
+#: A rank's step tail as :func:`brief_figures` reads it (durations in order, and its communication terms), by the
+#: ids of the figures objects of the rank's chunks and of the chunk it reduces last. ``figures`` holds one
+#: object per stage cost, shared by the layouts that share that stage (fast_eval: each derived stage's own tuple,
+#: beside its cost), so equal ids mean equal costs; the entry holds those objects, so no other object takes their
+#: ids while it is kept. Layouts of one backward split share stages across schedules.
+_TAILS: Memo[tuple[tuple[Any, ...], Any, tuple[list[float], list[tuple[str, float]]]]] = Memo(
+    "brief: rank tails", maxsize=1 << 16
+)
 
 
 def _whole_bytes(figures: StageFigures) -> bool:
