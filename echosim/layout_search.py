@@ -424,7 +424,7 @@ def enumerate_layouts(
     # _rule's outcome by the layout less its TP overlap, which no rule reads (tests/test_search.py): a layout and
     # its TP-overlap twin are checked once (GPT-3 175B's full space: 63,488 checks -> about half)
     rules: dict[tuple[Any, ...], tuple[str, str]] = {}
-    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # replace() per layout costs twice as much
+    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # every field, as _new_plan needs
     for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
         dp = devices // (tp * cp * pp)
         if devices % (tp * cp * pp) or dp not in v["dp"]:
@@ -442,9 +442,8 @@ def enumerate_layouts(
                 duplicates += 1
                 continue
             seen.add(key)
-            plan = Plan(**{**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "sp": sp,
-                           "zero": zero, "micro_batch": mb, "recompute": rc, "schedule": sched, "tp_overlap": ovl,
-                           "global_batch": gb})  # fmt: skip
+            plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
+                             recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
                 outcome = rules[key[:-1]] = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
@@ -456,6 +455,15 @@ def enumerate_layouts(
                 to_simulate.append(plan)
     listed = len(to_simulate) + len(rejected) + duplicates
     return Enumeration(space, to_simulate, rejected, space.size(), space.size() - listed, duplicates, removed)
+
+
+def _new_plan(fixed: dict[str, Any], **changes: Any) -> Plan:
+    """``Plan(**{**fixed, **changes})`` without the frozen dataclass's ``__init__``, which sets each of its 34 fields
+    through ``object.__setattr__`` (an enumeration builds 10^4-10^5 plans). The same object: ``Plan`` has no
+    ``__post_init__``, ``init=False`` field or slots, and ``fixed`` holds every field (tests/test_search.py)."""
+    plan = object.__new__(Plan)
+    plan.__dict__.update(fixed, **changes)  # fixed's order (the fields'), changed values in place
+    return plan
 
 
 def _rule(

@@ -428,3 +428,21 @@ def test_a_batch_reads_the_plugin_registry_once(monkeypatch: pytest.MonkeyPatch)
         fake = SimpleNamespace(passes=passes, schedules={})
         monkeypatch.setattr(plugins, "get_registry", lambda fake=fake: fake)
         assert _Registered.now().runs_foreign_pass(Plan(passes=named)) is alone
+
+
+def test_an_enumerated_plan_equals_the_one_plans_init_builds() -> None:
+    """The enumeration builds its plans without ``Plan.__init__`` (:func:`_new_plan`): the same fields in the same
+    order, equal and hashing alike, for a ``Plan`` with no ``__post_init__``, ``init=False`` field or slots."""
+    from dataclasses import fields
+
+    from echosim.layout_search import _new_plan
+
+    assert not hasattr(Plan, "__post_init__") and not hasattr(Plan, "__slots__")
+    assert all(f.init for f in fields(Plan))
+    base = Plan(global_batch=64, framework="megatron", recompute="full", splash_blocks=(1, 2, 3, 4, 5, 6))
+    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}
+    changes = {"tp": 4, "pp": 2, "dp": 8, "vpp": 2, "schedule": "interleaved", "tp_overlap": True, "global_batch": 32}
+    plan, want = _new_plan(fixed, **changes), Plan(**{**fixed, **changes})
+    assert type(plan) is Plan and plan == want and hash(plan) == hash(want)
+    assert list(vars(plan).items()) == list(vars(want).items())
+    assert plan.microbatches == want.microbatches == 4 and fixed == vars(base)
