@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -478,17 +479,15 @@ def brief_figures(
     # one chunk per rank, every chunk's bytes integers: ranks of one chunk differ in the micro-batches they hold
     # alone, and their peak (the chunk's fixed bytes plus its activation or block bytes times that count) grows
     # with it, so the rank holding the most of each chunk has that chunk's largest peak (the same maximum)
-    distinct = {i: f for i, f in zip(ids, known_all, strict=True)}.values()  # a few: first, middle, last stages
-    if len(costs) == pp and all(_whole_bytes(f) for f in distinct):
-        deepest: dict[tuple[int, ...], tuple[int, int]] = {}
-        for r, ident in enumerate(idents):
-            held = plan.in_flight[r].get(costs[r].index, 0)
-            best = deepest.get(ident)
-            if best is None or held > best[1]:
-                deepest[ident] = (r, held)
+    distinct = {i: f for i, f in zip(ids, known_all, strict=True)}  # a few: first, middle, last stages
+    if len(costs) == pp and all(_whole_bytes(f) for f in distinct.values()):
+        most: dict[int, int] = {}  # per distinct chunk, the most micro-batches a rank of it holds (first seen first)
+        for i, held in zip(ids, _own_held(plan), strict=True):
+            if held > most.get(i, -1):
+                most[i] = held
         caching = facts.caching_allocator
-        for r, held in deepest.values():
-            peak = _chunk_peak(known_all[r], held, caching)
+        for i, held in most.items():
+            peak = _chunk_peak(distinct[i], held, caching)
             if peak > held_peak:
                 held_peak = peak
     else:
@@ -503,14 +502,17 @@ def brief_figures(
     step = max(rank_ends)
     crit = rank_ends.index(step)
     chunks = costs[crit::pp]
-    counts: dict[int, list[Any]] = {}  # each distinct stage's FLOPs and how many stages have them
-    for fig in known_all:
+    # each distinct FLOPs object and how many stages have it, in the order first met: the stages of each distinct
+    # figures object counted in C, then added up by their FLOPs objects (figures met first, FLOPs met first)
+    stages_of = Counter(ids)
+    counts: dict[int, list[Any]] = {}
+    for i, fig in distinct.items():
         f = fig[0]
         entry = counts.get(id(f))
         if entry is None:
-            counts[id(f)] = [f, 1]
+            counts[id(f)] = [f, stages_of[i]]
         else:
-            entry[1] += 1
+            entry[1] += stages_of[i]
     model_flops = sum(f.model * n for f, n in counts.values()) * m * facts.ranks_per_stage
     per_sample = _seq(costs) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
@@ -535,6 +537,15 @@ def brief_figures(
 _TAILS: Memo[tuple[tuple[Any, ...], Any, tuple[list[float], list[tuple[str, float]]]]] = Memo(
     "brief: rank tails", maxsize=1 << 16
 )
+
+
+def _own_held(plan: Any) -> tuple[int, ...]:
+    """Per rank of a pipeline of one chunk per rank (rank ``r`` runs virtual stage ``r``), the most micro-batches of
+    it the rank holds at once (``plan.in_flight``), kept per plan."""
+    return _OWN_HELD.get(plan, lambda: tuple(plan.in_flight[r].get(r, 0) for r in range(plan.pp)))
+
+
+_OWN_HELD: Memo[tuple[int, ...]] = Memo("brief: micro-batches held per rank", maxsize=1 << 12)
 
 
 def _whole_bytes(figures: StageFigures) -> bool:
