@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from echosim.errors import EchosimError
 from echosim.layout import ModelShape
@@ -421,7 +421,10 @@ def enumerate_layouts(
     removed: Counter[str] = Counter()
     duplicates = 0
     bounds: dict[tuple[Any, ...], int] = {}  # memory lower bounds by what they read (_rule)
-    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # replace() per layout costs twice as much
+    # _rule's outcome by the layout less its TP overlap, which no rule reads (tests/test_search.py): a layout and
+    # its TP-overlap twin are checked once (GPT-3 175B's full space: 63,488 checks -> 34,304)
+    rules: dict[tuple[Any, ...], tuple[str, str]] = {}
+    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # every field, as _new_plan needs
     for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
         dp = devices // (tp * cp * pp)
         if devices % (tp * cp * pp) or dp not in v["dp"]:
@@ -439,10 +442,12 @@ def enumerate_layouts(
                 duplicates += 1
                 continue
             seen.add(key)
-            plan = Plan(**{**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "sp": sp,
-                           "zero": zero, "micro_batch": mb, "recompute": rc, "schedule": sched, "tp_overlap": ovl,
-                           "global_batch": gb})  # fmt: skip
-            reason, constraint = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
+            plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
+                             recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
+            outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
+            if outcome is None:
+                outcome = rules[key[:-1]] = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
+            reason, constraint = outcome
             if reason:
                 removed[constraint] += 1
                 rejected.append(Evaluated(plan, devices, reason=reason, capacity_bytes=capacity_bytes))
@@ -450,6 +455,15 @@ def enumerate_layouts(
                 to_simulate.append(plan)
     listed = len(to_simulate) + len(rejected) + duplicates
     return Enumeration(space, to_simulate, rejected, space.size(), space.size() - listed, duplicates, removed)
+
+
+def _new_plan(fixed: dict[str, Any], **changes: Any) -> Plan:
+    """``Plan(**{**fixed, **changes})`` without the frozen dataclass's ``__init__``, which sets each of its 34 fields
+    through ``object.__setattr__`` (an enumeration builds 10^4-10^5 plans). The same object: ``Plan`` has no
+    ``__post_init__``, ``init=False`` field or slots, and ``fixed`` holds every field (tests/test_search.py)."""
+    plan = object.__new__(Plan)
+    plan.__dict__.update(fixed, **changes)  # fixed's order (the fields'), changed values in place
+    return plan
 
 
 def _rule(
@@ -653,12 +667,13 @@ def _evaluate(
     shared: dict[Any, list[tuple[int, Any, Any]]] = {}
     steps: dict[tuple[Any, ...], Any] = {}  # prepared layouts by all but their schedule
     joints = _joints(model, cluster)  # ... up to the pipeline split (fast path), kept across batches
+    registered = _Registered.now()  # what _prepare reads of the plugin registry, once for the batch
     lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
     alive: list[Any] = []
     for i, plan in enumerate(plans):
         if fast:
             try:
-                joint = _prepare(model, plan, cluster, joints, prepare_joint, checked)
+                joint = _prepare(model, plan, cluster, joints, prepare_joint, checked, registered)
                 costs, figures = fast_eval.stages(joint)
                 alive.append(joint)
                 shared.setdefault(step_plan(joint.options), []).append((i, joint, (costs, figures)))
@@ -669,7 +684,7 @@ def _evaluate(
             except fast_eval.Fallback as exc:
                 fast_eval.FALLBACKS[str(exc)] += 1
         try:
-            step = _prepare(model, plan, cluster, steps, checked=checked)
+            step = _prepare(model, plan, cluster, steps, checked=checked, registered=registered)
             alive.append(step)  # the ids below stay theirs for the batch
             # the stages are shared by _prepare across schedules and TP overlap; lowering reads both
             key = (id(step.stages), step.options.schedule.split_backward, step.options.tp_overlap)
@@ -692,7 +707,8 @@ def _evaluate(
         for (i, step, costs), col in zip(members, column_of, strict=True):
             known = _known(costs)
             if brief and known is not None:
-                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, known)
+                figures = [costs[1][id(c)] for c in costs[0]]  # each virtual stage's (fast_eval.stages)
+                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, figures)
                 out[i] = _brief(plans[i], cluster.devices, f, f.peak_bytes, f.capacity_bytes, f.exposed_comm_s,
                                 fraction)  # fmt: skip
                 continue
@@ -778,6 +794,32 @@ def _costing_key(plan: Plan) -> tuple[Any, ...]:
     return _COSTING_VALUES(plan)  # type: ignore[no-any-return]
 
 
+class _Registered(NamedTuple):
+    """What :func:`_prepare` reads of the plugin registry, read once per batch rather than per layout (the registry
+    does not change within a batch)."""
+
+    registry: Any
+    schedules: dict[str, Any]  # by name
+    interleaved: list[str]  # the schedules that take vpp > 1
+    foreign: tuple[tuple[str, bool], ...]  # the passes plugins registered (not echosim's own): (name, optional)
+
+    @classmethod
+    def now(cls) -> _Registered:
+        from echosim import plugins
+
+        registry = plugins.get_registry()
+        schedules = {name: entry.value for name, entry in registry.schedules.items()}
+        interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+        foreign = tuple(
+            (name, bool(e.value.optional)) for name, e in registry.passes.items() if not e.owner.startswith("echosim.")
+        )
+        return cls(registry, schedules, interleaved, foreign)
+
+    def runs_foreign_pass(self, plan: Plan) -> bool:
+        """Whether a plugin's pass runs on ``plan``: a mandatory one, or an optional one the plan names."""
+        return any(not optional or name in plan.passes for name, optional in self.foreign)
+
+
 def _prepare(
     model: Any,
     plan: Plan,
@@ -785,6 +827,7 @@ def _prepare(
     kept: dict[tuple[Any, ...], Any],
     how: Callable[..., Any] | None = None,
     checked: bool = False,
+    registered: _Registered | None = None,
 ) -> Any:
     """:func:`echosim.compiler.prepare` of ``plan``; a layout that differs from one prepared before in its
     schedule or TP overlap alone takes that one's stage graphs, placements and facts with its own schedule
@@ -794,29 +837,28 @@ def _prepare(
     alone); the schedule's own rules (:func:`echosim.layout.check_plan`) are checked for each layout, unless
     ``checked`` says the search's enumeration checked it already (the same function on the same cluster and
     schedules). ``how``: :func:`~echosim.compiler.prepare` (default) or :func:`~echosim.compiler.prepare_joint`.
+    ``registered``: the registry as :meth:`_Registered.now` reads it (a batch reads it once for all its layouts).
     """
-    from echosim import plugins
-    from echosim.compiler import Joint, prepare
-    from echosim.layout import check_plan
+    from echosim.compiler import Joint
 
-    prepare = how or prepare
-
+    reg = registered or _Registered.now()
     key = _costing_key(plan)
     first = kept.get(key)
-    registry = plugins.get_registry()
-    if first is None or any(
-        not e.owner.startswith("echosim.") and (not e.value.optional or name in plan.passes)
-        for name, e in registry.passes.items()
-    ):
-        step = prepare(model, plan, cluster, registry)
+    if first is None or reg.runs_foreign_pass(plan):
+        if how is None:
+            from echosim.compiler import prepare
+
+            how = prepare
+        step = how(model, plan, cluster, reg.registry)
         kept[key] = step
         return step
     if first.facts.plan["schedule"] == plan.schedule and first.options.tp_overlap == plan.tp_overlap:
         return first
-    schedules = {name: entry.value for name, entry in registry.schedules.items()}
+    schedules = reg.schedules
     if not checked:
-        interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
-        check_plan(plan, first.cluster, schedules, interleaved)
+        from echosim.layout import check_plan
+
+        check_plan(plan, first.cluster, schedules, reg.interleaved)
     extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
     return _replaced(
         first,

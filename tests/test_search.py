@@ -323,10 +323,40 @@ def test_a_search_checks_the_rules_of_each_layout_once(monkeypatch: pytest.Monke
     space = {"tp": (2,), "pp": (2,), "cp": (1,), "vpp": (1,), "sp": (False,), "zero": (1,), "mb": (1,),
              "recompute": ("full",), "schedule": ("1f1b", "gpipe", "zb-h1"), "tp_overlap": (False, True)}  # fmt: skip
     result = search("gpt3-125m", base, cluster, space=space)
-    assert result.simulated == 6 and callers.count("_rule") == 6 and "_prepare" not in callers
+    # one check per layout less its TP overlap (_rule reads none: the test below)
+    assert result.simulated == 6 and callers.count("_rule") == 3 and "_prepare" not in callers
     callers.clear()
     _evaluate_batch("gpt3-125m", [e.plan for e in result.ranked], cluster, 1.0, fast=True)
     assert callers.count("_prepare") == 5  # one layout prepared, five copied and checked
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [Plan(tp=2, pp=2, dp=2, global_batch=8), Plan(tp=2, pp=2, dp=2, vpp=2, schedule="interleaved", global_batch=8),
+     Plan(tp=8, global_batch=3), Plan(tp=3, dp=3, global_batch=9), Plan(tp=2, dp=4, zero=3, global_batch=8)],
+)  # fmt: skip
+def test_no_rule_of_the_enumeration_reads_the_tp_overlap(plan: Plan) -> None:
+    """The enumeration checks a layout and its TP-overlap twin once (:func:`enumerate_layouts` keeps :func:`_rule`'s
+    outcome by the layout less ``tp_overlap``): no rule, passed or broken, may read that field."""
+    from echosim.layout_search import _rule
+    from echosim.plugins import get_registry
+
+    read: list[str] = []
+
+    class Watched(Plan):
+        def __getattribute__(self, name: str) -> object:
+            read.append(name)
+            return super().__getattribute__(name)
+
+    schedules = {name: e.value for name, e in get_registry().schedules.items()}
+    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+    facts = ModelFacts.of("gpt3-125m", plan)
+    cluster = Cluster("h100-sxm", plan.world)
+    for overlap in (False, True):
+        watched = Watched(**{**plan.__dict__, "tp_overlap": overlap})
+        outcome = _rule(watched, cluster, schedules, interleaved, facts, 80 * 2**30)
+        assert outcome == _rule(replace(plan, tp_overlap=overlap), cluster, schedules, interleaved, facts, 80 * 2**30)
+    assert "tp" in read and "tp_overlap" not in read
 
 
 def test_the_memory_lower_bound_is_priced_once_per_what_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -359,3 +389,60 @@ def test_a_layouts_costing_key_is_every_field_but_its_schedule_and_tp_overlap() 
     want = tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in ("schedule", "tp_overlap"))
     assert type(_costing_key(plan)) is tuple and _costing_key(plan) == want
     assert _costing_key(replace(plan, schedule="1f1b", tp_overlap=False)) == want
+
+
+def test_a_batch_reads_the_plugin_registry_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`_prepare` takes what it reads of the registry (schedules, the plugins' passes) from its batch, read
+    once, not per layout; a plugin's pass makes a layout prepared alone as before: a mandatory one always, an
+    optional one where the plan names it."""
+    from types import SimpleNamespace
+
+    import echosim.plugins as plugins
+    from echosim.layout_search import _evaluate_batch, _Registered
+
+    real, reads = plugins.get_registry, []
+
+    def counted() -> object:
+        reads.append(1)
+        return real()
+
+    monkeypatch.setattr(plugins, "get_registry", counted)
+    cluster = Cluster("h100-sxm", 8)
+    plans = [
+        Plan(tp=2, pp=2, dp=2, global_batch=16, schedule=s, tp_overlap=o) for s in ("1f1b", "gpipe") for o in (0, 1)
+    ]
+    out = _evaluate_batch("gpt3-125m", plans, cluster, 1.0, fast=True)
+    assert len(out) == 4 and all(e.simulated for e in out)
+    assert len(reads) <= 2  # the batch's _Registered and its prepared joints' key, not one per layout
+
+    def entry(owner: str, optional: bool) -> SimpleNamespace:
+        return SimpleNamespace(owner=owner, value=SimpleNamespace(optional=optional))
+
+    own = {"tensor-parallel": entry("echosim.passes.tensor_parallel", False)}
+    for passes, named, alone in (
+        (own, ("no-dropout",), False),
+        ({**own, "no-dropout": entry("pipeline-demo", True)}, (), False),
+        ({**own, "no-dropout": entry("pipeline-demo", True)}, ("no-dropout",), True),
+        ({**own, "always": entry("pipeline-demo", False)}, (), True),
+    ):
+        fake = SimpleNamespace(passes=passes, schedules={})
+        monkeypatch.setattr(plugins, "get_registry", lambda fake=fake: fake)
+        assert _Registered.now().runs_foreign_pass(Plan(passes=named)) is alone
+
+
+def test_an_enumerated_plan_equals_the_one_plans_init_builds() -> None:
+    """The enumeration builds its plans without ``Plan.__init__`` (:func:`_new_plan`): the same fields in the same
+    order, equal and hashing alike, for a ``Plan`` with no ``__post_init__``, ``init=False`` field or slots."""
+    from dataclasses import fields
+
+    from echosim.layout_search import _new_plan
+
+    assert not hasattr(Plan, "__post_init__") and not hasattr(Plan, "__slots__")
+    assert all(f.init for f in fields(Plan))
+    base = Plan(global_batch=64, framework="megatron", recompute="full", splash_blocks=(1, 2, 3, 4, 5, 6))
+    fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}
+    changes = {"tp": 4, "pp": 2, "dp": 8, "vpp": 2, "schedule": "interleaved", "tp_overlap": True, "global_batch": 32}
+    plan, want = _new_plan(fixed, **changes), Plan(**{**fixed, **changes})
+    assert type(plan) is Plan and plan == want and hash(plan) == hash(want)
+    assert list(vars(plan).items()) == list(vars(want).items())
+    assert plan.microbatches == want.microbatches == 4 and fixed == vars(base)

@@ -138,3 +138,110 @@ def test_one_chunk_per_rank_prices_the_peak_of_the_rank_holding_most_of_each_chu
     full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
     for b, f in zip(brief, full, strict=True):
         assert b.as_dict() == f.as_dict()
+
+
+@pytest.mark.parametrize(("pp", "m", "vpp"), [(4, 8, 2), (4, 12, 3), (8, 16, 2)])
+def test_interleaved_peaks_are_the_largest_dot_product_over_the_held_counts(pp: int, m: int, vpp: int) -> None:
+    """An interleaved pipeline's peak per group of ranks holding the same chunks (_grouped_peak) is the highest
+    rank's :func:`~echosim.timeline.costed.peak_held` plus its fixed bytes, to the byte, for random integer sizes."""
+    import random
+
+    from echosim.passes.memory import MemoryBreakdown
+    from echosim.timeline import report
+    from echosim.timeline.composer import schedule_plan
+    from echosim.timeline.costed import peak_held
+    from echosim.timeline.schedule import interleaved
+
+    memo.clear_all()
+    plan = schedule_plan(interleaved, pp, m, vpp, False)
+    rng = random.Random(pp * 100 + m + vpp)
+    groups = [(0,), tuple(range(1, pp - 1)), (pp - 1,)]  # first, middle and last ranks
+    for trial in range(20):
+        caching = bool(trial % 2)
+        kinds = []
+        for _ in range(3 * vpp):  # act, blocks and the state of each chunk of first, middle and last ranks
+            state = (rng.randrange(10**9) for _ in range(3))
+            part = MemoryBreakdown(*state, 0, rng.randrange(10**8), rng.randrange(10**6), 0, 0)
+            kinds.append((rng.randrange(10**9), rng.randrange(10**9) if caching else None, part))
+        chunks = [(None, part, act, blocks) for act, blocks, part in kinds]
+        figures: list[tuple[object, MemoryBreakdown, int, int | None]] = [
+            (None, MemoryBreakdown(0, 0, 0, 0, 0, 0, 0, 0), 0, None)
+        ] * (pp * vpp)
+        for g, ranks in enumerate(groups):
+            for r in ranks:
+                for j in range(vpp):  # one figures object per distinct chunk, as fast_eval gives
+                    figures[r + j * pp] = chunks[g * vpp + j]
+        idents = [tuple(id(figures[r + j * pp]) for j in range(vpp)) for r in range(pp)]
+        assert len(set(idents)) == 3
+        want = 0
+        for r in range(pp):
+            mine = figures[r::pp]
+            parts = [f[1] for f in mine]
+            fixed = (sum(p.params for p in parts) + sum(p.grads for p in parts) + sum(p.optimizer for p in parts)
+                     + max(p.transient for p in parts) + sum(p.comm_buffers for p in parts))  # fmt: skip
+            sizes = {r + j * pp: (f[3] or 0) if caching else f[2] for j, f in enumerate(mine)}
+            want = max(want, fixed + peak_held(plan, r, sizes))
+        assert report._grouped_peak(plan, idents, figures, caching) == want  # type: ignore[arg-type]
+    assert len(report._held_points(plan, list(range(pp)))) < m * vpp  # a few vectors, not every block's
+
+
+def test_a_float_byte_count_takes_each_rank_on_its_own() -> None:
+    """_grouped_peak leaves to the per-rank loop what a float's rounding could tell apart (None)."""
+    from echosim.passes.memory import MemoryBreakdown
+    from echosim.timeline import report
+    from echosim.timeline.composer import schedule_plan
+    from echosim.timeline.schedule import interleaved
+
+    plan = schedule_plan(interleaved, 2, 4, 2, False)
+    part = MemoryBreakdown(1, 2, 3, 0, 4.5, 6, 0, 0)  # type: ignore[arg-type]
+    figures = [(None, part, 10, None)] * 4
+    idents = [(id(figures[0]), id(figures[0]))] * 2
+    assert report._grouped_peak(plan, idents, figures, False) is None  # type: ignore[arg-type]
+    whole = [(None, MemoryBreakdown(1, 2, 3, 0, 4, 6, 0, 0), 10.0, None)] * 4
+    assert report._grouped_peak(plan, idents, whole, False) is None  # type: ignore[arg-type]
+
+
+def test_exposed_comm_terms_are_kept_by_the_units_of_a_stage() -> None:
+    """A chunk's exposed-communication terms are computed once per unit lists and micro-batches: a copy of the stage
+    cost (another layout's) reads them back; a different micro-batch count computes its own."""
+    import copy
+
+    from echosim.timeline import report
+
+    cluster = Cluster("h100-sxm", 8)
+    memo.clear_all()
+    plan = Plan(tp=2, pp=2, dp=2, global_batch=16, tp_overlap=False)
+    from echosim.compiler import lower
+
+    costed = lower("gpt3-125m", plan, cluster).costed  # type: ignore[attr-defined]
+    stage = costed.stages[0]
+    first = report._exposed_terms(stage, 4)
+    assert first and report._exposed_terms(copy.copy(stage), 4) is first
+    assert report._exposed_terms(stage, 8) is not first
+    assert report.exposed_comm([stage], 4, []) == dict(report.exposed_comm([copy.copy(stage)], 4, []))
+
+
+def test_layouts_that_share_their_stages_build_each_rank_tail_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's step tail is kept by its stages' figures objects (one per stage cost): the same layout under
+    another schedule of the same backward split (GPipe after 1F1B) builds none again, with the same figures."""
+    from echosim.timeline import report
+
+    built: list[int] = []
+    real = report.rank_tail
+
+    def counted(mine: list[object], last: object) -> object:
+        built.append(len(mine))
+        return real(mine, last)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(report, "rank_tail", counted)
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, dp=2, global_batch=32, schedule=s) for s in ("1f1b", "gpipe")]
+    memo.clear_all()
+    first = _evaluate_batch("gpt3-350m", plans[:1], cluster, 0.03, fast=True, brief=True)
+    assert 0 < len(built) <= 4  # first, middle and last ranks' tails
+    built.clear()
+    second = _evaluate_batch("gpt3-350m", plans[1:], cluster, 0.03, fast=True, brief=True)
+    assert built == []
+    memo.clear_all()
+    full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
+    assert [e.as_dict() for e in first + second] == [e.as_dict() for e in full]

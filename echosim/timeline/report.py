@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import operator
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from echosim.memo import Memo
 from echosim.passes.flops import graph_flops
 from echosim.passes.memory import (
     NCCL_BUFFERS_PER_GROUP,
@@ -426,13 +429,14 @@ def brief_figures(
     plan: Any,
     microbatches: int,
     facts: StepFacts,
-    known: Callable[[StageCost], StageFigures],
+    figures: list[StageFigures],
 ) -> BriefFigures:
     """:func:`build_report`'s ranking figures of one layout, read from its stage costs and timed schedule alone.
 
     ``costs[i]`` is virtual stage ``i``, ``block_ends[r]`` when rank ``r``'s last block ends (a column of
     :class:`~echosim.timeline.composer.BatchTiming`), ``plan`` its :class:`~echosim.timeline.composer.SchedulePlan`
-    and ``known`` each stage's graph figures (a search's fast evaluator). Every figure is computed with the
+    and ``figures[i]`` virtual stage ``i``'s graph figures (a search's fast evaluator: one object per distinct
+    stage, first, last and depth, shared by the layouts that share that stage). Every figure is computed with the
     same operations in the same order as :func:`~echosim.timeline.lower.assemble` (the step tail),
     :func:`build_report`, :func:`_memory` and :func:`breakdown`, so it equals theirs to the last bit
     (tests/test_search_brief.py), without the costed graph, its tail tasks and the per-rank memory rows: what
@@ -445,8 +449,7 @@ def brief_figures(
     rank_ends: list[float] = []
     held_peak = 0
     comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
-    # each virtual stage's figures, read once (one figures object per distinct stage: first, last, depth)
-    known_all = [known(c) for c in costs]
+    known_all = figures
     ids = [id(f) for f in known_all]
     last_of = plan.rank_vstage
     # per rank the identities of its chunks and its tail's key (a few distinct ones: first, middle, last stages);
@@ -459,8 +462,13 @@ def brief_figures(
         keys = [(*ident, ids[v]) for ident, v in zip(idents, last_of, strict=True)]
     for r, key in enumerate(keys):
         if key not in tails:
-            steps = rank_tail(costs[r::pp], costs[last_of[r]])
-            tails[key] = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
+            hit = _TAILS.lookup(key)
+            if hit is None:
+                steps = rank_tail(costs[r::pp], costs[last_of[r]])
+                terms = ([x[4] for x in steps], [(x[3], x[4]) for x in steps if x[2] == "comm"])
+                hit = (tuple(known_all[r::pp]), known_all[last_of[r]], terms)
+                _TAILS.put(key, hit)
+            tails[key] = hit[2]
     for b, key in zip(block_ends, keys, strict=True):
         end = t = b
         for sec in tails[key][0]:
@@ -471,34 +479,40 @@ def brief_figures(
     # one chunk per rank, every chunk's bytes integers: ranks of one chunk differ in the micro-batches they hold
     # alone, and their peak (the chunk's fixed bytes plus its activation or block bytes times that count) grows
     # with it, so the rank holding the most of each chunk has that chunk's largest peak (the same maximum)
-    if len(costs) == pp and all(_whole_bytes(f) for f in known_all):
-        deepest: dict[tuple[int, ...], tuple[int, int]] = {}
-        for r, ident in enumerate(idents):
-            held = plan.in_flight[r].get(costs[r].index, 0)
-            best = deepest.get(ident)
-            if best is None or held > best[1]:
-                deepest[ident] = (r, held)
+    distinct = {i: f for i, f in zip(ids, known_all, strict=True)}  # a few: first, middle, last stages
+    if len(costs) == pp and all(_whole_bytes(f) for f in distinct.values()):
+        most: dict[int, int] = {}  # per distinct chunk, the most micro-batches a rank of it holds (first seen first)
+        for i, held in zip(ids, _own_held(plan), strict=True):
+            if held > most.get(i, -1):
+                most[i] = held
         caching = facts.caching_allocator
-        for r, held in deepest.values():
-            peak = _chunk_peak(known_all[r], held, caching)
+        for i, held in most.items():
+            peak = _chunk_peak(distinct[i], held, caching)
             if peak > held_peak:
                 held_peak = peak
     else:
-        for r in range(pp):
-            peak = _rank_peak(r, costs[r::pp], known_all[r::pp], idents[r], plan, statics, facts)
-            if peak > held_peak:
-                held_peak = peak
+        grouped = _grouped_peak(plan, idents, known_all, facts.caching_allocator) if len(costs) > pp else None
+        if grouped is not None:
+            held_peak = grouped
+        else:
+            for r in range(pp):
+                peak = _rank_peak(r, costs[r::pp], known_all[r::pp], idents[r], plan, statics, facts)
+                if peak > held_peak:
+                    held_peak = peak
     step = max(rank_ends)
     crit = rank_ends.index(step)
     chunks = costs[crit::pp]
-    counts: dict[int, list[Any]] = {}  # each distinct stage's FLOPs and how many stages have them
-    for fig in known_all:
+    # each distinct FLOPs object and how many stages have it, in the order first met: the stages of each distinct
+    # figures object counted in C, then added up by their FLOPs objects (figures met first, FLOPs met first)
+    stages_of = Counter(ids)
+    counts: dict[int, list[Any]] = {}
+    for i, fig in distinct.items():
         f = fig[0]
         entry = counts.get(id(f))
         if entry is None:
-            counts[id(f)] = [f, 1]
+            counts[id(f)] = [f, stages_of[i]]
         else:
-            entry[1] += 1
+            entry[1] += stages_of[i]
     model_flops = sum(f.model * n for f, n in counts.values()) * m * facts.ranks_per_stage
     per_sample = _seq(costs) * facts.cp if facts.tokens_per_sample < 0 else facts.tokens_per_sample
     busy = m * sum(t.fwd + t.bwd + t.wgrad for t in chunks)
@@ -513,6 +527,25 @@ def brief_figures(
         bubble_fraction=max(0.0, block_ends[crit] - busy) / step,
         exposed_comm_s=sum(v for _, v in sorted(exposed_comm(chunks, m, crit_tail).items())),
     )
+
+
+#: A rank's step tail as :func:`brief_figures` reads it (durations in order, and its communication terms), by the
+#: ids of the figures objects of the rank's chunks and of the chunk it reduces last. ``figures`` holds one
+#: object per stage cost, shared by the layouts that share that stage (fast_eval: each derived stage's own tuple,
+#: beside its cost), so equal ids mean equal costs; the entry holds those objects, so no other object takes their
+#: ids while it is kept. Layouts of one backward split share stages across schedules.
+_TAILS: Memo[tuple[tuple[Any, ...], Any, tuple[list[float], list[tuple[str, float]]]]] = Memo(
+    "brief: rank tails", maxsize=1 << 16
+)
+
+
+def _own_held(plan: Any) -> tuple[int, ...]:
+    """Per rank of a pipeline of one chunk per rank (rank ``r`` runs virtual stage ``r``), the most micro-batches of
+    it the rank holds at once (``plan.in_flight``), kept per plan."""
+    return _OWN_HELD.get(plan, lambda: tuple(plan.in_flight[r].get(r, 0) for r in range(plan.pp)))
+
+
+_OWN_HELD: Memo[tuple[int, ...]] = Memo("brief: micro-batches held per rank", maxsize=1 << 12)
 
 
 def _whole_bytes(figures: StageFigures) -> bool:
@@ -531,6 +564,67 @@ def _chunk_peak(figures: StageFigures, held: int, caching_allocator: bool) -> in
     act_held = act * held
     blocks_held = (blocks or 0) * held if caching_allocator else act_held
     return fixed + act_held + (blocks_held - act_held)  # type: ignore[no-any-return]
+
+
+def _grouped_peak(plan: Any, idents: list[tuple[int, ...]], figures: list[StageFigures], caching: bool) -> int | None:
+    """The highest of :func:`_rank_peak` over the ranks of an interleaved pipeline (several chunks a rank), computed
+    once per group of ranks holding the same chunks; None where its conditions fail (the caller takes each rank).
+
+    For integer bytes every rank's peak is ``fixed + held``: ``fixed + act + (blocks - act)`` is
+    ``fixed + blocks`` exactly (``blocks`` the allocator's bytes, or the tensors' without a caching allocator).
+    ``held`` is the largest prefix sum of the rank's orders (:func:`~echosim.timeline.costed.peak_held`), each
+    prefix the dot product of its held counts with the chunks' bytes per micro-batch; with non-negative bytes the
+    largest is reached at a count vector no other of the group exceeds in every chunk (:func:`_held_points`), so
+    the group's highest peak is ``fixed`` plus the largest dot product over those few vectors: the same integer.
+    """
+    pp = plan.pp
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r, ident in enumerate(idents):
+        groups.setdefault(ident, []).append(r)
+    best = 0
+    for ranks in groups.values():
+        mine = figures[ranks[0] :: pp]
+        if not all(_whole_bytes(f) for f in mine):
+            return None
+        parts = [f[1] for f in mine]
+        state = sum(p.params for p in parts) + sum(p.grads for p in parts) + sum(p.optimizer for p in parts)
+        fixed = state + max(p.transient for p in parts) + sum(p.comm_buffers for p in parts)  # as _rank_peak
+        if type(fixed) is not int:  # a float would round fixed + act + (blocks - act) its own way
+            return None
+        sizes = [f[3] or 0 for f in mine] if caching else [f[2] for f in mine]
+        key = (plan, tuple(ranks))
+        points = _HELD_POINTS.get(key, lambda ranks=ranks: _held_points(plan, ranks))
+        held = max((sum(map(operator.mul, c, sizes)) for c in points), default=0)
+        if fixed + held > best:
+            best = fixed + held
+    return best
+
+
+#: Per schedule plan and group of ranks, the count vectors of :func:`_held_points` (a few hundred plans a search).
+_HELD_POINTS: Memo[tuple[tuple[int, ...], ...]] = Memo("brief: held micro-batch counts", maxsize=1 << 14)
+
+
+def _held_points(plan: Any, ranks: list[int]) -> tuple[tuple[int, ...], ...]:
+    """Micro-batches held of each chunk (the ``j``-th entry: virtual stage ``r + j * pp``) where one of ``ranks``
+    may peak: after each run of forwards along its orders (a forward only adds, so the end of a run bounds the
+    rest of it), without the vectors another one is at least as large as in every chunk."""
+    pp = plan.pp
+    found: set[tuple[int, ...]] = set()
+    for r in ranks:
+        orders = plan.orders[r]
+        held = [0] * (plan.vstages // pp)
+        for i, (kind, v, _) in enumerate(orders):
+            if kind == "F":
+                held[v // pp] += 1
+                if i + 1 == len(orders) or orders[i + 1][0] != "F":
+                    found.add(tuple(held))
+            elif kind == "B":
+                held[v // pp] -= 1
+    kept: list[tuple[int, ...]] = []
+    for c in sorted(found, key=sum, reverse=True):  # a vector bounding c has a sum at least c's: kept before it
+        if not any(all(x >= y for x, y in zip(k, c, strict=True)) for k in kept):
+            kept.append(c)
+    return tuple(kept)
 
 
 def _rank_peak(
@@ -566,20 +660,42 @@ def _rank_peak(
 
 def exposed_comm(chunks: list[StageCost], microbatches: int, tail: list[tuple[str, float]]) -> dict[str, float]:
     """:func:`breakdown`'s ``comm.*`` entries of a rank (its chunks and its tail's communication), summed alike."""
-    from echosim.timeline.lower import repeated
-
-    m = microbatches
     out: dict[str, float] = {}
     for t in chunks:
-        for unit, k in t.fwd_units + t.bwd_units:
-            if k <= 0:
-                continue
-            comm, total, compute = unit.comm_split  # as breakdown() sums them, kept on the unit
-            if not comm:
-                continue
-            exposed = max(0.0, repeated(unit, k) - compute * k) * m
-            for cat, sec in comm:
-                out[cat] = out.get(cat, 0.0) + exposed * sec / total
+        for cat, sec in _exposed_terms(t, microbatches):
+            out[cat] = out.get(cat, 0.0) + sec
     for cat, sec in tail:
         out[cat] = out.get(cat, 0.0) + sec
+    return out
+
+
+#: :func:`_exposed_terms` by a chunk's unit lists and micro-batches. A search's copies of one stage's cost share its
+#: unit lists (fast_eval), and so do the layouts that share that stage (other schedules of one backward split).
+_EXPOSED: Memo[tuple[Any, Any, tuple[tuple[str, float], ...]]] = Memo("brief: exposed comm terms", maxsize=1 << 16)
+
+
+def _exposed_terms(chunk: StageCost, microbatches: int) -> tuple[tuple[str, float], ...]:
+    """The (category, seconds) terms :func:`exposed_comm` adds for one chunk's units, in order: each depends on the
+    units and the micro-batches alone. Kept by the unit lists' identities; the entry holds the lists, so no other
+    list takes their ids while it is kept."""
+    from echosim.timeline.lower import repeated
+
+    fwd, bwd = chunk.fwd_units, chunk.bwd_units
+    key = (id(fwd), id(bwd), microbatches)
+    hit = _EXPOSED.lookup(key)
+    if hit is not None:
+        return hit[2]
+    m = microbatches
+    terms = []
+    for unit, k in fwd + bwd:
+        if k <= 0:
+            continue
+        comm, total, compute = unit.comm_split  # as breakdown() sums them, kept on the unit
+        if not comm:
+            continue
+        exposed = max(0.0, repeated(unit, k) - compute * k) * m
+        for cat, sec in comm:
+            terms.append((cat, exposed * sec / total))
+    out = tuple(terms)
+    _EXPOSED.put(key, (fwd, bwd, out))
     return out
