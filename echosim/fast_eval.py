@@ -113,6 +113,12 @@ _DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
 _UNIT_REFS: Memo[Stage] = Memo("fast stage unit references", maxsize=1 << 16)
 # Depth 2 and 3 of a stage checked once (by the ids of their cached _Direct, verified on a hit).
 _PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
+# A layout's stage costs and figures (:func:`stages`) by what they are a function of: the model graph, the layers of
+# each virtual stage and the lowering key. Layouts that differ elsewhere (the micro-batch count of another
+# recompute policy or schedule that splits the backward alike, 1F1B and GPipe) get the same list: GPT-3's
+# full space asks for 24,280 distinct ones in 39,972 layouts. Read, never changed, as a batch's full-path
+# layouts share their lowered stages (layout_search._evaluate).
+_LAYOUTS: Memo[tuple[list[StageCost], dict[int, StageFigures]]] = Memo("fast layout stages", maxsize=1 << 16)
 
 
 def stage_counts(joint: Joint) -> list[int]:
@@ -141,11 +147,6 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     if joint.facts.saved.offload_layers:
         raise Fallback("CPU-offloaded layers")
     counts = stage_counts(joint)
-    last = len(counts) - 1
-    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
-    for i, c in enumerate(counts):
-        key = (i == 0, i == last, c)
-        shared[key] = (*shared.get(key, ()), i)
     # the stage-level passes and what lowering reads, hashed once for the layout's cache lookups (a pass hashes
     # field by field: hashing them on every lookup cost more than the lookups). The passes by what their graph
     # reads (``output_key``: ZeRO 1 and 2 build one stage graph); the stage's timing without the state policies,
@@ -153,6 +154,15 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     passes = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
     timing = HashedKey((passes, *_timing_key(joint)))
     lowering = HashedKey((timing, joint.facts.state, joint.facts.expert_state))
+    layout = (joint.graph, tuple(counts), lowering)  # every input of what follows (:data:`_LAYOUTS`)
+    hit = _LAYOUTS.lookup(layout)
+    if hit is not None:
+        return hit
+    last = len(counts) - 1
+    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
+    for i, c in enumerate(counts):
+        key = (i == 0, i == last, c)
+        shared[key] = (*shared.get(key, ()), i)
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -165,6 +175,7 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
         cost.index, cost.vstages = i, shared[key]
         costs.append(cost)
         figures[id(cost)] = d.figures
+    _LAYOUTS.put(layout, (costs, figures))
     return costs, figures
 
 

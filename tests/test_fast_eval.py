@@ -588,3 +588,14 @@ def test_units_timed_again_with_tp_overlap_reuse_their_op_costs(monkeypatch: pyt
     assert lower._UNITS.misses > misses and priced == []  # units timed again, no op priced again
     monkeypatch.undo()
     _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_layouts_with_the_same_stage_inputs_share_one_stage_list() -> None:
+    """1F1B and GPipe of one split lower every stage alike (neither splits the backward): the second layout's
+    stage costs and figures are the first's (``fast_eval._LAYOUTS``), and both still equal a full compile."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, dp=2, global_batch=16, schedule=s) for s in ("1f1b", "gpipe")]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert (fast_eval._LAYOUTS.misses, fast_eval._LAYOUTS.hits) == (1, 1)
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
