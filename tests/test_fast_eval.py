@@ -599,3 +599,30 @@ def test_layouts_with_the_same_stage_inputs_share_one_stage_list() -> None:
     _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
     assert (fast_eval._LAYOUTS.misses, fast_eval._LAYOUTS.hits) == (1, 1)
     _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_a_units_categories_are_kept_on_it_and_extend_its_prefixs() -> None:
+    """The op categories a unit simulation reads are found once per unit (``lower._categories``), a ZeRO-3 unit
+    taking its layer's and its gathers' own; the simulation given them is the one that finds them itself."""
+    from echosim.timeline import lower, streams
+
+    cluster = Cluster("h100-sxm", 16)
+    plans = [Plan(tp=2, pp=2, dp=4, zero=3, global_batch=16, tp_overlap=True)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    extended = [p for s in fast_eval._STAGES._data.values() for kind in lower.unit_parts(s.graph, False) for p in kind
+                if p.prefix is not None]  # fmt: skip
+    assert extended
+    for part in extended:
+        cats = lower._categories(part)
+        assert cats == [streams.category(n) for n in part.nodes]
+        assert lower._categories(part) is cats and cats[: len(part.prefix.nodes)] == lower._categories(part.prefix)
+    from echosim.backends.base import OverlapModel
+    from echosim.compiler import prepare
+
+    step = prepare("gpt3-350m", plans[0], cluster)
+    part, graph = extended[0], step.stages[0].graph
+    cost = lower.Coster(graph, step.backend, step.where)
+    slowed = OverlapModel(compute_slowdown=1.2, comm_slowdown=1.1)
+    given = streams.simulate_unit(graph, part.nodes, cost, slowed, None, None, lower._categories(part))
+    assert given == streams.simulate_unit(graph, part.nodes, cost, slowed)

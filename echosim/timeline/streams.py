@@ -183,13 +183,14 @@ def simulate_unit(
     overlap: OverlapModel,
     pipelined: set[tuple[int, int]] | None = None,
     first_pass: FirstPass | None = None,
+    categories: list[str] | None = None,
 ) -> UnitTiming:
     """``first_pass``: the unit's first pass (:class:`FirstPass`, over ``nodes`` with these costs and edges), when
-    the caller has it."""
+    the caller has it; ``categories``: each node's :func:`category`, when the caller keeps them (read only)."""
     pipelined = pipelined or set()
     done = first_pass or FirstPass.of(nodes, cost, pipelined)
     base, first = done.base, done.times
-    cats = [category(n) for n in nodes]
+    cats = categories if categories is not None else [category(n) for n in nodes]
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
         return _timing(nodes, first, base, pipelined, cats)
     colls = [n.op in COLLECTIVES for n in nodes]  # OpKind.is_collective, read once per node
