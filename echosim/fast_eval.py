@@ -113,6 +113,9 @@ _DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
 _UNIT_REFS: Memo[Stage] = Memo("fast stage unit references", maxsize=1 << 16)
 # Depth 2 and 3 of a stage checked once (by the ids of their cached _Direct, verified on a hit).
 _PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
+# A derived stage's cost and the figures its static memory is built from (:func:`_derive`), by what they read: its
+# timing key, not the state policies (ZeRO 1 and 2 of a stage derive one cost; 9,824 of GPT-3's 38,452 derivations).
+_DERIVED_COSTS: Memo[tuple[Any, ...]] = Memo("fast derived stage costs", maxsize=1 << 17)
 # A layout's stage costs and figures (:func:`stages`) by what they are a function of: the model graph, the layers of
 # each virtual stage and the lowering key. Layouts that differ elsewhere (the micro-batch count of another
 # recompute policy or schedule that splits the backward alike, 1F1B and GPipe) get the same list: GPT-3's
@@ -203,7 +206,10 @@ def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lower
         d = _direct(joint, first, last, count, alone, timing)
         out = Derived(d.cost, (d.flops, _static_of(d, joint), d.act, d.blocks))
     else:
-        out = _derive(joint, first, last, count, timing)
+        sc, flops, params, experts, transient, act, blocks = _DERIVED_COSTS.get(
+            (*_family(joint, first, last), count, timing), lambda: _derive(joint, first, last, count, timing)
+        )
+        out = Derived(sc, (flops, static_memory(params, experts, (0, (0, 0)), transient, joint.facts), act, blocks))
     _DERIVED.put(key, out)
     return out
 
@@ -387,8 +393,10 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     return out
 
 
-def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey) -> Derived:
-    """Depth ``count`` from depths 2 and 3 (module docstring)."""
+def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey) -> tuple[Any, ...]:
+    """Depth ``count`` from depths 2 and 3 (module docstring): its cost, FLOPs, parameter elements (all, routed
+    experts'), working set, activation bytes and allocator blocks, what the stage's figures are built from besides
+    the state policies (:func:`_stage` adds its static memory)."""
     a, b = (_direct(joint, first, last, c, False, timing) for c in (2, 3))
     pair = _pair(joint, a, b)
     ca = a.cost
@@ -418,10 +426,9 @@ def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
-    static = static_memory(params, experts, (0, (0, 0)), a.transient, joint.facts)
     act = _affine(a.act, b.act, count)
     blocks = _affine(a.blocks, b.blocks, count) if a.blocks is not None and b.blocks is not None else None
-    return Derived(sc, (flops, static, act, blocks))
+    return sc, flops, params, experts, a.transient, act, blocks
 
 
 def _flop_parts(f: FlopCount) -> tuple[int, int, int, int]:

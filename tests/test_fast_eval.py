@@ -626,3 +626,14 @@ def test_a_units_categories_are_kept_on_it_and_extend_its_prefixs() -> None:
     slowed = OverlapModel(compute_slowdown=1.2, comm_slowdown=1.1)
     given = streams.simulate_unit(graph, part.nodes, cost, slowed, None, None, lower._categories(part))
     assert given == streams.simulate_unit(graph, part.nodes, cost, slowed)
+
+
+def test_zero_1_and_2_derive_a_deep_stage_once() -> None:
+    """ZeRO 1 and 2 differ in the state policies alone: a stage derived from depths 2 and 3 is derived once for
+    both (``fast_eval._DERIVED_COSTS``), each with its own static memory, and both equal a full compile."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, zero=zero, global_batch=16) for zero in (1, 2)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert fast_eval._DERIVED_COSTS.misses == 2 and fast_eval._DERIVED_COSTS.hits == 2  # first and last stage
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
