@@ -117,10 +117,10 @@ _PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
 # timing key, not the state policies (ZeRO 1 and 2 of a stage derive one cost; 9,824 of GPT-3's 38,452 derivations).
 _DERIVED_COSTS: Memo[tuple[Any, ...]] = Memo("fast derived stage costs", maxsize=1 << 17)
 # A layout's stage costs and figures (:func:`stages`) by what they are a function of: the model graph, the layers of
-# each virtual stage and the lowering key. Layouts that differ elsewhere (the micro-batch count of another
-# recompute policy or schedule that splits the backward alike, 1F1B and GPipe) get the same list: GPT-3's
-# full space asks for 24,280 distinct ones in 39,972 layouts. Read, never changed, as a batch's full-path
-# layouts share their lowered stages (layout_search._evaluate).
+# each virtual stage and the lowering key. Layouts that differ only in what no stage lowering reads (schedules
+# that split the backward alike: 1F1B and GPipe) get the same list: GPT-3's full space asks for 24,280 distinct
+# ones in 39,972 layouts. Read, never changed, as a batch's full-path layouts share their lowered stages
+# (layout_search._evaluate).
 _LAYOUTS: Memo[tuple[list[StageCost], dict[int, StageFigures]]] = Memo("fast layout stages", maxsize=1 << 16)
 
 
