@@ -149,6 +149,15 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
         raise Fallback("a plugin's pass")
     if joint.facts.saved.offload_layers:
         raise Fallback("CPU-offloaded layers")
+    # the layout's own refusals, before any cache lookup: the keys below hold what a stage's lowering reads, not the
+    # schedule's pairing or the backend's program dependence, so a layout sharing them with an earlier one would
+    # otherwise take that one's stages (a DualPipe layout after the 1F1B one of the same split)
+    if getattr(joint.options.schedule, "fused_pairs", False):
+        raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
+    if joint.options.ep_overlap:
+        raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
+    if program_dependent(joint.backend):
+        raise Fallback("a backend that prices ops by the whole stage program (a CPU rank's heap) needs each stage")
     counts = stage_counts(joint)
     # the stage-level passes and what lowering reads, hashed once for the layout's cache lookups (a pass hashes
     # field by field: hashing them on every lookup cost more than the lookups). The passes by what their graph
@@ -276,12 +285,6 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, timi
     g = stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
-    if getattr(joint.options.schedule, "fused_pairs", False):
-        raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
-    if joint.options.ep_overlap:
-        raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
-    if program_dependent(joint.backend):
-        raise Fallback("a backend that prices ops by the whole stage program (a CPU rank's heap) needs each stage")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     d = _Direct(stage, cost, *_graph_reads(stage, joint))
     _DIRECT.put(key, d)

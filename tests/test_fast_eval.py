@@ -637,3 +637,18 @@ def test_zero_1_and_2_derive_a_deep_stage_once() -> None:
     _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
     assert fast_eval._DERIVED_COSTS.misses == 2 and fast_eval._DERIVED_COSTS.hits == 2  # first and last stage
     _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_a_dualpipe_layout_falls_back_after_the_1f1b_one_of_its_split() -> None:
+    """DualPipe is timed by the full compile even when a 1F1B layout of the same split (same stage keys) came
+    first and its stages are cached: the fast path refuses the layout before looking them up."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, schedule=s) for s in ("1f1b", "dualpipe")]
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    got = _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert list(fast_eval.FALLBACKS) == ["a schedule with its own placement and pairs (DualPipe) is timed by the full "
+                                         "compile"]  # fmt: skip
+    memo.clear_all()
+    want = evaluate("gpt3-350m", plans[1], cluster)
+    assert got[1].as_dict() == want.as_dict()
