@@ -113,6 +113,15 @@ _DERIVED: Memo[Derived] = Memo("fast derived stages", maxsize=1 << 17)
 _UNIT_REFS: Memo[Stage] = Memo("fast stage unit references", maxsize=1 << 16)
 # Depth 2 and 3 of a stage checked once (by the ids of their cached _Direct, verified on a hit).
 _PAIRS: Memo[Any] = Memo("fast depth pairs", maxsize=1 << 16)
+# A derived stage's cost and the figures its static memory is built from (:func:`_derive`), by what they read: its
+# timing key, not the state policies (ZeRO 1 and 2 of a stage derive one cost; 9,824 of GPT-3's 38,452 derivations).
+_DERIVED_COSTS: Memo[tuple[Any, ...]] = Memo("fast derived stage costs", maxsize=1 << 17)
+# A layout's stage costs and figures (:func:`stages`) by what they are a function of: the model graph, the layers of
+# each virtual stage and the lowering key. Layouts that differ only in what no stage lowering reads (schedules
+# that split the backward alike: 1F1B and GPipe) get the same list: GPT-3's full space asks for 24,280 distinct
+# ones in 39,972 layouts. Read, never changed, as a batch's full-path layouts share their lowered stages
+# (layout_search._evaluate).
+_LAYOUTS: Memo[tuple[list[StageCost], dict[int, StageFigures]]] = Memo("fast layout stages", maxsize=1 << 16)
 
 
 def stage_counts(joint: Joint) -> list[int]:
@@ -140,12 +149,16 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
         raise Fallback("a plugin's pass")
     if joint.facts.saved.offload_layers:
         raise Fallback("CPU-offloaded layers")
+    # the layout's own refusals, before any cache lookup: the keys below hold what a stage's lowering reads, not the
+    # schedule's pairing or the backend's program dependence, so a layout sharing them with an earlier one would
+    # otherwise take that one's stages (a DualPipe layout after the 1F1B one of the same split)
+    if getattr(joint.options.schedule, "fused_pairs", False):
+        raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
+    if joint.options.ep_overlap:
+        raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
+    if program_dependent(joint.backend):
+        raise Fallback("a backend that prices ops by the whole stage program (a CPU rank's heap) needs each stage")
     counts = stage_counts(joint)
-    last = len(counts) - 1
-    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
-    for i, c in enumerate(counts):
-        key = (i == 0, i == last, c)
-        shared[key] = (*shared.get(key, ()), i)
     # the stage-level passes and what lowering reads, hashed once for the layout's cache lookups (a pass hashes
     # field by field: hashing them on every lookup cost more than the lookups). The passes by what their graph
     # reads (``output_key``: ZeRO 1 and 2 build one stage graph); the stage's timing without the state policies,
@@ -153,6 +166,15 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     passes = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
     timing = HashedKey((passes, *_timing_key(joint)))
     lowering = HashedKey((timing, joint.facts.state, joint.facts.expert_state))
+    layout = (joint.graph, tuple(counts), lowering)  # every input of what follows (:data:`_LAYOUTS`)
+    hit = _LAYOUTS.lookup(layout)
+    if hit is not None:
+        return hit
+    last = len(counts) - 1
+    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
+    for i, c in enumerate(counts):
+        key = (i == 0, i == last, c)
+        shared[key] = (*shared.get(key, ()), i)
     derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
     costs, figures = [], {}
     for i, c in enumerate(counts):
@@ -165,6 +187,7 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
         cost.index, cost.vstages = i, shared[key]
         costs.append(cost)
         figures[id(cost)] = d.figures
+    _LAYOUTS.put(layout, (costs, figures))
     return costs, figures
 
 
@@ -192,7 +215,10 @@ def _stage(joint: Joint, first: bool, last: bool, count: int, alone: bool, lower
         d = _direct(joint, first, last, count, alone, timing)
         out = Derived(d.cost, (d.flops, _static_of(d, joint), d.act, d.blocks))
     else:
-        out = _derive(joint, first, last, count, timing)
+        sc, flops, params, experts, transient, act, blocks = _DERIVED_COSTS.get(
+            (*_family(joint, first, last), count, timing), lambda: _derive(joint, first, last, count, timing)
+        )
+        out = Derived(sc, (flops, static_memory(params, experts, (0, (0, 0)), transient, joint.facts), act, blocks))
     _DERIVED.put(key, out)
     return out
 
@@ -259,12 +285,6 @@ def _direct(joint: Joint, first: bool, last: bool, count: int, alone: bool, timi
     g = stage.graph
     if g.derived("sparse-tables", lambda: _sparse_tables(g))[0]:
         raise Fallback("sparse embedding tables")
-    if getattr(joint.options.schedule, "fused_pairs", False):
-        raise Fallback("a schedule with its own placement and pairs (DualPipe) is timed by the full compile")
-    if joint.options.ep_overlap:
-        raise Fallback("EP all-to-all overlap (combined 1F1B) pairs chunks across pipeline ranks")
-    if program_dependent(joint.backend):
-        raise Fallback("a backend that prices ops by the whole stage program (a CPU rank's heap) needs each stage")
     cost = lower_stage(stage, joint.backend, joint.where, joint.options, ())
     d = _Direct(stage, cost, *_graph_reads(stage, joint))
     _DIRECT.put(key, d)
@@ -376,8 +396,10 @@ def _pair(joint: Joint, a: _Direct, b: _Direct) -> _Pair:
     return out
 
 
-def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey) -> Derived:
-    """Depth ``count`` from depths 2 and 3 (module docstring)."""
+def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey) -> tuple[Any, ...]:
+    """Depth ``count`` from depths 2 and 3 (module docstring): its cost, FLOPs, parameter elements (all, routed
+    experts'), working set, activation bytes and allocator blocks, what the stage's figures are built from besides
+    the state policies (:func:`_stage` adds its static memory)."""
     a, b = (_direct(joint, first, last, c, False, timing) for c in (2, 3))
     pair = _pair(joint, a, b)
     ca = a.cost
@@ -407,10 +429,9 @@ def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey
     sc = StageCost(0, count, fwd, bwd, wgrad, fwd_units, bwd_units, ca.p2p_fwd, ca.p2p_bwd, dp[0], dp[1], step_end,
                    opt, ca.graph, (), ca.base, dp[2])  # fmt: skip
     flops = FlopCount(*(_affine(x, y, count) for x, y in zip(_flop_parts(a.flops), _flop_parts(b.flops), strict=True)))
-    static = static_memory(params, experts, (0, (0, 0)), a.transient, joint.facts)
     act = _affine(a.act, b.act, count)
     blocks = _affine(a.blocks, b.blocks, count) if a.blocks is not None and b.blocks is not None else None
-    return Derived(sc, (flops, static, act, blocks))
+    return sc, flops, params, experts, a.transient, act, blocks
 
 
 def _flop_parts(f: FlopCount) -> tuple[int, int, int, int]:

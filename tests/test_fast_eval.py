@@ -588,3 +588,67 @@ def test_units_timed_again_with_tp_overlap_reuse_their_op_costs(monkeypatch: pyt
     assert lower._UNITS.misses > misses and priced == []  # units timed again, no op priced again
     monkeypatch.undo()
     _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_layouts_with_the_same_stage_inputs_share_one_stage_list() -> None:
+    """1F1B and GPipe of one split lower every stage alike (neither splits the backward): the second layout's
+    stage costs and figures are the first's (``fast_eval._LAYOUTS``), and both still equal a full compile."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, dp=2, global_batch=16, schedule=s) for s in ("1f1b", "gpipe")]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert (fast_eval._LAYOUTS.misses, fast_eval._LAYOUTS.hits) == (1, 1)
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_a_units_categories_are_kept_on_it_and_extend_its_prefixs() -> None:
+    """The op categories a unit simulation reads are found once per unit (``lower._categories``), a ZeRO-3 unit
+    taking its layer's and its gathers' own; the simulation given them is the one that finds them itself."""
+    from echosim.timeline import lower, streams
+
+    cluster = Cluster("h100-sxm", 16)
+    plans = [Plan(tp=2, pp=2, dp=4, zero=3, global_batch=16, tp_overlap=True)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    extended = [p for s in fast_eval._STAGES._data.values() for kind in lower.unit_parts(s.graph, False) for p in kind
+                if p.prefix is not None]  # fmt: skip
+    assert extended
+    for part in extended:
+        cats = lower._categories(part)
+        assert cats == [streams.category(n) for n in part.nodes]
+        assert lower._categories(part) is cats and cats[: len(part.prefix.nodes)] == lower._categories(part.prefix)
+    from echosim.backends.base import OverlapModel
+    from echosim.compiler import prepare
+
+    step = prepare("gpt3-350m", plans[0], cluster)
+    part, graph = extended[0], step.stages[0].graph
+    cost = lower.Coster(graph, step.backend, step.where)
+    slowed = OverlapModel(compute_slowdown=1.2, comm_slowdown=1.1)
+    given = streams.simulate_unit(graph, part.nodes, cost, slowed, None, None, lower._categories(part))
+    assert given == streams.simulate_unit(graph, part.nodes, cost, slowed)
+
+
+def test_zero_1_and_2_derive_a_deep_stage_once() -> None:
+    """ZeRO 1 and 2 differ in the state policies alone: a stage derived from depths 2 and 3 is derived once for
+    both (``fast_eval._DERIVED_COSTS``), each with its own static memory, and both equal a full compile."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, zero=zero, global_batch=16) for zero in (1, 2)]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert fast_eval._DERIVED_COSTS.misses == 2 and fast_eval._DERIVED_COSTS.hits == 2  # first and last stage
+    _assert_fast_equals_lower("gpt3-350m", plans, cluster)
+
+
+def test_a_dualpipe_layout_falls_back_after_the_1f1b_one_of_its_split() -> None:
+    """DualPipe is timed by the full compile even when a 1F1B layout of the same split (same stage keys) came
+    first and its stages are cached: the fast path refuses the layout before looking them up."""
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, schedule=s) for s in ("1f1b", "dualpipe")]
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    got = _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True)
+    assert list(fast_eval.FALLBACKS) == ["a schedule with its own placement and pairs (DualPipe) is timed by the full "
+                                         "compile"]  # fmt: skip
+    memo.clear_all()
+    want = evaluate("gpt3-350m", plans[1], cluster)
+    assert got[1].as_dict() == want.as_dict()

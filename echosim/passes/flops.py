@@ -150,7 +150,10 @@ def _tally(graph: Graph, nodes: Iterable[Node]) -> FlopCount:
     totals = {Phase.FORWARD: 0, Phase.BACKWARD: 0, Phase.RECOMPUTE: 0, Phase.OPTIMIZER: 0}
     overhead = 0
     for node in nodes:
-        f = node_flops(node) * graph.multiplicity(node)
+        f = node_flops(node)
+        if not f:  # most nodes (views, collectives, the DP pass's buckets): no repeat count to look up
+            continue
+        f *= graph.multiplicity(node)
         if not f:
             continue
         useful = node.attrs.useful if isinstance(node.attrs, MatmulAttrs) else 1.0

@@ -146,8 +146,12 @@ class MemoryBreakdown:
 
 def _base(graph: Graph, nid: int) -> int:
     """Follow views to the value that owns the storage."""
-    while graph[nid].op is OpKind.VIEW and graph[nid].inputs:
-        nid = graph[nid].inputs[0]
+    # the node table read directly, each node once (a search asks ~2M times, mostly of a node that is no view)
+    nodes = graph.nodes
+    node = nodes[nid]
+    while node.op is OpKind.VIEW and node.inputs:
+        nid = node.inputs[0]
+        node = nodes[nid]
     return nid
 
 
@@ -244,7 +248,7 @@ def activation_bytes(
     """
     saved = saved or SavedPolicy()
     added = added_nodes(graph, base)
-    if base is not None and added is not None and not _reads_forward(graph, added):
+    if base is not None and added is not None and not _added_reads_forward(graph, base, added):
         key = "activation-blocks" if blocks else "activation-bytes"
         return base.derived((key, saved), lambda: activation_bytes(base, saved, blocks=blocks))
     each, mult = graph.derived(("saved-values", saved), lambda: _saved_values(graph, saved))  # read, not changed
@@ -356,16 +360,17 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
     known = ref.derived(("transient-by-added", saved), dict)
     hit = known.get(key)
     if hit is None:
-        hit = known[key] = _extended_transient(graph, added, saved, ref)
+        hit = known[key] = _extended_transient(graph, base, added, saved, ref)
     return hit
 
 
-def _extended_transient(graph: Graph, added: list[Node], saved: SavedPolicy, ref: Graph) -> int:
-    """:func:`transient_bytes` of ``graph``: the nodes of ``ref`` (under its own repeat counts) and ``added``."""
+def _extended_transient(graph: Graph, base: Graph, added: list[Node], saved: SavedPolicy, ref: Graph) -> int:
+    """:func:`transient_bytes` of ``graph``: the nodes of ``ref`` (under its own repeat counts) and ``added``
+    (the nodes ``graph`` appends to ``base``)."""
     # what backward has freed before an appended node: all that the base's last readers free, when the
     # appended nodes read no forward value (then they are no value's last reader, and come after every one)
     freed = None
-    if not _reads_forward(graph, added):
+    if not _added_reads_forward(graph, base, added):
         ends = ref.derived(("freed-schedule", saved), lambda: _freed_schedule(ref, saved))[2]
         freed = ends[-1] if ends else 0
     extra = _working_terms(graph, added, saved, freed)
@@ -509,6 +514,12 @@ def _added(graph: Graph, base: Graph) -> list[Node] | None:
         if i != j or n is not m:
             return None
     return [m for _, m in items]
+
+
+def _added_reads_forward(graph: Graph, base: Graph, added: list[Node]) -> bool:
+    """:func:`_reads_forward` of the nodes ``graph`` appends to ``base`` (``added``), kept on ``graph``: its
+    activation bytes, their allocator blocks and its working set each ask (a search: once per stage graph)."""
+    return graph.derived(("added-reads-forward", base), lambda: _reads_forward(graph, added))
 
 
 def _reads_forward(graph: Graph, nodes: list[Node]) -> bool:

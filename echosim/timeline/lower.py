@@ -33,6 +33,7 @@ from echosim.timeline.costed import CostedGraph, StageCost, TailTask, chunks_by_
 from echosim.timeline.schedule import Schedule
 from echosim.timeline.sequential import SequentialTiming, order_plan, time_orders
 from echosim.timeline.streams import FirstPass, OpEvent, UnitTiming, pipelined_edges, simulate_unit
+from echosim.timeline.streams import category as op_category
 
 if TYPE_CHECKING:
     from echosim.timeline.composer import SchedulePlan, ScheduleTiming
@@ -463,7 +464,7 @@ def time_units(
             )
         else:
             done = FirstPass.of(nodes, cost, chunked, base)
-        return simulate_unit(graph, nodes, cost, overlap, chunked, done)
+        return simulate_unit(graph, nodes, cost, overlap, chunked, done, _categories(part))
 
     def sim(part: _UnitPart) -> UnitTiming:
         # A unit's timing is a function of its ops (kind, attributes, shapes, phase and which of them
@@ -521,6 +522,18 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
         chunked = pipelined_edges(part.nodes) if tp_overlap else set()
         done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked, _part_costs(part, cost, where))
     return done
+
+
+def _categories(part: _UnitPart) -> list[str]:
+    """Each node's :func:`~echosim.timeline.streams.category`, kept on the part: a function of its nodes alone,
+    asked again for each placement of its collectives' axes and TP overlap a search times it on (GPT-3's full
+    space: 13,462 unit simulations of 9,933 parts); a unit that extends another's takes that one's and those of
+    its appended nodes. Read, never changed."""
+    known = part.passes.get("categories")
+    if known is None:
+        head = _categories(part.prefix) if part.prefix is not None else []
+        known = part.passes["categories"] = head + [op_category(n) for n in part.nodes[len(head) :]]
+    return known  # type: ignore[no-any-return]
 
 
 def _part_costs(part: _UnitPart, cost: Coster, where: dict[Axis, Placement]) -> dict[int, float]:

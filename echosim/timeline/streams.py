@@ -88,9 +88,13 @@ class UnitTiming:
         return known  # type: ignore[no-any-return]
 
 
+#: A collective's category by its axis, built once (a search asks for the category of every op of every unit it times).
+_COMM_CATEGORY = {axis: f"comm.{axis.value}" for axis in Axis}
+
+
 def category(node: Node) -> str:
-    if node.op.is_collective and isinstance(node.attrs, CollectiveAttrs):
-        return f"comm.{node.attrs.axis.value}"
+    if isinstance(node.attrs, CollectiveAttrs) and node.op in COLLECTIVES:  # OpKind.is_collective, inlined
+        return _COMM_CATEGORY[node.attrs.axis]
     if isinstance(node.attrs, MatmulAttrs):
         return "compute.matmul"
     if isinstance(node.attrs, AttentionAttrs):
@@ -179,13 +183,14 @@ def simulate_unit(
     overlap: OverlapModel,
     pipelined: set[tuple[int, int]] | None = None,
     first_pass: FirstPass | None = None,
+    categories: list[str] | None = None,
 ) -> UnitTiming:
     """``first_pass``: the unit's first pass (:class:`FirstPass`, over ``nodes`` with these costs and edges), when
-    the caller has it."""
+    the caller has it; ``categories``: each node's :func:`category`, when the caller keeps them (read only)."""
     pipelined = pipelined or set()
     done = first_pass or FirstPass.of(nodes, cost, pipelined)
     base, first = done.base, done.times
-    cats = [category(n) for n in nodes]
+    cats = categories if categories is not None else [category(n) for n in nodes]
     if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
         return _timing(nodes, first, base, pipelined, cats)
     colls = [n.op in COLLECTIVES for n in nodes]  # OpKind.is_collective, read once per node
@@ -277,7 +282,7 @@ class _Spans:
 def _side(nodes: Sequence[Node]) -> set[int]:
     """Collectives with no reader inside the unit (a blocking one is waited on by whatever follows it)."""
     read = {i for n in nodes for i in n.inputs}
-    return {n.id for n in nodes if n.op.is_collective and n.id not in read and not _blocking(n)}
+    return {n.id for n in nodes if n.op in COLLECTIVES and n.id not in read and not _blocking(n)}
 
 
 def _blocking(n: Node) -> bool:
@@ -390,8 +395,11 @@ def _timing(
             critical_end = end
         # OpEvent(...) without the frozen dataclass's __init__ (one object.__setattr__ per field): a search
         # simulates thousands of units of hundreds of ops
+        # _stream(n), inlined: a collective runs on the comm stream unless it blocks the host
+        a = n.attrs
+        stream = COMM if n.op in COLLECTIVES and not (isinstance(a, CollectiveAttrs) and a.blocking) else COMPUTE
         e = new(OpEvent)
-        e.__dict__.update(node=nid, name=n.name or n.op.value, stream=_stream(n), start=s, duration=d, category=cat,
+        e.__dict__.update(node=nid, name=n.name or n.op.value, stream=stream, start=s, duration=d, category=cat,
                           base=base[nid])  # fmt: skip
         append(e)
         busy[cat] = busy.get(cat, 0.0) + d
