@@ -454,7 +454,7 @@ def time_units(
 
     def simulate(part: _UnitPart, chunks: bool) -> UnitTiming:
         nodes = part.nodes
-        chunked = pipelined_edges(nodes) if chunks else set()
+        chunked = _pipelined(part) if chunks else set()
         if chunks and not chunked:  # no matmul next to a TP collective: it times as without TP overlap (and is kept so)
             return _UNITS.get((head(part, False), part.key), lambda: simulate(part, False))
         base = _part_costs(part, cost, where)
@@ -519,9 +519,19 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     key = (cost.backend, used, tp_overlap)
     done = part.passes.get(key)
     if done is None:
-        chunked = pipelined_edges(part.nodes) if tp_overlap else set()
+        chunked = _pipelined(part) if tp_overlap else set()
         done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked, _part_costs(part, cost, where))
     return done
+
+
+def _pipelined(part: _UnitPart) -> set[tuple[int, int]]:
+    """:func:`~echosim.timeline.streams.pipelined_edges` of ``part``'s nodes, kept on it: a function of its nodes
+    alone, asked again for each placement of its collectives' axes a search times it on with TP overlap. Read,
+    never changed (list scheduling and :class:`~echosim.timeline.streams.UnitTiming` only test membership)."""
+    known = part.passes.get("pipelined")
+    if known is None:
+        known = part.passes["pipelined"] = pipelined_edges(part.nodes)
+    return known  # type: ignore[no-any-return]
 
 
 def _categories(part: _UnitPart) -> list[str]:
