@@ -13,6 +13,8 @@ a stage holds the activations of every micro-batch whose backward has not run ye
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -506,14 +508,18 @@ def added_nodes(graph: Graph, base: Graph | None) -> list[Node] | None:
 
 
 def _added(graph: Graph, base: Graph) -> list[Node] | None:
+    # compared as whole lists (ids by value, nodes by identity) in C rather than pair by pair in Python: a search
+    # asks once per new stage graph, of a few thousand nodes
     ours, theirs = graph.nodes, base.nodes
-    if len(ours) < len(theirs):
+    size = len(theirs)
+    if len(ours) < size:
         return None
-    items = iter(ours.items())
-    for (i, n), (j, m) in zip(theirs.items(), items, strict=False):
-        if i != j or n is not m:
-            return None
-    return [m for _, m in items]
+    if list(itertools.islice(ours, size)) != list(theirs):
+        return None
+    nodes = list(ours.values())
+    if not all(map(operator.is_, nodes[:size], theirs.values())):
+        return None
+    return nodes[size:]
 
 
 def _added_reads_forward(graph: Graph, base: Graph, added: list[Node]) -> bool:
@@ -552,7 +558,9 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits
         # a PyTorch DDP bucket: its flat buffer is allocated once, when DDP builds (or rebuilds) its buckets
         # (reducer.cpp Reducer::initialize_buckets), and reduced in place each step: no working set of the step
         return 0
-    grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
+    # each input followed to its storage once (a gradient bucket reads hundreds of gradients)
+    table = graph.nodes
+    grads = {b for b in map(_base, itertools.repeat(graph), n.inputs) if table[b].phase is Phase.BACKWARD}
     out = _chunked(n.out.nbytes, n.out.numel, saved, logits)
     if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
         if saved is not None and saved.grad_reduce_per_weight and _grad_reduce(n.attrs):
