@@ -461,24 +461,39 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
     # apart where a fused gated activation is looked for), computed once per distinct tuple of them
     sets: dict[tuple[Any, ...], int] = {}
     reads: set[tuple[int, ...]] = set()
+    # a scope's buckets come one after another with one output and one attributes object (passes.data_parallel):
+    # a node like the backward node before it has its working set and reads, found without hashing its inputs
+    prev: Node | None = None
+    own = 0
     for n in nodes:
         if n.phase is Phase.BACKWARD:
+            same = (
+                prev is not None
+                and n.attrs is prev.attrs
+                and n.out is prev.out
+                and n.op is prev.op
+                and n.inputs == prev.inputs
+            )
+            prev = n
             # what it allocates, less what backward has freed of the values kept once by then; a ZeRO-3 /
             # FSDP weight gather's output is the gathered-weights term (``layer`` / ``rest``), not an op's
             gone = freed if schedule is None else _freed_before(schedule, n.id)
             if _fsdp_gather(n):
                 w = 0
             else:
-                key = (n.op, n.out, n.attrs, n.inputs)
-                own = sets.get(key)
-                if own is None:
-                    own = sets[key] = _working_set(graph, n, saved, logits)
+                if not same:  # (the one before, of the same op and attributes, was no gather either)
+                    key = (n.op, n.out, n.attrs, n.inputs)
+                    known = sets.get(key)
+                    if known is None:
+                        known = sets[key] = _working_set(graph, n, saved, logits)
+                    own = known
                 w = max(0, own - gone)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
                 inside = max(inside, w)
-            if saved.fused_gated or n.inputs not in reads:
+            # the same inputs as the node before: already in ``reads``
+            if saved.fused_gated or (not same and n.inputs not in reads):
                 reads.add(n.inputs)
                 bases = (graph[_base(graph, i)] for i in n.inputs)
                 read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
