@@ -652,3 +652,38 @@ def test_a_dualpipe_layout_falls_back_after_the_1f1b_one_of_its_split() -> None:
     memo.clear_all()
     want = evaluate("gpt3-350m", plans[1], cluster)
     assert got[1].as_dict() == want.as_dict()
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_bucket_terms_reused_from_the_bucket_before_equal_those_of_every_bucket_on_its_own(zero: int) -> None:
+    """dp_bucket_seconds and the working set's terms reuse a bucket's terms for the next one of the same op,
+    attributes object, output object and inputs (a scope's buckets); with every added node given its own equal
+    attributes and output (nothing reused) the figures are the same to the bit."""
+    from dataclasses import replace
+    from itertools import pairwise
+
+    from echosim.compiler import prepare_joint
+    from echosim.passes.memory import SavedPolicy, _working_terms, added_nodes
+    from echosim.timeline.lower import Coster, dp_bucket_seconds, tail_parts
+
+    cluster = Cluster("h100-sxm", 16)
+    plan = Plan(pp=2, dp=8, global_batch=32, zero=zero)
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", [plan], cluster, 1.0, fast=True)
+    j = prepare_joint("gpt3-350m", plan, cluster)
+    repeated = 0
+    for stage in fast_eval._STAGES._data.values():
+        g, added = stage.graph, added_nodes(stage.graph, stage.base)
+        assert added is not None
+        apart = g.copy()
+        for n in added:
+            apart.replace(n.id, attrs=replace(n.attrs), out=replace(n.out))
+        repeated += sum(a.attrs is b.attrs and a.inputs == b.inputs for a, b in pairwise(added))
+        grad_sync = tail_parts(stage)[0]
+        own = dp_bucket_seconds(g, grad_sync, Coster(g, j.backend, j.where))
+        alone = dp_bucket_seconds(apart, [apart[n.id] for n in grad_sync], Coster(apart, j.backend, j.where))
+        assert own == alone
+        for saved in (SavedPolicy(), SavedPolicy(fused_gated=True)):
+            assert _working_terms(g, list(g), saved) == _working_terms(apart, list(apart), saved)
+            assert _working_terms(g, added, saved, 0) == _working_terms(apart, list(apart)[-len(added) :], saved, 0)
+    assert repeated if zero != 3 else True  # buckets of one scope, one after another: the reuse is exercised

@@ -92,3 +92,28 @@ def test_selective_recompute_drops_the_attention_scores(graph, tp: int) -> None:
     passes = [AttentionKernel(flash=False), TensorParallel(tp), Autodiff(), Recompute("selective")]
     stage = first_stage(graph, passes)
     assert activation_bytes(stage) == pytest.approx(2 * S * B * H * (10 + 24 / tp), rel=1e-9)
+
+
+def test_added_nodes_are_those_appended_to_the_very_nodes_of_the_base_in_order() -> None:
+    """:func:`added_nodes` (whole-list comparisons): the appended nodes when ``graph`` begins with ``base``'s node
+    objects, ids and order; None when a node of ``base`` was replaced (an equal copy is not the same node), the
+    order changed, or ``graph`` has fewer nodes."""
+    from echosim.ir import DType, Graph, OpKind, TensorSpec
+    from echosim.passes.memory import added_nodes
+
+    base = Graph("base")
+    spec = TensorSpec((8,), DType.BF16)
+    x = base.add(OpKind.INPUT, (), spec)
+    y = base.add(OpKind.ELEMENTWISE, (x,), spec)
+    g = base.copy()
+    z = g.add(OpKind.ELEMENTWISE, (y,), spec)
+    assert added_nodes(g, base) == [g[z]]
+    assert added_nodes(base.copy(), base) == []
+    assert added_nodes(base, g) is None  # fewer nodes
+    swapped = g.copy()
+    swapped.replace(y, name="same op, another node object")
+    assert added_nodes(swapped, base) is None
+    reordered = g.copy()
+    reordered.nodes = {y: g[y], x: g[x], z: g[z]}
+    assert added_nodes(reordered, base) is None
+    assert added_nodes(g, None) is None

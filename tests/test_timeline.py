@@ -177,6 +177,44 @@ def test_list_scheduling_short_path_equals_the_general_step(spec: list, data: st
     assert all(e == OpEvent(*(getattr(e, f) for f in OpEvent.__dataclass_fields__)) for e in t.events)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(0, 40), max_size=3)), min_size=1, max_size=25))
+def test_pipelined_edges_are_the_matmul_collective_pairs_in_input_order(spec: list) -> None:
+    """:func:`pipelined_edges` (only matmuls and ``axis`` collectives looked at) gives the edges, in the same
+    insertion order, of the pairwise rule: every producer -> consumer edge in the unit with a matmul at one end and
+    an ``axis`` collective at the other (a DP collective, an elementwise op or a producer outside it: none)."""
+    from echosim.ir.ops import MatmulAttrs
+    from echosim.timeline.streams import pipelined_edges
+
+    g = Graph("random")
+    outside = g.add(OpKind.MATMUL, (), TensorSpec((64,), DType.BF16), MatmulAttrs(8, 8, 8))  # not in the unit
+    ids = [outside]
+    for kind, reads in spec:
+        ins = tuple(ids[r % len(ids)] for r in reads)
+        out = TensorSpec((64,), DType.BF16)
+        attrs = (MatmulAttrs(8, 8, 8), CollectiveAttrs(Axis.TP, 8, 128), CollectiveAttrs(Axis.DP, 8, 128),
+                 ElementwiseAttrs("add"), MatmulAttrs(4, 4, 4))[kind]  # fmt: skip
+        op = OpKind.MATMUL if isinstance(attrs, MatmulAttrs) else OpKind.ELEMENTWISE if kind == 3 else OpKind.ALL_REDUCE
+        ids.append(g.add(op, ins, out, attrs))
+    nodes = list(g)[1:]
+    unit = {n.id: n for n in nodes}
+    pairwise = [
+        (i, n.id)
+        for n in nodes
+        for i in n.inputs
+        if i in unit
+        and any(isinstance(x.attrs, MatmulAttrs) for x in (unit[i], n))
+        and any(isinstance(x.attrs, CollectiveAttrs) and x.attrs.axis is Axis.TP for x in (unit[i], n))
+    ]
+    before: set[tuple[int, int]] = set()
+    for e in pairwise:  # the set as the pairwise walk built it, edge by edge
+        before.add(e)
+    edges = pipelined_edges(nodes)
+    assert edges == before
+    assert list(edges) == list(before)  # built in the same order: the same set, iterated alike
+    assert not pipelined_edges(nodes, Axis.EP)
+
+
 def _tail_loop_as_written_before(first: float, period: float, into: float, per_layer: float, layers: int,
                                  total_bwd: float) -> tuple[float, float]:  # fmt: skip
     comm_end = overlapped = 0.0

@@ -13,6 +13,8 @@ a stage holds the activations of every micro-batch whose backward has not run ye
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -459,24 +461,39 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
     # apart where a fused gated activation is looked for), computed once per distinct tuple of them
     sets: dict[tuple[Any, ...], int] = {}
     reads: set[tuple[int, ...]] = set()
+    # a scope's buckets come one after another with one output and one attributes object (passes.data_parallel):
+    # a node like the backward node before it has its working set and reads, found without hashing its inputs
+    prev: Node | None = None
+    own = 0
     for n in nodes:
         if n.phase is Phase.BACKWARD:
+            same = (
+                prev is not None
+                and n.attrs is prev.attrs
+                and n.out is prev.out
+                and n.op is prev.op
+                and n.inputs == prev.inputs
+            )
+            prev = n
             # what it allocates, less what backward has freed of the values kept once by then; a ZeRO-3 /
             # FSDP weight gather's output is the gathered-weights term (``layer`` / ``rest``), not an op's
             gone = freed if schedule is None else _freed_before(schedule, n.id)
             if _fsdp_gather(n):
                 w = 0
             else:
-                key = (n.op, n.out, n.attrs, n.inputs)
-                own = sets.get(key)
-                if own is None:
-                    own = sets[key] = _working_set(graph, n, saved, logits)
+                if not same:  # (the one before, of the same op and attributes, was no gather either)
+                    key = (n.op, n.out, n.attrs, n.inputs)
+                    known = sets.get(key)
+                    if known is None:
+                        known = sets[key] = _working_set(graph, n, saved, logits)
+                    own = known
                 w = max(0, own - gone)
             if graph.block_of(n) is None:
                 outside = max(outside, w)
             else:
                 inside = max(inside, w)
-            if saved.fused_gated or n.inputs not in reads:
+            # the same inputs as the node before: already in ``reads``
+            if saved.fused_gated or (not same and n.inputs not in reads):
                 reads.add(n.inputs)
                 bases = (graph[_base(graph, i)] for i in n.inputs)
                 read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
@@ -506,14 +523,18 @@ def added_nodes(graph: Graph, base: Graph | None) -> list[Node] | None:
 
 
 def _added(graph: Graph, base: Graph) -> list[Node] | None:
+    # compared as whole lists (ids by value, nodes by identity) in C rather than pair by pair in Python: a search
+    # asks once per new stage graph, of a few thousand nodes
     ours, theirs = graph.nodes, base.nodes
-    if len(ours) < len(theirs):
+    size = len(theirs)
+    if len(ours) < size:
         return None
-    items = iter(ours.items())
-    for (i, n), (j, m) in zip(theirs.items(), items, strict=False):
-        if i != j or n is not m:
-            return None
-    return [m for _, m in items]
+    if list(itertools.islice(ours, size)) != list(theirs):
+        return None
+    nodes = list(ours.values())
+    if not all(map(operator.is_, nodes[:size], theirs.values())):
+        return None
+    return nodes[size:]
 
 
 def _added_reads_forward(graph: Graph, base: Graph, added: list[Node]) -> bool:
@@ -552,7 +573,9 @@ def _working_set(graph: Graph, n: Node, saved: SavedPolicy | None = None, logits
         # a PyTorch DDP bucket: its flat buffer is allocated once, when DDP builds (or rebuilds) its buckets
         # (reducer.cpp Reducer::initialize_buckets), and reduced in place each step: no working set of the step
         return 0
-    grads = {_base(graph, i) for i in n.inputs if graph[_base(graph, i)].phase is Phase.BACKWARD}
+    # each input followed to its storage once (a gradient bucket reads hundreds of gradients)
+    table = graph.nodes
+    grads = {b for b in map(_base, itertools.repeat(graph), n.inputs) if table[b].phase is Phase.BACKWARD}
     out = _chunked(n.out.nbytes, n.out.numel, saved, logits)
     if n.op is OpKind.REDUCE_SCATTER and isinstance(n.attrs, CollectiveAttrs) and n.attrs.size > 1:
         if saved is not None and saved.grad_reduce_per_weight and _grad_reduce(n.attrs):

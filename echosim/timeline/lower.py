@@ -454,7 +454,7 @@ def time_units(
 
     def simulate(part: _UnitPart, chunks: bool) -> UnitTiming:
         nodes = part.nodes
-        chunked = pipelined_edges(nodes) if chunks else set()
+        chunked = _pipelined(part) if chunks else set()
         if chunks and not chunked:  # no matmul next to a TP collective: it times as without TP overlap (and is kept so)
             return _UNITS.get((head(part, False), part.key), lambda: simulate(part, False))
         base = _part_costs(part, cost, where)
@@ -519,9 +519,19 @@ def _first_pass(part: _UnitPart, cost: Coster, where: dict[Axis, Placement], tp_
     key = (cost.backend, used, tp_overlap)
     done = part.passes.get(key)
     if done is None:
-        chunked = pipelined_edges(part.nodes) if tp_overlap else set()
+        chunked = _pipelined(part) if tp_overlap else set()
         done = part.passes[key] = FirstPass.of(part.nodes, cost, chunked, _part_costs(part, cost, where))
     return done
+
+
+def _pipelined(part: _UnitPart) -> set[tuple[int, int]]:
+    """:func:`~echosim.timeline.streams.pipelined_edges` of ``part``'s nodes, kept on it: a function of its nodes
+    alone, asked again for each placement of its collectives' axes a search times it on with TP overlap. Read,
+    never changed (list scheduling and :class:`~echosim.timeline.streams.UnitTiming` only test membership)."""
+    known = part.passes.get("pipelined")
+    if known is None:
+        known = part.passes["pipelined"] = pipelined_edges(part.nodes)
+    return known  # type: ignore[no-any-return]
 
 
 def _categories(part: _UnitPart) -> list[str]:
@@ -836,10 +846,26 @@ def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSe
     if any(_ddp_bucket(n) for n in nodes):
         return _ddp_bucket_seconds(graph, nodes, cost)
     sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # in the block or not: reduction, into, back
+    # the buckets of one scope are equal but for their names (one output and one attributes object for all,
+    # passes.data_parallel), and a collective's seconds and copies read its kind, attributes, output and inputs
+    # alone: a bucket like the one before it reuses its terms, added one by one in order as before (the same floats)
+    prev: Node | None = None
+    terms: tuple[float, float, float, list[float]] = (0.0, 0.0, 0.0, sums[False])
     for n in nodes:
-        into, back = cost.bucket_copies(n)
-        part = sums[graph.block_of(n) is not None]
-        part[0] += cost(n)
+        if not (
+            prev is not None
+            and n.attrs is prev.attrs
+            and n.out is prev.out
+            and n.op is prev.op
+            and n.scope == prev.scope
+            and n.op.is_collective
+            and n.inputs == prev.inputs
+        ):
+            into, back = cost.bucket_copies(n)
+            terms = (cost(n), into, back, sums[graph.block_of(n) is not None])
+        prev = n
+        seconds, into, back, part = terms
+        part[0] += seconds
         part[1] += into
         part[2] += back
     (per_layer, into_layer, back_layer), (rest, into_rest, back_rest) = sums[True], sums[False]

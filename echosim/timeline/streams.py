@@ -111,18 +111,28 @@ def pipelined_edges(nodes: Sequence[Node], axis: Axis = Axis.TP) -> set[tuple[in
     into chunks and each chunk's collective runs while the next chunk computes: the
     consumer may start with the producer and cannot end before it.
     """
-    by_id = {n.id: n for n in nodes}
-    edges = set()
+    # a pair qualifies when one end is a matmul and the other an ``axis`` collective (no node is both: its
+    # attributes are one class), so only those two kinds of node are looked at, each reading the ids of the
+    # other kind; the edges are added in the order of a walk over every node's inputs, as before
+    matmuls = {n.id for n in nodes if isinstance(n.attrs, MatmulAttrs)}
+    if not matmuls:
+        return set()
+    colls = {n.id for n in nodes if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is axis}
+    edges: set[tuple[int, int]] = set()
+    if not colls:
+        return edges
     for n in nodes:
+        a = n.attrs
+        if isinstance(a, MatmulAttrs):
+            other = colls
+        elif isinstance(a, CollectiveAttrs) and a.axis is axis:
+            other = matmuls
+        else:
+            continue
+        nid = n.id
         for i in n.inputs:
-            src = by_id.get(i)
-            if src is None:
-                continue
-            pair = (src, n)
-            if any(isinstance(x.attrs, MatmulAttrs) for x in pair) and any(
-                isinstance(x.attrs, CollectiveAttrs) and x.attrs.axis is axis for x in pair
-            ):
-                edges.add((i, n.id))
+            if i in other:
+                edges.add((i, nid))
     return edges
 
 
