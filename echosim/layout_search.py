@@ -849,7 +849,7 @@ def _prepare(
             from echosim.compiler import prepare
 
             how = prepare
-        step = how(model, plan, cluster, reg.registry)
+        step = how(model, plan, cluster, reg.registry, checked)  # the enumeration checked the plan (``checked``)
         kept[key] = step
         return step
     if first.facts.plan["schedule"] == plan.schedule and first.options.tp_overlap == plan.tp_overlap:

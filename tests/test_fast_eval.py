@@ -652,3 +652,23 @@ def test_a_dualpipe_layout_falls_back_after_the_1f1b_one_of_its_split() -> None:
     memo.clear_all()
     want = evaluate("gpt3-350m", plans[1], cluster)
     assert got[1].as_dict() == want.as_dict()
+
+
+def test_a_searchs_enumerated_layouts_are_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``checked``: the enumeration ran ``check_plan`` on each layout, so neither ``_prepare``'s copies nor
+    ``prepare_joint`` / ``prepare`` of a first layout run it again; unchecked batches still do."""
+    from echosim import compiler
+
+    calls: list[object] = []
+    real = compiler.check_plan
+    monkeypatch.setattr(compiler, "check_plan", lambda plan, *a: calls.append(plan) or real(plan, *a))
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, zero=z) for z in (0, 1)]
+    for fast in (True, False):
+        memo.clear_all()
+        _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=fast, brief=fast, checked=True)
+        assert calls == []
+        memo.clear_all()  # the search's prepared joints are kept across batches
+        _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=fast, brief=fast, checked=False)
+        assert calls == plans
+        calls.clear()
