@@ -183,6 +183,9 @@ class Joint:
     facts: StepFacts
     cluster: Cluster
     own_passes_only: bool  # every pass that runs is echosim's own (pure functions of graph and options)
+    # the stage-level passes hashed by what their graphs read (fast_eval.stages sets it on first use): a search's
+    # copies of a joint for other schedules and TP overlap share its stage passes, so they take it with them
+    stage_key: Any = None
 
 
 def prepare_joint(

@@ -163,7 +163,9 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     # field by field: hashing them on every lookup cost more than the lookups). The passes by what their graph
     # reads (``output_key``: ZeRO 1 and 2 build one stage graph); the stage's timing without the state policies,
     # which only its static memory reads (ZeRO 1 and 2 differ in them alone)
-    passes = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
+    passes = joint.stage_key
+    if passes is None:  # kept on the joint: _prepare's copies of it (schedules, TP overlap) share its stage passes
+        passes = joint.stage_key = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
     timing = HashedKey((passes, *_timing_key(joint)))
     lowering = HashedKey((timing, joint.facts.state, joint.facts.expert_state))
     layout = (joint.graph, tuple(counts), lowering)  # every input of what follows (:data:`_LAYOUTS`)

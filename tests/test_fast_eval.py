@@ -672,3 +672,19 @@ def test_a_searchs_enumerated_layouts_are_not_checked_again(monkeypatch: pytest.
         _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=fast, brief=fast, checked=False)
         assert calls == plans
         calls.clear()
+
+
+def test_the_stage_passes_key_is_built_once_per_prepared_joint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layouts that differ only in their schedule or TP overlap are copies of one prepared joint sharing its stage
+    passes (``layout_search._prepare``): the passes' key is hashed for the first and carried by the copies
+    (``Joint.stage_key``)."""
+    calls: list[object] = []
+    real = fast_eval.output_key
+    monkeypatch.setattr(fast_eval, "output_key", lambda p: calls.append(p) or real(p))
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, dp=2, global_batch=16, schedule=s) for s in ("1f1b", "gpipe", "zb-h1")]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True, brief=True, checked=True)
+    from echosim.compiler import prepare_joint
+
+    assert len(calls) == len(prepare_joint("gpt3-350m", plans[0], cluster).stage_passes) > 0
