@@ -705,13 +705,16 @@ def _evaluate(
         timed = time_schedule(shape, *columns)
         ends = timed.rank_ends.T.tolist() if brief else []
         for (i, step, costs), col in zip(members, column_of, strict=True):
-            known = _known(costs)
-            if brief and known is not None:
-                figures = [costs[1][id(c)] for c in costs[0]]  # each virtual stage's (fast_eval.stages)
-                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, figures)
+            fast_costs = isinstance(costs, tuple)  # (costs, figures) in virtual-stage order (fast_eval.stages)
+            if brief and fast_costs:
+                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, costs[1])
                 out[i] = _brief(plans[i], cluster.devices, f, f.peak_bytes, f.capacity_bytes, f.exposed_comm_s,
                                 fraction)  # fmt: skip
                 continue
+            known = None
+            if fast_costs:  # told their virtual stages for the costed graph and its report
+                costs = (fast_eval.indexed(costs[0]), costs[1])
+                known = _known(costs)
             costed = assemble(_costs_of(costs), timed.layout(col), step.options)
             report = build_report(costed, step.facts, brief=True, known=known)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
@@ -768,11 +771,10 @@ def _joints(model: Any, cluster: Cluster) -> dict[tuple[Any, ...], Any]:
     return kept[1]
 
 
-def _known(costs: Any) -> Callable[[Any], Any] | None:
-    """For a layout the fast path costed, its stages' graph figures (by stage object) for the report."""
-    if not isinstance(costs, tuple):
-        return None
-    figures = costs[1]
+def _known(costs: tuple[list[Any], list[Any]]) -> Callable[[Any], Any]:
+    """For a layout the fast path costed (its indexed costs and their figures, aligned), its stages' graph figures
+    by stage object for the report."""
+    figures = {id(c): f for c, f in zip(*costs, strict=True)}
     return lambda stage: figures[id(stage)]
 
 

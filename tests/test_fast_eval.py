@@ -688,3 +688,25 @@ def test_the_stage_passes_key_is_built_once_per_prepared_joint(monkeypatch: pyte
     from echosim.compiler import prepare_joint
 
     assert len(calls) == len(prepare_joint("gpt3-350m", plans[0], cluster).stage_passes) > 0
+
+
+def test_a_layouts_stages_are_its_shapes_own_costs_and_indexed_only_for_a_full_assembly() -> None:
+    """``fast_eval.stages`` gives virtual stage ``i``'s cost and figures at position ``i`` (a list each), the
+    shapes' own cost objects (no copy per virtual stage); ``fast_eval.indexed`` tells them their virtual stage
+    and the virtual stages of their shape as a full compile's lowering does (``lower_stages``)."""
+    from echosim.compiler import prepare, prepare_joint
+    from echosim.timeline.lower import lower_stages
+
+    cluster = Cluster("h100-sxm", 8)
+    plan = Plan(pp=4, vpp=2, dp=2, global_batch=16, schedule="interleaved")
+    memo.clear_all()
+    costs, figures = fast_eval.stages(prepare_joint("gpt3-350m", plan, cluster))
+    assert isinstance(figures, list) and len(figures) == len(costs) == 8
+    middle = costs[1:7]
+    assert all(c is middle[0] for c in middle) and costs[0] is not middle[0] and costs[7] is not middle[0]
+    assert all(figures[i] is figures[1] for i in range(1, 7))
+    p = prepare("gpt3-350m", plan, cluster)
+    want = lower_stages(p.stages, p.backend, p.where, p.options)
+    got = fast_eval.indexed(costs)
+    assert [(c.index, c.vstages) for c in got] == [(c.index, c.vstages) for c in want]
+    assert got[1] is not got[2] and got[1].fwd == middle[0].fwd
