@@ -670,13 +670,21 @@ def _evaluate(
     registered = _Registered.now()  # what _prepare reads of the plugin registry, once for the batch
     lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
     alive: list[Any] = []
+    # schedule plans by what step_plan reads (the schedule object, pp, micro-batches, vpp; the schedules are the
+    # registry's objects, kept alive by ``alive``): its own cache hashes the schedule's orders function per layout
+    plans_of: dict[tuple[int, int, int, int], Any] = {}
     for i, plan in enumerate(plans):
         if fast:
             try:
                 joint = _prepare(model, plan, cluster, joints, prepare_joint, checked, registered)
                 costs, figures = fast_eval.stages(joint)
                 alive.append(joint)
-                shared.setdefault(step_plan(joint.options), []).append((i, joint, (costs, figures)))
+                o = joint.options
+                at = (id(o.schedule), o.pp, o.microbatches, o.vpp)
+                shape = plans_of.get(at)
+                if shape is None:
+                    shape = plans_of[at] = step_plan(o)
+                shared.setdefault(shape, []).append((i, joint, (costs, figures)))
                 continue
             except EchosimError as exc:
                 out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))

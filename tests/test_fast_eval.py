@@ -710,3 +710,18 @@ def test_a_layouts_stages_are_its_shapes_own_costs_and_indexed_only_for_a_full_a
     got = fast_eval.indexed(costs)
     assert [(c.index, c.vstages) for c in got] == [(c.index, c.vstages) for c in want]
     assert got[1] is not got[2] and got[1].fwd == middle[0].fwd
+
+
+def test_a_batch_builds_each_schedule_plan_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path's layouts of one schedule object, pp, micro-batches and vpp share one schedule plan, looked up
+    once per batch (``step_plan`` hashes the schedule's orders function in its own cache)."""
+    from echosim.timeline import lower
+
+    calls: list[object] = []
+    real = lower.step_plan
+    monkeypatch.setattr(lower, "step_plan", lambda o: calls.append(o) or real(o))
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, zero=z, schedule=s) for z in (0, 1, 2) for s in ("1f1b", "gpipe")]
+    memo.clear_all()
+    got = _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True, brief=True, checked=True)
+    assert len(calls) == 2 and len(got) == len(plans)
