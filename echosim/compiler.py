@@ -144,13 +144,15 @@ def prepare(
     plan: Plan | None = None,
     cluster: Cluster | None = None,
     registry: Registry | None = None,
+    plan_checked: bool = False,
 ) -> Prepared:
     """Everything :func:`lower` does before costing: capture, checks, passes, the pipeline split, placements.
 
     :func:`lower` costs the result with :func:`~echosim.timeline.lower.lower_step`; a layout search
     costs the stages of many prepared layouts and times the schedules they share in one batch.
+    ``plan_checked``: as :func:`prepare_joint`.
     """
-    j = prepare_joint(model, plan, cluster, registry)
+    j = prepare_joint(model, plan, cluster, registry, plan_checked)
     try:
         stages = PipelineParallel(j.plan.pp * j.plan.vpp, j.plan.pp_balance).split(j.graph)
         staged: dict[int, Graph] = {}  # stages of one shape share their graph: its passes run once
@@ -181,6 +183,9 @@ class Joint:
     facts: StepFacts
     cluster: Cluster
     own_passes_only: bool  # every pass that runs is echosim's own (pure functions of graph and options)
+    # the stage-level passes hashed by what their graphs read (fast_eval.stages sets it on first use): a search's
+    # copies of a joint for other schedules and TP overlap share its stage passes, so they take it with them
+    stage_key: Any = None
 
 
 def prepare_joint(
@@ -188,8 +193,13 @@ def prepare_joint(
     plan: Plan | None = None,
     cluster: Cluster | None = None,
     registry: Registry | None = None,
+    plan_checked: bool = False,
 ) -> Joint:
-    """:func:`prepare` up to the pipeline split: capture, checks, graph-level passes, placements, facts."""
+    """:func:`prepare` up to the pipeline split: capture, checks, graph-level passes, placements, facts.
+
+    ``plan_checked``: ``plan`` passed :func:`~echosim.layout.check_plan` on this cluster (its node size resolved)
+    and the registry's schedules already (a search's enumeration), so it is not checked again: the function reads
+    nothing else, and a search prepares thousands of layouts it enumerated."""
     registry = registry or plugins.get_registry()  # looked up on each call: tests swap the registry
     plan = plan or Plan()
     cluster = cluster or Cluster(devices=plan.world)
@@ -197,7 +207,8 @@ def prepare_joint(
     loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
-    check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
+    if not plan_checked:
+        check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
     if not loaded.supports_dtype(plan.dtype):
         raise PlanError(f"--dtype {plan.dtype}: backend {cluster.backend!r} has no {plan.dtype} support")
     _check_requested(registry, plan)

@@ -121,7 +121,7 @@ _DERIVED_COSTS: Memo[tuple[Any, ...]] = Memo("fast derived stage costs", maxsize
 # that split the backward alike: 1F1B and GPipe) get the same list: GPT-3's full space asks for 24,280 distinct
 # ones in 39,972 layouts. Read, never changed, as a batch's full-path layouts share their lowered stages
 # (layout_search._evaluate).
-_LAYOUTS: Memo[tuple[list[StageCost], dict[int, StageFigures]]] = Memo("fast layout stages", maxsize=1 << 16)
+_LAYOUTS: Memo[tuple[list[StageCost], list[StageFigures]]] = Memo("fast layout stages", maxsize=1 << 16)
 
 
 def stage_counts(joint: Joint) -> list[int]:
@@ -143,8 +143,15 @@ def stage_counts(joint: Joint) -> list[int]:
     return counts
 
 
-def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
-    """Every virtual stage's cost and graph figures, each distinct (first, last, depth) once; or :class:`Fallback`."""
+def stages(joint: Joint) -> tuple[list[StageCost], list[StageFigures]]:
+    """Every virtual stage's cost and graph figures, in virtual-stage order, each distinct (first, last, depth) once;
+    or :class:`Fallback`.
+
+    The costs are the shapes' own objects (virtual stages of one shape share one): their ``index`` and ``vstages``
+    are not this layout's. What a search's brief figures and the schedule inputs read of a cost is its durations,
+    units and graph, never those two, so they are told only to the layouts assembled in full (:func:`indexed`):
+    copying each virtual stage's cost for every layout cost a million copies in GPT-3 175B's full space.
+    """
     if not joint.own_passes_only:
         raise Fallback("a plugin's pass")
     if joint.facts.saved.offload_layers:
@@ -163,7 +170,9 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     # field by field: hashing them on every lookup cost more than the lookups). The passes by what their graph
     # reads (``output_key``: ZeRO 1 and 2 build one stage graph); the stage's timing without the state policies,
     # which only its static memory reads (ZeRO 1 and 2 differ in them alone)
-    passes = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
+    passes = joint.stage_key
+    if passes is None:  # kept on the joint: _prepare's copies of it (schedules, TP overlap) share its stage passes
+        passes = joint.stage_key = HashedKey(tuple(output_key(p) for p in joint.stage_passes))
     timing = HashedKey((passes, *_timing_key(joint)))
     lowering = HashedKey((timing, joint.facts.state, joint.facts.expert_state))
     layout = (joint.graph, tuple(counts), lowering)  # every input of what follows (:data:`_LAYOUTS`)
@@ -171,24 +180,34 @@ def stages(joint: Joint) -> tuple[list[StageCost], dict[int, StageFigures]]:
     if hit is not None:
         return hit
     last = len(counts) - 1
-    shared: dict[tuple[bool, bool, int], tuple[int, ...]] = {}
+    derived: dict[tuple[bool, bool, int], Derived] = {}
+    costs, figures = [], []
     for i, c in enumerate(counts):
         key = (i == 0, i == last, c)
-        shared[key] = (*shared.get(key, ()), i)
-    derived = {key: _stage(joint, key[0], key[1], key[2], last == 0, lowering) for key in shared}
-    costs, figures = [], {}
-    for i, c in enumerate(counts):
-        key = (i == 0, i == last, c)
-        d = derived[key]
-        # the shape's lowering, told for virtual stage i (a shallow copy as copy.copy makes, without its
-        # __reduce_ex__ round trip: a search copies a million of them)
-        cost = object.__new__(StageCost)
-        cost.__dict__.update(d.cost.__dict__)
-        cost.index, cost.vstages = i, shared[key]
-        costs.append(cost)
-        figures[id(cost)] = d.figures
+        d = derived.get(key)
+        if d is None:
+            d = derived[key] = _stage(joint, key[0], key[1], key[2], last == 0, lowering)
+        costs.append(d.cost)
+        figures.append(d.figures)
     _LAYOUTS.put(layout, (costs, figures))
     return costs, figures
+
+
+def indexed(costs: list[StageCost]) -> list[StageCost]:
+    """:func:`stages`' costs told their virtual stage (``index``) and the virtual stages sharing their shape
+    (``vstages``): what a costed graph and its report read. A shallow copy of each, as copy.copy makes, without its
+    __reduce_ex__ round trip. Virtual stages of one shape share one cost object (and distinct shapes never do:
+    each (first, last, depth) is its own :func:`_stage` entry), so the objects themselves tell the sharing."""
+    shared: dict[int, tuple[int, ...]] = {}
+    for i, c in enumerate(costs):
+        shared[id(c)] = (*shared.get(id(c), ()), i)
+    out = []
+    for i, c in enumerate(costs):
+        cost = object.__new__(StageCost)
+        cost.__dict__.update(c.__dict__)
+        cost.index, cost.vstages = i, shared[id(c)]
+        out.append(cost)
+    return out
 
 
 def _timing_key(joint: Joint) -> tuple[Any, ...]:

@@ -670,13 +670,21 @@ def _evaluate(
     registered = _Registered.now()  # what _prepare reads of the plugin registry, once for the batch
     lowered: dict[tuple[Any, ...], Any] = {}  # their stage costs by stage graphs and backward split
     alive: list[Any] = []
+    # schedule plans by what step_plan reads (the schedule object, pp, micro-batches, vpp; the schedules are the
+    # registry's objects, kept alive by ``alive``): its own cache hashes the schedule's orders function per layout
+    plans_of: dict[tuple[int, int, int, int], Any] = {}
     for i, plan in enumerate(plans):
         if fast:
             try:
                 joint = _prepare(model, plan, cluster, joints, prepare_joint, checked, registered)
                 costs, figures = fast_eval.stages(joint)
                 alive.append(joint)
-                shared.setdefault(step_plan(joint.options), []).append((i, joint, (costs, figures)))
+                o = joint.options
+                at = (id(o.schedule), o.pp, o.microbatches, o.vpp)
+                shape = plans_of.get(at)
+                if shape is None:
+                    shape = plans_of[at] = step_plan(o)
+                shared.setdefault(shape, []).append((i, joint, (costs, figures)))
                 continue
             except EchosimError as exc:
                 out[i] = Evaluated(plan, cluster.devices, simulated=True, reason=str(exc))
@@ -705,13 +713,16 @@ def _evaluate(
         timed = time_schedule(shape, *columns)
         ends = timed.rank_ends.T.tolist() if brief else []
         for (i, step, costs), col in zip(members, column_of, strict=True):
-            known = _known(costs)
-            if brief and known is not None:
-                figures = [costs[1][id(c)] for c in costs[0]]  # each virtual stage's (fast_eval.stages)
-                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, figures)
+            fast_costs = isinstance(costs, tuple)  # (costs, figures) in virtual-stage order (fast_eval.stages)
+            if brief and fast_costs:
+                f = brief_figures(costs[0], ends[col], shape, step.options.microbatches, step.facts, costs[1])
                 out[i] = _brief(plans[i], cluster.devices, f, f.peak_bytes, f.capacity_bytes, f.exposed_comm_s,
                                 fraction)  # fmt: skip
                 continue
+            known = None
+            if fast_costs:  # told their virtual stages for the costed graph and its report
+                costs = (fast_eval.indexed(costs[0]), costs[1])
+                known = _known(costs)
             costed = assemble(_costs_of(costs), timed.layout(col), step.options)
             report = build_report(costed, step.facts, brief=True, known=known)
             out[i] = _figures(plans[i], cluster.devices, report, fraction)
@@ -768,11 +779,10 @@ def _joints(model: Any, cluster: Cluster) -> dict[tuple[Any, ...], Any]:
     return kept[1]
 
 
-def _known(costs: Any) -> Callable[[Any], Any] | None:
-    """For a layout the fast path costed, its stages' graph figures (by stage object) for the report."""
-    if not isinstance(costs, tuple):
-        return None
-    figures = costs[1]
+def _known(costs: tuple[list[Any], list[Any]]) -> Callable[[Any], Any]:
+    """For a layout the fast path costed (its indexed costs and their figures, aligned), its stages' graph figures
+    by stage object for the report."""
+    figures = {id(c): f for c, f in zip(*costs, strict=True)}
     return lambda stage: figures[id(stage)]
 
 
@@ -849,7 +859,7 @@ def _prepare(
             from echosim.compiler import prepare
 
             how = prepare
-        step = how(model, plan, cluster, reg.registry)
+        step = how(model, plan, cluster, reg.registry, checked)  # the enumeration checked the plan (``checked``)
         kept[key] = step
         return step
     if first.facts.plan["schedule"] == plan.schedule and first.options.tp_overlap == plan.tp_overlap:

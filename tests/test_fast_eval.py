@@ -687,3 +687,76 @@ def test_bucket_terms_reused_from_the_bucket_before_equal_those_of_every_bucket_
             assert _working_terms(g, list(g), saved) == _working_terms(apart, list(apart), saved)
             assert _working_terms(g, added, saved, 0) == _working_terms(apart, list(apart)[-len(added) :], saved, 0)
     assert repeated if zero != 3 else True  # buckets of one scope, one after another: the reuse is exercised
+
+
+def test_a_searchs_enumerated_layouts_are_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``checked``: the enumeration ran ``check_plan`` on each layout, so neither ``_prepare``'s copies nor
+    ``prepare_joint`` / ``prepare`` of a first layout run it again; unchecked batches still do."""
+    from echosim import compiler
+
+    calls: list[object] = []
+    real = compiler.check_plan
+    monkeypatch.setattr(compiler, "check_plan", lambda plan, *a: calls.append(plan) or real(plan, *a))
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, zero=z) for z in (0, 1)]
+    for fast in (True, False):
+        memo.clear_all()
+        _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=fast, brief=fast, checked=True)
+        assert calls == []
+        memo.clear_all()  # the search's prepared joints are kept across batches
+        _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=fast, brief=fast, checked=False)
+        assert calls == plans
+        calls.clear()
+
+
+def test_the_stage_passes_key_is_built_once_per_prepared_joint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layouts that differ only in their schedule or TP overlap are copies of one prepared joint sharing its stage
+    passes (``layout_search._prepare``): the passes' key is hashed for the first and carried by the copies
+    (``Joint.stage_key``)."""
+    calls: list[object] = []
+    real = fast_eval.output_key
+    monkeypatch.setattr(fast_eval, "output_key", lambda p: calls.append(p) or real(p))
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, dp=2, global_batch=16, schedule=s) for s in ("1f1b", "gpipe", "zb-h1")]
+    memo.clear_all()
+    _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True, brief=True, checked=True)
+    from echosim.compiler import prepare_joint
+
+    assert len(calls) == len(prepare_joint("gpt3-350m", plans[0], cluster).stage_passes) > 0
+
+
+def test_a_layouts_stages_are_its_shapes_own_costs_and_indexed_only_for_a_full_assembly() -> None:
+    """``fast_eval.stages`` gives virtual stage ``i``'s cost and figures at position ``i`` (a list each), the
+    shapes' own cost objects (no copy per virtual stage); ``fast_eval.indexed`` tells them their virtual stage
+    and the virtual stages of their shape as a full compile's lowering does (``lower_stages``)."""
+    from echosim.compiler import prepare, prepare_joint
+    from echosim.timeline.lower import lower_stages
+
+    cluster = Cluster("h100-sxm", 8)
+    plan = Plan(pp=4, vpp=2, dp=2, global_batch=16, schedule="interleaved")
+    memo.clear_all()
+    costs, figures = fast_eval.stages(prepare_joint("gpt3-350m", plan, cluster))
+    assert isinstance(figures, list) and len(figures) == len(costs) == 8
+    middle = costs[1:7]
+    assert all(c is middle[0] for c in middle) and costs[0] is not middle[0] and costs[7] is not middle[0]
+    assert all(figures[i] is figures[1] for i in range(1, 7))
+    p = prepare("gpt3-350m", plan, cluster)
+    want = lower_stages(p.stages, p.backend, p.where, p.options)
+    got = fast_eval.indexed(costs)
+    assert [(c.index, c.vstages) for c in got] == [(c.index, c.vstages) for c in want]
+    assert got[1] is not got[2] and got[1].fwd == middle[0].fwd
+
+
+def test_a_batch_builds_each_schedule_plan_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path's layouts of one schedule object, pp, micro-batches and vpp share one schedule plan, looked up
+    once per batch (``step_plan`` hashes the schedule's orders function in its own cache)."""
+    from echosim.timeline import lower
+
+    calls: list[object] = []
+    real = lower.step_plan
+    monkeypatch.setattr(lower, "step_plan", lambda o: calls.append(o) or real(o))
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=2, dp=4, global_batch=16, zero=z, schedule=s) for z in (0, 1, 2) for s in ("1f1b", "gpipe")]
+    memo.clear_all()
+    got = _evaluate_batch("gpt3-350m", plans, cluster, 1.0, fast=True, brief=True, checked=True)
+    assert len(calls) == 2 and len(got) == len(plans)

@@ -245,3 +245,20 @@ def test_layouts_that_share_their_stages_build_each_rank_tail_once(monkeypatch: 
     memo.clear_all()
     full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
     assert [e.as_dict() for e in first + second] == [e.as_dict() for e in full]
+
+
+def test_each_ranks_peak_reads_its_chunks_virtual_stages_from_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A brief layout's costs are its shapes' own objects, not told their virtual stage (``fast_eval.stages``):
+    ``_rank_peak`` takes rank ``r``'s ``j``-th chunk as virtual stage ``r + j * pp``, so an interleaved pipeline
+    priced rank by rank (``_grouped_peak`` declining) has the full report's peak."""
+    from echosim.timeline import report
+
+    cluster = Cluster("h100-sxm", 8)
+    plans = [Plan(pp=4, vpp=v, dp=2, global_batch=32, schedule="interleaved", zero=1) for v in (2, 3)]
+    monkeypatch.setattr(report, "_grouped_peak", lambda *a: None)
+    memo.clear_all()
+    brief = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True, brief=True)
+    memo.clear_all()
+    full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
+    for b, f in zip(brief, full, strict=True):
+        assert b.as_dict() == f.as_dict()

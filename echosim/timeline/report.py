@@ -636,7 +636,11 @@ def _rank_peak(
     statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]]]],
     facts: StepFacts,
 ) -> int:
-    """:func:`_memory`'s peak of one rank less its NCCL buffers (the same for every rank)."""
+    """:func:`_memory`'s peak of one rank less its NCCL buffers (the same for every rank).
+
+    ``mine`` are the rank's chunks in order, virtual stages ``rank``, ``rank + pp``, ...: their indices are read
+    from that order, not from the costs (a search's brief costs are shared by the virtual stages of one shape and
+    not told theirs: fast_eval.stages)."""
     hit = statics.get(key)
     if hit is None:
         parts = [f[1] for f in figures]
@@ -645,13 +649,14 @@ def _rank_peak(
         hit = statics[key] = (fixed, [(f[2], f[3]) for f in figures])
     fixed, sizes = hit
     if len(mine) == 1:  # one chunk: its bytes times the most micro-batches the rank holds (as _peak_held)
-        (act, blocks), held = sizes[0], max(0, plan.in_flight[rank].get(mine[0].index, 0))
+        (act, blocks), held = sizes[0], max(0, plan.in_flight[rank].get(rank, 0))
         act_held = act * held
         blocks_held = (blocks or 0) * held if facts.caching_allocator else act_held
     else:
-        act_held = peak_held(plan, rank, {s.index: a for s, (a, _) in zip(mine, sizes, strict=True)})
+        pp = plan.pp
+        act_held = peak_held(plan, rank, {rank + j * pp: a for j, (a, _) in enumerate(sizes)})
         blocks_held = (
-            peak_held(plan, rank, {s.index: b or 0 for s, (_, b) in zip(mine, sizes, strict=True)})
+            peak_held(plan, rank, {rank + j * pp: b or 0 for j, (_, b) in enumerate(sizes)})
             if facts.caching_allocator
             else act_held
         )
