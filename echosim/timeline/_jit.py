@@ -61,6 +61,27 @@ def time_blocks(
 
 
 @numba.njit(cache=True)
+def _write_run(
+    record: np.ndarray,
+    record_s: np.ndarray,
+    count: int,
+    level: int,
+    step: int,
+    row: int,
+    col: int,
+    rank: int,
+    start: float,
+    end: float,
+) -> int:
+    """Write W run ``count`` of :func:`time_deferred` (where the numpy path lists it, and when it runs); the
+    next free slot."""
+    record[count, 0], record[count, 1], record[count, 2] = level, step, row
+    record[count, 3], record[count, 4] = col, rank
+    record_s[count, 0], record_s[count, 1] = start, end
+    return count + 1
+
+
+@numba.njit(cache=True)
 def time_deferred(
     bounds: np.ndarray,
     rank: np.ndarray,
@@ -106,10 +127,7 @@ def time_deferred(
                 while p > 0 and f < ready:  # the block would wait: the oldest deferred W runs first
                     after = f + w
                     if keep:
-                        record[count, 0], record[count, 1], record[count, 2] = lev, step, i
-                        record[count, 3], record[count, 4] = col, r
-                        record_s[count, 0], record_s[count, 1] = f, after
-                        count += 1
+                        count = _write_run(record, record_s, count, lev, step, i, col, r, f, after)
                     f, p, step = after, p - 1, step + 1
                 start = _max(ready, f)
                 end = start + durations[d, col]
@@ -122,10 +140,7 @@ def time_deferred(
                 if p > cap:  # too many pending: the oldest runs right away
                     after = end + weight[r, col]
                     if keep:
-                        record[count, 0], record[count, 1], record[count, 2] = lev, pp, i
-                        record[count, 3], record[count, 4] = col, r
-                        record_s[count, 0], record_s[count, 1] = end, after
-                        count += 1
+                        count = _write_run(record, record_s, count, lev, pp, i, col, r, end, after)
                     p -= 1
                 free[r, col], pending[r, col] = after, p
     for r in range(pp):  # the rest run when the rank has nothing else to do
@@ -135,10 +150,7 @@ def time_deferred(
             while p > 0:
                 after = f + w
                 if keep:
-                    record[count, 0], record[count, 1], record[count, 2] = levels, step, r
-                    record[count, 3], record[count, 4] = col, r
-                    record_s[count, 0], record_s[count, 1] = f, after
-                    count += 1
+                    count = _write_run(record, record_s, count, levels, step, r, col, r, f, after)
                 f, p, step = after, p - 1, step + 1
             free[r, col], pending[r, col] = f, p
     return count
