@@ -21,7 +21,7 @@ from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.ir.verify import VerifyError
-from echosim.layout import ModelShape, check_model, check_plan, check_precision
+from echosim.layout import ModelShape, check_model, check_plan, check_precision, interleaved_names
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.data_parallel import DataParallel
@@ -208,7 +208,7 @@ def prepare_joint(
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
     if not plan_checked:
-        check_plan(plan, cluster, schedules, [n for n, s in schedules.items() if getattr(s, "interleaved", False)])
+        check_plan(plan, cluster, schedules, interleaved_names(schedules))
     if not loaded.supports_dtype(plan.dtype):
         raise PlanError(f"--dtype {plan.dtype}: backend {cluster.backend!r} has no {plan.dtype} support")
     _check_requested(registry, plan)

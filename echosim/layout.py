@@ -130,6 +130,11 @@ def check_ep_overlap(plan: Plan) -> None:
         raise PlanError(f"--moe-ep-overlap runs on the 1f1b / interleaved schedules, not {plan.schedule!r}")
 
 
+def interleaved_names(schedules: dict[str, Any]) -> list[str]:
+    """The schedules (by name) that run several virtual stages per rank: :func:`check_plan`'s ``interleaved``."""
+    return [name for name, s in schedules.items() if getattr(s, "interleaved", False)]
+
+
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
     """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
     for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):

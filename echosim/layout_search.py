@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple, TypeVar
 
 from echosim.errors import EchosimError
-from echosim.layout import ModelShape
+from echosim.layout import ModelShape, interleaved_names
 from echosim.memo import Memo
 from echosim.plan import Cluster, Plan, PlanError
 
@@ -410,7 +410,7 @@ def enumerate_layouts(
 ) -> Enumeration:
     """Every applicable, distinct layout of ``space``: those to simulate, and those rejected with a reason."""
     v = space.values
-    interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+    interleaved = interleaved_names(schedules)
     devices = cluster.devices
     batch = base.global_batch
     budget = capacity_bytes * memory_fraction
@@ -819,7 +819,7 @@ class _Registered(NamedTuple):
 
         registry = plugins.get_registry()
         schedules = {name: entry.value for name, entry in registry.schedules.items()}
-        interleaved = [n for n, s in schedules.items() if getattr(s, "interleaved", False)]
+        interleaved = interleaved_names(schedules)
         foreign = tuple(
             (name, bool(e.value.optional)) for name, e in registry.passes.items() if not e.owner.startswith("echosim.")
         )

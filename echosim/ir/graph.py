@@ -43,6 +43,16 @@ class Node:
     origin: int | None = None  # the forward node a backward/recompute node derives from
 
 
+def twin_of(prev: Node | None, n: Node) -> bool:
+    """Whether ``n`` repeats ``prev`` but for its id and name: the same op, the same attribute and output objects,
+    the same inputs. A pass that adds equal nodes in a row shares those objects among them (a scope's gradient
+    buckets, :mod:`echosim.passes.data_parallel`), so an analysis can reuse the previous node's terms after this
+    identity test instead of hashing the node again."""
+    return (
+        prev is not None and n.attrs is prev.attrs and n.out is prev.out and n.op is prev.op and n.inputs == prev.inputs
+    )
+
+
 class Graph:
     """A DAG of :class:`Node`; insertion order is a valid topological order."""
 

@@ -18,7 +18,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from echosim.ir.graph import SAME_NODES, Graph, Node
+from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.passes.saved import names_in_block
 
@@ -467,13 +467,7 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
     own = 0
     for n in nodes:
         if n.phase is Phase.BACKWARD:
-            same = (
-                prev is not None
-                and n.attrs is prev.attrs
-                and n.out is prev.out
-                and n.op is prev.op
-                and n.inputs == prev.inputs
-            )
+            same = twin_of(prev, n)
             prev = n
             # what it allocates, less what backward has freed of the values kept once by then; a ZeRO-3 /
             # FSDP weight gather's output is the gathered-weights term (``layer`` / ``rest``), not an op's

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from echosim.backends.base import Backend, Placement, for_program
 from echosim.backends.deepep import deepep_time_s
-from echosim.ir.graph import SAME_NODES, Graph, Node
+from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
 from echosim.ir.names import cost_traits
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
 from echosim.ir.types import DType, TensorSpec
@@ -852,15 +852,7 @@ def dp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> BucketSe
     prev: Node | None = None
     terms: tuple[float, float, float, list[float]] = (0.0, 0.0, 0.0, sums[False])
     for n in nodes:
-        if not (
-            prev is not None
-            and n.attrs is prev.attrs
-            and n.out is prev.out
-            and n.op is prev.op
-            and n.scope == prev.scope
-            and n.op.is_collective
-            and n.inputs == prev.inputs
-        ):
+        if not (twin_of(prev, n) and n.scope == prev.scope and n.op.is_collective):  # type: ignore[union-attr]
             into, back = cost.bucket_copies(n)
             terms = (cost(n), into, back, sums[graph.block_of(n) is not None])
         prev = n
