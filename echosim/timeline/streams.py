@@ -10,8 +10,15 @@ second pass re-times every op with its dilated duration.
 from __future__ import annotations
 
 import bisect
+import functools
+import importlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from echosim.backends.base import OverlapModel
 from echosim.ir.graph import Graph, Node
@@ -50,6 +57,17 @@ class UnitTiming:
     # seconds the next repetition's compute gains from running beside this one's spilled collectives
     # (:func:`carried_slowdown_s`); 0 where the backend's overlap slows nothing
     carry: float = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        """Its :attr:`events`, built when first read from the arrays of a compiled simulation
+        (:func:`simulate_compiled`): a search reads only the durations and busy times of most of the units it
+        times, while explain, the trace and the costed graph read the events."""
+        lazy = self.__dict__.get("_lazy")
+        if name != "events" or lazy is None:
+            raise AttributeError(name)
+        events = self.__dict__["events"] = _events(*lazy)
+        del self.__dict__["_lazy"]
+        return events
 
     @property
     def period(self) -> float:
@@ -417,3 +435,117 @@ def _timing(
             duration = end
     t.critical_end, t.duration = critical_end, duration
     return t
+
+
+def compiled_unit() -> ModuleType | None:
+    """The compiled unit simulation (:mod:`echosim.timeline._jit_unit`), or None: numba is not installed (the
+    ``echosim[fast]`` extra) or ``ECHOSIM_JIT=0`` asks for the Python path (the same numbers, slower)."""
+    if os.environ.get("ECHOSIM_JIT", "") == "0":
+        return None
+    return _load_compiled_unit()
+
+
+@functools.cache
+def _load_compiled_unit() -> ModuleType | None:
+    try:  # numba and llvmlite: imported by the first unit a process simulates, never by ``import echosim``
+        return importlib.import_module("echosim.timeline._jit_unit")
+    except ImportError:
+        return None
+    except RuntimeError:  # numba found no writable cache directory for ``cache=True`` (numba/core/caching.py)
+        return None
+
+
+class UnitArrays:
+    """A unit's ops as the arrays :mod:`~echosim.timeline._jit_unit` reads: a function of its nodes (and their
+    categories) alone, so built once per unit and shared by every placement and TP-overlap setting it is timed on.
+
+    ``in_idx[in_ptr[k]:in_ptr[k + 1]]``: the unit positions of op ``k``'s inputs that run before it in the unit, in
+    input order (list scheduling reads no other: an input outside the unit has no end in it)."""
+
+    __slots__ = ("_pipes", "cat", "coll", "comm_stream", "ids", "in_ids", "in_idx", "in_ptr", "names", "no_pipes",
+                 "side")  # fmt: skip
+
+    def __init__(self, nodes: Sequence[Node], categories: list[str]) -> None:
+        self.ids = tuple(n.id for n in nodes)
+        position = {nid: k for k, nid in enumerate(self.ids)}
+        ptr, idx, src = [0], [], []
+        for k, n in enumerate(nodes):
+            for i in n.inputs:
+                j = position.get(i)
+                if j is not None and j < k:
+                    idx.append(j)
+                    src.append(i)
+            ptr.append(len(idx))
+        self.in_ptr, self.in_idx, self.in_ids = np.array(ptr, np.int64), np.array(idx, np.int64), src
+        self.coll = np.array([n.op in COLLECTIVES for n in nodes], np.bool_)
+        self.comm_stream = np.array([_stream(n) == COMM for n in nodes], np.bool_)
+        side = _side(nodes)
+        self.side = np.array([nid in side for nid in self.ids], np.bool_)
+        self.names = list(dict.fromkeys(categories))
+        number = {c: k for k, c in enumerate(self.names)}
+        self.cat = np.array([number[c] for c in categories], np.int64)
+        self.no_pipes = (np.zeros(len(self.ids), np.bool_), np.zeros(len(idx), np.bool_))
+        self._pipes: tuple[set[tuple[int, int]], tuple[np.ndarray, np.ndarray]] | None = None
+
+    @classmethod
+    def of(cls, nodes: Sequence[Node], categories: list[str]) -> UnitArrays | None:
+        """The arrays of ``nodes``, or None where a node id repeats (positions would not name the ops)."""
+        return cls(nodes, categories) if len({n.id for n in nodes}) == len(nodes) else None
+
+    def pipes(self, nodes: Sequence[Node], pipelined: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(any input edge of op ``k`` is pipelined, which of the ``in_idx`` entries are) for ``pipelined``; the last
+        set asked for is kept (a unit is timed on its own :func:`pipelined_edges` or none)."""
+        if not pipelined:
+            return self.no_pipes
+        known = self._pipes
+        if known is None or known[0] is not pipelined:
+            has = np.array([any((i, n.id) in pipelined for i in n.inputs) for n in nodes], np.bool_)
+            ptr, src = self.in_ptr, self.in_ids
+            flags = np.array(
+                [(src[q], self.ids[k]) in pipelined for k in range(len(self.ids)) for q in range(ptr[k], ptr[k + 1])],
+                np.bool_,
+            )
+            known = self._pipes = (pipelined, (has, flags))
+        return known[1]
+
+
+def simulate_compiled(
+    kernel: ModuleType,
+    arrays: UnitArrays,
+    nodes: Sequence[Node],
+    base: dict[int, float],
+    overlap: OverlapModel,
+    pipelined: set[tuple[int, int]],
+) -> UnitTiming:
+    """:func:`simulate_unit` by the compiled kernel (:mod:`~echosim.timeline._jit_unit`), equal to the bit; its
+    events are built when first read (:meth:`UnitTiming.__getattr__`)."""
+    n = len(arrays.ids)
+    costs = np.fromiter(map(base.__getitem__, arrays.ids), np.float64, n)
+    slowed = not all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm"))
+    factor = np.array([overlap.slowdown(c) for c in arrays.names], np.float64)
+    has_pipe, in_pipe = arrays.pipes(nodes, pipelined)
+    starts, secs = np.empty(n), np.empty(n)
+    busy, seen = np.zeros(len(arrays.names)), np.zeros(len(arrays.names), np.int64)
+    met, critical_end, duration, carry = kernel.simulate(
+        costs, arrays.comm_stream, arrays.coll, arrays.side, arrays.cat, factor, has_pipe, arrays.in_ptr,
+        arrays.in_idx, in_pipe, slowed, starts, secs, busy, seen,
+    )  # fmt: skip
+    names, seconds = arrays.names, busy.tolist()
+    t = object.__new__(UnitTiming)
+    t.__dict__.update(duration=duration, busy={names[c]: seconds[c] for c in seen[:met].tolist()},
+                      critical_end=critical_end, nodes=arrays.ids, chunked=frozenset(pipelined), carry=carry,
+                      _lazy=(nodes, arrays, starts, secs, costs))  # fmt: skip
+    return t
+
+
+def _events(
+    nodes: Sequence[Node], arrays: UnitArrays, starts: np.ndarray, secs: np.ndarray, costs: np.ndarray
+) -> list[OpEvent]:
+    """The events :func:`_timing` lists, from a compiled simulation's arrays: the ops of positive seconds, in order."""
+    out = []
+    names, cat, comm = arrays.names, arrays.cat.tolist(), arrays.comm_stream.tolist()
+    for n, s, d, b, c, on_comm in zip(nodes, starts.tolist(), secs.tolist(), costs.tolist(), cat, comm, strict=True):
+        if d <= 0:
+            continue
+        out.append(OpEvent(n.id, n.name or n.op.value, COMM if on_comm else COMPUTE, s, d, names[c], b))
+    return out
