@@ -9,6 +9,10 @@ order), critical end, carry, chunked edges and events, every float the same bits
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +102,19 @@ def test_a_repeated_node_id_takes_the_python_path() -> None:
     _, stages = _units("gpt3-125m", Plan(dp=8, global_batch=16), "a100-80gb")
     part = stages[0][2][0]
     assert UnitArrays.of(part.nodes + part.nodes[:1], lw._categories(part) * 2) is None
+
+
+def test_one_compile_keeps_the_python_path_and_never_imports_numba() -> None:
+    """Loading the kernel costs more than one layout's units save (``streams.PYTHON_UNITS``): a process that
+    compiles one layout simulates its units in Python, and numba stays unimported."""
+    script = (
+        "import sys\n"
+        "from echosim.compiler import compile\n"
+        "from echosim.plan import Cluster, Plan\n"
+        "from echosim.timeline import streams\n"
+        "compile('gpt3-125m', Plan(tp=2, dp=4, zero=3, global_batch=16, tp_overlap=True), Cluster('h100-sxm', 8))\n"
+        "assert 0 < streams._python_units[0] < streams.PYTHON_UNITS, streams._python_units\n"
+        "assert 'numba' not in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ECHOSIM_JIT"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=Path(__file__).resolve().parents[1])

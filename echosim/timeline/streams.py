@@ -13,8 +13,10 @@ import bisect
 import functools
 import importlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from types import ModuleType
 from typing import Any
 
@@ -437,10 +439,23 @@ def _timing(
     return t
 
 
+#: Units a process simulates in Python before it loads the compiled kernel, unless numba is imported already (a
+#: search's schedule timer, :mod:`echosim.timeline._jit`). Loading costs ~0.3 s wall with numba's import, ~0.2 s
+#: without (its on-disk cache filled, ``benchmarks/schedule_replay.py --startup``), and the kernel saves ~0.3 ms a
+#: unit (GPT-3's full-space search: 13,462 units, ~4 CPU-s less): one ``echosim compile`` (tens of units) keeps the
+#: Python path and never imports numba, a search or a validation of hundreds of layouts pays the load once.
+PYTHON_UNITS = 1000
+_python_units = [0]
+
+
 def compiled_unit() -> ModuleType | None:
-    """The compiled unit simulation (:mod:`echosim.timeline._jit_unit`), or None: numba is not installed (the
-    ``echosim[fast]`` extra) or ``ECHOSIM_JIT=0`` asks for the Python path (the same numbers, slower)."""
+    """The compiled unit simulation (:mod:`echosim.timeline._jit_unit`) for the next unit, or None: numba is not
+    installed (the ``echosim[fast]`` extra), ``ECHOSIM_JIT=0`` asks for the Python path (the same numbers, slower),
+    or this process has simulated too few units yet to pay for loading it (:data:`PYTHON_UNITS`)."""
     if os.environ.get("ECHOSIM_JIT", "") == "0":
+        return None
+    if _python_units[0] < PYTHON_UNITS and "numba" not in sys.modules:
+        _python_units[0] += 1
         return None
     return _load_compiled_unit()
 
@@ -460,51 +475,58 @@ class UnitArrays:
     categories) alone, so built once per unit and shared by every placement and TP-overlap setting it is timed on.
 
     ``in_idx[in_ptr[k]:in_ptr[k + 1]]``: the unit positions of op ``k``'s inputs that run before it in the unit, in
-    input order (list scheduling reads no other: an input outside the unit has no end in it)."""
+    input order (list scheduling reads no other: an input outside the unit has no end in it). Built with one Python
+    pass over the nodes and numpy over their inputs: a search builds them for ~10^4 units of tens of ops."""
 
-    __slots__ = ("_pipes", "cat", "coll", "comm_stream", "ids", "in_ids", "in_idx", "in_ptr", "names", "no_pipes",
+    __slots__ = ("_pipes", "cat", "coll", "comm_stream", "ids", "in_idx", "in_ptr", "names", "no_pipes", "position",
                  "side")  # fmt: skip
 
-    def __init__(self, nodes: Sequence[Node], categories: list[str]) -> None:
-        self.ids = tuple(n.id for n in nodes)
-        position = {nid: k for k, nid in enumerate(self.ids)}
-        ptr, idx, src = [0], [], []
-        for k, n in enumerate(nodes):
-            for i in n.inputs:
-                j = position.get(i)
-                if j is not None and j < k:
-                    idx.append(j)
-                    src.append(i)
-            ptr.append(len(idx))
-        self.in_ptr, self.in_idx, self.in_ids = np.array(ptr, np.int64), np.array(idx, np.int64), src
-        self.coll = np.array([n.op in COLLECTIVES for n in nodes], np.bool_)
-        self.comm_stream = np.array([_stream(n) == COMM for n in nodes], np.bool_)
-        side = _side(nodes)
-        self.side = np.array([nid in side for nid in self.ids], np.bool_)
+    def __init__(self, nodes: Sequence[Node], categories: list[str], position: dict[int, int]) -> None:
+        n = len(nodes)
+        self.ids, self.position = tuple(position), position
+        inputs = [x.inputs for x in nodes]
+        counts = np.fromiter(map(len, inputs), np.int64, n)
+        flat = list(chain.from_iterable(inputs))
+        # each input's unit position (n: outside the unit), kept where it runs before its reader
+        where = np.fromiter(map(position.get, flat, repeat(n)), np.int64, len(flat))
+        reader = np.repeat(np.arange(n, dtype=np.int64), counts)
+        before = where < reader
+        self.in_idx = where[before]
+        self.in_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(reader[before], minlength=n), out=self.in_ptr[1:])
+        # a collective (n.op in COLLECTIVES), and one on the comm stream (_stream: not blocking the host)
+        coll = [x.op in COLLECTIVES for x in nodes]
+        self.coll = np.array(coll, np.bool_)
+        self.comm_stream = np.array([c and not _blocking(x) for c, x in zip(coll, nodes, strict=True)], np.bool_)
+        read = set(flat)  # _side: the collectives nothing in the unit reads, and that do not block
+        self.side = self.comm_stream & np.fromiter((i not in read for i in self.ids), np.bool_, n)
         self.names = list(dict.fromkeys(categories))
         number = {c: k for k, c in enumerate(self.names)}
-        self.cat = np.array([number[c] for c in categories], np.int64)
-        self.no_pipes = (np.zeros(len(self.ids), np.bool_), np.zeros(len(idx), np.bool_))
+        self.cat = np.fromiter(map(number.__getitem__, categories), np.int64, n)
+        self.no_pipes = (np.zeros(n, np.bool_), np.zeros(len(self.in_idx), np.bool_))
         self._pipes: tuple[set[tuple[int, int]], tuple[np.ndarray, np.ndarray]] | None = None
 
     @classmethod
     def of(cls, nodes: Sequence[Node], categories: list[str]) -> UnitArrays | None:
         """The arrays of ``nodes``, or None where a node id repeats (positions would not name the ops)."""
-        return cls(nodes, categories) if len({n.id for n in nodes}) == len(nodes) else None
+        position = {x.id: k for k, x in enumerate(nodes)}
+        return cls(nodes, categories, position) if len(position) == len(nodes) else None
 
-    def pipes(self, nodes: Sequence[Node], pipelined: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """(any input edge of op ``k`` is pipelined, which of the ``in_idx`` entries are) for ``pipelined``; the last
-        set asked for is kept (a unit is timed on its own :func:`pipelined_edges` or none)."""
+    def pipes(self, pipelined: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(op ``k`` has a pipelined input edge, which ``in_idx`` entries are one) for ``pipelined``: edges between
+        the unit's nodes, as :func:`pipelined_edges` gives them (each its consumer's input). The last set asked for
+        is kept (a unit is timed on its own edges or none)."""
         if not pipelined:
             return self.no_pipes
         known = self._pipes
         if known is None or known[0] is not pipelined:
-            has = np.array([any((i, n.id) in pipelined for i in n.inputs) for n in nodes], np.bool_)
-            ptr, src = self.in_ptr, self.in_ids
-            flags = np.array(
-                [(src[q], self.ids[k]) in pipelined for k in range(len(self.ids)) for q in range(ptr[k], ptr[k + 1])],
-                np.bool_,
-            )
+            has, flags = self.no_pipes[0].copy(), self.no_pipes[1].copy()
+            position, ptr, idx = self.position, self.in_ptr, self.in_idx
+            for i, nid in pipelined:  # a few edges a layer: each sets its consumer and its entries of the producer
+                k, j = position[nid], position[i]
+                has[k] = True
+                lo, hi = ptr[k], ptr[k + 1]
+                flags[lo:hi] |= idx[lo:hi] == j
             known = self._pipes = (pipelined, (has, flags))
         return known[1]
 
@@ -523,7 +545,7 @@ def simulate_compiled(
     costs = np.fromiter(map(base.__getitem__, arrays.ids), np.float64, n)
     slowed = not all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm"))
     factor = np.array([overlap.slowdown(c) for c in arrays.names], np.float64)
-    has_pipe, in_pipe = arrays.pipes(nodes, pipelined)
+    has_pipe, in_pipe = arrays.pipes(pipelined)
     starts, secs = np.empty(n), np.empty(n)
     busy, seen = np.zeros(len(arrays.names)), np.zeros(len(arrays.names), np.int64)
     met, critical_end, duration, carry = kernel.simulate(
