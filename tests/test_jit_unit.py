@@ -46,7 +46,7 @@ def _units(model: str, plan: Plan, backend: str) -> tuple[Any, list[tuple[Any, A
     split_w = step.options.schedule.split_backward
     out = []
     for stage in step.stages:
-        graph = stage.graph
+        graph = lw._unit_graph(stage)  # as a search splits it: a ZeRO-3 stage's units extend its base graph's
         parts = [p for kind in lw.unit_parts(graph, split_w) for p in kind]
         out.append((graph, lw.Coster(graph, step.backend, step.where), parts))
     return step.backend, out
@@ -63,7 +63,7 @@ def test_compiled_unit_is_byte_identical_to_python(model: str, plan: Plan, backe
         for graph, cost, parts in stages:
             for part in parts:
                 cats = lw._categories(part)
-                arrays = UnitArrays.of(part.nodes, cats)
+                arrays = lw._unit_arrays(part)
                 assert arrays is not None
                 base = {n.id: cost(n) for n in part.nodes}
                 for pipelined in (set(), lw._pipelined(part)):
@@ -80,6 +80,7 @@ def test_compiled_unit_is_byte_identical_to_python(model: str, plan: Plan, backe
         assert chunked  # and TP overlap's chunked path
     if plan.zero == 3:
         assert spilled  # and the carry of spilled collectives
+        assert any(p.prefix is not None for _, _, parts in stages for p in parts)  # units extending a layer's
 
 
 def test_search_times_units_with_the_kernel_and_equal_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
