@@ -1,11 +1,12 @@
 """Replay a search's schedule timings: numpy level loops vs the compiled ones (``echosim[fast]``), and the
-compiled loops' start-up cost.
+compiled kernels' start-up cost (the schedule timer's and the unit simulation's).
 
 ``--capture FILE``: run a full-space search in-process and pickle every ``time_schedule`` call (plan and
 inputs) to FILE. ``--replay FILE``: time those calls with ``ECHOSIM_JIT=0`` (numpy) and with the compiled loops,
 alternately ``--rounds`` times (CPU seconds of the replay alone; the first compiled round is after a warm-up call,
-so it excludes compilation), and check that every result is byte-identical. ``--startup``: the first call's cost
-in a fresh process, with an empty numba cache (``NUMBA_CACHE_DIR``: compiling) and then with that cache filled.
+so it excludes compilation), and check that every result is byte-identical. ``--startup``: each kernel module's first
+call's cost in a fresh process, with an empty numba cache (``NUMBA_CACHE_DIR``: compiling) and then with that cache
+filled.
 
     PYTHONPATH=. python benchmarks/schedule_replay.py --capture /tmp/gpt3-calls.pkl --only gpt3
     PYTHONPATH=. python benchmarks/schedule_replay.py --replay /tmp/gpt3-calls.pkl
@@ -102,12 +103,33 @@ print(f"import numba and the module {imp:.2f} s wall; first calls of both kernel
 """
 
 
+#: The unit simulation kernel (:mod:`echosim.timeline._jit_unit`): imported, then called once on a two-op unit (a
+#: matmul, then a collective reading it) with the argument types :func:`echosim.timeline.streams.simulate_compiled`
+#: passes, with and without the overlap slowdown (one compiled specialisation serves both).
+_FIRST_UNIT = """
+import time, numpy as np
+t = time.perf_counter(); c = time.process_time()
+from echosim.timeline import streams
+kernel = streams.compiled_unit(); assert kernel is not None
+imp = time.perf_counter() - t
+b, i = np.bool_, np.int64
+for slowed in (False, True):
+    kernel.simulate(np.array([1.0, 0.5]), np.array([False, True]), np.array([False, True]), np.array([False, True]),
+                    np.array([0, 1], i), np.array([1.2, 1.1]), np.zeros(2, b), np.array([0, 0, 1], i), np.array([0], i),
+                    np.zeros(1, b), slowed, np.empty(2), np.empty(2), np.zeros(2), np.zeros(2, i))
+print(f"import numba and the module {imp:.2f} s wall; first calls {time.perf_counter() - t:.2f} s wall, "
+      f"{time.process_time() - c:.2f} CPU-s")
+"""
+
+
 def startup() -> None:
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
-        for label in ("empty numba cache (compiles)", "numba cache filled"):
-            out = subprocess.run([sys.executable, "-c", _FIRST], env=env, capture_output=True, text=True, check=True)
-            print(f"{label}: {out.stdout.strip()}")
+    for kernels, script in (("schedule timer", _FIRST), ("unit simulation", _FIRST_UNIT)):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
+            for label in ("empty numba cache (compiles)", "numba cache filled"):
+                run = [sys.executable, "-c", script]
+                out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
+                print(f"{kernels}, {label}: {out.stdout.strip()}")
 
 
 def main() -> None:

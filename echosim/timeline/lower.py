@@ -32,7 +32,16 @@ from echosim.passes.pipeline import Stage
 from echosim.timeline.costed import CostedGraph, StageCost, TailTask, chunks_by_rank, rank_tail
 from echosim.timeline.schedule import Schedule
 from echosim.timeline.sequential import SequentialTiming, order_plan, time_orders
-from echosim.timeline.streams import FirstPass, OpEvent, UnitTiming, pipelined_edges, simulate_unit
+from echosim.timeline.streams import (
+    FirstPass,
+    OpEvent,
+    UnitArrays,
+    UnitTiming,
+    compiled_unit,
+    pipelined_edges,
+    simulate_compiled,
+    simulate_unit,
+)
 from echosim.timeline.streams import category as op_category
 
 if TYPE_CHECKING:
@@ -458,6 +467,10 @@ def time_units(
         if chunks and not chunked:  # no matmul next to a TP collective: it times as without TP overlap (and is kept so)
             return _UNITS.get((head(part, False), part.key), lambda: simulate(part, False))
         base = _part_costs(part, cost, where)
+        kernel = compiled_unit()
+        arrays = _unit_arrays(part) if kernel is not None else None
+        if kernel is not None and arrays is not None:  # the same timing, compiled (streams.simulate_compiled)
+            return simulate_compiled(kernel, arrays, nodes, base, overlap, chunked)
         if part.prefix is not None:  # ZeRO-3's gathers after a layer's ops: resume the layer's first pass
             done = _first_pass(part.prefix, cost, where, chunks).extended(
                 nodes[len(part.prefix.nodes) :], cost, chunked, base
@@ -544,6 +557,15 @@ def _categories(part: _UnitPart) -> list[str]:
         head = _categories(part.prefix) if part.prefix is not None else []
         known = part.passes["categories"] = head + [op_category(n) for n in part.nodes[len(head) :]]
     return known  # type: ignore[no-any-return]
+
+
+def _unit_arrays(part: _UnitPart) -> UnitArrays | None:
+    """``part``'s :class:`~echosim.timeline.streams.UnitArrays`, kept on it: a function of its nodes alone, read by
+    every placement of its collectives' axes and TP-overlap setting a search simulates it on (None: it repeats a
+    node id, and is simulated by the Python path)."""
+    if "arrays" not in part.passes:
+        part.passes["arrays"] = UnitArrays.of(part.nodes, _categories(part))
+    return part.passes["arrays"]  # type: ignore[no-any-return]
 
 
 def _part_costs(part: _UnitPart, cost: Coster, where: dict[Axis, Placement]) -> dict[int, float]:

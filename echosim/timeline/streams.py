@@ -10,8 +10,17 @@ second pass re-times every op with its dilated duration.
 from __future__ import annotations
 
 import bisect
+import functools
+import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from echosim.backends.base import OverlapModel
 from echosim.ir.graph import Graph, Node
@@ -50,6 +59,17 @@ class UnitTiming:
     # seconds the next repetition's compute gains from running beside this one's spilled collectives
     # (:func:`carried_slowdown_s`); 0 where the backend's overlap slows nothing
     carry: float = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        """Its :attr:`events`, built when first read from the arrays of a compiled simulation
+        (:func:`simulate_compiled`): a search reads only the durations and busy times of most of the units it
+        times, while explain, the trace and the costed graph read the events."""
+        lazy = self.__dict__.get("_lazy")
+        if name != "events" or lazy is None:
+            raise AttributeError(name)
+        events = self.__dict__["events"] = _events(*lazy)
+        del self.__dict__["_lazy"]
+        return events
 
     @property
     def period(self) -> float:
@@ -417,3 +437,137 @@ def _timing(
             duration = end
     t.critical_end, t.duration = critical_end, duration
     return t
+
+
+#: Units a process simulates in Python before it loads the compiled kernel, unless numba is imported already (a
+#: search's schedule timer, :mod:`echosim.timeline._jit`). Loading costs ~0.3 s wall with numba's import, ~0.2 s
+#: without (its on-disk cache filled, ``benchmarks/schedule_replay.py --startup``), and the kernel saves ~0.3 ms a
+#: unit (GPT-3's full-space search: 13,462 units, ~4 CPU-s less): one ``echosim compile`` (tens of units) keeps the
+#: Python path and never imports numba, a search or a validation of hundreds of layouts pays the load once.
+PYTHON_UNITS = 1000
+_python_units = [0]
+
+
+def compiled_unit() -> ModuleType | None:
+    """The compiled unit simulation (:mod:`echosim.timeline._jit_unit`) for the next unit, or None: numba is not
+    installed (the ``echosim[fast]`` extra), ``ECHOSIM_JIT=0`` asks for the Python path (the same numbers, slower),
+    or this process has simulated too few units yet to pay for loading it (:data:`PYTHON_UNITS`)."""
+    if os.environ.get("ECHOSIM_JIT", "") == "0":
+        return None
+    if _python_units[0] < PYTHON_UNITS and "numba" not in sys.modules:
+        _python_units[0] += 1
+        return None
+    return _load_compiled_unit()
+
+
+@functools.cache
+def _load_compiled_unit() -> ModuleType | None:
+    try:  # numba and llvmlite: imported by the first unit a process simulates, never by ``import echosim``
+        return importlib.import_module("echosim.timeline._jit_unit")
+    except ImportError:
+        return None
+    except RuntimeError:  # numba found no writable cache directory for ``cache=True`` (numba/core/caching.py)
+        return None
+
+
+class UnitArrays:
+    """A unit's ops as the arrays :mod:`~echosim.timeline._jit_unit` reads: a function of its nodes (and their
+    categories) alone, so built once per unit and shared by every placement and TP-overlap setting it is timed on.
+
+    ``in_idx[in_ptr[k]:in_ptr[k + 1]]``: the unit positions of op ``k``'s inputs that run before it in the unit, in
+    input order (list scheduling reads no other: an input outside the unit has no end in it). Built with one Python
+    pass over the nodes and numpy over their inputs: a search builds them for ~10^4 units of tens of ops."""
+
+    __slots__ = ("_pipes", "cat", "coll", "comm_stream", "ids", "in_idx", "in_ptr", "names", "no_pipes", "position",
+                 "side")  # fmt: skip
+
+    def __init__(self, nodes: Sequence[Node], categories: list[str], position: dict[int, int]) -> None:
+        n = len(nodes)
+        self.ids, self.position = tuple(position), position
+        inputs = [x.inputs for x in nodes]
+        counts = np.fromiter(map(len, inputs), np.int64, n)
+        flat = list(chain.from_iterable(inputs))
+        # each input's unit position (n: outside the unit), kept where it runs before its reader
+        where = np.fromiter(map(position.get, flat, repeat(n)), np.int64, len(flat))
+        reader = np.repeat(np.arange(n, dtype=np.int64), counts)
+        before = where < reader
+        self.in_idx = where[before]
+        self.in_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(reader[before], minlength=n), out=self.in_ptr[1:])
+        # a collective (n.op in COLLECTIVES), and one on the comm stream (_stream: not blocking the host)
+        coll = [x.op in COLLECTIVES for x in nodes]
+        self.coll = np.array(coll, np.bool_)
+        self.comm_stream = np.array([c and not _blocking(x) for c, x in zip(coll, nodes, strict=True)], np.bool_)
+        read = set(flat)  # _side: the collectives nothing in the unit reads, and that do not block
+        self.side = self.comm_stream & np.fromiter((i not in read for i in self.ids), np.bool_, n)
+        self.names = list(dict.fromkeys(categories))
+        number = {c: k for k, c in enumerate(self.names)}
+        self.cat = np.fromiter(map(number.__getitem__, categories), np.int64, n)
+        self.no_pipes = (np.zeros(n, np.bool_), np.zeros(len(self.in_idx), np.bool_))
+        self._pipes: tuple[set[tuple[int, int]], tuple[np.ndarray, np.ndarray]] | None = None
+
+    @classmethod
+    def of(cls, nodes: Sequence[Node], categories: list[str]) -> UnitArrays | None:
+        """The arrays of ``nodes``, or None where a node id repeats (positions would not name the ops)."""
+        position = {x.id: k for k, x in enumerate(nodes)}
+        return cls(nodes, categories, position) if len(position) == len(nodes) else None
+
+    def pipes(self, pipelined: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(op ``k`` has a pipelined input edge, which ``in_idx`` entries are one) for ``pipelined``: edges between
+        the unit's nodes, as :func:`pipelined_edges` gives them (each its consumer's input). The last set asked for
+        is kept (a unit is timed on its own edges or none)."""
+        if not pipelined:
+            return self.no_pipes
+        known = self._pipes
+        if known is None or known[0] is not pipelined:
+            has, flags = self.no_pipes[0].copy(), self.no_pipes[1].copy()
+            position, ptr, idx = self.position, self.in_ptr, self.in_idx
+            for i, nid in pipelined:  # a few edges a layer: each sets its consumer and its entries of the producer
+                k, j = position[nid], position[i]
+                has[k] = True
+                lo, hi = ptr[k], ptr[k + 1]
+                flags[lo:hi] |= idx[lo:hi] == j
+            known = self._pipes = (pipelined, (has, flags))
+        return known[1]
+
+
+def simulate_compiled(
+    kernel: ModuleType,
+    arrays: UnitArrays,
+    nodes: Sequence[Node],
+    base: dict[int, float],
+    overlap: OverlapModel,
+    pipelined: set[tuple[int, int]],
+) -> UnitTiming:
+    """:func:`simulate_unit` by the compiled kernel (:mod:`~echosim.timeline._jit_unit`), equal to the bit; its
+    events are built when first read (:meth:`UnitTiming.__getattr__`)."""
+    n = len(arrays.ids)
+    costs = np.fromiter(map(base.__getitem__, arrays.ids), np.float64, n)
+    slowed = not all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm"))
+    factor = np.array([overlap.slowdown(c) for c in arrays.names], np.float64)
+    has_pipe, in_pipe = arrays.pipes(pipelined)
+    starts, secs = np.empty(n), np.empty(n)
+    busy, seen = np.zeros(len(arrays.names)), np.zeros(len(arrays.names), np.int64)
+    met, critical_end, duration, carry = kernel.simulate(
+        costs, arrays.comm_stream, arrays.coll, arrays.side, arrays.cat, factor, has_pipe, arrays.in_ptr,
+        arrays.in_idx, in_pipe, slowed, starts, secs, busy, seen,
+    )  # fmt: skip
+    names, seconds = arrays.names, busy.tolist()
+    t = object.__new__(UnitTiming)
+    t.__dict__.update(duration=duration, busy={names[c]: seconds[c] for c in seen[:met].tolist()},
+                      critical_end=critical_end, nodes=arrays.ids, chunked=frozenset(pipelined), carry=carry,
+                      _lazy=(nodes, arrays, starts, secs, costs))  # fmt: skip
+    return t
+
+
+def _events(
+    nodes: Sequence[Node], arrays: UnitArrays, starts: np.ndarray, secs: np.ndarray, costs: np.ndarray
+) -> list[OpEvent]:
+    """The events :func:`_timing` lists, from a compiled simulation's arrays: the ops of positive seconds, in order."""
+    out = []
+    names, cat, comm = arrays.names, arrays.cat.tolist(), arrays.comm_stream.tolist()
+    for n, s, d, b, c, on_comm in zip(nodes, starts.tolist(), secs.tolist(), costs.tolist(), cat, comm, strict=True):
+        if d <= 0:
+            continue
+        out.append(OpEvent(n.id, n.name or n.op.value, COMM if on_comm else COMPUTE, s, d, names[c], b))
+    return out
