@@ -943,7 +943,10 @@ def _run_local(
     import multiprocessing
     from concurrent.futures import as_completed
 
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    if fork:
+        _evaluation_imported()
+    context = multiprocessing.get_context("fork" if fork else None)
     shards = [s for s in _shards(plans, workers) if s]
     pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_worker_started) for _ in shards]
     done = False
@@ -959,6 +962,20 @@ def _run_local(
     finally:
         for pool in pools:  # done: wait for the processes to exit (their CPU time is then the parent's children's)
             pool.shutdown(wait=done, cancel_futures=not done)
+
+
+def _evaluation_imported() -> None:
+    """The modules a batch's evaluation imports (:func:`_evaluate`), numba's compiled level loops among them, imported
+    in this process before it forks its workers: they inherit them rather than each import them (0.4 CPU-s a
+    process: 0.2 the evaluation's modules, 0.2 numba and the loops' module), and this process imports them anyway
+    to re-check the top layouts (:func:`_recheck_top`)."""
+    import importlib
+
+    for name in ("echosim.compiler", "echosim.fast_eval", "echosim.timeline.lower", "echosim.timeline.report"):
+        importlib.import_module(name)
+    from echosim.timeline import composer
+
+    composer._compiled()  # numba and the loops' module where installed (None otherwise, or with ECHOSIM_JIT=0)
 
 
 #: The plan fields whose layouts a search's worker keeps together (:func:`_shards`): those that set a layer's
