@@ -1084,14 +1084,16 @@ def _run_ray(
     workers: int = 1,
 ) -> Iterator[list[Evaluated]]:
     """The batches of ``plans`` evaluated by Ray actors, one per shard (:func:`_shards`): ``workers`` of them, or,
-    with ``workers`` 1, one per CPU of the Ray cluster."""
+    with ``workers`` 1, one per CPU of the Ray cluster (never more: each takes one CPU)."""
     try:
         import ray
     except ImportError:
         raise SearchError("--executor ray needs Ray: pip install 'echosim[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    count = workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
+    # an actor holds its CPU until the search ends: more actors than CPUs would wait for ever
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    count = min(workers, cpus) if workers > 1 else cpus
     shards = [s for s in _shards(plans, count) if s]
     actor = ray.remote(num_cpus=1)(_ShardWorker)
     actors = [actor.remote() for _ in shards]

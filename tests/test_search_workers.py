@@ -35,6 +35,22 @@ def test_two_workers_write_the_same_json_as_one() -> None:
     assert fallbacks_two == fallbacks_one  # the workers' counts come back to the parent
 
 
+def test_ctrl_c_with_workers_keeps_what_was_simulated() -> None:
+    """Progress and Ctrl-C act per batch with worker processes too: an interrupt after the second batch ends the search
+    with the layouts of the batches received."""
+    calls: list[int] = []
+
+    def interrupt(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    result = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2,
+                    progress=interrupt)  # fmt: skip
+    assert result.interrupted and result.simulated == calls[-1] < len(result.enumeration.to_simulate)
+    assert result.best is not None and result.best.ok
+
+
 @pytest.mark.slow
 def test_ray_actors_write_the_same_json_as_one_process() -> None:
     ray = pytest.importorskip("ray")
@@ -42,9 +58,11 @@ def test_ray_actors_write_the_same_json_as_one_process() -> None:
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
         remote, _ = _cold_json(1, executor="ray")  # one actor per CPU of the Ray cluster: two shards
+        capped, _ = _cold_json(4, executor="ray")  # no more actors than CPUs (each holds one until the search ends)
     finally:
         ray.shutdown()
     assert remote == one
+    assert capped == one
 
 
 def _plans() -> list[Plan]:
