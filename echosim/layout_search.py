@@ -24,7 +24,8 @@ parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share the
 and stage memory by stage graph, placements and schedule options. In a batch, the schedules of one
 layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
 one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`).
-Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
+Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``); each worker
+holds whole groups of layouts for the whole search (:func:`_shards`), so no two do a group's cold work.
 
 A search (``fast=True``, the default) costs stages with :mod:`echosim.fast_eval` rather than a pipeline split
 per layout: each stage shape (first, last, layer count) derived from stage graphs of depth 1 to 3, with the
@@ -929,12 +930,12 @@ def _run_local(
 
     Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches, and the more of
     them a batch holds, the more share a schedule shape. With several processes each has its own shard
-    (:func:`_shards`: whole groups of the layouts that share a model graph and pipeline split) and its own
+    (:func:`_shards`: whole groups of the layouts that share a layer's op shapes and collectives) and its own
     executor, so each group's cold work (its stage graphs, lowering, unit timings, op costs) is done in one
     process only; handing batches to whichever process was free did every group's cold work in each of them
-    (GPT-3 175B's full space: 80 CPU-s with two processes against 36 with one). The processes are forked
-    where the platform can (the parent's imports and caches inherited, not rebuilt). Batches come back as they
-    finish: rankings sort by objective and plan, never by arrival (:func:`rank`)."""
+    (GPT-3 175B's full space, main 8558869: 80-89 CPU-s with two processes against 36-40 with one). The processes
+    are forked where the platform can (the parent's imports and caches inherited, not rebuilt). Batches come back
+    as they finish: rankings sort by objective and plan, never by arrival (:func:`rank`)."""
     if workers <= 1:
         with _survivors_frozen():
             for batch in _batches(plans, BATCH):
@@ -1006,17 +1007,18 @@ _FAMILY_COST = 40
 def _group_cost(members: list[Plan]) -> int:
     """An estimate of a group's evaluation cost, in layouts' own work: each layout plus :data:`_FAMILY_COST` for
     each stage family it builds (each distinct pipeline split, micro-batch and recompute policy). Measured per group
-    of GPT-3 175B's full space (28 groups, 0.8-2.0 CPU-s each): the family count's correlation with a group's CPU time
-    is 0.75, the layout count's 0.53."""
+    of GPT-3 175B's full space (28 groups evaluated in turn in one process, 0.8-2.0 CPU-s each): this estimate's
+    correlation with a group's CPU time is 0.72, the layout count's 0.53."""
     families = {(p.pp, p.vpp, p.micro_batch, p.recompute) for p in members}
     return len(members) + _FAMILY_COST * len(families)
 
 
 def _shards(plans: list[Plan], workers: int) -> list[list[Plan]]:
     """``plans`` cut into ``workers`` shards of whole groups (:func:`_shard_key`), balanced by longest processing
-    time first: groups by decreasing :func:`_group_cost`, each to the shard with the least cost so far (ties to the
-    lower-numbered group and shard, so the cut is deterministic). Graham's bound: no shard costs more than the mean
-    plus the largest group. Each shard keeps the order of ``plans`` (its batches are cut by :func:`_batches`)."""
+    time first: groups by decreasing :func:`_group_cost`, each to the shard with the least cost so far (ties: the
+    group met first in ``plans``, the lower-numbered shard; the cut is deterministic). Graham's bound: no shard
+    costs more than the mean plus the largest group. Each shard keeps the order of ``plans`` (its batches are cut
+    by :func:`_batches`)."""
     groups: dict[tuple[Any, ...], list[Plan]] = {}
     for p in plans:
         groups.setdefault(_shard_key(p), []).append(p)
