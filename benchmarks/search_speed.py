@@ -5,8 +5,9 @@ Two problems: GPT-3 175B on 1,024 A100-80GB (global batch 1,536, Megatron-LM's) 
 cp, ep, vpp, sp, zero, micro-batch, recompute, schedule, tp-overlap), what the closed-form filters
 removed, and the layouts simulated per second:
 
-* *in-process*: :func:`echosim.layout_search.search` in this process (the model captured once,
-  caches empty at the start), wall time and CPU time of this process;
+* *in-process*: :func:`echosim.layout_search.search` called in this process (the model captured once,
+  caches empty at the start), with ``--workers W`` processes (``search(..., workers=W)``), wall time and CPU
+  time of this process and of the worker processes it started;
 * *whole command*: ``echosim search ... --json`` as its own process (start-up, capture, enumeration,
   simulation, JSON), wall time and CPU time of the child.
 
@@ -15,7 +16,7 @@ sharing what layouts share; tests/test_search_compose.py checks its figures equa
 time is the fairer figure on a shared machine. ``--sample N`` simulates every k-th layout of the full
 space only (N of them, in-process: fewer neighbours share work than in a full run, so the rate is if
 anything low); ``--command-space`` gives the whole command a sub-space; ``--workers W`` uses W local
-processes for the whole command.
+processes, in-process and for the whole command.
 
     python benchmarks/search_speed.py [--sample N] [--command-space "tp=8 pp=8,16"] [--workers W]
                                       [--only gpt3|llama3] [--skip-command]
@@ -49,7 +50,7 @@ def _script() -> str:
     return str(beside) if beside.exists() else (shutil.which("echosim") or "echosim")
 
 
-def in_process(model: str, backend: str, devices: int, batch: int, sample: int) -> dict[str, float]:
+def in_process(model: str, backend: str, devices: int, batch: int, sample: int, workers: int = 1) -> dict[str, float]:
     from echosim import fast_eval, memo
     from echosim.layout_search import search
     from echosim.plan import Cluster, Plan
@@ -58,18 +59,25 @@ def in_process(model: str, backend: str, devices: int, batch: int, sample: int) 
     fast_eval.FALLBACKS.clear()
     cluster = Cluster(backend, devices)
     base = Plan(global_batch=batch)
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), _cpu()
     if sample:
         probe = search(model, base, cluster, sample=slice(0, 0))
         stride = max(1, len(probe.enumeration.to_simulate) // sample)
-        result = search(model, base, cluster, sample=slice(0, None, stride))
+        result = search(model, base, cluster, sample=slice(0, None, stride), workers=workers)
     else:
-        result = search(model, base, cluster, progress=_report_every(2000, wall))
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        result = search(model, base, cluster, progress=_report_every(2000, wall), workers=workers)
+    wall, cpu = time.perf_counter() - wall, _cpu() - cpu
     c = result.counts()
     fallbacks = dict(fast_eval.FALLBACKS)
     return {**c, "wall_s": wall, "cpu_s": cpu, "per_s_wall": c["simulated"] / wall, "per_s_cpu": c["simulated"] / cpu,
             "fallbacks": fallbacks}  # fmt: skip
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended (a search's worker processes: it waits
+    for them before it returns)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _report_every(n: int, start: float) -> Callable[[int, int], None]:
@@ -115,13 +123,16 @@ def _line(name: str, r: dict[str, float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sample", type=int, default=0, help="simulate about N evenly spaced layouts (in-process)")
-    ap.add_argument("--workers", type=int, default=1, help="local processes for the whole command")
+    ap.add_argument("--workers", type=int, default=1, help="local processes, in-process and for the whole command")
     ap.add_argument("--only", choices=sorted(CASES), help="one problem only")
     ap.add_argument("--command-space", default="", help="the whole command searches this --space (default: full)")
     ap.add_argument("--skip-command", action="store_true", help="in-process only")
     ap.add_argument("--command-only", action="store_true", help="the whole command only")
     opts = ap.parse_args()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+        f"{opts.workers} worker process{'es' if opts.workers > 1 else ''}"
+    )
     for key, (model, backend, devices, batch) in CASES.items():
         if opts.only and key != opts.only:
             continue
@@ -130,7 +141,7 @@ def main() -> None:
             print(_line("whole command", whole_command(model, backend, devices, batch, opts.workers,
                                                        opts.command_space)))  # fmt: skip
             continue
-        r = in_process(model, backend, devices, batch, opts.sample)
+        r = in_process(model, backend, devices, batch, opts.sample, opts.workers)
         print(
             f"  space: {r['combinations']:,} combinations; {r['not_applicable']:,} not applicable, "
             f"{r['duplicates']:,} equivalent, {r['pruned']:,} pruned in closed form, "

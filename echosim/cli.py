@@ -293,7 +293,14 @@ def _write(path: str, text: str, option: str) -> None:
     help="A layout fits when its peak memory is at most this share of the device's.",
 )
 @click.option("--top", type=int, default=10, show_default=True)
-@click.option("--workers", type=int, default=1, show_default=True, help="Local processes.")
+@click.option(
+    "--workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Processes: local ones, or Ray actors with --executor ray (1: one per CPU of the Ray cluster). Each holds "
+    "whole groups of layouts (same tp, sp, cp, ep); the output is the same for any count.",
+)
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),

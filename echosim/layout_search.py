@@ -24,7 +24,8 @@ parallelism, ZeRO and the optimizer add only the step tail: ZeRO 0/1/2 share the
 and stage memory by stage graph, placements and schedule options. In a batch, the schedules of one
 layout share its preparation and stage costs (:func:`_prepare`), and the layouts whose schedules have
 one shape (schedule, pp, micro-batches, vpp) are timed in one numpy call (:func:`_evaluate_batch`).
-Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``).
+Layouts run in this process, in local processes (``workers``) or on a Ray cluster (``executor="ray"``); each worker
+holds whole groups of layouts for the whole search (:func:`_shards`), so no two do a group's cold work.
 
 A search (``fast=True``, the default) costs stages with :mod:`echosim.fast_eval` rather than a pipeline split
 per layout: each stage shape (first, last, layer count) derived from stage graphs of depth 1 to 3, with the
@@ -925,46 +926,193 @@ def _schedule_shape(p: Plan) -> tuple[int, int, str, int]:
 def _run_local(
     model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int, fast: bool = False
 ) -> Iterator[list[Evaluated]]:
-    # Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches, and
-    # the more of them a batch holds, the more share a schedule shape (ZeRO stages are 48 layouts apart).
-    batches = _batches(plans, BATCH if workers <= 1 else 32)
+    """The batches of ``plans`` evaluated in this process (``workers`` <= 1) or in ``workers`` local processes.
+
+    Neighbouring layouts share stage graphs and op costs: a batch stays in one process's caches, and the more of
+    them a batch holds, the more share a schedule shape. With several processes each has its own shard
+    (:func:`_shards`: whole groups of the layouts that share a layer's op shapes and collectives) and its own
+    executor, so each group's cold work (its stage graphs, lowering, unit timings, op costs) is done in one
+    process only; handing batches to whichever process was free did every group's cold work in each of them
+    (GPT-3 175B's full space, main 8558869: 80-89 CPU-s with two processes against 36-40 with one). The processes
+    are forked where the platform can (the parent's imports and caches inherited, not rebuilt). Batches come back
+    as they finish: rankings sort by objective and plan, never by arrival (:func:`rank`)."""
     if workers <= 1:
         with _survivors_frozen():
-            for batch in batches:
+            for batch in _batches(plans, BATCH):
                 yield _evaluate_batch(model, batch, cluster, fraction, fast, fast, True)
         return
-    pool = ProcessPoolExecutor(workers)
+    import multiprocessing
+    from concurrent.futures import as_completed
+
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    if fork:
+        _evaluation_imported()
+    context = multiprocessing.get_context("fork" if fork else None)
+    shards = [s for s in _shards(plans, workers) if s]
+    pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_worker_started) for _ in shards]
+    done = False
     try:
-        futures = [pool.submit(_evaluate_batch, model, b, cluster, fraction, fast, fast, True) for b in batches]
-        for f in futures:
-            yield f.result()
+        futures = [
+            pool.submit(_worker_batch, model, b, cluster, fraction, fast)
+            for pool, shard in zip(pools, shards, strict=True)
+            for b in _batches(shard, BATCH)
+        ]
+        for f in as_completed(futures):
+            yield _received(f.result())
+        done = True
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        for pool in pools:  # done: wait for the processes to exit (their CPU time is then the parent's children's)
+            pool.shutdown(wait=done, cancel_futures=not done)
+
+
+def _evaluation_imported() -> None:
+    """The modules a batch's evaluation imports (:func:`_evaluate`), numba's compiled level loops among them, imported
+    in this process before it forks its workers: they inherit them rather than each import them (0.4 CPU-s a
+    process: 0.2 the evaluation's modules, 0.2 numba and the loops' module), and this process imports them anyway
+    to re-check the top layouts (:func:`_recheck_top`)."""
+    import importlib
+
+    for name in ("echosim.compiler", "echosim.fast_eval", "echosim.timeline.lower", "echosim.timeline.report"):
+        importlib.import_module(name)
+    from echosim.timeline import composer
+
+    composer._compiled()  # numba and the loops' module where installed (None otherwise, or with ECHOSIM_JIT=0)
+
+
+#: The plan fields whose layouts a search's worker keeps together (:func:`_shards`): those that set a layer's
+#: per-rank op shapes and its tensor-, sequence-, context- and expert-parallel collectives (tp, sp, cp, ep and the
+#: model's own fields), every field of :func:`_costing_key` but the pipeline split (pp, vpp), data parallelism,
+#: ZeRO, micro-batch and recompute. A group's layouts share op costs and unit timings (a unit's timing is kept by
+#: its ops: every pipeline split, stage position and recompute policy of a layer shares it) as well as their stage
+#: graphs. Measured on GPT-3 175B's full space (1,024 A100, each of two shards evaluated alone, one after the other):
+#: one process 37.4 CPU-s; shards of these groups (28) 37.8; of groups also split by micro-batch and recompute
+#: (224) 38.9; also by pipeline split (2,864) 39.2.
+_SHARD_EXCLUDED = ("pp", "vpp", "dp", "zero", "micro_batch", "recompute", *_TIMING_ONLY)
+_SHARD_FIELDS = tuple(f for f in _COSTING_FIELDS if f not in _SHARD_EXCLUDED)
+_SHARD_VALUES = operator.attrgetter(*_SHARD_FIELDS)
+
+
+def _shard_key(plan: Plan) -> tuple[Any, ...]:
+    """The group of layouts ``plan`` shares its op shapes and collectives with (:data:`_SHARD_FIELDS`)."""
+    return _SHARD_VALUES(plan)  # type: ignore[no-any-return]
+
+
+#: What one stage family (a model graph and pipeline split: its stage graphs built, lowered and analysed once)
+#: costs, in layouts' own work (preparation, schedule inputs, brief figures, paid by every layout). GPT-3 175B's
+#: full space on 1,024 A100 (benchmarks/search_speed_s17.md's profile, main 8558869): the cold search's stage work
+#: 27.7 CPU-s over its 2,864 families, 9.7 ms each; a warm rerun 9.7 CPU-s over 39,972 layouts, 0.24 ms each.
+_FAMILY_COST = 40
+
+
+def _group_cost(members: list[Plan]) -> int:
+    """An estimate of a group's evaluation cost, in layouts' own work: each layout plus :data:`_FAMILY_COST` for
+    each stage family it builds (each distinct pipeline split, micro-batch and recompute policy). Measured per group
+    of GPT-3 175B's full space (28 groups evaluated in turn in one process, 0.8-2.0 CPU-s each): this estimate's
+    correlation with a group's CPU time is 0.72, the layout count's 0.53."""
+    families = {(p.pp, p.vpp, p.micro_batch, p.recompute) for p in members}
+    return len(members) + _FAMILY_COST * len(families)
+
+
+def _shards(plans: list[Plan], workers: int) -> list[list[Plan]]:
+    """``plans`` cut into ``workers`` shards of whole groups (:func:`_shard_key`), balanced by longest processing
+    time first: groups by decreasing :func:`_group_cost`, each to the shard with the least cost so far (ties: the
+    group met first in ``plans``, the lower-numbered shard; the cut is deterministic). Graham's bound: no shard
+    costs more than the mean plus the largest group. Each shard keeps the order of ``plans`` (its batches are cut
+    by :func:`_batches`)."""
+    groups: dict[tuple[Any, ...], list[Plan]] = {}
+    for p in plans:
+        groups.setdefault(_shard_key(p), []).append(p)
+    load = [0] * max(1, workers)
+    shard_of: dict[tuple[Any, ...], int] = {}
+    costs = {k: _group_cost(m) for k, m in groups.items()}
+    for key in sorted(groups, key=lambda k: -costs[k]):  # stable: equal costs in the order of ``plans``
+        w = min(range(len(load)), key=lambda j: (load[j], j))
+        shard_of[key] = w
+        load[w] += costs[key]
+    out: list[list[Plan]] = [[] for _ in load]
+    for p in plans:
+        out[shard_of[_shard_key(p)]].append(p)
+    return out
+
+
+def _worker_started() -> None:
+    """A search's worker process, at its start: what it inherited from the parent (a fork) and what each batch
+    leaves in its caches are kept out of the cyclic collector's scans for the process's life, which is the
+    search's (:func:`_survivors_frozen`)."""
+    gc.freeze()
+    _FREEZING[0] = 1
+
+
+def _worker_batch(
+    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool
+) -> tuple[list[Evaluated], Counter[str]]:
+    """One batch of a search in a worker process: its evaluation and the fast path's fallbacks it counted
+    (:data:`echosim.fast_eval.FALLBACKS`, counted again in the parent)."""
+    from echosim import fast_eval
+
+    before = Counter(fast_eval.FALLBACKS)
+    out = _evaluate_batch(model, plans, cluster, fraction, fast, fast, True)
+    return out, fast_eval.FALLBACKS - before
+
+
+def _received(batch: tuple[list[Evaluated], Counter[str]]) -> list[Evaluated]:
+    """A worker's batch in the parent: its fallbacks added to this process's count, its layouts."""
+    from echosim import fast_eval
+
+    fast_eval.FALLBACKS.update(batch[1])
+    return batch[0]
+
+
+class _ShardWorker:
+    """A Ray actor holding one shard of a search (:func:`_shards`): its batches run in the order they are sent,
+    in one process, so its groups' cold work is done once (Ray runs one caller's calls of an actor in order)."""
+
+    def __init__(self) -> None:
+        _worker_started()
+
+    def evaluate(
+        self, model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool
+    ) -> tuple[list[Evaluated], Counter[str]]:
+        return _worker_batch(model, plans, cluster, fraction, fast)
 
 
 def _run_ray(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, address: str | None, fast: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    address: str | None,
+    fast: bool = False,
+    workers: int = 1,
 ) -> Iterator[list[Evaluated]]:
+    """The batches of ``plans`` evaluated by Ray actors, one per shard (:func:`_shards`): ``workers`` of them, or,
+    with ``workers`` 1, one per CPU of the Ray cluster (never more: each takes one CPU)."""
     try:
         import ray
     except ImportError:
         raise SearchError("--executor ray needs Ray: pip install 'echosim[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    remote = ray.remote(_evaluate_batch)
-    pending = {
-        remote.remote(model, b, cluster, fraction, fast, fast, True): i for i, b in enumerate(_batches(plans, 32))
-    }
-    done_batches: dict[int, list[Evaluated]] = {}
-    refs = list(pending)
+    # an actor holds its CPU until the search ends: more actors than CPUs would wait for ever
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    count = min(workers, cpus) if workers > 1 else cpus
+    shards = [s for s in _shards(plans, count) if s]
+    actor = ray.remote(num_cpus=1)(_ShardWorker)
+    actors = [actor.remote() for _ in shards]
+    refs = [
+        a.evaluate.remote(model, b, cluster, fraction, fast)
+        for a, shard in zip(actors, shards, strict=True)
+        for b in _batches(shard, BATCH)
+    ]
     try:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
-            done_batches[pending[ready[0]]] = ray.get(ready[0])
-            yield done_batches[pending[ready[0]]]
+            yield _received(ray.get(ready[0]))
     finally:
         for ref in refs:
             ray.cancel(ref)
+        for a in actors:
+            ray.kill(a)
 
 
 # -- the search ------------------------------------------------------------------------------------------
@@ -1089,7 +1237,7 @@ def search(
     results: list[Evaluated] = []
     interrupted = False
     runner = (
-        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast)
+        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast, workers)
         if executor == "ray"
         else _run_local(model, plans, cluster, memory_fraction, workers, fast)
     )

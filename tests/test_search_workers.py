@@ -1,0 +1,126 @@
+"""A search with several worker processes (``workers``, ``--executor ray``): each holds whole groups of the layouts
+that share stage graphs (:func:`echosim.layout_search._shards`), and its output is the one-process search's, byte for
+byte."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from echosim import fast_eval, memo
+from echosim.commands.search import dumps_indented, result_json
+from echosim.layout_search import _group_cost, _shard_key, _shards, search
+from echosim.plan import Cluster, Plan
+
+SPACE = {"tp": (1, 2), "pp": (1, 2, 4), "cp": (1, 2), "mb": (1, 2), "zero": (0, 1), "vpp": (1, 2), "sp": (False, True)}
+
+
+def _cold_json(workers: int, executor: str = "local") -> tuple[str, Counter[str]]:
+    """The search's ``--json`` text and fast-path fallbacks, every cache emptied first (the workers do their own
+    cold work, not inherit the parent's)."""
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    result = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=workers,
+                    executor=executor)  # fmt: skip
+    return dumps_indented(result_json(result, 5)), Counter(fast_eval.FALLBACKS)
+
+
+def test_two_workers_write_the_same_json_as_one() -> None:
+    one, fallbacks_one = _cold_json(1)
+    two, fallbacks_two = _cold_json(2)
+    assert '"simulated": 0' not in one
+    assert two == one
+    assert fallbacks_two == fallbacks_one  # the workers' counts come back to the parent
+
+
+def test_ctrl_c_with_workers_keeps_what_was_simulated() -> None:
+    """Progress and Ctrl-C act per batch with worker processes too: an interrupt after the second batch ends the search
+    with the layouts of the batches received."""
+    calls: list[int] = []
+
+    def interrupt(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    result = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2,
+                    progress=interrupt)  # fmt: skip
+    assert result.interrupted and result.simulated == calls[-1] < len(result.enumeration.to_simulate)
+    assert result.best is not None and result.best.ok
+
+
+@pytest.mark.slow
+def test_ray_actors_write_the_same_json_as_one_process() -> None:
+    ray = pytest.importorskip("ray")
+    one, _ = _cold_json(1)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        remote, _ = _cold_json(1, executor="ray")  # one actor per CPU of the Ray cluster: two shards
+        capped, _ = _cold_json(4, executor="ray")  # no more actors than CPUs (each holds one until the search ends)
+    finally:
+        ray.shutdown()
+    assert remote == one
+    assert capped == one
+
+
+def _plans() -> list[Plan]:
+    """Layouts of 64 devices over the fields a shard key reads and those it does not (dp, ZeRO, schedule, TP
+    overlap), in an enumeration-like order."""
+    out = []
+    for tp, pp, cp, mb, zero, schedule, overlap in itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8), (1, 2), (1, 2, 4), (0, 1, 2), ("1f1b", "gpipe"), (False, True)
+    ):
+        if overlap and tp == 1:
+            continue
+        out.append(Plan(tp=tp, pp=pp, cp=cp, dp=64 // (tp * pp * cp), micro_batch=mb, zero=zero, schedule=schedule,
+                        tp_overlap=overlap))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_shards_hold_whole_groups_balanced(workers: int) -> None:
+    """Every layout in exactly one shard, in its input order; a group (:func:`_shard_key`) never split; no shard
+    costs more than the mean plus the largest group (longest processing time first, Graham's bound)."""
+    plans = _plans()
+    shards = _shards(plans, workers)
+    assert len(shards) == workers
+    assert sorted(map(plans.index, itertools.chain(*shards))) == list(range(len(plans)))
+    for shard in shards:
+        assert [plans.index(p) for p in shard] == sorted(plans.index(p) for p in shard)
+    owner: dict[object, int] = {}
+    for w, shard in enumerate(shards):
+        for p in shard:
+            assert owner.setdefault(_shard_key(p), w) == w
+    groups: dict[object, list[Plan]] = {}
+    for p in plans:
+        groups.setdefault(_shard_key(p), []).append(p)
+    costs = [_group_cost(m) for m in groups.values()]
+    loads = [sum(_group_cost(groups[k]) for k in {_shard_key(p) for p in s}) for s in shards]
+    assert sum(loads) == sum(costs)
+    assert max(loads) <= sum(costs) / workers + max(costs)
+    assert _shards(plans, workers) == shards  # deterministic
+
+
+def test_a_group_is_a_layers_op_shapes_and_collectives() -> None:
+    """Layouts that differ in pipeline split, data parallelism, ZeRO stage, micro-batch, recompute, schedule or TP
+    overlap alone share their layers' op shapes and collectives: one group. A different tensor, sequence, context or
+    expert parallelism is another group."""
+    base = Plan(tp=2, pp=4, dp=8, micro_batch=1)
+    same = [Plan(tp=2, pp=4, dp=8, micro_batch=1, zero=1), Plan(tp=2, pp=4, dp=8, micro_batch=1, schedule="gpipe"),
+            Plan(tp=2, pp=4, dp=8, micro_batch=1, tp_overlap=True), Plan(tp=2, pp=4, dp=16, micro_batch=1),
+            Plan(tp=2, pp=8, dp=8, micro_batch=1, vpp=2), Plan(tp=2, pp=4, dp=8, micro_batch=2),
+            Plan(tp=2, pp=4, dp=8, micro_batch=1, recompute="full")]  # fmt: skip
+    other = [Plan(tp=4, pp=4, dp=8, micro_batch=1), Plan(tp=2, pp=4, dp=8, micro_batch=1, sp=True),
+             Plan(tp=2, pp=4, dp=8, cp=2, micro_batch=1), Plan(tp=2, pp=4, dp=8, ep=2, micro_batch=1)]  # fmt: skip
+    assert all(_shard_key(p) == _shard_key(base) for p in same)
+    assert all(_shard_key(p) != _shard_key(base) for p in other)
+
+
+def test_a_groups_cost_counts_its_stage_families() -> None:
+    """A group's estimate: each layout, and each stage family (pipeline split, micro-batch, recompute) 40 layouts'
+    worth; the ZeRO stages and schedules of one family add layouts only."""
+    family = [Plan(tp=2, pp=4, dp=8, zero=z, schedule=s) for z in (0, 1, 2) for s in ("1f1b", "gpipe")]
+    assert _group_cost(family) == 6 + 40
+    assert _group_cost([*family, Plan(tp=2, pp=8, dp=4), Plan(tp=2, pp=4, dp=8, micro_batch=2)]) == 8 + 3 * 40
