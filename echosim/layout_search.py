@@ -924,7 +924,13 @@ def _schedule_shape(p: Plan) -> tuple[int, int, str, int]:
 
 
 def _run_local(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int, fast: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    workers: int,
+    fast: bool = False,
+    recheck: _Recheck | None = None,
 ) -> Iterator[list[Evaluated]]:
     """The batches of ``plans`` evaluated in this process (``workers`` <= 1) or in ``workers`` local processes.
 
@@ -935,7 +941,11 @@ def _run_local(
     process only; handing batches to whichever process was free did every group's cold work in each of them
     (GPT-3 175B's full space, main 8558869: 80-89 CPU-s with two processes against 36-40 with one). The processes
     are forked where the platform can (the parent's imports and caches inherited, not rebuilt). Batches come back
-    as they finish: rankings sort by objective and plan, never by arrival (:func:`rank`)."""
+    as they finish: rankings sort by objective and plan, never by arrival (:func:`rank`).
+
+    ``recheck``: each worker, after its last batch, evaluates its own shard's top layouts by the full path
+    (:func:`_worker_recheck`, on its warm caches, while the other workers still run) into ``recheck.known``, which
+    :func:`_recheck_top` then reads instead of evaluating them again in this process on cold caches."""
     if workers <= 1:
         with _survivors_frozen():
             for batch in _batches(plans, BATCH):
@@ -957,8 +967,16 @@ def _run_local(
             for pool, shard in zip(pools, shards, strict=True)
             for b in _batches(shard, BATCH)
         ]
-        for f in as_completed(futures):
-            yield _received(f.result())
+        # after each pool's batches (one process runs its pool's calls in order): its shard's top, fully evaluated
+        rechecks = set()
+        if recheck is not None:
+            rechecks = {p.submit(_worker_recheck, model, cluster, fraction, recheck.objective, recheck.price)
+                        for p in pools}  # fmt: skip
+        for f in as_completed([*futures, *rechecks]):
+            if f in rechecks:
+                recheck.known.update(f.result())  # type: ignore[union-attr]
+            else:
+                yield _received(f.result())
         done = True
     finally:
         for pool in pools:  # done: wait for the processes to exit (their CPU time is then the parent's children's)
@@ -1041,6 +1059,11 @@ def _worker_started() -> None:
     search's (:func:`_survivors_frozen`)."""
     gc.freeze()
     _FREEZING[0] = 1
+    _SHARD_RESULTS.clear()
+
+
+#: A worker's results so far in this search (:func:`_worker_batch`), for its re-check (:func:`_worker_recheck`).
+_SHARD_RESULTS: list[Evaluated] = []
 
 
 def _worker_batch(
@@ -1052,7 +1075,25 @@ def _worker_batch(
 
     before = Counter(fast_eval.FALLBACKS)
     out = _evaluate_batch(model, plans, cluster, fraction, fast, fast, True)
+    _SHARD_RESULTS.extend(out)
     return out, fast_eval.FALLBACKS - before
+
+
+def _worker_recheck(
+    model: Any, cluster: Cluster, fraction: float, objective: str, price: float
+) -> dict[Plan, Evaluated]:
+    """A worker's part of the search's re-check (:func:`_recheck_top`), after its last batch: its own shard's top
+    layouts evaluated by the full path, on the caches its batches warmed, while the other workers still run.
+
+    They hold the search's top: a layout among the search's first :data:`RECHECK_TOP` by a ranking has fewer than
+    that many above it in its own shard too (the same objective and tie-break), so each round of the search's
+    re-check asks for layouts its shard's own re-check asked for, unless a re-evaluated layout moved a shard's
+    ranking differently (then the parent evaluates what it still lacks: the outcome is the same either way, only
+    where the work is done changes)."""
+    known: dict[Plan, Evaluated] = {}
+    with _fewer_collections():
+        _recheck_top(model, list(_SHARD_RESULTS), cluster, fraction, objective, price, known)
+    return known
 
 
 def _received(batch: tuple[list[Evaluated], Counter[str]]) -> list[Evaluated]:
@@ -1075,6 +1116,11 @@ class _ShardWorker:
     ) -> tuple[list[Evaluated], Counter[str]]:
         return _worker_batch(model, plans, cluster, fraction, fast)
 
+    def recheck(
+        self, model: Any, cluster: Cluster, fraction: float, objective: str, price: float
+    ) -> dict[Plan, Evaluated]:
+        return _worker_recheck(model, cluster, fraction, objective, price)
+
 
 def _run_ray(
     model: Any,
@@ -1084,9 +1130,11 @@ def _run_ray(
     address: str | None,
     fast: bool = False,
     workers: int = 1,
+    recheck: _Recheck | None = None,
 ) -> Iterator[list[Evaluated]]:
     """The batches of ``plans`` evaluated by Ray actors, one per shard (:func:`_shards`): ``workers`` of them, or,
-    with ``workers`` 1, one per CPU of the Ray cluster (never more: each takes one CPU)."""
+    with ``workers`` 1, one per CPU of the Ray cluster (never more: each takes one CPU). ``recheck``: as
+    :func:`_run_local`'s, each actor's after its batches."""
     try:
         import ray
     except ImportError:
@@ -1104,10 +1152,17 @@ def _run_ray(
         for a, shard in zip(actors, shards, strict=True)
         for b in _batches(shard, BATCH)
     ]
+    rechecks = set()
+    if recheck is not None:  # an actor runs one caller's calls in order: after its batches
+        rechecks = {a.recheck.remote(model, cluster, fraction, recheck.objective, recheck.price) for a in actors}
+        refs += rechecks
     try:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
-            yield _received(ray.get(ready[0]))
+            if ready[0] in rechecks:
+                recheck.known.update(ray.get(ready[0]))  # type: ignore[union-attr]
+            else:
+                yield _received(ray.get(ready[0]))
     finally:
         for ref in refs:
             ray.cancel(ref)
@@ -1236,10 +1291,11 @@ def search(
     plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
     interrupted = False
+    recheck = _Recheck(objective, price_per_device_hour) if fast else None
     runner = (
-        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast, workers)
+        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast, workers, recheck)
         if executor == "ray"
-        else _run_local(model, plans, cluster, memory_fraction, workers, fast)
+        else _run_local(model, plans, cluster, memory_fraction, workers, fast, recheck)
     )
     try:
         for batch in runner:
@@ -1253,8 +1309,9 @@ def search(
         if close:
             close()
     with _fewer_collections():
-        if fast:
-            results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour)
+        if recheck is not None:
+            results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour,
+                                   recheck.known)  # fmt: skip
         ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
     name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
@@ -1265,11 +1322,32 @@ def search(
 RECHECK_TOP = 20
 
 
+@dataclass
+class _Recheck:
+    """What a search's workers need for their part of the re-check (:func:`_worker_recheck`), and the full path's
+    evaluations they send back, by plan."""
+
+    objective: str
+    price: float
+    known: dict[Plan, Evaluated] = field(default_factory=dict)
+
+
 def _recheck_top(
-    model: Any, results: list[Evaluated], cluster: Cluster, fraction: float, objective: str, price: float
+    model: Any,
+    results: list[Evaluated],
+    cluster: Cluster,
+    fraction: float,
+    objective: str,
+    price: float,
+    known: dict[Plan, Evaluated] | None = None,
 ) -> list[Evaluated]:
     """The fast path's best layouts evaluated again by the full path, whose figures are reported: a ranking
-    whose top changes (never seen; tests/test_fast_eval.py) is re-checked until its top is the full path's."""
+    whose top changes (never seen; tests/test_fast_eval.py) is re-checked until its top is the full path's.
+
+    ``known``: full-path evaluations already done (by the workers, :func:`_worker_recheck`), read instead of
+    evaluated again; what is evaluated here is added to it. A layout's evaluation reads no other layout of its
+    batch, so the outcome does not depend on which were known."""
+    known = {} if known is None else known
     checked: set[int] = set()
     at = {id(e): i for i, e in enumerate(results)}
     key = objective_key(objective, price)
@@ -1278,8 +1356,11 @@ def _recheck_top(
         top = [e for e in sorted(ok, key=lambda c: (key(c), _plan_key(c.plan)))[:RECHECK_TOP] if id(e) not in checked]
         if not top:
             break
-        plans = [e.plan for e in top]
-        for old, new in zip(top, _evaluate(model, plans, cluster, fraction, checked=True), strict=True):
+        missing = [e.plan for e in top if e.plan not in known]
+        if missing:
+            known.update(zip(missing, _evaluate(model, missing, cluster, fraction, checked=True), strict=True))
+        for old in top:
+            new = known[old.plan]
             results[at.pop(id(old))] = new
             checked.add(id(new))
         at = {id(e): i for i, e in enumerate(results)}

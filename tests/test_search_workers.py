@@ -4,14 +4,17 @@ byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import os
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from echosim import fast_eval, memo
+from echosim import fast_eval, layout_search, memo
 from echosim.commands.search import dumps_indented, result_json
-from echosim.layout_search import _group_cost, _shard_key, _shards, search
+from echosim.layout_search import Evaluated, _group_cost, _shard_key, _shards, search
 from echosim.plan import Cluster, Plan
 
 SPACE = {"tp": (1, 2), "pp": (1, 2, 4), "cp": (1, 2), "mb": (1, 2), "zero": (0, 1), "vpp": (1, 2), "sp": (False, True)}
@@ -49,6 +52,58 @@ def test_ctrl_c_with_workers_keeps_what_was_simulated() -> None:
                     progress=interrupt)  # fmt: skip
     assert result.interrupted and result.simulated == calls[-1] < len(result.enumeration.to_simulate)
     assert result.best is not None and result.best.ok
+
+
+def _full_path_calls(monkeypatch: pytest.MonkeyPatch, slower: bool) -> list[tuple[int, int]]:
+    """The full path's evaluations (the re-check's, ``fast`` False) recorded as (process id, layouts) in this process;
+    ``slower``: the full path disagrees with the fast one, its layouts of tensor parallelism 2 a third slower (the
+    re-check's top then changes, as it would if the fast path were wrong). Workers forked afterwards inherit both."""
+    calls: list[tuple[int, int]] = []
+    evaluate = layout_search._evaluate
+
+    def recorded(model: Any, plans: list[Plan], *args: Any, **kwargs: Any) -> list[Evaluated]:
+        out = evaluate(model, plans, *args, **kwargs)
+        if kwargs.get("fast", args[2] if len(args) > 2 else False):
+            return out
+        calls.append((os.getpid(), len(plans)))
+        if not slower:
+            return out
+        return [dataclasses.replace(e, step_time_s=e.step_time_s * 4 / 3, tokens_per_s=e.tokens_per_s * 3 / 4,
+                                    samples_per_s=e.samples_per_s * 3 / 4)
+                if e.ok and e.plan.tp == 2 else e for e in out]  # fmt: skip
+
+    monkeypatch.setattr(layout_search, "_evaluate", recorded)
+    return calls
+
+
+def test_workers_recheck_their_own_top() -> None:
+    """With workers, each re-checks its shard's top layouts after its last batch (on its warm caches, while the
+    others run): the parent evaluates none by the full path, and the report is the one-process search's."""
+    one, _ = _cold_json(1)
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _full_path_calls(mp, slower=False)
+        two, _ = _cold_json(2)
+    assert two == one
+    assert calls == []  # the workers' calls are recorded in their own processes only
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_recheck_that_changes_the_top_is_the_same_with_workers(workers: int) -> None:
+    """A full path that disagrees with the fast one moves layouts out of the top and brings others in, re-checked in
+    further rounds: the outcome (figures, ranking, counts) is the one-process search's with any number of workers,
+    whichever process evaluated which layout."""
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _full_path_calls(mp, slower=True)
+        one, _ = _cold_json(1)
+        parent = list(calls)
+        calls.clear()
+        many, _ = _cold_json(workers)
+    assert len(parent) >= 2  # the top changed: more than one round in one process
+    assert many == one
+    with pytest.MonkeyPatch.context() as mp:
+        _full_path_calls(mp, slower=False)
+        unchanged, _ = _cold_json(1)
+    assert unchanged != one  # the disagreement reached the report
 
 
 @pytest.mark.slow
