@@ -952,11 +952,31 @@ def _run_local(
                 yield _evaluate_batch(model, batch, cluster, fraction, fast, fast, True)
         return
     import multiprocessing
-    from concurrent.futures import as_completed
 
     fork = "fork" in multiprocessing.get_all_start_methods()
-    if fork:
-        _evaluation_imported()
+    # this process's objects (the model, the enumeration's layouts, the imports) frozen before the workers fork and
+    # while their results come in, as with one process: its collections scan what came in since, not all of them
+    with _survivors_frozen():
+        with _fewer_collections():  # then frozen (a batch imports them so with one process)
+            if fork:
+                _evaluation_imported()
+        yield from _from_workers(model, plans, cluster, fraction, workers, fast, recheck, fork)
+
+
+def _from_workers(
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    workers: int,
+    fast: bool,
+    recheck: _Recheck | None,
+    fork: bool,
+) -> Iterator[list[Evaluated]]:
+    """:func:`_run_local`'s batches from ``workers`` processes, each with its shard (and its part of ``recheck``)."""
+    import multiprocessing
+    from concurrent.futures import as_completed
+
     context = multiprocessing.get_context("fork" if fork else None)
     shards = [s for s in _shards(plans, workers) if s]
     pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_worker_started) for _ in shards]
@@ -972,11 +992,12 @@ def _run_local(
         if recheck is not None:
             rechecks = {p.submit(_worker_recheck, model, cluster, fraction, recheck.objective, recheck.price)
                         for p in pools}  # fmt: skip
-        for f in as_completed([*futures, *rechecks]):
-            if f in rechecks:
-                recheck.known.update(f.result())  # type: ignore[union-attr]
-            else:
-                yield _received(f.result())
+        with _fewer_collections():  # the workers forked at their first submit: this process's threshold only
+            for f in as_completed([*futures, *rechecks]):
+                if f in rechecks:
+                    recheck.known.update(f.result())  # type: ignore[union-attr]
+                else:
+                    yield _received(f.result())
         done = True
     finally:
         for pool in pools:  # done: wait for the processes to exit (their CPU time is then the parent's children's)

@@ -106,6 +106,23 @@ def test_recheck_that_changes_the_top_is_the_same_with_workers(workers: int) -> 
     assert unchanged != one  # the disagreement reached the report
 
 
+def test_parent_collects_little_while_workers_run() -> None:
+    """While the workers' results come in, the parent's own objects (model, enumeration, imports) are frozen and
+    its threshold is a batch's, as in a one-process search: its collections scan only what came in (GPT-3 175B's
+    full space: 0.33 of the parent's 1.0 CPU-s meanwhile went to collections); both are handed back at the end."""
+    import gc
+
+    seen: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+
+    before = gc.get_threshold()
+    search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2, progress=progress)
+    assert seen and all(frozen > 0 and threshold == layout_search._BATCH_GC_THRESHOLD for frozen, threshold in seen)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
 @pytest.mark.slow
 def test_ray_actors_write_the_same_json_as_one_process() -> None:
     ray = pytest.importorskip("ray")
