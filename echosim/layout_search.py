@@ -40,6 +40,7 @@ import gc
 import itertools
 import math
 import operator
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -931,6 +932,7 @@ def _run_local(
     workers: int,
     fast: bool = False,
     recheck: _Recheck | None = None,
+    exiting: list[threading.Thread] | None = None,
 ) -> Iterator[list[Evaluated]]:
     """The batches of ``plans`` evaluated in this process (``workers`` <= 1) or in ``workers`` local processes.
 
@@ -945,7 +947,12 @@ def _run_local(
 
     ``recheck``: each worker, after its last batch, evaluates its own shard's top layouts by the full path
     (:func:`_worker_recheck`, on its warm caches, while the other workers still run) into ``recheck.known``, which
-    :func:`_recheck_top` then reads instead of evaluating them again in this process on cold caches."""
+    :func:`_recheck_top` then reads instead of evaluating them again in this process on cold caches.
+
+    ``exiting``: a worker whose calls have all returned is let go at once (its process exits while the others
+    run); the threads that wait for the processes to exit are added to this list, for the caller to join when it
+    has done what it could meanwhile (a process holding a shard's caches takes 0.1 s to exit). None: waited for here.
+    """
     if workers <= 1:
         with _survivors_frozen():
             for batch in _batches(plans, BATCH):
@@ -960,7 +967,11 @@ def _run_local(
         with _fewer_collections():  # then frozen (a batch imports them so with one process)
             if fork:
                 _evaluation_imported()
-        yield from _from_workers(model, plans, cluster, fraction, workers, fast, recheck, fork)
+        threads: list[threading.Thread] = [] if exiting is None else exiting
+        yield from _from_workers(model, plans, cluster, fraction, workers, fast, recheck, fork, threads)
+        if exiting is None:
+            for t in threads:
+                t.join()
 
 
 def _from_workers(
@@ -972,36 +983,45 @@ def _from_workers(
     fast: bool,
     recheck: _Recheck | None,
     fork: bool,
+    exiting: list[threading.Thread],
 ) -> Iterator[list[Evaluated]]:
-    """:func:`_run_local`'s batches from ``workers`` processes, each with its shard (and its part of ``recheck``)."""
+    """:func:`_run_local`'s batches from ``workers`` processes, each with its shard (and its part of ``recheck``);
+    each pool is shut down by a thread in ``exiting`` once its calls have all returned."""
     import multiprocessing
     from concurrent.futures import as_completed
 
     context = multiprocessing.get_context("fork" if fork else None)
     shards = [s for s in _shards(plans, workers) if s]
     pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_worker_started) for _ in shards]
-    done = False
+    pool_of: dict[Any, int] = {}  # each call's pool
+    rechecks = set()
+    left: Counter[int] = Counter()  # calls not returned, by pool
     try:
-        futures = [
-            pool.submit(_worker_batch, model, b, cluster, fraction, fast)
-            for pool, shard in zip(pools, shards, strict=True)
-            for b in _batches(shard, BATCH)
-        ]
-        # after each pool's batches (one process runs its pool's calls in order): its shard's top, fully evaluated
-        rechecks = set()
-        if recheck is not None:
-            rechecks = {p.submit(_worker_recheck, model, cluster, fraction, recheck.objective, recheck.price)
-                        for p in pools}  # fmt: skip
+        for w, (pool, shard) in enumerate(zip(pools, shards, strict=True)):
+            for b in _batches(shard, BATCH):
+                pool_of[pool.submit(_worker_batch, model, b, cluster, fraction, fast)] = w
+                left[w] += 1
+            if recheck is not None:  # after its batches (one process runs its pool's calls in order)
+                f = pool.submit(_worker_recheck, model, cluster, fraction, recheck.objective, recheck.price)
+                pool_of[f] = w
+                left[w] += 1
+                rechecks.add(f)
         with _fewer_collections():  # the workers forked at their first submit: this process's threshold only
-            for f in as_completed([*futures, *rechecks]):
+            for f in as_completed(pool_of):
+                w = pool_of[f]
+                result = f.result()
+                left[w] -= 1
+                if not left[w]:  # let go: its process exits while the others run
+                    exiting.append(threading.Thread(target=pools[w].shutdown, name=f"echosim-worker-{w}-exit"))
+                    exiting[-1].start()
                 if f in rechecks:
-                    recheck.known.update(f.result())  # type: ignore[union-attr]
+                    recheck.known.update(result)  # type: ignore[union-attr]
                 else:
-                    yield _received(f.result())
-        done = True
+                    yield _received(result)
     finally:
-        for pool in pools:  # done: wait for the processes to exit (their CPU time is then the parent's children's)
-            pool.shutdown(wait=done, cancel_futures=not done)
+        for w, pool in enumerate(pools):  # interrupted: what has not started is dropped, nothing waited for
+            if left[w]:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _evaluation_imported() -> None:
@@ -1313,10 +1333,11 @@ def search(
     results: list[Evaluated] = []
     interrupted = False
     recheck = _Recheck(objective, price_per_device_hour) if fast else None
+    exiting: list[threading.Thread] = []  # workers' processes exiting while this one re-checks and ranks
     runner = (
         _run_ray(model, plans, cluster, memory_fraction, ray_address, fast, workers, recheck)
         if executor == "ray"
-        else _run_local(model, plans, cluster, memory_fraction, workers, fast, recheck)
+        else _run_local(model, plans, cluster, memory_fraction, workers, fast, recheck, exiting)
     )
     try:
         for batch in runner:
@@ -1334,6 +1355,8 @@ def search(
             results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour,
                                    recheck.known)  # fmt: skip
         ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
+    for t in exiting:  # the workers have exited when the search returns
+        t.join()
     name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
                         price_per_device_hour)  # fmt: skip

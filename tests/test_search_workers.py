@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import threading
 from collections import Counter
 from typing import Any
 
@@ -106,6 +107,16 @@ def test_recheck_that_changes_the_top_is_the_same_with_workers(workers: int) -> 
     assert unchanged != one  # the disagreement reached the report
 
 
+def test_workers_have_exited_when_the_search_returns() -> None:
+    """A worker is let go once its calls have returned and exits while the parent re-checks and ranks; the search
+    returns only when every worker has exited (their CPU time is then the process's children's)."""
+    search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("echosim-worker-")]
+    import multiprocessing
+
+    assert multiprocessing.active_children() == []
+
+
 def test_parent_collects_little_while_workers_run() -> None:
     """While the workers' results come in, the parent's own objects (model, enumeration, imports) are frozen and
     its threshold is a batch's, as in a one-process search: its collections scan only what came in (GPT-3 175B's
@@ -121,6 +132,19 @@ def test_parent_collects_little_while_workers_run() -> None:
     search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2, progress=progress)
     assert seen and all(frozen > 0 and threshold == layout_search._BATCH_GC_THRESHOLD for frozen, threshold in seen)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+def test_workers_are_let_go_for_the_caller_to_join() -> None:
+    """The batches' generator does not wait for the workers to exit: it hands the caller a started thread per
+    worker shutting its pool down (the caller joins them after its re-check and ranking)."""
+    probe = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, sample=slice(0, 0))
+    plans = probe.enumeration.to_simulate
+    exiting: list[threading.Thread] = []
+    batches = list(layout_search._run_local("gpt3-125m", plans, probe.cluster, 0.9, 2, True, None, exiting))
+    assert sum(map(len, batches)) == len(plans)
+    assert len(exiting) == 2
+    for t in exiting:
+        t.join()
 
 
 @pytest.mark.slow
