@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import threading
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 
 from echosim import fast_eval, layout_search, memo
 from echosim.commands.search import dumps_indented, result_json
-from echosim.layout_search import Evaluated, _group_cost, _shard_key, _shards, search
+from echosim.layout_search import Evaluated, _first, _group_cost, _plan_key, _shard_key, _shards, search
 from echosim.plan import Cluster, Plan
 
 SPACE = {"tp": (1, 2), "pp": (1, 2, 4), "cp": (1, 2), "mb": (1, 2), "zero": (0, 1), "vpp": (1, 2), "sp": (False, True)}
@@ -105,6 +106,20 @@ def test_recheck_that_changes_the_top_is_the_same_with_workers(workers: int) -> 
         _full_path_calls(mp, slower=False)
         unchanged, _ = _cold_json(1)
     assert unchanged != one  # the disagreement reached the report
+
+
+def test_first_is_the_sorted_prefix() -> None:
+    """The re-check's top ``n`` (sorting only the layouts up to the ``n``-th objective) equals the full sort's
+    prefix, ties at the cut broken by plan as the full sort does; with a NaN objective, the full sort itself."""
+    plans = _plans()
+    times = [1.0, 2.0, 2.0, 2.0, 3.0, 0.5]
+    items = [Evaluated(p, 64, step_time_s=times[i % len(times)], fits=True, simulated=True) for i, p in
+             enumerate(plans)]  # fmt: skip
+    key = layout_search.objective_key("step-time")
+    for n in (1, 5, 20, len(items), len(items) + 3):
+        assert _first(items, key, n) == sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]
+    items[3] = dataclasses.replace(items[3], step_time_s=math.nan)
+    assert _first(items, key, 20) == sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:20]
 
 
 def test_workers_have_exited_when_the_search_returns() -> None:
