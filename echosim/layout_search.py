@@ -37,9 +37,11 @@ by that path before they are reported.
 from __future__ import annotations
 
 import gc
+import heapq
 import itertools
 import math
 import operator
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -924,7 +926,14 @@ def _schedule_shape(p: Plan) -> tuple[int, int, str, int]:
 
 
 def _run_local(
-    model: Any, plans: list[Plan], cluster: Cluster, fraction: float, workers: int, fast: bool = False
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    workers: int,
+    fast: bool = False,
+    recheck: _Recheck | None = None,
+    exiting: list[threading.Thread] | None = None,
 ) -> Iterator[list[Evaluated]]:
     """The batches of ``plans`` evaluated in this process (``workers`` <= 1) or in ``workers`` local processes.
 
@@ -935,34 +944,85 @@ def _run_local(
     process only; handing batches to whichever process was free did every group's cold work in each of them
     (GPT-3 175B's full space, main 8558869: 80-89 CPU-s with two processes against 36-40 with one). The processes
     are forked where the platform can (the parent's imports and caches inherited, not rebuilt). Batches come back
-    as they finish: rankings sort by objective and plan, never by arrival (:func:`rank`)."""
+    as they finish: rankings sort by objective and plan, never by arrival (:func:`rank`).
+
+    ``recheck``: each worker, after its last batch, evaluates its own shard's top layouts by the full path
+    (:func:`_worker_recheck`, on its warm caches, while the other workers still run) into ``recheck.known``, which
+    :func:`_recheck_top` then reads instead of evaluating them again in this process on cold caches.
+
+    ``exiting``: a worker whose calls have all returned is let go at once (its process exits while the others
+    run); the threads that wait for the processes to exit are added to this list, for the caller to join when it
+    has done what it could meanwhile (a process holding a shard's caches takes 0.1 s to exit). None: waited for here.
+    """
     if workers <= 1:
         with _survivors_frozen():
             for batch in _batches(plans, BATCH):
                 yield _evaluate_batch(model, batch, cluster, fraction, fast, fast, True)
         return
     import multiprocessing
-    from concurrent.futures import as_completed
 
     fork = "fork" in multiprocessing.get_all_start_methods()
-    if fork:
-        _evaluation_imported()
+    # this process's objects (the model, the enumeration's layouts, the imports) frozen before the workers fork and
+    # while their results come in, as with one process: its collections scan what came in since, not all of them
+    with _survivors_frozen():
+        with _fewer_collections():  # then frozen (a batch imports them so with one process)
+            if fork:
+                _evaluation_imported()
+        threads: list[threading.Thread] = [] if exiting is None else exiting
+        yield from _from_workers(model, plans, cluster, fraction, workers, fast, recheck, fork, threads)
+        if exiting is None:
+            for t in threads:
+                t.join()
+
+
+def _from_workers(
+    model: Any,
+    plans: list[Plan],
+    cluster: Cluster,
+    fraction: float,
+    workers: int,
+    fast: bool,
+    recheck: _Recheck | None,
+    fork: bool,
+    exiting: list[threading.Thread],
+) -> Iterator[list[Evaluated]]:
+    """:func:`_run_local`'s batches from ``workers`` processes, each with its shard (and its part of ``recheck``);
+    each pool is shut down by a thread in ``exiting`` once its calls have all returned."""
+    import multiprocessing
+    from concurrent.futures import as_completed
+
     context = multiprocessing.get_context("fork" if fork else None)
     shards = [s for s in _shards(plans, workers) if s]
     pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_worker_started) for _ in shards]
-    done = False
+    pool_of: dict[Any, int] = {}  # each call's pool
+    rechecks = set()
+    left: Counter[int] = Counter()  # calls not returned, by pool
     try:
-        futures = [
-            pool.submit(_worker_batch, model, b, cluster, fraction, fast)
-            for pool, shard in zip(pools, shards, strict=True)
-            for b in _batches(shard, BATCH)
-        ]
-        for f in as_completed(futures):
-            yield _received(f.result())
-        done = True
+        for w, (pool, shard) in enumerate(zip(pools, shards, strict=True)):
+            for b in _batches(shard, BATCH):
+                pool_of[pool.submit(_worker_batch, model, b, cluster, fraction, fast)] = w
+                left[w] += 1
+            if recheck is not None:  # after its batches (one process runs its pool's calls in order)
+                f = pool.submit(_worker_recheck, model, cluster, fraction, recheck.objective, recheck.price)
+                pool_of[f] = w
+                left[w] += 1
+                rechecks.add(f)
+        with _fewer_collections():  # the workers forked at their first submit: this process's threshold only
+            for f in as_completed(pool_of):
+                w = pool_of[f]
+                result = f.result()
+                left[w] -= 1
+                if not left[w]:  # let go: its process exits while the others run
+                    exiting.append(threading.Thread(target=pools[w].shutdown, name=f"echosim-worker-{w}-exit"))
+                    exiting[-1].start()
+                if f in rechecks:
+                    recheck.known.update(result)  # type: ignore[union-attr]
+                else:
+                    yield _received(result)
     finally:
-        for pool in pools:  # done: wait for the processes to exit (their CPU time is then the parent's children's)
-            pool.shutdown(wait=done, cancel_futures=not done)
+        for w, pool in enumerate(pools):  # interrupted: what has not started is dropped, nothing waited for
+            if left[w]:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _evaluation_imported() -> None:
@@ -1041,6 +1101,11 @@ def _worker_started() -> None:
     search's (:func:`_survivors_frozen`)."""
     gc.freeze()
     _FREEZING[0] = 1
+    _SHARD_RESULTS.clear()
+
+
+#: A worker's results so far in this search (:func:`_worker_batch`), for its re-check (:func:`_worker_recheck`).
+_SHARD_RESULTS: list[Evaluated] = []
 
 
 def _worker_batch(
@@ -1052,7 +1117,25 @@ def _worker_batch(
 
     before = Counter(fast_eval.FALLBACKS)
     out = _evaluate_batch(model, plans, cluster, fraction, fast, fast, True)
+    _SHARD_RESULTS.extend(out)
     return out, fast_eval.FALLBACKS - before
+
+
+def _worker_recheck(
+    model: Any, cluster: Cluster, fraction: float, objective: str, price: float
+) -> dict[Plan, Evaluated]:
+    """A worker's part of the search's re-check (:func:`_recheck_top`), after its last batch: its own shard's top
+    layouts evaluated by the full path, on the caches its batches warmed, while the other workers still run.
+
+    They hold the search's top: a layout among the search's first :data:`RECHECK_TOP` by a ranking has fewer than
+    that many above it in its own shard too (the same objective and tie-break), so each round of the search's
+    re-check asks for layouts its shard's own re-check asked for, unless a re-evaluated layout moved a shard's
+    ranking differently (then the parent evaluates what it still lacks: the outcome is the same either way, only
+    where the work is done changes)."""
+    known: dict[Plan, Evaluated] = {}
+    with _fewer_collections():
+        _recheck_top(model, list(_SHARD_RESULTS), cluster, fraction, objective, price, known)
+    return known
 
 
 def _received(batch: tuple[list[Evaluated], Counter[str]]) -> list[Evaluated]:
@@ -1075,6 +1158,11 @@ class _ShardWorker:
     ) -> tuple[list[Evaluated], Counter[str]]:
         return _worker_batch(model, plans, cluster, fraction, fast)
 
+    def recheck(
+        self, model: Any, cluster: Cluster, fraction: float, objective: str, price: float
+    ) -> dict[Plan, Evaluated]:
+        return _worker_recheck(model, cluster, fraction, objective, price)
+
 
 def _run_ray(
     model: Any,
@@ -1084,9 +1172,11 @@ def _run_ray(
     address: str | None,
     fast: bool = False,
     workers: int = 1,
+    recheck: _Recheck | None = None,
 ) -> Iterator[list[Evaluated]]:
     """The batches of ``plans`` evaluated by Ray actors, one per shard (:func:`_shards`): ``workers`` of them, or,
-    with ``workers`` 1, one per CPU of the Ray cluster (never more: each takes one CPU)."""
+    with ``workers`` 1, one per CPU of the Ray cluster (never more: each takes one CPU). ``recheck``: as
+    :func:`_run_local`'s, each actor's after its batches."""
     try:
         import ray
     except ImportError:
@@ -1104,10 +1194,17 @@ def _run_ray(
         for a, shard in zip(actors, shards, strict=True)
         for b in _batches(shard, BATCH)
     ]
+    rechecks = set()
+    if recheck is not None:  # an actor runs one caller's calls in order: after its batches
+        rechecks = {a.recheck.remote(model, cluster, fraction, recheck.objective, recheck.price) for a in actors}
+        refs += rechecks
     try:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
-            yield _received(ray.get(ready[0]))
+            if ready[0] in rechecks:
+                recheck.known.update(ray.get(ready[0]))  # type: ignore[union-attr]
+            else:
+                yield _received(ray.get(ready[0]))
     finally:
         for ref in refs:
             ray.cancel(ref)
@@ -1236,10 +1333,12 @@ def search(
     plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
     interrupted = False
+    recheck = _Recheck(objective, price_per_device_hour) if fast else None
+    exiting: list[threading.Thread] = []  # workers' processes exiting while this one re-checks and ranks
     runner = (
-        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast, workers)
+        _run_ray(model, plans, cluster, memory_fraction, ray_address, fast, workers, recheck)
         if executor == "ray"
-        else _run_local(model, plans, cluster, memory_fraction, workers, fast)
+        else _run_local(model, plans, cluster, memory_fraction, workers, fast, recheck, exiting)
     )
     try:
         for batch in runner:
@@ -1253,9 +1352,12 @@ def search(
         if close:
             close()
     with _fewer_collections():
-        if fast:
-            results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour)
+        if recheck is not None:
+            results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour,
+                                   recheck.known)  # fmt: skip
         ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
+    for t in exiting:  # the workers have exited when the search returns
+        t.join()
     name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
                         price_per_device_hour)  # fmt: skip
@@ -1265,25 +1367,60 @@ def search(
 RECHECK_TOP = 20
 
 
+@dataclass
+class _Recheck:
+    """What a search's workers need for their part of the re-check (:func:`_worker_recheck`), and the full path's
+    evaluations they send back, by plan."""
+
+    objective: str
+    price: float
+    known: dict[Plan, Evaluated] = field(default_factory=dict)
+
+
 def _recheck_top(
-    model: Any, results: list[Evaluated], cluster: Cluster, fraction: float, objective: str, price: float
+    model: Any,
+    results: list[Evaluated],
+    cluster: Cluster,
+    fraction: float,
+    objective: str,
+    price: float,
+    known: dict[Plan, Evaluated] | None = None,
 ) -> list[Evaluated]:
     """The fast path's best layouts evaluated again by the full path, whose figures are reported: a ranking
-    whose top changes (never seen; tests/test_fast_eval.py) is re-checked until its top is the full path's."""
+    whose top changes (never seen; tests/test_fast_eval.py) is re-checked until its top is the full path's.
+
+    ``known``: full-path evaluations already done (by the workers, :func:`_worker_recheck`), read instead of
+    evaluated again; what is evaluated here is added to it. A layout's evaluation reads no other layout of its
+    batch, so the outcome does not depend on which were known."""
+    known = {} if known is None else known
     checked: set[int] = set()
     at = {id(e): i for i, e in enumerate(results)}
     key = objective_key(objective, price)
     for _ in range(4):
         ok = [e for e in results if e.ok]
-        top = [e for e in sorted(ok, key=lambda c: (key(c), _plan_key(c.plan)))[:RECHECK_TOP] if id(e) not in checked]
+        top = [e for e in _first(ok, key, RECHECK_TOP) if id(e) not in checked]
         if not top:
             break
-        plans = [e.plan for e in top]
-        for old, new in zip(top, _evaluate(model, plans, cluster, fraction, checked=True), strict=True):
+        missing = [e.plan for e in top if e.plan not in known]
+        if missing:
+            known.update(zip(missing, _evaluate(model, missing, cluster, fraction, checked=True), strict=True))
+        for old in top:
+            new = known[old.plan]
             results[at.pop(id(old))] = new
             checked.add(id(new))
         at = {id(e): i for i, e in enumerate(results)}
     return results
+
+
+def _first(items: list[Evaluated], key: Callable[[Evaluated], float], n: int) -> list[Evaluated]:
+    """``sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]``, sorting only the layouts whose objective is
+    at most the ``n``-th smallest (the first ``n`` are among them; so are all tied with the ``n``-th): a search's
+    re-check reads the first 20 of some 30,000 fitting layouts, once a round."""
+    keys = [key(c) for c in items]
+    if len(items) > n and not any(k != k for k in keys):  # NaN: no order to cut at, the full sort as before
+        cut = heapq.nsmallest(n, keys)[-1]
+        items = [c for c, k in zip(items, keys, strict=True) if k <= cut]
+    return sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]
 
 
 def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster) -> None:

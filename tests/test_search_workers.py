@@ -4,14 +4,19 @@ byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
+import os
+import threading
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from echosim import fast_eval, memo
+from echosim import fast_eval, layout_search, memo
 from echosim.commands.search import dumps_indented, result_json
-from echosim.layout_search import _group_cost, _shard_key, _shards, search
+from echosim.layout_search import Evaluated, _first, _group_cost, _plan_key, _shard_key, _shards, search
 from echosim.plan import Cluster, Plan
 
 SPACE = {"tp": (1, 2), "pp": (1, 2, 4), "cp": (1, 2), "mb": (1, 2), "zero": (0, 1), "vpp": (1, 2), "sp": (False, True)}
@@ -49,6 +54,112 @@ def test_ctrl_c_with_workers_keeps_what_was_simulated() -> None:
                     progress=interrupt)  # fmt: skip
     assert result.interrupted and result.simulated == calls[-1] < len(result.enumeration.to_simulate)
     assert result.best is not None and result.best.ok
+
+
+def _full_path_calls(monkeypatch: pytest.MonkeyPatch, slower: bool) -> list[tuple[int, int]]:
+    """The full path's evaluations (the re-check's, ``fast`` False) recorded as (process id, layouts) in this process;
+    ``slower``: the full path disagrees with the fast one, its layouts of tensor parallelism 2 a third slower (the
+    re-check's top then changes, as it would if the fast path were wrong). Workers forked afterwards inherit both."""
+    calls: list[tuple[int, int]] = []
+    evaluate = layout_search._evaluate
+
+    def recorded(model: Any, plans: list[Plan], *args: Any, **kwargs: Any) -> list[Evaluated]:
+        out = evaluate(model, plans, *args, **kwargs)
+        if kwargs.get("fast", args[2] if len(args) > 2 else False):
+            return out
+        calls.append((os.getpid(), len(plans)))
+        if not slower:
+            return out
+        return [dataclasses.replace(e, step_time_s=e.step_time_s * 4 / 3, tokens_per_s=e.tokens_per_s * 3 / 4,
+                                    samples_per_s=e.samples_per_s * 3 / 4)
+                if e.ok and e.plan.tp == 2 else e for e in out]  # fmt: skip
+
+    monkeypatch.setattr(layout_search, "_evaluate", recorded)
+    return calls
+
+
+def test_workers_recheck_their_own_top() -> None:
+    """With workers, each re-checks its shard's top layouts after its last batch (on its warm caches, while the
+    others run): the parent evaluates none by the full path, and the report is the one-process search's."""
+    one, _ = _cold_json(1)
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _full_path_calls(mp, slower=False)
+        two, _ = _cold_json(2)
+    assert two == one
+    assert calls == []  # the workers' calls are recorded in their own processes only
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_recheck_that_changes_the_top_is_the_same_with_workers(workers: int) -> None:
+    """A full path that disagrees with the fast one moves layouts out of the top and brings others in, re-checked in
+    further rounds: the outcome (figures, ranking, counts) is the one-process search's with any number of workers,
+    whichever process evaluated which layout."""
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _full_path_calls(mp, slower=True)
+        one, _ = _cold_json(1)
+        parent = list(calls)
+        calls.clear()
+        many, _ = _cold_json(workers)
+    assert len(parent) >= 2  # the top changed: more than one round in one process
+    assert many == one
+    with pytest.MonkeyPatch.context() as mp:
+        _full_path_calls(mp, slower=False)
+        unchanged, _ = _cold_json(1)
+    assert unchanged != one  # the disagreement reached the report
+
+
+def test_first_is_the_sorted_prefix() -> None:
+    """The re-check's top ``n`` (sorting only the layouts up to the ``n``-th objective) equals the full sort's
+    prefix, ties at the cut broken by plan as the full sort does; with a NaN objective, the full sort itself."""
+    plans = _plans()
+    times = [1.0, 2.0, 2.0, 2.0, 3.0, 0.5]
+    items = [Evaluated(p, 64, step_time_s=times[i % len(times)], fits=True, simulated=True) for i, p in
+             enumerate(plans)]  # fmt: skip
+    key = layout_search.objective_key("step-time")
+    for n in (1, 5, 20, len(items), len(items) + 3):
+        assert _first(items, key, n) == sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]
+    items[3] = dataclasses.replace(items[3], step_time_s=math.nan)
+    assert _first(items, key, 20) == sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:20]
+
+
+def test_workers_have_exited_when_the_search_returns() -> None:
+    """A worker is let go once its calls have returned and exits while the parent re-checks and ranks; the search
+    returns only when every worker has exited (their CPU time is then the process's children's)."""
+    search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("echosim-worker-")]
+    import multiprocessing
+
+    assert multiprocessing.active_children() == []
+
+
+def test_parent_collects_little_while_workers_run() -> None:
+    """While the workers' results come in, the parent's own objects (model, enumeration, imports) are frozen and
+    its threshold is a batch's, as in a one-process search: its collections scan only what came in (GPT-3 175B's
+    full space: 0.33 of the parent's 1.0 CPU-s meanwhile went to collections); both are handed back at the end."""
+    import gc
+
+    seen: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+
+    before = gc.get_threshold()
+    search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, workers=2, progress=progress)
+    assert seen and all(frozen > 0 and threshold == layout_search._BATCH_GC_THRESHOLD for frozen, threshold in seen)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+def test_workers_are_let_go_for_the_caller_to_join() -> None:
+    """The batches' generator does not wait for the workers to exit: it hands the caller a started thread per
+    worker shutting its pool down (the caller joins them after its re-check and ranking)."""
+    probe = search("gpt3-125m", Plan(global_batch=16), Cluster("h100-sxm", 8), space=SPACE, sample=slice(0, 0))
+    plans = probe.enumeration.to_simulate
+    exiting: list[threading.Thread] = []
+    batches = list(layout_search._run_local("gpt3-125m", plans, probe.cluster, 0.9, 2, True, None, exiting))
+    assert sum(map(len, batches)) == len(plans)
+    assert len(exiting) == 2
+    for t in exiting:
+        t.join()
 
 
 @pytest.mark.slow
