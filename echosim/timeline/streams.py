@@ -18,13 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from types import ModuleType
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from echosim.backends.base import OverlapModel
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import COLLECTIVES, AttentionAttrs, Axis, CollectiveAttrs, MatmulAttrs, OpKind
+
+if TYPE_CHECKING:  # numpy is imported where the compiled path builds its arrays: a cached compile never imports it
+    import numpy as np
 
 COMPUTE, COMM = "compute", "comm"
 
@@ -482,6 +483,8 @@ class UnitArrays:
                  "side")  # fmt: skip
 
     def __init__(self, nodes: Sequence[Node], categories: list[str], position: dict[int, int]) -> None:
+        import numpy as np
+
         n = len(nodes)
         self.ids, self.position = tuple(position), position
         inputs = [x.inputs for x in nodes]
@@ -541,6 +544,8 @@ def simulate_compiled(
 ) -> UnitTiming:
     """:func:`simulate_unit` by the compiled kernel (:mod:`~echosim.timeline._jit_unit`), equal to the bit; its
     events are built when first read (:meth:`UnitTiming.__getattr__`)."""
+    import numpy as np
+
     n = len(arrays.ids)
     costs = np.fromiter(map(base.__getitem__, arrays.ids), np.float64, n)
     slowed = not all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm"))
