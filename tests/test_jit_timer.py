@@ -7,6 +7,7 @@ compiled path must have the same dtype, shape and bytes.
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -194,7 +195,7 @@ def test_numba_that_cannot_load_leaves_the_numpy_loops(monkeypatch: pytest.Monke
     def fail(name: str) -> None:
         raise error(name)
 
-    monkeypatch.setattr(composer.importlib, "import_module", fail)
+    monkeypatch.setattr(importlib, "import_module", fail)
     assert composer._load_compiled.__wrapped__() is None
 
 

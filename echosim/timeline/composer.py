@@ -30,9 +30,7 @@ most ``pp - 1`` pending (each holds its inputs alive) and runs the rest at the e
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -43,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from echosim.memo import Memo
+from echosim.timeline import compiled
 from echosim.timeline.schedule import Block, BlockTime, Columns, ScheduleError
 
 F, B = 0, 1
@@ -485,19 +484,13 @@ def time_schedule(
 def _compiled() -> ModuleType | None:
     """The compiled level loops (:mod:`echosim.timeline._jit`), or None: numba is not installed (the
     ``echosim[fast]`` extra) or ``ECHOSIM_JIT=0`` asks for the numpy loops (the same numbers, slower)."""
-    if os.environ.get("ECHOSIM_JIT", "") == "0":
-        return None
-    return _load_compiled()
+    return _load_compiled() if compiled.wanted() else None
 
 
 @functools.cache
 def _load_compiled() -> ModuleType | None:
-    try:  # numba and llvmlite: imported by the first plan or batch a process times, never by ``import echosim``
-        return importlib.import_module("echosim.timeline._jit")
-    except ImportError:
-        return None
-    except RuntimeError:  # numba found no writable cache directory for ``cache=True`` (numba/core/caching.py)
-        return None
+    # numba and llvmlite: imported by the first plan or batch a process times, never by ``import echosim``
+    return compiled.load("echosim.timeline._jit")
 
 
 #: Rows x layouts of transfer and duration seconds :func:`_time_levels` gathers at a time (8 MiB each).

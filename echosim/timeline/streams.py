@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from echosim.backends.base import OverlapModel
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import COLLECTIVES, AttentionAttrs, Axis, CollectiveAttrs, MatmulAttrs, OpKind
+from echosim.timeline import compiled
 
 if TYPE_CHECKING:  # numpy is imported where the compiled path builds its arrays: a cached compile never imports it
     import numpy as np
@@ -222,7 +221,7 @@ def simulate_unit(
     done = first_pass or FirstPass.of(nodes, cost, pipelined)
     base, first = done.base, done.times
     cats = categories if categories is not None else [category(n) for n in nodes]
-    if all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm")):
+    if not _slows(overlap):
         return _timing(nodes, first, base, pipelined, cats)
     colls = [n.op in COLLECTIVES for n in nodes]  # OpKind.is_collective, read once per node
     comm = [(s, s + d) for c, (s, d) in zip(colls, first, strict=False) if c and d > 0]
@@ -240,6 +239,11 @@ def simulate_unit(
     timing = _timing(nodes, _schedule(nodes, dilated, pipelined), base, pipelined, cats)
     timing.carry = carried_slowdown_s(timing, factors)
     return timing
+
+
+def _slows(overlap: OverlapModel) -> bool:
+    """Whether the overlap model slows any op (else a unit needs one list-scheduling pass and carries nothing)."""
+    return not all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm"))
 
 
 def carried_slowdown_s(unit: UnitTiming, factors: dict[str, float]) -> float:
@@ -453,7 +457,7 @@ def compiled_unit() -> ModuleType | None:
     """The compiled unit simulation (:mod:`echosim.timeline._jit_unit`) for the next unit, or None: numba is not
     installed (the ``echosim[fast]`` extra), ``ECHOSIM_JIT=0`` asks for the Python path (the same numbers, slower),
     or this process has simulated too few units yet to pay for loading it (:data:`PYTHON_UNITS`)."""
-    if os.environ.get("ECHOSIM_JIT", "") == "0":
+    if not compiled.wanted():
         return None
     if _python_units[0] < PYTHON_UNITS and "numba" not in sys.modules:
         _python_units[0] += 1
@@ -463,12 +467,8 @@ def compiled_unit() -> ModuleType | None:
 
 @functools.cache
 def _load_compiled_unit() -> ModuleType | None:
-    try:  # numba and llvmlite: imported by the first unit a process simulates, never by ``import echosim``
-        return importlib.import_module("echosim.timeline._jit_unit")
-    except ImportError:
-        return None
-    except RuntimeError:  # numba found no writable cache directory for ``cache=True`` (numba/core/caching.py)
-        return None
+    # numba and llvmlite: imported by the first unit a process simulates past PYTHON_UNITS, never by ``import echosim``
+    return compiled.load("echosim.timeline._jit_unit")
 
 
 class UnitArrays:
@@ -548,7 +548,7 @@ def simulate_compiled(
 
     n = len(arrays.ids)
     costs = np.fromiter(map(base.__getitem__, arrays.ids), np.float64, n)
-    slowed = not all(overlap.slowdown(c) == 1.0 for c in ("compute.matmul", "compute.memory_bound", "comm"))
+    slowed = _slows(overlap)
     factor = np.array([overlap.slowdown(c) for c in arrays.names], np.float64)
     has_pipe, in_pipe = arrays.pipes(pipelined)
     starts, secs = np.empty(n), np.empty(n)
