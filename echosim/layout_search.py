@@ -995,12 +995,14 @@ def _from_workers(
     shards = [s for s in _shards(plans, workers) if s]
     pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_worker_started) for _ in shards]
     pool_of: dict[Any, int] = {}  # each call's pool
+    batch_of: dict[Any, list[Plan]] = {}  # each batch call's plans
     rechecks = set()
     left: Counter[int] = Counter()  # calls not returned, by pool
     try:
         for w, (pool, shard) in enumerate(zip(pools, shards, strict=True)):
             for b in _batches(shard, BATCH):
-                pool_of[pool.submit(_worker_batch, model, b, cluster, fraction, fast)] = w
+                f = pool.submit(_worker_batch, model, b, cluster, fraction, fast)
+                pool_of[f], batch_of[f] = w, b
                 left[w] += 1
             if recheck is not None:  # after its batches (one process runs its pool's calls in order)
                 f = pool.submit(_worker_recheck, model, cluster, fraction, recheck.objective, recheck.price)
@@ -1018,7 +1020,7 @@ def _from_workers(
                 if f in rechecks:
                     recheck.known.update(result)  # type: ignore[union-attr]
                 else:
-                    yield _received(result)
+                    yield _received(result, batch_of[f])
     finally:
         for w, pool in enumerate(pools):  # interrupted: what has not started is dropped, nothing waited for
             if left[w]:
@@ -1110,15 +1112,35 @@ _SHARD_RESULTS: list[Evaluated] = []
 
 def _worker_batch(
     model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool
-) -> tuple[list[Evaluated], Counter[str]]:
-    """One batch of a search in a worker process: its evaluation and the fast path's fallbacks it counted
-    (:data:`echosim.fast_eval.FALLBACKS`, counted again in the parent)."""
+) -> tuple[list[tuple[Any, ...]], Counter[str]]:
+    """One batch of a search in a worker process: its evaluation, as :func:`_row` of each plan (the parent holds
+    the plans), and the fast path's fallbacks it counted (:data:`echosim.fast_eval.FALLBACKS`, counted again in
+    the parent)."""
     from echosim import fast_eval
 
     before = Counter(fast_eval.FALLBACKS)
     out = _evaluate_batch(model, plans, cluster, fraction, fast, fast, True)
     _SHARD_RESULTS.extend(out)
-    return out, fast_eval.FALLBACKS - before
+    return [_row(e, p) for e, p in zip(out, plans, strict=True)], fast_eval.FALLBACKS - before
+
+
+#: The fields of an :class:`Evaluated` a worker sends back (:func:`_row`): all but the plan and the devices, which
+#: the parent has.
+_ROW_FIELDS = tuple(f.name for f in fields(Evaluated) if f.name not in ("plan", "devices"))
+_ROW_VALUES = operator.attrgetter(*_ROW_FIELDS)
+
+
+def _row(e: Evaluated, plan: Plan) -> tuple[Any, ...]:
+    """``e``'s figures without its plan, which is ``plan`` (sent back only if it is not: never, as evaluation
+    keeps the plans it is given). Unpickling a layout's plan (34 fields) cost the parent more than its figures:
+    GPT-3 175B's full space sends 40k of them while the workers run."""
+    return (None if e.plan is plan else e.plan, e.devices, *_ROW_VALUES(e))
+
+
+def _evaluated(row: tuple[Any, ...], plan: Plan) -> Evaluated:
+    """:func:`_row` back to an :class:`Evaluated`, with the parent's ``plan``."""
+    sent, devices, *values = row
+    return Evaluated(plan if sent is None else sent, devices, *values)
 
 
 def _worker_recheck(
@@ -1138,12 +1160,12 @@ def _worker_recheck(
     return known
 
 
-def _received(batch: tuple[list[Evaluated], Counter[str]]) -> list[Evaluated]:
-    """A worker's batch in the parent: its fallbacks added to this process's count, its layouts."""
+def _received(batch: tuple[list[tuple[Any, ...]], Counter[str]], plans: list[Plan]) -> list[Evaluated]:
+    """A worker's batch of ``plans`` in the parent: its fallbacks added to this process's count, its layouts."""
     from echosim import fast_eval
 
     fast_eval.FALLBACKS.update(batch[1])
-    return batch[0]
+    return [_evaluated(row, p) for row, p in zip(batch[0], plans, strict=True)]
 
 
 class _ShardWorker:
@@ -1155,7 +1177,7 @@ class _ShardWorker:
 
     def evaluate(
         self, model: Any, plans: list[Plan], cluster: Cluster, fraction: float, fast: bool
-    ) -> tuple[list[Evaluated], Counter[str]]:
+    ) -> tuple[list[tuple[Any, ...]], Counter[str]]:
         return _worker_batch(model, plans, cluster, fraction, fast)
 
     def recheck(
@@ -1189,11 +1211,12 @@ def _run_ray(
     shards = [s for s in _shards(plans, count) if s]
     actor = ray.remote(num_cpus=1)(_ShardWorker)
     actors = [actor.remote() for _ in shards]
-    refs = [
-        a.evaluate.remote(model, b, cluster, fraction, fast)
+    batch_of = {
+        a.evaluate.remote(model, b, cluster, fraction, fast): b
         for a, shard in zip(actors, shards, strict=True)
         for b in _batches(shard, BATCH)
-    ]
+    }
+    refs = list(batch_of)
     rechecks = set()
     if recheck is not None:  # an actor runs one caller's calls in order: after its batches
         rechecks = {a.recheck.remote(model, cluster, fraction, recheck.objective, recheck.price) for a in actors}
@@ -1204,7 +1227,7 @@ def _run_ray(
             if ready[0] in rechecks:
                 recheck.known.update(ray.get(ready[0]))  # type: ignore[union-attr]
             else:
-                yield _received(ray.get(ready[0]))
+                yield _received(ray.get(ready[0]), batch_of[ready[0]])
     finally:
         for ref in refs:
             ray.cancel(ref)
