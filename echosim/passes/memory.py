@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
@@ -227,6 +227,20 @@ class SavedPolicy:
     # sharding.md line 223, MaxText commit e591f30), a rule per weight matrix. PyTorch FSDP2 instead
     # copies the layer's gradients into one flat reduce-scatter input (``foreach_reduce``).
     grad_reduce_per_weight: bool = False
+
+    def __hash__(self) -> int:
+        """The dataclass's hash (of the fields, in order), kept once computed: the analyses a search keeps on each
+        stage graph are keyed by the policy (300k lookups in GPT-3 175B's full space), and a dataclass hashes its
+        thirteen fields on every one. Equal policies hash alike, as before."""
+        known: int | None = self.__dict__.get("_hash")
+        if known is None:
+            known = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", known)
+        return known
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its fields without the kept hash (another process hashes strings with another seed)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 def allocator_block(nbytes: int) -> int:
