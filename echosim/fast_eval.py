@@ -53,11 +53,12 @@ from echosim.timeline.lower import (
     Coster,
     dp_tail_times,
     lower_stage,
-    repeated,
+    repeated_total,
     share_nodes,
     share_units,
     stage_bucket_seconds,
     tail_parts,
+    where_key,
 )
 from echosim.timeline.report import StageFigures, _expert_params, _sparse_tables, static_memory
 from echosim.timeline.streams import UnitTiming
@@ -215,7 +216,7 @@ def _timing_key(joint: Joint) -> tuple[Any, ...]:
     policies (ZeRO's sharding of weights, gradients and optimizer state), which only static memory reads
     (:func:`_static_of`), but whether experts have their own (the expert parameter count is read then)."""
     o, f = joint.options, joint.facts
-    return (joint.backend, tuple(joint.where.items()), o.schedule.split_backward, o.tp, o.sp, o.tp_overlap,
+    return (joint.backend, where_key(joint.where), o.schedule.split_backward, o.tp, o.sp, o.tp_overlap,
             o.overlap_dp, f.expert_state is not None, f.saved, f.caching_allocator)  # fmt: skip
 
 
@@ -317,7 +318,7 @@ def _graph_reads(stage: Stage, joint: Joint) -> tuple[Any, ...]:
     stage graph again for every schedule split and TP overlap, which change none of them."""
     facts, g = joint.facts, stage.graph
     key = ("fast-direct-reads", stage.base, facts.saved, facts.caching_allocator, facts.expert_state is not None,
-           joint.backend, tuple(joint.where.items()))  # fmt: skip
+           joint.backend, where_key(joint.where))  # fmt: skip
 
     def compute() -> tuple[Any, ...]:
         transient = g.derived(("transient-bytes", facts.saved), lambda: transient_bytes(g, facts.saved, stage.base))
@@ -424,9 +425,9 @@ def _derive(joint: Joint, first: bool, last: bool, count: int, timing: HashedKey
     ca = a.cost
     fwd_units = [(u, count if block else k) for u, k, block in pair.fwd]
     bwd_units = [(u, count if block else k) for u, k, block in pair.bwd]
-    fwd = sum(repeated(u, k) for u, k in fwd_units)
-    bwd = sum(repeated(u, k) for u, k in bwd_units[:3])
-    wgrad = sum(repeated(u, k) for u, k in bwd_units[3:]) if len(bwd_units) > 3 else 0.0
+    fwd = repeated_total(fwd_units)
+    bwd = repeated_total(bwd_units[:3])
+    wgrad = repeated_total(bwd_units[3:]) if len(bwd_units) > 3 else 0.0
     overlap = joint.backend.overlap()
     dp = (
         dp_tail_times(a.buckets, bwd_units, joint.options.overlap_dp, overlap.compute_slowdown)

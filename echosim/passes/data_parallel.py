@@ -120,9 +120,11 @@ class DataParallel:
         spec = TensorSpec((size // self.reduce_dtype.itemsize,), self.reduce_dtype)
         copy = self.bucket_copies and kind is OpKind.ALL_REDUCE
         attrs = CollectiveAttrs(Axis.DP, self.dp, size, Role.GRAD_SYNC, bucket_copy=copy)
+        # one inputs tuple for all (Graph.add keeps a tuple as given): not copied per bucket, and the analyses that
+        # compare a bucket's inputs with the one before's (twin_of) find them equal at once
+        ins, prefix = tuple(grads), f"dp.grad_{kind.value}.{scope or 'rest'}."
         for b in range(buckets):
-            g.add(kind, grads, spec, attrs, phase=Phase.BACKWARD, scope=scope,
-                  name=f"dp.grad_{kind.value}.{scope or 'rest'}.{b}")  # fmt: skip
+            g.add(kind, ins, spec, attrs, phase=Phase.BACKWARD, scope=scope, name=f"{prefix}{b}")
 
     def _ddp_buckets(self, g: Graph, graph: Graph, params: list[int]) -> None:
         """PyTorch DDP's buckets (:func:`ddp_buckets`), each one all_reduce in its gradients' dtype with one

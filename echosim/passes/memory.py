@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
@@ -228,6 +228,20 @@ class SavedPolicy:
     # copies the layer's gradients into one flat reduce-scatter input (``foreach_reduce``).
     grad_reduce_per_weight: bool = False
 
+    def __hash__(self) -> int:
+        """The dataclass's hash (of the fields, in order), kept once computed: the analyses a search keeps on each
+        stage graph are keyed by the policy (300k lookups in GPT-3 175B's full space), and a dataclass hashes its
+        thirteen fields on every one. Equal policies hash alike, as before."""
+        known: int | None = self.__dict__.get("_hash")
+        if known is None:
+            known = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", known)
+        return known
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its fields without the kept hash (another process hashes strings with another seed)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 def allocator_block(nbytes: int) -> int:
     """Device bytes the caching allocator holds for one tensor of ``nbytes`` (see :data:`MIN_BLOCK_BYTES`)."""
@@ -358,12 +372,36 @@ def transient_bytes(graph: Graph, saved: SavedPolicy | None = None, base: Graph 
     # An optimizer-phase node is read for its id and inputs only (it has no working set, replays and gathers
     # nothing unless it is an FSDP gather): the optimizer step and ZeRO's parameter gather, whose sizes grow
     # with the depth, do not keep depths 2 and 3 of a stage apart
-    key = tuple(n if n.phase is not Phase.OPTIMIZER or _fsdp_gather(n) else (n.id, n.inputs) for n in added)
+    key = _added_key(added)
     known = ref.derived(("transient-by-added", saved), dict)
     hit = known.get(key)
     if hit is None:
         hit = known[key] = _extended_transient(graph, base, added, saved, ref)
     return hit
+
+
+def _added_key(added: list[Node]) -> tuple[Any, ...]:
+    """:func:`transient_bytes`' key of the appended nodes: each node, an optimizer-phase one (no FSDP gather) as its
+    id and inputs. A node that repeats the one before but for its id and name (:func:`~echosim.ir.graph.twin_of`: a
+    scope's gradient buckets) is its id, phase, scope, name and origin after a marker, without its op, attributes,
+    output and inputs, which are the one before's: equal keys still mean nodes equal in every field read, and the
+    buckets' attributes and outputs are not hashed and compared once per bucket."""
+    out: list[Any] = []
+    prev = None
+    for n in added:
+        if n.phase is Phase.OPTIMIZER and not _fsdp_gather(n):
+            out.append((n.id, n.inputs))
+            prev = None  # its op, attributes and output are not in the key: no twin of it is told by it
+        elif twin_of(prev, n):
+            out.append((_TWIN, n.id, n.phase, n.scope, n.name, n.origin))
+        else:
+            out.append(n)
+            prev = n
+    return tuple(out)
+
+
+#: :func:`_added_key`'s marker of a node that repeats the one before it.
+_TWIN = "same op, attributes, output and inputs as the node before"
 
 
 def _extended_transient(graph: Graph, base: Graph, added: list[Node], saved: SavedPolicy, ref: Graph) -> int:
@@ -539,8 +577,15 @@ def _added_reads_forward(graph: Graph, base: Graph, added: list[Node]) -> bool:
 
 def _reads_forward(graph: Graph, nodes: list[Node]) -> bool:
     """Whether any of ``nodes`` reads a forward value (then what the forward saves, or its names, may change)."""
-    # gradient buckets read the same gradients over and over: each distinct input once
-    return any(graph[_base(graph, i)].phase is Phase.FORWARD for i in {i for n in nodes for i in n.inputs})
+    # gradient buckets read the same gradients over and over: each distinct input once, a node whose inputs are the
+    # node before's (a scope's buckets share one tuple) not read again
+    ids: set[int] = set()
+    prev: tuple[int, ...] | None = None
+    for n in nodes:
+        if n.inputs is not prev:
+            ids.update(n.inputs)
+            prev = n.inputs
+    return any(graph[_base(graph, i)].phase is Phase.FORWARD for i in ids)
 
 
 def _logit_numel(graph: Graph) -> int:

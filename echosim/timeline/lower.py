@@ -73,6 +73,26 @@ _UNITS: Memo[UnitTiming] = Memo("unit timings", maxsize=1 << 14)
 _TIMED: Memo[Any] = Memo("timed schedules", maxsize=4096)
 
 
+#: :func:`where_key`'s keys, by the identities of the placement objects (each entry holds them, so no other object
+#: takes their ids while it is kept).
+_WHERE: Memo[tuple[tuple[Any, ...], HashedKey]] = Memo("placement keys", maxsize=1 << 12)
+
+
+def where_key(where: dict[Axis, Placement]) -> HashedKey:
+    """``tuple(where.items())`` hashed once, one key object for the same placement objects: a search's caches of a
+    stage key by the placements on every lowering and stage lookup, and a :class:`Placement` hashes field by field
+    (2.2M hashes in GPT-3 175B's full space). The layouts of one set of degrees share their placement objects
+    (timeline.placement keeps them per degrees), so a key is found by their ids and checked equal on a hit."""
+    items = tuple(where.items())
+    ids = tuple(map(id, where.values()))
+    hit = _WHERE.lookup(ids)
+    if hit is not None and hit[0] == items:
+        return hit[1]
+    key = HashedKey(items)
+    _WHERE.put(ids, (items, key))
+    return key
+
+
 class Coster:
     """Seconds of one IR node on the backend; collectives are priced on their axis's placement."""
 
@@ -289,6 +309,12 @@ def repeated(unit: UnitTiming, times: int) -> float:
     return (times - 1) * unit.period + unit.duration
 
 
+def repeated_total(units: Sequence[tuple[UnitTiming, int]]) -> float:
+    """``sum(repeated(u, k) for u, k in units)``, each term computed as :func:`repeated` does and summed by the same
+    ``sum``, without a call per unit (a search sums the units of every stage it lowers or derives)."""
+    return sum((k - 1) * u.period + u.duration if k > 0 else 0.0 for u, k in units)
+
+
 def lower_stage(
     stage: Stage, backend: Backend, where: dict[Axis, Placement], options: StepOptions, vstages: tuple[int, ...]
 ) -> StageCost:
@@ -303,9 +329,9 @@ def lower_stage(
     overlap = backend.overlap()
     units_of = _unit_graph(stage)
     fwd_units, bwd_units, w_units = timed_units(units_of, backend, where, options)
-    fwd = sum(repeated(u, k) for u, k in fwd_units)
-    bwd = sum(repeated(u, k) for u, k in bwd_units)
-    wgrad = sum(repeated(u, k) for u, k in w_units)
+    fwd = repeated_total(fwd_units)
+    bwd = repeated_total(bwd_units)
+    wgrad = repeated_total(w_units)
     if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
@@ -330,7 +356,7 @@ def _stage_tail(
     the graph as one value: a search lowers each stage graph again for every schedule split and TP overlap, which
     change only its units."""
     graph = stage.graph
-    key = ("stage-tail", stage.base, backend, tuple(where.items()), options.tp, options.sp)
+    key = ("stage-tail", stage.base, backend, where_key(where), options.tp, options.sp)
 
     def compute() -> tuple[BucketSeconds | None, dict[str, float], float, float, float]:
         cost = Coster(graph, backend, where)
@@ -486,8 +512,15 @@ def time_units(
         # schedule, another pipeline split, another stage of the same pipeline) share it, and a unit TP overlap
         # chunks nothing in shares the timing without TP overlap.
         tp_overlap = options.tp_overlap
-        return _rebind(_UNITS.get((head(part, tp_overlap), part.key), lambda: simulate(part, tp_overlap)),
-                       part.nodes, part.ids)  # fmt: skip
+        h = head(part, tp_overlap)
+        # the timing told in this part's nodes, kept on the part by the head (what it reads besides the part's ops:
+        # a part is timed again for every other schedule split or TP overlap of its stage graph, and for every stage
+        # graph that shares its units), so a repeat skips the lookup and the renaming
+        timed = part.passes.get(("timed", h))
+        if timed is None:
+            timed = _rebind(_UNITS.get((h, part.key), lambda: simulate(part, tp_overlap)), part.nodes, part.ids)
+            part.passes["timed", h] = timed
+        return timed
 
     return tuple([(sim(part), part.repeat) for part in kind] for kind in parts)  # type: ignore[return-value]
 
@@ -564,8 +597,20 @@ def _unit_arrays(part: _UnitPart) -> UnitArrays | None:
     every placement of its collectives' axes and TP-overlap setting a search simulates it on (None: it repeats a
     node id, and is simulated by the Python path)."""
     if "arrays" not in part.passes:
-        part.passes["arrays"] = UnitArrays.of(part.nodes, _categories(part))
+        position = _positions(part)
+        arrays = UnitArrays(part.nodes, _categories(part), position) if len(position) == len(part.nodes) else None
+        part.passes["arrays"] = arrays  # as UnitArrays.of(part.nodes, ...) builds them, from the kept positions
     return part.passes["arrays"]  # type: ignore[no-any-return]
+
+
+def _positions(part: _UnitPart) -> dict[int, int]:
+    """Each node id of ``part`` -> its position in the unit (the last, where an id repeats), kept on it: its key
+    (:func:`_unit_parts`), the units that extend it (:func:`_extended_parts`, a search's ZeRO-3 stage graphs: one per
+    data-parallel degree) and its arrays read them. Read, never changed."""
+    known = part.passes.get("positions")
+    if known is None:
+        known = part.passes["positions"] = {n.id: k for k, n in enumerate(part.nodes)}
+    return known  # type: ignore[no-any-return]
 
 
 def _part_costs(part: _UnitPart, cost: Coster, where: dict[Axis, Placement]) -> dict[int, float]:
@@ -671,7 +716,9 @@ def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
         # Each op by what simulating it reads: an input inside the unit by its position, one outside as -1
         # (its shape is in ``outside``); ids, names and scopes differ between stage graphs of one layer.
         ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in nodes)
-        return _UnitPart(nodes, repeat, _UnitKey((ops, outside)), axes)
+        out = _UnitPart(nodes, repeat, _UnitKey((ops, outside)), axes)
+        out.passes["positions"] = at
+        return out
 
     # the split kept on the graph: :func:`_extended_parts` reads it again for the graphs that extend this one
     split = graph.derived(("unit-split", split_w), lambda: _split_units(graph, split_w))[0]
@@ -728,12 +775,14 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
             if not extra:
                 row.append(p)
                 continue
-            at = {n.id: q for q, n in enumerate(p.nodes)}
+            at = dict(_positions(p))  # the base unit's positions, copied in C, and the appended nodes'
             at.update({n.id: len(p.nodes) + q for q, n in enumerate(extra)})
             ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in extra)
             outside = tuple(graph[i].out for n in extra for i in n.inputs if i not in at)
             axes = p.axes | frozenset(n.attrs.axis for n in extra if isinstance(n.attrs, CollectiveAttrs))
-            row.append(_UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes, p))
+            part = _UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes, p)
+            part.passes["positions"] = at
+            row.append(part)
         out.append(row)
     return tuple(out)
 

@@ -611,15 +611,20 @@ def _held_points(plan: Any, ranks: list[int]) -> tuple[tuple[int, ...], ...]:
     pp = plan.pp
     found: set[tuple[int, ...]] = set()
     for r in ranks:
-        orders = plan.orders[r]
         held = [0] * (plan.vstages // pp)
-        for i, (kind, v, _) in enumerate(orders):
+        forward = False  # the order before was a forward: a run of them ends at the next other order or the end
+        for kind, v, _ in plan.orders[r]:
             if kind == "F":
                 held[v // pp] += 1
-                if i + 1 == len(orders) or orders[i + 1][0] != "F":
-                    found.add(tuple(held))
-            elif kind == "B":
+                forward = True
+                continue
+            if forward:
+                found.add(tuple(held))
+                forward = False
+            if kind == "B":
                 held[v // pp] -= 1
+        if forward:
+            found.add(tuple(held))
     kept: list[tuple[int, ...]] = []
     for c in sorted(found, key=sum, reverse=True):  # a vector bounding c has a sum at least c's: kept before it
         if not any(all(x >= y for x, y in zip(k, c, strict=True)) for k in kept):
