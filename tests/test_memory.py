@@ -117,3 +117,26 @@ def test_added_nodes_are_those_appended_to_the_very_nodes_of_the_base_in_order()
     reordered.nodes = {y: g[y], x: g[x], z: g[z]}
     assert added_nodes(reordered, base) is None
     assert added_nodes(g, None) is None
+
+
+def test_saved_policy_hash_kept_once_and_not_pickled() -> None:
+    """SavedPolicy keeps its hash once computed (a search looks analyses up by it): equal policies hash alike, the
+    value is the hash of its compared fields, and a pickled copy carries no hash (another process seeds strings
+    differently) yet hashes and compares as the original."""
+    import copy
+    import pickle
+    from dataclasses import fields, replace
+
+    from echosim.passes.memory import SavedPolicy
+
+    a = SavedPolicy()
+    b = SavedPolicy()
+    assert a == b and hash(a) == hash(b)
+    assert hash(a) == hash(tuple(getattr(a, f.name) for f in fields(a)))
+    assert "_hash" in a.__dict__
+    c = pickle.loads(pickle.dumps(a))
+    assert "_hash" not in c.__dict__ and c == a and hash(c) == hash(a)
+    assert "_hash" not in copy.deepcopy(a).__dict__
+    other = replace(a, fused_gated=not a.fused_gated)  # a changed copy is hashed anew, not with a's kept hash
+    assert other != a and "_hash" not in other.__dict__
+    assert hash(other) == hash(tuple(getattr(other, f.name) for f in fields(other)))

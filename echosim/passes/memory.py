@@ -229,12 +229,12 @@ class SavedPolicy:
     grad_reduce_per_weight: bool = False
 
     def __hash__(self) -> int:
-        """The dataclass's hash (of the fields, in order), kept once computed: the analyses a search keeps on each
-        stage graph are keyed by the policy (300k lookups in GPT-3 175B's full space), and a dataclass hashes its
-        thirteen fields on every one. Equal policies hash alike, as before."""
+        """The dataclass's hash (of the compared fields, in order), kept once computed: the analyses a search keeps
+        on each stage graph are keyed by the policy (300k lookups in GPT-3 175B's full space), and a dataclass
+        hashes its thirteen fields on every one. Equal policies hash alike, as before."""
         known: int | None = self.__dict__.get("_hash")
         if known is None:
-            known = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            known = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
             object.__setattr__(self, "_hash", known)
         return known
 
