@@ -1124,8 +1124,8 @@ def _worker_batch(
     return [_row(e, p) for e, p in zip(out, plans, strict=True)], fast_eval.FALLBACKS - before
 
 
-#: The fields of an :class:`Evaluated` a worker sends back (:func:`_row`): all but the plan and the devices, which
-#: the parent has.
+#: The fields of an :class:`Evaluated` after its plan and devices (:func:`_row` sends the devices first and the plan
+#: only where it is not the parent's).
 _ROW_FIELDS = tuple(f.name for f in fields(Evaluated) if f.name not in ("plan", "devices"))
 _ROW_VALUES = operator.attrgetter(*_ROW_FIELDS)
 

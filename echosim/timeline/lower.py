@@ -597,9 +597,7 @@ def _unit_arrays(part: _UnitPart) -> UnitArrays | None:
     every placement of its collectives' axes and TP-overlap setting a search simulates it on (None: it repeats a
     node id, and is simulated by the Python path)."""
     if "arrays" not in part.passes:
-        position = _positions(part)
-        arrays = UnitArrays(part.nodes, _categories(part), position) if len(position) == len(part.nodes) else None
-        part.passes["arrays"] = arrays  # as UnitArrays.of(part.nodes, ...) builds them, from the kept positions
+        part.passes["arrays"] = UnitArrays.of(part.nodes, _categories(part), _positions(part))
     return part.passes["arrays"]  # type: ignore[no-any-return]
 
 

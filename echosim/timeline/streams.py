@@ -510,9 +510,15 @@ class UnitArrays:
         self._pipes: tuple[set[tuple[int, int]], tuple[np.ndarray, np.ndarray]] | None = None
 
     @classmethod
-    def of(cls, nodes: Sequence[Node], categories: list[str]) -> UnitArrays | None:
-        """The arrays of ``nodes``, or None where a node id repeats (positions would not name the ops)."""
-        position = {x.id: k for k, x in enumerate(nodes)}
+    def of(
+        cls, nodes: Sequence[Node], categories: list[str], position: dict[int, int] | None = None
+    ) -> UnitArrays | None:
+        """The arrays of ``nodes``, or None where a node id repeats (positions would not name the ops).
+
+        ``position``: each node id's position in ``nodes`` (the last, where an id repeats), when the caller keeps it;
+        read, not copied."""
+        if position is None:
+            position = {x.id: k for k, x in enumerate(nodes)}
         return cls(nodes, categories, position) if len(position) == len(nodes) else None
 
     def pipes(self, pipelined: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
