@@ -66,6 +66,17 @@ WHY: tuple[tuple[str, str], ...] = (
     ),
     (r"^tpurecipes-gpt3-175b-bf16-v5p", "confidence C: a single log line that implies >85% MFU (flagged SUSPECT)"),
     (
+        r"^tpurecipes-.*-v6e-",
+        "Trillium runs at a measured HFU of 0.42-0.56 where v4/v5e/v5p reach 0.54-0.86 under MaxText; in 9 of 11 "
+        "dense rows the missing time exceeds every collective of the step run exposed, and the MXU time the rows "
+        "need grows with the model (x1.09 at 8B, x1.41 at 405B), so no per-chip efficiency is fitted "
+        "(benchmarks/tpu_generations.md); TPU matmul and HBM efficiencies are assumed (0.85), not measured",
+    ),
+    (
+        r"^tpurecipes-llama4-maverick",
+        "MoE row (128 experts, megablox dropless): the MoE rows' gap (benchmarks/moe_*.md)",
+    ),
+    (
         r"^(tpurecipes|maxtext)",
         "TPU row: the TPU model's matmul and HBM efficiencies are assumed (0.85), not measured (validation data gap 1)",
     ),

@@ -1,0 +1,58 @@
+"""benchmarks/tpu_generations.py: the TPU rows' HFU both ways and the two counterfactuals hold their identities."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from echosim.validation.cases import read_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("tpu_generations", ROOT / "benchmarks" / "tpu_generations.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("tpu_generations", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not CASES.exists(), reason="needs ../shared/validation/cases.csv")
+def test_attribution_identities() -> None:
+    m = _module()
+    case = next(c for c in read_cases(str(CASES)) if c["case_id"] == "tpurecipes-llama3-8b-bf16-v6e-16")
+    a = m.attribution(case)
+    assert a is not None and a["device"] == "tpu-v6e" and not a["moe"] and a["dtype"] == "bf16"
+    # HFU is FLOPs over time: the two readings differ by exactly the ratio of the two steps
+    assert math.isclose(a["hfu_predicted"] / a["hfu_measured"], 1 / (1 + a["error"]), rel_tol=1e-9)
+    # exposing every collective can only lengthen the step
+    assert a["serial_error"] >= a["error"]
+    # scaling the MXU time by mxu_factor meets the published step: predicted - mxu + mxu * f = measured
+    predicted, measured = 1 + a["error"], 1.0  # in units of the published step
+    mxu = a["mxu_share"] * predicted
+    assert math.isclose(predicted - mxu + mxu * a["mxu_factor"], measured, rel_tol=1e-9)
+    assert 0 < a["mxu_share"] + a["memory_share"] + a["comm_share"] <= 1 + 1e-9
+
+
+def test_generations_keep_dense_16_bit_rows() -> None:
+    m = _module()
+    row = {"moe": False, "dtype": "bf16", "error": -0.1, "hfu_measured": 0.5, "hfu_predicted": 0.55,
+           "serial_error": 0.05, "mxu_factor": 1.2}  # fmt: skip
+    rows = [
+        {**row, "device": "tpu-v6e"},
+        {**row, "device": "tpu-v6e", "error": -0.3, "mxu_factor": 1.4},
+        {**row, "device": "tpu-v6e", "moe": True, "error": -0.9},  # MoE rows have their own cause
+        {**row, "device": "tpu-v5p", "dtype": "int8", "error": 0.9},  # AQT int8 rows are not 16-bit
+    ]
+    g = m.generations(rows)
+    assert list(g) == ["tpu-v6e"]
+    assert g["tpu-v6e"]["rows"] == 2
+    assert math.isclose(g["tpu-v6e"]["mape"], 0.2) and math.isclose(g["tpu-v6e"]["bias"], -0.2)
+    assert (g["tpu-v6e"]["mxu_factor_min"], g["tpu-v6e"]["mxu_factor_max"]) == (1.2, 1.4)
