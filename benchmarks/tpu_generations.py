@@ -38,9 +38,10 @@ MXU = ("compute.matmul", "compute.attention")
 
 
 def attribution(c: Case) -> dict[str, Any] | None:
-    """The row's error, HFU both ways and the two counterfactuals (None: no published step or no layout)."""
+    """The row's error, HFU both ways and the two counterfactuals (None: no published step, or a chip with no
+    backend, such as the GShard v3 row, which has neither)."""
     measured, _ = published_step_time(c)
-    if not measured:
+    if not measured or c["device"] not in TPUS:
         return None
     plan, cluster = row_plan(c)
     comp = lower(row_model(c), plan, cluster)
