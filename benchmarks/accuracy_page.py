@@ -68,9 +68,11 @@ WHY: tuple[tuple[str, str], ...] = (
     (
         r"^tpurecipes-.*-v6e-",
         "Trillium runs at a measured HFU of 0.42-0.56 where v4/v5e/v5p reach 0.54-0.86 under MaxText; in 9 of 11 "
-        "dense rows the missing time exceeds every collective of the step run exposed, and the MXU time the rows "
-        "need grows with the model (x1.09 at 8B, x1.41 at 405B), so no per-chip efficiency is fitted "
-        "(benchmarks/tpu_generations.md); TPU matmul and HBM efficiencies are assumed (0.85), not measured",
+        "dense rows the missing time exceeds every collective of the step run exposed. Two readings fit the v6e "
+        "rows and not the older chips': slower MXUs (the factor needed grows with the model, x1.09 at 8B to x1.41 "
+        "at 405B, so none is fitted) or exposed collectives at one direction per wrapped axis (9 of 11 within "
+        "-5..+8 %, v5e/v5p then +9..+83 %) (benchmarks/tpu_generations.md); TPU matmul and HBM efficiencies are "
+        "assumed (0.85), not measured",
     ),
     (
         r"^tpurecipes-llama4-maverick",

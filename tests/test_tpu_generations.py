@@ -32,8 +32,9 @@ def test_attribution_identities() -> None:
     assert a is not None and a["device"] == "tpu-v6e" and not a["moe"] and a["dtype"] == "bf16"
     # HFU is FLOPs over time: the two readings differ by exactly the ratio of the two steps
     assert math.isclose(a["hfu_predicted"] / a["hfu_measured"], 1 / (1 + a["error"]), rel_tol=1e-9)
-    # exposing every collective can only lengthen the step
+    # exposing every collective can only lengthen the step; 16 chips of v6e (4 x 4) have no wrapped axis
     assert a["serial_error"] >= a["error"]
+    assert math.isclose(a["serial_one_way_error"], a["serial_error"])
     # scaling the MXU time by mxu_factor meets the published step: predicted - mxu + mxu * f = measured
     predicted, measured = 1 + a["error"], 1.0  # in units of the published step
     mxu = a["mxu_share"] * predicted
@@ -41,10 +42,21 @@ def test_attribution_identities() -> None:
     assert 0 < a["mxu_share"] + a["memory_share"] + a["comm_share"] <= 1 + 1e-9
 
 
+def test_wrap_factor() -> None:
+    m = _module()
+    # v6e wraps only its full 16-chip axes: 16 x 16 both (x2), 8 x 16 one (x1.5), 8 x 8 none
+    assert m.wrap_factor("tpu-v6e", 256) == 2.0
+    assert m.wrap_factor("tpu-v6e", 128) == 1.5
+    assert m.wrap_factor("tpu-v6e", 64) == 1.0
+    # v5p wraps axes that are multiples of 4: 4 x 4 x 4 all three; one chip has no axis
+    assert m.wrap_factor("tpu-v5p", 64) == 2.0
+    assert m.wrap_factor("tpu-v5p", 1) == 1.0
+
+
 def test_generations_keep_dense_16_bit_rows() -> None:
     m = _module()
     row = {"moe": False, "dtype": "bf16", "error": -0.1, "hfu_measured": 0.5, "hfu_predicted": 0.55,
-           "serial_error": 0.05, "mxu_factor": 1.2}  # fmt: skip
+           "serial_error": 0.05, "serial_one_way_error": 0.1, "mxu_factor": 1.2}  # fmt: skip
     rows = [
         {**row, "device": "tpu-v6e"},
         {**row, "device": "tpu-v6e", "error": -0.3, "mxu_factor": 1.4},
