@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import SHARED
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = SHARED / "validation" / "cases.csv"
@@ -16,12 +15,7 @@ PAGE = ROOT / "docs" / "accuracy.md"
 
 
 def _page_module():
-    spec = importlib.util.spec_from_file_location("accuracy_page", ROOT / "benchmarks" / "accuracy_page.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("accuracy_page", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/accuracy_page.py")
 
 
 def test_page_has_every_section_and_a_summary():

@@ -11,6 +11,7 @@ from functools import partial
 import networkx as nx
 import pytest
 from click.testing import CliRunner
+from script_loader import load_script
 
 from echosim.backends.compute import matmul_time_s, memory_bound_time_s
 from echosim.backends.devices import DEVICES
@@ -556,15 +557,7 @@ def test_published_table_rows_name_their_run_settings() -> None:
 
 
 def _nonllm_accuracy():  # the benchmark script, loaded as a module
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "nonllm_accuracy.py"
-    spec = importlib.util.spec_from_file_location("nonllm_accuracy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/nonllm_accuracy.py")
 
 
 @pytest.mark.slow

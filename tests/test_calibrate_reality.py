@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from script_loader import load_script
 
 from echosim.calibrate.store import CalibrationStore
 from echosim.frontend.zoo import ArchConfig
@@ -20,12 +20,7 @@ TINY = ArchConfig("llama", layers=2, hidden=32, heads=2, kv_heads=1, ffn=64, voc
 
 @pytest.fixture(scope="module")
 def reality():
-    spec = importlib.util.spec_from_file_location("cpu_reality", ROOT / "benchmarks" / "cpu_reality.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cpu_reality", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/cpu_reality.py")
 
 
 def test_layouts_map_to_plans(reality):
@@ -128,11 +123,7 @@ def test_order_row_calibrates_each_row_just_before_it(reality, monkeypatch, tmp_
 
 def _nonllm_script() -> Any:
     """benchmarks/cpu_reality_nonllm.py as a module (it imports cpu_reality from benchmarks/)."""
-    spec = importlib.util.spec_from_file_location("cpu_reality_nonllm", ROOT / "benchmarks" / "cpu_reality_nonllm.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/cpu_reality_nonllm.py")
 
 
 def test_nonllm_order_row_calibrates_each_rows_ranks_just_before_it(monkeypatch, tmp_path):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from echosim.validation.microbench import COLUMNS
 
@@ -15,12 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("collective_floors", ROOT / "benchmarks" / "collective_floors.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("collective_floors", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/collective_floors.py")
 
 
 def _row(size: int, value: float, metric: str = "time_us") -> dict[str, str]:

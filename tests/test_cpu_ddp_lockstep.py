@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cpu_ddp_lockstep", ROOT / "benchmarks" / "cpu_ddp_lockstep.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/cpu_ddp_lockstep.py")
 
 
 def _row(model: str, layout: str, predicted: float, measured: float, steps: list[float] | None = None) -> dict:

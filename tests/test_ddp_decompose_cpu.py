@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script() -> ModuleType:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("ddp_decompose_cpu", ROOT / "benchmarks" / "ddp_decompose_cpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/ddp_decompose_cpu.py")
 
 
 @dataclass

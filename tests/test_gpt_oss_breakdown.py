@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from script_loader import load_script
 
 import echosim.backends.compute as compute
 from echosim.backends.devices import DEVICES
@@ -14,12 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpt_oss_breakdown", ROOT / "benchmarks" / "gpt_oss_breakdown.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpt_oss_breakdown", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/gpt_oss_breakdown.py")
 
 
 def test_kinds() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from script_loader import load_script
 
 from echosim.compiler import lower
 from echosim.frontend.zoo import ArchConfig
@@ -60,15 +61,7 @@ def test_peak_matches_memtracker(arch: str) -> None:
 
 
 def _memory_cpu():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parent.parent / "benchmarks" / "memory_cpu.py"
-    spec = importlib.util.spec_from_file_location("memory_cpu", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/memory_cpu.py")
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama", "moe"])

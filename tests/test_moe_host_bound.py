@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("moe_host_bound", ROOT / "benchmarks" / "moe_host_bound.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("moe_host_bound", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/moe_host_bound.py")
 
 
 def test_rule_adds_only_where_the_host_is_slower_than_the_gpu():

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("case_id", "source_id", "arch", "experts", "ep", "top_k", "micro_batch", "seq_len", "device")
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("moe_local_experts", ROOT / "benchmarks" / "moe_local_experts.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("moe_local_experts", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/moe_local_experts.py")
 
 
 def test_local_experts_and_rows_per_expert(tmp_path: Path) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_loader import load_script
 
 from echosim.backends import compute
 from echosim.backends.devices import DEVICES
@@ -18,12 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("moe_te_streams", ROOT / "benchmarks" / "moe_te_streams.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("moe_te_streams", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/moe_te_streams.py")
 
 
 def test_grouped_gemms_cost_per_expert_inside_and_as_before_after() -> None:

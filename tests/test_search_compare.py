@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("search_compare", ROOT / "benchmarks" / "search_compare.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("search_compare", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/search_compare.py")
 
 
 def _row(tp: int, step: float, fits: bool = True) -> dict[str, Any]:

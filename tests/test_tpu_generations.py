@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from echosim.validation.cases import read_cases
 
@@ -16,12 +15,7 @@ CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("tpu_generations", ROOT / "benchmarks" / "tpu_generations.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tpu_generations", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/tpu_generations.py")
 
 
 @pytest.mark.skipif(not CASES.exists(), reason="needs ../shared/validation/cases.csv")

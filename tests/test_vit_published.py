@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
+
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("vit_published", ROOT / "benchmarks" / "vit_published.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("vit_published", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/vit_published.py")
 
 
 def test_step_per_gpu_counts_data_parallel_replicas() -> None:
