@@ -545,6 +545,9 @@ class _UnitPart:
     repeat: int
     key: _UnitKey
     axes: frozenset[Axis]
+    # each node id -> its position in ``nodes`` (the last, where an id repeats), made with the key: the units that
+    # extend this one (:func:`_extended_parts`) and its arrays (:func:`_unit_arrays`) read it, never change it
+    positions: dict[int, int] = field(compare=False, repr=False)
     # a unit that appends ops to another's (:func:`_extended_parts`): that unit, whose nodes begin this one's
     prefix: _UnitPart | None = None
     # this unit's first scheduling passes (:func:`_first_pass`), for the units that extend it, and its op costs
@@ -597,18 +600,8 @@ def _unit_arrays(part: _UnitPart) -> UnitArrays | None:
     every placement of its collectives' axes and TP-overlap setting a search simulates it on (None: it repeats a
     node id, and is simulated by the Python path)."""
     if "arrays" not in part.passes:
-        part.passes["arrays"] = UnitArrays.of(part.nodes, _categories(part), _positions(part))
+        part.passes["arrays"] = UnitArrays.of(part.nodes, _categories(part), part.positions)
     return part.passes["arrays"]  # type: ignore[no-any-return]
-
-
-def _positions(part: _UnitPart) -> dict[int, int]:
-    """Each node id of ``part`` -> its position in the unit (the last, where an id repeats), kept on it: its key
-    (:func:`_unit_parts`), the units that extend it (:func:`_extended_parts`, a search's ZeRO-3 stage graphs: one per
-    data-parallel degree) and its arrays read them. Read, never changed."""
-    known = part.passes.get("positions")
-    if known is None:
-        known = part.passes["positions"] = {n.id: k for k, n in enumerate(part.nodes)}
-    return known  # type: ignore[no-any-return]
 
 
 def _part_costs(part: _UnitPart, cost: Coster, where: dict[Axis, Placement]) -> dict[int, float]:
@@ -714,9 +707,7 @@ def _unit_parts(graph: Graph, split_w: bool) -> tuple[list[_UnitPart], ...]:
         # Each op by what simulating it reads: an input inside the unit by its position, one outside as -1
         # (its shape is in ``outside``); ids, names and scopes differ between stage graphs of one layer.
         ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in nodes)
-        out = _UnitPart(nodes, repeat, _UnitKey((ops, outside)), axes)
-        out.passes["positions"] = at
-        return out
+        return _UnitPart(nodes, repeat, _UnitKey((ops, outside)), axes, at)
 
     # the split kept on the graph: :func:`_extended_parts` reads it again for the graphs that extend this one
     split = graph.derived(("unit-split", split_w), lambda: _split_units(graph, split_w))[0]
@@ -773,14 +764,12 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
             if not extra:
                 row.append(p)
                 continue
-            at = dict(_positions(p))  # the base unit's positions, copied in C, and the appended nodes'
+            at = dict(p.positions)  # the base unit's positions, copied in C, and the appended nodes'
             at.update({n.id: len(p.nodes) + q for q, n in enumerate(extra)})
             ops = tuple((n.op, n.attrs, n.out, n.phase, tuple(at.get(i, -1) for i in n.inputs)) for n in extra)
             outside = tuple(graph[i].out for n in extra for i in n.inputs if i not in at)
             axes = p.axes | frozenset(n.attrs.axis for n in extra if isinstance(n.attrs, CollectiveAttrs))
-            part = _UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes, p)
-            part.passes["positions"] = at
-            row.append(part)
+            row.append(_UnitPart(p.nodes + extra, p.repeat, _UnitKey((p.key, ops, outside)), axes, at, p))
         out.append(row)
     return tuple(out)
 
