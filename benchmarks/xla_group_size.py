@@ -30,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from echosim.validation.microbench import XLA_TABLE, RowResult, _target, read_rows, validate_microbench
+from echosim.validation.microbench import XLA_TABLE, RowResult, read_rows, validate_microbench
 
 MICROBENCH = Path(__file__).resolve().parents[2] / "shared" / "validation" / "microbench.csv"
 PLATEAU_BYTES = 128 * 2**20
@@ -120,18 +120,17 @@ def main() -> None:
     ap.add_argument("--microbench", default=str(MICROBENCH))
     args = ap.parse_args()
     raw = dict(read_rows(args.microbench))
-    rows = table_rows(validate_microbench(args.microbench).rows, raw)
+    validation = validate_microbench(args.microbench)
+    groups = validation.groups()
+    rows = table_rows(validation.rows, raw)
 
     print("XLA-table collectives >= 1 MiB, split by group size (MAPE, rows, rows echosim predicts too fast)\n")
     print(f"{'group':62s} {'target':>6s}  {'all':>17s}  by group size")
     for group, by_n in split_by_size(rows).items():
-        everything = [(d["mape"], d["rows"], d["too_fast"]) for d in by_n.values()]
-        total = sum(n for _, n, _ in everything)
-        mape = sum(m * n for m, n, _ in everything) / total
-        target = _target(group)
+        g = groups[group]
         parts = "  ".join(f"{n}: {d['mape']:5.1%} ({d['rows']}, {d['too_fast']} fast)" for n, d in by_n.items())
         label = group.replace(" | XLA table", "")
-        print(f"{label:62s} {target or 0:6.0%}  {mape:6.1%} ({total} rows)  {parts}")
+        print(f"{label:62s} {g['target'] or 0:6.0%}  {g['mape']:6.1%} ({g['rows']} rows)  {parts}")
 
     print(f"\nBus bandwidth at >= {PLATEAU_BYTES >> 20} MiB, medians, GB/s (measured / echosim = ratio)\n")
     head = f"{'device':24s} {'op':16s} {'n':>3s} {'rows':>4s} {'measured':>9s} {'echosim':>8s} {'ratio':>6s}"
