@@ -173,10 +173,10 @@ def test_null_backend_costs_a_tick_and_never_runs_out_of_memory():
 @pytest.mark.parametrize("name", ["b200", "gb200", "b300", "gb300"])
 def test_blackwell_attention_runs_at_cudnns_rate_from_the_fa4_paper(name: str) -> None:
     """TE's fused attention on sm_100 is cuDNN's kernel: 1613 / 1.3 TFLOP/s on B200 at the anchor shape
-    (FlashAttention-4 paper); GB200 that rate times cuDNN 9.27's measured GB200 / B200 forward (1562.9 / 1488.0
-    TFLOP/s, same version and shape), not B200's fraction of GB200's 11% higher peak. Blackwell Ultra (B300,
-    GB300), whose MUFU is twice B200's, takes H100's measured fraction: its forward tile has Hopper's MUFU:MMA
-    balance."""
+    (FlashAttention-4 paper); GB200 and GB300 that rate times cuDNN 9.27's measured GB200 / B200 and GB300 / B200
+    forward (1562.9 and 1986.3 / 1488.0 TFLOP/s, same version and shape), not B200's fraction of their peaks.
+    B300, whose MUFU is twice B200's and which has no measured row, takes H100's measured fraction: its forward
+    tile has Hopper's MUFU:MMA balance."""
     from echosim.backends.compute import flash_attention_time_s
     from echosim.ir.ops import AttentionAttrs
 
@@ -185,9 +185,11 @@ def test_blackwell_attention_runs_at_cudnns_rate_from_the_fa4_paper(name: str) -
     anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
     rate = anchor.flops / (flash_attention_time_s(dev, anchor, "bf16") - dev.kernel_overhead_us * 1e-6)
     ultra = dev.mufu_ex2_per_clk_sm == 32
-    expected = DEVICES["h100-sxm"].flash_fwd_eff if ultra else 1613.0 / 1.3 / 2250.0
+    expected = DEVICES["h100-sxm"].flash_fwd_eff if name == "b300" else 1613.0 / 1.3 / 2250.0
     if name == "gb200":
         expected *= 2250.0 / 2500.0 * 1562.874 / 1488.046
+    if name == "gb300":
+        expected *= 2250.0 / 2500.0 * 1986.33 / 1488.046
     assert rate / (dev.peak_bf16_tflops * 1e12) == pytest.approx(expected, rel=1e-3)
     if not ultra:
         assert dev.flash_fwd_eff < DEVICES["h100-sxm"].flash_fwd_eff  # below FA3's share of Hopper's peak

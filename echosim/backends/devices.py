@@ -449,9 +449,15 @@ _GB200_FLASH_EFF = _BLACKWELL_FLASH_EFF * 2250.0 / 2500.0 * _CUDNN_GB200_OVER_B2
 # Blackwell Ultra (B300, GB300) doubles the MUFU to 32 exponentials per SM per clock (FA4 paper sec. 2.2; NVIDIA,
 # "Making Softmax More Efficient with NVIDIA Blackwell Ultra"), so its forward tile (d = 128) needs 512 MUFU cycles
 # against 1024 of MMA: the balance of H100 (1024 against 2048), where the forward is tensor-core bound, not
-# B200's co-bound one. No attention kernel has been measured on it; it takes the fraction measured at that
+# B200's co-bound one. No attention kernel has been measured on B300; it takes the fraction measured at that
 # balance, H100's FlashAttention-3 forward (620.7 TFLOP/s of 989, microbench.csv), instead of B200's.
 _BLACKWELL_ULTRA_FLASH_EFF = 620.73 / 989.0
+# GB300 has been measured: the same cuDNN 9.27.0 sweep as GB200's (16,384 query and key tokens, 64 heads of 128,
+# causal GQA, bf16) runs 1986.3 TFLOP/s on GB300 (prefill_sweep/gb300/prefill_sweep_20260928_183101.csv, NVIDIA/
+# cudnn-frontend bd77903; 1961.0 in the 20260924 run; 8,192 tokens: 1875.9), 1.335x B200's 1488.0. So GB300 runs
+# B200's rate times that ratio, as GB200 does, instead of Hopper's fraction. B300 has no such row and keeps it.
+_CUDNN_GB300_OVER_B200 = 1986.33 / 1488.046
+_GB300_FLASH_EFF = _BLACKWELL_FLASH_EFF * 2250.0 / 2500.0 * _CUDNN_GB300_OVER_B200
 # FlashAttention-2 (its sm80 kernels, as PyTorch SDPA's flash backend runs them) on GB200: 373.9 TFLOP/s
 # at b=2 s=8192 d=128 (microbench.csv, Azure ND GB200 v6), 15% of 2500.
 _BLACKWELL_FA2_EFF = 373.9 / 2500.0
@@ -600,7 +606,7 @@ GB300 = DeviceSpec(
     # No GB300 GEMM row: the B300's measured MAMF fractions (same Blackwell Ultra GPU).
     gemm_eff_16bit=1769.0 / 2250.0,
     gemm_eff_fp8=3353.3 / 4500.0,
-    flash_fwd_eff=_BLACKWELL_ULTRA_FLASH_EFF,  # as B300 (same Blackwell Ultra GPU)
+    flash_fwd_eff=_GB300_FLASH_EFF,  # Source: cuDNN 9.27's measured GB300 / B200 forward (above)
     flash_fwd_shape=(1, 16, 16384, 128),
     fa2_fwd_eff=_BLACKWELL_FA2_EFF,  # GB200's measured FA2 fraction (no GB300 row)
     nvlink_GBps=900.0,  # Source: GB300 NVL72, 130 TB/s / 72 GPUs = 1.8 TB/s (900 per direction)

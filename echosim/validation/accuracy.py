@@ -34,8 +34,8 @@ GPU_FITTED = {
     "sustained_fp8_tflops": "fp8 GEMM plateau of a sustained run (Azure cuBLASLt rows at >= 8192^3; B200: "
     "GB200's plateau / MAMF ratio on B200's MAMF rate)",
     "flash_fwd_eff": "flash-attention forward rate / peak at one measured shape (FA2/FA3 rows; B200: cuDNN from the "
-    "FlashAttention-4 paper's 1613 TFLOP/s / 1.3; GB200: that rate x cuDNN 9.27's measured GB200 / B200, 1.050; "
-    "B300, GB300: H100's FA3 fraction, same MUFU:MMA balance)",
+    "FlashAttention-4 paper's 1613 TFLOP/s / 1.3; GB200, GB300: that rate x cuDNN 9.27's measured GB200 / B200, "
+    "1.050, and GB300 / B200, 1.335; B300: H100's FA3 fraction, same MUFU:MMA balance)",
     "fa2_fwd_eff": "FlashAttention-2 forward rate / peak where it is not the part's own kernel (Azure FA2 rows)",
     "cudnn_fwd_eff": "cuDNN fused-attention forward rate / peak where it is not the part's own flash kernel (Hopper: "
     "cudnn-frontend's benchmark, cuDNN 9.4 on H200, 1 x 16 x 16384 x 128 non-causal): Transformer Engine's attention",
