@@ -1,0 +1,124 @@
+"""echosim's fused-attention forward against cuDNN 9.27's published prefill sweep (issue 16). A check.
+
+``benchmarks/data/cudnn_prefill_sweep.csv`` holds the causal, square (query tokens = key tokens) rows of NVIDIA's
+cudnn-frontend attention benchmark (``benchmark/attention_inference/results/prefill_sweep``, ``cudnn`` backend,
+bf16, batch 1, grouped-query heads as Llama 3.1 shards them over tp 1 / 2 / 4 / 8, and Qwen 3.5's head_dim 256
+on H200), each row with its file at a commit. A causal prefill is the forward of a training step's attention,
+so each row is priced as echosim prices Transformer Engine's attention (``kernel="te"``: cuDNN's fused kernel on
+Hopper and Blackwell) and the script prints, per row, echosim's TFLOP/s against the measured one, and per device
+
+* the MAPE and mean error of the rate;
+* ``shape``: the same after dividing each row's ratio by that of the device's 64-head 16,384-token row, which
+  leaves how the rate moves with sequence length and heads and takes out the level.
+
+What each device's level rests on: H200 takes cuDNN 9.4's forward at one non-causal shape (16 heads, 16,384
+tokens, ``devices._CUDNN_HOPPER_FWD_TFLOPS``), a different version, mask and shape than every row here. B200 takes
+cuDNN 9.13's rate from the FlashAttention-4 paper; GB200 and GB300 that rate times this sweep's own ratios to
+B200 at 64 heads and 16,384 tokens, so those rows are not independent of the model and their level is 9.13's.
+
+    PYTHONPATH=. python benchmarks/cudnn_prefill_check.py [--csv benchmarks/data/cudnn_prefill_sweep.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from echosim.backends.compute import attention_time_s
+from echosim.backends.devices import DEVICES
+from echosim.ir.ops import AttentionAttrs
+
+DATA = Path(__file__).resolve().parent / "data" / "cudnn_prefill_sweep.csv"
+#: the row each device's ``shape`` column divides by: 64 query heads (Llama 3.1 405B unsharded) at 16,384 tokens
+REFERENCE = (64, 16384)
+
+
+def read_rows(path: Path = DATA) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def attention(row: dict[str, str]) -> AttentionAttrs:
+    """The row's attention as echosim's IR holds it: Transformer Engine's fused kernel, causal."""
+    return AttentionAttrs(
+        batch=int(row["batch"]),
+        heads=int(row["num_q_heads"]),
+        kv_heads=int(row["num_kv_heads"]),
+        q_len=int(row["q_tokens"]),
+        kv_len=int(row["kv_len"]),
+        head_dim=int(row["head_dim"]),
+        causal=row["causal"] == "yes",
+        flash=True,
+        kernel="te",
+    )
+
+
+def compare(row: dict[str, str]) -> dict[str, Any]:
+    """Measured and predicted TFLOP/s of one row, on the FLOPs the benchmark counts (causal: half the scores).
+
+    The benchmark's rate is its FLOPs over its time; the time (``time_ms``) is the measurement, so echosim's rate
+    is the same FLOPs over echosim's time."""
+    a = attention(row)
+    measured_s = float(row["time_ms"]) * 1e-3
+    flops = float(row["tflops"]) * 1e12 * measured_s
+    predicted_s = attention_time_s(DEVICES[row["backend"]], a, "bf16")
+    return {
+        "backend": row["backend"],
+        "heads": a.heads,
+        "head_dim": a.head_dim,
+        "tokens": a.q_len,
+        "measured": float(row["tflops"]),
+        "predicted": flops / predicted_s / 1e12,
+    }
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per device: rows, MAPE and mean error of the rate, and the same with the level taken out (``shape_*``)."""
+    by_device: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_device[r["backend"]].append(r)
+    out = {}
+    for device, rs in sorted(by_device.items()):
+        ratio = [r["predicted"] / r["measured"] for r in rs]
+        ref = next(
+            r["predicted"] / r["measured"]
+            for r in rs
+            if (r["heads"], r["tokens"]) == REFERENCE and r["head_dim"] == 128
+        )
+        shape = [x / ref - 1 for x in ratio]
+        out[device] = {
+            "rows": len(rs),
+            "mape": statistics.mean(abs(x - 1) for x in ratio),
+            "mean": statistics.mean(x - 1 for x in ratio),
+            "shape_mape": statistics.mean(abs(x) for x in shape),
+            "shape_max": max(abs(x) for x in shape),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--csv", type=Path, default=DATA)
+    args = ap.parse_args()
+    results = [compare(row) for row in read_rows(args.csv)]
+    print(f"{'device':7s} {'heads':>5s} {'d':>4s} {'tokens':>6s} {'cuDNN 9.27':>10s} {'echosim':>8s} {'error':>7s}")
+    for r in results:
+        error = r["predicted"] / r["measured"] - 1
+        print(
+            f"{r['backend']:7s} {r['heads']:5d} {r['head_dim']:4d} {r['tokens']:6d} "
+            f"{r['measured']:10.1f} {r['predicted']:8.1f} {error:+7.1%}"
+        )
+    print(f"\n{'device':7s} {'rows':>4s} {'MAPE':>6s} {'mean':>7s} {'shape MAPE':>10s} {'shape max':>9s}")
+    for device, s in summary(results).items():
+        print(
+            f"{device:7s} {s['rows']:4d} {s['mape']:6.1%} {s['mean']:+7.1%} {s['shape_mape']:10.1%} "
+            f"{s['shape_max']:9.1%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
