@@ -455,7 +455,9 @@ _BLACKWELL_ULTRA_FLASH_EFF = 620.73 / 989.0
 # GB300 has been measured: the same cuDNN 9.27.0 sweep as GB200's (16,384 query and key tokens, 64 heads of 128,
 # causal GQA, bf16) runs 1986.3 TFLOP/s on GB300 (prefill_sweep/gb300/prefill_sweep_20260928_183101.csv, NVIDIA/
 # cudnn-frontend bd77903; 1961.0 in the 20260924 run; 8,192 tokens: 1875.9), 1.335x B200's 1488.0. So GB300 runs
-# B200's rate times that ratio, as GB200 does, instead of Hopper's fraction. B300 has no such row and keeps it.
+# B200's rate times that ratio, as GB200 does, instead of Hopper's fraction. B300 has no such row and keeps it: the
+# same results' DiT sweep puts B300 at 0.85-0.92x GB300 on shared shapes, and B300 at H100's fraction is 0.853x
+# GB300 here (benchmarks/cudnn_prefill_check.md).
 _CUDNN_GB300_OVER_B200 = 1986.33 / 1488.046
 _GB300_FLASH_EFF = _BLACKWELL_FLASH_EFF * 2250.0 / 2500.0 * _CUDNN_GB300_OVER_B200
 # FlashAttention-2 (its sm80 kernels, as PyTorch SDPA's flash backend runs them) on GB200: 373.9 TFLOP/s
