@@ -11,6 +11,12 @@ Hopper and Blackwell) and the script prints, per row, echosim's TFLOP/s against 
 * ``shape``: the same after dividing each row's ratio by that of the device's 64-head 16,384-token row, which
   leaves how the rate moves with sequence length and heads and takes out the level.
 
+The file also keeps the same benchmark's gpt-oss rows (``results/gpt_oss``: head_dim 64, learnable attention
+sinks, full causal and a 128-token sliding window, H200 and B200), the kernel Transformer Engine runs for
+gpt-oss (``benchmarks/gpt_oss_breakdown.md``). echosim prices no sink, so they are printed apart, as times, and
+left out of the summary. Their ``tflops`` column is the benchmark's, which counts a windowed row's FLOPs as if
+it were full causal; the comparison uses the times.
+
 What each device's level rests on: H200 takes cuDNN 9.4's forward at one non-causal shape (16 heads, 16,384
 tokens, ``devices._CUDNN_HOPPER_FWD_TFLOPS``), a different version, mask and shape than every row here. B200 takes
 cuDNN 9.13's rate from the FlashAttention-4 paper; GB200 and GB300 that rate times this sweep's own ratios to
@@ -54,6 +60,7 @@ def attention(row: dict[str, str]) -> AttentionAttrs:
         causal=row["causal"] == "yes",
         flash=True,
         kernel="te",
+        window=int(row["window"]),
     )
 
 
@@ -71,16 +78,22 @@ def compare(row: dict[str, str]) -> dict[str, Any]:
         "heads": a.heads,
         "head_dim": a.head_dim,
         "tokens": a.q_len,
+        "window": a.window,
+        "sinks": row["sinks"] == "yes",
         "measured": float(row["tflops"]),
         "predicted": flops / predicted_s / 1e12,
+        "measured_ms": measured_s * 1e3,
+        "predicted_ms": predicted_s * 1e3,
     }
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per device: rows, MAPE and mean error of the rate, and the same with the level taken out (``shape_*``)."""
+    """Per device, over the rows without sinks: rows, MAPE and mean error of the rate, and the same with the level
+    taken out (``shape_*``)."""
     by_device: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
-        by_device[r["backend"]].append(r)
+        if not r["sinks"]:
+            by_device[r["backend"]].append(r)
     out = {}
     for device, rs in sorted(by_device.items()):
         ratio = [r["predicted"] / r["measured"] for r in rs]
@@ -107,6 +120,8 @@ def main() -> None:
     results = [compare(row) for row in read_rows(args.csv)]
     print(f"{'device':7s} {'heads':>5s} {'d':>4s} {'tokens':>6s} {'cuDNN 9.27':>10s} {'echosim':>8s} {'error':>7s}")
     for r in results:
+        if r["sinks"]:
+            continue
         error = r["predicted"] / r["measured"] - 1
         print(
             f"{r['backend']:7s} {r['heads']:5d} {r['head_dim']:4d} {r['tokens']:6d} "
@@ -118,6 +133,16 @@ def main() -> None:
             f"{device:7s} {s['rows']:4d} {s['mape']:6.1%} {s['mean']:+7.1%} {s['shape_mape']:10.1%} "
             f"{s['shape_max']:9.1%}"
         )
+    print("\ngpt-oss attention (head_dim 64, learnable sinks; echosim prices no sink), forward times in ms")
+    head = f"{'device':7s} {'heads':>5s} {'window':>6s} {'tokens':>6s} {'cuDNN 9.27':>10s} {'echosim':>8s}"
+    print(f"{head} {'echosim/meas':>12s}")
+    for r in results:
+        if r["sinks"]:
+            ratio = r["predicted_ms"] / r["measured_ms"]
+            print(
+                f"{r['backend']:7s} {r['heads']:5d} {r['window'] or '-':>6} {r['tokens']:6d} "
+                f"{r['measured_ms']:10.4f} {r['predicted_ms']:8.4f} {ratio:12.2f}"
+            )
 
 
 if __name__ == "__main__":
