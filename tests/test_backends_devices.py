@@ -216,6 +216,39 @@ def test_flash_roofline_reproduces_the_fa4_papers_cycle_counts() -> None:
     assert flash_pass_fraction(DEVICES["b300"], 64, False) == 1.0
 
 
+def test_blackwell_forward_ctas_carry_two_query_tiles() -> None:
+    """FlashAttention-4's Blackwell forward runs two 128-row Q tiles per CTA (q_stage = 2): a forward grid has half
+    as many CTAs, each walking its key blocks once per tile; the backward and Hopper's forward keep one tile."""
+    from echosim.backends.compute import FLASH_CTA_FIXED_STEPS, _flash_steps
+    from echosim.ir.ops import AttentionAttrs
+
+    b200, h100 = DEVICES["b200"], DEVICES["h100-sxm"]
+    one_cta = AttentionAttrs(1, 1, 1, 256, 1024, 128, causal=False, flash=True)  # 256 query rows, 8 key blocks
+    assert _flash_steps(b200, one_cta) == 2 * 8 + FLASH_CTA_FIXED_STEPS  # one CTA, two tiles
+    assert _flash_steps(b200, one_cta, backward=True) == 8 + FLASH_CTA_FIXED_STEPS  # two CTAs side by side
+    assert _flash_steps(h100, one_cta) == _flash_steps(h100, one_cta, backward=True) == 8 + FLASH_CTA_FIXED_STEPS
+    # causal: the CTA of rows 256-511 walks key blocks 0-3 for both of its tiles, and sets the makespan
+    causal = AttentionAttrs(1, 1, 1, 512, 512, 128, causal=True, flash=True)
+    assert _flash_steps(b200, causal) == 2 * 4 + FLASH_CTA_FIXED_STEPS
+
+
+@pytest.mark.parametrize("name", ["a100-80gb", "h100-sxm", "b200", "gb200", "b300", "gb300"])
+def test_flash_backward_keeps_its_measured_ratio_at_the_anchor(name: str) -> None:
+    """At the device's measured anchor the backward takes FLASH_BWD_WORK / flash_bwd_rate times the forward's time,
+    however the two passes tile the queries (the forward's two tiles per CTA on Blackwell quantise into waves
+    differently from the backward's one)."""
+    from echosim.backends.compute import FLASH_BWD_WORK, flash_attention_time_s, flash_bwd_rate
+    from echosim.ir.ops import AttentionAttrs
+
+    dev = DEVICES[name]
+    b, h, s, d = dev.flash_fwd_shape
+    anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
+    overhead = dev.kernel_overhead_us * 1e-6
+    fwd = flash_attention_time_s(dev, anchor, "bf16") - overhead
+    bwd = flash_attention_time_s(dev, anchor, "bf16", backward=True) - overhead
+    assert bwd / fwd == pytest.approx(FLASH_BWD_WORK / flash_bwd_rate(dev, d), rel=1e-9)
+
+
 def _microbench_rows() -> list[tuple[str, dict[str, str]]]:
     """(backend name, row) of every microbench.csv row whose device has a backend; skips without the data."""
     from echosim.backends.device_names import backend_for_device

@@ -23,10 +23,12 @@ WORK_64 = (64 + FLASH_SOFTMAX_HEAD_DIM) / (128 + FLASH_SOFTMAX_HEAD_DIM)
 
 
 def _layer(dev_name: str, head_dim: int, backward: bool = False) -> float:
-    """Seconds of a causal 4096-token attention layer 4096 wide (64 heads of 64 or 32 of 128, GQA 8)."""
+    """Seconds of a causal 4096-token attention layer 4096 wide (64 heads of 64 or 32 of 128, GQA 8), 16 sequences:
+    a grid large enough that its tail (half the longest CTA, longer where a forward CTA holds two query tiles:
+    compute.FLASH_FWD_Q_TILES) does not hide the per-tile work these tests compare."""
     dev = DEVICES[dev_name]
     heads = 4096 // head_dim
-    a = AttentionAttrs(4, heads, heads // 8, 4096, 4096, head_dim)
+    a = AttentionAttrs(16, heads, heads // 8, 4096, 4096, head_dim)
     return flash_attention_time_s(dev, a, "bf16", backward) - dev.kernel_overhead_us * 1e-6
 
 

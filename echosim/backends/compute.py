@@ -66,6 +66,14 @@ WAVE_FIXED_S = 1.0e-6
 # Source: Dao-AILab/flash-attention kernel traits (flash_fwd_launch_template.h, hopper/).
 FLASH_BLOCK_Q = 128
 FLASH_BLOCK_KV: dict[str, int] = {"ampere": 64, "hopper": 128, "blackwell": 128}
+# Query tiles one forward CTA carries. FlashAttention-4's Blackwell forward runs two 128-row tiles of Q per CTA
+# (Dao-AILab/flash-attention flash_attn/cute/flash_fwd_sm100.py, commit 001e273: FlashAttentionForwardSm100
+# q_stage = 2, cta_tiler M = q_stage x m_block_size, one softmax warpgroup per tile, softmax0 / softmax1), so
+# that one tile's MMA runs while the other's softmax does: a forward CTA covers 256 query rows and loops over
+# the key blocks of both. The backward keeps one tile per CTA. Checked on cuDNN 9.27's published prefill sweep
+# (benchmarks/cudnn_prefill_check.md): the Blackwell rows' shape error, with the level taken out, goes from
+# 14.8 / 8.0 / 4.0 % to 2.8 / 3.8 / 2.7 % on B200 / GB200 / GB300; Hopper's (FA3: one tile) stays at 2.3 %.
+FLASH_FWD_Q_TILES: dict[str, int] = {"blackwell": 2}
 # Per-CTA fixed work (load Q, final rescale and store of O), in inner-loop steps. From the
 # FA3 sequence sweep in microbench.csv (430 -> 621 TFLOP/s from S=512 to 16384 at B*S=16k):
 # n/(n+c) with n = S/128 fits c ~= 2 at every point.
@@ -372,13 +380,16 @@ def band_kv_blocks(q: int, kv: int, block_q: int, block_kv: int, window: int | N
     return blocks
 
 
-def _flash_steps(dev: DeviceSpec, a: AttentionAttrs) -> float:
-    """Makespan, in inner-loop steps of one SM, of the flash grid (one CTA per query block)."""
-    bq, bkv = FLASH_BLOCK_Q, FLASH_BLOCK_KV[dev.arch]
+def _flash_steps(dev: DeviceSpec, a: AttentionAttrs, backward: bool = False) -> float:
+    """Makespan, in inner-loop steps of one SM, of the flash grid (one CTA per query block of
+    :data:`FLASH_FWD_Q_TILES` tiles in the forward, one tile in the backward); a CTA with two tiles runs
+    each key block once per tile."""
+    tiles = 1 if backward else FLASH_FWD_Q_TILES.get(dev.arch, 1)
+    bq, bkv = FLASH_BLOCK_Q * tiles, FLASH_BLOCK_KV[dev.arch]
     if a.causal:
-        per_q_block = band_kv_blocks(a.q_len, a.kv_len, bq, bkv, a.window or None)
+        per_q_block = [tiles * n for n in band_kv_blocks(a.q_len, a.kv_len, bq, bkv, a.window or None)]
     else:
-        per_q_block = [math.ceil(a.kv_len / bkv)] * math.ceil(a.q_len / bq)
+        per_q_block = [tiles * math.ceil(a.kv_len / bkv)] * math.ceil(a.q_len / bq)
     ctas = a.batch * a.heads
     steps = [n + FLASH_CTA_FIXED_STEPS for n in per_q_block]
     if a.causal:  # uneven CTAs: SMs back-fill; on average half the longest CTA is left as tail
@@ -403,6 +414,17 @@ def flash_inner_efficiency(dev: DeviceSpec) -> float:
     anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
     ideal_s = _flash_steps(dev, anchor) * _flash_step_flops(dev, d) / (dev.peak_bf16_tflops * 1e12 / dev.sm_count)
     return dev.flash_fwd_eff * ideal_s * dev.peak_bf16_tflops * 1e12 / anchor.flops
+
+
+@functools.lru_cache(maxsize=64)
+def _backward_anchor_steps(dev: DeviceSpec) -> float:
+    """Forward over backward makespan steps at the device's measured anchor: 1 where both passes tile the queries
+    alike. Where the forward CTA carries more tiles (:data:`FLASH_FWD_Q_TILES`) the two grids quantise into waves
+    differently at the anchor, and this keeps the backward at its measured ratio to the forward there
+    (:func:`flash_bwd_rate`) instead of letting the anchor's wave tails move it."""
+    b, h, s, d = dev.flash_fwd_shape
+    anchor = AttentionAttrs(b, h, h, s, s, d, causal=False, flash=True)
+    return _flash_steps(dev, anchor) / _flash_steps(dev, anchor, backward=True)
 
 
 def _pass_cycles(dev: DeviceSpec, head_dim: int, backward: bool) -> tuple[float, float, float] | None:
@@ -474,17 +496,17 @@ def flash_bwd_rate(dev: DeviceSpec, head_dim: int) -> float:
 
 
 def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """Tiled flash kernel: CTAs of 128 query rows loop over key blocks; makespan over SMs."""
+    """Tiled flash kernel: CTAs of one or two 128-row query tiles loop over key blocks; makespan over SMs."""
     per_sm = dev.peak_tflops(dtype) * 1e12 * flash_inner_efficiency(dev) / dev.sm_count
     step_s = _flash_step_flops(dev, a.head_dim) / per_sm
     if backward:
-        step_s *= FLASH_BWD_WORK / flash_bwd_rate(dev, a.head_dim)
+        step_s *= FLASH_BWD_WORK / flash_bwd_rate(dev, a.head_dim) * _backward_anchor_steps(dev)
     else:
         step_s /= flash_fwd_rate(dev, a.head_dim)
     io = (2 * a.batch * a.heads * a.q_len + 2 * a.batch * a.kv_heads * a.kv_len) * a.head_dim * itemsize(dtype)
     if backward:
         io *= 2  # reads q, k, v, o, do; writes dq, dk, dv
-    compute_s = _flash_steps(dev, a) * step_s
+    compute_s = _flash_steps(dev, a, backward) * step_s
     return max(compute_s, io / (dev.hbm_stream_GBps * 1e9)) + dev.kernel_overhead_us * 1e-6
 
 
