@@ -32,6 +32,10 @@ CSV_NAME = {
 NOT_IN_HW_SPECS = ("b300", "gb300", "h100-96gb", "h100-a3mega")
 
 
+# hw_specs.csv's B200 8 TB/s assumes an 8,192-bit bus; the driver reports 7,680 bits (pytorch/ao#4002).
+HBM_NOT_AS_HW_SPECS = {"b200": 7672.0}
+
+
 def test_every_device_is_checked_against_a_source():
     assert set(DEVICES) == set(CSV_NAME) | set(NOT_IN_HW_SPECS)
 
@@ -54,6 +58,16 @@ def test_b300_fractions_are_its_microbenchmarks():
     b300 = DEVICES["b300"]
     assert b300.gemm_eff_16bit * b300.peak_bf16_tflops == pytest.approx(1769.0)
     assert b300.gemm_eff_fp8 * b300.peak_fp8_tflops == pytest.approx(3353.3)
+
+
+def test_blackwell_hbm_peaks_follow_bus_width_and_system_totals():
+    """B200: a 7,680-bit bus at 3,996 MHz, double data rate (the driver's figures, pytorch/ao#4002); HGX B300:
+    62 TB/s over 8 GPUs; the NVL72 parts: 576 TB/s over 72. Each STREAM rate keeps H200's measured fraction."""
+    b200, b300, gb200, gb300, h200 = (DEVICES[n] for n in ("b200", "b300", "gb200", "gb300", "h200"))
+    assert b200.hbm_GBps == pytest.approx(7680 / 8 * 3.996 * 2, abs=0.5)
+    assert 8 * b300.hbm_GBps == 62_000 and 72 * gb200.hbm_GBps == 576_000 == 72 * gb300.hbm_GBps
+    for dev in (b200, b300, gb200, gb300):
+        assert dev.hbm_stream_GBps / dev.hbm_GBps == pytest.approx(h200.hbm_stream_GBps / h200.hbm_GBps)
 
 
 def test_h100_96gb_is_the_h100_sxm_with_its_hbm2e_at_500_watts():
@@ -90,7 +104,7 @@ def test_device_numbers_match_hw_specs(name):
     assert dev.peak_tf32_tflops == float(row["peak_tf32_tflops"])
     assert dev.peak_fp32_tflops == float(row["peak_fp32_tflops"])
     assert dev.hbm_GB == float(row["hbm_gb"])
-    assert dev.hbm_GBps == pytest.approx(1000 * float(row["hbm_tbps"]))
+    assert dev.hbm_GBps == pytest.approx(HBM_NOT_AS_HW_SPECS.get(name, 1000 * float(row["hbm_tbps"])))
     assert dev.nvlink_GBps == float(row["intra_node_link_gbps_per_direction"]) / 8  # Gbit/s -> GB/s
     assert dev.nic_GBps == float(row["nic_gbps_per_device"]) / 8
     first_url = row["source"].split(" ; ")[0].split(" ")[0]

@@ -476,9 +476,12 @@ B200 = DeviceSpec(
     peak_tf32_tflops=1125.0,  # Source: hw_specs.csv
     peak_fp32_tflops=80.0,  # Source: hw_specs.csv
     hbm_GB=180.0,  # Source: hw_specs.csv (usable)
-    hbm_GBps=8000.0,  # Source: hw_specs.csv
+    # The driver reports a 7,680-bit bus at 3,996 MHz (DDR): 7,680 / 8 x 3.996e9 x 2 = 7,672 GB/s, where hw_specs.csv's
+    # 8 TB/s assumed 8,192 bits (pytorch/ao#4002, cudaGetDeviceProperties and nvidia-smi on a B200); NVIDIA's
+    # Blackwell datasheet gives HGX B200 7.7 TB/s per GPU (ai-dynamo/aiconfigurator#1246).
+    hbm_GBps=7672.0,
     # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866).
-    hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
+    hbm_stream_GBps=7672.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1745.0 / 2250.0,  # Source: microbench.csv, MAMF B200 SXM bf16 best shape 1745 TFLOP/s (77.6%)
     gemm_eff_fp8=3432.5 / 4500.0,  # Source: microbench.csv, MAMF B200 SXM fp8 e4m3 best shape 3432.5 TFLOP/s
     flash_fwd_eff=_BLACKWELL_FLASH_EFF,  # Source: FA4 paper, cuDNN 9.13 = 1613 / 1.3 TFLOP/s (above)
@@ -499,7 +502,8 @@ B200 = DeviceSpec(
     # same Blackwell die, at B200's 1000 W limit (hw_specs.csv) and 90% of GB200's peaks.
     sustained_fp8_tflops=3432.5 * 2876.6 / 3615.6,
     source="https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet ; "
-    f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO}",
+    f"https://glennklockwood.com/garden/processors/B200 ; {_MLENG} ; {_NCCL_TOPO} ; "
+    "https://github.com/pytorch/ao/pull/4002 ; https://github.com/ai-dynamo/aiconfigurator/pull/1246",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tcgen05 MMA kinds mxf8f6f4 / mxf4nvf4 (PTX ISA)
     peak_fp4_tflops=9000.0,  # Source: hw_specs.csv notes "FP4 9000" (DGX B200 datasheet, dense)
     gemm_eff_fp4=_FP4_EFF,  # No B200 fp4 GEMM row: GB200's measured fraction (below)
@@ -520,6 +524,7 @@ GB200 = DeviceSpec(
     peak_tf32_tflops=1250.0,  # Source: hw_specs.csv
     peak_fp32_tflops=80.0,  # Source: hw_specs.csv
     hbm_GB=186.0,  # Source: hw_specs.csv
+    # GB200 NVL72's 576 TB/s over 72 GPUs; no driver bus width is published for it, so B200's 7,672 is not carried.
     hbm_GBps=8000.0,  # Source: hw_specs.csv
     # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866), as for B200.
     hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
@@ -565,9 +570,11 @@ B300 = DeviceSpec(
     peak_tf32_tflops=1125.0,  # Source: glennklockwood B300 table (1125 dense)
     peak_fp32_tflops=75.0,  # Source: glennklockwood B300 table (75)
     hbm_GB=270.0,  # Source: verda.com table, 270 GB usable of 288 GB HBM3e
-    hbm_GBps=8000.0,  # Source: glennklockwood B300 (8 TB/s)
+    # HGX B300: 62 TB/s over its 8 GPUs (NVIDIA's datasheet as ai-dynamo/aiconfigurator's b300_sxm.yaml quotes it,
+    # commit 095f58a); glennklockwood's 8 TB/s is the rounded figure.
+    hbm_GBps=7750.0,
     # No STREAM row: H200's measured HBM3e fraction (4158/4800 = 0.866), as for B200.
-    hbm_stream_GBps=8000.0 * 4158.0 / 4800.0,
+    hbm_stream_GBps=7750.0 * 4158.0 / 4800.0,
     gemm_eff_16bit=1769.0 / 2250.0,  # Source: microbench.csv, MAMF B300 SXM bf16 best shape 1769 TFLOP/s (78.6%)
     gemm_eff_fp8=3353.3 / 4500.0,  # Source: microbench.csv, MAMF B300 SXM fp8 e4m3 best shape 3353.3 (74.5%)
     flash_fwd_eff=_BLACKWELL_ULTRA_FLASH_EFF,  # Hopper's measured fraction at the same MUFU:MMA balance (above)
@@ -587,7 +594,9 @@ B300 = DeviceSpec(
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     # No sustained row: not carried over from GB200 (another die, another power limit); uncapped.
-    source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO}",
+    source=f"{_HGX_B300} ; {_B300_PAGES} ; {_MLENG} ; {_NCCL_TOPO} ; "
+    "https://github.com/ai-dynamo/aiconfigurator/blob/095f58a51c4ca8e61b66ec108d86f223f8d559ce/aic-core/src/"
+    "aiconfigurator_core/systems/b300_sxm.yaml",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: Blackwell tensor cores (as B200)
     peak_fp4_tflops=105000.0 / 8,  # Source: HGX B300, 105 PF FP4 dense / 8 GPUs (glennklockwood: 13,125)
     gemm_eff_fp4=_FP4_EFF,  # No B300 fp4 GEMM row: GB200's measured fraction
