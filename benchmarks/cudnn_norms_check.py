@@ -19,9 +19,8 @@ Nothing here changes a prediction.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,13 @@ import numpy as np
 from echosim.backends.compute import memory_bound_time_s
 from echosim.backends.devices import DEVICES
 
-DATA = Path(__file__).resolve().parent / "data" / "cudnn_norms.csv"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cudnn_prefill_check import cli_results  # noqa: E402
+from cudnn_prefill_check import read_rows as _read_rows  # noqa: E402
+
+DATA = HERE / "data" / "cudnn_norms.csv"
 # forwards that move at least this much (8 of the 15 shapes, the same on every part): 20 us or more on each, so the
 # ramp at the start and the tail wave are a small share of the kernel
 PLATEAU_BYTES = 100e6
@@ -41,8 +46,7 @@ FP32_BYTES = 4  # the saved statistics (inverse RMS; LayerNorm's mean too) are f
 
 
 def read_rows(path: Path = DATA) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
+    return _read_rows(path)
 
 
 def traffic_bytes(row: dict[str, str], backward: bool) -> int:
@@ -112,10 +116,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--csv", type=Path, default=DATA)
-    args = ap.parse_args()
-    results = [compare(row) for row in read_rows(args.csv)]
+    results = cli_results(__doc__, DATA, compare)
     cols = f"{'MB':>5s} {'us':>6s} {'GB/s':>5s} {'echosim':>7s} {'err':>6s}"
     print(f"{'device':7s} {'model':24s} {'N':>6s} {'C':>5s}   fwd: {cols}   bwd: {cols}")
     for r in results:

@@ -31,6 +31,7 @@ import argparse
 import csv
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,18 @@ def read_rows(path: Path = DATA) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def cli_results(doc: str, default: Path, compare: Callable[[dict[str, str]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``--csv`` (``default`` without it), each through ``compare``: the command line of this check
+    and of its siblings (``cudnn_training_check``, ``cudnn_norms_check``), which keep their rows the same way."""
+    ap = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
+    ap.add_argument("--csv", type=Path, default=default)
+    args = ap.parse_args()
+    return [compare(row) for row in read_rows(args.csv)]
+
+
 def attention(row: dict[str, str]) -> AttentionAttrs:
-    """The row's attention as echosim's IR holds it: Transformer Engine's fused kernel, causal."""
+    """The row's attention as echosim's IR holds it: Transformer Engine's fused kernel; a file without a ``window``
+    column (the training benchmark's) has none."""
     return AttentionAttrs(
         batch=int(row["batch"]),
         heads=int(row["num_q_heads"]),
@@ -60,7 +71,7 @@ def attention(row: dict[str, str]) -> AttentionAttrs:
         causal=row["causal"] == "yes",
         flash=True,
         kernel="te",
-        window=int(row["window"]),
+        window=int(row.get("window") or 0),
     )
 
 
@@ -114,10 +125,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--csv", type=Path, default=DATA)
-    args = ap.parse_args()
-    results = [compare(row) for row in read_rows(args.csv)]
+    results = cli_results(__doc__, DATA, compare)
     print(f"{'device':7s} {'heads':>5s} {'d':>4s} {'tokens':>6s} {'cuDNN 9.27':>10s} {'echosim':>8s} {'error':>7s}")
     for r in results:
         if r["sinks"]:

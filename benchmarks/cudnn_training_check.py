@@ -19,38 +19,26 @@ changes a prediction.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from echosim.backends.compute import attention_time_s
 from echosim.backends.devices import DEVICES
-from echosim.ir.ops import AttentionAttrs
 
-DATA = Path(__file__).resolve().parent / "data" / "cudnn_training_sdpa.csv"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cudnn_prefill_check import attention, cli_results  # noqa: E402
+from cudnn_prefill_check import read_rows as _read_rows  # noqa: E402
+
+DATA = HERE / "data" / "cudnn_training_sdpa.csv"
 
 
 def read_rows(path: Path = DATA) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
-
-
-def attention(row: dict[str, str]) -> AttentionAttrs:
-    """The row's attention as echosim's IR holds it: Transformer Engine's fused kernel."""
-    return AttentionAttrs(
-        batch=int(row["batch"]),
-        heads=int(row["num_q_heads"]),
-        kv_heads=int(row["num_kv_heads"]),
-        q_len=int(row["q_tokens"]),
-        kv_len=int(row["kv_len"]),
-        head_dim=int(row["head_dim"]),
-        causal=row["causal"] == "yes",
-        flash=True,
-        kernel="te",
-    )
+    return _read_rows(path)
 
 
 def compare(row: dict[str, str]) -> dict[str, Any]:
@@ -89,10 +77,7 @@ def summary(results: list[dict[str, Any]], min_tokens: int = 8192) -> dict[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--csv", type=Path, default=DATA)
-    args = ap.parse_args()
-    results = [compare(row) for row in read_rows(args.csv)]
+    results = cli_results(__doc__, DATA, compare)
     head = f"{'device':7s} {'mask':6s} {'heads':>5s} {'tokens':>6s} {'fwd ms':>9s} {'echosim':>9s} {'err':>7s}"
     print(f"{head} {'bwd ms':>9s} {'echosim':>9s} {'err':>7s} {'bwd/fwd':>7s} {'echosim':>7s}")
     for r in results:
