@@ -113,7 +113,7 @@ WHY: tuple[tuple[str, str], ...] = (
         r"gb[23]00|b[23]00",
         "Blackwell: attention is priced from cuDNN's forward rate in the FlashAttention-4 paper (1613/1.3 TFLOP/s on "
         "B200; GB200/GB300 by cuDNN 9.27's measured ratios to B200, B300 at H100's fraction) and the paper's "
-        "shared-memory-bound backward roofline (30-70 % slower than cuDNN 9.19's measured backward, kept: "
+        "shared-memory-bound backward roofline (30-70 % slower than cuDNN 9.13 / 9.19's measured backward, kept: "
         "benchmarks/cudnn_training_check.md), FP8 "
         "GEMMs at GB200's measured sustained plateau (carried to B200); no kernel of these runs is measured",
     ),
