@@ -11,8 +11,9 @@ peak (``devices.py``: 4158 / 4800). The same kernels, on the same cuDNN and the 
 each part reaches. The script prints, per row, the bytes the benchmark counts, the measured time and bandwidth, and
 echosim's price of one fused kernel moving those bytes (:func:`echosim.backends.compute.memory_bound_time_s`: bytes
 at the STREAM rate plus one kernel overhead); then per device, over the rows whose forward moves at least 100 MB
-(where a kernel runs at its plateau), the median fraction of peak reached and the mean error of both passes.
-Nothing here changes a prediction.
+(where a kernel runs at its plateau), the median fraction of peak reached and the mean error of both passes, and
+the slope and intercept of a line through the forward times (:func:`streaming_fit`), which read the streaming rate
+apart from a kernel's fixed cost. Nothing here changes a prediction.
 
     PYTHONPATH=. python benchmarks/cudnn_norms_check.py [--csv benchmarks/data/cudnn_norms.csv]
 """
