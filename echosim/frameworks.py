@@ -127,6 +127,9 @@ class Framework:
     # order gradients become ready: echosim.passes.data_parallel.ddp_bucket_assignment), where they come from
     # ('' = one repeated layer's gradients at a time, Megatron's rule)
     ddp_buckets: str = ""
+    # Megatron-Core's DDP sizes its gradient buckets by the data-parallel group: max(40M, 1M x dp x cp) parameters
+    # (echosim.passes.data_parallel.megatron_bucket_params; '' = 40M parameters, Megatron-LM's fixed default)
+    ddp_bucket_dp_scaled: str = ""
     # The forward runs under torch.autocast over fp32 parameters: autocast's op lists pick each op's dtype and
     # cast its inputs (echosim.passes.autocast); the optimizer steps the fp32 parameters (no master copy)
     # ('' = the model runs in the plan's dtype throughout, as frameworks that keep 16-bit parameters do).
@@ -248,6 +251,15 @@ _GPT2_VOCAB = Default(
     arch="gpt",
 )
 _VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by default (_MEGATRON_ARGS), times tp
+
+# Megatron-Core's default gradient bucket (DistributedDataParallelConfig.bucket_size = None): resolved to
+# max(40000000, 1000000 * dp_cp size) parameters before the DDP wrapper is built.
+_MCORE_BUCKETS = (
+    "bucket_size=None resolves to max(40000000, 1000000 * dp_cp size) parameters, 'larger DP sizes need larger "
+    "buckets to ensure collectives do not become latency-bound' (megatron/core/distributed/"
+    "distributed_data_parallel_config.py, megatron/training/training.py resolve_ddp_bucket_size, Megatron-LM commit "
+    "d98e8a6; since commit 0fda386, core_v0.7.0; Megatron-Bridge's dist_utils the same)"
+)
 
 # What torchtitan (with or without torch.compile) keeps between micro-batches and saves for backward.
 _TORCHTITAN_MEMORY: dict[str, str] = dict(
@@ -395,6 +407,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM", "MegaScale"),
+            ddp_bucket_dp_scaled=_MCORE_BUCKETS,
             attention_kernel="te",
             attention_source="--attention-backend defaults to auto, which sets NVTE_FLASH_ATTN=1 and NVTE_FUSED_ATTN=1 "
             "and leaves the choice to TE (megatron/core/models/common/language_module/language_module.py "
@@ -441,6 +454,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 _NEMO_TP_OVERLAP,
             ),
             row_names=("NeMo",),
+            ddp_bucket_dp_scaled=_MCORE_BUCKETS,
             attention_kernel="te",
             attention_source="the performance scripts set NVTE_FUSED_ATTN=1 and NVTE_FLASH_ATTN=1 (NeMo "
             "scripts/performance/executors.py, commit 8cfedd7; earlier releases leave TE's defaults, both on); "

@@ -33,11 +33,29 @@ from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, OptimizerAttrs, ParamAttrs, Phase, Role
 from echosim.ir.types import DType, TensorSpec
 
+#: Megatron-LM's gradient bucket, in parameters (``DistributedDataParallel(bucket_size=40000000)`` before
+#: core_v0.7.0; the floor of :func:`megatron_bucket_params` since).
+MEGATRON_BUCKET_PARAMS = 40_000_000
+
+
+def megatron_bucket_params(replicas: int) -> int:
+    """Megatron-Core's default gradient bucket, in parameters: max(40M, 1M x the dp x cp ranks that reduce it).
+
+    Larger data-parallel groups get larger buckets "to ensure that chunks used in NCCL ring-reduce implementations
+    are large enough to remain bandwidth-bound rather than latency-bound" (Megatron-LM commit 0fda386, 2024-04-11,
+    "Tune DDP bucket size to improve speed at large DP counts", first in core_v0.7.0). At commit d98e8a6:
+    ``resolve_ddp_bucket_size`` in megatron/training/training.py and Megatron-Bridge's dist_utils take
+    ``max(40000000, 1000000 * dp_cp size)`` when ``DistributedDataParallelConfig.bucket_size`` is None, its default
+    (distributed_data_parallel_config.py)."""
+    return max(MEGATRON_BUCKET_PARAMS, 1_000_000 * replicas)
+
 
 @dataclass(frozen=True)
 class DataParallel:
     dp: int  # ranks of a stage holding the same weights: dp x cp (context-parallel ranks reduce together)
-    bucket_bytes: int = 40_000_000 * 4  # Megatron-LM's default bucket: 40M fp32 elements
+    # parameters per gradient bucket: Megatron-LM's 40M (megatron_bucket_params scales it with dp, as
+    # Megatron-Core does since core_v0.7.0); a bucket holds that many gradients in reduce_dtype
+    bucket_params: int = MEGATRON_BUCKET_PARAMS
     reduce_dtype: DType = DType.FP32
     zero: int = 0
     # ZeRO-3 / FSDP: the dtype gradients are reduce-scattered in (None: the parameters' own dtype,
@@ -110,7 +128,7 @@ class DataParallel:
         kind = OpKind.ALL_REDUCE if self.zero == 0 else OpKind.REDUCE_SCATTER
         elems = sum(g[p].out.numel for p in params)
         nbytes = elems * self.reduce_dtype.itemsize
-        buckets = min(MAX_BUCKETS, max(1, math.ceil(nbytes / self.bucket_bytes)))
+        buckets = min(MAX_BUCKETS, max(1, math.ceil(elems / self.bucket_params)))
         grads = [graph.grads[p] for p in params]
         if self.flat_grads and kind is OpKind.REDUCE_SCATTER:
             grads = self._flattened(g, grads, self.reduce_dtype, scope)

@@ -119,7 +119,12 @@ def _fp8(plan: Any) -> object | None:
 def _data_parallel(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.ir.types import DType
-    from echosim.passes.data_parallel import DEEPSPEED_MAX_REUSE_DISTANCE, DataParallel
+    from echosim.passes.data_parallel import (
+        DEEPSPEED_MAX_REUSE_DISTANCE,
+        MEGATRON_BUCKET_PARAMS,
+        DataParallel,
+        megatron_bucket_params,
+    )
 
     # Megatron reduces fp32 main grads; ZeRO-3 / FSDP reduces in the parameters' dtype unless the
     # framework's mixed precision casts the gradients to fp32 first (Framework.fsdp_reduce_fp32).
@@ -164,8 +169,10 @@ def _data_parallel(plan: Any) -> object:
     # torchtitan's FSDP shards over the "fsdp" mesh of dp_shard x cp ranks, on whenever cp > 1
     # (ParallelDims.fsdp_enabled, torchtitan/distributed/parallel_dims.py). So with dp = 1 and cp > 1 too.
     # (Megatron-LM commit d98e8a6, torchtitan commit b5bcd76.)
+    replicas = plan.dp * plan.cp
+    buckets = megatron_bucket_params(replicas) if framework.ddp_bucket_dp_scaled else MEGATRON_BUCKET_PARAMS
     return DataParallel(
-        plan.dp * plan.cp, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
+        replicas, bucket_params=buckets, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
         bucket_copies=copies, per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
         torch_ddp=torch_ddp,
     )  # fmt: skip
