@@ -134,6 +134,9 @@ def _data_parallel(plan: Any) -> object:
     # dynamic-slice_convert_fusion of the bf16 sharded stack; tests/test_maxtext_fsdp_dtype.py)
     reduce_dtype = DType.FP32 if plan.zero < 3 else DType.parse(plan.dtype)
     framework = get_framework(plan.framework)
+    # Known gap: a framework whose gradient buffer keeps the weights' 16 bits (Framework.grads_16bit, NeMo's and
+    # Megatron-Bridge's performance scripts: grad_reduce_in_fp32=False) reduces in 16 bits, as the memory model
+    # counts it; timing still reduces fp32 here. Measured and not selected: benchmarks/weak_scaling.md.
     # An eager framework's DDP wrapper (PyTorch DDP's reducer; apex's for apex-ddp) reduces whole model replicas:
     # plain PyTorch has no tensor, pipeline, context or expert parallelism of its own, so a layout that splits
     # the model stands for a framework that does (Megatron-Core's DDP, per-layer buckets as before). The
