@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from weak_scaling import Point, group_series, growth, per_doubling  # noqa: E402
+
 from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
 from echosim.validation.cases import backend_for  # noqa: E402
 from echosim.validation.run import validate_cases  # noqa: E402
@@ -131,6 +133,11 @@ def _pct(x: float | None, signed: bool = True) -> str:
     return "" if x is None else (f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%")
 
 
+def _points(x: float) -> str:
+    """A difference of two fractions, in percentage points."""
+    return f"{100 * x:+.1f} points"
+
+
 def group_table(groups: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| group | rows | MAPE | mean error | worst | within 15% |", "|---|---:|---:|---:|---:|---:|"]
     order = ["overall", TARGET_GROUP] + [k for k in groups if k not in ("overall", TARGET_GROUP)]
@@ -212,6 +219,47 @@ def cases_section(v: Validation) -> tuple[list[str], dict[str, Any]]:
         "rows": {r.case_id: round(r.error, 4) for r in compiled},  # type: ignore[arg-type]
     }
     return lines, summary
+
+
+def scale_section(v: Validation, cases: Path = CASES) -> list[str]:
+    """What scale alone adds: the rows that differ only in ``dp`` (benchmarks/weak_scaling.py), per source."""
+    from echosim.validation.cases import read_cases
+
+    known = {c.case_id: c for c in read_cases(cases)}
+    rows = [
+        (known[r.case_id], Point(r.case_id, known[r.case_id].int("devices") or 0, r.measured_step_time_s,
+                                 r.predicted_step_time_s))
+        for r in v.rows
+        if r.error is not None and r.case_id in known and r.measured_step_time_s and r.predicted_step_time_s
+    ]  # fmt: skip
+    found = group_series(rows)
+    if not found:
+        return []
+    gaps: dict[str, list[float]] = {}
+    for key, pts in found.items():
+        n1, n2 = pts[0].devices, pts[-1].devices
+        meas, pred = growth(pts)
+        gaps.setdefault(key[0], []).append(per_doubling(meas, n1, n2) - per_doubling(pred, n1, n2))
+    every = [g for gs in gaps.values() for g in gs]
+    faster = sum(1 for g in every if g > 0)
+    lines = [
+        "### One layout at more devices",
+        "",
+        f"{len(found)} series of rows differ only in the data-parallel degree: the same source, model, part, "
+        "precision and layout, the same batch per replica (`benchmarks/weak_scaling.py`). In "
+        f"{faster} of them the published step grows faster with the device count than echosim's. Per doubling of "
+        f"the device count, the median series grows {_points(statistics.median(every))} more than echosim's "
+        f"({_points(min(every))} to {_points(max(every))}). A layout "
+        "priced far above the scale its source was checked at comes out optimistic by about that much; "
+        "`benchmarks/weak_scaling.md` tests stragglers as the cause (they are not) and leaves it unmodelled.",
+        "",
+        "| source | series | published minus echosim growth per doubling, points: median (min to max) |",
+        "|---|---:|---|",
+    ]
+    for source, gs in sorted(gaps.items()):
+        lines.append(f"| {source} | {len(gs)} | {100 * statistics.median(gs):+.1f} ({100 * min(gs):+.1f} to "
+                     f"{100 * max(gs):+.1f}) |")  # fmt: skip
+    return lines
 
 
 def gpt3_reference() -> tuple[float, float]:
@@ -456,6 +504,8 @@ def build(
         "error grows by more than one point.",
         "",
         *cases_lines,
+        "",
+        *scale_section(v, cases),
         "",
         *comparison_section(v),
         "",

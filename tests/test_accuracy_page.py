@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import SHARED
@@ -26,6 +27,7 @@ def test_page_has_every_section_and_a_summary():
         "### Worst rows and why",
         "### Rows not compiled",
         "### Constants fitted to measurements",
+        "### One layout at more devices",
         "## Compared with other simulators",
         "## Sensitivity",
         "## Real hardware: one H200",
@@ -60,6 +62,21 @@ def test_regenerated_accuracy_does_not_regress(tmp_path):
     assert not worse, f"accuracy regressed by more than a point: {worse}"
     (tmp_path / "accuracy.md").write_text(page)
     assert module.read_summary(page) == fresh
+
+
+@pytest.mark.skipif(not CASES.exists(), reason="shared/validation not present")
+def test_scale_section_gives_the_growth_per_doubling_beyond_echosims():
+    """Two rows of one DGX Cloud series, 128 and 256 GPUs: published +4 %, echosim +1 %, one doubling: +3 points."""
+    rows = [
+        SimpleNamespace(case_id=f"dgxc2504-gpt-3-175b-fp8-h100-sxm-{n}", error=0.0, measured_step_time_s=m,
+                        predicted_step_time_s=p)
+        for n, m, p in ((128, 10.0, 10.0), (256, 10.4, 10.1))
+    ]  # fmt: skip
+    text = "\n".join(_page_module().scale_section(SimpleNamespace(rows=rows), CASES))
+    assert "1 series of rows differ only in the data-parallel degree" in text
+    assert "In 1 of them" in text and "the median series grows +3.0 points more than echosim's" in text
+    assert "| dgxc_benchmarking_v25.04 | 1 | +3.0 (+3.0 to +3.0) |" in text
+    assert _page_module().scale_section(SimpleNamespace(rows=rows[:1]), CASES) == []  # one row is no series
 
 
 def _cpu_row(model: str, layout: str, measured: float, predicted: float, share: float = 1.0) -> dict:
