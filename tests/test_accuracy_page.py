@@ -39,6 +39,14 @@ def test_page_has_every_section_and_a_summary():
     assert summary["compiled"] > 100 and "overall" in summary["groups"]
 
 
+def test_the_sensitivity_section_is_the_stored_tables():
+    """The page's sensitivity table is what the two stored files give: a page built before
+    benchmarks/constant_sensitivity.py rewrote its file would quote the old module-constant rows."""
+    module = _page_module()
+    table = json.loads((ROOT / "benchmarks" / "data" / "sensitivity.json").read_text())
+    assert "\n".join(module.sensitivity_section(table)) in PAGE.read_text()
+
+
 def test_why_names_the_known_misses():
     why = _page_module().why
     assert "ZeRO-3" in why("narayanan2021-t2-gpt-174p6b-zero3-fp16-a100-80gb-1536")
