@@ -31,7 +31,7 @@ from pathlib import Path
 
 from echosim.dynamics.stragglers import expected_max_factor
 from echosim.validation.cases import Case, read_cases
-from echosim.validation.run import validate_row
+from echosim.validation.run import validate_cases
 
 DEFAULT_CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "cases.csv"
 
@@ -87,20 +87,15 @@ def per_doubling(total: float, n1: int, n2: int) -> float:
 
 
 def straggler_cv(n1: int, n2: int, target: float, hi: float = 2.0) -> float | None:
-    """The ``cv`` at which ``E[max of n2] / E[max of n1]`` grows by ``target`` (None: no growth to explain)."""
+    """The ``cv`` at which ``E[max of n2] / E[max of n1]`` grows by ``target`` (None: no growth to explain; inf: no
+    ``cv`` up to ``hi`` does). For a normal step time ``E[max of n] = 1 + cv z_n``, so the ratio
+    ``(1 + cv z2) / (1 + cv z1) = 1 + target`` solves to ``cv = target / (z2 - (1 + target) z1)``."""
     if target <= 0 or n2 <= n1:
         return None
-
-    def ratio(cv: float) -> float:
-        return expected_max_factor(n2, cv) / expected_max_factor(n1, cv) - 1.0
-
-    if ratio(hi) < target:
-        return math.inf
-    lo = 0.0
-    for _ in range(60):  # bisection: the ratio grows with cv
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if ratio(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi)
+    z1, z2 = expected_max_factor(n1, 1.0) - 1.0, expected_max_factor(n2, 1.0) - 1.0
+    denominator = z2 - (1.0 + target) * z1
+    cv = target / denominator if denominator > 0 else math.inf
+    return cv if cv <= hi else math.inf
 
 
 def label(key: tuple[str, ...], first: str) -> str:
@@ -112,14 +107,15 @@ def label(key: tuple[str, ...], first: str) -> str:
 
 
 def measure(path: Path) -> list[tuple[Case, Point]]:
-    """Every row of ``path`` that echosim predicts, with its published and predicted step."""
+    """Every row of ``path`` that echosim predicts, with its published and predicted step (one ``validate
+    --cases`` run, as ``benchmarks/accuracy_page.py`` makes it)."""
+    known = {c.case_id: c for c in read_cases(path)}
     out = []
-    for c in read_cases(path):
-        r = validate_row(c)
-        if r.skipped or r.predicted_step_time_s is None or not r.measured_step_time_s:
+    for r in validate_cases(path).rows:
+        c = known.get(r.case_id)
+        if c is None or r.error is None or not r.measured_step_time_s or not r.predicted_step_time_s:
             continue
-        devices = c.int("devices") or 0
-        out.append((c, Point(c.case_id, devices, r.measured_step_time_s, r.predicted_step_time_s)))
+        out.append((c, Point(c.case_id, c.int("devices") or 0, r.measured_step_time_s, r.predicted_step_time_s)))
     return out
 
 
