@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from weak_scaling import Point, group_series, growth, per_doubling  # noqa: E402
+from weak_scaling import gap_per_doubling, group_series, paired  # noqa: E402
 
 from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
 from echosim.validation.cases import backend_for  # noqa: E402
@@ -223,23 +223,13 @@ def cases_section(v: Validation) -> tuple[list[str], dict[str, Any]]:
 
 def scale_section(v: Validation, cases: Path = CASES) -> list[str]:
     """What scale alone adds: the rows that differ only in ``dp`` (benchmarks/weak_scaling.py), per source."""
-    from echosim.validation.cases import read_cases
-
-    known = {c.case_id: c for c in read_cases(cases)}
-    rows = [
-        (known[r.case_id], Point(r.case_id, known[r.case_id].int("devices") or 0, r.measured_step_time_s,
-                                 r.predicted_step_time_s))
-        for r in v.rows
-        if r.error is not None and r.case_id in known and r.measured_step_time_s and r.predicted_step_time_s
-    ]  # fmt: skip
-    found = group_series(rows)
+    found = group_series(paired(v.rows, cases))
     if not found:
         return []
     gaps: dict[str, list[float]] = {}
     for key, pts in found.items():
-        n1, n2 = pts[0].devices, pts[-1].devices
-        meas, pred = growth(pts)
-        gaps.setdefault(key[0], []).append(per_doubling(meas, n1, n2) - per_doubling(pred, n1, n2))
+        published, predicted = gap_per_doubling(pts)
+        gaps.setdefault(key[0], []).append(published - predicted)
     every = [g for gs in gaps.values() for g in gs]
     faster = sum(1 for g in every if g > 0)
     lines = [

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from echosim.dynamics.stragglers import expected_max_factor
 from echosim.validation.cases import Case, read_cases
@@ -86,6 +87,13 @@ def per_doubling(total: float, n1: int, n2: int) -> float:
     return (1.0 + total) ** (1.0 / math.log2(n2 / n1)) - 1.0
 
 
+def gap_per_doubling(points: list[Point]) -> tuple[float, float]:
+    """(published, predicted) growth per doubling of the device count over a series."""
+    n1, n2 = points[0].devices, points[-1].devices
+    meas, pred = growth(points)
+    return per_doubling(meas, n1, n2), per_doubling(pred, n1, n2)
+
+
 def straggler_cv(n1: int, n2: int, target: float, hi: float = 2.0) -> float | None:
     """The ``cv`` at which ``E[max of n2] / E[max of n1]`` grows by ``target`` (None: no growth to explain; inf: no
     ``cv`` up to ``hi`` does). For a normal step time ``E[max of n] = 1 + cv z_n``, so the ratio
@@ -98,7 +106,7 @@ def straggler_cv(n1: int, n2: int, target: float, hi: float = 2.0) -> float | No
     return cv if cv <= hi else math.inf
 
 
-def label(key: tuple[str, ...], first: str) -> str:
+def label(first: str) -> str:
     """A short name: the first case id without its device count."""
     parts = first.split("-")
     while parts and (parts[-1].isdigit() or (parts[-1].startswith("x") and parts[-1][1:].isdigit())):
@@ -106,17 +114,22 @@ def label(key: tuple[str, ...], first: str) -> str:
     return "-".join(parts)
 
 
-def measure(path: Path) -> list[tuple[Case, Point]]:
-    """Every row of ``path`` that echosim predicts, with its published and predicted step (one ``validate
-    --cases`` run, as ``benchmarks/accuracy_page.py`` makes it)."""
+def paired(rows: Iterable[Any], path: Path) -> list[tuple[Case, Point]]:
+    """The predicted rows of a ``validate --cases`` run over ``path``, each with its case and its published and
+    predicted step."""
     known = {c.case_id: c for c in read_cases(path)}
     out = []
-    for r in validate_cases(path).rows:
+    for r in rows:
         c = known.get(r.case_id)
         if c is None or r.error is None or not r.measured_step_time_s or not r.predicted_step_time_s:
             continue
         out.append((c, Point(c.case_id, c.int("devices") or 0, r.measured_step_time_s, r.predicted_step_time_s)))
     return out
+
+
+def measure(path: Path) -> list[tuple[Case, Point]]:
+    """Every row of ``path`` that echosim predicts (one ``validate --cases`` run, as the accuracy page makes it)."""
+    return paired(validate_cases(path).rows, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, pts in sorted(found.items(), key=lambda kv: (kv[0][0], kv[1][0].case_id)):
         n1, n2 = pts[0].devices, pts[-1].devices
         meas, pred = growth(pts)
-        pm, pp = per_doubling(meas, n1, n2), per_doubling(pred, n1, n2)
+        pm, pp = gap_per_doubling(pts)
         gaps.append(pm - pp)
         under += meas > pred
         cv = straggler_cv(n1, n2, meas)
@@ -144,19 +157,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cv_text, slow_text = f"{cv:.3f}", f"+{100 * (expected_max_factor(n1, cv) - 1):.1f} %"
         print(
-            f"| {label(key, pts[0].case_id)} | {key[0]} | {n1:,} -> {n2:,} ({len(pts)} rows) | {100 * meas:+.1f} % "
+            f"| {label(pts[0].case_id)} | {key[0]} | {n1:,} -> {n2:,} ({len(pts)} rows) | {100 * meas:+.1f} % "
             f"| {100 * pred:+.1f} % | {100 * pm:+.2f} / {100 * pp:+.2f} % | {100 * pts[0].error:+.1f} % "
             f"| {cv_text} | {slow_text} |"
         )
     print("\nGrowth at every device count (published / echosim, over the smallest), series of four rows or more:\n")
-    for key, pts in sorted(found.items(), key=lambda kv: (kv[0][0], kv[1][0].case_id)):
+    for _key, pts in sorted(found.items(), key=lambda kv: (kv[0][0], kv[1][0].case_id)):
         if len(pts) >= 4:
             steps = ", ".join(
                 f"{p.devices:,}: {100 * (p.measured_s / pts[0].measured_s - 1):+.1f} / "
                 f"{100 * (p.predicted_s / pts[0].predicted_s - 1):+.1f}"
                 for p in pts[1:]
             )
-            print(f"- {label(key, pts[0].case_id)}: {steps}")
+            print(f"- {label(pts[0].case_id)}: {steps}")
     if gaps:
         print(
             f"\n{len(found)} series; the published step grows faster than echosim's in {under}; per doubling of "

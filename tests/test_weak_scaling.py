@@ -39,8 +39,8 @@ def test_straggler_cv_reproduces_the_growth_it_was_solved_for() -> None:
 
 def test_label_drops_the_device_count_and_slices() -> None:
     m = _module()
-    assert m.label((), "maxtext-v5e-16b-bf16-4096-x16") == "maxtext-v5e-16b-bf16"
-    assert m.label((), "dgxc2504-gpt-3-175b-fp8-h100-sxm-128") == "dgxc2504-gpt-3-175b-fp8-h100-sxm"
+    assert m.label("maxtext-v5e-16b-bf16-4096-x16") == "maxtext-v5e-16b-bf16"
+    assert m.label("dgxc2504-gpt-3-175b-fp8-h100-sxm-128") == "dgxc2504-gpt-3-175b-fp8-h100-sxm"
 
 
 @pytest.mark.skipif(not CASES.exists(), reason="needs ../shared/validation/cases.csv")
