@@ -137,7 +137,11 @@ def compile_cmd(
     verbose: bool,
     **opts: Any,
 ) -> None:
-    """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB)."""
+    """Simulate one training step of MODEL (default: GPT-3 175B on 1,024 A100-80GB).
+
+    Beside the step time, the report gives echosim's error on the published runs most like this one and the
+    range of steps it implies ("likely step"; `accuracy` in the JSON; docs/accuracy.md).
+    """
     from echosim.compiler import lower
 
     if graph:
@@ -169,7 +173,10 @@ def compile_cmd(
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise EchosimError(f"--strict: {failures[0]}{more}")
     extra = sections(dynamics, report) if dynamics.any else {}
-    report_json = _with_extra(report, extra)
+    from echosim.validation.bands import accuracy_line, accuracy_section
+
+    accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
+    report_json = _with_extra(report, {**extra, "accuracy": accuracy})
     if out:
         _write(out, report_json, "--out")
     if trace:
@@ -189,7 +196,7 @@ def compile_cmd(
     else:
         from echosim.summary import render
 
-        render(report, trace)
+        render(report, trace, accuracy=accuracy_line(accuracy))
         if extra:
             from echosim.dynamics.options import render as dynamics_lines
 

@@ -13,7 +13,8 @@ def _fmt_s(x: float) -> str:
     return f"{x:.3f} s" if x >= 0.1 else f"{x * 1e3:.2f} ms"
 
 
-def render(report: Any, trace: str | None = None, console: Any = None) -> None:
+def render(report: Any, trace: str | None = None, console: Any = None, accuracy: str | None = None) -> None:
+    """Print the report; ``accuracy``: the line saying how far published runs like this one put the step."""
     from rich.table import Table
 
     from echosim.terminal import console as terminal_console
@@ -40,6 +41,8 @@ def render(report: Any, trace: str | None = None, console: Any = None) -> None:
     head.add_row("TFLOP/s per device", f"{report.tflops_per_device:.1f} (hardware FLOPs, recompute included)")
     head.add_row("parameters", f"{report.params / 1e9:.2f} B")
     head.add_row("pipeline bubble", f"{report.bubble_fraction * 100:.1f}% of the step")
+    if accuracy:
+        head.add_row("likely step", accuracy)
     console.print(head)
 
     where = Table(title=f"where the time goes (stage {report.critical_stage}, the slowest)")

@@ -1,0 +1,59 @@
+"""Write the accuracy bands a compile reports (``echosim/data/accuracy_bands.json``) and print them.
+
+Each band is echosim's signed error on one group of the published runs of ``cases.csv`` (module doc of
+:mod:`echosim.validation.bands`). It also prints how many runs of each source lie inside the band built without
+that source: what a band holds on a source the table has not seen. Run it after any change to a cost rule, as
+``docs/accuracy.md`` is; ``tests/test_accuracy_bands.py`` fails while the stored table is not what this writes.
+
+    PYTHONPATH=. python benchmarks/accuracy_bands.py [--cases ../shared/validation/cases.csv] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from echosim.validation.bands import TABLE_FILE, group_label, held_out_coverage, runs_from_cases, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
+OUT = ROOT / "echosim" / "data" / TABLE_FILE
+
+
+def render(table: dict) -> str:
+    return json.dumps(table, indent=1, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=Path, default=DEFAULT_CASES)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the stored table differs, write nothing")
+    args = parser.parse_args()
+    runs = runs_from_cases(args.cases)
+    table = summarise((t, e) for _, t, e in runs)
+    low, high = table["percentiles"]
+    print(f"{'group':50s} {'runs':>4s} {f'p{low}':>7s} {'median':>7s} {f'p{high}':>7s}")
+    for key, row in table["groups"].items():
+        if row["runs"] >= table["min_runs"]:
+            print(
+                f"{group_label(key):50s} {row['runs']:4d} {row['low'] * 100:+6.1f}% {row['median'] * 100:+6.1f}% "
+                f"{row['high'] * 100:+6.1f}%"
+            )
+    inside, total = held_out_coverage(runs)
+    print(
+        f"held out by source: {inside} of {total} runs ({inside / total:.1%}) lie inside the band built without "
+        f"their source (nominal {high - low} %)"
+    )
+    text = render(table)
+    if args.check:
+        same = OUT.exists() and OUT.read_text() == text
+        print("stored table is current" if same else f"{OUT} is stale: run this script without --check")
+        sys.exit(0 if same else 1)
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
