@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from weak_scaling import gap_per_doubling, group_series, paired  # noqa: E402
 
 from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
+from echosim.validation.bands import group_label, held_out_coverage, runs_from_cases, summarise  # noqa: E402
 from echosim.validation.cases import backend_for  # noqa: E402
 from echosim.validation.run import validate_cases  # noqa: E402
 from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation  # noqa: E402
@@ -477,6 +478,37 @@ def cpu_section(path: Path = CPU_RUN, repeat_path: Path = CPU_REPEAT) -> list[st
     return lines
 
 
+def bands_section(v: Validation, cases: Path = CASES) -> list[str]:
+    """The bands a compile reports (``echosim.validation.bands``), as this run of the table gives them."""
+    runs = runs_from_cases(cases, v.rows)
+    table = summarise((t, e) for _, t, e in runs)
+    inside, total = held_out_coverage(runs)
+    low, high = table["percentiles"]
+    lines = [
+        "### How far to trust one prediction",
+        "",
+        "`echosim compile` reports, beside its step time, echosim's error on the published runs most like the one "
+        f"compiled: the {low}th and {high}th percentile of the signed error (predicted / published - 1) over the "
+        f"narrowest group below with at least {table['min_runs']} runs, and the range of published steps that band "
+        'gives (`accuracy` in the JSON, "likely step" in the summary). The groups split the runs by model (dense '
+        "or MoE), device or its generation, GEMM precision, and whether tensor, pipeline or context parallelism is "
+        "used. The cost model was developed against these runs, so the bands are tighter here than on a new run. "
+        f"Held out by source (each source's runs against the bands built from the others), {inside} of {total} runs "
+        f"({inside / total:.0%}) lie inside their band, where {high - low} % would if the table told the whole "
+        "truth. `python benchmarks/accuracy_bands.py` writes the bands to `echosim/data/accuracy_bands.json`.",
+        "",
+        f"| group | runs | {low}th pct. | median | {high}th pct. |",
+        "|---|---|---|---|---|",
+    ]
+    for key, row in table["groups"].items():
+        if row["runs"] >= table["min_runs"]:
+            lines.append(
+                f"| {group_label(key)} | {row['runs']} | {row['low'] * 100:+.1f} % | {row['median'] * 100:+.1f} % "
+                f"| {row['high'] * 100:+.1f} % |"
+            )
+    return lines
+
+
 def build(
     cases: Path, sensitivity_table: dict[str, Any], v: Validation | None = None
 ) -> tuple[str, dict[str, Any], Validation]:
@@ -496,6 +528,8 @@ def build(
         *cases_lines,
         "",
         *scale_section(v, cases),
+        "",
+        *bands_section(v, cases),
         "",
         *comparison_section(v),
         "",

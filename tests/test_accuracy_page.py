@@ -28,6 +28,7 @@ def test_page_has_every_section_and_a_summary():
         "### Rows not compiled",
         "### Constants fitted to measurements",
         "### One layout at more devices",
+        "### How far to trust one prediction",
         "## Compared with other simulators",
         "## Sensitivity",
         "## Real hardware: one H200",
@@ -120,3 +121,15 @@ def test_cpu_section_quotes_the_row_ordered_run_and_its_repeat(tmp_path):
     assert "| -15.0% | n/a | 0.00 | not measured | | |" in text  # the pipeline row: no CPU-time error, no repeat
     assert "one-thread ranks outside a pipeline, 1 rows) 5.0%" in text
     assert f"`{run}`" in text.split("every attempt is in")[1]
+
+
+def test_bands_section_lists_the_groups_a_compile_can_report():
+    """Only groups with enough runs to be reported appear, each with its percentiles in order."""
+    from echosim.validation.bands import MIN_RUNS, group_label, stored_table
+
+    page = PAGE.read_text()
+    table = stored_table()
+    section = page.split("### How far to trust one prediction", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| group")]
+    expected = [k for k, row in table["groups"].items() if row["runs"] >= MIN_RUNS]
+    assert [r.split(" | ")[0][2:] for r in rows] == [group_label(k) for k in expected]
