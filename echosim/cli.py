@@ -190,7 +190,7 @@ def compile_cmd(
     if report_path:
         from echosim.explain.html import write_report
 
-        write_report(compiled, report_path, name, plan, cluster)
+        write_report(compiled, report_path, name, plan, cluster, accuracy_line(accuracy))
     if as_json:
         click.echo(report_json, nl=False)
     else:

@@ -143,3 +143,12 @@ def test_a_case_rows_kind_is_the_kind_its_compiled_graph_has() -> None:
         case = next(c for c in rows if c.case_id == case_id)
         plan, cluster = row_plan(case)
         assert model_kind(lower(row_model(case), plan, cluster).graph) == kind, case_id
+
+
+def test_explain_reports_the_same_band_as_compile() -> None:
+    args = ["gpt3-1.3b", "--backend", "h100-sxm", "--tp", "2", "--dp", "4", "--global-batch", "16"]
+    result = CliRunner().invoke(cli, ["explain", *args, "--no-what-if", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["accuracy"] == _compile(*args)["accuracy"]
+    text = CliRunner().invoke(cli, ["explain", *args, "--no-what-if"]).output
+    assert "likely step: " in text

@@ -41,20 +41,23 @@ def explain(model: str | None, top: int, what_if: bool, as_json: bool, **opts: A
     name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     result = explain_step(compiled, name, plan, cluster, what_if=what_if)
+    from echosim.validation.bands import accuracy_line, accuracy_section
+
+    accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
     if as_json:
         from echosim.timeline.report import stable_json
 
-        click.echo(stable_json(result.as_dict(top)), nl=False)
+        click.echo(stable_json({**result.as_dict(top), "accuracy": accuracy}), nl=False)
         return
-    render(result, top)
+    render(result, top, accuracy=accuracy_line(accuracy))
 
 
 def _s(x: float) -> str:
     return f"{x:.3f} s" if abs(x) >= 0.1 else f"{x * 1e3:.2f} ms"
 
 
-def render(result: Any, top: int = 3, lines: int = 8) -> None:
-    """The explanation as text: one screen, numbers first."""
+def render(result: Any, top: int = 3, lines: int = 8, accuracy: str | None = None) -> None:
+    """The explanation as text: one screen, numbers first; ``accuracy``: the step's band line, if any."""
     r = result.report
     echo = click.echo
     memory = max(r.memory, key=lambda m: m["peak"])
@@ -62,6 +65,8 @@ def render(result: Any, top: int = 3, lines: int = 8) -> None:
     echo(f"{r.model} on {r.devices} x {r.backend}: {result.flags or '(a layout with no compile flags)'}")
     echo(f"step {_s(r.step_time_s)}; peak {memory['peak'] / GiB:.1f} GiB of {memory['capacity'] / GiB:.1f} GiB "
          f"per device ({verdict})")  # fmt: skip
+    if accuracy:
+        echo(f"likely step: {accuracy}")
     cp = result.critical
     stage, on_stage = max(cp.seconds_by_stage.items(), key=lambda kv: (kv[1], -kv[0]))
     echo("")

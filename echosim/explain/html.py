@@ -41,8 +41,11 @@ def check_report_path(path: str | Path) -> None:
         raise EchosimError(f"--report {path}: unknown format {suffix or '(no suffix)'!r} (known: {known})")
 
 
-def write_report(compiled: Any, path: str | Path, model: Any, plan: Any, cluster: Any) -> None:
-    """Write the HTML report (``.html``) or the timeline chart alone (``.png``)."""
+def write_report(
+    compiled: Any, path: str | Path, model: Any, plan: Any, cluster: Any, accuracy: str | None = None
+) -> None:
+    """Write the HTML report (``.html``) or the timeline chart alone (``.png``); ``accuracy``: the line saying how far
+    published runs like this one put the step (``echosim.validation.bands.accuracy_line``)."""
     check_report_path(path)
     charts.pyplot()  # the missing extra is one line before any work
     result = explain(compiled, model, plan, cluster, what_if=False)
@@ -51,7 +54,7 @@ def write_report(compiled: Any, path: str | Path, model: Any, plan: Any, cluster
         data = charts.png(_timeline(result, compiled))
         _write(path, data)
         return
-    _write(path, render_html(result, compiled).encode("utf-8"))
+    _write(path, render_html(result, compiled, accuracy).encode("utf-8"))
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -86,7 +89,7 @@ def _s(x: float) -> str:
     return f"{x:.3f} s" if abs(x) >= 0.1 else f"{x * 1e3:.2f} ms"
 
 
-def render_html(result: Explanation, compiled: Any) -> str:
+def render_html(result: Explanation, compiled: Any, accuracy: str | None = None) -> str:
     r = result.report
     costed = compiled.costed
     cp = result.critical
@@ -104,6 +107,8 @@ def render_html(result: Explanation, compiled: Any) -> str:
         ("peak memory", f"{binding['peak'] / GiB:.1f} GiB of {binding['capacity'] / GiB:.0f} GiB "
                         f"(stage {binding['stage']}, {fits})"),
     ]  # fmt: skip
+    if accuracy:
+        head.insert(1, ("likely step", accuracy))
     micro_title = f"micro-batch {costed.microbatches // 2}: forward, then backward (dotted line)"
     micro = _img(charts.png(charts.microbatch_chart(costed, path_stage, micro_title)), "one micro-batch")
     shares = [(f"{s.seconds / cp.step_time_s * 100:.1f}%", _s(s.seconds), s.label) for s in cp.shares[:15]]
