@@ -21,6 +21,7 @@ from echosim.validation.bands import (
     group_label,
     held_out_coverage,
     model_kind,
+    no_band_reason,
     precision_of,
     stored_table,
     summarise,
@@ -152,3 +153,15 @@ def test_explain_reports_the_same_band_as_compile() -> None:
     assert json.loads(result.output)["accuracy"] == _compile(*args)["accuracy"]
     text = CliRunner().invoke(cli, ["explain", *args, "--no-what-if"]).output
     assert "likely step: " in text
+
+
+def test_a_format_the_table_has_no_run_of_gets_no_band() -> None:
+    """fp32 on Hopper: the generation's band would be made of bf16 and fp8 runs, so there is none."""
+    runs = [(Traits("dense", "h100-sxm", "hopper", "16-bit", "data"), 0.0)] * MIN_RUNS
+    table = summarise(runs)
+    fp32 = Traits("dense", "h100-sxm", "hopper", "32-bit", "data")
+    assert band_for(fp32, table) is None
+    assert no_band_reason(fp32, table) == "the validation table has no published dense runs in 32-bit on hopper devices"
+    few = Traits("dense", "h100-sxm", "hopper", "16-bit", "data")
+    assert band_for(few, summarise(runs[:3])) is None
+    assert no_band_reason(few, summarise(runs[:3])).startswith(f"the validation table has fewer than {MIN_RUNS}")

@@ -9,10 +9,11 @@ with at least :data:`MIN_RUNS` runs, and what that band makes of its step time.
 
 The cost model was developed against these runs, so a band is tighter on them than on a new run. How much, is
 measured by holding each source out in turn (:func:`held_out_coverage`; ``docs/accuracy.md`` quotes it as the
-table now gives it). When these settings were chosen (2026-12-06), bands built from the other sources held 77 % of
-the held-out source's runs (254 of 329; nominal 90 %), where the 10th-90th percentile with at least 10 runs a
-group held 65 % (224 of 347). The wider band and the larger groups were chosen for that, so that a band means
-close to what it says on a source the table has not seen.
+table now gives it, ``benchmarks/accuracy_bands.py`` prints the settings side by side). When these settings were
+chosen (2026-12-06), bands built from the other sources held 77 % of the held-out source's runs (253 of 327;
+nominal 90 %), where the 10th-90th percentile with at least 10 runs a group held 65 % (224 of 345). The wider
+band and the larger groups were chosen for that, so that a band means close to what it says on a source the
+table has not seen.
 
 A band says nothing for models the table has no runs of (vision, recommendation, recurrent models) or for devices
 it has no runs on (CPUs, plugin backends). ``benchmarks/accuracy_bands.py`` writes the table
@@ -44,7 +45,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
 )
 TABLE_FILE = "accuracy_bands.json"
 
-_PRECISION = {"fp8": "8-bit", "mxfp8": "8-bit", "nvfp4": "4-bit", "fp32": "32-bit"}
+_PRECISION = {"fp8": "8-bit", "mxfp8": "8-bit", "int8": "8-bit", "nvfp4": "4-bit", "fp32": "32-bit"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +69,9 @@ class Band:
     group: str
     runs: int
     median: float
-    low: float  # the PERCENTILES[0] error
-    high: float  # the PERCENTILES[1] error
+    low: float  # the error at the lower of ``percentiles``
+    high: float  # the error at the upper
+    percentiles: tuple[int, int] = PERCENTILES
 
     def step_range_s(self, predicted_s: float) -> tuple[float, float]:
         """The published step a prediction stands for, if its error lies in the band: an error e means
@@ -84,7 +86,7 @@ class Band:
             "error_median": self.median,
             "error_low": self.low,
             "error_high": self.high,
-            "percentiles": list(PERCENTILES),
+            "percentiles": list(self.percentiles),
             "step_time_s_range": [round(low, 6), round(high, 6)],
         }
 
@@ -109,8 +111,8 @@ def traits(kind: str, backend: str, dtype: str, tp: int, pp: int, cp: int) -> Tr
 
 
 def model_kind(graph: Any) -> str:
-    """ "moe" for a model with grouped expert GEMMs, "dense" for one with causal attention (the language models
-    the table holds), "" for any other (encoders, vision, recommendation, recurrent models)."""
+    """The kind of model: "moe" with grouped expert GEMMs, "dense" with causal attention (the language models the
+    table holds), "" for any other (encoders, vision, recommendation, recurrent models)."""
     from echosim.ir.ops import AttentionAttrs, MatmulAttrs
 
     causal = False
@@ -121,8 +123,10 @@ def model_kind(graph: Any) -> str:
     return "dense" if causal else ""
 
 
-def summarise(runs: Iterable[tuple[Traits, float]]) -> dict[str, Any]:
-    """The stored table: every group at every level that has runs, with its percentiles."""
+def summarise(
+    runs: Iterable[tuple[Traits, float]], percentiles: tuple[int, int] = PERCENTILES, min_runs: int = MIN_RUNS
+) -> dict[str, Any]:
+    """The stored table: every group at every level that has runs, with its ``percentiles``."""
     groups: dict[str, list[float]] = {}
     for t, error in runs:
         if not t.kind or not t.family:
@@ -136,12 +140,12 @@ def summarise(runs: Iterable[tuple[Traits, float]]) -> dict[str, Any]:
         table[key] = {
             "runs": len(errors),
             "median": round(statistics.median(errors), 6),
-            "low": round(cuts[PERCENTILES[0] - 1], 6),
-            "high": round(cuts[PERCENTILES[1] - 1], 6),
+            "low": round(cuts[percentiles[0] - 1], 6),
+            "high": round(cuts[percentiles[1] - 1], 6),
         }
     return {
-        "min_runs": MIN_RUNS,
-        "percentiles": list(PERCENTILES),
+        "min_runs": min_runs,
+        "percentiles": list(percentiles),
         "levels": [list(level) for level in LEVELS],
         "groups": table,
     }
@@ -171,12 +175,14 @@ def table_from_cases(path: Any, rows: Iterable[Any] | None = None) -> dict[str, 
     return summarise((t, e) for _, t, e in runs_from_cases(path, rows))
 
 
-def held_out_coverage(runs: list[tuple[str, Traits, float]]) -> tuple[int, int]:
+def held_out_coverage(
+    runs: list[tuple[str, Traits, float]], percentiles: tuple[int, int] = PERCENTILES, min_runs: int = MIN_RUNS
+) -> tuple[int, int]:
     """How many runs lie inside the band built without their source, of those that get one: what a band holds on
     a source the table has not seen."""
     inside = total = 0
     for source in sorted({s for s, _, _ in runs}):
-        table = summarise((t, e) for s, t, e in runs if s != source)
+        table = summarise(((t, e) for s, t, e in runs if s != source), percentiles, min_runs)
         for s, t, e in runs:
             band = band_for(t, table) if s == source else None
             if band is not None:
@@ -192,24 +198,29 @@ def stored_table() -> dict[str, Any]:
 
 
 def band_for(t: Traits, table: dict[str, Any] | None = None) -> Band | None:
-    """The band of the narrowest group with at least :data:`MIN_RUNS` runs, or None where no group has."""
+    """The band of the narrowest group with at least :data:`MIN_RUNS` runs, or None where no group has. A GEMM
+    format the table has no run of on the device's generation (fp32 on Hopper, say) gets none: the generation's
+    band is made of other formats."""
     table = table if table is not None else stored_table()
-    if not t.kind or not t.family:
+    if not t.kind or not t.family or t.key(("kind", "family", "precision")) not in table["groups"]:
         return None
     for level in LEVELS:
         key = t.key(level)
         row = table["groups"].get(key)
         if row is not None and row["runs"] >= table["min_runs"]:
-            return Band(key, row["runs"], row["median"], row["low"], row["high"])
+            return Band(key, row["runs"], row["median"], row["low"], row["high"], tuple(table["percentiles"]))
     return None
 
 
-def no_band_reason(t: Traits) -> str:
+def no_band_reason(t: Traits, table: dict[str, Any] | None = None) -> str:
+    table = table if table is not None else stored_table()
     if not t.kind:
         return "the validation table has no published runs of this kind of model (it holds language models only)"
     if not t.family:
         return f"the validation table has no published runs on {t.device}"
-    return f"the validation table has fewer than {MIN_RUNS} published runs like this one"
+    if t.key(("kind", "family", "precision")) not in table["groups"]:
+        return f"the validation table has no published {t.kind} runs in {t.precision} on {t.family} devices"
+    return f"the validation table has fewer than {table['min_runs']} published runs like this one"
 
 
 def accuracy_section(compiled: Any) -> dict[str, Any]:
