@@ -1,7 +1,7 @@
 """Write the accuracy bands a compile reports (``echosim/data/accuracy_bands.json``) and print them.
 
 Each band is echosim's signed error on one group of the published runs of ``cases.csv`` (module doc of
-:mod:`echosim.validation.bands`). It also prints how many runs of each source lie inside the band built without
+:mod:`echosim.bands`). It also prints how many runs of each source lie inside the band built without
 that source: what a band holds on a source the table has not seen. Run it after any change to a cost rule, as
 ``docs/accuracy.md`` is; ``tests/test_accuracy_bands.py`` fails while the stored table is not what this writes.
 
@@ -15,15 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from echosim.validation.bands import (
-    MIN_RUNS,
-    PERCENTILES,
-    TABLE_FILE,
-    group_label,
-    held_out_coverage,
-    runs_from_cases,
-    summarise,
-)
+from echosim.bands import MIN_RUNS, PERCENTILES, TABLE_FILE, group_label, summarise
+from echosim.validation.bands import held_out_coverage, runs_from_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"

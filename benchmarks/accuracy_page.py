@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from weak_scaling import gap_per_doubling, group_series, paired  # noqa: E402
 
+from echosim.bands import group_label, summarise  # noqa: E402
 from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
-from echosim.validation.bands import group_label, held_out_coverage, runs_from_cases, summarise  # noqa: E402
+from echosim.validation.bands import held_out_coverage, runs_from_cases  # noqa: E402
 from echosim.validation.cases import backend_for  # noqa: E402
 from echosim.validation.run import validate_cases  # noqa: E402
 from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation  # noqa: E402
@@ -479,7 +480,7 @@ def cpu_section(path: Path = CPU_RUN, repeat_path: Path = CPU_REPEAT) -> list[st
 
 
 def bands_section(v: Validation, cases: Path = CASES) -> list[str]:
-    """The bands a compile reports (``echosim.validation.bands``), as this run of the table gives them."""
+    """The bands a compile reports (``echosim.bands``), as this run of the table gives them."""
     runs = runs_from_cases(cases, v.rows)
     table = summarise((t, e) for _, t, e in runs)
     inside, total = held_out_coverage(runs)

@@ -41,6 +41,8 @@ from echosim.errors import EchosimError
 
 BUDGETS = {
     "max_step_time_s": "fail when the step time is above this many seconds",
+    "max_likely_step_time_s": "fail when the long end of the likely step (the step time over echosim's low-end "
+    "error on published runs like this one: docs/accuracy.md) is above this many seconds",
     "max_memory_gib": "fail when a pipeline stage's peak memory per device is above this many GiB",
     "min_mfu": "fail when the MFU (0..1) is below this",
 }
@@ -290,7 +292,7 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
 
     A model's path is relative to ``root``, the config's folder.
     """
-    from echosim.compiler import compile as compile_model
+    from echosim.compiler import lower
     from echosim.plan import plan_from_options
 
     merged = {**defaults, **entry}
@@ -315,11 +317,14 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
     else:
         chosen = _resolved(str(model), root)
         _, plan, cluster = plan_from_options(str(model), merged)
-    report = compile_model(chosen, plan, cluster)
+    compiled = lower(chosen, plan, cluster)
+    report = compiled.report
     memory = max(int(m["peak"]) for m in report.memory) / 2**30
     failures = []
     if "max_step_time_s" in budgets and report.step_time_s > budgets["max_step_time_s"]:
         failures.append(f"step time {_fmt_s(report.step_time_s)} > max_step_time_s = {budgets['max_step_time_s']}")
+    if "max_likely_step_time_s" in budgets:
+        failures += _likely_step_failures(compiled, budgets["max_likely_step_time_s"])
     if "max_memory_gib" in budgets and memory > budgets["max_memory_gib"]:
         failures.append(f"memory {memory:.1f} GiB > max_memory_gib = {budgets['max_memory_gib']}")
     if "min_mfu" in budgets and report.mfu < budgets["min_mfu"]:
@@ -329,6 +334,24 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
 
         failures.append(does_not_fit(report))
     return Outcome(name, model, report.step_time_s, memory, report.mfu, tuple(failures))
+
+
+def _likely_step_failures(compiled: Any, budget: float) -> list[str]:
+    """The likely-step budget: the long end of the accuracy band's range; an entry with no band is in error."""
+    from echosim.bands import accuracy_section, group_label
+
+    section = accuracy_section(compiled)
+    band = section["band"]
+    if band is None:
+        raise EchosimError(f"max_likely_step_time_s needs an accuracy band and there is none: {section['reason']}")
+    longest = band["step_time_s_range"][1]
+    if longest <= budget:
+        return []
+    return [
+        f"likely step up to {_fmt_s(longest)} > max_likely_step_time_s = {budget} (echosim's error on "
+        f"{band['runs']} published runs like this one, {group_label(band['group'])}, reaches "
+        f"{band['error_low'] * 100:+.1f}%)"
+    ]
 
 
 def against_baseline(outcome: Outcome, baseline: dict[str, Any], tolerance: float) -> Outcome:

@@ -173,7 +173,7 @@ def compile_cmd(
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise EchosimError(f"--strict: {failures[0]}{more}")
     extra = sections(dynamics, report) if dynamics.any else {}
-    from echosim.validation.bands import accuracy_line, accuracy_section
+    from echosim.bands import accuracy_line, accuracy_section
 
     accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
     report_json = _with_extra(report, {**extra, "accuracy": accuracy})

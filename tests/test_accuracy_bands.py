@@ -7,10 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from echosim.cli import cli
-from echosim.compiler import lower
-from echosim.plan import Cluster, Plan
-from echosim.validation.bands import (
+from echosim.bands import (
     MIN_RUNS,
     PERCENTILES,
     TABLE_FILE,
@@ -19,15 +16,17 @@ from echosim.validation.bands import (
     band_for,
     family_of,
     group_label,
-    held_out_coverage,
     model_kind,
     no_band_reason,
     precision_of,
     stored_table,
     summarise,
-    table_from_cases,
     traits,
 )
+from echosim.cli import cli
+from echosim.compiler import lower
+from echosim.plan import Cluster, Plan
+from echosim.validation.bands import held_out_coverage, table_from_cases
 from tests.conftest import SHARED
 
 CASES = SHARED / "validation" / "cases.csv"
@@ -165,3 +164,28 @@ def test_a_format_the_table_has_no_run_of_gets_no_band() -> None:
     few = Traits("dense", "h100-sxm", "hopper", "16-bit", "data")
     assert band_for(few, summarise(runs[:3])) is None
     assert no_band_reason(few, summarise(runs[:3])).startswith(f"the validation table has fewer than {MIN_RUNS}")
+
+
+def _check(tmp_path, body: str) -> tuple[int, str]:
+    config = tmp_path / "pyproject.toml"
+    config.write_text(body, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["check", "--config", str(config), "--no-cache"])
+    return result.exit_code, result.output
+
+
+def test_check_holds_the_long_end_of_the_likely_step_to_its_budget(tmp_path) -> None:
+    args = ("gpt3-1.3b", "--backend", "h100-sxm", "--tp", "2", "--dp", "4", "--global-batch", "16")
+    report = _compile(*args)
+    high = report["accuracy"]["band"]["step_time_s_range"][1]
+    assert report["step_time_s"] < high * 0.99  # so the second budget fails on the band alone
+    entry = (
+        '[[tool.echosim.check]]\nmodel = "gpt3-1.3b"\nbackend = "h100-sxm"\ntp = 2\ndp = 4\nglobal_batch = 16\n'
+        "max_likely_step_time_s = {}\n"
+    )
+    code, out = _check(tmp_path, entry.format(round(high * 1.01, 4)))
+    assert code == 0 and out.endswith(" - ok\n"), out
+    code, out = _check(tmp_path, entry.format(round(high * 0.99, 4)))  # above the step time, below the long end
+    assert code == 3 and "likely step up to" in out and "published runs like this one" in out, out
+    cpu = '[[tool.echosim.check]]\nmodel = "gpt3-125m"\nbackend = "cpu-x86"\nseq_len = 64\nmax_likely_step_time_s = 9\n'
+    code, out = _check(tmp_path, cpu)
+    assert code == 1 and "max_likely_step_time_s needs an accuracy band" in out and "cpu-x86" in out, out

@@ -125,7 +125,7 @@ def test_cpu_section_quotes_the_row_ordered_run_and_its_repeat(tmp_path):
 
 def test_bands_section_lists_the_groups_a_compile_can_report():
     """Only groups with enough runs to be reported appear, each with its percentiles in order."""
-    from echosim.validation.bands import MIN_RUNS, group_label, stored_table
+    from echosim.bands import MIN_RUNS, group_label, stored_table
 
     page = PAGE.read_text()
     table = stored_table()

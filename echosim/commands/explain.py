@@ -41,7 +41,7 @@ def explain(model: str | None, top: int, what_if: bool, as_json: bool, **opts: A
     name, plan, cluster = layout_from_options(model, opts, typed)
     compiled = lower(name, plan, cluster)
     result = explain_step(compiled, name, plan, cluster, what_if=what_if)
-    from echosim.validation.bands import accuracy_line, accuracy_section
+    from echosim.bands import accuracy_line, accuracy_section
 
     accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
     if as_json:

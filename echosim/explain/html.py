@@ -45,7 +45,7 @@ def write_report(
     compiled: Any, path: str | Path, model: Any, plan: Any, cluster: Any, accuracy: str | None = None
 ) -> None:
     """Write the HTML report (``.html``) or the timeline chart alone (``.png``); ``accuracy``: the line saying how far
-    published runs like this one put the step (``echosim.validation.bands.accuracy_line``)."""
+    published runs like this one put the step (``echosim.bands.accuracy_line``)."""
     check_report_path(path)
     charts.pyplot()  # the missing extra is one line before any work
     result = explain(compiled, model, plan, cluster, what_if=False)
