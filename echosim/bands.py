@@ -23,6 +23,7 @@ it has no runs on (CPUs, plugin backends). ``benchmarks/accuracy_bands.py`` writ
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -194,6 +195,12 @@ def accuracy_section(compiled: Any) -> dict[str, Any]:
     return {"band": band.to_dict(report.step_time_s), "reason": ""}
 
 
+def _three_figures(x: float) -> str:
+    """Three significant figures, trailing zeros kept (6.00, not 6)."""
+    decimals = max(0, 2 - math.floor(math.log10(abs(x)))) if x else 2
+    return f"{x:.{decimals}f}"
+
+
 def group_label(group: str) -> str:
     """``kind=dense device=h100-sxm precision=8-bit parallel=model`` -> ``dense, h100-sxm, 8-bit, model-parallel``."""
     values = dict(part.split("=", 1) for part in group.split())
@@ -208,7 +215,8 @@ def accuracy_line(section: dict[str, Any]) -> str:
         return f"no band: {section['reason']}"
     low, high = band["step_time_s_range"]
     return (
-        f"{low:.3g}-{high:.3g} s (echosim's error on {band['runs']} published runs like this one, "
+        f"{_three_figures(low)}-{_three_figures(high)} s (echosim's error on {band['runs']} published runs like "
+        "this one, "
         f"{group_label(band['group'])}: {band['error_low'] * 100:+.1f}% to {band['error_high'] * 100:+.1f}%, "
         f"{band['percentiles'][0]}th-{band['percentiles'][1]}th percentile)"
     )

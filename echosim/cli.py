@@ -327,7 +327,10 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
                objective: str, max_memory_fraction: float, top: int, workers: int, executor: str,
                ray_address: str | None, tokens: float | None, price_per_device_hour: float | None,
                plot: str | None, as_json: bool) -> None:  # fmt: skip
-    """Rank the parallel layouts of MODEL on DEVICES (every dimension; those that fit, best first)."""
+    """Rank the parallel layouts of MODEL on DEVICES (every dimension; those that fit, best first).
+
+    The best layout's likely step follows the table: the accuracy band `compile` reports (docs/accuracy.md).
+    """
     from echosim.commands.search import parse_devices, run
     from echosim.layout_search import parse_space
     from echosim.plan import Cluster, Plan, plan_with_defaults

@@ -189,3 +189,18 @@ def test_check_holds_the_long_end_of_the_likely_step_to_its_budget(tmp_path) -> 
     cpu = '[[tool.echosim.check]]\nmodel = "gpt3-125m"\nbackend = "cpu-x86"\nseq_len = 64\nmax_likely_step_time_s = 9\n'
     code, out = _check(tmp_path, cpu)
     assert code == 1 and "max_likely_step_time_s needs an accuracy band" in out and "cpu-x86" in out, out
+
+
+def test_search_reports_the_band_of_its_best_layout() -> None:
+    args = ["search", "gpt3-1.3b", "--backend", "h100-sxm", "--devices", "8", "--global-batch", "16",
+            "--space", "pp=1", "--space", "cp=1", "--space", "recompute=none"]  # fmt: skip
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    best, band = data["best"][0], data["accuracy"]["band"]
+    parallel = "model" if best["tp"] > 1 else "data"
+    expected = band_for(Traits("dense", "h100-sxm", "hopper", "16-bit", parallel))
+    assert expected is not None and band["group"] == expected.group
+    assert band["step_time_s_range"][1] == pytest.approx(best["step_time_s"] / (1 + band["error_low"]), rel=1e-5)
+    text = " ".join(CliRunner().invoke(cli, args).output.split())
+    assert "likely step of #1: " in text

@@ -80,8 +80,9 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str = "
     Console(width=200).print(table)
 
 
-def print_result(result: SearchResult, top: int, rejected: int = 10) -> None:
-    """The ranked table, why the best beats the runner-up, rejected layouts with their reasons, the counts."""
+def print_result(result: SearchResult, top: int, rejected: int = 10, accuracy: dict[str, Any] | None = None) -> None:
+    """The ranked table, why the best beats the runner-up, the best's likely step (``accuracy``), rejected layouts
+    with their reasons, the counts."""
     c = result.counts()
     head = (
         f"{result.model} on {result.cluster.devices} x {result.cluster.backend}: space of "
@@ -100,6 +101,10 @@ def print_result(result: SearchResult, top: int, rejected: int = 10) -> None:
     _table(cols, rows, f"best {len(rows)} by {result.objective}")
     if len(result.ranked) > 1:
         click.echo("why: " + why_better(result.ranked[0], result.ranked[1]))
+    if accuracy is not None:
+        from echosim.bands import accuracy_line
+
+        click.echo("likely step of #1: " + accuracy_line(accuracy))
     shown = _rejected_sample(result.others, rejected)
     if shown:
         _table([*_COLUMNS[1:], "reason"], [[*_degrees(e), e.reason] for e in shown],
@@ -170,10 +175,30 @@ def print_scale_out(rows: list[dict[str, Any]], tokens: float | None, price: flo
     _table(cols, out, "scale-out: the best layout of each cluster size")
 
 
-def result_json(result: SearchResult, top: int) -> dict[str, Any]:
-    """Every evaluated layout with its degrees, figures and rejection reason, and the counts (byte-stable)."""
+def best_accuracy(model: Any, result: SearchResult) -> dict[str, Any] | None:
+    """The accuracy band of the best layout, as ``compile`` reports it (``echosim.bands``), applied to its step;
+    None when nothing fits. The model's kind is read from one compile of that layout."""
+    if not result.ranked:
+        return None
+    from echosim.bands import band_for, model_kind, no_band_reason, traits
+    from echosim.compiler import lower
+
+    best = result.ranked[0]
+    p = best.plan
+    kind = model_kind(lower(model, p, result.cluster).graph)
+    t = traits(kind, result.cluster.backend, p.dtype, p.tp, p.pp, p.cp)
+    band = band_for(t)
+    if band is None or best.step_time_s is None:
+        return {"band": None, "reason": no_band_reason(t)}
+    return {"band": band.to_dict(best.step_time_s), "reason": ""}
+
+
+def result_json(result: SearchResult, top: int, accuracy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every evaluated layout with its degrees, figures and rejection reason, and the counts (byte-stable);
+    ``accuracy``: the best layout's band (:func:`best_accuracy`)."""
     layouts = [e.as_dict() for e in result.evaluated]
     return {
+        "accuracy": accuracy,
         "model": result.model,
         "backend": result.cluster.backend,
         "devices": result.cluster.devices,
@@ -307,15 +332,17 @@ def run(
     if plot:
         write_plot(results, plot)
     scale = scale_out_rows(results, tokens, price) if len(results) > 1 or tokens else []
+    accuracy = [best_accuracy(model, r) for r in results]
     if as_json:
         if len(results) == 1 and not scale:
-            data: dict[str, Any] = result_json(results[0], top)
+            data: dict[str, Any] = result_json(results[0], top, accuracy[0])
         else:
-            data = {"scale_out": scale, "searches": [result_json(r, top) for r in results]}
+            searches = [result_json(r, top, a) for r, a in zip(results, accuracy, strict=True)]
+            data = {"scale_out": scale, "searches": searches}
         click.echo(dumps_indented(data))
     else:
-        for r in results:
-            print_result(r, top)
+        for r, a in zip(results, accuracy, strict=True):
+            print_result(r, top, accuracy=a)
         if scale:
             print_scale_out(scale, tokens, price)
     SKIP_TEARDOWN[0] = executor == "local"  # a Ray session's own shutdown hooks must still run
