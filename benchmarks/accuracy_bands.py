@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from echosim.bands import MIN_RUNS, PERCENTILES, TABLE_FILE, group_label, summarise
-from echosim.validation.bands import held_out_coverage, runs_from_cases
+from echosim.validation.bands import held_out_by_generation, held_out_coverage, runs_from_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
@@ -50,6 +50,9 @@ def main() -> None:
             f"  {percentiles[0]:2d}th-{percentiles[1]}th percentile, >= {min_runs} runs a group: {inside} of {total} "
             f"({inside / total:.1%}; nominal {percentiles[1] - percentiles[0]} %){chosen}"
         )
+    print("held out by source, per model kind and device generation (the chosen setting):")
+    for key, (inside, total) in held_out_by_generation(runs).items():
+        print(f"  {key:20s} {inside:3d} of {total:3d} ({inside / total:.0%})")
     text = render(table)
     if args.check:
         same = OUT.exists() and OUT.read_text() == text

@@ -34,7 +34,7 @@ from weak_scaling import gap_per_doubling, group_series, paired  # noqa: E402
 
 from echosim.bands import group_label, summarise  # noqa: E402
 from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
-from echosim.validation.bands import held_out_coverage, runs_from_cases  # noqa: E402
+from echosim.validation.bands import held_out_by_generation, held_out_coverage, runs_from_cases  # noqa: E402
 from echosim.validation.cases import backend_for  # noqa: E402
 from echosim.validation.run import validate_cases  # noqa: E402
 from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation  # noqa: E402
@@ -497,6 +497,11 @@ def bands_section(v: Validation, cases: Path = CASES) -> list[str]:
         f"Held out by source (each source's runs against the bands built from the others), {inside} of {total} runs "
         f"({inside / total:.0%}) lie inside their band, where {high - low} % would if the table told the whole "
         "truth. `python benchmarks/accuracy_bands.py` writes the bands to `echosim/data/accuracy_bands.json`.",
+        "",
+        "",
+        "Held out by source, per model kind and device generation: "
+        + "; ".join(f"{key} {i} of {n}" for key, (i, n) in held_out_by_generation(runs).items())
+        + ".",
         "",
         f"| group | runs | {low}th pct. | median | {high}th pct. |",
         "|---|---|---|---|---|",

@@ -26,7 +26,7 @@ from echosim.bands import (
 from echosim.cli import cli
 from echosim.compiler import lower
 from echosim.plan import Cluster, Plan
-from echosim.validation.bands import held_out_coverage, table_from_cases
+from echosim.validation.bands import held_out_by_generation, held_out_coverage, table_from_cases
 from tests.conftest import SHARED
 
 CASES = SHARED / "validation" / "cases.csv"
@@ -129,6 +129,7 @@ def test_held_out_coverage_counts_runs_inside_the_band_built_without_their_sourc
     far = [("b", H100_DENSE, 0.5), ("b", H100_DENSE, 0.1)]  # source b: one outlier, one inside a's band
     # a's runs see b's two (fewer than MIN_RUNS: no band); b's runs see a's band, 0.0095 .. 0.1805
     assert held_out_coverage(near + far) == (1, 2)
+    assert held_out_by_generation(near + far) == {"dense, hopper": (1, 2)}
 
 
 @pytest.mark.skipif(not CASES.exists(), reason="shared/validation not present")

@@ -36,17 +36,34 @@ def table_from_cases(path: Any, rows: Iterable[Any] | None = None) -> dict[str, 
     return summarise((t, e) for _, t, e in runs_from_cases(path, rows))
 
 
-def held_out_coverage(
+def held_out(
     runs: list[tuple[str, Traits, float]], percentiles: tuple[int, int] = PERCENTILES, min_runs: int = MIN_RUNS
-) -> tuple[int, int]:
-    """How many runs lie inside the band built without their source, of those that get one: what a band holds on
-    a source the table has not seen."""
-    inside = total = 0
+) -> list[tuple[Traits, bool]]:
+    """Each run that gets a band from the other sources' runs, and whether it lies inside it."""
+    out = []
     for source in sorted({s for s, _, _ in runs}):
         table = summarise(((t, e) for s, t, e in runs if s != source), percentiles, min_runs)
         for s, t, e in runs:
             band = band_for(t, table) if s == source else None
             if band is not None:
-                total += 1
-                inside += band.low <= e <= band.high
-    return inside, total
+                out.append((t, band.low <= e <= band.high))
+    return out
+
+
+def held_out_coverage(
+    runs: list[tuple[str, Traits, float]], percentiles: tuple[int, int] = PERCENTILES, min_runs: int = MIN_RUNS
+) -> tuple[int, int]:
+    """How many runs lie inside the band built without their source, of those that get one: what a band holds on
+    a source the table has not seen."""
+    checked = held_out(runs, percentiles, min_runs)
+    return sum(inside for _, inside in checked), len(checked)
+
+
+def held_out_by_generation(runs: list[tuple[str, Traits, float]]) -> dict[str, tuple[int, int]]:
+    """:func:`held_out_coverage` per model kind and device generation ("dense, hopper": (inside, of))."""
+    by: dict[str, list[int]] = {}
+    for t, inside in held_out(runs):
+        counts = by.setdefault(f"{t.kind}, {t.family}", [0, 0])
+        counts[0] += inside
+        counts[1] += 1
+    return {key: (c[0], c[1]) for key, c in sorted(by.items())}
