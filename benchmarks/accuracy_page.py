@@ -498,7 +498,6 @@ def bands_section(v: Validation, cases: Path = CASES) -> list[str]:
         f"({inside / total:.0%}) lie inside their band, where {high - low} % would if the table told the whole "
         "truth. `python benchmarks/accuracy_bands.py` writes the bands to `echosim/data/accuracy_bands.json`.",
         "",
-        "",
         "Held out by source, per model kind and device generation: "
         + "; ".join(f"{key} {i} of {n}" for key, (i, n) in held_out_by_generation(runs).items())
         + ".",
