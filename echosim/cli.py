@@ -176,7 +176,10 @@ def compile_cmd(
     from echosim.bands import accuracy_line, accuracy_section
 
     accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
-    report_json = _with_extra(report, {**extra, "accuracy": accuracy})
+    from echosim.timeline.report import stable_json
+
+    # the report's JSON, with the accuracy band and the cluster-dynamics sections beside the step's figures
+    report_json = stable_json({**report.to_dict(), **extra, "accuracy": accuracy})
     if out:
         _write(out, report_json, "--out")
     if trace:
@@ -209,15 +212,6 @@ def compile_cmd(
 
         click.echo(f"Error: --require-fit: {does_not_fit(report)}", err=True)
         sys.exit(NOT_MET)
-
-
-def _with_extra(report: Any, extra: dict[str, Any]) -> str:
-    """The report's JSON, with the cluster-dynamics sections beside the step's figures when asked for."""
-    if not extra:
-        return str(report.to_json())
-    from echosim.timeline.report import stable_json
-
-    return stable_json({**report.to_dict(), **extra})
 
 
 def _cheapest_fit(model: str, plan: Any, cluster: Any, report: Any) -> None:

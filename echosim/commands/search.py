@@ -176,21 +176,14 @@ def print_scale_out(rows: list[dict[str, Any]], tokens: float | None, price: flo
 
 
 def best_accuracy(model: Any, result: SearchResult) -> dict[str, Any] | None:
-    """The accuracy band of the best layout, as ``compile`` reports it (``echosim.bands``), applied to its step;
-    None when nothing fits. The model's kind is read from one compile of that layout."""
+    """The accuracy band of the best layout, as ``compile`` reports it (``echosim.bands.accuracy_section`` of one
+    compile of that layout, whose figures a search reproduces exactly); None when nothing fits."""
     if not result.ranked:
         return None
-    from echosim.bands import band_for, model_kind, no_band_reason, traits
+    from echosim.bands import accuracy_section
     from echosim.compiler import lower
 
-    best = result.ranked[0]
-    p = best.plan
-    kind = model_kind(lower(model, p, result.cluster).graph)
-    t = traits(kind, result.cluster.backend, p.dtype, p.tp, p.pp, p.cp)
-    band = band_for(t)
-    if band is None or best.step_time_s is None:
-        return {"band": None, "reason": no_band_reason(t)}
-    return {"band": band.to_dict(best.step_time_s), "reason": ""}
+    return accuracy_section(lower(model, result.ranked[0].plan, result.cluster))
 
 
 def result_json(result: SearchResult, top: int, accuracy: dict[str, Any] | None = None) -> dict[str, Any]:
