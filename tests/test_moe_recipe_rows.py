@@ -3,6 +3,9 @@ dispatcher (HybridEP where the release's presets set it) and NeMo 25.09's token 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from conftest import SHARED
 
@@ -43,3 +46,53 @@ def test_nemo_2509_token_drop_rows_pad_to_capacity_one() -> None:
     ):
         plan, _ = row_plan(rows[case])
         assert (plan.moe_capacity_factor, plan.moe_pad_to_capacity) == want, case
+
+
+NEWER = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "mbridge_newer_releases.csv"
+
+
+def _newer_rows() -> dict[str, Any]:
+    from echosim.validation.cases import read_cases
+
+    return {c["case_id"]: c for c in read_cases(NEWER)}
+
+
+@pytest.mark.parametrize(
+    ("case", "dispatcher", "overlap", "recompute"),
+    [
+        # v0.5.0 / v0.6.0 DEEPSEEK_V3_..._GB300_FP8_MX_V2: recompute_modules=[] (nothing recomputed)
+        ("mbridge2606-deepseekv3-mxfp8-gb300-256", "hybridep", True, "none"),
+        ("mbridge2608-deepseekv3-mxfp8-gb300-256", "hybridep", True, "none"),
+        ("mbridge260601-deepseekv3-mxfp8-gb200-256", "hybridep", True, "selective:mla_up_proj"),
+        # B300_V2: HybridEP over NVL8, no a2a overlap (and no vpp, which the overlap would need)
+        ("mbridge2606-deepseekv3-mxfp8-b300-256", "hybridep", False, "selective:mla_up_proj"),
+        # the GB200 MXFP8 preset clears the BF16 presets' layernorm / moe_act recompute
+        ("mbridge2606-gpt-oss-120b-mxfp8-gb200-64", "hybridep", True, "none"),
+        ("mbridge2606-qwen3-30b-a3b-fp8-h100-sxm-16", "hybridep", False, "none"),
+        ("mbridge2608-qwen3-235b-a22b-mxfp8-gb200-256", "hybridep", True, "none"),
+    ],
+)
+def test_newer_megatron_bridge_releases_take_their_presets(
+    case: str, dispatcher: str, overlap: bool, recompute: str
+) -> None:
+    """NeMo 26.06, 26.06.01 and 26.08 rows take their release's preset (MEGATRON_BRIDGE_MOE_PRESETS), not the
+    release-independent recompute table nor the earlier releases' dispatcher and overlap sets."""
+    from echosim.validation.rows import row_plan
+
+    plan, _ = row_plan(_newer_rows()[case])
+    assert (plan.moe_dispatcher, plan.moe_ep_overlap, plan.recompute) == (dispatcher, overlap, recompute)
+
+
+def test_a_release_without_a_preset_keeps_the_older_tables() -> None:
+    """A row of a release the preset table does not hold (26.06's dense Llama rows, or a MoE row relabelled to
+    25.09) falls through to the release-independent tables, as before."""
+    from echosim.validation.cases import Case
+    from echosim.validation.rows import moe_preset, row_plan
+
+    row = _newer_rows()["mbridge2606-gpt-oss-120b-mxfp8-gb200-64"]
+    older = Case(row.line, {**row.cells, "source_id": "megatron_bridge_25.09"}, row.numbers)
+    assert moe_preset(older) is None
+    plan, _ = row_plan(older)
+    assert (plan.moe_dispatcher, plan.moe_ep_overlap) == ("alltoall", False)
+    assert plan.recompute == "selective:layernorm,moe_act"
+    assert moe_preset(_newer_rows()["mbridge2606-llama3p1-405b-fp8-gb300-256"]) is None

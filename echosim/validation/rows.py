@@ -9,6 +9,7 @@ so the row is skipped with that reason instead of compiled wrongly.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from echosim.backends.topology import fill_domains
@@ -721,10 +722,66 @@ MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str
 }
 
 
+@dataclass(frozen=True, slots=True)
+class MoePreset:
+    """What a Megatron-Bridge MoE performance preset sets that echosim prices: the token dispatcher ('' for
+    Megatron-Core's alltoall), combined 1F1B (``moe_a2a_overlap``) and the selective-recompute modules."""
+
+    dispatcher: str
+    ep_overlap: bool
+    recompute: tuple[str, ...] = ()
+
+
+_HYBRIDEP_OVERLAP = MoePreset("hybridep", True)
+#: The MoE presets of the releases after 26.04.01, by (source_id, layers, hidden, device): every published row
+#: of a model and system in these releases ran one preset (V2, or V1 where no V2 exists: ``--config_variant``
+#: defaults to "v2", scripts/performance/argument_parser.py, and utils.py falls back to V1). NeMo 26.06 = tag
+#: v0.5.0, 26.06.01 = tag v0.5.1 and 26.08 = tag v0.6.0 (the same settings for GB200 / GB300; v0.6.0 moved them
+#: to src/megatron/bridge/perf_recipes/{deepseek,gpt_oss,qwen}/{gb200,gb300}/*.py), v0.5.0 scripts/performance/configs/
+#: {deepseek,gpt_oss,qwen}/*_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2 (and
+#: _GBS15360) hybridep + a2a overlap, ``recompute_modules=[]`` (selective, nothing recomputed); _GB200_FP8_MX_V2
+#: hybridep + overlap + mla_up_proj; _B300_V2 hybridep + mla_up_proj, no overlap; GPT_OSS_120B_PRETRAIN_CONFIG
+#: _{GB300,GB200}_FP8_MX_V2 hybridep + overlap, no recompute; _B300_BF16_V2 hybridep; QWEN3_30B_A3B_PRETRAIN_CONFIG
+#: _{GB300,GB200,B300}_FP8_MX_V1 hybridep + overlap; _H100_FP8_CS_V1 hybridep; QWEN3_235B_A22B_PRETRAIN_CONFIG
+#: _{GB300,GB200}_FP8_MX_V2 hybridep + overlap (qwen3_llm_pretrain.py clears the recipe's recompute). These
+#: presets also run full-iteration CUDA graphs, the CuTe DSL fused grouped MLP and (except DeepSeek-V3 on
+#: GB200 and the B300 / H100 ones) FP8 attention, which echosim does not price (benchmarks/
+#: mbridge_newer_releases.py). They take precedence over the release-independent tables below.
+MEGATRON_BRIDGE_MOE_PRESETS: dict[tuple[str, int, int, str], MoePreset] = {
+    **{
+        (release, *model): preset
+        for release in ("megatron_bridge_26.06", "megatron_bridge_26.06.01", "megatron_bridge_26.08")
+        for model, preset in {
+            (61, 7168, "gb300"): _HYBRIDEP_OVERLAP,
+            (61, 7168, "gb200"): MoePreset("hybridep", True, ("mla_up_proj",)),
+            (36, 2880, "gb300"): _HYBRIDEP_OVERLAP,
+            (36, 2880, "gb200"): _HYBRIDEP_OVERLAP,
+            (48, 2048, "gb300"): _HYBRIDEP_OVERLAP,
+            (48, 2048, "gb200"): _HYBRIDEP_OVERLAP,
+            (94, 4096, "gb300"): _HYBRIDEP_OVERLAP,
+            (94, 4096, "gb200"): _HYBRIDEP_OVERLAP,
+        }.items()
+    },
+    ("megatron_bridge_26.06", 61, 7168, "b300"): MoePreset("hybridep", False, ("mla_up_proj",)),
+    ("megatron_bridge_26.06", 36, 2880, "b300"): MoePreset("hybridep", False),
+    ("megatron_bridge_26.06", 48, 2048, "b300"): _HYBRIDEP_OVERLAP,
+    ("megatron_bridge_26.06", 48, 2048, "h100-sxm"): MoePreset("hybridep", False),
+}
+
+
+def moe_preset(c: Case) -> MoePreset | None:
+    """The preset of a Megatron-Bridge MoE row's release, model and system (:data:`MEGATRON_BRIDGE_MOE_PRESETS`)."""
+    if c["arch"] != "moe":
+        return None
+    return MEGATRON_BRIDGE_MOE_PRESETS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"]))
+
+
 def megatron_bridge_recompute(c: Case) -> str:
     """The ``selective:MODULES`` policy of the Megatron-Bridge recipe a row ran; '' when none is known."""
     if not c["source_id"].startswith("megatron_bridge"):
         return ""
+    if (preset := moe_preset(c)) is not None:
+        return "selective:" + ",".join(preset.recompute) if preset.recompute else "none"
     model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
     modules = MEGATRON_BRIDGE_RECOMPUTE.get((*model, ()), MEGATRON_BRIDGE_RECOMPUTE.get((*model, layout), ()))
@@ -832,6 +889,8 @@ def moe_dispatcher(c: Case) -> str:
     """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
         return ""
+    if (preset := moe_preset(c)) is not None:
+        return preset.dispatcher
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
     model = (c.int("layers") or 0, c.int("hidden") or 0, c["device"])
     found = MEGATRON_BRIDGE_DISPATCHER.get((*model, layout), "")
@@ -881,7 +940,10 @@ MEGATRON_BRIDGE_EP_OVERLAP: frozenset[tuple[str, int, int, str, tuple[int, ...],
 
 
 def ep_overlap(c: Case) -> bool:
-    """Whether the Megatron-Bridge recipe behind a row runs combined 1F1B (:data:`MEGATRON_BRIDGE_EP_OVERLAP`)."""
+    """Whether the Megatron-Bridge recipe behind a row runs combined 1F1B (:data:`MEGATRON_BRIDGE_MOE_PRESETS`,
+    then :data:`MEGATRON_BRIDGE_EP_OVERLAP`)."""
+    if (preset := moe_preset(c)) is not None:
+        return preset.ep_overlap
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
     key = (c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"], layout, c.int("global_batch") or 0)
     return key in MEGATRON_BRIDGE_EP_OVERLAP
