@@ -411,8 +411,8 @@ def test_router_groups_ride_on_the_deepep_all_to_alls(tiny_moe: Graph) -> None:
 
 
 def test_deepep_cuts_cross_node_expert_traffic_only() -> None:
-    """ep 16 over two 8-GPU nodes: DeepEP's network leg carries each token once per node it reaches;
-    with ep 8 on one node both dispatchers are the same NVLink exchange."""
+    """ep 16 over two 8-GPU nodes: DeepEP's (and HybridEP's) network leg carries each token once per node it
+    reaches; with ep 8 on one node every dispatcher is the same NVLink exchange."""
     from dataclasses import replace
 
     from echosim.compiler import compile
@@ -426,6 +426,10 @@ def test_deepep_cuts_cross_node_expert_traffic_only() -> None:
     assert ep_s(replace(across, moe_dispatcher="deepep"), 16) < 0.85 * ep_s(across, 16)
     inside = Plan(dp=8, ep=8, global_batch=8, seq_len=4096)
     assert ep_s(replace(inside, moe_dispatcher="deepep"), 8) == ep_s(inside, 8)
+    # HybridEP's exchange is the same hierarchy (network once per node, then NVLink): the same seconds as
+    # DeepEP's across nodes, and as the flat all_to_all inside one domain
+    assert ep_s(replace(across, moe_dispatcher="hybridep"), 16) == ep_s(replace(across, moe_dispatcher="deepep"), 16)
+    assert ep_s(replace(inside, moe_dispatcher="hybridep"), 8) == ep_s(inside, 8)
 
 
 # ---- padded capacity: MaxText's dropping path (dense_matmul with capacity_factor > 0) --------

@@ -119,7 +119,8 @@ def layout_options(fn: F) -> F:
             "--moe-dispatcher",
             type=click.Choice(["alltoall", "deepep", "hybridep"]),
             help="Expert dispatch: NCCL's all_to_all, DeepEP's (across nodes a token crosses the network "
-            "once per destination node, then NVLink), or HybridEP's (pads the experts' rows for fp8 itself).",
+            "once per destination node, then NVLink), or HybridEP's (the same path; it pads the experts' rows for "
+            "fp8 itself).",
         ),
         click.option(
             "--moe-router-groups",

@@ -145,9 +145,13 @@ def _fn(node: Node) -> str:
 #: DeepEP's node-deduplicated network leg plus NVLink forwarding (Megatron-Core's ``flex`` dispatcher with
 #: the deepep backend; :mod:`echosim.backends.deepep`), or HybridEP (the ``flex`` dispatcher with the hybridep
 #: backend: "NVIDIA's optimized dispatcher using TMA and IBGDA ... native MNNVL support", megatron/core/
-#: transformer/moe/README.md, core_v0.16.0). HybridEP's exchange is costed as the all_to_all (within one
-#: NVLink domain, where the rows that run it keep their expert-parallel groups, the two move the same
-#: bytes); what differs is that its fused dispatch pads the experts' rows itself (``quant_pad`` off).
+#: transformer/moe/README.md, core_v0.16.0). HybridEP's exchange is costed as DeepEP's: its design is the same
+#: hierarchy, "Inter-node Communication: High-performance RDMA-based communication across nodes" and "Intra-node
+#: Communication: NVLink-optimized data transfer", its dispatch sending tokens "to corresponding expert nodes"
+#: (deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md), and its H100 runs over 16-64 ranks move
+#: 41-58 GB/s of "IB bandwidth" a rank (dispatch and combine, 8-16 SMs, same README), the line rate of one
+#: 400 Gb/s NIC. Within one NVLink domain both are the flat all_to_all (:func:`echosim.backends.deepep.
+#: deepep_time_s`). What differs is that HybridEP's fused dispatch pads the experts' rows itself (``quant_pad`` off).
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 
@@ -388,7 +392,7 @@ class _Rewriter:
         if what == "combine" and routing.padded:  # the padded slots come back whole
             out = out.with_shape((max(1, round(out.shape[0] * routing.padded)), *out.shape[1:]))
         attrs = CollectiveAttrs(Axis.EP, self.opts.ep, nbytes)
-        if self.opts.dispatcher == "deepep":  # HybridEP: the flat all_to_all (DISPATCHERS)
+        if self.opts.dispatcher in ("deepep", "hybridep"):  # network once per node, then NVLink (DISPATCHERS)
             experts, (groups, group_topk) = self._layer_experts(d), self.opts.router_groups
             if groups and experts % groups:
                 raise LayoutError(f"router groups {groups} do not divide the layer's {experts} experts")
