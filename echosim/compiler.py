@@ -21,7 +21,15 @@ from echosim.frontend import CaptureSpec, capture_named, capture_object
 from echosim.frontend.messages import split_notes
 from echosim.ir.graph import Graph
 from echosim.ir.verify import VerifyError
-from echosim.layout import ModelShape, check_model, check_plan, check_precision, interleaved_names
+from echosim.layout import (
+    ModelShape,
+    check_fp8_attention,
+    check_model,
+    check_plan,
+    check_precision,
+    fp8_attention_notes,
+    interleaved_names,
+)
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.data_parallel import DataParallel
@@ -207,6 +215,7 @@ def prepare_joint(
     loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
+    check_fp8_attention(plan, cluster.backend)
     if not plan_checked:
         check_plan(plan, cluster, schedules, interleaved_names(schedules))
     if not loaded.supports_dtype(plan.dtype):
@@ -220,7 +229,8 @@ def prepare_joint(
     graph, messages, total_params = _load_model(model, plan, registry)
     graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
-    warnings, notes = split_notes(messages + check_model(plan, shape))
+    notes_fp8 = fp8_attention_notes(plan, cluster.backend, graph)
+    warnings, notes = split_notes(messages + check_model(plan, shape) + notes_fp8)
     checked = _verified(registry)
     level = _graph_level(graph, plan, registry, backend, cluster, checked)
     graph_passes = level.passes
@@ -409,7 +419,7 @@ class _GraphLevel:
 #: flags, offload) configure the same graph-level passes: a full-space GPT-3 search prepares 8,556 layouts with
 #: 1,404 distinct values of these. tests/test_compiler_memo.py checks the list against what each function reads.
 GRAPH_PASS_FIELDS = (
-    "framework", "attention", "splash_blocks", "cp", "cp_comm", "cp_balance", "tp", "sp", "etp",
+    "framework", "attention", "splash_blocks", "fp8_attention", "cp", "cp_comm", "cp_balance", "tp", "sp", "etp",
     "moe_router_groups", "moe_router_group_topk", "moe_capacity_factor", "moe_dispatcher", "dtype", "ep",
     "moe_imbalance", "seq_len", "moe_pad_to_capacity", "embedding_sharding", "dp", "pp", "recompute", "loss_chunks",
     "passes",

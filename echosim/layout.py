@@ -70,6 +70,35 @@ def check_precision(plan: Plan, backend: Any) -> None:
         raise PlanError(refusal)
 
 
+def check_fp8_attention(plan: Plan, backend: str) -> None:
+    """FP8 attention is Transformer Engine's ``fp8_dot_product_attention``: the fused kernel, inside an FP8
+    recipe's autocast, priced only on the devices cuDNN's FP8 / BF16 benchmark measured
+    (:mod:`echosim.backends.fp8_attention`)."""
+    from echosim.backends.fp8_attention import refusal
+
+    if not plan.fp8_attention:
+        return
+    if plan.dtype not in ("fp8", "mxfp8", "nvfp4"):
+        raise PlanError(
+            f"--fp8-attention needs an FP8 recipe (--dtype fp8, mxfp8 or nvfp4), got --dtype {plan.dtype}: "
+            "Transformer Engine runs attention in FP8 only inside its FP8 autocast"
+        )
+    if plan.attention != "flash":
+        raise PlanError("--fp8-attention needs the fused attention kernel (--attention flash)")
+    if why := refusal(backend):
+        raise PlanError(why)
+
+
+def fp8_attention_notes(plan: Plan, backend: str, graph: Graph) -> list[str]:
+    """What the report says about attention shapes whose FP8 speed-up was not measured (priced at BF16)."""
+    from echosim.backends.fp8_attention import unmeasured
+
+    if not plan.fp8_attention:
+        return []
+    shapes = {n.attrs: None for n in graph if n.phase is Phase.FORWARD and isinstance(n.attrs, AttentionAttrs)}
+    return [Note(line) for line in unmeasured(backend, list(shapes))]
+
+
 def format_refusal(dtype: str, backend: Any) -> str:
     """Why ``backend`` cannot run ``dtype``, a block-scaled format its tensor cores lack ("" where it can)."""
     if dtype not in ("mxfp8", "nvfp4"):

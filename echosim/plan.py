@@ -78,6 +78,8 @@ class Plan:
     # Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): the EP all-to-alls of one micro-batch
     # run beside the adjacent micro-batch's forward or backward compute
     moe_ep_overlap: bool = False
+    # Transformer Engine's FP8 attention (fp8_dot_product_attention: cuDNN's FP8 fused kernel), under an FP8 recipe
+    fp8_attention: bool = False
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
@@ -111,7 +113,7 @@ class Plan:
         return self.tp * self.pp * self.dp * self.cp
 
     def as_dict(self) -> dict[str, object]:
-        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``,
+        """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``, ``fp8_attention``,
         ``moe_pad_to_capacity``, the router groups and ``splash_blocks`` only where set (models without tables
         or experts, and runs on MaxText's default splash blocks, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
@@ -119,6 +121,8 @@ class Plan:
             del d["etp"]
         if not self.moe_ep_overlap:
             del d["moe_ep_overlap"]
+        if not self.fp8_attention:
+            del d["fp8_attention"]
         if not self.moe_pad_to_capacity:
             del d["moe_pad_to_capacity"]
         if self.embedding_sharding == "none":

@@ -21,6 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
+from echosim.backends import fp8_attention
 from echosim.backends.devices import DeviceSpec
 from echosim.ir.ops import AttentionAttrs, causal_fraction  # noqa: F401  (re-exported: cpu, tpu, cost)
 
@@ -680,6 +681,8 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
         kernel = flash_attention_time_s(view, a, dtype, backward)
     else:
         kernel = math_attention_time_s(dev, a, dtype, backward)
+    if a.fp8:  # the BF16 kernel's time over its measured FP8 speed-up (unmeasured shapes: the BF16 time)
+        kernel /= fp8_attention.speedup(dev.name, a, backward) or 1.0
     return kernel + pad_copies_time_s(dev, a, dtype, backward)
 
 

@@ -230,6 +230,7 @@ class AttentionAttrs:
     window: int = 0  # sliding window in keys (0: full attention)
     padded: bool = False  # q, k, v unpadded into the varlen layout and the output padded back, by copies
     repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (grouped-query attention)
+    fp8: bool = False  # FP8 attention (Transformer Engine's fp8_dot_product_attention; echosim.backends.fp8_attention)
     # TPU splash attention's (q, kv) blocks of its forward, dkv and dq kernels, six sizes in MaxText's order
     # sa_block_q, sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv, sa_block_q_dq, sa_block_kv_dq
     # (echosim.backends.tpu.splash_blocks); (): MaxText's defaults

@@ -13,6 +13,8 @@ Transformer Engine's DotProductAttention (cuDNN's fused attention from Hopper on
 (:attr:`echosim.frameworks.Framework.attention_unpad`).
 ``loss``: the cross-entropy kernels the framework calls (:attr:`echosim.frameworks.Framework.loss_kernel`, a key
 of :data:`echosim.ir.ops.LOSS_KERNEL_BYTES`; '' = one pass over the logits).
+``fp8``: the fused kernel runs in FP8 (:attr:`echosim.plan.Plan.fp8_attention`; priced by
+:mod:`echosim.backends.fp8_attention`).
 ``blocks``: TPU splash attention's block sizes a run sets (:attr:`echosim.plan.Plan.splash_blocks`), which fix
 the causal mask's granularity (:func:`echosim.backends.tpu.splash_blocks`).
 """
@@ -35,18 +37,19 @@ class AttentionKernel:
     loss: str = ""
     repeat_kv: bool = False  # K and V copied out to the query heads before the kernel (Framework.attention_repeat_kv)
     blocks: tuple[int, ...] = ()  # splash attention's block sizes (Plan.splash_blocks; (): MaxText's defaults)
+    fp8: bool = False  # FP8 attention (Plan.fp8_attention): a fused kernel's operands in FP8
     name: ClassVar[str] = "attention-kernel"
 
     def run(self, graph: Graph) -> Graph:
         g = graph.copy()
         kernel = self.generation if self.flash else ""
         blocks = self.blocks if self.flash else ()
-        want = (self.flash, kernel, self.padded and self.flash, self.repeat_kv, blocks)
+        want = (self.flash, kernel, self.padded and self.flash, self.repeat_kv, blocks, self.fp8 and self.flash)
         for n in list(g):
             a = n.attrs
-            if isinstance(a, AttentionAttrs) and (a.flash, a.kernel, a.padded, a.repeat_kv, a.blocks) != want:
+            if isinstance(a, AttentionAttrs) and (a.flash, a.kernel, a.padded, a.repeat_kv, a.blocks, a.fp8) != want:
                 g.replace(n.id, attrs=replace(a, flash=want[0], kernel=want[1], padded=want[2], repeat_kv=want[3],
-                                              blocks=want[4]))  # fmt: skip
+                                              blocks=want[4], fp8=want[5]))  # fmt: skip
             elif (
                 isinstance(n.attrs, NormAttrs)
                 and n.attrs.kind == "rmsnorm"

@@ -24,7 +24,14 @@ def _attention(plan: Any) -> object:
     loss = framework.loss_kernel
     repeat_kv = bool(framework.attention_repeat_kv)
     return AttentionKernel(
-        plan.attention == "flash", framework.attention_kernel, reference, padded, loss, repeat_kv, plan.splash_blocks
+        plan.attention == "flash",
+        framework.attention_kernel,
+        reference,
+        padded,
+        loss,
+        repeat_kv,
+        plan.splash_blocks,
+        plan.fp8_attention,
     )
 
 
