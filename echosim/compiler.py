@@ -24,6 +24,7 @@ from echosim.ir.verify import VerifyError
 from echosim.layout import (
     ModelShape,
     check_fp8_attention,
+    check_fused_mlp,
     check_model,
     check_plan,
     check_precision,
@@ -216,6 +217,7 @@ def prepare_joint(
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
     check_fp8_attention(plan, cluster.backend)
+    check_fused_mlp(plan, cluster.backend)
     if not plan_checked:
         check_plan(plan, cluster, schedules, interleaved_names(schedules))
     if not loaded.supports_dtype(plan.dtype):
@@ -419,8 +421,8 @@ class _GraphLevel:
 #: flags, offload) configure the same graph-level passes: a full-space GPT-3 search prepares 8,556 layouts with
 #: 1,404 distinct values of these. tests/test_compiler_memo.py checks the list against what each function reads.
 GRAPH_PASS_FIELDS = (
-    "framework", "attention", "splash_blocks", "fp8_attention", "cp", "cp_comm", "cp_balance", "tp", "sp", "etp",
-    "moe_router_groups", "moe_router_group_topk", "moe_capacity_factor", "moe_dispatcher", "dtype", "ep",
+    "framework", "attention", "splash_blocks", "fp8_attention", "moe_fused_mlp", "cp", "cp_comm", "cp_balance", "tp",
+    "sp", "etp", "moe_router_groups", "moe_router_group_topk", "moe_capacity_factor", "moe_dispatcher", "dtype", "ep",
     "moe_imbalance", "seq_len", "moe_pad_to_capacity", "embedding_sharding", "dp", "pp", "recompute", "loss_chunks",
     "passes",
 )  # fmt: skip

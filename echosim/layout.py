@@ -89,6 +89,23 @@ def check_fp8_attention(plan: Plan, backend: str) -> None:
         raise PlanError(why)
 
 
+def check_fused_mlp(plan: Plan, backend: str) -> None:
+    """The fused grouped expert MLP is cuDNN's CuTe DSL block-scaled grouped GEMMs for sm_100
+    (:mod:`echosim.passes.fused_mlp`): Blackwell GPUs under an MXFP8 or NVFP4 recipe."""
+    from echosim.backends.devices import DEVICES
+
+    if not plan.moe_fused_mlp:
+        return
+    if plan.dtype not in ("mxfp8", "nvfp4"):
+        raise PlanError(
+            f"--moe-fused-mlp needs a block-scaled recipe (--dtype mxfp8 or nvfp4), got --dtype {plan.dtype}: "
+            "the fused grouped MLP is cuDNN's block-scaled grouped GEMM"
+        )
+    spec = DEVICES.get(backend)
+    if spec is None or spec.arch != "blackwell":
+        raise PlanError(f"--moe-fused-mlp runs on Blackwell GPUs (sm_100) only, not on backend {backend!r}")
+
+
 def fp8_attention_notes(plan: Plan, backend: str, graph: Graph) -> list[str]:
     """What the report says about attention shapes whose FP8 speed-up was not measured (priced at BF16)."""
     from echosim.backends.fp8_attention import unmeasured

@@ -80,6 +80,8 @@ class Plan:
     moe_ep_overlap: bool = False
     # Transformer Engine's FP8 attention (fp8_dot_product_attention: cuDNN's FP8 fused kernel), under an FP8 recipe
     fp8_attention: bool = False
+    # Transformer Engine's fused grouped expert MLP (CuTe DSL: the GLU and its quantisation in the GEMM epilogues)
+    moe_fused_mlp: bool = False
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
     # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
     embedding_sharding: str = "none"
@@ -114,8 +116,8 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``, ``fp8_attention``,
-        ``moe_pad_to_capacity``, the router groups and ``splash_blocks`` only where set (models without tables
-        or experts, and runs on MaxText's default splash blocks, never state them)."""
+        ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups and ``splash_blocks`` only where set (models
+        without tables or experts, and runs on MaxText's default splash blocks, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         if not self.etp:
             del d["etp"]
@@ -123,6 +125,8 @@ class Plan:
             del d["moe_ep_overlap"]
         if not self.fp8_attention:
             del d["fp8_attention"]
+        if not self.moe_fused_mlp:
+            del d["moe_fused_mlp"]
         if not self.moe_pad_to_capacity:
             del d["moe_pad_to_capacity"]
         if self.embedding_sharding == "none":

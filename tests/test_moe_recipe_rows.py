@@ -83,6 +83,7 @@ def test_newer_megatron_bridge_releases_take_their_presets(
     assert (plan.moe_dispatcher, plan.moe_ep_overlap, plan.recompute) == (dispatcher, overlap, recompute)
     # every preset with the a2a overlap sets fp8_dot_product_attention, but DeepSeek-V3's on GB200
     assert plan.fp8_attention == (overlap and "deepseekv3-mxfp8-gb200" not in case)
+    assert plan.moe_fused_mlp == overlap  # cutedsl_fused_grouped_mlp: every preset with the a2a overlap
 
 
 def test_a_release_without_a_preset_keeps_the_older_tables() -> None:

@@ -35,7 +35,7 @@ def test_built_in_passes_run_in_their_registered_order_and_the_plugin_slots_in()
     reg = get_registry()
     graph_level = [e.name for e in reg.pass_pipeline("graph")]
     assert graph_level.index("no-dropout") < graph_level.index("autodiff")
-    assert graph_level[0] == "attention-kernel" and graph_level[-1] == "fp8-linears"
+    assert graph_level[0] == "attention-kernel" and graph_level[-1] == "fused-expert-mlp"
     assert [e.name for e in reg.pass_pipeline("stage")] == ["data-parallel", "optimizer", "gradient-groups"]
     assert reg.passes["no-dropout"].owner == "pipeline-demo"
     assert reg.passes["autodiff"].owner == "echosim.passes.plugin"

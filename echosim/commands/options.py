@@ -154,6 +154,12 @@ def layout_options(fn: F) -> F:
             "--overlap-moe-expert-parallel-comm, combined 1F1B).",
         ),
         click.option(
+            "--moe-fused-mlp/--no-moe-fused-mlp",
+            default=None,
+            help="Transformer Engine's fused grouped expert MLP (CuTe DSL, NVTE_CUTEDSL_FUSED_GROUPED_MLP): the GLU "
+            "and its quantisation run in the grouped GEMMs' epilogues (Blackwell, --dtype mxfp8 or nvfp4).",
+        ),
+        click.option(
             "--fp8-attention/--no-fp8-attention",
             default=None,
             help="Run the fused attention in FP8 (Transformer Engine's fp8_dot_product_attention, needs an FP8 "

@@ -318,9 +318,11 @@ class ElementwiseAttrs:
 
     fn: str
     flops_per_element: int = 1
+    # run inside a neighbouring GEMM's epilogue: no kernel and no HBM round trip (echosim.passes.fused_mlp)
+    epilogue: bool = False
 
     def __str__(self) -> str:
-        return self.fn
+        return f"{self.fn} [epilogue]" if self.epilogue else self.fn
 
 
 #: Bytes per element, as (per activation byte, fp32 bytes), and kernels of the Llama reference RMSNorm

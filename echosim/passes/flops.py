@@ -44,6 +44,8 @@ def io_bytes(graph: Graph, node: Node) -> int:
     """Bytes a kernel for ``node`` reads and writes (operands plus result)."""
     if node.op in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAMETER) or node.op.is_collective:
         return 0
+    if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.epilogue:  # inside a GEMM's epilogue
+        return 0
     if isinstance(node.attrs, OptimizerAttrs):
         return node.attrs.params * node.attrs.bytes_per_param
     if node.op is OpKind.EMBEDDING and isinstance(node.attrs, EmbeddingAttrs):

@@ -123,6 +123,12 @@ def _fp8(plan: Any) -> object | None:
     return Fp8Linears(plan.dtype) if plan.dtype in ("fp8", "mxfp8", "nvfp4", "int8") else None
 
 
+def _fused_mlp(plan: Any) -> object | None:
+    from echosim.passes.fused_mlp import FusedExpertMlp
+
+    return FusedExpertMlp() if plan.moe_fused_mlp else None
+
+
 def _data_parallel(plan: Any) -> object:
     from echosim.frameworks import get_framework
     from echosim.ir.types import DType
@@ -220,6 +226,7 @@ def _classes() -> dict[str, type]:
     from echosim.passes.data_parallel import DataParallel, Optimizer
     from echosim.passes.embedding_sharding import EmbeddingSharding
     from echosim.passes.expert_parallel import ExpertParallel
+    from echosim.passes.fused_mlp import FusedExpertMlp
     from echosim.passes.gradient_groups import GradientGroups
     from echosim.passes.precision import Fp8Linears
     from echosim.passes.recompute import Recompute
@@ -228,7 +235,7 @@ def _classes() -> dict[str, type]:
     classes: list[type] = [
         AttentionKernel, ContextParallel, TensorParallel, ExpertParallel, EmbeddingSharding, Autocast, Autodiff,
         ContextParallelBackward,
-        Recompute, Fp8Linears, DataParallel, Optimizer, GradientGroups,
+        Recompute, Fp8Linears, FusedExpertMlp, DataParallel, Optimizer, GradientGroups,
     ]  # fmt: skip
     return {cls.name: cls for cls in classes}  # type: ignore[attr-defined]
 
@@ -245,6 +252,7 @@ BUILTIN_PASSES: tuple[tuple[str, Any, str], ...] = (
     ("context-parallel-backward", _context_backward, "graph"),
     ("recompute", _recompute, "graph"),
     ("fp8-linears", _fp8, "graph"),
+    ("fused-expert-mlp", _fused_mlp, "graph"),
     ("data-parallel", _data_parallel, "stage"),
     ("optimizer", _optimizer, "stage"),
     ("gradient-groups", _gradient_groups, "stage"),

@@ -121,6 +121,8 @@ class Coster:
             if a.pieces:  # one collective per tensor (CollectiveAttrs.pieces)
                 return sum(self._collective(kind, b, where) + self._rank_copies(a, b, node) for b in a.pieces)
             return self._collective(kind, nbytes, where) + self._rank_copies(a, nbytes, node)
+        if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.epilogue:  # runs in a GEMM's epilogue
+            return 0.0
         io = io_bytes(self.graph, node)
         key = (backend, node.op, node.attrs, node.out, node.phase, io, cost_traits(node.name))
         return _COSTS.get(key, lambda: backend.op_time_s(node, io))

@@ -725,16 +725,17 @@ MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str
 @dataclass(frozen=True, slots=True)
 class MoePreset:
     """What a Megatron-Bridge MoE performance preset sets that echosim prices: the token dispatcher ('' for
-    Megatron-Core's alltoall), combined 1F1B (``moe_a2a_overlap``), the selective-recompute modules and FP8
-    attention (``fp8_dot_product_attention``)."""
+    Megatron-Core's alltoall), combined 1F1B (``moe_a2a_overlap``), the selective-recompute modules, FP8
+    attention (``fp8_dot_product_attention``) and the fused grouped expert MLP (``cutedsl_fused_grouped_mlp``)."""
 
     dispatcher: str
     ep_overlap: bool
     recompute: tuple[str, ...] = ()
     fp8_attention: bool = False
+    fused_mlp: bool = False
 
 
-_HYBRIDEP_OVERLAP = MoePreset("hybridep", True, fp8_attention=True)
+_HYBRIDEP_OVERLAP = MoePreset("hybridep", True, fp8_attention=True, fused_mlp=True)
 #: The MoE presets of the releases after 26.04.01, by (source_id, layers, hidden, device): every published row
 #: of a model and system in these releases ran one preset (V2, or V1 where no V2 exists: ``--config_variant``
 #: defaults to "v2", scripts/performance/argument_parser.py, and utils.py falls back to V1). NeMo 26.06 = tag
@@ -746,17 +747,17 @@ _HYBRIDEP_OVERLAP = MoePreset("hybridep", True, fp8_attention=True)
 #: _{GB300,GB200}_FP8_MX_V2 hybridep + overlap, no recompute; _B300_BF16_V2 hybridep; QWEN3_30B_A3B_PRETRAIN_CONFIG
 #: _{GB300,GB200,B300}_FP8_MX_V1 hybridep + overlap; _H100_FP8_CS_V1 hybridep; QWEN3_235B_A22B_PRETRAIN_CONFIG
 #: _{GB300,GB200}_FP8_MX_V2 hybridep + overlap (qwen3_llm_pretrain.py clears the recipe's recompute). Every
-#: preset with the overlap also sets ``fp8_dot_product_attention=True`` but DeepSeek-V3's on GB200 (overrides.py
-#: applies it; mixed_precision.py defaults it to False). These presets also run full-iteration CUDA graphs and the
-#: CuTe DSL fused grouped MLP, which echosim does not price (benchmarks/mbridge_newer_releases.py). They take
-#: precedence over the release-independent tables below.
+#: preset with the overlap also sets ``cutedsl_fused_grouped_mlp=True``, and ``fp8_dot_product_attention=True``
+#: but DeepSeek-V3's on GB200 (overrides.py applies both; mixed_precision.py defaults the latter to False). They
+#: also run full-iteration CUDA graphs, which echosim does not price (benchmarks/mbridge_newer_releases.md).
+#: They take precedence over the release-independent tables below.
 MEGATRON_BRIDGE_MOE_PRESETS: dict[tuple[str, int, int, str], MoePreset] = {
     **{
         (release, *model): preset
         for release in ("megatron_bridge_26.06", "megatron_bridge_26.06.01", "megatron_bridge_26.08")
         for model, preset in {
             (61, 7168, "gb300"): _HYBRIDEP_OVERLAP,
-            (61, 7168, "gb200"): MoePreset("hybridep", True, ("mla_up_proj",)),
+            (61, 7168, "gb200"): MoePreset("hybridep", True, ("mla_up_proj",), fused_mlp=True),
             (36, 2880, "gb300"): _HYBRIDEP_OVERLAP,
             (36, 2880, "gb200"): _HYBRIDEP_OVERLAP,
             (48, 2048, "gb300"): _HYBRIDEP_OVERLAP,
@@ -1053,7 +1054,9 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
-    stated["fp8_attention"] = ((preset := moe_preset(c)) is not None and preset.fp8_attention) or None
+    preset = moe_preset(c)
+    stated["fp8_attention"] = (preset is not None and preset.fp8_attention) or None
+    stated["moe_fused_mlp"] = (preset is not None and preset.fused_mlp) or None
     drop = token_drop_capacity(c)
     stated["moe_capacity_factor"] = moe_capacity_factor(c) or drop or None
     stated["moe_pad_to_capacity"] = bool(drop) or None
