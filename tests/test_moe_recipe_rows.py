@@ -112,3 +112,19 @@ def test_every_newer_release_row_compiles_and_the_check_holds_its_figure() -> No
     errors = [r.error for r in validate_cases(NEWER).rows]
     assert len(errors) == 36 and None not in errors
     assert mean(abs(e) for e in errors if e is not None) < 0.10
+
+
+@pytest.mark.skipif(not CASES.exists(), reason="shared/validation not present")
+def test_megatron_bridge_nvfp4_llama_rows_do_not_overlap_tp_communication() -> None:
+    """The Llama 3 / 3.1 performance scripts set tp_comm_overlap = False for NVFP4 (v0.3.0 to v0.5.0); the FP8
+    and MXFP8 rows of the same scripts keep the dense recipes' overlap."""
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_plan
+
+    rows = {c["case_id"]: c for c in read_cases(CASES)}
+    nvfp4, _ = row_plan(rows["mbridge260201-llama3p1-405b-nvfp4-gb200-256"])
+    fp8, _ = row_plan(rows["mbridge2511-llama3p1-405b-fp8-gb200-256"])
+    assert nvfp4.tp == fp8.tp == 4
+    assert (nvfp4.tp_overlap, fp8.tp_overlap) == (False, True)
+    newer, _ = row_plan(_newer_rows()["mbridge2606-llama3p1-405b-nvfp4-gb300-256"])
+    assert newer.tp_overlap is False

@@ -1012,6 +1012,21 @@ def recipe_layout(c: Case) -> dict[str, int]:
     return {**found, "dp": devices // (tp * found["pp"] * cp)}
 
 
+#: Megatron-Bridge's Llama 3 / 3.1 performance scripts switch TP communication overlap off for NVFP4 on every
+#: Blackwell system: ``cfg.comm_overlap.tp_comm_overlap = False if precision == "nvfp4" else ...`` in each of
+#: ``llama3_{8b,70b}_pretrain_config_{gb300,gb200,b300,b200}`` and ``llama31_405b_pretrain_config_{...}``
+#: (scripts/performance/configs/llama/llama3_llm_pretrain.py and llama31_llm_pretrain.py, tags v0.3.0 to v0.5.0,
+#: the releases that publish NVFP4 rows). The dense recipes otherwise overlap it (frameworks._NEMO_TP_OVERLAP).
+MEGATRON_BRIDGE_NVFP4_TP_OVERLAP = False
+
+
+def megatron_bridge_tp_overlap(c: Case) -> bool | None:
+    """The TP-overlap setting a Megatron-Bridge row's script states (None: the framework's default)."""
+    if c["source_id"].startswith("megatron_bridge") and c["arch"] != "moe" and c["dtype"] == "nvfp4":
+        return MEGATRON_BRIDGE_NVFP4_TP_OVERLAP
+    return None
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp and tp_overlap only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
@@ -1054,6 +1069,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
+    if (overlap := megatron_bridge_tp_overlap(c)) is not None:
+        stated["tp_overlap"] = overlap
     preset = moe_preset(c)
     stated["fp8_attention"] = (preset is not None and preset.fp8_attention) or None
     stated["moe_fused_mlp"] = (preset is not None and preset.fused_mlp) or None
