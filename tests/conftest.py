@@ -37,6 +37,11 @@ COSTED_LAYOUTS = {
     "dualpipe": ("gpt3-1.3b", Plan(pp=4, dp=2, global_batch=16, seq_len=1024, schedule="dualpipe"), 8),
 }
 TINY_LLAMA = ArchConfig("llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, ffn=96, seq_len=16)
+#: Two MoE layers of 4 experts, top-2, with a shared expert: the expert-parallel and fused-MLP passes' IR tests.
+TINY_MOE = ArchConfig(
+    "moe", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, experts=4, top_k=2, moe_ffn=32,
+    shared_experts=1,
+)  # fmt: skip
 
 
 def capture(cfg: ArchConfig, batch: int = 1, dtype: DType = DType.FP16) -> Graph:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from conftest import capture, check_golden
+from conftest import TINY_MOE, capture, check_golden
 
 from echosim.cli import cli
 from echosim.frontend.zoo import ArchConfig
@@ -19,11 +19,6 @@ from echosim.passes.flops import io_bytes
 from echosim.passes.fused_mlp import FusedExpertMlp, epilogue_nodes
 from echosim.passes.precision import Fp8Linears
 from echosim.plan import Cluster, Plan, PlanError
-
-TINY_MOE = ArchConfig(
-    "moe", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, experts=4, top_k=2, moe_ffn=32,
-    shared_experts=1,
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import capture, check_golden
+from conftest import TINY_MOE, capture, check_golden
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,11 +20,6 @@ from echosim.passes.flops import graph_flops
 from echosim.passes.gradient_groups import GradientGroups
 from echosim.passes.tensor_parallel import TensorParallel
 from echosim.plan import Cluster, Plan
-
-TINY_MOE = ArchConfig(
-    "moe", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, experts=4, top_k=2, moe_ffn=32,
-    shared_experts=1,
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
