@@ -278,6 +278,18 @@ def _write(path: str, text: str, option: str) -> None:
 @click.option("--recompute", "recomputes", help="Shorthand for --space recompute=...")
 @click.option("--schedules", help="Shorthand for --space schedule=...")
 @click.option("--zero", "zeros", help="Shorthand for --space zero=...")
+@click.option(
+    "--moe-dispatcher",
+    type=click.Choice(["alltoall", "deepep", "hybridep"]),
+    help="Expert dispatch of every layout (as compile's option).",
+)
+@click.option(
+    "--moe-ep-overlap",
+    is_flag=True,
+    help="Combined 1F1B in every layout with ep > 1 (as compile's option; a layout it cannot run is rejected).",
+)
+@click.option("--moe-fused-mlp", is_flag=True, help="TE's fused grouped expert MLP in every layout (as compile's).")
+@click.option("--fp8-attention", is_flag=True, help="FP8 attention in every layout (as compile's option).")
 @framework_option
 @click.option(
     "--objective",
@@ -317,15 +329,17 @@ def _write(path: str, text: str, option: str) -> None:
 @_guard
 def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: int | None, global_batch: int,
                seq_len: int | None, dtype: str, space_items: tuple[str, ...], micro_batches: str | None,
-               recomputes: str | None, schedules: str | None, zeros: str | None, framework: str | None,
-               objective: str, max_memory_fraction: float, top: int, workers: int, executor: str,
-               ray_address: str | None, tokens: float | None, price_per_device_hour: float | None,
-               plot: str | None, as_json: bool) -> None:  # fmt: skip
+               recomputes: str | None, schedules: str | None, zeros: str | None, moe_dispatcher: str | None,
+               moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, framework: str | None, objective: str,
+               max_memory_fraction: float, top: int, workers: int, executor: str, ray_address: str | None,
+               tokens: float | None, price_per_device_hour: float | None, plot: str | None,
+               as_json: bool) -> None:  # fmt: skip
     """Rank the parallel layouts of MODEL on DEVICES (every dimension; those that fit, best first).
 
     The best layout's likely step follows the table: the accuracy band `compile` reports (docs/accuracy.md).
     """
     from echosim.commands.search import parse_devices, run
+    from echosim.layout import check_fp8_attention, check_fused_mlp
     from echosim.layout_search import parse_space
     from echosim.plan import Cluster, Plan, plan_with_defaults
 
@@ -336,8 +350,12 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     shorthand = [f"{k}={v}" for k, v in (("mb", micro_batches), ("recompute", recomputes), ("schedule", schedules),
                                          ("zero", zeros)) if v]  # fmt: skip
     space = parse_space([*shorthand, *space_items])
+    fixed = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap or None,
+             "moe_fused_mlp": moe_fused_mlp or None, "fp8_attention": fp8_attention or None}  # fmt: skip
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
-                                       "framework": framework})  # fmt: skip
+                                       "framework": framework, **fixed})  # fmt: skip
+    check_fp8_attention(base, backend)  # one line before any layout is enumerated, as compile refuses them
+    check_fused_mlp(base, backend)
     if seq_len is not None and seq_len < 1:
         raise click.ClickException(f"--seq-len must be at least 1, got {seq_len} (leave it out for the model's own)")
     if framework and "zero" not in space:  # a named framework shards optimizer state its own way

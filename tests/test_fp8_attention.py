@@ -121,3 +121,21 @@ def test_the_cli_flag_and_its_refusal() -> None:
     assert refused.exit_code != 0
     assert refused.output.strip().splitlines()[-1].startswith("Error: --fp8-attention needs an FP8 recipe")
     assert "Traceback" not in refused.output
+
+
+def test_search_takes_the_moe_and_attention_settings_for_every_layout() -> None:
+    """``search`` fixes the dispatcher, combined 1F1B, the fused MLP and FP8 attention across the layouts it ranks,
+    and refuses them as ``compile`` does, in one line, before enumerating anything."""
+    space = "tp=1 pp=1 ep=8 mb=4 recompute=none"
+    args = ["search", "qwen3-30b-a3b", "--backend", "gb200", "--devices", "8", "--global-batch", "64", "--dtype",
+            "mxfp8", "--framework", "megatron-bridge", "--space", space, "--json"]  # fmt: skip
+    plain = CliRunner().invoke(cli, args)
+    tuned = CliRunner().invoke(
+        cli, [*args, "--moe-dispatcher", "hybridep", "--moe-ep-overlap", "--moe-fused-mlp", "--fp8-attention"]
+    )
+    assert plain.exit_code == 0 and tuned.exit_code == 0, tuned.output
+    best = json.loads(tuned.output)["best"][0]
+    assert best["step_time_s"] < json.loads(plain.output)["best"][0]["step_time_s"]
+    refused = CliRunner().invoke(cli, [*args[:-1], "--backend", "h200", "--fp8-attention"])
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert refused.output.strip().splitlines()[-1].startswith("Error: --fp8-attention: no published FP8 attention")
