@@ -25,6 +25,7 @@ from echosim.commands.options import (
 )
 from echosim.dynamics.options import dynamics_options
 from echosim.errors import EchosimError, one_line_errors
+from echosim.plan import MOE_DISPATCHERS
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
 # Exit status (docs/cli.md): 0 done; 1 bad input or a failed run (one line); 2 command-line usage;
@@ -280,7 +281,7 @@ def _write(path: str, text: str, option: str) -> None:
 @click.option("--zero", "zeros", help="Shorthand for --space zero=...")
 @click.option(
     "--moe-dispatcher",
-    type=click.Choice(["alltoall", "deepep", "hybridep"]),
+    type=click.Choice(MOE_DISPATCHERS),
     help="Expert dispatch of every layout (as compile's option).",
 )
 @click.option(

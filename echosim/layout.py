@@ -112,8 +112,13 @@ def fp8_attention_notes(plan: Plan, backend: str, graph: Graph) -> list[str]:
 
     if not plan.fp8_attention:
         return []
-    shapes = {n.attrs: None for n in graph if n.phase is Phase.FORWARD and isinstance(n.attrs, AttentionAttrs)}
-    return [Note(line) for line in unmeasured(backend, list(shapes))]
+
+    def notes() -> list[str]:
+        shapes = {n.attrs: None for n in graph if n.phase is Phase.FORWARD and isinstance(n.attrs, AttentionAttrs)}
+        return [Note(line) for line in unmeasured(backend, list(shapes))]
+
+    # once per captured graph and backend: a search prepares thousands of layouts of one graph
+    return list(graph.derived(("fp8-attention-notes", backend), notes))
 
 
 def format_refusal(dtype: str, backend: Any) -> str:

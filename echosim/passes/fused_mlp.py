@@ -47,19 +47,14 @@ def epilogue_nodes(graph: Graph) -> set[int]:
         return out
 
     cand = {n.id for n in graph if n.op is OpKind.ELEMENTWISE and isinstance(n.attrs, ElementwiseAttrs)}
+    # each candidate's producers (parameters aside) and consumers, views seen through, found once
+    fed = {nid: [i for i in map(source, graph[nid].inputs) if graph[i].op is not OpKind.PARAMETER] for nid in cand}
+    outs = {nid: consumers(nid) for nid in cand}
     changed = True
-    while changed:
+    while changed:  # drop a candidate with a producer or consumer outside the grouped GEMMs and the candidates
         changed = False
         for nid in sorted(cand):
-            ins = [source(i) for i in graph[nid].inputs]
-            fed = [i for i in ins if graph[i].op is not OpKind.PARAMETER]
-            outs = consumers(nid)
-            if (
-                not fed
-                or not all(i in grouped or i in cand for i in fed)
-                or not outs
-                or not all(o in grouped or o in cand for o in outs)
-            ):
+            if not fed[nid] or not outs[nid] or not all(i in grouped or i in cand for i in (*fed[nid], *outs[nid])):
                 cand.discard(nid)
                 changed = True
     return cand
