@@ -638,8 +638,8 @@ FRAMEWORKS["torchtitan-2025"] = replace(
     FRAMEWORKS["torchtitan"],
     name="torchtitan-2025",
     title="torchtitan releases of 2024-2025: FSDP2, PyTorch SDPA's FlashAttention-2 kernels on Hopper",
-    version="torchtitan before commit 6a3a9da (2025-10-09), e.g. e7c0cae (2025-06-11)",
-    row_names=("torchtitan (torch 2.6", "torchtitan (commit e7c0cae"),
+    version="torchtitan before commit 6a3a9da (2025-10-09), e.g. e7c0cae (2025-06-11) and 820504e (2025-06-13)",
+    row_names=("torchtitan (torch 2.6", "torchtitan (commit e7c0cae", "torchtitan (commit 820504e"),
     defaults=(
         *FRAMEWORKS["torchtitan"].defaults,
         Default(

@@ -462,9 +462,10 @@ NEMO_LAUNCHER_FUSED_LOSS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: torchtitan commits named in cases.csv whose --training.compile also compiles the loss: descendants of bbb1b61
-#: (2025-04-02), where build_cross_entropy_loss wraps it in torch.compile (torchtitan/components/loss.py).
-TORCHTITAN_COMPILED_LOSS = ("e7c0cae",)
+#: torchtitan commits named in cases.csv (and benchmarks/data/torchtitan_newer.csv) whose --training.compile also
+#: compiles the loss: descendants of bbb1b61 (2025-04-02), where build_cross_entropy_loss wraps it in torch.compile
+#: (torchtitan/components/loss.py; `git merge-base --is-ancestor bbb1b61 820504e` holds).
+TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e")
 
 
 def row_framework(c: Case) -> str:
