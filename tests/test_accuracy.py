@@ -46,20 +46,24 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     8.84% / -8.62%. K and V copied out to the query heads before SDPA (repeat_kv, its backward a sum; in CP
     once, on the rank's chunk): 0.1-0.5 points slower, 8.60% / -8.34%. FSDP2's gathers and reduce-scatters that
     spill past a layer's compute slow the next layer's kernels by the overlap model (streams.carried_slowdown_s):
-    the FSDP rows 0.0-4.1 points slower (405B interleaved -4.5 -> -0.9%), 7.70% / -7.37%."""
+    the FSDP rows 0.0-4.1 points slower (405B interleaved -4.5 -> -0.9%), 7.70% / -7.37%. The seven rows whose
+    source says they ran AsyncTP overlap their TP collectives (rows.torchtitan_async_tp -> tp_overlap; on the six
+    async / plain pairs of torchtitan's June 2025 table echosim's speed-ups are 1.08-1.12x against 1.04-1.16x
+    measured, benchmarks/torchtitan_newer_runs.py): 1.4-8.6 points faster, 9.75% / -9.75%."""
     result = validate_cases(CASES, {"source_id": "torchtitan_2412"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 18
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.077, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.074, abs=0.005)
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.0975, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.0975, abs=0.005)
     # -6.6% before FSDP2's fp32 reduce-scatter (once a micro-batch here, once a step under PP in torchtitan),
-    # -5.0% with it before fast accumulation; -2.2% before the spilled collectives' slowdown
-    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.014, abs=0.01)
+    # -5.0% with it before fast accumulation; -2.2% before the spilled collectives' slowdown;
+    # -1.4% before its AsyncTP was priced
+    assert errors["torchtitan2412-t6-llama-3p1-405b-fp8-h100-96gb-512-s131072"] == pytest.approx(-0.041, abs=0.01)
     # -28.8% before its FSDP over the 8 CP ranks (dp 1: torchtitan's fsdp mesh is dp_shard x cp) was simulated
     assert errors["torchtitan2412-t2-llama-3p1-8b-fp8-h100-96gb-8-s262144"] == pytest.approx(-0.287, abs=0.01)
     # -6.5% with the heuristic fraction at 0.91; -5.2% before the eager loss and the repeat_kv copies; -4.5% before
-    # the spilled collectives' slowdown
-    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.009, abs=0.01)
+    # the spilled collectives' slowdown; -0.9% before its AsyncTP was priced
+    assert errors["torchtitan2412-t5-llama-3p1-405b-interleaved-fp8-h100-96gb-512"] == pytest.approx(-0.094, abs=0.01)
     # eager rows price torchtitan's reference RMSNorm (-24.0 / -26.3% without it), as close as their compile twins;
     # -13.5 / -12.1% before FSDP2's copies; -11.4 / -9.7% with the heuristic fraction at 0.91; -10.3 / -8.5%
     # with the loss as one pass (before its eager kernels); -8.9 / -6.8% before the repeat_kv copies
@@ -67,8 +71,9 @@ def test_torchtitan_h100_96gb_rows_at_the_500_watt_clock() -> None:
     assert errors["torchtitan2412-t1-llama-3p1-8b-compile-bf16-h100-96gb-8"] == pytest.approx(-0.063, abs=0.01)
     # its fp8 casts also write the transposed copy Hopper's TN-only fp8 GEMMs need (+1%); -2.5% before FSDP2's copies,
     # +1.7% with them before fast accumulation; +0.5% with the heuristic fraction at 0.91; +1.6% before the eager
-    # loss and the repeat_kv copies; +2.3% before the spilled collectives' slowdown
-    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(0.029, abs=0.01)
+    # loss and the repeat_kv copies; +2.3% before the spilled collectives' slowdown; +2.9% before its
+    # AsyncTP was priced (its plain-TP twin, the same prediction then, is -2.6%)
+    assert errors["torchtitan2412-t4-llama-3p1-70b-asynctp-fp8-h100-96gb-256"] == pytest.approx(-0.075, abs=0.01)
 
 
 def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:

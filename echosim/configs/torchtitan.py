@@ -100,7 +100,7 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
         "parallelism.expert_parallel_degree", "parallelism.pipeline_parallel_microbatch_size",
         "parallelism.pipeline_parallel_schedule", "parallelism.enable_async_tensor_parallel",
         "parallelism.disable_loss_parallel", "activation_checkpoint.mode", "model.converters",
-        "parallelism.context_parallel_rotate_method",
+        "parallelism.context_parallel_rotate_method", "float8.recipe_name",
     }  # fmt: skip
 
     def num(key: str, default: int) -> int:
@@ -161,6 +161,10 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
     if precision not in ("bfloat16", "float32"):
         raise ConfigError(f"{src}: training.mixed_precision_param {precision!r} (bfloat16 or float32)")
     opts["dtype"] = "fp8" if "float8" in converters else ("bf16" if precision == "bfloat16" else "fp32")
+    recipe = _get(flat, "float8.recipe_name", None)
+    if "float8" in converters and recipe not in (None, "tensorwise"):
+        out.notes.append(f"float8.recipe_name = {recipe!r}: priced as tensorwise scaling; torchtitan's rowwise runs "
+                         "were 30-38% slower than that (benchmarks/torchtitan_newer_runs.py)")  # fmt: skip
     mode = str(_get(flat, "activation_checkpoint.mode", "selective"))
     if mode not in ("none", "selective", "full"):
         raise ConfigError(f"{src}: activation_checkpoint.mode {mode!r} (none, selective, full)")

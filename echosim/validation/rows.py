@@ -1028,6 +1028,22 @@ def megatron_bridge_tp_overlap(c: Case) -> bool | None:
     return None
 
 
+_ASYNC_TP = re.compile(r"\basync ?tp\b", re.I)
+
+
+def torchtitan_async_tp(c: Case) -> bool | None:
+    """True for a torchtitan row with tp > 1 whose source says it ran async tensor parallelism
+    (``parallelism.enable_async_tensor_parallel``): its all-gather / reduce-scatter are split into chunks that
+    overlap the TP matmuls (torch/distributed/_symmetric_memory ``fused_all_gather_matmul`` /
+    ``fused_matmul_reduce_scatter``), what ``tp_overlap`` prices. The torchtitan config reader maps the same
+    flag to ``tp_overlap`` (:mod:`echosim.configs.torchtitan`). None otherwise (the framework's default)."""
+    from echosim.frameworks import framework_named_in
+
+    if (c.int("tp", 1) or 1) <= 1 or not framework_named_in(c["framework"]).startswith("torchtitan"):
+        return None
+    return True if _ASYNC_TP.search(c["notes"]) else None
+
+
 def _source_flags(c: Case) -> dict[str, Any]:
     """The source's script flags for the settings the row leaves blank (sp and tp_overlap only where tp > 1)."""
     flags = dict(SOURCE_FLAGS.get(c["source_id"], {}))
@@ -1072,6 +1088,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_ep_overlap"] = ep_overlap(c) or None
     if (overlap := megatron_bridge_tp_overlap(c)) is not None:
         stated["tp_overlap"] = overlap
+    if torchtitan_async_tp(c):
+        stated["tp_overlap"] = True
     preset = moe_preset(c)
     stated["fp8_attention"] = (preset is not None and preset.fp8_attention) or None
     stated["moe_fused_mlp"] = (preset is not None and preset.fused_mlp) or None
