@@ -912,11 +912,18 @@ def moe_dispatcher(c: Case) -> str:
 MEGATRON_BRIDGE_EXPERT_TP = 1
 
 
+_EXPERT_TP = re.compile(r"\bexpert tensor parallel (\d+)\b")
+
+
 def expert_tp(c: Case) -> int | None:
-    """The routed experts' tensor-parallel degree of a Megatron-Bridge MoE row (None: Megatron's default, tp)."""
-    if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
+    """The routed experts' tensor-parallel degree of a MoE row: the one its notes state ("expert tensor parallel
+    N", from a source's ETP column; ``cases.csv`` has no column for it), else a Megatron-Bridge recipe's
+    (:data:`MEGATRON_BRIDGE_EXPERT_TP`); None: Megatron's default, tp."""
+    if c["arch"] != "moe":
         return None
-    return MEGATRON_BRIDGE_EXPERT_TP
+    if stated := _EXPERT_TP.search(c["notes"]):
+        return int(stated.group(1))
+    return MEGATRON_BRIDGE_EXPERT_TP if c["source_id"].startswith("megatron_bridge") else None
 
 
 #: Megatron-Bridge MoE performance recipes that overlap the EP all-to-alls with the adjacent micro-batch
