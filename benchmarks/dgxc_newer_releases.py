@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from newer_rows import check, write_rows  # noqa: E402
+
 DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "dgxc_newer_releases.csv"
 TAG_COMMIT = "c5c765f"  # v25.05.05 (git rev-parse v25.05.05^{commit}, abbreviated)
@@ -133,33 +133,9 @@ def main() -> None:
     ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
     args = ap.parse_args()
     if args.build:
-        rows = build(args.cases)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        OUT.write_text(buf.getvalue())
-        print(f"wrote {len(rows)} rows to {OUT.relative_to(ROOT)}")
-        for line in LEFT_OUT:
-            print(f"  left out: {line}")
+        write_rows(build(args.cases), OUT, ROOT, LEFT_OUT)
         return
-    from echosim.validation.run import validate_cases
-
-    result = validate_cases(OUT)
-    print(f"{'case':48s} {'published s':>11s} {'echosim s':>9s} {'error':>7s}")
-    errors: dict[str, list[float]] = {}
-    for r in result.rows:
-        if r.error is None:
-            print(f"{r.case_id:48s} skipped: {r.skipped}")
-            continue
-        print(f"{r.case_id:48s} {r.measured_step_time_s:11.3f} {r.predicted_step_time_s:9.3f} {r.error * 100:+6.1f}%")
-        device = "gb200" if "-gb200-" in r.case_id else "h100-sxm"
-        model = r.case_id.split("-")[1]
-        for key in (device, model, "all"):
-            errors.setdefault(key, []).append(r.error)
-    for key, errs in errors.items():
-        mape = statistics.mean(abs(e) for e in errs)
-        print(f"{key:>10s}: {len(errs)} rows, MAPE {mape:.1%}, mean error {statistics.mean(errs):+.1%}")
+    check(OUT, lambda case_id: ["gb200" if "-gb200-" in case_id else "h100-sxm", case_id.split("-")[1]], width=48)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import re
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from newer_rows import check, write_rows  # noqa: E402
+
 DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "mbridge_newer_releases.csv"
 COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
@@ -156,31 +156,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.build:
         rows, left = build(*args.build, args.cases)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        OUT.write_text(buf.getvalue())
-        print(f"wrote {len(rows)} rows to {OUT.relative_to(ROOT)}")
-        for line in left:
-            print(f"  left out: {line}")
+        write_rows(rows, OUT, ROOT, left)
         return
-    from echosim.validation.run import validate_cases
-
-    result = validate_cases(OUT)
-    print(f"{'case':52s} {'published s':>11s} {'echosim s':>9s} {'error':>7s}")
-    errors: dict[str, list[float]] = {}
-    for r in result.rows:
-        if r.error is None:
-            print(f"{r.case_id:52s} skipped: {r.skipped}")
-            continue
-        print(f"{r.case_id:52s} {r.measured_step_time_s:11.3f} {r.predicted_step_time_s:9.3f} {r.error * 100:+6.1f}%")
-        release = r.case_id.split("-")[0].removeprefix("mbridge")
-        errors.setdefault(release, []).append(r.error)
-        errors.setdefault("all", []).append(r.error)
-    for key, errs in errors.items():
-        mape = statistics.mean(abs(e) for e in errs)
-        print(f"{key:>8s}: {len(errs)} rows, MAPE {mape:.1%}, mean error {statistics.mean(errs):+.1%}")
+    check(OUT, lambda case_id: [case_id.split("-")[0].removeprefix("mbridge")])
 
 
 if __name__ == "__main__":

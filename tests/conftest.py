@@ -12,6 +12,7 @@ from echosim.frontend.zoo import ArchConfig
 from echosim.ir.graph import Graph
 from echosim.ir.types import DType
 from echosim.plan import Plan
+from echosim.validation.cases import Case
 
 # Debug mode: verify the IR after every pass, built-in ones included (production checks only plugins' passes).
 os.environ.setdefault("ECHOSIM_VERIFY", "1")
@@ -96,3 +97,14 @@ def cpu_llama_stage_graph(micro_batch: int, *, hidden: int, ffn: int, vocab: int
     cfg = ArchConfig("llama", layers=2, hidden=hidden, heads=4, kv_heads=2, ffn=ffn, vocab=vocab, seq_len=seq_len)
     plan = Plan(micro_batch=micro_batch, global_batch=micro_batch, dtype="fp32", attention="flash")
     return lower(cfg, plan, Cluster("cpu-x86", 1, 2)).stages[0].graph
+
+
+def case_with(c: Case, **cells: str) -> Case:
+    """A validation row with some cells replaced (numbers re-read for the numeric ones)."""
+    from dataclasses import replace
+
+    numbers = dict(c.numbers)
+    for k, v in cells.items():
+        if k in numbers:
+            numbers[k] = float(v) if v else None
+    return replace(c, cells={**c.cells, **cells}, numbers=numbers)

@@ -5,10 +5,10 @@ parallelism is the one its plan runs, and the H100 rows, which share their recip
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import case_with
 
 from echosim.validation.cases import Case, read_cases
 from echosim.validation.rows import MEGATRON_BRIDGE_EXPERT_TP, expert_tp, row_plan
@@ -30,9 +30,9 @@ def test_the_readme_etp_column_sets_the_expert_tensor_parallelism() -> None:
 
 def test_without_a_stated_etp_only_megatron_bridge_rows_take_its_recipes_one() -> None:
     c = _rows()["dgxc2505-grok-1-314b-bf16-h100-sxm-512"]
-    plain = replace(c, cells={**c.cells, "notes": "no ETP stated"})
+    plain = case_with(c, notes="no ETP stated")
     assert expert_tp(plain) is None  # Megatron's default: the experts split like the dense layers (tp)
-    bridge = replace(plain, cells={**plain.cells, "source_id": "megatron_bridge_25.11"})
+    bridge = case_with(plain, source_id="megatron_bridge_25.11")
     assert expert_tp(bridge) == MEGATRON_BRIDGE_EXPERT_TP
     dense = _rows()["dgxc2505-llama-3p1-405b-bf16-h100-sxm-512"]
     assert expert_tp(dense) is None

@@ -4,11 +4,10 @@ tensorwise are named in the config reader's notes, not passed over."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
+from conftest import SHARED, case_with
 
 from echosim.configs import read_source
 from echosim.validation.cases import Case, read_cases
@@ -25,14 +24,6 @@ def _cases() -> dict[str, Case]:
     return {c.case_id: c for c in read_cases(CASES)}
 
 
-def _with(c: Case, **cells: str) -> Case:
-    numbers = dict(c.numbers)
-    for k, v in cells.items():
-        if k in numbers:
-            numbers[k] = float(v) if v else None
-    return replace(c, cells={**c.cells, **cells}, numbers=numbers)
-
-
 def test_the_async_tp_row_overlaps_and_its_vanilla_twin_does_not() -> None:
     cases = _cases()
     async_tp, vanilla = cases[T4.format("asynctp-")], cases[T4.format("")]
@@ -42,8 +33,8 @@ def test_the_async_tp_row_overlaps_and_its_vanilla_twin_does_not() -> None:
 
 def test_async_tp_needs_tensor_parallelism_and_torchtitan() -> None:
     async_tp = _cases()[T4.format("asynctp-")]
-    assert torchtitan_async_tp(_with(async_tp, tp="1")) is None
-    assert torchtitan_async_tp(_with(async_tp, framework="Megatron-LM")) is None
+    assert torchtitan_async_tp(case_with(async_tp, tp="1")) is None
+    assert torchtitan_async_tp(case_with(async_tp, framework="Megatron-LM")) is None
 
 
 def test_every_newer_async_row_is_priced_faster_than_its_twin() -> None:

@@ -3,10 +3,8 @@ no split points (generate_split_points, commit 9dec370), applied to rows whose n
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-from conftest import SHARED
+from conftest import SHARED, case_with
 
 from echosim.validation.cases import Case, read_cases
 from echosim.validation.rows import TORCHTITAN_LOOPED_STAGES_PER_RANK, row_plan, torchtitan_vpp
@@ -21,14 +19,6 @@ def _cases() -> dict[str, Case]:
     return {c.case_id: c for c in read_cases(CASES)}
 
 
-def _with(c: Case, **cells: str) -> Case:
-    numbers = dict(c.numbers)
-    for k, v in cells.items():
-        if k in numbers:
-            numbers[k] = float(v) if v else None
-    return replace(c, cells={**c.cells, **cells}, numbers=numbers)
-
-
 def test_an_interleaved_row_without_stages_takes_two_per_rank() -> None:
     cases = _cases()
     looped, single = cases[T5.format("interleaved")], cases[T5.format("1f1b")]
@@ -41,9 +31,9 @@ def test_an_interleaved_row_without_stages_takes_two_per_rank() -> None:
 
 def test_a_stated_vpp_or_another_framework_keeps_its_own() -> None:
     looped = _cases()[T5.format("interleaved")]
-    assert torchtitan_vpp(_with(looped, vpp="4")) is None and row_plan(_with(looped, vpp="4"))[0].vpp == 4
-    assert torchtitan_vpp(_with(looped, framework="Megatron-LM")) is None
-    assert torchtitan_vpp(_with(looped, pp="1")) is None
+    assert torchtitan_vpp(case_with(looped, vpp="4")) is None and row_plan(case_with(looped, vpp="4"))[0].vpp == 4
+    assert torchtitan_vpp(case_with(looped, framework="Megatron-LM")) is None
+    assert torchtitan_vpp(case_with(looped, pp="1")) is None
 
 
 @pytest.mark.slow

@@ -1,0 +1,45 @@
+"""What the checks on published runs newer than ``cases.csv`` share (``mbridge_newer_releases.py``,
+``torchtitan_newer_runs.py``, ``dgxc_newer_releases.py``): writing their rows in ``cases.csv``'s columns, and
+printing echosim against every row with the error of each group."""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+
+def write_rows(rows: list[dict[str, str]], out: Path, root: Path, left_out: Iterable[str]) -> None:
+    """Write ``rows`` to ``out`` (the columns of the first row, in order) and say what was left out, and why."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    out.write_text(buf.getvalue())
+    print(f"wrote {len(rows)} rows to {out.relative_to(root)}")
+    for line in left_out:
+        print(f"  left out: {line}")
+
+
+def check(path: Path, groups: Callable[[str], Iterable[str]], width: int = 52) -> None:
+    """Validate the rows of ``path`` and print each one, then MAPE and mean error per group (``groups`` names the
+    groups a case id belongs to; every row is also in "all")."""
+    from echosim.validation.run import validate_cases
+
+    result = validate_cases(path)
+    print(f"{'case':{width}s} {'published s':>11s} {'echosim s':>9s} {'error':>7s}")
+    errors: dict[str, list[float]] = {}
+    for r in result.rows:
+        if r.error is None:
+            print(f"{r.case_id:{width}s} skipped: {r.skipped}")
+            continue
+        print(
+            f"{r.case_id:{width}s} {r.measured_step_time_s:11.3f} {r.predicted_step_time_s:9.3f} {r.error * 100:+6.1f}%"
+        )
+        for key in (*groups(r.case_id), "all"):
+            errors.setdefault(key, []).append(r.error)
+    for key, errs in errors.items():
+        mape = statistics.mean(abs(e) for e in errs)
+        print(f"{key:>17s}: {len(errs)} rows, MAPE {mape:.1%}, mean error {statistics.mean(errs):+.1%}")
