@@ -79,6 +79,13 @@ def test_unknown_model_is_one_line() -> None:
     assert code == 1 and "unknown model 'gpt-9000'" in out and len(out.strip().splitlines()) == 1
 
 
+def test_a_mistyped_model_or_backend_names_what_it_likely_meant() -> None:
+    code, out = run("compile", "llama3-8x", "--backend", "h100-sxm")
+    assert code == 1 and "(did you mean llama3-8b" in out and len(out.strip().splitlines()) == 1
+    code, out = run("compile", "gpt3-1.3b", "--backend", "h100")
+    assert code == 1 and "unknown backend 'h100': did you mean h100-96gb, h100-a3mega, h100-sxm?" in out
+
+
 @pytest.mark.parametrize("command", ["backends", "models", "plugins"])
 def test_listings_have_json(command: str) -> None:
     code, out = run(command, "--json")

@@ -247,6 +247,16 @@ def test_a_bad_value_is_rejected_naming_the_field_and_the_plugin(
 # -- lookups --------------------------------------------------------------------------------------
 
 
+def test_a_mistyped_name_is_offered_the_names_it_likely_meant(no_builtins: None) -> None:
+    registry = load(backends_plugin("vendor", "h100-sxm", "h100-96gb", "h200", "tpu-v5p"))
+    with pytest.raises(PluginError, match=r"^unknown backend 'h100': did you mean h100-96gb, h100-sxm\? \(known: "):
+        registry.backend("h100")  # the names it begins
+    with pytest.raises(PluginError, match=r"^unknown backend 'tpu-v6p': did you mean tpu-v5p\? "):
+        registry.backend("tpu-v6p")  # else difflib's close ones
+    with pytest.raises(PluginError, match=r"^unknown backend 'v100' \(known: "):
+        registry.backend("v100")  # nothing close: no guess
+
+
 def test_unknown_names_list_the_known_ones(no_builtins: None) -> None:
     registry = load(backends_plugin("vendor", "c", "a", "b"))
     with pytest.raises(PluginError, match=r"^unknown backend 'x' \(known: a, b, c\)$"):

@@ -109,9 +109,13 @@ def _frontend_for(model: str, registry: Any) -> Any:
     try:
         return registry.frontend_entry(key)
     except PluginError:
+        from echosim.plugins.manager import close_names
+
         frontends = ", ".join(sorted(registry.frontends)) or "none"
+        close = close_names(model, registry.models)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise EchosimError(
-            f"unknown model {model!r}: not a registered name (see `echosim models`) and no frontend "
+            f"unknown model {model!r}: not a registered name{hint} (see `echosim models`) and no frontend "
             f"({frontends}) takes it; use NAME, path.py:factory, hf:config.json or model.onnx"
         ) from None
 

@@ -486,8 +486,19 @@ def _check_name(kind: str, name: object, owner: str) -> None:
 def _lookup(table: dict[str, Entry], kind: str, name: str) -> Entry:
     entry = table.get(name)
     if entry is None:
-        raise PluginError(f"unknown {kind} '{name}' (known: {_known(table)})")
+        close = close_names(name, table)
+        hint = f": did you mean {', '.join(close)}?" if close else ""
+        raise PluginError(f"unknown {kind} '{name}'{hint} (known: {_known(table)})")
     return entry
+
+
+def close_names(name: str, table: dict[str, Any]) -> list[str]:
+    """Registered names a mistyped ``name`` most likely meant: those it begins (``h100`` -> ``h100-sxm``, ...),
+    else up to three that difflib finds close."""
+    import difflib
+
+    prefixed = sorted(n for n in table if n.startswith(name)) if name else []
+    return prefixed or difflib.get_close_matches(name, sorted(table), n=3, cutoff=0.6)
 
 
 def _known(table: dict[str, Entry]) -> str:
