@@ -34,7 +34,12 @@ from weak_scaling import gap_per_doubling, group_series, paired  # noqa: E402
 
 from echosim.bands import group_label, summarise  # noqa: E402
 from echosim.validation.accuracy import count_constants, fitted_constants, format_values, sensitivity  # noqa: E402
-from echosim.validation.bands import held_out_by_generation, held_out_coverage, runs_from_cases  # noqa: E402
+from echosim.validation.bands import (  # noqa: E402
+    coverage_on,
+    held_out_by_generation,
+    held_out_coverage,
+    runs_from_cases,
+)
 from echosim.validation.cases import backend_for  # noqa: E402
 from echosim.validation.run import validate_cases  # noqa: E402
 from echosim.validation.stats import TARGET_GROUP, TARGET_MAPE, TARGET_ROW, Validation  # noqa: E402
@@ -479,6 +484,36 @@ def cpu_section(path: Path = CPU_RUN, repeat_path: Path = CPU_REPEAT) -> list[st
     return lines
 
 
+#: Published runs newer than ``cases.csv``, checked and not fitted (``benchmarks/*newer*.py``), with the command
+#: that prints echosim against each.
+NEWER_RUNS = {
+    "mbridge_newer_releases.csv": "Megatron-Bridge 26.06-26.08 (`benchmarks/mbridge_newer_releases.py`)",
+    "torchtitan_newer.csv": "torchtitan's June 2025 async-TP table (`benchmarks/torchtitan_newer_runs.py`)",
+    "dgxc_newer_releases.csv": "DGX Cloud Benchmarking v25.05 (`benchmarks/dgxc_newer_releases.py`)",
+}
+
+
+def newer_runs_coverage(table: dict[str, Any]) -> list[str]:
+    """How many of the published runs newer than the table lie inside the band built from all of it: runs the
+    bands, and the cost model, were not built from."""
+    parts, inside_all, total_all = [], 0, 0
+    for name, title in NEWER_RUNS.items():
+        path = ROOT / "benchmarks" / "data" / name
+        if not path.exists():
+            continue
+        inside, total = coverage_on(runs_from_cases(path), table)
+        parts.append(f"{title} {inside} of {total}")
+        inside_all, total_all = inside_all + inside, total_all + total
+    if not total_all:
+        return []
+    return [
+        f"On published runs newer than the table, which the bands were not built from and no constant was fitted to, "
+        f"{inside_all} of {total_all} ({inside_all / total_all:.0%}) lie inside the band a compile reports: "
+        + "; ".join(parts)
+        + ". Runs that get no band (fewer than the minimum of runs like them) are not counted."
+    ]
+
+
 def bands_section(v: Validation, cases: Path = CASES) -> list[str]:
     """The bands a compile reports (``echosim.bands``), as this run of the table gives them."""
     runs = runs_from_cases(cases, v.rows)
@@ -501,6 +536,8 @@ def bands_section(v: Validation, cases: Path = CASES) -> list[str]:
         "Held out by source, per model kind and device generation: "
         + "; ".join(f"{key} {i} of {n}" for key, (i, n) in held_out_by_generation(runs).items())
         + ".",
+        "",
+        *newer_runs_coverage(table),
         "",
         f"| group | runs | {low}th pct. | median | {high}th pct. |",
         "|---|---|---|---|---|",

@@ -26,7 +26,7 @@ from echosim.bands import (
 from echosim.cli import cli
 from echosim.compiler import lower
 from echosim.plan import Cluster, Plan
-from echosim.validation.bands import held_out_by_generation, held_out_coverage, table_from_cases
+from echosim.validation.bands import coverage_on, held_out_by_generation, held_out_coverage, table_from_cases
 from tests.conftest import SHARED
 
 CASES = SHARED / "validation" / "cases.csv"
@@ -130,6 +130,13 @@ def test_held_out_coverage_counts_runs_inside_the_band_built_without_their_sourc
     # a's runs see b's two (fewer than MIN_RUNS: no band); b's runs see a's band, 0.0095 .. 0.1805
     assert held_out_coverage(near + far) == (1, 2)
     assert held_out_by_generation(near + far) == {"dense, hopper": (1, 2)}
+
+
+def test_coverage_on_new_runs_counts_those_inside_their_band_and_skips_those_without_one() -> None:
+    table = summarise((H100_DENSE, 0.01 * i) for i in range(MIN_RUNS))  # band 0.0095 .. 0.1805
+    b200 = Traits("dense", "b200", "blackwell", "8-bit", "model")  # no run of its generation: no band
+    new = [("n", H100_DENSE, 0.05), ("n", H100_DENSE, -0.2), ("n", b200, 0.0)]
+    assert coverage_on(new, table) == (1, 2)
 
 
 @pytest.mark.skipif(not CASES.exists(), reason="shared/validation not present")

@@ -67,3 +67,10 @@ def held_out_by_generation(runs: list[tuple[str, Traits, float]]) -> dict[str, t
         counts[0] += inside
         counts[1] += 1
     return {key: (c[0], c[1]) for key, c in sorted(by.items())}
+
+
+def coverage_on(runs: list[tuple[str, Traits, float]], table: dict[str, Any] | None = None) -> tuple[int, int]:
+    """How many of ``runs`` (published runs the bands were not built from) lie inside the band a compile would
+    report for them (the stored table by default), of those that get one."""
+    checked = [(band, e) for _, t, e in runs if (band := band_for(t, table)) is not None]
+    return sum(band.low <= e <= band.high for band, e in checked), len(checked)
