@@ -13,8 +13,9 @@ echosim was fitted to these rows.
     PYTHONPATH=. python benchmarks/dgxc_newer_releases.py
     PYTHONPATH=. python benchmarks/dgxc_newer_releases.py --build  # rewrite the CSV
 
-Left out: DeepSeek-V3 (61 layers over PP 4 to 16: the NeMo 25.04 recipe's stage split and whether it trained
-an MTP module are not in the README) and Nemotron-H (a hybrid Mamba model, not in the zoo).
+DeepSeek-V3's stage split, MTP module, token dropping, recompute and TP-overlap setting are not in its README: they
+are read from the launch script and the NeMo commit its setup pins (``DEEPSEEK_*`` below). Left out: Nemotron-H (a
+hybrid Mamba model, not in the zoo).
 """
 
 from __future__ import annotations
@@ -41,7 +42,32 @@ MODELS = {
     "nemotron-4-340b": ("dgxc2504-nemotron-4-340b-bf16-h100-sxm-256", "nemotron/README.md", "25.04.00"),
     "grok-1-314b": ("dgxc2504-grok-1-314b-fp8-h100-sxm-512", "grok1/README.md", "25.04.00"),
     "llama4-maverick-400b": ("tpurecipes-llama4-maverick-bf16-v5p-128", "llama4/README.md", "25.04.01"),
+    "deepseek-v3-671b": (
+        "mbridge2511-deepseekv3-w-o-mtp-bf16-gb200-256",
+        "deepseek_v3/pretraining/README.md",
+        "25.04.01",
+    ),
 }
+#: DeepSeek-V3's recipe (deepseek_v3/pretraining/launch.sh at v25.05.05: RM='mla_up_proj' on H100, 'core_attn' on
+#: GB200; NeMo commit 7a8f1cc, the one its setup.sh pins, scripts/performance/llm/pretrain_deepseek_v3.py:
+#: USE_TOKEN_DROP = True -> MegatronTokenDropCallback (capacity factor 1.0, padded), tp_comm_overlap=False,
+#: num_layers_in_first_pipeline_stage = 64 // pp - 1, last = 64 // pp - 2; nemo/collections/llm/recipes/
+#: deepseek_v3.py pretrain_recipe(use_mtp=True): one MTP module, on the last stage).
+DEEPSEEK_RECOMPUTE = {"h100-sxm": "mla_up_proj", "gb200": "core_attn"}
+DEEPSEEK_NOTES = ("token drop at capacity factor 1.0, padded", "TP communication overlap off")
+#: On GB200 the NeMo 25.04 container's Transformer Engine (released before TE v2.5, 2025-06-29, the first to fuse
+#: MLA's head_dim_qk 192 on sm_100) runs DeepSeek-V3's attention unfused (rows.UNFUSED_ATTENTION_NOTE); the recipe
+#: recomputes core_attn there, the materialised attention, and mla_up_proj on H100, where cuDNN fuses it.
+DEEPSEEK_BLACKWELL_NOTE = "attention unfused (Transformer Engine before v2.5: no fused MLA attention on sm_100)"
+
+
+def deepseek_layout(pp: int) -> str:
+    """The recipe's stages: 64 // pp layers each, one fewer on the first (with the embedding), two fewer on the last
+    (with the MTP module and the loss): 61 layers."""
+    per = 64 // pp
+    return f"Et*{per - 1}|(t*{per}|)*{pp - 2}t*{per - 2}mL"
+
+
 #: One entry per published table: (model, device, seq_len, layout lines, step lines, tp, pp, cp, ep, etp, vp,
 #: micro-batch, [(GPUs, GBS, BF16 step s, FP8 step s)], extra note). ep / etp 0: none (dense).
 TABLES = [
@@ -61,12 +87,13 @@ TABLES = [
      [(128, 1024, 7.781, 6.093), (256, 2048, 7.859, 6.223), (512, 4096, 7.992, 6.327)], ""),
     ("llama4-maverick-400b", "h100-sxm", 8192, "17-19", "88-101", 4, 1, 1, 128, 4, 0, 1, [(512, 1024, 4.426, 3.855)],
      "the FP8 run used CUDA graphs (README line 88)"),
+    ("deepseek-v3-671b", "h100-sxm", 4096, "13-15", "80-86", 2, 8, 1, 64, 1, 0, 1, [(512, 4096, 48.948, None)], ""),
+    ("deepseek-v3-671b", "h100-sxm", 4096, "13-16", "80-86", 2, 16, 1, 64, 1, 0, 1, [(1024, 8192, 52.04, None)], ""),
+    ("deepseek-v3-671b", "gb200", 4096, "22-24", "93-99", 2, 4, 1, 32, 1, 0, 1, [(128, 1024, 34.168, None)], ""),
+    ("deepseek-v3-671b", "gb200", 4096, "22-26", "93-99", 2, 4, 1, 64, 1, 0, 1,
+     [(256, 2048, 34.194, None), (512, 4096, 34.274, None)], ""),
 ]  # fmt: skip
-LEFT_OUT = (
-    "DeepSeek-V3 (deepseek_v3/pretraining/README.md): 61 layers over PP 4-16; the recipe's stage split and MTP "
-    "setting are not in the README",
-    "Nemotron-H 56B (nemotronh/README.md): hybrid Mamba-Transformer, not in echosim's zoo",
-)
+LEFT_OUT = ("Nemotron-H 56B (nemotronh/README.md): hybrid Mamba-Transformer, not in echosim's zoo",)
 
 
 def build(cases: Path) -> list[dict[str, str]]:
@@ -75,10 +102,17 @@ def build(cases: Path) -> list[dict[str, str]]:
     for model, device, seq, layout_lines, step_lines, tp, pp, cp, ep, etp, vp, mb, runs, extra in TABLES:
         template_id, readme, container = MODELS[model]
         t = templates[template_id]
-        model_notes = [n for n in t["notes"].split(" | ") if n.startswith(("Nemotron:", "MoE every"))]
+        model_notes = [n for n in t["notes"].split(" | ") if n.startswith(("Nemotron:", "MoE every", "MLA attention"))]
         for gpus, gbs, *steps in runs:
             for dtype, step in zip(("bf16", "fp8"), steps, strict=True):
+                if step is None:  # DeepSeek-V3 ran BF16 only
+                    continue
                 notes = list(model_notes)
+                if model == "deepseek-v3-671b":
+                    layout, modules = deepseek_layout(pp), DEEPSEEK_RECOMPUTE[device]
+                    notes += [f"pipeline layout {layout}", f"recompute modules {modules}", *DEEPSEEK_NOTES]
+                    if device == "gb200":
+                        notes.append(DEEPSEEK_BLACKWELL_NOTE)
                 if device == "gb200":
                     notes.append("devices_per_node = 72-GPU NVL72 NVLink domain (4 GPUs per compute tray)")
                 if dtype == "fp8":
@@ -115,6 +149,7 @@ def build(cases: Path) -> list[dict[str, str]]:
                     cp=str(cp),
                     ep=str(ep) if ep else "",
                     vpp=str(vp) if vp and pp > 1 else "",
+                    recompute="selective" if model == "deepseek-v3-671b" else "",
                     micro_batch=str(mb),
                     global_batch=str(gbs),
                     step_time_s=f"{step:g}",

@@ -442,9 +442,15 @@ MEGATRON_BRIDGE_2509_TOKEN_DROP: dict[tuple[int, int], tuple[str, ...]] = {
 MEGATRON_BRIDGE_TOKEN_DROP_CAPACITY = 1.0  # apply_moe_token_drop's moe_expert_capacity_factor default
 
 
+_STATED_TOKEN_DROP = re.compile(r"\btoken drop at capacity factor ([\d.]+), padded\b")
+
+
 def token_drop_capacity(c: Case) -> float:
-    """The capacity factor of a NeMo 25.09 Megatron-Bridge row whose run dropped tokens, padded to capacity
-    (:data:`MEGATRON_BRIDGE_2509_TOKEN_DROP`); 0 otherwise."""
+    """The capacity factor of a MoE row whose run dropped tokens, padded to capacity: the one its notes state
+    ("token drop at capacity factor F, padded", from its source's recipe), or a NeMo 25.09 Megatron-Bridge
+    row's (:data:`MEGATRON_BRIDGE_2509_TOKEN_DROP`); 0 otherwise."""
+    if c["arch"] == "moe" and (stated := _STATED_TOKEN_DROP.search(c["notes"])):
+        return float(stated.group(1))
     if c["source_id"] != "megatron_bridge_25.09" or c["arch"] != "moe":
         return 0.0
     devices = MEGATRON_BRIDGE_2509_TOKEN_DROP.get((c.int("layers") or 0, c.int("hidden") or 0))
@@ -781,6 +787,17 @@ def moe_preset(c: Case) -> MoePreset | None:
     return MEGATRON_BRIDGE_MOE_PRESETS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"]))
 
 
+_STATED_MODULES = re.compile(r"\brecompute modules ([\w,]+)")
+
+
+def stated_recompute(c: Case) -> str:
+    """``selective:MODULES`` for a row whose notes name the modules its recipe recomputes ("recompute modules
+    mla_up_proj", Megatron-Core's ``recompute_modules``); '' otherwise. The ``recompute`` column can only say
+    'selective'."""
+    stated = _STATED_MODULES.search(c["notes"])
+    return f"selective:{stated.group(1)}" if stated else ""
+
+
 def megatron_bridge_recompute(c: Case) -> str:
     """The ``selective:MODULES`` policy of the Megatron-Bridge recipe a row ran; '' when none is known."""
     if not c["source_id"].startswith("megatron_bridge"):
@@ -837,8 +854,15 @@ DEEPSEEK_V3_RECIPE_LAYOUT: dict[tuple[int, int], str] = {
 }
 
 
+_STATED_LAYOUT = re.compile(r"\bpipeline layout (\S+)")
+
+
 def pp_layout(c: Case) -> str:
-    """``layout:STRING`` for a Megatron-Bridge row whose recipe states its pipeline layout; '' otherwise."""
+    """``layout:STRING`` for a row whose notes state its pipeline layout ("pipeline layout STRING", in
+    :mod:`echosim.passes.pipeline`'s layout syntax, from its source's recipe) or a Megatron-Bridge row whose recipe
+    states one; '' otherwise."""
+    if stated := _STATED_LAYOUT.search(c["notes"]):
+        return f"layout:{stated.group(1)}"
     if not c["source_id"].startswith("megatron_bridge"):
         return ""
     layout = tuple(c.int(k, 1) or 1 for k in ("tp", "pp", "vpp", "ep", "micro_batch"))
@@ -1028,8 +1052,24 @@ def recipe_layout(c: Case) -> dict[str, int]:
 MEGATRON_BRIDGE_NVFP4_TP_OVERLAP = False
 
 
+#: A row's notes saying its attention ran unfused (materialised scores, Plan.attention 'math'), where its source's
+#: software had no fused kernel for the model's shapes on that part: e.g. Transformer Engine before v2.5 for MLA's
+#: head_dim_qk 192 on Blackwell (transformer_engine/common/fused_attn/fused_attn.cpp, v2.1-v2.4:
+#: ``!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))``; FlashAttention is off whenever
+#: head_dim_qk != head_dim_v, pytorch/attention/dot_product_attention/utils.py; v2.5 adds d_qk 192 / d_v 128 on
+#: sm_100 with cuDNN 9.11).
+UNFUSED_ATTENTION_NOTE = "attention unfused"
+
+#: A row's notes saying its recipe turned TP communication overlap off (e.g. NeMo's DeepSeek-V3 performance recipe:
+#: ``MegatronCommOverlapCallback(tp_comm_overlap=False)``).
+TP_OVERLAP_OFF_NOTE = "TP communication overlap off"
+
+
 def megatron_bridge_tp_overlap(c: Case) -> bool | None:
-    """The TP-overlap setting a Megatron-Bridge row's script states (None: the framework's default)."""
+    """The TP-overlap setting a row's source states: off where its notes say so (:data:`TP_OVERLAP_OFF_NOTE`), a
+    Megatron-Bridge NVFP4 script's (None: the framework's default)."""
+    if TP_OVERLAP_OFF_NOTE in c["notes"]:
+        return False
     if c["source_id"].startswith("megatron_bridge") and c["arch"] != "moe" and c["dtype"] == "nvfp4":
         return MEGATRON_BRIDGE_NVFP4_TP_OVERLAP
     return None
@@ -1083,7 +1123,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         "seq_len": c.int("seq_len") or 0,
         # blank: the framework's default, else 16-bit mixed precision (fp16 and bf16 cost the same)
         "dtype": maxtext_quantization(c) or block_scaled_dtype(c) or c["dtype"] or None,
-        "recompute": remat_policy(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
+        "recompute": remat_policy(c) or stated_recompute(c) or c["recompute"] or megatron_bridge_recompute(c) or None,
         "schedule": row_schedule(c, vpp),
         "framework": row_framework(c),
     }
@@ -1099,6 +1139,8 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
         stated["tp_overlap"] = True
     preset = moe_preset(c)
     stated["fp8_attention"] = (preset is not None and preset.fp8_attention) or None
+    if UNFUSED_ATTENTION_NOTE in c["notes"]:
+        stated["attention"] = "math"
     stated["moe_fused_mlp"] = (preset is not None and preset.fused_mlp) or None
     drop = token_drop_capacity(c)
     stated["moe_capacity_factor"] = moe_capacity_factor(c) or drop or None
