@@ -55,9 +55,10 @@ MODELS = {
 #: deepseek_v3.py pretrain_recipe(use_mtp=True): one MTP module, on the last stage).
 DEEPSEEK_RECOMPUTE = {"h100-sxm": "mla_up_proj", "gb200": "core_attn"}
 DEEPSEEK_NOTES = ("token drop at capacity factor 1.0, padded", "TP communication overlap off")
-#: On GB200 the NeMo 25.04 container's Transformer Engine (released before TE v2.5, 2025-06-29, the first to fuse
-#: MLA's head_dim_qk 192 on sm_100) runs DeepSeek-V3's attention unfused (rows.UNFUSED_ATTENTION_NOTE); the recipe
-#: recomputes core_attn there, the materialised attention, and mla_up_proj on H100, where cuDNN fuses it.
+#: On GB200 the NeMo 25.04 container's Transformer Engine (NeMo v2.3.x and 7a8f1cc pin TE bee4649c, 2025-03-18, in
+#: requirements/manifest.json; TE v2.5, 2025-06-29, is the first to fuse MLA's head_dim_qk 192 on sm_100) runs
+#: DeepSeek-V3's attention unfused (rows.UNFUSED_ATTENTION_NOTE); the recipe recomputes core_attn there, the
+#: materialised attention, and mla_up_proj on H100, where cuDNN fuses it.
 DEEPSEEK_BLACKWELL_NOTE = "attention unfused (Transformer Engine before v2.5: no fused MLA attention on sm_100)"
 
 
