@@ -61,3 +61,19 @@ def test_the_h100_rows_are_as_close_as_the_v25_04_ones() -> None:
     errors = [r.error for r in validate_cases(DGXC).rows if r.error is not None and "-h100-sxm-" in r.case_id]
     assert len(errors) == 12
     assert statistics.mean(abs(e) for e in errors) < 0.085
+
+
+def test_every_note_docs_validation_lists_is_one_rows_reads() -> None:
+    """docs/validation.md's table of note-stated settings names what rows.py matches, word for word."""
+    import re
+
+    import echosim.validation.rows as rows
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
+    table = doc.split("## Settings a row's notes can state", 1)[1]
+    notes = re.findall(r"^\| `([^`]+)`", table, re.M)
+    assert len(notes) == 7
+    source = Path(rows.__file__).read_text().lower()
+    for note in notes:
+        fixed = re.split(r" (?:N|STRING|a,b|F, padded)$", note)[0].lower()  # the words before the value
+        assert fixed.replace(" ", " ?") in source or fixed in source, note
