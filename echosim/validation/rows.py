@@ -787,7 +787,14 @@ def moe_preset(c: Case) -> MoePreset | None:
     return MEGATRON_BRIDGE_MOE_PRESETS.get((c["source_id"], c.int("layers") or 0, c.int("hidden") or 0, c["device"]))
 
 
-_STATED_MODULES = re.compile(r"\brecompute modules ([\w,]+)")
+def _modules_pattern() -> re.Pattern[str]:
+    from echosim.passes.recompute import MEGATRON_MODULES
+
+    name = "|".join(MEGATRON_MODULES)
+    return re.compile(rf"\brecompute modules ((?:{name})(?:,(?:{name}))*)\b")
+
+
+_STATED_MODULES = _modules_pattern()
 
 
 def stated_recompute(c: Case) -> str:
@@ -854,7 +861,7 @@ DEEPSEEK_V3_RECIPE_LAYOUT: dict[tuple[int, int], str] = {
 }
 
 
-_STATED_LAYOUT = re.compile(r"\bpipeline layout (\S+)")
+_STATED_LAYOUT = re.compile(r"\bpipeline layout ([EtmL|()*\d]+)(?=\s|$)")  # Megatron-Core's layout symbols
 
 
 def pp_layout(c: Case) -> str:
