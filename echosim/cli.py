@@ -175,10 +175,9 @@ def compile_cmd(
             raise EchosimError(f"--strict: {failures[0]}{more}")
     extra = sections(dynamics, report) if dynamics.any else {}
     from echosim.bands import accuracy_line, accuracy_section
-
-    accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
     from echosim.timeline.report import stable_json
 
+    accuracy = accuracy_section(compiled)  # how far published runs like this one put the step
     # the report's JSON, with the accuracy band and the cluster-dynamics sections beside the step's figures
     report_json = stable_json({**report.to_dict(), **extra, "accuracy": accuracy})
     if out:

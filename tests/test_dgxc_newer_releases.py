@@ -39,7 +39,7 @@ def test_without_a_stated_etp_only_megatron_bridge_rows_take_its_recipes_one() -
 
 
 def test_deepseek_rows_take_the_recipe_the_launch_script_and_nemo_commit_state() -> None:
-    """Notes-stated settings (rows.pp_layout, stated_recompute, token_drop_capacity, megatron_bridge_tp_overlap,
+    """Notes-stated settings (rows.pp_layout, stated_recompute, token_drop_capacity, stated_tp_overlap,
     UNFUSED_ATTENTION_NOTE): the NeMo 25.04 DeepSeek-V3 recipe's stages, recompute, token drop, no TP overlap, and on
     GB200 its unfused MLA attention."""
     rows = _rows()

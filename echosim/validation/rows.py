@@ -1073,10 +1073,7 @@ TP_OVERLAP_OFF_NOTE = "TP communication overlap off"
 
 
 def megatron_bridge_tp_overlap(c: Case) -> bool | None:
-    """The TP-overlap setting a row's source states: off where its notes say so (:data:`TP_OVERLAP_OFF_NOTE`), a
-    Megatron-Bridge NVFP4 script's (None: the framework's default)."""
-    if TP_OVERLAP_OFF_NOTE in c["notes"]:
-        return False
+    """The TP-overlap setting a Megatron-Bridge row's script states (None: the framework's default)."""
     if c["source_id"].startswith("megatron_bridge") and c["arch"] != "moe" and c["dtype"] == "nvfp4":
         return MEGATRON_BRIDGE_NVFP4_TP_OVERLAP
     return None
@@ -1096,6 +1093,15 @@ def torchtitan_async_tp(c: Case) -> bool | None:
     if (c.int("tp", 1) or 1) <= 1 or not framework_named_in(c["framework"]).startswith("torchtitan"):
         return None
     return True if _ASYNC_TP.search(c["notes"]) else None
+
+
+def stated_tp_overlap(c: Case) -> bool | None:
+    """The TP-overlap setting a row's source states: off where its notes say so (:data:`TP_OVERLAP_OFF_NOTE`),
+    a Megatron-Bridge NVFP4 script's, a torchtitan run's async TP; None: the framework's default."""
+    if TP_OVERLAP_OFF_NOTE in c["notes"]:
+        return False
+    bridge = megatron_bridge_tp_overlap(c)
+    return bridge if bridge is not None else torchtitan_async_tp(c)
 
 
 def _source_flags(c: Case) -> dict[str, Any]:
@@ -1140,14 +1146,12 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_dispatcher"] = stated.get("moe_dispatcher") or moe_dispatcher(c) or None
     stated["etp"] = expert_tp(c)
     stated["moe_ep_overlap"] = ep_overlap(c) or None
-    if (overlap := megatron_bridge_tp_overlap(c)) is not None:
+    if (overlap := stated_tp_overlap(c)) is not None:
         stated["tp_overlap"] = overlap
-    if torchtitan_async_tp(c):
-        stated["tp_overlap"] = True
-    preset = moe_preset(c)
-    stated["fp8_attention"] = (preset is not None and preset.fp8_attention) or None
     if UNFUSED_ATTENTION_NOTE in c["notes"]:
         stated["attention"] = "math"
+    preset = moe_preset(c)
+    stated["fp8_attention"] = (preset is not None and preset.fp8_attention) or None
     stated["moe_fused_mlp"] = (preset is not None and preset.fused_mlp) or None
     drop = token_drop_capacity(c)
     stated["moe_capacity_factor"] = moe_capacity_factor(c) or drop or None
