@@ -317,6 +317,14 @@ TRILLIUM_CUSTOM = {
     # v5p recipe (benchmarks/maxtext_v5p_model_configs.py, MaxText 9ca35d7 = tag tpu-recipes-v0.1.3, which
     # tpu-recipes' v5p Llama4-Maverick README cites): decoder_layer_input, out_proj and query/key/value_proj offload
     "llama4_maverick_dropless_v5p_256": _QKV_OUT,
+    # the configs tpu-recipes' other READMEs print (benchmarks/tpu_recipes_other_rows.py: tpu-recipes c8cfe2f,
+    # MaxText tags tpu-recipes-v0.1.2 / v0.1.4 / v0.1.5 and, for v5p, commit 3eb77db)
+    "llama3_1_8b_8192_bs5": _QKV_OUT,
+    "llama3_1_70b_8192": "decoder_layer_input=offload,qkv_proj=offload",
+    "mistral_7b": _QKV_OUT,
+    "mixtral_8x7b_dropped": _QKV_OUT,
+    "llama3_1_405b_8192_v5p_1024": "context=offload,mlpwo=offload",
+    "deepseek3_671b_v5p_1024": "decoder_layer_input=offload,out_proj=offload",
 }
 _CONFIG = re.compile(r"config (\w+)")
 #: Trillium recipe configs that set ``weight_dtype: bfloat16`` (benchmarks/maxtext_trillium_model_configs.py,
@@ -328,6 +336,7 @@ TRILLIUM_BF16_WEIGHTS = frozenset({"llama3_1_70b_8192_bs2_bfloat16_no_collective
 TRILLIUM_FUSED_BWD = frozenset({
     "llama3_1_8b_8192", "llama3_1_8b_8192_no_collective_matmul", "llama3_1_70b_8192_bs2",
     "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul", "llama3_1_70b_8192_bs4",
+    "llama3_1_8b_8192_bs5", "llama3_1_70b_8192", "mistral_7b",  # tpu-recipes' other READMEs (tags v0.1.2, v0.1.4)
 })  # fmt: skip
 _SA_2048 = (2048,) * 6
 _SA_Q1024 = (1024, 512, 2048, 512, 2048, 512)
@@ -350,6 +359,15 @@ MAXTEXT_SPLASH_BLOCKS: dict[str, tuple[int, ...]] = {
     "llama4_maverick_dropless_v5p_256": _SA_2048,
     "gemma3_12b_32768_2x_v6e256": (1024, 1024, 512, 2048, 1024, 1024),
     "gemma3_12b_32768_4x_v6e256": (1024, 1024, 512, 2048, 1024, 1024),
+    # the configs tpu-recipes' other READMEs print (benchmarks/tpu_recipes_other_rows.py)
+    "gemma3_12b_32768_v6e256": (1024, 1024, 512, 2048, 1024, 1024),
+    "llama3_1_8b_8192_bs5": _SA_2048,
+    "llama3_1_70b_8192": _SA_2048,
+    "mistral_7b": _SA_2048,
+    "llama2_70b_4096_sc": _SA_Q1024,
+    "mixtral_8x7b_dropped": (2048, 512, 2048, 512, 2048, 512),
+    "llama3_1_405b_8192_v5p_1024": _SA_2048,
+    "deepseek3_671b_v5p_1024": _SA_2048,
 }
 #: The recipe config of a tpu-recipes README whose rows' notes name none: the README's ``--model_name``, whose
 #: settings it prints (training/trillium/Gemma3-12B-MaxText/{2x,4x}-v6e-256/README.md, tpu-recipes 2079524 and
@@ -378,7 +396,7 @@ def maxtext_splash_blocks(c: Case) -> tuple[int, ...]:
 #: ``sparse_matmul: False``: MaxText's dense_matmul path, :attr:`echosim.frameworks.Framework.moe_capacity_padding`),
 #: by the config name a row's notes give: mixtral_8x22b_dropped sets 1.25
 #: (benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30). Dropless (megablox) configs have none.
-TRILLIUM_CAPACITY_FACTOR = {"mixtral_8x22b_dropped": 1.25}
+TRILLIUM_CAPACITY_FACTOR = {"mixtral_8x22b_dropped": 1.25, "mixtral_8x7b_dropped": 1.25}  # 8x7b: tag v0.1.2
 
 
 #: ``quantization`` of the Trillium recipe configs that set one, by the config name a row's notes give, where the
@@ -550,7 +568,12 @@ def llm_foundry_flash_v1(c: Case) -> bool:
 #: ``num_vocab_tiling`` of the Trillium recipe configs that set one, by config name (:func:`maxtext_config_name`):
 #: every Gemma3-12B config sets 16 (gemma3_12b_32768_v6e256, _2x_v6e256, _4x_v6e256 in
 #: benchmarks/maxtext_trillium_model_configs.py, MaxText commit e591f30).
-TRILLIUM_VOCAB_TILING = {"gemma3_12b_32768_2x_v6e256": 16, "gemma3_12b_32768_4x_v6e256": 16}
+TRILLIUM_VOCAB_TILING = {
+    "gemma3_12b_32768_2x_v6e256": 16,
+    "gemma3_12b_32768_4x_v6e256": 16,
+    "gemma3_12b_32768_v6e256": 16,
+    "llama3_1_405b_8192_v5p_1024": 4,  # benchmarks/maxtext_v5p_model_configs.py, MaxText commit 3eb77db
+}
 
 
 def loss_chunks(c: Case) -> int:
