@@ -23,7 +23,13 @@ DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "echosim" / "data" / TABLE_FILE
 #: Published runs cases.csv does not hold, checked and not fitted (benchmarks/*newer*.py, llmfoundry_other_rows.py):
 #: what the bands hold on runs they were not built from.
-NEWER = ("mbridge_newer_releases.csv", "torchtitan_newer.csv", "dgxc_newer_releases.csv", "llmfoundry_other_rows.csv")
+NEWER = (
+    "mbridge_newer_releases.csv",
+    "torchtitan_newer.csv",
+    "dgxc_newer_releases.csv",
+    "llmfoundry_other_rows.csv",
+    "tpu_recipes_other.csv",
+)
 
 
 def render(table: dict) -> str:

@@ -491,6 +491,7 @@ NEWER_RUNS = {
     "torchtitan_newer.csv": "torchtitan's June 2025 async-TP table (`benchmarks/torchtitan_newer_runs.py`)",
     "dgxc_newer_releases.csv": "DGX Cloud Benchmarking v25.05 (`benchmarks/dgxc_newer_releases.py`)",
     "llmfoundry_other_rows.csv": "llm-foundry's other README rows (`benchmarks/llmfoundry_other_rows.py`)",
+    "tpu_recipes_other.csv": "tpu-recipes' other MaxText READMEs (`benchmarks/tpu_recipes_other_rows.py`)",
 }
 
 
