@@ -29,6 +29,7 @@ NEWER = (
     "dgxc_newer_releases.csv",
     "llmfoundry_other_rows.csv",
     "tpu_recipes_other.csv",
+    "nemo_docs_other.csv",
 )
 
 
