@@ -395,6 +395,9 @@ def _collective_s(backend: Backend, kind: OpKind, nbytes: int, where: Placement)
 
 
 def _step_end_seconds(nodes: list[Node], cost: Coster) -> dict[str, float]:
+    """Seconds of the step-end collectives by axis, all exposed. Known gap: Megatron-Core's distributed optimizer
+    with ``overlap_param_gather`` (NeMo 2.0's recipes) runs its parameter all-gather under the next step's forward;
+    hiding it here was measured and not selected (benchmarks/nemo_docs_other_rows.md)."""
     step_end: dict[str, float] = {}
     for n in nodes:
         axis = _axis(n).value  # type: ignore[union-attr]
