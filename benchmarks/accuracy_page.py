@@ -492,7 +492,7 @@ NEWER_RUNS = {
     "dgxc_newer_releases.csv": "DGX Cloud Benchmarking v25.05 (`benchmarks/dgxc_newer_releases.py`)",
     "llmfoundry_other_rows.csv": "llm-foundry's other README rows (`benchmarks/llmfoundry_other_rows.py`)",
     "tpu_recipes_other.csv": "tpu-recipes' other MaxText READMEs (`benchmarks/tpu_recipes_other_rows.py`)",
-    "nemo_docs_other.csv": "NeMo 25.02 B200 and 25.07 GB200 tables (`benchmarks/nemo_docs_other_rows.py`)",
+    "nemo_docs_other.csv": "NeMo 25.02 B200 / H100 and 25.07 GB200 tables (`benchmarks/nemo_docs_other_rows.py`)",
 }
 
 

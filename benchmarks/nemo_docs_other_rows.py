@@ -4,7 +4,7 @@
 (DGX-GB200, ``nemo_2504_gb200``). Two more tables of the same pages are transcribed here:
 
 * NeMo 25.02, DGX-B200 (the first table of docs.nvidia.com's performance summary when 25.02 was current): eight
-  models at FP8;
+  models at FP8, and the first row of the DGX-H100 table after it (GPT-3 175B);
 * NeMo 25.07, DGX-GB200: the first four rows, at FP8 with per-tensor current scaling. Each cell's second value,
   in parentheses, is the layout and rate of another FP8 recipe (Megatron-Bridge's 25.09 footnote: "different
   quantization granularities"); only the first is taken.
@@ -53,7 +53,7 @@ PAGE_2502 = "https://docs.nvidia.com/nemo-framework/user-guide/latest/performanc
 PAGE_2507 = "https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/performance-summary.html"
 #: (release, device, page, model, GPUs, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA, tokens/s/GPU, TFLOP/s/GPU or 0).
 TABLES = [
-    ("25.02", "b200", PAGE_2502, "gpt3-175b", 512, 2048, 2, 2048, 0, 4, 4, 1, 6, 1, 32, 1600, 0),
+    ("25.02", "b200", PAGE_2502, "gpt3-175b", 512, 2048, 2, 2048, 0, 4, 4, 1, 6, 1, 32, 1600, 1722),
     ("25.02", "b200", PAGE_2502, "llama3-8b", 8, 128, 2, 8192, 0, 1, 1, 1, 1, 1, 8, 26006, 1506),
     ("25.02", "b200", PAGE_2502, "llama3-70b", 64, 128, 1, 8192, 0, 2, 4, 2, 5, 1, 32, 3062, 1474),
     ("25.02", "b200", PAGE_2502, "llama3-405b", 128, 64, 1, 8192, 0, 4, 8, 2, 8, 1, 32, 625, 1658),
@@ -61,14 +61,17 @@ TABLES = [
     ("25.02", "b200", PAGE_2502, "nemotron-340b", 128, 32, 1, 4096, 0, 8, 4, 1, 12, 1, 8, 602, 1268),
     ("25.02", "b200", PAGE_2502, "mixtral-8x7b", 64, 256, 2, 4096, 0, 1, 1, 1, 1, 8, 2, 15457, 1282),
     ("25.02", "b200", PAGE_2502, "mixtral-8x22b", 256, 64, 1, 65536, 0, 2, 4, 8, 14, 8, 16, 2232, 824),
+    ("25.02", "h100-sxm", PAGE_2502, "gpt3-175b", 512, 2048, 2, 2048, 0, 4, 8, 1, 6, 1, 64, 866, 932),
     ("25.07", "gb200", PAGE_2507, "llama3-8b", 8, 128, 2, 8192, 0, 1, 1, 1, 1, 1, 8, 31737, 1838),
     ("25.07", "gb200", PAGE_2507, "llama3-70b", 64, 128, 1, 8192, 1, 1, 1, 1, 1, 1, 2, 4066, 1957),
     ("25.07", "gb200", PAGE_2507, "llama3-405b", 128, 64, 1, 8192, 1, 2, 1, 1, 1, 1, 1, 706, 1854),
     ("25.07", "gb200", PAGE_2507, "llama4-scout", 64, 1024, 1, 8192, 0, 1, 1, 1, 1, 16, 16, 13783, 1501),
 ]  # fmt: skip
+SYSTEM = {"b200": "DGX-B200", "gb200": "DGX-GB200", "h100-sxm": "DGX-H100"}
 LEFT_OUT = (
     "NeMo 25.07 DGX-GB200 LLAMA4-Maverick and the rows after it: cut off in the stored page",
-    "NeMo 25.02 DGX-H100 and the 25.04 / 25.07 DGX-B200 and DGX-H100 tables: not in the stored pages' text",
+    "NeMo 25.02 DGX-H100 after its first row, and the 25.04 / 25.07 DGX-B200 and DGX-H100 tables: not in the stored "
+    "pages' text",
     "each 25.07 cell's parenthesised value (another FP8 recipe, another layout)",
 )
 _MODEL_NOTES = ("Nemotron:", "MoE every", "MLA attention")
@@ -93,7 +96,7 @@ def build(cases: Path) -> list[dict[str, str]]:
                               "fp8 (bf16_with_fp8_mixed: per-tensor delayed scaling, NeMo v2.2.0)"),
             "step_time from global_batch*seq_len/(tokens_per_s_per_device*devices)",
             f"metrics: tokens_per_s_per_gpu={tokens}" + (f"; tflops_per_gpu={tflops} (model)" if tflops else ""),
-            f"source notes: NeMo {release} performance summary, DGX-{device.upper()} pre-training table, read from "
+            f"source notes: NeMo {release} performance summary, {SYSTEM[device]} pre-training table, read from "
             "the stored page",
         ]  # fmt: skip
         if model == "mixtral-8x22b":
@@ -105,7 +108,7 @@ def build(cases: Path) -> list[dict[str, str]]:
             case_id=f"nemo{release.replace('.', '')}-{model}-fp8-{device}-{gpus}",
             source_id=f"nemo_{release.replace('.', '')}_{device}",
             source_url=page,
-            table=f"Pre-Training Performance, DGX-{device.upper()} (NeMo {release})",
+            table=f"Pre-Training Performance, {SYSTEM[device]} (NeMo {release})",
             framework=f"NeMo {release} (NeMo 2.0 / Megatron-Core)",
             confidence="C" if model == "mixtral-8x22b" else "B",
             seq_len=str(seq),
@@ -141,7 +144,14 @@ def main() -> None:
     if args.build:
         write_rows(build(args.cases), OUT, ROOT, LEFT_OUT)
         return
-    check(OUT, lambda case_id: [case_id.split("-")[0] + ("-moe" if "mixtral" in case_id or "scout" in case_id else "")])
+    check(OUT, group)
+
+
+def group(case_id: str) -> list[str]:
+    """The release and device of a row, and whether its model is a MoE: '2502 b200 dense'."""
+    device = next(d for d in ("h100-sxm", "gb200", "b200") if f"-{d}-" in case_id)
+    kind = "moe" if "mixtral" in case_id or "scout" in case_id else "dense"
+    return [f"{case_id.split('-')[0].removeprefix('nemo')} {device} {kind}"]
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def test_the_rows_run_nemos_recipe_defaults() -> None:
 
 def test_a_row_whose_batch_does_not_add_up_is_not_written() -> None:
     builder = _builder()
-    run = list(builder.TABLES[-5])  # 25.02 Mixtral-8x22B, as the page prints it: GBS 1, MBS 64
+    run = list(builder.TABLES[7])  # 25.02 Mixtral-8x22B, as the page prints it: GBS 1, MBS 64
     run[5], run[6] = 1, 64
     builder.TABLES = [tuple(run)]
     with pytest.raises(SystemExit, match="GBS 1 != MBS 64"):
@@ -59,9 +59,9 @@ def test_the_csv_is_what_the_builder_writes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_rows_are_as_close_as_the_nemo_rows_of_cases_csv() -> None:
-    """12 rows: MAPE 10.1 %, mean -3.7 % (benchmarks/nemo_docs_other_rows.md)."""
+    """13 rows: MAPE 9.4 %, mean -3.5 % (benchmarks/nemo_docs_other_rows.md)."""
     from echosim.validation.run import validate_cases
 
     errors = [r.error for r in validate_cases(CSV).rows if r.error is not None]
-    assert len(errors) == 12
-    assert statistics.mean(abs(e) for e in errors) < 0.11
+    assert len(errors) == 13
+    assert statistics.mean(abs(e) for e in errors) < 0.10
