@@ -20,16 +20,14 @@ hybrid Mamba model, not in the zoo).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "dgxc_newer_releases.csv"
 TAG_COMMIT = "c5c765f"  # v25.05.05 (git rev-parse v25.05.05^{commit}, abbreviated)
 URL = "https://github.com/NVIDIA/dgxc-benchmarking/blob/v25.05.05/"
@@ -164,14 +162,10 @@ def build(cases: Path) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
-    args = ap.parse_args()
-    if args.build:
-        write_rows(build(args.cases), OUT, ROOT, LEFT_OUT)
-        return
-    check(OUT, lambda case_id: ["gb200" if "-gb200-" in case_id else "h100-sxm", case_id.split("-")[1]], width=48)
+    transcribed_main(
+        __doc__, build, OUT, ROOT, LEFT_OUT,
+        lambda case_id: ["gb200" if "-gb200-" in case_id else "h100-sxm", case_id.split("-")[1]], width=48,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

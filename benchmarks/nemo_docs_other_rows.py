@@ -24,16 +24,14 @@ is the layout NeMo v2.2.0's ``scripts/llm/performance/recommended_model_configs/
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "nemo_docs_other.csv"
 MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
                  "moe_ffn_hidden", "shared_experts")  # fmt: skip
@@ -137,14 +135,7 @@ def build(cases: Path) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
-    args = ap.parse_args()
-    if args.build:
-        write_rows(build(args.cases), OUT, ROOT, LEFT_OUT)
-        return
-    check(OUT, group)
+    transcribed_main(__doc__, build, OUT, ROOT, LEFT_OUT, group)
 
 
 def group(case_id: str) -> list[str]:

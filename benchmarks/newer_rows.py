@@ -1,9 +1,11 @@
-"""What the checks on published runs newer than ``cases.csv`` share (``mbridge_newer_releases.py``,
-``torchtitan_newer_runs.py``, ``dgxc_newer_releases.py``): writing their rows in ``cases.csv``'s columns, and
-printing echosim against every row with the error of each group."""
+"""What the checks on published runs ``cases.csv`` lacks share (``mbridge_newer_releases.py``,
+``torchtitan_newer_runs.py``, ``dgxc_newer_releases.py``, ``llmfoundry_other_rows.py``, ``tpu_recipes_other_rows.py``,
+``nemo_docs_other_rows.py``): writing their rows in ``cases.csv``'s columns, printing echosim against every row with
+the error of each group, and the command line of the checks whose rows are transcribed in the script."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import statistics
@@ -43,3 +45,25 @@ def check(path: Path, groups: Callable[[str], Iterable[str]], width: int = 52) -
     for key, errs in errors.items():
         mape = statistics.mean(abs(e) for e in errs)
         print(f"{key:>17s}: {len(errs)} rows, MAPE {mape:.1%}, mean error {statistics.mean(errs):+.1%}")
+
+
+def transcribed_main(
+    doc: str,
+    build: Callable[[Path], list[dict[str, str]]],
+    out: Path,
+    root: Path,
+    left_out: Iterable[str],
+    groups: Callable[[str], Iterable[str]],
+    width: int = 52,
+) -> None:
+    """The command line of a check whose rows are transcribed in its script: ``--build`` writes ``out`` from
+    ``build(cases)`` (``cases.csv`` lends the model columns), else the rows are checked."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--cases", type=Path, default=root.parent / "shared" / "validation" / "cases.csv",
+                    help="for the model columns (with --build)")  # fmt: skip
+    ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
+    args = ap.parse_args()
+    if args.build:
+        write_rows(build(args.cases), out, root, left_out)
+        return
+    check(out, groups, width=width)

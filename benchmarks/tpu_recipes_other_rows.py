@@ -20,16 +20,14 @@ slice's, else the row is not written. The Llama 2 70B line is from a run at 2 se
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "tpu_recipes_other.csv"
 URL = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/c8cfe2f689081d36701a101cd73a70965d80926b/training/"
 MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
@@ -149,14 +147,7 @@ def build(cases: Path) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed log lines")
-    args = ap.parse_args()
-    if args.build:
-        write_rows(build(args.cases), OUT, ROOT, LEFT_OUT)
-        return
-    check(OUT, lambda case_id: ["v5p" if "-v5p-" in case_id else "v6e"], width=44)
+    transcribed_main(__doc__, build, OUT, ROOT, LEFT_OUT, lambda case_id: ["v5p" if "-v5p-" in case_id else "v6e"], 44)
 
 
 if __name__ == "__main__":
