@@ -15,6 +15,8 @@ The other policies name the tensors a layer keeps (:mod:`echosim.passes.saved`);
 other value the layer's backward reads is replayed from them, and only what backward
 needs is replayed (XLA and ``torch.utils.checkpoint`` drop dead recompute). Offloaded
 tensors are kept too, in host memory: the memory analysis leaves them out of the device.
+Their transfers over the host link are not timed: at the scaling-book's PCIe rates they fit
+under the layer's compute in every TPU row measured (benchmarks/tpu_recipes_other_rows.md).
 """
 
 from __future__ import annotations
