@@ -30,6 +30,7 @@ NEWER = (
     "llmfoundry_other_rows.csv",
     "tpu_recipes_other.csv",
     "nemo_docs_other.csv",
+    "maxtext_readme_other.csv",
 )
 
 

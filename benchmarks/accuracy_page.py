@@ -493,6 +493,7 @@ NEWER_RUNS = {
     "llmfoundry_other_rows.csv": "llm-foundry's other README rows (`benchmarks/llmfoundry_other_rows.py`)",
     "tpu_recipes_other.csv": "tpu-recipes' other MaxText READMEs (`benchmarks/tpu_recipes_other_rows.py`)",
     "nemo_docs_other.csv": "NeMo 25.02 B200 / H100 and 25.07 GB200 tables (`benchmarks/nemo_docs_other_rows.py`)",
+    "maxtext_readme_other.csv": "MaxText TPU tables' other cells (`benchmarks/maxtext_readme_other_rows.py`)",
 }
 
 
