@@ -31,6 +31,7 @@ NEWER = (
     "tpu_recipes_other.csv",
     "nemo_docs_other.csv",
     "maxtext_readme_other.csv",
+    "mbridge_other_rows.csv",
 )
 
 

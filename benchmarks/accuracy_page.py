@@ -494,6 +494,7 @@ NEWER_RUNS = {
     "tpu_recipes_other.csv": "tpu-recipes' other MaxText READMEs (`benchmarks/tpu_recipes_other_rows.py`)",
     "nemo_docs_other.csv": "NeMo 25.02 B200 / H100 and 25.07 GB200 tables (`benchmarks/nemo_docs_other_rows.py`)",
     "maxtext_readme_other.csv": "MaxText TPU tables' other cells (`benchmarks/maxtext_readme_other_rows.py`)",
+    "mbridge_other_rows.csv": "Megatron-Bridge rows dropped as repeats (`benchmarks/mbridge_other_rows.py`)",
 }
 
 

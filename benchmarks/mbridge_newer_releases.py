@@ -47,13 +47,13 @@ MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "f
 NVL72 = "devices_per_node = 72-GPU NVL72 NVLink domain (4 GPUs per compute tray)"
 
 
-def _templates(cases: Path) -> dict[str, dict[str, str]]:
+def _templates(cases: Path, models: dict[str, str] = MODELS) -> dict[str, dict[str, str]]:
     """The latest Megatron-Bridge ``cases.csv`` row of each model (the model columns and their notes)."""
     out: dict[str, dict[str, str]] = {}
     for row in csv.DictReader(cases.open()):
         if not row["source_id"].startswith("megatron_bridge"):
             continue
-        for stem in MODELS.values():
+        for stem in models.values():
             if re.match(rf"mbridge\d+-{re.escape(stem)}-", row["case_id"]):
                 out.setdefault(stem, row)  # cases.csv lists the latest release first
     return out
@@ -74,14 +74,22 @@ def _tables(text: str, release: str) -> list[tuple[str, list[dict[str, str]]]]:
     return out
 
 
-def build(archive: Path, summary: Path, cases: Path) -> tuple[list[dict[str, str]], list[str]]:
-    templates = _templates(cases)
+def build(
+    archive: Path,
+    summary: Path,
+    cases: Path,
+    releases: dict[str, str] = RELEASES,
+    models: dict[str, str] = MODELS,
+) -> tuple[list[dict[str, str]], list[str]]:
+    """The pre-training rows of ``releases`` (release -> the page that holds its tables) and ``models`` (the
+    archive's model heading -> the case-id stem) in cases.csv's columns, and what was left out, and why."""
+    templates = _templates(cases, models)
     pages = {"performance-summary-archive.md": archive.read_text(), "performance-summary.md": summary.read_text()}
     rows, left = [], []
     seen: set[str] = set()
-    for release, page in RELEASES.items():
+    for release, page in releases.items():
         for model, table in _tables(pages[page], release):
-            stem = MODELS.get(model)
+            stem = models.get(model)
             if stem is None or stem not in templates:
                 left.append(f"{release} {model}: no cases.csv row of this model")
                 continue
@@ -104,9 +112,11 @@ def build(archive: Path, summary: Path, cases: Path) -> tuple[list[dict[str, str
                     notes.append(NVL72)
                 if dtype == "fp8":
                     notes.append("FP8 recipe: fp8 (per-tensor current scaling)")
+                fsdp = r.get("FSDP", "0") not in ("0", "n/a", "")  # the 26.0x tables' FSDP column: Megatron-FSDP
+                if not fsdp:
+                    notes.append("optimizer sharding not stated by source (Megatron/NeMo default is the distributed "
+                                 "optimizer, ZeRO-1-like)")  # fmt: skip
                 notes += [
-                    "optimizer sharding not stated by source (Megatron/NeMo default is the distributed optimizer, "
-                    "ZeRO-1-like)",
                     "step_time from global_batch*seq_len/(tokens_per_s_per_device*devices)",
                     f"metrics: tokens_per_s_per_gpu={r['Tokens / sec / GPU']}; tflops_per_gpu={tflops} (model)",
                 ]
@@ -137,6 +147,7 @@ def build(archive: Path, summary: Path, cases: Path) -> tuple[list[dict[str, str
                     cp=str(cp),
                     ep="" if r["EP"] == "n/a" else r["EP"],
                     vpp="" if r["VP"] == "n/a" else r["VP"],
+                    zero="3" if fsdp else "",
                     micro_batch=r["MBS"],
                     global_batch=str(gbs),
                     step_time_s=f"{gbs * seq / (tps * gpus):.6g}",
