@@ -16,7 +16,6 @@ with the Muon optimizer), and SFT / LoRA tables.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
@@ -24,9 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "mbridge_newer_releases.csv"
 COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 URL = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMIT}/docs/"
@@ -161,15 +159,10 @@ def build(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", nargs=2, type=Path, metavar=("ARCHIVE", "SUMMARY"), help="rewrite the CSV")
-    args = ap.parse_args()
-    if args.build:
-        rows, left = build(*args.build, args.cases)
-        write_rows(rows, OUT, ROOT, left)
-        return
-    check(OUT, lambda case_id: [case_id.split("-")[0].removeprefix("mbridge")])
+    transcribed_main(
+        __doc__, build, OUT, ROOT, (), lambda case_id: [case_id.split("-")[0].removeprefix("mbridge")],
+        inputs=("ARCHIVE", "SUMMARY"),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ nothing in echosim was fitted to them.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
@@ -26,9 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from mbridge_newer_releases import MODELS, build  # noqa: E402
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "mbridge_other_rows.csv"
 ARCHIVE = "performance-summary-archive.md"
 RELEASES = {"26.04.01": ARCHIVE, "26.04": ARCHIVE, "26.02.01": ARCHIVE, "26.02": ARCHIVE}
@@ -45,15 +43,10 @@ def other_rows(archive: Path, summary: Path, cases: Path) -> tuple[list[dict[str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", nargs=2, type=Path, metavar=("ARCHIVE", "SUMMARY"), help="rewrite the CSV")
-    args = ap.parse_args()
-    if args.build:
-        rows, left = other_rows(*args.build, args.cases)
-        write_rows(rows, OUT, ROOT, left)
-        return
-    check(OUT, lambda case_id: [case_id.split("-")[0].removeprefix("mbridge")], width=56)
+    transcribed_main(
+        __doc__, other_rows, OUT, ROOT, (), lambda case_id: [case_id.split("-")[0].removeprefix("mbridge")], 56,
+        inputs=("ARCHIVE", "SUMMARY"),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

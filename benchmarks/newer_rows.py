@@ -1,7 +1,7 @@
 """What the checks on published runs ``cases.csv`` lacks share (``mbridge_newer_releases.py``,
-``torchtitan_newer_runs.py``, ``dgxc_newer_releases.py``, ``llmfoundry_other_rows.py``, ``tpu_recipes_other_rows.py``,
-``nemo_docs_other_rows.py``): writing their rows in ``cases.csv``'s columns, printing echosim against every row with
-the error of each group, and the command line of the checks whose rows are transcribed in the script."""
+``mbridge_other_rows.py``, ``torchtitan_newer_runs.py``, ``dgxc_newer_releases.py``, ``llmfoundry_other_rows.py``,
+``tpu_recipes_other_rows.py``, ``nemo_docs_other_rows.py``, ``maxtext_readme_other_rows.py``): writing their rows in
+``cases.csv``'s columns, printing echosim against every row with the error of each group, and their command line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import io
 import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 
 def write_rows(rows: list[dict[str, str]], out: Path, root: Path, left_out: Iterable[str]) -> None:
@@ -49,21 +50,28 @@ def check(path: Path, groups: Callable[[str], Iterable[str]], width: int = 52) -
 
 def transcribed_main(
     doc: str,
-    build: Callable[[Path], list[dict[str, str]]],
+    build: Callable[..., Any],
     out: Path,
     root: Path,
     left_out: Iterable[str],
     groups: Callable[[str], Iterable[str]],
     width: int = 52,
+    inputs: tuple[str, ...] = (),
 ) -> None:
-    """The command line of a check whose rows are transcribed in its script: ``--build`` writes ``out`` from
-    ``build(cases)`` (``cases.csv`` lends the model columns), else the rows are checked."""
+    """The command line of a check: ``--build`` writes ``out`` from ``build(*files, cases)`` (``cases.csv`` lends the
+    model columns; ``inputs`` names the source files it reads, none where the rows are transcribed in the script), else
+    the rows are checked. ``build`` returns the rows, or the rows and what it left out (else ``left_out``)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--cases", type=Path, default=root.parent / "shared" / "validation" / "cases.csv",
                     help="for the model columns (with --build)")  # fmt: skip
-    ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
+    if inputs:
+        ap.add_argument("--build", nargs=len(inputs), type=Path, metavar=inputs, help="rewrite the CSV from the files")
+    else:
+        ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
     args = ap.parse_args()
     if args.build:
-        write_rows(build(args.cases), out, root, left_out)
+        built = build(*(args.build if inputs else ()), args.cases)
+        rows, left = built if isinstance(built, tuple) else (built, left_out)
+        write_rows(rows, out, root, left)
         return
     check(out, groups, width=width)

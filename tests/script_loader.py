@@ -23,3 +23,31 @@ def load_script(relative: str, name: str | None = None) -> ModuleType:
     sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def load_check(relative: str) -> ModuleType:
+    """A fresh copy of one of the checks on published runs ``cases.csv`` lacks (``benchmarks/*_rows.py``): they
+    import ``newer_rows`` from ``benchmarks/``, put on the path here."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    path = Path(relative)
+    return load_script(relative, f"{path.stem}_under_test")
+
+
+def rebuilt(module: ModuleType, cases: Path, tmp_path: Path) -> str:
+    """The CSV a check's builder writes now (its ``build(cases)``), to compare with the committed one."""
+    from newer_rows import write_rows  # benchmarks/, on the path once load_check has run
+
+    out = tmp_path / "rows.csv"
+    write_rows(module.build(cases), out, tmp_path, ())
+    return out.read_text()
+
+
+def check_mape(path: Path, rows: int, limit: float) -> None:
+    """Every row of a check's CSV compiles, and their MAPE stays under ``limit`` (what its notes quote, rounded up)."""
+    import statistics
+
+    from echosim.validation.run import validate_cases
+
+    errors = [r.error for r in validate_cases(path).rows if r.error is not None]
+    assert len(errors) == rows
+    assert statistics.mean(abs(e) for e in errors) < limit

@@ -3,14 +3,12 @@ launch script at another chip count, its step time from the same per-chip FLOPs.
 
 from __future__ import annotations
 
-import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from conftest import SHARED
-from script_loader import load_script
+from script_loader import check_mape, load_check, rebuilt
 
 from echosim.validation.cases import read_cases
 
@@ -20,9 +18,7 @@ CASES = SHARED / "validation" / "cases.csv"
 
 
 def _builder() -> ModuleType:
-    """A fresh copy of the builder script (it imports newer_rows from benchmarks/)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    return load_script("benchmarks/maxtext_readme_other_rows.py", "maxtext_readme_other_rows_under_test")
+    return load_check("benchmarks/maxtext_readme_other_rows.py")
 
 
 def test_a_cell_keeps_its_templates_script_and_scales_its_step_by_the_rates() -> None:
@@ -43,19 +39,10 @@ def test_a_cell_that_does_not_split_into_its_slices_is_refused() -> None:
 
 
 def test_the_csv_is_what_the_builder_writes(tmp_path: Path) -> None:
-    builder = _builder()
-    from newer_rows import write_rows  # benchmarks/, on the path once _builder has run
-
-    out = tmp_path / "rows.csv"
-    write_rows(builder.build(CASES), out, tmp_path, ())
-    assert out.read_text() == CSV.read_text()
+    assert rebuilt(_builder(), CASES, tmp_path) == CSV.read_text()
 
 
 @pytest.mark.slow
 def test_the_cells_are_as_close_as_the_tables_rows_in_cases_csv() -> None:
     """16 rows: MAPE 6.2 %, mean +1.2 % (benchmarks/maxtext_readme_other_rows.md)."""
-    from echosim.validation.run import validate_cases
-
-    errors = [r.error for r in validate_cases(CSV).rows if r.error is not None]
-    assert len(errors) == 16
-    assert statistics.mean(abs(e) for e in errors) < 0.07
+    check_mape(CSV, 16, 0.07)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import csv
 import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from conftest import SHARED
-from script_loader import load_script
+from script_loader import load_check
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "benchmarks" / "data" / "mbridge_other_rows.csv"
@@ -30,9 +29,7 @@ ARCHIVE = (
 
 
 def _builder() -> ModuleType:
-    """A fresh copy of the builder script (it imports mbridge_newer_releases and newer_rows from benchmarks/)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    return load_script("benchmarks/mbridge_other_rows.py", "mbridge_other_rows_under_test")
+    return load_check("benchmarks/mbridge_other_rows.py")
 
 
 def test_only_the_rows_cases_csv_lacks_are_kept(tmp_path: Path) -> None:

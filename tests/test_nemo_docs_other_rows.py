@@ -3,14 +3,12 @@ whose batch arithmetic holds, and the rows run NeMo's recipe defaults."""
 
 from __future__ import annotations
 
-import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from conftest import SHARED
-from script_loader import load_script
+from script_loader import check_mape, load_check, rebuilt
 
 from echosim.validation.cases import Case, read_cases
 from echosim.validation.rows import row_framework, row_plan
@@ -25,9 +23,7 @@ def _rows() -> dict[str, Case]:
 
 
 def _builder() -> ModuleType:
-    """A fresh copy of the builder script (it imports newer_rows from benchmarks/)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    return load_script("benchmarks/nemo_docs_other_rows.py", "nemo_docs_other_rows_under_test")
+    return load_check("benchmarks/nemo_docs_other_rows.py")
 
 
 def test_the_rows_run_nemos_recipe_defaults() -> None:
@@ -51,19 +47,10 @@ def test_a_row_whose_batch_does_not_add_up_is_not_written() -> None:
 
 
 def test_the_csv_is_what_the_builder_writes(tmp_path: Path) -> None:
-    builder = _builder()
-    from newer_rows import write_rows  # benchmarks/, on the path once _builder has run
-
-    out = tmp_path / "rows.csv"
-    write_rows(builder.build(CASES), out, tmp_path, ())
-    assert out.read_text() == CSV.read_text()
+    assert rebuilt(_builder(), CASES, tmp_path) == CSV.read_text()
 
 
 @pytest.mark.slow
 def test_the_rows_are_as_close_as_the_nemo_rows_of_cases_csv() -> None:
     """13 rows: MAPE 9.4 %, mean -3.5 % (benchmarks/nemo_docs_other_rows.md)."""
-    from echosim.validation.run import validate_cases
-
-    errors = [r.error for r in validate_cases(CSV).rows if r.error is not None]
-    assert len(errors) == 13
-    assert statistics.mean(abs(e) for e in errors) < 0.10
+    check_mape(CSV, 13, 0.10)

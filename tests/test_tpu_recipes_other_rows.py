@@ -3,19 +3,18 @@ recipe config its README prints, and the rows are written from log lines that ag
 
 from __future__ import annotations
 
-import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from conftest import SHARED
-from script_loader import load_script
+from script_loader import check_mape, load_check, rebuilt
 
 from echosim.validation.cases import Case, read_cases
 from echosim.validation.rows import loss_chunks, maxtext_splash_blocks, moe_capacity_factor, row_framework, row_plan
 
 ROOT = Path(__file__).resolve().parents[1]
+CASES = SHARED / "validation" / "cases.csv"
 CSV = ROOT / "benchmarks" / "data" / "tpu_recipes_other.csv"
 
 
@@ -24,9 +23,7 @@ def _rows() -> dict[str, Case]:
 
 
 def _builder() -> ModuleType:
-    """A fresh copy of the builder script (it imports newer_rows from benchmarks/)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    return load_script("benchmarks/tpu_recipes_other_rows.py", "tpu_recipes_other_rows_under_test")
+    return load_check("benchmarks/tpu_recipes_other_rows.py")
 
 
 def test_each_row_runs_its_recipe_configs_settings() -> None:
@@ -48,24 +45,15 @@ def test_a_log_line_whose_chips_disagree_is_not_written() -> None:
     run[3] = 16  # the v6e-8 log line read as a 16-chip run
     builder.RUNS = [tuple(run)]
     with pytest.raises(SystemExit, match=r"8\.0 chips"):
-        builder.build(SHARED / "validation" / "cases.csv")
+        builder.build(CASES)
 
 
 def test_the_csv_is_what_the_builder_writes(tmp_path: Path) -> None:
-    builder = _builder()
-    from newer_rows import write_rows  # benchmarks/, on the path once _builder has run
-
-    out = tmp_path / "rows.csv"
-    write_rows(builder.build(SHARED / "validation" / "cases.csv"), out, tmp_path, ())
-    assert out.read_text() == CSV.read_text()
+    assert rebuilt(_builder(), CASES, tmp_path) == CSV.read_text()
 
 
 @pytest.mark.slow
 def test_the_rows_miss_as_the_tpu_recipes_group_does() -> None:
     """9 rows: MAPE 11.0 %, mean -9.8 % (benchmarks/tpu_recipes_other_rows.md): the v6e rows too fast, as the
     16 cases.csv rows of the same source are."""
-    from echosim.validation.run import validate_cases
-
-    errors = [r.error for r in validate_cases(CSV).rows if r.error is not None]
-    assert len(errors) == 9
-    assert statistics.mean(abs(e) for e in errors) < 0.12
+    check_mape(CSV, 9, 0.12)
