@@ -70,6 +70,9 @@ def transcribed_main(
         ap.add_argument("--build", action="store_true", help="rewrite the CSV from the transcribed tables")
     args = ap.parse_args()
     if args.build:
+        missing = [str(f) for f in (*(args.build if inputs else ()), args.cases) if not f.is_file()]
+        if missing:
+            ap.error(f"no such file: {', '.join(missing)}")
         built = build(*(args.build if inputs else ()), args.cases)
         rows, left = built if isinstance(built, tuple) else (built, left_out)
         write_rows(rows, out, root, left)
