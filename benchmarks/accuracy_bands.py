@@ -66,9 +66,15 @@ def main() -> None:
     for key, (inside, total) in held_out_by_generation(runs).items():
         print(f"  {key:20s} {inside:3d} of {total:3d} ({inside / total:.0%})")
     print("published runs cases.csv does not hold (benchmarks/data), inside the band built from all of cases.csv:")
+    errors: list[float] = []
     for name in NEWER:
-        inside, total = coverage_on(runs_from_cases(ROOT / "benchmarks" / "data" / name), table)
+        newer = runs_from_cases(ROOT / "benchmarks" / "data" / name)
+        errors += [e for _, _, e in newer]
+        inside, total = coverage_on(newer, table)
         print(f"  {name:28s} {inside:3d} of {total:3d} ({inside / total:.0%})")
+    mape, bias = sum(abs(e) for e in errors) / len(errors), sum(errors) / len(errors)
+    within = sum(abs(e) <= 0.15 for e in errors)
+    print(f"  echosim's error on all {len(errors)} of them: MAPE {mape:.1%}, mean {bias:+.1%}, {within} within 15 %")
     text = render(table)
     if args.check:
         same = OUT.exists() and OUT.read_text() == text

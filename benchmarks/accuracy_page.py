@@ -500,19 +500,23 @@ NEWER_RUNS = {
 
 def newer_runs_coverage(table: dict[str, Any]) -> list[str]:
     """How many of the published runs the table does not hold lie inside the band built from all of it."""
-    parts, inside_all, total_all = [], 0, 0
+    parts, inside_all, total_all, errors = [], 0, 0, []
     for name, title in NEWER_RUNS.items():
         path = ROOT / "benchmarks" / "data" / name
         if not path.exists():
             continue
-        inside, total = coverage_on(runs_from_cases(path), table)
+        runs = runs_from_cases(path)
+        errors += [e for _, _, e in runs]
+        inside, total = coverage_on(runs, table)
         parts.append(f"{title} {inside} of {total}")
         inside_all, total_all = inside_all + inside, total_all + total
     if not total_all:
         return []
+    mape, bias = sum(abs(e) for e in errors) / len(errors), sum(errors) / len(errors)
     return [
         f"On published runs the table does not hold (newer releases, other rows of its sources), which the bands "
-        "were not built from and no constant was fitted to, "
+        f"were not built from and no constant was fitted to, echosim's error over all {len(errors)} is MAPE "
+        f"{mape:.1%}, mean {bias:+.1%} ({sum(abs(e) <= 0.15 for e in errors)} within 15 %), and "
         f"{inside_all} of {total_all} ({inside_all / total_all:.0%}) lie inside the band a compile reports: "
         + "; ".join(parts)
         + ". Runs that get no band (fewer than the minimum of runs like them) are not counted."
