@@ -18,21 +18,15 @@ from pathlib import Path
 from echosim.bands import MIN_RUNS, PERCENTILES, TABLE_FILE, group_label, summarise
 from echosim.validation.bands import coverage_on, held_out_by_generation, held_out_coverage, runs_from_cases
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from newer_rows import CHECKS
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "echosim" / "data" / TABLE_FILE
-#: Published runs cases.csv does not hold, checked and not fitted (benchmarks/*newer*.py, llmfoundry_other_rows.py):
-#: what the bands hold on runs they were not built from.
-NEWER = (
-    "mbridge_newer_releases.csv",
-    "torchtitan_newer.csv",
-    "dgxc_newer_releases.csv",
-    "llmfoundry_other_rows.csv",
-    "tpu_recipes_other.csv",
-    "nemo_docs_other.csv",
-    "maxtext_readme_other.csv",
-    "mbridge_other_rows.csv",
-)
+#: Published runs cases.csv does not hold, checked and not fitted (benchmarks/newer_rows.CHECKS): what the bands hold
+#: on runs they were not built from.
+NEWER = tuple(CHECKS)
 
 
 def render(table: dict) -> str:

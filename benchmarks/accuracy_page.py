@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from newer_rows import CHECKS  # noqa: E402
 from weak_scaling import gap_per_doubling, group_series, paired  # noqa: E402
 
 from echosim.bands import group_label, summarise  # noqa: E402
@@ -486,16 +487,7 @@ def cpu_section(path: Path = CPU_RUN, repeat_path: Path = CPU_REPEAT) -> list[st
 
 #: Published runs ``cases.csv`` does not hold, checked and not fitted (``benchmarks/*newer*.py``,
 #: ``benchmarks/llmfoundry_other_rows.py``), with the command that prints echosim against each.
-NEWER_RUNS = {
-    "mbridge_newer_releases.csv": "Megatron-Bridge 26.06-26.08 (`benchmarks/mbridge_newer_releases.py`)",
-    "torchtitan_newer.csv": "torchtitan's June 2025 async-TP table (`benchmarks/torchtitan_newer_runs.py`)",
-    "dgxc_newer_releases.csv": "DGX Cloud Benchmarking v25.05 (`benchmarks/dgxc_newer_releases.py`)",
-    "llmfoundry_other_rows.csv": "llm-foundry's other README rows (`benchmarks/llmfoundry_other_rows.py`)",
-    "tpu_recipes_other.csv": "tpu-recipes' other MaxText READMEs (`benchmarks/tpu_recipes_other_rows.py`)",
-    "nemo_docs_other.csv": "NeMo 25.02 B200 / H100 and 25.07 GB200 tables (`benchmarks/nemo_docs_other_rows.py`)",
-    "maxtext_readme_other.csv": "MaxText TPU tables' other cells (`benchmarks/maxtext_readme_other_rows.py`)",
-    "mbridge_other_rows.csv": "Megatron-Bridge rows dropped as repeats (`benchmarks/mbridge_other_rows.py`)",
-}
+NEWER_RUNS = CHECKS  # the published runs the table lacks, checked (benchmarks/newer_rows.py)
 
 
 def newer_runs_coverage(table: dict[str, Any]) -> list[str]:

@@ -13,6 +13,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+#: Every check: its CSV in benchmarks/data -> its title on the accuracy page (with the script that builds it).
+CHECKS = {
+    "mbridge_newer_releases.csv": "Megatron-Bridge 26.06-26.08 (`benchmarks/mbridge_newer_releases.py`)",
+    "torchtitan_newer.csv": "torchtitan's June 2025 async-TP table (`benchmarks/torchtitan_newer_runs.py`)",
+    "dgxc_newer_releases.csv": "DGX Cloud Benchmarking v25.05 (`benchmarks/dgxc_newer_releases.py`)",
+    "llmfoundry_other_rows.csv": "llm-foundry's other README rows (`benchmarks/llmfoundry_other_rows.py`)",
+    "tpu_recipes_other.csv": "tpu-recipes' other MaxText READMEs (`benchmarks/tpu_recipes_other_rows.py`)",
+    "nemo_docs_other.csv": "NeMo 25.02 B200 / H100 and 25.07 GB200 tables (`benchmarks/nemo_docs_other_rows.py`)",
+    "maxtext_readme_other.csv": "MaxText TPU tables' other cells (`benchmarks/maxtext_readme_other_rows.py`)",
+    "mbridge_other_rows.csv": "Megatron-Bridge rows dropped as repeats (`benchmarks/mbridge_other_rows.py`)",
+}
+
 
 def write_rows(rows: list[dict[str, str]], out: Path, root: Path, left_out: Iterable[str]) -> None:
     """Write ``rows`` to ``out`` (the columns of the first row, in order) and say what was left out, and why."""
