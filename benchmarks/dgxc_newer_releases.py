@@ -26,13 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import transcribed_main  # noqa: E402
+from newer_rows import model_row, transcribed_main  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "data" / "dgxc_newer_releases.csv"
 TAG_COMMIT = "c5c765f"  # v25.05.05 (git rev-parse v25.05.05^{commit}, abbreviated)
 URL = "https://github.com/NVIDIA/dgxc-benchmarking/blob/v25.05.05/"
-MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
-                 "moe_ffn_hidden", "shared_experts")  # fmt: skip
 #: Model -> (the cases.csv row whose model columns and model notes the rows copy, README, NeMo container).
 MODELS = {
     "llama-3p1-405b": ("dgxc2504-llama-3p1-405b-bf16-h100-sxm-512", "llama3.1/README.md", "25.04.01"),
@@ -127,8 +125,7 @@ def build(cases: Path) -> list[dict[str, str]]:
                 if extra and (dtype == "fp8" or "CUDA" not in extra):
                     notes.append(f"source notes: {extra}")
                 suffix = "-strong" if extra == "strong scaling" else ""
-                row = {k: "" for k in t}
-                row.update({k: t[k] for k in MODEL_COLUMNS})
+                row = model_row(t)
                 row.update(
                     case_id=f"dgxc2505-{model}-{dtype}-{device}-{gpus}{suffix}",
                     source_id="dgxc_benchmarking_v25.05",

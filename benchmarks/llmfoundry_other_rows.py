@@ -15,7 +15,6 @@ The step is the README's global batch x sequence length over its Throughput (T/s
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
@@ -23,9 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import model_row, transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "llmfoundry_other_rows.csv"
 COMMIT = "495218376830947dce625efabc4d86be7c47cc45"
 URL = f"https://github.com/mosaicml/llm-foundry/blob/{COMMIT}/scripts/train/benchmarking/README.md"
@@ -33,7 +31,6 @@ DEVICES = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-80gb", "a100_40gb": "a100
 #: MPT sizes cases.csv has no row of: (layers, d_model, heads) from scripts/train/yamls/pretrain/mpt-*.yaml
 #: (expansion_ratio 4, vocab_size 50368).
 SMALL_MPT = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12)}
-MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab")
 
 
 def _templates(cases: Path) -> tuple[dict[str, dict[str, str]], set[tuple[str, ...]]]:
@@ -75,8 +72,7 @@ def build(readme: Path, cases: Path) -> list[dict[str, str]]:
             seen.add(case_id)
             t = sizes[size]
             step = int(gbs) * int(seq) / float(r["Throughput (T/s)"])
-            row = {k: "" for k in t}
-            row.update({k: t[k] for k in MODEL_COLUMNS})
+            row = model_row(t)
             row.update(
                 case_id=case_id,
                 source_id="llm_foundry_bench",
@@ -121,14 +117,7 @@ def _groups(case_id: str) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", type=Path, metavar="README_MD", help="rewrite the CSV from the README")
-    args = ap.parse_args()
-    if args.build:
-        write_rows(build(args.build, args.cases), OUT, ROOT, ())
-        return
-    check(OUT, _groups, width=48)
+    transcribed_main(__doc__, build, OUT, ROOT, (), _groups, 48, inputs=("README_MD",))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import transcribed_main  # noqa: E402
+from newer_rows import model_row, transcribed_main  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "data" / "mbridge_newer_releases.csv"
 COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
@@ -40,8 +40,6 @@ MODELS = {
     "Qwen3_235B_a22B": "qwen3-235b-a22b",
 }
 SYSTEMS = {"DGX-GB300": "gb300", "DGX-GB200": "gb200", "DGX-B300": "b300", "DGX-B200": "b200", "DGX-H100": "h100-sxm"}
-MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
-                 "moe_ffn_hidden", "shared_experts")  # fmt: skip
 NVL72 = "devices_per_node = 72-GPU NVL72 NVLink domain (4 GPUs per compute tray)"
 
 
@@ -124,8 +122,7 @@ def build(
                 if "[^" in r["Model TFLOP / sec / GPU"]:
                     notes.append("source footnote: performance regression in GPT-OSS 120B pre-training is a known "
                                  "issue (NVIDIA/cudnn-frontend issue 256)")  # fmt: skip
-                row = {k: "" for k in t}
-                row.update({k: t[k] for k in MODEL_COLUMNS})
+                row = model_row(t)
                 row.update(
                     case_id=case_id,
                     source_id=f"megatron_bridge_{release}",

@@ -30,11 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import transcribed_main  # noqa: E402
+from newer_rows import model_row, transcribed_main  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "data" / "nemo_docs_other.csv"
-MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
-                 "moe_ffn_hidden", "shared_experts")  # fmt: skip
 #: Model -> the cases.csv row whose model columns (and model notes) the rows copy.
 TEMPLATES = {
     "gpt3-175b": "nemo2504-gpt3-175b-fp8-gb200-128",
@@ -77,15 +75,13 @@ _MODEL_NOTES = ("Nemotron:", "MoE every", "MLA attention")
 
 def build(cases: Path) -> list[dict[str, str]]:
     templates = {r["case_id"]: r for r in csv.DictReader(cases.open())}
-    header = list(next(iter(templates.values())))
     rows: list[dict[str, str]] = []
     for release, device, page, model, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, ga, tokens, tflops in TABLES:
         dp = gpus // (tp * pp * cp)
         if dp * tp * pp * cp != gpus or mbs * dp * ga != gbs:
             raise SystemExit(f"NeMo {release} {device} {model}: GBS {gbs} != MBS {mbs} x DP {dp} x GA {ga}")
         t = templates[TEMPLATES[model]]
-        row = {k: "" for k in header}
-        row.update({k: t[k] for k in MODEL_COLUMNS})
+        row = model_row(t)
         notes = [n for n in t["notes"].split(" | ") if n.startswith(_MODEL_NOTES)]
         if device == "gb200":
             notes.append("devices_per_node = 72-GPU NVL72 NVLink domain (4 GPUs per compute tray)")

@@ -13,6 +13,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+#: The columns that say what model a row trained: copied from a ``cases.csv`` row of the same model.
+MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
+                 "moe_ffn_hidden", "shared_experts")  # fmt: skip
+
+
+def model_row(template: dict[str, str]) -> dict[str, str]:
+    """A row in ``template``'s columns, all blank but the model's (:data:`MODEL_COLUMNS`), copied from it."""
+    row = dict.fromkeys(template, "")
+    row.update({k: template[k] for k in MODEL_COLUMNS})
+    return row
+
+
 #: Every check: its CSV in benchmarks/data -> its title on the accuracy page (with the script that builds it).
 CHECKS = {
     "mbridge_newer_releases.csv": "Megatron-Bridge 26.06-26.08 (`benchmarks/mbridge_newer_releases.py`)",

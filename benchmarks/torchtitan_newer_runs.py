@@ -16,7 +16,6 @@ Llama 4 Scout on GB200, whose torchtitan and torchao pages give different local 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
@@ -24,9 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import check, write_rows  # noqa: E402
+from newer_rows import transcribed_main  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"
 OUT = ROOT / "benchmarks" / "data" / "torchtitan_newer.csv"
 COMMIT = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"
 PAGE = "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
@@ -111,14 +109,10 @@ def build(page: Path, cases: Path) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=Path, default=DEFAULT_CASES, help="for the model columns (with --build)")
-    ap.add_argument("--build", type=Path, metavar="ASYNCTP_MD", help="rewrite the CSV from the page")
-    args = ap.parse_args()
-    if args.build:
-        write_rows(build(args.build, args.cases), OUT, ROOT, LEFT_OUT)
-        return
-    check(OUT, lambda case_id: ["rowwise" if "rowwise" in case_id else "bf16 + tensorwise"], width=66)
+    transcribed_main(
+        __doc__, build, OUT, ROOT, LEFT_OUT,
+        lambda case_id: ["rowwise" if "rowwise" in case_id else "bf16 + tensorwise"], 66, inputs=("ASYNCTP_MD",),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,12 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from newer_rows import transcribed_main  # noqa: E402
+from newer_rows import model_row, transcribed_main  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "data" / "tpu_recipes_other.csv"
 URL = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/c8cfe2f689081d36701a101cd73a70965d80926b/training/"
-MODEL_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "experts", "top_k",
-                 "moe_ffn_hidden", "shared_experts")  # fmt: skip
 #: Models cases.csv does not hold, from MaxText's model configs at tag tpu-recipes-v0.1.2 (commit 14b5876:
 #: MaxText/configs/models/llama2-70b.yml, mistral-7b.yml, mixtral-8x7b.yml; no sliding window in MaxText's Mistral).
 NEW_MODELS = {
@@ -93,13 +91,12 @@ def build(cases: Path) -> list[dict[str, str]]:
         derived_chips = weights / (tokens * secs)
         if abs(derived_chips - chips) > 0.01 * chips or weights != chips * per_chip * seq:
             raise SystemExit(f"{readme}: the log line gives {derived_chips:.1f} chips, {weights} tokens a step")
-        row = {k: "" for k in header}
         if model in NEW_MODELS:
-            row.update(NEW_MODELS[model])
+            row = {**dict.fromkeys(header, ""), **NEW_MODELS[model]}
             model_notes: list[str] = []
         else:
             t = templates[TEMPLATES[model]]
-            row.update({k: t[k] for k in MODEL_COLUMNS})
+            row = model_row(t)
             model_notes = [n for n in t["notes"].split(" | ") if n.startswith(("MLA attention", "5:1 local"))]
         notes = [
             *model_notes,
