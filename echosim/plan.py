@@ -119,29 +119,20 @@ class Plan:
         ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups and ``splash_blocks`` only where set (models
         without tables or experts, and runs on MaxText's default splash blocks, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
-        if not self.etp:
-            del d["etp"]
-        if not self.moe_ep_overlap:
-            del d["moe_ep_overlap"]
-        if not self.fp8_attention:
-            del d["fp8_attention"]
-        if not self.moe_fused_mlp:
-            del d["moe_fused_mlp"]
-        if not self.moe_pad_to_capacity:
-            del d["moe_pad_to_capacity"]
-        if self.embedding_sharding == "none":
-            del d["embedding_sharding"]
-        if self.moe_dispatcher == "alltoall":
-            del d["moe_dispatcher"]
+        for name in _STATED_WHERE_SET:
+            if d[name] == _DEFAULTS[name]:
+                del d[name]
         if not self.moe_router_groups:
-            del d["moe_router_groups"], d["moe_router_group_topk"]
-        if not self.splash_blocks:
-            del d["splash_blocks"]
+            del d["moe_router_group_topk"]
         return d
 
 
 #: Plan's fields, every one a scalar or a tuple of strings or ints (:meth:`Plan.as_dict` copies none of them).
 _FIELDS = fields(Plan)
+_DEFAULTS = {f.name: f.default for f in _FIELDS}
+#: The fields :meth:`Plan.as_dict` leaves out while they hold their default.
+_STATED_WHERE_SET = ("etp", "moe_ep_overlap", "fp8_attention", "moe_fused_mlp", "moe_pad_to_capacity",
+                     "embedding_sharding", "moe_dispatcher", "moe_router_groups", "splash_blocks")  # fmt: skip
 
 DEFAULT_MODEL = "gpt3-175b"
 # The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in
