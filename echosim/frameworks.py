@@ -801,9 +801,9 @@ FRAMEWORKS["composer"] = replace(
 
 # llm-foundry's attn_impl 'triton': the Triton FlashAttention kernel llm-foundry copies from the flash-attention
 # repository (llmfoundry/models/layers/flash_attn_triton.py, "Copied from .../flash_attn/flash_attn_triton.py"
-# at flash-attention commit eff9fe6, on the triton-pre-mlir fork setup.py installs), costed at its published
-# rate next to FlashAttention-2 (echosim.backends.compute.TRITON_FLASH_FWD_BWD_TFLOPS). Which benchmark rows
-# ran it: echosim.validation.rows.llm_foundry_attn_impl.
+# at flash-attention commit eff9fe6, on the triton-pre-mlir fork setup.py installs), costed at the fastest rate
+# it is documented to run, FlashAttention v1's next to FlashAttention-2 (compute.triton_flash_slowdown). Which
+# benchmark rows ran it: echosim.validation.rows.llm_foundry_attn_impl.
 FRAMEWORKS["composer-triton"] = replace(
     FRAMEWORKS["composer"],
     name="composer-triton",

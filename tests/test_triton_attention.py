@@ -1,5 +1,5 @@
-"""llm-foundry's attn_impl 'triton': the Triton FlashAttention kernel at its published rate next to
-FlashAttention-2 (FA2 paper's A100 / H100 forward + backward figures), and which benchmark rows ran it."""
+"""llm-foundry's attn_impl 'triton': FlashAttention's Triton kernel at the fastest rate it is documented to run,
+FlashAttention v1's (FA2 paper's A100 / H100 forward + backward figures), and which benchmark rows ran it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from conftest import SHARED
 
 from echosim.backends.compute import (
-    TRITON_FLASH_FWD_BWD_TFLOPS,
     attention_time_s,
+    fa1_slowdown,
     fa2_view,
     flash_attention_time_s,
     triton_flash_slowdown,
@@ -24,28 +24,31 @@ from echosim.validation.rows import llm_foundry_attn_impl, row_framework
 CASES = SHARED / "validation" / "cases.csv"
 
 
-def test_the_published_points_are_the_figures_bars() -> None:
-    # causal, head dim 128, seq 2k: A100 Triton 68 vs FA2 155 TFLOP/s; H100 FA1 108 vs FA2 265
-    assert triton_flash_slowdown("ampere", 128, 2048) == pytest.approx(155 / 68)
+def test_the_kernel_takes_fa1s_bars_not_the_figures_other_triton_kernel() -> None:
+    # causal, head dim 128, seq 2k: FA1 69 vs FA2 155 TFLOP/s on A100, 108 vs 265 on H100. The figure's
+    # "FlashAttention Triton" bars (A100 68, 4k d=64 76) are OpenAI's triton.ops kernel: not this one.
+    assert triton_flash_slowdown("ampere", 128, 2048) == pytest.approx(155 / 69)
     assert triton_flash_slowdown("hopper", 128, 2048) == pytest.approx(265 / 108)
-    assert triton_flash_slowdown("ampere", 64, 4096) == pytest.approx(156 / 76)
+    assert triton_flash_slowdown("ampere", 64, 4096) == pytest.approx(156 / 87)
     assert triton_flash_slowdown("hopper", 64, 16384) == pytest.approx(284 / 156)
-    # every published Triton / FA1 point is slower than FA2 on its part
-    assert all(k < f for rows in TRITON_FLASH_FWD_BWD_TFLOPS.values() for _, k, f in rows)
+    for arch in ("ampere", "hopper", "blackwell"):
+        for d in (32, 64, 96, 128):
+            for s in (256, 1024, 3000, 16384, 65536):
+                assert triton_flash_slowdown(arch, d, s) == fa1_slowdown(arch, d, s)
 
 
 def test_sequence_length_is_interpolated_in_log2_and_held_at_the_ends() -> None:
     mid = round(math.sqrt(1024 * 2048))  # halfway in log2 between the 1k and 2k bars
-    assert triton_flash_slowdown("ampere", 128, mid) == pytest.approx((133 + 155) / (61 + 68), rel=1e-3)
-    assert triton_flash_slowdown("ampere", 128, 128) == pytest.approx(99 / 50)
-    assert triton_flash_slowdown("ampere", 128, 65536) == pytest.approx(182 / 78)
+    assert triton_flash_slowdown("ampere", 128, mid) == pytest.approx((133 + 155) / (62 + 69), rel=1e-3)
+    assert triton_flash_slowdown("ampere", 128, 128) == pytest.approx(99 / 55)
+    assert triton_flash_slowdown("ampere", 128, 65536) == pytest.approx(189 / 83)
     # head dims: <= 64 read the d=64 bars, others the d=128 ones; Blackwell takes Hopper's figure
-    assert triton_flash_slowdown("ampere", 32, 2048) == pytest.approx(140 / 79)
-    assert triton_flash_slowdown("ampere", 96, 2048) == pytest.approx(155 / 68)
+    assert triton_flash_slowdown("ampere", 32, 2048) == pytest.approx(140 / 77)
+    assert triton_flash_slowdown("ampere", 96, 2048) == pytest.approx(155 / 69)
     assert triton_flash_slowdown("blackwell", 128, 2048) == triton_flash_slowdown("hopper", 128, 2048)
 
 
-@pytest.mark.parametrize(("device", "ratio"), [("a100-40gb", 155 / 68), ("h100-sxm", 265 / 108)])
+@pytest.mark.parametrize(("device", "ratio"), [("a100-40gb", 155 / 69), ("h100-sxm", 265 / 108)])
 @pytest.mark.parametrize("backward", [False, True])
 def test_triton_kernel_costs_fa2_time_at_the_published_ratio(device: str, ratio: float, backward: bool) -> None:
     dev = get_device(device)

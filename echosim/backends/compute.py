@@ -569,55 +569,11 @@ def te_view(dev: DeviceSpec) -> DeviceSpec:
     )
 
 
-# FlashAttention's Triton kernel (flash_attn/flash_attn_triton.py, FlashAttention commit eff9fe6, copied as
-# llm-foundry's llmfoundry/models/layers/flash_attn_triton.py = attn_impl 'triton'): its published forward +
-# backward speed next to FlashAttention-2's on the same part, causal mask, 16-bit, batch x seq_len = 16k tokens,
-# 2048 model width (FA2 paper, Dao 2023, arXiv 2307.08691, Figs. 4 and 7; the same bars as
-# assets/flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png, flash-attention commit
-# 4f285b3). Rows: (seq_len, kernel TFLOP/s, FA2 TFLOP/s) by (arch, head_dim).
-# A100 80GB SXM4 ("ampere"): the figure's "FlashAttention Triton" bars. H100 80GB SXM5 ("hopper"): the figure
-# has no Triton bars; it has FlashAttention (v1, CUDA) ones, and the kernel's own docstring says its forward +
-# backward is "slightly slower" than that CUDA kernel's (on A100 the figure agrees: causal d=128 Triton 50-78
-# vs FA1 55-80 TFLOP/s), so the H100 rows take FA1's bars: the fastest the Triton kernel is documented to be.
-TRITON_FLASH_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = {
-    ("ampere", 64): (
-        (512, 59.0, 88.0),
-        (1024, 75.0, 119.0),
-        (2048, 79.0, 140.0),
-        (4096, 76.0, 156.0),
-        (8192, 79.0, 165.0),
-    ),
-    ("ampere", 128): (
-        (512, 50.0, 99.0),
-        (1024, 61.0, 133.0),
-        (2048, 68.0, 155.0),
-        (4096, 74.0, 173.0),
-        (8192, 78.0, 182.0),
-    ),
-    ("hopper", 64): (
-        (512, 104.0, 141.0),
-        (1024, 123.0, 192.0),
-        (2048, 136.0, 232.0),
-        (4096, 138.0, 257.0),
-        (8192, 149.0, 273.0),
-        (16384, 156.0, 284.0),
-    ),
-    ("hopper", 128): (
-        (512, 98.0, 163.0),
-        (1024, 109.0, 221.0),
-        (2048, 108.0, 265.0),
-        (4096, 126.0, 294.0),
-        (8192, 135.0, 308.0),
-        (16384, 137.0, 328.0),
-    ),
-}
-
-
 # FlashAttention v1 (the flash-attn 1.x package's CUDA kernels, ``flash_attn_unpadded_func``): its published
-# forward + backward speed next to FlashAttention-2's on the same part, from the same figures as the table above
-# (FA2 paper, arXiv 2307.08691, Figs. 4 and 7; flash-attention commit 4f285b3 assets/flash2_a100_fwd_bwd_benchmark.png
-# and flash2_h100_fwd_bwd_benchmark.png), causal mask, the "FlashAttention" bars. Rows: (seq_len, FA1 TFLOP/s,
-# FA2 TFLOP/s) by (arch, head_dim). The Hopper rows are the ones the Triton table above takes.
+# forward + backward speed next to FlashAttention-2's on the same part, causal mask, 16-bit, batch x seq_len = 16k
+# tokens, 2048 model width (FA2 paper, Dao 2023, arXiv 2307.08691, Figs. 4 and 7; the same bars as flash-attention
+# commit 4f285b3 assets/flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png), the
+# "FlashAttention" bars. Rows: (seq_len, FA1 TFLOP/s, FA2 TFLOP/s) by (arch, head_dim).
 FA1_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = {
     ("ampere", 64): (
         (512, 58.0, 88.0),
@@ -635,8 +591,22 @@ FA1_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] 
         (8192, 80.0, 182.0),
         (16384, 83.0, 189.0),
     ),
-    ("hopper", 64): TRITON_FLASH_FWD_BWD_TFLOPS[("hopper", 64)],
-    ("hopper", 128): TRITON_FLASH_FWD_BWD_TFLOPS[("hopper", 128)],
+    ("hopper", 64): (
+        (512, 104.0, 141.0),
+        (1024, 123.0, 192.0),
+        (2048, 136.0, 232.0),
+        (4096, 138.0, 257.0),
+        (8192, 149.0, 273.0),
+        (16384, 156.0, 284.0),
+    ),
+    ("hopper", 128): (
+        (512, 98.0, 163.0),
+        (1024, 109.0, 221.0),
+        (2048, 108.0, 265.0),
+        (4096, 126.0, 294.0),
+        (8192, 135.0, 308.0),
+        (16384, 137.0, 328.0),
+    ),
 }
 
 
@@ -659,8 +629,16 @@ def _published_slowdown(
 
 
 def triton_flash_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
-    """FlashAttention-2's published fwd+bwd rate over the Triton kernel's on ``arch`` (time multiplier)."""
-    return _published_slowdown(TRITON_FLASH_FWD_BWD_TFLOPS, arch, head_dim, seq_len)
+    """FlashAttention-2's published fwd+bwd rate over FlashAttention's Triton kernel's on ``arch`` (time multiplier).
+
+    The kernel is flash_attn/flash_attn_triton.py (flash-attention commit eff9fe6, triton 2.0.0.dev20221202), which
+    llm-foundry copies as llmfoundry/models/layers/flash_attn_triton.py (attn_impl 'triton'). No figure times it:
+    the FA2 paper's "FlashAttention Triton" bars are OpenAI's ``triton.ops.flash_attention``, another kernel on the
+    MLIR Triton (benchmarks/benchmark_flash_attention.py at flash-attention 60499ab imports it; Tri Dao in
+    Dao-AILab/flash-attention#390 points to Triton's own regression data for them). The kernel's docstring says
+    its forward + backward is "slightly slower" than the CUDA FlashAttention (v1), so it takes FA1's bars: the
+    fastest it is documented to be, on every part."""
+    return fa1_slowdown(arch, head_dim, seq_len)
 
 
 def fa1_slowdown(arch: str, head_dim: int, seq_len: int) -> float:

@@ -4,7 +4,7 @@ kernel, and whether its RMSNorm is one kernel.
 ``generation`` names the flash kernel a framework calls where it is not the device's best:
 ``"fa2"`` for FlashAttention-2 (PyTorch's SDPA flash backend, the flash-attn 2 package), whose
 sm80 kernels run on Hopper and Blackwell too (:mod:`echosim.frameworks`), ``"fa1"`` for FlashAttention v1
-and ``"triton"`` for FlashAttention's Triton kernel (each at its published rate next to FA2), ``"te"`` for
+and ``"triton"`` for FlashAttention's Triton kernel (each at FA1's published rate next to FA2), ``"te"`` for
 Transformer Engine's DotProductAttention (cuDNN's fused attention from Hopper on:
 :func:`echosim.backends.compute.te_view`).
 ``reference_norms``: the framework's RMSNorm is the Llama reference module run op by op in eager autograd
