@@ -181,19 +181,22 @@ def test_llm_foundry_rows_with_the_triton_attention_kernel() -> None:
     rate next to FA2 (compute.FA1_FWD_BWD_TFLOPS): the 12 rows +5.5..+16.6 points (7b-128 -15.7% -> -4.1%,
     1b-128 -16.5% -> +1.8%, 70b-128 -5.9% -> +1.2%), 4.2%, -2.3%. FSDP's gathers and reduce-scatters that spill
     past a layer's compute slow the next layer's kernels by the overlap model (streams.carried_slowdown_s): the H100
-    rows 0.2-1.4 points slower (13b-16 -8.9% -> -7.7%), 4.0%, -2.0%."""
+    rows 0.2-1.4 points slower (13b-16 -8.9% -> -7.7%), 4.0%, -2.0%. The Triton kernel takes FA1's bars (the
+    figure's Triton bars are another kernel): the A100 rows 0.1-0.2 points faster. Both kernels cost exactly their
+    bars at the figure's shapes (compute.fa2_figure_tflops), not echosim's FA2 times the bars' ratio: every row
+    0.4-2.6 points faster (1b-128 +1.8% -> -0.9%, 13b-16 -7.7% -> -8.9%), 4.4%, -3.3%."""
     result = validate_cases(CASES, {"source_id": "llm_foundry_bench"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert len(errors) == 37
-    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.040, abs=0.005)
-    assert sum(errors.values()) / len(errors) == pytest.approx(-0.020, abs=0.005)
-    # (last figures: with the heuristic fraction at 0.91; the A100 row with an fp32 reduce-scatter)
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.021, abs=0.01)  # -11.4, -0.7, +0.5%
-    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.031, abs=0.01)  # -5.4, +0.8, +1.9, +3.8%
-    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.077, abs=0.01)  # -29.9..-10.2, -8.9%
-    assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.041, abs=0.01)  # -20.5..-15.7% on FA2
-    assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(0.018, abs=0.01)  # -22.3..-16.5% on FA2
-    assert errors["llmfoundry-mpt-70b-bf16-h100-sxm-128"] == pytest.approx(0.012, abs=0.01)  # -5.9% on FA2
+    assert sum(abs(e) for e in errors.values()) / len(errors) == pytest.approx(0.044, abs=0.005)
+    assert sum(errors.values()) / len(errors) == pytest.approx(-0.033, abs=0.005)
+    # (last figures: with the heuristic fraction at 0.91; the A100 row with an fp32 reduce-scatter; FA2 x bar ratio)
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-128"] == pytest.approx(0.007, abs=0.01)  # -11.4, -0.7, +0.5, +2.3%
+    assert errors["llmfoundry-mpt-13b-bf16-a100-40gb-64"] == pytest.approx(0.023, abs=0.01)  # -5.4 .. +3.8, +3.0%
+    assert errors["llmfoundry-mpt-13b-bf16-h100-sxm-16"] == pytest.approx(-0.089, abs=0.01)  # -29.9..-10.2, -7.7%
+    assert errors["llmfoundry-mpt-7b-bf16-h100-sxm-128"] == pytest.approx(-0.053, abs=0.01)  # -20.5..-15.7% on FA2
+    assert errors["llmfoundry-mpt-1b-bf16-h100-sxm-128"] == pytest.approx(-0.009, abs=0.01)  # -22.3..-16.5% on FA2
+    assert errors["llmfoundry-mpt-70b-bf16-h100-sxm-128"] == pytest.approx(0.006, abs=0.01)  # -5.9% on FA2
 
 
 def test_megatron_bridge_moe_rows_fold_expert_parallelism_over_tensor_parallel_ranks() -> None:

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from echosim.backends import fp8_attention
-from echosim.backends.devices import DeviceSpec
+from echosim.backends.devices import DeviceSpec, get_device
 from echosim.ir.ops import AttentionAttrs, causal_fraction  # noqa: F401  (re-exported: cpu, tpu, cost)
 
 # Operand reuse (MACs per loaded element, tm*tn/(tm+tn) for a tile) at which a tile runs
@@ -610,26 +610,46 @@ FA1_FWD_BWD_TFLOPS: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] 
 }
 
 
+#: The parts the FA2 paper's figures were measured on (Figs. 4 and 7: A100 80GB SXM4, H100 80GB SXM5), by arch.
+FIGURE_DEVICES = {"ampere": "a100-80gb", "hopper": "h100-sxm"}
+
+
+@functools.lru_cache(maxsize=256)
+def fa2_figure_tflops(arch: str, head_dim: int, seq_len: int) -> float:
+    """echosim's FlashAttention-2 forward + backward rate at one point of the FA2 paper's figures: causal, 16-bit,
+    16k tokens a batch (batch = 16,384 / seq_len), 2,048 model width (heads = 2,048 / head_dim), the FLOPs the
+    benchmark counts (3.5 x the causal forward's), on the figure's part."""
+    heads = 2048 // head_dim
+    a = AttentionAttrs(max(1, 16384 // seq_len), heads, heads, seq_len, seq_len, head_dim, kernel="fa2")
+    view = fa2_view(get_device(FIGURE_DEVICES[arch]))
+    seconds = flash_attention_time_s(view, a, "fp16") + flash_attention_time_s(view, a, "fp16", backward=True)
+    return 3.5 * attention_flops(a) / seconds / 1e12
+
+
 def _published_slowdown(
     table: dict[tuple[str, int], tuple[tuple[int, float, float], ...]], arch: str, head_dim: int, seq_len: int
 ) -> float:
-    """FlashAttention-2's published fwd+bwd rate over another kernel's in ``table`` on ``arch`` (time multiplier).
+    """echosim's FlashAttention-2 rate over another kernel's published one in ``table`` (time multiplier).
 
-    The head dimension's table is the published one nearest above (64 for <= 64, else 128); the sequence
-    length is interpolated in log2 between the published points and held at the ends. A part with no
-    published figure takes the newest one's (Hopper): neither kernel has a Hopper- or Blackwell-specific path."""
-    rows = table[("ampere" if arch == "ampere" else "hopper", 64 if head_dim <= 64 else 128)]
+    At each of the figure's points the multiplier is echosim's FA2 rate there (:func:`fa2_figure_tflops`) over
+    the kernel's bar, so that the kernel at the figure's own shape on the figure's part costs exactly its bar;
+    elsewhere it moves as echosim's FA2 model moves. (The figure's FA2 bars are not the reference: echosim's FA2
+    runs 0.85-1.04x of them there, and a ratio of bars would carry that gap into the kernel's price.) The head
+    dimension's table is the published one nearest above (64 for <= 64, else 128); the sequence length is
+    interpolated in log2 between the published points and held at the ends. A part with no published figure
+    takes the newest one's (Hopper): neither kernel has a Hopper- or Blackwell-specific path."""
+    fig_arch, fig_dim = ("ampere" if arch == "ampere" else "hopper"), (64 if head_dim <= 64 else 128)
+    rows = [(s, fa2_figure_tflops(fig_arch, fig_dim, s) / k) for s, k, _ in table[(fig_arch, fig_dim)]]
     x = math.log2(max(rows[0][0], min(seq_len, rows[-1][0])))
-    for (s0, k0, f0), (s1, k1, f1) in itertools.pairwise(rows):
+    for (s0, r0), (s1, r1) in itertools.pairwise(rows):
         x0, x1 = math.log2(s0), math.log2(s1)
         if x <= x1:
-            t = (x - x0) / (x1 - x0)
-            return (f0 + t * (f1 - f0)) / (k0 + t * (k1 - k0))
-    return rows[-1][2] / rows[-1][1]
+            return r0 + (x - x0) / (x1 - x0) * (r1 - r0)
+    return rows[-1][1]
 
 
 def triton_flash_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
-    """FlashAttention-2's published fwd+bwd rate over FlashAttention's Triton kernel's on ``arch`` (time multiplier).
+    """echosim's FlashAttention-2 rate over FlashAttention's Triton kernel's on ``arch`` (time multiplier).
 
     The kernel is flash_attn/flash_attn_triton.py (flash-attention commit eff9fe6, triton 2.0.0.dev20221202), which
     llm-foundry copies as llmfoundry/models/layers/flash_attn_triton.py (attn_impl 'triton'). No figure times it:
@@ -642,16 +662,16 @@ def triton_flash_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
 
 
 def fa1_slowdown(arch: str, head_dim: int, seq_len: int) -> float:
-    """FlashAttention-2's published fwd+bwd rate over FlashAttention v1's on ``arch`` (time multiplier)."""
+    """echosim's FlashAttention-2 rate over FlashAttention v1's published one on ``arch`` (time multiplier)."""
     return _published_slowdown(FA1_FWD_BWD_TFLOPS, arch, head_dim, seq_len)
 
 
-#: Flash kernels costed as FlashAttention-2's time times a published rate ratio (``AttentionAttrs.kernel``).
+#: Flash kernels costed as FlashAttention-2's time at their published rate (``AttentionAttrs.kernel``).
 PUBLISHED_RATIO_KERNELS = {"triton": triton_flash_slowdown, "fa1": fa1_slowdown}
 
 
 def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    if a.flash and a.kernel in PUBLISHED_RATIO_KERNELS:  # FA2's time at the published kernel / FA2 rate ratio
+    if a.flash and a.kernel in PUBLISHED_RATIO_KERNELS:  # FA2's time, scaled to the kernel's published rate
         slow = PUBLISHED_RATIO_KERNELS[a.kernel](dev.arch, a.head_dim, a.kv_len)
         kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
     elif a.flash:
