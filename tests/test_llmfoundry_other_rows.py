@@ -42,12 +42,17 @@ def test_rows_take_their_tables_attention_kernel() -> None:
 
 
 @pytest.mark.slow
-def test_the_short_sequence_rows_are_as_close_as_the_tables_own() -> None:
-    """91 rows at <= 2048 tokens: MAPE 6.3% (benchmarks/llmfoundry_other_rows.md); the long-sequence rows (priced
-    too slow through the Triton attention ratio) are reported there, not held here."""
+def test_short_rows_are_as_close_as_the_tables_own_and_long_rows_follow_the_kernels_bars() -> None:
+    """91 rows at <= 2048 tokens: MAPE 6.8% (benchmarks/llmfoundry_other_rows.md). The 28 rows at >= 32k tokens, where
+    attention is most of the step: +8.4% with the Triton kernel at FA1's bars at their own shapes; +26.1% when it
+    took the FA2 figure's Triton bars (another kernel) as a ratio to FA2's."""
     from echosim.validation.run import validate_cases
 
     seq = {c.case_id: c.int("seq_len") or 0 for c in read_cases(OTHER)}
-    errors = [r.error for r in validate_cases(OTHER).rows if r.error is not None and seq[r.case_id] <= 2048]
-    assert len(errors) == 91
-    assert statistics.mean(abs(e) for e in errors) < 0.075
+    errors = {r.case_id: r.error for r in validate_cases(OTHER).rows if r.error is not None}
+    short = [e for k, e in errors.items() if seq[k] <= 2048]
+    long = [e for k, e in errors.items() if seq[k] >= 32768]
+    assert (len(short), len(long)) == (91, 28)
+    assert statistics.mean(abs(e) for e in short) < 0.075
+    assert statistics.mean(long) < 0.12
+    assert statistics.mean(abs(e) for e in errors.values()) < 0.08
