@@ -145,7 +145,7 @@ def test_gb200_fp4_rows_are_costed_as_nvfp4_gemms() -> None:
         p = probe(row)
         assert not isinstance(p, str) and p.op == "matmul nvfp4"
         errors.append(p.predict(_under_harness(load_backend("gb200"), p.settings)) / float(row["value"]) - 1)
-    assert errors == pytest.approx([0.295, -0.179, -0.211, -0.125, 0.272], abs=0.002)
+    assert errors == pytest.approx([0.276, -0.179, -0.211, -0.125, 0.285], abs=0.002)
 
 
 def test_an_nvfp4_gemm_runs_at_the_fp4_peak_times_its_anchor() -> None:

@@ -28,11 +28,11 @@ from echosim.ir.ops import AttentionAttrs, causal_fraction  # noqa: F401  (re-ex
 # Operand reuse (MACs per loaded element, tm*tn/(tm+tn) for a tile) at which a tile runs
 # at half its peak: tensor FMAs per clock over the operand elements shared memory delivers
 # per clock (128 B/clk/SM = 64 fp16 elements). A100: 1024 dense fp16 FMA/clk/SM -> 16;
-# H100: 2048 -> 32; B200 doubles the math again but its 2-SM MMA loads half of each B
-# tile per SM, so 32 as well. Sources: NVIDIA A100 and H100 architecture whitepapers
+# H100: 2048 -> 32. (Blackwell: SMEM_ROOFLINE_FMAS below, from measurements.) Sources: NVIDIA
+# A100 and H100 architecture whitepapers
 # (images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia-ampere-architecture-whitepaper.pdf,
 # resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper).
-REUSE_HALF: dict[str, float] = {"ampere": 16.0, "hopper": 32.0, "blackwell": 32.0}
+REUSE_HALF: dict[str, float] = {"ampere": 16.0, "hopper": 32.0}
 
 # Output-tile rows one tensor-core MMA instruction covers per SM at its full rate. Blackwell's tcgen05.mma for
 # one CTA (cta_group::1) takes M = 64 or M = 128; its accumulator lives in the SM's 128-lane tensor memory and an
@@ -43,6 +43,29 @@ REUSE_HALF: dict[str, float] = {"ampere": 16.0, "hopper": 32.0, "blackwell": 32.
 # neither has such a floor. Checked on XLA's B200 table in microbench.csv (bf16 10.8 -> 9.2%, fp8 14.3 -> 12.1%;
 # the same floor on Hopper would move its bf16 table 7.1 -> 9.6%): tests/test_gemm_tiles.py.
 MMA_FULL_ROWS: dict[str, int] = {"blackwell": 128}
+
+# Blackwell's tcgen05.mma is issued by one thread and runs asynchronously, reading both operands from shared
+# memory (the "SS" form CUTLASS and cuBLAS GEMMs use) at 128 B/clk/SM; its tensor core does 64 FMAs per operand
+# element shared memory delivers (4096 bf16 FMA/clk against 64 bf16 elements/clk; 8- and 4-bit formats double
+# both). So a tile is a hard roofline, not a saturating curve: per k step it costs max(MMA clocks, operand
+# clocks), with the MMA clocks of a tile under 128 rows those of 128 rows (MMA_FULL_ROWS). Measured on B200
+# (SemiAnalysisAI/microbench-blackwell at 9a068d8): umma_throughput/tput_results_max.csv, SS, cta_group 1,
+# FLOP/clk against the TS form's 8161 (bf16): M=128 N=64/80/96/112/128 0.662/0.764/0.851/0.928/0.994 (roofline
+# 0.667/0.769/0.857/0.933/1), M=64 any N 0.493-0.500 (0.5), the same fractions for E4M3, S8 and F4; and the CUTLASS
+# mainloop sweep (cutlass_gemm_mainloop/results.csv, one CTA streaming K = 131072 from HBM) relative to its 128x256
+# tile: 128x16/32/64/128 0.203/0.388/0.648/0.972 (0.222/0.4/0.667/1), 64xN 0.48-0.50 (0.5). Both are in
+# benchmarks/data/blackwell_umma.csv (tests/test_gemm_tiles.py). Ampere's mma.sync and Hopper's wgmma are issued
+# by warps that wait on them, which the saturating REUSE_HALF curve stands for; no such data exists for them here.
+SMEM_ROOFLINE_FMAS: dict[str, float] = {"blackwell": 64.0}
+
+
+def smem_roofline_rate(arch: str, tm: int, tn: int) -> float:
+    """Share of the SM's MMA peak a tm x tn tile holds under :data:`SMEM_ROOFLINE_FMAS` (per k step: useful
+    FMAs over the larger of the MMA's clocks and the operands' shared-memory clocks, in operand elements)."""
+    fmas = SMEM_ROOFLINE_FMAS[arch]
+    mma_clocks = max(tm, MMA_FULL_ROWS.get(arch, tm)) * tn / fmas
+    return tm * tn / fmas / max(mma_clocks, tm + tn)
+
 
 # CTA tiles cuBLAS/CUTLASS kernels offer for dense GEMMs (m x n of the output tile).
 CTA_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
@@ -101,9 +124,9 @@ FLASH_BWD_RATE = 0.85
 # H200 PyTorch FP8 rows promoted (torch._scaled_mm's default). Rows where the sustained plateau
 # (:func:`sustained_tflops`) binds the fraction's own prediction (GB200 fp8 at 8192^3 and 32768^3, H100
 # and H200 fp8 at 32768^3: the plateau is those rows) carry no information about the pick and are left
-# out; the other 30 give 0.892, median 0.90 (0.888 and 0.89 before the last wave's output store was priced:
-# exposed_epilogue_s; tests/test_heuristic_gemm_fraction.py). Fitted. Until
-# the Azure FP8 rows were read as promoted it was 0.91 (0.906).
+# out; the other 30 give 0.890, median 0.90 (0.892 before Blackwell's tiles took SMEM_ROOFLINE_FMAS; 0.888 and
+# 0.89 before the last wave's output store was priced: exposed_epilogue_s; tests/test_heuristic_gemm_fraction.py).
+# Fitted. Until the Azure FP8 rows were read as promoted it was 0.91 (0.906).
 HEURISTIC_GEMM_FRACTION = 0.89
 
 # MoE experts run as one grouped-GEMM kernel over every local expert (torch._grouped_mm, TE's opt-in CUTLASS
@@ -174,7 +197,12 @@ def gemm_efficiency(dev: DeviceSpec, dtype: str, fast_accum: bool = False) -> fl
 @functools.lru_cache(maxsize=256)
 def tile_efficiency(arch: str, tm: int, tn: int) -> float:
     """Per-SM rate of a tm x tn tile relative to the largest tile, from operand reuse and, where the
-    MMA instruction has a row floor (:data:`MMA_FULL_ROWS`), the idle share of its datapath."""
+    MMA instruction has a row floor (:data:`MMA_FULL_ROWS`), the idle share of its datapath.
+
+    Blackwell takes the hard shared-memory roofline of its asynchronous MMA (:data:`SMEM_ROOFLINE_FMAS`);
+    Ampere and Hopper the saturating reuse curve (:data:`REUSE_HALF`)."""
+    if arch in SMEM_ROOFLINE_FMAS:
+        return smem_roofline_rate(arch, tm, tn) / smem_roofline_rate(arch, *CTA_TILES[0])
     half = REUSE_HALF[arch]
 
     def rate(a: int, b: int) -> float:
