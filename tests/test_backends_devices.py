@@ -391,3 +391,22 @@ def test_power_capped_clock_follows_the_cube_law():
     assert power_capped_clock(350, 700) == pytest.approx(0.5 ** (1 / 3))
     with pytest.raises(ValueError, match="positive"):
         power_capped_clock(0, 700)
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [
+        ("NVIDIA GB200", "gb200"),  # torch.cuda.get_device_name() on a GB200 tray (aiconfigurator's tables)
+        ("NVIDIA GB300", "gb300"),
+        ("GB200 (sm_100, NVL72)", "gb200"),
+        ("NVIDIA B200", "b200"),
+        ("B300 SXM", "b300"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("Grace CPU (Neoverse-V2, GB200 node)", None),
+    ],
+)
+def test_vendor_names_find_their_backend(name: str, backend: str | None) -> None:
+    """The Grace-Blackwell parts are not taken for the B200 / B300 whose names they contain."""
+    from echosim.backends.device_names import backend_for_device
+
+    assert backend_for_device(name) == backend

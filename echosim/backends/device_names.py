@@ -19,9 +19,9 @@ DEVICE_PATTERNS: tuple[tuple[str, str | None], ...] = (
     (r"H100", "h100-sxm"),
     (r"H800", "h800"),
     (r"H200", "h200"),
-    (r"^GB300", "gb300"),
+    (r"\bGB300", "gb300"),  # "GB300", and torch's "NVIDIA GB300": not the B300 pattern below
     (r"B300", "b300"),
-    (r"^GB200", "gb200"),
+    (r"\bGB200", "gb200"),
     (r"B200", "b200"),
     (r"MI300X", "mi300x"),
 )
