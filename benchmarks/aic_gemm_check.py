@@ -20,12 +20,14 @@ the kernel overhead).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from aic_tables import DATA, read_table, source
+from aic_tables import main as run_check
 
 from echosim.backends import compute
 from echosim.backends.device_names import backend_for_device
@@ -34,8 +36,6 @@ from echosim.validation.microbench import validate_microbench
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "data" / "aic_gemm_bf16.csv"
-COMMIT = "095f58a51c4ca8e61b66ec108d86f223f8d559ce"
-DATA = "aic-core/src/aiconfigurator_core/systems/data"
 TABLES = {
     "a100_sxm": "1.0.0",
     "h100_sxm": "1.3.0rc20",
@@ -45,18 +45,14 @@ TABLES = {
 }
 M_VALUES = (512, 2048, 8192, 32768)
 NK_VALUES = tuple(2**i for i in range(8, 17))
-COLUMNS = ("source", "device", "system", "op", "dtype", "shape", "size_bytes", "num_devices", "num_nodes")
-COLUMNS += ("metric", "value", "notes")
 
 
 def build(repo: Path) -> list[dict[str, str]]:
     """The CSV rows of every table in :data:`TABLES` (needs pyarrow)."""
-    import pyarrow.parquet as pq
-
     rows: list[dict[str, str]] = []
     for system, version in TABLES.items():
         path = f"{DATA}/{system}/gemm/trtllm/{version}/gemm_perf.parquet"
-        for r in pq.read_table(repo / path).to_pylist():
+        for r in read_table(repo, path):
             m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
             if r["gemm_dtype"] != "bfloat16" or m not in M_VALUES or n not in NK_VALUES or k not in NK_VALUES:
                 continue
@@ -65,7 +61,7 @@ def build(repo: Path) -> list[dict[str, str]]:
                 continue
             rows.append(
                 {
-                    "source": f"github.com/ai-dynamo/aiconfigurator@{COMMIT[:7]} {path.removeprefix(DATA + '/')}",
+                    "source": source(path),
                     "device": r["device"],
                     "system": f"TRT-LLM {version} Linear, CUDA graph",
                     "op": "GEMM (PyTorch, short run)",
@@ -116,17 +112,7 @@ def report(path: Path = OUT) -> dict[str, tuple[int, float, float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", type=Path, metavar="AICONFIGURATOR", help="rewrite the CSV from a checkout")
-    args = parser.parse_args()
-    if args.build:
-        rows = build(args.build)
-        with OUT.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"wrote {OUT.relative_to(ROOT)}: {len(rows)} rows")
-    report()
+    run_check(__doc__, build, report, OUT)
 
 
 if __name__ == "__main__":

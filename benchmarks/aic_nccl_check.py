@@ -20,40 +20,36 @@ checkout of the repository, the check itself neither:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from aic_tables import DATA, read_table, source
+from aic_tables import main as run_check
+
 from echosim.validation.microbench import MiB, validate_microbench
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "data" / "aic_nccl_perf.csv"
-COMMIT = "095f58a51c4ca8e61b66ec108d86f223f8d559ce"
-DATA = "aic-core/src/aiconfigurator_core/systems/data"
 #: system directory -> the NCCL version directory read (the newest that holds one version only).
 TABLES = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2", "gb200": "2.29.2"}
 BYTES = {"half": 2}
-COLUMNS = ("source", "device", "system", "op", "dtype", "shape", "size_bytes", "num_devices", "num_nodes")
-COLUMNS += ("metric", "value", "notes")
 
 
 def build(repo: Path) -> list[dict[str, str]]:
     """The CSV rows of every table in :data:`TABLES` (needs pyarrow)."""
-    import pyarrow.parquet as pq
-
     rows: list[dict[str, str]] = []
     for system, version in TABLES.items():
         path = f"{DATA}/{system}/comm/nccl/{version}/nccl_perf.parquet"
-        for r in pq.read_table(repo / path).to_pylist():
+        for r in read_table(repo, path):
             if r["kernel_source"] != "NCCL" or r["version"] != version or r["nccl_dtype"] != "half":
                 continue  # int8 rows repeat the half rows' byte sizes
             size = int(r["message_size"]) * BYTES[r["nccl_dtype"]]
             n = int(r["num_gpus"])
             rows.append(
                 {
-                    "source": f"github.com/ai-dynamo/aiconfigurator@{COMMIT[:7]} {path.removeprefix(DATA + '/')}",
+                    "source": source(path),
                     "device": r["device"],
                     "system": f"1 node NVLink, NCCL {version}",
                     "op": f"{r['op_name']} (nccl-tests {r['op_name']}_perf -t {n})",
@@ -106,17 +102,7 @@ def report(path: Path = OUT) -> dict[str, tuple[int, float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", type=Path, metavar="AICONFIGURATOR", help="rewrite the CSV from a checkout")
-    args = parser.parse_args()
-    if args.build:
-        rows = build(args.build)
-        with OUT.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"wrote {OUT.relative_to(ROOT)}: {len(rows)} rows")
-    report()
+    run_check(__doc__, build, report, OUT)
 
 
 if __name__ == "__main__":
