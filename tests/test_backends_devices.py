@@ -401,8 +401,12 @@ def test_power_capped_clock_follows_the_cube_law():
         ("GB200 (sm_100, NVL72)", "gb200"),
         ("NVIDIA B200", "b200"),
         ("B300 SXM", "b300"),
-        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
         ("Grace CPU (Neoverse-V2, GB200 node)", None),
+        ("NVIDIA A100-PCIE-40GB", None),  # torch's spelling of the PCIe board: not the SXM backend
+        ("NVIDIA A100 80GB PCIe", None),
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
     ],
 )
 def test_vendor_names_find_their_backend(name: str, backend: str | None) -> None:
