@@ -530,14 +530,51 @@ def flash_bwd_rate(dev: DeviceSpec, head_dim: int) -> float:
     return measured * flash_pass_fraction(dev, head_dim, True) / flash_pass_fraction(dev, anchor_d, False)
 
 
-def flash_attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
-    """Tiled flash kernel: CTAs of one or two 128-row query tiles loop over key blocks; makespan over SMs."""
+# FlashAttention's kernels are compiled for a few head dimensions; a call runs the smallest that holds its head_dim
+# and computes on the padded columns (its loads are predicated, so the bytes are the real ones). FA2: 32, 64, 96,
+# 128, 192, 256 (csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH); FA3: 64, 96, 128, 192, 256
+# (hopper/flash_api.cpp, round_up_headdim); Dao-AILab/flash-attention at 0251105. So head_dim 80 or 88 (ViT-H/14,
+# ViT-g/14) runs as 96, and 112 (MPT-30B) as 128. cuDNN's kernels (Transformer Engine; Blackwell's flash figure)
+# publish no such set and take the head_dim as it is.
+FLASH_KERNEL_HEAD_DIMS: dict[str, tuple[int, ...]] = {
+    "fa2": (32, 64, 96, 128, 192, 256),
+    "fa3": (64, 96, 128, 192, 256),
+}
+
+
+def flash_kernel_head_dim(family: str, a: AttentionAttrs) -> int:
+    """The head dimension FlashAttention's ``family`` kernel computes on for ``a`` (``a.head_dim`` for other
+    kernels): the query/key and the value sizes each padded to a template size, then their mean, as ``head_dim``."""
+    sizes = FLASH_KERNEL_HEAD_DIMS.get(family, ())
+
+    def padded(d: int) -> int:
+        return next((t for t in sizes if t >= d), d)
+
+    qk, v = a.head_dims
+    return (padded(qk) + padded(v)) // 2
+
+
+def flash_family(view: DeviceSpec, dev: DeviceSpec) -> str:
+    """Which FlashAttention kernel a flash call priced on ``view`` (of ``dev``) is: FA2's sm80 kernels
+    (:func:`fa2_view`, or the part's own on Ampere), FA3 (Hopper's own figure), or "" (cuDNN)."""
+    if view.arch == "ampere":
+        return "fa2"
+    return "fa3" if view is dev and dev.arch == "hopper" else ""
+
+
+def flash_attention_time_s(
+    dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False, family: str = ""
+) -> float:
+    """Tiled flash kernel: CTAs of one or two 128-row query tiles loop over key blocks; makespan over SMs.
+    ``family``: a FlashAttention kernel ("fa2", "fa3"), which computes on its padded head dimension
+    (:data:`FLASH_KERNEL_HEAD_DIMS`)."""
+    d = flash_kernel_head_dim(family, a)
     per_sm = dev.peak_tflops(dtype) * 1e12 * flash_inner_efficiency(dev) / dev.sm_count
-    step_s = _flash_step_flops(dev, a.head_dim) / per_sm
+    step_s = _flash_step_flops(dev, d) / per_sm
     if backward:
-        step_s *= FLASH_BWD_WORK / flash_bwd_rate(dev, a.head_dim) * _backward_anchor_steps(dev)
+        step_s *= FLASH_BWD_WORK / flash_bwd_rate(dev, d) * _backward_anchor_steps(dev)
     else:
-        step_s /= flash_fwd_rate(dev, a.head_dim)
+        step_s /= flash_fwd_rate(dev, d)
     io = (2 * a.batch * a.heads * a.q_len + 2 * a.batch * a.kv_heads * a.kv_len) * a.head_dim * itemsize(dtype)
     if backward:
         io *= 2  # reads q, k, v, o, do; writes dq, dk, dv
@@ -707,10 +744,10 @@ PUBLISHED_RATIO_KERNELS = {"triton": triton_flash_slowdown, "fa1": fa1_slowdown}
 def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: bool = False) -> float:
     if a.flash and a.kernel in PUBLISHED_RATIO_KERNELS:  # FA2's time, scaled to the kernel's published rate
         slow = PUBLISHED_RATIO_KERNELS[a.kernel](dev.arch, a.head_dim, a.kv_len)
-        kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward) * slow
+        kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward, "fa2") * slow
     elif a.flash:
         view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
-        kernel = flash_attention_time_s(view, a, dtype, backward)
+        kernel = flash_attention_time_s(view, a, dtype, backward, flash_family(view, dev))
     else:
         kernel = math_attention_time_s(dev, a, dtype, backward)
     if a.fp8:  # the BF16 kernel's time over its measured FP8 speed-up (unmeasured shapes: the BF16 time)

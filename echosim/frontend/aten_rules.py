@@ -263,7 +263,8 @@ def _sdpa(c: AtenValues, node: fx.Node) -> None:
     # in DeepSeek's MLA); AttentionAttrs holds one head_dim, so hold their mean: FLOPs stay exact.
     head_dim = (qs[-1] + vs[-1]) // 2
     dropout = float(_arg(node, 4, "dropout_p", 0.0) or 0.0) > 0
-    attrs = AttentionAttrs(batch, heads, kv_heads, qs[-2], ks[-2], head_dim, causal, dropout=dropout)
+    v_dim = vs[-1] if vs[-1] != qs[-1] else 0
+    attrs = AttentionAttrs(batch, heads, kv_heads, qs[-2], ks[-2], head_dim, causal, dropout=dropout, head_dim_v=v_dim)
     val = node.meta.get("val")
     spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
     nid = c.graph.add(

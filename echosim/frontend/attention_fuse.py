@@ -117,7 +117,10 @@ def fuse_attention(graph: Graph, notes: list[str]) -> Graph:
             kv_heads = vs[-3] if len(vs) >= 3 else 1
             batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
             # one head_dim in the IR: the mean of the QK and PV sizes keeps FLOPs exact
-            attrs = AttentionAttrs(batch, heads, kv_heads, qs[-2], ks[-1], (qs[-1] + vs[-1]) // 2, causal)
+            v_dim = vs[-1] if vs[-1] != qs[-1] else 0
+            attrs = AttentionAttrs(
+                batch, heads, kv_heads, qs[-2], ks[-1], (qs[-1] + vs[-1]) // 2, causal, head_dim_v=v_dim
+            )
             new[n.id] = out.add(OpKind.ATTENTION, [new[q], new[kt], new[v]], n.out, attrs, scope=n.scope, name=n.name)
             continue
         new[n.id] = out.add(

@@ -262,7 +262,10 @@ def _sdpa(c: _Converter, node: fx.Node) -> None:
     # QK^T contracts the query/key head, PV makes the value head (MLA: 192 and 128): their mean keeps FLOPs exact
     dropout_p = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
     dropout = float(dropout_p or 0.0) > 0  # F.dropout's rule: the probabilities are dropped in training
-    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, causal, dropout=dropout)
+    v_dim = vs[-1] if vs[-1] != qs[-1] else 0
+    attrs = AttentionAttrs(
+        batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, causal, dropout=dropout, head_dim_v=v_dim
+    )
     mask = c.tensors([node.kwargs.get("attn_mask")]) if node.kwargs.get("attn_mask") is not None else []
     c.emit(node, OpKind.ATTENTION, [q, k, v, *mask], attrs)
 
@@ -273,7 +276,10 @@ def _local_sdpa(c: _Converter, node: fx.Node) -> None:
     qs, ks, vs = c.graph[q].out.shape, c.graph[k].out.shape, c.graph[v].out.shape
     window = int(node.kwargs.get("window", node.args[3] if len(node.args) > 3 else 0))
     batch = math.prod(qs[:-3]) if len(qs) > 3 else 1
-    attrs = AttentionAttrs(batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, True, window=window)
+    v_dim = vs[-1] if vs[-1] != qs[-1] else 0
+    attrs = AttentionAttrs(
+        batch, qs[-3], ks[-3], qs[-2], ks[-2], (qs[-1] + vs[-1]) // 2, True, window=window, head_dim_v=v_dim
+    )
     c.emit(node, OpKind.ATTENTION, [q, k, v], attrs)
 
 

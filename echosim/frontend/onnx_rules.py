@@ -178,7 +178,9 @@ def _attention(c: OnnxValues, node: Any) -> None:
         or bool(attr(node, "unidirectional", 0))
         or node.op_type == "GroupQueryAttention"
     )
-    attrs = AttentionAttrs(batch, heads, kv_heads, q_len, kv_len, (dq + dv) // 2, causal)
+    attrs = AttentionAttrs(
+        batch, heads, kv_heads, q_len, kv_len, (dq + dv) // 2, causal, head_dim_v=dv if dv != dq else 0
+    )
     ins = c.data(node, (0, 1, 2, 3))
     c.emit(node, OpKind.ATTENTION, ins, attrs)
 

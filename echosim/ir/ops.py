@@ -235,12 +235,22 @@ class AttentionAttrs:
     # sa_block_q, sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv, sa_block_q_dq, sa_block_kv_dq
     # (echosim.backends.tpu.splash_blocks); (): MaxText's defaults
     blocks: tuple[int, ...] = ()
+    # the value head size where it differs from the query/key one (DeepSeek's MLA): head_dim then holds their mean,
+    # so the FLOPs stay exact, and a kernel that pads each to its own template sizes still sees both; 0: the same
+    head_dim_v: int = 0
 
     def __post_init__(self) -> None:
         if self.blocks and (len(self.blocks) != 6 or min(self.blocks) < 1):
             raise ValueError(f"splash blocks are six sizes >= 1 (forward, dkv, dq: q then kv), got {self.blocks}")
         if self.window < 0 or (self.window and not self.causal):
             raise ValueError(f"a sliding window needs causal attention and window >= 1 (0: none), got {self.window}")
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        """(query/key, value) head sizes: both ``head_dim`` unless :attr:`head_dim_v` says otherwise."""
+        if not self.head_dim_v:
+            return self.head_dim, self.head_dim
+        return 2 * self.head_dim - self.head_dim_v, self.head_dim_v
 
     @property
     def keep(self) -> float:
