@@ -286,3 +286,22 @@ def test_validate_cases_prints_rows_and_groups(tmp_path, cli):
     assert abs(row["error"]) < 0.10 and result["groups"]["overall"]["rows"] == 1
     code, out = run(cli, "validate", "--cases", str(cases), "--filter", "nonsense")
     assert code == 1 and "expected COLUMN=VALUE" in out
+
+
+def test_cost_matmul_short_run_is_the_autotuned_rate(cli):
+    """--run short prices one GEMM as a benchmark of a few iterations sees it: NVIDIA aiconfigurator's short-run
+    PyTorch GEMM on H100 at 8192^3 reaches 782.7 TFLOP/s (benchmarks/data/aic_gemm_bf16.csv), which the training
+    price (650-750) does not; CPU backends have no such variant."""
+    args = ("cost", "--backend", "h100-sxm", "matmul", "--m", "8192", "--n", "8192", "--k", "8192", "--json")
+    code, out = run(cli, *args)
+    assert code == 0, out
+    training = json.loads(out)
+    code, out = run(cli, *args, "--run", "short")
+    assert code == 0, out
+    short = json.loads(out)
+    assert short["run"] == "short" and training["run"] == "training"
+    assert short["tflops"] == pytest.approx(782.7, rel=0.05) and short["tflops"] > training["tflops"] * 1.08
+    code, out = run(
+        cli, "cost", "--backend", "cpu-x86", "matmul", "--m", "64", "--n", "64", "--k", "64", "--run", "short"
+    )
+    assert code == 1 and out.count("\n") == 1 and "models no other software stack" in out

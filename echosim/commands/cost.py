@@ -35,14 +35,20 @@ COLLECTIVES = {
 _guarded = one_line_errors(ValueError)  # user errors and argument checks end as one line
 
 
-def _backend(ctx: click.Context) -> Any:
-    from echosim.backends.loading import load_backend
+def _backend(ctx: click.Context, **settings: Any) -> Any:
+    """The backend --backend names, under ``settings`` (a software stack its ``variant`` models), calibrated."""
+    from echosim.backends.loading import GuardedBackend, load_backend
 
     name = ctx.meta.get("echosim.cost.backend") or ctx.obj["backend"]
     if not name:
         command = f"echosim cost {ctx.info_name} --backend NAME"
         raise click.UsageError(f"--backend is required (see `echosim backends`): {command}")
     backend = load_backend(name)
+    if settings:
+        inner = getattr(backend, "inner", backend)
+        if not hasattr(inner, "variant"):
+            raise click.ClickException(f"backend {name!r} models no other software stack ({', '.join(settings)})")
+        backend = GuardedBackend(inner.variant(**settings), backend.name, backend.owner)
     calibration = ctx.obj["calibration"]
     if calibration:
         from pathlib import Path
@@ -110,16 +116,29 @@ def _positive(**values: int) -> None:
 @click.option("--k", type=int, required=True, help="Contracted dimension.")
 @click.option("--batch", type=int, default=1, show_default=True, help="Independent products (bmm).")
 @click.option("--dtype", type=click.Choice(MATMUL_DTYPES), default="bf16", show_default=True)
+@click.option(
+    "--run",
+    "run_kind",
+    type=click.Choice(("training", "short")),
+    default="training",
+    show_default=True,
+    help="training: as a training step's GEMM runs for minutes (the library's pick at the power-limited clock); "
+    "short: a benchmark of a few iterations (the autotuned rate, no sustained cap), what short-run cuBLAS picks "
+    "reach at large shapes (benchmarks/aic_gemm_check.md).",
+)
 @_json_option
 @click.pass_context
 @_guarded
-def cost_matmul(ctx: click.Context, m: int, n: int, k: int, batch: int, dtype: str, as_json: bool) -> None:
+def cost_matmul(
+    ctx: click.Context, m: int, n: int, k: int, batch: int, dtype: str, run_kind: str, as_json: bool
+) -> None:
     """Time and TFLOP/s of (m x k) @ (k x n), --batch times."""
     from echosim.ir.ops import MatmulAttrs
     from echosim.layout import format_refusal
 
     _positive(m=m, n=n, k=k, batch=batch)
-    backend = _backend(ctx)
+    short = {"autotuned_gemms": True, "sustained_gemms": False} if run_kind == "short" else {}
+    backend = _backend(ctx, **short)
     if refusal := format_refusal(dtype, backend):
         raise click.ClickException(refusal)
     if dtype == "nvfp4":  # 16-bit tensors whose GEMM quantises its operands, as passes.precision marks it
@@ -136,6 +155,7 @@ def cost_matmul(ctx: click.Context, m: int, n: int, k: int, batch: int, dtype: s
         "k": k,
         "batch": batch,
         "dtype": dtype,
+        "run": run_kind,
         "time_s": seconds,
         "time_us": seconds * 1e6,
         "tflops": flops / seconds / 1e12,
