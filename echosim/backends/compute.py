@@ -534,7 +534,7 @@ def flash_bwd_rate(dev: DeviceSpec, head_dim: int) -> float:
 # and computes on the padded columns (its loads are predicated, so the bytes are the real ones). FA2: 32, 64, 96,
 # 128, 192, 256 (csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH); FA3: 64, 96, 128, 192, 256
 # (hopper/flash_api.cpp, round_up_headdim); Dao-AILab/flash-attention at 0251105. So head_dim 80 or 88 (ViT-H/14,
-# ViT-g/14) runs as 96, and 112 (MPT-30B) as 128. cuDNN's kernels (Transformer Engine; Blackwell's flash figure)
+# ViT-g/14) runs as 96, and 112 as 128. cuDNN's kernels (Transformer Engine; Blackwell's flash figure)
 # publish no such set and take the head_dim as it is.
 FLASH_KERNEL_HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "fa2": (32, 64, 96, 128, 192, 256),
