@@ -305,3 +305,17 @@ def test_cost_matmul_short_run_is_the_autotuned_rate(cli):
         cli, "cost", "--backend", "cpu-x86", "matmul", "--m", "64", "--n", "64", "--k", "64", "--run", "short"
     )
     assert code == 1 and out.count("\n") == 1 and "models no other software stack" in out
+
+
+def test_cost_attention_names_the_padded_flash_head(cli):
+    """An 80-wide head runs FA3's 96 template on H100 (compute.FLASH_KERNEL_HEAD_DIMS); a 128-wide one adds nothing."""
+    args = ("cost", "--backend", "h100-sxm", "attention", "--batch", "2", "--heads", "16", "--seq", "4096", "--json")
+    code, out = run(cli, *args, "--head-dim", "80")
+    assert code == 0, out
+    assert json.loads(out)["kernel_head_dim"] == 96
+    code, out = run(cli, *args)
+    assert code == 0, out
+    assert "kernel_head_dim" not in json.loads(out)
+    code, out = run(cli, *args, "--head-dim", "80", "--kernel", "math")
+    assert code == 0, out
+    assert "kernel_head_dim" not in json.loads(out)

@@ -219,7 +219,20 @@ def cost_attention(
         "time_us": seconds * 1e6,
         "tflops": flops / seconds / 1e12,
     }
+    if (padded := _flash_head_dim(backend, attrs)) != head_dim:
+        result["kernel_head_dim"] = padded  # the FlashAttention template the call runs (compute.FLASH_KERNEL_HEAD_DIMS)
     _emit(ctx, result, as_json)
+
+
+def _flash_head_dim(backend: Any, attrs: Any) -> int:
+    """The head size a GPU backend's own flash kernel computes on for ``attrs`` (``attrs.head_dim`` elsewhere)."""
+    from echosim.backends.compute import flash_family, flash_kernel_head_dim
+    from echosim.backends.devices import DeviceSpec
+
+    dev = getattr(getattr(backend, "inner", backend), "device", None)
+    if not attrs.flash or not isinstance(dev, DeviceSpec):
+        return int(attrs.head_dim)
+    return flash_kernel_head_dim(flash_family(dev, dev), attrs)
 
 
 @cost.command("memory")
