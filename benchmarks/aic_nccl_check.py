@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "data" / "aic_nccl_perf.csv"
 #: system directory -> the NCCL version directory read (the newest that holds one version only).
 TABLES = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2", "gb200": "2.29.2"}
-BYTES = {"half": 2}
 
 
 def build(repo: Path) -> list[dict[str, str]]:
@@ -45,7 +44,7 @@ def build(repo: Path) -> list[dict[str, str]]:
         for r in read_table(repo, path):
             if r["kernel_source"] != "NCCL" or r["version"] != version or r["nccl_dtype"] != "half":
                 continue  # int8 rows repeat the half rows' byte sizes
-            size = int(r["message_size"]) * BYTES[r["nccl_dtype"]]
+            size = int(r["message_size"]) * 2  # half: 2 bytes an element
             n = int(r["num_gpus"])
             rows.append(
                 {

@@ -554,12 +554,13 @@ def flash_kernel_head_dim(family: str, a: AttentionAttrs) -> int:
     return (padded(qk) + padded(v)) // 2
 
 
-def flash_family(view: DeviceSpec, dev: DeviceSpec) -> str:
-    """Which FlashAttention kernel a flash call priced on ``view`` (of ``dev``) is: FA2's sm80 kernels
-    (:func:`fa2_view`, or the part's own on Ampere), FA3 (Hopper's own figure), or "" (cuDNN)."""
+def flash_family(view: DeviceSpec, kernel: str = "") -> str:
+    """Which FlashAttention kernel a flash call of ``kernel`` (``AttentionAttrs.kernel``) priced on ``view`` is: FA2's
+    sm80 kernels (:func:`fa2_view`, or the part's own on Ampere), FA3 (Hopper's own figure), or "" (cuDNN: TE's pick,
+    Blackwell's figure)."""
     if view.arch == "ampere":
         return "fa2"
-    return "fa3" if view is dev and dev.arch == "hopper" else ""
+    return "fa3" if view.arch == "hopper" and kernel != "te" else ""
 
 
 def flash_attention_time_s(
@@ -747,7 +748,7 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
         kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward, "fa2") * slow
     elif a.flash:
         view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
-        kernel = flash_attention_time_s(view, a, dtype, backward, flash_family(view, dev))
+        kernel = flash_attention_time_s(view, a, dtype, backward, flash_family(view, a.kernel))
     else:
         kernel = math_attention_time_s(dev, a, dtype, backward)
     if a.fp8:  # the BF16 kernel's time over its measured FP8 speed-up (unmeasured shapes: the BF16 time)

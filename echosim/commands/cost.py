@@ -232,7 +232,7 @@ def _flash_head_dim(backend: Any, attrs: Any) -> int:
     dev = getattr(getattr(backend, "inner", backend), "device", None)
     if not attrs.flash or not isinstance(dev, DeviceSpec):
         return int(attrs.head_dim)
-    return flash_kernel_head_dim(flash_family(dev, dev), attrs)
+    return flash_kernel_head_dim(flash_family(dev, attrs.kernel), attrs)
 
 
 @cost.command("memory")
