@@ -518,7 +518,8 @@ def _listing(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> N
 
     table = Table(*columns)
     for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in columns))
+        # a derived figure (a power-capped peak) is shown as its datasheet peers are; --json keeps every digit
+        table.add_row(*(f"{v:.1f}" if isinstance(v := row.get(c, ""), float) else str(v) for c in columns))
     console().print(table)
 
 
@@ -531,6 +532,7 @@ def backends_cmd(as_json: bool) -> None:
 
     reg = get_registry()
     rows = []
+    broken = []
     for name, entry in sorted(reg.backends.items()):
         info: dict[str, Any] = {"name": name, "plugin": entry.owner}
         try:
@@ -538,10 +540,11 @@ def backends_cmd(as_json: bool) -> None:
             describe = getattr(backend, "describe", None)
             info.update(describe() if callable(describe) else {})
         except Exception as exc:  # a third-party factory that raises must not take the listing down
-            info["error"] = f"{type(exc).__name__}: {exc}"
+            info["error"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            broken.append(f"backend {name!r} of plugin {entry.owner!r} could not be built ({info['error']})")
         rows.append(info)
     _listing(rows, as_json, ["name", "plugin", "peak_bf16_tflops", "hbm_GB", "hbm_GBps", "source"])
-    _warn(reg.errors)
+    _warn([*reg.errors, *broken])
 
 
 @cli.command("models")

@@ -497,3 +497,26 @@ def test_the_installed_demo_plugin_is_found_through_its_entry_point() -> None:
     assert info.distribution == "echosim-plugin-demo"
     assert info.hooks == ("register_backends", "register_models")
     assert not [error for error in registry.errors if "'demo'" in error]
+
+
+def test_the_backend_listing_names_a_backend_whose_factory_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`echosim backends` keeps its other rows and says in one warning line which backend failed and why."""
+    from click.testing import CliRunner
+
+    from echosim.cli import cli
+
+    def broken() -> object:
+        raise RuntimeError("vendor SDK\n not found")
+
+    def register_backends(register: Callable[..., None]) -> None:
+        register("gpu-ok", object)
+        register("gpu-broken", broken)
+
+    registry = load(make_plugin("vendor", register_backends=register_backends))
+    monkeypatch.setattr("echosim.plugins.get_registry", lambda: registry)
+    result = CliRunner().invoke(cli, ["backends"])
+    assert result.exit_code == 0
+    assert "gpu-ok" in result.stdout and "gpu-broken" in result.stdout
+    assert result.stderr == (
+        "warning: backend 'gpu-broken' of plugin 'vendor' could not be built (RuntimeError: vendor SDK not found)\n"
+    )
