@@ -532,7 +532,7 @@ def backends_cmd(as_json: bool) -> None:
 
     reg = get_registry()
     rows = []
-    broken = []
+    broken: list[str] = []
     for name, entry in sorted(reg.backends.items()):
         info: dict[str, Any] = {"name": name, "plugin": entry.owner}
         try:
