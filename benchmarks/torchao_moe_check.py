@@ -118,14 +118,11 @@ def autograd_us(m: int, n: int, k: int, g: int, dtype: str, short: bool = True) 
 
 
 def _row(*cells: object, widths: tuple[int, ...]) -> str:
-    """One table line: the first two cells left-aligned, the rest right-aligned, to ``widths``."""
+    """One table line: the first two cells left-aligned, the rest right-aligned, to ``widths``; a float in a
+    narrow (ratio) column takes two decimals, elsewhere one."""
     out = []
     for i, (cell, width) in enumerate(zip(cells, widths, strict=True)):
-        text = (
-            f"{cell:.2f}"
-            if isinstance(cell, float) and width <= 6
-            else (f"{cell:.1f}" if isinstance(cell, float) else str(cell))
-        )
+        text = f"{cell:.{2 if width <= 6 else 1}f}" if isinstance(cell, float) else str(cell)
         out.append(text.ljust(width) if i < 2 else text.rjust(width))
     return " ".join(out)
 

@@ -554,6 +554,12 @@ def flash_kernel_head_dim(family: str, a: AttentionAttrs) -> int:
     return (padded(qk) + padded(v)) // 2
 
 
+def flash_view(dev: DeviceSpec, kernel: str = "") -> DeviceSpec:
+    """The device as a flash call of ``kernel`` (``AttentionAttrs.kernel``) runs on it: FA2's sm80 kernels
+    (:func:`fa2_view`), Transformer Engine's pick (:func:`te_view`), or the part's own flash figure."""
+    return fa2_view(dev) if kernel == "fa2" else te_view(dev) if kernel == "te" else dev
+
+
 def flash_family(view: DeviceSpec, kernel: str = "") -> str:
     """Which FlashAttention kernel a flash call of ``kernel`` (``AttentionAttrs.kernel``) priced on ``view`` is: FA2's
     sm80 kernels (:func:`fa2_view`, or the part's own on Ampere), FA3 (Hopper's own figure), or "" (cuDNN: TE's pick,
@@ -747,7 +753,7 @@ def attention_time_s(dev: DeviceSpec, a: AttentionAttrs, dtype: str, backward: b
         slow = PUBLISHED_RATIO_KERNELS[a.kernel](dev.arch, a.head_dim, a.kv_len)
         kernel = flash_attention_time_s(fa2_view(dev), a, dtype, backward, "fa2") * slow
     elif a.flash:
-        view = fa2_view(dev) if a.kernel == "fa2" else te_view(dev) if a.kernel == "te" else dev
+        view = flash_view(dev, a.kernel)
         kernel = flash_attention_time_s(view, a, dtype, backward, flash_family(view, a.kernel))
     else:
         kernel = math_attention_time_s(dev, a, dtype, backward)

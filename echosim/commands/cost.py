@@ -226,13 +226,14 @@ def cost_attention(
 
 def _flash_head_dim(backend: Any, attrs: Any) -> int:
     """The head size a GPU backend's own flash kernel computes on for ``attrs`` (``attrs.head_dim`` elsewhere)."""
-    from echosim.backends.compute import flash_family, flash_kernel_head_dim
+    from echosim.backends.compute import flash_family, flash_kernel_head_dim, flash_view
     from echosim.backends.devices import DeviceSpec
 
     dev = getattr(getattr(backend, "inner", backend), "device", None)
     if not attrs.flash or not isinstance(dev, DeviceSpec):
         return int(attrs.head_dim)
-    return flash_kernel_head_dim(flash_family(dev, attrs.kernel), attrs)
+    view = flash_view(dev, attrs.kernel)  # the same view and template set compute.attention_time_s prices
+    return flash_kernel_head_dim(flash_family(view, attrs.kernel), attrs)
 
 
 @cost.command("memory")
