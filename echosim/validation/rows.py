@@ -492,6 +492,10 @@ NEMO_LAUNCHER_FUSED_LOSS: dict[str, tuple[str, ...]] = {
 TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e")
 
 
+#: A Megatron-LM row whose notes quote its command line's loss kernel (``--cross-entropy-fusion-impl te``).
+_STATED_CE_IMPL = re.compile(r"--cross-entropy-fusion-impl (native|te)\b")
+
+
 def row_framework(c: Case) -> str:
     """The framework entry a row ran: its ``framework`` column, the MaxText recipe's weight dtype and splash
     backward kernel (:data:`TRILLIUM_BF16_WEIGHTS`, :data:`TRILLIUM_FUSED_BWD`), or, for
@@ -507,6 +511,8 @@ def row_framework(c: Case) -> str:
     if name == "torchtitan-2025" and "torch.compile" in c["notes"]:
         compiled_loss = any(f"commit {x}" in c["framework"] for x in TORCHTITAN_COMPILED_LOSS)
         return "torchtitan-2025-compile-loss" if compiled_loss else "torchtitan-2025-compile"
+    if name == "megatron" and (stated := _STATED_CE_IMPL.search(c["notes"])):
+        return f"megatron-ce-{stated.group(1)}"  # the row's command line passes --cross-entropy-loss-fusion
     if name == "megatron" and c["source_id"] == "megatron_lm_llama_fp8":
         # examples/llama/README.md's table is run with examples/llama/train_llama3_8b_h100_fp8.sh, which passes
         # --cross-entropy-loss-fusion and leaves --cross-entropy-fusion-impl at 'native' (Megatron-LM commit
