@@ -8,6 +8,7 @@ the plan the same run written as ``compile`` flags gives.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from echosim.commands.options import layout_from_options, parse_layout_flags
 from echosim.configs import ConfigError, ConfigModel, read_args, read_source, resolve
 from echosim.configs.base import normalised
 from echosim.frontend.zoo import ArchConfig
+from echosim.validation.cases import read_cases
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "configs"
 MEG, TT, MT, DS = DATA / "megatron", DATA / "torchtitan", DATA / "maxtext", DATA / "deepspeed"
 
@@ -460,6 +463,86 @@ def test_megatron_flex_dispatcher_with_deepep_reads_as_deepep() -> None:
     assert not any("not modelled" in n for n in hybrid.notes)
     grouped = read_args(f"{base} --moe-enable-deepep --moe-router-num-groups 2 --moe-router-group-topk 1")
     assert (grouped.options["moe_router_groups"], grouped.options["moe_router_group_topk"]) == (2, 1)
+
+
+_SMALL_MOE = (
+    "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --num-experts 8 --moe-router-topk 2 "
+    "--moe-grouped-gemm --micro-batch-size 1 --global-batch-size 8 --seq-length 128 --vocab-size 1000 "
+    "--swiglu --normalization RMSNorm --position-embedding-type rope --hidden-dropout 0 --attention-dropout 0"
+)
+
+
+def test_megatron_latent_attention_dense_first_layers_and_mtp_build_the_model() -> None:
+    """--multi-latent-attention and its sizes, --moe-layer-freq's dense first layers and --mtp-num-layers: the
+    ArchConfig fields DeepSeek-V3 uses (Megatron's defaults for the sizes a line leaves out)."""
+    got = read_args(f"{_SMALL_MOE} --multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 32 "
+                    "--qk-pos-emb-head-dim 16 --v-head-dim 32 --qk-layernorm --moe-layer-freq ([0]*1+[1]*3) "
+                    "--mtp-num-layers 1")  # fmt: skip
+    cfg = got.model.config  # type: ignore[union-attr]
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.head_dim, cfg.rope_head_dim, cfg.v_head_dim) == (32, 64, 48, 16, 32)
+    assert (cfg.dense_layers, cfg.moe_layer_step, cfg.mtp_layers) == (1, 1, 1)
+    assert not got.unknown and not any("qk-layernorm" in n for n in got.notes)  # MLA's latent norms are built
+    defaults = read_args(f"{_SMALL_MOE} --multi-latent-attention").model.config  # type: ignore[union-attr]
+    assert (defaults.kv_lora_rank, defaults.q_lora_rank, defaults.head_dim, defaults.v_head_dim) == (32, 0, 192, 128)
+    step = read_args(f"{_SMALL_MOE} --moe-layer-freq ([0]+[1])*2").model.config  # type: ignore[union-attr]
+    assert (step.dense_layers, step.moe_layer_step) == (0, 2)
+    every = read_args(f"{_SMALL_MOE} --moe-layer-freq 2")  # Megatron's layers 0 and 2, echosim's 1 and 3
+    assert every.model.config.moe_layer_step == 2  # type: ignore[union-attr]
+    assert any("Megatron's MoE layers are 0, 2, 4" in n for n in every.notes)
+    plain = read_args(_SMALL_MOE.replace(" --moe-grouped-gemm", ""))
+    assert any("SequentialMLP" in n for n in plain.notes)
+
+
+def test_megatron_layout_recompute_modules_and_fp8_recipe_reach_the_plan() -> None:
+    """--pipeline-model-parallel-layout sets the stages (vpp = stages / pp), --recompute-modules the selective
+    policy (modules echosim does not model are noted), --fp8-recipe mxfp8 the block-scaled format."""
+    got = read_args(f"{_SMALL_MOE} --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t|t|tL "
+                    "--recompute-granularity selective --recompute-modules moe_act mlp --fp8-format e4m3 "
+                    "--fp8-recipe mxfp8")  # fmt: skip
+    opts = got.options
+    assert (opts["vpp"], opts["schedule"], opts["pp_balance"]) == (2, "interleaved", "layout:Et|t|t|tL")
+    assert (opts["recompute"], opts["dtype"]) == ("selective:moe_act", "mxfp8")
+    assert any("--recompute-modules mlp: not modelled" in n for n in got.notes)
+    assert read_args(f"{_SMALL_MOE} --fp8-format e4m3").options["dtype"] == "fp8"  # 'delayed', one scale a tensor
+    only_mlp = read_args(f"{_SMALL_MOE} --recompute-granularity selective --recompute-modules mlp")
+    assert only_mlp.options["recompute"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("--moe-layer-freq [0,2]*2", "sums and repeats of [0/1, ...] lists"),
+        ("--moe-layer-freq [0]*3", "has 3 layers, --num-layers 4"),
+        ("--moe-layer-freq [1,0,0,1]", "dense layers first, then MoE layers, or a MoE layer every step-th layer"),
+        ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t|ttL", "not a multiple"),
+        ("--pipeline-model-parallel-layout Et|tX|ttL", "unknown character"),
+        ("--pipeline-model-parallel-layout Etttt|L --num-virtual-stages-per-pipeline-rank 2", "both set"),
+        ("--recompute-granularity selective --recompute-modules up_proj", "'up_proj' is not a Megatron-Core module"),
+        ("--fp8-format e4m3 --fp8-recipe perchannel", "--fp8-recipe 'perchannel'"),
+    ],
+)
+def test_megatron_bad_layouts_and_patterns_are_one_line(extra: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve(read_args(f"{_SMALL_MOE} {extra}"), {}, None)  # a model error is raised when no MODEL is named
+
+
+def test_the_deepseek_v3_gb200_guides_command_line_is_the_zoo_model_and_its_check_row() -> None:
+    """The published launch arguments of Megatron-Core's DeepSeek-V3 GB200 run read as the zoo's deepseek-v3 with the
+    run's layout, and predict what the same run written as a row does (benchmarks/mcore_dsv3_gb200.csv) within 5 %:
+    the row's model makes all 61 layers MoE layers (cases.csv has no column for the 3 dense ones)."""
+    from echosim.compiler import compile as compile_model
+    from echosim.validation.run import validate_row
+
+    source = f"megatron:{MEG}/mcore_dsv3_gb200_guide.args"
+    model, plan, cluster = from_config(source, "--backend gb200 --devices 256 --devices-per-node 32", "deepseek-v3")
+    assert (plan.tp, plan.pp, plan.vpp, plan.ep, plan.dp, plan.zero) == (1, 8, 4, 32, 32, 1)
+    assert (plan.dtype, plan.recompute, plan.moe_dispatcher) == ("mxfp8", "selective:moe_act", "hybridep")
+    assert plan.pp_balance == "layout:Et|(tt|)*30L" and plan.framework == "megatron-ce-te"
+    assert getattr(model, "name", model) == "deepseek-v3"
+    row = validate_row(read_cases(ROOT / "benchmarks" / "data" / "mcore_dsv3_gb200.csv")[0])
+    assert row.predicted_step_time_s is not None
+    step = compile_model(model, plan, cluster).step_time_s
+    assert step == pytest.approx(row.predicted_step_time_s, rel=0.05)
 
 
 def test_maxtext_fused_splash_backward_selects_its_framework_entry() -> None:

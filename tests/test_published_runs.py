@@ -312,6 +312,22 @@ def test_a_layout_splits_the_stages_as_written() -> None:
         lower(cfg, replace_plan(plan, pp_balance="layout:Et|tt|t|tL"), Cluster("h100-sxm", 2))
 
 
+def test_a_layout_counts_dense_first_layers_and_runs_them_on_the_first_stage() -> None:
+    """DeepSeek-style dense first layers sit before the repeated MoE block, with the embedding: a layout that counts
+    them (Megatron-Core's does: 'Et|tt|tt|ttL' for 3 dense + 4 MoE layers) gives the first stages' share of them to the
+    first stage. A layout over the MoE layers alone still works."""
+    from echosim.passes.pipeline import leading_layers
+
+    cfg = ZOO["deepseek-v3"].with_(layers=7, seq_len=128, experts=8, top_k=2)
+    plan = Plan(pp=2, vpp=2, dp=1, ep=1, global_batch=4, schedule="interleaved", pp_balance="layout:Et|tt|tt|ttL")
+    compiled = lower(cfg, plan, Cluster("h100-sxm", 2))
+    assert [s.layers for s in compiled.stages] == [0, 0, 2, 2]  # the 3 dense layers: stage 0's one and stage 1's two
+    assert [
+        s.layers for s in lower(cfg, replace_plan(plan, pp_balance="layout:E|t|tt|tL"), Cluster("h100-sxm", 2)).stages
+    ] == [0, 1, 2, 1]
+    assert (leading_layers("layers.3"), leading_layers("layers.0"), leading_layers("h")) == (3, 0, 0)
+
+
 def replace_plan(plan: Plan, **changes: object) -> Plan:
     from dataclasses import replace
 

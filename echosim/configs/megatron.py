@@ -10,6 +10,7 @@ equals, if any.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from typing import Any
 
@@ -17,6 +18,8 @@ from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, mode
 from echosim.configs.shell import launch_command
 from echosim.frameworks import loss_framework
 from echosim.frontend.zoo import ArchConfig
+from echosim.passes.pipeline import LayoutError, layout_counts
+from echosim.passes.recompute import MEGATRON_MODULES
 
 ARGS = "Megatron-LM megatron/training/arguments.py, commit d98e8a6"
 TOKENIZER = "Megatron-LM megatron/training/tokenizer/tokenizer.py, commit d98e8a6"
@@ -78,13 +81,26 @@ IGNORED_PREFIXES = (
     "--moe-router-load-balancing-type",
     "--calculate-per-token-loss",
     "--ffn-hidden-size-",
+    # routing arithmetic on the [tokens x experts] scores and YaRN's rotary scaling: no measurable step time
+    "--moe-router-pre-softmax",
+    "--moe-router-topk-scaling-factor",
+    "--moe-router-score-function",
+    "--moe-router-enable-expert-bias",
+    "--moe-router-bias-update-rate",
+    "--rotary-scaling-factor",
+    "--mscale",
+    "--no-check-for-nan-in-loss-and-grad",
 )
 
 #: Flags echosim understands but does not model: the effect each has is named in the note.
 NOT_MODELLED = {
     "--overlap-param-gather": "the parameter all-gather overlap of the distributed optimizer",
     "--fp8-param-gather": "fp8 parameter all-gather",
-    "--moe-grouped-gemm": "grouped expert GEMMs (experts are costed as separate GEMMs)",
+    "--moe-permute-fusion": "Transformer Engine's fused permute and unpermute, costed as echosim's dispatch and "
+    "combine ops",
+    "--moe-router-fusion": "Transformer Engine's fused router kernels, costed as echosim's router ops",
+    "--moe-router-padding-for-quantization": "the router's padding of expert rows for FP8; padding copies are costed "
+    "where the dispatcher does not align the rows",
     "--no-masked-softmax-fusion": "the unfused masked softmax",
     "--apply-layernorm-1p": "zero-centred LayerNorm weights",
     "--grad-reduce-in-bf16": "gradient reduction in bf16 (costed in the gradient dtype)",
@@ -96,6 +112,16 @@ NOT_MODELLED = {
     "--attention-softmax-in-fp32": "softmax in fp32",
     "--accumulate-allreduce-grads-in-fp32": "fp32 gradient accumulation",
     "--transformer-impl": "the transformer implementation (Transformer Engine or local)",
+    "--cuda-graph-impl": "CUDA graphs; echosim prices the GPU's work, not the host's launches",
+    "--cuda-graph-scope": "CUDA graphs; echosim prices the GPU's work, not the host's launches",
+    "--moe-hybridep-num-sms": "the SMs HybridEP's kernels take from compute",
+    "--use-precision-aware-optimizer": "the optimizer states' dtypes; costed in fp32",
+    "--main-grads-dtype": "the optimizer states' dtypes; costed in fp32",
+    "--main-params-dtype": "the optimizer states' dtypes; costed in fp32",
+    "--exp-avg-dtype": "the optimizer states' dtypes; costed in fp32",
+    "--exp-avg-sq-dtype": "the optimizer states' dtypes; costed in fp32",
+    "--reuse-grad-buf-for-mxfp8-param-ag": "reusing the gradient buffer for the MXFP8 parameter all-gather",
+    "--te-rng-tracker": "Transformer Engine's RNG tracker",
 }
 
 #: Flags the reader consumes (their value is read into the plan or the model).
@@ -158,7 +184,29 @@ CONSUMED = {
     "--recompute-method",
     "--recompute-num-layers",
     "--disable-bias-linear",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--pipeline-model-parallel-layout",
+    "--recompute-modules",
+    "--fp8-recipe",
+    "--moe-grouped-gemm",
+    "--moe-layer-freq",
+    "--moe-router-force-load-balancing",
+    "--mtp-num-layers",
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+    "--qk-layernorm",
 }
+
+#: Megatron-Core's ``recompute_modules`` (TransformerConfig.__post_init__ at commit d98e8a6); echosim models
+#: :data:`echosim.passes.recompute.MEGATRON_MODULES` of them.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+                     "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")  # fmt: skip
+#: TransformerConfig.fp8_recipe's choices (default 'delayed', commit d98e8a6).
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
 
 
 def parse_flags(args: list[str]) -> list[tuple[str, list[str]]]:
@@ -282,6 +330,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         ("--global-batch-size", "global_batch"),
         ("--seq-length", "seq_len"),
         ("--virtual-pipeline-model-parallel-size", "vpp"),
+        ("--num-virtual-stages-per-pipeline-rank", "vpp"),
     ):
         value = _int(values, flag, src)
         if value is not None:
@@ -299,6 +348,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
                 f"--num-layers-per-virtual-pipeline-stage {per_stage}"
             )
         opts["vpp"] = layers // (pp * per_stage)
+    _pipeline_layout(values, out)
     if opts.get("vpp", 1) > 1:
         opts["schedule"] = "interleaved"
     if "--sequence-parallel" in values:
@@ -311,7 +361,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     if "--tp-comm-overlap" in values:
         opts["tp_overlap"] = True
     if "--fp8-format" in values or "--fp8" in values:
-        opts["dtype"] = "fp8"
+        opts["dtype"] = _fp8_dtype(values, out)
     elif "--bf16" in values:
         opts["dtype"] = "bf16"
     elif "--fp16" in values:
@@ -326,6 +376,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         if granularity not in ("full", "selective"):
             raise ConfigError(f"{src}: --recompute-granularity {granularity!r} (Megatron knows full, selective)")
         opts["recompute"] = granularity
+    _recompute_modules(values, granularity, out)
     method = _one(values, "--recompute-method", src)
     if granularity == "full" and method == "block" and "--recompute-num-layers" in values:
         out.notes.append(
@@ -375,6 +426,66 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         )
 
 
+def _pipeline_layout(values: dict[str, list[str]], out: FromConfig) -> None:
+    """``--pipeline-model-parallel-layout``: echosim's ``layout:`` balance, and the virtual stages per rank it
+    implies (arguments.py: the layout's stages over the pipeline size; no other virtual-stage flag with it)."""
+    src, opts = out.source, out.options
+    layout = _one(values, "--pipeline-model-parallel-layout", src)
+    if layout is None:
+        return
+    other = [f for f in ("--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+                         "--num-virtual-stages-per-pipeline-rank") if f in values]  # fmt: skip
+    if other:
+        raise ConfigError(f"{src}: --pipeline-model-parallel-layout and {other[0]} both set the virtual stages")
+    try:
+        stages = len(layout_counts(layout))
+    except LayoutError as exc:
+        raise ConfigError(f"{src}: --pipeline-model-parallel-layout: {exc}") from None
+    pp = opts.get("pp", 1)
+    if stages % pp:
+        raise ConfigError(
+            f"{src}: --pipeline-model-parallel-layout has {stages} stages, not a multiple of "
+            f"--pipeline-model-parallel-size {pp}"
+        )
+    opts["vpp"] = stages // pp
+    opts["pp_balance"] = f"layout:{layout}"
+
+
+def _fp8_dtype(values: dict[str, list[str]], out: FromConfig) -> str:
+    """The GEMM format of an FP8 run: ``mxfp8`` for ``--fp8-recipe mxfp8`` (Blackwell's block-scaled MMA), else
+    fp8 with one scale per tensor."""
+    recipe = _one(values, "--fp8-recipe", out.source) or "delayed"
+    if recipe not in FP8_RECIPES:
+        raise ConfigError(f"{out.source}: --fp8-recipe {recipe!r} (Megatron knows {', '.join(FP8_RECIPES)})")
+    if recipe in ("blockwise", "custom"):
+        out.notes.append(f"--fp8-recipe {recipe}: costed as FP8 GEMMs with one scale per tensor")
+    return "mxfp8" if recipe == "mxfp8" else "fp8"
+
+
+def _recompute_modules(values: dict[str, list[str]], granularity: str | None, out: FromConfig) -> None:
+    """``--recompute-modules`` under selective recompute: ``selective:MODULES`` of those echosim models, a note
+    for the others (Megatron's default is core_attn alone)."""
+    modules = values.get("--recompute-modules")
+    if modules is None:
+        return
+    bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+    if bad or not modules:
+        raise ConfigError(
+            f"{out.source}: --recompute-modules {(bad or ['(none)'])[0]!r} is not a Megatron-Core module "
+            f"({', '.join(RECOMPUTE_MODULES)})"
+        )
+    if granularity != "selective":
+        out.notes.append("--recompute-modules: read only with --recompute-granularity selective; ignored")
+        return
+    known = [m for m in modules if m in MEGATRON_MODULES]
+    other = [m for m in modules if m not in MEGATRON_MODULES]
+    if other:
+        out.notes.append(
+            f"--recompute-modules {' '.join(other)}: not modelled (echosim recomputes {', '.join(MEGATRON_MODULES)})"
+        )
+    out.options["recompute"] = "selective:" + ",".join(known) if known else "none"
+
+
 def _devices(launcher: list[str], out: FromConfig) -> None:
     """``torchrun --nproc_per_node 8 --nnodes 2`` (or deepspeed's --num_gpus/--num_nodes): 16 devices."""
     per_node = nodes = None
@@ -413,6 +524,13 @@ def _model(values: dict[str, list[str]], out: FromConfig, source: str) -> Any:
     kv = heads
     if "--group-query-attention" in values:
         kv = _int(values, "--num-query-groups", source, 1) or 1
+    latent = _latent_attention(values, source)
+    if latent:
+        if kv != heads:
+            raise ConfigError(f"{source}: --multi-latent-attention with --group-query-attention (Megatron allows one)")
+        head_dim = latent.pop("head_dim")
+    elif "--qk-layernorm" in values:
+        out.notes.append("--qk-layernorm: not modelled (the query and key normalisation)")
     seq = _int(values, "--seq-length", source)
     if seq is None:
         seq = _int(values, "--max-position-embeddings", source)
@@ -462,7 +580,17 @@ def _model(values: dict[str, list[str]], out: FromConfig, source: str) -> Any:
             "top_k": _int(values, "--moe-router-topk", source, 2) or 2,  # arguments.py: moe_router_topk=2
             "moe_ffn": moe_ffn,
             "shared_experts": shared_size // moe_ffn,
+            **_moe_layers(values, layers, out, source),
         }
+        if "--moe-grouped-gemm" not in values:
+            out.notes.append(
+                "--moe-grouped-gemm not given: Megatron runs SequentialMLP, one GEMM per expert; echosim costs the "
+                "experts' grouped kernel"
+            )
+    mtp = _int(values, "--mtp-num-layers", source, 0) or 0
+    if mtp and not experts:
+        out.notes.append(f"--mtp-num-layers {mtp}: not modelled for a dense model (echosim's MTP follows a MoE model)")
+        mtp = 0
     cfg = ArchConfig(
         arch,
         layers,
@@ -476,8 +604,109 @@ def _model(values: dict[str, list[str]], out: FromConfig, source: str) -> Any:
         dropout=dropout,
         tied_embeddings=tied,
         **moe,
+        **latent,
+        **({"mtp_layers": mtp} if mtp else {}),
     )
     return model_or_zoo(cfg, source)
+
+
+def _latent_attention(values: dict[str, list[str]], source: str) -> dict[str, int]:
+    """MLA's sizes under ``--multi-latent-attention`` (arguments.py defaults: no query latent, kv latent 32, query/key
+    head 128 + 64 rotary, value head 128); ``head_dim`` is the query/key head, as :class:`ArchConfig` counts it."""
+    if "--multi-latent-attention" not in values:
+        return {}
+    qk = _int(values, "--qk-head-dim", source, 128) or 128
+    rope = _int(values, "--qk-pos-emb-head-dim", source, 64) or 64
+    return {
+        "head_dim": qk + rope,
+        "kv_lora_rank": _int(values, "--kv-lora-rank", source, 32) or 32,
+        "q_lora_rank": _int(values, "--q-lora-rank", source, 0) or 0,
+        "rope_head_dim": rope,
+        "v_head_dim": _int(values, "--v-head-dim", source, 128) or 128,
+    }
+
+
+def moe_layer_pattern(text: str, layers: int, source: str) -> list[int]:
+    """``--moe-layer-freq`` as one 0/1 per layer (1: MoE). An integer N puts a MoE layer at every layer i with
+    i % N == 0; a list expression such as ``([0]*3+[1]*58)`` or ``([1]*3+[0]*1)*3`` (arguments.py ``moe_freq_type``
+    evaluates it as Python) is read as sums and repeats of ``[0/1, ...]`` lists; its length must be the layer count."""
+    body = text.replace(" ", "")
+    if body.strip("()").isdigit():
+        step = int(body.strip("()"))
+        if step < 1:
+            raise ConfigError(f"{source}: --moe-layer-freq {text!r}: the frequency must be 1 or more")
+        return [1 if i % step == 0 else 0 for i in range(layers)]
+    try:
+        pattern, end = _freq_sum(body, 0)
+        if end != len(body):
+            raise ValueError(end)
+    except (ValueError, IndexError):
+        raise ConfigError(
+            f"{source}: --moe-layer-freq {text!r}: echosim reads an integer or sums and repeats of [0/1, ...] lists"
+        ) from None
+    if len(pattern) != layers:
+        raise ConfigError(f"{source}: --moe-layer-freq {text!r} has {len(pattern)} layers, --num-layers {layers}")
+    return pattern
+
+
+def _freq_sum(body: str, i: int) -> tuple[list[int], int]:
+    """``term (+ term)*`` of a --moe-layer-freq list expression from position ``i``: (the list, where it ends)."""
+    out, i = _freq_term(body, i)
+    while i < len(body) and body[i] == "+":
+        more, i = _freq_term(body, i + 1)
+        out += more
+    return out, i
+
+
+def _freq_term(body: str, i: int) -> tuple[list[int], int]:
+    """``[0,1,...]`` or ``(sum)``, optionally ``*n``."""
+    if body[i] == "[":
+        close = body.index("]", i)
+        items = [int(x) for x in body[i + 1 : close].split(",")]
+        if any(x not in (0, 1) for x in items):
+            raise ValueError(items)
+        out, i = items, close + 1
+    elif body[i] == "(":
+        out, i = _freq_sum(body, i + 1)
+        if body[i] != ")":
+            raise ValueError(i)
+        i += 1
+    else:
+        raise ValueError(i)
+    if i < len(body) and body[i] == "*":
+        digits = re.match(r"\d+", body[i + 1 :])
+        if digits is None:
+            raise ValueError(i)
+        out, i = out * int(digits.group()), i + 1 + len(digits.group())
+    return out, i
+
+
+def _moe_layers(values: dict[str, list[str]], layers: int, out: FromConfig, source: str) -> dict[str, int]:
+    """``dense_layers`` or ``moe_layer_step`` (:class:`ArchConfig`, which takes one or the other) for
+    ``--moe-layer-freq``: a MoE layer at every layer i with (i + 1) % step == 0, or dense first layers, then MoE."""
+    text = _one(values, "--moe-layer-freq", source)
+    if text is None:
+        return {}
+    pattern = moe_layer_pattern(text, layers, source)
+    for step in range(1, layers + 1):
+        if all(x == ((i + 1) % step == 0) for i, x in enumerate(pattern)):
+            return {"moe_layer_step": step} if step > 1 else {}
+    dense = next((i for i, x in enumerate(pattern) if x), layers)
+    if dense < layers and all(pattern[dense:]):
+        return {"dense_layers": dense}
+    plain = text.replace(" ", "").strip("()")
+    if plain.isdigit():  # Megatron's i % N == 0 puts the first MoE layer first; echosim's rule puts it at N - 1
+        step = int(plain)
+        echo = sum((i + 1) % step == 0 for i in range(layers))
+        out.notes.append(
+            f"--moe-layer-freq {step}: Megatron's MoE layers are 0, {step}, {2 * step}, ... ({sum(pattern)} of them); "
+            f"echosim places every {step}-th from layer {step - 1} ({echo})"
+        )
+        return {"moe_layer_step": step}
+    raise ConfigError(
+        f"{source}: --moe-layer-freq {text!r}: echosim models dense layers first, then MoE layers, or a MoE layer "
+        "every step-th layer"
+    )
 
 
 def _vocab(values: dict[str, list[str]], out: FromConfig, source: str) -> int:

@@ -131,15 +131,29 @@ def layout_counts(text: str) -> list[int]:
     return [stage.count("t") for stage in stages]
 
 
+def leading_layers(block: str) -> int:
+    """Decoder layers before a graph's repeated block: a capture names the block after its first layer
+    (``layers.3`` when DeepSeek-V3's three dense layers come first), and the layers before it are the first
+    stage's (its ``pre``, with the embedding)."""
+    index = block.rsplit(".", 1)[-1]
+    return int(index) if index.isdigit() else 0
+
+
 def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
-    ((_block, layers),) = graph.repeats.items()
+    ((block, layers),) = graph.repeats.items()
     if balance.startswith(LAYOUT_PREFIX):
         counts = layout_counts(balance.removeprefix(LAYOUT_PREFIX))
-        if len(counts) != pp or sum(counts) != layers:
+        # a layout counts every decoder layer; those before the repeated block run on the first stage
+        lead = leading_layers(block) if sum(counts) != layers else 0
+        if len(counts) != pp or sum(counts) != layers + lead:
             raise LayoutError(
                 f"pipeline layout {balance.removeprefix(LAYOUT_PREFIX)!r} has {len(counts)} stages and "
-                f"{sum(counts)} layers; the layout needs pp x vpp = {pp} stages and the model's {layers} layers"
+                f"{sum(counts)} layers; the layout needs pp x vpp = {pp} stages and the model's {layers + lead} "
+                "layers"
             )
+        for i in range(len(counts)):  # the leading layers leave the stages the layout gives them, first to last
+            taken = min(lead, counts[i])
+            counts[i], lead = counts[i] - taken, lead - taken
         return counts
     if pp > layers + 2:
         raise LayoutError(f"pp={pp} exceeds the number of layers ({layers}) plus the embedding and loss stages")
