@@ -115,6 +115,59 @@ def test_megatron_llama3_8b_script_follows_variables_arrays_and_ifs() -> None:
     assert got[1].sp is False  # --sequence-parallel with tensor-parallel size 1: Megatron turns it off
 
 
+_SLURM_SCRIPT = """#!/bin/bash
+TP=${TP:-2}
+ARGS=(
+    --tensor-model-parallel-size ${TP} --num-layers 4 --hidden-size 256 --num-attention-heads 4
+    --micro-batch-size 2 --global-batch-size 16 --seq-length 128 --vocab-size 1000 --bf16
+    --moe-layer-freq [0]*1+[1]*3 --num-experts 4 --moe-router-topk 2 --moe-grouped-gemm
+)
+if [ "${PROFILE:-0}" = 1 ]; then
+    PROFILE_CMD="nsys profile --trace=cuda \\
+        -o /tmp/out"
+else
+    PROFILE_CMD=""
+fi
+TRAINING_CMD="
+cd /opt/megatron;  # it's the repository
+git rev-parse HEAD;
+${PROFILE_CMD} python /opt/megatron/pretrain_gpt.py ${ARGS[@]}"
+sbatch <<EOF
+#!/bin/bash
+#SBATCH --nodes=your_own_num_nodes
+echo it's submitted
+srun bash -x -c "${TRAINING_CMD}"
+EOF
+"""
+
+
+def test_a_slurm_script_keeps_its_command_in_a_multi_line_string(tmp_path: Path) -> None:
+    """Megatron-LM's own sbatch examples (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh) keep the training
+    command in a double-quoted string over several lines and submit it through a here-document: the string is one
+    assignment, its command is found, and a quote left open inside the here-document does not swallow what follows."""
+    script = tmp_path / "train.sh"
+    script.write_text(_SLURM_SCRIPT)
+    got = read_source(f"megatron:{script}")
+    assert (got.options["tp"], got.options["micro_batch"], got.options["global_batch"]) == (2, 2, 16)
+    assert got.model.config.dense_layers == 1  # type: ignore[union-attr]
+    assert not got.unknown
+
+
+def test_megatron_fsdp_sharding_strategies_are_zero_stages() -> None:
+    """--use-megatron-fsdp shards as its --data-parallel-sharding-strategy says (default optim_grads_params, the
+    whole state: ZeRO-3); --use-torch-fsdp2 is PyTorch's fully_shard."""
+    base = "--num-layers 2 --hidden-size 256 --num-attention-heads 2 --micro-batch-size 1 --vocab-size 1000"
+    assert read_args(f"{base} --use-megatron-fsdp").options["zero"] == 3
+    for strategy, zero in (("no_shard", 0), ("optim", 1), ("optim_grads", 2), ("optim_grads_params", 3)):
+        got = read_args(f"{base} --use-megatron-fsdp --data-parallel-sharding-strategy {strategy}")
+        assert got.options["zero"] == zero, strategy
+    assert read_args(f"{base} --use-torch-fsdp2").options["zero"] == 3
+    alone = read_args(f"{base} --data-parallel-sharding-strategy optim")
+    assert "zero" not in alone.options and any("only with --use-megatron-fsdp" in n for n in alone.notes)
+    with pytest.raises(ConfigError, match="--data-parallel-sharding-strategy 'full'"):
+        read_args(f"{base} --use-megatron-fsdp --data-parallel-sharding-strategy full")
+
+
 def test_megatron_mixtral_example_builds_its_small_moe() -> None:
     got = from_config(f"megatron:{MEG}/train_mixtral_8x7b_distributed.sh")
     model = ArchConfig("moe", 2, 256, 2, 32000, ffn=896, kv_heads=2, seq_len=256, tied_embeddings=False,

@@ -90,6 +90,10 @@ IGNORED_PREFIXES = (
     "--rotary-scaling-factor",
     "--mscale",
     "--no-check-for-nan-in-loss-and-grad",
+    "--mtp-loss-scaling-factor",
+    "--init-model-with-meta-device",
+    "--auto-detect-ckpt-format",
+    "--logging-level",
 )
 
 #: Flags echosim understands but does not model: the effect each has is named in the note.
@@ -122,7 +126,16 @@ NOT_MODELLED = {
     "--exp-avg-sq-dtype": "the optimizer states' dtypes; costed in fp32",
     "--reuse-grad-buf-for-mxfp8-param-ag": "reusing the gradient buffer for the MXFP8 parameter all-gather",
     "--te-rng-tracker": "Transformer Engine's RNG tracker",
+    "--no-gradient-accumulation-fusion": "weight gradients accumulated by a separate add",
+    "--fsdp-double-buffer": "Megatron-FSDP's persistent double buffers",
+    "--use-nccl-ub": "NCCL user buffers",
+    "--megatron-fsdp-grad-comm-dtype": "the gradient reduce-scatter's dtype; costed in the gradient dtype",
+    "--megatron-fsdp-main-grads-dtype": "the main gradients' dtype; costed in fp32",
 }
+
+#: Megatron-FSDP's ``--data-parallel-sharding-strategy`` (default optim_grads_params, arguments.py at d98e8a6) as
+#: the ZeRO stage that shards the same state.
+FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
 #: Flags the reader consumes (their value is read into the plan or the model).
 CONSUMED = {
@@ -199,6 +212,9 @@ CONSUMED = {
     "--qk-pos-emb-head-dim",
     "--v-head-dim",
     "--qk-layernorm",
+    "--use-megatron-fsdp",
+    "--use-torch-fsdp2",
+    "--data-parallel-sharding-strategy",
 }
 
 #: Megatron-Core's ``recompute_modules`` (TransformerConfig.__post_init__ at commit d98e8a6); echosim models
@@ -356,6 +372,17 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         opts["sp"] = opts.get("tp", 1) > 1
     if "--use-distributed-optimizer" in values:
         opts["zero"] = 1
+    if "--use-megatron-fsdp" in values:
+        strategy = _one(values, "--data-parallel-sharding-strategy", src) or "optim_grads_params"
+        if strategy not in FSDP_SHARDING:
+            raise ConfigError(
+                f"{src}: --data-parallel-sharding-strategy {strategy!r} (Megatron knows {', '.join(FSDP_SHARDING)})"
+            )
+        opts["zero"] = FSDP_SHARDING[strategy]
+    elif "--use-torch-fsdp2" in values:
+        opts["zero"] = 3  # PyTorch FSDP2's fully_shard: parameters, gradients and optimizer state
+    elif "--data-parallel-sharding-strategy" in values:
+        out.notes.append("--data-parallel-sharding-strategy: read only with --use-megatron-fsdp; ignored")
     if "--overlap-moe-expert-parallel-comm" in values:
         opts["moe_ep_overlap"] = True
     if "--tp-comm-overlap" in values:

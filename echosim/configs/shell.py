@@ -5,9 +5,11 @@ Enough of bash for the launch scripts Megatron-LM and NeMo ship: ``NAME=value`` 
 ``${NAME:-default}``, ``$((a * b))``, positional parameters (unset, as when the script is
 run without arguments), line continuations, comments and ``if [[ ... ]]; then / elif /
 else / fi`` with string tests (``==``, ``!=``, ``-z``, ``-n``; file tests are false: the
-paths a script names are on the training cluster, not here). Every other command is
-skipped. The training command is the line that runs a ``.py`` file; its arguments are
-split into the launcher's (``torchrun --nproc_per_node 8``) and the program's.
+paths a script names are on the training cluster, not here), double-quoted strings over several
+lines and here-documents (read line by line). Every other command is skipped. The training
+command is the line that runs a ``.py`` file, or the last such command inside a string the
+script assigns (``CMD="cd x; python train.py ..."``, run later by ``bash -c "$CMD"``); its
+arguments are split into the launcher's (``torchrun --nproc_per_node 8``) and the program's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from echosim.configs.base import ConfigError
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGN = re.compile(rf"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?({_NAME})(\+?)=(.*)$", re.S)
+_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 _VAR = re.compile(rf"\$\(\((?P<arith>.*?)\)\)|\$\{{(?P<braced>[^}}]*)\}}|\$(?P<plain>{_NAME}|[0-9#@*?])")
 
 
@@ -149,37 +152,56 @@ def _unquote(text: str) -> str:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Lines with continuations joined and comments dropped, each with its first line number."""
+    """Lines with continuations and multi-line quoted strings joined and comments dropped, each with its first
+    line number (``CMD="cd x;\n python train.py ..."`` is one line, its newlines kept)."""
     out: list[tuple[int, str]] = []
-    pending, start = "", 0
+    pending, start, quote, heredoc = "", 0, "", ""
     for number, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw)
+        if heredoc and raw.strip() == heredoc:  # a here-document's lines are read one by one, quotes and all
+            heredoc = ""
+            continue
+        line, quote_after = _strip_comment(raw, "" if heredoc else quote)
         if not pending:
             start = number
+        if quote_after and not heredoc:  # a quoted string runs on to the next line
+            if quote_after == '"' and line.endswith("\\"):
+                pending += line[:-1]  # bash drops a backslash-newline inside double quotes
+            else:
+                pending += line + "\n"
+            quote = quote_after
+            continue
+        quote = ""
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
         pending += line
         if pending.strip():
             out.append((start, pending.strip()))
+            opened = _HEREDOC.search(pending)
+            heredoc = opened.group(1) if opened and not heredoc else heredoc
         pending = ""
     if pending.strip():
         out.append((start, pending.strip()))
     return out
 
 
-def _strip_comment(line: str) -> str:
-    """``line`` without a ``#`` comment (a ``#`` inside quotes or ``${#...}`` is kept)."""
-    quote = ""
+def _strip_comment(line: str, quote: str = "") -> tuple[str, str]:
+    """``line`` without a ``#`` comment (a ``#`` inside quotes or ``${#...}`` is kept), and the quote still open at
+    its end ('' when none); ``quote`` is the one open from the line before."""
+    escaped = False
     for i, ch in enumerate(line):
-        if quote:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
             if ch == quote:
                 quote = ""
         elif ch in "'\"":
             quote = ch
         elif ch == "#" and (i == 0 or line[i - 1] in " \t;(") and not line[max(0, i - 2) : i].endswith("${"):
-            return line[:i].rstrip()
-    return line.rstrip()
+            return line[:i].rstrip(), ""
+    return (line if quote else line.rstrip()), quote
 
 
 def _array_body(lines: list[tuple[int, str]], i: int, first: str) -> tuple[str, int]:
@@ -256,12 +278,26 @@ def launch_command(text: str, where: str) -> Launch | None:
                     found = _launch(words[1:], number) or found
                 else:
                     shell.scalars[name] = (shell.scalars.get(name, "") if append else "") + "".join(words)
+                    # ``CMD="cd x; python train.py ${ARGS[@]}"`` run later by ``bash -c "$CMD"`` or ``srun $CMD``
+                    found = _string_launch("".join(words), number) or found
             i += 1
             continue
         if running:
             with contextlib.suppress(ConfigError):  # a line bash could not split runs no training program
                 found = _launch(shell.words(line), number) or found
         i += 1
+    return found
+
+
+def _string_launch(value: str, number: int) -> Launch | None:
+    """The last command in a string a script keeps to run later (one per line or ``;``) that runs a ``.py``
+    program: its variables were expanded when it was assigned, as bash expands a double-quoted string."""
+    if ".py" not in value:
+        return None
+    found = None
+    for part in re.split(r"[;\n]|&&", value):
+        with contextlib.suppress(ValueError):
+            found = _launch(shlex.split(part, comments=True), number) or found
     return found
 
 
