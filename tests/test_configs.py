@@ -639,3 +639,21 @@ def test_check_entry_takes_splash_blocks_as_a_list() -> None:
     plain = run_check(entry, {}, 0)
     blocks = run_check({**entry, "splash_blocks": [2048] * 6}, {}, 0)
     assert blocks.step_time_s > plain.step_time_s
+
+
+def test_launch_script_conditions_compare_integers_and_patterns(tmp_path: Path) -> None:
+    """``[[ $N -gt 1 ]]`` compares integers (an unset variable is 0, as ``[[ ]]`` takes it), ``[[ $A == *x* ]]``
+    matches a pattern against the whole expansion, and ``$?`` is 0: the commands before it are taken to succeed."""
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "which srun\nBATCH=$((1-$?))\nMODEL_ARGS=(--num-layers 2 --hidden-size 256 --num-attention-heads 2)\n"
+        "TP=1\nif [[ $BATCH -eq 1 ]] && [[ $UNSET -lt 1 ]]; then\n  TP=2\nfi\n"
+        'if [[ ${MODEL_ARGS[@]} == *"hidden-size 256"* ]]; then\n  PP=2\nelse\n  PP=1\nfi\n'
+        "torchrun --nproc_per_node 8 pretrain_gpt.py ${MODEL_ARGS[@]} --tensor-model-parallel-size $TP "
+        "--pipeline-model-parallel-size $PP --micro-batch-size 1 --vocab-size 1000\n"
+    )
+    got = read_source(f"megatron:{script}")
+    assert (got.options["tp"], got.options["pp"]) == (2, 2)
+    script.write_text("if [[ 1 -eq x ]]; then\n  A=1\nfi\npython train.py --num-layers 2\n")
+    with pytest.raises(ConfigError, match="cannot evaluate the condition"):
+        read_source(f"megatron:{script}")

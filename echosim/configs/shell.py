@@ -3,19 +3,21 @@
 Enough of bash for the launch scripts Megatron-LM and NeMo ship: ``NAME=value`` and
 ``export``, arrays (``A=( ... )``, ``A+=( ... )``, ``${A[@]}``), ``$NAME``, ``${NAME}``,
 ``${NAME:-default}``, ``$((a * b))``, positional parameters (unset, as when the script is
-run without arguments), line continuations, comments and ``if [[ ... ]]; then / elif /
-else / fi`` with string tests (``==``, ``!=``, ``-z``, ``-n``; file tests are false: the
-paths a script names are on the training cluster, not here), double-quoted strings over several
-lines and here-documents (read line by line). Every other command is skipped. The training
-command is the line that runs a ``.py`` file, or the last such command inside a string the
-script assigns (``CMD="cd x; python train.py ..."``, run later by ``bash -c "$CMD"``); its
-arguments are split into the launcher's (``torchrun --nproc_per_node 8``) and the program's.
+run without arguments; ``$?`` is 0), line continuations, comments and ``if [[ ... ]]; then /
+elif / else / fi`` with string, pattern and integer tests (``==``, ``!=``, ``-z``, ``-n``,
+``-eq``, ``-lt``, ...; file tests are false: the paths a script names are on the training
+cluster, not here), double-quoted strings over several lines and here-documents (read line
+by line). Every other command is skipped. The training command is the line that runs a
+``.py`` file, or the last such command inside a string the script assigns (``CMD="cd x;
+python train.py ..."``, run later by ``bash -c "$CMD"``); its arguments are split into the
+launcher's (``torchrun --nproc_per_node 8``) and the program's.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import fnmatch
 import operator
 import re
 import shlex
@@ -53,6 +55,8 @@ class _Shell:
                 return str(self.arithmetic(self.expand(match.group("arith"))))
             body = match.group("braced") if match.group("braced") is not None else match.group("plain")
             name, _, default = body.partition(":-")
+            if name == "?":  # the commands before it are not run here: each is taken to succeed
+                return "0"
             if name.endswith("[@]") or name.endswith("[*]"):
                 return " ".join(self.arrays.get(name[:-3], []))
             if name in self.arrays:
@@ -108,9 +112,18 @@ class _Shell:
             raise ConfigError(f"{self.where}:{line}: cannot evaluate the condition {part!r}")
         inner = inner.strip()
         negate ^= inner.startswith("! ")
+        double = part.strip().lstrip("!").strip().startswith("[[")
         words = self.words(inner.removeprefix("! "))
+        binary = [k for k, w in enumerate(words) if w in ("==", "=", "!=", *_INT_TESTS)]
+        if double and len(binary) == 1:  # [[ ]] does not split an expansion into words: one operand each side
+            k = binary[0]
+            words = [" ".join(words[:k]), words[k], " ".join(words[k + 1 :])]
         if len(words) == 3 and words[1] in ("==", "=", "!="):
-            value = (words[0] == words[2]) == (words[1] != "!=")
+            # [[ a == b* ]] matches a pattern (quoting is not kept here: a quoted * matches as a pattern too)
+            same = fnmatch.fnmatchcase(words[0], words[2]) if double else words[0] == words[2]
+            value = same == (words[1] != "!=")
+        elif len(words) == 3 and words[1] in _INT_TESTS:
+            value = _INT_TESTS[words[1]](self._integer(words[0], part, line), self._integer(words[2], part, line))
         elif len(words) == 2 and words[0] in ("-z", "-n"):
             value = (words[1] == "") == (words[0] == "-z")
         elif len(words) == 1 and words[0] == "-z":
@@ -122,6 +135,17 @@ class _Shell:
         else:
             raise ConfigError(f"{self.where}:{line}: cannot evaluate the condition {part!r}")
         return value != negate
+
+    def _integer(self, word: str, part: str, line: int) -> int:
+        """An operand of ``-eq`` and the like: an integer, '' (an unset variable) as 0, as ``[[ ]]`` takes it."""
+        try:
+            return int(word or "0")
+        except ValueError:
+            raise ConfigError(f"{self.where}:{line}: cannot evaluate the condition {part!r}") from None
+
+
+_INT_TESTS = {"-eq": operator.eq, "-ne": operator.ne, "-lt": operator.lt, "-le": operator.le,
+              "-gt": operator.gt, "-ge": operator.ge}  # fmt: skip
 
 
 _OPS = {
