@@ -1,8 +1,8 @@
 """What the checks on published runs ``cases.csv`` lacks share (``mbridge_newer_releases.py``,
 ``mbridge_other_rows.py``, ``torchtitan_newer_runs.py``, ``dgxc_newer_releases.py``, ``llmfoundry_other_rows.py``,
 ``tpu_recipes_other_rows.py``, ``nemo_docs_other_rows.py``, ``maxtext_readme_other_rows.py``,
-``mcore_dsv3_gb200.py``): writing their rows in ``cases.csv``'s columns, printing echosim against every row with the
-error of each group, and their command line."""
+``mcore_dsv3_gb200.py``, ``mbridge_cards.py``): writing their rows in ``cases.csv``'s columns, printing echosim
+against every row with the error of each group, and their command line."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ CHECKS = {
     "maxtext_readme_other.csv": "MaxText TPU tables' other cells (`benchmarks/maxtext_readme_other_rows.py`)",
     "mbridge_other_rows.csv": "Megatron-Bridge rows dropped as repeats (`benchmarks/mbridge_other_rows.py`)",
     "mcore_dsv3_gb200.csv": "Megatron-Core's DeepSeek-V3 GB200 guide, final stage (`benchmarks/mcore_dsv3_gb200.py`)",
+    "mbridge_cards.csv": "Megatron-Bridge model verification cards (`benchmarks/mbridge_cards.py`)",
 }
 
 

@@ -693,6 +693,8 @@ def block_scaled_dtype(c: Case) -> str:
 #: v25.05 tables print VP=12 for the same runs).
 SOURCE_MODEL_FLAGS: dict[tuple[str, int, int], dict[str, Any]] = {
     ("dgxc_benchmarking_v25.04", 96, 18432): {"vpp": 12},
+    # deepseek_v3_pretrain_1024gpu_h100_bf16_config sets ddp.overlap_grad_reduce = False (Megatron-Bridge 067f987)
+    ("megatron_bridge_cards", 61, 7168): {"overlap_dp": False},
 }
 
 
@@ -806,6 +808,16 @@ MEGATRON_BRIDGE_MOE_PRESETS: dict[tuple[str, int, int, str], MoePreset] = {
     ("megatron_bridge_26.06", 36, 2880, "b300"): MoePreset("hybridep", False),
     ("megatron_bridge_26.06", 48, 2048, "b300"): _HYBRIDEP_OVERLAP,
     ("megatron_bridge_26.06", 48, 2048, "h100-sxm"): MoePreset("hybridep", False),
+    # Megatron-Bridge's model verification cards (benchmarks/mbridge_cards.py), the perf recipes at commit 067f987:
+    # perf_recipes/qwen/h100/qwen3_moe.py qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config (HybridEP from
+    # recipes/qwen/h100/qwen3_moe.py, overlap_moe_expert_parallel_comm, no recompute); perf_recipes/deepseek/h100/
+    # deepseek_v3.py deepseek_v3_pretrain_1024gpu_h100_bf16_config (HybridEP from recipes/deepseek/h100/
+    # deepseek_v3.py, recompute_modules mla_up_proj and mlp, no overlap); perf_recipes/gpt_oss/gb200/gpt_oss.py
+    # gpt_oss_120b_pretrain_64gpu_gb200_bf16_config (alltoall from recipes/gpt_oss/h100/gpt_oss.py, the overlap,
+    # recompute_modules layernorm and moe_act)
+    ("megatron_bridge_cards", 48, 2048, "h100-sxm"): MoePreset("hybridep", True),
+    ("megatron_bridge_cards", 61, 7168, "h100-sxm"): MoePreset("hybridep", False, ("mla_up_proj",)),
+    ("megatron_bridge_cards", 36, 2880, "gb200"): MoePreset("alltoall", True, ("layernorm", "moe_act")),
 }
 
 
