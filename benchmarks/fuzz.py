@@ -380,6 +380,46 @@ def hf_config(rng: random.Random, work: Path) -> Callable[[], Any]:
     return lambda: build_config(path / "config.json")
 
 
+#: Values a mutated launch line gives a flag: numbers, odd text, layouts and --moe-layer-freq patterns.
+_FLAG_VALUES = ["0", "-1", "1", "3", "8", "1024", "1e309", "nan", "x", "", "Et|(tt|)*30L", "E|tL", "(t|)*3L",
+                "([0]*3+[1]*58)", "[1]*4", "([0]+[1])*", "mxfp8", "blockwise", "selective", "moe_act", "mlp",
+                '"', "'", "$((1/0))", "${X:-", "<<EOF"]  # fmt: skip
+
+
+def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
+    """A Megatron-LM launch script or file of arguments from tests/data/configs/megatron with flags dropped, values
+    replaced or inserted, or the text cut short; read, resolved and laid out as ``compile --from megatron:`` does."""
+    from echosim.configs import read_source, resolve
+
+    source = rng.choice(sorted((ROOT / "tests" / "data" / "configs" / "megatron").glob("*")))
+    words = source.read_text().split(" ")
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(len(words))
+        move = rng.random()
+        if move < 0.3:
+            del words[i]
+        elif move < 0.8:
+            words[i] = rng.choice(_FLAG_VALUES) if not words[i].startswith("--") else words[i]
+            if words[i].startswith("--") and i + 1 < len(words):
+                words[i + 1] = rng.choice(_FLAG_VALUES)
+        else:
+            words.insert(i, rng.choice(_FLAG_VALUES))
+    text = " ".join(words)
+    if rng.random() < 0.15:
+        text = text[: rng.randrange(len(text) + 1)]
+    path = work / f"m{rng.randrange(10**9)}{source.suffix}"
+    path.write_text(text)
+    model = rng.choice([None, "deepseek-v3", "llama3-8b"])
+
+    def run() -> Any:
+        from echosim.commands.options import layout_from_options
+
+        chosen, opts = resolve(read_source(f"megatron:{path}"), {}, model)
+        return layout_from_options(chosen, opts, False)  # the plan and cluster compile would simulate
+
+    return run
+
+
 TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "layouts": layouts,
     "cases": cases_csv,
@@ -388,6 +428,7 @@ TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "calibration-db": calibration_db,
     "onnx": onnx_model,
     "hf-config": hf_config,
+    "megatron-config": megatron_config,
 }
 
 
