@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -657,3 +658,50 @@ def test_launch_script_conditions_compare_integers_and_patterns(tmp_path: Path) 
     script.write_text("if [[ 1 -eq x ]]; then\n  A=1\nfi\npython train.py --num-layers 2\n")
     with pytest.raises(ConfigError, match="cannot evaluate the condition"):
         read_source(f"megatron:{script}")
+
+
+# ---- Megatron-Bridge ----------------------------------------------------------------------------------------------
+
+
+def test_a_megatron_bridge_config_is_the_run_its_megatron_arguments_are() -> None:
+    """The DeepSeek-V3 GB200 guide's run as a ConfigContainer YAML reads as the same model and layout as its launch
+    line (megatron/mcore_dsv3_gb200_guide.args); only the framework entry differs (Megatron-Bridge's), and the step
+    is the same."""
+    from echosim.compiler import compile as compile_model
+
+    flags = "--backend gb200 --devices 256 --devices-per-node 32"
+    bridge = from_config(f"mbridge:{DATA}/mbridge/dsv3_gb200_guide.yaml", flags)
+    megatron = from_config(f"megatron:{MEG}/mcore_dsv3_gb200_guide.args", flags, "deepseek-v3")
+    assert getattr(bridge[0], "name", bridge[0]) == "deepseek-v3"  # the zoo entry its sizes are
+    assert replace(bridge[1], framework="x", tp_overlap=False) == replace(megatron[1], framework="x")
+    assert bridge[1].framework == "megatron-bridge" and bridge[2] == megatron[2]
+    assert compile_model(*bridge).step_time_s == pytest.approx(compile_model(*megatron).step_time_s, rel=1e-9)
+    got = read_source(f"mbridge:{DATA}/mbridge/dsv3_gb200_guide.yaml")
+    assert not got.unknown and "model.init_method_std" in got.ignored
+    assert any(n.startswith("model.recompute_modules mlp: not modelled") for n in got.notes)
+
+
+def test_megatron_bridge_precision_sections_and_unknown_keys(tmp_path: Path) -> None:
+    """mixed_precision as a recipe name or as its fields; an unknown recipe, a file with no model section and a key
+    echosim does not read are reported under the YAML's names."""
+    base = ("model:\n  num_layers: 2\n  hidden_size: 256\n  num_attention_heads: 4\n  seq_length: 128\n"
+            "  vocab_size: 1000\n  tensor_model_parallel_size: 2\ntrain:\n  global_batch_size: 8\n"
+            "  micro_batch_size: 1\n")  # fmt: skip
+    path = tmp_path / "run_config.yaml"
+    for precision, dtype in (("bf16_with_mxfp8_mixed", "mxfp8"), ("bf16-with-fp8-current-scaling-mixed", "fp8"),
+                             ("bf16_with_nvfp4_mixed", "nvfp4"), ("bf16_mixed", "bf16"),
+                             ("\n  bf16: true\n  fp8: e4m3\n  fp8_recipe: mxfp8", "mxfp8")):  # fmt: skip
+        path.write_text(f"{base}mixed_precision: {precision}\n")
+        assert read_source(f"mbridge:{path}").options["dtype"] == dtype, precision
+    path.write_text(f"{base}mixed_precision: bf16_with_fp9_mixed\n")
+    with pytest.raises(ConfigError, match="mixed_precision 'bf16_with_fp9_mixed' is not a recipe"):
+        read_source(f"mbridge:{path}")
+    path.write_text("train:\n  global_batch_size: 8\n")
+    with pytest.raises(ConfigError, match="no model: section"):
+        read_source(f"mbridge:{path}")
+    path.write_text(
+        base.replace("model:\n", "model:\n  moe_router_pre_softmax: true\n  heterogeneous_block_specs: true\n")
+    )
+    got = read_source(f"mbridge:{path}")
+    assert got.unknown == ["model.heterogeneous_block_specs"] and got.needs_devices
+    assert (got.options["tp"], got.options["global_batch"], got.options["micro_batch"]) == (2, 8, 1)

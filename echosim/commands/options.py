@@ -249,7 +249,8 @@ def from_options(fn: F) -> F:
             "from_source",
             metavar="FRAMEWORK:FILE",
             help="Read the layout (and the model, where it gives sizes) from a framework's own config: "
-            "megatron:train.sh (a launch script or a file of arguments), nemo:run.yaml, torchtitan:job.toml, "
+            "megatron:train.sh (a launch script or a file of arguments), nemo:run.yaml, "
+            "mbridge:run_config.yaml (a Megatron-Bridge ConfigContainer), torchtitan:job.toml, "
             "maxtext:base.yml,model.yml[,key=value ...], deepspeed:ds_config.json (with MODEL). "
             "Flags given beside it override it. See docs/configs.md.",
         ),

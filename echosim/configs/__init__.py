@@ -1,4 +1,5 @@
-"""Read the configs teams already have: Megatron-LM arguments, NeMo YAML, torchtitan TOML, MaxText YAML, DeepSpeed JSON.
+"""Read the configs teams already have: Megatron-LM arguments, NeMo YAML, Megatron-Bridge ConfigContainer YAML,
+torchtitan TOML, MaxText YAML, DeepSpeed JSON.
 
 ``read_source("megatron:train.sh")`` returns a :class:`FromConfig`: the ``compile`` options
 and the model the file states, what it leaves to the framework's defaults (applied by the
@@ -17,6 +18,7 @@ from typing import Any
 from echosim.configs.base import ConfigError, ConfigModel, FromConfig, describe_model
 from echosim.configs.deepspeed import read_deepspeed
 from echosim.configs.maxtext import read_maxtext
+from echosim.configs.mbridge import read_mbridge
 from echosim.configs.megatron import read_megatron, read_megatron_args
 from echosim.configs.nemo import read_nemo
 from echosim.configs.torchtitan import read_torchtitan
@@ -27,6 +29,7 @@ READERS = {
     "maxtext": read_maxtext,
     "deepspeed": read_deepspeed,
     "nemo": read_nemo,
+    "mbridge": read_mbridge,
 }
 
 __all__ = ["READERS", "ConfigError", "ConfigModel", "FromConfig", "describe_model", "read_source", "resolve"]

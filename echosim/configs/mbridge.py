@@ -1,0 +1,183 @@
+"""A Megatron-Bridge run's configuration (``ConfigContainer`` as YAML: ``run_config.yaml`` beside a checkpoint,
+the file ``logger.save_config_filepath`` writes, or an override file in its shape).
+
+Its sections are Megatron-Bridge's dataclasses (``src/megatron/bridge/training/config.py``, commit 067f987):
+``model`` holds Megatron-Core's ``TransformerConfig`` fields under their own names (``num_layers``,
+``tensor_model_parallel_size``, ``multi_latent_attention``, ``recompute_modules``, ...), ``train`` the batch sizes,
+``ddp`` / ``optimizer`` the optimizer sharding, ``comm_overlap`` the overlaps, ``mixed_precision`` a recipe name
+(``bf16_with_mxfp8_mixed``) or its fields. Each setting is translated into the Megatron-LM argument it stands for
+(:data:`TO_MEGATRON`, :data:`SWITCHES`) and read by the Megatron reader, so both apply the same rules; notes and
+unknown keys are reported under the YAML's names. The device count is the launcher's: give ``--devices``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from echosim.configs.base import ConfigError, FromConfig, read_text
+from echosim.configs.megatron import from_arguments
+from echosim.frameworks import get_framework, loss_framework
+
+#: ``section.field`` -> the Megatron-LM argument that sets the same value.
+TO_MEGATRON = {
+    **{f"model.{k}": f"--{k.replace('_', '-')}" for k in (
+        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels", "seq_length",
+        "max_position_embeddings", "make_vocab_size_divisible_by", "vocab_size", "hidden_dropout",
+        "attention_dropout", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
+        "expert_tensor_parallel_size", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+        "moe_layer_freq", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
+        "moe_router_group_topk", "moe_expert_capacity_factor", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+        "qk_pos_emb_head_dim", "v_head_dim", "mtp_num_layers", "recompute_granularity", "recompute_method",
+        "recompute_num_layers", "recompute_modules", "pipeline_model_parallel_layout", "cross_entropy_fusion_impl",
+        "normalization", "position_embedding_type", "fp8_recipe", "cp_comm_type")},
+    "model.num_moe_experts": "--num-experts",
+    "model.fp8": "--fp8-format",
+    "dataset.seq_length": "--seq-length",
+    "tokenizer.vocab_size": "--vocab-size",
+    "train.global_batch_size": "--global-batch-size",
+    "train.micro_batch_size": "--micro-batch-size",
+    "ddp.data_parallel_sharding_strategy": "--data-parallel-sharding-strategy",
+    "mixed_precision.fp8": "--fp8-format",
+    "mixed_precision.fp8_recipe": "--fp8-recipe",
+}  # fmt: skip
+#: ``section.field`` booleans that are one Megatron-LM switch when true.
+SWITCHES = {
+    "model.sequence_parallel": "--sequence-parallel",
+    "model.multi_latent_attention": "--multi-latent-attention",
+    "model.qk_layernorm": "--qk-layernorm",
+    "model.moe_pad_expert_input_to_capacity": "--moe-pad-expert-input-to-capacity",
+    "model.cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
+    "model.moe_grouped_gemm": "--moe-grouped-gemm",
+    "model.gated_linear_unit": "--swiglu",
+    "model.bf16": "--bf16",
+    "model.fp16": "--fp16",
+    "mixed_precision.bf16": "--bf16",
+    "mixed_precision.fp16": "--fp16",
+    "ddp.use_distributed_optimizer": "--use-distributed-optimizer",
+    "optimizer.use_distributed_optimizer": "--use-distributed-optimizer",
+    "ddp.use_megatron_fsdp": "--use-megatron-fsdp",
+    "ddp.overlap_grad_reduce": "--overlap-grad-reduce",
+    "comm_overlap.tp_comm_overlap": "--tp-comm-overlap",
+    "comm_overlap.overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
+}
+#: ``section.field`` booleans whose *false* value is a Megatron-LM switch.
+INVERSE_SWITCHES = {
+    "model.share_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
+    "model.add_bias_linear": "--disable-bias-linear",
+}
+#: Mixed-precision recipe names (``mixed_precision.py``'s registered factories) -> the Megatron-LM arguments they
+#: amount to; ``nvfp4`` runs NVFP4 GEMMs, which Megatron-LM sets with ``--fp4-format``.
+PRECISION_RECIPES = {
+    "bf16_mixed": ["--bf16"],
+    "fp16_mixed": ["--fp16"],
+    "bf16_with_fp8_delayed_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"],
+    "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"],
+    "bf16_with_fp8_subchannel_scaling_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"],
+    "bf16_with_mxfp8_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
+    "bf16_with_nvfp4_mixed": ["--bf16"],
+}
+#: Sections with no effect on step time or memory.
+IGNORED_SECTIONS = ("logger", "checkpoint", "scheduler", "rng", "profiling", "rerun_state_machine", "ft",
+                    "straggler", "nvrx_straggler", "dist", "env_vars", "inprocess_restart", "tensor_inspect",
+                    "peft", "validation", "dataset", "tokenizer", "train", "optimizer", "ddp", "comm_overlap",
+                    "mixed_precision")  # fmt: skip
+_IGNORED_MODEL = re.compile(
+    r"^model\.(init_method|output_layer_init|.*_epsilon$|rotary_|seq_len_interpolation|.*dtype$|"
+    r"moe_router_(pre_softmax|topk_scaling_factor|score_function|enable_expert_bias|bias_update_rate|"
+    r"load_balancing_type|dtype|force_load_balancing)|moe_aux_loss|moe_z_loss|mtp_loss|mscale|"
+    r"calculate_per_token_loss|perform_initialization|use_cpu_initialization|_|.*_fusion$|persist_layer_norm|"
+    r"attention_softmax_in_fp32|activation_func|apply_query_key_layer_scaling|cuda_graph|use_te_rng_tracker|"
+    r"deallocate_pipeline_outputs|barrier_with_L1_time|timers|finalize_model_grads_func|grad_scale_func|"
+    r"no_sync_func|param_sync_func|generation_config|hf_model_id|num_microbatches_with_partial_activation)"
+)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key.startswith("_"):  # ``_target_`` and the like: the dataclass a section was built from
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and not prefix:
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _value_words(value: Any) -> list[str]:
+    """A YAML value as the words of a Megatron argument: a list is one word each, ``moe_layer_freq``'s pattern is
+    kept whole (``[0, 0, 1]``)."""
+    if isinstance(value, list) and value and all(isinstance(v, bool) or v in (0, 1) for v in value):
+        return ["[" + ",".join(str(int(v)) for v in value) + "]"]
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def read_mbridge(spec: str, source: str) -> FromConfig:
+    import yaml
+
+    try:
+        data = yaml.safe_load(read_text(spec, source))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ConfigError(f"{source}: no model: section (not a Megatron-Bridge ConfigContainer)")
+    flat = _flatten(data)
+    args: list[str] = []
+    names: dict[str, str] = {}  # Megatron flag -> the YAML key it came from
+    precision = flat.get("mixed_precision")
+    if isinstance(precision, str):
+        recipe = precision.replace("-", "_")
+        if recipe not in PRECISION_RECIPES:
+            raise ConfigError(
+                f"{source}: mixed_precision {precision!r} is not a recipe echosim knows "
+                f"({', '.join(PRECISION_RECIPES)})"
+            )
+        args += PRECISION_RECIPES[recipe]
+    for key, flag in TO_MEGATRON.items():
+        value = flat.get(key)
+        if value is None or value == [] or flag in names:  # model.* wins over the section it was copied from
+            continue
+        args += [flag, *_value_words(value)]
+        names[flag] = key
+    for key, flag in SWITCHES.items():
+        if flat.get(key) is True and flag not in names:
+            args.append(flag)
+            names[flag] = key
+    for key, flag in INVERSE_SWITCHES.items():
+        if flat.get(key) is False:
+            args.append(flag)
+            names[flag] = key
+    groups, heads = flat.get("model.num_query_groups"), flat.get("model.num_attention_heads")
+    if groups is not None and groups != heads:
+        args += ["--group-query-attention", "--num-query-groups", str(groups)]
+    out = from_arguments(args, source, [])
+    out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
+    if precision == "bf16_with_nvfp4_mixed" or flat.get("mixed_precision.fp4") or flat.get("model.fp4"):
+        out.options["dtype"] = "nvfp4"
+    out.needs_devices = "a ConfigContainer holds no device count (the launcher's): give --devices"
+    out.notes = [_renamed(n, names) for n in out.notes]
+    if out.model_error:
+        out.model_error = _renamed(out.model_error, names)
+    out.unknown, out.ignored = [], []
+    consumed = {*TO_MEGATRON, *SWITCHES, *INVERSE_SWITCHES, "model.num_query_groups", "mixed_precision"}
+    for key, value in flat.items():
+        if key in consumed:
+            continue
+        if key.split(".", 1)[0] in IGNORED_SECTIONS or _IGNORED_MODEL.match(key) or value in (None, False, [], ""):
+            out.ignored.append(key)  # a feature left off, or a setting that costs nothing
+        else:
+            out.unknown.append(key)
+    return out
+
+
+def _renamed(text: str, names: dict[str, str]) -> str:
+    """A Megatron reader's message in the YAML's names."""
+    every = {flag: key for key, flag in (TO_MEGATRON | SWITCHES | INVERSE_SWITCHES).items()} | names
+    for flag, key in sorted(every.items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf"{re.escape(flag)}(?![\w-])", key, text)
+    return text
