@@ -387,12 +387,15 @@ _FLAG_VALUES = ["0", "-1", "1", "3", "8", "1024", "1e309", "nan", "x", "", "Et|(
 
 
 def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
-    """A Megatron-LM launch script or file of arguments from tests/data/configs/megatron with flags dropped, values
-    replaced or inserted, or the text cut short; read, resolved and laid out as ``compile --from megatron:`` does."""
+    """A Megatron-LM launch script or file of arguments (tests/data/configs/megatron) or a Megatron-Bridge
+    ConfigContainer (configs/mbridge) with words dropped, values replaced or inserted, or the text cut short; read,
+    resolved and laid out as ``compile --from megatron:`` / ``mbridge:`` does."""
     from echosim.configs import read_source, resolve
 
-    source = rng.choice(sorted((ROOT / "tests" / "data" / "configs" / "megatron").glob("*")))
-    words = source.read_text().split(" ")
+    configs = ROOT / "tests" / "data" / "configs"
+    source = rng.choice(sorted([*(configs / "megatron").glob("*"), *(configs / "mbridge").glob("*.yaml")]))
+    reader = "mbridge" if source.suffix == ".yaml" else "megatron"
+    words = source.read_text().split(" ") if reader == "megatron" else source.read_text().split(": ")
     for _ in range(rng.randint(1, 4)):
         i = rng.randrange(len(words))
         move = rng.random()
@@ -414,7 +417,7 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
     def run() -> Any:
         from echosim.commands.options import layout_from_options
 
-        chosen, opts = resolve(read_source(f"megatron:{path}"), {}, model)
+        chosen, opts = resolve(read_source(f"{reader}:{path}"), {}, model)
         return layout_from_options(chosen, opts, False)  # the plan and cluster compile would simulate
 
     return run

@@ -696,6 +696,16 @@ def test_megatron_bridge_precision_sections_and_unknown_keys(tmp_path: Path) -> 
     path.write_text(f"{base}mixed_precision: bf16_with_fp9_mixed\n")
     with pytest.raises(ConfigError, match="mixed_precision 'bf16_with_fp9_mixed' is not a recipe"):
         read_source(f"mbridge:{path}")
+    path.write_text(f"{base}mixed_precision: 5\n")
+    with pytest.raises(ConfigError, match="mixed_precision 5: a recipe name or its fields"):
+        read_source(f"mbridge:{path}")
+    path.write_text(
+        f"{base}mixed_precision: bf16_with_mxfp8_mixed\n".replace(
+            "  num_layers: 2\n", "  num_layers: 2\n  fp8_recipe: [1, 2]\n"
+        )
+    )
+    with pytest.raises(ConfigError, match=re.escape("model.fp8_recipe takes one value")):  # the YAML's name
+        read_source(f"mbridge:{path}")
     path.write_text("train:\n  global_batch_size: 8\n")
     with pytest.raises(ConfigError, match="no model: section"):
         read_source(f"mbridge:{path}")

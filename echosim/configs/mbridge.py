@@ -129,7 +129,9 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
     flat = _flatten(data)
     args: list[str] = []
     names: dict[str, str] = {}  # Megatron flag -> the YAML key it came from
-    precision = flat.get("mixed_precision")
+    precision = data.get("mixed_precision")
+    if precision is not None and not isinstance(precision, str | dict):
+        raise ConfigError(f"{source}: mixed_precision {precision!r}: a recipe name or its fields")
     if isinstance(precision, str):
         recipe = precision.replace("-", "_")
         if recipe not in PRECISION_RECIPES:
@@ -155,9 +157,13 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
     groups, heads = flat.get("model.num_query_groups"), flat.get("model.num_attention_heads")
     if groups is not None and groups != heads:
         args += ["--group-query-attention", "--num-query-groups", str(groups)]
-    out = from_arguments(args, source, [])
+    try:
+        out = from_arguments(args, source, [])
+    except ConfigError as exc:
+        raise ConfigError(_renamed(str(exc), names)) from None
     out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
-    if precision == "bf16_with_nvfp4_mixed" or flat.get("mixed_precision.fp4") or flat.get("model.fp4"):
+    nvfp4 = isinstance(precision, str) and precision.replace("-", "_") == "bf16_with_nvfp4_mixed"
+    if nvfp4 or flat.get("mixed_precision.fp4") or flat.get("model.fp4"):
         out.options["dtype"] = "nvfp4"
     out.needs_devices = "a ConfigContainer holds no device count (the launcher's): give --devices"
     out.notes = [_renamed(n, names) for n in out.notes]
