@@ -715,3 +715,11 @@ def test_megatron_bridge_precision_sections_and_unknown_keys(tmp_path: Path) -> 
     got = read_source(f"mbridge:{path}")
     assert got.unknown == ["model.heterogeneous_block_specs"] and got.needs_devices
     assert (got.options["tp"], got.options["global_batch"], got.options["micro_batch"]) == (2, 8, 1)
+
+
+def test_a_nemo_value_the_megatron_reader_refuses_is_named_as_the_yaml_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  num_layers: 2\n  hidden_size: 256\n  num_attention_heads: 4\n"
+                    "  encoder_seq_length: 128\n  activations_checkpoint_granularity: partial\n")  # fmt: skip
+    with pytest.raises(ConfigError, match="model.activations_checkpoint_granularity 'partial'"):
+        read_source(f"nemo:{path}")

@@ -171,7 +171,10 @@ def read_nemo(spec: str, source: str) -> FromConfig:
         args.append("--cross-entropy-loss-fusion")
         if "model.cross_entropy_fusion_impl" in flat:
             args += ["--cross-entropy-fusion-impl", str(flat["model.cross_entropy_fusion_impl"])]
-    out = from_arguments(args, source, [])
+    try:
+        out = from_arguments(args, source, [])
+    except ConfigError as exc:  # in the YAML's names
+        raise ConfigError(_renamed(str(exc), names)) from None
     out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
     if "model.optim.name" in flat and flat["model.optim.name"] != "distributed_fused_adam":
         out.options["zero"] = 0  # a plain (fused) Adam: the optimizer state is replicated
