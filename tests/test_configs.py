@@ -568,6 +568,7 @@ def test_megatron_layout_recompute_modules_and_fp8_recipe_reach_the_plan() -> No
         ("--moe-layer-freq [0,2]*2", "sums and repeats of [0/1, ...] lists"),
         ("--moe-layer-freq [0]*3", "has 3 layers, --num-layers 4"),
         ("--moe-layer-freq [1,0,0,1]", "dense layers first, then MoE layers, or a MoE layer every step-th layer"),
+        ("--moe-layer-freq [1]*999999999999", "sums and repeats of [0/1, ...] lists"),  # refused, never expanded
         ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t|ttL", "not a multiple"),
         ("--pipeline-model-parallel-layout Et|tX|ttL", "unknown character"),
         ("--pipeline-model-parallel-layout Etttt|L --num-virtual-stages-per-pipeline-rank 2", "both set"),

@@ -653,10 +653,16 @@ def _latent_attention(values: dict[str, list[str]], source: str) -> dict[str, in
     }
 
 
+#: The longest --moe-layer-freq pattern read (a repeat count beyond it is refused, not expanded).
+MAX_PATTERN_LAYERS = 100_000
+
+
 def moe_layer_pattern(text: str, layers: int, source: str) -> list[int]:
     """``--moe-layer-freq`` as one 0/1 per layer (1: MoE). An integer N puts a MoE layer at every layer i with
     i % N == 0; a list expression such as ``([0]*3+[1]*58)`` or ``([1]*3+[0]*1)*3`` (arguments.py ``moe_freq_type``
     evaluates it as Python) is read as sums and repeats of ``[0/1, ...]`` lists; its length must be the layer count."""
+    if layers > MAX_PATTERN_LAYERS:
+        raise ConfigError(f"{source}: --moe-layer-freq over --num-layers {layers}: at most {MAX_PATTERN_LAYERS} layers")
     body = text.replace(" ", "")
     if body.strip("()").isdigit():
         step = int(body.strip("()"))
@@ -702,7 +708,7 @@ def _freq_term(body: str, i: int) -> tuple[list[int], int]:
         raise ValueError(i)
     if i < len(body) and body[i] == "*":
         digits = re.match(r"\d+", body[i + 1 :])
-        if digits is None:
+        if digits is None or len(out) * int(digits.group()) > MAX_PATTERN_LAYERS:
             raise ValueError(i)
         out, i = out * int(digits.group()), i + 1 + len(digits.group())
     return out, i
@@ -715,10 +721,10 @@ def _moe_layers(values: dict[str, list[str]], layers: int, out: FromConfig, sour
     if text is None:
         return {}
     pattern = moe_layer_pattern(text, layers, source)
-    for step in range(1, layers + 1):
-        if all(x == ((i + 1) % step == 0) for i, x in enumerate(pattern)):
-            return {"moe_layer_step": step} if step > 1 else {}
     dense = next((i for i, x in enumerate(pattern) if x), layers)
+    step = dense + 1  # a step pattern's first MoE layer is layer step - 1
+    if all(x == ((i + 1) % step == 0) for i, x in enumerate(pattern)):
+        return {"moe_layer_step": step} if step > 1 else {}
     if dense < layers and all(pattern[dense:]):
         return {"dense_layers": dense}
     plain = text.replace(" ", "").strip("()")
