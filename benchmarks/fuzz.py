@@ -134,20 +134,82 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     if rng.random() < 0.3:
         opts["devices"] = _int(rng, 1, 32)
     for key, values in (
-        ("dtype", ["fp32", "fp16", "bf16", "fp8"]),
-        ("recompute", ["none", "selective", "full"]),
+        ("dtype", ["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8"]),
+        ("recompute", ["none", "selective", "full", "selective:moe_act", "selective:core_attn,layernorm"]),
         ("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "nope"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
-        ("backend", ["a100-80gb", "h100-sxm", "tpu-v5p", "tpu-v4", "cpu-x86", "nope"]),
-        ("framework", ["megatron", "torchtitan", "maxtext", "deepspeed", "eager", "nope"]),
+        ("backend", ["a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300", "tpu-v5p", "tpu-v4", "tpu-v6e",
+                     "cpu-x86", "nope"]),
+        ("framework", ["megatron", "megatron-bridge", "nemo", "torchtitan", "torchtitan-2025", "maxtext",
+                       "deepspeed", "composer", "eager", "nope"]),
         ("attention", ["flash", "math"]),
-    ):
+        ("moe_dispatcher", ["alltoall", "deepep", "hybridep"]),
+        ("cp_comm", ["p2p", "all_gather"]),
+        ("pp_balance", ["uniform", "cost"]),
+        ("offload_layers", [0, 1, 2]),
+        ("loss_chunks", [1, 2, 4]),
+    ):  # fmt: skip
         if rng.random() < 0.4:
             opts[key] = rng.choice(values)
-    for key in ("sp", "tp_overlap"):
+    for key in ("sp", "tp_overlap", "moe_ep_overlap", "moe_fused_mlp", "fp8_attention"):
         if rng.random() < 0.2:
             opts[key] = rng.random() < 0.5
+
+    def run() -> None:
+        _, plan, cluster = plan_from_options("fuzz", opts)
+        check_report(lower(cfg, plan, cluster).report)
+
+    return run
+
+
+def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
+    """A layout built to be legal (degrees that divide, a format the device runs, each feature with what it needs),
+    so that the inputs reach the passes and the timeline rather than the plan's checks: the mixes of parallelism,
+    precision, recompute, dispatcher and overlap a search or a published recipe would try."""
+    from echosim.compiler import lower
+    from echosim.frontend.zoo import ArchConfig
+    from echosim.plan import plan_from_options
+
+    arch = rng.choice(["gpt", "llama", "moe"])
+    heads = rng.choice([4, 8])
+    experts = rng.choice([4, 8]) if arch == "moe" else 0
+    layers = rng.choice([2, 4, 8])
+    cfg = ArchConfig(arch, layers=layers, hidden=heads * 32, heads=heads, vocab=1024, seq_len=rng.choice([128, 512]),
+                     ffn=256, kv_heads=rng.choice([1, heads]) if arch != "gpt" else heads, experts=experts,
+                     top_k=2 if experts else 0, moe_ffn=64 if experts else 0)  # fmt: skip
+    blackwell = ["b200", "gb200", "gb300", "b300"]
+    backend = rng.choice(["a100-80gb", "h100-sxm", "h200", *blackwell])
+    tp, pp, cp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2])
+    dp = rng.choice([1, 2, 4])
+    vpp = rng.choice([1, 2]) if pp > 1 and layers >= 2 * pp * 2 else 1
+    micro = rng.choice([1, 2])
+    opts: dict[str, Any] = {
+        "backend": backend, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "micro_batch": micro,
+        "global_batch": micro * dp * rng.choice([1, 2, 4]) * (pp if pp > 1 else 1),
+        "devices": tp * pp * cp * dp, "vpp": vpp,
+        "framework": rng.choice(["megatron", "megatron-bridge", "nemo", "torchtitan", "eager"]),
+        "recompute": rng.choice(["none", "selective", "full"]),
+        "zero": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
+        "sp": tp > 1 and rng.random() < 0.5,
+    }  # fmt: skip
+    if vpp > 1:
+        opts["schedule"] = "interleaved"
+    formats = ["bf16", "fp8"] + (["mxfp8", "nvfp4"] if backend in blackwell else [])
+    opts["dtype"] = rng.choice(formats)
+    if experts:
+        ep = rng.choice([e for e in (1, 2, 4) if (tp * cp * dp) % e == 0 and experts % e == 0])
+        opts["ep"] = ep
+        if ep > 1:
+            opts["moe_dispatcher"] = rng.choice(["alltoall", "deepep", "hybridep"])
+            opts["moe_ep_overlap"] = pp == 1 and rng.random() < 0.3
+        opts["moe_fused_mlp"] = opts["dtype"] in ("mxfp8", "nvfp4") and rng.random() < 0.3
+    if opts["dtype"] != "bf16" and backend in blackwell:
+        opts["fp8_attention"] = rng.random() < 0.3
+    if tp > 1 and opts["sp"]:
+        opts["tp_overlap"] = rng.random() < 0.5
+    if rng.random() < 0.2:
+        opts["loss_chunks"] = rng.choice([2, 4])
 
     def run() -> None:
         _, plan, cluster = plan_from_options("fuzz", opts)
@@ -425,6 +487,7 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
 
 TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "layouts": layouts,
+    "valid-layouts": valid_layouts,
     "cases": cases_csv,
     "microbench": microbench_csv,
     "tool-echosim": tool_echosim,

@@ -1,7 +1,7 @@
 """Fuzzing in the suite: a few inputs of each kind benchmarks/fuzz.py feeds by the thousand.
 
 Each input (a mutated or truncated cases/microbench CSV, [tool.echosim] table, calibration
-database, ONNX model, transformers config, Megatron-LM launch line, or a random layout) must end in a result or a
+database, ONNX model, transformers config, Megatron-LM launch line, or a random or legal layout) must end in a result or a
 one-line error: never a traceback, a hang or a report that breaks a physical invariant.
 """
 
@@ -22,7 +22,7 @@ fuzz = importlib.util.module_from_spec(_spec)
 sys.modules["echosim_fuzz"] = fuzz
 _spec.loader.exec_module(fuzz)
 
-CHEAP = ["cases", "microbench", "tool-echosim", "calibration-db", "onnx", "megatron-config"]
+CHEAP = ["cases", "microbench", "tool-echosim", "calibration-db", "onnx", "megatron-config", "valid-layouts"]
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
