@@ -1,8 +1,9 @@
 """Fuzzing in the suite: a few inputs of each kind benchmarks/fuzz.py feeds by the thousand.
 
 Each input (a mutated or truncated cases/microbench CSV, [tool.echosim] table, calibration
-database, ONNX model, transformers config, Megatron-LM launch line, or a random or legal layout) must end in a result or a
-one-line error: never a traceback, a hang or a report that breaks a physical invariant.
+database, ONNX model, transformers config, Megatron-LM launch line, or a random or legal layout)
+must end in a result or a one-line error: never a traceback, a hang or a report that breaks a
+physical invariant.
 """
 
 from __future__ import annotations
