@@ -121,6 +121,20 @@ def read_text(path: str, source: str) -> str:
         raise ConfigError(f"{source}: {path} is not a text file") from None
 
 
+def read_model_yaml(path: str, source: str, what: str) -> dict[str, Any]:
+    """A YAML file whose ``model:`` section the NeMo and Megatron-Bridge readers translate; ``what`` names the
+    kind of file in the one-line error when it has none."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(read_text(path, source))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ConfigError(f"{source}: no model: section (not {what})")
+    return data
+
+
 def as_int(value: Any, key: str, where: str) -> int:
     """An integer setting; a float with no fraction is accepted (YAML ``12.0``), anything else is one line."""
     if isinstance(value, bool):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, read_text
+from echosim.configs.base import ConfigError, FromConfig, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
 
@@ -118,14 +118,7 @@ def _value_words(value: Any) -> list[str]:
 
 
 def read_mbridge(spec: str, source: str) -> FromConfig:
-    import yaml
-
-    try:
-        data = yaml.safe_load(read_text(spec, source))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise ConfigError(f"{source}: no model: section (not a Megatron-Bridge ConfigContainer)")
+    data = read_model_yaml(spec, source, "a Megatron-Bridge ConfigContainer")
     flat = _flatten(data)
     args: list[str] = []
     names: dict[str, str] = {}  # Megatron flag -> the YAML key it came from

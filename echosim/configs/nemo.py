@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, as_int, read_text
+from echosim.configs.base import ConfigError, FromConfig, as_int, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
 
@@ -120,14 +120,7 @@ def _resolve(value: Any, section: dict[str, Any], key: str, source: str) -> Any:
 
 
 def read_nemo(spec: str, source: str) -> FromConfig:
-    import yaml
-
-    try:
-        data = yaml.safe_load(read_text(spec, source))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise ConfigError(f"{source}: no model: section (not a NeMo training config)")
+    data = read_model_yaml(spec, source, "a NeMo training config")
     model = data["model"]
     flat = _flatten(data)
     args: list[str] = []
