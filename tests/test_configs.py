@@ -724,3 +724,16 @@ def test_a_nemo_value_the_megatron_reader_refuses_is_named_as_the_yaml_names_it(
                     "  encoder_seq_length: 128\n  activations_checkpoint_granularity: partial\n")  # fmt: skip
     with pytest.raises(ConfigError, match=re.escape("model.activations_checkpoint_granularity 'partial'")):
         read_source(f"nemo:{path}")
+
+
+def test_a_line_that_runs_the_program_wins_over_a_command_kept_in_a_string(tmp_path: Path) -> None:
+    """A string holding a .py command is the training command only where no line runs one: a helper assigned after
+    the launch line (a preprocessing command for later) does not replace it."""
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
+        "--tensor-model-parallel-size 2 --micro-batch-size 1 --vocab-size 1000 --seq-length 128\n"
+        'PREP="python tools/preprocess_data.py --input corpus.json"\n'
+    )
+    got = read_source(f"megatron:{script}")
+    assert got.options["tp"] == 2 and got.options["devices"] == 8

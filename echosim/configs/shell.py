@@ -8,9 +8,9 @@ elif / else / fi`` with string, pattern and integer tests (``==``, ``!=``, ``-z`
 ``-eq``, ``-lt``, ...; file tests are false: the paths a script names are on the training
 cluster, not here), double-quoted strings over several lines and here-documents (read line
 by line). Every other command is skipped. The training command is the line that runs a
-``.py`` file, or the last such command inside a string the script assigns (``CMD="cd x;
-python train.py ..."``, run later by ``bash -c "$CMD"``); its arguments are split into the
-launcher's (``torchrun --nproc_per_node 8``) and the program's.
+``.py`` file or, where no line does, the last such command inside a string the script assigns
+(``CMD="cd x; python train.py ..."``, run later by ``bash -c "$CMD"``); its arguments are split
+into the launcher's (``torchrun --nproc_per_node 8``) and the program's.
 """
 
 from __future__ import annotations
@@ -259,6 +259,7 @@ def launch_command(text: str, where: str) -> Launch | None:
     lines = _logical_lines(text)
     active: list[tuple[bool, bool]] = []  # per open if: (this branch runs, an earlier branch ran)
     found: Launch | None = None
+    kept: Launch | None = None  # the last command found in a string assigned for later (used when no line runs one)
     i = 0
     while i < len(lines):
         number, line = lines[i]
@@ -303,14 +304,14 @@ def launch_command(text: str, where: str) -> Launch | None:
                 else:
                     shell.scalars[name] = (shell.scalars.get(name, "") if append else "") + "".join(words)
                     # ``CMD="cd x; python train.py ${ARGS[@]}"`` run later by ``bash -c "$CMD"`` or ``srun $CMD``
-                    found = _string_launch("".join(words), number) or found
+                    kept = _string_launch("".join(words), number) or kept
             i += 1
             continue
         if running:
             with contextlib.suppress(ConfigError):  # a line bash could not split runs no training program
                 found = _launch(shell.words(line), number) or found
         i += 1
-    return found
+    return found or kept
 
 
 def _string_launch(value: str, number: int) -> Launch | None:
