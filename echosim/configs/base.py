@@ -135,6 +135,16 @@ def read_model_yaml(path: str, source: str, what: str) -> dict[str, Any]:
     return data
 
 
+def in_yaml_names(text: str, keys: dict[str, str]) -> str:
+    """A Megatron reader's message with each Megatron-LM flag of ``keys`` replaced by the YAML key it came from
+    (longest flag first, so ``--fp8-format`` is not read as ``--fp8``)."""
+    import re
+
+    for flag, key in sorted(keys.items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf"{re.escape(flag)}(?![\w-])", key, text)
+    return text
+
+
 def as_int(value: Any, key: str, where: str) -> int:
     """An integer setting; a float with no fraction is accepted (YAML ``12.0``), anything else is one line."""
     if isinstance(value, bool):

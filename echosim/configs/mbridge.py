@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, read_model_yaml
+from echosim.configs.base import ConfigError, FromConfig, in_yaml_names, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
 
@@ -78,7 +78,8 @@ PRECISION_RECIPES = {
     "bf16_with_mxfp8_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
     "bf16_with_nvfp4_mixed": ["--bf16"],
 }
-#: Sections with no effect on step time or memory.
+#: Sections whose keys other than those read above (:data:`TO_MEGATRON`, :data:`SWITCHES`) have no effect on step
+#: time or memory: listed as ignored, never as not understood.
 IGNORED_SECTIONS = ("logger", "checkpoint", "scheduler", "rng", "profiling", "rerun_state_machine", "ft",
                     "straggler", "nvrx_straggler", "dist", "env_vars", "inprocess_restart", "tensor_inspect",
                     "peft", "validation", "dataset", "tokenizer", "train", "optimizer", "ddp", "comm_overlap",
@@ -125,8 +126,8 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
     precision = data.get("mixed_precision")
     if precision is not None and not isinstance(precision, str | dict):
         raise ConfigError(f"{source}: mixed_precision {precision!r}: a recipe name or its fields")
-    if isinstance(precision, str):
-        recipe = precision.replace("-", "_")
+    recipe = precision.replace("-", "_") if isinstance(precision, str) else None
+    if recipe is not None:
         if recipe not in PRECISION_RECIPES:
             raise ConfigError(
                 f"{source}: mixed_precision {precision!r} is not a recipe echosim knows "
@@ -155,8 +156,7 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
     except ConfigError as exc:
         raise ConfigError(_renamed(str(exc), names)) from None
     out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
-    nvfp4 = isinstance(precision, str) and precision.replace("-", "_") == "bf16_with_nvfp4_mixed"
-    if nvfp4 or flat.get("mixed_precision.fp4") or flat.get("model.fp4"):
+    if recipe == "bf16_with_nvfp4_mixed" or flat.get("mixed_precision.fp4") or flat.get("model.fp4"):
         out.options["dtype"] = "nvfp4"
     out.needs_devices = "a ConfigContainer holds no device count (the launcher's): give --devices"
     out.notes = [_renamed(n, names) for n in out.notes]
@@ -176,7 +176,4 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
 
 def _renamed(text: str, names: dict[str, str]) -> str:
     """A Megatron reader's message in the YAML's names."""
-    every = {flag: key for key, flag in (TO_MEGATRON | SWITCHES | INVERSE_SWITCHES).items()} | names
-    for flag, key in sorted(every.items(), key=lambda kv: -len(kv[0])):
-        text = re.sub(rf"{re.escape(flag)}(?![\w-])", key, text)
-    return text
+    return in_yaml_names(text, {flag: key for key, flag in (TO_MEGATRON | SWITCHES | INVERSE_SWITCHES).items()} | names)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, as_int, read_model_yaml
+from echosim.configs.base import ConfigError, FromConfig, as_int, in_yaml_names, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
 
@@ -205,6 +205,4 @@ def read_nemo(spec: str, source: str) -> FromConfig:
 def _renamed(text: str, names: dict[str, str]) -> str:
     """A Megatron reader's message in the YAML's names."""
     every = {flag: f"model.{key}" for key, flag in (TO_MEGATRON | SWITCHES).items()} | names
-    for flag, key in sorted(every.items(), key=lambda kv: -len(kv[0])):
-        text = re.sub(rf"{re.escape(flag)}(?![\w-])", key, text)
-    return text.replace("neither --fp16 nor --bf16", "trainer.precision 32")
+    return in_yaml_names(text, every).replace("neither --fp16 nor --bf16", "trainer.precision 32")

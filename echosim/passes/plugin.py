@@ -139,14 +139,13 @@ def _data_parallel(plan: Any) -> object:
         megatron_bucket_params,
     )
 
-    # Megatron reduces fp32 main grads in its buckets (ZeRO 0-2). ZeRO-3 / FSDP (DataParallel._fsdp) reduces in
-    # the parameters' dtype unless the framework's mixed precision casts the gradients to fp32 first
-    # (Framework.fsdp_reduce_fp32), and gathers the compute dtype's weights: 16-bit under an FP8 / MXFP8 / NVFP4
-    # recipe, which quantises only the GEMMs' operands. MaxText too, though it stores weight_dtype float32: XLA
-    # converts the sharded parameter before the all-gather (MaxText's compiled reference, tests/utils/
-    # reference_hlo_llama3_8b.txt at commit e591f30: every layer weight is a bf16 all-gather of a
+    # Megatron reduces fp32 main grads in its buckets (ZeRO 0-2: DataParallel.reduce_dtype's default). ZeRO-3 /
+    # FSDP (DataParallel._fsdp) reduces in the parameters' dtype unless the framework's mixed precision casts the
+    # gradients to fp32 first (Framework.fsdp_reduce_fp32), and gathers the compute dtype's weights: 16-bit under an
+    # FP8 / MXFP8 / NVFP4 recipe, which quantises only the GEMMs' operands. MaxText too, though it stores
+    # weight_dtype float32: XLA converts the sharded parameter before the all-gather (MaxText's compiled reference,
+    # tests/utils/reference_hlo_llama3_8b.txt at commit e591f30: every layer weight is a bf16 all-gather of a
     # dynamic-slice_convert_fusion of the bf16 sharded stack; tests/test_maxtext_fsdp_dtype.py)
-    reduce_dtype = DType.FP32
     framework = get_framework(plan.framework)
     # Known gap: a framework whose gradient buffer keeps the weights' 16 bits (Framework.grads_16bit, NeMo's and
     # Megatron-Bridge's performance scripts: grad_reduce_in_fp32=False) reduces in 16 bits, as the memory model
@@ -189,7 +188,7 @@ def _data_parallel(plan: Any) -> object:
     replicas = plan.dp * plan.cp
     buckets = megatron_bucket_params(replicas) if framework.ddp_bucket_dp_scaled else MEGATRON_BUCKET_PARAMS
     return DataParallel(
-        replicas, bucket_params=buckets, reduce_dtype=reduce_dtype, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
+        replicas, bucket_params=buckets, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
         bucket_copies=copies, per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
         torch_ddp=torch_ddp,
     )  # fmt: skip
