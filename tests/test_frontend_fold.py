@@ -201,3 +201,18 @@ def test_fx_keeps_sdpa_dropout(dropout_p: float, positional: bool) -> None:
     q = torch.zeros(2, 4, 16, 8, device="meta")
     attention = [n.attrs for n in capture_module(Attend(), (q,)).graph if isinstance(n.attrs, AttentionAttrs)]
     assert [(a.dropout, a.causal) for a in attention] == [(dropout_p > 0, True)]
+
+
+@pytest.mark.parametrize(("layers", "dense"), [(4, 2), (5, 3), (5, 2), (6, 3), (3, 2)])
+def test_a_zoo_moe_model_with_dense_first_layers_captures_every_layer(layers: int, dense: int) -> None:
+    """No more MoE layers than dense ones: the dense run may be the longer, the one the fold picks; it folds to
+    its own count (a count meant for the MoE run once gave 5 layers with 3 dense the parameters of 4)."""
+    from echosim.frontend.capture import _capture_arch_now
+    from echosim.frontend.zoo import ArchConfig
+
+    cfg = ArchConfig(
+        "moe", layers=layers, hidden=64, heads=4, kv_heads=2, vocab=256, ffn=176, seq_len=16, experts=4, top_k=2,
+        moe_ffn=64, dense_layers=dense,
+    )  # fmt: skip
+    graph, _, params = _capture_arch_now(cfg, CaptureSpec(seq_len=16), "moe")
+    assert params == graph.param_count() == cfg.param_count()

@@ -178,10 +178,13 @@ def _capture_arch_now(cfg: ArchConfig, spec: CaptureSpec, name: str) -> tuple[Gr
     # ones makes the MoE layers the longest run, the one that folds to their count.
     # Interleaved MoE layers (Llama 4 Maverick) repeat as a block of moe_layer_step layers (dense ones,
     # then the MoE one): two blocks prove the repeat, as two layers do.
+    # A model built whole (no more MoE layers than dense ones: then the dense run may be the longer, the
+    # one the fold picks) folds its longest run to that run's own count.
     dense = cfg.dense_layers if cfg.arch == "moe" else 0
     step = cfg.layers_per_block
-    module = build_module(cfg.with_(layers=min(cfg.layers, 2 * dense + 1 if dense else 2 * step)))
-    depth = (cfg.layers - dense) // step
+    built = min(cfg.layers, 2 * dense + 1 if dense else 2 * step)
+    module = build_module(cfg.with_(layers=built))
+    depth = (cfg.layers - dense) // step if built < cfg.layers else 0
     ids = torch.zeros(spec.micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     try:
         # fp8 / mxfp8 / nvfp4 / int8: 16-bit activations, the linear layers' GEMMs quantise their operands
