@@ -551,15 +551,15 @@ def test_megatron_layout_recompute_modules_and_fp8_recipe_reach_the_plan() -> No
     """--pipeline-model-parallel-layout sets the stages (vpp = stages / pp), --recompute-modules the selective
     policy (modules echosim does not model are noted), --fp8-recipe mxfp8 the block-scaled format."""
     got = read_args(f"{_SMALL_MOE} --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t|t|tL "
-                    "--recompute-granularity selective --recompute-modules moe_act mlp --fp8-format e4m3 "
+                    "--recompute-granularity selective --recompute-modules moe_act mlp mhc --fp8-format e4m3 "
                     "--fp8-recipe mxfp8")  # fmt: skip
     opts = got.options
     assert (opts["vpp"], opts["schedule"], opts["pp_balance"]) == (2, "interleaved", "layout:Et|t|t|tL")
-    assert (opts["recompute"], opts["dtype"]) == ("selective:moe_act", "mxfp8")
-    assert any("--recompute-modules mlp: not modelled" in n for n in got.notes)
+    assert (opts["recompute"], opts["dtype"]) == ("selective:moe_act,mlp", "mxfp8")
+    assert any("--recompute-modules mhc: not modelled" in n for n in got.notes)
     assert read_args(f"{_SMALL_MOE} --fp8-format e4m3").options["dtype"] == "fp8"  # 'delayed', one scale a tensor
-    only_mlp = read_args(f"{_SMALL_MOE} --recompute-granularity selective --recompute-modules mlp")
-    assert only_mlp.options["recompute"] == "none"
+    only_other = read_args(f"{_SMALL_MOE} --recompute-granularity selective --recompute-modules mhc")
+    assert only_other.options["recompute"] == "none"
 
 
 @pytest.mark.parametrize(
@@ -591,7 +591,7 @@ def test_the_deepseek_v3_gb200_guides_command_line_is_the_zoo_model_and_its_chec
     source = f"megatron:{MEG}/mcore_dsv3_gb200_guide.args"
     model, plan, cluster = from_config(source, "--backend gb200 --devices 256 --devices-per-node 32", "deepseek-v3")
     assert (plan.tp, plan.pp, plan.vpp, plan.ep, plan.dp, plan.zero) == (1, 8, 4, 32, 32, 1)
-    assert (plan.dtype, plan.recompute, plan.moe_dispatcher) == ("mxfp8", "selective:moe_act", "hybridep")
+    assert (plan.dtype, plan.recompute, plan.moe_dispatcher) == ("mxfp8", "selective:moe_act,mlp", "hybridep")
     assert plan.pp_balance == "layout:Et|(tt|)*30L" and plan.framework == "megatron-ce-te"
     assert getattr(model, "name", model) == "deepseek-v3"
     row = validate_row(read_cases(ROOT / "benchmarks" / "data" / "mcore_dsv3_gb200.csv")[0])
@@ -679,7 +679,7 @@ def test_a_megatron_bridge_config_is_the_run_its_megatron_arguments_are() -> Non
     assert compile_model(*bridge).step_time_s == pytest.approx(compile_model(*megatron).step_time_s, rel=1e-9)
     got = read_source(f"mbridge:{DATA}/mbridge/dsv3_gb200_guide.yaml")
     assert not got.unknown and "model.init_method_std" in got.ignored
-    assert any(n.startswith("model.recompute_modules mlp: not modelled") for n in got.notes)
+    assert got.options["recompute"] == "selective:moe_act,mlp" and not any("recompute" in n for n in got.notes)
 
 
 def test_megatron_bridge_precision_sections_and_unknown_keys(tmp_path: Path) -> None:

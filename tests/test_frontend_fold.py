@@ -216,3 +216,4 @@ def test_a_zoo_moe_model_with_dense_first_layers_captures_every_layer(layers: in
     )  # fmt: skip
     graph, _, params = _capture_arch_now(cfg, CaptureSpec(seq_len=16), "moe")
     assert params == graph.param_count() == cfg.param_count()
+    assert graph.layer_count() + graph.unfolded_layers() == layers

@@ -14,6 +14,7 @@ from conftest import SHARED
 from echosim.compiler import lower
 from echosim.frameworks import FRAMEWORKS, framework_named_in
 from echosim.frontend.zoo import ArchConfig
+from echosim.ir.graph import Graph
 from echosim.ir.ops import ElementwiseAttrs, Phase
 from echosim.passes.memory import SavedPolicy, StatePolicy, activation_bytes, allocator_block
 from echosim.passes.recompute import MODES, Recompute, RecomputeError, policy_named
@@ -577,3 +578,96 @@ def test_nccl_buffers_count_the_data_parallel_group_with_context_parallel(dp: in
     plan = Plan(tp=2, dp=dp, cp=cp, seq_len=LLAMA.seq_len)
     row = lower(LLAMA, plan, Cluster("h100-sxm", 2 * dp * cp)).report.memory[0]
     assert row["comm_buffers"] == (2 + (cp > 1)) * NCCL_BUFFERS_PER_GROUP
+
+
+def _dense_first(layers: int, dense: int) -> ArchConfig:
+    return MOE.with_(layers=layers, dense_layers=dense)
+
+
+def test_recompute_reaches_the_dense_layers_outside_the_fold():
+    """DeepSeek-V3's dense first layers are not folded with its MoE layers; full recompute checkpoints them too
+    (Megatron-Core's ``_checkpointed_forward`` walks every layer of a stage). Under full recompute each layer
+    keeps only its input, [micro-batch, sequence, hidden] in bf16, dense or MoE alike."""
+
+    def run(layers: int, dense: int, policy: str) -> tuple[int, float, Graph]:
+        c = lower(_dense_first(layers, dense), Plan(framework="megatron", recompute=policy), Cluster("a100-80gb", 1))
+        return c.report.memory[0]["activations"], c.report.step_time_s, c.stages[0].graph
+
+    layer_input = 1 * MOE.seq_len * MOE.hidden * 2
+    base, t_base, g = run(6, 3, "full")
+    assert {g.checkpoint_layer(n) for n in g if n.phase is Phase.RECOMPUTE} == {"layers.0", "layers.1", "layers.2",
+                                                                                  "layers.3"}  # fmt: skip
+    more_dense, t_dense, _ = run(7, 4, "full")
+    more_moe, _, _ = run(7, 3, "full")
+    assert more_dense - base == more_moe - base == layer_input
+    kept, t_kept, _ = run(7, 4, "none")
+    kept_base, t_kept_base, _ = run(6, 3, "none")
+    assert kept - kept_base > 10 * layer_input
+    assert t_dense - t_base > t_kept - t_kept_base  # the added dense layer's forward runs twice
+    # each layer's replay runs right before its own backward, after the later layers' backward
+    order = {nid: i for i, nid in enumerate(g.nodes)}
+    for layer in ("layers.0", "layers.1", "layers.2"):
+        replays = [order[n.id] for n in g if n.phase is Phase.RECOMPUTE and g.checkpoint_layer(n) == layer]
+        grads = [order[n.id] for n in g if n.phase is Phase.BACKWARD and g.checkpoint_layer(n) == layer]
+        later = [order[n.id] for n in g if n.phase is Phase.BACKWARD and g.block_of(n) is not None]
+        assert max(later) < min(replays) and max(replays) < min(grads)
+
+
+def test_the_memory_rows_count_the_layers_outside_the_fold():
+    c = lower(_dense_first(6, 3), Plan(framework="megatron", pp=2, micro_batch=1, global_batch=4),
+              Cluster("a100-80gb", 2))  # fmt: skip
+    assert sum(row["layers"] for row in c.report.memory) == 6
+
+
+def test_the_dense_layers_nodes_stay_on_the_first_stage_with_their_replay():
+    """fp8 casts of the dense layers' gradients (a pass's own nodes, no origin) run where their readers do, not on
+    the last stage; a stage that holds none of the repeated block still recomputes its layers."""
+    plan = Plan(framework="megatron", pp=4, micro_batch=1, global_batch=8, dtype="fp8", recompute="full",
+                pp_balance="layout:Ettt|t|t|ttL")  # fmt: skip
+    c = lower(_dense_first(7, 3), plan, Cluster("h100-sxm", 4))
+    first, *rest = [s.graph for s in c.costed.stages]
+    assert not first.repeats and first.unfolded_layers() == 3
+    assert {first.checkpoint_layer(n) for n in first if n.phase is Phase.RECOMPUTE} == {"layers.0", "layers.1",
+                                                                                          "layers.2"}  # fmt: skip
+    dense = {"layers.0", "layers.1", "layers.2"}
+    assert not [n.name for g in rest for n in g if g.checkpoint_layer(n) in dense]
+    assert [row["layers"] for row in c.report.memory] == [3, 1, 1, 2]
+
+
+def test_megatron_mlp_moe_and_shared_experts_modules_replay_from_the_pre_mlp_norm():
+    """``mlp``: a dense layer's whole MLP, its sequence-parallel gather and reduce-scatter included; ``shared_experts``:
+    a MoE layer's shared experts alone; ``moe``: the whole MoE layer (router, all-to-alls, experts, shared experts).
+    Each keeps the pre-MLP norm's output as its checkpoint (Megatron-Core's tensor_parallel.checkpoint on it)."""
+    cfg = MOE.with_(layers=4, shared_experts=1, dense_layers=1)
+    layout = {"tp": 2, "sp": True, "ep": 2, "dp": 2}
+
+    def run(policy: str) -> tuple[int, float, list[str]]:
+        c = lower(cfg, Plan(framework="megatron", recompute=policy, **layout), Cluster("a100-80gb", 4))  # type: ignore[arg-type]
+        g = c.stages[0].graph
+        return c.report.memory[0]["activations"], c.report.step_time_s, [
+            n.name.removesuffix(".recompute") for n in g if n.phase is Phase.RECOMPUTE]  # fmt: skip
+
+    base, t0, _ = run("none")
+    mlp, t1, mlp_names = run("selective:mlp")
+    shared, t2, shared_names = run("selective:shared_experts")
+    moe, t3, moe_names = run("selective:moe")
+    both, _, both_names = run("selective:moe,mlp")
+    assert mlp_names == ["layers_0_mlp_gate_proj.sp_all_gather", "layers_0_mlp_gate_proj", "silu",
+                         "layers_0_mlp_up_proj", "mul_4", "layers_0_mlp_down_proj",
+                         "layers_0_mlp_down_proj.tp_rs"]  # fmt: skip
+    assert [n.split("_", 2)[-1] for n in shared_names if n.startswith("layers_")] == [
+        "moe_shared_gate_proj.sp_all_gather", "moe_shared_gate_proj", "moe_shared_up_proj", "moe_shared_down_proj",
+        "moe_shared_down_proj.tp_rs"]  # fmt: skip
+    assert set(shared_names) < set(moe_names) and {"moe_dispatch.dispatch_all_to_all", "grouped_mm"} <= set(moe_names)
+    # the norm and the residual add stay; the sum of routed and shared experts' outputs is the module's
+    assert not any(n.startswith("rms_norm") for n in moe_names) and [n for n in moe_names if "add" in n] == ["add_7"]
+    assert sorted(both_names) == sorted(moe_names + mlp_names)
+    assert base > mlp and base > shared > moe and both == mlp + moe - base
+    assert t0 < t1 and t0 < t2 < t3
+
+
+def test_expert_parallelism_as_wide_as_the_experts_still_finds_the_expert_activation():
+    """With one expert per rank the grouped GEMM has batch 1; ``moe_act`` still replays the experts' activation."""
+    plan = Plan(framework="megatron", ep=4, dp=4, recompute="selective:moe_act")
+    g = lower(MOE, plan, Cluster("a100-80gb", 4)).stages[0].graph
+    assert {n.name for n in g if n.phase is Phase.RECOMPUTE} >= {"silu.recompute", "mul_4.recompute"}

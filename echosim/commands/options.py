@@ -101,7 +101,8 @@ def layout_options(fn: F) -> F:
         click.option(
             "--recompute",
             help="Activation checkpointing policy: none, selective, full, selective:MODULE,... (Megatron's "
-            "recompute modules: core_attn, layernorm, moe_act, mla_up_proj); MaxText's remat policies "
+            "recompute modules: core_attn, layernorm, moe_act, mla_up_proj, mlp, moe, shared_experts); MaxText's "
+            "remat policies "
             "(minimal, save_qkv_proj, qkv_proj_offloaded, ..., custom:TENSOR=device|offload|remat,...); "
             "op (torchtitan per-op SAC).",
         ),

@@ -387,7 +387,9 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
     if any(c.wgrad for c in costs):
         raise EchosimError(f"--split pipeline: schedule {plan.schedule!r} defers weight gradients; use 1f1b or gpipe")
     layers = [c.layers for c in costs]  # repetitions of the repeated block (the unit a split moves)
-    per_block = [c.model_layers // c.layers if c.layers else 1 for c in costs]  # reported as layers
+    # reported as layers: the block's layers per repetition (a split moves repetitions)
+    per_block = [max((c.graph.layers_per_block(p) for p in c.graph.repeats), default=1) for c in costs]
+    fixed = [c.graph.unfolded_layers() for c in costs]  # layers outside the block stay on their stage
     repeat = sum(layers)
 
     def stage(s: int, n: int) -> tuple[float, float]:
@@ -420,7 +422,8 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
                  * split[s] / max(1, layers[s]) for s in range(plan.pp)]  # fmt: skip
         step = max(end + tail for end, tail in zip(timing.rank_ends, tails, strict=True))
         rows = [{"stage": s, "pool": cluster.pools[owner[s]].name, "device": cluster.pools[owner[s]].device,
-                 "layers": split[s] * per_block[s], "fwd_s": fb[s][0], "bwd_s": fb[s][1], **memory(s, split[s])}
+                 "layers": split[s] * per_block[s] + fixed[s], "fwd_s": fb[s][0], "bwd_s": fb[s][1],
+                 **memory(s, split[s])}
                 for s in range(plan.pp)]  # fmt: skip
         return {"step_s": step, "stages": rows, "fits": all(r["fits"] for r in rows)}
 

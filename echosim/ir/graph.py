@@ -74,6 +74,9 @@ class Graph:
         # blocks (five local layers then a global one, dense then MoE) run their layers in turn, each a
         # numbered child ``<prefix>.<j>`` (:meth:`layer_of`). Absent: the block is one layer.
         self.block_layers: dict[str, int] = {k: v for k, v in (block_layers or {}).items() if v > 1}
+        # The list whose entries are the model's layers (``layers``), where no repeated block names it: a
+        # pipeline stage that holds none of the block (DeepSeek-V3's first, of dense layers) (:meth:`checkpoint_layer`)
+        self.layer_list = ""
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -121,6 +124,7 @@ class Graph:
 
     def copy(self, name: str | None = None) -> Graph:
         g = Graph(name or self.name, self.repeats, self.block_layers)
+        g.layer_list = self.layer_list
         g._nodes = dict(self._nodes)
         g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)
@@ -244,6 +248,37 @@ class Graph:
             return prefix
         head = node.scope[len(prefix) + 1 :].partition(".")[0]
         return f"{prefix}.{head}" if head.isdigit() else prefix
+
+    def checkpoint_layer(self, node: Node) -> str | None:
+        """The layer an activation checkpoint covers: :meth:`layer_of` inside the repeated block, and for a
+        layer of the same list left unfolded (DeepSeek-V3's three dense layers before its MoE run, a layer
+        after it) that layer's own scope, ``layers.<k>``; ``None`` outside every layer.
+
+        Frameworks checkpoint every transformer layer alike (Megatron-Core's ``_checkpointed_forward``
+        walks all of a stage's layers; MaxText remats the dense and the MoE scans with one policy), so a
+        recompute policy must reach the layers the fold left as they are."""
+        layer = self.layer_of(node)
+        if layer is not None:
+            return layer
+        if node.op in (OpKind.SEND, OpKind.RECV):  # a pipeline transfer keeps its producer's scope: no layer's
+            return None
+        scope = node.scope
+        for lst in self.layer_lists():
+            if lst and scope.startswith(lst) and len(scope) > len(lst) + 1 and scope[len(lst)] == ".":
+                head = scope[len(lst) + 1 :].partition(".")[0]
+                if head.isdigit():
+                    return f"{lst}.{head}"
+        return None
+
+    def layer_lists(self) -> list[str]:
+        """The lists whose numbered entries are layers: the repeated blocks' (``layers`` of ``layers.3``)."""
+        return [prefix.rpartition(".")[0] for prefix in self.repeats] or [self.layer_list]
+
+    def unfolded_layers(self) -> int:
+        """Layers of the repeated blocks' list that the fold left as they are (:meth:`checkpoint_layer`)."""
+        return len(
+            {layer for n in self._nodes.values() if self.block_of(n) is None and (layer := self.checkpoint_layer(n))}
+        )
 
     def layer_count(self) -> int:
         """Layers the graph's repeated blocks stand for (repetitions times layers per repetition)."""

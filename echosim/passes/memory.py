@@ -306,7 +306,7 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
             mult[src.id] = max(mult.get(src.id, 0), graph.multiplicity(n))
             own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
             own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == src.id)
-            if n.phase is Phase.RECOMPUTE and graph.layer_of(src) != graph.layer_of(n):
+            if n.phase is Phase.RECOMPUTE and graph.checkpoint_layer(src) != graph.checkpoint_layer(n):
                 replayed_reads.add(src.id)
             if saved.ce_saved and n.origin is not None and graph[n.origin].op is OpKind.CROSS_ENTROPY:
                 logits.add(src.id)
@@ -534,11 +534,11 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
     # one layer is replayed at a time: a block of several layers checkpoints each (passes/recompute.py)
     per_layer: dict[str, int] = {}
     for n in replayed:
-        if (layer := graph.layer_of(n)) is not None:
+        if (layer := graph.checkpoint_layer(n)) is not None:
             per_layer[layer] = per_layer.get(layer, 0) + n.out.nbytes
     replay = max(per_layer.values(), default=0)
     # the output layer's replayed logits (vocabulary tiling): one chunk at a time
-    outer = [n for n in replayed if graph.block_of(n) is None]
+    outer = [n for n in replayed if graph.checkpoint_layer(n) is None]
     logit_replay = sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in outer)
     elsewhere = any(graph[i].phase is Phase.RECOMPUTE and i not in ours for i in read)
     layer, rest = _gathers(graph, nodes)

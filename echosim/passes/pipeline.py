@@ -75,14 +75,20 @@ def _classify(graph: Graph, block: str) -> dict[int, str]:
                 after.add(n.id)
             else:
                 cls[n.id] = "pre"
+    own: list[Node] = []  # a pass's own nodes (an fp8 cast of a gradient): where their readers are
     for n in graph:
         if n.phase is not Phase.FORWARD:
             if graph.block_of(n) == block:
                 cls[n.id] = "block"
             elif n.origin is not None and n.origin in cls and graph[n.origin].op is not OpKind.PARAMETER:
                 cls[n.id] = cls[n.origin]
+            elif n.origin is None and n.inputs:
+                own.append(n)
             else:  # loss seed, tied-weight gradient sums: decided by their readers/writers
                 cls[n.id] = "post"
+    for n in reversed(own):
+        readers = [cls[u] for u in graph.users(n.id) if u in cls]
+        cls[n.id] = readers[0] if readers else "post"
     return cls
 
 
@@ -213,6 +219,7 @@ def _stage_graph(
     graph: Graph, members: set[int], static: set[int], index: int, pp: int, repeats: dict[str, int]
 ) -> Graph:
     g = Graph(f"{graph.name}.stage{index}", repeats, graph.block_layers)
+    g.layer_list = graph.layer_lists()[0]  # a stage without the block still knows which scopes are layers
     new: dict[int, int] = {}
     tied: dict[int, list[int]] = {}
 

@@ -27,7 +27,15 @@ from typing import ClassVar
 from echosim.errors import EchosimError
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
-from echosim.passes.saved import TENSOR_NAMES, alternate_matmuls, base, is_weight_matmul, names_in_block
+from echosim.passes.saved import (
+    TENSOR_NAMES,
+    alternate_matmuls,
+    base,
+    is_weight_matmul,
+    names_in_block,
+    reduced,
+    tensor_name,
+)
 
 _MAXTEXT = "MaxText src/maxtext/layers/decoders.py get_remat_policy (commit e591f30)"
 _DOTS = frozenset({"qkv_proj", "out_proj", "mlpwi", "mlpwo"})
@@ -94,7 +102,7 @@ _PLACES = ("device", "offload", "remat")
 #: not fused into the following linear (TE's LayerNormLinear keeps the attention's input norm fused);
 #: ``moe_act``: the experts' activation between fc1 and fc2; ``mla_up_proj``: MLA's up-projections of
 #: the latent query and key/value and the RoPE applied to them.
-MEGATRON_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
+MEGATRON_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
 def policy_named(name: str) -> Policy | None:
@@ -177,33 +185,44 @@ class Recompute:
         for n in chosen:
             # a layer's replay starts from its own input: an earlier layer's output (inside a block of
             # several layers) is that checkpoint, kept from forward, not replayed with this layer
-            layer = graph.layer_of(n)
-            ins = [copies.get(i, i) if graph.layer_of(graph[i]) == layer else i for i in n.inputs]
+            layer = graph.checkpoint_layer(n)
+            ins = [copies.get(i, i) if graph.checkpoint_layer(graph[i]) == layer else i for i in n.inputs]
             copies[n.id] = g.add(
                 n.op, ins, n.out, n.attrs, phase=Phase.RECOMPUTE, scope=n.scope, name=f"{n.name}.recompute", origin=n.id
             )
-        first_bwd = None
+        first_bwd: dict[str, int] = {}  # where each unit's replay goes: before its first backward node
         for n in list(g):
-            if n.phase is Phase.BACKWARD and g.block_of(n) is not None:
-                first_bwd = n.id if first_bwd is None else first_bwd
-                layer = g.layer_of(n)  # an earlier layer's output is read as kept: this layer's input
-                ins = tuple(copies.get(i, i) if g.layer_of(g[i]) == layer else i for i in n.inputs)
+            if n.phase is Phase.BACKWARD and (layer := g.checkpoint_layer(n)) is not None:
+                first_bwd.setdefault(_unit(g, n), n.id)
+                # an earlier layer's output is read as kept: this layer's input
+                ins = tuple(copies.get(i, i) if g.checkpoint_layer(g[i]) == layer else i for i in n.inputs)
                 if ins != n.inputs:
                     g.replace(n.id, inputs=ins)
-        # replay just before the layer's backward: move the copies there in graph order
+        # replay just before the layer's backward (the repeated block's layers before the block's first):
+        # move the copies there in graph order
         replay = set(copies.values())
         order = [nid for nid in g.nodes if nid not in replay]
-        at = order.index(first_bwd) if first_bwd is not None else len(order)
-        order[at:at] = [copies[n.id] for n in chosen]
+        by_unit: dict[str, list[int]] = {}
+        for n in chosen:
+            by_unit.setdefault(_unit(graph, n), []).append(copies[n.id])
+        for unit in sorted(by_unit, key=lambda u: order.index(first_bwd[u]) if u in first_bwd else len(order)):
+            at = order.index(first_bwd[unit]) if unit in first_bwd else len(order)
+            order[at:at] = by_unit[unit]
         g.nodes = {nid: g.nodes[nid] for nid in order}
         return g
 
     def _replays(self, g: Graph, n: Node) -> bool:
-        if n.op.is_placeholder or g.block_of(n) is None:
+        if n.op.is_placeholder or g.checkpoint_layer(n) is None:
             return False
         if self.mode == "full":
             return True
         return (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
+
+
+def _unit(graph: Graph, n: Node) -> str:
+    """Where a replayed node goes: the repeated block's layers replay before the block's backward
+    (one copy stands for every repetition), a layer outside it before its own backward."""
+    return graph.block_of(n) or graph.checkpoint_layer(n) or ""
 
 
 def _replay_logits(graph: Graph) -> Graph:
@@ -246,7 +265,7 @@ def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:
     names = names_in_block(graph)
     chosen: set[int] = set()
     for n in graph:
-        if n.phase is not Phase.FORWARD or graph.block_of(n) is None or n.op.is_placeholder:
+        if n.phase is not Phase.FORWARD or graph.checkpoint_layer(n) is None or n.op.is_placeholder:
             continue
         if "core_attn" in modules and (
             (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
@@ -258,11 +277,75 @@ def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:
             chosen.add(n.id)
     if "mla_up_proj" in modules:
         chosen |= _mla_up(graph, names)
+    if {"mlp", "moe", "shared_experts"} & set(modules):
+        chosen |= _mlp_modules(graph, modules)
     # views and quantised copies (fp8 casts) of a replayed value are replayed with it: backward reads them
     for n in graph:
         if n.phase is Phase.FORWARD and (n.op is OpKind.VIEW or _is_cast(n)) and any(i in chosen for i in n.inputs):
             chosen.add(n.id)
     return [n for n in graph if n.id in chosen]
+
+
+def _mlp_modules(graph: Graph, modules: tuple[str, ...]) -> set[int]:
+    """The nodes of the MLP modules ``mlp``, ``moe`` and ``shared_experts`` replay, layer by layer.
+
+    Megatron-Core checkpoints a module from its input, the pre-MLP norm's output, and replays the module's
+    whole forward, its tensor-parallel gathers and reductions and its expert all-to-alls included
+    (transformer_layer.py ``_forward_mlp``: ``tensor_parallel.checkpoint(self.mlp, ...)`` on a dense layer
+    only; moe_layer.py ``custom_forward`` under ``moe_layer_recompute``: shared experts, router, dispatch,
+    experts, combine; ``shared_experts_recompute`` the shared experts alone; Megatron-LM commit d98e8a6).
+    A module is the forward nodes after that norm that read only the norm's output, each other and
+    parameters: the residual add, which reads the stream before the norm, is the layer's, not the module's.
+    """
+    layers: dict[str, list[Node]] = {}
+    for n in graph:
+        if n.phase is Phase.FORWARD and (layer := graph.checkpoint_layer(n)) is not None:
+            layers.setdefault(layer, []).append(n)
+    out: set[int] = set()
+    for nodes in layers.values():
+        experts = [n for n in nodes if _is_expert_gemm(graph, n)]
+        if not ({"moe", "shared_experts"} & set(modules) if experts else "mlp" in modules):
+            continue
+        before = nodes[: nodes.index(experts[0])] if experts else nodes
+        norms = [n for n in before if n.op is OpKind.NORM]
+        if not norms:
+            continue
+        inside = _module_after(graph, nodes, norms[-1].id)
+        if not experts or "moe" in modules:
+            out |= inside
+        else:
+            out |= _shared_experts(graph, [n.id for n in nodes if n.id in inside], {n.id for n in experts})
+    return out
+
+
+def _module_after(graph: Graph, nodes: list[Node], norm: int) -> set[int]:
+    """The forward nodes of a layer after ``norm`` that read its output, each other and parameters only."""
+    inside: set[int] = set()
+    ok = {norm}
+    after = False
+    for n in nodes:
+        after = after or n.id == norm
+        if not after or n.id == norm or n.op.is_placeholder:
+            continue
+        ins = [i for i in n.inputs if not graph[i].op.is_placeholder]
+        if ins and all(i in ok for i in ins):
+            inside.add(n.id)
+            ok.add(n.id)
+    return inside
+
+
+def _shared_experts(graph: Graph, inside: list[int], experts: set[int]) -> set[int]:
+    """Of a MoE module's nodes (in graph order), the shared experts': those that lead to a shared
+    down-projection (an unbatched ``mlpwo``) and to no routed expert GEMM."""
+    downs = [nid for nid in inside if nid not in experts and tensor_name(graph, graph[nid]) == "mlpwo"]
+    if not downs:
+        return set()
+    ends = {reduced(graph, graph[d]) for d in downs}  # with tensor parallelism: the reduction after it
+    lead: dict[int, tuple[bool, bool]] = {}  # node -> (reaches a shared end, reaches an expert GEMM)
+    for nid in reversed(inside):
+        below = [lead[u] for u in graph.users(nid) if u in lead]
+        lead[nid] = (nid in ends or any(a for a, _ in below), nid in experts or any(b for _, b in below))
+    return {nid for nid, (shared, routed) in lead.items() if shared and not routed}
 
 
 def _users(graph: Graph, nid: int) -> list[Node]:
@@ -288,7 +371,8 @@ def _fused_into_qkv(graph: Graph, norm: Node, names: dict[int, str]) -> bool:
 
 
 def _is_expert_gemm(graph: Graph, n: Node) -> bool:
-    return isinstance(n.attrs, MatmulAttrs) and n.attrs.batch > 1 and is_weight_matmul(graph, n)
+    # ``grouped``: one expert per rank (expert parallelism as wide as the experts) leaves batch 1
+    return isinstance(n.attrs, MatmulAttrs) and (n.attrs.grouped or n.attrs.batch > 1) and is_weight_matmul(graph, n)
 
 
 def _expert_activation(graph: Graph, n: Node) -> bool:
@@ -344,7 +428,8 @@ def _mla_up(graph: Graph, names: dict[int, str]) -> set[int]:
         nxt = []
         for i in frontier:
             for u in _users(graph, i):
-                if u.op in (OpKind.VIEW, OpKind.ELEMENTWISE) and u.id not in out and graph.block_of(u) is not None:
+                passes = u.op in (OpKind.VIEW, OpKind.ELEMENTWISE)
+                if passes and u.id not in out and graph.checkpoint_layer(u) is not None:
                     out.add(u.id)
                     nxt.append(u.id)
         frontier = nxt
@@ -369,7 +454,7 @@ def _needed(graph: Graph, kept: set[int]) -> list[Node]:
     layer per entry, src/maxtext/models/gemma3.py, commit e591f30)."""
     need: set[int] = set()
     stack = [
-        (i, graph.layer_of(n)) for n in graph if n.phase is Phase.BACKWARD and graph.block_of(n) is not None
+        (i, layer) for n in graph if n.phase is Phase.BACKWARD and (layer := graph.checkpoint_layer(n)) is not None
         for i in n.inputs
     ]  # fmt: skip
     while stack:
@@ -377,7 +462,7 @@ def _needed(graph: Graph, kept: set[int]) -> list[Node]:
         src = graph[nid]
         if nid in need or nid in kept or src.phase is not Phase.FORWARD:
             continue
-        if src.op.is_placeholder or graph.block_of(src) is None or graph.layer_of(src) != layer:
+        if src.op.is_placeholder or graph.checkpoint_layer(src) != layer:
             continue
         need.add(nid)
         stack.extend((i, layer) for i in src.inputs)

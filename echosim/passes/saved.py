@@ -76,19 +76,19 @@ def names_in_block(graph: Graph) -> dict[int, str]:
     A name tags the logical tensor, stored with its activation sharding: under tensor parallelism a
     row-parallel projection's partial sums are reduced (all-reduce, or reduce-scatter with sequence
     parallelism) before anything reads them, so the name sits on the reduction's output
-    (:func:`_reduced`). MaxText names ``out_proj`` after the projection returns, whose output sharding
+    (:func:`reduced`). MaxText names ``out_proj`` after the projection returns, whose output sharding
     puts ``activation_embed`` on the ``tensor`` axis (src/maxtext/layers/attentions.py line 1366,
     src/maxtext/configs/base.yml line 598, commit e591f30); GSPMD partitions the dot into the partial
     product and its reduce-scatter, and the checkpoint keeps the sharded array.
     """
     out: dict[int, str] = {}
     for n in graph:
-        if n.phase is Phase.FORWARD and graph.block_of(n) is not None and (name := tensor_name(graph, n)):
-            out[_reduced(graph, n)] = name
+        if n.phase is Phase.FORWARD and graph.checkpoint_layer(n) is not None and (name := tensor_name(graph, n)):
+            out[reduced(graph, n)] = name
     return out
 
 
-def _reduced(graph: Graph, n: Node) -> int:
+def reduced(graph: Graph, n: Node) -> int:
     """``n``, or the tensor-parallel reduction that is its only forward reader (through views)."""
     nid = n.id
     while True:
@@ -113,7 +113,7 @@ def alternate_matmuls(graph: Graph) -> set[int]:
     counts: dict[str, int] = {}
     out: set[int] = set()
     for n in graph:
-        block = graph.layer_of(n)  # the counter restarts in each checkpointed layer
+        block = graph.checkpoint_layer(n)  # the counter restarts in each checkpointed layer
         if n.phase is not Phase.FORWARD or block is None or not is_weight_matmul(graph, n):
             continue
         counts[block] = counts.get(block, 0) + 1

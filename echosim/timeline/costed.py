@@ -73,8 +73,10 @@ class StageCost:
 
     @property
     def model_layers(self) -> int:
-        """The model's layers this stage runs: its repetitions of the block times the layers each holds."""
-        return self.layers * max((self.graph.layers_per_block(p) for p in self.graph.repeats), default=1)
+        """The model's layers this stage runs: its repetitions of the block times the layers each holds, and
+        the layers outside the block it holds (DeepSeek-V3's dense first layers on the first stage)."""
+        per_block = max((self.graph.layers_per_block(p) for p in self.graph.repeats), default=1)
+        return self.layers * per_block + self.graph.unfolded_layers()
 
     @property
     def step_end(self) -> float:
