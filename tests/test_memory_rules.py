@@ -671,3 +671,9 @@ def test_expert_parallelism_as_wide_as_the_experts_still_finds_the_expert_activa
     plan = Plan(framework="megatron", ep=4, dp=4, recompute="selective:moe_act")
     g = lower(MOE, plan, Cluster("a100-80gb", 4)).stages[0].graph
     assert {n.name for n in g if n.phase is Phase.RECOMPUTE} >= {"silu.recompute", "mul_4.recompute"}
+
+
+def test_core_attn_leaves_the_routers_softmax_alone():
+    """Megatron's ``core_attn`` replays materialised attention; a MoE router's softmax over its logits is not that."""
+    g = lower(MOE, Plan(framework="megatron", recompute="selective"), Cluster("a100-80gb", 1)).stages[0].graph
+    assert any(n.op.value == "softmax" for n in g) and not [n for n in g if n.phase is Phase.RECOMPUTE]

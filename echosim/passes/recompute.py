@@ -216,7 +216,15 @@ class Recompute:
             return False
         if self.mode == "full":
             return True
-        return (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
+        return _core_attention(g, n)
+
+
+def _core_attention(graph: Graph, n: Node) -> bool:
+    """Materialised attention: an unfused attention op, or a softmax of scores; a MoE router's softmax reads
+    the router's weight matmul and is the router's, not the attention's."""
+    if isinstance(n.attrs, AttentionAttrs):
+        return not n.attrs.flash
+    return n.op is OpKind.SOFTMAX and not is_weight_matmul(graph, graph[base(graph, n.inputs[0])])
 
 
 def _unit(graph: Graph, n: Node) -> str:
@@ -267,9 +275,7 @@ def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:
     for n in graph:
         if n.phase is not Phase.FORWARD or graph.checkpoint_layer(n) is None or n.op.is_placeholder:
             continue
-        if "core_attn" in modules and (
-            (isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX
-        ):
+        if "core_attn" in modules and _core_attention(graph, n):
             chosen.add(n.id)
         if "layernorm" in modules and n.op is OpKind.NORM and not _fused_into_qkv(graph, n, names):
             chosen.add(n.id)
