@@ -135,7 +135,8 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         opts["devices"] = _int(rng, 1, 32)
     for key, values in (
         ("dtype", ["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8"]),
-        ("recompute", ["none", "selective", "full", "selective:moe_act", "selective:core_attn,layernorm"]),
+        ("recompute", ["none", "selective", "full", "selective:moe_act", "selective:core_attn,layernorm",
+                       "selective:mlp,moe", "selective:shared_experts"]),
         ("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "nope"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
@@ -175,9 +176,12 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     heads = rng.choice([4, 8])
     experts = rng.choice([4, 8]) if arch == "moe" else 0
     layers = rng.choice([2, 4, 8])
+    # a MoE model may open with dense layers (DeepSeek) and carry shared experts
+    dense = min(rng.choice([0, 0, 1, layers // 2]), layers - 2) if experts else 0  # two MoE layers fold
     cfg = ArchConfig(arch, layers=layers, hidden=heads * 32, heads=heads, vocab=1024, seq_len=rng.choice([128, 512]),
                      ffn=256, kv_heads=rng.choice([1, heads]) if arch != "gpt" else heads, experts=experts,
-                     top_k=2 if experts else 0, moe_ffn=64 if experts else 0)  # fmt: skip
+                     top_k=2 if experts else 0, moe_ffn=64 if experts else 0, dense_layers=dense,
+                     shared_experts=rng.choice([0, 1]) if experts else 0)  # fmt: skip
     blackwell = ["b200", "gb200", "gb300", "b300"]
     backend = rng.choice(["a100-80gb", "h100-sxm", "h200", *blackwell])
     tp, pp, cp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2])
@@ -189,7 +193,8 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         "global_batch": micro * dp * rng.choice([1, 2, 4]) * (pp if pp > 1 else 1),
         "devices": tp * pp * cp * dp, "vpp": vpp,
         "framework": rng.choice(["megatron", "megatron-bridge", "nemo", "torchtitan", "eager"]),
-        "recompute": rng.choice(["none", "selective", "full"]),
+        "recompute": rng.choice(["none", "selective", "full", "selective:mlp", "selective:moe,layernorm",
+                                 "selective:shared_experts,moe_act"]),
         "zero": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
         "sp": tp > 1 and rng.random() < 0.5,
     }  # fmt: skip
