@@ -677,3 +677,19 @@ def test_core_attn_leaves_the_routers_softmax_alone():
     """Megatron's ``core_attn`` replays materialised attention; a MoE router's softmax over its logits is not that."""
     g = lower(MOE, Plan(framework="megatron", recompute="selective"), Cluster("a100-80gb", 1)).stages[0].graph
     assert any(n.op.value == "softmax" for n in g) and not [n for n in g if n.phase is Phase.RECOMPUTE]
+
+
+def test_a_layout_places_the_dense_first_layers_on_the_stages_it_names():
+    """Megatron-Core's layout counts every decoder layer: ``Et|tt|...`` runs dense layer 0 with the embedding and
+    dense layers 1 and 2 on the second stage (DeepSeek-V3's GB200 guide), not all three on the first."""
+    plan = Plan(framework="megatron", pp=4, micro_batch=1, global_batch=8, recompute="selective:mlp",
+                pp_balance="layout:Et|tt|tt|ttL")  # fmt: skip
+    c = lower(_dense_first(7, 3), plan, Cluster("h100-sxm", 4))
+    graphs = [s.graph for s in c.costed.stages]
+    held = [sorted({g.checkpoint_layer(n) for n in g if g.block_of(n) is None} - {None}) for g in graphs]
+    assert held == [["layers.0"], ["layers.1", "layers.2"], [], []]
+    assert [s.layers for s in c.costed.stages] == [0, 0, 2, 2]
+    assert [row["layers"] for row in c.report.memory] == [1, 2, 2, 2]
+    # each dense layer's MLP replays on its own stage
+    assert {graphs[1].checkpoint_layer(n) for n in graphs[1] if n.phase is Phase.RECOMPUTE} == {"layers.1", "layers.2"}
+    assert c.costed.stages[1].fwd > c.costed.stages[0].fwd > 0

@@ -140,9 +140,34 @@ def layout_counts(text: str) -> list[int]:
 def leading_layers(block: str) -> int:
     """Decoder layers before a graph's repeated block: a capture names the block after its first layer
     (``layers.3`` when DeepSeek-V3's three dense layers come first), and the layers before it are the first
-    stage's (its ``pre``, with the embedding)."""
+    stage's (its ``pre``, with the embedding), unless a layout places them (:func:`_moved_leading_layers`)."""
     index = block.rsplit(".", 1)[-1]
     return int(index) if index.isdigit() else 0
+
+
+def _moved_leading_layers(graph: Graph, block: str, balance: str, cls: dict[int, str]) -> dict[int, int]:
+    """The stage of each node of a leading layer that a layout places after the first stage (node -> stage).
+
+    A Megatron-Core layout counts every decoder layer, the dense ones before the repeated block included:
+    DeepSeek-V3's ``Et|tt|...`` runs layer 0 with the embedding and layers 1 and 2 on the second stage.
+    Without a layout, the layers before the block are the first stage's (its ``pre``)."""
+    lead = leading_layers(block)
+    if not balance.startswith(LAYOUT_PREFIX) or not lead:
+        return {}
+    counts = layout_counts(balance.removeprefix(LAYOUT_PREFIX))
+    if sum(counts) == graph.repeats[block]:
+        return {}
+    stage_of: dict[str, int] = {}
+    layer = 0
+    for i, count in enumerate(counts):
+        for _ in range(count):
+            if layer < lead and i > 0:
+                stage_of[f"{block.rpartition('.')[0]}.{layer}"] = i
+            layer += 1
+    return {
+        nid: stage_of[name] for nid, c in cls.items()
+        if c == "pre" and (name := graph.checkpoint_layer(graph[nid]) or "") in stage_of
+    }  # fmt: skip
 
 
 def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
@@ -198,15 +223,18 @@ class PipelineParallel:
         ((block, _layers),) = graph.repeats.items()
         cls = _classify(graph, block)
         counts = layer_split(graph, self.pp, self.balance, cls)
+        moved = _moved_leading_layers(graph, block, self.balance, cls)
         static = _static(graph)
         stages = []
-        shapes: dict[tuple[bool, bool, int], Graph] = {}
+        shapes: dict[tuple[bool, bool, int, frozenset[int]], Graph] = {}
         for i, count in enumerate(counts):
-            shape = (i == 0, i == self.pp - 1, count)
+            mine = frozenset(nid for nid, at in moved.items() if at == i)
+            shape = (i == 0, i == self.pp - 1, count, mine)
             if shape not in shapes:
                 keep = ({"block"} if count else set()) | ({"pre"} if i == 0 else set())
                 keep |= {"post"} if i == self.pp - 1 else set()
-                members = {nid for nid, c in cls.items() if c in keep and nid not in static}
+                members = {nid for nid, c in cls.items() if c in keep and nid not in static and nid not in moved}
+                members |= mine
                 shapes[shape] = _stage_graph(graph, members, static, i, self.pp, {block: count} if count else {})
             stages.append(Stage(i, shapes[shape], count))
         return stages
