@@ -309,6 +309,7 @@ class ModelShape:
     batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
     untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
+    outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones): not split by pp
 
     @classmethod
     def of(cls, graph: Graph) -> ModelShape:
@@ -344,6 +345,7 @@ class ModelShape:
             batched_experts=bool(experts) and not routed,
             tp_targets=targets,
             untargeted_experts=tuple(sorted(untargeted)),
+            outside_layers=graph.unfolded_layers(),
         )
 
 
@@ -355,12 +357,16 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         if kv_heads % plan.tp:
             raise PlanError(f"tp={plan.tp} does not divide key/value heads ({kv_heads})")
     if shape.layers is not None:
+        # the pipeline splits the repeated layers; those outside the block run with the embedding (or where a
+        # Megatron layout puts them)
+        what = "repeated layers" if shape.outside_layers else "layers"
+        outside = f", besides {shape.outside_layers} outside the repeated block" if shape.outside_layers else ""
         if plan.pp > shape.layers:
-            raise PlanError(f"pp={plan.pp} exceeds the number of layers ({shape.layers})")
+            raise PlanError(f"pp={plan.pp} exceeds the number of {what} ({shape.layers}{outside})")
         if plan.pp * plan.vpp > shape.layers + 2:
             raise PlanError(
-                f"pp*vpp={plan.pp * plan.vpp} exceeds the number of layers ({shape.layers}) plus the embedding "
-                "and the loss stages (2)"
+                f"pp*vpp={plan.pp * plan.vpp} exceeds the number of {what} ({shape.layers}{outside}) plus the "
+                "embedding and the loss stages (2)"
             )
     seq = shape.seq_len
     if plan.cp > 1:

@@ -693,3 +693,8 @@ def test_a_layout_places_the_dense_first_layers_on_the_stages_it_names():
     # each dense layer's MLP replays on its own stage
     assert {graphs[1].checkpoint_layer(n) for n in graphs[1] if n.phase is Phase.RECOMPUTE} == {"layers.1", "layers.2"}
     assert c.costed.stages[1].fwd > c.costed.stages[0].fwd > 0
+
+
+def test_too_many_stages_names_the_layers_outside_the_block():
+    with pytest.raises(PlanError, match=r"pp=4 exceeds the number of repeated layers \(3, besides 3 outside"):
+        lower(_dense_first(6, 3), Plan(pp=4, global_batch=4), Cluster("a100-80gb", 4))
