@@ -45,7 +45,7 @@ from echosim.memo import HashedKey, Memo
 from echosim.passes.base import LayoutError, output_key, run_passes
 from echosim.passes.flops import FlopCount, graph_flops
 from echosim.passes.memory import MemoryBreakdown, activation_bytes, transient_bytes
-from echosim.passes.pipeline import Stage, _classify, _stage_graph, _static, layer_split
+from echosim.passes.pipeline import Stage, _classify, _stage_graph, _static, layer_split, leading_spill
 from echosim.timeline.costed import StageCost
 from echosim.timeline.lower import (
     _COSTS,
@@ -141,6 +141,8 @@ def stage_counts(joint: Joint) -> list[int]:
         raise Fallback("pipeline split refused") from None
     if min(counts) < 1:
         raise Fallback("a stage without layers")
+    if leading_spill(graph, n, plan.pp_balance):  # a stage after the first holds a leading layer: not its shape
+        raise Fallback("leading layers beyond the first stage")
     return counts
 
 

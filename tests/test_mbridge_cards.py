@@ -31,7 +31,7 @@ def test_the_rows_run_their_recipes() -> None:
     dsv3 = row_plan(dsv3_case)[0]
     assert (dsv3.tp, dsv3.pp, dsv3.vpp, dsv3.ep, dsv3.dp) == (2, 8, 4, 64, 64)
     assert dsv3.pp_balance == "layout:Et|(tt|)*30mL" and mtp_layers(dsv3_case) == 1
-    assert dsv3.recompute == "selective:mla_up_proj" and not dsv3.overlap_dp and not dsv3.moe_ep_overlap
+    assert dsv3.recompute == "selective:mla_up_proj,mlp" and not dsv3.overlap_dp and not dsv3.moe_ep_overlap
     oss = row_plan(rows["mbridgecard-gpt-oss-120b-bf16-gb200-64"])[0]
     assert (oss.ep, oss.micro_batch, oss.recompute) == (64, 4, "selective:layernorm,moe_act")
     assert oss.moe_dispatcher == "alltoall" and oss.moe_ep_overlap and not oss.fp8_attention

@@ -38,7 +38,8 @@ def test_the_row_runs_the_guides_command_line() -> None:
     plan, cluster = row_plan(case)
     assert (plan.tp, plan.pp, plan.vpp, plan.ep, plan.dp, plan.micro_batch) == (1, 8, 4, 32, 32, 1)
     assert plan.pp_balance == "layout:Et|(tt|)*30L"
-    assert plan.recompute == "selective:moe_act" and plan.zero == 1 and plan.dtype == "mxfp8"
+    assert plan.recompute == "selective:moe_act,mlp" and plan.zero == 1 and plan.dtype == "mxfp8"
+    assert plan.moe_dispatcher == "hybridep"  # the notes' "dispatcher HybridEP"
     assert cluster.devices_per_node == 32
     assert row_framework(case) == "megatron-ce-te"  # --cross-entropy-fusion-impl te in the notes
     assert case.numbers["step_time_s"] == pytest.approx(8.439, abs=1e-3)  # 970.01 TFLOP/s per GPU

@@ -57,11 +57,12 @@ def test_mla_parameters_match_the_closed_form(q_lora: int) -> None:
 
 def test_deepseek_v3_has_its_published_sizes() -> None:
     """671B in total and 37B activated per token (arXiv:2412.19437, without the 14B MTP module); the
-    captured model folds its 58 MoE layers after the 3 dense ones and pipelines them."""
+    captured model folds its 58 MoE layers after the 3 dense ones and pipelines them, the uniform split counting
+    the dense ones: 61 layers as 16, 15, 15, 15, the first stage's 3 dense and 13 MoE."""
     cfg = ZOO["deepseek-v3"]
     compiled = lower("deepseek-v3", Plan(pp=4, dp=2, ep=2, seq_len=256, global_batch=8), Cluster("null", 8))
     assert compiled.graph.repeats == {"layers.3": 58} and compiled.report.params == cfg.param_count()
-    assert [s.layers for s in compiled.stages] == [15, 15, 14, 14]
+    assert [s.layers for s in compiled.stages] == [13, 15, 15, 15]
     assert cfg.param_count() == pytest.approx(PUBLISHED_PARAMS["deepseek-v3"], rel=0.001)
     assert cfg.active_params() == pytest.approx(37e9, rel=0.02)
     # attention alone: 187.1M per layer (q: 7168*1536 + 1536 + 1536*128*192; kv: 7168*576 + 512 +
@@ -98,18 +99,19 @@ def test_validate_reads_mla_from_the_columns(tmp_path) -> None:
     cells |= {"ffn_hidden": "18432", "vocab": "129280", "experts": "256", "top_k": "8", "moe_ffn_hidden": "2048"}
     cfg = row_model(read_cases(write(tmp_path, row(**cells, shared_experts="1")))[0])
     assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_head_dim, cfg.v_head_dim) == (512, 1536, 64, 128)
-    # every layer MoE (no column gives the 3 dense ones): 671B + 3 x (257 x 3 x 7168 x 2048 - 3 x 7168 x
-    # 18432) = 703.8B parameters; the FLOPs per token are the same (18432 = (8 + 1) x 2048)
+    # the first 3 layers dense (rows.DENSE_FIRST_LAYERS; no column gives them): every layer MoE would be 671B +
+    # 3 x (257 x 3 x 7168 x 2048 - 3 x 7168 x 18432) = 703.8B parameters, with the same FLOPs per token
     # The row trains one MTP module (rows.MTP_LAYERS): a MoE block, a 2h -> h projection and three norms, 11.6B;
     # DeepSeek-V3's report counts 14B with the checkpoint's own copy of the embedding and output head (1.85B)
     full = ZOO["deepseek-v3"].with_(mtp_layers=1)
-    assert cfg.mtp_layers == 1
+    assert (cfg.mtp_layers, cfg.dense_layers) == (1, 3)
     assert full.param_count() - ZOO["deepseek-v3"].param_count() == pytest.approx(11.6e9, rel=0.01)
-    assert cfg.param_count() == full.with_(dense_layers=0).param_count()
+    assert cfg.param_count() == full.param_count()
     # a blank kv_heads with head_dim = hidden / heads is an unstated GQA, not MLA
     plain = row_model(read_cases(write(tmp_path, row(arch="llama", kv_heads="", head_dim="16")))[0])
     assert plain.kv_lora_rank == 0 and plain.n_kv_heads == plain.heads
-    assert cfg.param_count() - full.param_count() == 3 * (3 * 7168 * 2048 * 257 + 7168 * 256 - 3 * 7168 * 18432)
+    all_moe = full.with_(dense_layers=0).param_count() - full.param_count()
+    assert all_moe == 3 * (3 * 7168 * 2048 * 257 + 7168 * 256 - 3 * 7168 * 18432)
 
 
 @pytest.mark.slow

@@ -140,23 +140,43 @@ def layout_counts(text: str) -> list[int]:
 def leading_layers(block: str) -> int:
     """Decoder layers before a graph's repeated block: a capture names the block after its first layer
     (``layers.3`` when DeepSeek-V3's three dense layers come first), and the layers before it are the first
-    stage's (its ``pre``, with the embedding), unless a layout places them (:func:`_moved_leading_layers`)."""
+    stage's (its ``pre``, with the embedding), unless the balance places them (:func:`decoder_counts`)."""
     index = block.rsplit(".", 1)[-1]
     return int(index) if index.isdigit() else 0
 
 
-def _moved_leading_layers(graph: Graph, block: str, balance: str, cls: dict[int, str]) -> dict[int, int]:
-    """The stage of each node of a leading layer that a layout places after the first stage (node -> stage).
+def decoder_counts(graph: Graph, pp: int, balance: str) -> list[int] | None:
+    """Decoder layers per stage with the leading layers (before the repeated block) counted, where the balance
+    places them: a Megatron-Core layout that counts them, or the uniform split of all the model's layers; ``None``
+    where they stay on the first stage (the ``cost`` balance weighs them as the first stage's ``pre``).
 
-    A Megatron-Core layout counts every decoder layer, the dense ones before the repeated block included:
-    DeepSeek-V3's ``Et|tt|...`` runs layer 0 with the embedding and layers 1 and 2 on the second stage.
-    Without a layout, the layers before the block are the first stage's (its ``pre``)."""
+    A Megatron-Core layout counts every decoder layer: DeepSeek-V3's ``Et|tt|...`` runs dense layer 0 with the
+    embedding and dense layers 1 and 2 on the second stage. Without one, Megatron-Core splits the decoder's layers
+    evenly (``get_num_layers_to_build``: num_layers / pp, uneven splits only where a run asks for them), the
+    dense ones among them."""
+    ((block, layers),) = graph.repeats.items()
     lead = leading_layers(block)
-    if not balance.startswith(LAYOUT_PREFIX) or not lead:
+    if balance.startswith(LAYOUT_PREFIX):
+        counts = layout_counts(balance.removeprefix(LAYOUT_PREFIX))
+        return counts if lead and sum(counts) == layers + lead else None
+    if balance != "uniform" or not lead or pp > layers:
+        return None
+    base, extra = divmod(layers + lead, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def leading_spill(graph: Graph, pp: int, balance: str) -> bool:
+    """Whether the split puts a leading layer on a stage after the first (:func:`decoder_counts`)."""
+    counts = decoder_counts(graph, pp, balance)
+    return counts is not None and counts[0] < leading_layers(next(iter(graph.repeats)))
+
+
+def _moved_leading_layers(graph: Graph, block: str, pp: int, balance: str, cls: dict[int, str]) -> dict[int, int]:
+    """The stage of each node of a leading layer placed after the first stage (node -> stage)."""
+    counts = decoder_counts(graph, pp, balance)
+    if counts is None:
         return {}
-    counts = layout_counts(balance.removeprefix(LAYOUT_PREFIX))
-    if sum(counts) == graph.repeats[block]:
-        return {}
+    lead = leading_layers(block)
     stage_of: dict[str, int] = {}
     layer = 0
     for i, count in enumerate(counts):
@@ -170,11 +190,20 @@ def _moved_leading_layers(graph: Graph, block: str, balance: str, cls: dict[int,
     }  # fmt: skip
 
 
+def _without_leading(counts: list[int], lead: int) -> list[int]:
+    """Repeated layers per stage: the leading layers leave the stages that hold them, first to last."""
+    out = list(counts)
+    for i in range(len(out)):
+        taken = min(lead, out[i])
+        out[i], lead = out[i] - taken, lead - taken
+    return out
+
+
 def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> list[int]:
     ((block, layers),) = graph.repeats.items()
     if balance.startswith(LAYOUT_PREFIX):
         counts = layout_counts(balance.removeprefix(LAYOUT_PREFIX))
-        # a layout counts every decoder layer; those before the repeated block run on the first stage
+        # a layout counts every decoder layer, or only the repeated ones (the leading layers then run first)
         lead = leading_layers(block) if sum(counts) != layers else 0
         if len(counts) != pp or sum(counts) != layers + lead:
             raise LayoutError(
@@ -182,15 +211,15 @@ def layer_split(graph: Graph, pp: int, balance: str, cls: dict[int, str]) -> lis
                 f"{sum(counts)} layers; the layout needs pp x vpp = {pp} stages and the model's {layers + lead} "
                 "layers"
             )
-        for i in range(len(counts)):  # the leading layers leave the stages the layout gives them, first to last
-            taken = min(lead, counts[i])
-            counts[i], lead = counts[i] - taken, lead - taken
-        return counts
+        return _without_leading(counts, lead)
     if pp > layers + 2:
         raise LayoutError(f"pp={pp} exceeds the number of layers ({layers}) plus the embedding and loss stages")
     if pp > layers:  # the embedding (and the loss) take a stage of their own (module docstring)
         return [0] + [1] * layers + [0] * (pp - layers - 1)
     if balance == "uniform":
+        full = decoder_counts(graph, pp, balance)
+        if full is not None:
+            return _without_leading(full, leading_layers(block))
         base, extra = divmod(layers, pp)
         return [base + (1 if i < extra else 0) for i in range(pp)]
     if balance != "cost":
@@ -223,7 +252,7 @@ class PipelineParallel:
         ((block, _layers),) = graph.repeats.items()
         cls = _classify(graph, block)
         counts = layer_split(graph, self.pp, self.balance, cls)
-        moved = _moved_leading_layers(graph, block, self.balance, cls)
+        moved = _moved_leading_layers(graph, block, self.pp, self.balance, cls)
         static = _static(graph)
         stages = []
         shapes: dict[tuple[bool, bool, int, frozenset[int]], Graph] = {}

@@ -137,6 +137,12 @@ def _local_attention(c: Case) -> dict[str, int]:
 #: commit e591f30; HF Llama-4-Maverick-17B-128E config.json ``interleave_moe_layer_step`` 2,
 #: ``intermediate_size_mlp`` 16384). Llama 4 Scout (16 experts) has step 1.
 MOE_LAYER_STEP: dict[tuple[int, int, int, int], int] = {(48, 5120, 128, 1): 2}
+#: Models whose first layers keep a dense MLP of width ``ffn_hidden``, by (layers, hidden, experts, top_k)
+#: (:attr:`echosim.frontend.zoo.ArchConfig.dense_layers`); cases.csv has no column for them. DeepSeek-V3: the
+#: first 3 of 61 (arXiv:2412.19437 sec. 4.2, "we substitute all FFNs except for the first three layers with MoE
+#: layers"; HF deepseek-ai/DeepSeek-V3 config.json ``first_k_dense_replace`` 3, ``intermediate_size`` 18432), which
+#: gives its published 671B parameters (61 MoE layers would give 704B).
+DENSE_FIRST_LAYERS: dict[tuple[int, int, int, int], int] = {(61, 7168, 256, 8): 3}
 
 
 #: DeepSeek's MLA sizes (DeepSeek-V2, arXiv:2405.04434 sec. 3.1.2: d_h^R = d_h / 2, d_c = 4 d_h,
@@ -183,6 +189,7 @@ def _experts(c: Case) -> dict[str, int]:
         "moe_ffn": c.int("moe_ffn_hidden", 0) or 0,
         "shared_experts": c.int("shared_experts", 0) or 0,
         **({"moe_layer_step": step} if step > 1 else {}),
+        **({"dense_layers": dense} if (dense := DENSE_FIRST_LAYERS.get(model, 0)) else {}),
         **({"mtp_layers": mtp} if (mtp := mtp_layers(c)) else {}),
         **_zoo_expert_mlp(model),
     }
@@ -743,20 +750,20 @@ def offload_layers(c: Case) -> int:
 #: (NeMo 25.11) scripts/performance/configs/{deepseek,gpt_oss}/workload_base_configs.py, v0.3.0 (26.02)
 #: configs/*/*_workload_base_configs.py and commit 067f987 (26.04) src/megatron/bridge/perf_recipes/
 #: {deepseek,gpt_oss}/*; v0.1.0rc4 (25.09) sets DeepSeek-V3's by GPU in scripts/performance/run_script.py
-#: (H100 mla_up_proj + mlp, B200 mla_up_proj, GB200 mla_up_proj). DeepSeek's "mlp" (its 3 dense
-#: layers, which the rows model as MoE layers) is left out.
+#: (H100 mla_up_proj + mlp, B200 mla_up_proj, GB200 mla_up_proj). DeepSeek's "mlp" replays its 3 dense
+#: layers' MLPs (:data:`DENSE_FIRST_LAYERS`).
 MEGATRON_BRIDGE_RECOMPUTE: dict[tuple[int, int, str, tuple[int, ...]], tuple[str, ...]] = {
     (36, 2880, "b200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_B200_BF16
     (36, 2880, "gb200", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_GB200_BF16
     (36, 2880, "h100-sxm", ()): ("layernorm", "moe_act"),  # GPT_OSS_120B_H100_BF16
     (61, 7168, "b200", (1, 16, 1, 8, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_B200
-    (61, 7168, "b200", (1, 8, 2, 32, 1)): ("mla_up_proj",),  # deepseek_v3 b200 fp8mx (+ mlp)
+    (61, 7168, "b200", (1, 8, 2, 32, 1)): ("mla_up_proj", "mlp"),  # deepseek_v3 b200 fp8mx
     (61, 7168, "gb200", (1, 4, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_GB200
     (61, 7168, "gb300", (1, 4, 4, 64, 1)): ("moe_act",),  # DEEPSEEK_V3_GB300
     # DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1 (FP8_CS, FP8_MX, NVFP4: pp 2, vp 8, ep 32, mbs 2) in
     # v0.3.0 / v0.3.1 / v0.4.0 / v0.4.1 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py
     (61, 7168, "gb300", (1, 2, 8, 32, 2)): ("mla_up_proj",),
-    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): ("mla_up_proj",),  # DEEPSEEK_V3_H100 (+ mlp)
+    (61, 7168, "h100-sxm", (2, 8, 4, 64, 1)): ("mla_up_proj", "mlp"),  # DEEPSEEK_V3_H100
 }
 
 
@@ -816,7 +823,7 @@ MEGATRON_BRIDGE_MOE_PRESETS: dict[tuple[str, int, int, str], MoePreset] = {
     # gpt_oss_120b_pretrain_64gpu_gb200_bf16_config (alltoall from recipes/gpt_oss/h100/gpt_oss.py, the overlap,
     # recompute_modules layernorm and moe_act)
     ("megatron_bridge_cards", 48, 2048, "h100-sxm"): MoePreset("hybridep", True),
-    ("megatron_bridge_cards", 61, 7168, "h100-sxm"): MoePreset("hybridep", False, ("mla_up_proj",)),
+    ("megatron_bridge_cards", 61, 7168, "h100-sxm"): MoePreset("hybridep", False, ("mla_up_proj", "mlp")),
     ("megatron_bridge_cards", 36, 2880, "gb200"): MoePreset("alltoall", True, ("layernorm", "moe_act")),
 }
 
@@ -962,8 +969,14 @@ MEGATRON_BRIDGE_HYBRIDEP: frozenset[tuple[str, int, int, str]] = frozenset({
 })  # fmt: skip
 
 
+_STATED_DISPATCHER = re.compile(r"\bdispatcher (HybridEP|DeepEP)\b")
+
+
 def moe_dispatcher(c: Case) -> str:
-    """The token dispatcher of the recipe a Megatron-Bridge MoE row ran ('' when none is known)."""
+    """The token dispatcher a MoE row ran: the one its notes name ("dispatcher HybridEP", from a launch line's
+    ``--moe-flex-dispatcher-backend``), else that of the Megatron-Bridge recipe it ran ('' when none is known)."""
+    if c["arch"] == "moe" and (stated := _STATED_DISPATCHER.search(c["notes"])):
+        return stated.group(1).lower()
     if not c["source_id"].startswith("megatron_bridge") or c["arch"] != "moe":
         return ""
     if (preset := moe_preset(c)) is not None:
