@@ -737,3 +737,56 @@ def test_a_line_that_runs_the_program_wins_over_a_command_kept_in_a_string(tmp_p
     )
     got = read_source(f"megatron:{script}")
     assert got.options["tp"] == 2 and got.options["devices"] == 8
+
+
+_EIGHT = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+          "--micro-batch-size 1 --global-batch-size 8 --bf16 --pipeline-model-parallel-size 4 "
+          "--vocab-size 1000")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "layout"),
+    [
+        ("--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1", "Et|ttt|ttt|tL"),
+        ("--decoder-first-pipeline-num-layers 2", "Ett|tt|tt|ttL"),
+        ("--num-layers 6 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+         "Et|tt|tt|tL"),
+        ("--num-layers 14 --virtual-pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split "
+         "--account-for-loss-in-pipeline-split", "Et|tt|tt|tt|tt|tt|tt|tL"),
+        ("--decoder-last-pipeline-num-layers 2 --virtual-pipeline-model-parallel-size 2",
+         "Et|t|t|t|t|t|t|tL"),
+    ],
+)  # fmt: skip
+def test_megatron_uneven_pipeline_flags_are_the_layout_they_amount_to(flags: str, layout: str) -> None:
+    """--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split split the layers
+    as Megatron-Core's get_num_layers_to_build does: a rank's layers evenly over its virtual stages, v * pp + r."""
+    got = read_args(f"{_EIGHT} {flags}")
+    assert got.options["pp_balance"] == f"layout:{layout}" and not got.unknown
+
+
+def test_megatron_uneven_pipeline_reaches_the_stages_and_refuses_what_megatron_refuses(tmp_path: Path) -> None:
+    args = tmp_path / "run.args"
+    args.write_text(f"{_EIGHT} --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1\n")
+    model, plan, cluster = from_config(f"megatron:{args}", "--devices 4")
+    from echosim.compiler import lower
+
+    assert [row["layers"] for row in lower(model, plan, cluster).report.memory] == [1, 3, 3, 1]
+    for flags, message in (
+        ("--decoder-first-pipeline-num-layers 3", "the 5 of --num-layers 8 left for 3 pipeline ranks"),
+        ("--decoder-first-pipeline-num-layers 1 --account-for-loss-in-pipeline-split", "cannot be set together"),
+        ("--pipeline-model-parallel-layout Et|tt|ttt|ttL --decoder-last-pipeline-num-layers 2", "both set the"),
+        ("--account-for-embedding-in-pipeline-split", "plus the embedding and loss counted"),
+        (
+            "--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1 "
+            "--virtual-pipeline-model-parallel-size 2",
+            r"layers \(1\) do not split over 2",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            read_args(f"{_EIGHT} {flags}")
+    # Megatron-Bridge's TransformerConfig names for the same settings
+    path = tmp_path / "run_config.yaml"
+    path.write_text("model:\n  num_layers: 8\n  hidden_size: 256\n  num_attention_heads: 4\n  seq_length: 128\n"
+                    "  vocab_size: 1000\n  pipeline_model_parallel_size: 4\n  num_layers_in_last_pipeline_stage: 2\n"
+                    "train:\n  global_batch_size: 8\n  micro_batch_size: 1\n")  # fmt: skip
+    assert read_source(f"mbridge:{path}").options["pp_balance"] == "layout:Ett|tt|tt|ttL"

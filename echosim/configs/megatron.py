@@ -149,6 +149,10 @@ CONSUMED = {
     "--overlap-moe-expert-parallel-comm",
     "--virtual-pipeline-model-parallel-size",
     "--num-layers-per-virtual-pipeline-stage",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+    "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
     "--sequence-parallel",
     "--use-distributed-optimizer",
     "--micro-batch-size",
@@ -365,6 +369,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
             )
         opts["vpp"] = layers // (pp * per_stage)
     _pipeline_layout(values, out)
+    _uneven_pipeline(values, out)
     if opts.get("vpp", 1) > 1:
         opts["schedule"] = "interleaved"
     if "--sequence-parallel" in values:
@@ -476,6 +481,73 @@ def _pipeline_layout(values: dict[str, list[str]], out: FromConfig) -> None:
         )
     opts["vpp"] = stages // pp
     opts["pp_balance"] = f"layout:{layout}"
+
+
+_UNEVEN = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+_ACCOUNT = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def _uneven_pipeline(values: dict[str, list[str]], out: FromConfig) -> None:
+    """Megatron-Core's uneven pipeline splits as the ``layout:`` balance they amount to.
+
+    ``--decoder-first/last-pipeline-num-layers`` give the first and last pipeline ranks their layers and split the
+    rest evenly over the ranks between; ``--account-for-embedding/loss-in-pipeline-split`` count the embedding and
+    the loss as a layer each, taken from the first rank's first and the last rank's last virtual stage
+    (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` and TransformerConfig's checks,
+    commit d98e8a6). A rank's layers are split evenly over its virtual stages, virtual stage ``v`` of rank ``r``
+    running at ``v * pp + r``."""
+    src, opts = out.source, out.options
+    uneven = [f for f in _UNEVEN if f in values]
+    account = [f for f in _ACCOUNT if f in values]
+    if not uneven and not account:
+        return
+    given = (uneven + account)[0]
+    if "--pipeline-model-parallel-layout" in values:
+        raise ConfigError(f"{src}: --pipeline-model-parallel-layout and {given} both set the pipeline split")
+    if uneven and account:
+        raise ConfigError(f"{src}: {uneven[0]} and {account[0]} cannot be set together (Megatron-Core refuses it)")
+    pp, vpp = opts.get("pp", 1), opts.get("vpp", 1)
+    if pp == 1:
+        out.notes.append(f"{given}: no pipeline parallelism, ignored")
+        return
+    layers = _int(values, "--num-layers", src) or 0
+    first, last = (_int(values, f, src) for f in _UNEVEN)
+    if uneven:
+        ends = [n for n in (first, last) if n is not None]
+        if any(n <= 0 for n in ends):
+            raise ConfigError(f"{src}: {given} must be larger than 0")
+        middle_ranks = pp - len(ends)
+        rest = layers - sum(ends)
+        if rest < 0 or (middle_ranks and rest % middle_ranks) or (not middle_ranks and rest):
+            raise ConfigError(
+                f"{src}: {' and '.join(uneven)}: the {rest} of --num-layers {layers} left for {middle_ranks} "
+                "pipeline ranks do not split evenly over them"
+            )
+        per = rest // middle_ranks if middle_ranks else 0
+        ranks = [per] * pp
+        ranks[0] = first if first is not None else per
+        ranks[-1] = last if last is not None else per
+    else:
+        total = layers + len(account)
+        if total % pp:
+            raise ConfigError(
+                f"{src}: --num-layers {layers} plus the embedding and loss counted ({len(account)}) is not a "
+                f"multiple of --pipeline-model-parallel-size {pp}"
+            )
+        ranks = [total // pp] * pp
+    if any(n % vpp for n in ranks):
+        odd = next(n for n in ranks if n % vpp)
+        raise ConfigError(f"{src}: a pipeline rank's layers ({odd}) do not split over {vpp} virtual stages")
+    stages = [ranks[i % pp] // vpp for i in range(pp * vpp)]
+    if "--account-for-embedding-in-pipeline-split" in values:
+        stages[0] -= 1
+    if "--account-for-loss-in-pipeline-split" in values:
+        stages[-1] -= 1
+    if min(stages) < 0:
+        raise ConfigError(f"{src}: {given}: a virtual stage has no layer left for the embedding or the loss")
+    body = ["t" * n for n in stages]
+    body[0], body[-1] = "E" + body[0], body[-1] + "L"
+    opts["pp_balance"] = "layout:" + "|".join(body)
 
 
 def _fp8_dtype(values: dict[str, list[str]], out: FromConfig) -> str:
