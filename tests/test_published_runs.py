@@ -392,3 +392,25 @@ def test_mtp_module_runs_on_the_last_pipeline_stage() -> None:
     first = [graph_flops(s.graph).model for s in (base.stages[0], more.stages[0])]
     last = [graph_flops(s.graph).model for s in (base.stages[-1], more.stages[-1])]
     assert first[1] == first[0] and last[1] > last[0]
+
+
+def test_rows_of_models_with_dense_first_layers_build_them(tmp_path) -> None:
+    """rows.DENSE_FIRST_LAYERS by (layers, hidden, experts, top_k); a row without ffn_hidden keeps every layer MoE
+    (a dense MLP needs its width)."""
+    from test_validate import row, write
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import row_model
+
+    def dense(layers: str, hidden: str, experts: str, top_k: str, ffn: str = "12288") -> int:
+        cells = {"arch": "moe", "layers": layers, "hidden": hidden, "heads": "64", "kv_heads": "8",
+                 "head_dim": "128", "ffn_hidden": ffn, "vocab": "151552", "experts": experts, "top_k": top_k,
+                 "moe_ffn_hidden": "1536"}  # fmt: skip
+        return row_model(read_cases(write(tmp_path, row(**cells)))[0]).dense_layers
+
+    assert dense("92", "5120", "160", "8") == 3  # GLM-4.5
+    assert dense("46", "4096", "128", "8") == 1  # GLM-4.5-Air
+    assert dense("61", "7168", "384", "8") == 1  # Kimi K2
+    assert dense("60", "5120", "160", "6") == 1  # DeepSeek-V2
+    assert dense("92", "5120", "160", "8", ffn="") == 0
+    assert dense("48", "4096", "128", "8") == 0  # Qwen3-235B-A22B: every layer MoE

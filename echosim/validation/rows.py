@@ -138,11 +138,22 @@ def _local_attention(c: Case) -> dict[str, int]:
 #: ``intermediate_size_mlp`` 16384). Llama 4 Scout (16 experts) has step 1.
 MOE_LAYER_STEP: dict[tuple[int, int, int, int], int] = {(48, 5120, 128, 1): 2}
 #: Models whose first layers keep a dense MLP of width ``ffn_hidden``, by (layers, hidden, experts, top_k)
-#: (:attr:`echosim.frontend.zoo.ArchConfig.dense_layers`); cases.csv has no column for them. DeepSeek-V3: the
-#: first 3 of 61 (arXiv:2412.19437 sec. 4.2, "we substitute all FFNs except for the first three layers with MoE
-#: layers"; HF deepseek-ai/DeepSeek-V3 config.json ``first_k_dense_replace`` 3, ``intermediate_size`` 18432), which
-#: gives its published 671B parameters (61 MoE layers would give 704B).
-DENSE_FIRST_LAYERS: dict[tuple[int, int, int, int], int] = {(61, 7168, 256, 8): 3}
+#: (:attr:`echosim.frontend.zoo.ArchConfig.dense_layers`); cases.csv has no column for them (a row that gives no
+#: ``ffn_hidden`` keeps every layer MoE). DeepSeek-V3: the first 3 of 61 (arXiv:2412.19437 sec. 4.2, "we substitute
+#: all FFNs except for the first three layers with MoE layers"; HF deepseek-ai/DeepSeek-V3 config.json
+#: ``first_k_dense_replace`` 3, ``intermediate_size`` 18432), which gives its published 671B parameters (61 MoE
+#: layers would give 704B). DeepSeek-V2: the first of 60 (arXiv:2405.04434 sec. 3.1, "all FFNs except for the
+#: first layer"). Kimi K2: the first of 61 (HF moonshotai/Kimi-K2-Instruct config.json ``first_k_dense_replace`` 1).
+#: GLM-4.5 and GLM-4.5-Air: 3 of 92 and 1 of 46 (HF zai-org/GLM-4.5, GLM-4.5-Air config.json
+#: ``first_k_dense_replace``; slime's scripts/models/glm4.5-355B-A32B.sh, ``--moe-layer-freq [0]*3+[1]*89``, in
+#: the zyzshishui/slime copy of THUDM/slime).
+DENSE_FIRST_LAYERS: dict[tuple[int, int, int, int], int] = {
+    (61, 7168, 256, 8): 3,  # DeepSeek-V3
+    (60, 5120, 160, 6): 1,  # DeepSeek-V2
+    (61, 7168, 384, 8): 1,  # Kimi K2
+    (92, 5120, 160, 8): 3,  # GLM-4.5
+    (46, 4096, 128, 8): 1,  # GLM-4.5-Air
+}
 
 
 #: DeepSeek's MLA sizes (DeepSeek-V2, arXiv:2405.04434 sec. 3.1.2: d_h^R = d_h / 2, d_c = 4 d_h,
@@ -189,7 +200,7 @@ def _experts(c: Case) -> dict[str, int]:
         "moe_ffn": c.int("moe_ffn_hidden", 0) or 0,
         "shared_experts": c.int("shared_experts", 0) or 0,
         **({"moe_layer_step": step} if step > 1 else {}),
-        **({"dense_layers": dense} if (dense := DENSE_FIRST_LAYERS.get(model, 0)) else {}),
+        **({"dense_layers": dense} if (dense := DENSE_FIRST_LAYERS.get(model, 0)) and c.int("ffn_hidden", 0) else {}),
         **({"mtp_layers": mtp} if (mtp := mtp_layers(c)) else {}),
         **_zoo_expert_mlp(model),
     }
