@@ -453,6 +453,11 @@ _FLAG_VALUES = ["0", "-1", "1", "3", "8", "1024", "1e309", "nan", "x", "", "Et|(
                 '"', "'", "$((1/0))", "${X:-", "<<EOF"]  # fmt: skip
 
 
+#: Megatron-LM's uneven pipeline-split flags, which the reader turns into a layout.
+_SPLIT_FLAGS = ["--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]  # fmt: skip
+
+
 def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
     """A Megatron-LM launch script or file of arguments (tests/data/configs/megatron) or a Megatron-Bridge
     ConfigContainer (configs/mbridge) with words dropped, values replaced or inserted, or the text cut short; read,
@@ -472,8 +477,11 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
             words[i] = rng.choice(_FLAG_VALUES) if not words[i].startswith("--") else words[i]
             if words[i].startswith("--") and i + 1 < len(words):
                 words[i + 1] = rng.choice(_FLAG_VALUES)
-        else:
+        elif move < 0.9:
             words.insert(i, rng.choice(_FLAG_VALUES))
+        else:  # a pipeline-split flag with a value, or a switch
+            flag = rng.choice([*_SPLIT_FLAGS, "--recompute-modules"])
+            words[i:i] = [flag] if flag.startswith("--account") else [flag, rng.choice(_FLAG_VALUES)]
     text = " ".join(words)
     if rng.random() < 0.15:
         text = text[: rng.randrange(len(text) + 1)]
