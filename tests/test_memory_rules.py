@@ -698,3 +698,13 @@ def test_a_layout_places_the_dense_first_layers_on_the_stages_it_names():
 def test_too_many_stages_names_the_layers_outside_the_block():
     with pytest.raises(PlanError, match=r"pp=4 exceeds the number of repeated layers \(3, besides 3 outside"):
         lower(_dense_first(6, 3), Plan(pp=4, global_batch=4), Cluster("a100-80gb", 4))
+
+
+def test_deepseek_v3_under_full_recompute_keeps_only_layer_inputs_on_its_first_stage():
+    """The zoo's DeepSeek-V3 on 1,024 H100 (tp 2 sp, pp 16, ep 64, full recompute): its first stage held the 3 dense
+    layers' whole activations (35.9 GiB, 'does not fit' at 81.5 GiB) before recompute reached them; now it keeps
+    their inputs as every stage does, and the uniform split gives it 3 dense + 1 MoE layers of 61 / 16."""
+    plan = Plan(framework="megatron", tp=2, sp=True, pp=16, dp=32, ep=64, etp=1, global_batch=8192, recompute="full")
+    rows = lower("deepseek-v3", plan, Cluster("h100-sxm", 1024)).report.memory
+    assert [r["layers"] for r in rows] == [4] * 13 + [3] * 3
+    assert all(r["fits"] for r in rows) and rows[0]["activations"] < 1.5 * rows[1]["activations"]
