@@ -790,3 +790,20 @@ def test_megatron_uneven_pipeline_reaches_the_stages_and_refuses_what_megatron_r
                     "  vocab_size: 1000\n  pipeline_model_parallel_size: 4\n  num_layers_in_last_pipeline_stage: 2\n"
                     "train:\n  global_batch_size: 8\n  micro_batch_size: 1\n")  # fmt: skip
     assert read_source(f"mbridge:{path}").options["pp_balance"] == "layout:Ett|tt|tt|ttL"
+
+
+def test_maxtext_deepseek_decoder_block_builds_dense_layers_shared_experts_and_mla() -> None:
+    """decoder_block: deepseek (MaxText models/deepseek3-671b.yml, deepseek2-16b.yml at e591f30): DeepSeek-V3 reads
+    as the zoo's deepseek-v3 (3 dense layers, 1 shared expert, MLA with a query latent); DeepSeek-V2-Lite as its
+    15.7B parameters (arXiv:2405.04434 appendix B: 15.7B in total), with 2 shared experts and no query latent."""
+    v3 = read_source(f"maxtext:{MT}/base.yml,{MT}/models/deepseek3-671b.yml n_routing_groups=8 topk_routing_group=4")
+    assert v3.model == "deepseek-v3" and not v3.unknown
+    assert (v3.options["moe_router_groups"], v3.options["moe_router_group_topk"]) == (8, 4)
+    assert "routed_score_func sigmoid: the router costed as a softmax" in v3.notes
+    lite = read_source(f"maxtext:{MT}/base.yml,{MT}/models/deepseek2-16b.yml")
+    cfg = lite.model.config  # type: ignore[union-attr]
+    fields = (cfg.dense_layers, cfg.shared_experts, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.head_dim)
+    assert fields == (1, 2, 0, 512, 192)
+    assert cfg.param_count() == pytest.approx(15.7e9, rel=0.005) and not any("routed_score" in n for n in lite.notes)
+    with pytest.raises(ConfigError, match="attention_type 'local_sliding' with decoder_block deepseek"):
+        read_source(f"maxtext:{MT}/base.yml,{MT}/models/deepseek2-16b.yml attention_type=local_sliding")

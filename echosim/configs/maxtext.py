@@ -48,6 +48,18 @@ DEFAULTS: dict[str, Any] = {
     "base_moe_mlp_dim": -1,
     "capacity_factor": -1.0,
     "vocab_size": 32000,
+    # DeepSeek's decoder block: dense first layers, shared experts, MLA, group-limited routing (base.yml lines
+    # 289-298 and 448-452)
+    "first_num_dense_layers": 0,
+    "shared_experts": 0,
+    "attention_type": "global",
+    "q_lora_rank": 0,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routing_groups": -1,
+    "topk_routing_group": -1,
     "max_target_length": 2048,
     "per_device_batch_size": 12.0,
     "gradient_accumulation_steps": 1,
@@ -84,6 +96,9 @@ IGNORED = {
     "logical_axis_rules", "normalize_embedding_logits", "logits_dot_in_fp32", "trainable_position_size",
     "use_iota_embed", "opt_type", "mu_dtype", "enable_goodput_recording", "monitor_goodput", "reuse_example_batch",
     "dataset_name_eval", "hf_path", "hf_data_dir", "hf_train_files", "train_split", "grain_train_files",
+    # DeepSeek's routing scale and bias, and its YaRN RoPE settings: the same work
+    "routed_scaling_factor", "routed_bias", "mscale", "rope_factor", "beta_fast", "rope_interleave", "rope_truncate",
+    "rope_attention_scaling", "original_max_position_embeddings", "max_position_embeddings", "routed_score_func",
 }  # fmt: skip
 NOT_MODELLED = {
     "fused_qkv": "a fused QKV projection",
@@ -309,7 +324,7 @@ def _model(config: dict[str, Any], out: FromConfig) -> set[str]:
             "enable_dropout", "logits_via_embedding", "num_experts", "num_experts_per_tok", "base_moe_mlp_dim",
             "vocab_size"}  # fmt: skip
     block = str(config.get("decoder_block"))
-    arches = {"gpt3": "gpt", "llama2": "llama", "mistral": "llama", "mixtral": "moe"}
+    arches = {"gpt3": "gpt", "llama2": "llama", "mistral": "llama", "mixtral": "moe", "deepseek": "moe"}
     if block not in arches:
         raise ConfigError(f"{src}: decoder_block {block!r} is not modelled ({', '.join(arches)} are)")
     experts = as_int(config.get("num_experts"), "num_experts", src)
@@ -330,6 +345,9 @@ def _model(config: dict[str, Any], out: FromConfig) -> set[str]:
     if arch == "moe":
         moe_ffn = num("base_moe_mlp_dim")
         moe = {"experts": experts, "top_k": num("num_experts_per_tok"), "moe_ffn": mlp if moe_ffn < 1 else moe_ffn}
+    attention: dict[str, int] = {"kv_heads": num("base_num_kv_heads"), "head_dim": num("head_dim")}
+    if block == "deepseek":
+        used |= _deepseek(config, out, moe, attention)
     cfg = ArchConfig(
         arch,
         num("base_num_decoder_layers"),
@@ -337,12 +355,42 @@ def _model(config: dict[str, Any], out: FromConfig) -> set[str]:
         heads,
         num("vocab_size"),
         ffn=mlp,
-        kv_heads=num("base_num_kv_heads"),
-        head_dim=num("head_dim"),
         seq_len=as_int(config.get("max_target_length"), "max_target_length", src),
         dropout=dropout if arch == "gpt" else 0.0,
         tied_embeddings=bool(config.get("logits_via_embedding")),
+        **attention,
         **moe,
     )
     out.model = model_or_zoo(cfg, src)
     return used
+
+
+def _deepseek(config: dict[str, Any], out: FromConfig, moe: dict[str, int], attention: dict[str, int]) -> set[str]:
+    """MaxText's ``deepseek`` decoder block (src/maxtext/models/deepseek.py, commit e591f30): ``first_num_dense_layers``
+    dense layers of width ``base_mlp_dim``, then MoE layers with ``shared_experts`` always-on experts of width
+    ``base_moe_mlp_dim``; ``attention_type: mla`` is multi-head latent attention (``q_lora_rank`` 0: a plain query
+    projection; heads of ``qk_nope_head_dim + qk_rope_head_dim``, values of ``v_head_dim``; no key/value heads of
+    its own, as the zoo writes MLA); ``n_routing_groups`` / ``topk_routing_group`` limit each token's experts to its
+    best groups. Fields go into ``moe`` and ``attention``."""
+    src = out.source
+
+    def num(key: str) -> int:
+        return as_int(config.get(key), key, src)
+
+    moe["shared_experts"] = num("shared_experts")
+    moe["dense_layers"] = num("first_num_dense_layers")
+    kind = str(config.get("attention_type"))
+    if kind == "mla":
+        moe |= {"kv_lora_rank": num("kv_lora_rank"), "q_lora_rank": num("q_lora_rank"),
+                "rope_head_dim": num("qk_rope_head_dim"), "v_head_dim": num("v_head_dim")}  # fmt: skip
+        attention |= {"kv_heads": 0, "head_dim": num("qk_nope_head_dim") + num("qk_rope_head_dim")}
+    elif kind not in ("global", "full"):
+        raise ConfigError(f"{src}: attention_type {kind!r} with decoder_block deepseek is not modelled")
+    if str(config.get("routed_score_func") or "softmax") != "softmax":  # DeepSeek-V3's sigmoid gate
+        out.notes.append(f"routed_score_func {config.get('routed_score_func')}: the router costed as a softmax")
+    groups, top = num("n_routing_groups"), num("topk_routing_group")
+    if groups > 0 and top > 0:
+        out.options["moe_router_groups"], out.options["moe_router_group_topk"] = groups, top
+    return {"shared_experts", "first_num_dense_layers", "attention_type", "q_lora_rank", "kv_lora_rank",
+            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routing_groups", "topk_routing_group",
+            "routed_score_func"}  # fmt: skip
