@@ -498,6 +498,50 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
     return run
 
 
+#: Values a mutated MaxText config gives a key.
+_YAML_VALUES = ["0", "-1", "1", "3", "8", "1024", "1e309", ".nan", "x", "''", "[]", "{}", "null", "true", "mla",
+                "local_sliding", "deepseek", "mixtral", "gpt3", "sigmoid", "[silu, linear]",
+                "'unterminated"]  # fmt: skip
+
+
+def maxtext_config(rng: random.Random, work: Path) -> Callable[[], Any]:
+    """A MaxText model config (tests/data/configs/maxtext/models) with lines dropped, values replaced or keys
+    overridden on the command line, or the text cut short; read with the base config, resolved and laid out as
+    ``compile --from maxtext:`` does."""
+    from echosim.configs import read_source, resolve
+
+    configs = ROOT / "tests" / "data" / "configs" / "maxtext"
+    source = rng.choice(sorted((configs / "models").glob("*.yml")))
+    lines = [ln for ln in source.read_text().splitlines() if ln and not ln.startswith("#")]
+    keys = [ln.split(":")[0] for ln in lines]
+    overrides = []
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(len(lines))
+        move = rng.random()
+        if move < 0.3:
+            del lines[i], keys[i]
+        elif move < 0.7:
+            lines[i] = f"{keys[i]}: {rng.choice(_YAML_VALUES)}"
+        else:
+            overrides.append(f"{rng.choice(keys)}={rng.choice(_YAML_VALUES)}")
+        if not lines:
+            break
+    text = "\n".join(lines)
+    if rng.random() < 0.15:
+        text = text[: rng.randrange(len(text) + 1)]
+    path = work / f"x{rng.randrange(10**9)}.yml"
+    path.write_text(text)
+
+    def run() -> Any:
+        from echosim.commands.options import layout_from_options
+
+        spec = f"{configs / 'base.yml'},{path} {' '.join(overrides)} ici_fsdp_parallelism=4"
+        chosen, opts = resolve(read_source(f"maxtext:{spec}"), {"backend": "tpu-v5p"}, None)
+        return layout_from_options(chosen, opts, False)
+
+    return run
+
+
 TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "layouts": layouts,
     "valid-layouts": valid_layouts,
@@ -508,6 +552,7 @@ TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "onnx": onnx_model,
     "hf-config": hf_config,
     "megatron-config": megatron_config,
+    "maxtext-config": maxtext_config,
 }
 
 

@@ -807,3 +807,6 @@ def test_maxtext_deepseek_decoder_block_builds_dense_layers_shared_experts_and_m
     assert cfg.param_count() == pytest.approx(15.7e9, rel=0.005) and not any("routed_score" in n for n in lite.notes)
     with pytest.raises(ConfigError, match="attention_type 'local_sliding' with decoder_block deepseek"):
         read_source(f"maxtext:{MT}/base.yml,{MT}/models/deepseek2-16b.yml attention_type=local_sliding")
+    # found by benchmarks/fuzz.py --targets maxtext-config: a number where a list belongs was a TypeError
+    with pytest.raises(ConfigError, match="mlp_activations 3 is not a list of activation names"):
+        read_source(f"maxtext:{MT}/base.yml,{MT}/models/deepseek2-16b.yml mlp_activations=3")

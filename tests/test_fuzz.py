@@ -23,7 +23,16 @@ fuzz = importlib.util.module_from_spec(_spec)
 sys.modules["echosim_fuzz"] = fuzz
 _spec.loader.exec_module(fuzz)
 
-CHEAP = ["cases", "microbench", "tool-echosim", "calibration-db", "onnx", "megatron-config", "valid-layouts"]
+CHEAP = [
+    "cases",
+    "microbench",
+    "tool-echosim",
+    "calibration-db",
+    "onnx",
+    "megatron-config",
+    "maxtext-config",
+    "valid-layouts",
+]
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 

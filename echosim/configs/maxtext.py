@@ -335,7 +335,10 @@ def _model(config: dict[str, Any], out: FromConfig) -> set[str]:
 
     hidden, heads = num("base_emb_dim"), num("base_num_query_heads")
     mlp = num("base_mlp_dim")
-    activations = [str(a) for a in config.get("mlp_activations") or []]
+    listed = config.get("mlp_activations") or []
+    if not isinstance(listed, list):
+        raise ConfigError(f"{src}: mlp_activations {listed!r} is not a list of activation names")
+    activations = [str(a) for a in listed]
     if arch == "gpt" and activations not in (["gelu"], ["relu"]):
         raise ConfigError(f"{src}: mlp_activations {activations} with decoder_block gpt3 is not modelled")
     if arch != "gpt" and activations != ["silu", "linear"]:
