@@ -810,3 +810,11 @@ def test_maxtext_deepseek_decoder_block_builds_dense_layers_shared_experts_and_m
     # found by benchmarks/fuzz.py --targets maxtext-config: a number where a list belongs was a TypeError
     with pytest.raises(ConfigError, match="mlp_activations 3 is not a list of activation names"):
         read_source(f"maxtext:{MT}/base.yml,{MT}/models/deepseek2-16b.yml mlp_activations=3")
+
+
+def test_a_parallel_degree_of_zero_in_a_config_is_one_line() -> None:
+    """Found by benchmarks/fuzz.py --targets megatron-config (seed 61): --tensor-model-parallel-size 0 with the
+    launcher's devices divided by zero."""
+    got = read_args(f"{_EIGHT} --tensor-model-parallel-size 0")
+    with pytest.raises(ConfigError, match="tp=0: a parallel degree is at least 1"):
+        resolve(got, {"devices": 8}, "llama3-8b")

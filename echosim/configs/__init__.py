@@ -80,6 +80,9 @@ def resolve(cfg: FromConfig, flags: dict[str, Any], model: str | None) -> tuple[
     if "backend" not in opts and cfg.needs_backend:
         raise ConfigError(f"{cfg.source}: {cfg.needs_backend}")
     tp, pp, cp = (int(opts.get(k, 1)) for k in ("tp", "pp", "cp"))
+    for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        if value < 1:
+            raise ConfigError(f"{cfg.source}: {key}={value}: a parallel degree is at least 1")
     devices = opts.get("devices")
     if devices and "devices" not in typed and "dp" not in opts and devices % (tp * pp * cp):
         raise ConfigError(
