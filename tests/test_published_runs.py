@@ -414,3 +414,21 @@ def test_rows_of_models_with_dense_first_layers_build_them(tmp_path) -> None:
     assert dense("60", "5120", "160", "6") == 1  # DeepSeek-V2
     assert dense("92", "5120", "160", "8", ffn="") == 0
     assert dense("48", "4096", "128", "8") == 0  # Qwen3-235B-A22B: every layer MoE
+
+
+def test_a_row_that_names_the_parts_it_recomputes_replays_them(tmp_path) -> None:
+    """ "recompute: selective (RMSNorm + MLA up-projection recomputed)" (DeepSeek-V3's report sec. 3.2.3) is
+    Megatron-Core's layernorm and mla_up_proj modules; an unknown part leaves the column's 'selective'."""
+    from test_validate import row, write
+
+    from echosim.validation.cases import read_cases
+    from echosim.validation.rows import stated_recompute
+
+    def stated(notes: str) -> str:
+        return stated_recompute(read_cases(write(tmp_path, row(notes=notes)))[0])
+
+    assert stated("recompute: selective (RMSNorm + MLA up-projection recomputed) | x") == (
+        "selective:layernorm,mla_up_proj"
+    )
+    assert stated("recompute: selective (RMSNorm + SwiGLU recomputed)") == ""
+    assert stated("recompute modules moe_act,mlp") == "selective:moe_act,mlp"

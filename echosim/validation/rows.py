@@ -856,12 +856,25 @@ def _modules_pattern() -> re.Pattern[str]:
 _STATED_MODULES = _modules_pattern()
 
 
+#: What a row's notes call the parts its run recomputes ("recompute: selective (RMSNorm + MLA up-projection
+#: recomputed)", DeepSeek-V3's report sec. 3.2.3, "Recomputation of RMSNorm and MLA Up-Projection"), as the
+#: Megatron-Core module that replays the same ops.
+STATED_PARTS = {"RMSNorm": "layernorm", "MLA up-projection": "mla_up_proj"}
+_STATED_PARTS = re.compile(r"\brecompute: selective \(([^()]+) recomputed\)")
+
+
 def stated_recompute(c: Case) -> str:
     """``selective:MODULES`` for a row whose notes name the modules its recipe recomputes ("recompute modules
-    mla_up_proj", Megatron-Core's ``recompute_modules``); '' otherwise. The ``recompute`` column can only say
-    'selective'."""
+    mla_up_proj", Megatron-Core's ``recompute_modules``) or the parts its run recomputes (:data:`STATED_PARTS`,
+    all of them known); '' otherwise. The ``recompute`` column can only say 'selective'."""
     stated = _STATED_MODULES.search(c["notes"])
-    return f"selective:{stated.group(1)}" if stated else ""
+    if stated:
+        return f"selective:{stated.group(1)}"
+    parts = _STATED_PARTS.search(c["notes"])
+    names = [p.strip() for p in parts.group(1).split("+")] if parts else []
+    if names and all(n in STATED_PARTS for n in names):
+        return "selective:" + ",".join(STATED_PARTS[n] for n in names)
+    return ""
 
 
 def megatron_bridge_recompute(c: Case) -> str:
