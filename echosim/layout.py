@@ -309,7 +309,7 @@ class ModelShape:
     batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
     untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
-    outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones): not split by pp
+    outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
 
     @classmethod
     def of(cls, graph: Graph) -> ModelShape:
@@ -357,8 +357,8 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         if kv_heads % plan.tp:
             raise PlanError(f"tp={plan.tp} does not divide key/value heads ({kv_heads})")
     if shape.layers is not None:
-        # the pipeline splits the repeated layers; those outside the block run with the embedding (or where a
-        # Megatron layout puts them)
+        # a pipeline rank takes at least one repeated layer, a virtual stage one or the embedding or the loss;
+        # the layers outside the block go where the split puts them (passes/pipeline.py decoder_counts)
         what = "repeated layers" if shape.outside_layers else "layers"
         outside = f", besides {shape.outside_layers} outside the repeated block" if shape.outside_layers else ""
         if plan.pp > shape.layers:

@@ -74,8 +74,8 @@ class Graph:
         # blocks (five local layers then a global one, dense then MoE) run their layers in turn, each a
         # numbered child ``<prefix>.<j>`` (:meth:`layer_of`). Absent: the block is one layer.
         self.block_layers: dict[str, int] = {k: v for k, v in (block_layers or {}).items() if v > 1}
-        # The list whose entries are the model's layers (``layers``), where no repeated block names it: a
-        # pipeline stage that holds none of the block (DeepSeek-V3's first, of dense layers) (:meth:`checkpoint_layer`)
+        # The list whose entries are the model's layers (``layers``) where no repeated block names it: a pipeline
+        # stage that holds only layers outside the block (DeepSeek-V3's first dense ones) (:meth:`checkpoint_layer`)
         self.layer_list = ""
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
