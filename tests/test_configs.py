@@ -818,3 +818,15 @@ def test_a_parallel_degree_of_zero_in_a_config_is_one_line() -> None:
     got = read_args(f"{_EIGHT} --tensor-model-parallel-size 0")
     with pytest.raises(ConfigError, match="tp=0: a parallel degree is at least 1"):
         resolve(got, {"devices": 8}, "llama3-8b")
+
+
+def test_megatron_partial_recompute_methods_are_noted() -> None:
+    """--recompute-method block recomputes only N layers and uniform keeps one checkpoint per N layers; echosim
+    recomputes and checkpoints every layer, and says so."""
+    base = f"{_EIGHT} --recompute-granularity full"
+    block = read_args(f"{base} --recompute-method block --recompute-num-layers 2")
+    assert block.options["recompute"] == "full"
+    assert any("recomputing only some layers is not modelled" in n for n in block.notes)
+    uniform = read_args(f"{base} --recompute-method uniform --recompute-num-layers 2")
+    assert any("one checkpoint per 2 layers is costed as one per layer" in n for n in uniform.notes)
+    assert not any("recompute-method" in n for n in read_args(f"{base} --recompute-method uniform").notes)

@@ -416,6 +416,13 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
             f"{_one(values, '--recompute-num-layers', src)}: recomputing only some layers is not modelled "
             "(every layer is recomputed)"
         )
+    # uniform: one checkpoint per group of N layers, replayed together (transformer_block.py _checkpointed_forward)
+    group = _int(values, "--recompute-num-layers", src) or 1
+    if granularity == "full" and method == "uniform" and group > 1:
+        out.notes.append(
+            f"--recompute-method uniform --recompute-num-layers {group}: one checkpoint per {group} layers is "
+            "costed as one per layer (the same replay, slightly more memory kept)"
+        )
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:
         if comm not in ("p2p", "all_gather"):
