@@ -134,18 +134,12 @@ class ModelFacts:
     @classmethod
     def of(cls, model: Any, base: Plan) -> ModelFacts:
         from echosim.compiler import load_model
-        from echosim.ir.ops import AttentionAttrs, OpKind, Phase
+        from echosim.passes.recompute import selective_replays
 
         graph, _messages, params = load_model(model, replace(base, micro_batch=1))
         shape = ModelShape.of(graph)
-        # passes/recompute.py: selective replays materialised attention and softmax inside the block;
-        # with flash attention (fused kernel) and no separate softmax it adds nothing: the same graph as none.
-        replays = base.attention != "flash" or any(
-            n.phase is Phase.FORWARD
-            and graph.block_of(n) is not None
-            and ((isinstance(n.attrs, AttentionAttrs) and not n.attrs.flash) or n.op is OpKind.SOFTMAX)
-            for n in graph
-        )
+        # with flash attention (fused kernel) and no softmax of scores, selective adds nothing: the graph of none
+        replays = base.attention != "flash" or selective_replays(graph)
         return cls(params=params, shape=shape, selective_replays=replays)
 
     @property

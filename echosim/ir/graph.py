@@ -275,10 +275,11 @@ class Graph:
         return [prefix.rpartition(".")[0] for prefix in self.repeats] or [self.layer_list]
 
     def unfolded_layers(self) -> int:
-        """Layers of the repeated blocks' list that the fold left as they are (:meth:`checkpoint_layer`)."""
-        return len(
+        """Layers of the repeated blocks' list that the fold left as they are (:meth:`checkpoint_layer`); counted
+        once per graph (a report asks for every stage it lists)."""
+        return self.derived("unfolded-layers", lambda: len(
             {layer for n in self._nodes.values() if self.block_of(n) is None and (layer := self.checkpoint_layer(n))}
-        )
+        ))  # fmt: skip
 
     def layer_count(self) -> int:
         """Layers the graph's repeated blocks stand for (repetitions times layers per repetition)."""

@@ -219,6 +219,13 @@ class Recompute:
         return _core_attention(g, n)
 
 
+def selective_replays(graph: Graph) -> bool:
+    """Whether Megatron's ``selective`` (``core_attn``) replays any op of ``graph``: else it equals ``none``."""
+    return any(
+        n.phase is Phase.FORWARD and graph.checkpoint_layer(n) is not None and _core_attention(graph, n) for n in graph
+    )
+
+
 def _core_attention(graph: Graph, n: Node) -> bool:
     """Materialised attention: an unfused attention op, or a softmax of scores; a MoE router's softmax reads
     the router's weight matmul and is the router's, not the attention's."""
