@@ -418,17 +418,23 @@ def test_rows_of_models_with_dense_first_layers_build_them(tmp_path) -> None:
 
 def test_a_row_that_names_the_parts_it_recomputes_replays_them(tmp_path) -> None:
     """ "recompute: selective (RMSNorm + MLA up-projection recomputed)" (DeepSeek-V3's report sec. 3.2.3) is
-    Megatron-Core's layernorm and mla_up_proj modules; an unknown part leaves the column's 'selective'."""
+    Megatron-Core's layernorm and mla_up_proj modules, with what the row's source recomputes besides; an unknown
+    part leaves the column's 'selective'."""
     from test_validate import row, write
 
     from echosim.validation.cases import read_cases
     from echosim.validation.rows import stated_recompute
 
-    def stated(notes: str) -> str:
-        return stated_recompute(read_cases(write(tmp_path, row(notes=notes)))[0])
+    def stated(notes: str, source: str = "") -> str:
+        cells = row(notes=notes, **({"source_id": source} if source else {}))
+        return stated_recompute(read_cases(write(tmp_path, cells))[0])
 
     assert stated("recompute: selective (RMSNorm + MLA up-projection recomputed) | x") == (
         "selective:layernorm,mla_up_proj"
+    )
+    # the report's sec. 3.3.3 also recomputes the experts' SwiGLU output (rows.SOURCE_RECOMPUTED_PARTS)
+    assert stated("recompute: selective (RMSNorm + MLA up-projection recomputed)", "deepseek_v3_2024") == (
+        "selective:layernorm,mla_up_proj,moe_act"
     )
     assert stated("recompute: selective (RMSNorm + SwiGLU recomputed)") == ""
     assert stated("recompute modules moe_act,mlp") == "selective:moe_act,mlp"

@@ -862,6 +862,12 @@ _STATED_MODULES = _modules_pattern()
 STATED_PARTS = {"RMSNorm": "layernorm", "MLA up-projection": "mla_up_proj"}
 _STATED_PARTS = re.compile(r"\brecompute: selective \(([^()]+) recomputed\)")
 
+#: Parts a source's text recomputes besides those its rows' notes name, by ``source_id``: DeepSeek-V3's report
+#: (arXiv:2412.19437 sec. 3.3.3, "Low-Precision Storage and Communication") also caches the inputs of the MoE
+#: experts' SwiGLU and "recompute[s] its output in the backward pass": Megatron-Core's ``moe_act``. (It caches
+#: those inputs in FP8, which echosim does not model: they are kept at the activation's precision.)
+SOURCE_RECOMPUTED_PARTS: dict[str, tuple[str, ...]] = {"deepseek_v3_2024": ("moe_act",)}
+
 
 def stated_recompute(c: Case) -> str:
     """``selective:MODULES`` for a row whose notes name the modules its recipe recomputes ("recompute modules
@@ -873,7 +879,8 @@ def stated_recompute(c: Case) -> str:
     parts = _STATED_PARTS.search(c["notes"])
     names = [p.strip() for p in parts.group(1).split("+")] if parts else []
     if names and all(n in STATED_PARTS for n in names):
-        return "selective:" + ",".join(STATED_PARTS[n] for n in names)
+        modules = [STATED_PARTS[n] for n in names] + list(SOURCE_RECOMPUTED_PARTS.get(c["source_id"], ()))
+        return "selective:" + ",".join(dict.fromkeys(modules))
     return ""
 
 
