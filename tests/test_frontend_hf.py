@@ -284,6 +284,30 @@ def test_unknown_model_type_is_one_clear_error(tmp_path: Path) -> None:
         hf.build_config(path)
 
 
+def test_what_transformers_says_about_a_config_is_a_note_not_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """transformers logs its config checks (a bos_token_id outside the vocabulary) to stderr in its own format; the
+    report carries each as one note naming transformers, and its logger is left as it was."""
+    import logging
+
+    from echosim.compiler import compile as compile_model
+
+    data = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "bos_token_id": -1}))
+    logger = logging.getLogger("transformers")
+    before = (list(logger.handlers), logger.level)
+    report = compile_model(f"hf:{tmp_path}", Plan(), Cluster("a100-80gb", 1))
+    said = [n for n in report.notes if n.startswith("transformers on config.json: ")]
+    assert len(said) == 1 and "bos_token_id" in said[0]
+    assert not [w for w in report.warnings if "bos_token_id" in w]
+    assert "bos_token_id" not in capfd.readouterr().err
+    assert (list(logger.handlers), logger.level) == before
+    # a clean config says nothing
+    clean = compile_model(f"hf:{CONFIGS / 'tiny-llama.json'}", Plan(), Cluster("a100-80gb", 1))
+    assert not [n for n in clean.notes if n.startswith("transformers on")]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [("{not json", "not a readable JSON config"), ("[1, 2]", "not a JSON object"), ("{}", "has no model_type")],

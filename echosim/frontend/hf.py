@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echosim.errors import EchosimError
+from echosim.frontend.messages import Note
 
 if TYPE_CHECKING:
     from echosim.frontend.spec import Capture, CaptureSpec
@@ -102,7 +103,30 @@ def _check_sizes(path: Path, data: dict[str, Any], where: str = "") -> None:
                 raise EchosimError(f"{path}: {where}{key} = {value} exceeds the limit of {MAX_CONFIG_INT} (2^40)")
 
 
+class _Said:
+    """A ``logging`` handler that keeps what transformers' loggers say (to give it back as notes, one line each)."""
+
+    def __init__(self) -> None:
+        import logging
+
+        self.lines: list[str] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: self.lines.append(" ".join(record.getMessage().split()))  # type: ignore[method-assign]
+        self.handler = handler
+
+
 def build_config(path: Path) -> Any:
+    """The transformers config of ``path`` (what transformers says about it is dropped: :func:`read_model_config`)."""
+    return read_model_config(path)[0]
+
+
+def read_model_config(path: Path) -> tuple[Any, list[Note]]:
+    """The transformers config of ``path`` and what transformers warned while building it, as notes.
+
+    transformers checks fields echosim never reads (a ``bos_token_id`` outside the vocabulary) and logs to stderr
+    in its own format; a report keeps those lines among its notes instead, each once and naming transformers."""
+    import logging
+
     data = read_config(path)
     transformers = _transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -115,10 +139,24 @@ def build_config(path: Path) -> Any:
         )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise EchosimError(f"{path}: model_type {model_type!r} has no causal-LM model in transformers")
+    logger = logging.getLogger("transformers")
+    said = _Said()
+    # transformers' own stderr handler sits on this logger and it does not propagate: its level gates both
+    handlers, level = list(logger.handlers), logger.level
+    for h in handlers:
+        logger.removeHandler(h)
+    logger.addHandler(said.handler)
+    logger.setLevel(logging.WARNING)
     try:
-        return CONFIG_MAPPING[model_type].from_dict(dict(data))
+        config = CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as exc:
         raise EchosimError(f"{path}: transformers rejected the config: {' '.join(str(exc).split())}") from None
+    finally:
+        logger.removeHandler(said.handler)
+        for h in handlers:
+            logger.addHandler(h)
+        logger.setLevel(level)
+    return config, [Note(f"transformers on {path.name}: {line}") for line in dict.fromkeys(said.lines)]
 
 
 def _register_attention() -> None:
@@ -184,9 +222,9 @@ class HFModel:
         return self.source
 
     def capture(self, spec: CaptureSpec) -> tuple[Any, list[str], int]:
-        config = build_config(self.path)
+        config, said = read_model_config(self.path)
         cap, params = capture_config(config, spec, self.source)
-        return cap.graph, cap.warnings + cap.notes, params
+        return cap.graph, cap.warnings + cap.notes + said, params
 
 
 def load(source: str) -> HFModel:
