@@ -24,7 +24,7 @@ from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
-from echosim.passes.recompute import RecomputeError, policy_named
+from echosim.passes.recompute import RecomputeError, policy_named, replay_layers
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
 from echosim.plan import CP_COMMS, DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
 from echosim.timeline.placement import Degrees, axis_placements
@@ -260,6 +260,11 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         policy_named(plan.recompute)
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
+    if plan.offload_layers and replay_layers(plan.recompute):
+        raise PlanError(
+            f"--recompute {plan.recompute} with --offload-layers {plan.offload_layers}: offloading the activations "
+            "of a stage that recomputes only some of its layers is not modelled"
+        )
     try:  # every axis's groups must land on nodes the same way (Megatron rank order)
         axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     except ValueError as exc:
@@ -310,6 +315,7 @@ class ModelShape:
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
     untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
     outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
+    layers_per_block: int = 1  # layers one repetition of the block holds (Graph.block_layers: Gemma 3's six)
 
     @classmethod
     def of(cls, graph: Graph) -> ModelShape:
@@ -346,6 +352,7 @@ class ModelShape:
             tp_targets=targets,
             untargeted_experts=tuple(sorted(untargeted)),
             outside_layers=graph.unfolded_layers(),
+            layers_per_block=max((graph.layers_per_block(p) for p in graph.repeats), default=1),
         )
 
 
@@ -368,6 +375,7 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
                 f"pp*vpp={plan.pp * plan.vpp} exceeds the number of {what} ({shape.layers}{outside}) plus the "
                 "embedding and the loss stages (2)"
             )
+    notes = _replay_notes(plan, shape)
     seq = shape.seq_len
     if plan.cp > 1:
         try:
@@ -391,7 +399,28 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     for experts in shape.routed_experts:
         if experts % plan.ep:
             raise PlanError(f"ep={plan.ep} does not divide experts {experts}")
-    return _tp_messages(plan, shape)
+    return notes + _tp_messages(plan, shape)
+
+
+def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:
+    """``full:N`` on this model: refused where N layers are no whole repetitions of its block; a note where layers
+    stand outside the block (they are all recomputed, and Megatron would count them among a stage's first N)."""
+    n = replay_layers(plan.recompute)
+    if not n:
+        return []
+    if n % shape.layers_per_block:
+        raise PlanError(
+            f"--recompute {plan.recompute}: a repetition of {shape.name}'s repeated block holds "
+            f"{shape.layers_per_block} layers, so N must be a multiple of {shape.layers_per_block}"
+        )
+    if not shape.outside_layers:
+        return []
+    return [
+        Note(
+            f"--recompute {plan.recompute}: the first {n} layers of each stage are counted in the repeated block; "
+            f"the {shape.outside_layers} layers outside it are recomputed whole on the stage that holds them"
+        )
+    ]
 
 
 def _tp_messages(plan: Plan, shape: ModelShape) -> list[str]:

@@ -820,13 +820,18 @@ def test_a_parallel_degree_of_zero_in_a_config_is_one_line() -> None:
         resolve(got, {"devices": 8}, "llama3-8b")
 
 
-def test_megatron_partial_recompute_methods_are_noted() -> None:
-    """--recompute-method block recomputes only N layers and uniform keeps one checkpoint per N layers; echosim
-    recomputes and checkpoints every layer, and says so."""
+def test_megatron_partial_recompute_methods() -> None:
+    """--recompute-method block recomputes only the first N layers of each stage: echosim's full:N (N = 1 by
+    Megatron's default, 0 none); uniform keeps one checkpoint per N layers, which echosim checkpoints per layer
+    and says so."""
     base = f"{_EIGHT} --recompute-granularity full"
     block = read_args(f"{base} --recompute-method block --recompute-num-layers 2")
-    assert block.options["recompute"] == "full"
-    assert any("recomputing only some layers is not modelled" in n for n in block.notes)
+    assert block.options["recompute"] == "full:2" and not [n for n in block.notes if "recompute" in n]
+    assert read_args(f"{base} --recompute-method block").options["recompute"] == "full:1"
+    zero = read_args(f"{base} --recompute-method block --recompute-num-layers 0")
+    assert zero.options["recompute"] == "none" and any("no layer is recomputed" in n for n in zero.notes)
+    with pytest.raises(ConfigError, match="--recompute-num-layers -1: a layer count is at least 0"):
+        read_args(f"{base} --recompute-method block --recompute-num-layers -1")
     uniform = read_args(f"{base} --recompute-method uniform --recompute-num-layers 2")
     assert any("one checkpoint per 2 layers is costed as one per layer" in n for n in uniform.notes)
     assert not any("recompute-method" in n for n in read_args(f"{base} --recompute-method uniform").notes)

@@ -410,12 +410,16 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         opts["recompute"] = granularity
     _recompute_modules(values, granularity, out)
     method = _one(values, "--recompute-method", src)
-    if granularity == "full" and method == "block" and "--recompute-num-layers" in values:
-        out.notes.append(
-            "--recompute-method block --recompute-num-layers "
-            f"{_one(values, '--recompute-num-layers', src)}: recomputing only some layers is not modelled "
-            "(every layer is recomputed)"
-        )
+    # block: the first N layers of each (virtual) pipeline stage are checkpointed, the rest keep their activations
+    # (transformer_block.py _checkpointed_forward, ``layer_idx < recompute_num_layers``; N defaults to 1,
+    # arguments.py): echosim's full:N. N = 0 checkpoints no layer
+    if granularity == "full" and method == "block":
+        layers = _int(values, "--recompute-num-layers", src, 1) or 0
+        if layers < 0:
+            raise ConfigError(f"{src}: --recompute-num-layers {layers}: a layer count is at least 0")
+        opts["recompute"] = f"full:{layers}" if layers else "none"
+        if not layers:
+            out.notes.append("--recompute-method block --recompute-num-layers 0: no layer is recomputed")
     # uniform: one checkpoint per group of N layers, replayed together (transformer_block.py _checkpointed_forward)
     group = _int(values, "--recompute-num-layers", src) or 1
     if granularity == "full" and method == "uniform" and group > 1:

@@ -77,6 +77,10 @@ class Graph:
         # The list whose entries are the model's layers (``layers``) where no repeated block names it: a pipeline
         # stage that holds only layers outside the block (DeepSeek-V3's first dense ones) (:meth:`checkpoint_layer`)
         self.layer_list = ""
+        # Megatron's ``--recompute-method block --recompute-num-layers N``: only the first N layers of a (virtual)
+        # pipeline stage replay their forward; 0: every checkpointed layer does. Set by the recompute pass (before
+        # any analysis reads the graph) and kept by copies and pipeline stages (:meth:`replayed`)
+        self.replay_layers = 0
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -125,6 +129,7 @@ class Graph:
     def copy(self, name: str | None = None) -> Graph:
         g = Graph(name or self.name, self.repeats, self.block_layers)
         g.layer_list = self.layer_list
+        g.replay_layers = self.replay_layers
         g._nodes = dict(self._nodes)
         g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)
@@ -233,7 +238,27 @@ class Graph:
 
     def multiplicity(self, node: Node) -> int:
         prefix = self.block_of(node)
-        return self.repeats[prefix] if prefix is not None else 1
+        if prefix is None:
+            return 1
+        if self.replay_layers and node.phase is Phase.RECOMPUTE:
+            return self.replayed(prefix)
+        return self.repeats[prefix]
+
+    def replayed(self, prefix: str) -> int:
+        """Repetitions of block ``prefix`` whose recompute nodes run: all of them, or with :attr:`replay_layers`
+        those holding the first that many layers of this stage (the plan check asks a whole number of them)."""
+        count = self.repeats[prefix]
+        if not self.replay_layers:
+            return count
+        return min(count, self.replay_layers // self.layers_per_block(prefix))
+
+    def partial_replay(self) -> bool:
+        """Whether some repetitions of the repeated block replay their forward and others keep their activations."""
+        if not self.replay_layers or not any(0 < self.replayed(p) < k for p, k in self.repeats.items()):
+            return False
+        return self.derived("replays-in-block", lambda: any(
+            n.phase is Phase.RECOMPUTE and self.block_of(n) is not None for n in self._nodes.values()
+        ))  # fmt: skip
 
     def layers_per_block(self, prefix: str) -> int:
         """Layers one repetition of block ``prefix`` holds (:attr:`block_layers`; 1 unless declared)."""

@@ -310,6 +310,8 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
                 replayed_reads.add(src.id)
             if saved.ce_saved and n.origin is not None and graph[n.origin].op is OpKind.CROSS_ENTROPY:
                 logits.add(src.id)
+    if graph.partial_replay():
+        _kept_unreplayed(graph, saved, mult, own_only, own_reads)
     if saved.offload:
         names = names_in_block(graph)
         gone = {nid for nid in mult if names.get(nid, "") in saved.offload}
@@ -323,6 +325,52 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
         for nid in mult
     }
     return each, mult
+
+
+def _kept_unreplayed(
+    graph: Graph, saved: SavedPolicy, mult: dict[int, int], own_only: dict[int, bool], own_reads: dict[int, bool]
+) -> None:
+    """Under ``full:N`` the block's repetitions that do not replay keep what their backward reads: each replayed
+    value a backward node reads stands for its forward twin, kept by those repetitions (added to ``mult``)."""
+    twins: dict[int, int | None] = {}
+    for n in graph:
+        if n.phase is not Phase.BACKWARD or (prefix := graph.block_of(n)) is None:
+            continue
+        plain = graph.repeats[prefix] - graph.replayed(prefix)
+        for i in n.inputs:
+            copy = graph[_base(graph, i)]
+            if copy.phase is not Phase.RECOMPUTE or graph.block_of(copy) is None:
+                continue
+            if copy.id not in twins:
+                twins[copy.id] = _forward_twin(graph, copy)
+            twin = twins[copy.id]
+            if twin is None:
+                continue
+            src = graph[twin]
+            if saved.fused_gated and _fused_activation(graph, src, n):
+                continue
+            if saved.probs_in_experts and _combine_rows(graph, src, n):
+                continue
+            mult[src.id] = max(mult.get(src.id, 0), plain)
+            own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
+            own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == copy.id)
+
+
+def _forward_twin(graph: Graph, copy: Node) -> int | None:
+    """The forward node a replayed one copies: its origin, or for a pass's own cast of a replayed value (an fp8
+    quantisation, origin None) the forward's cast of the same kind of that value's twin."""
+    if copy.origin is not None:
+        return copy.origin
+    if not isinstance(copy.attrs, ElementwiseAttrs) or len(copy.inputs) != 1:
+        return None
+    source = graph[copy.inputs[0]]
+    if source.phase is not Phase.RECOMPUTE or source.origin is None:
+        return None
+    for u in graph.users(source.origin):
+        user = graph[u]
+        if user.phase is Phase.FORWARD and user.op is copy.op and user.attrs == copy.attrs:
+            return u
+    return None
 
 
 def _combine_rows(graph: Graph, src: Node, reader: Node) -> bool:

@@ -6,7 +6,10 @@ layer's backward. A layer is a transformer layer: a repeated block of several
 (:attr:`echosim.ir.graph.Graph.block_layers`) checkpoints each of its layers, as
 Megatron-Core's ``--recompute-method uniform`` does with its default
 ``--recompute-num-layers 1`` (megatron/training/arguments.py; transformer_block.py
-``_checkpointed_forward``, Megatron-LM commit d98e8a6). ``selective`` (Korthikanti
+``_checkpointed_forward``, Megatron-LM commit d98e8a6). ``full:N`` is its
+``--recompute-method block --recompute-num-layers N``: only the first N layers of each
+(virtual) pipeline stage are checkpointed, the others keep their activations
+(:attr:`echosim.ir.graph.Graph.replay_layers`: the replay runs for that many repetitions). ``selective`` (Korthikanti
 et al. 2022) replays only the attention core; with a fused (flash) kernel that replay
 already lives inside the attention backward, so only materialised attention gains
 recompute nodes.
@@ -113,6 +116,9 @@ def policy_named(name: str) -> Policy | None:
     """
     if name in ("none", "selective", "full"):
         return None
+    if name.startswith("full:"):
+        replay_layers(name)
+        return None
     if name.startswith("selective:"):
         megatron_modules(name)
         return None
@@ -132,9 +138,23 @@ def policy_named(name: str) -> Policy | None:
             (keep if place == "device" else offload if place == "offload" else set()).add(tensor)
         return Policy(name, frozenset(keep), frozenset(offload), POLICIES["custom"].source)
     raise RecomputeError(
-        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, custom:TENSOR=device|offload|remat,..., "
-        f"selective:MODULE,... over {', '.join(MEGATRON_MODULES)})"
+        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, full:N, custom:TENSOR=device|offload|remat,"
+        f"..., selective:MODULE,... over {', '.join(MEGATRON_MODULES)})"
     )
+
+
+def replay_layers(name: str) -> int:
+    """N of ``full:N`` (the layers per pipeline stage whose activations are checkpointed), 0 for any other policy;
+    an N that is not a positive whole number is one line."""
+    if not name.startswith("full:"):
+        return 0
+    text = name.removeprefix("full:")
+    if not text.isdigit() or int(text) < 1:
+        raise RecomputeError(
+            f"recompute {name!r}: N of full:N is the layers of each pipeline stage to recompute, a whole number >= 1 "
+            "(Megatron's --recompute-method block --recompute-num-layers N)"
+        )
+    return int(text)
 
 
 def megatron_modules(name: str) -> tuple[str, ...]:
@@ -175,6 +195,7 @@ class Recompute:
             return graph
         g = graph.copy()
         policy = policy_named(self.mode)
+        g.replay_layers = replay_layers(self.mode)
         if self.mode.startswith("selective:"):
             chosen = _module_nodes(graph, megatron_modules(self.mode))
         elif policy is None:
@@ -214,7 +235,7 @@ class Recompute:
     def _replays(self, g: Graph, n: Node) -> bool:
         if n.op.is_placeholder or g.checkpoint_layer(n) is None:
             return False
-        if self.mode == "full":
+        if self.mode == "full" or self.mode.startswith("full:"):
             return True
         return _core_attention(g, n)
 

@@ -70,6 +70,9 @@ class StageCost:
     base: Graph | None = field(default=None, repr=False)  # the stage graph before the stage-level passes
     dp_copies: float = 0.0  # PyTorch DDP's copies of the gradients into their buckets and back (compute stream)
     ep_hidden: float = 0.0  # EP all-to-all per micro-batch hidden under the adjacent micro-batch (taken off bwd)
+    # backward units before the weight-gradient ones: before / block / after, with a second block unit under
+    # full:N (the layers that keep their activations, then those that replay: timeline.lower._block_units)
+    b_units: int = 3
 
     @property
     def model_layers(self) -> int:
@@ -86,7 +89,7 @@ class StageCost:
         """The units a schedule block of this stage runs: ``F`` forward, ``B`` backward (or its input half), ``W``."""
         if block == "F":
             return self.fwd_units
-        return self.bwd_units[:3] if block == "B" else self.bwd_units[3:]
+        return self.bwd_units[: self.b_units] if block == "B" else self.bwd_units[self.b_units :]
 
 
 class TailTask(NamedTuple):
@@ -341,11 +344,12 @@ def _order_arrays(plan: Any, rank: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _unit_names(stage: StageCost) -> list[tuple[str, UnitTiming, int]]:
     names = []
-    work = [("forward", stage.fwd_units), ("backward", stage.bwd_units[:3])]
-    if len(stage.bwd_units) > 3:
-        work.append(("wgrad", stage.bwd_units[3:]))
+    work = [("forward", stage.fwd_units), ("backward", stage.units("B"))]
+    if len(stage.bwd_units) > stage.b_units:
+        work.append(("wgrad", stage.units("W")))
     for label, units in work:
-        for part, (unit, count) in zip(_PARTS, units, strict=False):
+        parts = _PARTS if len(units) == len(_PARTS) else ("pre", "block", "block_replayed", "post")
+        for part, (unit, count) in zip(parts, units, strict=False):
             names.append((f"{label}.{part}", unit, count))
     return names
 

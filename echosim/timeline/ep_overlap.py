@@ -111,8 +111,14 @@ def stage_hidden(
     paired: Callable[[int, int, int, int], float] | None = None,
 ) -> float:
     """Seconds per micro-batch, on average over the step, that the overlap takes off a chunk's backward;
-    ``paired`` is the schedule's own share of paired backwards (default: Megatron's combined 1F1B)."""
+    ``paired`` is the schedule's own share of paired backwards (default: Megatron's combined 1F1B).
+    ``bwd_units``: the backward's before / block / after units (:meth:`StageCost.units` ``"B"``)."""
     if len(fwd_units) < 2 or len(bwd_units) < 2:
         return 0.0
     share = (paired or paired_fraction)(rank, pp, vpp, microbatches)
-    return hidden_per_pair(fwd_units[1], bwd_units[1], overlap) * share
+    (f, k), blocks = fwd_units[1], bwd_units[1:-1]
+    if len(blocks) == 1:
+        return hidden_per_pair((f, k), blocks[0], overlap) * share
+    # under full:N the backward's layers run as two units (those that keep their activations, then those that
+    # replay): each pairs with as many of the other micro-batch's forward layers
+    return sum(hidden_per_pair((f, kb), (b, kb), overlap) for b, kb in blocks) * share

@@ -278,6 +278,7 @@ def _split_units(
     """:func:`_units`, with what placing appended nodes in them reads (:func:`_extended_parts`): the ids that
     descend from each kind's block and the weight-gradient nodes."""
     mult = next(iter(graph.repeats.values()), 1)
+    replayed = graph.replayed(next(iter(graph.repeats))) if graph.partial_replay() else mult
     wset = weight_grad_nodes(graph) if split_w else set()
     fwd = [n for n in graph if n.phase is Phase.FORWARD and _in_units(n)]
     bwd = [n for n in graph if n.phase in (Phase.BACKWARD, Phase.RECOMPUTE) and _in_units(n) and n.id not in wset]
@@ -297,11 +298,26 @@ def _split_units(
         outside = [n for n, b in zip(nodes, blocked, strict=True) if not b]
         return [
             ([n for n in outside if n.id not in later], 1),
-            (inside, mult),
+            *_block_units(inside, mult, replayed),
             ([n for n in outside if n.id in later], 1),
         ]
 
     return (split(fwd), split(bwd), split(wgt)), tuple(laters), wset
+
+
+def _block_units(inside: list[Node], mult: int, replayed: int) -> list[tuple[list[Node], int]]:
+    """The repeated block's unit, or under ``full:N`` (``replayed`` of ``mult`` repetitions replay) two: backward
+    runs the last layers first, so the ``mult - replayed`` that keep their activations come first, without the
+    replayed forward, then the ``replayed`` first layers of the stage with it. Forward has no replayed nodes."""
+    if replayed >= mult or not any(n.phase is Phase.RECOMPUTE for n in inside):
+        return [(inside, mult)]
+    plain = [n for n in inside if n.phase is not Phase.RECOMPUTE]
+    return [(plain, mult - replayed), (inside, replayed)]
+
+
+def block_units(units: Sequence[tuple[UnitTiming, int]]) -> Sequence[tuple[UnitTiming, int]]:
+    """The repeated block's units of a before / block / after list: one, or two under partial recompute."""
+    return units[1:-1]
 
 
 def repeated(unit: UnitTiming, times: int) -> float:
@@ -334,18 +350,19 @@ def lower_stage(
     fwd = repeated_total(fwd_units)
     bwd = repeated_total(bwd_units)
     wgrad = repeated_total(w_units)
+    b_units = len(bwd_units)
     if w_units[1][0].nodes:  # the weight-gradient units belong to the backward for breakdown and trace
         bwd_units = bwd_units + w_units
 
     buckets, step_end, opt, p2p_fwd, p2p_bwd = _stage_tail(stage, backend, where, options)
     dp_exposed, dp_busy, dp_copies = (
-        dp_tail_times(buckets, bwd_units, options.overlap_dp, overlap.compute_slowdown)
+        dp_tail_times(buckets, bwd_units, options.overlap_dp, overlap.compute_slowdown, b_units)
         if buckets is not None
         else (0.0, 0.0, 0.0)
     )
     return StageCost(
         stage.index, stage.layers, fwd, bwd, wgrad, fwd_units, bwd_units, p2p_fwd, p2p_bwd,
-        dp_exposed, dp_busy, dict(step_end), opt, graph, vstages, stage.base, dp_copies,
+        dp_exposed, dp_busy, dict(step_end), opt, graph, vstages, stage.base, dp_copies, b_units=b_units,
     )  # fmt: skip
 
 
@@ -735,8 +752,8 @@ def _extended_parts(graph: Graph, base: Graph, split_w: bool) -> tuple[list[_Uni
     nodes that read gradients alone (weight-gradient nodes already) and are no gradient are placed here;
     None (a split of the whole graph) otherwise."""
     added = added_nodes(graph, base)
-    if added is None or graph.repeats != base.repeats or graph.grads != base.grads:
-        return None
+    if added is None or graph.repeats != base.repeats or graph.grads != base.grads or base.partial_replay():
+        return None  # (full:N's two block units: the whole graph is split)
     new = {n.id for n in added}
     grads = set(graph.grads.values())
     if split_w and any(n.id in grads or any(i in new or i not in grads for i in n.inputs) for n in added):
@@ -959,12 +976,12 @@ def _ddp_bucket_seconds(graph: Graph, nodes: list[Node], cost: Coster) -> Bucket
 
 
 def dp_tail_times(
-    b: BucketSeconds, bwd_units: list[tuple[UnitTiming, int]], overlap_dp: bool, slowdown: float
+    b: BucketSeconds, bwd_units: list[tuple[UnitTiming, int]], overlap_dp: bool, slowdown: float, b_units: int = 3
 ) -> tuple[float, float, float]:
     """The gradient reduction's exposed seconds after the last backward, its busy time and the seconds of
     DDP's bucket copies (:meth:`Coster.bucket_copies`), given the seconds of one layer's buckets and of
-    the rest (the layer count is the block unit's repeat): a layout search derives a stage of any depth
-    from these.
+    the rest (the layer count is the block units' repeats): a layout search derives a stage of any depth
+    from these. ``b_units``: the backward units before the weight-gradient ones (:attr:`StageCost.b_units`).
 
     Buckets of the repeated block become ready one layer at a time during the last
     micro-batch's backward; the rest are ready when it ends. Compute that runs
@@ -973,11 +990,14 @@ def dp_tail_times(
     become ready (they stretch the last backward and delay the reductions); its copies
     back run after the reductions. Both count whole, apart from the exposed reduction.
     """
-    (first, _), (block, layers), _last = bwd_units[:3]
+    units = bwd_units[:b_units]
+    (first, _), blocks, (last, _) = units[0], block_units(units), units[-1]
+    layers = sum(k for _, k in blocks)
     copies = (b.into_layer + b.back_layer) * layers + b.into_rest + b.back_rest
     if b.ddp:
-        return _ddp_tail_times(b, first, block, layers, _last[0], overlap_dp, slowdown)
-    total_bwd = first.duration + repeated(block, layers) + _last[0].duration
+        return _ddp_tail_times(b, first, blocks, last, overlap_dp, slowdown)
+    run = sum(repeated(u, k) for u, k in blocks)
+    total_bwd = first.duration + run + last.duration
     busy = b.per_layer * layers + b.rest
     if not overlap_dp:
         return busy, busy, copies
@@ -985,11 +1005,14 @@ def dp_tail_times(
     comm_end = 0.0
     overlapped = 0.0
     # the loop's invariants read once (the same operands: the same sums); a search runs this for every stage depth
-    head, step, per_layer = first.duration, block.period + b.into_layer, b.per_layer
-    for j in range(1, layers + 1):
-        start = max(head + j * step, comm_end)
-        comm_end = start + per_layer
-        overlapped += max(0.0, min(comm_end, total_bwd) - start)
+    at, per_layer = first.duration, b.per_layer
+    for block, count in blocks:
+        step = block.period + b.into_layer
+        for j in range(1, count + 1):
+            start = max(at + j * step, comm_end)
+            comm_end = start + per_layer
+            overlapped += max(0.0, min(comm_end, total_bwd) - start)
+        at += count * step
     comm_end = max(comm_end, total_bwd) + b.rest
     exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
     return exposed, busy, copies
@@ -998,8 +1021,7 @@ def dp_tail_times(
 def _ddp_tail_times(
     b: BucketSeconds,
     first: UnitTiming,
-    block: UnitTiming,
-    layers: int,
+    blocks: Sequence[tuple[UnitTiming, int]],
     last: UnitTiming,
     overlap_dp: bool,
     slowdown: float,
@@ -1011,14 +1033,15 @@ def _ddp_tail_times(
     ``mark_bucket_ready``: "Buckets are reduced in sequence"). The copies into the buckets stretch the
     backward where their gradients become ready (before the block, in each repetition, after it); a bucket
     launches after the copies of the unit its last gradient is in."""
+    layers = sum(k for _, k in blocks)
     copies = (b.into_layer + b.back_layer) * layers + b.into_rest + b.back_rest
     busy = sum(s for _, _, s in b.ddp)
     if not overlap_dp:
         return busy, busy, copies
-    step = block.period + b.into_layer
+    run = sum(repeated(u, k) for u, k in blocks)
     start_block = first.duration + b.into_head
-    start_last = start_block + repeated(block, layers) + b.into_layer * layers
-    total_bwd = first.duration + repeated(block, layers) + last.duration + b.into_layer * layers + b.into_rest
+    start_last = start_block + run + b.into_layer * layers
+    total_bwd = first.duration + run + last.duration + b.into_layer * layers + b.into_rest
     comm_end = overlapped = 0.0
     for ready, grad, sec in b.ddp:
         # its gradients' copies into it (mark_variable_ready) come before its launch: a unit's, where it ends
@@ -1027,12 +1050,26 @@ def _ddp_tail_times(
         elif ready > layers:
             at = start_last + _event_end(last, grad) + b.into_rest - b.into_head
         else:
-            at = start_block + (ready - 1) * step + _event_end(block, grad) + b.into_layer
+            at = _ready_in_blocks(blocks, ready, grad, start_block, b.into_layer)
         start = max(min(at, total_bwd), comm_end)
         comm_end = start + sec
         overlapped += max(0.0, min(comm_end, total_bwd) - start)
     exposed = max(0.0, comm_end - total_bwd) + overlapped * (slowdown - 1.0)
     return exposed, busy, copies
+
+
+def _ready_in_blocks(
+    blocks: Sequence[tuple[UnitTiming, int]], ready: int, grad: int, start: float, into_layer: float
+) -> float:
+    """When repetition ``ready`` (from 1, in backward order) of the block writes gradient ``grad``, its copies in."""
+    before = 0
+    for i, (block, count) in enumerate(blocks):
+        step = block.period + into_layer
+        if ready <= before + count or i == len(blocks) - 1:
+            return start + (ready - before - 1) * step + _event_end(block, grad) + into_layer
+        start += count * step
+        before += count
+    raise ValueError("a stage's backward without a block unit")
 
 
 def _event_end(unit: UnitTiming, node: int) -> float:
@@ -1076,7 +1113,7 @@ def _with_ep_overlap(cost: StageCost, backend: Backend, options: StepOptions) ->
 
     rank = cost.index % options.pp  # DualPipe's two copies of a stage sit as far from their ends: one share
     overlap = backend.overlap()
-    hidden = stage_hidden(cost.fwd_units, cost.bwd_units, overlap, rank, options.pp, options.vpp, options.microbatches,
+    hidden = stage_hidden(cost.fwd_units, cost.units("B"), overlap, rank, options.pp, options.vpp, options.microbatches,
                           getattr(options.schedule, "paired", None))  # fmt: skip
     if hidden <= 0:
         return cost
