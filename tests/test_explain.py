@@ -124,6 +124,22 @@ def test_a_layout_that_does_not_fit_gets_the_cheapest_changes_that_fit_first() -
     assert cheapest_fit(model, plan, cluster, compile_model(model, best.plan, cluster)) is None  # it fits already
 
 
+def test_a_layout_that_fits_with_full_recompute_is_offered_the_fewest_layers_that_fit() -> None:
+    """Megatron's block recompute as a suggestion: the smallest N of ``--recompute full:N`` that fits (found by
+    bisection), faster than full recompute; one layer fewer does not fit."""
+    model, cluster = "gpt3-1.3b", Cluster("a100-40gb", 2)
+    plan = Plan(dp=2, micro_batch=8, global_batch=64)
+    ranked, _ = suggest(model, plan, cluster, compile_model(model, plan, cluster))
+    changes = {o.change: o for o in ranked}
+    (partial,) = [o for change, o in changes.items() if change.startswith("--recompute full:")]
+    n = int(partial.change.removeprefix("--recompute full:"))
+    assert 1 <= n < 24 and partial.fits and partial.step_time_s < changes["--recompute full"].step_time_s
+    assert not compile_model(model, replace(plan, recompute=f"full:{n - 1}"), cluster).fits
+    # a layout that fits, or one already recomputing in full, gets no such suggestion
+    assert not [o for o in suggest(model, partial.plan, cluster, compile_model(model, partial.plan, cluster))[1]
+                if o.change.startswith("--recompute full:")]  # fmt: skip
+
+
 def test_explain_text_names_the_critical_path_communication_bubble_and_suggestions() -> None:
     code, out = _invoke("explain", "gpt3-1.3b", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "16",
                         "--seq-len", "1024", "--backend", "h100-sxm")  # fmt: skip
