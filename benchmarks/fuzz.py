@@ -136,7 +136,7 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     for key, values in (
         ("dtype", ["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8"]),
         ("recompute", ["none", "selective", "full", "selective:moe_act", "selective:core_attn,layernorm",
-                       "selective:mlp,moe", "selective:shared_experts"]),
+                       "selective:mlp,moe", "selective:shared_experts", "full:1", "full:3", "full:0", "full:x"]),
         ("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "nope"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
@@ -194,7 +194,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         "devices": tp * pp * cp * dp, "vpp": vpp,
         "framework": rng.choice(["megatron", "megatron-bridge", "nemo", "torchtitan", "eager"]),
         "recompute": rng.choice(["none", "selective", "full", "selective:mlp", "selective:moe,layernorm",
-                                 "selective:shared_experts,moe_act"]),
+                                 "selective:shared_experts,moe_act", "full:1", "full:2", "full:5"]),
         "zero": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
         "sp": tp > 1 and rng.random() < 0.5,
     }  # fmt: skip
@@ -449,7 +449,8 @@ def hf_config(rng: random.Random, work: Path) -> Callable[[], Any]:
 
 #: Values a mutated launch line gives a flag: numbers, odd text, layouts and --moe-layer-freq patterns.
 _FLAG_VALUES = ["0", "-1", "1", "3", "8", "1024", "1e309", "nan", "x", "", "Et|(tt|)*30L", "E|tL", "(t|)*3L",
-                "([0]*3+[1]*58)", "[1]*4", "([0]+[1])*", "mxfp8", "blockwise", "selective", "moe_act", "mlp",
+                "([0]*3+[1]*58)", "[1]*4", "([0]+[1])*", "mxfp8", "blockwise", "selective", "moe_act", "mlp", "block",
+                "uniform", "full",
                 '"', "'", "$((1/0))", "${X:-", "<<EOF"]  # fmt: skip
 
 
@@ -480,7 +481,7 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
         elif move < 0.9:
             words.insert(i, rng.choice(_FLAG_VALUES))
         else:  # a pipeline-split flag with a value, or a switch
-            flag = rng.choice([*_SPLIT_FLAGS, "--recompute-modules"])
+            flag = rng.choice([*_SPLIT_FLAGS, "--recompute-modules", "--recompute-method", "--recompute-num-layers"])
             words[i:i] = [flag] if flag.startswith("--account") else [flag, rng.choice(_FLAG_VALUES)]
     text = " ".join(words)
     if rng.random() < 0.15:

@@ -832,6 +832,8 @@ def test_megatron_partial_recompute_methods() -> None:
     assert zero.options["recompute"] == "none" and any("no layer is recomputed" in n for n in zero.notes)
     with pytest.raises(ConfigError, match="--recompute-num-layers -1: a layer count is at least 0"):
         read_args(f"{base} --recompute-method block --recompute-num-layers -1")
+    with pytest.raises(ConfigError, match="--recompute-method 'blocks' \\(Megatron knows uniform, block\\)"):
+        read_args(f"{base} --recompute-method blocks")
     uniform = read_args(f"{base} --recompute-method uniform --recompute-num-layers 2")
     assert any("one checkpoint per 2 layers is costed as one per layer" in n for n in uniform.notes)
     assert not any("recompute-method" in n for n in read_args(f"{base} --recompute-method uniform").notes)

@@ -410,6 +410,8 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         opts["recompute"] = granularity
     _recompute_modules(values, granularity, out)
     method = _one(values, "--recompute-method", src)
+    if method is not None and method not in ("uniform", "block"):
+        raise ConfigError(f"{src}: --recompute-method {method!r} (Megatron knows uniform, block)")
     # block: the first N layers of each (virtual) pipeline stage are checkpointed, the rest keep their activations
     # (transformer_block.py _checkpointed_forward, ``layer_idx < recompute_num_layers``; N defaults to 1,
     # arguments.py): echosim's full:N. N = 0 checkpoints no layer
