@@ -1372,6 +1372,9 @@ def search(
         if recheck is not None:
             results = _recheck_top(model, results, cluster, memory_fraction, objective, price_per_device_hour,
                                    recheck.known)  # fmt: skip
+        if "recompute" not in (space or {}) and sample is None and not interrupted:
+            results += partial_recompute(model, facts, results, cluster, memory_fraction, objective,
+                                         price_per_device_hour)  # fmt: skip
         ranked, others = rank(results + enum.rejected, objective, price_per_device_hour)
     for t in exiting:  # the workers have exited when the search returns
         t.join()
@@ -1382,6 +1385,53 @@ def search(
 
 #: Top layouts of a search re-evaluated in full (every stage graph built) before they are reported.
 RECHECK_TOP = 20
+
+#: Best fitting full-recompute layouts a search tries again recomputing only some layers (:func:`partial_recompute`).
+PARTIAL_RECOMPUTE_TOP = 10
+
+
+def partial_recompute(
+    model: Any,
+    facts: ModelFacts,
+    results: list[Evaluated],
+    cluster: Cluster,
+    fraction: float,
+    objective: str,
+    price: float,
+) -> list[Evaluated]:
+    """The best fitting layouts that fit only by recomputing every layer (neither without recompute nor with selective),
+    each with the fewest layers per stage to recompute that still fit (``full:N``, Megatron's block method),
+    evaluated by the full path; those that fit.
+
+    A layout's step grows and its saved activations shrink with N (each replayed layer adds one layer's replay and
+    drops one layer's activations: tests/test_partial_recompute.py), so the smallest N that fits is that layout's
+    best and bisection finds it in log2(layers per stage) compiles. The space's own values stay none, selective and
+    full: N is no free dimension, and a search given ``--space recompute=...`` keeps to it."""
+    key = objective_key(objective, price)
+    seen = {e.plan for e in results}
+    fitting = {e.plan for e in results if e.ok}
+    per_block = facts.shape.layers_per_block
+
+    def needs_recompute(plan: Plan) -> bool:  # it fits with full recompute, not without it (nor with selective's)
+        lighter = (replace(plan, recompute=r) for r in ("none", "selective"))
+        return plan.recompute == "full" and not any(p in fitting for p in lighter)
+
+    out = []
+    for e in _first([e for e in results if e.ok and needs_recompute(e.plan)], key, PARTIAL_RECOMPUTE_TOP):
+        lo, hi = 1, -(-facts.layers // (e.plan.pp * e.plan.vpp))  # repetitions of the block on a stage, at most
+        best = None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            plan = replace(e.plan, recompute=f"full:{mid * per_block}")
+            (tried,) = _evaluate(model, [plan], cluster, fraction, checked=True)
+            if tried.ok:
+                hi, best = mid, tried
+            else:
+                lo = mid + 1
+        if best is not None and best.plan not in seen:
+            seen.add(best.plan)
+            out.append(best)
+    return out
 
 
 @dataclass

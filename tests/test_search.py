@@ -67,6 +67,24 @@ def test_top_20_equal_full_compiles() -> None:
     assert steps == sorted(steps)
 
 
+def test_layouts_that_fit_only_with_full_recompute_are_tried_with_the_fewest_layers_that_fit() -> None:
+    """A layout that fits only by recomputing every layer is tried again recomputing the first N layers of each
+    stage (full:N), the smallest N that fits: faster than full, its figures a full compile's, one layer fewer over
+    the memory. A space that names its recompute values keeps to them."""
+    cluster, base = Cluster("a100-40gb", 2), Plan(global_batch=64)
+    space = {"mb": (8,), "tp": (1,), "cp": (1,), "pp": (1,), "zero": (0,), "schedule": ("1f1b",)}
+    result = search("gpt3-1.3b", base, cluster, space=space)
+    best, *rest = result.ranked
+    assert best.plan.recompute.startswith("full:")
+    n = int(best.plan.recompute.removeprefix("full:"))
+    full = next(e for e in rest if e.plan == replace(best.plan, recompute="full"))
+    assert 1 <= n < 24 and best.step_time_s < full.step_time_s
+    assert compile_model("gpt3-1.3b", best.plan, cluster).step_time_s == best.step_time_s
+    assert not compile_model("gpt3-1.3b", replace(best.plan, recompute=f"full:{n - 1}"), cluster).fits
+    narrowed = search("gpt3-1.3b", base, cluster, space={**space, "recompute": ("none", "full")})
+    assert {e.plan.recompute for e in narrowed.ranked} == {"full"}
+
+
 @pytest.mark.parametrize(
     ("plan", "same"),
     [
