@@ -24,7 +24,7 @@ from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
-from echosim.passes.recompute import RecomputeError, policy_named, replay_layers
+from echosim.passes.recompute import RecomputeError, partial, policy_named, replay_every, replay_layers
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
 from echosim.plan import CP_COMMS, DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
 from echosim.timeline.placement import Degrees, axis_placements
@@ -260,7 +260,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         policy_named(plan.recompute)
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
-    if plan.offload_layers and replay_layers(plan.recompute):
+    if plan.offload_layers and partial(plan.recompute):
         raise PlanError(
             f"--recompute {plan.recompute} with --offload-layers {plan.offload_layers}: offloading the activations "
             "of a stage that recomputes only some of its layers is not modelled"
@@ -405,7 +405,7 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
 def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:
     """``full:N`` on this model: refused where N layers are no whole repetitions of its block; a note where layers
     stand outside the block (they are all recomputed, and Megatron would count them among a stage's first N)."""
-    n = replay_layers(plan.recompute)
+    n = replay_layers(plan.recompute) or replay_every(plan.recompute)
     if not n:
         return []
     if n % shape.layers_per_block:
@@ -415,9 +415,10 @@ def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:
         )
     if not shape.outside_layers:
         return []
+    which = f"the first {n} layers" if replay_layers(plan.recompute) else f"every {n}-th layer"
     return [
         Note(
-            f"--recompute {plan.recompute}: the first {n} layers of each stage are counted in the repeated block; "
+            f"--recompute {plan.recompute}: {which} of each stage are counted in the repeated block; "
             f"the {shape.outside_layers} layers outside it are recomputed whole on the stage that holds them"
         )
     ]

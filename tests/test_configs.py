@@ -241,6 +241,29 @@ def test_torchtitan_needs_the_device_count_of_the_launcher() -> None:
         resolve(read_source(f"torchtitan:{TT}/llama3_8b.toml"), {}, None)
 
 
+def test_torchtitan_layer_wise_selective_ac_recomputes_every_nth_layer(tmp_path: Path) -> None:
+    """``selective_ac_option = "N"`` wraps every N-th layer in a checkpoint (torchtitan's layer SAC, the default
+    "2"): full:every-N; "1" (or "0") every layer; anything but 'op' or a number is one line."""
+    text = (TT / "llama3_8b.toml").read_text()
+
+    def recompute(option: str) -> str:
+        path = tmp_path / f"o{len(option)}{option.replace('.', '_')}.toml"
+        path.write_text(text.replace('selective_ac_option = "op"', f'selective_ac_option = "{option}"'))
+        return read_source(f"torchtitan:{path}").options["recompute"]  # type: ignore[no-any-return]
+
+    assert recompute("2") == "full:every-2" and recompute("3") == "full:every-3"
+    assert recompute("1") == recompute("0") == "full"
+    assert recompute("op") == "selective"
+    with pytest.raises(ConfigError, match=r"selective_ac_option '0\.5' \('op' or a whole number of layers\)"):
+        recompute("0.5")
+    from echosim.compiler import compile as compile_model
+
+    model, plan, cluster = from_config(f"torchtitan:{tmp_path / 'o12.toml'}", "--devices 8 --backend h100-sxm")
+    assert plan.recompute == "full:every-2"  # Llama 3 8B's 32 layers: 16 replayed
+    every, full = (compile_model(model, replace(plan, recompute=r), cluster) for r in ("full:every-2", "full:16"))
+    assert every.step_time_s == full.step_time_s and every.memory == full.memory
+
+
 def test_torchtitan_notes_what_it_does_not_model() -> None:
     cfg = read_source(f"torchtitan:{TT}/llama3_405b.toml")
     assert any("training.compile" in n for n in cfg.notes)

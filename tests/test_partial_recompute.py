@@ -57,6 +57,21 @@ def test_n_at_or_above_a_stages_layers_is_full(ends: tuple) -> None:
         assert part.costed.stages[0].b_units == 3
 
 
+def test_every_nth_layer_replays_as_many_as_the_first_ones(ends: tuple) -> None:
+    """torchtitan's layer-wise AC (full:every-N) replays k // N layers of a stage of k: the same sums as full:k//N;
+    a stage of fewer than N layers replays none, figure for figure ``none``."""
+    none, _ = ends
+    for every, first in ((2, 3), (3, 2)):
+        a, b = _lowered(f"full:every-{every}"), _lowered(f"full:{first}")
+        assert a.report.step_time_s == b.report.step_time_s
+        assert a.report.hardware_flops_per_step == b.report.hardware_flops_per_step
+        assert a.report.memory == b.report.memory
+    nothing = _lowered("full:every-7")
+    assert nothing.report.step_time_s == none.report.step_time_s
+    assert [m["peak"] for m in nothing.report.memory] == [m["peak"] for m in none.report.memory]
+    assert nothing.report.hardware_flops_per_step == none.report.hardware_flops_per_step
+
+
 @pytest.mark.parametrize(
     "plan",
     [
@@ -102,6 +117,8 @@ def test_the_replay_count_survives_serialisation() -> None:
         ("full:0", "a whole number >= 1"),
         ("full:two", "a whole number >= 1"),
         ("full:-1", "a whole number >= 1"),
+        ("full:every-1", "full:every-N is a whole number >= 2"),
+        ("full:every-x", "full:every-N is a whole number >= 2"),
     ],
 )
 def test_a_bad_n_is_one_line(mode: str, message: str) -> None:

@@ -172,11 +172,15 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
     if mode == "selective":
         option = str(_get(flat, "activation_checkpoint.selective_ac_option", "2"))
         if option == "op":
-            out.notes.append("activation_checkpoint op-level selective: costed as selective (attention core)")
+            pass  # "selective" is the torchtitan framework's per-op policy (frameworks.py: selective "op")
+        elif option.isdigit():
+            # layer-wise selective AC: a layer is checkpointed when a count of the layers wrapped so far is a
+            # multiple of N (every layer for 0 or 1): echosim's full:every-N (passes/recompute.py)
+            every = int(option)
+            opts["recompute"] = f"full:every-{every}" if every > 1 else "full"
         else:
-            out.notes.append(
-                f"activation_checkpoint.selective_ac_option = {option!r} (every {option}th layer fully "
-                "recomputed): not modelled, costed as selective"
+            raise ConfigError(
+                f"{src}: activation_checkpoint.selective_ac_option {option!r} ('op' or a whole number of layers)"
             )
     return used
 

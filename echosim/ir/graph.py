@@ -81,6 +81,7 @@ class Graph:
         # pipeline stage replay their forward; 0: every checkpointed layer does. Set by the recompute pass (before
         # any analysis reads the graph) and kept by copies and pipeline stages (:meth:`replayed`)
         self.replay_layers = 0
+        self.replay_every = 0  # torchtitan's layer-wise AC: every N-th layer replays (``full:every-N``); 0: unset
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -130,6 +131,7 @@ class Graph:
         g = Graph(name or self.name, self.repeats, self.block_layers)
         g.layer_list = self.layer_list
         g.replay_layers = self.replay_layers
+        g.replay_every = self.replay_every
         g._nodes = dict(self._nodes)
         g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)
@@ -240,21 +242,26 @@ class Graph:
         prefix = self.block_of(node)
         if prefix is None:
             return 1
-        if self.replay_layers and node.phase is Phase.RECOMPUTE:
+        if (self.replay_layers or self.replay_every) and node.phase is Phase.RECOMPUTE:
             return self.replayed(prefix)
         return self.repeats[prefix]
 
     def replayed(self, prefix: str) -> int:
         """Repetitions of block ``prefix`` whose recompute nodes run: all of them, or with :attr:`replay_layers`
-        those holding the first that many layers of this stage (the plan check asks a whole number of them)."""
+        those holding the first that many layers of this stage, with :attr:`replay_every` every N-th layer's (the
+        plan check asks whole repetitions); 0 where none does."""
         count = self.repeats[prefix]
-        if not self.replay_layers:
-            return count
-        return min(count, self.replay_layers // self.layers_per_block(prefix))
+        if self.replay_layers:
+            return min(count, self.replay_layers // self.layers_per_block(prefix))
+        if self.replay_every:  # every N-th layer: every (N / layers per repetition)-th repetition
+            return count // (self.replay_every // self.layers_per_block(prefix))
+        return count
 
     def partial_replay(self) -> bool:
-        """Whether some repetitions of the repeated block replay their forward and others keep their activations."""
-        if not self.replay_layers or not any(0 < self.replayed(p) < k for p, k in self.repeats.items()):
+        """Whether some repetitions of the repeated block keep their activations (the others, maybe none, replay)."""
+        if not (self.replay_layers or self.replay_every):
+            return False
+        if not any(self.replayed(p) < k for p, k in self.repeats.items()):
             return False
         return self.derived("replays-in-block", lambda: any(
             n.phase is Phase.RECOMPUTE and self.block_of(n) is not None for n in self._nodes.values()

@@ -579,6 +579,8 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
                 read |= {b.id for b in bases if not (saved.fused_gated and _fused_activation(graph, b, n))}
     ours = {n.id for n in nodes}
     replayed = [n for n in nodes if n.phase is Phase.RECOMPUTE and n.op is not OpKind.VIEW and n.id in read]
+    if graph.partial_replay():  # full:every-N on a stage of fewer than N layers replays nothing
+        replayed = [n for n in replayed if graph.multiplicity(n)]
     # one layer is replayed at a time: a block of several layers checkpoints each (passes/recompute.py)
     per_layer: dict[str, int] = {}
     for n in replayed:

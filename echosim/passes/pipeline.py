@@ -278,6 +278,7 @@ def _stage_graph(
     g = Graph(f"{graph.name}.stage{index}", repeats, graph.block_layers)
     g.layer_list = graph.layer_lists()[0]  # a stage without the block still knows which scopes are layers
     g.replay_layers = graph.replay_layers  # full:N recomputes the first N layers of each stage
+    g.replay_every = graph.replay_every  # full:every-N every N-th layer
     new: dict[int, int] = {}
     tied: dict[int, list[int]] = {}
 

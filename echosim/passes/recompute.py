@@ -9,7 +9,11 @@ Megatron-Core's ``--recompute-method uniform`` does with its default
 ``_checkpointed_forward``, Megatron-LM commit d98e8a6). ``full:N`` is its
 ``--recompute-method block --recompute-num-layers N``: only the first N layers of each
 (virtual) pipeline stage are checkpointed, the others keep their activations
-(:attr:`echosim.ir.graph.Graph.replay_layers`: the replay runs for that many repetitions). ``selective`` (Korthikanti
+(:attr:`echosim.ir.graph.Graph.replay_layers`: the replay runs for that many repetitions).
+``full:every-N`` checkpoints every N-th layer, torchtitan's layer-wise selective AC
+(``activation_checkpoint.selective_ac_option = "N"``, the job config of commit 038d5fd; its
+``_apply_ac_to_transformer_block`` wraps a layer when a per-process count of layers ``% N == 0``):
+a stage of k layers replays k // N (:attr:`~echosim.ir.graph.Graph.replay_every`). ``selective`` (Korthikanti
 et al. 2022) replays only the attention core; with a fused (flash) kernel that replay
 already lives inside the attention backward, so only materialised attention gains
 recompute nodes.
@@ -118,6 +122,7 @@ def policy_named(name: str) -> Policy | None:
         return None
     if name.startswith("full:"):
         replay_layers(name)
+        replay_every(name)
         return None
     if name.startswith("selective:"):
         megatron_modules(name)
@@ -138,23 +143,42 @@ def policy_named(name: str) -> Policy | None:
             (keep if place == "device" else offload if place == "offload" else set()).add(tensor)
         return Policy(name, frozenset(keep), frozenset(offload), POLICIES["custom"].source)
     raise RecomputeError(
-        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, full:N, custom:TENSOR=device|offload|remat,"
-        f"..., selective:MODULE,... over {', '.join(MEGATRON_MODULES)})"
+        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, full:N, full:every-N, "
+        f"custom:TENSOR=device|offload|remat,..., selective:MODULE,... over {', '.join(MEGATRON_MODULES)})"
     )
 
 
 def replay_layers(name: str) -> int:
     """N of ``full:N`` (the layers per pipeline stage whose activations are checkpointed), 0 for any other policy;
     an N that is not a positive whole number is one line."""
-    if not name.startswith("full:"):
+    if not name.startswith("full:") or name.startswith("full:every-"):
         return 0
     text = name.removeprefix("full:")
     if not text.isdigit() or int(text) < 1:
         raise RecomputeError(
             f"recompute {name!r}: N of full:N is the layers of each pipeline stage to recompute, a whole number >= 1 "
-            "(Megatron's --recompute-method block --recompute-num-layers N)"
+            "(Megatron's --recompute-method block --recompute-num-layers N), or full:every-N"
         )
     return int(text)
+
+
+def replay_every(name: str) -> int:
+    """N of ``full:every-N`` (every N-th layer checkpointed), 0 for any other policy; an N that is not a whole
+    number >= 2 is one line (every layer is ``full``)."""
+    if not name.startswith("full:every-"):
+        return 0
+    text = name.removeprefix("full:every-")
+    if not text.isdigit() or int(text) < 2:
+        raise RecomputeError(
+            f"recompute {name!r}: N of full:every-N is a whole number >= 2 (every N-th layer recomputed; "
+            "every layer is full)"
+        )
+    return int(text)
+
+
+def partial(name: str) -> bool:
+    """Whether the policy recomputes some layers only (``full:N``, ``full:every-N``)."""
+    return bool(replay_layers(name) or replay_every(name))
 
 
 def megatron_modules(name: str) -> tuple[str, ...]:
@@ -195,7 +219,7 @@ class Recompute:
             return graph
         g = graph.copy()
         policy = policy_named(self.mode)
-        g.replay_layers = replay_layers(self.mode)
+        g.replay_layers, g.replay_every = replay_layers(self.mode), replay_every(self.mode)
         if self.mode.startswith("selective:"):
             chosen = _module_nodes(graph, megatron_modules(self.mode))
         elif policy is None:

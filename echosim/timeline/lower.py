@@ -308,11 +308,12 @@ def _split_units(
 def _block_units(inside: list[Node], mult: int, replayed: int) -> list[tuple[list[Node], int]]:
     """The repeated block's unit, or under ``full:N`` (``replayed`` of ``mult`` repetitions replay) two: backward
     runs the last layers first, so the ``mult - replayed`` that keep their activations come first, without the
-    replayed forward, then the ``replayed`` first layers of the stage with it. Forward has no replayed nodes."""
+    replayed forward, then the ``replayed`` first layers of the stage with it (``full:every-N`` replays the same
+    count, spread: the sums are the same). Forward has no replayed nodes; none replayed: the one plain unit."""
     if replayed >= mult or not any(n.phase is Phase.RECOMPUTE for n in inside):
         return [(inside, mult)]
     plain = [n for n in inside if n.phase is not Phase.RECOMPUTE]
-    return [(plain, mult - replayed), (inside, replayed)]
+    return [(plain, mult - replayed), (inside, replayed)] if replayed else [(plain, mult)]
 
 
 def block_units(units: Sequence[tuple[UnitTiming, int]]) -> Sequence[tuple[UnitTiming, int]]:
