@@ -170,6 +170,32 @@ def test_pipeline_split_of_one_device_kind_is_the_compilers_step(tmp_path: Path)
     assert r["balanced"]["step_s"] <= r["naive"]["step_s"] * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("recompute", ["full:2", "full:every-3"])
+def test_a_pipeline_split_recomputing_some_layers_is_the_compilers_step(tmp_path: Path, recompute: str) -> None:
+    """Partial recompute's two backward units move with the split: a stage of n layers replays min(N, n) (full:N)
+    or n // N (full:every-N); at the compiler's own split the stitched step is the compiled one."""
+    from echosim import compile
+    from echosim.compiler import lower
+    from echosim.dynamics.cluster import _stage_time
+    from echosim.plan import Cluster, Plan
+
+    path = write(tmp_path, SAME)
+    result = CliRunner().invoke(cli, ["cluster", path, "gpt3-1.3b", "--tp", "2", "--pp", "4", "--global-batch", "32",
+                                      "--split", "pipeline", "--recompute", recompute, "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    plan = Plan(tp=2, pp=4, dp=2, global_batch=32, recompute=recompute)
+    report = compile("gpt3-1.3b", plan, Cluster("h100-sxm", 16))
+    assert r["naive"]["step_s"] == pytest.approx(report.step_time_s, rel=1e-5)
+    stage = lower("gpt3-1.3b", plan, Cluster("h100-sxm", 16)).costed.stages[1]  # 6 layers, 2 of them replayed
+    assert stage.b_units == 4
+    again = _stage_time(stage.bwd_units, stage.bwd, stage.layers, stage.layers, stage.graph, stage.b_units)
+    assert again == pytest.approx(stage.bwd, rel=1e-12)
+    # one layer fewer (full:2 replays 2 of 5, full:every-3 1 of 5): a shorter backward
+    kept = _stage_time(stage.bwd_units, stage.bwd, stage.layers, 5, stage.graph, stage.b_units)
+    assert kept < stage.bwd
+
+
 def test_pipeline_split_balanced_to_device_speed() -> None:
     """Stage 0 on 512 H100, stage 1 on 512 A100: the H100 stage takes more layers and the step shortens."""
     args = ["cluster", str(EXAMPLE), "llama3-8b", "--tp", "8", "--pp", "2", "--global-batch", "1024", "--split",

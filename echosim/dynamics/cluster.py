@@ -323,13 +323,22 @@ def render(result: dict[str, Any]) -> list[str]:
 # -- pipeline stages across pools -------------------------------------------------------------------------
 
 
-def _stage_time(units: list[tuple[Any, int]], total: float, layers: int, n: int) -> float:
+def _stage_time(
+    units: list[tuple[Any, int]], total: float, layers: int, n: int, graph: Any = None, b_units: int = 3
+) -> float:
     """A stage's fwd (or bwd) with ``n`` repeated layers instead of ``layers``: its block unit (the second
-    of before / block / after, :func:`echosim.timeline.lower._units`) run ``k - layers + n`` times."""
+    of before / block / after, :func:`echosim.timeline.lower._units`) run ``k - layers + n`` times. Under
+    ``full:N`` or ``full:every-N`` a backward has two block units (the layers that keep their activations, then
+    the replayed ones: ``b_units`` 4; ``graph``, the stage's, says how many of ``n`` replay)."""
     from echosim.timeline.lower import repeated
 
     if len(units) < 3 or layers < 1:
         return total
+    if graph is not None and b_units == 4:
+        (plain, kept), (replay, replayed) = units[1], units[2]
+        again = graph.replayed_of(next(iter(graph.repeats)), n)
+        return (total - repeated(plain, kept) - repeated(replay, replayed)
+                + repeated(plain, n - again) + repeated(replay, again))  # fmt: skip
     unit, k = units[1]
     return total - repeated(unit, k) + repeated(unit, max(0, k - layers + n))
 
@@ -394,7 +403,10 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
 
     def stage(s: int, n: int) -> tuple[float, float]:
         c = costs[s]
-        return (_stage_time(c.fwd_units, c.fwd, c.layers, n), _stage_time(c.bwd_units, c.bwd + c.wgrad, c.layers, n))
+        return (
+            _stage_time(c.fwd_units, c.fwd, c.layers, n),
+            _stage_time(c.bwd_units, c.bwd + c.wgrad, c.layers, n, c.graph, c.b_units),
+        )
 
     link = cluster.slowest_link()
     replicas = plan.cp * plan.dp  # every replica sends one activation over the boundary

@@ -250,7 +250,10 @@ class Graph:
         """Repetitions of block ``prefix`` whose recompute nodes run: all of them, or with :attr:`replay_layers`
         those holding the first that many layers of this stage, with :attr:`replay_every` every N-th layer's (the
         plan check asks whole repetitions); 0 where none does."""
-        count = self.repeats[prefix]
+        return self.replayed_of(prefix, self.repeats[prefix])
+
+    def replayed_of(self, prefix: str, count: int) -> int:
+        """:meth:`replayed` for a stage holding ``count`` repetitions of block ``prefix`` (a split that moves them)."""
         if self.replay_layers:
             return min(count, self.replay_layers // self.layers_per_block(prefix))
         if self.replay_every:  # every N-th layer: every (N / layers per repetition)-th repetition
