@@ -48,6 +48,13 @@ def test_each_replayed_layer_adds_one_layers_share(ends: tuple, n: int) -> None:
     assert none.report.step_time_s < part.report.step_time_s < full.report.step_time_s
 
 
+def test_the_costed_graph_names_both_backward_block_units_and_its_longest_path_is_the_step() -> None:
+    part = _lowered("full:2")
+    units = {d.get("unit") for _, d in part.costed.dag().nodes(data=True)}
+    assert {"backward.block", "backward.block_replayed", "forward.block"} <= units
+    assert part.costed.longest_path_s() == pytest.approx(part.report.step_time_s, rel=1e-12)
+
+
 def test_n_at_or_above_a_stages_layers_is_full(ends: tuple) -> None:
     _, full = ends
     for n in (LAYERS_PER_STAGE, 100):
