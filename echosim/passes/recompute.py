@@ -151,28 +151,25 @@ def policy_named(name: str) -> Policy | None:
 def replay_layers(name: str) -> int:
     """N of ``full:N`` (the layers per pipeline stage whose activations are checkpointed), 0 for any other policy;
     an N that is not a positive whole number is one line."""
-    if not name.startswith("full:") or name.startswith("full:every-"):
+    if name.startswith("full:every-"):
         return 0
-    text = name.removeprefix("full:")
-    if not text.isdigit() or int(text) < 1:
-        raise RecomputeError(
-            f"recompute {name!r}: N of full:N is the layers of each pipeline stage to recompute, a whole number >= 1 "
-            "(Megatron's --recompute-method block --recompute-num-layers N), or full:every-N"
-        )
-    return int(text)
+    hint = "the layers of each pipeline stage to recompute (Megatron's --recompute-method block), or full:every-N"
+    return _count_after(name, "full:", 1, hint)
 
 
 def replay_every(name: str) -> int:
     """N of ``full:every-N`` (every N-th layer checkpointed), 0 for any other policy; an N that is not a whole
     number >= 2 is one line (every layer is ``full``)."""
-    if not name.startswith("full:every-"):
+    return _count_after(name, "full:every-", 2, "every N-th layer recomputed; every layer is full")
+
+
+def _count_after(name: str, prefix: str, least: int, hint: str) -> int:
+    """The whole number after ``prefix`` in ``name`` (0 where the name does not start with it), at least ``least``."""
+    if not name.startswith(prefix):
         return 0
-    text = name.removeprefix("full:every-")
-    if not text.isdigit() or int(text) < 2:
-        raise RecomputeError(
-            f"recompute {name!r}: N of full:every-N is a whole number >= 2 (every N-th layer recomputed; "
-            "every layer is full)"
-        )
+    text = name.removeprefix(prefix)
+    if not text.isdigit() or int(text) < least:
+        raise RecomputeError(f"recompute {name!r}: N of {prefix}N is a whole number >= {least} ({hint})")
     return int(text)
 
 
