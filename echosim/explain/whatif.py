@@ -155,36 +155,40 @@ def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_
     if compile_fn is None:
         from echosim.compiler import compile as compile_fn
     outcomes = simulate(model, plan, cluster, neighbours(plan, cluster), compile_fn, base_report)
-    fewest = fewest_replayed_layers(model, plan, cluster, outcomes, compile_fn, base_report)
-    if fewest is not None:
-        outcomes.append(fewest)
+    # the bisection's other tries were compiled too (counted among the simulated), but only its answer is ranked
+    tries = fewest_replayed_layers(model, plan, cluster, outcomes, compile_fn, base_report)
+    fewest = [o for o in tries if o.fits][-1:]
+    others = [o for o in tries if o not in fewest]
+    outcomes += fewest
     if not base_report.fits and not any(o.fits for o in outcomes):
         seen = {o.plan for o in outcomes} | {replace(plan, global_batch=plan.batch)}
         closest = sorted((o for o in outcomes if not o.error), key=lambda o: (o.peak_bytes, o.change))[:beam]
         further = [p for o in closest for p in neighbours(o.plan, cluster) if p not in seen]
         unique = list(dict.fromkeys(further))
         outcomes += simulate(model, plan, cluster, unique, compile_fn, base_report)
-    return rank(outcomes, base_report.step_time_s, base_report.fits), outcomes
+    return rank(outcomes, base_report.step_time_s, base_report.fits), outcomes + others
 
 
 def fewest_replayed_layers(model: Any, plan: Plan, cluster: Cluster, outcomes: list[Outcome], compile_fn: Compile,
-                           base_report: Any) -> Outcome | None:  # fmt: skip
-    """Where the layout does not fit and full recompute makes it fit: the fewest layers per stage to recompute
-    (``full:N``, Megatron's block method) that still fit, found by bisection (saved bytes shrink as N grows), or
-    None when only full recompute fits. Its step lies between the layout's and full recompute's."""
+                           base_report: Any) -> list[Outcome]:  # fmt: skip
+    """Where the layout does not fit and full recompute makes it fit: the layouts a bisection for the fewest layers
+    per stage to recompute that still fit (``full:N``, Megatron's block method; saved bytes shrink as N grows)
+    compiled, in order: the last that fits is the answer (none fits: only full recompute does). Its step lies
+    between the layout's and full recompute's."""
     full = replace(plan, global_batch=plan.batch, recompute="full")
     if base_report.fits or plan.recompute.startswith("full") or not any(o.plan == full and o.fits for o in outcomes):
-        return None
+        return []
     lo, hi = 1, max((int(s["layers"]) for s in base_report.stages), default=1)  # hi: full recompute, which fits
-    best = None
+    tries: list[Outcome] = []
     while lo < hi:
         mid = (lo + hi) // 2
         (tried,) = simulate(model, plan, cluster, [replace(full, recompute=f"full:{mid}")], compile_fn, base_report)
+        tries.append(tried)
         if tried.fits:
-            hi, best = mid, tried
+            hi = mid
         else:  # (a refused N, not whole repeated blocks, counts as not fitting)
             lo = mid + 1
-    return best
+    return tries
 
 
 def cheapest_fit(model: Any, plan: Plan, cluster: Cluster, base_report: Any,
