@@ -140,6 +140,20 @@ def test_a_layout_that_fits_with_full_recompute_is_offered_the_fewest_layers_tha
                 if o.change.startswith("--recompute full:")]  # fmt: skip
 
 
+def test_the_fewest_layers_come_in_whole_repeated_blocks() -> None:
+    """A model whose repeated block holds two layers (dense, then MoE) is offered an even N."""
+    from echosim.frontend.zoo import ArchConfig
+
+    model = ArchConfig(arch="moe", layers=24, hidden=1024, heads=16, kv_heads=16, ffn=4096, vocab=32000, seq_len=2048,
+                       experts=8, top_k=2, moe_ffn=2048, moe_layer_step=2)  # fmt: skip
+    cluster, plan = Cluster("a100-40gb", 2), Plan(dp=2, micro_batch=8, global_batch=64)
+    ranked, simulated = suggest(model, plan, cluster, compile_model(model, plan, cluster))
+    (partial,) = [o for o in ranked if o.change.startswith("--recompute full:")]
+    n = int(partial.change.removeprefix("--recompute full:"))
+    assert partial.fits and n % 2 == 0 and 2 <= n < 24
+    assert not [o for o in simulated if o.change.startswith("--recompute full:") and o.error]  # no odd N tried
+
+
 def test_explain_text_names_the_critical_path_communication_bubble_and_suggestions() -> None:
     code, out = _invoke("explain", "gpt3-1.3b", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "16",
                         "--seq-len", "1024", "--backend", "h100-sxm")  # fmt: skip

@@ -178,11 +178,17 @@ def fewest_replayed_layers(model: Any, plan: Plan, cluster: Cluster, outcomes: l
     full = replace(plan, global_batch=plan.batch, recompute="full")
     if base_report.fits or plan.recompute.startswith("full") or not any(o.plan == full and o.fits for o in outcomes):
         return []
-    lo, hi = 1, max((int(s["layers"]) for s in base_report.stages), default=1)  # hi: full recompute, which fits
+    from echosim.compiler import load_model
+
+    graph = load_model(model, full)[0]  # the capture compile kept: how many layers a repetition of the block holds
+    per_block = max((graph.layers_per_block(p) for p in graph.repeats), default=1)
+    # repetitions of the block on the largest stage: hi is full recompute, which fits
+    lo, hi = 1, max((int(s["layers"]) for s in base_report.stages), default=1)
     tries: list[Outcome] = []
     while lo < hi:
         mid = (lo + hi) // 2
-        (tried,) = simulate(model, plan, cluster, [replace(full, recompute=f"full:{mid}")], compile_fn, base_report)
+        change = replace(full, recompute=f"full:{mid * per_block}")
+        (tried,) = simulate(model, plan, cluster, [change], compile_fn, base_report)
         tries.append(tried)
         if tried.fits:
             hi = mid
