@@ -17,6 +17,7 @@ no mask arithmetic is costed. The loss is added by :mod:`echosim.frontend.loss`.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,16 +104,16 @@ def _check_sizes(path: Path, data: dict[str, Any], where: str = "") -> None:
                 raise EchosimError(f"{path}: {where}{key} = {value} exceeds the limit of {MAX_CONFIG_INT} (2^40)")
 
 
-class _Said:
-    """A ``logging`` handler that keeps what transformers' loggers say (to give it back as notes, one line each)."""
+class _Said(logging.Handler):
+    """Keeps what transformers' loggers say at warning level and above, each message on one line (to give it back
+    as notes)."""
 
     def __init__(self) -> None:
-        import logging
-
+        super().__init__(logging.WARNING)
         self.lines: list[str] = []
-        handler = logging.Handler(logging.WARNING)
-        handler.emit = lambda record: self.lines.append(" ".join(record.getMessage().split()))  # type: ignore[method-assign]
-        self.handler = handler
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(" ".join(record.getMessage().split()))
 
 
 def build_config(path: Path) -> Any:
@@ -125,8 +126,6 @@ def read_model_config(path: Path) -> tuple[Any, list[Note]]:
 
     transformers checks fields echosim never reads (a ``bos_token_id`` outside the vocabulary) and logs to stderr
     in its own format; a report keeps those lines among its notes instead, each once and naming transformers."""
-    import logging
-
     data = read_config(path)
     transformers = _transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -145,14 +144,14 @@ def read_model_config(path: Path) -> tuple[Any, list[Note]]:
     handlers, level = list(logger.handlers), logger.level
     for h in handlers:
         logger.removeHandler(h)
-    logger.addHandler(said.handler)
+    logger.addHandler(said)
     logger.setLevel(logging.WARNING)
     try:
         config = CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as exc:
         raise EchosimError(f"{path}: transformers rejected the config: {' '.join(str(exc).split())}") from None
     finally:
-        logger.removeHandler(said.handler)
+        logger.removeHandler(said)
         for h in handlers:
             logger.addHandler(h)
         logger.setLevel(level)

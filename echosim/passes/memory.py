@@ -330,8 +330,9 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
 def _kept_unreplayed(
     graph: Graph, saved: SavedPolicy, mult: dict[int, int], own_only: dict[int, bool], own_reads: dict[int, bool]
 ) -> None:
-    """Under ``full:N`` the block's repetitions that do not replay keep what their backward reads: each replayed
-    value a backward node reads stands for its forward twin, kept by those repetitions (added to ``mult``)."""
+    """Under ``full:N`` or ``full:every-N`` the block's repetitions that do not replay keep what their backward reads:
+    each replayed value a backward node reads stands for its forward twin, kept by those repetitions (added to
+    ``mult``)."""
     twins: dict[int, int | None] = {}
     for n in graph:
         if n.phase is not Phase.BACKWARD or (prefix := graph.block_of(n)) is None:
