@@ -705,6 +705,26 @@ def test_a_megatron_bridge_config_is_the_run_its_megatron_arguments_are() -> Non
     assert got.options["recompute"] == "selective:moe_act,mlp" and not any("recompute" in n for n in got.notes)
 
 
+def test_megatron_bridge_and_nemo_block_recompute_is_full_n(tmp_path: Path) -> None:
+    """Megatron-Bridge's ``recompute_method: block`` / ``recompute_num_layers`` (its H100 Llama-3 8B FP8 preset
+    sets 5: perf_recipes/llama/h100/llama3.py, commit 067f987) and NeMo's ``activations_checkpoint_*`` are
+    Megatron's flags: full:N."""
+    bridge = tmp_path / "run_config.yaml"
+    bridge.write_text(
+        "model:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n  seq_length: 128\n"
+        "  vocab_size: 1000\n  recompute_granularity: full\n  recompute_method: block\n"
+        "  recompute_num_layers: 5\ntrain:\n  global_batch_size: 8\n  micro_batch_size: 1\n"
+    )
+    assert read_source(f"mbridge:{bridge}").options["recompute"] == "full:5"
+    nemo = tmp_path / "nemo.yaml"
+    text = (NEMO / "gpt3_5b.yaml").read_text()
+    old = "  activations_checkpoint_granularity: null\n"
+    assert old in text
+    nemo.write_text(text.replace(old, "  activations_checkpoint_granularity: full\n"
+                                 "  activations_checkpoint_method: block\n  activations_checkpoint_num_layers: 2\n"))
+    assert read_source(f"nemo:{nemo}").options["recompute"] == "full:2"
+
+
 def test_megatron_bridge_precision_sections_and_unknown_keys(tmp_path: Path) -> None:
     """mixed_precision as a recipe name or as its fields; an unknown recipe, a file with no model section and a key
     echosim does not read are reported under the YAML's names."""
