@@ -720,8 +720,13 @@ def test_megatron_bridge_and_nemo_block_recompute_is_full_n(tmp_path: Path) -> N
     text = (NEMO / "gpt3_5b.yaml").read_text()
     old = "  activations_checkpoint_granularity: null\n"
     assert old in text
-    nemo.write_text(text.replace(old, "  activations_checkpoint_granularity: full\n"
-                                 "  activations_checkpoint_method: block\n  activations_checkpoint_num_layers: 2\n"))
+    nemo.write_text(
+        text.replace(
+            old,
+            "  activations_checkpoint_granularity: full\n"
+            "  activations_checkpoint_method: block\n  activations_checkpoint_num_layers: 2\n",
+        )
+    )
     assert read_source(f"nemo:{nemo}").options["recompute"] == "full:2"
 
 
