@@ -12,9 +12,9 @@ way users think of it ("tp=3 does not divide attention heads (16)").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from echosim.frameworks import get_framework
 from echosim.frontend.messages import Note
@@ -400,6 +400,27 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         if experts % plan.ep:
             raise PlanError(f"ep={plan.ep} does not divide experts {experts}")
     return notes + _tp_messages(plan, shape)
+
+
+T = TypeVar("T")
+
+
+def fewest_replayed(repetitions: int, per_block: int, trial: Callable[[str], T], fits: Callable[[T], bool]) -> list[T]:
+    """A bisection for the fewest layers per stage to recompute (``full:N``, Megatron's block method) that keep a
+    layout within memory: saved bytes shrink as N grows, so it takes log2(repetitions) trials. ``repetitions``:
+    of the repeated block on the largest stage (full recompute, known to fit); N steps in whole repetitions of
+    ``per_block`` layers. Every trial, in order: the last that fits is the answer (none fits: only full does)."""
+    lo, hi = 1, repetitions
+    tries: list[T] = []
+    while lo < hi:
+        mid = (lo + hi) // 2
+        tried = trial(f"full:{mid * per_block}")
+        tries.append(tried)
+        if fits(tried):
+            hi = mid
+        else:  # (a refused N counts as not fitting)
+            lo = mid + 1
+    return tries
 
 
 def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple, TypeVar
 
 from echosim.errors import EchosimError
-from echosim.layout import ModelShape, interleaved_names
+from echosim.layout import ModelShape, fewest_replayed, interleaved_names
 from echosim.memo import Memo
 from echosim.plan import Cluster, Plan, PlanError
 
@@ -1418,19 +1418,15 @@ def partial_recompute(
 
     out = []
     for e in _first([e for e in results if e.ok and needs_recompute(e.plan)], key, PARTIAL_RECOMPUTE_TOP):
-        lo, hi = 1, -(-facts.layers // (e.plan.pp * e.plan.vpp))  # repetitions of the block on a stage, at most
-        best = None
-        while lo < hi:
-            mid = (lo + hi) // 2
-            plan = replace(e.plan, recompute=f"full:{mid * per_block}")
-            (tried,) = _evaluate(model, [plan], cluster, fraction, checked=True)
-            if tried.ok:
-                hi, best = mid, tried
-            else:
-                lo = mid + 1
-        if best is not None and best.plan not in seen:
-            seen.add(best.plan)
-            out.append(best)
+        stage = -(-facts.layers // (e.plan.pp * e.plan.vpp))  # repetitions of the block on a stage, at most
+
+        def trial(mode: str, plan: Plan = e.plan) -> Evaluated:
+            return _evaluate(model, [replace(plan, recompute=mode)], cluster, fraction, checked=True)[0]
+
+        for best in [t for t in fewest_replayed(stage, per_block, trial, lambda t: t.ok) if t.ok][-1:]:
+            if best.plan not in seen:
+                seen.add(best.plan)
+                out.append(best)
     return out
 
 

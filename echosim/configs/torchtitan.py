@@ -171,14 +171,13 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
     opts["recompute"] = mode
     if mode == "selective":
         option = str(_get(flat, "activation_checkpoint.selective_ac_option", "2"))
-        if option == "op":
-            pass  # "selective" is the torchtitan framework's per-op policy (frameworks.py: selective "op")
-        elif option.isdigit():
+        # "op" stays "selective": the torchtitan framework's per-op policy (frameworks.py: selective "op")
+        if option.isdigit():
             # layer-wise selective AC: a layer is checkpointed when a count of the layers wrapped so far is a
             # multiple of N (every layer for 0 or 1): echosim's full:every-N (passes/recompute.py)
             every = int(option)
             opts["recompute"] = f"full:every-{every}" if every > 1 else "full"
-        else:
+        elif option != "op":
             raise ConfigError(
                 f"{src}: activation_checkpoint.selective_ac_option {option!r} ('op' or a whole number of layers)"
             )

@@ -179,22 +179,16 @@ def fewest_replayed_layers(model: Any, plan: Plan, cluster: Cluster, outcomes: l
     if base_report.fits or plan.recompute.startswith("full") or not any(o.plan == full and o.fits for o in outcomes):
         return []
     from echosim.compiler import load_model
+    from echosim.layout import fewest_replayed
 
     graph = load_model(model, full)[0]  # the capture compile kept: how many layers a repetition of the block holds
     per_block = max((graph.layers_per_block(p) for p in graph.repeats), default=1)
-    # repetitions of the block on the largest stage: hi is full recompute, which fits
-    lo, hi = 1, max((int(s["layers"]) for s in base_report.stages), default=1)
-    tries: list[Outcome] = []
-    while lo < hi:
-        mid = (lo + hi) // 2
-        change = replace(full, recompute=f"full:{mid * per_block}")
-        (tried,) = simulate(model, plan, cluster, [change], compile_fn, base_report)
-        tries.append(tried)
-        if tried.fits:
-            hi = mid
-        else:  # (a refused N, not whole repeated blocks, counts as not fitting)
-            lo = mid + 1
-    return tries
+    stage = max((int(s["layers"]) for s in base_report.stages), default=1)  # repetitions on the largest stage
+
+    def trial(mode: str) -> Outcome:
+        return simulate(model, plan, cluster, [replace(full, recompute=mode)], compile_fn, base_report)[0]
+
+    return fewest_replayed(stage, per_block, trial, lambda o: o.fits)
 
 
 def cheapest_fit(model: Any, plan: Plan, cluster: Cluster, base_report: Any,
