@@ -136,7 +136,8 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     for key, values in (
         ("dtype", ["fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8"]),
         ("recompute", ["none", "selective", "full", "selective:moe_act", "selective:core_attn,layernorm",
-                       "selective:mlp,moe", "selective:shared_experts", "full:1", "full:3", "full:0", "full:x"]),
+                       "selective:mlp,moe", "selective:shared_experts", "full:1", "full:3", "full:0", "full:x",
+                       "full:uniform-2", "full:uniform-1", "full:every-2"]),
         ("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "nope"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
@@ -194,7 +195,8 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         "devices": tp * pp * cp * dp, "vpp": vpp,
         "framework": rng.choice(["megatron", "megatron-bridge", "nemo", "torchtitan", "eager"]),
         "recompute": rng.choice(["none", "selective", "full", "selective:mlp", "selective:moe,layernorm",
-                                 "selective:shared_experts,moe_act", "full:1", "full:2", "full:5"]),
+                                 "selective:shared_experts,moe_act", "full:1", "full:2", "full:5",
+                                 "full:uniform-2", "full:uniform-4"]),
         "zero": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
         "sp": tp > 1 and rng.random() < 0.5,
     }  # fmt: skip

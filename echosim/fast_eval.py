@@ -161,6 +161,8 @@ def stages(joint: Joint) -> tuple[list[StageCost], list[StageFigures]]:
         raise Fallback("CPU-offloaded layers")
     if joint.graph.replay_layers or joint.graph.replay_every:  # the replayed layers depend on a stage's depth
         raise Fallback("full:N and full:every-N recompute only some layers of each stage")
+    if joint.graph.replay_group:  # a stage's checkpoints and its replay's working set depend on its depth
+        raise Fallback("full:uniform-N checkpoints chunks of a stage's layers")
     # the layout's own refusals, before any cache lookup: the keys below hold what a stage's lowering reads, not the
     # schedule's pairing or the backend's program dependence, so a layout sharing them with an earlier one would
     # otherwise take that one's stages (a DualPipe layout after the 1F1B one of the same split)

@@ -24,7 +24,14 @@ from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
-from echosim.passes.recompute import RecomputeError, partial, policy_named, replay_every, replay_layers
+from echosim.passes.recompute import (
+    RecomputeError,
+    partial,
+    policy_named,
+    replay_every,
+    replay_group,
+    replay_layers,
+)
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
 from echosim.plan import CP_COMMS, DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
 from echosim.timeline.placement import Degrees, axis_placements
@@ -260,10 +267,11 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         policy_named(plan.recompute)
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
-    if plan.offload_layers and partial(plan.recompute):
+    if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
+        what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"
         raise PlanError(
             f"--recompute {plan.recompute} with --offload-layers {plan.offload_layers}: offloading the activations "
-            "of a stage that recomputes only some of its layers is not modelled"
+            f"of a stage that {what} its layers is not modelled"
         )
     try:  # every axis's groups must land on nodes the same way (Megatron rank order)
         axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
@@ -424,9 +432,10 @@ def fewest_replayed(repetitions: int, per_block: int, trial: Callable[[str], T],
 
 
 def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:
-    """``full:N`` on this model: refused where N layers are no whole repetitions of its block; a note where layers
-    stand outside the block (they are all recomputed, and Megatron would count them among a stage's first N)."""
-    n = replay_layers(plan.recompute) or replay_every(plan.recompute)
+    """``full:N`` (and ``full:every-N``, ``full:uniform-N``) on this model: refused where N layers are no whole
+    repetitions of its block; a note where layers stand outside the block (they are all recomputed, and Megatron
+    would count them among a stage's first N)."""
+    n = replay_layers(plan.recompute) or replay_every(plan.recompute) or replay_group(plan.recompute)
     if not n:
         return []
     if n % shape.layers_per_block:
@@ -434,7 +443,7 @@ def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:
             f"--recompute {plan.recompute}: a repetition of {shape.name}'s repeated block holds "
             f"{shape.layers_per_block} layers, so N must be a multiple of {shape.layers_per_block}"
         )
-    if not shape.outside_layers:
+    if not shape.outside_layers or replay_group(plan.recompute):  # outside layers: one checkpoint each, as full
         return []
     which = f"the first {n} layers" if replay_layers(plan.recompute) else f"every {n}-th layer"
     return [

@@ -708,7 +708,7 @@ def test_a_megatron_bridge_config_is_the_run_its_megatron_arguments_are() -> Non
 def test_megatron_bridge_and_nemo_block_recompute_is_full_n(tmp_path: Path) -> None:
     """Megatron-Bridge's ``recompute_method: block`` / ``recompute_num_layers`` (its H100 Llama-3 8B FP8 preset
     sets 5: perf_recipes/llama/h100/llama3.py, commit 067f987) and NeMo's ``activations_checkpoint_*`` are
-    Megatron's flags: full:N."""
+    Megatron's flags: full:N (uniform: full:uniform-N)."""
     bridge = tmp_path / "run_config.yaml"
     bridge.write_text(
         "model:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n  seq_length: 128\n"
@@ -716,6 +716,8 @@ def test_megatron_bridge_and_nemo_block_recompute_is_full_n(tmp_path: Path) -> N
         "  recompute_num_layers: 5\ntrain:\n  global_batch_size: 8\n  micro_batch_size: 1\n"
     )
     assert read_source(f"mbridge:{bridge}").options["recompute"] == "full:5"
+    bridge.write_text(bridge.read_text().replace("recompute_method: block", "recompute_method: uniform"))
+    assert read_source(f"mbridge:{bridge}").options["recompute"] == "full:uniform-5"
     nemo = tmp_path / "nemo.yaml"
     text = (NEMO / "gpt3_5b.yaml").read_text()
     old = "  activations_checkpoint_granularity: null\n"
@@ -870,8 +872,8 @@ def test_a_parallel_degree_of_zero_in_a_config_is_one_line() -> None:
 
 def test_megatron_partial_recompute_methods() -> None:
     """--recompute-method block recomputes only the first N layers of each stage: echosim's full:N (N = 1 by
-    Megatron's default, 0 none); uniform keeps one checkpoint per N layers, which echosim checkpoints per layer
-    and says so."""
+    Megatron's default, 0 none); uniform keeps one checkpoint per chunk of N layers: full:uniform-N (N = 1 is
+    full)."""
     base = f"{_EIGHT} --recompute-granularity full"
     block = read_args(f"{base} --recompute-method block --recompute-num-layers 2")
     assert block.options["recompute"] == "full:2" and not [n for n in block.notes if "recompute" in n]
@@ -883,5 +885,8 @@ def test_megatron_partial_recompute_methods() -> None:
     with pytest.raises(ConfigError, match="--recompute-method 'blocks' \\(Megatron knows uniform, block\\)"):
         read_args(f"{base} --recompute-method blocks")
     uniform = read_args(f"{base} --recompute-method uniform --recompute-num-layers 2")
-    assert any("one checkpoint per 2 layers is costed as one per layer" in n for n in uniform.notes)
-    assert not any("recompute-method" in n for n in read_args(f"{base} --recompute-method uniform").notes)
+    assert uniform.options["recompute"] == "full:uniform-2" and not [n for n in uniform.notes if "recompute" in n]
+    one = read_args(f"{base} --recompute-method uniform")
+    assert one.options["recompute"] == "full" and not any("recompute-method" in n for n in one.notes)
+    with pytest.raises(ConfigError, match="--recompute-num-layers 0: a chunk holds at least 1 layer"):
+        read_args(f"{base} --recompute-method uniform --recompute-num-layers 0")

@@ -102,7 +102,8 @@ def layout_options(fn: F) -> F:
             "--recompute",
             help="Activation checkpointing policy: none, selective, full, full:N (the first N layers of each "
             "pipeline stage: Megatron's --recompute-method block), full:every-N (every N-th layer: torchtitan's "
-            "layer-wise AC), selective:MODULE,... (Megatron's "
+            "layer-wise AC), full:uniform-N (one checkpoint per N layers, replayed together: Megatron's "
+            "--recompute-method uniform), selective:MODULE,... (Megatron's "
             "recompute modules: core_attn, layernorm, moe_act, mla_up_proj, mlp, moe, shared_experts); MaxText's "
             "remat policies "
             "(minimal, save_qkv_proj, qkv_proj_offloaded, ..., custom:TENSOR=device|offload|remat,...); "

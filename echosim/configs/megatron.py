@@ -413,7 +413,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     if method is not None and method not in ("uniform", "block"):
         raise ConfigError(f"{src}: --recompute-method {method!r} (Megatron knows uniform, block)")
     # block: the first N layers of each (virtual) pipeline stage are checkpointed, the rest keep their activations
-    # (transformer_block.py _checkpointed_forward, ``layer_idx < recompute_num_layers``; N defaults to 1,
+    # (megatron/core/recompute.py checkpointed_forward, ``layer_idx < recompute_num_layers``; N defaults to 1,
     # arguments.py): echosim's full:N. N = 0 checkpoints no layer
     if granularity == "full" and method == "block":
         layers = _int(values, "--recompute-num-layers", src, 1) or 0
@@ -422,13 +422,16 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         opts["recompute"] = f"full:{layers}" if layers else "none"
         if not layers:
             out.notes.append("--recompute-method block --recompute-num-layers 0: no layer is recomputed")
-    # uniform: one checkpoint per group of N layers, replayed together (transformer_block.py _checkpointed_forward)
-    group = _int(values, "--recompute-num-layers", src) or 1
-    if granularity == "full" and method == "uniform" and group > 1:
-        out.notes.append(
-            f"--recompute-method uniform --recompute-num-layers {group}: one checkpoint per {group} layers is "
-            "costed as one per layer (the same replay, slightly more memory kept)"
-        )
+    # uniform: one checkpoint per chunk of N layers of a stage, the chunk replayed together (the same function):
+    # echosim's full:uniform-N; N = 1 is full
+    group = _int(values, "--recompute-num-layers", src, 1) or 0
+    if granularity == "full" and method == "uniform":
+        if group < 1:
+            raise ConfigError(
+                f"{src}: --recompute-method uniform --recompute-num-layers {group}: a chunk holds at least 1 layer"
+            )
+        if group > 1:
+            opts["recompute"] = f"full:uniform-{group}"
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:
         if comm not in ("p2p", "all_gather"):

@@ -82,6 +82,9 @@ class Graph:
         # any analysis reads the graph) and kept by copies and pipeline stages (:meth:`replayed`)
         self.replay_layers = 0
         self.replay_every = 0  # torchtitan's layer-wise AC: every N-th layer replays (``full:every-N``); 0: unset
+        # Megatron's ``--recompute-method uniform --recompute-num-layers N`` (``full:uniform-N``): every layer replays,
+        # one checkpoint per chunk of N layers of a stage (:meth:`replay_chunk`); 0: one per layer
+        self.replay_group = 0
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -132,6 +135,7 @@ class Graph:
         g.layer_list = self.layer_list
         g.replay_layers = self.replay_layers
         g.replay_every = self.replay_every
+        g.replay_group = self.replay_group
         g._nodes = dict(self._nodes)
         g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)
@@ -259,6 +263,13 @@ class Graph:
         if self.replay_every:  # every N-th layer: every (N / layers per repetition)-th repetition
             return count // (self.replay_every // self.layers_per_block(prefix))
         return count
+
+    def replay_chunk(self, prefix: str) -> int:
+        """Repetitions of block ``prefix`` one checkpoint covers: with :attr:`replay_group` the chunk of N layers
+        (no more than the stage holds; the plan check asks whole repetitions), else 1."""
+        if not self.replay_group:
+            return 1
+        return max(1, min(self.repeats[prefix], self.replay_group // self.layers_per_block(prefix)))
 
     def partial_replay(self) -> bool:
         """Whether some repetitions of the repeated block keep their activations (the others, maybe none, replay)."""

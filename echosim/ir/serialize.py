@@ -36,9 +36,10 @@ def graph_to_data(graph: Graph) -> dict[str, Any]:
         "name": graph.name,
         "repeats": dict(graph.repeats),
         "block_layers": dict(graph.block_layers),
-        # only where the recompute pass set it (full:N): graphs without it keep their data as before
+        # only where the recompute pass set it (full:N and kin): graphs without it keep their data as before
         **({"replay_layers": graph.replay_layers} if graph.replay_layers else {}),
         **({"replay_every": graph.replay_every} if graph.replay_every else {}),
+        **({"replay_group": graph.replay_group} if graph.replay_group else {}),
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "grads": [[p, g] for p, g in graph.grads.items()],
@@ -81,7 +82,7 @@ def _graph_from_data(data: Any) -> Graph:
     if not isinstance(layers, dict) or not all(_is_int(v) and v >= 1 for v in layers.values()):
         raise GraphDataError("block_layers must map scope prefixes to layer counts")
     graph = Graph(_str(data["name"]), {_str(k): v for k, v in repeats.items()}, {_str(k): v for k, v in layers.items()})
-    for key in ("replay_layers", "replay_every"):  # absent: every checkpointed layer replays
+    for key in ("replay_layers", "replay_every", "replay_group"):  # absent: every layer replays, checkpointed alone
         value = data.get(key, 0)
         if not _is_int(value) or value < 0:
             raise GraphDataError(f"{key} must be a layer count")

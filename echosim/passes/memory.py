@@ -286,7 +286,7 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
     mult: dict[int, int] = {}
     own_only: dict[int, bool] = {}
     own_reads: dict[int, bool] = {}
-    replayed_reads: set[int] = set()  # read by a layer's replay: the layer's checkpointed input
+    replayed_reads: dict[int, str | None] = {}  # read by a layer's replay: the layer's checkpointed input (its block)
     logits: set[int] = set()  # the loss's input, kept as the framework's loss keeps it
     for n in graph:
         if n.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
@@ -307,16 +307,18 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
             own_only[src.id] = own_only.get(src.id, True) and n.origin == src.id
             own_reads[src.id] = own_reads.get(src.id, False) or (n.origin == src.id and i == src.id)
             if n.phase is Phase.RECOMPUTE and graph.checkpoint_layer(src) != graph.checkpoint_layer(n):
-                replayed_reads.add(src.id)
+                replayed_reads[src.id] = graph.block_of(n)
             if saved.ce_saved and n.origin is not None and graph[n.origin].op is OpKind.CROSS_ENTROPY:
                 logits.add(src.id)
     if graph.partial_replay():
         _kept_unreplayed(graph, saved, mult, own_only, own_reads)
+    if graph.replay_group:
+        _chunk_checkpoints(graph, replayed_reads, mult)
     if saved.offload:
         names = names_in_block(graph)
         gone = {nid for nid in mult if names.get(nid, "") in saved.offload}
         if "decoder_layer_input" in saved.offload:
-            gone |= replayed_reads
+            gone |= set(replayed_reads)
         mult = {nid: k for nid, k in mult.items() if nid not in gone}
     each = {
         nid: int(graph[nid].out.numel * saved.ce_saved)
@@ -325,6 +327,19 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
         for nid in mult
     }
     return each, mult
+
+
+def _chunk_checkpoints(graph: Graph, checkpoints: dict[int, str | None], mult: dict[int, int]) -> None:
+    """Under ``full:uniform-N`` one input is kept per chunk of N layers (Megatron-Core's ``checkpointed_forward``
+    walks a stage's layers N at a time): a block's input is kept once per chunk of its repetitions, and an input
+    between two layers of one repetition (a block of several layers) is replayed with its chunk, not kept."""
+    for nid, prefix in checkpoints.items():
+        if prefix is None or nid not in mult:
+            continue
+        if graph.block_of(graph[nid]) == prefix:
+            del mult[nid]
+        else:
+            mult[nid] = -(-mult[nid] // graph.replay_chunk(prefix))
 
 
 def _kept_unreplayed(
@@ -588,12 +603,35 @@ def _working_terms(graph: Graph, nodes: list[Node], saved: SavedPolicy, freed: i
         if (layer := graph.checkpoint_layer(n)) is not None:
             per_layer[layer] = per_layer.get(layer, 0) + n.out.nbytes
     replay = max(per_layer.values(), default=0)
+    if graph.replay_group:
+        replay = max(replay, _chunk_replay(graph, replayed))
     # the output layer's replayed logits (vocabulary tiling): one chunk at a time
     outer = [n for n in replayed if graph.checkpoint_layer(n) is None]
     logit_replay = sum(_chunked(n.out.nbytes, n.out.numel, saved, logits) for n in outer)
     elsewhere = any(graph[i].phase is Phase.RECOMPUTE and i not in ours for i in read)
     layer, rest = _gathers(graph, nodes)
     return _WorkingTerms(inside, outside, replay, layer, rest, elsewhere, logit_replay)
+
+
+def _chunk_replay(graph: Graph, replayed: list[Node]) -> int:
+    """Replayed bytes live at once under ``full:uniform-N``: a chunk's layers all replay before its backward, each
+    keeping what its backward reads, and the inputs between them (the block's repetitions a chunk covers)."""
+    per_block: dict[str, int] = {}
+    hidden: dict[str, int] = {}  # a layer's checkpointed input: replayed inside a chunk but for its first layer
+    for n in replayed:
+        if (prefix := graph.block_of(n)) is None:
+            continue
+        per_block[prefix] = per_block.get(prefix, 0) + n.out.nbytes
+        layer = graph.checkpoint_layer(n)
+        for i in n.inputs:
+            src = graph[_base(graph, i)]
+            if src.phase is Phase.FORWARD and src.inputs and graph.checkpoint_layer(src) != layer:
+                hidden[prefix] = max(hidden.get(prefix, 0), src.out.nbytes)
+    best = 0
+    for prefix, each in per_block.items():
+        chunk = graph.replay_chunk(prefix)
+        best = max(best, chunk * each + (chunk * graph.layers_per_block(prefix) - 1) * hidden.get(prefix, 0))
+    return best
 
 
 def added_nodes(graph: Graph, base: Graph | None) -> list[Node] | None:

@@ -279,6 +279,7 @@ def _stage_graph(
     g.layer_list = graph.layer_lists()[0]  # a stage without the block still knows which scopes are layers
     g.replay_layers = graph.replay_layers  # full:N recomputes the first N layers of each stage
     g.replay_every = graph.replay_every  # full:every-N every N-th layer
+    g.replay_group = graph.replay_group  # full:uniform-N one checkpoint per N layers
     new: dict[int, int] = {}
     tied: dict[int, list[int]] = {}
 

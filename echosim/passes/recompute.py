@@ -5,8 +5,11 @@ replays the whole layer, its tensor-parallel all_reduces included, before the
 layer's backward. A layer is a transformer layer: a repeated block of several
 (:attr:`echosim.ir.graph.Graph.block_layers`) checkpoints each of its layers, as
 Megatron-Core's ``--recompute-method uniform`` does with its default
-``--recompute-num-layers 1`` (megatron/training/arguments.py; transformer_block.py
-``_checkpointed_forward``, Megatron-LM commit d98e8a6). ``full:N`` is its
+``--recompute-num-layers 1`` (megatron/training/arguments.py; megatron/core/recompute.py
+``checkpointed_forward``, Megatron-LM commit d98e8a6). ``full:uniform-N`` is that method with N > 1: one
+checkpoint per chunk of N layers of a (virtual) pipeline stage, the chunk replayed together before its
+backward. The replay and its time are ``full``'s; what changes is memory: fewer checkpointed inputs, and N
+layers' replayed activations live at once (:attr:`~echosim.ir.graph.Graph.replay_group`). ``full:N`` is its
 ``--recompute-method block --recompute-num-layers N``: only the first N layers of each
 (virtual) pipeline stage are checkpointed, the others keep their activations
 (:attr:`echosim.ir.graph.Graph.replay_layers`: the replay runs for that many repetitions).
@@ -123,6 +126,7 @@ def policy_named(name: str) -> Policy | None:
     if name.startswith("full:"):
         replay_layers(name)
         replay_every(name)
+        replay_group(name)
         return None
     if name.startswith("selective:"):
         megatron_modules(name)
@@ -143,7 +147,7 @@ def policy_named(name: str) -> Policy | None:
             (keep if place == "device" else offload if place == "offload" else set()).add(tensor)
         return Policy(name, frozenset(keep), frozenset(offload), POLICIES["custom"].source)
     raise RecomputeError(
-        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, full:N, full:every-N, "
+        f"unknown recompute policy {name!r} (known: {', '.join(MODES)}, full:N, full:every-N, full:uniform-N, "
         f"custom:TENSOR=device|offload|remat,..., selective:MODULE,... over {', '.join(MEGATRON_MODULES)})"
     )
 
@@ -151,9 +155,12 @@ def policy_named(name: str) -> Policy | None:
 def replay_layers(name: str) -> int:
     """N of ``full:N`` (the layers per pipeline stage whose activations are checkpointed), 0 for any other policy;
     an N that is not a positive whole number is one line."""
-    if name.startswith("full:every-"):
+    if name.startswith(("full:every-", "full:uniform-")):
         return 0
-    hint = "the layers of each pipeline stage to recompute (Megatron's --recompute-method block), or full:every-N"
+    hint = (
+        "the layers of each pipeline stage to recompute (Megatron's --recompute-method block), full:every-N or "
+        "full:uniform-N"
+    )
     return _count_after(name, "full:", 1, hint)
 
 
@@ -161,6 +168,12 @@ def replay_every(name: str) -> int:
     """N of ``full:every-N`` (every N-th layer checkpointed), 0 for any other policy; an N that is not a whole
     number >= 2 is one line (every layer is ``full``)."""
     return _count_after(name, "full:every-", 2, "every N-th layer recomputed; every layer is full")
+
+
+def replay_group(name: str) -> int:
+    """N of ``full:uniform-N`` (one checkpoint per chunk of N layers), 0 for any other policy; an N that is not a
+    whole number >= 2 is one line (one checkpoint per layer is ``full``)."""
+    return _count_after(name, "full:uniform-", 2, "one checkpoint per N layers; one per layer is full")
 
 
 def _count_after(name: str, prefix: str, least: int, hint: str) -> int:
@@ -217,6 +230,7 @@ class Recompute:
         g = graph.copy()
         policy = policy_named(self.mode)
         g.replay_layers, g.replay_every = replay_layers(self.mode), replay_every(self.mode)
+        g.replay_group = replay_group(self.mode)
         if self.mode.startswith("selective:"):
             chosen = _module_nodes(graph, megatron_modules(self.mode))
         elif policy is None:
