@@ -23,6 +23,7 @@ from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
+from echosim.passes.memory import optimizer_dtypes
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
 from echosim.passes.recompute import (
     RecomputeError,
@@ -267,6 +268,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         policy_named(plan.recompute)
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
+    _check_optimizer_dtypes(plan)
     if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
         what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"
         raise PlanError(
@@ -429,6 +431,24 @@ def fewest_replayed(repetitions: int, per_block: int, trial: Callable[[str], T],
         else:  # (a refused N counts as not fitting)
             lo = mid + 1
     return tries
+
+
+def _check_optimizer_dtypes(plan: Plan) -> None:
+    """Megatron's precision-aware optimizer: known state dtypes, over 16-bit weights with an fp32 master copy (a
+    framework whose weights are fp32, or 16-bit with no master, has no master to lower)."""
+    if not plan.optimizer_dtypes:
+        return
+    try:
+        optimizer_dtypes(plan.optimizer_dtypes)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    state = get_framework(plan.framework).state(plan.pp)
+    if plan.dtype == "fp32" or state.get("fp32_weights") or state.get("weights_16bit"):
+        what = "fp32 training" if plan.dtype == "fp32" else f"framework {plan.framework!r} (no separate master copy)"
+        raise PlanError(
+            f"--optimizer-dtypes {plan.optimizer_dtypes}: Megatron's precision-aware optimizer lowers the states of "
+            f"16-bit weights with an fp32 master copy; {what} has none"
+        )
 
 
 def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:

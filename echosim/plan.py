@@ -63,6 +63,9 @@ class Plan:
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
     offload_layers: int = 0  # layers per stage whose activations live in host memory (Megatron CPU offloading)
+    # Megatron's precision-aware optimizer: its state dtypes, KEY=DTYPE,... over main_grads, main_params, exp_avg,
+    # exp_avg_sq (echosim.passes.memory.optimizer_dtypes); "": off (fp32 master, moments and main gradients)
+    optimizer_dtypes: str = ""
     loss_chunks: int = 1  # output layer and loss over token chunks, logits recomputed in backward (MaxText)
     cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
@@ -116,8 +119,9 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``, ``fp8_attention``,
-        ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups and ``splash_blocks`` only where set (models
-        without tables or experts, and runs on MaxText's default splash blocks, never state them)."""
+        ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups, ``splash_blocks`` and ``optimizer_dtypes``
+        only where set (models without tables or experts, and runs on MaxText's default splash blocks or Megatron's
+        default optimizer, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         for name in _STATED_WHERE_SET:
             if d[name] == _DEFAULTS[name]:
@@ -132,7 +136,8 @@ _FIELDS = fields(Plan)
 _DEFAULTS = {f.name: f.default for f in _FIELDS}
 #: The fields :meth:`Plan.as_dict` leaves out while they hold their default.
 _STATED_WHERE_SET = ("etp", "moe_ep_overlap", "fp8_attention", "moe_fused_mlp", "moe_pad_to_capacity",
-                     "embedding_sharding", "moe_dispatcher", "moe_router_groups", "splash_blocks")  # fmt: skip
+                     "embedding_sharding", "moe_dispatcher", "moe_router_groups", "splash_blocks",
+                     "optimizer_dtypes")  # fmt: skip
 
 DEFAULT_MODEL = "gpt3-175b"
 # The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in

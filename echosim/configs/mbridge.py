@@ -18,6 +18,7 @@ from typing import Any
 from echosim.configs.base import ConfigError, FromConfig, in_yaml_names, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
+from echosim.passes.memory import OPTIMIZER_DTYPES
 
 #: ``section.field`` -> the Megatron-LM argument that sets the same value.
 TO_MEGATRON = {
@@ -43,6 +44,7 @@ TO_MEGATRON = {
     "ddp.data_parallel_sharding_strategy": "--data-parallel-sharding-strategy",
     "mixed_precision.fp8": "--fp8-format",
     "mixed_precision.fp8_recipe": "--fp8-recipe",
+    **{f"optimizer.{k}_dtype": f"--{k.replace('_', '-')}-dtype" for k in OPTIMIZER_DTYPES},
 }  # fmt: skip
 #: ``section.field`` booleans that are one Megatron-LM switch when true.
 SWITCHES = {
@@ -60,6 +62,7 @@ SWITCHES = {
     "mixed_precision.bf16": "--bf16",
     "mixed_precision.fp16": "--fp16",
     "ddp.use_distributed_optimizer": "--use-distributed-optimizer",
+    "optimizer.use_precision_aware_optimizer": "--use-precision-aware-optimizer",
     "optimizer.use_distributed_optimizer": "--use-distributed-optimizer",
     "ddp.use_megatron_fsdp": "--use-megatron-fsdp",
     "ddp.overlap_grad_reduce": "--overlap-grad-reduce",
@@ -112,6 +115,22 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: ``torch.dtype`` values of the optimizer's state dtypes, as the YAML holds them (``str(torch.bfloat16)``, or
+#: Megatron's representer ``{_target_: torch.bfloat16, _call_: false}``: megatron/training/config/yaml_utils.py;
+#: Megatron-Bridge also reads ``bf16`` and ``bfloat16``: activation_map.py DTYPE_MAP), by Megatron's name (fp8 is
+#: stored as torch.uint8: arguments.py's dtype_map)
+_TORCH_DTYPES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                 "uint8": "fp8", "float8_e4m3fn": "fp8"}  # fmt: skip
+
+
+def _dtype_word(value: Any) -> str:
+    """A torch dtype as the YAML holds it, by Megatron's name (anything else as written, for its check to name)."""
+    if isinstance(value, dict) and isinstance(value.get("_target_"), str):
+        value = value["_target_"]
+    text = str(value)
+    return _TORCH_DTYPES.get(text.removeprefix("torch."), text)
+
+
 def _value_words(value: Any) -> list[str]:
     """A YAML value as the words of a Megatron argument: a list is one word each, ``moe_layer_freq``'s pattern is
     kept whole (``[0, 0, 1]``)."""
@@ -142,7 +161,7 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
         value = flat.get(key)
         if value is None or value == [] or flag in names:  # model.* wins over the section it was copied from
             continue
-        args += [flag, *_value_words(value)]
+        args += [flag, *([_dtype_word(value)] if key.startswith("optimizer.") else _value_words(value))]
         names[flag] = key
     for key, flag in SWITCHES.items():
         if flat.get(key) is True and flag not in names:

@@ -18,6 +18,7 @@ from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, mode
 from echosim.configs.shell import launch_command
 from echosim.frameworks import loss_framework
 from echosim.frontend.zoo import ArchConfig
+from echosim.passes.memory import OPTIMIZER_DTYPES
 from echosim.passes.pipeline import LayoutError, layout_counts
 from echosim.passes.recompute import MEGATRON_MODULES
 
@@ -119,11 +120,6 @@ NOT_MODELLED = {
     "--cuda-graph-impl": "CUDA graphs; echosim prices the GPU's work, not the host's launches",
     "--cuda-graph-scope": "CUDA graphs; echosim prices the GPU's work, not the host's launches",
     "--moe-hybridep-num-sms": "the SMs HybridEP's kernels take from compute",
-    "--use-precision-aware-optimizer": "the optimizer states' dtypes; costed in fp32",
-    "--main-grads-dtype": "the optimizer states' dtypes; costed in fp32",
-    "--main-params-dtype": "the optimizer states' dtypes; costed in fp32",
-    "--exp-avg-dtype": "the optimizer states' dtypes; costed in fp32",
-    "--exp-avg-sq-dtype": "the optimizer states' dtypes; costed in fp32",
     "--reuse-grad-buf-for-mxfp8-param-ag": "reusing the gradient buffer for the MXFP8 parameter all-gather",
     "--te-rng-tracker": "Transformer Engine's RNG tracker",
     "--no-gradient-accumulation-fusion": "weight gradients accumulated by a separate add",
@@ -139,6 +135,11 @@ FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_param
 
 #: Flags the reader consumes (their value is read into the plan or the model).
 CONSUMED = {
+    "--use-precision-aware-optimizer",
+    "--main-grads-dtype",
+    "--main-params-dtype",
+    "--exp-avg-dtype",
+    "--exp-avg-sq-dtype",
     "--cross-entropy-loss-fusion",
     "--cross-entropy-fusion-impl",
     "--tensor-model-parallel-size",
@@ -338,6 +339,24 @@ def _int(values: dict[str, list[str]], flag: str, source: str, default: int | No
     return default if text is None else as_int(text, flag, source)
 
 
+def _optimizer_dtypes(values: dict[str, list[str]], out: FromConfig) -> None:
+    """``--use-precision-aware-optimizer`` and the state dtypes it takes (arguments.py's choices; without it
+    Megatron-Core asserts they are fp32: optimizer_config.py, commit d98e8a6) as ``optimizer_dtypes``."""
+    src = out.source
+    dtypes: dict[str, str] = {}
+    for key, choices in OPTIMIZER_DTYPES.items():
+        flag = f"--{key.replace('_', '-')}-dtype"
+        value = _one(values, flag, src) or choices[0]
+        if value not in choices:
+            raise ConfigError(f"{src}: {flag} {value!r} (Megatron knows {', '.join(choices)})")
+        dtypes[key] = value
+    if "--use-precision-aware-optimizer" in values:
+        out.options["optimizer_dtypes"] = ",".join(f"{k}={v}" for k, v in dtypes.items())
+    elif lowered := [k for k, v in dtypes.items() if v != OPTIMIZER_DTYPES[k][0]]:
+        flag = f"--{lowered[0].replace('_', '-')}-dtype"
+        raise ConfigError(f"{src}: {flag} {dtypes[lowered[0]]} needs --use-precision-aware-optimizer")
+
+
 def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     src, opts = out.source, out.options
     for flag, key in (
@@ -432,6 +451,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
             )
         if group > 1:
             opts["recompute"] = f"full:uniform-{group}"
+    _optimizer_dtypes(values, out)
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:
         if comm not in ("p2p", "all_gather"):

@@ -124,7 +124,8 @@ def replan(
     old_report = lower(model, plan, cluster).report
     backend = _backend(cluster.backend, get_registry())
     new_cluster = resolve_cluster(replace(cluster, devices=devices, devices_per_node=0), get_registry(), backend)
-    state = StatePolicy.for_training(plan.dtype, 0, 1, **get_framework(plan.framework).state(plan.pp))
+    framework = get_framework(plan.framework).state(plan.pp)
+    state = StatePolicy.for_training(plan.dtype, 0, 1, optimizer_dtypes=plan.optimizer_dtypes, **framework)
     params = old_report.params
     weight_bytes, opt_bytes = params * state.weight_bytes, params * state.optimizer_bytes
     old_shape = Shape(plan.tp, plan.pp, plan.dp * plan.cp, plan.zero)

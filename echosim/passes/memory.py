@@ -44,6 +44,49 @@ RESERVED_OVER_ALLOCATED = 1.0325
 NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
 
 
+#: Megatron's precision-aware optimizer (Transformer Engine's FusedAdam, ``--use-precision-aware-optimizer``): the
+#: dtypes each state may take, its default first (``--main-grads-dtype``, ``--main-params-dtype``,
+#: ``--exp-avg-dtype``, ``--exp-avg-sq-dtype``: megatron/training/arguments.py, Megatron-LM commit d98e8a6)
+OPTIMIZER_DTYPES: dict[str, tuple[str, ...]] = {
+    "main_grads": ("fp32", "bf16"),
+    "main_params": ("fp32", "fp16"),
+    "exp_avg": ("fp32", "fp16", "bf16", "fp8"),
+    "exp_avg_sq": ("fp32", "fp16", "bf16", "fp8"),
+}
+_STATE_DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+
+
+def optimizer_dtypes(spec: str) -> dict[str, str]:
+    """The state dtypes ``KEY=DTYPE,...`` names, the keys it leaves out at Megatron's defaults ({} for ""; the
+    precision-aware optimizer is then off). An unknown key or dtype raises ``ValueError`` with one line."""
+    if not spec:
+        return {}
+    out = {key: choices[0] for key, choices in OPTIMIZER_DTYPES.items()}
+    for item in spec.split(","):
+        key, _, value = item.strip().partition("=")
+        if value not in OPTIMIZER_DTYPES.get(key, ()):
+            known = "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTIMIZER_DTYPES.items())
+            raise ValueError(f"optimizer dtypes {spec!r}: {item.strip()!r} is not one of {known}")
+        out[key] = value
+    return out
+
+
+def precision_aware_bytes(dtype: str, spec: str, fp32_grads: bool = True) -> tuple[float, float, float]:
+    """Main-gradient, master-weight and moment bytes per parameter under Megatron's precision-aware optimizer.
+
+    Where Transformer Engine keeps the master weights (the master is not fp32, or no FP8 recipe other than delayed
+    scaling quantises the weights: ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, optimizer_config.py) and the
+    weights are bf16, it stores only the 16 bits of each fp32 master the bf16 weight lacks (``store_param_remainders``,
+    True by default; distrib_optimizer.py allocates them as int16). Otherwise Megatron-Core keeps an fp32 master.
+    echosim's fp8, mxfp8 and nvfp4 are current-scaling or block-scaled recipes, not delayed scaling."""
+    dtypes = optimizer_dtypes(spec)
+    grad = _STATE_DTYPE_BYTES[dtypes["main_grads"]] if fp32_grads else 2.0
+    te_master = dtypes["main_params"] != "fp32" or dtype in ("bf16", "fp16")
+    remainders = te_master and dtype != "fp16"  # bf16 weights (under FP8 recipes too)
+    master = 2.0 if remainders else _STATE_DTYPE_BYTES[dtypes["main_params"]] if te_master else 4.0
+    return grad, master, _STATE_DTYPE_BYTES[dtypes["exp_avg"]] + _STATE_DTYPE_BYTES[dtypes["exp_avg_sq"]]
+
+
 @dataclass(frozen=True)
 class StatePolicy:
     """Bytes of weight, gradient and optimizer state per local parameter, and of a communication bucket
@@ -65,6 +108,7 @@ class StatePolicy:
         unsharded_between_microbatches: bool = False,
         weights_16bit: bool = False,
         ddp_bucket_buffers: bool = False,
+        optimizer_dtypes: str = "",
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -80,11 +124,16 @@ class StatePolicy:
         ``gradient_as_bucket_view=False`` (:meth:`echosim.passes.data_parallel.DataParallel.bucket_buffers`):
         besides each ``.grad`` the rank keeps the reducer's flat buckets, one more copy of every gradient it
         reduces, in the gradient's dtype, for the whole run.
+        ``optimizer_dtypes``: Megatron's precision-aware optimizer with these state dtypes (:func:`optimizer_dtypes`;
+        "": off), over 16-bit weights with a master copy.
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
         if weights_16bit and dtype != "fp32":
             weight, grad, opt = 2.0, 2.0, 4.0
+        elif optimizer_dtypes and mixed:
+            grad, master, moments = precision_aware_bytes(dtype, optimizer_dtypes, fp32_grads)
+            opt = master + moments
         if zero >= 1:
             opt /= dp
         if zero >= 2:

@@ -868,6 +868,14 @@ _STATED_PARTS = re.compile(r"\brecompute: selective \(([^()]+) recomputed\)")
 #: those inputs in FP8, which echosim does not model: they are kept at the activation's precision.)
 SOURCE_RECOMPUTED_PARTS: dict[str, tuple[str, ...]] = {"deepseek_v3_2024": ("moe_act",)}
 
+#: Optimizer state dtypes a source states, by ``source_id`` (:func:`echosim.passes.memory.optimizer_dtypes`):
+#: DeepSeek-V3's report (arXiv:2412.19437 sec. 3.3.3, "Low-Precision Optimizer States") tracks AdamW's first and
+#: second moments in BF16 while "the master weights ... and gradients ... are still retained in FP32";
+#: Megatron-Core's DeepSeek-V3 GB200 guide launches with ``--use-precision-aware-optimizer`` and bf16 moments (its
+#: arguments: tests/data/configs/megatron/mcore_dsv3_gb200_guide.args).
+_BF16_MOMENTS = "main_grads=fp32,main_params=fp32,exp_avg=bf16,exp_avg_sq=bf16"
+SOURCE_OPTIMIZER_DTYPES = {"deepseek_v3_2024": _BF16_MOMENTS, "mcore_dsv3_gb200_guide": _BF16_MOMENTS}
+
 
 def stated_recompute(c: Case) -> str:
     """``selective:MODULES`` for a row whose notes name the modules its recipe recomputes ("recompute modules
@@ -1244,6 +1252,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     groups, group_topk = moe_router_groups(c)
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
+    stated["optimizer_dtypes"] = SOURCE_OPTIMIZER_DTYPES.get(c["source_id"])
     stated["splash_blocks"] = maxtext_splash_blocks(c) or None
     stated["loss_chunks"] = chunks if (chunks := loss_chunks(c)) > 1 else None
     stated["pp_balance"] = pp_layout(c) or SOURCE_PP_BALANCE.get(c["source_id"]) or None
