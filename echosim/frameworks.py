@@ -92,6 +92,8 @@ class Framework:
             out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True
+        if self.precision_aware_optimizer:
+            out["te_optimizer"] = True
         return out
 
     # ---- timing behaviour (step time, not memory): the kernels the framework calls ----
@@ -148,6 +150,9 @@ class Framework:
     # The optimizer step's bytes per local parameter when the framework's optimizer is not a fused Adam
     # (0: echosim.passes.data_parallel's fused-Adam figures), and where its kernels are documented.
     optimizer_bytes: int = 0
+    # Megatron-Core's precision-aware optimizer (Transformer Engine's FusedAdam with lower-precision master and
+    # moments: Plan.optimizer_dtypes), where the framework has it ('' = it has not), and where that is documented
+    precision_aware_optimizer: str = ""
     optimizer_source: str = ""
 
     # MoE with a capacity factor: every expert padded to its capacity, tokens dispatched and combined by
@@ -234,6 +239,12 @@ _MOE_QUANT_PAD = (
     "forward, core_v0.14.0 and core_v0.15.0; FP4 too from core_v0.16.0), unless the router or the HybridEP "
     "dispatcher already aligned them (moe_router_padding_for_fp8, off in the recipes; skip_routed_expert_padding "
     "at commit d98e8a6)"
+)
+_PRECISION_AWARE = (
+    "--use-precision-aware-optimizer with --main-grads-dtype, --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype "
+    "(megatron/training/arguments.py; Transformer Engine's FusedAdam, megatron/core/optimizer/__init__.py and "
+    "optimizer_config.py, Megatron-LM commit d98e8a6); Megatron-Bridge's OptimizerConfig takes the same fields, and "
+    "its DeepSeek and Qwen3 MoE performance recipes set them (perf_recipes/deepseek/common.py, commit 067f987)"
 )
 _SWIGLU = (
     "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
@@ -415,6 +426,7 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_gated=_SWIGLU,
             probs_in_experts=_MOE_PROBS,
             moe_quant_padding=_MOE_QUANT_PAD,
+            precision_aware_optimizer=_PRECISION_AWARE,
             **_VOCAB_CE,
             **_UNFUSED_LOSS,
             model_defaults=(_GPT2_VOCAB,),
@@ -468,6 +480,7 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_gated=_SWIGLU,
             probs_in_experts=_MOE_PROBS,
             moe_quant_padding=_MOE_QUANT_PAD,
+            precision_aware_optimizer=_PRECISION_AWARE,
             **_VOCAB_CE,
             loss_kernel="unfused",
             loss_source="NeMo 1 (24.03 to 24.12 containers, NeMo-Framework-Launcher) takes cross_entropy_loss_fusion "

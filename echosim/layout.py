@@ -434,8 +434,8 @@ def fewest_replayed(repetitions: int, per_block: int, trial: Callable[[str], T],
 
 
 def _check_optimizer_dtypes(plan: Plan) -> None:
-    """Megatron's precision-aware optimizer: known state dtypes, over 16-bit weights with an fp32 master copy (a
-    framework whose weights are fp32, or 16-bit with no master, has no master to lower)."""
+    """The optimizer's state dtypes: known ones, over 16-bit weights with an fp32 master copy (a framework whose
+    weights are fp32, or 16-bit with no master, has no master to lower)."""
     if not plan.optimizer_dtypes:
         return
     try:
@@ -444,10 +444,10 @@ def _check_optimizer_dtypes(plan: Plan) -> None:
         raise PlanError(str(exc)) from None
     state = get_framework(plan.framework).state(plan.pp)
     if plan.dtype == "fp32" or state.get("fp32_weights") or state.get("weights_16bit"):
-        what = "fp32 training" if plan.dtype == "fp32" else f"framework {plan.framework!r} (no separate master copy)"
+        what = "fp32 training" if plan.dtype == "fp32" else f"framework {plan.framework!r}"
         raise PlanError(
-            f"--optimizer-dtypes {plan.optimizer_dtypes}: Megatron's precision-aware optimizer lowers the states of "
-            f"16-bit weights with an fp32 master copy; {what} has none"
+            f"--optimizer-dtypes {plan.optimizer_dtypes}: the optimizer dtypes lower the states of 16-bit weights "
+            f"with an fp32 master copy; {what} keeps no such copy"
         )
 
 

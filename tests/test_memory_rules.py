@@ -191,7 +191,7 @@ def test_interleaved_pipeline_holds_the_running_peak_not_every_chunks_peak():
 
 
 def test_nemo_performance_scripts_reduce_gradients_in_16_bits():
-    assert FRAMEWORKS["nemo"].state() == {"fp32_grads": False}
+    assert FRAMEWORKS["nemo"].state() == {"fp32_grads": False, "te_optimizer": True}
     assert "fp32_grads" not in FRAMEWORKS["megatron"].state()
     megatron, nemo = mem(framework="megatron"), mem(framework="nemo")
     assert nemo["grads"] * 2 == megatron["grads"] and nemo["params"] == megatron["params"]

@@ -1,7 +1,7 @@
-"""``--optimizer-dtypes``: Megatron's precision-aware optimizer (Transformer Engine's FusedAdam) keeps the main
-gradients, the master weights and Adam's moments in the dtypes it is given; under bf16 weights it keeps only the 16
-bits of each fp32 master the weight lacks. Bytes per parameter against Megatron-Core's rules, the compiled memory
-against them, and the config readers."""
+"""``--optimizer-dtypes``: the main gradients, the master weights and Adam's moments in the dtypes named. Megatron's
+precision-aware optimizer (Transformer Engine's FusedAdam) also keeps only the 16 bits of each fp32 master that bf16
+weights lack; another framework keeps the master in ``main_params``'s dtype. Bytes per parameter against
+Megatron-Core's rules, the compiled memory against them, and the config readers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from echosim.cli import cli
 from echosim.compiler import compile as compile_model
 from echosim.configs import ConfigError, read_args, read_source
 from echosim.layout_search import memory_lower_bound
-from echosim.passes.data_parallel import ADAM_BYTES_PER_PARAM, precision_aware_step_bytes
+from echosim.passes.data_parallel import ADAM_BYTES_PER_PARAM, optimizer_step_bytes
 from echosim.passes.memory import StatePolicy
 from echosim.plan import Cluster, Plan, PlanError
 
@@ -33,16 +33,28 @@ from echosim.plan import Cluster, Plan, PlanError
         ("fp16", "main_params=fp16", 4, 2 + 4 + 4),
     ],
 )
-def test_state_bytes_per_parameter(dtype: str, spec: str, grad: int, optimizer: int) -> None:
-    policy = StatePolicy.for_training(dtype, optimizer_dtypes=spec)
+def test_transformer_engines_state_bytes_per_parameter(dtype: str, spec: str, grad: int, optimizer: int) -> None:
+    policy = StatePolicy.for_training(dtype, optimizer_dtypes=spec, te_optimizer=True)
     assert (policy.weight_bytes, policy.grad_bytes, policy.optimizer_bytes) == (2, grad, optimizer)
-    sharded = StatePolicy.for_training(dtype, zero=1, dp=8, optimizer_dtypes=spec)
+    sharded = StatePolicy.for_training(dtype, zero=1, dp=8, optimizer_dtypes=spec, te_optimizer=True)
     assert sharded.optimizer_bytes == optimizer / 8 and sharded.grad_bytes == grad
+
+
+@pytest.mark.parametrize(
+    ("dtype", "spec", "optimizer"),
+    [
+        ("bf16", "main_params=fp32", 12),  # no remainders outside TE: all fp32 is the default
+        ("fp8", "exp_avg=bf16,exp_avg_sq=bf16", 4 + 2 + 2),  # DeepSeek-V3's report: fp32 master, bf16 moments
+        ("bf16", "main_params=fp16,exp_avg=bf16", 2 + 2 + 4),
+    ],
+)
+def test_other_frameworks_keep_the_master_in_its_dtype(dtype: str, spec: str, optimizer: int) -> None:
+    assert StatePolicy.for_training(dtype, optimizer_dtypes=spec).optimizer_bytes == optimizer
 
 
 def test_a_framework_with_16_bit_gradients_keeps_them() -> None:
     """NeMo's performance scripts reduce 16-bit gradients (Framework.grads_16bit): main_grads does not raise them."""
-    policy = StatePolicy.for_training("bf16", fp32_grads=False, optimizer_dtypes="exp_avg=bf16")
+    policy = StatePolicy.for_training("bf16", fp32_grads=False, optimizer_dtypes="exp_avg=bf16", te_optimizer=True)
     assert (policy.grad_bytes, policy.optimizer_bytes) == (2, 2 + 2 + 4)
 
 
@@ -50,9 +62,10 @@ def test_the_optimizer_step_moves_the_states_in_their_dtypes() -> None:
     """The fused Adam's traffic: main gradient read twice, master and moments read and written, the 16-bit weight
     written (and read where the master is its remainder). All fp32 is the constant it replaces, less the master's
     saved 2 + 2 bytes, plus the weight's read."""
-    assert precision_aware_step_bytes("fp16", "main_params=fp32") == ADAM_BYTES_PER_PARAM
-    assert precision_aware_step_bytes("bf16", "main_params=fp32") == ADAM_BYTES_PER_PARAM - 4 + 2
-    assert precision_aware_step_bytes("mxfp8", "exp_avg=bf16,exp_avg_sq=bf16") == 2 * 4 + 2 * (4 + 4) + 2
+    assert optimizer_step_bytes("fp16", "main_params=fp32") == ADAM_BYTES_PER_PARAM
+    assert optimizer_step_bytes("bf16", "main_params=fp32") == ADAM_BYTES_PER_PARAM - 4 + 2
+    assert optimizer_step_bytes("bf16", "main_params=fp32", te=False) == ADAM_BYTES_PER_PARAM
+    assert optimizer_step_bytes("mxfp8", "exp_avg=bf16,exp_avg_sq=bf16") == 2 * 4 + 2 * (4 + 4) + 2
 
 
 @pytest.fixture(scope="module")
@@ -96,17 +109,19 @@ def test_a_searchs_memory_bound_follows_it() -> None:
         ({"optimizer_dtypes": "exp_avg=bf8"}, "'exp_avg=bf8' is not one of main_grads=fp32|bf16"),
         ({"optimizer_dtypes": "moments=bf16"}, "'moments=bf16' is not one of"),
         ({"optimizer_dtypes": "main_params=bf16"}, "'main_params=bf16' is not one of"),
-        ({"optimizer_dtypes": "exp_avg=bf16", "dtype": "fp32"}, "fp32 training has none"),
-        ({"optimizer_dtypes": "exp_avg=bf16", "framework": "torchtitan"}, "framework 'torchtitan'"),
+        ({"optimizer_dtypes": "exp_avg=bf16", "dtype": "fp32"}, "fp32 training keeps no such copy"),
+        ({"optimizer_dtypes": "exp_avg=bf16", "framework": "torchtitan"}, "framework 'torchtitan' keeps no such copy"),
+        ({"optimizer_dtypes": "exp_avg=bf16", "framework": "maxtext-bf16-weights"}, "keeps no such copy"),
     ],
 )
 def test_bad_dtypes_and_frameworks_without_a_master_are_one_line(plan: dict, message: str) -> None:
     with pytest.raises(PlanError, match=message):
-        compile_model("gpt3-125m", Plan(**plan), Cluster("h100-sxm", 1))  # type: ignore[arg-type]
+        compile_model("gpt3-125m", Plan(**{"framework": "megatron", **plan}), Cluster("h100-sxm", 1))  # type: ignore[arg-type]
 
 
 def test_the_cli_takes_it_and_refuses_a_bad_one() -> None:
-    base = ["compile", "gpt3-125m", "--backend", "h100-sxm", "--devices", "2", "--zero", "1", "--json"]
+    base = ["compile", "gpt3-125m", "--backend", "h100-sxm", "--devices", "2", "--zero", "1", "--framework",
+            "megatron", "--json"]  # fmt: skip
     good = CliRunner().invoke(cli, [*base, "--optimizer-dtypes", "exp_avg=bf16,exp_avg_sq=bf16"])
     assert good.exit_code == 0, good.output
     assert json.loads(good.output)["plan"]["optimizer_dtypes"] == "exp_avg=bf16,exp_avg_sq=bf16"

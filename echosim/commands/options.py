@@ -186,10 +186,10 @@ def layout_options(fn: F) -> F:
         ),
         click.option(
             "--optimizer-dtypes",
-            help="Megatron's precision-aware optimizer (--use-precision-aware-optimizer) with these state dtypes: "
-            "KEY=DTYPE,... over main_grads=fp32|bf16, main_params=fp32|fp16, exp_avg=fp32|fp16|bf16|fp8, "
-            "exp_avg_sq=fp32|fp16|bf16|fp8 (the others fp32). Under bf16 weights Transformer Engine keeps only the "
-            "16 bits of each fp32 master the weight lacks.",
+            help="The optimizer's states in these dtypes, KEY=DTYPE,... over main_grads=fp32|bf16, "
+            "main_params=fp32|fp16, exp_avg=fp32|fp16|bf16|fp8, exp_avg_sq=fp32|fp16|bf16|fp8 (the others fp32): "
+            "Megatron's --use-precision-aware-optimizer, under whose frameworks Transformer Engine keeps only the "
+            "16 bits of each fp32 master that bf16 weights lack.",
         ),
         click.option(
             "--loss-chunks",

@@ -32,7 +32,7 @@ from typing import ClassVar
 from echosim.ir.graph import Graph, Node
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, OptimizerAttrs, ParamAttrs, Phase, Role
 from echosim.ir.types import DType, TensorSpec
-from echosim.passes.memory import precision_aware_bytes
+from echosim.passes.memory import optimizer_state_bytes
 
 #: Megatron-LM's gradient bucket, in parameters (``DistributedDataParallel(bucket_size=40000000)`` before
 #: core_v0.7.0; the floor of :func:`megatron_bucket_params` since).
@@ -358,13 +358,13 @@ ADAM_BYTES_PER_PARAM = 34
 ADAM_FP32_BYTES_PER_PARAM = 32
 
 
-def precision_aware_step_bytes(dtype: str, spec: str, fp32_grads: bool = True) -> int:
-    """:data:`ADAM_BYTES_PER_PARAM`'s traffic with the state dtypes of Megatron's precision-aware optimizer: the main
-    gradient read twice (step and clip), the master and moments read and written, the 16-bit weight written, and
-    where only the master's low 16 bits are kept (``store_param_remainders``) the weight read too, to rebuild it."""
-    grad, master, moments = precision_aware_bytes(dtype, spec, fp32_grads)
-    remainder = master == 2.0 and dtype != "fp16"
-    return int(2 * grad + 2 * (master + moments) + 2 + (2 if remainder else 0))
+def optimizer_step_bytes(dtype: str, spec: str, te: bool = True) -> int:
+    """:data:`ADAM_BYTES_PER_PARAM`'s traffic with the states in the dtypes ``spec`` names
+    (:func:`echosim.passes.memory.optimizer_state_bytes`): the main gradient read twice (step and clip), the master
+    and moments read and written, the 16-bit weight written, and where only the master's low 16 bits are kept
+    (``store_param_remainders``) the weight read too, to rebuild it."""
+    s = optimizer_state_bytes(dtype, spec, te=te)
+    return int(2 * s.grad + 2 * (s.master + s.moments) + 2 + (2 if s.remainders else 0))
 
 
 def _grad_groups(graph: Graph) -> dict[str, list[int]]:

@@ -16,7 +16,7 @@ import bisect
 import itertools
 import operator
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
@@ -71,20 +71,35 @@ def optimizer_dtypes(spec: str) -> dict[str, str]:
     return out
 
 
-def precision_aware_bytes(dtype: str, spec: str, fp32_grads: bool = True) -> tuple[float, float, float]:
-    """Main-gradient, master-weight and moment bytes per parameter under Megatron's precision-aware optimizer.
+class StateBytes(NamedTuple):
+    """Bytes per parameter of the main gradient, the master weight and Adam's two moments; ``remainders``: the master
+    is the low 16 bits of an fp32 one, rebuilt from the 16-bit weight at each step."""
 
-    Where Transformer Engine keeps the master weights (the master is not fp32, or no FP8 recipe other than delayed
-    scaling quantises the weights: ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, optimizer_config.py) and the
-    weights are bf16, it stores only the 16 bits of each fp32 master the bf16 weight lacks (``store_param_remainders``,
-    True by default; distrib_optimizer.py allocates them as int16). Otherwise Megatron-Core keeps an fp32 master.
-    echosim's fp8, mxfp8 and nvfp4 are current-scaling or block-scaled recipes, not delayed scaling."""
+    grad: float
+    master: float
+    moments: float
+    remainders: bool
+
+
+def optimizer_state_bytes(dtype: str, spec: str, fp32_grads: bool = True, te: bool = True) -> StateBytes:
+    """The states' bytes per parameter in the dtypes ``spec`` names (:func:`optimizer_dtypes`).
+
+    ``te``: Megatron-Core's precision-aware optimizer, Transformer Engine's FusedAdam. Where TE keeps the master
+    weights (the master is not fp32, or no FP8 recipe other than delayed scaling quantises the weights:
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, optimizer_config.py) and the weights are bf16, it stores only
+    the 16 bits of each fp32 master the bf16 weight lacks (``store_param_remainders``, True by default;
+    distrib_optimizer.py allocates them as int16); otherwise Megatron-Core keeps an fp32 master. echosim's fp8, mxfp8
+    and nvfp4 are current-scaling or block-scaled recipes, not delayed scaling. Without ``te`` (a framework that
+    states its states' dtypes, as DeepSeek-V3's report does) the master takes ``main_params``'s dtype."""
     dtypes = optimizer_dtypes(spec)
     grad = _STATE_DTYPE_BYTES[dtypes["main_grads"]] if fp32_grads else 2.0
-    te_master = dtypes["main_params"] != "fp32" or dtype in ("bf16", "fp16")
-    remainders = te_master and dtype != "fp16"  # bf16 weights (under FP8 recipes too)
-    master = 2.0 if remainders else _STATE_DTYPE_BYTES[dtypes["main_params"]] if te_master else 4.0
-    return grad, master, _STATE_DTYPE_BYTES[dtypes["exp_avg"]] + _STATE_DTYPE_BYTES[dtypes["exp_avg_sq"]]
+    moments = _STATE_DTYPE_BYTES[dtypes["exp_avg"]] + _STATE_DTYPE_BYTES[dtypes["exp_avg_sq"]]
+    te_master = te and (dtypes["main_params"] != "fp32" or dtype in ("bf16", "fp16"))
+    if te_master and dtype != "fp16":  # bf16 weights (under FP8 recipes too)
+        return StateBytes(grad, 2.0, moments, True)
+    if te and not te_master:
+        return StateBytes(grad, 4.0, moments, False)
+    return StateBytes(grad, _STATE_DTYPE_BYTES[dtypes["main_params"]], moments, False)
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,7 @@ class StatePolicy:
         weights_16bit: bool = False,
         ddp_bucket_buffers: bool = False,
         optimizer_dtypes: str = "",
+        te_optimizer: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -124,16 +140,17 @@ class StatePolicy:
         ``gradient_as_bucket_view=False`` (:meth:`echosim.passes.data_parallel.DataParallel.bucket_buffers`):
         besides each ``.grad`` the rank keeps the reducer's flat buckets, one more copy of every gradient it
         reduces, in the gradient's dtype, for the whole run.
-        ``optimizer_dtypes``: Megatron's precision-aware optimizer with these state dtypes (:func:`optimizer_dtypes`;
-        "": off), over 16-bit weights with a master copy.
+        ``optimizer_dtypes``: the optimizer's states in these dtypes (:func:`optimizer_dtypes`; "": fp32), over
+        16-bit weights with a master copy; ``te_optimizer``: Megatron-Core's precision-aware optimizer keeps them
+        (:func:`optimizer_state_bytes`).
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
         if weights_16bit and dtype != "fp32":
             weight, grad, opt = 2.0, 2.0, 4.0
         elif optimizer_dtypes and mixed:
-            grad, master, moments = precision_aware_bytes(dtype, optimizer_dtypes, fp32_grads)
-            opt = master + moments
+            states = optimizer_state_bytes(dtype, optimizer_dtypes, fp32_grads, te_optimizer)
+            grad, opt = states.grad, states.master + states.moments
         if zero >= 1:
             opt /= dp
         if zero >= 2:

@@ -196,7 +196,7 @@ def _data_parallel(plan: Any) -> object:
 
 def _optimizer(plan: Any) -> object:
     from echosim.frameworks import get_framework
-    from echosim.passes.data_parallel import Optimizer, precision_aware_step_bytes
+    from echosim.passes.data_parallel import Optimizer, optimizer_step_bytes
 
     # ZeRO shards over every gradient replica, dp x cp: Megatron-Core's distributed optimizer is built on
     # intra_dp_cp_group (get_megatron_optimizer, megatron/core/optimizer/__init__.py), FSDP on dp_shard x cp
@@ -209,7 +209,7 @@ def _optimizer(plan: Any) -> object:
     mixed = plan.dtype != "fp32" and not framework.autocast
     per_param = framework.optimizer_bytes
     if not per_param and mixed and plan.optimizer_dtypes:  # (main gradients in main_grads's dtype, as the constant)
-        per_param = precision_aware_step_bytes(plan.dtype, plan.optimizer_dtypes)
+        per_param = optimizer_step_bytes(plan.dtype, plan.optimizer_dtypes, bool(framework.precision_aware_optimizer))
     return Optimizer(shard=shard, mixed_precision=mixed, expert_shard=experts, bytes_per_param=per_param)
 
 
