@@ -154,6 +154,27 @@ def test_the_fewest_layers_come_in_whole_repeated_blocks() -> None:
     assert not [o for o in simulated if o.change.startswith("--recompute full:") and o.error]  # no odd N tried
 
 
+def test_a_megatron_layout_that_does_not_fit_is_offered_bf16_moments() -> None:
+    """GPT-3 2.7B on one A100 40GB already recomputes in full; Adam's moments in bf16 (and TE's 16-bit master
+    remainders) take its state from 18 to 12 bytes a parameter, and it fits. Not offered where the framework has no
+    precision-aware optimizer, nor to a layout that fits."""
+    model, cluster = "gpt3-2.7b", Cluster("a100-40gb", 1)
+    plan = Plan(micro_batch=1, global_batch=2, framework="megatron", recompute="full")
+    base = compile_model(model, plan, cluster)
+    ranked, _ = suggest(model, plan, cluster, base)
+    assert not base.fits and ranked[0].fits
+    assert ranked[0].change == "--optimizer-dtypes exp_avg=bf16,exp_avg_sq=bf16"
+    params = base.memory[0]["params"] // 2  # bf16 weights
+    assert base.memory[0]["optimizer"] - ranked[0].report.memory[0]["optimizer"] == pytest.approx(6 * params, abs=8)
+    eager = replace(plan, framework="eager")
+    assert not [o for o in suggest(model, eager, cluster, compile_model(model, eager, cluster))[1]
+                if "optimizer-dtypes" in o.change]  # fmt: skip
+    small = replace(plan, global_batch=1)
+    assert compile_model("gpt3-1.3b", small, cluster).fits
+    assert not [o for o in suggest("gpt3-1.3b", small, cluster, compile_model("gpt3-1.3b", small, cluster))[1]
+                if "optimizer-dtypes" in o.change]  # fmt: skip
+
+
 def test_explain_text_names_the_critical_path_communication_bubble_and_suggestions() -> None:
     code, out = _invoke("explain", "gpt3-1.3b", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "16",
                         "--seq-len", "1024", "--backend", "h100-sxm")  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 from echosim.errors import EchosimError
 from echosim.explain.diff import GiB, compare, peak_bytes
+from echosim.frameworks import get_framework
 from echosim.plan import Cluster, Plan, plan_flags, setting_flags
 
 RECOMPUTE = ("none", "selective", "full")
@@ -160,6 +161,7 @@ def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_
     fewest = [o for o in tries if o.fits][-1:]
     others = [o for o in tries if o not in fewest]
     outcomes += fewest
+    outcomes += bf16_moments(model, plan, cluster, compile_fn, base_report)
     if not base_report.fits and not any(o.fits for o in outcomes):
         seen = {o.plan for o in outcomes} | {replace(plan, global_batch=plan.batch)}
         closest = sorted((o for o in outcomes if not o.error), key=lambda o: (o.peak_bytes, o.change))[:beam]
@@ -189,6 +191,24 @@ def fewest_replayed_layers(model: Any, plan: Plan, cluster: Cluster, outcomes: l
         return simulate(model, plan, cluster, [replace(full, recompute=mode)], compile_fn, base_report)[0]
 
     return fewest_replayed(stage, per_block, trial, lambda o: o.fits)
+
+
+#: Adam's moments in bf16: DeepSeek-V3's choice (arXiv:2412.19437 sec. 3.3.3, "without incurring observable
+#: performance degradation") and Megatron-Bridge's DeepSeek and Qwen3 MoE recipes'
+BF16_MOMENTS = "exp_avg=bf16,exp_avg_sq=bf16"
+
+
+def bf16_moments(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile, base_report: Any) -> list[Outcome]:
+    """Where the layout does not fit under a framework with Megatron-Core's precision-aware optimizer: the same layout
+    with Adam's moments in bf16 (``--optimizer-dtypes``, 4 bytes fewer per parameter of the rank's optimizer shard,
+    and the master's 2 where Transformer Engine keeps it). A change of numerics, not of layout: offered only to
+    make a layout fit."""
+    if base_report.fits or plan.optimizer_dtypes or plan.dtype == "fp32":
+        return []
+    if not get_framework(plan.framework).precision_aware_optimizer:
+        return []
+    lowered = replace(plan, global_batch=plan.batch, optimizer_dtypes=BF16_MOMENTS)
+    return simulate(model, plan, cluster, [lowered], compile_fn, base_report)
 
 
 def cheapest_fit(model: Any, plan: Plan, cluster: Cluster, base_report: Any,
