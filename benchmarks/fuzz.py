@@ -139,6 +139,8 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
                        "selective:mlp,moe", "selective:shared_experts", "full:1", "full:3", "full:0", "full:x",
                        "full:uniform-2", "full:uniform-1", "full:every-2"]),
         ("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "nope"]),
+        ("optimizer_dtypes", ["", "exp_avg=bf16", "main_grads=bf16,exp_avg_sq=fp8", "main_params=fp16",
+                              "exp_avg=bf8", "x", "exp_avg=bf16,,"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
         ("backend", ["a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300", "tpu-v5p", "tpu-v4", "tpu-v6e",
@@ -199,6 +201,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
                                  "full:uniform-2", "full:uniform-4"]),
         "zero": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
         "sp": tp > 1 and rng.random() < 0.5,
+        "optimizer_dtypes": rng.choice(["", "", "exp_avg=bf16,exp_avg_sq=bf16", "main_grads=bf16,main_params=fp16"]),
     }  # fmt: skip
     if vpp > 1:
         opts["schedule"] = "interleaved"
@@ -452,7 +455,7 @@ def hf_config(rng: random.Random, work: Path) -> Callable[[], Any]:
 #: Values a mutated launch line gives a flag: numbers, odd text, layouts and --moe-layer-freq patterns.
 _FLAG_VALUES = ["0", "-1", "1", "3", "8", "1024", "1e309", "nan", "x", "", "Et|(tt|)*30L", "E|tL", "(t|)*3L",
                 "([0]*3+[1]*58)", "[1]*4", "([0]+[1])*", "mxfp8", "blockwise", "selective", "moe_act", "mlp", "block",
-                "uniform", "full",
+                "uniform", "full", "bf16", "fp16", "fp8",
                 '"', "'", "$((1/0))", "${X:-", "<<EOF"]  # fmt: skip
 
 
@@ -483,8 +486,11 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
         elif move < 0.9:
             words.insert(i, rng.choice(_FLAG_VALUES))
         else:  # a pipeline-split flag with a value, or a switch
-            flag = rng.choice([*_SPLIT_FLAGS, "--recompute-modules", "--recompute-method", "--recompute-num-layers"])
-            words[i:i] = [flag] if flag.startswith("--account") else [flag, rng.choice(_FLAG_VALUES)]
+            more = ["--recompute-modules", "--recompute-method", "--recompute-num-layers",
+                    "--use-precision-aware-optimizer", "--exp-avg-dtype", "--main-params-dtype"]  # fmt: skip
+            flag = rng.choice([*_SPLIT_FLAGS, *more])
+            switch = flag.startswith(("--account", "--use-"))
+            words[i:i] = [flag] if switch else [flag, rng.choice(_FLAG_VALUES)]
     text = " ".join(words)
     if rng.random() < 0.15:
         text = text[: rng.randrange(len(text) + 1)]

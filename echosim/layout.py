@@ -23,7 +23,7 @@ from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
 from echosim.passes.context_parallel import check_sequence
-from echosim.passes.memory import optimizer_dtypes
+from echosim.passes.memory import MOMENTS, given_dtypes
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
 from echosim.passes.recompute import (
     RecomputeError,
@@ -434,20 +434,21 @@ def fewest_replayed(repetitions: int, per_block: int, trial: Callable[[str], T],
 
 
 def _check_optimizer_dtypes(plan: Plan) -> None:
-    """The optimizer's state dtypes: known ones, over 16-bit weights with an fp32 master copy (a framework whose
-    weights are fp32, or 16-bit with no master, has no master to lower)."""
+    """The optimizer's state dtypes: known ones; a master weight and main gradients only where the weights are 16-bit
+    with an fp32 master copy (fp32 training, fp32 weights and MaxText's 16-bit weights keep only the moments)."""
     if not plan.optimizer_dtypes:
         return
     try:
-        optimizer_dtypes(plan.optimizer_dtypes)
+        given = given_dtypes(plan.optimizer_dtypes)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     state = get_framework(plan.framework).state(plan.pp)
-    if plan.dtype == "fp32" or state.get("fp32_weights") or state.get("weights_16bit"):
+    master = not (plan.dtype == "fp32" or state.get("fp32_weights") or state.get("weights_16bit"))
+    if not master and (other := [k for k in given if k not in MOMENTS]):
         what = "fp32 training" if plan.dtype == "fp32" else f"framework {plan.framework!r}"
         raise PlanError(
-            f"--optimizer-dtypes {plan.optimizer_dtypes}: the optimizer dtypes lower the states of 16-bit weights "
-            f"with an fp32 master copy; {what} keeps no such copy"
+            f"--optimizer-dtypes {plan.optimizer_dtypes}: {other[0]} is the dtype of a master copy of 16-bit "
+            f"weights; {what} keeps none (only {' and '.join(MOMENTS)} can be set)"
         )
 
 

@@ -52,6 +52,22 @@ def test_other_frameworks_keep_the_master_in_its_dtype(dtype: str, spec: str, op
     assert StatePolicy.for_training(dtype, optimizer_dtypes=spec).optimizer_bytes == optimizer
 
 
+@pytest.mark.parametrize(
+    ("state", "spec", "optimizer"),
+    [
+        ({"fp32_weights": True}, "exp_avg=bf16", 2 + 4),  # MaxText's mu_dtype=bfloat16 over fp32 weights
+        ({"fp32_weights": True}, "exp_avg=bf16,exp_avg_sq=bf16", 2 + 2),
+        ({"weights_16bit": True}, "exp_avg=fp32", 4 + 2),  # a moment not named keeps the weights' dtype
+        ({}, "exp_avg=bf16", 2 + 4),  # fp32 training (below)
+    ],
+)
+def test_without_a_master_only_the_moments_change(state: dict, spec: str, optimizer: int) -> None:
+    dtype = "fp32" if not state else "bf16"
+    plain = StatePolicy.for_training(dtype, **state)
+    got = StatePolicy.for_training(dtype, optimizer_dtypes=spec, **state)
+    assert (got.weight_bytes, got.grad_bytes, got.optimizer_bytes) == (plain.weight_bytes, plain.grad_bytes, optimizer)
+
+
 def test_a_framework_with_16_bit_gradients_keeps_them() -> None:
     """NeMo's performance scripts reduce 16-bit gradients (Framework.grads_16bit): main_grads does not raise them."""
     policy = StatePolicy.for_training("bf16", fp32_grads=False, optimizer_dtypes="exp_avg=bf16", te_optimizer=True)
@@ -109,9 +125,12 @@ def test_a_searchs_memory_bound_follows_it() -> None:
         ({"optimizer_dtypes": "exp_avg=bf8"}, "'exp_avg=bf8' is not one of main_grads=fp32|bf16"),
         ({"optimizer_dtypes": "moments=bf16"}, "'moments=bf16' is not one of"),
         ({"optimizer_dtypes": "main_params=bf16"}, "'main_params=bf16' is not one of"),
-        ({"optimizer_dtypes": "exp_avg=bf16", "dtype": "fp32"}, "fp32 training keeps no such copy"),
-        ({"optimizer_dtypes": "exp_avg=bf16", "framework": "torchtitan"}, "framework 'torchtitan' keeps no such copy"),
-        ({"optimizer_dtypes": "exp_avg=bf16", "framework": "maxtext-bf16-weights"}, "keeps no such copy"),
+        ({"optimizer_dtypes": "main_grads=bf16", "dtype": "fp32"}, "main_grads is the dtype of a master copy"),
+        ({"optimizer_dtypes": "main_params=fp16", "framework": "torchtitan"}, "framework 'torchtitan' keeps none"),
+        (
+            {"optimizer_dtypes": "exp_avg=bf16,main_params=fp16", "framework": "maxtext-bf16-weights"},
+            "only exp_avg and exp_avg_sq can be set",
+        ),
     ],
 )
 def test_bad_dtypes_and_frameworks_without_a_master_are_one_line(plan: dict, message: str) -> None:

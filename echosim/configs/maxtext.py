@@ -94,7 +94,7 @@ IGNORED = {
     "enable_profiler", "profiler", "profiler_steps", "skip_first_n_steps_for_profiler", "metrics_file",
     "gcs_metrics", "save_config_to_gcs", "load_parameters_path", "load_full_state_path", "tokenizer_type",
     "logical_axis_rules", "normalize_embedding_logits", "logits_dot_in_fp32", "trainable_position_size",
-    "use_iota_embed", "opt_type", "mu_dtype", "enable_goodput_recording", "monitor_goodput", "reuse_example_batch",
+    "use_iota_embed", "opt_type", "enable_goodput_recording", "monitor_goodput", "reuse_example_batch",
     "dataset_name_eval", "hf_path", "hf_data_dir", "hf_train_files", "train_split", "grain_train_files",
     # DeepSeek's routing scale and bias, and its YaRN RoPE settings: the same work
     "routed_scaling_factor", "routed_bias", "mscale", "rope_factor", "beta_fast", "rope_interleave", "rope_truncate",
@@ -228,6 +228,9 @@ def _degree(config: dict[str, Any], key: str, source: str) -> int:
     return as_int(config.get(key, DEFAULTS.get(key, 1)), key, source)
 
 
+_JNP_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
 def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
     src, opts = out.source, out.options
     used = {f"{level}_{axis}_parallelism" for level in ("ici", "dcn") for axis in _MESH_AXES}
@@ -277,10 +280,18 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
         opts["dtype"] = "int8"
     elif quant:
         raise ConfigError(f"{src}: quantization {quant!r} is not modelled (fp8 and int8 are)")
-    elif dtype in ("bfloat16", "float16", "float32"):
-        opts["dtype"] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
+    elif dtype in _JNP_DTYPES:
+        opts["dtype"] = _JNP_DTYPES[dtype]
     else:
         raise ConfigError(f"{src}: dtype {dtype!r} (bfloat16, float16, float32)")
+    # mu_dtype: the dtype optax's adamw keeps Adam's first moment in ("" inherits weight_dtype: configs/base.yml and
+    # types.py, optimizers/optimizers.py, commit e591f30)
+    mu, weights = str(config.get("mu_dtype") or ""), str(config.get("weight_dtype", DEFAULTS["weight_dtype"]))
+    if mu and mu != weights:
+        if mu not in _JNP_DTYPES:
+            raise ConfigError(f"{src}: mu_dtype {mu!r} ({', '.join(_JNP_DTYPES)})")
+        opts["optimizer_dtypes"] = f"exp_avg={_JNP_DTYPES[mu]}"
+    used.add("mu_dtype")
     remat = str(config.get("remat_policy"))
     if remat == "full":
         opts["recompute"] = "full"

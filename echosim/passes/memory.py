@@ -56,19 +56,29 @@ OPTIMIZER_DTYPES: dict[str, tuple[str, ...]] = {
 _STATE_DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
 
 
-def optimizer_dtypes(spec: str) -> dict[str, str]:
-    """The state dtypes ``KEY=DTYPE,...`` names, the keys it leaves out at Megatron's defaults ({} for ""; the
-    precision-aware optimizer is then off). An unknown key or dtype raises ``ValueError`` with one line."""
-    if not spec:
-        return {}
-    out = {key: choices[0] for key, choices in OPTIMIZER_DTYPES.items()}
-    for item in spec.split(","):
-        key, _, value = item.strip().partition("=")
+#: The states a framework without a master copy keeps besides its weights and gradients: Adam's moments (MaxText's
+#: ``mu_dtype`` sets the first: optax's adamw, src/maxtext/optimizers/optimizers.py, commit e591f30)
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def given_dtypes(spec: str) -> dict[str, str]:
+    """The state dtypes ``KEY=DTYPE,...`` names, and only those; an unknown key or dtype raises ``ValueError`` with
+    one line."""
+    out: dict[str, str] = {}
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        key, _, value = item.partition("=")
         if value not in OPTIMIZER_DTYPES.get(key, ()):
             known = "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTIMIZER_DTYPES.items())
-            raise ValueError(f"optimizer dtypes {spec!r}: {item.strip()!r} is not one of {known}")
+            raise ValueError(f"optimizer dtypes {spec!r}: {item!r} is not one of {known}")
         out[key] = value
     return out
+
+
+def optimizer_dtypes(spec: str) -> dict[str, str]:
+    """The state dtypes ``KEY=DTYPE,...`` names, the keys it leaves out at Megatron's defaults ({} for ""; the
+    precision-aware optimizer is then off)."""
+    given = given_dtypes(spec)
+    return {key: given.get(key, choices[0]) for key, choices in OPTIMIZER_DTYPES.items()} if spec else {}
 
 
 class StateBytes(NamedTuple):
@@ -142,12 +152,16 @@ class StatePolicy:
         reduces, in the gradient's dtype, for the whole run.
         ``optimizer_dtypes``: the optimizer's states in these dtypes (:func:`optimizer_dtypes`; "": fp32), over
         16-bit weights with a master copy; ``te_optimizer``: Megatron-Core's precision-aware optimizer keeps them
-        (:func:`optimizer_state_bytes`).
+        (:func:`optimizer_state_bytes`). Without a master copy only the moments can be named (:data:`MOMENTS`); a
+        moment not named keeps the weights' dtype.
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
         if weights_16bit and dtype != "fp32":
             weight, grad, opt = 2.0, 2.0, 4.0
+        if optimizer_dtypes and (weights_16bit or not mixed):
+            given = given_dtypes(optimizer_dtypes)
+            opt = sum(_STATE_DTYPE_BYTES[given[k]] if k in given else weight for k in MOMENTS)
         elif optimizer_dtypes and mixed:
             states = optimizer_state_bytes(dtype, optimizer_dtypes, fp32_grads, te_optimizer)
             grad, opt = states.grad, states.master + states.moments
