@@ -746,6 +746,10 @@ def test_megatron_bridge_and_nemo_block_recompute_is_full_n(tmp_path: Path) -> N
         )
     )
     assert read_source(f"nemo:{nemo}").options["recompute"] == "full:2"
+    nemo.write_text(
+        nemo.read_text().replace("activations_checkpoint_method: block", "activations_checkpoint_method: uniform")
+    )
+    assert read_source(f"nemo:{nemo}").options["recompute"] == "full:uniform-2"
 
 
 def test_megatron_bridge_precision_sections_and_unknown_keys(tmp_path: Path) -> None:
