@@ -531,8 +531,9 @@ def maxtext_config(rng: random.Random, work: Path) -> Callable[[], Any]:
             del lines[i], keys[i]
         elif move < 0.7:
             lines[i] = f"{keys[i]}: {rng.choice(_YAML_VALUES)}"
-        else:
-            overrides.append(f"{rng.choice(keys)}={rng.choice(_YAML_VALUES)}")
+        else:  # a key of the model's, or one of base.yml's that changes memory
+            key = rng.choice([*keys, "mu_dtype", "weight_dtype"])
+            overrides.append(f"{key}={rng.choice([*_YAML_VALUES, 'bfloat16', 'float32'])}")
         if not lines:
             break
     text = "\n".join(lines)
