@@ -69,7 +69,7 @@ def given_dtypes(spec: str) -> dict[str, str]:
         key, _, value = item.partition("=")
         if value not in OPTIMIZER_DTYPES.get(key, ()):
             known = "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTIMIZER_DTYPES.items())
-            raise ValueError(f"optimizer dtypes {spec!r}: {item!r} is not one of {known}")
+            raise ValueError(f"--optimizer-dtypes {spec}: {item!r} is not one of {known}")
         out[key] = value
     return out
 
