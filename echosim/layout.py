@@ -34,7 +34,7 @@ from echosim.passes.recompute import (
     replay_layers,
 )
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
-from echosim.plan import CP_COMMS, DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
+from echosim.plan import CP_COMMS, DTYPES, FSDP_REDUCE_DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
 from echosim.timeline.placement import Degrees, axis_placements
 
 ATTENTIONS = ("flash", "math")
@@ -269,6 +269,16 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
     _check_optimizer_dtypes(plan)
+    if plan.fsdp_reduce_dtype:
+        if plan.fsdp_reduce_dtype not in FSDP_REDUCE_DTYPES:
+            raise PlanError(
+                f"unknown --fsdp-reduce-dtype {plan.fsdp_reduce_dtype!r} (known: {', '.join(FSDP_REDUCE_DTYPES)})"
+            )
+        if plan.zero != 3:
+            raise PlanError(
+                f"--fsdp-reduce-dtype {plan.fsdp_reduce_dtype}: the dtype of ZeRO-3 / FSDP's gradient reduce-scatter; "
+                f"--zero {plan.zero} reduces as its framework does"
+            )
     if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
         what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"
         raise PlanError(

@@ -113,6 +113,12 @@ def layout_options(fn: F) -> F:
             "--cp-comm", type=click.Choice(["p2p", "all_gather"]), help="Context parallel: ring or all-gathered K/V."
         ),
         click.option(
+            "--fsdp-reduce-dtype",
+            type=click.Choice(["fp32", "bf16", "fp16"]),
+            help="ZeRO-3 / FSDP's gradient reduce-scatter dtype (torchtitan's mixed_precision_reduce, Megatron-FSDP's "
+            "--megatron-fsdp-grad-comm-dtype); default: the framework's.",
+        ),
+        click.option(
             "--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism."
         ),
         click.option("--moe-capacity-factor", type=float, help="Expert capacity over the fair share (0: dropless)."),

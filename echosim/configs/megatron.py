@@ -125,7 +125,6 @@ NOT_MODELLED = {
     "--no-gradient-accumulation-fusion": "weight gradients accumulated by a separate add",
     "--fsdp-double-buffer": "Megatron-FSDP's persistent double buffers",
     "--use-nccl-ub": "NCCL user buffers",
-    "--megatron-fsdp-grad-comm-dtype": "the gradient reduce-scatter's dtype; costed in the gradient dtype",
     "--megatron-fsdp-main-grads-dtype": "the main gradients' dtype; costed in fp32",
 }
 
@@ -135,6 +134,7 @@ FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_param
 
 #: Flags the reader consumes (their value is read into the plan or the model).
 CONSUMED = {
+    "--megatron-fsdp-grad-comm-dtype",
     "--use-precision-aware-optimizer",
     "--main-grads-dtype",
     "--main-params-dtype",
@@ -339,6 +339,28 @@ def _int(values: dict[str, list[str]], flag: str, source: str, default: int | No
     return default if text is None else as_int(text, flag, source)
 
 
+def _fsdp_grad_comm(values: dict[str, list[str]], out: FromConfig) -> None:
+    """Megatron-FSDP's gradient reduce-scatter dtype: ``--megatron-fsdp-grad-comm-dtype``, whose ``auto`` (the
+    default) takes ``--megatron-fsdp-main-grads-dtype``, whose ``auto`` takes the model's gradient dtype
+    (arguments.py, commit d98e8a6), echosim's reduction in the parameters' dtype. Under ZeRO-3 it is
+    ``fsdp_reduce_dtype``; under a lower sharding strategy the reduction is the distributed optimizer's (a note)."""
+    src = out.source
+    comm = _one(values, "--megatron-fsdp-grad-comm-dtype", src) or "auto"
+    main = _one(values, "--megatron-fsdp-main-grads-dtype", src) or "auto"
+    for flag, value in (("--megatron-fsdp-grad-comm-dtype", comm), ("--megatron-fsdp-main-grads-dtype", main)):
+        if value not in ("fp32", "bf16", "fp16", "auto"):
+            raise ConfigError(f"{src}: {flag} {value!r} (Megatron knows fp32, fp16, bf16, auto)")
+    chosen = comm if comm != "auto" else main
+    if chosen == "auto":
+        return
+    if out.options.get("zero") == 3:
+        out.options["fsdp_reduce_dtype"] = chosen
+    else:
+        out.notes.append(
+            f"--megatron-fsdp-grad-comm-dtype {chosen}: costed as the distributed optimizer's reduction, not ZeRO-3's"
+        )
+
+
 def _optimizer_dtypes(values: dict[str, list[str]], out: FromConfig) -> None:
     """``--use-precision-aware-optimizer`` and the state dtypes it takes (arguments.py's choices; without it
     Megatron-Core asserts they are fp32: optimizer_config.py, commit d98e8a6) as ``optimizer_dtypes``."""
@@ -403,6 +425,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
                 f"{src}: --data-parallel-sharding-strategy {strategy!r} (Megatron knows {', '.join(FSDP_SHARDING)})"
             )
         opts["zero"] = FSDP_SHARDING[strategy]
+        _fsdp_grad_comm(values, out)
     elif "--use-torch-fsdp2" in values:
         opts["zero"] = 3  # PyTorch FSDP2's fully_shard: parameters, gradients and optimizer state
     elif "--data-parallel-sharding-strategy" in values:

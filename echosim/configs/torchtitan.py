@@ -46,7 +46,6 @@ NOT_MODELLED = {
     "training.compile": "torch.compile's fusions",
     "compile.enable": "torch.compile's fusions",
     "parallelism.pipeline_parallel_schedule_csv": "a pipeline schedule from a CSV file",
-    "training.mixed_precision_reduce": "the gradient-reduction dtype",
     "activation_checkpoint.selective_ac_option": "",
 }
 
@@ -100,8 +99,13 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
         "parallelism.expert_parallel_degree", "parallelism.pipeline_parallel_microbatch_size",
         "parallelism.pipeline_parallel_schedule", "parallelism.enable_async_tensor_parallel",
         "parallelism.disable_loss_parallel", "activation_checkpoint.mode", "model.converters",
-        "parallelism.context_parallel_rotate_method", "float8.recipe_name",
+        "parallelism.context_parallel_rotate_method", "float8.recipe_name", "training.mixed_precision_reduce",
     }  # fmt: skip
+    # FSDP's reduce dtype: torchtitan takes only "float32" (``mixed_precision_reduce: Literal["float32"]``,
+    # torchtitan/config/configs.py, commit b5bcd76), the torchtitan framework's fp32 reduce-scatter
+    reduce = str(_get(flat, "training.mixed_precision_reduce", "float32"))
+    if reduce != "float32":
+        raise ConfigError(f"{src}: training.mixed_precision_reduce {reduce!r} (torchtitan takes only float32)")
 
     def num(key: str, default: int) -> int:
         return as_int(_get(flat, key, default), key, src)
