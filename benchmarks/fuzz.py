@@ -141,6 +141,7 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         ("schedule", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "nope"]),
         ("optimizer_dtypes", ["", "exp_avg=bf16", "main_grads=bf16,exp_avg_sq=fp8", "main_params=fp16",
                               "exp_avg=bf8", "x", "exp_avg=bf16,,"]),
+        ("fsdp_reduce_dtype", ["", "fp32", "bf16", "fp8"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
         ("backend", ["a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300", "tpu-v5p", "tpu-v4", "tpu-v6e",
@@ -487,7 +488,8 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
             words.insert(i, rng.choice(_FLAG_VALUES))
         else:  # a pipeline-split flag with a value, or a switch
             more = ["--recompute-modules", "--recompute-method", "--recompute-num-layers",
-                    "--use-precision-aware-optimizer", "--exp-avg-dtype", "--main-params-dtype"]  # fmt: skip
+                    "--use-precision-aware-optimizer", "--exp-avg-dtype", "--main-params-dtype", "--use-megatron-fsdp",
+                    "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype"]  # fmt: skip
             flag = rng.choice([*_SPLIT_FLAGS, *more])
             switch = flag.startswith(("--account", "--use-"))
             words[i:i] = [flag] if switch else [flag, rng.choice(_FLAG_VALUES)]
