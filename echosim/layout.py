@@ -269,16 +269,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     except RecomputeError as exc:
         raise PlanError(str(exc)) from None
     _check_optimizer_dtypes(plan)
-    if plan.fsdp_reduce_dtype:
-        if plan.fsdp_reduce_dtype not in FSDP_REDUCE_DTYPES:
-            raise PlanError(
-                f"unknown --fsdp-reduce-dtype {plan.fsdp_reduce_dtype!r} (known: {', '.join(FSDP_REDUCE_DTYPES)})"
-            )
-        if plan.zero != 3:
-            raise PlanError(
-                f"--fsdp-reduce-dtype {plan.fsdp_reduce_dtype}: the dtype of ZeRO-3 / FSDP's gradient reduce-scatter; "
-                f"--zero {plan.zero} reduces as its framework does"
-            )
+    _check_fsdp_reduce(plan)
     if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
         what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"
         raise PlanError(
@@ -459,6 +450,21 @@ def _check_optimizer_dtypes(plan: Plan) -> None:
         raise PlanError(
             f"--optimizer-dtypes {plan.optimizer_dtypes}: {other[0]} is the dtype of a master copy of 16-bit "
             f"weights; {what} keeps none (only {' and '.join(MOMENTS)} can be set)"
+        )
+
+
+def _check_fsdp_reduce(plan: Plan) -> None:
+    """``fsdp_reduce_dtype``: a known dtype, and only under ZeRO-3 (the reduction it names is FSDP's)."""
+    if not plan.fsdp_reduce_dtype:
+        return
+    if plan.fsdp_reduce_dtype not in FSDP_REDUCE_DTYPES:
+        raise PlanError(
+            f"unknown --fsdp-reduce-dtype {plan.fsdp_reduce_dtype!r} (known: {', '.join(FSDP_REDUCE_DTYPES)})"
+        )
+    if plan.zero != 3:
+        raise PlanError(
+            f"--fsdp-reduce-dtype {plan.fsdp_reduce_dtype}: the dtype of ZeRO-3 / FSDP's gradient reduce-scatter; "
+            f"--zero {plan.zero} reduces as its framework does"
         )
 
 

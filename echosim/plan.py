@@ -67,8 +67,8 @@ class Plan:
     # Megatron's precision-aware optimizer: its state dtypes, KEY=DTYPE,... over main_grads, main_params, exp_avg,
     # exp_avg_sq (echosim.passes.memory.optimizer_dtypes); "": off (fp32 master, moments and main gradients)
     optimizer_dtypes: str = ""
-    # ZeRO-3 / FSDP's gradient reduce-scatter dtype: fp32, bf16 or fp16 (torchtitan's mixed_precision_reduce,
-    # Megatron-FSDP's --megatron-fsdp-grad-comm-dtype); "": the framework's (Framework.fsdp_reduce_fp32)
+    # ZeRO-3 / FSDP's gradient reduce-scatter dtype: fp32, bf16 or fp16 (PyTorch FSDP2's MixedPrecisionPolicy
+    # reduce_dtype, Megatron-FSDP's --megatron-fsdp-grad-comm-dtype); "": the framework's (Framework.fsdp_reduce_fp32)
     fsdp_reduce_dtype: str = ""
     loss_chunks: int = 1  # output layer and loss over token chunks, logits recomputed in backward (MaxText)
     cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V

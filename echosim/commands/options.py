@@ -115,7 +115,7 @@ def layout_options(fn: F) -> F:
         click.option(
             "--fsdp-reduce-dtype",
             type=click.Choice(["fp32", "bf16", "fp16"]),
-            help="ZeRO-3 / FSDP's gradient reduce-scatter dtype (torchtitan's mixed_precision_reduce, Megatron-FSDP's "
+            help="ZeRO-3 / FSDP's gradient reduce-scatter dtype (PyTorch FSDP2's reduce_dtype, Megatron-FSDP's "
             "--megatron-fsdp-grad-comm-dtype); default: the framework's.",
         ),
         click.option(

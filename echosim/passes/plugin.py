@@ -169,7 +169,7 @@ def _data_parallel(plan: Any) -> object:
     torchrec = plan.embedding_sharding != "none"
     copies = reducer and not torchrec and bool(framework.ddp_bucket_copies)
     fsdp_reduce = DType.FP32 if framework.fsdp_reduce_fp32 else None
-    if plan.fsdp_reduce_dtype:  # the run's own choice (torchtitan's mixed_precision_reduce, Megatron-FSDP's)
+    if plan.fsdp_reduce_dtype:  # the run's own choice (FSDP2's reduce_dtype, Megatron-FSDP's grad comm dtype)
         fsdp_reduce = DType(plan.fsdp_reduce_dtype)
     per_param = bool(framework.zero3_per_param)
     # DeepSpeed's activation checkpointing replays each sub-module's forward, whose hooks gather again
