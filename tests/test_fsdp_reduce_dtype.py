@@ -88,3 +88,17 @@ def test_torchtitan_takes_only_float32(tmp_path: Path) -> None:
     path.write_text(text.replace("[training]\n", '[training]\nmixed_precision_reduce = "bfloat16"\n', 1))
     with pytest.raises(ConfigError, match="mixed_precision_reduce 'bfloat16' \\(torchtitan takes only float32\\)"):
         read_source(f"torchtitan:{path}")
+
+
+def test_megatron_bridge_ddp_fields(tmp_path: Path) -> None:
+    """Megatron-Bridge's ``ddp`` section holds Megatron-Core's DistributedDataParallelConfig fields
+    (``megatron_fsdp_grad_comm_dtype``, ``megatron_fsdp_main_grads_dtype``: torch dtypes, None for auto)."""
+    path = tmp_path / "run_config.yaml"
+    base = ("model:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n  seq_length: 128\n"
+            "  vocab_size: 1000\n  bf16: true\ntrain:\n  global_batch_size: 8\n  micro_batch_size: 1\n"
+            "ddp:\n  use_megatron_fsdp: true\n  data_parallel_sharding_strategy: optim_grads_params\n")  # fmt: skip
+    path.write_text(base + "  megatron_fsdp_grad_comm_dtype:\n    _target_: torch.float32\n    _call_: false\n")
+    assert read_source(f"mbridge:{path}").options["fsdp_reduce_dtype"] == "fp32"
+    path.write_text(base + "  megatron_fsdp_grad_comm_dtype: null\n  megatron_fsdp_main_grads_dtype: null\n")
+    got = read_source(f"mbridge:{path}")
+    assert got.options["zero"] == 3 and "fsdp_reduce_dtype" not in got.options

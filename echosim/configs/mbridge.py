@@ -42,6 +42,8 @@ TO_MEGATRON = {
     "train.global_batch_size": "--global-batch-size",
     "train.micro_batch_size": "--micro-batch-size",
     "ddp.data_parallel_sharding_strategy": "--data-parallel-sharding-strategy",
+    "ddp.megatron_fsdp_grad_comm_dtype": "--megatron-fsdp-grad-comm-dtype",
+    "ddp.megatron_fsdp_main_grads_dtype": "--megatron-fsdp-main-grads-dtype",
     "mixed_precision.fp8": "--fp8-format",
     "mixed_precision.fp8_recipe": "--fp8-recipe",
     **{f"optimizer.{k}_dtype": f"--{k.replace('_', '-')}-dtype" for k in OPTIMIZER_DTYPES},
@@ -161,7 +163,7 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
         value = flat.get(key)
         if value is None or value == [] or flag in names:  # model.* wins over the section it was copied from
             continue
-        args += [flag, *([_dtype_word(value)] if key.startswith("optimizer.") else _value_words(value))]
+        args += [flag, *([_dtype_word(value)] if key.endswith("_dtype") else _value_words(value))]
         names[flag] = key
     for key, flag in SWITCHES.items():
         if flat.get(key) is True and flag not in names:
