@@ -96,6 +96,12 @@ class Framework:
             out["te_optimizer"] = True
         return out
 
+    def master_copy(self, dtype: str) -> bool:
+        """Whether training in ``dtype`` keeps 16-bit weights with a separate fp32 master copy (not fp32 training,
+        fp32 weights cast for compute, nor MaxText's 16-bit weights alone): what ``Plan.optimizer_dtypes`` can lower
+        besides Adam's moments."""
+        return dtype != "fp32" and not (self.fp32_weights or self.weights_16bit)
+
     # ---- timing behaviour (step time, not memory): the kernels the framework calls ----
     # The flash-attention kernel when it is not the device's best ('' = the best: FA3 on Hopper, cuDNN
     # on Blackwell; "fa2" = FlashAttention-2; "te" = the one Transformer Engine's DotProductAttention picks:

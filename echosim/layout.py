@@ -443,9 +443,7 @@ def _check_optimizer_dtypes(plan: Plan) -> None:
         given = given_dtypes(plan.optimizer_dtypes)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
-    state = get_framework(plan.framework).state(plan.pp)
-    master = not (plan.dtype == "fp32" or state.get("fp32_weights") or state.get("weights_16bit"))
-    if not master and (other := [k for k in given if k not in MOMENTS]):
+    if not get_framework(plan.framework).master_copy(plan.dtype) and (other := [k for k in given if k not in MOMENTS]):
         what = "fp32 training" if plan.dtype == "fp32" else f"framework {plan.framework!r}"
         raise PlanError(
             f"--optimizer-dtypes {plan.optimizer_dtypes}: {other[0]} is the dtype of a master copy of 16-bit "

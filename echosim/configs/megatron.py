@@ -457,8 +457,8 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     # block: the first N layers of each (virtual) pipeline stage are checkpointed, the rest keep their activations
     # (megatron/core/recompute.py checkpointed_forward, ``layer_idx < recompute_num_layers``; N defaults to 1,
     # arguments.py): echosim's full:N. N = 0 checkpoints no layer
+    layers = _int(values, "--recompute-num-layers", src, 1) or 0
     if granularity == "full" and method == "block":
-        layers = _int(values, "--recompute-num-layers", src, 1) or 0
         if layers < 0:
             raise ConfigError(f"{src}: --recompute-num-layers {layers}: a layer count is at least 0")
         opts["recompute"] = f"full:{layers}" if layers else "none"
@@ -466,14 +466,13 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
             out.notes.append("--recompute-method block --recompute-num-layers 0: no layer is recomputed")
     # uniform: one checkpoint per chunk of N layers of a stage, the chunk replayed together (the same function):
     # echosim's full:uniform-N; N = 1 is full
-    group = _int(values, "--recompute-num-layers", src, 1) or 0
     if granularity == "full" and method == "uniform":
-        if group < 1:
+        if layers < 1:
             raise ConfigError(
-                f"{src}: --recompute-method uniform --recompute-num-layers {group}: a chunk holds at least 1 layer"
+                f"{src}: --recompute-method uniform --recompute-num-layers {layers}: a chunk holds at least 1 layer"
             )
-        if group > 1:
-            opts["recompute"] = f"full:uniform-{group}"
+        if layers > 1:
+            opts["recompute"] = f"full:uniform-{layers}"
     _optimizer_dtypes(values, out)
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:

@@ -203,9 +203,10 @@ def bf16_moments(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile, 
     with Adam's moments in bf16 (``--optimizer-dtypes``, 4 bytes fewer per parameter of the rank's optimizer shard,
     and the master's 2 where Transformer Engine keeps it). A change of numerics, not of layout: offered only to
     make a layout fit."""
-    if base_report.fits or plan.optimizer_dtypes or plan.dtype == "fp32":
+    framework = get_framework(plan.framework)
+    if base_report.fits or plan.optimizer_dtypes or not framework.precision_aware_optimizer:
         return []
-    if not get_framework(plan.framework).precision_aware_optimizer:
+    if not framework.master_copy(plan.dtype):
         return []
     lowered = replace(plan, global_batch=plan.batch, optimizer_dtypes=BF16_MOMENTS)
     return simulate(model, plan, cluster, [lowered], compile_fn, base_report)

@@ -210,10 +210,9 @@ def _optimizer(plan: Any) -> object:
     # under autocast the optimizer steps the fp32 parameters themselves: no master copy, no 16-bit copy to write
     mixed = plan.dtype != "fp32" and not framework.autocast
     per_param = framework.optimizer_bytes
-    master = mixed and not (framework.fp32_weights or framework.weights_16bit)
     # (main gradients in main_grads's dtype, as the constant; without a master copy the moments' dtypes move memory
     # only: the step's traffic stays the constant's)
-    if not per_param and master and plan.optimizer_dtypes:
+    if not per_param and mixed and framework.master_copy(plan.dtype) and plan.optimizer_dtypes:
         per_param = optimizer_step_bytes(plan.dtype, plan.optimizer_dtypes, bool(framework.precision_aware_optimizer))
     return Optimizer(shard=shard, mixed_precision=mixed, expert_shard=experts, bytes_per_param=per_param)
 
