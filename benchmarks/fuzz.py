@@ -142,6 +142,7 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         ("optimizer_dtypes", ["", "exp_avg=bf16", "main_grads=bf16,exp_avg_sq=fp8", "main_params=fp16",
                               "exp_avg=bf8", "x", "exp_avg=bf16,,"]),
         ("fsdp_reduce_dtype", ["", "fp32", "bf16", "fp8"]),
+        ("grad_dtype", ["", "fp32", "bf16", "fp16", "fp8"]),
         ("zero", [0, 1, 2, 3, 4]),
         # not "null": the test backend costs every op 1 ns, so its MFU is meant to be impossible
         ("backend", ["a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300", "tpu-v5p", "tpu-v4", "tpu-v6e",
@@ -203,6 +204,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         "zero": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
         "sp": tp > 1 and rng.random() < 0.5,
         "optimizer_dtypes": rng.choice(["", "", "exp_avg=bf16,exp_avg_sq=bf16", "main_grads=bf16,main_params=fp16"]),
+        "grad_dtype": rng.choice(["", "", "bf16"]),
     }  # fmt: skip
     if vpp > 1:
         opts["schedule"] = "interleaved"
@@ -489,9 +491,10 @@ def megatron_config(rng: random.Random, work: Path) -> Callable[[], Any]:
         else:  # a pipeline-split flag with a value, or a switch
             more = ["--recompute-modules", "--recompute-method", "--recompute-num-layers",
                     "--use-precision-aware-optimizer", "--exp-avg-dtype", "--main-params-dtype", "--use-megatron-fsdp",
-                    "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype"]  # fmt: skip
+                    "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype", "--grad-reduce-in-bf16",
+                    "--accumulate-allreduce-grads-in-fp32"]  # fmt: skip
             flag = rng.choice([*_SPLIT_FLAGS, *more])
-            switch = flag.startswith(("--account", "--use-"))
+            switch = flag.startswith(("--account", "--use-", "--grad-reduce", "--accumulate"))
             words[i:i] = [flag] if switch else [flag, rng.choice(_FLAG_VALUES)]
     text = " ".join(words)
     if rng.random() < 0.15:

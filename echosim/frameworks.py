@@ -83,12 +83,15 @@ class Framework:
     # (echosim.passes.data_parallel, ``fsdp2_copies``; '' = none)
     fsdp2_copies: str = ""
 
-    def state(self, pp: int = 1) -> dict[str, bool]:
-        """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework."""
+    def state(self, pp: int = 1, grad_dtype: str = "") -> dict[str, bool]:
+        """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework;
+        ``grad_dtype``: the run's gradient buffer (``Plan.grad_dtype``) where it sets one."""
         out = {"fp32_weights": True} if self.fp32_weights else {}
         if self.weights_16bit:
             out["weights_16bit"] = True
-        if self.grads_16bit:
+        if grad_dtype:
+            out["fp32_grads"] = grad_dtype == "fp32"
+        elif self.grads_16bit:
             out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True

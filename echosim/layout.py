@@ -34,7 +34,7 @@ from echosim.passes.recompute import (
     replay_layers,
 )
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
-from echosim.plan import CP_COMMS, DTYPES, FSDP_REDUCE_DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
+from echosim.plan import CP_COMMS, DTYPES, FSDP_REDUCE_DTYPES, GRAD_DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
 from echosim.timeline.placement import Degrees, axis_placements
 
 ATTENTIONS = ("flash", "math")
@@ -270,6 +270,7 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
         raise PlanError(str(exc)) from None
     _check_optimizer_dtypes(plan)
     _check_fsdp_reduce(plan)
+    _check_grad_dtype(plan)
     if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
         what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"
         raise PlanError(
@@ -463,6 +464,32 @@ def _check_fsdp_reduce(plan: Plan) -> None:
         raise PlanError(
             f"--fsdp-reduce-dtype {plan.fsdp_reduce_dtype}: the dtype of ZeRO-3 / FSDP's gradient reduce-scatter; "
             f"--zero {plan.zero} reduces as its framework does"
+        )
+
+
+def _check_grad_dtype(plan: Plan) -> None:
+    """``grad_dtype``: fp32 or the weights' own 16 bits, and only where 16-bit weights have an fp32 master (the
+    gradients of fp32 weights, or of MaxText's 16-bit weights, take the weights' dtype); fp32 with bf16 main
+    gradients named too is refused, as Megatron asserts ("--main-grads-dtype can only be fp32 when
+    --accumulate-allreduce-grads-in-fp32 is set", arguments.py, commit d98e8a6)."""
+    if not plan.grad_dtype:
+        return
+    if plan.grad_dtype not in GRAD_DTYPES:
+        raise PlanError(f"unknown --grad-dtype {plan.grad_dtype!r} (known: {', '.join(GRAD_DTYPES)})")
+    if not get_framework(plan.framework).master_copy(plan.dtype):
+        what = "fp32 training" if plan.dtype == "fp32" else f"framework {plan.framework!r} with --dtype {plan.dtype}"
+        raise PlanError(
+            f"--grad-dtype {plan.grad_dtype}: the gradient buffer of 16-bit weights with an fp32 master; {what} "
+            "keeps its gradients in the weights' dtype"
+        )
+    weights = "fp16" if plan.dtype == "fp16" else "bf16"
+    if plan.grad_dtype not in ("fp32", weights):
+        raise PlanError(f"--grad-dtype {plan.grad_dtype}: the weights are {weights} (--dtype {plan.dtype}); "
+                        f"gradients are kept in fp32 or {weights}")  # fmt: skip
+    if plan.grad_dtype == "fp32" and given_dtypes(plan.optimizer_dtypes).get("main_grads", "fp32") != "fp32":
+        raise PlanError(
+            "--grad-dtype fp32 with --optimizer-dtypes main_grads=bf16: main gradients are fp32 when gradients "
+            "accumulate in fp32 (Megatron asserts the same)"
         )
 
 

@@ -19,6 +19,8 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8")
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4", "int8")
 CP_COMMS = ("p2p", "all_gather")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+#: dtypes of the gradient buffer (``Plan.grad_dtype``): fp32 main gradients, or the 16-bit weights' own dtype
+GRAD_DTYPES = ("fp32", "bf16", "fp16")
 # NCCL all_to_all; DeepEP: the network once per node, then NVLink; HybridEP: Megatron-Core's flex dispatcher
 # with the hybridep backend (echosim.passes.expert_parallel.DISPATCHERS)
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -70,6 +72,10 @@ class Plan:
     # ZeRO-3 / FSDP's gradient reduce-scatter dtype: fp32, bf16 or fp16 (PyTorch FSDP2's MixedPrecisionPolicy
     # reduce_dtype, Megatron-FSDP's --megatron-fsdp-grad-comm-dtype); "": the framework's (Framework.fsdp_reduce_fp32)
     fsdp_reduce_dtype: str = ""
+    # the dtype gradients are accumulated and kept in where 16-bit weights have an fp32 master: fp32 (Megatron's
+    # --accumulate-allreduce-grads-in-fp32, Megatron-Core's grad_reduce_in_fp32) or the weights' bf16 / fp16
+    # (--grad-reduce-in-bf16); "": the framework's (Framework.grads_16bit). Memory: the buffer's bytes
+    grad_dtype: str = ""
     loss_chunks: int = 1  # output layer and loss over token chunks, logits recomputed in backward (MaxText)
     cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
@@ -123,9 +129,9 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``, ``fp8_attention``,
-        ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups, ``splash_blocks``, ``optimizer_dtypes`` and
-        ``fsdp_reduce_dtype`` only where set (models without tables or experts, and runs on MaxText's default splash
-        blocks or their framework's optimizer and reduction, never state them)."""
+        ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups, ``splash_blocks``, ``optimizer_dtypes``,
+        ``fsdp_reduce_dtype`` and ``grad_dtype`` only where set (models without tables or experts, and runs on
+        MaxText's default splash blocks or their framework's optimizer, gradients and reduction, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         for name in _STATED_WHERE_SET:
             if d[name] == _DEFAULTS[name]:
@@ -141,7 +147,7 @@ _DEFAULTS = {f.name: f.default for f in _FIELDS}
 #: The fields :meth:`Plan.as_dict` leaves out while they hold their default.
 _STATED_WHERE_SET = ("etp", "moe_ep_overlap", "fp8_attention", "moe_fused_mlp", "moe_pad_to_capacity",
                      "embedding_sharding", "moe_dispatcher", "moe_router_groups", "splash_blocks",
-                     "optimizer_dtypes", "fsdp_reduce_dtype")  # fmt: skip
+                     "optimizer_dtypes", "fsdp_reduce_dtype", "grad_dtype")  # fmt: skip
 
 DEFAULT_MODEL = "gpt3-175b"
 # The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in

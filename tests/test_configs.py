@@ -713,8 +713,11 @@ def test_a_megatron_bridge_config_is_the_run_its_megatron_arguments_are() -> Non
     bridge = from_config(f"mbridge:{DATA}/mbridge/dsv3_gb200_guide.yaml", flags)
     megatron = from_config(f"megatron:{MEG}/mcore_dsv3_gb200_guide.args", flags, "deepseek-v3")
     assert getattr(bridge[0], "name", bridge[0]) == "deepseek-v3"  # the zoo entry its sizes are
-    assert replace(bridge[1], framework="x", tp_overlap=False) == replace(megatron[1], framework="x")
+    assert replace(bridge[1], framework="x", tp_overlap=False, grad_dtype="") == replace(megatron[1], framework="x")
     assert bridge[1].framework == "megatron-bridge" and bridge[2] == megatron[2]
+    # its recipe name resolves to bf16_with_mxfp8_mixed(), whose grad_reduce_in_fp32=True overrides the DDP config:
+    # fp32 gradients, as the launch line's bf16 default (the framework entry alone would count 16-bit ones)
+    assert bridge[1].grad_dtype == "fp32" and megatron[1].grad_dtype == ""
     assert compile_model(*bridge).step_time_s == pytest.approx(compile_model(*megatron).step_time_s, rel=1e-9)
     got = read_source(f"mbridge:{DATA}/mbridge/dsv3_gb200_guide.yaml")
     assert not got.unknown and "model.init_method_std" in got.ignored

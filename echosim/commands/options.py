@@ -119,6 +119,13 @@ def layout_options(fn: F) -> F:
             "--megatron-fsdp-grad-comm-dtype); default: the framework's.",
         ),
         click.option(
+            "--grad-dtype",
+            type=click.Choice(["fp32", "bf16", "fp16"]),
+            help="The gradient buffer's dtype over 16-bit weights with an fp32 master: fp32 (Megatron's "
+            "--accumulate-allreduce-grads-in-fp32) or the weights' own (--grad-reduce-in-bf16); memory only; "
+            "default: the framework's.",
+        ),
+        click.option(
             "--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism."
         ),
         click.option("--moe-capacity-factor", type=float, help="Expert capacity over the fair share (0: dropless)."),

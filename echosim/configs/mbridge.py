@@ -183,6 +183,7 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
     out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
     if recipe == "bf16_with_nvfp4_mixed" or flat.get("mixed_precision.fp4") or flat.get("model.fp4"):
         out.options["dtype"] = "nvfp4"
+    _grad_dtype(flat, precision, out)
     out.needs_devices = "a ConfigContainer holds no device count (the launcher's): give --devices"
     out.notes = [_renamed(n, names) for n in out.notes]
     if out.model_error:
@@ -197,6 +198,28 @@ def read_mbridge(spec: str, source: str) -> FromConfig:
         else:
             out.unknown.append(key)
     return out
+
+
+def _grad_dtype(flat: dict[str, Any], precision: str | dict[str, Any] | None, out: FromConfig) -> None:
+    """``grad_reduce_in_fp32`` as ``grad_dtype`` where the file settles it. ``finalize`` resolves a recipe name
+    and copies the mixed-precision config's fields over the DDP config's (``MixedPrecisionConfig.setup``,
+    ``update_config_with_precision_overrides``; config.py and mixed_precision.py, commit 067f987), so
+    ``mixed_precision.grad_reduce_in_fp32`` wins over ``ddp.grad_reduce_in_fp32``; a recipe name takes its
+    factory's (True from ``bf16_mixed``, False from ``fp16_mixed``, which the other recipes start from). Without a
+    mixed-precision config the DDP config's own holds. Megatron-FSDP keeps its own main-gradient dtype (the
+    Megatron reader's). Otherwise, or where a mixed-precision section leaves the key out (an override file's
+    recipe may set it), the framework's."""
+    opts = out.options
+    if opts.get("dtype", "fp32") == "fp32" or "grad_dtype" in opts:
+        return
+    if isinstance(precision, str):
+        stated: Any = not precision.replace("-", "_").startswith("fp16")
+    elif isinstance(precision, dict):
+        stated = precision.get("grad_reduce_in_fp32")
+    else:
+        stated = flat.get("ddp.grad_reduce_in_fp32")
+    if isinstance(stated, bool):
+        opts["grad_dtype"] = "fp32" if stated else ("fp16" if opts["dtype"] == "fp16" else "bf16")
 
 
 def _renamed(text: str, names: dict[str, str]) -> str:

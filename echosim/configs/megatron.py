@@ -108,14 +108,12 @@ NOT_MODELLED = {
     "where the dispatcher does not align the rows",
     "--no-masked-softmax-fusion": "the unfused masked softmax",
     "--apply-layernorm-1p": "zero-centred LayerNorm weights",
-    "--grad-reduce-in-bf16": "gradient reduction in bf16 (costed in the gradient dtype)",
     "--empty-unused-memory-level": "emptying the CUDA cache",
     "--rampup-batch-size": "the batch-size ramp of the first steps (the full batch is simulated)",
     "--fp8-amax-history-len": "fp8 scaling history",
     "--fp8-amax-compute-algo": "fp8 scaling",
     "--moe-router-dtype": "the router's dtype",
     "--attention-softmax-in-fp32": "softmax in fp32",
-    "--accumulate-allreduce-grads-in-fp32": "fp32 gradient accumulation",
     "--transformer-impl": "the transformer implementation (Transformer Engine or local)",
     "--cuda-graph-impl": "CUDA graphs; echosim prices the GPU's work, not the host's launches",
     "--cuda-graph-scope": "CUDA graphs; echosim prices the GPU's work, not the host's launches",
@@ -125,7 +123,6 @@ NOT_MODELLED = {
     "--no-gradient-accumulation-fusion": "weight gradients accumulated by a separate add",
     "--fsdp-double-buffer": "Megatron-FSDP's persistent double buffers",
     "--use-nccl-ub": "NCCL user buffers",
-    "--megatron-fsdp-main-grads-dtype": "the main gradients' dtype; costed in fp32",
 }
 
 #: Megatron-FSDP's ``--data-parallel-sharding-strategy`` (default optim_grads_params, arguments.py at d98e8a6) as
@@ -135,6 +132,9 @@ FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_param
 #: Flags the reader consumes (their value is read into the plan or the model).
 CONSUMED = {
     "--megatron-fsdp-grad-comm-dtype",
+    "--megatron-fsdp-main-grads-dtype",
+    "--grad-reduce-in-bf16",
+    "--accumulate-allreduce-grads-in-fp32",
     "--use-precision-aware-optimizer",
     "--main-grads-dtype",
     "--main-params-dtype",
@@ -361,6 +361,40 @@ def _fsdp_grad_comm(values: dict[str, list[str]], out: FromConfig) -> None:
         )
 
 
+def _grad_dtype(values: dict[str, list[str]], out: FromConfig) -> None:
+    """The gradient buffer's dtype as ``grad_dtype`` (arguments.py and training.py, commit d98e8a6).
+
+    Megatron-FSDP keeps it in ``--megatron-fsdp-main-grads-dtype``, whose ``auto`` (the default) is the model's
+    gradient dtype: the weights' 16 bits. Megatron-Core's DDP keeps it in fp32 when
+    ``accumulate_allreduce_grads_in_fp32`` (``grad_reduce_in_fp32``), else in the weights' dtype: bf16 training
+    turns that on unless ``--grad-reduce-in-bf16``; fp16 training leaves it off unless
+    ``--accumulate-allreduce-grads-in-fp32``. Nothing is set for fp32 training, for bf16 without either flag (fp32:
+    the framework's own), or for fp16 without the flag: a note, as the framework's fp32 stands for the eras whose
+    published fp16 runs do not say (Narayanan et al. 2021 among them)."""
+    opts, src = out.options, out.source
+    dtype = opts.get("dtype", "fp32")
+    if dtype == "fp32":
+        return
+    weights = "fp16" if dtype == "fp16" else "bf16"
+    if "--use-megatron-fsdp" in values:
+        main = _one(values, "--megatron-fsdp-main-grads-dtype", src) or "auto"
+        opts["grad_dtype"] = "fp32" if main == "fp32" else weights  # 16 bits either way
+    elif dtype != "fp16" and "--grad-reduce-in-bf16" in values:
+        opts["grad_dtype"] = "bf16"
+    elif "--accumulate-allreduce-grads-in-fp32" in values:
+        if "main_grads=bf16" in opts.get("optimizer_dtypes", ""):
+            raise ConfigError(f"{src}: --main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron "
+                              "asserts main gradients are fp32 when they accumulate in fp32)")  # fmt: skip
+        opts["grad_dtype"] = "fp32"
+    elif dtype == "fp16":
+        out.notes.append(
+            "--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron keeps fp16 gradients, counted in the "
+            "framework's fp32 (--grad-dtype fp16 counts Megatron's)"
+        )
+    if dtype == "fp16" and "--grad-reduce-in-bf16" in values:
+        out.notes.append("--grad-reduce-in-bf16: read by Megatron only with --bf16; ignored")
+
+
 def _optimizer_dtypes(values: dict[str, list[str]], out: FromConfig) -> None:
     """``--use-precision-aware-optimizer`` and the state dtypes it takes (arguments.py's choices; without it
     Megatron-Core asserts they are fp32: optimizer_config.py, commit d98e8a6) as ``optimizer_dtypes``."""
@@ -474,6 +508,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         if layers > 1:
             opts["recompute"] = f"full:uniform-{layers}"
     _optimizer_dtypes(values, out)
+    _grad_dtype(values, out)
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:
         if comm not in ("p2p", "all_gather"):

@@ -121,6 +121,10 @@ class StatePolicy:
     grad_bytes: float
     optimizer_bytes: float
     bucket_bytes: float = 0.0
+    # fp32 main gradients the optimizer step makes from 16-bit ones for an fp32 master (Megatron-Core's
+    # _copy_model_grads_to_main_grads: ``main_param.grad = model_param.main_grad.float()``, the distributed
+    # optimizer's shard of them; optimizer.py, Megatron-LM commit d98e8a6), once backward has freed the activations
+    step_grad_bytes: float = 0.0
 
     @classmethod
     def for_training(
@@ -184,7 +188,11 @@ class StatePolicy:
         # ZeRO 0 keeps every gradient, so the buckets hold ``grad`` bytes a parameter, in the dtype the
         # data-parallel pass reduces them in (fp32: passes/plugin.py _data_parallel)
         bucket = grad if ddp_bucket_buffers and zero == 0 else 0.0
-        return cls(weight, grad, opt, bucket)
+        # 16-bit gradients under an fp32 master: the step's fp32 copy of this rank's share (Transformer Engine's
+        # FusedAdam, the precision-aware optimizer, reads them as they are)
+        copied = mixed and not weights_16bit and grad == 2.0 and not optimizer_dtypes
+        step = 4.0 / (dp if zero >= 1 else 1) if copied else 0.0
+        return cls(weight, grad, opt, bucket, step)
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,9 @@ class MemoryBreakdown:
     comm_buffers: int
     fragmentation: int
     capacity: int
+    # StatePolicy.step_grad_bytes of the rank's parameters: live at the optimizer step, when the activations and
+    # their working set are gone, so ``transient`` covers what it exceeds them by (not a term of its own)
+    step_grads: int = 0
 
     @property
     def peak(self) -> int:
@@ -817,8 +828,9 @@ def stage_memory(
     ``comm_buffers``: their NCCL buffers and PyTorch DDP's gradient buckets (``StatePolicy.bucket_bytes``)."""
     policy = policy or StatePolicy.for_training("bf16")
     act = activation_bytes(graph, saved) * in_flight
-    transient = transient_bytes(graph, saved)
     frag = activation_bytes(graph, saved, blocks=True) * in_flight - act
+    step = int(local_params * policy.step_grad_bytes)
+    transient = max(transient_bytes(graph, saved), step - act - frag)
     return MemoryBreakdown(
         params=int(local_params * policy.weight_bytes),
         grads=int(local_params * policy.grad_bytes),
@@ -828,6 +840,7 @@ def stage_memory(
         comm_buffers=comm_groups * NCCL_BUFFERS_PER_GROUP + int(local_params * policy.bucket_bytes),
         fragmentation=frag,
         capacity=capacity,
+        step_grads=step,
     )
 
 

@@ -285,7 +285,9 @@ def _memory(
             blocks = costed.peak_held(r, {s.index: static[i][2] or 0 for s, i in zip(mine, ident, strict=True)})
         key = (*ident, act, blocks)
         if key not in same:
-            transient = max(p.transient for p in parts)
+            # the optimizer step's fp32 copy of 16-bit gradients lives once the activations are freed
+            step = sum(p.step_grads for p in parts)
+            transient = max(max(p.transient for p in parts), step - blocks)
             mem = MemoryBreakdown(
                 params=sum(p.params for p in parts),
                 grads=sum(p.grads for p in parts),
@@ -296,6 +298,7 @@ def _memory(
                 comm_buffers=nccl + sum(p.comm_buffers for p in parts),
                 fragmentation=blocks - act,
                 capacity=facts.capacity_bytes,
+                step_grads=step,
             )
             same[key] = (mem, mem.as_dict())
         mem, row = same[key]
@@ -333,7 +336,7 @@ def static_memory(
     e = _state(experts, facts.expert_state, transient)
     return MemoryBreakdown(
         dense.params + e.params, dense.grads + e.grads, dense.optimizer + e.optimizer, 0, dense.transient,
-        dense.comm_buffers + e.comm_buffers, 0, 0,
+        dense.comm_buffers + e.comm_buffers, 0, 0, dense.step_grads + e.step_grads,
     )  # fmt: skip
 
 
@@ -356,6 +359,7 @@ def _state(local_params: int, policy: StatePolicy, transient: int) -> MemoryBrea
         comm_buffers=int(local_params * policy.bucket_bytes),
         fragmentation=0,
         capacity=0,
+        step_grads=int(local_params * policy.step_grad_bytes),
     )
 
 
@@ -445,7 +449,7 @@ def brief_figures(
     pp, m = plan.pp, microbatches
     # per rank (chunks and the chunk whose reduction ends the backward) its step tail's durations in order
     tails: dict[tuple[int, ...], tuple[list[float], list[tuple[str, float]]]] = {}
-    statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]]]] = {}
+    statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]], int]] = {}
     rank_ends: list[float] = []
     held_peak = 0
     comm_buffers = facts.comm_groups * NCCL_BUFFERS_PER_GROUP
@@ -563,7 +567,9 @@ def _chunk_peak(figures: StageFigures, held: int, caching_allocator: bool) -> in
     held = max(0, held)
     act_held = act * held
     blocks_held = (blocks or 0) * held if caching_allocator else act_held
-    return fixed + act_held + (blocks_held - act_held)  # type: ignore[no-any-return]
+    # the optimizer step's fp32 copy of 16-bit gradients, once the activations are freed (as _memory)
+    at_step = fixed - part.transient + part.step_grads
+    return max(fixed + act_held + (blocks_held - act_held), at_step)  # type: ignore[no-any-return]
 
 
 def _grouped_peak(plan: Any, idents: list[tuple[int, ...]], figures: list[StageFigures], caching: bool) -> int | None:
@@ -591,6 +597,8 @@ def _grouped_peak(plan: Any, idents: list[tuple[int, ...]], figures: list[StageF
         fixed = state + max(p.transient for p in parts) + sum(p.comm_buffers for p in parts)  # as _rank_peak
         if type(fixed) is not int:  # a float would round fixed + act + (blocks - act) its own way
             return None
+        at_step = state + sum(p.comm_buffers for p in parts) + sum(p.step_grads for p in parts)
+        best = max(best, at_step)
         sizes = [f[3] or 0 for f in mine] if caching else [f[2] for f in mine]
         key = (plan, tuple(ranks))
         points = _HELD_POINTS.get(key, lambda ranks=ranks: _held_points(plan, ranks))
@@ -638,7 +646,7 @@ def _rank_peak(
     figures: list[StageFigures],
     key: tuple[int, ...],
     plan: Any,
-    statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]]]],
+    statics: dict[tuple[int, ...], tuple[int, list[tuple[int, int | None]], int]],
     facts: StepFacts,
 ) -> int:
     """:func:`_memory`'s peak of one rank less its NCCL buffers (the same for every rank).
@@ -651,8 +659,9 @@ def _rank_peak(
         parts = [f[1] for f in figures]
         state = sum(p.params for p in parts) + sum(p.grads for p in parts) + sum(p.optimizer for p in parts)
         fixed = state + max(p.transient for p in parts) + sum(p.comm_buffers for p in parts)  # + DDP's buckets
-        hit = statics[key] = (fixed, [(f[2], f[3]) for f in figures])
-    fixed, sizes = hit
+        at_step = state + sum(p.comm_buffers for p in parts) + sum(p.step_grads for p in parts)
+        hit = statics[key] = (fixed, [(f[2], f[3]) for f in figures], at_step)
+    fixed, sizes, at_step = hit
     if len(mine) == 1:  # one chunk: its bytes times the most micro-batches the rank holds (as _peak_held)
         (act, blocks), held = sizes[0], max(0, plan.in_flight[rank].get(rank, 0))
         act_held = act * held
@@ -665,7 +674,7 @@ def _rank_peak(
             if facts.caching_allocator
             else act_held
         )
-    return fixed + act_held + (blocks_held - act_held)
+    return max(fixed + act_held + (blocks_held - act_held), at_step)
 
 
 def exposed_comm(chunks: list[StageCost], microbatches: int, tail: list[tuple[str, float]]) -> dict[str, float]:

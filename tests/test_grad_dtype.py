@@ -1,0 +1,158 @@
+"""``--grad-dtype``: the gradient buffer's dtype over 16-bit weights with an fp32 master (Megatron-Core's
+``grad_reduce_in_fp32``, ``--grad-reduce-in-bf16``, Megatron-FSDP's main gradients, Megatron-Bridge's mixed-precision
+config), and the optimizer step's fp32 copy of 16-bit gradients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from layout_samples import drawn
+
+from echosim import fast_eval, memo
+from echosim.cli import cli
+from echosim.compiler import compile as compile_model
+from echosim.configs import ConfigError, read_args, read_source
+from echosim.layout_search import _evaluate_batch
+from echosim.plan import Cluster, Plan, PlanError
+
+_LLAMA = {"dp": 8, "zero": 1, "seq_len": 4096, "micro_batch": 1, "global_batch": 64, "framework": "megatron"}
+_PARAMS = 8_030_261_248  # Llama-3 8B
+
+
+def _memory(**plan: object) -> dict:
+    report = compile_model("llama3-8b", Plan(**{**_LLAMA, **plan}), Cluster("h100-sxm", 8))  # type: ignore[arg-type]
+    return {**report.memory[0], "step": report.step_time_s, "plan": report.plan}
+
+
+def test_sixteen_bit_gradients_halve_the_buffer_and_leave_the_step() -> None:
+    """Llama-3 8B on 8 H100, ZeRO-1: the gradient buffer is 4 bytes a parameter in fp32 (the megatron framework's
+    default) and 2 in bf16; nothing else moves, the step's time included (the reduction stays fp32:
+    benchmarks/weak_scaling.md). The distributed optimizer's fp32 copy is one eighth of 4 bytes, far under the
+    activations it outlives."""
+    plain, fp32, bf16 = _memory(), _memory(grad_dtype="fp32"), _memory(grad_dtype="bf16")
+    assert plain["grads"] == fp32["grads"] == 4 * _PARAMS and bf16["grads"] == 2 * _PARAMS
+    assert plain["peak"] - bf16["peak"] == 2 * _PARAMS
+    assert plain["step"] == fp32["step"] == bf16["step"]
+    assert {k: plain[k] for k in ("activations", "transient", "optimizer")} == {
+        k: bf16[k] for k in ("activations", "transient", "optimizer")
+    }
+    assert "grad_dtype" not in plain["plan"] and bf16["plan"]["grad_dtype"] == "bf16"
+
+
+def test_without_a_sharded_optimizer_the_step_copies_every_gradient_to_fp32() -> None:
+    """ZeRO-0 with full recompute keeps little activation: at the optimizer step Megatron-Core's
+    ``main_param.grad = model_param.main_grad.float()`` holds 4 more bytes a parameter beside the 2-byte buffer, so
+    16-bit gradients need more memory than fp32 ones, whose ``.float()`` is the buffer itself."""
+    fp32 = _memory(zero=0, recompute="full")
+    bf16 = _memory(zero=0, recompute="full", grad_dtype="bf16")
+    state = bf16["params"] + bf16["grads"] + bf16["optimizer"] + bf16["comm_buffers"]
+    assert bf16["peak"] == state + 4 * _PARAMS  # the step's copy, the activations gone
+    assert bf16["peak"] - fp32["peak"] == 2 * _PARAMS - (fp32["activations"] + fp32["transient"])
+    assert fp32["transient"] < bf16["transient"]
+    # ZeRO-1 copies one eighth of it: the backward's peak stands
+    sharded = _memory(grad_dtype="bf16")
+    assert sharded["peak"] == sum(sharded[k] for k in ("params", "grads", "optimizer", "comm_buffers",
+                                                       "activations", "transient", "fragmentation"))  # fmt: skip
+    assert sharded["transient"] == _memory()["transient"]
+
+
+def test_a_search_prices_the_step_copy_as_the_compile_does() -> None:
+    """The brief figures of a search (its own peak arithmetic) equal the report's with the step's copy in play:
+    16-bit gradients on every layout, ZeRO 0-3."""
+    cluster = Cluster("h100-sxm", 16)
+    plans = drawn("gpt3-350m", Plan(global_batch=32, framework="megatron", grad_dtype="bf16"), cluster, 40, 5)
+    memo.clear_all()
+    fast_eval.FALLBACKS.clear()
+    brief = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True, brief=True)
+    assert not fast_eval.FALLBACKS, fast_eval.FALLBACKS
+    memo.clear_all()
+    full = _evaluate_batch("gpt3-350m", plans, cluster, 0.03, fast=True)
+    for b, f, plan in zip(brief, full, plans, strict=True):
+        assert b.peak_bytes == f.peak_bytes and b.fits == f.fits, plan
+    copied = [p for p in plans if p.zero == 0]
+    assert copied
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        ({"grad_dtype": "fp16", "dtype": "bf16"}, "the weights are bf16"),
+        ({"grad_dtype": "bf16", "dtype": "fp32"}, "fp32 training keeps its gradients in the weights' dtype"),
+        ({"grad_dtype": "bf16", "dtype": "bf16", "framework": "eager-amp"}, "framework 'eager-amp'"),
+        ({"grad_dtype": "fp8", "dtype": "bf16"}, "unknown --grad-dtype 'fp8'"),
+        (
+            {"grad_dtype": "fp32", "dtype": "bf16", "framework": "megatron", "optimizer_dtypes": "main_grads=bf16"},
+            "main gradients are fp32 when gradients accumulate in fp32",
+        ),
+    ],
+)
+def test_bad_uses_are_one_line(plan: dict, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        compile_model("gpt3-125m", Plan(**plan), Cluster("h100-sxm", 1))  # type: ignore[arg-type]
+
+
+def test_the_cli_takes_it_and_refuses_a_mismatch_in_one_line() -> None:
+    base = ["compile", "gpt3-125m", "--backend", "h100-sxm", "--devices", "1", "--dtype", "bf16"]
+    ok = CliRunner().invoke(cli, [*base, "--grad-dtype", "bf16", "--json"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(cli, [*base, "--grad-dtype", "fp16"])
+    assert bad.exit_code != 0 and len(bad.output.strip().splitlines()) == 1 and "Traceback" not in bad.output
+
+
+_ARGS = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+         "--micro-batch-size 1 --global-batch-size 8 --vocab-size 1000")  # fmt: skip
+
+
+def test_megatron_flags() -> None:
+    """Megatron-LM's arguments.py (commit d98e8a6): bf16 accumulates in fp32 unless --grad-reduce-in-bf16; fp16
+    does not unless --accumulate-allreduce-grads-in-fp32; Megatron-FSDP's main gradients default to the model's."""
+    assert read_args(f"{_ARGS} --bf16 --grad-reduce-in-bf16").options["grad_dtype"] == "bf16"
+    both = read_args(f"{_ARGS} --bf16 --grad-reduce-in-bf16 --accumulate-allreduce-grads-in-fp32")
+    assert both.options["grad_dtype"] == "bf16"  # --grad-reduce-in-bf16 turns the other off
+    assert read_args(f"{_ARGS} --fp16 --accumulate-allreduce-grads-in-fp32").options["grad_dtype"] == "fp32"
+    assert "grad_dtype" not in read_args(f"{_ARGS} --bf16").options
+    fp16 = read_args(f"{_ARGS} --fp16 --grad-reduce-in-bf16")
+    assert "grad_dtype" not in fp16.options
+    assert any("Megatron keeps fp16 gradients" in n for n in fp16.notes)
+    assert any("--grad-reduce-in-bf16: read by Megatron only with --bf16" in n for n in fp16.notes)
+    assert "grad_dtype" not in read_args(f"{_ARGS} --grad-reduce-in-bf16").options  # fp32 training
+    fsdp = f"{_ARGS} --bf16 --use-megatron-fsdp"
+    assert read_args(fsdp).options["grad_dtype"] == "bf16"
+    assert read_args(f"{fsdp} --megatron-fsdp-main-grads-dtype fp32").options["grad_dtype"] == "fp32"
+    with pytest.raises(ConfigError, match="--main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32"):
+        read_args(f"{_ARGS} --bf16 --accumulate-allreduce-grads-in-fp32 --use-precision-aware-optimizer "
+                  "--main-grads-dtype bf16")  # fmt: skip
+
+
+_BRIDGE = ("model:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n  seq_length: 128\n"
+           "  vocab_size: 1000\ntrain:\n  global_batch_size: 8\n  micro_batch_size: 1\n")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tail", "want"),
+    [
+        ("mixed_precision: bf16_mixed\nddp:\n  grad_reduce_in_fp32: false\n", "fp32"),  # the recipe's overrides ddp
+        ("mixed_precision: fp16_mixed\n", "fp16"),
+        ("mixed_precision: bf16_with_mxfp8_mixed\n", "fp32"),
+        ("mixed_precision:\n  bf16: true\n  grad_reduce_in_fp32: false\nddp:\n  grad_reduce_in_fp32: true\n", "bf16"),
+        ("ddp:\n  grad_reduce_in_fp32: true\n", ""),  # fp32 training: nothing to set
+        ("mixed_precision:\n  bf16: true\nddp:\n  grad_reduce_in_fp32: false\n", ""),  # the section leaves it out
+    ],
+)
+def test_megatron_bridge_mixed_precision_wins_over_ddp(tmp_path: Path, tail: str, want: str) -> None:
+    """Megatron-Bridge's finalize resolves a recipe name and copies the mixed-precision config's
+    grad_reduce_in_fp32 over the DDP config's (config.py, mixed_precision.py, commit 067f987)."""
+    path = tmp_path / "run_config.yaml"
+    path.write_text(_BRIDGE + tail)
+    assert read_source(f"mbridge:{path}").options.get("grad_dtype", "") == want
+
+
+def test_megatron_bridge_without_mixed_precision_reads_ddp(tmp_path: Path) -> None:
+    path = tmp_path / "run_config.yaml"
+    path.write_text(_BRIDGE.replace("  vocab_size: 1000\n", "  vocab_size: 1000\n  bf16: true\n")
+                    + "ddp:\n  grad_reduce_in_fp32: true\n")  # fmt: skip
+    assert read_source(f"mbridge:{path}").options["grad_dtype"] == "fp32"
+    path.write_text(path.read_text().replace("grad_reduce_in_fp32: true", "grad_reduce_in_fp32: false"))
+    assert read_source(f"mbridge:{path}").options["grad_dtype"] == "bf16"
