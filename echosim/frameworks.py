@@ -736,6 +736,12 @@ FRAMEWORKS["deepspeed-2021"] = replace(
     "parameter over a list of per-rank slices. DeepSpeed PR #1188 (commit c0eeb69, 2021-10-31): 'the async "
     "version is not async at all, because each all_gather calls torch.cuda.synchronize()', and "
     "'torch.distributed.all_gather will do implicit memcpy at the end of each ncclAllgather'",
+    grads_16bit="ZeRO keeps the gradients in fp16: Rajbhandari et al. 2020 (arXiv:1910.02054, sec. 3.1) count "
+    "2 + 2 + 12 bytes a parameter under mixed-precision Adam, and stage3.py (commit c83e49f) keeps each rank's "
+    "reduced gradients in grads_in_partition (torch.half), casting one optimizer sub-group at a time to fp32 at "
+    "the step (_prepare_fp32_grad_for_sub_group) and dropping it after (_release_sub_group). Narayanan et al. "
+    "2021 (footnote to Table 2): batch 2560 on 640 GPUs for the 530B model because 560 GPUs with micro-batch 4 "
+    "did not fit; with fp16 gradients echosim puts that model at 79.2 GiB on 640 GPUs and 80.9 GiB on 560",
 )
 
 # Published non-LLM rows whose stack is not eager PyTorch but has no entry of its own, priced with the eager
