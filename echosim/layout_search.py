@@ -134,12 +134,15 @@ class ModelFacts:
     @classmethod
     def of(cls, model: Any, base: Plan) -> ModelFacts:
         from echosim.compiler import load_model
+        from echosim.frameworks import get_framework
         from echosim.passes.recompute import selective_replays
 
         graph, _messages, params = load_model(model, replace(base, micro_batch=1))
         shape = ModelShape.of(graph)
-        # with flash attention (fused kernel) and no softmax of scores, selective adds nothing: the graph of none
-        replays = base.attention != "flash" or selective_replays(graph)
+        # with flash attention (fused kernel) and no softmax of scores, Megatron's selective adds nothing: the graph
+        # of none. A framework whose "selective" is a policy of its own (torchtitan's per-op policy) replays ops
+        own = get_framework(base.framework).recompute_policy("selective") != "selective"
+        replays = own or base.attention != "flash" or selective_replays(graph)
         return cls(params=params, shape=shape, selective_replays=replays)
 
     @property

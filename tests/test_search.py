@@ -115,6 +115,25 @@ def test_selective_recompute_is_distinct_with_materialised_attention() -> None:
     assert canonical(plan, facts).recompute == "selective"
 
 
+def test_a_frameworks_own_selective_policy_is_not_folded_into_none() -> None:
+    """torchtitan's "selective" is its per-op policy (``Framework.selective``), which replays matmuls even with
+    flash attention: a search keeps it, and its figures are the compile's (it was folded into ``none``, so
+    torchtitan's published Llama 3.1 8B layouts were searched as ``none`` and called out of memory)."""
+    plan = Plan(dp=8, zero=3, global_batch=16, micro_batch=2, recompute="selective", framework="torchtitan")
+    facts = ModelFacts.of("llama3-8b", plan)
+    assert canonical(plan, facts).recompute == "selective"
+    cluster = Cluster("h100-sxm", 8)
+    space = {"tp": (1,), "pp": (1,), "mb": (2,), "zero": (3,), "cp": (1,), "vpp": (1,), "sp": (False,),
+             "recompute": ("none", "selective"), "tp_overlap": (False,), "schedule": ("1f1b",)}  # fmt: skip
+    found = search("llama3-8b", replace(plan, dp=1), cluster, space=space)
+    byrc = {e.plan.recompute: e for e in [*found.ranked, *found.others] if e.simulated}
+    assert set(byrc) == {"none", "selective"}
+    report = compile_model("llama3-8b", plan, cluster)
+    assert byrc["selective"].step_time_s == pytest.approx(report.step_time_s, rel=1e-12)
+    assert byrc["selective"].peak_bytes == max(m["peak"] for m in report.memory)
+    assert byrc["selective"].peak_bytes < byrc["none"].peak_bytes
+
+
 @pytest.mark.parametrize(
     "plan",
     [Plan(tp=2, pp=2, dp=2, global_batch=8), Plan(dp=8, zero=3, global_batch=8), Plan(tp=4, dp=2, zero=1,
