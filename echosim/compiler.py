@@ -262,7 +262,8 @@ def prepare_joint(
     # PyTorch DDP's reducer keeps its gradient buckets as well as the gradients (DataParallel.bucket_buffers): read
     # off the data-parallel pass as configured for this backend (none on XLA's static buffers: _sized)
     buckets = any(isinstance(p, DataParallel) and p.bucket_buffers() for p in stage_passes)
-    state = {**framework.state(plan.pp, plan.grad_dtype), "optimizer_dtypes": plan.optimizer_dtypes}
+    kept = framework.state(plan.pp, plan.grad_dtype, plan.zero, plan.dtype)
+    state = {**kept, "optimizer_dtypes": plan.optimizer_dtypes}
     static = bool(getattr(loaded, "static_buffers", False))
     caching = bool(getattr(loaded, "caching_allocator", not static))
     facts = StepFacts(

@@ -71,6 +71,8 @@ class Framework:
 
     pp_unsharded: str = ""  # FSDP under a pipeline keeps weights and gradients unsharded across micro-batches
     grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
+    # ... under ZeRO (any stage) or fp16 only: DeepSpeed's grad_accum_dtype default, fp32 for bf16 without ZeRO
+    grads_16bit_under_zero: str = ""
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
     weights_16bit: str = ""  # 16-bit weights, gradients and optimizer moments, no master copy
     fsdp_reduce_fp32: str = ""  # ZeRO-3 / FSDP reduce-scatters gradients in fp32, not the parameters' 16 bits
@@ -83,15 +85,16 @@ class Framework:
     # (echosim.passes.data_parallel, ``fsdp2_copies``; '' = none)
     fsdp2_copies: str = ""
 
-    def state(self, pp: int = 1, grad_dtype: str = "") -> dict[str, bool]:
+    def state(self, pp: int = 1, grad_dtype: str = "", zero: int = 0, dtype: str = "") -> dict[str, bool]:
         """Keyword arguments of :meth:`echosim.passes.memory.StatePolicy.for_training` for this framework;
-        ``grad_dtype``: the run's gradient buffer (``Plan.grad_dtype``) where it sets one."""
+        ``grad_dtype``: the run's gradient buffer (``Plan.grad_dtype``) where it sets one; ``zero`` and ``dtype``:
+        the run's ZeRO stage and precision, which DeepSpeed's default gradient dtype follows."""
         out = {"fp32_weights": True} if self.fp32_weights else {}
         if self.weights_16bit:
             out["weights_16bit"] = True
         if grad_dtype:
             out["fp32_grads"] = grad_dtype == "fp32"
-        elif self.grads_16bit:
+        elif self.grads_16bit or (self.grads_16bit_under_zero and (zero >= 1 or dtype == "fp16")):
             out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True
@@ -606,6 +609,10 @@ FRAMEWORKS: dict[str, Framework] = {
                     "https://www.deepspeed.ai/docs/config-json/)",
                 ),
             ),
+            grads_16bit_under_zero="data_types.grad_accum_dtype unset: the model's dtype, except bf16 without ZeRO, "
+            "which accumulates in fp32 (DeepSpeedEngine.get_data_types, deepspeed/runtime/engine.py, commit "
+            "38327e0); ZeRO's optimizers then cast this rank's partition to fp32 at the step (stage_1_and_2.py, "
+            "stage3.py), as the ZeRO paper counts 2 + 2 + 12 bytes a parameter (arXiv:1910.02054, sec. 3.1)",
         ),
     )
 }

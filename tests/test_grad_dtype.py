@@ -156,3 +156,32 @@ def test_megatron_bridge_without_mixed_precision_reads_ddp(tmp_path: Path) -> No
     assert read_source(f"mbridge:{path}").options["grad_dtype"] == "fp32"
     path.write_text(path.read_text().replace("grad_reduce_in_fp32: true", "grad_reduce_in_fp32: false"))
     assert read_source(f"mbridge:{path}").options["grad_dtype"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "zero", "grad_bytes"),
+    [("bf16", 0, 4), ("bf16", 1, 2), ("bf16", 2, 2), ("fp16", 0, 2), ("fp16", 1, 2)],
+)
+def test_deepspeed_keeps_the_models_dtype_under_zero(dtype: str, zero: int, grad_bytes: int) -> None:
+    """DeepSpeed's grad_accum_dtype default (DeepSpeedEngine.get_data_types, commit 38327e0): the model's dtype,
+    except bf16 without ZeRO (BF16_Optimizer accumulates in fp32). dp 8: ZeRO-2 shards the gradients."""
+    plan = Plan(dp=8, zero=zero, dtype=dtype, framework="deepspeed", global_batch=8)
+    row = compile_model("gpt3-125m", plan, Cluster("h100-sxm", 8)).memory[0]
+    shard = 8 if zero >= 2 else 1
+    assert row["grads"] * 2 * shard == pytest.approx(grad_bytes * row["params"] * (8 if zero >= 3 else 1), rel=1e-6)
+
+
+def test_deepspeed_grad_accum_dtype(tmp_path: Path) -> None:
+    """``data_types.grad_accum_dtype`` (DeepSpeed's DtypeEnum spellings) is the gradient dtype; another value is one
+    line."""
+    path = tmp_path / "ds.json"
+    base = '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 1}'
+    path.write_text(base + ', "data_types": {"grad_accum_dtype": "fp32"}}')
+    assert read_source(f"deepspeed:{path}").options["grad_dtype"] == "fp32"
+    path.write_text(base + ', "data_types": {"grad_accum_dtype": "bfloat16"}}')
+    assert read_source(f"deepspeed:{path}").options["grad_dtype"] == "bf16"
+    path.write_text(base + "}")
+    assert "grad_dtype" not in read_source(f"deepspeed:{path}").options
+    path.write_text(base + ', "data_types": {"grad_accum_dtype": "fp8"}}')
+    with pytest.raises(ConfigError, match=r"data_types\.grad_accum_dtype 'fp8'"):
+        read_source(f"deepspeed:{path}")

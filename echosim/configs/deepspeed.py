@@ -55,6 +55,8 @@ def read_deepspeed(spec: str, source: str) -> FromConfig:
             _zero(value, out)
         elif key in ("fp16", "bf16", "bfloat16"):
             _precision(key, value, out)
+        elif key == "data_types":
+            _data_types(value, out)
         elif key == "activation_checkpointing":
             out.notes.append(
                 "activation_checkpointing: applies only where the training script calls deepspeed.checkpointing; "
@@ -90,6 +92,27 @@ def _precision(key: str, value: Any, out: FromConfig) -> None:
         for sub in value:
             if sub not in PRECISION_KEYS:
                 out.unknown.append(f"{key}.{sub}")
+
+
+#: ``data_types.grad_accum_dtype`` spellings (DtypeEnum, deepspeed/runtime/config.py, commit 38327e0) as echosim's
+GRAD_ACCUM_DTYPES = {**dict.fromkeys(("fp32", "float32", "float", "torch.float32"), "fp32"),
+                     **dict.fromkeys(("fp16", "float16", "half", "torch.float16"), "fp16"),
+                     **dict.fromkeys(("bf16", "bfloat16", "torch.bfloat16"), "bf16")}  # fmt: skip
+
+
+def _data_types(section: Any, out: FromConfig) -> None:
+    """``data_types.grad_accum_dtype``: the dtype gradients accumulate in (``--grad-dtype``); unset, DeepSpeed
+    takes the model's, or fp32 for bf16 without ZeRO (the framework's rule)."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"{out.source}: data_types is not an object")
+    for key, value in section.items():
+        if key != "grad_accum_dtype":
+            out.unknown.append(f"data_types.{key}")
+        elif value is not None:
+            if value not in GRAD_ACCUM_DTYPES:
+                raise ConfigError(f"{out.source}: data_types.grad_accum_dtype {value!r} (DeepSpeed knows fp32, fp16, "
+                                  "bf16)")  # fmt: skip
+            out.options["grad_dtype"] = GRAD_ACCUM_DTYPES[value]
 
 
 def _zero(section: Any, out: FromConfig) -> None:

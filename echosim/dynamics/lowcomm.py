@@ -107,7 +107,7 @@ def data_parallel(report: Any) -> DataParallel:
     replicas = p["dp"] * p["cp"]
     sharded = StatePolicy.for_training(p["dtype"], p["zero"], replicas, **get_framework(p["framework"]).state(p["pp"]))
     local = max(round(row["params"] / sharded.weight_bytes) for row in report.memory)
-    kept = get_framework(p["framework"]).state(1, p.get("grad_dtype", ""))
+    kept = get_framework(p["framework"]).state(1, p.get("grad_dtype", ""), p["zero"], p["dtype"])
     plain = StatePolicy.for_training(p["dtype"], 0, 1, **kept)
     where = axis_placements(
         Degrees(p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p.get("etp", 0)), report.devices_per_node
