@@ -175,6 +175,30 @@ def test_a_megatron_layout_that_does_not_fit_is_offered_bf16_moments() -> None:
                 if "optimizer-dtypes" in o.change]  # fmt: skip
 
 
+def test_a_layout_that_does_not_fit_with_fp32_gradients_is_offered_16_bit_ones() -> None:
+    """Llama-3 8B on 8 H100 (ZeRO-1, seq 6144) needs 86.4 GiB: fp32 gradients are 4 bytes a parameter on every
+    rank, and in the weights' bf16 (``--grad-dtype bf16``) they are 2, so it fits at 71.4 GiB with the same step.
+    Without a sharded optimizer the step's fp32 copy makes 16-bit gradients cost more, and nothing is offered where
+    the gradients are 16-bit already or the layout fits."""
+    model, cluster = "llama3-8b", Cluster("h100-sxm", 8)
+    plan = Plan(dp=8, zero=1, micro_batch=1, global_batch=8, seq_len=6144, framework="megatron")
+    base = compile_model(model, plan, cluster)
+    ranked, _ = suggest(model, plan, cluster, base)
+    (sixteen,) = [o for o in ranked if o.change == "--grad-dtype bf16"]
+    assert not base.fits and sixteen.fits and sixteen.step_time_s == base.step_time_s
+    assert base.memory[0]["peak"] - sixteen.peak_bytes == base.memory[0]["params"]  # 2 bytes a parameter each
+    nemo = replace(plan, framework="nemo")  # its performance scripts' 16-bit gradients already
+    assert not [
+        o for o in suggest(model, nemo, cluster, compile_model(model, nemo, cluster))[1] if "grad-dtype" in o.change
+    ]
+    unsharded = Plan(micro_batch=1, global_batch=2, framework="megatron", recompute="full")
+    one = Cluster("a100-40gb", 1)
+    tried = [o for o in suggest("gpt3-2.7b", unsharded, one, compile_model("gpt3-2.7b", unsharded, one))[1]
+             if "grad-dtype" in o.change]  # fmt: skip
+    assert tried and not tried[0].fits
+    assert tried[0].peak_bytes > compile_model("gpt3-2.7b", unsharded, one).memory[0]["peak"]
+
+
 def test_explain_text_names_the_critical_path_communication_bubble_and_suggestions() -> None:
     code, out = _invoke("explain", "gpt3-1.3b", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "16",
                         "--seq-len", "1024", "--backend", "h100-sxm")  # fmt: skip

@@ -162,6 +162,7 @@ def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_
     others = [o for o in tries if o not in fewest]
     outcomes += fewest
     outcomes += bf16_moments(model, plan, cluster, compile_fn, base_report)
+    outcomes += sixteen_bit_gradients(model, plan, cluster, compile_fn, base_report)
     if not base_report.fits and not any(o.fits for o in outcomes):
         seen = {o.plan for o in outcomes} | {replace(plan, global_batch=plan.batch)}
         closest = sorted((o for o in outcomes if not o.error), key=lambda o: (o.peak_bytes, o.change))[:beam]
@@ -209,6 +210,25 @@ def bf16_moments(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile, 
     if not framework.master_copy(plan.dtype):
         return []
     lowered = replace(plan, global_batch=plan.batch, optimizer_dtypes=BF16_MOMENTS)
+    return simulate(model, plan, cluster, [lowered], compile_fn, base_report)
+
+
+def sixteen_bit_gradients(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile,
+                          base_report: Any) -> list[Outcome]:  # fmt: skip
+    """Where the layout does not fit and keeps fp32 gradients over 16-bit weights with an fp32 master: the same layout
+    with the gradient buffer in the weights' 16 bits (``--grad-dtype``: Megatron's ``--grad-reduce-in-bf16``, the
+    NeMo and Megatron-Bridge performance scripts' ``grad_reduce_in_fp32 = False``, DeepSpeed's
+    ``grad_accum_dtype``), 2 bytes fewer per parameter of the rank's gradient buffer. Without a sharded optimizer
+    the step's fp32 copy can cost more than that saves; the compile says. A change of numerics: offered only to make
+    a layout fit."""
+    framework = get_framework(plan.framework)
+    if base_report.fits or plan.grad_dtype or "main_grads=bf16" in plan.optimizer_dtypes:
+        return []
+    if not framework.master_copy(plan.dtype) or not framework.state(plan.pp, "", plan.zero, plan.dtype).get(
+        "fp32_grads", True
+    ):
+        return []
+    lowered = replace(plan, global_batch=plan.batch, grad_dtype="fp16" if plan.dtype == "fp16" else "bf16")
     return simulate(model, plan, cluster, [lowered], compile_fn, base_report)
 
 
