@@ -38,17 +38,17 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "microbatches devices_per_node backend",
         "comm.dp": "dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend",
         "comm.edp": "dp ep zero tp pp layers_per_stage devices_per_node backend",
-        "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend",
+        "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend fsdp_reduce_dtype",
         "comm.": "tp pp dp sp micro_batch seq_len devices_per_node backend",
         "bubble": "pp vpp schedule microbatches pp_balance tp sp micro_batch recompute",
         "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes",
         "idle": "tp pp micro_batch",
         "memory.params": _STATE,
-        "memory.grads": f"{_STATE} optimizer_dtypes",
+        "memory.grads": f"{_STATE} optimizer_dtypes grad_dtype",
         "memory.optimizer": f"{_STATE} cp optimizer_dtypes",
         "memory.activations": "recompute micro_batch seq_len sp tp cp pp vpp schedule layers_per_stage attention "
         "dtype microbatches offload_layers loss_chunks",
-        "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype",
+        "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype grad_dtype",
     }.items()
 }
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "transient", "comm_buffers", "fragmentation")
