@@ -557,6 +557,48 @@ def maxtext_config(rng: random.Random, work: Path) -> Callable[[], Any]:
     return run
 
 
+#: Values a mutated DeepSpeed config gives a key (JSON): numbers, odd types and the dtype spellings it reads.
+_JSON_VALUES: list[Any] = [0, -1, 1, 3, 2.5, None, True, False, "", "x", "auto", [], [1], {}, {"enabled": True},
+                           "fp32", "bf16", "fp16", "bfloat16", "half", "fp8"]  # fmt: skip
+
+
+def deepspeed_config(rng: random.Random, work: Path) -> Callable[[], Any]:
+    """A DeepSpeed config (tests/data/configs/deepspeed) with keys dropped, values replaced or keys added (among
+    them ``data_types.grad_accum_dtype``), or the text cut short; read, resolved and laid out for GPT-3 125M as
+    ``compile gpt3-125m --from deepspeed:`` does."""
+    from echosim.configs import read_source, resolve
+
+    source = rng.choice(sorted((ROOT / "tests" / "data" / "configs" / "deepspeed").glob("*.json")))
+    data = json.loads(source.read_text())
+    for _ in range(rng.randint(1, 4)):
+        section = data
+        if rng.random() < 0.5 and isinstance(data.get("zero_optimization"), dict):
+            section = data["zero_optimization"]
+        move = rng.random()
+        if move < 0.3 and section:
+            del section[rng.choice(sorted(section))]
+        elif move < 0.7 and section:
+            section[rng.choice(sorted(section))] = rng.choice(_JSON_VALUES)
+        elif move < 0.85:
+            data["data_types"] = {"grad_accum_dtype": rng.choice(_JSON_VALUES)}
+        else:
+            key = rng.choice(["data_types", "stage", "bf16", "fp16", "train_batch_size", "gradient_accumulation_steps"])
+            data[key] = rng.choice(_JSON_VALUES)
+    text = json.dumps(data)
+    if rng.random() < 0.15:
+        text = text[: rng.randrange(len(text) + 1)]
+    path = work / f"d{rng.randrange(10**9)}.json"
+    path.write_text(text)
+
+    def run() -> Any:
+        from echosim.commands.options import layout_from_options
+
+        chosen, opts = resolve(read_source(f"deepspeed:{path}"), {"devices": 8}, "gpt3-125m")
+        return layout_from_options(chosen, opts, False)
+
+    return run
+
+
 TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "layouts": layouts,
     "valid-layouts": valid_layouts,
@@ -568,6 +610,7 @@ TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "hf-config": hf_config,
     "megatron-config": megatron_config,
     "maxtext-config": maxtext_config,
+    "deepspeed-config": deepspeed_config,
 }
 
 

@@ -31,6 +31,7 @@ CHEAP = [
     "onnx",
     "megatron-config",
     "maxtext-config",
+    "deepspeed-config",
     "valid-layouts",
 ]
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

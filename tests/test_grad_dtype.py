@@ -182,6 +182,15 @@ def test_deepspeed_grad_accum_dtype(tmp_path: Path) -> None:
     assert read_source(f"deepspeed:{path}").options["grad_dtype"] == "bf16"
     path.write_text(base + "}")
     assert "grad_dtype" not in read_source(f"deepspeed:{path}").options
-    path.write_text(base + ', "data_types": {"grad_accum_dtype": "fp8"}}')
-    with pytest.raises(ConfigError, match=r"data_types\.grad_accum_dtype 'fp8'"):
+    for bad in ('"fp8"', "[1]", "3"):
+        path.write_text(base + f', "data_types": {{"grad_accum_dtype": {bad}}}}}')
+        with pytest.raises(ConfigError, match=r"data_types\.grad_accum_dtype .* \(DeepSpeed knows"):
+            read_source(f"deepspeed:{path}")
+
+
+def test_a_grad_accum_dtype_of_another_type_is_one_line(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py --targets deepspeed-config: a list or an object there was a TypeError
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 1, "data_types": {"grad_accum_dtype": {"a": 1}}}')
+    with pytest.raises(ConfigError, match="DeepSpeed knows fp32, fp16, bf16"):
         read_source(f"deepspeed:{path}")

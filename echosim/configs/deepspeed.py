@@ -109,7 +109,7 @@ def _data_types(section: Any, out: FromConfig) -> None:
         if key != "grad_accum_dtype":
             out.unknown.append(f"data_types.{key}")
         elif value is not None:
-            if value not in GRAD_ACCUM_DTYPES:
+            if not isinstance(value, str) or value not in GRAD_ACCUM_DTYPES:
                 raise ConfigError(f"{out.source}: data_types.grad_accum_dtype {value!r} (DeepSpeed knows fp32, fp16, "
                                   "bf16)")  # fmt: skip
             out.options["grad_dtype"] = GRAD_ACCUM_DTYPES[value]
