@@ -578,12 +578,12 @@ def deepspeed_config(rng: random.Random, work: Path) -> Callable[[], Any]:
         if move < 0.3 and section:
             del section[rng.choice(sorted(section))]
         elif move < 0.7 and section:
-            section[rng.choice(sorted(section))] = rng.choice(_JSON_VALUES)
+            section[rng.choice(sorted(section))] = copy.deepcopy(rng.choice(_JSON_VALUES))
         elif move < 0.85:
-            data["data_types"] = {"grad_accum_dtype": rng.choice(_JSON_VALUES)}
+            data["data_types"] = {"grad_accum_dtype": copy.deepcopy(rng.choice(_JSON_VALUES))}
         else:
             key = rng.choice(["data_types", "stage", "bf16", "fp16", "train_batch_size", "gradient_accumulation_steps"])
-            data[key] = rng.choice(_JSON_VALUES)
+            data[key] = copy.deepcopy(rng.choice(_JSON_VALUES))  # a fresh object: the mutations nest it
     text = json.dumps(data)
     if rng.random() < 0.15:
         text = text[: rng.randrange(len(text) + 1)]
