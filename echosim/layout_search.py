@@ -130,6 +130,9 @@ class ModelFacts:
     params: int
     shape: ModelShape  # heads, repeated layers, experts, sequence: what the layout rules read
     selective_replays: bool  # selective recompute replays some op of this model (else it equals none)
+    # ZeRO on one replica shards nothing, so it is ZeRO 0, unless the framework keeps other state under ZeRO
+    # (DeepSpeed: 16-bit gradients with ZeRO, fp32 without it under bf16, Framework.grads_16bit_under_zero)
+    zero_moot_alone: bool = True
 
     @classmethod
     def of(cls, model: Any, base: Plan) -> ModelFacts:
@@ -141,9 +144,13 @@ class ModelFacts:
         shape = ModelShape.of(graph)
         # with flash attention (fused kernel) and no softmax of scores, Megatron's selective adds nothing: the graph
         # of none. A framework whose "selective" is a policy of its own (torchtitan's per-op policy) replays ops
-        own = get_framework(base.framework).recompute_policy("selective") != "selective"
+        framework = get_framework(base.framework)
+        own = framework.recompute_policy("selective") != "selective"
         replays = own or base.attention != "flash" or selective_replays(graph)
-        return cls(params=params, shape=shape, selective_replays=replays)
+        moot = framework.state(base.pp, base.grad_dtype, 0, base.dtype) == framework.state(
+            base.pp, base.grad_dtype, 1, base.dtype
+        )
+        return cls(params=params, shape=shape, selective_replays=replays, zero_moot_alone=moot)
 
     @property
     def layers(self) -> int:
@@ -222,7 +229,8 @@ def _splits_sequence(facts: ModelFacts, cp: int) -> bool:
 def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None = None) -> Plan:
     """The one layout ``plan`` is the same as: every input of its compile equal, so every figure equal.
 
-    * ZeRO shards over dp x cp replicas: with one replica every stage is stage 0;
+    * ZeRO shards over dp x cp replicas: with one replica every stage is stage 0 (unless the framework keeps
+      other state under ZeRO: ``ModelFacts.zero_moot_alone``);
     * tp-overlap chunks GEMMs around TP collectives: without TP there are none;
     * selective recompute with flash attention replays nothing (``ModelFacts.selective_replays``);
     * two schedules that give the same block orders and split the backward alike for this
@@ -244,7 +252,7 @@ def _canon(
     facts: ModelFacts, same_schedule: SameSchedule | None,
 ) -> tuple[int, bool, str, str]:  # fmt: skip
     """:func:`canonical` on plain values (the enumeration builds a plan only for distinct layouts)."""
-    if zero and dp * cp == 1:
+    if zero and dp * cp == 1 and facts.zero_moot_alone:
         zero = 0
     if ovl and tp == 1:
         ovl = False

@@ -115,6 +115,25 @@ def test_selective_recompute_is_distinct_with_materialised_attention() -> None:
     assert canonical(plan, facts).recompute == "selective"
 
 
+def test_zero_on_one_replica_stays_where_the_framework_keeps_other_state_under_it() -> None:
+    """DeepSpeed keeps bf16 gradients under ZeRO and fp32 ones without it (Framework.grads_16bit_under_zero): ZeRO-1
+    on one replica is not ZeRO 0 there, and a search prices it as the compile does. Megatron's is moot alone."""
+    plan = Plan(tp=2, dp=1, zero=1, global_batch=4, framework="deepspeed", dtype="bf16")
+    assert canonical(plan, ModelFacts.of("gpt3-1.3b", plan)).zero == 1
+    megatron = replace(plan, framework="megatron")
+    assert canonical(megatron, ModelFacts.of("gpt3-1.3b", megatron)).zero == 0
+    cluster = Cluster("h100-sxm", 2)
+    space = {"tp": (2,), "pp": (1,), "mb": (1,), "zero": (0, 1), "cp": (1,), "vpp": (1,), "sp": (False,),
+             "recompute": ("none",), "tp_overlap": (False,), "schedule": ("1f1b",)}  # fmt: skip
+    found = search("gpt3-1.3b", replace(plan, tp=1), cluster, space=space)
+    byzero = {e.plan.zero: e for e in [*found.ranked, *found.others]}
+    assert set(byzero) == {0, 1}
+    for zero, e in byzero.items():
+        report = compile_model("gpt3-1.3b", replace(plan, zero=zero), cluster)
+        assert e.peak_bytes == max(m["peak"] for m in report.memory)
+    assert byzero[1].peak_bytes < byzero[0].peak_bytes  # bf16 gradients, where ZeRO 0 keeps fp32 ones
+
+
 def test_a_frameworks_own_selective_policy_is_not_folded_into_none() -> None:
     """torchtitan's "selective" is its per-op policy (``Framework.selective``), which replays matmuls even with
     flash attention: a search keeps it, and its figures are the compile's (it was folded into ``none``, so
