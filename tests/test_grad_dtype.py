@@ -194,3 +194,15 @@ def test_a_grad_accum_dtype_of_another_type_is_one_line(tmp_path: Path) -> None:
     path.write_text('{"train_micro_batch_size_per_gpu": 1, "data_types": {"grad_accum_dtype": {"a": 1}}}')
     with pytest.raises(ConfigError, match="DeepSpeed knows fp32, fp16, bf16"):
         read_source(f"deepspeed:{path}")
+
+
+def test_nemo_grad_sync_dtype(tmp_path: Path) -> None:
+    """NeMo's distributed_fused_adam keeps and reduce-scatters gradients in ``optim.grad_sync_dtype``
+    (NVIDIA's launcher sets ``+training.model.optim.grad_sync_dtype=bf16``)."""
+    text = (Path(__file__).parent / "data" / "configs" / "nemo" / "gpt3_5b.yaml").read_text()
+    path = tmp_path / "run.yaml"
+    path.write_text(text.replace("  optim:\n", "  optim:\n    grad_sync_dtype: bf16\n", 1))
+    assert read_source(f"nemo:{path}").options["grad_dtype"] == "bf16"
+    path.write_text(text.replace("  optim:\n", "  optim:\n    grad_sync_dtype: fp8\n", 1))
+    with pytest.raises(ConfigError, match=r"model\.optim\.grad_sync_dtype 'fp8'"):
+        read_source(f"nemo:{path}")

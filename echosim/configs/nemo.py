@@ -88,8 +88,13 @@ CONSUMED = (
     | {f"model.{k}" for k in SWITCHES}
     | {"model.num_query_groups", "model.activation", "model.normalization", "model.position_embedding_type",
        "model.share_embeddings_and_output_weights", "model.optim.name", "model.fsdp", "trainer.num_nodes",
-       "trainer.devices", "trainer.precision", "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl"}
+       "trainer.devices", "trainer.precision", "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl",
+       "model.optim.grad_sync_dtype"}
 )  # fmt: skip
+#: ``model.optim.grad_sync_dtype`` (NeMo's distributed_fused_adam: the gradient buffer and reduce-scatter dtype) as
+#: ``--grad-dtype``
+GRAD_SYNC_DTYPES = {"fp32": "fp32", "float32": "fp32", "32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+                    "fp16": "fp16", "float16": "fp16", "16": "fp16"}  # fmt: skip
 
 _REF = re.compile(r"\$\{\.(\w+)\}")
 _MULTIPLY = re.compile(r"^\$\{multiply:\s*([^,]+?)\s*,\s*([^}]+?)\s*\}$")
@@ -173,6 +178,11 @@ def read_nemo(spec: str, source: str) -> FromConfig:
         out.options["zero"] = 0  # a plain (fused) Adam: the optimizer state is replicated
     if flat.get("model.fsdp") is True:
         out.options["zero"] = 3
+    sync = flat.get("model.optim.grad_sync_dtype")
+    if sync is not None:
+        if str(sync) not in GRAD_SYNC_DTYPES:
+            raise ConfigError(f"{source}: model.optim.grad_sync_dtype {sync!r} (fp32, bf16 or fp16)")
+        out.options["grad_dtype"] = GRAD_SYNC_DTYPES[str(sync)]
     nodes, per_node = flat.get("trainer.num_nodes"), flat.get("trainer.devices")
     if nodes is not None and per_node is not None:
         out.options["devices"] = as_int(nodes, "trainer.num_nodes", source) * as_int(
