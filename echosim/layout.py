@@ -34,7 +34,17 @@ from echosim.passes.recompute import (
     replay_layers,
 )
 from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
-from echosim.plan import CP_COMMS, DTYPES, FSDP_REDUCE_DTYPES, GRAD_DTYPES, MOE_DISPATCHERS, Cluster, Plan, PlanError
+from echosim.plan import (
+    CP_COMMS,
+    DTYPES,
+    FSDP_REDUCE_DTYPES,
+    GRAD_DTYPES,
+    MOE_DISPATCHERS,
+    Cluster,
+    Plan,
+    PlanError,
+    weights_16bit_dtype,
+)
 from echosim.timeline.placement import Degrees, axis_placements
 
 ATTENTIONS = ("flash", "math")
@@ -482,7 +492,7 @@ def _check_grad_dtype(plan: Plan) -> None:
             f"--grad-dtype {plan.grad_dtype}: the gradient buffer of 16-bit weights with an fp32 master; {what} "
             "keeps its gradients in the weights' dtype"
         )
-    weights = "fp16" if plan.dtype == "fp16" else "bf16"
+    weights = weights_16bit_dtype(plan.dtype)
     if plan.grad_dtype not in ("fp32", weights):
         raise PlanError(f"--grad-dtype {plan.grad_dtype}: the weights are {weights} (--dtype {plan.dtype}); "
                         f"gradients are kept in fp32 or {weights}")  # fmt: skip

@@ -161,6 +161,16 @@ def as_int(value: Any, key: str, where: str) -> int:
     raise ConfigError(f"{where}: {key} = {value!r} is not an integer")
 
 
+#: A floating-point dtype as configs spell it (torch's and jnp's names, echosim's own), by echosim's name
+DTYPE_NAMES = {**dict.fromkeys(("fp32", "float32", "float"), "fp32"), **dict.fromkeys(("bf16", "bfloat16"), "bf16"),
+               **dict.fromkeys(("fp16", "float16", "half"), "fp16")}  # fmt: skip
+
+
+def dtype_name(value: Any) -> str | None:
+    """echosim's name of a dtype written as a config writes it (``torch.bfloat16``, ``float``, ``bf16``), else None."""
+    return DTYPE_NAMES.get(value.removeprefix("torch.")) if isinstance(value, str) else None
+
+
 def as_float(value: Any, key: str, where: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{where}: {key} = {value!r} is not a number")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, as_int, read_text
+from echosim.configs.base import ConfigError, FromConfig, as_int, dtype_name, read_text
 
 DOCS = "DeepSpeed configuration JSON reference (https://www.deepspeed.ai/docs/config-json/)"
 
@@ -94,12 +94,6 @@ def _precision(key: str, value: Any, out: FromConfig) -> None:
                 out.unknown.append(f"{key}.{sub}")
 
 
-#: ``data_types.grad_accum_dtype`` spellings (DtypeEnum, deepspeed/runtime/config.py, commit 38327e0) as echosim's
-GRAD_ACCUM_DTYPES = {**dict.fromkeys(("fp32", "float32", "float", "torch.float32"), "fp32"),
-                     **dict.fromkeys(("fp16", "float16", "half", "torch.float16"), "fp16"),
-                     **dict.fromkeys(("bf16", "bfloat16", "torch.bfloat16"), "bf16")}  # fmt: skip
-
-
 def _data_types(section: Any, out: FromConfig) -> None:
     """``data_types.grad_accum_dtype``: the dtype gradients accumulate in (``--grad-dtype``); unset, DeepSpeed
     takes the model's, or fp32 for bf16 without ZeRO (the framework's rule)."""
@@ -108,11 +102,11 @@ def _data_types(section: Any, out: FromConfig) -> None:
     for key, value in section.items():
         if key != "grad_accum_dtype":
             out.unknown.append(f"data_types.{key}")
-        elif value is not None:
-            if not isinstance(value, str) or value not in GRAD_ACCUM_DTYPES:
+        elif value is not None:  # DeepSpeed's DtypeEnum spellings (deepspeed/runtime/config.py, commit 38327e0)
+            if (name := dtype_name(value)) is None:
                 raise ConfigError(f"{out.source}: data_types.grad_accum_dtype {value!r} (DeepSpeed knows fp32, fp16, "
                                   "bf16)")  # fmt: skip
-            out.options["grad_dtype"] = GRAD_ACCUM_DTYPES[value]
+            out.options["grad_dtype"] = name
 
 
 def _zero(section: Any, out: FromConfig) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, in_yaml_names, read_model_yaml
+from echosim.configs.base import ConfigError, FromConfig, dtype_name, in_yaml_names, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
 from echosim.passes.memory import OPTIMIZER_DTYPES
+from echosim.plan import weights_16bit_dtype
 
 #: ``section.field`` -> the Megatron-LM argument that sets the same value.
 TO_MEGATRON = {
@@ -119,10 +120,10 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 #: ``torch.dtype`` values of the optimizer's state dtypes, as the YAML holds them (``str(torch.bfloat16)``, or
 #: Megatron's representer ``{_target_: torch.bfloat16, _call_: false}``: megatron/training/config/yaml_utils.py;
-#: Megatron-Bridge also reads ``bf16`` and ``bfloat16``: activation_map.py DTYPE_MAP), by Megatron's name (fp8 is
-#: stored as torch.uint8: arguments.py's dtype_map)
-_TORCH_DTYPES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                 "uint8": "fp8", "float8_e4m3fn": "fp8"}  # fmt: skip
+#: Megatron-Bridge also reads ``bf16`` and ``bfloat16``: activation_map.py DTYPE_MAP), by Megatron's name: the
+#: floating-point ones are :func:`~echosim.configs.base.dtype_name`'s, and fp8 is stored as torch.uint8
+#: (arguments.py's dtype_map)
+_FP8_WORDS = {"uint8": "fp8", "float8_e4m3fn": "fp8"}
 
 
 def _dtype_word(value: Any) -> str:
@@ -130,7 +131,7 @@ def _dtype_word(value: Any) -> str:
     if isinstance(value, dict) and isinstance(value.get("_target_"), str):
         value = value["_target_"]
     text = str(value)
-    return _TORCH_DTYPES.get(text.removeprefix("torch."), text)
+    return dtype_name(text) or _FP8_WORDS.get(text.removeprefix("torch."), text)
 
 
 def _value_words(value: Any) -> list[str]:
@@ -219,7 +220,7 @@ def _grad_dtype(flat: dict[str, Any], precision: str | dict[str, Any] | None, ou
     else:
         stated = flat.get("ddp.grad_reduce_in_fp32")
     if isinstance(stated, bool):
-        opts["grad_dtype"] = "fp32" if stated else ("fp16" if opts["dtype"] == "fp16" else "bf16")
+        opts["grad_dtype"] = "fp32" if stated else weights_16bit_dtype(opts["dtype"])
 
 
 def _renamed(text: str, names: dict[str, str]) -> str:

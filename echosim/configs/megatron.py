@@ -18,9 +18,10 @@ from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, mode
 from echosim.configs.shell import launch_command
 from echosim.frameworks import loss_framework
 from echosim.frontend.zoo import ArchConfig
-from echosim.passes.memory import OPTIMIZER_DTYPES
+from echosim.passes.memory import OPTIMIZER_DTYPES, given_dtypes
 from echosim.passes.pipeline import LayoutError, layout_counts
 from echosim.passes.recompute import MEGATRON_MODULES
+from echosim.plan import weights_16bit_dtype
 
 ARGS = "Megatron-LM megatron/training/arguments.py, commit d98e8a6"
 TOKENIZER = "Megatron-LM megatron/training/tokenizer/tokenizer.py, commit d98e8a6"
@@ -375,14 +376,14 @@ def _grad_dtype(values: dict[str, list[str]], out: FromConfig) -> None:
     dtype = opts.get("dtype", "fp32")
     if dtype == "fp32":
         return
-    weights = "fp16" if dtype == "fp16" else "bf16"
+    weights = weights_16bit_dtype(dtype)
     if "--use-megatron-fsdp" in values:
         main = _one(values, "--megatron-fsdp-main-grads-dtype", src) or "auto"
         opts["grad_dtype"] = "fp32" if main == "fp32" else weights  # 16 bits either way
     elif dtype != "fp16" and "--grad-reduce-in-bf16" in values:
         opts["grad_dtype"] = "bf16"
     elif "--accumulate-allreduce-grads-in-fp32" in values:
-        if "main_grads=bf16" in opts.get("optimizer_dtypes", ""):
+        if given_dtypes(opts.get("optimizer_dtypes", "")).get("main_grads", "fp32") != "fp32":
             raise ConfigError(f"{src}: --main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron "
                               "asserts main gradients are fp32 when they accumulate in fp32)")  # fmt: skip
         opts["grad_dtype"] = "fp32"

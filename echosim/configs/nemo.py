@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from echosim.configs.base import ConfigError, FromConfig, as_int, in_yaml_names, read_model_yaml
+from echosim.configs.base import ConfigError, FromConfig, as_int, dtype_name, in_yaml_names, read_model_yaml
 from echosim.configs.megatron import from_arguments
 from echosim.frameworks import get_framework, loss_framework
 
@@ -92,9 +92,8 @@ CONSUMED = (
        "model.optim.grad_sync_dtype"}
 )  # fmt: skip
 #: ``model.optim.grad_sync_dtype`` (NeMo's distributed_fused_adam: the gradient buffer and reduce-scatter dtype) as
-#: ``--grad-dtype``
-GRAD_SYNC_DTYPES = {"fp32": "fp32", "float32": "fp32", "32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
-                    "fp16": "fp16", "float16": "fp16", "16": "fp16"}  # fmt: skip
+#: ``--grad-dtype``: a dtype's name, or a precision's bits
+PRECISION_BITS = {"32": "fp32", "16": "fp16"}
 
 _REF = re.compile(r"\$\{\.(\w+)\}")
 _MULTIPLY = re.compile(r"^\$\{multiply:\s*([^,]+?)\s*,\s*([^}]+?)\s*\}$")
@@ -180,9 +179,10 @@ def read_nemo(spec: str, source: str) -> FromConfig:
         out.options["zero"] = 3
     sync = flat.get("model.optim.grad_sync_dtype")
     if sync is not None:
-        if str(sync) not in GRAD_SYNC_DTYPES:
+        name = dtype_name(str(sync)) or PRECISION_BITS.get(str(sync))
+        if name is None:
             raise ConfigError(f"{source}: model.optim.grad_sync_dtype {sync!r} (fp32, bf16 or fp16)")
-        out.options["grad_dtype"] = GRAD_SYNC_DTYPES[str(sync)]
+        out.options["grad_dtype"] = name
     nodes, per_node = flat.get("trainer.num_nodes"), flat.get("trainer.devices")
     if nodes is not None and per_node is not None:
         out.options["devices"] = as_int(nodes, "trainer.num_nodes", source) * as_int(

@@ -19,7 +19,8 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.explain.diff import GiB, compare, peak_bytes
 from echosim.frameworks import get_framework
-from echosim.plan import Cluster, Plan, plan_flags, setting_flags
+from echosim.passes.memory import given_dtypes
+from echosim.plan import Cluster, Plan, plan_flags, setting_flags, weights_16bit_dtype
 
 RECOMPUTE = ("none", "selective", "full")
 _SWAPS = (("tp", "dp"), ("dp", "tp"), ("pp", "dp"), ("dp", "pp"), ("tp", "pp"), ("pp", "tp"))
@@ -222,13 +223,12 @@ def sixteen_bit_gradients(model: Any, plan: Plan, cluster: Cluster, compile_fn: 
     the step's fp32 copy can cost more than that saves; the compile says. A change of numerics: offered only to make
     a layout fit."""
     framework = get_framework(plan.framework)
-    if base_report.fits or plan.grad_dtype or "main_grads=bf16" in plan.optimizer_dtypes:
+    if base_report.fits or plan.grad_dtype or not framework.master_copy(plan.dtype):
         return []
-    if not framework.master_copy(plan.dtype) or not framework.state(plan.pp, "", plan.zero, plan.dtype).get(
-        "fp32_grads", True
-    ):
+    fp32 = framework.state(plan.pp, "", plan.zero, plan.dtype).get("fp32_grads", True)
+    if not fp32 or given_dtypes(plan.optimizer_dtypes).get("main_grads", "fp32") != "fp32":
         return []
-    lowered = replace(plan, global_batch=plan.batch, grad_dtype="fp16" if plan.dtype == "fp16" else "bf16")
+    lowered = replace(plan, global_batch=plan.batch, grad_dtype=weights_16bit_dtype(plan.dtype))
     return simulate(model, plan, cluster, [lowered], compile_fn, base_report)
 
 

@@ -190,7 +190,7 @@ class StatePolicy:
         bucket = grad if ddp_bucket_buffers and zero == 0 else 0.0
         # 16-bit gradients under an fp32 master: the step's fp32 copy of this rank's share (Transformer Engine's
         # FusedAdam, the precision-aware optimizer, reads them as they are)
-        copied = mixed and not weights_16bit and grad == 2.0 and not optimizer_dtypes
+        copied = mixed and not weights_16bit and not fp32_grads and not optimizer_dtypes
         step = 4.0 / (dp if zero >= 1 else 1) if copied else 0.0
         return cls(weight, grad, opt, bucket, step)
 
