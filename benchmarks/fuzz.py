@@ -197,7 +197,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         "backend": backend, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "micro_batch": micro,
         "global_batch": micro * dp * rng.choice([1, 2, 4]) * (pp if pp > 1 else 1),
         "devices": tp * pp * cp * dp, "vpp": vpp,
-        "framework": rng.choice(["megatron", "megatron-bridge", "nemo", "torchtitan", "eager", "deepspeed"]),
+        "framework": rng.choice(["megatron", "megatron-bridge", "nemo", "torchtitan", "eager", "deepspeed", "hai-llm"]),
         "recompute": rng.choice(["none", "selective", "full", "selective:mlp", "selective:moe,layernorm",
                                  "selective:shared_experts,moe_act", "full:1", "full:2", "full:5",
                                  "full:uniform-2", "full:uniform-4"]),

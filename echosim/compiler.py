@@ -34,8 +34,9 @@ from echosim.layout import (
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.data_parallel import DataParallel
-from echosim.passes.memory import SavedPolicy, StatePolicy
+from echosim.passes.memory import E5M6_BYTES, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
+from echosim.passes.precision import FP8_TILE_BYTES
 from echosim.passes.recompute import offloaded
 from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
 from echosim.plugins import Registry
@@ -291,6 +292,8 @@ def prepare_joint(
             offload=offloaded(framework.recompute_policy(plan.recompute)),
             offload_layers=plan.offload_layers,
             probs_in_experts=bool(framework.probs_in_experts),
+            gated_inputs_bytes=FP8_TILE_BYTES if framework.fp8_gated_inputs and plan.dtype == "fp8" else 0.0,
+            attention_out_bytes=E5M6_BYTES if framework.attention_out_12bit and plan.dtype == "fp8" else 0.0,
             loss_chunks=plan.loss_chunks,
             ce_saved=framework.ce_saved,
             ce_working=framework.loss_working(plan.tp),

@@ -74,6 +74,15 @@ class Framework:
     # ... under ZeRO (any stage) or fp16 only: DeepSpeed's grad_accum_dtype default, fp32 for bf16 without ZeRO
     grads_16bit_under_zero: str = ""
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
+    # Activations an FP8 run caches in fewer bytes than the IR's ops keep them ('' = as kept), and where that is
+    # documented: the routed experts' SwiGLU inputs in FP8 with one fp32 scale per 1x128 tile
+    # (SavedPolicy.gated_inputs_bytes), and the attention output kept once in a 12-bit format for both its
+    # readers, the attention's backward and the output projection's weight gradient (SavedPolicy.attention_out_bytes)
+    fp8_gated_inputs: str = ""
+    attention_out_12bit: str = ""
+    # FP8 runs: the MoE dispatch, and the combine's gradient in backward, move FP8 rows with their scales
+    # (echosim.passes.precision.Fp8Linears, ``dispatch``; '' = the rows' 16 bits), and where that is documented
+    fp8_dispatch: str = ""
     weights_16bit: str = ""  # 16-bit weights, gradients and optimizer moments, no master copy
     fsdp_reduce_fp32: str = ""  # ZeRO-3 / FSDP reduce-scatters gradients in fp32, not the parameters' 16 bits
     # FSDP1's FlatParameter gradient path: each FSDP unit's gradients are concatenated into one flat gradient
@@ -258,6 +267,8 @@ _PRECISION_AWARE = (
     "optimizer_config.py, Megatron-LM commit d98e8a6); Megatron-Bridge's OptimizerConfig takes the same fields, and "
     "its DeepSeek and Qwen3 MoE performance recipes set them (perf_recipes/deepseek/common.py, commit 067f987)"
 )
+# DeepSeek-V3's report, on what its FP8 framework keeps for backward (arXiv:2412.19437, sec. 3.3.3)
+_DSV3_CACHES = "DeepSeek-V3 report (arXiv:2412.19437), sec. 3.3.3 'Low-Precision Storage and Communication'"
 _SWIGLU = (
     "megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves only its input and recomputes "
     f"SiLU in backward; on unless --no-bias-swiglu-fusion ({_MEGATRON_ARGS})"
@@ -596,6 +607,23 @@ FRAMEWORKS: dict[str, Framework] = {
             moe_capacity_padding="with capacity_factor > 0 and sparse_matmul off, dense_matmul builds per-sequence "
             "dispatch / combine masks of E x C slots (generate_masks) and runs the einsums 'BSM,BSEC -> EBCM', "
             "the experts on every slot, and 'EBCM,BSEC -> BSM' (src/maxtext/layers/moe.py, commit e591f30)",
+        ),
+        Framework(
+            "hai-llm",
+            "DeepSeek's HAI-LLM as the DeepSeek-V3 report describes its FP8 training (fused SwiGLU, FP8 and 12-bit "
+            "activation caches)",
+            "DeepSeek-V3 technical report (arXiv:2412.19437)",
+            row_names=("HAI-LLM",),
+            fused_gated=f'{_DSV3_CACHES}: "we cache the inputs of the SwiGLU operator and recompute its output in '
+            'the backward pass"',
+            fp8_gated_inputs=f'{_DSV3_CACHES}: the SwiGLU inputs in MoE "are also stored in FP8 with our '
+            'fine-grained quantization method", whose activation scales are per 1x128 tile (sec. 3.3.2)',
+            attention_out_12bit=f'{_DSV3_CACHES}: the inputs of the Linear after the attention operator "are also '
+            'used in the backward pass of the attention operator" and are cached in "a customized E5M6 data '
+            'format" (1 + 5 + 6 bits)',
+            fp8_dispatch="DeepSeek-V3 report (arXiv:2412.19437), sec. 3.3.3 'Low-Precision Communication': the "
+            "activation before the MoE up-projections is quantised into FP8 before the dispatch, and the activation "
+            "gradient before the down-projections likewise; the forward and backward combines stay BF16",
         ),
         Framework(
             "deepspeed",

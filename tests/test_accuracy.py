@@ -96,11 +96,13 @@ def test_deepseek_v3_deepep_rows_with_group_limited_routing() -> None:
     dense (rows.DENSE_FIRST_LAYERS: 671.0B parameters, 703.8B as 61 MoE layers): H800 -15.3% -> -20.3% (the cost
     balance gives the first stage one MoE layer beside them), H100 +3.7% -> +3.5% (the recipe's mlp recompute). The
     H800 run recomputes what its report says (RMSNorm and MLA up-projections, rows.STATED_PARTS): -20.3% -> -17.8%,
-    and the experts' SwiGLU output (sec. 3.3.3, rows.SOURCE_RECOMPUTED_PARTS): -17.2%."""
+    and the experts' SwiGLU output (sec. 3.3.3, rows.SOURCE_RECOMPUTED_PARTS): -17.2%. Read as HAI-LLM (framework
+    hai-llm) rather than eager autograd: no autograd layout copies, -17.9%; its dispatch and the combine's gradient
+    in FP8 (sec. 3.3.3, "Low-Precision Communication"): -20.3%."""
     result = validate_cases(CASES, {"arch": "moe", "experts": "256"})
     errors = {r.case_id: r.error for r in result.rows if r.error is not None}
     assert errors["deepseekv3-2024-t1-deepseek-v3-671b-fp8-h800-2048"] == pytest.approx(
-        -0.172, abs=0.01
+        -0.203, abs=0.01
     )  # DualPipe; with 1F1B +18.6% (+1%: Hopper fp8 transposes; +0.9%: MTP); -0.7%: fprop fast accumulation
     assert errors["mbridge2509-deepseekv3-dropless-h100-sxm-1024"] == pytest.approx(0.031, abs=0.01)
     fits = {r.case_id: r.fits for r in result.rows if r.error is not None}

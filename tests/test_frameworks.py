@@ -42,6 +42,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "composer-triton",
         "composer-triton-pure",
         "deepspeed-2021",
+        "hai-llm",
         "jax-xla",
         "nemo-megatron-vit",
         "apex-ddp",
@@ -123,7 +124,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
     assert (
         len(lines) == 1
         and "known: apex-ddp, composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, "
-        "deepspeed-2021, eager, eager-amp, jax-xla, maxtext, "
+        "deepspeed-2021, eager, eager-amp, hai-llm, jax-xla, maxtext, "
         "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
         "megatron, megatron-2022, megatron-bridge, megatron-ce-native, megatron-ce-te, nemo, nemo-ce-native, "
         "nemo-megatron-vit, torchtitan"

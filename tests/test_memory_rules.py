@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -711,3 +712,57 @@ def test_deepseek_v3_under_full_recompute_keeps_only_layer_inputs_on_its_first_s
     rows = lower("deepseek-v3", plan, Cluster("h100-sxm", 1024)).report.memory
     assert [r["layers"] for r in rows] == [4] * 13 + [3] * 3
     assert all(r["fits"] for r in rows) and rows[0]["activations"] < 1.5 * rows[1]["activations"]
+
+
+# ---- DeepSeek-V3's FP8 caches (framework hai-llm) ------------------------------------------------------------------
+
+
+def test_hai_llm_caches_the_expert_swiglu_inputs_in_fp8_and_the_attention_output_once_in_12_bits():
+    """DeepSeek-V3's report (sec. 3.3.3): the routed experts' SwiGLU inputs are cached in FP8 with a 1x128-tile scale,
+    and the attention output is kept once, in E5M6, for the attention's backward and the output projection's weight
+    gradient. The saved bytes fall by exactly those three terms, per layer and micro-batch."""
+    from echosim.passes.memory import E5M6_BYTES
+    from echosim.passes.precision import FP8_TILE_BYTES
+
+    plan = Plan(framework="hai-llm", dtype="fp8", ep=4, dp=4, micro_batch=1, global_batch=4)
+    c = lower(MOE, plan, Cluster("h100-sxm", 4))
+    g = c.stages[0].graph
+    policy = c.facts.saved
+    assert policy.gated_inputs_bytes == FP8_TILE_BYTES == 1.03125 and policy.attention_out_bytes == E5M6_BYTES == 1.5
+    plain = replace(policy, gated_inputs_bytes=0.0, attention_out_bytes=0.0)
+    # fc1's two outputs (gate, up) over the busiest rank's routed rows; the attention output; its fp8 copy for o_proj
+    rows = next(n for n in g if n.name == "grouped_mm").out.shape[0]
+    tokens = MOE.seq_len
+    gated = 2 * rows * MOE.moe_ffn * (2 - FP8_TILE_BYTES)
+    attention = tokens * MOE.hidden * (2 - E5M6_BYTES) + tokens * MOE.hidden * 1
+    assert activation_bytes(g, plain) - activation_bytes(g, policy) == MOE.layers * (gated + attention)
+    # the caches are part of the FP8 recipe: a bf16 run keeps its activations as they are
+    bf16 = lower(MOE, replace(plan, dtype="bf16"), Cluster("h100-sxm", 4)).facts.saved
+    assert bf16.gated_inputs_bytes == 0.0 and bf16.attention_out_bytes == 0.0 and bf16.fused_gated
+
+
+def test_deepseek_v3s_own_run_is_read_as_hai_llm():
+    assert framework_named_in("HAI-LLM (DualPipe, FP8)") == "hai-llm"
+    assert FRAMEWORKS["hai-llm"].fp8_gated_inputs and FRAMEWORKS["hai-llm"].attention_out_12bit
+
+
+def test_hai_llm_dispatches_fp8_rows_and_combines_bf16_ones():
+    """DeepSeek-V3's report (sec. 3.3.3, "Low-Precision Communication"): the dispatch and the combine's gradient (the
+    rows the FP8 up- and down-projections read) move FP8 with 1x128-tile scales; the combine and the dispatch's
+    gradient stay BF16. A Megatron fp8 run moves 16-bit rows all four ways."""
+    from echosim.ir.ops import OpKind
+    from echosim.passes.precision import FP8_TILE_BYTES
+
+    def exchanged(framework: str) -> dict[str, float]:
+        plan = Plan(framework=framework, dtype="fp8", ep=4, dp=4, micro_batch=1, global_batch=4)
+        g = lower(MOE, plan, Cluster("h100-sxm", 4)).stages[0].graph
+        return {n.name.split(".", 1)[1]: n.attrs.bytes / n.out.numel for n in g if n.op is OpKind.ALL_TO_ALL}
+
+    per_element = exchanged("hai-llm")
+    assert per_element == {
+        "dispatch_all_to_all": pytest.approx(FP8_TILE_BYTES, abs=1e-6),
+        "combine_all_to_all": 2.0,
+        "combine_all_to_all.grad.all_to_all": pytest.approx(FP8_TILE_BYTES, abs=1e-6),
+        "dispatch_all_to_all.grad.all_to_all": 2.0,
+    }
+    assert set(exchanged("megatron").values()) == {2.0}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import operator
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -43,6 +44,9 @@ RESERVED_OVER_ALLOCATED = 1.0325
 # two ring neighbours that is 256 MiB per communicator (NCCL environment-variable docs).
 NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
 
+
+#: Bytes per element of DeepSeek-V3's E5M6 activation cache (1 sign, 5 exponent and 6 mantissa bits, sec. 3.3.3).
+E5M6_BYTES = 12 / 8
 
 #: Megatron's precision-aware optimizer (Transformer Engine's FusedAdam, ``--use-precision-aware-optimizer``): the
 #: dtypes each state may take, its default first (``--main-grads-dtype``, ``--main-params-dtype``,
@@ -287,6 +291,11 @@ class SavedPolicy:
     ``probs_in_experts``: the router's weights are applied inside the experts (Megatron-Core's
     weighted SwiGLU between fc1 and fc2), so the combine is a plain scatter-sum whose backward is a
     gather, and the expert outputs it sums are not kept for the weights' gradient.
+    ``gated_inputs_bytes``: bytes per element the routed experts' SwiGLU inputs (fc1's outputs, which the fused
+    activation's backward reads) are cached in, scales included (0: their dtype's); ``attention_out_bytes``: the
+    attention output kept once, in this many bytes per element, for its own backward and for the output
+    projection's weight gradient, whose FP8 copy is then not kept (0: each kept as the IR's ops keep it).
+    DeepSeek-V3's FP8 framework does both (:mod:`echosim.frameworks`, ``hai-llm``).
     ``offload_layers``: Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``):
     that many transformer layers of the stage keep their saved activations in host memory; at
     least one layer (the one running) stays on the device (megatron/core/extensions/
@@ -298,6 +307,8 @@ class SavedPolicy:
     offload: frozenset[str] = frozenset()
     offload_layers: int = 0
     probs_in_experts: bool = False  # router weights scale the expert activation: the combine keeps no rows
+    gated_inputs_bytes: float = 0.0  # the routed experts' SwiGLU inputs cached at this many bytes an element
+    attention_out_bytes: float = 0.0  # the attention output kept once at this many bytes an element
     loss_chunks: int = 1  # the loss runs over this many token chunks: one chunk's logits exist at a time
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
     ce_working: float = 0.0  # bytes per logit the loss's backward allocates (0: its output)
@@ -417,7 +428,42 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
         else _saved_bytes(graph[nid], own_only[nid], own_reads[nid], saved.mask_in_dtype)
         for nid in mult
     }
+    if saved.gated_inputs_bytes or saved.attention_out_bytes:
+        _low_precision_caches(graph, saved, each, mult)
     return each, mult
+
+
+def _low_precision_caches(graph: Graph, saved: SavedPolicy, each: dict[int, int], mult: dict[int, int]) -> None:
+    """Re-price, in place, the values a framework caches in fewer bytes (:class:`SavedPolicy`'s
+    ``gated_inputs_bytes`` and ``attention_out_bytes``)."""
+    from echosim.passes.recompute import expert_activation
+
+    kept_attention = {nid for nid in mult if isinstance(graph[nid].attrs, AttentionAttrs)}
+    for nid in list(mult):
+        node = graph[nid]
+        if saved.gated_inputs_bytes and node.op is OpKind.MATMUL:
+            if any(expert_activation(graph, r) for r in _forward_readers(graph, nid)):
+                each[nid] = math.ceil(node.out.numel * saved.gated_inputs_bytes)
+        elif saved.attention_out_bytes and nid in kept_attention:
+            each[nid] += math.ceil(node.out.numel * saved.attention_out_bytes) - node.out.nbytes
+        elif saved.attention_out_bytes and _quantised(node) and _base(graph, node.inputs[0]) in kept_attention:
+            del mult[nid], each[nid]  # the output projection's weight gradient reads the attention's 12-bit copy
+
+
+def _forward_readers(graph: Graph, nid: int) -> list[Node]:
+    """The forward ops that read ``nid``, through views (a fused fc1's gate and up halves)."""
+    out: list[Node] = []
+    for u in graph.users(nid):
+        user = graph[u]
+        if user.phase is not Phase.FORWARD:
+            continue
+        out.extend(_forward_readers(graph, u) if user.op is OpKind.VIEW else [user])
+    return out
+
+
+def _quantised(node: Node) -> bool:
+    """A quantising cast (:class:`echosim.passes.precision.Fp8Linears`): an FP8 (or finer) copy of a value."""
+    return isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn.endswith("_cast")
 
 
 def _chunk_checkpoints(graph: Graph, checkpoints: dict[int, str | None], mult: dict[int, int]) -> None:

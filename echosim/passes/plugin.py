@@ -118,9 +118,13 @@ def _recompute(plan: Any) -> object:
 
 
 def _fp8(plan: Any) -> object | None:
+    from echosim.frameworks import get_framework
     from echosim.passes.precision import Fp8Linears
 
-    return Fp8Linears(plan.dtype) if plan.dtype in ("fp8", "mxfp8", "nvfp4", "int8") else None
+    if plan.dtype not in ("fp8", "mxfp8", "nvfp4", "int8"):
+        return None
+    dispatch = plan.dtype == "fp8" and bool(get_framework(plan.framework).fp8_dispatch)
+    return Fp8Linears(plan.dtype, dispatch=dispatch)
 
 
 def _fused_mlp(plan: Any) -> object | None:

@@ -30,6 +30,13 @@ Done so here when every reader of the gathered value, bias gradients aside, is a
 place: the same GEMMs quantised, the copy kept for the weight gradient half a byte per element
 for nvfp4. The GEMMs run at the rate the backend gives the format.
 
+``dispatch``: DeepSeek-V3 quantises "the activation before MoE up-projections into FP8 and then appl[ies] dispatch
+components", and the "activation gradient before MoE down-projections" likewise, while "both the forward and
+backward combine components" stay BF16 (arXiv:2412.19437 sec. 3.3.3, "Low-Precision Communication"). Those two
+all_to_alls then move FP8 rows with their 1x128-tile scales (:data:`FP8_TILE_BYTES` an element). The values keep
+their 16-bit type in the IR, and fc1's input is still cast after the dispatch, on the rows received (DeepSeek
+casts the sender's tokens, fewer rows: not modelled).
+
 ``int8`` is MaxText's ``quantization: int8`` on TPUs: AQT dynamic-range quantisation of the forward, the
 input gradient and the weight gradient (``fwd_bits=8, dlhs_bits=8``, and ``drhs_bits=8`` since
 ``quantization_local_shard_count`` defaults to -1), each with int32 accumulation
@@ -43,6 +50,7 @@ the stochastic-rounding noise (``rng_type="jax.uniform"``) of the gradient opera
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -53,11 +61,17 @@ from echosim.ir.types import DType, TensorSpec
 #: The element type a quantised operand is stored in, per format.
 FORMATS = {"fp8": DType.FP8, "mxfp8": DType.FP8, "nvfp4": DType.FP4, "int8": DType.INT8}
 
+#: Bytes per element of an activation quantised to FP8 with one fp32 scale per 1x128 tile, DeepSeek-V3's
+#: fine-grained quantization of activations ("per token per 128 channels", arXiv:2412.19437 sec. 3.3.2): 1 + 4 / 128.
+FP8_TILE_BYTES = 1 + 4 / 128
+
 
 @dataclass(frozen=True)
 class Fp8Linears:
     fmt: str = "fp8"  # fp8 | mxfp8 | nvfp4 | int8
     exclude: tuple[str, ...] = ("lm_head", "*.lm_head", "output", "*.output")
+    # the MoE exchanges that feed an FP8 GEMM move FP8 rows (module docstring; DeepSeek-V3's, framework hai-llm)
+    dispatch: bool = False
     name: ClassVar[str] = "fp8-linears"
 
     def run(self, graph: Graph) -> Graph:
@@ -101,6 +115,11 @@ class Fp8Linears:
                 new_inputs[n.inputs.index(i)] = casts[i]
             g.replace(n.id, inputs=tuple(new_inputs), attrs=replace(n.attrs, precision=self.fmt))
         g.move_before(before)
+        if self.dispatch:
+            for n in graph:
+                if _fp8_exchange(graph, n):
+                    assert isinstance(n.attrs, CollectiveAttrs)
+                    g.replace(n.id, attrs=replace(n.attrs, bytes=math.ceil(n.out.numel * FP8_TILE_BYTES)))
         return g
 
     def _cast(self, g: Graph, value: int, phase: Phase, scope: str) -> int:
@@ -130,6 +149,26 @@ class Fp8Linears:
             return False
         fwd = n if n.phase in (Phase.FORWARD, Phase.RECOMPUTE) else (g[n.origin] if n.origin is not None else None)
         return fwd is not None and len(fwd.inputs) > 1 and g[fwd.inputs[1]].op is OpKind.PARAMETER
+
+
+def _fp8_exchange(graph: Graph, node: Node) -> bool:
+    """An all_to_all whose rows an FP8 GEMM reads next: a MoE dispatch (fc1's input), and in backward the combine's
+    gradient on its way to the experts (fc2's output gradient)."""
+    if node.op is not OpKind.ALL_TO_ALL:
+        return False
+    if node.phase is Phase.FORWARD:
+        return any(_fn(graph[i]) == "moe_dispatch" for i in node.inputs)
+    origin = graph[node.origin] if node.origin is not None else None
+    return (
+        node.phase is Phase.BACKWARD
+        and origin is not None
+        and origin.op is OpKind.ALL_TO_ALL
+        and any(_fn(graph[u]) == "moe_combine" for u in graph.users(origin.id))
+    )
+
+
+def _fn(node: Node) -> str:
+    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
 
 def _bias_grad(node: Node) -> bool:

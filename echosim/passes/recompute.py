@@ -342,7 +342,7 @@ def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:
             chosen.add(n.id)
         if "layernorm" in modules and n.op is OpKind.NORM and not _fused_into_qkv(graph, n, names):
             chosen.add(n.id)
-        if "moe_act" in modules and _expert_activation(graph, n):
+        if "moe_act" in modules and expert_activation(graph, n):
             chosen.add(n.id)
     if "mla_up_proj" in modules:
         chosen |= _mla_up(graph, names)
@@ -444,7 +444,7 @@ def _is_expert_gemm(graph: Graph, n: Node) -> bool:
     return isinstance(n.attrs, MatmulAttrs) and (n.attrs.grouped or n.attrs.batch > 1) and is_weight_matmul(graph, n)
 
 
-def _expert_activation(graph: Graph, n: Node) -> bool:
+def expert_activation(graph: Graph, n: Node) -> bool:
     """An elementwise op between an expert's fc1 and fc2 (its gated activation and product)."""
     if n.op is not OpKind.ELEMENTWISE or (isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn.endswith("_cast")):
         return False

@@ -864,8 +864,8 @@ _STATED_PARTS = re.compile(r"\brecompute: selective \(([^()]+) recomputed\)")
 
 #: Parts a source's text recomputes besides those its rows' notes name, by ``source_id``: DeepSeek-V3's report
 #: (arXiv:2412.19437 sec. 3.3.3, "Low-Precision Storage and Communication") also caches the inputs of the MoE
-#: experts' SwiGLU and "recompute[s] its output in the backward pass": Megatron-Core's ``moe_act``. (It caches
-#: those inputs in FP8, which echosim does not model: they are kept at the activation's precision.)
+#: experts' SwiGLU and "recompute[s] its output in the backward pass": Megatron-Core's ``moe_act``. (That it caches
+#: those inputs in FP8 is the ``hai-llm`` framework's, which its ``framework`` column names.)
 SOURCE_RECOMPUTED_PARTS: dict[str, tuple[str, ...]] = {"deepseek_v3_2024": ("moe_act",)}
 
 #: Optimizer state dtypes a source states, by ``source_id`` (:func:`echosim.passes.memory.optimizer_dtypes`):
