@@ -471,7 +471,8 @@ def test_nemo_gpt3_175b() -> None:
     want = by_hand(
         ConfigModel(model, "x"),
         "--devices 1024 --tp 4 --pp 8 --vpp 12 --schedule interleaved --micro-batch 1 --global-batch 2048 "
-        "--seq-len 2048 --dtype bf16 --recompute selective --sp --zero 1 --tp-overlap --framework nemo",
+        "--seq-len 2048 --dtype bf16 --recompute selective --sp --zero 1 --tp-overlap --framework nemo "
+        "--grad-dtype fp32",
     )
     same(got, (model, want[1], want[2]))
 
@@ -481,7 +482,8 @@ def test_nemo_gpt3_5b() -> None:
     model = ArchConfig("gpt", 24, 4096, 32, 50304, seq_len=2048, dropout=0.1, tied_embeddings=True)
     want = by_hand(
         ConfigModel(model, "x"),
-        "--devices 128 --micro-batch 4 --global-batch 2048 --seq-len 2048 --dtype bf16 --zero 1 --framework nemo",
+        "--devices 128 --micro-batch 4 --global-batch 2048 --seq-len 2048 --dtype bf16 --zero 1 --framework nemo "
+        "--grad-dtype fp32",
     )
     same(got, (model, want[1], want[2]))
 
@@ -491,7 +493,7 @@ def test_nemo_llama2_7b_with_the_model_named() -> None:
         from_config(f"nemo:{NEMO}/llama2_7b.yaml")  # a SentencePiece file holds the vocabulary size
     got = from_config(f"nemo:{NEMO}/llama2_7b.yaml", model="llama2-7b")
     same(got, by_hand("llama2-7b", "--devices 128 --micro-batch 1 --global-batch 2048 --seq-len 4096 --dtype bf16 "
-                                   "--zero 1 --attention flash --framework nemo"))  # fmt: skip
+                                   "--zero 1 --attention flash --framework nemo --grad-dtype fp32"))  # fmt: skip
 
 
 def test_nemo_reports_in_its_own_names(tmp_path: Path) -> None:

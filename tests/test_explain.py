@@ -177,7 +177,8 @@ def test_a_megatron_layout_that_does_not_fit_is_offered_bf16_moments() -> None:
 
 def test_a_layout_that_does_not_fit_with_fp32_gradients_is_offered_16_bit_ones() -> None:
     """Llama-3 8B on 8 H100 (ZeRO-1, seq 6144) needs 86.4 GiB: fp32 gradients are 4 bytes a parameter on every
-    rank, and in the weights' bf16 (``--grad-dtype bf16``) they are 2, so it fits at 71.4 GiB with the same step.
+    rank, and in the weights' bf16 (``--grad-dtype bf16``) they are 2, so it fits at 71.4 GiB, its gradient
+    reduce-scatters moving half the bytes.
     Without a sharded optimizer the step's fp32 copy makes 16-bit gradients cost more, and nothing is offered where
     the gradients are 16-bit already or the layout fits."""
     model, cluster = "llama3-8b", Cluster("h100-sxm", 8)
@@ -185,7 +186,7 @@ def test_a_layout_that_does_not_fit_with_fp32_gradients_is_offered_16_bit_ones()
     base = compile_model(model, plan, cluster)
     ranked, _ = suggest(model, plan, cluster, base)
     (sixteen,) = [o for o in ranked if o.change == "--grad-dtype bf16"]
-    assert not base.fits and sixteen.fits and sixteen.step_time_s == base.step_time_s
+    assert not base.fits and sixteen.fits and sixteen.step_time_s < base.step_time_s
     assert base.memory[0]["peak"] - sixteen.peak_bytes == base.memory[0]["params"]  # 2 bytes a parameter each
     nemo = replace(plan, framework="nemo")  # its performance scripts' 16-bit gradients already
     assert not [

@@ -21,20 +21,33 @@ _LLAMA = {"dp": 8, "zero": 1, "seq_len": 4096, "micro_batch": 1, "global_batch":
 _PARAMS = 8_030_261_248  # Llama-3 8B
 
 
+def _dp_bytes(**plan: object) -> int:
+    """Bytes the data-parallel gradient reductions of one stage graph move (not ZeRO's weight all-gathers)."""
+    from echosim.compiler import lower
+    from echosim.ir.ops import Axis, CollectiveAttrs, OpKind
+
+    graph = lower("llama3-8b", Plan(**{**_LLAMA, **plan}), Cluster("h100-sxm", 8)).stages[0].graph  # type: ignore[arg-type]
+    reductions = (OpKind.REDUCE_SCATTER, OpKind.ALL_REDUCE)
+    dp = [n for n in graph if isinstance(n.attrs, CollectiveAttrs) and n.attrs.axis is Axis.DP and n.op in reductions]
+    return sum(n.attrs.bytes for n in dp)
+
+
 def _memory(**plan: object) -> dict:
     report = compile_model("llama3-8b", Plan(**{**_LLAMA, **plan}), Cluster("h100-sxm", 8))  # type: ignore[arg-type]
     return {**report.memory[0], "step": report.step_time_s, "plan": report.plan}
 
 
-def test_sixteen_bit_gradients_halve_the_buffer_and_leave_the_step() -> None:
+def test_sixteen_bit_gradients_halve_the_buffer_and_its_reduction() -> None:
     """Llama-3 8B on 8 H100, ZeRO-1: the gradient buffer is 4 bytes a parameter in fp32 (the megatron framework's
-    default) and 2 in bf16; nothing else moves, the step's time included (the reduction stays fp32:
-    benchmarks/weak_scaling.md). The distributed optimizer's fp32 copy is one eighth of 4 bytes, far under the
-    activations it outlives."""
+    default) and 2 in bf16, and its reduce-scatters move those bytes (Megatron-Core's DDP reduces its buffer in the
+    buffer's dtype), so the step is shorter by the exposed half of the reduction and nothing else moves. The
+    distributed optimizer's fp32 copy is one eighth of 4 bytes, far under the activations it outlives."""
     plain, fp32, bf16 = _memory(), _memory(grad_dtype="fp32"), _memory(grad_dtype="bf16")
     assert plain["grads"] == fp32["grads"] == 4 * _PARAMS and bf16["grads"] == 2 * _PARAMS
     assert plain["peak"] - bf16["peak"] == 2 * _PARAMS
-    assert plain["step"] == fp32["step"] == bf16["step"]
+    assert plain["step"] == fp32["step"] > bf16["step"]
+    reduced = [_dp_bytes(grad_dtype=g) for g in ("fp32", "bf16")]
+    assert reduced[0] == 2 * reduced[1] > 0
     assert {k: plain[k] for k in ("activations", "transient", "optimizer")} == {
         k: bf16[k] for k in ("activations", "transient", "optimizer")
     }
@@ -206,3 +219,19 @@ def test_nemo_grad_sync_dtype(tmp_path: Path) -> None:
     path.write_text(text.replace("  optim:\n", "  optim:\n    grad_sync_dtype: fp8\n", 1))
     with pytest.raises(ConfigError, match=r"model\.optim\.grad_sync_dtype 'fp8'"):
         read_source(f"nemo:{path}")
+
+
+def test_nemo_1s_distributed_optimizers_keep_fp32_gradients_unless_told(tmp_path: Path) -> None:
+    """NeMo 1 builds Apex's DistributedFusedAdam with dtype fp32, whose grad_sync_dtype defaults to it, and
+    Megatron-Core's distributed optimizer with grad_reduce_in_fp32 unless grad_sync_dtype says otherwise: a launcher
+    config that names neither keeps fp32 gradients. mcore_distributed_optim shards the optimizer state as
+    distributed_fused_adam does (it was read as a plain Adam, ZeRO 0)."""
+    config = Path(__file__).parent / "data" / "configs" / "nemo" / "gpt3_5b.yaml"
+    assert read_source(f"nemo:{config}").options["grad_dtype"] == "fp32"
+    path = tmp_path / "run.yaml"
+    path.write_text(config.read_text().replace("distributed_fused_adam", "mcore_distributed_optim"))
+    mcore = read_source(f"nemo:{path}").options
+    assert mcore["grad_dtype"] == "fp32" and mcore.get("zero", 1) == 1
+    path.write_text(config.read_text().replace("distributed_fused_adam", "fused_adam"))
+    plain = read_source(f"nemo:{path}").options
+    assert "grad_dtype" not in plain and plain["zero"] == 0

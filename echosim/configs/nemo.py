@@ -91,7 +91,15 @@ CONSUMED = (
        "trainer.devices", "trainer.precision", "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl",
        "model.optim.grad_sync_dtype"}
 )  # fmt: skip
-#: ``model.optim.grad_sync_dtype`` (NeMo's distributed_fused_adam: the gradient buffer and reduce-scatter dtype) as
+#: NeMo 1's two distributed optimizers: Apex's DistributedFusedAdam, which NeMo 1 builds with ``dtype=torch.float32``
+#: and which keeps and reduce-scatters gradients in ``grad_sync_dtype`` (``dtype`` when not given: "if
+#: grad_sync_dtype is None: grad_sync_dtype = dtype", apex/contrib/optimizers/distributed_fused_adam.py), and
+#: Megatron-Core's distributed optimizer, whose DDP NeMo 1 builds with ``grad_reduce_in_fp32=(self.cfg.optim.get(
+#: 'grad_sync_dtype', 'fp32') == 'fp32')`` (MegatronBaseModel.setup_optimization and
+#: setup_mcore_distributed_parallel, nemo/collections/nlp/models/language_modeling/megatron_base_model.py). Both
+#: shard the optimizer state (ZeRO-1 and more); without ``grad_sync_dtype`` a 16-bit run's gradients are fp32.
+DISTRIBUTED_OPTIMIZERS = ("distributed_fused_adam", "mcore_distributed_optim")
+#: ``model.optim.grad_sync_dtype`` (the gradient buffer and reduce-scatter dtype of DISTRIBUTED_OPTIMIZERS) as
 #: ``--grad-dtype``: a dtype's name, or a precision's bits
 PRECISION_BITS = {"32": "fp32", "16": "fp16"}
 
@@ -153,7 +161,8 @@ def read_nemo(spec: str, source: str) -> FromConfig:
     args += ["--position-embedding-type", str(flat.get("model.position_embedding_type", "learned_absolute"))]
     if flat.get("model.share_embeddings_and_output_weights", True) is False:
         args.append("--untie-embeddings-and-output-weights")
-    if flat.get("model.optim.name") == "distributed_fused_adam":
+    optim = flat.get("model.optim.name")
+    if optim in DISTRIBUTED_OPTIMIZERS:
         args.append("--use-distributed-optimizer")
     precision = str(flat.get("trainer.precision", "32"))
     if precision in ("bf16", "bf16-mixed"):
@@ -173,7 +182,7 @@ def read_nemo(spec: str, source: str) -> FromConfig:
     except ConfigError as exc:  # in the YAML's names
         raise ConfigError(_renamed(str(exc), names)) from None
     out.framework = out.options["framework"] = loss_framework("nemo", get_framework(out.framework).loss_kernel)
-    if "model.optim.name" in flat and flat["model.optim.name"] != "distributed_fused_adam":
+    if "model.optim.name" in flat and optim not in DISTRIBUTED_OPTIMIZERS:
         out.options["zero"] = 0  # a plain (fused) Adam: the optimizer state is replicated
     if flat.get("model.fsdp") is True:
         out.options["zero"] = 3
@@ -183,6 +192,8 @@ def read_nemo(spec: str, source: str) -> FromConfig:
         if name is None:
             raise ConfigError(f"{source}: model.optim.grad_sync_dtype {sync!r} (fp32, bf16 or fp16)")
         out.options["grad_dtype"] = name
+    elif optim in DISTRIBUTED_OPTIMIZERS and precision not in ("32", "32-true"):
+        out.options["grad_dtype"] = "fp32"  # both keep and reduce fp32 gradients unless told (DISTRIBUTED_OPTIMIZERS)
     nodes, per_node = flat.get("trainer.num_nodes"), flat.get("trainer.devices")
     if nodes is not None and per_node is not None:
         out.options["devices"] = as_int(nodes, "trainer.num_nodes", source) * as_int(

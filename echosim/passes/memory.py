@@ -190,7 +190,7 @@ class StatePolicy:
         # saved memory size will be equal to the total gradients size" (https://pytorch.org/docs/stable/
         # generated/torch.nn.parallel.DistributedDataParallel.html; pytorch/pytorch PR 41954 measured it).
         # ZeRO 0 keeps every gradient, so the buckets hold ``grad`` bytes a parameter, in the dtype the
-        # data-parallel pass reduces them in (fp32: passes/plugin.py _data_parallel)
+        # data-parallel pass reduces them in (the gradient's: passes/plugin.py _data_parallel)
         bucket = grad if ddp_bucket_buffers and zero == 0 else 0.0
         # 16-bit gradients under an fp32 master: the step's fp32 copy of this rank's share (Transformer Engine's
         # FusedAdam, the precision-aware optimizer, reads them as they are)

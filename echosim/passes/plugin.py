@@ -142,6 +142,8 @@ def _data_parallel(plan: Any) -> object:
         DataParallel,
         megatron_bucket_params,
     )
+    from echosim.passes.memory import StatePolicy
+    from echosim.plan import weights_16bit_dtype
 
     # Megatron reduces fp32 main grads in its buckets (ZeRO 0-2: DataParallel.reduce_dtype's default). ZeRO-3 /
     # FSDP (DataParallel._fsdp) reduces in the parameters' dtype unless the framework's mixed precision casts the
@@ -151,9 +153,18 @@ def _data_parallel(plan: Any) -> object:
     # tests/utils/reference_hlo_llama3_8b.txt at commit e591f30: every layer weight is a bf16 all-gather of a
     # dynamic-slice_convert_fusion of the bf16 sharded stack; tests/test_maxtext_fsdp_dtype.py)
     framework = get_framework(plan.framework)
-    # Known gap: a framework whose gradient buffer keeps the weights' 16 bits (Framework.grads_16bit, NeMo's and
-    # Megatron-Bridge's performance scripts: grad_reduce_in_fp32=False) reduces in 16 bits, as the memory model
-    # counts it; timing still reduces fp32 here. Measured and not selected: benchmarks/weak_scaling.md.
+    # ZeRO 0-2 reduce the gradient buffer in the dtype it is kept in, the one the memory model counts
+    # (StatePolicy.for_training): fp32 main grads by default (Megatron's for bf16: "bfloat16 requires gradient
+    # accumulation and all-reduce to be done in fp32", megatron/training/arguments.py, commit d98e8a6), the weights'
+    # 16 bits where the framework or the run keeps them so (NeMo's and Megatron-Bridge's performance scripts:
+    # grad_reduce_in_fp32=False; DeepSpeed's grad_accum_dtype; --grad-dtype; --optimizer-dtypes main_grads=bf16).
+    # Megatron-Core's DDP builds its buffer and its buckets' collectives in that one dtype (``grad_dtype =
+    # torch.float if ddp_config.grad_reduce_in_fp32 else param.dtype``, distributed_data_parallel.py).
+    kept = StatePolicy.for_training(
+        plan.dtype, **framework.state(plan.pp, plan.grad_dtype, plan.zero, plan.dtype),
+        optimizer_dtypes=plan.optimizer_dtypes,
+    )  # fmt: skip
+    reduce = DType.FP32 if kept.grad_bytes >= 4 else DType(weights_16bit_dtype(plan.dtype))
     # An eager framework's DDP wrapper (PyTorch DDP's reducer; apex's for apex-ddp) reduces whole model replicas:
     # plain PyTorch has no tensor, pipeline, context or expert parallelism of its own, so a layout that splits
     # the model stands for a framework that does (Megatron-Core's DDP, per-layer buckets as before). The
@@ -194,7 +205,7 @@ def _data_parallel(plan: Any) -> object:
     replicas = plan.dp * plan.cp
     buckets = megatron_bucket_params(replicas) if framework.ddp_bucket_dp_scaled else MEGATRON_BUCKET_PARAMS
     return DataParallel(
-        replicas, bucket_params=buckets, zero=plan.zero, fsdp_reduce_dtype=fsdp_reduce,
+        replicas, bucket_params=buckets, zero=plan.zero, reduce_dtype=reduce, fsdp_reduce_dtype=fsdp_reduce,
         bucket_copies=copies, per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
         torch_ddp=torch_ddp,
     )  # fmt: skip

@@ -504,6 +504,30 @@ NEMO_LAUNCHER_FUSED_LOSS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: NeMo 1 rows (NeMo-Framework-Launcher) and their gradient buffer. NeMo 1 builds distributed_fused_adam with
+#: ``dtype=torch.float32`` ("Make sure optimizer state is in FP32": MegatronBaseModel.setup_optimization,
+#: nemo/collections/nlp/models/language_modeling/megatron_base_model.py), and Apex's DistributedFusedAdam keeps
+#: and reduce-scatters gradients in ``grad_sync_dtype``, ``dtype`` unless given ("if grad_sync_dtype is None:
+#: grad_sync_dtype = dtype", apex/contrib/optimizers/distributed_fused_adam.py); mcore_distributed_optim likewise
+#: reduces in fp32 unless the config says otherwise (setup_mcore_distributed_parallel: ``grad_reduce_in_fp32=
+#: (self.cfg.optim.get('grad_sync_dtype', 'fp32') == 'fp32')``). At launcher tag 24.07 the H100 example scripts of
+#: the GPT-3 and Llama 2/3 models pass ``+training.model.optim.grad_sync_dtype=bf16`` (examples/training/{gpt,llama}/
+#: h100/*.sh), the nemotron_340b config sets it, and the Nemotron 8B and 22B examples and configs do not (launcher
+#: commit 79f9243, "Removed grad_sync_dtype from Nemotron models"): fp32 for those, bf16 for the model names below.
+NEMO_LAUNCHER_SOURCES = ("nemo_2407",)
+NEMO_LAUNCHER_BF16_GRAD_SYNC: dict[str, tuple[str, ...]] = {
+    "nemo_2407": ("gpt3-", "llama2-", "llama3-", "nemotron-340b-"),
+}
+
+
+def launcher_grad_dtype(c: Case) -> str:
+    """The gradient buffer's dtype of a NeMo 1 launcher row (:data:`NEMO_LAUNCHER_SOURCES`); '' for other rows."""
+    if c["source_id"] not in NEMO_LAUNCHER_SOURCES:
+        return ""
+    model = c["case_id"].split("-", 1)[-1]
+    return "bf16" if model.startswith(NEMO_LAUNCHER_BF16_GRAD_SYNC.get(c["source_id"], ())) else "fp32"
+
+
 #: torchtitan commits named in cases.csv (and benchmarks/data/torchtitan_newer.csv) whose --training.compile also
 #: compiles the loss: descendants of bbb1b61 (2025-04-02), where build_cross_entropy_loss wraps it in torch.compile
 #: (torchtitan/components/loss.py; `git merge-base --is-ancestor bbb1b61 820504e` holds).
@@ -1253,6 +1277,7 @@ def row_plan(c: Case, calibration: str = "") -> tuple[Any, Any]:
     stated["moe_router_groups"], stated["moe_router_group_topk"] = groups or None, group_topk or None
     stated["offload_layers"] = offload_layers(c) or None
     stated["optimizer_dtypes"] = SOURCE_OPTIMIZER_DTYPES.get(c["source_id"])
+    stated["grad_dtype"] = launcher_grad_dtype(c) or None
     stated["splash_blocks"] = maxtext_splash_blocks(c) or None
     stated["loss_chunks"] = chunks if (chunks := loss_chunks(c)) > 1 else None
     stated["pp_balance"] = pp_layout(c) or SOURCE_PP_BALANCE.get(c["source_id"]) or None
