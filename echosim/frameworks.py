@@ -73,6 +73,8 @@ class Framework:
     grads_16bit: str = ""  # gradients accumulated and reduced in the weights' 16-bit dtype, not fp32
     # ... under ZeRO (any stage) or fp16 only: DeepSpeed's grad_accum_dtype default, fp32 for bf16 without ZeRO
     grads_16bit_under_zero: str = ""
+    # ... under fp16 only: Megatron's --accumulate-allreduce-grads-in-fp32 is off unless given, and bf16 turns it on
+    grads_16bit_under_fp16: str = ""
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
     # Activations an FP8 run caches in fewer bytes than the IR's ops keep them ('' = as kept), and where that is
     # documented: the routed experts' SwiGLU inputs in FP8 with one fp32 scale per 1x128 tile
@@ -103,7 +105,11 @@ class Framework:
             out["weights_16bit"] = True
         if grad_dtype:
             out["fp32_grads"] = grad_dtype == "fp32"
-        elif self.grads_16bit or (self.grads_16bit_under_zero and (zero >= 1 or dtype == "fp16")):
+        elif (
+            self.grads_16bit
+            or (self.grads_16bit_under_zero and (zero >= 1 or dtype == "fp16"))
+            or (self.grads_16bit_under_fp16 and dtype == "fp16")
+        ):
             out["fp32_grads"] = False
         if pp > 1 and self.pp_unsharded:
             out["unsharded_between_microbatches"] = True
@@ -424,6 +430,10 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM (2021)", "Megatron-LM (2022)"),
+            grads_16bit_under_fp16="--accumulate-allreduce-grads-in-fp32 is off unless given, and only bf16 turns it "
+            "on; without it the local DDP keeps each main_grad in the parameter's dtype and all-reduces it so "
+            "(megatron/arguments.py and megatron/model/distributed.py, Megatron-LM commit a8d172b, 2021-04-28); "
+            "the fp16 optimizer copies them to fp32 at the step (main_param.grad = model_param.main_grad.float())",
             loss_kernel="unfused",
             loss_source="pretrain_gpt's loss is mpu.vocab_parallel_cross_entropy(output.float(), labels) unless "
             "--fp16-lm-cross-entropy (megatron/model/gpt_model.py, megatron/mpu/cross_entropy.py, Megatron-LM "
@@ -441,6 +451,9 @@ FRAMEWORKS: dict[str, Framework] = {
                 Default("recompute", "none", f"--recompute-granularity defaults to None ({_MEGATRON_ARGS})"),
             ),
             row_names=("Megatron-LM", "MegaScale"),
+            grads_16bit_under_fp16="--accumulate-allreduce-grads-in-fp32 is off unless given, and bf16 turns it on "
+            f"unless --grad-reduce-in-bf16 ({_MEGATRON_ARGS}); Megatron-Core's DDP keeps its buffer in fp32 when it "
+            "is on, else in the parameters' dtype (grad_reduce_in_fp32, distributed_data_parallel.py)",
             ddp_bucket_dp_scaled=_MCORE_BUCKETS,
             attention_kernel="te",
             attention_source="--attention-backend defaults to auto, which sets NVTE_FLASH_ATTN=1 and NVTE_FUSED_ATTN=1 "

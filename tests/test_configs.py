@@ -88,12 +88,18 @@ def test_megatron_gpt3_175b_script_reproduces_the_default_compile() -> None:
     # DDP copies its gradients into buckets and back where Megatron's local DDP reduces its contiguous buffer,
     # while Megatron's loss runs its unfused fp32 kernels (LOSS_KERNEL_BYTES) where eager's is one pass: both
     # memory-bound (the loss on the last stage, so the pipeline bubble follows it): the GEMMs, attention and
-    # tensor-parallel traffic are the same, the step within 0.5%
-    assert a["plan"] == b["plan"] and a["memory"] == b["memory"] and a["params"] == b["params"]
+    # tensor-parallel traffic are the same. Megatron of 2021 keeps fp16 gradients (its
+    # --accumulate-allreduce-grads-in-fp32 is off unless given) where eager's master-copy default counts fp32 ones
+    assert a["plan"] == b["plan"] and a["params"] == b["params"]
+    same_state = ("params", "optimizer", "activations", "comm_buffers")
+    for ea, era_row in zip(a["memory"], b["memory"], strict=True):
+        assert [ea[k] for k in same_state] == [era_row[k] for k in same_state]
+        assert ea["grads"] == 2 * era_row["grads"]  # the step's fp32 copy of them: transient, not grads
     same = ("compute.matmul", "compute.attention", "comm.tp", "optimizer")
     assert [a["breakdown"][k] for k in same] == [b["breakdown"][k] for k in same]
     assert a["breakdown"]["compute.memory_bound"] != b["breakdown"]["compute.memory_bound"]
-    assert 0 < abs(a["step_time_s"] - b["step_time_s"]) < 5e-3 * b["step_time_s"]
+    # and its fp16 gradients' all-reduce moves half of eager's fp32 bytes: within 1%
+    assert 0 < abs(a["step_time_s"] - b["step_time_s"]) < 1e-2 * b["step_time_s"]
 
 
 def test_megatron_launch_line_devices_that_cannot_hold_the_layout_are_one_line() -> None:

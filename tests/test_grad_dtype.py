@@ -127,8 +127,8 @@ def test_megatron_flags() -> None:
     assert read_args(f"{_ARGS} --fp16 --accumulate-allreduce-grads-in-fp32").options["grad_dtype"] == "fp32"
     assert "grad_dtype" not in read_args(f"{_ARGS} --bf16").options
     fp16 = read_args(f"{_ARGS} --fp16 --grad-reduce-in-bf16")
-    assert "grad_dtype" not in fp16.options
-    assert any("Megatron keeps fp16 gradients" in n for n in fp16.notes)
+    assert "grad_dtype" not in fp16.options  # the megatron framework's own fp16 gradients
+    assert not any("Megatron keeps fp16 gradients" in n for n in fp16.notes)
     assert any("--grad-reduce-in-bf16: read by Megatron only with --bf16" in n for n in fp16.notes)
     assert "grad_dtype" not in read_args(f"{_ARGS} --grad-reduce-in-bf16").options  # fp32 training
     fsdp = f"{_ARGS} --bf16 --use-megatron-fsdp"
@@ -235,3 +235,16 @@ def test_nemo_1s_distributed_optimizers_keep_fp32_gradients_unless_told(tmp_path
     path.write_text(config.read_text().replace("distributed_fused_adam", "fused_adam"))
     plain = read_source(f"nemo:{path}").options
     assert "grad_dtype" not in plain and plain["zero"] == 0
+
+
+def test_megatron_keeps_fp16_gradients_unless_told_and_reduces_them_so() -> None:
+    """Megatron-LM's --accumulate-allreduce-grads-in-fp32 is off unless given and only bf16 turns it on (arguments.py,
+    2021 and today): an fp16 run keeps and all-reduces fp16 gradients, a bf16 run fp32 ones; --grad-dtype fp32 is the
+    flag. Both Megatron eras, and their derived entries."""
+    for framework in ("megatron", "megatron-2022", "megatron-ce-native"):
+        fp16 = _memory(dtype="fp16", framework=framework)
+        assert fp16["grads"] == 2 * _PARAMS, framework
+        assert _memory(dtype="fp16", framework=framework, grad_dtype="fp32")["grads"] == 4 * _PARAMS
+    assert _memory(dtype="bf16")["grads"] == 4 * _PARAMS
+    reduced = [_dp_bytes(dtype="fp16", grad_dtype=g) for g in ("fp32", "")]
+    assert reduced[0] == 2 * reduced[1] > 0

@@ -369,9 +369,8 @@ def _grad_dtype(values: dict[str, list[str]], out: FromConfig) -> None:
     gradient dtype: the weights' 16 bits. Megatron-Core's DDP keeps it in fp32 when
     ``accumulate_allreduce_grads_in_fp32`` (``grad_reduce_in_fp32``), else in the weights' dtype: bf16 training
     turns that on unless ``--grad-reduce-in-bf16``; fp16 training leaves it off unless
-    ``--accumulate-allreduce-grads-in-fp32``. Nothing is set for fp32 training, for bf16 without either flag (fp32:
-    the framework's own), or for fp16 without the flag: a note, as the framework's fp32 stands for the eras whose
-    published fp16 runs do not say (Narayanan et al. 2021 among them)."""
+    ``--accumulate-allreduce-grads-in-fp32``. Nothing is set for fp32 training, for bf16 without either flag, or for
+    fp16 without the flag: those are the framework's own defaults (fp32, and fp16: Framework.grads_16bit_under_fp16)."""
     opts, src = out.options, out.source
     dtype = opts.get("dtype", "fp32")
     if dtype == "fp32":
@@ -387,11 +386,6 @@ def _grad_dtype(values: dict[str, list[str]], out: FromConfig) -> None:
             raise ConfigError(f"{src}: --main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron "
                               "asserts main gradients are fp32 when they accumulate in fp32)")  # fmt: skip
         opts["grad_dtype"] = "fp32"
-    elif dtype == "fp16":
-        out.notes.append(
-            "--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron keeps fp16 gradients, counted in the "
-            "framework's fp32 (--grad-dtype fp16 counts Megatron's)"
-        )
     if dtype == "fp16" and "--grad-reduce-in-bf16" in values:
         out.notes.append("--grad-reduce-in-bf16: read by Megatron only with --bf16; ignored")
 
