@@ -557,6 +557,46 @@ def maxtext_config(rng: random.Random, work: Path) -> Callable[[], Any]:
     return run
 
 
+def nemo_config(rng: random.Random, work: Path) -> Callable[[], Any]:
+    """A NeMo-Framework-Launcher training YAML (tests/data/configs/nemo) with lines dropped or values replaced,
+    the optimizer renamed or given a ``grad_sync_dtype``, or the text cut short; read, resolved and laid out as
+    ``compile --from nemo:`` does (the model named where the YAML leaves the vocabulary to a tokenizer file)."""
+    from echosim.configs import read_source, resolve
+
+    source = rng.choice(sorted((ROOT / "tests" / "data" / "configs" / "nemo").glob("*.yaml")))
+    lines = [ln for ln in source.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(len(lines))
+        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+        key = lines[i].strip().split(":")[0]
+        move = rng.random()
+        if move < 0.25 and ":" in lines[i] and not lines[i].rstrip().endswith(":"):
+            del lines[i]
+        elif move < 0.6 and ":" in lines[i] and not lines[i].rstrip().endswith(":"):
+            lines[i] = f"{indent}{key}: {rng.choice(_YAML_VALUES)}"
+        else:
+            at = next((j for j, ln in enumerate(lines) if ln.strip() == "optim:"), None)
+            if at is not None:
+                value = rng.choice(["fp32", "bf16", "16", "32", "fp8", "x", "distributed_fused_adam",
+                                    "mcore_distributed_optim", "fused_adam"])  # fmt: skip
+                field = rng.choice(["grad_sync_dtype", "name"])
+                lines.insert(at + 1, f"    {field}: {value}")
+    text = "\n".join(lines)
+    if rng.random() < 0.15:
+        text = text[: rng.randrange(len(text) + 1)]
+    path = work / f"n{rng.randrange(10**9)}.yaml"
+    path.write_text(text)
+    model = "llama2-7b" if "llama" in source.name else None
+
+    def run() -> Any:
+        from echosim.commands.options import layout_from_options
+
+        chosen, opts = resolve(read_source(f"nemo:{path}"), {"devices": 128}, model)
+        return layout_from_options(chosen, opts, False)
+
+    return run
+
+
 #: Values a mutated DeepSpeed config gives a key (JSON): numbers, odd types and the dtype spellings it reads.
 _JSON_VALUES: list[Any] = [0, -1, 1, 3, 2.5, None, True, False, "", "x", "auto", [], [1], {}, {"enabled": True},
                            "fp32", "bf16", "fp16", "bfloat16", "half", "fp8"]  # fmt: skip
@@ -611,6 +651,7 @@ TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "megatron-config": megatron_config,
     "maxtext-config": maxtext_config,
     "deepspeed-config": deepspeed_config,
+    "nemo-config": nemo_config,
 }
 
 

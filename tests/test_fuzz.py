@@ -32,6 +32,7 @@ CHEAP = [
     "megatron-config",
     "maxtext-config",
     "deepspeed-config",
+    "nemo-config",
     "valid-layouts",
 ]
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
