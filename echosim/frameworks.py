@@ -18,6 +18,12 @@ from echosim.errors import EchosimError
 DEFAULT_FRAMEWORK = "eager"
 
 
+def weights_16bit_dtype(dtype: str) -> str:
+    """The 16-bit dtype of the weights when training in ``dtype``: fp16 under fp16, else bf16 (the fp8, mxfp8 and
+    nvfp4 recipes quantise only the GEMMs' operands of bf16 weights)."""
+    return "fp16" if dtype == "fp16" else "bf16"
+
+
 class FrameworkError(EchosimError):
     """An unknown framework name; the message names the known ones."""
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from echosim.frameworks import get_framework
+from echosim.frameworks import get_framework, weights_16bit_dtype
 from echosim.frontend.messages import Note
 from echosim.ir.graph import Graph
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
@@ -43,7 +43,6 @@ from echosim.plan import (
     Cluster,
     Plan,
     PlanError,
-    weights_16bit_dtype,
 )
 from echosim.timeline.placement import Degrees, axis_placements
 

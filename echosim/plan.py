@@ -23,12 +23,6 @@ FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 
 
-def weights_16bit_dtype(dtype: str) -> str:
-    """The 16-bit dtype of the weights when training in ``dtype``: fp16 under fp16, else bf16 (the fp8, mxfp8 and
-    nvfp4 recipes quantise only the GEMMs' operands of bf16 weights)."""
-    return "fp16" if dtype == "fp16" else "bf16"
-
-
 # NCCL all_to_all; DeepEP: the network once per node, then NVLink; HybridEP: Megatron-Core's flex dispatcher
 # with the hybridep backend (echosim.passes.expert_parallel.DISPATCHERS)
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")

@@ -17,9 +17,8 @@ from typing import Any
 
 from echosim.configs.base import ConfigError, FromConfig, dtype_name, in_yaml_names, read_model_yaml
 from echosim.configs.megatron import from_arguments
-from echosim.frameworks import get_framework, loss_framework
+from echosim.frameworks import get_framework, loss_framework, weights_16bit_dtype
 from echosim.passes.memory import OPTIMIZER_DTYPES
-from echosim.plan import weights_16bit_dtype
 
 #: ``section.field`` -> the Megatron-LM argument that sets the same value.
 TO_MEGATRON = {

@@ -16,12 +16,11 @@ from typing import Any
 
 from echosim.configs.base import ConfigError, FromConfig, as_float, as_int, model_or_zoo, read_text
 from echosim.configs.shell import launch_command
-from echosim.frameworks import loss_framework
+from echosim.frameworks import loss_framework, weights_16bit_dtype
 from echosim.frontend.zoo import ArchConfig
 from echosim.passes.memory import OPTIMIZER_DTYPES, given_dtypes
 from echosim.passes.pipeline import LayoutError, layout_counts
 from echosim.passes.recompute import MEGATRON_MODULES
-from echosim.plan import weights_16bit_dtype
 
 ARGS = "Megatron-LM megatron/training/arguments.py, commit d98e8a6"
 TOKENIZER = "Megatron-LM megatron/training/tokenizer/tokenizer.py, commit d98e8a6"

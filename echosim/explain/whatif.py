@@ -18,9 +18,9 @@ from typing import Any
 
 from echosim.errors import EchosimError
 from echosim.explain.diff import GiB, compare, peak_bytes
-from echosim.frameworks import get_framework
+from echosim.frameworks import get_framework, weights_16bit_dtype
 from echosim.passes.memory import given_dtypes
-from echosim.plan import Cluster, Plan, plan_flags, setting_flags, weights_16bit_dtype
+from echosim.plan import Cluster, Plan, plan_flags, setting_flags
 
 RECOMPUTE = ("none", "selective", "full")
 _SWAPS = (("tp", "dp"), ("dp", "tp"), ("pp", "dp"), ("dp", "pp"), ("tp", "pp"), ("pp", "tp"))

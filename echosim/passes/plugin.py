@@ -134,7 +134,7 @@ def _fused_mlp(plan: Any) -> object | None:
 
 
 def _data_parallel(plan: Any) -> object:
-    from echosim.frameworks import get_framework
+    from echosim.frameworks import get_framework, weights_16bit_dtype
     from echosim.ir.types import DType
     from echosim.passes.data_parallel import (
         DEEPSPEED_MAX_REUSE_DISTANCE,
@@ -143,7 +143,6 @@ def _data_parallel(plan: Any) -> object:
         megatron_bucket_params,
     )
     from echosim.passes.memory import StatePolicy
-    from echosim.plan import weights_16bit_dtype
 
     # Megatron reduces fp32 main grads in its buckets (ZeRO 0-2: DataParallel.reduce_dtype's default). ZeRO-3 /
     # FSDP (DataParallel._fsdp) reduces in the parameters' dtype unless the framework's mixed precision casts the
