@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,21 @@ def test_time_terms_add_up_and_each_moved_term_names_the_settings_behind_it() ->
     assert c.term("memory.peak").a == max(m["peak"] for m in a["memory"])
     assert not c.notes
     assert "dp" not in " ".join(c.term("memory.optimizer").why)  # no ZeRO: dp shards nothing
+
+
+def test_the_gradient_dtype_explains_both_the_gradient_buffer_and_its_reduction() -> None:
+    """ZeRO 0-2 reduce gradients in the dtype they are kept in: a change of --grad-dtype, or of the framework that
+    sets it (NeMo's 16-bit buffer against Megatron's fp32 one), moves memory.grads and comm.dp, and names itself."""
+    plan, cluster = Plan(dp=8, zero=1, global_batch=16, framework="megatron"), Cluster("h100-sxm", 8)
+    a = compile_model("gpt3-1.3b", plan, cluster).to_dict()
+    for b_plan, said in (
+        (replace(plan, grad_dtype="bf16"), "grad_dtype"),
+        (replace(plan, framework="nemo"), "framework"),
+    ):
+        c = compare(a, compile_model("gpt3-1.3b", b_plan, cluster).to_dict())
+        for name in ("memory.grads", "comm.dp"):
+            term = c.term(name)
+            assert term.b < term.a and any(w.startswith(said) for w in term.why), (name, said, term)
 
 
 def test_diff_of_two_saved_reports_and_of_two_flag_layouts_agree(tmp_path: Path) -> None:

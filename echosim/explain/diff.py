@@ -26,7 +26,8 @@ _COMPUTE = (
     "tp cp ep sp micro_batch seq_len dtype recompute attention layers_per_stage moe_capacity_factor "
     "moe_dispatcher moe_pad_to_capacity"
 )
-_STATE = "tp pp ep zero dp layers_per_stage dtype"
+_STATE = "tp pp ep zero dp layers_per_stage dtype framework"
+_GRAD_DTYPE = "grad_dtype optimizer_dtypes framework"
 DEPENDS: dict[str, tuple[str, ...]] = {
     key: tuple(value.split())
     for key, value in {
@@ -36,15 +37,16 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "comm.cp": "cp cp_comm cp_balance micro_batch seq_len layers_per_stage microbatches backend",
         "comm.ep": "ep tp moe_capacity_factor moe_imbalance moe_dispatcher micro_batch seq_len layers_per_stage "
         "microbatches devices_per_node backend",
-        "comm.dp": "dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend",
-        "comm.edp": "dp ep zero tp pp layers_per_stage devices_per_node backend",
+        # ZeRO 0-2 reduce the gradients in the dtype they are kept in: the framework's, --grad-dtype's, main_grads'
+        "comm.dp": f"dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
+        "comm.edp": f"dp ep zero tp pp dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
         "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend fsdp_reduce_dtype",
         "comm.": "tp pp dp sp micro_batch seq_len devices_per_node backend",
         "bubble": "pp vpp schedule microbatches pp_balance tp sp micro_batch recompute",
         "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes",
         "idle": "tp pp micro_batch",
         "memory.params": _STATE,
-        "memory.grads": f"{_STATE} optimizer_dtypes grad_dtype",
+        "memory.grads": f"{_STATE} {_GRAD_DTYPE}",
         "memory.optimizer": f"{_STATE} cp optimizer_dtypes",
         "memory.activations": "recompute micro_batch seq_len sp tp cp pp vpp schedule layers_per_stage attention "
         "dtype microbatches offload_layers loss_chunks",
