@@ -234,3 +234,11 @@ def test_composer_fsdp_reduces_gradients_in_fp32_and_cites_it() -> None:
     plan = Plan(dp=8, zero=3, framework="composer")
     assert _data_parallel(plan).fsdp_reduce_dtype is DType.FP32
     assert _data_parallel(Plan(dp=8, zero=3)).fsdp_reduce_dtype is None
+
+
+def test_the_readme_counts_the_framework_entries() -> None:
+    """The README says how many entries an unknown --framework lists; it had drifted (24 of 29)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"lists all {len(FRAMEWORKS)} entries" in readme
