@@ -83,7 +83,7 @@ class Framework:
     grads_16bit_under_fp16: str = ""
     probs_in_experts: str = ""  # MoE router weights applied in the experts' activation, not at the combine
     # Activations an FP8 run caches in fewer bytes than the IR's ops keep them ('' = as kept), and where that is
-    # documented: the routed experts' SwiGLU inputs in FP8 with one fp32 scale per 1x128 tile
+    # documented: the MoE layers' SwiGLU inputs in FP8 with one fp32 scale per 1x128 tile
     # (SavedPolicy.gated_inputs_bytes), and the attention output kept once in a 12-bit format for both its
     # readers, the attention's backward and the output projection's weight gradient (SavedPolicy.attention_out_bytes)
     fp8_gated_inputs: str = ""

@@ -736,6 +736,19 @@ def test_hai_llm_caches_the_expert_swiglu_inputs_in_fp8_and_the_attention_output
     gated = 2 * rows * MOE.moe_ffn * (2 - FP8_TILE_BYTES)
     attention = tokens * MOE.hidden * (2 - E5M6_BYTES) + tokens * MOE.hidden * 1
     assert activation_bytes(g, plain) - activation_bytes(g, policy) == MOE.layers * (gated + attention)
+    # "the SwiGLU operator in MoE": a shared expert's inputs too, in the MoE layers only (not a dense first layer's)
+    shared_moe = replace(MOE, shared_experts=1, layers=3, dense_layers=1)
+    c = lower(shared_moe, plan, Cluster("h100-sxm", 4))
+    g = c.stages[0].graph
+    shared = [n for n in g if n.name.endswith(("shared_gate_proj", "shared_up_proj")) and n.phase is Phase.FORWARD]
+    dense = [n for n in g if n.name.endswith(("mlp_gate_proj", "mlp_up_proj")) and n.phase is Phase.FORWARD]
+    assert len(shared) == 2 and len(dense) == 2
+    plain = replace(c.facts.saved, gated_inputs_bytes=0.0, attention_out_bytes=0.0)
+    only_gated = replace(c.facts.saved, attention_out_bytes=0.0)
+    routed = 2 * next(n for n in g if n.name == "grouped_mm").out.shape[0] * MOE.moe_ffn * (2 - FP8_TILE_BYTES)
+    shared_bytes = sum(n.out.numel for n in shared) * (2 - FP8_TILE_BYTES)
+    moe_layers = shared_moe.layers - shared_moe.dense_layers
+    assert activation_bytes(g, plain) - activation_bytes(g, only_gated) == moe_layers * (routed + shared_bytes)
     # the caches are part of the FP8 recipe: a bf16 run keeps its activations as they are
     bf16 = lower(MOE, replace(plan, dtype="bf16"), Cluster("h100-sxm", 4)).facts.saved
     assert bf16.gated_inputs_bytes == 0.0 and bf16.attention_out_bytes == 0.0 and bf16.fused_gated

@@ -45,6 +45,8 @@ RESERVED_OVER_ALLOCATED = 1.0325
 NCCL_BUFFERS_PER_GROUP = 2 * 32 * 4 * 2**20
 
 
+#: The activations of a gated MLP (SwiGLU, GeGLU): fc1's gate half goes through one, times its up half.
+GATED_ACTIVATIONS = ("silu", "gelu", "swish")
 #: Bytes per element of DeepSeek-V3's E5M6 activation cache (1 sign, 5 exponent and 6 mantissa bits, sec. 3.3.3).
 E5M6_BYTES = 12 / 8
 
@@ -291,10 +293,11 @@ class SavedPolicy:
     ``probs_in_experts``: the router's weights are applied inside the experts (Megatron-Core's
     weighted SwiGLU between fc1 and fc2), so the combine is a plain scatter-sum whose backward is a
     gather, and the expert outputs it sums are not kept for the weights' gradient.
-    ``gated_inputs_bytes``: bytes per element the routed experts' SwiGLU inputs (fc1's outputs, which the fused
-    activation's backward reads) are cached in, scales included (0: their dtype's); ``attention_out_bytes``: the
-    attention output kept once, in this many bytes per element, for its own backward and for the output
-    projection's weight gradient, whose FP8 copy is then not kept (0: each kept as the IR's ops keep it).
+    ``gated_inputs_bytes``: bytes per element the SwiGLU inputs of the MoE layers (fc1's outputs, which the fused
+    activation's backward reads; routed and shared experts) are cached in, scales included (0: their dtype's).
+    ``attention_out_bytes``: the attention output kept once, in this many bytes per element, for its own backward
+    and for the output projection's weight gradient, whose FP8 copy is then not kept (0: each kept as the IR's ops
+    keep it).
     DeepSeek-V3's FP8 framework does both (:mod:`echosim.frameworks`, ``hai-llm``).
     ``offload_layers``: Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``):
     that many transformer layers of the stage keep their saved activations in host memory; at
@@ -307,7 +310,7 @@ class SavedPolicy:
     offload: frozenset[str] = frozenset()
     offload_layers: int = 0
     probs_in_experts: bool = False  # router weights scale the expert activation: the combine keeps no rows
-    gated_inputs_bytes: float = 0.0  # the routed experts' SwiGLU inputs cached at this many bytes an element
+    gated_inputs_bytes: float = 0.0  # the MoE layers' SwiGLU inputs cached at this many bytes an element
     attention_out_bytes: float = 0.0  # the attention output kept once at this many bytes an element
     loss_chunks: int = 1  # the loss runs over this many token chunks: one chunk's logits exist at a time
     ce_saved: float = 0.0  # bytes per logit the loss keeps for backward (0: what the IR's op reads)
@@ -439,10 +442,14 @@ def _low_precision_caches(graph: Graph, saved: SavedPolicy, each: dict[int, int]
     from echosim.passes.recompute import expert_activation
 
     kept_attention = {nid for nid in mult if isinstance(graph[nid].attrs, AttentionAttrs)}
+    # "the SwiGLU operator in MoE": the routed experts' and, in the same layers, the shared experts'
+    moe_layers = {graph.checkpoint_layer(n) for n in graph if _fn(n) == "moe_dispatch"} - {None}
     for nid in list(mult):
         node = graph[nid]
         if saved.gated_inputs_bytes and node.op is OpKind.MATMUL:
-            if any(expert_activation(graph, r) for r in _forward_readers(graph, nid)):
+            readers = _forward_readers(graph, nid)
+            shared = graph.checkpoint_layer(node) in moe_layers and any(_gated(graph, r) for r in readers)
+            if shared or any(expert_activation(graph, r) for r in readers):
                 each[nid] = math.ceil(node.out.numel * saved.gated_inputs_bytes)
         elif saved.attention_out_bytes and nid in kept_attention:
             each[nid] += math.ceil(node.out.numel * saved.attention_out_bytes) - node.out.nbytes
@@ -459,6 +466,18 @@ def _forward_readers(graph: Graph, nid: int) -> list[Node]:
             continue
         out.extend(_forward_readers(graph, u) if user.op is OpKind.VIEW else [user])
     return out
+
+
+def _fn(node: Node) -> str:
+    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
+
+
+def _gated(graph: Graph, node: Node) -> bool:
+    """A gated MLP's activation whose output is multiplied, or that product (the two readers of SwiGLU's inputs);
+    not a plain MLP's GeLU."""
+    if _fn(node) in GATED_ACTIVATIONS:
+        return any(_fn(r) == "mul" for r in _forward_readers(graph, node.id))
+    return _fn(node) == "mul" and any(_fn(graph[_base(graph, i)]) in GATED_ACTIVATIONS for i in node.inputs)
 
 
 def _quantised(node: Node) -> bool:
@@ -540,7 +559,7 @@ def _combine_rows(graph: Graph, src: Node, reader: Node) -> bool:
 
 def _fused_activation(graph: Graph, src: Node, reader: Node) -> bool:
     """A gated MLP's activation output read by the product's backward: the fused kernel recomputes it."""
-    if not (isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn in ("silu", "gelu", "swish")):
+    if not (isinstance(src.attrs, ElementwiseAttrs) and src.attrs.fn in GATED_ACTIVATIONS):
         return False
     origin = graph[reader.origin] if reader.origin is not None else None
     return (
