@@ -59,6 +59,23 @@ def test_the_gradient_dtype_explains_both_the_gradient_buffer_and_its_reduction(
             assert term.b < term.a and any(w.startswith(said) for w in term.why), (name, said, term)
 
 
+def test_a_framework_change_names_itself_behind_the_terms_it_moves() -> None:
+    """DeepSeek-V3's framework against Megatron's on an fp8 MoE layout: FP8 exchanges (comm.ep), what backward keeps
+    (memory.activations) and the kernels (compute.*) move, and each names the framework."""
+    from echosim.frontend.zoo import ArchConfig
+
+    moe = ArchConfig("moe", layers=2, hidden=256, heads=4, kv_heads=4, vocab=1024, ffn=512, seq_len=256, experts=4,
+                     top_k=2, moe_ffn=256)  # fmt: skip
+    plan = Plan(dp=8, ep=4, zero=1, global_batch=16, dtype="fp8", framework="megatron", moe_dispatcher="deepep")
+    cluster = Cluster("h100-sxm", 8)
+    a = compile_model(moe, plan, cluster).to_dict()
+    c = compare(a, compile_model(moe, replace(plan, framework="hai-llm"), cluster).to_dict())
+    moved = [t for t in c.terms if t.name in ("comm.ep", "memory.activations") or t.name.startswith("compute.")]
+    moved = [t for t in moved if t.a != t.b]
+    assert {t.name for t in moved} >= {"comm.ep", "memory.activations"}
+    assert all(any(w.startswith("framework") for w in t.why) for t in moved), moved
+
+
 def test_diff_of_two_saved_reports_and_of_two_flag_layouts_agree(tmp_path: Path) -> None:
     a = _save(tmp_path, "a.json", "gpt3-1.3b", "--tp", "2", "--pp", "4", "--dp", "2", *SMALL)
     b = _save(tmp_path, "b.json", "gpt3-1.3b", "--tp", "4", "--pp", "2", "--dp", "2", *SMALL)

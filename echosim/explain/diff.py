@@ -21,10 +21,11 @@ REPORT_KEYS = ("step_time_s", "breakdown", "memory", "plan", "model")
 
 # What each term depends on: plan fields and derived settings (microbatches, layers_per_stage, backend,
 # devices_per_node). A term that moved names those of them that changed. Keys ending in "." cover a family.
-# moe_dispatcher and moe_pad_to_capacity decide Megatron-Core's fp8 alignment copies (passes.expert_parallel)
+# moe_dispatcher and moe_pad_to_capacity decide Megatron-Core's fp8 alignment copies (passes.expert_parallel); the
+# framework picks kernels (attention, loss, norms, layout copies), FP8 exchanges and what backward keeps
 _COMPUTE = (
     "tp cp ep sp micro_batch seq_len dtype recompute attention layers_per_stage moe_capacity_factor "
-    "moe_dispatcher moe_pad_to_capacity"
+    "moe_dispatcher moe_pad_to_capacity framework"
 )
 _STATE = "tp pp ep zero dp layers_per_stage dtype framework"
 _GRAD_DTYPE = "grad_dtype optimizer_dtypes framework"
@@ -36,21 +37,22 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "devices_per_node backend",
         "comm.cp": "cp cp_comm cp_balance micro_batch seq_len layers_per_stage microbatches backend",
         "comm.ep": "ep tp moe_capacity_factor moe_imbalance moe_dispatcher micro_batch seq_len layers_per_stage "
-        "microbatches devices_per_node backend",
+        "microbatches devices_per_node backend framework",
         # ZeRO 0-2 reduce the gradients in the dtype they are kept in: the framework's, --grad-dtype's, main_grads'
         "comm.dp": f"dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
         "comm.edp": f"dp ep zero tp pp dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
-        "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend fsdp_reduce_dtype",
+        "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend fsdp_reduce_dtype "
+        "framework",
         "comm.": "tp pp dp sp micro_batch seq_len devices_per_node backend",
         "bubble": "pp vpp schedule microbatches pp_balance tp sp micro_batch recompute",
-        "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes",
+        "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes framework",
         "idle": "tp pp micro_batch",
         "memory.params": _STATE,
         "memory.grads": f"{_STATE} {_GRAD_DTYPE}",
         "memory.optimizer": f"{_STATE} cp optimizer_dtypes",
         "memory.activations": "recompute micro_batch seq_len sp tp cp pp vpp schedule layers_per_stage attention "
-        "dtype microbatches offload_layers loss_chunks",
-        "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype grad_dtype",
+        "dtype microbatches offload_layers loss_chunks framework",
+        "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype grad_dtype framework",
     }.items()
 }
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "transient", "comm_buffers", "fragmentation")
