@@ -123,8 +123,8 @@ def layout_options(fn: F) -> F:
             "--grad-dtype",
             type=click.Choice(["fp32", "bf16", "fp16"]),
             help="The gradient buffer's dtype over 16-bit weights with an fp32 master: fp32 (Megatron's "
-            "--accumulate-allreduce-grads-in-fp32) or the weights' own (--grad-reduce-in-bf16); memory only; "
-            "default: the framework's.",
+            "--accumulate-allreduce-grads-in-fp32) or the weights' own (--grad-reduce-in-bf16); ZeRO 0-2 reduce "
+            "the gradients in it; default: the framework's.",
         ),
         click.option(
             "--cp-balance/--no-cp-balance", default=None, help="Causal load balancing of context parallelism."

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 
 from echosim.frontend.messages import Note
-from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, OpKind
+from echosim.ir.graph import Graph, Node, elementwise_fn
+from echosim.ir.ops import AttentionAttrs, OpKind
 
 _SCORE_FNS = {"add", "sub", "mul", "div", "where", "masked_fill", "cast", "neg"}
 _PROB_FNS = {"dropout", "cast"}
@@ -41,10 +41,6 @@ def _dynamic(graph: Graph) -> set[int]:
     return dyn
 
 
-def _fn(node: Node) -> str:
-    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
-
-
 def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int], bool] | None:
     """(Q, K^T, V) and the nodes the pattern replaces, if ``m2`` ends an attention."""
     if len(m2.inputs) != 2 or len(m2.out.shape) < 3:
@@ -54,7 +50,7 @@ def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int],
     covered = [m2.id]
     p = graph[m2.inputs[0]]
     while p.op is not OpKind.SOFTMAX:  # dropout, casts, views after the softmax
-        if len(graph.users(p.id)) != 1 or not (p.op is OpKind.VIEW or _fn(p) in _PROB_FNS) or not p.inputs:
+        if len(graph.users(p.id)) != 1 or not (p.op is OpKind.VIEW or elementwise_fn(p) in _PROB_FNS) or not p.inputs:
             return None
         covered.append(p.id)
         p = graph[p.inputs[0]]
@@ -64,7 +60,7 @@ def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int],
     s = graph[p.inputs[0]]
     causal = False
     while s.op is not OpKind.MATMUL:  # scale, mask, casts before the softmax
-        if len(graph.users(s.id)) != 1 or not (s.op is OpKind.VIEW or _fn(s) in _SCORE_FNS):
+        if len(graph.users(s.id)) != 1 or not (s.op is OpKind.VIEW or elementwise_fn(s) in _SCORE_FNS):
             return None
         scores = [i for i in s.inputs if i in dyn]
         if len(scores) != 1:
@@ -84,7 +80,7 @@ def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int],
     operands = []
     for i in m1.inputs:  # a constant scale on Q or K^T (scaled before the product) is absorbed
         n = graph[i]
-        if _fn(n) in ("mul", "div") and len(graph.users(n.id)) == 1 and sum(j in dyn for j in n.inputs) == 1:
+        if elementwise_fn(n) in ("mul", "div") and len(graph.users(n.id)) == 1 and sum(j in dyn for j in n.inputs) == 1:
             covered.append(n.id)
             i = next(j for j in n.inputs if j in dyn)
         operands.append(i)

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from echosim.ir.graph import Graph, Node
+from echosim.ir.graph import Graph, Node, elementwise_fn
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind
 
 #: Ops that move whole rows by an index: how frontends spell a permutation of rows.
 ROW_GATHERS = ("index", "index_select", "gather")
 ROW_MOVES = (*ROW_GATHERS, "index_put", "index_copy", "index_add", "scatter", "scatter_add")
-
-
-def _fn(node: Node) -> str:
-    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
 
 def _grouped(graph: Graph, node: Node) -> bool:
@@ -62,7 +58,7 @@ def _unpermute(graph: Graph, dispatch: Node) -> Node | None:
         if _grouped(graph, n) or any(i in after_gemm for i in n.inputs):
             after_gemm.add(n.id)
         first = n.inputs[0] if n.inputs else -1
-        if _fn(n) in ROW_MOVES and first in after_gemm and n.out.shape and n.out.shape[0] == rows:
+        if elementwise_fn(n) in ROW_MOVES and first in after_gemm and n.out.shape and n.out.shape[0] == rows:
             return n
     return None
 
@@ -74,7 +70,7 @@ def mark_routing(graph: Graph) -> int:
         if not _grouped(graph, n):
             continue
         src = _through_views(graph, n.inputs[0])
-        if _fn(src) not in ROW_GATHERS or len(src.out.shape) != 2 or not src.inputs:
+        if elementwise_fn(src) not in ROW_GATHERS or len(src.out.shape) != 2 or not src.inputs:
             continue
         tokens = graph[src.inputs[0]].out.shape
         if len(tokens) != 2 or src.out.shape[0] % tokens[0] or src.out.shape[1] != tokens[1]:

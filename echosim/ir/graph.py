@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from echosim.ir.ops import Attrs, NoAttrs, OpKind, Phase
+from echosim.ir.ops import Attrs, ElementwiseAttrs, NoAttrs, OpKind, Phase
 from echosim.ir.types import TensorSpec
 
 if TYPE_CHECKING:
@@ -41,6 +41,16 @@ class Node:
     scope: str = ""
     name: str = ""
     origin: int | None = None  # the forward node a backward/recompute node derives from
+
+
+def elementwise_fn(node: Node) -> str:
+    """The map an elementwise node runs (``ElementwiseAttrs.fn``: "silu", "moe_dispatch", "fp8_cast", ...); "" else."""
+    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
+
+
+def is_cast(node: Node) -> bool:
+    """A quantising cast (:class:`echosim.passes.precision.Fp8Linears`): an FP8 (or finer) copy of a value."""
+    return elementwise_fn(node).endswith("_cast")
 
 
 def twin_of(prev: Node | None, n: Node) -> bool:

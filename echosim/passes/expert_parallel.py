@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import ClassVar
 
-from echosim.ir.graph import Graph, Node
+from echosim.ir.graph import Graph, Node, elementwise_fn
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
@@ -137,10 +137,6 @@ def check_routing(ep: int, imbalance: float, capacity_factor: float) -> None:
 COMBINES = ("moe_combine", "moe_unpermute")
 
 
-def _fn(node: Node) -> str:
-    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
-
-
 #: Token dispatchers (the plan's ``moe_dispatcher``): NCCL's all_to_all (Megatron-Core's ``alltoall``),
 #: DeepEP's node-deduplicated network leg plus NVLink forwarding (Megatron-Core's ``flex`` dispatcher with
 #: the deepep backend; :mod:`echosim.backends.deepep`), or HybridEP (the ``flex`` dispatcher with the hybridep
@@ -181,7 +177,7 @@ class ExpertParallel:
             )
 
     def run(self, graph: Graph) -> Graph:
-        dispatches = [n for n in graph if n.phase is Phase.FORWARD and _fn(n) == "moe_dispatch"]
+        dispatches = [n for n in graph if n.phase is Phase.FORWARD and elementwise_fn(n) == "moe_dispatch"]
         if not dispatches:
             if self.ep > 1:
                 raise LayoutError(
@@ -248,7 +244,7 @@ class _Rewriter:
         for n in self.src:  # graph order is topological
             if n.id != d.id and any(i in below for i in n.inputs):
                 below.add(n.id)
-                if _fn(n) in COMBINES and n.inputs[0] in below:
+                if elementwise_fn(n) in COMBINES and n.inputs[0] in below:
                     combine = n
                     break
         if combine is None:
@@ -302,7 +298,7 @@ class _Rewriter:
                     self.map[node.id] = self._copy(node, [back, *ins[1:]])
             else:
                 self.map[node.id] = self._copy(node, ins)
-            if _fn(node) == "moe_dispatch" and node.phase is Phase.FORWARD:
+            if elementwise_fn(node) == "moe_dispatch" and node.phase is Phase.FORWARD:
                 self._dispatched(node)
         self.out.inputs = [self.map[i] for i in self.src.inputs]
         self.out.outputs = [self.map[o] for o in self.src.outputs]
@@ -374,7 +370,7 @@ class _Rewriter:
 
     def _combine_einsum(self, c: Node, back: int, ins: list[int]) -> int:
         """``"EBCM,BSEC -> BSM"``: the slots times the combine mask (router weights inside), per sequence."""
-        if _fn(c) != "moe_combine" or len(ins) < 3:
+        if elementwise_fn(c) != "moe_combine" or len(ins) < 3:
             raise LayoutError(f"padding experts to capacity needs a weighted combine (rows, ids, weights): {c.name}")
         groups, seq, slots = self._slots(self.src[self.combine_of[c.id]])
         batch = int(groups) if groups == int(groups) else 1

@@ -19,8 +19,9 @@ import operator
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
+from echosim.ir.graph import SAME_NODES, Graph, Node, elementwise_fn, is_cast, twin_of
 from echosim.ir.ops import AttentionAttrs, Axis, CollectiveAttrs, ElementwiseAttrs, OpKind, Phase, Role
+from echosim.passes.recompute import expert_activation, forward_readers
 from echosim.passes.saved import names_in_block
 
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.x): every request is
@@ -439,50 +440,30 @@ def _saved_values(graph: Graph, saved: SavedPolicy) -> tuple[dict[int, int], dic
 def _low_precision_caches(graph: Graph, saved: SavedPolicy, each: dict[int, int], mult: dict[int, int]) -> None:
     """Re-price, in place, the values a framework caches in fewer bytes (:class:`SavedPolicy`'s
     ``gated_inputs_bytes`` and ``attention_out_bytes``)."""
-    from echosim.passes.recompute import expert_activation
-
     kept_attention = {nid for nid in mult if isinstance(graph[nid].attrs, AttentionAttrs)}
     # "the SwiGLU operator in MoE": the routed experts' and, in the same layers, the shared experts'
-    moe_layers = {graph.checkpoint_layer(n) for n in graph if _fn(n) == "moe_dispatch"} - {None}
+    moe_layers = {graph.checkpoint_layer(n) for n in graph if elementwise_fn(n) == "moe_dispatch"} - {None}
     for nid in list(mult):
         node = graph[nid]
         if saved.gated_inputs_bytes and node.op is OpKind.MATMUL:
-            readers = _forward_readers(graph, nid)
+            readers = forward_readers(graph, nid)
             shared = graph.checkpoint_layer(node) in moe_layers and any(_gated(graph, r) for r in readers)
             if shared or any(expert_activation(graph, r) for r in readers):
                 each[nid] = math.ceil(node.out.numel * saved.gated_inputs_bytes)
         elif saved.attention_out_bytes and nid in kept_attention:
             each[nid] += math.ceil(node.out.numel * saved.attention_out_bytes) - node.out.nbytes
-        elif saved.attention_out_bytes and _quantised(node) and _base(graph, node.inputs[0]) in kept_attention:
+        elif saved.attention_out_bytes and is_cast(node) and _base(graph, node.inputs[0]) in kept_attention:
             del mult[nid], each[nid]  # the output projection's weight gradient reads the attention's 12-bit copy
-
-
-def _forward_readers(graph: Graph, nid: int) -> list[Node]:
-    """The forward ops that read ``nid``, through views (a fused fc1's gate and up halves)."""
-    out: list[Node] = []
-    for u in graph.users(nid):
-        user = graph[u]
-        if user.phase is not Phase.FORWARD:
-            continue
-        out.extend(_forward_readers(graph, u) if user.op is OpKind.VIEW else [user])
-    return out
-
-
-def _fn(node: Node) -> str:
-    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
 
 def _gated(graph: Graph, node: Node) -> bool:
     """A gated MLP's activation whose output is multiplied, or that product (the two readers of SwiGLU's inputs);
     not a plain MLP's GeLU."""
-    if _fn(node) in GATED_ACTIVATIONS:
-        return any(_fn(r) == "mul" for r in _forward_readers(graph, node.id))
-    return _fn(node) == "mul" and any(_fn(graph[_base(graph, i)]) in GATED_ACTIVATIONS for i in node.inputs)
-
-
-def _quantised(node: Node) -> bool:
-    """A quantising cast (:class:`echosim.passes.precision.Fp8Linears`): an FP8 (or finer) copy of a value."""
-    return isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn.endswith("_cast")
+    if elementwise_fn(node) in GATED_ACTIVATIONS:
+        return any(elementwise_fn(r) == "mul" for r in forward_readers(graph, node.id))
+    return elementwise_fn(node) == "mul" and any(
+        elementwise_fn(graph[_base(graph, i)]) in GATED_ACTIVATIONS for i in node.inputs
+    )
 
 
 def _chunk_checkpoints(graph: Graph, checkpoints: dict[int, str | None], mult: dict[int, int]) -> None:

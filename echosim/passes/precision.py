@@ -54,7 +54,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from echosim.ir.graph import Graph, Node
+from echosim.ir.graph import Graph, Node, elementwise_fn
 from echosim.ir.ops import Axis, CollectiveAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType, TensorSpec
 
@@ -157,18 +157,14 @@ def _fp8_exchange(graph: Graph, node: Node) -> bool:
     if node.op is not OpKind.ALL_TO_ALL:
         return False
     if node.phase is Phase.FORWARD:
-        return any(_fn(graph[i]) == "moe_dispatch" for i in node.inputs)
+        return any(elementwise_fn(graph[i]) == "moe_dispatch" for i in node.inputs)
     origin = graph[node.origin] if node.origin is not None else None
     return (
         node.phase is Phase.BACKWARD
         and origin is not None
         and origin.op is OpKind.ALL_TO_ALL
-        and any(_fn(graph[u]) == "moe_combine" for u in graph.users(origin.id))
+        and any(elementwise_fn(graph[u]) == "moe_combine" for u in graph.users(origin.id))
     )
-
-
-def _fn(node: Node) -> str:
-    return node.attrs.fn if isinstance(node.attrs, ElementwiseAttrs) else ""
 
 
 def _bias_grad(node: Node) -> bool:

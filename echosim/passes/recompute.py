@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from echosim.errors import EchosimError
-from echosim.ir.graph import Graph, Node
-from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.graph import Graph, Node, is_cast
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
 from echosim.passes.saved import (
     TENSOR_NAMES,
     alternate_matmuls,
@@ -350,7 +350,7 @@ def _module_nodes(graph: Graph, modules: tuple[str, ...]) -> list[Node]:
         chosen |= _mlp_modules(graph, modules)
     # views and quantised copies (fp8 casts) of a replayed value are replayed with it: backward reads them
     for n in graph:
-        if n.phase is Phase.FORWARD and (n.op is OpKind.VIEW or _is_cast(n)) and any(i in chosen for i in n.inputs):
+        if n.phase is Phase.FORWARD and (n.op is OpKind.VIEW or is_cast(n)) and any(i in chosen for i in n.inputs):
             chosen.add(n.id)
     return [n for n in graph if n.id in chosen]
 
@@ -421,21 +421,17 @@ def _users(graph: Graph, nid: int) -> list[Node]:
     return [graph[u] for u in graph.users(nid) if graph[u].phase is Phase.FORWARD]
 
 
-def _is_cast(n: Node) -> bool:
-    return isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn.endswith("_cast")
-
-
-def _readers(graph: Graph, nid: int) -> list[Node]:
+def forward_readers(graph: Graph, nid: int) -> list[Node]:
     """The forward ops that read ``nid``, looking through views and quantising casts."""
     out: list[Node] = []
     for u in _users(graph, nid):
-        out += _readers(graph, u.id) if u.op is OpKind.VIEW or _is_cast(u) else [u]
+        out += forward_readers(graph, u.id) if u.op is OpKind.VIEW or is_cast(u) else [u]
     return out
 
 
 def _fused_into_qkv(graph: Graph, norm: Node, names: dict[int, str]) -> bool:
     """A norm whose output only feeds the attention's input projections (TE's fused LayerNormLinear)."""
-    readers = _readers(graph, norm.id)
+    readers = forward_readers(graph, norm.id)
     return bool(readers) and all(names.get(r.id) == "qkv_proj" for r in readers)
 
 
@@ -446,7 +442,7 @@ def _is_expert_gemm(graph: Graph, n: Node) -> bool:
 
 def expert_activation(graph: Graph, n: Node) -> bool:
     """An elementwise op between an expert's fc1 and fc2 (its gated activation and product)."""
-    if n.op is not OpKind.ELEMENTWISE or (isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn.endswith("_cast")):
+    if n.op is not OpKind.ELEMENTWISE or is_cast(n):
         return False
     reads_fc1 = any(
         _is_expert_gemm(graph, graph[base(graph, i)]) or _expert_activation_input(graph, i) for i in n.inputs
