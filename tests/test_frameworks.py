@@ -43,6 +43,7 @@ def test_every_default_is_a_plan_field_with_a_source() -> None:
         "composer-triton-pure",
         "deepspeed-2021",
         "hai-llm",
+        "megascale",
         "jax-xla",
         "nemo-megatron-vit",
         "apex-ddp",
@@ -107,6 +108,30 @@ def test_nemo_overlaps_tp_communication_in_dense_recipes_only() -> None:
     assert not plan_with_defaults(Plan(), {"framework": "megatron", "tp": 4}, "gpt").tp_overlap  # off unless given
 
 
+def test_megascale_is_megatron_with_its_tp_collectives_overlapped() -> None:
+    """MegaScale's paper (sec. 3.2) fuses the TP / SP collectives with the GEMMs; everything else is Megatron's, and
+    its step on a tensor-parallel layout is shorter by the TP time the overlap hides."""
+    from echosim.compiler import compile as compile_model
+    from echosim.plan import Cluster
+
+    megascale, megatron = FRAMEWORKS["megascale"], FRAMEWORKS["megatron"]
+    assert [d for d in megascale.defaults if d.field != "tp_overlap"] == list(megatron.defaults)
+    assert plan_with_defaults(Plan(), {"framework": "megascale", "tp": 8}, "gpt").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "megascale", "tp": 1}, "gpt").tp_overlap
+    assert not plan_with_defaults(Plan(), {"framework": "megascale", "tp": 8, "tp_overlap": False}, "gpt").tp_overlap
+    assert framework_named_in("MegaScale (Megatron-LM based)") == "megascale"
+    layout = {"tp": 8, "dp": 2, "sp": True, "micro_batch": 1, "global_batch": 16, "seq_len": 2048, "dtype": "bf16"}
+    steps = {
+        name: compile_model(
+            "gpt3-6.7b",
+            plan_with_defaults(Plan(), {**layout, "framework": name}, "gpt"),
+            Cluster("a100-80gb", 16, 8),
+        ).step_time_s
+        for name in ("megascale", "megatron")
+    }
+    assert steps["megascale"] < steps["megatron"]
+
+
 def test_the_default_run_keeps_its_stated_settings_under_a_framework() -> None:
     _, plan, _ = plan_from_options(None, {"framework": "megatron"})
     assert (plan.framework, plan.recompute, plan.tp, plan.pp) == ("megatron", "full", 8, 16)
@@ -125,7 +150,7 @@ def test_unknown_framework_is_one_line_naming_the_known_ones() -> None:
         len(lines) == 1
         and "known: apex-ddp, composer, composer-fa1, composer-triton, composer-triton-pure, deepspeed, "
         "deepspeed-2021, eager, eager-amp, hai-llm, jax-xla, maxtext, "
-        "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, "
+        "maxtext-bf16-weights, maxtext-bf16-weights-splash-fused, maxtext-splash-fused, maxtext-te, megascale, "
         "megatron, megatron-2022, megatron-bridge, megatron-ce-native, megatron-ce-te, nemo, nemo-ce-native, "
         "nemo-megatron-vit, torchtitan"
         in lines[0]
@@ -166,7 +191,7 @@ def test_compile_reports_the_framework_and_applies_its_defaults() -> None:
         ("Megatron-LM (2021)", "megatron-2022"),
         ("Megatron-LM (2022)", "megatron-2022"),
         ("Megatron-LM", "megatron"),
-        ("MegaScale (Megatron-LM based)", "megatron"),
+        ("MegaScale (Megatron-LM based)", "megascale"),
         ("MaxText (NVIDIA JAX container 25.01-maxtext)", "maxtext"),
         ("torchtitan (torch 2.6 nightly 2024-12-23, torchao)", "torchtitan-2025"),
         ("torchtitan (torch.compile)", "torchtitan-compile"),

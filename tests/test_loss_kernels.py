@@ -155,7 +155,7 @@ def test_rows_take_the_loss_path_their_release_ran() -> None:
         first.setdefault(c["source_id"], c)
     want = {
         "megatron_lm_llama_fp8": "megatron-ce-native",  # train_llama3_8b_h100_fp8.sh: --cross-entropy-loss-fusion
-        "megascale2024": "megatron",
+        "megascale2024": "megascale",
         "nemo_2407": "nemo",
         "nemo_2504_gb200": "nemo-ce-native",
         "megatron_bridge_25.11": "megatron-bridge",

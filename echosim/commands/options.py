@@ -61,7 +61,8 @@ def calibration_option(help: str, **kwargs: Any) -> Callable[[F], F]:
 FRAMEWORK_HELP = (
     "Training framework whose defaults fill what is not given and whose memory behaviour applies: "
     "megatron, megatron-2022 (before FlashAttention), megatron-ce-native and megatron-ce-te "
-    "(--cross-entropy-loss-fusion, --cross-entropy-fusion-impl native / te), nemo, nemo-ce-native (NeMo 2.0: "
+    "(--cross-entropy-loss-fusion, --cross-entropy-fusion-impl native / te), megascale (Megatron-LM with its TP "
+    "collectives overlapped, as MegaScale's paper describes), nemo, nemo-ce-native (NeMo 2.0: "
     "the fused 'native' loss), megatron-bridge (Transformer Engine's fused loss), torchtitan, torchtitan-compile, "
     "torchtitan-2025, "
     "torchtitan-2025-compile (per-block torch.compile, eager loss: before bbb1b61), torchtitan-2025-compile-loss "
