@@ -65,6 +65,60 @@ def test_a_model_without_a_tp_plan_runs_data_parallel_and_refuses_tensor_paralle
         lower(f"{path}:cnn", Plan(tp=2), Cluster("null", devices=2))
 
 
+def test_linears_no_tp_rule_matches_are_named_not_split_in_silence(tmp_path: Path) -> None:
+    """A layer whose attention the plan splits but whose MLP it does not know runs that MLP whole on every rank:
+    the report names it. A small linear (a router-like gate) is not reported."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, h=64, heads=4):
+                super().__init__()
+                self.heads = heads
+                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
+                self.up, self.down = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+                self.gate = nn.Linear(h, 2)
+
+            def forward(self, x):
+                b, s, h = x.shape
+                projections = (self.q_proj, self.k_proj, self.v_proj)
+                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+                x = x + self.o_proj(a)
+                return x + self.down(F.gelu(self.up(x))) + self.gate(x).sum(-1, keepdim=True)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(128, 64)
+                self.layers = nn.ModuleList(Block() for _ in range(3))
+                self.lm_head = nn.Linear(64, 128)
+
+            def forward(self, ids):
+                x = self.embed_tokens(ids)
+                for layer in self.layers:
+                    x = layer(x)
+                return self.lm_head(x)
+
+        def model():
+            return Net(), [(("batch", 16), torch.int64)]
+        """,
+    )
+    two = lower(f"{path}:model", Plan(tp=2, micro_batch=2), Cluster("null", devices=2)).report
+    [warning] = [w for w in two.warnings if "linear layer" in w]
+    assert warning.startswith("2 linear layers of each repeated layer (layers.0.up, layers.0.down) run whole on all 2")
+    assert "gate" not in warning
+    assert not [
+        w
+        for w in lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1)).report.warnings
+        if "linear" in w
+    ]
+
+
 def test_lstm_language_model_in_fp16() -> None:
     """Input projection once per layer, then one recurrent GEMM per step (h0 is zeros, still multiplied)."""
     plan = Plan(micro_batch=4, seq_len=10, dtype="fp16")

@@ -422,6 +422,7 @@ VIEWS = {
     aten.movedim, aten.diagonal, aten.lift_fresh_copy, aten.view_as_real, aten.view_as_complex,
     aten.real, aten.imag, aten.unfold, aten.squeeze_copy, aten.unsqueeze_copy, aten.t_copy,
     aten.permute_copy, aten.expand_copy, aten.view_copy, aten.transpose_copy, aten.slice_copy,
+    aten.numpy_T, aten.mT, aten.mH, aten.adjoint, aten.swapaxes, aten.swapdims, aten.moveaxis,
 }  # fmt: skip
 SPLITS = {aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split}
 CASTS = {aten.to, aten._to_copy, aten.type_as}

@@ -56,12 +56,13 @@ def is_inplace(op: torch._ops.OpOverload) -> bool:
 
 
 def swaps_last_two(node: fx.Node) -> bool:
-    """``t``, ``transpose(-2, -1)`` or a permute that only exchanges the last two axes."""
+    """``t``, ``.T`` of a matrix, ``.mT`` (``.mH`` and ``adjoint`` of real tensors), ``transpose(-2, -1)`` (or
+    ``swapaxes``) or a permute that only exchanges the last two axes."""
     target = packet(node)
     rank = len(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else 0
-    if target is aten.t:
+    if target in (aten.t, aten.mT, aten.mH, aten.adjoint) or (target is aten.numpy_T and rank == 2):
         return True
-    if target is aten.transpose and rank >= 2:
+    if target in (aten.transpose, aten.swapaxes, aten.swapdims) and rank >= 2:
         dims = sorted(d % rank for d in node.args[1:3])
         return dims == [rank - 2, rank - 1]
     if target is aten.permute and rank >= 2:

@@ -41,9 +41,23 @@ from echosim.ir.ops import (
 from echosim.ir.types import DType, TensorSpec
 from echosim.passes.base import LayoutError
 
-# The plan for the zoo's module names and the HF / Megatron conventions.
+# The plan for the zoo's module names and the HF / Megatron conventions: first match wins, so a specific
+# pattern goes before a general one (BERT's ``intermediate.dense`` is its MLP's up-projection, every other
+# ``*.dense`` an output projection). The module names, by library: HF Llama / Mistral / Qwen / OPT / BART
+# (``q_proj`` ... ``out_proj``, ``fc1``, ``fc2``), GPT-2 (``c_attn``, ``c_fc``, ``c_proj``), GPT-NeoX, Falcon
+# and BLOOM (``query_key_value``, ``dense``, ``dense_h_to_4h``, ``dense_4h_to_h``), GPT-J (``fc_in``,
+# ``fc_out``), BERT (``query``, ``key``, ``value``, ``intermediate.dense``, ``output.dense``), Megatron-Core
+# (``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``), Meta's Llama reference and torchtitan
+# (``wq``, ``wk``, ``wv``, ``wo``, ``w1``, ``w3``, ``w2``: torchtitan's own TP plan splits them the same way).
 DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.qkv", "colwise"),
+    ("*.linear_qkv", "colwise"),
+    ("*.wq", "colwise"),
+    ("*.wk", "colwise"),
+    ("*.wv", "colwise"),
+    ("*.query", "colwise"),
+    ("*.key", "colwise"),
+    ("*.value", "colwise"),
     ("*.q_proj", "colwise"),
     ("*.k_proj", "colwise"),
     ("*.v_proj", "colwise"),
@@ -61,12 +75,25 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.c_fc", "colwise"),
     ("*.gate_proj", "colwise"),
     ("*.up_proj", "colwise"),
+    ("*.dense_h_to_4h", "colwise"),
+    ("*.fc_in", "colwise"),
+    ("*.linear_fc1", "colwise"),
+    ("*.w1", "colwise"),
+    ("*.w3", "colwise"),
+    ("*.intermediate.dense", "colwise"),
     ("*.attn.proj", "rowwise"),
     ("*.o_proj", "rowwise"),
+    ("*.out_proj", "rowwise"),
+    ("*.linear_proj", "rowwise"),
+    ("*.wo", "rowwise"),
     ("*.dense", "rowwise"),
     ("*.c_proj", "rowwise"),
     ("*.fc2", "rowwise"),
     ("*.down_proj", "rowwise"),
+    ("*.dense_4h_to_h", "rowwise"),
+    ("*.fc_out", "rowwise"),
+    ("*.linear_fc2", "rowwise"),
+    ("*.w2", "rowwise"),
     ("embed", "vocab"),
     ("*embed_tokens", "vocab"),
     ("*.wte", "vocab"),
