@@ -335,8 +335,8 @@ class ModelShape:
     batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
     untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
-    # scopes of the repeated layers' linears no tensor-parallel rule matches and that hold at least as many weights
-    # as the smallest linear one does match (not a router or a low-rank down-projection)
+    # scopes of the linears no tensor-parallel rule matches and that hold at least as many weights as the smallest
+    # column- or row-parallel one (not a router or a low-rank down-projection); all of them where none is
     untargeted_linears: tuple[str, ...] = ()
     outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
     layers_per_block: int = 1  # layers one repetition of the block holds (Graph.block_layers: Gemma 3's six)
@@ -348,7 +348,7 @@ class ModelShape:
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
-        linears: dict[str, tuple[bool, int]] = {}  # repeated layers' linears: (a rule matches, weight elements)
+        linears: dict[str, tuple[bool, int]] = {}  # linears but the vocabulary's: (a rule matches, weight elements)
         for n in graph:
             if n.phase is not Phase.FORWARD:
                 continue
@@ -356,7 +356,8 @@ class ModelShape:
                 heads[(n.attrs.heads, n.attrs.kv_heads)] = None
             elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch":
                 routed = True
-            matched = bool(style_for(n.scope, DEFAULT_TP_PLAN))
+            style = style_for(n.scope, DEFAULT_TP_PLAN)
+            matched = bool(style)
             if n.op in (OpKind.MATMUL, OpKind.EMBEDDING) and matched:
                 targets += 1
             if isinstance(n.attrs, MatmulAttrs) and len(n.inputs) > 1:
@@ -365,10 +366,11 @@ class ModelShape:
                     experts[w.out.shape[0]] = None
                     if n.attrs.batch > 1 and not matched:
                         untargeted[n.scope] = None
-                elif w.op is OpKind.PARAMETER and len(w.out.shape) == 2 and graph.block_of(n) is not None:
-                    linears[n.scope] = (matched, w.out.numel)
+                elif w.op is OpKind.PARAMETER and len(w.out.shape) == 2 and style != "vocab":
+                    linears[n.scope] = (bool(style), w.out.numel)
+        # where no linear matches (a Mamba model: only its vocabulary is split), every one of them runs whole
         smallest = min((size for matched, size in linears.values() if matched), default=0)
-        whole = [scope for scope, (matched, size) in linears.items() if smallest and not matched and size >= smallest]
+        whole = [scope for scope, (matched, size) in linears.items() if not matched and size >= smallest]
         first = graph[graph.inputs[0]].out if graph.inputs else None
         ids = first.shape if first is not None else (1,)
         return cls(
@@ -553,7 +555,7 @@ def _tp_messages(plan: Plan, shape: ModelShape) -> list[str]:
     out = []
     if linears := shape.untargeted_linears:
         out.append(
-            f"{len(linears)} linear layer{'s' if len(linears) > 1 else ''} of each repeated layer "
+            f"{len(linears)} linear layer{'s' if len(linears) > 1 else ''} "
             f"({', '.join(linears[:2])}{', ...' if len(linears) > 2 else ''}) run whole on all {plan.tp} "
             "tensor-parallel ranks: no rule of the tensor-parallel plan matches their module paths "
             "(echosim.passes.tensor_parallel.DEFAULT_TP_PLAN)"

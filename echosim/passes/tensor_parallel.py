@@ -83,7 +83,8 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.intermediate.dense", "colwise"),
     ("*.attn.proj", "rowwise"),
     ("*.o_proj", "rowwise"),
-    ("*.out_proj", "rowwise"),
+    ("*attn.out_proj", "rowwise"),  # not Mamba's mixer.out_proj, whose in_proj no rule splits
+    ("*attention.out_proj", "rowwise"),
     ("*.linear_proj", "rowwise"),
     ("*.wo", "rowwise"),
     ("*.dense", "rowwise"),
