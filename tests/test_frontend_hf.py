@@ -150,6 +150,14 @@ def test_tp_splits_every_linear_of_a_layer_under_each_librarys_module_names(name
     assert not compiled.report.warnings
 
 
+def test_a_mamba_model_under_tp_says_its_layers_run_whole() -> None:
+    """Mamba's projections (in_proj, x_proj, out_proj) match no rule; only the vocabulary splits. Its out_proj is
+    not an attention's (``*attn.out_proj``), so tp=2 compiles and names them instead of refusing."""
+    compiled = lower(f"hf:{CONFIGS}/tiny-mamba.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
+    [warning] = [w for w in compiled.report.warnings if "linear layer" in w]
+    assert "backbone.layers.0.mixer.in_proj" in warning and "run whole on all 2 tensor-parallel ranks" in warning
+
+
 @pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-deepseek-v3"])
 def test_moe_under_tp_splits_attention_heads_and_reports_replicated_experts(name: str) -> None:
     compiled = lower(f"hf:{CONFIGS}/{name}.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
