@@ -335,8 +335,8 @@ class ModelShape:
     batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
     untargeted_experts: tuple[str, ...]  # scopes of batched expert matmuls no tensor-parallel rule matches
-    # scopes of the linears no tensor-parallel rule matches and that hold at least as many weights as the smallest
-    # column- or row-parallel one (not a router or a low-rank down-projection); all of them where none is
+    # scopes of the linears no tensor-parallel rule matches and that do at least as many FLOPs as the smallest
+    # column- or row-parallel one (not a router, a low-rank down-projection or a class-token head); all where none is
     untargeted_linears: tuple[str, ...] = ()
     outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
     layers_per_block: int = 1  # layers one repetition of the block holds (Graph.block_layers: Gemma 3's six)
@@ -348,7 +348,7 @@ class ModelShape:
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
-        linears: dict[str, tuple[bool, int]] = {}  # linears but the vocabulary's: (a rule matches, weight elements)
+        linears: dict[str, tuple[bool, int]] = {}  # linears but the vocabulary's: (a rule matches, FLOPs)
         for n in graph:
             if n.phase is not Phase.FORWARD:
                 continue
@@ -367,7 +367,7 @@ class ModelShape:
                     if n.attrs.batch > 1 and not matched:
                         untargeted[n.scope] = None
                 elif w.op is OpKind.PARAMETER and len(w.out.shape) == 2 and style != "vocab":
-                    linears[n.scope] = (bool(style), w.out.numel)
+                    linears[n.scope or n.name] = (bool(style), n.attrs.flops)
         # where no linear matches (a Mamba model: only its vocabulary is split), every one of them runs whole
         smallest = min((size for matched, size in linears.values() if matched), default=0)
         whole = [scope for scope, (matched, size) in linears.items() if not matched and size >= smallest]

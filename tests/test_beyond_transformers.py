@@ -129,6 +129,23 @@ def test_bert_large_forward_flops_match_the_closed_form() -> None:
     assert graph_flops(g).forward == encoder_forward_flops(24, h, 4096, s) + 2 * masked * h * h + 2 * masked * h * v
 
 
+@pytest.mark.parametrize("name", ["bert-large", "vit-b16"])
+def test_encoders_split_their_fused_qkv_per_head_under_tensor_parallelism(name: str) -> None:
+    """The zoo's encoders view their fused projection as [3, heads, head_dim]: tp=2 splits the heads (Megatron's
+    per-head layout) and halves every layer GEMM; it used to stop at the 3 (q, k, v) that 2 does not divide."""
+    one = lower(name, Plan(micro_batch=2, global_batch=2), Cluster("null", devices=1))
+    two = lower(name, Plan(tp=2, micro_batch=2, global_batch=2), Cluster("null", devices=2))
+    g = two.graph
+    layer = {
+        n.scope: n.attrs for n in g if isinstance(n.attrs, MatmulAttrs) and n.phase is Phase.FORWARD and g.block_of(n)
+    }
+    assert [a.tp for a in layer.values()] == ["colwise", "rowwise", "colwise", "rowwise"]  # qkv, proj, fc1, fc2
+    ref = {n.scope: n.attrs.flops for n in one.graph if isinstance(n.attrs, MatmulAttrs) and n.scope in layer}
+    assert {scope: 2 * a.flops for scope, a in layer.items()} == ref
+    heads = {n.attrs.heads for n in g if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD}
+    assert heads == {8 if name == "bert-large" else 6}  # 16 and 12 heads
+
+
 # ---- memory-bound lookups and recurrence ---------------------------------------------------------
 
 

@@ -82,6 +82,7 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.w3", "colwise"),
     ("*.intermediate.dense", "colwise"),
     ("*.attn.proj", "rowwise"),
+    ("layers.*.proj", "rowwise"),  # the zoo's encoder layers (BERT, ViT): their attention's output
     ("*.o_proj", "rowwise"),
     ("*attn.out_proj", "rowwise"),  # not Mamba's mixer.out_proj, whose in_proj no rule splits
     ("*attention.out_proj", "rowwise"),
@@ -109,12 +110,17 @@ def style_for(scope: str, plan: tuple[tuple[str, str], ...]) -> str:
     return ""
 
 
-def _split_axis_after_view(src: tuple[int, ...], axis: int, dst: tuple[int, ...], inner: bool = False) -> int:
+def _split_axis_after_view(
+    src: tuple[int, ...], axis: int, dst: tuple[int, ...], inner: bool = False, degree: int = 1
+) -> int:
     """Which axis of ``dst`` carries the split axis of ``src`` after a view or permute.
 
     A split feature axis (heads x head_dim) is split on its outer part; a split token
     axis that a view unflattens again (``[b*s, h] -> [b, s, h]``) on its inner part,
     the sequence, so ``inner`` picks the innermost ``dst`` axis covering the split one.
+    An outer part the split's ``degree`` does not divide passes the split on to the next
+    part: a fused projection viewed as ``[3, heads, head_dim]`` (q, k and v, as BERT and
+    ViT lay them out) splits its heads, which is how Megatron keeps them, per head.
     """
     if sorted(src) == sorted(dst) and src != dst:  # a permutation: follow the size
         candidates = [i for i, d in enumerate(dst) if d == src[axis]]
@@ -132,6 +138,10 @@ def _split_axis_after_view(src: tuple[int, ...], axis: int, dst: tuple[int, ...]
     acc = 1
     for i, d in enumerate(dst):
         if acc == prefix and d != 1 and (d % src[axis] == 0 or src[axis] % d == 0):
+            if d % degree and d < src[axis] and i + 1 < len(dst):  # an outer factor the degree cannot split
+                prefix, acc = prefix * d, acc * d
+                src = (*src[:axis], src[axis] // d, *src[axis + 1 :])
+                continue
             return i
         if d != 1 and acc < prefix < acc * d:  # the split axis was merged into this one
             return i
@@ -323,7 +333,9 @@ class _Sharder:
             return v
         seq = split_ins[0] in self.seq
         if node.op is OpKind.VIEW:
-            axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=seq)
+            axis = _split_axis_after_view(
+                self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=seq, degree=self.tp
+            )
         else:
             axis = src_axis + len(node.out.shape) - len(src_shape)
             axis = min(max(axis, 0), len(node.out.shape) - 1)
