@@ -210,6 +210,22 @@ def test_explain_text_names_the_critical_path_communication_bubble_and_suggestio
     assert "what helps most" in out and "echosim compile gpt3-1.3b --backend h100-sxm" in out
 
 
+def test_explain_carries_the_compiles_warnings() -> None:
+    """A warning compile gives (here: Mamba's projections run whole on both tensor-parallel ranks) is in the
+    explanation's text and JSON too."""
+    from pathlib import Path
+
+    config = Path(__file__).parent / "configs" / "tiny-mamba.json"
+    args = ("explain", f"hf:{config}", "--backend", "h100-sxm", "--tp", "2", "--global-batch", "1", "--seq-len", "16",
+            "--no-what-if")  # fmt: skip
+    code, out = _invoke(*args)
+    assert code == 0, out
+    assert "warning: 6 linear layers (backbone.layers.0.mixer.in_proj" in out
+    code, out = _invoke(*args, "--json")
+    assert code == 0, out
+    assert any("run whole on all 2 tensor-parallel ranks" in w for w in json.loads(out)["warnings"])
+
+
 def test_the_text_of_a_layout_that_does_not_fit_leads_with_what_makes_it_fit() -> None:
     code, out = _invoke("explain", "gpt3-1.3b", "--backend", "a100-40gb", "--dp", "2", "--micro-batch", "16",
                         "--global-batch", "64")  # fmt: skip

@@ -83,6 +83,8 @@ def render(result: Any, top: int = 3, lines: int = 8, accuracy: str | None = Non
     echo(f"bubble {_s(result.bubble_s)} ({r.bubble_fraction * 100:.1f}% of the step)")
     slow = result.slowdown_s
     echo(f"overlap slowdown: compute +{_s(slow['compute'])}, communication +{_s(slow['comm'])}")
+    for w in r.warnings:  # what compile warns of holds for the explanation too
+        echo(f"warning: {w}")
     if not result.simulated:
         return
     refused = sum(1 for o in result.simulated if o.error)

@@ -72,6 +72,7 @@ class Explanation:
             "suggestions": [o.as_dict() for o in self.suggestions[:top]],
             "simulated": len(self.simulated),
             "refused": [o.as_dict() for o in self.simulated if o.error],
+            "warnings": list(r.warnings),
         }
 
 
