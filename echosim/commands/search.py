@@ -80,9 +80,15 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str = "
     Console(width=200).print(table)
 
 
-def print_result(result: SearchResult, top: int, rejected: int = 10, accuracy: dict[str, Any] | None = None) -> None:
-    """The ranked table, why the best beats the runner-up, the best's likely step (``accuracy``), rejected layouts
-    with their reasons, the counts."""
+def print_result(
+    result: SearchResult,
+    top: int,
+    rejected: int = 10,
+    accuracy: dict[str, Any] | None = None,
+    warnings: Sequence[str] = (),
+) -> None:
+    """The ranked table, why the best beats the runner-up, the best's likely step (``accuracy``) and its compile's
+    ``warnings``, rejected layouts with their reasons, the counts."""
     c = result.counts()
     head = (
         f"{result.model} on {result.cluster.devices} x {result.cluster.backend}: space of "
@@ -105,6 +111,8 @@ def print_result(result: SearchResult, top: int, rejected: int = 10, accuracy: d
         from echosim.bands import accuracy_line
 
         click.echo("likely step of #1: " + accuracy_line(accuracy))
+    for w in warnings:
+        click.echo(f"warning (#1): {w}")
     shown = _rejected_sample(result.others, rejected)
     if shown:
         _table([*_COLUMNS[1:], "reason"], [[*_degrees(e), e.reason] for e in shown],
@@ -175,23 +183,28 @@ def print_scale_out(rows: list[dict[str, Any]], tokens: float | None, price: flo
     _table(cols, out, "scale-out: the best layout of each cluster size")
 
 
-def best_accuracy(model: Any, result: SearchResult) -> dict[str, Any] | None:
-    """The accuracy band of the best layout, as ``compile`` reports it (``echosim.bands.accuracy_section`` of one
-    compile of that layout, whose figures a search reproduces exactly); None when nothing fits."""
+def best_accuracy(model: Any, result: SearchResult) -> tuple[dict[str, Any] | None, list[str]]:
+    """The accuracy band of the best layout and the warnings of its compile, as ``compile`` reports them
+    (``echosim.bands.accuracy_section`` of one compile of that layout, whose figures a search reproduces exactly;
+    a search's batched costing reads no warnings); ``(None, [])`` when nothing fits."""
     if not result.ranked:
-        return None
+        return None, []
     from echosim.bands import accuracy_section
     from echosim.compiler import lower
 
-    return accuracy_section(lower(model, result.ranked[0].plan, result.cluster))
+    compiled = lower(model, result.ranked[0].plan, result.cluster)
+    return accuracy_section(compiled), list(compiled.report.warnings)
 
 
-def result_json(result: SearchResult, top: int, accuracy: dict[str, Any] | None = None) -> dict[str, Any]:
+def result_json(
+    result: SearchResult, top: int, accuracy: dict[str, Any] | None = None, warnings: Sequence[str] = ()
+) -> dict[str, Any]:
     """Every evaluated layout with its degrees, figures and rejection reason, and the counts (byte-stable);
-    ``accuracy``: the best layout's band (:func:`best_accuracy`)."""
+    ``accuracy`` and ``warnings``: the best layout's band and its compile's warnings (:func:`best_accuracy`)."""
     layouts = [e.as_dict() for e in result.evaluated]
     return {
         "accuracy": accuracy,
+        "warnings": list(warnings),
         "model": result.model,
         "backend": result.cluster.backend,
         "devices": result.cluster.devices,
@@ -325,17 +338,17 @@ def run(
     if plot:
         write_plot(results, plot)
     scale = scale_out_rows(results, tokens, price) if len(results) > 1 or tokens else []
-    accuracy = [best_accuracy(model, r) for r in results]
+    best = [best_accuracy(model, r) for r in results]
     if as_json:
         if len(results) == 1 and not scale:
-            data: dict[str, Any] = result_json(results[0], top, accuracy[0])
+            data: dict[str, Any] = result_json(results[0], top, *best[0])
         else:
-            searches = [result_json(r, top, a) for r, a in zip(results, accuracy, strict=True)]
+            searches = [result_json(r, top, *b) for r, b in zip(results, best, strict=True)]
             data = {"scale_out": scale, "searches": searches}
         click.echo(dumps_indented(data))
     else:
-        for r, a in zip(results, accuracy, strict=True):
-            print_result(r, top, accuracy=a)
+        for r, (a, w) in zip(results, best, strict=True):
+            print_result(r, top, accuracy=a, warnings=w)
         if scale:
             print_scale_out(scale, tokens, price)
     SKIP_TEARDOWN[0] = executor == "local"  # a Ray session's own shutdown hooks must still run
