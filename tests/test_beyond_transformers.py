@@ -696,3 +696,13 @@ def test_device_bound_vit_rows_keep_their_measured_errors() -> None:
         },
         abs=0.002,
     )
+
+
+def test_bert_under_sequence_parallelism_gathers_the_tokens_before_its_masked_lm_head() -> None:
+    """The masked-LM head reads 80 of the 512 positions of each sequence: under SP the tokens are gathered first
+    (Megatron's gather_from_sequence_parallel_region); it was refused ("contracts the sequence-parallel axis")."""
+    g = lower("bert-large", Plan(tp=2, sp=True, micro_batch=2, global_batch=2), Cluster("null", devices=2)).graph
+    [transform] = [n for n in g if n.scope == "transform" and n.op is OpKind.MATMUL and n.phase is Phase.FORWARD]
+    assert transform.attrs.m == 2 * 80  # both sequences' 80 masked positions (seq 512), whole on each rank
+    sliced = g[transform.inputs[0]]
+    assert g[sliced.inputs[0]].op is OpKind.ALL_GATHER

@@ -149,6 +149,16 @@ def _split_axis_after_view(
     return len(dst) - 1
 
 
+def _slices_axis(src: tuple[int, ...], axis: int, dst: tuple[int, ...]) -> bool:
+    """Whether a view of ``src`` as ``dst`` keeps only part of ``src``'s ``axis`` (a slice or a select along it; a
+    slice of another axis, as MLA's split of its down-projection into latent and rope parts, keeps it whole)."""
+    if math.prod(src) == math.prod(dst):
+        return False
+    if len(src) == len(dst):
+        return src[axis] != dst[axis]
+    return src[axis] not in dst
+
+
 @dataclass(frozen=True)
 class TensorParallel:
     """Shard the forward graph ``tp`` ways and insert Megatron's collectives."""
@@ -332,6 +342,15 @@ class _Sharder:
             self.split[v] = axis
             return v
         seq = split_ins[0] in self.seq
+        if (
+            seq
+            and node.op is OpKind.VIEW
+            and _slices_axis(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape)
+        ):
+            # a slice of the tokens (BERT's masked positions, a class token): gather the sequence first, as Megatron's
+            # gather_from_sequence_parallel_region does before a head that reads whole sequences
+            ins = [self.gather(i, node) if i in self.seq else i for i in ins]
+            return self.add(node, ins, node.out, node.attrs)
         if node.op is OpKind.VIEW:
             axis = _split_axis_after_view(
                 self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=seq, degree=self.tp
