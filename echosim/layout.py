@@ -409,7 +409,18 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
                 "embedding and the loss stages (2)"
             )
     notes = _replay_notes(plan, shape)
+    tp_messages = _tp_messages(plan, shape)  # a model no tensor-parallel rule matches is refused first
     seq = shape.seq_len
+    if plan.cp > 1 and not (shape.tokens and shape.heads):
+        what = (
+            "none (no attention, or attention computed op by op)"
+            if not shape.heads
+            else "attention, but its input is not a sequence of token ids"
+        )
+        raise PlanError(
+            f"cp={plan.cp}: context parallelism splits scaled-dot-product attention over a token sequence; "
+            f"{shape.name} has {what}"
+        )
     if plan.cp > 1:
         try:
             check_sequence(plan.cp, seq, plan.cp_balance)
@@ -432,7 +443,7 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     for experts in shape.routed_experts:
         if experts % plan.ep:
             raise PlanError(f"ep={plan.ep} does not divide experts {experts}")
-    return notes + _tp_messages(plan, shape)
+    return notes + tp_messages
 
 
 T = TypeVar("T")

@@ -706,3 +706,30 @@ def test_bert_under_sequence_parallelism_gathers_the_tokens_before_its_masked_lm
     assert transform.attrs.m == 2 * 80  # both sequences' 80 masked positions (seq 512), whole on each rank
     sliced = g[transform.inputs[0]]
     assert g[sliced.inputs[0]].op is OpKind.ALL_GATHER
+
+
+def test_bert_under_context_parallelism_gathers_the_tokens_before_its_masked_lm_head() -> None:
+    """As under SP: the cp ranks' tokens are gathered before the head that reads 80 of them (it was refused:
+    "contracts the sequence axis")."""
+    g = lower("bert-large", Plan(cp=2, micro_batch=2, global_batch=2), Cluster("null", devices=2)).graph
+    [transform] = [n for n in g if n.scope == "transform" and n.op is OpKind.MATMUL and n.phase is Phase.FORWARD]
+    assert transform.attrs.m == 2 * 80
+    gathered = g[g[transform.inputs[0]].inputs[0]]
+    assert gathered.op is OpKind.ALL_GATHER and gathered.attrs.axis is Axis.CP
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        ("vit-b16", "vit-b16 has attention, but its input is not a sequence of token ids"),
+        ("resnet50", "resnet50 has none (no attention, or attention computed op by op)"),
+        ("lstm-lm", "lstm-lm has none"),
+    ],
+)
+def test_context_parallelism_of_a_model_without_a_token_sequence_is_one_line(model: str, why: str) -> None:
+    """Images, or no attention to split: the reason, not a sequence length read off an image's width."""
+    args = ["compile", model, "--backend", "h100-sxm", "--cp", "2", "--micro-batch", "2", "--global-batch", "2"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert "context parallelism splits scaled-dot-product attention over a token sequence" in line and why in line

@@ -66,7 +66,7 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
-from echosim.passes.tensor_parallel import _split_axis_after_view
+from echosim.passes.tensor_parallel import _slices_axis, _split_axis_after_view
 
 COMMS = ("p2p", "all_gather")
 #: PyTorch's merge of the ring's partial outputs, in fp32 (echosim.passes.flops.io_bytes)
@@ -163,6 +163,13 @@ class _Splitter:
             return self.add(node, ins, node.out, node.attrs, None)
         src = split[0]
         src_axis = self.axis[src]
+        full = self.src[node.inputs[0]].out
+        if node.op is OpKind.VIEW and _slices_axis(full.shape, src_axis, node.out.shape):
+            # a slice of the tokens (BERT's masked positions): the whole sequence is gathered from the cp ranks first
+            attrs = CollectiveAttrs(Axis.CP, self.cp, full.nbytes)
+            whole = self.out.add(OpKind.ALL_GATHER, [src], full, attrs, phase=node.phase, scope=node.scope,
+                                 name=f"{node.name}.cp_all_gather")  # fmt: skip
+            return self.add(node, [whole if i == src else i for i in ins], node.out, node.attrs, None)
         if node.op is OpKind.VIEW:
             axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=True)
         elif node.op is OpKind.EMBEDDING:
