@@ -158,6 +158,16 @@ def test_a_mamba_model_under_tp_says_its_layers_run_whole() -> None:
     assert "backbone.layers.0.mixer.in_proj" in warning and "run whole on all 2 tensor-parallel ranks" in warning
 
 
+def test_model_flops_count_a_product_every_tp_rank_repeats_once() -> None:
+    """Mamba's projections run whole on both ranks at tp=2: the hardware does them twice, the model once, so the
+    model FLOPs (MFU's numerator) are the tp=1 figure and the repeat is hardware FLOPs only."""
+    path = f"hf:{CONFIGS}/tiny-mamba.json"
+    one = lower(path, Plan(seq_len=16, micro_batch=2, global_batch=2), Cluster("null", devices=1)).report
+    two = lower(path, Plan(tp=2, seq_len=16, micro_batch=2, global_batch=2), Cluster("null", devices=2)).report
+    assert two.model_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-6)
+    assert two.hardware_flops_per_step > 1.9 * one.hardware_flops_per_step
+
+
 @pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-deepseek-v3"])
 def test_moe_under_tp_splits_attention_heads_and_reports_replicated_experts(name: str) -> None:
     compiled = lower(f"hf:{CONFIGS}/{name}.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))

@@ -416,4 +416,6 @@ class _Sharder:
                 self.split[v] = axis
                 return v
             raise LayoutError(f"matmul at {node.scope} contracts a tensor-parallel split axis without a plan entry")
-        return self.add(node, ins, node.out, attrs)
+        # every tensor-parallel rank computes this product whole (a router, a linear no rule matches): one rank's
+        # copy is the model's work, the others count as hardware FLOPs only (MFU's numerator takes it once)
+        return self.add(node, ins, node.out, replace(attrs, useful=attrs.useful / self.tp))
