@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,21 @@ TINY_MOE = ArchConfig(
     "moe", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, experts=4, top_k=2, moe_ffn=32,
     shared_experts=1,
 )  # fmt: skip
+
+
+#: A tiny Mamba: no tensor-parallel rule matches its projections, so at tp=2 compile warns that they run whole.
+TINY_MAMBA = f"hf:{Path(__file__).parent / 'configs' / 'tiny-mamba.json'}"
+
+
+def check_mamba_warning_carried(run: Callable[..., tuple[int, str]], args: tuple[str, ...], prefix: str) -> None:
+    """``run(*args)`` (a command on :data:`TINY_MAMBA` at tp=2) prints compile's warning after ``prefix``, and its
+    ``--json`` lists it under ``warnings``."""
+    code, out = run(*args)
+    assert code == 0, out
+    assert f"{prefix}6 linear layers (backbone.layers.0.mixer.in_proj" in out
+    code, out = run(*args, "--json")
+    assert code == 0, out
+    assert any("run whole on all 2 tensor-parallel ranks" in w for w in json.loads(out)["warnings"])
 
 
 def capture(cfg: ArchConfig, batch: int = 1, dtype: DType = DType.FP16) -> Graph:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from conftest import COSTED_LAYOUTS
+from conftest import COSTED_LAYOUTS, TINY_MAMBA, check_mamba_warning_carried
 
 from echosim.cli import cli
 from echosim.commands.options import parse_layout_flags
@@ -213,17 +213,9 @@ def test_explain_text_names_the_critical_path_communication_bubble_and_suggestio
 def test_explain_carries_the_compiles_warnings() -> None:
     """A warning compile gives (here: Mamba's projections run whole on both tensor-parallel ranks) is in the
     explanation's text and JSON too."""
-    from pathlib import Path
-
-    config = Path(__file__).parent / "configs" / "tiny-mamba.json"
-    args = ("explain", f"hf:{config}", "--backend", "h100-sxm", "--tp", "2", "--global-batch", "1", "--seq-len", "16",
+    args = ("explain", TINY_MAMBA, "--backend", "h100-sxm", "--tp", "2", "--global-batch", "1", "--seq-len", "16",
             "--no-what-if")  # fmt: skip
-    code, out = _invoke(*args)
-    assert code == 0, out
-    assert "warning: 6 linear layers (backbone.layers.0.mixer.in_proj" in out
-    code, out = _invoke(*args, "--json")
-    assert code == 0, out
-    assert any("run whole on all 2 tensor-parallel ranks" in w for w in json.loads(out)["warnings"])
+    check_mamba_warning_carried(_invoke, args, "warning: ")
 
 
 def test_the_text_of_a_layout_that_does_not_fit_leads_with_what_makes_it_fit() -> None:

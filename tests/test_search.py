@@ -7,10 +7,10 @@ import json
 import math
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import TINY_MAMBA, check_mamba_warning_carried
 
 from echosim import memo
 from echosim.cli import cli
@@ -533,12 +533,6 @@ def test_an_enumerated_plan_equals_the_one_plans_init_builds() -> None:
 def test_search_says_what_compile_warns_of_for_the_best_layout() -> None:
     """A search's batched costing reads no warnings; the best layout's compile does, and the search passes them on
     (text and JSON): here Mamba's projections run whole on both tensor-parallel ranks."""
-    config = Path(__file__).parent / "configs" / "tiny-mamba.json"
-    args = (f"hf:{config}", "--backend", "h100-sxm", "--devices", "2", "--global-batch", "4", "--seq-len", "16",
+    args = (TINY_MAMBA, "--backend", "h100-sxm", "--devices", "2", "--global-batch", "4", "--seq-len", "16",
             "--space", "tp=2", "--space", "pp=1", "--space", "recompute=none")  # fmt: skip
-    code, out = _run(*args)
-    assert code == 0, out
-    assert "warning (#1): 6 linear layers (backbone.layers.0.mixer.in_proj" in out
-    code, out = _run(*args, "--json")
-    assert code == 0, out
-    assert any("run whole on all 2 tensor-parallel ranks" in w for w in json.loads(out)["warnings"])
+    check_mamba_warning_carried(_run, args, "warning (#1): ")
