@@ -1543,8 +1543,14 @@ def why_better(best: Evaluated, runner_up: Evaluated) -> str:
         if getattr(best.plan, k) != getattr(runner_up.plan, k)
     ]
     delta = (runner_up.step_time_s or 0.0) - (best.step_time_s or 0.0)
-    terms = ", ".join(f"{k} {'-' if d > 0 else '+'}{abs(d) * 1e3:.1f} ms" for d, k in gains) or "no single term"
-    return f"best is {delta * 1e3:.1f} ms faster per step than the runner-up ({'; '.join(changed)}): {terms}"
+    terms = ", ".join(f"{k} {'-' if d > 0 else '+'}{_ms(abs(d))}" for d, k in gains) or "no single term"
+    return f"best is {_ms(delta)} faster per step than the runner-up ({'; '.join(changed)}): {terms}"
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to one decimal, or to two significant digits below 1 ms (a small model's gap is not '0.0 ms')."""
+    ms = seconds * 1e3
+    return f"{ms:.1f} ms" if ms >= 1 or ms == 0 else f"{ms:.2g} ms"
 
 
 __all__ = [

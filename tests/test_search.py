@@ -536,3 +536,12 @@ def test_search_says_what_compile_warns_of_for_the_best_layout() -> None:
     args = (TINY_MAMBA, "--backend", "h100-sxm", "--devices", "2", "--global-batch", "4", "--seq-len", "16",
             "--space", "tp=2", "--space", "pp=1", "--space", "recompute=none")  # fmt: skip
     check_mamba_warning_carried(_run, args, "warning (#1): ")
+
+
+def test_why_gives_a_sub_millisecond_gap_in_significant_digits() -> None:
+    """A small model's best and runner-up differ by microseconds: the line says how much, not "0.0 ms"."""
+    from echosim.layout_search import _ms
+
+    assert [_ms(x) for x in (0.0, 2.3e-5, 0.00099, 0.0012, 1.234)] == [
+        "0.0 ms", "0.023 ms", "0.99 ms", "1.2 ms", "1234.0 ms"
+    ]  # fmt: skip
