@@ -356,21 +356,21 @@ class ModelShape:
                 heads[(n.attrs.heads, n.attrs.kv_heads)] = None
             elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch":
                 routed = True
+            if n.op not in (OpKind.MATMUL, OpKind.EMBEDDING):
+                continue
             style = style_for(n.scope, DEFAULT_TP_PLAN)
-            matched = bool(style)
-            if n.op in (OpKind.MATMUL, OpKind.EMBEDDING) and matched:
-                targets += 1
+            targets += bool(style)
             if isinstance(n.attrs, MatmulAttrs) and len(n.inputs) > 1:
                 w = graph[n.inputs[1]]
                 if w.op is OpKind.PARAMETER and len(w.out.shape) == 3:
                     experts[w.out.shape[0]] = None
-                    if n.attrs.batch > 1 and not matched:
+                    if n.attrs.batch > 1 and not style:
                         untargeted[n.scope] = None
                 elif w.op is OpKind.PARAMETER and len(w.out.shape) == 2 and style != "vocab":
                     linears[n.scope or n.name] = (bool(style), n.attrs.flops)
         # where no linear matches (a Mamba model: only its vocabulary is split), every one of them runs whole
-        smallest = min((size for matched, size in linears.values() if matched), default=0)
-        whole = [scope for scope, (matched, size) in linears.items() if not matched and size >= smallest]
+        smallest = min((flops for split, flops in linears.values() if split), default=0)
+        whole = [scope for scope, (split, flops) in linears.items() if not split and flops >= smallest]
         first = graph[graph.inputs[0]].out if graph.inputs else None
         ids = first.shape if first is not None else (1,)
         return cls(

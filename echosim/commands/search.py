@@ -183,7 +183,7 @@ def print_scale_out(rows: list[dict[str, Any]], tokens: float | None, price: flo
     _table(cols, out, "scale-out: the best layout of each cluster size")
 
 
-def best_accuracy(model: Any, result: SearchResult) -> tuple[dict[str, Any] | None, list[str]]:
+def best_band_and_warnings(model: Any, result: SearchResult) -> tuple[dict[str, Any] | None, list[str]]:
     """The accuracy band of the best layout and the warnings of its compile, as ``compile`` reports them
     (``echosim.bands.accuracy_section`` of one compile of that layout, whose figures a search reproduces exactly;
     a search's batched costing reads no warnings); ``(None, [])`` when nothing fits."""
@@ -200,7 +200,8 @@ def result_json(
     result: SearchResult, top: int, accuracy: dict[str, Any] | None = None, warnings: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Every evaluated layout with its degrees, figures and rejection reason, and the counts (byte-stable);
-    ``accuracy`` and ``warnings``: the best layout's band and its compile's warnings (:func:`best_accuracy`)."""
+    ``accuracy`` and ``warnings``: the best layout's band and its compile's warnings
+    (:func:`best_band_and_warnings`)."""
     layouts = [e.as_dict() for e in result.evaluated]
     return {
         "accuracy": accuracy,
@@ -338,7 +339,7 @@ def run(
     if plot:
         write_plot(results, plot)
     scale = scale_out_rows(results, tokens, price) if len(results) > 1 or tokens else []
-    best = [best_accuracy(model, r) for r in results]
+    best = [best_band_and_warnings(model, r) for r in results]
     if as_json:
         if len(results) == 1 and not scale:
             data: dict[str, Any] = result_json(results[0], top, *best[0])
