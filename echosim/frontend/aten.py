@@ -270,10 +270,15 @@ def capture_export(
     where: str = "",
     fold: bool = True,
 ) -> Capture:
-    """Export ``call`` (which runs ``root``) into IR, repeated layers folded (:func:`fold.capture_folded`)."""
+    """Export ``call`` (which runs ``root``) into IR, repeated layers folded (:func:`fold.capture_folded`).
+
+    transformers' Mamba layers scan as their training kernel does, not token by token
+    (:func:`echosim.frontend.ssm_ops.fused_scan`), whether an ``hf:`` config or a ``.py`` file built them."""
+    from echosim.frontend.ssm_ops import fused_scan
 
     def capture(rename: Callable[[str], str]) -> Capture:
-        return convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=rename)
+        with fused_scan():
+            return convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=rename)
 
     return capture_folded(root, capture, enabled=fold)
 

@@ -273,6 +273,21 @@ def _sdpa(c: AtenValues, node: fx.Node) -> None:
     c.env[node] = Multi(nid, False) if isinstance(val, (list, tuple)) else nid
 
 
+def _selective_scan(c: AtenValues, node: fx.Node) -> None:
+    """Mamba's fused selective scan (:mod:`echosim.frontend.ssm_ops`): one memory-bound kernel; its FLOPs per
+    output element are 9 per state dimension, one more for the ``D`` skip and one for the ``z`` gate."""
+    args = [_arg(node, i, key) for i, key in enumerate(("u", "delta", "A", "B", "C", "D", "z", "delta_bias"))]
+    spec = c.spec_of(node.meta.get("val"))
+    if spec is None:
+        c.env[node] = None
+        return
+    from echosim.frontend.ssm_ops import SCAN_FLOPS_PER_STATE
+
+    flops = SCAN_FLOPS_PER_STATE * c.shape(args[2])[-1] + (args[5] is not None) + (args[6] is not None)
+    c.emit(node, OpKind.ELEMENTWISE, c.tensors([a for a in args if a is not None]), ElementwiseAttrs(
+        "selective_scan", flops), spec)  # fmt: skip
+
+
 def _embedding(c: AtenValues, node: fx.Node) -> None:
     w, ids = node.args[0], node.args[1]
     ws = c.shape(w)
@@ -522,4 +537,4 @@ for _fn in ("gelu", "silu", "relu", "tanh", "sigmoid", "exp", "log", "erf"):
     RULES[getattr(aten, _fn)] = _elementwise(_fn, _ACT_FLOPS[_fn])
 
 # Custom ops found by name (their namespaces exist only once their library is imported).
-NAMED: dict[str, Rule] = {"transformers.grouped_mm_fallback": _grouped_mm}
+NAMED: dict[str, Rule] = {"transformers.grouped_mm_fallback": _grouped_mm, "echosim.selective_scan": _selective_scan}
