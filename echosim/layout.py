@@ -338,6 +338,7 @@ class ModelShape:
     # scopes of the linears no tensor-parallel rule matches and that do at least as many FLOPs as the smallest
     # column- or row-parallel one (not a router, a low-rank down-projection or a class-token head); all where none is
     untargeted_linears: tuple[str, ...] = ()
+    untargeted_linear_count: int = 0  # the model's, counting every repetition of a folded block
     outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
     layers_per_block: int = 1  # layers one repetition of the block holds (Graph.block_layers: Gemma 3's six)
 
@@ -371,6 +372,8 @@ class ModelShape:
         # where no linear matches (a Mamba model: only its vocabulary is split), every one of them runs whole
         smallest = min((flops for split, flops in linears.values() if split), default=0)
         whole = [scope for scope, (split, flops) in linears.items() if not split and flops >= smallest]
+        # a folded block's linears stand for one per repetition of the block
+        count = sum(next((k for p, k in graph.repeats.items() if s == p or s.startswith(f"{p}.")), 1) for s in whole)
         first = graph[graph.inputs[0]].out if graph.inputs else None
         ids = first.shape if first is not None else (1,)
         return cls(
@@ -384,6 +387,7 @@ class ModelShape:
             tp_targets=targets,
             untargeted_experts=tuple(sorted(untargeted)),
             untargeted_linears=tuple(whole),
+            untargeted_linear_count=count,
             outside_layers=graph.unfolded_layers(),
             layers_per_block=max((graph.layers_per_block(p) for p in graph.repeats), default=1),
         )
@@ -565,9 +569,10 @@ def _tp_messages(plan: Plan, shape: ModelShape) -> list[str]:
         return []
     out = []
     if linears := shape.untargeted_linears:
+        count = max(shape.untargeted_linear_count, len(linears))
         out.append(
-            f"{len(linears)} linear layer{'s' if len(linears) > 1 else ''} "
-            f"({', '.join(linears[:2])}{', ...' if len(linears) > 2 else ''}) run whole on all {plan.tp} "
+            f"{count} linear layer{'s' if count > 1 else ''} "
+            f"({', '.join(linears[:2])}{', ...' if count > 2 else ''}) run whole on all {plan.tp} "
             "tensor-parallel ranks: no rule of the tensor-parallel plan matches their module paths "
             "(echosim.passes.tensor_parallel.DEFAULT_TP_PLAN)"
         )

@@ -172,6 +172,7 @@ class PoolRun:
     step_s: float
     fits: bool
     peak_bytes: int
+    warnings: tuple[str, ...] = ()  # the pool's compile's (shown once for the cluster, not per pool)
 
     def as_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.name, "device": self.pool.device, "devices": self.pool.devices,
@@ -186,7 +187,7 @@ def _compile_pool(model: Any, plan: Any, pool: Pool, replicas: int, microbatches
     p = replace(plan, dp=replicas, global_batch=replicas * microbatches * plan.micro_batch)
     report = lower(model, p, Cluster(pool.device, pool.devices)).report
     peak = max(int(m["peak"]) for m in report.memory)
-    return PoolRun(pool, replicas, microbatches, report.step_time_s, report.fits, peak)
+    return PoolRun(pool, replicas, microbatches, report.step_time_s, report.fits, peak, tuple(report.warnings))
 
 
 def cross_pool_sync_s(cluster: MixedCluster, replica_grad_bytes: float) -> float:
@@ -294,6 +295,7 @@ def mixed_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any]:
         "balanced": {"step_s": balanced_step, "pools": [r.as_dict() for r in balanced]},
         "speedup": naive_step / balanced_step,
         "fits": all(r.fits for r in balanced),
+        "warnings": list(dict.fromkeys(w for r in (*naive, *balanced) for w in r.warnings)),
     }
 
 
@@ -317,7 +319,12 @@ def render(result: dict[str, Any]) -> list[str]:
         )
         lines.append(f"{key:>8} split: step {split['step_s']:.4g} s  [{parts}]")
     lines.append(f"balanced is {result['speedup']:.3f}x the naive equal split")
-    return lines
+    return lines + warning_lines(result)
+
+
+def warning_lines(result: dict[str, Any]) -> list[str]:
+    """What the compiles behind a result warn of, as ``compile`` prints it."""
+    return [f"warning: {w}" for w in result.get("warnings", ())]
 
 
 # -- pipeline stages across pools -------------------------------------------------------------------------
@@ -460,6 +467,7 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
         "balanced": balanced,
         "speedup": naive["step_s"] / balanced["step_s"],
         "fits": balanced["fits"],
+        "warnings": list(dict.fromkeys(w for c in compiled for w in c.report.warnings)),
     }
 
 
@@ -473,4 +481,4 @@ def render_pipeline(result: dict[str, Any]) -> list[str]:
         )
         lines.append(f"{key:>8} split: step {split['step_s']:.4g} s  [{parts}]")
     lines.append(f"balanced is {result['speedup']:.3f}x the naive equal split")
-    return lines
+    return lines + warning_lines(result)

@@ -169,6 +169,8 @@ def replan(
         "keep": keep,
         "best": best,
         "simulated": result.simulated,
+        # what compile warns of for the best layout (a search's batched costing reads none)
+        "warnings": list(lower(model, best_eval.plan, new_cluster).report.warnings),
     }
     out["from"].pop("reason", None)
     if "switch" in keep and keep["step_time_s"] is not None:
@@ -214,4 +216,4 @@ def render(r: dict[str, Any]) -> list[str]:
         "re-planning pays for itself "
         + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
     )
-    return lines
+    return lines + [f"warning: {w}" for w in r.get("warnings", ())]

@@ -51,10 +51,20 @@ def _layers(graph: Graph) -> Layers:
 
 
 def _signature(graph: Graph, nodes: list[Node]) -> tuple[Any, ...]:
+    """Each node's op, attributes, type and inputs; an input read through views of the layer's own is read
+    where those views start. Views cost nothing, and a layer's casts can differ in what they view: Mamba's
+    first block gets bf16 embeddings where the blocks after it get the fp32 residual stream, so its
+    ``residual.to(float32)`` views the ``hidden_states.to(bf16)`` view where theirs view the stream."""
     position = {n.id: i for i, n in enumerate(nodes)}
+
+    def source(i: int) -> int:
+        while i in position and graph[i].op is OpKind.VIEW and graph[i].inputs:
+            i = graph[i].inputs[0]
+        return i
+
     sig = []
     for n in nodes:
-        ins = tuple(("in", position[i]) if i in position else ("out", str(graph[i].out)) for i in n.inputs)
+        ins = tuple(("in", position[j]) if j in position else ("out", str(graph[j].out)) for j in map(source, n.inputs))
         sig.append((n.op.value, str(n.attrs), str(n.out), n.phase.value, ins))
     return tuple(sig)
 
