@@ -217,3 +217,28 @@ def test_a_zoo_moe_model_with_dense_first_layers_captures_every_layer(layers: in
     graph, _, params = _capture_arch_now(cfg, CaptureSpec(seq_len=16), "moe")
     assert params == graph.param_count() == cfg.param_count()
     assert graph.layer_count() + graph.unfolded_layers() == layers
+
+
+def _kinds(*kinds: int) -> torch.nn.ModuleList:
+    """A ModuleList whose entries are layers of the given kinds (kind k: a linear of width 8 + k)."""
+    return torch.nn.ModuleList(torch.nn.Linear(8 + k, 8 + k) for k in kinds)
+
+
+@pytest.mark.parametrize(
+    ("kinds", "run"),
+    [
+        ((0, 0, 0, 1), (0, 3, 1)),  # identical entries: period 1
+        ((0, 1, 0, 1, 0, 1), (0, 3, 2)),  # sliding and full attention alternating
+        ((2, 0, 0, 0, 1, 0, 0, 0, 1), (1, 2, 4)),  # a different first layer, then three of one kind and one other
+        ((0, 0, 0, 0, 1, 0, 0, 0, 0, 1), (0, 2, 5)),  # Gemma 3's 4 + 1 covers more than the four alike
+        ((0, 1, 2, 3), None),
+    ],
+)
+def test_longest_run_finds_interleaved_kinds_as_a_period(kinds: tuple[int, ...], run: tuple[int, int, int]) -> None:
+    """(start, count, period): the run covering the most layers, then the shortest period."""
+    from echosim.frontend.fold import longest_run
+
+    root = torch.nn.Module()
+    root.layers = _kinds(*kinds)
+    found = longest_run(root)
+    assert (found and (found.start, found.count, found.period)) == run

@@ -389,3 +389,21 @@ def test_llama4_interleaved_moe_layers_match_the_zoo_closed_form() -> None:
     assert cap.graph.repeats == {}
     experts = {n.scope.split(".")[2] for n in cap.graph if n.op is OpKind.PARAMETER and ".experts" in n.scope}
     assert experts == {"1", "3"}
+
+
+def test_interleaved_sliding_and_full_layers_fold_as_a_group_and_split_into_stages() -> None:
+    """Gemma 2 alternates sliding-window and full attention: no two neighbours are identical, so nothing folded and
+    --pp was refused. Pairs of layers now fold to one block of two (each keeps its own window), FLOPs and
+    parameters as unfolded, and pipeline parallelism splits the pairs."""
+    config, _ = hf.read_model_config(CONFIGS / "tiny-gemma2.json")
+    spec = CaptureSpec(micro_batch=1, seq_len=32)
+    folded, params = hf.capture_config(config, spec, "tiny-gemma2")
+    whole, _ = hf.capture_config(config, spec, "tiny-gemma2", fold=False)
+    assert folded.graph.repeats == {"model.layers.0": 3} and folded.graph.block_layers == {"model.layers.0": 2}
+    windows = {n.scope: n.attrs.window for n in folded.graph if n.op is OpKind.ATTENTION}
+    assert windows == {"model.layers.0.0.self_attn": 8, "model.layers.0.1.self_attn": 0}  # 0: no window
+    assert folded.graph.param_count() == whole.graph.param_count() == params
+    flops = [graph_flops(run_passes(c.graph, [Autodiff()])) for c in (folded, whole)]
+    assert flops[0] == flops[1]
+    staged = lower(f"hf:{CONFIGS}/tiny-gemma2.json", Plan(pp=3, seq_len=32, global_batch=6), Cluster("null", 3))
+    assert len(staged.report.memory) == 3

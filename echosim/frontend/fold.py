@@ -11,7 +11,11 @@ at full depth first. The longest run of consecutive, structurally identical entr
 of any ``nn.ModuleList`` (ties go to the run holding more parameters) is shortened
 to its first two entries, the module is captured, and :func:`irfold.fold_run`
 checks the two copies chain before it drops the second and gives the first the
-run's count (:func:`capture_folded`). If they do not chain, the module is captured
+run's count (:func:`capture_folded`). Where layer kinds interleave (gpt-oss's sliding
+and full attention, Qwen3-Next's three linear-attention layers and one full), the run
+is of groups of consecutive entries, identical group for group: the first two groups
+become one entry each (:class:`LayerGroup`), and the kept group is a block of several
+layers (``Graph.block_layers``), as the zoo builds such models. If they do not chain, the module is captured
 again at its full depth, unfolded. An ONNX file stores every layer, so there
 :func:`irfold.fold_layers` runs the same proof over all the copies.
 
@@ -60,39 +64,85 @@ def signature(module: nn.Module) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class Run:
-    """Entries ``start .. start+count-1`` of the ModuleList at ``path`` are identical."""
+    """``count`` repetitions, from entry ``start`` of the ModuleList at ``path``, of ``period`` consecutive
+    entries that are identical group for group (``period`` 1: identical entries)."""
 
     path: str
     start: int
     count: int
-    params: int
+    params: int  # of one repetition
+    period: int = 1
 
     @property
     def prefix(self) -> str:
         return f"{self.path}.{self.start}" if self.path else str(self.start)
 
+    @property
+    def entries(self) -> int:
+        return self.count * self.period
+
+
+#: The longest pattern of interleaved layer kinds looked for: Gemma 3's five local and one global layers, Llama 4's
+#: dense and MoE, gpt-oss's sliding and full, Qwen3-Next's three linear and one full attention.
+MAX_PERIOD = 8
+
 
 def longest_run(module: nn.Module) -> Run | None:
-    """The run worth folding: longest, then most parameters; ``None`` if no list repeats."""
+    """The run worth folding: the most layers, then the shortest period, then the most parameters; ``None`` if
+    no list repeats. Layers of kinds that interleave (sliding and full attention, dense and MoE) repeat as a
+    group: a period above one."""
     best: Run | None = None
+
+    def key(r: Run) -> tuple[int, int, int]:
+        return r.entries, -r.period, r.count * r.params
+
     for path, mod in module.named_modules():
         if not path or not isinstance(mod, nn.ModuleList) or len(mod) < 2:
             continue
         if type(mod).forward is not nn.ModuleList.forward:  # a list that runs as one block (the zoo's LayerBlock)
             continue
         sigs = [signature(m) for m in mod]
-        i = 0
-        while i < len(sigs):
-            j = i + 1
-            while j < len(sigs) and sigs[j] == sigs[i]:
-                j += 1
-            if j - i >= 2:
-                params = sum(p.numel() for p in mod[i].parameters())
-                run = Run(path, i, j - i, params)
-                if best is None or (run.count, run.count * run.params) > (best.count, best.count * best.params):
-                    best = run
-            i = j
+        for period in range(1, min(MAX_PERIOD, len(sigs) // 2) + 1):
+            i = 0
+            while i + 2 * period <= len(sigs):
+                group = sigs[i : i + period]
+                if period > 1 and all(s == group[0] for s in group):
+                    i += 1  # identical entries: period 1 holds them
+                    continue
+                count = 1
+                while sigs[i + count * period : i + (count + 1) * period] == group:
+                    count += 1
+                if count >= 2:
+                    params = sum(p.numel() for m in mod[i : i + period] for p in m.parameters())
+                    run = Run(path, i, count, params, period)
+                    if best is None or key(run) > key(best):
+                        best = run
+                    i += count * period
+                else:
+                    i += 1
     return best
+
+
+class LayerGroup(nn.ModuleList):
+    """``period`` consecutive layers run in turn as one entry of their list, so the fold keeps one group with
+    the group count (as the zoo's ``LayerBlock``). transformers' decoder loops call each entry with the hidden
+    states and keyword arguments, and some read an entry's attribute to choose them (``attention_type`` picks a
+    mask): a group passes the call to each of its layers and answers for its first. The masks it so passes
+    are not read by the capture's attention, which is causal SDPA with the window set from the config."""
+
+    def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        out: Any = hidden
+        for layer in self:
+            out = layer(out[0] if isinstance(out, tuple) else out, *args, **kwargs)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or not len(self):
+                raise
+            return getattr(self[0], name)
 
 
 @dataclass
@@ -104,7 +154,7 @@ class Folded:
     def real_scope(self, scope: str) -> str:
         """Map a scope of the shortened list back to the layer index it stands for."""
         run = self.run
-        if run is None or run.count <= 2:
+        if run is None or run.entries <= 2:
             return scope
         head = f"{run.path}." if run.path else ""
         if not scope.startswith(head):
@@ -113,7 +163,7 @@ class Folded:
         index, dot, tail = rest.partition(".")
         if not index.isdigit() or int(index) <= run.start + 1:
             return scope
-        return f"{head}{int(index) + run.count - 2}{dot}{tail}"
+        return f"{head}{int(index) + run.entries - 2}{dot}{tail}"
 
 
 def _resolve(root: nn.Module, path: str) -> nn.Module:
@@ -130,7 +180,12 @@ def folded(module: nn.Module, enabled: bool = True) -> Iterator[Folded]:
     parent_path, _, name = run.path.rpartition(".")
     parent = _resolve(module, parent_path)
     original = getattr(parent, name)
-    kept = [*original[: run.start + 2], *original[run.start + run.count :]]
+    first, step = run.start, run.period
+    if step == 1:
+        copies = list(original[first : first + 2])
+    else:  # two groups of the pattern, each one entry
+        copies = [LayerGroup(original[first + i * step : first + (i + 1) * step]) for i in range(2)]
+    kept = [*original[:first], *copies, *original[first + run.entries :]]
     setattr(parent, name, nn.ModuleList(kept))
     try:
         yield Folded(run)

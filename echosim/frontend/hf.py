@@ -272,7 +272,17 @@ def layer_windows(config: Any) -> dict[int, int]:
     return dict.fromkeys(range(layers), window)
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:(\d+)\.)?")
+
+
+def _layer_index(graph: Any, scope: str, m: re.Match[str]) -> int:
+    """The decoder layer a scope is in; inside a folded group of layers (``model.layers.0.2.self_attn``: the
+    group's third layer, :class:`echosim.frontend.fold.LayerGroup`) the group's first layer index plus the
+    position. Only the first group is kept, and every group holds the same kinds of layers in the same order."""
+    index = int(m.group(1))
+    if m.group(2) is not None and graph.layers_per_block(scope[: m.end(1)]) > 1:
+        return index + int(m.group(2))
+    return index
 
 
 def apply_windows(graph: Any, windows: dict[int, int]) -> int:
@@ -294,7 +304,7 @@ def apply_windows(graph: Any, windows: dict[int, int]) -> int:
         if node.op is not OpKind.ATTENTION or not isinstance(node.attrs, AttentionAttrs) or not node.attrs.causal:
             continue
         m = _LAYER.search(node.scope)
-        if m is None or (window := windows.get(int(m.group(1)))) is None:
+        if m is None or (window := windows.get(_layer_index(graph, node.scope, m))) is None:
             continue
         if window < node.attrs.kv_len:  # a window as long as the sequence is full causal attention
             graph.replace(node.id, attrs=_replace(node.attrs, window=window))
