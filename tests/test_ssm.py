@@ -100,3 +100,57 @@ def test_the_scan_costs_its_reads_and_writes_not_a_launch_per_token() -> None:
     ]
     assert steps[0].report.step_time_s < 0.02
     assert steps[1].report.step_time_s > steps[0].report.step_time_s
+
+
+TINY_QWEN3_NEXT = Path(__file__).parent / "configs" / "tiny-qwen3-next.json"
+
+
+@pytest.mark.parametrize(("steps", "l2"), [(100, True), (128, False)])
+def test_the_delta_rule_op_computes_what_transformers_chunks_compute(steps: int, l2: bool) -> None:
+    """Grouped value heads (two key heads, four value heads), a last chunk that is not whole, with and without
+    the in-kernel L2 norm of queries and keys."""
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    from echosim.frontend.ssm_ops import gated_delta_rule
+
+    g = torch.Generator().manual_seed(1)
+    batch, kv_heads, heads, dk, dv = 2, 2, 4, 16, 8
+    q, k = (torch.randn(batch, steps, kv_heads, dk, generator=g) for _ in range(2))
+    if not l2:  # keys of unit length keep the recurrence stable, as the kernel's own L2 norm does
+        q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+    v = torch.randn(batch, steps, heads, dv, generator=g)
+    decay, beta = -torch.rand(batch, steps, heads, generator=g), torch.rand(batch, steps, heads, generator=g)
+    want, _ = modeling_qwen3_next.torch_chunk_gated_delta_rule(
+        q, k, v, g=decay, beta=beta, chunk_size=64, use_qk_l2norm_in_kernel=l2
+    )
+    torch.testing.assert_close(gated_delta_rule(q, k, v, decay, beta, 64, l2), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_qwen3_next_model_computes_the_same_logits_with_the_chunked_kernel() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(TINY_QWEN3_NEXT)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    ids = torch.randint(0, config.vocab_size, (2, 70))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        with fused_scan() as patched:
+            got = model(input_ids=ids, use_cache=False).logits
+    assert patched >= 1
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_delta_rule_is_the_chunked_kernels_gemms_whatever_the_sequence() -> None:
+    """No loop over chunks or rows of the triangular solve: the graph does not grow with the sequence, and the
+    forward GEMMs of one linear-attention layer do 6 C^2 dk + 4 C^2 dv + 6 C dk dv FLOPs per chunk and value
+    head (C = 64; dk = 16, dv = 8, 4 value heads in the test config)."""
+    graphs = [lower(f"hf:{TINY_QWEN3_NEXT}", Plan(seq_len=s), Cluster("null", devices=1)).graph for s in (128, 512)]
+    assert len(list(graphs[0])) == len(list(graphs[1]))
+    layer = "model.layers.0.linear_attn"
+    forward = [n for n in graphs[1] if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD]
+    gemms = [n for n in forward if n.name.startswith("gated_delta_rule.")]
+    assert {n.scope for n in gemms} == {layer}
+    c, dk, dv, chunks = 64, 16, 8, 512 // 64
+    per_chunk = 6 * c * c * dk + 4 * c * c * dv + 6 * c * dk * dv
+    assert sum(n.attrs.flops for n in gemms) == per_chunk * 4 * chunks

@@ -288,6 +288,69 @@ def _selective_scan(c: AtenValues, node: fx.Node) -> None:
         "selective_scan", flops), spec)  # fmt: skip
 
 
+def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:
+    """The gated delta rule (:mod:`echosim.frontend.ssm_ops`) as flash-linear-attention's chunked kernels run it
+    (``chunk_gated_delta_rule_fwd``; Yang et al. 2024, arXiv:2412.06464, sec. 3.3, and arXiv:2406.06484 for the
+    WY form): per chunk of ``C`` tokens and value head, ``K K^T`` with the decays and ``beta`` applied and its unit
+    lower-triangular system inverted (``ut``), ``W = ut K`` and ``U = ut V``, the chunk's state ``K^T U`` and the
+    correction ``W S``, then the output ``(Q K^T masked) V_new + Q S``: GEMMs batched over every (batch, head,
+    chunk), so FLOPs are the kernel's (full ``C x C`` blocks, as its tensor-core tiles compute them). The chunks'
+    states chain one after another inside one kernel; that pass is counted by its GEMM FLOPs."""
+    q, k, v, g, beta = (_arg(node, i, key) for i, key in enumerate(("q", "k", "v", "g", "beta")))
+    chunk = int(_arg(node, 5, "chunk_size", 64))
+    l2 = bool(_arg(node, 6, "qk_l2norm", False))
+    out = c.spec_of(node.meta.get("val"))
+    if out is None:
+        c.env[node] = None
+        return
+    batch, steps, kv_heads, dk = c.shape(k)
+    heads, dv = c.shape(v)[2:]
+    dtype = out.dtype
+    chunks = -(-steps // chunk)
+    n = batch * heads * chunks
+    scope = c.scope(node)
+
+    def add(op: OpKind, ins: list[int], shape: tuple[int, ...], attrs: Any, name: str) -> int:
+        return c.graph.add(op, ins, TensorSpec(shape, dtype), attrs, scope=scope, name=f"{node.name}.{name}")
+
+    def prepared(x: Any, dim: int, name: str, qk: bool) -> int:
+        nid = c.value(x)
+        assert nid is not None
+        shape = (batch, steps, heads, dim)
+        if qk and kv_heads != heads:  # each key head serves heads / kv_heads value heads
+            nid = add(OpKind.ELEMENTWISE, [nid], shape, ElementwiseAttrs("repeat", 0), f"{name}_rep")
+        if qk and l2:
+            nid = add(OpKind.ELEMENTWISE, [nid], shape, ElementwiseAttrs("l2norm", 4), f"{name}_l2")
+        if chunks * chunk != steps:  # the last chunk padded to a whole one
+            padded = (batch, chunks * chunk, heads, dim)
+            nid = add(OpKind.ELEMENTWISE, [nid], padded, ElementwiseAttrs("pad", 0), f"{name}_pad")
+        return nid
+
+    qn, kn, vn = prepared(q, dk, "q", True), prepared(k, dk, "k", True), prepared(v, dv, "v", False)
+    gates = c.tensors([g, beta])
+    qc = add(OpKind.VIEW, [qn], (n, chunk, dk), None, "q_chunks")
+    kc = add(OpKind.VIEW, [kn], (n, chunk, dk), None, "k_chunks")
+    kt = add(OpKind.VIEW, [kn], (n, dk, chunk), None, "k_chunks_t")
+    vc = add(OpKind.VIEW, [vn], (n, chunk, dv), None, "v_chunks")
+    kkt = add(OpKind.MATMUL, [kc, kt], (n, chunk, chunk), MatmulAttrs(chunk, chunk, dk, n), "kkt")
+    # decays and beta applied, the unit lower-triangular system inverted (C^3 / 3 multiply-adds per chunk)
+    solve = ElementwiseAttrs("delta_rule_ut", max(1, chunk // 3))
+    ut = add(OpKind.ELEMENTWISE, [kkt, *gates], (n, chunk, chunk), solve, "ut")
+    w = add(OpKind.MATMUL, [ut, kc], (n, chunk, dk), MatmulAttrs(chunk, dk, chunk, n), "w")
+    u = add(OpKind.MATMUL, [ut, vc], (n, chunk, dv), MatmulAttrs(chunk, dv, chunk, n), "u")
+    state = add(OpKind.MATMUL, [kt, u], (n, dk, dv), MatmulAttrs(dk, dv, chunk, n), "state")
+    ws = add(OpKind.MATMUL, [w, state], (n, chunk, dv), MatmulAttrs(chunk, dv, dk, n), "ws")
+    v_new = add(OpKind.ELEMENTWISE, [u, ws], (n, chunk, dv), ElementwiseAttrs("sub"), "v_new")
+    qk = add(OpKind.MATMUL, [qc, kt], (n, chunk, chunk), MatmulAttrs(chunk, chunk, dk, n), "qk")
+    attn = add(OpKind.ELEMENTWISE, [qk, gates[0]], (n, chunk, chunk), ElementwiseAttrs("decay_mask", 2), "attn")
+    intra = add(OpKind.MATMUL, [attn, v_new], (n, chunk, dv), MatmulAttrs(chunk, dv, chunk, n), "o_intra")
+    inter = add(OpKind.MATMUL, [qc, state], (n, chunk, dv), MatmulAttrs(chunk, dv, dk, n), "o_inter")
+    o = add(OpKind.ELEMENTWISE, [intra, inter], (n, chunk, dv), ElementwiseAttrs("add"), "o")
+    if chunks * chunk != steps:
+        o = add(OpKind.VIEW, [o], (batch, chunks * chunk, heads, dv), None, "o_padded")
+    c.emit(node, OpKind.VIEW, [o], None, out)
+
+
 def _embedding(c: AtenValues, node: fx.Node) -> None:
     w, ids = node.args[0], node.args[1]
     ws = c.shape(w)
@@ -537,4 +600,8 @@ for _fn in ("gelu", "silu", "relu", "tanh", "sigmoid", "exp", "log", "erf"):
     RULES[getattr(aten, _fn)] = _elementwise(_fn, _ACT_FLOPS[_fn])
 
 # Custom ops found by name (their namespaces exist only once their library is imported).
-NAMED: dict[str, Rule] = {"transformers.grouped_mm_fallback": _grouped_mm, "echosim.selective_scan": _selective_scan}
+NAMED: dict[str, Rule] = {
+    "transformers.grouped_mm_fallback": _grouped_mm,
+    "echosim.selective_scan": _selective_scan,
+    "echosim.gated_delta_rule": _gated_delta_rule,
+}

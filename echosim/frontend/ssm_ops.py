@@ -1,17 +1,24 @@
-"""Mamba's selective scan as one op, the way training runs it.
+"""Sequence-mixing kernels that transformers runs as Python loops where their CUDA packages are missing.
 
-transformers' Mamba-1 family (Mamba, Falcon-Mamba, Jamba, Zamba) calls ``mamba_selective_scan``, which
-is mamba-ssm's fused CUDA kernel (``selective_scan_fn``) wherever that package runs and a Python loop
-over the sequence otherwise: on ``meta`` the capture took the loop, one small op per token per layer
-(tens of thousands of IR nodes for two tiny layers), and costed a training step as thousands of
+**Mamba's selective scan.** transformers' Mamba-1 family (Mamba, Falcon-Mamba, Jamba, Zamba) calls
+``mamba_selective_scan``, which is mamba-ssm's fused CUDA kernel (``selective_scan_fn``) wherever that package
+runs and a Python loop over the sequence otherwise: on ``meta`` the capture took the loop, one small op per token
+per layer (tens of thousands of IR nodes for two tiny layers), and costed a training step as thousands of
 kernel launches. Training runs the fused kernel: it loads delta, A, B, C and the input from HBM into
 SRAM, discretises and scans there and writes only the output (Gu and Dao 2023, "Mamba", arXiv:2312.00752,
 sec. 3.3.2), so it is memory-bound on those reads and writes; its backward recomputes the states
 instead of reading them back (same section). :func:`selective_scan` is that kernel as a PyTorch
 custom op with the signature of mamba-ssm's ``selective_scan_fn``; its body is a plain sequential
 reference, so the op runs on CPU in tests, and its fake kernel gives export the output's shape.
-:func:`fused_scan` puts it in place of transformers' ``mamba_selective_scan`` while a model is
-captured; the export frontend maps the op to one IR node (``aten_rules``).
+
+**The gated delta rule** (Qwen3-Next, Qwen3.5, OLMo-hybrid: Yang, Kautz and Hatamizadeh 2024, "Gated Delta
+Networks", arXiv:2412.06464) is flash-linear-attention's chunked kernel (``chunk_gated_delta_rule``) in
+training and otherwise transformers' chunked reference, which loops over chunks and, under export, solves each
+chunk's triangular system row by row: thousands of small ops per layer. :func:`gated_delta_rule` is that kernel
+as a custom op (a per-token reference body, as transformers' ``torch_recurrent_gated_delta_rule``), and the
+export frontend lowers it to the chunked algorithm's GEMMs (``aten_rules``).
+
+:func:`fused_scan` puts both in place of transformers' functions while a model is captured.
 """
 
 from __future__ import annotations
@@ -23,6 +30,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+#: transformers modules that define ``torch_chunk_gated_delta_rule`` (flash-linear-attention's kernel or its loop).
+DELTA_RULE_MODULES = (
+    "transformers.models.qwen3_next.modeling_qwen3_next",
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+    "transformers.models.olmo_hybrid.modeling_olmo_hybrid",
+    "transformers.models.lara_mini.modeling_lara_mini",
+    "transformers.models.qwen4_exp.modeling_qwen4_exp",
+)
 
 #: transformers modules that define ``mamba_selective_scan`` (mamba-ssm's ``selective_scan_fn`` or its loop).
 SCAN_MODULES = (
@@ -110,19 +127,92 @@ def _fused(original: Any) -> Any:
     return scan
 
 
+@torch.library.custom_op("echosim::gated_delta_rule", mutates_args=())
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
+    """``o: (batch, T, Hv, dv)`` of the gated delta rule over ``q, k: (batch, T, Hk, dk)``, ``v: (batch, T, Hv, dv)``,
+    ``g, beta: (batch, T, Hv)``, each key head serving ``Hv / Hk`` value heads: the state decays by ``exp(g_t)``,
+    ``S += k_t (beta_t (v_t - S^T k_t))^T``, ``o_t = S^T q_t / sqrt(dk)``, token by token (``chunk_size`` is the
+    kernel's chunk; it does not change the result)."""
+    rep = v.shape[2] // k.shape[2]
+    q, k = (x.float().repeat_interleave(rep, dim=2) for x in (q, k))
+    if qk_l2norm:
+        q, k = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    q = q / q.shape[-1] ** 0.5
+    state = q.new_zeros(v.shape[0], v.shape[2], k.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(v.shape[1]):
+        state = state * g[:, t].float().exp()[..., None, None]
+        remembered = (state * k[:, t, :, :, None]).sum(-2)
+        delta = (v[:, t].float() - remembered) * beta[:, t].float()[..., None]
+        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
+        outs.append((state * q[:, t, :, :, None]).sum(-2))
+    return torch.stack(outs, dim=1).to(v.dtype)
+
+
+@gated_delta_rule.register_fake
+def _(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
+    return torch.empty_like(v)
+
+
+def _chunked(original: Any) -> Any:
+    """``torch_chunk_gated_delta_rule`` as the chunked kernel; a state carried in or out, or packed sequences, go
+    to ``original`` (a cached decode, not training's path)."""
+
+    def chunk(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        chunk_size: int = 64,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        if initial_state is not None or output_final_state or kwargs.get("cu_seqlens") is not None:
+            return original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                            **kwargs)  # fmt: skip
+        return gated_delta_rule(query, key, value, g, beta, chunk_size, use_qk_l2norm_in_kernel), None
+
+    return chunk
+
+
 @contextmanager
 def fused_scan() -> Iterator[int]:
-    """While active, the imported transformers Mamba-1 modules scan with :func:`selective_scan`; yields how many."""
-    patched: list[tuple[Any, Any]] = []
-    for name in SCAN_MODULES:  # a model's module is loaded once the model is built
-        module = sys.modules.get(name)
-        original = getattr(module, "mamba_selective_scan", None)
-        if original is None:
-            continue
-        patched.append((module, original))
-        module.mamba_selective_scan = _fused(original)
+    """While active, the imported transformers modules scan with :func:`selective_scan` and :func:`gated_delta_rule`;
+    yields how many modules."""
+    patched: list[tuple[Any, str, Any]] = []
+    for names, attr, wrap in (
+        (SCAN_MODULES, "mamba_selective_scan", _fused),
+        (DELTA_RULE_MODULES, "torch_chunk_gated_delta_rule", _chunked),
+    ):
+        for name in names:  # a model's module is loaded once the model is built
+            module = sys.modules.get(name)
+            original = getattr(module, attr, None)
+            if original is None:
+                continue
+            patched.append((module, attr, original))
+            setattr(module, attr, wrap(original))
     try:
         yield len(patched)
     finally:
-        for module, original in patched:
-            module.mamba_selective_scan = original
+        for module, attr, original in patched:
+            setattr(module, attr, original)
