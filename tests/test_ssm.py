@@ -154,3 +154,37 @@ def test_the_delta_rule_is_the_chunked_kernels_gemms_whatever_the_sequence() -> 
     c, dk, dv, chunks = 64, 16, 8, 512 // 64
     per_chunk = 6 * c * c * dk + 4 * c * c * dv + 6 * c * dk * dv
     assert sum(n.attrs.flops for n in gemms) == per_chunk * 4 * chunks
+
+
+TINY_RWKV = Path(__file__).parent / "configs" / "tiny-rwkv.json"
+
+
+def test_the_wkv_op_computes_what_transformers_loop_computes() -> None:
+    from transformers.models.rwkv import modeling_rwkv
+
+    from echosim.frontend.ssm_ops import wkv
+
+    g = torch.Generator().manual_seed(2)
+    decay, first = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    key, value = 3 * torch.randn(2, 40, 6, generator=g), torch.randn(2, 40, 6, generator=g)  # large keys: the max trick
+    want, _ = modeling_rwkv.rwkv_linear_attention_cpu(decay, first, key, value)
+    torch.testing.assert_close(wkv(decay, first, key, value), want)
+
+
+def test_an_rwkv_model_computes_the_same_logits_and_captures_one_wkv_per_layer() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(TINY_RWKV)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    ids = torch.randint(0, config.vocab_size, (2, 20))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        with fused_scan():
+            got = model(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, want)
+    graphs = [lower(f"hf:{TINY_RWKV}", Plan(seq_len=s), Cluster("null", devices=1)).graph for s in (16, 64)]
+    assert len(list(graphs[0])) == len(list(graphs[1]))  # no loop over the tokens
+    fns = Counter(getattr(n.attrs, "fn", "") for n in graphs[1])
+    # the first block (its own pre-norm) and one folded block for the other two
+    assert fns["wkv"] == 2 and fns["wkv_grad"] == 2

@@ -288,6 +288,13 @@ def _selective_scan(c: AtenValues, node: fx.Node) -> None:
         "selective_scan", flops), spec)  # fmt: skip
 
 
+def _wkv(c: AtenValues, node: fx.Node) -> None:
+    """RWKV-4's WKV kernel (:mod:`echosim.frontend.ssm_ops`): one memory-bound scan over its four inputs."""
+    from echosim.frontend.ssm_ops import WKV_FLOPS
+
+    c.emit(node, OpKind.ELEMENTWISE, c.tensors(node.args[:4]), ElementwiseAttrs("wkv", WKV_FLOPS))
+
+
 def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:
     """The gated delta rule (:mod:`echosim.frontend.ssm_ops`) as flash-linear-attention's chunked kernels run it
     (``chunk_gated_delta_rule_fwd``; Yang et al. 2024, arXiv:2412.06464, sec. 3.3, and arXiv:2406.06484 for the
@@ -604,4 +611,5 @@ NAMED: dict[str, Rule] = {
     "transformers.grouped_mm_fallback": _grouped_mm,
     "echosim.selective_scan": _selective_scan,
     "echosim.gated_delta_rule": _gated_delta_rule,
+    "echosim.wkv": _wkv,
 }

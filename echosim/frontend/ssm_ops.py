@@ -11,6 +11,10 @@ instead of reading them back (same section). :func:`selective_scan` is that kern
 custom op with the signature of mamba-ssm's ``selective_scan_fn``; its body is a plain sequential
 reference, so the op runs on CPU in tests, and its fake kernel gives export the output's shape.
 
+**RWKV-4's WKV** (Peng et al. 2023, "RWKV", arXiv:2305.13048, sec. 3.1) is a CUDA kernel in training, one thread
+per channel scanning the tokens, and a Python loop over the tokens without it: :func:`wkv` is that kernel, costed
+like the selective scan (memory-bound, one backward kernel).
+
 **The gated delta rule** (Qwen3-Next, Qwen3.5, OLMo-hybrid: Yang, Kautz and Hatamizadeh 2024, "Gated Delta
 Networks", arXiv:2412.06464) is flash-linear-attention's chunked kernel (``chunk_gated_delta_rule``) in
 training and otherwise transformers' chunked reference, which loops over chunks and, under export, solves each
@@ -18,7 +22,7 @@ chunk's triangular system row by row: thousands of small ops per layer. :func:`g
 as a custom op (a per-token reference body, as transformers' ``torch_recurrent_gated_delta_rule``), and the
 export frontend lowers it to the chunked algorithm's GEMMs (``aten_rules``).
 
-:func:`fused_scan` puts both in place of transformers' functions while a model is captured.
+:func:`fused_scan` puts them in place of transformers' functions while a model is captured.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ DELTA_RULE_MODULES = (
     "transformers.models.lara_mini.modeling_lara_mini",
     "transformers.models.qwen4_exp.modeling_qwen4_exp",
 )
+
+#: transformers modules that define ``rwkv_linear_attention`` (the WKV CUDA kernel or its loop).
+WKV_MODULES = ("transformers.models.rwkv.modeling_rwkv",)
+
+#: FLOPs of the WKV scan per (batch, token, channel): two maxima, four exponentials, six multiply-adds and a division
+#: for the output and the state, as the stabilised recurrence computes them (counted from the paper's formula).
+WKV_FLOPS = 14
 
 #: transformers modules that define ``mamba_selective_scan`` (mamba-ssm's ``selective_scan_fn`` or its loop).
 SCAN_MODULES = (
@@ -170,6 +181,44 @@ def _(
     return torch.empty_like(v)
 
 
+@torch.library.custom_op("echosim::wkv", mutates_args=())
+def wkv(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``wkv_t = (a_t + e^(u + k_t) v_t) / (b_t + e^(u + k_t))`` over ``key, value: (batch, T, C)``, with
+    ``a_t = sum_{i<t} e^(-(t-1-i) w + k_i) v_i`` (``b_t`` the same without ``v``), ``w = exp(time_decay)`` and
+    ``u = time_first``; scaled by a running maximum exponent so no exponential overflows."""
+    w, u = -torch.exp(time_decay.float()), time_first.float()
+    a = torch.zeros_like(key[:, 0], dtype=torch.float32)
+    b = torch.zeros_like(a)
+    top = torch.full_like(a, -1e38)  # the exponent a and b are scaled by
+    out = []
+    for t in range(key.shape[1]):
+        k, v = key[:, t].float(), value[:, t].float()
+        now = torch.maximum(top, u + k)
+        old, new = torch.exp(top - now), torch.exp(u + k - now)
+        out.append((old * a + new * v) / (old * b + new))
+        then = torch.maximum(top + w, k)
+        old, new = torch.exp(top + w - then), torch.exp(k - then)
+        a, b, top = old * a + new * v, old * b + new, then
+    return torch.stack(out, dim=1).to(key.dtype)
+
+
+@wkv.register_fake
+def _(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(key)
+
+
+def _wkv(original: Any) -> Any:
+    """``rwkv_linear_attention`` as the WKV kernel; a state carried in or out (a cached decode) goes to ``original``."""
+
+    def attention(time_decay: Any, time_first: Any, key: Any, value: Any, state: Any = None,
+                  return_state: bool = False) -> Any:  # fmt: skip
+        if state is not None or return_state:
+            return original(time_decay, time_first, key, value, state=state, return_state=return_state)
+        return wkv(time_decay, time_first, key, value), None
+
+    return attention
+
+
 def _chunked(original: Any) -> Any:
     """``torch_chunk_gated_delta_rule`` as the chunked kernel; a state carried in or out, or packed sequences, go
     to ``original`` (a cached decode, not training's path)."""
@@ -197,12 +246,13 @@ def _chunked(original: Any) -> Any:
 
 @contextmanager
 def fused_scan() -> Iterator[int]:
-    """While active, the imported transformers modules scan with :func:`selective_scan` and :func:`gated_delta_rule`;
-    yields how many modules."""
+    """While active, the imported transformers modules scan with :func:`selective_scan`, :func:`gated_delta_rule`
+    and :func:`wkv`; yields how many modules."""
     patched: list[tuple[Any, str, Any]] = []
     for names, attr, wrap in (
         (SCAN_MODULES, "mamba_selective_scan", _fused),
         (DELTA_RULE_MODULES, "torch_chunk_gated_delta_rule", _chunked),
+        (WKV_MODULES, "rwkv_linear_attention", _wkv),
     ):
         for name in names:  # a model's module is loaded once the model is built
             module = sys.modules.get(name)

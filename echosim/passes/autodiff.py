@@ -322,24 +322,26 @@ def _lstm_cell(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     return [(i, grad) for i in n.inputs if i in needs]
 
 
-def _selective_scan(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
-    """Mamba's fused scan (echosim.frontend.ssm_ops): one backward kernel reads dy and the forward's inputs,
-    recomputes the states in SRAM rather than reading them back (Gu and Dao 2023, arXiv:2312.00752,
-    sec. 3.3.2) and writes every input's gradient; like attention's, they come out of one packed buffer.
-    Recomputing the forward scan and running the reverse one make its FLOPs twice the forward's."""
+def _fused_scan(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """A fused scan (echosim.frontend.ssm_ops: Mamba's selective scan, RWKV's WKV): one backward kernel reads dy
+    and the forward's inputs, recomputes the states in SRAM rather than reading them back (Gu and Dao 2023,
+    arXiv:2312.00752, sec. 3.3.2; the WKV backward kernel likewise) and writes every input's gradient; like
+    attention's, they come out of one packed buffer. Recomputing the forward scan and running the reverse one
+    make its FLOPs twice the forward's."""
     assert isinstance(n.attrs, ElementwiseAttrs)
     wanted = [i for i in dict.fromkeys(n.inputs) if i in needs]
     if not wanted:
         return []
     packed = TensorSpec((sum(c.spec(i).numel for i in wanted),), n.out.dtype)
     flops = -(-2 * n.attrs.flops_per_element * n.out.numel // packed.numel)
-    attrs = ElementwiseAttrs("selective_scan_grad", flops)
+    attrs = ElementwiseAttrs(f"{n.attrs.fn}_grad", flops)
     grad = c.emit(n, OpKind.ELEMENTWISE, [dy, *dict.fromkeys(n.inputs)], packed, attrs)
     return [(i, c.emit(n, OpKind.VIEW, [grad], c.spec(i), suffix=f"d{j}")) for j, i in enumerate(wanted)]
 
 
 _ELEMENTWISE_RULES = {
-    "selective_scan": _selective_scan,
+    "selective_scan": _fused_scan,
+    "wkv": _fused_scan,
     "lstm_cell": _lstm_cell,
     "moe_dispatch": _moe_dispatch,
     "moe_combine": _moe_combine,
