@@ -188,3 +188,18 @@ def test_an_rwkv_model_computes_the_same_logits_and_captures_one_wkv_per_layer()
     fns = Counter(getattr(n.attrs, "fn", "") for n in graphs[1])
     # the first block (its own pre-norm) and one folded block for the other two
     assert fns["wkv"] == 2 and fns["wkv_grad"] == 2
+
+
+def test_kimi_delta_attention_is_the_delta_rule_with_a_decay_per_key_channel() -> None:
+    from transformers.models.kimi_linear import modeling_kimi_linear
+
+    from echosim.frontend.ssm_ops import gated_delta_rule
+
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 90, 4, 16, generator=g) for _ in range(2))
+    v = torch.randn(2, 90, 4, 8, generator=g)
+    decay, beta = -torch.rand(2, 90, 4, 16, generator=g), torch.rand(2, 90, 4, generator=g)
+    want, _ = modeling_kimi_linear.chunk_kimi_delta_attention(
+        q, k, v, g=decay, beta=beta, chunk_size=64, use_qk_l2norm_in_kernel=True
+    )
+    torch.testing.assert_close(gated_delta_rule(q, k, v, decay, beta, 64, True), want, rtol=1e-4, atol=1e-5)

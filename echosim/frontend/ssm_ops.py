@@ -45,6 +45,14 @@ DELTA_RULE_MODULES = (
     "transformers.models.qwen4_exp.modeling_qwen4_exp",
 )
 
+#: transformers modules that define ``chunk_kimi_delta_attention`` (Kimi Delta Attention, FLA's ``chunk_kda``: the
+#: gated delta rule with a decay per key channel; Kimi Team 2025, "Kimi Linear", arXiv:2510.26692).
+KDA_MODULES = (
+    "transformers.models.kimi_linear.modeling_kimi_linear",
+    "transformers.models.bailing_hybrid.modeling_bailing_hybrid",
+    "transformers.models.glm5_next.modeling_glm5_next",
+)
+
 #: transformers modules that define ``rwkv_linear_attention`` (the WKV CUDA kernel or its loop).
 WKV_MODULES = ("transformers.models.rwkv.modeling_rwkv",)
 
@@ -149,7 +157,8 @@ def gated_delta_rule(
     qk_l2norm: bool = False,
 ) -> torch.Tensor:
     """``o: (batch, T, Hv, dv)`` of the gated delta rule over ``q, k: (batch, T, Hk, dk)``, ``v: (batch, T, Hv, dv)``,
-    ``g, beta: (batch, T, Hv)``, each key head serving ``Hv / Hk`` value heads: the state decays by ``exp(g_t)``,
+    ``g, beta: (batch, T, Hv)``, each key head serving ``Hv / Hk`` value heads: the state decays by ``exp(g_t)``
+    (Kimi Delta Attention: ``g: (batch, T, H, dk)``, a decay per key channel, a row of the state each),
     ``S += k_t (beta_t (v_t - S^T k_t))^T``, ``o_t = S^T q_t / sqrt(dk)``, token by token (``chunk_size`` is the
     kernel's chunk; it does not change the result)."""
     rep = v.shape[2] // k.shape[2]
@@ -160,7 +169,8 @@ def gated_delta_rule(
     state = q.new_zeros(v.shape[0], v.shape[2], k.shape[-1], v.shape[-1])
     outs = []
     for t in range(v.shape[1]):
-        state = state * g[:, t].float().exp()[..., None, None]
+        decay = g[:, t].float().exp()
+        state = state * (decay[..., None] if g.dim() == 4 else decay[..., None, None])
         remembered = (state * k[:, t, :, :, None]).sum(-2)
         delta = (v[:, t].float() - remembered) * beta[:, t].float()[..., None]
         state = state + k[:, t, :, :, None] * delta[:, :, None, :]
@@ -252,6 +262,7 @@ def fused_scan() -> Iterator[int]:
     for names, attr, wrap in (
         (SCAN_MODULES, "mamba_selective_scan", _fused),
         (DELTA_RULE_MODULES, "torch_chunk_gated_delta_rule", _chunked),
+        (KDA_MODULES, "chunk_kimi_delta_attention", _chunked),
         (WKV_MODULES, "rwkv_linear_attention", _wkv),
     ):
         for name in names:  # a model's module is loaded once the model is built
