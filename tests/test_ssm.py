@@ -32,6 +32,22 @@ def _inputs(batch: int = 2, d: int = 6, steps: int = 9, state: int = 4) -> dict[
     }
 
 
+def _logits(config_path: Path, tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A model from ``config_path`` on CPU in fp32: its logits as transformers computes them, with echosim's ops in
+    place (:func:`fused_scan`), and how many transformers modules were patched."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_path)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    ids = torch.randint(0, config.vocab_size, (2, tokens))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        with fused_scan() as patched:
+            got = model(input_ids=ids, use_cache=False).logits
+    return want, got, patched
+
+
 @pytest.mark.parametrize("softplus", [True, False])
 def test_the_op_computes_what_transformers_loop_computes(softplus: bool) -> None:
     from transformers.models.mamba import modeling_mamba
@@ -46,8 +62,6 @@ def test_the_op_computes_what_transformers_loop_computes(softplus: bool) -> None
 
 def test_a_mamba_model_computes_the_same_logits_with_the_fused_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The substitution passes transformers' arguments in the kernel's order: the model's output is unchanged."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from echosim.frontend import ssm_ops
 
     calls: list[int] = []
@@ -57,16 +71,8 @@ def test_a_mamba_model_computes_the_same_logits_with_the_fused_scan(monkeypatch:
         return selective_scan(*args)
 
     monkeypatch.setattr(ssm_ops, "selective_scan", counted)
-
-    config = AutoConfig.from_pretrained(TINY_MAMBA)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).float()
-    ids = torch.randint(0, config.vocab_size, (2, 12))
-    with torch.no_grad():
-        want = model(input_ids=ids, use_cache=False).logits
-        with fused_scan() as patched:
-            got = model(input_ids=ids, use_cache=False).logits
-    assert patched >= 1 and len(calls) == config.num_hidden_layers
+    want, got, patched = _logits(TINY_MAMBA, 12)
+    assert patched >= 1 and len(calls) == 2  # two layers
     torch.testing.assert_close(got, want)
 
 
@@ -105,38 +111,34 @@ def test_the_scan_costs_its_reads_and_writes_not_a_launch_per_token() -> None:
 TINY_QWEN3_NEXT = Path(__file__).parent / "configs" / "tiny-qwen3-next.json"
 
 
-@pytest.mark.parametrize(("steps", "l2"), [(100, True), (128, False)])
-def test_the_delta_rule_op_computes_what_transformers_chunks_compute(steps: int, l2: bool) -> None:
+@pytest.mark.parametrize(("steps", "l2", "kda"), [(100, True, False), (128, False, False), (90, True, True)])
+def test_the_delta_rule_op_computes_what_transformers_chunks_compute(steps: int, l2: bool, kda: bool) -> None:
     """Grouped value heads (two key heads, four value heads), a last chunk that is not whole, with and without
-    the in-kernel L2 norm of queries and keys."""
+    the in-kernel L2 norm of queries and keys; Kimi Delta Attention (``kda``: a decay per key channel, as many key
+    heads as value heads)."""
+    from transformers.models.kimi_linear import modeling_kimi_linear
     from transformers.models.qwen3_next import modeling_qwen3_next
 
     from echosim.frontend.ssm_ops import gated_delta_rule
 
     g = torch.Generator().manual_seed(1)
-    batch, kv_heads, heads, dk, dv = 2, 2, 4, 16, 8
+    batch, heads, dk, dv = 2, 4, 16, 8
+    kv_heads = heads if kda else 2
     q, k = (torch.randn(batch, steps, kv_heads, dk, generator=g) for _ in range(2))
     if not l2:  # keys of unit length keep the recurrence stable, as the kernel's own L2 norm does
         q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
     v = torch.randn(batch, steps, heads, dv, generator=g)
-    decay, beta = -torch.rand(batch, steps, heads, generator=g), torch.rand(batch, steps, heads, generator=g)
-    want, _ = modeling_qwen3_next.torch_chunk_gated_delta_rule(
-        q, k, v, g=decay, beta=beta, chunk_size=64, use_qk_l2norm_in_kernel=l2
+    decay = -torch.rand(batch, steps, heads, *((dk,) if kda else ()), generator=g)
+    beta = torch.rand(batch, steps, heads, generator=g)
+    chunked = (
+        modeling_kimi_linear.chunk_kimi_delta_attention if kda else modeling_qwen3_next.torch_chunk_gated_delta_rule
     )
+    want, _ = chunked(q, k, v, g=decay, beta=beta, chunk_size=64, use_qk_l2norm_in_kernel=l2)
     torch.testing.assert_close(gated_delta_rule(q, k, v, decay, beta, 64, l2), want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_qwen3_next_model_computes_the_same_logits_with_the_chunked_kernel() -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(TINY_QWEN3_NEXT)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).float()
-    ids = torch.randint(0, config.vocab_size, (2, 70))
-    with torch.no_grad():
-        want = model(input_ids=ids, use_cache=False).logits
-        with fused_scan() as patched:
-            got = model(input_ids=ids, use_cache=False).logits
+    want, got, patched = _logits(TINY_QWEN3_NEXT, 70)
     assert patched >= 1
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -172,34 +174,10 @@ def test_the_wkv_op_computes_what_transformers_loop_computes() -> None:
 
 
 def test_an_rwkv_model_computes_the_same_logits_and_captures_one_wkv_per_layer() -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(TINY_RWKV)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).float()
-    ids = torch.randint(0, config.vocab_size, (2, 20))
-    with torch.no_grad():
-        want = model(input_ids=ids, use_cache=False).logits
-        with fused_scan():
-            got = model(input_ids=ids, use_cache=False).logits
+    want, got, _ = _logits(TINY_RWKV, 20)
     torch.testing.assert_close(got, want)
     graphs = [lower(f"hf:{TINY_RWKV}", Plan(seq_len=s), Cluster("null", devices=1)).graph for s in (16, 64)]
     assert len(list(graphs[0])) == len(list(graphs[1]))  # no loop over the tokens
     fns = Counter(getattr(n.attrs, "fn", "") for n in graphs[1])
     # the first block (its own pre-norm) and one folded block for the other two
     assert fns["wkv"] == 2 and fns["wkv_grad"] == 2
-
-
-def test_kimi_delta_attention_is_the_delta_rule_with_a_decay_per_key_channel() -> None:
-    from transformers.models.kimi_linear import modeling_kimi_linear
-
-    from echosim.frontend.ssm_ops import gated_delta_rule
-
-    g = torch.Generator().manual_seed(3)
-    q, k = (torch.randn(2, 90, 4, 16, generator=g) for _ in range(2))
-    v = torch.randn(2, 90, 4, 8, generator=g)
-    decay, beta = -torch.rand(2, 90, 4, 16, generator=g), torch.rand(2, 90, 4, generator=g)
-    want, _ = modeling_kimi_linear.chunk_kimi_delta_attention(
-        q, k, v, g=decay, beta=beta, chunk_size=64, use_qk_l2norm_in_kernel=True
-    )
-    torch.testing.assert_close(gated_delta_rule(q, k, v, decay, beta, 64, True), want, rtol=1e-4, atol=1e-5)

@@ -73,6 +73,16 @@ SCAN_MODULES = (
 SCAN_FLOPS_PER_STATE = 9
 
 
+def _like_first(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    """The fake kernel of an op whose output is shaped and typed as its first input (what export needs)."""
+    return torch.empty_like(x)
+
+
+def _like_third(_a: torch.Tensor, _b: torch.Tensor, x: torch.Tensor, *_: Any) -> torch.Tensor:
+    """The fake kernel of an op whose output is shaped and typed as its third input."""
+    return torch.empty_like(x)
+
+
 @torch.library.custom_op("echosim::selective_scan", mutates_args=())
 def selective_scan(
     u: torch.Tensor,
@@ -106,19 +116,7 @@ def selective_scan(
     return y.to(u.dtype)
 
 
-@selective_scan.register_fake
-def _(
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    delta_bias: torch.Tensor | None = None,
-    delta_softplus: bool = False,
-) -> torch.Tensor:
-    return torch.empty_like(u)
+selective_scan.register_fake(_like_first)
 
 
 def _fused(original: Any) -> Any:
@@ -178,17 +176,7 @@ def gated_delta_rule(
     return torch.stack(outs, dim=1).to(v.dtype)
 
 
-@gated_delta_rule.register_fake
-def _(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    chunk_size: int = 64,
-    qk_l2norm: bool = False,
-) -> torch.Tensor:
-    return torch.empty_like(v)
+gated_delta_rule.register_fake(_like_third)
 
 
 @torch.library.custom_op("echosim::wkv", mutates_args=())
@@ -212,9 +200,7 @@ def wkv(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.Tensor, v
     return torch.stack(out, dim=1).to(key.dtype)
 
 
-@wkv.register_fake
-def _(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(key)
+wkv.register_fake(_like_third)
 
 
 def _wkv(original: Any) -> Any:
