@@ -176,6 +176,34 @@ def test_default_inputs_are_token_ids_for_each_forward_argument(tmp_path: Path) 
     assert graph[graph.outputs[0]].op is OpKind.CROSS_ENTROPY
 
 
+def test_activations_written_with_expm1_and_log1p_are_costed_without_a_warning(tmp_path: Path) -> None:
+    """Apertus's xIELU is written with ``expm1``: an elementwise op with a rule, not an unknown one."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Act(nn.Module):
+            seq_len = 8
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(50, 16)
+                self.lm_head = nn.Linear(16, 50)
+            def forward(self, ids):
+                h = self.embed(ids)
+                return self.lm_head(torch.expm1(h) + torch.log1p(h.abs()) + torch.exp2(h) + torch.log2(h.abs()))
+
+        def build():
+            return Act()
+        """,
+    )
+    graph, messages, _ = capture_named(f"{path}:build", CaptureSpec())
+    fns = {getattr(n.attrs, "fn", "") for n in graph}
+    assert {"expm1", "log1p", "exp2", "log2"} <= fns
+    assert not [m for m in messages if "no rule" in m]
+
+
 def test_repeated_blocks_fold_in_any_module(tmp_path: Path) -> None:
     path = write(
         tmp_path,

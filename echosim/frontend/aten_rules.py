@@ -498,7 +498,8 @@ def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
     return None
 
 
-_ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "exp": 4, "log": 4, "erf": 4}
+_ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "exp": 4, "log": 4, "erf": 4, "expm1": 4,
+              "log1p": 4, "exp2": 4, "log2": 4}  # fmt: skip
 
 VIEWS = {
     aten.view, aten.reshape, aten._unsafe_view, aten.transpose, aten.permute, aten.t, aten.expand,
@@ -603,7 +604,7 @@ for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciproc
     _packet_op = getattr(aten, _fn, None)
     if _packet_op is not None and _packet_op not in RULES:
         RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS.get(_fn, 1))
-for _fn in ("gelu", "silu", "relu", "tanh", "sigmoid", "exp", "log", "erf"):
+for _fn in _ACT_FLOPS:  # xIELU (Apertus) is written with expm1
     RULES[getattr(aten, _fn)] = _elementwise(_fn, _ACT_FLOPS[_fn])
 
 # Custom ops found by name (their namespaces exist only once their library is imported).
