@@ -407,3 +407,11 @@ def test_interleaved_sliding_and_full_layers_fold_as_a_group_and_split_into_stag
     assert flops[0] == flops[1]
     staged = lower(f"hf:{CONFIGS}/tiny-gemma2.json", Plan(pp=3, seq_len=32, global_batch=6), Cluster("null", 3))
     assert len(staged.report.memory) == 3
+
+
+def test_a_lookup_whose_ids_are_constants_still_reads_ids() -> None:
+    """CPM-Ant's segment ids are a ``cat`` of fixed values: no IR value. The lookup held the table alone and
+    autodiff crashed with a traceback; the ids are now a fresh buffer the lookup and its gradient read."""
+    compiled = lower(f"hf:{CONFIGS}/tiny-cpmant.json", Plan(seq_len=32), Cluster("null", devices=1))
+    lookups = [n for n in compiled.graph if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD]
+    assert len(lookups) >= 2 and all(len(n.inputs) == 2 for n in lookups)

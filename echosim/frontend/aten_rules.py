@@ -359,9 +359,14 @@ def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:
 
 
 def _embedding(c: AtenValues, node: fx.Node) -> None:
+    """A lookup reads its ids and its table. Ids computed from constants only (CPM-Ant's segment ids, a ``cat`` of
+    fixed values) have no IR value: they are held as a fresh buffer, so the lookup and its gradient still read ids."""
     w, ids = node.args[0], node.args[1]
     ws = c.shape(w)
-    ins = [c.value(ids), c.value(w)]
+    index = c.value(ids)
+    if index is None and (spec := c.spec_of(ids.meta.get("val"))) is not None:
+        index = c.graph.add(OpKind.INPUT, (), spec, scope=c.scope(node), name=f"{node.name}.ids")
+    ins = [index, c.value(w)]
     c.emit(node, OpKind.EMBEDDING, [i for i in ins if i is not None], EmbeddingAttrs(ws[0], ws[1]))
 
 
