@@ -605,7 +605,7 @@ for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciproc
             "rsub", "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros",
             "new_ones", "new_full", "scalar_tensor", "fill", "softplus", "mish", "hardswish", "hardsigmoid", "elu",
             "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad",
-            "constant_pad_nd"):  # fmt: skip
+            "constant_pad_nd", "polar", "complex"):  # fmt: skip
     _packet_op = getattr(aten, _fn, None)
     if _packet_op is not None and _packet_op not in RULES:
         RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS.get(_fn, 1))
