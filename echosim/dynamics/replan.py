@@ -216,4 +216,6 @@ def render(r: dict[str, Any]) -> list[str]:
         "re-planning pays for itself "
         + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
     )
-    return lines + [f"warning: {w}" for w in r.get("warnings", ())]
+    from echosim.dynamics.cluster import warning_lines
+
+    return lines + warning_lines(r)

@@ -11,13 +11,15 @@ at full depth first. The longest run of consecutive, structurally identical entr
 of any ``nn.ModuleList`` (ties go to the run holding more parameters) is shortened
 to its first two entries, the module is captured, and :func:`irfold.fold_run`
 checks the two copies chain before it drops the second and gives the first the
-run's count (:func:`capture_folded`). Where layer kinds interleave (gpt-oss's sliding
-and full attention, Qwen3-Next's three linear-attention layers and one full), the run
-is of groups of consecutive entries, identical group for group: the first two groups
-become one entry each (:class:`LayerGroup`), and the kept group is a block of several
-layers (``Graph.block_layers``), as the zoo builds such models. If they do not chain, the module is captured
+run's count (:func:`capture_folded`). If they do not chain, the module is captured
 again at its full depth, unfolded. An ONNX file stores every layer, so there
 :func:`irfold.fold_layers` runs the same proof over all the copies.
+
+Where layer kinds interleave (gpt-oss's sliding and full attention, Qwen3-Next's three
+linear-attention layers and one full), the run is of groups of consecutive entries,
+identical group for group: the first two groups become one entry each
+(:class:`LayerGroup`), and the kept group is a block of several layers
+(``Graph.block_layers``), as the zoo builds such models.
 
 Exactly one run is folded: the timeline composes one repeated block per model (the
 pipeline cuts it into stages). Layers before and after the run stay in the capture
