@@ -177,7 +177,8 @@ def test_default_inputs_are_token_ids_for_each_forward_argument(tmp_path: Path) 
 
 
 def test_activations_written_with_expm1_and_log1p_are_costed_without_a_warning(tmp_path: Path) -> None:
-    """Apertus's xIELU is written with ``expm1``: an elementwise op with a rule, not an unknown one."""
+    """Apertus's xIELU is written with ``expm1``, a router with ``logsigmoid``, an L2 norm with
+    ``linalg.vector_norm``: ops with a rule, not unknown ones."""
     path = write(
         tmp_path,
         """
@@ -192,7 +193,9 @@ def test_activations_written_with_expm1_and_log1p_are_costed_without_a_warning(t
                 self.lm_head = nn.Linear(16, 50)
             def forward(self, ids):
                 h = self.embed(ids)
-                return self.lm_head(torch.expm1(h) + torch.log1p(h.abs()) + torch.exp2(h) + torch.log2(h.abs()))
+                h = torch.expm1(h) + torch.log1p(h.abs()) + torch.exp2(h) + torch.log2(h.abs())
+                h = nn.functional.logsigmoid(h) / torch.linalg.vector_norm(h, dim=-1, keepdim=True)
+                return self.lm_head(h)
 
         def build():
             return Act()
@@ -200,7 +203,7 @@ def test_activations_written_with_expm1_and_log1p_are_costed_without_a_warning(t
     )
     graph, messages, _ = capture_named(f"{path}:build", CaptureSpec())
     fns = {getattr(n.attrs, "fn", "") for n in graph}
-    assert {"expm1", "log1p", "exp2", "log2"} <= fns
+    assert {"expm1", "log1p", "exp2", "log2", "log_sigmoid", "norm"} <= fns
     assert not [m for m in messages if "no rule" in m]
 
 

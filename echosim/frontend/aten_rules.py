@@ -504,7 +504,7 @@ def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
 
 
 _ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "exp": 4, "log": 4, "erf": 4, "expm1": 4,
-              "log1p": 4, "exp2": 4, "log2": 4}  # fmt: skip
+              "log1p": 4, "exp2": 4, "log2": 4, "log_sigmoid": 8}  # fmt: skip
 
 VIEWS = {
     aten.view, aten.reshape, aten._unsafe_view, aten.transpose, aten.permute, aten.t, aten.expand,
@@ -584,6 +584,7 @@ RULES.update(
         aten.logsumexp: _reduction("logsumexp"),
         aten.argmax: _reduction("argmax"),
         aten.norm: _reduction("norm"),
+        aten.linalg_vector_norm: _reduction("norm"),
         aten.var: _reduction("var"),
         aten.max_pool2d: _reduction("max_pool2d"),
         aten.max_pool1d: _reduction("max_pool1d"),
