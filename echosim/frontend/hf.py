@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,6 +164,25 @@ def _register_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, _attention)
+
+
+@contextmanager
+def _mask_tensors() -> Iterator[None]:
+    """While active, transformers builds SDPA's causal mask as a tensor for ``echosim``'s attention. Without a mask
+    function registered it builds none, since the attention reads none; models that read the mask outside the
+    attention call (MPT's blocks, GLM-5's sparse-attention indexer) fail on ``None``, so :func:`capture_config`
+    tries them again under this. Registered only then: the mask arguments' checks read tensor values, which a
+    model run eagerly on ``meta`` cannot."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def mask(*args: Any, **kwargs: Any) -> Any:
+        return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+
+    AttentionMaskInterface.register(ATTENTION, mask)
+    try:
+        yield
+    finally:
+        AttentionMaskInterface._global_mapping.pop(ATTENTION, None)
 
 
 def _attention(
@@ -336,12 +357,26 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
             why = "the config's max_position_embeddings"
         notes.append(Note(f"sequence length {seq}: {why} (--seq-len overrides)"))
     ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
-    try:
-        cap = capture_export(
+
+    def capture() -> Capture:
+        return capture_export(
             model, _logits_only(model), (ids,), dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold
         )
+
+    try:
+        cap = capture()
     except CaptureError as exc:
-        raise EchosimError(f"{name}: {exc}") from None
+        try:  # a model that reads the attention mask itself: again, with the mask a tensor
+            with _mask_tensors():
+                cap = capture()
+        except CaptureError:
+            raise EchosimError(f"{name}: {exc}") from None
+    topk = getattr(config, "index_topk", None)  # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5)
+    if isinstance(topk, int) and not isinstance(topk, bool) and 0 < topk < seq:
+        cap.warnings.append(
+            f"{name}: sparse attention ({topk} keys per query, config index_topk) is costed as dense causal "
+            f"attention over {seq} tokens: its indexer is counted, the keys it leaves out are not"
+        )
     ensure_loss(cap.graph, notes)
     windows = layer_windows(config)
     if apply_windows(cap.graph, windows):
