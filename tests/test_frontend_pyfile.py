@@ -195,7 +195,8 @@ def test_activations_written_with_expm1_and_log1p_are_costed_without_a_warning(t
                 h = self.embed(ids)
                 h = torch.expm1(h) + torch.log1p(h.abs()) + torch.exp2(h) + torch.log2(h.abs())
                 h = nn.functional.logsigmoid(h) / torch.linalg.vector_norm(h, dim=-1, keepdim=True)
-                return self.lm_head(h)
+                h = torch.concatenate([h, torch.concat([h, h])]).reshape_as(torch.cat([h, h, h]))
+                return self.lm_head(h + torch.rand_like(h))
 
         def build():
             return Act()

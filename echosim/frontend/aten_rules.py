@@ -513,7 +513,7 @@ VIEWS = {
     aten.movedim, aten.diagonal, aten.lift_fresh_copy, aten.view_as_real, aten.view_as_complex,
     aten.real, aten.imag, aten.unfold, aten.squeeze_copy, aten.unsqueeze_copy, aten.t_copy,
     aten.permute_copy, aten.expand_copy, aten.view_copy, aten.transpose_copy, aten.slice_copy,
-    aten.numpy_T, aten.mT, aten.mH, aten.adjoint, aten.swapaxes, aten.swapdims, aten.moveaxis,
+    aten.numpy_T, aten.mT, aten.mH, aten.adjoint, aten.swapaxes, aten.swapdims, aten.moveaxis, aten.reshape_as,
 }  # fmt: skip
 SPLITS = {aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split}
 CASTS = {aten.to, aten._to_copy, aten.type_as}
@@ -593,6 +593,8 @@ RULES.update(
         aten.adaptive_avg_pool1d: _reduction("adaptive_avg_pool1d"),
         aten.max_pool2d_with_indices: _reduction("max_pool2d"),
         aten.cat: _elementwise("cat", 0),
+        aten.concat: _elementwise("cat", 0),
+        aten.concatenate: _elementwise("cat", 0),
         aten.stack: _elementwise("cat", 0),
         aten.repeat: _elementwise("repeat", 0),
         aten.repeat_interleave: _elementwise("repeat", 0),
@@ -606,7 +608,7 @@ for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciproc
             "rsub", "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros",
             "new_ones", "new_full", "scalar_tensor", "fill", "softplus", "mish", "hardswish", "hardsigmoid", "elu",
             "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad",
-            "constant_pad_nd", "polar", "complex"):  # fmt: skip
+            "constant_pad_nd", "polar", "complex", "rand_like", "randn_like", "rand", "randn"):  # fmt: skip
     _packet_op = getattr(aten, _fn, None)
     if _packet_op is not None and _packet_op not in RULES:
         RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS.get(_fn, 1))
