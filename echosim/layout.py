@@ -349,7 +349,8 @@ class ModelShape:
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
-        linears: dict[str, tuple[bool, int]] = {}  # linears but the vocabulary's: (a rule matches, FLOPs)
+        # linears but the vocabulary's: (a rule matches, FLOPs, copies in the model: a folded block's repeats)
+        linears: dict[str, tuple[bool, int, int]] = {}
         for n in graph:
             if n.phase is not Phase.FORWARD:
                 continue
@@ -368,12 +369,10 @@ class ModelShape:
                     if n.attrs.batch > 1 and not style:
                         untargeted[n.scope] = None
                 elif w.op is OpKind.PARAMETER and len(w.out.shape) == 2 and style != "vocab":
-                    linears[n.scope or n.name] = (bool(style), n.attrs.flops)
+                    linears[n.scope or n.name] = (bool(style), n.attrs.flops, graph.multiplicity(n))
         # where no linear matches (a Mamba model: only its vocabulary is split), every one of them runs whole
-        smallest = min((flops for split, flops in linears.values() if split), default=0)
-        whole = [scope for scope, (split, flops) in linears.items() if not split and flops >= smallest]
-        # a folded block's linears stand for one per repetition of the block
-        count = sum(next((k for p, k in graph.repeats.items() if s == p or s.startswith(f"{p}.")), 1) for s in whole)
+        smallest = min((flops for split, flops, _ in linears.values() if split), default=0)
+        whole = {scope: k for scope, (split, flops, k) in linears.items() if not split and flops >= smallest}
         first = graph[graph.inputs[0]].out if graph.inputs else None
         ids = first.shape if first is not None else (1,)
         return cls(
@@ -387,7 +386,7 @@ class ModelShape:
             tp_targets=targets,
             untargeted_experts=tuple(sorted(untargeted)),
             untargeted_linears=tuple(whole),
-            untargeted_linear_count=count,
+            untargeted_linear_count=sum(whole.values()),
             outside_layers=graph.unfolded_layers(),
             layers_per_block=max((graph.layers_per_block(p) for p in graph.repeats), default=1),
         )

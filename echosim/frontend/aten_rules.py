@@ -284,8 +284,8 @@ def _selective_scan(c: AtenValues, node: fx.Node) -> None:
     from echosim.frontend.ssm_ops import SCAN_FLOPS_PER_STATE
 
     flops = SCAN_FLOPS_PER_STATE * c.shape(args[2])[-1] + (args[5] is not None) + (args[6] is not None)
-    c.emit(node, OpKind.ELEMENTWISE, c.tensors([a for a in args if a is not None]), ElementwiseAttrs(
-        "selective_scan", flops), spec)  # fmt: skip
+    attrs = ElementwiseAttrs("selective_scan", flops)
+    c.emit(node, OpKind.ELEMENTWISE, c.tensors([a for a in args if a is not None]), attrs, spec)
 
 
 def _wkv(c: AtenValues, node: fx.Node) -> None:
