@@ -33,7 +33,7 @@ from echosim.passes.recompute import (
     replay_group,
     replay_layers,
 )
-from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, style_for
+from echosim.passes.tensor_parallel import DEFAULT_TP_PLAN, linear_styles
 from echosim.plan import (
     CP_COMMS,
     DTYPES,
@@ -351,6 +351,7 @@ class ModelShape:
         targets = 0
         # linears but the vocabulary's: (a rule matches, FLOPs, copies in the model: a folded block's repeats)
         linears: dict[str, tuple[bool, int, int]] = {}
+        styles = linear_styles(graph, DEFAULT_TP_PLAN)
         for n in graph:
             if n.phase is not Phase.FORWARD:
                 continue
@@ -360,7 +361,7 @@ class ModelShape:
                 routed = True
             if n.op not in (OpKind.MATMUL, OpKind.EMBEDDING):
                 continue
-            style = style_for(n.scope, DEFAULT_TP_PLAN)
+            style = styles.get(n.id, "")
             targets += bool(style)
             if isinstance(n.attrs, MatmulAttrs) and len(n.inputs) > 1:
                 w = graph[n.inputs[1]]
@@ -572,12 +573,22 @@ def _tp_messages(plan: Plan, shape: ModelShape) -> list[str]:
         out.append(
             f"{count} linear layer{'s' if count > 1 else ''} "
             f"({', '.join(linears[:2])}{', ...' if count > 2 else ''}) run whole on all {plan.tp} "
-            "tensor-parallel ranks: no rule of the tensor-parallel plan matches their module paths "
-            "(echosim.passes.tensor_parallel.DEFAULT_TP_PLAN)"
+            "tensor-parallel ranks: no rule of the tensor-parallel plan splits them (no rule matches their module "
+            "paths, or a row-parallel one does but no column-parallel layer splits its input; "
+            "echosim.passes.tensor_parallel.DEFAULT_TP_PLAN)"
         )
     if experts := shape.untargeted_experts:
-        out.append(
-            f"experts ({', '.join(experts[:2])}{', ...' if len(experts) > 2 else ''}) are replicated on all "
-            f"{plan.tp} tensor-parallel ranks: tensor parallelism splits only the zoo's experts (use --ep)"
-        )
+        which = f"experts ({', '.join(experts[:2])}{', ...' if len(experts) > 2 else ''})"
+        if plan.sp:  # Megatron's --expert-tensor-parallel-size 1: a layout, not a waste
+            out.append(
+                Note(
+                    f"{which} are whole on all {plan.tp} tensor-parallel ranks, each running its own "
+                    "sequence-parallel tokens through them (expert tensor parallelism 1)"
+                )
+            )
+        else:
+            out.append(
+                f"{which} are replicated on all {plan.tp} tensor-parallel ranks: tensor parallelism splits only the "
+                "zoo's experts (use --ep, or --sp to split their tokens)"
+            )
     return out

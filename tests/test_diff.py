@@ -127,7 +127,7 @@ def test_files_that_are_not_reports_are_one_line(tmp_path: Path, content: str, m
     [
         (["only-one.json"], "give two saved reports (A.json B.json), or MODEL --a FLAGS --b FLAGS"),
         (["/nonexistent/a.json", "/nonexistent/b.json"], "/nonexistent/a.json: cannot read"),
-        (["gpt3-125m", "--a", "--tp 3"], "tp=3 does not divide"),
+        (["gpt3-125m", "--a", "--tp 5"], "tp=5 does not divide"),
         (["gpt3-125m", "--a", "--tp two"], "--a '--tp two': Invalid value for '--tp'"),
         (["a.json", "b.json", "--a", "--tp 2"], "with --a/--b give at most one MODEL"),
     ],

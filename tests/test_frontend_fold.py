@@ -242,3 +242,26 @@ def test_longest_run_finds_interleaved_kinds_as_a_period(kinds: tuple[int, ...],
     root.layers = _kinds(*kinds)
     found = longest_run(root)
     assert (found and (found.start, found.count, found.period)) == run
+
+
+@pytest.mark.parametrize(
+    ("settings", "same"),
+    [
+        ({"lambda_init": 0.2}, {"lambda_init": 0.36}),  # DiffLlama: a depth-dependent scale, the same cost
+        ({"seed": 0}, {"seed": 1}),  # BigBird: its random-block seed is its layer's index
+        ({"drop_prob": 0.0}, None),  # code branches on a rate being zero: a zero rate is another structure
+        ({"window": 8}, None),  # an integer setting stays whole
+    ],
+)
+def test_a_layers_float_magnitude_and_seed_are_not_its_structure(
+    settings: dict[str, object], same: dict[str, object] | None
+) -> None:
+    from echosim.frontend.fold import signature
+
+    def layer(**kw: object) -> torch.nn.Module:
+        m = torch.nn.Linear(4, 4)
+        vars(m).update(kw)
+        return m
+
+    other = same or {k: (0.1 if isinstance(v, float) else 16) for k, v in settings.items()}
+    assert (signature(layer(**settings)) == signature(layer(**other))) == (same is not None)

@@ -176,6 +176,42 @@ def test_moe_under_tp_splits_attention_heads_and_reports_replicated_experts(name
     assert any("experts" in w and "replicated" in w for w in compiled.report.warnings)
 
 
+@pytest.mark.parametrize("ep", [1, 2])
+def test_hf_experts_under_sequence_parallelism_run_each_ranks_own_tokens(ep: int) -> None:
+    """transformers' fused experts match no tensor-parallel rule; under SP their input is split by tokens, and each
+    rank runs its own tokens through the whole experts (Megatron's expert tensor parallelism 1). That was refused
+    as a contraction of a split axis; the work is not repeated, and the weights' gradients are reduced as experts'."""
+    source = f"hf:{CONFIGS}/tiny-mixtral.json"
+    plan = Plan(tp=2, sp=True, dp=2, ep=ep, seq_len=16, global_batch=2)
+    compiled = lower(source, plan, Cluster("null", devices=4))
+    report = compiled.report
+    assert report.hardware_flops_per_step == pytest.approx(report.model_flops_per_step, rel=1e-9)
+    stacks = [n for n in compiled.graph if n.op is OpKind.PARAMETER and len(n.out.shape) == 3]
+    assert stacks and all(n.attrs.expert for n in stacks)
+    assert any("expert tensor parallelism 1" in n for n in report.notes)
+    assert not any("experts" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_a_row_parallel_rule_on_a_linear_no_column_parallel_one_feeds_keeps_it_whole(tmp_path: Path, sp: bool) -> None:
+    """BERT's LM-head transform is a ``*.dense`` as its output projections are, but reads the whole hidden state:
+    it was refused ("row-parallel ... reads an unsplit input"); it now runs whole, named, and the encoder's
+    projections still split."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "bert", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=512
+    )
+    config.to_json_file(tmp_path / "config.json")
+    compiled = lower(f"hf:{tmp_path}", Plan(tp=2, sp=sp, seq_len=16), Cluster("null", devices=2))
+    forward = [n for n in compiled.graph if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD]
+    ks = {n.scope: n.attrs.k for n in forward if n.scope.endswith(".dense")}
+    assert ks["cls.predictions.transform.dense"] == 64
+    assert {k for scope, k in ks.items() if scope.endswith("output.dense")} == {32, 64}  # attention: 64/2; MLP: 128/2
+    [warning] = [w for w in compiled.report.warnings if "linear layer" in w]
+    assert "cls.predictions.transform.dense" in warning
+
+
 MOE_TINY = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-deepseek-v3"]
 
 
@@ -347,6 +383,20 @@ def test_what_transformers_says_about_a_config_is_a_note_not_stderr(
     assert not [n for n in clean.notes if n.startswith("transformers on")]
 
 
+def test_floats_transformers_writes_as_tags_are_read_back(tmp_path: Path) -> None:
+    """transformers' to_json_file writes an infinite float as {"__float__": "Infinity"} (Bamba's time_step_limit);
+    transformers reads it back, and so must echosim, or the config it wrote is "rejected"."""
+    import math
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("bamba", num_hidden_layers=2, hidden_size=64, vocab_size=512)
+    path = tmp_path / "config.json"
+    config.to_json_file(path)
+    assert '"__float__": "Infinity"' in path.read_text()
+    assert hf.build_config(path).time_step_limit == (0.0, math.inf)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [("{not json", "not a readable JSON config"), ("[1, 2]", "not a JSON object"), ("{}", "has no model_type")],
@@ -426,3 +476,57 @@ def test_models_that_read_the_attention_mask_themselves_are_captured(name: str) 
     assert compiled.report.step_time_s > 0
     sparse = [w for w in compiled.report.warnings if "sparse attention (32 keys per query" in w]
     assert len(sparse) == (name == "tiny-glm-moe-dsa")
+
+
+def test_layers_that_differ_by_a_depth_dependent_constant_fold() -> None:
+    """DiffLlama scales each layer's attention by lambda_init, a function of its depth: the layers cost the same,
+    so they fold (they were captured at full depth, and --pp was refused), with the unfolded capture's FLOPs."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "diffllama",
+        num_hidden_layers=4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    )
+    spec = CaptureSpec(micro_batch=1, seq_len=32)
+    folded, _ = hf.capture_config(config, spec, "diffllama")
+    whole, _ = hf.capture_config(config, spec, "diffllama", fold=False)
+    assert folded.graph.repeats == {"model.layers.0": 4}
+    assert graph_flops(folded.graph) == graph_flops(whole.graph)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_a_vocabulary_tp_does_not_divide_is_split_unevenly(tmp_path: Path, sp: bool) -> None:
+    """GPT-2's 50,257 tokens over tp=2 were refused ("tp=2 does not divide lm_head.weight dim 0"); the busiest rank
+    now holds ceil(V / tp) rows of the embedding, the output layer and the loss."""
+    data = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "vocab_size": 129}))
+    compiled = lower(f"hf:{tmp_path}", Plan(tp=2, sp=sp, seq_len=16), Cluster("null", devices=2))
+    tables = {
+        n.out.shape[0]
+        for n in compiled.graph
+        if n.op is OpKind.PARAMETER and n.scope in ("model.embed_tokens", "lm_head")
+    }
+    assert tables == {65}
+    losses = [n for n in compiled.graph if n.op is OpKind.CROSS_ENTROPY]
+    assert losses and {n.attrs.vocab for n in losses} == {65}
+    [logits] = [
+        n for n in compiled.graph if n.op is OpKind.MATMUL and n.scope == "lm_head" and n.phase is Phase.FORWARD
+    ]
+    assert logits.attrs.n == 65 and logits.out.shape[-1] == 65
+
+
+def test_mpt_fused_qkv_splits_by_heads() -> None:
+    """MPT's attention projection is ``Wqkv``: it matched no rule, so its attention and output projection ran whole
+    on every rank (under --sp the capture was refused)."""
+    for sp in (False, True):
+        compiled = lower(f"hf:{CONFIGS}/tiny-mpt.json", Plan(tp=2, sp=sp, seq_len=64), Cluster("null", devices=2))
+        heads = {n.attrs.heads for n in compiled.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD}
+        assert heads == {2}
+        assert not [w for w in compiled.report.warnings if "linear layer" in w]
+        report = compiled.report
+        assert report.hardware_flops_per_step == pytest.approx(report.model_flops_per_step, rel=1e-9)

@@ -11,7 +11,7 @@ from echosim.compiler import lower
 from echosim.errors import EchosimError
 from echosim.frontend import CaptureSpec, capture_named, pyfile
 from echosim.ir import verify
-from echosim.ir.ops import EmbeddingAttrs, MatmulAttrs, OpKind
+from echosim.ir.ops import EmbeddingAttrs, MatmulAttrs, OpKind, Phase
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
 from echosim.passes.flops import graph_flops, node_flops
@@ -345,3 +345,101 @@ def test_flop_counter_misses_cpu_attention_where_the_closed_form_does_not() -> N
     attention = [n for n in joint if n.op is OpKind.ATTENTION]
     assert sum(node_flops(n) * joint.multiplicity(n) for n in attention) == closed
     assert counter.get_total_flops() == ours - closed
+
+
+def test_a_reduction_over_a_split_axis_is_completed_by_an_all_reduce(tmp_path: Path) -> None:
+    """A norm over the features a column-parallel layer split (a sub-layer norm before the output projection,
+    as BitNet-style models have) and a mean over sequence-split tokens: each rank reduces its part and an
+    all_reduce completes it. Both were refused ("tp=2 does not divide axis 2 ... (size 1)")."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, h=64):
+                super().__init__()
+                self.up_proj, self.down_proj = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+            def forward(self, x):
+                u = self.up_proj(x)
+                u = u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + 1e-6)
+                return x + self.down_proj(u)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(128, 64)
+                self.layers = nn.ModuleList(Block() for _ in range(2))
+                self.lm_head = nn.Linear(64, 128)
+
+            def forward(self, ids):
+                x = self.embed_tokens(ids)
+                for layer in self.layers:
+                    x = layer(x)
+                return self.lm_head(x - x.mean(1, keepdim=True))
+
+        def model():
+            return Net(), [(("batch", 16), torch.int64)]
+        """,
+    )
+    one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
+    for sp in (False, True):
+        two = lower(f"{path}:model", Plan(tp=2, sp=sp, micro_batch=2), Cluster("null", devices=2))
+        completed = [n for n in two.graph if n.op is OpKind.ALL_REDUCE and n.name.endswith(".tp_all_reduce")]
+        reduced = {two.graph[n.inputs[0]].op for n in completed}
+        assert OpKind.REDUCTION in reduced
+        # the norm's statistic [2, 16, 1] in each layer, and under SP the mean over tokens [2, 1, 64] too
+        shapes = {n.out.shape for n in completed if two.graph[n.inputs[0]].op is OpKind.REDUCTION}
+        assert shapes == ({(2, 16, 1), (2, 1, 64)} if sp else {(2, 16, 1)})
+        assert two.report.model_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+
+
+def test_an_attention_no_rule_splits_gathers_its_sequence_parallel_inputs(tmp_path: Path) -> None:
+    """q, k and v from a projection no rule matches, under --sp: the attention reads every token, so its inputs are
+    all-gathered and it runs whole (it was split by heads it did not have, and the next layer refused)."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, h=64, heads=4):
+                super().__init__()
+                self.heads = heads
+                self.mix = nn.Linear(h, 3 * h)
+                self.up_proj, self.down_proj = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+
+            def forward(self, x):
+                b, s, h = x.shape
+                q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.mix(x).chunk(3, -1))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+                x = x + a
+                return x + self.down_proj(F.gelu(self.up_proj(x)))
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(128, 64)
+                self.layers = nn.ModuleList(Block() for _ in range(2))
+                self.lm_head = nn.Linear(64, 128)
+
+            def forward(self, ids):
+                x = self.embed_tokens(ids)
+                for layer in self.layers:
+                    x = layer(x)
+                return self.lm_head(x)
+
+        def model():
+            return Net(), [(("batch", 16), torch.int64)]
+        """,
+    )
+    compiled = lower(f"{path}:model", Plan(tp=2, sp=True, micro_batch=2), Cluster("null", devices=2))
+    [attention] = [n for n in compiled.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD]
+    assert attention.attrs.heads == 4 and attention.out.shape[-2] == 16  # whole: every head, every token
+    gathered = {compiled.graph[i].op for i in attention.inputs}
+    assert gathered <= {OpKind.ALL_GATHER, OpKind.VIEW}
+    assert any("layers.0.mix" in w for w in compiled.report.warnings)

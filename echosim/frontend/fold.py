@@ -27,11 +27,15 @@ as they are (DeepSeek-V3's three dense layers precede its 58 MoE layers).
 
 "Identical" means the same module classes, the same parameter and buffer shapes and
 the same scalar settings (attention type, sliding window, ...); a layer index is not
-a setting. Scopes of layers after the run are renamed back to their real indices.
+a setting, nor a random seed (BigBird's is its layer's index), nor a float's magnitude:
+DiffLlama's ``lambda_init`` scales each layer's output by a depth-dependent constant, which
+costs the same at every depth. A float's sign is kept, since code branches on a rate being
+zero (a dropout or drop-path probability). Scopes of layers after the run are renamed back to their real indices.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,7 +48,14 @@ from echosim.frontend.irfold import fold_run
 from echosim.frontend.spec import Capture, CaptureError
 
 _SCALARS = (bool, int, float, str, type(None))
-_INDEX_NAMES = re.compile(r"(^|_)(idx|index|layer_id|layer_number)$")
+_INDEX_NAMES = re.compile(r"(^|_)(idx|index|layer_id|layer_number|seed)$")
+
+
+def _setting(value: Any) -> Any:
+    """What of a scalar setting the structure can depend on: a float's sign, anything else's value."""
+    if isinstance(value, float) and not math.isnan(value):
+        return ("float", (value > 0) - (value < 0))
+    return value
 
 
 def signature(module: nn.Module) -> tuple[Any, ...]:
@@ -53,7 +64,7 @@ def signature(module: nn.Module) -> tuple[Any, ...]:
     for path, mod in module.named_modules():
         settings = tuple(
             sorted(
-                (k, v)
+                (k, _setting(v))
                 for k, v in vars(mod).items()
                 if not k.startswith("_") and k != "training" and isinstance(v, _SCALARS) and not _INDEX_NAMES.search(k)
             )

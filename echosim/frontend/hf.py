@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,12 +79,28 @@ def read_config(path: Path) -> dict[str, Any]:
         raise EchosimError(f"{path} is not a readable JSON config: {exc}") from None
     if not isinstance(data, dict):
         raise EchosimError(f"{path} is not a JSON object")
+    data = _special_floats(data)
     if "model_type" not in data:
         raise EchosimError(f"{path} has no model_type: not a transformers config")
     if not isinstance(data["model_type"], str):
         raise EchosimError(f"{path}: model_type must be a string, got {data['model_type']!r:.60}")
     _check_sizes(path, data)
     return data
+
+
+#: How transformers' ``to_json_file`` writes the floats JSON has no literal for (Bamba's ``time_step_limit``
+#: ends in infinity): ``{"__float__": "Infinity"}``; its own reader turns them back into floats.
+_FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _special_floats(value: Any) -> Any:
+    if isinstance(value, dict):
+        if value.keys() == {"__float__"} and value["__float__"] in _FLOAT_TAGS:
+            return _FLOAT_TAGS[value["__float__"]]
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
 
 
 #: transformers builds every decoder layer on ``meta`` before the fold keeps two: 10^4 layers ran past the

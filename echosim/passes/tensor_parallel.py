@@ -69,6 +69,7 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     # heads/tp queries with their kv_heads/tp keys and values, and ffn/tp of both halves; the
     # slices and chunks after them then take 1/tp of each part.
     ("*.qkv_proj", "colwise"),
+    ("*.Wqkv", "colwise"),  # MPT
     ("*.gate_up_proj", "colwise"),
     ("*.c_attn", "colwise"),
     ("*.fc1", "colwise"),
@@ -108,6 +109,37 @@ def style_for(scope: str, plan: tuple[tuple[str, str], ...]) -> str:
         if fnmatch.fnmatchcase(scope, pattern):
             return style
     return ""
+
+
+def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, str]:
+    """The style of each matmul and embedding of ``graph`` that ``plan`` matches, by node id.
+
+    A row-parallel rule holds only for a linear that a column-parallel one feeds (through attention, activations,
+    views: the values between them are split). BERT's LM-head transform and pooler are ``*.dense`` layers, as its
+    output projections are, but they read the whole hidden state: Megatron keeps them whole, and so does this.
+    """
+    styles: dict[int, str] = {}
+    split: set[int] = set()  # values a column-parallel linear's output reaches without crossing another linear
+    for n in graph:
+        if n.op is OpKind.EMBEDDING:
+            if style := style_for(n.scope, plan):
+                styles[n.id] = style
+            continue
+        linear = n.op is OpKind.MATMUL and len(n.inputs) > 1 and graph[n.inputs[1]].op is OpKind.PARAMETER
+        if not linear:
+            if n.op is OpKind.MATMUL and (style := style_for(n.scope, plan)):
+                styles[n.id] = style
+            if any(i in split for i in n.inputs):
+                split.add(n.id)
+            continue
+        style = style_for(n.scope, plan)
+        if style == "rowwise" and n.inputs[0] not in split:
+            continue
+        if style:
+            styles[n.id] = style
+        if style == "colwise":
+            split.add(n.id)
+    return styles
 
 
 def _split_axis_after_view(
@@ -159,6 +191,35 @@ def _slices_axis(src: tuple[int, ...], axis: int, dst: tuple[int, ...]) -> bool:
     return src[axis] not in dst
 
 
+def _reduction_keeps(src: tuple[int, ...], axis: int, dst: tuple[int, ...]) -> int | None:
+    """Where a reduction of ``src`` to ``dst`` keeps ``src``'s ``axis``; None where it reduces it away; -1 where the
+    shapes cannot tell (equal sizes: the IR keeps no reduced dims).
+
+    With the rank kept (keepdim), a reduced axis has size 1. Otherwise ``dst`` is ``src`` with the reduced axes
+    dropped: matched from the left and from the right, the two embeddings must agree on ``axis``."""
+    if len(dst) == len(src):
+        return axis if dst[axis] == src[axis] or src[axis] == 1 else None
+
+    def embed(order: list[int]) -> int | bool | None:
+        j = 0
+        pos = list(range(len(dst)))
+        if order[0] != 0:
+            pos.reverse()
+        found: int | None = None
+        for i in order:
+            if j < len(pos) and dst[pos[j]] == src[i]:
+                if i == axis:
+                    found = pos[j]
+                j += 1
+        return found if j == len(dst) else False
+
+    left = embed(list(range(len(src))))
+    right = embed(list(range(len(src) - 1, -1, -1)))
+    if left is False or right is False or left != right:
+        return -1
+    return left  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class TensorParallel:
     """Shard the forward graph ``tp`` ways and insert Megatron's collectives."""
@@ -201,12 +262,16 @@ class _Sharder:
         self.seq: set[int] = set()  # values split along tokens (sequence parallelism), a subset of split
         self.split_params: set[int] = set()
         self.gathered: dict[int, int] = {}  # sequence-split value -> its all_gather
+        self.uneven: set[int] = set()  # values split along a vocabulary tp may not divide (GPT-2's 50,257)
+        self.styles = linear_styles(graph, plan)  # source node id -> style
 
-    def div(self, spec: TensorSpec, axis: int, what: str) -> TensorSpec:
+    def div(self, spec: TensorSpec, axis: int, what: str, uneven: bool = False) -> TensorSpec:
+        """``spec`` with ``axis`` split ``tp`` ways; ``uneven``: a vocabulary, which the busiest rank holds
+        ``ceil(size / tp)`` rows of (torch.chunk's split; Megatron pads it to a multiple of 128 x tp)."""
         shape = list(spec.shape)
-        if shape[axis] % self.tp:
+        if shape[axis] % self.tp and not uneven:
             raise LayoutError(f"tp={self.tp} does not divide {what} (size {shape[axis]})")
-        shape[axis] //= self.tp
+        shape[axis] = -(-shape[axis] // self.tp)
         return spec.with_shape(tuple(shape))
 
     def add(self, node: Node, inputs: list[int], out: TensorSpec, attrs: object) -> int:
@@ -269,7 +334,17 @@ class _Sharder:
         """Decide for each parameter how it is split: (style, axis)."""
         styles: dict[int, tuple[str, int]] = {}
         for node in self.src:
-            style = style_for(node.scope, self.plan)
+            style = self.styles.get(node.id, "")
+            if (
+                self.sp
+                and not style
+                and isinstance(node.attrs, MatmulAttrs)
+                and node.attrs.grouped
+                and self.src[node.inputs[1]].op is OpKind.PARAMETER
+            ):
+                # experts no rule splits (transformers' fused experts): with SP each rank runs its own tokens
+                # through them whole, as Megatron's expert tensor parallelism 1 does
+                self.whole_experts.add(node.inputs[1])
             if node.op is OpKind.MATMUL and style and len(node.inputs) >= 2:
                 w = self.src[node.inputs[1]]
                 if w.op is OpKind.PARAMETER:
@@ -291,8 +366,8 @@ class _Sharder:
         split_ins = [i for i in ins if i in self.split]
         if node.op is OpKind.PARAMETER:
             if node.id in params:
-                _style, axis = params[node.id]
-                out = self.div(node.out, axis, f"{node.name} dim {axis}")
+                style, axis = params[node.id]
+                out = self.div(node.out, axis, f"{node.name} dim {axis}", uneven=style == "vocab")
                 assert isinstance(node.attrs, ParamAttrs)
                 attrs = replace(node.attrs, shard=node.attrs.shard * self.tp)
                 v = self.out.add(node.op, [], out, attrs, scope=node.scope, name=node.name)
@@ -307,7 +382,7 @@ class _Sharder:
             return self._matmul(node, ins)
         if node.op is OpKind.EMBEDDING and isinstance(node.attrs, EmbeddingAttrs):
             if self.out[ins[1]].out.shape[0] != node.attrs.vocab:  # weight was split
-                attrs = replace(node.attrs, vocab=node.attrs.vocab // self.tp, tp="vocab")
+                attrs = replace(node.attrs, vocab=-(-node.attrs.vocab // self.tp), tp="vocab")
                 v = self.add(node, ins, node.out, attrs)
                 return self.all_reduce(v, node, f"{node.name}.tp_all_reduce")
             return self.add(node, ins, node.out, node.attrs)
@@ -316,7 +391,7 @@ class _Sharder:
         src_axis = self.split[split_ins[0]]
         src_shape = self.out[split_ins[0]].out.shape
         if node.op is OpKind.CROSS_ENTROPY and isinstance(node.attrs, CrossEntropyAttrs):
-            attrs = replace(node.attrs, vocab=node.attrs.vocab // self.tp, tp="vocab")
+            attrs = replace(node.attrs, vocab=-(-node.attrs.vocab // self.tp), tp="vocab")
             v = self.add(node, ins, node.out, attrs)
             rows = self.out[ins[0]].out.numel // self.out[ins[0]].out.shape[-1]
             for what in ("max", "target", "sum_exp"):  # Megatron's vocab-parallel loss
@@ -330,6 +405,12 @@ class _Sharder:
                     name=f"{node.name}.{what}_all_reduce",
                 )
             return v
+        if node.op is OpKind.ATTENTION and any(i in self.seq for i in ins):
+            # q, k and v from projections no rule splits, on sequence-parallel tokens: attention reads every
+            # token, so they are gathered and it runs whole (named by the report's unsplit-linears warning)
+            ins = [self.gather(i, node) if i in self.seq else i for i in ins]
+            if not any(i in self.split for i in ins):
+                return self.add(node, ins, node.out, node.attrs)
         if node.op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
             a = node.attrs
             if a.heads % self.tp or a.kv_heads % self.tp:
@@ -342,6 +423,30 @@ class _Sharder:
             self.split[v] = axis
             return v
         seq = split_ins[0] in self.seq
+        if node.op is OpKind.REDUCTION:
+            whole = self.src[node.inputs[ins.index(split_ins[0])]].out.shape
+            kept = _reduction_keeps(whole, src_axis, node.out.shape)
+            if kept is None:
+                # over the split axis (a norm over split features, a mean over sequence-split tokens): each rank
+                # reduces its part, and an all_reduce completes it, as Megatron's vocab-parallel loss does its max
+                v = self.add(node, ins, node.out, node.attrs)
+                return self.out.add(
+                    OpKind.ALL_REDUCE,
+                    [v],
+                    node.out,
+                    CollectiveAttrs(Axis.TP, self.tp, node.out.nbytes),
+                    phase=node.phase,
+                    scope=node.scope,
+                    name=f"{node.name}.tp_all_reduce",
+                )
+            if kept >= 0:
+                v = self.add(
+                    node, ins, self.div(node.out, kept, f"axis {kept} of {node.name} at {node.scope}"), node.attrs
+                )
+                self.split[v] = kept
+                if seq:
+                    self.seq.add(v)
+                return v
         if (
             seq
             and node.op is OpKind.VIEW
@@ -363,23 +468,29 @@ class _Sharder:
             if seq
             else f"axis {axis} of {node.name} at {node.scope}"
         )
-        v = self.add(node, ins, self.div(node.out, axis, what), node.attrs)
+        uneven = split_ins[0] in self.uneven and axis == len(node.out.shape) - 1
+        v = self.add(node, ins, self.div(node.out, axis, what, uneven), node.attrs)
         self.split[v] = axis
         if seq:
             self.seq.add(v)
+        if uneven:
+            self.uneven.add(v)
         return v
 
     def _matmul(self, node: Node, ins: list[int]) -> int:
         attrs = node.attrs
         assert isinstance(attrs, MatmulAttrs)
-        style = style_for(node.scope, self.plan)
+        style = self.styles.get(node.id, "")
         weight_split = len(ins) > 1 and ins[1] in self.split_params
         if style in ("colwise", "vocab") and weight_split:
             if ins[0] in self.seq:  # sequence parallel: gather the tokens first
                 ins = [self.gather(ins[0], node), *ins[1:]]
-            new = replace(attrs, n=attrs.n // self.tp, tp=style)
-            v = self.add(node, ins, self.div(node.out, len(node.out.shape) - 1, f"{node.scope} output"), new)
+            vocab = style == "vocab"
+            new = replace(attrs, n=-(-attrs.n // self.tp) if vocab else attrs.n // self.tp, tp=style)
+            v = self.add(node, ins, self.div(node.out, len(node.out.shape) - 1, f"{node.scope} output", vocab), new)
             self.split[v] = len(node.out.shape) - 1
+            if vocab:
+                self.uneven.add(v)
             return v
         if style == "rowwise" and weight_split:
             if ins[0] not in self.split or ins[0] in self.seq:
