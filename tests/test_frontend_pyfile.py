@@ -443,3 +443,51 @@ def test_an_attention_no_rule_splits_gathers_its_sequence_parallel_inputs(tmp_pa
     gathered = {compiled.graph[i].op for i in attention.inputs}
     assert gathered <= {OpKind.ALL_GATHER, OpKind.VIEW}
     assert any("layers.0.mix" in w for w in compiled.report.warnings)
+
+
+def test_a_depthwise_convolution_on_split_channels_keeps_its_groups_split(tmp_path: Path) -> None:
+    """A short causal convolution over the sequence, one group per channel, after a column-parallel projection
+    (Inkling's key convolution, Megatron's Mamba conv1d): each rank convolves its own channels. It was refused."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, h=64):
+                super().__init__()
+                self.up_proj, self.down_proj = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+                self.conv = nn.Conv1d(2 * h, 2 * h, 4, groups=2 * h, padding=3)
+
+            def forward(self, x):
+                u = self.up_proj(x).transpose(1, 2)
+                u = self.conv(u)[..., : x.shape[1]].transpose(1, 2)
+                return x + self.down_proj(F.silu(u))
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(128, 64)
+                self.layers = nn.ModuleList(Block() for _ in range(2))
+                self.lm_head = nn.Linear(64, 128)
+
+            def forward(self, ids):
+                x = self.embed_tokens(ids)
+                for layer in self.layers:
+                    x = layer(x)
+                return self.lm_head(x)
+
+        def model():
+            return Net(), [(("batch", 16), torch.int64)]
+        """,
+    )
+    one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
+    for sp in (False, True):
+        two = lower(f"{path}:model", Plan(tp=2, sp=sp, micro_batch=2), Cluster("null", devices=2))
+        [conv] = [
+            n for n in two.graph if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.scope == "layers.0.conv"
+        ]
+        assert conv.attrs.batch == 64 and conv.out.shape[1] == 64  # 128 channel groups over 2 ranks
+        assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)

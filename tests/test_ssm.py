@@ -181,3 +181,38 @@ def test_an_rwkv_model_computes_the_same_logits_and_captures_one_wkv_per_layer()
     fns = Counter(getattr(n.attrs, "fn", "") for n in graphs[1])
     # the first block (its own pre-norm) and one folded block for the other two
     assert fns["wkv"] == 2 and fns["wkv_grad"] == 2
+
+
+def test_rwkv_under_tp_splits_by_channels_and_its_output_layers_are_row_parallel() -> None:
+    """RWKV's ``attention.key``/``value`` match BERT's column-parallel rules, and its ``feed_forward.value`` (4h to
+    h) does too: a linear that reads split features is row-parallel whatever its name, so ``attention.output``
+    (no rule) and ``feed_forward.value`` split their inputs and all-reduce. It was refused."""
+    compiled = lower(f"hf:{TINY_MAMBA.parent}/tiny-rwkv.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
+    styles = {
+        n.scope.split(".", 3)[-1]: n.attrs.tp
+        for n in compiled.graph
+        if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.scope.startswith("rwkv.blocks.0.")
+    }
+    assert styles == {
+        "attention.key": "colwise",
+        "attention.value": "colwise",
+        "attention.receptance": "",
+        "attention.output": "rowwise",
+        "feed_forward.key": "colwise",
+        "feed_forward.value": "rowwise",
+        "feed_forward.receptance": "",
+    }
+
+
+def test_a_linear_attention_no_rule_splits_runs_whole_on_the_gathered_sequence_under_sp() -> None:
+    """Qwen3-Next's gated-delta-rule layer matches no rule: under --sp it was refused ("contracts the
+    sequence-parallel axis"); the layer now gathers its input and runs whole, as it does without --sp."""
+    compiled = lower(
+        f"hf:{TINY_MAMBA.parent}/tiny-qwen3-next.json", Plan(tp=2, sp=True, seq_len=16), Cluster("null", 2)
+    )
+    g = compiled.graph
+    mixer = [n for n in g if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and ".linear_attn" in n.scope]
+    assert mixer and all(n.attrs.useful == 0.5 for n in mixer)  # every rank computes it
+    [qkvz] = [n for n in mixer if n.scope.endswith("in_proj_qkvz")]
+    assert g[qkvz.inputs[0]].op is OpKind.ALL_GATHER
+    assert any("in_proj_qkvz" in w for w in compiled.report.warnings)

@@ -114,9 +114,12 @@ def style_for(scope: str, plan: tuple[tuple[str, str], ...]) -> str:
 def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, str]:
     """The style of each matmul and embedding of ``graph`` that ``plan`` matches, by node id.
 
-    A row-parallel rule holds only for a linear that a column-parallel one feeds (through attention, activations,
-    views: the values between them are split). BERT's LM-head transform and pooler are ``*.dense`` layers, as its
-    output projections are, but they read the whole hidden state: Megatron keeps them whole, and so does this.
+    Megatron's layers alternate: a column-parallel linear splits its output features, and the linear that reads
+    them (through attention, activations, views: the values between are split) is row-parallel. So a row-parallel
+    rule holds only for a linear a column-parallel one feeds: BERT's LM-head transform and pooler are ``*.dense``
+    layers, as its output projections are, but they read the whole hidden state, and Megatron keeps them whole.
+    And a linear that reads split features is row-parallel whatever its name: RWKV's ``feed_forward.value`` (4h
+    to h) matches BERT's column-parallel ``*.value``, and its ``attention.output`` matches no rule.
     """
     styles: dict[int, str] = {}
     split: set[int] = set()  # values a column-parallel linear's output reaches without crossing another linear
@@ -125,7 +128,12 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
             if style := style_for(n.scope, plan):
                 styles[n.id] = style
             continue
-        linear = n.op is OpKind.MATMUL and len(n.inputs) > 1 and graph[n.inputs[1]].op is OpKind.PARAMETER
+        linear = (
+            n.op is OpKind.MATMUL
+            and len(n.inputs) > 1
+            and graph[n.inputs[1]].op is OpKind.PARAMETER
+            and not (isinstance(n.attrs, MatmulAttrs) and n.attrs.conv_io)  # a convolution passes the split on
+        )
         if not linear:
             if n.op is OpKind.MATMUL and (style := style_for(n.scope, plan)):
                 styles[n.id] = style
@@ -133,7 +141,9 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
                 split.add(n.id)
             continue
         style = style_for(n.scope, plan)
-        if style == "rowwise" and n.inputs[0] not in split:
+        if n.inputs[0] in split and len(graph[n.inputs[1]].out.shape) == 2:
+            style = "rowwise"
+        elif style == "rowwise" and n.inputs[0] not in split:
             continue
         if style:
             styles[n.id] = style
@@ -238,7 +248,24 @@ class TensorParallel:
         if self.tp == 1:
             return graph
         experts_whole = self.expert_tp == 1
-        return _Sharder(graph, self.tp, self.plan, self.sequence_parallel, experts_whole).run()
+        whole: set[str] = set()
+        while True:
+            try:
+                return _Sharder(graph, self.tp, self.plan, self.sequence_parallel, experts_whole, whole).run()
+            except _Unsplittable as exc:
+                # under SP, a layer no rule splits (Mamba's, a linear attention's) can still run whole on the
+                # gathered sequence: its module is made whole and the graph sharded again
+                if not self.sequence_parallel or not exc.scope or exc.scope in whole:
+                    raise LayoutError(str(exc)) from None
+                whole.add(exc.scope)
+
+
+class _Unsplittable(LayoutError):
+    """A product the split cannot pass through, in module ``scope``."""
+
+    def __init__(self, message: str, scope: str) -> None:
+        super().__init__(message)
+        self.scope = scope
 
 
 def _token_axis(spec: TensorSpec) -> int:
@@ -248,7 +275,13 @@ def _token_axis(spec: TensorSpec) -> int:
 
 class _Sharder:
     def __init__(
-        self, graph: Graph, tp: int, plan: tuple[tuple[str, str], ...], sp: bool, experts_whole: bool = False
+        self,
+        graph: Graph,
+        tp: int,
+        plan: tuple[tuple[str, str], ...],
+        sp: bool,
+        experts_whole: bool = False,
+        whole: set[str] | None = None,
     ) -> None:
         self.src = graph
         self.tp = tp
@@ -263,7 +296,9 @@ class _Sharder:
         self.split_params: set[int] = set()
         self.gathered: dict[int, int] = {}  # sequence-split value -> its all_gather
         self.uneven: set[int] = set()  # values split along a vocabulary tp may not divide (GPT-2's 50,257)
-        self.styles = linear_styles(graph, plan)  # source node id -> style
+        self.whole = tuple(sorted(whole or ()))  # modules run whole on gathered tokens (SP), their inputs gathered
+        styles = linear_styles(graph, plan)
+        self.styles = {i: s for i, s in styles.items() if not self.in_whole(graph[i].scope)}  # node id -> style
 
     def div(self, spec: TensorSpec, axis: int, what: str, uneven: bool = False) -> TensorSpec:
         """``spec`` with ``axis`` split ``tp`` ways; ``uneven``: a vocabulary, which the busiest rank holds
@@ -330,6 +365,27 @@ class _Sharder:
         self.out.inputs = [self.map[i] for i in self.src.inputs]
         return self.out
 
+    def in_whole(self, scope: str) -> bool:
+        return any(scope == w or scope.startswith(w + ".") for w in self.whole)
+
+    def _whole(self, node: Node, ins: list[int]) -> int:
+        """A node of a module run whole: sequence-split inputs are gathered, and every rank computes it."""
+        ins = [self.gather(i, node) if i in self.seq else i for i in ins]
+        if any(i in self.split for i in ins):
+            raise LayoutError(f"{node.name} at {node.scope} reads split features in a layer no rule splits")
+        attrs = node.attrs
+        if isinstance(attrs, MatmulAttrs):
+            attrs = replace(attrs, useful=attrs.useful / self.tp)
+        return self.add(node, ins, node.out, attrs)
+
+    def unsplittable(self, node: Node, message: str) -> _Unsplittable:
+        """The error of a product in ``node``'s module; a linear's module is its parent (the layer it is in)."""
+        scope = node.scope
+        weight = self.src[node.inputs[1]] if len(node.inputs) > 1 else None
+        if weight is not None and weight.op is OpKind.PARAMETER and weight.scope == scope:
+            scope = scope.rpartition(".")[0]
+        return _Unsplittable(message, scope)
+
     def _param_styles(self) -> dict[int, tuple[str, int]]:
         """Decide for each parameter how it is split: (style, axis)."""
         styles: dict[int, tuple[str, int]] = {}
@@ -363,6 +419,8 @@ class _Sharder:
         return styles
 
     def _node(self, node: Node, ins: list[int], params: dict[int, tuple[str, int]]) -> int:
+        if self.whole and node.op is not OpKind.PARAMETER and self.in_whole(node.scope):
+            return self._whole(node, ins)
         split_ins = [i for i in ins if i in self.split]
         if node.op is OpKind.PARAMETER:
             if node.id in params:
@@ -388,6 +446,11 @@ class _Sharder:
             return self.add(node, ins, node.out, node.attrs)
         if not split_ins:
             return self.add(node, ins, node.out, node.attrs)
+        if any(i in self.seq for i in split_ins) and any(i not in self.seq for i in split_ins):
+            # sequence-split tokens meet split features (RWKV's receptance, which no rule splits, gating its
+            # split WKV): the tokens are gathered into the tensor-parallel region, as before a column-parallel layer
+            ins = [self.gather(i, node) if i in self.seq else i for i in ins]
+            split_ins = [i for i in ins if i in self.split]
         src_axis = self.split[split_ins[0]]
         src_shape = self.out[split_ins[0]].out.shape
         if node.op is OpKind.CROSS_ENTROPY and isinstance(node.attrs, CrossEntropyAttrs):
@@ -511,7 +574,7 @@ class _Sharder:
             # a replicated linear on token-split rows (the MoE router under SP): rows stay split
             axis = self.split[ins[0]]
             if axis == len(self.out[ins[0]].out.shape) - 1:
-                raise LayoutError(f"matmul at {node.scope} contracts the sequence-parallel axis")
+                raise self.unsplittable(node, f"matmul at {node.scope} contracts the sequence-parallel axis")
             new = replace(attrs, m=attrs.m // self.tp)
             v = self.add(node, ins, self.div(node.out, axis, f"the sequence at {node.scope}"), new)
             self.split[v] = axis
@@ -521,12 +584,25 @@ class _Sharder:
             a = ins[0] if ins[0] in self.split else ins[1]
             axis = self.split[a]
             shape = self.out[a].out.shape
+            grouped_conv = attrs.conv_io and a == ins[0] and axis == 1 and attrs.batch % self.tp == 0
+            if grouped_conv:  # a depthwise (grouped) convolution on split channels: each rank has its groups
+                new = replace(attrs, batch=attrs.batch // self.tp, conv_io=attrs.conv_io // self.tp)
+                v = self.add(node, ins, self.div(node.out, 1, f"the channels of {node.scope}"), new)
+                self.split[v] = 1
+                return v
             if axis < len(shape) - 2:
                 new = replace(attrs, batch=attrs.batch // self.tp)
                 v = self.add(node, ins, self.div(node.out, axis, f"{node.scope} batch"), new)
                 self.split[v] = axis
                 return v
-            raise LayoutError(f"matmul at {node.scope} contracts a tensor-parallel split axis without a plan entry")
+            if any(i in self.seq for i in ins) and all(i in self.seq for i in ins if i in self.split):
+                # a product over sequence-parallel tokens in a layer no rule splits (a causal conv1d over the
+                # sequence, as Mamba's and the linear attentions' short convolutions): gather them, run it whole
+                ins = [self.gather(i, node) if i in self.seq else i for i in ins]
+                return self.add(node, ins, node.out, replace(attrs, useful=attrs.useful / self.tp))
+            raise self.unsplittable(
+                node, f"matmul at {node.scope} contracts a tensor-parallel split axis without a plan entry"
+            )
         # every tensor-parallel rank computes this product whole (a router, a linear no rule matches): one rank's
         # copy is the model's work, the others count as hardware FLOPs only (MFU's numerator takes it once)
         return self.add(node, ins, node.out, replace(attrs, useful=attrs.useful / self.tp))
