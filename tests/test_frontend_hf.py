@@ -530,3 +530,15 @@ def test_mpt_fused_qkv_splits_by_heads() -> None:
         assert not [w for w in compiled.report.warnings if "linear layer" in w]
         report = compiled.report
         assert report.hardware_flops_per_step == pytest.approx(report.model_flops_per_step, rel=1e-9)
+
+
+def test_a_sequence_beyond_the_models_positions_is_said() -> None:
+    """Past a learned position table's rows (GPT-2's wpe) the model cannot run: a warning. Past a rotary model's
+    max_position_embeddings it extrapolates: a note. MPT fails to capture: the error says why."""
+    gpt2 = lower(f"hf:{CONFIGS}/tiny-gpt2.json", Plan(seq_len=64), Cluster("null", devices=1)).report
+    assert any("learned position embeddings (transformer.wpe)" in w for w in gpt2.warnings)
+    llama = lower(f"hf:{CONFIGS}/tiny-llama.json", Plan(seq_len=64), Cluster("null", devices=1)).report
+    assert "--seq-len 64 exceeds the config's max_position_embeddings 16" in llama.notes
+    assert not [w for w in llama.warnings if "position" in w]
+    with pytest.raises(EchosimError, match=r"\(--seq-len 256 exceeds the config's 64 positions\)$"):
+        lower(f"hf:{CONFIGS}/tiny-mpt.json", Plan(seq_len=256), Cluster("null", devices=1))

@@ -350,6 +350,21 @@ def apply_windows(graph: Any, windows: dict[int, int]) -> int:
     return changed
 
 
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+def _position_table(model: Any, positions: int) -> str:
+    """The module path of a learned position-embedding table of ``positions`` rows (OPT's has 2 more), if any."""
+    from torch import nn
+
+    for path, module in model.named_modules():
+        leaf = path.rpartition(".")[2].lower()
+        learned = "pos" in leaf or leaf == "wpe"
+        if learned and isinstance(module, nn.Embedding) and positions <= module.num_embeddings <= positions + 2:
+            return path
+    return ""
+
+
 def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = True) -> tuple[Capture, int]:
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
@@ -362,7 +377,11 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
 
     model = build_model(config)
     total = sum(p.numel() for p in model.parameters())
-    positions = getattr(config, "max_position_embeddings", None)
+    # MPT names it max_seq_len, ChatGLM seq_length (GPT-2's n_positions is aliased by transformers)
+    positions = next(
+        (v for k in _POSITION_KEYS if isinstance(v := getattr(config, k, None), int) and not isinstance(v, bool)),
+        None,
+    )
     seq = spec.seq_len or min(int(positions or 2048), DEFAULT_SEQ_CAP)
     notes: list[str] = []
     if not spec.seq_len:
@@ -374,6 +393,7 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
             why = "the config's max_position_embeddings"
         notes.append(Note(f"sequence length {seq}: {why} (--seq-len overrides)"))
     ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
+    longer = isinstance(positions, int) and 0 < positions < seq
 
     def capture() -> Capture:
         return capture_export(
@@ -387,7 +407,16 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
             with _mask_tensors():
                 cap = capture()
         except CaptureError:
-            raise EchosimError(f"{name}: {exc}") from None
+            beyond = f" (--seq-len {seq} exceeds the config's {int(positions)} positions)" if longer else ""
+            raise EchosimError(f"{name}: {exc}{beyond}") from None
+    if longer:
+        if table := _position_table(model, int(positions)):
+            cap.warnings.append(
+                f"{name}: --seq-len {seq} exceeds the {int(positions)} rows of its learned position embeddings "
+                f"({table}): the model cannot address those positions (costed as if it could)"
+            )
+        else:
+            notes.append(f"--seq-len {seq} exceeds the config's max_position_embeddings {int(positions)}")
     topk = getattr(config, "index_topk", None)  # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5)
     if isinstance(topk, int) and not isinstance(topk, bool) and 0 < topk < seq:
         cap.warnings.append(
