@@ -533,6 +533,13 @@ def _replay_notes(plan: Plan, shape: ModelShape) -> list[str]:
     """``full:N`` (and ``full:every-N``, ``full:uniform-N``) on this model: refused where N layers are no whole
     repetitions of its block; a note where layers stand outside the block (they are all recomputed, and Megatron
     would count them among a stage's first N)."""
+    if plan.recompute != "none" and shape.layers is None:
+        # every policy checkpoints layers (Megatron's, MaxText's remat of its scanned layers, torchtitan's per
+        # layer): a model whose layers did not fold into a repeated block (ResNet's stages differ) has none
+        return [
+            f"--recompute {plan.recompute}: {shape.name} has no repeated block of layers, and echosim checkpoints "
+            "layers: nothing is recomputed"
+        ]
     n = replay_layers(plan.recompute) or replay_every(plan.recompute) or replay_group(plan.recompute)
     if not n:
         return []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from echosim.frontend import CaptureSpec  # noqa: E402
 from echosim.frontend import onnx as onnx_frontend  # noqa: E402
 from echosim.frontend.onnx_values import scope_of  # noqa: E402
 from echosim.ir import print_graph, verify  # noqa: E402
-from echosim.ir.ops import MatmulAttrs, OpKind  # noqa: E402
+from echosim.ir.ops import MatmulAttrs, OpKind, Phase  # noqa: E402
 from echosim.passes.autodiff import Autodiff  # noqa: E402
 from echosim.passes.base import run_passes  # noqa: E402
 from echosim.passes.flops import graph_flops  # noqa: E402
@@ -356,3 +357,51 @@ def test_rmsnorm_written_out_is_one_norm_and_a_wrapper_prefix_is_dropped(tmp_pat
     g, _, _ = capture(path, CaptureSpec(micro_batch=2, seq_len=4))
     ops = [(n.op, n.scope) for n in g if n.op not in (OpKind.PARAMETER, OpKind.INPUT)]
     assert ops[:2] == [(OpKind.NORM, "model.norm"), (OpKind.MATMUL, "lm_head")]
+
+
+@pytest.fixture(scope="module")
+def default_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An HF Llama exported as a user would: ``torch.onnx.export(..., dynamo=True)`` with its defaults (opset 18,
+    the optimizer on, real weights of a small model). Attention comes out written as matmul, softmax, a NaN guard
+    and matmul, with its causal mask folded into an initializer; linear weights come out transposed under names
+    with no module path, and the RMSNorm weights (all ones) stored once for every layer."""
+    import torch
+
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(Path(__file__).parent / "configs" / "tiny-llama.json")
+    model = AutoModelForCausalLM.from_config(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    path = tmp_path_factory.mktemp("onnx") / "llama.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Logits(), (torch.zeros(1, 16, dtype=torch.long),), path, dynamo=True, verbose=False)
+    return path
+
+
+@pytest.mark.slow
+def test_a_default_torch_export_fuses_its_attention_and_folds_its_layers(default_export: Path) -> None:
+    """The same model through hf: and through its default ONNX export: equal FLOPs, attention as one causal op,
+    the layers folded, so --pp and --cp apply (both were refused, and --recompute full recomputed nothing)."""
+    onnx = lower(str(default_export), Plan(seq_len=16), Cluster("null", devices=1))
+    hf = lower(f"hf:{Path(__file__).parent / 'configs' / 'tiny-llama.json'}", Plan(seq_len=16), Cluster("null", 1))
+    assert onnx.report.model_flops_per_step == hf.report.model_flops_per_step
+    attention = [n for n in onnx.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD]
+    assert len(attention) == 1 and attention[0].attrs.causal  # one folded layer
+    assert onnx.graph.repeats == {"model.layers.0": 2}
+    # the stored causal mask is gone with the ops that read it; the rotary tables (2 x 16 x 16) stay, as weights
+    assert onnx.report.params == hf.report.params + 2 * 16 * 16 - 4 * 64  # the 5 norm weights stored once
+    assert lower(str(default_export), Plan(pp=2, seq_len=16), Cluster("null", 2)).report.step_time_s > 0
+    assert lower(str(default_export), Plan(cp=2, seq_len=16), Cluster("null", 2)).report.step_time_s > 0
+    full = lower(str(default_export), Plan(seq_len=16, recompute="full"), Cluster("null", 1)).report
+    assert full.hardware_flops_per_step > onnx.report.hardware_flops_per_step

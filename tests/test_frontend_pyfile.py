@@ -491,3 +491,11 @@ def test_a_depthwise_convolution_on_split_channels_keeps_its_groups_split(tmp_pa
         ]
         assert conv.attrs.batch == 64 and conv.out.shape[1] == 64  # 128 channel groups over 2 ranks
         assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+
+
+def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing() -> None:
+    """Every policy checkpoints layers; ResNet-50's stages do not fold into one repeated block, so --recompute
+    full changed nothing, silently."""
+    plan = Plan(recompute="full", micro_batch=8, global_batch=8)
+    report = lower(f"{EXAMPLES / 'resnet50.py'}:model", plan, Cluster("null", devices=1)).report
+    assert any("has no repeated block of layers" in w and "nothing is recomputed" in w for w in report.warnings)

@@ -41,6 +41,30 @@ def _dynamic(graph: Graph) -> set[int]:
     return dyn
 
 
+def _nan_guard(graph: Graph, node: Node) -> Node | None:
+    """The ``isnan`` of ``where(isnan(P), 0, P)`` on a softmax ``P``: torch's ONNX exporter writes scaled-dot-product
+    attention below opset 23 so, zeroing the rows a mask leaves empty (the kernel's own guard, no extra pass)."""
+    if elementwise_fn(node) != "where":
+        return None
+    nans = [graph[i] for i in node.inputs if elementwise_fn(graph[i]) == "isnan"]
+    softs = [graph[i] for i in node.inputs if graph[i].op is OpKind.SOFTMAX]  # the 0 is a scalar, not a value
+    if len(nans) != 1 or len(softs) != 1 or tuple(nans[0].inputs) != (softs[0].id,):
+        return None
+    nan = nans[0]
+    return nan if len(graph.users(nan.id)) == 1 else None
+
+
+def _stored_mask(node: Node, scores: Node) -> bool:
+    """A mask the exporter folded into an initializer (a parameter to echosim): one score matrix, broadcast."""
+    shape = node.out.shape
+    return (
+        node.op is OpKind.PARAMETER
+        and len(shape) >= 2
+        and shape[-2:] == scores.out.shape[-2:]
+        and math.prod(shape[:-2]) == 1
+    )
+
+
 def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int], bool] | None:
     """(Q, K^T, V) and the nodes the pattern replaces, if ``m2`` ends an attention."""
     if len(m2.inputs) != 2 or len(m2.out.shape) < 3:
@@ -49,12 +73,19 @@ def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int],
         return None
     covered = [m2.id]
     p = graph[m2.inputs[0]]
+    guard = 0  # the users of the softmax a NaN guard adds
     while p.op is not OpKind.SOFTMAX:  # dropout, casts, views after the softmax
-        if len(graph.users(p.id)) != 1 or not (p.op is OpKind.VIEW or elementwise_fn(p) in _PROB_FNS) or not p.inputs:
+        if len(graph.users(p.id)) != 1 or not p.inputs:
+            return None
+        if nan := _nan_guard(graph, p):
+            covered += [p.id, nan.id]
+            p, guard = graph[nan.inputs[0]], 1
+            continue
+        if not (p.op is OpKind.VIEW or elementwise_fn(p) in _PROB_FNS):
             return None
         covered.append(p.id)
         p = graph[p.inputs[0]]
-    if len(graph.users(p.id)) != 1:
+    if len(graph.users(p.id)) != 1 + guard:
         return None
     covered.append(p.id)
     s = graph[p.inputs[0]]
@@ -62,10 +93,10 @@ def _match(graph: Graph, m2: Node, dyn: set[int]) -> tuple[list[int], list[int],
     while s.op is not OpKind.MATMUL:  # scale, mask, casts before the softmax
         if len(graph.users(s.id)) != 1 or not (s.op is OpKind.VIEW or elementwise_fn(s) in _SCORE_FNS):
             return None
-        scores = [i for i in s.inputs if i in dyn]
+        scores = [i for i in s.inputs if i in dyn and not _stored_mask(graph[i], s)]
         if len(scores) != 1:
             return None
-        consts = [graph[i] for i in s.inputs if i not in dyn]
+        consts = [graph[i] for i in s.inputs if i not in scores]
         causal = causal or any(c.out.shape[-2:] == s.out.shape[-2:] for c in consts)
         covered.append(s.id)
         s = graph[scores[0]]
@@ -101,6 +132,9 @@ def fuse_attention(graph: Graph, notes: list[str]) -> Graph:
                 drop.update(c for c in covered if c != n.id)
     if not found:
         return graph
+    for n in graph:  # a stored mask no kept op reads any more is no parameter of the model
+        if n.op is OpKind.PARAMETER and graph.users(n.id) and all(u in drop for u in graph.users(n.id)):
+            drop.add(n.id)
     out = Graph(graph.name, graph.repeats, graph.block_layers)
     new: dict[int, int] = {}
     for n in graph:

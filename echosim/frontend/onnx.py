@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from echosim.errors import EchosimError
 from echosim.frontend.fused import FusedKind
+from echosim.frontend.irfold import layer_of
 from echosim.frontend.onnx_rules import RULES, SHAPE_OPS
 from echosim.frontend.onnx_values import INT32, INT64, OnnxValues, fused_module, scope_of
 from echosim.ir.graph import Graph
@@ -55,7 +56,7 @@ class OnnxModel:
 
         inferred, notes = bind_and_infer(self.proto, self.path, spec)
         conv = _Onnx(inferred, DType.parse(spec.dtype), self.path.name, self.path)
-        graph = fold_layers(fuse_attention(conv.run(), notes), notes)
+        graph = fold_layers(fuse_attention(_scope_initializers(conv.run()), notes), notes)
         messages = list(conv.warnings)
         try:
             ensure_loss(graph, notes)
@@ -157,6 +158,23 @@ def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list
     except Exception as exc:
         raise EchosimError(f"{path}: ONNX shape inference failed: {' '.join(str(exc).split())[:300]}") from None
     return inferred, notes
+
+
+def _scope_initializers(graph: Graph) -> Graph:
+    """Initializers in the layer that reads them, for the fold's proof.
+
+    torch's exporter stores a linear's weight transposed under a new name (``val_105``) that carries no module
+    path: it takes its one reader's. And it stores identical initializers once (every RMSNorm weight of a freshly
+    built model is ones), named for the first layer: one read from several layers belongs to none of them."""
+    for n in list(graph):
+        if n.op is not OpKind.PARAMETER:
+            continue
+        readers = {graph[u].scope for u in graph.users(n.id)}
+        if not n.scope and len(readers) == 1:
+            graph.replace(n.id, scope=next(iter(readers)))
+        elif len({layer_of(r) for r in readers}) > 1:
+            graph.replace(n.id, scope="")
+    return graph
 
 
 def _strip_wrapper(graph: Graph) -> Graph:
