@@ -499,3 +499,48 @@ def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing
     plan = Plan(recompute="full", micro_batch=8, global_batch=8)
     report = lower(f"{EXAMPLES / 'resnet50.py'}:model", plan, Cluster("null", devices=1)).report
     assert any("has no repeated block of layers" in w and "nothing is recomputed" in w for w in report.warnings)
+
+
+def test_a_mean_over_the_tokens_under_context_parallelism_is_completed_by_an_all_reduce(tmp_path: Path) -> None:
+    """Each context-parallel rank holds part of the sequence: a mean over the tokens is its part's, then an
+    all_reduce over the cp ranks (it was refused: "cp=2 does not divide the sequence axis ... (1)")."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, h=64, heads=4):
+                super().__init__()
+                self.heads = heads
+                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
+
+            def forward(self, x):
+                b, s, h = x.shape
+                projections = (self.q_proj, self.k_proj, self.v_proj)
+                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+                return x + self.o_proj(a)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(128, 64)
+                self.layers = nn.ModuleList(Block() for _ in range(2))
+                self.lm_head = nn.Linear(64, 128)
+
+            def forward(self, ids):
+                x = self.embed_tokens(ids)
+                for layer in self.layers:
+                    x = layer(x)
+                return self.lm_head(x - x.mean(1, keepdim=True))
+
+        def model():
+            return Net(), [(("batch", 16), torch.int64)]
+        """,
+    )
+    compiled = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2))
+    [reduced] = [n for n in compiled.graph if n.name.endswith(".cp_all_reduce")]
+    assert reduced.op is OpKind.ALL_REDUCE and reduced.out.shape == (2, 1, 64)

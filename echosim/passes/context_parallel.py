@@ -66,7 +66,7 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
-from echosim.passes.tensor_parallel import _slices_axis, _split_axis_after_view
+from echosim.passes.tensor_parallel import _reduction_keeps, _slices_axis, _split_axis_after_view
 
 COMMS = ("p2p", "all_gather")
 #: PyTorch's merge of the ring's partial outputs, in fp32 (echosim.passes.flops.io_bytes)
@@ -170,6 +170,16 @@ class _Splitter:
             whole = self.out.add(OpKind.ALL_GATHER, [src], full, attrs, phase=node.phase, scope=node.scope,
                                  name=f"{node.name}.cp_all_gather")  # fmt: skip
             return self.add(node, [whole if i == src else i for i in ins], node.out, node.attrs, None)
+        if node.op is OpKind.REDUCTION:
+            whole = self.src[node.inputs[ins.index(src)]].out.shape
+            kept = _reduction_keeps(whole, src_axis, node.out.shape)
+            if kept is None:  # over the tokens (a mean over the sequence): each rank's part, then an all_reduce
+                v = self.add(node, ins, node.out, node.attrs, None)
+                attrs = CollectiveAttrs(Axis.CP, self.cp, node.out.nbytes)
+                return self.out.add(OpKind.ALL_REDUCE, [v], node.out, attrs, phase=node.phase, scope=node.scope,
+                                    name=f"{node.name}.cp_all_reduce")  # fmt: skip
+            if kept >= 0:
+                return self.add(node, ins, self.div(node.out, kept, node), node.attrs, kept)
         if node.op is OpKind.VIEW:
             axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=True)
         elif node.op is OpKind.EMBEDDING:
