@@ -273,11 +273,14 @@ def capture_export(
     """Export ``call`` (which runs ``root``) into IR, repeated layers folded (:func:`fold.capture_folded`).
 
     transformers' Mamba layers scan as their training kernel does, not token by token
-    (:func:`echosim.frontend.ssm_ops.fused_scan`), whether an ``hf:`` config or a ``.py`` file built them."""
+    (:func:`echosim.frontend.ssm_ops.fused_scan`), and Llama 4's experts route their tokens, not every token
+    through every expert (:func:`echosim.frontend.moe_patches.routed_experts`), whether an ``hf:`` config or a
+    ``.py`` file built them."""
+    from echosim.frontend.moe_patches import routed_experts
     from echosim.frontend.ssm_ops import fused_scan
 
     def capture(rename: Callable[[str], str]) -> Capture:
-        with fused_scan():
+        with fused_scan(), routed_experts():
             return convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=rename)
 
     return capture_folded(root, capture, enabled=fold)

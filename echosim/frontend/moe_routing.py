@@ -47,6 +47,19 @@ def _through_views(graph: Graph, nid: int) -> Node:
     return node
 
 
+def _scaled_rows(graph: Graph, node: Node) -> Node:
+    """The gathered rows under a per-row scale (Llama 4 multiplies each expert's input by its router score), or
+    ``node`` itself."""
+    if elementwise_fn(node) != "mul" or len(node.inputs) != 2:
+        return node
+    rows = [_through_views(graph, i) for i in node.inputs]
+    for gathered, scale in ((rows[0], graph[node.inputs[1]]), (rows[1], graph[node.inputs[0]])):
+        same = elementwise_fn(gathered) in ROW_GATHERS and gathered.out.shape == node.out.shape
+        if same and scale.out.numel == node.out.shape[0]:
+            return gathered
+    return node
+
+
 def _unpermute(graph: Graph, dispatch: Node) -> Node | None:
     rows = dispatch.out.shape[0]
     below = {dispatch.id}
@@ -69,7 +82,7 @@ def mark_routing(graph: Graph) -> int:
     for n in list(graph):
         if not _grouped(graph, n):
             continue
-        src = _through_views(graph, n.inputs[0])
+        src = _scaled_rows(graph, _through_views(graph, n.inputs[0]))
         if elementwise_fn(src) not in ROW_GATHERS or len(src.out.shape) != 2 or not src.inputs:
             continue
         tokens = graph[src.inputs[0]].out.shape

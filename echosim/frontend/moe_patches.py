@@ -1,0 +1,74 @@
+"""transformers MoE layers whose reference forward is not what training runs, replaced while a model is captured.
+
+transformers 4.x and 5 write Llama 4's MoE layer (``Llama4TextMoe``) densely: every token is repeated once per
+expert, scaled by its router score (zero for the experts it was not routed to) and run through every expert
+with one ``bmm`` (``Llama4TextExperts``: "This should really not be run on a single machine"). Costed as written,
+a Llama 4 Maverick layer does 128 experts' work for each token where training does one (top-1): the experts'
+FLOPs 128 times over, and expert parallelism cannot split a layer with no dispatch. Training stacks route:
+Megatron-Core and torchtitan sort each token's top-k choices by expert and run grouped GEMMs.
+
+:func:`routed_experts` gives ``Llama4TextMoe`` that forward while a model is captured: the router's top-k (the
+scores are the sigmoid of the chosen logits, applied to each expert's input as Llama 4 does), the (token,
+choice) rows sorted by expert, the experts as transformers 5's grouped GEMMs, and the rows put back in token order
+and summed, plus the shared expert. The result equals the dense forward (``tests/test_moe_patches.py``), and the
+capture holds the same ops as transformers' other MoE layers, so :mod:`echosim.frontend.moe_routing` finds the
+dispatch and ``--ep`` splits it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+LLAMA4 = "transformers.models.llama4.modeling_llama4"
+
+
+def llama4_routed_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
+    """``Llama4TextMoe.forward`` with each token run through its top-k experts only (same result)."""
+    import torch
+
+    hidden = hidden_states.reshape(-1, self.hidden_dim)
+    router_scores, router_logits = self.router(hidden)  # the chosen experts' sigmoid scores, zero elsewhere
+    scores, top_index = torch.topk(router_scores, self.top_k, dim=1)
+    tokens, k = top_index.shape
+    expert_ids, perm = torch.sort(top_index.reshape(-1))
+    rows = hidden[perm // k] * scores.reshape(-1)[perm].unsqueeze(-1)  # Llama 4 scales the experts' input
+    counts = torch.histc(
+        expert_ids.float() if expert_ids.device.type in ("cpu", "mps") else expert_ids.int(),
+        bins=self.num_experts,
+        min=0,
+        max=self.num_experts - 1,
+    )
+    out = self.experts(rows, torch.cumsum(counts, dim=0, dtype=torch.int32))
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    routed = out[inverse].view(tokens, k, -1).sum(dim=1)
+    return self.shared_expert(hidden) + routed.to(hidden.dtype), router_logits
+
+
+def llama4_grouped_experts(self: Any, rows: Any, offsets: Any) -> Any:
+    """``Llama4TextExperts`` on rows sorted by expert: transformers 5's grouped GEMMs, ``offsets`` ending each
+    expert's rows (its weights are stored ``[experts, in, out]``)."""
+    from transformers.integrations.moe import _grouped_linear
+
+    gate, up = _grouped_linear(rows, self.gate_up_proj, offsets, is_transposed=True).chunk(2, dim=-1)
+    return _grouped_linear(up * self.act_fn(gate), self.down_proj, offsets, is_transposed=True)
+
+
+@contextmanager
+def routed_experts() -> Iterator[int]:
+    """While active, an imported ``Llama4TextMoe`` routes its tokens (:func:`llama4_routed_forward`); yields how
+    many classes were patched."""
+    module = sys.modules.get(LLAMA4)
+    moe, experts = getattr(module, "Llama4TextMoe", None), getattr(module, "Llama4TextExperts", None)
+    if moe is None or experts is None:
+        yield 0
+        return
+    originals = moe.forward, experts.forward
+    moe.forward, experts.forward = llama4_routed_forward, llama4_grouped_experts
+    try:
+        yield 1
+    finally:
+        moe.forward, experts.forward = originals
