@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 LLAMA4 = "transformers.models.llama4.modeling_llama4"
+DBRX = "transformers.models.dbrx.modeling_dbrx"
 
 
 def llama4_routed_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
@@ -57,18 +58,57 @@ def llama4_grouped_experts(self: Any, rows: Any, offsets: Any) -> Any:
     return _grouped_linear(up * self.act_fn(gate), self.down_proj, offsets, is_transposed=True)
 
 
+def dbrx_grouped_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """``DbrxExperts.forward`` as grouped GEMMs over rows sorted by expert (same result). transformers loops over
+    the experts a batch hits and selects each one's tokens with ``torch.where``: a shape that depends on the
+    routing, which torch.export cannot capture. The weights are stored ``[experts * ffn, hidden]``, ``w2`` the
+    down-projection's transpose."""
+    import torch
+    from transformers.integrations.moe import _grouped_linear
+
+    batch, hidden = hidden_states.shape[0], self.hidden_size
+    x = hidden_states.reshape(-1, hidden)
+    tokens, k = top_k_index.shape
+    expert_ids, perm = torch.sort(top_k_index.reshape(-1))
+    rows = x[perm // k]
+    counts = torch.histc(
+        expert_ids.float() if expert_ids.device.type in ("cpu", "mps") else expert_ids.int(),
+        bins=self.num_experts,
+        min=0,
+        max=self.num_experts - 1,
+    )
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    split = (self.num_experts, self.ffn_hidden_size, hidden)
+    mlp = self.mlp
+    gate = _grouped_linear(rows, mlp.w1.view(split), offsets)
+    up = _grouped_linear(rows, mlp.v1.view(split), offsets)
+    down = _grouped_linear(mlp.activation_fn(gate) * up, mlp.w2.view(split), offsets, is_transposed=True)
+    weighted = down * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(down.dtype)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    return weighted[inverse].view(tokens, k, hidden).sum(dim=1).view(batch, -1, hidden).to(hidden_states.dtype)
+
+
+#: (module, class, the method's replacement) for each patched class.
+_PATCHES = (
+    (LLAMA4, "Llama4TextMoe", llama4_routed_forward),
+    (LLAMA4, "Llama4TextExperts", llama4_grouped_experts),
+    (DBRX, "DbrxExperts", dbrx_grouped_experts),
+)
+
+
 @contextmanager
 def routed_experts() -> Iterator[int]:
-    """While active, an imported ``Llama4TextMoe`` routes its tokens (:func:`llama4_routed_forward`); yields how
+    """While active, imported MoE classes route their tokens through grouped GEMMs (``_PATCHES``); yields how
     many classes were patched."""
-    module = sys.modules.get(LLAMA4)
-    moe, experts = getattr(module, "Llama4TextMoe", None), getattr(module, "Llama4TextExperts", None)
-    if moe is None or experts is None:
-        yield 0
-        return
-    originals = moe.forward, experts.forward
-    moe.forward, experts.forward = llama4_routed_forward, llama4_grouped_experts
+    patched: list[tuple[Any, Any]] = []
+    for module_name, name, forward in _PATCHES:  # a model's module is imported once the model is built
+        cls = getattr(sys.modules.get(module_name), name, None)
+        if cls is not None:
+            patched.append((cls, cls.forward))
+            cls.forward = forward
     try:
-        yield 1
+        yield len(patched)
     finally:
-        moe.forward, experts.forward = originals
+        for cls, original in patched:
+            cls.forward = original
