@@ -544,3 +544,32 @@ def test_a_mean_over_the_tokens_under_context_parallelism_is_completed_by_an_all
     compiled = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2))
     [reduced] = [n for n in compiled.graph if n.name.endswith(".cp_all_reduce")]
     assert reduced.op is OpKind.ALL_REDUCE and reduced.out.shape == (2, 1, 64)
+
+
+def test_a_no_grad_region_is_converted_op_by_op(tmp_path: Path) -> None:
+    """torch.export wraps a torch.no_grad() region in the higher-order op wrap_with_set_grad_enabled (Phi-3.5-MoE's
+    router, CPM-Ant's position bias): it was one memory-bound node and a "no rule" warning."""
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.up_proj, self.down_proj = nn.Linear(64, 128), nn.Linear(128, 64)
+
+            def forward(self, x):
+                with torch.no_grad():
+                    scale = torch.sigmoid(x.abs().amax(-1, keepdim=True)).exp()
+                return self.down_proj(torch.relu(self.up_proj(x * scale)))
+
+        def model():
+            return Net(), [(("batch", 16, 64), torch.float32)]
+        """,
+    )
+    compiled = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
+    assert not [w for w in compiled.report.warnings if "wrap_with_set_grad_enabled" in w]
+    fns = {str(n.attrs) for n in compiled.graph if n.phase is Phase.FORWARD and n.op is not OpKind.MATMUL}
+    assert {"abs", "sigmoid", "exp"} <= fns

@@ -195,6 +195,48 @@ def _live(nodes: list[fx.Node], base: dict[fx.Node, fx.Node]) -> set[fx.Node]:
     return live
 
 
+def inline_grad_regions(gm: fx.GraphModule) -> int:
+    """Put the body of each ``torch.no_grad()`` / ``enable_grad()`` region back in line; returns how many.
+
+    torch.export wraps such a region in the higher-order op ``wrap_with_set_grad_enabled`` around a submodule
+    (Phi-3.5-MoE's router, CPM-Ant's position bias): converted as one op, its work was a single memory-bound
+    node and a "no rule" warning. Its ops are the region's ops; what they need no gradient for, autodiff
+    leaves out as it does for any value no parameter reaches."""
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    done = 0
+    for node in list(gm.graph.nodes):
+        if hop is None or node.op != "call_function" or node.target is not hop:
+            continue
+        _enabled, sub, *operands = node.args
+        body = getattr(gm, sub.target, None) if isinstance(sub, fx.Node) and sub.op == "get_attr" else None
+        if not isinstance(body, fx.GraphModule) or any(n.op == "get_attr" for n in body.graph.nodes):
+            continue  # a region holding another region or a constant: left as one op
+        outputs = _copy_body(gm, node, body, operands)
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(outputs[user.args[1]])
+                gm.graph.erase_node(user)
+        if node.users:  # the region's result used whole
+            node.replace_all_uses_with(outputs)
+        gm.graph.erase_node(node)
+        done += 1
+    return done
+
+
+def _copy_body(gm: fx.GraphModule, at: fx.Node, body: fx.GraphModule, operands: list[Any]) -> Any:
+    """Copy ``body``'s ops into ``gm`` before ``at``, its placeholders bound to ``operands``; its outputs."""
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    env: dict[fx.Node, Any] = dict(zip(placeholders, operands, strict=True))
+    outputs: Any = ()
+    with gm.graph.inserting_before(at):
+        for n in body.graph.nodes:
+            if n.op == "output":
+                outputs = fx.node.map_arg(n.args[0], env.__getitem__)
+            elif n.op != "placeholder":
+                env[n] = gm.graph.node_copy(n, env.__getitem__)
+    return outputs
+
+
 # ---- entry points -------------------------------------------------------------------------
 
 
@@ -298,6 +340,7 @@ def convert(
     from echosim.frontend.attention_fuse import fuse_attention
     from echosim.frontend.moe_routing import mark_routing
 
+    inline_grad_regions(ep.graph_module)
     cap = _Aten(ep, dtype, name, strip, rename).run()
     cap.graph = fuse_attention(cap.graph, cap.notes)
     mark_routing(cap.graph)
