@@ -209,7 +209,10 @@ def test_a_row_parallel_rule_on_a_linear_no_column_parallel_one_feeds_keeps_it_w
     assert ks["cls.predictions.transform.dense"] == 64
     assert {k for scope, k in ks.items() if scope.endswith("output.dense")} == {32, 64}  # attention: 64/2; MLP: 128/2
     [warning] = [w for w in compiled.report.warnings if "linear layer" in w]
-    assert "cls.predictions.transform.dense" in warning
+    assert warning.startswith("1 linear layer (cls.predictions.transform.dense)")
+    # the MLM decoder is tied to the word embeddings: both vocabulary-parallel
+    decoder = [n for n in compiled.graph if n.scope == "cls.predictions.decoder" and n.op is OpKind.MATMUL]
+    assert {n.attrs.tp for n in decoder if n.phase is Phase.FORWARD} == {"vocab"}
 
 
 MOE_TINY = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-deepseek-v3"]

@@ -101,6 +101,9 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*embed_tokens", "vocab"),
     ("*.wte", "vocab"),
     ("lm_head", "vocab"),
+    ("*.word_embeddings", "vocab"),  # BERT, RoBERTa and their kin: the embedding, and the MLM head's decoder
+    ("*lm_head.decoder", "vocab"),
+    ("*.predictions.decoder", "vocab"),
 )
 
 
