@@ -26,6 +26,31 @@ def write(tmp_path: Path, body: str, name: str = "model.py") -> Path:
     return path
 
 
+_LM = """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(128, 64)
+        self.layers = nn.ModuleList(Block() for _ in range({layers}))
+        self.lm_head = nn.Linear(64, 128)
+
+    def forward(self, ids):
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head({head})
+
+def model():
+    return Net(), [(("batch", 16), torch.int64)]
+"""
+
+
+def write_lm(tmp_path: Path, block: str, head: str = "x", layers: int = 2) -> Path:
+    """A language model (16 tokens, 64 wide) of ``layers`` copies of ``block``, the source of a class ``Block``."""
+    header = "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+    return write(tmp_path, header + textwrap.dedent(block) + _LM.format(head=head, layers=layers))
+
+
 @pytest.mark.slow
 def test_resnet50_flops_match_flop_counter_and_the_paper() -> None:
     """ResNet-50: 25.6M parameters and ~4.1 GMACs per 224x224 image (He et al. 2015, Table 1)."""
@@ -68,12 +93,9 @@ def test_a_model_without_a_tp_plan_runs_data_parallel_and_refuses_tensor_paralle
 def test_linears_no_tp_rule_matches_are_named_not_split_in_silence(tmp_path: Path) -> None:
     """A layer whose attention the plan splits but whose MLP it does not know runs that MLP whole on every rank:
     the report names it. A small linear (a router-like gate) is not reported."""
-    path = write(
+    path = write_lm(
         tmp_path,
         """
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
 
         class Block(nn.Module):
             def __init__(self, h=64, heads=4):
@@ -90,23 +112,8 @@ def test_linears_no_tp_rule_matches_are_named_not_split_in_silence(tmp_path: Pat
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
                 x = x + self.o_proj(a)
                 return x + self.down(F.gelu(self.up(x))) + self.gate(x).sum(-1, keepdim=True)
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed_tokens = nn.Embedding(128, 64)
-                self.layers = nn.ModuleList(Block() for _ in range(3))
-                self.lm_head = nn.Linear(64, 128)
-
-            def forward(self, ids):
-                x = self.embed_tokens(ids)
-                for layer in self.layers:
-                    x = layer(x)
-                return self.lm_head(x)
-
-        def model():
-            return Net(), [(("batch", 16), torch.int64)]
         """,
+        layers=3,
     )
     two = lower(f"{path}:model", Plan(tp=2, micro_batch=2), Cluster("null", devices=2)).report
     [warning] = [w for w in two.warnings if "linear layer" in w]
@@ -351,11 +358,9 @@ def test_a_reduction_over_a_split_axis_is_completed_by_an_all_reduce(tmp_path: P
     """A norm over the features a column-parallel layer split (a sub-layer norm before the output projection,
     as BitNet-style models have) and a mean over sequence-split tokens: each rank reduces its part and an
     all_reduce completes it. Both were refused ("tp=2 does not divide axis 2 ... (size 1)")."""
-    path = write(
+    path = write_lm(
         tmp_path,
         """
-        import torch
-        from torch import nn
 
         class Block(nn.Module):
             def __init__(self, h=64):
@@ -366,23 +371,8 @@ def test_a_reduction_over_a_split_axis_is_completed_by_an_all_reduce(tmp_path: P
                 u = self.up_proj(x)
                 u = u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + 1e-6)
                 return x + self.down_proj(u)
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed_tokens = nn.Embedding(128, 64)
-                self.layers = nn.ModuleList(Block() for _ in range(2))
-                self.lm_head = nn.Linear(64, 128)
-
-            def forward(self, ids):
-                x = self.embed_tokens(ids)
-                for layer in self.layers:
-                    x = layer(x)
-                return self.lm_head(x - x.mean(1, keepdim=True))
-
-        def model():
-            return Net(), [(("batch", 16), torch.int64)]
         """,
+        head="x - x.mean(1, keepdim=True)",
     )
     one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
     for sp in (False, True):
@@ -399,12 +389,9 @@ def test_a_reduction_over_a_split_axis_is_completed_by_an_all_reduce(tmp_path: P
 def test_an_attention_no_rule_splits_gathers_its_sequence_parallel_inputs(tmp_path: Path) -> None:
     """q, k and v from a projection no rule matches, under --sp: the attention reads every token, so its inputs are
     all-gathered and it runs whole (it was split by heads it did not have, and the next layer refused)."""
-    path = write(
+    path = write_lm(
         tmp_path,
         """
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
 
         class Block(nn.Module):
             def __init__(self, h=64, heads=4):
@@ -419,22 +406,6 @@ def test_an_attention_no_rule_splits_gathers_its_sequence_parallel_inputs(tmp_pa
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
                 x = x + a
                 return x + self.down_proj(F.gelu(self.up_proj(x)))
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed_tokens = nn.Embedding(128, 64)
-                self.layers = nn.ModuleList(Block() for _ in range(2))
-                self.lm_head = nn.Linear(64, 128)
-
-            def forward(self, ids):
-                x = self.embed_tokens(ids)
-                for layer in self.layers:
-                    x = layer(x)
-                return self.lm_head(x)
-
-        def model():
-            return Net(), [(("batch", 16), torch.int64)]
         """,
     )
     compiled = lower(f"{path}:model", Plan(tp=2, sp=True, micro_batch=2), Cluster("null", devices=2))
@@ -448,12 +419,9 @@ def test_an_attention_no_rule_splits_gathers_its_sequence_parallel_inputs(tmp_pa
 def test_a_depthwise_convolution_on_split_channels_keeps_its_groups_split(tmp_path: Path) -> None:
     """A short causal convolution over the sequence, one group per channel, after a column-parallel projection
     (Inkling's key convolution, Megatron's Mamba conv1d): each rank convolves its own channels. It was refused."""
-    path = write(
+    path = write_lm(
         tmp_path,
         """
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
 
         class Block(nn.Module):
             def __init__(self, h=64):
@@ -465,22 +433,6 @@ def test_a_depthwise_convolution_on_split_channels_keeps_its_groups_split(tmp_pa
                 u = self.up_proj(x).transpose(1, 2)
                 u = self.conv(u)[..., : x.shape[1]].transpose(1, 2)
                 return x + self.down_proj(F.silu(u))
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed_tokens = nn.Embedding(128, 64)
-                self.layers = nn.ModuleList(Block() for _ in range(2))
-                self.lm_head = nn.Linear(64, 128)
-
-            def forward(self, ids):
-                x = self.embed_tokens(ids)
-                for layer in self.layers:
-                    x = layer(x)
-                return self.lm_head(x)
-
-        def model():
-            return Net(), [(("batch", 16), torch.int64)]
         """,
     )
     one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
@@ -504,12 +456,9 @@ def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing
 def test_a_mean_over_the_tokens_under_context_parallelism_is_completed_by_an_all_reduce(tmp_path: Path) -> None:
     """Each context-parallel rank holds part of the sequence: a mean over the tokens is its part's, then an
     all_reduce over the cp ranks (it was refused: "cp=2 does not divide the sequence axis ... (1)")."""
-    path = write(
+    path = write_lm(
         tmp_path,
         """
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
 
         class Block(nn.Module):
             def __init__(self, h=64, heads=4):
@@ -523,23 +472,8 @@ def test_a_mean_over_the_tokens_under_context_parallelism_is_completed_by_an_all
                 q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
                 return x + self.o_proj(a)
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed_tokens = nn.Embedding(128, 64)
-                self.layers = nn.ModuleList(Block() for _ in range(2))
-                self.lm_head = nn.Linear(64, 128)
-
-            def forward(self, ids):
-                x = self.embed_tokens(ids)
-                for layer in self.layers:
-                    x = layer(x)
-                return self.lm_head(x - x.mean(1, keepdim=True))
-
-        def model():
-            return Net(), [(("batch", 16), torch.int64)]
         """,
+        head="x - x.mean(1, keepdim=True)",
     )
     compiled = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2))
     [reduced] = [n for n in compiled.graph if n.name.endswith(".cp_all_reduce")]
