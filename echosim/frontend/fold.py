@@ -45,6 +45,7 @@ from typing import Any
 from torch import nn
 
 from echosim.frontend.irfold import fold_run
+from echosim.frontend.messages import Note
 from echosim.frontend.spec import Capture, CaptureError
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -238,15 +239,16 @@ def capture_folded(
         if run is None:
             return capture(info.real_scope)
         built_short = depth not in (0, run.count)  # the module holds fewer layers than the model
+        why = "the two copies captured are not a chain of identical layers"
         try:
             cap = capture(info.real_scope)
             graph = fold_run(cap.graph, run.prefix, depth or run.count)
             if graph is not None and (layers := block_layers(_resolve(root, run.path)[run.start])) > 1:
                 graph.block_layers = {prefix: layers for prefix in graph.repeats}
-        except CaptureError:
+        except CaptureError as exc:
             if built_short:
                 raise
-            graph = None
+            graph, why = None, f"the model with the run cut to two copies could not be captured: {exc}"
     if graph is not None:
         cap.graph = graph
         return cap
@@ -254,4 +256,9 @@ def capture_folded(
         raise CaptureError(
             f"the copies of {run.prefix} are not a chain of identical layers: they cannot stand for {depth}"
         )
-    return capture(lambda scope: scope)  # side by side, work between the layers, or a forward indexing them
+    cap = capture(lambda scope: scope)  # side by side, work between the layers, or a forward indexing them
+    # said, because --pp then refuses a model with visibly repeated layers (Gemma 4 picks each layer's rotary
+    # table by its index in the list, so a group of six cut from it gets the first layer's)
+    what = f"{run.count} groups of {run.period}" if run.period > 1 else f"{run.count} identical layers"
+    cap.notes.append(Note(f"{run.path} ({what} from entry {run.start}) captured at full depth, not folded: {why}"))
+    return cap
