@@ -239,7 +239,7 @@ def capture_folded(
         if run is None:
             return capture(info.real_scope)
         built_short = depth not in (0, run.count)  # the module holds fewer layers than the model
-        why = "the two copies captured are not a chain of identical layers"
+        why = "they are no chain of layers (used side by side, or with work between them)"
         try:
             cap = capture(info.real_scope)
             graph = fold_run(cap.graph, run.prefix, depth or run.count)
@@ -248,7 +248,7 @@ def capture_folded(
         except CaptureError as exc:
             if built_short:
                 raise
-            graph, why = None, f"the model with the run cut to two copies could not be captured: {exc}"
+            graph, why = None, f"with the run cut to two copies, the model could not be captured: {exc}"
     if graph is not None:
         cap.graph = graph
         return cap
@@ -259,6 +259,6 @@ def capture_folded(
     cap = capture(lambda scope: scope)  # side by side, work between the layers, or a forward indexing them
     # said, because --pp then refuses a model with visibly repeated layers (Gemma 4 picks each layer's rotary
     # table by its index in the list, so a group of six cut from it gets the first layer's)
-    what = f"{run.count} groups of {run.period}" if run.period > 1 else f"{run.count} identical layers"
-    cap.notes.append(Note(f"{run.path} ({what} from entry {run.start}) captured at full depth, not folded: {why}"))
+    what = f"{run.count} groups of {run.period}" if run.period > 1 else f"{run.count} identical entries"
+    cap.notes.append(Note(f"{run.path} ({what} from entry {run.start}) captured as they are, not folded: {why}"))
     return cap
