@@ -58,7 +58,7 @@ def test_llama4_experts_do_each_tokens_top_k_and_expert_parallelism_splits_them(
 def test_dbrx_experts_as_grouped_gemms_compute_what_its_loop_computes(tmp_path: Path) -> None:
     """DbrxExperts loops over the experts a batch hits and picks each one's tokens with torch.where: a shape that
     depends on the routing, so torch.export could not capture DBRX at all. The grouped form gives the same result,
-    and the capture costs tokens x top-k rows through the experts."""
+    the capture costs tokens x top-k rows through the experts, and expert parallelism splits them."""
     from transformers import AutoConfig
     from transformers.models.dbrx.modeling_dbrx import DbrxFFN
 
@@ -84,3 +84,8 @@ def test_dbrx_experts_as_grouped_gemms_compute_what_its_loop_computes(tmp_path: 
     compiled = lower(f"hf:{tmp_path}", Plan(seq_len=128), Cluster("null", devices=1))
     experts = [n for n in compiled.graph if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.attrs.grouped]
     assert {(n.attrs.m, n.attrs.batch) for n in experts} == {(64, 4)}  # 128 tokens x top-2 / 4 experts
+    # its [experts * ffn, hidden] weights viewed per expert are held as expert stacks, which ep=2 splits
+    two = lower(f"hf:{tmp_path}", Plan(seq_len=128, dp=2, ep=2, global_batch=2), Cluster("null", devices=2))
+    stacks = {n.out.shape[0] for n in two.graph if n.op is OpKind.PARAMETER and ".experts." in n.name}
+    assert stacks == {2} and two.report.breakdown["comm.ep"] > 0
+    assert two.report.params == compiled.report.params

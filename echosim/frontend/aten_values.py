@@ -217,7 +217,31 @@ class AtenValues:
         if isinstance(node, fx.Node) and node.op == "placeholder" and node.name in self.params:
             as_nk = natural_is_nk == (swaps % 2 == 0)
             return self.param(node.name, swapped=not as_nk)
+        if (stack := self._expert_stack(node)) is not None:
+            as_nk = natural_is_nk == (swaps % 2 == 0)
+            return self._stacked_param(*stack, swapped=not as_nk)
         return self.value(arg)
+
+    def _expert_stack(self, node: Any) -> tuple[str, tuple[int, ...]] | None:
+        """A 2-D parameter viewed as a stack of expert matrices ``[experts, a, b]`` (DBRX stores its experts as
+        ``[experts * ffn, hidden]``): the parameter's name and the stack's shape."""
+        if not (isinstance(node, fx.Node) and packet(node) in (aten.view, aten._unsafe_view, aten.reshape)):
+            return None
+        src = node.args[0]
+        if not (isinstance(src, fx.Node) and src.op == "placeholder" and src.name in self.params):
+            return None
+        shape, whole = self.shape(node), self.shape(src)
+        if len(shape) != 3 or len(whole) != 2 or shape[1:] != (whole[0] // shape[0], whole[1]):
+            return None
+        return src.name, shape
+
+    def _stacked_param(self, name: str, shape: tuple[int, ...], swapped: bool) -> int:
+        """The parameter ``name`` held as the expert stack ``shape`` (last two axes exchanged if ``swapped``):
+        the expert-parallel pass splits a stack's first axis, as it does transformers' ``[experts, in, out]``."""
+        nid = self.param(name)
+        spec = self.graph[nid].out.with_shape((shape[0], shape[2], shape[1]) if swapped else shape)
+        self.graph.replace(nid, out=spec)
+        return nid
 
     def emit(
         self,
