@@ -545,3 +545,18 @@ def test_a_sequence_beyond_the_models_positions_is_said() -> None:
     assert not [w for w in llama.warnings if "position" in w]
     with pytest.raises(EchosimError, match=r"\(--seq-len 256 exceeds the config's 64 positions\)$"):
         lower(f"hf:{CONFIGS}/tiny-mpt.json", Plan(seq_len=256), Cluster("null", devices=1))
+
+
+@pytest.mark.slow
+def test_a_model_mixing_its_own_fp32_states_with_bf16_weights_is_built_in_fp32() -> None:
+    """xLSTM makes fp32 states of its own and multiplies them with its weights, which the capture builds in bf16:
+    "expected scalar type Float but found BFloat16". It is built in fp32 instead, as it would train under
+    autocast; the IR costs every float in the capture's dtype either way."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "xlstm", hidden_size=64, embedding_dim=64, num_heads=8, num_blocks=2, num_hidden_layers=2, vocab_size=512
+    )
+    cap, _ = hf.capture_config(config, CaptureSpec(micro_batch=1, seq_len=128), "xlstm")
+    assert cap.graph.repeats == {"backbone.blocks.0": 2}
+    assert {n.out.dtype.value for n in cap.graph if n.op is OpKind.MATMUL} == {"bf16"}

@@ -222,8 +222,9 @@ def _attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def build_model(config: Any) -> Any:
-    """The causal LM on ``meta`` in bf16 (every float is costed in the capture's dtype anyway), in train mode."""
+def build_model(config: Any, dtype: Any = None) -> Any:
+    """The causal LM on ``meta`` in bf16 (every float is costed in the capture's dtype anyway), in train mode;
+    ``dtype``: another torch dtype to build it in."""
     import torch
 
     _transformers()
@@ -234,7 +235,7 @@ def build_model(config: Any) -> Any:
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(dtype or torch.bfloat16)
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
@@ -395,20 +396,27 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
     ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
     longer = isinstance(positions, int) and 0 < positions < seq
 
-    def capture() -> Capture:
+    def capture(module: Any) -> Capture:
         return capture_export(
-            model, _logits_only(model), (ids,), dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold
+            module, _logits_only(module), (ids,), dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold
         )
 
     try:
-        cap = capture()
+        cap = capture(model)
     except CaptureError as exc:
         try:  # a model that reads the attention mask itself: again, with the mask a tensor
             with _mask_tensors():
-                cap = capture()
-        except CaptureError:
-            beyond = f" (--seq-len {seq} exceeds the config's {int(positions)} positions)" if longer else ""
-            raise EchosimError(f"{name}: {exc}{beyond}") from None
+                cap = capture(model)
+        except CaptureError as again:
+            if "scalar type" not in str(again) and "dtype" not in str(again):
+                beyond = f" (--seq-len {seq} exceeds the config's {int(positions)} positions)" if longer else ""
+                raise EchosimError(f"{name}: {exc}{beyond}") from None
+            # a model that makes fp32 states of its own and mixes them with its bf16 weights (xLSTM), as it
+            # would under autocast: built in fp32 (the IR costs every float in the capture's dtype anyway)
+            try:
+                cap = capture(build_model(config, torch.float32))
+            except CaptureError:
+                raise EchosimError(f"{name}: {exc}") from None
     if longer:
         if table := _position_table(model, int(positions)):
             cap.warnings.append(
