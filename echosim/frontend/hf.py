@@ -20,7 +20,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,6 +366,31 @@ def _position_table(model: Any, positions: int) -> str:
     return ""
 
 
+def _capture_retrying(capture: Callable[[Any], Capture], model: Any, config: Any) -> Capture:
+    """``capture(model)``; where it fails, again with the causal mask built as a tensor (a model that reads the
+    mask itself: MPT's blocks, the sparse-attention indexers), and where that fails on a dtype mix, with the
+    model built in fp32 (xLSTM makes fp32 states of its own and mixes them with its weights, as it would under
+    autocast; the IR costs every float in the capture's dtype anyway). If all fail, the first failure is raised."""
+    import torch
+
+    from echosim.frontend.spec import CaptureError
+
+    try:
+        return capture(model)
+    except CaptureError as exc:
+        first = exc
+    try:
+        with _mask_tensors():
+            return capture(model)
+    except CaptureError as again:
+        if "scalar type" not in str(again) and "dtype" not in str(again):
+            raise first from None
+    try:
+        return capture(build_model(config, torch.float32))
+    except CaptureError:
+        raise first from None
+
+
 def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = True) -> tuple[Capture, int]:
     """Build, fold, export and convert; returns the capture and the model's parameter count."""
     import torch
@@ -402,21 +427,10 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
         )
 
     try:
-        cap = capture(model)
+        cap = _capture_retrying(capture, model, config)
     except CaptureError as exc:
-        try:  # a model that reads the attention mask itself: again, with the mask a tensor
-            with _mask_tensors():
-                cap = capture(model)
-        except CaptureError as again:
-            if "scalar type" not in str(again) and "dtype" not in str(again):
-                beyond = f" (--seq-len {seq} exceeds the config's {int(positions)} positions)" if longer else ""
-                raise EchosimError(f"{name}: {exc}{beyond}") from None
-            # a model that makes fp32 states of its own and mixes them with its bf16 weights (xLSTM), as it
-            # would under autocast: built in fp32 (the IR costs every float in the capture's dtype anyway)
-            try:
-                cap = capture(build_model(config, torch.float32))
-            except CaptureError:
-                raise EchosimError(f"{name}: {exc}") from None
+        beyond = f" (--seq-len {seq} exceeds the config's {int(positions)} positions)" if longer else ""
+        raise EchosimError(f"{name}: {exc}{beyond}") from None
     if longer:
         if table := _position_table(model, int(positions)):
             cap.warnings.append(

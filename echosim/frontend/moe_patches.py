@@ -22,8 +22,34 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from echosim.frontend.ssm_ops import replaced
+
 LLAMA4 = "transformers.models.llama4.modeling_llama4"
 DBRX = "transformers.models.dbrx.modeling_dbrx"
+
+
+def _by_expert(top_index: Any, experts: int) -> tuple[Any, Any]:
+    """The (token, choice) rows sorted by expert, as transformers 5's grouped-GEMM experts sort them: the sort's
+    permutation and the offsets ending each expert's rows."""
+    import torch
+
+    expert_ids, perm = torch.sort(top_index.reshape(-1))
+    counts = torch.histc(
+        expert_ids.float() if expert_ids.device.type in ("cpu", "mps") else expert_ids.int(),
+        bins=experts,
+        min=0,
+        max=experts - 1,
+    )
+    return perm, torch.cumsum(counts, dim=0, dtype=torch.int32)
+
+
+def _per_token(rows: Any, perm: Any, tokens: int, k: int) -> Any:
+    """Rows sorted by expert put back in (token, choice) order and summed over each token's choices."""
+    import torch
+
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    return rows[inverse].view(tokens, k, -1).sum(dim=1)
 
 
 def llama4_routed_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
@@ -34,18 +60,9 @@ def llama4_routed_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
     router_scores, router_logits = self.router(hidden)  # the chosen experts' sigmoid scores, zero elsewhere
     scores, top_index = torch.topk(router_scores, self.top_k, dim=1)
     tokens, k = top_index.shape
-    expert_ids, perm = torch.sort(top_index.reshape(-1))
+    perm, offsets = _by_expert(top_index, self.num_experts)
     rows = hidden[perm // k] * scores.reshape(-1)[perm].unsqueeze(-1)  # Llama 4 scales the experts' input
-    counts = torch.histc(
-        expert_ids.float() if expert_ids.device.type in ("cpu", "mps") else expert_ids.int(),
-        bins=self.num_experts,
-        min=0,
-        max=self.num_experts - 1,
-    )
-    out = self.experts(rows, torch.cumsum(counts, dim=0, dtype=torch.int32))
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
-    routed = out[inverse].view(tokens, k, -1).sum(dim=1)
+    routed = _per_token(self.experts(rows, offsets), perm, tokens, k)
     return self.shared_expert(hidden) + routed.to(hidden.dtype), router_logits
 
 
@@ -63,30 +80,19 @@ def dbrx_grouped_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_
     the experts a batch hits and selects each one's tokens with ``torch.where``: a shape that depends on the
     routing, which torch.export cannot capture. The weights are stored ``[experts * ffn, hidden]``, ``w2`` the
     down-projection's transpose."""
-    import torch
     from transformers.integrations.moe import _grouped_linear
 
     batch, hidden = hidden_states.shape[0], self.hidden_size
-    x = hidden_states.reshape(-1, hidden)
     tokens, k = top_k_index.shape
-    expert_ids, perm = torch.sort(top_k_index.reshape(-1))
-    rows = x[perm // k]
-    counts = torch.histc(
-        expert_ids.float() if expert_ids.device.type in ("cpu", "mps") else expert_ids.int(),
-        bins=self.num_experts,
-        min=0,
-        max=self.num_experts - 1,
-    )
-    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    perm, offsets = _by_expert(top_k_index, self.num_experts)
+    rows = hidden_states.reshape(-1, hidden)[perm // k]
     split = (self.num_experts, self.ffn_hidden_size, hidden)
     mlp = self.mlp
     gate = _grouped_linear(rows, mlp.w1.view(split), offsets)
     up = _grouped_linear(rows, mlp.v1.view(split), offsets)
     down = _grouped_linear(mlp.activation_fn(gate) * up, mlp.w2.view(split), offsets, is_transposed=True)
     weighted = down * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(down.dtype)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
-    return weighted[inverse].view(tokens, k, hidden).sum(dim=1).view(batch, -1, hidden).to(hidden_states.dtype)
+    return _per_token(weighted, perm, tokens, k).view(batch, -1, hidden).to(hidden_states.dtype)
 
 
 #: (module, class, the method's replacement) for each patched class.
@@ -101,14 +107,9 @@ _PATCHES = (
 def routed_experts() -> Iterator[int]:
     """While active, imported MoE classes route their tokens through grouped GEMMs (``_PATCHES``); yields how
     many classes were patched."""
-    patched: list[tuple[Any, Any]] = []
-    for module_name, name, forward in _PATCHES:  # a model's module is imported once the model is built
-        cls = getattr(sys.modules.get(module_name), name, None)
-        if cls is not None:
-            patched.append((cls, cls.forward))
-            cls.forward = forward
-    try:
-        yield len(patched)
-    finally:
-        for cls, original in patched:
-            cls.forward = original
+    targets = (
+        (getattr(sys.modules.get(module), name, None), "forward", lambda _original, forward=forward: forward)
+        for module, name, forward in _PATCHES  # a model's module is imported once the model is built
+    )
+    with replaced(targets) as count:
+        yield count

@@ -28,7 +28,7 @@ export frontend lowers it to the chunked algorithm's GEMMs (``aten_rules``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -244,22 +244,32 @@ def _chunked(original: Any) -> Any:
 def fused_scan() -> Iterator[int]:
     """While active, the imported transformers modules scan with :func:`selective_scan`, :func:`gated_delta_rule`
     and :func:`wkv`; yields how many modules."""
+    with replaced(
+        (sys.modules.get(name), attr, wrap)
+        for names, attr, wrap in (
+            (SCAN_MODULES, "mamba_selective_scan", _fused),
+            (DELTA_RULE_MODULES, "torch_chunk_gated_delta_rule", _chunked),
+            (KDA_MODULES, "chunk_kimi_delta_attention", _chunked),
+            (WKV_MODULES, "rwkv_linear_attention", _wkv),
+        )
+        for name in names  # a model's module is loaded once the model is built
+    ) as count:
+        yield count
+
+
+@contextmanager
+def replaced(targets: Iterable[tuple[Any, str, Callable[[Any], Any]]]) -> Iterator[int]:
+    """While active, ``owner.attribute = make(original)`` for each target whose owner has the attribute (a
+    transformers module not imported has none); yields how many were replaced."""
     patched: list[tuple[Any, str, Any]] = []
-    for names, attr, wrap in (
-        (SCAN_MODULES, "mamba_selective_scan", _fused),
-        (DELTA_RULE_MODULES, "torch_chunk_gated_delta_rule", _chunked),
-        (KDA_MODULES, "chunk_kimi_delta_attention", _chunked),
-        (WKV_MODULES, "rwkv_linear_attention", _wkv),
-    ):
-        for name in names:  # a model's module is loaded once the model is built
-            module = sys.modules.get(name)
-            original = getattr(module, attr, None)
-            if original is None:
-                continue
-            patched.append((module, attr, original))
-            setattr(module, attr, wrap(original))
+    for owner, attr, make in targets:
+        original = getattr(owner, attr, None)
+        if original is None:
+            continue
+        patched.append((owner, attr, original))
+        setattr(owner, attr, make(original))
     try:
         yield len(patched)
     finally:
-        for module, attr, original in patched:
-            setattr(module, attr, original)
+        for owner, attr, original in reversed(patched):
+            setattr(owner, attr, original)

@@ -213,24 +213,18 @@ def _reduction_keeps(src: tuple[int, ...], axis: int, dst: tuple[int, ...]) -> i
     if len(dst) == len(src):
         return axis if dst[axis] == src[axis] or src[axis] == 1 else None
 
-    def embed(order: list[int]) -> int | bool | None:
-        j = 0
-        pos = list(range(len(dst)))
-        if order[0] != 0:
-            pos.reverse()
-        found: int | None = None
+    def embed(order: range) -> tuple[bool, int | None]:
+        """Match ``dst``'s axes to ``src``'s in ``order``: whether all matched, and where ``axis`` went."""
+        targets = range(len(dst)) if order.step > 0 else range(len(dst) - 1, -1, -1)
+        j, found = 0, None
         for i in order:
-            if j < len(pos) and dst[pos[j]] == src[i]:
-                if i == axis:
-                    found = pos[j]
+            if j < len(targets) and dst[targets[j]] == src[i]:
+                found = targets[j] if i == axis else found
                 j += 1
-        return found if j == len(dst) else False
+        return j == len(dst), found
 
-    left = embed(list(range(len(src))))
-    right = embed(list(range(len(src) - 1, -1, -1)))
-    if left is False or right is False or left != right:
-        return -1
-    return left  # type: ignore[return-value]
+    left, right = embed(range(len(src))), embed(range(len(src) - 1, -1, -1))
+    return left[1] if left[0] and right[0] and left[1] == right[1] else -1
 
 
 @dataclass(frozen=True)
@@ -251,10 +245,11 @@ class TensorParallel:
         if self.tp == 1:
             return graph
         experts_whole = self.expert_tp == 1
+        styles = linear_styles(graph, self.plan)
         whole: set[str] = set()
         while True:
             try:
-                return _Sharder(graph, self.tp, self.plan, self.sequence_parallel, experts_whole, whole).run()
+                return _Sharder(graph, self.tp, styles, self.sequence_parallel, experts_whole, whole).run()
             except _Unsplittable as exc:
                 # under SP, a layer no rule splits (Mamba's, a linear attention's) can still run whole on the
                 # gathered sequence: its module is made whole and the graph sharded again
@@ -281,14 +276,13 @@ class _Sharder:
         self,
         graph: Graph,
         tp: int,
-        plan: tuple[tuple[str, str], ...],
+        styles: dict[int, str],
         sp: bool,
         experts_whole: bool = False,
         whole: set[str] | None = None,
     ) -> None:
         self.src = graph
         self.tp = tp
-        self.plan = plan
         self.sp = sp
         self.experts_whole = experts_whole  # grouped expert weights stay whole (expert tensor parallelism 1)
         self.whole_experts: set[int] = set()  # source ids of those weights
@@ -300,7 +294,6 @@ class _Sharder:
         self.gathered: dict[int, int] = {}  # sequence-split value -> its all_gather
         self.uneven: set[int] = set()  # values split along a vocabulary tp may not divide (GPT-2's 50,257)
         self.whole = tuple(sorted(whole or ()))  # modules run whole on gathered tokens (SP), their inputs gathered
-        styles = linear_styles(graph, plan)
         self.styles = {i: s for i, s in styles.items() if not self.in_whole(graph[i].scope)}  # node id -> style
 
     def div(self, spec: TensorSpec, axis: int, what: str, uneven: bool = False) -> TensorSpec:
