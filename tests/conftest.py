@@ -47,16 +47,17 @@ TINY_MOE = ArchConfig(
 )  # fmt: skip
 
 
-#: A tiny Mamba: no tensor-parallel rule matches its projections, so at tp=2 compile warns that they run whole.
-TINY_MAMBA = f"hf:{Path(__file__).parent / 'configs' / 'tiny-mamba.json'}"
+#: A tiny RWKV: no tensor-parallel rule matches its receptance projections, so at tp=2 compile warns that they run
+#: whole.
+TINY_RWKV = f"hf:{Path(__file__).parent / 'configs' / 'tiny-rwkv.json'}"
 
 
-def check_mamba_warning_carried(run: Callable[..., tuple[int, str]], args: tuple[str, ...], prefix: str) -> None:
-    """``run(*args)`` (a command on :data:`TINY_MAMBA` at tp=2) prints compile's warning after ``prefix``, and its
+def check_whole_warning_carried(run: Callable[..., tuple[int, str]], args: tuple[str, ...], prefix: str) -> None:
+    """``run(*args)`` (a command on :data:`TINY_RWKV` at tp=2) prints compile's warning after ``prefix``, and its
     ``--json`` lists it under ``warnings``."""
     code, out = run(*args)
     assert code == 0, out
-    assert f"{prefix}6 linear layers (backbone.layers.0.mixer.in_proj" in out
+    assert f"{prefix}7 linear layers (rwkv.blocks.0.attention.receptance" in out
     code, out = run(*args, "--json")
     assert code == 0, out
     assert any("run whole on all 2 tensor-parallel ranks" in w for w in json.loads(out)["warnings"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_MAMBA, check_mamba_warning_carried
+from conftest import TINY_RWKV, check_whole_warning_carried
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,16 +132,16 @@ def test_cluster_command_bad_flags(extra: list[str], message: str) -> None:
 
 @pytest.mark.parametrize("split", ["data", "pipeline"])
 def test_cluster_carries_the_compiles_warnings(tmp_path: Path, split: str) -> None:
-    """What compile warns of for the pools' layout is printed once (Mamba's linears run whole at tp=2)."""
+    """What compile warns of for the pools' layout is printed once (RWKV's receptance linears run whole at tp=2)."""
     path = write(tmp_path, SAME.replace("devices = 8", "devices = 4"))
     pp = ["--pp", "2"] if split == "pipeline" else []  # dp from the devices
-    args = ("cluster", path, TINY_MAMBA, "--tp", "2", *pp, "--global-batch", "4", "--seq-len", "16", "--split", split)
+    args = ("cluster", path, TINY_RWKV, "--tp", "2", *pp, "--global-batch", "4", "--seq-len", "16", "--split", split)
 
     def invoke(*a: str) -> tuple[int, str]:
         result = CliRunner().invoke(cli, list(a))
         return result.exit_code, result.output
 
-    check_mamba_warning_carried(invoke, args, "warning: ")
+    check_whole_warning_carried(invoke, args, "warning: ")
     assert invoke(*args)[1].count("run whole on all 2 tensor-parallel ranks") == 1
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_MAMBA, check_mamba_warning_carried
+from conftest import TINY_RWKV, check_whole_warning_carried
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,10 +80,10 @@ def test_replan_command() -> None:
 
 
 def test_replan_carries_the_best_layouts_warnings() -> None:
-    """What compile warns of for the layout replan recommends is printed too (Mamba's linears run whole)."""
-    args = ("replan", TINY_MAMBA, "--from", "--backend h100-sxm --tp 2 --dp 2 --global-batch 8 --seq-len 16",
+    """What compile warns of for the layout replan recommends is printed too (RWKV's receptance linears run whole)."""
+    args = ("replan", TINY_RWKV, "--from", "--backend h100-sxm --tp 2 --dp 2 --global-batch 8 --seq-len 16",
             "--devices", "8", "--space", "tp=2")  # fmt: skip
-    check_mamba_warning_carried(run, args, "warning: ")
+    check_whole_warning_carried(run, args, "warning: ")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from conftest import COSTED_LAYOUTS, TINY_MAMBA, check_mamba_warning_carried
+from conftest import COSTED_LAYOUTS, TINY_RWKV, check_whole_warning_carried
 
 from echosim.cli import cli
 from echosim.commands.options import parse_layout_flags
@@ -211,11 +211,11 @@ def test_explain_text_names_the_critical_path_communication_bubble_and_suggestio
 
 
 def test_explain_carries_the_compiles_warnings() -> None:
-    """A warning compile gives (here: Mamba's projections run whole on both tensor-parallel ranks) is in the
+    """A warning compile gives (here: RWKV's receptance projections run whole on both tensor-parallel ranks) is in the
     explanation's text and JSON too."""
-    args = ("explain", TINY_MAMBA, "--backend", "h100-sxm", "--tp", "2", "--global-batch", "1", "--seq-len", "16",
+    args = ("explain", TINY_RWKV, "--backend", "h100-sxm", "--tp", "2", "--global-batch", "1", "--seq-len", "16",
             "--no-what-if")  # fmt: skip
-    check_mamba_warning_carried(_invoke, args, "warning: ")
+    check_whole_warning_carried(_invoke, args, "warning: ")
 
 
 def test_the_text_of_a_layout_that_does_not_fit_leads_with_what_makes_it_fit() -> None:

@@ -445,6 +445,61 @@ def test_a_depthwise_convolution_on_split_channels_keeps_its_groups_split(tmp_pa
         assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
 
 
+def test_products_that_sum_over_the_tokens_run_on_the_gathered_sequence_under_sp(tmp_path: Path) -> None:
+    """A linear attention no rule splits: under --sp each rank projects its own tokens, then ``K^T V`` and
+    ``Q (K^T V)``, which sum over every token, run whole on the gathered sequence."""
+    path = write_lm(
+        tmp_path,
+        """
+
+        class Block(nn.Module):
+            def __init__(self, h=64):
+                super().__init__()
+                self.mix_q, self.mix_k, self.mix_v = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+                self.up_proj, self.down_proj = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+
+            def forward(self, x):
+                q, k, v = self.mix_q(x), F.elu(self.mix_k(x)) + 1, self.mix_v(x)
+                x = x + q @ (k.transpose(1, 2) @ v) / x.shape[1]
+                return x + self.down_proj(F.gelu(self.up_proj(x)))
+        """,
+    )
+    g = lower(f"{path}:model", Plan(tp=2, sp=True, micro_batch=2), Cluster("null", devices=2)).graph
+    mixer = {
+        n.scope: n for n in g if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.scope.startswith("layers.0")
+    }
+    assert all(mixer[f"layers.0.mix_{x}"].attrs.m == 2 * 8 for x in "qkv")  # each rank's 8 of 16 tokens
+    products = [n for n in g if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.scope == "layers.0"]
+    assert len(products) == 2 and all(n.attrs.useful == 0.5 for n in products)
+    assert all(any(g[i].op is OpKind.ALL_GATHER for i in n.inputs) for n in products)
+
+
+def test_a_layer_that_mixes_tokens_runs_whole_on_the_gathered_sequence_under_sp(tmp_path: Path) -> None:
+    """MLP-Mixer's token mixing, a linear over the sequence axis, cannot run on a share of the tokens: under --sp
+    its layer is made whole, its input all-gathered, as it runs without --sp; it was refused ("contracts the
+    sequence-parallel axis")."""
+    path = write_lm(
+        tmp_path,
+        """
+
+        class Block(nn.Module):
+            def __init__(self, h=64, tokens=16):
+                super().__init__()
+                self.token_mix = nn.Linear(tokens, tokens)
+                self.up_proj, self.down_proj = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+
+            def forward(self, x):
+                x = x + self.token_mix(x.transpose(1, 2)).transpose(1, 2)
+                return x + self.down_proj(F.gelu(self.up_proj(x)))
+        """,
+    )
+    compiled = lower(f"{path}:model", Plan(tp=2, sp=True, micro_batch=2), Cluster("null", devices=2))
+    g = compiled.graph
+    [mix] = [n for n in g if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.scope == "layers.0.token_mix"]
+    assert mix.attrs.useful == 0.5 and mix.attrs.m == 2 * 64  # every rank: both sequences' 64 channels, 16 tokens
+    assert g[g[mix.inputs[0]].inputs[0]].op is OpKind.ALL_GATHER  # the transpose of the gathered tokens
+
+
 def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing() -> None:
     """Every policy checkpoints layers; ResNet-50's stages do not fold into one repeated block, so --recompute
     full changed nothing, silently."""

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_MAMBA, check_mamba_warning_carried
+from conftest import TINY_RWKV, check_whole_warning_carried
 
 from echosim import memo
 from echosim.cli import cli
@@ -532,10 +532,10 @@ def test_an_enumerated_plan_equals_the_one_plans_init_builds() -> None:
 
 def test_search_says_what_compile_warns_of_for_the_best_layout() -> None:
     """A search's batched costing reads no warnings; the best layout's compile does, and the search passes them on
-    (text and JSON): here Mamba's projections run whole on both tensor-parallel ranks."""
-    args = (TINY_MAMBA, "--backend", "h100-sxm", "--devices", "2", "--global-batch", "4", "--seq-len", "16",
+    (text and JSON): here RWKV's receptance projections run whole on both tensor-parallel ranks."""
+    args = (TINY_RWKV, "--backend", "h100-sxm", "--devices", "2", "--global-batch", "4", "--seq-len", "16",
             "--space", "tp=2", "--space", "pp=1", "--space", "recompute=none")  # fmt: skip
-    check_mamba_warning_carried(_run, args, "warning (#1): ")
+    check_whole_warning_carried(_run, args, "warning (#1): ")
 
 
 def test_why_gives_a_sub_millisecond_gap_in_significant_digits() -> None:

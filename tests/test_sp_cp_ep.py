@@ -24,7 +24,7 @@ from echosim.passes.context_parallel import ContextParallel, ContextParallelBack
 from echosim.passes.flops import graph_flops
 from echosim.passes.memory import activation_bytes
 from echosim.passes.pipeline import Stage
-from echosim.passes.tensor_parallel import TensorParallel
+from echosim.passes.tensor_parallel import TensorParallel, _permuted
 from echosim.plan import Cluster, Plan
 from echosim.timeline.lower import StepOptions, lower_stage
 from echosim.timeline.placement import Degrees, axis_placements
@@ -341,3 +341,20 @@ def test_context_parallel_scales_mfu_consistently() -> None:
     assert two.model_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-9)
     assert two.step_time_s < one.step_time_s
     assert math.isclose(two.tokens_per_s * two.step_time_s, one.tokens_per_s * one.step_time_s)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "want"),
+    [
+        ((2, 64, 8, 16), (2, 8, 64, 16), [0, 2, 1, 3]),  # [b, T, h, d] -> [b, h, T, d]
+        ((2, 64, 8, 8), (2, 8, 64, 8), [0, 2, 1, 3]),  # head_dim = heads: d stays, h moves
+        ((8, 8, 64, 16), (8, 64, 8, 16), [0, 2, 1, 3]),  # batch = heads: the batch stays
+        ((4, 8, 4), (4, 4, 8), [0, 2, 1]),
+    ],
+)
+def test_a_permutation_is_followed_axis_by_axis_where_sizes_repeat(
+    src: tuple[int, ...], dst: tuple[int, ...], want: list[int]
+) -> None:
+    """Sizes alone do not say which of two equal axes moved: an axis whose size is the same in both places stays
+    (the split of a transposed [b, T, h, d] followed the head_dim, or the batch, when either equals the heads)."""
+    assert _permuted(src, dst) == want

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ pytest.importorskip("transformers")
 from echosim.compiler import lower  # noqa: E402
 from echosim.frontend.ssm_ops import SCAN_FLOPS_PER_STATE, fused_scan, selective_scan  # noqa: E402
 from echosim.ir.ops import OpKind, Phase  # noqa: E402
-from echosim.plan import Cluster, Plan  # noqa: E402
+from echosim.plan import Cluster, Plan, PlanError  # noqa: E402
 
 TINY_MAMBA = Path(__file__).parent / "configs" / "tiny-mamba.json"
 
@@ -204,15 +205,81 @@ def test_rwkv_under_tp_splits_by_channels_and_its_output_layers_are_row_parallel
     }
 
 
-def test_a_linear_attention_no_rule_splits_runs_whole_on_the_gathered_sequence_under_sp() -> None:
-    """Qwen3-Next's gated-delta-rule layer matches no rule: under --sp it was refused ("contracts the
-    sequence-parallel axis"); the layer now gathers its input and runs whole, as it does without --sp."""
-    compiled = lower(
-        f"hf:{TINY_MAMBA.parent}/tiny-qwen3-next.json", Plan(tp=2, sp=True, seq_len=16), Cluster("null", 2)
-    )
+@pytest.mark.parametrize("sp", [False, True])
+def test_a_gated_delta_rule_layer_splits_by_heads_under_tp(sp: bool) -> None:
+    """Qwen3-Next's linear-attention layer as Megatron-Core's GatedDeltaNet splits it: the fused input projections
+    column-parallel (each rank holds its key heads with their value heads), the chunked kernel's GEMMs on half
+    the heads, out_proj row-parallel. It ran whole on every rank (under --sp on the gathered sequence)."""
+    one = lower(f"hf:{TINY_QWEN3_NEXT}", Plan(seq_len=128), Cluster("null", 1)).graph
+    compiled = lower(f"hf:{TINY_QWEN3_NEXT}", Plan(tp=2, sp=sp, seq_len=128), Cluster("null", 2))
     g = compiled.graph
-    mixer = [n for n in g if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and ".linear_attn" in n.scope]
-    assert mixer and all(n.attrs.useful == 0.5 for n in mixer)  # every rank computes it
-    [qkvz] = [n for n in mixer if n.scope.endswith("in_proj_qkvz")]
-    assert g[qkvz.inputs[0]].op is OpKind.ALL_GATHER
-    assert any("in_proj_qkvz" in w for w in compiled.report.warnings)
+
+    def mixer(graph: Any) -> list[Any]:
+        return [n for n in graph if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and ".linear_attn" in n.scope]
+
+    styles = {n.scope.rsplit(".", 1)[-1]: n.attrs.tp for n in mixer(g) if g[n.inputs[1]].op is OpKind.PARAMETER}
+    assert styles == {"in_proj_qkvz": "colwise", "in_proj_ba": "colwise", "out_proj": "rowwise"}
+    assert all(n.attrs.useful == 1.0 for n in mixer(g))  # no rank repeats another's work
+    kernel = {n.name: n.attrs.batch for n in mixer(g) if n.name.startswith("gated_delta_rule.")}
+    assert kernel and kernel == {n.name: n.attrs.batch // 2 for n in mixer(one) if n.name in kernel}
+    assert not any("linear_attn" in w for w in compiled.report.warnings)
+
+
+TINY_MAMBA2 = Path(__file__).parent / "configs" / "tiny-mamba2.json"
+
+
+def test_the_ssd_op_computes_what_transformers_chunked_scan_computes() -> None:
+    """Mamba-2's scan, token by token, against transformers' chunked reference: 37 tokens in chunks of 8 (the last
+    one partial), 4 heads sharing 2 groups of B and C, with the time-step bias, softplus and the D skip."""
+    from transformers.models.mamba2 import modeling_mamba2
+
+    from echosim.frontend.ssm_ops import ssd_scan
+
+    g = torch.Generator().manual_seed(3)
+    batch, steps, heads, p, groups, n = 2, 37, 4, 8, 2, 16
+    x, dt = torch.randn(batch, steps, heads, p, generator=g), torch.randn(batch, steps, heads, generator=g)
+    a, d, bias = -torch.rand(heads, generator=g), torch.randn(heads, generator=g), torch.randn(heads, generator=g)
+    b, c = (torch.randn(batch, steps, groups, n, generator=g) for _ in range(2))
+    want = modeling_mamba2.mamba2_chunk_scan(x, dt, a, b, c, 8, D=d, dt_bias=bias, dt_softplus=True)
+    got = ssd_scan(x, dt, a, b, c, d, bias, 8, True, 0.0, float("inf"))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_mamba2_model_computes_the_same_logits_with_the_ssd_op() -> None:
+    want, got, patched = _logits(TINY_MAMBA2, 70)
+    assert patched >= 1
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_ssd_scan_is_the_chunked_kernels_gemms_whatever_the_sequence() -> None:
+    """One ``C B^T`` per chunk and group, and per chunk and head the diagonal block's output, the chunk's state
+    and the off-diagonal output: 2 L^2 N per group and 2 L^2 P + 4 L N P per head, chunk by chunk (L = 32, N = 16,
+    P = 16; 8 heads in 2 groups). transformers' chunked reference is gone: no einsum is left."""
+    graphs = [lower(f"hf:{TINY_MAMBA2}", Plan(seq_len=s), Cluster("null", devices=1)).graph for s in (256, 512)]
+    assert len(list(graphs[0])) == len(list(graphs[1]))
+    gemms = [n for n in graphs[1] if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and "ssd_scan" in n.name]
+    assert {n.scope for n in gemms} == {"backbone.layers.0.mixer"}
+    big_l, big_n, p, chunks = 32, 16, 16, 512 // 32
+    per_chunk = 2 * (2 * big_l * big_l * big_n) + 8 * (2 * big_l * big_l * p + 4 * big_l * big_n * p)
+    assert sum(n.attrs.flops for n in gemms) == per_chunk * chunks
+    assert not any("einsum" in n.name for n in graphs[1])
+
+
+def test_a_mamba2_model_splits_by_heads_and_groups_under_tp() -> None:
+    """Megatron-Core's MambaMixer: in_proj column-parallel (z, x, B, C and dt each split), the depthwise
+    convolution and the scan on each rank's heads and groups, out_proj row-parallel. Every product is split, so
+    the hardware does the model's FLOPs once; tp=4 does not divide the 2 groups and is refused, as Megatron-Core
+    refuses it."""
+    plan = {"seq_len": 128, "micro_batch": 2, "global_batch": 2}
+    one = lower(f"hf:{TINY_MAMBA2}", Plan(**plan), Cluster("null", devices=1)).report
+    two = lower(f"hf:{TINY_MAMBA2}", Plan(tp=2, **plan), Cluster("null", devices=2))
+    styles = {
+        n.scope.rsplit(".", 1)[-1]: n.attrs.tp
+        for n in two.graph
+        if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and two.graph[n.inputs[1]].op is OpKind.PARAMETER
+    }
+    assert styles == {"in_proj": "colwise", "out_proj": "rowwise", "lm_head": "vocab"}
+    assert two.report.hardware_flops_per_step == pytest.approx(one.hardware_flops_per_step, rel=1e-9)
+    assert not two.report.warnings
+    with pytest.raises(PlanError, match=r"tp=4 does not divide the axis of size 2 .* needs whole on each rank"):
+        lower(f"hf:{TINY_MAMBA2}", Plan(tp=4, **plan), Cluster("null", devices=4))

@@ -26,7 +26,7 @@ from echosim.ir.ops import (
     NormAttrs,
     OpKind,
 )
-from echosim.ir.types import TensorSpec
+from echosim.ir.types import DType, TensorSpec
 
 aten = torch.ops.aten
 
@@ -295,6 +295,41 @@ def _wkv(c: AtenValues, node: fx.Node) -> None:
     c.emit(node, OpKind.ELEMENTWISE, c.tensors(node.args[:4]), ElementwiseAttrs("wkv", WKV_FLOPS))
 
 
+class _Chunks:
+    """The per-chunk layout of the chunked scans' GEMMs: a ``[batch, T, heads, d]`` input is padded to whole
+    chunks, transposed to ``[batch, heads, T, d]`` and viewed as ``[batch, heads * chunks, chunk, d]``, so every
+    product is batched over (batch, head, chunk) with the heads leading, where tensor parallelism splits them
+    (the kernels index heads in their launch grid the same way)."""
+
+    def __init__(self, c: AtenValues, node: fx.Node, steps: int, chunk: int, dtype: DType) -> None:
+        self.c, self.node, self.steps, self.chunk, self.dtype = c, node, steps, chunk, dtype
+        self.chunks = -(-steps // chunk)
+        self.scope = c.scope(node)
+
+    def add(self, op: OpKind, ins: list[int], shape: tuple[int, ...], attrs: Any, name: str) -> int:
+        spec = TensorSpec(shape, self.dtype)
+        return self.c.graph.add(op, ins, spec, attrs, scope=self.scope, name=f"{self.node.name}.{name}")
+
+    def split(self, nid: int, name: str) -> int:
+        """``[batch, T, heads(, d)]`` as ``[batch, heads * chunks, chunk(, d)]``."""
+        shape = self.c.graph[nid].out.shape
+        batch, heads, rest = shape[0], shape[2], tuple(shape[3:])
+        padded = self.chunks * self.chunk
+        if padded != self.steps:  # the last chunk padded to a whole one
+            nid = self.add(
+                OpKind.ELEMENTWISE, [nid], (batch, padded, heads, *rest), ElementwiseAttrs("pad", 0), f"{name}_pad"
+            )
+        nid = self.add(OpKind.VIEW, [nid], (batch, heads, padded, *rest), None, f"{name}_heads")
+        return self.add(OpKind.VIEW, [nid], (batch, heads * self.chunks, self.chunk, *rest), None, f"{name}_chunks")
+
+    def join(self, nid: int, heads: int) -> int:
+        """The inverse of :meth:`split`: ``[batch, heads * chunks, chunk, d]`` as ``[batch, padded T, heads, d]``."""
+        batch, _, _, d = self.c.graph[nid].out.shape
+        padded = self.chunks * self.chunk
+        nid = self.add(OpKind.VIEW, [nid], (batch, heads, padded, d), None, "o_heads")
+        return self.add(OpKind.VIEW, [nid], (batch, padded, heads, d), None, "o_padded")
+
+
 def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:
     """The gated delta rule (:mod:`echosim.frontend.ssm_ops`) as flash-linear-attention's chunked kernels run it
     (``chunk_gated_delta_rule_fwd``; Yang et al. 2024, arXiv:2412.06464, sec. 3.3, and arXiv:2406.06484 for the
@@ -312,50 +347,94 @@ def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:
         return
     batch, steps, kv_heads, dk = c.shape(k)
     heads, dv = c.shape(v)[2:]
-    dtype = out.dtype
-    chunks = -(-steps // chunk)
-    n = batch * heads * chunks
-    scope = c.scope(node)
-
-    def add(op: OpKind, ins: list[int], shape: tuple[int, ...], attrs: Any, name: str) -> int:
-        return c.graph.add(op, ins, TensorSpec(shape, dtype), attrs, scope=scope, name=f"{node.name}.{name}")
+    at = _Chunks(c, node, steps, chunk, out.dtype)
+    n = batch * heads * at.chunks
+    per = (batch, heads * at.chunks)
 
     def prepared(x: Any, dim: int, name: str, qk: bool) -> int:
         nid = c.value(x)
         assert nid is not None
         shape = (batch, steps, heads, dim)
         if qk and kv_heads != heads:  # each key head serves heads / kv_heads value heads
-            nid = add(OpKind.ELEMENTWISE, [nid], shape, ElementwiseAttrs("repeat", 0), f"{name}_rep")
+            nid = at.add(OpKind.ELEMENTWISE, [nid], shape, ElementwiseAttrs("repeat", 0), f"{name}_rep")
         if qk and l2:
-            nid = add(OpKind.ELEMENTWISE, [nid], shape, ElementwiseAttrs("l2norm", 4), f"{name}_l2")
-        if chunks * chunk != steps:  # the last chunk padded to a whole one
-            padded = (batch, chunks * chunk, heads, dim)
-            nid = add(OpKind.ELEMENTWISE, [nid], padded, ElementwiseAttrs("pad", 0), f"{name}_pad")
-        return nid
+            nid = at.add(OpKind.ELEMENTWISE, [nid], shape, ElementwiseAttrs("l2norm", 4), f"{name}_l2")
+        return at.split(nid, name)
 
-    qn, kn, vn = prepared(q, dk, "q", True), prepared(k, dk, "k", True), prepared(v, dv, "v", False)
+    add = at.add
+    qc, kc, vc = prepared(q, dk, "q", True), prepared(k, dk, "k", True), prepared(v, dv, "v", False)
     gates = c.tensors([g, beta])
-    qc = add(OpKind.VIEW, [qn], (n, chunk, dk), None, "q_chunks")
-    kc = add(OpKind.VIEW, [kn], (n, chunk, dk), None, "k_chunks")
-    kt = add(OpKind.VIEW, [kn], (n, dk, chunk), None, "k_chunks_t")
-    vc = add(OpKind.VIEW, [vn], (n, chunk, dv), None, "v_chunks")
-    kkt = add(OpKind.MATMUL, [kc, kt], (n, chunk, chunk), MatmulAttrs(chunk, chunk, dk, n), "kkt")
+    kt = add(OpKind.VIEW, [kc], (*per, dk, chunk), None, "k_chunks_t")
+    kkt = add(OpKind.MATMUL, [kc, kt], (*per, chunk, chunk), MatmulAttrs(chunk, chunk, dk, n), "kkt")
     # decays and beta applied, the unit lower-triangular system inverted (C^3 / 3 multiply-adds per chunk)
     solve = ElementwiseAttrs("delta_rule_ut", max(1, chunk // 3))
-    ut = add(OpKind.ELEMENTWISE, [kkt, *gates], (n, chunk, chunk), solve, "ut")
-    w = add(OpKind.MATMUL, [ut, kc], (n, chunk, dk), MatmulAttrs(chunk, dk, chunk, n), "w")
-    u = add(OpKind.MATMUL, [ut, vc], (n, chunk, dv), MatmulAttrs(chunk, dv, chunk, n), "u")
-    state = add(OpKind.MATMUL, [kt, u], (n, dk, dv), MatmulAttrs(dk, dv, chunk, n), "state")
-    ws = add(OpKind.MATMUL, [w, state], (n, chunk, dv), MatmulAttrs(chunk, dv, dk, n), "ws")
-    v_new = add(OpKind.ELEMENTWISE, [u, ws], (n, chunk, dv), ElementwiseAttrs("sub"), "v_new")
-    qk = add(OpKind.MATMUL, [qc, kt], (n, chunk, chunk), MatmulAttrs(chunk, chunk, dk, n), "qk")
-    attn = add(OpKind.ELEMENTWISE, [qk, gates[0]], (n, chunk, chunk), ElementwiseAttrs("decay_mask", 2), "attn")
-    intra = add(OpKind.MATMUL, [attn, v_new], (n, chunk, dv), MatmulAttrs(chunk, dv, chunk, n), "o_intra")
-    inter = add(OpKind.MATMUL, [qc, state], (n, chunk, dv), MatmulAttrs(chunk, dv, dk, n), "o_inter")
-    o = add(OpKind.ELEMENTWISE, [intra, inter], (n, chunk, dv), ElementwiseAttrs("add"), "o")
-    if chunks * chunk != steps:
-        o = add(OpKind.VIEW, [o], (batch, chunks * chunk, heads, dv), None, "o_padded")
-    c.emit(node, OpKind.VIEW, [o], None, out)
+    ut = add(OpKind.ELEMENTWISE, [kkt, *gates], (*per, chunk, chunk), solve, "ut")
+    w = add(OpKind.MATMUL, [ut, kc], (*per, chunk, dk), MatmulAttrs(chunk, dk, chunk, n), "w")
+    u = add(OpKind.MATMUL, [ut, vc], (*per, chunk, dv), MatmulAttrs(chunk, dv, chunk, n), "u")
+    state = add(OpKind.MATMUL, [kt, u], (*per, dk, dv), MatmulAttrs(dk, dv, chunk, n), "state")
+    ws = add(OpKind.MATMUL, [w, state], (*per, chunk, dv), MatmulAttrs(chunk, dv, dk, n), "ws")
+    v_new = add(OpKind.ELEMENTWISE, [u, ws], (*per, chunk, dv), ElementwiseAttrs("sub"), "v_new")
+    qk = add(OpKind.MATMUL, [qc, kt], (*per, chunk, chunk), MatmulAttrs(chunk, chunk, dk, n), "qk")
+    attn = add(OpKind.ELEMENTWISE, [qk, gates[0]], (*per, chunk, chunk), ElementwiseAttrs("decay_mask", 2), "attn")
+    intra = add(OpKind.MATMUL, [attn, v_new], (*per, chunk, dv), MatmulAttrs(chunk, dv, chunk, n), "o_intra")
+    inter = add(OpKind.MATMUL, [qc, state], (*per, chunk, dv), MatmulAttrs(chunk, dv, dk, n), "o_inter")
+    o = add(OpKind.ELEMENTWISE, [intra, inter], (*per, chunk, dv), ElementwiseAttrs("add"), "o")
+    c.emit(node, OpKind.VIEW, [at.join(o, heads)], None, out)
+
+
+#: FLOPs per element of the SSD scan's elementwise steps: ``dt`` with its bias, softplus, clamp, times ``A`` and
+#: the chunk's cumulative sum (6); the chunk-to-chunk state pass, a decay and an add (2); the output's
+#: ``Y_diag + exp(cumsum) Y_off + D x`` (4).
+SSD_DT_FLOPS, SSD_PASS_FLOPS, SSD_OUT_FLOPS = 6, 2, 4
+
+
+def _ssd_scan(c: AtenValues, node: fx.Node) -> None:
+    """Mamba-2's scan (:mod:`echosim.frontend.ssm_ops`) as mamba-ssm's chunked kernels run it
+    (``_mamba_chunk_scan_combined_fwd``: ``_chunk_cumsum_fwd``, ``_bmm_chunk_fwd``, ``_chunk_state_fwd``,
+    ``_state_passing_fwd``, ``_chunk_scan_fwd``; Dao and Gu 2024, arXiv:2405.21060, sec. 6): per chunk of ``L``
+    tokens, ``C B^T`` per group of heads; per head the diagonal block's output ``(C B^T * decay) (dt x)``, the
+    chunk's state ``B^T (decay dt x)``, the states passed chunk to chunk, and the off-diagonal output ``C S``.
+    The decays and ``dt`` are applied inside the GEMMs' kernels, as there (a third operand here, so their
+    gradient flows); ``C B^T`` is read by each head of its group, not repeated."""
+    x, dt, a, b, cm, d, bias = (_arg(node, i, key) for i, key in enumerate(("x", "dt", "A", "B", "C", "D", "dt_bias")))
+    chunk = int(_arg(node, 7, "chunk_size", 256))
+    out = c.spec_of(node.meta.get("val"))
+    if out is None:
+        c.env[node] = None
+        return
+    batch, steps, heads, p = c.shape(x)
+    groups, n = c.shape(b)[2:]
+    at = _Chunks(c, node, steps, chunk, out.dtype)
+    per, per_group = (batch, heads * at.chunks), (batch, groups * at.chunks)
+    hb, gb = batch * heads * at.chunks, batch * groups * at.chunks
+    add = at.add
+    steps_dt = add(
+        OpKind.ELEMENTWISE,
+        c.tensors([dt, bias, a]),
+        (batch, steps, heads),
+        ElementwiseAttrs("ssd_dt", SSD_DT_FLOPS),
+        "dt",
+    )
+    dtc = add(OpKind.VIEW, [at.split(steps_dt, "dt")], (*per, chunk), None, "dt_rows")
+    xc = at.split(c.value(x), "x")  # type: ignore[arg-type]
+    bc, cc = at.split(c.value(b), "B"), at.split(c.value(cm), "C")  # type: ignore[arg-type]
+    bt = add(OpKind.VIEW, [bc], (*per_group, n, chunk), None, "B_t")
+    cb = add(OpKind.MATMUL, [cc, bt], (*per_group, chunk, chunk), MatmulAttrs(chunk, chunk, n, gb), "cb")
+    diag = add(OpKind.MATMUL, [cb, xc, dtc], (*per, chunk, p), MatmulAttrs(chunk, p, chunk, hb), "y_diag")
+    state = add(OpKind.MATMUL, [bt, xc, dtc], (*per, n, p), MatmulAttrs(n, p, chunk, hb), "states")
+    passed = add(
+        OpKind.ELEMENTWISE,
+        [state, dtc],
+        (*per, n, p),
+        ElementwiseAttrs("ssd_state_pass", SSD_PASS_FLOPS),
+        "states_passed",
+    )
+    off = add(OpKind.MATMUL, [cc, passed, dtc], (*per, chunk, p), MatmulAttrs(chunk, p, n, hb), "y_off")
+    skip = c.tensors([d])
+    y = add(
+        OpKind.ELEMENTWISE, [diag, off, xc, *skip], (*per, chunk, p), ElementwiseAttrs("ssd_out", SSD_OUT_FLOPS), "y"
+    )
+    c.emit(node, OpKind.VIEW, [at.join(y, heads)], None, out)
 
 
 def _embedding(c: AtenValues, node: fx.Node) -> None:
@@ -620,5 +699,6 @@ NAMED: dict[str, Rule] = {
     "transformers.grouped_mm_fallback": _grouped_mm,
     "echosim.selective_scan": _selective_scan,
     "echosim.gated_delta_rule": _gated_delta_rule,
+    "echosim.ssd_scan": _ssd_scan,
     "echosim.wkv": _wkv,
 }

@@ -11,6 +11,13 @@ instead of reading them back (same section). :func:`selective_scan` is that kern
 custom op with the signature of mamba-ssm's ``selective_scan_fn``; its body is a plain sequential
 reference, so the op runs on CPU in tests, and its fake kernel gives export the output's shape.
 
+**Mamba-2's state space duality (SSD)** (Dao and Gu 2024, "Transformers are SSMs", arXiv:2405.21060, sec. 6):
+transformers' Mamba-2 family (Mamba-2, Nemotron-H, Bamba, Falcon-H1, Granite-4.0-H, Zamba2) calls
+``mamba2_chunk_scan``, mamba-ssm's ``mamba_chunk_scan_combined`` (Triton kernels) where it runs and otherwise a
+chunked reference whose einsums keep the heads in the middle of their operands, where a sharding pass cannot
+tell them from the positions. :func:`ssd_scan` is that kernel as a custom op (a per-token reference body), and
+the export frontend lowers it to the chunked algorithm's GEMMs with the heads leading (``aten_rules``).
+
 **RWKV-4's WKV** (Peng et al. 2023, "RWKV", arXiv:2305.13048, sec. 3.1) is a CUDA kernel in training, one thread
 per channel scanning the tokens, and a Python loop over the tokens without it: :func:`wkv` is that kernel, costed
 like the selective scan (memory-bound, one backward kernel).
@@ -51,6 +58,17 @@ KDA_MODULES = (
     "transformers.models.kimi_linear.modeling_kimi_linear",
     "transformers.models.bailing_hybrid.modeling_bailing_hybrid",
     "transformers.models.glm5_next.modeling_glm5_next",
+)
+
+#: transformers modules that define ``mamba2_chunk_scan`` (mamba-ssm's ``mamba_chunk_scan_combined`` or its
+#: chunked reference in torch).
+SSD_MODULES = (
+    "transformers.models.mamba2.modeling_mamba2",
+    "transformers.models.nemotron_h.modeling_nemotron_h",
+    "transformers.models.bamba.modeling_bamba",
+    "transformers.models.falcon_h1.modeling_falcon_h1",
+    "transformers.models.granitemoehybrid.modeling_granitemoehybrid",
+    "transformers.models.zamba2.modeling_zamba2",
 )
 
 #: transformers modules that define ``rwkv_linear_attention`` (the WKV CUDA kernel or its loop).
@@ -179,6 +197,78 @@ def gated_delta_rule(
 gated_delta_rule.register_fake(_like_third)
 
 
+@torch.library.custom_op("echosim::ssd_scan", mutates_args=())
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    chunk_size: int,
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+) -> torch.Tensor:
+    """``y: (batch, T, H, P)`` of Mamba-2's scan over ``x: (batch, T, H, P)``, ``dt: (batch, T, H)``, ``A, D,
+    dt_bias: (H,)``, ``B, C: (batch, T, G, N)``, each group of B and C serving ``H / G`` heads: with
+    ``d_t = clamp(softplus(dt_t + dt_bias))``, the state ``h_t = exp(d_t A) h_{t-1} + d_t x_t B_t^T``, ``y_t = h_t C_t
+    + D x_t``, token by token (``chunk_size`` is the kernel's chunk; it does not change the result)."""
+    d = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
+    if dt_softplus:
+        d = F.softplus(d)
+    d = d.clamp(dt_min, dt_max)
+    rep = x.shape[2] // B.shape[2]
+    b, c = (t.float().repeat_interleave(rep, dim=2) for t in (B, C))
+    state = x.new_zeros(x.shape[0], x.shape[2], x.shape[3], B.shape[-1], dtype=torch.float32)
+    ys = []
+    for t in range(x.shape[1]):
+        step = d[:, t]  # (batch, H)
+        state = torch.exp(step * A.float())[..., None, None] * state
+        state = state + (step[..., None] * x[:, t].float())[..., None] * b[:, t, :, None, :]
+        ys.append((state * c[:, t, :, None, :]).sum(-1))
+    y = torch.stack(ys, dim=1)
+    if D is not None:
+        y = y + x.float() * D.float()[:, None]
+    return y.to(x.dtype)
+
+
+ssd_scan.register_fake(_like_first)
+
+
+def _ssd(original: Any) -> Any:
+    """``mamba2_chunk_scan`` as the fused kernel; a state carried in or out, a gate, or packed sequences go to
+    ``original`` (a cached decode, not training's path)."""
+
+    def scan(
+        hidden_states: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        chunk_size: int,
+        D: torch.Tensor | None = None,
+        dt_bias: torch.Tensor | None = None,
+        initial_states: torch.Tensor | None = None,
+        dt_softplus: bool = False,
+        dt_limit: tuple[float, float] = (0.0, float("inf")),
+        return_final_states: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        # mamba-ssm's arguments beyond training's; other keywords are the decoder's, passed down (router logits)
+        carried = any(kwargs.get(key) is not None for key in ("z", "seq_idx", "cu_seqlens"))
+        carried = carried or bool(kwargs.get("return_varlen_states"))
+        if initial_states is not None or return_final_states or carried:
+            return original(hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                            initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                            return_final_states=return_final_states, **kwargs)  # fmt: skip
+        low, high = (float(v) for v in dt_limit)
+        return ssd_scan(hidden_states, dt, A, B, C, D, dt_bias, int(chunk_size), dt_softplus, low, high)
+
+    return scan
+
+
 @torch.library.custom_op("echosim::wkv", mutates_args=())
 def wkv(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``wkv_t = (a_t + e^(u + k_t) v_t) / (b_t + e^(u + k_t))`` over ``key, value: (batch, T, C)``, with
@@ -242,12 +332,13 @@ def _chunked(original: Any) -> Any:
 
 @contextmanager
 def fused_scan() -> Iterator[int]:
-    """While active, the imported transformers modules scan with :func:`selective_scan`, :func:`gated_delta_rule`
-    and :func:`wkv`; yields how many modules."""
+    """While active, the imported transformers modules scan with :func:`selective_scan`, :func:`ssd_scan`,
+    :func:`gated_delta_rule` and :func:`wkv`; yields how many modules."""
     with replaced(
         (sys.modules.get(name), attr, wrap)
         for names, attr, wrap in (
             (SCAN_MODULES, "mamba_selective_scan", _fused),
+            (SSD_MODULES, "mamba2_chunk_scan", _ssd),
             (DELTA_RULE_MODULES, "torch_chunk_gated_delta_rule", _chunked),
             (KDA_MODULES, "chunk_kimi_delta_attention", _chunked),
             (WKV_MODULES, "rwkv_linear_attention", _wkv),

@@ -71,6 +71,15 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.qkv_proj", "colwise"),
     ("*.Wqkv", "colwise"),  # MPT
     ("*.gate_up_proj", "colwise"),
+    # Mamba-2's mixer (Megatron-Core's MambaMixer: in_proj column-parallel, out_proj row-parallel, so each rank
+    # holds heads/tp heads and groups/tp groups of B and C) and the gated-delta-rule layers (Megatron-Core's
+    # GatedDeltaNet: the same, by key head): the fused input projections split per part, as the fused QKV does;
+    # Mamba-1's dt_proj widens the time step back to the split channels
+    ("*.mixer.in_proj", "colwise"),
+    ("*.mamba.in_proj", "colwise"),
+    ("*.mixer.dt_proj", "colwise"),
+    ("*.mamba.dt_proj", "colwise"),
+    ("*.linear_attn.in_proj_*", "colwise"),
     ("*.c_attn", "colwise"),
     ("*.fc1", "colwise"),
     ("*.c_fc", "colwise"),
@@ -85,7 +94,9 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.attn.proj", "rowwise"),
     ("layers.*.proj", "rowwise"),  # the zoo's encoder layers (BERT, ViT): their attention's output
     ("*.o_proj", "rowwise"),
-    ("*attn.out_proj", "rowwise"),  # not Mamba's mixer.out_proj, whose in_proj no rule splits
+    ("*attn.out_proj", "rowwise"),
+    ("*.mixer.out_proj", "rowwise"),
+    ("*.mamba.out_proj", "rowwise"),
     ("*attention.out_proj", "rowwise"),
     ("*.linear_proj", "rowwise"),
     ("*.wo", "rowwise"),
@@ -167,9 +178,8 @@ def _split_axis_after_view(
     part: a fused projection viewed as ``[3, heads, head_dim]`` (q, k and v, as BERT and
     ViT lay them out) splits its heads, which is how Megatron keeps them, per head.
     """
-    if sorted(src) == sorted(dst) and src != dst:  # a permutation: follow the size
-        candidates = [i for i, d in enumerate(dst) if d == src[axis]]
-        return min(candidates, key=lambda i: abs(i - axis))
+    if sorted(src) == sorted(dst) and src != dst:  # a permutation: follow the axis
+        return _permuted(src, dst)[axis]
     prefix = math.prod(src[:axis])
     if inner:
         end = prefix * src[axis]
@@ -192,6 +202,18 @@ def _split_axis_after_view(
             return i
         acc *= d
     return len(dst) - 1
+
+
+def _permuted(src: tuple[int, ...], dst: tuple[int, ...]) -> list[int]:
+    """Where each axis of ``src`` goes in its permutation ``dst``, told apart by size: an axis whose size is the
+    same in both places stays, the others take the free places of their size in order. A transpose of two axes
+    is so found even where a third axis has one of their sizes (``[b, T, h, d] -> [b, h, T, d]`` with ``d == h``:
+    sizes alone would not say which of ``h`` and ``d`` moved)."""
+    where = [i if s == d else -1 for i, (s, d) in enumerate(zip(src, dst, strict=True))]
+    free = [i for i, w in enumerate(where) if w < 0]
+    for i in free:
+        where[i] = next(j for j in free if dst[j] == src[i] and j not in where)
+    return where
 
 
 def _slices_axis(src: tuple[int, ...], axis: int, dst: tuple[int, ...]) -> bool:
@@ -293,6 +315,9 @@ class _Sharder:
         self.split_params: set[int] = set()
         self.gathered: dict[int, int] = {}  # sequence-split value -> its all_gather
         self.uneven: set[int] = set()  # values split along a vocabulary tp may not divide (GPT-2's 50,257)
+        # values whose split a view passed to an inner factor of the axis, as tp did not divide the outer one: what
+        # that was, for the error where a product then sums over the split (Mamba-2's groups of B and C)
+        self.inner: dict[int, str] = {}
         self.whole = tuple(sorted(whole or ()))  # modules run whole on gathered tokens (SP), their inputs gathered
         self.styles = {i: s for i, s in styles.items() if not self.in_whole(graph[i].scope)}  # node id -> style
 
@@ -515,10 +540,15 @@ class _Sharder:
             # gather_from_sequence_parallel_region does before a head that reads whole sequences
             ins = [self.gather(i, node) if i in self.seq else i for i in ins]
             return self.add(node, ins, node.out, node.attrs)
+        inner = next((self.inner[i] for i in split_ins if i in self.inner), "")
         if node.op is OpKind.VIEW:
-            axis = _split_axis_after_view(
-                self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=seq, degree=self.tp
-            )
+            before = self.src[node.inputs[0]].out.shape
+            axis = _split_axis_after_view(before, src_axis, node.out.shape, inner=seq, degree=self.tp)
+            outer, after = math.prod(before[:src_axis]), node.out.shape
+            if not seq and sorted(before) != sorted(after) and math.prod(after[:axis]) > outer:  # passed inward
+                at = (d for i, d in enumerate(after) if d != 1 and math.prod(after[:i]) == outer)
+                if (found := next(at, 0)) and found % self.tp:
+                    inner = f"axis of size {found} of {node.name} at {node.scope}"
         else:
             axis = src_axis + len(node.out.shape) - len(src_shape)
             axis = min(max(axis, 0), len(node.out.shape) - 1)
@@ -534,6 +564,8 @@ class _Sharder:
             self.seq.add(v)
         if uneven:
             self.uneven.add(v)
+        if inner:
+            self.inner[v] = inner
         return v
 
     def _matmul(self, node: Node, ins: list[int]) -> int:
@@ -596,6 +628,12 @@ class _Sharder:
                 # sequence, as Mamba's and the linear attentions' short convolutions): gather them, run it whole
                 ins = [self.gather(i, node) if i in self.seq else i for i in ins]
                 return self.add(node, ins, node.out, replace(attrs, useful=attrs.useful / self.tp))
+            inner = next((self.inner[i] for i in ins if i in self.inner), "")
+            if inner:  # the split went inside an axis tp does not divide: no plan entry can help
+                raise LayoutError(
+                    f"tp={self.tp} does not divide the {inner}, which {node.name} needs whole on each rank "
+                    "(Mamba-2's groups of B and C, attention's heads: use a tp that divides them)"
+                )
             raise self.unsplittable(
                 node, f"matmul at {node.scope} contracts a tensor-parallel split axis without a plan entry"
             )
