@@ -189,6 +189,25 @@ def test_cnn_ops_cost_as_implicit_gemms(tmp_path: Path) -> None:
     assert graph_flops(run_passes(g, [Autodiff()])).model == 3 * forward - convs[0].flops
 
 
+def test_a_transpose_keeps_its_permutation(tmp_path: Path) -> None:
+    """An ONNX Transpose of an activation is a view that records its ``perm`` (the sharding passes follow a split
+    through it); with no ``perm`` it reverses the axes, as the operator's definition says."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["t"], ["r"]),
+        helper.make_node("Relu", ["r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "t",
+        [helper.make_tensor_value_info("x", F32, ["N", 8, 8])],
+        [helper.make_tensor_value_info("y", F32, None)],
+    )
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "t.onnx")
+    g, _, _ = capture(path, CaptureSpec(micro_batch=2))
+    assert [n.attrs.perm for n in g if n.op is OpKind.VIEW] == [(0, 2, 1), (2, 1, 0)]
+
+
 def test_lstm_op_unrolls_its_steps(tmp_path: Path) -> None:
     seq, batch, hidden, inp = 5, 3, 8, 4
     nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=hidden)]

@@ -358,3 +358,24 @@ def test_a_permutation_is_followed_axis_by_axis_where_sizes_repeat(
     """Sizes alone do not say which of two equal axes moved: an axis whose size is the same in both places stays
     (the split of a transposed [b, T, h, d] followed the head_dim, or the batch, when either equals the heads)."""
     assert _permuted(src, dst) == want
+
+
+def test_a_capture_records_each_transposes_permutation_and_verify_checks_it() -> None:
+    """torch.export's transposes become views that say which input axis each output axis is (sizes alone cannot
+    when two are equal); a permutation that is not one of the input's axes is refused."""
+    from echosim.frontend.capture import capture_named
+    from echosim.frontend.spec import CaptureSpec
+    from echosim.ir.ops import ViewAttrs
+    from echosim.ir.types import TensorSpec
+    from echosim.ir.verify import VerifyError
+
+    graph = capture_named("gpt3-125m", CaptureSpec(seq_len=16))[0]
+    perms = {n.attrs.perm for n in graph if n.op is OpKind.VIEW and isinstance(n.attrs, ViewAttrs)}
+    assert (0, 2, 1, 3) in perms  # [b, s, heads, d] <-> [b, heads, s, d]
+    g = Graph("t")
+    x = g.add(OpKind.INPUT, [], TensorSpec((2, 3, 4), DType.BF16))
+    g.add(OpKind.VIEW, [x], TensorSpec((2, 4, 3), DType.BF16), ViewAttrs((0, 2, 1)))
+    verify(g)
+    g.add(OpKind.VIEW, [x], TensorSpec((24,), DType.BF16), ViewAttrs((0, 2, 1)))
+    with pytest.raises(VerifyError, match="perm"):
+        verify(g)

@@ -225,6 +225,19 @@ def test_a_gated_delta_rule_layer_splits_by_heads_under_tp(sp: bool) -> None:
     assert not any("linear_attn" in w for w in compiled.report.warnings)
 
 
+def test_a_transpose_of_as_many_tokens_as_channels_keeps_the_split_on_the_channels() -> None:
+    """The delta rule's short convolution transposes ``[b, T, C]`` to ``[b, C, T]``; at 96 tokens, as many as its 96
+    channels, sizes could not tell the axes apart and tp=2 was refused ("contracts a tensor-parallel split axis"):
+    the capture now records the transpose's permutation, and the convolution runs on each rank's 48 channels."""
+    compiled = lower(f"hf:{TINY_QWEN3_NEXT}", Plan(tp=2, seq_len=96), Cluster("null", 2))
+    [conv] = [
+        n
+        for n in compiled.graph
+        if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.name == "conv1d" and "layers.0." in n.scope
+    ]
+    assert conv.attrs.batch == 96 // 2 and conv.out.shape[1] == 48
+
+
 TINY_MAMBA2 = Path(__file__).parent / "configs" / "tiny-mamba2.json"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from echosim.frontend.aten_values import AtenValues, Multi, op_name
+from echosim.frontend.aten_values import AtenValues, Multi, op_name, permutation
 from echosim.frontend.fused import FusedKind, fused_kind
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -25,6 +25,7 @@ from echosim.ir.ops import (
     MatmulAttrs,
     NormAttrs,
     OpKind,
+    ViewAttrs,
 )
 from echosim.ir.types import DType, TensorSpec
 
@@ -52,7 +53,12 @@ def _view(c: AtenValues, node: fx.Node) -> None:
     if src is None or spec is None:
         c.env[node] = None
         return
-    c.emit(node, OpKind.VIEW, [src], spec=spec)
+    perm, before = permutation(node), c.graph[src].out.shape
+    # where the IR holds the input as torch does (a weight may be held transposed): the axes are the same
+    attrs = (
+        ViewAttrs(perm) if perm and len(before) == len(perm) and tuple(before[i] for i in perm) == spec.shape else None
+    )
+    c.emit(node, OpKind.VIEW, [src], attrs, spec=spec)
 
 
 def _cast(c: AtenValues, node: fx.Node) -> None:
@@ -319,7 +325,8 @@ class _Chunks:
             nid = self.add(
                 OpKind.ELEMENTWISE, [nid], (batch, padded, heads, *rest), ElementwiseAttrs("pad", 0), f"{name}_pad"
             )
-        nid = self.add(OpKind.VIEW, [nid], (batch, heads, padded, *rest), None, f"{name}_heads")
+        swap = ViewAttrs((0, 2, 1, *range(3, 3 + len(rest))))
+        nid = self.add(OpKind.VIEW, [nid], (batch, heads, padded, *rest), swap, f"{name}_heads")
         return self.add(OpKind.VIEW, [nid], (batch, heads * self.chunks, self.chunk, *rest), None, f"{name}_chunks")
 
     def join(self, nid: int, heads: int) -> int:
@@ -327,7 +334,7 @@ class _Chunks:
         batch, _, _, d = self.c.graph[nid].out.shape
         padded = self.chunks * self.chunk
         nid = self.add(OpKind.VIEW, [nid], (batch, heads, padded, d), None, "o_heads")
-        return self.add(OpKind.VIEW, [nid], (batch, padded, heads, d), None, "o_padded")
+        return self.add(OpKind.VIEW, [nid], (batch, padded, heads, d), ViewAttrs((0, 2, 1, 3)), "o_padded")
 
 
 def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:

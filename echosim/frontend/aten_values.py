@@ -71,6 +71,33 @@ def swaps_last_two(node: fx.Node) -> bool:
     return False
 
 
+def permutation(node: fx.Node) -> tuple[int, ...]:
+    """The axes a permuting view (``permute``, ``transpose`` and its aliases, ``t``, ``.T``, ``.mT``, ``movedim``)
+    takes its output's axes from, in order; ``()`` for any other view or the identity."""
+    target = packet(node)
+    val = node.meta.get("val")
+    rank = len(val.shape) if isinstance(val, torch.Tensor) else 0
+    perm = list(range(rank))
+    if target in (aten.permute, aten.permute_copy) and rank:
+        perm = [d % rank for d in node.args[1]]
+    elif target in (aten.transpose, aten.transpose_copy, aten.swapaxes, aten.swapdims) and rank >= 2:
+        a, b = (d % rank for d in node.args[1:3])
+        perm[a], perm[b] = perm[b], perm[a]
+    elif (target in (aten.t, aten.t_copy, aten.numpy_T) and rank == 2) or (
+        target in (aten.mT, aten.mH, aten.adjoint) and rank >= 2
+    ):
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+    elif target is aten.numpy_T:
+        perm.reverse()
+    elif target in (aten.movedim, aten.moveaxis) and rank:
+        sources, targets = node.args[1], node.args[2]
+        sources, targets = ([sources], [targets]) if isinstance(sources, int) else (sources, targets)
+        moved = dict(zip((t % rank for t in targets), (s % rank for s in sources), strict=True))
+        rest = iter(a for a in range(rank) if a not in moved.values())
+        perm = [moved[i] if i in moved else next(rest) for i in range(rank)]
+    return tuple(perm) if perm != list(range(rank)) else ()
+
+
 class AtenValues:
     """One conversion's state and the helpers a rule adds IR nodes with."""
 

@@ -38,6 +38,7 @@ from echosim.ir.ops import (
     NormAttrs,
     OpKind,
     ParamAttrs,
+    ViewAttrs,
 )
 from echosim.ir.types import DType, TensorSpec
 
@@ -233,10 +234,31 @@ _MODULES: dict[type, Callable[[_Converter, fx.Node, Any], None]] = {
 }
 
 
+def _permutation(node: fx.Node, rank: int) -> tuple[int, ...]:
+    """The axes ``transpose`` or ``permute`` (method or function) takes its output's axes from; ``()`` otherwise."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    dims = [d for d in node.args[1:] if isinstance(d, int)] or [
+        d for a in node.args[1:2] if isinstance(a, (list, tuple)) for d in a
+    ]
+    if not rank or len(node.args) < 2 or not all(isinstance(d, int) for d in dims):
+        return ()
+    perm = list(range(rank))
+    if name == "transpose" and len(dims) == 2:
+        a, b = (d % rank for d in dims)
+        perm[a], perm[b] = perm[b], perm[a]
+    elif name == "permute" and len(dims) == rank:
+        perm = [d % rank for d in dims]
+    return tuple(perm) if perm != list(range(rank)) else ()
+
+
 def _view(c: _Converter, node: fx.Node) -> None:
     ins = c.tensors(node.args[:1])
     if "tensor_meta" in node.meta and hasattr(node.meta["tensor_meta"], "shape"):
-        c.emit(node, OpKind.VIEW, ins)
+        after = tuple(node.meta["tensor_meta"].shape)
+        perm = _permutation(node, len(after)) if ins else ()
+        before = c.graph[ins[0]].out.shape if perm else ()
+        kept = perm and len(before) == len(perm) and tuple(before[i] for i in perm) == after
+        c.emit(node, OpKind.VIEW, ins, ViewAttrs(perm) if kept else None)
     else:  # tuple results (split/chunk): alias the input; getitem picks the shape
         c.env[node] = ins[0]
 

@@ -20,6 +20,7 @@ from echosim.ir.ops import (
     MatmulAttrs,
     NormAttrs,
     OpKind,
+    ViewAttrs,
 )
 from echosim.ir.types import TensorSpec
 
@@ -32,7 +33,13 @@ def _view(c: OnnxValues, node: Any) -> None:
     if node.input[0] in c.params:  # a transposed weight: materialised only if something other than a matmul reads it
         c.lazy[node.output[0]] = node
         return
-    c.emit(node, OpKind.VIEW, c.data(node, (0,)))
+    nid = c.emit(node, OpKind.VIEW, c.data(node, (0,)))
+    view = c.graph[nid]
+    if node.op_type == "Transpose" and view.inputs:  # its perm: default, the axes reversed (ONNX operator docs)
+        before = c.graph[view.inputs[0]].out.shape
+        perm = tuple(int(d) % max(1, len(before)) for d in attr(node, "perm", range(len(before) - 1, -1, -1)))
+        if perm != tuple(range(len(before))) and tuple(before[i] for i in perm if i < len(before)) == view.out.shape:
+            c.graph.replace(nid, attrs=ViewAttrs(perm))
 
 
 def _views(c: OnnxValues, node: Any) -> None:

@@ -73,6 +73,18 @@ class NoAttrs:
 
 
 @dataclass(frozen=True, slots=True)
+class ViewAttrs:
+    """A view that permutes its input's axes: output axis ``i`` is input axis ``perm[i]``. Kept because sizes alone
+    cannot say which axis went where when two are equal (a ``[b, T, C]`` activation transposed for a convolution
+    over the tokens with ``T == C``), and the sharding passes follow a split axis through the view."""
+
+    perm: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"perm={','.join(map(str, self.perm))}" if self.perm else ""
+
+
+@dataclass(frozen=True, slots=True)
 class ParamAttrs:
     """A trainable weight; ``shard`` says how many ranks split it (TP/EP).
 
@@ -543,6 +555,7 @@ class OptimizerAttrs:
 
 Attrs = (
     NoAttrs
+    | ViewAttrs
     | ParamAttrs
     | MatmulAttrs
     | AttentionAttrs
@@ -564,7 +577,7 @@ ATTRS_FOR: dict[OpKind, tuple[type, ...]] = {
     OpKind.SOFTMAX: (NoAttrs,),
     OpKind.EMBEDDING: (EmbeddingAttrs,),
     OpKind.REDUCTION: (ElementwiseAttrs, NoAttrs),
-    OpKind.VIEW: (NoAttrs,),
+    OpKind.VIEW: (NoAttrs, ViewAttrs),
     OpKind.CROSS_ENTROPY: (CrossEntropyAttrs,),
     OpKind.OPTIMIZER_UPDATE: (OptimizerAttrs,),
     **{kind: (CollectiveAttrs,) for kind in COLLECTIVES},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from echosim.ir.graph import Graph
-from echosim.ir.ops import ATTRS_FOR, OpKind
+from echosim.ir.ops import ATTRS_FOR, OpKind, ViewAttrs
 
 
 class VerifyError(ValueError):
@@ -28,6 +28,15 @@ def verify(graph: Graph, after: str = "") -> None:
             raise VerifyError(
                 f"node {node.id} ({node.name}): {node.op.value} cannot carry {type(node.attrs).__name__}{where}"
             )
+        if isinstance(node.attrs, ViewAttrs) and node.attrs.perm:
+            # a permutation of the input's axes; sizes are the frontend's check: a pass that shards a weight leaves
+            # the views of it as they were (they cost nothing), and their sizes with it
+            src = graph.nodes[node.inputs[0]].out.shape if node.inputs else ()
+            perm = node.attrs.perm
+            if sorted(perm) != list(range(len(src))) or len(node.out.shape) != len(src):
+                raise VerifyError(
+                    f"node {node.id} ({node.name}): perm {perm} is no permutation of {src} to {node.out.shape}{where}"
+                )
         if any(d <= 0 for d in node.out.shape):
             raise VerifyError(f"node {node.id} ({node.name}) has a non-positive dim {node.out}{where}")
         if node.op.is_placeholder and node.inputs:

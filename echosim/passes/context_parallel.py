@@ -181,7 +181,9 @@ class _Splitter:
             if kept >= 0:
                 return self.add(node, ins, self.div(node.out, kept, node), node.attrs, kept)
         if node.op is OpKind.VIEW:
-            axis = _split_axis_after_view(self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=True)
+            axis = _split_axis_after_view(
+                self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=True, attrs=node.attrs
+            )
         elif node.op is OpKind.EMBEDDING:
             axis = src_axis  # [b, s] ids -> [b, s, h]
         else:

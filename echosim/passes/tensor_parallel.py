@@ -37,6 +37,7 @@ from echosim.ir.ops import (
     MatmulAttrs,
     OpKind,
     ParamAttrs,
+    ViewAttrs,
 )
 from echosim.ir.types import DType, TensorSpec
 from echosim.passes.base import LayoutError
@@ -167,9 +168,11 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
 
 
 def _split_axis_after_view(
-    src: tuple[int, ...], axis: int, dst: tuple[int, ...], inner: bool = False, degree: int = 1
+    src: tuple[int, ...], axis: int, dst: tuple[int, ...], inner: bool = False, degree: int = 1, attrs: object = None
 ) -> int:
     """Which axis of ``dst`` carries the split axis of ``src`` after a view or permute.
+
+    ``attrs``: the view's; a permutation its :class:`ViewAttrs` records is followed exactly.
 
     A split feature axis (heads x head_dim) is split on its outer part; a split token
     axis that a view unflattens again (``[b*s, h] -> [b, s, h]``) on its inner part,
@@ -178,7 +181,9 @@ def _split_axis_after_view(
     part: a fused projection viewed as ``[3, heads, head_dim]`` (q, k and v, as BERT and
     ViT lay them out) splits its heads, which is how Megatron keeps them, per head.
     """
-    if sorted(src) == sorted(dst) and src != dst:  # a permutation: follow the axis
+    if isinstance(attrs, ViewAttrs) and attrs.perm:
+        return attrs.perm.index(axis)
+    if sorted(src) == sorted(dst) and src != dst:  # a permutation no frontend recorded: follow the sizes
         return _permuted(src, dst)[axis]
     prefix = math.prod(src[:axis])
     if inner:
@@ -543,7 +548,7 @@ class _Sharder:
         inner = next((self.inner[i] for i in split_ins if i in self.inner), "")
         if node.op is OpKind.VIEW:
             before = self.src[node.inputs[0]].out.shape
-            axis = _split_axis_after_view(before, src_axis, node.out.shape, inner=seq, degree=self.tp)
+            axis = _split_axis_after_view(before, src_axis, node.out.shape, seq, self.tp, node.attrs)
             outer, after = math.prod(before[:src_axis]), node.out.shape
             if not seq and sorted(before) != sorted(after) and math.prod(after[:axis]) > outer:  # passed inward
                 at = (d for i, d in enumerate(after) if d != 1 and math.prod(after[:i]) == outer)
