@@ -22,7 +22,7 @@ from echosim.ir.graph import Graph
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
-from echosim.passes.context_parallel import check_sequence
+from echosim.passes.context_parallel import SEQUENCE_KERNELS, check_sequence
 from echosim.passes.memory import MOMENTS, given_dtypes
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
 from echosim.passes.recompute import (
@@ -331,6 +331,7 @@ class ModelShape:
     layers: int | None  # repeats of the repeated block; None when no block repeats
     seq_len: int  # last dimension of the first per-sample input
     tokens: bool  # that input is integer token ids: a sequence model (else images, features: samples)
+    sequence_kernels: bool  # a layer runs a scan along the tokens (Mamba, RWKV, the gated delta rule)
     routed_experts: tuple[int, ...]  # experts per MoE layer built from echosim's MoE ops (dispatch/combine)
     batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
@@ -345,7 +346,7 @@ class ModelShape:
     @classmethod
     def of(cls, graph: Graph) -> ModelShape:
         heads: dict[tuple[int, int], None] = {}
-        routed = False
+        routed = scans = False
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
@@ -359,6 +360,8 @@ class ModelShape:
                 heads[(n.attrs.heads, n.attrs.kv_heads)] = None
             elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch":
                 routed = True
+            elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn in SEQUENCE_KERNELS:
+                scans = True
             if n.op not in (OpKind.MATMUL, OpKind.EMBEDDING):
                 continue
             style = styles.get(n.id, "")
@@ -382,6 +385,7 @@ class ModelShape:
             layers=next(iter(graph.repeats.values()), None),
             seq_len=ids[-1] if ids else 1,
             tokens=first is not None and first.dtype in (DType.INT64, DType.INT32) and len(ids) == 2,
+            sequence_kernels=scans,
             routed_experts=tuple(experts) if routed else (),
             batched_experts=bool(experts) and not routed,
             tp_targets=targets,
@@ -415,15 +419,15 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     notes = _replay_notes(plan, shape)
     tp_messages = _tp_messages(plan, shape)  # a model no tensor-parallel rule matches is refused first
     seq = shape.seq_len
-    if plan.cp > 1 and not (shape.tokens and shape.heads):
+    if plan.cp > 1 and not (shape.tokens and (shape.heads or shape.sequence_kernels)):
         what = (
-            "none (no attention, or attention computed op by op)"
-            if not shape.heads
-            else "attention, but its input is not a sequence of token ids"
+            "none (no attention, or attention computed op by op; no scan)"
+            if not (shape.heads or shape.sequence_kernels)
+            else f"{'attention' if shape.heads else 'a scan'}, but its input is not a sequence of token ids"
         )
         raise PlanError(
-            f"cp={plan.cp}: context parallelism splits scaled-dot-product attention over a token sequence; "
-            f"{shape.name} has {what}"
+            f"cp={plan.cp}: context parallelism splits scaled-dot-product attention or a scan (Mamba, the gated "
+            f"delta rule) over a token sequence; {shape.name} has {what}"
         )
     if plan.cp > 1:
         try:

@@ -722,7 +722,7 @@ def test_bert_under_context_parallelism_gathers_the_tokens_before_its_masked_lm_
     ("model", "why"),
     [
         ("vit-b16", "vit-b16 has attention, but its input is not a sequence of token ids"),
-        ("resnet50", "resnet50 has none (no attention, or attention computed op by op)"),
+        ("resnet50", "resnet50 has none (no attention, or attention computed op by op; no scan)"),
         ("lstm-lm", "lstm-lm has none"),
     ],
 )
@@ -732,4 +732,4 @@ def test_context_parallelism_of_a_model_without_a_token_sequence_is_one_line(mod
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1
     [line] = result.output.strip().splitlines()
-    assert "context parallelism splits scaled-dot-product attention over a token sequence" in line and why in line
+    assert "context parallelism splits scaled-dot-product attention or a scan" in line and why in line

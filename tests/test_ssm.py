@@ -296,3 +296,53 @@ def test_a_mamba2_model_splits_by_heads_and_groups_under_tp() -> None:
     assert not two.report.warnings
     with pytest.raises(PlanError, match=r"tp=4 does not divide the axis of size 2 .* needs whole on each rank"):
         lower(f"hf:{TINY_MAMBA2}", Plan(tp=4, **plan), Cluster("null", devices=4))
+
+
+def _forward_collectives(graph: Any, layer: str) -> list[Any]:
+    return [n for n in graph if n.phase is Phase.FORWARD and n.op.is_collective and n.scope.startswith(layer)]
+
+
+def test_context_parallel_mamba2_exchanges_tokens_for_heads_around_the_scan() -> None:
+    """Megatron-Core's Mamba context parallelism: the input projection runs on the rank's 128 of 256 tokens, one
+    all_to_all trades them for every token of half the heads (z, x, B, C and dt: 2 x 128 + 2 x 2 x 16 + 8 = 328
+    channels, sent as the rank's 128 tokens x 328 in bf16), the convolution and the scan run on those heads over
+    the whole sequence, and a second all_to_all brings the 128 channels of the scan's output back to the rank's
+    tokens before out_proj. It was refused ("context parallelism splits scaled-dot-product attention")."""
+    one = lower(f"hf:{TINY_MAMBA2}", Plan(seq_len=256), Cluster("null", 1))
+    two = lower(f"hf:{TINY_MAMBA2}", Plan(cp=2, seq_len=256), Cluster("null", 2))
+    exchanged = _forward_collectives(two.graph, "backbone.layers.0.")
+    assert [(n.op, n.attrs.bytes) for n in exchanged] == [
+        (OpKind.ALL_TO_ALL, 128 * 328 * 2),
+        (OpKind.ALL_TO_ALL, 128 * 128 * 2),
+    ]
+    assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+    kernel = {n.name: n.attrs.batch for n in two.graph if n.phase is Phase.FORWARD and "ssd_scan." in n.name
+              and n.op is OpKind.MATMUL}  # fmt: skip
+    whole = {n.name: n.attrs.batch for n in one.graph if n.phase is Phase.FORWARD and n.name in kernel}
+    assert kernel == {name: batch // 2 for name, batch in whole.items()}  # half the heads (and groups) each
+
+
+def test_context_parallel_beyond_the_groups_repeats_b_and_c_on_every_rank() -> None:
+    """cp=4 over 2 groups of B and C: each group serves heads on two ranks, so every rank gathers B and C (Megatron-
+    Core repeats each group before its all_to_all) and computes C B^T whole; the heads still split four ways."""
+    four = lower(f"hf:{TINY_MAMBA2}", Plan(cp=4, seq_len=256), Cluster("null", 4))
+    ops = [(n.op, n.name) for n in _forward_collectives(four.graph, "backbone.layers.0.")]
+    assert ops[0] == (OpKind.ALL_TO_ALL, "linear.cp_to_heads") and ops[-1][0] is OpKind.ALL_TO_ALL
+    assert {name for op, name in ops if op is OpKind.ALL_GATHER} == {
+        "ssd_scan.B_t.cp_all_gather",
+        "ssd_scan.C_chunks.cp_all_gather",
+    }
+    [cb] = [n for n in four.graph if n.phase is Phase.FORWARD and n.name == "ssd_scan.cb" and "layers.0." in n.scope]
+    assert cb.attrs.useful == 1.0 and cb.out.shape[1] == 2 * 256 // 32  # both groups, every chunk
+
+
+@pytest.mark.parametrize("config", ["tiny-qwen3-next.json", "tiny-rwkv.json"])
+def test_context_parallel_runs_the_delta_rule_and_the_wkv_on_each_ranks_heads(config: str) -> None:
+    """The gated delta rule (after its short convolution) and RWKV's WKV run along the tokens: under cp=2 their layer
+    trades tokens for heads (channels) and back, and the step does the model's FLOPs once."""
+    path = f"hf:{TINY_MAMBA.parent / config}"
+    one = lower(path, Plan(seq_len=256), Cluster("null", 1))
+    two = lower(path, Plan(cp=2, seq_len=256), Cluster("null", 2))
+    a2a = [n for n in two.graph if n.phase is Phase.FORWARD and n.op is OpKind.ALL_TO_ALL]
+    assert {n.name.rsplit(".", 1)[-1] for n in a2a} == {"cp_to_heads", "cp_to_tokens"}
+    assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)

@@ -21,6 +21,15 @@ every other ring step is exactly half a block (Transformer Engine skips the mask
 half). Without it, rank ``cp - 1`` holds the last chunk and does the most work;
 since the ring advances in lock step, that rank is the one simulated.
 
+A layer whose products run along the sequence (Mamba-2's causal convolution and scan, the gated delta rule's)
+cannot run on a share of the tokens: as Megatron-Core's "all-to-all" context parallelism for Mamba does
+(``MambaContextParallel``, megatron/core/ssm/mamba_context_parallel.py, Megatron-LM commit d98e8a6), the
+output of its input projection is exchanged by an all_to_all from ``1/cp`` of the tokens with every channel to
+every token with ``1/cp`` of the channels (whole heads, and whole groups of B and C), the convolution and the scan
+run on those heads over the whole sequence, and a second all_to_all brings the result back to the rank's tokens
+before the output projection. Such a layer is found where a product would contract the sequence axis; its
+module (the linears in it excepted) is then made head-parallel and the graph split again.
+
 ``torch``: PyTorch's experimental ``context_parallel`` instead (torchtitan's CP; PyTorch
 torch/distributed/tensor/experimental/_attention.py, ``_templated_ring_attention`` and its backward, as
 of commit 1963fc8, 2024-12-23). It rings the K/V that reach ``scaled_dot_product_attention``, which
@@ -50,6 +59,7 @@ all_gather for the other scheme) instead of saving every chunk for backward.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -62,6 +72,7 @@ from echosim.ir.ops import (
     MatmulAttrs,
     OpKind,
     Phase,
+    ViewAttrs,
     causal_fraction,
 )
 from echosim.ir.types import TensorSpec
@@ -69,6 +80,10 @@ from echosim.passes.base import LayoutError
 from echosim.passes.tensor_parallel import _reduction_keeps, _slices_axis, _split_axis_after_view
 
 COMMS = ("p2p", "all_gather")
+#: The elementwise sequence kernels the frontends capture (``echosim.frontend.ssm_ops`` lowered by
+#: ``aten_rules``): Mamba-1's selective scan, RWKV's WKV, Mamba-2's scan steps and the gated delta rule's. Each
+#: runs along the tokens, so its layer is made head-parallel, never split by tokens as a pointwise op.
+SEQUENCE_KERNELS = frozenset({"selective_scan", "wkv", "ssd_dt", "ssd_state_pass", "delta_rule_ut"})
 #: PyTorch's merge of the ring's partial outputs, in fp32 (echosim.passes.flops.io_bytes)
 MERGE_FP32 = "attn_merge_fp32"
 
@@ -90,6 +105,7 @@ class ContextParallel:
     balance: bool = True
     torch: bool = False  # PyTorch's experimental context_parallel (module docstring)
     waited: bool = False  # compiled: each exchange waited on where it is issued
+    tp: int = 1  # the tensor-parallel degree the graph is split by next: a head-parallel layer's heads take both
     name: ClassVar[str] = "context-parallel"
 
     def __post_init__(self) -> None:
@@ -99,17 +115,197 @@ class ContextParallel:
     def run(self, graph: Graph) -> Graph:
         if self.cp == 1:
             return graph
-        return _Splitter(graph, self).run()
+        heads: set[str] = set()
+        while True:
+            try:
+                return _Splitter(graph, self, heads).run()
+            except _AlongTokens as exc:  # a layer that runs along the sequence: head-parallel, split again
+                if not exc.scope or exc.scope in heads:
+                    raise LayoutError(str(exc)) from None
+                heads.add(exc.scope)
+
+
+class _AlongTokens(LayoutError):
+    """A product that contracts the sequence axis, in module ``scope``."""
+
+    def __init__(self, message: str, scope: str) -> None:
+        super().__init__(message)
+        self.scope = scope
+
+
+def _is_linear(graph: Graph, node: Node) -> bool:
+    """A linear layer: a product with a 2-D weight, not a convolution."""
+    return (
+        node.op is OpKind.MATMUL
+        and len(node.inputs) > 1
+        and graph[node.inputs[1]].op is OpKind.PARAMETER
+        and len(graph[node.inputs[1]].out.shape) == 2
+        and not (isinstance(node.attrs, MatmulAttrs) and node.attrs.conv_io)
+    )
 
 
 class _Splitter:
-    def __init__(self, graph: Graph, opts: ContextParallel) -> None:
+    def __init__(self, graph: Graph, opts: ContextParallel, heads: set[str] | None = None) -> None:
         self.src = graph
         self.cp = opts.cp
         self.opts = opts
         self.out = Graph(graph.name, graph.repeats, graph.block_layers)
         self.map: dict[int, int] = {}
         self.axis: dict[int, int] = {}  # new value id -> its sequence axis
+        self.regions = tuple(sorted(heads or ()))  # modules run head-parallel (module docstring)
+        self.heads: dict[int, int] = {}  # new value id -> its channel axis, split cp ways over the whole sequence
+        # ... and where in that axis the split factor sits: (its stride inside the axis, its whole size)
+        self.factor: dict[int, tuple[int, int]] = {}
+        self.exchanged: dict[int, int] = {}  # value -> its all_to_all to the other split
+        self.gathered: dict[int, int] = {}  # head-split value -> its all_gather (every channel on every rank)
+
+    def in_region(self, node: Node) -> bool:
+        return any(node.scope == r or node.scope.startswith(r + ".") for r in self.regions)
+
+    def to_heads(self, value: int, node: Node) -> int:
+        """Megatron-Core's ``_all_to_all_cp2hp``: the rank's tokens with every channel -> every token, ``1/cp`` of
+        the channels (the last axis, or the one before a sequence axis that is last)."""
+        if value not in self.exchanged:
+            spec, seq = self.out[value].out, self.axis[value]
+            channel = len(spec.shape) - 1 if seq != len(spec.shape) - 1 else len(spec.shape) - 2
+            shape = list(spec.shape)
+            if channel < 0 or channel == seq or shape[channel] % self.cp:
+                raise LayoutError(
+                    f"cp={self.cp} does not divide the channels of {node.name} at {node.scope} "
+                    f"({shape[channel] if channel >= 0 else 1}): a layer that runs along the sequence splits its "
+                    "heads over the context-parallel ranks (Megatron-Core's Mamba context parallelism)"
+                )
+            shape[seq] *= self.cp
+            shape[channel] //= self.cp
+            v = self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_to_heads")
+            self.heads[v] = channel
+            self.factor[v] = (1, shape[channel] * self.cp)
+            self.exchanged[value] = v
+        return self.exchanged[value]
+
+    def to_tokens(self, value: int, node: Node) -> int:
+        """``_all_to_all_hp2cp``: back to the rank's tokens with every channel."""
+        if value not in self.exchanged:
+            spec, channel = self.out[value].out, self.heads[value]
+            seq = len(spec.shape) - 2 if channel == len(spec.shape) - 1 else len(spec.shape) - 1
+            shape = list(spec.shape)
+            shape[channel] *= self.cp
+            v = self._exchange_a2a(value, self.div(spec.with_shape(tuple(shape)), seq, node), node, "cp_to_tokens")
+            self.axis[v] = seq
+            self.exchanged[value] = v
+        return self.exchanged[value]
+
+    def gather_heads(self, value: int, node: Node) -> int:
+        """All of a head-split value's channels on every rank."""
+        if value not in self.gathered:
+            spec, channel = self.out[value].out, self.heads[value]
+            shape = list(spec.shape)
+            shape[channel] *= self.cp
+            full = spec.with_shape(tuple(shape))
+            attrs = CollectiveAttrs(Axis.CP, self.cp, full.nbytes)
+            name = f"{self.out[value].name}.cp_all_gather"
+            self.gathered[value] = self.out.add(
+                OpKind.ALL_GATHER, [value], full, attrs, phase=node.phase, scope=node.scope, name=name
+            )
+        return self.gathered[value]
+
+    def _exchange_a2a(self, value: int, out: TensorSpec, node: Node, tag: str) -> int:
+        attrs = CollectiveAttrs(Axis.CP, self.cp, self.out[value].out.nbytes)
+        return self.out.add(OpKind.ALL_TO_ALL, [value], out, attrs, phase=node.phase, scope=node.scope,
+                            name=f"{self.out[value].name}.{tag}")  # fmt: skip
+
+    def _heads_node(self, node: Node, ins: list[int]) -> int:
+        """A node of a head-parallel layer: its inputs on the rank's heads over the whole sequence, as the tensor
+        parallel pass splits a column-parallel region."""
+        ins = [self.to_heads(i, node) if i in self.axis else i for i in ins]
+        split = [i for i in ins if i in self.heads]
+        if not split:
+            return self.add(node, ins, node.out, node.attrs, None)
+        src = split[0]
+        axis = self.heads[src]
+        factor = self.factor[src]
+        before = self.src[node.inputs[ins.index(src)]].out.shape
+        attrs = node.attrs
+        if node.op is OpKind.VIEW:
+            axis, factor = self._follow(before, axis, factor, node)
+        elif node.op is OpKind.MATMUL and isinstance(attrs, MatmulAttrs):
+            operands = [i for i in ins[:2] if i in self.heads]
+            depthwise = attrs.conv_io and ins[0] in self.heads and self.heads[ins[0]] == 1
+            inside = [i for i in operands if not depthwise and self.heads[i] >= len(self.out[i].out.shape) - 2]
+            if inside:
+                # split inside a product (fewer groups of B and C than ranks that split heads, Mamba-1's time step):
+                # every rank gathers that operand, as Megatron-Core repeats a group's B and C on each rank
+                return self._heads_node(node, [self.gather_heads(i, node) if i in inside else i for i in ins])
+            if not operands:  # only a third operand (the decays) is split: the product is every rank's whole
+                ins = [self.gather_heads(i, node) if i in self.heads else i for i in ins]
+                return self.add(node, ins, node.out, attrs, None)
+            # the operand laid out as the product (heads x chunks), not one broadcast over its heads (B, C)
+            src = next((i for i in operands if self._whole_shape(i)[self.heads[i]] == node.out.shape[self.heads[i]]),
+                       operands[0])  # fmt: skip
+            axis, factor = self.heads[src], self.factor[src]
+            if attrs.batch % self.cp:
+                raise LayoutError(
+                    f"cp={self.cp} does not divide the {attrs.batch} products of {node.name} at {node.scope}"
+                )
+            attrs = replace(attrs, batch=attrs.batch // self.cp, conv_io=attrs.conv_io // self.cp)
+        elif node.op is OpKind.REDUCTION:
+            kept = _reduction_keeps(before, axis, node.out.shape)
+            if kept is None:  # over the split channels: each rank's part, then an all_reduce
+                v = self.add(node, ins, node.out, attrs, None)
+                reduce = CollectiveAttrs(Axis.CP, self.cp, node.out.nbytes)
+                return self.out.add(OpKind.ALL_REDUCE, [v], node.out, reduce, phase=node.phase, scope=node.scope,
+                                    name=f"{node.name}.cp_all_reduce")  # fmt: skip
+            axis = kept if kept >= 0 else axis
+        else:
+            axis = min(max(axis + len(node.out.shape) - len(before), 0), len(node.out.shape) - 1)
+        shape = list(node.out.shape)
+        if shape[axis] % self.cp:
+            raise LayoutError(
+                f"cp={self.cp} does not divide axis {axis} ({shape[axis]}) of {node.name} at {node.scope}: a layer "
+                "that runs along the sequence splits its heads (and groups) over the context-parallel ranks"
+            )
+        shape[axis] //= self.cp
+        v = self.add(node, ins, node.out.with_shape(tuple(shape)), attrs, None)
+        self.heads[v] = axis
+        self.factor[v] = factor
+        return v
+
+    def _whole_shape(self, value: int) -> tuple[int, ...]:
+        """A head-split value's shape with every head."""
+        shape = list(self.out[value].out.shape)
+        shape[self.heads[value]] *= self.cp
+        return tuple(shape)
+
+    def _follow(
+        self, before: tuple[int, ...], axis: int, factor: tuple[int, int], node: Node
+    ) -> tuple[int, tuple[int, int]]:
+        """Where a view puts the split factor (its stride inside ``axis`` and its size) of ``before``: followed by
+        element strides, so a factor merged into a larger axis and unmerged again comes back to its own place
+        (Qwen3-Next's gated norm flattens ``[b, T, heads, d]`` to ``[b * T * heads, d]`` and back). A factor that
+        now spans several axes splits on the outermost (the channels are contiguous blocks of whole heads); a
+        slice of the split axis keeps the split on each part (the fused input projection's z, x, B, C, dt)."""
+        after = node.out.shape
+        inner, size = factor
+        if isinstance(node.attrs, ViewAttrs) and node.attrs.perm:
+            return node.attrs.perm.index(axis), factor
+        if math.prod(before) != math.prod(after):  # a slice: of the split axis (each part split), or of another
+            if len(before) == len(after) and before[axis] != after[axis]:
+                return axis, (1, after[axis])
+            moved = _split_axis_after_view(before, axis, after, degree=self.cp)
+            return moved, (1, after[moved])
+        low = math.prod(before[axis + 1 :]) * inner  # the factor covers element strides [low, low * size)
+        high = low * size
+        spanned, stride = [], 1
+        for j in range(len(after) - 1, -1, -1):
+            if after[j] != 1 and stride < high and stride * after[j] > low:
+                spanned.append(j)
+            stride *= after[j]
+        for j in reversed(spanned):  # outermost first; tensor parallelism splits the same heads next
+            below = math.prod(after[j + 1 :])
+            part = min(high, below * after[j]) // max(low, below)  # the factor's extent inside axis j
+            if j == spanned[0] or part % (self.cp * self.opts.tp) == 0:
+                return j, (max(1, low // below), part)
+        return axis, factor
 
     def div(self, spec: TensorSpec, axis: int, node: Node) -> TensorSpec:
         shape = list(spec.shape)
@@ -152,9 +348,15 @@ class _Splitter:
         return self.out
 
     def _node(self, node: Node, ins: list[int]) -> int:
+        if self.regions and node.op is not OpKind.PARAMETER:
+            if self.in_region(node) and not _is_linear(self.src, node):
+                return self._heads_node(node, ins)
+            ins = [self.to_tokens(i, node) if i in self.heads else i for i in ins]
         split = [i for i in ins if i in self.axis]
         if not split:
             return self.add(node, ins, node.out, node.attrs, None)
+        if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn in SEQUENCE_KERNELS:
+            raise _AlongTokens(f"{node.attrs.fn} at {node.scope} runs along the sequence", node.scope)
         if node.op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
             return self._attention(node, ins)
         if node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
@@ -202,7 +404,10 @@ class _Splitter:
         axis = self.axis[ins[0]]
         x = self.out[ins[0]].out
         if axis == len(x.shape) - 1:
-            raise LayoutError(f"matmul {node.name} at {node.scope} contracts the sequence axis")
+            scope = node.scope  # a convolution module's product: the layer it is in
+            if self.src[node.inputs[1]].scope == scope and self.src[node.inputs[1]].op is OpKind.PARAMETER:
+                scope = scope.rpartition(".")[0]
+            raise _AlongTokens(f"matmul {node.name} at {node.scope} contracts the sequence axis", scope)
         out = self.div(node.out, axis, node)
         w = self.out[ins[1]].out.shape
         if len(w) == 3 and a.batch == w[0]:  # grouped expert matmul: rows / experts per expert

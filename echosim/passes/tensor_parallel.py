@@ -640,7 +640,9 @@ class _Sharder:
                     "(Mamba-2's groups of B and C, attention's heads: use a tp that divides them)"
                 )
             raise self.unsplittable(
-                node, f"matmul at {node.scope} contracts a tensor-parallel split axis without a plan entry"
+                node,
+                f"matmul {node.name} at {node.scope} sums over an axis tensor parallelism splits: no rule of the plan "
+                f"splits its layer, or tp={self.tp} (with cp) does not divide the heads (or groups) it runs on",
             )
         # every tensor-parallel rank computes this product whole (a router, a linear no rule matches): one rank's
         # copy is the model's work, the others count as hardware FLOPs only (MFU's numerator takes it once)
