@@ -573,3 +573,15 @@ def test_a_model_mixing_its_own_fp32_states_with_bf16_weights_is_built_in_fp32()
     cap, _ = hf.capture_config(config, CaptureSpec(micro_batch=1, seq_len=128), "xlstm")
     assert cap.graph.repeats == {"backbone.blocks.0": 2}
     assert {n.out.dtype.value for n in cap.graph if n.op is OpKind.MATMUL} == {"bf16"}
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_hf_experts_under_context_parallelism_keep_each_ranks_tokens(cp: int) -> None:
+    """transformers' MoE layer sorts ``tokens x top_k`` rows and views them back as ``[tokens, top_k]``: the split
+    stays on the tokens. It went to the top_k axis, so the sum over a token's experts became an all_reduce of every
+    token over the cp ranks at cp=2, and cp=4 was refused ("does not divide the sequence axis ... (2)")."""
+    compiled = lower(f"hf:{CONFIGS}/tiny-mixtral.json", Plan(cp=cp, seq_len=1024), Cluster("null", devices=cp))
+    moe = [n for n in compiled.graph if n.phase is Phase.FORWARD and ".mlp" in n.scope]
+    assert not any(n.op.is_collective for n in moe)
+    [combined] = [n for n in moe if n.op is OpKind.REDUCTION and n.scope.endswith("layers.0.mlp.experts")]
+    assert combined.out.shape == (1024 // cp, 64)

@@ -77,7 +77,7 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
-from echosim.passes.tensor_parallel import _reduction_keeps, _slices_axis, _split_axis_after_view
+from echosim.passes.tensor_parallel import _reduction_keeps, _slices_axis, _split_axis_after_view, sequence_length
 
 COMMS = ("p2p", "all_gather")
 #: The elementwise sequence kernels the frontends capture (``echosim.frontend.ssm_ops`` lowered by
@@ -152,6 +152,7 @@ class _Splitter:
         self.out = Graph(graph.name, graph.repeats, graph.block_layers)
         self.map: dict[int, int] = {}
         self.axis: dict[int, int] = {}  # new value id -> its sequence axis
+        self.tokens = sequence_length(graph)
         self.regions = tuple(sorted(heads or ()))  # modules run head-parallel (module docstring)
         self.heads: dict[int, int] = {}  # new value id -> its channel axis, split cp ways over the whole sequence
         # ... and where in that axis the split factor sits: (its stride inside the axis, its whole size)
@@ -383,9 +384,8 @@ class _Splitter:
             if kept >= 0:
                 return self.add(node, ins, self.div(node.out, kept, node), node.attrs, kept)
         if node.op is OpKind.VIEW:
-            axis = _split_axis_after_view(
-                self.src[node.inputs[0]].out.shape, src_axis, node.out.shape, inner=True, attrs=node.attrs
-            )
+            before = self.src[node.inputs[0]].out.shape
+            axis = _split_axis_after_view(before, src_axis, node.out.shape, True, attrs=node.attrs, tokens=self.tokens)
         elif node.op is OpKind.EMBEDDING:
             axis = src_axis  # [b, s] ids -> [b, s, h]
         else:

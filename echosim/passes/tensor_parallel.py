@@ -167,12 +167,30 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
     return styles
 
 
+def sequence_length(graph: Graph) -> int:
+    """Tokens per sequence of a model fed token ids ``[batch, tokens]``; 0 for other inputs (images, features)."""
+    for nid in graph.inputs:
+        spec = graph[nid].out
+        if spec.dtype in (DType.INT64, DType.INT32) and len(spec.shape) == 2:
+            return spec.shape[-1]
+    return 0
+
+
 def _split_axis_after_view(
-    src: tuple[int, ...], axis: int, dst: tuple[int, ...], inner: bool = False, degree: int = 1, attrs: object = None
+    src: tuple[int, ...],
+    axis: int,
+    dst: tuple[int, ...],
+    inner: bool = False,
+    degree: int = 1,
+    attrs: object = None,
+    tokens: int = 0,
 ) -> int:
     """Which axis of ``dst`` carries the split axis of ``src`` after a view or permute.
 
-    ``attrs``: the view's; a permutation its :class:`ViewAttrs` records is followed exactly.
+    ``attrs``: the view's; a permutation its :class:`ViewAttrs` records is followed exactly. ``tokens``: the
+    sequence length, for ``inner``: of the axes covering the split one, the innermost that holds whole sequences
+    (a multiple of it) is the token axis, so rows ``[tokens * top_k]`` of a MoE layer unflattened to ``[tokens,
+    top_k]`` keep the split on the tokens, not on the expert choices.
 
     A split feature axis (heads x head_dim) is split on its outer part; a split token
     axis that a view unflattens again (``[b*s, h] -> [b, s, h]``) on its inner part,
@@ -188,13 +206,14 @@ def _split_axis_after_view(
     prefix = math.prod(src[:axis])
     if inner:
         end = prefix * src[axis]
-        acc, found = 1, -1
+        acc, found, whole = 1, -1, -1
         for i, d in enumerate(dst):
             if d != 1 and acc < end and acc * d > prefix:
                 found = i
+                whole = i if tokens and d % tokens == 0 else whole
             acc *= d
-        if found >= 0:
-            return found
+        if whole >= 0 or found >= 0:
+            return whole if whole >= 0 else found
     acc = 1
     for i, d in enumerate(dst):
         if acc == prefix and d != 1 and (d % src[axis] == 0 or src[axis] % d == 0):
@@ -324,6 +343,7 @@ class _Sharder:
         # that was, for the error where a product then sums over the split (Mamba-2's groups of B and C)
         self.inner: dict[int, str] = {}
         self.whole = tuple(sorted(whole or ()))  # modules run whole on gathered tokens (SP), their inputs gathered
+        self.tokens = sequence_length(graph)
         self.styles = {i: s for i, s in styles.items() if not self.in_whole(graph[i].scope)}  # node id -> style
 
     def div(self, spec: TensorSpec, axis: int, what: str, uneven: bool = False) -> TensorSpec:
@@ -548,7 +568,7 @@ class _Sharder:
         inner = next((self.inner[i] for i in split_ins if i in self.inner), "")
         if node.op is OpKind.VIEW:
             before = self.src[node.inputs[0]].out.shape
-            axis = _split_axis_after_view(before, src_axis, node.out.shape, seq, self.tp, node.attrs)
+            axis = _split_axis_after_view(before, src_axis, node.out.shape, seq, self.tp, node.attrs, self.tokens)
             outer, after = math.prod(before[:src_axis]), node.out.shape
             if not seq and sorted(before) != sorted(after) and math.prod(after[:axis]) > outer:  # passed inward
                 at = (d for i, d in enumerate(after) if d != 1 and math.prod(after[:i]) == outer)
