@@ -332,6 +332,7 @@ class ModelShape:
     seq_len: int  # last dimension of the first per-sample input
     tokens: bool  # that input is integer token ids: a sequence model (else images, features: samples)
     sequence_kernels: bool  # a layer runs a scan along the tokens (Mamba, RWKV, the gated delta rule)
+    products: bool  # a product of two activations (attention written out: BLOOM, MiniMax's linear attention)
     routed_experts: tuple[int, ...]  # experts per MoE layer built from echosim's MoE ops (dispatch/combine)
     batched_experts: bool  # 3-D expert weights without a recognised dispatch (ONNX, unrecognised hf: layers)
     tp_targets: int  # matmuls and embeddings the tensor-parallel plan matches
@@ -346,7 +347,7 @@ class ModelShape:
     @classmethod
     def of(cls, graph: Graph) -> ModelShape:
         heads: dict[tuple[int, int], None] = {}
-        routed = scans = False
+        routed = scans = products = False
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
@@ -364,6 +365,8 @@ class ModelShape:
                 scans = True
             if n.op not in (OpKind.MATMUL, OpKind.EMBEDDING):
                 continue
+            if n.op is OpKind.MATMUL and len(n.inputs) > 1:
+                products |= all(graph[i].op not in (OpKind.PARAMETER, OpKind.INPUT) for i in n.inputs[:2])
             style = styles.get(n.id, "")
             targets += bool(style)
             if isinstance(n.attrs, MatmulAttrs) and len(n.inputs) > 1:
@@ -386,6 +389,7 @@ class ModelShape:
             seq_len=ids[-1] if ids else 1,
             tokens=first is not None and first.dtype in (DType.INT64, DType.INT32) and len(ids) == 2,
             sequence_kernels=scans,
+            products=products,
             routed_experts=tuple(experts) if routed else (),
             batched_experts=bool(experts) and not routed,
             tp_targets=targets,
@@ -419,11 +423,12 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     notes = _replay_notes(plan, shape)
     tp_messages = _tp_messages(plan, shape)  # a model no tensor-parallel rule matches is refused first
     seq = shape.seq_len
-    if plan.cp > 1 and not (shape.tokens and (shape.heads or shape.sequence_kernels)):
+    mixing = shape.heads or shape.sequence_kernels or shape.products
+    if plan.cp > 1 and not (shape.tokens and mixing):
         what = (
-            "none (no attention, or attention computed op by op; no scan)"
-            if not (shape.heads or shape.sequence_kernels)
-            else f"{'attention' if shape.heads else 'a scan'}, but its input is not a sequence of token ids"
+            "none (no attention, written out or as one op, and no scan)"
+            if not mixing
+            else f"{'a scan' if shape.sequence_kernels else 'attention'}, but its input is not a sequence of token ids"
         )
         raise PlanError(
             f"cp={plan.cp}: context parallelism splits scaled-dot-product attention or a scan (Mamba, the gated "

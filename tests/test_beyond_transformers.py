@@ -722,7 +722,7 @@ def test_bert_under_context_parallelism_gathers_the_tokens_before_its_masked_lm_
     ("model", "why"),
     [
         ("vit-b16", "vit-b16 has attention, but its input is not a sequence of token ids"),
-        ("resnet50", "resnet50 has none (no attention, or attention computed op by op; no scan)"),
+        ("resnet50", "resnet50 has none (no attention, written out or as one op, and no scan)"),
         ("lstm-lm", "lstm-lm has none"),
     ],
 )

@@ -500,6 +500,39 @@ def test_a_layer_that_mixes_tokens_runs_whole_on_the_gathered_sequence_under_sp(
     assert g[g[mix.inputs[0]].inputs[0]].op is OpKind.ALL_GATHER  # the transpose of the gathered tokens
 
 
+def test_a_linear_attention_written_out_runs_head_parallel_under_context_parallelism(tmp_path: Path) -> None:
+    """A linear attention written out (``phi(q) @ (phi(k)^T @ v)`` per head, MiniMax's lightning attention without
+    its decay) multiplies two sequence-split tensors, which a ring cannot split: under --cp 2 its layer trades
+    tokens for heads by all_to_all (DeepSpeed-Ulysses' scheme, Megatron-Core's for Mamba), runs over every token
+    on half the heads, and trades back before the output projection. It was refused ("context parallelism needs
+    attention as one op")."""
+    path = write_lm(
+        tmp_path,
+        """
+
+        class Block(nn.Module):
+            def __init__(self, h=64, heads=4):
+                super().__init__()
+                self.heads = heads
+                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
+
+            def forward(self, x):
+                b, s, h = x.shape
+                projections = (self.q_proj, self.k_proj, self.v_proj)
+                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
+                a = (F.elu(q) + 1) @ ((F.elu(k) + 1).transpose(-2, -1) @ v) / s
+                return x + self.o_proj(a.transpose(1, 2).reshape(b, s, h))
+        """,
+    )
+    one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
+    two = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2))
+    exchanged = [
+        n for n in two.graph if n.phase is Phase.FORWARD and n.op is OpKind.ALL_TO_ALL and "layers.0" in n.scope
+    ]
+    assert sorted(n.name.rsplit(".", 1)[-1] for n in exchanged) == ["cp_to_heads"] * 3 + ["cp_to_tokens"]
+    assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+
+
 def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing() -> None:
     """Every policy checkpoints layers; ResNet-50's stages do not fold into one repeated block, so --recompute
     full changed nothing, silently."""

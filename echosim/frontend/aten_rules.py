@@ -301,6 +301,19 @@ def _wkv(c: AtenValues, node: fx.Node) -> None:
     c.emit(node, OpKind.ELEMENTWISE, c.tensors(node.args[:4]), ElementwiseAttrs("wkv", WKV_FLOPS))
 
 
+def _args(node: fx.Node, *keys: str) -> list[Any]:
+    """A custom op's leading arguments, positional or by keyword."""
+    return [_arg(node, i, key) for i, key in enumerate(keys)]
+
+
+def _output(c: AtenValues, node: fx.Node) -> TensorSpec | None:
+    """The op's output, or ``None`` (the node then has no IR value) where export recorded none."""
+    out = c.spec_of(node.meta.get("val"))
+    if out is None:
+        c.env[node] = None
+    return out
+
+
 class _Chunks:
     """The per-chunk layout of the chunked scans' GEMMs: a ``[batch, T, heads, d]`` input is padded to whole
     chunks, transposed to ``[batch, heads, T, d]`` and viewed as ``[batch, heads * chunks, chunk, d]``, so every
@@ -345,12 +358,10 @@ def _gated_delta_rule(c: AtenValues, node: fx.Node) -> None:
     correction ``W S``, then the output ``(Q K^T masked) V_new + Q S``: GEMMs batched over every (batch, head,
     chunk), so FLOPs are the kernel's (full ``C x C`` blocks, as its tensor-core tiles compute them). The chunks'
     states chain one after another inside one kernel; that pass is counted by its GEMM FLOPs."""
-    q, k, v, g, beta = (_arg(node, i, key) for i, key in enumerate(("q", "k", "v", "g", "beta")))
+    q, k, v, g, beta = _args(node, "q", "k", "v", "g", "beta")
     chunk = int(_arg(node, 5, "chunk_size", 64))
     l2 = bool(_arg(node, 6, "qk_l2norm", False))
-    out = c.spec_of(node.meta.get("val"))
-    if out is None:
-        c.env[node] = None
+    if (out := _output(c, node)) is None:
         return
     batch, steps, kv_heads, dk = c.shape(k)
     heads, dv = c.shape(v)[2:]
@@ -403,11 +414,9 @@ def _ssd_scan(c: AtenValues, node: fx.Node) -> None:
     chunk's state ``B^T (decay dt x)``, the states passed chunk to chunk, and the off-diagonal output ``C S``.
     The decays and ``dt`` are applied inside the GEMMs' kernels, as there (a third operand here, so their
     gradient flows); ``C B^T`` is read by each head of its group, not repeated."""
-    x, dt, a, b, cm, d, bias = (_arg(node, i, key) for i, key in enumerate(("x", "dt", "A", "B", "C", "D", "dt_bias")))
+    x, dt, a, b, cm, d, bias = _args(node, "x", "dt", "A", "B", "C", "D", "dt_bias")
     chunk = int(_arg(node, 7, "chunk_size", 256))
-    out = c.spec_of(node.meta.get("val"))
-    if out is None:
-        c.env[node] = None
+    if (out := _output(c, node)) is None:
         return
     batch, steps, heads, p = c.shape(x)
     groups, n = c.shape(b)[2:]

@@ -159,6 +159,7 @@ class _Splitter:
         self.factor: dict[int, tuple[int, int]] = {}
         self.exchanged: dict[int, int] = {}  # value -> its all_to_all to the other split
         self.gathered: dict[int, int] = {}  # head-split value -> its all_gather (every channel on every rank)
+        self.entering: set[int] = set()  # outputs of a head-parallel layer's input projections (on tokens)
 
     def in_region(self, node: Node) -> bool:
         return any(node.scope == r or node.scope.startswith(r + ".") for r in self.regions)
@@ -349,10 +350,27 @@ class _Splitter:
         return self.out
 
     def _node(self, node: Node, ins: list[int]) -> int:
-        if self.regions and node.op is not OpKind.PARAMETER:
-            if self.in_region(node) and not _is_linear(self.src, node):
-                return self._heads_node(node, ins)
-            ins = [self.to_tokens(i, node) if i in self.heads else i for i in ins]
+        if not self.regions or node.op is OpKind.PARAMETER:
+            return self._tokens_node(node, ins)
+        region, linear = self.in_region(node), _is_linear(self.src, node)
+        along = node.op is OpKind.MATMUL or (
+            isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn in SEQUENCE_KERNELS
+        )
+        if (
+            region
+            and not linear
+            and any(i in self.heads or i in self.entering or (along and i in self.axis) for i in ins)
+        ):
+            return self._heads_node(node, ins)
+        returned = any(i in self.heads for i in ins)
+        v = self._tokens_node(node, [self.to_tokens(i, node) if i in self.heads else i for i in ins])
+        if region and linear and not returned:  # an input projection: what reads it in the layer takes heads
+            self.entering.add(v)
+        return v
+
+    def _tokens_node(self, node: Node, ins: list[int]) -> int:
+        """A node on the rank's tokens (every node outside a head-parallel layer, its linears, and the ops of the
+        residual stream that pass through it)."""
         split = [i for i in ins if i in self.axis]
         if not split:
             return self.add(node, ins, node.out, node.attrs, None)
@@ -396,11 +414,8 @@ class _Splitter:
     def _matmul(self, node: Node, ins: list[int]) -> int:
         a = node.attrs
         assert isinstance(a, MatmulAttrs)
-        if ins[1] in self.axis:
-            raise LayoutError(
-                f"context parallelism needs attention as one op (scaled_dot_product_attention); "
-                f"{node.name} at {node.scope} multiplies two sequence-split tensors"
-            )
+        if ins[1] in self.axis:  # attention (or a linear attention) written out: its layer runs head-parallel
+            raise _AlongTokens(f"{node.name} at {node.scope} multiplies two sequence-split tensors", node.scope)
         axis = self.axis[ins[0]]
         x = self.out[ins[0]].out
         if axis == len(x.shape) - 1:
