@@ -585,3 +585,15 @@ def test_hf_experts_under_context_parallelism_keep_each_ranks_tokens(cp: int) ->
     assert not any(n.op.is_collective for n in moe)
     [combined] = [n for n in moe if n.op is OpKind.REDUCTION and n.scope.endswith("layers.0.mlp.experts")]
     assert combined.out.shape == (1024 // cp, 64)
+
+
+def test_bloom_under_context_parallelism_runs_its_alibi_attention_head_parallel() -> None:
+    """BLOOM's attention is written out (``baddbmm`` with its ALiBi bias), not one op a ring can split: under cp=2
+    each layer trades tokens for heads by all_to_all and back, and the step does the model's FLOPs once. It was
+    refused ("context parallelism needs attention as one op")."""
+    path = f"hf:{CONFIGS}/tiny-bloom.json"
+    one = lower(path, Plan(seq_len=64), Cluster("null", devices=1)).report
+    two = lower(path, Plan(cp=2, seq_len=64), Cluster("null", devices=2))
+    kinds = {n.name.rsplit(".", 1)[-1] for n in two.graph if n.op is OpKind.ALL_TO_ALL and n.phase is Phase.FORWARD}
+    assert kinds == {"cp_to_heads", "cp_to_tokens"}
+    assert two.report.hardware_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-9)
