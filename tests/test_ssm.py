@@ -324,7 +324,8 @@ def test_context_parallel_mamba2_exchanges_tokens_for_heads_around_the_scan() ->
 
 def test_context_parallel_beyond_the_groups_repeats_b_and_c_on_every_rank() -> None:
     """cp=4 over 2 groups of B and C: each group serves heads on two ranks, so every rank gathers B and C (Megatron-
-    Core repeats each group before its all_to_all) and computes C B^T whole; the heads still split four ways."""
+    Core repeats each group before its all_to_all) and computes C B^T whole, which counts once in the model FLOPs;
+    the heads still split four ways."""
     four = lower(f"hf:{TINY_MAMBA2}", Plan(cp=4, seq_len=256), Cluster("null", 4))
     ops = [(n.op, n.name) for n in _forward_collectives(four.graph, "backbone.layers.0.")]
     assert ops[0] == (OpKind.ALL_TO_ALL, "linear.cp_to_heads") and ops[-1][0] is OpKind.ALL_TO_ALL
@@ -333,7 +334,11 @@ def test_context_parallel_beyond_the_groups_repeats_b_and_c_on_every_rank() -> N
         "ssd_scan.C_chunks.cp_all_gather",
     }
     [cb] = [n for n in four.graph if n.phase is Phase.FORWARD and n.name == "ssd_scan.cb" and "layers.0." in n.scope]
-    assert cb.attrs.useful == 1.0 and cb.out.shape[1] == 2 * 256 // 32  # both groups, every chunk
+    assert cb.out.shape[1] == 2 * 256 // 32  # both groups, every chunk, on each of the 4 ranks
+    assert cb.attrs.useful == 0.25  # the model's work once, the others' hardware FLOPs only
+    one = lower(f"hf:{TINY_MAMBA2}", Plan(seq_len=256), Cluster("null", 1)).report
+    assert four.report.model_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-9)
+    assert four.report.hardware_flops_per_step > one.model_flops_per_step
 
 
 @pytest.mark.parametrize("config", ["tiny-qwen3-next.json", "tiny-rwkv.json"])

@@ -222,7 +222,7 @@ class _Splitter:
         ins = [self.to_heads(i, node) if i in self.axis else i for i in ins]
         split = [i for i in ins if i in self.heads]
         if not split:
-            return self.add(node, ins, node.out, node.attrs, None)
+            return self._replicated(node, ins)
         src = split[0]
         axis = self.heads[src]
         factor = self.factor[src]
@@ -239,8 +239,7 @@ class _Splitter:
                 # every rank gathers that operand, as Megatron-Core repeats a group's B and C on each rank
                 return self._heads_node(node, [self.gather_heads(i, node) if i in inside else i for i in ins])
             if not operands:  # only a third operand (the decays) is split: the product is every rank's whole
-                ins = [self.gather_heads(i, node) if i in self.heads else i for i in ins]
-                return self.add(node, ins, node.out, attrs, None)
+                return self._replicated(node, [self.gather_heads(i, node) if i in self.heads else i for i in ins])
             # the operand laid out as the product (heads x chunks), not one broadcast over its heads (B, C)
             src = next((i for i in operands if self._whole_shape(i)[self.heads[i]] == node.out.shape[self.heads[i]]),
                        operands[0])  # fmt: skip
@@ -271,6 +270,14 @@ class _Splitter:
         self.heads[v] = axis
         self.factor[v] = factor
         return v
+
+    def _replicated(self, node: Node, ins: list[int]) -> int:
+        """A node of a head-parallel layer every rank computes whole (``C B^T`` of groups its heads share): one
+        rank's product is the model's work, the others' hardware FLOPs only (MFU's numerator takes it once)."""
+        attrs = node.attrs
+        if isinstance(attrs, MatmulAttrs):
+            attrs = replace(attrs, useful=attrs.useful / self.cp)
+        return self.add(node, ins, node.out, attrs, None)
 
     def _whole_shape(self, value: int) -> tuple[int, ...]:
         """A head-split value's shape with every head."""
