@@ -533,6 +533,34 @@ def test_a_linear_attention_written_out_runs_head_parallel_under_context_paralle
     assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
 
 
+def test_an_attention_in_a_head_parallel_layer_attends_every_token_on_the_ranks_heads(tmp_path: Path) -> None:
+    """A layer that adds a linear-attention term to its softmax attention is made head-parallel under --cp 2 (the
+    term multiplies two token-split tensors): its attention then runs on every token of half the heads, as
+    Ulysses runs it, not on a ring."""
+    path = write_lm(
+        tmp_path,
+        """
+
+        class Block(nn.Module):
+            def __init__(self, h=64, heads=4):
+                super().__init__()
+                self.heads = heads
+                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
+
+            def forward(self, x):
+                b, s, h = x.shape
+                projections = (self.q_proj, self.k_proj, self.v_proj)
+                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True) + q @ (k.transpose(-2, -1) @ v) / s
+                return x + self.o_proj(a.transpose(1, 2).reshape(b, s, h))
+        """,
+    )
+    g = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2)).graph
+    [attention] = [n for n in g if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD and "layers.0" in n.scope]
+    assert (attention.attrs.heads, attention.attrs.q_len, attention.attrs.kv_len) == (2, 16, 16)
+    assert not any(n.op is OpKind.RECV for n in g)  # no ring
+
+
 def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing() -> None:
     """Every policy checkpoints layers; ResNet-50's stages do not fold into one repeated block, so --recompute
     full changed nothing, silently."""

@@ -27,8 +27,11 @@ cannot run on a share of the tokens: as Megatron-Core's "all-to-all" context par
 output of its input projection is exchanged by an all_to_all from ``1/cp`` of the tokens with every channel to
 every token with ``1/cp`` of the channels (whole heads, and whole groups of B and C), the convolution and the scan
 run on those heads over the whole sequence, and a second all_to_all brings the result back to the rank's tokens
-before the output projection. Such a layer is found where a product would contract the sequence axis; its
-module (the linears in it excepted) is then made head-parallel and the graph split again.
+before the output projection. Such a layer is found where a product would contract the sequence axis, a scan
+kernel would read split tokens, or a product multiplies two token-split tensors (attention written out, which a
+ring cannot split: BLOOM's ALiBi ``baddbmm``, a linear attention; DeepSpeed-Ulysses' scheme); its module (the
+linears in it excepted) is then made head-parallel and the graph split again. Only what its input projections
+produce trades tokens for heads; the residual stream that passes through the module stays on the rank's tokens.
 
 ``torch``: PyTorch's experimental ``context_parallel`` instead (torchtitan's CP; PyTorch
 torch/distributed/tensor/experimental/_attention.py, ``_templated_ring_attention`` and its backward, as
@@ -249,6 +252,13 @@ class _Splitter:
                     f"cp={self.cp} does not divide the {attrs.batch} products of {node.name} at {node.scope}"
                 )
             attrs = replace(attrs, batch=attrs.batch // self.cp, conv_io=attrs.conv_io // self.cp)
+        elif node.op is OpKind.ATTENTION and isinstance(attrs, AttentionAttrs):  # every token, the rank's heads
+            if axis != len(before) - 3 or attrs.heads % self.cp or attrs.kv_heads % self.cp:
+                raise LayoutError(
+                    f"cp={self.cp} does not divide the heads {attrs.heads} / kv_heads {attrs.kv_heads} of the "
+                    f"head-parallel attention at {node.scope}"
+                )
+            attrs = replace(attrs, heads=attrs.heads // self.cp, kv_heads=attrs.kv_heads // self.cp)
         elif node.op is OpKind.REDUCTION:
             kept = _reduction_keeps(before, axis, node.out.shape)
             if kept is None:  # over the split channels: each rank's part, then an all_reduce
