@@ -33,6 +33,7 @@ from echosim.layout import (
 )
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
+from echosim.passes.context_parallel import head_parallel_note
 from echosim.passes.data_parallel import DataParallel
 from echosim.passes.memory import E5M6_BYTES, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
@@ -246,6 +247,8 @@ def prepare_joint(
         raise PlanError(str(exc)) from None
     except VerifyError as exc:
         raise EchosimError(f"a pass broke the graph: {exc}") from None
+    if plan.cp > 1:
+        notes = [*notes, *head_parallel_note(joint, plan.cp)]
     where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],

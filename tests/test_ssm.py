@@ -316,6 +316,7 @@ def test_context_parallel_mamba2_exchanges_tokens_for_heads_around_the_scan() ->
         (OpKind.ALL_TO_ALL, 128 * 128 * 2),
     ]
     assert two.report.hardware_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+    assert any(note.startswith("cp=2: backbone.layers.0.mixer runs head-parallel") for note in two.report.notes)
     kernel = {n.name: n.attrs.batch for n in two.graph if n.phase is Phase.FORWARD and "ssd_scan." in n.name
               and n.op is OpKind.MATMUL}  # fmt: skip
     whole = {n.name: n.attrs.batch for n in one.graph if n.phase is Phase.FORWARD and n.name in kernel}

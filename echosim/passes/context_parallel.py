@@ -91,6 +91,20 @@ SEQUENCE_KERNELS = frozenset({"selective_scan", "wkv", "ssd_dt", "ssd_state_pass
 MERGE_FP32 = "attn_merge_fp32"
 
 
+def head_parallel_note(graph: Graph, cp: int) -> list[str]:
+    """What the report says of the layers the pass made head-parallel (found only while splitting), if any."""
+    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(".cp_to_heads")})
+    if not scopes:
+        return []
+    which = f"{', '.join(scopes[:2])}{', ...' if len(scopes) > 2 else ''}"
+    one = len(scopes) == 1
+    return [
+        f"cp={cp}: {which} {'runs' if one else 'run'} head-parallel, as {'it runs' if one else 'they run'} along "
+        f"the tokens (a scan, or attention written out): an all_to_all trades each rank's tokens for every token of "
+        f"1/{cp} of the heads and back (Megatron-Core's Mamba context parallelism, DeepSpeed-Ulysses)"
+    ]
+
+
 def check_sequence(cp: int, seq_len: int, balance: bool = True) -> None:
     """The layout rule, named the way users think of it."""
     if seq_len % cp:
