@@ -500,30 +500,30 @@ def test_a_layer_that_mixes_tokens_runs_whole_on_the_gathered_sequence_under_sp(
     assert g[g[mix.inputs[0]].inputs[0]].op is OpKind.ALL_GATHER  # the transpose of the gathered tokens
 
 
+#: A layer of four projections around an attention written as ``a = {mix}`` over q, k, v ``[b, heads, s, d]``.
+_HEADS_BLOCK = """
+class Block(nn.Module):
+    def __init__(self, h=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
+
+    def forward(self, x):
+        b, s, h = x.shape
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
+        a = {mix}
+        return x + self.o_proj(a.transpose(1, 2).reshape(b, s, h))
+"""
+
+
 def test_a_linear_attention_written_out_runs_head_parallel_under_context_parallelism(tmp_path: Path) -> None:
     """A linear attention written out (``phi(q) @ (phi(k)^T @ v)`` per head, MiniMax's lightning attention without
     its decay) multiplies two sequence-split tensors, which a ring cannot split: under --cp 2 its layer trades
     tokens for heads by all_to_all (DeepSpeed-Ulysses' scheme, Megatron-Core's for Mamba), runs over every token
     on half the heads, and trades back before the output projection. It was refused ("context parallelism needs
     attention as one op")."""
-    path = write_lm(
-        tmp_path,
-        """
-
-        class Block(nn.Module):
-            def __init__(self, h=64, heads=4):
-                super().__init__()
-                self.heads = heads
-                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
-
-            def forward(self, x):
-                b, s, h = x.shape
-                projections = (self.q_proj, self.k_proj, self.v_proj)
-                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
-                a = (F.elu(q) + 1) @ ((F.elu(k) + 1).transpose(-2, -1) @ v) / s
-                return x + self.o_proj(a.transpose(1, 2).reshape(b, s, h))
-        """,
-    )
+    path = write_lm(tmp_path, _HEADS_BLOCK.format(mix="(F.elu(q) + 1) @ ((F.elu(k) + 1).transpose(-2, -1) @ v) / s"))
     one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
     two = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2))
     exchanged = [
@@ -537,24 +537,8 @@ def test_an_attention_in_a_head_parallel_layer_attends_every_token_on_the_ranks_
     """A layer that adds a linear-attention term to its softmax attention is made head-parallel under --cp 2 (the
     term multiplies two token-split tensors): its attention then runs on every token of half the heads, as
     Ulysses runs it, not on a ring."""
-    path = write_lm(
-        tmp_path,
-        """
-
-        class Block(nn.Module):
-            def __init__(self, h=64, heads=4):
-                super().__init__()
-                self.heads = heads
-                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
-
-            def forward(self, x):
-                b, s, h = x.shape
-                projections = (self.q_proj, self.k_proj, self.v_proj)
-                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True) + q @ (k.transpose(-2, -1) @ v) / s
-                return x + self.o_proj(a.transpose(1, 2).reshape(b, s, h))
-        """,
-    )
+    mix = "F.scaled_dot_product_attention(q, k, v, is_causal=True) + q @ (k.transpose(-2, -1) @ v) / s"
+    path = write_lm(tmp_path, _HEADS_BLOCK.format(mix=mix))
     g = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2)).graph
     [attention] = [n for n in g if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD and "layers.0" in n.scope]
     assert (attention.attrs.heads, attention.attrs.q_len, attention.attrs.kv_len) == (2, 16, 16)
