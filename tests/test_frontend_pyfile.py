@@ -556,25 +556,8 @@ def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing
 def test_a_mean_over_the_tokens_under_context_parallelism_is_completed_by_an_all_reduce(tmp_path: Path) -> None:
     """Each context-parallel rank holds part of the sequence: a mean over the tokens is its part's, then an
     all_reduce over the cp ranks (it was refused: "cp=2 does not divide the sequence axis ... (1)")."""
-    path = write_lm(
-        tmp_path,
-        """
-
-        class Block(nn.Module):
-            def __init__(self, h=64, heads=4):
-                super().__init__()
-                self.heads = heads
-                self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h) for _ in range(4))
-
-            def forward(self, x):
-                b, s, h = x.shape
-                projections = (self.q_proj, self.k_proj, self.v_proj)
-                q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in projections)
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
-                return x + self.o_proj(a)
-        """,
-        head="x - x.mean(1, keepdim=True)",
-    )
+    block = _HEADS_BLOCK.format(mix="F.scaled_dot_product_attention(q, k, v, is_causal=True)")
+    path = write_lm(tmp_path, block, head="x - x.mean(1, keepdim=True)")
     compiled = lower(f"{path}:model", Plan(cp=2, micro_batch=2), Cluster("null", devices=2))
     [reduced] = [n for n in compiled.graph if n.name.endswith(".cp_all_reduce")]
     assert reduced.op is OpKind.ALL_REDUCE and reduced.out.shape == (2, 1, 64)
