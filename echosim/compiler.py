@@ -39,6 +39,7 @@ from echosim.passes.memory import E5M6_BYTES, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.precision import FP8_TILE_BYTES
 from echosim.passes.recompute import offloaded
+from echosim.passes.tensor_parallel import whole_layers_warning
 from echosim.plan import DEFAULT_MODEL, LOW_PRECISION, Cluster, Plan, PlanError
 from echosim.plugins import Registry
 from echosim.timeline.costed import CostedGraph
@@ -249,6 +250,8 @@ def prepare_joint(
         raise EchosimError(f"a pass broke the graph: {exc}") from None
     if plan.cp > 1:
         notes = [*notes, *head_parallel_note(joint, plan.cp)]
+    if plan.tp > 1 and plan.sp:
+        warnings = [*warnings, *whole_layers_warning(joint, plan.tp)]
     where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],

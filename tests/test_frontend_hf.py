@@ -223,6 +223,7 @@ def test_a_row_parallel_rule_on_a_linear_no_column_parallel_one_feeds_keeps_it_w
     assert {k for scope, k in ks.items() if scope.endswith("output.dense")} == {32, 64}  # attention: 64/2; MLP: 128/2
     [warning] = [w for w in compiled.report.warnings if "linear layer" in w]
     assert warning.startswith("1 linear layer (cls.predictions.transform.dense)")
+    assert not any(w.startswith("--sp:") for w in compiled.report.warnings)  # no layer is made whole for SP
     # the MLM decoder is tied to the word embeddings: both vocabulary-parallel
     decoder = [n for n in compiled.graph if n.scope == "cls.predictions.decoder" and n.op is OpKind.MATMUL]
     assert {n.attrs.tp for n in decoder if n.phase is Phase.FORWARD} == {"vocab"}

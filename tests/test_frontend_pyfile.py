@@ -477,7 +477,7 @@ def test_products_that_sum_over_the_tokens_run_on_the_gathered_sequence_under_sp
 def test_a_layer_that_mixes_tokens_runs_whole_on_the_gathered_sequence_under_sp(tmp_path: Path) -> None:
     """MLP-Mixer's token mixing, a linear over the sequence axis, cannot run on a share of the tokens: under --sp
     its layer is made whole, its input all-gathered, as it runs without --sp; it was refused ("contracts the
-    sequence-parallel axis")."""
+    sequence-parallel axis"). The report warns that the layer, its split MLP included, runs whole."""
     path = write_lm(
         tmp_path,
         """
@@ -498,6 +498,8 @@ def test_a_layer_that_mixes_tokens_runs_whole_on_the_gathered_sequence_under_sp(
     [mix] = [n for n in g if n.op is OpKind.MATMUL and n.phase is Phase.FORWARD and n.scope == "layers.0.token_mix"]
     assert mix.attrs.useful == 0.5 and mix.attrs.m == 2 * 64  # every rank: both sequences' 64 channels, 16 tokens
     assert g[g[mix.inputs[0]].inputs[0]].op is OpKind.ALL_GATHER  # the transpose of the gathered tokens
+    [warning] = [w for w in compiled.report.warnings if w.startswith("--sp:")]
+    assert warning.startswith("--sp: layers.0 runs whole on all 2 tensor-parallel ranks")
 
 
 #: A layer of four projections around an attention written as ``a = {mix}`` over q, k, v ``[b, heads, s, d]``.

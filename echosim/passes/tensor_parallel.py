@@ -167,6 +167,24 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
     return styles
 
 
+#: The name of the all_gather that brings a module run whole under SP its tokens (scoped to that module).
+WHOLE_GATHER = "sp_whole_gather"
+
+
+def whole_layers_warning(graph: Graph, tp: int) -> list[str]:
+    """What the report says of the layers sequence parallelism ran whole (found only while the pass splits the
+    graph: a product in them sums over the tokens), linears the plan splits included."""
+    layers = sorted({n.scope for n in graph if n.op is OpKind.ALL_GATHER and n.name.endswith(f".{WHOLE_GATHER}")})
+    if not layers:
+        return []
+    which = f"{', '.join(layers[:2])}{', ...' if len(layers) > 2 else ''}"
+    return [
+        f"--sp: {which} {'runs' if len(layers) == 1 else 'run'} whole on all {tp} tensor-parallel ranks on the "
+        "gathered sequence, linears the plan splits included: a product in it sums over the tokens (a linear over "
+        "the sequence axis), which a rank's share of them cannot compute"
+    ]
+
+
 def sequence_length(graph: Graph) -> int:
     """Tokens per sequence of a model fed token ids ``[batch, tokens]``; 0 for other inputs (images, features)."""
     for nid in graph.inputs:
@@ -384,8 +402,9 @@ class _Sharder:
         attrs = CollectiveAttrs(Axis.TP, self.tp, spec.nbytes)
         return self.out.add(OpKind.ALL_REDUCE, [value], spec, attrs, scope=node.scope, name=name)
 
-    def gather(self, value: int, node: Node) -> int:
-        """Megatron's g-bar with SP: all_gather the token-split input of a column-parallel layer."""
+    def gather(self, value: int, node: Node, whole: str = "") -> int:
+        """Megatron's g-bar with SP: all_gather the token-split input of a column-parallel layer (``whole``: of
+        that module, run whole; the gather is then named for it, and the report names the module)."""
         if value not in self.gathered:
             src = self.out[value]
             axis = self.split[value]
@@ -397,8 +416,8 @@ class _Sharder:
                 [value],
                 spec,
                 CollectiveAttrs(Axis.TP, self.tp, spec.nbytes),
-                scope=node.scope,
-                name=f"{node.name}.sp_all_gather",
+                scope=whole or node.scope,
+                name=f"{node.name}.{WHOLE_GATHER if whole else 'sp_all_gather'}",
             )
         return self.gathered[value]
 
@@ -416,7 +435,8 @@ class _Sharder:
 
     def _whole(self, node: Node, ins: list[int]) -> int:
         """A node of a module run whole: sequence-split inputs are gathered, and every rank computes it."""
-        ins = [self.gather(i, node) if i in self.seq else i for i in ins]
+        module = next(w for w in self.whole if node.scope == w or node.scope.startswith(w + "."))
+        ins = [self.gather(i, node, module) if i in self.seq else i for i in ins]
         if any(i in self.split for i in ins):
             raise LayoutError(f"{node.name} at {node.scope} reads split features in a layer no rule splits")
         attrs = node.attrs
