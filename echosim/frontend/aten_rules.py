@@ -53,11 +53,7 @@ def _view(c: AtenValues, node: fx.Node) -> None:
     if src is None or spec is None:
         c.env[node] = None
         return
-    perm, before = permutation(node), c.graph[src].out.shape
-    # where the IR holds the input as torch does (a weight may be held transposed): the axes are the same
-    attrs = (
-        ViewAttrs(perm) if perm and len(before) == len(perm) and tuple(before[i] for i in perm) == spec.shape else None
-    )
+    attrs = ViewAttrs.permuting(permutation(node), c.graph[src].out.shape, spec.shape)
     c.emit(node, OpKind.VIEW, [src], attrs, spec=spec)
 
 

@@ -256,9 +256,7 @@ def _view(c: _Converter, node: fx.Node) -> None:
     if "tensor_meta" in node.meta and hasattr(node.meta["tensor_meta"], "shape"):
         after = tuple(node.meta["tensor_meta"].shape)
         perm = _permutation(node, len(after)) if ins else ()
-        before = c.graph[ins[0]].out.shape if perm else ()
-        kept = perm and len(before) == len(perm) and tuple(before[i] for i in perm) == after
-        c.emit(node, OpKind.VIEW, ins, ViewAttrs(perm) if kept else None)
+        c.emit(node, OpKind.VIEW, ins, ViewAttrs.permuting(perm, c.graph[ins[0]].out.shape, after) if perm else None)
     else:  # tuple results (split/chunk): alias the input; getitem picks the shape
         c.env[node] = ins[0]
 

@@ -38,8 +38,8 @@ def _view(c: OnnxValues, node: Any) -> None:
     if node.op_type == "Transpose" and view.inputs:  # its perm: default, the axes reversed (ONNX operator docs)
         before = c.graph[view.inputs[0]].out.shape
         perm = tuple(int(d) % max(1, len(before)) for d in attr(node, "perm", range(len(before) - 1, -1, -1)))
-        if perm != tuple(range(len(before))) and tuple(before[i] for i in perm if i < len(before)) == view.out.shape:
-            c.graph.replace(nid, attrs=ViewAttrs(perm))
+        if attrs := ViewAttrs.permuting(perm, before, view.out.shape):
+            c.graph.replace(nid, attrs=attrs)
 
 
 def _views(c: OnnxValues, node: Any) -> None:

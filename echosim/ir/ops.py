@@ -83,6 +83,14 @@ class ViewAttrs:
     def __str__(self) -> str:
         return f"perm={','.join(map(str, self.perm))}" if self.perm else ""
 
+    @staticmethod
+    def permuting(perm: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...]) -> ViewAttrs | None:
+        """The attrs of a view that takes ``before`` to ``after`` by ``perm`` (output axis ``i`` from input axis
+        ``perm[i]``); ``None`` for the identity, or where the shapes say otherwise (the IR may hold a frontend's
+        tensor in another layout: a weight held transposed)."""
+        fits = sorted(perm) == list(range(len(before))) and tuple(before[i] for i in perm) == tuple(after)
+        return ViewAttrs(perm) if fits and list(perm) != sorted(perm) else None
+
 
 @dataclass(frozen=True, slots=True)
 class ParamAttrs:

@@ -80,20 +80,31 @@ from echosim.ir.ops import (
 )
 from echosim.ir.types import TensorSpec
 from echosim.passes.base import LayoutError
-from echosim.passes.tensor_parallel import _reduction_keeps, _slices_axis, _split_axis_after_view, sequence_length
+from echosim.passes.tensor_parallel import (
+    Unsplittable,
+    _reduction_keeps,
+    _slices_axis,
+    _split_axis_after_view,
+    module_of,
+    sequence_length,
+    split_retrying,
+    under,
+)
 
 COMMS = ("p2p", "all_gather")
 #: The elementwise sequence kernels the frontends capture (``echosim.frontend.ssm_ops`` lowered by
 #: ``aten_rules``): Mamba-1's selective scan, RWKV's WKV, Mamba-2's scan steps and the gated delta rule's. Each
 #: runs along the tokens, so its layer is made head-parallel, never split by tokens as a pointwise op.
 SEQUENCE_KERNELS = frozenset({"selective_scan", "wkv", "ssd_dt", "ssd_state_pass", "delta_rule_ut"})
+#: The name of the all_to_all that brings a head-parallel layer its heads (the report names such layers by it).
+TO_HEADS = "cp_to_heads"
 #: PyTorch's merge of the ring's partial outputs, in fp32 (echosim.passes.flops.io_bytes)
 MERGE_FP32 = "attn_merge_fp32"
 
 
 def head_parallel_note(graph: Graph, cp: int) -> list[str]:
     """What the report says of the layers the pass made head-parallel (found only while splitting), if any."""
-    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(".cp_to_heads")})
+    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(f".{TO_HEADS}")})
     if not scopes:
         return []
     which = f"{', '.join(scopes[:2])}{', ...' if len(scopes) > 2 else ''}"
@@ -132,22 +143,8 @@ class ContextParallel:
     def run(self, graph: Graph) -> Graph:
         if self.cp == 1:
             return graph
-        heads: set[str] = set()
-        while True:
-            try:
-                return _Splitter(graph, self, heads).run()
-            except _AlongTokens as exc:  # a layer that runs along the sequence: head-parallel, split again
-                if not exc.scope or exc.scope in heads:
-                    raise LayoutError(str(exc)) from None
-                heads.add(exc.scope)
-
-
-class _AlongTokens(LayoutError):
-    """A product that contracts the sequence axis, in module ``scope``."""
-
-    def __init__(self, message: str, scope: str) -> None:
-        super().__init__(message)
-        self.scope = scope
+        # a layer that runs along the sequence: head-parallel, and the graph split again
+        return split_retrying(lambda heads: _Splitter(graph, self, heads).run())
 
 
 def _is_linear(graph: Graph, node: Node) -> bool:
@@ -178,9 +175,6 @@ class _Splitter:
         self.gathered: dict[int, int] = {}  # head-split value -> its all_gather (every channel on every rank)
         self.entering: set[int] = set()  # outputs of a head-parallel layer's input projections (on tokens)
 
-    def in_region(self, node: Node) -> bool:
-        return any(node.scope == r or node.scope.startswith(r + ".") for r in self.regions)
-
     def to_heads(self, value: int, node: Node) -> int:
         """Megatron-Core's ``_all_to_all_cp2hp``: the rank's tokens with every channel -> every token, ``1/cp`` of
         the channels (the last axis, or the one before a sequence axis that is last)."""
@@ -196,7 +190,7 @@ class _Splitter:
                 )
             shape[seq] *= self.cp
             shape[channel] //= self.cp
-            v = self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_to_heads")
+            v = self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, TO_HEADS)
             self.heads[v] = channel
             self.factor[v] = (1, shape[channel] * self.cp)
             self.exchanged[value] = v
@@ -383,7 +377,7 @@ class _Splitter:
     def _node(self, node: Node, ins: list[int]) -> int:
         if not self.regions or node.op is OpKind.PARAMETER:
             return self._tokens_node(node, ins)
-        region, linear = self.in_region(node), _is_linear(self.src, node)
+        region, linear = bool(under(node.scope, self.regions)), _is_linear(self.src, node)
         along = node.op is OpKind.MATMUL or (
             isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn in SEQUENCE_KERNELS
         )
@@ -406,7 +400,7 @@ class _Splitter:
         if not split:
             return self.add(node, ins, node.out, node.attrs, None)
         if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.fn in SEQUENCE_KERNELS:
-            raise _AlongTokens(f"{node.attrs.fn} at {node.scope} runs along the sequence", node.scope)
+            raise Unsplittable(f"{node.attrs.fn} at {node.scope} runs along the sequence", node.scope)
         if node.op is OpKind.ATTENTION and isinstance(node.attrs, AttentionAttrs):
             return self._attention(node, ins)
         if node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
@@ -446,14 +440,13 @@ class _Splitter:
         a = node.attrs
         assert isinstance(a, MatmulAttrs)
         if ins[1] in self.axis:  # attention (or a linear attention) written out: its layer runs head-parallel
-            raise _AlongTokens(f"{node.name} at {node.scope} multiplies two sequence-split tensors", node.scope)
+            raise Unsplittable(f"{node.name} at {node.scope} multiplies two sequence-split tensors", node.scope)
         axis = self.axis[ins[0]]
         x = self.out[ins[0]].out
         if axis == len(x.shape) - 1:
-            scope = node.scope  # a convolution module's product: the layer it is in
-            if self.src[node.inputs[1]].scope == scope and self.src[node.inputs[1]].op is OpKind.PARAMETER:
-                scope = scope.rpartition(".")[0]
-            raise _AlongTokens(f"matmul {node.name} at {node.scope} contracts the sequence axis", scope)
+            raise Unsplittable(
+                f"matmul {node.name} at {node.scope} contracts the sequence axis", module_of(self.src, node)
+            )
         out = self.div(node.out, axis, node)
         w = self.out[ins[1]].out.shape
         if len(w) == 3 and a.batch == w[0]:  # grouped expert matmul: rows / experts per expert

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -310,24 +311,47 @@ class TensorParallel:
             return graph
         experts_whole = self.expert_tp == 1
         styles = linear_styles(graph, self.plan)
-        whole: set[str] = set()
-        while True:
-            try:
-                return _Sharder(graph, self.tp, styles, self.sequence_parallel, experts_whole, whole).run()
-            except _Unsplittable as exc:
-                # under SP, a layer no rule splits (Mamba's, a linear attention's) can still run whole on the
-                # gathered sequence: its module is made whole and the graph sharded again
-                if not self.sequence_parallel or not exc.scope or exc.scope in whole:
-                    raise LayoutError(str(exc)) from None
-                whole.add(exc.scope)
+        # under SP, a layer whose products sum over the tokens can still run whole on the gathered sequence
+        return split_retrying(
+            lambda whole: _Sharder(graph, self.tp, styles, self.sequence_parallel, experts_whole, whole).run(),
+            retry=self.sequence_parallel,
+        )
 
 
-class _Unsplittable(LayoutError):
-    """A product the split cannot pass through, in module ``scope``."""
+class Unsplittable(LayoutError):
+    """A product (or kernel) a split cannot pass through, in module ``scope``: the module can be split another
+    way (run whole under SP, head-parallel under CP)."""
 
     def __init__(self, message: str, scope: str) -> None:
         super().__init__(message)
         self.scope = scope
+
+
+def split_retrying(split: Callable[[set[str]], Graph], retry: bool = True) -> Graph:
+    """``split(modules)`` with the modules split the other way, added one by one as :class:`Unsplittable` names
+    them; one named twice (or none, or ``retry`` off) is the layout's error."""
+    modules: set[str] = set()
+    while True:
+        try:
+            return split(modules)
+        except Unsplittable as exc:
+            if not retry or not exc.scope or exc.scope in modules:
+                raise LayoutError(str(exc)) from None
+            modules.add(exc.scope)
+
+
+def module_of(graph: Graph, node: Node) -> str:
+    """The module a product belongs to for such a split: its scope, or for a linear or convolution module's
+    product (its weight in the same scope) the layer that module is in."""
+    weight = graph[node.inputs[1]] if len(node.inputs) > 1 else None
+    if weight is not None and weight.op is OpKind.PARAMETER and weight.scope == node.scope:
+        return node.scope.rpartition(".")[0]
+    return node.scope
+
+
+def under(scope: str, modules: tuple[str, ...]) -> str:
+    """The module of ``modules`` that ``scope`` lies in; ``""`` for none."""
+    return next((m for m in modules if scope == m or scope.startswith(m + ".")), "")
 
 
 def _token_axis(spec: TensorSpec) -> int:
@@ -362,7 +386,7 @@ class _Sharder:
         self.inner: dict[int, str] = {}
         self.whole = tuple(sorted(whole or ()))  # modules run whole on gathered tokens (SP), their inputs gathered
         self.tokens = sequence_length(graph)
-        self.styles = {i: s for i, s in styles.items() if not self.in_whole(graph[i].scope)}  # node id -> style
+        self.styles = {i: s for i, s in styles.items() if not under(graph[i].scope, self.whole)}  # node id -> style
 
     def div(self, spec: TensorSpec, axis: int, what: str, uneven: bool = False) -> TensorSpec:
         """``spec`` with ``axis`` split ``tp`` ways; ``uneven``: a vocabulary, which the busiest rank holds
@@ -430,12 +454,8 @@ class _Sharder:
         self.out.inputs = [self.map[i] for i in self.src.inputs]
         return self.out
 
-    def in_whole(self, scope: str) -> bool:
-        return any(scope == w or scope.startswith(w + ".") for w in self.whole)
-
-    def _whole(self, node: Node, ins: list[int]) -> int:
+    def _whole(self, node: Node, ins: list[int], module: str) -> int:
         """A node of a module run whole: sequence-split inputs are gathered, and every rank computes it."""
-        module = next(w for w in self.whole if node.scope == w or node.scope.startswith(w + "."))
         ins = [self.gather(i, node, module) if i in self.seq else i for i in ins]
         if any(i in self.split for i in ins):
             raise LayoutError(f"{node.name} at {node.scope} reads split features in a layer no rule splits")
@@ -443,14 +463,6 @@ class _Sharder:
         if isinstance(attrs, MatmulAttrs):
             attrs = replace(attrs, useful=attrs.useful / self.tp)
         return self.add(node, ins, node.out, attrs)
-
-    def unsplittable(self, node: Node, message: str) -> _Unsplittable:
-        """The error of a product in ``node``'s module; a linear's module is its parent (the layer it is in)."""
-        scope = node.scope
-        weight = self.src[node.inputs[1]] if len(node.inputs) > 1 else None
-        if weight is not None and weight.op is OpKind.PARAMETER and weight.scope == scope:
-            scope = scope.rpartition(".")[0]
-        return _Unsplittable(message, scope)
 
     def _param_styles(self) -> dict[int, tuple[str, int]]:
         """Decide for each parameter how it is split: (style, axis)."""
@@ -485,8 +497,8 @@ class _Sharder:
         return styles
 
     def _node(self, node: Node, ins: list[int], params: dict[int, tuple[str, int]]) -> int:
-        if self.whole and node.op is not OpKind.PARAMETER and self.in_whole(node.scope):
-            return self._whole(node, ins)
+        if self.whole and node.op is not OpKind.PARAMETER and (module := under(node.scope, self.whole)):
+            return self._whole(node, ins, module)
         split_ins = [i for i in ins if i in self.split]
         if node.op is OpKind.PARAMETER:
             if node.id in params:
@@ -647,7 +659,9 @@ class _Sharder:
             # a replicated linear on token-split rows (the MoE router under SP): rows stay split
             axis = self.split[ins[0]]
             if axis == len(self.out[ins[0]].out.shape) - 1:
-                raise self.unsplittable(node, f"matmul at {node.scope} contracts the sequence-parallel axis")
+                raise Unsplittable(
+                    f"matmul at {node.scope} contracts the sequence-parallel axis", module_of(self.src, node)
+                )
             new = replace(attrs, m=attrs.m // self.tp)
             v = self.add(node, ins, self.div(node.out, axis, f"the sequence at {node.scope}"), new)
             self.split[v] = axis
@@ -679,10 +693,10 @@ class _Sharder:
                     f"tp={self.tp} does not divide the {inner}, which {node.name} needs whole on each rank "
                     "(Mamba-2's groups of B and C, attention's heads: use a tp that divides them)"
                 )
-            raise self.unsplittable(
-                node,
+            raise Unsplittable(
                 f"matmul {node.name} at {node.scope} sums over an axis tensor parallelism splits: no rule of the plan "
                 f"splits its layer, or tp={self.tp} (with cp) does not divide the heads (or groups) it runs on",
+                module_of(self.src, node),
             )
         # every tensor-parallel rank computes this product whole (a router, a linear no rule matches): one rank's
         # copy is the model's work, the others count as hardware FLOPs only (MFU's numerator takes it once)
