@@ -22,7 +22,7 @@ from echosim.ir.graph import Graph
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
-from echosim.passes.context_parallel import SEQUENCE_KERNELS, check_sequence
+from echosim.passes.context_parallel import NO_TORCH_A2A, SEQUENCE_KERNELS, check_sequence, window_refusal
 from echosim.passes.memory import MOMENTS, given_dtypes
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
 from echosim.passes.recompute import (
@@ -343,11 +343,13 @@ class ModelShape:
     untargeted_linear_count: int = 0  # the model's, counting every repetition of a folded block
     outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
     layers_per_block: int = 1  # layers one repetition of the block holds (Graph.block_layers: Gemma 3's six)
+    windowed: str = ""  # the scope of its first sliding-window attention ("": none)
 
     @classmethod
     def of(cls, graph: Graph) -> ModelShape:
         heads: dict[tuple[int, int], None] = {}
         routed = scans = products = False
+        windowed = ""
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
@@ -359,6 +361,7 @@ class ModelShape:
                 continue
             if isinstance(n.attrs, AttentionAttrs):
                 heads[(n.attrs.heads, n.attrs.kv_heads)] = None
+                windowed = windowed or (n.scope if n.attrs.window else "")
             elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "moe_dispatch":
                 routed = True
             elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn in SEQUENCE_KERNELS:
@@ -398,6 +401,7 @@ class ModelShape:
             untargeted_linear_count=sum(whole.values()),
             outside_layers=graph.unfolded_layers(),
             layers_per_block=max((graph.layers_per_block(p) for p in graph.repeats), default=1),
+            windowed=windowed,
         )
 
 
@@ -439,6 +443,18 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
             check_sequence(plan.cp, seq, plan.cp_balance)
         except LayoutError as exc:
             raise PlanError(str(exc)) from None
+        torch = bool(get_framework(plan.framework).cp_torch)
+        if torch and plan.cp_comm == "a2a":
+            raise PlanError(NO_TORCH_A2A)
+        if shape.windowed and (torch or plan.cp_comm == "p2p"):
+            raise PlanError(window_refusal(plan.cp, torch, shape.windowed))
+        split = plan.tp * plan.cp
+        for heads, kv_heads in shape.heads if plan.cp_comm == "a2a" else ():
+            if heads % split or kv_heads % split:
+                raise PlanError(
+                    f"--cp-comm a2a: tp*cp={split} does not divide the attention heads ({heads}) and key/value heads "
+                    f"({kv_heads}): each rank attends whole heads over the whole sequence"
+                )
     if plan.sp and (seq // plan.cp) % plan.tp:
         raise PlanError(f"sequence parallelism: tp={plan.tp} does not divide the {seq // plan.cp} tokens per rank")
     if plan.ep > 1 and not shape.routed_experts:

@@ -17,7 +17,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8")
 #: Low-precision GEMM formats: the linear layers' matmuls run in them, everything else in 16-bit (int8:
 #: MaxText's ``quantization: int8``, AQT integer GEMMs, on TPUs).
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4", "int8")
-CP_COMMS = ("p2p", "all_gather")
+CP_COMMS = ("p2p", "all_gather", "a2a")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 #: dtypes of the gradient buffer (``Plan.grad_dtype``): fp32 main gradients, or the 16-bit weights' own dtype
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
@@ -79,7 +79,7 @@ class Plan:
     # (--grad-reduce-in-bf16); "": the framework's (Framework.grads_16bit). Memory: the buffer's bytes
     grad_dtype: str = ""
     loss_chunks: int = 1  # output layer and loss over token chunks, logits recomputed in backward (MaxText)
-    cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention) or "all_gather" of K/V
+    cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention), "all_gather" of K/V or "a2a" (heads)
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     # Megatron-Core's --moe-pad-expert-input-to-capacity: every expert's rows padded to its capacity

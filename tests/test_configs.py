@@ -187,6 +187,15 @@ def test_megatron_mixtral_example_builds_its_small_moe() -> None:
     same(got, (model, want[1], want[2]))
 
 
+def test_megatron_cp_comm_types_are_the_schemes_echosim_models() -> None:
+    """p2p, all_gather and a2a are echosim's --cp-comm; the hierarchical a2a+p2p is named as not modelled."""
+    base = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --micro-batch-size 1 --context-parallel-size 2"
+    for comm in ("p2p", "all_gather", "a2a"):
+        assert read_args(f"{base} --cp-comm-type {comm}").options["cp_comm"] == comm
+    with pytest.raises(ConfigError, match="--cp-comm-type 'a2a\\+p2p' is not modelled"):
+        read_args(f"{base} --cp-comm-type a2a+p2p")
+
+
 def test_from_args_is_the_same_as_a_file_of_arguments() -> None:
     text = (MEG / "korthikanti2022_gpt_22b_selective.args").read_text()
     lines = " ".join(line for line in text.splitlines() if not line.startswith("#"))

@@ -11,7 +11,7 @@ from conftest import TINY_LLAMA, capture, masked_attention_flops
 from echosim.backends import compute, tpu
 from echosim.backends.devices import DEVICES
 from echosim.frontend.zoo import ZOO
-from echosim.ir.ops import AttentionAttrs, OpKind, band_fraction, band_pairs, causal_fraction
+from echosim.ir.ops import AttentionAttrs, OpKind, Phase, band_fraction, band_pairs, causal_fraction
 from echosim.passes.autodiff import Autodiff
 from echosim.passes.base import run_passes
 from echosim.passes.flops import graph_flops
@@ -196,13 +196,61 @@ def test_validation_rows_take_the_models_patterns() -> None:
     assert llama.sliding_window == 0
 
 
-def test_context_parallel_refuses_a_window() -> None:
+def test_context_parallel_ring_refuses_a_window_and_names_the_schemes_that_run_one() -> None:
+    """Transformer Engine's ring has no sliding window (Megatron-LM PR 1160), nor has PyTorch's maskless ring."""
     from echosim.passes.base import LayoutError
     from echosim.passes.context_parallel import ContextParallel
 
     g = capture(TINY_LLAMA.with_(sliding_window=8, seq_len=32))
-    with pytest.raises(LayoutError, match="sliding-window"):
+    with pytest.raises(LayoutError, match=r"ring \(--cp-comm p2p\) does not run sliding-window .* all_gather or a2a"):
         run_passes(g, [ContextParallel(2)])
+    with pytest.raises(LayoutError, match=r"PyTorch's context_parallel .* needs one"):
+        run_passes(g, [ContextParallel(2, "all_gather", torch=True)])
+
+
+def _cp_attention(window: int, seq: int, cp: int, comm: str, balance: bool = True) -> tuple[list[AttentionAttrs], int]:
+    """The forward attention calls of the first layer on the simulated rank, and the split graph's model FLOPs x cp."""
+    from echosim.passes.context_parallel import ContextParallel, ContextParallelBackward
+
+    cfg = TINY_LLAMA.with_(layers=1, sliding_window=window, global_layer_step=0, seq_len=seq)
+    g = run_passes(capture(cfg), [ContextParallel(cp, comm, balance), Autodiff(), ContextParallelBackward()])
+    calls = [n.attrs for n in g if n.phase is Phase.FORWARD and isinstance(n.attrs, AttentionAttrs)]
+    return calls, graph_flops(g).model * cp
+
+
+@pytest.mark.parametrize("window", [8, 24, 100])
+@pytest.mark.parametrize(("cp", "balance"), [(2, True), (4, True), (4, False)])
+def test_all_gathered_context_parallel_attends_the_busiest_ranks_band(window: int, cp: int, balance: bool) -> None:
+    """All-gathered K/V under a window: the simulated rank is the one with the most (query, key) pairs (a middle
+    rank of the balanced layout, the last one without it), and cp ranks count the model's FLOPs exactly."""
+    seq = 64
+    cfg = TINY_LLAMA.with_(layers=1, sliding_window=window, global_layer_step=0, seq_len=seq)
+    base = graph_flops(run_passes(capture(cfg), [Autodiff()])).model
+    calls, model = _cp_attention(window, seq, cp, "all_gather", balance)
+    assert model == pytest.approx(base, rel=1e-9)
+    if balance:
+        c = seq // (2 * cp)
+        ranks = [[(c, (j + 1) * c) for j in (r, 2 * cp - 1 - r)] for r in range(cp)]
+        busiest = max(ranks, key=lambda chunks: sum(brute_pairs(q, kv, window) for q, kv in chunks))
+    else:
+        busiest = [(seq // cp, seq)]
+    assert [(a.q_len, a.kv_len, a.window) for a in calls] == [(q, kv, window) for q, kv in busiest]
+    simulated = sum(band_pairs(a.q_len, a.kv_len, window) for a in calls)
+    assert simulated == max(
+        sum(brute_pairs(q, kv, window) for q, kv in chunks)
+        for chunks in (ranks if balance else [busiest])  # every rank's pairs; the simulated one's are the most
+    )
+    assert simulated * cp >= brute_pairs(seq, seq, window)
+
+
+@pytest.mark.parametrize("window", [8, 100])
+def test_head_parallel_context_parallel_runs_the_window_whole_on_a_share_of_the_heads(window: int) -> None:
+    """a2a (Ulysses): the attention sees every token of 1/cp of the heads, its window as without cp."""
+    calls, model = _cp_attention(window, 64, 2, "a2a")
+    cfg = TINY_LLAMA.with_(layers=1, sliding_window=window, global_layer_step=0, seq_len=64)
+    assert model == graph_flops(run_passes(capture(cfg), [Autodiff()])).model
+    (a,) = calls
+    assert (a.heads, a.kv_heads, a.q_len, a.kv_len, a.window) == (2, 1, 64, 64, window)
 
 
 def test_golden_local_global_block_through_tp_autodiff_and_pipeline() -> None:

@@ -308,6 +308,9 @@ def _run(*args: str) -> object:
         (["mixtral-8x7b", "--ep", "2", "--dp", "2", "--moe-imbalance", "3"], "must lie between 1 (balanced) and ep=2"),
         (["mixtral-8x7b", "--moe-capacity-factor", "-1"], "--moe-capacity-factor must be >= 0"),
         (["llama3-8b", "--cp", "2", "--dp", "1", "--devices", "4"], "does not equal devices=4"),
+        (["mistral-7b", "--cp", "2", "--devices", "2"], "ring (--cp-comm p2p) does not run sliding-window attention"),
+        (["llama3-8b", "--cp", "2", "--cp-comm", "a2a", "--tp", "8", "--devices", "16"], "tp*cp=16 does not divide"),
+        (["llama3-8b", "--cp", "2", "--cp-comm", "a2a", "--framework", "torchtitan-2025"], "no head-parallel"),
     ],
 )
 def test_cli_layout_errors_are_one_line(args: list[str], message: str) -> None:
@@ -329,6 +332,53 @@ def test_cli_compiles_cp_and_reports_it() -> None:
     assert 0 < report["mfu"] < 1
     text = _run(*cfg_args).output
     assert "CP 2" in text
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_head_parallel_context_parallel_trades_tokens_for_heads_around_each_attention(cp: int) -> None:
+    """--cp-comm a2a (DeepSpeed-Ulysses, Transformer Engine's QKVO all-to-all): per layer one all_to_all for each of
+    Q, K and V after its projection and one for the output before o_proj, each of the rank's tokens x channels; the
+    attention runs on 1/cp of the heads over the whole sequence, and backward exchanges the four gradients."""
+    cfg = TINY_LLAMA.with_(seq_len=64, heads=8, kv_heads=4)
+    g = run_passes(capture(cfg), [ContextParallel(cp, "a2a"), Autodiff(), ContextParallelBackward()])
+    verify(g)
+    fwd, bwd = collectives(g, Phase.FORWARD, "cp"), collectives(g, Phase.BACKWARD, "cp")
+    tokens, d = 64 // cp, cfg.dim_head
+    q, kv = tokens * cfg.heads * d * 2, tokens * cfg.kv_heads * d * 2  # fp16 bytes of the rank's tokens
+    assert [(n.op, n.attrs.bytes) for n in fwd] == [(OpKind.ALL_TO_ALL, b) for b in (q, kv, kv, q)]
+    assert sorted(n.attrs.bytes for n in bwd) == sorted([q, kv, kv, q]) and {n.op for n in bwd} == {OpKind.ALL_TO_ALL}
+    (a,) = {(x.heads, x.kv_heads, x.q_len, x.kv_len) for x in _fwd_attention(g)}
+    assert a == (8 // cp, 4 // cp, 64, 64)
+    base = graph_flops(run_passes(capture(cfg), [Autodiff()]))
+    assert graph_flops(g).model * cp == base.model
+    # each rank keeps 1/cp of the activations, and the attention's output twice: on its heads (saved by the
+    # kernel for its backward) and, exchanged, on its tokens (saved by o_proj)
+    whole = per_layer_activations(run_passes(capture(cfg), [Autodiff()]))
+    assert per_layer_activations(g) == whole // cp + q
+
+
+def test_head_parallel_context_parallel_composes_with_tensor_parallelism_and_needs_whole_heads() -> None:
+    cfg = TINY_LLAMA.with_(seq_len=32, heads=8, kv_heads=4)
+    g = run_passes(
+        capture(cfg), [ContextParallel(2, "a2a", tp=2), TensorParallel(2, sequence_parallel=True), Autodiff()]
+    )
+    verify(g)
+    assert {(a.heads, a.kv_heads, a.q_len) for a in _fwd_attention(g)} == {(2, 1, 32)}
+    with pytest.raises(LayoutError, match="cp=4 does not divide the heads 4 / kv_heads 2"):
+        run_passes(capture(TINY_LLAMA.with_(seq_len=32)), [ContextParallel(4, "a2a")])
+    with pytest.raises(LayoutError, match="no head-parallel"):
+        ContextParallel(2, "a2a", torch=True)
+
+
+def test_cli_compiles_head_parallel_context_parallelism_without_a_note_for_the_layers_it_was_asked_for() -> None:
+    args = ["llama3-8b", "--cp", "2", "--cp-comm", "a2a", "--backend", "h100-sxm", "--seq-len", "4096", "--json"]
+    result = _run(*args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["plan"]["cp_comm"] == "a2a"
+    assert not any("head-parallel" in n for n in report["notes"])
+    ring = json.loads(_run(*args[:4], "p2p", *args[5:]).output)
+    assert report["model_flops_per_step"] == ring["model_flops_per_step"]
 
 
 def test_context_parallel_scales_mfu_consistently() -> None:

@@ -112,7 +112,9 @@ def layout_options(fn: F) -> F:
             "op (torchtitan per-op SAC).",
         ),
         click.option(
-            "--cp-comm", type=click.Choice(["p2p", "all_gather"]), help="Context parallel: ring or all-gathered K/V."
+            "--cp-comm",
+            type=click.Choice(["p2p", "all_gather", "a2a"]),
+            help="Context parallel: ring (p2p), all-gathered K/V, or a2a (attention head-parallel, Ulysses).",
         ),
         click.option(
             "--fsdp-reduce-dtype",

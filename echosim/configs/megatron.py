@@ -505,8 +505,8 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     _grad_dtype(values, out)
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:
-        if comm not in ("p2p", "all_gather"):
-            raise ConfigError(f"{src}: --cp-comm-type {comm!r} is not modelled (p2p, all_gather are)")
+        if comm not in ("p2p", "all_gather", "a2a"):
+            raise ConfigError(f"{src}: --cp-comm-type {comm!r} is not modelled (p2p, all_gather, a2a are)")
         opts["cp_comm"] = comm
     capacity = _one(values, "--moe-expert-capacity-factor", src)
     if capacity is not None:

@@ -12,7 +12,15 @@ schemes Megatron-Core runs through Transformer Engine:
   FLOPs are the same as without context parallelism.
 * ``all_gather``: K/V are all-gathered before a local attention (Llama 3's scheme);
   backward reduce-scatters dK/dV. With load balancing each of the rank's two chunks
-  attends only to the keys before it.
+  attends only to the keys before it (within a sliding window, if the layer has one).
+* ``a2a`` (DeepSpeed-Ulysses; Transformer Engine's QKVO all-to-all, TE pull request 1160):
+  every attention layer runs head-parallel, as below: an all_to_all after each of the
+  Q, K and V projections gives the rank every token of ``1/cp`` of the heads, and one
+  before the output projection brings the rank's tokens back.
+
+Transformer Engine's ring does not run sliding-window attention; ``all_gather`` and
+``a2a`` do (Megatron-LM pull request 1160, issue 2222), so a window under ``p2p`` is
+refused with those two named.
 
 Causal load balancing (``balance``) cuts each sequence into ``2 * cp`` chunks and
 gives rank ``r`` chunks ``r`` and ``2cp - 1 - r``, so every rank does the same share
@@ -76,6 +84,7 @@ from echosim.ir.ops import (
     OpKind,
     Phase,
     ViewAttrs,
+    band_pairs,
     causal_fraction,
 )
 from echosim.ir.types import TensorSpec
@@ -91,20 +100,27 @@ from echosim.passes.tensor_parallel import (
     under,
 )
 
-COMMS = ("p2p", "all_gather")
+COMMS = ("p2p", "all_gather", "a2a")
 #: The elementwise sequence kernels the frontends capture (``echosim.frontend.ssm_ops`` lowered by
 #: ``aten_rules``): Mamba-1's selective scan, RWKV's WKV, Mamba-2's scan steps and the gated delta rule's. Each
 #: runs along the tokens, so its layer is made head-parallel, never split by tokens as a pointwise op.
 SEQUENCE_KERNELS = frozenset({"selective_scan", "wkv", "ssd_dt", "ssd_state_pass", "delta_rule_ut"})
 #: The name of the all_to_all that brings a head-parallel layer its heads (the report names such layers by it).
 TO_HEADS = "cp_to_heads"
+#: Why ``a2a`` is refused under PyTorch's context parallelism.
+NO_TORCH_A2A = (
+    "--cp-comm a2a: PyTorch's context_parallel rotates K/V round the ranks (allgather or alltoall); it has no "
+    "head-parallel (DeepSpeed-Ulysses) scheme"
+)
 #: PyTorch's merge of the ring's partial outputs, in fp32 (echosim.passes.flops.io_bytes)
 MERGE_FP32 = "attn_merge_fp32"
 
 
-def head_parallel_note(graph: Graph, cp: int) -> list[str]:
-    """What the report says of the layers the pass made head-parallel (found only while splitting), if any."""
-    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(f".{TO_HEADS}")})
+def head_parallel_note(graph: Graph, cp: int, comm: str = "p2p") -> list[str]:
+    """What the report says of the layers the pass made head-parallel (found only while splitting), if any: under
+    ``a2a`` the attention layers are head-parallel as asked, and only the others are named."""
+    asked = {n.scope for n in graph if n.op is OpKind.ATTENTION} if comm == "a2a" else set()
+    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(f".{TO_HEADS}")} - asked)
     if not scopes:
         return []
     which = f"{', '.join(scopes[:2])}{', ...' if len(scopes) > 2 else ''}"
@@ -139,12 +155,16 @@ class ContextParallel:
     def __post_init__(self) -> None:
         if self.comm not in COMMS:
             raise LayoutError(f"unknown context-parallel communication {self.comm!r} (known: {', '.join(COMMS)})")
+        if self.torch and self.comm == "a2a":
+            raise LayoutError(NO_TORCH_A2A)
 
     def run(self, graph: Graph) -> Graph:
         if self.cp == 1:
             return graph
-        # a layer that runs along the sequence: head-parallel, and the graph split again
-        return split_retrying(lambda heads: _Splitter(graph, self, heads).run())
+        # a2a: every attention layer head-parallel from the start (Ulysses); a layer that runs along the sequence
+        # is found while splitting: head-parallel, and the graph split again
+        ulysses = {n.scope for n in graph if n.op is OpKind.ATTENTION} if self.comm == "a2a" else set()
+        return split_retrying(lambda heads: _Splitter(graph, self, heads | ulysses).run())
 
 
 def _is_linear(graph: Graph, node: Node) -> bool:
@@ -465,8 +485,8 @@ class _Splitter:
             raise LayoutError(
                 f"context parallelism supports causal or full attention, not an explicit mask ({node.scope})"
             )
-        if a.window:  # the ring's blocks outside the band (skipped by real kernels) are not modelled
-            raise LayoutError(f"context parallelism of sliding-window attention is not modelled ({node.scope})")
+        if a.window and (self.opts.torch or self.opts.comm == "p2p"):
+            raise LayoutError(window_refusal(self.cp, self.opts.torch, node.scope))
         s_local = a.q_len // self.cp
         out = self.div(node.out, len(node.out.shape) - 2, node)
         kspec, vspec = self.out[k].out, self.out[v].out
@@ -579,20 +599,59 @@ class _Splitter:
         seq = s * self.cp
         if not (a.causal and self.opts.balance):  # one local attention (the last rank when unbalanced)
             attrs = replace(a, q_len=s, kv_len=seq)
-            if a.causal:  # model FLOPs: the average rank's 1/cp of the causal sequence, not the last rank's
+            if a.window:  # model FLOPs: the average rank's 1/cp of the band, not the last rank's
+                attrs = replace(
+                    attrs, model_scale=band_pairs(seq, seq, a.window) / (self.cp * band_pairs(s, seq, a.window))
+                )
+            elif a.causal:  # model FLOPs: the average rank's 1/cp of the causal sequence, not the last rank's
                 attrs = replace(attrs, model_scale=causal_fraction(seq, seq) / causal_fraction(s, seq))
             v_out = self._partial(node, [q, kf, vf], out, attrs, "cp")
             self.axis[v_out] = len(out.shape) - 2
             return v_out
-        # rank 0 of the balanced layout: chunk 0 sees one chunk, chunk 2cp-1 sees all of them
+        # the balanced layout: rank r's chunks r and 2cp-1-r each see the keys before them. Without a window every
+        # rank has the same work (rank 0: chunk 0 sees one chunk, chunk 2cp-1 all of them); with one, a chunk sees
+        # at most the window, so the ranks holding the middle chunks do the most and the slowest one is simulated
         c = s // 2
+        lo_kv, hi_kv = _busiest_balanced_rank(self.cp, c, a.window)
+        lo_attrs, hi_attrs = replace(a, q_len=c, kv_len=lo_kv), replace(a, q_len=c, kv_len=hi_kv)
+        if a.window:  # model FLOPs: the average rank's 1/cp of the band
+            mine = band_pairs(c, lo_kv, a.window) + band_pairs(c, hi_kv, a.window)
+            scale = band_pairs(seq, seq, a.window) / (self.cp * mine)
+            lo_attrs, hi_attrs = replace(lo_attrs, model_scale=scale), replace(hi_attrs, model_scale=scale)
         half = out.with_shape((*out.shape[:-2], c, out.shape[-1]))
-        lo = self._partial(node, [q, kf, vf], half, replace(a, q_len=c, kv_len=c), "cp_lo")
-        hi = self._partial(node, [q, kf, vf], half, replace(a, q_len=c, kv_len=seq), "cp_hi")
+        lo = self._partial(node, [q, kf, vf], half, lo_attrs, "cp_lo")
+        hi = self._partial(node, [q, kf, vf], half, hi_attrs, "cp_hi")
         cat = self.out.add(OpKind.ELEMENTWISE, [lo, hi], out, ElementwiseAttrs("cat", 0),
                            phase=node.phase, scope=node.scope, name=f"{node.name}.cp_cat")  # fmt: skip
         self.axis[cat] = len(out.shape) - 2
         return cat
+
+
+def _busiest_balanced_rank(cp: int, chunk: int, window: int) -> tuple[int, int]:
+    """Where the two chunks of the balanced layout's busiest rank (the most (query, key) pairs) end.
+
+    Rank ``r`` holds chunks ``r`` and ``2cp - 1 - r`` of ``chunk`` tokens each; chunk ``j`` sees the keys up to
+    its end, ``(j + 1) * chunk``, within ``window`` (0: all of them, when every rank does the same work and
+    rank 0 is taken)."""
+
+    def pairs(r: int) -> int:
+        return sum(band_pairs(chunk, (j + 1) * chunk, window or None) for j in (r, 2 * cp - 1 - r))
+
+    r = max(range(cp), key=pairs) if window else 0
+    return (r + 1) * chunk, (2 * cp - r) * chunk
+
+
+def window_refusal(cp: int, torch: bool, scope: str) -> str:
+    """Why a sliding window cannot run on this context-parallel scheme, and what can."""
+    if torch:
+        return (
+            f"cp={cp}: PyTorch's context_parallel rings scaled-dot-product attention without a mask, and "
+            f"sliding-window attention needs one ({scope})"
+        )
+    return (
+        f"cp={cp}: Transformer Engine's ring (--cp-comm p2p) does not run sliding-window attention ({scope}); "
+        "--cp-comm all_gather or a2a does, as Megatron-Core's --cp-comm-type"
+    )
 
 
 # ---- backward: bring the other K/V chunks round again instead of saving them -----------------
