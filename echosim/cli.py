@@ -25,7 +25,7 @@ from echosim.commands.options import (
 )
 from echosim.dynamics.options import dynamics_options
 from echosim.errors import EchosimError, one_line_errors
-from echosim.plan import MOE_DISPATCHERS
+from echosim.plan import CP_COMMS, MOE_DISPATCHERS
 
 _guard = one_line_errors()  # user errors (EchosimError) end as one line and exit status 1
 # Exit status (docs/cli.md): 0 done; 1 bad input or a failed run (one line); 2 command-line usage;
@@ -290,6 +290,12 @@ def _write(path: str, text: str, option: str) -> None:
 )
 @click.option("--moe-fused-mlp", is_flag=True, help="TE's fused grouped expert MLP in every layout (as compile's).")
 @click.option("--fp8-attention", is_flag=True, help="FP8 attention in every layout (as compile's option).")
+@click.option(
+    "--cp-comm",
+    type=click.Choice(CP_COMMS),
+    help="Context-parallel scheme of every layout with cp > 1 (as compile's; a sliding window needs all_gather or "
+    "a2a).",
+)
 @framework_option
 @click.option(
     "--objective",
@@ -330,7 +336,8 @@ def _write(path: str, text: str, option: str) -> None:
 def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: int | None, global_batch: int,
                seq_len: int | None, dtype: str, space_items: tuple[str, ...], micro_batches: str | None,
                recomputes: str | None, schedules: str | None, zeros: str | None, moe_dispatcher: str | None,
-               moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, framework: str | None, objective: str,
+               moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, cp_comm: str | None,
+               framework: str | None, objective: str,
                max_memory_fraction: float, top: int, workers: int, executor: str, ray_address: str | None,
                tokens: float | None, price_per_device_hour: float | None, plot: str | None,
                as_json: bool) -> None:  # fmt: skip
@@ -351,7 +358,8 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
                                          ("zero", zeros)) if v]  # fmt: skip
     space = parse_space([*shorthand, *space_items])
     fixed = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap or None,
-             "moe_fused_mlp": moe_fused_mlp or None, "fp8_attention": fp8_attention or None}  # fmt: skip
+             "moe_fused_mlp": moe_fused_mlp or None, "fp8_attention": fp8_attention or None,
+             "cp_comm": cp_comm}  # fmt: skip
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework, **fixed})  # fmt: skip
     check_fp8_attention(base, backend)  # one line before any layout is enumerated, as compile refuses them

@@ -524,7 +524,7 @@ def _rule(
 def _constraint(message: str) -> str:
     """A short name for the rule a layout message states (for the counts of what removed what)."""
     for needle, name in (
-        ("sliding-window", "sliding window under context parallelism"),
+        ("sliding-window", "a sliding window under the ring (--cp-comm p2p; all_gather, a2a run one)"),
         ("heads", "attention heads divisibility"),
         ("interleaved", "interleaved schedule micro-batches"),
         ("experts", "experts divisibility"),

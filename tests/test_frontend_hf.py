@@ -598,3 +598,32 @@ def test_bloom_under_context_parallelism_runs_its_alibi_attention_head_parallel(
     kinds = {n.name.rsplit(".", 1)[-1] for n in two.graph if n.op is OpKind.ALL_TO_ALL and n.phase is Phase.FORWARD}
     assert kinds == {"cp_to_heads", "cp_to_tokens"}
     assert two.report.hardware_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-9)
+
+
+def test_an_hf_sliding_window_runs_under_the_context_parallel_schemes_that_run_one() -> None:
+    """Mistral's window (config sliding_window 8): all_gather and a2a keep the model's FLOPs, the ring refuses."""
+    model = f"hf:{CONFIGS / 'tiny-mistral'}.json"
+    one = lower(model, Plan(seq_len=16, micro_batch=2), Cluster("null", devices=1)).report
+    for comm in ("all_gather", "a2a"):
+        two = lower(model, Plan(cp=2, cp_comm=comm, seq_len=16, micro_batch=2), Cluster("null", devices=2)).report
+        assert two.model_flops_per_step == pytest.approx(one.model_flops_per_step, rel=1e-9)
+    with pytest.raises(EchosimError, match="does not run sliding-window attention"):
+        lower(model, Plan(cp=2, seq_len=16, micro_batch=2), Cluster("null", devices=2))
+
+
+def test_a_search_of_a_windowed_model_runs_context_parallelism_under_the_scheme_it_is_given() -> None:
+    from click.testing import CliRunner
+
+    from echosim.cli import cli
+
+    args = ["search", f"hf:{CONFIGS / 'tiny-mistral'}.json", "--backend", "h100-sxm", "--devices", "2",
+            "--global-batch", "2", "--seq-len", "16", "--space", "cp=2", "--micro-batches", "1",
+            "--recompute", "none", "--json"]  # fmt: skip
+    ring = CliRunner().invoke(cli, args)
+    assert ring.exit_code == 1 and len(ring.output.strip().splitlines()) == 1
+    assert "12 by a sliding window under the ring (--cp-comm p2p; all_gather, a2a run one)" in ring.output
+    for comm in ("all_gather", "a2a"):
+        found = CliRunner().invoke(cli, [*args, "--cp-comm", comm])
+        assert found.exit_code == 0, found.output
+        best = json.loads(found.stdout)["best"]
+        assert best and all(b["cp"] == 2 and b["fits"] for b in best)
