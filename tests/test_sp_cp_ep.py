@@ -347,6 +347,8 @@ def test_head_parallel_context_parallel_trades_tokens_for_heads_around_each_atte
     q, kv = tokens * cfg.heads * d * 2, tokens * cfg.kv_heads * d * 2  # fp16 bytes of the rank's tokens
     assert [(n.op, n.attrs.bytes) for n in fwd] == [(OpKind.ALL_TO_ALL, b) for b in (q, kv, kv, q)]
     assert sorted(n.attrs.bytes for n in bwd) == sorted([q, kv, kv, q]) and {n.op for n in bwd} == {OpKind.ALL_TO_ALL}
+    # in line with compute: TE exchanges inside the attention call, after every projection has run
+    assert all(n.attrs.blocking for n in fwd + bwd)
     (a,) = {(x.heads, x.kv_heads, x.q_len, x.kv_len) for x in _fwd_attention(g)}
     assert a == (8 // cp, 4 // cp, 64, 64)
     base = graph_flops(run_passes(capture(cfg), [Autodiff()]))

@@ -243,7 +243,10 @@ class _Splitter:
         return self.gathered[value]
 
     def _exchange_a2a(self, value: int, out: TensorSpec, node: Node, tag: str) -> int:
-        attrs = CollectiveAttrs(Axis.CP, self.cp, self.out[value].out.nbytes)
+        """The all_to_all between tokens and heads, in line with compute: Megatron-Core's ``_AllToAll`` (the Mamba
+        layer's) is a synchronous ``all_to_all_single``, and Transformer Engine's QKVO all-to-all runs inside the
+        attention call after every projection, so nothing else computes while it runs."""
+        attrs = CollectiveAttrs(Axis.CP, self.cp, self.out[value].out.nbytes, blocking=True)
         return self.out.add(OpKind.ALL_TO_ALL, [value], out, attrs, phase=node.phase, scope=node.scope,
                             name=f"{self.out[value].name}.{tag}")  # fmt: skip
 
