@@ -250,10 +250,7 @@ def prepare_joint(
         raise EchosimError(f"a pass broke the graph: {exc}") from None
     # layers the passes split another way, found only while splitting: read off the split graph once per graph
     if plan.cp > 1:
-        note = joint.derived(
-            ("head-parallel", plan.cp, plan.cp_comm), lambda: head_parallel_note(joint, plan.cp, plan.cp_comm)
-        )
-        notes = [*notes, *note]
+        notes = [*notes, *joint.derived(("head-parallel", plan.cp), lambda: head_parallel_note(joint, plan.cp))]
     if plan.tp > 1 and plan.sp:
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
     where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)

@@ -336,9 +336,9 @@ def test_cli_compiles_cp_and_reports_it() -> None:
 
 @pytest.mark.parametrize("cp", [2, 4])
 def test_head_parallel_context_parallel_trades_tokens_for_heads_around_each_attention(cp: int) -> None:
-    """--cp-comm a2a (DeepSpeed-Ulysses, Transformer Engine's QKVO all-to-all): per layer one all_to_all for each of
-    Q, K and V after its projection and one for the output before o_proj, each of the rank's tokens x channels; the
-    attention runs on 1/cp of the heads over the whole sequence, and backward exchanges the four gradients."""
+    """--cp-comm a2a (DeepSpeed-Ulysses, Transformer Engine's QKVO all-to-all): inside each attention call one
+    all_to_all for each of Q, K and V and one for the output, each of the rank's tokens of every head; the attention
+    runs on 1/cp of the heads over the whole sequence, and backward exchanges the four gradients."""
     cfg = TINY_LLAMA.with_(seq_len=64, heads=8, kv_heads=4)
     g = run_passes(capture(cfg), [ContextParallel(cp, "a2a"), Autodiff(), ContextParallelBackward()])
     verify(g)
@@ -366,7 +366,7 @@ def test_head_parallel_context_parallel_composes_with_tensor_parallelism_and_nee
     )
     verify(g)
     assert {(a.heads, a.kv_heads, a.q_len) for a in _fwd_attention(g)} == {(2, 1, 32)}
-    with pytest.raises(LayoutError, match="cp=4 does not divide the heads 4 / kv_heads 2"):
+    with pytest.raises(LayoutError, match="cp=4 does not divide the heads 4 / key/value heads 2"):
         run_passes(capture(TINY_LLAMA.with_(seq_len=32)), [ContextParallel(4, "a2a")])
     with pytest.raises(LayoutError, match="no head-parallel"):
         ContextParallel(2, "a2a", torch=True)

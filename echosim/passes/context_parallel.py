@@ -14,9 +14,10 @@ schemes Megatron-Core runs through Transformer Engine:
   backward reduce-scatters dK/dV. With load balancing each of the rank's two chunks
   attends only to the keys before it (within a sliding window, if the layer has one).
 * ``a2a`` (DeepSpeed-Ulysses; Transformer Engine's QKVO all-to-all, TE pull request 1160):
-  every attention layer runs head-parallel, as below: an all_to_all after each of the
-  Q, K and V projections gives the rank every token of ``1/cp`` of the heads, and one
-  before the output projection brings the rank's tokens back.
+  inside the attention call an all_to_all each gives Q, K and V every token of ``1/cp``
+  of the heads, the attention runs over the whole sequence, and one more brings its
+  output back to the rank's tokens. Everything else (projections, rotary embedding)
+  runs on the rank's tokens.
 
 Transformer Engine's ring does not run sliding-window attention; ``all_gather`` and
 ``a2a`` do (Megatron-LM pull request 1160, issue 2222), so a window under ``p2p`` is
@@ -116,11 +117,9 @@ NO_TORCH_A2A = (
 MERGE_FP32 = "attn_merge_fp32"
 
 
-def head_parallel_note(graph: Graph, cp: int, comm: str = "p2p") -> list[str]:
-    """What the report says of the layers the pass made head-parallel (found only while splitting), if any: under
-    ``a2a`` the attention layers are head-parallel as asked, and only the others are named."""
-    asked = {n.scope for n in graph if n.op is OpKind.ATTENTION} if comm == "a2a" else set()
-    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(f".{TO_HEADS}")} - asked)
+def head_parallel_note(graph: Graph, cp: int) -> list[str]:
+    """What the report says of the layers the pass made head-parallel (found only while splitting), if any."""
+    scopes = sorted({n.scope for n in graph if n.op is OpKind.ALL_TO_ALL and n.name.endswith(f".{TO_HEADS}")})
     if not scopes:
         return []
     which = f"{', '.join(scopes[:2])}{', ...' if len(scopes) > 2 else ''}"
@@ -161,10 +160,8 @@ class ContextParallel:
     def run(self, graph: Graph) -> Graph:
         if self.cp == 1:
             return graph
-        # a2a: every attention layer head-parallel from the start (Ulysses); a layer that runs along the sequence
-        # is found while splitting: head-parallel, and the graph split again
-        ulysses = {n.scope for n in graph if n.op is OpKind.ATTENTION} if self.comm == "a2a" else set()
-        return split_retrying(lambda heads: _Splitter(graph, self, heads | ulysses).run())
+        # a layer that runs along the sequence: head-parallel, and the graph split again
+        return split_retrying(lambda heads: _Splitter(graph, self, heads).run())
 
 
 def _is_linear(graph: Graph, node: Node) -> bool:
@@ -501,7 +498,37 @@ class _Splitter:
                 return self._gathered_ring(node, q, k, v, out, packed, s_local)
         if self.opts.comm == "all_gather":
             return self._all_gather(node, q, k, v, out, packed, s_local)
+        if self.opts.comm == "a2a":
+            return self._ulysses(node, [q, k, v])
         return self._ring(node, q, k, v, out, packed, s_local)
+
+    def _ulysses(self, node: Node, qkv: list[int]) -> int:
+        """Transformer Engine's QKVO all-to-all inside the attention call: Q, K and V from the rank's tokens of
+        every head to every token of ``1/cp`` of the heads, the attention over the whole sequence, and its output
+        back to the rank's tokens (all four in line with compute)."""
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        if a.heads % self.cp or a.kv_heads % self.cp:
+            raise LayoutError(
+                f"--cp-comm a2a: cp={self.cp} does not divide the heads {a.heads} / key/value heads {a.kv_heads} of "
+                f"the attention at {node.scope} (each rank attends whole heads over the whole sequence)"
+            )
+        heads = []
+        for value in qkv:
+            spec, seq = self.out[value].out, self.axis[value]
+            shape = list(spec.shape)
+            if seq != len(shape) - 2:
+                raise LayoutError(f"--cp-comm a2a: the attention at {node.scope} reads its tokens on axis {seq}")
+            shape[seq] *= self.cp
+            shape[seq - 1] //= self.cp
+            heads.append(self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_a2a_heads"))
+        shape = list(node.out.shape)
+        shape[-3] //= self.cp
+        attrs = replace(a, heads=a.heads // self.cp, kv_heads=a.kv_heads // self.cp)
+        v = self.add(node, heads, node.out.with_shape(tuple(shape)), attrs, None)
+        back = self._exchange_a2a(v, self.div(node.out, len(node.out.shape) - 2, node), node, "cp_a2a_tokens")
+        self.axis[back] = len(node.out.shape) - 2
+        return back
 
     def _partial(self, node: Node, ins: list[int], out: TensorSpec, attrs: AttentionAttrs, tag: str) -> int:
         return self.out.add(
