@@ -547,6 +547,31 @@ def test_an_attention_in_a_head_parallel_layer_attends_every_token_on_the_ranks_
     assert not any(n.op is OpKind.RECV for n in g)  # no ring
 
 
+_BMM_3D = (
+    "torch.bmm(torch.softmax(torch.bmm(q.reshape(b * self.heads, s, -1), k.reshape(b * self.heads, s, -1)"
+    ".transpose(1, 2)) / 4, -1), v.reshape(b * self.heads, s, -1)).view(b, self.heads, s, -1)"
+)
+
+
+@pytest.mark.parametrize("mix", ["torch.softmax(q @ k.transpose(-2, -1) / 4, -1) @ v", _BMM_3D])
+def test_head_parallel_context_parallelism_exchanges_an_attention_written_out_in_its_own_layout(
+    tmp_path: Path, mix: str
+) -> None:
+    """--cp-comm a2a on attention written out, folded to one op whose K is transposed (``[b, heads, d, s]``) or
+    whose heads are merged with the batch (``[b * heads, s, d]``, XGLM's and TrOCR's bmm): each input is exchanged
+    on its own token axis and heads, and the model's FLOPs are kept (it was refused: "reads its tokens on axis 3")."""
+    path = write_lm(tmp_path, _HEADS_BLOCK.format(mix=mix))
+    one = lower(f"{path}:model", Plan(micro_batch=2), Cluster("null", devices=1))
+    two = lower(f"{path}:model", Plan(cp=2, cp_comm="a2a", micro_batch=2), Cluster("null", devices=2))
+    fwd = [n for n in two.graph if n.phase is Phase.FORWARD and "layers.0" in n.scope]
+    exchanged = [n.name.rsplit(".", 1)[-1] for n in fwd if n.op is OpKind.ALL_TO_ALL]
+    assert exchanged == ["cp_a2a_heads"] * 3 + ["cp_a2a_tokens"]
+    [whole] = [n.attrs for n in one.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD]
+    [attention] = [n.attrs for n in fwd if n.op is OpKind.ATTENTION]
+    assert (attention.heads, attention.q_len, attention.kv_len) == (whole.heads // 2, 16, 16)
+    assert two.report.model_flops_per_step == pytest.approx(one.report.model_flops_per_step, rel=1e-9)
+
+
 def test_recompute_on_a_model_without_repeated_layers_says_it_recomputes_nothing() -> None:
     """Every policy checkpoints layers; ResNet-50's stages do not fold into one repeated block, so --recompute
     full changed nothing, silently."""

@@ -514,13 +514,13 @@ class _Splitter:
                 f"the attention at {node.scope} (each rank attends whole heads over the whole sequence)"
             )
         heads = []
-        for value in qkv:
+        for value in qkv:  # [b, heads, tokens, d], or [b * heads, ...], K perhaps as [..., d, tokens]
             spec, seq = self.out[value].out, self.axis[value]
             shape = list(spec.shape)
-            if seq != len(shape) - 2:
+            if len(shape) < 3 or seq < len(shape) - 2:
                 raise LayoutError(f"--cp-comm a2a: the attention at {node.scope} reads its tokens on axis {seq}")
             shape[seq] *= self.cp
-            shape[seq - 1] //= self.cp
+            shape[len(shape) - 3] //= self.cp
             heads.append(self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_a2a_heads"))
         shape = list(node.out.shape)
         shape[-3] //= self.cp
