@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,19 @@ def test_a_mamba2_model_splits_by_heads_and_groups_under_tp() -> None:
     assert not two.report.warnings
     with pytest.raises(PlanError, match=r"tp=4 does not divide the axis of size 2 .* needs whole on each rank"):
         lower(f"hf:{TINY_MAMBA2}", Plan(tp=4, **plan), Cluster("null", devices=4))
+
+
+def test_sequence_parallelism_refuses_the_groups_tensor_parallelism_refuses(tmp_path: Path) -> None:
+    """One group of B and C (Bamba's, Falcon-H1's, Granite 4.0-H's n_groups) at tp=2: refused with or without
+    --sp, as Megatron-Core asserts ngroups % tp == 0. Under --sp the layer ran whole on every rank instead (1.9x
+    the model's FLOPs), with a warning that blamed a product over the tokens."""
+    config = {**json.loads(TINY_MAMBA2.read_text()), "n_groups": 1}
+    path = tmp_path / "one-group.json"
+    path.write_text(json.dumps(config))
+    plan = {"seq_len": 128, "micro_batch": 2, "global_batch": 2}
+    for sp in (False, True):
+        with pytest.raises(PlanError, match=r"ssd_scan.cb .* tp=2 \(with cp\) does not divide the heads \(or groups\)"):
+            lower(f"hf:{path}", Plan(tp=2, sp=sp, **plan), Cluster("null", devices=2))
 
 
 def _forward_collectives(graph: Any, layer: str) -> list[Any]:

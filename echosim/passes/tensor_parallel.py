@@ -693,11 +693,15 @@ class _Sharder:
                     f"tp={self.tp} does not divide the {inner}, which {node.name} needs whole on each rank "
                     "(Mamba-2's groups of B and C, attention's heads: use a tp that divides them)"
                 )
-            raise Unsplittable(
+            message = (
                 f"matmul {node.name} at {node.scope} sums over an axis tensor parallelism splits: no rule of the plan "
-                f"splits its layer, or tp={self.tp} (with cp) does not divide the heads (or groups) it runs on",
-                module_of(self.src, node),
+                f"splits its layer, or tp={self.tp} (with cp) does not divide the heads (or groups) it runs on"
             )
+            if not any(i in self.seq for i in ins if i in self.split):
+                # split on channels (heads, groups of B and C), as without sequence parallelism, where the layout is
+                # refused (Megatron-Core asserts ngroups % tp == 0): running the layer whole is no remedy for that
+                raise LayoutError(message)
+            raise Unsplittable(message, module_of(self.src, node))
         # every tensor-parallel rank computes this product whole (a router, a linear no rule matches): one rank's
         # copy is the model's work, the others count as hardware FLOPs only (MFU's numerator takes it once)
         return self.add(node, ins, node.out, replace(attrs, useful=attrs.useful / self.tp))
