@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,7 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     The best layout's likely step follows the table: the accuracy band `compile` reports (docs/accuracy.md).
     """
     from echosim.commands.search import parse_devices, run
+    from echosim.frameworks import get_framework
     from echosim.layout import check_fp8_attention, check_fused_mlp
     from echosim.layout_search import parse_space
     from echosim.plan import Cluster, Plan, plan_with_defaults
@@ -362,6 +364,9 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
              "cp_comm": cp_comm}  # fmt: skip
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework, **fixed})  # fmt: skip
+    if cp_comm is None:  # the framework's scheme for its layouts with cp > 1 (MaxText all-gathers K/V)
+        scheme = get_framework(base.framework).defaults_for(set(), replace(base, cp=2)).get("cp_comm")
+        base = replace(base, cp_comm=scheme or base.cp_comm)
     check_fp8_attention(base, backend)  # one line before any layout is enumerated, as compile refuses them
     check_fused_mlp(base, backend)
     if seq_len is not None and seq_len < 1:

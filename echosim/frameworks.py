@@ -611,6 +611,12 @@ FRAMEWORKS: dict[str, Framework] = {
                     when_above_one="tp",
                 ),
                 Default("dtype", "bf16", "dtype: 'bfloat16' (src/maxtext/configs/base.yml, commit e591f30)"),
+                Default(
+                    "cp_comm",
+                    "all_gather",
+                    "context_parallel_strategy: 'all_gather' (src/maxtext/configs/base.yml, commit e591f30)",
+                    when_above_one="cp",
+                ),
             ),
             row_names=("MaxText",),
             fused_gated="XLA fuses an elementwise producer into its consumer: the gated MLP's activation and "

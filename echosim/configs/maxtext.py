@@ -72,6 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "hardware": "tpu",
     "shard_mode": "auto",
     "context_parallel_load_balance": True,
+    "context_parallel_strategy": "all_gather",  # base.yml line 1201, commit e591f30
     "weight_dtype": "float32",
     "sa_use_fused_bwd_kernel": False,  # splash attention's backward as two kernels (dkv, dq): base.yml line 1167
     **dict.fromkeys(SPLASH_BLOCK_KEYS, 512),  # splash attention's blocks: base.yml lines 1159-1166, commit e591f30
@@ -82,6 +83,11 @@ DEFAULTS: dict[str, Any] = {
                                                  "tensor_sequence", "pipeline", "expert", "autoregressive")},
     "dcn_data_parallelism": -1,
 }  # fmt: skip
+
+#: MaxText's context_parallel_strategy as echosim's --cp-comm: K/V all-gathered (the default), ring attention
+#: (Tokamax's on TPU, Transformer Engine's on GPU) and Ulysses' head exchange (src/maxtext/layers/attention_op.py,
+#: commit e591f30); "usp" (Ulysses inside a ring) is not modelled.
+CP_STRATEGIES = {"all_gather": "all_gather", "ring": "p2p", "ulysses": "a2a"}
 
 #: Keys that change neither step time nor memory: paths, data, logging, checkpoints, optimizer hyper-parameters.
 IGNORED = {
@@ -236,7 +242,7 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
     used = {f"{level}_{axis}_parallelism" for level in ("ici", "dcn") for axis in _MESH_AXES}
     used |= {"num_slices", "per_device_batch_size", "gradient_accumulation_steps", "max_target_length", "dtype",
              "quantization", "remat_policy", "attention", "hardware", "num_pipeline_microbatches", "capacity_factor",
-             "shard_mode", "context_parallel_load_balance"}  # fmt: skip
+             "shard_mode", "context_parallel_load_balance", "context_parallel_strategy"}  # fmt: skip
     for level in ("ici", "dcn"):
         for axis in ("fsdp_transpose", "tensor_sequence", "autoregressive"):
             if _degree(config, f"{level}_{axis}_parallelism", src) not in (1, -1):
@@ -318,6 +324,13 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
         opts["moe_capacity_factor"] = capacity
     if not config.get("context_parallel_load_balance", True) and cp > 1:
         opts["cp_balance"] = False
+    strategy = str(config.get("context_parallel_strategy", DEFAULTS["context_parallel_strategy"])).lower()
+    if cp > 1:
+        if strategy not in CP_STRATEGIES:
+            raise ConfigError(
+                f"{src}: context_parallel_strategy {strategy!r} is not modelled ({', '.join(CP_STRATEGIES)} are)"
+            )
+        opts["cp_comm"] = CP_STRATEGIES[strategy]
     hardware = str(config.get("hardware"))
     if hardware == "tpu":
         out.notes.append("hardware 'tpu': the TPU generation is the command line's (--backend tpu-v5p, ...)")
