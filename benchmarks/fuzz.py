@@ -122,6 +122,8 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         experts=4 if arch == "moe" else 0,
         top_k=2 if arch == "moe" else 0,
         moe_ffn=64 if arch == "moe" else 0,
+        sliding_window=rng.choice([0, 0, 8, 64]) if arch != "gpt" else 0,
+        global_layer_step=rng.choice([0, 2]),
     )
     opts: dict[str, Any] = {}
     for key in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
@@ -151,7 +153,7 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
                        "deepspeed", "composer", "eager", "nope"]),
         ("attention", ["flash", "math"]),
         ("moe_dispatcher", ["alltoall", "deepep", "hybridep"]),
-        ("cp_comm", ["p2p", "all_gather"]),
+        ("cp_comm", ["p2p", "all_gather", "a2a"]),
         ("pp_balance", ["uniform", "cost"]),
         ("offload_layers", [0, 1, 2]),
         ("loss_chunks", [1, 2, 4]),
@@ -186,7 +188,8 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     cfg = ArchConfig(arch, layers=layers, hidden=heads * 32, heads=heads, vocab=1024, seq_len=rng.choice([128, 512]),
                      ffn=256, kv_heads=rng.choice([1, heads]) if arch != "gpt" else heads, experts=experts,
                      top_k=2 if experts else 0, moe_ffn=64 if experts else 0, dense_layers=dense,
-                     shared_experts=rng.choice([0, 1]) if experts else 0)  # fmt: skip
+                     shared_experts=rng.choice([0, 1]) if experts else 0,
+                     sliding_window=rng.choice([0, 0, 0, 64]) if arch != "gpt" else 0)  # fmt: skip
     blackwell = ["b200", "gb200", "gb300", "b300"]
     backend = rng.choice(["a100-80gb", "h100-sxm", "h200", *blackwell])
     tp, pp, cp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2])
@@ -223,6 +226,11 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         opts["tp_overlap"] = rng.random() < 0.5
     if rng.random() < 0.2:
         opts["loss_chunks"] = rng.choice([2, 4])
+    if cp > 1:  # a scheme that runs the model: the ring has no sliding window, a2a needs whole heads per rank
+        whole = cfg.kv_heads % (tp * cp) == 0 and cfg.heads % (tp * cp) == 0
+        opts["cp_comm"] = rng.choice(
+            ["all_gather", *(["a2a"] if whole else []), *([] if cfg.sliding_window else ["p2p"])]
+        )
 
     def run() -> None:
         _, plan, cluster = plan_from_options("fuzz", opts)
