@@ -487,6 +487,8 @@ class _Splitter:
             )
         if a.window and (self.opts.torch or self.opts.comm == "p2p"):
             raise LayoutError(window_refusal(self.cp, self.opts.torch, node.scope))
+        if self.opts.comm == "a2a":
+            return self._ulysses(node, [q, k, v])
         s_local = a.q_len // self.cp
         out = self.div(node.out, len(node.out.shape) - 2, node)
         kspec, vspec = self.out[k].out, self.out[v].out
@@ -498,8 +500,6 @@ class _Splitter:
                 return self._gathered_ring(node, q, k, v, out, packed, s_local)
         if self.opts.comm == "all_gather":
             return self._all_gather(node, q, k, v, out, packed, s_local)
-        if self.opts.comm == "a2a":
-            return self._ulysses(node, [q, k, v])
         return self._ring(node, q, k, v, out, packed, s_local)
 
     def _ulysses(self, node: Node, qkv: list[int]) -> int:
