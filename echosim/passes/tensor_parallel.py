@@ -156,8 +156,13 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
             if any(i in split for i in n.inputs):
                 split.add(n.id)
             continue
+        weight = graph[n.inputs[1]]
         style = style_for(n.scope, plan)
-        if n.inputs[0] in split and len(graph[n.inputs[1]].out.shape) == 2:
+        if not style and len(weight.out.shape) == 3:
+            # transformers' fused experts: one module holds both grouped weights, so the weight's name says which
+            # (``experts.gate_up_proj`` column-, ``experts.down_proj`` row-parallel, as the dense MLP's)
+            style = style_for(weight.name, plan)
+        if n.inputs[0] in split and len(weight.out.shape) == 2:
             style = "rowwise"
         elif style == "rowwise" and n.inputs[0] not in split:
             continue
@@ -485,8 +490,12 @@ class _Sharder:
                     if len(w.out.shape) == 3 and self.experts_whole:
                         self.whole_experts.add(w.id)
                         continue
-                    if len(w.out.shape) == 3:  # grouped expert weight [experts, in, out]
-                        axis = 2 if style in ("colwise", "vocab") else 1
+                    if len(w.out.shape) == 3:  # grouped expert weight [experts, in, out] (transformers': out, in)
+                        out_in = isinstance(node.attrs, MatmulAttrs) and w.out.shape[1:] == (
+                            node.attrs.n,
+                            node.attrs.k,
+                        ) != (node.attrs.k, node.attrs.n)
+                        axis = (1 if out_in else 2) if style in ("colwise", "vocab") else (2 if out_in else 1)
                     else:  # nn.Linear weight [out, in]
                         axis = 0 if style in ("colwise", "vocab") else 1
                     styles[w.id] = (style, axis)
