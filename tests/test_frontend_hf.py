@@ -183,12 +183,12 @@ def test_model_flops_count_a_product_every_tp_rank_repeats_once() -> None:
     assert two.hardware_flops_per_step > 1.02 * one.hardware_flops_per_step
 
 
-@pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-qwen2-moe", "tiny-deepseek-v3"])
+@pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-qwen2-moe", "tiny-deepseek-v3", "tiny-dbrx"])
 def test_moe_under_tp_splits_attention_heads_and_the_experts_by_their_weights_names(name: str) -> None:
     """transformers' fused experts hold both grouped weights in one module (``[experts, out, in]``): the weight's
     name picks the rule, ``experts.gate_up_proj`` column- and ``experts.down_proj`` row-parallel, as Megatron-Core's
     expert tensor parallelism (its default, the tensor-parallel size) splits them. They were replicated on every
-    rank (1.64x the model's FLOPs for Mixtral at tp 2)."""
+    rank (1.64x the model's FLOPs for Mixtral at tp 2). DBRX stores its experts as ``w1``, ``v1`` and ``w2`` stacks."""
     compiled = lower(f"hf:{CONFIGS}/{name}.json", Plan(tp=2, seq_len=16), Cluster("null", devices=2))
     heads = {n.attrs.heads for n in compiled.graph if n.op is OpKind.ATTENTION and n.phase is Phase.FORWARD}
     assert heads == {2}  # 4 heads over 2 ranks (DeepSeek's MLA through q_b_proj / kv_b_proj)

@@ -92,6 +92,7 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.linear_fc1", "colwise"),
     ("*.w1", "colwise"),
     ("*.w3", "colwise"),
+    ("*.experts.mlp.v1", "colwise"),  # DBRX's experts: w1 (gate) and v1 (up), then w2 (down)
     ("*.intermediate.dense", "colwise"),
     ("*.attn.proj", "rowwise"),
     ("layers.*.proj", "rowwise"),  # the zoo's encoder layers (BERT, ViT): their attention's output
