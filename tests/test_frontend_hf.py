@@ -650,3 +650,17 @@ def test_a_search_of_a_windowed_model_runs_context_parallelism_under_the_scheme_
         assert found.exit_code == 0, found.output
         best = json.loads(found.stdout)["best"]
         assert best and all(b["cp"] == 2 and b["fits"] for b in best)
+
+
+def test_minimax_lightning_attention_gate_splits_with_its_heads(tmp_path: Path) -> None:
+    """MiniMax's lightning attention gates each head's output by a sigmoid of ``output_gate(x)``: column-parallel,
+    as its q/k/v projection, so every linear of the layer is split at tp=2 (the gate ran whole and was warned of)."""
+    from transformers import AutoConfig
+
+    small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=512, max_position_embeddings=256)  # fmt: skip
+    AutoConfig.for_model("minimax", **small).to_json_file(tmp_path / "config.json")
+    compiled = lower(f"hf:{tmp_path}", Plan(tp=2, seq_len=64), Cluster("null", devices=2))
+    gates = [n for n in compiled.graph if n.op is OpKind.MATMUL and n.scope.endswith("self_attn.output_gate")]
+    assert gates and {n.attrs.tp for n in gates if n.phase is Phase.FORWARD} == {"colwise"}
+    assert not any("run whole" in w for w in compiled.report.warnings)

@@ -82,6 +82,7 @@ DEFAULT_TP_PLAN: tuple[tuple[str, str], ...] = (
     ("*.mixer.dt_proj", "colwise"),
     ("*.mamba.dt_proj", "colwise"),
     ("*.linear_attn.in_proj_*", "colwise"),
+    ("*.self_attn.output_gate", "colwise"),  # MiniMax's lightning attention: a sigmoid gate on each head's output
     ("*.c_attn", "colwise"),
     ("*.fc1", "colwise"),
     ("*.c_fc", "colwise"),
