@@ -493,10 +493,8 @@ class _Sharder:
                         self.whole_experts.add(w.id)
                         continue
                     if len(w.out.shape) == 3:  # grouped expert weight [experts, in, out] (transformers': out, in)
-                        out_in = isinstance(node.attrs, MatmulAttrs) and w.out.shape[1:] == (
-                            node.attrs.n,
-                            node.attrs.k,
-                        ) != (node.attrs.k, node.attrs.n)
+                        a = node.attrs
+                        out_in = isinstance(a, MatmulAttrs) and a.n != a.k and w.out.shape[1:] == (a.n, a.k)
                         axis = (1 if out_in else 2) if style in ("colwise", "vocab") else (2 if out_in else 1)
                     else:  # nn.Linear weight [out, in]
                         axis = 0 if style in ("colwise", "vocab") else 1
