@@ -446,8 +446,8 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         torch = bool(get_framework(plan.framework).cp_torch)
         if torch and plan.cp_comm == "a2a":
             raise PlanError(NO_TORCH_A2A)
-        if shape.windowed and (torch or plan.cp_comm == "p2p"):
-            raise PlanError(window_refusal(plan.cp, torch, shape.windowed))
+        if shape.windowed and (refusal := window_refusal(plan.cp, plan.cp_comm, torch, shape.windowed)):
+            raise PlanError(refusal)
         split = plan.tp * plan.cp
         for heads, kv_heads in shape.heads if plan.cp_comm == "a2a" else ():
             if heads % split or kv_heads % split:

@@ -485,8 +485,8 @@ class _Splitter:
             raise LayoutError(
                 f"context parallelism supports causal or full attention, not an explicit mask ({node.scope})"
             )
-        if a.window and (self.opts.torch or self.opts.comm == "p2p"):
-            raise LayoutError(window_refusal(self.cp, self.opts.torch, node.scope))
+        if a.window and (refusal := window_refusal(self.cp, self.opts.comm, self.opts.torch, node.scope)):
+            raise LayoutError(refusal)
         if self.opts.comm == "a2a":
             return self._ulysses(node, [q, k, v])
         s_local = a.q_len // self.cp
@@ -671,8 +671,11 @@ def _busiest_balanced_rank(cp: int, chunk: int, window: int) -> tuple[int, int]:
     return (r + 1) * chunk, (2 * cp - r) * chunk
 
 
-def window_refusal(cp: int, torch: bool, scope: str) -> str:
-    """Why a sliding window cannot run on this context-parallel scheme, and what can."""
+def window_refusal(cp: int, comm: str, torch: bool, scope: str) -> str:
+    """Why a sliding window (at ``scope``) cannot run on this context-parallel scheme, and what can; "" where it
+    can (Transformer Engine's all_gather and a2a)."""
+    if not torch and comm != "p2p":
+        return ""
     if torch:
         return (
             f"cp={cp}: PyTorch's context_parallel rings scaled-dot-product attention without a mask, and "
