@@ -26,6 +26,7 @@ from echosim.layout import (
     check_fp8_attention,
     check_fused_mlp,
     check_model,
+    check_offload,
     check_plan,
     check_precision,
     fp8_attention_notes,
@@ -219,6 +220,7 @@ def prepare_joint(
     loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
     check_precision(plan, loaded)
+    check_offload(plan, loaded)
     check_fp8_attention(plan, cluster.backend)
     check_fused_mlp(plan, cluster.backend)
     if not plan_checked:
@@ -271,7 +273,7 @@ def prepare_joint(
     # off the data-parallel pass as configured for this backend (none on XLA's static buffers: _sized)
     buckets = any(isinstance(p, DataParallel) and p.bucket_buffers() for p in stage_passes)
     kept = framework.state(plan.pp, plan.grad_dtype, plan.zero, plan.dtype)
-    state = {**kept, "optimizer_dtypes": plan.optimizer_dtypes}
+    state = {**kept, "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer}
     static = bool(getattr(loaded, "static_buffers", False))
     caching = bool(getattr(loaded, "caching_allocator", not static))
     facts = StepFacts(

@@ -87,6 +87,19 @@ def check_precision(plan: Plan, backend: Any) -> None:
         raise PlanError(refusal)
 
 
+def check_offload(plan: Plan, backend: Any) -> None:
+    """An offloaded optimizer runs only where the backend's device has host figures (a GPU's host link and host
+    memory): a TPU, a CPU or a part without them is refused, never costed as if the step stayed on the device."""
+    if not plan.offload_optimizer:
+        return
+    from echosim.backends.compute import offload_refusal
+
+    device = getattr(backend, "device", None) or getattr(getattr(backend, "inner", None), "device", None)
+    why = offload_refusal(device) if device is not None and hasattr(device, "host_link_GBps") else "not a GPU backend"
+    if why:
+        raise PlanError(f"--offload-optimizer: backend {getattr(backend, 'name', backend)!r}: {why}")
+
+
 def check_fp8_attention(plan: Plan, backend: str) -> None:
     """FP8 attention is Transformer Engine's ``fp8_dot_product_attention``: the fused kernel, inside an FP8
     recipe's autocast, priced only on the devices cuDNN's FP8 / BF16 benchmark measured
@@ -280,6 +293,12 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
     _check_optimizer_dtypes(plan)
     _check_fsdp_reduce(plan)
     _check_grad_dtype(plan)
+    if plan.offload_optimizer and plan.zero < 1:
+        raise PlanError(
+            "--offload-optimizer steps each rank's shard of a ZeRO / distributed optimizer on its host: give --zero 1 "
+            "or higher (DeepSpeed's offload_optimizer is a zero_optimization setting; Megatron-Core's "
+            "--optimizer-cpu-offload runs inside --use-distributed-optimizer)"
+        )
     if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
         what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"
         raise PlanError(

@@ -396,18 +396,18 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     from echosim.passes.memory import StatePolicy
 
     kept = {**get_framework(plan.framework).state(plan.pp), "fp32_grads": fp32_grads,
-            "optimizer_dtypes": plan.optimizer_dtypes}  # fmt: skip
+            "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer}  # fmt: skip
     policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **kept)
     per_device = params / (plan.tp * plan.pp * plan.ep)
     return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
 
 
 def _bound_key(plan: Plan) -> tuple[Any, ...]:
-    """All that :func:`memory_lower_bound` reads of a plan (framework, dtype, optimizer dtypes, pp, ZeRO stage,
+    """All that :func:`memory_lower_bound` reads of a plan (framework, dtype, optimizer dtypes, offload, pp, ZeRO stage,
     dp x cp, tp x pp x ep): an enumeration's 10^4-10^5 layouts have a few hundred distinct bounds. Change it with
     that function."""
-    return (plan.framework, plan.dtype, plan.optimizer_dtypes, plan.pp, plan.zero, plan.dp * plan.cp,
-            plan.tp * plan.pp * plan.ep)  # fmt: skip
+    return (plan.framework, plan.dtype, plan.optimizer_dtypes, plan.offload_optimizer, plan.pp, plan.zero,
+            plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)  # fmt: skip
 
 
 def enumerate_layouts(
@@ -1344,7 +1344,7 @@ def search(
     """
     from echosim import plugins
     from echosim.compiler import _backend, resolve_cluster
-    from echosim.layout import check_precision
+    from echosim.layout import check_offload, check_precision
 
     if not 0 < memory_fraction <= 1:
         raise SearchError(f"--max-memory-fraction must lie in (0, 1], got {memory_fraction:g}")
@@ -1355,6 +1355,7 @@ def search(
     backend = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, backend)
     check_precision(base, backend)  # a precision the device cannot run fails every layout alike: one error
+    check_offload(base, backend)
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})

@@ -68,6 +68,10 @@ class Plan:
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     tp_overlap: bool = False  # chunked GEMMs overlap their TP collectives (Megatron --tp-comm-overlap)
     offload_layers: int = 0  # layers per stage whose activations live in host memory (Megatron CPU offloading)
+    # the optimizer's fp32 master weights and moments live in host memory and the host CPU steps them (DeepSpeed's
+    # ZeRO-Offload offload_optimizer, Megatron-Core's --optimizer-cpu-offload): gradients go down and the updated
+    # weights come back over the GPU's host link each step
+    offload_optimizer: bool = False
     # Megatron's precision-aware optimizer: its state dtypes, KEY=DTYPE,... over main_grads, main_params, exp_avg,
     # exp_avg_sq (echosim.passes.memory.optimizer_dtypes); "": off (fp32 master, moments and main gradients)
     optimizer_dtypes: str = ""

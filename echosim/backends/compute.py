@@ -391,6 +391,34 @@ def memory_bound_time_s(dev: DeviceSpec, nbytes: int, kernels: int = 1) -> float
     return nbytes / (dev.hbm_stream_GBps * 1e9) + kernels * dev.kernel_overhead_us * 1e-6
 
 
+#: Bytes per parameter an offloaded optimizer step moves over the GPU's host link: the fp32 gradient down and the
+#: updated fp32 weight back. DeepSpeed casts a gradient partition to fp32 before it copies it to the host and
+#: copies the fp32 partition back before casting it (``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` and
+#: ``step``, deepspeed/runtime/zero/stage_1_and_2.py at 38327e0); Megatron-Core's hybrid device optimizer copies
+#: the fp32 main gradients down and, with ``param_update_in_fp32``, fp32 weights back
+#: (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py).
+HOST_LINK_BYTES_PER_PARAM = 8
+
+
+def offload_refusal(dev: DeviceSpec) -> str:
+    """Why an optimizer cannot be offloaded to this part's host ("" where it can): a figure of its host is missing."""
+    missing = [n for n in ("host_link_GBps", "host_memory_GBps") if getattr(dev, n) is None]
+    return f"device {dev.name!r} has no {' or '.join(missing)} figure" if missing else ""
+
+
+def host_optimizer_time_s(dev: DeviceSpec, params: int, bytes_per_param: int) -> float:
+    """An optimizer step of ``params`` elements on the host: the gradients down the host link, the step's
+    ``bytes_per_param`` through host DRAM, the weights back, one after another (Megatron-Core without
+    ``--overlap-cpu-optimizer-d2h-h2d``). Every GPU of the host steps its own share at once (data parallelism
+    keeps the ranks in step), so each gets its host's DRAM bandwidth over the GPUs the host holds."""
+    if why := offload_refusal(dev):
+        raise ValueError(f"optimizer offload: {why}")
+    assert dev.host_link_GBps is not None and dev.host_memory_GBps is not None
+    sharing = dev.gpus_per_host or dev.devices_per_node
+    link = params * HOST_LINK_BYTES_PER_PARAM / (dev.host_link_GBps * 1e9)
+    return link + params * bytes_per_param * sharing / (dev.host_memory_GBps * 1e9)
+
+
 # ---- attention -----------------------------------------------------------------------
 
 

@@ -108,6 +108,11 @@ class DeviceSpec:
     # The scale-out network its NICs sit on (networks.NETWORKS): "infiniband" (NCCL's defaults) or a cloud's
     # own, which changes what NCCL's tuner is told and the NCCL settings the deployment runs under.
     network: str = "infiniband"
+    # The host side, which an offloaded optimizer (Plan.offload_optimizer) runs on: one GPU's copy rate to and
+    # from its host's memory per direction (pinned copies, nvbandwidth), and the sustained DRAM bandwidth of one
+    # host, which its GPUs' optimizer processes share. None: no figure, and no offload on this part.
+    host_link_GBps: float | None = None
+    host_memory_GBps: float | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -133,6 +138,8 @@ class DeviceSpec:
 
 _OPTIONAL = {
     "gpus_per_host",
+    "host_link_GBps",
+    "host_memory_GBps",
     "peak_fp8_tflops",
     "gemm_eff_fp8",
     "peak_fp4_tflops",
@@ -225,6 +232,27 @@ def validate(spec: DeviceSpec) -> None:
 # single wave of tiles; NVIDIA CUDA C++ Best Practices Guide (kernel launch overhead).
 _KERNEL_OVERHEAD_US = 4.0
 
+# The host an offloaded optimizer steps on (DeviceSpec.host_link_GBps, host_memory_GBps). A GPU's host link is
+# PCIe (Gen4 x16 on A100, Gen5 x16 on Hopper and HGX Blackwell) or NVLink-C2C (Grace). Its rate per direction is
+# nvbandwidth's pinned copy, the faster direction where the two differ: the link carries the same rate each way,
+# so a slower direction is a limit of that host (Azure's ND A100 v4 reads 26.28 GB/s host to device but 6.27
+# device to host). One GPU was measured alone; eight copying at once are taken to keep that rate each.
+_HOST_LINK_A100_GBPS = 26.28  # Source: _A100_AZ, nvbandwidth host_to_device (microbench.csv)
+_HOST_LINK_HOPPER_GBPS = 52.0  # Source: _H100_AZ nvbandwidth device_to_host 52 (host_to_device 51); _H200_AZ 52, 52
+_HOST_LINK_GRACE_GBPS = 201.0  # Source: _GB200_AZ nvbandwidth host_to_device 201 (device_to_host 193)
+# A host's DRAM sustains its channels x transfer rate x 8 B at the share STREAM reaches, assumed 0.8 as the CPU
+# backends assume it (backends/cpu.py, stream_fraction). The one host measured, a GB200 tray's two Grace CPUs,
+# sustains 0.745 of its peak (Azure ND GB200 v6 STREAM triad 763 GB/s; 2 x 511 GB/s LPDDR5X, the NVL72's
+# 18.4 TB/s over its 36 Grace CPUs: https://www.nvidia.com/en-us/data-center/gb200-nvl72/).
+_HOST_STREAM_FRACTION = 0.8
+# DGX A100: 2x AMD EPYC 7742 (_DGXA100), 8 channels of DDR4-3200 each (AMD's EPYC 7742 specifications)
+_HOST_MEMORY_EPYC7742_GBPS = 2 * 8 * 3.2 * 8 * _HOST_STREAM_FRACTION
+# DGX H100 / ND H100 v5 / ND H200 v5: 2x Xeon Platinum 8480C, hw_specs.csv 0.307 TB/s per socket (8 ch DDR5-4800)
+_HOST_MEMORY_XEON8480_GBPS = 2 * 307.2 * _HOST_STREAM_FRACTION
+# DGX B200: 2x Xeon Platinum 8570 (DGX B200 datasheet), 8 channels of DDR5-5600 each (Intel's 8570 specifications)
+_HOST_MEMORY_XEON8570_GBPS = 2 * 8 * 5.6 * 8 * _HOST_STREAM_FRACTION
+_HOST_MEMORY_GRACE_GBPS = 763.0  # Source: microbench.csv, Azure ND GB200 v6 CPU STREAM triad (one 4-GPU host)
+
 # NCCL launch: host time for one thread to launch one NCCL collective kernel (NCCL's enqueue plus
 # cudaLaunchKernel), a property of the host CPU and driver, not of the GPU. A collective never
 # takes less than its launches; nccl-tests -g N launches N per collective from one thread, so
@@ -281,6 +309,8 @@ A100_80GB = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=_NCCL_LAUNCH_A100_US,  # Source: Azure ND A100 v4 nccl-tests -g 8 (note above)
     host_cpu_vendor="amd",  # Source: DGX A100 (2x AMD EPYC 7742, _DGXA100); Azure ND A100 v4 (AMD EPYC 7V12)
+    host_link_GBps=_HOST_LINK_A100_GBPS,
+    host_memory_GBps=_HOST_MEMORY_EPYC7742_GBPS,
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -313,6 +343,8 @@ A100_40GB = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=_NCCL_LAUNCH_A100_US,  # No 40 GB row: the ND A100 v4 (AMD EPYC host) reading
     host_cpu_vendor="amd",  # Source: DGX A100 user guide (_DGXA100), 2x AMD EPYC 7742
+    host_link_GBps=_HOST_LINK_A100_GBPS,  # the 80 GB part's host (same DGX A100)
+    host_memory_GBps=_HOST_MEMORY_EPYC7742_GBPS,
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -348,6 +380,8 @@ H100_SXM = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.35,  # Source: Azure ND H100 v5 nccl-tests -g 8, 26.8 µs / 8 (note at _NCCL_LAUNCH_A100_US)
     host_cpu_vendor="intel",  # Source: DGX H100 / Azure ND H100 v5 hosts, 2x Xeon Platinum 8480C (_H100_AZ)
+    host_link_GBps=_HOST_LINK_HOPPER_GBPS,
+    host_memory_GBps=_HOST_MEMORY_XEON8480_GBPS,
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -385,6 +419,8 @@ H800 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.35,  # No H800 row: carried over from H100 (same HGX host class)
     host_cpu_vendor="intel",  # No H800 host in a source: carried over from H100 (same HGX host class)
+    host_link_GBps=_HOST_LINK_HOPPER_GBPS,  # carried over from H100 (same HGX host class)
+    host_memory_GBps=_HOST_MEMORY_XEON8480_GBPS,
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -420,6 +456,8 @@ H200 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # Source: Azure ND H200 v5 nccl-tests -g 8, 30.8 µs / 8
     host_cpu_vendor="intel",  # Source: Azure ND H200 v5, Xeon Platinum 8480C (_H200_AZ)
+    host_link_GBps=_HOST_LINK_HOPPER_GBPS,
+    host_memory_GBps=_HOST_MEMORY_XEON8480_GBPS,
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -495,6 +533,8 @@ B200 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # No B200 nccl-tests row: carried over from H200 (x86 HGX host, same launch path)
     host_cpu_vendor="intel",  # Source: DGX B200 datasheet, 2x Intel Xeon Platinum 8570
+    host_link_GBps=_HOST_LINK_HOPPER_GBPS,  # no B200 nvbandwidth row: the Hopper hosts' PCIe Gen5 x16
+    host_memory_GBps=_HOST_MEMORY_XEON8570_GBPS,
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -542,6 +582,8 @@ GB200 = DeviceSpec(
     nccl_launch_us=4.04,  # Source: Azure ND GB200 v6 nccl-tests -g 4, 16.2 µs / 4 (Grace host)
     host_cpu_vendor="arm",  # Source: Grace (Neoverse V2) host, Azure ND GB200 v6 (_GB200_AZ)
     gpus_per_host=4,  # Source: hw_specs.csv, "4 GPUs + 2 Grace CPUs per compute tray" (18 trays per NVL72)
+    host_link_GBps=_HOST_LINK_GRACE_GBPS,
+    host_memory_GBps=_HOST_MEMORY_GRACE_GBPS,
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -590,6 +632,8 @@ B300 = DeviceSpec(
     kernel_overhead_us=_KERNEL_OVERHEAD_US,
     nccl_launch_us=3.85,  # No B300 nccl-tests row: carried over from B200/H200 (x86 HGX host, same launch path)
     host_cpu_vendor="intel",  # Source: DGX B300, Intel Xeon 6776P hosts
+    host_link_GBps=_HOST_LINK_HOPPER_GBPS,  # no B300 nvbandwidth row: the Hopper hosts' PCIe Gen5 x16
+    host_memory_GBps=_HOST_MEMORY_XEON8570_GBPS,  # no channel figure for the 6776P here: DGX B200's host
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -629,6 +673,8 @@ GB300 = DeviceSpec(
     nccl_launch_us=4.04,  # No GB300 nccl-tests row: carried over from GB200 (Grace host, same launch path)
     host_cpu_vendor="arm",  # Source: GB300 NVL72, Grace host (as GB200)
     gpus_per_host=4,  # Source: GB300 NVL72, 72 GPUs and 36 Grace CPUs in 18 compute trays
+    host_link_GBps=_HOST_LINK_GRACE_GBPS,  # GB200's NVLink-C2C measurement (the same Grace host)
+    host_memory_GBps=_HOST_MEMORY_GRACE_GBPS,  # GB200's measured tray (the same Grace host)
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM_ULTRA,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,

@@ -9,7 +9,7 @@ from echosim.backends.base import DEFAULT_NODE_DEVICES, Backend, KernelBackend, 
 from echosim.backends.devices import DEVICES, DeviceSpec
 from echosim.backends.topology import fill_domains
 from echosim.ir.graph import Node
-from echosim.ir.ops import REFERENCE_RMSNORM, AttentionAttrs, MatmulAttrs, NormAttrs, OpKind, Phase
+from echosim.ir.ops import REFERENCE_RMSNORM, AttentionAttrs, MatmulAttrs, NormAttrs, OpKind, OptimizerAttrs, Phase
 
 CONV_LAYOUTS = ("nhwc", "nchw")
 # Which FP8 GEMMs run with fast accumulation (compute.FP8_PROMOTING_ARCHS): "forward" as Transformer Engine's
@@ -145,6 +145,8 @@ class GPUBackend(KernelBackend):
         forward = self.fp8_fast_accum == "forward" and node.phase is Phase.FORWARD
         if forward and node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
             return self._gemm_s(node.attrs, self.compute_dtype(node), fast_accum=True)
+        if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host:
+            return compute.host_optimizer_time_s(self.device, node.attrs.params, node.attrs.bytes_per_param)
         return super().op_time_s(node, io_bytes)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:

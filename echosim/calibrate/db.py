@@ -25,7 +25,7 @@ from typing import Any
 from echosim.backends.base import Backend, OverlapModel, Placement
 from echosim.errors import EchosimError
 from echosim.ir.graph import Node
-from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, Phase
+from echosim.ir.ops import AttentionAttrs, MatmulAttrs, OpKind, OptimizerAttrs, Phase
 
 #: The default calibration database of the command line and of ``echosim calibrate --db``.
 ENV_VAR = "ECHOSIM_CALIBRATION"
@@ -86,6 +86,8 @@ def node_key(node: Node, io_bytes: int) -> tuple[str, str, str]:
         return "matmul", matmul_key(a.m, a.n, a.k, a.batch), dtype
     if isinstance(node.attrs, AttentionAttrs):
         return "attention", attention_key(node.attrs, node.phase is Phase.BACKWARD), dtype
+    if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host:  # the host's step: no device measurement of it
+        return f"{node.op.value}_host", f"bytes={io_bytes}", dtype
     return node.op.value, f"bytes={io_bytes}", dtype
 
 

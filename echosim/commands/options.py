@@ -202,6 +202,13 @@ def layout_options(fn: F) -> F:
             "--cpu-offloading-num-layers).",
         ),
         click.option(
+            "--offload-optimizer/--no-offload-optimizer",
+            default=None,
+            help="Keep the optimizer's fp32 master weights and moments in host memory and step them on the host CPU "
+            "(DeepSpeed's offload_optimizer, Megatron-Core's --optimizer-cpu-offload; needs --zero 1 or higher): "
+            "gradients down and weights back over the GPU's host link, the step at the host's memory bandwidth.",
+        ),
+        click.option(
             "--optimizer-dtypes",
             help="The optimizer's states in these dtypes, KEY=DTYPE,... over main_grads=fp32|bf16, "
             "main_params=fp32|fp16, exp_avg=fp32|fp16|bf16|fp8, exp_avg_sq=fp32|fp16|bf16|fp8 (the others fp32): "

@@ -23,11 +23,11 @@ IGNORED = {
     "dump_state", "memory_breakdown", "checkpoint", "seed", "data_efficiency", "curriculum_learning",
 }  # fmt: skip
 ZERO_NOT_MODELLED = {
-    "offload_optimizer": "optimizer state offloaded to host memory: costed on the device, host transfers not costed",
     "offload_param": "parameters offloaded to host memory: costed on the device, host transfers not costed",
-    "cpu_offload": "optimizer state offloaded to host memory: costed on the device, host transfers not costed",
     "cpu_offload_params": "parameters offloaded to host memory: costed on the device, host transfers not costed",
 }
+#: The optimizer offload keys, read as ``offload_optimizer`` (``cpu_offload: true`` is the older spelling).
+OFFLOAD_OPTIMIZER = ("offload_optimizer", "cpu_offload")
 ZERO_TUNING = {
     "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
     "allgather_partitions", "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
@@ -119,7 +119,9 @@ def _zero(section: Any, out: FromConfig) -> None:
     for key, value in section.items():
         if key == "stage":
             continue
-        if key in ZERO_NOT_MODELLED:
+        if key in OFFLOAD_OPTIMIZER:
+            _offload_optimizer(key, value, out)
+        elif key in ZERO_NOT_MODELLED:
             device = value.get("device", "none") if isinstance(value, dict) else value
             if device not in ("none", False, None):
                 out.notes.append(f"zero_optimization.{key} ({device}): not modelled ({ZERO_NOT_MODELLED[key]})")
@@ -127,6 +129,25 @@ def _zero(section: Any, out: FromConfig) -> None:
             out.ignored.append(f"zero_optimization.{key}")
         else:
             out.unknown.append(f"zero_optimization.{key}")
+
+
+def _offload_optimizer(key: str, value: Any, out: FromConfig) -> None:
+    """``offload_optimizer: {"device": "cpu"}`` (or ``cpu_offload: true``) as ``offload_optimizer``; DeepSpeed offloads
+    only under ZeRO (stage 1 to 3), and NVMe (ZeRO-Infinity) is not modelled."""
+    device = value.get("device", "none") if isinstance(value, dict) else ("cpu" if value is True else "none")
+    if device in ("none", None):
+        return
+    if device != "cpu":
+        out.notes.append(f"zero_optimization.{key} ({device}): not modelled (only the CPU offload is; the optimizer "
+                         "is costed on the device)")  # fmt: skip
+        return
+    if not out.options.get("zero"):
+        out.notes.append(f"zero_optimization.{key} (cpu): DeepSpeed offloads only under ZeRO (stage 0 here): ignored")
+        return
+    out.options["offload_optimizer"] = True
+    if isinstance(value, dict) and value.get("ratio", 1) != 1:
+        out.notes.append(f"zero_optimization.{key}.ratio {value['ratio']}: a partial offload is not modelled (the "
+                         "whole optimizer is costed on the host)")  # fmt: skip
 
 
 def _batch(data: dict[str, Any], out: FromConfig) -> None:

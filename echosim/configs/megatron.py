@@ -123,6 +123,9 @@ NOT_MODELLED = {
     "--no-gradient-accumulation-fusion": "weight gradients accumulated by a separate add",
     "--fsdp-double-buffer": "Megatron-FSDP's persistent double buffers",
     "--use-nccl-ub": "NCCL user buffers",
+    "--overlap-cpu-optimizer-d2h-h2d": "the offloaded optimizer's copies overlapped with its host step (costed one "
+    "after another)",
+    "--use-torch-optimizer-for-cpu-offload": "the host optimizer's implementation (costed at host memory bandwidth)",
 }
 
 #: Megatron-FSDP's ``--data-parallel-sharding-strategy`` (default optim_grads_params, arguments.py at d98e8a6) as
@@ -156,6 +159,8 @@ CONSUMED = {
     "--account-for-loss-in-pipeline-split",
     "--sequence-parallel",
     "--use-distributed-optimizer",
+    "--optimizer-cpu-offload",
+    "--optimizer-offload-fraction",
     "--micro-batch-size",
     "--global-batch-size",
     "--seq-length",
@@ -407,6 +412,28 @@ def _optimizer_dtypes(values: dict[str, list[str]], out: FromConfig) -> None:
         raise ConfigError(f"{src}: {flag} {dtypes[lowered[0]]} needs --use-precision-aware-optimizer")
 
 
+def _offload(values: dict[str, list[str]], out: FromConfig) -> None:
+    """``--optimizer-cpu-offload`` as ``offload_optimizer``: Megatron asserts it runs with
+    ``--use-precision-aware-optimizer`` (arguments.py, whose hybrid device optimizer reuses that path), and its
+    ``--optimizer-offload-fraction`` (default 1.0) below 1 keeps part of the state on the GPU."""
+    src = out.source
+    fraction = _one(values, "--optimizer-offload-fraction", src)
+    if "--optimizer-cpu-offload" not in values:
+        if fraction is not None:
+            out.notes.append("--optimizer-offload-fraction: read only with --optimizer-cpu-offload; ignored")
+        return
+    if "--use-precision-aware-optimizer" not in values:
+        raise ConfigError(f"{src}: --optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron asserts it)")
+    out.options["offload_optimizer"] = True
+    try:
+        partial = fraction is not None and float(fraction) != 1.0
+    except ValueError:
+        raise ConfigError(f"{src}: --optimizer-offload-fraction {fraction!r} is not a number") from None
+    if partial:
+        out.notes.append(f"--optimizer-offload-fraction {fraction}: a partial offload is not modelled (the whole "
+                         "optimizer is costed on the host)")  # fmt: skip
+
+
 def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     src, opts = out.source, out.options
     for flag, key in (
@@ -458,6 +485,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
         opts["zero"] = 3  # PyTorch FSDP2's fully_shard: parameters, gradients and optimizer state
     elif "--data-parallel-sharding-strategy" in values:
         out.notes.append("--data-parallel-sharding-strategy: read only with --use-megatron-fsdp; ignored")
+    _offload(values, out)
     if "--overlap-moe-expert-parallel-comm" in values:
         opts["moe_ep_overlap"] = True
     if "--tp-comm-overlap" in values:

@@ -551,14 +551,17 @@ class CollectiveAttrs:
 
 @dataclass(frozen=True, slots=True)
 class OptimizerAttrs:
-    """One fused optimizer step over ``params`` local elements."""
+    """One fused optimizer step over ``params`` local elements; ``host``: stepped by the host CPU on state kept in
+    host memory (DeepSpeed's ZeRO-Offload, Megatron-Core's ``--optimizer-cpu-offload``), ``bytes_per_param`` then
+    being the host's traffic."""
 
     kind: str
     params: int
     bytes_per_param: int
+    host: bool = False
 
     def __str__(self) -> str:
-        return f"{self.kind} params={self.params} bytes/param={self.bytes_per_param}"
+        return f"{self.kind} params={self.params} bytes/param={self.bytes_per_param}" + (" host" if self.host else "")
 
 
 Attrs = (

@@ -146,6 +146,7 @@ class StatePolicy:
         ddp_bucket_buffers: bool = False,
         optimizer_dtypes: str = "",
         te_optimizer: bool = False,
+        offload: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -165,6 +166,11 @@ class StatePolicy:
         16-bit weights with a master copy; ``te_optimizer``: Megatron-Core's precision-aware optimizer keeps them
         (:func:`optimizer_state_bytes`). Without a master copy only the moments can be named (:data:`MOMENTS`); a
         moment not named keeps the weights' dtype.
+        ``offload``: the master weights and moments live in host memory and the host makes the step's fp32
+        gradients (:attr:`echosim.plan.Plan.offload_optimizer`): no optimizer state and no step copy on the device.
+        The gradients the device accumulates and reduces stay (DeepSpeed's estimate for ZeRO-2 with CPU offload,
+        ``estimate_zero2_model_states_mem_needs``, counts only the 16-bit weights; its gradient partitions leave
+        for the host as each bucket is reduced, a bucket's worth at a time).
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
@@ -199,6 +205,8 @@ class StatePolicy:
         # FusedAdam, the precision-aware optimizer, reads them as they are)
         copied = mixed and not weights_16bit and not fp32_grads and not optimizer_dtypes
         step = 4.0 / (dp if zero >= 1 else 1) if copied else 0.0
+        if offload:
+            opt = step = 0.0
         return cls(weight, grad, opt, bucket, step)
 
 

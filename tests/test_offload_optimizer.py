@@ -1,0 +1,154 @@
+"""The optimizer offloaded to the host (``--offload-optimizer``): memory, the step's time, refusals, configs.
+
+Closed forms: the device keeps no optimizer state (DeepSpeed's own estimate for ZeRO-2 with CPU offload counts only
+the 16-bit weights); the step costs the rank's parameters' fp32 gradients down and fp32 weights back over the host
+link, and fp32 AdamW's traffic through the host's DRAM, which the host's GPUs share."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from echosim.backends.compute import HOST_LINK_BYTES_PER_PARAM, host_optimizer_time_s, offload_refusal
+from echosim.backends.devices import DEVICES
+from echosim.cli import cli
+from echosim.configs import ConfigError, read_args, read_source
+from echosim.passes.data_parallel import ADAM_FP32_BYTES_PER_PARAM
+
+_GPT = ["gpt3-1.3b", "--devices", "16", "--global-batch", "16", "--dtype", "fp16", "--framework", "deepspeed"]
+
+
+def _compile(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(cli, ["compile", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def _refused(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("backend", ["a100-80gb", "h100-sxm", "gb200"])
+def test_the_step_is_the_host_closed_form(backend: str) -> None:
+    """ZeRO-2 over 16 ranks: each rank's 1/16 of the parameters, 8 bytes each over its host link and 32 through its
+    host's DRAM at the host's bandwidth over the GPUs it holds."""
+    got = _compile(*_GPT, "--backend", backend, "--zero", "2", "--offload-optimizer")
+    dev = DEVICES[backend]
+    local = math.ceil(got["params"] / 16)
+    link = local * HOST_LINK_BYTES_PER_PARAM / (dev.host_link_GBps * 1e9)
+    sharing = dev.gpus_per_host or dev.devices_per_node
+    host = local * ADAM_FP32_BYTES_PER_PARAM * sharing / (dev.host_memory_GBps * 1e9)
+    assert got["breakdown"]["optimizer"] == pytest.approx(link + host, rel=1e-5)  # the JSON rounds to 6 digits
+    assert host_optimizer_time_s(dev, local, ADAM_FP32_BYTES_PER_PARAM) == pytest.approx(link + host, rel=1e-12)
+
+
+def test_the_device_keeps_no_optimizer_state() -> None:
+    on = _compile(*_GPT, "--backend", "a100-80gb", "--zero", "2", "--offload-optimizer")["memory"][0]
+    off = _compile(*_GPT, "--backend", "a100-80gb", "--zero", "2")["memory"][0]
+    assert on["optimizer"] == 0 < off["optimizer"]
+    assert (on["params"], on["grads"], on["activations"]) == (off["params"], off["grads"], off["activations"])
+    # DeepSpeed's estimate_zero2_model_states_mem_needs(cpu_offload=True): 2 bytes a parameter on the GPU (its
+    # 16-bit weights); echosim also keeps the rank's 16-bit gradient partition, 2 / dp bytes a parameter
+    params = _compile(*_GPT, "--backend", "a100-80gb", "--zero", "2")["params"]
+    assert on["params"] == pytest.approx(2 * params, rel=1e-3)
+    assert on["grads"] == pytest.approx(2 * params / 16, rel=1e-3)
+
+
+def test_a_model_that_did_not_fit_now_fits_and_is_slower() -> None:
+    """Llama 3 8B on 8 H100 with ZeRO-1 and full recompute: the optimizer state is what does not fit."""
+    flags = ["llama3-8b", "--backend", "h100-sxm", "--devices", "8", "--zero", "1", "--global-batch", "8",
+             "--seq-len", "4096", "--recompute", "full", "--framework", "megatron"]  # fmt: skip
+    off, on = _compile(*flags), _compile(*flags, "--offload-optimizer")
+    assert on["fits"] and on["memory"][0]["peak"] < off["memory"][0]["peak"]
+    assert on["step_time_s"] > off["step_time_s"]
+
+
+def test_refusals_are_one_line() -> None:
+    base = ["compile", "gpt3-125m", "--devices", "2", "--offload-optimizer"]
+    assert "--zero 1 or higher" in _refused(*base, "--backend", "h100-sxm")
+    assert "not a GPU backend" in _refused(*base, "--backend", "tpu-v5p", "--zero", "1")
+    assert "not a GPU backend" in _refused(*base, "--backend", "cpu-x86", "--zero", "1")
+
+
+def test_a_device_without_host_figures_is_refused() -> None:
+    bare = replace(DEVICES["h100-sxm"], name="bare", host_memory_GBps=None)
+    assert offload_refusal(bare) == "device 'bare' has no host_memory_GBps figure"
+    assert offload_refusal(DEVICES["h100-sxm"]) == ""
+    with pytest.raises(ValueError, match="no host_memory_GBps"):
+        host_optimizer_time_s(bare, 10, 32)
+
+
+def test_every_builtin_gpu_has_host_figures() -> None:
+    for dev in DEVICES.values():
+        assert offload_refusal(dev) == "", dev.name
+        # a host link is slower than the GPU's own memory and its NVLink; the host's DRAM slower than HBM
+        assert dev.host_link_GBps < dev.nvlink_GBps and dev.host_memory_GBps < dev.hbm_stream_GBps
+
+
+def test_search_offloads_every_layout() -> None:
+    result = CliRunner().invoke(cli, ["search", "llama3-8b", "--backend", "h100-sxm", "--devices", "8",
+                                      "--global-batch", "8", "--seq-len", "4096", "--offload-optimizer",
+                                      "--space", "tp=1,2", "--space", "pp=1", "--space", "cp=1", "--space",
+                                      "mb=1", "--space", "recompute=full", "--space", "zero=0,1",
+                                      "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["layouts"]
+    assert all("--zero 1 or higher" in r["reason"] for r in rows if r["zero"] == 0)
+    ran = [r for r in rows if r["simulated"]]
+    assert ran and all(r["zero"] >= 1 for r in ran)
+    best = min(ran, key=lambda r: r["step_time_s"])
+    flags = ["llama3-8b", "--backend", "h100-sxm", "--devices", "8", "--global-batch", "8", "--seq-len", "4096",
+             "--offload-optimizer", "--tp", str(best["tp"]), "--zero", str(best["zero"]), "--micro-batch", "1",
+             "--recompute", "full"]  # fmt: skip
+    assert _compile(*flags)["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-5)
+
+
+# ---- framework configs ----------------------------------------------------------------------------------------
+
+
+def _deepspeed(tmp_path: Path, zero: dict[str, Any]) -> Any:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 16, "zero_optimization": zero, "bf16": {"enabled": True}}))
+    return read_source(f"deepspeed:{path}")
+
+
+def test_deepspeed_offload_optimizer(tmp_path: Path) -> None:
+    cpu = _deepspeed(tmp_path, {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}})
+    assert cpu.options["offload_optimizer"] is True and not [n for n in cpu.notes if "offload" in n]
+    none = _deepspeed(tmp_path, {"stage": 2, "offload_optimizer": {"device": "none"}})
+    assert "offload_optimizer" not in none.options
+    nvme = _deepspeed(tmp_path, {"stage": 3, "offload_optimizer": {"device": "nvme"}})
+    assert "offload_optimizer" not in nvme.options and any("nvme" in n and "not modelled" in n for n in nvme.notes)
+    stage0 = _deepspeed(tmp_path, {"stage": 0, "offload_optimizer": {"device": "cpu"}})
+    assert "offload_optimizer" not in stage0.options and any("only under ZeRO" in n for n in stage0.notes)
+    ratio = _deepspeed(tmp_path, {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})
+    assert ratio.options["offload_optimizer"] is True and any("partial offload" in n for n in ratio.notes)
+
+
+_ARGS = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+         "--micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 1000 --use-distributed-optimizer")  # fmt: skip
+
+
+def test_megatron_optimizer_cpu_offload() -> None:
+    got = read_args(f"{_ARGS} --use-precision-aware-optimizer --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d")
+    assert got.options["offload_optimizer"] is True and got.options["zero"] == 1
+    assert any("--overlap-cpu-optimizer-d2h-h2d: not modelled" in n for n in got.notes)
+    with pytest.raises(ConfigError, match="needs --use-precision-aware-optimizer"):
+        read_args(f"{_ARGS} --optimizer-cpu-offload")
+    offload = "--use-precision-aware-optimizer --optimizer-cpu-offload"
+    part = read_args(f"{_ARGS} {offload} --optimizer-offload-fraction 0.5")
+    assert any("partial offload" in n for n in part.notes)
+    with pytest.raises(ConfigError, match="is not a number"):
+        read_args(f"{_ARGS} {offload} --optimizer-offload-fraction x")
+    alone = read_args(f"{_ARGS} --optimizer-offload-fraction 0.5")
+    assert "offload_optimizer" not in alone.options and any("ignored" in n for n in alone.notes)
