@@ -406,15 +406,15 @@ def offload_refusal(dev: DeviceSpec) -> str:
     return f"device {dev.name!r} has no {' or '.join(missing)} figure" if missing else ""
 
 
-def host_optimizer_time_s(dev: DeviceSpec, params: int, bytes_per_param: int) -> float:
+def host_optimizer_time_s(dev: DeviceSpec, params: int, bytes_per_param: int, ranks: int) -> float:
     """An optimizer step of ``params`` elements on the host: the gradients down the host link, the step's
     ``bytes_per_param`` through host DRAM, the weights back, one after another (Megatron-Core without
-    ``--overlap-cpu-optimizer-d2h-h2d``). Every GPU of the host steps its own share at once (data parallelism
-    keeps the ranks in step), so each gets its host's DRAM bandwidth over the GPUs the host holds."""
+    ``--overlap-cpu-optimizer-d2h-h2d``). Each of a job's ``ranks`` on one host steps its own share at the same
+    time (the ranks keep in step), so each gets the host's DRAM bandwidth over the job's GPUs on that host."""
     if why := offload_refusal(dev):
         raise ValueError(f"optimizer offload: {why}")
     assert dev.host_link_GBps is not None and dev.host_memory_GBps is not None
-    sharing = dev.gpus_per_host or dev.devices_per_node
+    sharing = min(ranks, dev.gpus_per_host or dev.devices_per_node)
     link = params * HOST_LINK_BYTES_PER_PARAM / (dev.host_link_GBps * 1e9)
     return link + params * bytes_per_param * sharing / (dev.host_memory_GBps * 1e9)
 

@@ -145,8 +145,9 @@ class GPUBackend(KernelBackend):
         forward = self.fp8_fast_accum == "forward" and node.phase is Phase.FORWARD
         if forward and node.op is OpKind.MATMUL and isinstance(node.attrs, MatmulAttrs):
             return self._gemm_s(node.attrs, self.compute_dtype(node), fast_accum=True)
-        if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host:
-            return compute.host_optimizer_time_s(self.device, node.attrs.params, node.attrs.bytes_per_param)
+        if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host_ranks:
+            a = node.attrs
+            return compute.host_optimizer_time_s(self.device, a.params, a.bytes_per_param, a.host_ranks)
         return super().op_time_s(node, io_bytes)
 
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:

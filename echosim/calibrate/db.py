@@ -86,7 +86,7 @@ def node_key(node: Node, io_bytes: int) -> tuple[str, str, str]:
         return "matmul", matmul_key(a.m, a.n, a.k, a.batch), dtype
     if isinstance(node.attrs, AttentionAttrs):
         return "attention", attention_key(node.attrs, node.phase is Phase.BACKWARD), dtype
-    if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host:  # the host's step: no device measurement of it
+    if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host_ranks:  # the host's step: no device measurement of it
         return f"{node.op.value}_host", f"bytes={io_bytes}", dtype
     return node.op.value, f"bytes={io_bytes}", dtype
 

@@ -551,17 +551,19 @@ class CollectiveAttrs:
 
 @dataclass(frozen=True, slots=True)
 class OptimizerAttrs:
-    """One fused optimizer step over ``params`` local elements; ``host``: stepped by the host CPU on state kept in
-    host memory (DeepSpeed's ZeRO-Offload, Megatron-Core's ``--optimizer-cpu-offload``), ``bytes_per_param`` then
-    being the host's traffic."""
+    """One fused optimizer step over ``params`` local elements. ``host_ranks``: 0 where the device steps it; else
+    the host CPU does, on state kept in host memory (DeepSpeed's ZeRO-Offload, Megatron-Core's
+    ``--optimizer-cpu-offload``), for a job of that many ranks (a host's share of them step at once), and
+    ``bytes_per_param`` is the host's traffic."""
 
     kind: str
     params: int
     bytes_per_param: int
-    host: bool = False
+    host_ranks: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind} params={self.params} bytes/param={self.bytes_per_param}" + (" host" if self.host else "")
+        host = f" host_ranks={self.host_ranks}" if self.host_ranks else ""
+        return f"{self.kind} params={self.params} bytes/param={self.bytes_per_param}{host}"
 
 
 Attrs = (

@@ -395,8 +395,9 @@ class Optimizer:
     expert_shard: int = 0
     bytes_per_param: int = 0  # the framework's own optimizer kernels (0: a fused Adam, the two constants above)
     # the step runs on the host CPU over fp32 state in host memory (DeepSpeed's CPU Adam, Megatron-Core's hybrid
-    # device optimizer with param_update_in_fp32): plain fp32 AdamW's traffic there, whatever the device keeps
-    host: bool = False
+    # device optimizer with param_update_in_fp32): plain fp32 AdamW's traffic there, whatever the device keeps.
+    # The job's rank count (OptimizerAttrs.host_ranks); 0: the device steps it
+    host_ranks: int = 0
     name: ClassVar[str] = "optimizer"
 
     def run(self, graph: Graph) -> Graph:
@@ -416,10 +417,10 @@ class Optimizer:
         per_param = self.bytes_per_param or (
             ADAM_BYTES_PER_PARAM if self.mixed_precision else ADAM_FP32_BYTES_PER_PARAM
         )
-        if self.host:
+        if self.host_ranks:
             per_param = ADAM_FP32_BYTES_PER_PARAM
         g.add(
             OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),
-            OptimizerAttrs(self.kind, n, per_param, self.host), phase=Phase.OPTIMIZER, name="optimizer.step",
+            OptimizerAttrs(self.kind, n, per_param, self.host_ranks), phase=Phase.OPTIMIZER, name="optimizer.step",
         )  # fmt: skip
         return g
