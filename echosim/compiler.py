@@ -255,6 +255,8 @@ def prepare_joint(
         notes = [*notes, *joint.derived(("head-parallel", plan.cp), lambda: head_parallel_note(joint, plan.cp))]
     if plan.tp > 1 and plan.sp:
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
+    if plan.offload_optimizer:
+        notes = [*notes, _host_state_note(total_params, plan.world, loaded)]
     where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],
@@ -357,6 +359,23 @@ def _backend(name: str, registry: Registry) -> Any:
     if entry is None:
         return load_backend(name, registry)
     return _BACKENDS.get((name, entry.value, entry.owner), lambda: load_backend(name, registry))
+
+
+#: Bytes a parameter an offloaded optimizer keeps in host memory: the fp32 master weight, Adam's two fp32 moments and
+#: the fp32 gradient the step reads (DeepSpeed's single_partition_of_fp32_groups and their .grad; Megatron-Core's
+#: hybrid device optimizer's fp32 copies of its shard and of main_grad).
+HOST_STATE_BYTES_PER_PARAM = 16
+
+
+def _host_state_note(params: int, world: int, backend: Any) -> str:
+    """How much host memory an offloaded optimizer takes on each host: every parameter is stepped by one rank, so
+    the host of ``ranks`` of the job's ``world`` holds their share of the model's fp32 state."""
+    device = getattr(backend, "device", None) or getattr(getattr(backend, "inner", None), "device", None)
+    per_host = getattr(device, "gpus_per_host", None) or getattr(device, "devices_per_node", 1)
+    ranks = min(world, per_host)
+    gib = params * HOST_STATE_BYTES_PER_PARAM * ranks / world / 2**30
+    return (f"--offload-optimizer: each host keeps about {gib:,.1f} GiB of optimizer state in its memory ({ranks} "
+            f"rank{'s' if ranks > 1 else ''} x {HOST_STATE_BYTES_PER_PARAM} B per parameter of its shard)")  # fmt: skip
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:

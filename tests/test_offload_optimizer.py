@@ -76,6 +76,8 @@ def test_one_gpu_that_could_not_hold_the_optimizer_now_fits() -> None:
     host += params * ADAM_FP32_BYTES_PER_PARAM / (dev.host_memory_GBps * 1e9)  # no other GPU of the job shares it
     assert on["breakdown"]["optimizer"] == pytest.approx(host, rel=1e-5)
     assert on["step_time_s"] - off["step_time_s"] == pytest.approx(host - off["breakdown"]["optimizer"], rel=1e-3)
+    # the host's memory: the fp32 master, two moments and gradient of every parameter, 16 bytes each
+    assert f"about {params * 16 / 2**30:,.1f} GiB of optimizer state" in " ".join(on["notes"])
 
 
 def test_refusals_are_one_line() -> None:
