@@ -159,3 +159,16 @@ def test_megatron_optimizer_cpu_offload() -> None:
         read_args(f"{_ARGS} {offload} --optimizer-offload-fraction x")
     alone = read_args(f"{_ARGS} --optimizer-offload-fraction 0.5")
     assert "offload_optimizer" not in alone.options and any("ignored" in n for n in alone.notes)
+
+
+def test_diff_names_the_offload_as_the_cause(tmp_path: Path) -> None:
+    flags = ["llama3-8b", "--backend", "h100-sxm", "--devices", "1", "--zero", "2", "--global-batch", "4",
+             "--seq-len", "4096", "--recompute", "full", "--framework", "deepspeed", "--dtype", "bf16"]  # fmt: skip
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_compile(*flags)))
+    b.write_text(json.dumps(_compile(*flags, "--offload-optimizer")))
+    result = CliRunner().invoke(cli, ["diff", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    for term in ("optimizer ", "memory.optimizer", "memory.transient"):
+        line = next(x for x in result.output.splitlines() if x.startswith(term))
+        assert line.endswith("offload_optimizer off -> on"), line

@@ -45,14 +45,15 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "framework",
         "comm.": "tp pp dp sp micro_batch seq_len devices_per_node backend",
         "bubble": "pp vpp schedule microbatches pp_balance tp sp micro_batch recompute",
-        "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes framework",
+        "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes offload_optimizer framework",
         "idle": "tp pp micro_batch",
         "memory.params": _STATE,
         "memory.grads": f"{_STATE} {_GRAD_DTYPE}",
-        "memory.optimizer": f"{_STATE} cp optimizer_dtypes",
+        "memory.optimizer": f"{_STATE} cp optimizer_dtypes offload_optimizer",
         "memory.activations": "recompute micro_batch seq_len sp tp cp pp vpp schedule layers_per_stage attention "
         "dtype microbatches offload_layers loss_chunks framework",
-        "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype grad_dtype framework",
+        "memory.": "tp pp dp micro_batch seq_len recompute sp zero layers_per_stage dtype grad_dtype offload_optimizer "
+        "framework",
     }.items()
 }
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "transient", "comm_buffers", "fragmentation")
