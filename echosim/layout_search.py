@@ -1,6 +1,6 @@
 """Which layout is best? Enumerate every parallel layout of a model, simulate those that can run, rank them.
 
-The space is every combination of tp, pp, dp, cp, ep, vpp, sp, ZeRO stage, micro-batch,
+The space is every combination of tp, pp, dp, cp (and its scheme), ep, vpp, sp, ZeRO stage, micro-batch,
 recompute, pipeline schedule and tp-overlap (:data:`SPACE_KEYS`). Before anything is
 simulated, three filters run in closed form:
 
@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, TypeVar
 from echosim.errors import EchosimError
 from echosim.layout import ModelShape, fewest_replayed, interleaved_names
 from echosim.memo import Memo
-from echosim.plan import Cluster, Plan, PlanError
+from echosim.plan import CP_COMMS, Cluster, Plan, PlanError
 
 #: The dimensions of the space, as ``--space KEY=V1,V2`` names them, and how a value is read.
 SPACE_KEYS: dict[str, type] = {
@@ -60,6 +60,7 @@ SPACE_KEYS: dict[str, type] = {
     "pp": int,
     "dp": int,
     "cp": int,
+    "cp_comm": str,
     "ep": int,
     "vpp": int,
     "sp": bool,
@@ -196,6 +197,8 @@ def full_space(
         "pp": tuple(d for d in pows if d <= facts.layers),
         "dp": tuple(pows),
         "cp": tuple(c for c in DEFAULT_CP if devices % c == 0 and _splits_sequence(facts, c)) or (1,),
+        # the base plan's scheme (--cp-comm, else the framework's); --space cp_comm=p2p,all_gather,a2a compares them
+        "cp_comm": (base.cp_comm,),
         "ep": tuple(e for e in pows if facts.experts and all(x % e == 0 for x in facts.experts)) or (1,),
         "vpp": DEFAULT_VPP,
         "sp": (False, True),
@@ -218,6 +221,9 @@ def full_space(
     for stage in values["zero"]:
         if stage not in (0, 1, 2, 3):
             raise SearchError(f"--space zero: unknown ZeRO stage {stage} (known: 0, 1, 2, 3)")
+    for comm in values["cp_comm"]:
+        if comm not in CP_COMMS:
+            raise SearchError(f"--space cp_comm: unknown scheme {comm!r} (known: {', '.join(CP_COMMS)})")
     return SpaceSpec(values)
 
 
@@ -345,7 +351,8 @@ class Evaluated:
     def degrees(self) -> dict[str, Any]:
         p = self.plan
         return {
-            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp, "sp": p.sp, "zero": p.zero,
+            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm, "ep": p.ep, "vpp": p.vpp, "sp": p.sp,
+            "zero": p.zero,
             "micro_batch": p.micro_batch, "recompute": p.recompute, "schedule": p.schedule,
             "tp_overlap": p.tp_overlap,
         }  # fmt: skip
@@ -436,10 +443,14 @@ def enumerate_layouts(
     # its TP-overlap twin are checked once (GPT-3 175B's full space: 63,488 checks -> 34,304)
     rules: dict[tuple[Any, ...], tuple[str, str]] = {}
     fixed = {f.name: getattr(base, f.name) for f in fields(Plan)}  # every field, as _new_plan needs
-    for tp, cp, pp in itertools.product(v["tp"], v["cp"], v["pp"]):
+    for tp, cp, comm, pp in itertools.product(v["tp"], v["cp"], v["cp_comm"], v["pp"]):
         dp = devices // (tp * cp * pp)
         if devices % (tp * cp * pp) or dp not in v["dp"]:
             continue
+        if cp == 1:  # no scheme without context parallelism: the base plan's, listed once
+            if comm != v["cp_comm"][0]:
+                continue
+            comm = base.cp_comm
         for ep, vpp, sp, zero, mb, rc, sched, ovl in itertools.product(
             v["ep"], v["vpp"], v["sp"], v["zero"], v["mb"], v["recompute"], v["schedule"], v["tp_overlap"]
         ):
@@ -448,13 +459,13 @@ def enumerate_layouts(
             gb = batch or mb * dp
             m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
             zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule)
-            key = (tp, pp, dp, cp, ep, vpp, sp, zero, mb, rc, sched, ovl)
+            key = (tp, pp, dp, cp, comm, ep, vpp, sp, zero, mb, rc, sched, ovl)
             if key in seen:
                 duplicates += 1
                 continue
             seen.add(key)
-            plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, zero=zero, micro_batch=mb,
-                             recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
+            plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=comm, ep=ep, vpp=vpp, sp=sp, zero=zero,
+                             micro_batch=mb, recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
                 outcome = rules[key[:-1]] = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
@@ -1300,11 +1311,13 @@ def objective_key(objective: str, price_per_device_hour: float = 1.0) -> Callabl
     return key
 
 
-_DEGREES = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "micro_batch", "recompute", "schedule", "tp_overlap")
+_DEGREES = ("tp", "pp", "dp", "cp", "cp_comm", "ep", "vpp", "sp", "zero", "micro_batch", "recompute", "schedule",
+            "tp_overlap")  # fmt: skip
 
 
 def _plan_key(p: Plan) -> tuple[Any, ...]:
-    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.sp, p.zero, p.micro_batch, p.recompute, p.schedule, p.tp_overlap)
+    return (p.tp, p.pp, p.dp, p.cp, p.cp_comm, p.ep, p.vpp, p.sp, p.zero, p.micro_batch, p.recompute, p.schedule,
+            p.tp_overlap)  # fmt: skip
 
 
 def rank(results: Iterable[Evaluated], objective: str, price: float = 1.0) -> tuple[list[Evaluated], list[Evaluated]]:

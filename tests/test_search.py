@@ -198,7 +198,7 @@ def test_space_counts_add_up_and_every_dimension_is_searched() -> None:
 
 def test_unknown_space_key_lists_the_known_ones() -> None:
     code, out = _run("gpt3-125m", "--devices", "8", "--global-batch", "8", "--space", "tpp=1,2")
-    assert code == 1 and "unknown key 'tpp'" in out and "known: tp, pp, dp, cp, ep, vpp, sp, zero" in out
+    assert code == 1 and "unknown key 'tpp'" in out and "known: tp, pp, dp, cp, cp_comm, ep, vpp, sp, zero" in out
     assert "Traceback" not in out
     with pytest.raises(SearchError, match="expected true or false"):
         parse_space(["sp=maybe"])
@@ -545,3 +545,33 @@ def test_why_gives_a_sub_millisecond_gap_in_significant_digits() -> None:
     assert [_ms(x) for x in (0.0, 2.3e-5, 0.00099, 0.0012, 1.234)] == [
         "0.0 ms", "0.023 ms", "0.99 ms", "1.2 ms", "1234.0 ms"
     ]  # fmt: skip
+
+
+def test_the_context_parallel_scheme_is_a_dimension() -> None:
+    """--space cp_comm=... lists each cp > 1 layout once per scheme (a layout without cp once), rejects the schemes
+    that cannot run the model with the compile's own line, and costs each as compile does."""
+    flags = ["mistral-7b", "--backend", "h100-sxm", "--devices", "8", "--seq-len", "16384", "--global-batch", "8",
+             "--space", "tp=1", "--space", "pp=1", "--space", "cp=1,2,4", "--micro-batches", "1", "--recompute",
+             "full", "--zero", "1", "--schedules", "1f1b"]  # fmt: skip
+    code, out = _run(*flags, "--space", "cp_comm=p2p,all_gather,a2a", "--json")
+    assert code == 0, out
+    rows = json.loads(out)["layouts"]
+    got = sorted((r["cp"], r["cp_comm"], r["simulated"]) for r in rows)
+    # Mistral's sliding window: the ring refuses it, all_gather and a2a run it
+    assert got == [(1, "p2p", True), (2, "a2a", True), (2, "all_gather", True), (2, "p2p", False),
+                   (4, "a2a", True), (4, "all_gather", True), (4, "p2p", False)]  # fmt: skip
+    assert all("sliding-window" in r["reason"] for r in rows if not r["simulated"])
+    for r in rows:
+        if r["simulated"] and r["cp"] > 1:
+            result = CliRunner().invoke(cli, ["compile", "mistral-7b", "--backend", "h100-sxm", "--devices", "8",
+                                              "--seq-len", "16384", "--global-batch", "8", "--cp", str(r["cp"]),
+                                              "--cp-comm", r["cp_comm"], "--micro-batch", "1", "--recompute", "full",
+                                              "--zero", "1", "--json"])  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert json.loads(result.output)["step_time_s"] == pytest.approx(r["step_time_s"], rel=1e-5)
+    # left out, the dimension holds --cp-comm's scheme alone
+    code, out = _run(*flags, "--cp-comm", "a2a", "--json")
+    assert code == 0, out
+    assert {(r["cp"], r["cp_comm"]) for r in json.loads(out)["layouts"]} == {(1, "a2a"), (2, "a2a"), (4, "a2a")}
+    code, out = _run(*flags, "--space", "cp_comm=ring")
+    assert code != 0 and "unknown scheme 'ring' (known: p2p, all_gather, a2a)" in out and "Traceback" not in out
