@@ -271,9 +271,10 @@ def _write(path: str, text: str, option: str) -> None:
     "space_items",
     multiple=True,
     metavar="KEY=V1,V2",
-    help="Values of one dimension (repeatable): tp, pp, dp, cp, cp_comm, ep, vpp, sp, zero, mb, recompute, "
-    "schedule, tp_overlap. Unnamed dimensions take every value that applies (zero: the --framework's stage when "
-    "one is named; cp_comm: --cp-comm's scheme, else the framework's).",
+    help="Values of one dimension (repeatable): tp, pp, dp, cp, cp_comm, ep, vpp, sp, zero, offload_optimizer, mb, "
+    "recompute, schedule, tp_overlap. Unnamed dimensions take every value that applies (zero: the --framework's "
+    "stage when one is named; cp_comm: --cp-comm's scheme, else the framework's; offload_optimizer: "
+    "--offload-optimizer's).",
 )
 @click.option("--micro-batches", help="Shorthand for --space mb=...")
 @click.option("--recompute", "recomputes", help="Shorthand for --space recompute=...")

@@ -1,8 +1,8 @@
 """Which layout is best? Enumerate every parallel layout of a model, simulate those that can run, rank them.
 
-The space is every combination of tp, pp, dp, cp (and its scheme), ep, vpp, sp, ZeRO stage, micro-batch,
-recompute, pipeline schedule and tp-overlap (:data:`SPACE_KEYS`). Before anything is
-simulated, three filters run in closed form:
+The space is every combination of tp, pp, dp, cp (and its scheme), ep, vpp, sp, ZeRO stage (and the
+optimizer offloaded to the host or not), micro-batch, recompute, pipeline schedule and tp-overlap
+(:data:`SPACE_KEYS`). Before anything is simulated, three filters run in closed form:
 
 * **not applicable**: combinations that are not a layout (sp or tp-overlap without tp,
   vpp without pp or without an interleaved schedule, ep on a dense model) are not listed;
@@ -65,6 +65,7 @@ SPACE_KEYS: dict[str, type] = {
     "vpp": int,
     "sp": bool,
     "zero": int,
+    "offload_optimizer": bool,
     "mb": int,
     "recompute": str,
     "schedule": str,
@@ -203,6 +204,7 @@ def full_space(
         "vpp": DEFAULT_VPP,
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
+        "offload_optimizer": (base.offload_optimizer,),  # --space offload_optimizer=false,true compares them
         "mb": DEFAULT_MICRO_BATCHES,
         # the base plan's own policy too (a framework's, e.g. MaxText's remat policies): a search holds the layout asked
         "recompute": tuple(dict.fromkeys(("none", "selective", "full", base.recompute))),
@@ -236,7 +238,8 @@ def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None 
     """The one layout ``plan`` is the same as: every input of its compile equal, so every figure equal.
 
     * ZeRO shards over dp x cp replicas: with one replica every stage is stage 0 (unless the framework keeps
-      other state under ZeRO: ``ModelFacts.zero_moot_alone``);
+      other state under ZeRO: ``ModelFacts.zero_moot_alone``), or stage 1 where the optimizer is offloaded (it
+      needs one);
     * tp-overlap chunks GEMMs around TP collectives: without TP there are none;
     * selective recompute with flash attention replays nothing (``ModelFacts.selective_replays``);
     * two schedules that give the same block orders and split the backward alike for this
@@ -245,7 +248,7 @@ def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None 
     """
     m = plan.microbatches if plan.batch % (plan.micro_batch * plan.dp) == 0 else 0
     values = _canon(plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.zero, plan.tp_overlap, plan.recompute,
-                    plan.schedule, m, facts, same_schedule)  # fmt: skip
+                    plan.schedule, m, facts, same_schedule, plan.offload_optimizer)  # fmt: skip
     old = (plan.zero, plan.tp_overlap, plan.recompute, plan.schedule)
     if values == old:
         return plan
@@ -255,11 +258,11 @@ def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None 
 
 def _canon(
     tp: int, pp: int, dp: int, cp: int, vpp: int, zero: int, ovl: bool, rc: str, sched: str, m: int,
-    facts: ModelFacts, same_schedule: SameSchedule | None,
+    facts: ModelFacts, same_schedule: SameSchedule | None, offload: bool = False,
 ) -> tuple[int, bool, str, str]:  # fmt: skip
     """:func:`canonical` on plain values (the enumeration builds a plan only for distinct layouts)."""
-    if zero and dp * cp == 1 and facts.zero_moot_alone:
-        zero = 0
+    if zero and dp * cp == 1 and facts.zero_moot_alone:  # an offloaded optimizer needs a ZeRO stage: the first
+        zero = 1 if offload else 0
     if ovl and tp == 1:
         ovl = False
     if rc == "selective" and not facts.selective_replays:
@@ -352,7 +355,7 @@ class Evaluated:
         p = self.plan
         return {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm, "ep": p.ep, "vpp": p.vpp, "sp": p.sp,
-            "zero": p.zero,
+            "zero": p.zero, "offload_optimizer": p.offload_optimizer,
             "micro_batch": p.micro_batch, "recompute": p.recompute, "schedule": p.schedule,
             "tp_overlap": p.tp_overlap,
         }  # fmt: skip
@@ -451,21 +454,32 @@ def enumerate_layouts(
             if comm != v["cp_comm"][0]:
                 continue
             comm = base.cp_comm
-        for ep, vpp, sp, zero, mb, rc, sched, ovl in itertools.product(
-            v["ep"], v["vpp"], v["sp"], v["zero"], v["mb"], v["recompute"], v["schedule"], v["tp_overlap"]
+        for ep, vpp, sp, zero, off, mb, rc, sched, ovl in itertools.product(
+            v["ep"],
+            v["vpp"],
+            v["sp"],
+            v["zero"],
+            v["offload_optimizer"],
+            v["mb"],
+            v["recompute"],
+            v["schedule"],
+            v["tp_overlap"],
         ):
             if (sp and tp == 1) or (vpp > 1 and (pp == 1 or sched not in interleaved)) or (ep > 1 and dp % ep):
                 continue  # not a layout: sp without tp, vpp without an interleaved pipeline, ep outside dp
+            if off and zero == 0 and not base.offload_optimizer:
+                continue  # nor an offloaded optimizer without ZeRO, unless asked for (the rule then says why)
             gb = batch or mb * dp
             m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
-            zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule)
-            key = (tp, pp, dp, cp, comm, ep, vpp, sp, zero, mb, rc, sched, ovl)
+            zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule, off)
+            key = (tp, pp, dp, cp, comm, ep, vpp, sp, zero, off, mb, rc, sched, ovl)
             if key in seen:
                 duplicates += 1
                 continue
             seen.add(key)
             plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=comm, ep=ep, vpp=vpp, sp=sp, zero=zero,
-                             micro_batch=mb, recompute=rc, schedule=sched, tp_overlap=ovl, global_batch=gb)  # fmt: skip
+                             offload_optimizer=off, micro_batch=mb, recompute=rc, schedule=sched, tp_overlap=ovl,
+                             global_batch=gb)  # fmt: skip
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
                 outcome = rules[key[:-1]] = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
@@ -1311,13 +1325,13 @@ def objective_key(objective: str, price_per_device_hour: float = 1.0) -> Callabl
     return key
 
 
-_DEGREES = ("tp", "pp", "dp", "cp", "cp_comm", "ep", "vpp", "sp", "zero", "micro_batch", "recompute", "schedule",
-            "tp_overlap")  # fmt: skip
+_DEGREES = ("tp", "pp", "dp", "cp", "cp_comm", "ep", "vpp", "sp", "zero", "offload_optimizer", "micro_batch",
+            "recompute", "schedule", "tp_overlap")  # fmt: skip
 
 
 def _plan_key(p: Plan) -> tuple[Any, ...]:
-    return (p.tp, p.pp, p.dp, p.cp, p.cp_comm, p.ep, p.vpp, p.sp, p.zero, p.micro_batch, p.recompute, p.schedule,
-            p.tp_overlap)  # fmt: skip
+    return (p.tp, p.pp, p.dp, p.cp, p.cp_comm, p.ep, p.vpp, p.sp, p.zero, p.offload_optimizer, p.micro_batch,
+            p.recompute, p.schedule, p.tp_overlap)  # fmt: skip
 
 
 def rank(results: Iterable[Evaluated], objective: str, price: float = 1.0) -> tuple[list[Evaluated], list[Evaluated]]:

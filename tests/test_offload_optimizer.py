@@ -172,3 +172,25 @@ def test_diff_names_the_offload_as_the_cause(tmp_path: Path) -> None:
     for term in ("optimizer ", "memory.optimizer", "memory.transient"):
         line = next(x for x in result.output.splitlines() if x.startswith(term))
         assert line.endswith("offload_optimizer off -> on"), line
+
+
+def test_search_compares_offloading_with_not() -> None:
+    """--space offload_optimizer=false,true: one GPU, Llama 3 8B. Only the offloaded layouts fit, every ZeRO stage
+    alike with one replica (DeepSpeed's are listed apart: it keeps other state under ZeRO), none without ZeRO."""
+    flags = ["search", "llama3-8b", "--backend", "h100-sxm", "--devices", "1", "--global-batch", "4", "--seq-len",
+             "4096", "--framework", "deepspeed", "--dtype", "bf16", "--space", "zero=0,1,2,3", "--space", "mb=1",
+             "--space", "recompute=full", "--space", "schedule=1f1b", "--space", "offload_optimizer=false,true",
+             "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, flags)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["layouts"]
+    got = sorted((r["zero"], r["offload_optimizer"], r["fits"]) for r in rows)
+    assert got == [(0, False, False), (1, False, False), (1, True, True), (2, False, False), (2, True, True),
+                   (3, False, False), (3, True, True)]  # fmt: skip
+    best = json.loads(result.output)["best"][0]
+    for zero in ("1", "2", "3"):  # the stages the one listed stands for
+        got = _compile("llama3-8b", "--backend", "h100-sxm", "--devices", "1", "--global-batch", "4", "--seq-len",
+                       "4096", "--framework", "deepspeed", "--dtype", "bf16", "--zero", zero, "--micro-batch", "1",
+                       "--recompute", "full", "--offload-optimizer")  # fmt: skip
+        assert got["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-5)
+        assert got["memory"][0]["peak"] == pytest.approx(best["peak_bytes"], rel=1e-5)

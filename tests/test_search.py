@@ -91,6 +91,7 @@ def test_layouts_that_fit_only_with_full_recompute_are_tried_with_the_fewest_lay
     [
         (Plan(tp=2, dp=4, global_batch=8, recompute="selective"), {"recompute": "none"}),  # flash: nothing replayed
         (Plan(tp=4, pp=2, dp=1, global_batch=8, zero=1), {"zero": 0}),  # one replica: ZeRO is moot
+        (Plan(tp=4, pp=2, dp=1, global_batch=8, zero=3, offload_optimizer=True), {"zero": 1}),  # offloaded: stage 1
         (Plan(pp=2, dp=4, global_batch=8, tp_overlap=True), {"tp_overlap": False}),  # no TP collectives
         (Plan(pp=2, dp=4, vpp=2, global_batch=16, schedule="interleaved"), {"schedule": "1f1b"}),
         (Plan(tp=2, pp=4, dp=1, global_batch=1, schedule="gpipe"), {"schedule": "1f1b"}),  # one micro-batch
