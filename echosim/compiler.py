@@ -255,8 +255,8 @@ def prepare_joint(
         notes = [*notes, *joint.derived(("head-parallel", plan.cp), lambda: head_parallel_note(joint, plan.cp))]
     if plan.tp > 1 and plan.sp:
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
-    if plan.offload_optimizer:
-        notes = [*notes, _host_state_note(total_params, plan.world, loaded)]
+    if plan.offload_optimizer or plan.offload_params:
+        notes = [*notes, _host_state_note(total_params, plan, loaded)]
     where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],
@@ -275,7 +275,8 @@ def prepare_joint(
     # off the data-parallel pass as configured for this backend (none on XLA's static buffers: _sized)
     buckets = any(isinstance(p, DataParallel) and p.bucket_buffers() for p in stage_passes)
     kept = framework.state(plan.pp, plan.grad_dtype, plan.zero, plan.dtype)
-    state = {**kept, "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer}
+    state = {**kept, "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer,
+             "offload_params": plan.offload_params}  # fmt: skip
     static = bool(getattr(loaded, "static_buffers", False))
     caching = bool(getattr(loaded, "caching_allocator", not static))
     facts = StepFacts(
@@ -367,15 +368,20 @@ def _backend(name: str, registry: Registry) -> Any:
 HOST_STATE_BYTES_PER_PARAM = 16
 
 
-def _host_state_note(params: int, world: int, backend: Any) -> str:
-    """How much host memory an offloaded optimizer takes on each host: every parameter is stepped by one rank, so
-    the host of ``ranks`` of the job's ``world`` holds their share of the model's fp32 state."""
+def _host_state_note(params: int, plan: Plan, backend: Any) -> str:
+    """How much host memory the offloads take on each host: every parameter is stepped (and, under ZeRO-3, kept) by
+    one rank, so the host of ``ranks`` of the job's ranks holds their share of the model's offloaded state: the
+    optimizer's fp32 state and the 16-bit weight shards."""
     device = getattr(backend, "device", None) or getattr(getattr(backend, "inner", None), "device", None)
     per_host = getattr(device, "gpus_per_host", None) or getattr(device, "devices_per_node", 1)
-    ranks = min(world, per_host)
-    gib = params * HOST_STATE_BYTES_PER_PARAM * ranks / world / 2**30
-    return (f"--offload-optimizer: each host keeps about {gib:,.1f} GiB of optimizer state in its memory ({ranks} "
-            f"rank{'s' if ranks > 1 else ''} x {HOST_STATE_BYTES_PER_PARAM} B per parameter of its shard)")  # fmt: skip
+    ranks = min(plan.world, per_host)
+    parts = {"optimizer state": HOST_STATE_BYTES_PER_PARAM if plan.offload_optimizer else 0,
+             "weight shards": (4 if plan.dtype == "fp32" else 2) if plan.offload_params else 0}  # fmt: skip
+    per_param = sum(parts.values())
+    gib = params * per_param * ranks / plan.world / 2**30
+    what = " and ".join(k for k, v in parts.items() if v)
+    return (f"offload: each host keeps about {gib:,.1f} GiB of {what} in its memory ({ranks} rank"
+            f"{'s' if ranks > 1 else ''} x {per_param} B per parameter of its shard)")  # fmt: skip
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:

@@ -471,6 +471,8 @@ def _collective(joint: Joint, node: Node, nbytes: int) -> float:
         return 0.0
     if node.op is OpKind.ALL_TO_ALL and node.attrs.top_k:
         raise Fallback("an expert dispatch in the step tail")
+    if node.attrs.host_bytes:
+        raise Fallback("a collective fed from host memory in the step tail")
     backend, kind, where = joint.backend, node.op, joint.where[node.attrs.axis]
     return _COSTS.get((backend, kind, nbytes, where), lambda: backend.collective_time_s(kind, nbytes, where))
 

@@ -90,14 +90,15 @@ def check_precision(plan: Plan, backend: Any) -> None:
 def check_offload(plan: Plan, backend: Any) -> None:
     """An offloaded optimizer runs only where the backend's device has host figures (a GPU's host link and host
     memory): a TPU, a CPU or a part without them is refused, never costed as if the step stayed on the device."""
-    if not plan.offload_optimizer:
+    if not (plan.offload_optimizer or plan.offload_params):
         return
     from echosim.backends.compute import offload_refusal
 
     device = getattr(backend, "device", None) or getattr(getattr(backend, "inner", None), "device", None)
     why = offload_refusal(device) if device is not None and hasattr(device, "host_link_GBps") else "not a GPU backend"
     if why:
-        raise PlanError(f"--offload-optimizer: backend {getattr(backend, 'name', backend)!r}: {why}")
+        flag = "--offload-optimizer" if plan.offload_optimizer else "--offload-params"
+        raise PlanError(f"{flag}: backend {getattr(backend, 'name', backend)!r}: {why}")
 
 
 def check_fp8_attention(plan: Plan, backend: str) -> None:
@@ -298,6 +299,11 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             "--offload-optimizer steps each rank's shard of a ZeRO / distributed optimizer on its host: give --zero 1 "
             "or higher (DeepSpeed's offload_optimizer is a zero_optimization setting; Megatron-Core's "
             "--optimizer-cpu-offload runs inside --use-distributed-optimizer)"
+        )
+    if plan.offload_params and plan.zero != 3:
+        raise PlanError(
+            "--offload-params keeps ZeRO-3 / FSDP's weight shards in host memory: give --zero 3 (DeepSpeed's "
+            "offload_param is a stage-3 setting)"
         )
     if plan.offload_layers and (partial(plan.recompute) or replay_group(plan.recompute)):
         what = "checkpoints chunks of" if replay_group(plan.recompute) else "recomputes only some of"

@@ -406,7 +406,8 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     from echosim.passes.memory import StatePolicy
 
     kept = {**get_framework(plan.framework).state(plan.pp), "fp32_grads": fp32_grads,
-            "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer}  # fmt: skip
+            "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer,
+            "offload_params": plan.offload_params}  # fmt: skip
     policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **kept)
     per_device = params / (plan.tp * plan.pp * plan.ep)
     return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
@@ -416,8 +417,8 @@ def _bound_key(plan: Plan) -> tuple[Any, ...]:
     """All that :func:`memory_lower_bound` reads of a plan (framework, dtype, optimizer dtypes, offload, pp, ZeRO stage,
     dp x cp, tp x pp x ep): an enumeration's 10^4-10^5 layouts have a few hundred distinct bounds. Change it with
     that function."""
-    return (plan.framework, plan.dtype, plan.optimizer_dtypes, plan.offload_optimizer, plan.pp, plan.zero,
-            plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)  # fmt: skip
+    return (plan.framework, plan.dtype, plan.optimizer_dtypes, plan.offload_optimizer, plan.offload_params, plan.pp,
+            plan.zero, plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)  # fmt: skip
 
 
 def enumerate_layouts(

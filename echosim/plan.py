@@ -72,6 +72,9 @@ class Plan:
     # ZeRO-Offload offload_optimizer, Megatron-Core's --optimizer-cpu-offload): gradients go down and the updated
     # weights come back over the GPU's host link each step
     offload_optimizer: bool = False
+    # ZeRO-3 / FSDP's weight shards live in host memory, each all-gather first copying the rank's shard to the device
+    # (DeepSpeed's offload_param)
+    offload_params: bool = False
     # Megatron's precision-aware optimizer: its state dtypes, KEY=DTYPE,... over main_grads, main_params, exp_avg,
     # exp_avg_sq (echosim.passes.memory.optimizer_dtypes); "": off (fp32 master, moments and main gradients)
     optimizer_dtypes: str = ""

@@ -77,7 +77,7 @@ def test_one_gpu_that_could_not_hold_the_optimizer_now_fits() -> None:
     assert on["breakdown"]["optimizer"] == pytest.approx(host, rel=1e-5)
     assert on["step_time_s"] - off["step_time_s"] == pytest.approx(host - off["breakdown"]["optimizer"], rel=1e-3)
     # the host's memory: the fp32 master, two moments and gradient of every parameter, 16 bytes each
-    assert f"about {params * 16 / 2**30:,.1f} GiB of optimizer state" in " ".join(on["notes"])
+    assert f"about {params * 16 / 2**30:,.1f} GiB of optimizer state in" in " ".join(on["notes"])
 
 
 def test_refusals_are_one_line() -> None:
@@ -194,3 +194,60 @@ def test_search_compares_offloading_with_not() -> None:
                        "--recompute", "full", "--offload-optimizer")  # fmt: skip
         assert got["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-5)
         assert got["memory"][0]["peak"] == pytest.approx(best["peak_bytes"], rel=1e-5)
+
+
+# ---- ZeRO-3's weight shards in host memory (--offload-params) ---------------------------------------------------
+
+
+def _fsdp_gathers(offload: bool) -> tuple[list[Any], Any]:
+    from echosim.compiler import prepare
+    from echosim.plan import Cluster, Plan
+    from echosim.timeline.lower import Coster
+
+    plan = Plan(dp=8, zero=3, micro_batch=1, global_batch=8, dtype="bf16", framework="deepspeed",
+                offload_params=offload, offload_optimizer=offload)  # fmt: skip
+    step = prepare("gpt3-1.3b", plan, Cluster("h100-sxm", 8))
+    graph = step.stages[0].graph
+    gathers = [n for n in graph if n.op.value == "all_gather" and n.name.startswith("fsdp.param_all_gather")]
+    coster = Coster(graph, step.backend, step.where)
+    return [(n.attrs, coster(n)) for n in gathers], step
+
+
+def test_each_gather_first_fetches_the_rank_shard_over_the_host_link() -> None:
+    on, _ = _fsdp_gathers(True)
+    off, _ = _fsdp_gathers(False)
+    assert on and len(on) == len(off)
+    link = DEVICES["h100-sxm"].host_link_GBps * 1e9
+    for (a, s_on), (b, s_off) in zip(on, off, strict=True):
+        assert a.host_bytes == a.bytes // 8 and b.host_bytes == 0
+        assert s_on - s_off == pytest.approx(a.host_bytes / link, rel=1e-9)
+        assert f"host_bytes={a.host_bytes}" in str(a)
+
+
+def test_the_device_keeps_no_weight_shard() -> None:
+    zero3 = [*_GPT, "--backend", "h100-sxm", "--zero", "3", "--offload-optimizer"]
+    on = _compile(*zero3, "--offload-params")["memory"][0]
+    off = _compile(*zero3)["memory"][0]
+    assert on["params"] == 0 < off["params"]
+    assert (on["grads"], on["optimizer"], on["activations"]) == (off["grads"], off["optimizer"], off["activations"])
+    notes = " ".join(_compile(*zero3, "--offload-params")["notes"])
+    assert "of optimizer state and weight shards in its memory (8 ranks x 18 B per parameter" in notes
+
+
+def test_offloaded_weights_need_zero_3() -> None:
+    line = _refused("compile", "gpt3-125m", "--devices", "2", "--backend", "h100-sxm", "--zero", "2",
+                    "--offload-params")  # fmt: skip
+    assert "--offload-params" in line and "--zero 3" in line
+    assert "not a GPU backend" in _refused("compile", "gpt3-125m", "--devices", "2", "--backend", "tpu-v5p",
+                                           "--zero", "3", "--offload-params")  # fmt: skip
+
+
+def test_deepspeed_offload_param(tmp_path: Path) -> None:
+    both = _deepspeed(
+        tmp_path, {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+    )
+    assert both.options["offload_params"] is True and both.options["offload_optimizer"] is True
+    stage2 = _deepspeed(tmp_path, {"stage": 2, "offload_param": {"device": "cpu"}})
+    assert "offload_params" not in stage2.options and any("only under ZeRO stage 3" in n for n in stage2.notes)
+    nvme = _deepspeed(tmp_path, {"stage": 3, "offload_param": {"device": "nvme"}})
+    assert "offload_params" not in nvme.options and any("nvme" in n and "not modelled" in n for n in nvme.notes)

@@ -406,6 +406,14 @@ def offload_refusal(dev: DeviceSpec) -> str:
     return f"device {dev.name!r} has no {' or '.join(missing)} figure" if missing else ""
 
 
+def host_copy_time_s(dev: DeviceSpec, nbytes: int) -> float:
+    """``nbytes`` copied between host memory and the device over the GPU's host link (pinned, one direction)."""
+    if why := offload_refusal(dev):
+        raise ValueError(f"host copy: {why}")
+    assert dev.host_link_GBps is not None
+    return nbytes / (dev.host_link_GBps * 1e9)
+
+
 def host_optimizer_time_s(dev: DeviceSpec, params: int, bytes_per_param: int, ranks: int) -> float:
     """An optimizer step of ``params`` elements on the host: the gradients down the host link, the step's
     ``bytes_per_param`` through host DRAM, the weights back, one after another (Megatron-Core without

@@ -150,6 +150,10 @@ class GPUBackend(KernelBackend):
             return compute.host_optimizer_time_s(self.device, a.params, a.bytes_per_param, a.host_ranks)
         return super().op_time_s(node, io_bytes)
 
+    def host_copy_time_s(self, nbytes: int) -> float:
+        """Seconds to copy ``nbytes`` between host memory and this GPU (a weight shard kept on the host)."""
+        return compute.host_copy_time_s(self.device, nbytes)
+
     def matmul_cost_s(self, a: MatmulAttrs, dtype: str) -> float:
         return self._gemm_s(a, dtype, fast_accum=self.fp8_fast_accum == "all")
 

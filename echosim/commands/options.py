@@ -209,6 +209,12 @@ def layout_options(fn: F) -> F:
             "gradients down and weights back over the GPU's host link, the step at the host's memory bandwidth.",
         ),
         click.option(
+            "--offload-params/--no-offload-params",
+            default=None,
+            help="Keep ZeRO-3's weight shards in host memory (DeepSpeed's offload_param; needs --zero 3): each "
+            "all-gather first copies the rank's shard over the GPU's host link.",
+        ),
+        click.option(
             "--optimizer-dtypes",
             help="The optimizer's states in these dtypes, KEY=DTYPE,... over main_grads=fp32|bf16, "
             "main_params=fp32|fp16, exp_avg=fp32|fp16|bf16|fp8, exp_avg_sq=fp32|fp16|bf16|fp8 (the others fp32): "

@@ -22,12 +22,10 @@ IGNORED = {
     "wandb", "csv_monitor", "comms_logger", "flops_profiler", "prescale_gradients", "zero_allow_untested_optimizer",
     "dump_state", "memory_breakdown", "checkpoint", "seed", "data_efficiency", "curriculum_learning",
 }  # fmt: skip
-ZERO_NOT_MODELLED = {
-    "offload_param": "parameters offloaded to host memory: costed on the device, host transfers not costed",
-    "cpu_offload_params": "parameters offloaded to host memory: costed on the device, host transfers not costed",
-}
-#: The optimizer offload keys, read as ``offload_optimizer`` (``cpu_offload: true`` is the older spelling).
-OFFLOAD_OPTIMIZER = ("offload_optimizer", "cpu_offload")
+#: The offload keys: the optimizer's, read as ``offload_optimizer`` (``cpu_offload: true`` is the older spelling),
+#: and ZeRO-3's parameters', read as ``offload_params`` (``cpu_offload_params``).
+OFFLOAD = {"offload_optimizer": "offload_optimizer", "cpu_offload": "offload_optimizer",
+           "offload_param": "offload_params", "cpu_offload_params": "offload_params"}  # fmt: skip
 ZERO_TUNING = {
     "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
     "allgather_partitions", "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
@@ -119,32 +117,33 @@ def _zero(section: Any, out: FromConfig) -> None:
     for key, value in section.items():
         if key == "stage":
             continue
-        if key in OFFLOAD_OPTIMIZER:
-            _offload_optimizer(key, value, out)
-        elif key in ZERO_NOT_MODELLED:
-            device = value.get("device", "none") if isinstance(value, dict) else value
-            if device not in ("none", False, None):
-                out.notes.append(f"zero_optimization.{key} ({device}): not modelled ({ZERO_NOT_MODELLED[key]})")
+        if key in OFFLOAD:
+            _offload(key, value, out)
         elif key in ZERO_TUNING:
             out.ignored.append(f"zero_optimization.{key}")
         else:
             out.unknown.append(f"zero_optimization.{key}")
 
 
-def _offload_optimizer(key: str, value: Any, out: FromConfig) -> None:
-    """``offload_optimizer: {"device": "cpu"}`` (or ``cpu_offload: true``) as ``offload_optimizer``; DeepSpeed offloads
-    only under ZeRO (stage 1 to 3), and NVMe (ZeRO-Infinity) is not modelled."""
+def _offload(key: str, value: Any, out: FromConfig) -> None:
+    """``offload_optimizer: {"device": "cpu"}`` (or ``cpu_offload: true``) as ``offload_optimizer``, and
+    ``offload_param`` (or ``cpu_offload_params``) as ``offload_params``. DeepSpeed offloads the optimizer only under
+    ZeRO (stage 1 to 3) and the parameters only under stage 3; NVMe (ZeRO-Infinity) is not modelled."""
+    option, what = OFFLOAD[key], "optimizer" if OFFLOAD[key] == "offload_optimizer" else "parameters"
     device = value.get("device", "none") if isinstance(value, dict) else ("cpu" if value is True else "none")
     if device in ("none", None):
         return
     if device != "cpu":
-        out.notes.append(f"zero_optimization.{key} ({device}): not modelled (only the CPU offload is; the optimizer "
-                         "is costed on the device)")  # fmt: skip
+        out.notes.append(f"zero_optimization.{key} ({device}): not modelled (only the CPU offload is; the {what} "
+                         "costed on the device)")  # fmt: skip
         return
-    if not out.options.get("zero"):
-        out.notes.append(f"zero_optimization.{key} (cpu): DeepSpeed offloads only under ZeRO (stage 0 here): ignored")
+    stage = out.options.get("zero", 0)
+    if stage == 0 or (option == "offload_params" and stage != 3):
+        needs = "ZeRO (stage 1 to 3)" if option == "offload_optimizer" else "ZeRO stage 3"
+        out.notes.append(f"zero_optimization.{key} (cpu): DeepSpeed offloads the {what} only under {needs} (stage "
+                         f"{stage} here): ignored")  # fmt: skip
         return
-    out.options["offload_optimizer"] = True
+    out.options[option] = True
     if isinstance(value, dict) and value.get("ratio", 1) != 1:
         out.notes.append(f"zero_optimization.{key}.ratio {value['ratio']}: a partial offload is not modelled (the "
                          "whole optimizer is costed on the host)")  # fmt: skip

@@ -535,6 +535,9 @@ class CollectiveAttrs:
     rank_copies: bool = False
     pieces: tuple[int, ...] = ()
     ready: int = -1
+    # bytes the rank first copies from host memory over its host link: a ZeRO-3 weight shard kept there
+    # (Plan.offload_params: DeepSpeed's offload_param fetches the shard to the device, then all-gathers it)
+    host_bytes: int = 0
 
     def __str__(self) -> str:
         role = f" role={self.role.value}" if self.role is not Role.LAYER else ""
@@ -546,6 +549,7 @@ class CollectiveAttrs:
         copy += " rank_copies" if self.rank_copies else ""
         copy += f" pieces={len(self.pieces)}" if self.pieces else ""
         copy += f" ready={self.ready}" if self.ready >= 0 else ""
+        copy += f" host_bytes={self.host_bytes}" if self.host_bytes else ""
         return f"axis={self.axis.value} size={self.size} bytes={self.bytes}{role}{deepep}{copy}"
 
 

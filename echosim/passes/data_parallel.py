@@ -83,6 +83,8 @@ class DataParallel:
     # PyTorch DDP's reducer (echosim.frameworks, ``ddp_bucket_copies``; TorchRec's DDP wrap): ZeRO 0's
     # buckets are its own (:func:`ddp_bucket_assignment`), not one repeated layer at a time
     torch_ddp: bool = False
+    # ZeRO-3's weight shards in host memory (Plan.offload_params): each all-gather's shard crosses the host link first
+    offload_params: bool = False
     name: ClassVar[str] = "data-parallel"
 
     def output_key(self) -> DataParallel:
@@ -175,7 +177,9 @@ class DataParallel:
         sync = self.per_param
         for phase, nbytes, pieces in gathers:
             spec = wspec if nbytes == weights else TensorSpec((max(1, nbytes // 2),), wspec.dtype)
-            attrs = CollectiveAttrs(Axis.FSDP, self.dp, nbytes, blocking=sync, rank_copies=sync, pieces=pieces)
+            host = nbytes // self.dp if self.offload_params else 0
+            attrs = CollectiveAttrs(Axis.FSDP, self.dp, nbytes, blocking=sync, rank_copies=sync, pieces=pieces,
+                                    host_bytes=host)  # fmt: skip
             gathered = g.add(OpKind.ALL_GATHER, [], spec, attrs, phase=phase, scope=scope,
                              name=f"fsdp.param_all_gather.{tag}.{phase.value}")  # fmt: skip
             if self.fsdp2_copies:  # split_with_sizes_copy into the unsharded parameters, on the compute stream

@@ -147,6 +147,7 @@ class StatePolicy:
         optimizer_dtypes: str = "",
         te_optimizer: bool = False,
         offload: bool = False,
+        offload_params: bool = False,
     ) -> StatePolicy:
         """``fp32_grads``: Megatron accumulates into fp32 main grads; DeepSpeed (the ZeRO paper) keeps 16-bit.
 
@@ -171,6 +172,8 @@ class StatePolicy:
         The gradients the device accumulates and reduces stay (DeepSpeed's estimate for ZeRO-2 with CPU offload,
         ``estimate_zero2_model_states_mem_needs``, counts only the 16-bit weights; its gradient partitions leave
         for the host as each bucket is reduced, a bucket's worth at a time).
+        ``offload_params``: under ZeRO-3 the rank's weight shard lives in host memory too (DeepSpeed's
+        ``offload_param``); what the device holds of the weights is the layers it has gathered.
         """
         mixed = dtype != "fp32" and not fp32_weights
         weight, grad, opt = (2.0, 4.0 if fp32_grads else 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
@@ -187,7 +190,7 @@ class StatePolicy:
         if zero >= 2:
             grad /= dp
         if zero >= 3:
-            weight /= dp
+            weight = 0.0 if offload_params else weight / dp
             if unsharded_between_microbatches:  # 16-bit weights and gradients in the reduce dtype (fp32)
                 weight += 2.0 if dtype != "fp32" else 4.0
                 grad += 4.0

@@ -206,7 +206,7 @@ def _data_parallel(plan: Any) -> object:
     return DataParallel(
         replicas, bucket_params=buckets, zero=plan.zero, reduce_dtype=reduce, fsdp_reduce_dtype=fsdp_reduce,
         bucket_copies=copies, per_param=per_param, reuse_distance=reuse, flat_grads=flat, fsdp2_copies=fsdp2,
-        torch_ddp=torch_ddp,
+        torch_ddp=torch_ddp, offload_params=plan.offload_params,
     )  # fmt: skip
 
 

@@ -93,6 +93,16 @@ def where_key(where: dict[Axis, Placement]) -> HashedKey:
     return key
 
 
+def host_copy_s(backend: Backend, nbytes: int) -> float:
+    """Seconds to copy ``nbytes`` from host memory to the device: the backend's ``host_copy_time_s``, looked up
+    through the wrappers around it (a calibration, a plugin's guard); the plan's checks refused the offload on a
+    backend without one (:func:`echosim.layout.check_offload`)."""
+    inner: Any = backend
+    while not hasattr(inner, "host_copy_time_s") and hasattr(inner, "inner"):
+        inner = inner.inner
+    return float(inner.host_copy_time_s(nbytes))
+
+
 class Coster:
     """Seconds of one IR node on the backend; collectives are priced on their axis's placement."""
 
@@ -107,9 +117,10 @@ class Coster:
         backend = self.backend
         if node.op.is_collective:
             assert isinstance(node.attrs, CollectiveAttrs)
-            if node.attrs.size <= 1:
-                return 0.0
             a = node.attrs
+            host = host_copy_s(backend, a.host_bytes) if a.host_bytes else 0.0  # a shard fetched from host memory
+            if a.size <= 1:
+                return host
             kind, nbytes, where = node.op, a.bytes, self.where[a.axis]
             if kind is OpKind.ALL_TO_ALL and a.top_k:  # DeepEP's dispatcher: network once per node, then NVLink
                 return _COSTS.get(
@@ -119,8 +130,8 @@ class Coster:
                     ),
                 )
             if a.pieces:  # one collective per tensor (CollectiveAttrs.pieces)
-                return sum(self._collective(kind, b, where) + self._rank_copies(a, b, node) for b in a.pieces)
-            return self._collective(kind, nbytes, where) + self._rank_copies(a, nbytes, node)
+                return host + sum(self._collective(kind, b, where) + self._rank_copies(a, b, node) for b in a.pieces)
+            return host + self._collective(kind, nbytes, where) + self._rank_copies(a, nbytes, node)
         if isinstance(node.attrs, ElementwiseAttrs) and node.attrs.epilogue:  # runs in a GEMM's epilogue
             return 0.0
         io = io_bytes(self.graph, node)
