@@ -160,7 +160,15 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     ):  # fmt: skip
         if rng.random() < 0.4:
             opts[key] = rng.choice(values)
-    for key in ("sp", "tp_overlap", "moe_ep_overlap", "moe_fused_mlp", "fp8_attention", "offload_optimizer"):
+    for key in (
+        "sp",
+        "tp_overlap",
+        "moe_ep_overlap",
+        "moe_fused_mlp",
+        "fp8_attention",
+        "offload_optimizer",
+        "offload_params",
+    ):
         if rng.random() < 0.2:
             opts[key] = rng.random() < 0.5
 
@@ -228,6 +236,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         opts["loss_chunks"] = rng.choice([2, 4])
     if opts["zero"] >= 1 and rng.random() < 0.2:  # ZeRO-Offload: the host steps the rank's shard
         opts["offload_optimizer"] = True
+        opts["offload_params"] = opts["zero"] == 3 and rng.random() < 0.5  # and, under ZeRO-3, keeps its weights
     if cp > 1:  # a scheme that runs the model: the ring has no sliding window, a2a needs whole heads per rank
         whole = cfg.kv_heads % (tp * cp) == 0 and cfg.heads % (tp * cp) == 0
         opts["cp_comm"] = rng.choice(

@@ -303,6 +303,12 @@ def _write(path: str, text: str, option: str) -> None:
     is_flag=True,
     help="The optimizer on the host CPU in every layout (as compile's option; layouts without ZeRO are rejected).",
 )
+@click.option(
+    "--offload-params",
+    is_flag=True,
+    help="ZeRO-3's weight shards in host memory in every layout (as compile's option; layouts without ZeRO-3 are "
+    "rejected).",
+)
 @framework_option
 @click.option(
     "--objective",
@@ -344,7 +350,7 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
                seq_len: int | None, dtype: str, space_items: tuple[str, ...], micro_batches: str | None,
                recomputes: str | None, schedules: str | None, zeros: str | None, moe_dispatcher: str | None,
                moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, cp_comm: str | None,
-               offload_optimizer: bool, framework: str | None, objective: str,
+               offload_optimizer: bool, offload_params: bool, framework: str | None, objective: str,
                max_memory_fraction: float, top: int, workers: int, executor: str, ray_address: str | None,
                tokens: float | None, price_per_device_hour: float | None, plot: str | None,
                as_json: bool) -> None:  # fmt: skip
@@ -367,7 +373,8 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     space = parse_space([*shorthand, *space_items])
     fixed = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap or None,
              "moe_fused_mlp": moe_fused_mlp or None, "fp8_attention": fp8_attention or None,
-             "cp_comm": cp_comm, "offload_optimizer": offload_optimizer or None}  # fmt: skip
+             "cp_comm": cp_comm, "offload_optimizer": offload_optimizer or None,
+             "offload_params": offload_params or None}  # fmt: skip
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework, **fixed})  # fmt: skip
     if cp_comm is None:  # the framework's scheme for its layouts with cp > 1 (MaxText all-gathers K/V)

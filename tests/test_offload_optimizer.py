@@ -251,3 +251,35 @@ def test_deepspeed_offload_param(tmp_path: Path) -> None:
     assert "offload_params" not in stage2.options and any("only under ZeRO stage 3" in n for n in stage2.notes)
     nvme = _deepspeed(tmp_path, {"stage": 3, "offload_param": {"device": "nvme"}})
     assert "offload_params" not in nvme.options and any("nvme" in n and "not modelled" in n for n in nvme.notes)
+
+
+def test_torchtitan_cpu_offload(tmp_path: Path) -> None:
+    """training.enable_cpu_offload is FSDP2's CPUOffloadPolicy: weight shards and optimizer on the host, with FSDP."""
+    text = (Path(__file__).parent / "data" / "configs" / "torchtitan" / "llama3_8b.toml").read_text()
+    text = text.replace("[training]", "[training]\nenable_cpu_offload = true", 1)
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    cfg = read_source(f"torchtitan:{path}")
+    assert cfg.options["zero"] == 3
+    assert cfg.options["offload_params"] is True and cfg.options["offload_optimizer"] is True
+    alone = tmp_path / "alone.toml"
+    alone.write_text(text.replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1"))
+    cfg = read_source(f"torchtitan:{alone}")
+    assert "offload_params" not in cfg.options and any("applies with FSDP only" in n for n in cfg.notes)
+
+
+def test_search_figures_equal_compile_with_offloaded_weights() -> None:
+    flags = ["llama3-8b", "--backend", "h100-sxm", "--devices", "8", "--global-batch", "8", "--seq-len", "4096"]
+    result = CliRunner().invoke(cli, ["search", *flags, "--offload-params", "--offload-optimizer", "--space",
+                                      "tp=1,2", "--space", "pp=1", "--space", "cp=1", "--space", "mb=1",
+                                      "--space", "recompute=full", "--space", "zero=2,3", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["layouts"]
+    assert all("--zero 3" in r["reason"] for r in rows if r["zero"] == 2)
+    ran = [r for r in rows if r["simulated"]]
+    assert ran and all(r["zero"] == 3 for r in ran)
+    for r in ran:
+        got = _compile(*flags, "--offload-params", "--offload-optimizer", "--tp", str(r["tp"]), "--zero", "3",
+                       "--micro-batch", "1", "--recompute", "full", *(["--sp"] if r["sp"] else []),
+                       "--schedule", r["schedule"], *(["--tp-overlap"] if r["tp_overlap"] else []))  # fmt: skip
+        assert got["step_time_s"] == pytest.approx(r["step_time_s"], rel=1e-5)

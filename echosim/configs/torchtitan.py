@@ -100,6 +100,7 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
         "parallelism.pipeline_parallel_schedule", "parallelism.enable_async_tensor_parallel",
         "parallelism.disable_loss_parallel", "activation_checkpoint.mode", "model.converters",
         "parallelism.context_parallel_rotate_method", "float8.recipe_name", "training.mixed_precision_reduce",
+        "training.enable_cpu_offload",
     }  # fmt: skip
     # FSDP's reduce dtype: torchtitan takes only "float32" (``mixed_precision_reduce: Literal["float32"]``,
     # torchtitan/config/configs.py, commit b5bcd76), the torchtitan framework's fp32 reduce-scatter
@@ -132,6 +133,14 @@ def _plan(flat: dict[str, Any], out: FromConfig) -> set[str]:
         opts["dp"] = replicate * shard
         opts["devices"] = replicate * shard * tp * pp * cp
     opts["zero"] = 3 if shard != 1 else 0
+    if _get(flat, "training.enable_cpu_offload", False):
+        # FSDP2's CPUOffloadPolicy (torchtitan/distributed/fsdp.py, commit b5bcd76): weight shards, gradients and
+        # optimizer state on the host, the step on its CPU; applied with FSDP only (fsdp_enabled: dp_shard or cp > 1)
+        if opts["zero"] == 3:
+            opts["offload_params"] = opts["offload_optimizer"] = True
+        else:
+            out.notes.append("training.enable_cpu_offload: applies with FSDP only (data_parallel_shard_degree 1 "
+                             "here): ignored")  # fmt: skip
     if shard != 1 and replicate > 1:
         out.notes.append(f"HSDP: {replicate} replicas x FSDP shards, costed as FSDP over all data-parallel ranks")
     microbatch = num("parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else local

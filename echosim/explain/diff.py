@@ -42,12 +42,12 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "comm.dp": f"dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
         "comm.edp": f"dp ep zero tp pp dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
         "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend fsdp_reduce_dtype "
-        "framework",
+        "offload_params framework",
         "comm.": "tp pp dp sp micro_batch seq_len devices_per_node backend",
         "bubble": "pp vpp schedule microbatches pp_balance tp sp micro_batch recompute",
         "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes offload_optimizer framework",
         "idle": "tp pp micro_batch",
-        "memory.params": _STATE,
+        "memory.params": f"{_STATE} offload_params",
         "memory.grads": f"{_STATE} {_GRAD_DTYPE}",
         "memory.optimizer": f"{_STATE} cp optimizer_dtypes offload_optimizer",
         "memory.activations": "recompute micro_batch seq_len sp tp cp pp vpp schedule layers_per_stage attention "
