@@ -88,8 +88,8 @@ def check_precision(plan: Plan, backend: Any) -> None:
 
 
 def check_offload(plan: Plan, backend: Any) -> None:
-    """An offloaded optimizer runs only where the backend's device has host figures (a GPU's host link and host
-    memory): a TPU, a CPU or a part without them is refused, never costed as if the step stayed on the device."""
+    """An offloaded optimizer or offloaded weights run only where the backend's device has host figures (a GPU's
+    host link and host memory): a TPU, a CPU or a part without them is refused, never costed as if they stayed."""
     if not (plan.offload_optimizer or plan.offload_params):
         return
     from echosim.backends.compute import offload_refusal

@@ -401,7 +401,8 @@ HOST_LINK_BYTES_PER_PARAM = 8
 
 
 def offload_refusal(dev: DeviceSpec) -> str:
-    """Why an optimizer cannot be offloaded to this part's host ("" where it can): a figure of its host is missing."""
+    """Why nothing can be offloaded to this part's host, optimizer or weights ("" where it can): a figure of its
+    host is missing."""
     missing = [n for n in ("host_link_GBps", "host_memory_GBps") if getattr(dev, n) is None]
     return f"device {dev.name!r} has no {' or '.join(missing)} figure" if missing else ""
 

@@ -108,9 +108,10 @@ class DeviceSpec:
     # The scale-out network its NICs sit on (networks.NETWORKS): "infiniband" (NCCL's defaults) or a cloud's
     # own, which changes what NCCL's tuner is told and the NCCL settings the deployment runs under.
     network: str = "infiniband"
-    # The host side, which an offloaded optimizer (Plan.offload_optimizer) runs on: one GPU's copy rate to and
-    # from its host's memory per direction (pinned copies, nvbandwidth), and the sustained DRAM bandwidth of one
-    # host, which its GPUs' optimizer processes share. None: no figure, and no offload on this part.
+    # The host side, which an offloaded optimizer (Plan.offload_optimizer) runs on and offloaded weight shards
+    # (Plan.offload_params) live on: one GPU's copy rate to and from its host's memory per direction (pinned
+    # copies, nvbandwidth), and the sustained DRAM bandwidth of one host, which its GPUs' optimizer processes
+    # share. None: no figure, and no offload on this part.
     host_link_GBps: float | None = None
     host_memory_GBps: float | None = None
 

@@ -146,7 +146,7 @@ def _offload(key: str, value: Any, out: FromConfig) -> None:
     out.options[option] = True
     if isinstance(value, dict) and value.get("ratio", 1) != 1:
         out.notes.append(f"zero_optimization.{key}.ratio {value['ratio']}: a partial offload is not modelled (the "
-                         "whole optimizer is costed on the host)")  # fmt: skip
+                         f"whole {what} costed on the host)")  # fmt: skip
 
 
 def _batch(data: dict[str, Any], out: FromConfig) -> None:
