@@ -265,3 +265,32 @@ def test_the_issues_two_runs_the_first_suggestion_through_compile(model: str | N
     report = json.loads(out)
     assert report["step_time_s"] == first["step_time_s"] and report["fits"] is True
     assert max(m["peak"] for m in report["memory"]) / 2**30 == pytest.approx(first["peak_gib"], rel=1e-5)
+
+
+def test_neighbours_offload_under_zero_and_only_there() -> None:
+    """Under ZeRO the optimizer can go to the host (and ZeRO-3's weights); a change of stage takes an offload off
+    that the new stage cannot hold, and one replica keeps the stage an offload needs."""
+    cluster = Cluster("h100-sxm", 8)
+    plain = neighbours(Plan(dp=8, global_batch=8), cluster)
+    assert not any(p.offload_optimizer or p.offload_params for p in plain)
+    zero1 = Plan(dp=8, zero=1, global_batch=8)
+    assert replace(zero1, offload_optimizer=True) in neighbours(zero1, cluster)
+    zero3 = Plan(dp=8, zero=3, global_batch=8, offload_optimizer=True)
+    out = neighbours(zero3, cluster)
+    assert replace(zero3, offload_params=True) in out and replace(zero3, offload_optimizer=False) in out
+    assert replace(zero3, zero=2) in out  # ZeRO-2 keeps the offloaded optimizer
+    both = replace(zero3, offload_params=True)
+    assert replace(both, zero=2, offload_params=False) in neighbours(both, cluster)
+    alone = Plan(tp=8, zero=1, global_batch=8, offload_optimizer=True)
+    assert all(p.zero >= 1 for p in neighbours(alone, Cluster("h100-sxm", 8)) if p.offload_optimizer)
+
+
+def test_an_optimizer_that_does_not_fit_is_offered_the_host() -> None:
+    """Llama 3 70B on 8 H100 at tp 8 with the distributed optimizer: 153.7 GiB; the one change that fits is the
+    offload."""
+    plan = Plan(tp=8, zero=1, global_batch=8, seq_len=4096, recompute="full")
+    cluster = Cluster("h100-sxm", 8)
+    base = compile_model("llama3-70b", plan, cluster)
+    assert not base.fits
+    best = cheapest_fit("llama3-70b", plan, cluster, base)
+    assert best is not None and best.plan == replace(plan, offload_optimizer=True)

@@ -77,8 +77,12 @@ def neighbours(plan: Plan, cluster: Cluster) -> list[Plan]:
             new = replace(new, sp=False, tp_overlap=False)
         if new.pp == 1:
             new = replace(new, vpp=1, schedule="1f1b" if new.schedule == "zb-h1" else new.schedule)
-        if new.dp * new.cp == 1:
-            new = replace(new, zero=0)
+        if new.dp * new.cp == 1 and not (new.offload_optimizer or new.offload_params):
+            new = replace(new, zero=0)  # one replica: ZeRO is moot, unless an offload runs inside it
+        if new.zero != 3:  # the offloads need their ZeRO stage: a change of stage takes them off
+            new = replace(new, offload_params=False)
+        if new.zero == 0:
+            new = replace(new, offload_optimizer=False)
         if new != base and new not in out and new.batch % (new.micro_batch * new.dp) == 0:
             out.append(new)
 
@@ -103,6 +107,10 @@ def neighbours(plan: Plan, cluster: Cluster) -> list[Plan]:
         add(zero=plan.zero - 1)
     if plan.pp > 1 and plan.vpp == 1:
         add(schedule="zb-h1" if plan.schedule == "1f1b" else "1f1b")
+    if plan.zero > 0:  # the optimizer on the host, or back on the device
+        add(offload_optimizer=not plan.offload_optimizer)
+    if plan.zero == 3:  # ZeRO-3's weight shards in host memory, or back
+        add(offload_params=not plan.offload_params)
     return out
 
 
