@@ -1387,6 +1387,8 @@ def search(
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})
+    if True in spec.values["offload_optimizer"]:  # a backend without a host fails every offloaded layout: one error
+        check_offload(replace(base, offload_optimizer=True), backend)
     capacity = backend.memory_bytes()
     with _fewer_collections():
         enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)

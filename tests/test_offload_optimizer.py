@@ -283,3 +283,9 @@ def test_search_figures_equal_compile_with_offloaded_weights() -> None:
                        "--micro-batch", "1", "--recompute", "full", *(["--sp"] if r["sp"] else []),
                        "--schedule", r["schedule"], *(["--tp-overlap"] if r["tp_overlap"] else []))  # fmt: skip
         assert got["step_time_s"] == pytest.approx(r["step_time_s"], rel=1e-5)
+
+
+def test_a_search_that_offloads_on_a_tpu_is_one_line() -> None:
+    line = _refused("search", "llama3-8b", "--backend", "tpu-v5p", "--devices", "8", "--global-batch", "8",
+                    "--space", "offload_optimizer=false,true")  # fmt: skip
+    assert line == "Error: --offload-optimizer: backend 'tpu-v5p': not a GPU backend"
