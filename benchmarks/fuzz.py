@@ -168,6 +168,7 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         "fp8_attention",
         "offload_optimizer",
         "offload_params",
+        "offload_overlap",
     ):
         if rng.random() < 0.2:
             opts[key] = rng.random() < 0.5
@@ -237,6 +238,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     if opts["zero"] >= 1 and rng.random() < 0.2:  # ZeRO-Offload: the host steps the rank's shard
         opts["offload_optimizer"] = True
         opts["offload_params"] = opts["zero"] == 3 and rng.random() < 0.5  # and, under ZeRO-3, keeps its weights
+        opts["offload_overlap"] = rng.random() < 0.5
     if cp > 1:  # a scheme that runs the model: the ring has no sliding window, a2a needs whole heads per rank
         whole = cfg.kv_heads % (tp * cp) == 0 and cfg.heads % (tp * cp) == 0
         opts["cp_comm"] = rng.choice(

@@ -300,6 +300,10 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             "or higher (DeepSpeed's offload_optimizer is a zero_optimization setting; Megatron-Core's "
             "--optimizer-cpu-offload runs inside --use-distributed-optimizer)"
         )
+    if plan.offload_overlap and not plan.offload_optimizer:
+        raise PlanError(
+            "--offload-overlap pipelines an offloaded optimizer's copies and step: give --offload-optimizer"
+        )
     if plan.offload_params and plan.zero != 3:
         raise PlanError(
             "--offload-params keeps ZeRO-3 / FSDP's weight shards in host memory: give --zero 3 (DeepSpeed's "

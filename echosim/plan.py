@@ -72,6 +72,9 @@ class Plan:
     # ZeRO-Offload offload_optimizer, Megatron-Core's --optimizer-cpu-offload): gradients go down and the updated
     # weights come back over the GPU's host link each step
     offload_optimizer: bool = False
+    # the offloaded step's copies and host update pipelined over parameter groups, so the step takes the slowest of
+    # the three (Megatron-Core's --overlap-cpu-optimizer-d2h-h2d)
+    offload_overlap: bool = False
     # ZeRO-3 / FSDP's weight shards live in host memory, each all-gather first copying the rank's shard to the device
     # (DeepSpeed's offload_param)
     offload_params: bool = False

@@ -149,7 +149,6 @@ _ARGS = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 
 def test_megatron_optimizer_cpu_offload() -> None:
     got = read_args(f"{_ARGS} --use-precision-aware-optimizer --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d")
     assert got.options["offload_optimizer"] is True and got.options["zero"] == 1
-    assert any("--overlap-cpu-optimizer-d2h-h2d: not modelled" in n for n in got.notes)
     with pytest.raises(ConfigError, match="needs --use-precision-aware-optimizer"):
         read_args(f"{_ARGS} --optimizer-cpu-offload")
     offload = "--use-precision-aware-optimizer --optimizer-cpu-offload"
@@ -289,3 +288,28 @@ def test_a_search_that_offloads_on_a_tpu_is_one_line() -> None:
     line = _refused("search", "llama3-8b", "--backend", "tpu-v5p", "--devices", "8", "--global-batch", "8",
                     "--space", "offload_optimizer=false,true")  # fmt: skip
     assert line == "Error: --offload-optimizer: backend 'tpu-v5p': not a GPU backend"
+
+
+def test_an_overlapped_offload_takes_the_slowest_of_its_three_parts() -> None:
+    """Megatron-Core's --overlap-cpu-optimizer-d2h-h2d pipelines the copies and the host step over parameter
+    groups: each direction of the link carries its 4 bytes a parameter while the host steps another group."""
+    flags = [*_GPT, "--backend", "a100-80gb", "--zero", "2", "--offload-optimizer"]
+    serial = _compile(*flags)["breakdown"]["optimizer"]
+    overlapped = _compile(*flags, "--offload-overlap")["breakdown"]["optimizer"]
+    dev = DEVICES["a100-80gb"]
+    local = math.ceil(_compile(*flags)["params"] / 16)
+    one_way = local * 4 / (dev.host_link_GBps * 1e9)
+    dram = local * ADAM_FP32_BYTES_PER_PARAM * 8 / (dev.host_memory_GBps * 1e9)
+    assert serial == pytest.approx(2 * one_way + dram, rel=1e-5)
+    assert overlapped == pytest.approx(max(one_way, dram), rel=1e-5)
+    line = _refused("compile", "gpt3-125m", "--devices", "2", "--backend", "h100-sxm", "--zero", "1",
+                    "--offload-overlap")  # fmt: skip
+    assert "give --offload-optimizer" in line
+
+
+def test_megatron_overlap_flag_is_read() -> None:
+    got = read_args(f"{_ARGS} --use-precision-aware-optimizer --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d")
+    assert got.options["offload_overlap"] is True and not [n for n in got.notes if "overlap-cpu" in n]
+    alone = read_args(f"{_ARGS} --overlap-cpu-optimizer-d2h-h2d")
+    assert "offload_overlap" not in alone.options
+    assert any("--overlap-cpu-optimizer-d2h-h2d: read only with --optimizer-cpu-offload" in n for n in alone.notes)

@@ -415,17 +415,24 @@ def host_copy_time_s(dev: DeviceSpec, nbytes: int) -> float:
     return nbytes / (dev.host_link_GBps * 1e9)
 
 
-def host_optimizer_time_s(dev: DeviceSpec, params: int, bytes_per_param: int, ranks: int) -> float:
+def host_optimizer_time_s(
+    dev: DeviceSpec, params: int, bytes_per_param: int, ranks: int, overlapped: bool = False
+) -> float:
     """An optimizer step of ``params`` elements on the host: the gradients down the host link, the step's
     ``bytes_per_param`` through host DRAM, the weights back, one after another (Megatron-Core without
     ``--overlap-cpu-optimizer-d2h-h2d``). Each of a job's ``ranks`` on one host steps its own share at the same
-    time (the ranks keep in step), so each gets the host's DRAM bandwidth over the job's GPUs on that host."""
+    time (the ranks keep in step), so each gets the host's DRAM bandwidth over the job's GPUs on that host.
+
+    ``overlapped``: the three pipelined over parameter groups (Megatron-Core's hybrid device optimizer with that
+    flag: one group's gradients come down while another is stepped and a third goes back), the link carrying its
+    two directions at once: the slowest of the three, the pipeline's fill and drain left out (a lower bound)."""
     if why := offload_refusal(dev):
         raise ValueError(f"optimizer offload: {why}")
     assert dev.host_link_GBps is not None and dev.host_memory_GBps is not None
     sharing = min(ranks, dev.gpus_per_host or dev.devices_per_node)
     link = params * HOST_LINK_BYTES_PER_PARAM / (dev.host_link_GBps * 1e9)
-    return link + params * bytes_per_param * sharing / (dev.host_memory_GBps * 1e9)
+    dram = params * bytes_per_param * sharing / (dev.host_memory_GBps * 1e9)
+    return max(link / 2, dram) if overlapped else link + dram
 
 
 # ---- attention -----------------------------------------------------------------------

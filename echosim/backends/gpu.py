@@ -147,7 +147,7 @@ class GPUBackend(KernelBackend):
             return self._gemm_s(node.attrs, self.compute_dtype(node), fast_accum=True)
         if isinstance(node.attrs, OptimizerAttrs) and node.attrs.host_ranks:
             a = node.attrs
-            return compute.host_optimizer_time_s(self.device, a.params, a.bytes_per_param, a.host_ranks)
+            return compute.host_optimizer_time_s(self.device, a.params, a.bytes_per_param, a.host_ranks, a.overlapped)
         return super().op_time_s(node, io_bytes)
 
     def host_copy_time_s(self, nbytes: int) -> float:

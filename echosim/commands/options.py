@@ -209,6 +209,12 @@ def layout_options(fn: F) -> F:
             "gradients down and weights back over the GPU's host link, the step at the host's memory bandwidth.",
         ),
         click.option(
+            "--offload-overlap/--no-offload-overlap",
+            default=None,
+            help="Pipeline the offloaded optimizer's copies and host step over parameter groups, so it takes the "
+            "slowest of the three (Megatron-Core's --overlap-cpu-optimizer-d2h-h2d; needs --offload-optimizer).",
+        ),
+        click.option(
             "--offload-params/--no-offload-params",
             default=None,
             help="Keep ZeRO-3's weight shards in host memory (DeepSpeed's offload_param; needs --zero 3): each "

@@ -123,8 +123,6 @@ NOT_MODELLED = {
     "--no-gradient-accumulation-fusion": "weight gradients accumulated by a separate add",
     "--fsdp-double-buffer": "Megatron-FSDP's persistent double buffers",
     "--use-nccl-ub": "NCCL user buffers",
-    "--overlap-cpu-optimizer-d2h-h2d": "the offloaded optimizer's copies overlapped with its host step (costed one "
-    "after another)",
     "--use-torch-optimizer-for-cpu-offload": "the host optimizer's implementation (costed at host memory bandwidth)",
 }
 
@@ -161,6 +159,7 @@ CONSUMED = {
     "--use-distributed-optimizer",
     "--optimizer-cpu-offload",
     "--optimizer-offload-fraction",
+    "--overlap-cpu-optimizer-d2h-h2d",
     "--micro-batch-size",
     "--global-batch-size",
     "--seq-length",
@@ -419,12 +418,15 @@ def _offload(values: dict[str, list[str]], out: FromConfig) -> None:
     src = out.source
     fraction = _one(values, "--optimizer-offload-fraction", src)
     if "--optimizer-cpu-offload" not in values:
-        if fraction is not None:
-            out.notes.append("--optimizer-offload-fraction: read only with --optimizer-cpu-offload; ignored")
+        for flag in ("--optimizer-offload-fraction", "--overlap-cpu-optimizer-d2h-h2d"):
+            if flag in values:
+                out.notes.append(f"{flag}: read only with --optimizer-cpu-offload; ignored")
         return
     if "--use-precision-aware-optimizer" not in values:
         raise ConfigError(f"{src}: --optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron asserts it)")
     out.options["offload_optimizer"] = True
+    if "--overlap-cpu-optimizer-d2h-h2d" in values:
+        out.options["offload_overlap"] = True
     try:
         partial = fraction is not None and float(fraction) != 1.0
     except ValueError:

@@ -45,7 +45,8 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "offload_params framework",
         "comm.": "tp pp dp sp micro_batch seq_len devices_per_node backend",
         "bubble": "pp vpp schedule microbatches pp_balance tp sp micro_batch recompute",
-        "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes offload_optimizer framework",
+        "optimizer": "zero dp tp pp layers_per_stage dtype backend optimizer_dtypes offload_optimizer offload_overlap "
+        "framework",
         "idle": "tp pp micro_batch",
         "memory.params": f"{_STATE} offload_params",
         "memory.grads": f"{_STATE} {_GRAD_DTYPE}",

@@ -558,15 +558,17 @@ class OptimizerAttrs:
     """One fused optimizer step over ``params`` local elements. ``host_ranks``: 0 where the device steps it; else
     the host CPU does, on state kept in host memory (DeepSpeed's ZeRO-Offload, Megatron-Core's
     ``--optimizer-cpu-offload``), for a job of that many ranks (a host's share of them step at once), and
-    ``bytes_per_param`` is the host's traffic."""
+    ``bytes_per_param`` is the host's traffic; ``overlapped``: its copies and host update pipelined."""
 
     kind: str
     params: int
     bytes_per_param: int
     host_ranks: int = 0
+    overlapped: bool = False
 
     def __str__(self) -> str:
         host = f" host_ranks={self.host_ranks}" if self.host_ranks else ""
+        host += " overlapped" if self.overlapped else ""
         return f"{self.kind} params={self.params} bytes/param={self.bytes_per_param}{host}"
 
 

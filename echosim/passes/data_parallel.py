@@ -402,6 +402,7 @@ class Optimizer:
     # device optimizer with param_update_in_fp32): plain fp32 AdamW's traffic there, whatever the device keeps.
     # The job's rank count (OptimizerAttrs.host_ranks); 0: the device steps it
     host_ranks: int = 0
+    overlapped: bool = False  # the host step's copies and update pipelined (OptimizerAttrs.overlapped)
     name: ClassVar[str] = "optimizer"
 
     def run(self, graph: Graph) -> Graph:
@@ -425,6 +426,7 @@ class Optimizer:
             per_param = ADAM_FP32_BYTES_PER_PARAM
         g.add(
             OpKind.OPTIMIZER_UPDATE, list(g.grads.values()), TensorSpec((max(n, 1),), DType.FP32),
-            OptimizerAttrs(self.kind, n, per_param, self.host_ranks), phase=Phase.OPTIMIZER, name="optimizer.step",
+            OptimizerAttrs(self.kind, n, per_param, self.host_ranks, self.overlapped), phase=Phase.OPTIMIZER,
+            name="optimizer.step",
         )  # fmt: skip
         return g

@@ -229,7 +229,8 @@ def _optimizer(plan: Any) -> object:
     if not per_param and mixed and framework.master_copy(plan.dtype) and plan.optimizer_dtypes:
         per_param = optimizer_step_bytes(plan.dtype, plan.optimizer_dtypes, bool(framework.precision_aware_optimizer))
     return Optimizer(shard=shard, mixed_precision=mixed, expert_shard=experts, bytes_per_param=per_param,
-                     host_ranks=plan.world if plan.offload_optimizer else 0)  # fmt: skip
+                     host_ranks=plan.world if plan.offload_optimizer else 0,
+                     overlapped=plan.offload_optimizer and plan.offload_overlap)  # fmt: skip
 
 
 def _gradient_groups(plan: Any) -> object:
