@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from echosim import plugins
+from echosim.backends.base import unwrapped
 from echosim.backends.loading import load_backend
 from echosim.errors import EchosimError, limit_from_env, time_limit
 from echosim.frameworks import get_framework
@@ -372,7 +373,7 @@ def _host_state_note(params: int, plan: Plan, backend: Any) -> str:
     """How much host memory the offloads take on each host: every parameter is stepped (and, under ZeRO-3, kept) by
     one rank, so the host of ``ranks`` of the job's ranks holds their share of the model's offloaded state: the
     optimizer's fp32 state and the 16-bit weight shards."""
-    device = getattr(backend, "device", None) or getattr(getattr(backend, "inner", None), "device", None)
+    device = getattr(unwrapped(backend), "device", None)
     per_host = getattr(device, "gpus_per_host", None) or getattr(device, "devices_per_node", 1)
     ranks = min(plan.world, per_host)
     parts = {"optimizer state": HOST_STATE_BYTES_PER_PARAM if plan.offload_optimizer else 0,

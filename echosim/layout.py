@@ -92,9 +92,10 @@ def check_offload(plan: Plan, backend: Any) -> None:
     host link and host memory): a TPU, a CPU or a part without them is refused, never costed as if they stayed."""
     if not (plan.offload_optimizer or plan.offload_params):
         return
+    from echosim.backends.base import unwrapped
     from echosim.backends.compute import offload_refusal
 
-    device = getattr(backend, "device", None) or getattr(getattr(backend, "inner", None), "device", None)
+    device = getattr(unwrapped(backend), "device", None)
     why = offload_refusal(device) if device is not None and hasattr(device, "host_link_GBps") else "not a GPU backend"
     if why:
         flag = "--offload-optimizer" if plan.offload_optimizer else "--offload-params"

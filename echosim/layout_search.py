@@ -1383,12 +1383,11 @@ def search(
     backend = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, backend)
     check_precision(base, backend)  # a precision the device cannot run fails every layout alike: one error
-    check_offload(base, backend)
+    offloads = base.offload_optimizer or True in (space or {}).get("offload_optimizer", ())
+    check_offload(replace(base, offload_optimizer=offloads), backend)  # so does an offload without a host
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})
-    if True in spec.values["offload_optimizer"]:  # a backend without a host fails every offloaded layout: one error
-        check_offload(replace(base, offload_optimizer=True), backend)
     capacity = backend.memory_bytes()
     with _fewer_collections():
         enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)

@@ -99,12 +99,16 @@ def for_program(backend: Any, graph: Any) -> Any:
     return method(graph) if callable(method) else backend
 
 
-def program_dependent(backend: Any) -> bool:
-    """Whether the backend under its wrappers (``.inner``: guarded, calibrated) prices ops by the whole program
-    (:func:`for_program`)."""
+def unwrapped(backend: Any) -> Any:
+    """The backend under its wrappers (``.inner``: guarded, calibrated): what holds the device and its hooks."""
     while "inner" in getattr(backend, "__dict__", {}):
         backend = backend.inner
-    return callable(getattr(backend, "for_program", None))
+    return backend
+
+
+def program_dependent(backend: Any) -> bool:
+    """Whether the backend under its wrappers prices ops by the whole program (:func:`for_program`)."""
+    return callable(getattr(unwrapped(backend), "for_program", None))
 
 
 #: Devices per node a backend without ``node_devices`` gets (an HGX/DGX node).

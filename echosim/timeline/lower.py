@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from echosim.backends.base import Backend, Placement, for_program
+from echosim.backends.base import Backend, Placement, for_program, unwrapped
 from echosim.backends.deepep import deepep_time_s
 from echosim.ir.graph import SAME_NODES, Graph, Node, twin_of
 from echosim.ir.names import cost_traits
@@ -94,13 +94,10 @@ def where_key(where: dict[Axis, Placement]) -> HashedKey:
 
 
 def host_copy_s(backend: Backend, nbytes: int) -> float:
-    """Seconds to copy ``nbytes`` from host memory to the device: the backend's ``host_copy_time_s``, looked up
-    through the wrappers around it (a calibration, a plugin's guard); the plan's checks refused the offload on a
-    backend without one (:func:`echosim.layout.check_offload`)."""
-    inner: Any = backend
-    while not hasattr(inner, "host_copy_time_s") and hasattr(inner, "inner"):
-        inner = inner.inner
-    return float(inner.host_copy_time_s(nbytes))
+    """Seconds to copy ``nbytes`` from host memory to the device: the ``host_copy_time_s`` of the backend under
+    its wrappers (a calibration, a plugin's guard); the plan's checks refused the offload on a backend without
+    one (:func:`echosim.layout.check_offload`)."""
+    return float(unwrapped(backend).host_copy_time_s(nbytes))
 
 
 class Coster:
