@@ -153,7 +153,8 @@ def layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
                        "deepspeed", "composer", "eager", "nope"]),
         ("attention", ["flash", "math"]),
         ("moe_dispatcher", ["alltoall", "deepep", "hybridep"]),
-        ("cp_comm", ["p2p", "all_gather", "a2a"]),
+        ("cp_comm", ["p2p", "all_gather", "a2a", "a2a+p2p", "ring"]),
+        ("cp_a2a", [0, 1, 2, 3, 4]),
         ("pp_balance", ["uniform", "cost"]),
         ("offload_layers", [0, 1, 2]),
         ("loss_chunks", [1, 2, 4]),
@@ -201,7 +202,7 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
                      sliding_window=rng.choice([0, 0, 0, 64]) if arch != "gpt" else 0)  # fmt: skip
     blackwell = ["b200", "gb200", "gb300", "b300"]
     backend = rng.choice(["a100-80gb", "h100-sxm", "h200", *blackwell])
-    tp, pp, cp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2])
+    tp, pp, cp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2, 4])
     dp = rng.choice([1, 2, 4])
     vpp = rng.choice([1, 2]) if pp > 1 and layers >= 2 * pp * 2 else 1
     micro = rng.choice([1, 2])
@@ -241,9 +242,12 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
         opts["offload_overlap"] = rng.random() < 0.5
     if cp > 1:  # a scheme that runs the model: the ring has no sliding window, a2a needs whole heads per rank
         whole = cfg.kv_heads % (tp * cp) == 0 and cfg.heads % (tp * cp) == 0
-        opts["cp_comm"] = rng.choice(
-            ["all_gather", *(["a2a"] if whole else []), *([] if cfg.sliding_window else ["p2p"])]
-        )
+        # a2a+p2p: all-to-all groups of a proper divisor of cp whose tp x a2a ranks hold whole heads, then the ring
+        groups = [a for a in range(2, cp) if cp % a == 0 and cfg.kv_heads % (tp * a) == 0 and cfg.heads % (tp * a) == 0]
+        ring = [] if cfg.sliding_window else ["p2p", *(["a2a+p2p"] if groups else [])]
+        opts["cp_comm"] = rng.choice(["all_gather", *(["a2a"] if whole else []), *ring])
+        if opts["cp_comm"] == "a2a+p2p" and rng.random() < 0.5:
+            opts["cp_a2a"] = rng.choice(groups)
 
     def run() -> None:
         _, plan, cluster = plan_from_options("fuzz", opts)

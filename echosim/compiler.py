@@ -32,6 +32,7 @@ from echosim.layout import (
     check_precision,
     fp8_attention_notes,
     interleaved_names,
+    resolve_cp_a2a,
 )
 from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
@@ -220,6 +221,7 @@ def prepare_joint(
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
+    plan = resolve_cp_a2a(plan, cluster.devices_per_node)
     check_precision(plan, loaded)
     check_offload(plan, loaded)
     check_fp8_attention(plan, cluster.backend)
@@ -258,7 +260,8 @@ def prepare_joint(
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
     if plan.offload_optimizer or plan.offload_params:
         notes = [*notes, _host_state_note(total_params, plan, loaded)]
-    where = axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
+    degrees = Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp, plan.cp_a2a)
+    where = axis_placements(degrees, cluster.devices_per_node)
     options = StepOptions(
         schedule=schedules[plan.schedule],
         pp=plan.pp,
@@ -460,7 +463,8 @@ class _GraphLevel:
 #: flags, offload) configure the same graph-level passes: a full-space GPT-3 search prepares 8,556 layouts with
 #: 1,404 distinct values of these. tests/test_compiler_memo.py checks the list against what each function reads.
 GRAPH_PASS_FIELDS = (
-    "framework", "attention", "splash_blocks", "fp8_attention", "moe_fused_mlp", "cp", "cp_comm", "cp_balance", "tp",
+    "framework", "attention", "splash_blocks", "fp8_attention", "moe_fused_mlp", "cp", "cp_comm", "cp_a2a",
+    "cp_balance", "tp",
     "sp", "etp", "moe_router_groups", "moe_router_group_topk", "moe_capacity_factor", "moe_dispatcher", "dtype", "ep",
     "moe_imbalance", "seq_len", "moe_pad_to_capacity", "embedding_sharding", "dp", "pp", "recompute", "loss_chunks",
     "passes",

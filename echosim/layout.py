@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from echosim.frameworks import get_framework, weights_16bit_dtype
@@ -22,7 +22,13 @@ from echosim.ir.graph import Graph
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
-from echosim.passes.context_parallel import NO_TORCH_A2A, SEQUENCE_KERNELS, check_sequence, window_refusal
+from echosim.passes.context_parallel import (
+    NO_TORCH_A2A,
+    SEQUENCE_KERNELS,
+    check_hierarchy,
+    check_sequence,
+    window_refusal,
+)
 from echosim.passes.memory import MOMENTS, given_dtypes
 from echosim.passes.pipeline import LAYOUT_PREFIX, layout_counts
 from echosim.passes.recompute import (
@@ -39,6 +45,7 @@ from echosim.plan import (
     DTYPES,
     FSDP_REDUCE_DTYPES,
     GRAD_DTYPES,
+    HEAD_PARALLEL_COMMS,
     MOE_DISPATCHERS,
     Cluster,
     Plan,
@@ -218,6 +225,24 @@ def interleaved_names(schedules: dict[str, Any]) -> list[str]:
     return [name for name, s in schedules.items() if getattr(s, "interleaved", False)]
 
 
+def resolve_cp_a2a(plan: Plan, devices_per_node: int) -> Plan:
+    """``--cp-comm a2a+p2p`` without ``--cp-a2a``: all-to-all groups of the largest proper divisor of cp whose
+    ``tp x cp_a2a`` neighbouring ranks stay inside a node, as NVIDIA's performance guide puts the all-to-alls on
+    NVLink and the ring on the network (Megatron-Bridge docs, performance-guide, "a2a+p2p"); the smallest where
+    none does. Megatron-LM itself asserts the sizes are given. Any other plan is returned as it is."""
+    if plan.cp_comm != "a2a+p2p" or plan.cp_a2a:
+        return plan
+    a2a = default_cp_a2a(plan.cp, plan.tp, devices_per_node)
+    return replace(plan, cp_a2a=a2a) if a2a else plan
+
+
+def default_cp_a2a(cp: int, tp: int, devices_per_node: int) -> int:
+    """:func:`resolve_cp_a2a`'s group size for ``cp`` ranks ``tp`` apart; 0 where cp has no proper divisor."""
+    proper = [a for a in range(2, cp) if cp % a == 0]
+    inside = [a for a in proper if devices_per_node % (tp * a) == 0]
+    return max(inside) if inside else min(proper, default=0)
+
+
 def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleaved: Iterable[str] = ()) -> None:
     """Rules of the plan and the cluster alone; ``interleaved`` names the schedules that take ``vpp > 1``."""
     for name in ("tp", "pp", "dp", "micro_batch", "cp", "ep", "vpp"):
@@ -316,8 +341,18 @@ def check_plan(plan: Plan, cluster: Cluster, schedules: Iterable[str], interleav
             f"--recompute {plan.recompute} with --offload-layers {plan.offload_layers}: offloading the activations "
             f"of a stage that {what} its layers is not modelled"
         )
+    if plan.cp_a2a and plan.cp_comm != "a2a+p2p":
+        raise PlanError(
+            f"--cp-a2a {plan.cp_a2a} sizes hierarchical context parallelism's groups: give --cp-comm a2a+p2p"
+        )
+    if plan.cp > 1 and plan.cp_comm == "a2a+p2p":
+        try:
+            check_hierarchy(plan.cp, plan.cp_a2a)
+        except LayoutError as exc:
+            raise PlanError(str(exc)) from None
     try:  # every axis's groups must land on nodes the same way (Megatron rank order)
-        axis_placements(Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp), cluster.devices_per_node)
+        degrees = Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp, plan.cp_a2a)
+        axis_placements(degrees, cluster.devices_per_node)
     except ValueError as exc:
         raise PlanError(
             f"{exc}: with tp={plan.tp}, pp={plan.pp}, dp={plan.dp} on nodes of {cluster.devices_per_node}, "
@@ -474,16 +509,18 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         except LayoutError as exc:
             raise PlanError(str(exc)) from None
         torch = bool(get_framework(plan.framework).cp_torch)
-        if torch and plan.cp_comm == "a2a":
+        if torch and plan.cp_comm in HEAD_PARALLEL_COMMS:
             raise PlanError(NO_TORCH_A2A)
         if shape.windowed and (refusal := window_refusal(plan.cp, plan.cp_comm, torch, shape.windowed)):
             raise PlanError(refusal)
-        split = plan.tp * plan.cp
-        for heads, kv_heads in shape.heads if plan.cp_comm == "a2a" else ():
+        grouped = {"a2a": ("cp", plan.cp), "a2a+p2p": ("cp_a2a", plan.cp_a2a)}.get(plan.cp_comm)
+        for heads, kv_heads in shape.heads if grouped else ():
+            name, size = grouped  # type: ignore[misc]
+            split = plan.tp * size
             if heads % split or kv_heads % split:
                 raise PlanError(
-                    f"--cp-comm a2a: tp*cp={split} does not divide the attention heads ({heads}) and key/value heads "
-                    f"({kv_heads}): each rank attends whole heads over the whole sequence"
+                    f"--cp-comm {plan.cp_comm}: tp*{name}={split} does not divide the attention heads ({heads}) and "
+                    f"key/value heads ({kv_heads}): each rank of an all-to-all group attends whole heads"
                 )
     if plan.sp and (seq // plan.cp) % plan.tp:
         raise PlanError(f"sequence parallelism: tp={plan.tp} does not divide the {seq // plan.cp} tokens per rank")

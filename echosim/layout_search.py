@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple, TypeVar
 
 from echosim.errors import EchosimError
-from echosim.layout import ModelShape, fewest_replayed, interleaved_names
+from echosim.layout import ModelShape, default_cp_a2a, fewest_replayed, interleaved_names
 from echosim.memo import Memo
 from echosim.plan import CP_COMMS, Cluster, Plan, PlanError
 
@@ -352,9 +352,11 @@ class Evaluated:
         return self.simulated and self.fits and self.step_time_s is not None
 
     def degrees(self) -> dict[str, Any]:
+        """The layout's searched settings (``cp_a2a`` only for hierarchical CP, which derives it)."""
         p = self.plan
         return {
-            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm, "ep": p.ep, "vpp": p.vpp, "sp": p.sp,
+            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
+            **({"cp_a2a": p.cp_a2a} if p.cp_a2a else {}), "ep": p.ep, "vpp": p.vpp, "sp": p.sp,
             "zero": p.zero, "offload_optimizer": p.offload_optimizer,
             "micro_batch": p.micro_batch, "recompute": p.recompute, "schedule": p.schedule,
             "tp_overlap": p.tp_overlap,
@@ -455,6 +457,9 @@ def enumerate_layouts(
             if comm != v["cp_comm"][0]:
                 continue
             comm = base.cp_comm
+        # hierarchical CP's groups: the base plan's size, else compile's default for this tp x cp (a function of
+        # the key's degrees, so no key of its own); none under another scheme
+        a2a = (base.cp_a2a or default_cp_a2a(cp, tp, cluster.devices_per_node)) if comm == "a2a+p2p" else 0
         for ep, vpp, sp, zero, off, mb, rc, sched, ovl in itertools.product(
             v["ep"],
             v["vpp"],
@@ -478,9 +483,9 @@ def enumerate_layouts(
                 duplicates += 1
                 continue
             seen.add(key)
-            plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=comm, ep=ep, vpp=vpp, sp=sp, zero=zero,
-                             offload_optimizer=off, micro_batch=mb, recompute=rc, schedule=sched, tp_overlap=ovl,
-                             global_batch=gb)  # fmt: skip
+            plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=comm, cp_a2a=a2a, ep=ep, vpp=vpp, sp=sp,
+                             zero=zero, offload_optimizer=off, micro_batch=mb, recompute=rc, schedule=sched,
+                             tp_overlap=ovl, global_batch=gb)  # fmt: skip
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
                 outcome = rules[key[:-1]] = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)

@@ -17,7 +17,9 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8")
 #: Low-precision GEMM formats: the linear layers' matmuls run in them, everything else in 16-bit (int8:
 #: MaxText's ``quantization: int8``, AQT integer GEMMs, on TPUs).
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4", "int8")
-CP_COMMS = ("p2p", "all_gather", "a2a")
+CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p")
+#: The schemes whose all_to_alls split attention by heads (Transformer Engine's; PyTorch's context_parallel has none)
+HEAD_PARALLEL_COMMS = ("a2a", "a2a+p2p")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 #: dtypes of the gradient buffer (``Plan.grad_dtype``): fp32 main gradients, or the 16-bit weights' own dtype
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
@@ -89,7 +91,12 @@ class Plan:
     # (--grad-reduce-in-bf16); "": the framework's (Framework.grads_16bit). Memory: the buffer's bytes
     grad_dtype: str = ""
     loss_chunks: int = 1  # output layer and loss over token chunks, logits recomputed in backward (MaxText)
-    cp_comm: str = "p2p"  # context parallelism: "p2p" (ring attention), "all_gather" of K/V or "a2a" (heads)
+    # context parallelism: "p2p" (ring attention), "all_gather" of K/V, "a2a" (heads) or "a2a+p2p" (hierarchical:
+    # a2a inside groups of cp_a2a neighbouring CP ranks, the ring across them)
+    cp_comm: str = "p2p"
+    # a2a+p2p's all-to-all group size (Megatron's --hierarchical-context-parallel-sizes A P: A); 0: the largest
+    # proper divisor of cp whose groups stay inside a node (echosim.layout.resolve_cp_a2a)
+    cp_a2a: int = 0
     cp_balance: bool = True  # causal load balancing (2*cp chunks per sequence)
     moe_capacity_factor: float = 0.0  # expert capacity over the fair share; 0: dropless
     # Megatron-Core's --moe-pad-expert-input-to-capacity: every expert's rows padded to its capacity
@@ -142,8 +149,9 @@ class Plan:
     def as_dict(self) -> dict[str, object]:
         """Every field; ``embedding_sharding``, ``moe_dispatcher``, ``etp``, ``moe_ep_overlap``, ``fp8_attention``,
         ``moe_fused_mlp``, ``moe_pad_to_capacity``, the router groups, ``splash_blocks``, ``optimizer_dtypes``,
-        ``fsdp_reduce_dtype`` and ``grad_dtype`` only where set (models without tables or experts, and runs on
-        MaxText's default splash blocks or their framework's optimizer, gradients and reduction, never state them)."""
+        ``fsdp_reduce_dtype``, ``grad_dtype`` and ``cp_a2a`` only where set (models without tables or experts, and
+        runs on MaxText's default splash blocks, their framework's optimizer, gradients and reduction, or one CP
+        scheme, never state them)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's recursive copy, for flat fields
         for name in _STATED_WHERE_SET:
             if d[name] == _DEFAULTS[name]:
@@ -159,7 +167,7 @@ _DEFAULTS = {f.name: f.default for f in _FIELDS}
 #: The fields :meth:`Plan.as_dict` leaves out while they hold their default.
 _STATED_WHERE_SET = ("etp", "moe_ep_overlap", "fp8_attention", "moe_fused_mlp", "moe_pad_to_capacity",
                      "embedding_sharding", "moe_dispatcher", "moe_router_groups", "splash_blocks",
-                     "optimizer_dtypes", "fsdp_reduce_dtype", "grad_dtype")  # fmt: skip
+                     "optimizer_dtypes", "fsdp_reduce_dtype", "grad_dtype", "cp_a2a")  # fmt: skip
 
 DEFAULT_MODEL = "gpt3-175b"
 # The published Megatron-LM reference run (Narayanan et al. 2021, Table 1 / sec. 5.1). Megatron-LM in
@@ -181,7 +189,7 @@ _CLUSTER_KEYS = {"backend", "devices", "devices_per_node", "calibration"}
 #: Options that count something: a value a user gives must be at least 1 (leaving one out takes the default).
 _COUNTS = (
     "tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch", "seq_len", "devices", "devices_per_node",
-    "loss_chunks",
+    "loss_chunks", "cp_a2a",
 )  # fmt: skip
 
 

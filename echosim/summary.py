@@ -24,6 +24,8 @@ def render(report: Any, trace: str | None = None, console: Any = None, accuracy:
     extra = "".join(
         f" {label} {p[key]}" for key, label in (("cp", "CP"), ("ep", "EP")) if p.get(key, 1) not in (1, None)
     ) + (" +SP" if p.get("sp") else "")
+    if p.get("cp_a2a") and p.get("cp", 1) > 1:  # hierarchical: the all-to-all groups, then the ring across them
+        extra = extra.replace(f" CP {p['cp']}", f" CP {p['cp']} (a2a {p['cp_a2a']} x ring {p['cp'] // p['cp_a2a']})")
     seq = f"seq {p['seq_len']}, " if p.get("seq_len") else ""  # none for images and feature rows
     console.print(
         f"[bold]{report.model}[/] on {report.devices} x {report.backend} ({report.devices_per_node} per node): "

@@ -188,12 +188,15 @@ def test_megatron_mixtral_example_builds_its_small_moe() -> None:
 
 
 def test_megatron_cp_comm_types_are_the_schemes_echosim_models() -> None:
-    """p2p, all_gather and a2a are echosim's --cp-comm; the hierarchical a2a+p2p is named as not modelled."""
-    base = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --micro-batch-size 1 --context-parallel-size 2"
+    """p2p, all_gather, a2a and the hierarchical a2a+p2p (with its sizes) are echosim's --cp-comm; another is named
+    as not modelled (tests/test_hierarchical_cp.py reads the sizes)."""
+    base = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --micro-batch-size 1 --context-parallel-size 4"
     for comm in ("p2p", "all_gather", "a2a"):
         assert read_args(f"{base} --cp-comm-type {comm}").options["cp_comm"] == comm
-    with pytest.raises(ConfigError, match="--cp-comm-type 'a2a\\+p2p' is not modelled"):
-        read_args(f"{base} --cp-comm-type a2a+p2p")
+    hierarchical = read_args(f"{base} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2").options
+    assert (hierarchical["cp_comm"], hierarchical["cp_a2a"]) == ("a2a+p2p", 2)
+    with pytest.raises(ConfigError, match="--cp-comm-type 'ring' is not modelled"):
+        read_args(f"{base} --cp-comm-type ring")
 
 
 def test_from_args_is_the_same_as_a_file_of_arguments() -> None:

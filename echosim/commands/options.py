@@ -113,8 +113,16 @@ def layout_options(fn: F) -> F:
         ),
         click.option(
             "--cp-comm",
-            type=click.Choice(["p2p", "all_gather", "a2a"]),
-            help="Context parallel: ring (p2p), all-gathered K/V, or a2a (attention head-parallel, Ulysses).",
+            type=click.Choice(["p2p", "all_gather", "a2a", "a2a+p2p"]),
+            help="Context parallel: ring (p2p), all-gathered K/V, a2a (attention head-parallel, Ulysses), or "
+            "a2a+p2p (hierarchical: a2a inside groups of --cp-a2a ranks, the ring across them).",
+        ),
+        click.option(
+            "--cp-a2a",
+            type=int,
+            help="--cp-comm a2a+p2p: ranks per all-to-all group, neighbours in the CP group (Megatron's "
+            "--hierarchical-context-parallel-sizes A P gives A; cp / A ranks form the ring) [default: the largest "
+            "proper divisor of cp whose groups stay inside a node].",
         ),
         click.option(
             "--fsdp-reduce-dtype",

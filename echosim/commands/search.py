@@ -67,6 +67,8 @@ def progress_bar(enabled: bool, label: str) -> Iterator[Callable[[int, int], Non
 def _degrees(c: Evaluated) -> list[str]:
     p = c.plan
     cp = f"{p.cp} {p.cp_comm}" if p.cp > 1 and p.cp_comm != "p2p" else p.cp  # the ring unless said otherwise
+    if p.cp > 1 and p.cp_a2a:  # hierarchical: the all-to-all groups' size x the ring's
+        cp = f"{p.cp} a2a{p.cp_a2a}+p2p{p.cp // p.cp_a2a}"
     zero = f"{p.zero} offload" if p.offload_optimizer else p.zero  # the optimizer on the host
     return [str(x) for x in (p.tp, p.pp, p.dp, cp, p.ep, p.vpp, "on" if p.sp else "-", zero, p.micro_batch,
                              p.recompute, p.schedule, "on" if p.tp_overlap else "-")]  # fmt: skip

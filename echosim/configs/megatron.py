@@ -172,6 +172,7 @@ CONSUMED = {
     "--recompute-activations",
     "--tp-comm-overlap",
     "--cp-comm-type",
+    "--hierarchical-context-parallel-sizes",
     "--moe-expert-capacity-factor",
     "--moe-pad-expert-input-to-capacity",
     "--moe-token-dispatcher-type",
@@ -336,6 +337,31 @@ def _one(values: dict[str, list[str]], flag: str, source: str) -> str | None:
     if len(vals) != 1:
         raise ConfigError(f"{source}: {flag} takes one value, got {len(vals)} ({' '.join(vals) or 'none'})")
     return vals[0]
+
+
+def _hierarchical_cp(values: dict[str, list[str]], comm: str | None, out: FromConfig) -> None:
+    """``--hierarchical-context-parallel-sizes A P``: the a2a+p2p groups, A ranks each. Megatron-LM asserts that the
+    sizes multiply to the CP degree and that a2a+p2p has them (megatron/training/arguments.py, commit d98e8a6);
+    Transformer Engine runs two levels (``AttnFuncWithCPAndKVP2P``), so a third size is refused. Under another
+    --cp-comm-type they size nothing (a note)."""
+    sizes = values.get("--hierarchical-context-parallel-sizes")
+    flag = "--hierarchical-context-parallel-sizes"
+    if sizes is None:
+        if comm == "a2a+p2p":
+            raise ConfigError(f"{out.source}: --cp-comm-type a2a+p2p needs {flag} (Megatron-LM asserts it)")
+        return
+    if comm != "a2a+p2p":
+        out.notes.append(f"{flag}: read only with --cp-comm-type a2a+p2p; ignored")
+        return
+    if len(sizes) != 2:
+        raise ConfigError(
+            f"{out.source}: {flag} {' '.join(sizes) or '(none)'}: Transformer Engine's a2a+p2p takes two sizes (A P)"
+        )
+    a2a, ring = (as_int(v, flag, out.source) for v in sizes)
+    cp = out.options.get("cp", 1)
+    if a2a * ring != cp:
+        raise ConfigError(f"{out.source}: {flag} {a2a} {ring} multiply to {a2a * ring}, not the CP degree {cp}")
+    out.options["cp_a2a"] = a2a
 
 
 def _int(values: dict[str, list[str]], flag: str, source: str, default: int | None = None) -> int | None:
@@ -535,9 +561,10 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
     _grad_dtype(values, out)
     comm = _one(values, "--cp-comm-type", src)
     if comm is not None:
-        if comm not in ("p2p", "all_gather", "a2a"):
-            raise ConfigError(f"{src}: --cp-comm-type {comm!r} is not modelled (p2p, all_gather, a2a are)")
+        if comm not in ("p2p", "all_gather", "a2a", "a2a+p2p"):
+            raise ConfigError(f"{src}: --cp-comm-type {comm!r} is not modelled (p2p, all_gather, a2a, a2a+p2p are)")
         opts["cp_comm"] = comm
+    _hierarchical_cp(values, comm, out)
     capacity = _one(values, "--moe-expert-capacity-factor", src)
     if capacity is not None:
         opts["moe_capacity_factor"] = as_float(capacity, "--moe-expert-capacity-factor", src)

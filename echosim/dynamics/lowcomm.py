@@ -109,9 +109,8 @@ def data_parallel(report: Any) -> DataParallel:
     local = max(round(row["params"] / sharded.weight_bytes) for row in report.memory)
     kept = get_framework(p["framework"]).state(1, p.get("grad_dtype", ""), p["zero"], p["dtype"])
     plain = StatePolicy.for_training(p["dtype"], 0, 1, **kept)
-    where = axis_placements(
-        Degrees(p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p.get("etp", 0)), report.devices_per_node
-    )
+    degrees = Degrees(p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p.get("etp", 0), p.get("cp_a2a", 0))
+    where = axis_placements(degrees, report.devices_per_node)
     grad = int(local * plain.grad_bytes)
     backend = load_backend(report.backend)
     fast = backend.collective_time_s(OpKind.ALL_REDUCE, grad, where[Axis.DP]) if replicas > 1 else 0.0

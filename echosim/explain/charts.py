@@ -41,6 +41,8 @@ COLOURS = {
     "comm.fsdp": "#e6b800",
     "comm.pp": "#9c6b4e",
     "comm.cp": "#e377c2",
+    "comm.cp_a2a": "#c5b0d5",
+    "comm.cp_p2p": "#e377c2",
     "comm.ep": "#bcbd22",
     "comm.embed": "#c49c94",
     "bubble": "#dddddd",

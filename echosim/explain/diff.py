@@ -24,7 +24,7 @@ REPORT_KEYS = ("step_time_s", "breakdown", "memory", "plan", "model")
 # moe_dispatcher and moe_pad_to_capacity decide Megatron-Core's fp8 alignment copies (passes.expert_parallel); the
 # framework picks kernels (attention, loss, norms, layout copies), FP8 exchanges and what backward keeps
 _COMPUTE = (
-    "tp cp ep sp micro_batch seq_len dtype recompute attention layers_per_stage moe_capacity_factor "
+    "tp cp cp_comm cp_a2a ep sp micro_batch seq_len dtype recompute attention layers_per_stage moe_capacity_factor "
     "moe_dispatcher moe_pad_to_capacity framework"
 )
 _STATE = "tp pp ep zero dp layers_per_stage dtype framework"
@@ -36,6 +36,11 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "comm.tp": "tp sp tp_overlap micro_batch seq_len dtype recompute layers_per_stage microbatches "
         "devices_per_node backend",
         "comm.cp": "cp cp_comm cp_balance micro_batch seq_len layers_per_stage microbatches backend",
+        # hierarchical CP: the all-to-alls inside a group, the ring across groups (placed on nodes)
+        "comm.cp_a2a": "cp cp_comm cp_a2a tp micro_batch seq_len layers_per_stage microbatches devices_per_node "
+        "backend",
+        "comm.cp_p2p": "cp cp_comm cp_a2a tp cp_balance micro_batch seq_len layers_per_stage microbatches "
+        "devices_per_node backend",
         "comm.ep": "ep tp moe_capacity_factor moe_imbalance moe_dispatcher micro_batch seq_len layers_per_stage "
         "microbatches devices_per_node backend framework",
         # ZeRO 0-2 reduce the gradients in the dtype they are kept in: the framework's, --grad-dtype's, main_grads'

@@ -20,7 +20,7 @@ from echosim.errors import EchosimError
 from echosim.explain.diff import GiB, compare, peak_bytes
 from echosim.frameworks import get_framework, weights_16bit_dtype
 from echosim.passes.memory import given_dtypes
-from echosim.plan import Cluster, Plan, plan_flags, setting_flags
+from echosim.plan import CP_COMMS, HEAD_PARALLEL_COMMS, Cluster, Plan, plan_flags, setting_flags
 
 RECOMPUTE = ("none", "selective", "full")
 _SWAPS = (("tp", "dp"), ("dp", "tp"), ("pp", "dp"), ("dp", "pp"), ("tp", "pp"), ("pp", "tp"))
@@ -111,6 +111,11 @@ def neighbours(plan: Plan, cluster: Cluster) -> list[Plan]:
         add(offload_optimizer=not plan.offload_optimizer)
     if plan.zero == 3:  # ZeRO-3's weight shards in host memory, or back
         add(offload_params=not plan.offload_params)
+    if plan.cp > 1:  # the other context-parallel schemes the framework runs (a2a+p2p: compile's default groups)
+        torch = bool(get_framework(plan.framework).cp_torch)
+        for comm in CP_COMMS:
+            if comm != plan.cp_comm and not (torch and comm in HEAD_PARALLEL_COMMS):
+                add(cp_comm=comm, cp_a2a=0)
     return out
 
 

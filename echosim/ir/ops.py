@@ -476,6 +476,10 @@ class Axis(IdentityEnum):
     PP = "pp"
     DP = "dp"
     CP = "cp"
+    # hierarchical context parallelism (Megatron-Core's a2a+p2p): all_to_alls inside groups of ``cp_a2a``
+    # neighbouring CP ranks, then the ring over the ``cp / cp_a2a`` ranks those groups leave apart
+    CP_A2A = "cp_a2a"
+    CP_P2P = "cp_p2p"
     EP = "ep"
     EDP = "edp"  # the data-parallel group of routed experts (dp * cp / ep ranks)
     FSDP = "fsdp"  # ZeRO-3 / FSDP parameter and gradient traffic, placed like dp

@@ -18,9 +18,17 @@ schemes Megatron-Core runs through Transformer Engine:
   of the heads, the attention runs over the whole sequence, and one more brings its
   output back to the rank's tokens. Everything else (projections, rotary embedding)
   runs on the rank's tokens.
+* ``a2a+p2p`` (hierarchical; Megatron-Core's ``--hierarchical-context-parallel-sizes A P``, Transformer Engine's
+  ``AttnFuncWithCPAndKVP2P`` with a list of two groups): an all_to_all inside each group of ``a2a`` neighbouring
+  CP ranks gives Q, K and V the group's tokens of ``1/a2a`` of the heads, the ring runs over the ``cp / a2a``
+  ranks the groups leave apart on those heads and longer chunks, and a last all_to_all brings the output back.
+  Megatron-Core builds the first level of its hierarchical groups from neighbouring ranks of each CP group
+  (``create_hierarchical_groups``), so the all_to_alls stay on the fast links and the ring crosses nodes. With
+  load balancing, the chunks of an all-to-all group are Transformer Engine's reordering of the ranks' two
+  chunks each, so every ring rank again holds a balanced pair of ``2 * cp / a2a`` chunks.
 
-Transformer Engine's ring does not run sliding-window attention; ``all_gather`` and
-``a2a`` do (Megatron-LM pull request 1160, issue 2222), so a window under ``p2p`` is
+Transformer Engine's ring (alone or under the all_to_alls) does not run sliding-window attention; ``all_gather``
+and ``a2a`` do (Megatron-LM pull request 1160, issue 2222), so a window under ``p2p`` is
 refused with those two named.
 
 Causal load balancing (``balance``) cuts each sequence into ``2 * cp`` chunks and
@@ -101,7 +109,9 @@ from echosim.passes.tensor_parallel import (
     under,
 )
 
-COMMS = ("p2p", "all_gather", "a2a")
+COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p")
+#: The axes a context-parallel ring exchanges K/V on: the whole CP group, or hierarchical CP's outer tier
+RING_AXES = (Axis.CP, Axis.CP_P2P)
 #: The elementwise sequence kernels the frontends capture (``echosim.frontend.ssm_ops`` lowered by
 #: ``aten_rules``): Mamba-1's selective scan, RWKV's WKV, Mamba-2's scan steps and the gated delta rule's. Each
 #: runs along the tokens, so its layer is made head-parallel, never split by tokens as a pointwise op.
@@ -131,6 +141,16 @@ def head_parallel_note(graph: Graph, cp: int) -> list[str]:
     ]
 
 
+def check_hierarchy(cp: int, a2a: int) -> None:
+    """Hierarchical CP's two tiers: Megatron-LM asserts that their sizes multiply to cp; each has two ranks or
+    more (one tier of one rank is plain ``a2a`` or ``p2p``)."""
+    if not 1 < a2a < cp or cp % a2a:
+        raise LayoutError(
+            f"--cp-comm a2a+p2p: the all-to-all groups ({a2a or 'none'} ranks) must divide cp={cp} into two tiers of "
+            "2 ranks or more (Megatron's --hierarchical-context-parallel-sizes A P, A x P = cp)"
+        )
+
+
 def check_sequence(cp: int, seq_len: int, balance: bool = True) -> None:
     """The layout rule, named the way users think of it."""
     if seq_len % cp:
@@ -149,13 +169,16 @@ class ContextParallel:
     torch: bool = False  # PyTorch's experimental context_parallel (module docstring)
     waited: bool = False  # compiled: each exchange waited on where it is issued
     tp: int = 1  # the tensor-parallel degree the graph is split by next: a head-parallel layer's heads take both
+    a2a: int = 0  # a2a+p2p: the all-to-all groups' size (a proper divisor of cp)
     name: ClassVar[str] = "context-parallel"
 
     def __post_init__(self) -> None:
         if self.comm not in COMMS:
             raise LayoutError(f"unknown context-parallel communication {self.comm!r} (known: {', '.join(COMMS)})")
-        if self.torch and self.comm == "a2a":
+        if self.torch and self.comm in ("a2a", "a2a+p2p"):
             raise LayoutError(NO_TORCH_A2A)
+        if self.comm == "a2a+p2p" and self.cp > 1:
+            check_hierarchy(self.cp, self.a2a)
 
     def run(self, graph: Graph) -> Graph:
         if self.cp == 1:
@@ -239,11 +262,14 @@ class _Splitter:
             )
         return self.gathered[value]
 
-    def _exchange_a2a(self, value: int, out: TensorSpec, node: Node, tag: str) -> int:
+    def _exchange_a2a(
+        self, value: int, out: TensorSpec, node: Node, tag: str, axis: Axis = Axis.CP, size: int = 0
+    ) -> int:
         """The all_to_all between tokens and heads, in line with compute: Megatron-Core's ``_AllToAll`` (the Mamba
         layer's) is a synchronous ``all_to_all_single``, and Transformer Engine's QKVO all-to-all runs inside the
-        attention call after every projection, so nothing else computes while it runs."""
-        attrs = CollectiveAttrs(Axis.CP, self.cp, self.out[value].out.nbytes, blocking=True)
+        attention call after every projection, so nothing else computes while it runs. ``axis`` and ``size``:
+        hierarchical CP's all-to-all groups instead of the whole CP group."""
+        attrs = CollectiveAttrs(axis, size or self.cp, self.out[value].out.nbytes, blocking=True)
         return self.out.add(OpKind.ALL_TO_ALL, [value], out, attrs, phase=node.phase, scope=node.scope,
                             name=f"{self.out[value].name}.{tag}")  # fmt: skip
 
@@ -489,6 +515,8 @@ class _Splitter:
             raise LayoutError(refusal)
         if self.opts.comm == "a2a":
             return self._ulysses(node, [q, k, v])
+        if self.opts.comm == "a2a+p2p":
+            return self._hierarchical(node, [q, k, v])
         s_local = a.q_len // self.cp
         out = self.div(node.out, len(node.out.shape) - 2, node)
         kspec, vspec = self.out[k].out, self.out[v].out
@@ -500,7 +528,7 @@ class _Splitter:
                 return self._gathered_ring(node, q, k, v, out, packed, s_local)
         if self.opts.comm == "all_gather":
             return self._all_gather(node, q, k, v, out, packed, s_local)
-        return self._ring(node, q, k, v, out, packed, s_local)
+        return self._ring(node, a, q, k, v, out, packed, s_local)
 
     def _ulysses(self, node: Node, qkv: list[int]) -> int:
         """Transformer Engine's QKVO all-to-all inside the attention call: Q, K and V from the rank's tokens of
@@ -530,18 +558,60 @@ class _Splitter:
         self.axis[back] = len(node.out.shape) - 2
         return back
 
+    def _hierarchical(self, node: Node, qkv: list[int]) -> int:
+        """Transformer Engine's a2a+p2p: Q, K and V from the rank's tokens of every head to its all-to-all group's
+        tokens of ``1/a2a`` of the heads, the ring over the ``cp / a2a`` groups on them, and the output back."""
+        a = node.attrs
+        assert isinstance(a, AttentionAttrs)
+        inner = self.opts.a2a
+        ring = self.cp // inner
+        if a.heads % inner or a.kv_heads % inner:
+            raise LayoutError(
+                f"--cp-comm a2a+p2p: the all-to-all groups of {inner} ranks do not divide the heads {a.heads} / "
+                f"key/value heads {a.kv_heads} of the attention at {node.scope} (each rank of a group takes whole "
+                "heads)"
+            )
+        heads = []
+        for value in qkv:  # as _ulysses, over the group's ranks only
+            spec, seq = self.out[value].out, self.axis[value]
+            shape = list(spec.shape)
+            if len(shape) < 3 or seq < len(shape) - 2:
+                raise LayoutError(f"--cp-comm a2a+p2p: the attention at {node.scope} reads its tokens on axis {seq}")
+            shape[seq] *= inner
+            shape[len(shape) - 3] //= inner
+            grouped = self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_a2a_heads", Axis.CP_A2A, inner)
+            self.axis[grouped] = seq
+            heads.append(grouped)
+        q, k, v = heads
+        attrs = replace(a, heads=a.heads // inner, kv_heads=a.kv_heads // inner)
+        shape = list(node.out.shape)
+        shape[-3] //= inner
+        shape[-2] //= ring
+        kspec, vspec = self.out[k].out, self.out[v].out
+        packed = kspec.with_shape((kspec.shape[0], kspec.shape[1] + vspec.shape[1], *kspec.shape[2:]))
+        out = node.out.with_shape(tuple(shape))
+        merged = self._ring(node, attrs, q, k, v, out, packed, a.q_len // ring, ring, Axis.CP_P2P)
+        back = self._exchange_a2a(
+            merged, self.div(node.out, len(node.out.shape) - 2, node), node, "cp_a2a_tokens", Axis.CP_A2A, inner
+        )
+        self.axis[back] = len(node.out.shape) - 2
+        return back
+
     def _partial(self, node: Node, ins: list[int], out: TensorSpec, attrs: AttentionAttrs, tag: str) -> int:
         return self.out.add(
             OpKind.ATTENTION, ins, out, attrs, phase=node.phase, scope=node.scope, name=f"{node.name}.{tag}"
         )
 
-    def _exchange(self, node: Node, op: OpKind, ins: list[int], packed: TensorSpec, tag: str) -> tuple[int, int, int]:
-        """A K/V transfer (ring step or all_gather) and views of the K and V halves it delivers."""
+    def _exchange(
+        self, node: Node, op: OpKind, ins: list[int], packed: TensorSpec, tag: str, axis: Axis = Axis.CP, size: int = 0
+    ) -> tuple[int, int, int]:
+        """A K/V transfer (ring step or all_gather) and views of the K and V halves it delivers (``axis`` and
+        ``size``: hierarchical CP's ring instead of the whole CP group)."""
         kv = self.out.add(
             op,
             ins,
             packed,
-            CollectiveAttrs(Axis.CP, self.cp, packed.nbytes, blocking=self.opts.waited),
+            CollectiveAttrs(axis, size or self.cp, packed.nbytes, blocking=self.opts.waited),
             phase=node.phase,
             scope=node.scope,
             name=f"{node.name}.{tag}",
@@ -574,14 +644,25 @@ class _Splitter:
         # ring: the diagonal step carries the copies, the later steps read chunks already expanded
         return first, replace(later, repeat_kv=False)
 
-    def _ring(self, node: Node, q: int, k: int, v: int, out: TensorSpec, packed: TensorSpec, s: int) -> int:
-        a = node.attrs
-        assert isinstance(a, AttentionAttrs)
+    def _ring(
+        self,
+        node: Node,
+        a: AttentionAttrs,
+        q: int,
+        k: int,
+        v: int,
+        out: TensorSpec,
+        packed: TensorSpec,
+        s: int,
+        size: int = 0,
+        axis: Axis = Axis.CP,
+    ) -> int:
+        """Ring attention of ``a`` over ``size`` ranks (the CP group, or hierarchical CP's ring tier)."""
         first, later = self._steps(a, s)
         parts = [self._partial(node, [q, k, v], out, first, "cp0")]
         kj, vj = k, v
-        for j in range(1, self.cp):
-            _kv, kj, vj = self._exchange(node, OpKind.RECV, [kj, vj], packed, f"cp_ring{j}")
+        for j in range(1, size or self.cp):
+            _kv, kj, vj = self._exchange(node, OpKind.RECV, [kj, vj], packed, f"cp_ring{j}", axis, size)
             parts.append(self._partial(node, [q, kj, vj], out, later, f"cp{j}"))
         return self._merge(node, parts, out)
 
@@ -674,7 +755,7 @@ def _busiest_balanced_rank(cp: int, chunk: int, window: int) -> tuple[int, int]:
 def window_refusal(cp: int, comm: str, torch: bool, scope: str) -> str:
     """Why a sliding window (at ``scope``) cannot run on this context-parallel scheme, and what can; "" where it
     can (Transformer Engine's all_gather and a2a)."""
-    if not torch and comm != "p2p":
+    if not torch and comm in ("all_gather", "a2a"):
         return ""
     if torch:
         return (
@@ -682,7 +763,7 @@ def window_refusal(cp: int, comm: str, torch: bool, scope: str) -> str:
             f"sliding-window attention needs one ({scope})"
         )
     return (
-        f"cp={cp}: Transformer Engine's ring (--cp-comm p2p) does not run sliding-window attention ({scope}); "
+        f"cp={cp}: Transformer Engine's ring (--cp-comm {comm}) does not run sliding-window attention ({scope}); "
         "--cp-comm all_gather or a2a does, as Megatron-Core's --cp-comm-type"
     )
 
@@ -695,7 +776,7 @@ def _is_cp(node: Node, op: OpKind) -> bool:
         node.op is op
         and node.phase is Phase.FORWARD
         and isinstance(node.attrs, CollectiveAttrs)
-        and node.attrs.axis is Axis.CP
+        and node.attrs.axis in RING_AXES
         and bool(node.inputs)
     )
 

@@ -41,7 +41,7 @@ def _context(plan: Any) -> object:
 
     framework = get_framework(plan.framework)
     torch, waited = bool(framework.cp_torch), bool(framework.compiled_collectives)
-    return ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance, torch, torch and waited, tp=plan.tp)
+    return ContextParallel(plan.cp, plan.cp_comm, plan.cp_balance, torch, torch and waited, tp=plan.tp, a2a=plan.cp_a2a)
 
 
 def _context_backward(plan: Any) -> object:

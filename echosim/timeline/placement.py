@@ -26,6 +26,7 @@ class Degrees:
     cp: int = 1
     ep: int = 1
     etp: int = 0  # the routed experts' tensor-parallel degree; 0: tp
+    cp_a2a: int = 0  # hierarchical CP: the all_to_all groups' size (their CP ranks neighbours); 0: not hierarchical
 
 
 def axis_placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
@@ -35,7 +36,8 @@ def axis_placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
     stage. Expert layers order them etp, ep, edp, pp (Megatron-Core's MoE parallel folding: tp, cp
     and dp fold into etp x ep x edp): an EP group is ``ep`` ranks ``etp`` apart, its experts'
     data-parallel peers ``etp * ep`` apart. Tied embeddings synchronise the first and the last
-    pipeline stage.
+    pipeline stage. Hierarchical context parallelism splits each CP group into all-to-all groups of
+    ``cp_a2a`` neighbouring CP ranks and rings over the ranks ``tp * cp_a2a`` apart.
     """
     return dict(_placements(d, devices_per_node))
 
@@ -55,5 +57,9 @@ def _placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
         expert = {"tp": etp, "ep": d.ep, "edp": max(1, d.tp * d.dp * d.cp // (etp * d.ep)), "pp": d.pp}
         out[Axis.EP] = megatron_placement("ep", expert, devices_per_node)
         out[Axis.EDP] = out[Axis.EFSDP] = megatron_placement("edp", expert, devices_per_node)
+    if 1 < d.cp_a2a < d.cp:  # Megatron-Core's create_hierarchical_groups: the first level's ranks are neighbours
+        tiers = {"tp": d.tp, "cp_a2a": d.cp_a2a, "cp_p2p": d.cp // d.cp_a2a, "dp": d.dp, "pp": d.pp}
+        out[Axis.CP_A2A] = megatron_placement("cp_a2a", tiers, devices_per_node)
+        out[Axis.CP_P2P] = megatron_placement("cp_p2p", tiers, devices_per_node)
     out[Axis.FSDP] = out[Axis.DP]  # ZeRO-3 / FSDP shards over the data-parallel group
     return out
