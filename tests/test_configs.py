@@ -300,14 +300,19 @@ def test_maxtext_llama2_7b() -> None:
 
 def test_maxtext_context_parallel_strategies_are_echosims_cp_comm() -> None:
     """context_parallel_strategy (base.yml: all_gather) as --cp-comm: ring is the ring (p2p), ulysses the head
-    exchange (a2a); usp (Ulysses inside a ring) is named as not modelled. It was read as the ring whatever it said."""
+    exchange (a2a), usp the hierarchical a2a+p2p: Ulysses over context_usp_ulysses inside the ring over context (it
+    was refused; before that, every strategy was read as the ring)."""
     base = f"maxtext:{MT}/base.yml,{MT}/models/llama2-7b.yml,ici_context_parallelism=2"
     flags = "--devices 256 --backend tpu-v5p"
     assert (from_config(base, flags)[1].cp, from_config(base, flags)[1].cp_comm) == (2, "all_gather")
     for strategy, comm in (("all_gather", "all_gather"), ("ring", "p2p"), ("ulysses", "a2a")):
         assert from_config(f"{base},context_parallel_strategy={strategy}", flags)[1].cp_comm == comm
-    with pytest.raises(ConfigError, match="context_parallel_strategy 'usp' is not modelled"):
-        from_config(f"{base},context_parallel_strategy=usp", flags)
+    usp = from_config(f"{base},context_parallel_strategy=usp,ici_context_usp_ulysses_parallelism=4", flags)[1]
+    assert (usp.cp, usp.cp_comm, usp.cp_a2a) == (8, "a2a+p2p", 4)
+    for bad in ("context_parallel_strategy=usp", "ici_context_usp_ulysses_parallelism=4",
+                "context_parallel_strategy=usp,ici_context_usp_ulysses_parallelism=4,hardware=gpu"):  # fmt: skip
+        with pytest.raises(ConfigError, match="usp"):
+            from_config(f"{base},{bad}", flags)
     # the framework's own default, for a layout given as flags
     assert by_hand("llama2-7b", f"--devices 256 --cp 2 {_TPU}")[1].cp_comm == "all_gather"
 

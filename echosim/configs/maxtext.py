@@ -76,18 +76,20 @@ DEFAULTS: dict[str, Any] = {
     "weight_dtype": "float32",
     "sa_use_fused_bwd_kernel": False,  # splash attention's backward as two kernels (dkv, dq): base.yml line 1167
     **dict.fromkeys(SPLASH_BLOCK_KEYS, 512),  # splash attention's blocks: base.yml lines 1159-1166, commit e591f30
-    **{f"ici_{axis}_parallelism": 1 for axis in ("data", "fsdp_transpose", "sequence", "context", "tensor",
-                                                 "tensor_sequence", "pipeline", "expert", "autoregressive")},
+    **{f"ici_{axis}_parallelism": 1 for axis in ("data", "fsdp_transpose", "sequence", "context", "context_usp_ulysses",
+                                                 "tensor", "tensor_sequence", "pipeline", "expert", "autoregressive")},
     "ici_fsdp_parallelism": -1,
-    **{f"dcn_{axis}_parallelism": 1 for axis in ("fsdp", "fsdp_transpose", "sequence", "context", "tensor",
-                                                 "tensor_sequence", "pipeline", "expert", "autoregressive")},
+    **{f"dcn_{axis}_parallelism": 1 for axis in ("fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses",
+                                                 "tensor", "tensor_sequence", "pipeline", "expert", "autoregressive")},
     "dcn_data_parallelism": -1,
 }  # fmt: skip
 
 #: MaxText's context_parallel_strategy as echosim's --cp-comm: K/V all-gathered (the default), ring attention
-#: (Tokamax's on TPU, Transformer Engine's on GPU) and Ulysses' head exchange (src/maxtext/layers/attention_op.py,
-#: commit e591f30); "usp" (Ulysses inside a ring) is not modelled.
-CP_STRATEGIES = {"all_gather": "all_gather", "ring": "p2p", "ulysses": "a2a"}
+#: (Tokamax's on TPU, Transformer Engine's on GPU), Ulysses' head exchange (src/maxtext/layers/attention_op.py,
+#: commit e591f30) and "usp", Ulysses' exchange over the context_usp_ulysses mesh axis inside the ring over the
+#: context axis (base.yml: "Ulysses (head-exchange) dimension of the context parallelism"; the mesh lists
+#: context_usp_ulysses after context, so its groups are the nearer chips): echosim's hierarchical a2a+p2p.
+CP_STRATEGIES = {"all_gather": "all_gather", "ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
 
 #: Keys that change neither step time nor memory: paths, data, logging, checkpoints, optimizer hyper-parameters.
 IGNORED = {
@@ -120,8 +122,8 @@ NOT_MODELLED = {
 #: Keys every base.yml sets: a first file holding them is a whole base config (its keys are MaxText's).
 BASE_MARKERS = {"ici_fsdp_parallelism", "per_device_batch_size"}
 
-_MESH_AXES = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "tensor", "tensor_sequence", "pipeline",
-              "expert", "autoregressive")  # fmt: skip
+_MESH_AXES = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses", "tensor",
+              "tensor_sequence", "pipeline", "expert", "autoregressive")  # fmt: skip
 
 
 def _load_yaml(path: str, source: str) -> dict[str, Any]:
@@ -253,7 +255,8 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
     slices = 1 if slices == -1 else slices
     tp = ici["tensor"] * dcn["tensor"]
     pp = ici["pipeline"] * dcn["pipeline"]
-    cp = ici["context"] * dcn["context"] * ici["sequence"] * dcn["sequence"]
+    ulysses = ici["context_usp_ulysses"] * dcn["context_usp_ulysses"]
+    cp = ici["context"] * dcn["context"] * ici["sequence"] * dcn["sequence"] * ulysses
     ep = ici["expert"] * dcn["expert"]
     for name, value in (("tensor", tp), ("pipeline", pp), ("context", cp), ("expert", ep)):
         if value < 1:
@@ -331,6 +334,18 @@ def _plan(config: dict[str, Any], out: FromConfig) -> set[str]:
                 f"{src}: context_parallel_strategy {strategy!r} is not modelled ({', '.join(CP_STRATEGIES)} are)"
             )
         opts["cp_comm"] = CP_STRATEGIES[strategy]
+    if (strategy == "usp") != (ulysses > 1) or (strategy == "usp" and cp == ulysses):
+        # MaxText's own checks (configs/types.py, _validate_usp_context_parallelism): the Ulysses axis only under
+        # usp, and usp with both a ring and a Ulysses dimension
+        raise ConfigError(
+            f"{src}: context_parallel_strategy {strategy!r} with ici/dcn_context_usp_ulysses_parallelism {ulysses}: "
+            "MaxText runs 'usp' with a Ulysses axis above 1 and a ring (ici_context_parallelism) above 1, and "
+            "the Ulysses axis under 'usp' only"
+        )
+    if strategy == "usp" and str(config.get("hardware", "tpu")) != "tpu":
+        raise ConfigError(f"{src}: context_parallel_strategy 'usp' runs on TPUs only (MaxText refuses it elsewhere)")
+    if ulysses > 1:
+        opts["cp_a2a"] = ulysses
     hardware = str(config.get("hardware"))
     if hardware == "tpu":
         out.notes.append("hardware 'tpu': the TPU generation is the command line's (--backend tpu-v5p, ...)")
