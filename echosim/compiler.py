@@ -14,7 +14,6 @@ from functools import cached_property
 from typing import Any
 
 from echosim import plugins
-from echosim.backends.base import unwrapped
 from echosim.backends.loading import load_backend
 from echosim.errors import EchosimError, limit_from_env, time_limit
 from echosim.frameworks import get_framework
@@ -31,6 +30,7 @@ from echosim.layout import (
     check_plan,
     check_precision,
     fp8_attention_notes,
+    host_state,
     interleaved_names,
     resolve_cp_a2a,
 )
@@ -259,7 +259,8 @@ def prepare_joint(
     if plan.tp > 1 and plan.sp:
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
     if plan.offload_optimizer or plan.offload_params:
-        notes = [*notes, _host_state_note(total_params, plan, loaded)]
+        note, over = host_state(total_params, plan, loaded)
+        notes, warnings = [*notes, note], [*warnings, *([over] if over else [])]
     degrees = Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp, plan.cp_a2a)
     where = axis_placements(degrees, cluster.devices_per_node)
     options = StepOptions(
@@ -364,28 +365,6 @@ def _backend(name: str, registry: Registry) -> Any:
     if entry is None:
         return load_backend(name, registry)
     return _BACKENDS.get((name, entry.value, entry.owner), lambda: load_backend(name, registry))
-
-
-#: Bytes a parameter an offloaded optimizer keeps in host memory: the fp32 master weight, Adam's two fp32 moments and
-#: the fp32 gradient the step reads (DeepSpeed's single_partition_of_fp32_groups and their .grad; Megatron-Core's
-#: hybrid device optimizer's fp32 copies of its shard and of main_grad).
-HOST_STATE_BYTES_PER_PARAM = 16
-
-
-def _host_state_note(params: int, plan: Plan, backend: Any) -> str:
-    """How much host memory the offloads take on each host: every parameter is stepped (and, under ZeRO-3, kept) by
-    one rank, so the host of ``ranks`` of the job's ranks holds their share of the model's offloaded state: the
-    optimizer's fp32 state and the 16-bit weight shards."""
-    device = getattr(unwrapped(backend), "device", None)
-    per_host = getattr(device, "gpus_per_host", None) or getattr(device, "devices_per_node", 1)
-    ranks = min(plan.world, per_host)
-    parts = {"optimizer state": HOST_STATE_BYTES_PER_PARAM if plan.offload_optimizer else 0,
-             "weight shards": (4 if plan.dtype == "fp32" else 2) if plan.offload_params else 0}  # fmt: skip
-    per_param = sum(parts.values())
-    gib = params * per_param * ranks / plan.world / 2**30
-    what = " and ".join(k for k, v in parts.items() if v)
-    return (f"offload: each host keeps about {gib:,.1f} GiB of {what} in its memory ({ranks} rank"
-            f"{'s' if ranks > 1 else ''} x {per_param} B per parameter of its shard)")  # fmt: skip
 
 
 def _check_requested(registry: Registry, plan: Plan) -> None:

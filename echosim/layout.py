@@ -109,6 +109,41 @@ def check_offload(plan: Plan, backend: Any) -> None:
         raise PlanError(f"{flag}: backend {getattr(backend, 'name', backend)!r}: {why}")
 
 
+#: Bytes a parameter an offloaded optimizer keeps in host memory: the fp32 master weight, Adam's two fp32 moments and
+#: the fp32 gradient the step reads (DeepSpeed's single_partition_of_fp32_groups and their .grad; Megatron-Core's
+#: hybrid device optimizer's fp32 copies of its shard and of main_grad).
+HOST_STATE_BYTES_PER_PARAM = 16
+
+
+def host_state(params: int, plan: Plan, backend: Any) -> tuple[str, str]:
+    """How much host memory the offloads take on each host (a note), and a warning where that is more than the
+    device's reference host holds (``DeviceSpec.host_memory_GB``): every parameter is stepped (and, under ZeRO-3,
+    kept) by one rank, so the host of ``ranks`` of the job's ranks holds their share of the model's offloaded state:
+    the optimizer's fp32 state and the 16-bit weight shards. The device memory's verdict does not change: a host
+    with more memory runs the layout ("": within it, or no figure)."""
+    from echosim.backends.base import unwrapped
+
+    device = getattr(unwrapped(backend), "device", None)
+    per_host = getattr(device, "gpus_per_host", None) or getattr(device, "devices_per_node", 1)
+    ranks = min(plan.world, per_host)
+    parts = {"optimizer state": HOST_STATE_BYTES_PER_PARAM if plan.offload_optimizer else 0,
+             "weight shards": (4 if plan.dtype == "fp32" else 2) if plan.offload_params else 0}  # fmt: skip
+    per_param = sum(parts.values())
+    need = params * per_param * ranks / plan.world
+    what = " and ".join(k for k, v in parts.items() if v)
+    note = (f"offload: each host keeps about {need / 2**30:,.1f} GiB of {what} in its memory ({ranks} rank"
+            f"{'s' if ranks > 1 else ''} x {per_param} B per parameter of its shard)")  # fmt: skip
+    capacity = getattr(device, "host_memory_GB", None)
+    if not capacity or need <= capacity * 1e9:
+        return note, ""
+    name = getattr(device, "name", "this")
+    return note, (
+        f"offload: each host needs about {need / 2**30:,.0f} GiB of {what}, more than the "
+        f"{capacity * 1e9 / 2**30:,.0f} GiB ({capacity / 1000:.3g} TB) of system memory of the {name} backend's "
+        "reference host: spread the state over more hosts, or run on hosts with more memory"
+    )
+
+
 def check_fp8_attention(plan: Plan, backend: str) -> None:
     """FP8 attention is Transformer Engine's ``fp8_dot_product_attention``: the fused kernel, inside an FP8
     recipe's autocast, priced only on the devices cuDNN's FP8 / BF16 benchmark measured

@@ -431,8 +431,12 @@ def enumerate_layouts(
     schedules: dict[str, Any],
     capacity_bytes: int,
     memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+    over_host: str = "",
 ) -> Enumeration:
-    """Every applicable, distinct layout of ``space``: those to simulate, and those rejected with a reason."""
+    """Every applicable, distinct layout of ``space``: those to simulate, and those rejected with a reason.
+
+    ``over_host``: why the hosts cannot hold an offload's state (:func:`echosim.layout.host_state`); each
+    offloaded layout is rejected with it."""
     v = space.values
     interleaved = interleaved_names(schedules)
     devices = cluster.devices
@@ -488,7 +492,10 @@ def enumerate_layouts(
                              tp_overlap=ovl, global_batch=gb)  # fmt: skip
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
-                outcome = rules[key[:-1]] = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
+                outcome = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
+                if not outcome[0] and over_host and (off or base.offload_params):  # runs, but not on these hosts
+                    outcome = (over_host, "host memory")
+                rules[key[:-1]] = outcome
             reason, constraint = outcome
             if reason:
                 removed[constraint] += 1
@@ -1377,7 +1384,7 @@ def search(
     """
     from echosim import plugins
     from echosim.compiler import _backend, resolve_cluster
-    from echosim.layout import check_offload, check_precision
+    from echosim.layout import check_offload, check_precision, host_state
 
     if not 0 < memory_fraction <= 1:
         raise SearchError(f"--max-memory-fraction must lie in (0, 1], got {memory_fraction:g}")
@@ -1394,8 +1401,12 @@ def search(
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})
     capacity = backend.memory_bytes()
+    # the host memory an offload takes per host depends on the device count alone, the same for every layout: one
+    # check, whose line rejects every offloaded layout where the hosts cannot hold it
+    on_devices = replace(base, tp=1, pp=1, cp=1, dp=cluster.devices, offload_optimizer=offloads)  # world: the devices
+    over_host = host_state(facts.params, on_devices, backend)[1] if offloads or base.offload_params else ""
     with _fewer_collections():
-        enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction)
+        enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction, over_host)
     _check_not_empty(enum, base, cluster)
     plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
@@ -1563,6 +1574,8 @@ def _constraint_of(c: Evaluated, constraint: str) -> bool:
         return c.reason.startswith("memory lower bound")
     if constraint == "global batch divisibility":
         return c.reason.startswith("global batch")
+    if constraint == "host memory":
+        return c.reason.startswith("offload: each host needs")
     return _constraint(c.reason) == constraint
 
 

@@ -621,8 +621,10 @@ def test_a3_mega_is_the_h100_on_gpudirect_tcpxo():
     h100, mega = DEVICES["h100-sxm"], DEVICES["h100-a3mega"]
     assert (mega.network, h100.network) == ("tcpxo", "infiniband") and NETWORKS["tcpxo"] is TCPXO
     assert mega.nic_GBps * 8 == TCPXO.nic_Gbps == 200.0 and h100.nic_GBps * 8 == 400.0
-    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "nic_GBps", "network", "source")]
+    own = ("name", "nic_GBps", "network", "source", "host_memory_GB")  # the VM's own memory: 1,872 GB
+    same = [f.name for f in dataclasses.fields(h100) if f.name not in own]
     assert all(getattr(h100, f) == getattr(mega, f) for f in same)
+    assert mega.host_memory_GB == 1872.0 and "accelerator-optimized-machines" in mega.source
     # Google's A3 Mega settings: Simple only, no NVLink SHARP; the plugin reports no latency of its own
     assert (TCPXO.protocols, TCPXO.nvls, TCPXO.latency_us) == (("Simple",), False, 0.0)
     assert "cloud.google.com" in mega.source and "nccl-plugin-gpudirect-tcpxo" in mega.source

@@ -313,3 +313,37 @@ def test_megatron_overlap_flag_is_read() -> None:
     alone = read_args(f"{_ARGS} --overlap-cpu-optimizer-d2h-h2d")
     assert "offload_overlap" not in alone.options
     assert any("--overlap-cpu-optimizer-d2h-h2d: read only with --optimizer-cpu-offload" in n for n in alone.notes)
+
+
+def test_hosts_that_cannot_hold_the_offloaded_state_are_named() -> None:
+    """Each host holds its ranks' share of the offloaded state (16 B a parameter of optimizer state, 2 of 16-bit
+    weights): more than the reference host's system memory (DeviceSpec.host_memory_GB: a DGX A100 320GB's 1 TB) is a
+    warning, and twice the hosts halve the share; a part without the figure is not checked."""
+    from echosim.backends.loading import load_backend
+    from echosim.layout import host_state
+    from echosim.plan import Plan
+
+    backend = load_backend("a100-40gb")
+    params = 70_000_000_000
+    one_host = Plan(dp=8, zero=3, offload_optimizer=True, offload_params=True)
+    note, over = host_state(params, one_host, backend)
+    need_gib = params * 18 / 2**30
+    assert f"{need_gib:,.1f} GiB of optimizer state and weight shards" in note
+    assert over.startswith(f"offload: each host needs about {need_gib:,.0f} GiB") and "931 GiB (1 TB)" in over
+    assert host_state(params, replace(one_host, dp=16), backend)[1] == ""  # 587 GiB a host
+    assert host_state(params, one_host, load_backend("a100-80gb"))[1] == ""  # a DGX A100 640GB's 2 TB
+    assert host_state(params, one_host, load_backend("h800"))[1] == ""  # no figure: no check
+    assert [d.name for d in DEVICES.values() if d.host_link_GBps and d.host_memory_GB is None] == [
+        "h100-96gb", "h800", "b300", "gb300"
+    ]  # fmt: skip
+
+
+def test_a_search_rejects_offloads_the_hosts_cannot_hold() -> None:
+    args = ["search", "llama3-70b", "--backend", "a100-40gb", "--devices", "8", "--global-batch", "8", "--seq-len",
+            "4096", "--offload-optimizer", "--offload-params", "--zero", "3", "--recompute", "full", "--space",
+            "pp=1", "--space", "vpp=1", "--space", "tp=1", "--micro-batches", "1"]  # fmt: skip
+    line = _refused(*args)
+    assert "by host memory" in line and "more than the 931 GiB (1 TB) of system memory" in line
+    result = CliRunner().invoke(cli, [*args[:5], "16", "--global-batch", "16", *args[8:], "--json"])
+    assert result.exit_code == 0, result.output
+    assert any(r["simulated"] for r in json.loads(result.output)["layouts"])

@@ -25,6 +25,11 @@ _H200_AZ = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Resul
 _MLENG = "https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md"
 _NCCL_TOPO = "https://github.com/NVIDIA/nccl/blob/master/src/graph/topo.h"
 _DGXA100 = "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html"
+_DGXH100 = "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html"
+_H200_MLPERF = (
+    "https://github.com/mlcommons/inference_results_v4.1/blob/main/closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json"
+)
+_GB200_NVL72 = "https://www.nvidia.com/en-us/data-center/gb200-nvl72/"
 _H800 = (
     "https://www.philisun.com/technical-analysis/"
     "nvidia-h800-vs-h100-a-technical-deep-dive-into-politically-defined-ai-chips/"
@@ -114,6 +119,9 @@ class DeviceSpec:
     # share. None: no figure, and no offload on this part.
     host_link_GBps: float | None = None
     host_memory_GBps: float | None = None
+    # One host's system memory as its reference system's documents state it (decimal GB): what the offloaded
+    # state of its GPUs must fit in. None: no figure, and no check.
+    host_memory_GB: float | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -141,6 +149,7 @@ _OPTIONAL = {
     "gpus_per_host",
     "host_link_GBps",
     "host_memory_GBps",
+    "host_memory_GB",
     "peak_fp8_tflops",
     "gemm_eff_fp8",
     "peak_fp4_tflops",
@@ -312,11 +321,12 @@ A100_80GB = DeviceSpec(
     host_cpu_vendor="amd",  # Source: DGX A100 (2x AMD EPYC 7742, _DGXA100); Azure ND A100 v4 (AMD EPYC 7V12)
     host_link_GBps=_HOST_LINK_A100_GBPS,
     host_memory_GBps=_HOST_MEMORY_EPYC7742_GBPS,
+    host_memory_GB=2000.0,  # Source: DGX A100 user guide (_DGXA100), DGX A100 640GB: 2 TB system memory
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_16bit_tflops=253.7,  # Source: microbench.csv, Azure ND A100 v4 cuBLASLt fp16 8192^3 (sustained)
-    source=f"{_A100} ; https://glennklockwood.com/garden/processors/A100 ; {_A100_AZ} ; {_MLENG}",
+    source=f"{_A100} ; https://glennklockwood.com/garden/processors/A100 ; {_A100_AZ} ; {_MLENG} ; {_DGXA100}",
 )
 
 A100_40GB = DeviceSpec(
@@ -346,6 +356,7 @@ A100_40GB = DeviceSpec(
     host_cpu_vendor="amd",  # Source: DGX A100 user guide (_DGXA100), 2x AMD EPYC 7742
     host_link_GBps=_HOST_LINK_A100_GBPS,  # the 80 GB part's host (same DGX A100)
     host_memory_GBps=_HOST_MEMORY_EPYC7742_GBPS,
+    host_memory_GB=1000.0,  # Source: DGX A100 user guide (_DGXA100), DGX A100 320GB: 1 TB system memory
     tensor_flops_per_clk_sm=2048,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -383,13 +394,14 @@ H100_SXM = DeviceSpec(
     host_cpu_vendor="intel",  # Source: DGX H100 / Azure ND H100 v5 hosts, 2x Xeon Platinum 8480C (_H100_AZ)
     host_link_GBps=_HOST_LINK_HOPPER_GBPS,
     host_memory_GBps=_HOST_MEMORY_XEON8480_GBPS,
+    host_memory_GB=2000.0,  # Source: DGX H100 user guide (_DGXH100), 2 TB system memory
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_fp8_tflops=1382.2,  # Source: microbench.csv, Azure ND H100 v5 cuBLASLt fp8 32768^3 (sustained)
     source=f"{_H100} ; https://glennklockwood.com/garden/processors/h100 ; {_H100_AZ} ; {_MLENG} ; "
     "https://github.com/NVIDIA/nccl-tests/issues/212 ; https://github.com/NVIDIA/nccl-tests/issues/290 ; "
-    f"{_CUDNN_FE}",
+    f"{_CUDNN_FE} ; {_DGXH100}",
 )
 
 H800 = DeviceSpec(
@@ -459,11 +471,12 @@ H200 = DeviceSpec(
     host_cpu_vendor="intel",  # Source: Azure ND H200 v5, Xeon Platinum 8480C (_H200_AZ)
     host_link_GBps=_HOST_LINK_HOPPER_GBPS,
     host_memory_GBps=_HOST_MEMORY_XEON8480_GBPS,
+    host_memory_GB=2000.0,  # Source: _H200_MLPERF, NVIDIA's 8x H200 system: host_memory_capacity "2 TB"
     tensor_flops_per_clk_sm=4096,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_fp8_tflops=1349.5,  # Source: microbench.csv, Azure ND H200 v5 cuBLASLt fp8 32768^3 (sustained)
-    source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ} ; {_CUDNN_FE}",
+    source=f"https://www.nvidia.com/en-us/data-center/h200/ ; {_MLENG} ; {_H200_AZ} ; {_CUDNN_FE} ; {_H200_MLPERF}",
 )
 
 # NVFP4 GEMM fraction of peak: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 8192^3 = 7535.6 TFLOP/s of
@@ -536,6 +549,7 @@ B200 = DeviceSpec(
     host_cpu_vendor="intel",  # Source: DGX B200 datasheet, 2x Intel Xeon Platinum 8570
     host_link_GBps=_HOST_LINK_HOPPER_GBPS,  # no B200 nvbandwidth row: the Hopper hosts' PCIe Gen5 x16
     host_memory_GBps=_HOST_MEMORY_XEON8570_GBPS,
+    host_memory_GB=4000.0,  # Source: DGX B200 datasheet, "System Memory: Up to 4TB" (the most it takes)
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
@@ -585,11 +599,13 @@ GB200 = DeviceSpec(
     gpus_per_host=4,  # Source: hw_specs.csv, "4 GPUs + 2 Grace CPUs per compute tray" (18 trays per NVL72)
     host_link_GBps=_HOST_LINK_GRACE_GBPS,
     host_memory_GBps=_HOST_MEMORY_GRACE_GBPS,
+    host_memory_GB=17000.0 / 18,  # Source: _GB200_NVL72, "17 TB" LPDDR5X over the rack's 18 compute trays
     tensor_flops_per_clk_sm=8192,  # Source: per-SM unit throughputs (note above)
     mufu_ex2_per_clk_sm=_MUFU_PER_CLK_SM,
     smem_bytes_per_clk_sm=_SMEM_BYTES_PER_CLK_SM,
     sustained_fp8_tflops=2876.6,  # Source: microbench.csv, Azure ND GB200 v6 cuBLASLt fp8 8192^3 (sustained)
-    source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO}",
+    source=f"{_MLENG} ; https://github.com/jax-ml/scaling-book/blob/main/gpus.md ; {_GB200_AZ} ; {_NCCL_TOPO} ; "
+    f"{_GB200_NVL72}",
     block_scaled_formats=("mxfp8", "nvfp4"),  # Source: same Blackwell tensor cores as B200
     peak_fp4_tflops=10000.0,  # Source: hw_specs.csv notes (ml-engineering: nvfp4 10,000 dense per GPU)
     gemm_eff_fp4=_FP4_EFF,  # Source: microbench.csv, Azure ND GB200 v6 cuBLASLt fp4 (above)
@@ -733,6 +749,7 @@ H100_96GB = DeviceSpec(
         "hbm_stream_GBps": _H100_96GB_HBM_GBPS * H100_SXM.hbm_stream_GBps / H100_SXM.hbm_GBps,
         # Source: the SXM5's peaks at the 500 W clock (power_capped_clock, above)
         **_clock_scaled_peaks(H100_SXM, power_capped_clock(GRAND_TETON_BOARD_W, H100_SXM_BOARD_W)),
+        "host_memory_GB": None,  # Grand Teton's host memory is not published: no check
         "source": f"{H100_SXM.source} ; https://arxiv.org/abs/2410.06511 (H100 96 GB HBM2e, 500 W limit) ; "
         "https://github.com/pytorch/torchtitan/blob/b5bcd76c6/benchmarks/llama3_h100_202412_torchtitan.md "
         "(2.4 TB/s HBM2e)",
@@ -748,7 +765,9 @@ H100_A3MEGA = DeviceSpec(
         "name": "h100-a3mega",
         "nic_GBps": 200.0 / 8,  # Source: networks.TCPXO.nic_Gbps, 8 GPU NICs x 200 Gb/s per VM
         "network": TCPXO.name,
-        "source": f"{H100_SXM.source} ; {TCPXO.source}",
+        "host_memory_GB": 1872.0,  # Source: Compute Engine's A3 machine types, a3-megagpu-8g: 1,872 GB of memory
+        "source": f"{H100_SXM.source} ; {TCPXO.source} ; "
+        "https://cloud.google.com/compute/docs/accelerator-optimized-machines#a3-vms",
     }
 )
 
