@@ -194,3 +194,13 @@ def test_explain_tries_the_other_schemes() -> None:
     assert comms == {("all_gather", 0), ("a2a", 0), ("a2a+p2p", 0)}
     torch = neighbours(Plan(cp=8, seq_len=32768, framework="torchtitan-2025"), Cluster("h100-sxm", 8, 8))
     assert {p.cp_comm for p in torch} == {"p2p", "all_gather"}
+
+
+def test_a_scheme_per_layer_is_read_when_every_layer_names_the_same() -> None:
+    """Megatron-Core's cp_comm_type may list a scheme per layer: the same for all is that scheme, a mix is refused."""
+    from echosim.configs import ConfigError, read_args
+
+    base = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --micro-batch-size 1 --context-parallel-size 2"
+    assert read_args(f"{base} --cp-comm-type a2a a2a").options["cp_comm"] == "a2a"
+    with pytest.raises(ConfigError, match="--cp-comm-type p2p a2a: a scheme per layer is not modelled"):
+        read_args(f"{base} --cp-comm-type p2p a2a")

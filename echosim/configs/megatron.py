@@ -339,6 +339,19 @@ def _one(values: dict[str, list[str]], flag: str, source: str) -> str | None:
     return vals[0]
 
 
+def _cp_comm_type(values: dict[str, list[str]], source: str) -> str | None:
+    """``--cp-comm-type``: one scheme, or one per layer (Megatron-Core's ``cp_comm_type`` list, nargs '+'), which
+    echosim reads where every layer names the same scheme; a mix is refused (every layer runs one scheme here)."""
+    schemes = values.get("--cp-comm-type")
+    if schemes is None:
+        return None
+    if len(set(schemes)) > 1:
+        raise ConfigError(
+            f"{source}: --cp-comm-type {' '.join(schemes)}: a scheme per layer is not modelled (one for every layer is)"
+        )
+    return _one({"--cp-comm-type": schemes[:1]}, "--cp-comm-type", source)
+
+
 def _hierarchical_cp(values: dict[str, list[str]], comm: str | None, out: FromConfig) -> None:
     """``--hierarchical-context-parallel-sizes A P``: the a2a+p2p groups, A ranks each. Megatron-LM asserts that the
     sizes multiply to the CP degree and that a2a+p2p has them (megatron/training/arguments.py, commit d98e8a6);
@@ -559,7 +572,7 @@ def _plan(values: dict[str, list[str]], out: FromConfig) -> None:
             opts["recompute"] = f"full:uniform-{layers}"
     _optimizer_dtypes(values, out)
     _grad_dtype(values, out)
-    comm = _one(values, "--cp-comm-type", src)
+    comm = _cp_comm_type(values, src)
     if comm is not None:
         if comm not in ("p2p", "all_gather", "a2a", "a2a+p2p"):
             raise ConfigError(f"{src}: --cp-comm-type {comm!r} is not modelled (p2p, all_gather, a2a, a2a+p2p are)")
