@@ -4,6 +4,7 @@ configs, search and explain."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -194,6 +195,10 @@ def test_explain_tries_the_other_schemes() -> None:
     assert comms == {("all_gather", 0), ("a2a", 0), ("a2a+p2p", 0)}
     torch = neighbours(Plan(cp=8, seq_len=32768, framework="torchtitan-2025"), Cluster("h100-sxm", 8, 8))
     assert {p.cp_comm for p in torch} == {"p2p", "all_gather"}
+    # a hierarchy: its groups halved and doubled, as well as the other schemes
+    hierarchical = replace(plan, cp=16, dp=1, cp_comm="a2a+p2p", cp_a2a=4)
+    groups = {p.cp_a2a for p in neighbours(hierarchical, Cluster("h100-sxm", 32, 8)) if p.cp_comm == "a2a+p2p"}
+    assert groups == {2, 4, 8}
 
 
 def test_a_scheme_per_layer_is_read_when_every_layer_names_the_same() -> None:

@@ -116,6 +116,10 @@ def neighbours(plan: Plan, cluster: Cluster) -> list[Plan]:
         for comm in CP_COMMS:
             if comm != plan.cp_comm and not (torch and comm in HEAD_PARALLEL_COMMS):
                 add(cp_comm=comm, cp_a2a=0)
+    if plan.cp_comm == "a2a+p2p" and plan.cp_a2a:  # the hierarchy's groups halved or doubled
+        for a2a in (plan.cp_a2a // 2, plan.cp_a2a * 2):
+            if 1 < a2a < plan.cp and plan.cp % a2a == 0:
+                add(cp_a2a=a2a)
     return out
 
 
@@ -169,6 +173,8 @@ def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_
     """
     if compile_fn is None:
         from echosim.compiler import compile as compile_fn
+    if plan.cp_comm == "a2a+p2p" and not plan.cp_a2a:  # the groups compile chose, so their neighbours can be tried
+        plan = replace(plan, cp_a2a=int(base_report.plan.get("cp_a2a", 0)))
     outcomes = simulate(model, plan, cluster, neighbours(plan, cluster), compile_fn, base_report)
     # the bisection's other tries were compiled too (counted among the simulated), but only its answer is ranked
     tries = fewest_replayed_layers(model, plan, cluster, outcomes, compile_fn, base_report)
