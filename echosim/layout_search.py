@@ -431,12 +431,13 @@ def enumerate_layouts(
     schedules: dict[str, Any],
     capacity_bytes: int,
     memory_fraction: float = DEFAULT_MEMORY_FRACTION,
-    over_host: str = "",
+    over_host: dict[bool, str] | None = None,
 ) -> Enumeration:
     """Every applicable, distinct layout of ``space``: those to simulate, and those rejected with a reason.
 
-    ``over_host``: why the hosts cannot hold an offload's state (:func:`echosim.layout.host_state`); each
-    offloaded layout is rejected with it."""
+    ``over_host``: why the hosts cannot hold the offloaded state of a layout with (True) and without (False) the
+    optimizer offloaded (:func:`echosim.layout.host_state`; "": they can); such a layout is rejected with it."""
+    over_host = over_host or {}
     v = space.values
     interleaved = interleaved_names(schedules)
     devices = cluster.devices
@@ -493,8 +494,8 @@ def enumerate_layouts(
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
                 outcome = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
-                if not outcome[0] and over_host and (off or base.offload_params):  # runs, but not on these hosts
-                    outcome = (over_host, "host memory")
+                if not outcome[0] and over_host.get(off):  # it runs, but not on these hosts
+                    outcome = (over_host[off], "host memory")
                 rules[key[:-1]] = outcome
             reason, constraint = outcome
             if reason:
@@ -1401,10 +1402,11 @@ def search(
     facts = ModelFacts.of(model, base)
     spec = full_space(facts, base, cluster, schedules, space or {})
     capacity = backend.memory_bytes()
-    # the host memory an offload takes per host depends on the device count alone, the same for every layout: one
-    # check, whose line rejects every offloaded layout where the hosts cannot hold it
-    on_devices = replace(base, tp=1, pp=1, cp=1, dp=cluster.devices, offload_optimizer=offloads)  # world: the devices
-    over_host = host_state(facts.params, on_devices, backend)[1] if offloads or base.offload_params else ""
+    # the host memory an offload takes per host depends on the device count and what is offloaded alone, not on the
+    # layout: checked once with the optimizer offloaded and once without, each line rejecting the layouts it names
+    on_devices = replace(base, tp=1, pp=1, cp=1, dp=cluster.devices)  # world: the devices
+    over_host = {off: host_state(facts.params, replace(on_devices, offload_optimizer=off), backend)[1]
+                 for off in (False, True) if off or base.offload_params}  # fmt: skip
     with _fewer_collections():
         enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction, over_host)
     _check_not_empty(enum, base, cluster)

@@ -541,15 +541,7 @@ class _Splitter:
                 f"--cp-comm a2a: cp={self.cp} does not divide the heads {a.heads} / key/value heads {a.kv_heads} of "
                 f"the attention at {node.scope} (each rank attends whole heads over the whole sequence)"
             )
-        heads = []
-        for value in qkv:  # [b, heads, tokens, d], or [b * heads, ...], K perhaps as [..., d, tokens]
-            spec, seq = self.out[value].out, self.axis[value]
-            shape = list(spec.shape)
-            if len(shape) < 3 or seq < len(shape) - 2:
-                raise LayoutError(f"--cp-comm a2a: the attention at {node.scope} reads its tokens on axis {seq}")
-            shape[seq] *= self.cp
-            shape[len(shape) - 3] //= self.cp
-            heads.append(self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_a2a_heads"))
+        heads = self._qkv_to_heads(node, qkv, self.cp, Axis.CP, "a2a")
         shape = list(node.out.shape)
         shape[-3] //= self.cp
         attrs = replace(a, heads=a.heads // self.cp, kv_heads=a.kv_heads // self.cp)
@@ -557,6 +549,23 @@ class _Splitter:
         back = self._exchange_a2a(v, self.div(node.out, len(node.out.shape) - 2, node), node, "cp_a2a_tokens")
         self.axis[back] = len(node.out.shape) - 2
         return back
+
+    def _qkv_to_heads(self, node: Node, qkv: list[int], size: int, axis: Axis, comm: str) -> list[int]:
+        """Q, K and V from the rank's tokens of every head to ``size`` times the tokens of ``1/size`` of the heads:
+        one all_to_all each over ``axis``. Each is ``[b, heads, tokens, d]`` or ``[b * heads, ...]``, K perhaps
+        ``[..., d, tokens]``."""
+        out = []
+        for value in qkv:
+            spec, seq = self.out[value].out, self.axis[value]
+            shape = list(spec.shape)
+            if len(shape) < 3 or seq < len(shape) - 2:
+                raise LayoutError(f"--cp-comm {comm}: the attention at {node.scope} reads its tokens on axis {seq}")
+            shape[seq] *= size
+            shape[len(shape) - 3] //= size
+            exchanged = self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_a2a_heads", axis, size)
+            self.axis[exchanged] = seq
+            out.append(exchanged)
+        return out
 
     def _hierarchical(self, node: Node, qkv: list[int]) -> int:
         """Transformer Engine's a2a+p2p: Q, K and V from the rank's tokens of every head to its all-to-all group's
@@ -571,18 +580,7 @@ class _Splitter:
                 f"key/value heads {a.kv_heads} of the attention at {node.scope} (each rank of a group takes whole "
                 "heads)"
             )
-        heads = []
-        for value in qkv:  # as _ulysses, over the group's ranks only
-            spec, seq = self.out[value].out, self.axis[value]
-            shape = list(spec.shape)
-            if len(shape) < 3 or seq < len(shape) - 2:
-                raise LayoutError(f"--cp-comm a2a+p2p: the attention at {node.scope} reads its tokens on axis {seq}")
-            shape[seq] *= inner
-            shape[len(shape) - 3] //= inner
-            grouped = self._exchange_a2a(value, spec.with_shape(tuple(shape)), node, "cp_a2a_heads", Axis.CP_A2A, inner)
-            self.axis[grouped] = seq
-            heads.append(grouped)
-        q, k, v = heads
+        q, k, v = self._qkv_to_heads(node, qkv, inner, Axis.CP_A2A, "a2a+p2p")
         attrs = replace(a, heads=a.heads // inner, kv_heads=a.kv_heads // inner)
         shape = list(node.out.shape)
         shape[-3] //= inner
