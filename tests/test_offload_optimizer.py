@@ -347,3 +347,9 @@ def test_a_search_rejects_offloads_the_hosts_cannot_hold() -> None:
     result = CliRunner().invoke(cli, [*args[:5], "16", "--global-batch", "16", *args[8:], "--json"])
     assert result.exit_code == 0, result.output
     assert any(r["simulated"] for r in json.loads(result.output)["layouts"])
+    # the weights alone (2 B a parameter, 140 GB a host) fit the hosts: judged by what they take, not the optimizer's
+    # 16 more (these layouts then fail on the device, which keeps the optimizer); with it offloaded, the hosts refuse
+    weights = [a for a in args if a != "--offload-optimizer"]
+    assert "by memory lower bound" in _refused(*weights) and "host memory" not in _refused(*weights)
+    both = _refused(*weights, "--space", "offload_optimizer=false,true")
+    assert "(13 by memory lower bound, 13 by host memory)" in both
