@@ -299,6 +299,12 @@ def _write(path: str, text: str, option: str) -> None:
     "a2a).",
 )
 @click.option(
+    "--cp-a2a",
+    type=int,
+    help="a2a+p2p's all-to-all group size in every layout (as compile's; a layout whose cp it does not divide into "
+    "two tiers is rejected) [default: compile's, per layout].",
+)
+@click.option(
     "--offload-optimizer",
     is_flag=True,
     help="The optimizer on the host CPU in every layout (as compile's option; layouts without ZeRO are rejected).",
@@ -350,7 +356,7 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
                seq_len: int | None, dtype: str, space_items: tuple[str, ...], micro_batches: str | None,
                recomputes: str | None, schedules: str | None, zeros: str | None, moe_dispatcher: str | None,
                moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, cp_comm: str | None,
-               offload_optimizer: bool, offload_params: bool, framework: str | None, objective: str,
+               cp_a2a: int | None, offload_optimizer: bool, offload_params: bool, framework: str | None, objective: str,
                max_memory_fraction: float, top: int, workers: int, executor: str, ray_address: str | None,
                tokens: float | None, price_per_device_hour: float | None, plot: str | None,
                as_json: bool) -> None:  # fmt: skip
@@ -373,7 +379,7 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     space = parse_space([*shorthand, *space_items])
     fixed = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap or None,
              "moe_fused_mlp": moe_fused_mlp or None, "fp8_attention": fp8_attention or None,
-             "cp_comm": cp_comm, "offload_optimizer": offload_optimizer or None,
+             "cp_comm": cp_comm, "cp_a2a": cp_a2a, "offload_optimizer": offload_optimizer or None,
              "offload_params": offload_params or None}  # fmt: skip
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework, **fixed})  # fmt: skip
@@ -384,6 +390,8 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     check_fused_mlp(base, backend)
     if seq_len is not None and seq_len < 1:
         raise click.ClickException(f"--seq-len must be at least 1, got {seq_len} (leave it out for the model's own)")
+    if cp_a2a is not None and cp_a2a < 2:
+        raise click.ClickException(f"--cp-a2a must be at least 2 (a group of all-to-alls), got {cp_a2a}")
     if framework and "zero" not in space:  # a named framework shards optimizer state its own way
         space["zero"] = (base.zero,)
     clusters = [Cluster(backend, n, devices_per_node or 0) for n in parse_devices(devices_text)]

@@ -187,6 +187,11 @@ def test_search_weighs_the_hierarchy_and_costs_it_as_compile_does() -> None:
         assert json.loads(compiled.output)["step_time_s"] == pytest.approx(r["step_time_s"], rel=1e-5)
     text = _run("search", *flags, "--space", "cp_comm=a2a+p2p").output
     assert "16 a2a4+p2p4" in text
+    # --cp-a2a fixes the groups of every layout; one that cannot make two tiers is refused in one line
+    fixed = json.loads(_run("search", *flags, "--space", "cp_comm=a2a+p2p", "--cp-a2a", "2", "--json").output)
+    assert {(r["cp"], r["cp_a2a"]) for r in fixed["layouts"] if r["simulated"]} == {(8, 2), (16, 2)}
+    refused = _run("search", *flags, "--cp-a2a", "1")
+    assert refused.exit_code != 0 and "--cp-a2a must be at least 2" in refused.output
 
 
 def test_explain_tries_the_other_schemes() -> None:
