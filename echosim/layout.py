@@ -113,6 +113,9 @@ def check_offload(plan: Plan, backend: Any) -> None:
 #: the fp32 gradient the step reads (DeepSpeed's single_partition_of_fp32_groups and their .grad; Megatron-Core's
 #: hybrid device optimizer's fp32 copies of its shard and of main_grad).
 HOST_STATE_BYTES_PER_PARAM = 16
+#: How :func:`host_state`'s warning begins: a layout whose hosts cannot hold its offloaded state (search and explain
+#: read it off a report's warnings)
+HOST_OVERFLOW = "offload: each host needs"
 
 
 def host_state(params: int, plan: Plan, backend: Any) -> tuple[str, str]:
@@ -138,7 +141,7 @@ def host_state(params: int, plan: Plan, backend: Any) -> tuple[str, str]:
         return note, ""
     name = getattr(device, "name", "this")
     return note, (
-        f"offload: each host needs about {need / 2**30:,.0f} GiB of {what}, more than the "
+        f"{HOST_OVERFLOW} about {need / 2**30:,.0f} GiB of {what}, more than the "
         f"{capacity * 1e9 / 2**30:,.0f} GiB ({capacity / 1000:.3g} TB) of system memory of the {name} backend's "
         "reference host: spread the state over more hosts, or run on hosts with more memory"
     )

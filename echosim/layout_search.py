@@ -1577,7 +1577,9 @@ def _constraint_of(c: Evaluated, constraint: str) -> bool:
     if constraint == "global batch divisibility":
         return c.reason.startswith("global batch")
     if constraint == "host memory":
-        return c.reason.startswith("offload: each host needs")
+        from echosim.layout import HOST_OVERFLOW
+
+        return c.reason.startswith(HOST_OVERFLOW)
     return _constraint(c.reason) == constraint
 
 

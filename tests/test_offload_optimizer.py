@@ -353,3 +353,19 @@ def test_a_search_rejects_offloads_the_hosts_cannot_hold() -> None:
     assert "by memory lower bound" in _refused(*weights) and "host memory" not in _refused(*weights)
     both = _refused(*weights, "--space", "offload_optimizer=false,true")
     assert "(13 by memory lower bound, 13 by host memory)" in both
+
+
+def test_a_change_whose_hosts_cannot_hold_the_offload_is_no_way_out() -> None:
+    """explain (and compile's "cheapest change that fits") do not offer a layout whose device memory suffices when its
+    hosts cannot hold the offloaded state: it does not fit, and says why."""
+    from echosim.compiler import compile as compile_fn
+    from echosim.explain.whatif import simulate
+    from echosim.plan import Cluster, Plan
+
+    plan = Plan(dp=8, zero=3, offload_optimizer=True, offload_params=True, global_batch=8, seq_len=4096,
+                recompute="full")  # fmt: skip
+    cluster = Cluster("a100-40gb", 8)
+    base = compile_fn("llama3-70b", plan, cluster)
+    (outcome,) = simulate("llama3-70b", plan, cluster, [replace(plan, grad_dtype="bf16")], compile_fn, base)
+    assert outcome.report.fits and not outcome.fits  # 31.7 GiB of 40 on the device; 1,183 GiB of 931 on the host
+    assert outcome.host.startswith("offload: each host needs about 1,183 GiB") and outcome.as_dict()["host"]

@@ -95,7 +95,7 @@ def render(result: Any, top: int = 3, lines: int = 8, accuracy: str | None = Non
         echo("  nothing in the neighbourhood " + ("is faster" if r.fits else "shrinks the peak"))
     for i, o in enumerate(result.suggestions[:top], 1):
         change = (o.step_time_s - r.step_time_s) / r.step_time_s * 100
-        fits = "fits" if o.fits else "does not fit"
+        fits = "fits" if o.fits else "does not fit the hosts' memory" if o.host else "does not fit"
         echo(f"  {i}. {o.change}: {_s(o.step_time_s)} ({change:+.1f}%), peak {o.peak_bytes / GiB:.1f} GiB, {fits}")
         echo(f"     {o.why}")
         echo(f"     echosim compile {r.model} {o.flags}")

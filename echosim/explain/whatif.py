@@ -19,6 +19,7 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.explain.diff import GiB, compare, peak_bytes
 from echosim.frameworks import get_framework, weights_16bit_dtype
+from echosim.layout import HOST_OVERFLOW
 from echosim.passes.memory import given_dtypes
 from echosim.plan import CP_COMMS, HEAD_PARALLEL_COMMS, Cluster, Plan, plan_flags, setting_flags
 
@@ -40,6 +41,7 @@ class Outcome:
     why: str = ""
     error: str = ""
     report: Any = None  # the neighbour's Report (not serialised)
+    host: str = ""  # why its hosts cannot hold its offloaded state (then it does not fit, whatever the device holds)
 
     @property
     def flags(self) -> str:
@@ -50,7 +52,8 @@ class Outcome:
         if self.error:
             return {"change": self.change, "flags": self.flags, "error": self.error}
         return {"change": self.change, "flags": self.flags, "step_time_s": self.step_time_s,
-                "peak_gib": self.peak_bytes / GiB, "fits": self.fits, "why": self.why}  # fmt: skip
+                "peak_gib": self.peak_bytes / GiB, "fits": self.fits, "why": self.why,
+                **({"host": self.host} if self.host else {})}  # fmt: skip
 
 
 def changed_flags(base: Plan, new: Plan) -> str:
@@ -135,8 +138,10 @@ def simulate(model: Any, base: Plan, cluster: Cluster, plans: Iterable[Plan], co
             out.append(Outcome(change, plan, cluster, error=" ".join(str(exc).split())))
             continue
         data = report.to_dict()
-        out.append(Outcome(change, plan, cluster, report.step_time_s, peak_bytes(data), report.fits,
-                           why(base_report.to_dict(), data), report=report))  # fmt: skip
+        # a layout whose hosts cannot hold its offloaded state is no way out, however little the device keeps
+        host = next((w for w in report.warnings if w.startswith(HOST_OVERFLOW)), "")
+        out.append(Outcome(change, plan, cluster, report.step_time_s, peak_bytes(data), report.fits and not host,
+                           why(base_report.to_dict(), data), report=report, host=host))  # fmt: skip
     return out
 
 
