@@ -333,6 +333,10 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
         from echosim.terminal import does_not_fit
 
         failures.append(does_not_fit(report))
+    # an offload whose hosts cannot hold its state does not run either, however little the device keeps
+    from echosim.layout import HOST_OVERFLOW
+
+    failures += [w for w in report.warnings if w.startswith(HOST_OVERFLOW)]
     return Outcome(name, model, report.step_time_s, memory, report.mfu, tuple(failures))
 
 

@@ -278,3 +278,16 @@ def test_pre_commit_try_repo(tmp_path: Path) -> None:
     again = try_repo()
     assert again.returncode == 0, again.stdout + again.stderr
     hook_output(again)
+
+
+def test_an_offload_the_hosts_cannot_hold_fails(tmp_path: Path) -> None:
+    """A layout that fits the device but whose hosts cannot hold its offloaded state does not run: it fails the
+    check with the host's line, as one that does not fit the device does."""
+    from echosim.cli import NOT_MET
+
+    body = ('[[tool.echosim.check]]\nmodel = "llama3-70b"\ndevices = 8\nzero = 3\noffload_optimizer = true\n'
+            'offload_params = true\nglobal_batch = 8\nseq_len = 4096\nrecompute = "full"\n'
+            'grad_dtype = "bf16"\n')  # fmt: skip
+    code, out = _run("--config", _write(tmp_path, body, 'backend = "a100-40gb"\n'), "--no-cache")
+    assert code == NOT_MET and "FAIL: offload: each host needs about 1,183 GiB" in out, out
+    assert "does not fit" not in out  # the device holds it (31.7 GiB of 40)
