@@ -21,11 +21,13 @@ def render(report: Any, trace: str | None = None, console: Any = None, accuracy:
 
     console = console or terminal_console()
     p = report.plan
+    # hierarchical CP: the all-to-all groups, then the ring across them
+    tiers = f" (a2a {p['cp_a2a']} x ring {p['cp'] // p['cp_a2a']})" if p.get("cp_a2a") else ""
     extra = "".join(
-        f" {label} {p[key]}" for key, label in (("cp", "CP"), ("ep", "EP")) if p.get(key, 1) not in (1, None)
+        f" {label} {p[key]}{tiers if key == 'cp' else ''}"
+        for key, label in (("cp", "CP"), ("ep", "EP"))
+        if p.get(key, 1) not in (1, None)
     ) + (" +SP" if p.get("sp") else "")
-    if p.get("cp_a2a") and p.get("cp", 1) > 1:  # hierarchical: the all-to-all groups, then the ring across them
-        extra = extra.replace(f" CP {p['cp']}", f" CP {p['cp']} (a2a {p['cp_a2a']} x ring {p['cp'] // p['cp_a2a']})")
     seq = f"seq {p['seq_len']}, " if p.get("seq_len") else ""  # none for images and feature rows
     console.print(
         f"[bold]{report.model}[/] on {report.devices} x {report.backend} ({report.devices_per_node} per node): "

@@ -349,7 +349,7 @@ def _cp_comm_type(values: dict[str, list[str]], source: str) -> str | None:
         raise ConfigError(
             f"{source}: --cp-comm-type {' '.join(schemes)}: a scheme per layer is not modelled (one for every layer is)"
         )
-    return _one({"--cp-comm-type": schemes[:1]}, "--cp-comm-type", source)
+    return schemes[0] if schemes else _one(values, "--cp-comm-type", source)  # none: _one names the missing value
 
 
 def _hierarchical_cp(values: dict[str, list[str]], comm: str | None, out: FromConfig) -> None:
@@ -357,8 +357,8 @@ def _hierarchical_cp(values: dict[str, list[str]], comm: str | None, out: FromCo
     sizes multiply to the CP degree and that a2a+p2p has them (megatron/training/arguments.py, commit d98e8a6);
     Transformer Engine runs two levels (``AttnFuncWithCPAndKVP2P``), so a third size is refused. Under another
     --cp-comm-type they size nothing (a note)."""
-    sizes = values.get("--hierarchical-context-parallel-sizes")
     flag = "--hierarchical-context-parallel-sizes"
+    sizes = values.get(flag)
     if sizes is None:
         if comm == "a2a+p2p":
             raise ConfigError(f"{out.source}: --cp-comm-type a2a+p2p needs {flag} (Megatron-LM asserts it)")
