@@ -96,6 +96,21 @@ def resolve_cluster(cluster: Cluster, registry: Registry | None = None, backend:
     return replace(cluster, devices_per_node=backend.node_devices(cluster.devices))
 
 
+def check_node(cluster: Cluster, backend: Any) -> None:
+    """A node of ``--devices-per-node`` devices must fit the backend's fast domain (NVLink domain, NVL72 rack,
+    TPU slice, a machine's sockets): a larger one is the layout's error, not the backend's, which would refuse
+    the first group placed on it. A plugin that does not say its node (no ``node_devices``) is not held to the
+    default one."""
+    if not hasattr(getattr(backend, "inner", backend), "node_devices"):
+        return
+    most = backend.node_devices(cluster.devices_per_node)
+    if cluster.devices_per_node > most:
+        raise PlanError(
+            f"--devices-per-node {cluster.devices_per_node}: a {cluster.backend} node holds {most} devices (its "
+            "fast domain: NVLink domain, NVL72 rack, TPU slice or a machine's sockets); give that many or fewer"
+        )
+
+
 # One backend object per (registry, name): the op-cost cache of lowering is keyed by it, so
 # layouts compiled one after another price a GEMM of the same shape once.
 _BACKENDS: Memo[Any] = Memo("backends", maxsize=64)
@@ -221,6 +236,7 @@ def prepare_joint(
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     loaded = _backend(cluster.backend, registry)
     cluster = resolve_cluster(cluster, registry, loaded)
+    check_node(cluster, loaded)
     plan = resolve_cp_a2a(plan, cluster.devices_per_node)
     check_precision(plan, loaded)
     check_offload(plan, loaded)

@@ -65,6 +65,15 @@ def test_summary_and_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
         (["--pp", "32"], "pp=32 exceeds the number of layers (24)"),
         (["--backend", "tpu-v9"], "unknown backend 'tpu-v9'"),
         (["--global-batch", "3", "--dp", "2"], "global batch 3 is not a multiple of micro-batch*dp = 1*2"),
+        # a node larger than the hardware's: the layout's error, not blamed on the backend
+        (
+            ["--backend", "h100-sxm", "--dp", "16", "--devices-per-node", "16"],
+            "--devices-per-node 16: a h100-sxm node holds 8 devices",
+        ),
+        (
+            ["--backend", "cpu-x86", "--dp", "8", "--devices-per-node", "4"],
+            "--devices-per-node 4: a cpu-x86 node holds 2 devices",
+        ),
     ],
 )
 def test_bad_layouts_are_one_line(args: list[str], message: str) -> None:
