@@ -256,6 +256,41 @@ def valid_layouts(rng: random.Random, work: Path) -> Callable[[], Any]:
     return run
 
 
+def embeddings(rng: random.Random, work: Path) -> Callable[[], Any]:
+    """A small DLRM with random tables sharded a random way (an unknown type among them) over random
+    data-parallel ranks and nodes: TorchRec's five types, ``auto``, tables that fit nowhere, partial nodes."""
+    from functools import partial
+
+    from echosim.compiler import lower
+    from echosim.frontend.zoo_torch import TorchZooModel, dlrm_module
+    from echosim.plan import plan_from_options
+
+    count = rng.choice([1, 2, 3, 5])
+    rows = tuple(rng.choice([3, 100, 5000, 200_000, 40_000_000]) for _ in range(count))
+    pooling = tuple(rng.choice([1, 2, 4]) for _ in range(count))
+    dim = rng.choice([4, 16, 64, 128, 256, 520])
+    build = partial(dlrm_module, rows, pooling, dim, 13, (32, dim), (32, 1), 1, 8)
+    inputs = ((("batch", 13), "float32"), (("batch", sum(pooling)), "int64"))
+    model = TorchZooModel(f"fuzz-dlrm-{abs(hash((rows, dim))) % 10**6}", build, inputs, "fuzz DLRM", "queries")
+    dp = rng.choice([1, 2, 4, 8, 12, 16, 32])
+    opts: dict[str, Any] = {
+        "dp": dp, "devices": dp, "micro_batch": rng.choice([1, 8, 64]),
+        "embedding_sharding": rng.choice(["table", "row", "column", "data", "table_row", "auto", "none", "grid"]),
+        "backend": rng.choice(["a100-40gb", "h100-sxm", "tpu-v5e", "cpu-x86"]),
+        "dtype": rng.choice(["fp32", "bf16"]),
+    }  # fmt: skip
+    if rng.random() < 0.5:
+        opts["devices_per_node"] = rng.choice([1, 2, 4, 8])
+    if rng.random() < 0.2:  # refused: tables shard over data-parallel ranks only
+        opts["tp"], opts["devices"] = 2, 2 * dp
+
+    def run() -> None:
+        _, plan, cluster = plan_from_options("fuzz", opts)
+        check_report(lower(model, plan, cluster).report)
+
+    return run
+
+
 def cases_csv(rng: random.Random, work: Path) -> Callable[[], Any]:
     """A cases.csv-shaped file: real rows with cells replaced, dropped, added or the file truncated."""
     from echosim.validation.cases import read_cases
@@ -667,6 +702,7 @@ def deepspeed_config(rng: random.Random, work: Path) -> Callable[[], Any]:
 TARGETS: dict[str, Callable[[random.Random, Path], Callable[[], Any]]] = {
     "layouts": layouts,
     "valid-layouts": valid_layouts,
+    "embeddings": embeddings,
     "cases": cases_csv,
     "microbench": microbench_csv,
     "tool-echosim": tool_echosim,

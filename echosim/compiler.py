@@ -38,6 +38,7 @@ from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.context_parallel import head_parallel_note
 from echosim.passes.data_parallel import DataParallel
+from echosim.passes.embedding_sharding import sharding_note
 from echosim.passes.memory import E5M6_BYTES, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.precision import FP8_TILE_BYTES
@@ -274,6 +275,8 @@ def prepare_joint(
         notes = [*notes, *joint.derived(("head-parallel", plan.cp), lambda: head_parallel_note(joint, plan.cp))]
     if plan.tp > 1 and plan.sp:
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
+    if plan.embedding_sharding != "none":
+        notes = [*notes, *joint.derived(("embedding-plan",), lambda: sharding_note(graph, graph_passes))]
     if plan.offload_optimizer or plan.offload_params:
         note, over = host_state(total_params, plan, loaded)
         notes, warnings = [*notes, note], [*warnings, *([over] if over else [])]

@@ -115,7 +115,7 @@ class Plan:
     # Transformer Engine's fused grouped expert MLP (CuTe DSL: the GLU and its quantisation in the GEMM epilogues)
     moe_fused_mlp: bool = False
     passes: tuple[str, ...] = ()  # optional registered passes to run (``--pass NAME``)
-    # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, auto
+    # embedding tables (pooled lookups) over the data-parallel ranks: none, table, row, column, data, table_row, auto
     embedding_sharding: str = "none"
     framework: str = DEFAULT_FRAMEWORK  # whose defaults and memory behaviour apply (echosim.frameworks)
     # TPU splash attention's block sizes, MaxText's sa_block_q, sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv,

@@ -35,7 +35,15 @@ from echosim.frontend.zoo_torch import (
     resnet50_forward_flops,
 )
 from echosim.ir.ops import Axis, CollectiveAttrs, EmbeddingAttrs, MatmulAttrs, OpKind, ParamAttrs, Phase
-from echosim.passes.embedding_sharding import EmbeddingSharding, ShardingError, find_tables
+from echosim.passes.embedding_sharding import (
+    EmbeddingSharding,
+    ShardingError,
+    _cheapest,
+    column_block,
+    estimate_s,
+    find_tables,
+    shard_cost_s,
+)
 from echosim.passes.flops import ROWWISE_ADAGRAD_BYTES_PER_ROW, graph_flops, io_bytes
 from echosim.plan import Cluster, Plan
 
@@ -351,9 +359,10 @@ ROWS = (1000, 2000, 3000)
 POOL = (2, 3, 5)
 
 
-def _compiled(mode: str, dp: int = W) -> object:
-    model = _small_dlrm(ROWS, POOL, D)
-    return lower(model, Plan(dp=dp, micro_batch=B, embedding_sharding=mode), Cluster(backend="h100-sxm", devices=dp))
+def _compiled(mode: str, dp: int = W, dim: int = D, per_node: int = 0) -> object:
+    model = _small_dlrm(ROWS, POOL, dim)
+    cluster = Cluster(backend="h100-sxm", devices=dp, devices_per_node=per_node)
+    return lower(model, Plan(dp=dp, micro_batch=B, embedding_sharding=mode), cluster)
 
 
 def _colls(compiled: object, phase: Phase) -> dict[str, tuple[OpKind, int]]:
@@ -409,11 +418,102 @@ def test_row_wise_reduce_scatter_bytes_and_memory() -> None:
 
 
 def test_column_wise_all_to_all_bytes_and_memory() -> None:
-    c = _compiled("column")
+    # TorchRec cuts columns into blocks of 128 (the smallest multiple of 4 from 128 that divides the width):
+    # 256 columns make two shards a table; placed largest first on the least loaded rank, each rank holds
+    # one shard of each table, sends the global batch's 128 columns of each and receives its own 256
+    c = _compiled("column", dim=256)
     fwd = _colls(c, Phase.FORWARD)
-    # every table cut into W column shards; balanced, each rank holds one shard (D / W columns) of each
-    assert fwd["embedding_sharding.column.output_dist"] == (OpKind.ALL_TO_ALL, B * len(ROWS) * D * 2)
-    assert sorted(_table_params(c)) == sorted((r, D // W) for r in ROWS)
+    assert fwd["embedding_sharding.column.output_dist"] == (OpKind.ALL_TO_ALL, B * len(ROWS) * 256 * 2)
+    assert sorted(_table_params(c)) == sorted((r, 128) for r in ROWS)
+    # 16 columns are one block: column-wise is table-wise
+    c = _compiled("column")
+    assert sorted(_table_params(c)) == sorted(_table_params(_compiled("table")))
+
+
+def test_table_row_wise_reduces_within_a_node_then_exchanges_across_nodes() -> None:
+    # 16 ranks on two nodes of 8: each table's rows over one node's 8 ranks. Largest first on the least loaded
+    # node: the 3000-row table on node 0, the 2000-row one on node 1, then the 1000-row one on node 1 (its load
+    # is the lighter); the busiest rank is node 1's first, holding the two smaller tables
+    w, host = 16, 8
+    c = _compiled("table_row", dp=w, per_node=host)
+    assert sorted(_table_params(c)) == [(math.ceil(1000 / host), D), (math.ceil(2000 / host), D)]
+    mine = 2 * D  # columns of the node's tables
+    fwd = _colls(c, Phase.FORWARD)
+    # every id of the rank's micro-batch goes once to its row's owner; the rank receives 1/host of the global
+    # batch's ids of its node's tables (pooling 2 and 3)
+    sent, received = B * sum(POOL), B * (2 + 3) * w // host
+    assert fwd["embedding_sharding.table_row.input_dist"] == (OpKind.ALL_TO_ALL, max(sent, received) * 8)
+    # the node's partial sums of the global batch, reduce-scattered over its ranks
+    assert fwd["embedding_sharding.table_row.intra_dist"] == (OpKind.REDUCE_SCATTER, w * B * mine * 2)
+    # then the samples of the 2 ranks with this local rank (one a node) out, the rank's own of every table in
+    cross = max(w // host * B * mine * 2, B * len(ROWS) * D * 2)
+    assert fwd["embedding_sharding.table_row.cross_dist"] == (OpKind.ALL_TO_ALL, cross)
+    bwd = _colls(c, Phase.BACKWARD)
+    assert set(bwd.values()) == {(OpKind.ALL_TO_ALL, cross), (OpKind.ALL_GATHER, w * B * mine * 2)}
+    g = c.stages[0].graph  # type: ignore[attr-defined]
+    axes = {n.name: (n.attrs.axis, n.attrs.size) for n in g if n.op.is_collective and "table_row" in n.name}
+    assert axes["embedding_sharding.table_row.intra_dist"] == (Axis.DP_INTRA, host)
+    assert axes["embedding_sharding.table_row.cross_dist"] == (Axis.DP_CROSS, w // host)
+    looked = sorted(n.attrs.lookups for n in g if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD)
+    assert looked == [B * 2 * w // host, B * 3 * w // host]
+    mem = c.report.memory[0]  # type: ignore[attr-defined]
+    _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    rows = math.ceil(1000 / host) + math.ceil(2000 / host)
+    assert mem["params"] == dense * 2 + rows * D * 2
+    assert mem["optimizer"] == dense * 12 + rows * ROWWISE_ADAGRAD_BYTES_PER_ROW
+    assert c.report.breakdown["comm.dp_intra"] > 0 and c.report.breakdown["comm.dp_cross"] > 0  # type: ignore[attr-defined]
+    # on one node there is nothing to exchange across nodes: the node's reduce-scatter is row-wise's
+    c = _compiled("table_row", dp=8, per_node=8)
+    assert "embedding_sharding.table_row.cross_dist" not in _colls(c, Phase.FORWARD)
+    assert (
+        _colls(c, Phase.FORWARD)["embedding_sharding.table_row.intra_dist"][1]
+        == (_colls(_compiled("row", dp=8, per_node=8), Phase.FORWARD)["embedding_sharding.row.output_dist"][1])
+    )
+
+
+def test_table_row_wise_needs_whole_hosts() -> None:
+    g, _, _ = _small_dlrm(ROWS, POOL, D).capture(CaptureSpec(micro_batch=B, dtype="bf16"))
+    with pytest.raises(ShardingError, match="needs whole hosts: 12 data-parallel ranks are not a multiple of 8"):
+        EmbeddingSharding("table_row", 12, local_world=8, capacity_bytes=80 * 2**30).run(g)
+
+
+def test_torchrec_estimates_and_column_blocks() -> None:
+    g, _, _ = _small_dlrm((1000,), (4,), 64).capture(CaptureSpec(micro_batch=B, dtype="bf16"))
+    (t,) = find_tables(g)
+    w, hbm, intra, cross = 16, 897 * 2**30, 600 * 2**30, 12.5 * 2**30
+    out = B * w * 64 * 2  # partial sums of the global batch (pooled rows for TW)
+    ids = B * 4
+    # shard_estimators.py _get_rw_sharding_perf over two nodes: reduce-scatter and all-gather at the cross-node
+    # rate, the output gradient's batched copy
+    rw = (ids * 8 + ids * 64 * 2 + out) / hbm * 3 + 2 * out / cross + out * 2.455 / hbm
+    assert shard_cost_s(t, "row", 64, w, 8) == pytest.approx(rw)
+    # _get_twrw_sharding_perf: 1/8 of the global ids, the reduce-scatter within the node, the exchange across
+    twrw = (ids * 2 * 8 + ids * 2 * 64 * 2 + out) / hbm * 3 + 2 * out / intra + 2 * B * 2 * 64 * 2 / cross
+    assert shard_cost_s(t, "table_row", 64, w, 8) == pytest.approx(twrw + out * 2.455 / hbm)
+    # _get_tw_sharding_perf: the global batch's ids and rows, 64 columns pay the half-block penalty
+    tw = (ids * w * 8 + ids * w * 64 * 2 + out) * 1.15 / hbm * 3 + 2 * out / cross
+    assert shard_cost_s(t, "table", 64, w, 8) == pytest.approx(tw)
+    # the type's cost is its shards': w row-wise shards, 8 table-wise-row-wise ones
+    assert estimate_s(t, "row", w, 8) == pytest.approx(w * rw)
+    # TorchRec's column blocks: 128 columns and up, a multiple of 4 that divides the width, else the width
+    assert [column_block(d) for d in (64, 128, 200, 256, 384, 520)] == [64, 128, 200, 128, 128, 260]
+
+
+def test_auto_picks_row_wise_on_one_node_and_table_row_wise_across_nodes() -> None:
+    g, _, _ = _small_dlrm((10, 4_000_000), (1, 1), 64).capture(CaptureSpec(micro_batch=B, dtype="bf16"))
+    big = find_tables(g)[1]
+    small = 2**28  # 256 MiB: the 4M-row table (488 MiB) needs its rows spread
+    assert _cheapest(big, 8, 8, small) == "row"  # one node: the same cost, row-wise listed first
+    assert _cheapest(big, 16, 8, small) == "table_row"  # two nodes: the reduce-scatter stays on NVLink
+    assert _cheapest(big, 16, 8, 80 * 2**30) == "table"  # room for the whole table on one rank
+
+
+def test_compile_notes_the_embedding_plan() -> None:
+    runner = CliRunner()
+    args = ["compile", "dlrm-dcnv2", "--backend", "h100-sxm", "--devices", "16", "--micro-batch", "64"]
+    result = runner.invoke(cli, [*args, "--embedding-sharding", "table_row"])
+    assert result.exit_code == 0, result.output
+    assert "note: embedding sharding (as asked): 26 table-wise-row-wise; the busiest rank" in result.output
 
 
 def test_data_parallel_tables_all_reduce_their_gradients_with_the_rest() -> None:
@@ -460,7 +560,7 @@ def test_cli_bad_sharding_input_is_one_line() -> None:
     assert result.exit_code == 1
     assert (
         result.output.strip().count("\n") == 0
-        and "unknown (known: none, table, row, column, data, auto)" in result.output
+        and "unknown (known: none, table, row, column, data, table_row, auto)" in result.output
     )
 
 

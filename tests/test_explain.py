@@ -285,6 +285,15 @@ def test_neighbours_offload_under_zero_and_only_there() -> None:
     assert all(p.zero >= 1 for p in neighbours(alone, Cluster("h100-sxm", 8)) if p.offload_optimizer)
 
 
+def test_neighbours_shard_the_embedding_tables_each_other_way() -> None:
+    """A sharded model's neighbours try every other TorchRec type; a model left unsharded tries none."""
+    cluster = Cluster("h100-sxm", 16)
+    plan = Plan(dp=16, global_batch=16, embedding_sharding="auto")
+    kinds = {p.embedding_sharding for p in neighbours(plan, cluster)} - {"auto"}
+    assert kinds == {"table", "row", "column", "data", "table_row"}
+    assert all(p.embedding_sharding == "none" for p in neighbours(replace(plan, embedding_sharding="none"), cluster))
+
+
 def test_an_optimizer_that_does_not_fit_is_offered_the_host() -> None:
     """Llama 3 70B on 8 H100 at tp 8 with the distributed optimizer: 153.7 GiB; the one change that fits is the
     offload."""

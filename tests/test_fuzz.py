@@ -1,7 +1,8 @@
 """Fuzzing in the suite: a few inputs of each kind benchmarks/fuzz.py feeds by the thousand.
 
 Each input (a mutated or truncated cases/microbench CSV, [tool.echosim] table, calibration
-database, ONNX model, transformers config, Megatron-LM launch line, or a random or legal layout)
+database, ONNX model, transformers config, Megatron-LM launch line, a random or legal layout, or a
+small DLRM's tables sharded a random way)
 must end in a result or a one-line error: never a traceback, a hang or a report that breaks a
 physical invariant.
 """
@@ -55,6 +56,12 @@ def test_mutated_inputs_end_in_a_result_or_one_line(target: str, seed: int) -> N
 def test_mutated_transformers_configs_end_in_a_config_or_one_line(seed: int) -> None:
     pytest.importorskip("transformers")
     ends_cleanly("hf-config", seed)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(seed=st.integers(0, 2**32))
+def test_sharded_embedding_tables_end_in_a_sound_report_or_one_line(seed: int) -> None:
+    ends_cleanly("embeddings", seed)
 
 
 @pytest.mark.slow

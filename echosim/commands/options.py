@@ -164,7 +164,8 @@ def layout_options(fn: F) -> F:
         click.option(
             "--embedding-sharding",
             help="Embedding tables over the data-parallel ranks, as TorchRec shards them: "
-            "none, table, row, column, data, auto (per table, TorchRec's planner rule).",
+            "none, table, row, column, data, table_row (a node's ranks hold a table's rows), auto (per table, "
+            "TorchRec's planner rule).",
         ),
         click.option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved, zb-h1, dualpipe, or a plugin's."),
         click.option("--attention", type=click.Choice(["flash", "math"]), help="Fused or materialised attention."),

@@ -37,6 +37,8 @@ COLOURS = {
     "optimizer": "#888888",
     "comm.tp": "#f28e2b",
     "comm.dp": "#d62728",
+    "comm.dp_intra": "#ff7f0e",
+    "comm.dp_cross": "#8c564b",
     "comm.edp": "#ff9896",
     "comm.fsdp": "#e6b800",
     "comm.pp": "#9c6b4e",

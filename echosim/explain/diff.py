@@ -44,7 +44,11 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "comm.ep": "ep tp moe_capacity_factor moe_imbalance moe_dispatcher micro_batch seq_len layers_per_stage "
         "microbatches devices_per_node backend framework",
         # ZeRO 0-2 reduce the gradients in the dtype they are kept in: the framework's, --grad-dtype's, main_grads'
-        "comm.dp": f"dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
+        "comm.dp": f"dp zero tp pp cp ep dtype layers_per_stage devices_per_node backend embedding_sharding "
+        f"{_GRAD_DTYPE}",
+        # TorchRec's table-wise-row-wise tables: within a node, then across nodes
+        "comm.dp_intra": "dp embedding_sharding micro_batch devices_per_node backend",
+        "comm.dp_cross": "dp embedding_sharding micro_batch devices_per_node backend",
         "comm.edp": f"dp ep zero tp pp dtype layers_per_stage devices_per_node backend {_GRAD_DTYPE}",
         "comm.fsdp": "dp zero tp pp cp dtype layers_per_stage microbatches devices_per_node backend fsdp_reduce_dtype "
         "offload_params framework",

@@ -20,6 +20,7 @@ from echosim.errors import EchosimError
 from echosim.explain.diff import GiB, compare, peak_bytes
 from echosim.frameworks import get_framework, weights_16bit_dtype
 from echosim.layout import HOST_OVERFLOW
+from echosim.passes.embedding_sharding import SHARDING_TYPES
 from echosim.passes.memory import given_dtypes
 from echosim.plan import CP_COMMS, HEAD_PARALLEL_COMMS, Cluster, Plan, plan_flags, setting_flags
 
@@ -123,6 +124,10 @@ def neighbours(plan: Plan, cluster: Cluster) -> list[Plan]:
         for a2a in (plan.cp_a2a // 2, plan.cp_a2a * 2):
             if 1 < a2a < plan.cp and plan.cp % a2a == 0:
                 add(cp_a2a=a2a)
+    if plan.embedding_sharding != "none":  # the tables sharded another way (a type that does not fit says so)
+        for kind in SHARDING_TYPES:
+            if kind not in ("none", plan.embedding_sharding):
+                add(embedding_sharding=kind)
     return out
 
 

@@ -485,6 +485,10 @@ class Axis(IdentityEnum):
     FSDP = "fsdp"  # ZeRO-3 / FSDP parameter and gradient traffic, placed like dp
     EFSDP = "efsdp"  # the experts' share of it, placed like edp
     EMBED = "embed"  # tied embedding gradients between the first and the last pipeline stage
+    # table-wise-row-wise embedding sharding (TorchRec's intra_and_cross_node_pg): the data-parallel ranks of
+    # one node, and the ranks with the same local rank on every node
+    DP_INTRA = "dp_intra"
+    DP_CROSS = "dp_cross"
 
 
 class Role(IdentityEnum):

@@ -1,9 +1,9 @@
-"""Embedding-table parallelism in TorchRec's terms: table-, row-, column-wise and data-parallel.
+"""Embedding-table parallelism in TorchRec's terms: table-, row-, column-, table-row-wise and data-parallel.
 
 Recommendation models keep most of their parameters in embedding tables that no single
 device holds, read a few rows of each per sample (pooled ``embedding_bag`` lookups), and
-update only those rows. TorchRec shards each table one of four ways and moves the pooled
-lookups between ranks (``torchrec/distributed/sharding/{tw,rw,cw,dp}_sharding.py``,
+update only those rows. TorchRec shards each table one of five ways and moves the pooled
+lookups between ranks (``torchrec/distributed/sharding/{tw,rw,cw,twrw,dp}_sharding.py``,
 github.com/pytorch/torchrec, read at a48cef7):
 
 * ``table`` (TW): a whole table on one rank. Ids travel to their table's owner (``KJTAllToAll``),
@@ -13,24 +13,30 @@ github.com/pytorch/torchrec, read at a48cef7):
   to the rank that holds their row; each rank pools its rows for the global batch into partial
   sums that ``PooledEmbeddingsReduceScatter`` adds up; backward all-gathers the gradients.
 * ``column`` (CW): a table cut into column shards placed table-wise, with the TW all_to_all
-  (``CwPooledEmbeddingSharding`` uses ``TwPooledEmbeddingDist``).
+  (``CwPooledEmbeddingSharding`` uses ``TwPooledEmbeddingDist``). The planner's shards are
+  128 columns or more (:func:`column_block`), so a table of 128 columns or fewer is one shard.
+* ``table_row`` (TWRW): a table on one node, its rows spread over that node's ranks. Ids go to
+  their row's owner; the node's partial sums of the global batch are reduce-scattered within the
+  node, then an all_to_all over the ranks with the same local rank on every node hands each rank
+  its own samples (``TwRwPooledEmbeddingDist``: ``intra_pg`` then ``cross_pg``). Backward runs the
+  all_to_all and then an all-gather within the node. It keeps the reduce-scatter on NVLink where
+  row-wise sharding over several nodes runs it across them.
 * ``data`` (DP): replicated; local lookups, the dense table gradient is all-reduced with the
   rest of the data-parallel gradients.
 
-TW, RW and CW tables train with FBGEMM's fused backward-and-optimizer kernel (row-wise Adagrad:
+TW, RW, CW and TWRW tables train with FBGEMM's fused backward-and-optimizer kernel (row-wise Adagrad:
 one fp32 accumulator per row; the gradient never exists as a dense tensor): they are marked
 ``sparse`` so the data-parallel and optimizer passes leave them alone.
 
-``auto`` picks per table the cheapest option that fits, as TorchRec's ``EmbeddingShardingPlanner``
+``auto`` picks per table the cheapest type that fits, as TorchRec's ``EmbeddingShardingPlanner``
 does (enumerate options, estimate each with ``EmbeddingPerfEstimator`` and
 ``EmbeddingStorageEstimator``, propose the cheapest, partition greedily). The estimate here is
-TorchRec's own closed form (``planner/shard_estimators.py``: input read + row lookup + output
-write over HBM bandwidth, output over the collective's bandwidth, backward compute twice
-forward) with TorchRec's default topology constants (``planner/constants.py``).
+TorchRec's own closed form per shard (``planner/shard_estimators.py``: input read + row lookup +
+output write over HBM bandwidth, backward compute twice forward, the outputs over the collective's
+bandwidth, :func:`shard_cost_s`) with TorchRec's default topology constants (``planner/constants.py``),
+and shards are placed as ``GreedyPerfPartitioner`` places them (:func:`place`).
 
-One representative rank is modelled, as everywhere in echosim: the busiest after the greedy
-partition (TorchRec's ``GreedyPerfPartitioner`` places the most expensive shard first on the
-least loaded rank with room).
+One representative rank is modelled, as everywhere in echosim: the busiest after that placement.
 """
 
 from __future__ import annotations
@@ -45,13 +51,29 @@ from echosim.ir.ops import Axis, CollectiveAttrs, EmbeddingAttrs, OpKind, ParamA
 from echosim.ir.types import TensorSpec
 from echosim.passes.flops import ROWWISE_ADAGRAD_BYTES_PER_ROW
 
-SHARDING_TYPES = ("none", "table", "row", "column", "data", "auto")
+SHARDING_TYPES = ("none", "table", "row", "column", "data", "table_row", "auto")
+#: The types ``auto`` weighs, in the order TorchRec's ``EmbeddingBagCollectionSharder.sharding_types`` lists them
+#: (embedding_types.py); of two equally cheap types the first is kept, as the planner's stable sort keeps it.
+AUTO_TYPES = ("data", "table", "column", "row", "table_row")
+#: How the report names each type.
+LABELS = {"table": "table-wise", "row": "row-wise", "column": "column-wise", "data": "data-parallel",
+          "table_row": "table-wise-row-wise"}  # fmt: skip
+#: Types whose shards sit one on every rank (TorchRec's ``PartitionByType.UNIFORM``), placed before the rest.
+UNIFORM_TYPES = ("row", "data")
 
-# TorchRec planner defaults (torchrec/distributed/planner/constants.py at a48cef7), bytes per second.
+# TorchRec planner defaults (torchrec/distributed/planner/constants.py at a48cef7), bytes per second; the
+# multipliers and penalties are the file's "empirical studies" of FBGEMM's kernels.
 HBM_MEM_BW_BPS = 897 * 2**30
 INTRA_NODE_BW_BPS = 600 * 2**30
 CROSS_NODE_BW_BPS = 12.5 * 2**30
 BWD_COMPUTE_MULTIPLIER = 2.0
+BATCHED_COPY_PERF_FACTOR = 2.455  # the row-wise output gradient's copy before its all-gather
+FULL_BLOCK_EMB_DIM = 128  # a lookup kernel's 32 threads x 4-wide vectors fill a block at 128 columns
+HALF_BLOCK_PENALTY = 1.15  # 64 <= columns < 128
+QUARTER_BLOCK_PENALTY = 1.75  # columns < 64
+MIN_LOOKUP_DIM = 32  # "minimum embedding dim is set to 32 due to kernel usage" (table-wise lookups)
+DP_ELEMENTWISE_KERNELS_PERF_FACTOR = 9.22  # a replicated table's optimizer: SGD + fill + unary kernels
+MIN_CW_DIM = 128  # column-wise shards are at least this wide
 HBM_CAP_BYTES = 32 * 2**30  # TorchRec's Topology default, used when no device capacity is given
 # A data-parallel table trains under the dense optimizer: fp32 weight, gradient and Adam's two moments.
 DENSE_TABLE_BYTES_PER_ELEMENT = 16
@@ -85,7 +107,7 @@ class Shard:
     """A piece of a table placed on a rank: ``rows x cols`` of it."""
 
     table: int  # index into the table list
-    kind: str  # table | row | column | data
+    kind: str  # table | row | column | data | table_row
     rows: int
     cols: int
 
@@ -96,34 +118,77 @@ class Shard:
         return self.rows * self.cols * t.itemsize + self.rows * ROWWISE_ADAGRAD_BYTES_PER_ROW
 
 
-def estimate_s(t: Table, kind: str, world: int, local_world: int) -> float:
-    """TorchRec's per-table cost (``EmbeddingPerfEstimator``) of one sharding type, in seconds per step.
+def host_size(world: int, local_world: int) -> int:
+    """Ranks of one host that a table-wise-row-wise table's rows are spread over."""
+    return max(1, min(local_world, world))
 
-    Forward: read the ids, look up the rows, write the pooled outputs (HBM bandwidth), send the
-    outputs (all_to_all for TW/CW, reduce-scatter for RW). Backward: twice the forward compute
-    and the outputs' gradients back. DP: local lookups and an all-reduce of the table gradient.
+
+def _comm_bw(group: int, local_world: int) -> float:
+    """TorchRec's ``BasicCommsBandwidths.get_bw``: intra-node while the group fits in one host."""
+    return INTRA_NODE_BW_BPS if group <= local_world else CROSS_NODE_BW_BPS
+
+
+def shard_cost_s(t: Table, kind: str, cols: int, world: int, local_world: int) -> float:
+    """TorchRec's estimate of one shard (``EmbeddingPerfEstimator``, ``Perf.total``), in seconds per step.
+
+    ``planner/shard_estimators.py`` (``_get_{tw,rw,twrw,dp}_sharding_perf``; CW shards are costed as TW
+    shards of their columns): forward compute is the ids read, the rows looked up and the pooled outputs
+    written over HBM bandwidth; backward compute is twice that; communication is the outputs over the
+    collective's bandwidth each way. A row-wise shard writes partial sums for the global batch and copies
+    their gradients once more; a table-wise-row-wise one reduce-scatters them within its host and sends
+    its host's samples across hosts; a replicated table all-reduces its gradient and runs the dense
+    optimizer's elementwise kernels over it.
     """
-    comm_bw = INTRA_NODE_BW_BPS if world <= local_world else CROSS_NODE_BW_BPS
-    ids = t.lookups * t.id_bytes
-    lookup = t.lookups * t.dim * t.itemsize
-    out = t.batch * t.dim * t.itemsize
+    hbm, s = HBM_MEM_BW_BPS, t.itemsize
     if kind == "data":
+        lookup = (t.lookups * t.id_bytes + t.lookups * cols * s + t.batch * cols * s) / hbm
         nodes = min(world / local_world, 2)
-        allreduce = t.rows * t.dim * 4 * (2 * nodes - 1) / nodes
-        return (ids + lookup + out) / HBM_MEM_BW_BPS * (1 + BWD_COMPUTE_MULTIPLIER) + allreduce / comm_bw
-    # TW / CW / RW: the shards together look up the global batch and write it once per shard
-    compute = (ids + lookup + out) * world / HBM_MEM_BW_BPS
-    return compute * (1 + BWD_COMPUTE_MULTIPLIER) + 2 * out * world / comm_bw
+        table = t.rows * cols * s
+        allreduce = table * (2 * nodes - 1) / nodes / (CROSS_NODE_BW_BPS * local_world)  # one NIC per GPU
+        if world > 2 * local_world:
+            allreduce *= 2
+        return lookup * (1 + BWD_COMPUTE_MULTIPLIER) + allreduce + table * DP_ELEMENTWISE_KERNELS_PERF_FACTOR / hbm
+    out = t.batch * world * cols * s  # pooled rows (or partial sums) of the global batch
+    if kind in ("table", "column"):
+        penalty = 1.0 if cols >= FULL_BLOCK_EMB_DIM else HALF_BLOCK_PENALTY if cols >= 64 else QUARTER_BLOCK_PENALTY
+        ids = t.lookups * world
+        fwd = (ids * t.id_bytes + ids * max(cols, MIN_LOOKUP_DIM) * s + out) * penalty / hbm
+        return fwd * (1 + BWD_COMPUTE_MULTIPLIER) + 2 * out / _comm_bw(world, local_world)
+    if kind == "row":
+        ids, comm = t.lookups, 2 * out / _comm_bw(world, local_world)
+    else:  # table_row
+        host = host_size(world, local_world)
+        ids, comm = t.lookups * world / host, 2 * out / INTRA_NODE_BW_BPS
+        if world > host:
+            comm += 2 * t.batch * (world / host) * cols * s / CROSS_NODE_BW_BPS
+    fwd = (ids * t.id_bytes + ids * cols * s + out) / hbm
+    return fwd * (1 + BWD_COMPUTE_MULTIPLIER) + comm + out * BATCHED_COPY_PERF_FACTOR / hbm
 
 
-def shards_of(t: Table, index: int, kind: str, world: int) -> list[Shard]:
+def estimate_s(t: Table, kind: str, world: int, local_world: int) -> float:
+    """TorchRec's cost of one sharding type for a table: the sum over its shards (``ShardingOption.total_perf``)."""
+    return sum(shard_cost_s(t, kind, s.cols, world, local_world) for s in shards_of(t, 0, kind, world, local_world))
+
+
+def column_block(dim: int) -> int:
+    """Columns of one column-wise shard: the smallest multiple of 4 from :data:`MIN_CW_DIM` up that divides
+    ``dim``, or the whole table (sharding_plan.py ``_get_block_size_for_cw_shard``, the planner's enumerator)."""
+    block = next((i for i in range(MIN_CW_DIM, dim) if dim % i == 0 and i % 4 == 0), dim)
+    return min(block, dim)
+
+
+def shards_of(t: Table, index: int, kind: str, world: int, local_world: int = 8) -> list[Shard]:
+    """The shards TorchRec's enumerator cuts a table into (``calculate_shard_sizes_and_offsets``)."""
     if kind == "table":
         return [Shard(index, kind, t.rows, t.dim)]
     if kind == "row":
         return [Shard(index, kind, math.ceil(t.rows / world), t.dim) for _ in range(world)]
+    if kind == "table_row":
+        host = host_size(world, local_world)
+        return [Shard(index, kind, math.ceil(t.rows / host), t.dim) for _ in range(host)]
     if kind == "column":
-        pieces = min(world, t.dim)
-        return [Shard(index, kind, t.rows, math.ceil(t.dim / pieces)) for _ in range(pieces)]
+        block = column_block(t.dim)
+        return [Shard(index, kind, t.rows, block) for _ in range(t.dim // block)]
     return [Shard(index, kind, t.rows, t.dim) for _ in range(world)]
 
 
@@ -140,53 +205,92 @@ class Placement:
 
 
 def place(tables: list[Table], mode: str, world: int, local_world: int, capacity: int) -> Placement:
-    """Choose each table's sharding and place its shards on ranks (greedy, most expensive first)."""
-    kinds = []
-    for t in tables:
-        kind = mode if mode != "auto" else _cheapest(t, world, local_world, capacity)
-        kinds.append(kind)
+    """Choose each table's sharding and place its shards on ranks as TorchRec's ``GreedyPerfPartitioner`` does.
+
+    Uniform types first (a row-wise or replicated shard on every rank), then the other tables largest first
+    (its default ``SortBy.STORAGE``): a table-wise-row-wise table on the least loaded host whose ranks all
+    have room (``_cohost_partition``), each table- or column-wise shard on the least loaded rank with room
+    (``_device_partition``; ties to the lowest local rank, then the lowest rank).
+    """
+    kinds = [mode if mode != "auto" else _cheapest(t, world, local_world, capacity) for t in tables]
+    host = host_size(world, local_world)
+    if "table_row" in kinds and world % host:
+        raise ShardingError(
+            f"--embedding-sharding table_row spreads a table's rows over one host's {host} devices and needs "
+            f"whole hosts: {world} data-parallel ranks are not a multiple of {host}"
+        )
     ranks: list[list[Shard]] = [[] for _ in range(world)]
     load = [0.0] * world
     used = [0] * world
-    shards: list[tuple[float, int, Shard]] = []
+    groups: list[tuple[int, int, list[Shard]]] = []
     for i, (t, kind) in enumerate(zip(tables, kinds, strict=True)):
-        pieces = shards_of(t, i, kind, world)
-        cost = estimate_s(t, kind, world, local_world) / len(pieces)
-        if kind in ("row", "data"):  # one shard on every rank
+        pieces = shards_of(t, i, kind, world, local_world)
+        cost = shard_cost_s(t, kind, pieces[0].cols, world, local_world)
+        if kind in UNIFORM_TYPES:  # one shard on every rank
             for r, s in enumerate(pieces):
                 ranks[r].append(s)
                 load[r] += cost
                 used[r] += s.storage(t)
             continue
-        shards += [(cost, i, s) for s in pieces]
+        groups.append((sum(s.storage(t) for s in pieces), i, pieces))
     for r in range(world):
         if used[r] > capacity:
             _no_room(tables, kinds, used[r], capacity, world, mode)
-    shards.sort(key=lambda x: (-x[0], x[1]))
-    for cost, i, s in shards:
-        need = s.storage(tables[i])
-        room = [r for r in range(world) if used[r] + need <= capacity]
-        if not room:
-            raise ShardingError(
-                f"embedding table {tables[i].name} ({tables[i].rows:,} x {tables[i].dim}): its {kinds[i]}-wise "
-                f"shard of {need / 2**30:.1f} GiB fits on none of the {world} devices "
-                f"({capacity / 2**30:.1f} GiB each, with the shards already placed); "
-                + ("use more devices" if mode == "auto" else "use --embedding-sharding row or auto, or more devices")
-            )
-        best = min(room, key=lambda r: (load[r], r))
-        ranks[best].append(s)
-        load[best] += cost
-        used[best] += need
+    groups.sort(key=lambda x: (-x[0], x[1]))
+    for _, i, pieces in groups:
+        t, kind = tables[i], kinds[i]
+        cost = shard_cost_s(t, kind, pieces[0].cols, world, local_world)
+        on_node = kind == "table_row"
+        on_host = _host_ranks(t, kind, pieces[0].storage(t), host, load, used, capacity, mode) if on_node else []
+        for j, s in enumerate(pieces):
+            need = s.storage(t)
+            if on_host:
+                r = on_host[j]
+            else:
+                room = [r for r in range(world) if used[r] + need <= capacity]
+                if not room:
+                    raise ShardingError(_no_fit(t, kind, need, f"none of the {_devices(world)}", capacity, mode))
+                r = min(room, key=lambda r: (load[r], r % host, r))
+            ranks[r].append(s)
+            load[r] += cost
+            used[r] += need
     busiest = max(range(world), key=lambda r: (load[r], -r))
     return Placement(kinds, ranks, busiest)
 
 
+def _host_ranks(
+    t: Table, kind: str, need: int, host: int, load: list[float], used: list[int], capacity: int, mode: str
+) -> list[int]:
+    """The ranks of the least loaded host whose every rank has room for one shard (``_cohost_partition``)."""
+    world = len(load)
+    for h in sorted(range(world // host), key=lambda h: (sum(load[h * host : (h + 1) * host]), h)):
+        ranks = list(range(h * host, (h + 1) * host))
+        if all(used[r] + need <= capacity for r in ranks):
+            return ranks
+    raise ShardingError(_no_fit(t, kind, need, f"no host of {host} of the {_devices(world)}", capacity, mode))
+
+
+def _devices(n: int) -> str:
+    return f"{n} device{'s' if n != 1 else ''}"
+
+
+def _no_fit(t: Table, kind: str, need: int, where: str, capacity: int, mode: str) -> str:
+    return (
+        f"embedding table {t.name} ({t.rows:,} x {t.dim}): its {LABELS[kind]} shard of {need / 2**30:.1f} GiB fits on "
+        f"{where} ({capacity / 2**30:.1f} GiB each, with the shards already placed); "
+        + ("use more devices" if mode == "auto" else "use --embedding-sharding row or auto, or more devices")
+    )
+
+
 def _cheapest(t: Table, world: int, local_world: int, capacity: int) -> str:
+    """The cheapest type whose largest shard fits a device (the planner's first proposal, by total cost)."""
     fitting = []
-    for kind in ("data", "table", "column", "row"):
-        largest = max(s.storage(t) for s in shards_of(t, 0, kind, world))
+    for order, kind in enumerate(AUTO_TYPES):
+        if kind == "table_row" and world % host_size(world, local_world):
+            continue  # needs whole hosts
+        largest = max(s.storage(t) for s in shards_of(t, 0, kind, world, local_world))
         if largest <= capacity:
-            fitting.append((estimate_s(t, kind, world, local_world), kind))
+            fitting.append((estimate_s(t, kind, world, local_world), order, kind))
     if not fitting:
         rows = shards_of(t, 0, "row", world)[0].storage(t)
         raise ShardingError(
@@ -194,17 +298,38 @@ def _cheapest(t: Table, world: int, local_world: int, capacity: int) -> str:
             f"sharding: even row-wise over {world} devices each holds {rows / 2**30:.1f} GiB of "
             f"{capacity / 2**30:.1f} GiB; use more devices"
         )
-    return min(fitting)[1]
+    return min(fitting)[2]
 
 
 def _no_room(tables: list[Table], kinds: list[str], used: int, capacity: int, world: int, mode: str) -> None:
     biggest = max(range(len(tables)), key=lambda i: tables[i].bytes)
     t = tables[biggest]
     raise ShardingError(
-        f"embedding tables need {used / 2**30:.1f} GiB per device under {kinds[biggest]}-wise sharding over {world} "
+        f"embedding tables need {used / 2**30:.1f} GiB per device under {LABELS[kinds[biggest]]} sharding over {world} "
         f"devices ({capacity / 2**30:.1f} GiB each; largest {t.name}: {t.rows:,} x {t.dim}); "
         + ("use more devices" if mode == "auto" else "use --embedding-sharding row or auto, or more devices")
     )
+
+
+def sharding_note(graph: Graph, passes: list[object]) -> list[str]:
+    """What the report says of the embedding plan: how many tables took each type, and what the modelled
+    (busiest) rank holds, as TorchRec's planner prints its plan. Read off the captured graph with the
+    configured pass (placing is deterministic and cheap); none without the pass or tables."""
+    es = next((p for p in passes if isinstance(p, EmbeddingSharding)), None)
+    tables = find_tables(graph) if es is not None and es.mode != "none" else []
+    if es is None or not tables:
+        return []
+    placement = place(tables, es.mode, es.world, es.local_world, es.capacity_bytes)
+    counts = [(placement.kinds.count(k), LABELS[k]) for k in AUTO_TYPES if k in placement.kinds]
+    held = placement.ranks[placement.rank]
+    nbytes = sum(s.storage(tables[s.table]) for s in held)
+    how = "per table by TorchRec's planner rule" if es.mode == "auto" else "as asked"
+    return [
+        f"embedding sharding ({how}): "
+        + ", ".join(f"{n} {label}" for n, label in counts)
+        + f"; the busiest rank, modelled, holds {len(held)} shard{'s' if len(held) != 1 else ''} "
+        f"({nbytes / 2**30:.2f} GiB with their optimizer state)"
+    ]
 
 
 def find_tables(graph: Graph) -> list[Table]:
@@ -244,14 +369,15 @@ class EmbeddingSharding:
         if self.mode == "none" or not tables:
             return graph
         placement = place(tables, self.mode, self.world, self.local_world, self.capacity_bytes)
-        return _Rewrite(graph, tables, placement, self.world).run()
+        return _Rewrite(graph, tables, placement, self.world, self.local_world).run()
 
 
 class _Rewrite:
     """Rebuild the graph with the representative rank's lookups and the collectives between ranks."""
 
-    def __init__(self, src: Graph, tables: list[Table], placement: Placement, world: int) -> None:
+    def __init__(self, src: Graph, tables: list[Table], placement: Placement, world: int, local_world: int) -> None:
         self.src, self.tables, self.placement, self.world = src, tables, placement, world
+        self.host = host_size(world, local_world)
         self.out = Graph(src.name, src.repeats, src.block_layers)
         self.map: dict[int, int] = {}
         self.sharded = {t.node: i for i, t in enumerate(tables) if placement.kinds[i] != "data"}
@@ -266,7 +392,7 @@ class _Rewrite:
                 self._param(n)
             else:
                 self._copy(n)
-        for kind in ("table", "column", "row"):
+        for kind in ("table", "column", "row", "table_row"):
             self._group(kind)
         for n in self.src:
             if n.id in deferred and n.id not in self.sharded:
@@ -306,10 +432,12 @@ class _Rewrite:
         scope = f"embedding_sharding.{kind}"
         ids = [self.map[self.src[self.tables[i].node].inputs[0]] for i in members]
         id_dtype = g[ids[0]].out.dtype
-        # input dist: a rank sends every id of its micro-batch once per shard holding its table (RW:
-        # to the row's owner) and receives the global batch's ids of the shards it holds
-        send = sum(self.tables[i].lookups * (1 if kind == "row" else len(self._shards(i))) for i in members)
-        recv = sum(self.tables[i].lookups * (1 if kind == "row" else w) for i in mine)
+        # input dist: a rank sends every id of its micro-batch once per shard holding its table (RW, TWRW: to
+        # the row's owner) and receives the ids of the shards it holds: the global batch's (TW, CW), or the
+        # share of them that falls in its rows (RW: 1/w, TWRW: 1/host)
+        by_row = kind in ("row", "table_row")
+        send = sum(self.tables[i].lookups * (1 if by_row else len(self._shards(i))) for i in members)
+        recv = sum(self._received(i, kind) for i in mine)
         count = max(send, recv)
         dist = g.add(OpKind.ALL_TO_ALL, ids, TensorSpec((max(1, count),), id_dtype),
                      CollectiveAttrs(Axis.DP, w, count * id_dtype.itemsize), scope=scope,
@@ -320,7 +448,7 @@ class _Rewrite:
             if i not in mine:
                 continue
             n = self.src[t.node]
-            lookups = t.lookups if kind == "row" else t.lookups * w  # RW: 1/w of the global batch's ids
+            lookups = self._received(i, kind)
             idv = g.add(OpKind.VIEW, [dist], TensorSpec((lookups,), id_dtype), scope=n.scope, name=f"{n.name}.ids")
             cols = mine[i]
             attrs = EmbeddingAttrs(t.rows, cols, lookups=lookups, sparse=True)
@@ -330,18 +458,45 @@ class _Rewrite:
         batch = self.tables[members[0]].batch
         itemsize = first.out.dtype.itemsize
         out_spec = first.out.with_shape((batch, width))
-        if kind == "row":  # partial sums of the global batch, reduced and scattered
-            nbytes = w * batch * width * itemsize
-            op = OpKind.REDUCE_SCATTER
-        else:  # pooled rows of the global batch out, this rank's samples of every table in
-            sent = w * batch * sum(mine.values()) * itemsize
-            nbytes = max(sent, batch * width * itemsize)
-            op = OpKind.ALL_TO_ALL
-        outd = g.add(op, looked, out_spec, CollectiveAttrs(Axis.DP, w, nbytes, Role.LAYER), scope=scope,
-                     name=f"{scope}.output_dist")  # fmt: skip
+        if kind == "table_row":
+            outd = self._host_then_cross(looked, sum(mine.values()), width, batch, first.out, scope)
+        else:
+            if kind == "row":  # partial sums of the global batch, reduced and scattered
+                nbytes = w * batch * width * itemsize
+                op = OpKind.REDUCE_SCATTER
+            else:  # pooled rows of the global batch out, this rank's samples of every table in
+                sent = w * batch * sum(mine.values()) * itemsize
+                nbytes = max(sent, batch * width * itemsize)
+                op = OpKind.ALL_TO_ALL
+            outd = g.add(op, looked, out_spec, CollectiveAttrs(Axis.DP, w, nbytes, Role.LAYER), scope=scope,
+                         name=f"{scope}.output_dist")  # fmt: skip
         for i in members:
             n = self.src[self.tables[i].node]
             self.map[n.id] = g.add(OpKind.VIEW, [outd], n.out, scope=n.scope, name=f"{n.name}.pooled")
+
+    def _received(self, i: int, kind: str) -> int:
+        """Ids of table ``i`` this rank looks up: the global batch's, or its rows' share of them."""
+        t, w = self.tables[i], self.world
+        return t.lookups if kind == "row" else t.lookups * w // self.host if kind == "table_row" else t.lookups * w
+
+    def _host_then_cross(
+        self, looked: list[int], mine: int, width: int, batch: int, spec: TensorSpec, scope: str
+    ) -> int:
+        """TorchRec's ``TwRwPooledEmbeddingDist``: the host's partial sums of the global batch reduce-scattered
+        over its ranks (each keeps the samples of the ranks with its local rank on every host), then an
+        all_to_all over those ranks, one a host, hands every rank its own samples of every table."""
+        g, w, host = self.out, self.world, self.host
+        cross, itemsize = w // host, spec.dtype.itemsize
+        if mine:  # the rank's host holds tables: ``mine`` of their columns
+            looked = [g.add(OpKind.REDUCE_SCATTER, looked, spec.with_shape((batch * cross, mine)),
+                            CollectiveAttrs(Axis.DP_INTRA, host, w * batch * mine * itemsize, Role.LAYER),
+                            scope=scope, name=f"{scope}.intra_dist")]  # fmt: skip
+        if cross == 1:
+            return looked[0]
+        nbytes = max(cross * batch * mine * itemsize, batch * width * itemsize)
+        return g.add(OpKind.ALL_TO_ALL, looked, spec.with_shape((batch, width)),
+                     CollectiveAttrs(Axis.DP_CROSS, cross, nbytes, Role.LAYER), scope=scope,
+                     name=f"{scope}.cross_dist")  # fmt: skip
 
     def _shards(self, i: int) -> list[Shard]:
         return [s for r in self.placement.ranks for s in r if s.table == i]

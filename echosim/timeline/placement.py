@@ -8,6 +8,7 @@ it costs the same at 8 devices as at 16,384.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,7 +38,8 @@ def axis_placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
     and dp fold into etp x ep x edp): an EP group is ``ep`` ranks ``etp`` apart, its experts'
     data-parallel peers ``etp * ep`` apart. Tied embeddings synchronise the first and the last
     pipeline stage. Hierarchical context parallelism splits each CP group into all-to-all groups of
-    ``cp_a2a`` neighbouring CP ranks and rings over the ranks ``tp * cp_a2a`` apart.
+    ``cp_a2a`` neighbouring CP ranks and rings over the ranks ``tp * cp_a2a`` apart. Table-wise-row-wise
+    embedding tables reduce over a node's data-parallel ranks, then exchange over the ranks a node apart.
     """
     return dict(_placements(d, devices_per_node))
 
@@ -62,4 +64,10 @@ def _placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
         out[Axis.CP_A2A] = megatron_placement("cp_a2a", tiers, devices_per_node)
         out[Axis.CP_P2P] = megatron_placement("cp_p2p", tiers, devices_per_node)
     out[Axis.FSDP] = out[Axis.DP]  # ZeRO-3 / FSDP shards over the data-parallel group
+    # table-wise-row-wise embedding sharding (data-parallel layouts only): the dp ranks of one node, and
+    # those with the same local rank on every node (TorchRec's intra_and_cross_node_pg)
+    host = math.gcd(d.dp, max(1, devices_per_node // d.tp))
+    tiers = {"tp": d.tp, "dp_intra": host, "dp_cross": d.dp // host, "pp": d.pp}
+    out[Axis.DP_INTRA] = megatron_placement("dp_intra", tiers, devices_per_node)
+    out[Axis.DP_CROSS] = megatron_placement("dp_cross", tiers, devices_per_node)
     return out
