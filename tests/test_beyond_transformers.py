@@ -471,6 +471,18 @@ def test_table_row_wise_reduces_within_a_node_then_exchanges_across_nodes() -> N
     )
 
 
+def test_zero_gathers_the_dense_weights_back_not_the_sharded_tables() -> None:
+    # ZeRO-1 and -2 all-gather the updated weight shards after the step; a sharded table's owner updated its rows
+    # in backward (FBGEMM's fused optimizer), so only the dense weights travel (bf16: 2 bytes each)
+    _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    for zero in (1, 2):
+        plan = Plan(dp=W, micro_batch=B, embedding_sharding="table", zero=zero)
+        c = lower(_small_dlrm(ROWS, POOL, D), plan, Cluster(backend="h100-sxm", devices=W))
+        g = c.stages[0].graph  # type: ignore[attr-defined]
+        (gather,) = [n for n in g if n.name == "zero.param_all_gather"]
+        assert gather.attrs.bytes == dense * 2
+
+
 def test_table_row_wise_needs_whole_hosts() -> None:
     g, _, _ = _small_dlrm(ROWS, POOL, D).capture(CaptureSpec(micro_batch=B, dtype="bf16"))
     with pytest.raises(ShardingError, match="needs whole hosts: 12 data-parallel ranks are not a multiple of 8"):

@@ -119,8 +119,8 @@ class DataParallel:
                 self._fsdp(g, graph, scope, params)
             else:
                 self._buckets(g, graph, scope, params)
-        if self.zero in (1, 2):
-            weights = sum(g[p].out.nbytes * g.multiplicity(g[p]) for p in graph.grads)
+        if self.zero in (1, 2):  # the updated shards back to every replica; a sparse table's owner updated it
+            weights = sum(g[p].out.nbytes * g.multiplicity(g[p]) for p in graph.grads if not sparse_table(g[p]))
             dtype = next(iter(g[p].out.dtype for p in graph.grads), DType.BF16)
             spec = TensorSpec((max(1, weights // dtype.itemsize),), dtype)
             g.add(OpKind.ALL_GATHER, [], spec, CollectiveAttrs(Axis.DP, self.dp, weights, Role.STEP_END),
