@@ -310,6 +310,11 @@ def _write(path: str, text: str, option: str) -> None:
     help="The optimizer on the host CPU in every layout (as compile's option; layouts without ZeRO are rejected).",
 )
 @click.option(
+    "--embedding-sharding",
+    help="Embedding tables of every layout sharded as compile's option says (table, row, column, data, table_row, "
+    "auto); layouts other than data-parallel are rejected.",
+)
+@click.option(
     "--offload-params",
     is_flag=True,
     help="ZeRO-3's weight shards in host memory in every layout (as compile's option; layouts without ZeRO-3 are "
@@ -356,7 +361,8 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
                seq_len: int | None, dtype: str, space_items: tuple[str, ...], micro_batches: str | None,
                recomputes: str | None, schedules: str | None, zeros: str | None, moe_dispatcher: str | None,
                moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, cp_comm: str | None,
-               cp_a2a: int | None, offload_optimizer: bool, offload_params: bool, framework: str | None, objective: str,
+               cp_a2a: int | None, offload_optimizer: bool, embedding_sharding: str | None, offload_params: bool,
+               framework: str | None, objective: str,
                max_memory_fraction: float, top: int, workers: int, executor: str, ray_address: str | None,
                tokens: float | None, price_per_device_hour: float | None, plot: str | None,
                as_json: bool) -> None:  # fmt: skip
@@ -380,7 +386,7 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
     fixed = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap or None,
              "moe_fused_mlp": moe_fused_mlp or None, "fp8_attention": fp8_attention or None,
              "cp_comm": cp_comm, "cp_a2a": cp_a2a, "offload_optimizer": offload_optimizer or None,
-             "offload_params": offload_params or None}  # fmt: skip
+             "offload_params": offload_params or None, "embedding_sharding": embedding_sharding}  # fmt: skip
     base = plan_with_defaults(Plan(), {"global_batch": global_batch, "seq_len": seq_len or 0, "dtype": dtype,
                                        "framework": framework, **fixed})  # fmt: skip
     if cp_comm is None:  # the framework's scheme for its layouts with cp > 1 (MaxText all-gathers K/V)
@@ -388,6 +394,10 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
         base = replace(base, cp_comm=scheme or base.cp_comm)
     check_fp8_attention(base, backend)  # one line before any layout is enumerated, as compile refuses them
     check_fused_mlp(base, backend)
+    if embedding_sharding is not None:
+        from echosim.passes.embedding_sharding import EmbeddingSharding
+
+        EmbeddingSharding(embedding_sharding, 1)  # an unknown type: one line naming the known ones
     if seq_len is not None and seq_len < 1:
         raise click.ClickException(f"--seq-len must be at least 1, got {seq_len} (leave it out for the model's own)")
     if cp_a2a is not None and cp_a2a < 2:

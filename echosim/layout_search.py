@@ -135,11 +135,15 @@ class ModelFacts:
     # ZeRO on one replica shards nothing, so it is ZeRO 0, unless the framework keeps other state under ZeRO
     # (DeepSpeed: 16-bit gradients with ZeRO, fp32 without it under bf16, Framework.grads_16bit_under_zero)
     zero_moot_alone: bool = True
+    # the model's pooled embedding tables: their (parameters, bytes of their rows and of their row-wise Adagrad
+    # state), which the memory bound spreads over the data-parallel ranks where the plan shards them
+    tables: tuple[int, int] = (0, 0)
 
     @classmethod
     def of(cls, model: Any, base: Plan) -> ModelFacts:
         from echosim.compiler import load_model
         from echosim.frameworks import get_framework
+        from echosim.passes.embedding_sharding import Shard, find_tables
         from echosim.passes.recompute import selective_replays
 
         graph, _messages, params = load_model(model, replace(base, micro_batch=1))
@@ -152,7 +156,10 @@ class ModelFacts:
         moot = framework.state(base.pp, base.grad_dtype, 0, base.dtype) == framework.state(
             base.pp, base.grad_dtype, 1, base.dtype
         )
-        return cls(params=params, shape=shape, selective_replays=replays, zero_moot_alone=moot)
+        found = find_tables(graph)
+        state = sum(Shard(0, "table", t.rows, t.dim).storage(t) for t in found)  # rows and Adagrad state
+        tables = (sum(t.rows * t.dim for t in found), state)
+        return cls(params=params, shape=shape, selective_replays=replays, zero_moot_alone=moot, tables=tables)
 
     @property
     def layers(self) -> int:
@@ -393,7 +400,7 @@ class Enumeration:
     removed_by: Counter[str]  # constraint -> layouts it removed
 
 
-def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int:
+def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False, tables: tuple[int, int] = (0, 0)) -> int:
     """Bytes per device that no layout of these degrees can go under: its share of weights, gradients and
     optimizer state (activations, buffers and replicated parameters only add to it).
 
@@ -402,7 +409,9 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
     (:meth:`echosim.frameworks.Framework.state`: MaxText's 16-bit weights keep 8 bytes a parameter, not
     16); gradients counted at 16 bits unless ``fp32_grads``. PyTorch DDP's gradient buckets
     (``StatePolicy.bucket_bytes``) are left out like the other buffers: they only add to the peak, and the
-    rejection message names the three parts it counts.
+    rejection message names the three parts it counts. Embedding tables the plan shards (``tables``: their
+    parameters and the bytes of their rows with row-wise Adagrad's state) are spread over the data-parallel
+    ranks as thinly as a sharding can (a replicated table keeps more).
     """
     from echosim.frameworks import get_framework
     from echosim.passes.memory import StatePolicy
@@ -411,8 +420,11 @@ def memory_lower_bound(plan: Plan, params: int, fp32_grads: bool = False) -> int
             "optimizer_dtypes": plan.optimizer_dtypes, "offload": plan.offload_optimizer,
             "offload_params": plan.offload_params}  # fmt: skip
     policy = StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, **kept)
-    per_device = params / (plan.tp * plan.pp * plan.ep)
-    return int(per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes))
+    sharded = plan.embedding_sharding != "none"
+    table_params, table_bytes = tables if sharded else (0, 0)
+    per_device = (params - table_params) / (plan.tp * plan.pp * plan.ep)
+    dense = per_device * (policy.weight_bytes + policy.grad_bytes + policy.optimizer_bytes)
+    return int(dense + table_bytes / (plan.dp * plan.cp))
 
 
 def _bound_key(plan: Plan) -> tuple[Any, ...]:
@@ -420,7 +432,7 @@ def _bound_key(plan: Plan) -> tuple[Any, ...]:
     dp x cp, tp x pp x ep): an enumeration's 10^4-10^5 layouts have a few hundred distinct bounds. Change it with
     that function."""
     return (plan.framework, plan.dtype, plan.optimizer_dtypes, plan.offload_optimizer, plan.offload_params, plan.pp,
-            plan.zero, plan.dp * plan.cp, plan.tp * plan.pp * plan.ep)  # fmt: skip
+            plan.zero, plan.dp * plan.cp, plan.tp * plan.pp * plan.ep, plan.embedding_sharding != "none")  # fmt: skip
 
 
 def enumerate_layouts(
@@ -548,7 +560,7 @@ def _rule(
     key = _bound_key(plan)
     bound = None if bounds is None else bounds.get(key)
     if bound is None:
-        bound = memory_lower_bound(plan, facts.params)
+        bound = memory_lower_bound(plan, facts.params, False, facts.tables)
         if bounds is not None:
             bounds[key] = bound
     if bound > budget:
@@ -1409,7 +1421,7 @@ def search(
                  for off in (False, True) if off or base.offload_params}  # fmt: skip
     with _fewer_collections():
         enum = enumerate_layouts(facts, base, cluster, spec, schedules, capacity, memory_fraction, over_host)
-    _check_not_empty(enum, base, cluster)
+    _check_not_empty(enum, base, cluster, facts)
     plans = enum.to_simulate[sample] if sample is not None else enum.to_simulate  # sample: benchmarks only
     results: list[Evaluated] = []
     interrupted = False
@@ -1549,8 +1561,9 @@ def _first(items: list[Evaluated], key: Callable[[Evaluated], float], n: int) ->
     return sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]
 
 
-def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster) -> None:
-    """No layout left to simulate is one line naming the constraint that removed them."""
+def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster, facts: ModelFacts | None = None) -> None:
+    """No layout left to simulate is one line naming the constraint that removed them (and, where memory removed
+    layouts of a model whose embedding tables stay replicated, the option that shards them)."""
     if enum.to_simulate:
         return
     if not enum.removed_by:
@@ -1568,7 +1581,13 @@ def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster) -> None:
     parts = ", ".join(f"{n} by {what}" for what, n in enum.removed_by.most_common())
     top = enum.removed_by.most_common(1)[0][0]
     example = next(c.reason for c in enum.rejected if _constraint_of(c, top))
-    raise SearchError(f"every layout was removed before simulation ({parts}); e.g. {example}")
+    hint = ""
+    if facts is not None and facts.tables[0] and base.embedding_sharding == "none" and "memory lower bound" in parts:
+        hint = (
+            f"; its {facts.tables[0]:,} embedding-table parameters are replicated: --embedding-sharding auto "
+            "shards them"
+        )
+    raise SearchError(f"every layout was removed before simulation ({parts}); e.g. {example}{hint}")
 
 
 def _constraint_of(c: Evaluated, constraint: str) -> bool:

@@ -577,3 +577,33 @@ def test_the_context_parallel_scheme_is_a_dimension() -> None:
     code, out = _run(*flags, "--space", "cp_comm=ring")
     assert code != 0 and "Traceback" not in out
     assert "unknown scheme 'ring' (known: p2p, all_gather, a2a, a2a+p2p)" in out
+
+
+def test_search_shards_embedding_tables_in_every_layout() -> None:
+    """Replicated, DLRM-DCNv2's 26B table parameters fit no 80 GiB device (the memory bound prunes every layout);
+    sharded as compile would shard them, the data-parallel layouts fit, and the rest are refused by name."""
+    args = ["dlrm-dcnv2", "--backend", "h100-sxm", "--devices", "16", "--global-batch", "32768",
+            "--space", "pp=1", "--space", "tp=1,2", "--micro-batches", "2048", "--zero", "0,1", "--json"]  # fmt: skip
+    code, out = _run(*args)
+    assert code == 1 and "by memory lower bound" in out and len(out.strip().splitlines()) == 1
+    assert "embedding-table parameters are replicated: --embedding-sharding auto shards them" in out
+    code, out = _run(*args, "--embedding-sharding", "auto")
+    assert code == 0, out
+    result = json.loads(out)
+    assert result["counts"]["fit"] > 0 and all(b["tp"] == 1 for b in result["best"] if b["fits"])
+    refused = [c for c in result["layouts"] if c["tp"] == 2]
+    assert refused and all("tp=2" in c["reason"] for c in refused)
+    code, out = _run(*args, "--embedding-sharding", "grid")
+    assert code == 1 and "'grid': unknown" in out and len(out.strip().splitlines()) == 1
+
+
+def test_the_memory_bound_spreads_sharded_tables_over_the_data_parallel_ranks() -> None:
+    """Tables a plan shards keep at least their rows and row-wise Adagrad state over dp; the dense parameters the
+    usual bytes."""
+    plan = Plan(dp=8, zero=0, framework="megatron")
+    dense_only = memory_lower_bound(plan, 10**6)
+    tables = (10**9, 2 * 10**9 + 4 * 10**7)  # 10^9 parameters: 2 bytes each, and a 4-byte accumulator per row
+    sharded = replace(plan, embedding_sharding="auto")
+    assert memory_lower_bound(sharded, 10**9 + 10**6, tables=tables) == dense_only + tables[1] // 8
+    # unsharded, the tables are dense parameters like the rest
+    assert memory_lower_bound(plan, 10**9 + 10**6, tables=tables) == memory_lower_bound(plan, 10**9 + 10**6)
