@@ -194,12 +194,18 @@ def full_space(
     """Every dimension's values: the user's where given, else all that can apply to this model and cluster.
 
     Recompute: none, selective and full, and the base plan's policy where it is another (any that
-    :func:`echosim.passes.recompute.policy_named` knows may be asked for with ``--space``).
+    :func:`echosim.passes.recompute.policy_named` knows may be asked for with ``--space``). Micro-batches: 1-8,
+    and for a model whose samples are no token sequences (DLRM, ResNet: thousands a device) each data-parallel
+    degree's whole share of the global batch too, the way such models train (no accumulation).
     """
     from echosim.passes.recompute import RecomputeError, policy_named
 
     devices, node = cluster.devices, cluster.devices_per_node
     pows = [d for d in _divisors(devices)]
+    shares: tuple[int, ...] = ()
+    if not facts.shape.tokens:
+        whole = {base.global_batch // d for d in pows if base.global_batch % d == 0}
+        shares = tuple(sorted(whole - set(DEFAULT_MICRO_BATCHES)))
     defaults: dict[str, tuple[Any, ...]] = {
         "tp": tuple(d for d in pows if d <= node),  # TP crosses no node boundary unless asked
         "pp": tuple(d for d in pows if d <= facts.layers),
@@ -212,7 +218,7 @@ def full_space(
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
         "offload_optimizer": (base.offload_optimizer,),  # --space offload_optimizer=false,true compares them
-        "mb": DEFAULT_MICRO_BATCHES,
+        "mb": DEFAULT_MICRO_BATCHES + shares,
         # the base plan's own policy too (a framework's, e.g. MaxText's remat policies): a search holds the layout asked
         "recompute": tuple(dict.fromkeys(("none", "selective", "full", base.recompute))),
         "schedule": distinct_schedules(schedules),
@@ -248,7 +254,8 @@ def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None 
       other state under ZeRO: ``ModelFacts.zero_moot_alone``), or stage 1 where the optimizer is offloaded (it
       needs one);
     * tp-overlap chunks GEMMs around TP collectives: without TP there are none;
-    * selective recompute with flash attention replays nothing (``ModelFacts.selective_replays``);
+    * selective recompute with flash attention replays nothing (``ModelFacts.selective_replays``), and no
+      policy replays anything in a model with no repeated block of layers (DLRM, ResNet: ``ModelShape.layers``);
     * two schedules that give the same block orders and split the backward alike for this
       (pp, micro-batches, vpp) are one schedule (``same_schedule``: 1F1B, GPipe and 2F2B with one
       micro-batch; "interleaved", registered apart from "1f1b", always).
@@ -273,6 +280,8 @@ def _canon(
     if ovl and tp == 1:
         ovl = False
     if rc == "selective" and not facts.selective_replays:
+        rc = "none"
+    if rc != "none" and facts.shape.layers is None:  # no repeated block: echosim checkpoints layers, so none is
         rc = "none"
     if same_schedule is not None and m:
         sched = same_schedule(sched, pp, m, vpp)

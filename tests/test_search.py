@@ -607,3 +607,30 @@ def test_the_memory_bound_spreads_sharded_tables_over_the_data_parallel_ranks() 
     assert memory_lower_bound(sharded, 10**9 + 10**6, tables=tables) == dense_only + tables[1] // 8
     # unsharded, the tables are dense parameters like the rest
     assert memory_lower_bound(plan, 10**9 + 10**6, tables=tables) == memory_lower_bound(plan, 10**9 + 10**6)
+
+
+def test_recompute_in_a_model_without_a_repeated_block_is_no_recompute() -> None:
+    """echosim checkpoints layers: in a model whose layers fold into no repeated block (DLRM) every recompute policy
+    replays nothing, so a search simulates it once, as none."""
+    facts = ModelFacts.of("dlrm-dcnv2", Plan())
+    assert facts.shape.layers is None
+    for policy in ("full", "selective", "full:1"):
+        assert canonical(Plan(dp=8, global_batch=8, recompute=policy), facts).recompute == "none"
+    llama = ModelFacts.of("llama3-8b", Plan())
+    assert canonical(Plan(dp=8, global_batch=8, recompute="full"), llama).recompute == "full"
+
+
+def test_models_without_token_sequences_also_try_each_degrees_whole_share_of_the_batch() -> None:
+    """DLRM trains thousands of samples a device with no accumulation: its micro-batches include the global batch
+    over each data-parallel degree; a language model's stay 1-8 (a share of sequences would be thousands of them)."""
+    from echosim.layout_search import DEFAULT_MICRO_BATCHES, full_space
+
+    cluster = Cluster("h100-sxm", 16, 8)
+    base = Plan(global_batch=32768)
+    mbs = full_space(ModelFacts.of("dlrm-dcnv2", base), base, cluster, {}, {}).values["mb"]
+    assert mbs == (*DEFAULT_MICRO_BATCHES, 2048, 4096, 8192, 16384, 32768)
+    base = Plan(global_batch=512)
+    assert full_space(ModelFacts.of("llama3-8b", base), base, cluster, {}, {}).values["mb"] == DEFAULT_MICRO_BATCHES
+    # asked for, the space is the user's
+    given = {"mb": (64,)}
+    assert full_space(ModelFacts.of("dlrm-dcnv2", base), base, cluster, {}, given).values["mb"] == (64,)
