@@ -507,6 +507,9 @@ def test_torchrec_estimates_and_column_blocks() -> None:
     assert shard_cost_s(t, "table", 64, w, 8) == pytest.approx(tw)
     # the type's cost is its shards': w row-wise shards, 8 table-wise-row-wise ones
     assert estimate_s(t, "row", w, 8) == pytest.approx(w * rw)
+    # a job smaller than a node is its own host: a replicated table's all-reduce is no negative time
+    small = shard_cost_s(t, "data", 64, 2, 8)
+    assert small > 0 and small == pytest.approx(shard_cost_s(t, "data", 64, 2, 2))
     # TorchRec's column blocks: 128 columns and up, a multiple of 4 that divides the width, else the width
     assert [column_block(d) for d in (64, 128, 200, 256, 384, 520)] == [64, 128, 200, 128, 128, 260]
 

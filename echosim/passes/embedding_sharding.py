@@ -137,9 +137,11 @@ def shard_cost_s(t: Table, kind: str, cols: int, world: int, local_world: int) -
     collective's bandwidth each way. A row-wise shard writes partial sums for the global batch and copies
     their gradients once more; a table-wise-row-wise one reduce-scatters them within its host and sends
     its host's samples across hosts; a replicated table all-reduces its gradient and runs the dense
-    optimizer's elementwise kernels over it.
+    optimizer's elementwise kernels over it. A job smaller than a node is its own host (TorchRec's
+    ``Topology`` takes the world size when no local size is given).
     """
     hbm, s = HBM_MEM_BW_BPS, t.itemsize
+    local_world = host_size(world, local_world)
     if kind == "data":
         lookup = (t.lookups * t.id_bytes + t.lookups * cols * s + t.batch * cols * s) / hbm
         nodes = min(world / local_world, 2)
@@ -156,11 +158,10 @@ def shard_cost_s(t: Table, kind: str, cols: int, world: int, local_world: int) -
         return fwd * (1 + BWD_COMPUTE_MULTIPLIER) + 2 * out / _comm_bw(world, local_world)
     if kind == "row":
         ids, comm = t.lookups, 2 * out / _comm_bw(world, local_world)
-    else:  # table_row
-        host = host_size(world, local_world)
-        ids, comm = t.lookups * world / host, 2 * out / INTRA_NODE_BW_BPS
-        if world > host:
-            comm += 2 * t.batch * (world / host) * cols * s / CROSS_NODE_BW_BPS
+    else:  # table_row: over the host's ranks, then across hosts
+        ids, comm = t.lookups * world / local_world, 2 * out / INTRA_NODE_BW_BPS
+        if world > local_world:
+            comm += 2 * t.batch * (world / local_world) * cols * s / CROSS_NODE_BW_BPS
     fwd = (ids * t.id_bytes + ids * cols * s + out) / hbm
     return fwd * (1 + BWD_COMPUTE_MULTIPLIER) + comm + out * BATCHED_COPY_PERF_FACTOR / hbm
 
@@ -240,12 +241,11 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
     for _, i, pieces in groups:
         t, kind = tables[i], kinds[i]
         cost = shard_cost_s(t, kind, pieces[0].cols, world, local_world)
-        on_node = kind == "table_row"
-        on_host = _host_ranks(t, kind, pieces[0].storage(t), host, load, used, capacity, mode) if on_node else []
+        cohost = _host_ranks(t, kind, pieces[0].storage(t), host, load, used, capacity, mode)
         for j, s in enumerate(pieces):
             need = s.storage(t)
-            if on_host:
-                r = on_host[j]
+            if kind == "table_row":  # shard j on the host's local rank j
+                r = cohost[j]
             else:
                 room = [r for r in range(world) if used[r] + need <= capacity]
                 if not room:
@@ -261,7 +261,10 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
 def _host_ranks(
     t: Table, kind: str, need: int, host: int, load: list[float], used: list[int], capacity: int, mode: str
 ) -> list[int]:
-    """The ranks of the least loaded host whose every rank has room for one shard (``_cohost_partition``)."""
+    """The ranks of the least loaded host whose every rank has room for one shard (``_cohost_partition``); none
+    for a table placed rank by rank."""
+    if kind != "table_row":
+        return []
     world = len(load)
     for h in sorted(range(world // host), key=lambda h: (sum(load[h * host : (h + 1) * host]), h)):
         ranks = list(range(h * host, (h + 1) * host))
