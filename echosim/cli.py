@@ -272,9 +272,9 @@ def _write(path: str, text: str, option: str) -> None:
     multiple=True,
     metavar="KEY=V1,V2",
     help="Values of one dimension (repeatable): tp, pp, dp, cp, cp_comm, ep, vpp, sp, zero, offload_optimizer, mb, "
-    "recompute, schedule, tp_overlap. Unnamed dimensions take every value that applies (zero: the --framework's "
-    "stage when one is named; cp_comm: --cp-comm's scheme, else the framework's, a2a+p2p's groups as compile's "
-    "default; offload_optimizer: --offload-optimizer's).",
+    "recompute, schedule, tp_overlap, embedding_sharding. Unnamed dimensions take every value that applies (zero: "
+    "the --framework's stage when one is named; cp_comm: --cp-comm's scheme, else the framework's, a2a+p2p's groups "
+    "as compile's default; offload_optimizer: --offload-optimizer's; embedding_sharding: --embedding-sharding's).",
 )
 @click.option("--micro-batches", help="Shorthand for --space mb=...")
 @click.option("--recompute", "recomputes", help="Shorthand for --space recompute=...")

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, TypeVar
 from echosim.errors import EchosimError
 from echosim.layout import ModelShape, default_cp_a2a, fewest_replayed, interleaved_names
 from echosim.memo import Memo
+from echosim.passes.embedding_sharding import SHARDING_TYPES
 from echosim.plan import CP_COMMS, Cluster, Plan, PlanError
 
 #: The dimensions of the space, as ``--space KEY=V1,V2`` names them, and how a value is read.
@@ -70,6 +71,7 @@ SPACE_KEYS: dict[str, type] = {
     "recompute": str,
     "schedule": str,
     "tp_overlap": bool,
+    "embedding_sharding": str,
 }
 T = TypeVar("T")
 
@@ -223,6 +225,8 @@ def full_space(
         "recompute": tuple(dict.fromkeys(("none", "selective", "full", base.recompute))),
         "schedule": distinct_schedules(schedules),
         "tp_overlap": (False, True),
+        # the base plan's (--embedding-sharding); --space embedding_sharding=table,row,table_row,auto compares them
+        "embedding_sharding": (base.embedding_sharding,),
     }
     values = {k: tuple(dict.fromkeys(given.get(k, defaults[k]))) for k in SPACE_KEYS}
     for name in values["schedule"]:
@@ -239,6 +243,9 @@ def full_space(
     for comm in values["cp_comm"]:
         if comm not in CP_COMMS:
             raise SearchError(f"--space cp_comm: unknown scheme {comm!r} (known: {', '.join(CP_COMMS)})")
+    for kind in values["embedding_sharding"]:
+        if kind not in SHARDING_TYPES:
+            raise SearchError(f"--space embedding_sharding: unknown type {kind!r} (known: {', '.join(SHARDING_TYPES)})")
     return SpaceSpec(values)
 
 
@@ -376,6 +383,7 @@ class Evaluated:
             "zero": p.zero, "offload_optimizer": p.offload_optimizer,
             "micro_batch": p.micro_batch, "recompute": p.recompute, "schedule": p.schedule,
             "tp_overlap": p.tp_overlap,
+            **({"embedding_sharding": p.embedding_sharding} if p.embedding_sharding != "none" else {}),
         }  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
@@ -486,7 +494,8 @@ def enumerate_layouts(
         # hierarchical CP's groups: the base plan's size, else compile's default for this tp x cp (a function of
         # the key's degrees, so no key of its own); none under another scheme
         a2a = (base.cp_a2a or default_cp_a2a(cp, tp, cluster.devices_per_node)) if comm == "a2a+p2p" else 0
-        for ep, vpp, sp, zero, off, mb, rc, sched, ovl in itertools.product(
+        for es, ep, vpp, sp, zero, off, mb, rc, sched, ovl in itertools.product(
+            v["embedding_sharding"],
             v["ep"],
             v["vpp"],
             v["sp"],
@@ -504,14 +513,16 @@ def enumerate_layouts(
             gb = batch or mb * dp
             m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
             zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule, off)
-            key = (tp, pp, dp, cp, comm, ep, vpp, sp, zero, off, mb, rc, sched, ovl)
+            if not facts.tables[0]:  # no pooled tables: every type shards nothing, so all are the base plan's
+                es = base.embedding_sharding
+            key = (es, tp, pp, dp, cp, comm, ep, vpp, sp, zero, off, mb, rc, sched, ovl)
             if key in seen:
                 duplicates += 1
                 continue
             seen.add(key)
             plan = _new_plan(fixed, tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=comm, cp_a2a=a2a, ep=ep, vpp=vpp, sp=sp,
                              zero=zero, offload_optimizer=off, micro_batch=mb, recompute=rc, schedule=sched,
-                             tp_overlap=ovl, global_batch=gb)  # fmt: skip
+                             tp_overlap=ovl, global_batch=gb, embedding_sharding=es)  # fmt: skip
             outcome = rules.get(key[:-1])  # the key less ovl; the global batch follows from mb and dp
             if outcome is None:
                 outcome = _rule(plan, cluster, schedules, interleaved, facts, budget, bounds)
@@ -1361,12 +1372,12 @@ def objective_key(objective: str, price_per_device_hour: float = 1.0) -> Callabl
 
 
 _DEGREES = ("tp", "pp", "dp", "cp", "cp_comm", "ep", "vpp", "sp", "zero", "offload_optimizer", "micro_batch",
-            "recompute", "schedule", "tp_overlap")  # fmt: skip
+            "recompute", "schedule", "tp_overlap", "embedding_sharding")  # fmt: skip
 
 
 def _plan_key(p: Plan) -> tuple[Any, ...]:
     return (p.tp, p.pp, p.dp, p.cp, p.cp_comm, p.ep, p.vpp, p.sp, p.zero, p.offload_optimizer, p.micro_batch,
-            p.recompute, p.schedule, p.tp_overlap)  # fmt: skip
+            p.recompute, p.schedule, p.tp_overlap, p.embedding_sharding)  # fmt: skip
 
 
 def rank(results: Iterable[Evaluated], objective: str, price: float = 1.0) -> tuple[list[Evaluated], list[Evaluated]]:

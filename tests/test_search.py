@@ -634,3 +634,28 @@ def test_models_without_token_sequences_also_try_each_degrees_whole_share_of_the
     # asked for, the space is the user's
     given = {"mb": (64,)}
     assert full_space(ModelFacts.of("dlrm-dcnv2", base), base, cluster, {}, given).values["mb"] == (64,)
+
+
+def test_search_compares_embedding_sharding_types() -> None:
+    """``--space embedding_sharding=...`` is a dimension like the others: each type simulated, named in the table's
+    dp column and the JSON; a model without pooled tables lists its layouts once; an unknown type is one line."""
+    args = ["dlrm-dcnv2", "--backend", "h100-sxm", "--devices", "16", "--global-batch", "32768",
+            "--space", "pp=1", "--space", "tp=1", "--micro-batches", "2048", "--zero", "0", "--schedules", "1f1b",
+            "--space", "embedding_sharding=table,row,table_row"]  # fmt: skip
+    code, out = _run(*args, "--json")
+    assert code == 0, out
+    result = json.loads(out)
+    assert sorted(c["embedding_sharding"] for c in result["layouts"]) == ["row", "table", "table_row"]
+    steps = {c["embedding_sharding"]: c["step_time_s"] for c in result["layouts"]}
+    for kind, step in steps.items():  # the figures are compile's
+        plan = Plan(dp=16, micro_batch=2048, global_batch=32768, embedding_sharding=kind)
+        assert step == pytest.approx(compile_model("dlrm-dcnv2", plan, Cluster("h100-sxm", 16)).step_time_s)
+    code, out = _run(*args)
+    best = min(steps, key=steps.get)
+    assert code == 0 and f"16 {best}" in out
+    small = ["gpt3-125m", "--devices", "2", "--global-batch", "8", "--space", "tp=1", "--space", "pp=1"]
+    code, out = _run(*small, "--micro-batches", "1", "--zero", "0", "--space", "embedding_sharding=row,table", "--json")
+    assert code == 0, out
+    assert all("embedding_sharding" not in c for c in json.loads(out)["layouts"])  # nothing to shard: none
+    code, out = _run(*args[:-1], "embedding_sharding=diagonal")
+    assert code == 1 and "unknown type 'diagonal'" in out and len(out.strip().splitlines()) == 1

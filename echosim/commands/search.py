@@ -70,7 +70,8 @@ def _degrees(c: Evaluated) -> list[str]:
     if p.cp > 1 and p.cp_a2a:  # hierarchical: the all-to-all groups' size x the ring's
         cp = f"{p.cp} a2a{p.cp_a2a}+p2p{p.cp // p.cp_a2a}"
     zero = f"{p.zero} offload" if p.offload_optimizer else p.zero  # the optimizer on the host
-    return [str(x) for x in (p.tp, p.pp, p.dp, cp, p.ep, p.vpp, "on" if p.sp else "-", zero, p.micro_batch,
+    dp = f"{p.dp} {p.embedding_sharding}" if p.embedding_sharding != "none" else p.dp  # and its tables' sharding
+    return [str(x) for x in (p.tp, p.pp, dp, cp, p.ep, p.vpp, "on" if p.sp else "-", zero, p.micro_batch,
                              p.recompute, p.schedule, "on" if p.tp_overlap else "-")]  # fmt: skip
 
 
