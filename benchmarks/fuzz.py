@@ -271,7 +271,7 @@ def embeddings(rng: random.Random, work: Path) -> Callable[[], Any]:
     dim = rng.choice([4, 16, 64, 128, 256, 520])
     build = partial(dlrm_module, rows, pooling, dim, 13, (32, dim), (32, 1), 1, 8)
     inputs = ((("batch", 13), "float32"), (("batch", sum(pooling)), "int64"))
-    model = TorchZooModel(f"fuzz-dlrm-{abs(hash((rows, dim))) % 10**6}", build, inputs, "fuzz DLRM", "queries")
+    model = TorchZooModel(f"fuzz-dlrm-{abs(hash((rows, pooling, dim))) % 10**6}", build, inputs, "fuzz DLRM", "queries")
     dp = rng.choice([1, 2, 4, 8, 12, 16, 32])
     opts: dict[str, Any] = {
         "dp": dp, "devices": dp, "micro_batch": rng.choice([1, 8, 64]),
