@@ -145,7 +145,7 @@ class ModelFacts:
     def of(cls, model: Any, base: Plan) -> ModelFacts:
         from echosim.compiler import load_model
         from echosim.frameworks import get_framework
-        from echosim.passes.embedding_sharding import Shard, find_tables
+        from echosim.passes.embedding_sharding import find_tables
         from echosim.passes.recompute import selective_replays
 
         graph, _messages, params = load_model(model, replace(base, micro_batch=1))
@@ -159,8 +159,7 @@ class ModelFacts:
             base.pp, base.grad_dtype, 1, base.dtype
         )
         found = find_tables(graph)
-        state = sum(Shard(0, "table", t.rows, t.dim).storage(t) for t in found)  # rows and Adagrad state
-        tables = (sum(t.rows * t.dim for t in found), state)
+        tables = (sum(t.rows * t.dim for t in found), sum(t.held_bytes for t in found))
         return cls(params=params, shape=shape, selective_replays=replays, zero_moot_alone=moot, tables=tables)
 
     @property

@@ -101,6 +101,11 @@ class Table:
     def bytes(self) -> int:
         return self.rows * self.dim * self.itemsize
 
+    @property
+    def held_bytes(self) -> int:
+        """The rows and their row-wise Adagrad state: what the ranks hold of it together, sharded."""
+        return self.bytes + self.rows * ROWWISE_ADAGRAD_BYTES_PER_ROW
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -223,7 +228,7 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
     ranks: list[list[Shard]] = [[] for _ in range(world)]
     load = [0.0] * world
     used = [0] * world
-    groups: list[tuple[int, int, list[Shard]]] = []
+    groups: list[tuple[int, int, list[Shard], float]] = []
     for i, (t, kind) in enumerate(zip(tables, kinds, strict=True)):
         pieces = shards_of(t, i, kind, world, local_world)
         cost = shard_cost_s(t, kind, pieces[0].cols, world, local_world)
@@ -233,18 +238,18 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
                 load[r] += cost
                 used[r] += s.storage(t)
             continue
-        groups.append((sum(s.storage(t) for s in pieces), i, pieces))
+        groups.append((sum(s.storage(t) for s in pieces), i, pieces, cost))
     for r in range(world):
         if used[r] > capacity:
             _no_room(tables, kinds, used[r], capacity, world, mode)
     groups.sort(key=lambda x: (-x[0], x[1]))
-    for _, i, pieces in groups:
+    for _, i, pieces, cost in groups:
         t, kind = tables[i], kinds[i]
-        cost = shard_cost_s(t, kind, pieces[0].cols, world, local_world)
-        cohost = _host_ranks(t, kind, pieces[0].storage(t), host, load, used, capacity, mode)
+        # a TWRW table's shard j on local rank j of one host; a TW / CW shard on the least loaded rank with room
+        cohost = _host_ranks(t, pieces[0].storage(t), host, load, used, capacity, mode) if kind == "table_row" else []
         for j, s in enumerate(pieces):
             need = s.storage(t)
-            if kind == "table_row":  # shard j on the host's local rank j
+            if cohost:
                 r = cohost[j]
             else:
                 room = [r for r in range(world) if used[r] + need <= capacity]
@@ -259,18 +264,15 @@ def place(tables: list[Table], mode: str, world: int, local_world: int, capacity
 
 
 def _host_ranks(
-    t: Table, kind: str, need: int, host: int, load: list[float], used: list[int], capacity: int, mode: str
+    t: Table, need: int, host: int, load: list[float], used: list[int], capacity: int, mode: str
 ) -> list[int]:
-    """The ranks of the least loaded host whose every rank has room for one shard (``_cohost_partition``); none
-    for a table placed rank by rank."""
-    if kind != "table_row":
-        return []
+    """The ranks of the least loaded host whose every rank has room for one shard (``_cohost_partition``)."""
     world = len(load)
     for h in sorted(range(world // host), key=lambda h: (sum(load[h * host : (h + 1) * host]), h)):
         ranks = list(range(h * host, (h + 1) * host))
         if all(used[r] + need <= capacity for r in ranks):
             return ranks
-    raise ShardingError(_no_fit(t, kind, need, f"no host of {host} of the {_devices(world)}", capacity, mode))
+    raise ShardingError(_no_fit(t, "table_row", need, f"no host of {host} of the {_devices(world)}", capacity, mode))
 
 
 def _devices(n: int) -> str:
