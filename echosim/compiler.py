@@ -50,6 +50,7 @@ from echosim.timeline.costed import CostedGraph
 from echosim.timeline.lower import StepOptions, bandwidth_violations, lower_step
 from echosim.timeline.placement import Degrees, axis_placements
 from echosim.timeline.report import INVARIANT, Report, StepFacts, build_report
+from echosim.timeline.schedule import on_stages
 
 
 @dataclass
@@ -282,8 +283,12 @@ def prepare_joint(
         notes, warnings = [*notes, note], [*warnings, *([over] if over else [])]
     degrees = Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp, plan.cp_a2a)
     where = axis_placements(degrees, cluster.devices_per_node)
+    schedule = on_stages(schedules[plan.schedule], plan.pp)
+    if schedule is not schedules[plan.schedule]:
+        notes = [*notes, f"schedule {plan.schedule} with one pipeline stage: no bubble for deferred weight "
+                 "gradients to fill, so each backward runs whole (as 1f1b)"]  # fmt: skip
     options = StepOptions(
-        schedule=schedules[plan.schedule],
+        schedule=schedule,
         pp=plan.pp,
         vpp=plan.vpp,
         microbatches=plan.microbatches,

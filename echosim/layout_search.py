@@ -54,6 +54,7 @@ from echosim.layout import ModelShape, default_cp_a2a, fewest_replayed, interlea
 from echosim.memo import Memo
 from echosim.passes.embedding_sharding import SHARDING_TYPES
 from echosim.plan import CP_COMMS, Cluster, Plan, PlanError
+from echosim.timeline.schedule import on_stages
 
 #: The dimensions of the space, as ``--space KEY=V1,V2`` names them, and how a value is read.
 SPACE_KEYS: dict[str, type] = {
@@ -338,7 +339,8 @@ def schedule_canon(schedules: dict[str, Any], names: Sequence[str]) -> SameSched
                 if unfit is not None and unfit(pp, m, vpp):  # refused by the plan's checks, not compared
                     continue
                 orders = tuple(tuple(o) for o in s.orders(pp, m, vpp))
-                first = seen.setdefault((orders, bool(getattr(s, "split_backward", False)), pp, m, vpp), name)
+                split = bool(getattr(on_stages(s, pp), "split_backward", False))  # one stage: whole (on_stages)
+                first = seen.setdefault((orders, split, pp, m, vpp), name)
                 if name == schedule:
                     memo[key] = first
                     break
@@ -954,7 +956,9 @@ def _prepare(
     extra = {"plan": plan} if isinstance(first, Joint) else {}  # a Joint carries its plan; Prepared does not
     return _replaced(
         first,
-        options=_replaced(first.options, schedule=schedules[plan.schedule], tp_overlap=plan.tp_overlap),
+        options=_replaced(
+            first.options, schedule=on_stages(schedules[plan.schedule], plan.pp), tp_overlap=plan.tp_overlap
+        ),
         facts=_replaced(
             first.facts, plan={**first.facts.plan, "schedule": plan.schedule, "tp_overlap": plan.tp_overlap}
         ),

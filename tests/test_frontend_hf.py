@@ -644,7 +644,7 @@ def test_a_search_of_a_windowed_model_runs_context_parallelism_under_the_scheme_
             "--recompute", "none", "--json"]  # fmt: skip
     ring = CliRunner().invoke(cli, args)
     assert ring.exit_code == 1 and len(ring.output.strip().splitlines()) == 1
-    assert "12 by a sliding window under the ring (--cp-comm p2p; all_gather, a2a run one)" in ring.output
+    assert "8 by a sliding window under the ring (--cp-comm p2p; all_gather, a2a run one)" in ring.output
     for comm in ("all_gather", "a2a"):
         found = CliRunner().invoke(cli, [*args, "--cp-comm", comm])
         assert found.exit_code == 0, found.output

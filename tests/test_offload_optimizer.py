@@ -352,7 +352,7 @@ def test_a_search_rejects_offloads_the_hosts_cannot_hold() -> None:
     weights = [a for a in args if a != "--offload-optimizer"]
     assert "by memory lower bound" in _refused(*weights) and "host memory" not in _refused(*weights)
     both = _refused(*weights, "--space", "offload_optimizer=false,true")
-    assert "(13 by memory lower bound, 13 by host memory)" in both
+    assert "(9 by memory lower bound, 9 by host memory)" in both
 
 
 def test_a_change_whose_hosts_cannot_hold_the_offload_is_no_way_out() -> None:

@@ -95,6 +95,7 @@ def test_layouts_that_fit_only_with_full_recompute_are_tried_with_the_fewest_lay
         (Plan(pp=2, dp=4, global_batch=8, tp_overlap=True), {"tp_overlap": False}),  # no TP collectives
         (Plan(pp=2, dp=4, vpp=2, global_batch=16, schedule="interleaved"), {"schedule": "1f1b"}),
         (Plan(tp=2, pp=4, dp=1, global_batch=1, schedule="gpipe"), {"schedule": "1f1b"}),  # one micro-batch
+        (Plan(tp=2, dp=4, global_batch=16, schedule="zb-h1"), {"schedule": "1f1b"}),  # one stage: no bubble to fill
     ],
 )
 def test_equivalent_layouts_compile_identically(plan: Plan, same: dict[str, object]) -> None:
@@ -108,7 +109,22 @@ def test_equivalent_layouts_compile_identically(plan: Plan, same: dict[str, obje
     a = compile_model("gpt3-125m", plan, cluster).to_dict()
     b = compile_model("gpt3-125m", replace(plan, **same), cluster).to_dict()
     a.pop("plan"), b.pop("plan")
+    # the one note that names the schedule asked for (a zero-bubble one on one stage runs its backward whole)
+    a["notes"] = [n for n in a["notes"] if not n.startswith(f"schedule {plan.schedule} ")]
     assert a == b
+
+
+def test_zero_bubble_on_one_stage_says_it_runs_whole() -> None:
+    """``--schedule zb-h1`` without a pipeline is compiled as 1F1B (nothing to defer into), and the report says so;
+    on two stages the weight gradients are deferred and the step differs."""
+    cluster = Cluster("h100-sxm", 8)
+    one = compile_model("gpt3-125m", Plan(tp=2, dp=4, global_batch=16, schedule="zb-h1"), cluster)
+    assert any("no bubble for deferred weight gradients" in n for n in one.to_dict()["notes"])
+    two = [
+        compile_model("gpt3-125m", Plan(pp=2, dp=4, global_batch=16, schedule=s), cluster) for s in ("zb-h1", "1f1b")
+    ]
+    assert two[0].step_time_s != two[1].step_time_s
+    assert not any("deferred weight" in n for n in two[0].to_dict()["notes"])
 
 
 @pytest.mark.parametrize(

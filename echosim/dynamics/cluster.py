@@ -378,6 +378,7 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
     from echosim.plan import Cluster
     from echosim.timeline.composer import time_schedule
     from echosim.timeline.lower import StepOptions, step_plan
+    from echosim.timeline.schedule import on_stages
 
     if plan.vpp != 1:
         raise EchosimError("--split pipeline: interleaved stages (--vpp > 1) are not laid across pools")
@@ -429,7 +430,9 @@ def pipeline_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any
         return max(c.p2p_fwd, over(fwd_bytes)), max(costs[s + 1].p2p_bwd, over(bwd_bytes))
 
     schedules = {name: entry.value for name, entry in plugins.get_registry().schedules.items()}
-    options = StepOptions(schedule=schedules[plan.schedule], pp=plan.pp, microbatches=plan.microbatches)
+    options = StepOptions(
+        schedule=on_stages(schedules[plan.schedule], plan.pp), pp=plan.pp, microbatches=plan.microbatches
+    )
     splan = step_plan(options)
 
     def timed(split: list[int]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ plus the point-to-point transfer on each edge (:mod:`echosim.timeline.composer`)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -179,6 +179,25 @@ class Schedule:
     fused_pairs: bool = False
     # ``orders`` as :data:`Columns`, the same blocks in the same order (None: the plan reads them from ``orders``)
     columns: Callable[[int, int, int], Columns] | None = None
+
+
+#: :func:`on_stages`' one-stage copies by the identity of the registered schedule (kept with it: ids stay unique)
+_WHOLE_BACKWARD: dict[int, tuple[Schedule, Schedule]] = {}
+
+
+def on_stages(schedule: Schedule, pp: int) -> Schedule:
+    """``schedule`` as it runs on ``pp`` pipeline stages.
+
+    With one stage there is no bubble for a zero-bubble schedule's deferred weight gradients to fill, and
+    frameworks run no pipeline at all (Megatron-LM's ``forward_backward_no_pipelining``): the backward stays
+    whole, as in 1F1B. Splitting it there would only delay the gradients' data-parallel reduction.
+    """
+    if pp > 1 or not schedule.split_backward or not is_dataclass(schedule):
+        return schedule
+    kept = _WHOLE_BACKWARD.get(id(schedule))
+    if kept is None or kept[0] is not schedule:
+        kept = _WHOLE_BACKWARD[id(schedule)] = (schedule, replace(schedule, split_backward=False))
+    return kept[1]
 
 
 def _alternating(pp: int, total: int, warm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
