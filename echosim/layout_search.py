@@ -5,7 +5,8 @@ optimizer offloaded to the host or not), micro-batch, recompute, pipeline schedu
 (:data:`SPACE_KEYS`). Before anything is simulated, three filters run in closed form:
 
 * **not applicable**: combinations that are not a layout (sp or tp-overlap without tp,
-  vpp without pp or without an interleaved schedule, ep on a dense model) are not listed;
+  vpp without pp or without an interleaved schedule, ep on a dense model, tp on a model that no
+  tensor-parallel rule splits) are not listed;
 * **equivalent**: a layout whose every input to the compile equals another's is the same
   layout and is listed once (:func:`canonical`; each rule is proven by equal compiles in the
   tests);
@@ -209,7 +210,8 @@ def full_space(
         whole = {base.global_batch // d for d in pows if base.global_batch % d == 0}
         shares = tuple(sorted(whole - set(DEFAULT_MICRO_BATCHES)))
     defaults: dict[str, tuple[Any, ...]] = {
-        "tp": tuple(d for d in pows if d <= node),  # TP crosses no node boundary unless asked
+        # TP crosses no node boundary unless asked; a model no tensor-parallel rule matches (ResNet, DLRM) has none
+        "tp": tuple(d for d in pows if d <= node) if facts.shape.tp_targets else (1,),
         "pp": tuple(d for d in pows if d <= facts.layers),
         "dp": tuple(pows),
         "cp": tuple(c for c in DEFAULT_CP if devices % c == 0 and _splits_sequence(facts, c)) or (1,),

@@ -652,6 +652,24 @@ def test_models_without_token_sequences_also_try_each_degrees_whole_share_of_the
     assert full_space(ModelFacts.of("dlrm-dcnv2", base), base, cluster, {}, given).values["mb"] == (64,)
 
 
+def test_a_model_no_tensor_parallel_rule_splits_is_searched_at_tp_1() -> None:
+    """tp > 1 on DLRM is not a layout (no module path matches the plan): the default space holds tp 1 only, where
+    it used to list every degree as a rejected layout; asked for, tp 2 is refused with its reason."""
+    from echosim.layout_search import full_space
+
+    cluster = Cluster("h100-sxm", 16, 8)
+    base = Plan(global_batch=32768)
+    assert full_space(ModelFacts.of("dlrm-dcnv2", base), base, cluster, {}, {}).values["tp"] == (1,)
+    assert full_space(ModelFacts.of("llama3-8b", base), base, cluster, {}, {}).values["tp"] == (1, 2, 4, 8)
+    args = ["dlrm-dcnv2", "--backend", "h100-sxm", "--devices", "16", "--global-batch", "32768", "--space", "pp=1",
+            "--micro-batches", "2048", "--zero", "0", "--schedules", "1f1b", "--embedding-sharding", "row"]  # fmt: skip
+    code, out = _run(*args, "--json")
+    assert code == 0, out
+    assert {c["tp"] for c in json.loads(out)["layouts"]} == {1}
+    code, out = _run(*args, "--space", "tp=2")
+    assert code == 1 and "no module path of 'dlrm-dcnv2' matches the tensor-parallel plan" in out
+
+
 def test_search_compares_embedding_sharding_types() -> None:
     """``--space embedding_sharding=...`` is a dimension like the others: each type simulated, named in the table's
     dp column and the JSON; a model without pooled tables lists its layouts once; an unknown type is one line."""
