@@ -693,3 +693,13 @@ def test_search_compares_embedding_sharding_types() -> None:
     assert all("embedding_sharding" not in c for c in json.loads(out)["layouts"])  # nothing to shard: none
     code, out = _run(*args[:-1], "embedding_sharding=diagonal")
     assert code == 1 and "unknown type 'diagonal'" in out and len(out.strip().splitlines()) == 1
+
+
+def test_the_table_shows_millisecond_steps_to_three_digits() -> None:
+    """A recommendation model's 3 ms steps would all read 0.003 to the millisecond; below 0.1 s the table keeps three
+    significant digits (at most six decimals), above it the millisecond."""
+    from echosim.commands.search import _seconds
+
+    assert [_seconds(s) for s in (30.0614, 0.8244, 0.00313, 0.003378, 0.000742, 3.2e-5, 0.0)] == [
+        "30.061", "0.824", "0.00313", "0.00338", "0.000742", "0.000032", "0.000",
+    ]  # fmt: skip

@@ -7,6 +7,7 @@ one that :func:`echosim.layout_search.search` read from a full compile.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -104,8 +105,8 @@ def print_result(
     rows = []
     for i, e in enumerate(result.ranked[:top], 1):
         rows.append([
-            str(i), *_degrees(e), f"{e.step_time_s:.3f}", _rate(e), f"{e.mfu * 100:.1f}%",
-            f"{e.peak_bytes / 2**30:.1f}", f"{e.bubble_fraction * 100:.1f}%", f"{e.exposed_comm_s:.3f}",
+            str(i), *_degrees(e), _seconds(e.step_time_s), _rate(e), f"{e.mfu * 100:.1f}%",
+            f"{e.peak_bytes / 2**30:.1f}", f"{e.bubble_fraction * 100:.1f}%", _seconds(e.exposed_comm_s),
         ])  # fmt: skip
     rate_name = "tokens/s" if result.ranked and result.ranked[0].tokens_per_s else "samples/s"
     cols = [*_COLUMNS, "step s", rate_name, "MFU", "mem GiB", "bubble", "exp. comm s"]
@@ -165,6 +166,14 @@ def scale_out_rows(results: Sequence[SearchResult], tokens: float | None, price:
     return rows
 
 
+def _seconds(s: float) -> str:
+    """Seconds to the millisecond, and to three significant digits below 0.1 s: a recommendation model's 3 ms steps
+    would otherwise all read 0.003."""
+    if s >= 0.1 or s <= 0:
+        return f"{s:.3f}"
+    return f"{s:.{min(6, 2 - math.floor(math.log10(s)))}f}"
+
+
 def print_scale_out(rows: list[dict[str, Any]], tokens: float | None, price: float | None) -> None:
     cols = ["devices", "best layout", "step s", "throughput/s", "per device/s", "MFU"]
     if tokens:
@@ -178,7 +187,7 @@ def print_scale_out(rows: list[dict[str, Any]], tokens: float | None, price: flo
             continue
         b = row["best"]
         layout = f"tp{b['tp']} pp{b['pp']} dp{b['dp']} cp{b['cp']} mb{b['micro_batch']} {b['recompute']}"
-        line = [str(row["devices"]), layout, f"{row['step_time_s']:.3f}", f"{row['throughput_per_s']:,.0f}",
+        line = [str(row["devices"]), layout, _seconds(row["step_time_s"]), f"{row['throughput_per_s']:,.0f}",
                 f"{row['per_device_per_s']:,.1f}", f"{row['mfu'] * 100:.1f}%"]  # fmt: skip
         if tokens:
             line.append(f"{row['hours_to_train'] / 24:.1f}")
