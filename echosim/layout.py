@@ -577,6 +577,15 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     for experts in shape.routed_experts:
         if experts % plan.ep:
             raise PlanError(f"ep={plan.ep} does not divide experts {experts}")
+    if not shape.tokens and plan.micro_batch == 1 and plan.microbatches > 1:
+        # the default micro-batch of 1 is a language model's; a CNN's or DLRM's step at one sample a micro-batch
+        # is thousands of tiny kernels, a throughput nobody runs (the search tries the whole share: full_space)
+        notes.append(
+            Note(
+                f"micro-batch 1 with {plan.microbatches:,} accumulation steps: models without token sequences usually "
+                f"run each device's whole batch at once (--micro-batch {plan.microbatches})"
+            )
+        )
     return notes + tp_messages
 
 

@@ -848,3 +848,19 @@ def test_context_parallelism_of_a_model_without_a_token_sequence_is_one_line(mod
     assert result.exit_code == 1
     [line] = result.output.strip().splitlines()
     assert "context parallelism splits scaled-dot-product attention or a scan" in line and why in line
+
+
+def test_one_image_a_micro_batch_is_pointed_out() -> None:
+    """compile's default micro-batch of 1 is a language model's: ResNet-50 at 256 accumulation steps of one image
+    runs at a tenth of its throughput, and the report says which micro-batch runs the whole batch at once."""
+    from echosim.plan import Cluster, Plan
+
+    cluster = Cluster("a100-80gb", 8)
+    one = lower("resnet50", Plan(dp=8, global_batch=2048), cluster).report
+    whole = lower("resnet50", Plan(dp=8, global_batch=2048, micro_batch=256), cluster).report
+    note = "micro-batch 1 with 256 accumulation steps: models without token sequences usually run each device's whole"
+    assert any(n.startswith(note) and n.endswith("(--micro-batch 256)") for n in one.to_dict()["notes"])
+    assert not any("accumulation steps" in n for n in whole.to_dict()["notes"])
+    assert whole.samples_per_s > 5 * one.samples_per_s
+    llm = lower("gpt3-125m", Plan(dp=8, global_batch=64), cluster).report  # a language model's default: no note
+    assert not any("accumulation steps" in n for n in llm.to_dict()["notes"])

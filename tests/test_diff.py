@@ -136,3 +136,18 @@ def test_bad_diff_input_is_one_line(args: list[str], message: str) -> None:
     code, out = _invoke("diff", *args)
     assert code == 1 and "Traceback" not in out
     assert len(out.strip().splitlines()) == 1 and message in out
+
+
+def test_small_changes_of_time_read_in_milliseconds() -> None:
+    """A DLRM step lasts 3 ms: its terms' moves would all read '+0.000 s'; under 0.1 s they are milliseconds."""
+    from echosim.explain.diff import signed_s
+    from echosim.explain.whatif import why
+
+    assert [signed_s(x) for x in (-0.412, 0.1, -0.00076, 0.000691, 0.0)] == [
+        "-0.412 s", "+0.100 s", "-0.76 ms", "+0.69 ms", "+0.00 ms",
+    ]  # fmt: skip
+    cluster = Cluster("h100-sxm", 16)
+    a, b = (compile_model("dlrm-dcnv2", Plan(dp=16, micro_batch=2048, global_batch=32768, embedding_sharding=kind),
+                          cluster).to_dict() for kind in ("auto", "table_row"))  # fmt: skip
+    line = why(a, b)
+    assert " ms; " in line and "0.000 s" not in line

@@ -227,7 +227,12 @@ def _summary(r: Mapping[str, Any]) -> dict[str, Any]:
             "binding_stage": stage["stage"]}  # fmt: skip
 
 
+def signed_s(x: float) -> str:
+    """A change of time: to the millisecond from 0.1 s, else in ms (a 3 ms step's terms are not '-0.000 s')."""
+    return f"{x:+.3f} s" if abs(x) >= 0.1 else f"{x * 1e3:+.2f} ms"
+
+
 def describe(t: Term) -> str:
     """``comm.tp -0.412 s (tp 8 -> 4, sp off -> on)``: one term's change and why."""
-    amount = f"{t.delta:+.3f} s" if t.unit == "s" else f"{t.delta / GiB:+.1f} GiB"
+    amount = signed_s(t.delta) if t.unit == "s" else f"{t.delta / GiB:+.1f} GiB"
     return f"{t.name} {amount}" + (f" ({', '.join(t.why)})" if t.why else "")

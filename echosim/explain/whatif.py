@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from echosim.errors import EchosimError
-from echosim.explain.diff import GiB, compare, peak_bytes
+from echosim.explain.diff import GiB, compare, peak_bytes, signed_s
 from echosim.frameworks import get_framework, weights_16bit_dtype
 from echosim.layout import HOST_OVERFLOW
 from echosim.passes.embedding_sharding import SHARDING_TYPES
@@ -154,7 +154,7 @@ def why(a: dict[str, Any], b: dict[str, Any]) -> str:
     """The terms that moved most from ``a`` to ``b`` (two of time, then the peak memory), in numbers."""
     comparison = compare(a, b)
     moved = [t for t in comparison.moved() if t.unit == "s" and t.name != "step_time_s"][:2]
-    parts = [f"{t.name} {t.delta:+.3f} s" for t in moved]
+    parts = [f"{t.name} {signed_s(t.delta)}" for t in moved]
     peak = comparison.term("memory.peak")
     parts.append(f"peak {peak.a / GiB:.1f} -> {peak.b / GiB:.1f} GiB")
     return "; ".join(parts)
