@@ -98,3 +98,46 @@ def test_replan_bad_input_is_one_line(args: list[str], message: str) -> None:
     code, out = run("replan", "llama3-8b", *args)
     assert code != 0 and message in out and "Traceback" not in out
     assert len(out.strip().splitlines()) == 1
+
+
+def test_row_wise_tables_regrown_by_torchrec_s_even_split() -> None:
+    """Row-wise over 16 ranks, then 32: rank r held rows [r/16, (r+1)/16) and needs [r/32, (r+1)/32). Only rank 0's
+    new rows lie inside its old ones; every other rank receives its whole new shard, rows and Adagrad state."""
+    from echosim.dynamics.replan import table_holdings, table_moves
+    from echosim.passes.embedding_sharding import Table, place
+
+    tables = [Table(0, 1, "t0", 1 << 20, 128, 4, 4096, 2048, 8), Table(2, 3, "t1", 3 << 18, 64, 4, 4096, 2048, 8)]
+    cap = 80 * 2**30
+    old = table_holdings(place(tables, "row", 16, 8, cap), tables, 8)
+    new = table_holdings(place(tables, "row", 32, 8, cap), tables, 8)
+    moves = table_moves(old, new)
+    share = sum(t.held_bytes for t in tables) / 32
+    assert moves[0] == 0 and moves[1:] == pytest.approx([share] * 31)
+    assert table_moves(old, old) == [0.0] * 16
+    back = table_moves(new, old)  # 32 -> 16: rank r keeps its 1/32 where it lies in its new 1/16 (r = 0 only)
+    assert back[0] == pytest.approx(sum(t.held_bytes for t in tables) / 32) and back[1] == pytest.approx(2 * share)
+
+
+def test_replan_moves_a_recommendation_model_s_tables_and_keeps_its_whole_batch() -> None:
+    """DLRM-DCNv2 from 16 H100 to 8: the tables of ranks 8-15 must reach ranks 0-7 (the switch used to move 0 GB);
+    its micro-batch stays each device's whole share of the global batch (4,096 on 8, 1,024 on 32)."""
+    from echosim.compiler import _backend
+    from echosim.dynamics.replan import _sharded_tables
+    from echosim.passes.embedding_sharding import place
+    from echosim.plan import Plan
+    from echosim.plugins import get_registry
+
+    flags = "--backend h100-sxm --dp 16 --global-batch 32768 --micro-batch 2048 --embedding-sharding auto"
+    code, out = run("replan", "dlrm-dcnv2", "--from", flags, "--devices", "8", "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert r["keep"]["micro_batch"] == 4096 and r["best"]["micro_batch"] == 4096
+    plan = Plan(dp=16, micro_batch=2048, global_batch=32768, embedding_sharding="auto")
+    tables = _sharded_tables("dlrm-dcnv2", plan)
+    placement = place(tables, "auto", 16, 8, _backend("h100-sxm", get_registry()).memory_bytes())
+    # what ranks 8-15 held of the tables not replicated everywhere has to reach ranks 0-7
+    leaving = sum(s.storage(tables[s.table]) for shards in placement.ranks[8:] for s in shards if s.kind != "data")
+    assert r["keep"]["switch"]["bytes"] >= leaving > 10e9
+    code, out = run("replan", "dlrm-dcnv2", "--from", flags.replace("auto", "row"), "--devices", "32", "--json")
+    assert code == 0, out
+    assert json.loads(out)["best"]["micro_batch"] == 1024

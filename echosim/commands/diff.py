@@ -79,7 +79,8 @@ def _head(label: str, source: str, r: dict[str, Any]) -> str:
 
     stage = binding_stage(r)
     fits = "fits" if r.get("fits", True) else "does not fit"
-    return (f"{label}: {source}: {r['model']} on {r.get('devices')} x {r.get('backend')}, {r['step_time_s']:.3f} s, "
+    step = _value(r["step_time_s"], "s")
+    return (f"{label}: {source}: {r['model']} on {r.get('devices')} x {r.get('backend')}, {step}, "
             f"peak {stage['peak'] / GiB:.1f} GiB on stage {stage['stage']} ({fits})")  # fmt: skip
 
 

@@ -11,7 +11,8 @@ layers into ``pp`` contiguous ranges, each layer's tensors into ``tp`` slices, a
 optimizer state into ``dp`` slices; ranks are numbered tp fastest, then dp, then pp (Megatron's
 order, :mod:`echosim.backends.topology`). Rank ``r`` keeps the overlap of its old and new boxes
 and receives the rest; the switch takes as long as the device that receives the most, over one
-point-to-point transfer across nodes on the backend's own model. A re-plan pays for itself after
+point-to-point transfer across nodes on the backend's own model. Sharded embedding tables move by their
+placements instead (:func:`table_moves`). A re-plan pays for itself after
 ``(switch_best - switch_keep) / (step_keep - step_best)`` steps.
 """
 
@@ -76,17 +77,69 @@ def kept(old: Shape, new: Shape, rank: int) -> tuple[float, float]:
     )
 
 
-def reshard(old: Shape, new: Shape, weight_bytes: float, optimizer_bytes: float) -> dict[str, float]:
-    """Bytes the new layout's devices must receive (total, and the most any one device receives)."""
+def reshard(
+    old: Shape, new: Shape, weight_bytes: float, optimizer_bytes: float, tables: list[float] | None = None
+) -> dict[str, float]:
+    """Bytes the new layout's devices must receive (total, and the most any one device receives); ``tables``: each
+    new rank's bytes of sharded embedding tables besides (:func:`table_moves`)."""
     total = most = 0.0
     for rank in range(new.world):
         w_need, o_need = held_fractions(new, rank)
         w_kept, o_kept = kept(old, new, rank)
         got = (w_need - w_kept) * weight_bytes + (o_need - o_kept) * optimizer_bytes
         got = got if got > 1e-12 * (weight_bytes + optimizer_bytes) else 0.0  # rounding of equal slices
+        got += tables[rank] if tables else 0.0
         total += got
         most = max(most, got)
     return {"bytes": total, "max_device_bytes": most}
+
+
+def _part(rows: int, cols: int, t: Any, index: int, kind: str) -> tuple[float, float, float, float]:
+    """The part of table ``t`` a rank's shards hold, as ``(row0, row1, col0, col1)`` fractions of the table.
+
+    Row-wise shard ``index`` holds rows ``[index * rows, (index + 1) * rows)`` (TorchRec's even split); table- and
+    column-wise shards hold whole rows of ``cols`` columns (which columns is not kept: a rank keeps those it held
+    where it needs as many, the least a switch moves); a replicated table is whole everywhere."""
+    if kind in ("row", "table_row"):
+        return min(1.0, index * rows / t.rows), min(1.0, (index + 1) * rows / t.rows), 0.0, 1.0
+    return 0.0, 1.0, 0.0, cols / t.dim
+
+
+Holding = dict[int, tuple[float, tuple[float, float, float, float]]]  # table -> (bytes with its state, part held)
+
+
+def table_holdings(placement: Any, tables: list[Any], host: int) -> list[Holding]:
+    """For each data-parallel rank of an embedding placement, the bytes of each table it holds and which part."""
+    out: list[Holding] = []
+    for rank, shards in enumerate(placement.ranks):
+        held: Holding = {}
+        for i in dict.fromkeys(s.table for s in shards):
+            mine = [s for s in shards if s.table == i]
+            kind = mine[0].kind
+            index = rank if kind == "row" else rank % host
+            part = _part(mine[0].rows, sum(s.cols for s in mine), tables[i], index, kind)
+            held[i] = (float(sum(s.storage(tables[i]) for s in mine)), part)
+        out.append(held)
+    return out
+
+
+def table_moves(old: list[Holding], new: list[Holding]) -> list[float]:
+    """Bytes of embedding tables (rows and their optimizer state) each rank receives: what it holds in the new
+    placement less the part of the same table it held in the old one."""
+    out = []
+    for rank, held in enumerate(new):
+        before = old[rank] if rank < len(old) else {}
+        got = 0.0
+        for i, (nbytes, (r0, r1, c0, c1)) in held.items():
+            area = (r1 - r0) * (c1 - c0)
+            if i in before and area > 0:
+                _, (q0, q1, d0, d1) = before[i]
+                common = max(0.0, min(r1, q1) - max(r0, q0)) * max(0.0, min(c1, d1) - max(c0, d0))
+                got += nbytes * (1 - common / area)
+            else:
+                got += nbytes
+        out.append(got)
+    return out
 
 
 def switch_time_s(backend: Any, max_device_bytes: float, devices_per_node: int) -> float:
@@ -127,11 +180,29 @@ def replan(
     framework = get_framework(plan.framework).state(plan.pp)
     state = StatePolicy.for_training(plan.dtype, 0, 1, optimizer_dtypes=plan.optimizer_dtypes, **framework)
     params = old_report.params
-    weight_bytes, opt_bytes = params * state.weight_bytes, params * state.optimizer_bytes
+    tables = _sharded_tables(model, plan)
+    dense = params - sum(t.rows * t.dim for t in tables)  # the tables move by their placements (table_moves)
+    weight_bytes, opt_bytes = dense * state.weight_bytes, dense * state.optimizer_bytes
     old_shape = Shape(plan.tp, plan.pp, plan.dp * plan.cp, plan.zero)
+    capacity = backend.memory_bytes()
+
+    def holdings(p: Any, shape: Shape, devices_per_node: int) -> list[Holding]:
+        """Each rank's tables: its data-parallel index's shards on the first pipeline stage (the embeddings')."""
+        from echosim.passes.embedding_sharding import host_size, place
+
+        local = devices_per_node or 8  # as the compiler configures the pass (compiler._sized)
+        held = table_holdings(
+            place(tables, p.embedding_sharding, p.dp, local, capacity), tables, host_size(p.dp, local)
+        )
+        step = shape.dp // p.dp
+        return [held[d // step] if stage == 0 else {} for _, d, stage in map(shape.coords, range(shape.world))]
+
+    old_tables = holdings(plan, old_shape, cluster.devices_per_node) if tables else []
 
     def switch(p: Any) -> dict[str, float]:
-        moved = reshard(old_shape, Shape(p.tp, p.pp, p.dp * p.cp, p.zero), weight_bytes, opt_bytes)
+        shape = Shape(p.tp, p.pp, p.dp * p.cp, p.zero)
+        moves = table_moves(old_tables, holdings(p, shape, new_cluster.devices_per_node)) if tables else None
+        moved = reshard(old_shape, shape, weight_bytes, opt_bytes, moves)
         t = switch_time_s(backend, moved["max_device_bytes"], new_cluster.devices_per_node)
         return {**moved, "time_s": t}
 
@@ -145,16 +216,22 @@ def replan(
         return out
 
     keep_rank = plan.tp * plan.pp * plan.cp
+    # a model without token sequences that runs each device's whole batch at once (DLRM, ResNet) goes on doing so:
+    # its micro-batch is the global batch's share of the new data-parallel degree, not the old share
+    whole = not old_report.tokens_per_s and plan.microbatches == 1
+    shares = tuple(plan.batch // d for d in range(1, devices + 1) if devices % d == 0 and plan.batch % d == 0)
     keep: dict[str, Any]
     if devices % keep_rank:
         keep = {"reason": f"{devices} devices do not divide into tp*pp*cp = {keep_rank}"}
     else:
         kp = replace(plan, dp=devices // keep_rank)
+        if whole and plan.batch % kp.dp == 0:
+            kp = replace(kp, micro_batch=plan.batch // kp.dp)
         done = evaluate(model, kp, new_cluster, memory_fraction)
         keep = row(kp, done.step_time_s, "" if done.ok else done.reason or "does not fit")
     defaults = {"zero": (plan.zero,), "recompute": (plan.recompute,), "schedule": (plan.schedule,),
-                "sp": (plan.sp,), "tp_overlap": (plan.tp_overlap,), "vpp": (1,), "mb": (plan.micro_batch,),
-                "cp": (plan.cp,), "ep": (plan.ep,)}  # fmt: skip
+                "sp": (plan.sp,), "tp_overlap": (plan.tp_overlap,), "vpp": (1,), "cp": (plan.cp,), "ep": (plan.ep,),
+                "mb": shares if whole else (plan.micro_batch,)}  # fmt: skip
     result = search(model, plan, new_cluster, space={**defaults, **(space or {})}, memory_fraction=memory_fraction)
     best_eval = result.best
     if best_eval is None:
@@ -184,6 +261,17 @@ def replan(
     else:
         out["payback_steps"] = 0  # the old shape cannot run here: re-planning is the only way on
     return out
+
+
+def _sharded_tables(model: str, plan: Any) -> list[Any]:
+    """The pooled embedding tables the plan shards (none without ``--embedding-sharding``)."""
+    from echosim.compiler import _load_model
+    from echosim.passes.embedding_sharding import find_tables
+    from echosim.plugins import get_registry
+
+    if plan.embedding_sharding == "none":
+        return []
+    return find_tables(_load_model(model, plan, get_registry())[0])
 
 
 def render(r: dict[str, Any]) -> list[str]:
