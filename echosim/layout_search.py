@@ -182,6 +182,9 @@ class SpaceSpec:
     """The values of every dimension for one model on one cluster (defaults filled in)."""
 
     values: dict[str, tuple[Any, ...]]
+    # micro-batches added as a data-parallel degree's whole share of the batch (a model without token sequences):
+    # with another degree they are no layout of it, so they are not listed
+    shares: tuple[int, ...] = ()
 
     def size(self) -> int:
         """Combinations of the dimensions (dp is what the others leave of the devices, so it is not a factor)."""
@@ -248,7 +251,7 @@ def full_space(
     for kind in values["embedding_sharding"]:
         if kind not in SHARDING_TYPES:
             raise SearchError(f"--space embedding_sharding: unknown type {kind!r} (known: {', '.join(SHARDING_TYPES)})")
-    return SpaceSpec(values)
+    return SpaceSpec(values, shares if "mb" not in given else ())
 
 
 def _splits_sequence(facts: ModelFacts, cp: int) -> bool:
@@ -514,6 +517,8 @@ def enumerate_layouts(
             if off and zero == 0 and not base.offload_optimizer:
                 continue  # nor an offloaded optimizer without ZeRO, unless asked for (the rule then says why)
             gb = batch or mb * dp
+            if gb % (mb * dp) and mb in space.shares:
+                continue  # another degree's share of the batch: not a micro-batch of this one
             m = gb // (mb * dp) if gb % (mb * dp) == 0 else 0
             zero, ovl, rc, sched = _canon(tp, pp, dp, cp, vpp, zero, ovl, rc, sched, m, facts, same_schedule, off)
             if not facts.tables[0]:  # no pooled tables: every type shards nothing, so all are the base plan's

@@ -703,3 +703,18 @@ def test_the_table_shows_millisecond_steps_to_three_digits() -> None:
     assert [_seconds(s) for s in (30.0614, 0.8244, 0.00313, 0.003378, 0.000742, 3.2e-5, 0.0)] == [
         "30.061", "0.824", "0.00313", "0.00338", "0.000742", "0.000032", "0.000",
     ]  # fmt: skip
+
+
+def test_a_degree_s_whole_batch_is_no_micro_batch_of_another_degree() -> None:
+    """The shares of the batch a search adds for DLRM (32,768 / dp) are listed only with degrees they divide into;
+    asked for with --micro-batches, a micro-batch that does not divide is still refused with its reason."""
+    args = ["dlrm-dcnv2", "--backend", "h100-sxm", "--devices", "16", "--global-batch", "32768",
+            "--embedding-sharding", "row", "--space", "pp=1", "--zero", "0", "--schedules", "1f1b"]  # fmt: skip
+    code, out = _run(*args, "--json")
+    assert code == 0, out
+    result = json.loads(out)
+    assert not any("is not a multiple of micro-batch*dp" in c.get("reason", "") for c in result["layouts"])
+    assert {c["micro_batch"] for c in result["layouts"] if c["dp"] == 16} >= {2048}
+    code, out = _run(*args, "--micro-batches", "4096,2048", "--json")
+    reasons = [c.get("reason", "") for c in json.loads(out)["layouts"]]
+    assert code == 0 and any("not a multiple of micro-batch*dp = 4096*16" in r for r in reasons)
