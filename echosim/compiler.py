@@ -256,7 +256,7 @@ def prepare_joint(
         backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = _load_model(model, plan, registry)
     graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
-    shape = graph.derived("model_shape", lambda: ModelShape.of(graph))  # once per captured graph
+    shape = graph.derived("model_shape", lambda: ModelShape.of(graph, plan.micro_batch))  # once per captured graph
     notes_fp8 = fp8_attention_notes(plan, cluster.backend, graph)
     warnings, notes = split_notes(messages + check_model(plan, shape) + notes_fp8)
     checked = _verified(registry)

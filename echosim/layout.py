@@ -432,7 +432,7 @@ class ModelShape:
     name: str
     heads: tuple[tuple[int, int], ...]  # distinct (query heads, key/value heads) of its attention ops
     layers: int | None  # repeats of the repeated block; None when no block repeats
-    seq_len: int  # last dimension of the first per-sample input
+    seq_len: int  # the first per-sample input's last dimension, or its first where the last is the batch
     tokens: bool  # that input is integer token ids: a sequence model (else images, features: samples)
     sequence_kernels: bool  # a layer runs a scan along the tokens (Mamba, RWKV, the gated delta rule)
     products: bool  # a product of two activations (attention written out: BLOOM, MiniMax's linear attention)
@@ -449,7 +449,8 @@ class ModelShape:
     windowed: str = ""  # the scope of its first sliding-window attention ("": none)
 
     @classmethod
-    def of(cls, graph: Graph) -> ModelShape:
+    def of(cls, graph: Graph, micro_batch: int = 0) -> ModelShape:
+        """``micro_batch``: the batch the graph was captured with, to tell a time-major input's dimensions apart."""
         heads: dict[tuple[int, int], None] = {}
         routed = scans = products = False
         windowed = ""
@@ -488,11 +489,14 @@ class ModelShape:
         whole = {scope: k for scope, (split, flops, k) in linears.items() if not split and flops >= smallest}
         first = graph[graph.inputs[0]].out if graph.inputs else None
         ids = first.shape if first is not None else (1,)
+        seq = ids[-1] if ids else 1
+        if len(ids) == 2 and micro_batch and ids[-1] == micro_batch != ids[0]:
+            seq = ids[0]  # time-major ids, (sequence, batch): GNMT as DeepLearningExamples feeds it
         return cls(
             name=graph.name,
             heads=tuple(heads),
             layers=next(iter(graph.repeats.values()), None),
-            seq_len=ids[-1] if ids else 1,
+            seq_len=seq,
             tokens=first is not None and first.dtype in (DType.INT64, DType.INT32) and len(ids) == 2,
             sequence_kernels=scans,
             products=products,

@@ -151,7 +151,7 @@ class ModelFacts:
         from echosim.passes.recompute import selective_replays
 
         graph, _messages, params = load_model(model, replace(base, micro_batch=1))
-        shape = ModelShape.of(graph)
+        shape = ModelShape.of(graph, 1)
         # with flash attention (fused kernel) and no softmax of scores, Megatron's selective adds nothing: the graph
         # of none. A framework whose "selective" is a policy of its own (torchtitan's per-op policy) replays ops
         framework = get_framework(base.framework)

@@ -864,3 +864,19 @@ def test_one_image_a_micro_batch_is_pointed_out() -> None:
     assert whole.samples_per_s > 5 * one.samples_per_s
     llm = lower("gpt3-125m", Plan(dp=8, global_batch=64), cluster).report  # a language model's default: no note
     assert not any("accumulation steps" in n for n in llm.to_dict()["notes"])
+
+
+def test_a_time_major_model_s_sequence_is_its_first_dimension() -> None:
+    """GNMT reads (sequence, batch) ids as DeepLearningExamples feeds them: the report's sequence and tokens/s read
+    --seq-len, not the micro-batch (which they read before: 'seq 128' at micro-batch 128 and --seq-len 50)."""
+    from echosim.plan import Cluster, Plan
+
+    cluster = Cluster("a100-80gb", 8)
+    for mb in (64, 128):
+        report = lower("gnmt", Plan(dp=8, micro_batch=mb, global_batch=1024, seq_len=50), cluster).report
+        assert report.to_dict()["plan"]["seq_len"] == 50
+        assert report.tokens_per_s == pytest.approx(report.samples_per_s * 50)
+    square = lower("gnmt", Plan(dp=8, micro_batch=50, global_batch=800, seq_len=50), cluster).report
+    assert square.to_dict()["plan"]["seq_len"] == 50  # sequence and batch alike: either dimension reads it
+    batch_major = lower("lstm-lm", Plan(dp=8, micro_batch=64, global_batch=512, seq_len=35), cluster).report
+    assert batch_major.to_dict()["plan"]["seq_len"] == 35
