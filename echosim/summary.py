@@ -36,7 +36,7 @@ def render(report: Any, trace: str | None = None, console: Any = None, accuracy:
         f"recompute {p['recompute']}, {p['schedule']}"
     )
     head = Table(show_header=False, box=None)
-    head.add_row("step time", f"[bold]{report.step_time_s:.3f} s[/]")
+    head.add_row("step time", f"[bold]{_fmt_s(report.step_time_s)}[/]")
     if report.tokens_per_s is not None:
         head.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s")
     else:  # images, queries: what these users count

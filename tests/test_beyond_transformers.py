@@ -880,3 +880,13 @@ def test_a_time_major_model_s_sequence_is_its_first_dimension() -> None:
     assert square.to_dict()["plan"]["seq_len"] == 50  # sequence and batch alike: either dimension reads it
     batch_major = lower("lstm-lm", Plan(dp=8, micro_batch=64, global_batch=512, seq_len=35), cluster).report
     assert batch_major.to_dict()["plan"]["seq_len"] == 35
+
+
+def test_a_millisecond_step_reads_in_milliseconds() -> None:
+    """compile's summary printed DLRM's 3 ms step as '0.003 s'; under 0.1 s it is in milliseconds."""
+    args = ["compile", "dlrm-dcnv2", "--backend", "h100-sxm", "--dp", "16", "--global-batch", "32768",
+            "--micro-batch", "2048", "--embedding-sharding", "row"]  # fmt: skip
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if x.strip().startswith("step time"))
+    assert re.search(r"step time\s+\d\.\d\d ms", line), line
