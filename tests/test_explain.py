@@ -303,3 +303,18 @@ def test_an_optimizer_that_does_not_fit_is_offered_the_host() -> None:
     assert not base.fits
     best = cheapest_fit("llama3-70b", plan, cluster, base)
     assert best is not None and best.plan == replace(plan, offload_optimizer=True)
+
+
+def test_a_model_without_token_sequences_is_offered_its_whole_batch_at_once() -> None:
+    """ResNet-50 at the default micro-batch of one image: the first suggestion is each device's whole batch, compiled
+    for real; a language model that accumulates is not offered it (its micro-batches are a memory choice)."""
+    cluster = Cluster("a100-80gb", 8)
+    plan = Plan(dp=8, global_batch=2048)
+    base = compile_model("resnet50", plan, cluster)
+    ranked, _ = suggest("resnet50", plan, cluster, base)
+    assert ranked[0].plan.micro_batch == 256 and ranked[0].fits
+    assert ranked[0].step_time_s == compile_model("resnet50", ranked[0].plan, cluster).step_time_s
+    assert ranked[0].step_time_s < base.step_time_s / 5
+    llm = Plan(dp=8, global_batch=64)
+    _, tried = suggest("gpt3-125m", llm, cluster, compile_model("gpt3-125m", llm, cluster))
+    assert not any(o.plan.micro_batch == 8 for o in tried)

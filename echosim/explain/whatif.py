@@ -193,6 +193,7 @@ def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_
     outcomes += fewest
     outcomes += bf16_moments(model, plan, cluster, compile_fn, base_report)
     outcomes += sixteen_bit_gradients(model, plan, cluster, compile_fn, base_report)
+    outcomes += whole_batch(model, plan, cluster, outcomes, compile_fn, base_report)
     if not base_report.fits and not any(o.fits for o in outcomes):
         seen = {o.plan for o in outcomes} | {replace(plan, global_batch=plan.batch)}
         closest = sorted((o for o in outcomes if not o.error), key=lambda o: (o.peak_bytes, o.change))[:beam]
@@ -227,6 +228,18 @@ def fewest_replayed_layers(model: Any, plan: Plan, cluster: Cluster, outcomes: l
 #: Adam's moments in bf16: DeepSeek-V3's choice (arXiv:2412.19437 sec. 3.3.3, "without incurring observable
 #: performance degradation") and Megatron-Bridge's DeepSeek and Qwen3 MoE recipes'
 BF16_MOMENTS = "exp_avg=bf16,exp_avg_sq=bf16"
+
+
+def whole_batch(model: Any, plan: Plan, cluster: Cluster, outcomes: list[Outcome], compile_fn: Compile,
+                base_report: Any) -> list[Outcome]:  # fmt: skip
+    """A model without token sequences (a CNN, DLRM) that accumulates micro-batches: each device's whole batch at once,
+    the way such models train, where doubling the micro-batch is a small step from one sample toward it."""
+    if base_report.tokens_per_s or plan.microbatches <= 1:
+        return []
+    whole = replace(plan, global_batch=plan.batch, micro_batch=plan.batch // plan.dp)
+    if any(o.plan == whole for o in outcomes):
+        return []
+    return simulate(model, plan, cluster, [whole], compile_fn, base_report)
 
 
 def bf16_moments(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile, base_report: Any) -> list[Outcome]:
