@@ -718,3 +718,17 @@ def test_a_degree_s_whole_batch_is_no_micro_batch_of_another_degree() -> None:
     code, out = _run(*args, "--micro-batches", "4096,2048", "--json")
     reasons = [c.get("reason", "") for c in json.loads(out)["layouts"]]
     assert code == 0 and any("not a multiple of micro-batch*dp = 4096*16" in r for r in reasons)
+
+
+def test_on_stages_keeps_one_whole_backward_copy_per_schedule() -> None:
+    """``on_stages`` hands back one copy per registered zero-bubble schedule (the caches key on its identity), the
+    schedule itself on more stages, and a plugin's schedule object without ``split_backward`` as it is."""
+    from types import SimpleNamespace
+
+    from echosim.timeline.schedule import BUILTIN_SCHEDULES, on_stages
+
+    zb = next(s for s in BUILTIN_SCHEDULES if s.name == "zb-h1")
+    assert on_stages(zb, 1) is on_stages(zb, 1) and not on_stages(zb, 1).split_backward
+    assert on_stages(zb, 1).orders is zb.orders and on_stages(zb, 2) is zb
+    plugin = SimpleNamespace(name="mine", orders=zb.orders)
+    assert on_stages(plugin, 1) is plugin  # type: ignore[arg-type]

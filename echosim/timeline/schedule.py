@@ -192,7 +192,8 @@ def on_stages(schedule: Schedule, pp: int) -> Schedule:
     frameworks run no pipeline at all (Megatron-LM's ``forward_backward_no_pipelining``): the backward stays
     whole, as in 1F1B. Splitting it there would only delay the gradients' data-parallel reduction.
     """
-    if pp > 1 or not schedule.split_backward or not is_dataclass(schedule):
+    # a plugin's schedule object may predate the field, or be no dataclass: it runs as it is
+    if pp > 1 or not getattr(schedule, "split_backward", False) or not is_dataclass(schedule):
         return schedule
     kept = _WHOLE_BACKWARD.get(id(schedule))
     if kept is None or kept[0] is not schedule:
