@@ -141,3 +141,12 @@ def test_replan_moves_a_recommendation_model_s_tables_and_keeps_its_whole_batch(
     code, out = run("replan", "dlrm-dcnv2", "--from", flags.replace("auto", "row"), "--devices", "32", "--json")
     assert code == 0, out
     assert json.loads(out)["best"]["micro_batch"] == 1024
+
+
+def test_replan_to_the_same_count_moves_no_table() -> None:
+    """The old layout's tables are placed on the node its compile used (GB200's 72-GPU domain, not a default of 8):
+    the same layout on the same count moves nothing. It moved 49.8 GB when the old placement took 8-rank hosts."""
+    flags = "--backend gb200 --dp 16 --global-batch 32768 --micro-batch 2048 --embedding-sharding table_row"
+    code, out = run("replan", "dlrm-dcnv2", "--from", flags, "--devices", "16", "--json")
+    assert code == 0, out
+    assert json.loads(out)["keep"]["switch"]["bytes"] == 0.0

@@ -132,10 +132,13 @@ def table_moves(old: list[Holding], new: list[Holding]) -> list[float]:
         got = 0.0
         for i, (nbytes, (r0, r1, c0, c1)) in held.items():
             area = (r1 - r0) * (c1 - c0)
-            if i in before and area > 0:
+            if area <= 0:  # a row-wise shard past a small table's last row: nothing of it to receive
+                continue
+            if i in before:
                 _, (q0, q1, d0, d1) = before[i]
                 common = max(0.0, min(r1, q1) - max(r0, q0)) * max(0.0, min(c1, d1) - max(c0, d0))
-                got += nbytes * (1 - common / area)
+                share = 1 - common / area
+                got += nbytes * share if share > 1e-9 else 0.0  # rounding of equal shards
             else:
                 got += nbytes
         out.append(got)
@@ -197,7 +200,9 @@ def replan(
         step = shape.dp // p.dp
         return [held[d // step] if stage == 0 else {} for _, d, stage in map(shape.coords, range(shape.world))]
 
-    old_tables = holdings(plan, old_shape, cluster.devices_per_node) if tables else []
+    # the node the old layout's compile placed the tables on (a cluster given without one takes the backend's)
+    old_node = resolve_cluster(cluster, get_registry(), backend).devices_per_node
+    old_tables = holdings(plan, old_shape, old_node) if tables else []
 
     def switch(p: Any) -> dict[str, float]:
         shape = Shape(p.tp, p.pp, p.dp * p.cp, p.zero)
