@@ -177,6 +177,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def batch_shares(batch: int, devices: int) -> tuple[int, ...]:
+    """Each data-parallel degree's whole share of the global batch: the micro-batches of a model trained without
+    accumulation (DLRM, ResNet), smallest first."""
+    return tuple(sorted({batch // d for d in _divisors(devices) if batch % d == 0}))
+
+
 @dataclass(frozen=True)
 class SpaceSpec:
     """The values of every dimension for one model on one cluster (defaults filled in)."""
@@ -210,8 +216,7 @@ def full_space(
     pows = [d for d in _divisors(devices)]
     shares: tuple[int, ...] = ()
     if not facts.shape.tokens:
-        whole = {base.global_batch // d for d in pows if base.global_batch % d == 0}
-        shares = tuple(sorted(whole - set(DEFAULT_MICRO_BATCHES)))
+        shares = tuple(m for m in batch_shares(base.global_batch, devices) if m not in DEFAULT_MICRO_BATCHES)
     defaults: dict[str, tuple[Any, ...]] = {
         # TP crosses no node boundary unless asked; a model no tensor-parallel rule matches (ResNet, DLRM) has none
         "tp": tuple(d for d in pows if d <= node) if facts.shape.tp_targets else (1,),

@@ -171,7 +171,7 @@ def replan(
     from echosim.compiler import _backend, lower, resolve_cluster
     from echosim.dynamics.goodput import checkpoint_bytes
     from echosim.frameworks import get_framework
-    from echosim.layout_search import evaluate, search
+    from echosim.layout_search import batch_shares, evaluate, search
     from echosim.passes.memory import StatePolicy
     from echosim.plugins import get_registry
 
@@ -189,14 +189,12 @@ def replan(
     old_shape = Shape(plan.tp, plan.pp, plan.dp * plan.cp, plan.zero)
     capacity = backend.memory_bytes()
 
-    def holdings(p: Any, shape: Shape, devices_per_node: int) -> list[Holding]:
-        """Each rank's tables: its data-parallel index's shards on the first pipeline stage (the embeddings')."""
+    def holdings(p: Any, shape: Shape, node: int) -> list[Holding]:
+        """Each rank's tables: its data-parallel index's shards on the first pipeline stage (the embeddings'),
+        placed as compile places them on a (resolved) node of ``node`` devices."""
         from echosim.passes.embedding_sharding import host_size, place
 
-        local = devices_per_node or 8  # as the compiler configures the pass (compiler._sized)
-        held = table_holdings(
-            place(tables, p.embedding_sharding, p.dp, local, capacity), tables, host_size(p.dp, local)
-        )
+        held = table_holdings(place(tables, p.embedding_sharding, p.dp, node, capacity), tables, host_size(p.dp, node))
         step = shape.dp // p.dp
         return [held[d // step] if stage == 0 else {} for _, d, stage in map(shape.coords, range(shape.world))]
 
@@ -224,7 +222,6 @@ def replan(
     # a model without token sequences that runs each device's whole batch at once (DLRM, ResNet) goes on doing so:
     # its micro-batch is the global batch's share of the new data-parallel degree, not the old share
     whole = not old_report.tokens_per_s and plan.microbatches == 1
-    shares = tuple(plan.batch // d for d in range(1, devices + 1) if devices % d == 0 and plan.batch % d == 0)
     keep: dict[str, Any]
     if devices % keep_rank:
         keep = {"reason": f"{devices} devices do not divide into tp*pp*cp = {keep_rank}"}
@@ -236,7 +233,7 @@ def replan(
         keep = row(kp, done.step_time_s, "" if done.ok else done.reason or "does not fit")
     defaults = {"zero": (plan.zero,), "recompute": (plan.recompute,), "schedule": (plan.schedule,),
                 "sp": (plan.sp,), "tp_overlap": (plan.tp_overlap,), "vpp": (1,), "cp": (plan.cp,), "ep": (plan.ep,),
-                "mb": shares if whole else (plan.micro_batch,)}  # fmt: skip
+                "mb": batch_shares(plan.batch, devices) if whole else (plan.micro_batch,)}  # fmt: skip
     result = search(model, plan, new_cluster, space={**defaults, **(space or {})}, memory_fraction=memory_fraction)
     best_eval = result.best
     if best_eval is None:
