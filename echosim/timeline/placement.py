@@ -65,8 +65,11 @@ def _placements(d: Degrees, devices_per_node: int) -> dict[Axis, Placement]:
         out[Axis.CP_P2P] = megatron_placement("cp_p2p", tiers, devices_per_node)
     out[Axis.FSDP] = out[Axis.DP]  # ZeRO-3 / FSDP shards over the data-parallel group
     # table-wise-row-wise embedding sharding (data-parallel layouts only): the dp ranks of one node, and
-    # those with the same local rank on every node (TorchRec's intra_and_cross_node_pg)
-    host = math.gcd(d.dp, max(1, devices_per_node // d.tp))
+    # those with the same local rank on every node (TorchRec's intra_and_cross_node_pg). A job within one node is
+    # one host of all its ranks, as the pass groups them (embedding_sharding.host_size); over nodes that do not
+    # divide it (which table_row refuses) any common divisor keeps the tiers whole
+    local = max(1, devices_per_node // d.tp)
+    host = d.dp if d.dp <= local else math.gcd(d.dp, local)
     tiers = {"tp": d.tp, "dp_intra": host, "dp_cross": d.dp // host, "pp": d.pp}
     out[Axis.DP_INTRA] = megatron_placement("dp_intra", tiers, devices_per_node)
     out[Axis.DP_CROSS] = megatron_placement("dp_cross", tiers, devices_per_node)
