@@ -38,7 +38,7 @@ from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.context_parallel import head_parallel_note
 from echosim.passes.data_parallel import DataParallel
-from echosim.passes.embedding_sharding import sharding_note
+from echosim.passes.embedding_sharding import sharding_note, table_totals
 from echosim.passes.memory import E5M6_BYTES, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.precision import FP8_TILE_BYTES
@@ -278,6 +278,9 @@ def prepare_joint(
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
     if plan.embedding_sharding != "none":
         notes = [*notes, *joint.derived(("embedding-plan",), lambda: sharding_note(graph, graph_passes))]
+        tables = joint.derived(("embedding-totals",), lambda: table_totals(graph, graph_passes))
+    else:
+        tables = {}
     if plan.offload_optimizer or plan.offload_params:
         note, over = host_state(total_params, plan, loaded)
         notes, warnings = [*notes, note], [*warnings, *([over] if over else [])]
@@ -349,6 +352,7 @@ def prepare_joint(
         warnings=tuple(warnings),
         notes=tuple(notes),
         culprit=f"backend {cluster.backend!r} (plugin {loaded.owner!r})",
+        embedding_tables=tables,
     )
     own = all(getattr(p, "name", None) in reuse for p in (*graph_passes, *stage_passes))
     return Joint(plan, joint, stage_passes, checked, reuse, backend, where, options, facts, cluster, own)

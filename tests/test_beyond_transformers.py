@@ -18,6 +18,7 @@ from echosim.backends.devices import DEVICES
 from echosim.backends.gpu import GPUBackend
 from echosim.cli import cli
 from echosim.compiler import lower
+from echosim.dynamics.goodput import GoodputInput, goodput
 from echosim.frontend.capture import capture_named
 from echosim.frontend.spec import CaptureSpec
 from echosim.frontend.zoo_torch import (
@@ -399,6 +400,25 @@ def test_table_wise_all_to_all_bytes_and_memory() -> None:
     assert mem["params"] == dense * 2 + table_elements * 2
     assert mem["optimizer"] == dense * 12 + rows * ROWWISE_ADAGRAD_BYTES_PER_ROW
     assert mem["grads"] == dense * 4
+
+
+@pytest.mark.parametrize("mode", ["table", "row", "column", "table_row"])
+def test_a_checkpoint_holds_every_table_once_with_its_row_wise_state(mode: str) -> None:
+    c = _compiled(mode)
+    report = c.report  # type: ignore[attr-defined]
+    rows_dim = sum(r * D for r in ROWS)
+    totals = {"params": rows_dim, "weight_bytes": rows_dim * 2, "optimizer_bytes": sum(ROWS) * 4}
+    assert report.embedding_tables == totals
+    assert report.to_dict()["embedding_tables"] == totals
+    section = goodput(GoodputInput(1000.0), params=report.params, dtype="bf16", framework="megatron", pp=1,
+                      devices=W, backend="h100-sxm", step_time_s=report.step_time_s, tokens_per_s=None,
+                      tables=report.embedding_tables)  # fmt: skip
+    _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
+    assert report.params == dense + rows_dim
+    assert section["checkpoint_bytes"] == dense * 14 + rows_dim * 2 + sum(ROWS) * 4
+    # replicated tables train as dense parameters and are counted with them: no totals, no key
+    dense_only = _compiled("data").report  # type: ignore[attr-defined]
+    assert dense_only.embedding_tables == {} and "embedding_tables" not in dense_only.to_dict()
 
 
 def test_row_wise_reduce_scatter_bytes_and_memory() -> None:

@@ -100,6 +100,9 @@ def test_checkpoint_bytes_follow_the_memory_model() -> None:
     assert checkpoint_bytes(1000, "bf16", "megatron") == 14_000
     assert checkpoint_bytes(1000, "fp32", "megatron") == 12_000  # 4 + 8
     assert checkpoint_bytes(1000, "bf16", "maxtext") == 12_000  # fp32 weights, no master copy
+    # sharded embedding tables as held: bf16 rows and a 4-byte Adagrad accumulator per row, no Adam state
+    tables = {"params": 800, "weight_bytes": 1600, "optimizer_bytes": 40}
+    assert checkpoint_bytes(1000, "bf16", "megatron", tables=tables) == 200 * 14 + 1600 + 40
 
 
 def _llama3(restart_minutes: float, storage: str = "tectonic", mode: str = "sync") -> dict:

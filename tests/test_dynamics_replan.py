@@ -121,7 +121,7 @@ def test_row_wise_tables_regrown_by_torchrec_s_even_split() -> None:
 def test_replan_moves_a_recommendation_model_s_tables_and_keeps_its_whole_batch() -> None:
     """DLRM-DCNv2 from 16 H100 to 8: the tables of ranks 8-15 must reach ranks 0-7 (the switch used to move 0 GB);
     its micro-batch stays each device's whole share of the global batch (4,096 on 8, 1,024 on 32)."""
-    from echosim.compiler import _backend
+    from echosim.compiler import _backend, _load_model
     from echosim.dynamics.replan import _sharded_tables
     from echosim.passes.embedding_sharding import place
     from echosim.plan import Plan
@@ -138,6 +138,12 @@ def test_replan_moves_a_recommendation_model_s_tables_and_keeps_its_whole_batch(
     # what ranks 8-15 held of the tables not replicated everywhere has to reach ranks 0-7
     leaving = sum(s.storage(tables[s.table]) for shards in placement.ranks[8:] for s in shards if s.kind != "data")
     assert r["keep"]["switch"]["bytes"] >= leaving > 10e9
+    # the checkpoint holds the tables as sharded (rows and row-wise Adagrad), not with the dense Adam state
+    sparse = [t for t, kind in zip(tables, placement.kinds, strict=True) if kind != "data"]
+    params = _load_model("dlrm-dcnv2", plan, get_registry())[2]
+    dense = params - sum(t.rows * t.dim for t in sparse)
+    assert r["checkpoint_bytes"] == dense * 14 + sum(t.held_bytes for t in sparse)  # Megatron bf16: 2 + 12 bytes
+    assert r["checkpoint_bytes"] < 0.3 * params * 14  # 53 GB; 366 GB with every table under Adam
     code, out = run("replan", "dlrm-dcnv2", "--from", flags.replace("auto", "row"), "--devices", "32", "--json")
     assert code == 0, out
     assert json.loads(out)["best"]["micro_batch"] == 1024

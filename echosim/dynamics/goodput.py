@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +89,19 @@ def parse_storage(text: str) -> StorageSpec:
     raise EchosimError(f"--storage {text!r}: unknown storage (known: {', '.join(STORAGE)}, or e.g. 500GBps)")
 
 
-def checkpoint_bytes(params: int, dtype: str, framework: str, pp: int = 1) -> int:
-    """Weights and optimizer state of every parameter, once: what a full checkpoint holds."""
+def checkpoint_bytes(
+    params: int, dtype: str, framework: str, pp: int = 1, tables: Mapping[str, int] | None = None
+) -> int:
+    """Weights and optimizer state of every parameter, once: what a full checkpoint holds.
+
+    ``tables`` (a report's ``embedding_tables``): sharded embedding tables keep their rows in their own dtype and
+    row-wise Adagrad state, not the dense parameters' master copy and Adam moments, so they count as they are held.
+    """
     state = StatePolicy.for_training(dtype, 0, 1, **get_framework(framework).state(pp))
-    return int(params * (state.weight_bytes + state.optimizer_bytes))
+    sparse = tables or {}
+    dense = params - sparse.get("params", 0)
+    held = sparse.get("weight_bytes", 0) + sparse.get("optimizer_bytes", 0)
+    return int(dense * (state.weight_bytes + state.optimizer_bytes)) + held
 
 
 def job_mtbf_s(mtbf_device_hours: float, devices: int) -> float:
@@ -193,10 +203,11 @@ def goodput(
     backend: str,
     step_time_s: float,
     tokens_per_s: float | None,
+    tables: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The goodput section of a report: checkpoint size and times, the interval, failures, time to train."""
     given.check()
-    ckpt = checkpoint_bytes(params, dtype, framework, pp)
+    ckpt = checkpoint_bytes(params, dtype, framework, pp, tables)
     write_s = given.storage.write_s(ckpt, devices)
     if given.mode == "async":
         block_s, lag_s = host_link(backend).write_s(ckpt, devices), write_s

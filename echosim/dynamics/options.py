@@ -194,6 +194,7 @@ def sections(request: Request, report: Any) -> dict[str, Any]:
         out["goodput"] = goodput(
             request.goodput, params=report.params, dtype=p["dtype"], framework=p["framework"], pp=p["pp"],
             devices=report.devices, backend=report.backend, step_time_s=step, tokens_per_s=rate,
+            tables=report.embedding_tables,
         )  # fmt: skip
     return out
 

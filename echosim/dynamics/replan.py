@@ -244,7 +244,7 @@ def replan(
         "backend": cluster.backend,
         "from": {"devices": cluster.devices, **row(plan, old_report.step_time_s, "old")},
         "devices": devices,
-        "checkpoint_bytes": checkpoint_bytes(params, plan.dtype, plan.framework, plan.pp),
+        "checkpoint_bytes": checkpoint_bytes(params, plan.dtype, plan.framework, plan.pp, old_report.embedding_tables),
         "keep": keep,
         "best": best,
         "simulated": result.simulated,

@@ -337,6 +337,31 @@ def sharding_note(graph: Graph, passes: list[object]) -> list[str]:
     ]
 
 
+def table_totals(graph: Graph, passes: list[object]) -> dict[str, int]:
+    """Every rank's shards of the sharded tables together: their elements, the rows' bytes and the row-wise
+    Adagrad state's. What a checkpoint holds of them, once; the memory rows hold one rank's. Tables placed
+    data-parallel are left out: they train as dense parameters and are counted with those. Empty without the
+    pass or tables."""
+    es = next((p for p in passes if isinstance(p, EmbeddingSharding)), None)
+    tables = find_tables(graph) if es is not None and es.mode != "none" else []
+    if es is None or not tables:
+        return {}
+    placement = place(tables, es.mode, es.world, es.local_world, es.capacity_bytes)
+    return sharded_totals(tables, placement.kinds)
+
+
+def sharded_totals(tables: list[Table], kinds: list[str]) -> dict[str, int]:
+    """:func:`table_totals` from the tables and the type each took."""
+    sparse = [t for t, kind in zip(tables, kinds, strict=True) if kind != "data"]
+    if not sparse:
+        return {}
+    return {
+        "params": sum(t.rows * t.dim for t in sparse),
+        "weight_bytes": sum(t.bytes for t in sparse),
+        "optimizer_bytes": sum(t.rows * ROWWISE_ADAGRAD_BYTES_PER_ROW for t in sparse),
+    }
+
+
 def find_tables(graph: Graph) -> list[Table]:
     """The pooled lookups (``embedding_bag``) of the forward graph, in graph order."""
     out = []

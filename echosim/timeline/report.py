@@ -63,6 +63,8 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     samples_per_s: float = 0.0  # sequences (images, examples) per second
+    # sharded embedding tables, every rank's shards together (params, weight_bytes, optimizer_bytes); empty without
+    embedding_tables: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -93,6 +95,8 @@ class Report:
             "warnings": self.warnings,
             "notes": self.notes,
         }
+        if self.embedding_tables:
+            d["embedding_tables"] = self.embedding_tables
         return _round(d)
 
     def to_json(self) -> str:
@@ -123,6 +127,7 @@ class StepFacts:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     culprit: str = ""  # who a broken invariant is blamed on: "backend 'x' (plugin 'y')"
+    embedding_tables: dict[str, int] = field(default_factory=dict)  # embedding_sharding.table_totals
 
 
 #: Start of every warning that says a report broke a physical invariant (``--strict`` makes it an error).
@@ -231,6 +236,7 @@ def build_report(
         stages=stage_rows,
         warnings=warnings,
         notes=list(facts.notes),
+        embedding_tables=dict(facts.embedding_tables),
     )
     if not brief:
         report.warnings += invariant_violations(report, facts.culprit)
