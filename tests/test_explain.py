@@ -16,7 +16,7 @@ from echosim.compiler import compile as compile_model
 from echosim.compiler import lower
 from echosim.explain.critical import critical_path, scope_group
 from echosim.explain.step import explain
-from echosim.explain.whatif import cheapest_fit, neighbours, suggest
+from echosim.explain.whatif import changed_flags, cheapest_fit, neighbours, suggest
 from echosim.plan import Cluster, Plan
 from echosim.plugins import get_registry
 
@@ -75,6 +75,17 @@ def test_neighbours_keep_devices_and_batch_and_change_one_thing() -> None:
     assert replace(plan, tp=8, dp=2) in out and replace(plan, pp=8, tp=2) in out and replace(plan, zero=1) in out
     assert replace(plan, tp_overlap=True) in out and replace(plan, schedule="zb-h1") in out
     assert all(p.sp is False for p in neighbours(Plan(tp=2, dp=2, sp=True), Cluster(devices=4)) if p.tp == 1)
+
+
+def test_a_change_names_only_what_changed_when_the_global_batch_is_derived() -> None:
+    """A neighbour pins the global batch that dp x micro-batch gave, to keep it: that is no change to name
+    ("--global-batch 4 --zero 1" read as if the batch had moved)."""
+    plan = Plan(tp=2, dp=4)
+    out = neighbours(plan, Cluster("h100-sxm", 8))
+    assert changed_flags(plan, replace(plan, global_batch=4, zero=1)) == "--zero 1"
+    assert changed_flags(plan, replace(plan, global_batch=4, tp=4, dp=2)) == "--tp 4 --dp 2"
+    assert changed_flags(plan, replace(plan, global_batch=8)) == "--global-batch 8"
+    assert all("--global-batch" not in changed_flags(plan, p) for p in out)
 
 
 def test_suggestions_that_fit_are_faster_and_ranked_fastest_first() -> None:

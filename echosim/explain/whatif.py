@@ -58,8 +58,10 @@ class Outcome:
 
 
 def changed_flags(base: Plan, new: Plan) -> str:
-    """The settings of ``new`` that differ from ``base``, written as compile flags."""
+    """The settings of ``new`` that differ from ``base``, written as compile flags. A global batch left to be
+    derived (dp x micro-batch) is the batch it derives: a neighbour that pins it to keep it has not changed it."""
     out = []
+    base = replace(base, global_batch=base.batch)
     for f in fields(Plan):
         if getattr(base, f.name) != getattr(new, f.name):
             out += setting_flags(f.name, getattr(new, f.name))
