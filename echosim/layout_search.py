@@ -1374,7 +1374,7 @@ def objective_key(objective: str, price_per_device_hour: float = 1.0) -> Callabl
     if objective not in OBJECTIVES:
         raise SearchError(f"--objective: unknown {objective!r} (known: {', '.join(OBJECTIVES)})")
 
-    def key(c: Evaluated) -> float:
+    def value(c: Evaluated) -> float:
         step = c.step_time_s or math.inf
         if objective == "step-time":
             return step
@@ -1383,7 +1383,21 @@ def objective_key(objective: str, price_per_device_hour: float = 1.0) -> Callabl
             return -rate
         return c.devices * price_per_device_hour / 3600.0 / rate if rate else math.inf
 
+    def key(c: Evaluated) -> float:
+        return _settled(value(c))
+
     return key
+
+
+def _settled(x: float) -> float:
+    """``x`` to 12 significant digits: two layouts whose steps differ by the rounding of sums taken in another
+    order (GPipe and 1F1B on one stage: 1 ulp) tie, and the tie goes to the smaller peak (:func:`_order`)."""
+    return float(f"{x:.12g}") if math.isfinite(x) else x
+
+
+def _order(key: Callable[[Evaluated], float]) -> Callable[[Evaluated], tuple[Any, ...]]:
+    """The ranking of fitting layouts: the objective, then the smaller peak memory, then the plan's degrees."""
+    return lambda c: (key(c), c.peak_bytes, _plan_key(c.plan))
 
 
 _DEGREES = ("tp", "pp", "dp", "cp", "cp_comm", "ep", "vpp", "sp", "zero", "offload_optimizer", "micro_batch",
@@ -1399,7 +1413,7 @@ def rank(results: Iterable[Evaluated], objective: str, price: float = 1.0) -> tu
     """(fitting layouts best first, the rest: not fitting by peak memory, then failed, then rejected)."""
     key = objective_key(objective, price)
     items = list(results)
-    ok = sorted((c for c in items if c.ok), key=lambda c: (key(c), _plan_key(c.plan)))
+    ok = sorted((c for c in items if c.ok), key=_order(key))
     rest = [c for c in items if not c.ok]
 
     def order(c: Evaluated) -> tuple[Any, ...]:
@@ -1586,14 +1600,14 @@ def _recheck_top(
 
 
 def _first(items: list[Evaluated], key: Callable[[Evaluated], float], n: int) -> list[Evaluated]:
-    """``sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]``, sorting only the layouts whose objective is
+    """``sorted(items, key=_order(key))[:n]``, sorting only the layouts whose objective is
     at most the ``n``-th smallest (the first ``n`` are among them; so are all tied with the ``n``-th): a search's
     re-check reads the first 20 of some 30,000 fitting layouts, once a round."""
     keys = [key(c) for c in items]
     if len(items) > n and not any(k != k for k in keys):  # NaN: no order to cut at, the full sort as before
         cut = heapq.nsmallest(n, keys)[-1]
         items = [c for c, k in zip(items, keys, strict=True) if k <= cut]
-    return sorted(items, key=lambda c: (key(c), _plan_key(c.plan)))[:n]
+    return sorted(items, key=_order(key))[:n]
 
 
 def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster, facts: ModelFacts | None = None) -> None:

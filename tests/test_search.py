@@ -296,6 +296,19 @@ def test_objectives_rank_differently_only_where_they_differ() -> None:
         search("gpt3-125m", base, cluster, space=space, objective="speed")
 
 
+def test_layouts_of_the_same_step_rank_by_their_peak_memory() -> None:
+    """On one stage GPipe and 1F1B take the same step (to the last bit or 1 ulp, by the order of sums) and GPipe holds
+    every micro-batch's activations: the smaller peak goes first, as ZeRO-2 before ZeRO-1 at the same step."""
+    space = {"tp": (1,), "pp": (1,), "cp": (1,), "vpp": (1,), "mb": (2,), "zero": (0, 1, 2), "recompute": ("none",),
+             "schedule": ("gpipe", "1f1b"), "sp": (False,), "tp_overlap": (False,)}  # fmt: skip
+    ranked = search("gpt3-125m", Plan(global_batch=64), Cluster("h100-sxm", 4), space=space).ranked
+    assert [(e.plan.zero, e.plan.schedule) for e in ranked[:4]] == [(2, "1f1b"), (1, "1f1b"), (2, "gpipe"),
+                                                                     (1, "gpipe")]  # fmt: skip
+    assert all(math.isclose(e.step_time_s or 0, ranked[0].step_time_s or 0, rel_tol=1e-12) for e in ranked[:4])
+    peaks = [e.peak_bytes for e in ranked[:4]]
+    assert peaks == sorted(peaks) and peaks[0] < peaks[-1] / 4
+
+
 def test_ray_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     code, out = _run("gpt3-125m", "--devices", "4", "--global-batch", "8", "--space", "cp=1 vpp=1 zero=0",
