@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from echosim.frontend.zoo_torch import sample_unit
+from echosim.timeline.report import fmt_params
 
 GiB = 2**30
 
@@ -43,7 +44,7 @@ def render(report: Any, trace: str | None = None, console: Any = None, accuracy:
         head.add_row("throughput", f"{report.samples_per_s:,.1f} {sample_unit(report.model)}/s")
     head.add_row("MFU / HFU", f"{report.mfu * 100:.1f}% / {report.hfu * 100:.1f}%")
     head.add_row("TFLOP/s per device", f"{report.tflops_per_device:.1f} (hardware FLOPs, recompute included)")
-    head.add_row("parameters", f"{report.params / 1e9:.2f} B")
+    head.add_row("parameters", fmt_params(report.params))
     head.add_row("pipeline bubble", f"{report.bubble_fraction * 100:.1f}% of the step")
     if accuracy:
         head.add_row("likely step", accuracy)

@@ -47,6 +47,7 @@ from echosim.passes.embedding_sharding import (
 )
 from echosim.passes.flops import ROWWISE_ADAGRAD_BYTES_PER_ROW, graph_flops, io_bytes
 from echosim.plan import Cluster, Plan
+from echosim.timeline.report import fmt_params
 
 # ---- zoo: parameters against the published counts ----------------------------------------------
 
@@ -924,3 +925,13 @@ def test_a_millisecond_step_reads_in_milliseconds() -> None:
     assert out.exit_code == 0, out.output
     line = next(x for x in out.output.splitlines() if x.strip().startswith("step time"))
     assert re.search(r"step time\s+\d\.\d\d ms", line), line
+
+
+def test_a_parameter_count_under_a_billion_reads_in_millions() -> None:
+    """ResNet-50's 25.6M parameters read '0.03 B' in compile's summary; DLRM-DCNv2's 26.2B stay in billions."""
+    assert fmt_params(25_557_032) == "25.6 M" and fmt_params(26_151_671_809) == "26.15 B"
+    out = CliRunner().invoke(
+        cli, ["compile", "resnet50", "--backend", "a100-80gb", "--dp", "8", "--micro-batch", "256"]
+    )
+    assert out.exit_code == 0, out.output
+    assert re.search(r"parameters\s+25\.6 M", out.output), out.output

@@ -17,6 +17,7 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.explain import charts
 from echosim.explain.step import Explanation, explain
+from echosim.timeline.report import fmt_params
 
 REPORT_FORMATS = (".html", ".htm", ".png")
 GiB = 2**30
@@ -102,7 +103,7 @@ def render_html(result: Explanation, compiled: Any, accuracy: str | None = None)
         ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
         ("MFU / HFU", f"{r.mfu * 100:.1f}% / {r.hfu * 100:.1f}%"),
         ("TFLOP/s per device", f"{r.tflops_per_device:.1f}"),
-        ("parameters", f"{r.params / 1e9:.2f} B"),
+        ("parameters", fmt_params(r.params)),
         ("pipeline bubble", f"{r.bubble_fraction * 100:.1f}% of the step"),
         ("peak memory", f"{binding['peak'] / GiB:.1f} GiB of {binding['capacity'] / GiB:.0f} GiB "
                         f"(stage {binding['stage']}, {fits})"),

@@ -40,6 +40,12 @@ def stable_json(data: Any) -> str:
     return json.dumps(_round(data), indent=2, sort_keys=True) + "\n"
 
 
+def fmt_params(n: int) -> str:
+    """A parameter count as its readers quote it: billions for language models, millions below (ResNet-50's
+    25.6 M read "0.03 B")."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
 @dataclass
 class Report:
     model: str
