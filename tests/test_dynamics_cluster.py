@@ -120,6 +120,28 @@ def test_balanced_split_beats_the_naive_one() -> None:
     assert CliRunner().invoke(cli, args).output == result.output  # byte-identical
 
 
+def test_a_whole_batch_a_replica_is_balanced_by_its_samples(tmp_path: Path) -> None:
+    """ResNet-50 at 256 images a replica runs one micro-batch: none can move between pools, and the balanced split
+    was the naive one (H100 idle 47% of the A100 pool's step). Its samples move instead, each pool compiled at its
+    share."""
+    args = ["cluster", write(tmp_path, POOLS + LINK), "resnet50", "--global-batch", "8192", "--micro-batch", "256"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    naive, balanced = r["naive"]["pools"], r["balanced"]["pools"]
+    assert [(p["micro_batch"], p["microbatches_per_replica"]) for p in naive] == [(256, 1), (256, 1)]
+    h100, a100 = balanced
+    assert h100["micro_batch"] > 256 > a100["micro_batch"] and h100["microbatches_per_replica"] == 1
+    assert (h100["micro_batch"] + a100["micro_batch"]) * 16 == 8192
+    assert r["balanced"]["step_s"] < r["naive"]["step_s"] and r["speedup"] > 1.2
+    # compiled at its share, not extrapolated: the pool's own compile gives its figure
+    again = CliRunner().invoke(cli, ["compile", "resnet50", "--backend", "h100-sxm", "--dp", "16", "--micro-batch",
+                                     str(h100["micro_batch"]), "--json"])  # fmt: skip
+    assert json.loads(again.output)["step_time_s"] == h100["step_s"]
+    text = CliRunner().invoke(cli, args).output
+    assert f"{h100['micro_batch']} samples x 16 replicas" in text and "256 samples x 16 replicas" in text
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["--backend", "h100-sxm"], "--backend: the cluster file gives the devices"),

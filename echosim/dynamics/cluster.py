@@ -6,7 +6,8 @@ replicas finish their micro-batches and the pools have reduced their gradients o
 The naive split gives every replica the same number of micro-batches; the balanced split gives
 each pool micro-batches in proportion to its speed, found by water-filling on each pool's
 simulated step time (then every pool is simulated again at its share: the figures reported are
-compiled, not extrapolated).
+compiled, not extrapolated). Where each replica runs its share in one micro-batch, the samples of
+that micro-batch are split instead (:func:`_balance_samples`).
 
 The gradient reduction across pools is hierarchical: each pool reduces inside itself (part of
 its compiled step), then the pools all-reduce one replica's worth of gradients over the links
@@ -164,7 +165,8 @@ def _check_connected(pools: list[Pool], links: list[Link], where: str) -> None:
 
 @dataclass(frozen=True)
 class PoolRun:
-    """One pool at one share of the batch: its replicas, micro-batches per replica, the compiled step."""
+    """One pool at one share of the batch: its replicas, micro-batches per replica and their size, the compiled
+    step."""
 
     pool: Pool
     replicas: int
@@ -173,21 +175,51 @@ class PoolRun:
     fits: bool
     peak_bytes: int
     warnings: tuple[str, ...] = ()  # the pool's compile's (shown once for the cluster, not per pool)
+    micro_batch: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.name, "device": self.pool.device, "devices": self.pool.devices,
-                "replicas": self.replicas, "microbatches_per_replica": self.microbatches, "step_s": self.step_s,
-                "fits": self.fits, "peak_bytes": self.peak_bytes}  # fmt: skip
+                "replicas": self.replicas, "microbatches_per_replica": self.microbatches,
+                "micro_batch": self.micro_batch, "step_s": self.step_s, "fits": self.fits,
+                "peak_bytes": self.peak_bytes}  # fmt: skip
 
 
-def _compile_pool(model: Any, plan: Any, pool: Pool, replicas: int, microbatches: int) -> PoolRun:
+def _compile_pool(model: Any, plan: Any, pool: Pool, replicas: int, microbatches: int, micro_batch: int = 0) -> PoolRun:
     from echosim.compiler import lower
     from echosim.plan import Cluster
 
-    p = replace(plan, dp=replicas, global_batch=replicas * microbatches * plan.micro_batch)
+    size = micro_batch or plan.micro_batch
+    p = replace(plan, dp=replicas, micro_batch=size, global_batch=replicas * microbatches * size)
     report = lower(model, p, Cluster(pool.device, pool.devices)).report
     peak = max(int(m["peak"]) for m in report.memory)
-    return PoolRun(pool, replicas, microbatches, report.step_time_s, report.fits, peak, tuple(report.warnings))
+    return PoolRun(pool, replicas, microbatches, report.step_time_s, report.fits, peak, tuple(report.warnings), size)
+
+
+#: The most steps a replica's micro-batch is split into when samples are balanced (:func:`_balance_samples`).
+MAX_SAMPLE_STEPS = 256
+
+
+def _balance_samples(model: Any, plan: Any, naive: list[PoolRun], replicas: list[int]) -> list[PoolRun]:
+    """Each replica runs its share in one micro-batch (an image or recommendation model at its whole batch): no
+    whole micro-batch can move, so the samples of that micro-batch are split instead. Each pool's step is taken
+    as affine in its micro-batch, through its compiled step at the naive size and at half of it (the fixed part:
+    the optimizer, the gradient reduction), water-filled over samples, then compiled at its share."""
+    size = plan.micro_batch
+    half = [_compile_pool(model, plan, run.pool, run.replicas, 1, size // 2) for run in naive]
+
+    def predicted(i: int, s: int) -> float:
+        slope = max(0.0, naive[i].step_s - half[i].step_s) / (size - size // 2)
+        return naive[i].step_s + slope * (s - size)
+
+    # in steps of the smallest divisor of the size that leaves at most MAX_SAMPLE_STEPS of them (the subset sum's
+    # bit sets grow with the steps: a DLRM replica of 65,536 samples moves them 256 at a time)
+    unit = next(u for u in range(1, size + 1) if size % u == 0 and size // u <= MAX_SAMPLE_STEPS)
+    steps = water_fill(size // unit * sum(replicas), replicas, lambda i, k: predicted(i, k * unit))
+    shares = [k * unit for k in steps] if steps else [size] * len(replicas)
+    return [
+        run if s == size else _compile_pool(model, plan, run.pool, run.replicas, 1, s)
+        for run, s in zip(naive, shares, strict=True)
+    ]
 
 
 def cross_pool_sync_s(cluster: MixedCluster, replica_grad_bytes: float) -> float:
@@ -275,11 +307,16 @@ def mixed_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any]:
     def predicted(i: int, m: int) -> float:
         return naive[i].step_s * (m + slots) / (equal + slots)
 
-    shares = water_fill(total_mb, replicas, predicted) or [equal] * len(replicas)
-    balanced = [
-        run if m == equal else _compile_pool(model, plan, run.pool, run.replicas, m)
-        for run, m in zip(naive, shares, strict=True)
-    ]
+    if equal == 1 and plan.micro_batch > 1:
+        balanced = _balance_samples(model, plan, naive, replicas)
+    else:
+        shares = water_fill(total_mb, replicas, predicted) or [equal] * len(replicas)
+        balanced = [
+            run if m == equal else _compile_pool(model, plan, run.pool, run.replicas, m)
+            for run, m in zip(naive, shares, strict=True)
+        ]
+    if max(r.step_s for r in balanced) > max(r.step_s for r in naive):  # predicted better, compiled worse
+        balanced = naive
     local_params = _replica_params(model, plan)
     replica_grad = local_params * PSEUDO_GRADIENT_BYTES  # fp32 gradients of one whole replica
     sync = cross_pool_sync_s(cluster, replica_grad)
@@ -313,13 +350,20 @@ def render(result: dict[str, Any]) -> list[str]:
     for key in ("naive", "balanced"):
         split = result[key]
         parts = ", ".join(
-            f"{r['pool']} ({r['device']}) {r['microbatches_per_replica']} mb x {r['replicas']} replicas: "
-            f"{r['step_s']:.4g} s"
+            f"{r['pool']} ({r['device']}) {_share(r, result)} x {r['replicas']} replicas: {r['step_s']:.4g} s"
             for r in split["pools"]
         )
         lines.append(f"{key:>8} split: step {split['step_s']:.4g} s  [{parts}]")
     lines.append(f"balanced is {result['speedup']:.3f}x the naive equal split")
     return lines + warning_lines(result)
+
+
+def _share(run: dict[str, Any], result: dict[str, Any]) -> str:
+    """A replica's share: its micro-batches, or the size of its one micro-batch where the split moved samples."""
+    sizes = {r["micro_batch"] for key in ("naive", "balanced") for r in result[key]["pools"]}
+    if len(sizes) > 1:
+        return f"{run['micro_batch']} samples"
+    return f"{run['microbatches_per_replica']} mb"
 
 
 def warning_lines(result: dict[str, Any]) -> list[str]:
