@@ -176,7 +176,10 @@ def band_for(t: Traits, table: dict[str, Any] | None = None) -> Band | None:
 def no_band_reason(t: Traits, table: dict[str, Any] | None = None) -> str:
     table = table if table is not None else stored_table()
     if not t.kind:
-        return "the validation table has no published runs of this kind of model (it holds language models only)"
+        return (
+            "the validation table has no published runs of this kind of model (it holds language models only; "
+            "echosim's error on published vision, recommendation and recurrent runs: docs/beyond-transformers.md)"
+        )
     if not t.family:
         return f"the validation table has no published runs on {t.device}"
     if t.key(("kind", "family", "precision")) not in table["groups"]:

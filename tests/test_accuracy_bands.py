@@ -172,6 +172,9 @@ def test_a_format_the_table_has_no_run_of_gets_no_band() -> None:
     few = Traits("dense", "h100-sxm", "hopper", "16-bit", "data")
     assert band_for(few, summarise(runs[:3])) is None
     assert no_band_reason(few, summarise(runs[:3])).startswith(f"the validation table has fewer than {MIN_RUNS}")
+    # a vision, recommendation or recurrent model: no band, and where its published runs are compared
+    other = no_band_reason(Traits("", "a100-80gb", "ampere", "16-bit", "data"), table)
+    assert "language models only" in other and "docs/beyond-transformers.md" in other
 
 
 def _check(tmp_path, body: str) -> tuple[int, str]:
