@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echosim.frontend.zoo_torch import sample_unit
-from echosim.timeline.report import fmt_params
+from echosim.timeline.report import fmt_params, fmt_throughput
 
 GiB = 2**30
 
@@ -38,10 +37,7 @@ def render(report: Any, trace: str | None = None, console: Any = None, accuracy:
     )
     head = Table(show_header=False, box=None)
     head.add_row("step time", f"[bold]{_fmt_s(report.step_time_s)}[/]")
-    if report.tokens_per_s is not None:
-        head.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s")
-    else:  # images, queries: what these users count
-        head.add_row("throughput", f"{report.samples_per_s:,.1f} {sample_unit(report.model)}/s")
+    head.add_row("throughput", fmt_throughput(report))  # images, queries: what those models' users count
     head.add_row("MFU / HFU", f"{report.mfu * 100:.1f}% / {report.hfu * 100:.1f}%")
     head.add_row("TFLOP/s per device", f"{report.tflops_per_device:.1f} (hardware FLOPs, recompute included)")
     head.add_row("parameters", fmt_params(report.params))

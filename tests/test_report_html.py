@@ -49,6 +49,17 @@ def test_the_html_report_is_one_self_contained_file_with_every_chart(tmp_path: P
         assert text in page, text  # fmt: skip
 
 
+def test_a_model_without_token_ids_reports_its_samples_per_second(tmp_path: Path) -> None:
+    """ResNet-50's report raised a TypeError (its tokens/s is None, formatted as a number): images/s, as compile."""
+    path = tmp_path / "resnet.html"
+    code, out = _compile("resnet50", "--backend", "a100-80gb", "--dp", "8", "--micro-batch", "256", "--report",
+                         str(path))  # fmt: skip
+    assert code == 0, out
+    page = path.read_text(encoding="utf-8")
+    assert re.search(r"<td>throughput</td><td[^>]*>[\d,]+\.\d images/s<", page), page[:2000]
+    assert re.search(r"<td>parameters</td><td[^>]*>25\.6 M<", page)
+
+
 def test_the_png_is_the_timeline_chart_and_the_same_inputs_give_the_same_bytes(tmp_path: Path) -> None:
     for name in ("a.png", "b.png"):
         code, out = _compile(*SMALL, "--report", str(tmp_path / name))

@@ -17,7 +17,7 @@ from typing import Any
 from echosim.errors import EchosimError
 from echosim.explain import charts
 from echosim.explain.step import Explanation, explain
-from echosim.timeline.report import fmt_params
+from echosim.timeline.report import fmt_params, fmt_throughput
 
 REPORT_FORMATS = (".html", ".htm", ".png")
 GiB = 2**30
@@ -100,7 +100,7 @@ def render_html(result: Explanation, compiled: Any, accuracy: str | None = None)
     command = f"echosim compile {shlex.quote(r.model)} {result.flags}".strip()
     head = [
         ("step time", _s(r.step_time_s)),
-        ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
+        ("throughput", fmt_throughput(r)),
         ("MFU / HFU", f"{r.mfu * 100:.1f}% / {r.hfu * 100:.1f}%"),
         ("TFLOP/s per device", f"{r.tflops_per_device:.1f}"),
         ("parameters", fmt_params(r.params)),

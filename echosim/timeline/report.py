@@ -46,6 +46,15 @@ def fmt_params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
+def fmt_throughput(report: Report) -> str:
+    """Tokens/s for a model that reads token ids; images, queries or sequences a second for any other."""
+    if report.tokens_per_s is not None:
+        return f"{report.tokens_per_s:,.0f} tokens/s"
+    from echosim.frontend.zoo_torch import sample_unit
+
+    return f"{report.samples_per_s:,.1f} {sample_unit(report.model)}/s"
+
+
 @dataclass
 class Report:
     model: str
