@@ -79,6 +79,24 @@ def test_replan_command() -> None:
     assert run(*args)[1] == out  # byte-identical
 
 
+def test_a_derived_global_batch_is_the_batch_every_layout_runs() -> None:
+    """--from without --global-batch: the batch is dp x micro-batch of the old layout (4 here), and the kept shape
+    and the best layout run it too; the kept shape ran 8 sequences and the best 4, steps that compared nothing."""
+    code, out = run("replan", "llama3-8b", "--from", "--backend h100-sxm --tp 2 --dp 4", "--devices", "16", "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert "global batch 4 is not a multiple of micro-batch*dp = 1*8" in r["keep"]["reason"]
+    best = r["best"]
+    assert 4 % (best["dp"] * best["micro_batch"]) == 0 and best["tp"] * best["pp"] * best["dp"] == 16
+    code, text = run("replan", "llama3-8b", "--from", "--backend h100-sxm --tp 2 --dp 4", "--devices", "16")
+    assert text.strip().endswith("re-planning is the only way on: the old shape cannot run on 16 devices")
+    # no layout of 12 devices divides ResNet-50's 2,048 images: one line, not a kept 3,072 against a found 6,144
+    code, out = run("replan", "resnet50", "--from", "--backend a100-80gb --dp 8 --micro-batch 256", "--devices", "12")
+    assert code == 1 and "divides the global batch 2048" in out and len(out.strip().splitlines()) == 1
+    code, out = run("replan", "resnet50", "--from", "--backend a100-80gb --dp 8 --micro-batch 256", "--devices", "16")
+    assert code == 0 and "(1 layout simulated)" in out and out.strip().endswith("the best layout found"), out
+
+
 def test_replan_carries_the_best_layouts_warnings() -> None:
     """What compile warns of for the layout replan recommends is printed too (RWKV's receptance linears run whole)."""
     args = ("replan", TINY_RWKV, "--from", "--backend h100-sxm --tp 2 --dp 2 --global-batch 8 --seq-len 16",
