@@ -223,9 +223,10 @@ def _cheapest_fit(model: str, plan: Any, cluster: Any, report: Any) -> None:
     if best is None or best.step_time_s is None:
         click.echo("does not fit, and no single layout change nearby makes it fit (echosim explain lists them)")
         return
+    step = f"{best.step_time_s:.4g} s" if best.step_time_s >= 0.1 else f"{best.step_time_s * 1e3:.3g} ms"
     click.echo(
-        f"does not fit; the cheapest change that fits (simulated): {best.change}: step "
-        f"{best.step_time_s:.4g} s, peak {best.peak_bytes / 2**30:.1f} GiB"
+        f"does not fit; the cheapest change that fits (simulated): {best.change}: step {step}, "
+        f"peak {best.peak_bytes / 2**30:.1f} GiB"
     )
 
 

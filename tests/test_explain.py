@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -329,3 +330,23 @@ def test_a_model_without_token_sequences_is_offered_its_whole_batch_at_once() ->
     llm = Plan(dp=8, global_batch=64)
     _, tried = suggest("gpt3-125m", llm, cluster, compile_model("gpt3-125m", llm, cluster))
     assert not any(o.plan.micro_batch == 8 for o in tried)
+
+
+def test_a_model_with_replicated_tables_is_offered_them_sharded() -> None:
+    """examples/dlrm.py without --embedding-sharding: its 13B replicated table parameters under Adam need 224 GiB,
+    and compile said no single change nearby made it fit. Sharding the tables (row-wise Adagrad, no dense gradient)
+    is that change, compiled for real; a model without pooled tables is not offered it."""
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "dlrm.py") + ":model"
+    code, out = _invoke("compile", example, "--micro-batch", "2048")
+    assert code == 0, out
+    assert "does not fit; the cheapest change that fits (simulated): --embedding-sharding auto: step" in out
+    cluster = Cluster("a100-80gb", 1)
+    plan = Plan(micro_batch=2048)
+    ranked, _ = suggest(example, plan, cluster, compile_model(example, plan, cluster))
+    assert ranked[0].plan.embedding_sharding == "auto" and ranked[0].fits
+    assert ranked[0].step_time_s == compile_model(example, ranked[0].plan, cluster).step_time_s
+    llm = Plan(dp=8, global_batch=64)
+    _, tried = suggest(
+        "gpt3-125m", llm, Cluster("a100-80gb", 8), compile_model("gpt3-125m", llm, Cluster("a100-80gb", 8))
+    )
+    assert not any(o.plan.embedding_sharding != "none" for o in tried)

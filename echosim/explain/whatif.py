@@ -196,6 +196,7 @@ def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_
     outcomes += bf16_moments(model, plan, cluster, compile_fn, base_report)
     outcomes += sixteen_bit_gradients(model, plan, cluster, compile_fn, base_report)
     outcomes += whole_batch(model, plan, cluster, outcomes, compile_fn, base_report)
+    outcomes += sharded_tables(model, plan, cluster, compile_fn, base_report)
     if not base_report.fits and not any(o.fits for o in outcomes):
         seen = {o.plan for o in outcomes} | {replace(plan, global_batch=plan.batch)}
         closest = sorted((o for o in outcomes if not o.error), key=lambda o: (o.peak_bytes, o.change))[:beam]
@@ -242,6 +243,21 @@ def whole_batch(model: Any, plan: Plan, cluster: Cluster, outcomes: list[Outcome
     if any(o.plan == whole for o in outcomes):
         return []
     return simulate(model, plan, cluster, [whole], compile_fn, base_report)
+
+
+def sharded_tables(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile, base_report: Any) -> list[Outcome]:
+    """A model with pooled embedding tables left replicated: the tables sharded as TorchRec's planner picks
+    (``--embedding-sharding auto``), where row-wise Adagrad keeps one accumulator per row instead of the dense
+    optimizer's gradient and moments per element. On data-parallel layouts only, as the sharding runs."""
+    if plan.embedding_sharding != "none" or max(plan.tp, plan.pp, plan.cp) > 1:
+        return []
+    from echosim.compiler import load_model
+    from echosim.passes.embedding_sharding import find_tables
+
+    if not find_tables(load_model(model, plan)[0]):
+        return []
+    sharded = replace(plan, global_batch=plan.batch, embedding_sharding="auto")
+    return simulate(model, plan, cluster, [sharded], compile_fn, base_report)
 
 
 def bf16_moments(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile, base_report: Any) -> list[Outcome]:
