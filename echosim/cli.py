@@ -438,6 +438,13 @@ def cluster_cmd(cluster_file: str, model: str, split: str, as_json: bool, **opts
             raise EchosimError(
                 f"--{key.replace('_', '-')}: the cluster file gives the devices; each pool runs dp replicas"
             )
+    if opts.get("embedding_sharding") not in (None, "none"):
+        # TorchRec shards the tables over every rank of the job, across pools, and trains them with no dense
+        # gradient; here each pool runs whole replicas and reduces a replica's dense gradients with the others
+        raise EchosimError(
+            "--embedding-sharding: a cluster of pools runs whole data-parallel replicas in each pool and reduces "
+            "their dense gradients across pools; tables sharded over every rank of the job are not modelled here"
+        )
     mixed = read_cluster(cluster_file, sorted(get_registry().backends))
     typed = click.get_current_context().get_parameter_source("calibration") is ParameterSource.COMMANDLINE
     if split == "pipeline":
