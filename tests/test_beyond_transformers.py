@@ -19,6 +19,7 @@ from echosim.backends.gpu import GPUBackend
 from echosim.cli import cli
 from echosim.compiler import lower
 from echosim.dynamics.goodput import GoodputInput, goodput
+from echosim.dynamics.lowcomm import data_parallel
 from echosim.frontend.capture import capture_named
 from echosim.frontend.spec import CaptureSpec
 from echosim.frontend.zoo_torch import (
@@ -409,14 +410,18 @@ def test_a_checkpoint_holds_every_table_once_with_its_row_wise_state(mode: str) 
     report = c.report  # type: ignore[attr-defined]
     rows_dim = sum(r * D for r in ROWS)
     totals = {"params": rows_dim, "weight_bytes": rows_dim * 2, "optimizer_bytes": sum(ROWS) * 4}
-    assert report.embedding_tables == totals
-    assert report.to_dict()["embedding_tables"] == totals
+    held = sum(shape[0] * shape[1] for shape in _table_params(c)) * 2  # the modelled rank's bf16 rows
+    assert report.embedding_tables == {**totals, "rank_weight_bytes": held}
+    assert report.to_dict()["embedding_tables"] == report.embedding_tables
     section = goodput(GoodputInput(1000.0), params=report.params, dtype="bf16", framework="megatron", pp=1,
                       devices=W, backend="h100-sxm", step_time_s=report.step_time_s, tokens_per_s=None,
                       tables=report.embedding_tables)  # fmt: skip
     _, dense = dlrm_params(ROWS, D, 13, (32, D), (32, 1), 1, 8)
     assert report.params == dense + rows_dim
     assert section["checkpoint_bytes"] == dense * 14 + rows_dim * 2 + sum(ROWS) * 4
+    # a low-communication strategy syncs the replicas' dense parameters: the rank's table rows are no replica's copy
+    # (its sync DP counted them as a gradient to all-reduce)
+    assert data_parallel(report).local_params == dense
     # replicated tables train as dense parameters and are counted with them: no totals, no key
     dense_only = _compiled("data").report  # type: ignore[attr-defined]
     assert dense_only.embedding_tables == {} and "embedding_tables" not in dense_only.to_dict()

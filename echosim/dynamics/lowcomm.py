@@ -106,7 +106,9 @@ def data_parallel(report: Any) -> DataParallel:
     p = report.plan
     replicas = p["dp"] * p["cp"]
     sharded = StatePolicy.for_training(p["dtype"], p["zero"], replicas, **get_framework(p["framework"]).state(p["pp"]))
-    local = max(round(row["params"] / sharded.weight_bytes) for row in report.memory)
+    # the rank's sharded embedding rows have no dense gradient and are no replica's copy: neither reduced nor synced
+    tables = int(getattr(report, "embedding_tables", {}).get("rank_weight_bytes", 0))
+    local = max(round((row["params"] - tables) / sharded.weight_bytes) for row in report.memory)
     kept = get_framework(p["framework"]).state(1, p.get("grad_dtype", ""), p["zero"], p["dtype"])
     plain = StatePolicy.for_training(p["dtype"], 0, 1, **kept)
     degrees = Degrees(p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p.get("etp", 0), p.get("cp_a2a", 0))

@@ -339,19 +339,23 @@ def sharding_note(graph: Graph, passes: list[object]) -> list[str]:
 
 def table_totals(graph: Graph, passes: list[object]) -> dict[str, int]:
     """Every rank's shards of the sharded tables together: their elements, the rows' bytes and the row-wise
-    Adagrad state's. What a checkpoint holds of them, once; the memory rows hold one rank's. Tables placed
-    data-parallel are left out: they train as dense parameters and are counted with those. Empty without the
-    pass or tables."""
+    Adagrad state's. What a checkpoint holds of them, once; the memory rows hold one rank's, whose rows' bytes are
+    ``rank_weight_bytes``. Tables placed data-parallel are left out: they train as dense parameters and are
+    counted with those. Empty without the pass or tables."""
     es = next((p for p in passes if isinstance(p, EmbeddingSharding)), None)
     tables = find_tables(graph) if es is not None and es.mode != "none" else []
     if es is None or not tables:
         return {}
     placement = place(tables, es.mode, es.world, es.local_world, es.capacity_bytes)
-    return sharded_totals(tables, placement.kinds)
+    totals = sharded_totals(tables, placement.kinds)
+    if totals:  # the modelled rank's own shards: what of its weights has no dense gradient to reduce
+        mine = [s for s in placement.ranks[placement.rank] if s.kind != "data"]
+        totals["rank_weight_bytes"] = sum(s.rows * s.cols * tables[s.table].itemsize for s in mine)
+    return totals
 
 
 def sharded_totals(tables: list[Table], kinds: list[str]) -> dict[str, int]:
-    """:func:`table_totals` from the tables and the type each took."""
+    """:func:`table_totals` from the tables and the type each took (without the modelled rank's share)."""
     sparse = [t for t, kind in zip(tables, kinds, strict=True) if kind != "data"]
     if not sparse:
         return {}
