@@ -282,7 +282,8 @@ def prepare_joint(
     else:
         tables = {}
     if plan.offload_optimizer or plan.offload_params:
-        note, over = host_state(total_params, plan, loaded)
+        # sharded embedding tables step on the device inside backward (row-wise Adagrad): none of them is offloaded
+        note, over = host_state(total_params - tables.get("params", 0), plan, loaded)
         notes, warnings = [*notes, note], [*warnings, *([over] if over else [])]
     degrees = Degrees(plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp, plan.cp_a2a)
     where = axis_placements(degrees, cluster.devices_per_node)
