@@ -183,7 +183,7 @@ def test_a_module_that_indexes_its_layers_is_captured_unfolded() -> None:
     assert sum(1 for n in cap.graph if n.op is OpKind.MATMUL) == 5
     # said, since --pp then refuses a model whose layers visibly repeat
     [note] = [n for n in cap.notes if "not folded" in n]
-    assert note.startswith("layers (3 identical entries from entry 1) captured as they are, not folded: with the run")
+    assert note.startswith("layers (3 identical entries from entry 1) captured as they are, not folded: the model does")
 
 
 @pytest.mark.parametrize(("dropout_p", "positional"), [(0.1, False), (0.1, True), (0.0, False)])

@@ -248,7 +248,8 @@ def capture_folded(
         except CaptureError as exc:
             if built_short:
                 raise
-            graph, why = None, f"with the run cut to two copies, the model could not be captured: {exc}"
+            # the full model is captured next: say why the short one failed without reading as a failed capture
+            graph, why = None, f"the model does not run with the run cut to two copies ({exc})"
     if graph is not None:
         cap.graph = graph
         return cap
