@@ -277,6 +277,15 @@ def test_scale_out_reports_throughput_per_device_time_and_cost(tmp_path) -> None
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_tokens_to_train_a_model_without_token_ids_is_one_line() -> None:
+    """As compile --tokens: ResNet-50's images are no tokens (search gave days to train 1e9 'tokens' of images)."""
+    out = CliRunner().invoke(cli, ["search", "resnet50", "--backend", "a100-80gb", "--devices", "8,16",
+                                   "--global-batch", "2048", "--tokens", "1e9"])  # fmt: skip
+    assert out.exit_code == 1 and "Traceback" not in out.output and "scale-out" not in out.output
+    last = out.output.strip().splitlines()[-1]  # after the first size's progress line
+    assert last == "Error: --tokens: this model reads no token ids; time to train needs tokens per second"
+
+
 def test_the_table_explains_the_best_and_gives_reasons() -> None:
     code, out = _run("gpt3-125m", "--devices", "4", "--global-batch", "6", "--space", "cp=1 vpp=1 zero=0")
     assert code == 0, out

@@ -158,6 +158,8 @@ def scale_out_rows(results: Sequence[SearchResult], tokens: float | None, price:
             row.update(step_time_s=best.step_time_s, throughput_per_s=rate, per_device_per_s=rate / r.cluster.devices,
                        mfu=best.mfu)  # fmt: skip
             if tokens:
+                if not best.tokens_per_s:  # as compile --tokens: images or queries are no tokens
+                    raise SearchError("--tokens: this model reads no token ids; time to train needs tokens per second")
                 hours = tokens / rate / 3600.0
                 row["hours_to_train"] = hours
                 if price is not None:
@@ -350,6 +352,8 @@ def run(
             )  # fmt: skip
         if results[-1].interrupted:
             break
+        if tokens and results[-1].best is not None and not results[-1].best.tokens_per_s:
+            scale_out_rows(results[-1:], tokens, price)  # says so before the other sizes are searched
     if plot:
         write_plot(results, plot)
     scale = scale_out_rows(results, tokens, price) if len(results) > 1 or tokens else []
