@@ -308,7 +308,10 @@ def mixed_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any]:
         return naive[i].step_s * (m + slots) / (equal + slots)
 
     if equal == 1 and plan.micro_batch > 1:
-        balanced = _balance_samples(model, plan, naive, replicas)
+        try:
+            balanced = _balance_samples(model, plan, naive, replicas)
+        except EchosimError:  # a size the layout cannot run (the naive one can): the naive split stands
+            balanced = naive
     else:
         shares = water_fill(total_mb, replicas, predicted) or [equal] * len(replicas)
         balanced = [
