@@ -13,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echosim.cli import cli
-from echosim.dynamics.cluster import ClusterFileError, MixedCluster, Pool, cross_pool_sync_s, read_cluster, water_fill
+from echosim.dynamics.cluster import (
+    ClusterFileError,
+    Link,
+    MixedCluster,
+    Pool,
+    cross_pool_sync_s,
+    read_cluster,
+    water_fill,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "h100-a100.toml"
 KNOWN = ["a100-80gb", "h100-sxm"]
@@ -140,6 +148,25 @@ def test_a_whole_batch_a_replica_is_balanced_by_its_samples(tmp_path: Path) -> N
     assert json.loads(again.output)["step_time_s"] == h100["step_s"]
     text = CliRunner().invoke(cli, args).output
     assert f"{h100['micro_batch']} samples x 16 replicas" in text and "256 samples x 16 replicas" in text
+
+
+def test_a_sample_split_the_layout_cannot_compile_keeps_the_naive_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A size the layout refuses (any but the naive one here) leaves the naive split standing, the command whole."""
+    from echosim.dynamics import cluster as mixed
+    from echosim.errors import EchosimError
+    from echosim.plan import Plan
+
+    compile_pool = mixed._compile_pool
+
+    def refusing(model, plan, pool, replicas, microbatches, micro_batch=0):  # type: ignore[no-untyped-def]
+        if micro_batch not in (0, plan.micro_batch):
+            raise EchosimError("refused")
+        return compile_pool(model, plan, pool, replicas, microbatches, micro_batch)
+
+    monkeypatch.setattr(mixed, "_compile_pool", refusing)
+    c = MixedCluster((Pool("h100", "h100-sxm", 8), Pool("a100", "a100-80gb", 8)), (Link("h100", "a100", 50.0, 2e-5),))
+    r = mixed.mixed_step("resnet50", Plan(micro_batch=64, global_batch=1024), c)
+    assert r["balanced"] == r["naive"] and r["speedup"] == 1.0
 
 
 @pytest.mark.parametrize(
