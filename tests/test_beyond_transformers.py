@@ -936,6 +936,7 @@ def test_a_millisecond_step_reads_in_milliseconds() -> None:
 def test_a_parameter_count_under_a_billion_reads_in_millions() -> None:
     """ResNet-50's 25.6M parameters read '0.03 B' in compile's summary; DLRM-DCNv2's 26.2B stay in billions."""
     assert fmt_params(25_557_032) == "25.6 M" and fmt_params(26_151_671_809) == "26.15 B"
+    assert fmt_params(5_418) == "5,418"  # a small ONNX CNN read "0.0 M"
     out = CliRunner().invoke(
         cli, ["compile", "resnet50", "--backend", "a100-80gb", "--dp", "8", "--micro-batch", "256"]
     )

@@ -43,7 +43,9 @@ def stable_json(data: Any) -> str:
 def fmt_params(n: int) -> str:
     """A parameter count as its readers quote it: billions for language models, millions below (ResNet-50's
     25.6 M read "0.03 B")."""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,}"
 
 
 def fmt_throughput(report: Report) -> str:
