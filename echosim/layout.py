@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from echosim.frameworks import get_framework, weights_16bit_dtype
 from echosim.frontend.messages import Note
 from echosim.ir.graph import Graph
+from echosim.ir.names import is_recurrent_step
 from echosim.ir.ops import AttentionAttrs, ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.ir.types import DType
 from echosim.passes.base import LayoutError
@@ -447,13 +448,14 @@ class ModelShape:
     outside_layers: int = 0  # layers the fold left as they are (DeepSeek-V3's dense first ones)
     layers_per_block: int = 1  # layers one repetition of the block holds (Graph.block_layers: Gemma 3's six)
     windowed: str = ""  # the scope of its first sliding-window attention ("": none)
+    recurrent: str = ""  # the scope of its first recurrent layer (LSTM, GRU: one time step after another; "": none)
 
     @classmethod
     def of(cls, graph: Graph, micro_batch: int = 0) -> ModelShape:
         """``micro_batch``: the batch the graph was captured with, to tell a time-major input's dimensions apart."""
         heads: dict[tuple[int, int], None] = {}
         routed = scans = products = False
-        windowed = ""
+        windowed = recurrent = ""
         experts: dict[int, None] = {}
         untargeted: dict[str, None] = {}
         targets = 0
@@ -470,6 +472,7 @@ class ModelShape:
                 routed = True
             elif isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn in SEQUENCE_KERNELS:
                 scans = True
+            recurrent = recurrent or (n.scope or n.name if is_recurrent_step(n.name) else "")
             if n.op not in (OpKind.MATMUL, OpKind.EMBEDDING):
                 continue
             if n.op is OpKind.MATMUL and len(n.inputs) > 1:
@@ -509,6 +512,7 @@ class ModelShape:
             outside_layers=graph.unfolded_layers(),
             layers_per_block=max((graph.layers_per_block(p) for p in graph.repeats), default=1),
             windowed=windowed,
+            recurrent=recurrent,
         )
 
 
@@ -544,6 +548,12 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         raise PlanError(
             f"cp={plan.cp}: context parallelism splits scaled-dot-product attention or a scan (Mamba, the gated "
             f"delta rule) over a token sequence; {shape.name} has {what}"
+        )
+    if plan.cp > 1 and shape.recurrent:
+        raise PlanError(
+            f"cp={plan.cp}: context parallelism gives each rank a part of the sequence; {shape.name}'s recurrent "
+            f"layer at {shape.recurrent} runs the sequence one time step after another, so no rank could start its "
+            "part before the ranks ahead had finished theirs"
         )
     if plan.cp > 1:
         try:

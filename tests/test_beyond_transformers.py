@@ -891,6 +891,25 @@ def test_context_parallelism_of_a_model_without_a_token_sequence_is_one_line(mod
     assert "context parallelism splits scaled-dot-product attention or a scan" in line and why in line
 
 
+def test_context_parallelism_of_a_recurrent_model_is_one_line() -> None:
+    """GNMT attends (Bahdanau, written out), so it passed the check above, and the pass then failed with 'matmul
+    lstm.l0.step1.h at enc.0 contracts the sequence axis'. A recurrence runs the sequence one step after another:
+    the reason, in one line; and search does not try cp for it."""
+    from echosim.layout import ModelShape
+    from echosim.layout_search import ModelFacts, _splits_sequence
+
+    args = ["compile", "gnmt", "--backend", "h100-sxm", "--cp", "2", "--dp", "2", "--micro-batch", "4",
+            "--seq-len", "52"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert "gnmt's recurrent layer at enc.0 runs the sequence one time step after another" in line, line
+    graph = capture_named("gnmt", CaptureSpec(micro_batch=4, seq_len=52, dtype="bf16"))[0]
+    shape = ModelShape.of(graph, 4)
+    assert shape.recurrent == "enc.0" and shape.tokens and shape.products
+    assert not _splits_sequence(ModelFacts(params=0, shape=shape, selective_replays=False), 2)
+
+
 def test_one_image_a_micro_batch_is_pointed_out() -> None:
     """compile's default micro-batch of 1 is a language model's: ResNet-50 at 256 accumulation steps of one image
     runs at a tenth of its throughput, and the report says which micro-batch runs the whole batch at once."""
