@@ -169,6 +169,21 @@ def test_a_sample_split_the_layout_cannot_compile_keeps_the_naive_one(monkeypatc
     assert r["balanced"] == r["naive"] and r["speedup"] == 1.0
 
 
+def test_a_sample_split_that_runs_out_of_memory_keeps_the_naive_one() -> None:
+    """ResNet-50 at 1,280 images a replica fits both pools (72 GiB); the H100 pool's faster share would not: a split
+    that runs out of memory is no split, and the naive one stands."""
+    from echosim.dynamics import cluster as mixed
+    from echosim.plan import Plan
+
+    c = MixedCluster((Pool("h100", "h100-sxm", 8), Pool("a100", "a100-80gb", 8)), (Link("h100", "a100", 50.0, 2e-5),))
+    plan = Plan(micro_batch=1280, global_batch=16 * 1280)
+    naive = [mixed._compile_pool("resnet50", plan, pool, 8, 1) for pool in c.pools]
+    proposed = mixed._balance_samples("resnet50", plan, naive, [8, 8])
+    assert all(r.fits for r in naive) and not all(r.fits for r in proposed)
+    r = mixed.mixed_step("resnet50", plan, c)
+    assert r["balanced"] == r["naive"] and r["fits"]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["--backend", "h100-sxm"], "--backend: the cluster file gives the devices"),

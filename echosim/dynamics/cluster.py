@@ -318,7 +318,8 @@ def mixed_step(model: Any, plan: Any, cluster: MixedCluster) -> dict[str, Any]:
             run if m == equal else _compile_pool(model, plan, run.pool, run.replicas, m)
             for run, m in zip(naive, shares, strict=True)
         ]
-    if max(r.step_s for r in balanced) > max(r.step_s for r in naive):  # predicted better, compiled worse
+    slower = max(r.step_s for r in balanced) > max(r.step_s for r in naive)  # predicted better, compiled worse
+    if slower or (all(r.fits for r in naive) and not all(r.fits for r in balanced)):  # or out of memory
         balanced = naive
     local_params = _replica_params(model, plan)
     replica_grad = local_params * PSEUDO_GRADIENT_BYTES  # fp32 gradients of one whole replica
