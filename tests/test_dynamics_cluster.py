@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,17 +170,24 @@ def test_a_sample_split_the_layout_cannot_compile_keeps_the_naive_one(monkeypatc
     assert r["balanced"] == r["naive"] and r["speedup"] == 1.0
 
 
-def test_a_sample_split_that_runs_out_of_memory_keeps_the_naive_one() -> None:
-    """ResNet-50 at 1,280 images a replica fits both pools (72 GiB); the H100 pool's faster share would not: a split
-    that runs out of memory is no split, and the naive one stands."""
+def test_a_sample_split_stays_within_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ResNet-50 at 1,280 images a replica fits both pools (72 GiB). The H100 pool's share by speed alone would not
+    (1,680 images, 94 GiB): the split takes the largest share whose peak, affine in the micro-batch as its step is,
+    fits, and every pool's compile at its share fits. A proposal that runs a pool out of memory all the same is no
+    split: the naive one stands."""
     from echosim.dynamics import cluster as mixed
     from echosim.plan import Plan
 
     c = MixedCluster((Pool("h100", "h100-sxm", 8), Pool("a100", "a100-80gb", 8)), (Link("h100", "a100", 50.0, 2e-5),))
     plan = Plan(micro_batch=1280, global_batch=16 * 1280)
-    naive = [mixed._compile_pool("resnet50", plan, pool, 8, 1) for pool in c.pools]
-    proposed = mixed._balance_samples("resnet50", plan, naive, [8, 8])
-    assert all(r.fits for r in naive) and not all(r.fits for r in proposed)
+    r = mixed.mixed_step("resnet50", plan, c)
+    assert all(p["fits"] for p in r["naive"]["pools"]) and r["fits"]
+    h100, a100 = r["balanced"]["pools"]
+    assert 1280 < h100["micro_batch"] < 1600 and h100["micro_batch"] + a100["micro_batch"] == 2 * 1280
+    assert r["speedup"] > 1.05
+    too_big = [replace(run, fits=False) for run in mixed._balance_samples(
+        "resnet50", plan, [mixed._compile_pool("resnet50", plan, pool, 8, 1) for pool in c.pools], [8, 8])]  # fmt: skip
+    monkeypatch.setattr(mixed, "_balance_samples", lambda *args: too_big)
     r = mixed.mixed_step("resnet50", plan, c)
     assert r["balanced"] == r["naive"] and r["fits"]
 

@@ -176,6 +176,7 @@ class PoolRun:
     peak_bytes: int
     warnings: tuple[str, ...] = ()  # the pool's compile's (shown once for the cluster, not per pool)
     micro_batch: int = 1
+    capacity_bytes: int = 0  # a device's memory
 
     def as_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.name, "device": self.pool.device, "devices": self.pool.devices,
@@ -192,7 +193,9 @@ def _compile_pool(model: Any, plan: Any, pool: Pool, replicas: int, microbatches
     p = replace(plan, dp=replicas, micro_batch=size, global_batch=replicas * microbatches * size)
     report = lower(model, p, Cluster(pool.device, pool.devices)).report
     peak = max(int(m["peak"]) for m in report.memory)
-    return PoolRun(pool, replicas, microbatches, report.step_time_s, report.fits, peak, tuple(report.warnings), size)
+    capacity = min(int(m["capacity"]) for m in report.memory)
+    return PoolRun(pool, replicas, microbatches, report.step_time_s, report.fits, peak, tuple(report.warnings), size,
+                   capacity)  # fmt: skip
 
 
 #: The most steps a replica's micro-batch is split into when samples are balanced (:func:`_balance_samples`).
@@ -203,13 +206,19 @@ def _balance_samples(model: Any, plan: Any, naive: list[PoolRun], replicas: list
     """Each replica runs its share in one micro-batch (an image or recommendation model at its whole batch): no
     whole micro-batch can move, so the samples of that micro-batch are split instead. Each pool's step is taken
     as affine in its micro-batch, through its compiled step at the naive size and at half of it (the fixed part:
-    the optimizer, the gradient reduction), water-filled over samples, then compiled at its share."""
+    the optimizer, the gradient reduction), and so is its peak memory (the activations grow with the batch, the
+    state does not): water-filled over the samples of the sizes predicted to fit, then compiled at its share."""
     size = plan.micro_batch
     half = [_compile_pool(model, plan, run.pool, run.replicas, 1, size // 2) for run in naive]
 
+    def affine(a: float, b: float, s: int) -> float:  # through (size // 2, b) and (size, a)
+        return a + max(0.0, a - b) / (size - size // 2) * (s - size)
+
     def predicted(i: int, s: int) -> float:
-        slope = max(0.0, naive[i].step_s - half[i].step_s) / (size - size // 2)
-        return naive[i].step_s + slope * (s - size)
+        run = naive[i]
+        if run.fits and affine(run.peak_bytes, half[i].peak_bytes, s) > run.capacity_bytes:
+            return math.inf
+        return affine(run.step_s, half[i].step_s, s)
 
     # in steps of the smallest divisor of the size that leaves at most MAX_SAMPLE_STEPS of them (the subset sum's
     # bit sets grow with the steps: a DLRM replica of 65,536 samples moves them 256 at a time)
