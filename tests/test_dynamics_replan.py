@@ -174,3 +174,22 @@ def test_replan_to_the_same_count_moves_no_table() -> None:
     code, out = run("replan", "dlrm-dcnv2", "--from", flags, "--devices", "16", "--json")
     assert code == 0, out
     assert json.loads(out)["keep"]["switch"]["bytes"] == 0.0
+
+
+def test_replan_names_how_each_layout_shards_its_tables() -> None:
+    """With --space embedding_sharding=..., the best layout may shard the tables another way than the kept shape:
+    replan's rows said only 'TP 1 PP 1 DP 8' for both, and the JSON had no sharding at all."""
+    flags = "--backend h100-sxm --dp 16 --global-batch 32768 --micro-batch 2048 --embedding-sharding auto"
+    args = ["replan", "dlrm-dcnv2", "--from", flags, "--devices", "8", "--space", "embedding_sharding=row,table,auto"]
+    code, out = run(*args, "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert r["from"]["embedding_sharding"] == r["keep"]["embedding_sharding"] == "auto"
+    assert r["best"]["embedding_sharding"] in ("row", "table", "auto")
+    code, text = run(*args)
+    label = {"row": "row-wise", "table": "table-wise", "auto": "auto-sharded"}[r["best"]["embedding_sharding"]]
+    assert "keep the shape on 8: TP 1 PP 1 DP 8, micro-batch 4096, auto-sharded tables: step" in text
+    assert f"TP 1 PP 1 DP 8, micro-batch 4096, {label} tables: step" in text
+    code, out = run("replan", "llama3-8b", "--from", "--backend h100-sxm --tp 2 --dp 4 --global-batch 64", "--devices",
+                    "16", "--json")  # fmt: skip
+    assert "embedding_sharding" not in json.loads(out)["best"]  # a model without sharded tables: no such key

@@ -217,6 +217,8 @@ def replan(
     def row(p: Any, step: float | None, reason: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "zero": p.zero,
                                "micro_batch": p.micro_batch, "step_time_s": step}  # fmt: skip
+        if p.embedding_sharding != "none":  # a search over --space embedding_sharding=... may change it
+            out["embedding_sharding"] = p.embedding_sharding
         if reason:
             out["reason"] = reason
         else:
@@ -281,12 +283,25 @@ def _sharded_tables(model: str, plan: Any) -> list[Any]:
     return find_tables(_load_model(model, plan, get_registry())[0])
 
 
+#: How replan's lines name a sharding of the embedding tables.
+_TABLES = {"table": "table-wise", "row": "row-wise", "column": "column-wise", "data": "replicated",
+           "table_row": "table-wise-row-wise", "auto": "auto-sharded"}  # fmt: skip
+
+
 def render(r: dict[str, Any]) -> list[str]:
     def layout(x: dict[str, Any]) -> str:
+        """The degrees, and what else differs from the old layout: its micro-batch, how its tables are sharded."""
+        old = r["from"]
         return (
             f"TP {x['tp']} PP {x['pp']} DP {x['dp']}"
             + (f" CP {x['cp']}" if x["cp"] > 1 else "")
             + (f" ZeRO {x['zero']}" if x["zero"] else "")
+            + (f", micro-batch {x['micro_batch']}" if x["micro_batch"] != old["micro_batch"] else "")
+            + (
+                f", {_TABLES.get(x['embedding_sharding'], x['embedding_sharding'])} tables"
+                if "embedding_sharding" in x
+                else ""
+            )
         )
 
     def switch(x: dict[str, Any]) -> str:
@@ -314,10 +329,13 @@ def render(r: dict[str, Any]) -> list[str]:
     elif same:
         lines.append("keeping the shape is the best layout found")
     else:
-        lines.append(
-            "re-planning pays for itself "
-            + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
-        )
+        if pay == 0:
+            lines.append("re-planning pays for itself at once: its switch costs no more than keeping the shape's")
+        else:
+            lines.append(
+                "re-planning pays for itself "
+                + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
+            )
     from echosim.dynamics.cluster import warning_lines
 
     return lines + warning_lines(r)
