@@ -1349,6 +1349,7 @@ class SearchResult:
     simulated: int
     interrupted: bool = False
     price_per_device_hour: float = 1.0
+    hint: str = ""  # where no layout fits: the option that would make some fit ("" when none is known)
 
     @property
     def evaluated(self) -> list[Evaluated]:
@@ -1506,8 +1507,9 @@ def search(
     for t in exiting:  # the workers have exited when the search returns
         t.join()
     name = model if isinstance(model, str) else getattr(model, "arch", type(model).__name__)
+    hint = "" if ranked else _replicated_tables(facts, base)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
-                        price_per_device_hour)  # fmt: skip
+                        price_per_device_hour, hint)  # fmt: skip
 
 
 #: Top layouts of a search re-evaluated in full (every stage graph built) before they are reported.
@@ -1634,12 +1636,17 @@ def _check_not_empty(enum: Enumeration, base: Plan, cluster: Cluster, facts: Mod
     top = enum.removed_by.most_common(1)[0][0]
     example = next(c.reason for c in enum.rejected if _constraint_of(c, top))
     hint = ""
-    if facts is not None and facts.tables[0] and base.embedding_sharding == "none" and "memory lower bound" in parts:
-        hint = (
-            f"; its {facts.tables[0]:,} embedding-table parameters are replicated: --embedding-sharding auto "
-            "shards them"
-        )
+    if facts is not None and "memory lower bound" in parts and (tables := _replicated_tables(facts, base)):
+        hint = f"; {tables}"
     raise SearchError(f"every layout was removed before simulation ({parts}); e.g. {example}{hint}")
+
+
+def _replicated_tables(facts: ModelFacts, base: Plan) -> str:
+    """Where memory rules layouts out: the pooled embedding tables the plan leaves replicated, and the option
+    that shards them ("" when there are none, or they are sharded)."""
+    if not facts.tables[0] or base.embedding_sharding != "none":
+        return ""
+    return f"its {facts.tables[0]:,} embedding-table parameters are replicated: --embedding-sharding auto shards them"
 
 
 def _constraint_of(c: Evaluated, constraint: str) -> bool:

@@ -286,6 +286,21 @@ def test_tokens_to_train_a_model_without_token_ids_is_one_line() -> None:
     assert last == "Error: --tokens: this model reads no token ids; time to train needs tokens per second"
 
 
+def test_no_layout_of_replicated_tables_fits_names_the_option_that_shards_them() -> None:
+    """DLRM-DCNv2 without --embedding-sharding on 8 H100: ZeRO-3 lets 13 layouts past the memory bound, none fits,
+    and the table of the best was empty with nothing to say why; the one-line error names the option only where
+    the bound removes every layout."""
+    args = ["search", "dlrm-dcnv2", "--backend", "h100-sxm", "--devices", "8", "--global-batch", "16384"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    assert "no layout fits: its 26,135,627,264 embedding-table parameters are replicated: --embedding-sharding auto" \
+        in out.output  # fmt: skip
+    data = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
+    assert data["counts"]["fit"] == 0 and "--embedding-sharding auto" in data["hint"]
+    fitting = json.loads(CliRunner().invoke(cli, [*args, "--embedding-sharding", "auto", "--json"]).output)
+    assert fitting["counts"]["fit"] > 0 and "hint" not in fitting
+
+
 def test_the_table_explains_the_best_and_gives_reasons() -> None:
     code, out = _run("gpt3-125m", "--devices", "4", "--global-batch", "6", "--space", "cp=1 vpp=1 zero=0")
     assert code == 0, out

@@ -111,6 +111,8 @@ def print_result(
     rate_name = "tokens/s" if result.ranked and result.ranked[0].tokens_per_s else "samples/s"
     cols = [*_COLUMNS, "step s", rate_name, "MFU", "mem GiB", "bubble", "exp. comm s"]
     _table(cols, rows, f"best {len(rows)} by {result.objective}")
+    if result.hint:
+        click.echo(f"no layout fits: {result.hint}")
     if len(result.ranked) > 1:
         click.echo("why: " + why_better(result.ranked[0], result.ranked[1]))
     if accuracy is not None:
@@ -233,6 +235,7 @@ def result_json(
         "best": layouts[:top],
         "layouts": layouts,
         "interrupted": result.interrupted,
+        **({"hint": result.hint} if result.hint else {}),
     }
 
 
