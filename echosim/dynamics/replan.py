@@ -283,12 +283,9 @@ def _sharded_tables(model: str, plan: Any) -> list[Any]:
     return find_tables(_load_model(model, plan, get_registry())[0])
 
 
-#: How replan's lines name a sharding of the embedding tables.
-_TABLES = {"table": "table-wise", "row": "row-wise", "column": "column-wise", "data": "replicated",
-           "table_row": "table-wise-row-wise", "auto": "auto-sharded"}  # fmt: skip
-
-
 def render(r: dict[str, Any]) -> list[str]:
+    from echosim.passes.embedding_sharding import LABELS
+
     def layout(x: dict[str, Any]) -> str:
         """The degrees, and what else differs from the old layout: its micro-batch, how its tables are sharded."""
         old = r["from"]
@@ -297,11 +294,7 @@ def render(r: dict[str, Any]) -> list[str]:
             + (f" CP {x['cp']}" if x["cp"] > 1 else "")
             + (f" ZeRO {x['zero']}" if x["zero"] else "")
             + (f", micro-batch {x['micro_batch']}" if x["micro_batch"] != old["micro_batch"] else "")
-            + (
-                f", {_TABLES.get(x['embedding_sharding'], x['embedding_sharding'])} tables"
-                if "embedding_sharding" in x
-                else ""
-            )
+            + (f", {LABELS.get(x['embedding_sharding'], 'auto-sharded')} tables" if "embedding_sharding" in x else "")
         )
 
     def switch(x: dict[str, Any]) -> str:
@@ -328,14 +321,13 @@ def render(r: dict[str, Any]) -> list[str]:
         lines.append(f"re-planning is the only way on: the old shape cannot run on {r['devices']:,} devices")
     elif same:
         lines.append("keeping the shape is the best layout found")
+    elif pay == 0:
+        lines.append("re-planning pays for itself at once: its switch costs no more than keeping the shape's")
     else:
-        if pay == 0:
-            lines.append("re-planning pays for itself at once: its switch costs no more than keeping the shape's")
-        else:
-            lines.append(
-                "re-planning pays for itself "
-                + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
-            )
+        lines.append(
+            "re-planning pays for itself "
+            + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
+        )
     from echosim.dynamics.cluster import warning_lines
 
     return lines + warning_lines(r)
