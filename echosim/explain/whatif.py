@@ -168,12 +168,27 @@ def rank(outcomes: list[Outcome], base_step: float, base_fits: bool) -> list[Out
     A layout that does not fit: those that make it fit, fastest first, then those that shrink
     the peak most. A layout that fits: those that fit and shorten the step, fastest first.
     """
-    ran = [o for o in outcomes if not o.error]
+    ran = _distinct_tables([o for o in outcomes if not o.error])
     fit = sorted((o for o in ran if o.fits), key=lambda o: (o.step_time_s, o.change))
     if base_fits:
         return [o for o in fit if o.step_time_s is not None and o.step_time_s < base_step]
     rest = sorted((o for o in ran if not o.fits), key=lambda o: (o.peak_bytes, o.step_time_s, o.change))
     return fit + rest
+
+
+def _distinct_tables(outcomes: list[Outcome]) -> list[Outcome]:
+    """One of the table shardings that give the same layout: column-wise of tables no wider than a column block is
+    table-wise, table-wise-row-wise on one node is row-wise. They compile to the same figures, to the last bit, and
+    only the first (in neighbourhood order) is offered."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for o in outcomes:
+        key = (replace(o.plan, embedding_sharding=""), o.step_time_s, o.peak_bytes)
+        if o.plan.embedding_sharding != "none" and key in seen:
+            continue
+        seen.add(key)
+        out.append(o)
+    return out
 
 
 def suggest(model: Any, plan: Plan, cluster: Cluster, base_report: Any, compile_fn: Compile | None = None,
