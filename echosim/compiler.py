@@ -38,7 +38,7 @@ from echosim.memo import Memo
 from echosim.passes.base import LayoutError, run_passes
 from echosim.passes.context_parallel import head_parallel_note
 from echosim.passes.data_parallel import DataParallel
-from echosim.passes.embedding_sharding import sharding_note, table_totals
+from echosim.passes.embedding_sharding import embedding_plan
 from echosim.passes.memory import E5M6_BYTES, SavedPolicy, StatePolicy
 from echosim.passes.pipeline import PipelineParallel, Stage
 from echosim.passes.precision import FP8_TILE_BYTES
@@ -277,8 +277,8 @@ def prepare_joint(
     if plan.tp > 1 and plan.sp:
         warnings = [*warnings, *joint.derived(("whole", plan.tp), lambda: whole_layers_warning(joint, plan.tp))]
     if plan.embedding_sharding != "none":
-        notes = [*notes, *joint.derived(("embedding-plan",), lambda: sharding_note(graph, graph_passes))]
-        tables = joint.derived(("embedding-totals",), lambda: table_totals(graph, graph_passes))
+        sharding, tables = joint.derived(("embedding-plan",), lambda: embedding_plan(graph, graph_passes))
+        notes = [*notes, *sharding]
     else:
         tables = {}
     if plan.offload_optimizer or plan.offload_params:

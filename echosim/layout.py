@@ -450,6 +450,11 @@ class ModelShape:
     windowed: str = ""  # the scope of its first sliding-window attention ("": none)
     recurrent: str = ""  # the scope of its first recurrent layer (LSTM, GRU: one time step after another; "": none)
 
+    @property
+    def mixes_tokens(self) -> bool:
+        """Its tokens meet by attention (one op or written out) or a scan: what context parallelism splits."""
+        return bool(self.heads or self.sequence_kernels or self.products)
+
     @classmethod
     def of(cls, graph: Graph, micro_batch: int = 0) -> ModelShape:
         """``micro_batch``: the batch the graph was captured with, to tell a time-major input's dimensions apart."""
@@ -538,11 +543,10 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     notes = _replay_notes(plan, shape)
     tp_messages = _tp_messages(plan, shape)  # a model no tensor-parallel rule matches is refused first
     seq = shape.seq_len
-    mixing = shape.heads or shape.sequence_kernels or shape.products
-    if plan.cp > 1 and not (shape.tokens and mixing):
+    if plan.cp > 1 and not (shape.tokens and shape.mixes_tokens):
         what = (
             "none (no attention, written out or as one op, and no scan)"
-            if not mixing
+            if not shape.mixes_tokens
             else f"{'a scan' if shape.sequence_kernels else 'attention'}, but its input is not a sequence of token ids"
         )
         raise PlanError(

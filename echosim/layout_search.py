@@ -263,8 +263,7 @@ def _splits_sequence(facts: ModelFacts, cp: int) -> bool:
     """Context parallelism with causal load balancing cuts a token sequence into 2*cp chunks, for a model that mixes
     its tokens by attention or a scan, never by a recurrence (``layout.check_model`` refuses the rest)."""
     shape = facts.shape
-    mixing = shape.heads or shape.sequence_kernels or shape.products
-    return shape.tokens and bool(mixing) and not shape.recurrent and shape.seq_len % (2 * cp) == 0
+    return shape.tokens and shape.mixes_tokens and not shape.recurrent and shape.seq_len % (2 * cp) == 0
 
 
 def canonical(plan: Plan, facts: ModelFacts, same_schedule: SameSchedule | None = None) -> Plan:

@@ -160,14 +160,19 @@ def scale_out_rows(results: Sequence[SearchResult], tokens: float | None, price:
             row.update(step_time_s=best.step_time_s, throughput_per_s=rate, per_device_per_s=rate / r.cluster.devices,
                        mfu=best.mfu)  # fmt: skip
             if tokens:
-                if not best.tokens_per_s:  # as compile --tokens: images or queries are no tokens
-                    raise SearchError("--tokens: this model reads no token ids; time to train needs tokens per second")
+                _check_tokens(r, tokens)
                 hours = tokens / rate / 3600.0
                 row["hours_to_train"] = hours
                 if price is not None:
                     row["cost_to_train"] = hours * r.cluster.devices * price
         rows.append(row)
     return rows
+
+
+def _check_tokens(result: SearchResult, tokens: float | None) -> None:
+    """As compile --tokens: time to train counts tokens, and images or queries are none."""
+    if tokens and result.best is not None and not result.best.tokens_per_s:
+        raise SearchError("--tokens: this model reads no token ids; time to train needs tokens per second")
 
 
 def _seconds(s: float) -> str:
@@ -355,8 +360,7 @@ def run(
             )  # fmt: skip
         if results[-1].interrupted:
             break
-        if tokens and results[-1].best is not None and not results[-1].best.tokens_per_s:
-            scale_out_rows(results[-1:], tokens, price)  # says so before the other sizes are searched
+        _check_tokens(results[-1], tokens)  # said before the other sizes are searched
     if plot:
         write_plot(results, plot)
     scale = scale_out_rows(results, tokens, price) if len(results) > 1 or tokens else []

@@ -107,7 +107,7 @@ def data_parallel(report: Any) -> DataParallel:
     replicas = p["dp"] * p["cp"]
     sharded = StatePolicy.for_training(p["dtype"], p["zero"], replicas, **get_framework(p["framework"]).state(p["pp"]))
     # the rank's sharded embedding rows have no dense gradient and are no replica's copy: neither reduced nor synced
-    tables = int(getattr(report, "embedding_tables", {}).get("rank_weight_bytes", 0))
+    tables = report.embedding_tables.get("rank_weight_bytes", 0)
     local = max(round((row["params"] - tables) / sharded.weight_bytes) for row in report.memory)
     kept = get_framework(p["framework"]).state(1, p.get("grad_dtype", ""), p["zero"], p["dtype"])
     plain = StatePolicy.for_training(p["dtype"], 0, 1, **kept)

@@ -266,10 +266,12 @@ def sharded_tables(model: Any, plan: Plan, cluster: Cluster, compile_fn: Compile
     optimizer's gradient and moments per element. On data-parallel layouts only, as the sharding runs."""
     if plan.embedding_sharding != "none" or max(plan.tp, plan.pp, plan.cp) > 1:
         return []
-    from echosim.compiler import load_model
+    from echosim.compiler import _load_model
     from echosim.passes.embedding_sharding import find_tables
+    from echosim.plugins import get_registry
 
-    if not find_tables(load_model(model, plan)[0]):
+    # the capture the compile of this layout kept (a model registered by name is not captured again)
+    if not find_tables(_load_model(model, plan, get_registry())[0]):
         return []
     sharded = replace(plan, global_batch=plan.batch, embedding_sharding="auto")
     return simulate(model, plan, cluster, [sharded], compile_fn, base_report)

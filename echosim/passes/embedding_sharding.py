@@ -316,54 +316,42 @@ def _no_room(tables: list[Table], kinds: list[str], used: int, capacity: int, wo
     )
 
 
-def sharding_note(graph: Graph, passes: list[object]) -> list[str]:
-    """What the report says of the embedding plan: how many tables took each type, and what the modelled
-    (busiest) rank holds, as TorchRec's planner prints its plan. Read off the captured graph with the
-    configured pass (placing is deterministic and cheap); none without the pass or tables."""
+def embedding_plan(graph: Graph, passes: list[object]) -> tuple[list[str], dict[str, int]]:
+    """What the report says of the embedding plan, read off the captured graph with the configured pass (placing
+    is deterministic and cheap, and done once here for both); nothing without the pass or tables.
+
+    * A note: how many tables took each type, and what the modelled (busiest) rank holds, as TorchRec's planner
+      prints its plan.
+    * The totals of the sharded tables, every rank's shards together: their elements, the rows' bytes and the
+      row-wise Adagrad state's (what a checkpoint holds of them, once), and the modelled rank's rows
+      (``rank_weight_bytes``: what of its weights has no dense gradient to reduce). Tables placed data-parallel
+      are left out: they train as dense parameters and are counted with those.
+    """
     es = next((p for p in passes if isinstance(p, EmbeddingSharding)), None)
     tables = find_tables(graph) if es is not None and es.mode != "none" else []
     if es is None or not tables:
-        return []
+        return [], {}
     placement = place(tables, es.mode, es.world, es.local_world, es.capacity_bytes)
     counts = [(placement.kinds.count(k), LABELS[k]) for k in AUTO_TYPES if k in placement.kinds]
     held = placement.ranks[placement.rank]
     nbytes = sum(s.storage(tables[s.table]) for s in held)
     how = "per table by TorchRec's planner rule" if es.mode == "auto" else "as asked"
-    return [
+    note = (
         f"embedding sharding ({how}): "
         + ", ".join(f"{n} {label}" for n, label in counts)
         + f"; the busiest rank, modelled, holds {len(held)} shard{'s' if len(held) != 1 else ''} "
         f"({nbytes / 2**30:.2f} GiB with their optimizer state)"
-    ]
-
-
-def table_totals(graph: Graph, passes: list[object]) -> dict[str, int]:
-    """Every rank's shards of the sharded tables together: their elements, the rows' bytes and the row-wise
-    Adagrad state's. What a checkpoint holds of them, once; the memory rows hold one rank's, whose rows' bytes are
-    ``rank_weight_bytes``. Tables placed data-parallel are left out: they train as dense parameters and are
-    counted with those. Empty without the pass or tables."""
-    es = next((p for p in passes if isinstance(p, EmbeddingSharding)), None)
-    tables = find_tables(graph) if es is not None and es.mode != "none" else []
-    if es is None or not tables:
-        return {}
-    placement = place(tables, es.mode, es.world, es.local_world, es.capacity_bytes)
-    totals = sharded_totals(tables, placement.kinds)
-    if totals:  # the modelled rank's own shards: what of its weights has no dense gradient to reduce
-        mine = [s for s in placement.ranks[placement.rank] if s.kind != "data"]
-        totals["rank_weight_bytes"] = sum(s.rows * s.cols * tables[s.table].itemsize for s in mine)
-    return totals
-
-
-def sharded_totals(tables: list[Table], kinds: list[str]) -> dict[str, int]:
-    """:func:`table_totals` from the tables and the type each took (without the modelled rank's share)."""
-    sparse = [t for t, kind in zip(tables, kinds, strict=True) if kind != "data"]
+    )
+    sparse = [t for t, kind in zip(tables, placement.kinds, strict=True) if kind != "data"]
     if not sparse:
-        return {}
-    return {
+        return [note], {}
+    totals = {
         "params": sum(t.rows * t.dim for t in sparse),
         "weight_bytes": sum(t.bytes for t in sparse),
         "optimizer_bytes": sum(t.rows * ROWWISE_ADAGRAD_BYTES_PER_ROW for t in sparse),
+        "rank_weight_bytes": sum(s.rows * s.cols * tables[s.table].itemsize for s in held if s.kind != "data"),
     }
+    return [note], totals
 
 
 def find_tables(graph: Graph) -> list[Table]:

@@ -80,7 +80,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     samples_per_s: float = 0.0  # sequences (images, examples) per second
-    # sharded embedding tables, every rank's shards together (params, weight_bytes, optimizer_bytes); empty without
+    # sharded embedding tables' totals (embedding_sharding.embedding_plan); empty without
     embedding_tables: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -144,7 +144,7 @@ class StepFacts:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     culprit: str = ""  # who a broken invariant is blamed on: "backend 'x' (plugin 'y')"
-    embedding_tables: dict[str, int] = field(default_factory=dict)  # embedding_sharding.table_totals
+    embedding_tables: dict[str, int] = field(default_factory=dict)  # embedding_sharding.embedding_plan
 
 
 #: Start of every warning that says a report broke a physical invariant (``--strict`` makes it an error).
