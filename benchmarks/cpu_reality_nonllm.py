@@ -17,6 +17,9 @@ issue 15 built by :mod:`echosim.frontend.zoo_torch` at a size this machine train
   dense table gradients and AdamW (what plain PyTorch DDP does, and what echosim models without
   ``--embedding-sharding``).
 * ``lstm-small``: a 2-layer LSTM LM, hidden 256, vocabulary 2,000, 20 steps; cross-entropy.
+* ``gru-small``: the same LM with a 2-layer GRU (PyTorch runs a CPU GRU step by step in aten ops,
+  not in oneDNN's RNN primitive as it runs the LSTM); ``gru-wide``: one GRU of 768, batch 64,
+  40 steps; ``rnn-small``: the LM with a 2-layer Elman RNN (tanh).
 
 Layouts: one process (one intra-op thread), and DDP x2 over gloo (two processes, one thread
 each, each its own micro-batch). fp32. The step is zero_grad + forward + backward (+ DDP's
@@ -86,6 +89,39 @@ MODELS: dict[str, tuple[TorchZooModel, int, int]] = {  # model, micro-batch, seq
             partial(lstm_lm_module, 2, 256, 2000, 20),
             ((("batch", "seq"), "int64"),),
             "2 x LSTM 256",
+            "sequences",
+        ),
+        16,
+        20,
+    ),
+    "gru-small": (
+        TorchZooModel(
+            "gru-small",
+            partial(lstm_lm_module, 2, 256, 2000, 20, cell="gru"),
+            ((("batch", "seq"), "int64"),),
+            "2 x GRU 256",
+            "sequences",
+        ),
+        16,
+        20,
+    ),
+    "gru-wide": (
+        TorchZooModel(
+            "gru-wide",
+            partial(lstm_lm_module, 1, 768, 2000, 40, cell="gru"),
+            ((("batch", "seq"), "int64"),),
+            "1 x GRU 768",
+            "sequences",
+        ),
+        64,
+        40,
+    ),
+    "rnn-small": (
+        TorchZooModel(
+            "rnn-small",
+            partial(lstm_lm_module, 2, 256, 2000, 20, cell="rnn"),
+            ((("batch", "seq"), "int64"),),
+            "2 x Elman RNN (tanh) 256",
             "sequences",
         ),
         16,

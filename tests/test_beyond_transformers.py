@@ -340,7 +340,7 @@ def test_a_bidirectional_lstm_runs_both_directions_and_additive_attention_stays_
     rec = [n for n in fwd if n.attrs == step and ".step" in n.name]
     layers = {n.name.split(".step")[0] for n in rec}
     assert len(layers) == 2 + 3 + 1 + 3  # encoder: two directions, three more; decoder: four LSTMs
-    assert sum(name.endswith(".rev") for name in layers) == 1
+    assert sum(name.endswith(".rev.lstm") for name in layers) == 1
     dag = g.dag
     for layer in layers:  # each direction is its own chain of steps
         chain = [n for n in rec if n.name.split(".step")[0] == layer]

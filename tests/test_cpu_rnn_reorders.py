@@ -28,9 +28,9 @@ def _graph() -> object:
 
 
 def test_recurrent_weight_use_names_the_layer_calls_nodes_only() -> None:
-    assert recurrent_weight_use(input_proj_name("lstm.l0")) == "forward"
-    assert recurrent_weight_use("lstm.l0.input_proj.wgrad") == "wgrad"
-    assert recurrent_weight_use("lstm.l1.steps.h.wgrad") == "wgrad"
+    assert recurrent_weight_use(input_proj_name("lstm.l0.lstm")) == "forward"
+    assert recurrent_weight_use("lstm.l0.lstm.input_proj.wgrad") == "wgrad"
+    assert recurrent_weight_use("lstm.l1.lstm.steps.h.wgrad") == "wgrad"
     for other in ("lstm.l0.input_proj.dgrad", "lstm.l0.step3.h", "lstm.l0.step3.h.dgrad", "decoder", "input_proj_x"):
         assert recurrent_weight_use(other) == "", other
 
@@ -44,9 +44,9 @@ def test_each_layer_reorders_its_two_weights_once_forward_and_twice_backward() -
     moved = {name: b for name, b in per_node.items() if b}
     assert sum(sum(b) for b in moved.values()) == LAYERS * 3 * 2 * weight
     for layer in range(LAYERS):
-        assert moved[f"lstm.l{layer}.input_proj"] == [weight, weight]
-        assert moved[f"lstm.l{layer}.input_proj.wgrad"] == [weight, weight]
-        assert moved[f"lstm.l{layer}.steps.h.wgrad"] == [weight, weight]
+        assert moved[f"lstm.l{layer}.lstm.input_proj"] == [weight, weight]
+        assert moved[f"lstm.l{layer}.lstm.input_proj.wgrad"] == [weight, weight]
+        assert moved[f"lstm.l{layer}.lstm.steps.h.wgrad"] == [weight, weight]
     assert len(moved) == 3 * LAYERS
 
 
@@ -64,7 +64,7 @@ def test_the_reorders_add_out_of_place_copies_to_those_nodes_and_nothing_elsewhe
     monkeypatch.setattr(cpu, "rnn_weight_reorder_bytes", lambda node: [])
     without = {n.name: backend.op_time_s(n, 4096) for n in nodes}
     extra = {name: with_reorders[name] - without[name] for name in without if with_reorders[name] != without[name]}
-    assert set(extra) == {f"lstm.l{i}.{part}" for i in range(LAYERS) for part in
+    assert set(extra) == {f"lstm.l{i}.lstm.{part}" for i in range(LAYERS) for part in
                           ("input_proj", "input_proj.wgrad", "steps.h.wgrad")}  # fmt: skip
     assert all(v == pytest.approx(2 * reorder) for v in extra.values())
 
@@ -80,7 +80,7 @@ def test_op_costs_are_cached_apart_for_an_input_projection_and_a_plain_matmul_of
     x = g.add(OpKind.INPUT, (), TensorSpec((12, 32), DType.FP32), name="x")
     w = g.add(OpKind.INPUT, (), TensorSpec((128, 32), DType.FP32), name="w")
     mm, out = MatmulAttrs(12, 128, 32), TensorSpec((12, 128), DType.FP32)
-    a = g.add(OpKind.MATMUL, (x, w), out, mm, name=input_proj_name("lstm.l0"))
+    a = g.add(OpKind.MATMUL, (x, w), out, mm, name=input_proj_name("lstm.l0.lstm"))
     b = g.add(OpKind.MATMUL, (x, w), out, mm, name="proj")
     for order in ((a, b), (b, a)):
         _COSTS.clear()

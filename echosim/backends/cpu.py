@@ -21,8 +21,15 @@ from dataclasses import asdict, dataclass, fields
 
 from echosim.backends.base import KernelBackend, OverlapModel, Placement
 from echosim.backends.topology import fill_domains
-from echosim.ir.graph import Graph, Node
-from echosim.ir.names import is_grad_accumulate, is_recurrent_step, recurrent_weight_use
+from echosim.ir.graph import Graph, Node, elementwise_fn
+from echosim.ir.names import (
+    all_steps_name,
+    cell_of,
+    is_grad_accumulate,
+    is_recurrent_step,
+    recurrent_cell,
+    recurrent_weight_use,
+)
 from echosim.ir.ops import (
     AttentionAttrs,
     CollectiveAttrs,
@@ -115,6 +122,39 @@ RNN_FORWARD_REORDERS_PER_WEIGHT = 1
 RNN_BACKWARD_REORDERS_PER_WEIGHT = 2
 # oneDNN's LSTM has four gates: the recurrent weight is (4 x hidden) x hidden.
 LSTM_GATES = 4
+# ... and the LSTM is the only cell PyTorch hands to it: ``lstm`` checks use_mkldnn, ``gru``, ``rnn_tanh`` and
+# ``rnn_relu`` do not (aten/src/ATen/native/RNN.cpp, torch 2.13). Those run the native cells instead (below).
+ONEDNN_RNN_CELLS = frozenset({"lstm"})
+
+
+@dataclass(frozen=True, slots=True)
+class NativeCell:
+    """One time step of a cell PyTorch runs natively on a CPU (GRUCell, SimpleCell in RNN.cpp): the input
+    projection of all steps is one linear, as in the fused layer, but each step is a linear of the state (addmm)
+    then the cell's elementwise ops, one aten call each, each recorded by autograd; backward, autograd runs each
+    step's nodes, gives each step's addmm its own weight-gradient GEMM (k = batch) and sums those into one
+    gradient in its input buffer, one in-place add of the weight a step. Counts per step beyond the two GEMMs,
+    tensors in units of one (batch x hidden) tensor read or written, from the cells' source and checked with
+    torch.profiler (tests/test_cpu_native_rnn.py): forward kernels and the tensors they move; backward kernels
+    (the state's and gates' gradients, the two chunk gradients a GRU concatenates, the recurrent bias's
+    gradient: a sum and its step-by-step add) and theirs."""
+
+    gates: int  # the gate blocks its weights stack: its gate gradient is gates x the state
+    forward_kernels: int
+    forward_tensors: int
+    backward_kernels: int
+    backward_tensors: int
+
+
+#: GRU forward: add_, sigmoid_ (reset), add_, sigmoid_ (update), mul_, add, tanh_ (new), sub, mul_, add_ (state):
+#: 17 reads and 10 writes. Backward: add, 2 add_, 4 mul, neg, 2 sigmoid_backward, tanh_backward (32), 2 cat of
+#: three chunks (12), the bias's sum of (batch x 3h) (3) and its add_ (bias-sized). Elman RNN forward: add_ and
+#: the activation (5); backward: add, the activation's backward (6), the bias's sum (1) and its add_.
+NATIVE_CELLS = {
+    "gru": NativeCell(gates=3, forward_kernels=10, forward_tensors=27, backward_kernels=15, backward_tensors=47),
+    "rnn_tanh": NativeCell(gates=1, forward_kernels=2, forward_tensors=5, backward_kernels=4, backward_tensors=7),
+    "rnn_relu": NativeCell(gates=1, forward_kernels=2, forward_tensors=5, backward_kernels=4, backward_tensors=7),
+}
 # Attention's block products can outrun the big-GEMM rate (their blocks stay in cache) but not by much: a bound
 # for the calibration's search, twice the big-GEMM rate.
 ATTENTION_EFF_MAX = 2.0
@@ -385,6 +425,8 @@ def rnn_weight_reorder_bytes(node: Node) -> list[int]:
     weight n x n/4, once each; at a weight gradient (its output, the weight's size) that weight in and its
     gradient out. Empty for any other node."""
     use = recurrent_weight_use(node.name)
+    if recurrent_cell(node.name) not in ONEDNN_RNN_CELLS:
+        return []
     if use == "forward" and isinstance(node.attrs, MatmulAttrs) and node.phase is not Phase.BACKWARD:
         item = node.out.dtype.itemsize
         a = node.attrs
@@ -393,6 +435,34 @@ def rnn_weight_reorder_bytes(node: Node) -> list[int]:
     if use == "wgrad" and node.phase is Phase.BACKWARD:
         return [node.out.nbytes] * RNN_BACKWARD_REORDERS_PER_WEIGHT
     return []
+
+
+def native_step_time_s(backend: CPUBackend, node: Node, io_bytes: int, cell: NativeCell) -> float:
+    """A node of a natively run cell's time steps (:class:`NativeCell`) as PyTorch runs it on a CPU: the step's
+    GEMMs as they are; its gate kernel (forward) or gate-gradient kernel (backward) as the cell's elementwise
+    kernels, each with its own call; autograd's host time for each of those calls. The recurrent weight's
+    gradient, one GEMM over all steps in the IR (k = batch x steps, its inputs each step's state and gate
+    gradient), is one GEMM a step and a weight-sized in-place add a step after the first."""
+    cpu = backend.cpu
+    autograd = cpu.autograd_op_us * 1e-6
+    a = node.attrs
+    if isinstance(a, MatmulAttrs) and node.name.endswith(f"{all_steps_name('', 'h')}.wgrad"):
+        steps = max(1, len(node.inputs) // 2)
+        dtype = backend.compute_dtype(node)
+        gemm = matmul_time_s(cpu, a.m, a.n, max(1, a.k // steps), a.batch, dtype)
+        weight = node.out.nbytes
+        add = memory_bound_time_s(cpu, 3 * weight, written=weight, inplace=True)
+        return steps * gemm + (steps - 1) * add
+    if isinstance(a, MatmulAttrs):  # the step's addmm forward, its data gradient backward: one call each
+        return KernelBackend.op_time_s(backend, node, io_bytes) + autograd
+    if not cell_of(elementwise_fn(node).removesuffix("_grad")):  # not the gate kernel or its gradient
+        return KernelBackend.op_time_s(backend, node, io_bytes) + (autograd if node.op is not OpKind.VIEW else 0.0)
+    forward = node.phase is not Phase.BACKWARD
+    state = node.out.nbytes if forward else node.out.nbytes // cell.gates
+    kernels = cell.forward_kernels if forward else cell.backward_kernels
+    tensors = cell.forward_tensors if forward else cell.backward_tensors
+    moved = memory_bound_time_s(cpu, tensors * state, is_math_kernel(node), written=kernels * state)
+    return moved + (kernels - 1) * cpu.op_overhead_us * 1e-6 + kernels * autograd
 
 
 def reorder_time_s(cpu: CPUSpec, nbytes: int) -> float:
@@ -581,7 +651,11 @@ class CPUBackend(KernelBackend):
     def op_time_s(self, node: Node, io_bytes: int) -> float:
         """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
         (not for the time steps of a fused recurrent layer: one call runs them all), plus oneDNN's weight
-        reorders where the node stands for a recurrent layer's call (:func:`rnn_weight_reorder_bytes`)."""
+        reorders where the node stands for a recurrent layer's call (:func:`rnn_weight_reorder_bytes`). The
+        time steps of a cell PyTorch runs natively are its aten calls (:func:`native_step_time_s`)."""
+        cell = NATIVE_CELLS.get(recurrent_cell(node.name)) if is_recurrent_step(node.name) else None
+        if cell is not None:
+            return native_step_time_s(self, node, io_bytes, cell)
         seconds = super().op_time_s(node, io_bytes)
         seconds += sum(reorder_time_s(self.cpu, b) for b in rnn_weight_reorder_bytes(node))
         if seconds and node.phase is not Phase.OPTIMIZER and not is_recurrent_step(node.name):

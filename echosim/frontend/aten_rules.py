@@ -534,52 +534,57 @@ def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
     return rule
 
 
-def _lstm(c: AtenValues, node: fx.Node) -> None:
-    """``aten.lstm``, layer by layer as :func:`recurrent.lstm_layer` costs it. A bidirectional layer is two
-    independent recurrences over the same input, the reverse one reading it from the end (cuDNN's
-    ``CUDNN_BIDIRECTIONAL``: per layer the forward then the reverse direction's weights, ``w_ih, w_hh, b_ih,
-    b_hh`` each; the outputs concatenated on the feature axis)."""
-    from echosim.frontend.recurrent import lstm_layer
+def _rnn(cell: str) -> Rule:
+    """``aten.lstm``, ``aten.gru``, ``aten.rnn_tanh`` and ``aten.rnn_relu``, layer by layer as
+    :func:`recurrent.rnn_layer` costs them. A bidirectional layer is two independent recurrences over the same
+    input, the reverse one reading it from the end (cuDNN's ``CUDNN_BIDIRECTIONAL``: per layer the forward then
+    the reverse direction's weights, ``w_ih, w_hh, b_ih, b_hh`` each; the outputs concatenated on the feature
+    axis). The LSTM's initial state is a list (h0, c0), the others' one tensor."""
 
-    x, hx, weights, has_bias, layers, _p, _train, bidirectional, batch_first = node.args[:9]
-    xs = c.shape(x)
-    batch, steps = (xs[0], xs[1]) if batch_first else (xs[1], xs[0])
-    per_dir = 4 if has_bias else 2
-    dirs = 2 if bidirectional else 1
-    out_spec = c.spec_of(node.meta["val"][0])
-    layer_in = c.value(x)
-    if out_spec is None or layer_in is None:
-        c.env[node] = Multi(None, False)
-        return
-    hidden = out_spec.shape[-1] // dirs
-    h0_all = c.value(hx[0]) if hx else None
-    for layer in range(int(layers)):
-        outs = []
-        for d in range(dirs):
-            first = (layer * dirs + d) * per_dir
-            group = weights[first : first + per_dir]
-            w_ih, w_hh, *biases = (c.value(w) for w in group)
-            assert w_ih is not None and w_hh is not None
-            name = f"{node.name}.l{layer}" + (".rev" if d else "")
-            h0 = None
-            if h0_all is not None:  # this layer's (and direction's) slice of the (layers * dirs, batch, hidden) state
-                state = TensorSpec((batch, hidden), out_spec.dtype)
-                h0 = c.graph.add(OpKind.VIEW, [h0_all], state, scope=c.scope(node), name=f"{name}.h0")
-            out = lstm_layer(
-                c.graph, layer_in, w_ih, w_hh, [b for b in biases if b is not None],
-                batch=batch, steps=steps, in_dim=c.shape(group[0])[1], hidden=hidden,
-                dtype=out_spec.dtype, batch_first=bool(batch_first), scope=c.scope(node), name=name, h0=h0,
+    def rule(c: AtenValues, node: fx.Node) -> None:
+        from echosim.frontend.recurrent import rnn_layer
+
+        x, hx, weights, has_bias, layers, _p, _train, bidirectional, batch_first = node.args[:9]
+        xs = c.shape(x)
+        batch, steps = (xs[0], xs[1]) if batch_first else (xs[1], xs[0])
+        per_dir = 4 if has_bias else 2
+        dirs = 2 if bidirectional else 1
+        out_spec = c.spec_of(node.meta["val"][0])
+        layer_in = c.value(x)
+        if out_spec is None or layer_in is None:
+            c.env[node] = Multi(None, False)
+            return
+        hidden = out_spec.shape[-1] // dirs
+        h0_all = c.value(hx[0] if isinstance(hx, (list, tuple)) else hx) if hx else None
+        for layer in range(int(layers)):
+            outs = []
+            for d in range(dirs):
+                first = (layer * dirs + d) * per_dir
+                group = weights[first : first + per_dir]
+                w_ih, w_hh, *biases = (c.value(w) for w in group)
+                assert w_ih is not None and w_hh is not None
+                name = f"{node.name}.l{layer}" + (".rev" if d else "")
+                h0 = None
+                if h0_all is not None:  # this layer's (and direction's) slice of the (layers * dirs, batch, h) state
+                    state = TensorSpec((batch, hidden), out_spec.dtype)
+                    h0 = c.graph.add(OpKind.VIEW, [h0_all], state, scope=c.scope(node), name=f"{name}.h0")
+                out = rnn_layer(
+                    c.graph, cell, layer_in, w_ih, w_hh, [b for b in biases if b is not None],
+                    batch=batch, steps=steps, in_dim=c.shape(group[0])[1], hidden=hidden,
+                    dtype=out_spec.dtype, batch_first=bool(batch_first), scope=c.scope(node), name=name, h0=h0,
+                )  # fmt: skip
+                outs.append(out)
+            if dirs == 1:
+                layer_in = outs[0]
+                continue
+            shape = (batch, steps, dirs * hidden) if batch_first else (steps, batch, dirs * hidden)
+            layer_in = c.graph.add(
+                OpKind.ELEMENTWISE, outs, TensorSpec(shape, out_spec.dtype), ElementwiseAttrs("cat", 0),
+                scope=c.scope(node), name=f"{node.name}.l{layer}.out",
             )  # fmt: skip
-            outs.append(out)
-        if dirs == 1:
-            layer_in = outs[0]
-            continue
-        shape = (batch, steps, dirs * hidden) if batch_first else (steps, batch, dirs * hidden)
-        layer_in = c.graph.add(
-            OpKind.ELEMENTWISE, outs, TensorSpec(shape, out_spec.dtype), ElementwiseAttrs("cat", 0),
-            scope=c.scope(node), name=f"{node.name}.l{layer}.out",
-        )  # fmt: skip
-    c.env[node] = Multi(layer_in, False)
+        c.env[node] = Multi(layer_in, False)
+
+    return rule
 
 
 def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
@@ -663,7 +668,10 @@ RULES.update(
         aten.conv3d: _conv(None, 6),
         aten.convolution: _conv(6, 8),
         aten._convolution: _conv(6, 8),
-        aten.lstm: _lstm,
+        aten.lstm: _rnn("lstm"),
+        aten.gru: _rnn("gru"),
+        aten.rnn_tanh: _rnn("rnn_tanh"),
+        aten.rnn_relu: _rnn("rnn_relu"),
         aten.topk: _multi(OpKind.ELEMENTWISE),
         aten.sort: _multi(OpKind.ELEMENTWISE),
         aten.max: _reduction("max"),

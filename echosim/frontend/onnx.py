@@ -8,7 +8,7 @@ or the second axis of integer token ids); any other symbolic dimension is an
 error that names it.
 
 Ops map to IR through ``onnx_rules.RULES`` (MatMul, Gemm, Conv, Attention, the
-normalisations, Softmax, Gelu, Einsum, LSTM, Gather as embedding, the
+normalisations, Softmax, Gelu, Einsum, LSTM, GRU, RNN, Gather as embedding, the
 elementwise ops, Reshape/Transpose/Slice/... as views). An op with no rule is
 costed as a memory-bound elementwise op and listed in the warnings. Scopes come
 from the torch exporter's ``pkg.torch.onnx.name_scopes`` metadata, else from

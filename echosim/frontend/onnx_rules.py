@@ -221,31 +221,46 @@ def _cross_entropy(c: OnnxValues, node: Any) -> None:
     c.emit(node, OpKind.CROSS_ENTROPY, c.data(node, (0, 1)), CrossEntropyAttrs(vocab))
 
 
-def _lstm(c: OnnxValues, node: Any) -> None:
-    from echosim.frontend.recurrent import lstm_layer
+def _rnn(cell: str) -> Rule:
+    """ONNX LSTM, GRU and RNN, one forward direction, as :func:`recurrent.rnn_layer` costs them. A GRU must
+    apply its reset gate after the recurrent GEMM (``linear_before_reset`` = 1, what PyTorch exports), and an
+    RNN must use Tanh or Relu; other forms (and a reverse or bidirectional layer) run a step otherwise and
+    stay unruled (costed as memory-bound, with a warning)."""
 
-    x, w, r = node.input[:3]
-    if attr(node, "direction", b"forward") not in (b"forward", "forward"):
-        c.unknown_op(node)
-        return
-    layout = int(attr(node, "layout", 0))
-    xs = c.shape(x)
-    steps, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
-    hidden = int(attr(node, "hidden_size", c.shape(r)[-1]))
-    bias = [v for v in c.data(node, (3,)) if v is not None]
-    y = node.output[0] if node.output else ""
-    dt = c.spec(y, node).dtype if y else c.dtype
-    xv, wv, rv = c.value(x), c.value(w), c.value(r)
-    assert xv is not None and wv is not None and rv is not None
-    h0 = c.value(node.input[5]) if len(node.input) > 5 else None
-    if h0 is not None:
-        h0 = c.graph.add(OpKind.VIEW, [h0], TensorSpec((batch, hidden), dt), scope=scope_of(node), name=f"{y}.h0")
-    out = lstm_layer(
-        c.graph, xv, wv, rv, bias, batch=batch, steps=steps, in_dim=xs[-1], hidden=hidden, dtype=dt,
-        batch_first=bool(layout), scope=scope_of(node), name=y or node.name, h0=h0,
-    )  # fmt: skip
-    if y:  # Y is (seq, num_directions=1, batch, hidden): a view of the layer output
-        c.env[y] = c.graph.add(OpKind.VIEW, [out], c.spec(y, node), scope=scope_of(node), name=y)
+    def rule(c: OnnxValues, node: Any) -> None:
+        from echosim.frontend.recurrent import rnn_layer
+
+        x, w, r = node.input[:3]
+        kind = cell
+        if cell == "rnn_tanh":  # activations: default Tanh (ONNX operator docs)
+            acts = [a.decode() if isinstance(a, bytes) else str(a) for a in attr(node, "activations", [b"Tanh"])]
+            kind = {"Tanh": "rnn_tanh", "Relu": "rnn_relu"}.get(acts[0], "") if len(acts) == 1 else ""
+        if cell == "gru" and not int(attr(node, "linear_before_reset", 0)):
+            kind = ""
+        if not kind or attr(node, "direction", b"forward") not in (b"forward", "forward"):
+            c.unknown_op(node)
+            return
+        layout = int(attr(node, "layout", 0))
+        xs = c.shape(x)
+        steps, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
+        hidden = int(attr(node, "hidden_size", c.shape(r)[-1]))
+        bias = [v for v in c.data(node, (3,)) if v is not None]
+        y = node.output[0] if node.output else ""
+        dt = c.spec(y, node).dtype if y else c.dtype
+        xv, wv, rv = c.value(x), c.value(w), c.value(r)
+        assert xv is not None and wv is not None and rv is not None
+        h0 = c.value(node.input[5]) if len(node.input) > 5 else None
+        if h0 is not None:
+            state = TensorSpec((batch, hidden), dt)
+            h0 = c.graph.add(OpKind.VIEW, [h0], state, scope=scope_of(node), name=f"{y}.h0")
+        out = rnn_layer(
+            c.graph, kind, xv, wv, rv, bias, batch=batch, steps=steps, in_dim=xs[-1], hidden=hidden, dtype=dt,
+            batch_first=bool(layout), scope=scope_of(node), name=y or node.name, h0=h0,
+        )  # fmt: skip
+        if y:  # Y is (seq, num_directions=1, batch, hidden): a view of the layer output
+            c.env[y] = c.graph.add(OpKind.VIEW, [out], c.spec(y, node), scope=scope_of(node), name=y)
+
+    return rule
 
 
 SHAPE_OPS = {"Shape", "Size"}
@@ -296,6 +311,8 @@ RULES.update(
         "Gather": _gather,
         "SoftmaxCrossEntropyLoss": _cross_entropy,
         "NegativeLogLikelihoodLoss": _cross_entropy,
-        "LSTM": _lstm,
+        "LSTM": _rnn("lstm"),
+        "GRU": _rnn("gru"),
+        "RNN": _rnn("rnn_tanh"),
     }
 )

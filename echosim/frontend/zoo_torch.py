@@ -364,19 +364,24 @@ def mlm_positions(seq: int) -> int:
     return max(1, seq * 20 // 128)
 
 
-def lstm_lm_module(layers: int = 2, hidden: int = 1500, vocab: int = 10000, steps: int = 35) -> nn.Module:
+def lstm_lm_module(
+    layers: int = 2, hidden: int = 1500, vocab: int = 10000, steps: int = 35, cell: str = "lstm"
+) -> nn.Module:
+    """Zaremba's LM; ``cell`` "gru" or "rnn" swaps the LSTM for that recurrent layer (module named after it)."""
     import torch
     from torch import nn
+
+    layer = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[cell]
 
     class LSTMLM(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(vocab, hidden)
-            self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+            setattr(self, cell, layer(hidden, hidden, num_layers=layers, batch_first=True))
             self.decoder = nn.Linear(hidden, vocab)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            out, _ = self.lstm(self.embed(ids))
+            out, _ = getattr(self, cell)(self.embed(ids))
             return self.decoder(out)
 
     net = LSTMLM()

@@ -16,6 +16,36 @@ _STEP_NODE = re.compile(r"\.step(?:\d+|s)\.(?:x|h|pre|cell)(?:\.|$)")
 _STEP_OF = re.compile(r"^(?P<layer>.+)\.step\d+\.(?P<part>x|h|pre|cell)$")
 
 
+def cell_kernel(cell: str) -> str:
+    """The ElementwiseAttrs.fn of a time step's gate kernel of recurrent cell ``cell`` (:data:`RECURRENT_CELLS`)."""
+    return f"{cell}_cell"
+
+
+def cell_of(fn: str) -> str:
+    """The recurrent cell whose gate kernel is ElementwiseAttrs.fn ``fn`` (:func:`cell_kernel`), else ``""``."""
+    return fn.removesuffix("_cell") if fn in _CELL_KERNELS else ""
+
+
+#: The recurrent cells a frontend writes (echosim.frontend.recurrent.CELLS holds their gates and FLOPs).
+RECURRENT_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+_CELL_KERNELS = frozenset(cell_kernel(c) for c in RECURRENT_CELLS)
+#: A recurrent layer's nodes (and the gradients named after them): LAYER.CELL.(input_proj|stepT|steps)...
+_LAYER_CELL = re.compile(rf"\.({'|'.join(RECURRENT_CELLS)})\.(?:input_proj|step\d+|steps)(?:\.|$)")
+
+
+def recurrent_layer_name(name: str, cell: str) -> str:
+    """The name a recurrent layer's nodes start with: the frontend's ``name`` and the cell, so that a backend can
+    tell which cell a node of the layer belongs to (:func:`recurrent_cell`) where frameworks run cells apart
+    (on a CPU PyTorch hands only the LSTM to oneDNN: echosim.backends.cpu)."""
+    return f"{name}.{cell}"
+
+
+def recurrent_cell(name: str) -> str:
+    """The cell of the recurrent layer a node named ``name`` belongs to (:func:`recurrent_layer_name`), else ``""``."""
+    m = _LAYER_CELL.search(name)
+    return m[1] if m else ""
+
+
 def step_name(layer: str, t: int, part: str) -> str:
     """The name of time step ``t``'s ``part`` (x, h, pre, cell) of recurrent layer ``layer``."""
     return f"{layer}.step{t}.{part}"
@@ -68,8 +98,8 @@ def is_grad_accumulate(name: str) -> bool:
     return name.rsplit(".", 1)[-1] == GRAD_ACCUMULATE
 
 
-def cost_traits(name: str) -> tuple[bool, bool, str]:
-    """The facts of a node's name that a backend's op cost may read (a time step of a fused recurrent layer,
-    a gradient sum, a recurrent layer's weight handling). Op-cost caches key by these, not by the name itself,
+def cost_traits(name: str) -> tuple[bool, bool, str, str]:
+    """The facts of a node's name that a backend's op cost may read (a time step of a recurrent layer, a
+    gradient sum, a recurrent layer's weight handling, its cell). Op-cost caches key by these, not by the name itself,
     which differs from layer to layer: two nodes of one shape whose names differ in them may cost differently."""
-    return is_recurrent_step(name), is_grad_accumulate(name), recurrent_weight_use(name)
+    return is_recurrent_step(name), is_grad_accumulate(name), recurrent_weight_use(name), recurrent_cell(name)

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from echosim.ir import strides as layouts
 from echosim.ir.graph import Graph, Node
-from echosim.ir.names import GRAD_ACCUMULATE, all_steps_name, step_of
+from echosim.ir.names import GRAD_ACCUMULATE, RECURRENT_CELLS, all_steps_name, cell_kernel, cell_of, step_of
 from echosim.ir.ops import (
     Axis,
     CollectiveAttrs,
@@ -305,19 +305,20 @@ def _permutation(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
     return [(x, c.emit(n, OpKind.ELEMENTWISE, [dy], c.spec(x), ElementwiseAttrs(f"{n.attrs.fn}_grad")))]
 
 
-def _lstm_cell(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
-    """An LSTM step's gate kernel (echosim.frontend.recurrent): one backward kernel turns the state's gradient
-    into the gate gradient (batch x 4h), summing the gradient from the layer above and the recurrent one in the
+def _rnn_cell(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
+    """A recurrent step's gate kernel (echosim.frontend.recurrent): one backward kernel turns the state's gradient
+    into the gate gradient (batch x gates*h), summing the gradient from the layer above and the recurrent one in the
     kernel (cuDNN's backward pointwise kernel reads both dy and dhy: ``cudnnRNNBackwardData``; Appleyard et al.
     2016, arXiv:1604.01946, sec. 3.1 optimization 3), and reading the gates saved forward. Both of the gate
     kernel's inputs, the input projection's slice and the recurrent GEMM, receive that one gradient."""
+    assert isinstance(n.attrs, ElementwiseAttrs)
     gates = n.inputs[0]
     grad = c.emit(
         n,
         OpKind.ELEMENTWISE,
         [dy, *c.fused_dys.pop(n.id, []), gates],
         c.spec(gates),
-        ElementwiseAttrs("lstm_cell_grad"),
+        ElementwiseAttrs(f"{n.attrs.fn}_grad"),
     )
     return [(i, grad) for i in n.inputs if i in needs]
 
@@ -342,7 +343,7 @@ def _fused_scan(c: _Ctx, n: Node, dy: int, needs: set[int]) -> Contrib:
 _ELEMENTWISE_RULES = {
     "selective_scan": _fused_scan,
     "wkv": _fused_scan,
-    "lstm_cell": _lstm_cell,
+    **{cell_kernel(cell): _rnn_cell for cell in RECURRENT_CELLS},
     "moe_dispatch": _moe_dispatch,
     "moe_combine": _moe_combine,
     "attn_merge": _attn_merge,
@@ -557,11 +558,11 @@ class Autodiff:
 
 def _sums_in_kernel(n: Node, parts: list[int], c: _Ctx) -> bool:
     """Does ``n``'s backward kernel read all its output's whole gradients and sum them itself (an LSTM step's
-    state: the gradient from the layer above and the next step's recurrent one, see :func:`_lstm_cell`)?"""
+    state: the gradient from the layer above and the next step's recurrent one, see :func:`_rnn_cell`)?"""
     return (
         len(parts) > 1
         and isinstance(n.attrs, ElementwiseAttrs)
-        and n.attrs.fn == "lstm_cell"
+        and bool(cell_of(n.attrs.fn))
         and all(c.spec(p).numel == n.out.numel for p in parts)
     )
 
