@@ -181,8 +181,9 @@ def test_cnn_ops_cost_as_implicit_gemms(tmp_path: Path) -> None:
     assert params == 16 * 27 + 16 * 9 + 160 + 10 + 2 * 16  # running mean/var are not parameters
     convs = [n.attrs for n in g if n.op is OpKind.MATMUL]
     pixels = 8 * 16 * 16
-    assert convs[0] == MatmulAttrs(m=pixels, n=16, k=27)
-    assert convs[1] == MatmulAttrs(m=pixels, n=1, k=9, batch=16)  # depthwise: one group per channel
+    # conv_io: the NCHW activations in and out, which cuDNN transposes for tensor cores (as for a torch capture)
+    assert convs[0] == MatmulAttrs(m=pixels, n=16, k=27, conv_io=8 * 3 * 32 * 32 + pixels * 16)
+    assert convs[1] == MatmulAttrs(m=pixels, n=1, k=9, batch=16, conv_io=2 * pixels * 16)  # depthwise: a group each
     assert convs[2] == MatmulAttrs(m=8, n=10, k=16)
     forward = sum(c.flops for c in convs)
     # backward: wgrad everywhere, dgrad everywhere but the first conv (images need no gradient)

@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from echosim.frontend.aten_values import AtenValues, Multi, op_name, permutation
+from echosim.frontend.conv import conv_matmul
 from echosim.frontend.fused import FusedKind, fused_kind
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -510,25 +511,18 @@ def _dropout(c: AtenValues, node: fx.Node) -> None:
     c.env[node] = Multi(nid, False) if isinstance(val, (list, tuple)) else nid
 
 
-def _conv(transposed_arg: int | None, groups_arg: int) -> Rule:
-    """Convolution as the implicit GEMM cuDNN runs: (N*out_pixels x Cin*kernel/g) @ (.. x Cout/g), g groups."""
+def _conv(transposed_arg: int | None, groups_arg: int, transposed_op: bool = False) -> Rule:
+    """A convolution (:func:`~echosim.frontend.conv.conv_matmul`); transposed if ``transposed_op`` or the flag at
+    ``transposed_arg`` says so."""
 
     def rule(c: AtenValues, node: fx.Node) -> None:
         x, w = node.args[0], node.args[1]
         bias = _arg(node, 2, "bias")
-        xs, ws, out = c.shape(x), c.shape(w), c.shape(node)
-        transposed = transposed_arg is not None and bool(_arg(node, transposed_arg, "transposed", False))
+        transposed = transposed_op or (
+            transposed_arg is not None and bool(_arg(node, transposed_arg, "transposed", False))
+        )
         groups = int(_arg(node, groups_arg, "groups", 1))
-        kernel = math.prod(ws[2:])
-        io = math.prod(xs) + math.prod(out)  # what cuDNN transposes for NCHW on tensor cores (GPUBackend)
-        if transposed:  # weight (Cin, Cout/g, k...)
-            attrs = MatmulAttrs(
-                m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups, conv_io=io
-            )
-        else:  # weight (Cout, Cin/g, k...)
-            attrs = MatmulAttrs(
-                m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups, conv_io=io
-            )
+        attrs = conv_matmul(c.shape(x), c.shape(w), c.shape(node), groups, transposed)
         c.emit(node, OpKind.MATMUL, c.tensors([x, w, bias]), attrs)
 
     return rule
@@ -600,7 +594,11 @@ def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
 
 
 _ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "exp": 4, "log": 4, "erf": 4, "expm1": 4,
-              "log1p": 4, "exp2": 4, "log2": 4, "log_sigmoid": 8}  # fmt: skip
+              "log1p": 4, "exp2": 4, "log2": 4, "log_sigmoid": 8, "selu": 4, "celu": 4, "logit": 4}  # fmt: skip
+#: Resampling: each output element a weighted sum of its 2^d nearest inputs (4 x 4 for bicubic), a multiply and
+#: an add each; nearest copies one.
+_UPSAMPLE_FLOPS = {"nearest1d": 0, "nearest2d": 0, "nearest3d": 0, "linear1d": 4, "bilinear2d": 8,
+                   "trilinear3d": 16, "bicubic2d": 32}  # fmt: skip
 
 VIEWS = {
     aten.view, aten.reshape, aten._unsafe_view, aten.transpose, aten.permute, aten.t, aten.expand,
@@ -642,6 +640,7 @@ RULES.update(
         aten.native_layer_norm: _norm("layernorm", (0, 2, 3)),
         aten.rms_norm: _norm("rmsnorm", (0, 2)),
         aten.group_norm: _norm("groupnorm", (0, 2, 3)),
+        aten.instance_norm: _norm("instancenorm", (0, 1, 2)),
         aten.batch_norm: _norm("batchnorm", (0, 1, 2)),
         aten._native_batch_norm_legit: _norm("batchnorm", (0, 1, 2)),
         aten._native_batch_norm_legit_functional: _norm("batchnorm", (0, 1, 2)),
@@ -666,6 +665,9 @@ RULES.update(
         aten.conv1d: _conv(None, 6),
         aten.conv2d: _conv(None, 6),
         aten.conv3d: _conv(None, 6),
+        aten.conv_transpose1d: _conv(None, 6, transposed_op=True),
+        aten.conv_transpose2d: _conv(None, 6, transposed_op=True),
+        aten.conv_transpose3d: _conv(None, 6, transposed_op=True),
         aten.convolution: _conv(6, 8),
         aten._convolution: _conv(6, 8),
         aten.lstm: _rnn("lstm"),
@@ -691,6 +693,16 @@ RULES.update(
         aten.adaptive_avg_pool2d: _reduction("adaptive_avg_pool2d"),
         aten.adaptive_avg_pool1d: _reduction("adaptive_avg_pool1d"),
         aten.max_pool2d_with_indices: _reduction("max_pool2d"),
+        aten.max_pool1d_with_indices: _reduction("max_pool1d"),
+        aten.max_pool3d: _reduction("max_pool3d"),
+        aten.max_pool3d_with_indices: _reduction("max_pool3d"),
+        aten.avg_pool1d: _reduction("avg_pool1d"),
+        aten.avg_pool3d: _reduction("avg_pool3d"),
+        aten.adaptive_avg_pool3d: _reduction("adaptive_avg_pool3d"),
+        aten.adaptive_max_pool1d: _reduction("adaptive_max_pool1d"),
+        aten.adaptive_max_pool2d: _reduction("adaptive_max_pool2d"),
+        aten.adaptive_max_pool3d: _reduction("adaptive_max_pool3d"),
+        aten.cosine_similarity: _reduction("cosine_similarity"),
         aten.cat: _elementwise("cat", 0),
         aten.concat: _elementwise("cat", 0),
         aten.concatenate: _elementwise("cat", 0),
@@ -706,13 +718,19 @@ for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciproc
             "scatter", "scatter_add", "index_add", "index", "index_select", "index_put", "hardtanh", "leaky_relu",
             "rsub", "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros",
             "new_ones", "new_full", "scalar_tensor", "fill", "softplus", "mish", "hardswish", "hardsigmoid", "elu",
-            "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad",
+            "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad", "relu6", "prelu",
+            "threshold", "hardshrink", "softshrink", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
             "constant_pad_nd", "polar", "complex", "rand_like", "randn_like", "rand", "randn"):  # fmt: skip
     _packet_op = getattr(aten, _fn, None)
     if _packet_op is not None and _packet_op not in RULES:
         RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS.get(_fn, 1))
 for _fn in _ACT_FLOPS:  # xIELU (Apertus) is written with expm1
     RULES[getattr(aten, _fn)] = _elementwise(_fn, _ACT_FLOPS[_fn])
+for _mode, _flops in _UPSAMPLE_FLOPS.items():
+    _exact = _mode.replace("nearest", "nearest_exact")
+    for _name in (f"upsample_{_mode}", f"_upsample_{_mode}_aa", f"_upsample_{_exact}"):
+        if (_op := getattr(aten, _name, None)) is not None:
+            RULES[_op] = _elementwise(f"upsample_{_mode}", _flops)
 
 # Custom ops found by name (their namespaces exist only once their library is imported).
 NAMED: dict[str, Rule] = {

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from echosim.frontend import attention_ops, moe_ops
+from echosim.frontend.conv import conv_matmul
 from echosim.frontend.fold import capture_folded
 from echosim.frontend.spec import Capture, CaptureError
 from echosim.ir.graph import Graph
@@ -210,6 +211,26 @@ def _module_activation(fn: str) -> Callable[[_Converter, fx.Node, nn.Module], No
     return rule
 
 
+def _module_conv(transposed: bool) -> Callable[[_Converter, fx.Node, Any], None]:
+    def rule(c: _Converter, node: fx.Node, mod: Any) -> None:
+        (x,) = c.tensors(node.args[:1])
+        params = [c.param(p, f"{node.target}.{n}") for n, p in mod.named_parameters(recurse=False)]
+        shape = c.graph[x].out.shape
+        attrs = conv_matmul(shape, tuple(mod.weight.shape), c.spec(node).shape, mod.groups, transposed)
+        c.emit(node, OpKind.MATMUL, [x, *params], attrs)
+
+    return rule
+
+
+def _module_pool(fn: str) -> Callable[[_Converter, fx.Node, nn.Module], None]:
+    def rule(c: _Converter, node: fx.Node, mod: nn.Module) -> None:
+        (x,) = c.tensors(node.args[:1])
+        smaller = c.spec(node).numel < c.graph[x].out.numel
+        c.emit(node, OpKind.REDUCTION if smaller else OpKind.ELEMENTWISE, [x], ElementwiseAttrs(fn))
+
+    return rule
+
+
 def _unknown_module(c: _Converter, node: fx.Node, mod: nn.Module) -> None:
     name = type(mod).__name__
     c.warnings.append(f"no rule for module {name} at {c.scope(node)}: costed as memory-bound")
@@ -217,7 +238,13 @@ def _unknown_module(c: _Converter, node: fx.Node, mod: nn.Module) -> None:
     c.emit(node, OpKind.ELEMENTWISE, inputs, ElementwiseAttrs(name.lower()))
 
 
-_ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4}
+_ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "elu": 4, "softplus": 4, "mish": 6}
+
+_POOLS = (
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+)  # fmt: skip
 
 _MODULES: dict[type, Callable[[_Converter, fx.Node, Any], None]] = {
     nn.Linear: _module_linear,
@@ -231,6 +258,20 @@ _MODULES: dict[type, Callable[[_Converter, fx.Node, Any], None]] = {
     nn.Tanh: _module_activation("tanh"),
     nn.Sigmoid: _module_activation("sigmoid"),
     nn.Identity: lambda c, node, mod: c.emit(node, OpKind.VIEW, c.tensors(node.args[:1])),
+    nn.Flatten: lambda c, node, mod: c.emit(node, OpKind.VIEW, c.tensors(node.args[:1])),
+    nn.ReLU6: _module_activation("relu6"),
+    nn.LeakyReLU: _module_activation("leaky_relu"),
+    nn.Hardswish: _module_activation("hardswish"),
+    nn.Hardsigmoid: _module_activation("hardsigmoid"),
+    nn.ELU: _module_activation("elu"),
+    nn.Softplus: _module_activation("softplus"),
+    nn.Mish: _module_activation("mish"),
+    nn.GroupNorm: _module_norm("groupnorm"),
+    **{cls: _module_norm("batchnorm") for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)},
+    **{cls: _module_norm("instancenorm") for cls in (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)},
+    **{cls: _module_conv(False) for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d)},
+    **{cls: _module_conv(True) for cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)},
+    **{cls: _module_pool(cls.__name__.lower()) for cls in _POOLS},
 }
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from echosim.frontend.conv import conv_matmul
 from echosim.frontend.onnx_values import OnnxValues, attr, scope_of
 from echosim.ir.ops import (
     AttentionAttrs,
@@ -136,14 +137,11 @@ def _gemm(c: OnnxValues, node: Any) -> None:
 
 
 def _conv(c: OnnxValues, node: Any) -> None:
+    """Conv and ConvTranspose (:func:`~echosim.frontend.conv.conv_matmul`; ONNX holds the weight as PyTorch does)."""
     x, w = node.input[:2]
-    xs, ws, out = c.shape(x), c.shape(w), c.shape(node.output[0])
     groups = int(attr(node, "group", 1))
-    kernel = math.prod(ws[2:])
-    if node.op_type == "ConvTranspose":  # W: (C_in, C_out/g, k...)
-        attrs = MatmulAttrs(m=xs[0] * math.prod(xs[2:]), n=ws[1], k=ws[0] // groups * kernel, batch=groups)
-    else:  # W: (C_out, C_in/g, k...)
-        attrs = MatmulAttrs(m=out[0] * math.prod(out[2:]), n=ws[0] // groups, k=ws[1] * kernel, batch=groups)
+    transposed = node.op_type == "ConvTranspose"
+    attrs = conv_matmul(c.shape(x), c.shape(w), c.shape(node.output[0]), groups, transposed)
     c.emit(node, OpKind.MATMUL, c.data(node, (0, 1, 2)), attrs)
 
 
