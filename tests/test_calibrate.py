@@ -297,3 +297,23 @@ def test_the_command_line_and_the_library_name_the_same_environment_variable() -
     from echosim.commands import options
 
     assert options.ENV_VAR == ENV_VAR  # options.py spells it out so that `echosim --help` stays light
+
+
+def test_cost_applies_a_calibration_as_compile_does(db, cli):
+    """`echosim cost --calibration` reads NAME, FILE and FILE#NAME as compile does, fitted parameters included
+    (before, it took a file only, applied its measured rows alone, and said "no such file" to FILE#NAME)."""
+    from echosim.backends.cpu import matmul_time_s
+
+    args = ("--backend", "cpu-x86", "matmul", "--m", "256", "--n", "256", "--k", "256", "--dtype", "fp32", "--json")
+    fitted = replace(CPU_X86, gemm_eff_fp32=0.4, op_overhead_us=3.0)
+    for ref in (f"{db}#box", str(db)):  # the file's most recent calibration is the one made for this backend
+        result = CliRunner().invoke(cli, ["cost", "--calibration", ref, *args])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["time_s"] == pytest.approx(matmul_time_s(fitted, 256, 256, 256))
+    plain = CliRunner().invoke(cli, ["cost", *args])
+    assert json.loads(plain.output)["time_s"] == pytest.approx(matmul_time_s(CPU_X86, 256, 256, 256))
+    wrong = CliRunner().invoke(cli, ["cost", "--calibration", f"{db}#box", "--backend", "h100-sxm", *args[2:]])
+    assert wrong.exit_code == 1
+    assert wrong.output.strip().splitlines() == [
+        "Error: calibration 'box' was made for backend(s) cpu-x86, not 'h100-sxm'"
+    ]

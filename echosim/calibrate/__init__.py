@@ -9,9 +9,9 @@ machine's identity (:mod:`~echosim.calibrate.store`, in the SQLite file of
 (:mod:`~echosim.calibrate.profile`).
 
 Using a calibration is always an explicit call on a loaded backend, never a side effect
-of loading it: :func:`apply_calibration` (what ``Cluster(calibration=...)`` and
-``echosim compile --calibration`` do) and :func:`apply_measurements` (``echosim cost
---calibration``). Measured rows answer first; the analytic model, with any fitted
+of loading it: :func:`apply_calibration` (what ``Cluster(calibration=...)``, ``echosim
+compile --calibration`` and ``echosim cost --calibration`` do) and :func:`apply_measurements`
+(a database's measured rows alone). Measured rows answer first; the analytic model, with any fitted
 parameters, answers the rest.
 
 Only the parameters a backend's spec dataclass names can be set (``gemm_eff_fp32``,
@@ -168,7 +168,7 @@ def calibration_warnings(guarded: Any) -> list[str]:
 def apply_measurements(guarded: GuardedBackend, path: str | Path) -> GuardedBackend:
     """``guarded`` with the rows measured under its own name in database ``path`` answering first.
 
-    Only measured times: fitted parameters stay as they are (``echosim cost --calibration``).
+    Only measured times: fitted parameters stay as they are.
     """
     if not Path(path).is_file():
         raise CalibrationError(f"calibration database {path}: no such file")

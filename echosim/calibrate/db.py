@@ -8,7 +8,7 @@ any backend and answers from the table first.
 
 Nothing here is applied behind the caller's back: a backend answers from a database only
 when :func:`echosim.calibrate.apply_calibration` (``--calibration`` of ``echosim compile``)
-or :func:`echosim.calibrate.apply_measurements` (``echosim cost --calibration``) wraps it.
+or :func:`echosim.calibrate.apply_measurements` (its rows alone) wraps it.
 :data:`ENV_VAR` is where the command line looks for a default database.
 """
 

@@ -50,14 +50,10 @@ def _backend(ctx: click.Context, **settings: Any) -> Any:
             raise click.ClickException(f"backend {name!r} models no other software stack ({', '.join(settings)})")
         backend = GuardedBackend(inner.variant(**settings), backend.name, backend.owner)
     calibration = ctx.obj["calibration"]
-    if calibration:
-        from pathlib import Path
+    if calibration:  # as compile applies it: NAME, FILE or FILE#NAME, fitted parameters and measured rows
+        from echosim.calibrate import apply_calibration
 
-        from echosim.calibrate import CalibrationError, apply_measurements
-
-        if not Path(calibration).exists():
-            raise CalibrationError(f"--calibration {calibration}: no such file")
-        backend = apply_measurements(backend, calibration)
+        backend = apply_calibration(backend, calibration)
     return backend
 
 
@@ -88,7 +84,10 @@ def _keep_backend(ctx: click.Context, _param: click.Parameter, value: str | None
 
 @click.group("cost")
 @click.option("--backend", help=BACKEND_HELP)
-@calibration_option(type=click.Path(dir_okay=False), help="SQLite calibration database to consult first.")
+@calibration_option(
+    help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME), as `echosim compile` does: its "
+    "fitted parameters, its measured kernels answering first."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def cost(ctx: click.Context, backend: str | None, calibration: str | None, as_json: bool) -> None:
