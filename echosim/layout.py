@@ -543,6 +543,12 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
     notes = _replay_notes(plan, shape)
     tp_messages = _tp_messages(plan, shape)  # a model no tensor-parallel rule matches is refused first
     seq = shape.seq_len
+    if plan.cp > 1 and shape.recurrent:  # the reason even where nothing else could be split
+        raise PlanError(
+            f"cp={plan.cp}: context parallelism gives each rank a part of the sequence; {shape.name}'s recurrent "
+            f"layer at {shape.recurrent} runs the sequence one time step after another, so no rank could start its "
+            "part before the ranks ahead had finished theirs"
+        )
     if plan.cp > 1 and not (shape.tokens and shape.mixes_tokens):
         what = (
             "none (no attention, written out or as one op, and no scan)"
@@ -552,12 +558,6 @@ def check_model(plan: Plan, shape: ModelShape) -> list[str]:
         raise PlanError(
             f"cp={plan.cp}: context parallelism splits scaled-dot-product attention or a scan (Mamba, the gated "
             f"delta rule) over a token sequence; {shape.name} has {what}"
-        )
-    if plan.cp > 1 and shape.recurrent:
-        raise PlanError(
-            f"cp={plan.cp}: context parallelism gives each rank a part of the sequence; {shape.name}'s recurrent "
-            f"layer at {shape.recurrent} runs the sequence one time step after another, so no rank could start its "
-            "part before the ranks ahead had finished theirs"
         )
     if plan.cp > 1:
         try:
