@@ -123,6 +123,9 @@ def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list
         if value.name in init_names:
             continue
         elem = value.type.tensor_type.elem_type
+        # a time-major input (sequence first, an RNN's) names its batch on a later axis: axis 0 is not the batch
+        named = [d.dim_param for d in _dims(value)[1:] if d.HasField("dim_param")]
+        time_major = any(_BATCH_NAME.search(name) for name in named)
         for axis, dim in enumerate(_dims(value)):
             if dim.HasField("dim_value") and dim.dim_value <= 0:
                 raise EchosimError(
@@ -130,7 +133,9 @@ def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list
                     "sizes must be positive (leave a dimension symbolic to bind it)"
                 )
             if dim.HasField("dim_value") and dim.dim_value > 0:
-                if axis == 0:
+                if axis == 0 and time_major:
+                    fixed_seq = dim.dim_value
+                elif axis == 0:
                     fixed_batch = dim.dim_value
                 elif axis == 1 and elem in (INT64, INT32):
                     fixed_seq = dim.dim_value
