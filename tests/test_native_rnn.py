@@ -22,6 +22,7 @@ from echosim.backends import cpu
 from echosim.backends.compute import matmul_time_s
 from echosim.backends.devices import DEVICES
 from echosim.compiler import lower
+from echosim.errors import EchosimError
 from echosim.frontend import onnx as onnx_frontend
 from echosim.frontend.recurrent import CELLS
 from echosim.frontend.spec import CaptureSpec
@@ -246,3 +247,19 @@ def test_the_native_cells_step_counts_are_what_pytorch_dispatches() -> None:
         (f10, b10), (f20, b20) = calls(layer, 10), calls(layer, 20)
         native = cpu.NATIVE_CELLS[cell]
         assert ((f20 - f10) / 10, (b20 - b10) / 10) == (native.forward_kernels, native.backward_kernels), cell
+
+
+def test_an_onnx_recurrent_weight_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    """W holds gates x hidden rows (ONNX operator docs); a file whose W does not is refused, not costed."""
+    path = _onnx(tmp_path, "GRU", 3, linear_before_reset=1)
+    import onnx
+
+    model = onnx.load(str(path))
+    w = next(t for t in model.graph.initializer if t.name == "W")
+    w.dims[1] = 20
+    del w.float_data[20 * 4 :]
+    onnx.save(model, str(path))
+    with pytest.raises(
+        EchosimError, match=r"GRU 'y' with hidden_size 8 needs 'W' of shape \[1, 24, 4\] .*not \[1, 20, 4\]"
+    ):
+        onnx_frontend.load(str(path)).capture(CaptureSpec(micro_batch=3, seq_len=5))

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from echosim.errors import EchosimError
 from echosim.frontend.conv import conv_matmul
 from echosim.frontend.onnx_values import OnnxValues, attr, scope_of
 from echosim.ir.ops import (
@@ -226,9 +227,10 @@ def _rnn(cell: str) -> Rule:
     stay unruled (costed as memory-bound, with a warning)."""
 
     def rule(c: OnnxValues, node: Any) -> None:
-        from echosim.frontend.recurrent import rnn_layer
+        from echosim.frontend.recurrent import CELLS, rnn_layer
 
         x, w, r = node.input[:3]
+        y = node.output[0] if node.output else ""
         kind = cell
         if cell == "rnn_tanh":  # activations: default Tanh (ONNX operator docs)
             acts = [a.decode() if isinstance(a, bytes) else str(a) for a in attr(node, "activations", [b"Tanh"])]
@@ -242,8 +244,15 @@ def _rnn(cell: str) -> Rule:
         xs = c.shape(x)
         steps, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
         hidden = int(attr(node, "hidden_size", c.shape(r)[-1]))
+        gates = CELLS[kind].gates
+        want = {w: (1, gates * hidden, xs[-1]), r: (1, gates * hidden, hidden)}
+        for name, shape in want.items():
+            if tuple(c.shape(name)) != shape:
+                raise EchosimError(
+                    f"{c.path}: {node.op_type} {node.name or y!r} with hidden_size {hidden} needs {name!r} of shape "
+                    f"{list(shape)} (one direction, {gates} gate blocks), not {list(c.shape(name))}"
+                )
         bias = [v for v in c.data(node, (3,)) if v is not None]
-        y = node.output[0] if node.output else ""
         dt = c.spec(y, node).dtype if y else c.dtype
         xv, wv, rv = c.value(x), c.value(w), c.value(r)
         assert xv is not None and wv is not None and rv is not None
