@@ -445,7 +445,8 @@ def _cell(rng: random.Random, column: str) -> Any:
 
 
 ONNX_OPS = ["MatMul", "Add", "Relu", "Gemm", "Softmax", "Reshape", "ConstantOfShape", "Range", "Expand", "Concat",
-            "Transpose", "Gather", "Unsqueeze", "Shape", "Cast", "Where", "LayerNormalization", "Nonsense"]  # fmt: skip
+            "Transpose", "Gather", "Unsqueeze", "Shape", "Cast", "Where", "LayerNormalization", "Nonsense", "LSTM",
+            "GRU", "RNN", "Conv", "ConvTranspose"]  # fmt: skip
 
 
 def onnx_model(rng: random.Random, work: Path) -> Callable[[], Any]:
@@ -469,7 +470,8 @@ def onnx_model(rng: random.Random, work: Path) -> Callable[[], Any]:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h0"])]
     for i in range(rng.randint(0, 4)):
         op = rng.choice(ONNX_OPS)
-        arity = {"Range": 3, "Where": 3, "Gemm": 2, "MatMul": 2, "Add": 2, "Expand": 2, "Reshape": 2, "Gather": 2}
+        arity = {"Range": 3, "Where": 3, "Gemm": 2, "MatMul": 2, "Add": 2, "Expand": 2, "Reshape": 2, "Gather": 2,
+                 "LSTM": 3, "GRU": 3, "RNN": 3, "Conv": 2, "ConvTranspose": 2}  # fmt: skip
         inputs = [rng.choice([*names, f"h{i}", "undefined"]) for _ in range(arity.get(op, 1))]
         nodes.append(helper.make_node(op, inputs, [f"h{i + 1}"]))
         names.append(f"h{i + 1}")
