@@ -1,10 +1,13 @@
-"""Time cuDNN LSTM training steps on the local GPU at fixed shapes, for checking echosim's recurrent cost.
+"""Time cuDNN LSTM, GRU and RNN training steps on the local GPU at fixed shapes, to check echosim's recurrent cost.
 
 Each case is SuperBench's LSTM benchmark model (``echosim.frontend.zoo_torch.lstm_superbench_module``'s
 layout: one ``nn.LSTM`` of ``layers`` layers over float features, a linear classifier on the last step,
 cross-entropy), or the same stack as ``layers`` separate single-layer ``nn.LSTM`` modules (``split``: cuDNN
 then cannot overlap one layer's steps with the next layer's). Times forward+backward and a full step with
-SGD (momentum, nesterov), CUDA events, median of ``--iters`` after warm-up. Writes JSON to argv[1].
+SGD (momentum, nesterov), CUDA events, median of ``--iters`` after warm-up. The ``gru-`` and ``rnn-`` cases run
+``nn.GRU`` and ``nn.RNN`` (tanh) at GNMT's layer shape: their kernel lists say whether cuDNN runs a GRU or RNN step
+as one recurrent GEMM and one gate kernel each way, as echosim.frontend.recurrent costs every cell. Writes JSON to
+argv[1].
 
     python benchmarks/lstm_gpu_check.py out.json
 
@@ -28,18 +31,21 @@ CASES = [  # (name, input, hidden, layers, steps, batch)
     ("gnmt-layer", 1024, 1024, 1, 50, 128),
     ("gnmt-4", 1024, 1024, 4, 50, 128),
     ("zaremba", 1500, 1500, 2, 35, 64),
+    ("gru-gnmt-layer", 1024, 1024, 1, 50, 128),
+    ("rnn-gnmt-layer", 1024, 1024, 1, 50, 128),
 ]
+CELLS = {"gru": nn.GRU, "rnn": nn.RNN}  # a case named after one runs that layer instead of nn.LSTM
 
 
 class Net(nn.Module):
-    def __init__(self, inp: int, hidden: int, layers: int, split: bool) -> None:
+    def __init__(self, inp: int, hidden: int, layers: int, split: bool, layer: type[nn.Module] = nn.LSTM) -> None:
         super().__init__()
         if split:
             self.lstms = nn.ModuleList(
-                nn.LSTM(inp if i == 0 else hidden, hidden, batch_first=True) for i in range(layers)
+                layer(inp if i == 0 else hidden, hidden, batch_first=True) for i in range(layers)
             )
         else:
-            self.lstms = nn.ModuleList([nn.LSTM(inp, hidden, layers, batch_first=True)])
+            self.lstms = nn.ModuleList([layer(inp, hidden, layers, batch_first=True)])
         self.linear = nn.Linear(hidden, 100)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +117,7 @@ def main() -> None:
     for name, inp, hidden, layers, steps, batch in CASES:
         for dtype in (torch.float32, torch.float16):
             for split in (False, True) if layers > 1 else (False,):
-                net = Net(inp, hidden, layers, split)
+                net = Net(inp, hidden, layers, split, CELLS.get(name.split("-")[0], nn.LSTM))
                 row = {"case": name, "input": inp, "hidden": hidden, "layers": layers, "steps": steps,
                        "batch": batch, "dtype": str(dtype).removeprefix("torch."), "split": split,
                        **measure(net, inp, steps, batch, dtype, profile=name != "zaremba")}  # fmt: skip
