@@ -90,9 +90,23 @@ def test_a_derived_global_batch_is_the_batch_every_layout_runs() -> None:
     assert 4 % (best["dp"] * best["micro_batch"]) == 0 and best["tp"] * best["pp"] * best["dp"] == 16
     code, text = run("replan", "llama3-8b", "--from", "--backend h100-sxm --tp 2 --dp 4", "--devices", "16")
     assert text.strip().endswith("re-planning is the only way on: the old shape cannot run on 16 devices")
-    # no layout of 12 devices divides ResNet-50's 2,048 images: one line, not a kept 3,072 against a found 6,144
-    code, out = run("replan", "resnet50", "--from", "--backend a100-80gb --dp 8 --micro-batch 256", "--devices", "12")
-    assert code == 1 and "divides the global batch 2048" in out and len(out.strip().splitlines()) == 1
+    assert text.startswith("from TP 2 PP 1 DP 4 on 8 x h100-sxm: step 0.4916 s (does not fit in memory")
+    # no layout of 12 devices divides ResNet-50's 2,048 images (not a kept 3,072 against a found 6,144): the old
+    # layout goes on on 8 of them, the other 4 idle, and nothing moves
+    args = ["replan", "resnet50", "--from", "--backend a100-80gb --dp 8 --micro-batch 256", "--devices", "12"]
+    code, out = run(*args, "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert "divides the global batch 2048" in r["best"]["reason"] and "switch" not in r["best"]
+    fewer = r["keep_fewer"]
+    assert (fewer["devices"], fewer["dp"], fewer["micro_batch"]) == (8, 8, 256)
+    assert fewer["step_time_s"] == r["from"]["step_time_s"] and fewer["switch"]["bytes"] == 0
+    assert r["payback_steps"] is None
+    code, text = run(*args)
+    assert text.strip().endswith(
+        "keeping the shape on 8 of the 12 devices is the only way on: no layout of all 12 runs"
+    )
+    assert "keep the shape on 8 of them (4 idle): TP 1 PP 1 DP 8: step 0.1023 s" in text
     code, out = run("replan", "resnet50", "--from", "--backend a100-80gb --dp 8 --micro-batch 256", "--devices", "16")
     assert code == 0 and "(1 layout simulated)" in out and out.strip().endswith("the best layout found"), out
 
@@ -193,3 +207,24 @@ def test_replan_names_how_each_layout_shards_its_tables() -> None:
     code, out = run("replan", "llama3-8b", "--from", "--backend h100-sxm --tp 2 --dp 4 --global-batch 64", "--devices",
                     "16", "--json")  # fmt: skip
     assert "embedding_sharding" not in json.loads(out)["best"]  # a model without sharded tables: no such key
+
+
+def test_replan_weighs_keeping_the_shape_on_fewer_devices() -> None:
+    """An LSTM LM from 8 to 12 A100s at 256 sequences of 32 a rank: 12 ranks cannot share the batch, and the only
+    layouts of all 12 run its linears whole on 3 tensor-parallel ranks, twice the step. Before, replan recommended
+    one of them as "the only way on"; the old layout on 8 of the 12 (4 idle) moves nothing and stays as fast."""
+    args = ["replan", "lstm-lm", "--from", "--backend a100-80gb --dp 8 --global-batch 256 --micro-batch 32 "
+            "--seq-len 35", "--devices", "12"]  # fmt: skip
+    code, out = run(*args, "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    fewer, best = r["keep_fewer"], r["best"]
+    assert fewer["devices"] == 8 and fewer["switch"]["bytes"] == 0
+    assert best["tp"] * best["dp"] == 12 and best["step_time_s"] > 1.5 * fewer["step_time_s"]
+    assert r["step_gain_s"] < 0 and r["payback_steps"] is None
+    code, text = run(*args)
+    assert "keeping the shape on 8 of the 12 devices is faster than any layout of all of them" in text
+    # where every device can run the kept shape there is no such row
+    code, out = run("replan", "lstm-lm", "--from", "--backend a100-80gb --dp 8 --global-batch 256 --micro-batch 32 "
+                    "--seq-len 35", "--devices", "4", "--json")  # fmt: skip
+    assert code == 0 and "keep_fewer" not in json.loads(out)

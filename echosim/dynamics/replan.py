@@ -229,46 +229,86 @@ def replan(
     # a model without token sequences that runs each device's whole batch at once (DLRM, ResNet) goes on doing so:
     # its micro-batch is the global batch's share of the new data-parallel degree, not the old share
     whole = not old_report.tokens_per_s and plan.microbatches == 1
+
+    def kept_shape(dp: int) -> Any:
+        kp = replace(plan, dp=dp)
+        if whole and plan.batch % dp == 0:
+            kp = replace(kp, micro_batch=plan.batch // dp)
+        return kp
+
+    def _divides(dp: int) -> bool:
+        """Whether ``dp`` ranks of the kept shape run the batch in whole micro-batches."""
+        return plan.batch % (dp * kept_shape(dp).micro_batch) == 0
+
     keep: dict[str, Any]
     if devices % keep_rank:
         keep = {"reason": f"{devices} devices do not divide into tp*pp*cp = {keep_rank}"}
     else:
-        kp = replace(plan, dp=devices // keep_rank)
-        if whole and plan.batch % kp.dp == 0:
-            kp = replace(kp, micro_batch=plan.batch // kp.dp)
+        kp = kept_shape(devices // keep_rank)
         done = evaluate(model, kp, new_cluster, memory_fraction)
         keep = row(kp, done.step_time_s, "" if done.ok else done.reason or "does not fit")
+    # the shape on fewer devices than there are, the rest idle, where it cannot run on all of them: the largest
+    # data-parallel degree whose ranks divide the batch (growing, that is the old layout itself: nothing moves)
+    fewer: dict[str, Any] | None = None
+    if "switch" not in keep:
+        dp = next((d for d in range(devices // keep_rank, 0, -1) if d * keep_rank < devices and _divides(d)), 0)
+        if dp:
+            used = resolve_cluster(
+                replace(cluster, devices=dp * keep_rank, devices_per_node=0), get_registry(), backend
+            )
+            done = evaluate(model, kept_shape(dp), used, memory_fraction)
+            if done.ok:
+                fewer = {**row(kept_shape(dp), done.step_time_s), "devices": dp * keep_rank}
     defaults = {"zero": (plan.zero,), "recompute": (plan.recompute,), "schedule": (plan.schedule,),
                 "sp": (plan.sp,), "tp_overlap": (plan.tp_overlap,), "vpp": (1,), "cp": (plan.cp,), "ep": (plan.ep,),
                 "mb": batch_shares(plan.batch, devices) if whole else (plan.micro_batch,)}  # fmt: skip
-    result = search(model, plan, new_cluster, space={**defaults, **(space or {})}, memory_fraction=memory_fraction)
-    best_eval = result.best
-    if best_eval is None:
-        raise EchosimError(f"no layout of {model} fits on {devices} x {cluster.backend} (echosim search lists why)")
-    best = row(best_eval.plan, best_eval.step_time_s)
+    try:
+        result = search(model, plan, new_cluster, space={**defaults, **(space or {})}, memory_fraction=memory_fraction)
+    except EchosimError as exc:  # no layout of every device runs the batch: the shape on fewer of them still may
+        if fewer is None:
+            raise
+        best: dict[str, Any] = {"reason": str(exc)}
+        simulated, warnings = 0, []
+    else:
+        if result.best is None:
+            if fewer is None:
+                raise EchosimError(
+                    f"no layout of {model} fits on {devices} x {cluster.backend} (echosim search lists why)"
+                )
+            best = {"reason": "no layout fits (echosim search lists why)"}
+            warnings = []
+        else:
+            best = row(result.best.plan, result.best.step_time_s)
+            # what compile warns of for the best layout (a search's batched costing reads none)
+            warnings = list(lower(model, result.best.plan, new_cluster).report.warnings)
+        simulated = result.simulated
     out: dict[str, Any] = {
         "model": model,
         "backend": cluster.backend,
-        "from": {"devices": cluster.devices, **row(plan, old_report.step_time_s, "old")},
+        "from": {"devices": cluster.devices, "fits": old_report.fits, **row(plan, old_report.step_time_s, "old")},
         "devices": devices,
         "checkpoint_bytes": checkpoint_bytes(params, plan.dtype, plan.framework, plan.pp, old_report.embedding_tables),
         "keep": keep,
         "best": best,
-        "simulated": result.simulated,
-        # what compile warns of for the best layout (a search's batched costing reads none)
-        "warnings": list(lower(model, best_eval.plan, new_cluster).report.warnings),
+        "simulated": simulated,
+        "warnings": warnings if "switch" in best else [],
     }
-    out["from"].pop("reason", None)
-    if "switch" in keep and keep["step_time_s"] is not None:
-        gain = keep["step_time_s"] - best["step_time_s"]
-        extra = best["switch"]["time_s"] - keep["switch"]["time_s"]
+    if fewer is not None:
+        out["keep_fewer"] = fewer
+    base = keep if "switch" in keep and keep["step_time_s"] is not None else fewer
+    if base is not None and "switch" in best:
+        gain = base["step_time_s"] - best["step_time_s"]
+        extra = best["switch"]["time_s"] - base["switch"]["time_s"]
         out["step_gain_s"] = gain
         if gain > 0:
             out["payback_steps"] = max(0, math.ceil(extra / gain))
         else:
             out["payback_steps"] = 0 if extra <= 0 else None  # keeping the shape is as fast: never pays back
-    else:
+    elif base is None:
         out["payback_steps"] = 0  # the old shape cannot run here: re-planning is the only way on
+    else:
+        out["payback_steps"] = None  # no layout of every device: keeping the shape on fewer is the only way on
+    out["from"].pop("reason", None)
     return out
 
 
@@ -303,7 +343,8 @@ def render(r: dict[str, Any]) -> list[str]:
         return f"switch moves {s['bytes'] / 1e9:,.4g} GB ({most:.4g} GB to the busiest device), {s['time_s']:.4g} s"
 
     f = r["from"]
-    lines = [f"from {layout(f)} on {f['devices']:,} x {r['backend']}: step {f['step_time_s']:.4g} s"]
+    fits = "" if f.get("fits", True) else " (does not fit in memory: `echosim compile` with these flags says where)"
+    lines = [f"from {layout(f)} on {f['devices']:,} x {r['backend']}: step {f['step_time_s']:.4g} s{fits}"]
     keep = r["keep"]
     if "switch" in keep:
         lines.append(
@@ -311,22 +352,46 @@ def render(r: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append(f"keep the shape on {r['devices']:,}: not possible ({keep['reason']})")
+    fewer = r.get("keep_fewer")
+    if fewer is not None:
+        idle = r["devices"] - fewer["devices"]
+        lines.append(
+            f"keep the shape on {fewer['devices']:,} of them ({idle:,} idle): {layout(fewer)}: step "
+            f"{fewer['step_time_s']:.4g} s; {switch(fewer)}"
+        )
     best = r["best"]
     simulated = f"{r['simulated']:,} layout{'s' if r['simulated'] != 1 else ''} simulated"
-    lines.append(f"best on {r['devices']:,} ({simulated}): {layout(best)}: step "
-                 f"{best['step_time_s']:.4g} s; {switch(best)}")  # fmt: skip
+    if "switch" in best:
+        lines.append(f"best on {r['devices']:,} ({simulated}): {layout(best)}: step "
+                     f"{best['step_time_s']:.4g} s; {switch(best)}")  # fmt: skip
+    else:
+        lines.append(f"best on all {r['devices']:,}: none ({best['reason']})")
     pay = r["payback_steps"]
-    same = {k: v for k, v in best.items() if k != "switch"} == {k: v for k, v in keep.items() if k != "switch"}
-    if "switch" not in keep:
+    base = keep if "switch" in keep else fewer
+    same = base is not None and {k: v for k, v in best.items() if k not in ("switch", "devices")} == {
+        k: v for k, v in base.items() if k not in ("switch", "devices")
+    }
+    on_fewer = f"on {fewer['devices']:,} of the {r['devices']:,} devices" if fewer is not None else ""
+    if base is None:
         lines.append(f"re-planning is the only way on: the old shape cannot run on {r['devices']:,} devices")
+    elif "switch" not in best:
+        lines.append(f"keeping the shape {on_fewer} is the only way on: no layout of all {r['devices']:,} runs")
     elif same:
         lines.append("keeping the shape is the best layout found")
+    elif base is fewer and r.get("step_gain_s", 0.0) <= 0:
+        lines.append(
+            f"keeping the shape {on_fewer} is faster than any layout of all of them "
+            f"({fewer['step_time_s']:.4g} s against {best['step_time_s']:.4g} s a step)"
+        )
     elif pay == 0:
-        lines.append("re-planning pays for itself at once: its switch costs no more than keeping the shape's")
+        against = f" {on_fewer}" if base is fewer else "'s"
+        lines.append(f"re-planning pays for itself at once: its switch costs no more than keeping the shape{against}")
     else:
+        against = f" (against keeping the shape {on_fewer})" if base is fewer else ""
         lines.append(
             "re-planning pays for itself "
             + (f"after {pay:,} step{'s' if pay != 1 else ''}" if pay is not None else "never (no faster step)")
+            + against
         )
     from echosim.dynamics.cluster import warning_lines
 
