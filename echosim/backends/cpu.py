@@ -135,7 +135,7 @@ class NativeCell:
     step's nodes, gives each step's addmm its own weight-gradient GEMM (k = batch) and sums those into one
     gradient in its input buffer, one in-place add of the weight a step. Counts per step beyond the two GEMMs,
     tensors in units of one (batch x hidden) tensor read or written, from the cells' source and checked with
-    torch.profiler (tests/test_cpu_native_rnn.py): forward kernels and the tensors they move; backward kernels
+    torch.profiler (tests/test_native_rnn.py): forward kernels and the tensors they move; backward kernels
     (the state's and gates' gradients, the two chunk gradients a GRU concatenates, the recurrent bias's
     gradient: a sum and its step-by-step add) and theirs."""
 

@@ -557,7 +557,7 @@ class Autodiff:
 
 
 def _sums_in_kernel(n: Node, parts: list[int], c: _Ctx) -> bool:
-    """Does ``n``'s backward kernel read all its output's whole gradients and sum them itself (an LSTM step's
+    """Does ``n``'s backward kernel read all its output's whole gradients and sum them itself (a recurrent step's
     state: the gradient from the layer above and the next step's recurrent one, see :func:`_rnn_cell`)?"""
     return (
         len(parts) > 1
