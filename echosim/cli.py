@@ -18,6 +18,7 @@ import click
 from click.core import ParameterSource
 
 from echosim.commands.options import (
+    calibration_option,
     framework_option,
     from_options,
     layout_from_config,
@@ -322,6 +323,7 @@ def _write(path: str, text: str, option: str) -> None:
     "rejected).",
 )
 @framework_option
+@calibration_option(help="Use a calibration from `echosim calibrate` (NAME, FILE or FILE#NAME) for every layout.")
 @click.option(
     "--objective",
     type=click.Choice(["step-time", "tokens-per-s", "cost"]),
@@ -363,7 +365,7 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
                recomputes: str | None, schedules: str | None, zeros: str | None, moe_dispatcher: str | None,
                moe_ep_overlap: bool, moe_fused_mlp: bool, fp8_attention: bool, cp_comm: str | None,
                cp_a2a: int | None, offload_optimizer: bool, embedding_sharding: str | None, offload_params: bool,
-               framework: str | None, objective: str,
+               framework: str | None, calibration: str | None, objective: str,
                max_memory_fraction: float, top: int, workers: int, executor: str, ray_address: str | None,
                tokens: float | None, price_per_device_hour: float | None, plot: str | None,
                as_json: bool) -> None:  # fmt: skip
@@ -405,7 +407,18 @@ def search_cmd(model: str, backend: str, devices_text: str, devices_per_node: in
         raise click.ClickException(f"--cp-a2a must be at least 2 (a group of all-to-alls), got {cp_a2a}")
     if framework and "zero" not in space:  # a named framework shards optimizer state its own way
         space["zero"] = (base.zero,)
-    clusters = [Cluster(backend, n, devices_per_node or 0) for n in parse_devices(devices_text)]
+    if calibration:  # as compile: a typed calibration names its backend unless --backend does; checked once here
+        from echosim.backends.loading import load_backend
+        from echosim.calibrate import apply_calibration, load_calibration
+
+        context = click.get_current_context()
+        typed = context.get_parameter_source("calibration") is ParameterSource.COMMANDLINE
+        if typed and context.get_parameter_source("backend") is ParameterSource.DEFAULT:
+            made_for = load_calibration(calibration).backends
+            backend = made_for[0] if len(made_for) == 1 else backend
+        apply_calibration(load_backend(backend), calibration)
+    clusters = [Cluster(backend, n, devices_per_node or 0, calibration=calibration or "")
+                for n in parse_devices(devices_text)]  # fmt: skip
     run(model, base, clusters, space=space, objective=objective, memory_fraction=max_memory_fraction,
         workers=workers, executor=executor, ray_address=ray_address, top=top, tokens=tokens,
         price=price_per_device_hour, plot=plot, as_json=as_json)  # fmt: skip

@@ -317,3 +317,27 @@ def test_cost_applies_a_calibration_as_compile_does(db, cli):
     assert wrong.output.strip().splitlines() == [
         "Error: calibration 'box' was made for backend(s) cpu-x86, not 'h100-sxm'"
     ]
+
+
+def test_search_uses_a_calibration_as_compile_does(db, cli):
+    """`echosim search --calibration` (it had none: a calibrated CPU's layouts were ranked by the uncalibrated
+    model) prices every layout with it, and names a calibration made for another backend once, in one line."""
+    layout = ["--devices", "1", "--global-batch", "2", "--seq-len", "64", "--dtype", "fp32"]
+    space = ["--space", "mb=2", "--space", "recompute=none", "--space", "zero=0", "--json"]
+    searched = CliRunner().invoke(cli, ["search", "gpt3-125m", *layout, *space, "--calibration", f"{db}#box"])
+    assert searched.exit_code == 0, searched.output
+    [best] = json.loads(searched.output)["best"]
+    compiled = CliRunner().invoke(
+        cli, ["compile", "gpt3-125m", *layout, "--micro-batch", "2", "--calibration", f"{db}#box", "--json"]
+    )
+    report = json.loads(compiled.output)
+    assert report["backend"] == "cpu-x86"  # the calibration's backend, --backend not given, as compile picks it
+    assert best["step_time_s"] == pytest.approx(report["step_time_s"])
+    plain = CliRunner().invoke(cli, ["search", "gpt3-125m", "--backend", "cpu-x86", *layout, *space])
+    assert json.loads(plain.output)["best"][0]["step_time_s"] != pytest.approx(best["step_time_s"])
+    wrong = CliRunner().invoke(cli, ["search", "gpt3-125m", "--backend", "h100-sxm", *layout, "--calibration",
+                                     f"{db}#box"])  # fmt: skip
+    assert wrong.exit_code == 1
+    assert wrong.output.strip().splitlines() == [
+        "Error: calibration 'box' was made for backend(s) cpu-x86, not 'h100-sxm'"
+    ]
