@@ -263,3 +263,65 @@ def test_an_onnx_recurrent_weight_of_the_wrong_shape_is_one_line(tmp_path: Path)
         EchosimError, match=r"GRU 'y' with hidden_size 8 needs 'W' of shape \[1, 24, 4\] .*not \[1, 20, 4\]"
     ):
         onnx_frontend.load(str(path)).capture(CaptureSpec(micro_batch=3, seq_len=5))
+
+
+@pytest.mark.parametrize(("kind", "cell", "gates"), [("gru", "gru", 3), ("lstm", "lstm", 4), ("rnn", "rnn_tanh", 1)])
+def test_a_cell_called_in_the_models_own_loop_is_two_gemms_and_one_gate_kernel(kind: str, cell: str, gates: int):
+    """nn.GRUCell / LSTMCell / RNNCell in a Python loop over the steps (a decoder's usual form), with its initial
+    state made by torch.zeros without a device: it captured before only by chance (a CPU tensor beside meta ones
+    failed torch.export) and its cells were memory-bound ops with a "no rule" warning."""
+    import torch
+    from torch import nn
+
+    steps, batch, inp, hidden = 5, 4, 6, 8
+
+    class Loop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cell = {"gru": nn.GRUCell, "lstm": nn.LSTMCell, "rnn": nn.RNNCell}[kind](inp, hidden)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.zeros(x.shape[0], hidden)
+            state = (h, torch.zeros(x.shape[0], hidden)) if kind == "lstm" else h
+            for t in range(steps):
+                state = self.cell(x[:, t], state)
+            return state[0] if kind == "lstm" else state
+
+    model = TorchZooModel(f"loop-{kind}", Loop, ((("batch", steps, inp), "float32"),), "", "sequences")
+    g, warnings, _ = model.capture(CaptureSpec(micro_batch=batch, seq_len=steps, dtype="fp32"))
+    assert not [w for w in warnings if "no rule" in w]
+    mm = [n.attrs for n in g if n.op is OpKind.MATMUL]
+    assert mm == [MatmulAttrs(m=batch, n=gates * hidden, k=inp), MatmulAttrs(m=batch, n=gates * hidden, k=hidden)] * 5
+    kernels = [n for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == f"{cell}_cell"]
+    assert len(kernels) == steps
+    # a GRU's or RNN's gate kernel is a time step of its cell (priced as the native cell on a CPU); each step's
+    # GEMMs keep their own weight gradients (summed by autograd), not one GEMM over the steps
+    assert all(recurrent_cell(n.name) == (cell if cell != "lstm" else "") for n in kernels)
+    dag = g.dag
+    assert all(nx.has_path(dag, a.id, b.id) for a, b in itertools.pairwise(kernels))
+    trained = lower(model, Plan(micro_batch=batch, global_batch=batch, seq_len=steps), Cluster("h100-sxm", 1))
+    wgrads = [n for n in trained.stages[0].graph if isinstance(n.attrs, MatmulAttrs) and n.attrs.grad_of == "wgrad"]
+    assert len(wgrads) == 2 * steps and {n.attrs.k for n in wgrads} == {batch}
+
+
+def test_nn_transformer_with_a_mask_is_captured_by_torch_export() -> None:
+    """nn.Transformer compares an explicit mask with a causal one (a read of values meta tensors lack): torch.export
+    failed, and the torch.fx fallback costed the whole nn.Transformer as one memory-bound op."""
+    import torch
+    from torch import nn
+
+    class Seq2Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t = nn.Transformer(d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                                    dim_feedforward=64, batch_first=True)  # fmt: skip
+
+        def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+            mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+            return self.t(src, tgt, tgt_mask=mask)
+
+    model = TorchZooModel("s2s", Seq2Seq, ((("batch", 12, 32), "float32"), (("batch", 6, 32), "float32")), "", "x")
+    g, warnings, _ = model.capture(CaptureSpec(micro_batch=2, seq_len=12, dtype="fp32"))
+    assert not [w for w in warnings if "no rule" in w or "could not capture" in w]
+    attention = [n.attrs for n in g if n.op is OpKind.ATTENTION]
+    assert len(attention) == 3  # encoder self, decoder self (masked), decoder cross

@@ -257,9 +257,11 @@ def quiet() -> Iterator[None]:
 
 
 def export(module: torch.nn.Module, example_inputs: tuple[Any, ...], where: str = "") -> Any:
-    """``torch.export.export`` with a one-line error naming the construct that stopped it."""
+    """``torch.export.export`` with a one-line error naming the construct that stopped it. Tensors the model makes
+    without naming a device (``torch.zeros(batch, hidden)`` for an initial state) are made on ``meta`` with the rest,
+    as they would be made on the one device the model trains on, not on the CPU beside meta inputs."""
     try:
-        with quiet():
+        with quiet(), torch.device("meta"):
             return torch.export.export(module, example_inputs, strict=False)
     except Exception as exc:
         raise CaptureError(
@@ -317,15 +319,33 @@ def capture_export(
     transformers' Mamba layers scan as their training kernel does, not token by token
     (:func:`echosim.frontend.ssm_ops.fused_scan`), and Llama 4's experts route their tokens, not every token
     through every expert (:func:`echosim.frontend.moe_patches.routed_experts`), whether an ``hf:`` config or a
-    ``.py`` file built them."""
+    ``.py`` file built them; ``nn.Transformer``'s masks are not read (:func:`mask_values_unread`)."""
     from echosim.frontend.moe_patches import routed_experts
     from echosim.frontend.ssm_ops import fused_scan
 
     def capture(rename: Callable[[str], str]) -> Capture:
-        with fused_scan(), routed_experts():
+        with fused_scan(), routed_experts(), mask_values_unread():
             return convert(export(call, args, where), dtype=dtype, name=name, strip=strip, rename=rename)
 
     return capture_folded(root, capture, enabled=fold)
+
+
+@contextmanager
+def mask_values_unread() -> Iterator[None]:
+    """``nn.Transformer``, ``nn.TransformerEncoder`` and ``nn.TransformerDecoder`` compare an explicit attention
+    mask with a causal one to learn whether it is causal (``torch.nn.modules.transformer._detect_is_causal_mask``):
+    a read of its values, which a tensor on ``meta`` does not have, so torch.export refused any model that passes
+    one and the torch.fx fallback then costed the whole ``nn.Transformer`` as one memory-bound op. While capturing,
+    a mask is causal only where the caller says so (``is_causal`` / ``tgt_is_causal``); otherwise its attention is
+    costed over every key, as PyTorch runs an attention with an explicit mask it has not found causal."""
+    from torch.nn.modules import transformer
+
+    original = transformer._detect_is_causal_mask
+    transformer._detect_is_causal_mask = lambda mask, is_causal=None, size=None: bool(is_causal)
+    try:
+        yield
+    finally:
+        transformer._detect_is_causal_mask = original
 
 
 def convert(

@@ -581,6 +581,50 @@ def _rnn(cell: str) -> Rule:
     return rule
 
 
+def _rnn_cell(cell: str) -> Rule:
+    """``aten.gru_cell``, ``aten.lstm_cell``, ``aten.rnn_tanh_cell`` and ``aten.rnn_relu_cell``: one time step that
+    the model's own loop calls (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``). Its two projections are GEMMs of
+    their own, the input's and the state's, each with its own weight gradient (no cuDNN layer call sums them over
+    the steps); the gates are one kernel each way, as PyTorch's fused CUDA cells run them (``_thnn_fused_gru_cell``,
+    ``_thnn_fused_lstm_cell``). A GRU's or RNN's gate kernel is named as a time step of its cell, so that a CPU
+    backend prices it as the native cell's aten calls (echosim.backends.cpu.NATIVE_CELLS); an LSTM cell's is priced
+    as one kernel there too (its native CPU calls are not counted). The LSTM's (h, c) output is one value."""
+
+    def rule(c: AtenValues, node: fx.Node) -> None:
+        from echosim.frontend.recurrent import CELLS
+        from echosim.ir.names import cell_kernel, recurrent_layer_name, step_name
+
+        x, hx, w_ih, w_hh = node.args[:4]
+        biases = [b for b in node.args[4:6] if isinstance(b, fx.Node)]
+        state = hx[0] if isinstance(hx, (list, tuple)) else hx
+        val = node.meta.get("val")
+        spec = c.spec_of(val[0] if isinstance(val, (list, tuple)) else val)
+        xin, h = c.value(x), c.value(state)
+        if spec is None or xin is None or h is None:
+            c.env[node] = Multi(None, False) if isinstance(val, (list, tuple)) else None
+            return
+        batch, hidden = spec.shape[0], spec.shape[-1]
+        width = CELLS[cell].gates * hidden
+        gates = TensorSpec((batch, width), spec.dtype)
+        bias_ids = [c.value(b) for b in biases]
+        projections = []
+        for part, value, weight, bias in (("x", xin, w_ih, bias_ids[:1]), ("h", h, w_hh, bias_ids[1:])):
+            inputs = [value, c.value(weight), *[b for b in bias if b is not None]]
+            attrs = MatmulAttrs(m=batch, n=width, k=c.shape(weight)[1])
+            proj = c.graph.add(
+                OpKind.MATMUL, inputs, gates, attrs, scope=c.scope(node), name=f"{node.name}.{part}_proj"
+            )
+            projections.append(proj)
+        name = node.name if cell == "lstm" else step_name(recurrent_layer_name(node.name, cell), 0, "cell")
+        out = c.graph.add(
+            OpKind.ELEMENTWISE, projections, spec, ElementwiseAttrs(cell_kernel(cell), CELLS[cell].flops),
+            scope=c.scope(node), name=name,
+        )  # fmt: skip
+        c.env[node] = Multi(out, False) if isinstance(val, (list, tuple)) else out
+
+    return rule
+
+
 def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
     """The outermost module of ``node`` that runs as one kernel (see ``fused.py``), keyed by its call."""
     stack = node.meta.get("nn_module_stack")
@@ -674,6 +718,10 @@ RULES.update(
         aten.gru: _rnn("gru"),
         aten.rnn_tanh: _rnn("rnn_tanh"),
         aten.rnn_relu: _rnn("rnn_relu"),
+        aten.gru_cell: _rnn_cell("gru"),
+        aten.lstm_cell: _rnn_cell("lstm"),
+        aten.rnn_tanh_cell: _rnn_cell("rnn_tanh"),
+        aten.rnn_relu_cell: _rnn_cell("rnn_relu"),
         aten.topk: _multi(OpKind.ELEMENTWISE),
         aten.sort: _multi(OpKind.ELEMENTWISE),
         aten.max: _reduction("max"),
