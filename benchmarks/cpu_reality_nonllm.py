@@ -69,6 +69,7 @@ from cpu_reality import (  # noqa: E402
 
 from echosim.frontend.zoo_torch import TorchZooModel, dlrm_module, lstm_lm_module  # noqa: E402
 
+VOCAB = 2000  # the recurrent language models' vocabulary
 DLRM_ROWS = (20000,) * 8
 DLRM_POOL = (4,) * 8
 MODELS: dict[str, tuple[TorchZooModel, int, int]] = {  # model, micro-batch, sequence (0: none)
@@ -83,50 +84,25 @@ MODELS: dict[str, tuple[TorchZooModel, int, int]] = {  # model, micro-batch, seq
         256,
         0,
     ),
-    "lstm-small": (
-        TorchZooModel(
-            "lstm-small",
-            partial(lstm_lm_module, 2, 256, 2000, 20),
-            ((("batch", "seq"), "int64"),),
-            "2 x LSTM 256",
-            "sequences",
-        ),
-        16,
-        20,
-    ),
-    "gru-small": (
-        TorchZooModel(
-            "gru-small",
-            partial(lstm_lm_module, 2, 256, 2000, 20, cell="gru"),
-            ((("batch", "seq"), "int64"),),
-            "2 x GRU 256",
-            "sequences",
-        ),
-        16,
-        20,
-    ),
-    "gru-wide": (
-        TorchZooModel(
-            "gru-wide",
-            partial(lstm_lm_module, 1, 768, 2000, 40, cell="gru"),
-            ((("batch", "seq"), "int64"),),
-            "1 x GRU 768",
-            "sequences",
-        ),
-        64,
-        40,
-    ),
-    "rnn-small": (
-        TorchZooModel(
-            "rnn-small",
-            partial(lstm_lm_module, 2, 256, 2000, 20, cell="rnn"),
-            ((("batch", "seq"), "int64"),),
-            "2 x Elman RNN (tanh) 256",
-            "sequences",
-        ),
-        16,
-        20,
-    ),
+    **{
+        name: (
+            TorchZooModel(
+                name,
+                partial(lstm_lm_module, layers, hidden, VOCAB, steps, cell=cell),
+                ((("batch", "seq"), "int64"),),
+                label,
+                "sequences",
+            ),
+            batch,
+            steps,
+        )
+        for name, cell, layers, hidden, batch, steps, label in (
+            ("lstm-small", "lstm", 2, 256, 16, 20, "2 x LSTM 256"),
+            ("gru-small", "gru", 2, 256, 16, 20, "2 x GRU 256"),
+            ("gru-wide", "gru", 1, 768, 64, 40, "1 x GRU 768"),
+            ("rnn-small", "rnn", 2, 256, 16, 20, "2 x Elman RNN (tanh) 256"),
+        )
+    },
 }
 LAYOUTS = ("1 process", "DDP x2 (gloo)")
 
@@ -141,7 +117,7 @@ def _batch(name: str, rank: int) -> tuple[Any, ...]:
         sparse = torch.randint(0, min(DLRM_ROWS), (batch, sum(DLRM_POOL)), generator=gen)
         labels = torch.randint(0, 2, (batch, 1), generator=gen).float()
         return (dense, sparse), labels
-    ids = torch.randint(0, 2000, (batch, seq), generator=gen)
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=gen)
     return (ids,), ids
 
 
