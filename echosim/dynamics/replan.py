@@ -3,7 +3,9 @@
 Two ways to go on after the device count changes from N to N': keep the model-parallel shape
 (tp, pp, cp) and let data parallelism take what is left (``keep``), or take the best layout a
 search finds for N' (``best``, :func:`echosim.layout_search.search` over tp, pp and dp unless
-``space`` widens it). Each costs a switch: every device must end up holding its new share of the
+``space`` widens it). Where the kept shape cannot take all N' devices because their ranks cannot share the batch,
+it may still run on fewer of them, the rest idle (``keep_fewer``: growing, that is the old layout itself). Each
+costs a switch: every device must end up holding its new share of the
 weights and optimizer state (a checkpoint's bytes, :func:`~echosim.dynamics.goodput.checkpoint_bytes`).
 
 What a device already holds is counted in closed form. The state is a box cut three ways:
@@ -236,7 +238,7 @@ def replan(
             kp = replace(kp, micro_batch=plan.batch // dp)
         return kp
 
-    def _divides(dp: int) -> bool:
+    def divides(dp: int) -> bool:
         """Whether ``dp`` ranks of the kept shape run the batch in whole micro-batches."""
         return plan.batch % (dp * kept_shape(dp).micro_batch) == 0
 
@@ -251,7 +253,7 @@ def replan(
     # data-parallel degree whose ranks divide the batch (growing, that is the old layout itself: nothing moves)
     fewer: dict[str, Any] | None = None
     if "switch" not in keep:
-        dp = next((d for d in range(devices // keep_rank, 0, -1) if d * keep_rank < devices and _divides(d)), 0)
+        dp = next((d for d in range(devices // keep_rank, 0, -1) if d * keep_rank < devices and divides(d)), 0)
         if dp:
             used = resolve_cluster(
                 replace(cluster, devices=dp * keep_rank, devices_per_node=0), get_registry(), backend
@@ -291,7 +293,7 @@ def replan(
         "keep": keep,
         "best": best,
         "simulated": simulated,
-        "warnings": warnings if "switch" in best else [],
+        "warnings": warnings,
     }
     if fewer is not None:
         out["keep_fewer"] = fewer
