@@ -27,7 +27,14 @@ from echosim.frontend import onnx as onnx_frontend
 from echosim.frontend.recurrent import CELLS
 from echosim.frontend.spec import CaptureSpec
 from echosim.frontend.zoo_torch import TorchZooModel, lstm_lm_module
-from echosim.ir.names import RECURRENT_CELLS, cost_traits, recurrent_cell, recurrent_layer_name, step_name
+from echosim.ir.names import (
+    RECURRENT_CELLS,
+    cost_traits,
+    is_cell_call,
+    recurrent_cell,
+    recurrent_layer_name,
+    step_name,
+)
 from echosim.ir.ops import ElementwiseAttrs, MatmulAttrs, OpKind, Phase
 from echosim.plan import Cluster, Plan
 
@@ -294,9 +301,9 @@ def test_a_cell_called_in_the_models_own_loop_is_two_gemms_and_one_gate_kernel(k
     assert mm == [MatmulAttrs(m=batch, n=gates * hidden, k=inp), MatmulAttrs(m=batch, n=gates * hidden, k=hidden)] * 5
     kernels = [n for n in g if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == f"{cell}_cell"]
     assert len(kernels) == steps
-    # a GRU's or RNN's gate kernel is a time step of its cell (priced as the native cell on a CPU); each step's
-    # GEMMs keep their own weight gradients (summed by autograd), not one GEMM over the steps
-    assert all(recurrent_cell(n.name) == (cell if cell != "lstm" else "") for n in kernels)
+    # the gate kernel is a cell call (priced as the native cell's calls on a CPU, an LSTM's too: oneDNN runs only
+    # whole layers); each step's GEMMs keep their own weight gradients (summed by autograd), not one over the steps
+    assert all(recurrent_cell(n.name) == cell and is_cell_call(n.name) for n in kernels)
     dag = g.dag
     assert all(nx.has_path(dag, a.id, b.id) for a, b in itertools.pairwise(kernels))
     trained = lower(model, Plan(micro_batch=batch, global_batch=batch, seq_len=steps), Cluster("h100-sxm", 1))
@@ -325,3 +332,50 @@ def test_nn_transformer_with_a_mask_is_captured_by_torch_export() -> None:
     assert not [w for w in warnings if "no rule" in w or "could not capture" in w]
     attention = [n.attrs for n in g if n.op is OpKind.ATTENTION]
     assert len(attention) == 3  # encoder self, decoder self (masked), decoder cross
+
+
+def test_a_cell_calls_step_counts_are_what_pytorch_dispatches() -> None:
+    """Per call of nn.LSTMCell / GRUCell / RNNCell in a loop, from torch.profiler: the gate math's aten calls forward
+    and autograd's backward, beyond the two projections' GEMMs and their bias and weight gradients (IR nodes of their
+    own for a cell call); a 20-call loop against a 10-call one."""
+    import torch
+    from torch import nn
+
+    own_nodes = {"aten::linear", "aten::mm", "aten::addmm", "aten::t", "aten::unsafe_chunk", "aten::select",
+                 "aten::view", "aten::reshape", "aten::transpose", "aten::detach", "aten::zeros", "aten::sum",
+                 "aten::expand", "aten::slice", "aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell"}  # fmt: skip
+
+    def calls(cell: nn.Module, steps: int, lstm: bool) -> tuple[int, int]:
+        cell.zero_grad(set_to_none=True)
+        x = torch.randn(2, steps, 8)
+        with torch.profiler.profile(record_shapes=True) as fwd:
+            h = c = torch.zeros(2, 8)
+            for t in range(steps):
+                if lstm:
+                    h, c = cell(x[:, t], (h, c))
+                else:
+                    h = cell(x[:, t], h)
+            y = h.sum()
+        with torch.profiler.profile(record_shapes=True) as bwd:
+            y.backward()
+        params = [list(p.shape) for p in cell.parameters()]
+
+        def count(prof: torch.profiler.profile, outer: tuple[str, ...]) -> int:
+            n = 0
+            for e in prof.events():
+                parent = e.cpu_parent
+                while parent is not None and not parent.name.startswith("aten::"):
+                    parent = parent.cpu_parent
+                shape = e.input_shapes[0] if e.input_shapes else []
+                if e.name.startswith("aten::") and (parent is None or parent.name in outer):
+                    n += e.name not in own_nodes and shape not in params  # a parameter's gradient sum is its own
+            return n
+
+        return count(fwd, ("aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell")), count(bwd, ())
+
+    torch.set_num_threads(1)
+    for name, cell, lstm in (("lstm", nn.LSTMCell(8, 8), True), ("gru", nn.GRUCell(8, 8), False),
+                             ("rnn_tanh", nn.RNNCell(8, 8), False)):  # fmt: skip
+        (f10, b10), (f20, b20) = calls(cell, 10, lstm), calls(cell, 20, lstm)
+        native = cpu.NATIVE_CELL_CALLS[name]
+        assert ((f20 - f10) / 10, (b20 - b10) / 10) == (native.forward_kernels, native.backward_kernels), name

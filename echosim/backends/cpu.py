@@ -25,6 +25,7 @@ from echosim.ir.graph import Graph, Node, elementwise_fn
 from echosim.ir.names import (
     all_steps_name,
     cell_of,
+    is_cell_call,
     is_grad_accumulate,
     is_recurrent_step,
     recurrent_cell,
@@ -154,6 +155,19 @@ NATIVE_CELLS = {
     "gru": NativeCell(gates=3, forward_kernels=10, forward_tensors=27, backward_kernels=15, backward_tensors=47),
     "rnn_tanh": NativeCell(gates=1, forward_kernels=2, forward_tensors=5, backward_kernels=4, backward_tensors=7),
     "rnn_relu": NativeCell(gates=1, forward_kernels=2, forward_tensors=5, backward_kernels=4, backward_tensors=7),
+}
+#: A cell the model's own loop calls (nn.LSTMCell, GRUCell, RNNCell: ``aten.lstm_cell``, ...; the LSTM's too, which
+#: oneDNN does not run): the same gate math, but its projections are GEMMs of their own in the IR, each with its
+#: weight gradient, and its biases' gradients are reductions of their own, so the counts leave those out. LSTM
+#: forward: add_ (the two projections), sigmoid_ x3, tanh_, mul x2, add_ (the cell), tanh, mul (34: the gates' add
+#: moves 12); backward: add_, 6 mul, 3 sigmoid_backward, 2 tanh_backward (36), a cat of four chunks (8). GRU
+#: backward: 2 add_, 4 mul, neg, 2 sigmoid_backward, tanh_backward (29), 2 cat (12). RNN backward: the
+#: activation's (3).
+NATIVE_CELL_CALLS = {
+    "lstm": NativeCell(gates=4, forward_kernels=10, forward_tensors=34, backward_kernels=13, backward_tensors=44),
+    "gru": NativeCell(gates=3, forward_kernels=10, forward_tensors=27, backward_kernels=12, backward_tensors=41),
+    "rnn_tanh": NativeCell(gates=1, forward_kernels=2, forward_tensors=5, backward_kernels=1, backward_tensors=3),
+    "rnn_relu": NativeCell(gates=1, forward_kernels=2, forward_tensors=5, backward_kernels=1, backward_tensors=3),
 }
 # Attention's block products can outrun the big-GEMM rate (their blocks stay in cache) but not by much: a bound
 # for the calibration's search, twice the big-GEMM rate.
@@ -652,8 +666,11 @@ class CPUBackend(KernelBackend):
         """The kernel's time, plus autograd's host time per op for the forward and backward ops of a step
         (not for the time steps of a fused recurrent layer: one call runs them all), plus oneDNN's weight
         reorders where the node stands for a recurrent layer's call (:func:`rnn_weight_reorder_bytes`). The
-        time steps of a cell PyTorch runs natively are its aten calls (:func:`native_step_time_s`)."""
-        cell = NATIVE_CELLS.get(recurrent_cell(node.name)) if is_recurrent_step(node.name) else None
+        time steps of a cell PyTorch runs natively, and every cell the model's loop calls, are their aten calls
+        (:func:`native_step_time_s`)."""
+        cell = None
+        if is_recurrent_step(node.name):
+            cell = (NATIVE_CELL_CALLS if is_cell_call(node.name) else NATIVE_CELLS).get(recurrent_cell(node.name))
         if cell is not None:
             return native_step_time_s(self, node, io_bytes, cell)
         seconds = super().op_time_s(node, io_bytes)

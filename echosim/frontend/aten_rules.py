@@ -586,13 +586,13 @@ def _rnn_cell(cell: str) -> Rule:
     the model's own loop calls (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``). Its two projections are GEMMs of
     their own, the input's and the state's, each with its own weight gradient (no cuDNN layer call sums them over
     the steps); the gates are one kernel each way, as PyTorch's fused CUDA cells run them (``_thnn_fused_gru_cell``,
-    ``_thnn_fused_lstm_cell``). A GRU's or RNN's gate kernel is named as a time step of its cell, so that a CPU
-    backend prices it as the native cell's aten calls (echosim.backends.cpu.NATIVE_CELLS); an LSTM cell's is priced
-    as one kernel there too (its native CPU calls are not counted). The LSTM's (h, c) output is one value."""
+    ``_thnn_fused_lstm_cell``). The gate kernel is named as a cell call (:func:`~echosim.ir.names.cell_call_name`),
+    so that a CPU backend prices it as the native cell's aten calls (echosim.backends.cpu.NATIVE_CELL_CALLS). The
+    LSTM's (h, c) output is one value."""
 
     def rule(c: AtenValues, node: fx.Node) -> None:
         from echosim.frontend.recurrent import CELLS
-        from echosim.ir.names import cell_kernel, recurrent_layer_name, step_name
+        from echosim.ir.names import cell_call_name, cell_kernel
 
         x, hx, w_ih, w_hh = node.args[:4]
         biases = [b for b in node.args[4:6] if isinstance(b, fx.Node)]
@@ -615,7 +615,7 @@ def _rnn_cell(cell: str) -> Rule:
                 OpKind.MATMUL, inputs, gates, attrs, scope=c.scope(node), name=f"{node.name}.{part}_proj"
             )
             projections.append(proj)
-        name = node.name if cell == "lstm" else step_name(recurrent_layer_name(node.name, cell), 0, "cell")
+        name = cell_call_name(node.name, cell)
         out = c.graph.add(
             OpKind.ELEMENTWISE, projections, spec, ElementwiseAttrs(cell_kernel(cell), CELLS[cell].flops),
             scope=c.scope(node), name=name,

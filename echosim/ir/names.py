@@ -30,7 +30,9 @@ def cell_of(fn: str) -> str:
 RECURRENT_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 _CELL_KERNELS = frozenset(cell_kernel(c) for c in RECURRENT_CELLS)
 #: A recurrent layer's nodes (and the gradients named after them): LAYER.CELL.(input_proj|stepT|steps)...
-_LAYER_CELL = re.compile(rf"\.({'|'.join(RECURRENT_CELLS)})\.(?:input_proj|step\d+|steps)(?:\.|$)")
+_LAYER_CELL = re.compile(rf"\.({'|'.join(RECURRENT_CELLS)})\.(?:call\.)?(?:input_proj|step\d+|steps)(?:\.|$)")
+#: A cell the model's own loop calls (nn.GRUCell, ...): its gate kernel, named as the one step of a layer of its own.
+_CELL_CALL = re.compile(r"\.call\.step0\.cell(?:\.|$)")
 
 
 def recurrent_layer_name(name: str, cell: str) -> str:
@@ -38,6 +40,18 @@ def recurrent_layer_name(name: str, cell: str) -> str:
     tell which cell a node of the layer belongs to (:func:`recurrent_cell`) where frameworks run cells apart
     (on a CPU PyTorch hands only the LSTM to oneDNN: echosim.backends.cpu)."""
     return f"{name}.{cell}"
+
+
+def cell_call_name(name: str, cell: str) -> str:
+    """The name of the gate kernel of one call of a cell by the model's own loop (``aten.gru_cell``, ...): a time
+    step of its cell (:func:`recurrent_cell` names it) that :func:`is_cell_call` tells from a layer's steps, which a
+    framework may run otherwise (oneDNN's RNN primitive runs an LSTM layer, never an ``LSTMCell`` call)."""
+    return step_name(f"{recurrent_layer_name(name, cell)}.call", 0, "cell")
+
+
+def is_cell_call(name: str) -> bool:
+    """Whether a node (or a gradient named after one) is the gate kernel of a cell call (:func:`cell_call_name`)."""
+    return _CELL_CALL.search(name) is not None
 
 
 def recurrent_cell(name: str) -> str:
@@ -98,8 +112,15 @@ def is_grad_accumulate(name: str) -> bool:
     return name.rsplit(".", 1)[-1] == GRAD_ACCUMULATE
 
 
-def cost_traits(name: str) -> tuple[bool, bool, str, str]:
-    """The facts of a node's name that a backend's op cost may read (a time step of a recurrent layer, a
-    gradient sum, a recurrent layer's weight handling, its cell). Op-cost caches key by these, not by the name itself,
-    which differs from layer to layer: two nodes of one shape whose names differ in them may cost differently."""
-    return is_recurrent_step(name), is_grad_accumulate(name), recurrent_weight_use(name), recurrent_cell(name)
+def cost_traits(name: str) -> tuple[bool, bool, str, str, bool]:
+    """The facts of a node's name that a backend's op cost may read (a time step of a recurrent layer, a gradient
+    sum, a recurrent layer's weight handling, its cell, a cell called on its own). Op-cost caches key by these, not
+    by the name itself, which differs from layer to layer: two nodes of one shape whose names differ in them may
+    cost differently."""
+    return (
+        is_recurrent_step(name),
+        is_grad_accumulate(name),
+        recurrent_weight_use(name),
+        recurrent_cell(name),
+        is_cell_call(name),
+    )
