@@ -439,7 +439,7 @@ def rnn_weight_reorder_bytes(node: Node) -> list[int]:
     weight n x n/4, once each; at a weight gradient (its output, the weight's size) that weight in and its
     gradient out. Empty for any other node."""
     use = recurrent_weight_use(node.name)
-    if recurrent_cell(node.name) not in ONEDNN_RNN_CELLS:
+    if not use or recurrent_cell(node.name) not in ONEDNN_RNN_CELLS:  # the cheap suffix test first: every node
         return []
     if use == "forward" and isinstance(node.attrs, MatmulAttrs) and node.phase is not Phase.BACKWARD:
         item = node.out.dtype.itemsize

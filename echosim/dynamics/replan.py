@@ -258,9 +258,10 @@ def replan(
             used = resolve_cluster(
                 replace(cluster, devices=dp * keep_rank, devices_per_node=0), get_registry(), backend
             )
-            done = evaluate(model, kept_shape(dp), used, memory_fraction)
+            kp = kept_shape(dp)
+            done = evaluate(model, kp, used, memory_fraction)
             if done.ok:
-                fewer = {**row(kept_shape(dp), done.step_time_s), "devices": dp * keep_rank}
+                fewer = {**row(kp, done.step_time_s), "devices": dp * keep_rank}
     defaults = {"zero": (plan.zero,), "recompute": (plan.recompute,), "schedule": (plan.schedule,),
                 "sp": (plan.sp,), "tp_overlap": (plan.tp_overlap,), "vpp": (1,), "cp": (plan.cp,), "ep": (plan.ep,),
                 "mb": batch_shares(plan.batch, devices) if whole else (plan.micro_batch,)}  # fmt: skip

@@ -117,10 +117,7 @@ def cost_traits(name: str) -> tuple[bool, bool, str, str, bool]:
     sum, a recurrent layer's weight handling, its cell, a cell called on its own). Op-cost caches key by these, not
     by the name itself, which differs from layer to layer: two nodes of one shape whose names differ in them may
     cost differently."""
-    return (
-        is_recurrent_step(name),
-        is_grad_accumulate(name),
-        recurrent_weight_use(name),
-        recurrent_cell(name),
-        is_cell_call(name),
-    )
+    step, use = is_recurrent_step(name), recurrent_weight_use(name)
+    recurrent = step or bool(use)  # a cell is named only on a recurrent layer's nodes: no more regexes on the rest
+    cell = recurrent_cell(name) if recurrent else ""
+    return step, is_grad_accumulate(name), use, cell, step and is_cell_call(name)
