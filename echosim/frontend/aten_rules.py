@@ -87,6 +87,13 @@ def _getitem(c: AtenValues, node: fx.Node) -> None:
     if not isinstance(got, Multi) or spec is None:
         c.env[node] = None
         return
+    if got.each:
+        src = got.each[node.args[1]] if isinstance(node.args[1], int) and node.args[1] < len(got.each) else None
+        if src is None or c.graph[src].out == spec:
+            c.env[node] = src
+        else:
+            c.emit(node, OpKind.VIEW, [src], spec=spec)
+        return
     if got.source is None:
         c.env[node] = None
         return
@@ -94,6 +101,12 @@ def _getitem(c: AtenValues, node: fx.Node) -> None:
         c.env[node] = got.source
         return
     c.emit(node, OpKind.VIEW, [got.source], spec=spec)
+
+
+def _views_each(c: AtenValues, node: fx.Node) -> None:
+    """``broadcast_tensors`` / ``meshgrid``: output ``i`` is input ``i`` expanded, no kernel."""
+    items = node.args[0] if node.args and isinstance(node.args[0], (list, tuple)) else ()
+    c.env[node] = Multi(None, True, tuple(c.value(a) for a in items))
 
 
 def _multi(op: OpKind, attrs: Callable[[AtenValues, fx.Node], Any] | None = None, data: int = 1) -> Rule:
@@ -252,6 +265,55 @@ def _einsum(c: AtenValues, node: fx.Node) -> None:
     n = math.prod(sizes[ch] for ch in out if ch in b and ch not in a)
     k = math.prod(sizes[ch] for ch in sizes if ch in a and ch in b and ch not in out)
     c.emit(node, OpKind.MATMUL, c.tensors(operands), MatmulAttrs(m=m, n=n, k=k, batch=batch))
+
+
+def _vector_product(c: AtenValues, node: fx.Node) -> None:
+    """``mv``, ``dot`` / ``vdot`` and ``outer`` / ``ger`` as the GEMMs they are (one side of length 1),
+    which the backends price as memory-bound by their bytes."""
+    a, b = node.args[0], node.args[1]
+    sa, sb = c.shape(a), c.shape(b)
+    fn = op_name(node).rsplit(".", 1)[-1]
+    if fn in ("outer", "ger"):
+        attrs = MatmulAttrs(m=math.prod(sa), n=math.prod(sb), k=1)
+    elif fn == "mv":
+        attrs = MatmulAttrs(m=sa[0], n=1, k=sa[-1])
+    else:
+        attrs = MatmulAttrs(m=1, n=1, k=math.prod(sa))
+    c.emit(node, OpKind.MATMUL, c.tensors([a, b]), attrs)
+
+
+def _cdist(c: AtenValues, node: fx.Node) -> None:
+    """Pairwise distances: torch computes the Euclidean ones as ``-2 x1 @ x2^T`` plus the squared norms (the
+    GEMM path ``_euclidean_dist`` takes for large inputs), here that batched GEMM and no separate kernel."""
+    a, b = node.args[0], node.args[1]
+    sa, sb = c.shape(a), c.shape(b)
+    if len(sa) < 2 or len(sb) < 2:
+        c.unknown(node, op_name(node))
+        return
+    attrs = MatmulAttrs(m=sa[-2], n=sb[-2], k=sa[-1], batch=math.prod(sa[:-2]) if len(sa) > 2 else 1)
+    c.emit(node, OpKind.MATMUL, c.tensors([a, b]), attrs)
+
+
+def _fft(c: AtenValues, node: fx.Node) -> None:
+    """FFTs (``torch.fft.*``): one memory-bound kernel of 5 N log2 N FLOPs per complex transform of N points
+    (the Cooley-Tukey count FFTW's benchmarks use), half that where one side is real (``rfft``, ``irfft``):
+    5 log2 N per complex output element and 2.5 log2 N per real one."""
+    val = node.meta.get("val")
+    spec = c.spec_of(val)
+    ins = c.tensors(node.args[:1])
+    if spec is None or not ins:
+        c.env[node] = None
+        return
+    fn = op_name(node).rsplit(".", 1)[-1]
+    rank = len(spec.shape)
+    dims = _arg(node, 2, "dim")
+    if dims is None:
+        dims = [-2, -1] if fn.endswith("2") else list(range(rank)) if fn.endswith("n") else [-1]
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    # N is the transform's length: the longer of input and output along each axis (r2c halves one of them)
+    points = math.prod(max(c.shape(node.args[0])[d], spec.shape[d]) for d in dims)
+    per_output = (5.0 if val.is_complex() else 2.5) * math.log2(max(points, 2))
+    c.emit(node, OpKind.ELEMENTWISE, ins, ElementwiseAttrs(fn, max(1, round(per_output))), spec)
 
 
 def _sdpa(c: AtenValues, node: fx.Node) -> None:
@@ -638,7 +700,9 @@ def fusable(node: fx.Node) -> tuple[str, FusedKind] | None:
 
 
 _ACT_FLOPS = {"gelu": 8, "silu": 4, "relu": 1, "tanh": 4, "sigmoid": 4, "exp": 4, "log": 4, "erf": 4, "expm1": 4,
-              "log1p": 4, "exp2": 4, "log2": 4, "log_sigmoid": 8, "selu": 4, "celu": 4, "logit": 4}  # fmt: skip
+              "log1p": 4, "exp2": 4, "log2": 4, "log_sigmoid": 8, "selu": 4, "celu": 4, "logit": 4, "tan": 4,
+              "atan": 4, "atan2": 4, "sinh": 4, "cosh": 4, "asin": 4, "acos": 4, "erfinv": 4, "logcumsumexp": 8,
+              "lgamma": 8, "digamma": 8, "sinc": 4}  # fmt: skip
 #: Resampling: each output element a weighted sum of its 2^d nearest inputs (4 x 4 for bicubic), a multiply and
 #: an add each; nearest copies one.
 _UPSAMPLE_FLOPS = {"nearest1d": 0, "nearest2d": 0, "nearest3d": 0, "linear1d": 4, "bilinear2d": 8,
@@ -652,6 +716,7 @@ VIEWS = {
     aten.real, aten.imag, aten.unfold, aten.squeeze_copy, aten.unsqueeze_copy, aten.t_copy,
     aten.permute_copy, aten.expand_copy, aten.view_copy, aten.transpose_copy, aten.slice_copy,
     aten.numpy_T, aten.mT, aten.mH, aten.adjoint, aten.swapaxes, aten.swapdims, aten.moveaxis, aten.reshape_as,
+    aten.broadcast_to, aten.atleast_1d, aten.atleast_2d, aten.atleast_3d,
 }  # fmt: skip
 SPLITS = {aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split}
 CASTS = {aten.to, aten._to_copy, aten.type_as}
@@ -757,8 +822,36 @@ RULES.update(
         aten.stack: _elementwise("cat", 0),
         aten.repeat: _elementwise("repeat", 0),
         aten.repeat_interleave: _elementwise("repeat", 0),
+        aten.tile: _elementwise("repeat", 0),
+        aten.broadcast_tensors: _views_each,
+        aten.meshgrid: _views_each,
+        aten.mv: _vector_product,
+        aten.dot: _vector_product,
+        aten.vdot: _vector_product,
+        aten.outer: _vector_product,
+        aten.ger: _vector_product,
+        aten.cdist: _cdist,
+        aten.argsort: _elementwise("sort"),
+        aten.grid_sampler: _elementwise("grid_sampler", 8),  # bilinear: 4 taps, a multiply and an add each
+        aten.grid_sampler_2d: _elementwise("grid_sampler", 8),
+        aten.grid_sampler_3d: _elementwise("grid_sampler", 16),
+        aten.msort: _elementwise("sort"),
     }
 )
+for _fn in ("hstack", "vstack", "dstack", "column_stack", "row_stack"):
+    if (_packet_op := getattr(aten, _fn, None)) is not None:
+        RULES[_packet_op] = _elementwise("cat", 0)
+for _fn in ("std", "prod", "var_mean", "std_mean", "trace", "aminmax", "argmin", "nansum", "count_nonzero",
+            "cummax", "cummin", "median", "nanmedian", "mode", "kthvalue", "kl_div", "margin_ranking_loss",
+            "cosine_embedding_loss", "triplet_margin_loss", "poisson_nll_loss", "hinge_embedding_loss",
+            "soft_margin_loss", "multilabel_margin_loss", "multi_margin_loss", "multilabel_soft_margin_loss",
+            "gaussian_nll_loss", "bincount"):  # fmt: skip
+    if (_packet_op := getattr(aten, _fn, None)) is not None:  # composite losses decompose before export
+        RULES[_packet_op] = _reduction(_fn)
+for _fn in ("fft_fft", "fft_ifft", "fft_rfft", "fft_irfft", "fft_hfft", "fft_ihfft", "fft_fft2", "fft_ifft2",
+            "fft_rfft2", "fft_irfft2", "fft_fftn", "fft_ifftn", "fft_rfftn", "fft_irfftn"):  # fmt: skip
+    if (_packet_op := getattr(aten, _fn, None)) is not None:
+        RULES[_packet_op] = _fft
 for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciprocal", "abs", "clamp", "clamp_min",
             "clamp_max", "where", "masked_fill", "maximum", "minimum", "floor_divide", "remainder", "eq", "ne", "lt",
             "gt", "le", "ge", "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not",
@@ -768,12 +861,16 @@ for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciproc
             "new_ones", "new_full", "scalar_tensor", "fill", "softplus", "mish", "hardswish", "hardsigmoid", "elu",
             "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad", "relu6", "prelu",
             "threshold", "hardshrink", "softshrink", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
-            "constant_pad_nd", "polar", "complex", "rand_like", "randn_like", "rand", "randn"):  # fmt: skip
+            "constant_pad_nd", "polar", "complex", "rand_like", "randn_like", "rand", "randn", "addcmul", "addcdiv",
+            "lerp", "nan_to_num", "cumprod", "bucketize", "searchsorted", "diag_embed", "diag", "scatter_reduce",
+            "index_reduce", "index_fill", "index_copy", "masked_scatter", "im2col", "col2im", "kron", "clip", "fmod",
+            "trunc", "frac", "xlogy", "hypot", "copysign", "logaddexp", "isnan", "isinf", "isfinite"):  # fmt: skip
     _packet_op = getattr(aten, _fn, None)
     if _packet_op is not None and _packet_op not in RULES:
         RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS.get(_fn, 1))
 for _fn in _ACT_FLOPS:  # xIELU (Apertus) is written with expm1
-    RULES[getattr(aten, _fn)] = _elementwise(_fn, _ACT_FLOPS[_fn])
+    if (_packet_op := getattr(aten, _fn, None)) is not None:
+        RULES[_packet_op] = _elementwise(_fn, _ACT_FLOPS[_fn])
 for _mode, _flops in _UPSAMPLE_FLOPS.items():
     _exact = _mode.replace("nearest", "nearest_exact")
     for _name in (f"upsample_{_mode}", f"_upsample_{_mode}_aa", f"_upsample_{_exact}"):

@@ -26,10 +26,15 @@ aten = torch.ops.aten
 
 @dataclass
 class Multi:
-    """A tuple-valued op: ``getitem`` picks a view of ``source`` (split) or of the op's node."""
+    """A tuple-valued op: ``getitem`` picks a view of ``source`` (split) or of the op's node.
+
+    ``each`` holds one source per output where output ``i`` is a view of input ``i`` alone
+    (``broadcast_tensors``, ``meshgrid``): each output then reads only its own input.
+    """
 
     source: int | None
     views_only: bool
+    each: tuple[int | None, ...] = ()
 
 
 def packet(node: fx.Node) -> Any:
@@ -287,13 +292,18 @@ class AtenValues:
         if what not in self._unknown:
             self.warnings.append(f"no rule for {what} at {self.scope(node) or '<root>'}: costed as memory-bound")
         self._unknown[what] = self._unknown.get(what, 0) + 1
-        spec = self.spec_of(node.meta.get("val"))
-        if spec is not None:
-            self.emit(
-                node, OpKind.ELEMENTWISE, self.tensors(node.args), ElementwiseAttrs(what.rsplit(".", 1)[-1]), spec
-            )
+        val = node.meta.get("val")
+        many = isinstance(val, (list, tuple))
+        # A tuple-valued op is one kernel the size of its first output, its items views of it: the data keeps
+        # flowing to the ops that read them (and to the loss) instead of stopping at the unknown op.
+        spec = self.spec_of(val[0] if many and val else val)
+        ins = self.tensors(node.args)
+        if spec is not None and (ins or not many):
+            nid = self.emit(node, OpKind.ELEMENTWISE, ins, ElementwiseAttrs(what.rsplit(".", 1)[-1]), spec)
+            if many:
+                self.env[node] = Multi(nid, False)
         else:
-            self.env[node] = Multi(None, False) if isinstance(node.meta.get("val"), (list, tuple)) else None
+            self.env[node] = Multi(None, False) if many else None
 
     # -- in-place writes -----------------------------------------------------------------
     def _merge_writes(self, base: fx.Node) -> None:
