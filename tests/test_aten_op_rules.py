@@ -204,3 +204,45 @@ def test_a_model_trained_on_mse_compiles(tmp_path: object) -> None:
     result = CliRunner().invoke(cli, ["compile", f"{path}:model", "--backend", "h100-sxm", "--json"])
     assert result.exit_code == 0, result.output
     assert "no rule" not in result.output
+
+
+class LoopedExperts(nn.Module):
+    """A mixture of experts as research code often writes it: each expert runs the rows routed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(16, 4)
+        self.experts = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx = self.gate(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            rows = torch.where(idx == i)[0]
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out.sum()
+
+
+class MaskedRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(16, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x[x.sum(-1) > 0] @ self.w).sum()
+
+
+@pytest.mark.parametrize(
+    ("model", "op", "line"),
+    [(LoopedExperts, "aten.where", "rows = torch.where(idx == i)[0]"), (MaskedRows, "aten.index", "x[x.sum(-1) > 0]")],
+)
+def test_a_size_only_the_data_decides_is_named_at_the_line_that_makes_it(model: type, op: str, line: str) -> None:
+    from echosim.frontend.spec import CaptureError
+
+    with torch.device("meta"):
+        module, x = model(), torch.zeros(8, 16)
+    with pytest.raises(CaptureError) as err:
+        capture_export(module, module, (x,), dtype=DType.FP32, name="m", where="test_aten_op_rules.py")
+    message = str(err.value)
+    assert message.startswith(f"{op} at test_aten_op_rules.py:")
+    assert line in message and "size depends on tensor values" in message and "\n" not in message

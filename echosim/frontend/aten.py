@@ -26,6 +26,7 @@ import contextlib
 import io
 import logging
 import operator
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -348,6 +349,28 @@ def mask_values_unread() -> Iterator[None]:
         transformer._detect_is_causal_mask = original
 
 
+def _refuse_value_dependent_shapes(gm: torch.fx.GraphModule) -> None:
+    """A size only the data decides (``torch.where(mask)``, ``nonzero``, boolean indexing) exports as an unbacked
+    symbol: no rule can cost it. Name the op that made it and the model's line, not the first place it is read.
+    A mixture of experts written as a loop over experts (``torch.where(expert_ids == i)``) is the common case."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        tensors = val if isinstance(val, (list, tuple)) else [val]
+        shapes = [t.shape for t in tensors if isinstance(t, torch.Tensor)]
+        if node.op != "call_function" or not any(free_unbacked_symbols(shape) for shape in shapes):
+            continue
+        frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.*)', node.meta.get("stack_trace") or "")
+        user = [f for f in frames if "/torch/" not in f[0] and "site-packages" not in f[0]]
+        at = f" at {user[-1][0].rsplit('/', 1)[-1]}:{user[-1][1]} `{user[-1][2].strip()}`" if user else ""
+        raise CaptureError(
+            f"{op_name(node)}{at} makes a tensor whose size depends on tensor values, which echosim cannot cost; "
+            "give it a size the shapes decide (a mixture of experts: sort the rows by expert and run "
+            "torch._grouped_mm over them, instead of selecting each expert's rows)"
+        )
+
+
 def convert(
     ep: Any,
     *,
@@ -361,6 +384,7 @@ def convert(
     from echosim.frontend.moe_routing import mark_routing
 
     inline_grad_regions(ep.graph_module)
+    _refuse_value_dependent_shapes(ep.graph_module)
     cap = _Aten(ep, dtype, name, strip, rename).run()
     cap.graph = fuse_attention(cap.graph, cap.notes)
     mark_routing(cap.graph)
