@@ -123,6 +123,14 @@ def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Clust
     return lower(model, plan, cluster).report
 
 
+def _fixed_batch(plan: Plan, graph: Graph) -> dict[str, int]:
+    """The micro-batch and global batch a model whose inputs fix its batch runs (none where --micro-batch binds it):
+    each micro-batch is one call of forward on those inputs, so the step holds that many samples per call."""
+    if not graph.samples:
+        return {}
+    return {"micro_batch": graph.samples, "global_batch": plan.batch // plan.micro_batch * graph.samples}
+
+
 def _pairs(schedule: object) -> bool:
     """Whether a schedule runs overlapped forward-backward pairs of its own (``Schedule.paired``)."""
     return getattr(schedule, "paired", None) is not None
@@ -317,13 +325,14 @@ def prepare_joint(
         backend=cluster.backend,
         devices=cluster.devices,
         devices_per_node=cluster.devices_per_node,
-        plan={**plan.as_dict(), "seq_len": shape.seq_len if shape.tokens else 0},  # the sequence simulated
+        # the sequence simulated, and the batch where the model's inputs fix it (Graph.samples)
+        plan={**plan.as_dict(), "seq_len": shape.seq_len if shape.tokens else 0, **_fixed_batch(plan, graph)},
         params=total_params,
         # fp8 / mxfp8 / nvfp4 MFU: the 16-bit peak, as NVIDIA's recipe tables divide by
         peak_flops=backend.peak_flops("bf16" if plan.dtype in LOW_PRECISION else plan.dtype),
         capacity_bytes=backend.memory_bytes(),
         ranks_per_stage=plan.tp * plan.dp * plan.cp,
-        sequences=plan.batch,
+        sequences=plan.batch // plan.micro_batch * graph.samples if graph.samples else plan.batch,
         tokens_per_sample=shape.seq_len if shape.tokens else 0,
         cp=plan.cp,
         state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, ddp_bucket_buffers=buckets, **state),

@@ -54,7 +54,7 @@ class OnnxModel:
         from echosim.frontend.loss import ensure_loss
         from echosim.frontend.messages import Note
 
-        inferred, notes = bind_and_infer(self.proto, self.path, spec)
+        inferred, notes, samples = bind_and_infer(self.proto, self.path, spec)
         conv = _Onnx(inferred, DType.parse(spec.dtype), self.path.name, self.path)
         graph = fold_layers(fuse_attention(_scope_initializers(conv.run()), notes), notes)
         messages = list(conv.warnings)
@@ -62,6 +62,7 @@ class OnnxModel:
             ensure_loss(graph, notes)
         except ValueError as exc:
             raise EchosimError(f"{self.path}: {exc}") from None
+        graph.samples = samples
         return graph, [*messages, *(Note(n) for n in notes)], graph.param_count()
 
 
@@ -109,8 +110,9 @@ def _dims(value_info: Any) -> list[Any]:
     return list(t.shape.dim) if t.HasField("shape") else []
 
 
-def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list[str]]:
-    """A copy of ``proto`` with symbolic input dims set from the spec, and every shape inferred."""
+def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list[str], int]:
+    """A copy of ``proto`` with symbolic input dims set from the spec, and every shape inferred; and the batch the
+    file fixes where no input leaves it to ``--micro-batch`` (0: the micro-batch binds it)."""
     from echosim.frontend.onnx_shapes import infer_concrete
 
     model = type(proto)()
@@ -119,6 +121,7 @@ def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list
     notes: list[str] = []
     fixed_batch: int | None = None
     fixed_seq: int | None = None
+    bound_batch = False
     for value in model.graph.input:
         if value.name in init_names:
             continue
@@ -154,15 +157,17 @@ def bind_and_infer(proto: Any, path: Path, spec: CaptureSpec) -> tuple[Any, list
                 )
             dim.Clear()
             dim.dim_value = spec.micro_batch if role == "batch" else spec.seq_len
+            bound_batch = bound_batch or role == "batch"
     if spec.seq_len and fixed_seq not in (None, spec.seq_len):
         notes.append(f"--seq-len {spec.seq_len} does not apply: {path.name} fixes the sequence at {fixed_seq}")
-    if spec.micro_batch != 1 and fixed_batch not in (None, spec.micro_batch):
-        notes.append(f"--micro-batch {spec.micro_batch} does not apply: {path.name} fixes the batch at {fixed_batch}")
+    samples = fixed_batch if fixed_batch is not None and not bound_batch else 0
+    if spec.micro_batch != 1 and samples not in (0, spec.micro_batch):
+        notes.append(f"--micro-batch {spec.micro_batch} does not apply: {path.name} fixes the batch at {samples}")
     try:
         inferred = infer_concrete(model)
     except Exception as exc:
         raise EchosimError(f"{path}: ONNX shape inference failed: {' '.join(str(exc).split())[:300]}") from None
-    return inferred, notes
+    return inferred, notes, samples
 
 
 def _scope_initializers(graph: Graph) -> Graph:

@@ -145,6 +145,18 @@ def example_inputs(module: nn.Module, inputs: Any, batch: int, seq: int) -> tupl
     return tuple(out)
 
 
+def fixed_batch(inputs: Any, args: tuple[Any, ...]) -> int:
+    """Samples the inputs hold whatever ``--micro-batch`` says, or 0 where it binds them: example tensors (used as
+    they are) and shapes that name no ``"batch"`` dimension fix the batch at their first input's leading
+    dimension, as an ONNX file's fixed batch is its first input's first axis."""
+    if inputs is None or callable(inputs):
+        return 0
+    if any(not hasattr(item, "shape") and "batch" in tuple(item[0]) for item in inputs):
+        return 0
+    first = args[0] if args else None
+    return int(first.shape[0]) if first is not None and getattr(first, "dim", lambda: 0)() >= 1 else 1
+
+
 def _uses_seq(inputs: Any) -> bool:
     """Whether the inputs depend on the sequence length (token ids by default, or a 'seq' dim)."""
     if inputs is None or callable(inputs):
@@ -191,4 +203,12 @@ def capture_torch_module(
         ensure_loss(graph, notes)
     except ValueError as exc:
         raise EchosimError(f"{name}: {exc}") from None
+    graph.samples = fixed_batch(inputs, args)
+    if spec.micro_batch != 1 and graph.samples not in (0, spec.micro_batch):
+        notes.append(
+            Note(
+                f"--micro-batch {spec.micro_batch} does not apply: the inputs fix the batch at {graph.samples} (the "
+                "first input's leading dimension); a shape that names 'batch' lets --micro-batch bind it"
+            )
+        )
     return graph, [*messages, *(Note(n) if not isinstance(n, Note) else n for n in notes)], total

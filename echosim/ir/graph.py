@@ -95,6 +95,10 @@ class Graph:
         # Megatron's ``--recompute-method uniform --recompute-num-layers N`` (``full:uniform-N``): every layer replays,
         # one checkpoint per chunk of N layers of a stage (:meth:`replay_chunk`); 0: one per layer
         self.replay_group = 0
+        # Samples one captured micro-batch holds where the model's inputs fix them (a .py file's example tensors or
+        # shapes with no "batch" dimension, an ONNX file's fixed batch): throughput counts these, not --micro-batch,
+        # which binds nothing then. 0: the capture's micro-batch is its batch
+        self.samples = 0
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -146,6 +150,7 @@ class Graph:
         g.replay_layers = self.replay_layers
         g.replay_every = self.replay_every
         g.replay_group = self.replay_group
+        g.samples = self.samples
         g._nodes = dict(self._nodes)
         g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)

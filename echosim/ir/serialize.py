@@ -40,6 +40,7 @@ def graph_to_data(graph: Graph) -> dict[str, Any]:
         **({"replay_layers": graph.replay_layers} if graph.replay_layers else {}),
         **({"replay_every": graph.replay_every} if graph.replay_every else {}),
         **({"replay_group": graph.replay_group} if graph.replay_group else {}),
+        **({"samples": graph.samples} if graph.samples else {}),  # only where the inputs fix the batch
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "grads": [[p, g] for p, g in graph.grads.items()],
@@ -87,6 +88,10 @@ def _graph_from_data(data: Any) -> Graph:
         if not _is_int(value) or value < 0:
             raise GraphDataError(f"{key} must be a layer count")
         setattr(graph, key, value)
+    samples = data.get("samples", 0)  # absent: the micro-batch binds the batch
+    if not _is_int(samples) or samples < 0:
+        raise GraphDataError("samples must be a count of samples")
+    graph.samples = samples
     table: dict[int, Node] = {}
     for item in data["nodes"]:
         node = _node_from_data(item)
