@@ -1,4 +1,5 @@
-"""``hf:`` sources: a transformers ``config.json`` built with ``AutoModelForCausalLM.from_config`` on ``meta``.
+"""``hf:`` sources: a transformers ``config.json`` built with ``AutoModelForCausalLM.from_config`` on ``meta``
+(or as the masked LM, classifier or encoder-decoder its ``architectures`` names: :func:`head_class`).
 
 ``hf:path/to/config.json``, ``hf:path/to/dir`` (holding ``config.json``) or
 ``hf:NAME`` for a config shipped in ``echosim/frontend/configs``. Nothing is
@@ -155,8 +156,6 @@ def read_model_config(path: Path) -> tuple[Any, list[Note]]:
         raise EchosimError(
             f"{path}: unknown model_type {model_type!r} (transformers {transformers.__version__} does not know it)"
         )
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise EchosimError(f"{path}: model_type {model_type!r} has no causal-LM model in transformers")
     logger = logging.getLogger("transformers")
     said = _Said()
     # transformers' own stderr handler sits on this logger and it does not propagate: its level gates both
@@ -174,6 +173,12 @@ def read_model_config(path: Path) -> tuple[Any, list[Note]]:
         for h in handlers:
             logger.addHandler(h)
         logger.setLevel(level)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not head_class(config, transformers):
+        named = ", ".join(data.get("architectures") or []) or "none"
+        raise EchosimError(
+            f"{path}: model_type {model_type!r} has no causal-LM model in transformers, and its architectures "
+            f"({named}) name no model echosim builds (a masked LM, a classifier, an encoder-decoder)"
+        )
     return config, [Note(f"transformers on {path.name}: {line}") for line in dict.fromkeys(said.lines)]
 
 
@@ -222,12 +227,30 @@ def _attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+#: The model heads a config's ``architectures`` may name, built as named instead of as a causal LM: what BERT,
+#: RoBERTa, ViT, T5, BART and Whisper configs were saved from and are trained as (bidirectional encoders, image
+#: classifiers, encoder-decoders). A causal LM's own name (``LlamaForCausalLM``, ``GPT2LMHeadModel``) and any other
+#: head keep the causal LM of ``model_type``.
+HEADS = ("ForMaskedLM", "ForPreTraining", "ForSequenceClassification", "ForTokenClassification",
+         "ForImageClassification", "ForConditionalGeneration")  # fmt: skip
+
+
+def head_class(config: Any, transformers: Any = None) -> str:
+    """The transformers class the config names as its architecture where echosim builds that head (:data:`HEADS`;
+    ``ForConditionalGeneration`` only for an encoder-decoder), else ``""``: the causal LM."""
+    names = getattr(config, "architectures", None) or []
+    name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
+    if not name.endswith(HEADS) or (name.endswith("ForConditionalGeneration") and not config.is_encoder_decoder):
+        return ""
+    return name if hasattr(transformers or _transformers(), name) else ""
+
+
 def build_model(config: Any, dtype: Any = None) -> Any:
-    """The causal LM on ``meta`` in bf16 (every float is costed in the capture's dtype anyway), in train mode;
-    ``dtype``: another torch dtype to build it in."""
+    """The model on ``meta`` in bf16 (every float is costed in the capture's dtype anyway), in train mode: the head
+    its ``architectures`` names (:func:`head_class`) or its causal LM; ``dtype``: another torch dtype to build it in."""
     import torch
 
-    _transformers()
+    transformers = _transformers()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -238,7 +261,10 @@ def build_model(config: Any, dtype: Any = None) -> Any:
     torch.set_default_dtype(dtype or torch.bfloat16)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+            if head := head_class(config, transformers):
+                model = getattr(transformers, head)._from_config(config, attn_implementation=ATTENTION)
+            else:
+                model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
     except Exception as exc:
         raise EchosimError(f"transformers could not build {config.model_type}: {exc}") from None
     finally:
@@ -285,6 +311,52 @@ def _logits_only(model: Any) -> Any:
             return self.m(input_ids=input_ids, use_cache=False).logits
 
     return CausalLM(model)
+
+
+def model_inputs(model: Any, config: Any, batch: int, seq: int) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The inputs of a head built from ``architectures`` (:func:`head_class`), by name: its main input (token ids,
+    an image of the config's size, Whisper's log-mel frames) and an encoder-decoder's decoder token ids."""
+    import torch
+
+    main = getattr(model, "main_input_name", "input_ids")
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    dtype = next(model.parameters()).dtype
+    size = getattr(config, "image_size", None)
+    mel, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    if main == "input_ids":
+        first = ids
+    elif main == "pixel_values" and isinstance(size, (int, list, tuple)):
+        side = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        first = torch.zeros(batch, getattr(config, "num_channels", 3), *side, dtype=dtype, device="meta")
+    elif main == "input_features" and isinstance(mel, int) and isinstance(frames, int):
+        # Whisper's encoder: two convolutions, the second of stride 2, turn 2 x max_source_positions frames into
+        # its positions (30 s of audio at 100 frames a second: 3,000 frames, 1,500 positions)
+        first = torch.zeros(batch, mel, 2 * frames, dtype=dtype, device="meta")
+    else:
+        raise EchosimError(f"{type(model).__name__} reads {main!r}, which echosim cannot make from the config")
+    if getattr(config, "is_encoder_decoder", False):
+        return (main, "decoder_input_ids"), (first, ids)
+    return (main,), (first,)
+
+
+def _outputs_first(model: Any, names: tuple[str, ...]) -> Any:
+    """``model(**inputs)[0]`` as a module (the logits of a head called without labels), inputs given by position."""
+    import inspect
+
+    import torch
+
+    cached = "use_cache" in inspect.signature(model.forward).parameters
+
+    class Head(torch.nn.Module):
+        def __init__(self, m: Any) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, *tensors: Any) -> Any:
+            kwargs = dict(zip(names, tensors, strict=True))
+            return self.m(**kwargs, **({"use_cache": False} if cached else {}))[0]
+
+    return Head(model)
 
 
 def layer_windows(config: Any) -> dict[int, int]:
@@ -351,7 +423,7 @@ def apply_windows(graph: Any, windows: dict[int, int]) -> int:
     return changed
 
 
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions")
 
 
 def _position_table(model: Any, positions: int) -> str:
@@ -404,27 +476,32 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
     model = build_model(config)
     total = sum(p.numel() for p in model.parameters())
     # MPT names it max_seq_len, ChatGLM seq_length (GPT-2's n_positions is aliased by transformers)
-    positions = next(
-        (v for k in _POSITION_KEYS if isinstance(v := getattr(config, k, None), int) and not isinstance(v, bool)),
-        None,
+    key, positions = next(
+        ((k, v) for k in _POSITION_KEYS if isinstance(v := getattr(config, k, None), int) and not isinstance(v, bool)),
+        ("max_position_embeddings", None),
     )
     seq = spec.seq_len or min(int(positions or 2048), DEFAULT_SEQ_CAP)
     notes: list[str] = []
-    if not spec.seq_len:
+    head = head_class(config)
+    images = getattr(model, "main_input_name", "") == "pixel_values"
+    if not spec.seq_len and not images:
         if positions is None:
             why = "the config has no max_position_embeddings"
         elif int(positions) > DEFAULT_SEQ_CAP:
-            why = f"the config's max_position_embeddings {int(positions)} capped at {DEFAULT_SEQ_CAP}"
+            why = f"the config's {key} {int(positions)} capped at {DEFAULT_SEQ_CAP}"
         else:
-            why = "the config's max_position_embeddings"
+            why = f"the config's {key}"
         notes.append(Note(f"sequence length {seq}: {why} (--seq-len overrides)"))
     ids = torch.zeros(spec.micro_batch, seq, dtype=torch.long, device="meta")
     longer = isinstance(positions, int) and 0 < positions < seq
 
     def capture(module: Any) -> Capture:
-        return capture_export(
-            module, _logits_only(module), (ids,), dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold
-        )
+        if head:
+            names, args = model_inputs(module, config, spec.micro_batch, seq)
+            call = _outputs_first(module, names)
+        else:
+            call, args = _logits_only(module), (ids,)
+        return capture_export(module, call, args, dtype=DType.parse(spec.dtype), name=name, strip="m.", fold=fold)
 
     try:
         cap = _capture_retrying(capture, model, config)
@@ -438,7 +515,7 @@ def capture_config(config: Any, spec: CaptureSpec, name: str, *, fold: bool = Tr
                 f"({table}): the model cannot address those positions (costed as if it could)"
             )
         else:
-            notes.append(f"--seq-len {seq} exceeds the config's max_position_embeddings {int(positions)}")
+            notes.append(f"--seq-len {seq} exceeds the config's {key} {int(positions)}")
     topk = getattr(config, "index_topk", None)  # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5)
     if isinstance(topk, int) and not isinstance(topk, bool) and 0 < topk < seq:
         cap.warnings.append(
