@@ -67,11 +67,19 @@ def test_a_masked_lm_attends_both_ways(tmp_path: Path) -> None:
     assert graph[graph.inputs[0]].out.shape == (2, 32)  # token ids
 
 
-def test_t5_runs_its_encoder_both_ways_and_its_decoder_causally(tmp_path: Path) -> None:
-    graph, _ = capture(tmp_path, T5, seq=24)
+def test_t5_adds_its_relative_position_bias_and_runs_both_stacks(tmp_path: Path) -> None:
+    """T5 adds a per-head position bias to the scores (its decoder adds the causal mask into it): every key is
+    scored, and the bias tables are part of the step (they were left out, their parameters "never used")."""
+    path = write(tmp_path, T5)
+    config, _ = hf.read_model_config(path)
+    cap, total = hf.capture_config(config, CaptureSpec(micro_batch=2, seq_len=24), "m")
+    graph = cap.graph
     kinds = {(scope.split(".")[0], scope.rsplit(".", 1)[-1], a.causal, a.kv_len) for scope, a in attention(graph)}
-    assert kinds == {("encoder", "SelfAttention", False, 24), ("decoder", "SelfAttention", True, 24),
+    assert kinds == {("encoder", "SelfAttention", False, 24), ("decoder", "SelfAttention", False, 24),
                      ("decoder", "EncDecAttention", False, 24)}  # fmt: skip
+    biased = [n for n in graph if n.op is OpKind.ATTENTION and n.scope.endswith(".SelfAttention")]
+    assert biased and all(graph[n.inputs[3]].out.shape[-3:] == (4, 24, 24) for n in biased)  # heads x q x k
+    assert graph.param_count() == total and not [w for w in cap.warnings if "never used" in w]
     assert [graph[i].out.shape for i in graph.inputs[:2]] == [(2, 24), (2, 24)]  # encoder and decoder ids
 
 

@@ -215,15 +215,23 @@ def _attention(
     attention_mask: Any,
     dropout: float = 0.0,
     scaling: Any = None,
-    **_: Any,
+    **kwargs: Any,
 ) -> tuple[Any, None]:
-    """Causal SDPA on (batch, heads, seq, dim) with grouped-query heads; transformers' return layout."""
+    """Causal SDPA on (batch, heads, seq, dim) with grouped-query heads; transformers' return layout.
+
+    The mask is not read. A ``position_bias`` (T5's relative position bias, per head) is added to the scores, as
+    the model does (SDPA's ``attn_mask``): every key is scored then, as in the model, whose decoder adds its causal
+    mask into the bias. The bias and the table it is looked up in are part of the step."""
+    import torch
     import torch.nn.functional as F
 
-    causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
+    bias = kwargs.get("position_bias")
+    bias = bias if isinstance(bias, torch.Tensor) else None
+    causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1 and bias is None
     out = F.scaled_dot_product_attention(
-        query, key, value, dropout_p=dropout, scale=scaling, is_causal=causal, enable_gqa=key.shape[1] != query.shape[1]
-    )
+        query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )  # fmt: skip
     return out.transpose(1, 2).contiguous(), None
 
 
