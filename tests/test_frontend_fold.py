@@ -268,3 +268,46 @@ def test_a_layers_float_magnitude_and_seed_are_not_its_structure(
 
     other = same or {k: (0.1 if isinstance(v, float) else 16) for k, v in settings.items()}
     assert (signature(layer(**settings)) == signature(layer(**other))) == (same is not None)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, shifted: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.shifted = shifted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.roll(x, 1, 0) if self.shifted else x
+        return x + self.lin(y)
+
+
+class _Staged(torch.nn.Module):
+    """A hierarchical model (Swin, ConvNeXt, a U-Net's levels): a list of stages, each a list of blocks, the
+    deepest stage alternating two kinds of block (Swin's plain and shifted windows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        stages = [[_Block(False)], [_Block(i % 2 == 1) for i in range(6)]]
+        self.stages = torch.nn.ModuleList(torch.nn.ModuleList(blocks) for blocks in stages)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            for block in stage:
+                x = block(x)
+        return x.sum()
+
+
+def test_a_run_in_a_list_inside_a_list_folds() -> None:
+    """The run is ``stages.1``'s six blocks (3 groups of 2); before, the fold read ``stages.1.0`` as entry 1 of
+    ``stages``, compared the whole stage with the next, and captured every block unfolded with a note."""
+    from echosim.frontend.aten import capture_export
+
+    with torch.device("meta"):
+        model, x = _Staged(), torch.zeros(4, 16)
+    folded = capture_export(model, model, (x,), dtype=DType.FP32, name="m")
+    whole = capture_export(model, model, (x,), dtype=DType.FP32, name="m", fold=False)
+    assert folded.graph.repeats == {"stages.1.0": 3} and folded.graph.block_layers == {"stages.1.0": 2}
+    assert not [n for n in folded.notes if "not folded" in n]
+    trained = [run_passes(g, [Autodiff()]) for g in (folded.graph, whole.graph)]
+    assert graph_flops(trained[0]).model == graph_flops(trained[1]).model
+    assert trained[0].param_count() == trained[1].param_count()

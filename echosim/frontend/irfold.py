@@ -41,10 +41,20 @@ def layer_of(scope: str) -> tuple[str, int] | None:
     return (match.group("list"), int(match.group("index"))) if match else None
 
 
-def _layers(graph: Graph) -> Layers:
+def _entry_of(scope: str, lst: str) -> tuple[str, int] | None:
+    """``(lst, i)`` for a scope inside entry ``i`` of the list at path ``lst`` (which may itself sit in a list:
+    ``stages.2``, a Swin or U-Net stage's blocks), else ``None``."""
+    if not scope.startswith(lst + "."):
+        return None
+    head = scope[len(lst) + 1 :].partition(".")[0]
+    return (lst, int(head)) if head.isdigit() else None
+
+
+def _layers(graph: Graph, lst: str | None = None) -> Layers:
+    """Nodes by layer: of the list at path ``lst``, or of whichever list each scope names (:func:`layer_of`)."""
     layers: dict[tuple[str, int], list[Node]] = defaultdict(list)
     for n in graph:
-        key = layer_of(n.scope)
+        key = layer_of(n.scope) if lst is None else _entry_of(n.scope, lst)
         if key is not None:
             layers[key].append(n)
     return layers
@@ -122,11 +132,11 @@ def _drop(
 def fold_run(graph: Graph, prefix: str, repeat: int) -> Graph | None:
     """Fold the two captured copies ``<list>.<i>`` and ``<list>.<i+1>`` into a repeat of ``repeat``;
     ``None`` if they are not identical links of a chain."""
-    key = layer_of(prefix)
-    if key is None:
+    lst, _, index = prefix.rpartition(".")  # the list's own path may hold indices (a list in a list)
+    if not lst or not index.isdigit():
         return None
-    lst, first = key
-    layers = _layers(graph)
+    first = int(index)
+    layers = _layers(graph, lst)
     if (lst, first) not in layers or not _same_chain(graph, layers, lst, first, 2):
         return None
     if not _reads_differentiable(layers[(lst, first)], _differentiable(graph)):
