@@ -425,3 +425,102 @@ def test_a_default_torch_export_fuses_its_attention_and_folds_its_layers(default
     assert lower(str(default_export), Plan(cp=2, seq_len=16), Cluster("null", 2)).report.step_time_s > 0
     full = lower(str(default_export), Plan(seq_len=16, recompute="full"), Cluster("null", 1)).report
     assert full.hardware_flops_per_step > onnx.report.hardware_flops_per_step
+
+
+def test_activation_normalisation_and_sampling_ops_have_rules(tmp_path: Path) -> None:
+    """torch.onnx.export writes these for PReLU, CELU, the shrinks, softsign, the inverse trig functions,
+    F.normalize (LpNormalization) and F.grid_sample; each was memory-bound with a "no rule" warning."""
+    chain = ["PRelu", "Celu", "Shrink", "ThresholdedRelu", "Softsign", "Atan", "Sinh", "LpNormalization",
+             "MeanVarianceNormalization", "Hardmax"]  # fmt: skip
+    nodes, prev = [], "x"
+    for i, op in enumerate(chain):
+        extra = ["slope"] if op == "PRelu" else []
+        nodes.append(helper.make_node(op, [prev, *extra], [f"a{i}"]))
+        prev = f"a{i}"
+    nodes.append(helper.make_node("GridSample", [prev, "grid"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "ops",
+        [
+            helper.make_tensor_value_info("x", F32, ["N", 4, 8, 8]),
+            helper.make_tensor_value_info("grid", F32, ["N", 8, 8, 2]),
+        ],
+        [helper.make_tensor_value_info("y", F32, None)],
+        initializer=[helper.make_tensor("slope", F32, [4, 1, 1], [0.25] * 4)],
+    )
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "ops.onnx")
+    g, messages, _ = capture(path, CaptureSpec(micro_batch=2))
+    assert not [m for m in messages if "no rule" in m]
+    flops = {n.attrs.fn: n.attrs.flops_per_element for n in g if n.op is OpKind.ELEMENTWISE}
+    assert flops["gridsample"] == 8 and flops["prelu"] == 1
+
+
+def _group_norm_silu(tmp_path: Path, gate: str) -> str:
+    """nn.GroupNorm(4, 8) then SiLU as torch.onnx writes them; ``gate`` is what the last Mul multiplies by."""
+    i64 = helper.make_tensor
+    nodes = [
+        helper.make_node("Reshape", ["x", "grouped"], ["g"]),
+        helper.make_node("InstanceNormalization", ["g", "ones", "zeros"], ["n"], epsilon=1e-5),
+        helper.make_node("Reshape", ["n", "full"], ["r"]),
+        helper.make_node("Mul", ["r", "gamma"], ["m"]),
+        helper.make_node("Add", ["m", "beta"], ["gn"]),
+        helper.make_node("Sigmoid", ["gn"], ["s"]),
+        helper.make_node("Mul", [gate, "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gn",
+        [helper.make_tensor_value_info("x", F32, [2, 8, 6, 6]), helper.make_tensor_value_info("h", F32, [2, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", F32, None)],
+        initializer=[
+            i64("grouped", I64, [3], [2, 4, -1]),
+            i64("full", I64, [4], [2, 8, 6, 6]),
+            helper.make_tensor("ones", F32, [4], [1.0] * 4),
+            helper.make_tensor("zeros", F32, [4], [0.0] * 4),
+            helper.make_tensor("gamma", F32, [8, 1, 1], [1.0] * 8),
+            helper.make_tensor("beta", F32, [8, 1, 1], [0.0] * 8),
+        ],
+    )
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "gn.onnx")
+
+
+def test_group_norm_and_silu_as_torch_onnx_writes_them_are_one_kernel_each(tmp_path: Path) -> None:
+    """torch.onnx writes nn.GroupNorm as Reshape, InstanceNormalization, Reshape, Mul, Add and SiLU as
+    x * sigmoid(x); PyTorch runs one kernel for each. A diffusion U-Net's step was 30 % longer from its ONNX file
+    than from its torch capture (5.35 against 4.13 ms on an H100), now 4.29 ms."""
+    g, _, params = capture(_group_norm_silu(tmp_path, "gn"), CaptureSpec(micro_batch=2))
+    ops = [(n.op, str(n.attrs)) for n in g if n.op in (OpKind.NORM, OpKind.ELEMENTWISE)]
+    assert ops == [(OpKind.NORM, "groupnorm"), (OpKind.ELEMENTWISE, "silu")]
+    norm = next(n for n in g if n.op is OpKind.NORM)
+    assert [g[i].out.shape for i in norm.inputs] == [(2, 8, 6, 6), (8, 1, 1), (8, 1, 1)] and norm.out.shape == (
+        2,
+        8,
+        6,
+        6,
+    )
+    assert params == 16  # the GroupNorm's weight and bias; not the InstanceNormalization's constant ones and zeros
+
+
+def test_a_sigmoid_gating_another_tensor_stays_a_sigmoid(tmp_path: Path) -> None:
+    g, _, _ = capture(_group_norm_silu(tmp_path, "h"), CaptureSpec(micro_batch=2))
+    kernels = [str(n.attrs) for n in g if n.op is OpKind.ELEMENTWISE]
+    assert kernels == ["sigmoid", "mul"]
+
+
+def test_glu_as_torch_onnx_writes_it_is_one_kernel(tmp_path: Path) -> None:
+    """F.glu: Split in two halves, the first times the sigmoid of the second (a Conformer's convolution module)."""
+    nodes = [
+        helper.make_node("Split", ["x"], ["a", "b"], axis=1, num_outputs=2),
+        helper.make_node("Sigmoid", ["b"], ["s"]),
+        helper.make_node("Mul", ["a", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "glu",
+        [helper.make_tensor_value_info("x", F32, [2, 8, 5])],
+        [helper.make_tensor_value_info("y", F32, None)],
+    )
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "glu.onnx")
+    g, _, _ = capture(path, CaptureSpec(micro_batch=2))
+    (glu,) = [n for n in g if n.op is OpKind.ELEMENTWISE]
+    assert str(glu.attrs) == "glu" and glu.out.shape == (2, 4, 5) and g[glu.inputs[0]].out.shape == (2, 8, 5)

@@ -198,6 +198,75 @@ def _norm(kind: str, idx: tuple[int, ...]) -> Rule:
     return rule
 
 
+def _sole_user(c: OnnxValues, name: str, op_type: str) -> Any:
+    """The one node that reads ``name``, if it is an ``op_type`` and ``name`` is not a graph output; else None."""
+    users = c.consumers.get(name, [])
+    if len(users) != 1 or users[0].op_type != op_type or name in {o.name for o in c.proto.graph.output}:
+        return None
+    return users[0]
+
+
+def _sigmoid(c: OnnxValues, node: Any) -> None:
+    """``x * sigmoid(x)``, as torch.onnx writes SiLU, is one SiLU kernel, as PyTorch runs ``F.silu``: the same
+    cost as a torch capture of the same model; so is ``F.glu`` (Split, then the first half times the sigmoid of
+    the second). A sigmoid that gates anything else is a sigmoid. (A model that wrote
+    ``x * torch.sigmoid(x)`` itself, two kernels in eager PyTorch, reads the same in ONNX and is costed as one.)"""
+    x, s = node.input[0], node.output[0]
+    mul = _sole_user(c, s, "Mul")
+    split = c.producer.get(x)
+    halves = list(split.output) if split is not None and split.op_type == "Split" else []
+    if mul is not None and sorted(mul.input) == sorted([x, s]):
+        nid = c.emit(node, OpKind.ELEMENTWISE, c.data(node), ElementwiseAttrs("silu", 4))
+    elif mul is not None and len(halves) == 2 and x == halves[1] and sorted(mul.input) == sorted([halves[0], s]):
+        # F.glu: the input split in two halves, the first times the sigmoid of the second (one kernel in PyTorch)
+        whole = split.input[0]
+        nid = c.graph.add(OpKind.ELEMENTWISE, [c.value(whole)], c.spec(mul.output[0], mul), ElementwiseAttrs("glu"),
+                          scope=scope_of(node), name=mul.output[0])  # fmt: skip
+        c.env[s] = nid
+    else:
+        c.emit(node, OpKind.ELEMENTWISE, c.data(node), ElementwiseAttrs("sigmoid", 4))
+        return
+    c.env[mul.output[0]] = nid
+    c.aliases[mul.output[0]] = mul.output[0]
+
+
+def _affine(c: OnnxValues, name: str, op_type: str, channels: int) -> Any:
+    """The ``Mul`` by a per-channel weight or ``Add`` of a per-channel bias (``[C, 1, ...]``) that reads ``name``."""
+    node = _sole_user(c, name, op_type)
+    if node is None:
+        return None
+    other = [i for i in node.input if i != name]
+    ok = len(other) == 1 and other[0] in c.params and math.prod(c.shape(other[0])) == channels
+    return node if ok else None
+
+
+def _instance_norm(c: OnnxValues, node: Any) -> None:
+    """InstanceNormalization; or, where a Reshape to ``[N, G, -1]`` feeds it and a Reshape back, a per-channel
+    Mul and Add follow, GroupNorm, as torch.onnx writes ``nn.GroupNorm``: one kernel with its weight and bias,
+    as PyTorch runs it (``native_group_norm``) and a torch capture costs it, not a norm and two more passes."""
+    before = c.producer.get(node.input[0])
+    back = _sole_user(c, node.output[0], "Reshape")
+    if before is None or before.op_type != "Reshape" or back is None:
+        c.emit(node, OpKind.NORM, c.data(node, (0, 1, 2)), NormAttrs("instancenorm"))
+        return
+    x, out = before.input[0], back.output[0]
+    if c.shape(x) != c.shape(out) or len(c.shape(x)) < 2:
+        c.emit(node, OpKind.NORM, c.data(node, (0, 1, 2)), NormAttrs("instancenorm"))
+        return
+    channels = c.shape(x)[1]
+    scale = _affine(c, out, "Mul", channels)
+    shift = _affine(c, scale.output[0], "Add", channels) if scale is not None else None
+    last = shift or back
+    params = [i for n in (scale, shift) if n is not None for i in n.input if i in c.params]
+    spec = c.spec(out, back)
+    nid = c.graph.add(OpKind.NORM, [c.value(x), *(c.value(p) for p in params)], spec, NormAttrs("groupnorm"),
+                      scope=scope_of(node), name=last.output[0])  # fmt: skip
+    for n in (node, back, scale, shift):  # each is read as the one kernel's output, none costed again
+        if n is not None:
+            c.env[n.output[0]] = nid
+            c.aliases[n.output[0]] = n.output[0]
+
+
 def _softmax(c: OnnxValues, node: Any) -> None:
     c.emit(node, OpKind.SOFTMAX, c.data(node, (0,)))
 
@@ -273,13 +342,18 @@ def _rnn(cell: str) -> Rule:
 SHAPE_OPS = {"Shape", "Size"}
 _VIEW_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Identity",
              "DepthToSpace", "SpaceToDepth")  # fmt: skip
+# GridSample: bilinear, 4 taps of a multiply and an add each
 _ACT = {"Gelu": 8, "FastGelu": 8, "BiasGelu": 8, "QuickGelu": 8, "Relu": 1, "Sigmoid": 4, "Tanh": 4, "Erf": 4,
         "Exp": 4, "Log": 4, "Softplus": 4, "Mish": 6, "HardSwish": 2, "HardSigmoid": 2, "LeakyRelu": 1, "Elu": 4,
-        "Selu": 4, "Sin": 4, "Cos": 4, "Sqrt": 2, "Reciprocal": 1, "Pow": 2}  # fmt: skip
+        "Selu": 4, "Sin": 4, "Cos": 4, "Sqrt": 2, "Reciprocal": 1, "Pow": 2, "PRelu": 1, "Celu": 4, "Shrink": 1,
+        "ThresholdedRelu": 1, "Softsign": 2, "Tan": 4, "Atan": 4, "Asin": 4, "Acos": 4, "Sinh": 4, "Cosh": 4,
+        "Asinh": 4, "Acosh": 4, "Atanh": 4, "LpNormalization": 3, "MeanVarianceNormalization": 4,
+        "GridSample": 8}  # fmt: skip
 _ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Neg", "Abs", "Where", "Max", "Min", "Equal", "Less", "Greater",
                 "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Clip", "Mod", "Floor", "Ceil", "Round",
                 "Sign", "CumSum", "Trilu", "Range", "ConstantOfShape", "Tile", "Pad", "ScatterND", "ScatterElements",
-                "GatherElements", "GatherND", "OneHot", "IsNaN", "IsInf", "Resize", "Upsample", "TopK")  # fmt: skip
+                "GatherElements", "GatherND", "OneHot", "IsNaN", "IsInf", "Resize", "Upsample", "TopK",
+                "Hardmax")  # fmt: skip
 _REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1",
                "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "GlobalAveragePool", "GlobalMaxPool",
                "MaxPool", "AveragePool", "LpPool")  # fmt: skip
@@ -311,7 +385,8 @@ RULES.update(
         "SimplifiedLayerNormalization": _norm("rmsnorm", (0, 1)),
         "SkipSimplifiedLayerNormalization": _norm("rmsnorm", (0, 1, 2)),
         "BatchNormalization": _norm("batchnorm", (0, 1, 2)),
-        "InstanceNormalization": _norm("instancenorm", (0, 1, 2)),
+        "InstanceNormalization": _instance_norm,
+        "Sigmoid": _sigmoid,
         "GroupNormalization": _norm("groupnorm", (0, 1, 2)),
         "Softmax": _softmax,
         "LogSoftmax": _softmax,
