@@ -9,6 +9,7 @@ of it, so the data keeps flowing to the loss.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -246,3 +247,13 @@ def test_a_size_only_the_data_decides_is_named_at_the_line_that_makes_it(model: 
     message = str(err.value)
     assert message.startswith(f"{op} at test_aten_op_rules.py:")
     assert line in message and "size depends on tensor values" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("fn", "copies"), [(lambda x: x.roll(1, 0), 1), (lambda x: x.roll((1, 2), (0, 1)), 2),
+                                            (lambda x: x.roll(3), 1)])  # fmt: skip
+def test_a_roll_is_one_copy_per_rolled_dimension(fn: Fn, copies: int) -> None:
+    """ATen rolls one dimension, then the result over the next (roll_common): Swin's two-axis shift is two copies."""
+    graph, _ = capture(fn)
+    rolls = [n for n in graph if isinstance(n.attrs, ElementwiseAttrs) and n.attrs.fn == "roll"]
+    assert len(rolls) == copies and all(n.out.shape == (8, 16) for n in rolls)
+    assert all(graph[b.inputs[0]].id == a.id for a, b in itertools.pairwise(rolls))  # a chain

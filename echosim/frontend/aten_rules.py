@@ -267,6 +267,24 @@ def _einsum(c: AtenValues, node: fx.Node) -> None:
     c.emit(node, OpKind.MATMUL, c.tensors(operands), MatmulAttrs(m=m, n=n, k=k, batch=batch))
 
 
+def _roll(c: AtenValues, node: fx.Node) -> None:
+    """``torch.roll`` over k dimensions is k copies: ATen rolls the first dimension, then rolls the result over
+    the rest (``roll_common``, aten/src/ATen/native/TensorTransformations.cpp); over none, one copy of the
+    flattened tensor. Swin's shifted windows roll two."""
+    spec = c.spec_of(node.meta.get("val"))
+    ins = c.tensors(node.args[:1])
+    if spec is None or not ins:
+        c.env[node] = None
+        return
+    dims = _arg(node, 2, "dims", ()) or ()
+    passes = len(dims) if isinstance(dims, (list, tuple)) and dims else 1
+    prev = ins[0]
+    for i in range(passes - 1):
+        prev = c.graph.add(OpKind.ELEMENTWISE, [prev], spec, ElementwiseAttrs("roll", 0), scope=c.scope(node),
+                           name=f"{node.name}.dim{i}")  # fmt: skip
+    c.emit(node, OpKind.ELEMENTWISE, [prev], ElementwiseAttrs("roll", 0), spec)
+
+
 def _vector_product(c: AtenValues, node: fx.Node) -> None:
     """``mv``, ``dot`` / ``vdot`` and ``outer`` / ``ger`` as the GEMMs they are (one side of length 1),
     which the backends price as memory-bound by their bytes."""
@@ -823,6 +841,7 @@ RULES.update(
         aten.repeat: _elementwise("repeat", 0),
         aten.repeat_interleave: _elementwise("repeat", 0),
         aten.tile: _elementwise("repeat", 0),
+        aten.roll: _roll,
         aten.broadcast_tensors: _views_each,
         aten.meshgrid: _views_each,
         aten.mv: _vector_product,
