@@ -123,12 +123,16 @@ def compile(model: Any = DEFAULT_MODEL, plan: Plan | None = None, cluster: Clust
     return lower(model, plan, cluster).report
 
 
-def _fixed_batch(plan: Plan, graph: Graph) -> dict[str, int]:
-    """The micro-batch and global batch a model whose inputs fix its batch runs (none where --micro-batch binds it):
-    each micro-batch is one call of forward on those inputs, so the step holds that many samples per call."""
-    if not graph.samples:
-        return {}
-    return {"micro_batch": graph.samples, "global_batch": plan.batch // plan.micro_batch * graph.samples}
+def _per_call(plan: Plan, samples: int) -> Plan:
+    """``plan`` for a model whose inputs fix its batch at ``samples`` (:attr:`Graph.samples`): a micro-batch is one
+    call of forward on them, whatever ``--micro-batch`` said, and ``--global-batch`` counts samples, as for any
+    model, so it must be a whole number of calls on every data-parallel rank."""
+    if plan.global_batch and plan.global_batch % (samples * plan.dp):
+        raise PlanError(
+            f"global batch {plan.global_batch} is not a multiple of the model's {samples} samples a call of forward "
+            f"(its inputs fix them) x dp = {plan.dp}"
+        )
+    return replace(plan, micro_batch=samples)
 
 
 def _pairs(schedule: object) -> bool:
@@ -263,6 +267,7 @@ def prepare_joint(
 
         backend = apply_calibration(loaded, cluster.calibration)
     graph, messages, total_params = _load_model(model, plan, registry)
+    plan = _per_call(plan, graph.samples) if graph.samples else plan
     graph.derived("sizes-checked", lambda: _check_sizes(graph, model))  # once per captured graph (it passed)
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph, plan.micro_batch))  # once per captured graph
     notes_fp8 = fp8_attention_notes(plan, cluster.backend, graph)
@@ -325,14 +330,13 @@ def prepare_joint(
         backend=cluster.backend,
         devices=cluster.devices,
         devices_per_node=cluster.devices_per_node,
-        # the sequence simulated, and the batch where the model's inputs fix it (Graph.samples)
-        plan={**plan.as_dict(), "seq_len": shape.seq_len if shape.tokens else 0, **_fixed_batch(plan, graph)},
+        plan={**plan.as_dict(), "seq_len": shape.seq_len if shape.tokens else 0},  # the sequence simulated
         params=total_params,
         # fp8 / mxfp8 / nvfp4 MFU: the 16-bit peak, as NVIDIA's recipe tables divide by
         peak_flops=backend.peak_flops("bf16" if plan.dtype in LOW_PRECISION else plan.dtype),
         capacity_bytes=backend.memory_bytes(),
         ranks_per_stage=plan.tp * plan.dp * plan.cp,
-        sequences=plan.batch // plan.micro_batch * graph.samples if graph.samples else plan.batch,
+        sequences=plan.batch,
         tokens_per_sample=shape.seq_len if shape.tokens else 0,
         cp=plan.cp,
         state=StatePolicy.for_training(plan.dtype, plan.zero, plan.dp * plan.cp, ddp_bucket_buffers=buckets, **state),

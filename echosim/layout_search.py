@@ -142,6 +142,8 @@ class ModelFacts:
     # the model's pooled embedding tables: their (parameters, bytes of their rows and of their row-wise Adagrad
     # state), which the memory bound spreads over the data-parallel ranks where the plan shards them
     tables: tuple[int, int] = (0, 0)
+    # samples one call of forward runs where the model's inputs fix them (Graph.samples); 0: the micro-batch's
+    samples: int = 0
 
     @classmethod
     def of(cls, model: Any, base: Plan) -> ModelFacts:
@@ -162,7 +164,8 @@ class ModelFacts:
         )
         found = find_tables(graph)
         tables = (sum(t.rows * t.dim for t in found), sum(t.held_bytes for t in found))
-        return cls(params=params, shape=shape, selective_replays=replays, zero_moot_alone=moot, tables=tables)
+        return cls(params=params, shape=shape, selective_replays=replays, zero_moot_alone=moot, tables=tables,
+                   samples=graph.samples)  # fmt: skip
 
     @property
     def layers(self) -> int:
@@ -1464,7 +1467,8 @@ def search(
     check_offload(replace(base, offload_optimizer=offloads), backend)  # so does an offload without a host
     schedules = {name: entry.value for name, entry in registry.schedules.items()}
     facts = ModelFacts.of(model, base)
-    spec = full_space(facts, base, cluster, schedules, space or {})
+    base, space = _fixed_batch(facts, base, space or {})
+    spec = full_space(facts, base, cluster, schedules, space)
     capacity = backend.memory_bytes()
     # the host memory an offload takes per host depends on the device count and what is offloaded alone, not on the
     # layout: checked once with the optimizer offloaded and once without, each line rejecting the layouts it names
@@ -1509,6 +1513,26 @@ def search(
     hint = "" if ranked else _replicated_tables(facts, base)
     return SearchResult(name, cluster, objective, enum, ranked, others, len(results), interrupted,
                         price_per_device_hour, hint)  # fmt: skip
+
+
+def _fixed_batch(
+    facts: ModelFacts, base: Plan, space: dict[str, tuple[Any, ...]]
+) -> tuple[Plan, dict[str, tuple[Any, ...]]]:
+    """A model whose inputs fix its batch (``Graph.samples``) runs that many samples per call of forward: its one
+    micro-batch (as compile takes it), ``--global-batch`` a whole number of calls on every data-parallel rank."""
+    if not facts.samples:
+        return base, space
+    if "mb" in space:
+        raise SearchError(
+            f"--space mb: the model's inputs fix its batch at {facts.samples} samples a call of forward; "
+            "a micro-batch is one call (name a 'batch' dimension for --micro-batch to bind it)"
+        )
+    if base.global_batch % facts.samples:
+        raise SearchError(
+            f"--global-batch {base.global_batch} is not a multiple of the {facts.samples} samples the model's "
+            "inputs fix for one call of forward"
+        )
+    return replace(base, micro_batch=facts.samples), {**space, "mb": (facts.samples,)}
 
 
 #: Top layouts of a search re-evaluated in full (every stage graph built) before they are reported.

@@ -56,18 +56,38 @@ def test_inputs_that_fix_the_batch_count_their_samples(tmp_path: Path) -> None:
     one, eight = compile_json(source), compile_json(source, "--micro-batch", "8")
     assert one["step_time_s"] == eight["step_time_s"]  # --micro-batch changes nothing the step runs
     for report in (one, eight):
-        # 500 nodes (the first input's leading dimension) on each of 2 data-parallel ranks
-        assert report["plan"]["micro_batch"] == 500 and report["plan"]["global_batch"] == 1000
+        # 500 nodes (the first input's leading dimension) on each of 2 data-parallel ranks (0: micro-batch x dp)
+        assert report["plan"]["micro_batch"] == 500 and report["plan"]["global_batch"] == 0
         assert report["samples_per_s"] == pytest.approx(1000 / report["step_time_s"], rel=1e-4)
     assert any("--micro-batch 8 does not apply: the inputs fix the batch at 500" in n for n in eight["notes"])
     assert not any("does not apply" in n for n in one["notes"])  # the default binds nothing: nothing to say
 
 
-def test_accumulated_micro_batches_each_run_the_fixed_inputs(tmp_path: Path) -> None:
-    report = compile_json(write(tmp_path, FIXED), "--micro-batch", "2", "--global-batch", "8")
-    # 8 / (2 x 2 ranks) = 2 forward calls per rank, each on the 500-node graph
-    assert report["plan"]["global_batch"] == 2 * 2 * 500
+def test_the_global_batch_counts_samples_a_whole_number_of_calls_a_rank(tmp_path: Path) -> None:
+    source = write(tmp_path, FIXED)
+    report = compile_json(source, "--micro-batch", "2", "--global-batch", "2000")
+    # 2,000 samples: 2 calls of forward on each of 2 ranks, each call the 500-node graph
+    assert report["plan"]["global_batch"] == 2000 and report["plan"]["micro_batch"] == 500
     assert report["samples_per_s"] == pytest.approx(2000 / report["step_time_s"], rel=1e-4)
+    assert report["step_time_s"] > compile_json(source)["step_time_s"]  # two calls a rank, not one
+    result = CliRunner().invoke(cli, ["compile", source, "--backend", "h100-sxm", "--devices", "2",
+                                      "--global-batch", "1500"])  # fmt: skip
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
+    assert "global batch 1500 is not a multiple of the model's 500 samples a call of forward" in result.output
+
+
+def test_search_takes_the_fixed_batch_as_its_micro_batch(tmp_path: Path) -> None:
+    source = write(tmp_path, FIXED)
+    args = ["search", source, "--backend", "h100-sxm", "--devices", "2", "--json", "--space", "pp=1", "--zero", "0"]
+    result = CliRunner().invoke(cli, [*args, "--global-batch", "2000"])
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.output)["best"][0]
+    assert best["micro_batch"] == 500 and best["samples_per_s"] == pytest.approx(2000 / best["step_time_s"], 1e-3)
+    mb = ["--global-batch", "2000", "--space", "mb=1,2"]
+    for flags, words in ((["--global-batch", "700"], "not a multiple of the 500 samples"),
+                         (mb, "--space mb: the model's inputs fix")):  # fmt: skip
+        bad = CliRunner().invoke(cli, [*args, *flags])
+        assert bad.exit_code != 0 and words in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
 
 
 def test_a_named_batch_dimension_is_bound_as_before(tmp_path: Path) -> None:
@@ -94,8 +114,7 @@ def onnx_mlp(tmp_path: Path, batch: int | str) -> str:
 @pytest.mark.parametrize(("batch", "samples"), [(5, 5), ("N", 8)])
 def test_an_onnx_file_with_a_fixed_batch_counts_it(tmp_path: Path, batch: int | str, samples: int) -> None:
     report = compile_json(onnx_mlp(tmp_path, batch), "--micro-batch", "8")
-    assert report["plan"]["micro_batch"] == samples
-    assert report["plan"]["global_batch"] == (2 * samples if batch == samples else 0)
+    assert report["plan"]["micro_batch"] == samples and report["plan"]["global_batch"] == 0  # 0: micro-batch x dp
     assert report["samples_per_s"] == pytest.approx(2 * samples / report["step_time_s"], rel=1e-4)
 
 
