@@ -135,6 +135,15 @@ def _per_call(plan: Plan, samples: int) -> Plan:
     return replace(plan, micro_batch=samples)
 
 
+def own_checkpoints(checkpointed: tuple[str, ...]) -> str:
+    """What a layout without recompute leaves out of a model that checkpoints its own modules in code."""
+    return (
+        f"the model's forward checkpoints {', '.join(checkpointed)} with torch.utils.checkpoint, which echosim "
+        "does not read from code: this step keeps every activation and replays nothing (recompute none); "
+        "--recompute full costs the model's own recompute (each layer's input kept, its forward replayed)"
+    )
+
+
 def _pairs(schedule: object) -> bool:
     """Whether a schedule runs overlapped forward-backward pairs of its own (``Schedule.paired``)."""
     return getattr(schedule, "paired", None) is not None
@@ -272,6 +281,8 @@ def prepare_joint(
     shape = graph.derived("model_shape", lambda: ModelShape.of(graph, plan.micro_batch))  # once per captured graph
     notes_fp8 = fp8_attention_notes(plan, cluster.backend, graph)
     warnings, notes = split_notes(messages + check_model(plan, shape) + notes_fp8)
+    if graph.checkpointed and plan.recompute == "none":
+        warnings = [*warnings, own_checkpoints(graph.checkpointed)]
     checked = _verified(registry)
     level = _graph_level(graph, plan, registry, backend, cluster, checked)
     graph_passes = level.passes

@@ -19,11 +19,13 @@ reported with the construct that stopped it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import re
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,6 +159,41 @@ def fixed_batch(inputs: Any, args: tuple[Any, ...]) -> int:
     return int(first.shape[0]) if first is not None and getattr(first, "dim", lambda: 0)() >= 1 else 1
 
 
+@contextlib.contextmanager
+def checkpoint_calls(root: nn.Module, seen: list[str]) -> Iterator[None]:
+    """Record in ``seen`` the modules the model's forward hands to ``torch.utils.checkpoint`` (either variant), as
+    patterns with list indices as ``*`` (``blocks.*``; ``<function>`` for a function no module owns). The call
+    itself runs the function: capture traces the forward once either way. Patched at the two functions
+    ``checkpoint`` calls at run time, since a model file binds ``checkpoint`` itself when it is imported."""
+    import torch.utils.checkpoint as cp
+    from torch.nn import Module
+
+    names = {id(m): n for n, m in root.named_modules()}
+
+    def record(fn: Any) -> None:
+        owner = fn if isinstance(fn, Module) else getattr(fn, "__self__", None)
+        name = names.get(id(owner)) if owner is not None else None
+        seen.append(re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name) if name else "<function>")
+
+    generator, function = cp._checkpoint_without_reentrant_generator, cp.CheckpointFunction
+
+    def without_reentrant(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        record(fn)
+        return generator(fn, *args, **kwargs)
+
+    class Reentrant:
+        @staticmethod
+        def apply(fn: Any, _preserve: bool, *args: Any) -> Any:
+            record(fn)
+            return fn(*args)
+
+    cp._checkpoint_without_reentrant_generator, cp.CheckpointFunction = without_reentrant, Reentrant  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        cp._checkpoint_without_reentrant_generator, cp.CheckpointFunction = generator, function  # type: ignore[misc]
+
+
 def _uses_seq(inputs: Any) -> bool:
     """Whether the inputs depend on the sequence length (token ids by default, or a 'seq' dim)."""
     if inputs is None or callable(inputs):
@@ -187,8 +224,10 @@ def capture_torch_module(
     total = sum(p.numel() for p in module.parameters())
     messages: list[str] = []
     graph = None
+    checkpointed: list[str] = []
     try:
-        cap = capture_export(module, module, args, dtype=dtype, name=name, where=where)
+        with checkpoint_calls(module, checkpointed):
+            cap = capture_export(module, module, args, dtype=dtype, name=name, where=where)
         graph, messages = cap.graph, [*cap.warnings, *cap.notes]
     except CaptureError as export_error:
         failure = str(export_error)
@@ -204,6 +243,7 @@ def capture_torch_module(
     except ValueError as exc:
         raise EchosimError(f"{name}: {exc}") from None
     graph.samples = fixed_batch(inputs, args)
+    graph.checkpointed = tuple(dict.fromkeys(checkpointed))
     if spec.micro_batch != 1 and graph.samples not in (0, spec.micro_batch):
         notes.append(
             Note(

@@ -99,6 +99,9 @@ class Graph:
         # shapes with no "batch" dimension, an ONNX file's fixed batch): throughput counts these, not --micro-batch,
         # which binds nothing then. 0: the capture's micro-batch is its batch
         self.samples = 0
+        # Modules the model's own forward hands to torch.utils.checkpoint (a .py file), as patterns (``blocks.*``):
+        # recompute it declares in code, which only --recompute turns into a policy. Empty: none
+        self.checkpointed: tuple[str, ...] = ()
         self.inputs: list[int] = []  # per-sample inputs (token ids, labels); buffers are not here
         self.outputs: list[int] = []
         self.grads: dict[int, int] = {}  # parameter node -> its gradient value (after autodiff)
@@ -151,6 +154,7 @@ class Graph:
         g.replay_every = self.replay_every
         g.replay_group = self.replay_group
         g.samples = self.samples
+        g.checkpointed = self.checkpointed
         g._nodes = dict(self._nodes)
         g._params = self._param_nodes()  # the copy begins with the same parameters
         g.inputs = list(self.inputs)

@@ -41,6 +41,7 @@ def graph_to_data(graph: Graph) -> dict[str, Any]:
         **({"replay_every": graph.replay_every} if graph.replay_every else {}),
         **({"replay_group": graph.replay_group} if graph.replay_group else {}),
         **({"samples": graph.samples} if graph.samples else {}),  # only where the inputs fix the batch
+        **({"checkpointed": list(graph.checkpointed)} if graph.checkpointed else {}),
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "grads": [[p, g] for p, g in graph.grads.items()],
@@ -92,6 +93,10 @@ def _graph_from_data(data: Any) -> Graph:
     if not _is_int(samples) or samples < 0:
         raise GraphDataError("samples must be a count of samples")
     graph.samples = samples
+    checkpointed = data.get("checkpointed", [])
+    if not isinstance(checkpointed, list) or not all(isinstance(c, str) for c in checkpointed):
+        raise GraphDataError("checkpointed must list module paths")
+    graph.checkpointed = tuple(checkpointed)
     table: dict[int, Node] = {}
     for item in data["nodes"]:
         node = _node_from_data(item)
