@@ -57,7 +57,7 @@ def check_whole_warning_carried(run: Callable[..., tuple[int, str]], args: tuple
     ``--json`` lists it under ``warnings``."""
     code, out = run(*args)
     assert code == 0, out
-    assert f"{prefix}7 linear layers (rwkv.blocks.0.attention.receptance" in out
+    assert f"{prefix}6 linear layers (rwkv.blocks.0.attention.receptance" in out
     code, out = run(*args, "--json")
     assert code == 0, out
     assert any("run whole on all 2 tensor-parallel ranks" in w for w in json.loads(out)["warnings"])

@@ -127,6 +127,64 @@ def test_linears_no_tp_rule_matches_are_named_not_split_in_silence(tmp_path: Pat
     ]
 
 
+_NAMED_LM = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wq, self.wo = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q = self.wq(x).view(b, s, 4, 16).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(b, s, h)
+        return x + self.wo(a)
+
+
+class Net(nn.Module):
+    def __init__(self, tied):
+        super().__init__()
+        self.{embedding} = nn.Embedding(128, 64)
+        self.layers = nn.ModuleList(Block() for _ in range(2))
+        self.{head} = nn.Linear(64, 128, bias=not tied)
+        if tied:
+            self.{head}.weight = self.{embedding}.weight
+
+    def forward(self, ids):
+        x = self.{embedding}(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.{head}(x)
+
+
+def model():
+    return Net({tied}), [(("batch", 16), torch.int64)]
+"""
+
+
+@pytest.mark.parametrize(("embedding", "head", "tied"), [("tok_embeddings", "output", False), ("emb", "head", True)])
+def test_a_language_models_vocabulary_layers_split_whatever_their_names(
+    tmp_path: Path, embedding: str, head: str, tied: bool
+) -> None:
+    """torchtitan's (and Meta's Llama's) ``tok_embeddings`` and ``output``, a hand-written ``emb`` and tied
+    ``head``: the embedding whose rows are the loss's vocabulary and the linear the loss reads split by vocabulary,
+    as Megatron splits them. Before, only names the plan knows (``embed_tokens``, ``lm_head``, ...) were split:
+    the rest ran whole on every rank and the output layer was reported as such."""
+    path = tmp_path / "names.py"
+    path.write_text(_NAMED_LM.format(embedding=embedding, head=head, tied=tied))
+    compiled = lower(f"{path}:model", Plan(tp=2, micro_batch=2), Cluster("null", devices=2))
+    assert not [w for w in compiled.report.warnings if "run whole" in w]
+    graph = compiled.graph
+    tables = {graph[n.inputs[1]].out.shape for n in graph if n.op is OpKind.EMBEDDING and n.phase is Phase.FORWARD}
+    assert tables == {(64, 64)}  # 128 rows, half on each rank
+    logits = [n.attrs for n in graph if isinstance(n.attrs, MatmulAttrs) and n.attrs.tp == "vocab"]
+    assert logits and {a.n for a in logits if not a.grad_of} == {64}
+
+
 def test_lstm_language_model_in_fp16() -> None:
     """Input projection once per layer, then one recurrent GEMM per step (h0 is zeros, still multiplied)."""
     plan = Plan(micro_batch=4, seq_len=10, dtype="fp16")

@@ -172,7 +172,36 @@ def linear_styles(graph: Graph, plan: tuple[tuple[str, str], ...]) -> dict[int, 
             styles[n.id] = style
         if style == "colwise":
             split.add(n.id)
+    for nid in vocabulary_layers(graph):
+        styles.setdefault(nid, "vocab")
     return styles
+
+
+def vocabulary_layers(graph: Graph) -> set[int]:
+    """The token embedding and output layer of a language model whatever their names (``tok_embeddings`` and
+    ``output`` in Meta's Llama and torchtitan, GPT-NeoX's ``embed_in`` / ``embed_out``, a hand-written ``head``):
+    the linear whose logits the cross-entropy reads (through views and elementwise ops: a cast, Gemma's soft cap)
+    with the loss's vocabulary as its output features, and the embeddings with as many rows; neither where no
+    embedding has that many rows (a classifier's head). Megatron splits both over the tensor-parallel ranks (a
+    vocabulary-parallel embedding, output layer and loss)."""
+    found: set[int] = set()
+    vocabs: set[int] = set()
+    for loss in graph:
+        if loss.op is not OpKind.CROSS_ENTROPY or not isinstance(loss.attrs, CrossEntropyAttrs) or not loss.inputs:
+            continue
+        node = graph[loss.inputs[0]]
+        while node.op in (OpKind.VIEW, OpKind.ELEMENTWISE) and node.inputs:
+            node = graph[node.inputs[0]]
+        weight = graph[node.inputs[1]] if node.op is OpKind.MATMUL and len(node.inputs) > 1 else None
+        linear = weight is not None and weight.op is OpKind.PARAMETER and len(weight.out.shape) == 2
+        attrs = node.attrs
+        if linear and isinstance(attrs, MatmulAttrs) and attrs.n == loss.attrs.vocab and not attrs.conv_io:
+            found.add(node.id)
+            vocabs.add(loss.attrs.vocab)
+    tables = {n.id for n in graph if isinstance(n.attrs, EmbeddingAttrs) and n.attrs.vocab in vocabs}
+    if not tables:  # an image classifier's head (no token embedding of its classes): no vocabulary to split
+        return set()
+    return found | tables
 
 
 #: The name of the all_gather that brings a module run whole under SP its tokens (scoped to that module).
