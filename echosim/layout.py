@@ -276,8 +276,10 @@ def resolve_cp_a2a(plan: Plan, devices_per_node: int) -> Plan:
 
 
 def default_cp_a2a(cp: int, tp: int, devices_per_node: int) -> int:
-    """:func:`resolve_cp_a2a`'s group size for ``cp`` ranks ``tp`` apart; 0 where cp has no proper divisor."""
-    proper = [a for a in range(2, cp) if cp % a == 0]
+    """:func:`resolve_cp_a2a`'s group size for ``cp`` ranks ``tp`` apart; 0 where cp has no proper divisor.
+    Divisors come in pairs around the square root: found in sqrt(cp) steps, so an absurd cp ends in its error."""
+    small = [a for a in range(2, math.isqrt(cp) + 1) if cp % a == 0]
+    proper = sorted({*small, *(cp // a for a in small)})
     inside = [a for a in proper if devices_per_node % (tp * a) == 0]
     return max(inside) if inside else min(proper, default=0)
 

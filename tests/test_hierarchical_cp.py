@@ -214,3 +214,13 @@ def test_a_scheme_per_layer_is_read_when_every_layer_names_the_same() -> None:
     assert read_args(f"{base} --cp-comm-type a2a a2a").options["cp_comm"] == "a2a"
     with pytest.raises(ConfigError, match="--cp-comm-type p2p a2a: a scheme per layer is not modelled"):
         read_args(f"{base} --cp-comm-type p2p a2a")
+
+
+def test_default_groups_match_every_divisor_and_an_absurd_cp_is_quick() -> None:
+    """Divisors are found in sqrt(cp) steps: a fuzzed cp of 2^40 + 1 looped for minutes before its error."""
+    for cp in range(1, 200):
+        for tp, node in ((1, 8), (2, 8), (8, 8), (1, 4)):
+            proper = [a for a in range(2, cp) if cp % a == 0]
+            inside = [a for a in proper if node % (tp * a) == 0]
+            assert default_cp_a2a(cp, tp, node) == (max(inside) if inside else min(proper, default=0))
+    assert default_cp_a2a(2**40 + 1, 1, 8) == 257  # 257 x 4,278,255,361: no group fits a node, so the smaller
