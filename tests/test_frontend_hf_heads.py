@@ -29,6 +29,12 @@ BERT = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size
 T5 = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 64, "d_ff": 256, "d_kv": 16,
       "num_heads": 4, "num_layers": 3, "num_decoder_layers": 3, "vocab_size": 1000,
       "decoder_start_token_id": 0}  # fmt: skip
+SWIN = {"model_type": "swin", "architectures": ["SwinForImageClassification"], "embed_dim": 32, "depths": [2, 2],
+        "num_heads": [2, 4], "window_size": 4, "image_size": 32, "patch_size": 2, "num_labels": 10}  # fmt: skip
+MARIAN = {"model_type": "marian", "architectures": ["MarianMTModel"], "d_model": 64, "encoder_layers": 2,
+          "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+          "decoder_ffn_dim": 128, "vocab_size": 1000, "max_position_embeddings": 64, "pad_token_id": 0,
+          "decoder_start_token_id": 0}  # fmt: skip
 WHISPER = {"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"], "d_model": 64,
            "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
            "encoder_ffn_dim": 256, "decoder_ffn_dim": 256, "vocab_size": 1000, "pad_token_id": 0, "bos_token_id": 1,
@@ -119,3 +125,22 @@ def test_a_head_echosim_cannot_feed_is_one_line(tmp_path: Path, config: dict[str
     result = CliRunner().invoke(cli, ["compile", f"hf:{write(tmp_path, config)}", "--backend", "a100-80gb"])
     assert result.exit_code != 0
     assert words in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_swin_adds_its_relative_position_bias_per_window(tmp_path: Path) -> None:
+    """Swin hands transformers' attention its relative position bias (its shifted windows' mask added in) as a
+    floating-point mask with a head axis: added to the scores, so the bias tables are part of the step."""
+    graph, notes = capture(tmp_path, SWIN)
+    windows = attention(graph)
+    assert windows and all(a.q_len == a.kv_len == 16 and not a.causal for _, a in windows)  # 4 x 4 windows
+    biased = [n for n in graph if n.op is OpKind.ATTENTION]
+    assert all(len(n.inputs) == 4 and graph[n.inputs[3]].out.shape[-3:-2] in ((2,), (4,)) for n in biased)
+    assert not [m for m in notes if "never used" in m]
+
+
+def test_marians_translation_model_is_an_encoder_decoder(tmp_path: Path) -> None:
+    """``MarianMTModel``, not ``...ForConditionalGeneration``: built as named (it was built decoder-only)."""
+    graph, notes = capture(tmp_path, MARIAN, seq=16)
+    scopes = {scope.split(".")[1] for scope, _ in attention(graph)}
+    assert scopes == {"encoder", "decoder"} and len(graph.inputs) >= 2
+    assert not [m for m in notes if "never used" in m]

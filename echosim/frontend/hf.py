@@ -219,14 +219,17 @@ def _attention(
 ) -> tuple[Any, None]:
     """Causal SDPA on (batch, heads, seq, dim) with grouped-query heads; transformers' return layout.
 
-    The mask is not read. A ``position_bias`` (T5's relative position bias, per head) is added to the scores, as
-    the model does (SDPA's ``attn_mask``): every key is scored then, as in the model, whose decoder adds its causal
-    mask into the bias. The bias and the table it is looked up in are part of the step."""
+    A mask is not read. A score bias per head is added to the scores, as the model does (SDPA's ``attn_mask``):
+    T5's ``position_bias`` (its decoder adds the causal mask into it), or a floating-point mask with a head axis
+    (Swin's relative position bias, its shifted windows' mask added in). Every key is scored then, as in the
+    model, and the bias and the table it is looked up in are part of the step."""
     import torch
     import torch.nn.functional as F
 
     bias = kwargs.get("position_bias")
-    bias = bias if isinstance(bias, torch.Tensor) else None
+    per_head = isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point()
+    per_head = per_head and attention_mask.dim() == 4 and attention_mask.shape[1] > 1
+    bias = bias if isinstance(bias, torch.Tensor) else attention_mask if per_head else None
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1 and bias is None
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling, is_causal=causal,
@@ -240,7 +243,10 @@ def _attention(
 #: classifiers, encoder-decoders). A causal LM's own name (``LlamaForCausalLM``, ``GPT2LMHeadModel``) and any other
 #: head keep the causal LM of ``model_type``.
 HEADS = ("ForMaskedLM", "ForPreTraining", "ForSequenceClassification", "ForTokenClassification",
-         "ForImageClassification", "ForConditionalGeneration")  # fmt: skip
+         "ForImageClassification", "ForConditionalGeneration", "MTModel")  # fmt: skip
+#: Heads of an encoder-decoder only (Marian's translation model is ``MarianMTModel``); a decoder-only
+#: ``...ForConditionalGeneration`` (a vision-language model) keeps the causal LM.
+SEQ2SEQ = ("ForConditionalGeneration", "MTModel")
 
 
 def head_class(config: Any, transformers: Any = None) -> str:
@@ -248,7 +254,7 @@ def head_class(config: Any, transformers: Any = None) -> str:
     ``ForConditionalGeneration`` only for an encoder-decoder), else ``""``: the causal LM."""
     names = getattr(config, "architectures", None) or []
     name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
-    if not name.endswith(HEADS) or (name.endswith("ForConditionalGeneration") and not config.is_encoder_decoder):
+    if not name.endswith(HEADS) or (name.endswith(SEQ2SEQ) and not config.is_encoder_decoder):
         return ""
     return name if hasattr(transformers or _transformers(), name) else ""
 
