@@ -326,18 +326,28 @@ def run_check(entry: dict[str, Any], defaults: dict[str, Any], index: int, root:
     if "max_likely_step_time_s" in budgets:
         failures += _likely_step_failures(compiled, budgets["max_likely_step_time_s"])
     if "max_memory_gib" in budgets and memory > budgets["max_memory_gib"]:
-        failures.append(f"memory {memory:.1f} GiB > max_memory_gib = {budgets['max_memory_gib']}")
+        failures.append(f"memory {memory:.1f} GiB > max_memory_gib = {budgets['max_memory_gib']}{_own(report)}")
     if "min_mfu" in budgets and report.mfu < budgets["min_mfu"]:
         failures.append(f"MFU {report.mfu:.3f} < min_mfu = {budgets['min_mfu']}")
     if not report.fits:
         from echosim.terminal import does_not_fit
 
-        failures.append(does_not_fit(report))
+        failures.append(does_not_fit(report) + _own(report))
     # an offload whose hosts cannot hold its state does not run either, however little the device keeps
     from echosim.layout import HOST_OVERFLOW
 
     failures += [w for w in report.warnings if w.startswith(HOST_OVERFLOW)]
     return Outcome(name, model, report.step_time_s, memory, report.mfu, tuple(failures))
+
+
+def _own(report: Any) -> str:
+    """What a memory failure adds for a model that checkpoints its own blocks in code and an entry without
+    recompute: the check costs every activation kept, which the model's training run does not."""
+    from echosim.compiler import OWN_CHECKPOINTS
+
+    if any(w.startswith(OWN_CHECKPOINTS) for w in report.warnings):
+        return ' (the model checkpoints its own blocks with torch.utils.checkpoint: recompute = "full" costs that)'
+    return ""
 
 
 def _likely_step_failures(compiled: Any, budget: float) -> list[str]:

@@ -135,10 +135,14 @@ def _per_call(plan: Plan, samples: int) -> Plan:
     return replace(plan, micro_batch=samples)
 
 
+#: How the warning of :func:`own_checkpoints` begins (``echosim check`` adds it to a memory failure).
+OWN_CHECKPOINTS = "the model's forward checkpoints"
+
+
 def own_checkpoints(checkpointed: tuple[str, ...]) -> str:
     """What a layout without recompute leaves out of a model that checkpoints its own modules in code."""
     return (
-        f"the model's forward checkpoints {', '.join(checkpointed)} with torch.utils.checkpoint, which echosim "
+        f"{OWN_CHECKPOINTS} {', '.join(checkpointed)} with torch.utils.checkpoint, which echosim "
         "does not read from code: this step keeps every activation and replays nothing (recompute none); "
         "--recompute full costs the model's own recompute (each layer's input kept, its forward replayed)"
     )

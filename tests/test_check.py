@@ -291,3 +291,22 @@ def test_an_offload_the_hosts_cannot_hold_fails(tmp_path: Path) -> None:
     code, out = _run("--config", _write(tmp_path, body, 'backend = "a100-40gb"\n'), "--no-cache")
     assert code == NOT_MET and "FAIL: offload: each host needs about 1,183 GiB" in out, out
     assert "does not fit" not in out  # the device holds it (31.7 GiB of 40)
+
+
+def test_a_memory_failure_of_a_model_that_checkpoints_its_own_blocks_says_so(tmp_path: Path) -> None:
+    """The check costs every activation kept unless the entry asks for recompute; a model whose forward
+    checkpoints its blocks in code does not keep them, so its memory failure names the recompute to set."""
+    (tmp_path / "net.py").write_text(
+        MLP.format(width=256)
+        .replace("from torch import nn", "from torch import nn\nfrom torch.utils.checkpoint import checkpoint")
+        .replace("h = h + self.down(F.gelu(self.up(h)))", "h = h + checkpoint(self.mlp, h, use_reentrant=False)")
+        .replace(
+            "    def forward(",
+            "    def mlp(self, h):\n        return self.down(F.gelu(self.up(h)))\n\n    def forward(",
+        )
+    )
+    entry = '[[tool.echosim.check]]\nmodel = "net.py:model"\nmax_memory_gib = 0.0001\n'
+    code, out = _run("--config", _write(tmp_path, entry))
+    assert code != 0 and 'checkpoints its own blocks with torch.utils.checkpoint: recompute = "full"' in out, out
+    code, out = _run("--config", _write(tmp_path, entry + 'recompute = "full"\n'))
+    assert code != 0 and "FAIL: memory" in out and "checkpoints its own blocks" not in out, out

@@ -34,6 +34,9 @@ class Block(nn.Module):
     def forward(self, x):
         return x + torch.relu(self.fc(x))
 
+    def inner(self, x):
+        return self.forward(x)
+
 
 class Net(nn.Module):
     seq_len = 16
@@ -52,6 +55,8 @@ class Net(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             elif self.how == "reentrant":
                 x = checkpoint(block.forward, x, use_reentrant=True)
+            elif self.how == "method":
+                x = checkpoint(block.inner, x, use_reentrant=False)
             elif self.how == "lambda":
                 x = checkpoint(lambda y: block(y), x, use_reentrant=False)
             else:
@@ -66,6 +71,7 @@ def factory(how):
 module = factory("module")
 reentrant = factory("reentrant")
 function = factory("lambda")
+method = factory("method")
 plain = factory("plain")
 """
 
@@ -79,7 +85,13 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     ("factory", "recorded"),
-    [("module", ("blocks.*",)), ("reentrant", ("blocks.*",)), ("lambda", ("<function>",)), ("plain", ())],
+    [
+        ("module", ("blocks.*",)),
+        ("reentrant", ("blocks.*",)),
+        ("method", ("blocks.*.inner",)),
+        ("lambda", ("<function>",)),
+        ("plain", ()),
+    ],
 )
 def test_the_checkpointed_modules_are_recorded(model_file: Path, factory: str, recorded: tuple[str, ...]) -> None:
     name = "function" if factory == "lambda" else factory

@@ -162,7 +162,8 @@ def fixed_batch(inputs: Any, args: tuple[Any, ...]) -> int:
 @contextlib.contextmanager
 def checkpoint_calls(root: nn.Module, seen: list[str]) -> Iterator[None]:
     """Record in ``seen`` the modules the model's forward hands to ``torch.utils.checkpoint`` (either variant), as
-    patterns with list indices as ``*`` (``blocks.*``; ``<function>`` for a function no module owns). The call
+    patterns with list indices as ``*`` (``blocks.*``, a method as ``blocks.*.mlp``; ``<function>`` for a function
+    no module owns). The call
     itself runs the function: capture traces the forward once either way. Patched at the two functions
     ``checkpoint`` calls at run time, since a model file binds ``checkpoint`` itself when it is imported."""
     import torch.utils.checkpoint as cp
@@ -173,6 +174,9 @@ def checkpoint_calls(root: nn.Module, seen: list[str]) -> Iterator[None]:
     def record(fn: Any) -> None:
         owner = fn if isinstance(fn, Module) else getattr(fn, "__self__", None)
         name = names.get(id(owner)) if owner is not None else None
+        method = getattr(fn, "__name__", "") if owner is not fn else ""
+        if name is not None and method not in ("", "forward"):  # ``blocks.0.mlp``, or the model's own ``mlp``
+            name = ".".join(part for part in (name, method) if part)
         seen.append(re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name) if name else "<function>")
 
     generator, function = cp._checkpoint_without_reentrant_generator, cp.CheckpointFunction
