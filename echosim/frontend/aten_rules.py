@@ -878,7 +878,7 @@ for _fn in ("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "reciproc
             "scatter", "scatter_add", "index_add", "index", "index_select", "index_put", "hardtanh", "leaky_relu",
             "rsub", "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros",
             "new_ones", "new_full", "scalar_tensor", "fill", "softplus", "mish", "hardswish", "hardsigmoid", "elu",
-            "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "roll", "pad", "relu6", "prelu",
+            "glu", "sign", "round", "floor", "ceil", "diff", "any", "all", "flip", "pad", "relu6", "prelu",
             "threshold", "hardshrink", "softshrink", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
             "constant_pad_nd", "polar", "complex", "rand_like", "randn_like", "rand", "randn", "addcmul", "addcdiv",
             "lerp", "nan_to_num", "cumprod", "bucketize", "searchsorted", "diag_embed", "diag", "scatter_reduce",

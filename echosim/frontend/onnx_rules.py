@@ -246,11 +246,9 @@ def _instance_norm(c: OnnxValues, node: Any) -> None:
     as PyTorch runs it (``native_group_norm``) and a torch capture costs it, not a norm and two more passes."""
     before = c.producer.get(node.input[0])
     back = _sole_user(c, node.output[0], "Reshape")
-    if before is None or before.op_type != "Reshape" or back is None:
-        c.emit(node, OpKind.NORM, c.data(node, (0, 1, 2)), NormAttrs("instancenorm"))
-        return
-    x, out = before.input[0], back.output[0]
-    if c.shape(x) != c.shape(out) or len(c.shape(x)) < 2:
+    grouped = before is not None and before.op_type == "Reshape" and back is not None
+    x, out = (before.input[0], back.output[0]) if grouped else ("", "")
+    if not grouped or c.shape(x) != c.shape(out) or len(c.shape(x)) < 2:
         c.emit(node, OpKind.NORM, c.data(node, (0, 1, 2)), NormAttrs("instancenorm"))
         return
     channels = c.shape(x)[1]
